@@ -1,0 +1,38 @@
+"""The tensors a KL term sees: one batch of sampled responses, right-padded.
+
+Every audit path (exact enumeration, fingerprint, check-grad) hands user code and catalog
+surrogates the same `Batch`, so a loss callable is written once against these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Batch:
+    """Per-token tensors of N responses of at most T tokens (V = vocabulary size).
+
+    logprobs:     [N, T] log pi(y_t | h_t), differentiable w.r.t. the policy parameters.
+    ref_logprobs: [N, T] log mu(y_t | h_t) of the reference, no gradient.
+    mask:         [N, T] 1.0 on response tokens (EOS included), 0.0 on padding; rows are
+                  right-padded, so token t of row n is real iff t < length[n].
+    logits:       [N, T, V] policy logits at each position (differentiable), when available.
+    ref_logits:   [N, T, V] reference logits, when available.
+    old_logprobs: [N, T] log pi_old(y_t | h_t) of the behaviour policy, for off-policy audits.
+    """
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    mask: torch.Tensor
+    logits: Optional[torch.Tensor] = None
+    ref_logits: Optional[torch.Tensor] = None
+    old_logprobs: Optional[torch.Tensor] = None
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[N] number of response tokens per row."""
+        return self.mask.sum(-1)

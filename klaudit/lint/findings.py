@@ -1,0 +1,27 @@
+"""A finding: one rule violated at one place, as every output format reports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True, order=True)
+class Finding:
+    """A rule violation. Lines and columns are 1-based, as ruff and flake8 print them.
+
+    `line`/`column` point where the KL estimate enters the loss or reward; `end_line` and
+    `end_column` close that expression. `origin_line` names the line where the estimator is
+    computed when that is elsewhere (None otherwise). `fix` is the replacement the catalog
+    recommends, written as a call of `klaudit.estimators`.
+    """
+
+    path: str
+    line: int
+    column: int
+    code: str
+    message: str
+    end_line: int
+    end_column: int
+    fix: str = ""
+    origin_line: Optional[int] = None
