@@ -4,12 +4,111 @@ Exit codes follow the linter convention: 0 clean, 1 findings (or a biased gradie
 2 usage, configuration or internal error.
 """
 
+import os
+import sys
+from importlib import resources
+from typing import Optional
+
 import click
 
 from klaudit import __version__
+from klaudit.catalog import RULES
+from klaudit.config import ConfigError, load_settings
+from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
+from klaudit.lint.report import FORMATTERS, ReportOptions
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="klaudit")
 def main() -> None:
     """Find and explain wrong KL-divergence gradients in RL code for language models."""
+
+
+class CommandError(click.ClickException):
+    """A one-line error (bad configuration, unknown rule code, bad path); exit code 2."""
+
+    exit_code = 2
+
+
+def _split_codes(values: tuple[str, ...]) -> list[str]:
+    """`--select KL001,KL002 --select KL005` -> ["KL001", "KL002", "KL005"]."""
+    return [code.strip() for value in values for code in value.split(",") if code.strip()]
+
+
+def _use_color() -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    return click.get_text_stream("stdout").isatty() and not os.environ.get("NO_COLOR")
+
+
+@main.command("lint")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--select", multiple=True, metavar="CODES",
+              help="Rule codes or prefixes to enable (comma-separated; ALL for every rule).")
+@click.option("--extend-select", multiple=True, metavar="CODES", help="Enable these on top of the selection.")
+@click.option("--ignore", multiple=True, metavar="CODES", help="Rule codes or prefixes to disable.")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Replace the excluded paths (default: .git, venvs, build ...).")
+@click.option("--extend-exclude", multiple=True, metavar="GLOB", help="Exclude these paths too.")
+@click.option("--output-format", "--format", "output_format", default="text", show_default=True,
+              type=click.Choice(sorted(FORMATTERS)), help="How to print the findings.")
+@click.option("--exit-zero", is_flag=True, help="Exit with 0 even when there are findings.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the `path:line:col: CODE message` lines.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
+              help="Worker processes for parsing and analysis.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), metavar="PYPROJECT",
+              help="Read [tool.klaudit] from this file instead of the nearest pyproject.toml.")
+def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
+                 ignore: tuple[str, ...], exclude: tuple[str, ...], extend_exclude: tuple[str, ...],
+                 output_format: str, exit_zero: bool, quiet: bool, jobs: int,
+                 config_file: Optional[str]) -> None:
+    """Find KL terms whose gradient is not the one you meant, in PATHS (default: .)."""
+    paths = paths or (".",)
+    try:
+        settings = load_settings(paths, config_file).with_overrides(
+            select=_split_codes(select) if select else None,
+            extend_select=_split_codes(extend_select),
+            ignore=_split_codes(ignore),
+            exclude=list(exclude) if exclude else None,
+            extend_exclude=list(extend_exclude),
+        )
+        result = lint_paths(paths, settings=settings, jobs=jobs)
+    except (ConfigError, LintError) as error:
+        raise CommandError(str(error)) from None
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    options = ReportOptions(color=_use_color(), quiet=quiet)
+    output = FORMATTERS[output_format](result.findings, options)
+    if output:
+        click.echo(output, color=options.color)
+    for error in result.errors:
+        click.echo(f"error: {error}", err=True)
+    if result.errors:
+        sys.exit(2)
+    sys.exit(1 if result.findings and not exit_zero else 0)
+
+
+def _rule_page(code: str) -> str:
+    """The rule's page shipped in the package, or a short page built from its catalog entry."""
+    page = resources.files("klaudit").joinpath("rules", f"{code}.md")
+    if page.is_file():
+        return page.read_text(encoding="utf-8")
+    rule = RULES[code]
+    return f"# {rule.code} {rule.name}\n\n{rule.summary}\n"
+
+
+@main.command("rule")
+@click.argument("code")
+def rule_command(code: str) -> None:
+    """Print the page of one rule (by code, e.g. KL002, or by name)."""
+    by_name = {rule.name: rule.code for rule in RULES.values()}
+    wanted = by_name.get(code.lower(), code.upper())
+    if wanted not in RULES:
+        raise CommandError(f"unknown rule {code!r}; known codes: {', '.join(RULES)}")
+    click.echo(_rule_page(wanted).rstrip("\n"))
+
+
+@main.command("rules")
+def rules_command() -> None:
+    """List every rule: code, name and one-line summary."""
+    width = max(len(rule.name) for rule in RULES.values())
+    for rule in RULES.values():
+        click.echo(f"{rule.code}  {rule.name:<{width}}  {rule.summary}")

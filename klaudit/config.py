@@ -1,0 +1,257 @@
+"""`[tool.klaudit]` settings: which rules are enabled for which file, and which paths are skipped.
+
+Rule selection follows ruff. Settings come in layers (pyproject.toml, then the command line); a
+layer that sets `select` starts from nothing, otherwise it edits the layer below. Inside a layer
+the selectors are applied from least to most specific (`ALL` < `KL` < `KL0` < `KL002`), and an
+`ignore` beats a `select` of the same specificity. KL000 (the file could not be checked) is
+reported unless some `ignore` names it: narrowing `select` never hides a broken file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+from klaudit.catalog import RULES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SYNTAX_ERROR_CODE = "KL000"
+ALL = "ALL"
+
+# Directory and file names never walked into, as ruff's defaults; `exclude` replaces this list
+# and `extend-exclude` adds to it. A directory holding pyvenv.cfg is always skipped.
+DEFAULT_EXCLUDE: tuple[str, ...] = (
+    ".bzr", ".direnv", ".eggs", ".git", ".hg", ".mypy_cache", ".nox", ".pytest_cache",
+    ".ruff_cache", ".svn", ".tox", ".venv", "__pycache__", "__pypackages__", "_build",
+    "build", "dist", "node_modules", "site-packages", "venv",
+)
+
+_LIST_KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude")
+KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores",)
+
+
+class ConfigError(Exception):
+    """A user mistake in the configuration or in a rule selector; the CLI exits with 2."""
+
+
+def known_codes_text() -> str:
+    """The valid rule codes, for error messages."""
+    return ", ".join(RULES)
+
+
+def check_selector(selector: str, where: str) -> str:
+    """Return `selector` upper-cased if it is ALL, a rule code or a prefix of one; else raise."""
+    normalized = selector.strip().upper()
+    if normalized == ALL or (normalized and any(code.startswith(normalized) for code in RULES)):
+        return normalized
+    raise ConfigError(
+        f"unknown rule selector {selector!r} in {where}; "
+        f"use ALL, a code or a code prefix: {known_codes_text()}"
+    )
+
+
+def _specificity(selector: str) -> int:
+    return 0 if selector == ALL else len(selector)
+
+
+def _matches(selector: str, code: str) -> bool:
+    return selector == ALL or code.startswith(selector)
+
+
+@dataclass(frozen=True)
+class RuleSelection:
+    """One layer of rule selection; `select=None` keeps what the layer below enabled."""
+
+    select: Optional[tuple[str, ...]] = None
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+    def apply(self, enabled: frozenset[str]) -> frozenset[str]:
+        """The set of codes enabled after this layer, given the set enabled below it."""
+        codes = set() if self.select is not None else set(enabled)
+        steps = [(s, True) for s in (self.select or ()) + self.extend_select]
+        steps += [(s, False) for s in self.ignore]
+        # Least specific first; at equal specificity the ignore comes last and wins.
+        for selector, is_select in sorted(steps, key=lambda step: (_specificity(step[0]), not step[1])):
+            matched = {code for code in RULES if _matches(selector, code)}
+            codes = codes | matched if is_select else codes - matched
+        return frozenset(codes)
+
+
+def _glob_matches(pattern: str, relative_path: str) -> bool:
+    """Match a glob against a posix path relative to the project root, gitignore style.
+
+    A pattern without "/" matches any single path component (a file or directory name); one
+    with "/" matches the whole relative path, where a leading "**/" may also match nothing.
+    """
+    pattern = pattern.rstrip("/")
+    if "/" not in pattern:
+        return any(fnmatch.fnmatchcase(part, pattern) for part in relative_path.split("/"))
+    candidates = [pattern]
+    if pattern.startswith("**/"):
+        candidates.append(pattern[3:])
+    return any(fnmatch.fnmatchcase(relative_path, candidate) for candidate in candidates)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings; `root` is the directory relative globs are matched against."""
+
+    selections: tuple[RuleSelection, ...] = (RuleSelection(select=(ALL,)),)
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    extend_exclude: tuple[str, ...] = ()
+    per_file_ignores: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    root: Path = field(default_factory=Path.cwd)
+    source: Optional[Path] = None  # the TOML file the settings came from, if any
+
+    def __post_init__(self) -> None:
+        enabled: frozenset[str] = frozenset()
+        for layer in self.selections:
+            enabled = layer.apply(enabled)
+        if not any(_matches(s, SYNTAX_ERROR_CODE) for layer in self.selections for s in layer.ignore):
+            enabled |= {SYNTAX_ERROR_CODE}
+        object.__setattr__(self, "_enabled", enabled)
+
+    @property
+    def enabled_codes(self) -> frozenset[str]:
+        """Codes reported anywhere, before per-file ignores."""
+        return self._enabled  # type: ignore[attr-defined]
+
+    def relative(self, path: str) -> str:
+        """`path` as a posix path relative to the root (absolute if it lies outside)."""
+        absolute = Path(os.path.abspath(path))
+        try:
+            return absolute.relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return absolute.as_posix()
+
+    def is_excluded(self, path: str) -> bool:
+        """True if `path` (a file or directory found while walking) matches an exclusion."""
+        relative = self.relative(path)
+        return any(_glob_matches(p, relative) for p in self.exclude + self.extend_exclude)
+
+    def ignored_in_file(self, path: str) -> frozenset[str]:
+        """Codes switched off for `path` by per-file-ignores."""
+        relative = self.relative(path)
+        ignored: set[str] = set()
+        for pattern, selectors in self.per_file_ignores.items():
+            if _glob_matches(pattern, relative):
+                ignored.update(code for code in RULES for s in selectors if _matches(s, code))
+        return frozenset(ignored)
+
+    def with_overrides(
+        self,
+        *,
+        select: Optional[Sequence[str]] = None,
+        extend_select: Sequence[str] = (),
+        ignore: Sequence[str] = (),
+        exclude: Optional[Sequence[str]] = None,
+        extend_exclude: Sequence[str] = (),
+    ) -> "Settings":
+        """A copy with the command line's layer on top (flags override the file)."""
+        where = "the command line"
+        layer = RuleSelection(
+            select=None if select is None else tuple(check_selector(s, where) for s in select),
+            extend_select=tuple(check_selector(s, where) for s in extend_select),
+            ignore=tuple(check_selector(s, where) for s in ignore),
+        )
+        return replace(
+            self,
+            selections=self.selections + (layer,),
+            exclude=self.exclude if exclude is None else tuple(exclude),
+            extend_exclude=self.extend_exclude + tuple(extend_exclude),
+        )
+
+
+def _string_list(table: Mapping[str, object], key: str, where: str) -> Optional[tuple[str, ...]]:
+    if key not in table:
+        return None
+    value = table[key]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: `{key}` must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
+    """Validate a `[tool.klaudit]` table read from `source` and turn it into Settings."""
+    where = f"{source} [tool.klaudit]"
+    for key in table:
+        if key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
+            raise ConfigError(f"{where}: unknown key `{key}`{hint}; known keys: {', '.join(KNOWN_KEYS)}")
+    lists = {key: _string_list(table, key, where) for key in _LIST_KEYS}
+
+    def selectors(key: str) -> tuple[str, ...]:
+        return tuple(check_selector(s, f"{where} `{key}`") for s in lists[key] or ())
+
+    per_file = table.get("per-file-ignores", {})
+    if not isinstance(per_file, dict):
+        raise ConfigError(f"{where}: `per-file-ignores` must be a table of glob = [codes]")
+    per_file_ignores = {}
+    for pattern, codes in per_file.items():
+        if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
+            raise ConfigError(f"{where}: per-file-ignores entry {pattern!r} must be a list of codes")
+        per_file_ignores[pattern] = tuple(
+            check_selector(code, f"{where} per-file-ignores {pattern!r}") for code in codes
+        )
+
+    select = selectors("select") if lists["select"] is not None else (ALL,)
+    return Settings(
+        selections=(RuleSelection(select=select, extend_select=selectors("extend-select"),
+                                  ignore=selectors("ignore")),),
+        exclude=lists["exclude"] if lists["exclude"] is not None else DEFAULT_EXCLUDE,
+        extend_exclude=lists["extend-exclude"] or (),
+        per_file_ignores=per_file_ignores,
+        root=source.parent.resolve(),
+        source=source,
+    )
+
+
+def _read_tool_table(pyproject: Path) -> Optional[Mapping[str, object]]:
+    """The `[tool.klaudit]` table of a TOML file, or None if it has none."""
+    try:
+        with open(pyproject, "rb") as handle:
+            document = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{pyproject}: invalid TOML: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read {pyproject}: {error.strerror}") from None
+    table = document.get("tool", {}).get("klaudit") if isinstance(document.get("tool"), dict) else None
+    if table is not None and not isinstance(table, dict):
+        raise ConfigError(f"{pyproject}: `tool.klaudit` must be a table")
+    return table
+
+
+def find_pyproject(start: Path) -> Optional[tuple[Path, Mapping[str, object]]]:
+    """The nearest pyproject.toml with a `[tool.klaudit]` table, from `start` upwards."""
+    directory = start.resolve()
+    if not directory.is_dir():
+        directory = directory.parent
+    for candidate_dir in (directory, *directory.parents):
+        candidate = candidate_dir / "pyproject.toml"
+        table = _read_tool_table(candidate) if candidate.is_file() else None
+        if table is not None:
+            return candidate, table
+    return None
+
+
+def load_settings(paths: Iterable[str], config_file: Optional[str] = None) -> Settings:
+    """Settings from `config_file`, else from the nearest pyproject.toml above the first path."""
+    if config_file is not None:
+        source = Path(config_file)
+        table = _read_tool_table(source)
+        if table is None:
+            raise ConfigError(f"{source}: no [tool.klaudit] table")
+        return settings_from_table(table, source)
+    found = find_pyproject(Path(next(iter(paths), ".")))
+    return Settings() if found is None else settings_from_table(found[1], found[0])

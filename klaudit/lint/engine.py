@@ -1,0 +1,270 @@
+"""Paths -> files -> source text -> pre-filter -> parse -> checks -> filtered, sorted findings.
+
+The main process walks the paths, reads every file and runs the cheap textual pre-filter
+(`roles.might_contain_kl`); only the files that pass are parsed and analysed, in a pool of worker
+processes when there are enough of them to repay the pool's start-up. A file that cannot be
+checked (binary, undecodable, syntax error) is a KL000 finding; an exception inside the analysis
+of one file is an internal error reported for that file, and the run carries on.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import multiprocessing
+import os
+import sys
+import tokenize
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+import libcst
+
+from klaudit.config import SYNTAX_ERROR_CODE, Settings
+from klaudit.lint.findings import Finding
+from klaudit.lint.suppressions import SuppressionTable, is_suppressed, suppression_table
+
+PYTHON_SUFFIXES = (".py", ".pyi")
+MAX_FILE_BYTES = 1 << 20  # larger files are generated code in practice; parsing one costs seconds
+DEFAULT_JOBS = 2
+MIN_FILES_PER_WORKER = 8  # below this, starting a worker costs more than it saves
+
+
+class LintError(Exception):
+    """A user mistake in the paths to lint; the CLI exits with 2."""
+
+
+@dataclass
+class LintResult:
+    """Findings sorted by (path, line, column, code), with suppressions and selection applied."""
+
+    findings: list[Finding] = field(default_factory=list)
+    files_checked: int = 0  # files read (the pre-filter ran on them)
+    files_analysed: int = 0  # files the pre-filter passed on to the parser and the checks
+    warnings: list[str] = field(default_factory=list)  # files skipped, one line each
+    errors: list[str] = field(default_factory=list)  # internal errors, one line each
+
+
+@dataclass(frozen=True)
+class _Analysis:
+    """What a worker sends back for one file."""
+
+    path: str
+    findings: tuple[Finding, ...] = ()
+    suppressions: SuppressionTable = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+
+
+def _is_virtualenv(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
+
+
+def discover_files(paths: Sequence[str], settings: Settings) -> list[str]:
+    """Python files under `paths`, each once, in a stable order; named files are always kept."""
+    found: list[str] = []
+    for given in paths:
+        if os.path.isfile(given):
+            found.append(given)
+        elif os.path.isdir(given):
+            found.extend(_walk(given, settings))
+        else:
+            raise LintError(f"{given}: no such file or directory")
+    seen: set[str] = set()
+    unique = []
+    for path in found:
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
+
+
+def _walk(top: str, settings: Settings) -> Iterable[str]:
+    for directory, subdirs, files in os.walk(top):
+        subdirs[:] = sorted(
+            name for name in subdirs
+            if not settings.is_excluded(os.path.join(directory, name))
+            and not _is_virtualenv(os.path.join(directory, name))
+        )
+        for name in sorted(files):
+            path = os.path.normpath(os.path.join(directory, name))
+            if name.endswith(PYTHON_SUFFIXES) and not settings.is_excluded(path):
+                yield path
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _position_of(data: bytes, offset: int) -> tuple[int, int]:
+    """1-based (line, column) of a byte offset."""
+    line_start = data.rfind(b"\n", 0, offset) + 1
+    return data.count(b"\n", 0, offset) + 1, offset - line_start + 1
+
+
+def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> Finding:
+    return Finding(path, line, column, SYNTAX_ERROR_CODE, message, line, column)
+
+
+def read_source(path: str) -> Union[str, Finding]:
+    """The decoded text of a Python file, or a KL000 finding saying why it cannot be checked.
+
+    The encoding is found as Python finds it (BOM, then a PEP 263 coding line, else UTF-8).
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if b"\0" in data:
+        line, column = _position_of(data, data.index(b"\0"))
+        return _unreadable(path, "not Python source: the file contains NUL bytes (a binary file?)",
+                           line, column)
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as error:
+        return _unreadable(path, f"cannot decode the file: {error.msg}", error.lineno or 1)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line, column = _position_of(data, error.start)
+        return _unreadable(
+            path,
+            f"cannot decode the file as {encoding}: byte {data[error.start]:#04x} is invalid; "
+            "save it as UTF-8 or declare its encoding (PEP 263)",
+            line, column,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing and analysis (runs in the worker processes)
+
+
+def _syntax_error(path: str, source: str, error: libcst.ParserSyntaxError) -> Finding:
+    """KL000 at the place CPython's parser reports (more precise than LibCST's), else LibCST's."""
+    try:
+        compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as python_error:
+        line = python_error.lineno or 1
+        column = max(python_error.offset or 1, 1)
+        return _unreadable(path, f"syntax error: {python_error.msg}", line, column)
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    return _unreadable(path, f"syntax error: {error.message}", error.raw_line, error.raw_column + 1)
+
+
+_worker_project = None
+
+
+def _start_worker(roots: list[Path]) -> None:
+    """Pool initializer: one import-resolving Project per worker process."""
+    global _worker_project
+    from klaudit.lint.project import Project
+
+    _worker_project = Project(roots)
+
+
+def _analyse(path: str, source: str) -> _Analysis:
+    """Parse and check one file; never raises."""
+    from klaudit.lint.checks import check_module
+
+    try:
+        module = libcst.parse_module(source)
+    except libcst.ParserSyntaxError as error:
+        return _Analysis(path, (_syntax_error(path, source, error),))
+    try:
+        findings = tuple(check_module(path, module, _worker_project))
+        return _Analysis(path, findings, suppression_table(module) if findings else {})
+    except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        return _Analysis(path, error=(
+            f"{path}: internal error: {type(error).__name__}: {error} "
+            f"(at {os.path.basename(where.filename)}:{where.lineno})"
+        ))
+
+
+def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int) -> list[_Analysis]:
+    workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
+    if workers < 2:
+        _start_worker(roots)
+        return [_analyse(path, source) for path, source in sources.items()]
+    # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    # Big files first, so that one late large file does not leave a worker idle.
+    order = sorted(sources, key=lambda p: -len(sources[p]))
+    analyses: list[_Analysis] = []
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
+                                 initargs=(roots,)) as pool:
+            chunksize = max(1, len(order) // (workers * 8))
+            analyses.extend(pool.map(_analyse, order, [sources[p] for p in order], chunksize=chunksize))
+    except BrokenProcessPool:
+        # A worker died (a crash in native code, or killed); the files it had not finished are
+        # reported rather than retried here, where the same crash would take down the run.
+        analyses.extend(
+            _Analysis(path, error=f"{path}: internal error: a worker process died before this file was analysed")
+            for path in order[len(analyses):]
+        )
+    return analyses
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point
+
+
+def _project_roots(paths: Sequence[str]) -> list[Path]:
+    return [Path(p) if os.path.isdir(p) else Path(p).parent for p in paths]
+
+
+def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
+          ignored_here: frozenset[str]) -> bool:
+    if finding.code not in settings.enabled_codes or finding.code in ignored_here:
+        return False
+    return finding.code == SYNTAX_ERROR_CODE or not is_suppressed(finding, suppressions)
+
+
+def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,
+               jobs: int = DEFAULT_JOBS) -> LintResult:
+    """Lint the Python files under `paths` (files or directories) with `settings`."""
+    from klaudit.lint.roles import might_contain_kl
+
+    settings = settings or Settings()
+    paths = list(paths) or ["."]
+    result = LintResult()
+    raw: list[_Analysis] = []
+    sources: dict[str, str] = {}
+    for path in discover_files(paths, settings):
+        try:
+            size = os.path.getsize(path)
+            if size > MAX_FILE_BYTES:
+                result.warnings.append(
+                    f"{path}: skipped, {size / 2**20:.1f} MiB is over the {MAX_FILE_BYTES // 2**20} MiB limit")
+                continue
+            source = read_source(path)
+        except OSError as error:
+            result.errors.append(f"{path}: cannot read: {error.strerror}")
+            continue
+        result.files_checked += 1
+        if isinstance(source, Finding):
+            raw.append(_Analysis(path, (source,)))
+        elif might_contain_kl(source):
+            sources[path] = source
+    result.files_analysed = len(sources)
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs))
+
+    for analysis in raw:
+        if analysis.error:
+            result.errors.append(analysis.error)
+        ignored_here = settings.ignored_in_file(analysis.path) if analysis.findings else frozenset()
+        result.findings.extend(
+            finding for finding in analysis.findings
+            if _keep(finding, settings, analysis.suppressions, ignored_here)
+        )
+    result.findings.sort()
+    result.errors.sort()
+    return result

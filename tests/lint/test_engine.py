@@ -1,0 +1,222 @@
+"""The lint engine: discovery, reading, KL000, pre-filter, suppressions, selection, parallelism.
+
+The analysis is the stand-in of fake_analysis (a `BAD_KL002(x)` call is a KL002 finding), so
+these tests pin down the engine alone.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import fake_analysis
+from klaudit.config import RuleSelection, Settings
+from klaudit.lint import engine
+from klaudit.lint.engine import LintError, discover_files, lint_paths
+
+
+@pytest.fixture(autouse=True)
+def fake(monkeypatch):
+    fake_analysis.install(monkeypatch)
+
+
+def write(path, text, mode="w"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def located(result):
+    return [(os.path.basename(f.path), f.line, f.column, f.code) for f in result.findings]
+
+
+def test_discovery_skips_excluded_directories_and_virtualenvs(tmp_path):
+    for name in (".git", ".venv", "venv", "build", "dist", "__pycache__", ".tox", ".mypy_cache",
+                 "node_modules", "pkg/build"):
+        write(tmp_path / name / "x.py", "")
+    write(tmp_path / "myenv" / "pyvenv.cfg", "home = /usr/bin\n")
+    write(tmp_path / "myenv" / "lib" / "x.py", "")
+    write(tmp_path / "pkg" / "a.py", "")
+    write(tmp_path / "pkg" / "stubs.pyi", "")
+    write(tmp_path / "pkg" / "notes.txt", "")
+    write(tmp_path / "top.py", "")
+    files = discover_files([str(tmp_path)], Settings(root=tmp_path))
+    assert [os.path.relpath(f, tmp_path) for f in files] == ["top.py", "pkg/a.py", "pkg/stubs.pyi"]
+
+
+def test_config_exclude_replaces_defaults_and_extend_exclude_adds(tmp_path):
+    write(tmp_path / "build" / "x.py", "")
+    write(tmp_path / "gen" / "y.py", "")
+    write(tmp_path / "src" / "z_pb2.py", "")
+    write(tmp_path / "src" / "z.py", "")
+
+    def found(settings):
+        return sorted(os.path.relpath(f, tmp_path) for f in discover_files([str(tmp_path)], settings))
+
+    assert found(Settings(root=tmp_path, extend_exclude=("gen", "*_pb2.py"))) == ["src/z.py"]
+    assert found(Settings(root=tmp_path, exclude=("src/z.py",))) == [
+        "build/x.py", "gen/y.py", "src/z_pb2.py"]
+
+
+def test_an_explicitly_named_file_is_linted_even_if_excluded(tmp_path):
+    named = write(tmp_path / "build" / "k.py", "BAD_KL002(kl)\n")
+    result = lint_paths([named], settings=Settings(root=tmp_path), jobs=1)
+    assert [(f.path, f.line, f.column, f.code) for f in result.findings] == [(named, 1, 1, "KL002")]
+
+
+def test_the_same_file_named_twice_is_reported_once(tmp_path):
+    path = write(tmp_path / "a.py", "BAD_KL002(kl)\n")
+    result = lint_paths([path, str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert len(result.findings) == 1 and result.files_checked == 1
+
+
+def test_a_missing_path_is_a_user_error(tmp_path):
+    with pytest.raises(LintError, match="no such file or directory"):
+        lint_paths([str(tmp_path / "nope.py")])
+
+
+def test_findings_are_sorted_by_path_line_column_code_with_1_based_columns(tmp_path):
+    write(tmp_path / "b.py", "x = BAD_KL005(kl)  ;  BAD_KL002(kl)\nBAD_KL002(kl)\n")
+    write(tmp_path / "a.py", "\nif kl:\n    BAD_KL007(kl)\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert located(result) == [
+        ("a.py", 3, 5, "KL007"),
+        ("b.py", 1, 5, "KL005"), ("b.py", 1, 23, "KL002"), ("b.py", 2, 1, "KL002"),
+    ]
+    assert result.findings[0].end_column == 5 + len("BAD_KL007(kl)")
+
+
+def test_syntax_error_is_kl000_at_the_parsers_position_and_the_run_continues(tmp_path):
+    write(tmp_path / "a_broken.py", "kl = 1\ndef f(:\n    pass\n")
+    write(tmp_path / "b_fine.py", "BAD_KL002(kl)\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert located(result) == [("a_broken.py", 2, 7, "KL000"), ("b_fine.py", 1, 1, "KL002")]
+    assert result.findings[0].message == "syntax error: invalid syntax"
+    assert result.errors == []
+
+
+def test_binary_non_utf8_empty_and_declared_encodings(tmp_path):
+    write(tmp_path / "binary.py", b"kl = 1\n\x00\x01\x02")
+    write(tmp_path / "latin.py", "kl = 1\ns = 'caf\xe9'  # \xff\n".encode("latin-1"))
+    write(tmp_path / "declared.py", "# -*- coding: latin-1 -*-\nkl = 'caf\xe9'; BAD_KL002(kl)\n".encode("latin-1"))
+    write(tmp_path / "bom.py", b"\xef\xbb\xbfBAD_KL002(kl)\n")
+    write(tmp_path / "empty.py", b"")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert located(result) == [
+        ("binary.py", 2, 1, "KL000"), ("bom.py", 1, 1, "KL002"),
+        ("declared.py", 2, 14, "KL002"), ("latin.py", 2, 9, "KL000"),
+    ]
+    by_name = {os.path.basename(f.path): f.message for f in result.findings}
+    assert "NUL bytes" in by_name["binary.py"]
+    assert "cannot decode the file as utf-8: byte 0xe9" in by_name["latin.py"]
+    assert result.files_checked == 5 and result.errors == []
+
+
+def test_a_huge_file_is_skipped_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "MAX_FILE_BYTES", 100)
+    write(tmp_path / "huge.py", "BAD_KL002(kl)\n" * 20)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert result.findings == [] and result.files_checked == 0
+    assert len(result.warnings) == 1 and "huge.py: skipped" in result.warnings[0]
+
+
+def test_files_the_prefilter_rules_out_are_not_parsed(tmp_path):
+    write(tmp_path / "no_vocabulary.py", "def f(:\n")  # broken, but cannot hold a KL finding
+    write(tmp_path / "with_vocabulary.py", "kl = 0\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert result.findings == []
+    assert (result.files_checked, result.files_analysed) == (2, 1)
+
+
+@pytest.mark.parametrize("comment, suppressed", [
+    ("# noqa", True),
+    ("# NOQA", True),
+    ("# noqa: KL002", True),
+    ("# noqa:KL002,KL003", True),
+    ("# noqa: KL003, KL002", True),
+    ("# noqa: KL003", False),
+    ("# noqa: E501", False),
+    ("# noqa: not a code", False),
+    ("# klaudit: ignore[KL002]", True),
+    ("# klaudit: ignore[KL001, KL002]", True),
+    ("# klaudit: ignore[KL003]", False),
+    ("# type: ignore  # noqa: KL002", True),
+    ("# a note", False),
+])
+def test_inline_suppressions(tmp_path, comment, suppressed):
+    path = write(tmp_path / "a.py", f"loss = BAD_KL002(kl)  {comment}\n")
+    result = lint_paths([path], settings=Settings(root=tmp_path), jobs=1)
+    assert len(result.findings) == (0 if suppressed else 1)
+
+
+def test_noqa_inside_a_string_is_not_a_comment(tmp_path):
+    path = write(tmp_path / "a.py", 'loss = BAD_KL002(kl) + len("# noqa")\n')
+    assert len(lint_paths([path], settings=Settings(root=tmp_path), jobs=1).findings) == 1
+
+
+def test_noqa_on_the_last_line_of_a_multi_line_finding(tmp_path):
+    text = "loss = BAD_KL002(\n    kl)  # noqa: KL002\nother = BAD_KL003(\n    kl)\n"
+    path = write(tmp_path / "a.py", text)
+    result = lint_paths([path], settings=Settings(root=tmp_path), jobs=1)
+    assert [(f.line, f.end_line, f.code) for f in result.findings] == [(3, 4, "KL003")]
+
+
+def test_noqa_does_not_hide_a_syntax_error(tmp_path):
+    path = write(tmp_path / "a.py", "kl = (  # noqa\n")
+    assert [f.code for f in lint_paths([path], settings=Settings(root=tmp_path), jobs=1).findings] == ["KL000"]
+
+
+def test_selection_and_per_file_ignores_are_applied(tmp_path):
+    write(tmp_path / "src" / "a.py", "BAD_KL002(kl)\nBAD_KL005(kl)\nBAD_KL010(kl)\n")
+    write(tmp_path / "tests" / "t.py", "BAD_KL002(kl)\nBAD_KL005(kl)\n")
+    settings = Settings(
+        selections=(RuleSelection(select=("KL0",), ignore=("KL01",)),),
+        per_file_ignores={"tests/*": ("KL002",)},
+        root=tmp_path,
+    )
+    result = lint_paths([str(tmp_path)], settings=settings, jobs=1)
+    assert located(result) == [("a.py", 1, 1, "KL002"), ("a.py", 2, 1, "KL005"), ("t.py", 2, 1, "KL005")]
+
+
+def test_an_internal_error_in_one_file_keeps_the_other_findings(tmp_path):
+    write(tmp_path / "a.py", "kl = 1\nCRASH\n")
+    write(tmp_path / "b.py", "BAD_KL002(kl)\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert located(result) == [("b.py", 1, 1, "KL002")]
+    assert len(result.errors) == 1
+    assert "a.py: internal error: RuntimeError: boom" in result.errors[0]
+
+
+def _many_files(tmp_path, count):
+    for index in range(count):
+        body = "kl = 1\n" + "BAD_KL002(kl)\n" * (index % 3) + ("CRASH\n" if index == 7 else "")
+        write(tmp_path / f"m{index:02d}.py", body)
+
+
+def test_the_worker_pool_gives_the_same_result_as_one_process(tmp_path):
+    _many_files(tmp_path, 3 * engine.MIN_FILES_PER_WORKER)
+    sequential = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    parallel = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=2)
+    # File i holds i % 3 findings; file 7 (one finding) crashes instead.
+    assert len(sequential.findings) == sum(i % 3 for i in range(3 * engine.MIN_FILES_PER_WORKER)) - 1
+    assert parallel.findings == sequential.findings
+    assert parallel.errors == sequential.errors and len(parallel.errors) == 1
+
+
+def test_a_dead_worker_is_an_internal_error_not_a_hang(tmp_path, monkeypatch):
+    main_pid = os.getpid()
+
+    def die_in_worker(path, module, project):
+        if os.getpid() != main_pid and "m05" in path:
+            os._exit(3)
+        return []
+
+    monkeypatch.setattr(fake_analysis, "check_module", die_in_worker)
+    fake_analysis.install(monkeypatch)
+    _many_files(tmp_path, 2 * engine.MIN_FILES_PER_WORKER)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=2)
+    assert result.errors and all("worker process died" in error for error in result.errors)
