@@ -37,7 +37,7 @@ def _split_codes(values: tuple[str, ...]) -> list[str]:
 
 def _use_color() -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    return click.get_text_stream("stdout").isatty() and not os.environ.get("NO_COLOR")
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 @main.command("lint")

@@ -1,0 +1,130 @@
+"""[tool.klaudit]: discovery of the nearest pyproject.toml, validation, rule selection layers,
+per-file ignores and exclusion globs."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.catalog import RULES
+from klaudit.config import (
+    ConfigError, RuleSelection, Settings, check_selector, find_pyproject, load_settings,
+)
+
+
+def pyproject(directory, body):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "pyproject.toml"
+    path.write_text(body)
+    return path
+
+
+def enabled(settings):
+    return sorted(settings.enabled_codes)
+
+
+def test_the_nearest_pyproject_with_a_klaudit_table_wins(tmp_path):
+    pyproject(tmp_path, '[tool.klaudit]\nignore = ["KL005"]\n')
+    pyproject(tmp_path / "sub", '[tool.other]\nx = 1\n')  # no klaudit table: keep walking up
+    (tmp_path / "sub" / "deep").mkdir()
+    found_path, table = find_pyproject(tmp_path / "sub" / "deep")
+    assert found_path == tmp_path / "pyproject.toml" and table == {"ignore": ["KL005"]}
+    settings = load_settings([str(tmp_path / "sub" / "deep" / "x.py")])
+    assert "KL005" not in settings.enabled_codes and "KL002" in settings.enabled_codes
+    assert settings.root == tmp_path.resolve()
+
+
+def test_no_pyproject_means_defaults(tmp_path):
+    settings = load_settings([str(tmp_path)])
+    assert enabled(settings) == sorted(RULES) and settings.source is None
+
+
+def test_explicit_config_file(tmp_path):
+    path = pyproject(tmp_path / "cfg", '[tool.klaudit]\nselect = ["KL002"]\n')
+    assert enabled(load_settings(["."], str(path))) == ["KL000", "KL002"]
+    empty = pyproject(tmp_path / "empty", "[project]\nname = 'x'\n")
+    with pytest.raises(ConfigError, match="no \\[tool.klaudit\\] table"):
+        load_settings(["."], str(empty))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(["."], str(tmp_path / "missing.toml"))
+
+
+@pytest.mark.parametrize("body, message", [
+    ('[tool.klaudit]\nselct = ["KL002"]\n', "unknown key `selct` \\(did you mean `select`\\?\\)"),
+    ('[tool.klaudit]\nselect = "KL002"\n', "`select` must be a list of strings"),
+    ('[tool.klaudit]\nignore = [2]\n', "`ignore` must be a list of strings"),
+    ('[tool.klaudit]\nselect = ["KL999"]\n', "unknown rule selector 'KL999'.*KL000, KL001"),
+    ('[tool.klaudit]\nselect = ["E501"]\n', "unknown rule selector 'E501'"),
+    ('[tool.klaudit]\nper-file-ignores = ["x"]\n', "must be a table"),
+    ('[tool.klaudit.per-file-ignores]\n"tests/*" = "KL002"\n', "must be a list of codes"),
+    ('[tool.klaudit.per-file-ignores]\n"tests/*" = ["KL99"]\n', "unknown rule selector 'KL99'"),
+    ('[tool.klaudit\nselect = 1\n', "invalid TOML"),
+    ('[tool]\nklaudit = 3\n', "must be a table"),
+])
+def test_bad_configuration_is_a_clear_error(tmp_path, body, message):
+    pyproject(tmp_path, body)
+    with pytest.raises(ConfigError, match=message):
+        load_settings([str(tmp_path)])
+
+
+def test_selectors_accept_all_codes_and_prefixes_case_insensitively():
+    assert check_selector("all", "x") == "ALL"
+    assert check_selector("kl00", "x") == "KL00"
+    assert check_selector(" KL002 ", "x") == "KL002"
+    for bad in ("", "K L", "KL0021", "XX"):
+        with pytest.raises(ConfigError):
+            check_selector(bad, "x")
+
+
+def test_more_specific_selectors_win_and_ignore_wins_ties():
+    def layer(**kwargs):
+        return sorted(RuleSelection(**kwargs).apply(frozenset()))
+
+    assert layer(select=("KL00",), ignore=("KL002",)) == [
+        "KL000", "KL001", "KL003", "KL004", "KL005", "KL006", "KL007", "KL008", "KL009"]
+    assert layer(select=("KL002",), ignore=("KL0",)) == ["KL002"]
+    assert layer(select=("KL002",), ignore=("KL002",)) == []
+    assert layer(select=("ALL",), ignore=("KL0",), extend_select=("KL01",)) == ["KL010", "KL011"]
+
+
+def test_command_line_layer_on_top_of_the_file(tmp_path):
+    pyproject(tmp_path, '[tool.klaudit]\nselect = ["KL00"]\nignore = ["KL007"]\n')
+    from_file = load_settings([str(tmp_path)])
+    assert "KL007" not in from_file.enabled_codes and "KL010" not in from_file.enabled_codes
+    # --select starts over (the file's ignore no longer applies), as in ruff.
+    assert enabled(from_file.with_overrides(select=["KL007"])) == ["KL000", "KL007"]
+    # --ignore and --extend-select edit what the file enabled.
+    edited = from_file.with_overrides(ignore=["KL002"], extend_select=["KL010"])
+    assert "KL002" not in edited.enabled_codes and "KL010" in edited.enabled_codes
+    assert "KL007" not in edited.enabled_codes and "KL001" in edited.enabled_codes
+    with pytest.raises(ConfigError, match="unknown rule selector 'KL1' in the command line"):
+        from_file.with_overrides(ignore=["KL1"])
+
+
+def test_kl000_survives_a_narrow_select_but_not_an_explicit_ignore():
+    assert "KL000" in Settings().with_overrides(select=["KL002"]).enabled_codes
+    assert "KL000" not in Settings().with_overrides(ignore=["KL000"]).enabled_codes
+    assert "KL000" not in Settings().with_overrides(ignore=["ALL"]).enabled_codes
+
+
+def test_per_file_ignores_match_relative_globs_and_names(tmp_path):
+    settings = Settings(root=tmp_path, per_file_ignores={
+        "tests/*": ("KL002",), "*_legacy.py": ("KL00",), "**/gen/*.py": ("ALL",),
+    })
+    assert settings.ignored_in_file(str(tmp_path / "tests" / "a.py")) == {"KL002"}
+    assert settings.ignored_in_file(str(tmp_path / "tests" / "deep" / "a.py")) == {"KL002"}
+    assert settings.ignored_in_file(str(tmp_path / "src" / "a.py")) == set()
+    assert settings.ignored_in_file(str(tmp_path / "src" / "old_legacy.py")) == {
+        code for code in RULES if code.startswith("KL00")}
+    assert settings.ignored_in_file(str(tmp_path / "gen" / "x.py")) == set(RULES)
+    assert settings.ignored_in_file(str(tmp_path / "a" / "gen" / "x.py")) == set(RULES)
+
+
+def test_exclude_globs(tmp_path):
+    settings = Settings(root=tmp_path, exclude=("third_party", "*_pb2.py", "src/generated"))
+    assert settings.is_excluded(str(tmp_path / "third_party"))
+    assert settings.is_excluded(str(tmp_path / "a" / "b_pb2.py"))
+    assert settings.is_excluded(str(tmp_path / "src" / "generated"))
+    assert not settings.is_excluded(str(tmp_path / "lib" / "src" / "generated"))
+    assert not settings.is_excluded(str(tmp_path / "src" / "model.py"))
+    assert not settings.is_excluded(str(tmp_path / "build"))  # `exclude` replaced the defaults
+    assert Settings(root=tmp_path).is_excluded(str(tmp_path / "build"))
