@@ -25,9 +25,9 @@ import torch
 TOKEN_ESTIMATORS = ("k1", "k2", "k3")
 PENALTY_ESTIMATORS = ("k1", "k3", "rb")
 
-# Bytes of one float temporary of the chunked vocabulary computation when chunk_size is None;
-# chosen with benchmarks/bench_exact_token_kl.py (large enough for threads, small enough for L3).
-DEFAULT_CHUNK_BYTES = 8 * 2**20
+# Bytes of one float temporary of the chunked vocabulary computation when chunk_size is None:
+# about the per-core L2 cache; benchmarks/bench_exact_token_kl.py measured 0.25-4 MiB, 1 MiB best.
+DEFAULT_CHUNK_BYTES = 2**20
 
 
 class KLTerm(NamedTuple):
