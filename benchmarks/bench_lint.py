@@ -1,0 +1,110 @@
+"""Speed of `klaudit lint` against a bare LibCST parse of the same files, in the same run.
+
+For verl, trl and openrlhf (pinned in real_packages.py) and for all three together:
+  (a) `libcst.parse_module` of every .py file, sequential on one core, sources already in memory;
+  (b) `klaudit lint` as a user runs it: a fresh `python -m klaudit lint` process with its default
+      workers, wall time including interpreter start-up.
+Prints lines/second for both, the ratio (b)/(a) (target <= 1.0), how many files the pre-filter
+sent to analysis, and the wall time on the 100 largest files (target <= 3 s).
+
+    python benchmarks/bench_lint.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import libcst
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_packages import PACKAGES, package_trees  # noqa: E402
+
+from klaudit.lint.roles import might_contain_kl  # noqa: E402
+
+
+def python_sources(tree: Path) -> dict[Path, str]:
+    """Every .py file under `tree` that decodes as UTF-8."""
+    sources = {}
+    for path in sorted(tree.rglob("*.py")):
+        try:
+            sources[path] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+    return sources
+
+
+def bare_parse_seconds(sources: dict[Path, str]) -> float:
+    start = time.perf_counter()
+    for text in sources.values():
+        try:
+            libcst.parse_module(text)
+        except libcst.ParserSyntaxError:
+            pass
+    return time.perf_counter() - start
+
+
+def klaudit_seconds(tree: Path) -> float:
+    start = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-m", "klaudit", "lint", "--exit-zero", "--quiet", str(tree)],
+                               capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if completed.returncode != 0:
+        raise SystemExit(f"klaudit lint failed on {tree}:\n{completed.stderr}")
+    return elapsed
+
+
+def best_of(repeat: int, measure) -> float:
+    return min(measure() for _ in range(repeat))
+
+
+def largest_files_repository(sources: dict[Path, str], root: Path, count: int, into: Path) -> Path:
+    """A scratch repository of the `count` largest files (by lines), paths relative to `root` kept."""
+    chosen = sorted(sources, key=lambda p: -sources[p].count("\n"))[:count]
+    for path in chosen:
+        target = into / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return into
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3, help="best of N timings (default 3)")
+    args = parser.parse_args()
+
+    trees = package_trees()
+    rows = [(f"{name}-{PACKAGES[name]}", tree) for name, tree in trees.items()]
+    root = next(iter(trees.values())).parent
+    rows.append(("all three", root))
+    header = (f"{'tree':<18}{'files':>7}{'analysed':>10}{'lines':>9}"
+              f"{'parse s':>9}{'parse l/s':>11}{'klaudit s':>11}{'klaudit l/s':>13}{'ratio':>7}")
+    print(header)
+    print("-" * len(header))
+    everything: dict[Path, str] = {}
+    for label, tree in rows:
+        sources = python_sources(tree)
+        everything.update(sources)
+        lines = sum(text.count("\n") + 1 for text in sources.values())
+        analysed = sum(might_contain_kl(text) for text in sources.values())
+        parse = best_of(args.repeat, lambda: bare_parse_seconds(sources))
+        lint = best_of(args.repeat, lambda: klaudit_seconds(tree))
+        print(f"{label:<18}{len(sources):>7}{analysed:>10}{lines:>9}{parse:>9.2f}{lines / parse:>11,.0f}"
+              f"{lint:>11.2f}{lines / lint:>13,.0f}{lint / parse:>7.2f}")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        repository = largest_files_repository(everything, root, 100, Path(scratch))
+        lines = sum(p.read_text().count("\n") + 1 for p in repository.rglob("*.py"))
+        lint = best_of(args.repeat, lambda: klaudit_seconds(repository))
+        print(f"\n100 largest files ({lines:,} lines): klaudit lint {lint:.2f} s (target <= 3 s)")
+    print(f"python {sys.version.split()[0]}, libcst {version('libcst')}")
+
+
+if __name__ == "__main__":
+    main()
