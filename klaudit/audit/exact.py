@@ -18,6 +18,7 @@ Public API:
         .targets()                     {Target: flat gradient}: REV FWD PART PFWD FUT LEN PTV
         .kl_seq(), .forward_kl(), .expected_length()
         .match(g, *, proportional=False) -> Objective (a Target's name, ZERO or OTHER)
+        .length_weights(probs, aggregation, batch_size) -> [N] h(L_y) (kl-math.md section 5)
     relerr(g, x), cosine(g, x), positive_multiple(g, x)
     sequence_kl(policy, reference) -> KL(pi || ref) as a float
 
@@ -35,6 +36,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from klaudit.audit.batch import Batch
+from klaudit.audit.policies import Policy
 from klaudit.catalog import Aggregation, Objective, Target
 
 LossFn = Callable[[Batch], torch.Tensor]
@@ -108,7 +110,7 @@ def positive_multiple(g: torch.Tensor, x: torch.Tensor, rtol: float = MATCH_RTOL
     return factor
 
 
-def sequence_kl(policy, reference) -> float:
+def sequence_kl(policy: Policy, reference: Policy) -> float:
     """KL(pi || ref) = sum_y pi(y) log(pi(y) / ref(y)) over every response, as a float."""
     return ExactProblem(policy, reference).kl_seq()
 
@@ -126,7 +128,8 @@ def _per_sequence(values: torch.Tensor, num_sequences: int, horizon: int, what: 
         raise ValueError(f"{what} must return floating-point values, got {values.dtype}")
     bad = ~torch.isfinite(values.detach())
     if bad.any():
-        raise ValueError(f"{what} returned {int(bad.sum())} NaN/inf entries (e.g. at index {bad.nonzero()[0].tolist()})")
+        first = bad.nonzero()[0].tolist()
+        raise ValueError(f"{what} returned {int(bad.sum())} NaN/inf entries (the first at index {first})")
     return values if values.dim() == 1 else values.sum(-1)
 
 
@@ -146,12 +149,12 @@ def _sum_of_lengths_distribution(length_probs: torch.Tensor, count: int) -> torc
 class ExactProblem:
     """All responses of `policy`, with the reference (and optional behaviour policy) fixed."""
 
-    def __init__(self, policy, reference, old_policy=None):
+    def __init__(self, policy: Policy, reference: Policy, old_policy: Optional[Policy] = None):
         for name, other in (("reference", reference), ("old_policy", old_policy)):
             if other is None:
                 continue
-            shape, other_shape = (policy.vocab_size, policy.horizon, policy.eos_id), (
-                other.vocab_size, other.horizon, other.eos_id)
+            shape = (policy.vocab_size, policy.horizon, policy.eos_id)
+            other_shape = (other.vocab_size, other.horizon, other.eos_id)
             if shape != other_shape:
                 raise ValueError(
                     f"{name} has (vocab_size, horizon, eos_id) = {other_shape}, the policy {shape}"

@@ -190,7 +190,9 @@ def _direction(reference: torch.nn.Module, seed: int) -> list[torch.Tensor]:
     ]
 
 
-def _shift_into(moved: torch.nn.Module, reference: torch.nn.Module, direction: list[torch.Tensor], scale: float) -> None:
+def _shift_into(
+    moved: torch.nn.Module, reference: torch.nn.Module, direction: list[torch.Tensor], scale: float
+) -> None:
     """Set the parameters of `moved` (a copy of `reference`) to reference + scale * direction."""
     with torch.no_grad():
         for target, start, step in zip(moved.parameters(), reference.parameters(), direction):

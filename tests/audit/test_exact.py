@@ -129,7 +129,8 @@ IDENTITIES = [  # (name, loss_fn, {target: coefficient}); an empty mapping means
     ("reward full to-go -> FUT", reward_full_to_go, {Target.FUT: 1}),
     ("seq 0.5 D^2 -> REV", sequence_k2, {Target.REV: 1}),
     ("seq k3 -> FWD", sequence_k3, {Target.FWD: 1}),
-    ("loss k3 + reward k1 -> REV + PFWD", lambda b: loss_k3(b) + reward_k1_to_go(b), {Target.REV: 1, Target.PFWD: 1}),
+    ("loss k3 + reward k1 -> REV + PFWD", lambda b: loss_k3(b) + reward_k1_to_go(b),
+     {Target.REV: 1, Target.PFWD: 1}),
 ]
 
 
@@ -154,7 +155,8 @@ def test_appendix_a_identity(toy, name, loss_fn, combination):
 def test_targets_are_far_apart_so_the_identities_discriminate(toy):
     """At KL 0.5..2 nats no two targets coincide: an identity above cannot hold by accident."""
     (_, eos, _), _, targets = toy
-    distinct = [Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.PTV] + ([Target.LEN] if eos else [])
+    distinct = [Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.PTV]
+    distinct += [Target.LEN] if eos else []
     for a, b in itertools.combinations(distinct, 2):
         assert relerr(targets[a], targets[b]) > 1e-2, (a, b)
     assert _norm(targets[Target.REV]) > 1e-2
@@ -361,7 +363,9 @@ def test_one_step_kls_by_hand():
 # ----- enumeration -----
 
 
-@pytest.mark.parametrize("vocab_size, horizon, eos_id, count", [(4, 4, 3, 121), (3, 4, None, 81), (3, 3, 2, 15), (2, 1, 1, 2)])
+@pytest.mark.parametrize(
+    "vocab_size, horizon, eos_id, count", [(4, 4, 3, 121), (3, 4, None, 81), (3, 3, 2, 15), (2, 1, 1, 2)]
+)
 def test_enumeration_lists_every_response_once(vocab_size, horizon, eos_id, count):
     tokens, mask, lengths = enumerate_sequences(vocab_size, horizon, eos_id)
     assert tokens.shape == (count, horizon) and mask.dtype == torch.float64

@@ -77,11 +77,15 @@ def test_tabular_padding_after_eos_is_constant_zero_without_gradient():
     real = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
     assert torch.all(logits[~real] == 0)
     assert torch.all(logits[real] != 0)
-    (grad,) = torch.autograd.grad(logits[~real].sum(), policy.prefix_logits, allow_unused=True, materialize_grads=True)
+    (grad,) = torch.autograd.grad(
+        logits[~real].sum(), policy.prefix_logits, allow_unused=True, materialize_grads=True
+    )
     assert torch.all(grad == 0)
 
 
-@pytest.mark.parametrize("kwargs", [dict(vocab_size=1, horizon=4), dict(vocab_size=4, horizon=0), dict(vocab_size=2.5, horizon=3)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(vocab_size=1, horizon=4), dict(vocab_size=4, horizon=0), dict(vocab_size=2.5, horizon=3)]
+)
 def test_tabular_rejects_impossible_shapes(kwargs):
     with pytest.raises(ValueError):
         TabularPolicy.random(**kwargs)
