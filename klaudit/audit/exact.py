@@ -54,7 +54,8 @@ def enumerate_sequences(
     """Every response of a policy shape: tokens [N, T] (EOS-padded after EOS), mask [N, T], lengths [N].
 
     A response stops at its first EOS (included in its length) or at T tokens. Rows are ordered by
-    length, then lexicographically. The result is computed once per shape; callers get copies.
+    length (at length T, EOS-terminated first), then lexicographically. Computed once per shape;
+    callers get copies.
     """
     return tuple(part.clone() for part in _enumerated(vocab_size, horizon, eos_id))
 
@@ -76,8 +77,7 @@ def _enumerated(vocab_size: int, horizon: int, eos_id: Optional[int]) -> tuple[t
         lengths = torch.full((len(rows),), horizon, dtype=torch.long)
     else:
         is_eos = tokens == eos_id
-        first_eos = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, torch.tensor(horizon))
-        lengths = first_eos
+        lengths = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, torch.tensor(horizon))
     mask = (torch.arange(horizon) < lengths.unsqueeze(-1)).to(torch.float64)
     return tokens, mask, lengths
 
