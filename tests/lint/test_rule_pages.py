@@ -1,0 +1,111 @@
+"""The rule pages in klaudit/rules: their structure, and their examples run as lint tests.
+
+Each page's bad example must give exactly the findings its `# <- KLxxx` markers name (all of the
+page's own code), and its good example none.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from klaudit.catalog import RULES
+from klaudit.cli import main
+from klaudit.lint.engine import lint_paths
+
+SECTIONS = ("What it flags", "Why", "Bad", "Good", "Fix", "Fix safety", "When this is fine")
+MARKER = re.compile(r"#\s*<-\s*(KL\d{3}(?:\s+KL\d{3})*)\s*$")
+CODES = sorted(RULES)
+
+
+def page_text(code: str) -> str:
+    return resources.files("klaudit").joinpath("rules", f"{code}.md").read_text(encoding="utf-8")
+
+
+def sections(text: str) -> dict[str, str]:
+    """Body of every `## Heading`, keyed by heading, in page order."""
+    parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
+
+
+def example(code: str, heading: str) -> str:
+    """The first ```python block of a section."""
+    match = re.search(r"```python\n(.*?)```", sections(page_text(code))[heading], flags=re.DOTALL)
+    assert match, f"{code}: no python example under '## {heading}'"
+    return match.group(1)
+
+
+def markers(source: str) -> Counter:
+    expected: Counter = Counter()
+    for number, text in enumerate(source.splitlines(), start=1):
+        match = MARKER.search(text)
+        if match:
+            expected.update((number, marked) for marked in match.group(1).split())
+    return expected
+
+
+def lint_source(source: str, path: Path) -> Counter:
+    path.write_text(source, encoding="utf-8")
+    result = lint_paths([str(path)])
+    assert result.errors == []
+    return Counter((finding.line, finding.code) for finding in result.findings)
+
+
+def test_every_rule_has_a_page_and_every_page_a_rule():
+    pages = {entry.name[:-3] for entry in resources.files("klaudit").joinpath("rules").iterdir()
+             if entry.name.endswith(".md")}
+    assert pages == set(RULES)
+
+
+def test_marker_pattern_reads_codes():
+    assert markers("x = 1\nloss = kl  # <- KL002 KL002\n") == Counter({(2, "KL002"): 2})
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_page_title_and_summary_match_the_catalog(code):
+    lines = page_text(code).splitlines()
+    assert lines[0] == f"# {code} {RULES[code].name}"
+    assert lines[2] == RULES[code].summary
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_page_has_the_sections_in_order(code):
+    assert tuple(sections(page_text(code))) == SECTIONS
+
+
+@pytest.mark.parametrize("code", [code for code in CODES if code != "KL000"])
+def test_page_points_at_the_catalog_and_the_estimators(code):
+    parts = sections(page_text(code))
+    row_pointer = re.search(r"kl-math\.md .*?§8,?\s+rows?\s+\d", parts["Why"], flags=re.DOTALL)
+    assert row_pointer, f"{code}: 'Why' must name the row of kl-math.md §8"
+    assert "klaudit.estimators." in parts["Fix"]
+    assert "--unsafe-fixes" in parts["Fix safety"]
+    assert f"# noqa: {code}" in parts["When this is fine"]
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_bad_example_gives_exactly_its_marked_findings(code, tmp_path):
+    source = example(code, "Bad")
+    expected = markers(source)
+    assert expected, f"{code}: the bad example marks no line"
+    assert {marked for _, marked in expected} == {code}
+    assert lint_source(source, tmp_path / f"{code.lower()}_bad.py") == expected
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_good_example_gives_no_finding(code, tmp_path):
+    source = example(code, "Good")
+    assert markers(source) == Counter()
+    assert lint_source(source, tmp_path / f"{code.lower()}_good.py") == Counter()
+
+
+@pytest.mark.parametrize("code", ["KL000", "KL002"])
+def test_klaudit_rule_prints_the_page(code):
+    result = CliRunner().invoke(main, ["rule", code])
+    assert result.exit_code == 0
+    assert result.output.strip() == page_text(code).strip()
