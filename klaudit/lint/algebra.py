@@ -1,0 +1,371 @@
+"""Symbolic per-token KL terms: sums of monomials over log-prob atoms, and the estimator they are.
+
+A value the linter tracks is a polynomial whose atoms are per-token tensors of known meaning:
+P (policy log-prob), Q (reference log-prob), O (old / behaviour log-prob), the log-ratio
+d = P - Q, r = exp(-d) = ref / pi, |d|, the exact per-step KL over the vocabulary, and score
+or importance multipliers. Each atom remembers whether gradient flows through it and how it was
+accumulated over tokens (per token, reward-to-go, summed over the sequence). Recognising an
+estimator is then a comparison of coefficients: k3 is r - 1 + d, whatever the spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional
+
+from klaudit.catalog import Estimator, Returns
+
+# Atom kinds.
+POLICY = "P"  # log pi(y_t | h_t)
+REF = "Q"  # log ref(y_t | h_t)
+OLD = "O"  # log pi_old(y_t | h_t)
+DELTA = "d"  # P - Q
+RATIO = "r"  # exp(-d) = ref / pi
+INV_RATIO = "R"  # exp(d) = pi / ref
+ABS = "a"  # |d|
+SCORE_LOG = "s"  # P - sg(P): value 0, gradient the score
+SCORE = "S"  # exp(P - sg(P)): value 1, gradient the score
+IS_LOG = "w"  # P - O
+IS_RATIO = "W"  # exp(P - O)
+FULL = "f"  # sum_v pi(v) (log pi(v) - log ref(v)), the exact per-step reverse KL
+FULL_FWD = "F"  # sum_v ref(v) (log ref(v) - log pi(v)), the exact per-step forward KL
+VOCAB_POLICY = "VP"  # log_softmax(policy logits), [.., V]
+VOCAB_REF = "VQ"  # log_softmax(reference logits), [.., V]
+VOCAB_PROB = "VpP"  # softmax(policy logits)
+VOCAB_REF_PROB = "VpQ"  # softmax(reference logits)
+LOGITS = "LP"  # raw policy logits
+REF_LOGITS = "LQ"  # raw reference logits
+
+# How an atom was accumulated over the token axis.
+TOKEN = "tok"
+TO_GO = "rtg"  # reversed cumulative sum: sum over u >= t
+SEQUENCE = "seq"  # summed over the response
+
+_MULTIPLIERS = {SCORE, IS_RATIO}
+
+
+@dataclass(frozen=True, order=True)
+class Atom:
+    """One symbolic tensor: its kind, whether gradient flows through it, how it was accumulated."""
+
+    kind: str
+    grad: bool = False
+    acc: str = TOKEN
+
+    def detached(self) -> "Atom":
+        return Atom(self.kind, False, self.acc)
+
+    def accumulated(self, acc: str) -> "Atom":
+        return Atom(self.kind, self.grad, acc)
+
+
+Monomial = tuple  # sorted tuple of Atom; () is the constant 1
+
+
+@dataclass(frozen=True)
+class Poly:
+    """A sum of coefficient * monomial. Coefficients are floats; unknown positive scales are dropped."""
+
+    terms: tuple  # sorted tuple of (Monomial, float)
+
+    @staticmethod
+    def of(mapping: Mapping[Monomial, float]) -> "Poly":
+        return Poly(tuple(sorted((m, c) for m, c in mapping.items() if abs(c) > 1e-12)))
+
+    @staticmethod
+    def atom(atom: Atom, coef: float = 1.0) -> "Poly":
+        return Poly.of({(atom,): coef})
+
+    @staticmethod
+    def const(value: float) -> "Poly":
+        return Poly.of({(): value})
+
+    def as_dict(self) -> dict:
+        return dict(self.terms)
+
+    def is_const(self) -> bool:
+        return all(m == () for m, _ in self.terms)
+
+    def const_value(self) -> Optional[float]:
+        if not self.terms:
+            return 0.0
+        if self.is_const():
+            return self.terms[0][1]
+        return None
+
+    def atoms(self) -> set:
+        return {a for m, _ in self.terms for a in m}
+
+    def has_grad(self) -> bool:
+        return any(a.grad for a in self.atoms())
+
+    def map_atoms(self, fn) -> "Poly":
+        out: dict = {}
+        for mono, coef in self.terms:
+            key = tuple(sorted(fn(a) for a in mono))
+            out[key] = out.get(key, 0.0) + coef
+        return _normalize(Poly.of(out))
+
+
+def add(left: Poly, right: Poly, sign: float = 1.0) -> Poly:
+    out = left.as_dict()
+    for mono, coef in right.terms:
+        out[mono] = out.get(mono, 0.0) + sign * coef
+    return _normalize(Poly.of(out))
+
+
+def scale(poly: Poly, factor: float) -> Poly:
+    return Poly.of({m: c * factor for m, c in poly.terms})
+
+
+def mul(left: Poly, right: Poly) -> Poly:
+    out: dict = {}
+    for m1, c1 in left.terms:
+        for m2, c2 in right.terms:
+            key = tuple(sorted(m1 + m2))
+            out[key] = out.get(key, 0.0) + c1 * c2
+    return _normalize(Poly.of(out))
+
+
+def _normalize(poly: Poly) -> Poly:
+    """Fold pairs of linear atoms into the log-ratios they spell: P - Q -> d, P - sg(P) -> s, P - O -> w."""
+    terms = poly.as_dict()
+    changed = True
+    while changed:
+        changed = False
+        linear = {m[0]: c for m, c in terms.items() if len(m) == 1}
+        for atom, coef in linear.items():
+            if atom.kind not in (POLICY, OLD):
+                continue
+            for other, other_coef in linear.items():
+                if abs(other_coef + coef) > 1e-12 or other.acc != atom.acc:
+                    continue
+                folded = _fold(atom, other)
+                if folded is None:
+                    continue
+                terms[(atom,)] -= coef
+                terms[(other,)] += coef
+                terms[(folded,)] = terms.get((folded,), 0.0) + coef
+                terms = {m: c for m, c in terms.items() if abs(c) > 1e-12}
+                changed = True
+                break
+            if changed:
+                break
+    return Poly(tuple(sorted(terms.items())))
+
+
+def _fold(plus: Atom, minus: Atom) -> Optional[Atom]:
+    if minus.kind == REF and plus.kind in (POLICY, OLD):
+        return Atom(DELTA, plus.grad and plus.kind == POLICY, plus.acc)
+    if plus.kind == POLICY and minus.kind == POLICY and plus.grad and not minus.grad:
+        return Atom(SCORE_LOG, True, plus.acc)
+    if plus.kind == POLICY and minus.kind == OLD:
+        return Atom(IS_LOG, plus.grad, plus.acc)
+    return None
+
+
+def exp(poly: Poly) -> Optional[Poly]:
+    """exp of a log-ratio: d -> R, -d -> r, s -> S, w -> W (a constant offset is a scale)."""
+    linear = [(m, c) for m, c in poly.terms if m != ()]
+    if len(linear) != 1 or len(linear[0][0]) != 1:
+        return None
+    (atom,), coef = linear[0]
+    if abs(abs(coef) - 1.0) > 1e-12:
+        return None
+    kinds = {(DELTA, 1): INV_RATIO, (DELTA, -1): RATIO, (SCORE_LOG, 1): SCORE, (IS_LOG, 1): IS_RATIO}
+    kind = kinds.get((atom.kind, int(round(coef))))
+    if kind is None:
+        return None
+    return Poly.atom(Atom(kind, atom.grad, atom.acc))
+
+
+def log(poly: Poly) -> Optional[Poly]:
+    """log of a ratio: log r = -d, log R = d."""
+    if len(poly.terms) != 1:
+        return None
+    mono, coef = poly.terms[0]
+    if abs(coef - 1.0) > 1e-12 or len(mono) != 1:
+        return None
+    atom = mono[0]
+    inverse = {RATIO: (DELTA, -1.0), INV_RATIO: (DELTA, 1.0), SCORE: (SCORE_LOG, 1.0), IS_RATIO: (IS_LOG, 1.0)}
+    if atom.kind not in inverse:
+        return None
+    kind, sign = inverse[atom.kind]
+    return Poly.atom(Atom(kind, atom.grad, atom.acc), sign)
+
+
+def absolute(poly: Poly) -> Optional[Poly]:
+    if len(poly.terms) == 1 and len(poly.terms[0][0]) == 1 and poly.terms[0][0][0].kind == DELTA:
+        atom = poly.terms[0][0][0]
+        return Poly.atom(Atom(ABS, atom.grad, atom.acc), abs(poly.terms[0][1]))
+    return None
+
+
+def detach(poly: Poly) -> Poly:
+    return poly.map_atoms(Atom.detached)
+
+
+def accumulate(poly: Poly, acc: str) -> Poly:
+    return poly.map_atoms(lambda atom: atom.accumulated(acc))
+
+
+# ---- recognising estimators -------------------------------------------------------------
+
+# Each estimator's value, as a polynomial in d (atoms given by kind), up to a positive scale.
+_FORMS = {
+    Estimator.K1: {(DELTA,): 1.0},
+    Estimator.K2: {(DELTA, DELTA): 1.0},
+    Estimator.K3: {(RATIO,): 1.0, (): -1.0, (DELTA,): 1.0},
+    Estimator.ABS: {(ABS,): 1.0},
+    Estimator.FULL: {(FULL,): 1.0},
+}
+
+
+def _shape(terms: Iterable) -> dict:
+    """Drop grad and accumulation: monomials keyed by atom kinds only."""
+    out: dict = {}
+    for mono, coef in terms:
+        key = tuple(sorted(a.kind for a in mono))
+        out[key] = out.get(key, 0.0) + coef
+    return {k: v for k, v in out.items() if abs(v) > 1e-12}
+
+
+def match_estimator(terms: Iterable) -> Optional[tuple]:
+    """(estimator, sign) when the terms are a nonzero multiple of a known estimator's value."""
+    shape = _shape(terms)
+    if not shape:
+        return None
+    for estimator, form in _FORMS.items():
+        if set(shape) != set(form):
+            continue
+        key = next(iter(form))
+        factor = shape[key] / form[key]
+        if all(abs(shape[m] - factor * form[m]) <= 1e-9 * max(1.0, abs(factor)) for m in form):
+            return estimator, (1 if factor > 0 else -1)
+    return None
+
+
+@dataclass(frozen=True)
+class Term:
+    """One KL contribution inside a polynomial, as the catalog needs it.
+
+    `place` is "loss" (pathwise gradient through the estimator) or "reward" (a detached estimator
+    times the score of the sampled token, or a detached value put into a reward).
+    """
+
+    place: str
+    estimator: Optional[Estimator]  # None: a KL-like form no catalog estimator matches
+    sign: int
+    returns: Returns
+    weighted: str = ""  # "", "score" (exp(P - sg P)), "is" (differentiable IS ratio), "is-detached"
+
+
+def kl_atoms(poly: Poly) -> bool:
+    """True when the polynomial involves a reference log-ratio (something a KL is made of)."""
+    return any(a.kind in (DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD) for a in poly.atoms())
+
+
+def _returns_of(terms: list) -> Returns:
+    accs = {a.acc for mono, _ in terms for a in mono}
+    if accs == {TO_GO}:
+        return Returns.TO_GO
+    if accs == {SEQUENCE}:
+        return Returns.SEQUENCE
+    return Returns.LOCAL
+
+
+def _split_future(terms: list) -> Optional[list]:
+    """rtg(x) - x: the reward-to-go minus the same token's value is the future-only return."""
+    rtg = [(m, c) for m, c in terms if all(a.acc == TO_GO for a in m)]
+    tok = [(m, c) for m, c in terms if all(a.acc == TOKEN for a in m)]
+    if not rtg or not tok or len(rtg) + len(tok) != len(terms):
+        return None
+    base = {tuple(a.accumulated(TOKEN) for a in m): c for m, c in rtg}
+    tok_map = dict(tok)
+    if set(base) != set(tok_map) or any(abs(base[m] + tok_map[m]) > 1e-9 for m in base):
+        return None
+    return [(m, c) for m, c in base.items()]
+
+
+def _reward_term(factor: list, weighted: str = "") -> Optional[Term]:
+    if not factor:
+        return None
+    future = _split_future(factor)
+    if future is not None:
+        found = match_estimator(future)
+        returns = Returns.FUTURE
+    else:
+        found = match_estimator(factor)
+        returns = _returns_of(factor)
+    if found is None:
+        return Term("reward", None, 1, returns, weighted) if kl_atoms(Poly.of(dict(factor))) else None
+    return Term("reward", found[0], found[1], returns, weighted)
+
+
+def _loss_term(factor: list, weighted: str = "") -> Optional[Term]:
+    """A differentiated factor: the estimator is named by its value, straight-through by its gradient."""
+    value = match_estimator(factor)
+    grad_part = [(m, c) for m, c in factor if any(a.grad for a in m)]
+    if not grad_part:
+        return None
+    gradient = match_estimator(grad_part)
+    if value and gradient and value[0] != gradient[0] and gradient[0] == Estimator.K2:
+        straight = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST}.get(value[0])
+        if straight is not None:
+            return Term("loss", straight, value[1], Returns.LOCAL, weighted)
+    if value and (gradient is None or gradient[0] == value[0]):
+        return Term("loss", value[0], value[1], Returns.LOCAL, weighted)
+    if kl_atoms(Poly.of(dict(factor))):
+        return Term("loss", None, 1, Returns.LOCAL, weighted)
+    return None
+
+
+def _strip(mono: tuple, kinds: set) -> tuple:
+    """Split a monomial into (multiplier atom or None, the rest)."""
+    found = [a for a in mono if a.kind in kinds]
+    if len(found) != 1:
+        return None, mono
+    rest = list(mono)
+    rest.remove(found[0])
+    return found[0], tuple(rest)
+
+
+def terms_of(poly: Poly, sink: str) -> list:
+    """The KL contributions of a polynomial that reaches a `sink` ("loss" or "reward").
+
+    In a loss: a differentiated estimator is a pathwise term; P_grad * sg(x) is x used as a
+    reward with the returns its accumulation shows; S * x (S = exp(P - sg P)) and W * x (a
+    differentiable importance ratio) add a loss term and a same-token reward term. A detached
+    estimator added to a loss contributes nothing. In a reward every estimator counts by value.
+    """
+    if sink == "reward":
+        term = _reward_term(list(detach(poly).terms))
+        return [term] if term is not None else []
+    groups: dict = {}
+    for mono, coef in poly.terms:
+        multiplier, rest = _strip(mono, {POLICY} | _MULTIPLIERS)
+        if multiplier is not None and multiplier.kind == POLICY and not multiplier.grad:
+            multiplier, rest = None, mono
+        key = multiplier if multiplier is None else (multiplier.kind, multiplier.grad)
+        groups.setdefault(key, []).append((rest, coef))
+    out = []
+    for key, factor in groups.items():
+        if not kl_atoms(Poly.of(dict(factor))):
+            continue
+        differentiable = any(a.grad for m, _ in factor for a in m)
+        if key is None:
+            term = _loss_term(factor) if differentiable else None
+        elif key[0] == POLICY:
+            term = None if differentiable else _reward_term(factor)
+        elif key[1]:
+            weighted = "score" if key[0] == SCORE else "is"
+            loss = _loss_term(factor, weighted)
+            if loss is not None:
+                out.append(loss)
+            reward = _reward_term([(tuple(a.detached() for a in m), c) for m, c in factor], weighted)
+            term = None if reward is None else Term("reward", reward.estimator, reward.sign, Returns.LOCAL, weighted)
+        else:
+            term = _loss_term(factor, "is-detached")
+        if term is not None:
+            out.append(term)
+    return out

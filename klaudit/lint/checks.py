@@ -1,0 +1,196 @@
+"""The KL rules: each KL term that reaches a loss, reward or advantage becomes a catalog Config.
+
+The flow analysis (klaudit.lint.flow) says which symbolic terms reach which sink; this module
+reads the configuration off each term (estimator and placement from klaudit.lint.algebra,
+aggregation, position, sampling, sign), asks `catalog.classify` for the verdict, and reports the
+rule with the catalog's explanation and fix. One finding per KL term and switch branch, at the
+first statement that stores the term into a loss or reward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from klaudit.catalog import Aggregation, Config, Estimator, Position, Returns, Sampling, classify
+from klaudit.lint import algebra as alg
+from klaudit.lint.findings import Finding
+from klaudit.lint.flow import Analyzer, Fact, Sink
+
+_ANALYZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def check_module(path: str, module: cst.Module, project) -> list:
+    """Findings of one parsed module; `project` resolves imports inside the linted tree."""
+    analyzer = _ANALYZERS.get(project)
+    if analyzer is None:
+        analyzer = _ANALYZERS[project] = Analyzer(project)
+    project.remember(path, module)
+    mod = analyzer.module(path, module)
+    candidates = []
+    for index, (func, cls) in enumerate(_functions(module)):
+        outcome = analyzer.analyse(mod, func, cls)
+        for sink in outcome.sinks:
+            for fact in sink.facts:
+                config = config_of(fact, sink.kind)
+                if config is None:
+                    continue
+                row = classify(config)
+                if row.rule is None:
+                    continue
+                candidates.append(_Candidate(config, row, fact, sink, index))
+    return _report(path, module, analyzer, candidates)
+
+
+def _functions(module: cst.Module):
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            yield stmt, None
+        elif isinstance(stmt, cst.ClassDef):
+            for item in stmt.body.body:
+                if isinstance(item, cst.FunctionDef):
+                    yield item, stmt.name.value
+
+
+@dataclass
+class _Candidate:
+    config: Config
+    row: object
+    fact: Fact
+    sink: Sink
+    function: int
+
+
+_CLAMPABLE = {Estimator.K3: Estimator.LOW_VAR_KL}
+
+
+def config_of(fact: Fact, kind: str) -> Optional[Config]:
+    """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one."""
+    terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
+    loss = next((t for t in terms if t.place == "loss"), None)
+    reward = next((t for t in terms if t.place == "reward"), None)
+    if (loss is not None and loss.estimator is None) or (reward is not None and reward.estimator is None):
+        return None  # a KL-like form no catalog estimator matches: no evidence for a verdict
+    if loss is None and reward is None:
+        return None
+    sampling = Sampling.ON_POLICY
+    if any(t.weighted in ("is", "is-detached") for t in terms):
+        sampling = Sampling.TOKEN_IS
+    loss_est = loss.estimator if loss else None
+    reward_est = reward.estimator if reward else None
+    returns = reward.returns if reward else Returns.TO_GO
+    if loss is not None and loss.weighted == "score":
+        # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward.
+        if loss_est is Estimator.K3:
+            reward_est = None
+            loss_est = Estimator.RATIO_K3
+        elif loss_est is Estimator.K1:
+            loss_est = None
+    if fact.clamped:
+        loss_est = _CLAMPABLE.get(loss_est, loss_est)
+        reward_est = _CLAMPABLE.get(reward_est, reward_est)
+    if kind == "reward" and returns is Returns.LOCAL:
+        returns = Returns.TO_GO  # the reward's propagation is not visible here: assume reward-to-go
+    if kind == "loss":
+        sign = (loss or reward).sign
+    else:
+        sign = -reward.sign
+    return Config(
+        loss=loss_est,
+        reward=reward_est,
+        returns=returns,
+        aggregation=fact.aggregation or Aggregation.SUM,
+        position=fact.position,
+        sampling=sampling,
+        sign=1 if sign > 0 else -1,
+    )
+
+
+def describe(config: Config) -> str:
+    """The configuration klaudit inferred, in words: 'k3 as a loss, batch-token-mean, on-policy'."""
+    parts = []
+    if config.loss is not None:
+        parts.append(f"{config.loss.value} differentiated as a loss")
+    if config.reward is not None:
+        parts.append(f"{config.reward.value} in the reward ({config.returns.value})")
+    text = " + ".join(parts)
+    if config.position is not Position.ALL:
+        text += f", {config.position.value}"
+    text += f", {config.aggregation.value}, {config.sampling.value}"
+    if config.sign < 0:
+        text += ", added as a bonus"
+    return text
+
+
+def _switch(labels: tuple) -> str:
+    return ", ".join(
+        f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in values) for name, values in labels
+    )
+
+
+class _Positions:
+    """Line/column of nodes, computed only for modules that have something to report."""
+
+    def __init__(self) -> None:
+        self._maps: dict = {}
+
+    def of(self, tree: cst.Module, node) -> Optional[tuple]:
+        key = id(tree)
+        if key not in self._maps:
+            self._maps[key] = MetadataWrapper(tree, unsafe_skip_copy=True).resolve(PositionProvider)
+        found = self._maps[key].get(node)
+        if found is None:
+            return None
+        return found.start.line, found.start.column + 1, found.end.line, found.end.column + 1
+
+
+def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list) -> list:
+    if not candidates:
+        return []
+    positions = _Positions()
+    groups: dict = {}
+    for cand in candidates:
+        values = tuple(v for _, v in cand.fact.labels)
+        origin = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
+        groups.setdefault((id(origin), values), []).append(cand)
+    findings = set()
+    for group in groups.values():
+        best = min(group, key=lambda c: (c.fact.calls, c.function))
+        same_function = [c for c in group if c.function == best.function]
+        final = max(same_function, key=lambda c: c.sink.order)
+        entry = positions.of(module, best.fact.entry) or positions.of(module, best.sink.node)
+        if entry is None:
+            continue
+        config, row = final.config, final.row
+        if row.rule is None:
+            continue
+        message = f"{describe(config)}: {row.explanation}"
+        switch = _switch(best.fact.labels)
+        if switch:
+            message += f" [{switch}]"
+        origin_line = None
+        origin = best.fact.origin
+        if origin is not None:
+            origin_module = _tree_of(analyzer, best.fact.origin_path, module, path)
+            where = positions.of(origin_module, origin) if origin_module is not None else None
+            if where is not None:
+                if origin_module is module:
+                    if where[0] != entry[0]:
+                        origin_line = where[0]
+                        message += f" (estimator computed at line {where[0]})"
+                else:
+                    message += f" (estimator computed at {best.fact.origin_path}:{where[0]})"
+        findings.add(Finding(path, entry[0], entry[1], row.rule, message, entry[2], entry[3], row.fix, origin_line))
+    return sorted(findings)
+
+
+def _tree_of(analyzer: Analyzer, origin_path: str, module: cst.Module, path: str) -> Optional[cst.Module]:
+    if not origin_path or Path(origin_path).resolve() == Path(path).resolve():
+        return module
+    found = analyzer.module_at(Path(origin_path))
+    return found.tree if found is not None else None

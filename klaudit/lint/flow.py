@@ -1,0 +1,1176 @@
+"""Abstract interpretation of one function: what each expression holds, and where KL terms end up.
+
+Every expression evaluates to a tuple of `Fact`s: the alternatives it may hold (switch branches
+stay apart, labelled by the literal that selects them). A tensor fact carries a symbolic
+polynomial (klaudit.lint.algebra) plus how it was clamped, reduced and sliced. Statements are
+walked in order; `if` branches are joined; loops run twice; calls into functions of the linted
+tree are interpreted with the caller's argument facts (cached, depth-limited). The result of a
+function is its returned facts and its sinks: the loss, reward and advantage expressions that
+KL terms reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import libcst as cst
+
+from klaudit.catalog import Aggregation, Position
+from klaudit.lint import algebra as alg
+from klaudit.lint import roles
+from klaudit.lint.algebra import Atom, Poly
+
+MAX_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One alternative value of an expression."""
+
+    poly: Optional[Poly] = None
+    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool
+    clamped: bool = False
+    position: Position = Position.ALL
+    aggregation: Optional[Aggregation] = None
+    flipped: bool = False
+    labels: tuple = ()  # ((switch name, (values...)), ...)
+    origin: Any = None  # node where the estimator was formed
+    origin_path: str = ""
+    entry: Any = None  # node where it entered a loss or reward
+    text: Optional[str] = None  # a string literal
+    name: str = ""  # display name of a switch variable
+    items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
+    calls: int = 0  # function boundaries crossed
+    passed: bool = False  # handed to the function being interpreted as an argument
+
+    def is_kl(self) -> bool:
+        return self.poly is not None and alg.kl_atoms(self.poly)
+
+
+@dataclass
+class Sink:
+    kind: str  # loss | reward | advantage
+    facts: tuple
+    node: cst.CSTNode
+    order: int = 0  # position among the sinks of the function, in execution order
+
+
+@dataclass
+class Outcome:
+    returns: tuple = ()
+    sinks: list = field(default_factory=list)
+
+
+def tensor(poly: Poly, **kw) -> Fact:
+    return Fact(poly=poly, **kw)
+
+
+NEG = (Fact(role="neg"),)
+
+
+def _dotted(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else node.attr.value
+    if isinstance(node, cst.Call):
+        return _dotted(node.func) + "()"
+    return ""
+
+
+def _last_name(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript):
+        key = _string_key(node)
+        return key or _last_name(node.value)
+    return ""
+
+
+def _string_key(node: cst.Subscript) -> Optional[str]:
+    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        value = node.slice[0].slice.value
+        if isinstance(value, cst.SimpleString):
+            return value.evaluated_value
+    return None
+
+
+def _int(node: Optional[cst.CSTNode]) -> Optional[int]:
+    if isinstance(node, cst.Integer):
+        return int(node.value)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+        return -int(node.expression.value)
+    return None
+
+
+def _compatible(a: tuple, b: tuple) -> bool:
+    """Two label sets can hold at once unless they pick different values of the same switch."""
+    picked = dict(a)
+    return all(name not in picked or picked[name] == values for name, values in b)
+
+
+def _merge_labels(a: tuple, b: tuple) -> tuple:
+    return tuple(sorted(set(a) | set(b)))
+
+
+class Module:
+    """A parsed module of the linted tree: its functions, classes and imports."""
+
+    def __init__(self, path: str, module: cst.Module, project) -> None:
+        self.path = path
+        self.tree = module
+        self.project = project
+        self.functions: dict = {}
+        self.classes: dict = {}
+        self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
+        for stmt in module.body:
+            self._collect(stmt)
+
+    def _collect(self, stmt: cst.CSTNode) -> None:
+        if isinstance(stmt, cst.FunctionDef):
+            self.functions[stmt.name.value] = stmt
+        elif isinstance(stmt, cst.ClassDef):
+            methods = {}
+            for item in stmt.body.body:
+                if isinstance(item, cst.FunctionDef):
+                    methods[item.name.value] = item
+            self.classes[stmt.name.value] = (stmt, methods)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import):
+                    for alias in small.names:
+                        dotted = _dotted(alias.name)
+                        local = alias.asname.name.value if alias.asname else dotted.split(".")[0]
+                        self.imports[local] = (dotted if alias.asname else local, None, 0)
+                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    dotted = _dotted(small.module) if small.module else ""
+                    level = len(small.relative)
+                    for alias in small.names:
+                        local = alias.asname.name.value if alias.asname else alias.name.value
+                        self.imports[local] = (dotted, alias.name.value, level)
+        elif isinstance(stmt, (cst.If, cst.Try)):
+            for item in stmt.body.body:
+                self._collect(item)
+
+
+class Analyzer:
+    """Interprets the functions of the linted tree; one instance per engine worker."""
+
+    def __init__(self, project) -> None:
+        self.project = project
+        self._modules: dict = {}
+        self._summaries: dict = {}
+        self._stack: list = []
+
+    def module(self, path: str, tree: cst.Module) -> Module:
+        key = str(Path(path).resolve())
+        if key not in self._modules:
+            self._modules[key] = Module(path, tree, self.project)
+        return self._modules[key]
+
+    def module_at(self, path: Path) -> Optional[Module]:
+        key = str(Path(path).resolve())
+        if key in self._modules:
+            return self._modules[key]
+        tree = self.project.parse(path)
+        if tree is None:
+            return None
+        return self.module(str(path), tree)
+
+    def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
+        """A function on its own: parameters get roles from their names."""
+        env = {}
+        for param in _params(func):
+            env[param.name.value] = _param_facts(param, module, self, cls)
+        return FunctionRun(self, module, func, cls, env, record=True).run()
+
+    def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
+        """What `func` returns given the caller's argument facts, and where it sinks the arguments."""
+        key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])))
+        if key in self._summaries:
+            return self._summaries[key]
+        if len(self._stack) >= MAX_DEPTH or id(func) in self._stack:
+            return Outcome()
+        self._stack.append(id(func))
+        try:
+            outcome = FunctionRun(self, module, func, cls, env, record=True).run()
+        finally:
+            self._stack.pop()
+        returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
+        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node) for s in outcome.sinks]
+        result = Outcome(returns, [s for s in sinks if s.facts])
+        self._summaries[key] = result
+        return result
+
+    def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str]):
+        """(module, function, class) for a call target inside the linted tree, or None."""
+        if isinstance(func_node, cst.Name):
+            name = func_node.value
+            if name in module.functions:
+                return module, module.functions[name], None
+            if name in module.imports:
+                dotted, attr, level = module.imports[name]
+                if attr is None:
+                    return None
+                target = self._import(module, dotted, level)
+                if target is not None and attr in target.functions:
+                    return target, target.functions[attr], None
+                sub = self._import(module, f"{dotted}.{attr}" if dotted else attr, level)
+                if sub is not None and "__call__" in sub.functions:
+                    return None
+            return None
+        if isinstance(func_node, cst.Attribute):
+            attr = func_node.attr.value
+            base = func_node.value
+            if isinstance(base, cst.Name) and base.value in ("self", "cls") and cls is not None:
+                _, methods = module.classes.get(cls, (None, {}))
+                if attr in methods:
+                    return module, methods[attr], cls
+                return None
+            if isinstance(base, cst.Name) and base.value in module.classes:
+                _, methods = module.classes[base.value]
+                if attr in methods:
+                    return module, methods[attr], base.value
+            dotted = _dotted(base)
+            head = dotted.split(".")[0]
+            if head in module.imports:
+                imp_dotted, imp_attr, level = module.imports[head]
+                full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
+                rest = dotted.split(".")[1:]
+                target = self._import(module, ".".join([full] + rest), level)
+                if target is not None and attr in target.functions:
+                    return target, target.functions[attr], None
+        return None
+
+    def _import(self, module: Module, dotted: str, level: int) -> Optional[Module]:
+        path = self.project.module_path(dotted, module.path, level)
+        if path is None:
+            return None
+        return self.module_at(path)
+
+
+def _params(func: cst.FunctionDef) -> list:
+    p = func.params
+    return [*p.posonly_params, *p.params, *p.kwonly_params]
+
+
+def _param_facts(param: cst.Param, module: Module, analyzer: Analyzer, cls) -> tuple:
+    name = param.name.value
+    if name in ("self", "cls"):
+        return ()
+    poly = roles.named_tensor(name, grad=True)
+    if poly is not None:
+        return (tensor(poly),)
+    if roles.is_mask_name(name):
+        return (Fact(role="mask"),)
+    annotation = _dotted(param.annotation.annotation) if param.annotation else ""
+    if annotation == "str" or isinstance(param.default, cst.SimpleString):
+        return (Fact(role="str", name=name),)
+    if annotation == "bool" or (isinstance(param.default, cst.Name) and param.default.value in ("True", "False")):
+        return (Fact(role="bool", name=name),)
+    return ()
+
+
+class Return(Exception):
+    pass
+
+
+class FunctionRun:
+    """One interpretation of one function body."""
+
+    def __init__(self, analyzer: Analyzer, module: Module, func: cst.FunctionDef, cls, env: dict, record: bool):
+        self.analyzer = analyzer
+        self.module = module
+        self.func = func
+        self.cls = cls
+        self.env = dict(env)
+        self.record = record
+        self.labels: tuple = ()
+        self.no_grad = _decorated_no_grad(func)
+        self.reverse_loop: set = set()
+        self.returns: list = []
+        self.sinks: list = []
+        name = func.name.value
+        self.loss_function = roles.is_loss_function(name) or (
+            name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
+        )
+
+    def run(self) -> Outcome:
+        self.block(self.func.body)
+        return Outcome(tuple(dict.fromkeys(self.returns)), self.sinks)
+
+    # ---- statements ------------------------------------------------------------------
+
+    def block(self, body: cst.BaseSuite) -> None:
+        if isinstance(body, cst.SimpleStatementSuite):
+            for small in body.body:
+                self.small(small)
+            return
+        for stmt in body.body:
+            self.statement(stmt)
+
+    def statement(self, stmt: cst.CSTNode) -> None:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                self.small(small)
+        elif isinstance(stmt, cst.If):
+            self.if_statement(stmt)
+        elif isinstance(stmt, (cst.For, cst.While)):
+            reverse = isinstance(stmt, cst.For) and "reversed" in _dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
+            if isinstance(stmt, cst.For):
+                self.assign_target(stmt.target, ())
+            before = dict(self.env)
+            for _ in range(2):
+                if reverse:
+                    self.reverse_loop.add(id(stmt))
+                self.block(stmt.body)
+                self.reverse_loop.discard(id(stmt))
+            self.env = _join(before, self.env)
+            if stmt.orelse is not None:
+                self.block(stmt.orelse.body)
+        elif isinstance(stmt, cst.With):
+            saved = self.no_grad
+            if any(roles.NO_GRAD_CONTEXTS.match(_dotted(item.item.func).split(".")[-1].rstrip("()"))
+                   for item in stmt.items if isinstance(item.item, cst.Call)):
+                self.no_grad = True
+            for item in stmt.items:
+                if item.asname is not None:
+                    self.assign_target(item.asname.name, ())
+            self.block(stmt.body)
+            self.no_grad = saved
+        elif isinstance(stmt, cst.Try):
+            before = dict(self.env)
+            self.block(stmt.body)
+            for handler in stmt.handlers:
+                self.block(handler.body)
+            self.env = _join(before, self.env)
+            if stmt.orelse is not None:
+                self.block(stmt.orelse.body)
+            if stmt.finalbody is not None:
+                self.block(stmt.finalbody.body)
+        elif isinstance(stmt, cst.Match):
+            self.match_statement(stmt)
+
+    def if_statement(self, stmt: cst.If) -> None:
+        label, decided = self.condition(stmt.test)
+        if decided is True:
+            self.block(stmt.body)
+            return
+        if decided is False:
+            if isinstance(stmt.orelse, cst.If):
+                self.if_statement(stmt.orelse)
+            elif stmt.orelse is not None:
+                self.block(stmt.orelse.body)
+            return
+        before = dict(self.env)
+        saved = self.labels
+        if label is not None:
+            self.labels = _merge_labels(self.labels, (label,))
+        self.block(stmt.body)
+        self.labels = saved
+        after_body = self.env
+        self.env = dict(before)
+        if isinstance(stmt.orelse, cst.If):
+            self.if_statement(stmt.orelse)
+        elif stmt.orelse is not None:
+            if label is not None and label[1] in ((True,),):
+                self.labels = _merge_labels(self.labels, ((label[0], (False,)),))
+            self.block(stmt.orelse.body)
+            self.labels = saved
+        self.env = _join(after_body, self.env)
+
+    def match_statement(self, stmt: cst.Match) -> None:
+        subject = self.expr(stmt.subject)
+        name = next((f.name for f in subject if f.role == "str"), _last_name(stmt.subject))
+        before = dict(self.env)
+        merged = dict(before)
+        saved = self.labels
+        for case in stmt.cases:
+            values = _case_strings(case.pattern)
+            self.env = dict(before)
+            if values:
+                self.labels = _merge_labels(saved, ((name, values),))
+            self.block(case.body)
+            self.labels = saved
+            merged = _join(merged, self.env)
+        self.env = merged
+
+    def condition(self, test: cst.BaseExpression):
+        """(label, decided): the switch value an `if` selects, and its truth when known."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            label, decided = self.condition(test.expression)
+            if decided is not None:
+                return None, not decided
+            if label is not None and label[1] == (True,):
+                return (label[0], (False,)), None
+            return None, None
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            comp = test.comparisons[0]
+            left, right = test.left, comp.comparator
+            strings = _strings(right) or _strings(left)
+            subject = left if _strings(right) else right
+            if strings and isinstance(comp.operator, (cst.Equal, cst.In, cst.NotEqual, cst.NotIn)):
+                facts = self.expr(subject)
+                known = [f.text for f in facts if f.role == "str" and f.text is not None]
+                name = next((f.name for f in facts if f.role == "str" and f.name), _last_name(subject))
+                negate = isinstance(comp.operator, (cst.NotEqual, cst.NotIn))
+                if known:
+                    hit = any(k in strings for k in known)
+                    return None, (not hit if negate else hit)
+                return (None if negate else (name, tuple(strings))), None
+            return None, None
+        if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
+            strings = _strings(test.args[0].value) if test.args else None
+            facts = self.expr(test.func.value)
+            known = [f.text for f in facts if f.role == "str" and f.text is not None]
+            if strings and known:
+                method = test.func.attr.value
+                return None, any(getattr(k, method)(tuple(strings)) for k in known)
+            name = next((f.name for f in facts if f.name), _last_name(test.func.value))
+            if strings:
+                return (name, tuple(f"*{s}" for s in strings)), None
+            return None, None
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            facts = self.expr(test)
+            if any(f.role == "tensor" for f in facts):
+                return None, None
+            known = [f.text for f in facts if f.role == "bool" and f.text is not None]
+            if known:
+                return None, known[0] == "True"
+            name = _last_name(test)
+            if name in ("True", "False"):
+                return None, name == "True"
+            return (name, (True,)), None
+        return None, None
+
+    def small(self, small: cst.CSTNode) -> None:
+        if isinstance(small, cst.Assign):
+            value = self.expr(small.value)
+            for target in small.targets:
+                self.assign_target(target.target, value, small, rhs=small.value)
+        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+            self.assign_target(small.target, self.expr(small.value), small, rhs=small.value)
+        elif isinstance(small, cst.AugAssign):
+            op = small.operator
+            current = self.expr(small.target)
+            value = self.binary(current, self.expr(small.value), op, small)
+            self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
+        elif isinstance(small, cst.Expr):
+            self.expr(small.value)
+        elif isinstance(small, cst.Return) and small.value is not None:
+            value = self.expr(small.value)
+            value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
+                          if _compatible(f.labels, self.labels))
+            self.returns.extend(value)
+            if self.loss_function:
+                self.sink("loss", _loss_part(value), small)
+
+    def assign_target(self, target: cst.CSTNode, value: tuple, node=None, rhs=None, augmented=False) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            parts = [f for f in value if f.role == "tuple"]
+            for index, element in enumerate(target.elements):
+                sub: tuple = ()
+                for part in parts:
+                    if index < len(part.items):
+                        sub += part.items[index]
+                self.assign_target(element.value, sub, node)
+            return
+        name = _last_name(target)
+        if not value and rhs is not None and name:
+            value = self.from_name(name, rhs)
+        if self.no_grad:
+            value = _detach(value)
+        if self.labels:
+            value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
+                          if _compatible(f.labels, self.labels))
+        if self.reverse_loop and rhs is not None and name and _mentions(rhs, name):
+            value = tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
+        if isinstance(target, cst.Name) and rhs is not None:
+            value = _rename_logprobs(value, name)
+        kind = roles.sink_of_name(name) if name else None
+        if kind is not None and node is not None:
+            value = self.sink(kind, value, node)
+        if isinstance(target, cst.Name):
+            self.env[name] = value
+        elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
+            base = target.value.value
+            if _string_key(target) is None:
+                self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            self.env["self." + name] = value
+
+    def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
+        """A value the expression did not explain, read from the target's name."""
+        poly = roles.named_tensor(name, grad=not self.no_grad and not _is_data_read(rhs))
+        if poly is not None:
+            return (tensor(poly),)
+        if roles.is_mask_name(name):
+            return (Fact(role="mask"),)
+        return ()
+
+    def sink(self, kind: str, value: tuple, node: cst.CSTNode) -> tuple:
+        """Record that `value` reaches a loss, reward or advantage at `node`; returns it with its entry set."""
+        marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
+        facts = tuple(f for f in marked if f.is_kl())
+        if facts and self.record:
+            self.sinks.append(Sink(kind, facts, node, len(self.sinks)))
+        return marked
+
+    # ---- expressions -------------------------------------------------------------------
+
+    def expr(self, node: cst.BaseExpression) -> tuple:
+        method = getattr(self, "e_" + type(node).__name__, None)
+        if method is None:
+            return ()
+        return method(node)
+
+    def e_Name(self, node: cst.Name) -> tuple:
+        if node.value in self.env:
+            return self.env[node.value]
+        if node.value in ("True", "False"):
+            return (Fact(role="bool", text=node.value),)
+        if node.value == "None":
+            return (Fact(role="none"),)
+        return ()
+
+    def e_SimpleString(self, node: cst.SimpleString) -> tuple:
+        return (Fact(role="str", text=node.evaluated_value),)
+
+    def e_Integer(self, node: cst.Integer) -> tuple:
+        return (tensor(Poly.const(float(int(node.value, 0)))),)
+
+    def e_Float(self, node: cst.Float) -> tuple:
+        return (tensor(Poly.const(float(node.value))),)
+
+    def e_Attribute(self, node: cst.Attribute) -> tuple:
+        dotted = _dotted(node)
+        if dotted in self.env:
+            return self.env[dotted]
+        attr = node.attr.value
+        if attr in ("data",):
+            return _detach(self.expr(node.value))
+        if attr in ("T", "mT"):
+            return self.expr(node.value)
+        if attr == "logits":
+            return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
+        base = _root_name(node)
+        if base == "self":
+            return ()
+        poly = roles.named_tensor(attr, grad=False)
+        if poly is not None:
+            return (tensor(poly),)
+        if roles.is_mask_name(attr):
+            return (Fact(role="mask"),)
+        if not isinstance(node.value, cst.Name) or base not in self.env:
+            return (Fact(role="str", name=attr),) if _looks_like_option(attr) else ()
+        return ()
+
+    def e_Subscript(self, node: cst.Subscript) -> tuple:
+        key = _string_key(node)
+        if key is not None:
+            poly = roles.named_tensor(key, grad=False)
+            if poly is not None:
+                return (tensor(poly),)
+            if roles.is_mask_name(key):
+                return (Fact(role="mask"),)
+            return ()
+        base = self.expr(node.value)
+        last = _last_index(node)
+        if last:
+            return tuple(replace(f, position=Position.LAST) if f.role == "tensor" else f for f in base)
+        index = self.index_tuple(node)
+        if index is not None:
+            return index
+        if any(f.role == "str" for f in base):
+            if _strip_suffix(node):
+                return tuple(replace(f, text=f.text[:-1] if f.text else None) for f in base if f.role == "str")
+            return ()
+        return base
+
+    def index_tuple(self, node: cst.Subscript) -> Optional[tuple]:
+        base = self.expr(node.value)
+        parts = [f for f in base if f.role == "tuple"]
+        if not parts or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return None
+        idx = _int(node.slice[0].slice.value)
+        if idx is None:
+            return tuple(f for part in parts for item in part.items for f in item)
+        return tuple(f for part in parts if -len(part.items) <= idx < len(part.items) for f in part.items[idx])
+
+    def e_Tuple(self, node: cst.Tuple) -> tuple:
+        return (Fact(role="tuple", items=tuple(self.expr(e.value) for e in node.elements)),)
+
+    def e_List(self, node: cst.List) -> tuple:
+        return (Fact(role="tuple", items=tuple(self.expr(e.value) for e in node.elements)),)
+
+    def e_Dict(self, node: cst.Dict) -> tuple:
+        items = []
+        for element in node.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                items.append((element.key.evaluated_value, self.expr(element.value)))
+        return (Fact(role="dict", items=tuple(items)),)
+
+    def e_IfExp(self, node: cst.IfExp) -> tuple:
+        label, decided = self.condition(node.test)
+        if decided is True:
+            return self.expr(node.body)
+        if decided is False:
+            return self.expr(node.orelse)
+        body = self.expr(node.body)
+        if label is not None:
+            body = tuple(replace(f, labels=_merge_labels(f.labels, (label,))) for f in body)
+        return tuple(dict.fromkeys(body + self.expr(node.orelse)))
+
+    def e_UnaryOperation(self, node: cst.UnaryOperation) -> tuple:
+        value = self.expr(node.expression)
+        if isinstance(node.operator, cst.Minus):
+            if not value:
+                return NEG
+            out = []
+            for f in value:
+                if f.role == "neg":
+                    continue
+                out.append(replace(f, poly=alg.scale(f.poly, -1.0)) if f.poly is not None else f)
+            return tuple(out)
+        if isinstance(node.operator, cst.Not) or isinstance(node.operator, cst.BitInvert):
+            return tuple(f for f in value if f.role == "mask")
+        return value
+
+    def e_BinaryOperation(self, node: cst.BinaryOperation) -> tuple:
+        return self.binary(self.expr(node.left), self.expr(node.right), node.operator, node)
+
+    def e_Comparison(self, node: cst.Comparison) -> tuple:
+        return ()
+
+    def e_BooleanOperation(self, node: cst.BooleanOperation) -> tuple:
+        return ()
+
+    def binary(self, left: tuple, right: tuple, op, node) -> tuple:
+        name = type(op).__name__.replace("Assign", "")
+        if name in ("Add", "Subtract"):
+            return self.additive(left, right, -1.0 if name == "Subtract" else 1.0, node)
+        if name == "Multiply":
+            return self.multiply(left, right, node)
+        if name == "Divide":
+            return self.divide(left, right, node)
+        if name == "Power":
+            exponent = [f.poly.const_value() for f in right if f.poly is not None]
+            if exponent and exponent[0] == 2.0:
+                return self.multiply(left, left, node)
+            return ()
+        if name in ("BitAnd", "BitOr"):
+            return tuple(f for f in left + right if f.role == "mask")[:1]
+        return ()
+
+    def additive(self, left: tuple, right: tuple, sign: float, node) -> tuple:
+        counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
+        if counts:
+            return counts  # a token count plus an epsilon is still the count
+        lt = [f for f in left if f.role == "tensor" and f.poly is not None]
+        rt = [f for f in right if f.role == "tensor" and f.poly is not None]
+        if not lt and not rt:
+            return ()
+        if not lt or not rt:
+            # A KL term plus an unknown operand (another loss term, a score): the KL term goes on.
+            return tuple(lt or [replace(f, poly=alg.scale(f.poly, sign)) for f in rt])
+        out = []
+        for a in lt:
+            for b in rt:
+                if not _compatible(a.labels, b.labels):
+                    continue
+                poly = alg.add(a.poly, b.poly, sign)
+                merged = _combine(a, b, poly, node, self.module.path)
+                out.append(merged)
+        return tuple(dict.fromkeys(out))
+
+    def multiply(self, left: tuple, right: tuple, node) -> tuple:
+        if any(f.role == "neg" for f in left) and not right:
+            return NEG
+        if any(f.role == "neg" for f in right) and not left:
+            return NEG
+        sign = -1.0 if any(f.role == "neg" for f in left + right) else 1.0
+        lt = [f for f in left if f.role == "tensor" and f.poly is not None]
+        rt = [f for f in right if f.role == "tensor" and f.poly is not None]
+        if not lt or not rt:
+            known = lt or rt
+            return tuple(replace(f, poly=alg.scale(f.poly, sign)) for f in known)
+        out = []
+        for a in lt:
+            for b in rt:
+                if not _compatible(a.labels, b.labels):
+                    continue
+                out.append(_combine(a, b, alg.mul(a.poly, b.poly), node, self.module.path))
+        return tuple(dict.fromkeys(out))
+
+    def divide(self, left: tuple, right: tuple, node) -> tuple:
+        out = []
+        for f in left:
+            if f.role != "tensor":
+                continue
+            if any(g.role == "length" for g in right):
+                f = replace(f, aggregation=Aggregation.SEQ_MEAN)
+            elif any(g.role == "ntokens" for g in right):
+                f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.aggregation in (None, Aggregation.SUM) else f.aggregation)
+            elif any(g.role == "tensor" and g.poly is not None and not g.poly.is_const() for g in right):
+                continue
+            out.append(f)
+        return tuple(out)
+
+    # ---- calls ---------------------------------------------------------------------------
+
+    def e_Call(self, node: cst.Call) -> tuple:
+        func = node.func
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            handled = self.method_call(method, func.value, node)
+            if handled is not None:
+                return handled
+        resolved = self.analyzer.resolve(self.module, func, self.cls)
+        if resolved is not None:
+            return self.call_summary(resolved, node)
+        name = _dotted(func).split(".")[-1]
+        return self.library_call(name, node)
+
+    def args(self, node: cst.Call) -> tuple:
+        positional = [a.value for a in node.args if a.keyword is None and not a.star]
+        keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        return positional, keywords
+
+    def call_summary(self, resolved, node: cst.Call) -> tuple:
+        module, func, cls = resolved
+        positional, keywords = self.args(node)
+        params = _params(func)
+        if params and params[0].name.value in ("self", "cls") and (cls is not None):
+            params = params[1:]
+        env = {}
+        for index, param in enumerate(params):
+            name = param.name.value
+            arg = positional[index] if index < len(positional) else keywords.get(name)
+            if arg is not None:
+                facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
+                if any(f.role == "str" for f in facts) or not facts:
+                    label = _last_name(arg)
+                    facts = tuple(replace(f, name=f.name or label) if f.role == "str" else f for f in facts)
+                    if not facts and label and not roles.tensor_role(label):
+                        facts = (Fact(role="str", name=label),)
+                env[name] = facts
+            elif param.default is not None:
+                default = param.default
+                if isinstance(default, cst.SimpleString):
+                    env[name] = (Fact(role="str", name=name),)
+                elif isinstance(default, cst.Name) and default.value in ("True", "False"):
+                    env[name] = (Fact(role="bool", name=name),)
+                else:
+                    env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) else ()
+            else:
+                env[name] = _param_facts(param, module, self.analyzer, cls)
+        outcome = self.analyzer.call(module, func, cls, env)
+        for sink in outcome.sinks:
+            self.sink(sink.kind, tuple(replace(f, entry=None, passed=False) for f in sink.facts), node)
+        return outcome.returns
+
+    def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> Optional[tuple]:
+        positional, keywords = self.args(node)
+        if roles.BACKWARD_CALLS.match(method):
+            target = self.expr(base_node) if not positional else self.expr(positional[0])
+            self.sink("loss", _loss_part(target), node)
+            return ()
+        if method in ("log_prob",) and _dotted(base_node).split(".")[-1].rstrip("()") in ("Categorical", "Normal"):
+            return self.from_name("log_prob", node) or (tensor(Poly.atom(Atom(alg.POLICY, not self.no_grad))),)
+        receiver_name = _dotted(base_node)
+        if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
+            return None
+        if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
+            key = positional[0].evaluated_value
+            poly = roles.named_tensor(key, grad=False)
+            return (tensor(poly),) if poly is not None else ()
+        base = self.expr(base_node)
+        if method in ("endswith", "startswith", "lower", "upper", "strip"):
+            return base if method in ("lower", "upper", "strip") else ()
+        if not base:
+            return None if method not in ("sum", "mean") else ()
+        return self.tensor_method(method, base, positional, keywords, node)
+
+    def tensor_method(self, method, base, positional, keywords, node) -> tuple:
+        if method in ("detach", "item", "tolist", "numpy", "cpu", "detach_", "clone_detach"):
+            return _detach(base)
+        if method in ("float", "double", "half", "bfloat16", "to", "type_as", "view", "reshape", "squeeze", "unsqueeze",
+                      "contiguous", "flatten", "expand", "expand_as", "transpose", "permute", "clone", "cuda", "view_as",
+                      "masked_fill", "masked_fill_", "mul_", "nan_to_num", "repeat", "repeat_interleave"):
+            return base
+        if method in ("clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max"):
+            return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in base)
+        if method in ("sum", "mean", "nansum", "nanmean"):
+            return self.reduce(base, method, self.dim(positional[0] if positional else keywords.get("dim", keywords.get("axis"))),
+                               node)
+        if method in ("exp", "log", "abs", "square", "expm1", "neg", "log_softmax", "softmax"):
+            return self.unary_math(method, base, node)
+        if method == "pow":
+            if positional and _int(positional[0]) == 2:
+                return self.multiply(base, base, node)
+            return ()
+        if method == "gather":
+            return _gather(base)
+        if method == "flip":
+            return tuple(replace(f, flipped=not f.flipped) for f in base)
+        if method == "cumsum":
+            return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO), flipped=False) if f.flipped and f.poly is not None
+                         else f for f in base)
+        if method in ("mul", "multiply"):
+            return self.multiply(base, self.expr(positional[0]), node) if positional else base
+        if method in ("add", "sub", "subtract"):
+            if not positional:
+                return base
+            return self.additive(base, self.expr(positional[0]), 1.0 if method == "add" else -1.0, node)
+        if method in ("div", "divide"):
+            return self.divide(base, self.expr(positional[0]), node) if positional else base
+        return ()
+
+    def dim(self, node) -> bool:
+        """True when a reduction's dim argument names an axis (a per-row reduction), not None."""
+        if node is None:
+            return False
+        facts = self.expr(node)
+        return any(f.role == "tensor" and f.poly is not None and f.poly.is_const() for f in facts) or (
+            not facts and not isinstance(node, cst.Name))
+
+    def reduce(self, base: tuple, method: str, per_row: bool, node) -> tuple:
+        out = []
+        for f in base:
+            if f.role == "mask":
+                out.append(Fact(role="length" if per_row else "ntokens"))
+                continue
+            if f.role != "tensor" or f.poly is None:
+                continue
+            vocab = _over_vocab(f.poly)
+            if vocab is not None and per_row:
+                out.append(replace(f, poly=vocab, origin=node))
+                continue
+            if per_row:
+                poly = alg.accumulate(f.poly, alg.SEQUENCE)
+                aggregation = f.aggregation
+                if method == "mean":
+                    aggregation = Aggregation.SEQ_MEAN
+                out.append(replace(f, poly=poly, aggregation=aggregation))
+            else:
+                aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
+                out.append(replace(f, aggregation=aggregation))
+        return tuple(out)
+
+    def unary_math(self, fn: str, base: tuple, node) -> tuple:
+        out = []
+        for f in base:
+            if f.role != "tensor" or f.poly is None:
+                continue
+            poly = _apply(fn, f.poly)
+            if poly is None:
+                continue
+            position = f.position
+            if fn in ("exp", "abs", "square", "expm1") and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+                position = Position.SEQUENCE
+            out.append(replace(f, poly=poly, origin=node, origin_path=self.module.path, position=position))
+        return tuple(out)
+
+    def library_call(self, name: str, node: cst.Call) -> tuple:
+        positional, keywords = self.args(node)
+        first = self.expr(positional[0]) if positional else ()
+        if name in ("exp", "log", "abs", "square", "expm1", "log_softmax", "softmax", "neg", "negative"):
+            return self.unary_math(name, first, node)
+        if name in ("clamp", "clip", "clamp_"):
+            return tuple(replace(f, clamped=True) for f in first if f.role == "tensor")
+        if name in ("sum", "mean"):
+            dim = positional[1] if len(positional) > 1 else keywords.get("dim", keywords.get("axis"))
+            return self.reduce(first, name, self.dim(dim), node)
+        if name == "square":
+            return self.multiply(first, first, node)
+        if name == "pow" and len(positional) > 1 and _int(positional[1]) == 2:
+            return self.multiply(first, first, node)
+        if name == "gather":
+            return _gather(first)
+        if name in ("masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_aggregator", "sum_of_sample_mean"):
+            return self.aggregate(name, first, positional, keywords)
+        if name == "kl_div":
+            return self.kl_div(positional, keywords, node)
+        if name in ("float", "detach"):
+            return _detach(first) if name == "detach" else first
+        if name == "where" and len(positional) == 3:
+            return tuple(dict.fromkeys(self.expr(positional[1]) + self.expr(positional[2])))
+        if roles.LOGPROB_PRODUCERS.match(name):
+            kinds = {a.kind for f in first if f.poly is not None for a in f.poly.atoms()}
+            return _per_token_from_logits(kinds, first) or ()
+        if name in ("cross_entropy",):
+            return ()
+        if name in ("masked_whiten", "whiten"):
+            return ()
+        return ()
+
+    def aggregate(self, name, first, positional, keywords) -> tuple:
+        if name == "masked_mean":
+            dim = positional[2] if len(positional) > 2 else keywords.get("dim", keywords.get("axis"))
+            aggregation = Aggregation.SEQ_MEAN if self.dim(dim) else Aggregation.BATCH_MEAN
+        elif name == "masked_sum":
+            aggregation = Aggregation.SUM
+        elif name in ("agg_loss", "aggregate_loss", "masked_aggregator"):
+            mode = positional[2] if len(positional) > 2 else keywords.get("loss_agg_mode") or keywords.get("mode")
+            aggregation = _agg_mode(mode)
+        else:
+            aggregation = Aggregation.SEQ_MEAN
+        out = []
+        for f in first:
+            if f.role != "tensor":
+                continue
+            out.append(replace(f, aggregation=f.aggregation or aggregation))
+        return tuple(out)
+
+    def kl_div(self, positional, keywords, node) -> tuple:
+        """F.kl_div(input, target, log_target=True) is sum target * (target - input): KL(target || input)."""
+        if len(positional) < 2 and "target" not in keywords:
+            return ()
+        source = self.expr(positional[0] if positional else keywords["input"])
+        target = self.expr(positional[1] if len(positional) > 1 else keywords["target"])
+        out = []
+        for t in target:
+            for s in source:
+                if t.poly is None or s.poly is None:
+                    continue
+                t_kinds = {a.kind for a in t.poly.atoms()}
+                s_kinds = {a.kind for a in s.poly.atoms()}
+                if t_kinds == {alg.VOCAB_POLICY} and s_kinds == {alg.VOCAB_REF}:
+                    kind = alg.FULL
+                elif t_kinds == {alg.VOCAB_REF} and s_kinds == {alg.VOCAB_POLICY}:
+                    kind = alg.FULL_FWD
+                else:
+                    continue
+                grad = t.poly.has_grad() or s.poly.has_grad()
+                out.append(replace(t, poly=Poly.atom(Atom(kind, grad)), origin=node, origin_path=self.module.path))
+        return tuple(out)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def _combine(a: Fact, b: Fact, poly: Poly, node, path: str) -> Fact:
+    new_kl = alg.kl_atoms(poly) and poly != a.poly and poly != b.poly
+    first = a if a.is_kl() else b
+    return replace(
+        first,
+        poly=poly,
+        clamped=a.clamped or b.clamped,
+        position=a.position if a.position != Position.ALL else b.position,
+        aggregation=a.aggregation or b.aggregation,
+        labels=_merge_labels(a.labels, b.labels),
+        origin=node if new_kl and not (a.is_kl() and b.is_kl() and a.entry) else first.origin,
+        origin_path=path if new_kl and not (a.is_kl() and b.is_kl() and a.entry) else first.origin_path,
+        entry=a.entry or b.entry,
+        calls=max(a.calls, b.calls),
+    )
+
+
+def _rename_logprobs(value: tuple, name: str) -> tuple:
+    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model))."""
+    kind = roles.tensor_role(name)
+    if kind not in (alg.REF, alg.OLD):
+        return value
+    out = []
+    for f in value:
+        atoms = f.poly.atoms() if f.poly is not None else set()
+        if f.role == "tensor" and len(f.poly.terms) == 1 and len(atoms) == 1 and next(iter(atoms)).kind == alg.POLICY:
+            f = replace(f, poly=Poly.atom(Atom(kind, False)))
+        out.append(f)
+    return tuple(out)
+
+
+def _detach(value: tuple) -> tuple:
+    return tuple(replace(f, poly=alg.detach(f.poly)) if f.poly is not None else f for f in value)
+
+
+def _join(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for key, value in b.items():
+        if key in out and out[key] != value:
+            out[key] = tuple(dict.fromkeys(out[key] + value))
+        else:
+            out[key] = value
+    return out
+
+
+def _strings(node: cst.CSTNode) -> Optional[list]:
+    if isinstance(node, cst.SimpleString):
+        return [node.evaluated_value]
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        values = [e.value.evaluated_value for e in node.elements if isinstance(e.value, cst.SimpleString)]
+        return values if len(values) == len(node.elements) else None
+    return None
+
+
+def _case_strings(pattern) -> tuple:
+    if isinstance(pattern, cst.MatchValue) and isinstance(pattern.value, cst.SimpleString):
+        return (pattern.value.evaluated_value,)
+    if isinstance(pattern, cst.MatchOr):
+        out = []
+        for p in pattern.patterns:
+            out.extend(_case_strings(p.pattern))
+        return tuple(out)
+    return ()
+
+
+def _root_name(node: cst.CSTNode) -> str:
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        node = node.value if not isinstance(node, cst.Call) else node.func
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+def _is_data_read(node: cst.CSTNode) -> bool:
+    """A value read from a rollout container (data.batch[...], experience.x, inputs[...])."""
+    if isinstance(node, cst.Subscript):
+        return _string_key(node) is not None or _is_data_read(node.value)
+    if isinstance(node, cst.Attribute):
+        root = _root_name(node)
+        return bool(roles.DATA_CONTAINERS.match(root)) or _is_data_read(node.value)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.attr.value in ("detach", "get", "pop") or _is_data_read(node.func.value)
+    return False
+
+
+def _mentions(node: cst.CSTNode, name: str) -> bool:
+    found = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            if n.value == name:
+                found.append(n)
+
+    node.visit(Finder())
+    return bool(found)
+
+
+def _last_index(node: cst.Subscript) -> bool:
+    """x[:, -1], x[..., -1] or x[rows, lengths - 1]: the last position only."""
+    if not node.slice:
+        return False
+    last = node.slice[-1].slice
+    if isinstance(last, cst.Index):
+        value = last.value
+        if _int(value) == -1 and len(node.slice) > 1:
+            return True
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract) and _int(value.right) == 1:
+            return len(node.slice) > 1
+    return False
+
+
+def _strip_suffix(node: cst.Subscript) -> bool:
+    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):
+        s = node.slice[0].slice
+        return s.lower is None and _int(s.upper) == -1
+    return False
+
+
+def _looks_like_option(attr: str) -> bool:
+    lower = attr.lower()
+    return any(word in lower for word in ("type", "penalty", "estimator", "mode", "kl_loss", "use_", "kl"))
+
+
+def _apply(fn: str, poly: Poly) -> Optional[Poly]:
+    kinds = {a.kind for a in poly.atoms()}
+    if fn == "exp":
+        if kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
+            atom = poly.terms[0][0][0]
+            return Poly.atom(Atom(alg.VOCAB_PROB if atom.kind == alg.VOCAB_POLICY else alg.VOCAB_REF_PROB, atom.grad, atom.acc))
+        return alg.exp(poly)
+    if fn == "expm1":
+        e = alg.exp(poly)
+        return None if e is None else alg.add(e, Poly.const(1.0), -1.0)
+    if fn == "log":
+        return alg.log(poly)
+    if fn == "abs":
+        return alg.absolute(poly)
+    if fn == "square":
+        return alg.mul(poly, poly)
+    if fn in ("neg", "negative"):
+        return alg.scale(poly, -1.0)
+    if fn in ("log_softmax", "softmax"):
+        if kinds == {alg.LOGITS} or kinds == {alg.REF_LOGITS}:
+            atom = next(iter(poly.atoms()))
+            policy = atom.kind == alg.LOGITS
+            kind = (alg.VOCAB_POLICY if policy else alg.VOCAB_REF) if fn == "log_softmax" else (
+                alg.VOCAB_PROB if policy else alg.VOCAB_REF_PROB)
+            return Poly.atom(Atom(kind, atom.grad, atom.acc))
+    return None
+
+
+def _over_vocab(poly: Poly) -> Optional[Poly]:
+    """sum over the vocabulary of p * (log p - log q): the exact per-step KL, either direction."""
+    shape = {tuple(sorted(a.kind for a in m)): c for m, c in poly.terms}
+    grad = poly.has_grad()
+    vp, vq, pp, pq = alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB
+    if not any(k in (vp, vq, pp, pq) for m in shape for k in m):
+        return None
+    for kind, prob, plus, minus in ((alg.FULL, pp, vp, vq), (alg.FULL_FWD, pq, vq, vp)):
+        a = shape.get(tuple(sorted((prob, plus))))
+        b = shape.get(tuple(sorted((prob, minus))))
+        if a is not None and b is not None and abs(a + b) < 1e-12 and len(shape) == 2:
+            return Poly.atom(Atom(kind, grad), a)
+    return Poly.of({})
+
+
+def _gather(base: tuple) -> tuple:
+    out = []
+    for f in base:
+        if f.poly is None:
+            continue
+        mapped = _per_token_from_logits({a.kind for a in f.poly.atoms()}, (f,))
+        out.extend(mapped or ())
+    return tuple(out)
+
+
+def _per_token_from_logits(kinds: set, facts: tuple) -> Optional[tuple]:
+    """log-probs of the sampled tokens from vocabulary-level log-probs or logits."""
+    for f in facts:
+        if f.poly is None:
+            continue
+        fk = {a.kind for a in f.poly.atoms()}
+        grad = f.poly.has_grad()
+        if fk <= {alg.VOCAB_POLICY, alg.LOGITS} and fk:
+            return (replace(f, poly=Poly.atom(Atom(alg.POLICY, grad))),)
+        if fk <= {alg.VOCAB_REF, alg.REF_LOGITS} and fk:
+            return (replace(f, poly=Poly.atom(Atom(alg.REF, False))),)
+    return None
+
+
+def _agg_mode(node) -> Aggregation:
+    if isinstance(node, cst.SimpleString):
+        mode = node.evaluated_value
+        return {
+            "token-mean": Aggregation.BATCH_MEAN,
+            "seq-mean-token-sum": Aggregation.SUM,
+            "seq-mean-token-mean": Aggregation.SEQ_MEAN,
+            "seq-mean-token-sum-norm": Aggregation.CONSTANT,
+        }.get(mode, Aggregation.BATCH_MEAN)
+    return Aggregation.BATCH_MEAN
+
+
+def _loss_part(value: tuple) -> tuple:
+    """The facts of a loss value; for a tuple, the first element; for a dict, entries named *loss*."""
+    out = []
+    for f in value:
+        if f.role == "tuple" and f.items:
+            out.extend(f.items[0])
+        elif f.role == "dict":
+            for key, facts in f.items:
+                if "loss" in key.lower():
+                    out.extend(facts)
+        else:
+            out.append(f)
+    return tuple(out)
+
+
+def _decorated_no_grad(func: cst.FunctionDef) -> bool:
+    for decorator in func.decorators:
+        name = _dotted(decorator.decorator).rstrip("()").split(".")[-1]
+        if roles.NO_GRAD_CONTEXTS.match(name):
+            return True
+    return False

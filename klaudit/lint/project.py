@@ -1,0 +1,70 @@
+"""Modules of the linted tree, found by import name and parsed on demand (never imported or run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import libcst as cst
+
+
+class Project:
+    """Resolves `import` / `from ... import` of modules that live under the linted roots.
+
+    A dotted module name maps to `<root>/<a>/<b>.py` or `<root>/<a>/<b>/__init__.py` for some
+    root or some ancestor of a root (so that `import pkg.mod` works when `pkg/` itself is
+    linted). Parsed modules are cached; a file that does not parse resolves to nothing.
+    """
+
+    def __init__(self, roots: list) -> None:
+        bases: list = []
+        for root in roots:
+            path = Path(root).resolve()
+            directory = path if path.is_dir() else path.parent
+            for base in (directory, *directory.parents[:3]):
+                if base not in bases:
+                    bases.append(base)
+        self.bases = bases
+        self._modules: dict = {}
+
+    def module_path(self, dotted: str, importer: Optional[str] = None, level: int = 0) -> Optional[Path]:
+        """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree."""
+        parts = [p for p in dotted.split(".") if p]
+        if level:
+            if importer is None:
+                return None
+            base = Path(importer).resolve().parent
+            for _ in range(level - 1):
+                base = base.parent
+            return _find(base, parts)
+        for base in self.bases:
+            found = _find(base, parts)
+            if found is not None:
+                return found
+        return None
+
+    def parse(self, path: Path) -> Optional[cst.Module]:
+        key = str(Path(path).resolve())
+        if key not in self._modules:
+            try:
+                text = Path(key).read_text(encoding="utf-8")
+                self._modules[key] = cst.parse_module(text)
+            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
+                self._modules[key] = None
+        return self._modules[key]
+
+    def remember(self, path: str, module: cst.Module) -> None:
+        """Record a module the engine already parsed, so it is not parsed twice."""
+        self._modules.setdefault(str(Path(path).resolve()), module)
+
+
+def _find(base: Path, parts: list) -> Optional[Path]:
+    if not parts:
+        init = base / "__init__.py"
+        return init if init.is_file() else None
+    candidate = base.joinpath(*parts)
+    as_file = candidate.with_suffix(".py")
+    if as_file.is_file():
+        return as_file
+    init = candidate / "__init__.py"
+    return init if init.is_file() else None

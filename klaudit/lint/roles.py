@@ -1,0 +1,138 @@
+"""What names, containers and calls mean in RL trainer code: the one table of naming conventions.
+
+The linter never imports the code it reads, so the meaning of a tensor comes from evidence:
+its name (patterns.md section 1), where it was read from (a rollout container holds data, not
+graph), the call that produced it (`log_softmax(...).gather`, `selective_log_softmax`, ...)
+and context (no_grad blocks). Every rule relies on this module, so a new framework shape is
+taught here once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, Atom, Poly
+
+# ---- the cheap pre-filter ----------------------------------------------------------------
+
+_KL_VOCABULARY = re.compile(
+    r"kl|log_?probs?|logps?\b|logprob|log_ratio|logratio|kl_div|log_softmax|ref_log|"
+    r"reference_policy|teacher_log",
+    re.IGNORECASE,
+)
+
+
+def might_contain_kl(source_text: str) -> bool:
+    """False when the text has no KL or log-prob vocabulary, so it cannot hold a finding."""
+    return _KL_VOCABULARY.search(source_text) is not None
+
+
+# ---- names of log-probability tensors (patterns.md section 1) ------------------------------
+
+_LOGP = r"(log_?probs?|logps?|logprobs?|log_?prob_?s?|per_token_logps|logp_?s?)"
+_REF_PATTERN = re.compile(
+    r"^(.*_)?(ref|reference|base|init|teacher|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
+    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|teacher)(_.*)?$"
+    r"|^ref(erence)?$|^(mb_)?ref_logps$|^teacher_.*logp.*$",
+    re.IGNORECASE,
+)
+_OLD_PATTERN = re.compile(
+    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|behaviou?r|prox|mb)_"
+    r".*" + _LOGP + r".*$|^(.*_)?" + _LOGP + r"_old$",
+    re.IGNORECASE,
+)
+_POLICY_PATTERN = re.compile(
+    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_)*"
+    r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
+    r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
+    re.IGNORECASE,
+)
+_REF_LOGITS = re.compile(r"^(ref|reference|base|init|teacher|t)_(.*_)?logits$", re.IGNORECASE)
+_POLICY_LOGITS = re.compile(r"^((policy|student|actor|new|model|all)_)?logits$", re.IGNORECASE)
+_MASK = re.compile(r"mask", re.IGNORECASE)
+
+# Names of the containers rollout data is read from: reading them gives data, not graph.
+DATA_CONTAINERS = re.compile(
+    r"^(data|batch|mini_?batch|micro_?batch|mb|inputs|model_inputs|experience|exp|rollout|"
+    r"rollout_data|samples?|buffer|grpo_batch|train_data|features|payload|item|b)$",
+    re.IGNORECASE,
+)
+
+
+def tensor_role(name: str) -> Optional[str]:
+    """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
+    bare = name.lstrip("_")
+    if _REF_PATTERN.match(bare):
+        return REF
+    if _OLD_PATTERN.match(bare):
+        return OLD
+    if _POLICY_PATTERN.match(bare):
+        return POLICY
+    if _REF_LOGITS.match(bare):
+        return REF_LOGITS
+    if _POLICY_LOGITS.match(bare):
+        return LOGITS
+    return None
+
+
+def is_mask_name(name: str) -> bool:
+    return _MASK.search(name) is not None and "logit" not in name.lower()
+
+
+def named_tensor(name: str, grad: bool) -> Optional[Poly]:
+    """The symbolic tensor a name denotes; reference and old log-probs never carry gradient."""
+    kind = tensor_role(name)
+    if kind is None:
+        return None
+    return Poly.atom(Atom(kind, grad and kind in (POLICY, LOGITS)))
+
+
+# ---- producing calls --------------------------------------------------------------------
+
+# Calls that turn logits (their first argument) into per-token log-probs of the sampled tokens.
+LOGPROB_PRODUCERS = re.compile(
+    r"^(selective_log_softmax|log_probs_from_logits|logprobs_from_logits|logprobs_of_labels|"
+    r"gather_log_probs|log_prob_from_logits|gather_logprobs|token_log_probs)$"
+)
+# Calls that compute per-token log-probs of the policy (or, by the target's name, the reference).
+LOGPROB_FORWARDS = re.compile(
+    r"(_forward_micro_batch|get_per_token_logps|_get_per_token_logps.*|compute_token_log_probs|"
+    r"forward_for_logprobs|get_batch_logps|sequence_logprob.*|compute_log_probs?|get_logps|"
+    r"_compute_logprobs|compute_logprobs)$"
+)
+
+# ---- sinks -------------------------------------------------------------------------------
+
+_COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^num_|metric|stat", re.IGNORECASE)
+_LOSS = re.compile(r"loss", re.IGNORECASE)
+_REWARD = re.compile(
+    r"^(token_level_rewards|rewards?|non_score_rewards?|kl_rewards?|rewards_with_kl|"
+    r"token_rewards|shaped_rewards?|final_rewards?|reward_tensor|returns?|per_token_rewards?)$",
+    re.IGNORECASE,
+)
+_ADVANTAGE = re.compile(r"^(advantages?|advs?|adv_.*|.*_advantages?)$", re.IGNORECASE)
+
+
+def sink_of_name(name: str) -> Optional[str]:
+    """'loss', 'reward' or 'advantage' when a variable of that name is where a KL ends up."""
+    bare = name.lstrip("_")
+    if _COEF.search(bare):
+        return None
+    if _REWARD.match(bare):
+        return "reward"
+    if _ADVANTAGE.match(bare):
+        return "advantage"
+    if _LOSS.search(bare) and not bare.lower().startswith(("kl", "per_token_kl")):
+        return "loss"
+    return None
+
+
+def is_loss_function(name: str) -> bool:
+    """A function whose return value is a loss to be minimised."""
+    return _LOSS.search(name) is not None and _COEF.search(name) is None
+
+
+BACKWARD_CALLS = re.compile(r"^(backward|manual_backward)$")
+NO_GRAD_CONTEXTS = re.compile(r"^(no_grad|inference_mode|disable_grad)$")
+LOGGING_METHODS = re.compile(r"^(item|tolist|numpy|cpu)$")
