@@ -284,7 +284,9 @@ def kl_penalty(
       rb: sg(w_{<t}) KL_t + logp_t sg(sum_{u>t} w_{<u} KL_u).
     `value` = sum_t (weight * k_t), unbiased for KL_seq; `loss` has the same forward value, so
     logging the total loss stays meaningful. Each loss[i] depends on sequence i alone.
-    The products of ratios are not clipped: clipping would bias the result again (§7).
+    (For rb, w_{1:u} would be unbiased too, as E_old[pi_u / old_u | h_u] = 1; w_{<u} is its
+    conditional expectation given h_u, so it drops that ratio's noise.) The products of ratios
+    are not clipped: clipping would bias the result again (§7).
     """
     _require_choice("estimator", estimator, PENALTY_ESTIMATORS)
     tensors = _checked_log_probs(logprobs, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
