@@ -266,6 +266,7 @@ def kl_penalty(
     logits=None,
     ref_logits=None,
     old_logprobs=None,
+    baseline=None,
 ) -> KLTerm:
     """Per-sequence KL term whose `loss` gradient is unbiased for grad KL(pi || ref) [B].
 
@@ -287,9 +288,16 @@ def kl_penalty(
     (For rb, w_{1:u} would be unbiased too, as E_old[pi_u / old_u | h_u] = 1; w_{<u} is its
     conditional expectation given h_u, so it drops that ratio's noise.) The products of ratios
     are not clipped: clipping would bias the result again (§7).
+    `baseline` (opt-in, [B, T], detached): b_t subtracted from token t's return to reduce
+    variance. It must be a function of the prefix h_t only (not of y_t or later tokens), e.g. a
+    critic's V(h_t); for "rb" the matching one is E[sum_{u>t} KL_u | h_t]. Unbiased because
+    E_pi[s_t | h_t] = 0; off-policy it is multiplied by w_{1:t}, as E_old[w_{1:t} s_t | h_t] = 0.
+    No baseline is shared across sequences by default, which would couple them.
     """
     _require_choice("estimator", estimator, PENALTY_ESTIMATORS)
-    tensors = _checked_log_probs(logprobs, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
+    tensors = _checked_log_probs(
+        logprobs, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs, baseline=baseline
+    )
     policy_logprobs = tensors["logprobs"]
     weights_of_mask = _checked_mask(mask, logprobs, policy_logprobs.dtype)
     log_ratio = (policy_logprobs - tensors["ref_logprobs"]) * weights_of_mask
@@ -315,18 +323,20 @@ def kl_penalty(
     estimate = (local if local is not None else log_ratio).detach()
 
     if old_logprobs is None:
-        weight = torch.ones_like(estimate)
+        through_token = before_token = torch.ones_like(estimate)
     else:
         log_ratio_old = (policy_logprobs.detach() - tensors["old_logprobs"]) * weights_of_mask
-        log_weight = log_ratio_old.cumsum(-1)  # log w_{1:t}
-        if not depends_on_token:
-            log_weight = log_weight - log_ratio_old  # log w_{<t}
-        weight = log_weight.exp()
+        log_through_token = log_ratio_old.cumsum(-1)
+        through_token = log_through_token.exp()  # w_{1:t}
+        before_token = (log_through_token - log_ratio_old).exp()  # w_{<t}
+    weight = through_token if depends_on_token else before_token
 
     weighted = weight * estimate
     returns = _reward_to_go(weighted)
     if not depends_on_token:
         returns = returns - weighted  # future only: sum over u > t
+    if baseline is not None:
+        returns = returns - through_token * tensors["baseline"]
     surrogate = (policy_logprobs * weights_of_mask * returns).sum(-1)
     if local is not None:
         surrogate = surrogate + (weight * local).sum(-1)

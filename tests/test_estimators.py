@@ -222,6 +222,20 @@ def test_kl_penalty_off_policy_weights_are_prefix_products():
     torch.testing.assert_close(grad, (weights * d).flip(-1).cumsum(-1).flip(-1) * mask, rtol=0, atol=1e-14)
 
 
+def test_kl_penalty_baseline_is_subtracted_from_each_real_tokens_return():
+    logprobs, ref_logprobs, old_logprobs, mask = _small_batch(7)
+    baseline = torch.arange(12, dtype=torch.float64).reshape(3, 4) / 10
+    for old, weights in [(None, torch.ones(3, 4, dtype=torch.float64)),
+                         (old_logprobs, torch.exp(((logprobs.detach() - old_logprobs) * mask).cumsum(-1)))]:
+        plain = kl_penalty(logprobs, ref_logprobs, mask, old_logprobs=old)
+        shifted = kl_penalty(logprobs, ref_logprobs, mask, old_logprobs=old, baseline=baseline)
+        torch.testing.assert_close(shifted.loss.detach(), plain.loss.detach(), rtol=0, atol=0)
+        (plain_grad,) = torch.autograd.grad(plain.loss.sum(), logprobs)
+        (shifted_grad,) = torch.autograd.grad(shifted.loss.sum(), logprobs)
+        # off-policy the baseline carries w_{1:t}, so that E_old[w_{1:t} s_t b_t] = 0
+        torch.testing.assert_close(shifted_grad, plain_grad - weights * baseline * mask, rtol=0, atol=1e-14)
+
+
 @pytest.mark.parametrize("estimator", ["k1", "k3", "rb"])
 def test_kl_penalty_with_old_equal_to_current_is_the_on_policy_term(estimator):
     logprobs, ref_logprobs, _, mask = _small_batch(3)
@@ -288,6 +302,10 @@ MASK = torch.ones(4, 8)
         (
             lambda: kl_penalty(LOGP, LOGP, MASK, old_logprobs=torch.zeros(4, 8, dtype=torch.int32)),
             "old_logprobs must have a floating dtype, got torch.int32",
+        ),
+        (
+            lambda: kl_penalty(LOGP, LOGP, MASK, baseline=torch.zeros(4)),
+            "baseline has shape (4,) but logprobs has shape (4, 8)",
         ),
         (lambda: kl_penalty(LOGP, LOGP, MASK, estimator="k2"), "estimator must be one of 'k1', 'k3', 'rb', got 'k2'"),
         (lambda: kl_penalty(LOGP, LOGP, MASK, estimator="rb"), 'estimator "rb" needs logits and ref_logits'),

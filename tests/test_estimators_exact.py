@@ -159,3 +159,40 @@ def test_rb_needs_prefix_products_off_policy(seed):
     problem, targets = _tabular(seed, True)
     gradient = problem.expected_gradient(_rb_off_policy_with_token_ratios, off_policy=True)
     assert relerr(gradient, targets[Target.REV]) > WRONG
+
+
+# ----- the opt-in baseline -----
+
+
+def _with_baseline(estimator: str, off_policy: bool, make_baseline):
+    def loss(batch):
+        return kl_penalty(
+            batch.logprobs, batch.ref_logprobs, batch.mask, estimator=estimator, logits=batch.logits,
+            ref_logits=batch.ref_logits, old_logprobs=batch.old_logprobs if off_policy else None,
+            baseline=make_baseline(batch),
+        ).loss
+
+    return loss
+
+
+def _prefix_baseline(batch):
+    """b_t = 0.5 + 0.8 sum_{u<t} d_u: a function of the prefix h_t only (a valid baseline)."""
+    _, log_ratio = _masked(batch)
+    return 0.5 + 0.8 * torch.nn.functional.pad(log_ratio[:, :-1], (1, 0)).cumsum(-1)
+
+
+def _token_baseline(batch):
+    """b_t = d_t depends on y_t itself: not a baseline, it removes part of the signal."""
+    _, log_ratio = _masked(batch)
+    return log_ratio
+
+
+@pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "off-policy"])
+@pytest.mark.parametrize("estimator", ["k1", "k3", "rb"])
+@pytest.mark.parametrize("seed", sorted(PLACEMENTS))
+def test_a_prefix_baseline_keeps_rev_and_a_token_dependent_one_does_not(seed, estimator, off_policy):
+    problem, targets = _tabular(seed, True)
+    valid = problem.expected_gradient(_with_baseline(estimator, off_policy, _prefix_baseline), off_policy=off_policy)
+    assert relerr(valid, targets[Target.REV]) < EXACT
+    invalid = problem.expected_gradient(_with_baseline(estimator, off_policy, _token_baseline), off_policy=off_policy)
+    assert relerr(invalid, targets[Target.REV]) > WRONG
