@@ -112,3 +112,43 @@ def rules_command() -> None:
     width = max(len(rule.name) for rule in RULES.values())
     for rule in RULES.values():
         click.echo(f"{rule.code}  {rule.name:<{width}}  {rule.summary}")
+
+
+@main.command("check-grad")
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--bind", "bindings", multiple=True, metavar="PARAM=ROLE",
+              help="Say what a parameter receives: logprobs, ref_logprobs, old_logprobs, mask, logits, "
+                   "ref_logits, log_ratio, coef, switch, default, none.")
+@click.option("--placement", type=click.Choice(["auto", "loss", "reward", "both"]), default="auto",
+              show_default=True, help="Audit the result as a differentiated loss, a detached reward, or both.")
+@click.option("--output-format", "--format", "output_format", type=click.Choice(["text", "json"]),
+              default="text", show_default=True, help="How to print the report.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              help="Seconds allowed for each target's audit (it runs in a child process).")
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+              help="Fingerprint on a causal LM from this local directory instead of the tabular policy.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device of the fingerprint batch.")
+@click.option("-v", "--verbose", is_flag=True, help="Show the traceback behind each error.")
+def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], placement: str, output_format: str,
+                       timeout: float, model_dir: Optional[str], device: str, verbose: bool) -> None:
+    """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
+    PATH.py::Class.method or package.module:function."""
+    from klaudit.audit.bind import BindError, parse_overrides
+    from klaudit.audit.runner import run
+
+    try:
+        overrides = parse_overrides(bindings)
+    except BindError as error:
+        raise CommandError(str(error)) from None
+    placements = {"auto": None, "loss": ["loss"], "reward": ["reward"], "both": ["loss", "reward"]}[placement]
+    show_progress = output_format == "text" and click.get_text_stream("stderr").isatty()
+    report = run(targets, overrides=overrides, placements=placements, timeout=timeout, model_dir=model_dir,
+                 device=device, show_progress=show_progress)
+    click.echo(report.to_json() if output_format == "json" else report.to_text())
+    if verbose:
+        for detail in report.details:
+            click.echo(detail.rstrip("\n"), err=True)
+    if output_format == "json":
+        for error in report.errors:
+            click.echo(f"error: {error}", err=True)
+    sys.exit(report.exit_code)

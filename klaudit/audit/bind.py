@@ -1,0 +1,315 @@
+"""Which tensor each parameter of a user's KL callable receives, and which switch values to audit.
+
+A parameter gets a `Role`: the policy log-probs (the one that carries gradient), reference or old
+log-probs, the mask, policy or reference logits, the log-ratio logp - ref, a coefficient (set to
+1), a string switch (audited once per literal the code compares it with), its own default, or
+None. Names are read with the lint's naming table (`klaudit.lint.roles`), then annotations and
+defaults decide; `--bind PARAM=ROLE` overrides. Torch-free until `arguments_for` is called, so
+the parent process can bind (for discovery) without importing torch or the user's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from klaudit.lint import algebra
+from klaudit.lint.roles import is_mask_name, tensor_role
+
+MAX_MODES = 64  # switch combinations audited at most; more is a configuration explosion, not a KL term
+
+
+class BindError(ValueError):
+    """A parameter cannot be bound, or a --bind override is malformed."""
+
+
+class Role(str, Enum):
+    """What a parameter receives (the value is the --bind spelling)."""
+
+    LOGPROBS = "logprobs"  # [B, T] log pi(y_t | h_t), differentiable
+    REF_LOGPROBS = "ref_logprobs"  # [B, T] log ref(y_t | h_t)
+    OLD_LOGPROBS = "old_logprobs"  # [B, T] log pi_old(y_t | h_t); makes the audit off-policy
+    MASK = "mask"  # [B, T] 1.0 on response tokens
+    LOGITS = "logits"  # [B, T, V] policy logits, differentiable
+    REF_LOGITS = "ref_logits"  # [B, T, V] reference logits
+    LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
+    COEF = "coef"  # a coefficient, set to 1.0
+    SWITCH = "switch"  # a string switch, audited once per literal value
+    DEFAULT = "default"  # keep the parameter's default
+    NONE = "none"  # pass None
+
+
+TENSOR_ROLES = (Role.LOGPROBS, Role.REF_LOGPROBS, Role.OLD_LOGPROBS, Role.MASK, Role.LOGITS,
+                Role.REF_LOGITS, Role.LOG_RATIO)
+_ROLE_OF_KIND = {algebra.POLICY: Role.LOGPROBS, algebra.REF: Role.REF_LOGPROBS,
+                 algebra.OLD: Role.OLD_LOGPROBS, algebra.LOGITS: Role.LOGITS,
+                 algebra.REF_LOGITS: Role.REF_LOGITS}
+BIND_SYNTAX = "--bind PARAM=ROLE with ROLE one of " + ", ".join(role.value for role in Role)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Roles of a callable's parameters and the switch values found in its source."""
+
+    roles: Mapping[str, Role]
+    switches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    positional_only: frozenset = frozenset()
+
+    @property
+    def off_policy(self) -> bool:
+        return Role.OLD_LOGPROBS in self.roles.values()
+
+    @property
+    def uses_logits(self) -> bool:
+        return any(role in (Role.LOGITS, Role.REF_LOGITS) for role in self.roles.values())
+
+    def modes(self) -> list[dict[str, str]]:
+        """Every combination of switch values ([{}] when there is no switch)."""
+        names = sorted(self.switches)
+        combos = list(itertools.islice(itertools.product(*(self.switches[n] for n in names)), MAX_MODES))
+        return [dict(zip(names, values)) for values in combos]
+
+    def arguments_for(self, batch, mode: Mapping[str, str]) -> tuple[list, dict]:
+        """Positional and keyword arguments that feed `batch` (a klaudit Batch) to the callable."""
+        tensors = {
+            Role.LOGPROBS: batch.logprobs, Role.REF_LOGPROBS: batch.ref_logprobs,
+            Role.OLD_LOGPROBS: batch.old_logprobs, Role.MASK: batch.mask, Role.LOGITS: batch.logits,
+            Role.REF_LOGITS: batch.ref_logits,
+        }
+        args: list = []
+        kwargs: dict = {}
+        for name, role in self.roles.items():
+            if role is Role.DEFAULT:
+                continue
+            if role is Role.LOG_RATIO:
+                value: Any = batch.logprobs - batch.ref_logprobs
+            elif role in tensors:
+                value = tensors[role]
+            elif role is Role.COEF:
+                value = 1.0
+            elif role is Role.SWITCH:
+                value = mode[name]
+            else:
+                value = None
+            if name in self.positional_only:
+                args.append(value)
+            else:
+                kwargs[name] = value
+        return args, kwargs
+
+
+def parse_overrides(specs: Sequence[str]) -> dict[str, Role]:
+    """`["kl_coef=coef", "lp=logprobs"]` -> {"kl_coef": Role.COEF, "lp": Role.LOGPROBS}."""
+    overrides: dict[str, Role] = {}
+    for spec in specs:
+        name, sep, role = spec.partition("=")
+        if not sep or not name.strip() or not role.strip():
+            raise BindError(f"--bind {spec!r} is not PARAM=ROLE; use {BIND_SYNTAX}")
+        try:
+            overrides[name.strip()] = Role(role.strip())
+        except ValueError:
+            raise BindError(f"--bind {spec!r}: unknown role {role.strip()!r}; use {BIND_SYNTAX}") from None
+    return overrides
+
+
+def role_from_name(name: str) -> Optional[Role]:
+    """The tensor role a parameter name denotes, from the lint's naming table."""
+    if is_mask_name(name):
+        return Role.MASK
+    kind = tensor_role(name)
+    return _ROLE_OF_KIND.get(kind) if kind is not None else None
+
+
+def _annotation_text(annotation: Any) -> str:
+    if annotation is inspect.Parameter.empty:
+        return ""
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+
+def _role_from_signature(parameter: inspect.Parameter) -> Optional[Role]:
+    """A role from the annotation and the default when the name says nothing."""
+    annotation = _annotation_text(parameter.annotation)
+    default = parameter.default
+    if annotation == "str" or isinstance(default, str):
+        return Role.SWITCH
+    if isinstance(default, bool) or annotation == "bool":
+        return Role.DEFAULT if default is not inspect.Parameter.empty else None
+    if annotation in ("float", "int") or isinstance(default, (int, float)):
+        return Role.COEF
+    if default is not inspect.Parameter.empty:
+        return Role.DEFAULT
+    return None
+
+
+def bind(fn: Callable, overrides: Optional[Mapping[str, Role]] = None, *,
+         switch_values: Optional[Mapping[str, Sequence[str]]] = None) -> Binding:
+    """Bind every parameter of `fn`; BindError naming the parameters that cannot be bound.
+
+    `switch_values` maps a switch parameter to the literals found in the source (see
+    `switch_literals`); a switch with none found keeps its default, or is an error without one.
+    """
+    overrides = dict(overrides or {})
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as error:
+        raise BindError(f"cannot read the signature of {fn!r}: {error}") from None
+    parameters = {
+        name: p for name, p in signature.parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    }
+    unknown = sorted(set(overrides) - set(parameters))
+    if unknown:
+        raise BindError(f"--bind names no parameter of {_name(fn)}: {', '.join(unknown)} "
+                        f"(parameters: {', '.join(parameters) or 'none'})")
+    roles: dict[str, Role] = {}
+    switches: dict[str, tuple[str, ...]] = {}
+    unbound: list[str] = []
+    for name, parameter in parameters.items():
+        role = overrides.get(name) or role_from_name(name) or _role_from_signature(parameter)
+        if role is Role.SWITCH:
+            values = list((switch_values or {}).get(name, ()))
+            if isinstance(parameter.default, str) and parameter.default not in values:
+                values.insert(0, parameter.default)
+            if not values:
+                role = None
+            else:
+                switches[name] = tuple(values)
+        if role is None:
+            unbound.append(name)
+            continue
+        roles[name] = role
+    if unbound:
+        raise BindError(
+            f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {_name(fn)}; "
+            f"say what {'they are' if len(unbound) > 1 else 'it is'} with {BIND_SYNTAX}"
+        )
+    if Role.LOGPROBS not in roles.values() and Role.LOGITS not in roles.values() \
+            and Role.LOG_RATIO not in roles.values():
+        raise BindError(f"no parameter of {_name(fn)} receives the policy log-probs or logits; "
+                        f"name it with --bind PARAM=logprobs")
+    positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)
+    return Binding(roles, switches, positional_only)
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+
+
+# ----- switch literals, read from the source (static: ast only) -----
+
+
+def switch_literals(fn: Callable) -> dict[str, list[str]]:
+    """String literals each parameter of `fn` is compared with, in `fn` and the functions it calls.
+
+    Recognises `p == "k1"`, `p in ("k1", "kl")`, `match p: case "k1"`, `{"k1": ...}[p]`, and follows
+    `p` into functions and methods of the same module it is passed to. `p.endswith(s)` adds the
+    suffixed spelling of every value found (verl's "k1+" straight-through variants).
+    """
+    try:
+        path = inspect.getsourcefile(fn)
+        source = open(path, encoding="utf-8").read() if path else None
+    except (OSError, TypeError):
+        source = None
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    functions = _functions_by_name(tree)
+    node = _node_of(fn, tree)
+    if node is None:
+        return {}
+    found: dict[str, list[str]] = {}
+    for parameter in _parameter_names(node):
+        values: list[str] = []
+        suffixes: list[str] = []
+        _collect(node, parameter, functions, values, suffixes, set())
+        for suffix in suffixes:
+            values += [value + suffix for value in list(values) if not value.endswith(suffix)]
+        if values:
+            found[parameter] = list(dict.fromkeys(values))
+    return found
+
+
+def _functions_by_name(tree: ast.Module) -> dict[str, ast.AST]:
+    """Module-level functions and class methods by bare name (methods: the first of each name)."""
+    table: dict[str, ast.AST] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            table.setdefault(node.name, node)
+    return table
+
+
+def _node_of(fn: Callable, tree: ast.Module) -> Optional[ast.AST]:
+    """The def of `fn` in the parsed module, found by its first line (decorators included)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
+                return node
+    return None
+
+
+def _parameter_names(node: ast.AST) -> list[str]:
+    arguments = node.args
+    return [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return []
+
+
+def _is_name(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _collect(node: ast.AST, name: str, functions: Mapping[str, ast.AST], values: list[str],
+             suffixes: list[str], seen: set) -> None:
+    """Add the literals `name` is compared with inside `node`, following calls that pass it on."""
+    if (id(node), name) in seen:
+        return
+    seen.add((id(node), name))
+    for child in ast.walk(node):
+        if isinstance(child, ast.Compare):
+            sides = [child.left] + list(child.comparators)
+            if any(_is_name(side, name) for side in sides):
+                for side in sides:
+                    values += _strings(side)
+        elif isinstance(child, ast.Match) and _is_name(child.subject, name):
+            for case in child.cases:
+                for pattern in ast.walk(case.pattern):
+                    if isinstance(pattern, ast.MatchValue):
+                        values += _strings(pattern.value)
+        elif isinstance(child, ast.Subscript) and isinstance(child.value, ast.Dict) and _is_name(child.slice, name):
+            values += [v for key in child.value.keys if key is not None for v in _strings(key)]
+        elif isinstance(child, ast.Call):
+            callee = child.func
+            if isinstance(callee, ast.Attribute) and callee.attr == "endswith" and _is_name(callee.value, name):
+                suffixes += [s for arg in child.args for s in _strings(arg)]
+                continue
+            callee_name = callee.id if isinstance(callee, ast.Name) else (
+                callee.attr if isinstance(callee, ast.Attribute) else None)
+            target = functions.get(callee_name) if callee_name else None
+            if target is None:
+                continue
+            parameters = _parameter_names(target)
+            if parameters and parameters[0] in ("self", "cls") and isinstance(callee, ast.Attribute):
+                parameters = parameters[1:]
+            for index, arg in enumerate(child.args):
+                if _is_name(arg, name) and index < len(parameters):
+                    _collect(target, parameters[index], functions, values, suffixes, seen)
+            for keyword in child.keywords:
+                if keyword.arg and _is_name(keyword.value, name):
+                    _collect(target, keyword.arg, functions, values, suffixes, seen)

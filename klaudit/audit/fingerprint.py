@@ -1,0 +1,180 @@
+"""Name a KL term's configuration from one batch: its per-sample gradient against the catalog's.
+
+The logits of the batch are a leaf tensor and the log-probs are computed from them, so the
+gradient of any KL term with respect to the logits, g[n, t, v], holds everything it does to
+every sample. Each catalog row is turned into its surrogate by `build_surrogate` and weighted
+per sequence by its aggregation (1, or 1/L_n for a per-sequence token-mean); when the user's
+g equals c * g_row for some c > 0 on every real position of every sample (relative error below
+the tolerance), the term *is* that configuration on this batch, with no sampling noise. Rows
+that agree per sample (k2 loss, k1+/k3+, same-token k1 reward ...) form one class; the first
+in catalog order names it. A sum and a constant or batch-wide divisor differ only by scale on
+one batch, so `aggregation` says which of those the caller knows applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from klaudit.audit.batch import Batch
+from klaudit.audit.exact import relerr
+from klaudit.audit.surrogates import build_surrogate
+from klaudit.catalog import CATALOG, Aggregation, Config, Position, Row, Sampling, classify
+
+MATCH_RTOL_FLOAT64 = 1e-6
+MATCH_RTOL_FLOAT32 = 1e-4  # a term computed in float32 (e.g. `.float()` inside it) carries ~1e-7 rounding
+
+
+@dataclass(frozen=True)
+class Match:
+    """The catalog configuration a term's per-sample gradient equals, up to the factor `scale` > 0."""
+
+    config: Config
+    row: Row
+    scale: float
+    relative_error: float
+
+    @property
+    def label(self) -> str:
+        """The row's label, with the aggregation spelled out when the row does not say it."""
+        label = self.row.label
+        if self.config.aggregation is Aggregation.SEQ_MEAN and "token-mean" not in label:
+            label += ", per-sequence token-mean"
+        elif self.config.aggregation is Aggregation.BATCH_MEAN and "batch" not in label:
+            label += ", token-mean over the batch"
+        if self.config.sampling is Sampling.OFF_POLICY and "off-policy" not in label:
+            label = "off-policy " + label + ", no importance weights"
+        return label
+
+
+def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
+               old_logprobs: Optional[torch.Tensor] = None) -> Batch:
+    """A Batch whose `logits` is a fresh leaf with gradient and whose log-probs are computed from it."""
+    leaf = logits.detach().clone().requires_grad_(True)
+
+    def token_logprobs(values: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(values, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+    return Batch(
+        logprobs=token_logprobs(leaf),
+        ref_logprobs=token_logprobs(ref_logits.detach()),
+        mask=mask.detach().to(leaf.dtype),
+        logits=leaf,
+        ref_logits=ref_logits.detach(),
+        old_logprobs=None if old_logprobs is None else old_logprobs.detach(),
+    )
+
+
+def logits_gradient(objective: Callable[[Batch], torch.Tensor], batch_factory: Callable[[], Batch]) -> torch.Tensor:
+    """d objective(batch) / d logits [N, T, V] in float64, zero at padding positions."""
+    batch = batch_factory()
+    value = objective(batch)
+    if not value.requires_grad:
+        return torch.zeros_like(batch.logits, dtype=torch.float64)
+    (gradient,) = torch.autograd.grad(value, batch.logits, allow_unused=True)
+    if gradient is None:
+        return torch.zeros_like(batch.logits, dtype=torch.float64)
+    return gradient.to(torch.float64) * batch.mask.to(torch.float64).unsqueeze(-1)
+
+
+def candidate_configs(off_policy: bool) -> list[Config]:
+    """Catalog configurations a term on this batch can be, each also with per-sequence 1/L weights."""
+    configs: list[Config] = []
+    for row in CATALOG:
+        config = row.config
+        if config is None or config.aggregation not in (Aggregation.SUM, Aggregation.SEQ_MEAN):
+            continue  # divide-by-constant and batch token-mean are a sum up to scale on one batch
+        if off_policy:
+            if config.position is Position.SEQUENCE:
+                continue
+            if config.sampling is Sampling.ON_POLICY:
+                config = dataclasses.replace(config, sampling=Sampling.OFF_POLICY)
+        elif config.sampling is not Sampling.ON_POLICY:
+            continue
+        for aggregation in (Aggregation.SUM, Aggregation.SEQ_MEAN):
+            candidate = dataclasses.replace(config, aggregation=aggregation)
+            if candidate not in configs:
+                configs.append(candidate)
+    return configs
+
+
+class Fingerprinter:
+    """The catalog's per-sample gradients on one batch, computed once and matched against many terms."""
+
+    def __init__(self, batch_factory: Callable[[], Batch], *, off_policy: bool = False):
+        self.batch_factory = batch_factory
+        self.off_policy = off_policy
+        self._gradients: list[tuple[Config, torch.Tensor]] = []
+        for config in candidate_configs(off_policy):
+            surrogate = build_surrogate(config)
+            per_length = config.aggregation is Aggregation.SEQ_MEAN
+
+            def weighted(batch: Batch, surrogate=surrogate, per_length=per_length) -> torch.Tensor:
+                values = surrogate(batch)
+                return (values / batch.lengths).sum() if per_length else values.sum()
+
+            self._gradients.append((config, logits_gradient(weighted, batch_factory)))
+
+    def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,
+                 aggregation: Aggregation = Aggregation.SUM) -> Optional[Match]:
+        """The first catalog configuration whose per-sample gradient is a positive multiple of the term's.
+
+        `aggregation` names the unit-weight class (SUM unless the caller knows the term divides by a
+        constant or by the batch's token count).
+        """
+        user = logits_gradient(objective, self.batch_factory)
+        if not bool(user.any()):
+            return None
+        flat = user.flatten()
+        for config, gradient in self._gradients:
+            reference = gradient.flatten()
+            squared = torch.dot(reference, reference).item()
+            if squared == 0.0:
+                continue
+            scale = torch.dot(flat, reference).item() / squared
+            if scale <= 0.0:
+                continue
+            error = relerr(flat, scale * reference)
+            if error < rtol:
+                if config.aggregation is Aggregation.SUM:
+                    config = dataclasses.replace(config, aggregation=aggregation)
+                return Match(config, classify(config), scale, error)
+        return None
+
+
+def sample_rows(probabilities: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """`size` row indices drawn i.i.d. from `probabilities` [N] (seeded)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.multinomial(probabilities.detach().to(torch.float64).cpu(), size, replacement=True,
+                             generator=generator)
+
+
+def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device: str = "cpu",
+                     seed: int = 0) -> Callable[[], Batch]:
+    """A fingerprint batch from a causal LM on local disk: sampled responses, its logits, a reference.
+
+    The reference logits are the model's plus seeded N(0, 1) noise: the fingerprint is an identity
+    per sample, true for any reference, so no second model is needed.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)
+    model.eval()
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    start = model.config.bos_token_id if model.config.bos_token_id is not None else 0
+    tokens = torch.full((size, 1), int(start), dtype=torch.long, device=device)
+    with torch.no_grad():
+        for _ in range(horizon):
+            logits = model(input_ids=tokens).logits[:, -1, :].to(torch.float64).cpu()
+            next_tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).to(device)
+            tokens = torch.cat([tokens, next_tokens], dim=1)
+        logits = model(input_ids=tokens[:, :-1]).logits.to(torch.float64)
+    response = tokens[:, 1:]
+    noise = torch.randn(logits.shape, generator=generator, dtype=torch.float64).to(device)
+    ref_logits = logits + noise
+    lengths = torch.randint(horizon // 2, horizon + 1, (size,), generator=generator)
+    mask = (torch.arange(horizon).unsqueeze(0) < lengths.unsqueeze(-1)).to(torch.float64).to(device)
+    return lambda: leaf_batch(response, mask, logits, ref_logits)

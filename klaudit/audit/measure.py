@@ -1,0 +1,363 @@
+"""Audit one KL callable in this process: exact expected gradient and per-batch fingerprint.
+
+For each switch value (mode) and placement the user's term becomes a per-sequence surrogate S:
+
+    loss:   S = sum_t f_t m_t   (per-token result, token-sum applied here), f ([B] result), or
+            the scalar f evaluated on each sequence alone, for a callable that aggregates itself;
+    reward: S = sum_t logp_t m_t sg(sum_{u>=t} f_u m_u)   (reward-to-go; a [B] result is the
+            whole-sequence return on every token).
+
+The exact audit enumerates every response of tabular policies (3 seeds) and of a tiny GPT-2,
+each placed at KL_seq = 1 nat from its reference, and compares E[grad] with the targets of
+kl-math.md section 1; the fingerprint names the configuration on one sampled batch. Both are
+reported per row; `unbiased` holds when E[grad] is a positive multiple of REV on every policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+
+from klaudit.audit.batch import Batch
+from klaudit.audit.bind import Binding
+from klaudit.audit.exact import ExactProblem, cosine, positive_multiple, relerr
+from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, leaf_batch,
+                                       logits_gradient, sample_rows)
+from klaudit.audit.report import ResultRow
+from klaudit.catalog import FIX_K1_LOSS, Aggregation, Objective, Target
+
+AUDIT_KL = 1.0  # nats between policy and reference: far enough that biased terms show (kl-math.md 12.2)
+AUDIT_KL_RTOL = 0.02  # "about 1 nat": a tighter bisection only costs time (seconds on the transformer)
+TABULAR_PROBLEMS = 3
+DEGENERATE_COS_GAP = 1e-3
+STALENESS = 0.3  # scale of the perturbation that makes the behaviour policy of off-policy audits
+FINGERPRINT_BATCH = 16
+STRESS = 8.0  # scale of the reference noise on half the fingerprint batch (log-ratios beyond +-20)
+_MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.LEN)
+_ZERO_RTOL_FLOAT64 = 1e-9
+_ZERO_RTOL_FLOAT32 = 1e-5
+
+
+class TermError(ValueError):
+    """The user's callable failed or returned something unusable; the message says what and where."""
+
+
+class ModeNotImplemented(Exception):
+    """The callable raised NotImplementedError for this switch value."""
+
+
+@dataclass
+class Problem:
+    """An enumerable policy/reference pair with its reference gradients."""
+
+    name: str
+    exact: ExactProblem
+    targets: Mapping[Target, torch.Tensor]
+    kl: float
+
+
+def _distinguishes(targets: Mapping[Target, torch.Tensor]) -> bool:
+    """False when two targets are (anti-)parallel, so that matching could not tell them apart.
+
+    A policy placed far out along a saturating direction turns almost deterministic, and then every
+    gradient points the same way; such a policy is skipped.
+    """
+    names = list(_MATCH_ORDER)
+    return all(abs(cosine(targets[a], targets[b])) < 1 - DEGENERATE_COS_GAP
+               for i, a in enumerate(names) for b in names[i + 1:])
+
+
+def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS,
+                      transformer: bool = True) -> list[Problem]:
+    """`count` tabular policies (V=4 with EOS, T=4; seeds 0, 1, ... skipping degenerate ones) and a
+    tiny GPT-2, each at KL_seq = 1 nat from its reference."""
+    from klaudit.audit.policies import TabularPolicy, TinyCausalLM, perturbed, place_at_kl
+
+    def problem(name: str, reference, seed: int) -> Problem:
+        policy = place_at_kl(reference, AUDIT_KL, seed=seed, rtol=AUDIT_KL_RTOL)
+        old = perturbed(policy, STALENESS, seed=seed + 7) if off_policy else None
+        exact = ExactProblem(policy, reference, old)
+        return Problem(name, exact, exact.targets(), exact.kl_seq())
+
+    problems: list[Problem] = []
+    seed = 0
+    while len(problems) < count:
+        candidate = problem(f"tabular seed {seed}", TabularPolicy.random(4, 4, eos=True, seed=seed), seed)
+        if _distinguishes(candidate.targets):
+            problems.append(candidate)
+        seed += 1
+        if seed > 10 * count:
+            raise RuntimeError("no non-degenerate tabular policy found at KL_seq = 1 nat")
+    if transformer:
+        problems.append(problem("tiny transformer", TinyCausalLM(4, 4, seed=0), 0))
+    return problems
+
+
+def _row_of(batch: Batch, index: int) -> Batch:
+    def pick(tensor):
+        return None if tensor is None else tensor[index:index + 1]
+
+    return Batch(pick(batch.logprobs), pick(batch.ref_logprobs), pick(batch.mask), pick(batch.logits),
+                 pick(batch.ref_logits), pick(batch.old_logprobs))
+
+
+class Term:
+    """The user's callable with its binding and one switch value, called on a Batch."""
+
+    def __init__(self, fn: Callable, binding: Binding, mode: Mapping[str, str], name: str):
+        self.fn = fn
+        self.binding = binding
+        self.mode = dict(mode)
+        self.name = name
+        self.dtype = torch.float64
+
+    def where(self) -> str:
+        mode = ", ".join(f"{key}={value!r}" for key, value in self.mode.items())
+        return f"{self.name}({mode})" if mode else self.name
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        """The result as a tensor [B, T], [B] or [], checked for type, shape and finiteness."""
+        args, kwargs = self.binding.arguments_for(batch, self.mode)
+        try:
+            result = self.fn(*args, **kwargs)
+        except NotImplementedError as error:
+            raise ModeNotImplemented(f"{self.where()} raised NotImplementedError: {error}") from error
+        except Exception as error:  # the user's code: every failure becomes one clear line
+            raise TermError(f"{self.where()} raised {type(error).__name__}: {error}") from error
+        if not isinstance(result, torch.Tensor) and hasattr(result, "loss"):
+            result = result.loss  # a KLTerm-like result: the differentiable part
+        if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
+            result = result[0]
+        if not isinstance(result, torch.Tensor):
+            raise TermError(f"{self.where()} returned {type(result).__name__}, not a torch.Tensor")
+        rows, horizon = batch.mask.shape
+        if tuple(result.shape) not in ((rows, horizon), (rows,), (), (1,)):
+            raise TermError(
+                f"{self.where()} returned shape {list(result.shape)}; expected per-token [{rows}, {horizon}], "
+                f"per-sequence [{rows}] or a scalar")
+        if not result.is_floating_point():
+            raise TermError(f"{self.where()} returned {result.dtype} values, not floating point")
+        if not bool(torch.isfinite(result.detach()).all()):
+            raise TermError(f"{self.where()} returned NaN or inf")
+        self.dtype = result.dtype
+        return result.reshape(()) if result.shape == (1,) else result
+
+    @property
+    def rtol(self) -> float:
+        return MATCH_RTOL_FLOAT64 if self.dtype == torch.float64 else MATCH_RTOL_FLOAT32
+
+
+def result_kind(term: Term, batch: Batch) -> str:
+    """'token', 'sequence' or 'scalar' by the shape of the result on `batch`."""
+    return {2: "token", 1: "sequence", 0: "scalar"}[term(batch).dim()]
+
+
+def _reward_to_go(values: torch.Tensor) -> torch.Tensor:
+    return values.flip(-1).cumsum(-1).flip(-1)
+
+
+def surrogate(term: Term, kind: str, placement: str, scalar_weight: Optional[str] = None):
+    """Per-sequence surrogate S(batch) [N] of the term in the placement (see the module docstring)."""
+
+    def per_sequence(batch: Batch) -> torch.Tensor:
+        if kind == "scalar":
+            values = torch.stack([term(_row_of(batch, n)) for n in range(batch.mask.shape[0])])
+            return values * batch.lengths if scalar_weight == "batch-token-mean" else values
+        values = term(batch)
+        if placement == "loss":
+            return (values * batch.mask).sum(-1) if kind == "token" else values
+        rewards = (values * batch.mask).detach() if kind == "token" else values.detach().unsqueeze(-1)
+        coefficient = _reward_to_go(rewards) if kind == "token" else rewards.expand_as(batch.mask)
+        return (batch.logprobs * batch.mask * coefficient).sum(-1)
+
+    return per_sequence
+
+
+def scalar_aggregation(term: Term, batch_factory: Callable[[], Batch]) -> str:
+    """How a scalar term combines sequences, from its gradient on a batch against each row alone.
+
+    'mean' when the batch result is c * sum_n f(row n) (a mean or sum of per-sequence values),
+    'batch-token-mean' when row n enters with weight proportional to its length L_n (a division by
+    the batch's token count), else 'other'.
+    """
+    whole = logits_gradient(term, batch_factory)
+    alone = logits_gradient(lambda b: sum(term(_row_of(b, n)) for n in range(b.mask.shape[0])), batch_factory)
+    lengths = batch_factory().lengths.to(torch.float64)
+    ratios = []
+    for n in range(whole.shape[0]):
+        own = alone[n].flatten()
+        squared = torch.dot(own, own).item()
+        if squared == 0.0:
+            continue
+        factor = torch.dot(whole[n].flatten(), own).item() / squared
+        if relerr(whole[n].flatten(), factor * own) > term.rtol:
+            return "other"
+        ratios.append((factor, lengths[n].item()))
+    if not ratios:
+        return "other"
+    factors = torch.tensor([f for f, _ in ratios])
+    per_length = torch.tensor([f / length for f, length in ratios])
+    if (factors - factors[0]).abs().max() <= term.rtol * abs(factors[0]):
+        return "mean"
+    if (per_length - per_length[0]).abs().max() <= term.rtol * abs(per_length[0]):
+        return "batch-token-mean"
+    return "other"
+
+
+def objective_of(g: torch.Tensor, targets: Mapping[Target, torch.Tensor], rtol: float, zero_rtol: float) -> Objective:
+    """The target g is a positive multiple of (relative error < rtol), ZERO, or OTHER."""
+    if torch.linalg.vector_norm(g).item() <= zero_rtol * torch.linalg.vector_norm(targets[Target.REV]).item():
+        return Objective.ZERO
+    for target in _MATCH_ORDER:
+        if positive_multiple(g, targets[target], rtol) is not None:
+            return Objective(target.value)
+    return Objective.OTHER
+
+
+def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str]) -> str:
+    if kind == "token":
+        return "token-sum per sequence (applied by klaudit)"
+    if kind == "sequence":
+        return "per-sequence values" + (", whole-sequence return" if placement == "reward" else "")
+    return {"mean": "the callable's own mean over sequences",
+            "batch-token-mean": "the callable's own token-mean over the batch",
+            }.get(scalar_weight, "the callable's own aggregation, audited per sequence")
+
+
+def _batch_factory(problem: Problem, size: int, seed: int) -> Callable[[], Batch]:
+    """One batch of `size` responses sampled from the problem's policy (behaviour policy off-policy).
+
+    The batch has at least two different lengths, so per-sequence length weights are visible, and
+    its second half has a reference far from the policy (logits + N(0, STRESS^2)), so clamps of
+    the log-ratio or of the estimate act on some tokens: the fingerprint is a per-sample identity
+    that holds for any reference, and this is what tells k3 from a clamped k3.
+    """
+    exact = problem.exact
+    with torch.no_grad():
+        full = exact.batch()
+        sampling = full.old_logprobs if full.old_logprobs is not None else full.logprobs
+        probabilities = (sampling * full.mask).sum(-1).exp()
+        for attempt in range(16):
+            rows = sample_rows(probabilities, size, seed + attempt)
+            if exact.lengths[rows].unique().numel() > 1:
+                break
+        logits, ref_logits = full.logits[rows], exact.ref_logits[rows].clone()
+        generator = torch.Generator().manual_seed(seed)
+        far = slice(size // 2, size)
+        ref_logits[far] = logits[far] + STRESS * torch.randn(ref_logits[far].shape, generator=generator,
+                                                              dtype=ref_logits.dtype).to(ref_logits.device)
+        old_logprobs = None if full.old_logprobs is None else full.old_logprobs[rows]
+    return lambda: leaf_batch(exact.tokens[rows], exact.mask[rows], logits, ref_logits, old_logprobs)
+
+
+def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Sequence[str]] = None,
+          problems: Optional[list[Problem]] = None, fingerprint_batch: Optional[Callable[[], Batch]] = None,
+          progress: Callable[[str], None] = lambda message: None) -> tuple[list[ResultRow], list[str]]:
+    """Rows for every (mode, placement) of `fn`, and notes (switch values that are not implemented).
+
+    `placements` None: a scalar result or a function named like a loss is audited as a loss, any
+    other result both as a loss and as a detached reward with reward-to-go. TermError on bad results.
+    """
+    from klaudit.lint.roles import is_loss_function
+
+    problems = problems if problems is not None else standard_problems(off_policy=binding.off_policy)
+    batch_factory = fingerprint_batch or _batch_factory(problems[0], FINGERPRINT_BATCH, seed=0)
+    fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
+    rows: list[ResultRow] = []
+    notes: list[str] = []
+    for mode in binding.modes():
+        term = Term(fn, binding, mode, name)
+        try:
+            kind = result_kind(term, batch_factory())
+        except ModeNotImplemented as skipped:
+            notes.append(f"skipped: {skipped}")
+            continue
+        _require_dependence(term, batch_factory)
+        chosen = list(placements) if placements else (
+            ["loss"] if kind == "scalar" or is_loss_function(getattr(fn, "__name__", "")) else ["loss", "reward"])
+        if kind == "scalar" and "reward" in chosen:
+            raise TermError(f"{term.where()} returns a scalar: it cannot be audited as a per-token reward")
+        scalar_weight = scalar_aggregation(term, batch_factory) if kind == "scalar" else None
+        for placement in chosen:
+            progress(f"{term.where()} as {placement}")
+            if placement == "loss" and not term(batch_factory()).requires_grad:
+                raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
+                                f"as a loss this KL term does nothing")
+            rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter, batch_factory))
+    return rows, notes
+
+
+def _require_dependence(term: Term, batch_factory: Callable[[], Batch]) -> None:
+    """TermError when the result does not change when the policy log-probs and logits change."""
+    batch = batch_factory()
+    generator = torch.Generator().manual_seed(1)
+    shifted = dataclasses.replace(
+        batch,
+        logprobs=batch.logprobs.detach() - 0.25 * torch.rand(batch.logprobs.shape, generator=generator,
+                                                            dtype=batch.logprobs.dtype),
+        logits=batch.logits.detach() + torch.randn(batch.logits.shape, generator=generator,
+                                                   dtype=batch.logits.dtype),
+    )
+    with torch.no_grad():
+        if torch.equal(term(batch).detach(), term(shifted).detach()):
+            raise TermError(f"the result of {term.where()} does not depend on the policy log-probs: "
+                            f"no gradient flows, this KL term does nothing")
+
+
+def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[str], problems: list[Problem],
+               fingerprinter: Fingerprinter, batch_factory: Callable[[], Batch]) -> ResultRow:
+    per_sequence = surrogate(term, kind, placement, scalar_weight)
+    aggregation = Aggregation.BATCH_MEAN if scalar_weight == "batch-token-mean" else Aggregation.SUM
+    off_policy = fingerprinter.off_policy
+    objectives, unbiased, first = [], True, None
+    for problem in problems:
+        gradient = problem.exact.expected_gradient(per_sequence, aggregation=aggregation, off_policy=off_policy)
+        zero_rtol = _ZERO_RTOL_FLOAT64 if term.dtype == torch.float64 else _ZERO_RTOL_FLOAT32
+        objectives.append(objective_of(gradient, problem.targets, term.rtol, zero_rtol))
+        unbiased = unbiased and positive_multiple(gradient, problem.targets[Target.REV], term.rtol) is not None
+        if first is None:
+            first = (problem, gradient)
+    problem, gradient = first
+    objective = objectives[0] if len(set(objectives)) == 1 else Objective.OTHER
+    value = problem.exact.expected_value(_value_per_sequence(term, kind, scalar_weight), off_policy=off_policy)
+
+    def user_objective(batch: Batch) -> torch.Tensor:
+        values = per_sequence(batch)
+        return values.sum()
+
+    match = fingerprinter.identify(user_objective, rtol=term.rtol, aggregation=aggregation)
+    if match is not None:
+        configuration, rule, fix = match.label, match.row.rule, match.row.fix
+        fingerprint_objective = match.row.objective.value
+    else:
+        configuration, rule, fix = "unrecognised (no catalog configuration matches per sample)", None, (
+            "" if unbiased else FIX_K1_LOSS)
+        fingerprint_objective = None
+    cos = cosine(gradient, problem.targets[Target.REV])
+    return ResultRow(
+        target=term.name, mode=dict(term.mode), placement=placement, configuration=configuration,
+        objective=objective.value, unbiased=unbiased,
+        cos_rev=None if math.isnan(cos) else cos,
+        rel_err_rev=relerr(gradient, problem.targets[Target.REV]),
+        value_bias=value - problem.kl, rule=rule, fix=fix or "",
+        aggregation=_describe_aggregation(kind, placement, scalar_weight),
+        fingerprint_objective=fingerprint_objective,
+        per_policy={p.name: o.value for p, o in zip(problems, objectives)},
+    )
+
+
+def _value_per_sequence(term: Term, kind: str, scalar_weight: Optional[str]) -> Callable[[Batch], torch.Tensor]:
+    """The term's value per sequence: token-sum, [B] values, or the scalar on each sequence alone."""
+
+    def value(batch: Batch) -> torch.Tensor:
+        if kind == "scalar":
+            values = torch.stack([term(_row_of(batch, n)) for n in range(batch.mask.shape[0])])
+            return values * batch.lengths if scalar_weight == "batch-token-mean" else values
+        values = term(batch)
+        return (values * batch.mask).sum(-1) if kind == "token" else values
+
+    return value

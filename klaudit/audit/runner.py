@@ -1,0 +1,268 @@
+"""check-grad: targets, discovery, and the isolated child process that runs the user's code.
+
+Targets: `PATH.py` (every KL function found in the file), `PATH.py::function`,
+`PATH.py::Class.method`, `package.module:function`. Discovery is static (ast plus the lint's
+naming table): a function whose parameters name the policy log-probs (or logits) and the
+reference's is a KL term. The parent never imports user code: each target is audited by
+`python -m klaudit.audit.runner REQUEST RESPONSE` with a timeout, and only JSON comes back.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from klaudit.audit.bind import BindError, Role, role_from_name
+from klaudit.audit.report import Report
+
+DEFAULT_TIMEOUT = 120.0
+
+
+class TargetError(ValueError):
+    """A target that does not name a file, module or function; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A file and a qualified name in it, or an importable module and a name in it."""
+
+    path: Optional[str] = None
+    module: Optional[str] = None
+    qualname: Optional[str] = None
+
+    def __str__(self) -> str:
+        where = self.path if self.path is not None else self.module
+        separator = "::" if self.path is not None else ":"
+        return f"{where}{separator}{self.qualname}" if self.qualname else str(where)
+
+
+def parse_target(text: str) -> Target:
+    """`a.py`, `a.py::f`, `a.py::C.m` or `pkg.mod:f` as a Target (files must exist)."""
+    if "::" in text or text.endswith(".py"):
+        path, _, qualname = text.partition("::")
+        if not os.path.isfile(path):
+            raise TargetError(f"{path}: no such file")
+        if "::" in text and not qualname:
+            raise TargetError(f"{text}: give a function after '::' (PATH.py::function)")
+        return Target(path=path, qualname=qualname or None)
+    module, sep, qualname = text.partition(":")
+    if not sep or not module or not qualname:
+        raise TargetError(f"{text!r} is not PATH.py, PATH.py::function, PATH.py::Class.method or "
+                          f"package.module:function")
+    return Target(module=module, qualname=qualname)
+
+
+def _is_kl_signature(arguments: ast.arguments) -> bool:
+    roles = {role_from_name(a.arg) for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
+    policy = Role.LOGPROBS in roles or Role.LOGITS in roles
+    reference = Role.REF_LOGPROBS in roles or Role.REF_LOGITS in roles
+    return policy and reference
+
+
+def discover(path: str) -> list[Target]:
+    """The KL functions of a file: top-level functions and methods taking policy and reference log-probs."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    except (OSError, UnicodeDecodeError) as error:
+        raise TargetError(f"{path}: cannot read: {error}") from None
+    except SyntaxError as error:
+        raise TargetError(f"{path}:{error.lineno}: syntax error: {error.msg}") from None
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_kl_signature(node.args):
+            found.append(Target(path=path, qualname=node.name))
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_kl_signature(item.args):
+                    found.append(Target(path=path, qualname=f"{node.name}.{item.name}"))
+    return found
+
+
+# ----- in the child: load and audit -----
+
+
+def _import_file(path: str):
+    """Import a .py file; inside a package it is imported by its dotted name so relative imports work."""
+    file = Path(path).resolve()
+    parts = [file.stem]
+    directory = file.parent
+    while (directory / "__init__.py").is_file():
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    sys.path.insert(0, str(directory))
+    if len(parts) > 1:
+        return importlib.import_module(".".join(parts))
+    spec = importlib.util.spec_from_file_location(f"_klaudit_target_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(target: Target) -> Callable:
+    """The callable a target names (imports user code: call only in the child or the Python API)."""
+    try:
+        if target.path is not None:
+            module = _import_file(target.path)
+        else:
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(target.module)
+    except Exception as error:
+        raise TargetError(f"{target}: import failed: {type(error).__name__}: {error}") from error
+    obj = module
+    for part in target.qualname.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"{target}: {part!r} not found in {getattr(obj, '__name__', obj)}")
+        owner, obj = obj, getattr(obj, part)
+    if isinstance(owner, type) and callable(obj) and not isinstance(owner.__dict__.get(obj.__name__),
+                                                                    (staticmethod, classmethod)):
+        obj = getattr(owner.__new__(owner), obj.__name__)  # a bare instance: __init__ is not run
+    if not callable(obj):
+        raise TargetError(f"{target}: {target.qualname} is not callable")
+    return obj
+
+
+def audit_target(target: Target, *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
+                 model_dir: Optional[str] = None, device: str = "cpu",
+                 progress: Callable[[str], None] = lambda message: None) -> Report:
+    """Load, bind and audit one target in this process; every failure becomes one error line."""
+    from klaudit.audit.bind import bind, switch_literals
+    from klaudit.audit.measure import ModeNotImplemented, TermError, audit
+
+    try:
+        fn = load(target)
+        binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
+        fingerprint = None
+        if model_dir is not None:
+            from klaudit.audit.fingerprint import batch_from_model
+            fingerprint = batch_from_model(model_dir, device=device)
+        rows, notes = audit(fn, binding, name=str(target), placements=placements, fingerprint_batch=fingerprint,
+                            progress=progress)
+        return Report(rows, [], notes)
+    except (TargetError, BindError, TermError, ModeNotImplemented) as error:
+        message = f"{target}: {error}" if isinstance(error, BindError) else str(error)
+        return Report([], [_one_line(message)], [], [traceback.format_exc()])
+    except Exception as error:  # user code can fail anywhere (e.g. inside torch); report, don't crash
+        return Report([], [_one_line(f"{target}: {type(error).__name__}: {error}")], [], [traceback.format_exc()])
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _child(request_path: str, response_path: str) -> int:
+    """Entry point of the child process: read the request, audit, write the report as JSON."""
+    request = json.loads(Path(request_path).read_text())
+    overrides = {name: Role(role) for name, role in request["overrides"].items()}
+    report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
+                          model_dir=request["model_dir"], device=request["device"],
+                          progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True))
+    Path(response_path).write_text(json.dumps(report.to_dict()))
+    return 0
+
+
+# ----- in the parent -----
+
+
+class _Progress:
+    """A one-line status on stderr, shown only on a terminal and only once a run exceeds a second."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.message = ""
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if enabled else None
+        if self._thread:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            elapsed = time.monotonic() - self.started
+            if elapsed > 1.0:
+                sys.stderr.write(f"\r\033[Kchecking {self.message} ({elapsed:.0f} s)")
+                sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._thread:
+            self._stop.set()
+            self._thread.join()
+            if time.monotonic() - self.started > 1.0:
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
+
+
+def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
+                 model_dir: Optional[str], device: str, progress: _Progress) -> Report:
+    """Audit one target in a child process; a timeout, crash or garbage output is an error line."""
+    with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch:
+        request_path, response_path = Path(scratch, "request.json"), Path(scratch, "response.json")
+        request_path.write_text(json.dumps({
+            "target": {"path": target.path, "module": target.module, "qualname": target.qualname},
+            "overrides": {name: role.value for name, role in overrides.items()},
+            "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
+        }))
+        progress.message = str(target)
+        command = [sys.executable, "-m", "klaudit.audit.runner", str(request_path), str(response_path)]
+        try:
+            completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                       timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Report([], [f"{target}: timed out after {timeout:g} s (raise it with --timeout)"])
+        if not response_path.is_file():
+            detail = completed.stderr.strip().splitlines()[-1:] if completed.stderr.strip() else []
+            message = f"{target}: the audit process exited with code {completed.returncode}"
+            report = Report([], [message + (f": {detail[0]}" if detail else "")])
+            report.details.append(completed.stderr)
+            return report
+        return Report.from_dict(json.loads(response_path.read_text()))
+
+
+def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
+        timeout: float = DEFAULT_TIMEOUT, model_dir: Optional[str] = None, device: str = "cpu",
+        show_progress: bool = False) -> Report:
+    """Audit every target in turn (files expanded by discovery) and merge the reports."""
+    report = Report()
+    resolved: list[Target] = []
+    for text in targets:
+        try:
+            target = parse_target(text)
+        except TargetError as error:
+            report.errors.append(str(error))
+            continue
+        if target.path is not None and target.qualname is None:
+            try:
+                found = discover(target.path)
+            except TargetError as error:
+                report.errors.append(str(error))
+                continue
+            if not found:
+                report.errors.append(f"{target.path}: no KL function found (a function taking the policy and "
+                                     f"reference log-probs); name one with PATH.py::function")
+            resolved += found
+        else:
+            resolved.append(target)
+    progress = _Progress(show_progress)
+    try:
+        for target in resolved:
+            report.extend(run_isolated(target, overrides=overrides or {}, placements=placements, timeout=timeout,
+                                       model_dir=model_dir, device=device, progress=progress))
+    finally:
+        progress.close()
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1], sys.argv[2]))
