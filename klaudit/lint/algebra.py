@@ -211,20 +211,24 @@ def accumulate(poly: Poly, acc: str) -> Poly:
 
 # ---- recognising estimators -------------------------------------------------------------
 
-# Each estimator's value, as a polynomial in d (atoms given by kind), up to a positive scale.
+# Each estimator's value, as a polynomial in d (atoms given by kind), up to a positive scale and an
+# additive constant: a constant never changes a gradient (pathwise it has none; as a reward it
+# multiplies a zero-mean score), so k3 = r - 1 + d is matched as r + d, whatever else is added.
 _FORMS = {
     Estimator.K1: {(DELTA,): 1.0},
     Estimator.K2: {(DELTA, DELTA): 1.0},
-    Estimator.K3: {(RATIO,): 1.0, (): -1.0, (DELTA,): 1.0},
+    Estimator.K3: {(RATIO,): 1.0, (DELTA,): 1.0},
     Estimator.ABS: {(ABS,): 1.0},
     Estimator.FULL: {(FULL,): 1.0},
 }
 
 
 def _shape(terms: Iterable) -> dict:
-    """Drop grad and accumulation: monomials keyed by atom kinds only."""
+    """Drop grad, accumulation and the constant: monomials keyed by atom kinds only."""
     out: dict = {}
     for mono, coef in terms:
+        if not mono:
+            continue
         key = tuple(sorted(a.kind for a in mono))
         out[key] = out.get(key, 0.0) + coef
     return {k: v for k, v in out.items() if abs(v) > 1e-12}
@@ -357,6 +361,9 @@ def terms_of(poly: Poly, sink: str) -> list:
             term = _loss_term(factor) if differentiable else None
         elif key[0] == POLICY:
             term = None if differentiable else _reward_term(factor)
+        elif key[1] and not differentiable:
+            # exp(logp - sg logp) or a differentiable ratio times a detached KL: a REINFORCE term
+            term = _reward_term(factor, "score" if key[0] == SCORE else "is")
         elif key[1]:
             weighted = "score" if key[0] == SCORE else "is"
             loss = _loss_term(factor, weighted)

@@ -10,14 +10,14 @@ first statement that stores the term into a loss or reward.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.catalog import Aggregation, Config, Estimator, Position, Returns, Sampling, classify
+from klaudit.catalog import CLAMPED, Aggregation, Config, Estimator, Position, Returns, Sampling, classify
 from klaudit.lint import algebra as alg
 from klaudit.lint.findings import Finding
 from klaudit.lint.flow import Analyzer, Fact, Sink
@@ -35,16 +35,46 @@ def check_module(path: str, module: cst.Module, project) -> list:
     candidates = []
     for index, (func, cls) in enumerate(_functions(module)):
         outcome = analyzer.analyse(mod, func, cls)
-        for sink in outcome.sinks:
-            for fact in sink.facts:
-                config = config_of(fact, sink.kind)
-                if config is None:
-                    continue
-                row = classify(config)
-                if row.rule is None:
-                    continue
-                candidates.append(_Candidate(config, row, fact, sink, index))
+        found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
+                 if (config := config_of(fact, sink.kind)) is not None]
+        for sink, fact, config in _paired(found):
+            candidates.append(_Candidate(config, verdict(config, fact.clamped), fact, sink, index))
     return _report(path, module, analyzer, candidates)
+
+
+def verdict(config: Config, clamped: bool):
+    """The catalog row for `config`; a clamped estimate in an otherwise correct configuration is KL010."""
+    row = classify(config)
+    if row.config is None and config.returns is Returns.SEQUENCE:
+        # For a detached reward, the whole-sequence return and the reward-to-go have the same
+        # expectation (the earlier tokens' terms multiply a zero-mean score).
+        row = classify(replace(config, returns=Returns.TO_GO))
+    if row.rule is None and clamped:
+        return CLAMPED
+    return row
+
+
+def _paired(found: list) -> list:
+    """A KL loss and a KL reward of the same training step are one configuration (reported on the loss)."""
+    losses = [item for item in found if item[2].reward is None and item[2].loss is not None]
+    rewards = [item for item in found if item[2].loss is None and item[2].reward is not None]
+    if not losses or not rewards:
+        return found
+    out = [item for item in found if item not in losses and item not in rewards]
+    for sink, fact, config in losses:
+        partners = [r for r in rewards if _compatible_labels(r[1].labels, fact.labels) and r[1].origin is not fact.origin]
+        if not partners:
+            out.append((sink, fact, config))
+            continue
+        for _, reward_fact, reward_config in partners:
+            combined = replace(config, reward=reward_config.reward, returns=reward_config.returns)
+            out.append((sink, replace(fact, clamped=fact.clamped or reward_fact.clamped), combined))
+    return out
+
+
+def _compatible_labels(a: tuple, b: tuple) -> bool:
+    picked = dict(a)
+    return all(name not in picked or picked[name] == values for name, values in b)
 
 
 def _functions(module: cst.Module):
@@ -160,13 +190,25 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         groups.setdefault((id(origin), values), []).append(cand)
     findings = set()
     for group in groups.values():
-        best = min(group, key=lambda c: (c.fact.calls, c.function))
+        best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
         same_function = [c for c in group if c.function == best.function]
         final = max(same_function, key=lambda c: c.sink.order)
-        entry = positions.of(module, best.fact.entry) or positions.of(module, best.sink.node)
+        config, row = best.config, best.row
+        flagged = [c for c in group if c.row.rule is not None]
+        if row.rule is None and flagged:
+            # a later use shows more (importance ratios, stale samples): its verdict counts
+            downstream = max(flagged, key=lambda c: (c.fact.calls, c.function, c.sink.order))
+            config, row = downstream.config, downstream.row
+        if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
+            # how the per-token term is aggregated shows only where the loss is reduced
+            config = replace(config, aggregation=final.config.aggregation)
+            row = verdict(config, best.fact.clamped)
+        if best.fact.entry is not None:
+            entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
+        else:
+            entry = positions.of(module, best.sink.node)
         if entry is None:
             continue
-        config, row = final.config, final.row
         if row.rule is None:
             continue
         message = f"{describe(config)}: {row.explanation}"

@@ -202,6 +202,8 @@ class Analyzer:
         finally:
             self._stack.pop()
         returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
+        if _decorated_no_grad(func):
+            returns = _as_rollout_data(returns)
         sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node) for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])
         self._summaries[key] = result
@@ -324,13 +326,12 @@ class FunctionRun:
             reverse = isinstance(stmt, cst.For) and "reversed" in _dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
             if isinstance(stmt, cst.For):
                 self.assign_target(stmt.target, ())
-            before = dict(self.env)
-            for _ in range(2):
+            for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if reverse:
                     self.reverse_loop.add(id(stmt))
                 self.block(stmt.body)
                 self.reverse_loop.discard(id(stmt))
-            self.env = _join(before, self.env)
+            # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
         elif isinstance(stmt, cst.With):
@@ -450,7 +451,7 @@ class FunctionRun:
 
     def small(self, small: cst.CSTNode) -> None:
         if isinstance(small, cst.Assign):
-            value = self.expr(small.value)
+            value = self.loop_carried(small) or self.expr(small.value)
             for target in small.targets:
                 self.assign_target(target.target, value, small, rhs=small.value)
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
@@ -470,6 +471,20 @@ class FunctionRun:
             if self.loss_function:
                 self.sink("loss", _loss_part(value), small)
 
+    def loop_carried(self, small: cst.Assign) -> tuple:
+        """`running = r[:, t] + gamma * running` in a reversed loop: the reward-to-go of this step's terms."""
+        if not self.reverse_loop or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+            return ()
+        name = small.targets[0].target.value
+        if not _mentions(small.value, name):
+            return ()
+        saved = self.env.get(name)
+        self.env[name] = ()
+        value = self.expr(small.value)
+        if saved is not None:
+            self.env[name] = saved
+        return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
+
     def assign_target(self, target: cst.CSTNode, value: tuple, node=None, rhs=None, augmented=False) -> None:
         if isinstance(target, (cst.Tuple, cst.List)):
             parts = [f for f in value if f.role == "tuple"]
@@ -488,8 +503,6 @@ class FunctionRun:
         if self.labels:
             value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
                           if _compatible(f.labels, self.labels))
-        if self.reverse_loop and rhs is not None and name and _mentions(rhs, name):
-            value = tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
         if isinstance(target, cst.Name) and rhs is not None:
             value = _rename_logprobs(value, name)
         kind = roles.sink_of_name(name) if name else None
@@ -597,9 +610,12 @@ class FunctionRun:
         parts = [f for f in base if f.role == "tuple"]
         if not parts or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return None
-        idx = _int(node.slice[0].slice.value)
+        index_node = node.slice[0].slice.value
+        idx = _int(index_node)
         if idx is None:
-            return tuple(f for part in parts for item in part.items for f in item)
+            name = _last_name(index_node)
+            return tuple(replace(f, labels=_merge_labels(f.labels, ((name, (i,)),)))
+                         for part in parts for i, item in enumerate(part.items) for f in item)
         return tuple(f for part in parts if -len(part.items) <= idx < len(part.items) for f in part.items[idx])
 
     def e_Tuple(self, node: cst.Tuple) -> tuple:
@@ -621,22 +637,23 @@ class FunctionRun:
             return self.expr(node.body)
         if decided is False:
             return self.expr(node.orelse)
-        body = self.expr(node.body)
+        body = _operands(self.expr(node.body))
         if label is not None:
             body = tuple(replace(f, labels=_merge_labels(f.labels, (label,))) for f in body)
-        return tuple(dict.fromkeys(body + self.expr(node.orelse)))
+        return tuple(dict.fromkeys(body + _operands(self.expr(node.orelse))))
 
     def e_UnaryOperation(self, node: cst.UnaryOperation) -> tuple:
         value = self.expr(node.expression)
         if isinstance(node.operator, cst.Minus):
-            if not value:
-                return NEG
             out = []
-            for f in value:
+            for f in _operands(value):
                 if f.role == "neg":
-                    continue
-                out.append(replace(f, poly=alg.scale(f.poly, -1.0)) if f.poly is not None else f)
-            return tuple(out)
+                    out.append(_UNKNOWN)
+                elif f.poly is not None:
+                    out.append(replace(f, poly=alg.scale(f.poly, -1.0)))
+                else:
+                    out.append(NEG[0])
+            return tuple(dict.fromkeys(out))
         if isinstance(node.operator, cst.Not) or isinstance(node.operator, cst.BitInvert):
             return tuple(f for f in value if f.role == "mask")
         return value
@@ -671,40 +688,41 @@ class FunctionRun:
         counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
         if counts:
             return counts  # a token count plus an epsilon is still the count
-        lt = [f for f in left if f.role == "tensor" and f.poly is not None]
-        rt = [f for f in right if f.role == "tensor" and f.poly is not None]
-        if not lt and not rt:
-            return ()
-        if not lt or not rt:
-            # A KL term plus an unknown operand (another loss term, a score): the KL term goes on.
-            return tuple(lt or [replace(f, poly=alg.scale(f.poly, sign)) for f in rt])
         out = []
-        for a in lt:
-            for b in rt:
-                if not _compatible(a.labels, b.labels):
-                    continue
-                poly = alg.add(a.poly, b.poly, sign)
-                merged = _combine(a, b, poly, node, self.module.path)
-                out.append(merged)
+        for a in _operands(left):
+            for b in _operands(right):
+                a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
+                if a_tensor and b_tensor:
+                    if not _compatible(a.labels, b.labels):
+                        continue
+                    if (a.aggregation is None) != (b.aggregation is None) and a.is_kl() and b.is_kl():
+                        # a per-token term minus a batch statistic of it (a baseline): the term goes on
+                        out.append(a if a.aggregation is None else replace(b, poly=alg.scale(b.poly, sign)))
+                        continue
+                    out.append(_combine(a, b, alg.add(a.poly, b.poly, sign), node, self.module.path))
+                elif a_tensor:
+                    out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
+                elif b_tensor:
+                    out.append(replace(b, poly=alg.scale(b.poly, sign)))
         return tuple(dict.fromkeys(out))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
-        if any(f.role == "neg" for f in left) and not right:
-            return NEG
-        if any(f.role == "neg" for f in right) and not left:
-            return NEG
-        sign = -1.0 if any(f.role == "neg" for f in left + right) else 1.0
-        lt = [f for f in left if f.role == "tensor" and f.poly is not None]
-        rt = [f for f in right if f.role == "tensor" and f.poly is not None]
-        if not lt or not rt:
-            known = lt or rt
-            return tuple(replace(f, poly=alg.scale(f.poly, sign)) for f in known)
         out = []
-        for a in lt:
-            for b in rt:
-                if not _compatible(a.labels, b.labels):
-                    continue
-                out.append(_combine(a, b, alg.mul(a.poly, b.poly), node, self.module.path))
+        negative_unknown = False
+        for a in _operands(left):
+            for b in _operands(right):
+                a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
+                if a_tensor and b_tensor:
+                    if _compatible(a.labels, b.labels):
+                        out.append(_combine(a, b, alg.mul(a.poly, b.poly), node, self.module.path, product=True))
+                elif a_tensor or b_tensor:
+                    tensor_side, other = (a, b) if a_tensor else (b, a)
+                    factor = -1.0 if other.role == "neg" else 1.0
+                    out.append(replace(tensor_side, poly=alg.scale(tensor_side.poly, factor)))
+                elif (a.role == "neg") != (b.role == "neg"):
+                    negative_unknown = True
+        if not out and negative_unknown:
+            return NEG
         return tuple(dict.fromkeys(out))
 
     def divide(self, left: tuple, right: tuple, node) -> tuple:
@@ -831,15 +849,19 @@ class FunctionRun:
             return self.divide(base, self.expr(positional[0]), node) if positional else base
         return ()
 
-    def dim(self, node) -> bool:
-        """True when a reduction's dim argument names an axis (a per-row reduction), not None."""
+    def dim(self, node) -> Optional[bool]:
+        """True for a reduction over the token axis (per row), False over everything, None over the batch axis."""
         if node is None:
             return False
+        if _int(node) == 0:
+            return None
         facts = self.expr(node)
         return any(f.role == "tensor" and f.poly is not None and f.poly.is_const() for f in facts) or (
             not facts and not isinstance(node, cst.Name))
 
-    def reduce(self, base: tuple, method: str, per_row: bool, node) -> tuple:
+    def reduce(self, base: tuple, method: str, per_row: Optional[bool], node) -> tuple:
+        if per_row is None:
+            return base  # over the batch axis: the per-sequence terms are kept
         out = []
         for f in base:
             if f.role == "mask":
@@ -892,12 +914,18 @@ class FunctionRun:
             return self.multiply(first, first, node)
         if name == "gather":
             return _gather(first)
+        if name in ("flip", "fliplr", "cumsum"):
+            return self.tensor_method("flip" if name != "cumsum" else "cumsum", first, positional[1:], keywords, node)
         if name in ("masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_aggregator", "sum_of_sample_mean"):
             return self.aggregate(name, first, positional, keywords)
         if name == "kl_div":
             return self.kl_div(positional, keywords, node)
         if name in ("float", "detach"):
             return _detach(first) if name == "detach" else first
+        if name in ("stack", "cat") and first:
+            return first
+        if name in ("max", "min", "maximum", "minimum") and len(positional) == 2:
+            return tuple(dict.fromkeys(_operands(first) + _operands(self.expr(positional[1]))))
         if name == "where" and len(positional) == 3:
             return tuple(dict.fromkeys(self.expr(positional[1]) + self.expr(positional[2])))
         if roles.LOGPROB_PRODUCERS.match(name):
@@ -928,58 +956,102 @@ class FunctionRun:
         return tuple(out)
 
     def kl_div(self, positional, keywords, node) -> tuple:
-        """F.kl_div(input, target, log_target=True) is sum target * (target - input): KL(target || input)."""
+        """F.kl_div(input, target, log_target=True) is target.exp() * (target - input): KL(target || input)."""
         if len(positional) < 2 and "target" not in keywords:
             return ()
         source = self.expr(positional[0] if positional else keywords["input"])
         target = self.expr(positional[1] if len(positional) > 1 else keywords["target"])
+        reduction = keywords.get("reduction")
+        elementwise = isinstance(reduction, cst.SimpleString) and reduction.evaluated_value == "none"
         out = []
         for t in target:
             for s in source:
                 if t.poly is None or s.poly is None:
                     continue
-                t_kinds = {a.kind for a in t.poly.atoms()}
-                s_kinds = {a.kind for a in s.poly.atoms()}
-                if t_kinds == {alg.VOCAB_POLICY} and s_kinds == {alg.VOCAB_REF}:
-                    kind = alg.FULL
-                elif t_kinds == {alg.VOCAB_REF} and s_kinds == {alg.VOCAB_POLICY}:
-                    kind = alg.FULL_FWD
-                else:
+                prob = _apply("exp", t.poly)
+                if prob is None:
                     continue
-                grad = t.poly.has_grad() or s.poly.has_grad()
-                out.append(replace(t, poly=Poly.atom(Atom(kind, grad)), origin=node, origin_path=self.module.path))
+                poly = alg.mul(prob, alg.add(t.poly, s.poly, -1.0))
+                if not elementwise:
+                    poly = _over_vocab(poly)
+                    if poly is None or not poly.terms:
+                        continue
+                fact = replace(t, poly=poly, origin=node, origin_path=self.module.path)
+                out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
 
 
 # ---- helpers ------------------------------------------------------------------------------
 
-def _combine(a: Fact, b: Fact, poly: Poly, node, path: str) -> Fact:
-    new_kl = alg.kl_atoms(poly) and poly != a.poly and poly != b.poly
+_UNKNOWN = Fact(role="unknown")
+
+
+def _operands(value: tuple) -> tuple:
+    """The alternatives of an operand; an expression the analysis cannot explain is one unknown value."""
+    return value or (_UNKNOWN,)
+
+
+def _kinds(poly: Optional[Poly]) -> frozenset:
+    return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()
+
+
+def _combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False) -> Fact:
+    """a (op) b. An estimator is formed here when a product joins two KL operands (d * d) or a sum
+    makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept."""
     first = a if a.is_kl() else b
+    both = a.is_kl() and b.is_kl()
+    if product:
+        formed = both
+    else:
+        # logp - ref forms a log-ratio; two KL terms of different origin form a combination
+        formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
+    labels = _merge_labels(a.labels, b.labels) if product or both else first.labels
+    position = a.position if a.position != Position.ALL else b.position
+    if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
+        position = Position.SEQUENCE  # an estimator of the summed log-ratio
     return replace(
         first,
         poly=poly,
-        clamped=a.clamped or b.clamped,
-        position=a.position if a.position != Position.ALL else b.position,
+        clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
+        position=position,
         aggregation=a.aggregation or b.aggregation,
-        labels=_merge_labels(a.labels, b.labels),
-        origin=node if new_kl and not (a.is_kl() and b.is_kl() and a.entry) else first.origin,
-        origin_path=path if new_kl and not (a.is_kl() and b.is_kl() and a.entry) else first.origin_path,
-        entry=a.entry or b.entry,
+        labels=labels,
+        origin=node if formed else first.origin,
+        origin_path=path if formed else first.origin_path,
+        entry=None if formed else (a.entry or b.entry),
         calls=max(a.calls, b.calls),
+        passed=a.passed or b.passed,
     )
+
+
+def _as_rollout_data(value: tuple) -> tuple:
+    """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs."""
+    out = []
+    for f in value:
+        if f.role == "tuple":
+            f = replace(f, items=tuple(_as_rollout_data(item) for item in f.items))
+        elif f.role == "tensor" and f.poly is not None and len(f.poly.terms) == 1:
+            atoms = f.poly.atoms()
+            atom = next(iter(atoms)) if len(atoms) == 1 else None
+            if atom is not None and atom.kind == alg.POLICY:
+                f = replace(f, poly=Poly.atom(Atom(alg.OLD, False, atom.acc), f.poly.terms[0][1]))
+        out.append(f)
+    return tuple(out)
 
 
 def _rename_logprobs(value: tuple, name: str) -> tuple:
     """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model))."""
     kind = roles.tensor_role(name)
-    if kind not in (alg.REF, alg.OLD):
+    renames = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
+    if kind not in renames:
         return value
     out = []
     for f in value:
         atoms = f.poly.atoms() if f.poly is not None else set()
-        if f.role == "tensor" and len(f.poly.terms) == 1 and len(atoms) == 1 and next(iter(atoms)).kind == alg.POLICY:
-            f = replace(f, poly=Poly.atom(Atom(kind, False)))
+        if f.role == "tensor" and len(f.poly.terms) == 1 and len(atoms) == 1:
+            atom = next(iter(atoms))
+            if atom.kind == renames[kind]:
+                f = replace(f, poly=Poly.atom(Atom(kind, False, atom.acc), f.poly.terms[0][1]))
         out.append(f)
     return tuple(out)
 
@@ -989,10 +1061,11 @@ def _detach(value: tuple) -> tuple:
 
 
 def _join(a: dict, b: dict) -> dict:
+    """Environments after two paths: each name holds the alternatives of both (unknown where one is)."""
     out = dict(a)
     for key, value in b.items():
         if key in out and out[key] != value:
-            out[key] = tuple(dict.fromkeys(out[key] + value))
+            out[key] = tuple(dict.fromkeys(_operands(out[key]) + _operands(value)))
         else:
             out[key] = value
     return out
@@ -1118,12 +1191,16 @@ def _over_vocab(poly: Poly) -> Optional[Poly]:
 
 
 def _gather(base: tuple) -> tuple:
+    """gather over the vocabulary picks the sampled tokens' log-probs; over a per-token KL, positions (the last)."""
     out = []
     for f in base:
         if f.poly is None:
             continue
         mapped = _per_token_from_logits({a.kind for a in f.poly.atoms()}, (f,))
-        out.extend(mapped or ())
+        if mapped:
+            out.extend(mapped)
+        elif f.is_kl():
+            out.append(replace(f, position=Position.LAST))
     return tuple(out)
 
 

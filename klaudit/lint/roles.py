@@ -49,7 +49,7 @@ _POLICY_PATTERN = re.compile(
     re.IGNORECASE,
 )
 _REF_LOGITS = re.compile(r"^(ref|reference|base|init|teacher|t)_(.*_)?logits$", re.IGNORECASE)
-_POLICY_LOGITS = re.compile(r"^((policy|student|actor|new|model|all)_)?logits$", re.IGNORECASE)
+_POLICY_LOGITS = re.compile(r"^(.*_)?logits$", re.IGNORECASE)
 _MASK = re.compile(r"mask", re.IGNORECASE)
 
 # Names of the containers rollout data is read from: reading them gives data, not graph.
@@ -106,11 +106,7 @@ LOGPROB_FORWARDS = re.compile(
 
 _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^num_|metric|stat", re.IGNORECASE)
 _LOSS = re.compile(r"loss", re.IGNORECASE)
-_REWARD = re.compile(
-    r"^(token_level_rewards|rewards?|non_score_rewards?|kl_rewards?|rewards_with_kl|"
-    r"token_rewards|shaped_rewards?|final_rewards?|reward_tensor|returns?|per_token_rewards?)$",
-    re.IGNORECASE,
-)
+_REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl|_tensor)?$", re.IGNORECASE)
 _ADVANTAGE = re.compile(r"^(advantages?|advs?|adv_.*|.*_advantages?)$", re.IGNORECASE)
 
 
@@ -123,7 +119,7 @@ def sink_of_name(name: str) -> Optional[str]:
         return "reward"
     if _ADVANTAGE.match(bare):
         return "advantage"
-    if _LOSS.search(bare) and not bare.lower().startswith(("kl", "per_token_kl")):
+    if _LOSS.search(bare):
         return "loss"
     return None
 
