@@ -401,6 +401,9 @@ _GENERIC_LENGTH = _row("21", "KL term divided by each sequence's length", None, 
                        "1/L weights change the expected direction whenever lengths vary", FIX_AGGREGATION)
 _GENERIC_OTHER = _row("-", "unrecognised combination of KL loss and reward", None, Objective.OTHER, "KL009",
                       "this combination of KL loss and reward matches no unbiased configuration", FIX_K1_LOSS)
+CLAMPED = _row("KL010", "clamped KL estimate in an otherwise unbiased configuration", None, Objective.OTHER,
+               "KL010", "the clamp changes the estimate exactly on the tokens where pi and ref differ most, so "
+               "the expected gradient is no longer grad KL(pi || ref) there", FIX_UNCLAMPED)
 
 def _normalized(config: Config) -> Config:
     """The returns mode only matters when there is a reward; drop it otherwise."""
