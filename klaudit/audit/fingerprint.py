@@ -22,7 +22,7 @@ import torch
 from klaudit.audit.batch import Batch
 from klaudit.audit.exact import relerr
 from klaudit.audit.surrogates import build_surrogate
-from klaudit.catalog import CATALOG, Aggregation, Config, Position, Row, Sampling, classify
+from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Row, Sampling, classify
 
 MATCH_RTOL_FLOAT64 = 1e-6
 MATCH_RTOL_FLOAT32 = 1e-4  # a term computed in float32 (e.g. `.float()` inside it) carries ~1e-7 rounding
@@ -36,6 +36,20 @@ class Match:
     row: Row
     scale: float
     relative_error: float
+
+    @property
+    def objective(self) -> Objective:
+        """The objective the exact audit must find for this configuration (kl-math.md sections 5 and 8).
+
+        A row's objective holds for its own aggregation; a token-sum row weighted by 1/L follows no
+        target, except k1 (and the summed log-ratio) whose score-only gradient becomes grad E[1/L].
+        """
+        if self.config.aggregation is not Aggregation.SEQ_MEAN or self.row.config == self.config:
+            return self.row.objective
+        zero_under_sum = classify(dataclasses.replace(self.config, aggregation=Aggregation.SUM)).objective
+        if zero_under_sum is Objective.ZERO:
+            return Objective.LEN
+        return Objective.OTHER
 
     @property
     def label(self) -> str:

@@ -36,7 +36,7 @@ TABULAR_PROBLEMS = 3
 DEGENERATE_COS_GAP = 1e-3
 STALENESS = 0.3  # scale of the perturbation that makes the behaviour policy of off-policy audits
 FINGERPRINT_BATCH = 16
-STRESS = 8.0  # scale of the reference noise on half the fingerprint batch (log-ratios beyond +-20)
+EXTREME_ROWS = 4
 _MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.LEN)
 _ZERO_RTOL_FLOAT64 = 1e-9
 _ZERO_RTOL_FLOAT32 = 1e-5
@@ -228,13 +228,13 @@ def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str
             }.get(scalar_weight, "the callable's own aggregation, audited per sequence")
 
 
-def _batch_factory(problem: Problem, size: int, seed: int) -> Callable[[], Batch]:
-    """One batch of `size` responses sampled from the problem's policy (behaviour policy off-policy).
+def fingerprint_batch(problem: Problem, size: int, seed: int) -> Callable[[], Batch]:
+    """One batch of responses of the problem's policy (behaviour policy off-policy) for the fingerprint.
 
-    The batch has at least two different lengths, so per-sequence length weights are visible, and
-    its second half has a reference far from the policy (logits + N(0, STRESS^2)), so clamps of
-    the log-ratio or of the estimate act on some tokens: the fingerprint is a per-sample identity
-    that holds for any reference, and this is what tells k3 from a clamped k3.
+    `size` responses are sampled, with at least two different lengths so that per-sequence length
+    weights are visible; EXTREME_ROWS more are the responses holding the most negative and the most
+    positive log-ratios of the whole enumeration, so that a clamp which acts anywhere in the exact
+    audit of this policy also acts on the fingerprint batch (it tells k3 from a clamped k3).
     """
     exact = problem.exact
     with torch.no_grad():
@@ -245,17 +245,17 @@ def _batch_factory(problem: Problem, size: int, seed: int) -> Callable[[], Batch
             rows = sample_rows(probabilities, size, seed + attempt)
             if exact.lengths[rows].unique().numel() > 1:
                 break
-        logits, ref_logits = full.logits[rows], exact.ref_logits[rows].clone()
-        generator = torch.Generator().manual_seed(seed)
-        far = slice(size // 2, size)
-        ref_logits[far] = logits[far] + STRESS * torch.randn(ref_logits[far].shape, generator=generator,
-                                                              dtype=ref_logits.dtype).to(ref_logits.device)
+        log_ratio = (full.logprobs - full.ref_logprobs) * full.mask
+        lowest = log_ratio.min(-1).values.argsort()[:EXTREME_ROWS // 2]
+        highest = log_ratio.max(-1).values.argsort(descending=True)[:EXTREME_ROWS // 2]
+        rows = torch.cat([rows.to(lowest.device), lowest, highest])
+        logits, ref_logits = full.logits[rows], exact.ref_logits[rows]
         old_logprobs = None if full.old_logprobs is None else full.old_logprobs[rows]
     return lambda: leaf_batch(exact.tokens[rows], exact.mask[rows], logits, ref_logits, old_logprobs)
 
 
 def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Sequence[str]] = None,
-          problems: Optional[list[Problem]] = None, fingerprint_batch: Optional[Callable[[], Batch]] = None,
+          problems: Optional[list[Problem]] = None, batch: Optional[Callable[[], Batch]] = None,
           progress: Callable[[str], None] = lambda message: None) -> tuple[list[ResultRow], list[str]]:
     """Rows for every (mode, placement) of `fn`, and notes (switch values that are not implemented).
 
@@ -264,11 +264,11 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Seq
     """
     from klaudit.lint.roles import is_loss_function
 
-    problems = problems if problems is not None else standard_problems(off_policy=binding.off_policy)
-    batch_factory = fingerprint_batch or _batch_factory(problems[0], FINGERPRINT_BATCH, seed=0)
-    fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
-    rows: list[ResultRow] = []
+    first = problems[0] if problems else standard_problems(off_policy=binding.off_policy, count=1,
+                                                            transformer=False)[0]
+    batch_factory = batch or fingerprint_batch(first, FINGERPRINT_BATCH, seed=0)
     notes: list[str] = []
+    plans = []  # every mode is checked on the cheap batch before the expensive policies are built
     for mode in binding.modes():
         term = Term(fn, binding, mode, name)
         try:
@@ -281,12 +281,16 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Seq
             ["loss"] if kind == "scalar" or is_loss_function(getattr(fn, "__name__", "")) else ["loss", "reward"])
         if kind == "scalar" and "reward" in chosen:
             raise TermError(f"{term.where()} returns a scalar: it cannot be audited as a per-token reward")
-        scalar_weight = scalar_aggregation(term, batch_factory) if kind == "scalar" else None
+        if "loss" in chosen and not term(batch_factory()).requires_grad:
+            raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
+                            f"as a loss this KL term does nothing")
+        plans.append((term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None))
+    problems = problems or standard_problems(off_policy=binding.off_policy)
+    fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
+    rows: list[ResultRow] = []
+    for term, kind, chosen, scalar_weight in plans:
         for placement in chosen:
             progress(f"{term.where()} as {placement}")
-            if placement == "loss" and not term(batch_factory()).requires_grad:
-                raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
-                                f"as a loss this KL term does nothing")
             rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter, batch_factory))
     return rows, notes
 
@@ -332,7 +336,7 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
     match = fingerprinter.identify(user_objective, rtol=term.rtol, aggregation=aggregation)
     if match is not None:
         configuration, rule, fix = match.label, match.row.rule, match.row.fix
-        fingerprint_objective = match.row.objective.value
+        fingerprint_objective = match.objective.value
     else:
         configuration, rule, fix = "unrecognised (no catalog configuration matches per sample)", None, (
             "" if unbiased else FIX_K1_LOSS)

@@ -148,7 +148,7 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
         if model_dir is not None:
             from klaudit.audit.fingerprint import batch_from_model
             fingerprint = batch_from_model(model_dir, device=device)
-        rows, notes = audit(fn, binding, name=str(target), placements=placements, fingerprint_batch=fingerprint,
+        rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
                             progress=progress)
         return Report(rows, [], notes)
     except (TargetError, BindError, TermError, ModeNotImplemented) as error:
@@ -164,6 +164,9 @@ def _one_line(message: str) -> str:
 
 def _child(request_path: str, response_path: str) -> int:
     """Entry point of the child process: read the request, audit, write the report as JSON."""
+    import torch
+
+    torch.set_num_threads(1)  # the audit's tensors are tiny: threads only contend for the CPU
     request = json.loads(Path(request_path).read_text())
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
     report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],

@@ -1,0 +1,16 @@
+"""Correct KL terms built with klaudit.estimators: k1 reward-to-go, k3 loss plus k3 reward, and
+the Rao-Blackwellized form from the logits."""
+
+from klaudit.estimators import kl_penalty
+
+
+def k1_kl_loss(logprobs, ref_logprobs, mask):
+    return kl_penalty(logprobs, ref_logprobs, mask).loss
+
+
+def k3_kl_loss(logprobs, ref_logprobs, mask):
+    return kl_penalty(logprobs, ref_logprobs, mask, estimator="k3").loss
+
+
+def rb_kl_loss(logprobs, ref_logprobs, mask, logits, ref_logits):
+    return kl_penalty(logprobs, ref_logprobs, mask, estimator="rb", logits=logits, ref_logits=ref_logits).loss.mean()
