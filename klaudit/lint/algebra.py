@@ -206,7 +206,17 @@ def detach(poly: Poly) -> Poly:
 
 
 def accumulate(poly: Poly, acc: str) -> Poly:
-    return poly.map_atoms(lambda atom: atom.accumulated(acc))
+    """Sum per-token atoms over the tokens (reward-to-go or the whole sequence).
+
+    Only first-degree per-token terms become accumulated atoms: the token-sum of a product
+    (logp * sg(d), d * d) is the aggregation of a per-token term, not a product of sums.
+    """
+    out: dict = {}
+    for mono, coef in poly.terms:
+        if len(mono) == 1 and mono[0].acc == TOKEN:
+            mono = (mono[0].accumulated(acc),)
+        out[mono] = out.get(mono, 0.0) + coef
+    return _normalize(Poly.of(out))
 
 
 # ---- recognising estimators -------------------------------------------------------------

@@ -43,6 +43,7 @@ class Fact:
     name: str = ""  # display name of a switch variable
     items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
     calls: int = 0  # function boundaries crossed
+    scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
     passed: bool = False  # handed to the function being interpreted as an argument
 
     def is_kl(self) -> bool:
@@ -456,6 +457,8 @@ class FunctionRun:
                 self.assign_target(target.target, value, small, rhs=small.value)
         elif isinstance(small, cst.AnnAssign) and small.value is not None:
             self.assign_target(small.target, self.expr(small.value), small, rhs=small.value)
+        elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Subscript):
+            self.expr(small.value)  # x[idx] += y changes some positions of x: x keeps its meaning
         elif isinstance(small, cst.AugAssign):
             op = small.operator
             current = self.expr(small.target)
@@ -695,9 +698,9 @@ class FunctionRun:
                 if a_tensor and b_tensor:
                     if not _compatible(a.labels, b.labels):
                         continue
-                    if (a.aggregation is None) != (b.aggregation is None) and a.is_kl() and b.is_kl():
+                    if a.scalar != b.scalar and a.is_kl() and b.is_kl():
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
-                        out.append(a if a.aggregation is None else replace(b, poly=alg.scale(b.poly, sign)))
+                        out.append(replace(b, poly=alg.scale(b.poly, sign)) if a.scalar else a)
                         continue
                     out.append(_combine(a, b, alg.add(a.poly, b.poly, sign), node, self.module.path))
                 elif a_tensor:
@@ -873,15 +876,16 @@ class FunctionRun:
             if vocab is not None and per_row:
                 out.append(replace(f, poly=vocab, origin=node))
                 continue
+            if per_row and f.poly.atoms() and all(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+                out.append(replace(f, scalar=True))  # already one value per sequence: a group statistic
+                continue
             if per_row:
                 poly = alg.accumulate(f.poly, alg.SEQUENCE)
-                aggregation = f.aggregation
-                if method == "mean":
-                    aggregation = Aggregation.SEQ_MEAN
+                aggregation = Aggregation.SEQ_MEAN if method == "mean" else (f.aggregation or Aggregation.SUM)
                 out.append(replace(f, poly=poly, aggregation=aggregation))
             else:
                 aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
-                out.append(replace(f, aggregation=aggregation))
+                out.append(replace(f, aggregation=aggregation, scalar=True))
         return tuple(out)
 
     def unary_math(self, fn: str, base: tuple, node) -> tuple:
@@ -952,7 +956,7 @@ class FunctionRun:
         for f in first:
             if f.role != "tensor":
                 continue
-            out.append(replace(f, aggregation=f.aggregation or aggregation))
+            out.append(replace(f, aggregation=f.aggregation or aggregation, scalar=aggregation is not Aggregation.SEQ_MEAN))
         return tuple(out)
 
     def kl_div(self, positional, keywords, node) -> tuple:
