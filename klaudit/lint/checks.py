@@ -189,7 +189,16 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         origin = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
         groups.setdefault((id(origin), values), []).append(cand)
     findings = set()
+    uses = []
     for group in groups.values():
+        if any(c.fact.calls == 0 for c in group):
+            uses.append(group)  # the function that computes the estimator also stores it: report it there
+        else:
+            by_function: dict = {}
+            for cand in group:
+                by_function.setdefault(cand.function, []).append(cand)
+            uses.extend(by_function.values())  # a helper's estimate stored by several functions
+    for group in uses:
         best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
         same_function = [c for c in group if c.function == best.function]
         final = max(same_function, key=lambda c: c.sink.order)

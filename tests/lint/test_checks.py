@@ -1,0 +1,284 @@
+"""The rules end to end on small trainer snippets: code, line, column, switch values, flows.
+
+Expected codes are the verdicts of kl-math.md section 8 for the configuration each snippet
+spells (e.g. k3 differentiated as a loss is row 3, KL002); correct configurations (rows 6, 11,
+12, 13, 15, 17, 20) must give nothing.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from klaudit.lint.checks import check_module
+from klaudit.lint.project import Project
+
+
+def lint(source: str, tmp_path: Path, name: str = "snippet.py"):
+    path = tmp_path / name
+    text = textwrap.dedent(source)
+    path.write_text(text)
+    return check_module(str(path), cst.parse_module(text), Project([tmp_path]))
+
+
+def codes(source: str, tmp_path: Path) -> list:
+    return sorted((f.line, f.code) for f in lint(source, tmp_path))
+
+
+HEADER = "import torch\nimport torch.nn.functional as F\n\n\n"
+
+
+@pytest.mark.parametrize("kl, code", [
+    ("logp - ref_logp", "KL001"),
+    ("0.5 * (logp - ref_logp) ** 2", "KL003"),
+    ("torch.exp(ref_logp - logp) - (ref_logp - logp) - 1", "KL002"),
+    ("torch.expm1(ref_logp - logp) + logp - ref_logp", "KL002"),
+    ("(logp - ref_logp).abs()", "KL009"),
+    ("torch.clamp(torch.exp(torch.clamp(ref_logp - logp, -20, 20)) - (ref_logp - logp) - 1, -10, 10)", "KL002"),
+])
+def test_each_estimator_differentiated_as_a_loss(kl, code, tmp_path):
+    source = HEADER + f"""
+def compute_loss(logp, ref_logp, mask, pg_loss, beta):
+    kl = {kl}
+    loss = pg_loss + beta * (kl * mask).sum(-1).mean()
+    return loss
+"""
+    findings = lint(source, tmp_path)
+    assert [(f.line, f.code) for f in findings] == [(8, code)]
+    assert findings[0].column == 5  # the statement that stores the term into the loss
+    assert findings[0].origin_line == 7
+    assert findings[0].fix
+
+
+@pytest.mark.parametrize("kl, code", [
+    ("torch.exp(ref_logp - logp) - (ref_logp - logp) - 1", "KL004"),
+    ("0.5 * (logp - ref_logp) ** 2", "KL004"),
+    ("(logp - ref_logp).abs()", "KL004"),
+    ("logp - ref_logp", None),
+])
+def test_each_estimator_in_the_reward(kl, code, tmp_path):
+    source = HEADER + f"""
+@torch.no_grad()
+def apply_kl_penalty(logp, ref_logp, scores, beta):
+    kl = {kl}
+    token_level_rewards = scores - beta * kl
+    return token_level_rewards
+"""
+    assert codes(source, tmp_path) == ([] if code is None else [(9, code)])
+
+
+@pytest.mark.parametrize("body", [
+    # R-B: k2 loss plus the future-only k1 return
+    """
+    d = (logp - ref_logp).detach() * mask
+    later = d.flip(-1).cumsum(-1).flip(-1) - d
+    loss = (0.5 * ((logp - ref_logp) * mask) ** 2 + logp * later).sum(-1).mean()
+    """,
+    # R-C: k3 loss plus k3 reward-to-go
+    """
+    k3 = (torch.exp(ref_logp - logp) - 1 + (logp - ref_logp)) * mask
+    loss = (k3 + logp * k3.detach().flip(-1).cumsum(-1).flip(-1)).sum(-1).mean()
+    """,
+    # R-D: Rao-Blackwellized with the exact per-step KL
+    """
+    lp = F.log_softmax(logits, dim=-1)
+    lq = F.log_softmax(ref_logits, dim=-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1) * mask
+    later = kl.detach().flip(-1).cumsum(-1).flip(-1) - kl.detach()
+    loss = (kl + logp * later).sum(-1).mean()
+    """,
+    # R-E: the sequence-level 0.5 * D^2
+    """
+    d = ((logp - ref_logp) * mask).sum(-1)
+    loss = (0.5 * d ** 2).mean()
+    """,
+    # KL computed for logging only
+    """
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    stats = {"kl": (kl * mask).sum().item()}
+    loss = pg_loss
+    """,
+])
+def test_correct_configurations_give_nothing(body, tmp_path):
+    source = HEADER + "def compute_loss(logp, ref_logp, mask, logits, ref_logits, pg_loss):\n" + textwrap.indent(
+        textwrap.dedent(body), "    ") + "    return loss\n"
+    assert codes(source, tmp_path) == []
+
+
+def test_string_switch_gives_one_finding_per_unsafe_branch_naming_the_value(tmp_path):
+    source = HEADER + """
+def kl_penalty(logprob, ref_logprob, kl_penalty):
+    if kl_penalty in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kl_penalty in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty in ("low_var_kl", "k3"):
+        kl = ref_logprob - logprob
+        return torch.exp(kl) - kl - 1
+    raise NotImplementedError(kl_penalty)
+
+
+class Actor:
+    def update(self, data):
+        log_prob = self.forward(data)
+        kld = kl_penalty(log_prob, data["ref_log_prob"], kl_penalty=self.config.kl_loss_type)
+        kl_loss = (kld * data["response_mask"]).sum(-1).mean()
+        loss = self.pg_loss(data) + kl_loss * self.config.kl_loss_coef
+        loss.backward()
+"""
+    findings = lint(source, tmp_path)
+    assert sorted((f.line, f.code) for f in findings) == [(21, "KL001"), (21, "KL002"), (21, "KL003")]
+    by_code = {f.code: f.message for f in findings}
+    assert 'kl_loss_type="low_var_kl"|"k3"' in by_code["KL002"]
+    assert 'kl_loss_type="kl"|"k1"' in by_code["KL001"]
+
+
+def test_known_switch_value_selects_one_branch(tmp_path):
+    source = HEADER + """
+def approx_kl(log_probs, log_probs_base, kl_estimator="k1"):
+    log_ratio = log_probs - log_probs_base
+    if kl_estimator == "k3":
+        log_ratio = -log_ratio
+        log_ratio = log_ratio.exp() - 1 - log_ratio
+    return log_ratio
+
+
+def train_step(log_probs, ref_log_probs, mask, actor_loss):
+    kl = approx_kl(log_probs, ref_log_probs, kl_estimator="k3")
+    kl_loss = (kl * mask).sum() / mask.sum()
+    return actor_loss + kl_loss
+"""
+    assert codes(source, tmp_path) == [(16, "KL002")]
+
+
+def test_boolean_flag_branches(tmp_path):
+    source = HEADER + """
+class Trainer:
+    def compute_kl(self, log_probs, ref_log_probs):
+        kl = log_probs - ref_log_probs
+        if self.cfg.use_kl_estimator_k3:
+            kl = torch.exp(-kl) - 1 + kl
+        return kl
+
+    def step(self, log_probs, ref_log_probs, mask, pg_loss):
+        kl_loss = (self.compute_kl(log_probs, ref_log_probs) * mask).sum(-1).mean()
+        return pg_loss + kl_loss
+"""
+    assert codes(source, tmp_path) == [(14, "KL001"), (14, "KL002")]
+
+
+def test_reward_helper_is_reported_at_the_call_site(tmp_path):
+    source = HEADER + """
+def compute_reward(r, kl_coef, kl, action_mask):
+    kl_reward = -kl_coef * kl
+    return kl_reward
+
+
+@torch.no_grad()
+def make_experience(action_log_probs, base_action_log_probs, r, action_mask, kl_coef):
+    log_ratio = -(action_log_probs - base_action_log_probs)
+    kl = log_ratio.exp() - 1 - log_ratio
+    reward = compute_reward(r, kl_coef, kl, action_mask)
+    return reward
+"""
+    assert codes(source, tmp_path) == [(15, "KL004")]
+
+
+def test_wrong_sign_last_token_and_length_normalisation(tmp_path):
+    source = HEADER + """
+@torch.no_grad()
+def bonus(logprobs, ref_logprobs, scores, coef):
+    kl = (logprobs - ref_logprobs).sum(1)
+    rewards = scores + coef * kl
+    return rewards
+
+
+@torch.no_grad()
+def last_only(logprobs, ref_logprobs, scores, coef):
+    rewards = scores - coef * (logprobs - ref_logprobs)[:, -1]
+    return rewards
+
+
+@torch.no_grad()
+def per_length(logprobs, ref_logprobs, scores, coef, mask):
+    kl = ((logprobs - ref_logprobs) * mask).sum(-1) / mask.sum(-1)
+    rewards = scores - coef * kl
+    return rewards
+"""
+    assert codes(source, tmp_path) == [(9, "KL011"), (15, "KL005"), (22, "KL007")]
+
+
+def test_loss_and_reward_of_one_step_are_one_configuration(tmp_path):
+    source = HEADER + """
+def step(logps, ref_logps, scores, mask, beta):
+    with torch.no_grad():
+        seq_kl = ((logps - ref_logps) * mask).sum(-1)
+        rewards = scores - beta * seq_kl
+    ratio = torch.exp(logps - logps.detach())
+    kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+    per_token_loss = -ratio * rewards.unsqueeze(-1) + beta * kl
+    return (per_token_loss * mask).sum(-1).mean()
+"""
+    assert codes(source, tmp_path) == [(12, "KL006")]
+
+
+def test_hard_negatives(tmp_path):
+    source = HEADER + """
+def dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta):
+    logits = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
+    loss = -F.logsigmoid(beta * logits).mean()
+    return loss
+
+
+def rejection_mask(old_log_probs, rollout_log_probs, response_mask, threshold):
+    log_ratio = rollout_log_probs - old_log_probs
+    k3 = torch.exp(log_ratio) - 1 - log_ratio
+    return response_mask * (k3 < threshold).float()
+
+
+def trust_region_loss(logp, old_logp, mask):
+    loss = (0.5 * (logp - old_logp) ** 2 * mask).sum()
+    return loss
+"""
+    assert codes(source, tmp_path) == []
+
+
+def test_imports_between_modules_of_the_linted_tree(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "estimators.py").write_text(textwrap.dedent("""
+        import torch
+
+
+        def k3(logp, ref_logp):
+            return torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    """))
+    trainer = textwrap.dedent("""
+        from pkg.estimators import k3
+        from . import estimators
+
+
+        def compute_loss(logp, ref_logp, mask):
+            loss = (k3(logp, ref_logp) * mask).sum(-1).mean()
+            return loss
+
+
+        def other_loss(logp, ref_logp, mask):
+            loss = (estimators.k3(logp, ref_logp) * mask).sum(-1).mean()
+            return loss
+    """)
+    (package / "trainer.py").write_text(trainer)
+    project = Project([tmp_path])
+    findings = check_module(str(package / "trainer.py"), cst.parse_module(trainer), project)
+    assert sorted((f.line, f.code) for f in findings) == [(7, "KL002"), (12, "KL002")]
+    assert "estimators.py:6" in findings[0].message
+
+
+def test_unparsable_import_resolves_to_nothing(tmp_path):
+    (tmp_path / "broken.py").write_text("def (:\n")
+    source = "from broken import k3\n\ndef compute_loss(logp, ref_logp):\n    loss = k3(logp, ref_logp)\n    return loss\n"
+    assert lint(source, tmp_path, "user.py") == []

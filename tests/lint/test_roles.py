@@ -1,0 +1,194 @@
+"""Roles of expressions: names, producing calls, estimator spellings, detaching, accumulation.
+
+Each expected estimator is the one the expression equals by algebra (kl-math.md section 2), e.g.
+expm1(ref - logp) - (ref - logp) = exp(-d) - 1 + d = k3; nothing here is compared with a stored
+output of the analysis itself.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from klaudit.catalog import Aggregation, Estimator, Position, Returns
+from klaudit.lint import algebra as alg
+from klaudit.lint.flow import Analyzer, FunctionRun, _param_facts, _params
+from klaudit.lint.project import Project
+from klaudit.lint.roles import might_contain_kl, sink_of_name, tensor_role
+
+
+def facts_of(body: str, name: str, params: str = "logp, ref_logp, old_logp, mask, logits, ref_logits", tmp_path=None):
+    """The facts variable `name` holds at the end of a function with `body`."""
+    source = f"import torch\nimport torch.nn.functional as F\n\ndef f({params}):\n" + textwrap.indent(
+        textwrap.dedent(body), "    ")
+    module = cst.parse_module(source)
+    analyzer = Analyzer(Project([]))
+    mod = analyzer.module("snippet.py", module)
+    func = mod.functions["f"]
+    env = {p.name.value: _param_facts(p, mod, analyzer, None) for p in _params(func)}
+    run = FunctionRun(analyzer, mod, func, None, env, record=True)
+    run.run()
+    return run.env[name]
+
+
+def estimators(facts, sink: str = "loss") -> set:
+    return {t.estimator for f in facts if f.poly is not None for t in alg.terms_of(f.poly, sink)}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("kl = logp - ref_logp", True),
+    ("x = model(inputs).log_softmax(-1)", True),
+    ("per_token_logps = selective_log_softmax(logits, ids)", True),
+    ("def add(a, b):\n    return a + b\n", False),
+    ("import os\nprint(os.getcwd())\n", False),
+])
+def test_prefilter_sees_the_vocabulary_of_kl_code(text, expected):
+    assert might_contain_kl(text) is expected
+
+
+@pytest.mark.parametrize("name, role", [
+    ("log_probs", alg.POLICY), ("per_token_logps", alg.POLICY), ("action_log_probs", alg.POLICY),
+    ("new_logprobs", alg.POLICY), ("curr_logprobs", alg.POLICY), ("logprob", alg.POLICY),
+    ("ref_log_prob", alg.REF), ("ref_per_token_logps", alg.REF), ("base_action_log_probs", alg.REF),
+    ("log_probs_base", alg.REF), ("reference_policy_logprobs", alg.REF), ("teacher_log_probs", alg.REF),
+    ("old_log_probs", alg.OLD), ("rollout_log_probs", alg.OLD), ("prev_logprobs", alg.OLD),
+    ("generation_logprobs", alg.OLD), ("vllm_logprobs", alg.OLD),
+    ("logits", alg.LOGITS), ("ref_logits", alg.REF_LOGITS), ("t_logits", alg.REF_LOGITS),
+    ("advantages", None), ("kl_coef", None), ("response_mask", None),
+])
+def test_one_table_of_names(name, role):
+    assert tensor_role(name) == role
+
+
+@pytest.mark.parametrize("name, sink", [
+    ("loss", "loss"), ("kl_loss", "loss"), ("per_token_loss", "loss"), ("token_level_rewards", "reward"),
+    ("non_score_reward", "reward"), ("rlhf_reward", "reward"), ("advantages", "advantage"),
+    ("kl_loss_coef", None), ("kl", None), ("loss_agg_mode", None),
+])
+def test_sink_names(name, sink):
+    assert sink_of_name(name) == sink
+
+
+@pytest.mark.parametrize("body", [
+    "kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1",
+    "kl = torch.expm1(ref_logp - logp) - (ref_logp - logp)",
+    "log_ratio = ref_logp - logp\nratio = torch.exp(log_ratio)\nkl = ratio - 1 - log_ratio",
+    "log_ratio = logp - ref_logp\nlog_ratio = -log_ratio\nkl = log_ratio.exp() - 1 - log_ratio",
+    "x = logp - ref_logp\nkl = torch.expm1(-x) + x",
+    "ratio = torch.exp(ref_logp - logp)\nkl = ratio - torch.log(ratio) - 1",
+])
+def test_k3_in_every_spelling(body):
+    assert estimators(facts_of(body, "kl")) == {Estimator.K3}
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("kl = logp - ref_logp", Estimator.K1),
+    ("kl = -(ref_logp - logp)", Estimator.K1),
+    ("kl = 0.5 * (logp - ref_logp) ** 2", Estimator.K2),
+    ("kl = (logp - ref_logp).square() / 2", Estimator.K2),
+    ("kl = torch.square(ref_logp - logp)", Estimator.K2),
+    ("kl = (logp - ref_logp).pow(2)", Estimator.K2),
+    ("kl = (logp - ref_logp).abs()", Estimator.ABS),
+    ("k2 = 0.5 * (logp - ref_logp).square()\nkl = k2 - k2.detach() + (logp - ref_logp).detach()", Estimator.K1_ST),
+])
+def test_other_estimators(body, expected):
+    assert estimators(facts_of(body, "kl")) == {expected}
+
+
+def test_exact_kl_over_the_vocabulary_and_its_direction():
+    body = """
+    lp = F.log_softmax(logits, dim=-1)
+    lq = F.log_softmax(ref_logits, dim=-1)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    rev = F.kl_div(lq, lp, log_target=True, reduction="none").sum(-1)
+    fwd = F.kl_div(lp, lq, log_target=True, reduction="none").sum(-1)
+    """
+    assert estimators(facts_of(body, "kl")) == {Estimator.FULL}
+    assert estimators(facts_of(body, "rev")) == {Estimator.FULL}
+    assert estimators(facts_of(body, "fwd")) == {None}  # KL(ref || pi): no catalog estimator
+
+
+def test_the_sign_of_the_log_ratio_is_kept():
+    (term,) = alg.terms_of(facts_of("kl = ref_logp - logp", "kl")[0].poly, "loss")
+    assert (term.estimator, term.sign) == (Estimator.K1, -1)
+
+
+def test_detached_no_grad_and_containers_carry_no_gradient():
+    body = """
+    a = (logp - ref_logp).detach()
+    with torch.no_grad():
+        b = logp - ref_logp
+    c = logp - ref_logp
+    """
+    assert not facts_of(body, "a")[0].poly.has_grad()
+    assert not facts_of(body, "b")[0].poly.has_grad()
+    assert facts_of(body, "c")[0].poly.has_grad()
+    from_container = facts_of('lp = data.batch["old_log_probs"]\nk = lp - ref_logp', "k", params="data, ref_logp")
+    assert not from_container[0].poly.has_grad()
+
+
+def test_old_log_probs_make_an_importance_ratio_not_a_kl():
+    facts = facts_of("ratio = torch.exp(logp - old_logp)", "ratio")
+    assert not any(f.is_kl() for f in facts)
+
+
+def test_reward_to_go_future_only_and_whole_sequence_returns():
+    body = """
+    d = (logp - ref_logp).detach() * mask
+    rtg = d.flip(-1).cumsum(-1).flip(-1)
+    future = rtg - d
+    seq = d.sum(-1)
+    a = logp * rtg
+    b = logp * future
+    """
+    (rtg_term,) = alg.terms_of(facts_of(body, "a")[0].poly, "loss")
+    assert (rtg_term.place, rtg_term.estimator, rtg_term.returns) == ("reward", Estimator.K1, Returns.TO_GO)
+    (future_term,) = alg.terms_of(facts_of(body, "b")[0].poly, "loss")
+    assert future_term.returns is Returns.FUTURE
+    (seq_term,) = alg.terms_of(facts_of(body, "seq")[0].poly, "reward")
+    assert seq_term.returns is Returns.SEQUENCE
+
+
+def test_reversed_loop_accumulates_the_reward():
+    body = """
+    rewards = -(logp - ref_logp).detach()
+    running = 0
+    for t in reversed(range(rewards.size(1))):
+        running = rewards[:, t] + running
+    """
+    (term,) = alg.terms_of(facts_of(body, "running")[0].poly, "reward")
+    assert term.returns is Returns.TO_GO
+
+
+def test_positions_and_aggregations():
+    body = """
+    d = logp - ref_logp
+    last = d[:, -1]
+    gathered = d.gather(1, lengths - 1)
+    seq_mean = (d * mask).sum(-1) / mask.sum(-1)
+    batch_mean = (d * mask).sum() / mask.sum()
+    seq_k3 = torch.exp(-(d * mask).sum(-1)) - 1 + (d * mask).sum(-1)
+    """
+    params = "logp, ref_logp, mask, lengths"
+    assert facts_of(body, "last", params)[0].position is Position.LAST
+    assert facts_of(body, "gathered", params)[0].position is Position.LAST
+    assert facts_of(body, "seq_mean", params)[0].aggregation is Aggregation.SEQ_MEAN
+    assert facts_of(body, "batch_mean", params)[0].aggregation is Aggregation.BATCH_MEAN
+    assert facts_of(body, "seq_k3", params)[0].position is Position.SEQUENCE
+
+
+def test_switch_branches_stay_apart_and_are_labelled():
+    body = """
+    if kl_type == "k1":
+        kl = logp - ref_logp
+    elif kl_type in ("k3", "low_var_kl"):
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    """
+    facts = facts_of(body, "kl", params="logp, ref_logp, kl_type: str")
+    labelled = {f.labels: estimators((f,)) for f in facts if f.is_kl()}
+    assert labelled == {
+        (("kl_type", ("k1",)),): {Estimator.K1},
+        (("kl_type", ("k3", "low_var_kl")),): {Estimator.K3},
+    }
