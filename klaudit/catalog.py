@@ -139,7 +139,7 @@ RULES: Mapping[str, Rule] = {
         Rule("KL008", "kl-off-policy-uncorrected",
              "A KL term on samples from an older policy lacks per-decision importance weights."),
         Rule("KL009", "kl-loss-biased-other",
-             "A KL surrogate differentiated as a loss (abs, seq-level k1/k3 ...) follows some other objective."),
+             "A KL surrogate (abs as a loss, or a loss and reward mix) follows no KL objective."),
         Rule("KL010", "kl-clamped", "Clamping the log-ratio or the estimate zeroes the KL gradient where the policy strays most."),
         Rule("KL011", "kl-wrong-sign", "The KL term is added with the wrong sign: training is pushed away from the reference."),
     )
@@ -399,6 +399,9 @@ _GENERIC_OFF_POLICY = _row("22", "off-policy KL without per-decision importance 
                            "ratio or none leaves the gradient biased", FIX_OFF_POLICY)
 _GENERIC_LENGTH = _row("21", "KL term divided by each sequence's length", None, Objective.OTHER, "KL007",
                        "1/L weights change the expected direction whenever lengths vary", FIX_AGGREGATION)
+_GENERIC_DOUBLE = _row("14", "KL loss on top of an unbiased k1 reward", None, Objective.OTHER, "KL006",
+                       "the k1 reward already carries the whole gradient of KL(pi || ref); the loss adds its own "
+                       "local gradient on top, so the KL is counted twice", FIX_DOUBLE)
 _GENERIC_OTHER = _row("-", "unrecognised combination of KL loss and reward", None, Objective.OTHER, "KL009",
                       "this combination of KL loss and reward matches no unbiased configuration", FIX_K1_LOSS)
 CLAMPED = _row("KL010", "clamped KL estimate in an otherwise unbiased configuration", None, Objective.OTHER,
@@ -456,6 +459,10 @@ def _placement_fallback(config: Config) -> Row:
     """Verdict for an estimator/placement pair the table does not list."""
     if config.reward is None and config.position is Position.ALL:
         return _BY_CONFIG[Config(loss=config.loss)]
+    if config.loss not in (None, E.K1) and config.reward is not None:
+        reward_alone = _BY_CONFIG.get(_with(config, loss=None))
+        if reward_alone is not None and reward_alone.unbiased:
+            return _GENERIC_DOUBLE
     if config.loss is None and config.position is Position.ALL:
         same_estimator = _BY_CONFIG.get(Config(reward=config.reward))
         if same_estimator is not None and same_estimator.rule is not None:

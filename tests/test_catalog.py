@@ -129,7 +129,9 @@ E = Estimator
         (C(loss=E.FULL, position=catalog.Position.LAST), "KL005"),
         (C(loss=E.K2, reward=E.K1, returns=catalog.Returns.FUTURE, aggregation=Aggregation.CONSTANT), None),
         (C(loss=E.K3, reward=E.K3, sampling=Sampling.TOKEN_IS), "KL008"),
-        (C(loss=E.ABS, reward=E.K1), "KL009"),
+        (C(loss=E.ABS, reward=E.K1), "KL006"),
+        (C(loss=E.K3, reward=E.K1, returns=catalog.Returns.SEQUENCE), "KL006"),
+        (C(loss=E.ABS, reward=E.K3, returns=catalog.Returns.FUTURE), "KL009"),
     ],
 )
 def test_classify_judges_unlisted_configurations(config, rule):
@@ -144,6 +146,8 @@ def test_classify_judges_unlisted_configurations(config, rule):
         (C(reward=E.K1, aggregation=Aggregation.SEQ_MEAN, sampling=Sampling.OFF_POLICY), False),
         (C(loss=E.K3, reward=E.K3, sampling=Sampling.TOKEN_IS), False),
         (C(loss=E.ABS, reward=E.K1), False),
+        (C(loss=E.K3, reward=E.K1, returns=catalog.Returns.SEQUENCE), False),
+        (C(loss=E.ABS, reward=E.K3, returns=catalog.Returns.FUTURE), False),
     ],
 )
 def test_classify_fallbacks_agree_with_enumeration(config, unbiased):
@@ -153,6 +157,14 @@ def test_classify_fallbacks_agree_with_enumeration(config, unbiased):
     gradient = _expected_gradient(problem, config)
     assert (positive_multiple(gradient, targets[Target.REV]) is not None) == unbiased
     assert catalog.classify(config).unbiased == unbiased
+
+
+def test_a_loss_on_top_of_the_k1_reward_counts_its_local_gradient_twice():
+    """k3 loss + k1 whole-sequence return = REV + PFWD, the identity behind the generic KL006 verdict."""
+    problem = _problem(0, True, 1.0)
+    targets = problem.targets()
+    gradient = _expected_gradient(problem, C(loss=E.K3, reward=E.K1, returns=catalog.Returns.SEQUENCE))
+    assert relerr(gradient, targets[Target.REV] + targets[Target.PFWD]) < EXACT
 
 
 TRANSFORMER_ROWS = [
