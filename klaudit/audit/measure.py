@@ -16,6 +16,7 @@ reported per row; `unbiased` holds when E[grad] is a positive multiple of REV on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
@@ -71,10 +72,11 @@ def _distinguishes(targets: Mapping[Target, torch.Tensor]) -> bool:
                for i, a in enumerate(names) for b in names[i + 1:])
 
 
+@functools.lru_cache(maxsize=8)
 def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS,
-                      transformer: bool = True) -> list[Problem]:
+                      transformer: bool = True) -> tuple[Problem, ...]:
     """`count` tabular policies (V=4 with EOS, T=4; seeds 0, 1, ... skipping degenerate ones) and a
-    tiny GPT-2, each at KL_seq = 1 nat from its reference."""
+    tiny GPT-2, each at KL_seq = 1 nat from its reference. Cached: audits only read them."""
     from klaudit.audit.policies import TabularPolicy, TinyCausalLM, perturbed, place_at_kl
 
     def problem(name: str, reference, seed: int) -> Problem:
@@ -94,7 +96,7 @@ def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS
             raise RuntimeError("no non-degenerate tabular policy found at KL_seq = 1 nat")
     if transformer:
         problems.append(problem("tiny transformer", TinyCausalLM(4, 4, seed=0), 0))
-    return problems
+    return tuple(problems)
 
 
 def _row_of(batch: Batch, index: int) -> Batch:
@@ -262,6 +264,16 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Seq
     `placements` None: a scalar result or a function named like a loss is audited as a loss, any
     other result both as a loss and as a detached reward with reward-to-go. TermError on bad results.
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
+    try:
+        return _audit(fn, binding, name, placements, problems, batch, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _audit(fn, binding, name, placements, problems, batch, progress):
+    """The body of `audit`."""
     from klaudit.lint.roles import is_loss_function
 
     first = problems[0] if problems else standard_problems(off_policy=binding.off_policy, count=1,
@@ -285,7 +297,7 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Seq
             raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
                             f"as a loss this KL term does nothing")
         plans.append((term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None))
-    problems = problems or standard_problems(off_policy=binding.off_policy)
+    problems = problems or list(standard_problems(off_policy=binding.off_policy))
     fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
     rows: list[ResultRow] = []
     for term, kind, chosen, scalar_weight in plans:

@@ -164,9 +164,6 @@ def _one_line(message: str) -> str:
 
 def _child(request_path: str, response_path: str) -> int:
     """Entry point of the child process: read the request, audit, write the report as JSON."""
-    import torch
-
-    torch.set_num_threads(1)  # the audit's tensors are tiny: threads only contend for the CPU
     request = json.loads(Path(request_path).read_text())
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
     report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],

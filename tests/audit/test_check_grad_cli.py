@@ -1,0 +1,83 @@
+"""The check-grad command: JSON schema, exit codes, and one clear line per bad input (child process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from klaudit.cli import main  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, ["check-grad", *args])
+
+
+def test_json_schema_and_exit_zero_for_an_unbiased_term():
+    result = _run(f"{DATA}/correct_estimators.py::k1_kl_loss", "--output-format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report) == {"version", "results", "errors"} and report["errors"] == []
+    (row,) = report["results"]
+    assert list(row) == ["target", "mode", "placement", "configuration", "objective", "unbiased", "cos_rev",
+                         "rel_err_rev", "value_bias", "rule", "fix"]
+    assert row["mode"] == {} and row["placement"] == "loss" and row["objective"] == "REV" and row["unbiased"]
+
+
+def test_switch_rows_placement_override_and_exit_one():
+    result = _run(f"{DATA}/openrlhf_style.py::compute_approx_kl", "--format", "json", "--placement", "reward")
+    assert result.exit_code == 1, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert [(r["mode"], r["placement"], r["objective"]) for r in rows] == [
+        ({"kl_estimator": "k1"}, "reward", "REV"), ({"kl_estimator": "k2"}, "reward", "OTHER"),
+        ({"kl_estimator": "k3"}, "reward", "OTHER")]
+    assert [r["unbiased"] for r in rows] == [True, False, False]
+
+
+def test_text_table_and_bind_override(tmp_path):
+    source = tmp_path / "custom.py"
+    source.write_text("def my_kl(a, b, m):\n    return 0.5 * ((a - b) * m) ** 2\n")
+    result = _run(f"{source}::my_kl", "--bind", "a=logprobs", "--bind", "b=ref_logprobs", "--bind", "m=mask",
+                  "--placement", "loss")
+    assert result.exit_code == 1, result.output
+    assert "k2 as loss" in result.stdout and "PART" in result.stdout and "biased (KL003)" in result.stdout
+    assert "checking" not in result.stderr  # no progress display off a terminal
+
+
+@pytest.mark.parametrize("target, extra, message", [
+    ("broken_import.py::kl_loss", [], "import failed: ModuleNotFoundError: No module named 'klaudit_no_such_module'"),
+    ("broken_terms.py::raises_kl", [], "raises_kl raised RuntimeError: the reference model is not loaded"),
+    ("broken_terms.py::wrong_shape_kl", [], "returned shape [20, 2]"),
+    ("broken_terms.py::nan_kl", [], "returned NaN or inf"),
+    ("broken_terms.py::constant_kl", [], "no gradient flows, this KL term does nothing"),
+    ("broken_terms.py::unbindable_kl", [], "cannot bind parameter frobnicate"),
+    ("broken_terms.py::no_such_kl", [], "'no_such_kl' not found"),
+    ("broken_terms.py::slow_kl", ["--timeout", "2"], "timed out after 2 s"),
+    ("missing.py::kl", [], "missing.py: no such file"),
+    ("broken_terms.py::raises_kl", ["--bind", "logprobs"], "--bind 'logprobs' is not PARAM=ROLE"),
+])
+def test_bad_input_is_one_line_and_exit_two(target, extra, message):
+    result = _run(str(DATA / target) if target != "missing.py::kl" else target, *extra)
+    assert result.exit_code == 2, result.output
+    error_lines = [line for line in result.output.splitlines() if message in line]
+    assert len(error_lines) == 1, result.output
+    assert "Traceback" not in result.output
+
+
+def test_verbose_shows_the_traceback():
+    result = _run(f"{DATA}/broken_terms.py::raises_kl", "--verbose")
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr and "RuntimeError: the reference model is not loaded" in result.stderr
+
+
+def test_file_without_kl_functions(tmp_path):
+    source = tmp_path / "plain.py"
+    source.write_text("def add(a, b):\n    return a + b\n")
+    result = _run(str(source))
+    assert result.exit_code == 2 and "no KL function found" in result.output

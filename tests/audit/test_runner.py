@@ -1,0 +1,156 @@
+"""check-grad in process: verdicts on user-style fixtures (kl-math.md section 8), agreement of the
+exact audit with the fingerprint, discovery, and one clear error per kind of bad input."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from klaudit.audit.report import JSON_FIELDS, Report  # noqa: E402
+from klaudit.audit.runner import Target, TargetError, audit_target, discover, parse_target  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parents[2]
+
+
+def _audit(file: str, qualname: str, **options) -> Report:
+    return audit_target(Target(path=str(DATA / file), qualname=qualname), **options)
+
+
+def _by_mode(report: Report, switch: str) -> dict:
+    return {(row.mode[switch], row.placement): row for row in report.results}
+
+
+@pytest.fixture(scope="module")
+def verl() -> Report:
+    return _audit("verl_style.py", "kl_penalty")
+
+
+# Expected objective and rule per (switch value, placement), from kl-math.md section 8 (rows 1-10).
+VERL_EXPECTED = {
+    ("kl", "loss"): ("ZERO", "KL001"), ("kl", "reward"): ("REV", None),
+    ("k1", "loss"): ("ZERO", "KL001"), ("k1", "reward"): ("REV", None),
+    ("abs", "loss"): ("OTHER", "KL009"), ("abs", "reward"): ("OTHER", "KL004"),
+    ("mse", "loss"): ("PART", "KL003"), ("k2", "reward"): ("OTHER", "KL004"),
+    # the clamps of low_var_kl act at KL_seq = 1 nat: neither PFWD nor REV - PFWD (row 4)
+    ("low_var_kl", "loss"): ("OTHER", "KL002"), ("k3", "reward"): ("OTHER", "KL004"),
+    # straight-through: the gradient of k2 as a loss, the value of k1/k3 in the reward (row 2)
+    ("k1+", "loss"): ("PART", "KL003"), ("k1+", "reward"): ("REV", None),
+    ("k3+", "loss"): ("PART", "KL003"), ("k3+", "reward"): ("OTHER", "KL004"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(VERL_EXPECTED))
+def test_verl_switch_values(verl, key):
+    row = _by_mode(verl, "kl_penalty")[key]
+    objective, rule = VERL_EXPECTED[key]
+    assert (row.objective, row.rule) == (objective, rule)
+    assert row.unbiased is (objective == "REV")
+    assert row.fix or row.unbiased
+
+
+def test_verl_not_implemented_values_are_notes(verl):
+    assert not verl.errors
+    assert any("kl_penalty='full'" in note and "NotImplementedError" in note for note in verl.notes)
+    assert {row.mode["kl_penalty"] for row in verl.results} >= {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
+
+
+def test_value_bias(verl):
+    """k1 and k3 values are unbiased for KL_seq; k2's is biased upwards (kl-math.md section 2)."""
+    rows = _by_mode(verl, "kl_penalty")
+    assert abs(rows[("k1", "loss")].value_bias) < 1e-12
+    assert rows[("k2", "loss")].value_bias > 0.01
+
+
+def test_openrlhf_float32_helper_both_placements():
+    rows = _by_mode(_audit("openrlhf_style.py", "compute_approx_kl"), "kl_estimator")
+    assert rows[("k1", "loss")].objective == "ZERO" and rows[("k1", "reward")].objective == "REV"
+    assert rows[("k1", "reward")].unbiased and rows[("k1", "reward")].configuration == "k1 in reward, reward-to-go"
+    assert rows[("k3", "loss")].rule == "KL002"
+
+
+def test_self_aggregating_losses():
+    """A per-sequence token-mean is length-weighted (row 21: not PFWD any more); a batch token-mean
+    is a constant over a large batch and keeps k3's PFWD."""
+    grpo = _audit("trl_style.py", "grpo_kl_loss").results
+    assert [(r.placement, r.objective, r.rule, r.unbiased) for r in grpo] == [("loss", "OTHER", "KL002", False)]
+    assert "per-sequence token-mean" in grpo[0].configuration
+    dapo = _audit("trl_style.py", "dapo_kl_loss").results
+    assert [(r.placement, r.objective, r.rule) for r in dapo] == [("loss", "PFWD", "KL002")]
+    assert "token-mean over the batch" in dapo[0].aggregation
+
+
+@pytest.mark.parametrize("qualname, configuration", [
+    ("k1_kl_loss", "k1 in reward, reward-to-go"),
+    ("k3_kl_loss", "k3 as loss + k3 in reward, reward-to-go"),
+    ("rb_kl_loss", "Rao-Blackwellized: exact KL as loss + future exact KL in reward"),
+])
+def test_klaudit_estimators_are_unbiased(qualname, configuration):
+    report = _audit("correct_estimators.py", qualname)
+    assert report.unbiased and report.exit_code == 0
+    (row,) = report.results
+    assert row.objective == "REV" and row.configuration == configuration and row.rule is None
+    assert row.cos_rev == pytest.approx(1.0, abs=1e-9) and row.rel_err_rev < 1e-9
+    assert abs(row.value_bias) < 1e-9
+
+
+def _fixture_targets() -> list[Target]:
+    files = sorted(glob.glob(str(DATA / "*.py"))) + sorted(glob.glob(str(ROOT / "fixtures" / "**" / "*.py"),
+                                                                     recursive=True))
+    return [target for file in files if "broken" not in file for target in discover(file)]
+
+
+@pytest.mark.parametrize("target", _fixture_targets(), ids=str)
+def test_exact_audit_and_fingerprint_agree(target):
+    """On every fixture (ours and the lint's), the objective the exact audit finds is the objective of
+    the catalog row the fingerprint names (kl-math.md section 8), or OTHER when no row matches."""
+    report = audit_target(target)
+    for row in report.results:
+        assert row.objective == (row.fingerprint_objective or "OTHER"), (row.mode, row.placement, row.configuration)
+
+
+def test_discovery_finds_kl_functions_only():
+    assert [t.qualname for t in discover(str(DATA / "verl_style.py"))] == ["kl_penalty_forward", "kl_penalty"]
+    assert [t.qualname for t in discover(str(DATA / "correct_estimators.py"))] == [
+        "k1_kl_loss", "k3_kl_loss", "rb_kl_loss"]
+
+
+def test_target_syntax():
+    assert parse_target(f"{DATA}/trl_style.py::grpo_kl_loss") == Target(path=f"{DATA}/trl_style.py",
+                                                                        qualname="grpo_kl_loss")
+    assert parse_target("pkg.mod:fn") == Target(module="pkg.mod", qualname="fn")
+    with pytest.raises(TargetError, match="no such file"):
+        parse_target("missing.py::f")
+    with pytest.raises(TargetError, match="is not PATH.py"):
+        parse_target("just_a_name")
+
+
+@pytest.mark.parametrize("qualname, message", [
+    ("raises_kl", "raises_kl raised RuntimeError: the reference model is not loaded"),
+    ("wrong_shape_kl", "returned shape [20, 2]; expected per-token [20, 4]"),
+    ("nan_kl", "returned NaN or inf"),
+    ("constant_kl", "does not depend on the policy log-probs: no gradient flows, this KL term does nothing"),
+    ("not_a_tensor_kl", "returned float, not a torch.Tensor"),
+    ("unbindable_kl", "cannot bind parameter frobnicate of unbindable_kl; say what it is with --bind PARAM=ROLE"),
+])
+def test_bad_terms_give_one_line(qualname, message):
+    report = _audit("broken_terms.py", qualname)
+    assert not report.results and report.exit_code == 2
+    (error,) = report.errors
+    assert message in error and "\n" not in error and "broken_terms.py" in error
+
+
+def test_missing_name_and_import_error():
+    (error,) = _audit("broken_terms.py", "no_such_kl").errors
+    assert "'no_such_kl' not found" in error
+    (error,) = _audit("broken_import.py", "kl_loss").errors
+    assert "import failed: ModuleNotFoundError: No module named 'klaudit_no_such_module'" in error
+
+
+def test_json_fields_are_the_schema():
+    assert JSON_FIELDS == ("target", "mode", "placement", "configuration", "objective", "unbiased", "cos_rev",
+                           "rel_err_rev", "value_bias", "rule", "fix")
