@@ -188,7 +188,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         values = tuple(v for _, v in cand.fact.labels)
         origin = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
         groups.setdefault((id(origin), values), []).append(cand)
-    findings = set()
+    findings: list = []
+    merged: dict = {}
     uses = []
     for group in groups.values():
         if any(c.fact.calls == 0 for c in group):
@@ -236,7 +237,17 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
                         message += f" (estimator computed at line {where[0]})"
                 else:
                     message += f" (estimator computed at {best.fact.origin_path}:{where[0]})"
-        findings.add(Finding(path, entry[0], entry[1], row.rule, message, entry[2], entry[3], row.fix, origin_line))
+        merged.setdefault((entry, row.rule, row.label), []).append(
+            (best.fact.labels, message, row.fix, origin_line))
+    for (entry, code, _), variants in merged.items():
+        # the same verdict at the same place under several switch settings: one finding, naming
+        # only the switch values that all of them share (the others do not change the verdict)
+        shared = set(variants[0][0]).intersection(*(set(labels) for labels, *_ in variants[1:]))
+        labels, message, fix, origin_line = variants[0]
+        if set(labels) != shared:
+            message = message.replace(f" [{_switch(labels)}]", f" [{_switch(tuple(sorted(shared, key=repr)))}]"
+                                      if shared else "")
+        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line))
     return sorted(findings)
 
 

@@ -116,7 +116,7 @@ def _compatible(a: tuple, b: tuple) -> bool:
 
 
 def _merge_labels(a: tuple, b: tuple) -> tuple:
-    return tuple(sorted(set(a) | set(b)))
+    return tuple(sorted(set(a) | set(b), key=repr))
 
 
 class Module:
@@ -589,7 +589,7 @@ class FunctionRun:
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = _string_key(node)
         if key is not None:
-            poly = roles.named_tensor(key, grad=False)
+            poly = roles.named_tensor(key, grad=not self.no_grad and not _is_data_read(node))
             if poly is not None:
                 return (tensor(poly),)
             if roles.is_mask_name(key):
@@ -1104,7 +1104,8 @@ def _root_name(node: cst.CSTNode) -> str:
 def _is_data_read(node: cst.CSTNode) -> bool:
     """A value read from a rollout container (data.batch[...], experience.x, inputs[...])."""
     if isinstance(node, cst.Subscript):
-        return _string_key(node) is not None or _is_data_read(node.value)
+        root = _root_name(node)
+        return bool(roles.DATA_CONTAINERS.match(root)) or _is_data_read(node.value)
     if isinstance(node, cst.Attribute):
         root = _root_name(node)
         return bool(roles.DATA_CONTAINERS.match(root)) or _is_data_read(node.value)
@@ -1154,7 +1155,7 @@ def _looks_like_option(attr: str) -> bool:
 def _apply(fn: str, poly: Poly) -> Optional[Poly]:
     kinds = {a.kind for a in poly.atoms()}
     if fn == "exp":
-        if kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
+        if kinds and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
             atom = poly.terms[0][0][0]
             return Poly.atom(Atom(alg.VOCAB_PROB if atom.kind == alg.VOCAB_POLICY else alg.VOCAB_REF_PROB, atom.grad, atom.acc))
         return alg.exp(poly)

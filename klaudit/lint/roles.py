@@ -107,7 +107,7 @@ LOGPROB_FORWARDS = re.compile(
 _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^num_|metric|stat", re.IGNORECASE)
 _LOSS = re.compile(r"loss", re.IGNORECASE)
 _REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl|_tensor)?$", re.IGNORECASE)
-_ADVANTAGE = re.compile(r"^(advantages?|advs?|adv_.*|.*_advantages?)$", re.IGNORECASE)
+_ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
 
 
 def sink_of_name(name: str) -> Optional[str]:
