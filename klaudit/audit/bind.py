@@ -169,7 +169,8 @@ def bind(fn: Callable, overrides: Optional[Mapping[str, Role]] = None, *,
     switches: dict[str, tuple[str, ...]] = {}
     unbound: list[str] = []
     for name, parameter in parameters.items():
-        role = overrides.get(name) or role_from_name(name) or _role_from_signature(parameter)
+        role = overrides.get(name) or role_from_name(name) or (
+            Role.SWITCH if (switch_values or {}).get(name) else _role_from_signature(parameter))
         if role is Role.SWITCH:
             values = list((switch_values or {}).get(name, ()))
             if isinstance(parameter.default, str) and parameter.default not in values:
@@ -275,28 +276,48 @@ def _is_name(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
+def _aliases(node: ast.AST, name: str) -> set[str]:
+    """`name` and every local assigned from an expression that reads it (`base = kind[:-1]`), to a fixpoint."""
+    names = {name}
+    assignments = [(target.id, child.value) for child in ast.walk(node) if isinstance(child, ast.Assign)
+                   for target in child.targets if isinstance(target, ast.Name)]
+    grown = True
+    while grown:
+        grown = False
+        for target, value in assignments:
+            if target not in names and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value)):
+                names.add(target)
+                grown = True
+    return names
+
+
 def _collect(node: ast.AST, name: str, functions: Mapping[str, ast.AST], values: list[str],
              suffixes: list[str], seen: set) -> None:
-    """Add the literals `name` is compared with inside `node`, following calls that pass it on."""
+    """Add the literals `name` (or an alias of it) is compared with inside `node`, following calls."""
     if (id(node), name) in seen:
         return
     seen.add((id(node), name))
+    names = _aliases(node, name)
+
+    def is_switch(expression: ast.AST) -> bool:
+        return isinstance(expression, ast.Name) and expression.id in names
+
     for child in ast.walk(node):
         if isinstance(child, ast.Compare):
             sides = [child.left] + list(child.comparators)
-            if any(_is_name(side, name) for side in sides):
+            if any(is_switch(side) for side in sides):
                 for side in sides:
                     values += _strings(side)
-        elif isinstance(child, ast.Match) and _is_name(child.subject, name):
+        elif isinstance(child, ast.Match) and is_switch(child.subject):
             for case in child.cases:
                 for pattern in ast.walk(case.pattern):
                     if isinstance(pattern, ast.MatchValue):
                         values += _strings(pattern.value)
-        elif isinstance(child, ast.Subscript) and isinstance(child.value, ast.Dict) and _is_name(child.slice, name):
+        elif isinstance(child, ast.Subscript) and isinstance(child.value, ast.Dict) and is_switch(child.slice):
             values += [v for key in child.value.keys if key is not None for v in _strings(key)]
         elif isinstance(child, ast.Call):
             callee = child.func
-            if isinstance(callee, ast.Attribute) and callee.attr == "endswith" and _is_name(callee.value, name):
+            if isinstance(callee, ast.Attribute) and callee.attr == "endswith" and is_switch(callee.value):
                 suffixes += [s for arg in child.args for s in _strings(arg)]
                 continue
             callee_name = callee.id if isinstance(callee, ast.Name) else (
@@ -308,8 +329,8 @@ def _collect(node: ast.AST, name: str, functions: Mapping[str, ast.AST], values:
             if parameters and parameters[0] in ("self", "cls") and isinstance(callee, ast.Attribute):
                 parameters = parameters[1:]
             for index, arg in enumerate(child.args):
-                if _is_name(arg, name) and index < len(parameters):
+                if is_switch(arg) and index < len(parameters):
                     _collect(target, parameters[index], functions, values, suffixes, seen)
             for keyword in child.keywords:
-                if keyword.arg and _is_name(keyword.value, name):
+                if keyword.arg and is_switch(keyword.value):
                     _collect(target, keyword.arg, functions, values, suffixes, seen)

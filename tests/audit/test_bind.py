@@ -114,3 +114,20 @@ def test_a_switch_without_literals_or_default_cannot_be_bound():
 
     with pytest.raises(BindError, match="kind"):
         bind(term, switch_values=switch_literals(term))
+
+
+def test_aliases_and_unannotated_switches():
+    """verl 0.9 strips the '+' into a new local before dispatching; the switch has no annotation."""
+
+    def forward(logprobs, ref_logprobs, which):
+        if which in ("k1", "kl"):
+            return logprobs - ref_logprobs
+        raise NotImplementedError
+
+    def penalty(logprobs, ref_logprobs, kind):
+        base = kind[:-1] if kind.endswith("+") else kind
+        return forward(logprobs, ref_logprobs, base)
+
+    values = switch_literals(penalty)
+    assert values == {"kind": ["k1", "kl", "k1+", "kl+"]}
+    assert bind(penalty, switch_values=values).roles["kind"] is Role.SWITCH
