@@ -111,7 +111,6 @@ class Settings:
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)
-    source: Optional[Path] = None  # the TOML file the settings came from, if any
 
     def __post_init__(self) -> None:
         enabled: frozenset[str] = frozenset()
@@ -213,7 +212,6 @@ def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
         extend_exclude=lists["extend-exclude"] or (),
         per_file_ignores=per_file_ignores,
         root=source.parent.resolve(),
-        source=source,
     )
 
 

@@ -33,9 +33,10 @@ def test_the_nearest_pyproject_with_a_klaudit_table_wins(tmp_path):
     assert settings.root == tmp_path.resolve()
 
 
-def test_no_pyproject_means_defaults(tmp_path):
+def test_no_pyproject_means_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     settings = load_settings([str(tmp_path)])
-    assert enabled(settings) == sorted(RULES) and settings.source is None
+    assert enabled(settings) == sorted(RULES) and settings.root == tmp_path
 
 
 def test_explicit_config_file(tmp_path):
