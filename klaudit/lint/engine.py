@@ -169,6 +169,14 @@ def _start_worker(roots: list[Path]) -> None:
     _worker_project = Project(roots)
 
 
+def _internal_error(path: str, error: Exception) -> _Analysis:
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    return _Analysis(path, error=(
+        f"{path}: internal error: {type(error).__name__}: {error} "
+        f"(at {os.path.basename(where.filename)}:{where.lineno})"
+    ))
+
+
 def _analyse(path: str, source: str) -> _Analysis:
     """Parse and check one file; never raises."""
     from klaudit.lint.checks import check_module
@@ -177,15 +185,13 @@ def _analyse(path: str, source: str) -> _Analysis:
         module = libcst.parse_module(source)
     except libcst.ParserSyntaxError as error:
         return _Analysis(path, (_syntax_error(path, source, error),))
+    except Exception as error:  # noqa: BLE001 - e.g. RecursionError on absurdly nested code
+        return _internal_error(path, error)
     try:
         findings = tuple(check_module(path, module, _worker_project))
         return _Analysis(path, findings, suppression_table(module) if findings else {})
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
-        where = traceback.extract_tb(error.__traceback__)[-1]
-        return _Analysis(path, error=(
-            f"{path}: internal error: {type(error).__name__}: {error} "
-            f"(at {os.path.basename(where.filename)}:{where.lineno})"
-        ))
+        return _internal_error(path, error)
 
 
 def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int) -> list[_Analysis]:
@@ -207,7 +213,7 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int) -> list[
         # A worker died (a crash in native code, or killed); the files it had not finished are
         # reported rather than retried here, where the same crash would take down the run.
         analyses.extend(
-            _Analysis(path, error=f"{path}: internal error: a worker process died before this file was analysed")
+            _Analysis(path, error=f"{path}: internal error: not analysed, a worker process died")
             for path in order[len(analyses):]
         )
     return analyses

@@ -191,6 +191,17 @@ def test_an_internal_error_in_one_file_keeps_the_other_findings(tmp_path):
     assert "a.py: internal error: RuntimeError: boom" in result.errors[0]
 
 
+def test_a_parser_crash_is_an_internal_error(tmp_path, monkeypatch):
+    def overflow(source):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(engine.libcst, "parse_module", overflow)
+    path = write(tmp_path / "a.py", "kl = 1\n")
+    result = lint_paths([path], settings=Settings(root=tmp_path), jobs=1)
+    assert result.findings == [] and len(result.errors) == 1
+    assert "a.py: internal error: RecursionError: maximum recursion depth exceeded" in result.errors[0]
+
+
 def _many_files(tmp_path, count):
     for index in range(count):
         body = "kl = 1\n" + "BAD_KL002(kl)\n" * (index % 3) + ("CRASH\n" if index == 7 else "")
