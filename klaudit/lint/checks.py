@@ -236,7 +236,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
                         origin_line = where[0]
                         message += f" (estimator computed at line {where[0]})"
                 else:
-                    message += f" (estimator computed at {best.fact.origin_path}:{where[0]})"
+                    message += f" (estimator computed at {_shown(best.fact.origin_path)}:{where[0]})"
         merged.setdefault((entry, row.rule, row.label), []).append(
             (best.fact.labels, message, row.fix, origin_line))
     for (entry, code, _), variants in merged.items():
@@ -249,6 +249,14 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
                                       if shared else "")
         findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line))
     return sorted(findings)
+
+
+def _shown(path: str) -> str:
+    """A path relative to the working directory when it is below it."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path
 
 
 def _tree_of(analyzer: Analyzer, origin_path: str, module: cst.Module, path: str) -> Optional[cst.Module]:

@@ -499,8 +499,8 @@ class FunctionRun:
                 self.assign_target(element.value, sub, node)
             return
         name = _last_name(target)
-        if not value and rhs is not None and name:
-            value = self.from_name(name, rhs)
+        if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
+            value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if self.no_grad:
             value = _detach(value)
         if self.labels:
