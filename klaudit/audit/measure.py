@@ -293,7 +293,11 @@ def _audit(fn, binding, name, placements, problems, batch, progress):
             ["loss"] if kind == "scalar" or is_loss_function(getattr(fn, "__name__", "")) else ["loss", "reward"])
         if kind == "scalar" and "reward" in chosen:
             raise TermError(f"{term.where()} returns a scalar: it cannot be audited as a per-token reward")
-        if "loss" in chosen and not term(batch_factory()).requires_grad:
+        detached = not term(batch_factory()).requires_grad
+        if detached and not placements and kind != "scalar":
+            chosen = ["reward"]  # a detached helper (e.g. under no_grad) can only be a reward
+            notes.append(f"{term.where()} returns a detached result: audited as a reward only")
+        elif detached and "loss" in chosen:
             raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
                             f"as a loss this KL term does nothing")
         plans.append((term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None))

@@ -116,7 +116,7 @@ def test_exact_audit_and_fingerprint_agree(target):
 def test_discovery_finds_kl_functions_only():
     assert [t.qualname for t in discover(str(DATA / "verl_style.py"))] == ["kl_penalty_forward", "kl_penalty"]
     assert [t.qualname for t in discover(str(DATA / "correct_estimators.py"))] == [
-        "k1_kl_loss", "k3_kl_loss", "rb_kl_loss"]
+        "k1_kl_loss", "k3_kl_loss", "rb_kl_loss", "detached_kl_reward"]
 
 
 def test_target_syntax():
@@ -154,3 +154,11 @@ def test_missing_name_and_import_error():
 def test_json_fields_are_the_schema():
     assert JSON_FIELDS == ("target", "mode", "placement", "configuration", "objective", "unbiased", "cos_rev",
                            "rel_err_rev", "value_bias", "rule", "fix")
+
+
+def test_detached_helper_is_audited_as_a_reward_only():
+    report = _audit("correct_estimators.py", "detached_kl_reward")
+    assert [(row.placement, row.objective, row.unbiased) for row in report.results] == [("reward", "REV", True)]
+    assert any("detached" in note for note in report.notes)
+    forced = _audit("correct_estimators.py", "detached_kl_reward", placements=["loss"])
+    assert "no gradient flows" in forced.errors[0]
