@@ -27,6 +27,9 @@ SCORE_LOG = "s"  # P - sg(P): value 0, gradient the score
 SCORE = "S"  # exp(P - sg(P)): value 1, gradient the score
 IS_LOG = "w"  # P - O
 IS_RATIO = "W"  # exp(P - O)
+PROB = "eP"  # pi(y_t | h_t), the probability of the sampled token
+REF_PROB = "eQ"
+OLD_PROB = "eO"
 FULL = "f"  # sum_v pi(v) (log pi(v) - log ref(v)), the exact per-step reverse KL
 FULL_FWD = "F"  # sum_v ref(v) (log ref(v) - log pi(v)), the exact per-step forward KL
 VOCAB_POLICY = "VP"  # log_softmax(policy logits), [.., V]
@@ -172,7 +175,8 @@ def exp(poly: Poly) -> Optional[Poly]:
     (atom,), coef = linear[0]
     if abs(abs(coef) - 1.0) > 1e-12:
         return None
-    kinds = {(DELTA, 1): INV_RATIO, (DELTA, -1): RATIO, (SCORE_LOG, 1): SCORE, (IS_LOG, 1): IS_RATIO}
+    kinds = {(DELTA, 1): INV_RATIO, (DELTA, -1): RATIO, (SCORE_LOG, 1): SCORE, (IS_LOG, 1): IS_RATIO,
+             (POLICY, 1): PROB, (REF, 1): REF_PROB, (OLD, 1): OLD_PROB}
     kind = kinds.get((atom.kind, int(round(coef))))
     if kind is None:
         return None
@@ -360,7 +364,7 @@ def terms_of(poly: Poly, sink: str) -> list:
         multiplier, rest = _strip(mono, {POLICY} | _MULTIPLIERS)
         if multiplier is not None and multiplier.kind == POLICY and not multiplier.grad:
             multiplier, rest = None, mono
-        key = multiplier if multiplier is None else (multiplier.kind, multiplier.grad)
+        key = multiplier if multiplier is None else (multiplier.kind, multiplier.grad, multiplier.acc)
         groups.setdefault(key, []).append((rest, coef))
     out = []
     for key, factor in groups.items():
@@ -375,7 +379,7 @@ def terms_of(poly: Poly, sink: str) -> list:
             # exp(logp - sg logp) or a differentiable ratio times a detached KL: a REINFORCE term
             term = _reward_term(factor, "score" if key[0] == SCORE else "is")
         elif key[1]:
-            weighted = "score" if key[0] == SCORE else "is"
+            weighted = ("score" if key[0] == SCORE else "is") + ("-seq" if key[2] == SEQUENCE else "")
             loss = _loss_term(factor, weighted)
             if loss is not None:
                 out.append(loss)

@@ -109,12 +109,16 @@ def config_of(fact: Fact, kind: str) -> Optional[Config]:
     if loss is None and reward is None:
         return None
     sampling = Sampling.ON_POLICY
-    if any(t.weighted in ("is", "is-detached") for t in terms):
+    if any(t.weighted in ("is", "is-detached", "is-seq") for t in terms):
         sampling = Sampling.TOKEN_IS
     loss_est = loss.estimator if loss else None
     reward_est = reward.estimator if reward else None
     returns = reward.returns if reward else Returns.TO_GO
-    if loss is not None and loss.weighted == "score":
+    if loss is not None and loss.weighted in ("score-seq", "is-seq"):
+        # exp(sum_u (logp_u - sg logp_u)) * k_t: the pathwise k plus k_t times the whole sequence's
+        # score, whose earlier-token part is k as a reward-to-go in expectation (causality)
+        reward_est, returns = loss_est, Returns.SEQUENCE
+    elif loss is not None and loss.weighted == "score":
         # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward.
         if loss_est is Estimator.K3:
             reward_est = None

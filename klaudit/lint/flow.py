@@ -470,9 +470,10 @@ class FunctionRun:
             value = self.expr(small.value)
             value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
                           if _compatible(f.labels, self.labels))
-            self.returns.extend(value)
             if self.loss_function:
-                self.sink("loss", _loss_part(value), small)
+                marked = self.sink("loss", _loss_part(value), small)
+                value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
+            self.returns.extend(value)
 
     def loop_carried(self, small: cst.Assign) -> tuple:
         """`running = r[:, t] + gamma * running` in a reversed loop: the reward-to-go of this step's terms."""
@@ -496,7 +497,7 @@ class FunctionRun:
                 for part in parts:
                     if index < len(part.items):
                         sub += part.items[index]
-                self.assign_target(element.value, sub, node)
+                self.assign_target(element.value, sub, node, rhs=rhs)
             return
         name = _last_name(target)
         if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
@@ -507,7 +508,7 @@ class FunctionRun:
             value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
                           if _compatible(f.labels, self.labels))
         if isinstance(target, cst.Name) and rhs is not None:
-            value = _rename_logprobs(value, name)
+            value = _rename_logprobs(value, name, _is_data_read(rhs))
         kind = roles.sink_of_name(name) if name else None
         if kind is not None and node is not None:
             value = self.sink(kind, value, node)
@@ -897,7 +898,7 @@ class FunctionRun:
             if poly is None:
                 continue
             position = f.position
-            if fn in ("exp", "abs", "square", "expm1") and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+            if fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 position = Position.SEQUENCE
             out.append(replace(f, poly=poly, origin=node, origin_path=self.module.path, position=position))
         return tuple(out)
@@ -1043,10 +1044,13 @@ def _as_rollout_data(value: tuple) -> tuple:
     return tuple(out)
 
 
-def _rename_logprobs(value: tuple, name: str) -> tuple:
-    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model))."""
+def _rename_logprobs(value: tuple, name: str, data: bool) -> tuple:
+    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model));
+    log-probs read from rollout data into an `old_*` name are the behaviour policy's."""
     kind = roles.tensor_role(name)
     renames = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
+    if data:
+        renames[alg.OLD] = alg.POLICY
     if kind not in renames:
         return value
     out = []
@@ -1110,7 +1114,7 @@ def _is_data_read(node: cst.CSTNode) -> bool:
         root = _root_name(node)
         return bool(roles.DATA_CONTAINERS.match(root)) or _is_data_read(node.value)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return node.func.attr.value in ("detach", "get", "pop") or _is_data_read(node.func.value)
+        return node.func.attr.value in ("get", "pop") and _is_data_read(node.func.value)
     return False
 
 
