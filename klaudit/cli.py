@@ -118,7 +118,7 @@ def rules_command() -> None:
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--bind", "bindings", multiple=True, metavar="PARAM=ROLE",
               help="Say what a parameter receives: logprobs, ref_logprobs, old_logprobs, mask, logits, "
-                   "ref_logits, log_ratio, coef, switch, default, none.")
+                   "ref_logits, log_ratio, zeros, coef, switch, default, none.")
 @click.option("--placement", type=click.Choice(["auto", "loss", "reward", "both"]), default="auto",
               show_default=True, help="Audit the result as a differentiated loss, a detached reward, or both.")
 @click.option("--output-format", "--format", "output_format", type=click.Choice(["text", "json"]),

@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from klaudit.lint import algebra
-from klaudit.lint.roles import is_mask_name, tensor_role
+from klaudit.lint.roles import is_mask_name, sink_of_name, tensor_role
 
 MAX_MODES = 64  # switch combinations audited at most; more is a configuration explosion, not a KL term
 
@@ -37,8 +37,9 @@ class Role(str, Enum):
     LOGITS = "logits"  # [B, T, V] policy logits, differentiable
     REF_LOGITS = "ref_logits"  # [B, T, V] reference logits
     LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
+    ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
     COEF = "coef"  # a coefficient, set to 1.0
-    SWITCH = "switch"  # a string switch, audited once per literal value
+    SWITCH = "switch"  # a string switch or a bool flag, audited once per value
     DEFAULT = "default"  # keep the parameter's default
     NONE = "none"  # pass None
 
@@ -80,6 +81,8 @@ class Binding:
             Role.OLD_LOGPROBS: batch.old_logprobs, Role.MASK: batch.mask, Role.LOGITS: batch.logits,
             Role.REF_LOGITS: batch.ref_logits,
         }
+        import torch
+
         args: list = []
         kwargs: dict = {}
         for name, role in self.roles.items():
@@ -89,6 +92,8 @@ class Binding:
                 value: Any = batch.logprobs - batch.ref_logprobs
             elif role in tensors:
                 value = tensors[role]
+            elif role is Role.ZEROS:
+                value = torch.zeros_like(batch.mask)
             elif role is Role.COEF:
                 value = 1.0
             elif role is Role.SWITCH:
@@ -117,9 +122,12 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, Role]:
 
 
 def role_from_name(name: str) -> Optional[Role]:
-    """The tensor role a parameter name denotes, from the lint's naming table."""
+    """The tensor role a parameter name denotes, from the lint's naming table (a task reward or
+    advantage is zeroed, kl-math.md section 12.1)."""
     if is_mask_name(name):
         return Role.MASK
+    if sink_of_name(name) in ("reward", "advantage"):
+        return Role.ZEROS
     kind = tensor_role(name)
     return _ROLE_OF_KIND.get(kind) if kind is not None else None
 
@@ -203,12 +211,13 @@ def _name(fn: Callable) -> str:
 # ----- switch literals, read from the source (static: ast only) -----
 
 
-def switch_literals(fn: Callable) -> dict[str, list[str]]:
+def switch_literals(fn: Callable) -> dict[str, list]:
     """String literals each parameter of `fn` is compared with, in `fn` and the functions it calls.
 
     Recognises `p == "k1"`, `p in ("k1", "kl")`, `match p: case "k1"`, `{"k1": ...}[p]`, and follows
     `p` into functions and methods of the same module it is passed to. `p.endswith(s)` adds the
-    suffixed spelling of every value found (verl's "k1+" straight-through variants).
+    suffixed spelling of every value found (verl's "k1+" straight-through variants). A parameter
+    with a bool default that an `if` tests (`use_kl_estimator_k3=False`) gets [default, not default].
     """
     try:
         path = inspect.getsourcefile(fn)
@@ -225,8 +234,12 @@ def switch_literals(fn: Callable) -> dict[str, list[str]]:
     node = _node_of(fn, tree)
     if node is None:
         return {}
-    found: dict[str, list[str]] = {}
+    found: dict[str, list] = {}
+    flags = _flag_parameters(node)
     for parameter in _parameter_names(node):
+        if parameter in flags:
+            found[parameter] = [flags[parameter], not flags[parameter]]
+            continue
         values: list[str] = []
         suffixes: list[str] = []
         _collect(node, parameter, functions, values, suffixes, set())
@@ -235,6 +248,22 @@ def switch_literals(fn: Callable) -> dict[str, list[str]]:
         if values:
             found[parameter] = list(dict.fromkeys(values))
     return found
+
+
+def _flag_parameters(node: ast.AST) -> dict[str, bool]:
+    """Parameters with a bool default that an `if`/`elif`/conditional expression tests (`use_abs_kl`)."""
+    arguments = node.args
+    positional = arguments.posonlyargs + arguments.args
+    defaults = dict(zip([a.arg for a in positional[len(positional) - len(arguments.defaults):]], arguments.defaults))
+    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+    flags = {name: d.value for name, d in defaults.items() if isinstance(d, ast.Constant) and isinstance(d.value, bool)}
+    tested = set()
+    for child in ast.walk(node):
+        if isinstance(child, (ast.If, ast.IfExp, ast.While)):
+            test = child.test.operand if isinstance(child.test, ast.UnaryOp) else child.test
+            if isinstance(test, ast.Name):
+                tested.add(test.id)
+    return {name: value for name, value in flags.items() if name in tested}
 
 
 def _functions_by_name(tree: ast.Module) -> dict[str, ast.AST]:

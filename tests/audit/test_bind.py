@@ -32,6 +32,7 @@ def test_names_from_the_lint_table():
     assert role_from_name("action_mask") is Role.MASK
     assert role_from_name("logits") is Role.LOGITS
     assert role_from_name("ref_logits") is Role.REF_LOGITS
+    assert role_from_name("advantages") is Role.ZEROS and role_from_name("token_level_rewards") is Role.ZEROS
     assert role_from_name("frobnicate") is None
 
 
@@ -131,3 +132,17 @@ def test_aliases_and_unannotated_switches():
     values = switch_literals(penalty)
     assert values == {"kind": ["k1", "kl", "k1+", "kl+"]}
     assert bind(penalty, switch_values=values).roles["kind"] is Role.SWITCH
+
+
+def test_bool_flags_tested_by_an_if_are_switches():
+    def term(log_probs, log_probs_base, use_k3=False, use_abs: bool = False, keep=True):
+        if use_k3:
+            return log_probs
+        elif not use_abs:
+            return log_probs_base
+        return log_probs if keep is None else log_probs_base
+
+    values = switch_literals(term)
+    assert values == {"use_k3": [False, True], "use_abs": [False, True]}
+    binding = bind(term, switch_values=values)
+    assert binding.roles["keep"] is Role.DEFAULT and len(binding.modes()) == 4
