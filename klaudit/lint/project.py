@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -25,7 +26,9 @@ class Project:
                 if base not in bases:
                     bases.append(base)
         self.bases = bases
+        self.roots = [Path(root).resolve() for root in roots]
         self._modules: dict = {}
+        self._package_parents: Optional[dict] = None
 
     def module_path(self, dotted: str, importer: Optional[str] = None, level: int = 0) -> Optional[Path]:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree."""
@@ -37,11 +40,28 @@ class Project:
             for _ in range(level - 1):
                 base = base.parent
             return _find(base, parts)
-        for base in self.bases:
+        for base in self.bases + self.package_parents().get(parts[0], []):
             found = _find(base, parts)
             if found is not None:
                 return found
         return None
+
+    def package_parents(self) -> dict:
+        """Top-level package name -> the directories that hold it, anywhere under the roots
+        (a wheel unpacked as name.data/purelib/pkg, a src/ layout)."""
+        if self._package_parents is None:
+            found: dict = {}
+            for root in self.roots:
+                if not root.is_dir():
+                    continue
+                for directory, subdirs, files in os.walk(root):
+                    subdirs[:] = [d for d in subdirs if not d.startswith(".") and d not in _SKIPPED]
+                    if "__init__.py" in files:
+                        parent = Path(directory).parent
+                        if not (parent / "__init__.py").is_file():
+                            found.setdefault(Path(directory).name, []).append(parent)
+            self._package_parents = found
+        return self._package_parents
 
     def parse(self, path: Path) -> Optional[cst.Module]:
         key = str(Path(path).resolve())
@@ -56,6 +76,9 @@ class Project:
     def remember(self, path: str, module: cst.Module) -> None:
         """Record a module the engine already parsed, so it is not parsed twice."""
         self._modules.setdefault(str(Path(path).resolve()), module)
+
+
+_SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}
 
 
 def _find(base: Path, parts: list) -> Optional[Path]:
