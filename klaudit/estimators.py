@@ -171,11 +171,41 @@ def _row_chunks(logits: torch.Tensor, ref_logits: torch.Tensor, chunk_rows: int)
             offset += policy_rows.shape[0]
 
 
+def _scratch(chunk_rows: int, logits, ref_logits, dtype: torch.dtype) -> dict:
+    """Reusable [chunk_rows, V] buffers for the chunk loop (two, plus a copy of each input that
+    is narrower than `dtype`): allocating per chunk makes the allocator return and re-fault the
+    pages on every chunk, which costs more than the arithmetic."""
+    shape = (min(chunk_rows, logits.numel() // logits.shape[-1]), logits.shape[-1])
+    names = ["first", "second"]
+    names += [name for name, x in (("logits", logits), ("ref_logits", ref_logits)) if x.dtype != dtype]
+    return {name: torch.empty(shape, dtype=dtype, device=logits.device) for name in names}
+
+
+def _chunk_inputs(policy_rows, ref_rows, scratch: dict, dtype: torch.dtype):
+    """The chunk's rows in `dtype`: the inputs themselves, or copies in the scratch buffers."""
+    count = policy_rows.shape[0]
+    chunk = {"logits": policy_rows, "ref_logits": ref_rows}
+    return [
+        rows if rows.dtype == dtype else scratch[name][:count].copy_(rows)
+        for name, rows in chunk.items()
+    ]
+
+
+def _logsumexp_into(rows: torch.Tensor, exps: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """lse = log sum_v exp(rows) per row; leaves exp(rows - max) in `exps`, returns the row sums."""
+    maxima = rows.amax(-1, keepdim=True)
+    torch.sub(rows, maxima, out=exps).exp_()
+    sums = exps.sum(-1)
+    torch.add(maxima.squeeze(-1), sums.log(), out=lse)
+    return sums
+
+
 class _ExactTokenKL(torch.autograd.Function):
     """KL_t = sum_v p (log p - log q) per row; d KL_t / d logits = p (log p - log q - KL_t).
 
-    Saves the inputs by reference plus per-row log-normalisers and KL_t, and recomputes p and
-    log p - log q chunk by chunk in backward, so no full [rows, V] temporary ever exists.
+    Saves the inputs by reference plus two per-row statistics, the policy's log-normaliser lse_p
+    and shift = lse_p - lse_q + KL_t (so log p - log q - KL_t = x - r - shift), and recomputes
+    chunk by chunk in backward, so no full [rows, V] temporary ever exists.
     """
 
     @staticmethod
@@ -183,14 +213,16 @@ class _ExactTokenKL(torch.autograd.Function):
         rows = logits.numel() // logits.shape[-1]
         stats = torch.empty(3, rows, dtype=dtype, device=logits.device)
         policy_lse, ref_lse, kl = stats
+        scratch = _scratch(chunk_rows, logits, ref_logits, dtype)
         for offset, policy_rows, ref_rows in _row_chunks(logits, ref_logits, chunk_rows):
             end = offset + policy_rows.shape[0]
-            x, r = policy_rows.to(dtype), ref_rows.to(dtype)
-            torch.logsumexp(x, -1, out=policy_lse[offset:end])
-            torch.logsumexp(r, -1, out=ref_lse[offset:end])
-            log_ratio = torch.sub(x, r)
+            probs, log_ratio = scratch["first"][: end - offset], scratch["second"][: end - offset]
+            x, r = _chunk_inputs(policy_rows, ref_rows, scratch, dtype)
+            sums = _logsumexp_into(x, probs, policy_lse[offset:end])
+            probs /= sums.unsqueeze(-1)
+            _logsumexp_into(r, log_ratio, ref_lse[offset:end])
+            torch.sub(x, r, out=log_ratio)
             log_ratio -= (policy_lse[offset:end] - ref_lse[offset:end]).unsqueeze(-1)
-            probs = torch.sub(x, policy_lse[offset:end].unsqueeze(-1)).exp_()
             torch.linalg.vecdot(probs, log_ratio, out=kl[offset:end])
         if not bool(torch.isfinite(stats).all()):
             raise ValueError(
@@ -198,25 +230,27 @@ class _ExactTokenKL(torch.autograd.Function):
                 "is not supported: use a large negative finite value)"
             )
         ctx.chunk_rows = chunk_rows
-        ctx.save_for_backward(logits, ref_logits, policy_lse, ref_lse, kl)
+        ctx.save_for_backward(logits, ref_logits, policy_lse, policy_lse - ref_lse + kl)
         return kl.view(logits.shape[:-1])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_kl):
-        logits, ref_logits, policy_lse, ref_lse, kl = ctx.saved_tensors
-        dtype = kl.dtype
+        logits, ref_logits, policy_lse, shift = ctx.saved_tensors
+        dtype = shift.dtype
         grad_kl = grad_kl.reshape(-1).to(dtype)
-        # log p - log q - KL_t = x - r - shift per row
-        shift = policy_lse - ref_lse + kl
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         grad_rows = grad.view(-1, logits.shape[-1])
+        scratch = _scratch(ctx.chunk_rows, logits, ref_logits, dtype)
+        in_place = grad.dtype == dtype
         for offset, policy_rows, ref_rows in _row_chunks(logits, ref_logits, ctx.chunk_rows):
             end = offset + policy_rows.shape[0]
-            x, r = policy_rows.to(dtype), ref_rows.to(dtype)
-            in_place = grad.dtype == dtype
-            out = torch.sub(x, r, out=grad_rows[offset:end]) if in_place else torch.sub(x, r)
+            x, r = _chunk_inputs(policy_rows, ref_rows, scratch, dtype)
+            out = grad_rows[offset:end] if in_place else scratch["second"][: end - offset]
+            torch.sub(x, r, out=out)
             out -= shift[offset:end].unsqueeze(-1)
-            probs = torch.sub(x, policy_lse[offset:end].unsqueeze(-1)).exp_()
+            probs = scratch["first"][: end - offset]
+            torch.sub(x, policy_lse[offset:end].unsqueeze(-1), out=probs).exp_()
             probs *= grad_kl[offset:end].unsqueeze(-1)
             out *= probs
             if not in_place:
@@ -231,8 +265,9 @@ def exact_token_kl(logits, ref_logits, *, chunk_size: Optional[int] = None) -> t
     the reference. Differentiable w.r.t. `logits` only, with gradient p (log p - log q - KL_t)
     per row. Accumulates in float32 or wider. Works on chunks of `chunk_size` rows of the
     flattened B*T axis (None: about DEFAULT_CHUNK_BYTES per temporary), in forward and backward,
-    keeping only O(B*T) extra state between them. NaN or inf in either input (detected from the
-    per-row statistics) raises ValueError.
+    keeping only O(B*T) extra state between them (once differentiable). NaN or inf in either
+    input, -inf used to mask vocabulary entries included, raises ValueError (detected from the
+    per-row statistics, so the check costs no extra pass over [B, T, V]).
     """
     _require_floating("logits", logits)
     _require_floating("ref_logits", ref_logits)

@@ -163,6 +163,18 @@ def test_exact_token_kl_accumulates_bfloat16_in_float32():
     torch.testing.assert_close(grad.double(), closed_form, rtol=2**-8, atol=1e-7)
 
 
+@pytest.mark.parametrize("policy_dtype, ref_dtype", [(torch.float32, torch.bfloat16), (torch.float16, torch.float32)])
+def test_exact_token_kl_of_mixed_precision_inputs(policy_dtype, ref_dtype):
+    logits = _random_logits(2, 3, 40, seed=22, dtype=torch.float32).to(policy_dtype).requires_grad_()
+    ref_logits = _random_logits(2, 3, 40, seed=23, dtype=torch.float32).to(ref_dtype)
+    kl = exact_token_kl(logits, ref_logits, chunk_size=4)
+    assert kl.dtype == torch.float32
+    reference = _naive_token_kl(logits.detach().double(), ref_logits.double())
+    torch.testing.assert_close(kl.double(), reference, rtol=0, atol=1e-5)
+    (grad,) = torch.autograd.grad(kl.sum(), logits)
+    assert grad.dtype == policy_dtype
+
+
 def test_exact_token_kl_of_float32_stays_float32():
     logits = _random_logits(1, 2, 6, seed=15, dtype=torch.float32)
     assert exact_token_kl(logits, logits.clone()).dtype == torch.float32
