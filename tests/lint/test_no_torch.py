@@ -40,7 +40,8 @@ def without_torch(tmp_path):
         (hidden / name).mkdir(parents=True)
         (hidden / name / "__init__.py").write_text(BLOCKER.replace("{name}", name))
     marker = tmp_path / "imports.txt"
-    env = dict(os.environ, PYTHONPATH=str(hidden), KLAUDIT_IMPORT_MARKER=str(marker), NO_COLOR="1")
+    python_path = os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=python_path, KLAUDIT_IMPORT_MARKER=str(marker), NO_COLOR="1")
 
     def run(*args):
         return subprocess.run([sys.executable, *args], env=env, cwd=tmp_path, capture_output=True,
