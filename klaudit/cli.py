@@ -141,7 +141,7 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
     except BindError as error:
         raise CommandError(str(error)) from None
     placements = {"auto": None, "loss": ["loss"], "reward": ["reward"], "both": ["loss", "reward"]}[placement]
-    show_progress = output_format == "text" and click.get_text_stream("stderr").isatty()
+    show_progress = output_format == "text" and sys.stderr.isatty()
     report = run(targets, overrides=overrides, placements=placements, timeout=timeout, model_dir=model_dir,
                  device=device, show_progress=show_progress)
     click.echo(report.to_json() if output_format == "json" else report.to_text())
