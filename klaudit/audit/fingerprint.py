@@ -178,8 +178,10 @@ def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device:
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)
     model.eval()
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    start = model.config.bos_token_id if model.config.bos_token_id is not None else 0
-    tokens = torch.full((size, 1), int(start), dtype=torch.long, device=device)
+    vocabulary = model.get_input_embeddings().num_embeddings
+    start = model.config.bos_token_id
+    start = start if isinstance(start, int) and 0 <= start < vocabulary else 0
+    tokens = torch.full((size, 1), start, dtype=torch.long, device=device)
     with torch.no_grad():
         for _ in range(horizon):
             logits = model(input_ids=tokens).logits[:, -1, :].to(torch.float64).cpu()

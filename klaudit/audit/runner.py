@@ -147,7 +147,10 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
         fingerprint = None
         if model_dir is not None:
             from klaudit.audit.fingerprint import batch_from_model
-            fingerprint = batch_from_model(model_dir, device=device)
+            try:
+                fingerprint = batch_from_model(model_dir, device=device)
+            except Exception as error:
+                raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}")
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
                             progress=progress)
         return Report(rows, [], notes)

@@ -168,3 +168,18 @@ def test_detached_helper_is_audited_as_a_reward_only():
     assert any("detached" in note for note in report.notes)
     forced = _audit("correct_estimators.py", "detached_kl_reward", placements=["loss"])
     assert "no gradient flows" in forced.errors[0]
+
+
+def test_fingerprint_on_a_model_from_disk(tmp_path):
+    """--model DIR: the fingerprint batch comes from a causal LM on disk and still names the row."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                               bos_token_id=0, eos_token_id=0)).save_pretrained(tmp_path)
+    rows = _by_mode(_audit("openrlhf_style.py", "compute_approx_kl", model_dir=str(tmp_path)), "kl_estimator")
+    assert rows[("k1", "loss")].configuration == "k1 as loss"
+    assert rows[("k1", "reward")].configuration == "k1 in reward, reward-to-go"
+    assert rows[("k1", "reward")].objective == "REV"
+    broken = _audit("openrlhf_style.py", "compute_approx_kl", model_dir=str(tmp_path / "missing"))
+    assert "--model" in broken.errors[0] and "cannot load" in broken.errors[0]
