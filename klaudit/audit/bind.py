@@ -305,7 +305,7 @@ def _is_name(node: ast.AST, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
-def _aliases(node: ast.AST, name: str) -> set[str]:
+def local_aliases(node: ast.AST, name: str) -> set[str]:
     """`name` and every local assigned from an expression that reads it (`base = kind[:-1]`), to a fixpoint."""
     names = {name}
     assignments = [(target.id, child.value) for child in ast.walk(node) if isinstance(child, ast.Assign)
@@ -326,7 +326,7 @@ def _collect(node: ast.AST, name: str, functions: Mapping[str, ast.AST], values:
     if (id(node), name) in seen:
         return
     seen.add((id(node), name))
-    names = _aliases(node, name)
+    names = local_aliases(node, name)
 
     def is_switch(expression: ast.AST) -> bool:
         return isinstance(expression, ast.Name) and expression.id in names

@@ -90,11 +90,50 @@ def discover(path: str) -> list[Target]:
     return found
 
 
+def used_placements(path: str, function: str) -> set[str]:
+    """How the file itself uses `function`'s result: "loss" and/or "reward" (static, one file).
+
+    A call's result is followed through local assignments (`kl = f(...)`, `kl_loss = kl.mean()`);
+    a name the lint's table calls a loss sink marks "loss", a reward or advantage sink "reward", and
+    a result returned from a function named like a loss marks "loss".
+    """
+    from klaudit.audit.bind import local_aliases
+    from klaudit.lint.roles import is_loss_function, sink_of_name
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return set()
+    bare = function.rsplit(".", 1)[-1]
+    used: set[str] = set()
+    for caller in ast.walk(tree):
+        if not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for statement in ast.walk(caller):
+            if not isinstance(statement, (ast.Assign, ast.Return)) or statement.value is None:
+                continue
+            calls = [n for n in ast.walk(statement.value) if isinstance(n, ast.Call) and (
+                getattr(n.func, "id", None) == bare or getattr(n.func, "attr", None) == bare)]
+            if not calls:
+                continue
+            if isinstance(statement, ast.Return):
+                used |= {"loss"} if is_loss_function(caller.name) else set()
+                continue
+            for target in statement.targets:
+                if not isinstance(target, ast.Name):
+                    continue
+                for name in local_aliases(caller, target.id):
+                    sink = sink_of_name(name)
+                    used |= {"loss"} if sink == "loss" else {"reward"} if sink in ("reward", "advantage") else set()
+    return used
+
+
 # ----- in the child: load and audit -----
 
 
 def _import_file(path: str):
-    """Import a .py file; inside a package it is imported by its dotted name so relative imports work."""
+    """Import a .py file; inside a package by its dotted name so relative imports work, and when the
+    package itself does not import, as the file alone."""
     file = Path(path).resolve()
     parts = [file.stem]
     directory = file.parent
@@ -103,7 +142,19 @@ def _import_file(path: str):
         directory = directory.parent
     sys.path.insert(0, str(directory))
     if len(parts) > 1:
-        return importlib.import_module(".".join(parts))
+        try:
+            return importlib.import_module(".".join(parts))
+        except Exception:  # the package does not import here (CUDA-only deps ...): try the file alone
+            try:
+                return _import_alone(file)
+            except Exception:
+                pass
+            raise
+    return _import_alone(file)
+
+
+def _import_alone(file: Path):
+    """Execute one .py file as a module of its own (absolute imports only)."""
     spec = importlib.util.spec_from_file_location(f"_klaudit_target_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -230,7 +281,12 @@ def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequen
             report = Report([], [message + (f": {detail[0]}" if detail else "")])
             report.details.append(completed.stderr)
             return report
-        return Report.from_dict(json.loads(response_path.read_text()))
+        report = Report.from_dict(json.loads(response_path.read_text()))
+    if target.path is not None and target.qualname:
+        used = used_placements(target.path, target.qualname)
+        for row in report.results:
+            row.used = row.placement in used
+    return report
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
