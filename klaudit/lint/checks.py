@@ -9,6 +9,7 @@ first statement that stores the term into a loss or reward.
 
 from __future__ import annotations
 
+import ast
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -168,7 +169,12 @@ def _switch(labels: tuple) -> str:
 
 
 class _Positions:
-    """Line/column of nodes, computed only for modules that have something to report."""
+    """Line/column of statements, for modules that have something to report.
+
+    libcst's PositionProvider regenerates the code with position tracking, which costs more than
+    the whole analysis; instead the module's code is parsed once more by `ast` (fast, in C) and its
+    statements are paired with the CST statements, which have the same nesting and order.
+    """
 
     def __init__(self) -> None:
         self._maps: dict = {}
@@ -176,11 +182,63 @@ class _Positions:
     def of(self, tree: cst.Module, node) -> Optional[tuple]:
         key = id(tree)
         if key not in self._maps:
-            self._maps[key] = MetadataWrapper(tree, unsafe_skip_copy=True).resolve(PositionProvider)
-        found = self._maps[key].get(node)
+            self._maps[key] = statement_positions(tree)
+        found = self._maps[key].get(id(node))
         if found is None:
-            return None
-        return found.start.line, found.start.column + 1, found.end.line, found.end.column + 1
+            wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)  # a node the pairing missed
+            where = wrapper.resolve(PositionProvider).get(node)
+            if where is None:
+                return None
+            found = (where.start.line, where.start.column + 1, where.end.line, where.end.column + 1)
+        return found
+
+
+def statement_positions(tree: cst.Module) -> dict:
+    """id(CST statement) -> (line, column, end line, end column), all 1-based."""
+    positions: dict = {}
+    try:
+        parsed = ast.parse(tree.code)
+    except (SyntaxError, ValueError, RecursionError):
+        return positions
+    _pair(tree.body, parsed.body, positions)
+    return positions
+
+
+def _suite(body) -> list:
+    return list(body.body) if body is not None else []
+
+
+def _pair(statements: list, nodes: list, positions: dict) -> None:
+    index = 0
+    for stmt in statements:
+        smalls = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else (
+            stmt.body if isinstance(stmt, cst.SimpleStatementSuite) else None)
+        for part in (smalls if smalls is not None else [stmt]):
+            if index >= len(nodes):
+                return
+            node = nodes[index]
+            index += 1
+            positions[id(part)] = (node.lineno, node.col_offset + 1, node.end_lineno, node.end_col_offset + 1)
+            if smalls is None:
+                _pair_children(part, node, positions)
+
+
+def _pair_children(stmt, node, positions: dict) -> None:
+    body = getattr(stmt, "body", None)
+    if isinstance(body, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+        _pair(_suite(body), getattr(node, "body", []), positions)
+    orelse = getattr(stmt, "orelse", None)
+    if isinstance(orelse, cst.If):
+        _pair([orelse], node.orelse, positions)
+    elif orelse is not None:
+        _pair(_suite(orelse.body), getattr(node, "orelse", []), positions)
+    for handler, ast_handler in zip(getattr(stmt, "handlers", ()), getattr(node, "handlers", ())):
+        _pair(_suite(handler.body), ast_handler.body, positions)
+    final = getattr(stmt, "finalbody", None)
+    if final is not None:
+        _pair(_suite(final.body), getattr(node, "finalbody", []), positions)
+    for case, ast_case in zip(getattr(stmt, "cases", ()), getattr(node, "cases", ())):
+        _pair(_suite(case.body), ast_case.body, positions)
 
 
 def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list) -> list:

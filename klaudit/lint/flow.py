@@ -210,13 +210,15 @@ class Analyzer:
         self._summaries[key] = result
         return result
 
-    def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str]):
-        """(module, function, class) for a call target inside the linted tree, or None."""
+    def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):
+        """(module, function, class) for a call target inside the linted tree, or None.
+
+        With `imports` False only functions of `module` itself are considered."""
         if isinstance(func_node, cst.Name):
             name = func_node.value
             if name in module.functions:
                 return module, module.functions[name], None
-            if name in module.imports:
+            if name in module.imports and imports:
                 dotted, attr, level = module.imports[name]
                 if attr is None:
                     return None
@@ -241,7 +243,7 @@ class Analyzer:
                     return module, methods[attr], base.value
             dotted = _dotted(base)
             head = dotted.split(".")[0]
-            if head in module.imports:
+            if head in module.imports and imports:
                 imp_dotted, imp_attr, level = module.imports[head]
                 full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
                 rest = dotted.split(".")[1:]
@@ -294,6 +296,8 @@ class FunctionRun:
         self.env = dict(env)
         self.record = record
         self.labels: tuple = ()
+        self._memo: dict = {}
+        self.stmt: Optional[cst.CSTNode] = None
         self.no_grad = _decorated_no_grad(func)
         self.reverse_loop: set = set()
         self.returns: list = []
@@ -318,6 +322,8 @@ class FunctionRun:
             self.statement(stmt)
 
     def statement(self, stmt: cst.CSTNode) -> None:
+        self._memo = {}
+        self.stmt = stmt
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
                 self.small(small)
@@ -450,7 +456,13 @@ class FunctionRun:
             return (name, (True,)), None
         return None, None
 
+    def here(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement being interpreted: findings and origins are reported at statements."""
+        return self.stmt if self.stmt is not None else node
+
     def small(self, small: cst.CSTNode) -> None:
+        self._memo = {}
+        self.stmt = small
         if isinstance(small, cst.Assign):
             value = self.loop_carried(small) or self.expr(small.value)
             for target in small.targets:
@@ -532,6 +544,7 @@ class FunctionRun:
 
     def sink(self, kind: str, value: tuple, node: cst.CSTNode) -> tuple:
         """Record that `value` reaches a loss, reward or advantage at `node`; returns it with its entry set."""
+        node = self.here(node)
         marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
@@ -541,10 +554,15 @@ class FunctionRun:
     # ---- expressions -------------------------------------------------------------------
 
     def expr(self, node: cst.BaseExpression) -> tuple:
+        """The facts of an expression; each is evaluated once per statement (the environment only
+        changes between statements)."""
+        key = id(node)
+        if key in self._memo:
+            return self._memo[key]
         method = getattr(self, "e_" + type(node).__name__, None)
-        if method is None:
-            return ()
-        return method(node)
+        value = () if method is None else method(node)
+        self._memo[key] = value
+        return value
 
     def e_Name(self, node: cst.Name) -> tuple:
         if node.value in self.env:
@@ -703,7 +721,7 @@ class FunctionRun:
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
                         out.append(replace(b, poly=alg.scale(b.poly, sign)) if a.scalar else a)
                         continue
-                    out.append(_combine(a, b, alg.add(a.poly, b.poly, sign), node, self.module.path))
+                    out.append(_combine(a, b, alg.add(a.poly, b.poly, sign), self.here(node), self.module.path))
                 elif a_tensor:
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_tensor:
@@ -718,7 +736,7 @@ class FunctionRun:
                 a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
                 if a_tensor and b_tensor:
                     if _compatible(a.labels, b.labels):
-                        out.append(_combine(a, b, alg.mul(a.poly, b.poly), node, self.module.path, product=True))
+                        out.append(_combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
                 elif a_tensor or b_tensor:
                     tensor_side, other = (a, b) if a_tensor else (b, a)
                     factor = -1.0 if other.role == "neg" else 1.0
@@ -752,11 +770,20 @@ class FunctionRun:
             handled = self.method_call(method, func.value, node)
             if handled is not None:
                 return handled
-        resolved = self.analyzer.resolve(self.module, func, self.cls)
+        resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = _dotted(func).split(".")[-1]
         return self.library_call(name, node)
+
+    def worth_following(self, node: cst.Call) -> bool:
+        """Follow a call into another module only when it can matter: KL or log-prob facts go in,
+        or its name speaks of KL, log-probs or a loss (parsing other modules is the costly part)."""
+        name = _dotted(node.func).split(".")[-1]
+        if roles.might_contain_kl(name) or "loss" in name.lower() or "reward" in name.lower():
+            return True
+        return any(f.role == "tensor" and f.poly is not None and not f.poly.is_const()
+                   for arg in node.args for f in self.expr(arg.value))
 
     def args(self, node: cst.Call) -> tuple:
         positional = [a.value for a in node.args if a.keyword is None and not a.star]
@@ -875,7 +902,7 @@ class FunctionRun:
                 continue
             vocab = _over_vocab(f.poly)
             if vocab is not None and per_row:
-                out.append(replace(f, poly=vocab, origin=node))
+                out.append(replace(f, poly=vocab, origin=self.here(node)))
                 continue
             if per_row and f.poly.atoms() and all(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 out.append(replace(f, scalar=True))  # already one value per sequence: a group statistic
@@ -900,7 +927,7 @@ class FunctionRun:
             position = f.position
             if fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 position = Position.SEQUENCE
-            out.append(replace(f, poly=poly, origin=node, origin_path=self.module.path, position=position))
+            out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position))
         return tuple(out)
 
     def library_call(self, name: str, node: cst.Call) -> tuple:
@@ -981,7 +1008,7 @@ class FunctionRun:
                     poly = _over_vocab(poly)
                     if poly is None or not poly.terms:
                         continue
-                fact = replace(t, poly=poly, origin=node, origin_path=self.module.path)
+                fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
 

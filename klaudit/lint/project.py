@@ -8,10 +8,13 @@ from typing import Optional
 
 import libcst as cst
 
+from klaudit.lint.roles import might_contain_kl
+
 
 class Project:
     """Resolves `import` / `from ... import` of modules that live under the linted roots.
 
+    Modules whose text has no KL vocabulary resolve to nothing (they are not parsed).
     A dotted module name maps to `<root>/<a>/<b>.py` or `<root>/<a>/<b>/__init__.py` for some
     root or some ancestor of a root (so that `import pkg.mod` works when `pkg/` itself is
     linted). Parsed modules are cached; a file that does not parse resolves to nothing.
@@ -68,7 +71,8 @@ class Project:
         if key not in self._modules:
             try:
                 text = Path(key).read_text(encoding="utf-8")
-                self._modules[key] = cst.parse_module(text)
+                # a module without KL or log-prob vocabulary cannot contribute a KL fact
+                self._modules[key] = cst.parse_module(text) if might_contain_kl(text) else None
             except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
                 self._modules[key] = None
         return self._modules[key]
