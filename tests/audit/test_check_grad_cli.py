@@ -53,16 +53,13 @@ def test_text_table_and_bind_override(tmp_path):
 @pytest.mark.parametrize("target, extra, message", [
     ("broken_import.py::kl_loss", [], "import failed: ModuleNotFoundError: No module named 'klaudit_no_such_module'"),
     ("broken_terms.py::raises_kl", [], "raises_kl raised RuntimeError: the reference model is not loaded"),
-    ("broken_terms.py::wrong_shape_kl", [], "returned shape [20, 2]"),
-    ("broken_terms.py::nan_kl", [], "returned NaN or inf"),
-    ("broken_terms.py::constant_kl", [], "no gradient flows, this KL term does nothing"),
     ("broken_terms.py::unbindable_kl", [], "cannot bind parameter frobnicate"),
-    ("broken_terms.py::no_such_kl", [], "'no_such_kl' not found"),
     ("broken_terms.py::slow_kl", ["--timeout", "2"], "timed out after 2 s"),
     ("missing.py::kl", [], "missing.py: no such file"),
     ("broken_terms.py::raises_kl", ["--bind", "logprobs"], "--bind 'logprobs' is not PARAM=ROLE"),
 ])
 def test_bad_input_is_one_line_and_exit_two(target, extra, message):
+    """Through the child process; every other bad result is covered in process by test_runner.py."""
     result = _run(str(DATA / target) if target != "missing.py::kl" else target, *extra)
     assert result.exit_code == 2, result.output
     error_lines = [line for line in result.output.splitlines() if message in line]

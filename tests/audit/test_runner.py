@@ -200,3 +200,23 @@ def test_the_placement_the_file_uses_is_marked(tmp_path):
     source.write_text(source.read_text() + "\ndef policy_loss(log_probs, ref_log_probs):\n"
                       "    return approx_kl(log_probs, ref_log_probs).mean()\n")
     assert used_placements(str(source), "approx_kl") == {"reward", "loss"}
+
+
+def test_python_api():
+    import klaudit.audit
+    from klaudit.estimators import kl_penalty
+
+    def kl_loss(logprobs, ref_logprobs, mask):
+        return kl_penalty(logprobs, ref_logprobs, mask, estimator="k3").loss.mean()
+
+    def k3_per_token(logprobs, ref_logprobs, mask):
+        return (torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1) * mask
+
+    assert klaudit.audit.check(kl_loss).unbiased
+    report = klaudit.audit.check(k3_per_token, placement="loss")
+    assert not report.unbiased and [row.objective for row in report.results] == ["PFWD"]
+    assert [row.placement for row in klaudit.audit.check(k3_per_token).results] == ["loss", "reward"]
+    failing = klaudit.audit.check(lambda a, b: a, bind={"a": "logprobs"})
+    assert not failing.unbiased and "cannot bind parameter b" in failing.errors[0]
+    with pytest.raises(ValueError, match="placement"):
+        klaudit.audit.check(kl_loss, placement="sideways")
