@@ -44,8 +44,6 @@ class Role(str, Enum):
     NONE = "none"  # pass None
 
 
-TENSOR_ROLES = (Role.LOGPROBS, Role.REF_LOGPROBS, Role.OLD_LOGPROBS, Role.MASK, Role.LOGITS,
-                Role.REF_LOGITS, Role.LOG_RATIO)
 _ROLE_OF_KIND = {algebra.POLICY: Role.LOGPROBS, algebra.REF: Role.REF_LOGPROBS,
                  algebra.OLD: Role.OLD_LOGPROBS, algebra.LOGITS: Role.LOGITS,
                  algebra.REF_LOGITS: Role.REF_LOGITS}
@@ -63,10 +61,6 @@ class Binding:
     @property
     def off_policy(self) -> bool:
         return Role.OLD_LOGPROBS in self.roles.values()
-
-    @property
-    def uses_logits(self) -> bool:
-        return any(role in (Role.LOGITS, Role.REF_LOGITS) for role in self.roles.values())
 
     def modes(self) -> list[dict[str, str]]:
         """Every combination of switch values ([{}] when there is no switch)."""
