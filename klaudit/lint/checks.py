@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.catalog import CLAMPED, Aggregation, Config, Estimator, Position, Returns, Sampling, classify
 from klaudit.lint import algebra as alg
@@ -183,14 +182,7 @@ class _Positions:
         key = id(tree)
         if key not in self._maps:
             self._maps[key] = statement_positions(tree)
-        found = self._maps[key].get(id(node))
-        if found is None:
-            wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)  # a node the pairing missed
-            where = wrapper.resolve(PositionProvider).get(node)
-            if where is None:
-                return None
-            found = (where.start.line, where.start.column + 1, where.end.line, where.end.column + 1)
-        return found
+        return self._maps[key].get(id(node))  # None: a statement of another module
 
 
 def statement_positions(tree: cst.Module) -> dict:
