@@ -20,7 +20,8 @@ import libcst as cst
 from klaudit.catalog import CLAMPED, Aggregation, Config, Estimator, Position, Returns, Sampling, classify
 from klaudit.lint import algebra as alg
 from klaudit.lint.findings import Finding
-from klaudit.lint.flow import Analyzer, Fact, Sink
+from klaudit.lint.facts import Fact, Sink
+from klaudit.lint.modules import Analyzer
 
 _ANALYZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 

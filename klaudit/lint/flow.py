@@ -4,16 +4,15 @@ Every expression evaluates to a tuple of `Fact`s: the alternatives it may hold (
 stay apart, labelled by the literal that selects them). A tensor fact carries a symbolic
 polynomial (klaudit.lint.algebra) plus how it was clamped, reduced and sliced. Statements are
 walked in order; `if` branches are joined; loops run twice; calls into functions of the linted
-tree are interpreted with the caller's argument facts (cached, depth-limited). The result of a
-function is its returned facts and its sinks: the loss, reward and advantage expressions that
-KL terms reach.
+tree are interpreted by klaudit.lint.modules.Analyzer with the caller's argument facts. The
+result of a function is its returned facts and its sinks: the loss, reward and advantage
+expressions that KL terms reach.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Optional
 
 import libcst as cst
 
@@ -21,274 +20,21 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
-
-MAX_DEPTH = 4
-
-
-@dataclass(frozen=True)
-class Fact:
-    """One alternative value of an expression."""
-
-    poly: Optional[Poly] = None
-    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool
-    clamped: bool = False
-    position: Position = Position.ALL
-    aggregation: Optional[Aggregation] = None
-    flipped: bool = False
-    labels: tuple = ()  # ((switch name, (values...)), ...)
-    origin: Any = None  # node where the estimator was formed
-    origin_path: str = ""
-    entry: Any = None  # node where it entered a loss or reward
-    text: Optional[str] = None  # a string literal
-    name: str = ""  # display name of a switch variable
-    items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
-    calls: int = 0  # function boundaries crossed
-    scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
-    passed: bool = False  # handed to the function being interpreted as an argument
-
-    def is_kl(self) -> bool:
-        return self.poly is not None and alg.kl_atoms(self.poly)
-
-
-@dataclass
-class Sink:
-    kind: str  # loss | reward | advantage
-    facts: tuple
-    node: cst.CSTNode
-    order: int = 0  # position among the sinks of the function, in execution order
-
-
-@dataclass
-class Outcome:
-    returns: tuple = ()
-    sinks: list = field(default_factory=list)
-
-
-def tensor(poly: Poly, **kw) -> Fact:
-    return Fact(poly=poly, **kw)
-
-
-NEG = (Fact(role="neg"),)
-
-
-def _dotted(node: cst.CSTNode) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else node.attr.value
-    if isinstance(node, cst.Call):
-        return _dotted(node.func) + "()"
-    return ""
-
-
-def _last_name(node: cst.CSTNode) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return node.attr.value
-    if isinstance(node, cst.Subscript):
-        key = _string_key(node)
-        return key or _last_name(node.value)
-    return ""
-
-
-def _string_key(node: cst.Subscript) -> Optional[str]:
-    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
-        value = node.slice[0].slice.value
-        if isinstance(value, cst.SimpleString):
-            return value.evaluated_value
-    return None
-
-
-def _int(node: Optional[cst.CSTNode]) -> Optional[int]:
-    if isinstance(node, cst.Integer):
-        return int(node.value)
-    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
-        return -int(node.expression.value)
-    return None
-
-
-def _compatible(a: tuple, b: tuple) -> bool:
-    """Two label sets can hold at once unless they pick different values of the same switch."""
-    picked = dict(a)
-    return all(name not in picked or picked[name] == values for name, values in b)
-
-
-def _merge_labels(a: tuple, b: tuple) -> tuple:
-    return tuple(sorted(set(a) | set(b), key=repr))
-
-
-class Module:
-    """A parsed module of the linted tree: its functions, classes and imports."""
-
-    def __init__(self, path: str, module: cst.Module, project) -> None:
-        self.path = path
-        self.tree = module
-        self.project = project
-        self.functions: dict = {}
-        self.classes: dict = {}
-        self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
-        for stmt in module.body:
-            self._collect(stmt)
-
-    def _collect(self, stmt: cst.CSTNode) -> None:
-        if isinstance(stmt, cst.FunctionDef):
-            self.functions[stmt.name.value] = stmt
-        elif isinstance(stmt, cst.ClassDef):
-            methods = {}
-            for item in stmt.body.body:
-                if isinstance(item, cst.FunctionDef):
-                    methods[item.name.value] = item
-            self.classes[stmt.name.value] = (stmt, methods)
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Import):
-                    for alias in small.names:
-                        dotted = _dotted(alias.name)
-                        local = alias.asname.name.value if alias.asname else dotted.split(".")[0]
-                        self.imports[local] = (dotted if alias.asname else local, None, 0)
-                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                    dotted = _dotted(small.module) if small.module else ""
-                    level = len(small.relative)
-                    for alias in small.names:
-                        local = alias.asname.name.value if alias.asname else alias.name.value
-                        self.imports[local] = (dotted, alias.name.value, level)
-        elif isinstance(stmt, (cst.If, cst.Try)):
-            for item in stmt.body.body:
-                self._collect(item)
-
-
-class Analyzer:
-    """Interprets the functions of the linted tree; one instance per engine worker."""
-
-    def __init__(self, project) -> None:
-        self.project = project
-        self._modules: dict = {}
-        self._summaries: dict = {}
-        self._stack: list = []
-
-    def module(self, path: str, tree: cst.Module) -> Module:
-        key = str(Path(path).resolve())
-        if key not in self._modules:
-            self._modules[key] = Module(path, tree, self.project)
-        return self._modules[key]
-
-    def module_at(self, path: Path) -> Optional[Module]:
-        key = str(Path(path).resolve())
-        if key in self._modules:
-            return self._modules[key]
-        tree = self.project.parse(path)
-        if tree is None:
-            return None
-        return self.module(str(path), tree)
-
-    def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
-        """A function on its own: parameters get roles from their names."""
-        env = {}
-        for param in _params(func):
-            env[param.name.value] = _param_facts(param, module, self, cls)
-        return FunctionRun(self, module, func, cls, env, record=True).run()
-
-    def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
-        """What `func` returns given the caller's argument facts, and where it sinks the arguments."""
-        key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])))
-        if key in self._summaries:
-            return self._summaries[key]
-        if len(self._stack) >= MAX_DEPTH or id(func) in self._stack:
-            return Outcome()
-        self._stack.append(id(func))
-        try:
-            outcome = FunctionRun(self, module, func, cls, env, record=True).run()
-        finally:
-            self._stack.pop()
-        returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
-        if _decorated_no_grad(func):
-            returns = _as_rollout_data(returns)
-        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node) for s in outcome.sinks]
-        result = Outcome(returns, [s for s in sinks if s.facts])
-        self._summaries[key] = result
-        return result
-
-    def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):
-        """(module, function, class) for a call target inside the linted tree, or None.
-
-        With `imports` False only functions of `module` itself are considered."""
-        if isinstance(func_node, cst.Name):
-            name = func_node.value
-            if name in module.functions:
-                return module, module.functions[name], None
-            if name in module.imports and imports:
-                dotted, attr, level = module.imports[name]
-                if attr is None:
-                    return None
-                target = self._import(module, dotted, level)
-                if target is not None and attr in target.functions:
-                    return target, target.functions[attr], None
-                sub = self._import(module, f"{dotted}.{attr}" if dotted else attr, level)
-                if sub is not None and "__call__" in sub.functions:
-                    return None
-            return None
-        if isinstance(func_node, cst.Attribute):
-            attr = func_node.attr.value
-            base = func_node.value
-            if isinstance(base, cst.Name) and base.value in ("self", "cls") and cls is not None:
-                _, methods = module.classes.get(cls, (None, {}))
-                if attr in methods:
-                    return module, methods[attr], cls
-                return None
-            if isinstance(base, cst.Name) and base.value in module.classes:
-                _, methods = module.classes[base.value]
-                if attr in methods:
-                    return module, methods[attr], base.value
-            dotted = _dotted(base)
-            head = dotted.split(".")[0]
-            if head in module.imports and imports:
-                imp_dotted, imp_attr, level = module.imports[head]
-                full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
-                rest = dotted.split(".")[1:]
-                target = self._import(module, ".".join([full] + rest), level)
-                if target is not None and attr in target.functions:
-                    return target, target.functions[attr], None
-        return None
-
-    def _import(self, module: Module, dotted: str, level: int) -> Optional[Module]:
-        path = self.project.module_path(dotted, module.path, level)
-        if path is None:
-            return None
-        return self.module_at(path)
-
-
-def _params(func: cst.FunctionDef) -> list:
-    p = func.params
-    return [*p.posonly_params, *p.params, *p.kwonly_params]
-
-
-def _param_facts(param: cst.Param, module: Module, analyzer: Analyzer, cls) -> tuple:
-    name = param.name.value
-    if name in ("self", "cls"):
-        return ()
-    poly = roles.named_tensor(name, grad=True)
-    if poly is not None:
-        return (tensor(poly),)
-    if roles.is_mask_name(name):
-        return (Fact(role="mask"),)
-    annotation = _dotted(param.annotation.annotation) if param.annotation else ""
-    if annotation == "str" or isinstance(param.default, cst.SimpleString):
-        return (Fact(role="str", name=name),)
-    if annotation == "bool" or (isinstance(param.default, cst.Name) and param.default.value in ("True", "False")):
-        return (Fact(role="bool", name=name),)
-    return ()
-
-
-class Return(Exception):
-    pass
+from klaudit.lint.facts import (
+    NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
+    operands, param_facts, rename_logprobs, tensor,
+)
+from klaudit.lint.syntax import (
+    case_strings, decorated_no_grad, dotted, drops_last_char, int_literal, is_data_read, is_last_index,
+    last_name, looks_like_option, mentions, params, root_name, string_key, string_literals,
+)
+from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 
 class FunctionRun:
     """One interpretation of one function body."""
 
-    def __init__(self, analyzer: Analyzer, module: Module, func: cst.FunctionDef, cls, env: dict, record: bool):
+    def __init__(self, analyzer, module, func: cst.FunctionDef, cls, env: dict, record: bool):
         self.analyzer = analyzer
         self.module = module
         self.func = func
@@ -298,7 +44,7 @@ class FunctionRun:
         self.labels: tuple = ()
         self._memo: dict = {}
         self.stmt: Optional[cst.CSTNode] = None
-        self.no_grad = _decorated_no_grad(func)
+        self.no_grad = decorated_no_grad(func)
         self.reverse_loop: set = set()
         self.returns: list = []
         self.sinks: list = []
@@ -330,7 +76,7 @@ class FunctionRun:
         elif isinstance(stmt, cst.If):
             self.if_statement(stmt)
         elif isinstance(stmt, (cst.For, cst.While)):
-            reverse = isinstance(stmt, cst.For) and "reversed" in _dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
+            reverse = isinstance(stmt, cst.For) and "reversed" in dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
             if isinstance(stmt, cst.For):
                 self.assign_target(stmt.target, ())
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
@@ -343,7 +89,7 @@ class FunctionRun:
                 self.block(stmt.orelse.body)
         elif isinstance(stmt, cst.With):
             saved = self.no_grad
-            if any(roles.NO_GRAD_CONTEXTS.match(_dotted(item.item.func).split(".")[-1].rstrip("()"))
+            if any(roles.NO_GRAD_CONTEXTS.match(dotted(item.item.func).split(".")[-1].rstrip("()"))
                    for item in stmt.items if isinstance(item.item, cst.Call)):
                 self.no_grad = True
             for item in stmt.items:
@@ -356,7 +102,7 @@ class FunctionRun:
             self.block(stmt.body)
             for handler in stmt.handlers:
                 self.block(handler.body)
-            self.env = _join(before, self.env)
+            self.env = join_envs(before, self.env)
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
             if stmt.finalbody is not None:
@@ -378,7 +124,7 @@ class FunctionRun:
         before = dict(self.env)
         saved = self.labels
         if label is not None:
-            self.labels = _merge_labels(self.labels, (label,))
+            self.labels = merge_labels(self.labels, (label,))
         self.block(stmt.body)
         self.labels = saved
         after_body = self.env
@@ -387,25 +133,25 @@ class FunctionRun:
             self.if_statement(stmt.orelse)
         elif stmt.orelse is not None:
             if label is not None and label[1] in ((True,),):
-                self.labels = _merge_labels(self.labels, ((label[0], (False,)),))
+                self.labels = merge_labels(self.labels, ((label[0], (False,)),))
             self.block(stmt.orelse.body)
             self.labels = saved
-        self.env = _join(after_body, self.env)
+        self.env = join_envs(after_body, self.env)
 
     def match_statement(self, stmt: cst.Match) -> None:
         subject = self.expr(stmt.subject)
-        name = next((f.name for f in subject if f.role == "str"), _last_name(stmt.subject))
+        name = next((f.name for f in subject if f.role == "str"), last_name(stmt.subject))
         before = dict(self.env)
         merged = dict(before)
         saved = self.labels
         for case in stmt.cases:
-            values = _case_strings(case.pattern)
+            values = case_strings(case.pattern)
             self.env = dict(before)
             if values:
-                self.labels = _merge_labels(saved, ((name, values),))
+                self.labels = merge_labels(saved, ((name, values),))
             self.block(case.body)
             self.labels = saved
-            merged = _join(merged, self.env)
+            merged = join_envs(merged, self.env)
         self.env = merged
 
     def condition(self, test: cst.BaseExpression):
@@ -420,12 +166,12 @@ class FunctionRun:
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             comp = test.comparisons[0]
             left, right = test.left, comp.comparator
-            strings = _strings(right) or _strings(left)
-            subject = left if _strings(right) else right
+            strings = string_literals(right) or string_literals(left)
+            subject = left if string_literals(right) else right
             if strings and isinstance(comp.operator, (cst.Equal, cst.In, cst.NotEqual, cst.NotIn)):
                 facts = self.expr(subject)
                 known = [f.text for f in facts if f.role == "str" and f.text is not None]
-                name = next((f.name for f in facts if f.role == "str" and f.name), _last_name(subject))
+                name = next((f.name for f in facts if f.role == "str" and f.name), last_name(subject))
                 negate = isinstance(comp.operator, (cst.NotEqual, cst.NotIn))
                 if known:
                     hit = any(k in strings for k in known)
@@ -433,13 +179,13 @@ class FunctionRun:
                 return (None if negate else (name, tuple(strings))), None
             return None, None
         if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
-            strings = _strings(test.args[0].value) if test.args else None
+            strings = string_literals(test.args[0].value) if test.args else None
             facts = self.expr(test.func.value)
             known = [f.text for f in facts if f.role == "str" and f.text is not None]
             if strings and known:
                 method = test.func.attr.value
                 return None, any(getattr(k, method)(tuple(strings)) for k in known)
-            name = next((f.name for f in facts if f.name), _last_name(test.func.value))
+            name = next((f.name for f in facts if f.name), last_name(test.func.value))
             if strings:
                 return (name, tuple(f"*{s}" for s in strings)), None
             return None, None
@@ -450,7 +196,7 @@ class FunctionRun:
             known = [f.text for f in facts if f.role == "bool" and f.text is not None]
             if known:
                 return None, known[0] == "True"
-            name = _last_name(test)
+            name = last_name(test)
             if name in ("True", "False"):
                 return None, name == "True"
             return (name, (True,)), None
@@ -480,10 +226,10 @@ class FunctionRun:
             self.expr(small.value)
         elif isinstance(small, cst.Return) and small.value is not None:
             value = self.expr(small.value)
-            value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
-                          if _compatible(f.labels, self.labels))
+            value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
+                          if compatible(f.labels, self.labels))
             if self.loss_function:
-                marked = self.sink("loss", _loss_part(value), small)
+                marked = self.sink("loss", loss_part(value), small)
                 value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
             self.returns.extend(value)
 
@@ -492,7 +238,7 @@ class FunctionRun:
         if not self.reverse_loop or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
             return ()
         name = small.targets[0].target.value
-        if not _mentions(small.value, name):
+        if not mentions(small.value, name):
             return ()
         saved = self.env.get(name)
         self.env[name] = ()
@@ -511,16 +257,16 @@ class FunctionRun:
                         sub += part.items[index]
                 self.assign_target(element.value, sub, node, rhs=rhs)
             return
-        name = _last_name(target)
+        name = last_name(target)
         if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if self.no_grad:
-            value = _detach(value)
+            value = detach_all(value)
         if self.labels:
-            value = tuple(replace(f, labels=_merge_labels(f.labels, self.labels)) for f in value
-                          if _compatible(f.labels, self.labels))
+            value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
+                          if compatible(f.labels, self.labels))
         if isinstance(target, cst.Name) and rhs is not None:
-            value = _rename_logprobs(value, name, _is_data_read(rhs))
+            value = rename_logprobs(value, name, is_data_read(rhs))
         kind = roles.sink_of_name(name) if name else None
         if kind is not None and node is not None:
             value = self.sink(kind, value, node)
@@ -528,14 +274,14 @@ class FunctionRun:
             self.env[name] = value
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             base = target.value.value
-            if _string_key(target) is None:
+            if string_key(target) is None:
                 self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
         elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
             self.env["self." + name] = value
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
-        poly = roles.named_tensor(name, grad=not self.no_grad and not _is_data_read(rhs))
+        poly = roles.named_tensor(name, grad=not self.no_grad and not is_data_read(rhs))
         if poly is not None:
             return (tensor(poly),)
         if roles.is_mask_name(name):
@@ -583,17 +329,17 @@ class FunctionRun:
         return (tensor(Poly.const(float(node.value))),)
 
     def e_Attribute(self, node: cst.Attribute) -> tuple:
-        dotted = _dotted(node)
-        if dotted in self.env:
-            return self.env[dotted]
+        path = dotted(node)
+        if path in self.env:
+            return self.env[path]
         attr = node.attr.value
         if attr in ("data",):
-            return _detach(self.expr(node.value))
+            return detach_all(self.expr(node.value))
         if attr in ("T", "mT"):
             return self.expr(node.value)
         if attr == "logits":
             return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
-        base = _root_name(node)
+        base = root_name(node)
         if base == "self":
             return ()
         poly = roles.named_tensor(attr, grad=False)
@@ -602,27 +348,27 @@ class FunctionRun:
         if roles.is_mask_name(attr):
             return (Fact(role="mask"),)
         if not isinstance(node.value, cst.Name) or base not in self.env:
-            return (Fact(role="str", name=attr),) if _looks_like_option(attr) else ()
+            return (Fact(role="str", name=attr),) if looks_like_option(attr) else ()
         return ()
 
     def e_Subscript(self, node: cst.Subscript) -> tuple:
-        key = _string_key(node)
+        key = string_key(node)
         if key is not None:
-            poly = roles.named_tensor(key, grad=not self.no_grad and not _is_data_read(node))
+            poly = roles.named_tensor(key, grad=not self.no_grad and not is_data_read(node))
             if poly is not None:
                 return (tensor(poly),)
             if roles.is_mask_name(key):
                 return (Fact(role="mask"),)
             return ()
         base = self.expr(node.value)
-        last = _last_index(node)
+        last = is_last_index(node)
         if last:
             return tuple(replace(f, position=Position.LAST) if f.role == "tensor" else f for f in base)
         index = self.index_tuple(node)
         if index is not None:
             return index
         if any(f.role == "str" for f in base):
-            if _strip_suffix(node):
+            if drops_last_char(node):
                 return tuple(replace(f, text=f.text[:-1] if f.text else None) for f in base if f.role == "str")
             return ()
         return base
@@ -633,10 +379,10 @@ class FunctionRun:
         if not parts or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
             return None
         index_node = node.slice[0].slice.value
-        idx = _int(index_node)
+        idx = int_literal(index_node)
         if idx is None:
-            name = _last_name(index_node)
-            return tuple(replace(f, labels=_merge_labels(f.labels, ((name, (i,)),)))
+            name = last_name(index_node)
+            return tuple(replace(f, labels=merge_labels(f.labels, ((name, (i,)),)))
                          for part in parts for i, item in enumerate(part.items) for f in item)
         return tuple(f for part in parts if -len(part.items) <= idx < len(part.items) for f in part.items[idx])
 
@@ -659,18 +405,18 @@ class FunctionRun:
             return self.expr(node.body)
         if decided is False:
             return self.expr(node.orelse)
-        body = _operands(self.expr(node.body))
+        body = operands(self.expr(node.body))
         if label is not None:
-            body = tuple(replace(f, labels=_merge_labels(f.labels, (label,))) for f in body)
-        return tuple(dict.fromkeys(body + _operands(self.expr(node.orelse))))
+            body = tuple(replace(f, labels=merge_labels(f.labels, (label,))) for f in body)
+        return tuple(dict.fromkeys(body + operands(self.expr(node.orelse))))
 
     def e_UnaryOperation(self, node: cst.UnaryOperation) -> tuple:
         value = self.expr(node.expression)
         if isinstance(node.operator, cst.Minus):
             out = []
-            for f in _operands(value):
+            for f in operands(value):
                 if f.role == "neg":
-                    out.append(_UNKNOWN)
+                    out.append(UNKNOWN)
                 elif f.poly is not None:
                     out.append(replace(f, poly=alg.scale(f.poly, -1.0)))
                 else:
@@ -711,17 +457,17 @@ class FunctionRun:
         if counts:
             return counts  # a token count plus an epsilon is still the count
         out = []
-        for a in _operands(left):
-            for b in _operands(right):
+        for a in operands(left):
+            for b in operands(right):
                 a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
                 if a_tensor and b_tensor:
-                    if not _compatible(a.labels, b.labels):
+                    if not compatible(a.labels, b.labels):
                         continue
                     if a.scalar != b.scalar and a.is_kl() and b.is_kl():
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
                         out.append(replace(b, poly=alg.scale(b.poly, sign)) if a.scalar else a)
                         continue
-                    out.append(_combine(a, b, alg.add(a.poly, b.poly, sign), self.here(node), self.module.path))
+                    out.append(combine(a, b, alg.add(a.poly, b.poly, sign), self.here(node), self.module.path))
                 elif a_tensor:
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_tensor:
@@ -731,12 +477,12 @@ class FunctionRun:
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
         out = []
         negative_unknown = False
-        for a in _operands(left):
-            for b in _operands(right):
+        for a in operands(left):
+            for b in operands(right):
                 a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
                 if a_tensor and b_tensor:
-                    if _compatible(a.labels, b.labels):
-                        out.append(_combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
+                    if compatible(a.labels, b.labels):
+                        out.append(combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
                 elif a_tensor or b_tensor:
                     tensor_side, other = (a, b) if a_tensor else (b, a)
                     factor = -1.0 if other.role == "neg" else 1.0
@@ -773,13 +519,13 @@ class FunctionRun:
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
-        name = _dotted(func).split(".")[-1]
+        name = dotted(func).split(".")[-1]
         return self.library_call(name, node)
 
     def worth_following(self, node: cst.Call) -> bool:
         """Follow a call into another module only when it can matter: KL or log-prob facts go in,
         or its name speaks of KL, log-probs or a loss (parsing other modules is the costly part)."""
-        name = _dotted(node.func).split(".")[-1]
+        name = dotted(node.func).split(".")[-1]
         if roles.might_contain_kl(name) or "loss" in name.lower() or "reward" in name.lower():
             return True
         return any(f.role == "tensor" and f.poly is not None and not f.poly.is_const()
@@ -793,17 +539,17 @@ class FunctionRun:
     def call_summary(self, resolved, node: cst.Call) -> tuple:
         module, func, cls = resolved
         positional, keywords = self.args(node)
-        params = _params(func)
-        if params and params[0].name.value in ("self", "cls") and (cls is not None):
-            params = params[1:]
+        parameters = params(func)
+        if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
+            parameters = parameters[1:]
         env = {}
-        for index, param in enumerate(params):
+        for index, param in enumerate(parameters):
             name = param.name.value
             arg = positional[index] if index < len(positional) else keywords.get(name)
             if arg is not None:
                 facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
                 if any(f.role == "str" for f in facts) or not facts:
-                    label = _last_name(arg)
+                    label = last_name(arg)
                     facts = tuple(replace(f, name=f.name or label) if f.role == "str" else f for f in facts)
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
@@ -817,7 +563,7 @@ class FunctionRun:
                 else:
                     env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) else ()
             else:
-                env[name] = _param_facts(param, module, self.analyzer, cls)
+                env[name] = param_facts(param)
         outcome = self.analyzer.call(module, func, cls, env)
         for sink in outcome.sinks:
             self.sink(sink.kind, tuple(replace(f, entry=None, passed=False) for f in sink.facts), node)
@@ -827,11 +573,11 @@ class FunctionRun:
         positional, keywords = self.args(node)
         if roles.BACKWARD_CALLS.match(method):
             target = self.expr(base_node) if not positional else self.expr(positional[0])
-            self.sink("loss", _loss_part(target), node)
+            self.sink("loss", loss_part(target), node)
             return ()
-        if method in ("log_prob",) and _dotted(base_node).split(".")[-1].rstrip("()") in ("Categorical", "Normal"):
+        if method in ("log_prob",) and dotted(base_node).split(".")[-1].rstrip("()") in ("Categorical", "Normal"):
             return self.from_name("log_prob", node) or (tensor(Poly.atom(Atom(alg.POLICY, not self.no_grad))),)
-        receiver_name = _dotted(base_node)
+        receiver_name = dotted(base_node)
         if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
             return None
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
@@ -847,7 +593,7 @@ class FunctionRun:
 
     def tensor_method(self, method, base, positional, keywords, node) -> tuple:
         if method in ("detach", "item", "tolist", "numpy", "cpu", "detach_", "clone_detach"):
-            return _detach(base)
+            return detach_all(base)
         if method in ("float", "double", "half", "bfloat16", "to", "type_as", "view", "reshape", "squeeze", "unsqueeze",
                       "contiguous", "flatten", "expand", "expand_as", "transpose", "permute", "clone", "cuda", "view_as",
                       "masked_fill", "masked_fill_", "mul_", "nan_to_num", "repeat", "repeat_interleave"):
@@ -860,11 +606,11 @@ class FunctionRun:
         if method in ("exp", "log", "abs", "square", "expm1", "neg", "log_softmax", "softmax"):
             return self.unary_math(method, base, node)
         if method == "pow":
-            if positional and _int(positional[0]) == 2:
+            if positional and int_literal(positional[0]) == 2:
                 return self.multiply(base, base, node)
             return ()
         if method == "gather":
-            return _gather(base)
+            return gather(base)
         if method == "flip":
             return tuple(replace(f, flipped=not f.flipped) for f in base)
         if method == "cumsum":
@@ -884,7 +630,7 @@ class FunctionRun:
         """True for a reduction over the token axis (per row), False over everything, None over the batch axis."""
         if node is None:
             return False
-        if _int(node) == 0:
+        if int_literal(node) == 0:
             return None
         facts = self.expr(node)
         return any(f.role == "tensor" and f.poly is not None and f.poly.is_const() for f in facts) or (
@@ -900,7 +646,7 @@ class FunctionRun:
                 continue
             if f.role != "tensor" or f.poly is None:
                 continue
-            vocab = _over_vocab(f.poly)
+            vocab = over_vocab(f.poly)
             if vocab is not None and per_row:
                 out.append(replace(f, poly=vocab, origin=self.here(node)))
                 continue
@@ -921,7 +667,7 @@ class FunctionRun:
         for f in base:
             if f.role != "tensor" or f.poly is None:
                 continue
-            poly = _apply(fn, f.poly)
+            poly = apply_math(fn, f.poly)
             if poly is None:
                 continue
             position = f.position
@@ -942,10 +688,10 @@ class FunctionRun:
             return self.reduce(first, name, self.dim(dim), node)
         if name == "square":
             return self.multiply(first, first, node)
-        if name == "pow" and len(positional) > 1 and _int(positional[1]) == 2:
+        if name == "pow" and len(positional) > 1 and int_literal(positional[1]) == 2:
             return self.multiply(first, first, node)
         if name == "gather":
-            return _gather(first)
+            return gather(first)
         if name in ("flip", "fliplr", "cumsum"):
             return self.tensor_method("flip" if name != "cumsum" else "cumsum", first, positional[1:], keywords, node)
         if name in ("masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_aggregator", "sum_of_sample_mean"):
@@ -953,16 +699,16 @@ class FunctionRun:
         if name == "kl_div":
             return self.kl_div(positional, keywords, node)
         if name in ("float", "detach"):
-            return _detach(first) if name == "detach" else first
+            return detach_all(first) if name == "detach" else first
         if name in ("stack", "cat") and first:
             return first
         if name in ("max", "min", "maximum", "minimum") and len(positional) == 2:
-            return tuple(dict.fromkeys(_operands(first) + _operands(self.expr(positional[1]))))
+            return tuple(dict.fromkeys(operands(first) + operands(self.expr(positional[1]))))
         if name == "where" and len(positional) == 3:
             return tuple(dict.fromkeys(self.expr(positional[1]) + self.expr(positional[2])))
         if roles.LOGPROB_PRODUCERS.match(name):
             kinds = {a.kind for f in first if f.poly is not None for a in f.poly.atoms()}
-            return _per_token_from_logits(kinds, first) or ()
+            return per_token_from_logits(kinds, first) or ()
         if name in ("cross_entropy",):
             return ()
         if name in ("masked_whiten", "whiten"):
@@ -977,7 +723,7 @@ class FunctionRun:
             aggregation = Aggregation.SUM
         elif name in ("agg_loss", "aggregate_loss", "masked_aggregator"):
             mode = positional[2] if len(positional) > 2 else keywords.get("loss_agg_mode") or keywords.get("mode")
-            aggregation = _agg_mode(mode)
+            aggregation = agg_mode(mode)
         else:
             aggregation = Aggregation.SEQ_MEAN
         out = []
@@ -1000,290 +746,14 @@ class FunctionRun:
             for s in source:
                 if t.poly is None or s.poly is None:
                     continue
-                prob = _apply("exp", t.poly)
+                prob = apply_math("exp", t.poly)
                 if prob is None:
                     continue
                 poly = alg.mul(prob, alg.add(t.poly, s.poly, -1.0))
                 if not elementwise:
-                    poly = _over_vocab(poly)
+                    poly = over_vocab(poly)
                     if poly is None or not poly.terms:
                         continue
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
-
-
-# ---- helpers ------------------------------------------------------------------------------
-
-_UNKNOWN = Fact(role="unknown")
-
-
-def _operands(value: tuple) -> tuple:
-    """The alternatives of an operand; an expression the analysis cannot explain is one unknown value."""
-    return value or (_UNKNOWN,)
-
-
-def _kinds(poly: Optional[Poly]) -> frozenset:
-    return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()
-
-
-def _combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False) -> Fact:
-    """a (op) b. An estimator is formed here when a product joins two KL operands (d * d) or a sum
-    makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept."""
-    first = a if a.is_kl() else b
-    both = a.is_kl() and b.is_kl()
-    if product:
-        formed = both
-    else:
-        # logp - ref forms a log-ratio; two KL terms of different origin form a combination
-        formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
-    labels = _merge_labels(a.labels, b.labels) if product or both else first.labels
-    position = a.position if a.position != Position.ALL else b.position
-    if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
-        position = Position.SEQUENCE  # an estimator of the summed log-ratio
-    return replace(
-        first,
-        poly=poly,
-        clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
-        position=position,
-        aggregation=a.aggregation or b.aggregation,
-        labels=labels,
-        origin=node if formed else first.origin,
-        origin_path=path if formed else first.origin_path,
-        entry=None if formed else (a.entry or b.entry),
-        calls=max(a.calls, b.calls),
-        passed=a.passed or b.passed,
-    )
-
-
-def _as_rollout_data(value: tuple) -> tuple:
-    """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs."""
-    out = []
-    for f in value:
-        if f.role == "tuple":
-            f = replace(f, items=tuple(_as_rollout_data(item) for item in f.items))
-        elif f.role == "tensor" and f.poly is not None and len(f.poly.terms) == 1:
-            atoms = f.poly.atoms()
-            atom = next(iter(atoms)) if len(atoms) == 1 else None
-            if atom is not None and atom.kind == alg.POLICY:
-                f = replace(f, poly=Poly.atom(Atom(alg.OLD, False, atom.acc), f.poly.terms[0][1]))
-        out.append(f)
-    return tuple(out)
-
-
-def _rename_logprobs(value: tuple, name: str, data: bool) -> tuple:
-    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model));
-    log-probs read from rollout data into an `old_*` name are the behaviour policy's."""
-    kind = roles.tensor_role(name)
-    renames = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
-    if data:
-        renames[alg.OLD] = alg.POLICY
-    if kind not in renames:
-        return value
-    out = []
-    for f in value:
-        atoms = f.poly.atoms() if f.poly is not None else set()
-        if f.role == "tensor" and len(f.poly.terms) == 1 and len(atoms) == 1:
-            atom = next(iter(atoms))
-            if atom.kind == renames[kind]:
-                f = replace(f, poly=Poly.atom(Atom(kind, False, atom.acc), f.poly.terms[0][1]))
-        out.append(f)
-    return tuple(out)
-
-
-def _detach(value: tuple) -> tuple:
-    return tuple(replace(f, poly=alg.detach(f.poly)) if f.poly is not None else f for f in value)
-
-
-def _join(a: dict, b: dict) -> dict:
-    """Environments after two paths: each name holds the alternatives of both (unknown where one is)."""
-    out = dict(a)
-    for key, value in b.items():
-        if key in out and out[key] != value:
-            out[key] = tuple(dict.fromkeys(_operands(out[key]) + _operands(value)))
-        else:
-            out[key] = value
-    return out
-
-
-def _strings(node: cst.CSTNode) -> Optional[list]:
-    if isinstance(node, cst.SimpleString):
-        return [node.evaluated_value]
-    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
-        values = [e.value.evaluated_value for e in node.elements if isinstance(e.value, cst.SimpleString)]
-        return values if len(values) == len(node.elements) else None
-    return None
-
-
-def _case_strings(pattern) -> tuple:
-    if isinstance(pattern, cst.MatchValue) and isinstance(pattern.value, cst.SimpleString):
-        return (pattern.value.evaluated_value,)
-    if isinstance(pattern, cst.MatchOr):
-        out = []
-        for p in pattern.patterns:
-            out.extend(_case_strings(p.pattern))
-        return tuple(out)
-    return ()
-
-
-def _root_name(node: cst.CSTNode) -> str:
-    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
-        node = node.value if not isinstance(node, cst.Call) else node.func
-    return node.value if isinstance(node, cst.Name) else ""
-
-
-def _is_data_read(node: cst.CSTNode) -> bool:
-    """A value read from a rollout container (data.batch[...], experience.x, inputs[...])."""
-    if isinstance(node, cst.Subscript):
-        root = _root_name(node)
-        return bool(roles.DATA_CONTAINERS.match(root)) or _is_data_read(node.value)
-    if isinstance(node, cst.Attribute):
-        root = _root_name(node)
-        return bool(roles.DATA_CONTAINERS.match(root)) or _is_data_read(node.value)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return node.func.attr.value in ("get", "pop") and _is_data_read(node.func.value)
-    return False
-
-
-def _mentions(node: cst.CSTNode, name: str) -> bool:
-    found = []
-
-    class Finder(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            if n.value == name:
-                found.append(n)
-
-    node.visit(Finder())
-    return bool(found)
-
-
-def _last_index(node: cst.Subscript) -> bool:
-    """x[:, -1], x[..., -1] or x[rows, lengths - 1]: the last position only."""
-    if not node.slice:
-        return False
-    last = node.slice[-1].slice
-    if isinstance(last, cst.Index):
-        value = last.value
-        if _int(value) == -1 and len(node.slice) > 1:
-            return True
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract) and _int(value.right) == 1:
-            return len(node.slice) > 1
-    return False
-
-
-def _strip_suffix(node: cst.Subscript) -> bool:
-    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):
-        s = node.slice[0].slice
-        return s.lower is None and _int(s.upper) == -1
-    return False
-
-
-def _looks_like_option(attr: str) -> bool:
-    lower = attr.lower()
-    return any(word in lower for word in ("type", "penalty", "estimator", "mode", "kl_loss", "use_", "kl"))
-
-
-def _apply(fn: str, poly: Poly) -> Optional[Poly]:
-    kinds = {a.kind for a in poly.atoms()}
-    if fn == "exp":
-        if kinds and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
-            atom = poly.terms[0][0][0]
-            return Poly.atom(Atom(alg.VOCAB_PROB if atom.kind == alg.VOCAB_POLICY else alg.VOCAB_REF_PROB, atom.grad, atom.acc))
-        return alg.exp(poly)
-    if fn == "expm1":
-        e = alg.exp(poly)
-        return None if e is None else alg.add(e, Poly.const(1.0), -1.0)
-    if fn == "log":
-        return alg.log(poly)
-    if fn == "abs":
-        return alg.absolute(poly)
-    if fn == "square":
-        return alg.mul(poly, poly)
-    if fn in ("neg", "negative"):
-        return alg.scale(poly, -1.0)
-    if fn in ("log_softmax", "softmax"):
-        if kinds == {alg.LOGITS} or kinds == {alg.REF_LOGITS}:
-            atom = next(iter(poly.atoms()))
-            policy = atom.kind == alg.LOGITS
-            kind = (alg.VOCAB_POLICY if policy else alg.VOCAB_REF) if fn == "log_softmax" else (
-                alg.VOCAB_PROB if policy else alg.VOCAB_REF_PROB)
-            return Poly.atom(Atom(kind, atom.grad, atom.acc))
-    return None
-
-
-def _over_vocab(poly: Poly) -> Optional[Poly]:
-    """sum over the vocabulary of p * (log p - log q): the exact per-step KL, either direction."""
-    shape = {tuple(sorted(a.kind for a in m)): c for m, c in poly.terms}
-    grad = poly.has_grad()
-    vp, vq, pp, pq = alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB
-    if not any(k in (vp, vq, pp, pq) for m in shape for k in m):
-        return None
-    for kind, prob, plus, minus in ((alg.FULL, pp, vp, vq), (alg.FULL_FWD, pq, vq, vp)):
-        a = shape.get(tuple(sorted((prob, plus))))
-        b = shape.get(tuple(sorted((prob, minus))))
-        if a is not None and b is not None and abs(a + b) < 1e-12 and len(shape) == 2:
-            return Poly.atom(Atom(kind, grad), a)
-    return Poly.of({})
-
-
-def _gather(base: tuple) -> tuple:
-    """gather over the vocabulary picks the sampled tokens' log-probs; over a per-token KL, positions (the last)."""
-    out = []
-    for f in base:
-        if f.poly is None:
-            continue
-        mapped = _per_token_from_logits({a.kind for a in f.poly.atoms()}, (f,))
-        if mapped:
-            out.extend(mapped)
-        elif f.is_kl():
-            out.append(replace(f, position=Position.LAST))
-    return tuple(out)
-
-
-def _per_token_from_logits(kinds: set, facts: tuple) -> Optional[tuple]:
-    """log-probs of the sampled tokens from vocabulary-level log-probs or logits."""
-    for f in facts:
-        if f.poly is None:
-            continue
-        fk = {a.kind for a in f.poly.atoms()}
-        grad = f.poly.has_grad()
-        if fk <= {alg.VOCAB_POLICY, alg.LOGITS} and fk:
-            return (replace(f, poly=Poly.atom(Atom(alg.POLICY, grad))),)
-        if fk <= {alg.VOCAB_REF, alg.REF_LOGITS} and fk:
-            return (replace(f, poly=Poly.atom(Atom(alg.REF, False))),)
-    return None
-
-
-def _agg_mode(node) -> Aggregation:
-    if isinstance(node, cst.SimpleString):
-        mode = node.evaluated_value
-        return {
-            "token-mean": Aggregation.BATCH_MEAN,
-            "seq-mean-token-sum": Aggregation.SUM,
-            "seq-mean-token-mean": Aggregation.SEQ_MEAN,
-            "seq-mean-token-sum-norm": Aggregation.CONSTANT,
-        }.get(mode, Aggregation.BATCH_MEAN)
-    return Aggregation.BATCH_MEAN
-
-
-def _loss_part(value: tuple) -> tuple:
-    """The facts of a loss value; for a tuple, the first element; for a dict, entries named *loss*."""
-    out = []
-    for f in value:
-        if f.role == "tuple" and f.items:
-            out.extend(f.items[0])
-        elif f.role == "dict":
-            for key, facts in f.items:
-                if "loss" in key.lower():
-                    out.extend(facts)
-        else:
-            out.append(f)
-    return tuple(out)
-
-
-def _decorated_no_grad(func: cst.FunctionDef) -> bool:
-    for decorator in func.decorators:
-        name = _dotted(decorator.decorator).rstrip("()").split(".")[-1]
-        if roles.NO_GRAD_CONTEXTS.match(name):
-            return True
-    return False

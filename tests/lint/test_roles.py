@@ -14,7 +14,10 @@ import pytest
 
 from klaudit.catalog import Aggregation, Estimator, Position, Returns
 from klaudit.lint import algebra as alg
-from klaudit.lint.flow import Analyzer, FunctionRun, _param_facts, _params
+from klaudit.lint.facts import param_facts
+from klaudit.lint.flow import FunctionRun
+from klaudit.lint.modules import Analyzer
+from klaudit.lint.syntax import params as parameters_of
 from klaudit.lint.project import Project
 from klaudit.lint.roles import might_contain_kl, sink_of_name, tensor_role
 
@@ -27,7 +30,7 @@ def facts_of(body: str, name: str, params: str = "logp, ref_logp, old_logp, mask
     analyzer = Analyzer(Project([]))
     mod = analyzer.module("snippet.py", module)
     func = mod.functions["f"]
-    env = {p.name.value: _param_facts(p, mod, analyzer, None) for p in _params(func)}
+    env = {p.name.value: param_facts(p) for p in parameters_of(func)}
     run = FunctionRun(analyzer, mod, func, None, env, record=True)
     run.run()
     return run.env[name]

@@ -1,0 +1,182 @@
+"""The abstract values of the flow analysis: facts, their alternatives and how they combine.
+
+An expression holds a tuple of `Fact`s, the alternatives it may hold (switch branches stay apart,
+labelled by the literal that selects them); an empty tuple is a value the analysis cannot explain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import libcst as cst
+
+from klaudit.catalog import Aggregation, Position
+from klaudit.lint import algebra as alg
+from klaudit.lint import roles
+from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.syntax import dotted
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One alternative value of an expression."""
+
+    poly: Optional[Poly] = None
+    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool
+    clamped: bool = False
+    position: Position = Position.ALL
+    aggregation: Optional[Aggregation] = None
+    flipped: bool = False
+    labels: tuple = ()  # ((switch name, (values...)), ...)
+    origin: Any = None  # node where the estimator was formed
+    origin_path: str = ""
+    entry: Any = None  # node where it entered a loss or reward
+    text: Optional[str] = None  # a string literal
+    name: str = ""  # display name of a switch variable
+    items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
+    calls: int = 0  # function boundaries crossed
+    scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
+    passed: bool = False  # handed to the function being interpreted as an argument
+
+    def is_kl(self) -> bool:
+        return self.poly is not None and alg.kl_atoms(self.poly)
+
+@dataclass
+class Sink:
+    kind: str  # loss | reward | advantage
+    facts: tuple
+    node: cst.CSTNode
+    order: int = 0  # position among the sinks of the function, in execution order
+
+@dataclass
+class Outcome:
+    returns: tuple = ()
+    sinks: list = field(default_factory=list)
+
+def tensor(poly: Poly, **kw) -> Fact:
+    return Fact(poly=poly, **kw)
+
+NEG = (Fact(role="neg"),)
+
+UNKNOWN = Fact(role="unknown")
+
+def operands(value: tuple) -> tuple:
+    """The alternatives of an operand; an expression the analysis cannot explain is one unknown value."""
+    return value or (UNKNOWN,)
+
+def compatible(a: tuple, b: tuple) -> bool:
+    """Two label sets can hold at once unless they pick different values of the same switch."""
+    picked = dict(a)
+    return all(name not in picked or picked[name] == values for name, values in b)
+
+def merge_labels(a: tuple, b: tuple) -> tuple:
+    return tuple(sorted(set(a) | set(b), key=repr))
+
+def kinds(poly: Optional[Poly]) -> frozenset:
+    return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()
+
+def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False) -> Fact:
+    """a (op) b. An estimator is formed here when a product joins two KL operands (d * d) or a sum
+    makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept."""
+    first = a if a.is_kl() else b
+    both = a.is_kl() and b.is_kl()
+    if product:
+        formed = both
+    else:
+        # logp - ref forms a log-ratio; two KL terms of different origin form a combination
+        formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
+    labels = merge_labels(a.labels, b.labels) if product or both else first.labels
+    position = a.position if a.position != Position.ALL else b.position
+    if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
+        position = Position.SEQUENCE  # an estimator of the summed log-ratio
+    return replace(
+        first,
+        poly=poly,
+        clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
+        position=position,
+        aggregation=a.aggregation or b.aggregation,
+        labels=labels,
+        origin=node if formed else first.origin,
+        origin_path=path if formed else first.origin_path,
+        entry=None if formed else (a.entry or b.entry),
+        calls=max(a.calls, b.calls),
+        passed=a.passed or b.passed,
+    )
+
+def as_rollout_data(value: tuple) -> tuple:
+    """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs."""
+    out = []
+    for f in value:
+        if f.role == "tuple":
+            f = replace(f, items=tuple(as_rollout_data(item) for item in f.items))
+        elif f.role == "tensor" and f.poly is not None and len(f.poly.terms) == 1:
+            atoms = f.poly.atoms()
+            atom = next(iter(atoms)) if len(atoms) == 1 else None
+            if atom is not None and atom.kind == alg.POLICY:
+                f = replace(f, poly=Poly.atom(Atom(alg.OLD, False, atom.acc), f.poly.terms[0][1]))
+        out.append(f)
+    return tuple(out)
+
+def rename_logprobs(value: tuple, name: str, data: bool) -> tuple:
+    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model));
+    log-probs read from rollout data into an `old_*` name are the behaviour policy's."""
+    kind = roles.tensor_role(name)
+    renames = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
+    if data:
+        renames[alg.OLD] = alg.POLICY
+    if kind not in renames:
+        return value
+    out = []
+    for f in value:
+        atoms = f.poly.atoms() if f.poly is not None else set()
+        if f.role == "tensor" and len(f.poly.terms) == 1 and len(atoms) == 1:
+            atom = next(iter(atoms))
+            if atom.kind == renames[kind]:
+                f = replace(f, poly=Poly.atom(Atom(kind, False, atom.acc), f.poly.terms[0][1]))
+        out.append(f)
+    return tuple(out)
+
+def detach_all(value: tuple) -> tuple:
+    return tuple(replace(f, poly=alg.detach(f.poly)) if f.poly is not None else f for f in value)
+
+def join_envs(a: dict, b: dict) -> dict:
+    """Environments after two paths: each name holds the alternatives of both (unknown where one is)."""
+    out = dict(a)
+    for key, value in b.items():
+        if key in out and out[key] != value:
+            out[key] = tuple(dict.fromkeys(operands(out[key]) + operands(value)))
+        else:
+            out[key] = value
+    return out
+
+def loss_part(value: tuple) -> tuple:
+    """The facts of a loss value; for a tuple, the first element; for a dict, entries named *loss*."""
+    out = []
+    for f in value:
+        if f.role == "tuple" and f.items:
+            out.extend(f.items[0])
+        elif f.role == "dict":
+            for key, facts in f.items:
+                if "loss" in key.lower():
+                    out.extend(facts)
+        else:
+            out.append(f)
+    return tuple(out)
+
+def param_facts(param: cst.Param) -> tuple:
+    """The facts of a parameter the caller does not supply: its role from its name, annotation, default."""
+    name = param.name.value
+    if name in ("self", "cls"):
+        return ()
+    poly = roles.named_tensor(name, grad=True)
+    if poly is not None:
+        return (tensor(poly),)
+    if roles.is_mask_name(name):
+        return (Fact(role="mask"),)
+    annotation = dotted(param.annotation.annotation) if param.annotation else ""
+    if annotation == "str" or isinstance(param.default, cst.SimpleString):
+        return (Fact(role="str", name=name),)
+    if annotation == "bool" or (isinstance(param.default, cst.Name) and param.default.value in ("True", "False")):
+        return (Fact(role="bool", name=name),)
+    return ()

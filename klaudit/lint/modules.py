@@ -1,0 +1,151 @@
+"""Modules and functions of the linted tree, and the interpreter of calls between them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import libcst as cst
+
+from klaudit.lint.facts import Outcome, Sink, as_rollout_data, param_facts
+from klaudit.lint.flow import FunctionRun
+from klaudit.lint.syntax import decorated_no_grad, dotted, params
+
+MAX_DEPTH = 4
+
+
+class Module:
+    """A parsed module of the linted tree: its functions, classes and imports."""
+
+    def __init__(self, path: str, module: cst.Module, project) -> None:
+        self.path = path
+        self.tree = module
+        self.project = project
+        self.functions: dict = {}
+        self.classes: dict = {}
+        self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
+        for stmt in module.body:
+            self._collect(stmt)
+
+    def _collect(self, stmt: cst.CSTNode) -> None:
+        if isinstance(stmt, cst.FunctionDef):
+            self.functions[stmt.name.value] = stmt
+        elif isinstance(stmt, cst.ClassDef):
+            methods = {}
+            for item in stmt.body.body:
+                if isinstance(item, cst.FunctionDef):
+                    methods[item.name.value] = item
+            self.classes[stmt.name.value] = (stmt, methods)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import):
+                    for alias in small.names:
+                        name = dotted(alias.name)
+                        local = alias.asname.name.value if alias.asname else name.split(".")[0]
+                        self.imports[local] = (name if alias.asname else local, None, 0)
+                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                    source = dotted(small.module) if small.module else ""
+                    level = len(small.relative)
+                    for alias in small.names:
+                        local = alias.asname.name.value if alias.asname else alias.name.value
+                        self.imports[local] = (source, alias.name.value, level)
+        elif isinstance(stmt, (cst.If, cst.Try)):
+            for item in stmt.body.body:
+                self._collect(item)
+
+class Analyzer:
+    """Interprets the functions of the linted tree; one instance per engine worker."""
+
+    def __init__(self, project) -> None:
+        self.project = project
+        self._modules: dict = {}
+        self._summaries: dict = {}
+        self._stack: list = []
+
+    def module(self, path: str, tree: cst.Module) -> Module:
+        key = str(Path(path).resolve())
+        if key not in self._modules:
+            self._modules[key] = Module(path, tree, self.project)
+        return self._modules[key]
+
+    def module_at(self, path: Path) -> Optional[Module]:
+        key = str(Path(path).resolve())
+        if key in self._modules:
+            return self._modules[key]
+        tree = self.project.parse(path)
+        if tree is None:
+            return None
+        return self.module(str(path), tree)
+
+    def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
+        """A function on its own: parameters get roles from their names."""
+        env = {}
+        for param in params(func):
+            env[param.name.value] = param_facts(param)
+        return FunctionRun(self, module, func, cls, env, record=True).run()
+
+    def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
+        """What `func` returns given the caller's argument facts, and where it sinks the arguments."""
+        key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])))
+        if key in self._summaries:
+            return self._summaries[key]
+        if len(self._stack) >= MAX_DEPTH or id(func) in self._stack:
+            return Outcome()
+        self._stack.append(id(func))
+        try:
+            outcome = FunctionRun(self, module, func, cls, env, record=True).run()
+        finally:
+            self._stack.pop()
+        returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
+        if decorated_no_grad(func):
+            returns = as_rollout_data(returns)
+        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node) for s in outcome.sinks]
+        result = Outcome(returns, [s for s in sinks if s.facts])
+        self._summaries[key] = result
+        return result
+
+    def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):
+        """(module, function, class) for a call target inside the linted tree, or None.
+
+        With `imports` False only functions of `module` itself are considered."""
+        if isinstance(func_node, cst.Name):
+            name = func_node.value
+            if name in module.functions:
+                return module, module.functions[name], None
+            if name in module.imports and imports:
+                source, attr, level = module.imports[name]
+                if attr is None:
+                    return None
+                target = self._import(module, source, level)
+                if target is not None and attr in target.functions:
+                    return target, target.functions[attr], None
+            return None
+        if isinstance(func_node, cst.Attribute):
+            attr = func_node.attr.value
+            base = func_node.value
+            if isinstance(base, cst.Name) and base.value in ("self", "cls") and cls is not None:
+                _, methods = module.classes.get(cls, (None, {}))
+                if attr in methods:
+                    return module, methods[attr], cls
+                return None
+            if isinstance(base, cst.Name) and base.value in module.classes:
+                _, methods = module.classes[base.value]
+                if attr in methods:
+                    return module, methods[attr], base.value
+            base_name = dotted(base)
+            head = base_name.split(".")[0]
+            if head in module.imports and imports:
+                imp_dotted, imp_attr, level = module.imports[head]
+                full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
+                rest = base_name.split(".")[1:]
+                target = self._import(module, ".".join([full] + rest), level)
+                if target is not None and attr in target.functions:
+                    return target, target.functions[attr], None
+        return None
+
+    def _import(self, module: Module, name: str, level: int) -> Optional[Module]:
+        path = self.project.module_path(name, module.path, level)
+        if path is None:
+            return None
+        return self.module_at(path)

@@ -1,0 +1,124 @@
+"""Shapes of LibCST syntax the flow analysis reads: dotted names, literals, slices, decorators."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from klaudit.lint import roles
+
+
+def dotted(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else node.attr.value
+    if isinstance(node, cst.Call):
+        return dotted(node.func) + "()"
+    return ""
+
+def last_name(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript):
+        key = string_key(node)
+        return key or last_name(node.value)
+    return ""
+
+def string_key(node: cst.Subscript) -> Optional[str]:
+    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        value = node.slice[0].slice.value
+        if isinstance(value, cst.SimpleString):
+            return value.evaluated_value
+    return None
+
+def int_literal(node: Optional[cst.CSTNode]) -> Optional[int]:
+    if isinstance(node, cst.Integer):
+        return int(node.value)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+        return -int(node.expression.value)
+    return None
+
+def string_literals(node: cst.CSTNode) -> Optional[list]:
+    if isinstance(node, cst.SimpleString):
+        return [node.evaluated_value]
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        values = [e.value.evaluated_value for e in node.elements if isinstance(e.value, cst.SimpleString)]
+        return values if len(values) == len(node.elements) else None
+    return None
+
+def case_strings(pattern) -> tuple:
+    if isinstance(pattern, cst.MatchValue) and isinstance(pattern.value, cst.SimpleString):
+        return (pattern.value.evaluated_value,)
+    if isinstance(pattern, cst.MatchOr):
+        out = []
+        for p in pattern.patterns:
+            out.extend(case_strings(p.pattern))
+        return tuple(out)
+    return ()
+
+def root_name(node: cst.CSTNode) -> str:
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        node = node.value if not isinstance(node, cst.Call) else node.func
+    return node.value if isinstance(node, cst.Name) else ""
+
+def is_data_read(node: cst.CSTNode) -> bool:
+    """A value read from a rollout container (data.batch[...], experience.x, inputs[...])."""
+    if isinstance(node, cst.Subscript):
+        root = root_name(node)
+        return bool(roles.DATA_CONTAINERS.match(root)) or is_data_read(node.value)
+    if isinstance(node, cst.Attribute):
+        root = root_name(node)
+        return bool(roles.DATA_CONTAINERS.match(root)) or is_data_read(node.value)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.attr.value in ("get", "pop") and is_data_read(node.func.value)
+    return False
+
+def mentions(node: cst.CSTNode, name: str) -> bool:
+    found = []
+
+    class Finder(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            if n.value == name:
+                found.append(n)
+
+    node.visit(Finder())
+    return bool(found)
+
+def is_last_index(node: cst.Subscript) -> bool:
+    """x[:, -1], x[..., -1] or x[rows, lengths - 1]: the last position only."""
+    if not node.slice:
+        return False
+    last = node.slice[-1].slice
+    if isinstance(last, cst.Index):
+        value = last.value
+        if int_literal(value) == -1 and len(node.slice) > 1:
+            return True
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract) and int_literal(value.right) == 1:
+            return len(node.slice) > 1
+    return False
+
+def drops_last_char(node: cst.Subscript) -> bool:
+    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):
+        s = node.slice[0].slice
+        return s.lower is None and int_literal(s.upper) == -1
+    return False
+
+def decorated_no_grad(func: cst.FunctionDef) -> bool:
+    for decorator in func.decorators:
+        name = dotted(decorator.decorator).rstrip("()").split(".")[-1]
+        if roles.NO_GRAD_CONTEXTS.match(name):
+            return True
+    return False
+
+def params(func: cst.FunctionDef) -> list:
+    p = func.params
+    return [*p.posonly_params, *p.params, *p.kwonly_params]
+
+def looks_like_option(attr: str) -> bool:
+    lower = attr.lower()
+    return any(word in lower for word in ("type", "penalty", "estimator", "mode", "kl_loss", "use_", "kl"))

@@ -1,0 +1,92 @@
+"""Vocabulary-level tensors: logits, log_softmax, probabilities, gathers, the exact per-step KL."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import libcst as cst
+
+from klaudit.catalog import Aggregation, Position
+from klaudit.lint import algebra as alg
+from klaudit.lint.algebra import Atom, Poly
+
+
+def apply_math(fn: str, poly: Poly) -> Optional[Poly]:
+    """exp / expm1 / log / abs / square / log_softmax / softmax of a symbolic tensor, when it has a meaning."""
+    kinds = {a.kind for a in poly.atoms()}
+    if fn == "exp":
+        if kinds and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
+            atom = poly.terms[0][0][0]
+            return Poly.atom(Atom(alg.VOCAB_PROB if atom.kind == alg.VOCAB_POLICY else alg.VOCAB_REF_PROB, atom.grad, atom.acc))
+        return alg.exp(poly)
+    if fn == "expm1":
+        e = alg.exp(poly)
+        return None if e is None else alg.add(e, Poly.const(1.0), -1.0)
+    if fn == "log":
+        return alg.log(poly)
+    if fn == "abs":
+        return alg.absolute(poly)
+    if fn == "square":
+        return alg.mul(poly, poly)
+    if fn in ("neg", "negative"):
+        return alg.scale(poly, -1.0)
+    if fn in ("log_softmax", "softmax"):
+        if kinds == {alg.LOGITS} or kinds == {alg.REF_LOGITS}:
+            atom = next(iter(poly.atoms()))
+            policy = atom.kind == alg.LOGITS
+            kind = (alg.VOCAB_POLICY if policy else alg.VOCAB_REF) if fn == "log_softmax" else (
+                alg.VOCAB_PROB if policy else alg.VOCAB_REF_PROB)
+            return Poly.atom(Atom(kind, atom.grad, atom.acc))
+    return None
+
+def over_vocab(poly: Poly) -> Optional[Poly]:
+    """sum over the vocabulary of p * (log p - log q): the exact per-step KL, either direction."""
+    shape = {tuple(sorted(a.kind for a in m)): c for m, c in poly.terms}
+    grad = poly.has_grad()
+    vp, vq, pp, pq = alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB
+    if not any(k in (vp, vq, pp, pq) for m in shape for k in m):
+        return None
+    for kind, prob, plus, minus in ((alg.FULL, pp, vp, vq), (alg.FULL_FWD, pq, vq, vp)):
+        a = shape.get(tuple(sorted((prob, plus))))
+        b = shape.get(tuple(sorted((prob, minus))))
+        if a is not None and b is not None and abs(a + b) < 1e-12 and len(shape) == 2:
+            return Poly.atom(Atom(kind, grad), a)
+    return Poly.of({})
+
+def gather(base: tuple) -> tuple:
+    """gather over the vocabulary picks the sampled tokens' log-probs; over a per-token KL, positions (the last)."""
+    out = []
+    for f in base:
+        if f.poly is None:
+            continue
+        mapped = per_token_from_logits({a.kind for a in f.poly.atoms()}, (f,))
+        if mapped:
+            out.extend(mapped)
+        elif f.is_kl():
+            out.append(replace(f, position=Position.LAST))
+    return tuple(out)
+
+def per_token_from_logits(kinds: set, facts: tuple) -> Optional[tuple]:
+    """log-probs of the sampled tokens from vocabulary-level log-probs or logits."""
+    for f in facts:
+        if f.poly is None:
+            continue
+        fk = {a.kind for a in f.poly.atoms()}
+        grad = f.poly.has_grad()
+        if fk <= {alg.VOCAB_POLICY, alg.LOGITS} and fk:
+            return (replace(f, poly=Poly.atom(Atom(alg.POLICY, grad))),)
+        if fk <= {alg.VOCAB_REF, alg.REF_LOGITS} and fk:
+            return (replace(f, poly=Poly.atom(Atom(alg.REF, False))),)
+    return None
+
+def agg_mode(node) -> Aggregation:
+    if isinstance(node, cst.SimpleString):
+        mode = node.evaluated_value
+        return {
+            "token-mean": Aggregation.BATCH_MEAN,
+            "seq-mean-token-sum": Aggregation.SUM,
+            "seq-mean-token-mean": Aggregation.SEQ_MEAN,
+            "seq-mean-token-sum-norm": Aggregation.CONSTANT,
+        }.get(mode, Aggregation.BATCH_MEAN)
+    return Aggregation.BATCH_MEAN
