@@ -35,7 +35,10 @@ def check_module(path: str, module: cst.Module, project) -> list:
     mod = analyzer.module(path, module)
     candidates = []
     for index, (func, cls) in enumerate(_functions(module)):
-        outcome = analyzer.analyse(mod, func, cls)
+        try:
+            outcome = analyzer.analyse(mod, func, cls)
+        except RecursionError:
+            continue  # an expression nested too deeply for Python's stack: skip this function only
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):

@@ -282,3 +282,52 @@ def test_unparsable_import_resolves_to_nothing(tmp_path):
     (tmp_path / "broken.py").write_text("def (:\n")
     source = "from broken import k3\n\ndef compute_loss(logp, ref_logp):\n    loss = k3(logp, ref_logp)\n    return loss\n"
     assert lint(source, tmp_path, "user.py") == []
+
+
+def test_forward_output_keeps_its_gradient_and_unpacked_names_keep_their_roles(tmp_path):
+    source = HEADER + """
+def ppo_loss(model_output, data, kl_coef):
+    log_prob = model_output["log_probs"]
+    action_log_probs, aux = model_output["pair"]
+    kl_loss = (torch.exp(data["ref_log_prob"] - log_prob) - (data["ref_log_prob"] - log_prob) - 1).mean()
+    k1_loss = (action_log_probs - data["ref_log_prob"]).mean()
+    return kl_coef * (kl_loss + k1_loss)
+"""
+    assert codes(source, tmp_path) == [(9, "KL002"), (10, "KL001")]
+
+
+def test_not_kl_sinks_and_forward_distillation(tmp_path):
+    source = HEADER + """
+def weights(teacher_logprobs, rollout_logprobs):
+    a_opd = (teacher_logprobs - rollout_logprobs).detach()
+    abs_advantages = a_opd.abs()
+    return abs_advantages
+
+
+def kl_divergence(log_q, log_p):
+    p = log_p.exp()
+    kld = p * (log_p - log_q)
+    return kld.sum(-1)
+
+
+def distill_loss(student_topk_log_probs, teacher_topk_log_probs):
+    loss = kl_divergence(log_q=student_topk_log_probs, log_p=teacher_topk_log_probs).mean()
+    return loss
+"""
+    assert codes(source, tmp_path) == []
+
+
+def test_one_finding_per_verdict_whatever_unrelated_flags_select(tmp_path):
+    source = HEADER + """
+class Trainer:
+    def logps(self, logits, ids):
+        if self.cfg.squeeze:
+            logits = logits.squeeze(0)
+        return F.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+    def loss(self, logits, ids, ref_logps):
+        student_logps = self.logps(logits, ids)
+        per_token_loss = (student_logps - ref_logps).detach() * student_logps
+        return per_token_loss.sum()
+"""
+    assert codes(source, tmp_path) == [(14, "KL003")]
