@@ -33,13 +33,18 @@ def rule_url(code: str) -> str:
     return RULE_URL.format(code=code)
 
 
+# Control characters (a binary file's bytes) are shown as U+FFFD, one for one, so that the
+# terminal is not disturbed and the caret stays aligned; tabs and line ends are kept.
+_PRINTABLE = {code: "\ufffd" for code in (*range(0x20), 0x7F) if chr(code) not in "\t\n\r"}
+
+
 def _read_lines(path: str) -> list[str]:
     """The lines of a linted file, decoded as Python decodes it; [] if it cannot be read."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding, errors="replace").splitlines()
+        return data.decode(encoding, errors="replace").translate(_PRINTABLE).splitlines()
     except (OSError, SyntaxError, LookupError):
         return []
 

@@ -54,6 +54,13 @@ def test_unreadable_source_lines_are_left_out(tmp_path):
         f"{path}:1:1: KL000 KL000 message", "", "Found 1 error in 1 file."]
 
 
+def test_control_characters_of_a_binary_file_are_not_sent_to_the_terminal(tmp_path):
+    path = tmp_path / "b.py"
+    path.write_bytes(b"kl\x00\x1b[2J\tx\n")
+    lines = format_text([finding(str(path), 1, 3, 4, code="KL000")], ReportOptions()).splitlines()
+    assert lines[2:4] == ["1 | kl\ufffd\ufffd[2J\tx", "  |   ^"]
+
+
 def test_quiet_prints_only_the_finding_lines(tmp_path):
     path = tmp_path / "t.py"
     path.write_text(SOURCE)
