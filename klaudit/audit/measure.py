@@ -359,7 +359,8 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
     return ResultRow(
         target=term.name, mode=dict(term.mode), placement=placement, configuration=configuration,
         objective=objective.value, unbiased=unbiased,
-        cos_rev=None if math.isnan(cos) else cos,
+        # A zero expected gradient has no direction: its cosine would be rounding noise.
+        cos_rev=None if math.isnan(cos) or objective is Objective.ZERO else cos,
         rel_err_rev=relerr(gradient, problem.targets[Target.REV]),
         value_bias=value - problem.kl, rule=rule, fix=fix or "",
         aggregation=_describe_aggregation(kind, placement, scalar_weight),

@@ -54,6 +54,12 @@ def test_verl_switch_values(verl, key):
     assert row.fix or row.unbiased
 
 
+def test_a_zero_gradient_has_no_cosine(verl):
+    """k1 as a loss has expected gradient 0: a cosine would only measure rounding noise."""
+    row = _by_mode(verl, "kl_penalty")[("k1", "loss")]
+    assert row.objective == "ZERO" and row.cos_rev is None and row.rel_err_rev == pytest.approx(1.0)
+
+
 def test_verl_not_implemented_values_are_notes(verl):
     assert not verl.errors
     assert any("kl_penalty='full'" in note and "NotImplementedError" in note for note in verl.notes)
