@@ -25,9 +25,11 @@ import torch
 TOKEN_ESTIMATORS = ("k1", "k2", "k3")
 PENALTY_ESTIMATORS = ("k1", "k3", "rb")
 
-# Bytes of one float temporary of the chunked vocabulary computation when chunk_size is None:
-# about the per-core L2 cache; benchmarks/bench_exact_token_kl.py measured 0.25-4 MiB, 1 MiB best.
-DEFAULT_CHUNK_BYTES = 2**20
+# Bytes of one scratch buffer of the chunked vocabulary computation when chunk_size is None.
+# benchmarks/bench_exact_token_kl.py: 1 MiB chunks are fastest on an idle CPU, but every chunk
+# costs ~10 thread-pool synchronisations, and on a loaded machine 1 MiB chunks were 8x slower
+# than 16-64 MiB ones; 16 MiB keeps the chunk-sized temporaries well below 0.1 GB.
+DEFAULT_CHUNK_BYTES = 16 * 2**20
 
 
 class KLTerm(NamedTuple):
@@ -264,7 +266,7 @@ def exact_token_kl(logits, ref_logits, *, chunk_size: Optional[int] = None) -> t
     logits, ref_logits: [B, T, V] (any leading shape works) unnormalised scores of the policy and
     the reference. Differentiable w.r.t. `logits` only, with gradient p (log p - log q - KL_t)
     per row. Accumulates in float32 or wider. Works on chunks of `chunk_size` rows of the
-    flattened B*T axis (None: about DEFAULT_CHUNK_BYTES per temporary), in forward and backward,
+    flattened B*T axis (None: about DEFAULT_CHUNK_BYTES per scratch buffer), in forward and backward,
     keeping only O(B*T) extra state between them (once differentiable). NaN or inf in either
     input, -inf used to mask vocabulary entries included, raises ValueError (detected from the
     per-row statistics, so the check costs no extra pass over [B, T, V]).
