@@ -348,6 +348,8 @@ def kl_penalty(
                 f"logits has shape {_shape(logits)} but logprobs has shape {_shape(logprobs)}; "
                 "expected [B, T, V]"
             )
+        if logits.device != logprobs.device:
+            raise ValueError(f"logits is on {logits.device} but logprobs is on {logprobs.device}")
         exact = exact_token_kl(logits, ref_logits).to(policy_logprobs.dtype)
         local = exact * weights_of_mask  # differentiable KL_t, depends on the prefix only
         depends_on_token = False
