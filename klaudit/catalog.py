@@ -379,11 +379,11 @@ CATALOG: tuple[Row, ...] = (
          "the clamps of low_var_kl cut the gradient of an otherwise unbiased k3 loss + k3 reward "
          "exactly where pi << ref", FIX_UNCLAMPED),
     _row("KL011", "k1 in reward with the wrong sign", _reward(E.K1, sign=-1), Objective.OTHER, "KL011",
-         "the KL is added as a bonus: the expected gradient is -grad KL(pi || ref), which pushes the policy "
+         "the expected gradient is -grad KL(pi || ref), which pushes the policy "
          "away from the reference", FIX_SIGN, identity={Target.REV: -1.0}),
     _row("KL011", "k3 loss + k3 reward with the wrong sign", Config(loss=E.K3, reward=E.K3, sign=-1),
          Objective.OTHER, "KL011",
-         "the KL is added as a bonus: the expected gradient is -grad KL(pi || ref)", FIX_SIGN,
+         "the expected gradient is -grad KL(pi || ref)", FIX_SIGN,
          identity={Target.REV: -1.0}),
 )
 
@@ -391,7 +391,7 @@ CATALOG: tuple[Row, ...] = (
 # --- Generic rows: the verdict for configurations the table does not list one by one.
 
 _GENERIC_SIGN = _row("KL011", "KL term with the wrong sign", None, Objective.OTHER, "KL011",
-                     "the KL is added as a bonus, which pushes the policy away from the reference", FIX_SIGN)
+                     "a KL bonus instead of a penalty: the expected gradient points away from the reference", FIX_SIGN)
 _GENERIC_LAST = _row("19", "KL at the last token only", None, Objective.OTHER, "KL005",
                      "a KL at the final token only matches no KL objective", FIX_ALL_TOKENS)
 _GENERIC_OFF_POLICY = _row("22", "off-policy KL without per-decision importance weights", None, Objective.OTHER,
