@@ -104,9 +104,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         repository = sample_repository(everything, root, 100, Path(scratch))
-        lines = sum(p.read_text().count("\n") + 1 for p in repository.rglob("*.py"))
+        sample = python_sources(repository)
+        lines = sum(text.count("\n") + 1 for text in sample.values())
+        parse = best_of(args.repeat, lambda: bare_parse_seconds(sample))
         lint = best_of(args.repeat, lambda: klaudit_seconds(repository))
-        print(f"\n100 files drawn from the three ({lines:,} lines): klaudit lint {lint:.2f} s (target <= 3 s)")
+        print(f"\n100 files drawn from the three ({lines:,} lines, "
+              f"{sum(might_contain_kl(text) for text in sample.values())} analysed): "
+              f"klaudit lint {lint:.2f} s (target <= 3 s), bare parse {parse:.2f} s, ratio {lint / parse:.2f}")
     print(f"python {sys.version.split()[0]}, libcst {version('libcst')}, "
           f"load average before/after {load_before:.1f}/{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
