@@ -16,9 +16,14 @@ from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, Atom, Pol
 
 # ---- the cheap pre-filter ----------------------------------------------------------------
 
+# A finding needs a KL term, and a KL term needs either a name that says KL (`kl`, `kld`,
+# `kl_loss`, `use_kl_loss`, `compute_approx_kl`) or a reference/teacher log-prob or logits name
+# (or a bare `ref`).
+# Both are matched as parts of identifiers, so prose like "quickly" or "weakly" does not count.
 _KL_VOCABULARY = re.compile(
-    r"kl|log_?probs?|logps?\b|logprob|log_ratio|logratio|kl_div|log_softmax|ref_log|"
-    r"reference_policy|teacher_log",
+    r"(?<![a-z0-9])(kl|kld|kls|ref)(?![a-z0-9])|_kl(?![a-z0-9])|(?<![a-z0-9])kl_"
+    r"|(ref|reference|base|init|teacher)_\w*(log_?prob|logp|logit)"
+    r"|log_?probs?_(ref|reference|base|init|teacher)|reference_policy",
     re.IGNORECASE,
 )
 

@@ -42,8 +42,16 @@ def estimators(facts, sink: str = "loss") -> set:
 
 @pytest.mark.parametrize("text, expected", [
     ("kl = logp - ref_logp", True),
-    ("x = model(inputs).log_softmax(-1)", True),
-    ("per_token_logps = selective_log_softmax(logits, ids)", True),
+    ("loss = (logps - ref).sum()", True),
+    ("kld = torch.exp(d) - d - 1", True),
+    ("per_token_kl = f(x)", True),
+    ("loss = compute_approx_kl(a, b)", True),
+    ("teacher_logits = teacher(inputs).logits", True),
+    ("lp = log_probs_ref.sum(-1)", True),
+    # log-probs alone cannot hold a KL finding: without a KL name or a reference there is no KL term
+    ("per_token_logps = selective_log_softmax(logits, ids)", False),
+    ("x = model(inputs).log_softmax(-1)", False),
+    ('"""Converges quickly, weakly or in bulk."""', False),
     ("def add(a, b):\n    return a + b\n", False),
     ("import os\nprint(os.getcwd())\n", False),
 ])
