@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from snippets import K3_LOSS_TRAINER
 
 BLOCKER = '''import os
 with open(os.environ["KLAUDIT_IMPORT_MARKER"], "a") as marker:
@@ -18,19 +19,6 @@ with open(os.environ["KLAUDIT_IMPORT_MARKER"], "a") as marker:
 raise ImportError("{name} is hidden by test_no_torch")
 '''
 
-BAD = '''import torch
-
-
-def kl_loss(log_probs, ref_log_probs, mask):
-    log_ratio = ref_log_probs - log_probs
-    kl = torch.exp(log_ratio) - log_ratio - 1
-    return (kl * mask).sum() / mask.sum()
-
-
-def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss, beta):
-    loss = pg_loss + beta * kl_loss(policy_log_probs, ref_log_probs, mask)
-    loss.backward()
-'''
 
 
 @pytest.fixture
@@ -58,7 +46,7 @@ def test_the_blocker_hides_torch(without_torch):
 
 def test_lint_rule_and_rules_run_without_importing_torch(without_torch, tmp_path):
     run, marker = without_torch
-    (tmp_path / "trainer.py").write_text(BAD)
+    (tmp_path / "trainer.py").write_text(K3_LOSS_TRAINER)
     linted = run("-m", "klaudit", "lint", "--jobs", "2", "trainer.py")
     assert linted.returncode == 1, linted.stderr
     assert "trainer.py:7:5: KL002" in linted.stdout

@@ -16,25 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from snippets import K3_LOSS_TRAINER
 
 ROOT = Path(__file__).resolve().parents[2]
 PRE_COMMIT = shutil.which("pre-commit", path=os.path.dirname(sys.executable)) or shutil.which("pre-commit")
 
 pytestmark = pytest.mark.skipif(PRE_COMMIT is None, reason="pre-commit is not installed (pip install pre-commit)")
 
-BAD = '''import torch
-
-
-def kl_loss(log_probs, ref_log_probs, mask):
-    log_ratio = ref_log_probs - log_probs
-    kl = torch.exp(log_ratio) - log_ratio - 1
-    return (kl * mask).sum() / mask.sum()
-
-
-def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss, beta):
-    loss = pg_loss + beta * kl_loss(policy_log_probs, ref_log_probs, mask)
-    loss.backward()
-'''
 
 CLEAN = '''def add(a, b):
     return a + b
@@ -71,7 +59,7 @@ def try_repo(hook_repo: Path, target: Path, *files: str) -> subprocess.Completed
 
 def test_hook_fails_on_a_kl_pitfall_and_passes_on_clean_code(hook_repo, tmp_path):
     target = scratch_repo(tmp_path / "project")
-    (target / "trainer.py").write_text(BAD)
+    (target / "trainer.py").write_text(K3_LOSS_TRAINER)
     (target / "utils.py").write_text(CLEAN)
     git(target, "add", ".")
 
