@@ -31,7 +31,7 @@ def check_module(path: str, module: cst.Module, project) -> list:
     analyzer = _ANALYZERS.get(project)
     if analyzer is None:
         analyzer = _ANALYZERS[project] = Analyzer(project)
-    project.remember(path, module)
+    module = project.remember(path, module)
     mod = analyzer.module(path, module)
     candidates = []
     for index, (func, cls) in enumerate(_functions(module)):

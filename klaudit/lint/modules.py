@@ -54,14 +54,28 @@ class Module:
             for item in stmt.body.body:
                 self._collect(item)
 
+class _Frame:
+    """A call being interpreted, and what its summary depends on besides the function and its inputs."""
+
+    def __init__(self, func_id: int) -> None:
+        self.func_id = func_id
+        self.reached = {func_id}  # the functions interpreted for it, itself included
+        self.needs: Optional[int] = None  # lowest stack index whose presence cut off a recursive call below it
+
+
 class Analyzer:
-    """Interprets the functions of the linted tree; one instance per engine worker."""
+    """Interprets the functions of the linted tree; one instance per engine worker.
+
+    A call summary must not depend on what was analysed before (files, functions, callers), so
+    it is cached under (function, argument facts, remaining depth) and reused only where no
+    function it reached is being interpreted (where a fresh run would cut a recursive call off);
+    a summary in which a recursive call into a caller was cut off is not cached at all."""
 
     def __init__(self, project) -> None:
         self.project = project
         self._modules: dict = {}
-        self._summaries: dict = {}
-        self._stack: list = []
+        self._summaries: dict = {}  # (id(func), argument facts, remaining depth) -> (Outcome, reached ids)
+        self._stack: list = []  # _Frame of each call being interpreted, outermost first
 
     def module(self, path: str, tree: cst.Module) -> Module:
         key = str(Path(path).resolve())
@@ -86,13 +100,25 @@ class Analyzer:
         return FunctionRun(self, module, func, cls, env, record=True).run()
 
     def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
-        """What `func` returns given the caller's argument facts, and where it sinks the arguments."""
-        key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])))
-        if key in self._summaries:
-            return self._summaries[key]
-        if len(self._stack) >= MAX_DEPTH or id(func) in self._stack:
+        """What `func` returns given the caller's argument facts, and where it sinks the arguments.
+
+        A call MAX_DEPTH deep, or to a function already being interpreted, is cut off: it returns nothing."""
+        depth = MAX_DEPTH - len(self._stack)
+        caller = self._stack[-1] if self._stack else None
+        on_stack = next((i for i, frame in enumerate(self._stack) if frame.func_id == id(func)), None)
+        if depth <= 0 or on_stack is not None:
+            if caller is not None and on_stack is not None:
+                caller.needs = on_stack if caller.needs is None else min(caller.needs, on_stack)
             return Outcome()
-        self._stack.append(id(func))
+        key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])), depth)
+        cached = self._summaries.get(key)
+        if cached is not None and not cached[1].intersection(frame.func_id for frame in self._stack):
+            result, reached = cached
+            if caller is not None:
+                caller.reached |= reached
+            return result
+        frame = _Frame(id(func))
+        self._stack.append(frame)
         try:
             outcome = FunctionRun(self, module, func, cls, env, record=True).run()
         finally:
@@ -102,7 +128,15 @@ class Analyzer:
             returns = as_rollout_data(returns)
         sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node) for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])
-        self._summaries[key] = result
+        # a cut-off of a recursive call into a caller (not into `func` itself) makes the summary
+        # depend on the call chain: it is not cached, and the caller depends on it too
+        needs = frame.needs if frame.needs is not None and frame.needs < len(self._stack) else None
+        if caller is not None:
+            caller.reached |= frame.reached
+            if needs is not None and needs < len(self._stack) - 1:
+                caller.needs = needs if caller.needs is None else min(caller.needs, needs)
+        if needs is None:
+            self._summaries[key] = (result, frozenset(frame.reached))
         return result
 
     def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):

@@ -69,17 +69,25 @@ class Project:
     def parse(self, path: Path) -> Optional[cst.Module]:
         key = str(Path(path).resolve())
         if key not in self._modules:
+            from klaudit.lint.engine import read_source  # decoded as the engine decodes the files it lints
+
             try:
-                text = Path(key).read_text(encoding="utf-8")
+                text = read_source(key)
                 # a module without KL or log-prob vocabulary cannot contribute a KL fact
-                self._modules[key] = cst.parse_module(text) if might_contain_kl(text) else None
-            except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, RecursionError):
+                self._modules[key] = (cst.parse_module(text)
+                                      if isinstance(text, str) and might_contain_kl(text) else None)
+            except (OSError, cst.ParserSyntaxError, RecursionError):
                 self._modules[key] = None
         return self._modules[key]
 
-    def remember(self, path: str, module: cst.Module) -> None:
-        """Record a module the engine already parsed, so it is not parsed twice."""
-        self._modules.setdefault(str(Path(path).resolve()), module)
+    def remember(self, path: str, module: cst.Module) -> cst.Module:
+        """The tree to analyse `path` with: the one already parsed for it (when another module
+        imported it), else `module`, which the engine parsed from the same text. One tree per file,
+        so that the nodes the analysis reports are nodes of the tree the report locates them in."""
+        key = str(Path(path).resolve())
+        if self._modules.get(key) is None:
+            self._modules[key] = module
+        return self._modules[key]
 
 
 _SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}
