@@ -1,17 +1,17 @@
 """Inline suppressions: `# noqa`, `# noqa: KL002,KL003` and `# klaudit: ignore[KL002]`.
 
-Comments are taken from the parsed module (the CST's Comment nodes), so a `# noqa` inside a
-string literal is not a comment and suppresses nothing. As in ruff, `# noqa:` followed by no
+Comments are taken from Python's tokenizer (COMMENT tokens), so a `# noqa` inside a string
+literal is not a comment and suppresses nothing. The tokenizer is used rather than a walk of the
+CST with position metadata, which cost as much as the whole analysis of a large file. As in ruff, `# noqa:` followed by no
 valid code is not a directive; a bare `# noqa` silences every code on its line.
 """
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from typing import Mapping, Optional
-
-import libcst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.lint.findings import Finding
 
@@ -41,27 +41,23 @@ def parse_comment(comment: str) -> Optional[frozenset[str]]:
     return frozenset(silenced)
 
 
-class _CommentCollector(libcst.CSTVisitor):
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.table: dict[int, Optional[frozenset[str]]] = {}
-
-    def visit_Comment(self, node: libcst.Comment) -> None:
-        silenced = parse_comment(node.value)
+def suppression_table(source: str) -> SuppressionTable:
+    """The suppression directives of a source text that parses, by line."""
+    table: dict[int, Optional[frozenset[str]]] = {}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):  # the CST parser accepted it; be lenient anyway
+        return table
+    for token in tokens:
+        if token.type != tokenize.COMMENT:
+            continue
+        silenced = parse_comment(token.string)
         if silenced is not None and not silenced:
-            return
-        line = self.get_metadata(PositionProvider, node).start.line
-        previous = self.table.get(line, frozenset())
-        self.table[line] = None if silenced is None or previous is None else previous | silenced
-
-
-def suppression_table(module: libcst.Module) -> SuppressionTable:
-    """The suppression directives of a parsed module, by line."""
-    collector = _CommentCollector()
-    MetadataWrapper(module, unsafe_skip_copy=True).visit(collector)
-    return collector.table
+            continue
+        line = token.start[0]
+        previous = table.get(line, frozenset())
+        table[line] = None if silenced is None or previous is None else previous | silenced
+    return table
 
 
 def is_suppressed(finding: Finding, table: SuppressionTable) -> bool:
