@@ -18,6 +18,7 @@ Public API:
         .targets()                     {Target: flat gradient}: REV FWD PART PFWD FUT LEN PTV
         .kl_seq(), .forward_kl(), .expected_length()
         .match(g, *, proportional=False) -> Objective (a Target's name, ZERO or OTHER)
+    match_objective(g, targets, *, rtol, zero_rtol, proportional) -> the same, for given targets
         .length_weights(probs, aggregation, batch_size) -> [N] h(L_y) (kl-math.md section 5)
     relerr(g, x), cosine(g, x), positive_multiple(g, x)
     sequence_kl(policy, reference) -> KL(pi || ref) as a float
@@ -44,8 +45,8 @@ LossFn = Callable[[Batch], torch.Tensor]
 # match(): g is a target when relerr < MATCH_RTOL, and zero when ||g|| < ZERO_RTOL * ||REV||.
 MATCH_RTOL = 1e-6
 ZERO_RTOL = 1e-9
-# The order in which match() tries the targets (PTV is not an Objective: only its multiple 2 PTV occurs).
-_MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.LEN)
+# The order in which match_objective() tries the targets (PTV is not an Objective: only its multiple 2 PTV occurs).
+MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.LEN)
 
 
 def enumerate_sequences(
@@ -108,6 +109,28 @@ def positive_multiple(g: torch.Tensor, x: torch.Tensor, rtol: float = MATCH_RTOL
     if factor <= 0.0 or relerr(g, factor * x) >= rtol:
         return None
     return factor
+
+
+def match_objective(
+    g: torch.Tensor,
+    targets: Mapping[Target, torch.Tensor],
+    *,
+    rtol: float = MATCH_RTOL,
+    zero_rtol: float = ZERO_RTOL,
+    proportional: bool = False,
+) -> Objective:
+    """Which single target g equals (relerr < rtol), ZERO (||g|| <= zero_rtol ||REV||), or OTHER.
+
+    Targets are tried in the order REV, FWD, PART, PFWD, FUT, LEN; with proportional=True a positive
+    multiple of a target counts. Callers whose arithmetic is partly float32 widen both tolerances.
+    """
+    if torch.linalg.vector_norm(g).item() <= zero_rtol * torch.linalg.vector_norm(targets[Target.REV]).item():
+        return Objective.ZERO
+    for target in MATCH_ORDER:
+        expected = targets[target]
+        if relerr(g, expected) < rtol or (proportional and positive_multiple(g, expected, rtol) is not None):
+            return Objective(target.value)
+    return Objective.OTHER
 
 
 def sequence_kl(policy: Policy, reference: Policy) -> float:
@@ -325,17 +348,5 @@ class ExactProblem:
         proportional: bool = False,
         targets: Optional[Mapping[Target, torch.Tensor]] = None,
     ) -> Objective:
-        """Which single target g equals (relerr < MATCH_RTOL), ZERO, or OTHER.
-
-        ZERO when ||g|| < ZERO_RTOL * ||REV||. Targets are tried in the order REV, FWD, PART,
-        PFWD, FUT, LEN; with proportional=True a positive multiple of a target counts.
-        Pass `targets` (from .targets()) to avoid recomputing them.
-        """
-        targets = self.targets() if targets is None else targets
-        if torch.linalg.vector_norm(g).item() <= ZERO_RTOL * torch.linalg.vector_norm(targets[Target.REV]).item():
-            return Objective.ZERO
-        for target in _MATCH_ORDER:
-            expected = targets[target]
-            if relerr(g, expected) < MATCH_RTOL or (proportional and positive_multiple(g, expected) is not None):
-                return Objective(target.value)
-        return Objective.OTHER
+        """`match_objective` against this problem's targets (pass `targets` to avoid recomputing them)."""
+        return match_objective(g, self.targets() if targets is None else targets, proportional=proportional)

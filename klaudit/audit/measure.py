@@ -25,7 +25,7 @@ import torch
 
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding
-from klaudit.audit.exact import ExactProblem, cosine, positive_multiple, relerr
+from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
 from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, leaf_batch,
                                        logits_gradient, sample_rows)
 from klaudit.audit.report import ResultRow
@@ -38,7 +38,6 @@ DEGENERATE_COS_GAP = 1e-3
 STALENESS = 0.3  # scale of the perturbation that makes the behaviour policy of off-policy audits
 FINGERPRINT_BATCH = 16
 EXTREME_ROWS = 4
-_MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.LEN)
 
 
 class TermError(ValueError):
@@ -65,7 +64,7 @@ def _distinguishes(targets: Mapping[Target, torch.Tensor]) -> bool:
     A policy placed far out along a saturating direction turns almost deterministic, and then every
     gradient points the same way; such a policy is skipped.
     """
-    names = list(_MATCH_ORDER)
+    names = list(MATCH_ORDER)
     return all(abs(cosine(targets[a], targets[b])) < 1 - DEGENERATE_COS_GAP
                for i, a in enumerate(names) for b in names[i + 1:])
 
@@ -208,17 +207,6 @@ def scalar_aggregation(term: Term, batch_factory: Callable[[], Batch]) -> str:
     return "other"
 
 
-def objective_of(g: torch.Tensor, targets: Mapping[Target, torch.Tensor], rtol: float) -> Objective:
-    """The target g is a positive multiple of (relative error < rtol), ZERO (||g|| < rtol ||REV||; a
-    term computed partly in float32 leaves ~1e-8 of rounding where the exact answer is 0), or OTHER."""
-    if torch.linalg.vector_norm(g).item() <= rtol * torch.linalg.vector_norm(targets[Target.REV]).item():
-        return Objective.ZERO
-    for target in _MATCH_ORDER:
-        if positive_multiple(g, targets[target], rtol) is not None:
-            return Objective(target.value)
-    return Objective.OTHER
-
-
 def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str]) -> str:
     if kind == "token":
         return "token-sum per sequence (applied by klaudit)"
@@ -335,7 +323,9 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
     objectives, unbiased, first = [], True, None
     for problem in problems:
         gradient = problem.exact.expected_gradient(per_sequence, aggregation=aggregation, off_policy=off_policy)
-        objectives.append(objective_of(gradient, problem.targets, term.rtol))
+        # a term computed partly in float32 leaves ~1e-8 of rounding where the exact answer is 0
+        objectives.append(match_objective(gradient, problem.targets, rtol=term.rtol, zero_rtol=term.rtol,
+                                          proportional=True))
         unbiased = unbiased and positive_multiple(gradient, problem.targets[Target.REV], term.rtol) is not None
         if first is None:
             first = (problem, gradient)
