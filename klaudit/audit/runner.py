@@ -90,42 +90,30 @@ def discover(path: str) -> list[Target]:
     return found
 
 
-def used_placements(path: str, function: str) -> set[str]:
-    """How the file itself uses `function`'s result: "loss" and/or "reward" (static, one file).
+def used_placements(target: Target) -> set[str]:
+    """How the user's own code uses the target's result ("loss" and/or "reward"), from the lint's flow
+    analysis of the target's project (klaudit.lint.query); empty when unknown."""
+    from klaudit.lint.query import placements_of
 
-    A call's result is followed through local assignments (`kl = f(...)`, `kl_loss = kl.mean()`);
-    a name the lint's table calls a loss sink marks "loss", a reward or advantage sink "reward", and
-    a result returned from a function named like a loss marks "loss".
-    """
-    from klaudit.audit.bind import local_aliases
-    from klaudit.lint.roles import is_loss_function, sink_of_name
-
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError):
+    path = target.path if target.path is not None else module_file(target.module)
+    if path is None or not target.qualname:
         return set()
-    bare = function.rsplit(".", 1)[-1]
-    used: set[str] = set()
-    for caller in ast.walk(tree):
-        if not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        for statement in ast.walk(caller):
-            if not isinstance(statement, (ast.Assign, ast.Return)) or statement.value is None:
-                continue
-            calls = [n for n in ast.walk(statement.value) if isinstance(n, ast.Call) and (
-                getattr(n.func, "id", None) == bare or getattr(n.func, "attr", None) == bare)]
-            if not calls:
-                continue
-            if isinstance(statement, ast.Return):
-                used |= {"loss"} if is_loss_function(caller.name) else set()
-                continue
-            for target in statement.targets:
-                if not isinstance(target, ast.Name):
-                    continue
-                for name in local_aliases(caller, target.id):
-                    sink = sink_of_name(name)
-                    used |= {"loss"} if sink == "loss" else {"reward"} if sink in ("reward", "advantage") else set()
-    return used
+    try:
+        return placements_of(path, target.qualname)
+    except Exception:  # noqa: BLE001 - the mark is a hint: an analysis failure must not lose the audit
+        return set()
+
+
+def module_file(module: str) -> Optional[str]:
+    """The source file of `package.module` under the working directory or sys.path, found without
+    importing anything."""
+    parts = module.split(".")
+    for base in [os.getcwd(), *sys.path]:
+        candidate = Path(base or ".", *parts)
+        for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+            if file.is_file():
+                return str(file)
+    return None
 
 
 # ----- in the child: load and audit -----
@@ -282,10 +270,9 @@ def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequen
             report.details.append(completed.stderr)
             return report
         report = Report.from_dict(json.loads(response_path.read_text()))
-    if target.path is not None and target.qualname:
-        used = used_placements(target.path, target.qualname)
-        for row in report.results:
-            row.used = row.placement in used
+    used = used_placements(target)
+    for row in report.results:
+        row.used = row.placement in used
     return report
 
 

@@ -34,7 +34,7 @@ def check_module(path: str, module: cst.Module, project) -> list:
     module = project.remember(path, module)
     mod = analyzer.module(path, module)
     candidates = []
-    for index, (func, cls) in enumerate(_functions(module)):
+    for index, (func, cls) in enumerate(module_functions(module)):
         try:
             outcome = analyzer.analyse(mod, func, cls)
         except RecursionError:
@@ -81,7 +81,8 @@ def _compatible_labels(a: tuple, b: tuple) -> bool:
     return all(name not in picked or picked[name] == values for name, values in b)
 
 
-def _functions(module: cst.Module):
+def module_functions(module: cst.Module):
+    """(function, class name or None) for the top-level functions and the methods of top-level classes."""
     for stmt in module.body:
         if isinstance(stmt, cst.FunctionDef):
             yield stmt, None

@@ -191,21 +191,18 @@ def test_fingerprint_on_a_model_from_disk(tmp_path):
     assert "--model" in broken.errors[0] and "cannot load" in broken.errors[0]
 
 
-def test_the_placement_the_file_uses_is_marked(tmp_path):
-    from klaudit.audit.runner import used_placements
+@pytest.mark.parametrize("file, qualname, used", [
+    ("bad/openrlhf_ppo.py", "compute_approx_kl", {"loss", "reward"}),
+    ("bad/verl_ray_trainer.py", "kl_penalty", {"reward"}),
+    ("fixed/openrlhf_ppo.py", "compute_approx_kl", set()),
+])
+def test_the_placement_the_code_uses_is_marked(file, qualname, used):
+    """The mark comes from the lint's flow analysis of the fixture (tests/lint/test_query.py)."""
+    from klaudit.audit.runner import run
 
-    source = tmp_path / "trainer.py"
-    source.write_text(
-        "def approx_kl(log_probs, ref_log_probs):\n    return log_probs - ref_log_probs\n\n"
-        "def make_experience(log_probs, ref_log_probs, scores):\n"
-        "    kl = approx_kl(log_probs, ref_log_probs)\n    rewards = scores - 0.1 * kl\n    return rewards\n\n"
-        "def only_logged(log_probs, ref_log_probs, stats):\n"
-        "    kl = approx_kl(log_probs, ref_log_probs)\n    stats['kl'] = kl.mean().item()\n"
-    )
-    assert used_placements(str(source), "approx_kl") == {"reward"}
-    source.write_text(source.read_text() + "\ndef policy_loss(log_probs, ref_log_probs):\n"
-                      "    return approx_kl(log_probs, ref_log_probs).mean()\n")
-    assert used_placements(str(source), "approx_kl") == {"reward", "loss"}
+    report = run([f"{ROOT / 'fixtures' / file}::{qualname}"])
+    assert report.results and not report.errors
+    assert {row.placement for row in report.results if row.used} == used
 
 
 def test_python_api():

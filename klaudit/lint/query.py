@@ -1,0 +1,121 @@
+"""What check-grad asks the lint analysis: the KL functions of a file, and how the code around a
+KL helper uses its result (as a loss, as a reward, or both).
+
+check-grad audits a helper such as OpenRLHF's `compute_approx_kl` both ways; this query says which
+way the user's own code takes. It runs the lint's flow analysis over the files of the helper's
+project that call it by name: a KL term keeps the origin (the statement where the estimator was
+formed) through arithmetic, reductions and calls, so a loss or reward sink that holds a term with
+an origin the helper returned is a use of the helper in that placement.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import libcst as cst
+
+from klaudit.lint.modules import Analyzer, Module
+from klaudit.lint.project import Project
+
+PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}
+
+
+class _Watching(Analyzer):
+    """An Analyzer that remembers the origins of the KL terms one function returns to its callers."""
+
+    def __init__(self, project: Project, watched: cst.FunctionDef) -> None:
+        super().__init__(project)
+        self.watched = watched
+        self.returned_origins: set[int] = set()
+
+    def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict):
+        outcome = super().call(module, func, cls, env)
+        if func is self.watched:
+            self.returned_origins |= {id(fact.origin) for fact in _kl_facts(outcome.returns)}
+        return outcome
+
+
+def _kl_facts(facts: tuple):
+    """The KL facts of a value, inside tuples and dicts too (`kl, stats = helper(...)`)."""
+    for fact in facts:
+        if fact.role in ("tuple", "dict"):
+            for item in fact.items:
+                yield from _kl_facts(item[1] if fact.role == "dict" else item)
+        elif fact.is_kl() and fact.origin is not None:
+            yield fact
+
+
+def kl_functions(path: str) -> list[str]:
+    """Qualified names of the functions and methods of `path` that return a KL term or put one into a
+    loss or reward (parameters take their roles from their names, as the lint reads them)."""
+    from klaudit.lint.checks import module_functions
+
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    if tree is None:
+        return []
+    analyzer = Analyzer(project)
+    module = analyzer.module(str(file), tree)
+    found = []
+    for func, cls in module_functions(tree):
+        try:
+            outcome = analyzer.analyse(module, func, cls)
+        except RecursionError:
+            continue
+        if any(True for _ in _kl_facts(outcome.returns)) or any(sink.facts for sink in outcome.sinks):
+            found.append(f"{cls}.{func.name.value}" if cls else func.name.value)
+    return found
+
+
+def package_root(path: Path) -> Path:
+    """The directory above the outermost package holding `path` (its own directory outside packages)."""
+    directory = path.resolve().parent
+    while (directory / "__init__.py").is_file() and (directory.parent / "__init__.py").is_file():
+        directory = directory.parent
+    return directory.parent if (directory / "__init__.py").is_file() else directory
+
+
+def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[str]:
+    """{"loss", "reward"}: how the Python files under `root` (default: the helper's project) use
+    the result of `qualname` defined in `path`; empty when no call of it reaches a loss or reward."""
+    from klaudit.config import load_settings
+    from klaudit.lint.checks import module_functions
+    from klaudit.lint.engine import discover_files, read_source
+
+    helper_path = Path(path).resolve()
+    top = Path(root).resolve() if root is not None else package_root(helper_path)
+    project = Project([top])
+    tree = project.parse(helper_path)
+    watched = _function(tree, qualname) if tree is not None else None
+    if watched is None:
+        return set()
+    analyzer = _Watching(project, watched)
+    called = re.compile(r"\b" + re.escape(qualname.rsplit(".", 1)[-1]) + r"\s*\(")
+    sinks = []
+    for caller_path in discover_files([str(top)], load_settings([str(top)])):
+        text = read_source(caller_path)
+        caller_tree = project.parse(Path(caller_path)) if isinstance(text, str) and called.search(text) else None
+        if caller_tree is None:
+            continue
+        module = analyzer.module(caller_path, caller_tree)
+        for func, cls in module_functions(caller_tree):
+            try:
+                sinks += analyzer.analyse(module, func, cls).sinks
+            except RecursionError:
+                continue  # as the lint does: one function too deeply nested to interpret
+    return {PLACEMENT_OF_SINK[sink.kind] for sink in sinks
+            if any(id(fact.origin) in analyzer.returned_origins for fact in sink.facts)}
+
+
+def _function(tree: cst.Module, qualname: str) -> Optional[cst.FunctionDef]:
+    """The def of `function` or `Class.method` at the top of `tree`."""
+    owner, _, name = qualname.rpartition(".")
+    body = tree.body
+    if owner:
+        classes = [s for s in body if isinstance(s, cst.ClassDef) and s.name.value == owner]
+        body = classes[0].body.body if classes else ()
+    return next((s for s in body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+

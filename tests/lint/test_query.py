@@ -1,0 +1,132 @@
+"""The lint queries check-grad relies on: which functions of a file compute a KL term, and which
+placement (loss, reward) the code around a KL helper gives its result."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from klaudit.lint.query import kl_functions, package_root, placements_of
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+
+HELPER = """
+    def approx_kl(log_probs, ref_log_probs):
+        return log_probs - ref_log_probs
+"""
+
+
+def _write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_reward_use_logged_use_and_loss_use(tmp_path):
+    source = _write(tmp_path, "trainer.py", HELPER + """
+    def make_experience(log_probs, ref_log_probs, scores):
+        kl = approx_kl(log_probs, ref_log_probs)
+        rewards = scores - 0.1 * kl
+        return rewards
+
+    def only_logged(log_probs, ref_log_probs, stats):
+        kl = approx_kl(log_probs, ref_log_probs)
+        stats["kl"] = kl.mean().item()
+    """)
+    assert placements_of(str(source), "approx_kl") == {"reward"}
+    source.write_text(source.read_text() + textwrap.dedent("""
+    def policy_loss(log_probs, ref_log_probs):
+        return approx_kl(log_probs, ref_log_probs).mean()
+    """))
+    assert placements_of(str(source), "approx_kl") == {"reward", "loss"}
+
+
+def test_a_logged_statistic_is_no_placement(tmp_path):
+    """The KL of a shape that looks like a reward's but never enters it (zeros_like(kl) is not kl)."""
+    source = _write(tmp_path, "trainer.py", HELPER + """
+    def score(log_probs, ref_log_probs, scores):
+        kl = approx_kl(log_probs, ref_log_probs)
+        token_rewards = torch.zeros_like(kl)
+        token_rewards[:, -1] += scores
+        return token_rewards, kl.mean()
+    """)
+    assert placements_of(str(source), "approx_kl") == set()
+
+
+def test_use_in_another_module_of_the_package(tmp_path):
+    """The helper lives in pkg/kl.py, the loss that uses it in pkg/actor.py: the query searches the
+    helper's whole package, follows the import and the tuple the helper returns."""
+    _write(tmp_path, "pkg/__init__.py", "")
+    helper = _write(tmp_path, "pkg/kl.py", """
+    def kl_with_stats(logprob, ref_logprob):
+        kl = logprob - ref_logprob
+        return kl, {"kl": kl.mean().item()}
+    """)
+    _write(tmp_path, "pkg/actor.py", """
+    from pkg.kl import kl_with_stats
+
+    class Actor:
+        def update_policy(self, data):
+            log_prob = self.compute_log_prob(data)
+            kl, stats = kl_with_stats(log_prob, data["ref_log_prob"])
+            kl_loss = kl.mean()
+            policy_loss = self.pg_loss(data) + 0.1 * kl_loss
+            policy_loss.backward()
+    """)
+    assert package_root(helper) == tmp_path
+    assert placements_of(str(helper), "kl_with_stats") == {"loss"}
+
+
+def test_an_estimator_formed_in_a_nested_helper(tmp_path):
+    """verl's kl_penalty returns what kl_penalty_forward formed: the origin is in the inner helper."""
+    source = _write(tmp_path, "core.py", """
+    def kl_penalty_forward(logprob, ref_logprob):
+        log_ratio = ref_logprob - logprob
+        return log_ratio.exp() - 1 - log_ratio
+
+    def kl_penalty(logprob, ref_logprob):
+        return kl_penalty_forward(logprob, ref_logprob)
+
+    def apply_kl_penalty(data, beta):
+        kld = kl_penalty(data["old_log_probs"], data["ref_log_prob"])
+        data["token_level_rewards"] = data["token_level_scores"] - beta * kld
+        token_level_rewards = data["token_level_scores"] - beta * kld
+        return token_level_rewards
+    """)
+    assert placements_of(str(source), "kl_penalty") == {"reward"}
+
+
+def test_a_method_and_a_missing_name(tmp_path):
+    source = _write(tmp_path, "trainer.py", """
+    class Trainer:
+        def kl_term(self, logprobs, ref_logprobs):
+            return logprobs - ref_logprobs
+
+        def loss(self, logprobs, ref_logprobs):
+            return self.kl_term(logprobs, ref_logprobs).mean()
+    """)
+    assert placements_of(str(source), "Trainer.kl_term") == {"loss"}
+    assert placements_of(str(source), "Trainer.missing") == set()
+    assert placements_of(str(source), "missing") == set()
+
+
+def test_lint_fixtures():
+    """The helpers of the lint fixtures, where each fixture's marker or docstring says how it is used."""
+    cases = {
+        ("bad/openrlhf_ppo.py", "compute_approx_kl"): {"loss", "reward"},
+        ("bad/verl_ray_trainer.py", "kl_penalty"): {"reward"},
+        ("bad/verl_dp_actor.py", "kl_penalty"): {"loss"},
+        ("bad/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): {"reward"},
+        ("bad/grpo_pkg/kl.py", "k3_estimate"): {"loss"},
+        ("fixed/exact_kl_reward.py", "exact_token_kl"): set(),  # logged only: the fix moved KL to the loss
+        ("fixed/openrlhf_ppo.py", "compute_approx_kl"): set(),  # kept for the logged statistic only
+    }
+    for (file, qualname), expected in cases.items():
+        assert placements_of(str(FIXTURES / file), qualname) == expected, (file, qualname)
+
+
+def test_kl_functions():
+    source = FIXTURES / "bad" / "verl_ray_trainer.py"
+    assert kl_functions(str(source)) == ["kl_penalty", "apply_kl_penalty"]
+    assert kl_functions(str(FIXTURES / "bad" / "grpo_pkg" / "loss.py")) == ["grpo_loss"]
