@@ -43,7 +43,8 @@ class ResultRow:
     used: bool = False  # the placement the surrounding code uses (from the lint analysis), when known
 
     def as_json(self) -> dict:
-        return {key: getattr(self, key) for key in JSON_FIELDS}
+        """The issue's schema, then `used` (whether the user's own code takes this placement)."""
+        return {**{key: getattr(self, key) for key in JSON_FIELDS}, "used": self.used}
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps({"version": __version__, "results": [row.as_json() for row in self.results],
-                           "errors": list(self.errors)}, indent=2)
+                           "errors": list(self.errors), "notes": list(self.notes)}, indent=2)
 
     def to_dict(self) -> dict:
         return {"results": [asdict(row) for row in self.results], "errors": self.errors, "notes": self.notes,

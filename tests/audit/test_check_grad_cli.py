@@ -23,10 +23,10 @@ def test_json_schema_and_exit_zero_for_an_unbiased_term():
     result = _run(f"{DATA}/correct_estimators.py::k1_kl_loss", "--output-format", "json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert set(report) == {"version", "results", "errors"} and report["errors"] == []
+    assert list(report) == ["version", "results", "errors", "notes"] and report["errors"] == []
     (row,) = report["results"]
     assert list(row) == ["target", "mode", "placement", "configuration", "objective", "unbiased", "cos_rev",
-                         "rel_err_rev", "value_bias", "rule", "fix"]
+                         "rel_err_rev", "value_bias", "rule", "fix", "used"]
     assert row["mode"] == {} and row["placement"] == "loss" and row["objective"] == "REV" and row["unbiased"]
 
 
