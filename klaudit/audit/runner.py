@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -248,6 +249,19 @@ class _Progress:
 
 def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
                  model_dir: Optional[str], device: str, progress: _Progress) -> Report:
+    """Audit one target in a child process and mark the placement the user's code uses; the lint
+    analysis that finds it runs in this process while the child audits."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        used = pool.submit(used_placements, target)
+        report = _audit_in_child(target, overrides=overrides, placements=placements, timeout=timeout,
+                                 model_dir=model_dir, device=device, progress=progress)
+        for row in report.results:
+            row.used = row.placement in used.result()
+    return report
+
+
+def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
+                    model_dir: Optional[str], device: str, progress: _Progress) -> Report:
     """Audit one target in a child process; a timeout, crash or garbage output is an error line."""
     with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch:
         request_path, response_path = Path(scratch, "request.json"), Path(scratch, "response.json")
@@ -269,11 +283,7 @@ def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequen
             report = Report([], [message + (f": {detail[0]}" if detail else "")])
             report.details.append(completed.stderr)
             return report
-        report = Report.from_dict(json.loads(response_path.read_text()))
-    used = used_placements(target)
-    for row in report.results:
-        row.used = row.placement in used
-    return report
+        return Report.from_dict(json.loads(response_path.read_text()))
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
