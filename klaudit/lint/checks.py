@@ -26,12 +26,12 @@ from klaudit.lint.modules import Analyzer
 _ANALYZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def check_module(path: str, module: cst.Module, project) -> list:
-    """Findings of one parsed module; `project` resolves imports inside the linted tree."""
+def check_module(path: str, module: cst.Module, project, source: str) -> list:
+    """Findings of one module parsed from `source`; `project` resolves imports inside the linted tree."""
     analyzer = _ANALYZERS.get(project)
     if analyzer is None:
         analyzer = _ANALYZERS[project] = Analyzer(project)
-    module = project.remember(path, module)
+    module = project.remember(path, module, source)
     mod = analyzer.module(path, module)
     candidates = []
     for index, (func, cls) in enumerate(module_functions(module)):
@@ -180,21 +180,22 @@ class _Positions:
     statements are paired with the CST statements, which have the same nesting and order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, project) -> None:
+        self._project = project
         self._maps: dict = {}
 
     def of(self, tree: cst.Module, node) -> Optional[tuple]:
         key = id(tree)
         if key not in self._maps:
-            self._maps[key] = statement_positions(tree)
+            self._maps[key] = statement_positions(tree, self._project.source(tree))
         return self._maps[key].get(id(node))  # None: a statement of another module
 
 
-def statement_positions(tree: cst.Module) -> dict:
-    """id(CST statement) -> (line, column, end line, end column), all 1-based."""
+def statement_positions(tree: cst.Module, source: str) -> dict:
+    """id(CST statement) -> (line, column, end line, end column), all 1-based, for `tree` parsed from `source`."""
     positions: dict = {}
     try:
-        parsed = ast.parse(tree.code)
+        parsed = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return positions
     _pair(tree.body, parsed.body, positions)
@@ -241,7 +242,7 @@ def _pair_children(stmt, node, positions: dict) -> None:
 def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list) -> list:
     if not candidates:
         return []
-    positions = _Positions()
+    positions = _Positions(analyzer.project)
     groups: dict = {}
     for cand in candidates:
         values = tuple(v for _, v in cand.fact.labels)

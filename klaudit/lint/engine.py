@@ -188,7 +188,7 @@ def _analyse(path: str, source: str) -> _Analysis:
     except Exception as error:  # noqa: BLE001 - e.g. RecursionError on absurdly nested code
         return _internal_error(path, error)
     try:
-        findings = tuple(check_module(path, module, _worker_project))
+        findings = tuple(check_module(path, module, _worker_project, source))
         return _Analysis(path, findings, suppression_table(source) if findings else {})
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
         return _internal_error(path, error)

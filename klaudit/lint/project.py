@@ -31,6 +31,7 @@ class Project:
         self.bases = bases
         self.roots = [Path(root).resolve() for root in roots]
         self._modules: dict = {}
+        self._sources: dict = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
         self._package_parents: Optional[dict] = None
 
     def module_path(self, dotted: str, importer: Optional[str] = None, level: int = 0) -> Optional[Path]:
@@ -76,18 +77,26 @@ class Project:
                 # a module without KL or log-prob vocabulary cannot contribute a KL fact
                 self._modules[key] = (cst.parse_module(text)
                                       if isinstance(text, str) and might_contain_kl(text) else None)
+                if self._modules[key] is not None:
+                    self._sources[id(self._modules[key])] = text
             except (OSError, cst.ParserSyntaxError, RecursionError):
                 self._modules[key] = None
         return self._modules[key]
 
-    def remember(self, path: str, module: cst.Module) -> cst.Module:
+    def remember(self, path: str, module: cst.Module, source: str) -> cst.Module:
         """The tree to analyse `path` with: the one already parsed for it (when another module
-        imported it), else `module`, which the engine parsed from the same text. One tree per file,
+        imported it), else `module`, which the engine parsed from `source`. One tree per file,
         so that the nodes the analysis reports are nodes of the tree the report locates them in."""
         key = str(Path(path).resolve())
         if self._modules.get(key) is None:
             self._modules[key] = module
+            self._sources[id(module)] = source
         return self._modules[key]
+
+    def source(self, tree: cst.Module) -> str:
+        """The text `tree` was parsed from (libcst round-trips it exactly)."""
+        text = self._sources.get(id(tree))
+        return text if text is not None else tree.code
 
 
 _SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}

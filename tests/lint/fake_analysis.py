@@ -27,7 +27,7 @@ def might_contain_kl(source_text: str) -> bool:
     return "kl" in source_text
 
 
-def check_module(path, module, project):
+def check_module(path, module, project, source):
     assert isinstance(project, Project)
     findings = []
     code = module.code

@@ -21,7 +21,7 @@ def lint(source: str, tmp_path: Path, name: str = "snippet.py"):
     path = tmp_path / name
     text = textwrap.dedent(source)
     path.write_text(text)
-    return check_module(str(path), cst.parse_module(text), Project([tmp_path]))
+    return check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
 
 
 def codes(source: str, tmp_path: Path) -> list:
@@ -273,7 +273,7 @@ def test_imports_between_modules_of_the_linted_tree(tmp_path):
     """)
     (package / "trainer.py").write_text(trainer)
     project = Project([tmp_path])
-    findings = check_module(str(package / "trainer.py"), cst.parse_module(trainer), project)
+    findings = check_module(str(package / "trainer.py"), cst.parse_module(trainer), project, trainer)
     assert sorted((f.line, f.code) for f in findings) == [(7, "KL002"), (12, "KL002")]
     assert "estimators.py:6" in findings[0].message
 
