@@ -134,6 +134,49 @@ def is_loss_function(name: str) -> bool:
     return _LOSS.search(name) is not None and _COEF.search(name) is None
 
 
+# ---- names check-grad binds (the runtime audit reads them; the lint's sinks above are unchanged) ----
+
+# The coefficient of the KL term: beta, kl_coef, init_kl_coef, kl_ctl (an adaptive controller whose
+# `.value` is the coefficient), kl_loss_weight ... Not `alpha`: that is a mixing weight (TRL's JSD).
+_KL_COEFFICIENT = re.compile(
+    r"^(kl_)?beta(_kl)?$|^(\w+_)?kl_(\w+_)?(coef|coeff|coefficient|weight|scale|beta|ctl|ctrl|controller)$",
+    re.IGNORECASE,
+)
+# Sequence-level task scores of a reward model ([B]): zeroed like a reward, but not a lint sink.
+_TASK_SCORE = re.compile(r"^((rm|reward|task|sequence|seq)_)?scores?$", re.IGNORECASE)
+# The sampled token ids of the responses (what log-probs are gathered at).
+_TOKEN_IDS = re.compile(
+    r"^(input_ids|response_ids|responses|response_tokens|token_ids|tokens|completion_ids|output_ids|labels)$",
+    re.IGNORECASE,
+)
+# A function that returns a reward to be maximised (a KL penalty enters it with a minus sign).
+_REWARD_FUNCTION = re.compile(
+    r"^(compute|get|calc|calculate|make|build|shape)?_?"
+    r"((token_level|per_token|sequence_level|shaped|total|final|penalized|penalised)_)*rewards?(_with_\w+)?$",
+    re.IGNORECASE,
+)
+
+
+def is_coefficient_name(name: str) -> bool:
+    """A name that holds the KL coefficient beta (check-grad sets it to 1)."""
+    return _KL_COEFFICIENT.match(name.lstrip("_")) is not None
+
+
+def is_task_score_name(name: str) -> bool:
+    """A sequence-level task score (`scores`, `rm_scores`): a reward the KL audit zeroes."""
+    return _TASK_SCORE.match(name.lstrip("_")) is not None
+
+
+def is_token_ids_name(name: str) -> bool:
+    """The sampled token ids (`input_ids`, `responses`, `completion_ids`)."""
+    return _TOKEN_IDS.match(name.lstrip("_")) is not None
+
+
+def is_reward_function(name: str) -> bool:
+    """A function whose return value is a reward to be maximised (`compute_rewards`)."""
+    return _REWARD_FUNCTION.match(name.lstrip("_")) is not None and not is_loss_function(name)
+
+
 BACKWARD_CALLS = re.compile(r"^(backward|manual_backward)$")
 NO_GRAD_CONTEXTS = re.compile(r"^(no_grad|inference_mode|disable_grad)$")
 LOGGING_METHODS = re.compile(r"^(item|tolist|numpy|cpu)$")
