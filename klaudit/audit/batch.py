@@ -23,6 +23,8 @@ class Batch:
     logits:       [N, T, V] policy logits at each position (differentiable), when available.
     ref_logits:   [N, T, V] reference logits, when available.
     old_logprobs: [N, T] log pi_old(y_t | h_t) of the behaviour policy, for off-policy audits.
+    tokens:       [N, T] long, the sampled response token ids y_t (no prompt), arbitrary at padding;
+                  logprobs[n, t] = log_softmax(logits)[n, t, tokens[n, t]] on real tokens.
     """
 
     logprobs: torch.Tensor
@@ -31,6 +33,7 @@ class Batch:
     logits: Optional[torch.Tensor] = None
     ref_logits: Optional[torch.Tensor] = None
     old_logprobs: Optional[torch.Tensor] = None
+    tokens: Optional[torch.Tensor] = None
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -215,6 +215,7 @@ class ExactProblem:
             logits=logits,
             ref_logits=self.ref_logits.clone(),
             old_logprobs=None if self.old_logprobs is None else self.old_logprobs.clone(),
+            tokens=self.tokens.clone(),
         )
 
     def _sampling_logprob(self, batch: Batch, off_policy: bool) -> torch.Tensor:

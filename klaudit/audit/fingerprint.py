@@ -79,6 +79,7 @@ def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, r
         logits=leaf,
         ref_logits=ref_logits.detach(),
         old_logprobs=None if old_logprobs is None else old_logprobs.detach(),
+        tokens=tokens,
     )
 
 
