@@ -1,11 +1,12 @@
 """Which tensor each parameter of a user's KL callable receives, and which switch values to audit.
 
 A parameter gets a `Role`: the policy log-probs (the one that carries gradient), reference or old
-log-probs, the mask, policy or reference logits, the log-ratio logp - ref, a coefficient (set to
-1), a string switch (audited once per literal the code compares it with), its own default, or
-None. Names are read with the lint's naming table (`klaudit.lint.roles`), then annotations and
-defaults decide; `--bind PARAM=ROLE` overrides. Torch-free until `arguments_for` is called, so
-the parent process can bind (for discovery) without importing torch or the user's code.
+log-probs, the mask, policy or reference logits, the log-ratio logp - ref, the sampled token ids,
+a coefficient (set to 1), a zeroed task reward or advantage, a string switch (audited once per
+literal the code compares it with), its own default, or None. Names are read with the lint's
+naming table (`klaudit.lint.roles`), then annotations and defaults decide; `--bind PARAM=ROLE`
+overrides. Torch-free until `arguments_for` is called, so the parent process can bind (for
+discovery) without importing torch or the user's code. A method is called on a `bare_instance`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from enum import Enum
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from klaudit.lint import algebra
-from klaudit.lint.roles import is_mask_name, sink_of_name, tensor_role
+from klaudit.lint.roles import (is_coefficient_name, is_mask_name, is_task_score_name, is_token_ids_name,
+                                sink_of_name, tensor_role)
 
 MAX_MODES = 64  # switch combinations audited at most; more is a configuration explosion, not a KL term
 
@@ -28,7 +30,12 @@ class BindError(ValueError):
 
 
 class Role(str, Enum):
-    """What a parameter receives (the value is the --bind spelling)."""
+    """What a parameter receives (the value is the --bind spelling).
+
+    TOKENS are the response's token ids only (no prompt), so code that slices a prompt+response
+    tensor from the right (`input_ids[:, -T:]`) reads the right tokens; padding ids are arbitrary.
+    ZEROS is [B, T], or [B] when the binding says `sequence_zeros` (a per-sequence score).
+    """
 
     LOGPROBS = "logprobs"  # [B, T] log pi(y_t | h_t), differentiable
     REF_LOGPROBS = "ref_logprobs"  # [B, T] log ref(y_t | h_t)
@@ -37,6 +44,7 @@ class Role(str, Enum):
     LOGITS = "logits"  # [B, T, V] policy logits, differentiable
     REF_LOGITS = "ref_logits"  # [B, T, V] reference logits
     LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
+    TOKENS = "tokens"  # [B, T] int64 sampled token ids of the response; logprobs are gathered at them
     ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
     COEF = "coef"  # a coefficient, set to 1.0
     SWITCH = "switch"  # a string switch or a bool flag, audited once per value
@@ -52,15 +60,32 @@ BIND_SYNTAX = "--bind PARAM=ROLE with ROLE one of " + ", ".join(role.value for r
 
 @dataclass(frozen=True)
 class Binding:
-    """Roles of a callable's parameters and the switch values found in its source."""
+    """Roles of a callable's parameters and the switch values found in its source.
+
+    `sequence_zeros`: ZEROS parameters receive per-sequence zeros [B] instead of [B, T].
+    `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
+    and the audit is on-policy.
+    """
 
     roles: Mapping[str, Role]
     switches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     positional_only: frozenset = frozenset()
+    sequence_zeros: bool = False
+    current_old: bool = False
 
     @property
     def off_policy(self) -> bool:
-        return Role.OLD_LOGPROBS in self.roles.values()
+        return Role.OLD_LOGPROBS in self.roles.values() and not self.current_old
+
+    @property
+    def old(self) -> list[str]:
+        """The parameters that receive old log-probs."""
+        return [name for name, role in self.roles.items() if role is Role.OLD_LOGPROBS]
+
+    @property
+    def zeroed(self) -> list[str]:
+        """The parameters that receive zeros (task rewards, advantages, scores)."""
+        return [name for name, role in self.roles.items() if role is Role.ZEROS]
 
     def modes(self) -> list[dict[str, str]]:
         """Every combination of switch values ([{}] when there is no switch)."""
@@ -73,7 +98,7 @@ class Binding:
         tensors = {
             Role.LOGPROBS: batch.logprobs, Role.REF_LOGPROBS: batch.ref_logprobs,
             Role.OLD_LOGPROBS: batch.old_logprobs, Role.MASK: batch.mask, Role.LOGITS: batch.logits,
-            Role.REF_LOGITS: batch.ref_logits,
+            Role.REF_LOGITS: batch.ref_logits, Role.TOKENS: batch.tokens,
         }
         import torch
 
@@ -82,12 +107,16 @@ class Binding:
         for name, role in self.roles.items():
             if role is Role.DEFAULT:
                 continue
+            if role is Role.TOKENS and batch.tokens is None:
+                raise BindError(f"parameter {name} wants the sampled token ids, and this batch has none")
             if role is Role.LOG_RATIO:
                 value: Any = batch.logprobs - batch.ref_logprobs
+            elif role is Role.OLD_LOGPROBS and self.current_old:
+                value = batch.logprobs.detach()
             elif role in tensors:
                 value = tensors[role]
             elif role is Role.ZEROS:
-                value = torch.zeros_like(batch.mask)
+                value = torch.zeros_like(batch.mask[:, 0] if self.sequence_zeros else batch.mask)
             elif role is Role.COEF:
                 value = 1.0
             elif role is Role.SWITCH:
@@ -116,12 +145,16 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, Role]:
 
 
 def role_from_name(name: str) -> Optional[Role]:
-    """The tensor role a parameter name denotes, from the lint's naming table (a task reward or
-    advantage is zeroed, kl-math.md section 12.1)."""
+    """The role a parameter name denotes, from the lint's naming table (a task reward, advantage or
+    score is zeroed and the KL coefficient is 1, kl-math.md section 12.1)."""
+    if is_coefficient_name(name):
+        return Role.COEF
     if is_mask_name(name):
         return Role.MASK
-    if sink_of_name(name) in ("reward", "advantage"):
+    if sink_of_name(name) in ("reward", "advantage") or is_task_score_name(name):
         return Role.ZEROS
+    if is_token_ids_name(name):
+        return Role.TOKENS
     kind = tensor_role(name)
     return _ROLE_OF_KIND.get(kind) if kind is not None else None
 
@@ -200,6 +233,56 @@ def bind(fn: Callable, overrides: Optional[Mapping[str, Role]] = None, *,
 
 def _name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+
+
+# ----- methods called on an instance whose __init__ did not run -----
+
+_DEFAULTED = "_klaudit_defaulted_attributes"
+
+
+class Coefficient(float):
+    """A KL coefficient read from a bare instance: 1.0, which also answers `.value` (the adaptive
+    KL controller spelling `self.kl_ctl.value`)."""
+
+    @property
+    def value(self) -> float:
+        return float(self)
+
+
+def bare_instance(owner: type):
+    """An instance of (a subclass of) `owner` whose __init__ did not run, for auditing a method.
+
+    A missing attribute named like a KL coefficient reads as 1.0 and is recorded (see
+    `defaulted_attributes`); any other missing attribute raises an AttributeError that says why it
+    is missing. Underscore names raise a plain AttributeError, so that classes whose own
+    __getattr__ reads private state (torch.nn.Module) do not recurse.
+    """
+    defaulted: list[str] = []
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if is_coefficient_name(name):
+            if name not in defaulted:
+                defaulted.append(name)
+            return Coefficient(1.0)
+        raise AttributeError(
+            f"self.{name} is not set: check-grad called a method of {owner.__qualname__} on an instance whose "
+            f"__init__ did not run, so only KL coefficients (read as 1) exist on self; audit a function that "
+            f"takes {name} as a parameter")
+
+    namespace = {"__getattr__": __getattr__, "__module__": owner.__module__, "__qualname__": owner.__qualname__,
+                 _DEFAULTED: defaulted}
+    try:
+        subclass = type(owner)(owner.__name__, (owner,), namespace)
+    except Exception:  # a class that refuses subclasses (final metaclass): plain missing attributes
+        subclass = owner
+    return subclass.__new__(subclass)
+
+
+def defaulted_attributes(fn: Callable) -> list[str]:
+    """The coefficient attributes a method of a `bare_instance` has read as 1.0 so far."""
+    return list(getattr(type(getattr(fn, "__self__", None)), _DEFAULTED, ()))
 
 
 # ----- switch literals, read from the source (static: ast only) -----

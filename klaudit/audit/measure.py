@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 
 from klaudit.audit.batch import Batch
-from klaudit.audit.bind import Binding
+from klaudit.audit.bind import Binding, defaulted_attributes
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
 from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, leaf_batch,
                                        logits_gradient, sample_rows)
@@ -97,22 +97,28 @@ def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS
 
 
 def _row_of(batch: Batch, index: int) -> Batch:
-    def pick(tensor):
-        return None if tensor is None else tensor[index:index + 1]
-
-    return Batch(pick(batch.logprobs), pick(batch.ref_logprobs), pick(batch.mask), pick(batch.logits),
-                 pick(batch.ref_logits), pick(batch.old_logprobs))
+    """Row `index` of every tensor of the batch, as a batch of one."""
+    return Batch(**{field.name: None if getattr(batch, field.name) is None else
+                    getattr(batch, field.name)[index:index + 1] for field in dataclasses.fields(batch)})
 
 
 class Term:
-    """The user's callable with its binding and one switch value, called on a Batch."""
+    """The user's callable with its binding and one switch value, called on a Batch.
 
-    def __init__(self, fn: Callable, binding: Binding, mode: Mapping[str, str], name: str):
+    `negated`: the callable returns a reward (maximised), so the KL cost audited is its negation.
+    """
+
+    def __init__(self, fn: Callable, binding: Binding, mode: Mapping[str, str], name: str, negated: bool = False):
         self.fn = fn
         self.binding = binding
         self.mode = dict(mode)
         self.name = name
+        self.negated = negated
         self.dtype = torch.float64
+
+    def rebound(self, binding: Binding) -> "Term":
+        """The same callable and mode with another binding."""
+        return Term(self.fn, binding, self.mode, self.name, self.negated)
 
     def where(self) -> str:
         mode = ", ".join(f"{key}={value!r}" for key, value in self.mode.items())
@@ -143,6 +149,7 @@ class Term:
         if not bool(torch.isfinite(result.detach()).all()):
             raise TermError(f"{self.where()} returned NaN or inf")
         self.dtype = result.dtype
+        result = -result if self.negated else result
         return result.reshape(()) if result.shape == (1,) else result
 
     @property
@@ -153,6 +160,29 @@ class Term:
 def result_kind(term: Term, batch: Batch) -> str:
     """'token', 'sequence' or 'scalar' by the shape of the result on `batch`."""
     return {2: "token", 1: "sequence", 0: "scalar"}[term(batch).dim()]
+
+
+def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, Optional[str]]:
+    """The result kind of the term's first call, and the term that gave it, with a note when it changed.
+
+    Zeros [B, T] stand for a task reward or advantage; code that wants a per-sequence one (a score
+    added at the last token, `advantages.unsqueeze(-1)`) fails on them with a RuntimeError or
+    IndexError. Then the call is tried once more with per-sequence zeros [B]; if that works, the
+    returned term keeps them. Otherwise the first failure is the one reported.
+    """
+    try:
+        return term, result_kind(term, batch), None
+    except TermError as error:
+        zeroed = term.binding.zeroed
+        if not zeroed or term.binding.sequence_zeros or not isinstance(error.__cause__, (RuntimeError, IndexError)):
+            raise
+        retried = term.rebound(dataclasses.replace(term.binding, sequence_zeros=True))
+        try:
+            kind = result_kind(retried, batch)
+        except (TermError, ModeNotImplemented):
+            raise error from error.__cause__
+        return retried, kind, (f"{', '.join(zeroed)} of {term.name}: per-sequence zeros [B] (zeros [B, T] raised "
+                               f"{type(error.__cause__).__name__})")
 
 
 def _reward_to_go(values: torch.Tensor) -> torch.Tensor:
@@ -207,14 +237,16 @@ def scalar_aggregation(term: Term, batch_factory: Callable[[], Batch]) -> str:
     return "other"
 
 
-def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str]) -> str:
+def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str], negated: bool = False) -> str:
     if kind == "token":
-        return "token-sum per sequence (applied by klaudit)"
-    if kind == "sequence":
-        return "per-sequence values" + (", whole-sequence return" if placement == "reward" else "")
-    return {"mean": "the callable's own mean over sequences",
-            "batch-token-mean": "the callable's own token-mean over the batch",
-            }.get(scalar_weight, "the callable's own aggregation, audited per sequence")
+        text = "token-sum per sequence (applied by klaudit)"
+    elif kind == "sequence":
+        text = "per-sequence values" + (", whole-sequence return" if placement == "reward" else "")
+    else:
+        text = {"mean": "the callable's own mean over sequences",
+                "batch-token-mean": "the callable's own token-mean over the batch",
+                }.get(scalar_weight, "the callable's own aggregation, audited per sequence")
+    return text + ("; result negated: a reward" if negated else "")
 
 
 def fingerprint_batch(problem: Problem, size: int, seed: int) -> Callable[[], Batch]:
@@ -249,7 +281,9 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Seq
     """Rows for every (mode, placement) of `fn`, and notes (switch values that are not implemented).
 
     `placements` None: a scalar result or a function named like a loss is audited as a loss, any
-    other result both as a loss and as a detached reward with reward-to-go. TermError on bad results.
+    other result both as a loss and as a detached reward with reward-to-go. A function named like a
+    reward (`compute_rewards`) returns a reward to be maximised, in which a KL penalty enters with a
+    minus sign: its negated result is the KL cost, audited as a reward. TermError on bad results.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
@@ -261,27 +295,46 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Seq
 
 def _audit(fn, binding, name, placements, problems, batch, progress):
     """The body of `audit`."""
-    from klaudit.lint.roles import is_loss_function
+    from klaudit.lint.roles import is_loss_function, is_reward_function
 
+    function_name = getattr(fn, "__name__", "")
+    reward_function = is_reward_function(function_name)
     first = problems[0] if problems else standard_problems(off_policy=binding.off_policy, count=1,
                                                             transformer=False)[0]
     batch_factory = batch or fingerprint_batch(first, FINGERPRINT_BATCH, seed=0)
     notes: list[str] = []
+    if reward_function:
+        notes.append(f"{name} is named like a reward function: its result is a reward to be maximised, so its "
+                     f"negation is audited as the KL cost, in the reward")
     plans = []  # every mode is checked on the cheap batch before the expensive policies are built
     for mode in binding.modes():
-        term = Term(fn, binding, mode, name)
+        term = Term(fn, binding, mode, name, negated=reward_function)
         try:
-            kind = result_kind(term, batch_factory())
+            if plans:
+                kind = result_kind(term, batch_factory())
+            else:  # the first call settles the binding of zeroed and old inputs for every mode
+                term, kind, note = first_result_kind(term, batch_factory())
+                notes += [note] if note else []
+                if binding.off_policy and batch is None and not _depends_on_old(term, batch_factory()):
+                    term = term.rebound(dataclasses.replace(term.binding, current_old=True))
+                    batch_factory = fingerprint_batch(problems[0] if problems else standard_problems(
+                        count=1, transformer=False)[0], FINGERPRINT_BATCH, seed=0)
+                    notes.append(_on_policy_note(term, name))
+                binding = term.binding
         except ModeNotImplemented as skipped:
             notes.append(f"skipped: {skipped}")
             continue
         _require_dependence(term, batch_factory)
-        chosen = list(placements) if placements else (
-            ["loss"] if kind == "scalar" or is_loss_function(getattr(fn, "__name__", "")) else ["loss", "reward"])
+        if placements:
+            chosen = list(placements)
+        elif reward_function:
+            chosen = ["reward"]
+        else:
+            chosen = ["loss"] if kind == "scalar" or is_loss_function(function_name) else ["loss", "reward"]
         if kind == "scalar" and "reward" in chosen:
             raise TermError(f"{term.where()} returns a scalar: it cannot be audited as a per-token reward")
         detached = not term(batch_factory()).requires_grad
-        if detached and not placements and kind != "scalar":
+        if detached and not placements and kind != "scalar" and chosen != ["reward"]:
             chosen = ["reward"]  # a detached helper (e.g. under no_grad) can only be a reward
             notes.append(f"{term.where()} returns a detached result: audited as a reward only")
         elif detached and "loss" in chosen:
@@ -295,7 +348,27 @@ def _audit(fn, binding, name, placements, problems, batch, progress):
         for placement in chosen:
             progress(f"{term.where()} as {placement}")
             rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter, batch_factory))
+    defaulted = defaulted_attributes(fn)
+    if defaulted:
+        notes.append(f"{', '.join('self.' + attribute for attribute in defaulted)} of {name}: set to 1.0 (a KL "
+                     f"coefficient read on an instance whose __init__ did not run)")
     return rows, notes
+
+
+def _on_policy_note(term: Term, name: str) -> str:
+    zeroed = term.binding.zeroed
+    return (f"{', '.join(term.binding.old)} of {name} do not change its result"
+            f"{' with ' + ', '.join(zeroed) + ' zeroed' if zeroed else ''}: audited on-policy, with the policy's "
+            f"own detached log-probs as old log-probs (on samples of an older policy kl-math.md row 22 applies)")
+
+
+def _depends_on_old(term: Term, batch: Batch) -> bool:
+    """Whether the result changes when the old log-probs change."""
+    generator = torch.Generator().manual_seed(2)
+    shifted = dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 0.25 * torch.rand(
+        batch.old_logprobs.shape, generator=generator, dtype=batch.old_logprobs.dtype))
+    with torch.no_grad():
+        return not torch.equal(term(batch).detach(), term(shifted).detach())
 
 
 def _require_dependence(term: Term, batch_factory: Callable[[], Batch]) -> None:
@@ -353,7 +426,7 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
         cos_rev=None if math.isnan(cos) or objective is Objective.ZERO else cos,
         rel_err_rev=relerr(gradient, problem.targets[Target.REV]),
         value_bias=value - problem.kl, rule=rule, fix=fix or "",
-        aggregation=_describe_aggregation(kind, placement, scalar_weight),
+        aggregation=_describe_aggregation(kind, placement, scalar_weight, term.negated),
         fingerprint_objective=fingerprint_objective,
         per_policy={p.name: o.value for p, o in zip(problems, objectives)},
     )

@@ -168,7 +168,9 @@ def load(target: Target) -> Callable:
         owner, obj = obj, getattr(obj, part)
     if isinstance(owner, type) and callable(obj) and not isinstance(owner.__dict__.get(obj.__name__),
                                                                     (staticmethod, classmethod)):
-        obj = getattr(owner.__new__(owner), obj.__name__)  # a bare instance: __init__ is not run
+        from klaudit.audit.bind import bare_instance
+
+        obj = getattr(bare_instance(owner), obj.__name__)  # __init__ is not run: coefficients read as 1
     if not callable(obj):
         raise TargetError(f"{target}: {target.qualname} is not callable")
     return obj

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-from klaudit.audit.bind import BindError, Role, bind, parse_overrides, role_from_name, switch_literals
+torch = pytest.importorskip("torch")
+
+from klaudit.audit.bind import BindError, Role, bind, parse_overrides, role_from_name, switch_literals  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -146,3 +150,260 @@ def test_bool_flags_tested_by_an_if_are_switches():
     assert values == {"use_k3": [False, True], "use_abs": [False, True]}
     binding = bind(term, switch_values=values)
     assert binding.roles["keep"] is Role.DEFAULT and len(binding.modes()) == 4
+
+
+# ----- what lets check-grad call trainer code alone: coefficients, bare instances, token ids,
+# ----- per-sequence scores and reward functions
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.mark.parametrize("name", ["beta", "kl_coef", "kl_coeff", "init_kl_coef", "kl_ctl", "kl_weight",
+                                  "kl_loss_coef", "_kl_beta"])
+def test_kl_coefficient_names_bind_as_coefficients(name):
+    assert role_from_name(name) is Role.COEF
+
+
+@pytest.mark.parametrize("name", ["alpha", "vf_coef", "entropy_coef", "weight", "kl"])
+def test_other_names_are_not_kl_coefficients(name):
+    """`alpha` is a JSD mixing weight (TRL), `vf_coef` weighs the value loss: neither is beta."""
+    assert role_from_name(name) is not Role.COEF
+
+
+def test_a_coefficient_without_default_binds_by_name():
+    def term(logps, ref_logps, beta):
+        return logps
+
+    assert bind(term).roles["beta"] is Role.COEF
+
+
+def test_scores_are_zeroed_but_are_no_lint_sink():
+    from klaudit.lint.roles import sink_of_name
+
+    assert role_from_name("scores") is Role.ZEROS and role_from_name("score") is Role.ZEROS
+    assert sink_of_name("scores") is None and sink_of_name("score") is None
+
+
+@pytest.mark.parametrize("name", ["input_ids", "response_ids", "responses", "token_ids", "tokens", "completion_ids"])
+def test_token_id_names(name):
+    assert role_from_name(name) is Role.TOKENS
+
+
+class _Trainer:
+    def __init__(self, config):
+        self.config = config
+        self.kl_ctl = config.kl_ctl
+
+    def penalty(self, logprobs, ref_logprobs):
+        return self.kl_ctl.value * (logprobs - ref_logprobs)
+
+    def scaled(self, logprobs, ref_logprobs):
+        return self.beta * self.config.scale * (logprobs - ref_logprobs)
+
+
+def test_bare_instance_reads_coefficients_as_one_and_records_them():
+    from klaudit.audit.bind import bare_instance, defaulted_attributes
+
+    method = bare_instance(_Trainer).penalty
+    assert isinstance(method.__self__, _Trainer)
+    assert method(3.0, 1.0) == 2.0 and defaulted_attributes(method) == ["kl_ctl"]
+    assert defaulted_attributes(lambda x: x) == []
+
+
+def test_bare_instance_names_a_missing_attribute_and_why():
+    from klaudit.audit.bind import bare_instance
+
+    with pytest.raises(AttributeError) as error:
+        bare_instance(_Trainer).scaled(3.0, 1.0)
+    message = str(error.value)
+    assert "self.config is not set" in message and "__init__ did not run" in message and "_Trainer" in message
+
+
+def test_bare_torch_module_does_not_recurse():
+    """nn.Module's own __getattr__ reads self._parameters, which a bare instance lacks."""
+    from klaudit.audit.bind import bare_instance
+
+    class Actor(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(2, 2)
+
+        def kl(self, logprobs, ref_logprobs):
+            return self.kl_coef * (logprobs - ref_logprobs)
+
+        def forward_kl(self, logprobs, ref_logprobs):
+            return self.head(logprobs - ref_logprobs)
+
+    actor = bare_instance(Actor)
+    assert actor.kl(torch.tensor(2.0), torch.tensor(1.0)).item() == 1.0
+    with pytest.raises(AttributeError, match="self.head is not set"):
+        actor.forward_kl(torch.ones(2), torch.zeros(2))
+    with pytest.raises(AttributeError):
+        actor._parameters
+
+
+def test_a_method_that_needs_init_state_is_one_error_line(tmp_path):
+    from klaudit.audit.runner import Target, audit_target
+
+    source = tmp_path / "trainer.py"
+    source.write_text("class Trainer:\n    def kl_loss(self, logprobs, ref_logprobs):\n"
+                      "        return self.config.beta * (logprobs - ref_logprobs).sum()\n")
+    report = audit_target(Target(path=str(source), qualname="Trainer.kl_loss"))
+    (error,) = report.errors
+    assert report.exit_code == 2 and "\n" not in error
+    assert "raised AttributeError: self.config is not set" in error and "__init__ did not run" in error
+
+
+def test_exact_batch_carries_the_sampled_tokens():
+    """logprobs[n, t] = log_softmax(logits)[n, t, tokens[n, t]] on every real token."""
+    from klaudit.audit.exact import ExactProblem
+    from klaudit.audit.policies import TabularPolicy
+
+    problem = ExactProblem(TabularPolicy.random(4, 4, eos=True, seed=0), TabularPolicy.random(4, 4, eos=True, seed=1))
+    batch = problem.batch()
+    assert batch.tokens.dtype == torch.int64 and batch.tokens.shape == batch.mask.shape
+    real = batch.mask.bool()
+    for logits, logprobs in ((batch.logits, batch.logprobs), (batch.ref_logits, batch.ref_logprobs)):
+        gathered = torch.log_softmax(logits, -1).gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
+        assert torch.equal(gathered[real], logprobs[real])
+
+
+def test_tokens_reach_the_callable_and_follow_a_row():
+    from klaudit.audit.measure import _row_of, fingerprint_batch, standard_problems
+
+    batch = fingerprint_batch(standard_problems(count=1, transformer=False)[0], 4, seed=0)()
+
+    def term(logits, input_ids, mask):
+        return logits[..., 0] * mask
+
+    args, kwargs = bind(term).arguments_for(batch, {})
+    assert kwargs["input_ids"] is batch.tokens
+    assert torch.equal(_row_of(batch, 2).tokens, batch.tokens[2:3])
+
+
+def test_token_ids_from_a_prompt_and_response_slice():
+    """Only the response is given, so `input_ids[:, -T:]` is the response; a k1 reward from the
+    gathered log-probs is unbiased (kl-math.md section 8 row 6)."""
+    import klaudit.audit
+
+    def token_kl(logits, ref_logits, input_ids, response_mask):
+        ids = input_ids[:, -response_mask.size(1):, None]
+        logp = torch.log_softmax(logits, -1).gather(-1, ids).squeeze(-1)
+        ref = torch.log_softmax(ref_logits, -1).gather(-1, ids).squeeze(-1)
+        return (logp - ref) * response_mask
+
+    (row,) = klaudit.audit.check(token_kl, placement="reward").results
+    assert (row.objective, row.rule, row.unbiased) == ("REV", None, True)
+
+
+def test_per_sequence_scores_are_retried_as_b_zeros():
+    """A score added at the last token fails on zeros [B, T]; zeros [B] work, and a note says so."""
+    import klaudit.audit
+
+    def kl_with_score(logprobs, ref_logprobs, mask, scores):
+        kl = (logprobs - ref_logprobs) * mask
+        last = mask.sum(-1).long() - 1
+        kl[torch.arange(kl.size(0)), last] -= scores
+        return kl
+
+    report = klaudit.audit.check(kl_with_score, placement="reward")
+    assert not report.errors and [row.objective for row in report.results] == ["REV"]
+    assert any("scores of" in note and "per-sequence zeros [B]" in note for note in report.notes)
+    binding = bind(kl_with_score)
+    assert binding.arguments_for(_tiny_batch(), {})[1]["scores"].shape == (3, 2)
+    assert dataclasses.replace(binding, sequence_zeros=True).arguments_for(_tiny_batch(), {})[1]["scores"].shape == (3,)
+
+
+def test_a_failure_that_zeros_b_do_not_cure_reports_the_first_call():
+    import klaudit.audit
+
+    def broken(logprobs, ref_logprobs, advantages):
+        if advantages.dim() == 1:
+            raise IndexError("fails on per-sequence advantages too")
+        raise RuntimeError("fails on per-token advantages")
+
+    (error,) = klaudit.audit.check(broken).errors
+    assert "broken raised RuntimeError: fails on per-token advantages" in error
+
+
+def test_a_reward_function_is_audited_negated_as_a_reward():
+    """compute_rewards returns score - beta * k1: the negation, k1 in the reward, is row 6 (REV). The
+    same function adding the KL as a bonus is the wrong sign (-REV, rule KL011)."""
+    import klaudit.audit
+
+    def compute_rewards(logprobs, ref_logprobs, mask):
+        return -(logprobs - ref_logprobs).detach() * mask
+
+    def compute_token_level_rewards(logprobs, ref_logprobs, mask):
+        return (logprobs - ref_logprobs).detach() * mask
+
+    report = klaudit.audit.check(compute_rewards)
+    (row,) = report.results
+    assert (row.placement, row.objective, row.rule, row.unbiased) == ("reward", "REV", None, True)
+    assert "result negated: a reward" in row.aggregation and any("negation" in note for note in report.notes)
+    (bonus,) = klaudit.audit.check(compute_token_level_rewards).results
+    assert (bonus.placement, bonus.objective, bonus.rule, bonus.unbiased) == ("reward", "OTHER", "KL011", False)
+
+
+def test_old_logprobs_the_result_ignores_make_the_audit_on_policy():
+    """With the advantages zeroed, a PPO-clip loss reads old log-probs only in the policy term, so the KL
+    part is audited on-policy (pi_old = pi): k1 in the reward is row 6 (REV). A term whose KL itself
+    reads them stays off-policy: k1 reward-to-go with per-decision weights is row 25 (REV)."""
+    import klaudit.audit
+    from klaudit.estimators import kl_penalty
+
+    def ppo_kl_reward(logprobs, old_logprobs, ref_logprobs, advantages, mask):
+        ratio = torch.exp(logprobs - old_logprobs)
+        return (-ratio * advantages + (logprobs - ref_logprobs).detach()) * mask
+
+    report = klaudit.audit.check(ppo_kl_reward, placement="reward")
+    assert [(row.objective, row.unbiased) for row in report.results] == [("REV", True)]
+    assert any("old_logprobs of" in note and "audited on-policy" in note for note in report.notes)
+
+    def weighted_kl_loss(logprobs, old_logprobs, ref_logprobs, mask):
+        return kl_penalty(logprobs, ref_logprobs, mask, old_logprobs=old_logprobs).loss.mean()
+
+    report = klaudit.audit.check(weighted_kl_loss)
+    assert [(row.objective, row.unbiased) for row in report.results] == [("REV", True)]
+    assert "per-decision" in report.results[0].configuration
+    assert not any("on-policy" in note for note in report.notes)
+
+
+def _tiny_batch():
+    from klaudit.audit.batch import Batch
+
+    logprobs = torch.log(torch.full((3, 2), 0.5, dtype=torch.float64))
+    return Batch(logprobs, logprobs, torch.ones(3, 2, dtype=torch.float64), tokens=torch.zeros(3, 2, dtype=torch.long))
+
+
+# The five lint-fixture functions check-grad could not call alone; expectations from kl-math.md section 8.
+FIXTURE_EXPECTED = {
+    # -kl_ctl.value * k3 + score at the last token: negated, k3 in the reward, reward-to-go (row 7)
+    ("bad/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): [("reward", "OTHER", "KL004")],
+    # -kl_ctl.value * k1: negated, k1 in the reward (row 6)
+    ("fixed/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): [("reward", "REV", None)],
+    # kl_penalty(estimator="rb"): exact KL loss + future exact KL reward (row 11), mean over sequences (row 20)
+    ("fixed/exact_kl_reward.py", "RolloutWorker.actor_kl_loss"): [("loss", "REV", None)],
+    # beta * k3 as loss (row 3), token-mean over the batch (row 20)
+    ("bad/grpo_pkg/loss.py", "grpo_loss"): [("loss", "PFWD", "KL002")],
+    # beta * kl_penalty(estimator="k3").loss: k3 loss + k3 reward-to-go (row 13), mean over sequences (row 20)
+    ("fixed/grpo_pkg/loss.py", "grpo_loss"): [("loss", "REV", None)],
+}
+
+
+@pytest.mark.parametrize("file, qualname", sorted(FIXTURE_EXPECTED))
+def test_lint_fixture_functions_check_grad_can_call(file, qualname, monkeypatch):
+    from klaudit.audit.runner import Target, audit_target
+
+    for module in [name for name in sys.modules if name.split(".")[0] == "grpo_pkg"]:
+        monkeypatch.delitem(sys.modules, module)  # the bad and fixed packages share a name
+    report = audit_target(Target(path=str(ROOT / "fixtures" / file), qualname=qualname))
+    assert not report.errors, report.errors
+    assert [(row.placement, row.objective, row.rule) for row in report.results] == FIXTURE_EXPECTED[file, qualname]
+    for row in report.results:
+        assert row.unbiased is (row.objective == "REV")
+    notes = " | ".join(report.notes)
+    if "ppo_gae" in file:
+        assert "self.kl_ctl" in notes and "set to 1.0" in notes and "scores of" in notes and "negation" in notes
+    if "grpo" in file:
+        assert "advantages of" in notes and "per-sequence zeros [B]" in notes and "audited on-policy" in notes
