@@ -43,7 +43,11 @@ class Match:
 
         A row's objective holds for its own aggregation; a token-sum row weighted by 1/L follows no
         target, except k1 (and the summed log-ratio) whose score-only gradient becomes grad E[1/L].
+        An on-policy row that gives the verdict of a configuration sampled off-policy (its estimator
+        is the first thing wrong) does not give its objective: stale samples follow none (row 22).
         """
+        if self.config.sampling is not Sampling.ON_POLICY and self.row.config != self.config:
+            return Objective.OTHER
         if self.config.aggregation is not Aggregation.SEQ_MEAN or self.row.config == self.config:
             return self.row.objective
         zero_under_sum = classify(dataclasses.replace(self.config, aggregation=Aggregation.SUM)).objective

@@ -114,3 +114,18 @@ def test_candidates_cover_each_row_once():
     assert all(config.sampling is Sampling.ON_POLICY for config in configs)
     assert {dataclasses.replace(c, aggregation=Aggregation.SUM) for c in configs} >= {
         r.config for r in ON_POLICY_ROWS if r.config.aggregation is Aggregation.SUM}
+
+
+def test_an_on_policy_verdict_does_not_give_an_off_policy_objective(off_policy):
+    """Off-policy k2 as a loss is judged by its estimator (KL003, row 3), but with samples from pi_old
+    its exact expected gradient is no target at all (row 22): the match must say OTHER, not PART."""
+    from klaudit.audit.exact import match_objective
+
+    config = Config(loss=Estimator.K2)
+    match = off_policy.identify(_summed(config))
+    assert match.config.sampling is Sampling.OFF_POLICY and match.row.rule == "KL003"
+    assert match.objective is Objective.OTHER
+    problem = standard_problems(off_policy=True, count=1, transformer=False)[0]
+    gradient = problem.exact.expected_gradient(build_surrogate(config), aggregation=Aggregation.SUM,
+                                               off_policy=True)
+    assert match_objective(gradient, problem.targets, proportional=True) is Objective.OTHER
