@@ -131,6 +131,7 @@ def _import_file(path: str):
         directory = directory.parent
     sys.path.insert(0, str(directory))
     if len(parts) > 1:
+        _forget_other_package(parts[0], directory)
         try:
             return importlib.import_module(".".join(parts))
         except Exception:  # the package does not import here (CUDA-only deps ...): try the file alone
@@ -140,6 +141,17 @@ def _import_file(path: str):
                 pass
             raise
     return _import_alone(file)
+
+
+def _forget_other_package(package: str, directory: Path) -> None:
+    """Drop a package of the same name imported from elsewhere (a bad and a fixed twin audited in one
+    process), so that the import finds the one under `directory`."""
+    cached = sys.modules.get(package)
+    cached_file = getattr(cached, "__file__", None)
+    if cached is None or (cached_file and Path(cached_file).resolve().parent == directory / package):
+        return
+    for name in [name for name in sys.modules if name == package or name.startswith(package + ".")]:
+        del sys.modules[name]
 
 
 def _import_alone(file: Path):
