@@ -307,10 +307,13 @@ def switch_literals(fn: Callable) -> dict[str, list]:
         tree = ast.parse(source)
     except SyntaxError:
         return {}
-    functions = _functions_by_name(tree)
     node = _node_of(fn, tree)
-    if node is None:
-        return {}
+    return {} if node is None else switch_literals_of(node, tree)
+
+
+def switch_literals_of(node: ast.AST, tree: ast.Module) -> dict[str, list]:
+    """`switch_literals` for the def `node` of the parsed module `tree` (static: nothing is imported)."""
+    functions = _functions_by_name(tree)
     found: dict[str, list] = {}
     flags = _flag_parameters(node)
     for parameter in _parameter_names(node):

@@ -244,7 +244,9 @@ def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str
         text = "per-sequence values" + (", whole-sequence return" if placement == "reward" else "")
     else:
         text = {"mean": "the callable's own mean over sequences",
-                "batch-token-mean": "the callable's own token-mean over the batch",
+                "batch-token-mean": "the callable's own token-mean over the batch, audited for a large batch "
+                                    "(weight 1/E[L]); a small batch adds a length bias of order 1/B (kl-math.md "
+                                    "section 5, row 21)",
                 }.get(scalar_weight, "the callable's own aggregation, audited per sequence")
     return text + ("; result negated: a reward" if negated else "")
 

@@ -1,15 +1,13 @@
 """check-grad: targets, discovery, and the isolated child process that runs the user's code.
 
 Targets: `PATH.py` (every KL function found in the file), `PATH.py::function`,
-`PATH.py::Class.method`, `package.module:function`. Discovery is static (ast plus the lint's
-naming table): a function whose parameters name the policy log-probs (or logits) and the
-reference's is a KL term. The parent never imports user code: each target is audited by
+`PATH.py::Class.method`, `package.module:function`. Discovery is static (klaudit.audit.discover,
+from the lint's flow analysis and naming table). The parent never imports user code: each target is audited by
 `python -m klaudit.audit.runner REQUEST RESPONSE` with a timeout, and only JSON comes back.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import json
@@ -25,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from klaudit.audit.bind import BindError, Role, role_from_name
+from klaudit.audit.bind import BindError, Role
+from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
 
 DEFAULT_TIMEOUT = 120.0
@@ -63,32 +62,6 @@ def parse_target(text: str) -> Target:
         raise TargetError(f"{text!r} is not PATH.py, PATH.py::function, PATH.py::Class.method or "
                           f"package.module:function")
     return Target(module=module, qualname=qualname)
-
-
-def _is_kl_signature(arguments: ast.arguments) -> bool:
-    roles = {role_from_name(a.arg) for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
-    policy = Role.LOGPROBS in roles or Role.LOGITS in roles
-    reference = Role.REF_LOGPROBS in roles or Role.REF_LOGITS in roles
-    return policy and reference
-
-
-def discover(path: str) -> list[Target]:
-    """The KL functions of a file: top-level functions and methods taking policy and reference log-probs."""
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
-    except (OSError, UnicodeDecodeError) as error:
-        raise TargetError(f"{path}: cannot read: {error}") from None
-    except SyntaxError as error:
-        raise TargetError(f"{path}:{error.lineno}: syntax error: {error.msg}") from None
-    found = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_kl_signature(node.args):
-            found.append(Target(path=path, qualname=node.name))
-        elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_kl_signature(item.args):
-                    found.append(Target(path=path, qualname=f"{node.name}.{item.name}"))
-    return found
 
 
 def used_placements(target: Target) -> set[str]:
@@ -314,14 +287,16 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
             continue
         if target.path is not None and target.qualname is None:
             try:
-                found = discover(target.path)
-            except TargetError as error:
+                found = discover_kl_functions(target.path)
+            except DiscoveryError as error:
                 report.errors.append(str(error))
                 continue
-            if not found:
-                report.errors.append(f"{target.path}: no KL function found (a function taking the policy and "
-                                     f"reference log-probs); name one with PATH.py::function")
-            resolved += found
+            report.notes += found.skipped
+            if not found.auditable:
+                report.errors.append(f"{target.path}: no KL function that can be called alone (one that takes the "
+                                     f"policy's log-probs or logits and returns a KL term or a loss holding one); "
+                                     f"name one with PATH.py::function and --bind")
+            resolved += [Target(path=target.path, qualname=qualname) for qualname in found.auditable]
         else:
             resolved.append(target)
     progress = _Progress(show_progress)

@@ -375,33 +375,24 @@ def _tiny_batch():
     return Batch(logprobs, logprobs, torch.ones(3, 2, dtype=torch.float64), tokens=torch.zeros(3, 2, dtype=torch.long))
 
 
-# The five lint-fixture functions check-grad could not call alone; expectations from kl-math.md section 8.
-FIXTURE_EXPECTED = {
-    # -kl_ctl.value * k3 + score at the last token: negated, k3 in the reward, reward-to-go (row 7)
-    ("bad/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): [("reward", "OTHER", "KL004")],
-    # -kl_ctl.value * k1: negated, k1 in the reward (row 6)
-    ("fixed/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): [("reward", "REV", None)],
-    # kl_penalty(estimator="rb"): exact KL loss + future exact KL reward (row 11), mean over sequences (row 20)
-    ("fixed/exact_kl_reward.py", "RolloutWorker.actor_kl_loss"): [("loss", "REV", None)],
-    # beta * k3 as loss (row 3), token-mean over the batch (row 20)
-    ("bad/grpo_pkg/loss.py", "grpo_loss"): [("loss", "PFWD", "KL002")],
-    # beta * kl_penalty(estimator="k3").loss: k3 loss + k3 reward-to-go (row 13), mean over sequences (row 20)
-    ("fixed/grpo_pkg/loss.py", "grpo_loss"): [("loss", "REV", None)],
+# The lint-fixture functions that needed these binding rules, and the notes that say which rule acted
+# (their objectives against kl-math.md section 8: tests/audit/test_fixtures.py).
+FIXTURE_NOTES = {
+    ("bad/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): ("self.kl_ctl", "set to 1.0", "scores of", "negation"),
+    ("fixed/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): ("self.kl_ctl", "set to 1.0", "negation"),
+    ("fixed/exact_kl_reward.py", "RolloutWorker.actor_kl_loss"): ("self.kl_coef", "set to 1.0"),
+    ("bad/grpo_pkg/loss.py", "grpo_loss"): ("advantages of", "per-sequence zeros [B]", "audited on-policy"),
+    ("fixed/grpo_pkg/loss.py", "grpo_loss"): ("advantages of", "per-sequence zeros [B]", "audited on-policy"),
 }
 
 
-@pytest.mark.parametrize("file, qualname", sorted(FIXTURE_EXPECTED))
-def test_lint_fixture_functions_check_grad_can_call(file, qualname):
+@pytest.mark.parametrize("file, qualname", sorted(FIXTURE_NOTES))
+def test_lint_fixture_functions_say_how_they_were_called(file, qualname):
     """In one process: the bad and the fixed grpo_pkg share a package name, and each is audited."""
     from klaudit.audit.runner import Target, audit_target
 
     report = audit_target(Target(path=str(ROOT / "fixtures" / file), qualname=qualname))
-    assert not report.errors, report.errors
-    assert [(row.placement, row.objective, row.rule) for row in report.results] == FIXTURE_EXPECTED[file, qualname]
-    for row in report.results:
-        assert row.unbiased is (row.objective == "REV")
+    assert report.results and not report.errors, report.errors
     notes = " | ".join(report.notes)
-    if "ppo_gae" in file:
-        assert "self.kl_ctl" in notes and "set to 1.0" in notes and "scores of" in notes and "negation" in notes
-    if "grpo" in file:
-        assert "advantages of" in notes and "per-sequence zeros [B]" in notes and "audited on-policy" in notes
+    for phrase in FIXTURE_NOTES[file, qualname]:
+        assert phrase in notes, (phrase, notes)

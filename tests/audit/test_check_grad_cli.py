@@ -77,4 +77,22 @@ def test_file_without_kl_functions(tmp_path):
     source = tmp_path / "plain.py"
     source.write_text("def add(a, b):\n    return a + b\n")
     result = _run(str(source))
-    assert result.exit_code == 2 and "no KL function found" in result.output
+    assert result.exit_code == 2 and "no KL function that can be called alone" in result.output
+
+
+def test_a_training_step_is_listed_not_audited(tmp_path):
+    """A file whose only KL function needs a model and an optimizer: exit 2, and the note says what it lacks."""
+    source = tmp_path / "trainer.py"
+    source.write_text(
+        "def train_step(policy, optimizer, batch, beta):\n"
+        "    logprobs = policy(batch['input_ids'])\n"
+        "    kl = logprobs - batch['ref_logprobs']\n"
+        "    loss = beta * kl.mean()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n")
+    result = _run(str(source), "--output-format", "json")
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)
+    (note,) = report["notes"]
+    assert "train_step computes a KL term but cannot be called alone" in note
+    assert "no parameter takes the policy log-probs or logits" in note and "policy, optimizer, batch" in note

@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from klaudit.audit.report import JSON_FIELDS, Report  # noqa: E402
-from klaudit.audit.runner import Target, TargetError, audit_target, discover, parse_target  # noqa: E402
+from klaudit.audit.discover import discover_kl_functions  # noqa: E402
+from klaudit.audit.runner import Target, TargetError, audit_target, parse_target  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parents[2]
@@ -104,16 +105,17 @@ def test_klaudit_estimators_are_unbiased(qualname, configuration):
     assert abs(row.value_bias) < 1e-9
 
 
-def _fixture_targets() -> list[Target]:
-    files = sorted(glob.glob(str(DATA / "*.py"))) + sorted(glob.glob(str(ROOT / "fixtures" / "**" / "*.py"),
-                                                                     recursive=True))
-    return [target for file in files if "broken" not in file for target in discover(file)]
+def _data_targets() -> list[Target]:
+    files = sorted(glob.glob(str(DATA / "*.py")))
+    return [Target(path=file, qualname=qualname) for file in files if "broken" not in file
+            for qualname in discover_kl_functions(file).auditable]
 
 
-@pytest.mark.parametrize("target", _fixture_targets(), ids=str)
+@pytest.mark.parametrize("target", _data_targets(), ids=str)
 def test_exact_audit_and_fingerprint_agree(target):
-    """On every fixture (ours and the lint's), the objective the exact audit finds is the objective of
-    the catalog row the fingerprint names (kl-math.md section 8), or OTHER when no row matches."""
+    """On check-grad's own fixtures, the objective the exact audit finds is the objective of the catalog
+    row the fingerprint names (kl-math.md section 8), or OTHER when no row matches (the lint's fixtures:
+    tests/audit/test_fixtures.py)."""
     report = audit_target(target)
     assert report.results and not report.errors, report.errors
     for row in report.results:
@@ -121,8 +123,8 @@ def test_exact_audit_and_fingerprint_agree(target):
 
 
 def test_discovery_finds_kl_functions_only():
-    assert [t.qualname for t in discover(str(DATA / "verl_style.py"))] == ["kl_penalty_forward", "kl_penalty"]
-    assert [t.qualname for t in discover(str(DATA / "correct_estimators.py"))] == [
+    assert discover_kl_functions(str(DATA / "verl_style.py")).auditable == ["kl_penalty_forward", "kl_penalty"]
+    assert discover_kl_functions(str(DATA / "correct_estimators.py")).auditable == [
         "k1_kl_loss", "k3_kl_loss", "rb_kl_loss", "detached_kl_reward"]
 
 

@@ -1,0 +1,127 @@
+"""check-grad on every lint fixture, bad and fixed twins (fixtures/).
+
+Discovery accounts for every function the lint sees computing a KL term: each is either audited or
+listed with what it lacks. Every audited row has the objective and rule that kl-math.md section 8
+gives for the configuration the function computes (written out here by hand, row numbers in the
+comments), the exact audit and the fingerprint agree, and the placement the fixture's own code
+uses is the one marked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from klaudit.audit.discover import discover_kl_functions  # noqa: E402
+from klaudit.audit.runner import Target, audit_target, used_placements  # noqa: E402
+from klaudit.lint.query import kl_functions  # noqa: E402
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+FILES = sorted(str(path.relative_to(FIXTURES)) for path in FIXTURES.rglob("*.py"))
+
+# (objective, rule) per placement of a per-token estimate, audited as a loss (token-sum per sequence)
+# and as a detached reward with reward-to-go.
+K1 = {"loss": ("ZERO", "KL001"), "reward": ("REV", None)}  # rows 1 and 6
+K2 = {"loss": ("PART", "KL003"), "reward": ("OTHER", "KL004")}  # rows 2 and 8
+K3 = {"loss": ("PFWD", "KL002"), "reward": ("OTHER", "KL004")}  # rows 3 and 7 (REV - PFWD is no target)
+# row 4: at KL_seq = 1 nat the clamps of low_var_kl act, so neither PFWD nor REV - PFWD
+LOW_VAR_KL = {"loss": ("OTHER", "KL002"), "reward": ("OTHER", "KL004")}
+ABS = {"loss": ("OTHER", "KL009"), "reward": ("OTHER", "KL004")}  # rows 5 (2 PTV) and 9
+EXACT = {"loss": ("PART", "KL003"), "reward": ("FUT", "KL004")}  # rows 2 and 10
+# verl's straight-through "+" variants: the gradient of k2 as a loss (row 2), the value in the reward
+K1_STRAIGHT = {"loss": K2["loss"], "reward": K1["reward"]}
+LOW_VAR_KL_STRAIGHT = {"loss": K2["loss"], "reward": LOW_VAR_KL["reward"]}
+
+VERL_PENALTY = {"kl": K1, "k1": K1, "abs": ABS, "mse": K2, "k2": K2, "low_var_kl": LOW_VAR_KL, "k3": LOW_VAR_KL}
+BY_ESTIMATOR = {"k1": K1, "k2": K2, "k3": K3}
+
+# file -> qualname -> {mode values (in sorted switch order): {placement: (objective, rule)}}
+EXPECTED = {
+    "exact_kl_reward.py": {"exact_token_kl": {(): EXACT}},
+    "grpo_pkg/kl.py": {"log_ratio": {(): K1}, "k1_estimate": {(): K1}, "k3_estimate": {(): K3}},
+    "nemo_rl_loss.py": {"calculate_kl": {(name,): BY_ESTIMATOR[name] for name in BY_ESTIMATOR}},
+    "openrlhf_ppo.py": {"compute_approx_kl": {(name,): BY_ESTIMATOR[name] for name in BY_ESTIMATOR}},
+    # (use_abs_kl, use_kl_estimator_k3): the k3 flag is tested first
+    "orz_flag_kl_loss.py": {"compute_approx_kl": {(False, False): K1, (False, True): K3, (True, False): ABS,
+                                                  (True, True): K3}},
+    "reinforce_pp_clamped.py": {"compute_kl": {(): K1}},  # the clamp acts on the reward, outside the helper
+    "verl_ray_trainer.py": {"kl_penalty": {(name,): VERL_PENALTY[name] for name in VERL_PENALTY}},
+}
+BAD = {
+    **EXPECTED,
+    "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": K3["loss"]}}},  # row 3; token-mean of a large batch, row 20
+    "k3_loss_and_reward_clamped.py": {"low_var_kl": {(): LOW_VAR_KL}},
+    "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K3["reward"]}}},  # -k3 reward, row 7
+    "verl_dp_actor.py": {
+        "low_var_kl": {(): LOW_VAR_KL},
+        "kl_penalty": {**{(name,): VERL_PENALTY[name] for name in VERL_PENALTY},
+                       ("k1+",): K1_STRAIGHT, ("k3+",): LOW_VAR_KL_STRAIGHT},
+    },
+}
+FIXED = {
+    # the fixed verl trainer calls klaudit.estimators, the fixed NeMo-RL loss too: no helper is left
+    **{file: functions for file, functions in EXPECTED.items() if file not in ("verl_ray_trainer.py", "nemo_rl_loss.py")},
+    "exact_kl_reward.py": {"exact_token_kl": {(): EXACT},
+                           # kl_penalty(estimator="rb"): row 11, mean over sequences (row 20)
+                           "RolloutWorker.actor_kl_loss": {(): {"loss": ("REV", None)}}},
+    # beta * kl_penalty(estimator="k3").loss: k3 loss + k3 reward-to-go, row 13; mean over sequences
+    "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": ("REV", None)}}},
+    "k3_loss_and_reward_clamped.py": {"k3": {(): K3}},
+    "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K1["reward"]}}},  # -k1 reward, row 6
+}
+EXPECTED_BY_FILE = {**{f"bad/{file}": functions for file, functions in BAD.items()},
+                    **{f"fixed/{file}": functions for file, functions in FIXED.items()}}
+
+# The placement each helper's callers give its result (from the fixture's own code and docstring).
+USED = {
+    "bad/openrlhf_ppo.py::compute_approx_kl": {"loss", "reward"},  # use_kl_loss switches between them
+    "bad/verl_ray_trainer.py::kl_penalty": {"reward"},
+    "bad/verl_dp_actor.py::kl_penalty": {"loss"},
+    "bad/k3_loss_and_reward_clamped.py::low_var_kl": {"loss"},
+    "bad/ppo_gae_trainer.py::PPOTrainer.compute_rewards": {"reward"},
+    "bad/grpo_pkg/kl.py::k3_estimate": {"loss"},
+    "fixed/exact_kl_reward.py::exact_token_kl": set(),  # only logged: the fix moved the KL into the loss
+    "fixed/openrlhf_ppo.py::compute_approx_kl": set(),  # only logged: the fix uses klaudit.estimators
+    "fixed/ppo_gae_trainer.py::PPOTrainer.compute_rewards": {"reward"},
+}
+
+
+def _targets() -> list[str]:
+    return [f"{file}::{qualname}" for file in FILES
+            for qualname in discover_kl_functions(str(FIXTURES / file)).auditable]
+
+
+def test_every_kl_function_is_audited_or_listed():
+    """Nothing the lint sees is dropped silently; the audited ones are exactly those of the table."""
+    audited = set(_targets())
+    assert audited == {f"{file}::{qualname}" for file, functions in EXPECTED_BY_FILE.items() for qualname in functions}
+    for file in FILES:
+        found = discover_kl_functions(str(FIXTURES / file))
+        listed = {line.split("::", 1)[1].split(" ", 1)[0] for line in found.skipped}
+        assert set(kl_functions(str(FIXTURES / file))) <= set(found.auditable) | listed, file
+        assert all("cannot be called alone" in line for line in found.skipped)
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_objective_and_rule_follow_section_8(target):
+    file, qualname = target.split("::")
+    report = audit_target(Target(path=str(FIXTURES / file), qualname=qualname))
+    assert report.results and not report.errors, report.errors
+    expected = EXPECTED_BY_FILE[file][qualname]
+    found = {}
+    for row in report.results:
+        values = tuple(row.mode[name] for name in sorted(row.mode))
+        found.setdefault(values, {})[row.placement] = (row.objective, row.rule)
+        # the fingerprint names the catalog row whose objective the exact audit finds
+        assert row.objective == (row.fingerprint_objective or "OTHER"), (row.mode, row.placement)
+        assert row.unbiased is (row.objective == "REV")
+    assert found == expected
+
+
+@pytest.mark.parametrize("target", sorted(USED))
+def test_the_placement_the_fixture_uses(target):
+    file, qualname = target.split("::")
+    assert used_placements(Target(path=str(FIXTURES / file), qualname=qualname)) == USED[target]
