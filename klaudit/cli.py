@@ -12,6 +12,8 @@ from typing import Optional
 import click
 
 from klaudit import __version__
+from klaudit.audit import PLACEMENTS
+from klaudit.audit.bind import Role
 from klaudit.catalog import RULES
 from klaudit.config import ConfigError, load_settings
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
@@ -117,10 +119,10 @@ def rules_command() -> None:
 @main.command("check-grad")
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--bind", "bindings", multiple=True, metavar="PARAM=ROLE",
-              help="Say what a parameter receives: logprobs, ref_logprobs, old_logprobs, mask, logits, "
-                   "ref_logits, log_ratio, zeros, coef, switch, default, none.")
-@click.option("--placement", type=click.Choice(["auto", "loss", "reward", "both"]), default="auto",
-              show_default=True, help="Audit the result as a differentiated loss, a detached reward, or both.")
+              help=f"Say what a parameter receives: {', '.join(role.value for role in Role)}.")
+@click.option("--placement", type=click.Choice(list(PLACEMENTS)), default="auto", show_default=True,
+              help="Audit the result as a differentiated loss, a detached reward (reward-to-go), both, or "
+                   "the two combined (loss+reward; loss+future: future-only returns).")
 @click.option("--output-format", "--format", "output_format", type=click.Choice(["text", "json"]),
               default="text", show_default=True, help="How to print the report.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
@@ -140,7 +142,7 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
         overrides = parse_overrides(bindings)
     except BindError as error:
         raise CommandError(str(error)) from None
-    placements = {"auto": None, "loss": ["loss"], "reward": ["reward"], "both": ["loss", "reward"]}[placement]
+    placements = PLACEMENTS[placement]
     show_progress = output_format == "text" and sys.stderr.isatty()
     report = run(targets, overrides=overrides, placements=placements, timeout=timeout, model_dir=model_dir,
                  device=device, show_progress=show_progress)

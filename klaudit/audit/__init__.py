@@ -11,29 +11,33 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
-__all__ = ["check"]
+__all__ = ["PLACEMENTS", "check"]
 
-_PLACEMENTS = {"auto": None, "loss": ("loss",), "reward": ("reward",), "both": ("loss", "reward")}
+# What each `placement` choice audits: the result as a differentiated loss, as a detached reward with
+# reward-to-go, both rows, or one combined row (the same values as a loss and, detached, as reward-to-go
+# or future-only returns); "auto" lets the function's name, result and uses decide.
+PLACEMENTS = {"auto": None, "loss": ("loss",), "reward": ("reward",), "both": ("loss", "reward"),
+              "loss+reward": ("loss+reward",), "loss+future": ("loss+future",)}
 
 
 def check(fn: Callable, placement: str = "auto", *, bind: Optional[Mapping[str, str]] = None):
     """Audit `fn` in this process; returns a klaudit.audit.report.Report (see `.unbiased`, `.to_text()`).
 
     placement: "auto" (a loss function or scalar result as a loss, any other result both ways),
-    "loss", "reward" or "both". Bad input (unbindable parameters, a failing or shapeless result)
+    "loss", "reward", "both", "loss+reward" or "loss+future" (see PLACEMENTS). Bad input (unbindable parameters, a failing or shapeless result)
     is recorded in `report.errors`, so `report.unbiased` is then False.
     """
     from klaudit.audit import bind as binding
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
     from klaudit.audit.report import Report
 
-    if placement not in _PLACEMENTS:
-        raise ValueError(f"placement must be one of {', '.join(_PLACEMENTS)}, got {placement!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
     try:
         overrides = binding.parse_overrides([f"{key}={value}" for key, value in (bind or {}).items()])
         bound = binding.bind(fn, overrides, switch_values=binding.switch_literals(fn))
-        rows, notes = audit(fn, bound, name=name, placements=_PLACEMENTS[placement])
+        rows, notes = audit(fn, bound, name=name, placements=PLACEMENTS[placement])
     except (binding.BindError, TermError, ModeNotImplemented) as error:
         return Report([], [f"{name}: {error}" if isinstance(error, binding.BindError) else str(error)])
     return Report(rows, [], notes)

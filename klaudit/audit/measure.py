@@ -5,7 +5,9 @@ For each switch value (mode) and placement the user's term becomes a per-sequenc
     loss:   S = sum_t f_t m_t   (per-token result, token-sum applied here), f ([B] result), or
             the scalar f evaluated on each sequence alone, for a callable that aggregates itself;
     reward: S = sum_t logp_t m_t sg(sum_{u>=t} f_u m_u)   (reward-to-go; a [B] result is the
-            whole-sequence return on every token).
+            whole-sequence return on every token);
+    loss+reward: the sum of both (the same values differentiated and, detached, as a reward-to-go:
+            kl-math.md R-C); loss+future: the loss plus the future-only return sum_{u>t} (R-B, R-D).
 
 The exact audit enumerates every response of tabular policies (3 seeds) and of a tiny GPT-2,
 each placed at KL_seq = 1 nat from its reference, and compares E[grad] with the targets of
@@ -197,11 +199,15 @@ def surrogate(term: Term, kind: str, placement: str, scalar_weight: Optional[str
             values = torch.stack([term(_row_of(batch, n)) for n in range(batch.mask.shape[0])])
             return values * batch.lengths if scalar_weight == "batch-token-mean" else values
         values = term(batch)
+        loss = (values * batch.mask).sum(-1) if kind == "token" else values
         if placement == "loss":
-            return (values * batch.mask).sum(-1) if kind == "token" else values
+            return loss
         rewards = (values * batch.mask).detach() if kind == "token" else values.detach().unsqueeze(-1)
         coefficient = _reward_to_go(rewards) if kind == "token" else rewards.expand_as(batch.mask)
-        return (batch.logprobs * batch.mask * coefficient).sum(-1)
+        if placement == "loss+future":
+            coefficient = coefficient - rewards
+        reward = (batch.logprobs * batch.mask * coefficient).sum(-1)
+        return reward if placement == "reward" else loss + reward
 
     return per_sequence
 
@@ -241,7 +247,7 @@ def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str
     if kind == "token":
         text = "token-sum per sequence (applied by klaudit)"
     elif kind == "sequence":
-        text = "per-sequence values" + (", whole-sequence return" if placement == "reward" else "")
+        text = "per-sequence values" + (", whole-sequence return" if "reward" in placement else "")
     else:
         text = {"mean": "the callable's own mean over sequences",
                 "batch-token-mean": "the callable's own token-mean over the batch, audited for a large batch "
@@ -279,23 +285,32 @@ def fingerprint_batch(problem: Problem, size: int, seed: int) -> Callable[[], Ba
 
 def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Sequence[str]] = None,
           problems: Optional[list[Problem]] = None, batch: Optional[Callable[[], Batch]] = None,
-          progress: Callable[[str], None] = lambda message: None) -> tuple[list[ResultRow], list[str]]:
+          progress: Callable[[str], None] = lambda message: None,
+          also: Callable[[], Sequence[str]] = tuple) -> tuple[list[ResultRow], list[str]]:
     """Rows for every (mode, placement) of `fn`, and notes (switch values that are not implemented).
 
     `placements` None: a scalar result or a function named like a loss is audited as a loss, any
     other result both as a loss and as a detached reward with reward-to-go. A function named like a
     reward (`compute_rewards`) returns a reward to be maximised, in which a KL penalty enters with a
-    minus sign: its negated result is the KL cost, audited as a reward. TermError on bad results.
+    minus sign: its negated result is the KL cost, audited as a reward. `also()`, asked once those
+    rows are done, names more placements to audit (the ones the surrounding code uses, which the
+    parent process finds meanwhile); those a result's shape does not allow are left out. TermError on
+    bad results.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
     try:
-        return _audit(fn, binding, name, placements, problems, batch, progress)
+        return _audit(fn, binding, name, placements, problems, batch, progress, also)
     finally:
         torch.set_num_threads(threads)
 
 
-def _audit(fn, binding, name, placements, problems, batch, progress):
+def _allowed(kind: str, placement: str) -> bool:
+    """A scalar is only a loss; per-sequence values have no future-only return."""
+    return placement == "loss" if kind == "scalar" else not (kind == "sequence" and placement == "loss+future")
+
+
+def _audit(fn, binding, name, placements, problems, batch, progress, also):
     """The body of `audit`."""
     from klaudit.lint.roles import is_loss_function, is_reward_function
 
@@ -333,13 +348,15 @@ def _audit(fn, binding, name, placements, problems, batch, progress):
             chosen = ["reward"]
         else:
             chosen = ["loss"] if kind == "scalar" or is_loss_function(function_name) else ["loss", "reward"]
-        if kind == "scalar" and "reward" in chosen:
+        if kind == "scalar" and not all(_allowed(kind, placement) for placement in chosen):
             raise TermError(f"{term.where()} returns a scalar: it cannot be audited as a per-token reward")
+        if not all(_allowed(kind, placement) for placement in chosen):
+            raise TermError(f"{term.where()} returns per-sequence values: they have no future-only return")
         detached = not term(batch_factory()).requires_grad
         if detached and not placements and kind != "scalar" and chosen != ["reward"]:
             chosen = ["reward"]  # a detached helper (e.g. under no_grad) can only be a reward
             notes.append(f"{term.where()} returns a detached result: audited as a reward only")
-        elif detached and "loss" in chosen:
+        elif detached and any(placement.startswith("loss") for placement in chosen):
             raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
                             f"as a loss this KL term does nothing")
         plans.append((term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None))
@@ -350,6 +367,15 @@ def _audit(fn, binding, name, placements, problems, batch, progress):
         for placement in chosen:
             progress(f"{term.where()} as {placement}")
             rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter, batch_factory))
+    extra = [placement for placement in also() if placement not in {row.placement for row in rows}]
+    for term, kind, chosen, scalar_weight in plans:
+        for placement in extra:
+            if _allowed(kind, placement) and (placement == "reward" or term(batch_factory()).requires_grad):
+                progress(f"{term.where()} as {placement}")
+                rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter,
+                                       batch_factory))
+    mode_order = {tuple(term.mode.items()): index for index, (term, *_) in enumerate(plans)}
+    rows.sort(key=lambda row: mode_order[tuple(row.mode.items())])
     defaulted = defaulted_attributes(fn)
     if defaulted:
         notes.append(f"{', '.join('self.' + attribute for attribute in defaulted)} of {name}: set to 1.0 (a KL "

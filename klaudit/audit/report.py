@@ -76,7 +76,7 @@ class Report:
     def extend(self, other: "Report") -> None:
         self.results += other.results
         self.errors += other.errors
-        self.notes += other.notes
+        self.notes += [note for note in other.notes if note not in self.notes]
         self.details += other.details
 
     def to_json(self) -> str:

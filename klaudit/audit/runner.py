@@ -163,8 +163,10 @@ def load(target: Target) -> Callable:
 
 def audit_target(target: Target, *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
                  model_dir: Optional[str] = None, device: str = "cpu",
-                 progress: Callable[[str], None] = lambda message: None) -> Report:
-    """Load, bind and audit one target in this process; every failure becomes one error line."""
+                 progress: Callable[[str], None] = lambda message: None,
+                 also: Callable[[], Sequence[str]] = tuple) -> Report:
+    """Load, bind and audit one target in this process; every failure becomes one error line.
+    `also`: more placements to audit once the automatic ones are done (see measure.audit)."""
     from klaudit.audit.bind import bind, switch_literals
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
 
@@ -179,7 +181,7 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
             except Exception as error:
                 raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}")
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
-                            progress=progress)
+                            progress=progress, also=also)
         return Report(rows, [], notes)
     except (TargetError, BindError, TermError, ModeNotImplemented) as error:
         message = f"{target}: {error}" if isinstance(error, BindError) else str(error)
@@ -196,9 +198,12 @@ def _child(request_path: str, response_path: str) -> int:
     """Entry point of the child process: read the request, audit, write the report as JSON."""
     request = json.loads(Path(request_path).read_text())
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
+    used_path = request["used_path"]
     report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
                           model_dir=request["model_dir"], device=request["device"],
-                          progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True))
+                          progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
+                          also=lambda: [placement for placement in _read_used_placements(used_path, request["timeout"])
+                                        if "+" in placement] if used_path else [])
     Path(response_path).write_text(json.dumps(report.to_dict()))
     return 0
 
@@ -238,39 +243,65 @@ def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequen
                  model_dir: Optional[str], device: str, progress: _Progress) -> Report:
     """Audit one target in a child process and mark the placement the user's code uses; the lint
     analysis that finds it runs in this process while the child audits."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        used = pool.submit(used_placements, target)
+    with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch, ThreadPoolExecutor(max_workers=1) as pool:
+        used_path = Path(scratch, "used.json")
+        finding = pool.submit(_write_used_placements, target, used_path)
         report = _audit_in_child(target, overrides=overrides, placements=placements, timeout=timeout,
-                                 model_dir=model_dir, device=device, progress=progress)
-        for row in report.results:
-            row.used = row.placement in used.result()
+                                 model_dir=model_dir, device=device, progress=progress, scratch=Path(scratch),
+                                 used_path=used_path)
+        used = finding.result()
+    for row in report.results:
+        row.used = row.placement in used
     return report
 
 
+def _write_used_placements(target: Target, used_path: Path) -> set[str]:
+    """`used_placements(target)`, also written to `used_path` (atomically) for the child to read."""
+    used = used_placements(target)
+    partial = used_path.with_suffix(".partial")
+    partial.write_text(json.dumps(sorted(used)))
+    partial.replace(used_path)
+    return used
+
+
+def _read_used_placements(used_path: str, timeout: float) -> list[str]:
+    """In the child: the placements the parent found the user's code uses (it writes them while the
+    child audits); nothing if they do not come within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(used_path):
+        if time.monotonic() > deadline:
+            return []
+        time.sleep(0.05)
+    return json.loads(Path(used_path).read_text())
+
+
 def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
-                    model_dir: Optional[str], device: str, progress: _Progress) -> Report:
-    """Audit one target in a child process; a timeout, crash or garbage output is an error line."""
-    with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch:
-        request_path, response_path = Path(scratch, "request.json"), Path(scratch, "response.json")
-        request_path.write_text(json.dumps({
-            "target": {"path": target.path, "module": target.module, "qualname": target.qualname},
-            "overrides": {name: role.value for name, role in overrides.items()},
-            "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
-        }))
-        progress.message = str(target)
-        command = [sys.executable, "-m", "klaudit.audit.runner", str(request_path), str(response_path)]
-        try:
-            completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                       timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return Report([], [f"{target}: timed out after {timeout:g} s (raise it with --timeout)"])
-        if not response_path.is_file():
-            detail = completed.stderr.strip().splitlines()[-1:] if completed.stderr.strip() else []
-            message = f"{target}: the audit process exited with code {completed.returncode}"
-            report = Report([], [message + (f": {detail[0]}" if detail else "")])
-            report.details.append(completed.stderr)
-            return report
-        return Report.from_dict(json.loads(response_path.read_text()))
+                    model_dir: Optional[str], device: str, progress: _Progress, scratch: Path,
+                    used_path: Path) -> Report:
+    """Audit one target in a child process; a timeout, crash or garbage output is an error line. With
+    `placements` None the child also audits the combined placements (loss+reward, loss+future) the
+    parent finds the user's code uses, as a configuration of their own (kl-math.md R-C, R-B)."""
+    request_path, response_path = scratch / "request.json", scratch / "response.json"
+    request_path.write_text(json.dumps({
+        "target": {"path": target.path, "module": target.module, "qualname": target.qualname},
+        "overrides": {name: role.value for name, role in overrides.items()},
+        "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
+        "used_path": None if placements else str(used_path), "timeout": timeout,
+    }))
+    progress.message = str(target)
+    command = [sys.executable, "-m", "klaudit.audit.runner", str(request_path), str(response_path)]
+    try:
+        completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Report([], [f"{target}: timed out after {timeout:g} s (raise it with --timeout)"])
+    if not response_path.is_file():
+        detail = completed.stderr.strip().splitlines()[-1:] if completed.stderr.strip() else []
+        message = f"{target}: the audit process exited with code {completed.returncode}"
+        report = Report([], [message + (f": {detail[0]}" if detail else "")])
+        report.details.append(completed.stderr)
+        return report
+    return Report.from_dict(json.loads(response_path.read_text()))
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,

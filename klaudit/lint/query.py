@@ -16,10 +16,22 @@ from typing import Optional
 
 import libcst as cst
 
+from klaudit.catalog import Config, Returns
 from klaudit.lint.modules import Analyzer, Module
 from klaudit.lint.project import Project
 
 PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}
+
+
+def placement_of(config: Optional[Config], sink_kind: str) -> str:
+    """check-grad's name for how a KL term is used: "loss", "reward", or, when the same values are
+    differentiated and also propagated detached, "loss+reward" (reward-to-go or whole sequence: the
+    same expectation) or "loss+future" (future-only returns)."""
+    if config is None:
+        return PLACEMENT_OF_SINK[sink_kind]
+    if config.loss is not None and config.reward is not None:
+        return "loss+future" if config.returns is Returns.FUTURE else "loss+reward"
+    return "loss" if config.loss is not None else "reward"
 
 
 class _Watching(Analyzer):
@@ -82,7 +94,7 @@ def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[s
     """{"loss", "reward"}: how the Python files under `root` (default: the helper's project) use
     the result of `qualname` defined in `path`; empty when no call of it reaches a loss or reward."""
     from klaudit.config import load_settings
-    from klaudit.lint.checks import module_functions
+    from klaudit.lint.checks import config_of, module_functions
     from klaudit.lint.engine import discover_files, read_source
 
     helper_path = Path(path).resolve()
@@ -106,8 +118,8 @@ def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[s
                 sinks += analyzer.analyse(module, func, cls).sinks
             except RecursionError:
                 continue  # as the lint does: one function too deeply nested to interpret
-    return {PLACEMENT_OF_SINK[sink.kind] for sink in sinks
-            if any(id(fact.origin) in analyzer.returned_origins for fact in sink.facts)}
+    return {placement_of(config_of(fact, sink.kind), sink.kind) for sink in sinks for fact in sink.facts
+            if id(fact.origin) in analyzer.returned_origins}
 
 
 def _function(tree: cst.Module, qualname: str) -> Optional[cst.FunctionDef]:

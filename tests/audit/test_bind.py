@@ -376,7 +376,7 @@ def _tiny_batch():
 
 
 # The lint-fixture functions that needed these binding rules, and the notes that say which rule acted
-# (their objectives against kl-math.md section 8: tests/audit/test_fixtures.py).
+# (their objectives against kl-math.md section 8: tests/audit/test_check_grad_fixtures.py).
 FIXTURE_NOTES = {
     ("bad/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): ("self.kl_ctl", "set to 1.0", "scores of", "negation"),
     ("fixed/ppo_gae_trainer.py", "PPOTrainer.compute_rewards"): ("self.kl_ctl", "set to 1.0", "negation"),

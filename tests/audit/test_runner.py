@@ -115,7 +115,7 @@ def _data_targets() -> list[Target]:
 def test_exact_audit_and_fingerprint_agree(target):
     """On check-grad's own fixtures, the objective the exact audit finds is the objective of the catalog
     row the fingerprint names (kl-math.md section 8), or OTHER when no row matches (the lint's fixtures:
-    tests/audit/test_fixtures.py)."""
+    tests/audit/test_check_grad_fixtures.py)."""
     report = audit_target(target)
     assert report.results and not report.errors, report.errors
     for row in report.results:

@@ -97,6 +97,33 @@ def test_an_estimator_formed_in_a_nested_helper(tmp_path):
     assert placements_of(str(source), "kl_penalty") == {"reward"}
 
 
+def test_the_same_values_as_a_loss_and_as_returns(tmp_path):
+    """R-C differentiates k3 and feeds it detached to the reward-to-go: "loss+reward"; R-D feeds the
+    exact per-step KL to the future-only returns: "loss+future"."""
+    source = _write(tmp_path, "actor.py", """
+    def k3(logprob, ref_logprob):
+        log_ratio = ref_logprob - logprob
+        return log_ratio.exp() - 1 - log_ratio
+
+    def exact_kl(logits, ref_logits):
+        logp = logits.log_softmax(-1)
+        return (logp.exp() * (logp - ref_logits.log_softmax(-1))).sum(-1)
+
+    def rtg(values):
+        return values.flip(-1).cumsum(-1).flip(-1)
+
+    def k3_loss(logprob, ref_logprob, mask):
+        kld = k3(logprob, ref_logprob) * mask
+        return (kld + logprob * rtg(kld.detach())).sum(-1).mean()
+
+    def rb_loss(logits, ref_logits, logprob, mask):
+        kl = exact_kl(logits, ref_logits) * mask
+        return (kl + logprob * (rtg(kl.detach()) - kl.detach())).sum(-1).mean()
+    """)
+    assert placements_of(str(source), "k3") == {"loss+reward"}
+    assert placements_of(str(source), "exact_kl") == {"loss+future"}
+
+
 def test_a_method_and_a_missing_name(tmp_path):
     source = _write(tmp_path, "trainer.py", """
     class Trainer:
@@ -121,6 +148,7 @@ def test_lint_fixtures():
         ("bad/grpo_pkg/kl.py", "k3_estimate"): {"loss"},
         ("fixed/exact_kl_reward.py", "exact_token_kl"): set(),  # logged only: the fix moved KL to the loss
         ("fixed/openrlhf_ppo.py", "compute_approx_kl"): set(),  # kept for the logged statistic only
+        ("fixed/k3_loss_and_reward_clamped.py", "k3"): {"loss+reward"},  # k3 loss + k3 reward-to-go (R-C)
     }
     for (file, qualname), expected in cases.items():
         assert placements_of(str(FIXTURES / file), qualname) == expected, (file, qualname)

@@ -80,7 +80,9 @@ USED = {
     "bad/openrlhf_ppo.py::compute_approx_kl": {"loss", "reward"},  # use_kl_loss switches between them
     "bad/verl_ray_trainer.py::kl_penalty": {"reward"},
     "bad/verl_dp_actor.py::kl_penalty": {"loss"},
-    "bad/k3_loss_and_reward_clamped.py::low_var_kl": {"loss"},
+    # the same values as a loss and, detached, as reward-to-go (R-C), the bad twin with clamps
+    "bad/k3_loss_and_reward_clamped.py::low_var_kl": {"loss+reward"},
+    "fixed/k3_loss_and_reward_clamped.py::k3": {"loss+reward"},
     "bad/ppo_gae_trainer.py::PPOTrainer.compute_rewards": {"reward"},
     "bad/grpo_pkg/kl.py::k3_estimate": {"loss"},
     "fixed/exact_kl_reward.py::exact_token_kl": set(),  # only logged: the fix moved the KL into the loss
@@ -125,3 +127,27 @@ def test_objective_and_rule_follow_section_8(target):
 def test_the_placement_the_fixture_uses(target):
     file, qualname = target.split("::")
     assert used_placements(Target(path=str(FIXTURES / file), qualname=qualname)) == USED[target]
+
+
+@pytest.mark.parametrize("target, placement, expected", [
+    ("fixed/k3_loss_and_reward_clamped.py::k3", "loss+reward", ("REV", None)),  # row 13 (R-C)
+    ("bad/k3_loss_and_reward_clamped.py::low_var_kl", "loss+reward", ("OTHER", "KL010")),  # R-C with clamps
+    ("bad/exact_kl_reward.py::exact_token_kl", "loss+future", ("REV", None)),  # row 11 (RB, R-D)
+])
+def test_combined_placements(target, placement, expected):
+    """The helper's values differentiated and also, detached, propagated as returns: one configuration."""
+    file, qualname = target.split("::")
+    report = audit_target(Target(path=str(FIXTURES / file), qualname=qualname), placements=[placement])
+    (row,) = report.results
+    assert (row.placement, (row.objective, row.rule)) == (placement, expected)
+    assert row.objective == (row.fingerprint_objective or "OTHER")
+
+
+def test_a_combined_use_is_audited_and_marked_from_the_cli():
+    """check-grad on a helper whose callers use it as R-C audits that combination too (in the same child
+    process, from the placements the parent's lint analysis finds meanwhile) and marks it."""
+    from klaudit.audit.runner import run
+
+    report = run([str(FIXTURES / "fixed" / "k3_loss_and_reward_clamped.py") + "::k3"])
+    assert [(row.placement, row.objective, row.used) for row in report.results] == [
+        ("loss", "PFWD", False), ("reward", "OTHER", False), ("loss+reward", "REV", True)]
