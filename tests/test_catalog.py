@@ -175,12 +175,14 @@ TRANSFORMER_ROWS = [
 
 @pytest.fixture(scope="module")
 def transformer_toy():
-    """The same identities through a real model's code path: a tiny GPT-2, every response enumerated."""
+    """The same identities through a real model's code path: a tiny causal transformer, every response
+    enumerated. Seed 2 puts a token beyond low_var_kl's clamp, so the clamped rows are not vacuous."""
     from klaudit.audit.policies import TinyCausalLM
 
     reference = TinyCausalLM(vocab_size=4, horizon=3, eos=True, seed=0)
-    policy = place_at_kl(reference, 1.0, seed=1)
+    policy = place_at_kl(reference, 1.0, seed=2)
     problem = ExactProblem(policy, reference)
+    assert _clamp_is_hit(problem)
     return problem, problem.targets()
 
 

@@ -9,8 +9,8 @@ For each switch value (mode) and placement the user's term becomes a per-sequenc
     loss+reward: the sum of both (the same values differentiated and, detached, as a reward-to-go:
             kl-math.md R-C); loss+future: the loss plus the future-only return sum_{u>t} (R-B, R-D).
 
-The exact audit enumerates every response of tabular policies (3 seeds) and of a tiny GPT-2,
-each placed at KL_seq = 1 nat from its reference, and compares E[grad] with the targets of
+The exact audit enumerates every response of tabular policies (3 seeds) and of a tiny causal
+transformer, each placed at KL_seq = 1 nat from its reference, and compares E[grad] with the targets of
 kl-math.md section 1; the fingerprint names the configuration on one sampled batch. Both are
 reported per row; `unbiased` holds when E[grad] is a positive multiple of REV on every policy.
 """
@@ -75,7 +75,7 @@ def _distinguishes(targets: Mapping[Target, torch.Tensor]) -> bool:
 def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS,
                       transformer: bool = True) -> tuple[Problem, ...]:
     """`count` tabular policies (V=4 with EOS, T=4; seeds 0, 1, ... skipping degenerate ones) and a
-    tiny GPT-2, each at KL_seq = 1 nat from its reference. Cached: audits only read them."""
+    tiny causal transformer, each at KL_seq = 1 nat from its reference. Cached: audits only read them."""
     from klaudit.audit.policies import TabularPolicy, TinyCausalLM, perturbed, place_at_kl
 
     def problem(name: str, reference, seed: int) -> Problem:

@@ -14,7 +14,8 @@ Public API:
     TabularPolicy.random(vocab_size, horizon, *, eos=True, seed=0, scale=1.0)
         free logits for every prefix, one float64 parameter [num_prefixes, V].
     TinyCausalLM(vocab_size, horizon, *, eos=True, seed=0, ...)
-        a randomly initialised float64 GPT-2 with a BOS/prompt token that is never generated.
+        a randomly initialised float64 causal transformer (torch.nn, GPT-2's shape) with a
+        BOS/prompt token that is never generated.
     perturbed(reference, scale, *, seed)  -> copy with parameters reference + scale * direction
     place_at_kl(reference, target_kl, *, seed) -> perturbed copy with KL_seq(copy || reference)
         equal to target_kl; audits run at 0.5..2 nats because near the reference the biased
@@ -126,11 +127,12 @@ class TabularPolicy(torch.nn.Module):
 
 
 class TinyCausalLM(torch.nn.Module):
-    """A randomly initialised float64 GPT-2 over a tiny vocabulary (no download, no network).
+    """A randomly initialised float64 causal transformer over a tiny vocabulary, built from torch.nn.
 
-    Token ids 0..vocab_size-1 are generatable (EOS is vocab_size - 1 when eos=True); id
-    vocab_size is a BOS/prompt token that starts every input and is never generated, so the
-    returned logits are restricted to the first vocab_size entries.
+    GPT-2's shape: token and learned position embeddings, pre-norm blocks of causal self-attention
+    and a GELU MLP, a final layer norm and a linear head; weights N(0, init_std), biases 0. Token ids
+    0..vocab_size-1 are generatable (EOS is vocab_size - 1 when eos=True); id vocab_size is a
+    BOS/prompt token that starts every input and is never generated.
     """
 
     def __init__(
@@ -147,36 +149,41 @@ class TinyCausalLM(torch.nn.Module):
     ):
         super().__init__()
         _check_shape(vocab_size, horizon, eos)
-        from transformers import GPT2Config, GPT2LMHeadModel
-
         self.vocab_size = vocab_size
         self.horizon = horizon
         self.eos_id: Optional[int] = vocab_size - 1 if eos else None
         self.bos_id = vocab_size
-        config = GPT2Config(
-            vocab_size=vocab_size + 1,
-            n_positions=horizon + 1,
-            n_embd=hidden_size,
-            n_layer=num_layers,
-            n_head=num_heads,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            initializer_range=init_std,
-            bos_token_id=self.bos_id,
-            eos_token_id=self.eos_id if eos else self.bos_id,
-        )
-        config._attn_implementation = "eager"
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
             torch.manual_seed(seed)
-            self.model = GPT2LMHeadModel(config).to(torch.float64)
-        self.model.eval()
+            self.token_embedding = torch.nn.Embedding(vocab_size + 1, hidden_size)
+            self.position_embedding = torch.nn.Embedding(horizon, hidden_size)
+            block = torch.nn.TransformerEncoderLayer(hidden_size, num_heads, dim_feedforward=4 * hidden_size,
+                                                     dropout=0.0, activation="gelu", batch_first=True,
+                                                     norm_first=True)
+            self.blocks = torch.nn.TransformerEncoder(block, num_layers, enable_nested_tensor=False)
+            self.final_norm = torch.nn.LayerNorm(hidden_size)
+            self.head = torch.nn.Linear(hidden_size, vocab_size)
+            for name, parameter in self.named_parameters():
+                with torch.no_grad():
+                    if "norm" in name:
+                        parameter.fill_(1.0 if name.endswith("weight") else 0.0)
+                    elif parameter.dim() > 1:
+                        parameter.normal_(0.0, init_std)
+                    else:
+                        parameter.zero_()
+        self.to(torch.float64)
+        self.eval()
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """[N, T, V] logits for each response token given BOS and the earlier tokens; 0 after EOS."""
+        horizon = tokens.shape[1]
         bos = torch.full_like(tokens[:, :1], self.bos_id)
         inputs = torch.cat([bos, tokens[:, :-1]], dim=1)
-        full = self.model(input_ids=inputs).logits[..., : self.vocab_size]
+        positions = torch.arange(horizon, device=tokens.device)
+        hidden = self.token_embedding(inputs) + self.position_embedding(positions)
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(horizon, device=tokens.device,
+                                                                      dtype=hidden.dtype)
+        full = self.head(self.final_norm(self.blocks(hidden, mask=causal, is_causal=True)))
         real = real_positions(tokens, self.eos_id)
         return torch.where(real.unsqueeze(-1), full, torch.zeros((), dtype=full.dtype, device=full.device))
 

@@ -105,10 +105,14 @@ def test_tiny_lm_logits_cover_the_generatable_vocabulary_only(tiny_lm):
     assert logits.shape == (2, 4, 4) and logits.dtype == torch.float64
     assert tiny_lm.eos_id == 3 and tiny_lm.bos_id == 4
     assert TinyCausalLM(4, 3, eos=False, seed=0).eos_id is None
-    # the full model scores BOS too; the policy drops that column
-    full = tiny_lm.model(input_ids=torch.cat([torch.full((2, 1), 4), tokens[:, :-1]], 1)).logits
-    assert full.shape[-1] == 5
-    assert torch.equal(logits, full[..., :4])
+    # causal: position t sees BOS and tokens[:, :t] only
+    changed = tokens.clone()
+    changed[:, 1] = torch.tensor([2, 0])
+    moved = tiny_lm.logits(changed)
+    assert torch.equal(moved[:, :2], logits[:, :2]) and not torch.allclose(moved[:, 2:], logits[:, 2:])
+    last = tokens.clone()
+    last[:, -1] = 1
+    assert torch.equal(tiny_lm.logits(last), logits)
 
 
 def test_tiny_lm_is_seeded_and_leaves_the_global_rng_alone(tiny_lm):
