@@ -67,9 +67,10 @@ def discover_kl_functions(path: str) -> Discovery:
         if state:
             lacks.append(f"it reads instance state {_listed('self.' + name for name in state)}")
         if lacks:
+            advice = ("audit the KL helper it calls instead" if state else
+                      f"name it with ::{qualname} and say what its parameters are with --bind PARAM=ROLE")
             discovery.skipped.append(f"{path}::{qualname} computes a KL term but cannot be called alone "
-                                     f"({'; '.join(lacks)}): audit the KL helper it calls, or name it "
-                                     f"with ::{qualname} and --bind")
+                                     f"({'; '.join(lacks)}): {advice}")
         else:
             discovery.auditable.append(qualname)
     return discovery

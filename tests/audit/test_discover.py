@@ -63,7 +63,8 @@ def test_what_a_function_lacks(tmp_path):
     assert "::train_step computes a KL term but cannot be called alone" in train_step
     assert "no parameter takes the policy log-probs or logits" in train_step
     assert "policy, ref_policy, optimizer, batch and 1 more do not bind by name" in train_step
-    assert "temperature_schedule does not bind by name" in unknown and "--bind" in unknown
+    assert "temperature_schedule does not bind by name" in unknown
+    assert unknown.endswith("name it with ::kl_with_unknown and say what its parameters are with --bind PARAM=ROLE")
 
 
 def test_methods_and_instance_state(tmp_path):
@@ -91,6 +92,7 @@ def test_methods_and_instance_state(tmp_path):
     assert found.auditable == ["Trainer.compute_rewards", "Trainer.static_kl"]
     (kl_loss, kl) = found.skipped
     assert "Trainer.kl_loss" in kl_loss and "it reads instance state self.temperature" in kl_loss
+    assert kl_loss.endswith("audit the KL helper it calls instead")
     assert "Trainer._kl" in kl
 
 
