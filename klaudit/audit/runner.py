@@ -256,11 +256,15 @@ def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequen
 
 
 def _write_used_placements(target: Target, used_path: Path) -> set[str]:
-    """`used_placements(target)`, also written to `used_path` (atomically) for the child to read."""
-    used = used_placements(target)
-    partial = used_path.with_suffix(".partial")
-    partial.write_text(json.dumps(sorted(used)))
-    partial.replace(used_path)
+    """`used_placements(target)`, also written to `used_path` (atomically) for the child to read; the
+    file is written whatever happens, so that the child never waits in vain."""
+    used: set[str] = set()
+    try:
+        used = used_placements(target)
+    finally:
+        partial = used_path.with_suffix(".partial")
+        partial.write_text(json.dumps(sorted(used)))
+        partial.replace(used_path)
     return used
 
 
