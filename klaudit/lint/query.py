@@ -17,6 +17,9 @@ from typing import Optional
 import libcst as cst
 
 from klaudit.catalog import Config, Returns
+from klaudit.config import load_settings
+from klaudit.lint.checks import config_of, module_functions
+from klaudit.lint.engine import discover_files, read_source
 from klaudit.lint.modules import Analyzer, Module
 from klaudit.lint.project import Project
 
@@ -62,8 +65,6 @@ def _kl_facts(facts: tuple):
 def kl_functions(path: str) -> list[str]:
     """Qualified names of the functions and methods of `path` that return a KL term or put one into a
     loss or reward (parameters take their roles from their names, as the lint reads them)."""
-    from klaudit.lint.checks import module_functions
-
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
@@ -91,12 +92,8 @@ def package_root(path: Path) -> Path:
 
 
 def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[str]:
-    """{"loss", "reward"}: how the Python files under `root` (default: the helper's project) use
-    the result of `qualname` defined in `path`; empty when no call of it reaches a loss or reward."""
-    from klaudit.config import load_settings
-    from klaudit.lint.checks import config_of, module_functions
-    from klaudit.lint.engine import discover_files, read_source
-
+    """How the Python files under `root` (default: the helper's project) use the result of `qualname`
+    defined in `path`: a set of `placement_of` names, empty when no call of it reaches a loss or reward."""
     helper_path = Path(path).resolve()
     top = Path(root).resolve() if root is not None else package_root(helper_path)
     project = Project([top])
