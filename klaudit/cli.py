@@ -130,9 +130,12 @@ def rules_command() -> None:
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Fingerprint on a causal LM from this local directory instead of the tabular policy.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device of the fingerprint batch.")
+@click.option("--fail-on", type=click.Choice(["any", "used"]), default="any", show_default=True,
+              help="Exit 1 when any audited row is biased, or only when a row of a placement your code uses "
+                   "is (rows of targets whose use is unknown all count).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the traceback behind each error.")
 def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], placement: str, output_format: str,
-                       timeout: float, model_dir: Optional[str], device: str, verbose: bool) -> None:
+                       timeout: float, model_dir: Optional[str], device: str, fail_on: str, verbose: bool) -> None:
     """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
     PATH.py::Class.method or package.module:function."""
     from klaudit.audit.bind import BindError, parse_overrides
@@ -153,4 +156,4 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
     if output_format == "json":
         for error in report.errors:
             click.echo(f"error: {error}", err=True)
-    sys.exit(report.exit_code)
+    sys.exit(report.exit_code_for(used_only=fail_on == "used"))

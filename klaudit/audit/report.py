@@ -69,9 +69,17 @@ class Report:
     @property
     def exit_code(self) -> int:
         """0 every row unbiased, 1 any biased, 2 any error."""
+        return self.exit_code_for(used_only=False)
+
+    def exit_code_for(self, *, used_only: bool) -> int:
+        """`exit_code`; with `used_only`, a target's rows count only where its code uses them (all of
+        them when no use of the target is known)."""
         if self.errors or not self.results:
             return 2
-        return 0 if self.unbiased else 1
+        used_targets = {row.target for row in self.results if row.used}
+        counted = [row for row in self.results
+                   if not used_only or row.used or row.target not in used_targets]
+        return 0 if all(row.unbiased for row in counted) else 1
 
     def extend(self, other: "Report") -> None:
         self.results += other.results

@@ -96,3 +96,31 @@ def test_a_training_step_is_listed_not_audited(tmp_path):
     (note,) = report["notes"]
     assert "train_step computes a KL term but cannot be called alone" in note
     assert "no parameter takes the policy log-probs or logits" in note and "policy, optimizer, batch" in note
+
+
+def test_fail_on_used_counts_the_rows_the_code_uses():
+    """The fixed R-C fixture: its k3 helper alone is biased either way, but the code uses it as k3 loss
+    plus k3 reward-to-go (row 13, REV): exit 1 by default, 0 with --fail-on used. The bad twin's
+    used row (clamped, KL010) still fails."""
+    fixtures = Path(__file__).parents[2] / "fixtures"
+    fixed = _run(f"{fixtures}/fixed/k3_loss_and_reward_clamped.py::k3")
+    assert fixed.exit_code == 1 and "loss+reward (used)" in fixed.output
+    assert _run(f"{fixtures}/fixed/k3_loss_and_reward_clamped.py::k3", "--fail-on", "used").exit_code == 0
+    bad = _run(f"{fixtures}/bad/k3_loss_and_reward_clamped.py::low_var_kl", "--fail-on", "used")
+    assert bad.exit_code == 1
+
+
+def test_exit_code_for_used_rows_only():
+    from klaudit.audit.report import Report, ResultRow
+
+    def row(target, placement, unbiased, used):
+        return ResultRow(target=target, mode={}, placement=placement, configuration="", objective="REV",
+                         unbiased=unbiased, cos_rev=1.0, rel_err_rev=0.0, value_bias=0.0, rule=None, fix="",
+                         used=used)
+
+    known = [row("a", "loss", False, False), row("a", "reward", True, True)]
+    assert Report(known).exit_code_for(used_only=False) == 1
+    assert Report(known).exit_code_for(used_only=True) == 0
+    unknown = [row("b", "loss", False, False), row("b", "reward", True, False)]  # no use found: all count
+    assert Report(known + unknown).exit_code_for(used_only=True) == 1
+    assert Report(known, ["b: import failed"]).exit_code_for(used_only=True) == 2
