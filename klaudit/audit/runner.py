@@ -199,11 +199,16 @@ def _child(request_path: str, response_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
     used_path = request["used_path"]
+
+    def combined_uses() -> list[str]:
+        """The combined placements (loss+reward, loss+future) the parent finds the user's code uses."""
+        used = _read_used_placements(used_path, request["timeout"]) if used_path else []
+        return [placement for placement in used if "+" in placement]
+
     report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
                           model_dir=request["model_dir"], device=request["device"],
                           progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
-                          also=lambda: [placement for placement in _read_used_placements(used_path, request["timeout"])
-                                        if "+" in placement] if used_path else [])
+                          also=combined_uses)
     Path(response_path).write_text(json.dumps(report.to_dict()))
     return 0
 
