@@ -312,10 +312,9 @@ def _allowed(kind: str, placement: str) -> bool:
 
 def _audit(fn, binding, name, placements, problems, batch, progress, also):
     """The body of `audit`."""
-    from klaudit.lint.roles import is_loss_function, is_reward_function
+    from klaudit.lint.roles import is_reward_function
 
-    function_name = getattr(fn, "__name__", "")
-    reward_function = is_reward_function(function_name)
+    reward_function = is_reward_function(getattr(fn, "__name__", ""))
     first = problems[0] if problems else standard_problems(off_policy=binding.off_policy, count=1,
                                                             transformer=False)[0]
     batch_factory = batch or fingerprint_batch(first, FINGERPRINT_BATCH, seed=0)
@@ -342,38 +341,26 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also):
             notes.append(f"skipped: {skipped}")
             continue
         _require_dependence(term, batch_factory)
-        if placements:
-            chosen = list(placements)
-        elif reward_function:
-            chosen = ["reward"]
-        else:
-            chosen = ["loss"] if kind == "scalar" or is_loss_function(function_name) else ["loss", "reward"]
-        if kind == "scalar" and not all(_allowed(kind, placement) for placement in chosen):
-            raise TermError(f"{term.where()} returns a scalar: it cannot be audited as a per-token reward")
-        if not all(_allowed(kind, placement) for placement in chosen):
-            raise TermError(f"{term.where()} returns per-sequence values: they have no future-only return")
-        detached = not term(batch_factory()).requires_grad
-        if detached and not placements and kind != "scalar" and chosen != ["reward"]:
-            chosen = ["reward"]  # a detached helper (e.g. under no_grad) can only be a reward
-            notes.append(f"{term.where()} returns a detached result: audited as a reward only")
-        elif detached and any(placement.startswith("loss") for placement in chosen):
-            raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
-                            f"as a loss this KL term does nothing")
+        chosen = _placements_for(term, kind, placements, reward_function, batch_factory, notes)
         plans.append((term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None))
     problems = problems or list(standard_problems(off_policy=binding.off_policy))
     fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
+
+    def audit_rows(term, kind, placements_here, scalar_weight) -> list[ResultRow]:
+        audited = []
+        for placement in placements_here:
+            progress(f"{term.where()} as {placement}")
+            audited.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter, batch_factory))
+        return audited
+
     rows: list[ResultRow] = []
     for term, kind, chosen, scalar_weight in plans:
-        for placement in chosen:
-            progress(f"{term.where()} as {placement}")
-            rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter, batch_factory))
+        rows += audit_rows(term, kind, chosen, scalar_weight)
     extra = [placement for placement in also() if placement not in {row.placement for row in rows}]
     for term, kind, chosen, scalar_weight in plans:
-        for placement in extra:
-            if _allowed(kind, placement) and (placement == "reward" or term(batch_factory()).requires_grad):
-                progress(f"{term.where()} as {placement}")
-                rows.append(_audit_row(term, kind, placement, scalar_weight, problems, fingerprinter,
-                                       batch_factory))
+        usable = [placement for placement in extra if _allowed(kind, placement)
+                  and (placement == "reward" or term(batch_factory()).requires_grad)]
+        rows += audit_rows(term, kind, usable, scalar_weight)
     mode_order = {tuple(term.mode.items()): index for index, (term, *_) in enumerate(plans)}
     rows.sort(key=lambda row: mode_order[tuple(row.mode.items())])
     defaulted = defaulted_attributes(fn)
@@ -381,6 +368,34 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also):
         notes.append(f"{', '.join('self.' + attribute for attribute in defaulted)} of {name}: set to 1.0 (a KL "
                      f"coefficient read on an instance whose __init__ did not run)")
     return rows, notes
+
+
+def _placements_for(term: Term, kind: str, placements: Optional[Sequence[str]], reward_function: bool,
+                    batch_factory: Callable[[], Batch], notes: list[str]) -> list[str]:
+    """The placements to audit a mode in: the ones asked for, else by the function's name and result
+    (a loss function or scalar as a loss, a reward function as a reward, a detached result as a
+    reward, anything else both ways). TermError for a placement the result cannot take."""
+    from klaudit.lint.roles import is_loss_function
+
+    if placements:
+        chosen = list(placements)
+    elif reward_function:
+        chosen = ["reward"]
+    else:
+        loss_only = kind == "scalar" or is_loss_function(getattr(term.fn, "__name__", ""))
+        chosen = ["loss"] if loss_only else ["loss", "reward"]
+    if not all(_allowed(kind, placement) for placement in chosen):
+        what = "a scalar: it cannot be audited as a per-token reward" if kind == "scalar" else (
+            "per-sequence values: they have no future-only return")
+        raise TermError(f"{term.where()} returns {what}")
+    detached = not term(batch_factory()).requires_grad
+    if detached and not placements and kind != "scalar" and chosen != ["reward"]:
+        notes.append(f"{term.where()} returns a detached result: audited as a reward only")
+        return ["reward"]  # a detached helper (e.g. under no_grad) can only be a reward
+    if detached and any(placement.startswith("loss") for placement in chosen):
+        raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
+                        f"as a loss this KL term does nothing")
+    return chosen
 
 
 def _on_policy_note(term: Term, name: str) -> str:
