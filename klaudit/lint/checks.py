@@ -21,7 +21,7 @@ from klaudit.catalog import CLAMPED, Aggregation, Config, Estimator, Position, R
 from klaudit.lint import algebra as alg
 from klaudit.lint.findings import Finding
 from klaudit.lint.facts import Fact, Sink
-from klaudit.lint.modules import Analyzer
+from klaudit.lint.modules import Analyzer, module_functions
 
 _ANALYZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -79,17 +79,6 @@ def _paired(found: list) -> list:
 def _compatible_labels(a: tuple, b: tuple) -> bool:
     picked = dict(a)
     return all(name not in picked or picked[name] == values for name, values in b)
-
-
-def module_functions(module: cst.Module):
-    """(function, class name or None) for the top-level functions and the methods of top-level classes."""
-    for stmt in module.body:
-        if isinstance(stmt, cst.FunctionDef):
-            yield stmt, None
-        elif isinstance(stmt, cst.ClassDef):
-            for item in stmt.body.body:
-                if isinstance(item, cst.FunctionDef):
-                    yield item, stmt.name.value
 
 
 @dataclass

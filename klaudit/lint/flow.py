@@ -78,7 +78,7 @@ class FunctionRun:
         elif isinstance(stmt, (cst.For, cst.While)):
             reverse = isinstance(stmt, cst.For) and "reversed" in dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
             if isinstance(stmt, cst.For):
-                self.assign_target(stmt.target, ())
+                self.assign_target(stmt.target, (), rhs=stmt.iter)  # loop variables: roles from their names
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if reverse:
                     self.reverse_loop.add(id(stmt))
@@ -278,6 +278,12 @@ class FunctionRun:
                 self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
         elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
             self.env["self." + name] = value
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+            self.env[f"{target.value.value}.{name}"] = value
+            writes = self.analyzer.field_writes
+            if writes is not None and name in self.module.kl_fields:
+                stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
+                writes[name] = writes.get(name, ()) + stored
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
@@ -342,6 +348,10 @@ class FunctionRun:
         base = root_name(node)
         if base == "self":
             return ()
+        if isinstance(node.value, cst.Name) and attr in self.module.kl_fields and self.analyzer.read_fields:
+            stored = self.analyzer.fields_of(self.module).get(attr)
+            if stored:
+                return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
         poly = roles.named_tensor(attr, grad=False)
         if poly is not None:
             return (tensor(poly),)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -10,13 +11,19 @@ import libcst as cst
 
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, param_facts
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params
 
 MAX_DEPTH = 4
 
 
+# `obj.attr = ...` on an object other than self, for attribute names with KL vocabulary (`samples.kl`)
+_FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)")
+
+
 class Module:
-    """A parsed module of the linted tree: its functions, classes and imports."""
+    """A parsed module of the linted tree: its functions, classes and imports, and the KL-named fields
+    its code stores on objects other than self (`samples.kl = kl`, read back as `experience.kl`)."""
 
     def __init__(self, path: str, module: cst.Module, project) -> None:
         self.path = path
@@ -27,6 +34,8 @@ class Module:
         self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
         for stmt in module.body:
             self._collect(stmt)
+        self.kl_fields = frozenset(name for name in _FIELD_WRITE.findall(project.source(module))
+                                   if might_contain_kl(name))
 
     def _collect(self, stmt: cst.CSTNode) -> None:
         if isinstance(stmt, cst.FunctionDef):
@@ -71,11 +80,33 @@ class Analyzer:
     function it reached is being interpreted (where a fresh run would cut a recursive call off);
     a summary in which a recursive call into a caller was cut off is not cached at all."""
 
-    def __init__(self, project) -> None:
+    def __init__(self, project, *, read_fields: bool = True) -> None:
         self.project = project
+        self.read_fields = read_fields
         self._modules: dict = {}
         self._summaries: dict = {}  # (id(func), argument facts, remaining depth) -> (Outcome, reached ids)
         self._stack: list = []  # _Frame of each call being interpreted, outermost first
+        self._fields: dict = {}  # module path -> {field name: facts stored into it}
+        self.field_writes: Optional[dict] = None  # while collecting fields: field name -> facts
+
+    def fields_of(self, module: Module) -> dict:
+        """{field name: the KL facts the module's functions store into it}, for `obj.field` reads.
+
+        Found once per module, by a separate analysis of each of its functions on its own (which does
+        not itself read fields), so the result depends only on the module and the tree, never on what
+        this analyzer interpreted before."""
+        key = str(Path(module.path).resolve())
+        if key not in self._fields:
+            collector = Analyzer(self.project, read_fields=False)
+            collector.field_writes = {}
+            own = collector.module(module.path, module.tree)
+            for func, cls in module_functions(module.tree):
+                try:
+                    collector.analyse(own, func, cls)
+                except RecursionError:
+                    continue
+            self._fields[key] = {name: tuple(dict.fromkeys(facts)) for name, facts in collector.field_writes.items()}
+        return self._fields[key]
 
     def module(self, path: str, tree: cst.Module) -> Module:
         key = str(Path(path).resolve())
@@ -183,3 +214,14 @@ class Analyzer:
         if path is None:
             return None
         return self.module_at(path)
+
+
+def module_functions(tree: cst.Module):
+    """(function, class name or None) for the top-level functions and the methods of top-level classes."""
+    for stmt in tree.body:
+        if isinstance(stmt, cst.FunctionDef):
+            yield stmt, None
+        elif isinstance(stmt, cst.ClassDef):
+            for item in stmt.body.body:
+                if isinstance(item, cst.FunctionDef):
+                    yield item, stmt.name.value

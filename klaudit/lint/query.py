@@ -18,9 +18,9 @@ import libcst as cst
 
 from klaudit.catalog import Config, Returns
 from klaudit.config import load_settings
-from klaudit.lint.checks import config_of, module_functions
+from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files, read_source
-from klaudit.lint.modules import Analyzer, Module
+from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
 
 PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}

@@ -331,3 +331,36 @@ class Trainer:
         return per_token_loss.sum()
 """
     assert codes(source, tmp_path) == [(14, "KL003")]
+
+
+def test_a_kl_stored_on_an_object_reaches_the_reward_in_another_method(tmp_path):
+    """OpenRLHF's shape: the rollout stores `samples.kl`, a later method reads `experience.kl` into the
+    reward. k3 values in the reward are row 7 (KL004); k1 values are row 6 (nothing). The reader comes
+    first in the file: what a module stores does not depend on the order its functions are read in."""
+    source = HEADER + textwrap.dedent("""
+    class ExperienceMaker:
+        def compute_advantages(self, experiences, scores):
+            for experience, score in zip(experiences, scores):
+                rewards = score - self.kl_coef * experience.kl
+
+        def make_experience(self, samples_list, action_log_probs_list, base_action_log_probs_list):
+            for samples, action_log_probs, base_action_log_probs in zip(
+                samples_list, action_log_probs_list, base_action_log_probs_list
+            ):
+                log_ratio = base_action_log_probs - action_log_probs
+                samples.kl = log_ratio.exp() - 1 - log_ratio
+    """)
+    assert codes(source, tmp_path) == [(9, "KL004")]
+    assert codes(source.replace("log_ratio.exp() - 1 - log_ratio", "-log_ratio"), tmp_path) == []
+
+
+def test_loop_variables_take_their_roles_from_their_names(tmp_path):
+    source = HEADER + textwrap.dedent("""
+    def kl_losses(logprobs_list, ref_logprobs_list):
+        losses = []
+        for logprobs, ref_logprobs in zip(logprobs_list, ref_logprobs_list):
+            kl_loss = (logprobs - ref_logprobs).mean()
+            losses.append(kl_loss)
+        return losses
+    """)
+    assert codes(source, tmp_path) == [(9, "KL001")]
