@@ -1,0 +1,130 @@
+"""The comparison logic of scripts/ecosystem.py on a tiny synthetic corpus (no real trees, no lint run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ecosystem.py"
+spec = importlib.util.spec_from_file_location("ecosystem_script", SCRIPT)
+ecosystem = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = ecosystem  # dataclasses look their module up there
+spec.loader.exec_module(ecosystem)
+
+
+def finding(tree: Path, file: str, code: str, line: int) -> dict:
+    return {"code": code, "filename": str(tree / file), "location": {"row": line, "column": 1}, "message": code}
+
+
+def site(file: str, line: int, code: str, verdict: str) -> dict:
+    return {"file": file, "line": line, "code": code, "verdict": verdict, "reason": f"{verdict} {code}"}
+
+
+@pytest.fixture
+def corpus(tmp_path: Path):
+    """Two repositories: one whose lint agrees with the review, one with every kind of difference."""
+    root, expected, findings = tmp_path / "corpus", tmp_path / "expected", tmp_path / "findings"
+    for folder in (root, expected, findings):
+        folder.mkdir()
+    repos = {"repos": [{"repo": "a/good", "commit": "1", "dir": "a+good"},
+                       {"repo": "b/bad", "commit": "2", "dir": "b+bad"}]}
+    (tmp_path / "repos.json").write_text(json.dumps(repos))
+
+    good = root / "a+good"
+    (expected / "a+good.json").write_text(json.dumps({"sites": [
+        site("loss.py", 10, "KL002", "tp"),     # found twice at the same line (a switch): one site
+        site("loss.py", 20, "KL003", "miss"),   # still missed
+        site("loss.py", 30, "KL011", "fp"),     # still reported wrongly
+        site("reward.py", 5, "KL004", "ok"),    # rightly silent
+    ]}))
+    (findings / "a+good.json").write_text(json.dumps([
+        finding(good, "loss.py", "KL002", 10), finding(good, "loss.py", "KL002", 10),
+        finding(good, "loss.py", "KL011", 31),  # within the line tolerance
+    ]))
+
+    bad = root / "b+bad"
+    (expected / "b+bad.json").write_text(json.dumps({"sites": [
+        site("x.py", 1, "KL001", "tp"),         # not found any more: lost
+        site("x.py", 50, "KL004", "ok"),        # now reported: a new false positive
+        site("x.py", 70, "KL007", "miss"),      # now found
+        site("x.py", 90, "KL009", "fp"),        # no longer reported: fixed
+    ]}))
+    (findings / "b+bad.json").write_text(json.dumps([
+        finding(bad, "x.py", "KL004", 50),
+        finding(bad, "x.py", "KL007", 72),
+        finding(bad, "x.py", "KL002", 200),     # no reviewed site: unreviewed
+        finding(bad, "x.py", "KL001", 9),       # same code as the lost site, but too far away
+    ]))
+    args = ["--root", str(root), "--repos", str(tmp_path / "repos.json"), "--expected", str(expected),
+            "--findings", str(findings), "--json"]
+    return args
+
+
+def run(args: list[str], capsys) -> tuple[int, dict]:
+    status = ecosystem.main(args)
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_agreeing_repository_passes_with_its_recall_and_precision(corpus, capsys):
+    status, table = run(corpus + ["--repo", "good"], capsys)
+    assert status == 0
+    total = table["total"]
+    assert (total["tp"], total["fp"], total["miss"], total["lost"], total["unreviewed"]) == (1, 1, 1, 0, 0)
+    assert total["recall"] == 0.5      # 1 found of 2 real pitfalls
+    assert total["precision"] == 0.5   # 1 right of 2 reviewed findings
+    assert table["repos"]["a+good"]["codes"]["KL002"]["tp"] == 1
+    assert table["repos"]["a+good"]["diff"] == []
+
+
+def test_every_difference_is_listed_and_fails_the_check(corpus, capsys):
+    status, table = run(corpus + ["--repo", "bad"], capsys)
+    assert status == 1
+    outcomes = sorted((d["outcome"], d["code"], d["line"]) for d in table["repos"]["b+bad"]["diff"])
+    assert outcomes == [("fixed_fp", "KL009", 90), ("lost", "KL001", 1), ("new_fp", "KL004", 50),
+                        ("now_found", "KL007", 72), ("unreviewed", "KL001", 9), ("unreviewed", "KL002", 200)]
+    total = table["total"]
+    assert (total["tp"], total["fp"], total["lost"], total["unreviewed"]) == (1, 1, 1, 2)
+    assert total["recall"] == 0.5      # the found miss counts, the lost finding does not
+    assert total["precision"] == 0.5
+
+
+def test_totals_add_up_over_repositories(corpus, capsys):
+    status, table = run(corpus, capsys)
+    assert status == 1
+    assert table["total"]["tp"] == 2 and table["total"]["fp"] == 2
+    assert table["total"]["recall"] == pytest.approx(2 / 4, abs=1e-3)
+    assert table["codes"]["KL002"] == {"tp": 1, "fp": 0, "miss": 0, "lost": 0, "unreviewed": 1, "fixed_fp": 0,
+                                       "recall": 1.0, "precision": 1.0}
+
+
+def test_a_missing_tree_is_an_error_not_a_pass(corpus, capsys, tmp_path):
+    args = [a for a in corpus if a not in ("--findings", str(tmp_path / "findings"))]
+    status = ecosystem.main(args + ["--repo", "good"])
+    capsys.readouterr()
+    assert status == 2
+
+
+def test_an_unknown_verdict_is_rejected(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"sites": [site("a.py", 1, "KL001", "maybe")]}))
+    with pytest.raises(ValueError, match="maybe"):
+        ecosystem.load_sites(path)
+
+
+def test_the_committed_review_is_well_formed():
+    """Every committed expectation names a corpus repository, a rule code and a reason."""
+    folder = SCRIPT.parents[1] / "tests" / "ecosystem"
+    names = {entry["dir"] for entry in json.loads((folder / "repos.json").read_text())["repos"]}
+    codes = {f"KL{n:03d}" for n in range(1, 12)}
+    for path in (folder / "expected").glob("*.json"):
+        assert path.stem in names
+        sites = ecosystem.load_sites(path)
+        assert sites
+        for entry in sites:
+            assert entry.code in codes and entry.reason and not entry.file.startswith("/")
+        keys = [(s.file, s.code, s.line) for s in sites]
+        assert len(keys) == len(set(keys)), f"duplicate site in {path.name}"
