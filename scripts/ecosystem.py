@@ -13,7 +13,7 @@ biased values gives three findings but is one reviewed site.
     found & site miss -> true positive (a miss that is now found; mark the site tp)
     found & site fp   -> false positive         site fp, not found      -> fixed false positive
     found & site ok   -> NEW false positive     site miss, not found    -> miss
-    found, no site    -> UNREVIEWED
+    found, no site    -> UNREVIEWED             site ok, not found      -> ok (rightly silent)
 
 Recall = true positives / (true positives + misses + lost); precision = true positives /
 (true positives + false positives), over reviewed findings. The exit status is 1 when a
@@ -48,6 +48,7 @@ OUTCOMES = {
     "lost": ("lost", True),
     "miss": ("miss", False),
     "fixed_fp": ("fixed_fp", False),
+    "ok": ("ok", False),
 }
 
 
@@ -146,9 +147,9 @@ def compare(findings: list[Finding], sites: list[Site], tolerance: int) -> list[
         outcome = {"tp": "tp", "miss": "now_found", "fp": "fp", "ok": "new_fp"}[site.verdict]
         items.append(Item(outcome, finding.file, finding.code, finding.line, site.reason))
     for index, site in enumerate(sites):
-        if index in matched or site.verdict == "ok":
+        if index in matched:
             continue
-        outcome = {"tp": "lost", "miss": "miss", "fp": "fixed_fp"}[site.verdict]
+        outcome = {"tp": "lost", "miss": "miss", "fp": "fixed_fp", "ok": "ok"}[site.verdict]
         items.append(Item(outcome, site.file, site.code, site.line, site.reason))
     return items
 
@@ -193,7 +194,7 @@ def ratio(numerator: int, denominator: int) -> float | None:
 def summary(counts: Counter) -> dict:
     found = counts["tp"]
     return {
-        **{key: counts[key] for key in ("tp", "fp", "miss", "lost", "unreviewed", "fixed_fp")},
+        **{key: counts[key] for key in ("tp", "fp", "miss", "ok", "lost", "unreviewed", "fixed_fp")},
         "recall": ratio(found, found + counts["miss"] + counts["lost"]),
         "precision": ratio(found, found + counts["fp"]),
     }
@@ -209,7 +210,7 @@ def report(results: list[RepoResult]) -> dict:
             "error": result.error,
             "total": summary(result.counts()),
             "codes": {code: summary(result.counts(code)) for code in codes},
-            "diff": [asdict(item) for item in result.items if item.outcome not in ("tp", "fp", "miss")],
+            "diff": [asdict(item) for item in result.items if item.outcome not in ("tp", "fp", "miss", "ok")],
         }
         total += result.counts()
     by_code: dict[str, Counter] = {}
@@ -229,10 +230,10 @@ def fmt(value: float | None) -> str:
 
 
 def print_table(table: dict) -> None:
-    header = f"{'':<44} {'tp':>4} {'fp':>4} {'miss':>5} {'lost':>5} {'new':>4} {'recall':>7} {'prec':>6}"
+    header = f"{'':<44} {'tp':>4} {'fp':>4} {'miss':>5} {'ok':>4} {'lost':>5} {'new':>4} {'recall':>7} {'prec':>6}"
 
     def row(label: str, s: dict) -> str:
-        return (f"{label:<44} {s['tp']:>4} {s['fp']:>4} {s['miss']:>5} {s['lost']:>5} {s['unreviewed']:>4}"
+        return (f"{label:<44} {s['tp']:>4} {s['fp']:>4} {s['miss']:>5} {s['ok']:>4} {s['lost']:>5} {s['unreviewed']:>4}"
                 f" {fmt(s['recall']):>7} {fmt(s['precision']):>6}")
 
     print(header)

@@ -73,7 +73,7 @@ def test_agreeing_repository_passes_with_its_recall_and_precision(corpus, capsys
     status, table = run(corpus + ["--repo", "good"], capsys)
     assert status == 0
     total = table["total"]
-    assert (total["tp"], total["fp"], total["miss"], total["lost"], total["unreviewed"]) == (1, 1, 1, 0, 0)
+    assert (total["tp"], total["fp"], total["miss"], total["ok"], total["lost"], total["unreviewed"]) == (1, 1, 1, 1, 0, 0)
     assert total["recall"] == 0.5      # 1 found of 2 real pitfalls
     assert total["precision"] == 0.5   # 1 right of 2 reviewed findings
     assert table["repos"]["a+good"]["codes"]["KL002"]["tp"] == 1
@@ -97,8 +97,9 @@ def test_totals_add_up_over_repositories(corpus, capsys):
     assert status == 1
     assert table["total"]["tp"] == 2 and table["total"]["fp"] == 2
     assert table["total"]["recall"] == pytest.approx(2 / 4, abs=1e-3)
-    assert table["codes"]["KL002"] == {"tp": 1, "fp": 0, "miss": 0, "lost": 0, "unreviewed": 1, "fixed_fp": 0,
-                                       "recall": 1.0, "precision": 1.0}
+    assert table["codes"]["KL002"] == {"tp": 1, "fp": 0, "miss": 0, "ok": 0, "lost": 0, "unreviewed": 1,
+                                       "fixed_fp": 0, "recall": 1.0, "precision": 1.0}
+    assert table["codes"]["KL004"]["ok"] == 1  # a+good's silent site; b+bad's is now reported
 
 
 def test_a_missing_tree_is_an_error_not_a_pass(corpus, capsys, tmp_path):
