@@ -159,7 +159,8 @@ def run_lint(tree: Path, timeout: float, select: str | None) -> list[dict]:
     command = [sys.executable, "-m", "klaudit", "lint", "--output-format", "json", "--exit-zero", str(tree)]
     if select:
         command[4:4] = ["--select", select]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])))
+    # The caller's PYTHONPATH comes first, so another checkout's klaudit can be measured; else this one's.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(PROJECT)])))
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"klaudit lint exited {done.returncode}: {done.stderr.strip()[-500:]}")
