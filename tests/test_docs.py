@@ -204,7 +204,7 @@ def test_every_citation_points_at_an_existing_section_row_and_fix():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the lead replaces design/kl-math.md -> docs/kl-math.md in one sed after merging the branches "
+    reason="after merging the branches the lead points the design/ citations at docs/ with one sed "
     "(notes/citations.md); this marker must then be deleted, since strict=True fails once no design/ is left",
 )
 def test_no_citation_points_at_the_design_folder():
