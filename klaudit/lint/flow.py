@@ -26,7 +26,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.syntax import (
     case_strings, decorated_no_grad, dotted, drops_last_char, int_literal, is_data_read, is_last_index,
-    last_name, looks_like_option, mentions, params, root_name, string_key, string_literals,
+    last_name, looks_like_option, mentions, number_value, params, root_name, string_key, string_literals,
 )
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
@@ -329,10 +329,10 @@ class FunctionRun:
         return (Fact(role="str", text=node.evaluated_value),)
 
     def e_Integer(self, node: cst.Integer) -> tuple:
-        return (tensor(Poly.const(float(int(node.value, 0)))),)
+        value = number_value(node)
+        return () if value is None else (tensor(Poly.const(value)),)
 
-    def e_Float(self, node: cst.Float) -> tuple:
-        return (tensor(Poly.const(float(node.value))),)
+    e_Float = e_Integer
 
     def e_Attribute(self, node: cst.Attribute) -> tuple:
         path = dotted(node)
