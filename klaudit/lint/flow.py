@@ -18,7 +18,7 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
-from klaudit.lint import roles
+from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
@@ -314,6 +314,7 @@ class FunctionRun:
         method = getattr(self, "e_" + type(node).__name__, None)
         value = () if method is None else method(node)
         self._memo[key] = value
+        budget.spend(1 + len(value))
         return value
 
     def e_Name(self, node: cst.Name) -> tuple:
