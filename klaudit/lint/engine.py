@@ -60,6 +60,7 @@ class _Analysis:
     findings: tuple[Finding, ...] = ()
     suppressions: SuppressionTable = field(default_factory=dict)
     error: Optional[str] = None
+    spent: int = 0  # work units of the analysis budget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
         if spent.exceeded_in is not None:
             findings.append(_budget_note(path, module, source, spent))
         findings = tuple(findings)
-        return _Analysis(path, findings, suppression_table(source) if findings else {})
+        return _Analysis(path, findings, suppression_table(source) if findings else {}, spent=spent.spent)
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
         return _internal_error(path, error)
 
