@@ -21,7 +21,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import (
-    NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
+    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
 )
 from klaudit.lint.syntax import (
@@ -483,7 +483,7 @@ class FunctionRun:
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_tensor:
                     out.append(replace(b, poly=alg.scale(b.poly, sign)))
-        return tuple(dict.fromkeys(out))
+        return bounded(tuple(dict.fromkeys(out)))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
         out = []
@@ -502,7 +502,7 @@ class FunctionRun:
                     negative_unknown = True
         if not out and negative_unknown:
             return NEG
-        return tuple(dict.fromkeys(out))
+        return bounded(tuple(dict.fromkeys(out)))
 
     def divide(self, left: tuple, right: tuple, node) -> tuple:
         out = []

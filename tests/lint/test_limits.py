@@ -123,3 +123,47 @@ def test_the_budget_does_not_depend_on_what_was_analysed_before(tmp_path):
                            jobs=1)
         pick = [(f.line, f.code) for f in together.findings if f.path.endswith("b_user.py")]
         assert pick == [(f.line, f.code) for f in alone.findings], budget
+
+
+def switch_product_trainer(switches: int) -> str:
+    """A loss summed from `switches` KL terms, each scaled by its own string switch: 2**switches alternatives."""
+    lines = ["import torch", "", "", "def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss, config):",
+             "    log_ratio = ref_log_probs - policy_log_probs",
+             "    kl = torch.exp(log_ratio) - log_ratio - 1"]
+    for i in range(switches):
+        lines += [f"    if config.mode_{i} == 'a':", f"        t{i} = kl * {i + 2}",
+                  "    else:", f"        t{i} = kl * {i + 3}"]
+    lines += ["    total = " + " + ".join(f"t{i}" for i in range(switches)),
+              "    loss = pg_loss + (total * mask).sum() / mask.sum()", "    loss.backward()"]
+    return "\n".join(lines) + "\n"
+
+
+def test_alternatives_of_independent_switches_are_widened_not_multiplied(tmp_path):
+    # unbounded, the sum of 16 switched terms holds 65,536 alternatives: far past this budget
+    few, _ = lint(tmp_path, "few.py", switch_product_trainer(4), analysis_budget=20_000)
+    many, _ = lint(tmp_path, "many.py", switch_product_trainer(16), analysis_budget=20_000)
+    assert few == [(24, "KL002")] and many == [(72, "KL002")]
+
+
+def test_bounded_keeps_small_values_and_merges_labels_past_the_limit():
+    from klaudit.lint.algebra import Atom, Poly
+    from klaudit.lint.facts import MAX_ALTERNATIVES, Fact, bounded
+
+    few = tuple(Fact(role="str", text=str(i)) for i in range(MAX_ALTERNATIVES))
+    assert bounded(few) is few
+    d = Poly.atom(Atom("d", True))
+    # the same KL value under 100 values of switch `s`, all also under t=1: one fact, selected by t=1 only
+    same = tuple(Fact(poly=d, labels=(("s", (i,)), ("t", (1,)))) for i in range(100))
+    assert bounded(same) == (Fact(poly=d, labels=(("t", (1,)),)),)
+    # distinct values past the limit: one witness per estimator origin and use, the KL ones first
+    origins = [object() for _ in range(10)]
+    kl = tuple(Fact(poly=alg_scale(d, i + 1), origin=origins[i % 5]) for i in range(10))
+    plain = tuple(Fact(poly=Poly.const(float(i))) for i in range(100))
+    assert bounded(plain + kl) == kl[:5] + plain[:1]
+    many = tuple(Fact(poly=d, origin=object()) for _ in range(3 * MAX_ALTERNATIVES))
+    assert bounded(many) == many[:MAX_ALTERNATIVES]  # past the limit even so: cut, in order
+
+
+def alg_scale(poly, factor):
+    from klaudit.lint.algebra import scale
+    return scale(poly, factor)
