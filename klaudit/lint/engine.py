@@ -194,8 +194,7 @@ def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
             sys.setrecursionlimit(saved_limit)
         if spent.exceeded_in is not None:
             findings.append(_budget_note(path, module, source, spent))
-        findings = tuple(findings)
-        return _Analysis(path, findings, suppression_table(source) if findings else {}, spent=spent.spent)
+        return _Analysis(path, tuple(findings), suppression_table(source) if findings else {}, spent=spent.spent)
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
         return _internal_error(path, error)
 
@@ -204,6 +203,7 @@ def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Findin
     """KL099 at the function whose analysis spent the last of the file's budget."""
     from klaudit.lint.checks import statement_positions
 
+    assert _worker_project is not None  # the analysis ran with it
     tree = _worker_project.remember(path, module, source)
     line = statement_positions(tree, source).get(id(spent.exceeded_in), (1,))[0]
     return incomplete(path, f"analysis budget ({spent.reason}) exceeded in the function at line {line}; "

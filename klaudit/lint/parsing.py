@@ -36,7 +36,7 @@ def python_tree(path: str, source: str) -> Union[ast.Module, Finding, None]:
     """Python's syntax tree of `source`; a KL000 or KL099 finding when Python cannot build one; None
     when Python rejects it but LibCST reads it (newer syntax): the caller parses it with LibCST."""
     try:
-        return compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        return ast.parse(source, path)
     except SyntaxError as error:
         if _libcst_reads(source):
             return None

@@ -50,7 +50,8 @@ def mutants(draw):
         return source[:at] + source[at + 1:]
     if kind == "insert":
         at = draw(st.integers(0, len(source)))
-        return source[:at] + draw(st.sampled_from(["(", ")", ":", "[", "'", "\\", "\t", " ", "0x", "1_", "\n  "])) + source[at:]
+        inserted = draw(st.sampled_from(["(", ")", ":", "[", "'", "\\", "\t", " ", "0x", "1_", "\n  "]))
+        return source[:at] + inserted + source[at:]
     if kind == "truncate":
         return source[:draw(st.integers(0, len(source)))]
     at = draw(st.integers(0, len(lines) - 1))

@@ -68,7 +68,8 @@ def test_syntax_of_a_newer_python_that_libcst_reads_is_not_a_syntax_error(tmp_pa
 
 
 @pytest.mark.parametrize("construct", [
-    "match kl_type:\n    case 'k1' | 'k2':\n        pass\n    case {'k': [1, *rest]}:\n        pass\n    case _:\n        pass\n",
+    "match kl_type:\n    case 'k1' | 'k2':\n        pass\n"
+    "    case {'k': [1, *rest]}:\n        pass\n    case _:\n        pass\n",
     "if (n := len(kl)) > 1:\n    pass\n",
     "try:\n    pass\nexcept* ValueError as group:\n    pass\n",
     "x = f'{kl!r:>{width}} {kl=}'\n",

@@ -18,7 +18,7 @@ FORMS = [
     ("7", 7.0), ("0", 0.0), ("00", 0.0), ("0_0", 0.0), ("0xFFFFFFF", 268435455.0), ("0XfF", 255.0),
     ("0o17", 15.0), ("0O7_7", 63.0), ("0b101", 5.0), ("0B1_0", 2.0), ("1_000", 1000.0),
     ("0x_ff", 255.0), ("1e-3", 0.001), ("1E+3", 1000.0), ("1_000.5", 1000.5), (".5", 0.5),
-    ("5.", 5.0), ("1_0e1_0", 1e11), ("1_0e-1_0", 1e-9), ("0.000_1", 0.0001), 
+    ("5.", 5.0), ("1_0e1_0", 1e11), ("1_0e-1_0", 1e-9), ("0.000_1", 0.0001),
 ]
 # Literals no float holds: the analysis treats them as numbers it cannot explain.
 HUGE = ["1" + "0" * 400, "1e400", "0x" + "F" * 300]
@@ -56,7 +56,10 @@ def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss):
 """
 
 
-@pytest.mark.parametrize("literal", [text for text, _ in FORMS if text not in ("0", "00", "0_0")] + ["2j", "1_0J", *HUGE])
+NONZERO = [text for text, _ in FORMS if text not in ("0", "00", "0_0")]
+
+
+@pytest.mark.parametrize("literal", NONZERO + ["2j", "1_0J", *HUGE])
 def test_a_coefficient_in_any_spelling_keeps_the_finding(literal, tmp_path):
     path = tmp_path / "trainer.py"
     path.write_text(TRAINER.format(literal=literal))
