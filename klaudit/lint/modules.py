@@ -109,6 +109,7 @@ class Analyzer:
                     continue
             fields = {name: tuple(dict.fromkeys(facts)) for name, facts in collector.field_writes.items()}
             self._fields[key] = (fields, budget.spent() - before)
+            budget.charge_once(("fields", key), 0)  # this file has just paid for it
         fields, cost = self._fields[key]
         budget.charge_once(("fields", key), cost)
         return fields
