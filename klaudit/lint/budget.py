@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-DEFAULT_UNITS = 20_000_000  # the costliest of 5,781 corpus files spends 2.9 million (reused summaries count in full)
+DEFAULT_UNITS = 5_000_000  # the costliest of 5,781 corpus files spends 2.9 million (reused summaries count in full)
 DEFAULT_SECONDS = 60.0
 _CLOCK_EVERY = 4096  # units between two looks at the clock
 
