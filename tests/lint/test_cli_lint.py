@@ -190,3 +190,21 @@ def test_unknown_rule_exits_2_with_the_valid_codes():
     code, out, err = run("rule", "KL098")
     assert code == 2 and out == ""
     assert "unknown rule 'KL098'" in err and ", ".join(RULES) in err
+
+
+def test_analysis_limit_flags_reach_the_engine(project, monkeypatch):
+    seen = {}
+
+    def capture(paths, settings, jobs):
+        seen["limits"] = (settings.analysis_budget, settings.analysis_timeout)
+        return _empty()
+
+    monkeypatch.setattr(cli, "lint_paths", capture)
+    assert run("lint", "--analysis-budget", "1000", "--analysis-timeout", "0", "src")[0] == 0
+    assert seen["limits"] == (1000, None)
+    assert run("lint", "src")[0] == 0 and seen["limits"] == (5_000_000, 60.0)
+
+
+def _empty():
+    from klaudit.lint.engine import LintResult
+    return LintResult()
