@@ -10,6 +10,7 @@ takes it about a minute), is not analysed and gets one informational KL099 inste
 from __future__ import annotations
 
 import ast
+import warnings
 from typing import Optional, Union
 
 import libcst
@@ -36,7 +37,9 @@ def python_tree(path: str, source: str) -> Union[ast.Module, Finding, None]:
     """Python's syntax tree of `source`; a KL000 or KL099 finding when Python cannot build one; None
     when Python rejects it but LibCST reads it (newer syntax): the caller parses it with LibCST."""
     try:
-        return ast.parse(source, path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
+            return ast.parse(source, path)
     except SyntaxError as error:
         if _libcst_reads(source):
             return None

@@ -43,7 +43,7 @@ NOISE = [
     "step = 0x10 + 0o7 + 0b1 + 1_000",
     "if verbose:\n    print('step', step)",
     "for _ in range(2):\n    step = step + 1",
-    "stats = {{'lr': 1e-3, 'clip': .2}}",
+    "stats = {'lr': 1e-3, 'clip': .2}",
     "while False:\n    pass",
     "match mode:\n    case 'train':\n        step = 1\n    case _:\n        step = 2",
     "if (n := len(stats)) > 1:\n    step = n",

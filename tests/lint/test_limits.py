@@ -168,3 +168,8 @@ def test_bounded_keeps_small_values_and_merges_labels_past_the_limit():
 def alg_scale(poly, factor):
     from klaudit.lint.algebra import scale
     return scale(poly, factor)
+
+
+def test_pythons_warnings_about_the_users_code_are_not_printed(tmp_path, recwarn):
+    lint(tmp_path, "escapes.py", "import torch\n\nkl_path = '\\d+'\n")
+    assert [str(w.message) for w in recwarn] == []
