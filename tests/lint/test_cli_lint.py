@@ -202,7 +202,7 @@ def test_analysis_limit_flags_reach_the_engine(project, monkeypatch):
     monkeypatch.setattr(cli, "lint_paths", capture)
     assert run("lint", "--analysis-budget", "1000", "--analysis-timeout", "0", "src")[0] == 0
     assert seen["limits"] == (1000, None)
-    assert run("lint", "src")[0] == 0 and seen["limits"] == (5_000_000, 60.0)
+    assert run("lint", "src")[0] == 0 and seen["limits"] == (50_000_000, 60.0)
 
 
 def _empty():

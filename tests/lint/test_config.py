@@ -111,7 +111,7 @@ def test_kl000_survives_a_narrow_select_but_not_an_explicit_ignore():
 
 
 @pytest.mark.parametrize("text, budget, timeout", [
-    ("", 5_000_000, 60.0),
+    ("", 50_000_000, 60.0),
     ("analysis-budget = 5000\nanalysis-timeout = 2.5\n", 5000, 2.5),
     ("analysis-budget = 0\nanalysis-timeout = 0\n", None, None),
 ])
