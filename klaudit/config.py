@@ -4,7 +4,8 @@ Rule selection follows ruff. Settings come in layers (pyproject.toml, then the c
 layer that sets `select` starts from nothing, otherwise it edits the layer below. Inside a layer
 the selectors are applied from least to most specific (`ALL` < `KL` < `KL0` < `KL002`), and an
 `ignore` beats a `select` of the same specificity. KL000 (the file could not be checked) is
-reported unless some `ignore` names it: narrowing `select` never hides a broken file.
+reported unless some `ignore` names it: narrowing `select` never hides a broken file; so is KL099
+(part of the file was not analysed), which is informational and never changes the exit status.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from klaudit.catalog import RULES
+from klaudit.lint.budget import DEFAULT_SECONDS, DEFAULT_UNITS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,6 +27,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 SYNTAX_ERROR_CODE = "KL000"
+INCOMPLETE_CODE = "KL099"  # informational: reported, but never changes the exit status
+FILE_CODES = (SYNTAX_ERROR_CODE, INCOMPLETE_CODE)  # about the file, not a KL configuration
 ALL = "ALL"
 
 # Directory and file names never walked into, as ruff's defaults; `exclude` replaces this list
@@ -36,7 +40,8 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 )
 
 _LIST_KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude")
-KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores",)
+_LIMIT_KEYS = ("analysis-budget", "analysis-timeout")  # per file: work units, seconds (0: no limit)
+KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores",) + _LIMIT_KEYS
 
 
 class ConfigError(Exception):
@@ -111,13 +116,16 @@ class Settings:
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)
+    analysis_budget: Optional[int] = DEFAULT_UNITS  # work units per file; None: no limit
+    analysis_timeout: Optional[float] = DEFAULT_SECONDS  # seconds per file; None: no limit
 
     def __post_init__(self) -> None:
         enabled: frozenset[str] = frozenset()
         for layer in self.selections:
             enabled = layer.apply(enabled)
-        if not any(_matches(s, SYNTAX_ERROR_CODE) for layer in self.selections for s in layer.ignore):
-            enabled |= {SYNTAX_ERROR_CODE}
+        for code in FILE_CODES:
+            if not any(_matches(s, code) for layer in self.selections for s in layer.ignore):
+                enabled |= {code}
         object.__setattr__(self, "_enabled", enabled)
 
     @property
@@ -155,6 +163,8 @@ class Settings:
         ignore: Sequence[str] = (),
         exclude: Optional[Sequence[str]] = None,
         extend_exclude: Sequence[str] = (),
+        analysis_budget: Optional[int] = None,
+        analysis_timeout: Optional[float] = None,
     ) -> "Settings":
         """A copy with the command line's layer on top (flags override the file)."""
         where = "the command line"
@@ -168,6 +178,8 @@ class Settings:
             selections=self.selections + (layer,),
             exclude=self.exclude if exclude is None else tuple(exclude),
             extend_exclude=self.extend_exclude + tuple(extend_exclude),
+            analysis_budget=self.analysis_budget if analysis_budget is None else analysis_budget or None,
+            analysis_timeout=self.analysis_timeout if analysis_timeout is None else analysis_timeout or None,
         )
 
 
@@ -178,6 +190,17 @@ def _string_list(table: Mapping[str, object], key: str, where: str) -> Optional[
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ConfigError(f"{where}: `{key}` must be a list of strings, got {value!r}")
     return tuple(value)
+
+
+def _limit(table: Mapping[str, object], key: str, where: str, default, kind: type):
+    """A per-file limit: a non-negative number, 0 meaning none."""
+    if key not in table:
+        return default
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value < 0:
+        raise ConfigError(f"{where}: `{key}` must be a non-negative {'number' if kind is float else 'integer'} "
+                          f"(0: no limit), got {value!r}")
+    return kind(value) or None
 
 
 def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
@@ -212,6 +235,8 @@ def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
         extend_exclude=lists["extend-exclude"] or (),
         per_file_ignores=per_file_ignores,
         root=source.parent.resolve(),
+        analysis_budget=_limit(table, "analysis-budget", where, DEFAULT_UNITS, int),
+        analysis_timeout=_limit(table, "analysis-timeout", where, DEFAULT_SECONDS, float),
     )
 
 

@@ -19,6 +19,7 @@ import libcst as cst
 
 from klaudit.catalog import CLAMPED, Aggregation, Config, Estimator, Position, Returns, Sampling, classify
 from klaudit.lint import algebra as alg
+from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.findings import Finding
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.modules import Analyzer, module_functions
@@ -37,8 +38,8 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
     for index, (func, cls) in enumerate(module_functions(module)):
         try:
             outcome = analyzer.analyse(mod, func, cls)
-        except RecursionError:
-            continue  # an expression nested too deeply for Python's stack: skip this function only
+        except (RecursionError, BudgetExceeded):
+            continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):

@@ -1,15 +1,17 @@
 """Paths -> files -> source text -> pre-filter -> parse -> checks -> filtered, sorted findings.
 
 The main process walks the paths, reads every file and runs the cheap textual pre-filter
-(`roles.might_contain_kl`); only the files that pass are parsed and analysed, in a pool of worker
-processes when there are enough of them to repay the pool's start-up. A file that cannot be
-checked (binary, undecodable, syntax error) is a KL000 finding; an exception inside the analysis
-of one file is an internal error reported for that file, and the run carries on.
+(`roles.might_contain_kl`) and Python's own syntax check (every file: a broken file is KL000);
+only the files that pass the pre-filter are parsed with LibCST and analysed, in a pool of worker
+processes when there are enough of them to repay the pool's start-up. Each file's analysis has a
+budget (work units and seconds, `klaudit.lint.budget`): past it, or where the file nests too deeply
+to parse (`klaudit.lint.parsing`), the file gets one informational KL099 instead of a hang. An
+exception inside the analysis of one file is an internal error reported for that file, and the run
+carries on.
 """
 
 from __future__ import annotations
 
-import ast
 import io
 import multiprocessing
 import os
@@ -22,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-import libcst
 
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
+from klaudit.lint import budget
 from klaudit.lint.findings import Finding
+from klaudit.lint.parsing import file_finding, incomplete, parse, syntax_finding
 from klaudit.lint.suppressions import SuppressionTable, is_suppressed, suppression_table
 
 PYTHON_SUFFIXES = (".py", ".pyi")
-MAX_FILE_BYTES = 1 << 20  # larger files are generated code in practice; parsing one costs seconds
+RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
 DEFAULT_JOBS = 2
 MIN_FILES_PER_WORKER = 8  # below this, starting a worker costs more than it saves
 
@@ -57,6 +60,7 @@ class _Analysis:
     findings: tuple[Finding, ...] = ()
     suppressions: SuppressionTable = field(default_factory=dict)
     error: Optional[str] = None
+    spent: int = 0  # work units of the analysis budget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +115,7 @@ def _position_of(data: bytes, offset: int) -> tuple[int, int]:
 
 
 def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> Finding:
-    return Finding(path, line, column, SYNTAX_ERROR_CODE, message, line, column)
+    return file_finding(path, SYNTAX_ERROR_CODE, message, line, column)
 
 
 def read_source(path: str) -> Union[str, Finding]:
@@ -145,19 +149,6 @@ def read_source(path: str) -> Union[str, Finding]:
 # Parsing and analysis (runs in the worker processes)
 
 
-def _syntax_error(path: str, source: str, error: libcst.ParserSyntaxError) -> Finding:
-    """KL000 at the place CPython's parser reports (more precise than LibCST's), else LibCST's."""
-    try:
-        compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
-    except SyntaxError as python_error:
-        line = python_error.lineno or 1
-        column = max(python_error.offset or 1, 1)
-        return _unreadable(path, f"syntax error: {python_error.msg}", line, column)
-    except (ValueError, RecursionError, MemoryError):
-        pass
-    return _unreadable(path, f"syntax error: {error.message}", error.raw_line, error.raw_column + 1)
-
-
 _worker_project = None
 
 
@@ -177,28 +168,53 @@ def _internal_error(path: str, error: Exception) -> _Analysis:
     ))
 
 
-def _analyse(path: str, source: str) -> _Analysis:
-    """Parse and check one file; never raises."""
+@dataclass(frozen=True)
+class Limits:
+    """The per-file analysis budget (None: no limit)."""
+
+    units: Optional[int] = budget.DEFAULT_UNITS
+    seconds: Optional[float] = budget.DEFAULT_SECONDS
+
+
+def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
+    """Parse and check one file within its budget; never raises."""
     from klaudit.lint.checks import check_module
 
     try:
-        module = libcst.parse_module(source)
-    except libcst.ParserSyntaxError as error:
-        return _Analysis(path, (_syntax_error(path, source, error),))
-    except Exception as error:  # noqa: BLE001 - e.g. RecursionError on absurdly nested code
-        return _internal_error(path, error)
-    try:
-        findings = tuple(check_module(path, module, _worker_project, source))
-        return _Analysis(path, findings, suppression_table(source) if findings else {})
+        module = parse(path, source)
+        if isinstance(module, Finding):
+            return _Analysis(path, (module,))
+        spent = budget.Budget(limits.units, limits.seconds)
+        saved_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(saved_limit, RECURSION_LIMIT))
+        try:
+            with budget.limited(spent):
+                findings = check_module(path, module, _worker_project, source)
+        finally:
+            sys.setrecursionlimit(saved_limit)
+        if spent.exceeded_in is not None:
+            findings.append(_budget_note(path, module, source, spent))
+        return _Analysis(path, tuple(findings), suppression_table(source) if findings else {}, spent=spent.spent)
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
         return _internal_error(path, error)
 
 
-def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int) -> list[_Analysis]:
+def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Finding:
+    """KL099 at the function whose analysis spent the last of the file's budget."""
+    from klaudit.lint.checks import statement_positions
+
+    assert _worker_project is not None  # the analysis ran with it
+    tree = _worker_project.remember(path, module, source)
+    line = statement_positions(tree, source).get(id(spent.exceeded_in), (1,))[0]
+    return incomplete(path, f"analysis budget ({spent.reason}) exceeded in the function at line {line}; "
+                            "it and the functions after it were not analysed", line)
+
+
+def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits()) -> list[_Analysis]:
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
     if workers < 2:
         _start_worker(roots)
-        return [_analyse(path, source) for path, source in sources.items()]
+        return [_analyse(path, source, limits) for path, source in sources.items()]
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # Big files first, so that one late large file does not leave a worker idle.
@@ -208,7 +224,8 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int) -> list[
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                  initargs=(roots,)) as pool:
             chunksize = max(1, len(order) // (workers * 8))
-            analyses.extend(pool.map(_analyse, order, [sources[p] for p in order], chunksize=chunksize))
+            analyses.extend(pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
+                                     chunksize=chunksize))
     except BrokenProcessPool:
         # A worker died (a crash in native code, or killed); the files it had not finished are
         # reported rather than retried here, where the same crash would take down the run.
@@ -246,11 +263,6 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
     sources: dict[str, str] = {}
     for path in discover_files(paths, settings):
         try:
-            size = os.path.getsize(path)
-            if size > MAX_FILE_BYTES:
-                result.warnings.append(
-                    f"{path}: skipped, {size / 2**20:.1f} MiB is over the {MAX_FILE_BYTES // 2**20} MiB limit")
-                continue
             source = read_source(path)
         except OSError as error:
             result.errors.append(f"{path}: cannot read: {error.strerror}")
@@ -260,8 +272,13 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
             raw.append(_Analysis(path, (source,)))
         elif might_contain_kl(source):
             sources[path] = source
+        else:
+            broken = syntax_finding(path, source)
+            if broken is not None:
+                raw.append(_Analysis(path, (broken,)))
     result.files_analysed = len(sources)
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs))
+    limits = Limits(settings.analysis_budget, settings.analysis_timeout)
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits))
 
     for analysis in raw:
         if analysis.error:

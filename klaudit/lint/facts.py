@@ -13,7 +13,7 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
-from klaudit.lint import roles
+from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.syntax import dotted
 
@@ -76,9 +76,43 @@ def merge_labels(a: tuple, b: tuple) -> tuple:
 def kinds(poly: Optional[Poly]) -> frozenset:
     return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()
 
+# Alternatives one value may hold before they are widened (see `bounded`). Independent switches
+# multiply them (2 x 3 x 2 x ... label sets times the estimators they select); real trainer code
+# stays far below this, generated or highly configurable code can reach tens of thousands.
+MAX_ALTERNATIVES = 64
+
+
+def bounded(value: tuple) -> tuple:
+    """The join's widening past MAX_ALTERNATIVES, in two steps, each keeping the value's own order.
+
+    1. Alternatives that differ only in the switch values selecting them become one, selected by the
+       values they all share (a weaker condition: it holds wherever any of them did).
+    2. If still too many, one alternative is kept per estimator origin and use (where the term was
+       formed and entered, how it is aggregated, sliced and clamped), the KL ones first: a finding
+       is reported per origin, so each estimator keeps a witness; only then is the rest cut off.
+    """
+    if len(value) <= MAX_ALTERNATIVES:
+        return value
+    shared: dict = {}
+    for f in value:
+        key = replace(f, labels=())
+        labels = set(f.labels)
+        shared[key] = labels if key not in shared else shared[key] & labels
+    merged = [replace(key, labels=tuple(sorted(labels, key=repr))) for key, labels in shared.items()]
+    if len(merged) <= MAX_ALTERNATIVES:
+        return tuple(merged)
+    witnesses: dict = {}
+    for f in merged:
+        use = (id(f.origin), id(f.entry), f.role, f.aggregation, f.position, f.clamped, f.scalar, f.is_kl())
+        witnesses.setdefault(use, f)
+    kept = sorted(witnesses.values(), key=lambda f: not f.is_kl())  # stable: KL alternatives first
+    return tuple(kept[:MAX_ALTERNATIVES])
+
+
 def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False) -> Fact:
     """a (op) b. An estimator is formed here when a product joins two KL operands (d * d) or a sum
     makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept."""
+    budget.spend(1)
     first = a if a.is_kl() else b
     both = a.is_kl() and b.is_kl()
     if product:
@@ -145,7 +179,7 @@ def join_envs(a: dict, b: dict) -> dict:
     out = dict(a)
     for key, value in b.items():
         if key in out and out[key] != value:
-            out[key] = tuple(dict.fromkeys(operands(out[key]) + operands(value)))
+            out[key] = bounded(tuple(dict.fromkeys(operands(out[key]) + operands(value))))
         else:
             out[key] = value
     return out

@@ -18,15 +18,15 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
-from klaudit.lint import roles
+from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import (
-    NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
+    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
 )
 from klaudit.lint.syntax import (
     case_strings, decorated_no_grad, dotted, drops_last_char, int_literal, is_data_read, is_last_index,
-    last_name, looks_like_option, mentions, params, root_name, string_key, string_literals,
+    last_name, looks_like_option, mentions, number_value, params, root_name, string_key, string_literals,
 )
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
@@ -314,6 +314,7 @@ class FunctionRun:
         method = getattr(self, "e_" + type(node).__name__, None)
         value = () if method is None else method(node)
         self._memo[key] = value
+        budget.spend(1 + len(value))
         return value
 
     def e_Name(self, node: cst.Name) -> tuple:
@@ -329,10 +330,10 @@ class FunctionRun:
         return (Fact(role="str", text=node.evaluated_value),)
 
     def e_Integer(self, node: cst.Integer) -> tuple:
-        return (tensor(Poly.const(float(int(node.value, 0)))),)
+        value = number_value(node)
+        return () if value is None else (tensor(Poly.const(value)),)
 
-    def e_Float(self, node: cst.Float) -> tuple:
-        return (tensor(Poly.const(float(node.value))),)
+    e_Float = e_Integer
 
     def e_Attribute(self, node: cst.Attribute) -> tuple:
         path = dotted(node)
@@ -482,7 +483,7 @@ class FunctionRun:
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_tensor:
                     out.append(replace(b, poly=alg.scale(b.poly, sign)))
-        return tuple(dict.fromkeys(out))
+        return bounded(tuple(dict.fromkeys(out)))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
         out = []
@@ -501,7 +502,7 @@ class FunctionRun:
                     negative_unknown = True
         if not out and negative_unknown:
             return NEG
-        return tuple(dict.fromkeys(out))
+        return bounded(tuple(dict.fromkeys(out)))
 
     def divide(self, left: tuple, right: tuple, node) -> tuple:
         out = []

@@ -9,6 +9,7 @@ from typing import Optional
 
 import libcst as cst
 
+from klaudit.lint import budget
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, param_facts
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.roles import might_contain_kl
@@ -84,9 +85,9 @@ class Analyzer:
         self.project = project
         self.read_fields = read_fields
         self._modules: dict = {}
-        self._summaries: dict = {}  # (id(func), argument facts, remaining depth) -> (Outcome, reached ids)
+        self._summaries: dict = {}  # (id(func), argument facts, remaining depth) -> (Outcome, reached ids, cost)
         self._stack: list = []  # _Frame of each call being interpreted, outermost first
-        self._fields: dict = {}  # module path -> {field name: facts stored into it}
+        self._fields: dict = {}  # module path -> ({field name: facts stored into it}, cost in work units)
         self.field_writes: Optional[dict] = None  # while collecting fields: field name -> facts
 
     def fields_of(self, module: Module) -> dict:
@@ -97,6 +98,7 @@ class Analyzer:
         this analyzer interpreted before."""
         key = str(Path(module.path).resolve())
         if key not in self._fields:
+            before = budget.spent()
             collector = Analyzer(self.project, read_fields=False)
             collector.field_writes = {}
             own = collector.module(module.path, module.tree)
@@ -105,8 +107,12 @@ class Analyzer:
                     collector.analyse(own, func, cls)
                 except RecursionError:
                     continue
-            self._fields[key] = {name: tuple(dict.fromkeys(facts)) for name, facts in collector.field_writes.items()}
-        return self._fields[key]
+            fields = {name: tuple(dict.fromkeys(facts)) for name, facts in collector.field_writes.items()}
+            self._fields[key] = (fields, budget.spent() - before)
+            budget.charge_once(("fields", key), 0)  # this file has just paid for it
+        fields, cost = self._fields[key]
+        budget.charge_once(("fields", key), cost)
+        return fields
 
     def module(self, path: str, tree: cst.Module) -> Module:
         key = str(Path(path).resolve())
@@ -128,6 +134,8 @@ class Analyzer:
         env = {}
         for param in params(func):
             env[param.name.value] = param_facts(param)
+        if self.read_fields:
+            budget.start_function(func)
         return FunctionRun(self, module, func, cls, env, record=True).run()
 
     def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
@@ -144,11 +152,13 @@ class Analyzer:
         key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])), depth)
         cached = self._summaries.get(key)
         if cached is not None and not cached[1].intersection(frame.func_id for frame in self._stack):
-            result, reached = cached
+            result, reached, cost = cached
+            budget.spend(cost)  # reused work costs what computing it cost, whatever was analysed before
             if caller is not None:
                 caller.reached |= reached
             return result
         frame = _Frame(id(func))
+        before = budget.spent()
         self._stack.append(frame)
         try:
             outcome = FunctionRun(self, module, func, cls, env, record=True).run()
@@ -167,7 +177,7 @@ class Analyzer:
             if needs is not None and needs < len(self._stack) - 1:
                 caller.needs = needs if caller.needs is None else min(caller.needs, needs)
         if needs is None:
-            self._summaries[key] = (result, frozenset(frame.reached))
+            self._summaries[key] = (result, frozenset(frame.reached), budget.spent() - before)
         return result
 
     def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):

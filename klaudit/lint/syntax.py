@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import libcst as cst
@@ -36,11 +37,33 @@ def string_key(node: cst.Subscript) -> Optional[str]:
             return value.evaluated_value
     return None
 
-def int_literal(node: Optional[cst.CSTNode]) -> Optional[int]:
+def _integer(text: str) -> int:
+    """The value of an integer literal as Python spells it: 0xFF, 0o17, 0b101, 1_000, 00."""
+    return int(text, 0) if text.strip("0_") else 0  # base 0 reads every prefix; "00" and "0_0" are zero
+
+
+def number_value(node: cst.CSTNode) -> Optional[float]:
+    """The real value of a numeric literal in any spelling Python accepts (0xFF, 1_000, 1e-3, 1_000.5,
+    .5, 1.); None for an imaginary literal (2j), a value no float holds (10**400, 1e400) and anything
+    else: the analysis treats those as numbers it cannot explain."""
     if isinstance(node, cst.Integer):
-        return int(node.value)
+        try:
+            value = float(_integer(node.value))
+        except OverflowError:
+            return None
+    elif isinstance(node, cst.Float):
+        value = float(node.value)  # float() reads underscores and exponents as the parser does
+    else:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def int_literal(node: Optional[cst.CSTNode]) -> Optional[int]:
+    """An integer literal, or a negated one (-1), as an int; None for anything else."""
+    if isinstance(node, cst.Integer):
+        return _integer(node.value)
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
-        return -int(node.expression.value)
+        return -_integer(node.expression.value)
     return None
 
 def string_literals(node: cst.CSTNode) -> Optional[list]:

@@ -41,7 +41,7 @@ def test_no_pyproject_means_defaults(tmp_path, monkeypatch):
 
 def test_explicit_config_file(tmp_path):
     path = pyproject(tmp_path / "cfg", '[tool.klaudit]\nselect = ["KL002"]\n')
-    assert enabled(load_settings(["."], str(path))) == ["KL000", "KL002"]
+    assert enabled(load_settings(["."], str(path))) == ["KL000", "KL002", "KL099"]
     empty = pyproject(tmp_path / "empty", "[project]\nname = 'x'\n")
     with pytest.raises(ConfigError, match="no \\[tool.klaudit\\] table"):
         load_settings(["."], str(empty))
@@ -92,7 +92,7 @@ def test_command_line_layer_on_top_of_the_file(tmp_path):
     from_file = load_settings([str(tmp_path)])
     assert "KL007" not in from_file.enabled_codes and "KL010" not in from_file.enabled_codes
     # --select starts over (the file's ignore no longer applies), as in ruff.
-    assert enabled(from_file.with_overrides(select=["KL007"])) == ["KL000", "KL007"]
+    assert enabled(from_file.with_overrides(select=["KL007"])) == ["KL000", "KL007", "KL099"]
     # --ignore and --extend-select edit what the file enabled.
     edited = from_file.with_overrides(ignore=["KL002"], extend_select=["KL010"])
     assert "KL002" not in edited.enabled_codes and "KL010" in edited.enabled_codes
@@ -105,6 +105,32 @@ def test_kl000_survives_a_narrow_select_but_not_an_explicit_ignore():
     assert "KL000" in Settings().with_overrides(select=["KL002"]).enabled_codes
     assert "KL000" not in Settings().with_overrides(ignore=["KL000"]).enabled_codes
     assert "KL000" not in Settings().with_overrides(ignore=["ALL"]).enabled_codes
+    # KL099 (part of a file not analysed) is about the file too: shown unless ignored by name
+    assert "KL099" in Settings().with_overrides(select=["KL002"]).enabled_codes
+    assert "KL099" not in Settings().with_overrides(ignore=["KL099"]).enabled_codes
+
+
+@pytest.mark.parametrize("text, budget, timeout", [
+    ("", 50_000_000, 60.0),
+    ("analysis-budget = 5000\nanalysis-timeout = 2.5\n", 5000, 2.5),
+    ("analysis-budget = 0\nanalysis-timeout = 0\n", None, None),
+])
+def test_analysis_limits_from_the_file(tmp_path, text, budget, timeout):
+    path = tmp_path / "pyproject.toml"
+    path.write_text("[tool.klaudit]\n" + text)
+    settings = load_settings(["."], str(path))
+    assert (settings.analysis_budget, settings.analysis_timeout) == (budget, timeout)
+    assert settings.with_overrides(analysis_budget=7).analysis_budget == 7
+    assert settings.with_overrides(analysis_timeout=0).analysis_timeout is None
+
+
+@pytest.mark.parametrize("text", ["analysis-budget = -1", "analysis-budget = 1.5", "analysis-timeout = true",
+                                  'analysis-timeout = "10"'])
+def test_bad_analysis_limits_are_config_errors(tmp_path, text):
+    path = tmp_path / "pyproject.toml"
+    path.write_text("[tool.klaudit]\n" + text + "\n")
+    with pytest.raises(ConfigError, match="must be a non-negative"):
+        load_settings(["."], str(path))
 
 
 def test_per_file_ignores_match_relative_globs_and_names(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 import fake_analysis
 from klaudit.config import RuleSelection, Settings
-from klaudit.lint import engine
+from klaudit.lint import engine, parsing
 from klaudit.lint.engine import LintError, discover_files, lint_paths
 
 
@@ -116,20 +116,20 @@ def test_binary_non_utf8_empty_and_declared_encodings(tmp_path):
     assert result.files_checked == 5 and result.errors == []
 
 
-def test_a_huge_file_is_skipped_with_a_warning(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine, "MAX_FILE_BYTES", 100)
-    write(tmp_path / "huge.py", "BAD_KL002(kl)\n" * 20)
+def test_a_file_over_a_mebibyte_is_analysed(tmp_path):
+    write(tmp_path / "huge.py", "kl = 1\n" + "x = 1\n" * 200_000 + "BAD_KL002(kl)\n")
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
-    assert result.findings == [] and result.files_checked == 0
-    assert len(result.warnings) == 1 and "huge.py: skipped" in result.warnings[0]
+    assert located(result) == [("huge.py", 200_002, 1, "KL002")] and result.warnings == []
 
 
-def test_files_the_prefilter_rules_out_are_not_parsed(tmp_path):
-    write(tmp_path / "no_vocabulary.py", "def f(:\n")  # broken, but cannot hold a KL finding
+def test_files_the_prefilter_rules_out_are_not_analysed_but_syntax_checked(tmp_path):
+    write(tmp_path / "no_vocabulary.py", "def f(:\n")  # cannot hold a KL finding, but is broken
+    write(tmp_path / "fine.py", "def f(x):\n    return x\n")
     write(tmp_path / "with_vocabulary.py", "kl = 0\n")
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
-    assert result.findings == []
-    assert (result.files_checked, result.files_analysed) == (2, 1)
+    assert located(result) == [("no_vocabulary.py", 1, 7, "KL000")]
+    assert result.findings[0].message == "syntax error: invalid syntax"
+    assert (result.files_checked, result.files_analysed) == (3, 1)
 
 
 @pytest.mark.parametrize("comment, suppressed", [
@@ -191,15 +191,25 @@ def test_an_internal_error_in_one_file_keeps_the_other_findings(tmp_path):
     assert "a.py: internal error: RuntimeError: boom" in result.errors[0]
 
 
-def test_a_parser_crash_is_an_internal_error(tmp_path, monkeypatch):
+def test_a_parser_overflow_is_an_incomplete_analysis(tmp_path, monkeypatch):
     def overflow(source):
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(engine.libcst, "parse_module", overflow)
+    monkeypatch.setattr(parsing.libcst, "parse_module", overflow)
+    path = write(tmp_path / "a.py", "kl = 1\n")
+    result = lint_paths([path], settings=Settings(root=tmp_path), jobs=1)
+    assert located(result) == [("a.py", 1, 1, "KL099")] and result.errors == []
+
+
+def test_a_parser_crash_is_an_internal_error(tmp_path, monkeypatch):
+    def crash(source):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(parsing.libcst, "parse_module", crash)
     path = write(tmp_path / "a.py", "kl = 1\n")
     result = lint_paths([path], settings=Settings(root=tmp_path), jobs=1)
     assert result.findings == [] and len(result.errors) == 1
-    assert "a.py: internal error: RecursionError: maximum recursion depth exceeded" in result.errors[0]
+    assert "a.py: internal error: RuntimeError: boom" in result.errors[0]
 
 
 def _many_files(tmp_path, count):

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from klaudit.catalog import RULES
 from klaudit.cli import main
+from klaudit.config import FILE_CODES, INCOMPLETE_CODE
 from klaudit.lint.engine import lint_paths
 
 SECTIONS = ("What it flags", "Why", "Bad", "Good", "Fix", "Fix safety", "When this is fine")
@@ -78,7 +79,7 @@ def test_page_has_the_sections_in_order(code):
     assert tuple(sections(page_text(code))) == SECTIONS
 
 
-@pytest.mark.parametrize("code", [code for code in CODES if code != "KL000"])
+@pytest.mark.parametrize("code", [code for code in CODES if code not in FILE_CODES])
 def test_page_points_at_the_catalog_and_the_estimators(code):
     parts = sections(page_text(code))
     row_pointer = re.search(r"kl-math\.md .*?§8,?\s+rows?\s+\d", parts["Why"], flags=re.DOTALL)
@@ -88,7 +89,8 @@ def test_page_points_at_the_catalog_and_the_estimators(code):
     assert f"# noqa: {code}" in parts["When this is fine"]
 
 
-@pytest.mark.parametrize("code", CODES)
+# KL099's cause (a spent budget, a 400-level chain) does not fit in a page's example: tests/lint/test_limits.py
+@pytest.mark.parametrize("code", [code for code in CODES if code != INCOMPLETE_CODE])
 def test_bad_example_gives_exactly_its_marked_findings(code, tmp_path):
     source = example(code, "Bad")
     expected = markers(source)

@@ -1,0 +1,97 @@
+"""Source text -> a LibCST module, or the one finding that says why the file cannot be (fully) read.
+
+Python's own parser is the judge of syntax: a file it rejects is KL000 at the place it names, unless
+LibCST reads it (syntax of a newer Python than the one running klaudit: `type X = int` under 3.11).
+A file Python accepts but LibCST cannot read, or whose expressions nest deeper than `MAX_NESTING`
+(LibCST's parser costs grow faster than linearly in the depth of a chain: a 2,000-call method chain
+takes it about a minute), is not analysed and gets one informational KL099 instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from typing import Optional, Union
+
+import libcst
+
+from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE
+from klaudit.lint.findings import Finding
+
+# Nesting of the syntax tree (statements, expressions, operands) beyond which a file is not parsed with
+# LibCST. Real code stays far below it (the deepest file of verl nests 19 levels); a chain of 200
+# operators or 100 method calls passes; LibCST reads this depth in well under a second.
+MAX_NESTING = 400
+
+
+def file_finding(path: str, code: str, message: str, line: int = 1, column: int = 1) -> Finding:
+    return Finding(path, line, column, code, message, line, column)
+
+
+def incomplete(path: str, why: str, line: int = 1) -> Finding:
+    """The KL099 note: the file, or part of it, was not analysed."""
+    return file_finding(path, INCOMPLETE_CODE, f"{why}; findings in this file may be incomplete", line)
+
+
+def python_tree(path: str, source: str) -> Union[ast.Module, Finding, None]:
+    """Python's syntax tree of `source`; a KL000 or KL099 finding when Python cannot build one; None
+    when Python rejects it but LibCST reads it (newer syntax): the caller parses it with LibCST."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
+            return ast.parse(source, path)
+    except SyntaxError as error:
+        if _libcst_reads(source):
+            return None
+        return file_finding(path, SYNTAX_ERROR_CODE, f"syntax error: {error.msg}", error.lineno or 1,
+                            max(error.offset or 1, 1))
+    except (RecursionError, MemoryError):
+        return incomplete(path, "not analysed: the code nests too deeply for Python's own parser")
+    except ValueError as error:  # e.g. "source code string cannot contain null bytes"
+        return file_finding(path, SYNTAX_ERROR_CODE, f"syntax error: {error}")
+
+
+def _libcst_reads(source: str) -> bool:
+    try:
+        libcst.parse_module(source)
+    except Exception:  # noqa: BLE001 - any failure means LibCST does not read it either
+        return False
+    return True
+
+
+def nesting(tree: ast.AST) -> tuple[int, int]:
+    """(depth, line) of the most deeply nested node of a syntax tree, found without recursion."""
+    deepest, line = 0, 1
+    stack = [(tree, 1, 1)]
+    while stack:
+        node, depth, where = stack.pop()
+        where = getattr(node, "lineno", where)
+        if depth > deepest:
+            deepest, line = depth, where
+        stack.extend((child, depth + 1, where) for child in ast.iter_child_nodes(node))
+    return deepest, line
+
+
+def parse(path: str, source: str) -> Union[libcst.Module, Finding]:
+    """The LibCST module of a file to analyse, or the finding that replaces its analysis."""
+    tree = python_tree(path, source)
+    if isinstance(tree, Finding):
+        return tree
+    if tree is not None:
+        depth, line = nesting(tree)
+        if depth > MAX_NESTING:
+            return incomplete(path, f"not analysed: the code at line {line} nests {depth} levels deep "
+                                    f"(the limit is {MAX_NESTING})", line)
+    try:
+        return libcst.parse_module(source)
+    except libcst.ParserSyntaxError as error:
+        return incomplete(path, f"not analysed: Python reads this file but LibCST does not ({error.message})",
+                          error.raw_line)
+    except RecursionError:
+        return incomplete(path, "not analysed: the code nests too deeply for LibCST")
+
+
+def syntax_finding(path: str, source: str) -> Optional[Finding]:
+    """KL000 for a file that is not analysed (no KL vocabulary) when Python's parser rejects it."""
+    tree = python_tree(path, source)
+    return tree if isinstance(tree, Finding) and tree.code == SYNTAX_ERROR_CODE else None

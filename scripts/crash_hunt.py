@@ -1,0 +1,174 @@
+"""Lint a tree file by file and report what a linter must never do: crash, hang, call valid code broken.
+
+Each file is linted on its own (read, pre-filter, Python's syntax check, LibCST parse, analysis, as
+`klaudit lint` does) in a pool of worker processes, under a watchdog of --hang seconds. Reported:
+- crashes: internal errors of the analysis, and files the watchdog stopped (hangs);
+- wrong KL000: a syntax error for a file Python's own parser compiles;
+- KL099 notes (parts not analysed) and their reasons;
+- time outliers: files whose cost per line is over 10x the median of the analysed files (and > 0.5 s),
+  with a bare LibCST parse of the same file for comparison;
+- the slowest file, the most work units spent, and the peak memory (max RSS) of the workers.
+
+    nice python scripts/crash_hunt.py /root/.pyenv/versions/3.11.7/lib/python3.11 --jobs 1
+    nice python scripts/crash_hunt.py /work/corpus --json /tmp/hunt.json
+
+For a long fuzz run of the analysis on generated trainer code (the short one runs in the test suite):
+
+    KLAUDIT_FUZZ_EXAMPLES=20000 python -m pytest tests/fuzz -q -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, Settings  # noqa: E402
+from klaudit.lint import engine  # noqa: E402
+from klaudit.lint.findings import Finding  # noqa: E402
+from klaudit.lint.roles import might_contain_kl  # noqa: E402
+
+OUTLIER_FACTOR = 10.0
+OUTLIER_MIN_SECONDS = 0.5
+
+
+class _Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Hang
+
+
+def _start(roots: list) -> None:
+    signal.signal(signal.SIGALRM, _alarm)
+    engine._start_worker([Path(r) for r in roots])
+
+
+def lint_one(job: tuple) -> dict:
+    """Lint one file within `hang` seconds; a record of what happened."""
+    path, hang, limits = job
+    record = {"path": path, "lines": 0, "seconds": 0.0, "status": "ok", "codes": [], "units": 0, "note": ""}
+    start = time.perf_counter()
+    signal.alarm(hang)
+    try:
+        source = engine.read_source(path)
+        if isinstance(source, Finding):
+            record["codes"] = [source.code]
+            return record
+        record["lines"] = source.count("\n") + 1
+        if might_contain_kl(source):
+            analysis = engine._analyse(path, source, limits)
+            record["status"] = "analysed"
+            record["units"] = analysis.spent
+            if analysis.error:
+                record["status"], record["note"] = "crash", analysis.error
+        else:
+            broken = engine.syntax_finding(path, source)
+            analysis = engine._Analysis(path, (broken,) if broken else ())
+        record["codes"] = [f.code for f in analysis.findings]
+        notes = [f.message for f in analysis.findings if f.code in (SYNTAX_ERROR_CODE, INCOMPLETE_CODE)]
+        if notes:
+            record["note"] = notes[0]
+        if SYNTAX_ERROR_CODE in record["codes"] and _python_compiles(source, path):
+            record["status"] = "wrong-KL000"
+    except _Hang:
+        record["status"] = "hang"
+    except Exception as error:  # noqa: BLE001 - the harness reports what the engine let through
+        record["status"], record["note"] = "crash", f"{type(error).__name__}: {error}"
+    finally:
+        signal.alarm(0)
+        record["seconds"] = time.perf_counter() - start
+        record["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return record
+
+
+def _python_compiles(source: str, path: str) -> bool:
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def bare_parse_seconds(path: str) -> float:
+    import libcst
+
+    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    start = time.perf_counter()
+    try:
+        libcst.parse_module(source)
+    except Exception:  # noqa: BLE001
+        pass
+    return time.perf_counter() - start
+
+
+def hunt(paths: list, jobs: int, hang: int, limits: engine.Limits) -> list:
+    settings = Settings(exclude=(), root=Path("/"))
+    files = engine.discover_files(paths, settings)
+    roots = [str(Path(p) if os.path.isdir(p) else Path(p).parent) for p in paths]
+    work = [(path, hang, limits) for path in files]
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_start, initargs=(roots,),
+                                                  maxtasksperchild=500) as pool:
+        return list(pool.imap_unordered(lint_one, work, chunksize=4))
+
+
+def summary(records: list, compare: int = 3) -> str:
+    out = [f"files: {len(records)}  lines: {sum(r['lines'] for r in records)}  "
+           f"analysed (KL vocabulary): {sum(r['status'] != 'ok' for r in records)}"]
+    for status in ("crash", "hang", "wrong-KL000"):
+        bad = [r for r in records if r["status"] == status]
+        out.append(f"{status}: {len(bad)}")
+        out.extend(f"  {r['path']}: {r['note']}" for r in bad[:20])
+    notes = [r for r in records if INCOMPLETE_CODE in r["codes"]]
+    out.append(f"KL099 notes: {len(notes)}")
+    out.extend(f"  {r['path']}: {r['note']}" for r in notes[:20])
+    out.append(f"KL000 (Python's parser rejects the file): {sum(SYNTAX_ERROR_CODE in r['codes'] for r in records)}")
+    analysed = [r for r in records if r["status"] != "ok" and r["lines"]]
+    if analysed:
+        median = statistics.median(r["seconds"] / r["lines"] for r in analysed)
+        outliers = sorted((r for r in analysed if r["seconds"] > OUTLIER_MIN_SECONDS
+                           and r["seconds"] / r["lines"] > OUTLIER_FACTOR * median),
+                          key=lambda r: -r["seconds"])
+        out.append(f"median cost per line (analysed files): {median * 1e6:.1f} us; outliers (> {OUTLIER_FACTOR:g}x, "
+                   f"> {OUTLIER_MIN_SECONDS} s): {len(outliers)}")
+        for r in sorted(analysed, key=lambda r: -r["seconds"])[:compare]:
+            bare = bare_parse_seconds(r["path"])
+            out.append(f"  {r['path']}: {r['lines']} lines, {r['seconds']:.2f} s "
+                       f"({r['seconds'] / r['lines'] * 1e6:.0f} us/line, {r['seconds'] / max(bare, 1e-6):.1f}x a bare "
+                       f"LibCST parse of {bare:.2f} s), {r['units']} units"
+                       + ("  OUTLIER" if r in outliers else ""))
+        out.append(f"most work units: {max(r['units'] for r in analysed)}")
+    out.append(f"peak worker memory (max RSS): {max((r['maxrss_mib'] for r in records), default=0):.0f} MiB")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--hang", type=int, default=120, help="seconds after which a file counts as a hang")
+    parser.add_argument("--budget", type=int, default=engine.Limits().units, help="work units per file (0: none)")
+    parser.add_argument("--timeout", type=float, default=engine.Limits().seconds, help="seconds per file (0: none)")
+    parser.add_argument("--json", help="write every file's record here")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    records = hunt(args.paths, args.jobs, args.hang, engine.Limits(args.budget or None, args.timeout or None))
+    print(summary(records))
+    print(f"wall time: {time.perf_counter() - start:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(sorted(records, key=lambda r: r["path"]), indent=1))
+    return 1 if any(r["status"] in ("crash", "hang", "wrong-KL000") for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
