@@ -144,9 +144,25 @@ def describe(config: Config) -> str:
 
 
 def _switch(labels: tuple) -> str:
-    return ", ".join(
-        f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in values) for name, values in labels
-    )
+    """The switch values of a finding: `name="a"|"b"`, one entry per switch. A pattern from an
+    endswith/startswith test ("*+") narrows the literal values of the same switch to those it
+    matches, so the message shows which values the code's own branches take down this path."""
+    chosen: dict = {}
+    for name, values in labels:
+        chosen.setdefault(name, []).append(values)
+    parts = []
+    for name, sets in chosen.items():
+        patterns = [v[1:] for values in sets for v in values if _is_pattern(v)]
+        literal = [v for values in sets for v in values if not _is_pattern(v)]
+        if patterns and literal:
+            literal = [v for v in literal if any(v.endswith(p) or v.startswith(p) for p in patterns)]
+        shown = literal or [v for values in sets for v in values]
+        parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
+    return ", ".join(parts)
+
+
+def _is_pattern(value) -> bool:
+    return isinstance(value, str) and value.startswith("*")
 
 
 class _Positions:
