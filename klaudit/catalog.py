@@ -510,21 +510,19 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
 
 
 def _listed(config: Config, generic: Optional[Row]) -> Optional[Row]:
-    """The table's row for `config`, else the generic row of the aspect that differs."""
-    return _BY_CONFIG.get(config, generic)
-
-
-def _placement(config: Config) -> Row:
-    """The verdict on the estimator and its placement alone (on-policy, token-sum, right sign).
+    """The table's row for `config`, else the generic row of the aspect that differs.
 
     A detached reward's whole-sequence return and its reward-to-go have the same expectation (the
-    earlier tokens' terms multiply a zero-mean score), so an unlisted whole-sequence form is
-    judged as its reward-to-go twin.
+    earlier tokens' terms multiply a zero-mean score), so an unlisted whole-sequence form takes the
+    row of its reward-to-go twin.
     """
     if config in _BY_CONFIG:
         return _BY_CONFIG[config]
     if config.returns is Returns.SEQUENCE and config.reward is not None:
-        twin = _with(config, returns=Returns.TO_GO)
-        if twin in _BY_CONFIG:
-            return _BY_CONFIG[twin]
-    return _placement_fallback(config)
+        return _BY_CONFIG.get(_with(config, returns=Returns.TO_GO), generic)
+    return generic
+
+
+def _placement(config: Config) -> Row:
+    """The verdict on the estimator and its placement alone (on-policy, token-sum, right sign)."""
+    return _listed(config, None) or _placement_fallback(config)
