@@ -282,19 +282,22 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         _, config, row, origin = variants[0]
         message = _message(config, row, tuple(sorted(shared, key=repr)), origin, entry[0])
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
-        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], row.fix, origin_line))
+        related = () if origin is None or origin_line is None and origin[0] is None else (
+            (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
+        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], row.fix, origin_line,
+                                related))
     return sorted(findings)
 
 
 def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: "_Positions"):
-    """(path or None for this module, line) where the fact's estimator is computed, if known."""
+    """(path or None for this module, line, column) where the fact's estimator is computed, if known."""
     if fact.origin is None:
         return None
     origin_module = _tree_of(analyzer, fact.origin_path, module, path)
     where = positions.of(origin_module, fact.origin) if origin_module is not None else None
     if where is None:
         return None
-    return (None if origin_module is module else fact.origin_path), where[0]
+    return (None if origin_module is module else fact.origin_path), where[0], where[1]
 
 
 def _message(config: Config, row, labels: tuple, origin, line: int) -> str:
@@ -303,7 +306,7 @@ def _message(config: Config, row, labels: tuple, origin, line: int) -> str:
     if labels:
         message += f" [{_switch(labels)}]"
     if origin is not None:
-        origin_path, origin_line = origin
+        origin_path, origin_line, _ = origin
         if origin_path is None:
             if origin_line != line:
                 message += f" (estimator computed at line {origin_line})"

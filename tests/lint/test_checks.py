@@ -415,3 +415,15 @@ def compute_loss(logp, ref_logp, mask, pg_loss, beta):
     return pg_loss - beta * per_seq.mean()
 '''
     assert codes(source, tmp_path) == [(9, "KL002"), (9, "KL007"), (9, "KL011")]
+
+
+def test_the_estimator_s_place_is_a_related_location(tmp_path):
+    source = HEADER + '''
+def compute_loss(logp, ref_logp, mask, pg_loss, beta):
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    kl_loss = (kl * mask).sum()
+    return pg_loss + beta * kl_loss
+'''
+    [found] = lint(source, tmp_path)
+    assert (found.line, found.code) == (8, "KL002")
+    assert found.related == ((str(tmp_path / "snippet.py"), 7, 5, "estimator computed here"),)
