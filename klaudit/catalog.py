@@ -475,3 +475,56 @@ def _placement_fallback(config: Config) -> Row:
 def rule_rows(code: str) -> tuple[Row, ...]:
     """The catalog rows a lint rule stands for (used by the rule pages and the tests)."""
     return tuple(row for row in CATALOG if row.rule == code)
+
+
+def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
+    """Every independent defect of `config`, one row per aspect, in order of severity; () when correct.
+
+    The aspects are judged apart: the sign (a bonus is wrong whatever the estimator), the
+    position (the last-token rows judge the estimator there too), the estimator and its placement
+    (on-policy, token-sum), the sampling and the aggregation. For each aspect the row of the
+    configuration that differs from a correct one only in that aspect decides, the listed one when
+    the table has it. A clamp on an otherwise correct placement is KL010. Rows are distinct by rule.
+    """
+    config = _normalized(config)
+    if config.loss is None and config.reward is None:
+        raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
+    found: list[Row] = []
+    if config.sign < 0:
+        found.append(_listed(config, _GENERIC_SIGN))
+        config = _with(config, sign=1)
+    if config.position is Position.LAST:
+        found.append(_listed(_with(config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY), _GENERIC_LAST))
+    else:
+        placement = _placement(_with(config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY))
+        if placement.rule is not None:
+            found.append(placement)
+        elif clamped:
+            found.append(CLAMPED)
+    if config.sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS):
+        found.append(_listed(_with(config, aggregation=Aggregation.SUM), _GENERIC_OFF_POLICY))
+    if config.aggregation is not Aggregation.SUM:
+        found.append(_listed(_with(config, sampling=Sampling.ON_POLICY),
+                             _GENERIC_LENGTH if config.aggregation is Aggregation.SEQ_MEAN else None))
+    rules: set = set()
+    return tuple(row for row in found
+                 if row is not None and row.rule is not None and not (row.rule in rules or rules.add(row.rule)))
+
+
+def _listed(config: Config, generic: Optional[Row]) -> Optional[Row]:
+    """The table's row for `config`, else the generic row of the aspect that differs.
+
+    A detached reward's whole-sequence return and its reward-to-go have the same expectation (the
+    earlier tokens' terms multiply a zero-mean score), so an unlisted whole-sequence form takes the
+    row of its reward-to-go twin.
+    """
+    if config in _BY_CONFIG:
+        return _BY_CONFIG[config]
+    if config.returns is Returns.SEQUENCE and config.reward is not None:
+        return _BY_CONFIG.get(_with(config, returns=Returns.TO_GO), generic)
+    return generic
+
+
+def _placement(config: Config) -> Row:
+    """The verdict on the estimator and its placement alone (on-policy, token-sum, right sign)."""
+    return _listed(config, None) or _placement_fallback(config)

@@ -209,3 +209,47 @@ def test_catalog_is_plain_python():
 
     code = "import sys, klaudit.catalog; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("row", catalog.CATALOG, ids=lambda r: f"{r.number}:{r.label}")
+def test_defects_of_a_row_include_its_own_rule(row):
+    codes = [r.rule for r in catalog.defects(row.config)]
+    assert len(codes) == len(set(codes))
+    assert (row.rule in codes) if row.rule is not None else codes == []
+
+
+# (configuration, clamped, every defect in order, its aspects fixed one at a time)
+INDEPENDENT = [
+    (C(loss=E.K3, aggregation=Aggregation.SEQ_MEAN), False, ("KL002", "KL007"),
+     [C(loss=E.K3), C(reward=E.K1, aggregation=Aggregation.SEQ_MEAN)]),
+    (C(loss=E.K3, sign=-1), False, ("KL011", "KL002"), [C(loss=E.K3), C(reward=E.K1, sign=-1)]),
+    (C(reward=E.K1, aggregation=Aggregation.SEQ_MEAN, sampling=Sampling.OFF_POLICY), False, ("KL008", "KL007"),
+     [C(reward=E.K1, sampling=Sampling.OFF_POLICY), C(reward=E.K1, aggregation=Aggregation.SEQ_MEAN)]),
+    (C(loss=E.K2, sampling=Sampling.OFF_POLICY), False, ("KL003", "KL008"),
+     [C(loss=E.K2), C(reward=E.K1, sampling=Sampling.OFF_POLICY)]),
+]
+
+
+@pytest.mark.parametrize("config, clamped, codes, one_fixed", INDEPENDENT)
+def test_defects_reports_every_independent_defect(config, clamped, codes, one_fixed):
+    """Each defect is independent: fixing any one aspect leaves a biased gradient (by enumeration)."""
+    assert tuple(r.rule for r in catalog.defects(config, clamped)) == codes
+    problem = _problem(0, True, 1.0)
+    rev = problem.targets()[Target.REV]
+    for partly in one_fixed:
+        assert positive_multiple(_expected_gradient(problem, partly), rev) is None
+        assert catalog.defects(partly)
+
+
+@pytest.mark.parametrize(
+    "config, clamped, codes",
+    [
+        (C(reward=E.K1), False, ()),
+        (C(reward=E.K1), True, ("KL010",)),  # the clamp is the only defect: it is the one reported
+        (C(loss=E.LOW_VAR_KL), True, ("KL002",)),  # the placement row already names the clamps
+        (C(loss=E.K2, reward=E.K1, returns=catalog.Returns.FUTURE, aggregation=Aggregation.CONSTANT), False, ()),
+        (C(reward=E.K2, returns=catalog.Returns.SEQUENCE), False, ("KL004",)),
+    ],
+)
+def test_defects_of_single_aspects(config, clamped, codes):
+    assert tuple(r.rule for r in catalog.defects(config, clamped)) == codes

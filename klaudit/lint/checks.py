@@ -2,9 +2,9 @@
 
 The flow analysis (klaudit.lint.flow) says which symbolic terms reach which sink; this module
 reads the configuration off each term (estimator and placement from klaudit.lint.algebra,
-aggregation, position, sampling, sign), asks `catalog.classify` for the verdict, and reports the
-rule with the catalog's explanation and fix. One finding per KL term and switch branch, at the
-first statement that stores the term into a loss or reward.
+aggregation, position, sampling, sign), asks `catalog.defects` for every independent defect, and
+reports each rule with the catalog's explanation and fix: one finding per defect of a KL term and
+switch branch, at the first statement that stores the term into a loss or reward.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Optional
 
 import libcst as cst
 
-from klaudit.catalog import CLAMPED, Aggregation, Config, Estimator, Position, Returns, Sampling, classify
+from klaudit.catalog import Aggregation, Config, Estimator, Position, Returns, Sampling, defects
 from klaudit.lint import algebra as alg
 from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.findings import Finding
@@ -43,20 +43,8 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):
-            candidates.append(_Candidate(config, verdict(config, fact.clamped), fact, sink, index))
+            candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
     return _report(path, module, analyzer, candidates)
-
-
-def verdict(config: Config, clamped: bool):
-    """The catalog row for `config`; a clamped estimate in an otherwise correct configuration is KL010."""
-    row = classify(config)
-    if row.config is None and config.returns is Returns.SEQUENCE:
-        # For a detached reward, the whole-sequence return and the reward-to-go have the same
-        # expectation (the earlier tokens' terms multiply a zero-mean score).
-        row = classify(replace(config, returns=Returns.TO_GO))
-    if row.rule is None and clamped:
-        return CLAMPED
-    return row
 
 
 def _paired(found: list) -> list:
@@ -85,7 +73,7 @@ def _compatible_labels(a: tuple, b: tuple) -> bool:
 @dataclass
 class _Candidate:
     config: Config
-    row: object
+    rows: tuple  # the catalog rows of every defect, () when the configuration is correct
     fact: Fact
     sink: Sink
     function: int
@@ -157,9 +145,25 @@ def describe(config: Config) -> str:
 
 
 def _switch(labels: tuple) -> str:
-    return ", ".join(
-        f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in values) for name, values in labels
-    )
+    """The switch values of a finding: `name="a"|"b"`, one entry per switch. A pattern from an
+    endswith/startswith test ("*+") narrows the literal values of the same switch to those it
+    matches, so the message shows which values the code's own branches take down this path."""
+    chosen: dict = {}
+    for name, values in labels:
+        chosen.setdefault(name, []).append(values)
+    parts = []
+    for name, sets in chosen.items():
+        patterns = [v[1:] for values in sets for v in values if _is_pattern(v)]
+        literal = [v for values in sets for v in values if not _is_pattern(v)]
+        if patterns and literal:
+            literal = [v for v in literal if any(v.endswith(p) or v.startswith(p) for p in patterns)]
+        shown = literal or [v for values in sets for v in values]
+        parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
+    return ", ".join(parts)
+
+
+def _is_pattern(value) -> bool:
+    return isinstance(value, str) and value.startswith("*")
 
 
 class _Positions:
@@ -253,52 +257,63 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
         same_function = [c for c in group if c.function == best.function]
         final = max(same_function, key=lambda c: c.sink.order)
-        config, row = best.config, best.row
-        flagged = [c for c in group if c.row.rule is not None]
-        if row.rule is None and flagged:
+        config, rows = best.config, best.rows
+        flagged = [c for c in group if c.rows]
+        if not rows and flagged:
             # a later use shows more (importance ratios, stale samples): its verdict counts
             downstream = max(flagged, key=lambda c: (c.fact.calls, c.function, c.sink.order))
-            config, row = downstream.config, downstream.row
+            config, rows = downstream.config, downstream.rows
         if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
             # how the per-token term is aggregated shows only where the loss is reduced
             config = replace(config, aggregation=final.config.aggregation)
-            row = verdict(config, best.fact.clamped)
+            rows = defects(config, best.fact.clamped)
         if best.fact.entry is not None:
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:
             entry = positions.of(module, best.sink.node)
         if entry is None:
             continue
-        if row.rule is None:
-            continue
-        message = f"{describe(config)}: {row.explanation}"
-        switch = _switch(best.fact.labels)
-        if switch:
-            message += f" [{switch}]"
-        origin_line = None
-        origin = best.fact.origin
-        if origin is not None:
-            origin_module = _tree_of(analyzer, best.fact.origin_path, module, path)
-            where = positions.of(origin_module, origin) if origin_module is not None else None
-            if where is not None:
-                if origin_module is module:
-                    if where[0] != entry[0]:
-                        origin_line = where[0]
-                        message += f" (estimator computed at line {where[0]})"
-                else:
-                    message += f" (estimator computed at {_shown(best.fact.origin_path)}:{where[0]})"
-        merged.setdefault((entry, row.rule, row.label), []).append(
-            (best.fact.labels, message, row.fix, origin_line))
+        origin = _origin(analyzer, best.fact, module, path, positions)
+        for row in rows:
+            merged.setdefault((entry, row.rule, row.label), []).append((best.fact.labels, config, row, origin))
     for (entry, code, _), variants in merged.items():
         # the same verdict at the same place under several switch settings: one finding, naming
         # only the switch values that all of them share (the others do not change the verdict)
         shared = set(variants[0][0]).intersection(*(set(labels) for labels, *_ in variants[1:]))
-        labels, message, fix, origin_line = variants[0]
-        if set(labels) != shared:
-            message = message.replace(f" [{_switch(labels)}]", f" [{_switch(tuple(sorted(shared, key=repr)))}]"
-                                      if shared else "")
-        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line))
+        _, config, row, origin = variants[0]
+        message = _message(config, row, tuple(sorted(shared, key=repr)), origin, entry[0])
+        origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
+        related = () if origin is None or origin_line is None and origin[0] is None else (
+            (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
+        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], row.fix, origin_line,
+                                related))
     return sorted(findings)
+
+
+def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: "_Positions"):
+    """(path or None for this module, line, column) where the fact's estimator is computed, if known."""
+    if fact.origin is None:
+        return None
+    origin_module = _tree_of(analyzer, fact.origin_path, module, path)
+    where = positions.of(origin_module, fact.origin) if origin_module is not None else None
+    if where is None:
+        return None
+    return (None if origin_module is module else fact.origin_path), where[0], where[1]
+
+
+def _message(config: Config, row, labels: tuple, origin, line: int) -> str:
+    """The finding's text: the configuration, the catalog's explanation, the switch values, the estimator's place."""
+    message = f"{describe(config)}: {row.explanation}"
+    if labels:
+        message += f" [{_switch(labels)}]"
+    if origin is not None:
+        origin_path, origin_line, _ = origin
+        if origin_path is None:
+            if origin_line != line:
+                message += f" (estimator computed at line {origin_line})"
+        else:
+            message += f" (estimator computed at {_shown(origin_path)}:{origin_line})"
+    return message
 
 
 def _shown(path: str) -> str:

@@ -68,7 +68,19 @@ def operands(value: tuple) -> tuple:
 def compatible(a: tuple, b: tuple) -> bool:
     """Two label sets can hold at once unless they pick different values of the same switch."""
     picked = dict(a)
-    return all(name not in picked or picked[name] == values for name, values in b)
+    return all(name not in picked or _overlap(picked[name], values) for name, values in b)
+
+def _overlap(x: tuple, y: tuple) -> bool:
+    """Whether two value sets of one switch can hold at once; "*s" (an endswith/startswith test)
+    holds for the literal values that end or start with s, so `kl.endswith("+")` excludes "kl"."""
+    if x == y:
+        return True
+    for patterns, values in ((x, y), (y, x)):
+        suffixes = [p[1:] for p in patterns if isinstance(p, str) and p.startswith("*")]
+        if suffixes and len(suffixes) == len(patterns):
+            literal = [v for v in values if isinstance(v, str) and not v.startswith("*")]
+            return not literal or any(v.endswith(s) or v.startswith(s) for v in literal for s in suffixes)
+    return False
 
 def merge_labels(a: tuple, b: tuple) -> tuple:
     return tuple(sorted(set(a) | set(b), key=repr))

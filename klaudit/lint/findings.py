@@ -13,7 +13,8 @@ class Finding:
     `line`/`column` point where the KL estimate enters the loss or reward; `end_line` and
     `end_column` close that expression. `origin_line` names the line where the estimator is
     computed when that is elsewhere (None otherwise). `fix` is the replacement the catalog
-    recommends, written as a call of `klaudit.estimators`.
+    recommends, written as a call of `klaudit.estimators`. `related` lists the other places of the
+    finding as (path, line, column, what), e.g. where the estimator is computed.
     """
 
     path: str
@@ -25,3 +26,4 @@ class Finding:
     end_column: int
     fix: str = ""
     origin_line: Optional[int] = None
+    related: tuple = ()

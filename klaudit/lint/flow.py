@@ -137,6 +137,19 @@ class FunctionRun:
             self.block(stmt.orelse.body)
             self.labels = saved
         self.env = join_envs(after_body, self.env)
+        if stmt.orelse is None and _leaves(stmt.body):
+            # `if test: return`: the statements after it run only where the test is false
+            self.labels = merge_labels(self.labels, self.negation(stmt.test))
+
+    def negation(self, test: cst.BaseExpression) -> tuple:
+        """Switch values that hold where `test` is false, as far as they can be written as labels."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            label, decided = self.condition(test.expression)
+            return (label,) if label is not None and decided is None and all(
+                isinstance(v, str) and v.startswith("*") for v in label[1]) else ()
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            return self.negation(test.left) + self.negation(test.right)
+        return ()
 
     def match_statement(self, stmt: cst.Match) -> None:
         subject = self.expr(stmt.subject)
@@ -768,3 +781,11 @@ class FunctionRun:
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _leaves(body: cst.BaseSuite) -> bool:
+    """Whether a block always ends in `return` or `raise`."""
+    last = body.body[-1] if body.body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1] if last.body else None
+    return isinstance(last, (cst.Return, cst.Raise))

@@ -101,7 +101,8 @@ def summary(findings: Sequence[Finding]) -> str:
 
 
 def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
-    """A JSON array in the shape of `ruff check --output-format json` (fix is null for now)."""
+    """A JSON array in the shape of `ruff check --output-format json` (fix is null for now), plus
+    `related`: the finding's other places (file, line, column, what), e.g. the estimator's definition."""
     return json.dumps([
         {
             "cell": None,
@@ -113,6 +114,10 @@ def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
             "message": finding.message,
             "noqa_row": finding.line,
             "url": rule_url(finding.code),
+            "related": [
+                {"filename": os.path.abspath(where), "location": {"column": column, "row": line}, "what": what}
+                for where, line, column, what in finding.related
+            ],
         }
         for finding in findings
     ], indent=2)

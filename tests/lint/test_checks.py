@@ -364,3 +364,66 @@ def test_loop_variables_take_their_roles_from_their_names(tmp_path):
         return losses
     """)
     assert codes(source, tmp_path) == [(9, "KL001")]
+
+
+STRAIGHT_THROUGH = '''
+import torch
+
+
+def kl_penalty(logprob, ref_logprob, kl_penalty):
+    forward_score = kl_penalty_forward(logprob, ref_logprob, kl_penalty)
+    if not kl_penalty.endswith("+") or kl_penalty in ("mse", "k2"):
+        return forward_score
+    backward_score = 0.5 * (logprob - ref_logprob).square()
+    return backward_score - backward_score.detach() + forward_score.detach()
+
+
+def kl_penalty_forward(logprob, ref_logprob, kl_penalty):
+    if kl_penalty in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kl_penalty in ACCEPTED_K3:
+        kl = ref_logprob - logprob
+        return torch.exp(kl) - kl - 1
+    raise NotImplementedError
+
+
+def update(policy_loss, log_prob, ref_log_prob, config):
+    kld = kl_penalty(log_prob, ref_log_prob, kl_penalty=config.kl_loss_type)
+    kl_loss = kld.sum()
+    policy_loss = policy_loss + kl_loss * config.kl_loss_coef
+    return policy_loss
+'''
+
+
+@pytest.mark.parametrize("accepted, straight_through", [
+    ('("low_var_kl", "k3")', False),  # a "+" value raises: no straight-through estimator exists
+    ('("low_var_kl", "k3", "k3+")', True),  # this release takes "k3+" to k3's value with k2's gradient
+])
+def test_straight_through_is_read_from_the_code_s_own_branches(accepted, straight_through, tmp_path):
+    found = lint(STRAIGHT_THROUGH.replace("ACCEPTED_K3", accepted), tmp_path)
+    assert sorted(f.code for f in found) == ["KL001", "KL002"] + (["KL003"] if straight_through else [])
+    straight = [f.message for f in found if "+" in f.message.split()[0]]  # "kl" never ends with "+": no k1+
+    assert straight == ([m for m in straight if m.startswith("k3+") and '[kl_loss_type="k3+"]' in m]
+                        if straight_through else [])
+
+
+def test_every_independent_defect_of_one_term_is_reported(tmp_path):
+    source = HEADER + '''
+def compute_loss(logp, ref_logp, mask, pg_loss, beta):
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    per_seq = (kl * mask).sum(-1) / mask.sum(-1)
+    return pg_loss - beta * per_seq.mean()
+'''
+    assert codes(source, tmp_path) == [(9, "KL002"), (9, "KL007"), (9, "KL011")]
+
+
+def test_the_estimator_s_place_is_a_related_location(tmp_path):
+    source = HEADER + '''
+def compute_loss(logp, ref_logp, mask, pg_loss, beta):
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    kl_loss = (kl * mask).sum()
+    return pg_loss + beta * kl_loss
+'''
+    [found] = lint(source, tmp_path)
+    assert (found.line, found.code) == (8, "KL002")
+    assert found.related == ((str(tmp_path / "snippet.py"), 7, 5, "estimator computed here"),)

@@ -89,7 +89,8 @@ def test_summary_counts_errors_and_files():
 
 def test_json_has_ruffs_fields(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    found = Finding("pkg/a.py", 4, 13, "KL002", "msg", 4, 29, fix="f()", origin_line=3)
+    found = Finding("pkg/a.py", 4, 13, "KL002", "msg", 4, 29, fix="f()", origin_line=3,
+                    related=(("pkg/a.py", 3, 5, "estimator computed here"),))
     [entry] = json.loads(format_json([found], ReportOptions()))
     assert entry == {
         "cell": None,
@@ -101,6 +102,8 @@ def test_json_has_ruffs_fields(tmp_path, monkeypatch):
         "message": "msg",
         "noqa_row": 4,
         "url": "https://github.com/klaudit/klaudit/blob/main/klaudit/rules/KL002.md",
+        "related": [{"filename": str(tmp_path / "pkg" / "a.py"), "location": {"column": 5, "row": 3},
+                     "what": "estimator computed here"}],
     }
     assert json.loads(format_json([], ReportOptions())) == []
 
