@@ -38,6 +38,7 @@ class Fact:
     calls: int = 0  # function boundaries crossed
     scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
     passed: bool = False  # handed to the function being interpreted as an argument
+    pending: tuple = ()  # reward-named assignments this value passed, not yet known to reach a reward
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -102,6 +103,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False
         entry=None if formed else (a.entry or b.entry),
         calls=max(a.calls, b.calls),
         passed=a.passed or b.passed,
+        pending=tuple(dict.fromkeys(a.pending + b.pending)),
     )
 
 def as_rollout_data(value: tuple) -> tuple:

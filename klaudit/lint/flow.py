@@ -48,6 +48,9 @@ class FunctionRun:
         self.reverse_loop: set = set()
         self.returns: list = []
         self.sinks: list = []
+        self.waiting: dict = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
+        self.confirmed: set = set()
+        self.sink_count = 0  # sinks and reward candidates in execution order
         name = func.name.value
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
@@ -231,6 +234,8 @@ class FunctionRun:
             if self.loss_function:
                 marked = self.sink("loss", loss_part(value), small)
                 value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
+            else:
+                self.confirm(value)  # a reward returned by a function that is not a loss goes on to be used
             self.returns.extend(value)
 
     def loop_carried(self, small: cst.Assign) -> tuple:
@@ -268,8 +273,12 @@ class FunctionRun:
         if isinstance(target, cst.Name) and rhs is not None:
             value = rename_logprobs(value, name, is_data_read(rhs))
         kind = roles.sink_of_name(name) if name else None
-        if kind is not None and node is not None:
+        if kind == "reward" and node is not None:
+            value = self.reward_candidate(value, node)
+        elif kind is not None and node is not None:
             value = self.sink(kind, value, node)
+        if isinstance(target, (cst.Attribute, cst.Subscript)):
+            self.stored(target, value)
         if isinstance(target, cst.Name):
             self.env[name] = value
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
@@ -300,8 +309,58 @@ class FunctionRun:
         marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
-            self.sinks.append(Sink(kind, facts, node, len(self.sinks)))
+            self.sinks.append(Sink(kind, facts, node, self.next_order()))
+        self.confirm(value)
         return marked
+
+    # ---- rewards by use: a value named *_rewards is a reward only if it is used as one -----------
+
+    def reward_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
+        """A KL value stored under a reward name waits: it is a reward sink once it reaches a loss,
+        returns, advantages or code the analysis does not see; if it only feeds metrics or the
+        statistics a loss function returns (a DPO loss's `chosen_rewards`), it is not one."""
+        node = self.here(node)
+        if node in self.confirmed:
+            return self.sink("reward", value, node)
+        marked = tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,)) if f.is_kl() else f
+                       for f in value)
+        facts = tuple(f for f in marked if f.is_kl())
+        if facts and self.record:
+            earlier = self.waiting.get(node)
+            facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
+            self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order())
+        return marked
+
+    def confirm(self, value: tuple) -> None:
+        """The reward candidates `value` passed through are rewards after all: record their sinks."""
+        for f in value:
+            if f.role == "tuple":
+                for item in f.items:
+                    self.confirm(item)
+            elif f.role == "dict":
+                for _, item in f.items:
+                    self.confirm(item)
+            for node in f.pending:
+                waiting = self.waiting.pop(node, None)
+                if waiting is not None:
+                    self.confirmed.add(node)
+                    self.sinks.append(waiting)
+
+    def next_order(self) -> int:
+        self.sink_count += 1
+        return self.sink_count
+
+    def stored(self, target: cst.CSTNode, value: tuple) -> None:
+        """`data.batch["token_level_rewards"] = r`, `experience.rewards = r`: the value leaves the function,
+        to be used where the analysis cannot follow, unless the container only records metrics or is
+        a dict local to this function."""
+        holder = target.value
+        names = [last_name(n) for n in _chain(holder)]
+        if any(roles.is_metrics_name(n) for n in names if n):
+            return
+        if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
+            return
+        self.confirm(value)
 
     # ---- expressions -------------------------------------------------------------------
 
@@ -530,6 +589,9 @@ class FunctionRun:
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
+        if roles.is_return_computation(name):
+            for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
+                self.confirm(self.expr(arg.value))
         return self.library_call(name, node)
 
     def worth_following(self, node: cst.Call) -> bool:
@@ -767,3 +829,13 @@ class FunctionRun:
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _chain(node: cst.CSTNode) -> list:
+    """The parts of an attribute / subscript / call chain, outermost first: `self.stats[k]` -> [stats[k], stats, self]."""
+    out = []
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        out.append(node)
+        node = node.func if isinstance(node, cst.Call) else node.value
+    out.append(node)
+    return out

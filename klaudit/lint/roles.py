@@ -129,6 +129,25 @@ def sink_of_name(name: str) -> Optional[str]:
     return None
 
 
+# Containers and calls that only record statistics: a value stored or passed there is logged, not trained on.
+_METRICS = re.compile(r"metric|stat(s|istics)?(?![a-z])|(?<![a-z])(log|logs|info|infos|summary|record|records|wandb|tb|"
+                      r"tensorboard|report|logger|writer|tracker)(?![a-z])|^log_|gather_for_metrics|^print$",
+                      re.IGNORECASE)
+# Calls outside the linted tree that turn rewards into returns or advantages (GAE, RLOO, GRPO, whitening).
+_RETURN_COMPUTATION = re.compile(r"advantage|returns?(?![a-z])|gae|rloo|grpo|reinforce|discount|whiten|baseline",
+                                 re.IGNORECASE)
+
+
+def is_metrics_name(name: str) -> bool:
+    """A container or call that only records statistics (`metrics`, `stats`, `log_dict`, `gather_for_metrics`)."""
+    return _METRICS.search(name.lstrip("_")) is not None
+
+
+def is_return_computation(name: str) -> bool:
+    """A call that turns token-level rewards into returns or advantages (`compute_gae_advantage_return`)."""
+    return _RETURN_COMPUTATION.search(name.lstrip("_")) is not None
+
+
 def is_loss_function(name: str) -> bool:
     """A function whose return value is a loss to be minimised."""
     return _LOSS.search(name) is not None and _COEF.search(name) is None

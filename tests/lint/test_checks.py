@@ -342,6 +342,7 @@ def test_a_kl_stored_on_an_object_reaches_the_reward_in_another_method(tmp_path)
         def compute_advantages(self, experiences, scores):
             for experience, score in zip(experiences, scores):
                 rewards = score - self.kl_coef * experience.kl
+                experience.rewards = rewards
 
         def make_experience(self, samples_list, action_log_probs_list, base_action_log_probs_list):
             for samples, action_log_probs, base_action_log_probs in zip(
