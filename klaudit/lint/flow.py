@@ -250,6 +250,7 @@ class FunctionRun:
         value = self.expr(small.value)
         if saved is not None:
             self.env[name] = saved
+        self.confirm(value)  # rewards summed into returns (a GAE or reward-to-go recursion) are rewards
         return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
 
     def assign_target(self, target: cst.CSTNode, value: tuple, node=None, rhs=None, augmented=False) -> None:
@@ -686,6 +687,7 @@ class FunctionRun:
         if method == "flip":
             return tuple(replace(f, flipped=not f.flipped) for f in base)
         if method == "cumsum":
+            self.confirm(tuple(f for f in base if f.flipped))  # a reward-to-go: the summed values are rewards
             return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO), flipped=False) if f.flipped and f.poly is not None
                          else f for f in base)
         if method in ("mul", "multiply"):
