@@ -235,7 +235,7 @@ class FunctionRun:
                 marked = self.sink("loss", loss_part(value), small)
                 value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
             else:
-                self.confirm(value)  # a reward returned by a function that is not a loss goes on to be used
+                self.returned(small.value)
             self.returns.extend(value)
 
     def loop_carried(self, small: cst.Assign) -> tuple:
@@ -323,7 +323,13 @@ class FunctionRun:
         node = self.here(node)
         if node in self.confirmed:
             return self.sink("reward", value, node)
-        marked = tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,)) if f.is_kl() else f
+        # an earlier candidate this value came from (`kl_reward = beta * kl`, then `rewards = scores -
+        # kl_reward`) was an intermediate: the sign and estimator count where the reward is final
+        earlier = {p for f in value for p in f.pending if p is not node and p in self.waiting}
+        for p in earlier:
+            del self.waiting[p]
+        marked = tuple(replace(f, entry=f.entry or node,
+                               pending=tuple(p for p in f.pending if p not in earlier) + (node,)) if f.is_kl() else f
                        for f in value)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
@@ -350,6 +356,14 @@ class FunctionRun:
     def next_order(self) -> int:
         self.sink_count += 1
         return self.sink_count
+
+    def returned(self, node: cst.BaseExpression) -> None:
+        """A reward returned by a function that is not a loss goes on to be used by its caller; a
+        returned metrics dict (`return loss, metrics`) only records statistics."""
+        parts = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
+        for part in parts:
+            if not roles.is_metrics_name(last_name(part)):
+                self.confirm(self.expr(part))
 
     def stored(self, target: cst.CSTNode, value: tuple) -> None:
         """`data.batch["token_level_rewards"] = r`, `experience.rewards = r`: the value leaves the function,
