@@ -182,3 +182,8 @@ def param_facts(param: cst.Param) -> tuple:
     if annotation == "bool" or (isinstance(param.default, cst.Name) and param.default.value in ("True", "False")):
         return (Fact(role="bool", name=name),)
     return ()
+
+def bare_parameter_facts(name: str, names: list) -> tuple:
+    """`def kl(new, old, ...)`: parameters named `new` / `old` in a function about ratios or log-probs."""
+    kind = roles.bare_parameter_role(name, [other for other in names if other != name])
+    return (tensor(Poly.atom(Atom(kind, kind == alg.POLICY))),) if kind is not None else ()

@@ -417,7 +417,9 @@ class FunctionRun:
             return detach_all(self.expr(node.value))
         if attr in ("T", "mT"):
             return self.expr(node.value)
-        if attr == "logits":
+        if attr == "logits":  # a model's output: the reference's when the model is named so (ref_model(...).logits)
+            if roles.is_reference_model(dotted(node.value)):
+                return (tensor(Poly.atom(Atom(alg.REF_LOGITS, False))),)
             return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
         base = root_name(node)
         if base == "self":

@@ -37,23 +37,28 @@ def might_contain_kl(source_text: str) -> bool:
 
 _LOGP = r"(log_?probs?|logps?|logprobs?|log_?prob_?s?|per_token_logps|logp_?s?)"
 _REF_PATTERN = re.compile(
-    r"^(.*_)?(ref|reference|base|init|teacher|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
-    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|teacher)(_.*)?$"
+    r"^(.*_)?(ref|reference|base|init|sft|teacher|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
+    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|sft|teacher)(_.*)?$"
     r"|^ref(erence)?$|^(mb_)?ref_logps$|^teacher_.*logp.*$",
     re.IGNORECASE,
 )
 _OLD_PATTERN = re.compile(
-    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|behaviou?r|prox|mb)_"
+    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|sampled|behaviou?r|prox|mb)_"
     r".*" + _LOGP + r".*$|^(.*_)?" + _LOGP + r"_old$",
     re.IGNORECASE,
 )
 _POLICY_PATTERN = re.compile(
-    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_)*"
+    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_|model_|local_)*"
     r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
-    r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
+    r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi|_model_data|_data)?$",
     re.IGNORECASE,
 )
-_REF_LOGITS = re.compile(r"^(ref|reference|base|init|teacher|t)_(.*_)?logits$", re.IGNORECASE)
+_REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
+# A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
+_SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv)$")
+# A model whose outputs are the reference's: `self.ref_model(...)`, `ref_outputs`, `teacher(...)`, `sft_policy`.
+_REFERENCE_MODEL = re.compile(r"^_*(ref|reference|init|initial|sft|teacher|frozen)(_\w*)?$|^\w*_(ref|reference|teacher)$",
+                              re.IGNORECASE)
 _POLICY_LOGITS = re.compile(r"^(.*_)?logits$", re.IGNORECASE)
 _MASK = re.compile(r"mask", re.IGNORECASE)
 
@@ -67,7 +72,7 @@ DATA_CONTAINERS = re.compile(
 
 def tensor_role(name: str) -> Optional[str]:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
-    bare = name.lstrip("_")
+    bare = _SHAPE_SUFFIX.sub("", name.lstrip("_"))
     if _REF_PATTERN.match(bare):
         return REF
     if _OLD_PATTERN.match(bare):
@@ -79,6 +84,24 @@ def tensor_role(name: str) -> Optional[str]:
     if _POLICY_LOGITS.match(bare):
         return LOGITS
     return None
+
+
+def is_reference_model(path: str) -> bool:
+    """`self.ref_model(...)`, `ref_outputs`, `teacher_model(...)`: a dotted path that names the reference model."""
+    return any(_REFERENCE_MODEL.match(part) for part in path.replace("()", "").split("."))
+
+
+# `new` / `old` alone are log-probs only in a function that speaks of ratios or log-probs.
+_BARE_ROLES = {"new": POLICY, "old": OLD}
+_LOGPROB_CONTEXT = re.compile(r"ratio|log_?probs?|logps?|kl", re.IGNORECASE)
+
+
+def bare_parameter_role(name: str, other_names) -> Optional[str]:
+    """The role of a parameter named `new` or `old` when the function's other names are about log-probs."""
+    kind = _BARE_ROLES.get(name)
+    if kind is None or not any(_LOGPROB_CONTEXT.search(other) for other in other_names):
+        return None
+    return kind
 
 
 def is_mask_name(name: str) -> bool:

@@ -365,3 +365,55 @@ def test_loop_variables_take_their_roles_from_their_names(tmp_path):
         return losses
     """)
     assert codes(source, tmp_path) == [(9, "KL001")]
+
+
+def test_new_and_old_parameters_of_a_log_prob_function_take_roles(tmp_path):
+    """`def kl(new, ref, ...)`: k3 of `new` against the reference as a loss is row 3 (KL002)."""
+    source = HEADER + textwrap.dedent("""
+    def kl_term(new, ref, mask):
+        log_ratio = ref - new
+        kl_loss = ((log_ratio.exp() - 1 - log_ratio) * mask).sum(-1).mean()
+        return kl_loss
+    """)
+    assert codes(source, tmp_path) == [(8, "KL002")]
+
+
+# ---- a value named *_rewards is a reward sink only when it is used as one -------------------
+
+PREFERENCE = HEADER + textwrap.dedent("""
+def preference_loss(policy_logps, ref_logps, beta):
+    margins = policy_logps[0] - policy_logps[1]
+    losses = -F.logsigmoid(beta * margins)
+    chosen_rewards = beta * (policy_logps - ref_logps)
+    return losses.mean(), chosen_rewards
+
+
+def train_step(policy_logps, ref_logps, beta, stats):
+    loss, chosen_rewards = preference_loss(policy_logps, ref_logps, beta)
+    stats["rewards/chosen"] = chosen_rewards.mean().item()
+    USE
+    return loss
+""")
+
+
+@pytest.mark.parametrize("use, expected", [
+    ("pass", []),  # only statistics: the implicit reward of a preference loss is no KL bonus
+    ("pg_loss = -(policy_logps * chosen_rewards.detach()).sum()", [(9, "KL011")]),  # a bonus in a loss
+    ("batch.rewards = chosen_rewards", [(9, "KL011")]),  # stored for later use: a reward
+    ("advantages = compute_gae_advantages(chosen_rewards)", [(9, "KL011")]),  # handed to GAE outside the tree
+])
+def test_a_reward_named_value_is_a_sink_only_where_it_is_used_as_one(tmp_path, use, expected):
+    assert codes(PREFERENCE.replace("USE", use), tmp_path) == expected
+
+
+def test_the_sign_of_a_reward_counts_where_the_reward_is_final(tmp_path):
+    """`kl_reward = beta * kl` is a penalty's size; `rewards = scores - kl_reward` is the reward (row 6)."""
+    source = HEADER + textwrap.dedent("""
+    def rewards_of(logprobs, ref_logprobs, scores, beta):
+        kl = (logprobs - ref_logprobs).detach()
+        kl_reward = beta * kl
+        rewards = scores - kl_reward
+        return rewards.flip(-1).cumsum(-1).flip(-1)
+    """)
+    assert codes(source, tmp_path) == []
+    assert codes(source.replace("scores - kl_reward", "scores + kl_reward"), tmp_path) == [(8, "KL011")]
