@@ -142,6 +142,8 @@ RULES: Mapping[str, Rule] = {
              "A KL surrogate (abs as a loss, or a loss and reward mix) follows no KL objective."),
         Rule("KL010", "kl-clamped", "Clamping the log-ratio or the estimate zeroes the KL gradient where the policy strays most."),
         Rule("KL011", "kl-wrong-sign", "The KL term is added with the wrong sign: training is pushed away from the reference."),
+        Rule("KL100", "kl-use-undetermined",
+             "A KL term was found whose gradient use could not be determined (informational, off by default)."),
     )
 }
 

@@ -26,6 +26,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 SYNTAX_ERROR_CODE = "KL000"
 ALL = "ALL"
+# The verdicts (KL0xx); the informational KL1xx codes are on with `--select KL1` or `ALL`.
+DEFAULT_SELECT: tuple[str, ...] = ("KL0",)
 
 # Directory and file names never walked into, as ruff's defaults; `exclude` replaces this list
 # and `extend-exclude` adds to it. A directory holding pyvenv.cfg is always skipped.
@@ -106,7 +108,7 @@ def _glob_matches(pattern: str, relative_path: str) -> bool:
 class Settings:
     """Resolved settings; `root` is the directory relative globs are matched against."""
 
-    selections: tuple[RuleSelection, ...] = (RuleSelection(select=(ALL,)),)
+    selections: tuple[RuleSelection, ...] = (RuleSelection(select=DEFAULT_SELECT),)
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -34,6 +34,7 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
     module = project.remember(path, module, source)
     mod = analyzer.module(path, module)
     candidates = []
+    undecided: list = []  # (fact, sink or None): KL terms whose use or form the analysis could not decide
     for index, (func, cls) in enumerate(module_functions(module)):
         try:
             outcome = analyzer.analyse(mod, func, cls)
@@ -43,7 +44,12 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):
             candidates.append(_Candidate(config, verdict(config, fact.clamped), fact, sink, index))
-    return _report(path, module, analyzer, candidates)
+        undecided.extend((fact, None) for fact in outcome.unexplained)
+        if not found:  # a function with a decided term may combine it with others: that sum is no new term
+            undecided.extend((fact, sink) for sink in outcome.sinks for fact in sink.facts
+                             if _unknown_form(fact, sink.kind))
+    decided = {id(c.fact.origin) for c in candidates}
+    return _report(path, module, analyzer, candidates) + _undetermined(path, module, analyzer, undecided, decided)
 
 
 def verdict(config: Config, clamped: bool):
@@ -298,6 +304,37 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
                                       if shared else "")
         findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line))
     return sorted(findings)
+
+
+UNDETERMINED = "KL100"
+
+
+def _unknown_form(fact: Fact, kind: str) -> bool:
+    """A KL term reaching a sink in a form no catalog estimator matches."""
+    return any(t.estimator is None for t in alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward"))
+
+
+def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list, decided: set) -> list:
+    """KL100, once per KL term: where the analysis found a KL term but not what its gradient does."""
+    positions = _Positions(analyzer.project)
+    findings: dict = {}
+    for fact, sink in undecided:
+        if id(fact.origin) in decided:
+            continue
+        if sink is None:
+            why = "it reaches no loss, reward, advantage, return or metric that the analysis can follow"
+        else:
+            why = f"it reaches a {sink.kind} in a form that no catalog estimator matches"
+        at = None
+        if fact.origin is not None and _tree_of(analyzer, fact.origin_path, module, path) is module:
+            at = positions.of(module, fact.origin)
+        if at is None and sink is not None:
+            at = positions.of(module, fact.entry if fact.entry is not None else sink.node)
+        if at is None or (at[0], at[1]) in findings:
+            continue
+        message = f"KL term whose gradient use could not be determined: {why}"
+        findings[(at[0], at[1])] = Finding(path, at[0], at[1], UNDETERMINED, message, at[2], at[3])
+    return sorted(findings.values())
 
 
 def _shown(path: str) -> str:

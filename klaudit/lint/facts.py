@@ -54,6 +54,7 @@ class Sink:
 class Outcome:
     returns: tuple = ()
     sinks: list = field(default_factory=list)
+    unexplained: list = field(default_factory=list)  # KL terms formed here whose use nothing explains
 
 def tensor(poly: Poly, **kw) -> Fact:
     return Fact(poly=poly, **kw)

@@ -51,6 +51,9 @@ class FunctionRun:
         self.waiting: dict = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
         self.confirmed: set = set()
         self.sink_count = 0  # sinks and reward candidates in execution order
+        self.formed: dict = {}  # origin -> a KL term formed in this function and stored in a variable
+        self.settled: set = set()  # origins whose use is known: a sink, a return, a metric, a later term
+        self.read: set = set()  # origins of the KL terms the current statement reads
         name = func.name.value
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
@@ -58,7 +61,8 @@ class FunctionRun:
 
     def run(self) -> Outcome:
         self.block(self.func.body)
-        return Outcome(tuple(dict.fromkeys(self.returns)), self.sinks)
+        unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
+        return Outcome(tuple(dict.fromkeys(self.returns)), self.sinks, unexplained)
 
     # ---- statements ------------------------------------------------------------------
 
@@ -72,6 +76,7 @@ class FunctionRun:
 
     def statement(self, stmt: cst.CSTNode) -> None:
         self._memo = {}
+        self.read = set()
         self.stmt = stmt
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
@@ -211,6 +216,7 @@ class FunctionRun:
 
     def small(self, small: cst.CSTNode) -> None:
         self._memo = {}
+        self.read = set()
         self.stmt = small
         if isinstance(small, cst.Assign):
             value = self.loop_carried(small) or self.expr(small.value)
@@ -236,6 +242,7 @@ class FunctionRun:
                 value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
             else:
                 self.returned(small.value)
+            self.settle(value)
             self.returns.extend(value)
 
     def loop_carried(self, small: cst.Assign) -> tuple:
@@ -280,6 +287,7 @@ class FunctionRun:
             value = self.sink(kind, value, node)
         if isinstance(target, (cst.Attribute, cst.Subscript)):
             self.stored(target, value)
+        self.track(value)
         if isinstance(target, cst.Name):
             self.env[name] = value
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
@@ -312,6 +320,7 @@ class FunctionRun:
         if facts and self.record:
             self.sinks.append(Sink(kind, facts, node, self.next_order()))
         self.confirm(value)
+        self.settle(value)
         return marked
 
     # ---- rewards by use: a value named *_rewards is a reward only if it is used as one -----------
@@ -324,10 +333,9 @@ class FunctionRun:
         if node in self.confirmed:
             return self.sink("reward", value, node)
         # an earlier candidate this value came from (`kl_reward = beta * kl`, then `rewards = scores -
-        # kl_reward`) was an intermediate: the sign and estimator count where the reward is final
+        # kl_reward`) was an intermediate on this path: the sign and estimator count where the reward
+        # is final. It still waits for uses along paths that skip this assignment (an `if` branch).
         earlier = {p for f in value for p in f.pending if p is not node and p in self.waiting}
-        for p in earlier:
-            del self.waiting[p]
         marked = tuple(replace(f, entry=f.entry or node,
                                pending=tuple(p for p in f.pending if p not in earlier) + (node,)) if f.is_kl() else f
                        for f in value)
@@ -352,6 +360,37 @@ class FunctionRun:
                 if waiting is not None:
                     self.confirmed.add(node)
                     self.sinks.append(waiting)
+                    self.settle(waiting.facts)
+
+    # ---- what became of each KL term (the terms nothing explains are KL100) ---------------------
+
+    def settle(self, value: tuple) -> None:
+        """The KL terms of `value` have a known use (a sink, a return, a metric, a comparison), and so
+        have the terms the current statement read to make them."""
+        self.settled.update(self.read)
+        for f in value:
+            if f.role == "tuple":
+                for item in f.items:
+                    self.settle(item)
+            elif f.role == "dict":
+                for _, item in f.items:
+                    self.settle(item)
+            elif f.is_kl():
+                self.settled.add(f.origin)
+
+    def note_read(self, value: tuple) -> tuple:
+        """Remember the KL terms a statement reads; returns `value`."""
+        self.read.update(f.origin for f in value if f.origin is not None and f.is_kl())
+        return value
+
+    def track(self, value: tuple) -> None:
+        """A KL term formed here and stored; the terms it was formed from are used by it."""
+        origins = {f.origin for f in value if f.is_kl()}
+        if origins:
+            self.settled.update(self.read - origins)
+        for f in value:
+            if f.is_kl() and f.origin is not None and f.calls == 0 and f.origin_path == self.module.path:
+                self.formed.setdefault(f.origin, f)
 
     def next_order(self) -> int:
         self.sink_count += 1
@@ -372,6 +411,7 @@ class FunctionRun:
         holder = target.value
         names = [last_name(n) for n in _chain(holder)]
         if any(roles.is_metrics_name(n) for n in names if n):
+            self.settle(value)  # a logged statistic
             return
         if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
             return
@@ -392,7 +432,7 @@ class FunctionRun:
 
     def e_Name(self, node: cst.Name) -> tuple:
         if node.value in self.env:
-            return self.env[node.value]
+            return self.note_read(self.env[node.value])
         if node.value in ("True", "False"):
             return (Fact(role="bool", text=node.value),)
         if node.value == "None":
@@ -411,7 +451,7 @@ class FunctionRun:
     def e_Attribute(self, node: cst.Attribute) -> tuple:
         path = dotted(node)
         if path in self.env:
-            return self.env[path]
+            return self.note_read(self.env[path])
         attr = node.attr.value
         if attr in ("data",):
             return detach_all(self.expr(node.value))
@@ -516,6 +556,10 @@ class FunctionRun:
         return self.binary(self.expr(node.left), self.expr(node.right), node.operator, node)
 
     def e_Comparison(self, node: cst.Comparison) -> tuple:
+        """A comparison (`approx_kl > target_kl`) uses a KL value as a statistic."""
+        self.settle(self.expr(node.left))
+        for comparison in node.comparisons:
+            self.settle(self.expr(comparison.comparator))
         return ()
 
     def e_BooleanOperation(self, node: cst.BooleanOperation) -> tuple:
@@ -609,6 +653,9 @@ class FunctionRun:
         if roles.is_return_computation(name):
             for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
                 self.confirm(self.expr(arg.value))
+        elif roles.is_metrics_name(dotted(func)):
+            for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`
+                self.settle(self.expr(arg.value))
         return self.library_call(name, node)
 
     def worth_following(self, node: cst.Call) -> bool:
@@ -654,6 +701,8 @@ class FunctionRun:
             else:
                 env[name] = param_facts(param)
         outcome = self.analyzer.call(module, func, cls, env)
+        for facts in env.values():
+            self.settle(facts)  # handed to a function of the tree, whose analysis follows it
         for sink in outcome.sinks:
             self.sink(sink.kind, tuple(replace(f, entry=None, passed=False) for f in sink.facts), node)
         return outcome.returns
@@ -682,6 +731,8 @@ class FunctionRun:
 
     def tensor_method(self, method, base, positional, keywords, node) -> tuple:
         if method in ("detach", "item", "tolist", "numpy", "cpu", "detach_", "clone_detach"):
+            if roles.LOGGING_METHODS.match(method):
+                self.settle(base)  # a host copy or a Python number: a statistic
             return detach_all(base)
         if method in ("float", "double", "half", "bfloat16", "to", "type_as", "view", "reshape", "squeeze", "unsqueeze",
                       "contiguous", "flatten", "expand", "expand_as", "transpose", "permute", "clone", "cuda", "view_as",

@@ -50,12 +50,14 @@ _OLD_PATTERN = re.compile(
 _POLICY_PATTERN = re.compile(
     r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_|model_|local_)*"
     r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
-    r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi|_model_data|_data)?$",
+    r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
     re.IGNORECASE,
 )
 _REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
 _SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv)$")
+# Which data the log-probs were taken on (`model_logprobs_ref_data`): the model is named before it.
+_DATA_SUFFIX = re.compile(r"_(model|ref|reference|policy|chosen|rejected|sampled|generated)_data(_\w+)?$", re.IGNORECASE)
 # A model whose outputs are the reference's: `self.ref_model(...)`, `ref_outputs`, `teacher(...)`, `sft_policy`.
 _REFERENCE_MODEL = re.compile(r"^_*(ref|reference|init|initial|sft|teacher|frozen)(_\w*)?$|^\w*_(ref|reference|teacher)$",
                               re.IGNORECASE)
@@ -72,7 +74,7 @@ DATA_CONTAINERS = re.compile(
 
 def tensor_role(name: str) -> Optional[str]:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
-    bare = _SHAPE_SUFFIX.sub("", name.lstrip("_"))
+    bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
     if _REF_PATTERN.match(bare):
         return REF
     if _OLD_PATTERN.match(bare):

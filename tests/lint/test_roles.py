@@ -211,6 +211,7 @@ def test_switch_branches_stay_apart_and_are_labelled():
     ("new_logprobs_BT", alg.POLICY), ("logprobs_bt", alg.POLICY), ("old_logprob_BT", alg.OLD),
     ("ref_logprobs_BT", alg.REF), ("logits_BTV", alg.LOGITS), ("mask_BT", None),
     ("model_logprobs_model_data", alg.POLICY), ("ref_logprobs_model_data", alg.REF),
+    ("model_logprobs_ref_data", alg.POLICY), ("model_logprobs_ref_data_sum", alg.POLICY), ("ref_logprobs_model_data_sum", alg.REF),
     ("sampled_logprobs", alg.OLD), ("sft_logprobs", alg.REF), ("base_logprobs", alg.REF),
     ("init_logprobs", alg.REF), ("teacher_logprobs", alg.REF), ("sft_logits", alg.REF_LOGITS),
     ("logp_t", None),
