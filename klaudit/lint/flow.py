@@ -31,6 +31,11 @@ from klaudit.lint.syntax import (
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 
+# A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
+# with the log-ratio, so a KL term multiplied by it is no catalog estimator.
+KL_WEIGHT = (Fact(role="kl-weight"),)
+
+
 class FunctionRun:
     """One interpretation of one function body."""
 
@@ -615,6 +620,8 @@ class FunctionRun:
                         out.append(combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
                 elif a_tensor or b_tensor:
                     tensor_side, other = (a, b) if a_tensor else (b, a)
+                    if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
+                        continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     factor = -1.0 if other.role == "neg" else 1.0
                     out.append(replace(tensor_side, poly=alg.scale(tensor_side.poly, factor)))
                 elif (a.role == "neg") != (b.role == "neg"):
@@ -824,6 +831,9 @@ class FunctionRun:
             return self.unary_math(name, first, node)
         if name in ("clamp", "clip", "clamp_"):
             return tuple(replace(f, clamped=True) for f in first if f.role == "tensor")
+        if name in ("sigmoid", "tanh", "softplus", "relu", "erf") and any(
+                f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in first):
+            return KL_WEIGHT
         if name in ("sum", "mean"):
             dim = positional[1] if len(positional) > 1 else keywords.get("dim", keywords.get("axis"))
             return self.reduce(first, name, self.dim(dim), node)

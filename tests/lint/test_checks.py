@@ -417,3 +417,19 @@ def test_the_sign_of_a_reward_counts_where_the_reward_is_final(tmp_path):
     """)
     assert codes(source, tmp_path) == []
     assert codes(source.replace("scores - kl_reward", "scores + kl_reward"), tmp_path) == [(8, "KL011")]
+
+
+def test_a_kl_term_weighted_by_a_squashed_log_ratio_is_no_estimator(tmp_path):
+    """gate * (q - p) with gate = sigmoid(beta * (q - sg p)): a per-token weight that varies with the
+    log-ratio is no positive constant, so the product matches no catalog row (the same term scaled by
+    a coefficient is a k1 loss with the sign of a bonus: KL001 and KL011). What the lint did not
+    understand is said by the informational KL100, at the log-ratio the gate is made of."""
+    source = HEADER + textwrap.dedent("""
+    def gated_distillation_loss(student_log_probs, teacher_log_probs, mask, beta):
+        delta = teacher_log_probs - student_log_probs.detach()
+        gate = torch.sigmoid(beta * delta).detach()
+        loss = (gate * (teacher_log_probs - student_log_probs) * mask).sum()
+        return loss
+    """)
+    assert codes(source, tmp_path) == [(7, "KL100")]
+    assert codes(source.replace("(gate * (", "(beta * ("), tmp_path) == [(9, "KL001"), (9, "KL011")]
