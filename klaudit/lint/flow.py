@@ -278,6 +278,8 @@ class FunctionRun:
         name = last_name(target)
         if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
+        if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
+            value = self.log_ratio_against_unknown(rhs) or value
         if self.no_grad:
             value = detach_all(value)
         if self.labels:
@@ -307,6 +309,25 @@ class FunctionRun:
             if writes is not None and name in self.module.kl_fields:
                 stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
                 writes[name] = writes.get(name, ()) + stored
+
+    def log_ratio_against_unknown(self, rhs: cst.CSTNode) -> tuple:
+        """`kl = logprobs - base` stored under a KL name: the unexplained side of a difference with the
+        policy's log-probs is the reference's log-probs (log pi - log ref, or log ref - log pi)."""
+        if not (isinstance(rhs, cst.BinaryOperation) and isinstance(rhs.operator, cst.Subtract)):
+            return ()
+        left, right = self.expr(rhs.left), self.expr(rhs.right)
+
+        def policy(value: tuple) -> Optional[Fact]:
+            found = [f for f in value if f.role == "tensor" and f.poly is not None and
+                     {a.kind for a in f.poly.atoms()} == {alg.POLICY} and len(f.poly.terms) == 1]
+            return found[0] if len(found) == 1 and len(value) == 1 else None
+
+        reference = Poly.atom(Atom(alg.REF, False))
+        if policy(left) is not None and not right:
+            return self.additive(left, (tensor(reference),), -1.0, rhs)
+        if policy(right) is not None and not left:
+            return self.additive((tensor(reference),), right, -1.0, rhs)
+        return ()
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""

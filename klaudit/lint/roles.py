@@ -28,6 +28,15 @@ _KL_VOCABULARY = re.compile(
 )
 
 
+_KL_NAME = re.compile(r"(?<![a-z0-9])(kl|kld|kl_div|kl_divergence)(?![a-z0-9])|_kl(?![a-z0-9])|(?<![a-z0-9])kl_",
+                      re.IGNORECASE)
+
+
+def names_kl(name: str) -> bool:
+    """A variable named as a KL (`kl`, `kld`, `per_token_kl`, `kl_penalty`), not as its coefficient."""
+    return _KL_NAME.search(name) is not None and not is_coefficient_name(name) and _COEF.search(name) is None
+
+
 def might_contain_kl(source_text: str) -> bool:
     """False when the text has no KL or log-prob vocabulary, so it cannot hold a finding."""
     return _KL_VOCABULARY.search(source_text) is not None

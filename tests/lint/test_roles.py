@@ -246,3 +246,14 @@ def test_log_softmax_of_a_reference_models_logits_is_the_reference():
     kl = (lq - lp).exp() - 1 - (lq - lp)
     """
     assert estimators(facts_of(body, "kl", params="self, ids, labels")) == {Estimator.K3}
+
+
+@pytest.mark.parametrize("body, name, expected", [
+    ("per_token_kl = logp - data['base_lp']", "per_token_kl", {Estimator.K1}),  # log pi - log ref
+    ("kl = data['anchor'] - logp\nkl = kl.exp() - 1 - kl", "kl", {Estimator.K3}),  # log ref - log pi, then k3
+    ("shift = logp - data['base_lp']", "shift", set()),  # no KL name: no reference is assumed
+    ("kl_coef = logp - data['base_lp']", "kl_coef", set()),  # a coefficient's name is no KL
+    ("approx_kl = logp - old_logp", "approx_kl", set()),  # both sides known: an importance log-ratio
+])
+def test_the_unexplained_side_of_a_kl_named_difference_with_the_policy_is_the_reference(body, name, expected):
+    assert estimators(facts_of(body, name)) == expected
