@@ -324,7 +324,8 @@ def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: 
         if sink is None:
             why = "it reaches no loss, reward, advantage, return or metric that the analysis can follow"
         else:
-            why = f"it reaches a {sink.kind} in a form that no catalog estimator matches"
+            article = "an" if sink.kind[0] in "aeiou" else "a"
+            why = f"it reaches {article} {sink.kind} in a form that no catalog estimator matches"
         at = None
         if fact.origin is not None and _tree_of(analyzer, fact.origin_path, module, path) is module:
             at = positions.of(module, fact.origin)

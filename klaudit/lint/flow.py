@@ -410,10 +410,10 @@ class FunctionRun:
         return value
 
     def track(self, value: tuple) -> None:
-        """A KL term formed here and stored; the terms it was formed from are used by it."""
+        """A KL term formed here and stored; the terms a new tensor was computed from are used by it."""
         origins = {f.origin for f in value if f.is_kl()}
-        if origins:
-            self.settled.update(self.read - origins)
+        if any(f.role == "tensor" and f.poly is not None for f in value):
+            self.settled.update(self.read - origins)  # a new term, or a margin in which the terms cancel
         for f in value:
             if f.is_kl() and f.origin is not None and f.calls == 0 and f.origin_path == self.module.path:
                 self.formed.setdefault(f.origin, f)
@@ -681,8 +681,8 @@ class FunctionRun:
         if roles.is_return_computation(name):
             for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
                 self.confirm(self.expr(arg.value))
-        elif roles.is_metrics_name(dotted(func)):
-            for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`
+        elif any(roles.is_metrics_name(last_name(part)) for part in _chain(func)):
+            for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
                 self.settle(self.expr(arg.value))
         return self.library_call(name, node)
 
