@@ -433,3 +433,19 @@ def test_a_kl_term_weighted_by_a_squashed_log_ratio_is_no_estimator(tmp_path):
     """)
     assert codes(source, tmp_path) == [(7, "KL100")]
     assert (9, "KL011") in codes(source.replace("(gate * (", "(beta * ("), tmp_path)
+
+
+def test_kl100_once_per_term_whose_use_the_analysis_cannot_follow(tmp_path):
+    """Stored twice where no analysed code reads it: one KL100 where it is formed. A logged statistic
+    and a returned term have known uses."""
+    source = HEADER + textwrap.dedent("""
+    def step(data, logprobs, ref_logprobs, mask, stats):
+        kl = (logprobs - ref_logprobs) * mask
+        data.batch["kl"] = kl
+        data.extra["kl"] = kl
+        shown = (logprobs - ref_logprobs).sum(-1)
+        stats["kl"] = shown.mean().item()
+        returned = logprobs - ref_logprobs
+        return returned
+    """)
+    assert codes(source, tmp_path) == [(7, "KL100")]
