@@ -54,6 +54,7 @@ class FunctionRun:
         self.returns: list = []
         self.sinks: list = []
         self.waiting: dict = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
+        self.partial: dict = {}  # loss-named assignment -> its Sink, unless a later loss takes the term on
         self.confirmed: set = set()
         self.sink_count = 0  # sinks and reward candidates in execution order
         self.formed: dict = {}  # origin -> a KL term formed in this function and stored in a variable
@@ -67,7 +68,8 @@ class FunctionRun:
     def run(self) -> Outcome:
         self.block(self.func.body)
         unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
-        return Outcome(tuple(dict.fromkeys(self.returns)), self.sinks, unexplained)
+        sinks = self.sinks + list(self.partial.values())
+        return Outcome(tuple(dict.fromkeys(self.returns)), sinks, unexplained)
 
     # ---- statements ------------------------------------------------------------------
 
@@ -290,6 +292,8 @@ class FunctionRun:
         kind = roles.sink_of_name(name) if name else None
         if kind == "reward" and node is not None:
             value = self.reward_candidate(value, node)
+        elif kind == "loss" and node is not None:
+            value = self.loss_candidate(value, node)
         elif kind is not None and node is not None:
             value = self.sink(kind, value, node)
         if isinstance(target, (cst.Attribute, cst.Subscript)):
@@ -347,6 +351,8 @@ class FunctionRun:
             self.sinks.append(Sink(kind, facts, node, self.next_order()))
         self.confirm(value)
         self.settle(value)
+        if kind == "loss":
+            self.take_on(facts)
         return marked
 
     # ---- rewards by use: a value named *_rewards is a reward only if it is used as one -----------
@@ -371,6 +377,34 @@ class FunctionRun:
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
             self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order())
         return marked
+
+    def loss_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
+        """A KL value stored under a loss name is a loss term; when it flows on, with its gradient, into
+        a later loss (`per_token_loss = -pg_loss + ...`), that later loss is the objective whose sign and
+        form count, and the earlier name was a part of it (reported where the term first entered)."""
+        node = self.here(node)
+        marked = tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,)) if f.is_kl() else f
+                       for f in value)
+        facts = tuple(f for f in marked if f.is_kl())
+        self.take_on(facts, node)
+        if facts and self.record:
+            earlier = self.partial.get(node)
+            facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
+            self.partial[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())
+        self.confirm(value)
+        self.settle(value)
+        return marked
+
+    def take_on(self, facts: tuple, node: Optional[cst.CSTNode] = None) -> None:
+        """Earlier loss-named parts that these differentiable facts carry on are not losses of their own."""
+        for f in facts:
+            if f.poly is None or not f.poly.has_grad():
+                continue
+            for p in f.pending:
+                part = self.partial.get(p)
+                # the same term carried on (not combined with another into a new term)
+                if p is not node and part is not None and any(g.origin is f.origin for g in part.facts):
+                    del self.partial[p]
 
     def confirm(self, value: tuple) -> None:
         """The reward candidates `value` passed through are rewards after all: record their sinks."""
@@ -494,7 +528,7 @@ class FunctionRun:
             stored = self.analyzer.fields_of(self.module).get(attr)
             if stored:
                 return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
-        poly = roles.named_tensor(attr, grad=False)
+        poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
         if poly is not None:
             return (tensor(poly),)
         if roles.is_mask_name(attr):
@@ -506,7 +540,8 @@ class FunctionRun:
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)
         if key is not None:
-            poly = roles.named_tensor(key, grad=not self.no_grad and not is_data_read(node))
+            grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
+            poly = roles.named_tensor(key, grad=grad)
             if poly is not None:
                 return (tensor(poly),)
             if roles.is_mask_name(key):

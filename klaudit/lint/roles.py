@@ -115,6 +115,15 @@ def bare_parameter_role(name: str, other_names) -> Optional[str]:
     return kind
 
 
+_CURRENT_POLICY = re.compile(r"^_*(new|curr|cur|current|trainer|student)_", re.IGNORECASE)
+
+
+def is_current_policy_name(name: str) -> bool:
+    """`trainer_logprobs`, `new_logprobs`: the policy being trained, differentiable even when a loss
+    function reads them from its inputs object."""
+    return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
+
+
 def is_mask_name(name: str) -> bool:
     return _MASK.search(name) is not None and "logit" not in name.lower()
 
