@@ -111,8 +111,9 @@ def test_row_is_consistent(row):
 
 
 def test_every_rule_but_the_syntax_error_has_a_catalog_row():
+    """The verdicts (KL0xx); the informational KL1xx say what was not analysed and have no row."""
     codes = {row.rule for row in catalog.CATALOG if row.rule}
-    assert codes == set(catalog.RULES) - {"KL000"}
+    assert codes == {code for code in catalog.RULES if code.startswith("KL0")} - {"KL000"}
 
 
 C = catalog.Config
