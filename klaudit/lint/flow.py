@@ -766,8 +766,12 @@ class FunctionRun:
         outcome = self.analyzer.call(module, func, cls, env)
         for facts in env.values():
             self.settle(facts)  # handed to a function of the tree, whose analysis follows it
+        # where a term already entered a loss or reward here, it stays reported there; a term that enters
+        # one inside the callee is reported at this call
+        entered = {f.entry for facts in env.values() for f in facts if f.entry is not None}
         for sink in outcome.sinks:
-            self.sink(sink.kind, tuple(replace(f, entry=None, passed=False) for f in sink.facts), node)
+            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
+                                       for f in sink.facts), node)
         return outcome.returns
 
     def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> Optional[tuple]:
