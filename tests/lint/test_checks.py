@@ -456,14 +456,14 @@ def test_a_loss_carried_on_through_a_helper_is_reported_where_the_kl_entered(tmp
     helper of the file adds another term to it. The later losses carry the same term: one finding,
     where the KL entered the loss."""
     source = HEADER + textwrap.dedent("""
-    def add_auxiliary(grpo_loss, aux):
+    def mixed_loss(grpo_loss, aux):
         return grpo_loss + 0.1 * aux
 
 
     def policy_loss(logp, ref_logp, mask, aux):
         per_token_loss = (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1) * mask
         loss = per_token_loss.sum(-1).mean()
-        loss = add_auxiliary(grpo_loss=loss, aux=aux)
+        loss = mixed_loss(grpo_loss=loss, aux=aux)
         return loss
     """)
     assert codes(source, tmp_path) == [(11, "KL002")]
