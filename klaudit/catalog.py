@@ -144,6 +144,8 @@ RULES: Mapping[str, Rule] = {
         Rule("KL011", "kl-wrong-sign", "The KL term is added with the wrong sign: training is pushed away from the reference."),
         Rule("KL099", "analysis-incomplete",
              "Part of the file was not analysed (budget, nesting depth, syntax LibCST does not read): findings may be missing."),
+        Rule("KL100", "kl-use-undetermined",
+             "A KL term was found whose gradient use could not be determined (informational, off by default)."),
     )
 }
 

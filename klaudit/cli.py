@@ -15,7 +15,7 @@ from klaudit import __version__
 from klaudit.audit import PLACEMENTS
 from klaudit.audit.bind import Role
 from klaudit.catalog import RULES
-from klaudit.config import INCOMPLETE_CODE, ConfigError, load_settings
+from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
 from klaudit.lint.report import FORMATTERS, ReportOptions
 
@@ -98,7 +98,7 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
         click.echo(f"error: {error}", err=True)
     if result.errors:
         sys.exit(2)
-    failing = [finding for finding in result.findings if finding.code != INCOMPLETE_CODE]
+    failing = [finding for finding in result.findings if finding.code not in INFORMATIONAL_CODES]
     sys.exit(1 if failing and not exit_zero else 0)
 
 

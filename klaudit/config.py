@@ -29,7 +29,11 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 SYNTAX_ERROR_CODE = "KL000"
 INCOMPLETE_CODE = "KL099"  # informational: reported, but never changes the exit status
 FILE_CODES = (SYNTAX_ERROR_CODE, INCOMPLETE_CODE)  # about the file, not a KL configuration
+UNDETERMINED_CODE = "KL100"  # informational, off by default: a KL term whose gradient use is unknown
+INFORMATIONAL_CODES = (INCOMPLETE_CODE, UNDETERMINED_CODE)  # reported when selected, never fail a run
 ALL = "ALL"
+# The verdicts (KL0xx); the informational KL1xx codes are on with `--select KL1` or `ALL`.
+DEFAULT_SELECT: tuple[str, ...] = ("KL0",)
 
 # Directory and file names never walked into, as ruff's defaults; `exclude` replaces this list
 # and `extend-exclude` adds to it. A directory holding pyvenv.cfg is always skipped.
@@ -111,7 +115,7 @@ def _glob_matches(pattern: str, relative_path: str) -> bool:
 class Settings:
     """Resolved settings; `root` is the directory relative globs are matched against."""
 
-    selections: tuple[RuleSelection, ...] = (RuleSelection(select=(ALL,)),)
+    selections: tuple[RuleSelection, ...] = (RuleSelection(select=DEFAULT_SELECT),)
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

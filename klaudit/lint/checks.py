@@ -18,6 +18,7 @@ from typing import Optional
 import libcst as cst
 
 from klaudit.catalog import Aggregation, Config, Estimator, Position, Returns, Sampling, defects
+from klaudit.config import UNDETERMINED_CODE
 from klaudit.lint import algebra as alg
 from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.findings import Finding
@@ -35,6 +36,7 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
     module = project.remember(path, module, source)
     mod = analyzer.module(path, module)
     candidates = []
+    undecided: list = []  # (fact, sink or None): KL terms whose use or form the analysis could not decide
     for index, (func, cls) in enumerate(module_functions(module)):
         try:
             outcome = analyzer.analyse(mod, func, cls)
@@ -44,7 +46,12 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):
             candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
-    return _report(path, module, analyzer, candidates)
+        undecided.extend((fact, None) for fact in outcome.unexplained)
+        if not found:  # a function with a decided term may combine it with others: that sum is no new term
+            undecided.extend((fact, sink) for sink in outcome.sinks for fact in sink.facts
+                             if _unknown_form(fact, sink.kind))
+    decided = {id(c.fact.origin) for c in candidates}
+    return _report(path, module, analyzer, candidates) + _undetermined(path, module, analyzer, undecided, decided)
 
 
 def _paired(found: list) -> list:
@@ -314,6 +321,35 @@ def _message(config: Config, row, labels: tuple, origin, line: int) -> str:
         else:
             message += f" (estimator computed at {_shown(origin_path)}:{origin_line})"
     return message
+
+
+def _unknown_form(fact: Fact, kind: str) -> bool:
+    """A KL term reaching a sink in a form no catalog estimator matches."""
+    return any(t.estimator is None for t in alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward"))
+
+
+def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list, decided: set) -> list:
+    """KL100, once per KL term: where the analysis found a KL term but not what its gradient does."""
+    positions = _Positions(analyzer.project)
+    findings: dict = {}
+    for fact, sink in undecided:
+        if id(fact.origin) in decided:
+            continue
+        if sink is None:
+            why = "it reaches no loss, reward, advantage, return or metric that the analysis can follow"
+        else:
+            article = "an" if sink.kind[0] in "aeiou" else "a"
+            why = f"it reaches {article} {sink.kind} in a form that no catalog estimator matches"
+        at = None
+        if fact.origin is not None and _tree_of(analyzer, fact.origin_path, module, path) is module:
+            at = positions.of(module, fact.origin)
+        if at is None and sink is not None:
+            at = positions.of(module, fact.entry if fact.entry is not None else sink.node)
+        if at is None or (at[0], at[1]) in findings:
+            continue
+        message = f"KL term whose gradient use could not be determined: {why}"
+        findings[(at[0], at[1])] = Finding(path, at[0], at[1], UNDETERMINED_CODE, message, at[2], at[3])
+    return sorted(findings.values())
 
 
 def _shown(path: str) -> str:

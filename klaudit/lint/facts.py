@@ -38,6 +38,7 @@ class Fact:
     calls: int = 0  # function boundaries crossed
     scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
     passed: bool = False  # handed to the function being interpreted as an argument
+    pending: tuple = ()  # reward-named assignments this value passed, not yet known to reach a reward
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -53,6 +54,7 @@ class Sink:
 class Outcome:
     returns: tuple = ()
     sinks: list = field(default_factory=list)
+    unexplained: list = field(default_factory=list)  # KL terms formed here whose use nothing explains
 
 def tensor(poly: Poly, **kw) -> Fact:
     return Fact(poly=poly, **kw)
@@ -141,13 +143,14 @@ def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False
         poly=poly,
         clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
         position=position,
-        aggregation=a.aggregation or b.aggregation,
+        aggregation=first.aggregation or (b if first is a else a).aggregation,  # the KL operand's reduction first
         labels=labels,
         origin=node if formed else first.origin,
         origin_path=path if formed else first.origin_path,
         entry=None if formed else (a.entry or b.entry),
         calls=max(a.calls, b.calls),
         passed=a.passed or b.passed,
+        pending=tuple(dict.fromkeys(a.pending + b.pending)),
     )
 
 def as_rollout_data(value: tuple) -> tuple:
@@ -226,3 +229,8 @@ def param_facts(param: cst.Param) -> tuple:
     if annotation == "bool" or (isinstance(param.default, cst.Name) and param.default.value in ("True", "False")):
         return (Fact(role="bool", name=name),)
     return ()
+
+def bare_parameter_facts(name: str, names: list) -> tuple:
+    """`def kl(new, old, ...)`: parameters named `new` / `old` in a function about ratios or log-probs."""
+    kind = roles.bare_parameter_role(name, [other for other in names if other != name])
+    return (tensor(Poly.atom(Atom(kind, kind == alg.POLICY))),) if kind is not None else ()

@@ -31,6 +31,11 @@ from klaudit.lint.syntax import (
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 
+# A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
+# with the log-ratio, so a KL term multiplied by it is no catalog estimator.
+KL_WEIGHT = (Fact(role="kl-weight"),)
+
+
 class FunctionRun:
     """One interpretation of one function body."""
 
@@ -48,6 +53,13 @@ class FunctionRun:
         self.reverse_loop: set = set()
         self.returns: list = []
         self.sinks: list = []
+        self.waiting: dict = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
+        self.partial: dict = {}  # loss-named assignment -> its Sink, unless a later loss takes the term on
+        self.confirmed: set = set()
+        self.sink_count = 0  # sinks and reward candidates in execution order
+        self.formed: dict = {}  # origin -> a KL term formed in this function and stored in a variable
+        self.settled: set = set()  # origins whose use is known: a sink, a return, a metric, a later term
+        self.read: set = set()  # origins of the KL terms the current statement reads
         name = func.name.value
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
@@ -55,7 +67,9 @@ class FunctionRun:
 
     def run(self) -> Outcome:
         self.block(self.func.body)
-        return Outcome(tuple(dict.fromkeys(self.returns)), self.sinks)
+        unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
+        sinks = self.sinks + list(self.partial.values())
+        return Outcome(tuple(dict.fromkeys(self.returns)), sinks, unexplained)
 
     # ---- statements ------------------------------------------------------------------
 
@@ -69,6 +83,7 @@ class FunctionRun:
 
     def statement(self, stmt: cst.CSTNode) -> None:
         self._memo = {}
+        self.read = set()
         self.stmt = stmt
         if isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
@@ -221,6 +236,7 @@ class FunctionRun:
 
     def small(self, small: cst.CSTNode) -> None:
         self._memo = {}
+        self.read = set()
         self.stmt = small
         if isinstance(small, cst.Assign):
             value = self.loop_carried(small) or self.expr(small.value)
@@ -244,6 +260,9 @@ class FunctionRun:
             if self.loss_function:
                 marked = self.sink("loss", loss_part(value), small)
                 value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
+            else:
+                self.returned(small.value)
+            self.settle(value)
             self.returns.extend(value)
 
     def loop_carried(self, small: cst.Assign) -> tuple:
@@ -258,6 +277,7 @@ class FunctionRun:
         value = self.expr(small.value)
         if saved is not None:
             self.env[name] = saved
+        self.confirm(value)  # rewards summed into returns (a GAE or reward-to-go recursion) are rewards
         return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
 
     def assign_target(self, target: cst.CSTNode, value: tuple, node=None, rhs=None, augmented=False) -> None:
@@ -273,6 +293,8 @@ class FunctionRun:
         name = last_name(target)
         if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
+        if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
+            value = self.log_ratio_against_unknown(rhs) or value
         if self.no_grad:
             value = detach_all(value)
         if self.labels:
@@ -281,8 +303,15 @@ class FunctionRun:
         if isinstance(target, cst.Name) and rhs is not None:
             value = rename_logprobs(value, name, is_data_read(rhs))
         kind = roles.sink_of_name(name) if name else None
-        if kind is not None and node is not None:
+        if kind == "reward" and node is not None:
+            value = self.reward_candidate(value, node)
+        elif kind == "loss" and node is not None:
+            value = self.loss_candidate(value, node)
+        elif kind is not None and node is not None:
             value = self.sink(kind, value, node)
+        if isinstance(target, (cst.Attribute, cst.Subscript)):
+            self.stored(target, value)
+        self.track(value)
         if isinstance(target, cst.Name):
             self.env[name] = value
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
@@ -297,6 +326,25 @@ class FunctionRun:
             if writes is not None and name in self.module.kl_fields:
                 stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
                 writes[name] = writes.get(name, ()) + stored
+
+    def log_ratio_against_unknown(self, rhs: cst.CSTNode) -> tuple:
+        """`kl = logprobs - base` stored under a KL name: the unexplained side of a difference with the
+        policy's log-probs is the reference's log-probs (log pi - log ref, or log ref - log pi)."""
+        if not (isinstance(rhs, cst.BinaryOperation) and isinstance(rhs.operator, cst.Subtract)):
+            return ()
+        left, right = self.expr(rhs.left), self.expr(rhs.right)
+
+        def policy(value: tuple) -> Optional[Fact]:
+            found = [f for f in value if f.role == "tensor" and f.poly is not None and
+                     {a.kind for a in f.poly.atoms()} == {alg.POLICY} and len(f.poly.terms) == 1]
+            return found[0] if len(found) == 1 and len(value) == 1 else None
+
+        reference = Poly.atom(Atom(alg.REF, False))
+        if policy(left) is not None and not right:
+            return self.additive(left, (tensor(reference),), -1.0, rhs)
+        if policy(right) is not None and not left:
+            return self.additive((tensor(reference),), right, -1.0, rhs)
+        return ()
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
@@ -313,8 +361,134 @@ class FunctionRun:
         marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
-            self.sinks.append(Sink(kind, facts, node, len(self.sinks)))
+            self.sinks.append(Sink(kind, facts, node, self.next_order()))
+        self.confirm(value)
+        self.settle(value)
+        if kind == "loss":
+            self.take_on(facts)
         return marked
+
+    # ---- rewards by use: a value named *_rewards is a reward only if it is used as one -----------
+
+    def reward_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
+        """A KL value stored under a reward name waits: it is a reward sink once it reaches a loss,
+        returns, advantages or code the analysis does not see; if it only feeds metrics or the
+        statistics a loss function returns (a DPO loss's `chosen_rewards`), it is not one."""
+        node = self.here(node)
+        if node in self.confirmed:
+            return self.sink("reward", value, node)
+        # an earlier candidate this value came from (`kl_reward = beta * kl`, then `rewards = scores -
+        # kl_reward`) was an intermediate on this path: the sign and estimator count where the reward
+        # is final. It still waits for uses along paths that skip this assignment (an `if` branch).
+        earlier = {p for f in value for p in f.pending if p is not node and p in self.waiting}
+        marked = tuple(replace(f, entry=f.entry or node,
+                               pending=tuple(p for p in f.pending if p not in earlier) + (node,)) if f.is_kl() else f
+                       for f in value)
+        facts = tuple(f for f in marked if f.is_kl())
+        if facts and self.record:
+            earlier = self.waiting.get(node)
+            facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
+            self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order())
+        return marked
+
+    def loss_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
+        """A KL value stored under a loss name is a loss term; when it flows on, with its gradient, into
+        a later loss (`per_token_loss = -pg_loss + ...`), that later loss is the objective whose sign and
+        form count, and the earlier name was a part of it (reported where the term first entered)."""
+        node = self.here(node)
+        marked = tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,)) if f.is_kl() else f
+                       for f in value)
+        facts = tuple(f for f in marked if f.is_kl())
+        self.take_on(facts, node)
+        if facts and self.record:
+            earlier = self.partial.get(node)
+            facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
+            self.partial[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())
+        self.confirm(value)
+        self.settle(value)
+        return marked
+
+    def take_on(self, facts: tuple, node: Optional[cst.CSTNode] = None) -> None:
+        """Earlier loss-named parts that these differentiable facts carry on are not losses of their own."""
+        for f in facts:
+            if f.poly is None or not f.poly.has_grad():
+                continue
+            for p in f.pending:
+                part = self.partial.get(p)
+                # the same term carried on (not combined with another into a new term)
+                if p is not node and part is not None and any(g.origin is f.origin for g in part.facts):
+                    del self.partial[p]
+
+    def confirm(self, value: tuple) -> None:
+        """The reward candidates `value` passed through are rewards after all: record their sinks."""
+        for f in value:
+            if f.role == "tuple":
+                for item in f.items:
+                    self.confirm(item)
+            elif f.role == "dict":
+                for _, item in f.items:
+                    self.confirm(item)
+            for node in f.pending:
+                waiting = self.waiting.pop(node, None)
+                if waiting is not None:
+                    self.confirmed.add(node)
+                    self.sinks.append(waiting)
+                    self.settle(waiting.facts)
+
+    # ---- what became of each KL term (the terms nothing explains are KL100) ---------------------
+
+    def settle(self, value: tuple) -> None:
+        """The KL terms of `value` have a known use (a sink, a return, a metric, a comparison), and so
+        have the terms the current statement read to make them."""
+        self.settled.update(self.read)
+        for f in value:
+            if f.role == "tuple":
+                for item in f.items:
+                    self.settle(item)
+            elif f.role == "dict":
+                for _, item in f.items:
+                    self.settle(item)
+            elif f.is_kl():
+                self.settled.add(f.origin)
+
+    def note_read(self, value: tuple) -> tuple:
+        """Remember the KL terms a statement reads; returns `value`."""
+        self.read.update(f.origin for f in value if f.origin is not None and f.is_kl())
+        return value
+
+    def track(self, value: tuple) -> None:
+        """A KL term formed here and stored; the terms a new tensor was computed from are used by it."""
+        origins = {f.origin for f in value if f.is_kl()}
+        if any(f.role == "tensor" and f.poly is not None for f in value):
+            self.settled.update(self.read - origins)  # a new term, or a margin in which the terms cancel
+        for f in value:
+            if f.is_kl() and f.origin is not None and f.calls == 0 and f.origin_path == self.module.path:
+                self.formed.setdefault(f.origin, f)
+
+    def next_order(self) -> int:
+        self.sink_count += 1
+        return self.sink_count
+
+    def returned(self, node: cst.BaseExpression) -> None:
+        """A reward returned by a function that is not a loss goes on to be used by its caller; a
+        returned metrics dict (`return loss, metrics`) only records statistics."""
+        parts = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
+        for part in parts:
+            if not roles.is_metrics_name(last_name(part)):
+                self.confirm(self.expr(part))
+
+    def stored(self, target: cst.CSTNode, value: tuple) -> None:
+        """`data.batch["token_level_rewards"] = r`, `experience.rewards = r`: the value leaves the function,
+        to be used where the analysis cannot follow, unless the container only records metrics or is
+        a dict local to this function."""
+        holder = target.value
+        names = [last_name(n) for n in _chain(holder)]
+        if any(roles.is_metrics_name(n) for n in names if n):
+            self.settle(value)  # a logged statistic
+            return
+        if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
+            return
+        self.confirm(value)
 
     # ---- expressions -------------------------------------------------------------------
 
@@ -332,7 +506,7 @@ class FunctionRun:
 
     def e_Name(self, node: cst.Name) -> tuple:
         if node.value in self.env:
-            return self.env[node.value]
+            return self.note_read(self.env[node.value])
         if node.value in ("True", "False"):
             return (Fact(role="bool", text=node.value),)
         if node.value == "None":
@@ -351,13 +525,15 @@ class FunctionRun:
     def e_Attribute(self, node: cst.Attribute) -> tuple:
         path = dotted(node)
         if path in self.env:
-            return self.env[path]
+            return self.note_read(self.env[path])
         attr = node.attr.value
         if attr in ("data",):
             return detach_all(self.expr(node.value))
         if attr in ("T", "mT"):
             return self.expr(node.value)
-        if attr == "logits":
+        if attr == "logits":  # a model's output: the reference's when the model is named so (ref_model(...).logits)
+            if roles.is_reference_model(dotted(node.value)):
+                return (tensor(Poly.atom(Atom(alg.REF_LOGITS, False))),)
             return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
         base = root_name(node)
         if base == "self":
@@ -366,7 +542,7 @@ class FunctionRun:
             stored = self.analyzer.fields_of(self.module).get(attr)
             if stored:
                 return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
-        poly = roles.named_tensor(attr, grad=False)
+        poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
         if poly is not None:
             return (tensor(poly),)
         if roles.is_mask_name(attr):
@@ -378,7 +554,8 @@ class FunctionRun:
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)
         if key is not None:
-            poly = roles.named_tensor(key, grad=not self.no_grad and not is_data_read(node))
+            grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
+            poly = roles.named_tensor(key, grad=grad)
             if poly is not None:
                 return (tensor(poly),)
             if roles.is_mask_name(key):
@@ -454,6 +631,10 @@ class FunctionRun:
         return self.binary(self.expr(node.left), self.expr(node.right), node.operator, node)
 
     def e_Comparison(self, node: cst.Comparison) -> tuple:
+        """A comparison (`approx_kl > target_kl`) uses a KL value as a statistic."""
+        self.settle(self.expr(node.left))
+        for comparison in node.comparisons:
+            self.settle(self.expr(comparison.comparator))
         return ()
 
     def e_BooleanOperation(self, node: cst.BooleanOperation) -> tuple:
@@ -509,6 +690,8 @@ class FunctionRun:
                         out.append(combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
                 elif a_tensor or b_tensor:
                     tensor_side, other = (a, b) if a_tensor else (b, a)
+                    if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
+                        continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     factor = -1.0 if other.role == "neg" else 1.0
                     out.append(replace(tensor_side, poly=alg.scale(tensor_side.poly, factor)))
                 elif (a.role == "neg") != (b.role == "neg"):
@@ -544,6 +727,12 @@ class FunctionRun:
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
+        if roles.is_return_computation(name):
+            for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
+                self.confirm(self.expr(arg.value))
+        elif any(roles.is_metrics_name(last_name(part)) for part in _chain(func)):
+            for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
+                self.settle(self.expr(arg.value))
         return self.library_call(name, node)
 
     def worth_following(self, node: cst.Call) -> bool:
@@ -589,8 +778,14 @@ class FunctionRun:
             else:
                 env[name] = param_facts(param)
         outcome = self.analyzer.call(module, func, cls, env)
+        for facts in env.values():
+            self.settle(facts)  # handed to a function of the tree, whose analysis follows it
+        # where a term already entered a loss or reward here, it stays reported there; a term that enters
+        # one inside the callee is reported at this call
+        entered = {f.entry for facts in env.values() for f in facts if f.entry is not None}
         for sink in outcome.sinks:
-            self.sink(sink.kind, tuple(replace(f, entry=None, passed=False) for f in sink.facts), node)
+            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
+                                       for f in sink.facts), node)
         return outcome.returns
 
     def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> Optional[tuple]:
@@ -617,6 +812,8 @@ class FunctionRun:
 
     def tensor_method(self, method, base, positional, keywords, node) -> tuple:
         if method in ("detach", "item", "tolist", "numpy", "cpu", "detach_", "clone_detach"):
+            if roles.LOGGING_METHODS.match(method):
+                self.settle(base)  # a host copy or a Python number: a statistic
             return detach_all(base)
         if method in ("float", "double", "half", "bfloat16", "to", "type_as", "view", "reshape", "squeeze", "unsqueeze",
                       "contiguous", "flatten", "expand", "expand_as", "transpose", "permute", "clone", "cuda", "view_as",
@@ -638,6 +835,7 @@ class FunctionRun:
         if method == "flip":
             return tuple(replace(f, flipped=not f.flipped) for f in base)
         if method == "cumsum":
+            self.confirm(tuple(f for f in base if f.flipped))  # a reward-to-go: the summed values are rewards
             return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO), flipped=False) if f.flipped and f.poly is not None
                          else f for f in base)
         if method in ("mul", "multiply"):
@@ -707,6 +905,9 @@ class FunctionRun:
             return self.unary_math(name, first, node)
         if name in ("clamp", "clip", "clamp_"):
             return tuple(replace(f, clamped=True) for f in first if f.role == "tensor")
+        if name in ("sigmoid", "tanh", "softplus", "relu", "erf") and any(
+                f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in first):
+            return KL_WEIGHT
         if name in ("sum", "mean"):
             dim = positional[1] if len(positional) > 1 else keywords.get("dim", keywords.get("axis"))
             return self.reduce(first, name, self.dim(dim), node)
@@ -789,3 +990,13 @@ def _leaves(body: cst.BaseSuite) -> bool:
     if isinstance(last, cst.SimpleStatementLine):
         last = last.body[-1] if last.body else None
     return isinstance(last, (cst.Return, cst.Raise))
+
+
+def _chain(node: cst.CSTNode) -> list:
+    """The parts of an attribute / subscript / call chain, outermost first: `self.stats[k]` -> [stats[k], stats, self]."""
+    out = []
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        out.append(node)
+        node = node.func if isinstance(node, cst.Call) else node.value
+    out.append(node)
+    return out

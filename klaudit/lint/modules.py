@@ -10,7 +10,7 @@ from typing import Optional
 import libcst as cst
 
 from klaudit.lint import budget
-from klaudit.lint.facts import Outcome, Sink, as_rollout_data, param_facts
+from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params
@@ -132,8 +132,9 @@ class Analyzer:
     def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
         """A function on its own: parameters get roles from their names."""
         env = {}
+        names = [param.name.value for param in params(func)] + [func.name.value]
         for param in params(func):
-            env[param.name.value] = param_facts(param)
+            env[param.name.value] = param_facts(param) or bare_parameter_facts(param.name.value, names)
         if self.read_fields:
             budget.start_function(func)
         return FunctionRun(self, module, func, cls, env, record=True).run()

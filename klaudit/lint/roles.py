@@ -28,6 +28,15 @@ _KL_VOCABULARY = re.compile(
 )
 
 
+_KL_NAME = re.compile(r"(?<![a-z0-9])(kl|kld|kl_div|kl_divergence)(?![a-z0-9])|_kl(?![a-z0-9])|(?<![a-z0-9])kl_",
+                      re.IGNORECASE)
+
+
+def names_kl(name: str) -> bool:
+    """A variable named as a KL (`kl`, `kld`, `per_token_kl`, `kl_penalty`), not as its coefficient."""
+    return _KL_NAME.search(name) is not None and not is_coefficient_name(name) and _COEF.search(name) is None
+
+
 def might_contain_kl(source_text: str) -> bool:
     """False when the text has no KL or log-prob vocabulary, so it cannot hold a finding."""
     return _KL_VOCABULARY.search(source_text) is not None
@@ -37,23 +46,30 @@ def might_contain_kl(source_text: str) -> bool:
 
 _LOGP = r"(log_?probs?|logps?|logprobs?|log_?prob_?s?|per_token_logps|logp_?s?)"
 _REF_PATTERN = re.compile(
-    r"^(.*_)?(ref|reference|base|init|teacher|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
-    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|teacher)(_.*)?$"
+    r"^(.*_)?(ref|reference|base|init|sft|teacher|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
+    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|sft|teacher)(_.*)?$"
     r"|^ref(erence)?$|^(mb_)?ref_logps$|^teacher_.*logp.*$",
     re.IGNORECASE,
 )
 _OLD_PATTERN = re.compile(
-    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|behaviou?r|prox|mb)_"
+    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|sampled|behaviou?r|prox|mb)_"
     r".*" + _LOGP + r".*$|^(.*_)?" + _LOGP + r"_old$",
     re.IGNORECASE,
 )
 _POLICY_PATTERN = re.compile(
-    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_)*"
+    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_|model_|local_)*"
     r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
     r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
     re.IGNORECASE,
 )
-_REF_LOGITS = re.compile(r"^(ref|reference|base|init|teacher|t)_(.*_)?logits$", re.IGNORECASE)
+_REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
+# A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
+_SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv)$")
+# Which data the log-probs were taken on (`model_logprobs_ref_data`): the model is named before it.
+_DATA_SUFFIX = re.compile(r"_(model|ref|reference|policy|chosen|rejected|sampled|generated)_data(_\w+)?$", re.IGNORECASE)
+# A model whose outputs are the reference's: `self.ref_model(...)`, `ref_outputs`, `teacher(...)`, `sft_policy`.
+_REFERENCE_MODEL = re.compile(r"^_*(ref|reference|init|initial|sft|teacher|frozen)(_\w*)?$|^\w*_(ref|reference|teacher)$",
+                              re.IGNORECASE)
 _POLICY_LOGITS = re.compile(r"^(.*_)?logits$", re.IGNORECASE)
 _MASK = re.compile(r"mask", re.IGNORECASE)
 
@@ -67,7 +83,7 @@ DATA_CONTAINERS = re.compile(
 
 def tensor_role(name: str) -> Optional[str]:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
-    bare = name.lstrip("_")
+    bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
     if _REF_PATTERN.match(bare):
         return REF
     if _OLD_PATTERN.match(bare):
@@ -79,6 +95,33 @@ def tensor_role(name: str) -> Optional[str]:
     if _POLICY_LOGITS.match(bare):
         return LOGITS
     return None
+
+
+def is_reference_model(path: str) -> bool:
+    """`self.ref_model(...)`, `ref_outputs`, `teacher_model(...)`: a dotted path that names the reference model."""
+    return any(_REFERENCE_MODEL.match(part) for part in path.replace("()", "").split("."))
+
+
+# `new` / `old` alone are log-probs only in a function that speaks of ratios or log-probs.
+_BARE_ROLES = {"new": POLICY, "old": OLD}
+_LOGPROB_CONTEXT = re.compile(r"ratio|log_?probs?|logps?|kl", re.IGNORECASE)
+
+
+def bare_parameter_role(name: str, other_names) -> Optional[str]:
+    """The role of a parameter named `new` or `old` when the function's other names are about log-probs."""
+    kind = _BARE_ROLES.get(name)
+    if kind is None or not any(_LOGPROB_CONTEXT.search(other) for other in other_names):
+        return None
+    return kind
+
+
+_CURRENT_POLICY = re.compile(r"^_*(new|curr|cur|current|trainer|student)_", re.IGNORECASE)
+
+
+def is_current_policy_name(name: str) -> bool:
+    """`trainer_logprobs`, `new_logprobs`: the policy being trained, differentiable even when a loss
+    function reads them from its inputs object."""
+    return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
 
 
 def is_mask_name(name: str) -> bool:
@@ -127,6 +170,25 @@ def sink_of_name(name: str) -> Optional[str]:
     if _LOSS.search(bare):
         return "loss"
     return None
+
+
+# Containers and calls that only record statistics: a value stored or passed there is logged, not trained on.
+_METRICS = re.compile(r"metric|stat(s|istics)?(?![a-z])|(?<![a-z])(log|logs|info|infos|summary|record|records|wandb|tb|"
+                      r"tensorboard|report|logger|writer|tracker)(?![a-z])|^log_|gather_for_metrics|^print$",
+                      re.IGNORECASE)
+# Calls outside the linted tree that turn rewards into returns or advantages (GAE, RLOO, GRPO, whitening).
+_RETURN_COMPUTATION = re.compile(r"advantage|returns?(?![a-z])|gae|rloo|grpo|reinforce|discount|whiten|baseline",
+                                 re.IGNORECASE)
+
+
+def is_metrics_name(name: str) -> bool:
+    """A container or call that only records statistics (`metrics`, `stats`, `log_dict`, `gather_for_metrics`)."""
+    return _METRICS.search(name.lstrip("_")) is not None
+
+
+def is_return_computation(name: str) -> bool:
+    """A call that turns token-level rewards into returns or advantages (`compute_gae_advantage_return`)."""
+    return _RETURN_COMPUTATION.search(name.lstrip("_")) is not None
 
 
 def is_loss_function(name: str) -> bool:

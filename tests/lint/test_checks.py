@@ -342,6 +342,7 @@ def test_a_kl_stored_on_an_object_reaches_the_reward_in_another_method(tmp_path)
         def compute_advantages(self, experiences, scores):
             for experience, score in zip(experiences, scores):
                 rewards = score - self.kl_coef * experience.kl
+                experience.rewards = rewards
 
         def make_experience(self, samples_list, action_log_probs_list, base_action_log_probs_list):
             for samples, action_log_probs, base_action_log_probs in zip(
@@ -427,3 +428,105 @@ def compute_loss(logp, ref_logp, mask, pg_loss, beta):
     [found] = lint(source, tmp_path)
     assert (found.line, found.code) == (8, "KL002")
     assert found.related == ((str(tmp_path / "snippet.py"), 7, 5, "estimator computed here"),)
+
+
+def test_new_and_old_parameters_of_a_log_prob_function_take_roles(tmp_path):
+    """`def kl(new, ref, ...)`: k3 of `new` against the reference as a loss is row 3 (KL002)."""
+    source = HEADER + textwrap.dedent("""
+    def kl_term(new, ref, mask):
+        log_ratio = ref - new
+        kl_loss = ((log_ratio.exp() - 1 - log_ratio) * mask).sum(-1).mean()
+        return kl_loss
+    """)
+    assert codes(source, tmp_path) == [(8, "KL002")]
+
+
+# ---- a value named *_rewards is a reward sink only when it is used as one -------------------
+
+PREFERENCE = HEADER + textwrap.dedent("""
+def preference_loss(policy_logps, ref_logps, beta):
+    margins = policy_logps[0] - policy_logps[1]
+    losses = -F.logsigmoid(beta * margins)
+    chosen_rewards = beta * (policy_logps - ref_logps)
+    return losses.mean(), chosen_rewards
+
+
+def train_step(policy_logps, ref_logps, beta, stats):
+    loss, chosen_rewards = preference_loss(policy_logps, ref_logps, beta)
+    stats["rewards/chosen"] = chosen_rewards.mean().item()
+    USE
+    return loss
+""")
+
+
+@pytest.mark.parametrize("use, expected", [
+    ("pass", []),  # only statistics: the implicit reward of a preference loss is no KL bonus
+    ("pg_loss = -(policy_logps * chosen_rewards.detach()).sum()", [(9, "KL011")]),  # a bonus in a loss
+    ("batch.rewards = chosen_rewards", [(9, "KL011")]),  # stored for later use: a reward
+    ("advantages = compute_gae_advantages(chosen_rewards)", [(9, "KL011")]),  # handed to GAE outside the tree
+])
+def test_a_reward_named_value_is_a_sink_only_where_it_is_used_as_one(tmp_path, use, expected):
+    assert codes(PREFERENCE.replace("USE", use), tmp_path) == expected
+
+
+def test_the_sign_of_a_reward_counts_where_the_reward_is_final(tmp_path):
+    """`kl_reward = beta * kl` is a penalty's size; `rewards = scores - kl_reward` is the reward (row 6)."""
+    source = HEADER + textwrap.dedent("""
+    def rewards_of(logprobs, ref_logprobs, scores, beta):
+        kl = (logprobs - ref_logprobs).detach()
+        kl_reward = beta * kl
+        rewards = scores - kl_reward
+        return rewards.flip(-1).cumsum(-1).flip(-1)
+    """)
+    assert codes(source, tmp_path) == []
+    assert codes(source.replace("scores - kl_reward", "scores + kl_reward"), tmp_path) == [(8, "KL011")]
+
+
+def test_a_kl_term_weighted_by_a_squashed_log_ratio_is_no_estimator(tmp_path):
+    """gate * (q - p) with gate = sigmoid(beta * (q - sg p)): a per-token weight that varies with the
+    log-ratio is no positive constant, so the product matches no catalog row (the same term scaled by
+    a coefficient is a k1 loss with the sign of a bonus: KL011). What the lint did not
+    understand is said by the informational KL100, at the log-ratio the gate is made of."""
+    source = HEADER + textwrap.dedent("""
+    def gated_distillation_loss(student_log_probs, teacher_log_probs, mask, beta):
+        delta = teacher_log_probs - student_log_probs.detach()
+        gate = torch.sigmoid(beta * delta).detach()
+        loss = (gate * (teacher_log_probs - student_log_probs) * mask).sum()
+        return loss
+    """)
+    assert codes(source, tmp_path) == [(7, "KL100")]
+    assert (9, "KL011") in codes(source.replace("(gate * (", "(beta * ("), tmp_path)
+
+
+def test_kl100_once_per_term_whose_use_the_analysis_cannot_follow(tmp_path):
+    """Stored twice where no analysed code reads it: one KL100 where it is formed. A logged statistic
+    and a returned term have known uses."""
+    source = HEADER + textwrap.dedent("""
+    def step(data, logprobs, ref_logprobs, mask, stats):
+        kl = (logprobs - ref_logprobs) * mask
+        data.batch["kl"] = kl
+        data.extra["kl"] = kl
+        shown = (logprobs - ref_logprobs).sum(-1)
+        stats["kl"] = shown.mean().item()
+        returned = logprobs - ref_logprobs
+        return returned
+    """)
+    assert codes(source, tmp_path) == [(7, "KL100")]
+
+
+def test_a_loss_carried_on_through_a_helper_is_reported_where_the_kl_entered(tmp_path):
+    """ms-swift's shape: the k3 loss (row 3) enters `per_token_loss`, is reduced into `loss`, and a
+    helper of the file adds another term to it. The later losses carry the same term: one finding,
+    where the KL entered the loss."""
+    source = HEADER + textwrap.dedent("""
+    def mixed_loss(grpo_loss, aux):
+        return grpo_loss + 0.1 * aux
+
+
+    def policy_loss(logp, ref_logp, mask, aux):
+        per_token_loss = (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1) * mask
+        loss = per_token_loss.sum(-1).mean()
+        loss = mixed_loss(grpo_loss=loss, aux=aux)
+        return loss
+    """)
+    assert codes(source, tmp_path) == [(11, "KL002")]

@@ -36,7 +36,16 @@ def test_the_nearest_pyproject_with_a_klaudit_table_wins(tmp_path):
 def test_no_pyproject_means_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings = load_settings([str(tmp_path)])
-    assert enabled(settings) == sorted(RULES) and settings.root == tmp_path
+    assert enabled(settings) == sorted(code for code in RULES if code.startswith("KL0")) and settings.root == tmp_path
+
+
+def test_informational_codes_are_off_by_default_and_on_when_selected():
+    """KL100 (a KL term whose use could not be determined) is on with `--select KL1`, `ALL` or its code."""
+    assert "KL100" not in Settings().enabled_codes
+    assert "KL100" not in Settings().with_overrides(ignore=["KL002"]).enabled_codes
+    assert Settings().with_overrides(select=["KL1"]).enabled_codes == {"KL000", "KL099", "KL100"}
+    assert "KL100" in Settings().with_overrides(select=["ALL"]).enabled_codes
+    assert "KL100" in Settings().with_overrides(extend_select=["KL100"]).enabled_codes
 
 
 def test_explicit_config_file(tmp_path):
@@ -84,7 +93,7 @@ def test_more_specific_selectors_win_and_ignore_wins_ties():
         "KL000", "KL001", "KL003", "KL004", "KL005", "KL006", "KL007", "KL008", "KL009"]
     assert layer(select=("KL002",), ignore=("KL0",)) == ["KL002"]
     assert layer(select=("KL002",), ignore=("KL002",)) == []
-    assert layer(select=("ALL",), ignore=("KL0",), extend_select=("KL01",)) == ["KL010", "KL011"]
+    assert layer(select=("ALL",), ignore=("KL0",), extend_select=("KL01",)) == ["KL010", "KL011", "KL100"]
 
 
 def test_command_line_layer_on_top_of_the_file(tmp_path):
@@ -97,8 +106,8 @@ def test_command_line_layer_on_top_of_the_file(tmp_path):
     edited = from_file.with_overrides(ignore=["KL002"], extend_select=["KL010"])
     assert "KL002" not in edited.enabled_codes and "KL010" in edited.enabled_codes
     assert "KL007" not in edited.enabled_codes and "KL001" in edited.enabled_codes
-    with pytest.raises(ConfigError, match="unknown rule selector 'KL1' in the command line"):
-        from_file.with_overrides(ignore=["KL1"])
+    with pytest.raises(ConfigError, match="unknown rule selector 'KL2' in the command line"):
+        from_file.with_overrides(ignore=["KL2"])
 
 
 def test_kl000_survives_a_narrow_select_but_not_an_explicit_ignore():

@@ -19,7 +19,7 @@ from klaudit.lint.flow import FunctionRun
 from klaudit.lint.modules import Analyzer
 from klaudit.lint.syntax import params as parameters_of
 from klaudit.lint.project import Project
-from klaudit.lint.roles import might_contain_kl, sink_of_name, tensor_role
+from klaudit.lint.roles import bare_parameter_role, is_reference_model, might_contain_kl, sink_of_name, tensor_role
 
 
 def facts_of(body: str, name: str, params: str = "logp, ref_logp, old_logp, mask, logits, ref_logits", tmp_path=None):
@@ -203,3 +203,57 @@ def test_switch_branches_stay_apart_and_are_labelled():
         (("kl_type", ("k1",)),): {Estimator.K1},
         (("kl_type", ("k3", "low_var_kl")),): {Estimator.K3},
     }
+
+
+# ---- roles from more names, and from how values are made -------------------------------------
+
+@pytest.mark.parametrize("name, role", [
+    ("new_logprobs_BT", alg.POLICY), ("logprobs_bt", alg.POLICY), ("old_logprob_BT", alg.OLD),
+    ("ref_logprobs_BT", alg.REF), ("logits_BTV", alg.LOGITS), ("mask_BT", None),
+    ("model_logprobs_model_data", alg.POLICY), ("ref_logprobs_model_data", alg.REF),
+    ("model_logprobs_ref_data", alg.POLICY), ("model_logprobs_ref_data_sum", alg.POLICY), ("ref_logprobs_model_data_sum", alg.REF),
+    ("sampled_logprobs", alg.OLD), ("sft_logprobs", alg.REF), ("base_logprobs", alg.REF),
+    ("init_logprobs", alg.REF), ("teacher_logprobs", alg.REF), ("sft_logits", alg.REF_LOGITS),
+    ("logp_t", None),
+])
+def test_shape_suffixes_and_more_model_names(name, role):
+    assert tensor_role(name) == role
+
+
+@pytest.mark.parametrize("others, role_of_new, role_of_old", [
+    (["mask", "importance_ratio"], alg.POLICY, alg.OLD),
+    (["mask", "compute_logprob_diff"], alg.POLICY, alg.OLD),
+    (["items", "merge"], None, None),
+])
+def test_new_and_old_are_log_probs_only_among_log_prob_names(others, role_of_new, role_of_old):
+    assert bare_parameter_role("new", ["old"] + others) == role_of_new
+    assert bare_parameter_role("old", ["new"] + others) == role_of_old
+
+
+@pytest.mark.parametrize("path, reference", [
+    ("self.ref_model()", True), ("ref_outputs", True), ("self.teacher_model()", True), ("sft_policy()", True),
+    ("self.model()", False), ("outputs", False), ("model.base_model()", False), ("self.refine()", False),
+])
+def test_reference_models_by_name(path, reference):
+    assert is_reference_model(path) == reference
+
+
+def test_log_softmax_of_a_reference_models_logits_is_the_reference():
+    """k3 = exp(q - p) - 1 - (q - p) with q gathered from ref_model(...).logits whatever q is named."""
+    body = """
+    lp = torch.log_softmax(self.model(ids).logits, -1).gather(-1, labels)
+    lq = torch.log_softmax(self.ref_model(ids).logits, -1).gather(-1, labels)
+    kl = (lq - lp).exp() - 1 - (lq - lp)
+    """
+    assert estimators(facts_of(body, "kl", params="self, ids, labels")) == {Estimator.K3}
+
+
+@pytest.mark.parametrize("body, name, expected", [
+    ("per_token_kl = logp - data['base_lp']", "per_token_kl", {Estimator.K1}),  # log pi - log ref
+    ("kl = data['anchor'] - logp\nkl = kl.exp() - 1 - kl", "kl", {Estimator.K3}),  # log ref - log pi, then k3
+    ("shift = logp - data['base_lp']", "shift", set()),  # no KL name: no reference is assumed
+    ("kl_coef = logp - data['base_lp']", "kl_coef", set()),  # a coefficient's name is no KL
+    ("approx_kl = logp - old_logp", "approx_kl", set()),  # both sides known: an importance log-ratio
+])
+def test_the_unexplained_side_of_a_kl_named_difference_with_the_policy_is_the_reference(body, name, expected):
+    assert estimators(facts_of(body, name)) == expected

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from klaudit.catalog import RULES
 from klaudit.cli import main
-from klaudit.config import FILE_CODES, INCOMPLETE_CODE
+from klaudit.config import FILE_CODES, INCOMPLETE_CODE, Settings
 from klaudit.lint.engine import lint_paths
 
 SECTIONS = ("What it flags", "Why", "Bad", "Good", "Fix", "Fix safety", "When this is fine")
@@ -51,8 +51,9 @@ def markers(source: str) -> Counter:
 
 
 def lint_source(source: str, path: Path) -> Counter:
+    """Findings of every rule, the informational ones (off by default) included."""
     path.write_text(source, encoding="utf-8")
-    result = lint_paths([str(path)])
+    result = lint_paths([str(path)], settings=Settings().with_overrides(select=["ALL"]))
     assert result.errors == []
     return Counter((finding.line, finding.code) for finding in result.findings)
 
