@@ -23,7 +23,7 @@ class Fact:
     """One alternative value of an expression."""
 
     poly: Optional[Poly] = None
-    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool
+    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool | function
     clamped: bool = False
     position: Position = Position.ALL
     aggregation: Optional[Aggregation] = None
@@ -38,6 +38,7 @@ class Fact:
     calls: int = 0  # function boundaries crossed
     scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
     passed: bool = False  # handed to the function being interpreted as an argument
+    callee: Any = None  # role "function": the klaudit.lint.callables.Callee it holds
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)

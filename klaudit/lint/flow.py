@@ -20,6 +20,7 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.callables import Callee, closure_of
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
@@ -109,6 +110,21 @@ class FunctionRun:
                 self.block(stmt.finalbody.body)
         elif isinstance(stmt, cst.Match):
             self.match_statement(stmt)
+        elif isinstance(stmt, cst.FunctionDef):
+            self.define(stmt)
+
+    def define(self, func: cst.FunctionDef) -> None:
+        """A function defined inside this one (a loss closure, a callback): analysed where it is
+        defined, its enclosing variables holding their facts there; its sinks are this function's.
+        The name holds it, so that a call of it is interpreted with the caller's arguments."""
+        closure = closure_of(func, self.env)
+        self.env[func.name.value] = (Fact(role="function", callee=Callee(self.module, func, self.cls, closure)),)
+        env = dict(closure)
+        env.update((param.name.value, param_facts(param)) for param in params(func))
+        run = FunctionRun(self.analyzer, self.module, func, self.cls, env, record=self.record)
+        run.no_grad = run.no_grad or self.no_grad
+        for sink in run.run().sinks:
+            self.sinks.append(Sink(sink.kind, sink.facts, sink.node, len(self.sinks)))
 
     def if_statement(self, stmt: cst.If) -> None:
         label, decided = self.condition(stmt.test)
@@ -258,7 +274,7 @@ class FunctionRun:
                 self.assign_target(element.value, sub, node, rhs=rhs)
             return
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
+        if rhs is not None and name and not any(f.role in ("tensor", "mask", "function") for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if self.no_grad:
             value = detach_all(value)
@@ -526,6 +542,9 @@ class FunctionRun:
             handled = self.method_call(method, func.value, node)
             if handled is not None:
                 return handled
+        callees = [f.callee for f in self.expr(func) if f.role == "function"]
+        if callees:
+            return tuple(dict.fromkeys(fact for callee in callees for fact in self.call_callee(callee, node)))
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
@@ -546,16 +565,29 @@ class FunctionRun:
         keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
         return positional, keywords
 
-    def call_summary(self, resolved, node: cst.Call) -> tuple:
+    def call_callee(self, callee: Callee, node: cst.Call) -> tuple:
+        """A call of a function held as a value: its closure and the partial's bound arguments come first."""
+        bound = {name: tuple(replace(f, passed=True) if f.is_kl() else f for f in facts)
+                 for name, facts in callee.bound_keywords}
+        return self.call_summary((callee.module, callee.func, callee.cls), node, dict(callee.closure), callee.bound, bound)
+
+    def call_summary(self, resolved, node: cst.Call, closure=None, bound=(), bound_keywords=None) -> tuple:
         module, func, cls = resolved
         positional, keywords = self.args(node)
+        positional = [*bound, *positional]
         parameters = params(func)
         if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
             parameters = parameters[1:]
-        env = {}
+        env = dict(closure or {})
         for index, param in enumerate(parameters):
             name = param.name.value
             arg = positional[index] if index < len(positional) else keywords.get(name)
+            if bound_keywords and name in bound_keywords and arg is None:
+                env[name] = bound_keywords[name]
+                continue
+            if isinstance(arg, tuple):  # facts bound ahead of the call
+                env[name] = tuple(replace(f, passed=True) if f.is_kl() else f for f in arg)
+                continue
             if arg is not None:
                 facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
                 if any(f.role == "str" for f in facts) or not facts:
