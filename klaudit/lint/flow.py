@@ -21,6 +21,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import Callee, closure_of
+from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
@@ -79,7 +80,8 @@ class FunctionRun:
         elif isinstance(stmt, (cst.For, cst.While)):
             reverse = isinstance(stmt, cst.For) and "reversed" in dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
             if isinstance(stmt, cst.For):
-                self.assign_target(stmt.target, (), rhs=stmt.iter)  # loop variables: roles from their names
+                # loop variables: the elements of what is iterated, else roles from their names
+                self.assign_target(stmt.target, elements(self.expr(stmt.iter)), rhs=stmt.iter)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if reverse:
                     self.reverse_loop.add(id(stmt))
@@ -418,6 +420,28 @@ class FunctionRun:
     def e_List(self, node: cst.List) -> tuple:
         return (Fact(role="tuple", items=tuple(self.expr(e.value) for e in node.elements)),)
 
+    def comprehension(self, node, parts: tuple) -> list:
+        """The facts of `parts` (element expressions) of a comprehension, its targets bound to the
+        elements of what they iterate; the targets do not outlive it."""
+        saved = self.env
+        self.env = dict(saved)
+        clause = node.for_in
+        while clause is not None:
+            self.assign_target(clause.target, elements(self.expr(clause.iter)), rhs=clause.iter)
+            clause = clause.inner_for_in
+        values = [self.expr(part) for part in parts]
+        self.env = saved
+        return values
+
+    def e_ListComp(self, node: cst.ListComp) -> tuple:
+        return self.comprehension(node, (node.elt,))[0]
+
+    e_SetComp = e_GeneratorExp = e_ListComp
+
+    def e_DictComp(self, node: cst.DictComp) -> tuple:
+        self.comprehension(node, (node.key, node.value))  # its calls may store KL terms; the dict is not followed
+        return ()
+
     def e_Dict(self, node: cst.Dict) -> tuple:
         items = []
         for element in node.elements:
@@ -725,7 +749,7 @@ class FunctionRun:
             return self.unary_math(name, first, node)
         if name in ("clamp", "clip", "clamp_"):
             return tuple(replace(f, clamped=True) for f in first if f.role == "tensor")
-        if name in ("sum", "mean"):
+        if name in ("sum", "mean") and not (name == "sum" and isinstance(node.func, cst.Name)):
             dim = positional[1] if len(positional) > 1 else keywords.get("dim", keywords.get("axis"))
             return self.reduce(first, name, self.dim(dim), node)
         if name == "square":
@@ -742,8 +766,13 @@ class FunctionRun:
             return self.kl_div(positional, keywords, node)
         if name in ("float", "detach"):
             return detach_all(first) if name == "detach" else first
-        if name in ("stack", "cat") and first:
-            return first
+        if name in ("stack", "cat", "vstack", "hstack", "concat", "concatenate") or (
+                name == "sum" and isinstance(node.func, cst.Name)):  # builtin sum: over the first axis
+            return elements(first)  # the terms of a list, side by side or added up: each keeps its meaning
+        if name == "zip":
+            return zipped([self.expr(arg) for arg in positional])
+        if name == "enumerate":
+            return enumerated(first)
         if name in ("max", "min", "maximum", "minimum") and len(positional) == 2:
             return tuple(dict.fromkeys(operands(first) + operands(self.expr(positional[1]))))
         if name == "where" and len(positional) == 3:
