@@ -768,7 +768,10 @@ class FunctionRun:
             return detach_all(first) if name == "detach" else first
         if name in ("stack", "cat", "vstack", "hstack", "concat", "concatenate") or (
                 name == "sum" and isinstance(node.func, cst.Name)):  # builtin sum: over the first axis
-            return elements(first)  # the terms of a list, side by side or added up: each keeps its meaning
+            # the terms of a list, side by side or added up: each keeps its meaning; a stacked
+            # literal list keeps its positions too, for an index that picks one (kl_4BT[estimator])
+            stacked = tuple(f for f in first if f.role == "tuple") if name != "sum" else ()
+            return stacked + elements(first)
         if name == "zip":
             return zipped([self.expr(arg) for arg in positional])
         if name == "enumerate":
