@@ -165,8 +165,15 @@ def loss_part(value: tuple) -> tuple:
             out.append(f)
     return tuple(out)
 
-def param_facts(param: cst.Param) -> tuple:
-    """The facts of a parameter the caller does not supply: its role from its name, annotation, default."""
+def param_facts(param: cst.Param, may_be_none: bool = False) -> tuple:
+    """The facts of a parameter the caller does not supply: its role from its name, annotation, default.
+    With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it)."""
+    facts = _param_facts(param)
+    if may_be_none and facts and isinstance(param.default, cst.Name) and param.default.value == "None":
+        facts += (Fact(role="none"),)
+    return facts
+
+def _param_facts(param: cst.Param) -> tuple:
     name = param.name.value
     if name in ("self", "cls"):
         return ()

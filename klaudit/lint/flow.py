@@ -21,7 +21,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import Callee, closure_of
-from klaudit.lint.containers import elements, enumerated, zipped
+from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, record_fields, zipped
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
@@ -33,7 +33,7 @@ from klaudit.lint.syntax import (
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 
-class FunctionRun:
+class FunctionRun(ContainerFlow):
     """One interpretation of one function body."""
 
     def __init__(self, analyzer, module, func: cst.FunctionDef, cls, env: dict, record: bool):
@@ -183,6 +183,11 @@ class FunctionRun:
             return None, None
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             comp = test.comparisons[0]
+            if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
+                decided = self.is_none(test.left)
+                if decided is not None and isinstance(comp.operator, cst.IsNot):
+                    decided = not decided
+                return None, decided
             left, right = test.left, comp.comparator
             strings = string_literals(right) or string_literals(left)
             subject = left if string_literals(right) else right
@@ -219,6 +224,15 @@ class FunctionRun:
                 return None, name == "True"
             return (name, (True,)), None
         return None, None
+
+    def is_none(self, node: cst.BaseExpression) -> Optional[bool]:
+        """Whether `node` holds None, when its facts decide it (an argument left at a None default,
+        or given a value): `if dim is None:` in a helper, decided by the call."""
+        facts = self.expr(node)
+        if not facts:
+            return None
+        nones = [f.role == "none" for f in facts]
+        return True if all(nones) else (False if not any(nones) else None)
 
     def here(self, node: cst.CSTNode) -> cst.CSTNode:
         """The statement being interpreted: findings and origins are reported at statements."""
@@ -290,18 +304,16 @@ class FunctionRun:
             value = self.sink(kind, value, node)
         if isinstance(target, cst.Name):
             self.env[name] = value
+        elif isinstance(target, cst.Subscript) and string_key(target) is not None:
+            self.store_key(target, string_key(target), value)
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             base = target.value.value
-            if string_key(target) is None:
-                self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
+            self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
         elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
             self.env["self." + name] = value
         elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
             self.env[f"{target.value.value}.{name}"] = value
-            writes = self.analyzer.field_writes
-            if writes is not None and name in self.module.kl_fields:
-                stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
-                writes[name] = writes.get(name, ()) + stored
+            self.collect(name, value)
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
@@ -366,10 +378,12 @@ class FunctionRun:
         base = root_name(node)
         if base == "self":
             return ()
-        if isinstance(node.value, cst.Name) and attr in self.module.kl_fields and self.analyzer.read_fields:
-            stored = self.analyzer.fields_of(self.module).get(attr)
-            if stored:
-                return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
+        entries = entry_of(self.expr(node.value), attr)
+        if entries:
+            return entries  # a record built with this field
+        stored = self.stored(attr) if isinstance(node.value, cst.Name) else ()
+        if stored:
+            return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
         poly = roles.named_tensor(attr, grad=False)
         if poly is not None:
             return (tensor(poly),)
@@ -382,6 +396,9 @@ class FunctionRun:
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)
         if key is not None:
+            found = self.read_key(node.value, key)
+            if found is not None:
+                return found
             poly = roles.named_tensor(key, grad=not self.no_grad and not is_data_read(node))
             if poly is not None:
                 return (tensor(poly),)
@@ -573,6 +590,11 @@ class FunctionRun:
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
+        if isinstance(func, cst.Name) and func.value in self.module.classes:
+            positional, keywords = self.args(node)
+            return self.build_record(record_fields(self.module.classes[func.value][0]), positional, keywords)
+        if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
+            return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
         return self.library_call(name, node)
 
     def worth_following(self, node: cst.Call) -> bool:
@@ -647,9 +669,8 @@ class FunctionRun:
         if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
             return None
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
-            key = positional[0].evaluated_value
-            poly = roles.named_tensor(key, grad=False)
-            return (tensor(poly),) if poly is not None else ()
+            default = positional[1] if len(positional) > 1 else keywords.get("default")
+            return self.read_get(base_node, positional[0].evaluated_value, default)
         base = self.expr(base_node)
         if method in ("endswith", "startswith", "lower", "upper", "strip"):
             return base if method in ("lower", "upper", "strip") else ()

@@ -9,6 +9,7 @@ from typing import Optional
 
 import libcst as cst
 
+from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, param_facts
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.roles import might_contain_kl
@@ -17,13 +18,27 @@ from klaudit.lint.syntax import decorated_no_grad, dotted, params
 MAX_DEPTH = 4
 
 
-# `obj.attr = ...` on an object other than self, for attribute names with KL vocabulary (`samples.kl`)
-_FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)")
+# `obj.attr = value` on an object other than self, `x["key"] = value`, and the keywords of calls
+# (`Experience(kl=kl)`): the field, key or keyword and the rest of the line
+_FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)([^\n]*)")
+_KEY_WRITE = re.compile(r"\[\s*(\"\w+\"|'\w+')\s*\]\s*(?:[-+*/]?=)(?!=)([^\n]*)")
+_KEYWORD = re.compile(r"[(,]\s*([A-Za-z_]\w*)\s*=(?!=)([^,)\n]*)")
+
+
+def stored_slots(source: str) -> frozenset:
+    """The fields, keys (as containers.key_slot) and keywords that the module's code stores a value into,
+    where the name or the stored expression has KL vocabulary: the only ones whose stores are followed."""
+    slots = set()
+    for pattern, slot in ((_FIELD_WRITE, str), (_KEYWORD, str), (_KEY_WRITE, lambda key: key_slot(key[1:-1]))):
+        for name, value in pattern.findall(source):
+            if might_contain_kl(name) or might_contain_kl(value):
+                slots.add(slot(name))
+    return frozenset(slots)
 
 
 class Module:
-    """A parsed module of the linted tree: its functions, classes and imports, and the KL-named fields
-    its code stores on objects other than self (`samples.kl = kl`, read back as `experience.kl`)."""
+    """A parsed module of the linted tree: its functions, classes and imports, and the fields and keys
+    its code stores KL-looking values into (`samples.kl = kl`, read back as `experience.kl`)."""
 
     def __init__(self, path: str, module: cst.Module, project) -> None:
         self.path = path
@@ -34,8 +49,8 @@ class Module:
         self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
         for stmt in module.body:
             self._collect(stmt)
-        self.kl_fields = frozenset(name for name in _FIELD_WRITE.findall(project.source(module))
-                                   if might_contain_kl(name))
+        self.kl_fields = stored_slots(project.source(module)) | frozenset(
+            name for classdef, _ in self.classes.values() for name in record_fields(classdef) if might_contain_kl(name))
 
     def _collect(self, stmt: cst.CSTNode) -> None:
         if isinstance(stmt, cst.FunctionDef):
@@ -124,10 +139,10 @@ class Analyzer:
         return self.module(str(path), tree)
 
     def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
-        """A function on its own: parameters get roles from their names."""
+        """A function on its own: parameters get roles from their names (and may be None where that is their default)."""
         env = {}
         for param in params(func):
-            env[param.name.value] = param_facts(param)
+            env[param.name.value] = param_facts(param, may_be_none=True)
         return FunctionRun(self, module, func, cls, env, record=True).run()
 
     def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:

@@ -97,3 +97,73 @@ def test_comprehension_variables_do_not_leak(tmp_path):
         "    return token_rewards, stats\n"
     )
     assert codes(source, tmp_path) == []
+
+
+@pytest.mark.parametrize("store, read", [
+    ('batch["kl"] = k3(logp, ref_logp)', 'batch["kl"]'),
+    ('data.batch["kl_values"] = k3(logp, ref_logp)', 'data.batch["kl_values"]'),
+    ('out = {"kl": k3(logp, ref_logp), "n": 1}', 'out["kl"]'),
+    ('out = dict(kl=k3(logp, ref_logp))', 'out.get("kl")'),
+    ('stats = {}', 'stats.get("kl", k3(logp, ref_logp))'),
+    ('item = Sample(kl=k3(logp, ref_logp), score=1.0)', 'item.kl'),
+])
+def test_values_stored_under_a_key_keep_their_meaning(store, read, tmp_path):
+    source = HELPER + (
+        "def make_rewards(logp, ref_logp, scores, batch, data):\n"
+        f"    {store}\n"
+        f"    token_rewards = scores - 0.1 * {read}\n"
+        "    return token_rewards\n"
+    )
+    assert [code for _, code in codes(source, tmp_path)] == ["KL004"]
+
+
+def test_a_key_stored_in_one_method_is_read_in_another(tmp_path):
+    source = HELPER + (
+        "class Trainer:\n"
+        "    def add_kl(self, rollout, logp, ref_logp):\n"
+        '        rollout["kl"] = k3(logp, ref_logp)\n'
+        "\n"
+        "    def make_rewards(self, rollout, scores):\n"
+        '        token_rewards = scores - 0.1 * rollout["kl"]\n'
+        "        return token_rewards\n"
+    )
+    assert codes(source, tmp_path) == [(13, "KL004")]
+
+
+def test_dataclass_fields_are_positional(tmp_path):
+    source = HELPER + (
+        "@dataclass\n"
+        "class Experience:\n"
+        "    sequences: object\n"
+        "    kl: object\n"
+        "\n"
+        "\n"
+        "def make(seqs, logp, ref_logp):\n"
+        "    return Experience(seqs, k3(logp, ref_logp))\n"
+        "\n"
+        "\n"
+        "def rewards_of(experience, scores):\n"
+        "    token_rewards = scores - 0.1 * experience.kl\n"
+        "    return token_rewards\n"
+    )
+    assert [code for _, code in codes(source, tmp_path)] == ["KL004"]
+
+
+def test_a_none_default_decides_the_branch_of_a_helper(tmp_path):
+    # masked_mean(x, mask) with dim=None is a batch token-mean (row 20: only the scale changes);
+    # with dim=-1 it is a per-sequence token-mean (row 21), which the message names
+    helper = (
+        "import torch\n\n\n"
+        "def masked_mean(values, mask, dim=None):\n"
+        "    if dim is None:\n"
+        "        return (values * mask).sum() / mask.sum()\n"
+        "    return ((values * mask).sum(dim) / mask.sum(dim)).mean()\n\n\n"
+    )
+    loss = "def step(logp, ref_logp, mask):\n    kl_loss = masked_mean(0.5 * (logp - ref_logp) ** 2, mask{})\n    kl_loss.backward()\n"
+    for dim, aggregation in (("", "batch-token-mean"), (", dim=-1", "seq-token-mean")):
+        path = tmp_path / "snippet.py"
+        text = helper + loss.format(dim)
+        path.write_text(text)
+        findings = check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
+        assert [f.code for f in findings] == ["KL003"]
+        assert f"k2 differentiated as a loss, {aggregation}," in findings[0].message
