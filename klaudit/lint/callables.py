@@ -8,10 +8,15 @@ of a callee like a call of the function by name, with the bound arguments first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import libcst as cst
+
+from klaudit.lint import roles
+from klaudit.lint.containers import record_fields
+from klaudit.lint.facts import Fact
+from klaudit.lint.syntax import dotted
 
 
 @dataclass(frozen=True)
@@ -51,3 +56,89 @@ def closure_of(func: cst.FunctionDef, env: dict) -> tuple:
     """The enclosing variables (and `x.attr` paths under them) that `func` may read, with their facts."""
     names = free_names(func)
     return tuple(sorted((key, value) for key, value in env.items() if key.split(".")[0] in names))
+
+
+# calls that hand their one tensor argument back unchanged in meaning: format conversions and
+# remote-object fetches (`TensorData.from_torch(x)`, `ray.get(ref)`, `np.asarray(x)`)
+PASS_THROUGH = frozenset({"from_torch", "to_torch", "from_numpy", "as_tensor", "asarray", "get", "wait_for"})
+PASS_THROUGH_RECEIVERS = frozenset({"ray", "torch", "np", "numpy"})
+
+
+class CallFlow:
+    """Calls of functions held as values, for klaudit.lint.flow.FunctionRun: closures, partials,
+    dispatch tables (`{"k1": f1, "k3": f3}[name](...)`), module-level registries, callable objects
+    (`self.kl_estimator = KLEstimator(...)` then `self.kl_estimator(...)` through `__call__`)."""
+
+    def callable_values(self, func: cst.BaseExpression) -> list:
+        """The callees a call target may hold; empty when it is no value the analysis knows."""
+        if isinstance(func, cst.Name):
+            facts = self.env.get(func.value)
+            if facts is None:
+                facts = self.module_value(func.value)
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            facts = self.env.get(dotted(func))
+            if facts is None and self.cls is not None:
+                facts = tuple(f for rhs in self.analyzer.self_values(self.module, self.cls).get(func.attr.value, ())
+                              for f in self.expr(rhs))
+        elif isinstance(func, (cst.Subscript, cst.Call)):
+            facts = self.expr(func)
+        else:
+            facts = ()
+        return list(dict.fromkeys(f.callee for f in facts or () if f.callee is not None))
+
+    def module_value(self, name: str) -> tuple:
+        """A module-level name used as a value: a function of the module, or a module-level constant."""
+        if name in self.module.functions:
+            return (Fact(role="function", callee=Callee(self.module, self.module.functions[name])),)
+        if name in self.module.constants:
+            return self.expr(self.module.constants[name])
+        # an imported name is followed only when it speaks of KL or a loss (parsing modules is the costly part)
+        relevant = name in self.module.imports and (roles.might_contain_kl(name) or "loss" in name.lower())
+        resolved = self.analyzer.resolve(self.module, cst.Name(name), None) if relevant else None
+        if resolved is not None:
+            module, func, cls = resolved
+            return (Fact(role="function", callee=Callee(module, func, cls)),)
+        return ()
+
+    def partial(self, node: cst.Call) -> tuple:
+        """functools.partial(f, *args, **kwargs): f with those arguments bound ahead of the call."""
+        positional, keywords = self.args(node)
+        if not positional:
+            return ()
+        bound = tuple(self.expr(arg) for arg in positional[1:])
+        bound_keywords = tuple(sorted((name, self.expr(arg)) for name, arg in keywords.items()))
+        return tuple(Fact(role="function", callee=replace(callee, bound=callee.bound + bound,
+                                                             bound_keywords=callee.bound_keywords + bound_keywords))
+                     for callee in self.callable_values(positional[0]))
+
+    def instance(self, module, classdef: cst.ClassDef, node: cst.Call) -> tuple:
+        """An object built by calling a class of the tree: a record of its fields, callable through
+        `__call__` (or `forward`, for a torch module) when the class defines one."""
+        positional, keywords = self.args(node)
+        value = self.build_record(record_fields(classdef), positional, keywords)
+        methods = {item.name.value: item for item in classdef.body.body if isinstance(item, cst.FunctionDef)}
+        method = methods.get("__call__") or methods.get("forward")
+        if method is None:
+            return value
+        # `self.x = x` in __init__: the method reads the constructor's argument as self.x
+        arguments = dict(value[0].items)
+        state = tuple(sorted((f"self.{attr}", arguments[rhs[0].value])
+                             for attr, rhs in self_assignments([methods["__init__"]] if "__init__" in methods else []).items()
+                             if len(rhs) == 1 and isinstance(rhs[0], cst.Name) and rhs[0].value in arguments))
+        return tuple(replace(f, callee=Callee(module, method, classdef.name.value, closure=state)) for f in value)
+
+
+def self_assignments(methods: list) -> dict:
+    """{attribute: [right-hand sides]} of the `self.attribute = value` statements of `methods`."""
+    found: dict = {}
+
+    class Stores(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                t = target.target
+                if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
+                    found.setdefault(t.attr.value, []).append(node.value)
+
+    for method in methods:
+        method.visit(Stores())
+    return found

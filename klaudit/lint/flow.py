@@ -20,8 +20,8 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
-from klaudit.lint.callables import Callee, closure_of
-from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, record_fields, zipped
+from klaudit.lint.callables import PASS_THROUGH, CallFlow, Callee, closure_of
+from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
@@ -33,7 +33,7 @@ from klaudit.lint.syntax import (
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 
-class FunctionRun(ContainerFlow):
+class FunctionRun(ContainerFlow, CallFlow):
     """One interpretation of one function body."""
 
     def __init__(self, analyzer, module, func: cst.FunctionDef, cls, env: dict, record: bool):
@@ -353,7 +353,10 @@ class FunctionRun(ContainerFlow):
             return (Fact(role="bool", text=node.value),)
         if node.value == "None":
             return (Fact(role="none"),)
-        return ()
+        return self.module_value(node.value)
+
+    def e_Await(self, node: cst.Await) -> tuple:
+        return self.expr(node.expression)
 
     def e_SimpleString(self, node: cst.SimpleString) -> tuple:
         return (Fact(role="str", text=node.evaluated_value),)
@@ -583,16 +586,22 @@ class FunctionRun(ContainerFlow):
             handled = self.method_call(method, func.value, node)
             if handled is not None:
                 return handled
-        callees = [f.callee for f in self.expr(func) if f.role == "function"]
+        return self.call_target(func, node)
+
+    def call_target(self, func: cst.BaseExpression, node: cst.Call) -> tuple:
+        """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""
+        callees = self.callable_values(func)
         if callees:
             return tuple(dict.fromkeys(fact for callee in callees for fact in self.call_callee(callee, node)))
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
-        if isinstance(func, cst.Name) and func.value in self.module.classes:
-            positional, keywords = self.args(node)
-            return self.build_record(record_fields(self.module.classes[func.value][0]), positional, keywords)
+        classdef = self.analyzer.resolve_class(self.module, func) if name[:1].isupper() else None
+        if classdef is not None:
+            return self.instance(*classdef, node)
+        if name == "partial":
+            return self.partial(node)
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
         return self.library_call(name, node)
@@ -668,6 +677,8 @@ class FunctionRun(ContainerFlow):
         receiver_name = dotted(base_node)
         if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
             return None
+        if method == "remote":  # a Ray task or actor method: the function, called with these arguments
+            return self.call_target(base_node, node)
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
             default = positional[1] if len(positional) > 1 else keywords.get("default")
             return self.read_get(base_node, positional[0].evaluated_value, default)
@@ -785,6 +796,8 @@ class FunctionRun(ContainerFlow):
             return self.aggregate(name, first, positional, keywords)
         if name == "kl_div":
             return self.kl_div(positional, keywords, node)
+        if name in PASS_THROUGH and len(node.args) == 1 and (name != "get" or dotted(node.func) == "ray.get"):
+            return first  # a conversion or a fetch that hands its tensor back (TensorData.from_torch(x))
         if name in ("float", "detach"):
             return detach_all(first) if name == "detach" else first
         if name in ("stack", "cat", "vstack", "hstack", "concat", "concatenate") or (

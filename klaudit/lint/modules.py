@@ -9,6 +9,7 @@ from typing import Optional
 
 import libcst as cst
 
+from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, param_facts
 from klaudit.lint.flow import FunctionRun
@@ -47,6 +48,7 @@ class Module:
         self.functions: dict = {}
         self.classes: dict = {}
         self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
+        self.constants: dict = {}  # module-level NAME = {...} / [...] / (...): the displays, for registries
         for stmt in module.body:
             self._collect(stmt)
         self.kl_fields = stored_slots(project.source(module)) | frozenset(
@@ -63,6 +65,9 @@ class Module:
             self.classes[stmt.name.value] = (stmt, methods)
         elif isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
+                if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                        and isinstance(small.value, (cst.Dict, cst.List, cst.Tuple))):
+                    self.constants[small.targets[0].target.value] = small.value
                 if isinstance(small, cst.Import):
                     for alias in small.names:
                         name = dotted(alias.name)
@@ -103,6 +108,7 @@ class Analyzer:
         self._stack: list = []  # _Frame of each call being interpreted, outermost first
         self._fields: dict = {}  # module path -> {field name: facts stored into it}
         self.field_writes: Optional[dict] = None  # while collecting fields: field name -> facts
+        self._self_values: dict = {}  # (id(module tree), class) -> {attribute: [right-hand sides]}
 
     def fields_of(self, module: Module) -> dict:
         """{field name: the KL facts the module's functions store into it}, for `obj.field` reads.
@@ -185,6 +191,44 @@ class Analyzer:
             self._summaries[key] = (result, frozenset(frame.reached))
         return result
 
+    def self_values(self, module: Module, cls: str) -> dict:
+        """{attribute: [right-hand sides]} of `self.attribute = value` in the methods of class `cls`."""
+        key = (id(module.tree), cls)
+        if key not in self._self_values:
+            classdef = module.classes.get(cls, (None,))[0]
+            methods = [item for item in classdef.body.body if isinstance(item, cst.FunctionDef)] if classdef is not None else []
+            self._self_values[key] = self_assignments(methods)
+        return self._self_values[key]
+
+    def resolve_class(self, module: Module, func_node: cst.CSTNode):
+        """(module, class definition) for a class of the linted tree called by name, or None."""
+        if not isinstance(func_node, cst.Name):
+            return None
+        name = func_node.value
+        if name in module.classes:
+            return module, module.classes[name][0]
+        if name in module.imports:
+            source, attr, level = module.imports[name]
+            target = self._import(module, source, level) if attr is not None else None
+            if target is not None and attr in target.classes:
+                return target, target.classes[attr][0]
+        return None
+
+    def method_of(self, module: Module, cls: str, name: str, depth: int = 3):
+        """(module, method, class) for `self.name` in class `cls`, looked up in its bases when it does not define it."""
+        classdef, methods = module.classes.get(cls, (None, {}))
+        if name in methods:
+            return module, methods[name], cls
+        if classdef is None or depth <= 0:
+            return None
+        for base in classdef.bases:
+            found = self.resolve_class(module, base.value)
+            if found is not None:
+                hit = self.method_of(found[0], found[1].name.value, name, depth - 1)
+                if hit is not None:
+                    return hit
+        return None
+
     def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):
         """(module, function, class) for a call target inside the linted tree, or None.
 
@@ -205,10 +249,7 @@ class Analyzer:
             attr = func_node.attr.value
             base = func_node.value
             if isinstance(base, cst.Name) and base.value in ("self", "cls") and cls is not None:
-                _, methods = module.classes.get(cls, (None, {}))
-                if attr in methods:
-                    return module, methods[attr], cls
-                return None
+                return self.method_of(module, cls, attr)
             if isinstance(base, cst.Name) and base.value in module.classes:
                 _, methods = module.classes[base.value]
                 if attr in methods:
