@@ -70,7 +70,7 @@ class CallFlow:
     (`self.kl_estimator = KLEstimator(...)` then `self.kl_estimator(...)` through `__call__`)."""
 
     def callable_values(self, func: cst.BaseExpression) -> list:
-        """The callees a call target may hold; empty when it is no value the analysis knows."""
+        """The facts holding a callee that a call target may hold; empty when it is no value the analysis knows."""
         if isinstance(func, cst.Name):
             facts = self.env.get(func.value)
             if facts is None:
@@ -84,7 +84,7 @@ class CallFlow:
             facts = self.expr(func)
         else:
             facts = ()
-        return list(dict.fromkeys(f.callee for f in facts or () if f.callee is not None))
+        return list(dict.fromkeys(f for f in facts or () if f.callee is not None))
 
     def module_value(self, name: str) -> tuple:
         """A module-level name used as a value: a function of the module, or a module-level constant."""
@@ -107,9 +107,9 @@ class CallFlow:
             return ()
         bound = tuple(self.expr(arg) for arg in positional[1:])
         bound_keywords = tuple(sorted((name, self.expr(arg)) for name, arg in keywords.items()))
-        return tuple(Fact(role="function", callee=replace(callee, bound=callee.bound + bound,
-                                                             bound_keywords=callee.bound_keywords + bound_keywords))
-                     for callee in self.callable_values(positional[0]))
+        return tuple(replace(held, callee=replace(held.callee, bound=held.callee.bound + bound,
+                                                   bound_keywords=held.callee.bound_keywords + bound_keywords))
+                     for held in self.callable_values(positional[0]))
 
     def instance(self, module, classdef: cst.ClassDef, node: cst.Call) -> tuple:
         """An object built by calling a class of the tree: a record of its fields, callable through

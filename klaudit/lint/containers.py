@@ -14,7 +14,7 @@ from typing import Optional
 import libcst as cst
 
 from klaudit.lint import roles
-from klaudit.lint.facts import Fact, tensor
+from klaudit.lint.facts import Fact, merge_labels, tensor
 from klaudit.lint.syntax import dotted, params
 
 
@@ -94,6 +94,23 @@ class ContainerFlow:
         if default is None:
             return found
         return tuple(dict.fromkeys(found + tuple(f for f in self.expr(default) if f.role != "none")))
+
+    def dispatch(self, node: cst.Subscript) -> Optional[tuple]:
+        """`table[name]` on a dict display with a key the analysis does not know: every entry, each
+        labelled as the switch value that selects it (`{"k1": f1, "k3": f3}[kind]`)."""
+        tables = [f for f in self.expr(node.value) if f.role == "dict"]
+        if not tables or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return None
+        switch = node.slice[0].slice.value
+        known = [f.text for f in self.expr(switch) if f.role == "str" and f.text is not None]
+        name = next((f.name for f in self.expr(switch) if f.role == "str" and f.name), "") or dotted(switch).split(".")[-1]
+        out: list = []
+        for table in tables:
+            for key, facts in table.items:
+                if known and key not in known:
+                    continue
+                out.extend(replace(f, labels=merge_labels(f.labels, ((name, (key,)),))) if not known else f for f in facts)
+        return tuple(dict.fromkeys(out))
 
     def build_record(self, fields: list, positional: list, keywords: dict) -> tuple:
         """A record built by a constructor call: its entries by field name."""

@@ -33,6 +33,10 @@ from klaudit.lint.syntax import (
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 
+# keywords that name the tensor a library function operates on, when it is not passed positionally
+TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
+
+
 class FunctionRun(ContainerFlow, CallFlow):
     """One interpretation of one function body."""
 
@@ -415,6 +419,9 @@ class FunctionRun(ContainerFlow, CallFlow):
         index = self.index_tuple(node)
         if index is not None:
             return index
+        chosen = self.dispatch(node)
+        if chosen is not None:
+            return chosen
         if any(f.role == "str" for f in base):
             if drops_last_char(node):
                 return tuple(replace(f, text=f.text[:-1] if f.text else None) for f in base if f.role == "str")
@@ -592,7 +599,10 @@ class FunctionRun(ContainerFlow, CallFlow):
         """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""
         callees = self.callable_values(func)
         if callees:
-            return tuple(dict.fromkeys(fact for callee in callees for fact in self.call_callee(callee, node)))
+            # a callee picked by a switch (a dispatch table's entry) gives results under that switch value
+            return tuple(dict.fromkeys(replace(fact, labels=merge_labels(fact.labels, held.labels))
+                                       for held in callees for fact in self.call_callee(held.callee, node)
+                                       if compatible(fact.labels, held.labels)))
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
@@ -776,7 +786,9 @@ class FunctionRun(ContainerFlow, CallFlow):
 
     def library_call(self, name: str, node: cst.Call) -> tuple:
         positional, keywords = self.args(node)
-        first = self.expr(positional[0]) if positional else ()
+        # the tensor operated on: the first positional argument, or its keyword (agg_loss(loss_mat=...))
+        first_node = positional[0] if positional else next((keywords[k] for k in TENSOR_KEYWORDS if k in keywords), None)
+        first = self.expr(first_node) if first_node is not None else ()
         if name in ("exp", "log", "abs", "square", "expm1", "log_softmax", "softmax", "neg", "negative"):
             return self.unary_math(name, first, node)
         if name in ("clamp", "clip", "clamp_"):

@@ -167,3 +167,53 @@ def test_a_none_default_decides_the_branch_of_a_helper(tmp_path):
         findings = check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
         assert [f.code for f in findings] == ["KL003"]
         assert f"k2 differentiated as a loss, {aggregation}," in findings[0].message
+
+
+K1_HELPER = "def k1(logp, ref_logp):\n    return logp - ref_logp\n\n\n"
+
+
+@pytest.mark.parametrize("call", [
+    "partial(k3, ref_logp=ref_logp)(logp)",
+    '{"k1": k1, "k3": k3}[kind](logp, ref_logp)',
+    "ESTIMATORS[kind](logp, ref_logp)",
+    "await async_k3(logp, ref_logp)",
+    "ray.get(k3.remote(logp, ref_logp))",
+    "TensorData.from_torch(k3(logp, ref_logp))",
+])
+def test_calls_of_function_values(call, tmp_path):
+    source = HELPER + K1_HELPER + (
+        "from functools import partial\n\n"
+        'ESTIMATORS = {"k1": k1, "k3": k3}\n\n\n'
+        "async def async_k3(logp, ref_logp):\n    return k3(logp, ref_logp)\n\n\n"
+        "async def step(logp, ref_logp, mask, kind):\n"
+        f"    kl_loss = (({call}) * mask).sum() / mask.sum()\n"
+        "    kl_loss.backward()\n"
+    )
+    found = codes(source, tmp_path)
+    assert found == ([(22, "KL001"), (22, "KL002")] if "kind" in call else [(22, "KL002")])
+
+
+def test_a_method_inherited_from_a_base_class(tmp_path):
+    source = HELPER + (
+        "class BaseTrainer:\n"
+        "    def kl_term(self, logp, ref_logp):\n"
+        "        return k3(logp, ref_logp)\n"
+        "\n\n"
+        "class Trainer(BaseTrainer):\n"
+        "    def step(self, logp, ref_logp, mask):\n"
+        "        kl_loss = (self.kl_term(logp, ref_logp) * mask).sum() / mask.sum()\n"
+        "        kl_loss.backward()\n"
+    )
+    assert codes(source, tmp_path) == [(15, "KL002")]
+
+
+def test_a_library_aggregator_called_with_keywords(tmp_path):
+    # agg_loss is not in the linted tree: its loss_mat keyword is the term it reduces
+    source = HELPER + (
+        "from trainer_utils import agg_loss\n\n\n"
+        "def step(logp, ref_logp, mask, pg_loss):\n"
+        '    kl_loss = agg_loss(loss_mat=k3(logp, ref_logp), loss_mask=mask, loss_agg_mode="token-mean")\n'
+        "    loss = pg_loss + 0.1 * kl_loss\n"
+        "    loss.backward()\n"
+    )
+    assert codes(source, tmp_path) == [(12, "KL002")]
