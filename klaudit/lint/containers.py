@@ -15,7 +15,7 @@ import libcst as cst
 
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, merge_labels, tensor
-from klaudit.lint.syntax import dotted, params
+from klaudit.lint.syntax import dotted, last_name, params
 
 
 def elements(value: tuple) -> tuple:
@@ -94,6 +94,15 @@ class ContainerFlow:
         if default is None:
             return found
         return tuple(dict.fromkeys(found + tuple(f for f in self.expr(default) if f.role != "none")))
+
+    def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
+        """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
+        term into that sink. The list itself is not followed: a GAE loop appends its running sums, and
+        the per-step terms it mixes would reach the policy loss as if they were the KL term itself."""
+        kind = roles.sink_of_name(last_name(target))
+        if kind is not None:
+            value = self.expr(arg)
+            self.sink(kind, value if method == "append" else elements(value), node)
 
     def dispatch(self, node: cst.Subscript) -> Optional[tuple]:
         """`table[name]` on a dict display with a key the analysis does not know: every entry, each

@@ -55,6 +55,17 @@ class Outcome:
     returns: tuple = ()
     sinks: list = field(default_factory=list)
 
+# The alternatives an arithmetic result keeps: a sum or product crosses the alternatives of its
+# operands, so that a value updated in a loop (GAE's running sums) would otherwise grow without bound
+MAX_ALTERNATIVES = 32
+
+
+def bounded(value: tuple) -> tuple:
+    """At most MAX_ALTERNATIVES of `value`, KL terms first, each group in its own (deterministic) order."""
+    if len(value) <= MAX_ALTERNATIVES:
+        return value
+    return (tuple(f for f in value if f.is_kl()) + tuple(f for f in value if not f.is_kl()))[:MAX_ALTERNATIVES]
+
 def tensor(poly: Poly, **kw) -> Fact:
     return Fact(poly=poly, **kw)
 

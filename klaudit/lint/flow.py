@@ -23,7 +23,7 @@ from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import PASS_THROUGH, CallFlow, Callee, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
-    NEG, UNKNOWN, Fact, Outcome, Sink, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
+    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
 )
 from klaudit.lint.syntax import (
@@ -549,7 +549,7 @@ class FunctionRun(ContainerFlow, CallFlow):
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_tensor:
                     out.append(replace(b, poly=alg.scale(b.poly, sign)))
-        return tuple(dict.fromkeys(out))
+        return bounded(tuple(dict.fromkeys(out)))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
         out = []
@@ -568,7 +568,7 @@ class FunctionRun(ContainerFlow, CallFlow):
                     negative_unknown = True
         if not out and negative_unknown:
             return NEG
-        return tuple(dict.fromkeys(out))
+        return bounded(tuple(dict.fromkeys(out)))
 
     def divide(self, left: tuple, right: tuple, node) -> tuple:
         out = []
@@ -692,6 +692,9 @@ class FunctionRun(ContainerFlow, CallFlow):
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
             default = positional[1] if len(positional) > 1 else keywords.get("default")
             return self.read_get(base_node, positional[0].evaluated_value, default)
+        if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):
+            self.add_to_list(base_node, method, positional[0], node)
+            return ()
         base = self.expr(base_node)
         if method in ("endswith", "startswith", "lower", "upper", "strip"):
             return base if method in ("lower", "upper", "strip") else ()
