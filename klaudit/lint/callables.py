@@ -77,7 +77,7 @@ class CallFlow:
                 facts = self.module_value(func.value)
         elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
             facts = self.env.get(dotted(func))
-            if facts is None and self.cls is not None:
+            if facts is None and self.cls is not None and self.analyzer.method_of(self.module, self.cls, func.attr.value) is None:
                 facts = tuple(f for rhs in self.analyzer.self_values(self.module, self.cls).get(func.attr.value, ())
                               for f in self.expr(rhs))
         elif isinstance(func, (cst.Subscript, cst.Call)):
@@ -129,16 +129,27 @@ class CallFlow:
 
 
 def self_assignments(methods: list) -> dict:
-    """{attribute: [right-hand sides]} of the `self.attribute = value` statements of `methods`."""
+    """{attribute: [right-hand sides]} of the `self.attribute = value` statements of `methods`
+    (statements at any depth of their blocks; expressions are not searched)."""
     found: dict = {}
 
-    class Stores(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for target in node.targets:
-                t = target.target
-                if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
-                    found.setdefault(t.attr.value, []).append(node.value)
+    def walk(body) -> None:
+        for stmt in getattr(body, "body", ()):
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.Assign):
+                        for target in small.targets:
+                            t = target.target
+                            if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
+                                found.setdefault(t.attr.value, []).append(small.value)
+            elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                for part in (stmt, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None), *getattr(stmt, "handlers", ())):
+                    inner = getattr(part, "body", None)
+                    if isinstance(inner, cst.BaseSuite):
+                        walk(inner)
+                    elif isinstance(part, cst.If):
+                        walk(part.body)
 
     for method in methods:
-        method.visit(Stores())
+        walk(method.body)
     return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -19,22 +20,47 @@ from klaudit.lint.syntax import decorated_no_grad, dotted, params
 MAX_DEPTH = 4
 
 
-# `obj.attr = value` on an object other than self, `x["key"] = value`, and the keywords of calls
-# (`Experience(kl=kl)`): the field, key or keyword and the rest of the line
+# `obj.attr = value` on an object other than self, `x["key"] = value`, and the keywords of a
+# constructor call (`Experience(..., kl=kl)`): the field, key or keyword and what is stored
 _FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)([^\n]*)")
 _KEY_WRITE = re.compile(r"\[\s*(\"\w+\"|'\w+')\s*\]\s*(?:[-+*/]?=)(?!=)([^\n]*)")
-_KEYWORD = re.compile(r"[(,]\s*([A-Za-z_]\w*)\s*=(?!=)([^,)\n]*)")
+_CONSTRUCTOR = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
+_KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)([^,]*)")
 
 
-def stored_slots(source: str) -> frozenset:
-    """The fields, keys (as containers.key_slot) and keywords that the module's code stores a value into,
-    where the name or the stored expression has KL vocabulary: the only ones whose stores are followed."""
-    slots = set()
-    for pattern, slot in ((_FIELD_WRITE, str), (_KEYWORD, str), (_KEY_WRITE, lambda key: key_slot(key[1:-1]))):
-        for name, value in pattern.findall(source):
-            if might_contain_kl(name) or might_contain_kl(value):
-                slots.add(slot(name))
-    return frozenset(slots)
+def stored_slots(source: str) -> dict:
+    """{field, key (as containers.key_slot) or constructor keyword: the lines that store into it}, for
+    those whose name or stored expression has KL vocabulary: the only stores that are followed."""
+    found: dict = {}
+
+    def add(name: str, value: str, offset: int) -> None:
+        if might_contain_kl(name) or might_contain_kl(value):
+            found.setdefault(name, set()).add(source.count("\n", 0, offset) + 1)
+
+    for match in _FIELD_WRITE.finditer(source):
+        add(match.group(1), match.group(2), match.start())
+    for match in _KEY_WRITE.finditer(source):
+        add(key_slot(match.group(1)[1:-1]), match.group(2), match.start())
+    for call in _CONSTRUCTOR.finditer(source):
+        for keyword in _KEYWORD.finditer(call.group(1)):
+            add(keyword.group(1), keyword.group(2), call.start())
+    return found
+
+
+def function_lines(source: str) -> list:
+    """(first line, last line) of each function of `module_functions`, in its order (read by `ast`)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    spans = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans.append((stmt.lineno, stmt.end_lineno))
+        elif isinstance(stmt, ast.ClassDef):
+            spans.extend((item.lineno, item.end_lineno) for item in stmt.body
+                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return spans
 
 
 class Module:
@@ -51,8 +77,14 @@ class Module:
         self.constants: dict = {}  # module-level NAME = {...} / [...] / (...): the displays, for registries
         for stmt in module.body:
             self._collect(stmt)
-        self.kl_fields = stored_slots(project.source(module)) | frozenset(
-            name for classdef, _ in self.classes.values() for name in record_fields(classdef) if might_contain_kl(name))
+        source = project.source(module)
+        self.store_lines = stored_slots(source)
+        for name, (classdef, _) in self.classes.items():  # records built positionally: Experience(seqs, kl)
+            fields = [field for field in record_fields(classdef) if might_contain_kl(field)]
+            calls = {source.count("\n", 0, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
+            for field in fields:
+                self.store_lines.setdefault(field, set()).update(calls)
+        self.kl_fields = frozenset(self.store_lines)
 
     def _collect(self, stmt: cst.CSTNode) -> None:
         if isinstance(stmt, cst.FunctionDef):
@@ -121,7 +153,11 @@ class Analyzer:
             collector = Analyzer(self.project, read_fields=False)
             collector.field_writes = {}
             own = collector.module(module.path, module.tree)
-            for func, cls in module_functions(module.tree):
+            lines = set().union(*module.store_lines.values()) if module.store_lines else set()
+            spans = function_lines(self.project.source(module.tree))
+            for index, (func, cls) in enumerate(module_functions(module.tree)):
+                if index < len(spans) and not any(spans[index][0] <= line <= spans[index][1] for line in lines):
+                    continue  # the function stores into no followed field or key
                 try:
                     collector.analyse(own, func, cls)
                 except RecursionError:
