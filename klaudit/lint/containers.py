@@ -86,13 +86,13 @@ class ContainerFlow:
         return self.stored(key_slot(key)) or None
 
     def read_get(self, base_node: cst.BaseExpression, key: str, default: Optional[cst.BaseExpression]) -> tuple:
-        """`base.get("key", default)`: what was stored under the key, or the default."""
+        """`base.get("key", default)`: what was stored under the key, or the default (None when not given)."""
         found = self.read_key(base_node, key)
         if found is None:
             poly = roles.named_tensor(key, grad=False)
             found = (tensor(poly),) if poly is not None else ()
-        if default is None:
-            return found
+        if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
+            return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found
         return tuple(dict.fromkeys(found + tuple(f for f in self.expr(default) if f.role != "none")))
 
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:

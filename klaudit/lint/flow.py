@@ -828,7 +828,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         if name in ("max", "min", "maximum", "minimum") and len(positional) == 2:
             return tuple(dict.fromkeys(operands(first) + operands(self.expr(positional[1]))))
         if name == "where" and len(positional) == 3:
-            return tuple(dict.fromkeys(self.expr(positional[1]) + self.expr(positional[2])))
+            return self.where(*positional)
         if roles.LOGPROB_PRODUCERS.match(name):
             kinds = {a.kind for f in first if f.poly is not None for a in f.poly.atoms()}
             return per_token_from_logits(kinds, first) or ()
@@ -837,6 +837,17 @@ class FunctionRun(ContainerFlow, CallFlow):
         if name in ("masked_whiten", "whiten"):
             return ()
         return ()
+
+    def where(self, condition, when_true, when_false) -> tuple:
+        """torch.where(m, a, b): a or b. Labelled by the mask's name, so that where(m, a, b) and
+        where(~m, a, b) in one expression pick opposite sides (a DPO pair's chosen and rejected)."""
+        negated = isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, (cst.BitInvert, cst.Not))
+        name = dotted(condition.expression if negated else condition)
+        sides = [self.expr(when_true), self.expr(when_false)]
+        if name:
+            sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
+                     for side, facts in zip((True, False), sides)]
+        return tuple(dict.fromkeys(sides[0] + sides[1]))
 
     def aggregate(self, name, first, positional, keywords) -> tuple:
         if name == "masked_mean":
