@@ -658,6 +658,10 @@ class FunctionRun(ContainerFlow, CallFlow):
                 if any(f.role == "str" for f in facts) or not facts:
                     label = last_name(arg)
                     facts = tuple(replace(f, name=f.name or label) if f.role == "str" else f for f in facts)
+                    if not facts:
+                        # an argument the analysis cannot explain: the parameter's name can (a tensor
+                        # role), else it is taken for a switch value named after the argument
+                        facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
                 env[name] = facts
@@ -821,7 +825,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             # literal list keeps its positions too, for an index that picks one (kl_4BT[estimator])
             stacked = tuple(f for f in first if f.role == "tuple") if name != "sum" else ()
             return stacked + elements(first)
-        if name == "zip":
+        if name == "zip" or name.endswith("_zip") or name == "safezip":  # zip and its strict variants
             return zipped([self.expr(arg) for arg in positional])
         if name == "enumerate":
             return enumerated(first)

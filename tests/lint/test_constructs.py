@@ -217,3 +217,24 @@ def test_a_library_aggregator_called_with_keywords(tmp_path):
         "    loss.backward()\n"
     )
     assert codes(source, tmp_path) == [(12, "KL002")]
+
+
+def test_an_unexplained_argument_takes_the_parameters_role(tmp_path):
+    # new_lp_BT has no role by its name: inside the helper, the parameter's name gives it one
+    source = HELPER + (
+        "def kl_of(logprobs, ref_logprobs):\n"
+        "    return k3(logprobs, ref_logprobs)\n\n\n"
+        "def step(new_lp_BT, base_BT, mask):\n"
+        "    kl_loss = (kl_of(new_lp_BT, base_BT) * mask).sum() / mask.sum()\n"
+        "    kl_loss.backward()\n"
+    )
+    assert codes(source, tmp_path) == [(13, "KL002")]
+
+
+def test_strict_zip_variants_bind_pairs(tmp_path):
+    source = HELPER + (
+        "def step(logps, ref_logps):\n"
+        "    kl_loss = torch.stack([k3(lp, rp).sum() for lp, rp in safezip(logps, ref_logps)]).mean()\n"
+        "    kl_loss.backward()\n"
+    )
+    assert [code for _, code in codes(source, tmp_path)] == ["KL002"]
