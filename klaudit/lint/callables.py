@@ -31,31 +31,10 @@ class Callee:
     bound_keywords: tuple = ()  # ((parameter, facts), ...) bound by functools.partial
 
 
-_FREE_NAMES: dict = {}
-
-
-def free_names(func: cst.FunctionDef) -> frozenset:
-    """The names a function's body mentions (a superset of the enclosing variables it reads)."""
-    key = id(func)
-    if key not in _FREE_NAMES:
-        found: set = set()
-
-        class Names(cst.CSTVisitor):
-            def visit_Name(self, node: cst.Name) -> None:
-                found.add(node.value)
-
-        func.body.visit(Names())
-        for param in (*func.params.posonly_params, *func.params.params, *func.params.kwonly_params):
-            if param.default is not None:
-                param.default.visit(Names())
-        _FREE_NAMES[key] = (func, frozenset(found))  # the node is kept so that its id stays its own
-    return _FREE_NAMES[key][1]
-
-
-def closure_of(func: cst.FunctionDef, env: dict) -> tuple:
-    """The enclosing variables (and `x.attr` paths under them) that `func` may read, with their facts."""
-    names = free_names(func)
-    return tuple(sorted((key, value) for key, value in env.items() if key.split(".")[0] in names))
+def closure_of(env: dict) -> tuple:
+    """The enclosing variables a nested function can read: the whole environment where it is defined
+    (those it does not mention are never looked up), in a hashable, deterministic order."""
+    return tuple(sorted(env.items(), key=lambda item: item[0]))
 
 
 # calls that hand their one tensor argument back unchanged in meaning: format conversions and

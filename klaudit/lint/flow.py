@@ -123,7 +123,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         """A function defined inside this one (a loss closure, a callback): analysed where it is
         defined, its enclosing variables holding their facts there; its sinks are this function's.
         The name holds it, so that a call of it is interpreted with the caller's arguments."""
-        closure = closure_of(func, self.env)
+        closure = closure_of(self.env)
         self.env[func.name.value] = (Fact(role="function", callee=Callee(self.module, func, self.cls, closure)),)
         env = dict(closure)
         env.update((param.name.value, param_facts(param)) for param in params(func))
@@ -607,7 +607,8 @@ class FunctionRun(ContainerFlow, CallFlow):
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
-        classdef = self.analyzer.resolve_class(self.module, func) if name[:1].isupper() else None
+        classdef = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node))
+                    if name[:1].isupper() else None)
         if classdef is not None:
             return self.instance(*classdef, node)
         if name == "partial":

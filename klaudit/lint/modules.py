@@ -236,14 +236,16 @@ class Analyzer:
             self._self_values[key] = self_assignments(methods)
         return self._self_values[key]
 
-    def resolve_class(self, module: Module, func_node: cst.CSTNode):
-        """(module, class definition) for a class of the linted tree called by name, or None."""
+    def resolve_class(self, module: Module, func_node: cst.CSTNode, imports: bool = True):
+        """(module, class definition) for a class of the linted tree called by name, or None.
+
+        With `imports` False only classes of `module` itself are considered."""
         if not isinstance(func_node, cst.Name):
             return None
         name = func_node.value
         if name in module.classes:
             return module, module.classes[name][0]
-        if name in module.imports:
+        if name in module.imports and imports:
             source, attr, level = module.imports[name]
             target = self._import(module, source, level) if attr is not None else None
             if target is not None and attr in target.classes:
