@@ -181,11 +181,18 @@ class Analyzer:
         return self.module(str(path), tree)
 
     def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
-        """A function on its own: parameters get roles from their names (and may be None where that is their default)."""
+        """A function on its own: parameters get roles from their names (and may be None where that is
+        their default). A method is also interpreted as a method of each subclass in the module that
+        inherits it and overrides another method (a trainer whose subclass swaps the KL estimator);
+        the sinks of all are the function's."""
         env = {}
         for param in params(func):
             env[param.name.value] = param_facts(param, may_be_none=True)
-        return FunctionRun(self, module, func, cls, env, record=True).run()
+        outcome = FunctionRun(self, module, func, cls, env, record=True).run()
+        for subclass in overriding_subclasses(module, cls, func.name.value) if cls is not None else ():
+            more = FunctionRun(self, module, func, subclass, env, record=True).run()
+            outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks)) for s in more.sinks)
+        return outcome
 
     def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
         """What `func` returns given the caller's argument facts, and where it sinks the arguments.
@@ -308,6 +315,17 @@ class Analyzer:
         if path is None:
             return None
         return self.module_at(path)
+
+
+def overriding_subclasses(module: Module, cls: str, method: str) -> list:
+    """The classes of `module` derived directly from `cls` that inherit `method` and override another of its methods."""
+    _, methods = module.classes.get(cls, (None, {}))
+    found = []
+    for name, (classdef, own) in sorted(module.classes.items()):
+        if name != cls and method not in own and set(own) & (set(methods) - {"__init__"}) and any(
+                isinstance(base.value, cst.Name) and base.value.value == cls for base in classdef.bases):
+            found.append(name)
+    return found
 
 
 def module_functions(tree: cst.Module):

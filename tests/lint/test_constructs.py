@@ -238,3 +238,21 @@ def test_strict_zip_variants_bind_pairs(tmp_path):
         "    kl_loss.backward()\n"
     )
     assert [code for _, code in codes(source, tmp_path)] == ["KL002"]
+
+
+def test_a_subclass_that_overrides_the_estimator(tmp_path):
+    # the base trainer's loss is correct for its own kl_term (none); a subclass swaps in k3 (row 3)
+    source = HELPER + (
+        "class Trainer:\n"
+        "    def kl_term(self, logp, ref_logp):\n"
+        "        return torch.zeros_like(logp)\n"
+        "\n"
+        "    def step(self, logp, ref_logp, mask):\n"
+        "        kl_loss = (self.kl_term(logp, ref_logp) * mask).sum() / mask.sum()\n"
+        "        kl_loss.backward()\n"
+        "\n\n"
+        "class K3Trainer(Trainer):\n"
+        "    def kl_term(self, logp, ref_logp):\n"
+        "        return k3(logp, ref_logp)\n"
+    )
+    assert codes(source, tmp_path) == [(13, "KL002")]
