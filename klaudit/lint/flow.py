@@ -11,6 +11,7 @@ expressions that KL terms reach.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Optional
 
@@ -607,7 +608,10 @@ class FunctionRun(ContainerFlow, CallFlow):
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
-        classdef = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node))
+        # an imported class is followed when its words speak of KL or a loss (KLEstimator) or KL facts go in
+        words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+        classdef = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node)
+                                                or roles.might_contain_kl(words) or "estimator" in name.lower())
                     if name[:1].isupper() else None)
         if classdef is not None:
             return self.instance(*classdef, node)

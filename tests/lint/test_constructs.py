@@ -256,3 +256,24 @@ def test_a_subclass_that_overrides_the_estimator(tmp_path):
         "        return k3(logp, ref_logp)\n"
     )
     assert codes(source, tmp_path) == [(13, "KL002")]
+
+
+def test_an_imported_estimator_object(tmp_path):
+    # AReaL's shape: the estimator class lives in another module of the tree, built in __init__
+    (tmp_path / "estimators.py").write_text(HELPER + (
+        "class KLEstimator:\n"
+        "    def __init__(self, kind):\n"
+        "        self.kind = kind\n\n"
+        "    def __call__(self, logp, ref_logp):\n"
+        "        return k3(logp, ref_logp)\n"
+    ))
+    source = (
+        "from estimators import KLEstimator\n\n\n"
+        "class Actor:\n"
+        "    def __init__(self, config):\n"
+        "        self.kl_estimator = KLEstimator(config.kl_estimator)\n\n"
+        "    def rewards(self, logp, ref_logp, scores):\n"
+        "        token_rewards = scores - 0.1 * self.kl_estimator(logp, ref_logp)\n"
+        "        return token_rewards\n"
+    )
+    assert codes(source, tmp_path) == [(9, "KL004")]
