@@ -23,7 +23,7 @@ class Fact:
     """One alternative value of an expression."""
 
     poly: Optional[Poly] = None
-    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool
+    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool | function
     clamped: bool = False
     position: Position = Position.ALL
     aggregation: Optional[Aggregation] = None
@@ -39,6 +39,7 @@ class Fact:
     scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
     passed: bool = False  # handed to the function being interpreted as an argument
     pending: tuple = ()  # reward-named assignments this value passed, not yet known to reach a reward
+    callee: Any = None  # role "function": the klaudit.lint.callables.Callee it holds
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -55,6 +56,7 @@ class Outcome:
     returns: tuple = ()
     sinks: list = field(default_factory=list)
     unexplained: list = field(default_factory=list)  # KL terms formed here whose use nothing explains
+
 
 def tensor(poly: Poly, **kw) -> Fact:
     return Fact(poly=poly, **kw)
@@ -213,8 +215,15 @@ def loss_part(value: tuple) -> tuple:
             out.append(f)
     return tuple(out)
 
-def param_facts(param: cst.Param) -> tuple:
-    """The facts of a parameter the caller does not supply: its role from its name, annotation, default."""
+def param_facts(param: cst.Param, may_be_none: bool = False) -> tuple:
+    """The facts of a parameter the caller does not supply: its role from its name, annotation, default.
+    With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it)."""
+    facts = _param_facts(param)
+    if may_be_none and facts and isinstance(param.default, cst.Name) and param.default.value == "None":
+        facts += (Fact(role="none"),)
+    return facts
+
+def _param_facts(param: cst.Param) -> tuple:
     name = param.name.value
     if name in ("self", "cls"):
         return ()

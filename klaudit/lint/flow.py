@@ -11,6 +11,7 @@ expressions that KL terms reach.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Optional
 
@@ -20,6 +21,8 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.callables import PASS_THROUGH, Callee, CallFlow, closure_of
+from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
     operands, param_facts, rename_logprobs, tensor,
@@ -36,7 +39,11 @@ from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_t
 KL_WEIGHT = (Fact(role="kl-weight"),)
 
 
-class FunctionRun:
+# keywords that name the tensor a library function operates on, when it is not passed positionally
+TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
+
+
+class FunctionRun(ContainerFlow, CallFlow):
     """One interpretation of one function body."""
 
     def __init__(self, analyzer, module, func: cst.FunctionDef, cls, env: dict, record: bool):
@@ -54,7 +61,7 @@ class FunctionRun:
         self.returns: list = []
         self.sinks: list = []
         self.waiting: dict = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
-        self.partial: dict = {}  # loss-named assignment -> its Sink, unless a later loss takes the term on
+        self.loss_parts: dict = {}  # loss-named assignment -> its Sink, unless a later loss takes the term on
         self.confirmed: set = set()
         self.sink_count = 0  # sinks and reward candidates in execution order
         self.formed: dict = {}  # origin -> a KL term formed in this function and stored in a variable
@@ -68,7 +75,7 @@ class FunctionRun:
     def run(self) -> Outcome:
         self.block(self.func.body)
         unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
-        sinks = self.sinks + list(self.partial.values())
+        sinks = self.sinks + list(self.loss_parts.values())
         return Outcome(tuple(dict.fromkeys(self.returns)), sinks, unexplained)
 
     # ---- statements ------------------------------------------------------------------
@@ -93,7 +100,8 @@ class FunctionRun:
         elif isinstance(stmt, (cst.For, cst.While)):
             reverse = isinstance(stmt, cst.For) and "reversed" in dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
             if isinstance(stmt, cst.For):
-                self.assign_target(stmt.target, (), rhs=stmt.iter)  # loop variables: roles from their names
+                # loop variables: the elements of what is iterated, else roles from their names
+                self.assign_target(stmt.target, elements(self.expr(stmt.iter)), rhs=stmt.iter)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if reverse:
                     self.reverse_loop.add(id(stmt))
@@ -124,6 +132,22 @@ class FunctionRun:
                 self.block(stmt.finalbody.body)
         elif isinstance(stmt, cst.Match):
             self.match_statement(stmt)
+        elif isinstance(stmt, cst.FunctionDef):
+            self.define(stmt)
+
+    def define(self, func: cst.FunctionDef) -> None:
+        """A function defined inside this one (a loss closure, a callback): analysed where it is
+        defined, its enclosing variables holding their facts there; its sinks are this function's.
+        The name holds it, so that a call of it is interpreted with the caller's arguments."""
+        closure = closure_of(self.env)
+        self.env[func.name.value] = (Fact(role="function", callee=Callee(self.module, func, self.cls, closure)),)
+        env = dict(closure)
+        env.update((param.name.value, param_facts(param)) for param in params(func))
+        run = FunctionRun(self.analyzer, self.module, func, self.cls, env, record=self.record)
+        run.no_grad = run.no_grad or self.no_grad
+        for sink in run.run().sinks:
+            self.sinks.append(Sink(sink.kind, sink.facts, sink.node, len(self.sinks)))
+        self.settled.update(run.settled)  # an enclosing variable the closure uses has that use
 
     def if_statement(self, stmt: cst.If) -> None:
         label, decided = self.condition(stmt.test)
@@ -193,6 +217,11 @@ class FunctionRun:
             return None, None
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             comp = test.comparisons[0]
+            if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
+                decided = self.is_none(test.left)
+                if decided is not None and isinstance(comp.operator, cst.IsNot):
+                    decided = not decided
+                return None, decided
             left, right = test.left, comp.comparator
             strings = string_literals(right) or string_literals(left)
             subject = left if string_literals(right) else right
@@ -229,6 +258,15 @@ class FunctionRun:
                 return None, name == "True"
             return (name, (True,)), None
         return None, None
+
+    def is_none(self, node: cst.BaseExpression) -> Optional[bool]:
+        """Whether `node` holds None, when its facts decide it (an argument left at a None default,
+        or given a value): `if dim is None:` in a helper, decided by the call."""
+        facts = self.expr(node)
+        if not facts:
+            return None
+        nones = [f.role == "none" for f in facts]
+        return True if all(nones) else (False if not any(nones) else None)
 
     def here(self, node: cst.CSTNode) -> cst.CSTNode:
         """The statement being interpreted: findings and origins are reported at statements."""
@@ -291,7 +329,7 @@ class FunctionRun:
                 self.assign_target(element.value, sub, node, rhs=rhs)
             return
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in ("tensor", "mask") for f in value):
+        if rhs is not None and name and not any(f.role in ("tensor", "mask", "function") for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
             value = self.log_ratio_against_unknown(rhs) or value
@@ -310,22 +348,20 @@ class FunctionRun:
         elif kind is not None and node is not None:
             value = self.sink(kind, value, node)
         if isinstance(target, (cst.Attribute, cst.Subscript)):
-            self.stored(target, value)
+            self.stored_outside(target, value)
         self.track(value)
         if isinstance(target, cst.Name):
             self.env[name] = value
+        elif isinstance(target, cst.Subscript) and string_key(target) is not None:
+            self.store_key(target, string_key(target), value)
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             base = target.value.value
-            if string_key(target) is None:
-                self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
+            self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
         elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
             self.env["self." + name] = value
         elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
             self.env[f"{target.value.value}.{name}"] = value
-            writes = self.analyzer.field_writes
-            if writes is not None and name in self.module.kl_fields:
-                stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
-                writes[name] = writes.get(name, ()) + stored
+            self.collect(name, value)
 
     def log_ratio_against_unknown(self, rhs: cst.CSTNode) -> tuple:
         """`kl = logprobs - base` stored under a KL name: the unexplained side of a difference with the
@@ -401,9 +437,9 @@ class FunctionRun:
         facts = tuple(f for f in marked if f.is_kl())
         self.take_on(facts, node)
         if facts and self.record:
-            earlier = self.partial.get(node)
+            earlier = self.loss_parts.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
-            self.partial[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())
+            self.loss_parts[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())
         self.confirm(value)
         self.settle(value)
         return marked
@@ -414,10 +450,10 @@ class FunctionRun:
             if f.poly is None or not f.poly.has_grad():
                 continue
             for p in f.pending:
-                part = self.partial.get(p)
+                part = self.loss_parts.get(p)
                 # the same term carried on (not combined with another into a new term)
                 if p is not node and part is not None and any(g.origin is f.origin for g in part.facts):
-                    del self.partial[p]
+                    del self.loss_parts[p]
 
     def confirm(self, value: tuple) -> None:
         """The reward candidates `value` passed through are rewards after all: record their sinks."""
@@ -477,7 +513,7 @@ class FunctionRun:
             if not roles.is_metrics_name(last_name(part)):
                 self.confirm(self.expr(part))
 
-    def stored(self, target: cst.CSTNode, value: tuple) -> None:
+    def stored_outside(self, target: cst.CSTNode, value: tuple) -> None:
         """`data.batch["token_level_rewards"] = r`, `experience.rewards = r`: the value leaves the function,
         to be used where the analysis cannot follow, unless the container only records metrics or is
         a dict local to this function."""
@@ -511,7 +547,10 @@ class FunctionRun:
             return (Fact(role="bool", text=node.value),)
         if node.value == "None":
             return (Fact(role="none"),)
-        return ()
+        return self.module_value(node.value)
+
+    def e_Await(self, node: cst.Await) -> tuple:
+        return self.expr(node.expression)
 
     def e_SimpleString(self, node: cst.SimpleString) -> tuple:
         return (Fact(role="str", text=node.evaluated_value),)
@@ -538,10 +577,12 @@ class FunctionRun:
         base = root_name(node)
         if base == "self":
             return ()
-        if isinstance(node.value, cst.Name) and attr in self.module.kl_fields and self.analyzer.read_fields:
-            stored = self.analyzer.fields_of(self.module).get(attr)
-            if stored:
-                return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
+        entries = entry_of(self.expr(node.value), attr)
+        if entries:
+            return entries  # a record built with this field
+        stored = self.stored(attr) if isinstance(node.value, cst.Name) else ()
+        if stored:
+            return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
         poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
         if poly is not None:
             return (tensor(poly),)
@@ -554,6 +595,9 @@ class FunctionRun:
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)
         if key is not None:
+            found = self.read_key(node.value, key)
+            if found is not None:
+                return found
             grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
             poly = roles.named_tensor(key, grad=grad)
             if poly is not None:
@@ -568,6 +612,9 @@ class FunctionRun:
         index = self.index_tuple(node)
         if index is not None:
             return index
+        chosen = self.dispatch(node)
+        if chosen is not None:
+            return chosen
         if any(f.role == "str" for f in base):
             if drops_last_char(node):
                 return tuple(replace(f, text=f.text[:-1] if f.text else None) for f in base if f.role == "str")
@@ -592,6 +639,28 @@ class FunctionRun:
 
     def e_List(self, node: cst.List) -> tuple:
         return (Fact(role="tuple", items=tuple(self.expr(e.value) for e in node.elements)),)
+
+    def comprehension(self, node, parts: tuple) -> list:
+        """The facts of `parts` (element expressions) of a comprehension, its targets bound to the
+        elements of what they iterate; the targets do not outlive it."""
+        saved = self.env
+        self.env = dict(saved)
+        clause = node.for_in
+        while clause is not None:
+            self.assign_target(clause.target, elements(self.expr(clause.iter)), rhs=clause.iter)
+            clause = clause.inner_for_in
+        values = [self.expr(part) for part in parts]
+        self.env = saved
+        return values
+
+    def e_ListComp(self, node: cst.ListComp) -> tuple:
+        return self.comprehension(node, (node.elt,))[0]
+
+    e_SetComp = e_GeneratorExp = e_ListComp
+
+    def e_DictComp(self, node: cst.DictComp) -> tuple:
+        self.comprehension(node, (node.key, node.value))  # its calls may store KL terms; the dict is not followed
+        return ()
 
     def e_Dict(self, node: cst.Dict) -> tuple:
         items = []
@@ -723,6 +792,16 @@ class FunctionRun:
             handled = self.method_call(method, func.value, node)
             if handled is not None:
                 return handled
+        return self.call_target(func, node)
+
+    def call_target(self, func: cst.BaseExpression, node: cst.Call) -> tuple:
+        """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""
+        callees = self.callable_values(func)
+        if callees:
+            # a callee picked by a switch (a dispatch table's entry) gives results under that switch value
+            return tuple(dict.fromkeys(replace(fact, labels=merge_labels(fact.labels, held.labels))
+                                       for held in callees for fact in self.call_callee(held.callee, node)
+                                       if compatible(fact.labels, held.labels)))
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
@@ -733,6 +812,17 @@ class FunctionRun:
         elif any(roles.is_metrics_name(last_name(part)) for part in _chain(func)):
             for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
                 self.settle(self.expr(arg.value))
+        # an imported class is followed when its words speak of KL or a loss (KLEstimator) or KL facts go in
+        words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+        classdef = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node)
+                                                or roles.might_contain_kl(words) or "estimator" in name.lower())
+                    if name[:1].isupper() else None)
+        if classdef is not None:
+            return self.instance(*classdef, node)
+        if name == "partial":
+            return self.partial(node)
+        if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
+            return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
         return self.library_call(name, node)
 
     def worth_following(self, node: cst.Call) -> bool:
@@ -749,21 +839,38 @@ class FunctionRun:
         keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
         return positional, keywords
 
-    def call_summary(self, resolved, node: cst.Call) -> tuple:
+    def call_callee(self, callee: Callee, node: cst.Call) -> tuple:
+        """A call of a function held as a value: its closure and the partial's bound arguments come first."""
+        bound = {name: tuple(replace(f, passed=True) if f.is_kl() else f for f in facts)
+                 for name, facts in callee.bound_keywords}
+        return self.call_summary((callee.module, callee.func, callee.cls), node, dict(callee.closure), callee.bound, bound)
+
+    def call_summary(self, resolved, node: cst.Call, closure=None, bound=(), bound_keywords=None) -> tuple:
         module, func, cls = resolved
         positional, keywords = self.args(node)
+        positional = [*bound, *positional]
         parameters = params(func)
         if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
             parameters = parameters[1:]
-        env = {}
+        env = dict(closure or {})
         for index, param in enumerate(parameters):
             name = param.name.value
             arg = positional[index] if index < len(positional) else keywords.get(name)
+            if bound_keywords and name in bound_keywords and arg is None:
+                env[name] = bound_keywords[name]
+                continue
+            if isinstance(arg, tuple):  # facts bound ahead of the call
+                env[name] = tuple(replace(f, passed=True) if f.is_kl() else f for f in arg)
+                continue
             if arg is not None:
                 facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
                 if any(f.role == "str" for f in facts) or not facts:
                     label = last_name(arg)
                     facts = tuple(replace(f, name=f.name or label) if f.role == "str" else f for f in facts)
+                    if not facts:
+                        # an argument the analysis cannot explain: the parameter's name can (a tensor
+                        # role), else it is taken for a switch value named after the argument
+                        facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
                 env[name] = facts
@@ -799,10 +906,14 @@ class FunctionRun:
         receiver_name = dotted(base_node)
         if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
             return None
+        if method == "remote":  # a Ray task or actor method: the function, called with these arguments
+            return self.call_target(base_node, node)
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
-            key = positional[0].evaluated_value
-            poly = roles.named_tensor(key, grad=False)
-            return (tensor(poly),) if poly is not None else ()
+            default = positional[1] if len(positional) > 1 else keywords.get("default")
+            return self.read_get(base_node, positional[0].evaluated_value, default)
+        if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):
+            self.add_to_list(base_node, method, positional[0], node)
+            return ()
         base = self.expr(base_node)
         if method in ("endswith", "startswith", "lower", "upper", "strip"):
             return base if method in ("lower", "upper", "strip") else ()
@@ -900,7 +1011,9 @@ class FunctionRun:
 
     def library_call(self, name: str, node: cst.Call) -> tuple:
         positional, keywords = self.args(node)
-        first = self.expr(positional[0]) if positional else ()
+        # the tensor operated on: the first positional argument, or its keyword (agg_loss(loss_mat=...))
+        first_node = positional[0] if positional else next((keywords[k] for k in TENSOR_KEYWORDS if k in keywords), None)
+        first = self.expr(first_node) if first_node is not None else ()
         if name in ("exp", "log", "abs", "square", "expm1", "log_softmax", "softmax", "neg", "negative"):
             return self.unary_math(name, first, node)
         if name in ("clamp", "clip", "clamp_"):
@@ -908,7 +1021,7 @@ class FunctionRun:
         if name in ("sigmoid", "tanh", "softplus", "relu", "erf") and any(
                 f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in first):
             return KL_WEIGHT
-        if name in ("sum", "mean"):
+        if name in ("sum", "mean") and not (name == "sum" and isinstance(node.func, cst.Name)):
             dim = positional[1] if len(positional) > 1 else keywords.get("dim", keywords.get("axis"))
             return self.reduce(first, name, self.dim(dim), node)
         if name == "square":
@@ -923,14 +1036,24 @@ class FunctionRun:
             return self.aggregate(name, first, positional, keywords)
         if name == "kl_div":
             return self.kl_div(positional, keywords, node)
+        if name in PASS_THROUGH and len(node.args) == 1 and (name != "get" or dotted(node.func) == "ray.get"):
+            return first  # a conversion or a fetch that hands its tensor back (TensorData.from_torch(x))
         if name in ("float", "detach"):
             return detach_all(first) if name == "detach" else first
-        if name in ("stack", "cat") and first:
-            return first
+        if name in ("stack", "cat", "vstack", "hstack", "concat", "concatenate") or (
+                name == "sum" and isinstance(node.func, cst.Name)):  # builtin sum: over the first axis
+            # the terms of a list, side by side or added up: each keeps its meaning; a stacked
+            # literal list keeps its positions too, for an index that picks one (kl_4BT[estimator])
+            stacked = tuple(f for f in first if f.role == "tuple") if name != "sum" else ()
+            return stacked + elements(first)
+        if name == "zip" or name.endswith("_zip") or name == "safezip":  # zip and its strict variants
+            return zipped([self.expr(arg) for arg in positional])
+        if name == "enumerate":
+            return enumerated(first)
         if name in ("max", "min", "maximum", "minimum") and len(positional) == 2:
             return tuple(dict.fromkeys(operands(first) + operands(self.expr(positional[1]))))
         if name == "where" and len(positional) == 3:
-            return tuple(dict.fromkeys(self.expr(positional[1]) + self.expr(positional[2])))
+            return self.where(*positional)
         if roles.LOGPROB_PRODUCERS.match(name):
             kinds = {a.kind for f in first if f.poly is not None for a in f.poly.atoms()}
             return per_token_from_logits(kinds, first) or ()
@@ -939,6 +1062,17 @@ class FunctionRun:
         if name in ("masked_whiten", "whiten"):
             return ()
         return ()
+
+    def where(self, condition, when_true, when_false) -> tuple:
+        """torch.where(m, a, b): a or b. Labelled by the mask's name, so that where(m, a, b) and
+        where(~m, a, b) in one expression pick opposite sides (a DPO pair's chosen and rejected)."""
+        negated = isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, (cst.BitInvert, cst.Not))
+        name = dotted(condition.expression if negated else condition)
+        sides = [self.expr(when_true), self.expr(when_false)]
+        if name:
+            sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
+                     for side, facts in zip((True, False), sides)]
+        return tuple(dict.fromkeys(sides[0] + sides[1]))
 
     def aggregate(self, name, first, positional, keywords) -> tuple:
         if name == "masked_mean":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Optional
 import libcst as cst
 
 from klaudit.lint import budget
+from klaudit.lint.callables import self_assignments
+from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.roles import might_contain_kl
@@ -18,13 +21,52 @@ from klaudit.lint.syntax import decorated_no_grad, dotted, params
 MAX_DEPTH = 4
 
 
-# `obj.attr = ...` on an object other than self, for attribute names with KL vocabulary (`samples.kl`)
-_FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)")
+# `obj.attr = value` on an object other than self, `x["key"] = value`, and the keywords of a
+# constructor call (`Experience(..., kl=kl)`): the field, key or keyword and what is stored
+_FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)([^\n]*)")
+_KEY_WRITE = re.compile(r"\[\s*(\"\w+\"|'\w+')\s*\]\s*(?:[-+*/]?=)(?!=)([^\n]*)")
+_CONSTRUCTOR = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
+_KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)([^,]*)")
+
+
+def stored_slots(source: str) -> dict:
+    """{field, key (as containers.key_slot) or constructor keyword: the lines that store into it}, for
+    those whose name or stored expression has KL vocabulary: the only stores that are followed."""
+    found: dict = {}
+
+    def add(name: str, value: str, offset: int) -> None:
+        if might_contain_kl(name) or might_contain_kl(value):
+            found.setdefault(name, set()).add(source.count("\n", 0, offset) + 1)
+
+    for match in _FIELD_WRITE.finditer(source):
+        add(match.group(1), match.group(2), match.start())
+    for match in _KEY_WRITE.finditer(source):
+        add(key_slot(match.group(1)[1:-1]), match.group(2), match.start())
+    for call in _CONSTRUCTOR.finditer(source):
+        for keyword in _KEYWORD.finditer(call.group(1)):
+            add(keyword.group(1), keyword.group(2), call.start())
+    return found
+
+
+def function_lines(source: str) -> list:
+    """(first line, last line) of each function of `module_functions`, in its order (read by `ast`)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    spans = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans.append((stmt.lineno, stmt.end_lineno))
+        elif isinstance(stmt, ast.ClassDef):
+            spans.extend((item.lineno, item.end_lineno) for item in stmt.body
+                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return spans
 
 
 class Module:
-    """A parsed module of the linted tree: its functions, classes and imports, and the KL-named fields
-    its code stores on objects other than self (`samples.kl = kl`, read back as `experience.kl`)."""
+    """A parsed module of the linted tree: its functions, classes and imports, and the fields and keys
+    its code stores KL-looking values into (`samples.kl = kl`, read back as `experience.kl`)."""
 
     def __init__(self, path: str, module: cst.Module, project) -> None:
         self.path = path
@@ -33,10 +75,17 @@ class Module:
         self.functions: dict = {}
         self.classes: dict = {}
         self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
+        self.constants: dict = {}  # module-level NAME = {...} / [...] / (...): the displays, for registries
         for stmt in module.body:
             self._collect(stmt)
-        self.kl_fields = frozenset(name for name in _FIELD_WRITE.findall(project.source(module))
-                                   if might_contain_kl(name))
+        source = project.source(module)
+        self.store_lines = stored_slots(source)
+        for name, (classdef, _) in self.classes.items():  # records built positionally: Experience(seqs, kl)
+            fields = [field for field in record_fields(classdef) if might_contain_kl(field)]
+            calls = {source.count("\n", 0, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
+            for field in fields:
+                self.store_lines.setdefault(field, set()).update(calls)
+        self.kl_fields = frozenset(self.store_lines)
 
     def _collect(self, stmt: cst.CSTNode) -> None:
         if isinstance(stmt, cst.FunctionDef):
@@ -49,6 +98,9 @@ class Module:
             self.classes[stmt.name.value] = (stmt, methods)
         elif isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
+                if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                        and isinstance(small.value, (cst.Dict, cst.List, cst.Tuple))):
+                    self.constants[small.targets[0].target.value] = small.value
                 if isinstance(small, cst.Import):
                     for alias in small.names:
                         name = dotted(alias.name)
@@ -89,6 +141,7 @@ class Analyzer:
         self._stack: list = []  # _Frame of each call being interpreted, outermost first
         self._fields: dict = {}  # module path -> ({field name: facts stored into it}, cost in work units)
         self.field_writes: Optional[dict] = None  # while collecting fields: field name -> facts
+        self._self_values: dict = {}  # (id(module tree), class) -> {attribute: [right-hand sides]}
 
     def fields_of(self, module: Module) -> dict:
         """{field name: the KL facts the module's functions store into it}, for `obj.field` reads.
@@ -102,7 +155,11 @@ class Analyzer:
             collector = Analyzer(self.project, read_fields=False)
             collector.field_writes = {}
             own = collector.module(module.path, module.tree)
-            for func, cls in module_functions(module.tree):
+            lines = set().union(*module.store_lines.values()) if module.store_lines else set()
+            spans = function_lines(self.project.source(module.tree))
+            for index, (func, cls) in enumerate(module_functions(module.tree)):
+                if index < len(spans) and not any(spans[index][0] <= line <= spans[index][1] for line in lines):
+                    continue  # the function stores into no followed field or key
                 try:
                     collector.analyse(own, func, cls)
                 except RecursionError:
@@ -130,14 +187,21 @@ class Analyzer:
         return self.module(str(path), tree)
 
     def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
-        """A function on its own: parameters get roles from their names."""
+        """A function on its own: parameters get roles from their names (and may be None where that is
+        their default). A method is also interpreted as a method of each subclass in the module that
+        inherits it and overrides another method (a trainer whose subclass swaps the KL estimator);
+        the sinks of all are the function's."""
         env = {}
         names = [param.name.value for param in params(func)] + [func.name.value]
         for param in params(func):
-            env[param.name.value] = param_facts(param) or bare_parameter_facts(param.name.value, names)
+            env[param.name.value] = param_facts(param, may_be_none=True) or bare_parameter_facts(param.name.value, names)
         if self.read_fields:
             budget.start_function(func)
-        return FunctionRun(self, module, func, cls, env, record=True).run()
+        outcome = FunctionRun(self, module, func, cls, env, record=True).run()
+        for subclass in overriding_subclasses(module, cls, func.name.value) if cls is not None else ():
+            more = FunctionRun(self, module, func, subclass, env, record=True).run()
+            outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks)) for s in more.sinks)
+        return outcome
 
     def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
         """What `func` returns given the caller's argument facts, and where it sinks the arguments.
@@ -181,6 +245,46 @@ class Analyzer:
             self._summaries[key] = (result, frozenset(frame.reached), budget.spent() - before)
         return result
 
+    def self_values(self, module: Module, cls: str) -> dict:
+        """{attribute: [right-hand sides]} of `self.attribute = value` in the methods of class `cls`."""
+        key = (id(module.tree), cls)
+        if key not in self._self_values:
+            classdef = module.classes.get(cls, (None,))[0]
+            methods = [item for item in classdef.body.body if isinstance(item, cst.FunctionDef)] if classdef is not None else []
+            self._self_values[key] = self_assignments(methods)
+        return self._self_values[key]
+
+    def resolve_class(self, module: Module, func_node: cst.CSTNode, imports: bool = True):
+        """(module, class definition) for a class of the linted tree called by name, or None.
+
+        With `imports` False only classes of `module` itself are considered."""
+        if not isinstance(func_node, cst.Name):
+            return None
+        name = func_node.value
+        if name in module.classes:
+            return module, module.classes[name][0]
+        if name in module.imports and imports:
+            source, attr, level = module.imports[name]
+            target = self._import(module, source, level) if attr is not None else None
+            if target is not None and attr in target.classes:
+                return target, target.classes[attr][0]
+        return None
+
+    def method_of(self, module: Module, cls: str, name: str, depth: int = 3):
+        """(module, method, class) for `self.name` in class `cls`, looked up in its bases when it does not define it."""
+        classdef, methods = module.classes.get(cls, (None, {}))
+        if name in methods:
+            return module, methods[name], cls
+        if classdef is None or depth <= 0:
+            return None
+        for base in classdef.bases:
+            found = self.resolve_class(module, base.value)
+            if found is not None:
+                hit = self.method_of(found[0], found[1].name.value, name, depth - 1)
+                if hit is not None:
+                    return hit
+        return None
+
     def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):
         """(module, function, class) for a call target inside the linted tree, or None.
 
@@ -201,10 +305,7 @@ class Analyzer:
             attr = func_node.attr.value
             base = func_node.value
             if isinstance(base, cst.Name) and base.value in ("self", "cls") and cls is not None:
-                _, methods = module.classes.get(cls, (None, {}))
-                if attr in methods:
-                    return module, methods[attr], cls
-                return None
+                return self.method_of(module, cls, attr)
             if isinstance(base, cst.Name) and base.value in module.classes:
                 _, methods = module.classes[base.value]
                 if attr in methods:
@@ -225,6 +326,17 @@ class Analyzer:
         if path is None:
             return None
         return self.module_at(path)
+
+
+def overriding_subclasses(module: Module, cls: str, method: str) -> list:
+    """The classes of `module` derived directly from `cls` that inherit `method` and override another of its methods."""
+    _, methods = module.classes.get(cls, (None, {}))
+    found = []
+    for name, (classdef, own) in sorted(module.classes.items()):
+        if name != cls and method not in own and set(own) & (set(methods) - {"__init__"}) and any(
+                isinstance(base.value, cst.Name) and base.value.value == cls for base in classdef.bases):
+            found.append(name)
+    return found
 
 
 def module_functions(tree: cst.Module):

@@ -37,6 +37,8 @@ class Project:
     def module_path(self, dotted: str, importer: Optional[str] = None, level: int = 0) -> Optional[Path]:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree."""
         parts = [p for p in dotted.split(".") if p]
+        if not level and parts[:1] == [OPAQUE_PACKAGE]:
+            return None
         if level:
             if importer is None:
                 return None
@@ -98,6 +100,10 @@ class Project:
         text = self._sources.get(id(tree))
         return text if text is not None else tree.code
 
+
+# klaudit's own estimators are the correct configurations, proven by exact enumeration: a call of
+# them is a correct KL term, not code to re-derive (their prefix-weighted surrogates are beyond the lint)
+OPAQUE_PACKAGE = "klaudit"
 
 _SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}
 

@@ -59,6 +59,8 @@ BAD = {
     **EXPECTED,
     "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": K3["loss"]}}},  # row 3; token-mean of a large batch, row 20
     "k3_loss_and_reward_clamped.py": {"low_var_kl": {(): LOW_VAR_KL}},
+    "listwise_kl_rewards.py": {"approx_kl": {(): K3}},
+    "megatron_closure_loss.py": {"k3_penalty": {(): K3}},
     "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K3["reward"]}}},  # -k3 reward, row 7
     "verl_dp_actor.py": {
         "low_var_kl": {(): LOW_VAR_KL},
@@ -75,6 +77,7 @@ FIXED = {
     # beta * kl_penalty(estimator="k3").loss: k3 loss + k3 reward-to-go, row 13; mean over sequences
     "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": ("REV", None)}}},
     "k3_loss_and_reward_clamped.py": {"k3": {(): K3}},
+    "listwise_kl_rewards.py": {"approx_kl": {(): K3}},  # kept for the logged statistic
     "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K1["reward"]}}},  # -k1 reward, row 6
 }
 # The negative corpus (fixtures/clean): the lint says nothing, and the exact audit agrees.

@@ -1,0 +1,134 @@
+"""Functions as values: closures, `functools.partial`, dispatch tables, callable objects.
+
+A `Callee` is what a name holds when it holds a function of the linted tree: the function, the
+module and class it belongs to, the enclosing variables a nested function reads (its closure),
+and the arguments `functools.partial` bound ahead of the call. The flow analysis interprets a call
+of a callee like a call of the function by name, with the bound arguments first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import libcst as cst
+
+from klaudit.lint import roles
+from klaudit.lint.containers import record_fields
+from klaudit.lint.facts import Fact
+from klaudit.lint.syntax import dotted
+
+
+@dataclass(frozen=True)
+class Callee:
+    """A function of the linted tree held as a value."""
+
+    module: Any  # klaudit.lint.modules.Module
+    func: cst.FunctionDef
+    cls: Optional[str] = None
+    closure: tuple = ()  # ((enclosing variable, facts), ...), sorted by name
+    bound: tuple = ()  # facts of the positional arguments bound by functools.partial
+    bound_keywords: tuple = ()  # ((parameter, facts), ...) bound by functools.partial
+
+
+def closure_of(env: dict) -> tuple:
+    """The enclosing variables a nested function can read: the whole environment where it is defined
+    (those it does not mention are never looked up), in a hashable, deterministic order."""
+    return tuple(sorted(env.items(), key=lambda item: item[0]))
+
+
+# calls that hand their one tensor argument back unchanged in meaning: format conversions and
+# remote-object fetches (`TensorData.from_torch(x)`, `ray.get(ref)`, `np.asarray(x)`)
+PASS_THROUGH = frozenset({"from_torch", "to_torch", "from_numpy", "as_tensor", "asarray", "get", "wait_for"})
+PASS_THROUGH_RECEIVERS = frozenset({"ray", "torch", "np", "numpy"})
+
+
+class CallFlow:
+    """Calls of functions held as values, for klaudit.lint.flow.FunctionRun: closures, partials,
+    dispatch tables (`{"k1": f1, "k3": f3}[name](...)`), module-level registries, callable objects
+    (`self.kl_estimator = KLEstimator(...)` then `self.kl_estimator(...)` through `__call__`)."""
+
+    def callable_values(self, func: cst.BaseExpression) -> list:
+        """The facts holding a callee that a call target may hold; empty when it is no value the analysis knows."""
+        if isinstance(func, cst.Name):
+            facts = self.env.get(func.value)
+            if facts is None:
+                facts = self.module_value(func.value)
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            facts = self.env.get(dotted(func))
+            if facts is None and self.cls is not None and self.analyzer.method_of(self.module, self.cls, func.attr.value) is None:
+                facts = tuple(f for rhs in self.analyzer.self_values(self.module, self.cls).get(func.attr.value, ())
+                              for f in self.expr(rhs))
+        elif isinstance(func, (cst.Subscript, cst.Call)):
+            facts = self.expr(func)
+        else:
+            facts = ()
+        return list(dict.fromkeys(f for f in facts or () if f.callee is not None))
+
+    def module_value(self, name: str) -> tuple:
+        """A module-level name used as a value: a function of the module, or a module-level constant."""
+        if name in self.module.functions:
+            return (Fact(role="function", callee=Callee(self.module, self.module.functions[name])),)
+        if name in self.module.constants:
+            return self.expr(self.module.constants[name])
+        # an imported name is followed only when it speaks of KL or a loss (parsing modules is the costly part)
+        relevant = name in self.module.imports and (roles.might_contain_kl(name) or "loss" in name.lower())
+        resolved = self.analyzer.resolve(self.module, cst.Name(name), None) if relevant else None
+        if resolved is not None:
+            module, func, cls = resolved
+            return (Fact(role="function", callee=Callee(module, func, cls)),)
+        return ()
+
+    def partial(self, node: cst.Call) -> tuple:
+        """functools.partial(f, *args, **kwargs): f with those arguments bound ahead of the call."""
+        positional, keywords = self.args(node)
+        if not positional:
+            return ()
+        bound = tuple(self.expr(arg) for arg in positional[1:])
+        bound_keywords = tuple(sorted((name, self.expr(arg)) for name, arg in keywords.items()))
+        return tuple(replace(held, callee=replace(held.callee, bound=held.callee.bound + bound,
+                                                   bound_keywords=held.callee.bound_keywords + bound_keywords))
+                     for held in self.callable_values(positional[0]))
+
+    def instance(self, module, classdef: cst.ClassDef, node: cst.Call) -> tuple:
+        """An object built by calling a class of the tree: a record of its fields, callable through
+        `__call__` (or `forward`, for a torch module) when the class defines one."""
+        positional, keywords = self.args(node)
+        value = self.build_record(record_fields(classdef), positional, keywords)
+        methods = {item.name.value: item for item in classdef.body.body if isinstance(item, cst.FunctionDef)}
+        method = methods.get("__call__") or methods.get("forward")
+        if method is None:
+            return value
+        # `self.x = x` in __init__: the method reads the constructor's argument as self.x
+        arguments = dict(value[0].items)
+        state = tuple(sorted((f"self.{attr}", arguments[rhs[0].value])
+                             for attr, rhs in self_assignments([methods["__init__"]] if "__init__" in methods else []).items()
+                             if len(rhs) == 1 and isinstance(rhs[0], cst.Name) and rhs[0].value in arguments))
+        return tuple(replace(f, callee=Callee(module, method, classdef.name.value, closure=state)) for f in value)
+
+
+def self_assignments(methods: list) -> dict:
+    """{attribute: [right-hand sides]} of the `self.attribute = value` statements of `methods`
+    (statements at any depth of their blocks; expressions are not searched)."""
+    found: dict = {}
+
+    def walk(body) -> None:
+        for stmt in getattr(body, "body", ()):
+            if isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    if isinstance(small, cst.Assign):
+                        for target in small.targets:
+                            t = target.target
+                            if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
+                                found.setdefault(t.attr.value, []).append(small.value)
+            elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                for part in (stmt, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None), *getattr(stmt, "handlers", ())):
+                    inner = getattr(part, "body", None)
+                    if isinstance(inner, cst.BaseSuite):
+                        walk(inner)
+                    elif isinstance(part, cst.If):
+                        walk(part.body)
+
+    for method in methods:
+        walk(method.body)
+    return found

@@ -1,0 +1,152 @@
+"""Containers in the flow analysis: what iterating a value yields, and what zip/enumerate make.
+
+A list or tuple literal is a fact of role "tuple" whose items are the facts of each position; a
+list built by a comprehension is the facts of its element (a list of per-token terms stacked,
+summed or indexed keeps the meaning of one element). Iterating a tensor yields its rows, which
+keep its meaning; iterating `zip(a, b)` yields pairs of the elements of a and b.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import libcst as cst
+
+from klaudit.lint import roles
+from klaudit.lint.facts import Fact, merge_labels, tensor
+from klaudit.lint.syntax import dotted, last_name, params
+
+
+def elements(value: tuple) -> tuple:
+    """The facts of one element of an iterable holding `value`."""
+    out: list = []
+    for f in value:
+        if f.role == "tuple":
+            for item in f.items:
+                out.extend(item)
+        elif f.role in ("tensor", "mask"):
+            out.append(f)
+    return tuple(dict.fromkeys(out))
+
+
+def zipped(arguments: list) -> tuple:
+    """zip(a, b, ...): a list whose element is the tuple (element of a, element of b, ...)."""
+    pair = Fact(role="tuple", items=tuple(elements(value) for value in arguments))
+    return (Fact(role="tuple", items=((pair,),)),)
+
+
+def enumerated(value: tuple) -> tuple:
+    """enumerate(a): a list whose element is the tuple (index, element of a)."""
+    return zipped([(), value])
+
+
+def key_slot(key: str) -> str:
+    """The name under which a module's stores into `x["key"]` are collected (fields use their own name)."""
+    return f"[{key!r}]"
+
+
+class ContainerFlow:
+    """String-keyed containers and records, for klaudit.lint.flow.FunctionRun.
+
+    `batch["kl"] = kl` stores the facts under the path `batch['kl']` of the environment, read back by
+    `batch["kl"]` and `batch.get("kl", default)` (joined with the default's facts); a dict display or
+    a record built with keywords (`dict(kl=kl)`, `Experience(..., kl=kl)`) holds its entries, read by
+    subscript or attribute. Stores a function of the module makes into keys and fields with KL
+    vocabulary (in the key or in the stored expression) reach reads of them in its other functions
+    (Analyzer.fields_of), so that a value's meaning crosses the methods of a class."""
+
+    def store_key(self, target: cst.Subscript, key: str, value: tuple) -> None:
+        base = dotted(target.value)
+        if base:
+            self.env[f"{base}[{key!r}]"] = value
+        self.collect(key_slot(key), value)
+
+    def collect(self, slot: str, value: tuple) -> None:
+        """While the module's stores are being collected: `value` was stored into `slot`."""
+        writes = self.analyzer.field_writes
+        if writes is not None and slot in self.module.kl_fields:
+            stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
+            writes[slot] = writes.get(slot, ()) + stored
+
+    def stored(self, slot: str) -> tuple:
+        """What the module's functions store into `slot` (a field name or a key_slot)."""
+        if slot not in self.module.kl_fields or not self.analyzer.read_fields:
+            return ()
+        return self.analyzer.fields_of(self.module).get(slot, ())
+
+    def read_key(self, base_node: cst.BaseExpression, key: str) -> Optional[tuple]:
+        """The facts of `base["key"]` when the analysis knows what was stored there, else None."""
+        base = dotted(base_node)
+        if base and f"{base}[{key!r}]" in self.env:
+            return self.env[f"{base}[{key!r}]"]
+        entries = entry_of(self.expr(base_node), key)
+        if entries:
+            return entries
+        return self.stored(key_slot(key)) or None
+
+    def read_get(self, base_node: cst.BaseExpression, key: str, default: Optional[cst.BaseExpression]) -> tuple:
+        """`base.get("key", default)`: what was stored under the key, or the default (None when not given)."""
+        found = self.read_key(base_node, key)
+        if found is None:
+            poly = roles.named_tensor(key, grad=False)
+            found = (tensor(poly),) if poly is not None else ()
+        if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
+            return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found
+        return tuple(dict.fromkeys(found + tuple(f for f in self.expr(default) if f.role != "none")))
+
+    def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
+        """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
+        term into that sink. The list itself is not followed: a GAE loop appends its running sums, and
+        the per-step terms it mixes would reach the policy loss as if they were the KL term itself."""
+        kind = roles.sink_of_name(last_name(target))
+        if kind is not None:
+            value = self.expr(arg)
+            self.sink(kind, value if method == "append" else elements(value), node)
+
+    def dispatch(self, node: cst.Subscript) -> Optional[tuple]:
+        """`table[name]` on a dict display with a key the analysis does not know: every entry, each
+        labelled as the switch value that selects it (`{"k1": f1, "k3": f3}[kind]`)."""
+        tables = [f for f in self.expr(node.value) if f.role == "dict"]
+        if not tables or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return None
+        switch = node.slice[0].slice.value
+        known = [f.text for f in self.expr(switch) if f.role == "str" and f.text is not None]
+        name = next((f.name for f in self.expr(switch) if f.role == "str" and f.name), "") or dotted(switch).split(".")[-1]
+        out: list = []
+        for table in tables:
+            for key, facts in table.items:
+                if known and key not in known:
+                    continue
+                out.extend(replace(f, labels=merge_labels(f.labels, ((name, (key,)),))) if not known else f for f in facts)
+        return tuple(dict.fromkeys(out))
+
+    def build_record(self, fields: list, positional: list, keywords: dict) -> tuple:
+        """A record built by a constructor call: its entries by field name."""
+        items = [(name, self.expr(arg)) for name, arg in zip(fields, positional)]
+        items += [(name, self.expr(arg)) for name, arg in keywords.items()]
+        for name, facts in items:
+            self.collect(name, facts)
+        return (Fact(role="dict", items=tuple(items)),)
+
+
+def entry_of(value: tuple, key: str) -> tuple:
+    """The facts stored under `key` in the dicts and records among `value`."""
+    out: list = []
+    for f in value:
+        if f.role == "dict":
+            for name, facts in f.items:
+                if name == key:
+                    out.extend(facts)
+    return tuple(dict.fromkeys(out))
+
+
+def record_fields(classdef: cst.ClassDef) -> list:
+    """The positional fields of a class used as a record: a dataclass's or NamedTuple's annotated
+    fields in order, else the parameters of its __init__."""
+    init = next((item for item in classdef.body.body
+                 if isinstance(item, cst.FunctionDef) and item.name.value == "__init__"), None)
+    if init is not None:
+        return [p.name.value for p in params(init)][1:]
+    return [small.target.value for line in classdef.body.body if isinstance(line, cst.SimpleStatementLine)
+            for small in line.body if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)]
