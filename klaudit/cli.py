@@ -138,9 +138,12 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
                        timeout: float, model_dir: Optional[str], device: str, fail_on: str, verbose: bool) -> None:
     """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
     PATH.py::Class.method or package.module:function."""
+    from klaudit.audit import TORCH_MISSING, torch_importable
     from klaudit.audit.bind import BindError, parse_overrides
     from klaudit.audit.runner import run
 
+    if not torch_importable():
+        raise CommandError(TORCH_MISSING)
     try:
         overrides = parse_overrides(bindings)
     except BindError as error:

@@ -83,7 +83,7 @@ class Report:
 
     def extend(self, other: "Report") -> None:
         self.results += other.results
-        self.errors += other.errors
+        self.errors += [error for error in other.errors if error not in self.errors]
         self.notes += [note for note in other.notes if note not in self.notes]
         self.details += other.details
 

@@ -3,7 +3,7 @@
 Targets: `PATH.py` (every KL function found in the file), `PATH.py::function`,
 `PATH.py::Class.method`, `package.module:function`. Discovery is static (klaudit.audit.discover,
 from the lint's flow analysis and naming table). The parent never imports user code: each target is audited by
-`python -m klaudit.audit.runner REQUEST RESPONSE` with a timeout, and only JSON comes back.
+a child Python process (`child_command`) with a timeout, and only JSON comes back.
 """
 
 from __future__ import annotations
@@ -197,6 +197,13 @@ def _one_line(message: str) -> str:
 def _child(request_path: str, response_path: str) -> int:
     """Entry point of the child process: read the request, audit, write the report as JSON."""
     request = json.loads(Path(request_path).read_text())
+    try:
+        import torch  # noqa: F401 - a torch that is found but does not import is one line, not a traceback
+    except ImportError as error:
+        from klaudit.audit import TORCH_MISSING
+
+        Path(response_path).write_text(json.dumps(Report([], [f"{TORCH_MISSING} ({error})"]).to_dict()))
+        return 0
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
     used_path = request["used_path"]
 
@@ -284,6 +291,16 @@ def _read_used_placements(used_path: str, timeout: float) -> list[str]:
     return json.loads(Path(used_path).read_text())
 
 
+def child_command(request_path: str, response_path: str) -> list[str]:
+    """The child's command line. `python -m` would put the working directory first on sys.path, where a
+    folder named `klaudit` (a clone's parent, a checkout) shadows the installed package; the child
+    instead puts the directory klaudit was imported from there, and the user's code is found by path."""
+    installed_root = str(Path(__file__).resolve().parents[2])
+    boot = ("import sys; sys.path[0] = sys.argv[1]; from klaudit.audit.runner import _child; "
+            "sys.exit(_child(sys.argv[2], sys.argv[3]))")
+    return [sys.executable, "-c", boot, installed_root, request_path, response_path]
+
+
 def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
                     model_dir: Optional[str], device: str, progress: _Progress, scratch: Path,
                     used_path: Path) -> Report:
@@ -298,7 +315,7 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
         "used_path": None if placements else str(used_path), "timeout": timeout,
     }))
     progress.message = str(target)
-    command = [sys.executable, "-m", "klaudit.audit.runner", str(request_path), str(response_path)]
+    command = child_command(str(request_path), str(response_path))
     try:
         completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                    timeout=timeout)
@@ -348,6 +365,3 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
         progress.close()
     return report
 
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], sys.argv[2]))
