@@ -21,11 +21,13 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Optional, Sequence
 
 from klaudit.audit.bind import BindError, Role
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
+from klaudit.audit.stubs import import_with_stubs
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -93,9 +95,10 @@ def module_file(module: str) -> Optional[str]:
 # ----- in the child: load and audit -----
 
 
-def _import_file(path: str):
-    """Import a .py file; inside a package by its dotted name so relative imports work, and when the
-    package itself does not import, as the file alone."""
+def _import_file(path: str) -> tuple[ModuleType, dict[str, str]]:
+    """Import a .py file, with the dependencies that do not import here stubbed (klaudit.audit.stubs);
+    inside a package by its dotted name so relative imports work, and when the package itself does not
+    import even so, as the file alone. Returns the module and {stubbed module: why}."""
     file = Path(path).resolve()
     parts = [file.stem]
     directory = file.parent
@@ -103,17 +106,18 @@ def _import_file(path: str):
         parts.insert(0, directory.name)
         directory = directory.parent
     sys.path.insert(0, str(directory))
+    alone = (f"_klaudit_target_{file.stem}", parts[0])
     if len(parts) > 1:
         _forget_other_package(parts[0], directory)
         try:
-            return importlib.import_module(".".join(parts))
-        except Exception:  # the package does not import here (CUDA-only deps ...): try the file alone
+            return import_with_stubs(lambda: importlib.import_module(".".join(parts)), own=(parts[0],))
+        except Exception:  # the package does not import here even with stubs: try the file alone
             try:
-                return _import_alone(file)
+                return import_with_stubs(lambda: _import_alone(file), own=alone)
             except Exception:
                 pass
             raise
-    return _import_alone(file)
+    return import_with_stubs(lambda: _import_alone(file), own=alone)
 
 
 def _forget_other_package(package: str, directory: Path) -> None:
@@ -136,14 +140,16 @@ def _import_alone(file: Path):
     return module
 
 
-def load(target: Target) -> Callable:
-    """The callable a target names (imports user code: call only in the child or the Python API)."""
+def load(target: Target) -> tuple[Callable, dict[str, str]]:
+    """The callable a target names, and the modules stubbed to import it, with why (imports user code:
+    call only in the child or the Python API)."""
     try:
         if target.path is not None:
-            module = _import_file(target.path)
+            module, stubbed = _import_file(target.path)
         else:
             sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(target.module)
+            module, stubbed = import_with_stubs(lambda: importlib.import_module(target.module),
+                                                own=(target.module.split(".")[0],))
     except Exception as error:
         raise TargetError(f"{target}: import failed: {type(error).__name__}: {error}") from error
     obj = module
@@ -158,7 +164,13 @@ def load(target: Target) -> Callable:
         obj = getattr(bare_instance(owner), obj.__name__)  # __init__ is not run: coefficients read as 1
     if not callable(obj):
         raise TargetError(f"{target}: {target.qualname} is not callable")
-    return obj
+    return obj, stubbed
+
+
+def stubbed_note(target: Target, stubbed: dict[str, str]) -> str:
+    """The report's line for the modules stubbed to import a target."""
+    return (f"{target}: stubbed: {', '.join(stubbed)} (they do not import here; the audit fails, naming them, "
+            f"if the KL code uses them)")
 
 
 def audit_target(target: Target, *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
@@ -171,7 +183,7 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
 
     try:
-        fn = load(target)
+        fn, stubbed = load(target)
         binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
         fingerprint = None
         if model_dir is not None:
@@ -182,7 +194,8 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
                 raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}")
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
                             progress=progress, also=also)
-        return Report(rows, [], notes)
+        return Report(rows, [], ([stubbed_note(target, stubbed)] if stubbed else []) + notes,
+                      [f"{target}: stubbed {name}: {why}" for name, why in stubbed.items()])
     except (TargetError, BindError, TermError, ModeNotImplemented) as error:
         message = f"{target}: {error}" if isinstance(error, BindError) else str(error)
         return Report([], [_one_line(message)], [], [traceback.format_exc()])
