@@ -23,6 +23,7 @@ from klaudit.audit.batch import Batch
 from klaudit.audit.exact import relerr
 from klaudit.audit.surrogates import build_surrogate
 from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Row, Sampling, classify
+from klaudit.describe import describe
 
 MATCH_RTOL_FLOAT64 = 1e-6
 MATCH_RTOL_FLOAT32 = 1e-4  # a term computed in float32 (e.g. `.float()` inside it) carries ~1e-7 rounding
@@ -36,6 +37,7 @@ class Match:
     row: Row
     scale: float
     relative_error: float
+    twins: tuple[Config, ...] = ()  # the other configurations with this same per-sample gradient
 
     @property
     def objective(self) -> Objective:
@@ -56,16 +58,9 @@ class Match:
         return Objective.OTHER
 
     @property
-    def label(self) -> str:
-        """The row's label, with the aggregation spelled out when the row does not say it."""
-        label = self.row.label
-        if self.config.aggregation is Aggregation.SEQ_MEAN and "token-mean" not in label:
-            label += ", per-sequence token-mean"
-        elif self.config.aggregation is Aggregation.BATCH_MEAN and "batch" not in label:
-            label += ", token-mean over the batch"
-        if self.config.sampling is Sampling.OFF_POLICY and "off-policy" not in label:
-            label = "off-policy " + label + ", no importance weights"
-        return label
+    def description(self) -> str:
+        """The configuration in the words the lint uses for it (klaudit.describe)."""
+        return describe(self.config)
 
 
 def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
@@ -139,7 +134,8 @@ class Fingerprinter:
 
     def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,
                  aggregation: Aggregation = Aggregation.SUM) -> Optional[Match]:
-        """The first catalog configuration whose per-sample gradient is a positive multiple of the term's.
+        """The first catalog configuration whose per-sample gradient is a positive multiple of the term's,
+        with the others that have that gradient too (which one the code spells, the gradient cannot tell).
 
         `aggregation` names the unit-weight class (SUM unless the caller knows the term divides by a
         constant or by the batch's token count).
@@ -148,6 +144,7 @@ class Fingerprinter:
         if not bool(user.any()):
             return None
         flat = user.flatten()
+        matches = []
         for config, gradient in self._gradients:
             reference = gradient.flatten()
             squared = torch.dot(reference, reference).item()
@@ -160,8 +157,10 @@ class Fingerprinter:
             if error < rtol:
                 if config.aggregation is Aggregation.SUM:
                     config = dataclasses.replace(config, aggregation=aggregation)
-                return Match(config, classify(config), scale, error)
-        return None
+                matches.append(Match(config, classify(config), scale, error))
+        if not matches:
+            return None
+        return dataclasses.replace(matches[0], twins=tuple(match.config for match in matches[1:]))
 
 
 def sample_rows(probabilities: torch.Tensor, size: int, seed: int) -> torch.Tensor:

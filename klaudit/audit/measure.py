@@ -32,6 +32,7 @@ from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, F
                                        logits_gradient, sample_rows)
 from klaudit.audit.report import ResultRow
 from klaudit.catalog import FIX_K1_LOSS, Aggregation, Objective, Target
+from klaudit.describe import describe
 
 AUDIT_KL = 1.0  # nats between policy and reference: far enough that biased terms show (kl-math.md 12.2)
 AUDIT_KL_RTOL = 0.02  # "about 1 nat": a tighter bisection only costs time (seconds on the transformer)
@@ -455,12 +456,13 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
 
     match = fingerprinter.identify(user_objective, rtol=term.rtol, aggregation=aggregation)
     if match is not None:
-        configuration, rule, fix = match.label, match.row.rule, match.row.fix
+        configuration, rule, fix = match.description, match.row.rule, match.row.fix
+        same_gradient = [describe(config) for config in match.twins]
         fingerprint_objective = match.objective.value
     else:
         configuration, rule, fix = "unrecognised (no catalog configuration matches per sample)", None, (
             "" if unbiased else FIX_K1_LOSS)
-        fingerprint_objective = None
+        fingerprint_objective, same_gradient = None, []
     cos = cosine(gradient, problem.targets[Target.REV])
     return ResultRow(
         target=term.name, mode=dict(term.mode), placement=placement, configuration=configuration,
@@ -470,7 +472,7 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
         rel_err_rev=relerr(gradient, problem.targets[Target.REV]),
         value_bias=value - problem.kl, rule=rule, fix=fix or "",
         aggregation=_describe_aggregation(kind, placement, scalar_weight, term.negated),
-        fingerprint_objective=fingerprint_objective,
+        fingerprint_objective=fingerprint_objective, same_gradient_as=same_gradient,
         per_policy={p.name: o.value for p, o in zip(problems, objectives)},
     )
 

@@ -46,7 +46,8 @@ def test_text_table_and_bind_override(tmp_path):
     result = _run(f"{source}::my_kl", "--bind", "a=logprobs", "--bind", "b=ref_logprobs", "--bind", "m=mask",
                   "--placement", "loss")
     assert result.exit_code == 1, result.output
-    assert "k2 as loss" in result.stdout and "PART" in result.stdout and "biased (KL003)" in result.stdout
+    assert "k2 differentiated as a loss, token-sum, on-policy" in result.stdout and "biased (KL003)" in result.stdout
+    assert "PART    sum_t E[grad KL_t(h_t)] with the prefix distribution frozen" in result.stdout  # the legend
     assert "checking" not in result.stderr  # no progress display off a terminal
 
 
