@@ -11,6 +11,7 @@ an origin the helper returned is a use of the helper in that placement.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -91,16 +92,34 @@ def package_root(path: Path) -> Path:
     return directory.parent if (directory / "__init__.py").is_file() else directory
 
 
+@dataclass(frozen=True)
+class Use:
+    """One way the code around a helper uses its result: check-grad's placement name, the lint's
+    configuration of that use (None where no catalog estimator matches), whether the lint saw a clamp
+    on the way, and the switch values that select it (((name, (values, ...)), ...))."""
+
+    placement: str
+    config: Optional[Config]
+    clamped: bool
+    labels: tuple
+
+
 def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[str]:
     """How the Python files under `root` (default: the helper's project) use the result of `qualname`
     defined in `path`: a set of `placement_of` names, empty when no call of it reaches a loss or reward."""
+    return {use.placement for use in uses_of(path, qualname, root)}
+
+
+def uses_of(path: str, qualname: str, root: Optional[str] = None) -> list[Use]:
+    """Every use, as the lint sees it, of the result of `qualname` defined in `path` by the Python files
+    under `root` (default: the helper's project) that reaches a loss or a reward."""
     helper_path = Path(path).resolve()
     top = Path(root).resolve() if root is not None else package_root(helper_path)
     project = Project([top])
     tree = project.parse(helper_path)
     watched = _function(tree, qualname) if tree is not None else None
     if watched is None:
-        return set()
+        return []
     analyzer = _Watching(project, watched)
     called = re.compile(r"\b" + re.escape(qualname.rsplit(".", 1)[-1]) + r"\s*\(")
     sinks = []
@@ -115,8 +134,13 @@ def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[s
                 sinks += analyzer.analyse(module, func, cls).sinks
             except RecursionError:
                 continue  # as the lint does: one function too deeply nested to interpret
-    return {placement_of(config_of(fact, sink.kind), sink.kind) for sink in sinks for fact in sink.facts
-            if id(fact.origin) in analyzer.returned_origins}
+    uses = []
+    for sink in sinks:
+        for fact in sink.facts:
+            if id(fact.origin) in analyzer.returned_origins:
+                config = config_of(fact, sink.kind)
+                uses.append(Use(placement_of(config, sink.kind), config, fact.clamped, fact.labels))
+    return list(dict.fromkeys(uses))
 
 
 def _function(tree: cst.Module, qualname: str) -> Optional[cst.FunctionDef]:

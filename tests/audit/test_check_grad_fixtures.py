@@ -9,6 +9,7 @@ uses is the one marked.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ torch = pytest.importorskip("torch")
 
 from klaudit.audit.discover import discover_kl_functions  # noqa: E402
 from klaudit.audit.runner import Target, audit_target, used_placements  # noqa: E402
-from klaudit.lint.query import kl_functions  # noqa: E402
+from klaudit.catalog import Aggregation, Config, Returns, Sampling  # noqa: E402
+from klaudit.describe import describe  # noqa: E402
+from klaudit.lint.checks import verdict  # noqa: E402
+from klaudit.lint.query import kl_functions, uses_of  # noqa: E402
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 FILES = sorted(str(path.relative_to(FIXTURES)) for path in FIXTURES.rglob("*.py"))
@@ -151,3 +155,57 @@ def test_a_combined_use_is_audited_and_marked_from_the_cli():
     report = run([str(FIXTURES / "fixed" / "k3_loss_and_reward_clamped.py") + "::k3"])
     assert [(row.placement, row.objective, row.used) for row in report.results] == [
         ("loss", "PFWD", False), ("reward", "OTHER", False), ("loss+reward", "REV", True)]
+
+
+def _helper_part(use) -> Config:
+    """The lint's configuration of a use, as check-grad audits the helper alone: its per-token values
+    summed over each sequence, on-policy, a reward propagated by reward-to-go (the same expectation as
+    a whole-sequence return)."""
+    config = dataclasses.replace(use.config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY)
+    if use.placement == "reward":
+        config = dataclasses.replace(config, returns=Returns.TO_GO)
+    return config
+
+
+def _lint_uses() -> list[tuple[str, object]]:
+    return [(target, use) for target in sorted(USED) for use in uses_of(*_split(target)) if use.config is not None]
+
+
+def _split(target: str) -> tuple[str, str]:
+    file, qualname = target.split("::")
+    return str(FIXTURES / file), qualname
+
+
+def _selects(use, row) -> bool:
+    """Whether the switch values of a use select a row's mode. The lint names a switch as the caller
+    spells it (`kl_penalty=config.kl_loss_type`), so a mode value must be among the use's values of
+    the helper's parameter of that name, or of any of its switches when none has that name."""
+    named = dict(use.labels)
+    values = {value for _, choices in use.labels for value in choices}
+    return all(value in named.get(name, values) for name, value in row.mode.items())
+
+
+@pytest.fixture(scope="module")
+def audited_uses() -> dict:
+    """check-grad's rows for every helper of USED, in the placements its callers use."""
+    reports = {}
+    for target in sorted(USED):
+        placements = sorted({use.placement for use in uses_of(*_split(target))})
+        if placements:
+            path, qualname = _split(target)
+            reports[target] = audit_target(Target(path=path, qualname=qualname), placements=placements)
+    return reports
+
+
+@pytest.mark.parametrize("target, use", _lint_uses(), ids=lambda value: str(getattr(value, "labels", value)))
+def test_lint_and_check_grad_agree_on_each_code_path(target, use, audited_uses):
+    """Where the lint finds a helper's result used as a loss or reward, check-grad's rows for the same
+    switch values and placement carry the lint's rule and, among the configurations with the same
+    per-sample gradient, the lint's description."""
+    config = _helper_part(use)
+    expected = verdict(config, use.clamped)
+    rows = [row for row in audited_uses[target].results if row.placement == use.placement and _selects(use, row)]
+    assert rows, (target, use)
+    for row in rows:
+        assert row.rule == expected.rule, (row.mode, row.configuration, describe(config))
+        assert describe(config) in [row.configuration, *row.same_gradient_as], row.mode
