@@ -129,7 +129,7 @@ class Report:
                 lines.append(f"  fix: {fix}")
             lines.append("")
         if self.results:
-            lines += ["objectives (the exact expected gradient is a positive multiple of):",
+            lines += ["objectives (what the exact expected gradient follows):",
                       *legend_footer(row.objective for row in self.results), ""]
         lines += [f"note: {note}" for note in self.notes]
         lines += [f"error: {error}" for error in self.errors]

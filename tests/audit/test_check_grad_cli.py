@@ -37,7 +37,8 @@ def test_switch_rows_placement_override_and_exit_one():
     assert [(r["mode"], r["placement"], r["objective"]) for r in rows] == [
         ({"kl_estimator": "k1"}, "reward", "REV"), ({"kl_estimator": "k2"}, "reward", "OTHER"),
         ({"kl_estimator": "k3"}, "reward", "OTHER")]
-    assert [r["unbiased"] for r in rows] == [True, False, False]
+    assert [(r["unbiased"], r["rule"]) for r in rows] == [(False, "KL010"), (False, "KL004"), (False, "KL004")]
+    assert rows[1]["configuration"] == "k2 in the reward (reward-to-go), token-sum, on-policy"  # clamped at 10
 
 
 def test_text_table_and_bind_override(tmp_path):

@@ -51,13 +51,15 @@ EXPECTED = {
     # (use_abs_kl, use_kl_estimator_k3): the k3 flag is tested first
     "orz_flag_kl_loss.py": {"compute_approx_kl": {(False, False): K1, (False, True): K3, (True, False): ABS,
                                                   (True, True): K3}},
-    "reinforce_pp_clamped.py": {"compute_kl": {(): K1}},  # the clamp acts on the reward, outside the helper
+    "reinforce_pp_clamped.py": {"compute_kl": {(): K1}},  # the fixed twin; the bad one clamps (BAD)
     "verl_ray_trainer.py": {"kl_penalty": {(name,): VERL_PENALTY[name] for name in VERL_PENALTY}},
 }
 BAD = {
     **EXPECTED,
     "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": K3["loss"]}}},  # row 3; token-mean of a large batch, row 20
     "k3_loss_and_reward_clamped.py": {"low_var_kl": {(): LOW_VAR_KL}},
+    # k1 clamped to [-10, 10]: REV while |log-ratio| < 10, as on every enumerated policy, KL010 beyond
+    "reinforce_pp_clamped.py": {"compute_kl": {(): {"loss": K1["loss"], "reward": ("REV", "KL010")}}},
     "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K3["reward"]}}},  # -k3 reward, row 7
     "verl_dp_actor.py": {
         "low_var_kl": {(): LOW_VAR_KL},
@@ -84,6 +86,7 @@ USED = {
     "bad/openrlhf_ppo.py::compute_approx_kl": {"loss", "reward"},  # use_kl_loss switches between them
     "bad/verl_ray_trainer.py::kl_penalty": {"reward"},
     "bad/verl_dp_actor.py::kl_penalty": {"loss"},
+    "bad/reinforce_pp_clamped.py::compute_kl": {"reward"},
     # the same values as a loss and, detached, as reward-to-go (R-C), the bad twin with clamps
     "bad/k3_loss_and_reward_clamped.py::low_var_kl": {"loss+reward"},
     "fixed/k3_loss_and_reward_clamped.py::k3": {"loss+reward"},
@@ -123,7 +126,7 @@ def test_objective_and_rule_follow_section_8(target):
         found.setdefault(values, {})[row.placement] = (row.objective, row.rule)
         # the fingerprint names the catalog row whose objective the exact audit finds
         assert row.objective == (row.fingerprint_objective or "OTHER"), (row.mode, row.placement)
-        assert row.unbiased is (row.objective == "REV")
+        assert row.unbiased is (row.objective == "REV" and row.rule is None)
     assert found == expected
 
 
