@@ -136,7 +136,8 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
                       attempts: int = 40) -> tuple[types.ModuleType, dict[str, str]]:
     """`do_import()`, retried with each third-party module that fails to import stubbed; returns the
     module and {stubbed module: why it did not import}. `own`: top-level packages never stubbed (the
-    user's). The finder stays installed, so that a lazy import in the KL code meets the stub too."""
+    user's). A finder that stubbed something stays installed, so that a lazy import in the KL code meets
+    the stub too."""
     finder = StubFinder()
     sys.meta_path.insert(0, finder)
     try:
@@ -151,6 +152,8 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
         return do_import(), dict(finder.reasons)
     finally:
         finder.importing = False
+        if not finder.reasons:
+            sys.meta_path.remove(finder)
 
 
 def failing_dependency(error: BaseException, protected: Collection[str]) -> Optional[str]:
