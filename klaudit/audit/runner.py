@@ -8,6 +8,7 @@ a child Python process (`child_command`) with a timeout, and only JSON comes bac
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -43,8 +44,13 @@ class Target:
     path: Optional[str] = None
     module: Optional[str] = None
     qualname: Optional[str] = None
+    label: Optional[str] = None  # how the report names it, when not by path and name (an inline KL term)
+    source: Optional[str] = None  # the code of a function cut out of `path` (klaudit.audit.inline)
+    placement: Optional[str] = None  # the placement the code gives a cut-out function's result
 
     def __str__(self) -> str:
+        if self.label is not None:
+            return self.label
         where = self.path if self.path is not None else self.module
         separator = "::" if self.path is not None else ":"
         return f"{where}{separator}{self.qualname}" if self.qualname else str(where)
@@ -71,6 +77,8 @@ def used_placements(target: Target) -> set[str]:
     analysis of the target's project (klaudit.lint.query); empty when unknown."""
     from klaudit.lint.query import placements_of
 
+    if target.source is not None:
+        return {target.placement} if target.placement else set()
     path = target.path if target.path is not None else module_file(target.module)
     if path is None or not target.qualname:
         return set()
@@ -176,15 +184,18 @@ def stubbed_note(target: Target, stubbed: dict[str, str]) -> str:
 def audit_target(target: Target, *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
                  model_dir: Optional[str] = None, device: str = "cpu",
                  progress: Callable[[str], None] = lambda message: None,
-                 also: Callable[[], Sequence[str]] = tuple) -> Report:
+                 also: Callable[[], Sequence[str]] = tuple, current_old: bool = False) -> Report:
     """Load, bind and audit one target in this process; every failure becomes one error line.
-    `also`: more placements to audit once the automatic ones are done (see measure.audit)."""
+    `also`: more placements to audit once the automatic ones are done (see measure.audit).
+    `current_old`: old log-probs are the policy's own, detached (an on-policy step, as the lint reads it)."""
     from klaudit.audit.bind import bind, switch_literals
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
 
     try:
         fn, stubbed = load(target)
         binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
+        if current_old:
+            binding = dataclasses.replace(binding, current_old=True)
         fingerprint = None
         if model_dir is not None:
             from klaudit.audit.fingerprint import batch_from_model
@@ -228,7 +239,7 @@ def _child(request_path: str, response_path: str) -> int:
     report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
                           model_dir=request["model_dir"], device=request["device"],
                           progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
-                          also=combined_uses)
+                          also=combined_uses, current_old=request["current_old"])
     Path(response_path).write_text(json.dumps(report.to_dict()))
     return 0
 
@@ -321,11 +332,18 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
     `placements` None the child also audits the combined placements (loss+reward, loss+future) the
     parent finds the user's code uses, as a configuration of their own (kl-math.md R-C, R-B)."""
     request_path, response_path = scratch / "request.json", scratch / "response.json"
+    path = target.path
+    if target.source is not None:  # a function cut out of the user's file: audited as a file of its own
+        path = str(scratch / f"{target.qualname}.py")
+        Path(path).write_text(target.source, encoding="utf-8")
+        placements = placements or ((target.placement,) if target.placement else None)
     request_path.write_text(json.dumps({
-        "target": {"path": target.path, "module": target.module, "qualname": target.qualname},
+        "target": {"path": path, "module": target.module, "qualname": target.qualname, "label": target.label},
         "overrides": {name: role.value for name, role in overrides.items()},
         "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
         "used_path": None if placements else str(used_path), "timeout": timeout,
+        # a step cut out of a trainer is audited on-policy, as the lint reads it (pi_old = pi)
+        "current_old": target.source is not None,
     }))
     progress.message = str(target)
     command = child_command(str(request_path), str(response_path))
@@ -341,6 +359,18 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
         report.details.append(completed.stderr)
         return report
     return Report.from_dict(json.loads(response_path.read_text()))
+
+
+def _inline_slices(path: str, auditable: Sequence[str]):
+    """The KL terms computed inline in the functions of `path` that cannot be audited alone, cut out as
+    functions (klaudit.audit.inline), and a line for each that cannot be."""
+    from klaudit.audit.inline import inline_slices
+
+    try:
+        slices, failures = inline_slices(path)
+    except (SyntaxError, OSError, RecursionError):
+        return [], []
+    return [piece for piece in slices if piece.qualname not in auditable], failures
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
@@ -361,12 +391,17 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
             except DiscoveryError as error:
                 report.errors.append(str(error))
                 continue
-            report.notes += found.skipped
-            if not found.auditable:
+            slices, failures = _inline_slices(target.path, found.auditable)
+            sliced = {f"{target.path}::{piece.qualname} " for piece in slices}
+            report.notes += [line for line in found.skipped if not any(line.startswith(s) for s in sliced)]
+            report.notes += failures
+            if not found.auditable and not slices:
                 report.errors.append(f"{target.path}: no KL function that can be called alone (one that takes the "
                                      f"policy's log-probs or logits and returns a KL term or a loss holding one); "
                                      f"name one with PATH.py::function and --bind")
             resolved += [Target(path=target.path, qualname=qualname) for qualname in found.auditable]
+            resolved += [Target(path=target.path, qualname=piece.name, label=str(piece), source=piece.source,
+                                placement=piece.placement) for piece in slices]
         else:
             resolved.append(target)
     progress = _Progress(show_progress)

@@ -84,6 +84,46 @@ def kl_functions(path: str) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class InlineSite:
+    """A KL term a function computes and puts into a loss or reward itself: the function, the line of
+    the statement that forms the estimator, the line of the sink, and the placement."""
+
+    qualname: str
+    origin_line: int
+    sink_line: int
+    placement: str
+
+
+def inline_sites(path: str) -> list[InlineSite]:
+    """The KL terms of `path` whose estimator is formed in the same function that puts it into a loss
+    or reward (the lint's `calls == 0`), one per (function, estimator statement, sink statement)."""
+    from klaudit.lint.checks import statement_positions
+
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    if tree is None:
+        return []
+    positions = statement_positions(tree, project.source(tree))
+    analyzer = Analyzer(project)
+    module = analyzer.module(str(file), tree)
+    sites: dict[InlineSite, None] = {}
+    for func, cls in module_functions(tree):
+        try:
+            outcome = analyzer.analyse(module, func, cls)
+        except RecursionError:
+            continue
+        for sink in outcome.sinks:
+            for fact in sink.facts:
+                origin, sink_at = positions.get(id(fact.origin)), positions.get(id(sink.node))
+                if fact.calls == 0 and origin is not None and sink_at is not None and origin[0] < sink_at[0]:
+                    config = config_of(fact, sink.kind)
+                    qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+                    sites[InlineSite(qualname, origin[0], sink_at[0], placement_of(config, sink.kind))] = None
+    return list(sites)
+
+
 def package_root(path: Path) -> Path:
     """The directory above the outermost package holding `path` (its own directory outside packages)."""
     directory = path.resolve().parent

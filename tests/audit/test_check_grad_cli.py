@@ -95,9 +95,11 @@ def test_a_training_step_is_listed_not_audited(tmp_path):
     result = _run(str(source), "--output-format", "json")
     assert result.exit_code == 2
     report = json.loads(result.stdout)
-    (note,) = report["notes"]
+    note, inline = report["notes"]
     assert "train_step computes a KL term but cannot be called alone" in note
     assert "no parameter takes the policy log-probs or logits" in note and "policy, optimizer, batch" in note
+    # nor can its inline KL be cut out: the reference log-probs are read from the batch (test_inline.py)
+    assert "the KL term formed at line 3 cannot be cut out of it: 'batch' comes from outside" in inline
 
 
 def test_fail_on_used_counts_the_rows_the_code_uses():
