@@ -75,15 +75,15 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
                placement: str) -> InlineSlice:
     """The standalone function of one inline KL term (SliceError when a value cannot be bound)."""
     function = _function(tree, qualname)
-    statements = _simple_statements(function.body)
+    outside = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
+    function = _KeyedInputs(outside).visit(copy.deepcopy(function))
+    statements = [s for s in _simple_statements(function.body) if not _renames_itself(s)]
     origin = next((s for s in statements if s.lineno == origin_line), None)
     if origin is None or len(_assigned(origin)) != 1:
         raise SliceError(f"line {origin_line} does not assign one variable")
     (variable,) = _assigned(origin)
     kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)]
-    outside = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
     imported = _imported_names(tree)
-    parameters: dict[str, None] = {}
     switches: dict[str, Optional[str]] = {}
     pending = [name for statement in kept for name in _reads(statement, function)]
     resolved: set[str] = {variable}
@@ -93,13 +93,13 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
             continue
         resolved.add(name)
         definitions = [s for s in statements if name in _assigned(s) and s.lineno < origin_line]
-        if definitions and all(_computable(s, outside) for s in definitions):
+        if definitions and all(_computable(s, outside) for s in definitions) and name not in outside:
             kept += definitions
             pending += [read for s in definitions for read in _reads(s, function)]
-        elif role_from_name(name) is not None:
-            parameters[name] = None
-        else:
-            raise SliceError(f"{name!r} comes from outside the step's arithmetic and does not bind by its name")
+    parameters = _free_names(sorted(kept, key=lambda s: s.lineno), function, imported)
+    unbound = [name for name in parameters if role_from_name(name) is None]
+    if unbound:
+        raise SliceError(f"{unbound[0]!r} comes from outside the step's arithmetic and does not bind by its name")
     body = [_SelfReads(switches).visit(statement) for statement in copy.deepcopy(_pruned(function.body,
                                                                                           {id(s) for s in kept}))]
     name = f"{function.name}__inline_kl_{origin_line}"
@@ -109,6 +109,49 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     header = _imports_for(tree, _names_read(body), imported)
     lines = [s.lineno for s in kept] + [getattr(s, "end_lineno", s.lineno) for s in kept]
     return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement)
+
+
+def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -> list[str]:
+    """Names the kept statements read before any of them assigns them: the function's parameters."""
+    assigned: set[str] = set()
+    free: dict[str, None] = {}
+    for statement in kept:
+        for name in sorted(_reads(statement, function)):
+            if name not in assigned and name not in imported and not hasattr(builtins, name):
+                free[name] = None
+        assigned |= _assigned(statement)
+    return list(free)
+
+
+def _renames_itself(statement: ast.stmt) -> bool:
+    """`x = x`, what `x = inputs["x"]` becomes once the input is a parameter."""
+    return (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.value, ast.Name)
+            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == statement.value.id)
+
+
+class _KeyedInputs(ast.NodeTransformer):
+    """`inputs["ref_logprobs"]` and `inputs.get("ref_logprobs")`, read from an argument of the step under a
+    key that binds by its name, become that name (a parameter of the slice)."""
+
+    def __init__(self, outside: set[str]) -> None:
+        self.outside = outside - {"self"}
+
+    def _key(self, owner: ast.AST, key: ast.AST) -> Optional[str]:
+        if isinstance(owner, ast.Name) and owner.id in self.outside and isinstance(key, ast.Constant) \
+                and isinstance(key.value, str) and key.value.isidentifier() and role_from_name(key.value) is not None:
+            return key.value
+        return None
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        key = self._key(node.value, node.slice)
+        return ast.copy_location(ast.Name(key, ast.Load()), node) if key else self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "get" and len(node.args) == 1:
+            key = self._key(node.func.value, node.args[0])
+            if key:
+                return ast.copy_location(ast.Name(key, ast.Load()), node)
+        return self.generic_visit(node)
 
 
 def _function(tree: ast.Module, qualname: str) -> _Function:

@@ -82,8 +82,9 @@ def test_file_without_kl_functions(tmp_path):
     assert result.exit_code == 2 and "no KL function that can be called alone" in result.output
 
 
-def test_a_training_step_is_listed_not_audited(tmp_path):
-    """A file whose only KL function needs a model and an optimizer: exit 2, and the note says what it lacks."""
+def test_a_training_step_is_not_called_but_its_inline_kl_is_audited(tmp_path):
+    """A file whose only KL function needs a model and an optimizer: the step is never called; its KL
+    statements, with the reference log-probs read from the batch by key, are audited (test_inline.py)."""
     source = tmp_path / "trainer.py"
     source.write_text(
         "def train_step(policy, optimizer, batch, beta):\n"
@@ -93,12 +94,28 @@ def test_a_training_step_is_listed_not_audited(tmp_path):
         "    loss.backward()\n"
         "    optimizer.step()\n")
     result = _run(str(source), "--output-format", "json")
-    assert result.exit_code == 2
+    assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
-    note, inline = report["notes"]
+    (row,) = report["results"]
+    assert row["target"] == f"{source}:3-3 (inline KL of train_step)"
+    assert (row["placement"], row["objective"], row["rule"], row["used"]) == ("loss", "ZERO", "KL001", True)
+    assert report["notes"] == []  # the step's own "cannot be called alone" line gives way to its audited KL
+
+
+def test_a_training_step_whose_kl_cannot_be_cut_out_is_listed(tmp_path):
+    source = tmp_path / "trainer.py"
+    source.write_text(
+        "def train_step(policy, optimizer, batch, beta):\n"
+        "    logprobs = policy(batch['input_ids'])\n"
+        "    kl = (logprobs - batch['ref_logprobs']) * batch['weights']\n"
+        "    loss = beta * kl.mean()\n"
+        "    loss.backward()\n")
+    result = _run(str(source), "--output-format", "json")
+    assert result.exit_code == 2
+    note, inline = json.loads(result.stdout)["notes"]
     assert "train_step computes a KL term but cannot be called alone" in note
     assert "no parameter takes the policy log-probs or logits" in note and "policy, optimizer, batch" in note
-    # nor can its inline KL be cut out: the reference log-probs are read from the batch (test_inline.py)
+    # batch['weights'] binds to no role: the slice would lack a value
     assert "the KL term formed at line 3 cannot be cut out of it: 'batch' comes from outside" in inline
 
 

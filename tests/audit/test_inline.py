@@ -16,7 +16,7 @@ STEP = Path(__file__).parent / "data" / "inline" / "grpo_step.py"
 def test_the_slice_is_the_kl_statements_with_inputs_bound_by_role_and_switches_as_parameters():
     (piece,), failures = inline_slices(str(STEP))
     assert failures == [] and piece.qualname == "StepTrainer.training_step" and piece.placement == "loss"
-    assert (piece.first, piece.last) == (27, 39)  # from the log-ratio to the importance-weighted KL
+    assert (piece.first, piece.last) == (25, 39)  # from the old log-probs to the importance-weighted KL
     namespace: dict = {}
     exec(compile(piece.source, "slice", "exec"), namespace)  # noqa: S102 - klaudit's own generated code
     parameters = inspect.signature(namespace[piece.name]).parameters
@@ -46,7 +46,7 @@ def test_check_grad_audits_the_inline_term_on_policy_and_names_the_original_line
     report = run([str(STEP)])
     assert report.errors == []
     rows = {(row.mode["ratio_level"], row.mode["kl_importance_correction"]): row for row in report.results}
-    assert {row.target for row in report.results} == {f"{STEP}:27-39 (inline KL of StepTrainer.training_step)"}
+    assert {row.target for row in report.results} == {f"{STEP}:25-39 (inline KL of StepTrainer.training_step)"}
     assert all(row.placement == "loss" and row.used for row in report.results)
     # ratio * k3 with the token ratio: PART, as k2 (kl-math.md row 2); k3 alone: PFWD (row 3)
     assert (rows["token", True].objective, rows["token", True].rule) == ("PART", "KL003")
