@@ -72,6 +72,7 @@ class StubModule(types.ModuleType):
     def __init__(self, name: str, finder: StubFinder) -> None:
         super().__init__(name)
         self.__finder = finder
+        self.__version__ = "0.0.0"  # version checks at import read the stubbed package as too old to use
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
@@ -159,10 +160,14 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
 def failing_dependency(error: BaseException, protected: Collection[str]) -> Optional[str]:
     """The third-party module whose import raised `error`: the missing module of a ModuleNotFoundError,
     the module a name was not found in, or else the first module the traceback enters after the last
-    frame of a protected package; None when that is protected, torch, klaudit or the standard library."""
+    frame of a protected package, or else what the error's cause names (a lazy module that re-raises);
+    None when that is protected, torch, klaudit or the standard library."""
     name = getattr(error, "name", None) if isinstance(error, ImportError) else None
     if name is None:
         name = _entered_after_protected(error, protected)
+    cause = error.__cause__ or error.__context__
+    if (name is None or name.split(".")[0] in protected) and isinstance(cause, Exception):
+        return failing_dependency(cause, protected)  # a lazy module re-raises the ImportError as its own
     top = name.split(".")[0] if name else None
     if top is None or top in protected or top in NEVER_STUBBED or top in sys.stdlib_module_names:
         return None

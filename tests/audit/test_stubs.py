@@ -52,7 +52,7 @@ def test_stubs_tolerate_module_level_use_only_while_importing():
     def decorated():
         return 1
 
-    assert module.remote(decorated) is decorated and not module.available
+    assert module.remote(decorated) is decorated and not module.available and module.__version__ == "0.0.0"
     assert types.new_class("Derived", (module.Base,)).__mro__[1:] == (object,)
     finder.importing = False
     for use in (lambda: module.remote(decorated), lambda: bool(module.available), lambda: module.x + 1):
@@ -80,3 +80,13 @@ def test_a_submodule_that_fails_is_stubbed_alone(tmp_path, monkeypatch):
                           placements=("loss",))
     assert report.errors == [] and report.results[0].objective == "ZERO"
     assert any("stubbed: klaudit_fixture_half_installed.kernels (" in note for note in report.notes)
+
+
+def test_an_import_error_re_raised_by_a_lazy_module_names_its_cause():
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'pandas'", name="pandas")
+        except ModuleNotFoundError as missing:
+            raise RuntimeError("Failed to import trl.models.utils") from missing
+    except RuntimeError as error:
+        assert failing_dependency(error, {"trl"}) == "pandas"
