@@ -52,16 +52,22 @@ def inline_slices(path: str) -> tuple[list[InlineSlice], list[str]]:
     """The inline KL terms of `path` as functions, and one line for each that cannot be cut out."""
     from klaudit.lint.query import inline_sites
 
-    sites: dict[tuple[str, int], tuple[int, set]] = {}
-    for site in inline_sites(path):
+    return slices_of(path, inline_sites(path))
+
+
+def slices_of(path: str, sites) -> tuple[list[InlineSlice], list[str]]:
+    """The given inline sites of `path` (klaudit.lint.query.InlineSite) as functions: one per estimator
+    statement, ending before its first sink; and one line for each that cannot be cut out."""
+    grouped: dict[tuple[str, int], tuple[int, set]] = {}
+    for site in sites:
         key = (site.qualname, site.origin_line)
-        first_sink, placements = sites.get(key, (site.sink_line, set()))
-        sites[key] = (min(first_sink, site.sink_line), placements | {site.placement})
-    if not sites:
+        first_sink, placements = grouped.get(key, (site.sink_line, set()))
+        grouped[key] = (min(first_sink, site.sink_line), placements | {site.placement})
+    if not grouped:
         return [], []
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     slices, failures = [], []
-    for (qualname, origin_line), (sink_line, placements) in sites.items():
+    for (qualname, origin_line), (sink_line, placements) in grouped.items():
         placement = "loss" if any(p.startswith("loss") for p in placements) else "reward"
         try:
             slices.append(slice_site(tree, path, qualname, origin_line, sink_line, placement))

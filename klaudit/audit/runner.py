@@ -361,16 +361,67 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
     return Report.from_dict(json.loads(response_path.read_text()))
 
 
-def _inline_slices(path: str, auditable: Sequence[str]):
-    """The KL terms computed inline in the functions of `path` that cannot be audited alone, cut out as
-    functions (klaudit.audit.inline), and a line for each that cannot be."""
-    from klaudit.audit.inline import inline_slices
+def file_targets(path: str, report: Report) -> list[Target]:
+    """What check-grad audits for `PATH.py`: its KL functions that can be called alone, the KL terms
+    computed inline in its other functions (cut out: klaudit.audit.inline), and the helpers of other
+    files whose estimators its losses and rewards hold (those the lint traces there). What cannot be
+    audited goes into the report's notes, and an error when nothing can."""
+    from klaudit.audit.inline import slices_of
+    from klaudit.lint.query import kl_sites
 
     try:
-        slices, failures = inline_slices(path)
+        found = discover_kl_functions(path)
+    except DiscoveryError as error:
+        report.errors.append(str(error))
+        return []
+    try:
+        inline, helpers = kl_sites(path)
     except (SyntaxError, OSError, RecursionError):
-        return [], []
-    return [piece for piece in slices if piece.qualname not in auditable], failures
+        inline, helpers = [], []
+    slices, failures = slices_of(path, [site for site in inline if site.qualname not in found.auditable])
+    sliced = {f"{path}::{piece.qualname} " for piece in slices}
+    report.notes += [line for line in found.skipped if not any(line.startswith(s) for s in sliced)] + failures
+    targets = [Target(path=path, qualname=qualname) for qualname in found.auditable]
+    targets += [Target(path=path, qualname=piece.name, label=str(piece), source=piece.source,
+                       placement=piece.placement) for piece in slices]
+    targets += _helper_targets(helpers, report)
+    if not targets:
+        report.errors.append(f"{path}: no KL function that can be called alone (one that takes the policy's "
+                             f"log-probs or logits and returns a KL term or a loss holding one); name one with "
+                             f"PATH.py::function and --bind")
+    return targets
+
+
+def _helper_targets(helpers: Sequence[tuple[str, int]], report: Report) -> list[Target]:
+    """The functions of other files that form the estimators at `helpers` ((file, line)), where they can
+    be audited alone; a note for the others."""
+    targets: dict[Target, None] = {}
+    for helper_path in dict.fromkeys(path for path, _ in helpers):
+        try:
+            found = discover_kl_functions(helper_path)
+        except DiscoveryError:
+            continue
+        for line in sorted({line for path, line in helpers if path == helper_path}):
+            qualname = _enclosing_function(helper_path, line)
+            if qualname in found.auditable:
+                targets[Target(path=helper_path, qualname=qualname)] = None
+            elif qualname is not None:
+                report.notes.append(f"{helper_path}::{qualname} forms a KL estimate this file uses (line {line}) "
+                                    f"but cannot be called alone")
+    return list(targets)
+
+
+def _enclosing_function(path: str, line: int) -> Optional[str]:
+    """The top-level function or method of `path` whose lines hold `line`."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    for node in tree.body:
+        inner = node.body if isinstance(node, ast.ClassDef) else [node]
+        for item in inner:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.lineno <= line <= item.end_lineno:
+                return f"{node.name}.{item.name}" if item is not node else item.name
+    return None
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
@@ -386,22 +437,7 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
             report.errors.append(str(error))
             continue
         if target.path is not None and target.qualname is None:
-            try:
-                found = discover_kl_functions(target.path)
-            except DiscoveryError as error:
-                report.errors.append(str(error))
-                continue
-            slices, failures = _inline_slices(target.path, found.auditable)
-            sliced = {f"{target.path}::{piece.qualname} " for piece in slices}
-            report.notes += [line for line in found.skipped if not any(line.startswith(s) for s in sliced)]
-            report.notes += failures
-            if not found.auditable and not slices:
-                report.errors.append(f"{target.path}: no KL function that can be called alone (one that takes the "
-                                     f"policy's log-probs or logits and returns a KL term or a loss holding one); "
-                                     f"name one with PATH.py::function and --bind")
-            resolved += [Target(path=target.path, qualname=qualname) for qualname in found.auditable]
-            resolved += [Target(path=target.path, qualname=piece.name, label=str(piece), source=piece.source,
-                                placement=piece.placement) for piece in slices]
+            resolved += [found for found in file_targets(target.path, report) if found not in resolved]
         else:
             resolved.append(target)
     progress = _Progress(show_progress)

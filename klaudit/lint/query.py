@@ -98,17 +98,25 @@ class InlineSite:
 def inline_sites(path: str) -> list[InlineSite]:
     """The KL terms of `path` whose estimator is formed in the same function that puts it into a loss
     or reward (the lint's `calls == 0`), one per (function, estimator statement, sink statement)."""
+    return kl_sites(path)[0]
+
+
+def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, int]]]:
+    """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and the
+    (file, line) of the estimators formed in another module's helper that it calls."""
     from klaudit.lint.checks import statement_positions
 
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
     if tree is None:
-        return []
+        return [], []
     positions = statement_positions(tree, project.source(tree))
     analyzer = Analyzer(project)
     module = analyzer.module(str(file), tree)
     sites: dict[InlineSite, None] = {}
+    helpers: dict[tuple[str, int], None] = {}
+    elsewhere: dict[str, dict] = {}  # statement positions of the other modules estimators come from
     for func, cls in module_functions(tree):
         try:
             outcome = analyzer.analyse(module, func, cls)
@@ -116,12 +124,23 @@ def inline_sites(path: str) -> list[InlineSite]:
             continue
         for sink in outcome.sinks:
             for fact in sink.facts:
+                if fact.origin is None:
+                    continue
+                if fact.origin_path and Path(fact.origin_path).resolve() != file:
+                    if fact.origin_path not in elsewhere:
+                        found = analyzer.module_at(Path(fact.origin_path))
+                        elsewhere[fact.origin_path] = {} if found is None else statement_positions(
+                            found.tree, project.source(found.tree))
+                    where = elsewhere[fact.origin_path].get(id(fact.origin))
+                    if where is not None:
+                        helpers[(str(Path(fact.origin_path).resolve()), where[0])] = None
+                    continue
                 origin, sink_at = positions.get(id(fact.origin)), positions.get(id(sink.node))
                 if fact.calls == 0 and origin is not None and sink_at is not None and origin[0] < sink_at[0]:
                     config = config_of(fact, sink.kind)
                     qualname = f"{cls}.{func.name.value}" if cls else func.name.value
                     sites[InlineSite(qualname, origin[0], sink_at[0], placement_of(config, sink.kind))] = None
-    return list(sites)
+    return list(sites), list(helpers)
 
 
 def package_root(path: Path) -> Path:

@@ -145,3 +145,24 @@ def test_exit_code_for_used_rows_only():
     unknown = [row("b", "loss", False, False), row("b", "reward", True, False)]  # no use found: all count
     assert Report(known + unknown).exit_code_for(used_only=True) == 1
     assert Report(known, ["b: import failed"]).exit_code_for(used_only=True) == 2
+
+
+def test_a_trainer_file_audits_the_helpers_of_other_files_its_kl_comes_from(tmp_path):
+    """check-grad on the file the lint reports (the loss) audits the helper that forms the estimator,
+    in the module the lint traces it to, with the placement the trainer gives it."""
+    package = tmp_path / "rlpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kl.py").write_text(
+        "import torch\n\n\ndef k3_estimate(logprobs, ref_logprobs):\n"
+        "    log_ratio = ref_logprobs - logprobs\n    return torch.exp(log_ratio) - log_ratio - 1\n")
+    (package / "trainer.py").write_text(
+        "from rlpkg.kl import k3_estimate\n\n\ndef train_step(policy, batch, optimizer, beta):\n"
+        "    logprobs = policy(batch)\n    kl = k3_estimate(logprobs, batch.ref)\n"
+        "    loss = beta * kl.mean()\n    loss.backward()\n")
+    result = _run(str(package / "trainer.py"), "--output-format", "json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1, result.output
+    assert {(row["target"], row["placement"], row["rule"], row["used"]) for row in report["results"]} == {
+        (f"{package / 'kl.py'}::k3_estimate", "loss", "KL002", True),
+        (f"{package / 'kl.py'}::k3_estimate", "reward", "KL004", False)}
