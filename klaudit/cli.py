@@ -16,6 +16,7 @@ from klaudit.audit import PLACEMENTS
 from klaudit.audit.bind import Role
 from klaudit.catalog import RULES
 from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings
+from klaudit.describe import LEGEND, OBJECTIVES, explain
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
 from klaudit.lint.report import FORMATTERS, ReportOptions
 
@@ -111,18 +112,40 @@ def _rule_page(code: str) -> str:
     return f"# {rule.code} {rule.name}\n\n{rule.summary}\n"
 
 
-@main.command("rule")
+_OBJECTIVES_HELP = f"The objectives check-grad names ({', '.join(OBJECTIVES)}) and 'cos REV': klaudit explain NAME."
+
+
+@main.command("rule", epilog=_OBJECTIVES_HELP)
 @click.argument("code")
 def rule_command(code: str) -> None:
     """Print the page of one rule (by code, e.g. KL002, or by name)."""
     by_name = {rule.name: rule.code for rule in RULES.values()}
     wanted = by_name.get(code.lower(), code.upper())
     if wanted not in RULES:
-        raise CommandError(f"unknown rule {code!r}; known codes: {', '.join(RULES)}")
+        meaning = explain(code)
+        if meaning is not None:
+            click.echo(meaning)
+            return
+        raise CommandError(f"unknown rule {code!r}; known codes: {', '.join(RULES)} (objectives: klaudit explain)")
     click.echo(_rule_page(wanted).rstrip("\n"))
 
 
-@main.command("rules")
+@main.command("explain")
+@click.argument("name", nargs=-1)
+def explain_command(name: tuple[str, ...]) -> None:
+    """What an objective name (REV, FWD, PART, PFWD, FUT, ZERO, LEN, OTHER) or 'cos REV' means; all of
+    them without NAME."""
+    if not name:
+        for key in LEGEND:
+            click.echo(explain(key))
+        return
+    meaning = explain(" ".join(name))
+    if meaning is None:
+        raise CommandError(f"unknown name {' '.join(name)!r}; known: {', '.join(LEGEND)}")
+    click.echo(meaning)
+
+
+@main.command("rules", epilog=_OBJECTIVES_HELP)
 def rules_command() -> None:
     """List every rule: code, name and one-line summary."""
     width = max(len(rule.name) for rule in RULES.values())
@@ -152,9 +175,12 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
                        timeout: float, model_dir: Optional[str], device: str, fail_on: str, verbose: bool) -> None:
     """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
     PATH.py::Class.method or package.module:function."""
+    from klaudit.audit import TORCH_MISSING, torch_importable
     from klaudit.audit.bind import BindError, parse_overrides
     from klaudit.audit.runner import run
 
+    if not torch_importable():
+        raise CommandError(TORCH_MISSING)
     try:
         overrides = parse_overrides(bindings)
     except BindError as error:

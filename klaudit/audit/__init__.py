@@ -9,9 +9,23 @@ every string-switch value, and returns the same `Report` the `klaudit check-grad
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable, Mapping, Optional
 
-__all__ = ["PLACEMENTS", "check"]
+__all__ = ["PLACEMENTS", "TORCH_MISSING", "check", "torch_importable"]
+
+TORCH_MISSING = ("check-grad runs your KL code under torch, which cannot be imported here: "
+                 "pip install 'klaudit[audit]' (on a machine without a GPU, first "
+                 "pip install torch --index-url https://download.pytorch.org/whl/cpu; "
+                 "with CUDA the default torch wheel is the one)")
+
+
+def torch_importable() -> bool:
+    """Whether `import torch` can find torch, asked without importing it (a second or two saved)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["torch"] is None, i.e. blocked
+        return False
 
 # What each `placement` choice audits: the result as a differentiated loss, as a detached reward with
 # reward-to-go, both rows, or one combined row (the same values as a loss and, detached, as reward-to-go

@@ -23,6 +23,7 @@ from klaudit.audit.batch import Batch
 from klaudit.audit.exact import relerr
 from klaudit.audit.surrogates import build_surrogate
 from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Row, Sampling, classify
+from klaudit.describe import describe
 
 MATCH_RTOL_FLOAT64 = 1e-6
 MATCH_RTOL_FLOAT32 = 1e-4  # a term computed in float32 (e.g. `.float()` inside it) carries ~1e-7 rounding
@@ -36,6 +37,7 @@ class Match:
     row: Row
     scale: float
     relative_error: float
+    twins: tuple[Config, ...] = ()  # the other configurations with this same per-sample gradient
 
     @property
     def objective(self) -> Objective:
@@ -56,16 +58,9 @@ class Match:
         return Objective.OTHER
 
     @property
-    def label(self) -> str:
-        """The row's label, with the aggregation spelled out when the row does not say it."""
-        label = self.row.label
-        if self.config.aggregation is Aggregation.SEQ_MEAN and "token-mean" not in label:
-            label += ", per-sequence token-mean"
-        elif self.config.aggregation is Aggregation.BATCH_MEAN and "batch" not in label:
-            label += ", token-mean over the batch"
-        if self.config.sampling is Sampling.OFF_POLICY and "off-policy" not in label:
-            label = "off-policy " + label + ", no importance weights"
-        return label
+    def description(self) -> str:
+        """The configuration in the words the lint uses for it (klaudit.describe)."""
+        return describe(self.config)
 
 
 def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
@@ -85,6 +80,60 @@ def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, r
         old_logprobs=None if old_logprobs is None else old_logprobs.detach(),
         tokens=tokens,
     )
+
+
+FAR_LOG_RATIO = 25.0  # |log pi - log ref| of the far batch: beyond the clamps trainers put on KL terms
+
+
+def far_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
+    """The batch with the sampled tokens moved far from the reference: on alternate positions the
+    policy's logit of the sampled token, else the reference's, is lowered by FAR_LOG_RATIO, so that the
+    log-ratios reach about -25 and +25 nats. A term that equals a configuration on the fingerprint batch
+    and not here changes only where the policy strays far: it is clamped (KL010)."""
+    batch = batch_factory()
+    logits, ref_logits = batch.logits.detach().clone(), batch.ref_logits.detach().clone()
+    tokens = batch.tokens.unsqueeze(-1)
+    alternate = (torch.arange(tokens.shape[1]).unsqueeze(0) + torch.arange(tokens.shape[0]).unsqueeze(1)) % 2 == 0
+    lowered = torch.where(alternate.unsqueeze(-1), logits.gather(-1, tokens) - FAR_LOG_RATIO,
+                          logits.gather(-1, tokens))
+    logits.scatter_(-1, tokens, lowered)
+    ref_lowered = torch.where(alternate.unsqueeze(-1), ref_logits.gather(-1, tokens),
+                              ref_logits.gather(-1, tokens) - FAR_LOG_RATIO)
+    ref_logits.scatter_(-1, tokens, ref_lowered)
+    return lambda: leaf_batch(batch.tokens, batch.mask, logits, ref_logits, batch.old_logprobs)
+
+
+NEAR_SHRINK = 0.05  # the near batch's log-ratios, relative to the fingerprint batch's
+
+
+def near_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
+    """The batch with the policy's logits moved towards the reference's, its log-ratios NEAR_SHRINK
+    times as large: below the clamps trainers use, a clamped estimator shows its unclamped form."""
+    batch = batch_factory()
+    ref_logits = batch.ref_logits.detach()
+    logits = ref_logits + NEAR_SHRINK * (batch.logits.detach() - ref_logits)
+    return lambda: leaf_batch(batch.tokens, batch.mask, logits, ref_logits)
+
+
+def _positive_multiple(user: torch.Tensor, reference: torch.Tensor) -> Optional[tuple[float, float]]:
+    """(c, relative error) of the least-squares c with user ~ c * reference, when c > 0."""
+    squared = torch.dot(reference, reference).item()
+    if squared == 0.0:
+        return None
+    scale = torch.dot(user, reference).item() / squared
+    return None if scale <= 0.0 else (scale, relerr(user, scale * reference))
+
+
+def _weighted(config: Config) -> Callable[[Batch], torch.Tensor]:
+    """The configuration's surrogate summed over the batch, per sequence by 1/L under a seq-token-mean."""
+    surrogate = build_surrogate(config)
+    per_length = config.aggregation is Aggregation.SEQ_MEAN
+
+    def weighted(batch: Batch) -> torch.Tensor:
+        values = surrogate(batch)
+        return (values / batch.lengths).sum() if per_length else values.sum()
+
+    return weighted
 
 
 def logits_gradient(objective: Callable[[Batch], torch.Tensor], batch_factory: Callable[[], Batch]) -> torch.Tensor:
@@ -127,19 +176,20 @@ class Fingerprinter:
         self.batch_factory = batch_factory
         self.off_policy = off_policy
         self._gradients: list[tuple[Config, torch.Tensor]] = []
+        self._near: Optional[Fingerprinter] = None
         for config in candidate_configs(off_policy):
-            surrogate = build_surrogate(config)
-            per_length = config.aggregation is Aggregation.SEQ_MEAN
+            self._gradients.append((config, logits_gradient(_weighted(config), batch_factory)))
 
-            def weighted(batch: Batch, surrogate=surrogate, per_length=per_length) -> torch.Tensor:
-                values = surrogate(batch)
-                return (values / batch.lengths).sum() if per_length else values.sum()
-
-            self._gradients.append((config, logits_gradient(weighted, batch_factory)))
+    def near(self) -> "Fingerprinter":
+        """The fingerprinter of `near_batch` (on-policy only: old log-probs cannot be moved along)."""
+        if self._near is None:
+            self._near = Fingerprinter(near_batch(self.batch_factory), off_policy=self.off_policy)
+        return self._near
 
     def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,
                  aggregation: Aggregation = Aggregation.SUM) -> Optional[Match]:
-        """The first catalog configuration whose per-sample gradient is a positive multiple of the term's.
+        """The first catalog configuration whose per-sample gradient is a positive multiple of the term's,
+        with the others that have that gradient too (which one the code spells, the gradient cannot tell).
 
         `aggregation` names the unit-weight class (SUM unless the caller knows the term divides by a
         constant or by the batch's token count).
@@ -148,20 +198,28 @@ class Fingerprinter:
         if not bool(user.any()):
             return None
         flat = user.flatten()
+        matches = []
         for config, gradient in self._gradients:
-            reference = gradient.flatten()
-            squared = torch.dot(reference, reference).item()
-            if squared == 0.0:
-                continue
-            scale = torch.dot(flat, reference).item() / squared
-            if scale <= 0.0:
-                continue
-            error = relerr(flat, scale * reference)
-            if error < rtol:
+            fit = _positive_multiple(flat, gradient.flatten())
+            if fit is not None and fit[1] < rtol:
+                scale, error = fit
                 if config.aggregation is Aggregation.SUM:
                     config = dataclasses.replace(config, aggregation=aggregation)
-                return Match(config, classify(config), scale, error)
-        return None
+                matches.append(Match(config, classify(config), scale, error))
+        if not matches:
+            return None
+        return dataclasses.replace(matches[0], twins=tuple(match.config for match in matches[1:]))
+
+
+def holds_far_from_reference(objective: Callable[[Batch], torch.Tensor], match: Match,
+                             batch_factory: Callable[[], Batch], *, rtol: float = MATCH_RTOL_FLOAT64) -> bool:
+    """Whether the term still has the matched configuration's per-sample gradient on `far_batch`."""
+    far = far_batch(batch_factory)
+    config = match.config
+    if config.aggregation is not Aggregation.SEQ_MEAN:
+        config = dataclasses.replace(config, aggregation=Aggregation.SUM)
+    fit = _positive_multiple(logits_gradient(objective, far).flatten(), logits_gradient(_weighted(config), far).flatten())
+    return fit is not None and fit[1] < rtol
 
 
 def sample_rows(probabilities: torch.Tensor, size: int, seed: int) -> torch.Tensor:

@@ -28,10 +28,11 @@ import torch
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding, defaulted_attributes
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
-from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, leaf_batch,
-                                       logits_gradient, sample_rows)
+from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, Match,
+                                       holds_far_from_reference, leaf_batch, logits_gradient, sample_rows)
 from klaudit.audit.report import ResultRow
-from klaudit.catalog import FIX_K1_LOSS, Aggregation, Objective, Target
+from klaudit.catalog import CLAMPED, FIX_K1_LOSS, Aggregation, Objective, Target
+from klaudit.describe import describe
 
 AUDIT_KL = 1.0  # nats between policy and reference: far enough that biased terms show (kl-math.md 12.2)
 AUDIT_KL_RTOL = 0.02  # "about 1 nat": a tighter bisection only costs time (seconds on the transformer)
@@ -453,14 +454,18 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
         values = per_sequence(batch)
         return values.sum()
 
-    match = fingerprinter.identify(user_objective, rtol=term.rtol, aggregation=aggregation)
+    match, clamped = identify_clamped(user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation)
     if match is not None:
-        configuration, rule, fix = match.label, match.row.rule, match.row.fix
-        fingerprint_objective = match.objective.value
+        configuration, rule, fix = match.description, match.row.rule, match.row.fix
+        same_gradient = [describe(config) for config in match.twins]
+        if clamped and rule is None:
+            rule, fix, unbiased = CLAMPED.rule, CLAMPED.fix, False  # right only where pi stays near ref
+        # a clamp that acts on the fingerprint batch acts on the audited policies: no row's objective holds
+        fingerprint_objective = Objective.OTHER.value if clamped == "near" else match.objective.value
     else:
         configuration, rule, fix = "unrecognised (no catalog configuration matches per sample)", None, (
             "" if unbiased else FIX_K1_LOSS)
-        fingerprint_objective = None
+        fingerprint_objective, same_gradient = None, []
     cos = cosine(gradient, problem.targets[Target.REV])
     return ResultRow(
         target=term.name, mode=dict(term.mode), placement=placement, configuration=configuration,
@@ -470,9 +475,26 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
         rel_err_rev=relerr(gradient, problem.targets[Target.REV]),
         value_bias=value - problem.kl, rule=rule, fix=fix or "",
         aggregation=_describe_aggregation(kind, placement, scalar_weight, term.negated),
-        fingerprint_objective=fingerprint_objective,
+        fingerprint_objective=fingerprint_objective, same_gradient_as=same_gradient,
         per_policy={p.name: o.value for p, o in zip(problems, objectives)},
     )
+
+
+def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprinter, *, rtol: float,
+                     aggregation: Aggregation) -> tuple[Optional[Match], Optional[str]]:
+    """The catalog configuration of a term, and where a clamp changes it: "far" when the term has that
+    configuration's per-sample gradient on the fingerprint batch but not far from the reference (the
+    clamp acts beyond the audited policies), "near" when it has it only on the near batch (the clamp
+    acts on the fingerprint batch), None when the term is that configuration everywhere probed."""
+    match = fingerprinter.identify(objective, rtol=rtol, aggregation=aggregation)
+    if match is not None:
+        far = match.row.rule is None and not holds_far_from_reference(objective, match, fingerprinter.batch_factory,
+                                                                      rtol=rtol)
+        return match, "far" if far else None
+    if fingerprinter.off_policy:
+        return None, None
+    match = fingerprinter.near().identify(objective, rtol=rtol, aggregation=aggregation)
+    return match, "near" if match is not None else None
 
 
 def _value_per_sequence(term: Term, kind: str, scalar_weight: Optional[str]) -> Callable[[Batch], torch.Tensor]:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from klaudit import __version__
+from klaudit.describe import legend_footer
 
 JSON_FIELDS = ("target", "mode", "placement", "configuration", "objective", "unbiased", "cos_rev",
                "rel_err_rev", "value_bias", "rule", "fix")
@@ -40,6 +41,7 @@ class ResultRow:
     aggregation: str = ""
     fingerprint_objective: Optional[str] = None
     per_policy: dict = field(default_factory=dict)
+    same_gradient_as: list = field(default_factory=list)  # configurations the fingerprint cannot tell apart
     used: bool = False  # the placement the surrounding code uses (from the lint analysis), when known
 
     def as_json(self) -> dict:
@@ -83,7 +85,7 @@ class Report:
 
     def extend(self, other: "Report") -> None:
         self.results += other.results
-        self.errors += other.errors
+        self.errors += [error for error in other.errors if error not in self.errors]
         self.notes += [note for note in other.notes if note not in self.notes]
         self.details += other.details
 
@@ -117,12 +119,18 @@ class Report:
             widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
             for cells in table:
                 lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
+            for configuration, twins in dict.fromkeys((row.configuration, tuple(row.same_gradient_as))
+                                                      for row in rows if row.same_gradient_as):
+                lines.append(f"  {configuration}: the same per-sample gradient as {'; '.join(twins)}")
             aggregations = sorted({row.aggregation for row in rows if row.aggregation})
             if aggregations:
                 lines.append(f"  aggregation: {'; '.join(aggregations)}")
             for fix in dict.fromkeys(row.fix for row in rows if row.fix and not row.unbiased):
                 lines.append(f"  fix: {fix}")
             lines.append("")
+        if self.results:
+            lines += ["objectives (what the exact expected gradient follows):",
+                      *legend_footer(row.objective for row in self.results), ""]
         lines += [f"note: {note}" for note in self.notes]
         lines += [f"error: {error}" for error in self.errors]
         biased = sum(not row.unbiased for row in self.results)

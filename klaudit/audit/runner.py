@@ -3,11 +3,12 @@
 Targets: `PATH.py` (every KL function found in the file), `PATH.py::function`,
 `PATH.py::Class.method`, `package.module:function`. Discovery is static (klaudit.audit.discover,
 from the lint's flow analysis and naming table). The parent never imports user code: each target is audited by
-`python -m klaudit.audit.runner REQUEST RESPONSE` with a timeout, and only JSON comes back.
+a child Python process (`child_command`) with a timeout, and only JSON comes back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -21,11 +22,13 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Optional, Sequence
 
 from klaudit.audit.bind import BindError, Role
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
+from klaudit.audit.stubs import import_with_stubs
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -41,8 +44,13 @@ class Target:
     path: Optional[str] = None
     module: Optional[str] = None
     qualname: Optional[str] = None
+    label: Optional[str] = None  # how the report names it, when not by path and name (an inline KL term)
+    source: Optional[str] = None  # the code of a function cut out of `path` (klaudit.audit.inline)
+    placement: Optional[str] = None  # the placement the code gives a cut-out function's result
 
     def __str__(self) -> str:
+        if self.label is not None:
+            return self.label
         where = self.path if self.path is not None else self.module
         separator = "::" if self.path is not None else ":"
         return f"{where}{separator}{self.qualname}" if self.qualname else str(where)
@@ -69,6 +77,8 @@ def used_placements(target: Target) -> set[str]:
     analysis of the target's project (klaudit.lint.query); empty when unknown."""
     from klaudit.lint.query import placements_of
 
+    if target.source is not None:
+        return {target.placement} if target.placement else set()
     path = target.path if target.path is not None else module_file(target.module)
     if path is None or not target.qualname:
         return set()
@@ -93,9 +103,10 @@ def module_file(module: str) -> Optional[str]:
 # ----- in the child: load and audit -----
 
 
-def _import_file(path: str):
-    """Import a .py file; inside a package by its dotted name so relative imports work, and when the
-    package itself does not import, as the file alone."""
+def _import_file(path: str) -> tuple[ModuleType, dict[str, str]]:
+    """Import a .py file, with the dependencies that do not import here stubbed (klaudit.audit.stubs);
+    inside a package by its dotted name so relative imports work, and when the package itself does not
+    import even so, as the file alone. Returns the module and {stubbed module: why}."""
     file = Path(path).resolve()
     parts = [file.stem]
     directory = file.parent
@@ -103,17 +114,18 @@ def _import_file(path: str):
         parts.insert(0, directory.name)
         directory = directory.parent
     sys.path.insert(0, str(directory))
+    alone = (f"_klaudit_target_{file.stem}", parts[0])
     if len(parts) > 1:
         _forget_other_package(parts[0], directory)
         try:
-            return importlib.import_module(".".join(parts))
-        except Exception:  # the package does not import here (CUDA-only deps ...): try the file alone
+            return import_with_stubs(lambda: importlib.import_module(".".join(parts)), own=(parts[0],))
+        except Exception:  # the package does not import here even with stubs: try the file alone
             try:
-                return _import_alone(file)
+                return import_with_stubs(lambda: _import_alone(file), own=alone)
             except Exception:
                 pass
             raise
-    return _import_alone(file)
+    return import_with_stubs(lambda: _import_alone(file), own=alone)
 
 
 def _forget_other_package(package: str, directory: Path) -> None:
@@ -136,14 +148,16 @@ def _import_alone(file: Path):
     return module
 
 
-def load(target: Target) -> Callable:
-    """The callable a target names (imports user code: call only in the child or the Python API)."""
+def load(target: Target) -> tuple[Callable, dict[str, str]]:
+    """The callable a target names, and the modules stubbed to import it, with why (imports user code:
+    call only in the child or the Python API)."""
     try:
         if target.path is not None:
-            module = _import_file(target.path)
+            module, stubbed = _import_file(target.path)
         else:
             sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(target.module)
+            module, stubbed = import_with_stubs(lambda: importlib.import_module(target.module),
+                                                own=(target.module.split(".")[0],))
     except Exception as error:
         raise TargetError(f"{target}: import failed: {type(error).__name__}: {error}") from error
     obj = module
@@ -158,21 +172,30 @@ def load(target: Target) -> Callable:
         obj = getattr(bare_instance(owner), obj.__name__)  # __init__ is not run: coefficients read as 1
     if not callable(obj):
         raise TargetError(f"{target}: {target.qualname} is not callable")
-    return obj
+    return obj, stubbed
+
+
+def stubbed_note(target: Target, stubbed: dict[str, str]) -> str:
+    """The report's line for the modules stubbed to import a target."""
+    return (f"{target}: stubbed: {', '.join(stubbed)} (they do not import here; the audit fails, naming them, "
+            f"if the KL code uses them)")
 
 
 def audit_target(target: Target, *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
                  model_dir: Optional[str] = None, device: str = "cpu",
                  progress: Callable[[str], None] = lambda message: None,
-                 also: Callable[[], Sequence[str]] = tuple) -> Report:
+                 also: Callable[[], Sequence[str]] = tuple, current_old: bool = False) -> Report:
     """Load, bind and audit one target in this process; every failure becomes one error line.
-    `also`: more placements to audit once the automatic ones are done (see measure.audit)."""
+    `also`: more placements to audit once the automatic ones are done (see measure.audit).
+    `current_old`: old log-probs are the policy's own, detached (an on-policy step, as the lint reads it)."""
     from klaudit.audit.bind import bind, switch_literals
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
 
     try:
-        fn = load(target)
+        fn, stubbed = load(target)
         binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
+        if current_old:
+            binding = dataclasses.replace(binding, current_old=True)
         fingerprint = None
         if model_dir is not None:
             from klaudit.audit.fingerprint import batch_from_model
@@ -182,7 +205,8 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
                 raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}")
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
                             progress=progress, also=also)
-        return Report(rows, [], notes)
+        return Report(rows, [], ([stubbed_note(target, stubbed)] if stubbed else []) + notes,
+                      [f"{target}: stubbed {name}: {why}" for name, why in stubbed.items()])
     except (TargetError, BindError, TermError, ModeNotImplemented) as error:
         message = f"{target}: {error}" if isinstance(error, BindError) else str(error)
         return Report([], [_one_line(message)], [], [traceback.format_exc()])
@@ -197,6 +221,13 @@ def _one_line(message: str) -> str:
 def _child(request_path: str, response_path: str) -> int:
     """Entry point of the child process: read the request, audit, write the report as JSON."""
     request = json.loads(Path(request_path).read_text())
+    try:
+        import torch  # noqa: F401 - a torch that is found but does not import is one line, not a traceback
+    except ImportError as error:
+        from klaudit.audit import TORCH_MISSING
+
+        Path(response_path).write_text(json.dumps(Report([], [f"{TORCH_MISSING} ({error})"]).to_dict()))
+        return 0
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
     used_path = request["used_path"]
 
@@ -208,7 +239,7 @@ def _child(request_path: str, response_path: str) -> int:
     report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
                           model_dir=request["model_dir"], device=request["device"],
                           progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
-                          also=combined_uses)
+                          also=combined_uses, current_old=request["current_old"])
     Path(response_path).write_text(json.dumps(report.to_dict()))
     return 0
 
@@ -284,6 +315,16 @@ def _read_used_placements(used_path: str, timeout: float) -> list[str]:
     return json.loads(Path(used_path).read_text())
 
 
+def child_command(request_path: str, response_path: str) -> list[str]:
+    """The child's command line. `python -m` would put the working directory first on sys.path, where a
+    folder named `klaudit` (a clone's parent, a checkout) shadows the installed package; the child
+    instead puts the directory klaudit was imported from there, and the user's code is found by path."""
+    installed_root = str(Path(__file__).resolve().parents[2])
+    boot = ("import sys; sys.path[0] = sys.argv[1]; from klaudit.audit.runner import _child; "
+            "sys.exit(_child(sys.argv[2], sys.argv[3]))")
+    return [sys.executable, "-c", boot, installed_root, request_path, response_path]
+
+
 def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
                     model_dir: Optional[str], device: str, progress: _Progress, scratch: Path,
                     used_path: Path) -> Report:
@@ -291,14 +332,21 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
     `placements` None the child also audits the combined placements (loss+reward, loss+future) the
     parent finds the user's code uses, as a configuration of their own (kl-math.md R-C, R-B)."""
     request_path, response_path = scratch / "request.json", scratch / "response.json"
+    path = target.path
+    if target.source is not None:  # a function cut out of the user's file: audited as a file of its own
+        path = str(scratch / f"{target.qualname}.py")
+        Path(path).write_text(target.source, encoding="utf-8")
+        placements = placements or ((target.placement,) if target.placement else None)
     request_path.write_text(json.dumps({
-        "target": {"path": target.path, "module": target.module, "qualname": target.qualname},
+        "target": {"path": path, "module": target.module, "qualname": target.qualname, "label": target.label},
         "overrides": {name: role.value for name, role in overrides.items()},
         "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
         "used_path": None if placements else str(used_path), "timeout": timeout,
+        # a step cut out of a trainer is audited on-policy, as the lint reads it (pi_old = pi)
+        "current_old": target.source is not None,
     }))
     progress.message = str(target)
-    command = [sys.executable, "-m", "klaudit.audit.runner", str(request_path), str(response_path)]
+    command = child_command(str(request_path), str(response_path))
     try:
         completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                    timeout=timeout)
@@ -311,6 +359,69 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
         report.details.append(completed.stderr)
         return report
     return Report.from_dict(json.loads(response_path.read_text()))
+
+
+def file_targets(path: str, report: Report) -> list[Target]:
+    """What check-grad audits for `PATH.py`: its KL functions that can be called alone, the KL terms
+    computed inline in its other functions (cut out: klaudit.audit.inline), and the helpers of other
+    files whose estimators its losses and rewards hold (those the lint traces there). What cannot be
+    audited goes into the report's notes, and an error when nothing can."""
+    from klaudit.audit.inline import slices_of
+    from klaudit.lint.query import kl_sites
+
+    try:
+        found = discover_kl_functions(path)
+    except DiscoveryError as error:
+        report.errors.append(str(error))
+        return []
+    try:
+        inline, helpers = kl_sites(path)
+    except (SyntaxError, OSError, RecursionError):
+        inline, helpers = [], []
+    slices, failures = slices_of(path, [site for site in inline if site.qualname not in found.auditable])
+    sliced = {f"{path}::{piece.qualname} " for piece in slices}
+    report.notes += [line for line in found.skipped if not any(line.startswith(s) for s in sliced)] + failures
+    targets = [Target(path=path, qualname=qualname) for qualname in found.auditable]
+    targets += [Target(path=path, qualname=piece.name, label=str(piece), source=piece.source,
+                       placement=piece.placement) for piece in slices]
+    targets += _helper_targets(helpers, report)
+    if not targets:
+        report.errors.append(f"{path}: no KL function that can be called alone (one that takes the policy's "
+                             f"log-probs or logits and returns a KL term or a loss holding one); name one with "
+                             f"PATH.py::function and --bind")
+    return targets
+
+
+def _helper_targets(helpers: Sequence[tuple[str, int]], report: Report) -> list[Target]:
+    """The functions of other files that form the estimators at `helpers` ((file, line)), where they can
+    be audited alone; a note for the others."""
+    targets: dict[Target, None] = {}
+    for helper_path in dict.fromkeys(path for path, _ in helpers):
+        try:
+            found = discover_kl_functions(helper_path)
+        except DiscoveryError:
+            continue
+        for line in sorted({line for path, line in helpers if path == helper_path}):
+            qualname = _enclosing_function(helper_path, line)
+            if qualname in found.auditable:
+                targets[Target(path=helper_path, qualname=qualname)] = None
+            elif qualname is not None:
+                report.notes.append(f"{helper_path}::{qualname} forms a KL estimate this file uses (line {line}) "
+                                    f"but cannot be called alone")
+    return list(targets)
+
+
+def _enclosing_function(path: str, line: int) -> Optional[str]:
+    """The top-level function or method of `path` whose lines hold `line`."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    for node in tree.body:
+        inner = node.body if isinstance(node, ast.ClassDef) else [node]
+        for item in inner:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.lineno <= line <= item.end_lineno:
+                return f"{node.name}.{item.name}" if item is not node else item.name
+    return None
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
@@ -326,17 +437,7 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
             report.errors.append(str(error))
             continue
         if target.path is not None and target.qualname is None:
-            try:
-                found = discover_kl_functions(target.path)
-            except DiscoveryError as error:
-                report.errors.append(str(error))
-                continue
-            report.notes += found.skipped
-            if not found.auditable:
-                report.errors.append(f"{target.path}: no KL function that can be called alone (one that takes the "
-                                     f"policy's log-probs or logits and returns a KL term or a loss holding one); "
-                                     f"name one with PATH.py::function and --bind")
-            resolved += [Target(path=target.path, qualname=qualname) for qualname in found.auditable]
+            resolved += [found for found in file_targets(target.path, report) if found not in resolved]
         else:
             resolved.append(target)
     progress = _Progress(show_progress)
@@ -348,6 +449,3 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
         progress.close()
     return report
 
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1], sys.argv[2]))

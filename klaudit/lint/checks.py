@@ -17,8 +17,9 @@ from typing import Optional
 
 import libcst as cst
 
-from klaudit.catalog import Aggregation, Config, Estimator, Position, Returns, Sampling, defects
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling, defects
 from klaudit.config import UNDETERMINED_CODE
+from klaudit.describe import describe
 from klaudit.lint import algebra as alg
 from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.findings import Finding
@@ -133,22 +134,6 @@ def config_of(fact: Fact, kind: str) -> Optional[Config]:
         sampling=sampling,
         sign=1 if sign > 0 else -1,
     )
-
-
-def describe(config: Config) -> str:
-    """The configuration klaudit inferred, in words: 'k3 as a loss, batch-token-mean, on-policy'."""
-    parts = []
-    if config.loss is not None:
-        parts.append(f"{config.loss.value} differentiated as a loss")
-    if config.reward is not None:
-        parts.append(f"{config.reward.value} in the reward ({config.returns.value})")
-    text = " + ".join(parts)
-    if config.position is not Position.ALL:
-        text += f", {config.position.value}"
-    text += f", {config.aggregation.value}, {config.sampling.value}"
-    if config.sign < 0:
-        text += ", added as a bonus"
-    return text
 
 
 def _switch(labels: tuple) -> str:

@@ -11,6 +11,7 @@ an origin the helper returned is a use of the helper in that placement.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -83,6 +84,65 @@ def kl_functions(path: str) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class InlineSite:
+    """A KL term a function computes and puts into a loss or reward itself: the function, the line of
+    the statement that forms the estimator, the line of the sink, and the placement."""
+
+    qualname: str
+    origin_line: int
+    sink_line: int
+    placement: str
+
+
+def inline_sites(path: str) -> list[InlineSite]:
+    """The KL terms of `path` whose estimator is formed in the same function that puts it into a loss
+    or reward (the lint's `calls == 0`), one per (function, estimator statement, sink statement)."""
+    return kl_sites(path)[0]
+
+
+def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, int]]]:
+    """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and the
+    (file, line) of the estimators formed in another module's helper that it calls."""
+    from klaudit.lint.checks import statement_positions
+
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    if tree is None:
+        return [], []
+    positions = statement_positions(tree, project.source(tree))
+    analyzer = Analyzer(project)
+    module = analyzer.module(str(file), tree)
+    sites: dict[InlineSite, None] = {}
+    helpers: dict[tuple[str, int], None] = {}
+    elsewhere: dict[str, dict] = {}  # statement positions of the other modules estimators come from
+    for func, cls in module_functions(tree):
+        try:
+            outcome = analyzer.analyse(module, func, cls)
+        except RecursionError:
+            continue
+        for sink in outcome.sinks:
+            for fact in sink.facts:
+                if fact.origin is None:
+                    continue
+                if fact.origin_path and Path(fact.origin_path).resolve() != file:
+                    if fact.origin_path not in elsewhere:
+                        found = analyzer.module_at(Path(fact.origin_path))
+                        elsewhere[fact.origin_path] = {} if found is None else statement_positions(
+                            found.tree, project.source(found.tree))
+                    where = elsewhere[fact.origin_path].get(id(fact.origin))
+                    if where is not None:
+                        helpers[(str(Path(fact.origin_path).resolve()), where[0])] = None
+                    continue
+                origin, sink_at = positions.get(id(fact.origin)), positions.get(id(sink.node))
+                if fact.calls == 0 and origin is not None and sink_at is not None and origin[0] < sink_at[0]:
+                    config = config_of(fact, sink.kind)
+                    qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+                    sites[InlineSite(qualname, origin[0], sink_at[0], placement_of(config, sink.kind))] = None
+    return list(sites), list(helpers)
+
+
 def package_root(path: Path) -> Path:
     """The directory above the outermost package holding `path` (its own directory outside packages)."""
     directory = path.resolve().parent
@@ -91,16 +151,34 @@ def package_root(path: Path) -> Path:
     return directory.parent if (directory / "__init__.py").is_file() else directory
 
 
+@dataclass(frozen=True)
+class Use:
+    """One way the code around a helper uses its result: check-grad's placement name, the lint's
+    configuration of that use (None where no catalog estimator matches), whether the lint saw a clamp
+    on the way, and the switch values that select it (((name, (values, ...)), ...))."""
+
+    placement: str
+    config: Optional[Config]
+    clamped: bool
+    labels: tuple
+
+
 def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[str]:
     """How the Python files under `root` (default: the helper's project) use the result of `qualname`
     defined in `path`: a set of `placement_of` names, empty when no call of it reaches a loss or reward."""
+    return {use.placement for use in uses_of(path, qualname, root)}
+
+
+def uses_of(path: str, qualname: str, root: Optional[str] = None) -> list[Use]:
+    """Every use, as the lint sees it, of the result of `qualname` defined in `path` by the Python files
+    under `root` (default: the helper's project) that reaches a loss or a reward."""
     helper_path = Path(path).resolve()
     top = Path(root).resolve() if root is not None else package_root(helper_path)
     project = Project([top])
     tree = project.parse(helper_path)
     watched = _function(tree, qualname) if tree is not None else None
     if watched is None:
-        return set()
+        return []
     analyzer = _Watching(project, watched)
     called = re.compile(r"\b" + re.escape(qualname.rsplit(".", 1)[-1]) + r"\s*\(")
     sinks = []
@@ -115,8 +193,13 @@ def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[s
                 sinks += analyzer.analyse(module, func, cls).sinks
             except RecursionError:
                 continue  # as the lint does: one function too deeply nested to interpret
-    return {placement_of(config_of(fact, sink.kind), sink.kind) for sink in sinks for fact in sink.facts
-            if id(fact.origin) in analyzer.returned_origins}
+    uses = []
+    for sink in sinks:
+        for fact in sink.facts:
+            if id(fact.origin) in analyzer.returned_origins:
+                config = config_of(fact, sink.kind)
+                uses.append(Use(placement_of(config, sink.kind), config, fact.clamped, fact.labels))
+    return list(dict.fromkeys(uses))
 
 
 def _function(tree: cst.Module, qualname: str) -> Optional[cst.FunctionDef]:

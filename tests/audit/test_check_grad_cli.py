@@ -37,7 +37,8 @@ def test_switch_rows_placement_override_and_exit_one():
     assert [(r["mode"], r["placement"], r["objective"]) for r in rows] == [
         ({"kl_estimator": "k1"}, "reward", "REV"), ({"kl_estimator": "k2"}, "reward", "OTHER"),
         ({"kl_estimator": "k3"}, "reward", "OTHER")]
-    assert [r["unbiased"] for r in rows] == [True, False, False]
+    assert [(r["unbiased"], r["rule"]) for r in rows] == [(False, "KL010"), (False, "KL004"), (False, "KL004")]
+    assert rows[1]["configuration"] == "k2 in the reward (reward-to-go), token-sum, on-policy"  # clamped at 10
 
 
 def test_text_table_and_bind_override(tmp_path):
@@ -46,12 +47,13 @@ def test_text_table_and_bind_override(tmp_path):
     result = _run(f"{source}::my_kl", "--bind", "a=logprobs", "--bind", "b=ref_logprobs", "--bind", "m=mask",
                   "--placement", "loss")
     assert result.exit_code == 1, result.output
-    assert "k2 as loss" in result.stdout and "PART" in result.stdout and "biased (KL003)" in result.stdout
+    assert "k2 differentiated as a loss, token-sum, on-policy" in result.stdout and "biased (KL003)" in result.stdout
+    assert "PART    sum_t E[grad KL_t(h_t)] with the prefix distribution frozen" in result.stdout  # the legend
     assert "checking" not in result.stderr  # no progress display off a terminal
 
 
 @pytest.mark.parametrize("target, extra, message", [
-    ("broken_import.py::kl_loss", [], "import failed: ModuleNotFoundError: No module named 'klaudit_no_such_module'"),
+    ("broken_import.py::kl_loss", [], "import failed: RuntimeError: this trainer needs a GPU at import"),
     ("broken_terms.py::raises_kl", [], "raises_kl raised RuntimeError: the reference model is not loaded"),
     ("broken_terms.py::unbindable_kl", [], "cannot bind parameter frobnicate"),
     ("broken_terms.py::slow_kl", ["--timeout", "2"], "timed out after 2 s"),
@@ -80,8 +82,9 @@ def test_file_without_kl_functions(tmp_path):
     assert result.exit_code == 2 and "no KL function that can be called alone" in result.output
 
 
-def test_a_training_step_is_listed_not_audited(tmp_path):
-    """A file whose only KL function needs a model and an optimizer: exit 2, and the note says what it lacks."""
+def test_a_training_step_is_not_called_but_its_inline_kl_is_audited(tmp_path):
+    """A file whose only KL function needs a model and an optimizer: the step is never called; its KL
+    statements, with the reference log-probs read from the batch by key, are audited (test_inline.py)."""
     source = tmp_path / "trainer.py"
     source.write_text(
         "def train_step(policy, optimizer, batch, beta):\n"
@@ -91,11 +94,29 @@ def test_a_training_step_is_listed_not_audited(tmp_path):
         "    loss.backward()\n"
         "    optimizer.step()\n")
     result = _run(str(source), "--output-format", "json")
-    assert result.exit_code == 2
+    assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
-    (note,) = report["notes"]
+    (row,) = report["results"]
+    assert row["target"] == f"{source}:3-3 (inline KL of train_step)"
+    assert (row["placement"], row["objective"], row["rule"], row["used"]) == ("loss", "ZERO", "KL001", True)
+    assert report["notes"] == []  # the step's own "cannot be called alone" line gives way to its audited KL
+
+
+def test_a_training_step_whose_kl_cannot_be_cut_out_is_listed(tmp_path):
+    source = tmp_path / "trainer.py"
+    source.write_text(
+        "def train_step(policy, optimizer, batch, beta):\n"
+        "    logprobs = policy(batch['input_ids'])\n"
+        "    kl = (logprobs - batch['ref_logprobs']) * batch['weights']\n"
+        "    loss = beta * kl.mean()\n"
+        "    loss.backward()\n")
+    result = _run(str(source), "--output-format", "json")
+    assert result.exit_code == 2
+    note, inline = json.loads(result.stdout)["notes"]
     assert "train_step computes a KL term but cannot be called alone" in note
     assert "no parameter takes the policy log-probs or logits" in note and "policy, optimizer, batch" in note
+    # batch['weights'] binds to no role: the slice would lack a value
+    assert "the KL term formed at line 3 cannot be cut out of it: 'batch' comes from outside" in inline
 
 
 def test_fail_on_used_counts_the_rows_the_code_uses():
@@ -124,3 +145,24 @@ def test_exit_code_for_used_rows_only():
     unknown = [row("b", "loss", False, False), row("b", "reward", True, False)]  # no use found: all count
     assert Report(known + unknown).exit_code_for(used_only=True) == 1
     assert Report(known, ["b: import failed"]).exit_code_for(used_only=True) == 2
+
+
+def test_a_trainer_file_audits_the_helpers_of_other_files_its_kl_comes_from(tmp_path):
+    """check-grad on the file the lint reports (the loss) audits the helper that forms the estimator,
+    in the module the lint traces it to, with the placement the trainer gives it."""
+    package = tmp_path / "rlpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kl.py").write_text(
+        "import torch\n\n\ndef k3_estimate(logprobs, ref_logprobs):\n"
+        "    log_ratio = ref_logprobs - logprobs\n    return torch.exp(log_ratio) - log_ratio - 1\n")
+    (package / "trainer.py").write_text(
+        "from rlpkg.kl import k3_estimate\n\n\ndef train_step(policy, batch, optimizer, beta):\n"
+        "    logprobs = policy(batch)\n    kl = k3_estimate(logprobs, batch.ref)\n"
+        "    loss = beta * kl.mean()\n    loss.backward()\n")
+    result = _run(str(package / "trainer.py"), "--output-format", "json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1, result.output
+    assert {(row["target"], row["placement"], row["rule"], row["used"]) for row in report["results"]} == {
+        (f"{package / 'kl.py'}::k3_estimate", "loss", "KL002", True),
+        (f"{package / 'kl.py'}::k3_estimate", "reward", "KL004", False)}

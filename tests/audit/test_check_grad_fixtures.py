@@ -9,6 +9,7 @@ uses is the one marked.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ torch = pytest.importorskip("torch")
 
 from klaudit.audit.discover import discover_kl_functions  # noqa: E402
 from klaudit.audit.runner import Target, audit_target, used_placements  # noqa: E402
-from klaudit.lint.query import kl_functions  # noqa: E402
+from klaudit.catalog import Aggregation, Config, Returns, Sampling, defects  # noqa: E402
+from klaudit.describe import describe  # noqa: E402
+from klaudit.lint.query import kl_functions, uses_of  # noqa: E402
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 # The exact audit finds PFWD for the negative corpus's forward-KL distillation (the exact per-token
@@ -52,7 +55,7 @@ EXPECTED = {
     # (use_abs_kl, use_kl_estimator_k3): the k3 flag is tested first
     "orz_flag_kl_loss.py": {"compute_approx_kl": {(False, False): K1, (False, True): K3, (True, False): ABS,
                                                   (True, True): K3}},
-    "reinforce_pp_clamped.py": {"compute_kl": {(): K1}},  # the clamp acts on the reward, outside the helper
+    "reinforce_pp_clamped.py": {"compute_kl": {(): K1}},  # the fixed twin; the bad one clamps (BAD)
     "verl_ray_trainer.py": {"kl_penalty": {(name,): VERL_PENALTY[name] for name in VERL_PENALTY}},
 }
 BAD = {
@@ -61,6 +64,8 @@ BAD = {
     "k3_loss_and_reward_clamped.py": {"low_var_kl": {(): LOW_VAR_KL}},
     "listwise_kl_rewards.py": {"approx_kl": {(): K3}},
     "megatron_closure_loss.py": {"k3_penalty": {(): K3}},
+    # k1 clamped to [-10, 10]: REV while |log-ratio| < 10, as on every enumerated policy, KL010 beyond
+    "reinforce_pp_clamped.py": {"compute_kl": {(): {"loss": K1["loss"], "reward": ("REV", "KL010")}}},
     "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K3["reward"]}}},  # -k3 reward, row 7
     "verl_dp_actor.py": {
         "low_var_kl": {(): LOW_VAR_KL},
@@ -97,6 +102,7 @@ USED = {
     "bad/openrlhf_ppo.py::compute_approx_kl": {"loss", "reward"},  # use_kl_loss switches between them
     "bad/verl_ray_trainer.py::kl_penalty": {"reward"},
     "bad/verl_dp_actor.py::kl_penalty": {"loss"},
+    "bad/reinforce_pp_clamped.py::compute_kl": {"reward"},
     # the same values as a loss and, detached, as reward-to-go (R-C), the bad twin with clamps
     "bad/k3_loss_and_reward_clamped.py::low_var_kl": {"loss+reward"},
     "fixed/k3_loss_and_reward_clamped.py::k3": {"loss+reward"},
@@ -136,7 +142,7 @@ def test_objective_and_rule_follow_section_8(target):
         found.setdefault(values, {})[row.placement] = (row.objective, row.rule)
         # the fingerprint names the catalog row whose objective the exact audit finds
         assert row.objective == (row.fingerprint_objective or "OTHER"), (row.mode, row.placement)
-        assert row.unbiased is (row.objective == "REV")
+        assert row.unbiased is (row.objective == "REV" and row.rule is None)
     assert found == expected
 
 
@@ -168,3 +174,58 @@ def test_a_combined_use_is_audited_and_marked_from_the_cli():
     report = run([str(FIXTURES / "fixed" / "k3_loss_and_reward_clamped.py") + "::k3"])
     assert [(row.placement, row.objective, row.used) for row in report.results] == [
         ("loss", "PFWD", False), ("reward", "OTHER", False), ("loss+reward", "REV", True)]
+
+
+def _helper_part(use) -> Config:
+    """The lint's configuration of a use, as check-grad audits the helper alone: its per-token values
+    summed over each sequence, on-policy, a reward propagated by reward-to-go (the same expectation as
+    a whole-sequence return)."""
+    config = dataclasses.replace(use.config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY)
+    if use.placement == "reward":
+        config = dataclasses.replace(config, returns=Returns.TO_GO)
+    return config
+
+
+def _lint_uses() -> list[tuple[str, object]]:
+    return [(target, use) for target in sorted(USED) for use in uses_of(*_split(target)) if use.config is not None]
+
+
+def _split(target: str) -> tuple[str, str]:
+    file, qualname = target.split("::")
+    return str(FIXTURES / file), qualname
+
+
+def _selects(use, row) -> bool:
+    """Whether the switch values of a use select a row's mode. The lint names a switch as the caller
+    spells it (`kl_penalty=config.kl_loss_type`), so a mode value must be among the use's values of
+    the helper's parameter of that name, or of any of its switches when none has that name."""
+    named = dict(use.labels)
+    values = {value for _, choices in use.labels for value in choices}
+    return all(value in named.get(name, values) for name, value in row.mode.items())
+
+
+@pytest.fixture(scope="module")
+def audited_uses() -> dict:
+    """check-grad's rows for every helper of USED, in the placements its callers use."""
+    reports = {}
+    for target in sorted(USED):
+        placements = sorted({use.placement for use in uses_of(*_split(target))})
+        if placements:
+            path, qualname = _split(target)
+            reports[target] = audit_target(Target(path=path, qualname=qualname), placements=placements)
+    return reports
+
+
+@pytest.mark.parametrize("target, use", _lint_uses(), ids=lambda value: str(getattr(value, "labels", value)))
+def test_lint_and_check_grad_agree_on_each_code_path(target, use, audited_uses):
+    """Where the lint finds a helper's result used as a loss or reward, check-grad's rows for the same
+    switch values and placement carry the lint's rule and, among the configurations with the same
+    per-sample gradient, the lint's description."""
+    config = _helper_part(use)
+    found = defects(config, use.clamped)  # a helper's part is one placement: at most one defect here
+    expected_rule = found[0].rule if found else None
+    rows = [row for row in audited_uses[target].results if row.placement == use.placement and _selects(use, row)]
+    assert rows, (target, use)
+    for row in rows:
+        assert row.rule == expected_rule, (row.mode, row.configuration, describe(config))
+        assert describe(config) in [row.configuration, *row.same_gradient_as], row.mode

@@ -1,0 +1,304 @@
+"""A KL term computed inline in a training step, cut out as a function check-grad can audit alone.
+
+The lint finds the statement that forms the estimator and the loss or reward it reaches
+(`klaudit.lint.query.inline_sites`). `slice_site` keeps, from the step's own code, the statements from
+the log-probs to the KL variable's last assignment before that sink: the estimator, the later
+assignments of the KL variable (an importance weight), and, going back, every assignment they read
+that is computed from values of the step alone. A name whose value comes from outside (a model call,
+a method of `self`, the step's own arguments such as `inputs[...]`) becomes a parameter, which must
+bind by its name (`per_token_logps`, `ref_per_token_logps`, `mask` ...). `self.a.b` read as a value is
+a KL coefficient (1.0) or a switch: a parameter `b` audited at each string it is compared with, or
+both ways for a flag. The step's file is never imported: the function's source, with the module's
+import statements it needs, is audited as a file of its own, and the report names the original lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+from klaudit.audit.bind import role_from_name
+from klaudit.lint.roles import is_coefficient_name
+
+_Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
+
+
+@dataclass(frozen=True)
+class InlineSlice:
+    """The source of a standalone function `name` computing the KL term of `qualname` in `path`, from
+    line `first` to line `last`, and the placement its sink gives it."""
+
+    path: str
+    qualname: str
+    first: int
+    last: int
+    name: str
+    source: str
+    placement: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.first}-{self.last} (inline KL of {self.qualname})"
+
+
+class SliceError(ValueError):
+    """Why an inline KL term cannot be cut out; one line."""
+
+
+def inline_slices(path: str) -> tuple[list[InlineSlice], list[str]]:
+    """The inline KL terms of `path` as functions, and one line for each that cannot be cut out."""
+    from klaudit.lint.query import inline_sites
+
+    return slices_of(path, inline_sites(path))
+
+
+def slices_of(path: str, sites) -> tuple[list[InlineSlice], list[str]]:
+    """The given inline sites of `path` (klaudit.lint.query.InlineSite) as functions: one per estimator
+    statement, ending before its first sink; and one line for each that cannot be cut out."""
+    grouped: dict[tuple[str, int], tuple[int, set]] = {}
+    for site in sites:
+        key = (site.qualname, site.origin_line)
+        first_sink, placements = grouped.get(key, (site.sink_line, set()))
+        grouped[key] = (min(first_sink, site.sink_line), placements | {site.placement})
+    if not grouped:
+        return [], []
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    slices, failures = [], []
+    for (qualname, origin_line), (sink_line, placements) in grouped.items():
+        placement = "loss" if any(p.startswith("loss") for p in placements) else "reward"
+        try:
+            slices.append(slice_site(tree, path, qualname, origin_line, sink_line, placement))
+        except SliceError as error:
+            failures.append(f"{path}::{qualname}: the KL term formed at line {origin_line} cannot be cut out "
+                            f"of it: {error}")
+    return slices, failures
+
+
+def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sink_line: int,
+               placement: str) -> InlineSlice:
+    """The standalone function of one inline KL term (SliceError when a value cannot be bound)."""
+    function = _function(tree, qualname)
+    outside = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
+    function = _KeyedInputs(outside).visit(copy.deepcopy(function))
+    statements = [s for s in _simple_statements(function.body) if not _renames_itself(s)]
+    origin = next((s for s in statements if s.lineno == origin_line), None)
+    if origin is None or len(_assigned(origin)) != 1:
+        raise SliceError(f"line {origin_line} does not assign one variable")
+    (variable,) = _assigned(origin)
+    kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)]
+    imported = _imported_names(tree)
+    switches: dict[str, Optional[str]] = {}
+    pending = [name for statement in kept for name in _reads(statement, function)]
+    resolved: set[str] = {variable}
+    while pending:
+        name = pending.pop()
+        if name in resolved or name in imported or hasattr(builtins, name):
+            continue
+        resolved.add(name)
+        definitions = [s for s in statements if name in _assigned(s) and s.lineno < origin_line]
+        if definitions and all(_computable(s, outside) for s in definitions) and name not in outside:
+            kept += definitions
+            pending += [read for s in definitions for read in _reads(s, function)]
+    parameters = _free_names(sorted(kept, key=lambda s: s.lineno), function, imported)
+    unbound = [name for name in parameters if role_from_name(name) is None]
+    if unbound:
+        raise SliceError(f"{unbound[0]!r} comes from outside the step's arithmetic and does not bind by its name")
+    body = [_SelfReads(switches).visit(statement) for statement in copy.deepcopy(_pruned(function.body,
+                                                                                          {id(s) for s in kept}))]
+    name = f"{function.name}__inline_kl_{origin_line}"
+    arguments = list(parameters) + [f"{switch}={default!r}" for switch, default in switches.items()]
+    code = ast.unparse(ast.Module(body=body + [ast.Return(ast.Name(variable, ast.Load()))], type_ignores=[]))
+    text = f"def {name}({', '.join(arguments)}):\n" + "".join(f"    {line}\n" for line in code.splitlines())
+    header = _imports_for(tree, _names_read(body), imported)
+    lines = [s.lineno for s in kept] + [getattr(s, "end_lineno", s.lineno) for s in kept]
+    return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement)
+
+
+def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -> list[str]:
+    """Names the kept statements read before any of them assigns them: the function's parameters."""
+    assigned: set[str] = set()
+    free: dict[str, None] = {}
+    for statement in kept:
+        for name in sorted(_reads(statement, function)):
+            if name not in assigned and name not in imported and not hasattr(builtins, name):
+                free[name] = None
+        assigned |= _assigned(statement)
+    return list(free)
+
+
+def _renames_itself(statement: ast.stmt) -> bool:
+    """`x = x`, what `x = inputs["x"]` becomes once the input is a parameter."""
+    return (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.value, ast.Name)
+            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == statement.value.id)
+
+
+class _KeyedInputs(ast.NodeTransformer):
+    """`inputs["ref_logprobs"]` and `inputs.get("ref_logprobs")`, read from an argument of the step under a
+    key that binds by its name, become that name (a parameter of the slice)."""
+
+    def __init__(self, outside: set[str]) -> None:
+        self.outside = outside - {"self"}
+
+    def _key(self, owner: ast.AST, key: ast.AST) -> Optional[str]:
+        if isinstance(owner, ast.Name) and owner.id in self.outside and isinstance(key, ast.Constant) \
+                and isinstance(key.value, str) and key.value.isidentifier() and role_from_name(key.value) is not None:
+            return key.value
+        return None
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        key = self._key(node.value, node.slice)
+        return ast.copy_location(ast.Name(key, ast.Load()), node) if key else self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "get" and len(node.args) == 1:
+            key = self._key(node.func.value, node.args[0])
+            if key:
+                return ast.copy_location(ast.Name(key, ast.Load()), node)
+        return self.generic_visit(node)
+
+
+def _function(tree: ast.Module, qualname: str) -> _Function:
+    owner, _, name = qualname.rpartition(".")
+    body = tree.body
+    if owner:
+        body = next((node.body for node in body if isinstance(node, ast.ClassDef) and node.name == owner), [])
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node
+    raise SliceError(f"{qualname} not found")
+
+
+def _simple_statements(body: list) -> list[ast.stmt]:
+    """Every non-compound statement of a body, nested ones too, in source order."""
+    out = []
+    for statement in body:
+        if isinstance(statement, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+            for field in ("body", "orelse", "finalbody"):
+                out += _simple_statements(getattr(statement, field, []))
+            for handler in getattr(statement, "handlers", []):
+                out += _simple_statements(handler.body)
+        elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append(statement)
+    return sorted(out, key=lambda s: s.lineno)
+
+
+def _assigned(statement: ast.stmt) -> set[str]:
+    targets = []
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+        targets = [statement.target]
+    return {node.id for target in targets for node in ast.walk(target)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+
+
+def _names_read(nodes) -> set[str]:
+    return {node.id for tree in nodes for node in ast.walk(tree) if isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Load)}
+
+
+def _reads(statement: ast.stmt, function: _Function) -> set[str]:
+    """Names a kept statement reads, with those of the `if` tests that enclose it in the function."""
+    return _names_read([statement, *_enclosing_tests(function.body, statement)]) - {"self"}
+
+
+def _enclosing_tests(body: list, target: ast.stmt) -> list[ast.expr]:
+    for statement in body:
+        if statement is target:
+            return []
+        if isinstance(statement, ast.If):
+            for branch in (statement.body, statement.orelse):
+                inner = _enclosing_tests(branch, target)
+                if inner is not None:
+                    return [statement.test, *inner]
+        elif isinstance(statement, (ast.For, ast.While, ast.With, ast.Try)):
+            for field in ("body", "orelse", "finalbody"):
+                inner = _enclosing_tests(getattr(statement, field, []), target)
+                if inner is not None:
+                    return inner
+    return None  # type: ignore[return-value]
+
+
+def _computable(statement: ast.stmt, outside: set[str]) -> bool:
+    """Whether an assignment is arithmetic on values of the step: no call of a `self` method, no read
+    of the step's own arguments (models, batches, `inputs[...]`)."""
+    if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or statement.value is None:
+        return False
+    for node in ast.walk(statement.value):
+        if isinstance(node, ast.Name) and node.id in outside - {"self"}:
+            return False
+        if isinstance(node, ast.Call) and _self_chain(node.func) is not None:
+            return False
+    return True
+
+
+def _self_chain(node: ast.AST) -> Optional[list[str]]:
+    """['args', 'beta'] for `self.args.beta`, else None."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.insert(0, node.attr)
+        node = node.value
+    return names if isinstance(node, ast.Name) and node.id == "self" and names else None
+
+
+def _pruned(body: list, kept: set[int]) -> list[ast.stmt]:
+    """`body` with only the kept statements and the compound statements that hold some of them."""
+    out: list[ast.stmt] = []
+    for statement in body:
+        if id(statement) in kept:
+            out.append(statement)
+        elif isinstance(statement, ast.If):
+            inner, orelse = _pruned(statement.body, kept), _pruned(statement.orelse, kept)
+            if inner or orelse:
+                out.append(ast.If(statement.test, inner or [ast.Pass()], orelse))
+        elif isinstance(statement, (ast.With, ast.For, ast.While, ast.Try)):
+            for field in ("body", "orelse", "finalbody"):
+                out += _pruned(getattr(statement, field, []), kept)  # the block's statements, run once
+    return out
+
+
+class _SelfReads(ast.NodeTransformer):
+    """`self.a.b` read as a value: 1.0 for a KL coefficient, else the switch parameter `b`, with its
+    default: the first string it is compared with, or True for a flag."""
+
+    def __init__(self, switches: dict) -> None:
+        self.switches = switches
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        chain = _self_chain(node.left)
+        literals = [c.value for c in node.comparators if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        if chain is not None and literals and not is_coefficient_name(chain[-1]):
+            self.switches.setdefault(chain[-1], literals[0])
+        return self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        chain = _self_chain(node)
+        if chain is None:
+            return self.generic_visit(node)
+        if is_coefficient_name(chain[-1]):
+            return ast.copy_location(ast.Constant(1.0), node)
+        self.switches.setdefault(chain[-1], True)
+        return ast.copy_location(ast.Name(chain[-1], ast.Load()), node)
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def _imports_for(tree: ast.Module, used: set[str], imported: set[str]) -> str:
+    """The module's top-level import statements that bind names the slice reads (absolute only)."""
+    lines = []
+    for node in tree.body:
+        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level):
+            aliases = [alias for alias in node.names if (alias.asname or alias.name).split(".")[0] in used]
+            if aliases:
+                node = ast.Import(aliases) if isinstance(node, ast.Import) else ast.ImportFrom(node.module, aliases, 0)
+                lines.append(ast.unparse(node))
+    return "".join(line + "\n" for line in lines) + ("\n\n" if lines else "")

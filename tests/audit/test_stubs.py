@@ -1,0 +1,92 @@
+"""Dependencies that do not import are stubbed: the KL code that does not use them is audited, and
+code that does fails with an error naming the stubbed module."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from klaudit.audit.runner import Target, audit_target  # noqa: E402
+from klaudit.audit.stubs import StubbedDependencyError, StubFinder, failing_dependency  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "stubbed"
+STUBBED = ("klaudit_fixture_absent_cluster", "klaudit_fixture_absent_kernels", "fragile_dependency")
+
+
+@pytest.fixture
+def heavy_imports(monkeypatch):
+    monkeypatch.syspath_prepend(str(DATA))  # where `fragile_dependency` is installed
+    yield lambda qualname: audit_target(Target(path=str(DATA / "heavy_imports.py"), qualname=qualname),
+                                        placements=("reward",))
+    for name in [name for name in sys.modules if name.startswith(("_klaudit_target_heavy", *STUBBED))]:
+        del sys.modules[name]
+
+
+def test_kl_code_that_uses_no_stubbed_module_is_audited(heavy_imports):
+    report = heavy_imports("k1_kl_reward")
+    assert report.errors == []
+    (row,) = report.results
+    assert (row.objective, row.unbiased) == ("REV", True)
+    (note,) = [note for note in report.notes if "stubbed:" in note]
+    assert note.split("stubbed: ")[1].startswith(", ".join(STUBBED) + " (")
+
+
+def test_kl_code_that_uses_a_stubbed_module_fails_naming_it(heavy_imports):
+    report = heavy_imports("fused_kl")
+    assert not report.results
+    (error,) = report.errors
+    assert "klaudit_fixture_absent_kernels.ops.fused_log_ratio" in error
+    assert "install klaudit_fixture_absent_kernels" in error
+
+
+def test_stubs_tolerate_module_level_use_only_while_importing():
+    finder = StubFinder()
+    finder.add("klaudit_fixture_absent_cluster", "missing")
+    module = finder.create_module(finder.find_spec("klaudit_fixture_absent_cluster"))
+
+    def decorated():
+        return 1
+
+    assert module.remote(decorated) is decorated and not module.available and module.__version__ == "0.0.0"
+    assert types.new_class("Derived", (module.Base,)).__mro__[1:] == (object,)
+    finder.importing = False
+    for use in (lambda: module.remote(decorated), lambda: bool(module.available), lambda: module.x + 1):
+        with pytest.raises(StubbedDependencyError, match="klaudit_fixture_absent_cluster"):
+            use()
+
+
+def test_the_users_package_torch_and_the_standard_library_are_never_stubbed():
+    assert failing_dependency(ModuleNotFoundError("x", name="peft"), {"verl"}) == "peft"
+    assert failing_dependency(ModuleNotFoundError("x", name="verl.utils"), {"verl"}) is None
+    assert failing_dependency(ImportError("x", name="torch.distributed"), {"verl"}) is None
+    assert failing_dependency(ImportError("x", name="json"), {"verl"}) is None
+
+
+def test_a_submodule_that_fails_is_stubbed_alone(tmp_path, monkeypatch):
+    package = tmp_path / "klaudit_fixture_half_installed"
+    package.mkdir()
+    (package / "__init__.py").write_text("VERSION = '1'\n")
+    (package / "kernels.py").write_text("raise OSError('no GPU here')\n")
+    (tmp_path / "trainer_with_kernels.py").write_text(
+        "import klaudit_fixture_half_installed as half\nfrom klaudit_fixture_half_installed.kernels import fused\n"
+        "VERSION = half.VERSION\n\n\ndef kl_loss(logprobs, ref_logprobs):\n    return logprobs - ref_logprobs\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    report = audit_target(Target(path=str(tmp_path / "trainer_with_kernels.py"), qualname="kl_loss"),
+                          placements=("loss",))
+    assert report.errors == [] and report.results[0].objective == "ZERO"
+    assert any("stubbed: klaudit_fixture_half_installed.kernels (" in note for note in report.notes)
+
+
+def test_an_import_error_re_raised_by_a_lazy_module_names_its_cause():
+    try:
+        try:
+            raise ModuleNotFoundError("No module named 'pandas'", name="pandas")
+        except ModuleNotFoundError as missing:
+            raise RuntimeError("Failed to import trl.models.utils") from missing
+    except RuntimeError as error:
+        assert failing_dependency(error, {"trl"}) == "pandas"
