@@ -1,4 +1,4 @@
-"""The KL configurations klaudit knows, as data (design/kl-math.md section 8).
+"""The KL configurations klaudit knows, as data (docs/kl-math.md section 8).
 
 A configuration says how a per-token KL estimate enters training: which estimator, whether it
 is differentiated as a loss or detached into the reward (and how that reward reaches earlier
@@ -67,7 +67,7 @@ class Sampling(str, Enum):
 
 
 class Objective(str, Enum):
-    """What the expected gradient equals (design/kl-math.md section 1)."""
+    """What the expected gradient equals (docs/kl-math.md section 1)."""
 
     REV = "REV"  # grad KL(pi || ref), the target
     FWD = "FWD"  # grad KL(ref || pi), sequence level

@@ -1,4 +1,4 @@
-"""Correct KL-regularisation terms for RL fine-tuning of language models (design/kl-math.md §8).
+"""Correct KL-regularisation terms for RL fine-tuning of language models (docs/kl-math.md §8).
 
 The target is the gradient of the sequence-level reverse KL, KL(pi || ref) = E_pi[sum_t delta_t]
 with delta_t = log pi(y_t | h_t) - log ref(y_t | h_t). `kl_penalty` returns a per-sequence

@@ -202,11 +202,6 @@ def test_every_citation_points_at_an_existing_section_row_and_fix():
     assert not broken, "\n".join(f"{where}: {', '.join(problems)}" for where, problems in broken.items())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after merging the branches the lead points the design/ citations at docs/ with one sed "
-    "(notes/citations.md); this marker must then be deleted, since strict=True fails once no design/ is left",
-)
 def test_no_citation_points_at_the_design_folder():
     stale = [c.where for c in citations() if c.folder == "design/"]
     assert not stale, "\n".join(stale)

@@ -1,4 +1,4 @@
-"""Exact expected gradients by enumerating every response (design/kl-math.md App. A).
+"""Exact expected gradients by enumerating every response (docs/kl-math.md App. A).
 
 For a policy small enough to enumerate (see klaudit.audit.policies), the expected gradient of
 any KL implementation is a finite sum: a loss callable maps a `Batch` of all N responses to a

@@ -1,4 +1,4 @@
-"""Small autoregressive policies whose every response can be enumerated (design/kl-math.md App. A).
+"""Small autoregressive policies whose every response can be enumerated (docs/kl-math.md App. A).
 
 A *policy* is any object with `vocab_size` (generatable tokens, EOS included), `horizon` (the
 maximal response length T), `eos_id` (int, or None when every response has length T),
