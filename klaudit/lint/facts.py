@@ -103,9 +103,10 @@ def bounded(value: tuple) -> tuple:
 
     1. Alternatives that differ only in the switch values selecting them become one, selected by the
        values they all share (a weaker condition: it holds wherever any of them did).
-    2. If still too many, one alternative is kept per estimator origin and use (where the term was
-       formed and entered, how it is aggregated, sliced and clamped), the KL ones first: a finding
-       is reported per origin, so each estimator keeps a witness; only then is the rest cut off.
+    2. If still too many, one alternative is kept per estimator and use (its polynomial, where it
+       was formed and entered, how it is aggregated, sliced and clamped), the KL ones first: a
+       verdict depends on these, so each estimator keeps a witness (k3 and ratio*k3 of one origin
+       are two); only then is the rest cut off.
     """
     if len(value) <= MAX_ALTERNATIVES:
         return value
@@ -119,7 +120,7 @@ def bounded(value: tuple) -> tuple:
         return tuple(merged)
     witnesses: dict = {}
     for f in merged:
-        use = (id(f.origin), id(f.entry), f.role, f.aggregation, f.position, f.clamped, f.scalar, f.is_kl())
+        use = (f.poly, id(f.origin), id(f.entry), f.role, f.aggregation, f.position, f.clamped, f.scalar, f.is_kl())
         witnesses.setdefault(use, f)
     kept = sorted(witnesses.values(), key=lambda f: not f.is_kl())  # stable: KL alternatives first
     return tuple(kept[:MAX_ALTERNATIVES])

@@ -156,11 +156,13 @@ def test_bounded_keeps_small_values_and_merges_labels_past_the_limit():
     # the same KL value under 100 values of switch `s`, all also under t=1: one fact, selected by t=1 only
     same = tuple(Fact(poly=d, labels=(("s", (i,)), ("t", (1,)))) for i in range(100))
     assert bounded(same) == (Fact(poly=d, labels=(("t", (1,)),)),)
-    # distinct values past the limit: one witness per estimator origin and use, the KL ones first
-    origins = [object() for _ in range(10)]
-    kl = tuple(Fact(poly=alg_scale(d, i + 1), origin=origins[i % 5]) for i in range(10))
-    plain = tuple(Fact(poly=Poly.const(float(i))) for i in range(100))
-    assert bounded(plain + kl) == kl[:5] + plain[:1]
+    # distinct values past the limit: one witness per estimator (its polynomial), origin and use, the
+    # KL ones first. k3 and ratio*k3 of one origin (TRL's use_bias_correction_kl) keep a witness each.
+    origins = [object() for _ in range(5)]
+    estimators = (d, alg_scale(d, 2.0))
+    kl = tuple(Fact(poly=estimators[i % 2], origin=origins[i % 5], name=f"v{i}") for i in range(20))
+    plain = tuple(Fact(poly=Poly.const(0.0), name=f"p{i}") for i in range(100))
+    assert bounded(plain + kl) == kl[:10] + plain[:1]
     many = tuple(Fact(poly=d, origin=object()) for _ in range(3 * MAX_ALTERNATIVES))
     assert bounded(many) == many[:MAX_ALTERNATIVES]  # past the limit even so: cut, in order
 
