@@ -38,6 +38,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[1]
 ECOSYSTEM = PROJECT / "tests" / "ecosystem"
 VERDICTS = ("tp", "fp", "miss", "ok")
+# Codes about a file, not a KL site (a syntax error, an analysis cut short): listed apart, never scored.
+FILE_LEVEL_CODES = ("KL000", "KL099")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),
@@ -88,6 +90,7 @@ class RepoResult:
     seconds: float | None = None
     error: str | None = None
     items: list[Item] = field(default_factory=list)
+    file_level: list[Finding] = field(default_factory=list)
 
     def counts(self, code: str | None = None) -> Counter:
         counter: Counter = Counter()
@@ -184,7 +187,10 @@ def check_repo(entry: dict, args: argparse.Namespace) -> RepoResult:
     except (OSError, ValueError, RuntimeError, subprocess.TimeoutExpired) as error:
         result.error = f"{type(error).__name__}: {error}"
         return result
-    result.items = compare(parse_findings(records, tree), sites, args.line_tolerance)
+    findings = parse_findings(records, tree)
+    result.file_level = [f for f in findings if f.code in FILE_LEVEL_CODES]
+    kl_findings = [f for f in findings if f.code not in FILE_LEVEL_CODES]
+    result.items = compare(kl_findings, sites, args.line_tolerance)
     return result
 
 
@@ -212,6 +218,7 @@ def report(results: list[RepoResult]) -> dict:
             "total": summary(result.counts()),
             "codes": {code: summary(result.counts(code)) for code in codes},
             "diff": [asdict(item) for item in result.items if item.outcome not in ("tp", "fp", "miss", "ok")],
+            "file_level": [asdict(finding) for finding in result.file_level],
         }
         total += result.counts()
     by_code: dict[str, Counter] = {}
@@ -257,6 +264,11 @@ def print_table(table: dict) -> None:
         print("\nDiff against the review:")
     for name, d in diff:
         print(f"{labels[d['outcome']]:<22} {name}/{d['file']}:{d['line']}: {d['code']} {d['text'][:150]}")
+    file_level = [(name, f) for name, repo in table["repos"].items() for f in repo["file_level"]]
+    if file_level:
+        print("\nAbout files, not scored:")
+    for name, f in file_level:
+        print(f"  {name}/{f['file']}:{f['line']}: {f['code']} {f['message'][:150]}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,6 +102,18 @@ def test_totals_add_up_over_repositories(corpus, capsys):
     assert table["codes"]["KL004"]["ok"] == 1  # a+good's silent site; b+bad's is now reported
 
 
+def test_findings_about_files_are_listed_apart_and_not_scored(corpus, capsys, tmp_path):
+    """A syntax error (KL000) or a cut-short analysis (KL099) is no KL site: neither unreviewed nor a hit."""
+    path = tmp_path / "findings" / "a+good.json"
+    records = json.loads(path.read_text())
+    good = tmp_path / "corpus" / "a+good"
+    path.write_text(json.dumps(records + [finding(good, "broken.py", "KL000", 3), finding(good, "big.py", "KL099", 7)]))
+    status, table = run(corpus + ["--repo", "good"], capsys)
+    assert status == 0
+    assert table["total"]["unreviewed"] == 0 and table["total"]["tp"] == 1
+    assert [(f["file"], f["code"]) for f in table["repos"]["a+good"]["file_level"]] == [("big.py", "KL099"), ("broken.py", "KL000")]
+
+
 def test_a_missing_tree_is_an_error_not_a_pass(corpus, capsys, tmp_path):
     args = [a for a in corpus if a not in ("--findings", str(tmp_path / "findings"))]
     status = ecosystem.main(args + ["--repo", "good"])
