@@ -7,7 +7,7 @@ labelled by the literal that selects them); an empty tuple is a value the analys
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import libcst as cst
 
@@ -155,6 +155,17 @@ def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False
         passed=a.passed or b.passed,
         pending=tuple(dict.fromkeys(a.pending + b.pending)),
     )
+
+def contained(value: tuple) -> Iterator[Fact]:
+    """Every fact of `value` with what its tuples and dicts hold, each container after its items."""
+    for f in value:
+        if f.role == "tuple":
+            for item in f.items:
+                yield from contained(item)
+        elif f.role == "dict":
+            for _, item in f.items:
+                yield from contained(item)
+        yield f
 
 def as_rollout_data(value: tuple) -> tuple:
     """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs."""

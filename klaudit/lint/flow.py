@@ -24,8 +24,8 @@ from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import PASS_THROUGH, Callee, CallFlow, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
-    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, detach_all, join_envs, loss_part, merge_labels,
-    operands, param_facts, rename_logprobs, tensor,
+    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, contained, detach_all, join_envs, loss_part,
+    merge_labels, operands, param_facts, rename_logprobs, tensor,
 )
 from klaudit.lint.syntax import (
     case_strings, decorated_no_grad, dotted, drops_last_char, int_literal, is_data_read, is_last_index,
@@ -457,13 +457,7 @@ class FunctionRun(ContainerFlow, CallFlow):
 
     def confirm(self, value: tuple) -> None:
         """The reward candidates `value` passed through are rewards after all: record their sinks."""
-        for f in value:
-            if f.role == "tuple":
-                for item in f.items:
-                    self.confirm(item)
-            elif f.role == "dict":
-                for _, item in f.items:
-                    self.confirm(item)
+        for f in contained(value):
             for node in f.pending:
                 waiting = self.waiting.pop(node, None)
                 if waiting is not None:
@@ -477,15 +471,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         """The KL terms of `value` have a known use (a sink, a return, a metric, a comparison), and so
         have the terms the current statement read to make them."""
         self.settled.update(self.read)
-        for f in value:
-            if f.role == "tuple":
-                for item in f.items:
-                    self.settle(item)
-            elif f.role == "dict":
-                for _, item in f.items:
-                    self.settle(item)
-            elif f.is_kl():
-                self.settled.add(f.origin)
+        self.settled.update(f.origin for f in contained(value) if f.is_kl())
 
     def note_read(self, value: tuple) -> tuple:
         """Remember the KL terms a statement reads; returns `value`."""
