@@ -185,6 +185,26 @@ FIX_DOUBLE = (
 FIX_UNCLAMPED = "drop the clamps: " + FIX_K3_LOSS
 
 
+# `.loss` of the estimators is a per-sequence token-sum; `.loss.mean()` has the scale of code that sums
+# the KL over each sequence's tokens. Code that averages over tokens gets the batch token-mean instead,
+# unbiased like the sum (row 20: only the scale changes), so that beta keeps its strength.
+_PER_SEQUENCE_SUM = ".loss.mean()"
+_SCALES = {
+    Aggregation.SEQ_MEAN: (".loss.sum() / mask.sum()",
+                           " (÷ the batch's token count: about the scale of the per-sequence token-mean replaced)"),
+    Aggregation.BATCH_MEAN: (".loss.sum() / mask.sum()", " (÷ the batch's token count: the token-mean's scale, as before)"),
+    Aggregation.CONSTANT: (".loss.sum() / constant", " (÷ the same constant as before: the same scale)"),
+}
+
+
+def scaled_fix(fix: Optional[str], aggregation: Aggregation) -> Optional[str]:
+    """`fix` at the KL scale of the code it replaces, which aggregates its KL term by `aggregation`."""
+    if fix is None or _PER_SEQUENCE_SUM not in fix or aggregation not in _SCALES:
+        return fix
+    reduction, note = _SCALES[aggregation]
+    return fix.replace(_PER_SEQUENCE_SUM, reduction) + note
+
+
 @dataclass(frozen=True)
 class Row:
     """A catalog entry: a configuration and what its expected gradient really is.

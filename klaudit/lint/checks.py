@@ -17,7 +17,7 @@ from typing import Optional
 
 import libcst as cst
 
-from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling, defects
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling, defects, scaled_fix
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
 from klaudit.lint import algebra as alg
@@ -277,7 +277,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
         related = () if origin is None or origin_line is None and origin[0] is None else (
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
-        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], row.fix, origin_line,
+        fix = scaled_fix(row.fix, config.aggregation)
+        findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line,
                                 related))
     return sorted(findings)
 
