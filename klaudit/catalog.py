@@ -494,11 +494,6 @@ def _placement_fallback(config: Config) -> Row:
     return _GENERIC_OTHER
 
 
-def rule_rows(code: str) -> tuple[Row, ...]:
-    """The catalog rows a lint rule stands for (used by the rule pages and the tests)."""
-    return tuple(row for row in CATALOG if row.rule == code)
-
-
 def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     """Every independent defect of `config`, one row per aspect, in order of severity; () when correct.
 

@@ -381,10 +381,6 @@ def _strings(node: ast.AST) -> list[str]:
     return []
 
 
-def _is_name(node: ast.AST, name: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == name
-
-
 def local_aliases(node: ast.AST, name: str) -> set[str]:
     """`name` and every local assigned from an expression that reads it (`base = kind[:-1]`), to a fixpoint."""
     names = {name}

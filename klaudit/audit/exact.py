@@ -32,13 +32,15 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import torch
 
 from klaudit.audit.batch import Batch
-from klaudit.audit.policies import Policy
 from klaudit.catalog import Aggregation, Objective, Target
+
+if TYPE_CHECKING:  # policies uses the exact engine to place a policy at a given KL
+    from klaudit.audit.policies import Policy
 
 LossFn = Callable[[Batch], torch.Tensor]
 

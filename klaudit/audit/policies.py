@@ -32,6 +32,8 @@ from typing import Iterator, Optional, Protocol
 
 import torch
 
+from klaudit.audit.exact import ExactProblem
+
 
 class Policy(Protocol):
     """What klaudit.audit.exact needs from a policy (see the module docstring)."""
@@ -235,8 +237,6 @@ def place_at_kl(
     tried in turn, so the result is still a deterministic function of `seed`. ValueError if none
     reaches target_kl.
     """
-    from klaudit.audit.exact import ExactProblem
-
     if not (isinstance(target_kl, (int, float)) and math.isfinite(target_kl) and target_kl > 0):
         raise ValueError(f"target_kl must be a positive finite number, got {target_kl!r}")
     candidate = copy.deepcopy(reference)

@@ -9,6 +9,7 @@ from typing import Optional
 import libcst as cst
 
 from klaudit.lint.roles import might_contain_kl
+from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 
 
 class Project:
@@ -72,7 +73,6 @@ class Project:
     def parse(self, path: Path) -> Optional[cst.Module]:
         key = str(Path(path).resolve())
         if key not in self._modules:
-            from klaudit.lint.engine import read_source  # decoded as the engine decodes the files it lints
 
             try:
                 text = read_source(key)

@@ -20,7 +20,8 @@ import libcst as cst
 from klaudit.catalog import Config, Returns
 from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
-from klaudit.lint.engine import discover_files, read_source
+from klaudit.lint.engine import discover_files
+from klaudit.lint.sources import read_source
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
 

@@ -143,12 +143,6 @@ LOGPROB_PRODUCERS = re.compile(
     r"^(selective_log_softmax|log_probs_from_logits|logprobs_from_logits|logprobs_of_labels|"
     r"gather_log_probs|log_prob_from_logits|gather_logprobs|token_log_probs)$"
 )
-# Calls that compute per-token log-probs of the policy (or, by the target's name, the reference).
-LOGPROB_FORWARDS = re.compile(
-    r"(_forward_micro_batch|get_per_token_logps|_get_per_token_logps.*|compute_token_log_probs|"
-    r"forward_for_logprobs|get_batch_logps|sequence_logprob.*|compute_log_probs?|get_logps|"
-    r"_compute_logprobs|compute_logprobs)$"
-)
 
 # ---- sinks -------------------------------------------------------------------------------
 
