@@ -104,7 +104,10 @@ def _walk(top: str, settings: Settings) -> Iterable[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading
+# Parsing and analysis (runs in the worker processes)
+
+
+_worker_project = None
 
 
 def _start_worker(roots: list[Path]) -> None:
