@@ -24,11 +24,12 @@ from typing import Iterable, Optional, Sequence
 
 
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
+from klaudit.frameworks import CONFIG_SUFFIXES, lint_config
 from klaudit.lint import budget
 from klaudit.lint.findings import Finding
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import read_source
-from klaudit.lint.suppressions import SuppressionTable, is_suppressed, suppression_table
+from klaudit.lint.suppressions import SuppressionTable, comment_table, is_suppressed, suppression_table
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
@@ -70,14 +71,16 @@ def _is_virtualenv(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
 
 
-def discover_files(paths: Sequence[str], settings: Settings) -> list[str]:
-    """Python files under `paths`, each once, in a stable order; named files are always kept."""
+def discover_files(paths: Sequence[str], settings: Settings,
+                   suffixes: tuple[str, ...] = PYTHON_SUFFIXES) -> list[str]:
+    """Files under `paths` ending in `suffixes` (Python files by default), each once, in a stable
+    order; named files are always kept."""
     found: list[str] = []
     for given in paths:
         if os.path.isfile(given):
             found.append(given)
         elif os.path.isdir(given):
-            found.extend(_walk(given, settings))
+            found.extend(_walk(given, settings, suffixes))
         else:
             raise LintError(f"{given}: no such file or directory")
     seen: set[str] = set()
@@ -90,7 +93,7 @@ def discover_files(paths: Sequence[str], settings: Settings) -> list[str]:
     return unique
 
 
-def _walk(top: str, settings: Settings) -> Iterable[str]:
+def _walk(top: str, settings: Settings, suffixes: tuple[str, ...]) -> Iterable[str]:
     for directory, subdirs, files in os.walk(top):
         subdirs[:] = sorted(
             name for name in subdirs
@@ -99,7 +102,7 @@ def _walk(top: str, settings: Settings) -> Iterable[str]:
         )
         for name in sorted(files):
             path = os.path.normpath(os.path.join(directory, name))
-            if name.endswith(PYTHON_SUFFIXES) and not settings.is_excluded(path):
+            if name.endswith(suffixes) and not settings.is_excluded(path):
                 yield path
 
 
@@ -209,6 +212,13 @@ def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
     return finding.code == SYNTAX_ERROR_CODE or not is_suppressed(finding, suppressions)
 
 
+def _config_analysis(path: str) -> _Analysis:
+    """A launch script or YAML file: the framework flags it sets (klaudit.frameworks)."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    return _Analysis(path, tuple(lint_config(path, text)), comment_table(text))
+
+
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,
                jobs: int = DEFAULT_JOBS) -> LintResult:
     """Lint the Python files under `paths` (files or directories) with `settings`."""
@@ -219,7 +229,15 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
     result = LintResult()
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
-    for path in discover_files(paths, settings):
+    for path in discover_files(paths, settings, PYTHON_SUFFIXES + CONFIG_SUFFIXES):
+        if path.endswith(CONFIG_SUFFIXES):
+            try:
+                raw.append(_config_analysis(path))
+            except OSError as error:
+                result.errors.append(f"{path}: cannot read: {error.strerror}")
+                continue
+            result.files_checked += 1
+            continue
         try:
             source = read_source(path)
         except OSError as error:

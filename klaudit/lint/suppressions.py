@@ -60,6 +60,17 @@ def suppression_table(source: str) -> SuppressionTable:
     return table
 
 
+def comment_table(text: str) -> SuppressionTable:
+    """The directives of a file whose comments start at `#` (shell, YAML), by line."""
+    table: dict[int, Optional[frozenset[str]]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if "#" in line:
+            silenced = parse_comment(line[line.index("#"):])
+            if silenced is None or silenced:
+                table[number] = silenced
+    return table
+
+
 def is_suppressed(finding: Finding, table: SuppressionTable) -> bool:
     """True if a directive on the finding's first or last line silences its code."""
     for line in {finding.line, finding.end_line}:

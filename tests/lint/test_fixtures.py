@@ -17,6 +17,7 @@ import pytest
 
 from klaudit.catalog import RULES
 from klaudit.config import FILE_CODES
+from klaudit.frameworks import CONFIG_SUFFIXES
 from klaudit.lint.engine import lint_paths
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -31,11 +32,17 @@ def python_files(root: Path) -> list[str]:
     return sorted(path.relative_to(root).as_posix() for path in root.rglob("*.py"))
 
 
+def linted_files(root: Path) -> list[str]:
+    """The Python files and the framework configurations (launch scripts, YAML) under `root`."""
+    configs = [path.relative_to(root).as_posix() for path in root.rglob("*") if path.name.endswith(CONFIG_SUFFIXES)]
+    return sorted(python_files(root) + configs)
+
+
 def fixture_pairs(root: Path) -> list[str]:
     """Top-level fixtures: single files, and packages (directories with an __init__.py)."""
     return sorted(
         entry.name for entry in root.iterdir()
-        if (entry.is_file() and entry.suffix == ".py") or (entry / "__init__.py").is_file()
+        if (entry.is_file() and entry.name.endswith((".py", *CONFIG_SUFFIXES))) or (entry / "__init__.py").is_file()
     )
 
 
@@ -76,7 +83,7 @@ def test_marker_pattern_reads_repeated_codes():
 
 
 def test_bad_and_fixed_hold_the_same_files():
-    assert python_files(BAD) == python_files(FIXED)
+    assert linted_files(BAD) == linted_files(FIXED)
 
 
 def test_there_are_enough_fixture_pairs():
@@ -84,7 +91,7 @@ def test_there_are_enough_fixture_pairs():
 
 
 def test_every_rule_is_planted_somewhere():
-    planted = {code for relative in python_files(BAD) for _, code in expected_findings(BAD / relative)}
+    planted = {code for relative in linted_files(BAD) for _, code in expected_findings(BAD / relative)}
     wanted = {code for code in RULES if code.startswith("KL0") and code not in FILE_CODES}  # files and KL1xx: no KL code
     assert wanted - planted == set()
     assert planted <= set(RULES)
@@ -92,11 +99,11 @@ def test_every_rule_is_planted_somewhere():
 
 @pytest.mark.parametrize("name", fixture_pairs(BAD))
 def test_every_bad_fixture_plants_a_pitfall(name):
-    files = [BAD / name] if name.endswith(".py") else sorted((BAD / name).rglob("*.py"))
+    files = [BAD / name] if (BAD / name).is_file() else sorted((BAD / name).rglob("*.py"))
     assert sum(sum(expected_findings(path).values()) for path in files) > 0
 
 
-@pytest.mark.parametrize("relative", python_files(FIXED))
+@pytest.mark.parametrize("relative", linted_files(FIXED))
 def test_fixed_fixtures_carry_no_marker(relative):
     assert expected_findings(FIXED / relative) == Counter()
 
@@ -113,7 +120,7 @@ def test_linting_the_fixtures_raises_no_internal_error(root):
     assert errors == ()
 
 
-@pytest.mark.parametrize("relative", python_files(BAD))
+@pytest.mark.parametrize("relative", linted_files(BAD))
 def test_bad_fixture_reports_exactly_its_markers(relative):
     path = BAD / relative
     expected = expected_findings(path)
@@ -126,7 +133,7 @@ def test_bad_fixture_reports_exactly_its_markers(relative):
     )
 
 
-@pytest.mark.parametrize("relative", python_files(FIXED))
+@pytest.mark.parametrize("relative", linted_files(FIXED))
 def test_fixed_fixture_reports_nothing(relative):
     path = FIXED / relative
     actual = linted(FIXED)[0].get(relative, Counter())

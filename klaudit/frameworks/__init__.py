@@ -1,0 +1,43 @@
+"""Framework configurations: the KL flags users set in launch scripts and YAML files.
+
+Most users who fine-tune with RL pick their KL estimator with a flag. Each framework module maps its
+flags, with the framework's defaults for the flags left out, to a catalog configuration; the
+catalog's verdicts then apply at the line of the flag, with the same codes and words as the
+findings in Python code, and the fix as a flag change. Only verl is known so far.
+"""
+
+from __future__ import annotations
+
+from klaudit.catalog import defects
+from klaudit.describe import describe
+from klaudit.frameworks import verl
+from klaudit.frameworks.settings import shell_overrides, yaml_settings
+from klaudit.lint.findings import Finding
+
+SHELL_SUFFIXES = (".sh", ".bash")
+YAML_SUFFIXES = (".yaml", ".yml")
+CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
+
+
+def mentions_flags(text: str) -> bool:
+    """The cheap pre-filter: a file that names none of the framework's KL keys is not read further."""
+    return any(key.rsplit(".", 1)[-1] in text for key in verl.KEYS[:5])
+
+
+def lint_config(path: str, text: str) -> list[Finding]:
+    """The findings of one launch script or YAML file (one configuration per file)."""
+    if not mentions_flags(text):
+        return []
+    settings = shell_overrides(text)
+    if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
+        settings = {**yaml_settings(text), **settings}
+    judged = verl.judge(settings)
+    if judged is None:
+        return []
+    findings = []
+    for row in defects(judged.config):
+        where = judged.where(row.rule)
+        message = f"{describe(judged.config)}: {row.explanation} [{verl.NAME} {verl.VERSION}: {judged.flags}]"
+        findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
+                                verl.FIXES.get(row.rule, row.fix)))
+    return findings

@@ -1,0 +1,104 @@
+"""verl's KL flags as catalog configurations (read from verl 0.9's own code and configs).
+
+- `actor_rollout_ref.actor.use_kl_loss` (default false) differentiates
+  `kl_penalty(logprob, ref, kl_loss_type)` as a loss, aggregated by `loss_agg_mode`;
+- `algorithm.use_kl_in_reward` (default false) subtracts the detached `kl_penalty(..., kl_penalty)`
+  from the token-level rewards, which GAE and REINFORCE++ turn into reward-to-go and GRPO-style
+  estimators sum over the response (the whole-sequence return);
+- `kl_penalty`'s values: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 clamped to [-10, 10],
+  abs -> |log-ratio|; values ending in "+" raise in this release and get no verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from klaudit.catalog import Aggregation, Config, Estimator, Returns
+from klaudit.frameworks.settings import Setting
+
+NAME = "verl"
+VERSION = "0.9"
+USE_KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
+KL_LOSS_TYPE = "actor_rollout_ref.actor.kl_loss_type"
+LOSS_AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
+USE_KL_IN_REWARD = "algorithm.use_kl_in_reward"
+KL_PENALTY = "algorithm.kl_penalty"
+ADV_ESTIMATOR = "algorithm.adv_estimator"
+KEYS = (USE_KL_LOSS, KL_LOSS_TYPE, LOSS_AGG_MODE, USE_KL_IN_REWARD, KL_PENALTY, ADV_ESTIMATOR)
+DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "token-mean",
+            USE_KL_IN_REWARD: "false", KL_PENALTY: "kl", ADV_ESTIMATOR: "gae"}
+
+ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
+              "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS}
+AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-sum": Aggregation.SUM,
+                "seq-mean-token-mean": Aggregation.SEQ_MEAN, "seq-mean-token-sum-norm": Aggregation.CONSTANT}
+TOKEN_RETURNS = ("gae", "reinforce_plus_plus")  # token-level returns; the others sum the rewards
+
+# The flag change that fixes each rule (kl-math.md §8.5: k1 in the reward is R-A's reward form).
+_TO_REWARD = (f"{USE_KL_LOSS}=False {USE_KL_IN_REWARD}=True {KL_PENALTY}=kl (k1 in the reward, unbiased); "
+              "to keep the strength set algorithm.kl_ctrl.kl_coef to about kl_loss_coef / (mean response "
+              "length): the reward sums the KL over the tokens, the token-mean loss averaged it")
+FIXES = {
+    "KL001": _TO_REWARD, "KL002": _TO_REWARD, "KL003": _TO_REWARD, "KL009": _TO_REWARD, "KL010": _TO_REWARD,
+    "KL004": f"{KL_PENALTY}=kl (k1 values in the reward, unbiased with any of verl's advantage estimators)",
+    "KL006": f"{USE_KL_LOSS}=False: the k1 reward alone is the whole KL gradient",
+    "KL007": f"{LOSS_AGG_MODE}=token-mean (about the same scale; seq-mean-token-sum-norm divides by a constant)",
+}
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A configuration the flags select, where to report it, and the flags that decide it."""
+
+    config: Config
+    anchor: Setting
+    flags: str
+    settings: Mapping[str, Setting]
+
+    def where(self, rule: str) -> Setting:
+        """The flag a user changes for `rule`: the aggregation for KL007, the reward estimator for KL004."""
+        key = {"KL007": LOSS_AGG_MODE, "KL004": KL_PENALTY}.get(rule)
+        return self.settings[key] if key in self.settings else self.anchor
+
+
+def _truthy(value: str) -> Optional[bool]:
+    """A YAML or Hydra boolean; None for anything else."""
+    lowered = value.lower()
+    return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
+
+
+def judge(settings: Mapping[str, Setting]) -> Optional[Judged]:
+    """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
+    a deciding flag is not a literal verl knows."""
+    if not any(key in settings for key in KEYS):
+        return None
+    value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    if any(v is None for v in value.values()):
+        return None  # a deciding flag set to a variable: its value is unknown here
+    use_loss, use_reward = _truthy(value[USE_KL_LOSS]), _truthy(value[USE_KL_IN_REWARD])
+    loss = ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
+    reward = ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
+    aggregation = AGGREGATIONS.get(value[LOSS_AGG_MODE])
+    if use_loss is None or use_reward is None or aggregation is None or (loss is None and reward is None):
+        return None
+    if (use_loss and loss is None) or (use_reward and reward is None):
+        return None  # a value this release rejects ("k3+") or one it does not have
+    returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
+    config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
+    order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
+    anchor = next((settings[key] for key in (*order, *KEYS) if key in settings))
+    flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
+                      for key in KEYS if (key in settings or _relevant(key, loss, reward)))
+    return Judged(config, anchor, flags, settings)
+
+
+def _relevant(key: str, loss, reward) -> bool:
+    """Defaults worth naming: those that decide a part of the KL that is on."""
+    if key == LOSS_AGG_MODE:
+        return True  # the policy loss's aggregation weighs a KL reward too
+    if key == KL_LOSS_TYPE:
+        return loss is not None
+    if key in (KL_PENALTY, ADV_ESTIMATOR):
+        return reward is not None
+    return False

@@ -1,0 +1,117 @@
+"""verl's KL flags in launch scripts and YAML files: read where the user set them, judged by the catalog.
+
+Expected codes come from kl-math.md §8: k1 as a loss row 1 (KL001), k2 as a loss row 2 (KL003),
+k3 / low_var_kl as a loss rows 3-4 (KL002), abs as a loss row 5 (KL009), k1 in the reward row 6
+(correct, with reward-to-go or the whole-sequence return), k3 in the reward row 7 (KL004), a loss on
+top of a full k1 reward row 14 (KL006), a per-sequence token-mean row 21 (KL007).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import lint_config
+from klaudit.frameworks.settings import shell_overrides, yaml_settings
+from klaudit.lint.engine import lint_paths
+
+LAUNCH = """\
+#!/bin/bash
+set -x
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_batch_size=1024 \\
+{flags}
+    trainer.total_epochs=15 $@
+"""
+
+
+def codes(*flags: str) -> list[str]:
+    text = LAUNCH.format(flags="".join(f"    {flag} \\\n" for flag in flags))
+    return sorted(f.code for f in lint_config("run.sh", text))
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["actor_rollout_ref.actor.use_kl_loss=True"], ["KL002"]),  # default kl_loss_type=low_var_kl
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=kl"], ["KL001"]),
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=mse"], ["KL003"]),
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=abs"], ["KL009"]),
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=k2",
+      "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"], ["KL003", "KL007"]),
+    (["algorithm.use_kl_in_reward=True"], []),  # k1 in the reward, GRPO's whole-sequence return
+    (["algorithm.use_kl_in_reward=True", "algorithm.adv_estimator=gae"], []),  # reward-to-go
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl"], ["KL004"]),
+    (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True",
+      "actor_rollout_ref.actor.kl_loss_type=k3"], ["KL006"]),
+    (["actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.kl_loss_type=k3"], []),  # off
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=k3+"], []),  # rejected
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=$KL_TYPE"], []),
+    ([], []),
+])
+def test_flags_get_the_catalog_s_verdict(flags, expected):
+    assert codes(*flags) == expected
+
+
+def test_the_finding_points_at_the_flag_and_gives_a_flag_change_with_the_beta_conversion():
+    text = LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"
+                               "    actor_rollout_ref.actor.kl_loss_type=low_var_kl \\\n")
+    [finding] = lint_config("run.sh", text)
+    assert (finding.line, finding.column) == (7, 5)
+    assert text.splitlines()[6][finding.column - 1:finding.end_column - 1] == "actor_rollout_ref.actor.kl_loss_type=low_var_kl"
+    assert finding.message.startswith("low_var_kl differentiated as a loss, batch-token-mean")
+    assert "loss_agg_mode=token-mean (default)" in finding.message
+    assert "algorithm.kl_penalty=kl" in finding.fix and "kl_loss_coef / (mean response length)" in finding.fix
+
+
+def test_shell_variables_are_resolved_and_the_assignment_is_reported():
+    text = textwrap.dedent("""\
+        use_kl_loss=True
+        kl_loss_type="k2"   # the estimator
+        python3 -m verl.trainer.main_ppo \\
+            actor_rollout_ref.actor.use_kl_loss=${use_kl_loss} \\
+            actor_rollout_ref.actor.kl_loss_type=$kl_loss_type
+        """)
+    settings = shell_overrides(text)
+    assert settings["actor_rollout_ref.actor.kl_loss_type"].value == "k2"
+    assert settings["actor_rollout_ref.actor.kl_loss_type"].line == 2
+    [finding] = lint_config("run.sh", text)
+    assert (finding.code, finding.line) == ("KL003", 2)
+
+
+def test_comments_and_unknown_values_decide_nothing():
+    text = "# actor_rollout_ref.actor.use_kl_loss=True\npython3 x.py actor_rollout_ref.actor.kl_loss_type=${oc.env:T}\n"
+    settings = shell_overrides(text)
+    assert "actor_rollout_ref.actor.use_kl_loss" not in settings
+    assert settings["actor_rollout_ref.actor.kl_loss_type"].value is None
+
+
+def test_yaml_nested_keys_and_run_blocks():
+    config = textwrap.dedent("""\
+        actor_rollout_ref:
+          actor:
+            use_kl_loss: true
+            kl_loss_type: k3
+        algorithm:
+          adv_estimator: gae
+        """)
+    settings = yaml_settings(config)
+    assert settings["actor_rollout_ref.actor.kl_loss_type"].value == "k3"
+    assert settings["actor_rollout_ref.actor.kl_loss_type"].line == 4
+    assert [(f.code, f.line) for f in lint_config("c.yaml", config)] == [("KL002", 4)]
+    task = "run: |\n  python -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True\n"
+    assert [(f.code, f.line) for f in lint_config("task.yaml", task)] == [("KL002", 2)]
+    assert lint_config("broken.yaml", "a: [\n") == []
+
+
+def test_the_lint_reads_launch_scripts_and_yaml_and_honours_noqa(tmp_path):
+    (tmp_path / "run.sh").write_text(LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"))
+    (tmp_path / "quiet.sh").write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True  # noqa: KL002\n")
+    (tmp_path / "other.sh").write_text("echo training\n")
+    (tmp_path / "c.yml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n    kl_loss_type: kl\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert result.errors == []
+    assert sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings) == [
+        ("c.yml", 4, "KL001"), ("run.sh", 6, "KL002")]
+    assert result.files_checked == 4
