@@ -68,11 +68,12 @@ def shell_overrides(text: str) -> dict[str, Setting]:
 
 
 def yaml_settings(text: str) -> dict[str, Setting]:
-    """Every scalar of a YAML file under its dotted key path; {} for a file YAML cannot read."""
+    """Every scalar of a YAML file under its dotted key path; {} for a file YAML cannot read (or
+    nests past the YAML parser's recursion)."""
     found: dict[str, Setting] = {}
     try:
         documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return found
     for document in documents:
         stack = [("", document)]

@@ -216,7 +216,10 @@ def _config_analysis(path: str) -> _Analysis:
     """A launch script or YAML file: the framework flags it sets (klaudit.frameworks)."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         text = handle.read()
-    return _Analysis(path, tuple(lint_config(path, text)), comment_table(text))
+    try:
+        return _Analysis(path, tuple(lint_config(path, text)), comment_table(text))
+    except Exception as error:  # noqa: BLE001 - one file's failure is reported, the run goes on
+        return _internal_error(path, error)
 
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,

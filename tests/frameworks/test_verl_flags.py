@@ -103,6 +103,8 @@ def test_yaml_nested_keys_and_run_blocks():
     task = "run: |\n  python -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True\n"
     assert [(f.code, f.line) for f in lint_config("task.yaml", task)] == [("KL002", 2)]
     assert lint_config("broken.yaml", "a: [\n") == []
+    deep = "actor_rollout_ref.actor.use_kl_loss: true\na: " + "[" * 5000 + "]" * 5000 + "\n"
+    assert yaml_settings(deep) == {}  # nested past the YAML parser's recursion: read as unreadable
 
 
 def test_the_lint_reads_launch_scripts_and_yaml_and_honours_noqa(tmp_path):
