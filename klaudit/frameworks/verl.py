@@ -6,7 +6,8 @@
   from the token-level rewards, which GAE and REINFORCE++ turn into reward-to-go and GRPO-style
   estimators sum over the response (the whole-sequence return);
 - `kl_penalty`'s values: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 clamped to [-10, 10],
-  abs -> |log-ratio|; values ending in "+" raise in this release and get no verdict.
+  abs -> |log-ratio|; a "+" suffix keeps the value and takes k2's gradient (straight-through:
+  k1+, k3+), except for k2 itself. (verl 0.8 rejected "+" values; 0.9 strips the suffix.)
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "to
             USE_KL_IN_REWARD: "false", KL_PENALTY: "kl", ADV_ESTIMATOR: "gae"}
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
-              "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS}
+              "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS,
+              "kl+": Estimator.K1_ST, "k1+": Estimator.K1_ST, "mse+": Estimator.K2, "k2+": Estimator.K2,
+              "low_var_kl+": Estimator.K3_ST, "k3+": Estimator.K3_ST}  # abs+ has no catalog estimator
 AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-sum": Aggregation.SUM,
                 "seq-mean-token-mean": Aggregation.SEQ_MEAN, "seq-mean-token-sum-norm": Aggregation.CONSTANT}
 TOKEN_RETURNS = ("gae", "reinforce_plus_plus")  # token-level returns; the others sum the rewards
@@ -83,7 +86,7 @@ def judge(settings: Mapping[str, Setting]) -> Optional[Judged]:
     if use_loss is None or use_reward is None or aggregation is None or (loss is None and reward is None):
         return None
     if (use_loss and loss is None) or (use_reward and reward is None):
-        return None  # a value this release rejects ("k3+") or one it does not have
+        return None  # a value this release does not have (or abs+, which no catalog row describes)
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)

@@ -8,7 +8,9 @@ top of a full k1 reward row 14 (KL006), a per-sequence token-mean row 21 (KL007)
 
 from __future__ import annotations
 
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -46,7 +48,8 @@ def codes(*flags: str) -> list[str]:
     (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True",
       "actor_rollout_ref.actor.kl_loss_type=k3"], ["KL006"]),
     (["actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.kl_loss_type=k3"], []),  # off
-    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=k3+"], []),  # rejected
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=k3+"], ["KL003"]),  # k2's gradient
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=abs+"], []),  # no row
     (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=$KL_TYPE"], []),
     ([], []),
 ])
@@ -117,3 +120,30 @@ def test_the_lint_reads_launch_scripts_and_yaml_and_honours_noqa(tmp_path):
     assert sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings) == [
         ("c.yml", 4, "KL001"), ("run.sh", 6, "KL002")]
     assert result.files_checked == 4
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "bad"
+
+
+def _codes_by_switch_value(path: Path, switch: str) -> dict[str, set[str]]:
+    """{value of `switch`: the codes the lint reports for it} from the findings' switch labels."""
+    by_value: dict[str, set[str]] = {}
+    for finding in lint_paths([str(path)], settings=Settings(root=path.parent), jobs=1).findings:
+        labels = re.search(rf'{switch}=((?:"[^"]+"\|?)+)', finding.message)
+        for value in re.findall(r'"([^"]+)"', labels.group(1)) if labels else ():
+            by_value.setdefault(value, set()).add(finding.code)
+    return by_value
+
+
+@pytest.mark.parametrize("fixture, switch, flags", [
+    ("verl_dp_actor.py", "kl_loss_type", "actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_type={}"),
+    ("verl_ray_trainer.py", "kl_penalty_type", "algorithm.use_kl_in_reward=True algorithm.adv_estimator=gae "
+                                               "algorithm.kl_penalty={}"),
+])
+def test_the_flag_table_agrees_with_the_lint_of_verl_shaped_code(fixture, switch, flags):
+    """The same switch value gets the same codes whether the lint reads verl's code or the user's flag."""
+    from_code = _codes_by_switch_value(FIXTURES / fixture, switch)
+    assert len(from_code) >= 3
+    for value, codes_in_code in from_code.items():
+        from_flag = {f.code for f in lint_config("run.sh", "python3 -m verl.trainer.main_ppo " + flags.format(value))}
+        assert from_flag == codes_in_code, value
