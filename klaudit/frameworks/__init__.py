@@ -3,15 +3,21 @@
 Most users who fine-tune with RL pick their KL estimator with a flag. Each framework module maps its
 flags, with the framework's defaults for the flags left out, to a catalog configuration; the
 catalog's verdicts then apply at the line of the flag, with the same codes and words as the
-findings in Python code, and the fix as a flag change. Only verl is known so far.
+findings in Python code, and the fix as a flag change where the framework has a right one.
+Known: verl's Hydra flags (launch scripts, YAML) and TRL's GRPOConfig (Python).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
+import libcst as cst
+
 from klaudit.catalog import defects
 from klaudit.describe import describe
-from klaudit.frameworks import verl
-from klaudit.frameworks.settings import shell_overrides, yaml_settings
+from klaudit.frameworks import trl, verl
+from klaudit.frameworks.calls import config_calls
+from klaudit.frameworks.settings import Judged, shell_overrides, yaml_settings
 from klaudit.lint.findings import Finding
 
 SHELL_SUFFIXES = (".sh", ".bash")
@@ -34,10 +40,31 @@ def lint_config(path: str, text: str) -> list[Finding]:
     judged = verl.judge(settings)
     if judged is None:
         return []
+    return _findings(path, judged, f"{verl.NAME} {verl.VERSION}", lambda rule, row_fix: verl.FIXES.get(rule, row_fix))
+
+
+def mentions_config_class(source: str) -> bool:
+    """The pre-filter for Python files: a framework configuration class is named."""
+    return any(name in source for name in trl.CONFIG_CLASSES)
+
+
+def lint_python(path: str, module: cst.Module, source: str) -> list[Finding]:
+    """The findings of the framework configuration objects a Python module builds."""
+    if not mentions_config_class(source):
+        return []
+    found = []
+    for settings in config_calls(module, trl.CONFIG_CLASSES, trl.KEYS):
+        judged = trl.judge(settings)
+        if judged is not None:
+            found.extend(_findings(path, judged, f"{trl.NAME} {trl.VERSION}", lambda rule, _: trl.fix(rule)))
+    return found
+
+
+def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str], str]) -> list[Finding]:
     findings = []
     for row in defects(judged.config):
         where = judged.where(row.rule)
-        message = f"{describe(judged.config)}: {row.explanation} [{verl.NAME} {verl.VERSION}: {judged.flags}]"
+        message = f"{describe(judged.config)}: {row.explanation} [{framework}: {judged.flags}]"
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
-                                verl.FIXES.get(row.rule, row.fix)))
+                                fix(row.rule, row.fix)))
     return findings

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import yaml
+
+from klaudit.catalog import Config
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,19 @@ class Setting:
     line: int
     column: int  # where the key starts
     end_column: int  # just after the value
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A configuration some flags select, where to report it, and the flags that decide it."""
+
+    config: Config
+    anchor: Setting  # the flag a user changes, unless `anchors` names another for a rule
+    flags: str
+    anchors: Mapping[str, Setting] = field(default_factory=dict)  # rule code -> its flag
+
+    def where(self, rule: str) -> Setting:
+        return self.anchors.get(rule, self.anchor)
 
 
 # `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys)

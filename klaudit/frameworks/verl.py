@@ -12,11 +12,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns
-from klaudit.frameworks.settings import Setting
+from klaudit.frameworks.settings import Judged, Setting
 
 NAME = "verl"
 VERSION = "0.9"
@@ -50,21 +49,6 @@ FIXES = {
 }
 
 
-@dataclass(frozen=True)
-class Judged:
-    """A configuration the flags select, where to report it, and the flags that decide it."""
-
-    config: Config
-    anchor: Setting
-    flags: str
-    settings: Mapping[str, Setting]
-
-    def where(self, rule: str) -> Setting:
-        """The flag a user changes for `rule`: the aggregation for KL007, the reward estimator for KL004."""
-        key = {"KL007": LOSS_AGG_MODE, "KL004": KL_PENALTY}.get(rule)
-        return self.settings[key] if key in self.settings else self.anchor
-
-
 def _truthy(value: str) -> Optional[bool]:
     """A YAML or Hydra boolean; None for anything else."""
     lowered = value.lower()
@@ -93,7 +77,8 @@ def judge(settings: Mapping[str, Setting]) -> Optional[Judged]:
     anchor = next((settings[key] for key in (*order, *KEYS) if key in settings))
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
                       for key in KEYS if (key in settings or _relevant(key, loss, reward)))
-    return Judged(config, anchor, flags, settings)
+    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AGG_MODE), ("KL004", KL_PENALTY)) if key in settings}
+    return Judged(config, anchor, flags, anchors)
 
 
 def _relevant(key: str, loss, reward) -> bool:

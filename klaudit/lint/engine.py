@@ -24,7 +24,7 @@ from typing import Iterable, Optional, Sequence
 
 
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
-from klaudit.frameworks import CONFIG_SUFFIXES, lint_config
+from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
 from klaudit.lint import budget
 from klaudit.lint.findings import Finding
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
@@ -140,6 +140,7 @@ class Limits:
 def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
     """Parse and check one file within its budget; never raises."""
     from klaudit.lint.checks import check_module
+    from klaudit.lint.roles import might_contain_kl
 
     try:
         module = parse(path, source)
@@ -150,7 +151,8 @@ def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
         sys.setrecursionlimit(max(saved_limit, RECURSION_LIMIT))
         try:
             with budget.limited(spent):
-                findings = check_module(path, module, _worker_project, source)
+                findings = check_module(path, module, _worker_project, source) if might_contain_kl(source) else []
+            findings.extend(lint_python(path, module, source))  # GRPOConfig(beta=...) and its kin
         finally:
             sys.setrecursionlimit(saved_limit)
         if spent.exceeded_in is not None:
@@ -249,7 +251,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
         result.files_checked += 1
         if isinstance(source, Finding):
             raw.append(_Analysis(path, (source,)))
-        elif might_contain_kl(source):
+        elif might_contain_kl(source) or mentions_config_class(source):
             sources[path] = source
         else:
             broken = syntax_finding(path, source)

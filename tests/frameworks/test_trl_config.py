@@ -1,0 +1,59 @@
+"""TRL's GRPOConfig keywords, read from the user's Python without running it, judged by the catalog.
+
+TRL 1.16 adds beta * k3 to the per-token loss; with use_bias_correction_kl (default) k3 is weighted by
+exp(logp - sg logp), the score-weighted k3, which follows PART (kl-math.md §8, row 2: KL003); without
+it a plain k3 loss follows the per-token forward KL (rows 3: KL002). num_iterations > 1 trains on
+samples of an older policy with at most a token-level ratio (rows 22-23: KL008); loss_type="grpo"
+averages per sequence (row 21: KL007). beta = 0 (the default) turns the KL off.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import lint_python
+from klaudit.lint.engine import lint_paths
+
+
+def codes(call: str) -> list[tuple[int, str]]:
+    source = f"from trl import GRPOConfig\n\nargs = {call}\n"
+    return sorted((f.line, f.code) for f in lint_python("train.py", cst.parse_module(source), source))
+
+
+@pytest.mark.parametrize("call, expected", [
+    ('GRPOConfig(output_dir="out")', []),  # beta defaults to 0.0: no KL
+    ("GRPOConfig(beta=0.0)", []),
+    ("GRPOConfig(beta=0.04)", ["KL003"]),
+    ("GRPOConfig(beta=0.04, use_bias_correction_kl=False)", ["KL002"]),
+    ('GRPOConfig(beta=0.04, loss_type="grpo")', ["KL003", "KL007"]),
+    ('GRPOConfig(beta=0.04, loss_type="dr_grpo")', ["KL003"]),  # a constant divisor changes only the scale
+    ("GRPOConfig(beta=0.04, num_iterations=4)", ["KL003", "KL008"]),  # ratio*k3 weighted per token only
+    ("GRPOConfig(beta=0.04, num_iterations=4, use_bias_correction_kl=False)", ["KL002", "KL008"]),
+    ('GRPOConfig(beta=0.04, importance_sampling_level="sequence")', []),  # no catalog row
+    ("GRPOConfig(beta=BETA)", []),  # computed: unknown
+    ("GRPOConfig(beta=0.04, **overrides)", []),  # any other key may come from the mapping
+    ("trl.GRPOConfig(beta=1e-3)", ["KL003"]),
+])
+def test_config_keywords_get_the_catalog_s_verdict(call, expected):
+    assert [code for _, code in codes(call)] == expected
+
+
+def test_findings_point_at_the_keyword_to_change():
+    source = 'from trl import GRPOConfig\n\nargs = GRPOConfig(\n    beta=0.04,\n    loss_type="grpo",\n)\n'
+    found = {f.code: f for f in lint_python("train.py", cst.parse_module(source), source)}
+    assert (found["KL003"].line, found["KL003"].column, found["KL003"].end_column) == (4, 5, 14)
+    assert found["KL007"].line == 5 and 'loss_type="dapo"' in found["KL007"].fix
+    assert "_compute_loss" in found["KL003"].fix and "klaudit.estimators.kl_penalty" in found["KL003"].fix
+    assert "use_bias_correction_kl=True (default)" in found["KL003"].message
+
+
+def test_a_training_script_without_kl_vocabulary_is_read_for_its_config(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("from trl import GRPOConfig, GRPOTrainer\n\n"
+                      "trainer = GRPOTrainer(model='m', args=GRPOConfig(beta=0.04))  # the usual script\n")
+    result = lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1)
+    assert [(f.line, f.code) for f in result.findings] == [(3, "KL003")]
+    script.write_text(script.read_text().replace("# the usual script", "# noqa: KL003"))
+    assert lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1).findings == []
