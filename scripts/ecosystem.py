@@ -26,6 +26,7 @@ can gate CI; 2 when a tree is missing or its lint fails.
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import os
 import subprocess
@@ -40,6 +41,9 @@ ECOSYSTEM = PROJECT / "tests" / "ecosystem"
 VERDICTS = ("tp", "fp", "miss", "ok")
 # Codes about a file, not a KL site (a syntax error, an analysis cut short): listed apart, never scored.
 FILE_LEVEL_CODES = ("KL000", "KL099")
+# A finding on a framework flag (klaudit.frameworks) names the framework and its version in brackets;
+# flag sites are scored apart from KL code sites ("kind": "flag" in the review).
+FLAG_MESSAGE = re.compile(r"\[(?:verl|trl) [\d.]+: ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),
@@ -73,6 +77,7 @@ class Site:
     line: int
     verdict: str
     reason: str = ""
+    kind: str = "code"  # "flag": a framework flag in a launch script, YAML file or config call
 
 
 @dataclass
@@ -90,18 +95,19 @@ class RepoResult:
     seconds: float | None = None
     error: str | None = None
     items: list[Item] = field(default_factory=list)
+    flag_items: list[Item] = field(default_factory=list)
     file_level: list[Finding] = field(default_factory=list)
 
-    def counts(self, code: str | None = None) -> Counter:
+    def counts(self, code: str | None = None, flags: bool = False) -> Counter:
         counter: Counter = Counter()
-        for item in self.items:
+        for item in self.flag_items if flags else self.items:
             if code is None or item.code == code:
                 counter[OUTCOMES[item.outcome][0]] += 1
         return counter
 
     @property
     def failed(self) -> bool:
-        return self.error is not None or any(OUTCOMES[item.outcome][1] for item in self.items)
+        return self.error is not None or any(OUTCOMES[item.outcome][1] for item in self.items + self.flag_items)
 
 
 def load_sites(path: Path) -> list[Site]:
@@ -109,7 +115,8 @@ def load_sites(path: Path) -> list[Site]:
     if not path.exists():
         return []
     data = json.loads(path.read_text(encoding="utf-8"))
-    sites = [Site(s["file"], s["code"], int(s["line"]), s["verdict"], s.get("reason", "")) for s in data["sites"]]
+    sites = [Site(s["file"], s["code"], int(s["line"]), s["verdict"], s.get("reason", ""), s.get("kind", "code"))
+             for s in data["sites"]]
     for site in sites:
         if site.verdict not in VERDICTS:
             raise ValueError(f"{path}: {site.file}:{site.line}: verdict {site.verdict!r} not in {VERDICTS}")
@@ -190,7 +197,10 @@ def check_repo(entry: dict, args: argparse.Namespace) -> RepoResult:
     findings = parse_findings(records, tree)
     result.file_level = [f for f in findings if f.code in FILE_LEVEL_CODES]
     kl_findings = [f for f in findings if f.code not in FILE_LEVEL_CODES]
-    result.items = compare(kl_findings, sites, args.line_tolerance)
+    flags = [f for f in kl_findings if FLAG_MESSAGE.search(f.message)]
+    result.items = compare([f for f in kl_findings if f not in flags], [s for s in sites if s.kind == "code"],
+                           args.line_tolerance)
+    result.flag_items = compare(flags, [s for s in sites if s.kind == "flag"], args.line_tolerance)
     return result
 
 
@@ -209,6 +219,7 @@ def summary(counts: Counter) -> dict:
 
 def report(results: list[RepoResult]) -> dict:
     total: Counter = Counter()
+    flag_total: Counter = Counter()
     repos = {}
     for result in results:
         codes = sorted({item.code for item in result.items})
@@ -217,10 +228,13 @@ def report(results: list[RepoResult]) -> dict:
             "error": result.error,
             "total": summary(result.counts()),
             "codes": {code: summary(result.counts(code)) for code in codes},
-            "diff": [asdict(item) for item in result.items if item.outcome not in ("tp", "fp", "miss", "ok")],
+            "diff": [asdict(item) for item in result.items + result.flag_items
+                     if item.outcome not in ("tp", "fp", "miss", "ok")],
+            "flags": summary(result.counts(flags=True)),
             "file_level": [asdict(finding) for finding in result.file_level],
         }
         total += result.counts()
+        flag_total += result.counts(flags=True)
     by_code: dict[str, Counter] = {}
     for result in results:
         for item in result.items:
@@ -229,6 +243,7 @@ def report(results: list[RepoResult]) -> dict:
         "repos": repos,
         "codes": {code: summary(by_code[code]) for code in sorted(by_code)},
         "total": summary(total),
+        "flags": summary(flag_total),
         "failed": any(result.failed for result in results),
     }
 
@@ -257,6 +272,7 @@ def print_table(table: dict) -> None:
     for code, s in table["codes"].items():
         print(row("all " + code, s))
     print(row("ALL", table["total"]))
+    print(row("framework flags (scored apart)", table["flags"]))
     labels = {"lost": "- lost", "unreviewed": "+ unreviewed", "new_fp": "+ new false positive",
               "now_found": "+ miss now found", "fixed_fp": "- false positive gone"}
     diff = [(name, d) for name, repo in table["repos"].items() for d in repo["diff"]]
