@@ -1,6 +1,7 @@
 """Paths -> files -> source text -> pre-filter -> parse -> checks -> filtered, sorted findings.
 
-The main process walks the paths, reads every file and runs the cheap textual pre-filter
+The main process walks the paths (skipping what git ignores inside a work tree), reads every file
+(or takes one file's text from stdin) and runs the cheap textual pre-filter
 (`roles.might_contain_kl`) and Python's own syntax check (every file: a broken file is KL000);
 only the files that pass the pre-filter are parsed with LibCST and analysed, in a pool of worker
 processes when there are enough of them to repay the pool's start-up. Each file's analysis has a
@@ -20,14 +21,15 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
 from klaudit.lint import budget
+from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.findings import Finding
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
-from klaudit.lint.sources import read_source
+from klaudit.lint.sources import decode_source, read_source
 from klaudit.lint.suppressions import SuppressionTable, is_suppressed, suppression_table
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -70,14 +72,16 @@ def _is_virtualenv(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
 
 
-def discover_files(paths: Sequence[str], settings: Settings) -> list[str]:
-    """Python files under `paths`, each once, in a stable order; named files are always kept."""
+def discover_files(paths: Sequence[str], settings: Settings, respect_gitignore: bool = True) -> list[str]:
+    """Python files under `paths`, each once, in a stable order; named files are always kept, and
+    in a git work tree the files git ignores are skipped (unless `respect_gitignore` is False)."""
     found: list[str] = []
     for given in paths:
         if os.path.isfile(given):
             found.append(given)
         elif os.path.isdir(given):
-            found.extend(_walk(given, settings))
+            ignored = ignored_under(given) if respect_gitignore else None
+            found.extend(_walk(given, settings, ignored or frozenset()))
         else:
             raise LintError(f"{given}: no such file or directory")
     seen: set[str] = set()
@@ -90,16 +94,20 @@ def discover_files(paths: Sequence[str], settings: Settings) -> list[str]:
     return unique
 
 
-def _walk(top: str, settings: Settings) -> Iterable[str]:
+def _walk(top: str, settings: Settings, ignored: frozenset[str]) -> Iterable[str]:
+    """The Python files under `top` that neither the exclusions nor `ignored` (normalised paths) skip."""
+    if os.path.normpath(top) in ignored:
+        return
     for directory, subdirs, files in os.walk(top):
         subdirs[:] = sorted(
             name for name in subdirs
             if not settings.is_excluded(os.path.join(directory, name))
             and not _is_virtualenv(os.path.join(directory, name))
+            and os.path.normpath(os.path.join(directory, name)) not in ignored
         )
         for name in sorted(files):
             path = os.path.normpath(os.path.join(directory, name))
-            if name.endswith(PYTHON_SUFFIXES) and not settings.is_excluded(path):
+            if name.endswith(PYTHON_SUFFIXES) and not settings.is_excluded(path) and path not in ignored:
                 yield path
 
 
@@ -210,21 +218,37 @@ def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
 
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,
-               jobs: int = DEFAULT_JOBS) -> LintResult:
+               jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True) -> LintResult:
     """Lint the Python files under `paths` (files or directories) with `settings`."""
-    from klaudit.lint.roles import might_contain_kl
-
     settings = settings or Settings()
     paths = list(paths) or ["."]
     result = LintResult()
+
+    def read_all() -> Iterator[tuple[str, Union[str, Finding]]]:
+        for path in discover_files(paths, settings, respect_gitignore):
+            try:
+                yield path, read_source(path)
+            except OSError as error:
+                result.errors.append(f"{path}: cannot read: {error.strerror}")
+
+    return _lint_texts(read_all(), _project_roots(paths), settings, jobs, result)
+
+
+def lint_source(data: bytes, path: str, *, settings: Optional[Settings] = None) -> LintResult:
+    """Lint one file's bytes (an editor's buffer, from stdin), reported as `path`, which need not
+    exist; its directory is the project root for following imports."""
+    texts = [(path, decode_source(path, data))]
+    return _lint_texts(texts, _project_roots([path]), settings or Settings(), 1, LintResult())
+
+
+def _lint_texts(texts: Iterable[tuple[str, Union[str, Finding]]], roots: list[Path], settings: Settings,
+                jobs: int, result: LintResult) -> LintResult:
+    """Pre-filter, syntax-check and analyse the decoded files (or their KL000), then filter and sort."""
+    from klaudit.lint.roles import might_contain_kl
+
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
-    for path in discover_files(paths, settings):
-        try:
-            source = read_source(path)
-        except OSError as error:
-            result.errors.append(f"{path}: cannot read: {error.strerror}")
-            continue
+    for path, source in texts:
         result.files_checked += 1
         if isinstance(source, Finding):
             raw.append(_Analysis(path, (source,)))
@@ -236,7 +260,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
                 raw.append(_Analysis(path, (broken,)))
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits))
+    raw.extend(_analyse_all(sources, roots, jobs, limits))
 
     for analysis in raw:
         if analysis.error:
