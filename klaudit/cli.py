@@ -106,7 +106,7 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
     if stdin_filename is not None and not from_stdin:
         raise CommandError("--stdin-filename needs `-` as the path")
     reported_as = stdin_filename or STDIN
-    source = click.get_binary_stream("stdin").read() if from_stdin else b""
+    source = sys.stdin.buffer.read() if from_stdin else b""
     try:
         settings = load_settings([reported_as] if from_stdin else paths, config_file).with_overrides(
             select=_split_codes(select) if select else None,
@@ -164,7 +164,7 @@ def rule_command(code: str) -> None:
     click.echo(rule_page(wanted).rstrip("\n"))
 
 
-@main.command("explain", short_help="Say what an objective name (REV, FWD ...) means.")
+@main.command("explain", short_help="Say what an objective name such as REV or FWD means.")
 @click.argument("name", nargs=-1)
 def explain_command(name: tuple[str, ...]) -> None:
     """What an objective name (REV, FWD, PART, PFWD, FUT, ZERO, LEN, OTHER) or 'cos REV' means; all of
