@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
-
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
 from klaudit.lint import budget
-from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.findings import Finding
+from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
 from klaudit.lint.suppressions import SuppressionTable, is_suppressed, suppression_table

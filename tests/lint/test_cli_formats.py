@@ -8,14 +8,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import fake_analysis
 import jsonschema
 import pytest
 from click.testing import CliRunner
 
-import fake_analysis
 from klaudit import cli
 from klaudit.catalog import RULES
 from klaudit.lint.findings import Finding
+from klaudit.lint.formats import FORMATTERS
 from klaudit.lint.github import annotation, escape_data, escape_property
 from klaudit.lint.report import ReportOptions
 from klaudit.lint.sarif import format_sarif
@@ -67,15 +68,16 @@ def test_github_output_is_one_annotation_per_finding(project):
     code, out, _ = run("lint", "--output-format", "github", "src")
     assert code == 1
     lines = out.splitlines()
+    help_line = "%0Ahelp: klaudit.estimators.fixed()"
     assert lines == [
         "::error file=src/more.py,line=2,col=1,endLine=2,endColumn=14,title=KL005 (kl-last-token-only)::"
-        "fake KL005%0Ahelp: klaudit.estimators.fixed()",
+        + "fake KL005" + help_line,
         "::error file=src/train.py,line=2,col=8,endLine=2,endColumn=21,title=KL002 (kl-loss-forward-kl)::"
-        "fake KL002%0Ahelp: klaudit.estimators.fixed()",
+        + "fake KL002" + help_line,
         "::error file=src/train.py,line=3,col=1,endLine=3,endColumn=14,title=KL005 (kl-last-token-only)::"
-        "fake KL005%0Ahelp: klaudit.estimators.fixed()",
+        + "fake KL005" + help_line,
         "::error file=src/train.py,line=4,col=1,endLine=4,endColumn=14,title=KL002 (kl-loss-forward-kl)::"
-        "fake KL002%0Ahelp: klaudit.estimators.fixed()",
+        + "fake KL002" + help_line,
     ]
     assert run("lint", "--output-format", "github", "src/train.py", "--ignore", "KL0") == (0, "", "")
 
@@ -186,3 +188,11 @@ def test_sarif_related_places_levels_and_uris(tmp_path, monkeypatch):
                              "region": {"startLine": 3, "startColumn": 5}}}]
     assert second["locations"][0]["physicalLocation"]["artifactLocation"] == {"uri": outside.as_uri()}
     assert log["runs"][0]["originalUriBaseIds"]["%SRCROOT%"]["uri"] == tmp_path.as_uri() + "/"
+
+
+def test_the_readme_shows_every_output_format_and_option():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name in FORMATTERS:
+        assert name == "text" or f"--output-format {name}" in readme
+    for option in ("--statistics", "--stdin-filename", "--no-respect-gitignore", "FORCE_COLOR", "NO_COLOR"):
+        assert option in readme

@@ -7,10 +7,10 @@ import shutil
 import subprocess
 
 import click
+import fake_analysis
 import pytest
 from click.testing import CliRunner
 
-import fake_analysis
 from klaudit import cli
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
