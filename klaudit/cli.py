@@ -16,7 +16,7 @@ from klaudit.audit.bind import Role
 from klaudit.catalog import RULES
 from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings
 from klaudit.describe import LEGEND, OBJECTIVES, explain
-from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths, lint_source
+from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
 from klaudit.lint.formats import FORMATTERS
 from klaudit.lint.report import ReportOptions, format_statistics, format_statistics_json
 from klaudit.lint.rulebook import rule_page
@@ -117,10 +117,8 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
             analysis_budget=analysis_budget,
             analysis_timeout=analysis_timeout,
         )
-        if from_stdin:
-            result = lint_source(source, reported_as, settings=settings)
-        else:
-            result = lint_paths(paths, settings=settings, jobs=jobs, respect_gitignore=respect_gitignore)
+        result = lint_paths([reported_as] if from_stdin else paths, settings=settings, jobs=jobs,
+                            respect_gitignore=respect_gitignore, stdin=source if from_stdin else None)
     except (ConfigError, LintError) as error:
         raise CommandError(str(error)) from None
     except KeyboardInterrupt:

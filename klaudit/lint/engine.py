@@ -1,7 +1,7 @@
 """Paths -> files -> source text -> pre-filter -> parse -> checks -> filtered, sorted findings.
 
 The main process walks the paths (skipping what git ignores inside a work tree), reads every file
-(or takes one file's text from stdin) and runs the cheap textual pre-filter
+(or one file's text from stdin) and runs the cheap textual pre-filter
 (`roles.might_contain_kl`) and Python's own syntax check (every file: a broken file is KL000);
 only the files that pass the pre-filter are parsed with LibCST and analysed, in a pool of worker
 processes when there are enough of them to repay the pool's start-up. Each file's analysis has a
@@ -21,7 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence
+
 
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
 from klaudit.lint import budget
@@ -217,37 +218,24 @@ def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
 
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,
-               jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True) -> LintResult:
-    """Lint the Python files under `paths` (files or directories) with `settings`."""
+               jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
+               stdin: Optional[bytes] = None) -> LintResult:
+    """Lint the Python files under `paths` (files or directories) with `settings`; with `stdin`,
+    lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist."""
+    from klaudit.lint.roles import might_contain_kl
+
     settings = settings or Settings()
     paths = list(paths) or ["."]
     result = LintResult()
-
-    def read_all() -> Iterator[tuple[str, Union[str, Finding]]]:
-        for path in discover_files(paths, settings, respect_gitignore):
-            try:
-                yield path, read_source(path)
-            except OSError as error:
-                result.errors.append(f"{path}: cannot read: {error.strerror}")
-
-    return _lint_texts(read_all(), _project_roots(paths), settings, jobs, result)
-
-
-def lint_source(data: bytes, path: str, *, settings: Optional[Settings] = None) -> LintResult:
-    """Lint one file's bytes (an editor's buffer, from stdin), reported as `path`, which need not
-    exist; its directory is the project root for following imports."""
-    texts = [(path, decode_source(path, data))]
-    return _lint_texts(texts, _project_roots([path]), settings or Settings(), 1, LintResult())
-
-
-def _lint_texts(texts: Iterable[tuple[str, Union[str, Finding]]], roots: list[Path], settings: Settings,
-                jobs: int, result: LintResult) -> LintResult:
-    """Pre-filter, syntax-check and analyse the decoded files (or their KL000), then filter and sort."""
-    from klaudit.lint.roles import might_contain_kl
-
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
-    for path, source in texts:
+    files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore)
+    for path in files:
+        try:
+            source = read_source(path) if stdin is None else decode_source(path, stdin)
+        except OSError as error:
+            result.errors.append(f"{path}: cannot read: {error.strerror}")
+            continue
         result.files_checked += 1
         if isinstance(source, Finding):
             raw.append(_Analysis(path, (source,)))
@@ -259,7 +247,7 @@ def _lint_texts(texts: Iterable[tuple[str, Union[str, Finding]]], roots: list[Pa
                 raw.append(_Analysis(path, (broken,)))
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
-    raw.extend(_analyse_all(sources, roots, jobs, limits))
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits))
 
     for analysis in raw:
         if analysis.error:

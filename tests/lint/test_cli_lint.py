@@ -196,7 +196,7 @@ def test_unknown_rule_exits_2_with_the_valid_codes():
 def test_analysis_limit_flags_reach_the_engine(project, monkeypatch):
     seen = {}
 
-    def capture(paths, settings, jobs, respect_gitignore):
+    def capture(paths, settings, **options):
         seen["limits"] = (settings.analysis_budget, settings.analysis_timeout)
         return _empty()
 
