@@ -1,5 +1,5 @@
-"""The output formats for people and for tools that read ruff: `text`, `concise`, `json`, and the
-`--statistics` table.
+"""The output formats for people and for tools that read ruff: `text`, `concise`, `grouped`, `json`,
+and the `--statistics` table.
 
 Every format is a function `(findings, options) -> str`; klaudit.lint.formats registers them by name.
 """
@@ -113,6 +113,26 @@ def format_concise(findings: Sequence[Finding], options: ReportOptions) -> str:
     if not options.quiet:
         out.append(summary(findings))
     return "\n".join(out)
+
+
+def format_grouped(findings: Sequence[Finding], options: ReportOptions) -> str:
+    """The findings under their file's name, `line:col CODE message` indented and aligned, as ruff's
+    grouped format prints them, then the summary (not with --quiet)."""
+    style = _styler(options)
+    out: list[str] = []
+    by_path: dict[str, list[Finding]] = {}
+    for finding in findings:
+        by_path.setdefault(finding.path, []).append(finding)
+    for path, group in by_path.items():
+        out.append(style(path, bold=True) + ":")
+        places = [f"{finding.line}:{finding.column}" for finding in group]
+        width = max(len(place) for place in places)
+        out.extend(f"  {place:<{width}} {style(finding.code, fg='red', bold=True)} {finding.message}"
+                   for place, finding in zip(places, group))
+        out.append("")
+    if not options.quiet:
+        out.append(summary(findings))
+    return "\n".join(out).rstrip("\n")
 
 
 def summary(findings: Sequence[Finding]) -> str:

@@ -98,6 +98,24 @@ def test_concise_is_one_line_per_finding_and_the_summary(project):
     assert run("lint", "--output-format", "concise", "-q", "src")[1].count("\n") == 4
 
 
+def test_grouped_lists_the_findings_under_each_file(project):
+    (project / "src" / "train.py").write_text("kl = 1\nBAD_KL005(kl)\n" + "\n" * 7 + "x = BAD_KL002(kl)\n")
+    code, out, _ = run("lint", "--output-format", "grouped", "src")
+    assert code == 1
+    assert out.splitlines() == [
+        "src/more.py:",
+        "  2:1 KL005 fake KL005",
+        "",
+        "src/train.py:",
+        "  2:1  KL005 fake KL005",  # places aligned within a file
+        "  10:5 KL002 fake KL002",
+        "",
+        "Found 3 errors in 2 files.",
+    ]
+    assert run("lint", "--output-format", "grouped", "-q", "src")[1].splitlines()[-1] == "  10:5 KL002 fake KL002"
+    assert run("lint", "--output-format", "grouped", "src", "--ignore", "KL0")[1] == "All checks passed!\n"
+
+
 def test_statistics_counts_each_code_most_frequent_first(project):
     code, out, _ = run("lint", "--statistics", "--select", "ALL", "src")
     assert code == 1  # KL002 and KL005 fail the run; KL100 alone would not
