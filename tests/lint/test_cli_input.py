@@ -3,6 +3,7 @@ source on stdin (`-`, --stdin-filename), FORCE_COLOR/NO_COLOR, and the top-level
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -41,7 +42,10 @@ def linted(*args):
 
 
 @pytest.fixture
-def repository(project):
+def repository(project, monkeypatch):
+    # the user's and the system's git configuration (a global excludes file) stay out of the test
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     (project / ".gitignore").write_text("generated/\n*_tmp.py\n")
     for name in ("generated/model.py", "src/scratch_tmp.py", "src/kept_tmp.py", "only_ignored/x_tmp.py"):
         (project / name).parent.mkdir(exist_ok=True)
