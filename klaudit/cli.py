@@ -6,7 +6,6 @@ Exit codes follow the linter convention: 0 clean, 1 findings (or a biased gradie
 
 import os
 import sys
-from importlib import resources
 from typing import Optional
 
 import click
@@ -18,7 +17,12 @@ from klaudit.catalog import RULES
 from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings
 from klaudit.describe import LEGEND, OBJECTIVES, explain
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
-from klaudit.lint.report import FORMATTERS, ReportOptions
+from klaudit.lint.formats import FORMATTERS
+from klaudit.lint.report import ReportOptions, format_statistics, format_statistics_json
+from klaudit.lint.rulebook import rule_page
+from klaudit.lint.sources import decode_source
+
+STDIN = "-"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,18 +37,33 @@ class CommandError(click.ClickException):
     exit_code = 2
 
 
+COLORED_FORMATS = ("text", "concise", "grouped")  # the formats for people; tools read the others
+
+
+def _decoded(data: bytes) -> str:
+    """Stdin's bytes as the code frames show them: as Python decodes them, else as UTF-8."""
+    text = decode_source(STDIN, data)
+    return text if isinstance(text, str) else data.decode("utf-8", errors="replace")
+
+
 def _split_codes(values: tuple[str, ...]) -> list[str]:
     """`--select KL001,KL002 --select KL005` -> ["KL001", "KL002", "KL005"]."""
     return [code.strip() for value in values for code in value.split(",") if code.strip()]
 
 
 def _use_color() -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    """Colour on a terminal; never when NO_COLOR is set (https://no-color.org), always when
+    FORCE_COLOR is (https://force-color.org; NO_COLOR wins when both are, as in CPython), never
+    on TERM=dumb."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return os.environ.get("TERM") != "dumb" and sys.stdout.isatty()
 
 
-@main.command("lint")
-@click.argument("paths", nargs=-1, type=click.Path())
+@main.command("lint", short_help="Find KL terms whose gradient is not the one you meant.")
+@click.argument("paths", nargs=-1, type=click.Path(allow_dash=True))
 @click.option("--select", multiple=True, metavar="CODES",
               help="Rule codes or prefixes to enable (comma-separated; ALL for every rule).")
 @click.option("--extend-select", multiple=True, metavar="CODES", help="Enable these on top of the selection.")
@@ -52,7 +71,14 @@ def _use_color() -> bool:
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Replace the excluded paths (default: .git, venvs, build ...).")
 @click.option("--extend-exclude", multiple=True, metavar="GLOB", help="Exclude these paths too.")
 @click.option("--output-format", "--format", "output_format", default="text", show_default=True,
-              type=click.Choice(sorted(FORMATTERS)), help="How to print the findings.")
+              type=click.Choice(list(FORMATTERS)),
+              help="How to print the findings: for people (text, concise, grouped), tools (json), GitHub Actions "
+                   "annotations (github) or code scanning (sarif).")
+@click.option("--statistics", is_flag=True, help="Print the number of findings per code instead of the findings.")
+@click.option("--stdin-filename", metavar="PATH",
+              help="With `-` as the path: the name the source read from stdin is reported and configured as.")
+@click.option("--respect-gitignore/--no-respect-gitignore", default=True, show_default=True,
+              help="Inside a git work tree, skip the files git ignores (named files are always linted).")
 @click.option("--exit-zero", is_flag=True, help="Exit with 0 even when there are findings.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the `path:line:col: CODE message` lines.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
@@ -65,16 +91,24 @@ def _use_color() -> bool:
               help="Seconds the analysis of one file may take (0: no limit); past it, KL099.")
 def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
                  ignore: tuple[str, ...], exclude: tuple[str, ...], extend_exclude: tuple[str, ...],
-                 output_format: str, exit_zero: bool, quiet: bool, jobs: int,
-                 config_file: Optional[str], analysis_budget: Optional[int],
-                 analysis_timeout: Optional[float]) -> None:
-    """Find KL terms whose gradient is not the one you meant, in PATHS (default: .).
+                 output_format: str, statistics: bool, stdin_filename: Optional[str], respect_gitignore: bool,
+                 exit_zero: bool, quiet: bool, jobs: int, config_file: Optional[str],
+                 analysis_budget: Optional[int], analysis_timeout: Optional[float]) -> None:
+    """Find KL terms whose gradient is not the one you meant, in PATHS (default: .; `-`: the source
+    on stdin, named by --stdin-filename).
 
     KL099 (part of a file was not analysed) is informational: it never changes the exit status.
     """
     paths = paths or (".",)
+    from_stdin = STDIN in paths
+    if from_stdin and len(paths) > 1:
+        raise CommandError("`-` (read the source from stdin) must be the only path")
+    if stdin_filename is not None and not from_stdin:
+        raise CommandError("--stdin-filename needs `-` as the path")
+    reported_as = stdin_filename or STDIN
+    source = sys.stdin.buffer.read() if from_stdin else b""
     try:
-        settings = load_settings(paths, config_file).with_overrides(
+        settings = load_settings([reported_as] if from_stdin else paths, config_file).with_overrides(
             select=_split_codes(select) if select else None,
             extend_select=_split_codes(extend_select),
             ignore=_split_codes(ignore),
@@ -83,7 +117,8 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
             analysis_budget=analysis_budget,
             analysis_timeout=analysis_timeout,
         )
-        result = lint_paths(paths, settings=settings, jobs=jobs)
+        result = lint_paths([reported_as] if from_stdin else paths, settings=settings, jobs=jobs,
+                            respect_gitignore=respect_gitignore, stdin=source if from_stdin else None)
     except (ConfigError, LintError) as error:
         raise CommandError(str(error)) from None
     except KeyboardInterrupt:
@@ -91,8 +126,14 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
         sys.exit(130)  # 128 + SIGINT, as shells and ruff report an interrupted run
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
-    options = ReportOptions(color=_use_color(), quiet=quiet)
-    output = FORMATTERS[output_format](result.findings, options)
+    in_memory = {reported_as: _decoded(source)} if from_stdin else {}
+    options = ReportOptions(color=_use_color() and output_format in COLORED_FORMATS, quiet=quiet,
+                            sources=in_memory)
+    if statistics:
+        tabulate = format_statistics_json if output_format == "json" else format_statistics
+        output = tabulate(result.findings, options)
+    else:
+        output = FORMATTERS[output_format](result.findings, options)
     if output:
         click.echo(output, color=options.color)
     for error in result.errors:
@@ -103,19 +144,10 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
     sys.exit(1 if failing and not exit_zero else 0)
 
 
-def _rule_page(code: str) -> str:
-    """The rule's page shipped in the package, or a short page built from its catalog entry."""
-    page = resources.files("klaudit").joinpath("rules", f"{code}.md")
-    if page.is_file():
-        return page.read_text(encoding="utf-8")
-    rule = RULES[code]
-    return f"# {rule.code} {rule.name}\n\n{rule.summary}\n"
-
-
 _OBJECTIVES_HELP = f"The objectives check-grad names ({', '.join(OBJECTIVES)}) and 'cos REV': klaudit explain NAME."
 
 
-@main.command("rule", epilog=_OBJECTIVES_HELP)
+@main.command("rule", epilog=_OBJECTIVES_HELP, short_help="Print the page of one rule, by code or name.")
 @click.argument("code")
 def rule_command(code: str) -> None:
     """Print the page of one rule (by code, e.g. KL002, or by name)."""
@@ -127,10 +159,10 @@ def rule_command(code: str) -> None:
             click.echo(meaning)
             return
         raise CommandError(f"unknown rule {code!r}; known codes: {', '.join(RULES)} (objectives: klaudit explain)")
-    click.echo(_rule_page(wanted).rstrip("\n"))
+    click.echo(rule_page(wanted).rstrip("\n"))
 
 
-@main.command("explain")
+@main.command("explain", short_help="Say what an objective name such as REV or FWD means.")
 @click.argument("name", nargs=-1)
 def explain_command(name: tuple[str, ...]) -> None:
     """What an objective name (REV, FWD, PART, PFWD, FUT, ZERO, LEN, OTHER) or 'cos REV' means; all of
@@ -145,7 +177,7 @@ def explain_command(name: tuple[str, ...]) -> None:
     click.echo(meaning)
 
 
-@main.command("rules", epilog=_OBJECTIVES_HELP)
+@main.command("rules", epilog=_OBJECTIVES_HELP, short_help="List every rule: code, name and summary.")
 def rules_command() -> None:
     """List every rule: code, name and one-line summary."""
     width = max(len(rule.name) for rule in RULES.values())
@@ -153,7 +185,7 @@ def rules_command() -> None:
         click.echo(f"{rule.code}  {rule.name:<{width}}  {rule.summary}")
 
 
-@main.command("check-grad")
+@main.command("check-grad", short_help="Measure the gradient your KL code really produces.")
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--bind", "bindings", multiple=True, metavar="PARAM=ROLE",
               help=f"Say what a parameter receives: {', '.join(role.value for role in Role)}.")

@@ -1,6 +1,7 @@
 """Paths -> files -> source text -> pre-filter -> parse -> checks -> filtered, sorted findings.
 
-The main process walks the paths, reads every file and runs the cheap textual pre-filter
+The main process walks the paths (skipping what git ignores inside a work tree), reads every file
+(or one file's text from stdin) and runs the cheap textual pre-filter
 (`roles.might_contain_kl`) and Python's own syntax check (every file: a broken file is KL000);
 only the files that pass the pre-filter are parsed with LibCST and analysed, in a pool of worker
 processes when there are enough of them to repay the pool's start-up. Each file's analysis has a
@@ -27,8 +28,9 @@ from klaudit.config import SYNTAX_ERROR_CODE, Settings
 from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
 from klaudit.lint import budget
 from klaudit.lint.findings import Finding
+from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
-from klaudit.lint.sources import read_source
+from klaudit.lint.sources import decode_source, read_source
 from klaudit.lint.suppressions import SuppressionTable, comment_table, is_suppressed, suppression_table
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -71,16 +73,18 @@ def _is_virtualenv(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
 
 
-def discover_files(paths: Sequence[str], settings: Settings,
+def discover_files(paths: Sequence[str], settings: Settings, respect_gitignore: bool = True,
                    suffixes: tuple[str, ...] = PYTHON_SUFFIXES) -> list[str]:
     """Files under `paths` ending in `suffixes` (Python files by default), each once, in a stable
-    order; named files are always kept."""
+    order; named files are always kept, and in a git work tree the files git ignores are skipped
+    (unless `respect_gitignore` is False)."""
     found: list[str] = []
     for given in paths:
         if os.path.isfile(given):
             found.append(given)
         elif os.path.isdir(given):
-            found.extend(_walk(given, settings, suffixes))
+            ignored = ignored_under(given) if respect_gitignore else None
+            found.extend(_walk(given, settings, ignored or frozenset(), suffixes))
         else:
             raise LintError(f"{given}: no such file or directory")
     seen: set[str] = set()
@@ -93,16 +97,21 @@ def discover_files(paths: Sequence[str], settings: Settings,
     return unique
 
 
-def _walk(top: str, settings: Settings, suffixes: tuple[str, ...]) -> Iterable[str]:
+def _walk(top: str, settings: Settings, ignored: frozenset[str], suffixes: tuple[str, ...]) -> Iterable[str]:
+    """The files ending in `suffixes` under `top` that neither the exclusions nor `ignored` (normalised
+    paths) skip."""
+    if os.path.normpath(top) in ignored:
+        return
     for directory, subdirs, files in os.walk(top):
         subdirs[:] = sorted(
             name for name in subdirs
             if not settings.is_excluded(os.path.join(directory, name))
             and not _is_virtualenv(os.path.join(directory, name))
+            and os.path.normpath(os.path.join(directory, name)) not in ignored
         )
         for name in sorted(files):
             path = os.path.normpath(os.path.join(directory, name))
-            if name.endswith(suffixes) and not settings.is_excluded(path):
+            if name.endswith(suffixes) and not settings.is_excluded(path) and path not in ignored:
                 yield path
 
 
@@ -225,8 +234,10 @@ def _config_analysis(path: str) -> _Analysis:
 
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,
-               jobs: int = DEFAULT_JOBS) -> LintResult:
-    """Lint the Python files under `paths` (files or directories) with `settings`."""
+               jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
+               stdin: Optional[bytes] = None) -> LintResult:
+    """Lint the Python files under `paths` (files or directories) with `settings`; with `stdin`,
+    lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist."""
     from klaudit.lint.roles import might_contain_kl
 
     settings = settings or Settings()
@@ -234,8 +245,10 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
     result = LintResult()
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
-    for path in discover_files(paths, settings, PYTHON_SUFFIXES + CONFIG_SUFFIXES):
-        if path.endswith(CONFIG_SUFFIXES):
+    files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
+                                                                  PYTHON_SUFFIXES + CONFIG_SUFFIXES)
+    for path in files:
+        if path.endswith(CONFIG_SUFFIXES) and stdin is None:
             try:
                 raw.append(_config_analysis(path))
             except OSError as error:
@@ -244,7 +257,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = 
             result.files_checked += 1
             continue
         try:
-            source = read_source(path)
+            source = read_source(path) if stdin is None else decode_source(path, stdin)
         except OSError as error:
             result.errors.append(f"{path}: cannot read: {error.strerror}")
             continue

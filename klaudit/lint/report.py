@@ -1,7 +1,7 @@
-"""Output formats for lint findings: `text` (for people) and `json` (ruff-compatible, for tools).
+"""The output formats for people and for tools that read ruff: `text`, `concise`, `grouped`, `json`,
+and the `--statistics` table.
 
-Every format is a function `(findings, options) -> str` registered in FORMATTERS, so `github`
-and `sarif` slot in as two more entries.
+Every format is a function `(findings, options) -> str`; klaudit.lint.formats registers them by name.
 """
 
 from __future__ import annotations
@@ -10,27 +10,30 @@ import io
 import json
 import os
 import tokenize
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import click
 
+from klaudit.catalog import RULES
 from klaudit.lint.findings import Finding
-
-# Rule pages live in the package (klaudit/rules/KLxxx.md); the URL is that file in the repository.
-RULE_URL = "https://github.com/klaudit/klaudit/blob/main/klaudit/rules/{code}.md"
+from klaudit.lint.rulebook import rule_url, severity
 
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """How to render: colours (only on a terminal) and terse lines (`--quiet`)."""
+    """How to render: colours (only on a terminal) and terse lines (`--quiet`). `sources` holds the
+    text of files that are not on disk as linted (stdin), by the path they are reported under."""
 
     color: bool = False
     quiet: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict)
 
 
-def rule_url(code: str) -> str:
-    return RULE_URL.format(code=code)
+def with_help(finding: Finding) -> str:
+    """The message and, on a line of its own, the fix: what an annotation shows in full."""
+    return f"{finding.message}\nhelp: {finding.fix}" if finding.fix else finding.message
 
 
 # Control characters (a binary file's bytes) are shown as U+FFFD, one for one, so that the
@@ -56,20 +59,33 @@ def _caret_line(source_line: str, column: int, end_column: int) -> str:
     return prefix + "^" * width
 
 
-def format_text(findings: Sequence[Finding], options: ReportOptions) -> str:
-    """`path:line:col: CODE message`, the source line with a caret, the origin and the fix."""
+def _styler(options: ReportOptions):
     def style(text: str, **kwargs: object) -> str:
         return click.style(text, **kwargs) if options.color else text
+    return style
 
+
+def _head(finding: Finding, options: ReportOptions) -> str:
+    """`path:line:col: CODE message`, the first line of a finding in every text format."""
+    style = _styler(options)
+    return (f"{style(finding.path, bold=True)}:{finding.line}:{finding.column}: "
+            f"{style(finding.code, fg='red', bold=True)} {finding.message}")
+
+
+def format_text(findings: Sequence[Finding], options: ReportOptions) -> str:
+    """`path:line:col: CODE message`, the source line with a caret, the origin and the fix."""
+    style = _styler(options)
     out: list[str] = []
     cache: dict[str, list[str]] = {}
     for finding in findings:
-        head = (f"{style(finding.path, bold=True)}:{finding.line}:{finding.column}: "
-                f"{style(finding.code, fg='red', bold=True)} {finding.message}")
-        out.append(head)
+        out.append(_head(finding, options))
         if options.quiet:
             continue
-        lines = cache.setdefault(finding.path, _read_lines(finding.path))
+        if finding.path not in cache:
+            known = options.sources.get(finding.path)
+            cache[finding.path] = (_read_lines(finding.path) if known is None
+                                   else known.translate(_PRINTABLE).splitlines())
+        lines = cache[finding.path]
         gutter = len(str(max(finding.line, finding.origin_line or 0)))
         bar = style(" " * gutter + " |", fg="blue")
         if 0 < finding.line <= len(lines):
@@ -91,6 +107,34 @@ def format_text(findings: Sequence[Finding], options: ReportOptions) -> str:
     return "\n".join(out)
 
 
+def format_concise(findings: Sequence[Finding], options: ReportOptions) -> str:
+    """One `path:line:col: CODE message` line per finding, then the summary (not with --quiet)."""
+    out = [_head(finding, options) for finding in findings]
+    if not options.quiet:
+        out.append(summary(findings))
+    return "\n".join(out)
+
+
+def format_grouped(findings: Sequence[Finding], options: ReportOptions) -> str:
+    """The findings under their file's name, `line:col CODE message` indented and aligned, as ruff's
+    grouped format prints them, then the summary (not with --quiet)."""
+    style = _styler(options)
+    out: list[str] = []
+    by_path: dict[str, list[Finding]] = {}
+    for finding in findings:
+        by_path.setdefault(finding.path, []).append(finding)
+    for path, group in by_path.items():
+        out.append(style(path, bold=True) + ":")
+        places = [f"{finding.line}:{finding.column}" for finding in group]
+        width = max(len(place) for place in places)
+        out.extend(f"  {place:<{width}} {style(finding.code, fg='red', bold=True)} {finding.message}"
+                   for place, finding in zip(places, group))
+        out.append("")
+    if not options.quiet:
+        out.append(summary(findings))
+    return "\n".join(out).rstrip("\n")
+
+
 def summary(findings: Sequence[Finding]) -> str:
     """"Found 3 errors in 2 files." or "All checks passed!"."""
     if not findings:
@@ -102,7 +146,8 @@ def summary(findings: Sequence[Finding]) -> str:
 
 def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
     """A JSON array in the shape of `ruff check --output-format json` (fix is null for now), plus
-    `related`: the finding's other places (file, line, column, what), e.g. the estimator's definition."""
+    `related`: the finding's other places (file, line, column, what), e.g. the estimator's definition,
+    the rule's `name`, and `severity` ("error" for a verdict, "info" for KL099/KL100)."""
     return json.dumps([
         {
             "cell": None,
@@ -114,6 +159,8 @@ def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
             "message": finding.message,
             "noqa_row": finding.line,
             "url": rule_url(finding.code),
+            "name": RULES[finding.code].name,
+            "severity": severity(finding.code),
             "related": [
                 {"filename": os.path.abspath(where), "location": {"column": column, "row": line}, "what": what}
                 for where, line, column, what in finding.related
@@ -123,7 +170,24 @@ def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
     ], indent=2)
 
 
-FORMATTERS: dict[str, Callable[[Sequence[Finding], ReportOptions], str]] = {
-    "text": format_text,
-    "json": format_json,
-}
+def statistics(findings: Sequence[Finding]) -> list[tuple[str, int]]:
+    """(code, count) for each code found, the most frequent first, ties by code."""
+    counts = Counter(finding.code for finding in findings)
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def format_statistics(findings: Sequence[Finding], options: ReportOptions) -> str:
+    """`--statistics`: a line per code, `count  code  name`, counts right-aligned, as ruff prints it."""
+    rows = statistics(findings)
+    if not rows:
+        return "" if options.quiet else summary(findings)
+    width = max(len(str(count)) for _, count in rows)
+    style = _styler(options)
+    return "\n".join(f"{count:>{width}}\t{style(code, fg='red', bold=True)}\t{RULES[code].name}"
+                     for code, count in rows)
+
+
+def format_statistics_json(findings: Sequence[Finding], options: ReportOptions) -> str:
+    """`--statistics --output-format json`: [{"code", "name", "count"}], the most frequent first."""
+    return json.dumps([{"code": code, "name": RULES[code].name, "count": count}
+                       for code, count in statistics(findings)], indent=2)

@@ -26,12 +26,16 @@ def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> Find
 
 
 def read_source(path: str) -> Union[str, Finding]:
-    """The decoded text of a Python file, or a KL000 finding saying why it cannot be checked.
+    """The decoded text of a Python file, or a KL000 finding saying why it cannot be checked."""
+    with open(path, "rb") as handle:
+        return decode_source(path, handle.read())
+
+
+def decode_source(path: str, data: bytes) -> Union[str, Finding]:
+    """`data` (the bytes of `path`, from the disk or stdin) decoded, or a KL000 finding saying why not.
 
     The encoding is found as Python finds it (BOM, then a PEP 263 coding line, else UTF-8).
     """
-    with open(path, "rb") as handle:
-        data = handle.read()
     if b"\0" in data:
         line, column = _position_of(data, data.index(b"\0"))
         return _unreadable(path, "not Python source: the file contains NUL bytes (a binary file?)",

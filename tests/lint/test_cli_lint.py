@@ -160,7 +160,8 @@ def test_colour_follows_the_terminal_and_no_color(monkeypatch):
         def isatty(self):
             return self.tty
 
-    monkeypatch.delenv("NO_COLOR", raising=False)
+    for name in ("NO_COLOR", "FORCE_COLOR", "TERM"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("sys.stdout", Stream(True))
     assert cli._use_color()
     monkeypatch.setenv("NO_COLOR", "1")
@@ -195,7 +196,7 @@ def test_unknown_rule_exits_2_with_the_valid_codes():
 def test_analysis_limit_flags_reach_the_engine(project, monkeypatch):
     seen = {}
 
-    def capture(paths, settings, jobs):
+    def capture(paths, settings, **options):
         seen["limits"] = (settings.analysis_budget, settings.analysis_timeout)
         return _empty()
 

@@ -7,7 +7,9 @@ import json
 import click
 
 from klaudit.lint.findings import Finding
-from klaudit.lint.report import FORMATTERS, ReportOptions, format_json, format_text, rule_url, summary
+from klaudit.lint.formats import FORMATTERS
+from klaudit.lint.report import ReportOptions, format_json, format_text, summary
+from klaudit.lint.rulebook import rule_url
 
 SOURCE = "import torch\n\nkl = torch.exp(d) - d - 1\nloss = pg + beta * kl.mean()\n\tloss2 = kl\n"
 
@@ -102,6 +104,8 @@ def test_json_has_ruffs_fields(tmp_path, monkeypatch):
         "message": "msg",
         "noqa_row": 4,
         "url": "https://github.com/klaudit/klaudit/blob/main/klaudit/rules/KL002.md",
+        "name": "kl-loss-forward-kl",
+        "severity": "error",
         "related": [{"filename": str(tmp_path / "pkg" / "a.py"), "location": {"column": 5, "row": 3},
                      "what": "estimator computed here"}],
     }
@@ -109,5 +113,6 @@ def test_json_has_ruffs_fields(tmp_path, monkeypatch):
 
 
 def test_formatters_are_registered_by_name():
-    assert FORMATTERS == {"text": format_text, "json": format_json}
+    assert list(FORMATTERS) == ["text", "concise", "grouped", "json", "github", "sarif"]
+    assert FORMATTERS["text"] is format_text and FORMATTERS["json"] is format_json
     assert rule_url("KL010").endswith("/klaudit/rules/KL010.md")
