@@ -99,7 +99,7 @@ def config_of(fact: Fact, kind: str) -> Optional[Config]:
         return None  # a KL-like form no catalog estimator matches: no evidence for a verdict
     if loss is None and reward is None:
         return None
-    sampling = Sampling.ON_POLICY
+    sampling = Sampling.OFF_POLICY if fact.stale and kind == "loss" else Sampling.ON_POLICY
     if any(t.weighted in ("is", "is-detached", "is-seq") for t in terms):
         sampling = Sampling.TOKEN_IS
     loss_est = loss.estimator if loss else None
@@ -109,8 +109,10 @@ def config_of(fact: Fact, kind: str) -> Optional[Config]:
         # exp(sum_u (logp_u - sg logp_u)) * k_t: the pathwise k plus k_t times the whole sequence's
         # score, whose earlier-token part is k as a reward-to-go in expectation (causality)
         reward_est, returns = loss_est, Returns.SEQUENCE
-    elif loss is not None and loss.weighted == "score":
-        # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward.
+    elif loss is not None and loss.weighted in ("score", "is"):
+        # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward. A differentiable
+        # token ratio exp(logp - old) is that multiplier where old = sg(logp) (on-policy); on older
+        # samples it reweights the same term per token, which the sampling above records.
         if loss_est is Estimator.K3:
             reward_est = None
             loss_est = Estimator.RATIO_K3
