@@ -86,3 +86,29 @@ def test_without_a_comparison_to_the_behaviour_policy_the_step_is_on_policy(tmp_
         return -(logp * advantages * mask).sum(-1).mean()
     """
     assert "KL008" not in codes(margin, tmp_path)
+
+
+def test_a_clamp_beside_a_wrong_placement_is_its_own_defect(tmp_path):
+    """A clamped k1 reaching only its own token's score: the placement is row 2 (KL003) and the clamp cuts the
+    gradient where pi and ref differ most (KL010); the unclamped same-token reward is row 2 alone."""
+    body = """
+    def opd_loss(logp, ref_logp, mask):
+        k1 = (logp - ref_logp).detach(){clamp}
+        return (logp * k1 * mask).sum(-1).mean()
+    """
+    assert codes(body.format(clamp=".clamp(-10, 10)"), tmp_path) == ["KL003", "KL010"]
+    assert codes(body.format(clamp=""), tmp_path) == ["KL003"]
+
+
+def test_a_clamped_value_under_a_straight_through_gradient_changes_nothing(tmp_path):
+    """k3+: the value of a clamped k3, the gradient of the unclamped k2; as a loss it is row 2 (KL003), the
+    clamp on the detached value never reaches the gradient."""
+    body = """
+    def kl_loss(logp, ref_logp, mask):
+        k2 = 0.5 * (logp - ref_logp).square()
+        log_ratio = torch.clamp(ref_logp - logp, -20, 20)
+        k3 = torch.clamp(torch.exp(log_ratio) - log_ratio - 1, -10, 10)
+        kl = k2 - k2.detach() + k3.detach()
+        return (kl * mask).sum(-1).mean()
+    """
+    assert codes(body, tmp_path) == ["KL003"]
