@@ -58,7 +58,8 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
 def _paired(found: list) -> list:
     """A KL loss and a KL reward of the same training step are one configuration (reported on the loss)."""
     losses = [item for item in found if item[2].reward is None and item[2].loss is not None]
-    rewards = [item for item in found if item[2].loss is None and item[2].reward is not None]
+    # a reward inside a loss (logp * sg(k), ratio * sg(k)) is that loss's own term, not a reward of the step
+    rewards = [item for item in found if item[2].loss is None and item[2].reward is not None and item[0].kind != "loss"]
     if not losses or not rewards:
         return found
     out = [item for item in found if item not in losses and item not in rewards]
@@ -160,6 +161,9 @@ def _switch(labels: tuple) -> str:
         if patterns and literal:
             literal = [v for v in literal if any(v.endswith(p) or v.startswith(p) for p in patterns)]
         shown = literal or [v for values in sets for v in values]
+        if " == " in name and len(set(shown)) == 1 and isinstance(shown[0], bool):
+            parts.append(name if shown[0] else name.replace(" == ", " != "))  # a comparison's branch
+            continue
         parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
     return ", ".join(parts)
 

@@ -235,6 +235,10 @@ class FunctionRun(ContainerFlow, CallFlow):
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
                 return (None if negate else (name, tuple(strings))), None
+            number = number_value(right) if number_value(left) is None else None
+            if number is not None and isinstance(comp.operator, cst.Equal):
+                # `if weight == 0:` selects a setting like a flag: its branches exclude each other
+                return (f"{last_name(left)} == {number:g}", (True,)), None
             return None, None
         if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
             strings = string_literals(test.args[0].value) if test.args else None
@@ -452,10 +456,11 @@ class FunctionRun(ContainerFlow, CallFlow):
         policy (a PPO ratio to `old_log_probs`, here or in a call given both) are on older samples."""
         if not any(f.is_kl() and not f.stale for f in value):
             return value
-        if not (self.compared or holds_behaviour_ratio(value)
-                or any(holds_behaviour_ratio(v) for v in self.env.values())):
-            return value
-        return tuple(replace(f, stale=True) if f.is_kl() else f for f in value)
+        ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
+        # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
+        return tuple(replace(f, stale=True) if f.is_kl() and (
+            self.compared or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
+            else f for f in value)
 
     def note_comparison(self, node: cst.Call) -> None:
         """A call given the policy's log-probs and, in another argument, the behaviour policy's
