@@ -428,7 +428,7 @@ _GENERIC_DOUBLE = _row("14", "KL loss on top of an unbiased k1 reward", None, Ob
                        "local gradient on top, so the KL is counted twice", FIX_DOUBLE)
 _GENERIC_OTHER = _row("-", "unrecognised combination of KL loss and reward", None, Objective.OTHER, "KL009",
                       "this combination of KL loss and reward matches no unbiased configuration", FIX_K1_LOSS)
-CLAMPED = _row("KL010", "clamped KL estimate in an otherwise unbiased configuration", None, Objective.OTHER,
+CLAMPED = _row("KL010", "clamped KL estimate", None, Objective.OTHER,
                "KL010", "the clamp changes the estimate exactly on the tokens where pi and ref differ most, so "
                "the expected gradient is no longer grad KL(pi || ref) there", FIX_UNCLAMPED)
 
@@ -501,7 +501,9 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     position (the last-token rows judge the estimator there too), the estimator and its placement
     (on-policy, token-sum), the sampling and the aggregation. For each aspect the row of the
     configuration that differs from a correct one only in that aspect decides, the listed one when
-    the table has it. A clamp on an otherwise correct placement is KL010. Rows are distinct by rule.
+    the table has it. A clamp is a defect of its own (KL010: fixing the placement keeps it, dropping it
+    keeps a wrong placement), except where the estimator is low_var_kl, whose rows name the clamps.
+    Rows are distinct by rule.
     """
     config = _normalized(config)
     if config.loss is None and config.reward is None:
@@ -516,8 +518,8 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
         placement = _placement(_with(config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY))
         if placement.rule is not None:
             found.append(placement)
-        elif clamped:
-            found.append(CLAMPED)
+        if clamped and E.LOW_VAR_KL not in (config.loss, config.reward):
+            found.append(CLAMPED)  # low_var_kl's rows already name its clamps
     if config.sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS):
         found.append(_listed(_with(config, aggregation=Aggregation.SUM), _GENERIC_OFF_POLICY))
     if config.aggregation is not Aggregation.SUM:

@@ -247,6 +247,9 @@ def test_defects_reports_every_independent_defect(config, clamped, codes, one_fi
         (C(reward=E.K1), False, ()),
         (C(reward=E.K1), True, ("KL010",)),  # the clamp is the only defect: it is the one reported
         (C(loss=E.LOW_VAR_KL), True, ("KL002",)),  # the placement row already names the clamps
+        # a clamp beside a wrong placement is a second defect: fixing either aspect leaves the other
+        (C(reward=E.K1, returns=catalog.Returns.LOCAL), True, ("KL003", "KL010")),
+        (C(loss=E.K2), True, ("KL003", "KL010")),
         (C(loss=E.K2, reward=E.K1, returns=catalog.Returns.FUTURE, aggregation=Aggregation.CONSTANT), False, ()),
         (C(reward=E.K2, returns=catalog.Returns.SEQUENCE), False, ("KL004",)),
     ],

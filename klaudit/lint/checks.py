@@ -46,7 +46,7 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):
-            candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
+            candidates.append(_Candidate(config, defects(config, _clamp_counts(config, fact)), fact, sink, index))
         undecided.extend((fact, None) for fact in outcome.unexplained)
         if not found:  # a function with a decided term may combine it with others: that sum is no new term
             undecided.extend((fact, sink) for sink in outcome.sinks for fact in sink.facts
@@ -58,7 +58,8 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
 def _paired(found: list) -> list:
     """A KL loss and a KL reward of the same training step are one configuration (reported on the loss)."""
     losses = [item for item in found if item[2].reward is None and item[2].loss is not None]
-    rewards = [item for item in found if item[2].loss is None and item[2].reward is not None]
+    # a reward inside a loss (logp * sg(k), ratio * sg(k)) is that loss's own term, not a reward of the step
+    rewards = [item for item in found if item[2].loss is None and item[2].reward is not None and item[0].kind != "loss"]
     if not losses or not rewards:
         return found
     out = [item for item in found if item not in losses and item not in rewards]
@@ -88,6 +89,14 @@ class _Candidate:
 
 
 _CLAMPABLE = {Estimator.K3: Estimator.LOW_VAR_KL}
+_STRAIGHT_THROUGH = (Estimator.K1_ST, Estimator.K3_ST)
+
+
+def _clamp_counts(config: Config, fact: Fact) -> bool:
+    """Whether the term's clamp can change its expected gradient: a reward's value always; a
+    straight-through loss (k1+, k3+) takes its gradient from the unclamped k2 and only its value
+    from the clamped, detached estimate."""
+    return fact.clamped and not (config.reward is None and config.loss in _STRAIGHT_THROUGH)
 
 
 def config_of(fact: Fact, kind: str) -> Optional[Config]:
@@ -99,7 +108,7 @@ def config_of(fact: Fact, kind: str) -> Optional[Config]:
         return None  # a KL-like form no catalog estimator matches: no evidence for a verdict
     if loss is None and reward is None:
         return None
-    sampling = Sampling.ON_POLICY
+    sampling = Sampling.OFF_POLICY if fact.stale and kind == "loss" else Sampling.ON_POLICY
     if any(t.weighted in ("is", "is-detached", "is-seq") for t in terms):
         sampling = Sampling.TOKEN_IS
     loss_est = loss.estimator if loss else None
@@ -109,8 +118,10 @@ def config_of(fact: Fact, kind: str) -> Optional[Config]:
         # exp(sum_u (logp_u - sg logp_u)) * k_t: the pathwise k plus k_t times the whole sequence's
         # score, whose earlier-token part is k as a reward-to-go in expectation (causality)
         reward_est, returns = loss_est, Returns.SEQUENCE
-    elif loss is not None and loss.weighted == "score":
-        # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward.
+    elif loss is not None and loss.weighted in ("score", "is"):
+        # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward. A differentiable
+        # token ratio exp(logp - old) is that multiplier where old = sg(logp) (on-policy); on older
+        # samples it reweights the same term per token, which the sampling above records.
         if loss_est is Estimator.K3:
             reward_est = None
             loss_est = Estimator.RATIO_K3
@@ -150,6 +161,9 @@ def _switch(labels: tuple) -> str:
         if patterns and literal:
             literal = [v for v in literal if any(v.endswith(p) or v.startswith(p) for p in patterns)]
         shown = literal or [v for values in sets for v in values]
+        if " == " in name and len(set(shown)) == 1 and isinstance(shown[0], bool):
+            parts.append(name if shown[0] else name.replace(" == ", " != "))  # a comparison's branch
+            continue
         parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
     return ", ".join(parts)
 
@@ -258,7 +272,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
             # how the per-token term is aggregated shows only where the loss is reduced
             config = replace(config, aggregation=final.config.aggregation)
-            rows = defects(config, best.fact.clamped)
+            rows = defects(config, _clamp_counts(config, best.fact))
         if best.fact.entry is not None:
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:

@@ -40,6 +40,7 @@ class Fact:
     passed: bool = False  # handed to the function being interpreted as an argument
     pending: tuple = ()  # reward-named assignments this value passed, not yet known to reach a reward
     callee: Any = None  # role "function": the klaudit.lint.callables.Callee it holds
+    stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -180,6 +181,27 @@ def as_rollout_data(value: tuple) -> tuple:
                 f = replace(f, poly=Poly.atom(Atom(alg.OLD, False, atom.acc), f.poly.terms[0][1]))
         out.append(f)
     return tuple(out)
+
+# A ratio of the current policy to the samples' behaviour policy (PPO's exp(logp - old_logp)):
+# computed only where the two can differ, i.e. the samples come from an older policy.
+BEHAVIOUR_RATIOS = frozenset({alg.IS_LOG, alg.IS_RATIO})
+
+
+def holds_behaviour_ratio(value: tuple) -> bool:
+    """Whether a value (or a tuple/dict element of it) holds a ratio of the policy to the behaviour policy."""
+    for f in value:
+        if f.poly is not None and any(a.kind in BEHAVIOUR_RATIOS for m, _ in f.poly.terms for a in m):
+            return True
+        if f.items and any(holds_behaviour_ratio(item[1] if f.role == "dict" else item) for item in f.items):
+            return True
+    return False
+
+
+def logprob_kinds(value: tuple) -> frozenset:
+    """The log-prob atoms a tensor value holds, in any alternative."""
+    return frozenset(a.kind for f in value if f.role == "tensor" and f.poly is not None
+                     for m, _ in f.poly.terms for a in m if a.kind in (alg.POLICY, alg.OLD))
+
 
 def rename_logprobs(value: tuple, name: str, data: bool) -> tuple:
     """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model));

@@ -24,8 +24,8 @@ from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import PASS_THROUGH, Callee, CallFlow, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
-    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, contained, detach_all, join_envs, loss_part,
-    merge_labels, operands, param_facts, rename_logprobs, tensor,
+    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, contained, detach_all, holds_behaviour_ratio,
+    join_envs, logprob_kinds, loss_part, merge_labels, operands, param_facts, rename_logprobs, tensor,
 )
 from klaudit.lint.syntax import (
     case_strings, decorated_no_grad, dotted, drops_last_char, int_literal, is_data_read, is_last_index,
@@ -67,6 +67,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.formed: dict = {}  # origin -> a KL term formed in this function and stored in a variable
         self.settled: set = set()  # origins whose use is known: a sink, a return, a metric, a later term
         self.read: set = set()  # origins of the KL terms the current statement reads
+        self.compared = False  # a call so far was given the policy's and the behaviour policy's log-probs
         name = func.name.value
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
@@ -234,6 +235,10 @@ class FunctionRun(ContainerFlow, CallFlow):
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
                 return (None if negate else (name, tuple(strings))), None
+            number = number_value(right) if number_value(left) is None else None
+            if number is not None and isinstance(comp.operator, cst.Equal):
+                # `if weight == 0:` selects a setting like a flag: its branches exclude each other
+                return (f"{last_name(left)} == {number:g}", (True,)), None
             return None, None
         if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
             strings = string_literals(test.args[0].value) if test.args else None
@@ -395,6 +400,8 @@ class FunctionRun(ContainerFlow, CallFlow):
         """Record that `value` reaches a loss, reward or advantage at `node`; returns it with its entry set."""
         node = self.here(node)
         marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
+        if kind == "loss":
+            marked = self.mark_stale(marked)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
             self.sinks.append(Sink(kind, facts, node, self.next_order()))
@@ -432,8 +439,8 @@ class FunctionRun(ContainerFlow, CallFlow):
         a later loss (`per_token_loss = -pg_loss + ...`), that later loss is the objective whose sign and
         form count, and the earlier name was a part of it (reported where the term first entered)."""
         node = self.here(node)
-        marked = tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,)) if f.is_kl() else f
-                       for f in value)
+        marked = self.mark_stale(tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,))
+                                       if f.is_kl() else f for f in value))
         facts = tuple(f for f in marked if f.is_kl())
         self.take_on(facts, node)
         if facts and self.record:
@@ -443,6 +450,29 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.confirm(value)
         self.settle(value)
         return marked
+
+    def mark_stale(self, value: tuple) -> tuple:
+        """KL terms entering a loss in a step that compares the policy with the samples' behaviour
+        policy (a PPO ratio to `old_log_probs`, here or in a call given both) are on older samples."""
+        if not any(f.is_kl() and not f.stale for f in value):
+            return value
+        ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
+        # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
+        return tuple(replace(f, stale=True) if f.is_kl() and (
+            self.compared or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
+            else f for f in value)
+
+    def note_comparison(self, node: cst.Call) -> None:
+        """A call given the policy's log-probs and, in another argument, the behaviour policy's
+        (`policy_loss_fn(old_log_prob=..., log_prob=...)`) compares the two, like a ratio formed here."""
+        if self.compared:
+            return
+        held = []
+        for arg in node.args:
+            value = self.env.get(arg.value.value) if isinstance(arg.value, cst.Name) else self._memo.get(id(arg.value))
+            held.append(logprob_kinds(value or ()))
+        self.compared = any(alg.POLICY in a and alg.OLD in b for i, a in enumerate(held)
+                            for j, b in enumerate(held) if i != j)
 
     def take_on(self, facts: tuple, node: Optional[cst.CSTNode] = None) -> None:
         """Earlier loss-named parts that these differentiable facts carry on are not losses of their own."""
@@ -773,12 +803,13 @@ class FunctionRun(ContainerFlow, CallFlow):
 
     def e_Call(self, node: cst.Call) -> tuple:
         func = node.func
+        value = None
         if isinstance(func, cst.Attribute):
-            method = func.attr.value
-            handled = self.method_call(method, func.value, node)
-            if handled is not None:
-                return handled
-        return self.call_target(func, node)
+            value = self.method_call(func.attr.value, func.value, node)
+        if value is None:
+            value = self.call_target(func, node)
+        self.note_comparison(node)
+        return value
 
     def call_target(self, func: cst.BaseExpression, node: cst.Call) -> tuple:
         """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""

@@ -76,7 +76,7 @@ _MASK = re.compile(r"mask", re.IGNORECASE)
 # Names of the containers rollout data is read from: reading them gives data, not graph.
 DATA_CONTAINERS = re.compile(
     r"^(data|batch|mini_?batch|micro_?batch|mb|inputs|model_inputs|experience|exp|rollout|"
-    r"rollout_data|samples?|buffer|grpo_batch|train_data|features|payload|item|b)$",
+    r"rollout_data|input_data|batch_data|samples?|buffer|grpo_batch|train_data|features|payload|item|b)$",
     re.IGNORECASE,
 )
 

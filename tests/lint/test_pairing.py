@@ -1,0 +1,56 @@
+"""Which KL loss and KL reward belong to one training step (checks._paired).
+
+A KL loss and a KL reward of one step are one configuration of kl-math.md section 8 (e.g. k3 loss +
+k3 reward-to-go, R-C). Terms on exclusive paths, or a REINFORCE term that is already a loss of its
+own, are not such a pair: each is judged alone.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+
+from klaudit.lint.checks import check_module
+from klaudit.lint.project import Project
+
+
+def findings(body: str, tmp_path) -> list:
+    text = "import torch\n\n\n" + textwrap.dedent(body)
+    path = tmp_path / "snippet.py"
+    path.write_text(text)
+    found = check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
+    return sorted({(f.line, f.code) for f in found if f.code != "KL100"})
+
+
+def test_branches_of_a_numeric_setting_exclude_each_other(tmp_path):
+    """`if rl_weight == 0:` pure distillation (ratio * sg(k1) on its own token: row 2, KL003, with a token ratio
+    to the rollout policy: row 23, KL008), else a k1 loss (row 1, KL001); never one 'k1 loss + k1 reward' (KL009)."""
+    body = """
+    def distill_loss(logprobs, input_data, loss, mask):
+        old_logp = input_data["logprobs"]
+        teacher_logp = input_data["teacher_logp"]
+        rl_weight = input_data.get("rl_weight", 1.0)
+        if rl_weight == 0:
+            gap = teacher_logp - logprobs.detach()
+            weighted = torch.exp(logprobs - old_logp) * gap * mask
+            loss = -weighted.sum() / mask.sum()
+        else:
+            penalty = ((logprobs - teacher_logp) * mask).sum() / mask.sum()
+            loss = rl_weight * loss + 0.01 * penalty
+        return loss
+    """
+    assert findings(body, tmp_path) == [(12, "KL003"), (12, "KL008"), (15, "KL001")]
+
+
+def test_a_reinforce_term_of_one_loss_is_no_reward_of_another(tmp_path):
+    """Two losses of one step: ratio * sg(k1) (rows 2/23) and a k1 loss (rows 1/22), each judged alone."""
+    body = """
+    def step(logp, old_logp, teacher_logp, mask):
+        w = torch.exp(logp - old_logp)
+        kd_loss = -(w * (teacher_logp - logp).detach() * mask).sum()
+        kd_loss.backward()
+        kl_loss = ((logp - teacher_logp) * mask).sum()
+        kl_loss.backward()
+    """
+    assert findings(body, tmp_path) == [(7, "KL003"), (7, "KL008"), (9, "KL001"), (9, "KL008")]
