@@ -196,6 +196,9 @@ def rules_command() -> None:
               default="text", show_default=True, help="How to print the report.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
               help="Seconds allowed for each target's audit (it runs in a child process).")
+@click.option("--memory-limit", type=click.IntRange(min=0), metavar="MIB",
+              help="Memory each target's audit may allocate, in MiB (default: half the physical memory; 0: no "
+                   "limit).")
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Fingerprint on a causal LM from this local directory instead of the tabular policy.")
 @click.option("--device", default="cpu", show_default=True, help="Torch device of the fingerprint batch.")
@@ -204,7 +207,8 @@ def rules_command() -> None:
                    "is (rows of targets whose use is unknown all count).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the traceback behind each error.")
 def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], placement: str, output_format: str,
-                       timeout: float, model_dir: Optional[str], device: str, fail_on: str, verbose: bool) -> None:
+                       timeout: float, memory_limit: Optional[int], model_dir: Optional[str], device: str,
+                       fail_on: str, verbose: bool) -> None:
     """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
     PATH.py::Class.method or package.module:function."""
     from klaudit.audit import TORCH_MISSING, torch_importable
@@ -219,8 +223,8 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
         raise CommandError(str(error)) from None
     placements = PLACEMENTS[placement]
     show_progress = output_format == "text" and sys.stderr.isatty()
-    report = run(targets, overrides=overrides, placements=placements, timeout=timeout, model_dir=model_dir,
-                 device=device, show_progress=show_progress)
+    report = run(targets, overrides=overrides, placements=placements, timeout=timeout, memory_limit=memory_limit,
+                 model_dir=model_dir, device=device, show_progress=show_progress)
     click.echo(report.to_json() if output_format == "json" else report.to_text())
     if verbose:
         for detail in report.details:

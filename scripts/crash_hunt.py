@@ -11,6 +11,11 @@ Each file is linted on its own (read, pre-filter, Python's syntax check, LibCST 
 
     nice python scripts/crash_hunt.py /root/.pyenv/versions/3.11.7/lib/python3.11 --jobs 1
     nice python scripts/crash_hunt.py /work/corpus --json /tmp/hunt.json
+    nice python scripts/crash_hunt.py --mutants 5000 --mutants-dir /tmp/mutants
+
+With --mutants N, N mutants of trainer code are written first (see `write_mutants`: the fixtures and
+programs of the fuzz grammar, each changed at random, in its syntax or in its names and operators)
+and linted with the given paths.
 
 For a long fuzz run of the analysis on generated trainer code (the short one runs in the test suite):
 
@@ -23,11 +28,14 @@ import argparse
 import json
 import multiprocessing
 import os
+import random
+import re
 import resource
 import signal
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,6 +45,7 @@ from klaudit.lint import engine  # noqa: E402
 from klaudit.lint.findings import Finding  # noqa: E402
 from klaudit.lint.roles import might_contain_kl  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 OUTLIER_FACTOR = 10.0
 OUTLIER_MIN_SECONDS = 0.5
 
@@ -52,6 +61,7 @@ def _alarm(signum, frame):
 def _start(roots: list) -> None:
     signal.signal(signal.SIGALRM, _alarm)
     engine._start_worker([Path(r) for r in roots])
+    import klaudit.lint.checks  # noqa: F401 - imported here, not in the first file's time (a fresh worker each 500)
 
 
 def lint_one(job: tuple) -> dict:
@@ -94,7 +104,9 @@ def lint_one(job: tuple) -> dict:
 
 def _python_compiles(source: str, path: str) -> bool:
     try:
-        compile(source, path, "exec", dont_inherit=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes and literals of the mutants: not the harness's to print
+            compile(source, path, "exec", dont_inherit=True)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True
@@ -152,15 +164,107 @@ def summary(records: list, compare: int = 3) -> str:
     return "\n".join(out)
 
 
+# What a mutation puts in: bracket and literal debris, then names and calls of the KL vocabulary.
+DEBRIS = ["(", ")", ":", "[", "]", "'", '"', "\\", "\t", " ", "0x", "1_", "\n  ", "f'{", "lambda", ",", "*", "**"]
+VOCABULARY = ["logprobs", "ref_logprobs", "old_log_probs", "kl", "mask", "beta", "loss", "rewards", "advantages",
+              "log_ratio", "ratio", "torch.exp(kl)", "kl.detach()", "(kl * mask).sum()", "mask.sum(-1)"]
+SWAPS = [("+", "-"), ("*", "/"), (".sum(", ".mean("), ("detach()", "clone()"), ("ref", "old"), ("exp", "log")]
+
+
+def mutate(source: str, rng: random.Random) -> str:
+    """`source` changed once, in its syntax (a character deleted or inserted, a line duplicated, cut or
+    moved, the text truncated) or in its meaning (a name replaced by one of the KL vocabulary, an
+    operator or call swapped for its twin)."""
+    lines = source.splitlines(keepends=True) or [""]
+    kind = rng.choice(["delete-char", "insert", "truncate", "duplicate-line", "cut-line", "move-line",
+                       "rename", "swap"])
+    if kind == "delete-char" and source:
+        at = rng.randrange(len(source))
+        return source[:at] + source[at + 1:]
+    if kind == "insert":
+        at = rng.randrange(len(source) + 1)
+        return source[:at] + rng.choice(DEBRIS) + source[at:]
+    if kind == "truncate":
+        return source[:rng.randrange(len(source) + 1)]
+    if kind == "rename":
+        names = list(re.finditer(r"\b[A-Za-z_]\w*\b", source))
+        if names:
+            match = rng.choice(names)
+            return source[:match.start()] + rng.choice(VOCABULARY) + source[match.end():]
+    if kind == "swap":
+        old, new = rng.choice(SWAPS)
+        if rng.random() < 0.5:
+            old, new = new, old
+        spots = [m.start() for m in re.finditer(re.escape(old), source)]
+        if spots:
+            at = rng.choice(spots)
+            return source[:at] + new + source[at + len(old):]
+    at = rng.randrange(len(lines))
+    if kind == "duplicate-line":
+        return "".join(lines[:at + 1] + lines[at:])
+    if kind == "move-line":
+        moved = lines.pop(at)
+        lines.insert(rng.randrange(len(lines) + 1), moved)
+        return "".join(lines)
+    return "".join(lines[:at] + lines[at + 1:])
+
+
+def base_programs(count: int) -> list:
+    """The fixtures' sources and `count` programs of the fuzz grammar (tests/fuzz/kl_grammar.py)."""
+    sources = [path.read_text(encoding="utf-8") for path in sorted((ROOT / "fixtures").rglob("*.py"))]
+    sys.path.insert(0, str(ROOT / "tests" / "fuzz"))
+    from hypothesis import HealthCheck, given, settings
+    from kl_grammar import programs
+
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(programs())
+    def collect(program):
+        sources.append(program[0])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collect()
+    return sources
+
+
+def write_mutants(directory: Path, count: int, seed: int = 0) -> list:
+    """Write `count` mutants of trainer code (1 to 3 mutations of a base program each) into
+    `directory`, in place of earlier ones; their paths."""
+    rng = random.Random(seed)
+    bases = base_programs(200)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("mutant_*.py"):
+        stale.unlink()
+    paths = []
+    for index in range(count):
+        source = rng.choice(bases)
+        for _ in range(rng.randint(1, 3)):
+            source = mutate(source, rng)
+        path = directory / f"mutant_{index:05d}.py"
+        path.write_text(source, encoding="utf-8")
+        paths.append(str(path))
+    return paths
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+")
+    parser.add_argument("paths", nargs="*")
+    parser.add_argument("--mutants", type=int, default=0, metavar="N", help="also lint N mutants of trainer code")
+    parser.add_argument("--mutants-dir", default="/tmp/klaudit-mutants", help="where the mutants are written")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the mutations")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--hang", type=int, default=120, help="seconds after which a file counts as a hang")
     parser.add_argument("--budget", type=int, default=engine.Limits().units, help="work units per file (0: none)")
     parser.add_argument("--timeout", type=float, default=engine.Limits().seconds, help="seconds per file (0: none)")
     parser.add_argument("--json", help="write every file's record here")
     args = parser.parse_args()
+    if args.mutants:
+        directory = Path(args.mutants_dir)
+        write_mutants(directory, args.mutants, args.seed)
+        args.paths.append(str(directory))
+    if not args.paths:
+        parser.error("give paths to lint, or --mutants N")
     start = time.perf_counter()
     records = hunt(args.paths, args.jobs, args.hang, engine.Limits(args.budget or None, args.timeout or None))
     print(summary(records))

@@ -26,7 +26,8 @@ from typing import Callable, Mapping, Optional, Sequence
 import torch
 
 from klaudit.audit.batch import Batch
-from klaudit.audit.bind import Binding, defaulted_attributes
+from klaudit.audit.bind import Binding, Role, defaulted_attributes
+from klaudit.audit.confine import memory_note
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
 from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, Match,
                                        holds_far_from_reference, leaf_batch, logits_gradient, sample_rows)
@@ -134,8 +135,10 @@ class Term:
             result = self.fn(*args, **kwargs)
         except NotImplementedError as error:
             raise ModeNotImplemented(f"{self.where()} raised NotImplementedError: {error}") from error
+        except SystemExit as error:
+            raise TermError(f"{self.where()} called sys.exit({error.code!r}) instead of returning its term") from error
         except Exception as error:  # the user's code: every failure becomes one clear line
-            raise TermError(f"{self.where()} raised {type(error).__name__}: {error}") from error
+            raise TermError(self._failure(error)) from error
         if not isinstance(result, torch.Tensor) and hasattr(result, "loss"):
             result = result.loss  # a KLTerm-like result: the differentiable part
         if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
@@ -154,6 +157,19 @@ class Term:
         self.dtype = result.dtype
         result = -result if self.negated else result
         return result.reshape(()) if result.shape == (1,) else result
+
+    def _failure(self, error: Exception) -> str:
+        """The line for an exception of the user's code: what it raised, with what check-grad knows of
+        the likely cause (its memory limit; the float mask a boolean index cannot take)."""
+        raised = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
+            return f"{self.where()} ran out of memory{memory_note()}: {raised}"
+        masks = [name for name, role in self.binding.roles.items() if role is Role.MASK]
+        if isinstance(error, IndexError) and masks and "tensors used as indices must be" in str(error):
+            return (f"{self.where()} indexes with a float tensor as if it were boolean: check-grad passes the mask "
+                    f"{' and '.join(masks)} as float 0.0/1.0 values, as trainers multiply by it; index with "
+                    f"{masks[0]}.bool() ({raised})")
+        return f"{self.where()} raised {raised}"
 
     @property
     def rtol(self) -> float:

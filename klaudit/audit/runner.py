@@ -3,7 +3,8 @@
 Targets: `PATH.py` (every KL function found in the file), `PATH.py::function`,
 `PATH.py::Class.method`, `package.module:function`. Discovery is static (klaudit.audit.discover,
 from the lint's flow analysis and naming table). The parent never imports user code: each target is audited by
-a child Python process (`child_command`) with a timeout, and only JSON comes back.
+a child Python process (`child_command`) confined by klaudit.audit.confine (its own process group,
+killed when it ends; a time and a memory limit), and only JSON comes back, in a file of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
+import signal
 import sys
 import tempfile
 import threading
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import Callable, Optional, Sequence
 
 from klaudit.audit.bind import BindError, Role
+from klaudit.audit.confine import limit_memory, memory_limit_bytes, run_confined
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
 from klaudit.audit.stubs import import_with_stubs
@@ -218,16 +220,38 @@ def _one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def _child(request_path: str, response_path: str) -> int:
-    """Entry point of the child process: read the request, audit, write the report as JSON."""
+def _child(request_path: str, response_path: str) -> None:
+    """Entry point of the child process: read the request, audit, write the report as JSON, and end the
+    process at once (a thread or an atexit hook of the user's code cannot keep it running)."""
     request = json.loads(Path(request_path).read_text())
+    limit_memory(request["memory_limit"])
+    pid, cwd = os.getpid(), os.getcwd()
+    try:
+        report = _audit_request(request)
+    except SystemExit as stop:  # sys.exit at the import of the user's module
+        report = Report([], [f"{Target(**request['target'])}: the KL code called sys.exit({stop.code!r})"])
+    if os.getpid() != pid:  # a copy of this process forked by the user's code: it does not report
+        os._exit(0)
+    report = _misbehaviour(Target(**request["target"]), cwd) or report
+    partial = Path(response_path + ".partial")
+    partial.write_text(json.dumps(report.to_dict()))
+    partial.replace(response_path)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+def _audit_request(request: dict) -> Report:
+    """The audit the parent asked for, in this process."""
     try:
         import torch  # noqa: F401 - a torch that is found but does not import is one line, not a traceback
     except ImportError as error:
         from klaudit.audit import TORCH_MISSING
 
-        Path(response_path).write_text(json.dumps(Report([], [f"{TORCH_MISSING} ({error})"]).to_dict()))
-        return 0
+        return Report([], [f"{TORCH_MISSING} ({error})"])
     overrides = {name: Role(role) for name, role in request["overrides"].items()}
     used_path = request["used_path"]
 
@@ -236,12 +260,26 @@ def _child(request_path: str, response_path: str) -> int:
         used = _read_used_placements(used_path, request["timeout"]) if used_path else []
         return [placement for placement in used if "+" in placement]
 
-    report = audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
-                          model_dir=request["model_dir"], device=request["device"],
-                          progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
-                          also=combined_uses, current_old=request["current_old"])
-    Path(response_path).write_text(json.dumps(report.to_dict()))
-    return 0
+    return audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
+                        model_dir=request["model_dir"], device=request["device"],
+                        progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
+                        also=combined_uses, current_old=request["current_old"])
+
+
+def _misbehaviour(target: Target, cwd: str) -> Optional[Report]:
+    """An error report when the user's code changed this process beyond computing its term: a thread
+    still running, a working directory other than `cwd` (the audit's rows are then not reported)."""
+    running = [thread.name for thread in threading.enumerate()
+               if thread.is_alive() and not thread.daemon and thread is not threading.main_thread()]
+    if running:
+        more = f" and {len(running) - 1} more" if len(running) > 1 else ""
+        what = f"started a thread that was still running when the audit ended ({running[0]}{more})"
+    elif os.getcwd() != cwd:
+        what = f"changed the working directory (to {os.getcwd()})"
+    else:
+        return None
+    return Report([], [f"{target}: the KL code {what}; a KL function must only compute its term, so check-grad "
+                       f"does not report this audit"])
 
 
 # ----- in the parent -----
@@ -276,15 +314,15 @@ class _Progress:
 
 
 def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
-                 model_dir: Optional[str], device: str, progress: _Progress) -> Report:
+                 memory_limit: Optional[int], model_dir: Optional[str], device: str, progress: _Progress) -> Report:
     """Audit one target in a child process and mark the placement the user's code uses; the lint
     analysis that finds it runs in this process while the child audits."""
     with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch, ThreadPoolExecutor(max_workers=1) as pool:
         used_path = Path(scratch, "used.json")
         finding = pool.submit(_write_used_placements, target, used_path)
         report = _audit_in_child(target, overrides=overrides, placements=placements, timeout=timeout,
-                                 model_dir=model_dir, device=device, progress=progress, scratch=Path(scratch),
-                                 used_path=used_path)
+                                 memory_limit=memory_limit, model_dir=model_dir, device=device, progress=progress,
+                                 scratch=Path(scratch), used_path=used_path)
         used = finding.result()
     for row in report.results:
         row.used = row.placement in used
@@ -321,15 +359,15 @@ def child_command(request_path: str, response_path: str) -> list[str]:
     instead puts the directory klaudit was imported from there, and the user's code is found by path."""
     installed_root = str(Path(__file__).resolve().parents[2])
     boot = ("import sys; sys.path[0] = sys.argv[1]; from klaudit.audit.runner import _child; "
-            "sys.exit(_child(sys.argv[2], sys.argv[3]))")
+            "_child(sys.argv[2], sys.argv[3])")
     return [sys.executable, "-c", boot, installed_root, request_path, response_path]
 
 
 def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
-                    model_dir: Optional[str], device: str, progress: _Progress, scratch: Path,
-                    used_path: Path) -> Report:
-    """Audit one target in a child process; a timeout, crash or garbage output is an error line. With
-    `placements` None the child also audits the combined placements (loss+reward, loss+future) the
+                    memory_limit: Optional[int], model_dir: Optional[str], device: str, progress: _Progress,
+                    scratch: Path, used_path: Path) -> Report:
+    """Audit one target in a child process; a timeout, a crash, an early end or a process left running is
+    an error line. With `placements` None the child also audits the combined placements (loss+reward, loss+future) the
     parent finds the user's code uses, as a configuration of their own (kl-math.md R-C, R-B)."""
     request_path, response_path = scratch / "request.json", scratch / "response.json"
     path = target.path
@@ -341,24 +379,39 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Seq
         "target": {"path": path, "module": target.module, "qualname": target.qualname, "label": target.label},
         "overrides": {name: role.value for name, role in overrides.items()},
         "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
-        "used_path": None if placements else str(used_path), "timeout": timeout,
+        "used_path": None if placements else str(used_path), "timeout": timeout, "memory_limit": memory_limit,
         # a step cut out of a trainer is audited on-policy, as the lint reads it (pi_old = pi)
         "current_old": target.source is not None,
     }))
     progress.message = str(target)
-    command = child_command(str(request_path), str(response_path))
-    try:
-        completed = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                   timeout=timeout)
-    except subprocess.TimeoutExpired:
+    outcome = run_confined(child_command(str(request_path), str(response_path)), timeout)
+    if outcome.returncode is None:
         return Report([], [f"{target}: timed out after {timeout:g} s (raise it with --timeout)"])
+    if outcome.leftover:
+        return Report([], [f"{target}: the KL code started a process that was still running when the audit ended "
+                           f"(it was killed); a KL function must only compute its term, so check-grad does not "
+                           f"report this audit"], [], [outcome.output])
     if not response_path.is_file():
-        detail = completed.stderr.strip().splitlines()[-1:] if completed.stderr.strip() else []
-        message = f"{target}: the audit process exited with code {completed.returncode}"
-        report = Report([], [message + (f": {detail[0]}" if detail else "")])
-        report.details.append(completed.stderr)
+        report = Report([], [_ended_early(target, outcome.returncode, outcome.output)])
+        report.details.append(outcome.output)
         return report
-    return Report.from_dict(json.loads(response_path.read_text()))
+    try:
+        return Report.from_dict(json.loads(response_path.read_text()))
+    except (ValueError, TypeError) as error:
+        return Report([], [f"{target}: the audit process wrote an unreadable report ({error})"])
+
+
+def _ended_early(target: Target, returncode: int, output: str) -> str:
+    """The error line for a child that ended with `returncode` and `output` but no report."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        cause = " (out of memory?)" if name == "SIGKILL" else ""
+        message = f"{target}: the audit process was killed by {name}{cause} before it reported"
+    else:
+        message = (f"{target}: the audit process ended with status {returncode} before it reported "
+                   f"(does the KL code end the process, e.g. with os._exit?)")
+    lines = [line for line in output.splitlines() if line.strip() and not line.startswith("progress: ")]
+    return _one_line(message + (f": {lines[-1]}" if lines else ""))
 
 
 def file_targets(path: str, report: Report) -> list[Target]:
@@ -425,9 +478,11 @@ def _enclosing_function(path: str, line: int) -> Optional[str]:
 
 
 def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
-        timeout: float = DEFAULT_TIMEOUT, model_dir: Optional[str] = None, device: str = "cpu",
-        show_progress: bool = False) -> Report:
-    """Audit every target in turn (files expanded by discovery) and merge the reports."""
+        timeout: float = DEFAULT_TIMEOUT, memory_limit: Optional[int] = None, model_dir: Optional[str] = None,
+        device: str = "cpu", show_progress: bool = False) -> Report:
+    """Audit every target in turn (files expanded by discovery) and merge the reports. Each runs in a
+    child process confined to `timeout` seconds and `memory_limit` MiB (None: half the physical memory;
+    0: no limit)."""
     report = Report()
     resolved: list[Target] = []
     for text in targets:
@@ -444,6 +499,7 @@ def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements:
     try:
         for target in resolved:
             report.extend(run_isolated(target, overrides=overrides or {}, placements=placements, timeout=timeout,
+                                       memory_limit=memory_limit_bytes(memory_limit),
                                        model_dir=model_dir, device=device, progress=progress))
     finally:
         progress.close()

@@ -84,11 +84,27 @@ def parse(path: str, source: str) -> Union[libcst.Module, Finding]:
                                     f"(the limit is {MAX_NESTING})", line)
     try:
         return libcst.parse_module(source)
-    except libcst.ParserSyntaxError as error:
-        return incomplete(path, f"not analysed: Python reads this file but LibCST does not ({error.message})",
-                          error.raw_line)
+    except (libcst.ParserSyntaxError, libcst.CSTValidationError) as error:
+        return _compile_error(path, source) or incomplete(
+            path, f"not analysed: Python reads this file but LibCST does not ({getattr(error, 'message', error)})",
+            getattr(error, "raw_line", 1))
     except RecursionError:
         return incomplete(path, "not analysed: the code nests too deeply for LibCST")
+
+
+def _compile_error(path: str, source: str) -> Optional[Finding]:
+    """KL000 for code Python's parser reads but its compiler rejects (`return *x`, `nonlocal` at module
+    level), which LibCST may refuse to build a tree of; asked only once LibCST has failed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        return file_finding(path, SYNTAX_ERROR_CODE, f"syntax error: {error.msg}", error.lineno or 1,
+                            max(error.offset or 1, 1))
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    return None
 
 
 def syntax_finding(path: str, source: str) -> Optional[Finding]:

@@ -81,7 +81,7 @@ class Project:
                                       if isinstance(text, str) and might_contain_kl(text) else None)
                 if self._modules[key] is not None:
                     self._sources[id(self._modules[key])] = text
-            except (OSError, cst.ParserSyntaxError, RecursionError):
+            except (OSError, cst.ParserSyntaxError, cst.CSTValidationError, RecursionError):
                 self._modules[key] = None
         return self._modules[key]
 

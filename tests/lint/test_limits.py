@@ -98,6 +98,15 @@ def test_a_syntax_error_is_kl000_at_pythons_place(tmp_path):
     assert lint(tmp_path, "plain.py", "def f(:\n    pass\n")[0] == [(1, "KL000")]
 
 
+def test_code_pythons_parser_reads_and_its_compiler_rejects_is_kl000_not_a_crash(tmp_path):
+    """`return* loss` parses (ast.parse) but does not compile, and LibCST refuses to build its node (a
+    CSTValidationError, not a ParserSyntaxError): found by scripts/crash_hunt.py --mutants."""
+    broken = K3_LOSS + "    return* loss\n"
+    assert lint(tmp_path, "starred.py", broken)[0] == [(9, "KL000")]
+    importer = "import torch\nfrom starred import k3_loss\n\n\ndef kl(logprobs, ref_logprobs):\n    return k3_loss\n"
+    assert lint(tmp_path, "importer.py", importer)[0] == []  # the broken module it imports is skipped
+
+
 def test_a_spent_budget_keeps_the_findings_so_far_and_adds_one_note(tmp_path):
     later = "\n\ndef later(policy_log_probs, ref_log_probs, pg_loss):\n" \
             "    kl = policy_log_probs - ref_log_probs\n    loss = pg_loss + kl.sum()\n    loss.backward()\n"
