@@ -45,6 +45,7 @@ TO_GO = "rtg"  # reversed cumulative sum: sum over u >= t
 SEQUENCE = "seq"  # summed over the response
 
 _MULTIPLIERS = {SCORE, IS_RATIO}
+_POLICY_SIDE = {POLICY} | _MULTIPLIERS
 
 
 @dataclass(frozen=True, order=True)
@@ -355,6 +356,8 @@ def terms_of(poly: Poly, sink: str) -> list:
     reward with the returns its accumulation shows; S * x (S = exp(P - sg P)) and W * x (a
     differentiable importance ratio) add a loss term and a same-token reward term. A detached
     estimator added to a loss contributes nothing. In a reward every estimator counts by value.
+    A monomial made only of log-probs and ratios of the policy (the policy-gradient part of the same
+    loss, -A * ratio * rho) is another term of the sum: by linearity it changes no KL gradient.
     """
     if sink == "reward":
         term = _reward_term(list(detach(poly).terms))
@@ -364,6 +367,8 @@ def terms_of(poly: Poly, sink: str) -> list:
         multiplier, rest = _strip(mono, {POLICY} | _MULTIPLIERS)
         if multiplier is not None and multiplier.kind == POLICY and not multiplier.grad:
             multiplier, rest = None, mono
+        if multiplier is None and mono and all(a.kind in _POLICY_SIDE for a in mono):
+            continue
         key = multiplier if multiplier is None else (multiplier.kind, multiplier.grad, multiplier.acc)
         groups.setdefault(key, []).append((rest, coef))
     out = []

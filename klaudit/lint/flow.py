@@ -21,7 +21,7 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
-from klaudit.lint.callables import PASS_THROUGH, Callee, CallFlow, closure_of
+from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS, Callee, CallFlow, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
     NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, contained, detach_all, holds_behaviour_ratio,
@@ -41,6 +41,13 @@ KL_WEIGHT = (Fact(role="kl-weight"),)
 
 # keywords that name the tensor a library function operates on, when it is not passed positionally
 TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
+
+# Operations that keep what each element of a tensor means (a new shape, dtype or device, masked or
+# non-finite entries filled in); the methods, and those also spelled as functions (torch.masked_fill(x, m, v)).
+RESHAPING_FUNCTIONS = frozenset({"masked_fill", "nan_to_num", "reshape", "squeeze", "unsqueeze", "flatten", "transpose",
+                                 "permute", "clone", "repeat_interleave"})
+RESHAPING_METHODS = RESHAPING_FUNCTIONS | {"float", "double", "half", "bfloat16", "to", "type_as", "view", "contiguous",
+                                           "expand", "expand_as", "cuda", "view_as", "masked_fill_", "mul_", "repeat"}
 
 
 class FunctionRun(ContainerFlow, CallFlow):
@@ -943,9 +950,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             if roles.LOGGING_METHODS.match(method):
                 self.settle(base)  # a host copy or a Python number: a statistic
             return detach_all(base)
-        if method in ("float", "double", "half", "bfloat16", "to", "type_as", "view", "reshape", "squeeze", "unsqueeze",
-                      "contiguous", "flatten", "expand", "expand_as", "transpose", "permute", "clone", "cuda", "view_as",
-                      "masked_fill", "masked_fill_", "mul_", "nan_to_num", "repeat", "repeat_interleave"):
+        if method in RESHAPING_METHODS:
             return base
         if method in ("clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_max"):
             return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in base)
@@ -1055,8 +1060,16 @@ class FunctionRun(ContainerFlow, CallFlow):
             return self.kl_div(positional, keywords, node)
         if name in PASS_THROUGH and len(node.args) == 1 and (name != "get" or dotted(node.func) == "ray.get"):
             return first  # a conversion or a fetch that hands its tensor back (TensorData.from_torch(x))
-        if name in ("float", "detach"):
-            return detach_all(first) if name == "detach" else first
+        if name == "detach":
+            return detach_all(first)
+        if name == "float":
+            return first
+        if isinstance(node.func, cst.Name) or dotted(node.func).split(".")[0] in PASS_THROUGH_RECEIVERS:
+            # torch.masked_fill(x, m, v), not a method of a receiver the analysis does not know
+            if name in RESHAPING_FUNCTIONS:
+                return first
+            if name == "tensor":
+                return detach_all(first)  # torch.tensor(x) copies the values, not the graph
         if name in ("stack", "cat", "vstack", "hstack", "concat", "concatenate") or (
                 name == "sum" and isinstance(node.func, cst.Name)):  # builtin sum: over the first axis
             # the terms of a list, side by side or added up: each keeps its meaning; a stacked
