@@ -97,8 +97,8 @@ def main() -> None:
         everything.update(sources)
         lines = sum(text.count("\n") + 1 for text in sources.values())
         analysed = sum(might_contain_kl(text) for text in sources.values())
-        parse = best_of(args.repeat, lambda: bare_parse_seconds(sources))
-        lint = best_of(args.repeat, lambda: klaudit_seconds(tree))
+        parse = best_of(args.repeat, lambda sources=sources: bare_parse_seconds(sources))
+        lint = best_of(args.repeat, lambda tree=tree: klaudit_seconds(tree))
         print(f"{label:<18}{len(sources):>7}{analysed:>10}{lines:>9}{parse:>9.2f}{lines / parse:>11,.0f}"
               f"{lint:>11.2f}{lines / lint:>13,.0f}{lint / parse:>7.2f}")
 

@@ -12,9 +12,9 @@ executable per-sequence surrogate, and the tests prove every row against exact e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, Optional
 
 
 class Estimator(str, Enum):
@@ -100,8 +100,8 @@ class Config:
     is added with the wrong sign (a KL bonus instead of a penalty).
     """
 
-    loss: Optional[Estimator] = None
-    reward: Optional[Estimator] = None
+    loss: Estimator | None = None
+    reward: Estimator | None = None
     returns: Returns = Returns.TO_GO
     aggregation: Aggregation = Aggregation.SUM
     position: Position = Position.ALL
@@ -197,7 +197,7 @@ _SCALES = {
 }
 
 
-def scaled_fix(fix: Optional[str], aggregation: Aggregation) -> Optional[str]:
+def scaled_fix(fix: str | None, aggregation: Aggregation) -> str | None:
     """`fix` at the KL scale of the code it replaces, which aggregates its KL term by `aggregation`."""
     if fix is None or _PER_SEQUENCE_SUM not in fix or aggregation not in _SCALES:
         return fix
@@ -217,9 +217,9 @@ class Row:
 
     number: str
     label: str
-    config: Optional[Config]
+    config: Config | None
     objective: Objective
-    rule: Optional[str]
+    rule: str | None
     explanation: str
     fix: str = ""
     identity: Mapping[Target, float] = field(default_factory=dict)
@@ -530,7 +530,7 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
                  if row is not None and row.rule is not None and not (row.rule in rules or rules.add(row.rule)))
 
 
-def _listed(config: Config, generic: Optional[Row]) -> Optional[Row]:
+def _listed(config: Config, generic: Row | None) -> Row | None:
     """The table's row for `config`, else the generic row of the aspect that differs.
 
     A detached reward's whole-sequence return and its reward-to-go have the same expectation (the

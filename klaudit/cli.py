@@ -6,7 +6,6 @@ Exit codes follow the linter convention: 0 clean, 1 findings (or a biased gradie
 
 import os
 import sys
-from typing import Optional
 
 import click
 
@@ -91,9 +90,9 @@ def _use_color() -> bool:
               help="Seconds the analysis of one file may take (0: no limit); past it, KL099.")
 def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
                  ignore: tuple[str, ...], exclude: tuple[str, ...], extend_exclude: tuple[str, ...],
-                 output_format: str, statistics: bool, stdin_filename: Optional[str], respect_gitignore: bool,
-                 exit_zero: bool, quiet: bool, jobs: int, config_file: Optional[str],
-                 analysis_budget: Optional[int], analysis_timeout: Optional[float]) -> None:
+                 output_format: str, statistics: bool, stdin_filename: str | None, respect_gitignore: bool,
+                 exit_zero: bool, quiet: bool, jobs: int, config_file: str | None,
+                 analysis_budget: int | None, analysis_timeout: float | None) -> None:
     """Find KL terms whose gradient is not the one you meant, in PATHS (default: .; `-`: the source
     on stdin, named by --stdin-filename).
 
@@ -207,7 +206,7 @@ def rules_command() -> None:
                    "is (rows of targets whose use is unknown all count).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the traceback behind each error.")
 def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], placement: str, output_format: str,
-                       timeout: float, memory_limit: Optional[int], model_dir: Optional[str], device: str,
+                       timeout: float, memory_limit: int | None, model_dir: str | None, device: str,
                        fail_on: str, verbose: bool) -> None:
     """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
     PATH.py::Class.method or package.module:function."""

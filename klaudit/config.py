@@ -14,9 +14,9 @@ import difflib
 import fnmatch
 import os
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
 
 from klaudit.catalog import RULES
 from klaudit.lint.budget import DEFAULT_SECONDS, DEFAULT_UNITS
@@ -80,7 +80,7 @@ def _matches(selector: str, code: str) -> bool:
 class RuleSelection:
     """One layer of rule selection; `select=None` keeps what the layer below enabled."""
 
-    select: Optional[tuple[str, ...]] = None
+    select: tuple[str, ...] | None = None
     extend_select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
 
@@ -120,8 +120,8 @@ class Settings:
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     root: Path = field(default_factory=Path.cwd)
-    analysis_budget: Optional[int] = DEFAULT_UNITS  # work units per file; None: no limit
-    analysis_timeout: Optional[float] = DEFAULT_SECONDS  # seconds per file; None: no limit
+    analysis_budget: int | None = DEFAULT_UNITS  # work units per file; None: no limit
+    analysis_timeout: float | None = DEFAULT_SECONDS  # seconds per file; None: no limit
 
     def __post_init__(self) -> None:
         enabled: frozenset[str] = frozenset()
@@ -162,14 +162,14 @@ class Settings:
     def with_overrides(
         self,
         *,
-        select: Optional[Sequence[str]] = None,
+        select: Sequence[str] | None = None,
         extend_select: Sequence[str] = (),
         ignore: Sequence[str] = (),
-        exclude: Optional[Sequence[str]] = None,
+        exclude: Sequence[str] | None = None,
         extend_exclude: Sequence[str] = (),
-        analysis_budget: Optional[int] = None,
-        analysis_timeout: Optional[float] = None,
-    ) -> "Settings":
+        analysis_budget: int | None = None,
+        analysis_timeout: float | None = None,
+    ) -> Settings:
         """A copy with the command line's layer on top (flags override the file)."""
         where = "the command line"
         layer = RuleSelection(
@@ -187,7 +187,7 @@ class Settings:
         )
 
 
-def _string_list(table: Mapping[str, object], key: str, where: str) -> Optional[tuple[str, ...]]:
+def _string_list(table: Mapping[str, object], key: str, where: str) -> tuple[str, ...] | None:
     if key not in table:
         return None
     value = table[key]
@@ -244,7 +244,7 @@ def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
     )
 
 
-def _read_tool_table(pyproject: Path) -> Optional[Mapping[str, object]]:
+def _read_tool_table(pyproject: Path) -> Mapping[str, object] | None:
     """The `[tool.klaudit]` table of a TOML file, or None if it has none."""
     try:
         with open(pyproject, "rb") as handle:
@@ -259,7 +259,7 @@ def _read_tool_table(pyproject: Path) -> Optional[Mapping[str, object]]:
     return table
 
 
-def find_pyproject(start: Path) -> Optional[tuple[Path, Mapping[str, object]]]:
+def find_pyproject(start: Path) -> tuple[Path, Mapping[str, object]] | None:
     """The nearest pyproject.toml with a `[tool.klaudit]` table, from `start` upwards."""
     directory = start.resolve()
     if not directory.is_dir():
@@ -272,7 +272,7 @@ def find_pyproject(start: Path) -> Optional[tuple[Path, Mapping[str, object]]]:
     return None
 
 
-def load_settings(paths: Iterable[str], config_file: Optional[str] = None) -> Settings:
+def load_settings(paths: Iterable[str], config_file: str | None = None) -> Settings:
     """Settings from `config_file`, else from the nearest pyproject.toml above the first path."""
     if config_file is not None:
         source = Path(config_file)

@@ -8,8 +8,6 @@ Plain Python: no torch (the lint imports it).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from klaudit.catalog import Config, Position
 
 # What each name means (kl-math.md section 1). pi: the policy, ref: the reference, KL_t(h): the
@@ -47,7 +45,7 @@ def describe(config: Config) -> str:
     return text
 
 
-def explain(name: str) -> Optional[str]:
+def explain(name: str) -> str | None:
     """`NAME: meaning` for an objective or "cos REV" (any case), or None for an unknown name."""
     wanted = {key.lower().replace(" ", "").replace("_", ""): key for key in LEGEND}
     key = wanted.get(name.lower().replace(" ", "").replace("_", ""))

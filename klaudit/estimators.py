@@ -18,7 +18,7 @@ Conventions shared by every function:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -260,7 +260,7 @@ class _ExactTokenKL(torch.autograd.Function):
         return grad, None, None, None
 
 
-def exact_token_kl(logits, ref_logits, *, chunk_size: Optional[int] = None) -> torch.Tensor:
+def exact_token_kl(logits, ref_logits, *, chunk_size: int | None = None) -> torch.Tensor:
     """Exact per-step KL_t(h_t) = sum_v pi(v|h_t) log(pi(v|h_t) / ref(v|h_t)), shape [B, T].
 
     logits, ref_logits: [B, T, V] (any leading shape works) unnormalised scores of the policy and

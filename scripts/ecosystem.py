@@ -26,9 +26,9 @@ can gate CI; 2 when a tree is missing or its lint fails.
 from __future__ import annotations
 
 import argparse
-import re
 import json
 import os
+import re
 import subprocess
 import sys
 import time

@@ -13,11 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from klaudit import catalog  # noqa: E402
-from klaudit.config import FILE_CODES
 from klaudit.audit.exact import ExactProblem, positive_multiple, relerr  # noqa: E402
 from klaudit.audit.policies import TabularPolicy, perturbed, place_at_kl  # noqa: E402
 from klaudit.audit.surrogates import build_surrogate, estimator_values  # noqa: E402
 from klaudit.catalog import Aggregation, Estimator, Objective, Sampling, Target  # noqa: E402
+from klaudit.config import FILE_CODES  # noqa: E402
 
 EXACT = 1e-9  # float64 enumeration: identities hold to rounding (~1e-15); 1e-9 leaves room.
 DISTINCT = 1e-3  # an "other" gradient must differ from every target by far more than rounding.

@@ -26,7 +26,7 @@ WRONG = 1e-3  # a wrong formula misses REV by more than this
 PLACEMENTS = {0: (0.4, 0.1), 1: (1.0, 0.2), 2: (1.8, 0.3)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tabular(seed: int, eos: bool):
     """(problem with pi_old, its targets): V = 4 incl. EOS (121 responses) or V = 3 fixed length 4 (81)."""
     target_kl, staleness = PLACEMENTS[seed]
@@ -37,7 +37,7 @@ def _tabular(seed: int, eos: bool):
     return problem, problem.targets()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _transformer():
     reference = TinyCausalLM(4, 4, seed=0)
     policy = place_at_kl(reference, 0.8, seed=3, rtol=1e-3)

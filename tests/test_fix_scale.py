@@ -7,7 +7,6 @@ sequence `.loss.mean()`; the values below are compared with the code being repla
 
 from __future__ import annotations
 
-
 import libcst as cst
 import pytest
 

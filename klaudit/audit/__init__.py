@@ -10,7 +10,7 @@ every string-switch value, and returns the same `Report` the `klaudit check-grad
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
 
 __all__ = ["PLACEMENTS", "TORCH_MISSING", "check", "torch_importable"]
 
@@ -34,7 +34,7 @@ PLACEMENTS = {"auto": None, "loss": ("loss",), "reward": ("reward",), "both": ("
               "loss+reward": ("loss+reward",), "loss+future": ("loss+future",)}
 
 
-def check(fn: Callable, placement: str = "auto", *, bind: Optional[Mapping[str, str]] = None):
+def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | None = None):
     """Audit `fn` in this process; returns a klaudit.audit.report.Report (see `.unbiased`, `.to_text()`).
 
     placement: "auto" (a loss function or scalar result as a loss, any other result both ways),

@@ -7,7 +7,6 @@ surrogates the same `Batch`, so a loss callable is written once against these na
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -30,10 +29,10 @@ class Batch:
     logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
     mask: torch.Tensor
-    logits: Optional[torch.Tensor] = None
-    ref_logits: Optional[torch.Tensor] = None
-    old_logprobs: Optional[torch.Tensor] = None
-    tokens: Optional[torch.Tensor] = None
+    logits: torch.Tensor | None = None
+    ref_logits: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:

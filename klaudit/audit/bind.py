@@ -14,13 +14,20 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 from klaudit.lint import algebra
-from klaudit.lint.roles import (is_coefficient_name, is_mask_name, is_task_score_name, is_token_ids_name,
-                                sink_of_name, tensor_role)
+from klaudit.lint.roles import (
+    is_coefficient_name,
+    is_mask_name,
+    is_task_score_name,
+    is_token_ids_name,
+    sink_of_name,
+    tensor_role,
+)
 
 MAX_MODES = 64  # switch combinations audited at most; more is a configuration explosion, not a KL term
 
@@ -144,7 +151,7 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, Role]:
     return overrides
 
 
-def role_from_name(name: str) -> Optional[Role]:
+def role_from_name(name: str) -> Role | None:
     """The role a parameter name denotes, from the lint's naming table (a task reward, advantage or
     score is zeroed and the KL coefficient is 1, kl-math.md section 12.1)."""
     if is_coefficient_name(name):
@@ -165,7 +172,7 @@ def _annotation_text(annotation: Any) -> str:
     return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
 
 
-def _role_from_signature(parameter: inspect.Parameter) -> Optional[Role]:
+def _role_from_signature(parameter: inspect.Parameter) -> Role | None:
     """A role from the annotation and the default when the name says nothing."""
     annotation = _annotation_text(parameter.annotation)
     default = parameter.default
@@ -180,8 +187,8 @@ def _role_from_signature(parameter: inspect.Parameter) -> Optional[Role]:
     return None
 
 
-def bind(fn: Callable, overrides: Optional[Mapping[str, Role]] = None, *,
-         switch_values: Optional[Mapping[str, Sequence[str]]] = None) -> Binding:
+def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
+         switch_values: Mapping[str, Sequence[str]] | None = None) -> Binding:
     """Bind every parameter of `fn`; BindError naming the parameters that cannot be bound.
 
     `switch_values` maps a switch parameter to the literals found in the source (see
@@ -355,7 +362,7 @@ def _functions_by_name(tree: ast.Module) -> dict[str, ast.AST]:
     return table
 
 
-def _node_of(fn: Callable, tree: ast.Module) -> Optional[ast.AST]:
+def _node_of(fn: Callable, tree: ast.Module) -> ast.AST | None:
     """The def of `fn` in the parsed module, found by its first line (decorators included)."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
     if code is None:

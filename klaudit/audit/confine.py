@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 if sys.platform != "win32":
     import resource
@@ -33,7 +33,7 @@ class Outcome:
     signal that killed it). leftover: processes of its group were still running after it had
     ended (they were killed). output: the end of its stdout and stderr."""
 
-    returncode: Optional[int]
+    returncode: int | None
     leftover: bool
     output: str
 
@@ -66,7 +66,7 @@ def run_confined(command: Sequence[str], timeout: float) -> Outcome:
                                stderr=subprocess.STDOUT, start_new_session=True)
     assert isinstance(process.stdout, io.BufferedReader)
     tail = _Tail(process.stdout)
-    returncode: Optional[int] = None
+    returncode: int | None = None
     try:
         returncode = process.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -94,7 +94,7 @@ def _kill_group(process: subprocess.Popen) -> bool:
     return True
 
 
-def memory_limit_bytes(mib: Optional[int]) -> Optional[int]:
+def memory_limit_bytes(mib: int | None) -> int | None:
     """The child's memory cap: `mib` MiB; None (the default): half the physical memory where it is
     known; 0: none."""
     if mib is not None:
@@ -105,7 +105,7 @@ def memory_limit_bytes(mib: Optional[int]) -> Optional[int]:
         return None
 
 
-def limit_memory(limit: Optional[int]) -> None:
+def limit_memory(limit: int | None) -> None:
     """In the child: cap the data segment at `limit` bytes (None: no cap), where the platform can."""
     if limit is None or sys.platform == "win32":
         return

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from klaudit.audit.bind import Role, role_from_name, switch_literals_of
 from klaudit.lint.roles import is_coefficient_name
@@ -96,7 +95,7 @@ def _is_static(node: ast.AST) -> bool:
     return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list)
 
 
-def _parameters(node: ast.AST, cls: Optional[ast.ClassDef]) -> list[str]:
+def _parameters(node: ast.AST, cls: ast.ClassDef | None) -> list[str]:
     arguments = node.args
     names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
     return names[1:] if cls is not None and not _is_static(node) and names else names

@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,7 +53,7 @@ MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Tar
 
 
 def enumerate_sequences(
-    vocab_size: int, horizon: int, eos_id: Optional[int]
+    vocab_size: int, horizon: int, eos_id: int | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every response of a policy shape: tokens [N, T] (EOS-padded after EOS), mask [N, T], lengths [N].
 
@@ -64,7 +65,7 @@ def enumerate_sequences(
 
 
 @functools.lru_cache(maxsize=32)
-def _enumerated(vocab_size: int, horizon: int, eos_id: Optional[int]) -> tuple[torch.Tensor, ...]:
+def _enumerated(vocab_size: int, horizon: int, eos_id: int | None) -> tuple[torch.Tensor, ...]:
     """The uncached body of enumerate_sequences."""
     if eos_id is not None and not 0 <= eos_id < vocab_size:
         raise ValueError(f"eos_id {eos_id} is not a token of a vocabulary of size {vocab_size}")
@@ -102,7 +103,7 @@ def cosine(g: torch.Tensor, x: torch.Tensor) -> float:
     return (torch.dot(g.flatten(), x.flatten()).item()) / norms
 
 
-def positive_multiple(g: torch.Tensor, x: torch.Tensor, rtol: float = MATCH_RTOL) -> Optional[float]:
+def positive_multiple(g: torch.Tensor, x: torch.Tensor, rtol: float = MATCH_RTOL) -> float | None:
     """c > 0 with g = c x up to relerr rtol (c = <g, x> / <x, x>), else None."""
     squared = torch.dot(x.flatten(), x.flatten()).item()
     if squared == 0.0:
@@ -174,7 +175,7 @@ def _sum_of_lengths_distribution(length_probs: torch.Tensor, count: int) -> torc
 class ExactProblem:
     """All responses of `policy`, with the reference (and optional behaviour policy) fixed."""
 
-    def __init__(self, policy: Policy, reference: Policy, old_policy: Optional[Policy] = None):
+    def __init__(self, policy: Policy, reference: Policy, old_policy: Policy | None = None):
         for name, other in (("reference", reference), ("old_policy", old_policy)):
             if other is None:
                 continue
@@ -239,7 +240,7 @@ class ExactProblem:
         ])
 
     def length_weights(
-        self, probs: torch.Tensor, aggregation: Aggregation, batch_size: Optional[int] = None
+        self, probs: torch.Tensor, aggregation: Aggregation, batch_size: int | None = None
     ) -> torch.Tensor:
         """[N] h(L_y) for sampling probabilities `probs` [N] (kl-math.md section 5)."""
         lengths = self.lengths.to(torch.float64)
@@ -270,7 +271,7 @@ class ExactProblem:
         loss_fn: LossFn,
         *,
         aggregation: Aggregation = Aggregation.SUM,
-        batch_size: Optional[int] = None,
+        batch_size: int | None = None,
         off_policy: bool = False,
     ) -> torch.Tensor:
         """grad_theta sum_y sg(P(y)) h(L_y) S(y; theta), S = loss_fn(batch) ([N], or [N, T] summed over t)."""
@@ -349,7 +350,7 @@ class ExactProblem:
         g: torch.Tensor,
         *,
         proportional: bool = False,
-        targets: Optional[Mapping[Target, torch.Tensor]] = None,
+        targets: Mapping[Target, torch.Tensor] | None = None,
     ) -> Objective:
         """`match_objective` against this problem's targets (pass `targets` to avoid recomputing them)."""
         return match_objective(g, self.targets() if targets is None else targets, proportional=proportional)

@@ -14,8 +14,8 @@ one batch, so `aggregation` says which of those the caller knows applies.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 
@@ -64,7 +64,7 @@ class Match:
 
 
 def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
-               old_logprobs: Optional[torch.Tensor] = None) -> Batch:
+               old_logprobs: torch.Tensor | None = None) -> Batch:
     """A Batch whose `logits` is a fresh leaf with gradient and whose log-probs are computed from it."""
     leaf = logits.detach().clone().requires_grad_(True)
 
@@ -115,7 +115,7 @@ def near_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     return lambda: leaf_batch(batch.tokens, batch.mask, logits, ref_logits)
 
 
-def _positive_multiple(user: torch.Tensor, reference: torch.Tensor) -> Optional[tuple[float, float]]:
+def _positive_multiple(user: torch.Tensor, reference: torch.Tensor) -> tuple[float, float] | None:
     """(c, relative error) of the least-squares c with user ~ c * reference, when c > 0."""
     squared = torch.dot(reference, reference).item()
     if squared == 0.0:
@@ -176,18 +176,18 @@ class Fingerprinter:
         self.batch_factory = batch_factory
         self.off_policy = off_policy
         self._gradients: list[tuple[Config, torch.Tensor]] = []
-        self._near: Optional[Fingerprinter] = None
+        self._near: Fingerprinter | None = None
         for config in candidate_configs(off_policy):
             self._gradients.append((config, logits_gradient(_weighted(config), batch_factory)))
 
-    def near(self) -> "Fingerprinter":
+    def near(self) -> Fingerprinter:
         """The fingerprinter of `near_batch` (on-policy only: old log-probs cannot be moved along)."""
         if self._near is None:
             self._near = Fingerprinter(near_batch(self.batch_factory), off_policy=self.off_policy)
         return self._near
 
     def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,
-                 aggregation: Aggregation = Aggregation.SUM) -> Optional[Match]:
+                 aggregation: Aggregation = Aggregation.SUM) -> Match | None:
         """The first catalog configuration whose per-sample gradient is a positive multiple of the term's,
         with the others that have that gradient too (which one the code spells, the gradient cannot tell).
 

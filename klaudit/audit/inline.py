@@ -19,12 +19,11 @@ import builtins
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
 
 from klaudit.audit.bind import role_from_name
 from klaudit.lint.roles import is_coefficient_name
 
-_Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     (variable,) = _assigned(origin)
     kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)]
     imported = _imported_names(tree)
-    switches: dict[str, Optional[str]] = {}
+    switches: dict[str, str | None] = {}
     pending = [name for statement in kept for name in _reads(statement, function)]
     resolved: set[str] = {variable}
     while pending:
@@ -142,7 +141,7 @@ class _KeyedInputs(ast.NodeTransformer):
     def __init__(self, outside: set[str]) -> None:
         self.outside = outside - {"self"}
 
-    def _key(self, owner: ast.AST, key: ast.AST) -> Optional[str]:
+    def _key(self, owner: ast.AST, key: ast.AST) -> str | None:
         if isinstance(owner, ast.Name) and owner.id in self.outside and isinstance(key, ast.Constant) \
                 and isinstance(key.value, str) and key.value.isidentifier() and role_from_name(key.value) is not None:
             return key.value
@@ -235,7 +234,7 @@ def _computable(statement: ast.stmt, outside: set[str]) -> bool:
     return True
 
 
-def _self_chain(node: ast.AST) -> Optional[list[str]]:
+def _self_chain(node: ast.AST) -> list[str] | None:
     """['args', 'beta'] for `self.args.beta`, else None."""
     names = []
     while isinstance(node, ast.Attribute):

@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -29,8 +29,16 @@ from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding, Role, defaulted_attributes
 from klaudit.audit.confine import memory_note
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
-from klaudit.audit.fingerprint import (MATCH_RTOL_FLOAT32, MATCH_RTOL_FLOAT64, Fingerprinter, Match,
-                                       holds_far_from_reference, leaf_batch, logits_gradient, sample_rows)
+from klaudit.audit.fingerprint import (
+    MATCH_RTOL_FLOAT32,
+    MATCH_RTOL_FLOAT64,
+    Fingerprinter,
+    Match,
+    holds_far_from_reference,
+    leaf_batch,
+    logits_gradient,
+    sample_rows,
+)
 from klaudit.audit.report import ResultRow
 from klaudit.catalog import CLAMPED, FIX_K1_LOSS, Aggregation, Objective, Target
 from klaudit.describe import describe
@@ -120,7 +128,7 @@ class Term:
         self.negated = negated
         self.dtype = torch.float64
 
-    def rebound(self, binding: Binding) -> "Term":
+    def rebound(self, binding: Binding) -> Term:
         """The same callable and mode with another binding."""
         return Term(self.fn, binding, self.mode, self.name, self.negated)
 
@@ -181,7 +189,7 @@ def result_kind(term: Term, batch: Batch) -> str:
     return {2: "token", 1: "sequence", 0: "scalar"}[term(batch).dim()]
 
 
-def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, Optional[str]]:
+def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, str | None]:
     """The result kind of the term's first call, and the term that gave it, with a note when it changed.
 
     Zeros [B, T] stand for a task reward or advantage; code that wants a per-sequence one (a score
@@ -208,7 +216,7 @@ def _reward_to_go(values: torch.Tensor) -> torch.Tensor:
     return values.flip(-1).cumsum(-1).flip(-1)
 
 
-def surrogate(term: Term, kind: str, placement: str, scalar_weight: Optional[str] = None):
+def surrogate(term: Term, kind: str, placement: str, scalar_weight: str | None = None):
     """Per-sequence surrogate S(batch) [N] of the term in the placement (see the module docstring)."""
 
     def per_sequence(batch: Batch) -> torch.Tensor:
@@ -260,7 +268,7 @@ def scalar_aggregation(term: Term, batch_factory: Callable[[], Batch]) -> str:
     return "other"
 
 
-def _describe_aggregation(kind: str, placement: str, scalar_weight: Optional[str], negated: bool = False) -> str:
+def _describe_aggregation(kind: str, placement: str, scalar_weight: str | None, negated: bool = False) -> str:
     if kind == "token":
         text = "token-sum per sequence (applied by klaudit)"
     elif kind == "sequence":
@@ -300,8 +308,8 @@ def fingerprint_batch(problem: Problem, size: int, seed: int) -> Callable[[], Ba
     return lambda: leaf_batch(exact.tokens[rows], exact.mask[rows], logits, ref_logits, old_logprobs)
 
 
-def audit(fn: Callable, binding: Binding, *, name: str, placements: Optional[Sequence[str]] = None,
-          problems: Optional[list[Problem]] = None, batch: Optional[Callable[[], Batch]] = None,
+def audit(fn: Callable, binding: Binding, *, name: str, placements: Sequence[str] | None = None,
+          problems: list[Problem] | None = None, batch: Callable[[], Batch] | None = None,
           progress: Callable[[str], None] = lambda message: None,
           also: Callable[[], Sequence[str]] = tuple) -> tuple[list[ResultRow], list[str]]:
     """Rows for every (mode, placement) of `fn`, and notes (switch values that are not implemented).
@@ -374,7 +382,7 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also):
     for term, kind, chosen, scalar_weight in plans:
         rows += audit_rows(term, kind, chosen, scalar_weight)
     extra = [placement for placement in also() if placement not in {row.placement for row in rows}]
-    for term, kind, chosen, scalar_weight in plans:
+    for term, kind, _chosen, scalar_weight in plans:
         usable = [placement for placement in extra if _allowed(kind, placement)
                   and (placement == "reward" or term(batch_factory()).requires_grad)]
         rows += audit_rows(term, kind, usable, scalar_weight)
@@ -387,7 +395,7 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also):
     return rows, notes
 
 
-def _placements_for(term: Term, kind: str, placements: Optional[Sequence[str]], reward_function: bool,
+def _placements_for(term: Term, kind: str, placements: Sequence[str] | None, reward_function: bool,
                     batch_factory: Callable[[], Batch], notes: list[str]) -> list[str]:
     """The placements to audit a mode in: the ones asked for, else by the function's name and result
     (a loss function or scalar as a loss, a reward function as a reward, a detached result as a
@@ -448,7 +456,7 @@ def _require_dependence(term: Term, batch_factory: Callable[[], Batch]) -> None:
                             f"no gradient flows, this KL term does nothing")
 
 
-def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[str], problems: list[Problem],
+def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None, problems: list[Problem],
                fingerprinter: Fingerprinter, batch_factory: Callable[[], Batch]) -> ResultRow:
     per_sequence = surrogate(term, kind, placement, scalar_weight)
     aggregation = Aggregation.BATCH_MEAN if scalar_weight == "batch-token-mean" else Aggregation.SUM
@@ -497,7 +505,7 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: Optional[st
 
 
 def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprinter, *, rtol: float,
-                     aggregation: Aggregation) -> tuple[Optional[Match], Optional[str]]:
+                     aggregation: Aggregation) -> tuple[Match | None, str | None]:
     """The catalog configuration of a term, and where a clamp changes it: "far" when the term has that
     configuration's per-sample gradient on the fingerprint batch but not far from the reference (the
     clamp acts beyond the audited policies), "near" when it has it only on the near batch (the clamp
@@ -513,7 +521,7 @@ def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: 
     return match, "near" if match is not None else None
 
 
-def _value_per_sequence(term: Term, kind: str, scalar_weight: Optional[str]) -> Callable[[Batch], torch.Tensor]:
+def _value_per_sequence(term: Term, kind: str, scalar_weight: str | None) -> Callable[[Batch], torch.Tensor]:
     """The term's value per sequence: token-sum, [B] values, or the scalar on each sequence alone."""
 
     def value(batch: Batch) -> torch.Tensor:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Iterator, Optional, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
@@ -40,7 +41,7 @@ class Policy(Protocol):
 
     vocab_size: int
     horizon: int
-    eos_id: Optional[int]
+    eos_id: int | None
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 
@@ -56,7 +57,7 @@ def _check_shape(vocab_size: int, horizon: int, eos: bool) -> None:
         raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
 
 
-def real_positions(tokens: torch.Tensor, eos_id: Optional[int]) -> torch.Tensor:
+def real_positions(tokens: torch.Tensor, eos_id: int | None) -> torch.Tensor:
     """[N, T] bool: position t is a real response position iff no EOS occurs in tokens[:, :t]."""
     if eos_id is None:
         return torch.ones_like(tokens, dtype=torch.bool)
@@ -81,7 +82,7 @@ class TabularPolicy(torch.nn.Module):
         _check_shape(vocab_size, horizon, eos)
         self.vocab_size = vocab_size
         self.horizon = horizon
-        self.eos_id: Optional[int] = vocab_size - 1 if eos else None
+        self.eos_id: int | None = vocab_size - 1 if eos else None
         self.num_plain = vocab_size - 1 if eos else vocab_size  # A, the non-EOS tokens
         expected = sum(self.num_plain**length for length in range(horizon))
         if prefix_logits.shape[0] != expected:
@@ -103,7 +104,7 @@ class TabularPolicy(torch.nn.Module):
     @classmethod
     def random(
         cls, vocab_size: int, horizon: int, *, eos: bool = True, seed: int = 0, scale: float = 1.0
-    ) -> "TabularPolicy":
+    ) -> TabularPolicy:
         """A policy with i.i.d. N(0, scale^2) logits for every prefix, reproducible from `seed`."""
         _check_shape(vocab_size, horizon, eos)
         num_plain = vocab_size - 1 if eos else vocab_size
@@ -153,7 +154,7 @@ class TinyCausalLM(torch.nn.Module):
         _check_shape(vocab_size, horizon, eos)
         self.vocab_size = vocab_size
         self.horizon = horizon
-        self.eos_id: Optional[int] = vocab_size - 1 if eos else None
+        self.eos_id: int | None = vocab_size - 1 if eos else None
         self.bos_id = vocab_size
         with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
             torch.manual_seed(seed)
@@ -245,7 +246,7 @@ def place_at_kl(
     for attempt in range(attempts):
         direction = _direction(reference, seed + attempt * _RETRY_SEED_STRIDE)
 
-        def kl_at(scale: float) -> float:
+        def kl_at(scale: float, direction=direction) -> float:
             _shift_into(candidate, reference, direction, scale)
             return problem.kl_seq()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 from klaudit import __version__
 from klaudit.describe import legend_footer
@@ -33,13 +32,13 @@ class ResultRow:
     configuration: str
     objective: str
     unbiased: bool
-    cos_rev: Optional[float]
+    cos_rev: float | None
     rel_err_rev: float
     value_bias: float
-    rule: Optional[str]
+    rule: str | None
     fix: str
     aggregation: str = ""
-    fingerprint_objective: Optional[str] = None
+    fingerprint_objective: str | None = None
     per_policy: dict = field(default_factory=dict)
     same_gradient_as: list = field(default_factory=list)  # configurations the fingerprint cannot tell apart
     used: bool = False  # the placement the surrounding code uses (from the lint analysis), when known
@@ -83,7 +82,7 @@ class Report:
                    if not used_only or row.used or row.target not in used_targets]
         return 0 if all(row.unbiased for row in counted) else 1
 
-    def extend(self, other: "Report") -> None:
+    def extend(self, other: Report) -> None:
         self.results += other.results
         self.errors += [error for error in other.errors if error not in self.errors]
         self.notes += [note for note in other.notes if note not in self.notes]
@@ -98,7 +97,7 @@ class Report:
                 "details": self.details}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Report":
+    def from_dict(cls, data: dict) -> Report:
         return cls([ResultRow(**row) for row in data.get("results", [])], list(data.get("errors", [])),
                    list(data.get("notes", [])), list(data.get("details", [])))
 

@@ -20,11 +20,11 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional, Sequence
 
 from klaudit.audit.bind import BindError, Role
 from klaudit.audit.confine import limit_memory, memory_limit_bytes, run_confined
@@ -43,12 +43,12 @@ class TargetError(ValueError):
 class Target:
     """A file and a qualified name in it, or an importable module and a name in it."""
 
-    path: Optional[str] = None
-    module: Optional[str] = None
-    qualname: Optional[str] = None
-    label: Optional[str] = None  # how the report names it, when not by path and name (an inline KL term)
-    source: Optional[str] = None  # the code of a function cut out of `path` (klaudit.audit.inline)
-    placement: Optional[str] = None  # the placement the code gives a cut-out function's result
+    path: str | None = None
+    module: str | None = None
+    qualname: str | None = None
+    label: str | None = None  # how the report names it, when not by path and name (an inline KL term)
+    source: str | None = None  # the code of a function cut out of `path` (klaudit.audit.inline)
+    placement: str | None = None  # the placement the code gives a cut-out function's result
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -90,7 +90,7 @@ def used_placements(target: Target) -> set[str]:
         return set()
 
 
-def module_file(module: str) -> Optional[str]:
+def module_file(module: str) -> str | None:
     """The source file of `package.module` under the working directory or sys.path, found without
     importing anything."""
     parts = module.split(".")
@@ -183,8 +183,8 @@ def stubbed_note(target: Target, stubbed: dict[str, str]) -> str:
             f"if the KL code uses them)")
 
 
-def audit_target(target: Target, *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
-                 model_dir: Optional[str] = None, device: str = "cpu",
+def audit_target(target: Target, *, overrides: dict | None = None, placements: Sequence[str] | None = None,
+                 model_dir: str | None = None, device: str = "cpu",
                  progress: Callable[[str], None] = lambda message: None,
                  also: Callable[[], Sequence[str]] = tuple, current_old: bool = False) -> Report:
     """Load, bind and audit one target in this process; every failure becomes one error line.
@@ -204,7 +204,8 @@ def audit_target(target: Target, *, overrides: Optional[dict] = None, placements
             try:
                 fingerprint = batch_from_model(model_dir, device=device)
             except Exception as error:
-                raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}")
+                raise TargetError(
+                    f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}") from error
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
                             progress=progress, also=also)
         return Report(rows, [], ([stubbed_note(target, stubbed)] if stubbed else []) + notes,
@@ -266,7 +267,7 @@ def _audit_request(request: dict) -> Report:
                         also=combined_uses, current_old=request["current_old"])
 
 
-def _misbehaviour(target: Target, cwd: str) -> Optional[Report]:
+def _misbehaviour(target: Target, cwd: str) -> Report | None:
     """An error report when the user's code changed this process beyond computing its term: a thread
     still running, a working directory other than `cwd` (the audit's rows are then not reported)."""
     running = [thread.name for thread in threading.enumerate()
@@ -313,8 +314,8 @@ class _Progress:
                 sys.stderr.flush()
 
 
-def run_isolated(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
-                 memory_limit: Optional[int], model_dir: Optional[str], device: str, progress: _Progress) -> Report:
+def run_isolated(target: Target, *, overrides: dict, placements: Sequence[str] | None, timeout: float,
+                 memory_limit: int | None, model_dir: str | None, device: str, progress: _Progress) -> Report:
     """Audit one target in a child process and mark the placement the user's code uses; the lint
     analysis that finds it runs in this process while the child audits."""
     with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch, ThreadPoolExecutor(max_workers=1) as pool:
@@ -363,8 +364,8 @@ def child_command(request_path: str, response_path: str) -> list[str]:
     return [sys.executable, "-c", boot, installed_root, request_path, response_path]
 
 
-def _audit_in_child(target: Target, *, overrides: dict, placements: Optional[Sequence[str]], timeout: float,
-                    memory_limit: Optional[int], model_dir: Optional[str], device: str, progress: _Progress,
+def _audit_in_child(target: Target, *, overrides: dict, placements: Sequence[str] | None, timeout: float,
+                    memory_limit: int | None, model_dir: str | None, device: str, progress: _Progress,
                     scratch: Path, used_path: Path) -> Report:
     """Audit one target in a child process; a timeout, a crash, an early end or a process left running is
     an error line. With `placements` None the child also audits the combined placements (loss+reward, loss+future) the
@@ -464,7 +465,7 @@ def _helper_targets(helpers: Sequence[tuple[str, int]], report: Report) -> list[
     return list(targets)
 
 
-def _enclosing_function(path: str, line: int) -> Optional[str]:
+def _enclosing_function(path: str, line: int) -> str | None:
     """The top-level function or method of `path` whose lines hold `line`."""
     import ast
 
@@ -477,8 +478,8 @@ def _enclosing_function(path: str, line: int) -> Optional[str]:
     return None
 
 
-def run(targets: Sequence[str], *, overrides: Optional[dict] = None, placements: Optional[Sequence[str]] = None,
-        timeout: float = DEFAULT_TIMEOUT, memory_limit: Optional[int] = None, model_dir: Optional[str] = None,
+def run(targets: Sequence[str], *, overrides: dict | None = None, placements: Sequence[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT, memory_limit: int | None = None, model_dir: str | None = None,
         device: str = "cpu", show_progress: bool = False) -> Report:
     """Audit every target in turn (files expanded by discovery) and merge the reports. Each runs in a
     child process confined to `timeout` seconds and `memory_limit` MiB (None: half the physical memory;

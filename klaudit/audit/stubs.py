@@ -16,7 +16,7 @@ import importlib.machinery
 import inspect
 import sys
 import types
-from typing import Callable, Collection, Optional
+from collections.abc import Callable, Collection
 
 NEVER_STUBBED = ("torch", "klaudit")
 
@@ -33,7 +33,7 @@ class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.reasons: dict[str, str] = {}  # stubbed module -> why it did not import
         self.importing = True
 
-    def stubbed_root(self, fullname: str) -> Optional[str]:
+    def stubbed_root(self, fullname: str) -> str | None:
         return next((name for name in self.reasons if fullname == name or fullname.startswith(name + ".")), None)
 
     def find_spec(self, fullname, path=None, target=None):
@@ -157,7 +157,7 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
             sys.meta_path.remove(finder)
 
 
-def failing_dependency(error: BaseException, protected: Collection[str]) -> Optional[str]:
+def failing_dependency(error: BaseException, protected: Collection[str]) -> str | None:
     """The third-party module whose import raised `error`: the missing module of a ModuleNotFoundError,
     the module a name was not found in, or else the first module the traceback enters after the last
     frame of a protected package, or else what the error's cause names (a lazy module that re-raises);
@@ -174,7 +174,7 @@ def failing_dependency(error: BaseException, protected: Collection[str]) -> Opti
     return name
 
 
-def _entered_after_protected(error: BaseException, protected: Collection[str]) -> Optional[str]:
+def _entered_after_protected(error: BaseException, protected: Collection[str]) -> str | None:
     modules = []
     tb = error.__traceback__
     while tb is not None:

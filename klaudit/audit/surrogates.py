@@ -16,7 +16,7 @@ per sample. Every tensor is masked, so padding never contributes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -9,7 +9,7 @@ Known: verl's Hydra flags (launch scripts, YAML) and TRL's GRPOConfig (Python).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import libcst as cst
 

@@ -3,7 +3,7 @@ settings, with the position of each, read from the module's syntax tree (the cod
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -12,7 +12,7 @@ from klaudit.frameworks.settings import Setting
 from klaudit.lint.syntax import dotted
 
 
-def _literal(node: cst.BaseExpression) -> Optional[str]:
+def _literal(node: cst.BaseExpression) -> str | None:
     """The value of a literal keyword argument as a string; None for anything computed."""
     if isinstance(node, cst.SimpleString):
         return str(node.evaluated_value)

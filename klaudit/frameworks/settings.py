@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import yaml
 

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
 from klaudit.frameworks.settings import Judged, Setting
@@ -36,14 +36,14 @@ _OWN_LOSS = ("TRL has no flag for an unbiased KL gradient: keep beta and overrid
 FIXES = {"KL007": 'loss_type="dapo" (or "bnpo"): the batch token-mean keeps the scale'}
 
 
-def _number(value: str) -> Optional[float]:
+def _number(value: str) -> float | None:
     try:
         return float(value)
     except ValueError:
         return None
 
 
-def judge(settings: Mapping[str, Setting]) -> Optional[Judged]:
+def judge(settings: Mapping[str, Setting]) -> Judged | None:
     """The KL configuration a GRPOConfig's keywords select; None when the KL is off or undecidable."""
     value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
     if any(v is None for v in value.values()):

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns
 from klaudit.frameworks.settings import Judged, Setting
@@ -49,13 +49,13 @@ FIXES = {
 }
 
 
-def _truthy(value: str) -> Optional[bool]:
+def _truthy(value: str) -> bool | None:
     """A YAML or Hydra boolean; None for anything else."""
     lowered = value.lower()
     return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
 
 
-def judge(settings: Mapping[str, Setting]) -> Optional[Judged]:
+def judge(settings: Mapping[str, Setting]) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal verl knows."""
     if not any(key in settings for key in KEYS):
@@ -74,7 +74,7 @@ def judge(settings: Mapping[str, Setting]) -> Optional[Judged]:
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
-    anchor = next((settings[key] for key in (*order, *KEYS) if key in settings))
+    anchor = next(settings[key] for key in (*order, *KEYS) if key in settings)
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
                       for key in KEYS if (key in settings or _relevant(key, loss, reward)))
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AGG_MODE), ("KL004", KL_PENALTY)) if key in settings}

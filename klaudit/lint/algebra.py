@@ -10,8 +10,8 @@ estimator is then a comparison of coefficients: k3 is r - 1 + d, whatever the sp
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
 
 from klaudit.catalog import Estimator, Returns
 
@@ -56,10 +56,10 @@ class Atom:
     grad: bool = False
     acc: str = TOKEN
 
-    def detached(self) -> "Atom":
+    def detached(self) -> Atom:
         return Atom(self.kind, False, self.acc)
 
-    def accumulated(self, acc: str) -> "Atom":
+    def accumulated(self, acc: str) -> Atom:
         return Atom(self.kind, self.grad, acc)
 
 
@@ -73,15 +73,15 @@ class Poly:
     terms: tuple  # sorted tuple of (Monomial, float)
 
     @staticmethod
-    def of(mapping: Mapping[Monomial, float]) -> "Poly":
+    def of(mapping: Mapping[Monomial, float]) -> Poly:
         return Poly(tuple(sorted((m, c) for m, c in mapping.items() if abs(c) > 1e-12)))
 
     @staticmethod
-    def atom(atom: Atom, coef: float = 1.0) -> "Poly":
+    def atom(atom: Atom, coef: float = 1.0) -> Poly:
         return Poly.of({(atom,): coef})
 
     @staticmethod
-    def const(value: float) -> "Poly":
+    def const(value: float) -> Poly:
         return Poly.of({(): value})
 
     def as_dict(self) -> dict:
@@ -90,7 +90,7 @@ class Poly:
     def is_const(self) -> bool:
         return all(m == () for m, _ in self.terms)
 
-    def const_value(self) -> Optional[float]:
+    def const_value(self) -> float | None:
         if not self.terms:
             return 0.0
         if self.is_const():
@@ -103,7 +103,7 @@ class Poly:
     def has_grad(self) -> bool:
         return any(a.grad for a in self.atoms())
 
-    def map_atoms(self, fn) -> "Poly":
+    def map_atoms(self, fn) -> Poly:
         out: dict = {}
         for mono, coef in self.terms:
             key = tuple(sorted(fn(a) for a in mono))
@@ -158,7 +158,7 @@ def _normalize(poly: Poly) -> Poly:
     return Poly(tuple(sorted(terms.items())))
 
 
-def _fold(plus: Atom, minus: Atom) -> Optional[Atom]:
+def _fold(plus: Atom, minus: Atom) -> Atom | None:
     if minus.kind == REF and plus.kind in (POLICY, OLD):
         return Atom(DELTA, plus.grad and plus.kind == POLICY, plus.acc)
     if plus.kind == POLICY and minus.kind == POLICY and plus.grad and not minus.grad:
@@ -168,7 +168,7 @@ def _fold(plus: Atom, minus: Atom) -> Optional[Atom]:
     return None
 
 
-def exp(poly: Poly) -> Optional[Poly]:
+def exp(poly: Poly) -> Poly | None:
     """exp of a log-ratio: d -> R, -d -> r, s -> S, w -> W (a constant offset is a scale)."""
     linear = [(m, c) for m, c in poly.terms if m != ()]
     if len(linear) != 1 or len(linear[0][0]) != 1:
@@ -184,7 +184,7 @@ def exp(poly: Poly) -> Optional[Poly]:
     return Poly.atom(Atom(kind, atom.grad, atom.acc))
 
 
-def log(poly: Poly) -> Optional[Poly]:
+def log(poly: Poly) -> Poly | None:
     """log of a ratio: log r = -d, log R = d."""
     if len(poly.terms) != 1:
         return None
@@ -199,7 +199,7 @@ def log(poly: Poly) -> Optional[Poly]:
     return Poly.atom(Atom(kind, atom.grad, atom.acc), sign)
 
 
-def absolute(poly: Poly) -> Optional[Poly]:
+def absolute(poly: Poly) -> Poly | None:
     if len(poly.terms) == 1 and len(poly.terms[0][0]) == 1 and poly.terms[0][0][0].kind == DELTA:
         atom = poly.terms[0][0][0]
         return Poly.atom(Atom(ABS, atom.grad, atom.acc), abs(poly.terms[0][1]))
@@ -249,7 +249,7 @@ def _shape(terms: Iterable) -> dict:
     return {k: v for k, v in out.items() if abs(v) > 1e-12}
 
 
-def match_estimator(terms: Iterable) -> Optional[tuple]:
+def match_estimator(terms: Iterable) -> tuple | None:
     """(estimator, sign) when the terms are a nonzero multiple of a known estimator's value."""
     shape = _shape(terms)
     if not shape:
@@ -273,7 +273,7 @@ class Term:
     """
 
     place: str
-    estimator: Optional[Estimator]  # None: a KL-like form no catalog estimator matches
+    estimator: Estimator | None  # None: a KL-like form no catalog estimator matches
     sign: int
     returns: Returns
     weighted: str = ""  # "", "score" (exp(P - sg P)), "is" (differentiable IS ratio), "is-detached"
@@ -293,7 +293,7 @@ def _returns_of(terms: list) -> Returns:
     return Returns.LOCAL
 
 
-def _split_future(terms: list) -> Optional[list]:
+def _split_future(terms: list) -> list | None:
     """rtg(x) - x: the reward-to-go minus the same token's value is the future-only return."""
     rtg = [(m, c) for m, c in terms if all(a.acc == TO_GO for a in m)]
     tok = [(m, c) for m, c in terms if all(a.acc == TOKEN for a in m)]
@@ -306,7 +306,7 @@ def _split_future(terms: list) -> Optional[list]:
     return [(m, c) for m, c in base.items()]
 
 
-def _reward_term(factor: list, weighted: str = "") -> Optional[Term]:
+def _reward_term(factor: list, weighted: str = "") -> Term | None:
     if not factor:
         return None
     future = _split_future(factor)
@@ -321,7 +321,7 @@ def _reward_term(factor: list, weighted: str = "") -> Optional[Term]:
     return Term("reward", found[0], found[1], returns, weighted)
 
 
-def _loss_term(factor: list, weighted: str = "") -> Optional[Term]:
+def _loss_term(factor: list, weighted: str = "") -> Term | None:
     """A differentiated factor: the estimator is named by its value, straight-through by its gradient."""
     value = match_estimator(factor)
     grad_part = [(m, c) for m, c in factor if any(a.grad for a in m)]

@@ -10,8 +10,9 @@ engine reports one KL099 at the function where the budget ran out.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any
 
 # Reused summaries count in full, so units overstate time where a helper is called often: a real
 # file linted in 2 s (ms-swift's template/base.py) spends 5.4 million, while one where each unit is
@@ -29,7 +30,7 @@ class BudgetExceeded(Exception):
 class Budget:
     """What one file may spend; `exceeded_in` is the top-level function being analysed when it ran out."""
 
-    def __init__(self, units: Optional[int] = None, seconds: Optional[float] = None) -> None:
+    def __init__(self, units: int | None = None, seconds: float | None = None) -> None:
         self.units = units
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.spent = 0

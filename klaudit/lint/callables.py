@@ -9,7 +9,7 @@ of a callee like a call of the function by name, with the bound arguments first.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 import libcst as cst
 
@@ -25,7 +25,7 @@ class Callee:
 
     module: Any  # klaudit.lint.modules.Module
     func: cst.FunctionDef
-    cls: Optional[str] = None
+    cls: str | None = None
     closure: tuple = ()  # ((enclosing variable, facts), ...), sorted by name
     bound: tuple = ()  # facts of the positional arguments bound by functools.partial
     bound_keywords: tuple = ()  # ((parameter, facts), ...) bound by functools.partial

@@ -13,7 +13,6 @@ import ast
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import libcst as cst
 
@@ -22,11 +21,11 @@ from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
 from klaudit.lint import algebra as alg
 from klaudit.lint.budget import BudgetExceeded
-from klaudit.lint.findings import Finding
 from klaudit.lint.facts import Fact, Sink
+from klaudit.lint.findings import Finding
 from klaudit.lint.modules import Analyzer, module_functions
 
-_ANALYZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ANALYZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_module(path: str, module: cst.Module, project, source: str) -> list:
@@ -99,7 +98,7 @@ def _clamp_counts(config: Config, fact: Fact) -> bool:
     return fact.clamped and not (config.reward is None and config.loss in _STRAIGHT_THROUGH)
 
 
-def config_of(fact: Fact, kind: str) -> Optional[Config]:
+def config_of(fact: Fact, kind: str) -> Config | None:
     """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one."""
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
     loss = next((t for t in terms if t.place == "loss"), None)
@@ -184,7 +183,7 @@ class _Positions:
         self._project = project
         self._maps: dict = {}
 
-    def of(self, tree: cst.Module, node) -> Optional[tuple]:
+    def of(self, tree: cst.Module, node) -> tuple | None:
         key = id(tree)
         if key not in self._maps:
             self._maps[key] = statement_positions(tree, self._project.source(tree))
@@ -297,7 +296,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
     return sorted(findings)
 
 
-def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: "_Positions"):
+def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: _Positions):
     """(path or None for this module, line, column) where the fact's estimator is computed, if known."""
     if fact.origin is None:
         return None
@@ -360,7 +359,7 @@ def _shown(path: str) -> str:
         return path
 
 
-def _tree_of(analyzer: Analyzer, origin_path: str, module: cst.Module, path: str) -> Optional[cst.Module]:
+def _tree_of(analyzer: Analyzer, origin_path: str, module: cst.Module, path: str) -> cst.Module | None:
     if not origin_path or Path(origin_path).resolve() == Path(path).resolve():
         return module
     found = analyzer.module_at(Path(origin_path))

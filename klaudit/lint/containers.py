@@ -9,7 +9,6 @@ keep its meaning; iterating `zip(a, b)` yields pairs of the elements of a and b.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import libcst as cst
 
@@ -75,7 +74,7 @@ class ContainerFlow:
             return ()
         return self.analyzer.fields_of(self.module).get(slot, ())
 
-    def read_key(self, base_node: cst.BaseExpression, key: str) -> Optional[tuple]:
+    def read_key(self, base_node: cst.BaseExpression, key: str) -> tuple | None:
         """The facts of `base["key"]` when the analysis knows what was stored there, else None."""
         base = dotted(base_node)
         if base and f"{base}[{key!r}]" in self.env:
@@ -85,7 +84,7 @@ class ContainerFlow:
             return entries
         return self.stored(key_slot(key)) or None
 
-    def read_get(self, base_node: cst.BaseExpression, key: str, default: Optional[cst.BaseExpression]) -> tuple:
+    def read_get(self, base_node: cst.BaseExpression, key: str, default: cst.BaseExpression | None) -> tuple:
         """`base.get("key", default)`: what was stored under the key, or the default (None when not given)."""
         found = self.read_key(base_node, key)
         if found is None:
@@ -104,7 +103,7 @@ class ContainerFlow:
             value = self.expr(arg)
             self.sink(kind, value if method == "append" else elements(value), node)
 
-    def dispatch(self, node: cst.Subscript) -> Optional[tuple]:
+    def dispatch(self, node: cst.Subscript) -> tuple | None:
         """`table[name]` on a dict display with a key the analysis does not know: every entry, each
         labelled as the switch value that selects it (`{"k1": f1, "k3": f3}[kind]`)."""
         tables = [f for f in self.expr(node.value) if f.role == "dict"]

@@ -17,12 +17,11 @@ import multiprocessing
 import os
 import sys
 import traceback
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
-
 
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
 from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
@@ -61,7 +60,7 @@ class _Analysis:
     path: str
     findings: tuple[Finding, ...] = ()
     suppressions: SuppressionTable = field(default_factory=dict)
-    error: Optional[str] = None
+    error: str | None = None
     spent: int = 0  # work units of the analysis budget
 
 
@@ -142,8 +141,8 @@ def _internal_error(path: str, error: Exception) -> _Analysis:
 class Limits:
     """The per-file analysis budget (None: no limit)."""
 
-    units: Optional[int] = budget.DEFAULT_UNITS
-    seconds: Optional[float] = budget.DEFAULT_SECONDS
+    units: int | None = budget.DEFAULT_UNITS
+    seconds: float | None = budget.DEFAULT_SECONDS
 
 
 def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
@@ -233,9 +232,9 @@ def _config_analysis(path: str) -> _Analysis:
         return _internal_error(path, error)
 
 
-def lint_paths(paths: Sequence[str] = (".",), *, settings: Optional[Settings] = None,
+def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
                jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
-               stdin: Optional[bytes] = None) -> LintResult:
+               stdin: bytes | None = None) -> LintResult:
     """Lint the Python files under `paths` (files or directories) with `settings`; with `stdin`,
     lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist."""
     from klaudit.lint.roles import might_contain_kl

@@ -6,8 +6,9 @@ labelled by the literal that selects them); an empty tuple is a value the analys
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import libcst as cst
 
@@ -22,17 +23,17 @@ from klaudit.lint.syntax import dotted
 class Fact:
     """One alternative value of an expression."""
 
-    poly: Optional[Poly] = None
+    poly: Poly | None = None
     role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool | function
     clamped: bool = False
     position: Position = Position.ALL
-    aggregation: Optional[Aggregation] = None
+    aggregation: Aggregation | None = None
     flipped: bool = False
     labels: tuple = ()  # ((switch name, (values...)), ...)
     origin: Any = None  # node where the estimator was formed
     origin_path: str = ""
     entry: Any = None  # node where it entered a loss or reward
-    text: Optional[str] = None  # a string literal
+    text: str | None = None  # a string literal
     name: str = ""  # display name of a switch variable
     items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
     calls: int = 0  # function boundaries crossed
@@ -90,7 +91,7 @@ def _overlap(x: tuple, y: tuple) -> bool:
 def merge_labels(a: tuple, b: tuple) -> tuple:
     return tuple(sorted(set(a) | set(b), key=repr))
 
-def kinds(poly: Optional[Poly]) -> frozenset:
+def kinds(poly: Poly | None) -> frozenset:
     return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()
 
 # Alternatives one value may hold before they are widened (see `bounded`). Independent switches

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True, order=True)
@@ -25,5 +24,5 @@ class Finding:
     end_line: int
     end_column: int
     fix: str = ""
-    origin_line: Optional[int] = None
+    origin_line: int | None = None
     related: tuple = ()

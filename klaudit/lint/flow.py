@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Optional
 
 import libcst as cst
 
@@ -24,15 +23,44 @@ from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS, Callee, CallFlow, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
 from klaudit.lint.facts import (
-    NEG, UNKNOWN, Fact, Outcome, Sink, bounded, combine, compatible, contained, detach_all, holds_behaviour_ratio,
-    join_envs, logprob_kinds, loss_part, merge_labels, operands, param_facts, rename_logprobs, tensor,
+    NEG,
+    UNKNOWN,
+    Fact,
+    Outcome,
+    Sink,
+    bounded,
+    combine,
+    compatible,
+    contained,
+    detach_all,
+    holds_behaviour_ratio,
+    join_envs,
+    logprob_kinds,
+    loss_part,
+    merge_labels,
+    operands,
+    param_facts,
+    rename_logprobs,
+    tensor,
 )
 from klaudit.lint.syntax import (
-    case_strings, decorated_no_grad, dotted, drops_last_char, int_literal, is_data_read, is_last_index,
-    last_name, looks_like_option, mentions, number_value, params, root_name, string_key, string_literals,
+    case_strings,
+    decorated_no_grad,
+    dotted,
+    drops_last_char,
+    int_literal,
+    is_data_read,
+    is_last_index,
+    last_name,
+    looks_like_option,
+    mentions,
+    number_value,
+    params,
+    root_name,
+    string_key,
+    string_literals,
 )
 from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
-
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
 # with the log-ratio, so a KL term multiplied by it is no catalog estimator.
@@ -62,7 +90,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.record = record
         self.labels: tuple = ()
         self._memo: dict = {}
-        self.stmt: Optional[cst.CSTNode] = None
+        self.stmt: cst.CSTNode | None = None
         self.no_grad = decorated_no_grad(func)
         self.reverse_loop: set = set()
         self.returns: list = []
@@ -271,7 +299,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             return (name, (True,)), None
         return None, None
 
-    def is_none(self, node: cst.BaseExpression) -> Optional[bool]:
+    def is_none(self, node: cst.BaseExpression) -> bool | None:
         """Whether `node` holds None, when its facts decide it (an argument left at a None default,
         or given a value): `if dim is None:` in a helper, decided by the call."""
         facts = self.expr(node)
@@ -382,7 +410,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             return ()
         left, right = self.expr(rhs.left), self.expr(rhs.right)
 
-        def policy(value: tuple) -> Optional[Fact]:
+        def policy(value: tuple) -> Fact | None:
             found = [f for f in value if f.role == "tensor" and f.poly is not None and
                      {a.kind for a in f.poly.atoms()} == {alg.POLICY} and len(f.poly.terms) == 1]
             return found[0] if len(found) == 1 and len(value) == 1 else None
@@ -481,7 +509,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.compared = any(alg.POLICY in a and alg.OLD in b for i, a in enumerate(held)
                             for j, b in enumerate(held) if i != j)
 
-    def take_on(self, facts: tuple, node: Optional[cst.CSTNode] = None) -> None:
+    def take_on(self, facts: tuple, node: cst.CSTNode | None = None) -> None:
         """Earlier loss-named parts that these differentiable facts carry on are not losses of their own."""
         for f in facts:
             if f.poly is None or not f.poly.has_grad():
@@ -644,7 +672,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             return ()
         return base
 
-    def index_tuple(self, node: cst.Subscript) -> Optional[tuple]:
+    def index_tuple(self, node: cst.Subscript) -> tuple | None:
         base = self.expr(node.value)
         parts = [f for f in base if f.role == "tuple"]
         if not parts or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
@@ -919,7 +947,7 @@ class FunctionRun(ContainerFlow, CallFlow):
                                        for f in sink.facts), node)
         return outcome.returns
 
-    def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> Optional[tuple]:
+    def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> tuple | None:
         positional, keywords = self.args(node)
         if roles.BACKWARD_CALLS.match(method):
             target = self.expr(base_node) if not positional else self.expr(positional[0])
@@ -981,7 +1009,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             return self.divide(base, self.expr(positional[0]), node) if positional else base
         return ()
 
-    def dim(self, node) -> Optional[bool]:
+    def dim(self, node) -> bool | None:
         """True for a reduction over the token axis (per row), False over everything, None over the batch axis."""
         if node is None:
             return False
@@ -991,7 +1019,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         return any(f.role == "tensor" and f.poly is not None and f.poly.is_const() for f in facts) or (
             not facts and not isinstance(node, cst.Name))
 
-    def reduce(self, base: tuple, method: str, per_row: Optional[bool], node) -> tuple:
+    def reduce(self, base: tuple, method: str, per_row: bool | None, node) -> tuple:
         if per_row is None:
             return base  # over the batch axis: the per-sequence terms are kept
         out = []

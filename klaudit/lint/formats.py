@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from klaudit.lint.findings import Finding
 from klaudit.lint.github import format_github

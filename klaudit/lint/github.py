@@ -9,7 +9,7 @@ the properties (they separate the properties from each other and from the messag
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from klaudit.catalog import RULES
 from klaudit.lint.findings import Finding

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Optional
 
 
-def ignored_under(top: str) -> Optional[frozenset[str]]:
+def ignored_under(top: str) -> frozenset[str] | None:
     """The normalised paths (joined to `top`) of the ignored files and directories under `top`,
     whole ignored directories once; `top` itself when everything in it is ignored."""
     try:

@@ -6,7 +6,6 @@ import ast
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 import libcst as cst
 
@@ -122,7 +121,7 @@ class _Frame:
     def __init__(self, func_id: int) -> None:
         self.func_id = func_id
         self.reached = {func_id}  # the functions interpreted for it, itself included
-        self.needs: Optional[int] = None  # lowest stack index whose presence cut off a recursive call below it
+        self.needs: int | None = None  # lowest stack index whose presence cut off a recursive call below it
 
 
 class Analyzer:
@@ -140,7 +139,7 @@ class Analyzer:
         self._summaries: dict = {}  # (id(func), argument facts, remaining depth) -> (Outcome, reached ids, cost)
         self._stack: list = []  # _Frame of each call being interpreted, outermost first
         self._fields: dict = {}  # module path -> ({field name: facts stored into it}, cost in work units)
-        self.field_writes: Optional[dict] = None  # while collecting fields: field name -> facts
+        self.field_writes: dict | None = None  # while collecting fields: field name -> facts
         self._self_values: dict = {}  # (id(module tree), class) -> {attribute: [right-hand sides]}
 
     def fields_of(self, module: Module) -> dict:
@@ -177,7 +176,7 @@ class Analyzer:
             self._modules[key] = Module(path, tree, self.project)
         return self._modules[key]
 
-    def module_at(self, path: Path) -> Optional[Module]:
+    def module_at(self, path: Path) -> Module | None:
         key = str(Path(path).resolve())
         if key in self._modules:
             return self._modules[key]
@@ -186,7 +185,7 @@ class Analyzer:
             return None
         return self.module(str(path), tree)
 
-    def analyse(self, module: Module, func: cst.FunctionDef, cls: Optional[str]) -> Outcome:
+    def analyse(self, module: Module, func: cst.FunctionDef, cls: str | None) -> Outcome:
         """A function on its own: parameters get roles from their names (and may be None where that is
         their default). A method is also interpreted as a method of each subclass in the module that
         inherits it and overrides another method (a trainer whose subclass swaps the KL estimator);
@@ -203,7 +202,7 @@ class Analyzer:
             outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks)) for s in more.sinks)
         return outcome
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict) -> Outcome:
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict) -> Outcome:
         """What `func` returns given the caller's argument facts, and where it sinks the arguments.
 
         A call MAX_DEPTH deep, or to a function already being interpreted, is cut off: it returns nothing."""
@@ -285,7 +284,7 @@ class Analyzer:
                     return hit
         return None
 
-    def resolve(self, module: Module, func_node: cst.CSTNode, cls: Optional[str], imports: bool = True):
+    def resolve(self, module: Module, func_node: cst.CSTNode, cls: str | None, imports: bool = True):
         """(module, function, class) for a call target inside the linted tree, or None.
 
         With `imports` False only functions of `module` itself are considered."""
@@ -321,7 +320,7 @@ class Analyzer:
                     return target, target.functions[attr], None
         return None
 
-    def _import(self, module: Module, name: str, level: int) -> Optional[Module]:
+    def _import(self, module: Module, name: str, level: int) -> Module | None:
         path = self.project.module_path(name, module.path, level)
         if path is None:
             return None

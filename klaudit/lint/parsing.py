@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import warnings
-from typing import Optional, Union
 
 import libcst
 
@@ -33,7 +32,7 @@ def incomplete(path: str, why: str, line: int = 1) -> Finding:
     return file_finding(path, INCOMPLETE_CODE, f"{why}; findings in this file may be incomplete", line)
 
 
-def python_tree(path: str, source: str) -> Union[ast.Module, Finding, None]:
+def python_tree(path: str, source: str) -> ast.Module | Finding | None:
     """Python's syntax tree of `source`; a KL000 or KL099 finding when Python cannot build one; None
     when Python rejects it but LibCST reads it (newer syntax): the caller parses it with LibCST."""
     try:
@@ -72,7 +71,7 @@ def nesting(tree: ast.AST) -> tuple[int, int]:
     return deepest, line
 
 
-def parse(path: str, source: str) -> Union[libcst.Module, Finding]:
+def parse(path: str, source: str) -> libcst.Module | Finding:
     """The LibCST module of a file to analyse, or the finding that replaces its analysis."""
     tree = python_tree(path, source)
     if isinstance(tree, Finding):
@@ -92,7 +91,7 @@ def parse(path: str, source: str) -> Union[libcst.Module, Finding]:
         return incomplete(path, "not analysed: the code nests too deeply for LibCST")
 
 
-def _compile_error(path: str, source: str) -> Optional[Finding]:
+def _compile_error(path: str, source: str) -> Finding | None:
     """KL000 for code Python's parser reads but its compiler rejects (`return *x`, `nonlocal` at module
     level), which LibCST may refuse to build a tree of; asked only once LibCST has failed."""
     try:
@@ -107,7 +106,7 @@ def _compile_error(path: str, source: str) -> Optional[Finding]:
     return None
 
 
-def syntax_finding(path: str, source: str) -> Optional[Finding]:
+def syntax_finding(path: str, source: str) -> Finding | None:
     """KL000 for a file that is not analysed (no KL vocabulary) when Python's parser rejects it."""
     tree = python_tree(path, source)
     return tree if isinstance(tree, Finding) and tree.code == SYNTAX_ERROR_CODE else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import libcst as cst
 
@@ -33,9 +32,9 @@ class Project:
         self.roots = [Path(root).resolve() for root in roots]
         self._modules: dict = {}
         self._sources: dict = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
-        self._package_parents: Optional[dict] = None
+        self._package_parents: dict | None = None
 
-    def module_path(self, dotted: str, importer: Optional[str] = None, level: int = 0) -> Optional[Path]:
+    def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree."""
         parts = [p for p in dotted.split(".") if p]
         if not level and parts[:1] == [OPAQUE_PACKAGE]:
@@ -70,7 +69,7 @@ class Project:
             self._package_parents = found
         return self._package_parents
 
-    def parse(self, path: Path) -> Optional[cst.Module]:
+    def parse(self, path: Path) -> cst.Module | None:
         key = str(Path(path).resolve())
         if key not in self._modules:
 
@@ -108,7 +107,7 @@ OPAQUE_PACKAGE = "klaudit"
 _SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}
 
 
-def _find(base: Path, parts: list) -> Optional[Path]:
+def _find(base: Path, parts: list) -> Path | None:
     if not parts:
         init = base / "__init__.py"
         return init if init.is_file() else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import libcst as cst
 
@@ -21,14 +20,14 @@ from klaudit.catalog import Config, Returns
 from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
-from klaudit.lint.sources import read_source
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
+from klaudit.lint.sources import read_source
 
 PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}
 
 
-def placement_of(config: Optional[Config], sink_kind: str) -> str:
+def placement_of(config: Config | None, sink_kind: str) -> str:
     """check-grad's name for how a KL term is used: "loss", "reward", or, when the same values are
     differentiated and also propagated detached, "loss+reward" (reward-to-go or whole sequence: the
     same expectation) or "loss+future" (future-only returns)."""
@@ -47,7 +46,7 @@ class _Watching(Analyzer):
         self.watched = watched
         self.returned_origins: set[int] = set()
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: Optional[str], env: dict):
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict):
         outcome = super().call(module, func, cls, env)
         if func is self.watched:
             self.returned_origins |= {id(fact.origin) for fact in _kl_facts(outcome.returns)}
@@ -159,18 +158,18 @@ class Use:
     on the way, and the switch values that select it (((name, (values, ...)), ...))."""
 
     placement: str
-    config: Optional[Config]
+    config: Config | None
     clamped: bool
     labels: tuple
 
 
-def placements_of(path: str, qualname: str, root: Optional[str] = None) -> set[str]:
+def placements_of(path: str, qualname: str, root: str | None = None) -> set[str]:
     """How the Python files under `root` (default: the helper's project) use the result of `qualname`
     defined in `path`: a set of `placement_of` names, empty when no call of it reaches a loss or reward."""
     return {use.placement for use in uses_of(path, qualname, root)}
 
 
-def uses_of(path: str, qualname: str, root: Optional[str] = None) -> list[Use]:
+def uses_of(path: str, qualname: str, root: str | None = None) -> list[Use]:
     """Every use, as the lint sees it, of the result of `qualname` defined in `path` by the Python files
     under `root` (default: the helper's project) that reaches a loss or a reward."""
     helper_path = Path(path).resolve()
@@ -203,7 +202,7 @@ def uses_of(path: str, qualname: str, root: Optional[str] = None) -> list[Use]:
     return list(dict.fromkeys(uses))
 
 
-def _function(tree: cst.Module, qualname: str) -> Optional[cst.FunctionDef]:
+def _function(tree: cst.Module, qualname: str) -> cst.FunctionDef | None:
     """The def of `function` or `Class.method` at the top of `tree`."""
     owner, _, name = qualname.rpartition(".")
     body = tree.body

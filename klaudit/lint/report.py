@@ -11,8 +11,8 @@ import json
 import os
 import tokenize
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import click
 

@@ -10,7 +10,6 @@ taught here once.
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, Atom, Poly
 
@@ -81,7 +80,7 @@ DATA_CONTAINERS = re.compile(
 )
 
 
-def tensor_role(name: str) -> Optional[str]:
+def tensor_role(name: str) -> str | None:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
     bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
     if _REF_PATTERN.match(bare):
@@ -107,7 +106,7 @@ _BARE_ROLES = {"new": POLICY, "old": OLD}
 _LOGPROB_CONTEXT = re.compile(r"ratio|log_?probs?|logps?|kl", re.IGNORECASE)
 
 
-def bare_parameter_role(name: str, other_names) -> Optional[str]:
+def bare_parameter_role(name: str, other_names) -> str | None:
     """The role of a parameter named `new` or `old` when the function's other names are about log-probs."""
     kind = _BARE_ROLES.get(name)
     if kind is None or not any(_LOGPROB_CONTEXT.search(other) for other in other_names):
@@ -128,7 +127,7 @@ def is_mask_name(name: str) -> bool:
     return _MASK.search(name) is not None and "logit" not in name.lower()
 
 
-def named_tensor(name: str, grad: bool) -> Optional[Poly]:
+def named_tensor(name: str, grad: bool) -> Poly | None:
     """The symbolic tensor a name denotes; reference and old log-probs never carry gradient."""
     kind = tensor_role(name)
     if kind is None:
@@ -152,7 +151,7 @@ _REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl|_tensor)?$", re.IGNOR
 _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
 
 
-def sink_of_name(name: str) -> Optional[str]:
+def sink_of_name(name: str) -> str | None:
     """'loss', 'reward' or 'advantage' when a variable of that name is where a KL ends up."""
     bare = name.lstrip("_")
     if _COEF.search(bare):

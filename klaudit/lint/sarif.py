@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 from urllib.parse import quote
 
 from klaudit import __version__

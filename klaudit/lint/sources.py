@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import tokenize
-from typing import Union
 
 from klaudit.config import SYNTAX_ERROR_CODE
 from klaudit.lint.findings import Finding
@@ -25,13 +24,13 @@ def _unreadable(path: str, message: str, line: int = 1, column: int = 1) -> Find
     return file_finding(path, SYNTAX_ERROR_CODE, message, line, column)
 
 
-def read_source(path: str) -> Union[str, Finding]:
+def read_source(path: str) -> str | Finding:
     """The decoded text of a Python file, or a KL000 finding saying why it cannot be checked."""
     with open(path, "rb") as handle:
         return decode_source(path, handle.read())
 
 
-def decode_source(path: str, data: bytes) -> Union[str, Finding]:
+def decode_source(path: str, data: bytes) -> str | Finding:
     """`data` (the bytes of `path`, from the disk or stdin) decoded, or a KL000 finding saying why not.
 
     The encoding is found as Python finds it (BOM, then a PEP 263 coding line, else UTF-8).

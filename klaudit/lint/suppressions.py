@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from klaudit.lint.findings import Finding
 
@@ -21,14 +21,14 @@ _NOQA = re.compile(rf"#\s*noqa\b(?P<colon>\s*:\s*(?P<codes>{_CODE_LIST})?)?", re
 _KLAUDIT_IGNORE = re.compile(rf"#\s*klaudit:\s*ignore\[\s*(?P<codes>{_CODE_LIST})\s*\]", re.IGNORECASE)
 
 # line -> codes silenced there; None silences every code.
-SuppressionTable = Mapping[int, Optional[frozenset[str]]]
+SuppressionTable = Mapping[int, frozenset[str] | None]
 
 
 def _codes(text: str) -> frozenset[str]:
     return frozenset(code.upper() for code in re.findall(_CODE, text))
 
 
-def parse_comment(comment: str) -> Optional[frozenset[str]]:
+def parse_comment(comment: str) -> frozenset[str] | None:
     """The codes one comment silences: None for every code, an empty set for none."""
     silenced: set[str] = set()
     for match in _NOQA.finditer(comment):
@@ -43,7 +43,7 @@ def parse_comment(comment: str) -> Optional[frozenset[str]]:
 
 def suppression_table(source: str) -> SuppressionTable:
     """The suppression directives of a source text that parses, by line."""
-    table: dict[int, Optional[frozenset[str]]] = {}
+    table: dict[int, frozenset[str] | None] = {}
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):  # the CST parser accepted it; be lenient anyway
@@ -62,7 +62,7 @@ def suppression_table(source: str) -> SuppressionTable:
 
 def comment_table(text: str) -> SuppressionTable:
     """The directives of a file whose comments start at `#` (shell, YAML), by line."""
-    table: dict[int, Optional[frozenset[str]]] = {}
+    table: dict[int, frozenset[str] | None] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if "#" in line:
             silenced = parse_comment(line[line.index("#"):])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import libcst as cst
 
@@ -30,7 +29,7 @@ def last_name(node: cst.CSTNode) -> str:
         return key or last_name(node.value)
     return ""
 
-def string_key(node: cst.Subscript) -> Optional[str]:
+def string_key(node: cst.Subscript) -> str | None:
     if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
         value = node.slice[0].slice.value
         if isinstance(value, cst.SimpleString):
@@ -42,7 +41,7 @@ def _integer(text: str) -> int:
     return int(text, 0) if text.strip("0_") else 0  # base 0 reads every prefix; "00" and "0_0" are zero
 
 
-def number_value(node: cst.CSTNode) -> Optional[float]:
+def number_value(node: cst.CSTNode) -> float | None:
     """The real value of a numeric literal in any spelling Python accepts (0xFF, 1_000, 1e-3, 1_000.5,
     .5, 1.); None for an imaginary literal (2j), a value no float holds (10**400, 1e400) and anything
     else: the analysis treats those as numbers it cannot explain."""
@@ -58,7 +57,7 @@ def number_value(node: cst.CSTNode) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def int_literal(node: Optional[cst.CSTNode]) -> Optional[int]:
+def int_literal(node: cst.CSTNode | None) -> int | None:
     """An integer literal, or a negated one (-1), as an int; None for anything else."""
     if isinstance(node, cst.Integer):
         return _integer(node.value)
@@ -66,7 +65,7 @@ def int_literal(node: Optional[cst.CSTNode]) -> Optional[int]:
         return -_integer(node.expression.value)
     return None
 
-def string_literals(node: cst.CSTNode) -> Optional[list]:
+def string_literals(node: cst.CSTNode) -> list | None:
     if isinstance(node, cst.SimpleString):
         return [node.evaluated_value]
     if isinstance(node, (cst.Tuple, cst.List, cst.Set)):

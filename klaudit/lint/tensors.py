@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import libcst as cst
 
@@ -12,7 +11,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Atom, Poly
 
 
-def apply_math(fn: str, poly: Poly) -> Optional[Poly]:
+def apply_math(fn: str, poly: Poly) -> Poly | None:
     """exp / expm1 / log / abs / square / log_softmax / softmax of a symbolic tensor, when it has a meaning."""
     kinds = {a.kind for a in poly.atoms()}
     if fn == "exp":
@@ -40,7 +39,7 @@ def apply_math(fn: str, poly: Poly) -> Optional[Poly]:
             return Poly.atom(Atom(kind, atom.grad, atom.acc))
     return None
 
-def over_vocab(poly: Poly) -> Optional[Poly]:
+def over_vocab(poly: Poly) -> Poly | None:
     """sum over the vocabulary of p * (log p - log q): the exact per-step KL, either direction."""
     shape = {tuple(sorted(a.kind for a in m)): c for m, c in poly.terms}
     grad = poly.has_grad()
@@ -67,7 +66,7 @@ def gather(base: tuple) -> tuple:
             out.append(replace(f, position=Position.LAST))
     return tuple(out)
 
-def per_token_from_logits(kinds: set, facts: tuple) -> Optional[tuple]:
+def per_token_from_logits(kinds: set, facts: tuple) -> tuple | None:
     """log-probs of the sampled tokens from vocabulary-level log-probs or logits."""
     for f in facts:
         if f.poly is None:

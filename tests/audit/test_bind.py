@@ -238,7 +238,7 @@ def test_bare_torch_module_does_not_recurse():
     with pytest.raises(AttributeError, match="self.head is not set"):
         actor.forward_kl(torch.ones(2), torch.zeros(2))
     with pytest.raises(AttributeError):
-        actor._parameters
+        _ = actor._parameters
 
 
 def test_a_method_that_needs_init_state_is_one_error_line(tmp_path):

@@ -11,8 +11,7 @@ torch = pytest.importorskip("torch")
 from klaudit.audit.fingerprint import Fingerprinter, candidate_configs  # noqa: E402
 from klaudit.audit.measure import fingerprint_batch, standard_problems  # noqa: E402
 from klaudit.audit.surrogates import build_surrogate  # noqa: E402
-from klaudit.catalog import (CATALOG, Aggregation, Config, Estimator, Objective, Returns,  # noqa: E402
-                             Sampling)
+from klaudit.catalog import CATALOG, Aggregation, Config, Estimator, Objective, Returns, Sampling  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from klaudit.audit.report import JSON_FIELDS, Report  # noqa: E402
 from klaudit.audit.discover import discover_kl_functions  # noqa: E402
+from klaudit.audit.report import JSON_FIELDS, Report  # noqa: E402
 from klaudit.audit.runner import Target, TargetError, audit_target, parse_target  # noqa: E402
 
 DATA = Path(__file__).parent / "data"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 
+import fake_analysis
 import pytest
 from click.testing import CliRunner
 
-import fake_analysis
 from klaudit import cli
 from klaudit.catalog import RULES
 

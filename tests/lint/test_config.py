@@ -7,7 +7,12 @@ import pytest
 
 from klaudit.catalog import RULES
 from klaudit.config import (
-    ConfigError, RuleSelection, Settings, check_selector, find_pyproject, load_settings,
+    ConfigError,
+    RuleSelection,
+    Settings,
+    check_selector,
+    find_pyproject,
+    load_settings,
 )
 
 

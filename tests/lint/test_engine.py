@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
+import fake_analysis
 import pytest
 
-import fake_analysis
 from klaudit.config import RuleSelection, Settings
 from klaudit.lint import engine, parsing
 from klaudit.lint.engine import LintError, discover_files, lint_paths

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -56,7 +56,7 @@ def expected_findings(path: Path) -> Counter:
     return expected
 
 
-@lru_cache(maxsize=None)
+@cache
 def linted(root: Path) -> tuple[dict[str, Counter], tuple[str, ...]]:
     """Lint one fixture tree once: (relative path -> Counter of (line, code)), internal errors."""
     result = lint_paths([str(root)])
@@ -92,7 +92,8 @@ def test_there_are_enough_fixture_pairs():
 
 def test_every_rule_is_planted_somewhere():
     planted = {code for relative in linted_files(BAD) for _, code in expected_findings(BAD / relative)}
-    wanted = {code for code in RULES if code.startswith("KL0") and code not in FILE_CODES}  # files and KL1xx: no KL code
+    # files and KL1xx: no KL code
+    wanted = {code for code in RULES if code.startswith("KL0") and code not in FILE_CODES}
     assert wanted - planted == set()
     assert planted <= set(RULES)
 

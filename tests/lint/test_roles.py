@@ -17,9 +17,9 @@ from klaudit.lint import algebra as alg
 from klaudit.lint.facts import param_facts
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.modules import Analyzer
-from klaudit.lint.syntax import params as parameters_of
 from klaudit.lint.project import Project
 from klaudit.lint.roles import bare_parameter_role, is_reference_model, might_contain_kl, sink_of_name, tensor_role
+from klaudit.lint.syntax import params as parameters_of
 
 
 def facts_of(body: str, name: str, params: str = "logp, ref_logp, old_logp, mask, logits, ref_logits", tmp_path=None):
