@@ -63,6 +63,8 @@ def lint_python(path: str, module: cst.Module, source: str) -> list[Finding]:
 def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str], str]) -> list[Finding]:
     findings = []
     for row in defects(judged.config):
+        if row.rule is None:
+            continue
         where = judged.where(row.rule)
         message = f"{describe(judged.config)}: {row.explanation} [{framework}: {judged.flags}]"
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,

@@ -45,9 +45,10 @@ def _number(value: str) -> float | None:
 
 def judge(settings: Mapping[str, Setting]) -> Judged | None:
     """The KL configuration a GRPOConfig's keywords select; None when the KL is off or undecidable."""
-    value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
-    if any(v is None for v in value.values()):
-        return None
+    given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    value = {key: v for key, v in given.items() if v is not None}
+    if len(value) < len(given):
+        return None  # a keyword set to a computed value
     beta, iterations = _number(value[BETA]), _number(value[ITERATIONS])
     correction = {"True": True, "False": False}.get(value[CORRECTION])
     aggregation = AGGREGATIONS.get(value[LOSS_TYPE])

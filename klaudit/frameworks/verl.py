@@ -60,8 +60,9 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
     a deciding flag is not a literal verl knows."""
     if not any(key in settings for key in KEYS):
         return None
-    value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
-    if any(v is None for v in value.values()):
+    given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    value = {key: v for key, v in given.items() if v is not None}
+    if len(value) < len(given):
         return None  # a deciding flag set to a variable: its value is unknown here
     use_loss, use_reward = _truthy(value[USE_KL_LOSS]), _truthy(value[USE_KL_IN_REWARD])
     loss = ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None

@@ -74,6 +74,8 @@ def comment_table(text: str) -> SuppressionTable:
 def is_suppressed(finding: Finding, table: SuppressionTable) -> bool:
     """True if a directive on the finding's first or last line silences its code."""
     for line in {finding.line, finding.end_line}:
-        if line in table and (table[line] is None or finding.code in table[line]):
-            return True
+        if line in table:
+            silenced = table[line]
+            if silenced is None or finding.code in silenced:
+                return True
     return False
