@@ -14,3 +14,18 @@ def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss, beta):
     loss = pg_loss + beta * kl_loss(policy_log_probs, ref_log_probs, mask)
     loss.backward()
 '''
+
+
+def module_codes(source: str, tmp_path) -> list:
+    """(line, code) of every finding `check_module` gives on `source` (dedented), written to tmp_path."""
+    import textwrap
+
+    import libcst as cst
+
+    from klaudit.lint.checks import check_module
+    from klaudit.lint.project import Project
+
+    path = tmp_path / "snippet.py"
+    text = textwrap.dedent(source)
+    path.write_text(text)
+    return sorted((f.line, f.code) for f in check_module(str(path), cst.parse_module(text), Project([tmp_path]), text))

@@ -7,11 +7,11 @@ loss: row 2, KL003), and the same snippet with a correct estimator gives nothing
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import libcst as cst
 import pytest
+from snippets import module_codes
 
 from klaudit.lint.checks import check_module
 from klaudit.lint.project import Project
@@ -20,11 +20,7 @@ K3 = "torch.exp(ref_logp - logp) - (ref_logp - logp) - 1"
 
 
 def codes(source: str, tmp_path: Path) -> list:
-    path = tmp_path / "snippet.py"
-    text = textwrap.dedent(source)
-    path.write_text(text)
-    findings = check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
-    return sorted((f.line, f.code) for f in findings)
+    return module_codes(source, tmp_path)
 
 
 def test_closure_reads_the_enclosing_log_ratio(tmp_path):

@@ -6,24 +6,17 @@ in question; its correct twin (k1 reward-to-go, row 6; k3 loss + k3 reward-to-go
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
-import libcst as cst
+from snippets import module_codes
 
 from klaudit.catalog import Estimator
 from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Atom, Poly
-from klaudit.lint.checks import check_module
-from klaudit.lint.project import Project
 
 
 def codes(source: str, tmp_path: Path) -> list:
-    path = tmp_path / "snippet.py"
-    text = textwrap.dedent(source)
-    path.write_text(text)
-    findings = check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
-    return sorted((f.line, f.code) for f in findings)
+    return module_codes(source, tmp_path)
 
 
 # A helper whose parameter is named like rollout log-probs fills masked entries with the function
