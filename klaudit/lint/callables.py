@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 
 from klaudit.lint import roles
-from klaudit.lint.containers import record_fields
+from klaudit.lint.containers import FlowParts, record_fields
 from klaudit.lint.facts import Fact
 from klaudit.lint.syntax import dotted
 
@@ -43,7 +43,7 @@ PASS_THROUGH = frozenset({"from_torch", "to_torch", "from_numpy", "as_tensor", "
 PASS_THROUGH_RECEIVERS = frozenset({"ray", "torch", "np", "numpy"})
 
 
-class CallFlow:
+class CallFlow(FlowParts):
     """Calls of functions held as values, for klaudit.lint.flow.FunctionRun: closures, partials,
     dispatch tables (`{"k1": f1, "k3": f3}[name](...)`), module-level registries, callable objects
     (`self.kl_estimator = KLEstimator(...)` then `self.kl_estimator(...)` through `__call__`)."""
