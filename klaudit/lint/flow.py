@@ -60,7 +60,7 @@ from klaudit.lint.syntax import (
     string_key,
     string_literals,
 )
-from klaudit.lint.tensors import agg_mode, apply_math, gather, over_vocab, per_token_from_logits
+from klaudit.lint.tensors import AGG_MODES, agg_mode, apply_math, gather, over_vocab, per_token_from_logits
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
 # with the log-ratio, so a KL term multiplied by it is no catalog estimator.
@@ -1140,6 +1140,8 @@ class FunctionRun(ContainerFlow, CallFlow):
             aggregation = Aggregation.SUM
         elif name in ("agg_loss", "aggregate_loss", "masked_aggregator"):
             mode = positional[2] if len(positional) > 2 else keywords.get("loss_agg_mode") or keywords.get("mode")
+            if mode is not None and not isinstance(mode, cst.SimpleString):
+                return self.each_agg_mode(first, mode)
             aggregation = agg_mode(mode)
         else:
             aggregation = Aggregation.SEQ_MEAN
@@ -1148,6 +1150,20 @@ class FunctionRun(ContainerFlow, CallFlow):
             if f.role != "tensor":
                 continue
             out.append(replace(f, aggregation=f.aggregation or aggregation, scalar=aggregation is not Aggregation.SEQ_MEAN))
+        return tuple(out)
+
+    def each_agg_mode(self, first: tuple, mode: cst.BaseExpression) -> tuple:
+        """A `loss_agg_mode` the code reads from its configuration: every mode the aggregator knows,
+        each under its value of the switch (a string the analysis knows picks its own)."""
+        known = [f.text for f in self.expr(mode) if f.role == "str" and f.text in AGG_MODES]
+        switch = last_name(mode) or "loss_agg_mode"
+        out = []
+        for value in known or list(AGG_MODES):
+            aggregation = AGG_MODES[value]
+            labels = () if known else ((switch, (value,)),)
+            out.extend(replace(f, aggregation=f.aggregation or aggregation, labels=merge_labels(f.labels, labels),
+                               scalar=aggregation is not Aggregation.SEQ_MEAN)
+                       for f in first if f.role == "tensor")
         return tuple(out)
 
     def kl_div(self, positional, keywords, node) -> tuple:

@@ -79,13 +79,16 @@ def per_token_from_logits(kinds: set, facts: tuple) -> tuple | None:
             return (replace(f, poly=Poly.atom(Atom(alg.REF, False))),)
     return None
 
+# verl-style `loss_agg_mode` values and the aggregation each stands for
+AGG_MODES = {
+    "token-mean": Aggregation.BATCH_MEAN,
+    "seq-mean-token-sum": Aggregation.SUM,
+    "seq-mean-token-mean": Aggregation.SEQ_MEAN,
+    "seq-mean-token-sum-norm": Aggregation.CONSTANT,
+}
+
+
 def agg_mode(node) -> Aggregation:
     if isinstance(node, cst.SimpleString):
-        mode = node.evaluated_value
-        return {
-            "token-mean": Aggregation.BATCH_MEAN,
-            "seq-mean-token-sum": Aggregation.SUM,
-            "seq-mean-token-mean": Aggregation.SEQ_MEAN,
-            "seq-mean-token-sum-norm": Aggregation.CONSTANT,
-        }.get(mode, Aggregation.BATCH_MEAN)
+        return AGG_MODES.get(str(node.evaluated_value), Aggregation.BATCH_MEAN)
     return Aggregation.BATCH_MEAN

@@ -530,3 +530,25 @@ def test_a_loss_carried_on_through_a_helper_is_reported_where_the_kl_entered(tmp
         return loss
     """)
     assert codes(source, tmp_path) == [(11, "KL002")]
+
+
+def test_an_aggregation_mode_read_from_the_config_is_judged_for_every_mode(tmp_path):
+    """verl's agg_loss outside the linted tree with `loss_agg_mode=config.loss_agg_mode`: every mode
+    is possible, and seq-mean-token-mean adds the 1/L weights of row 21 (KL007) to the k3 loss of
+    row 3 (KL002), under that switch value; a literal mode decides alone."""
+    source = HEADER + textwrap.dedent("""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+
+    def update(log_prob, ref_log_prob, response_mask, pg_loss, config):
+        kl = ref_log_prob - log_prob
+        kld = torch.exp(kl) - kl - 1
+        kl_loss = agg_loss(loss_mat=kld, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode)
+        loss = pg_loss + kl_loss * config.kl_loss_coef
+        loss.backward()
+    """)
+    found = lint(source, tmp_path)
+    assert sorted(f.code for f in found) == ["KL002", "KL007"]
+    assert '[loss_agg_mode="seq-mean-token-mean"]' in next(f.message for f in found if f.code == "KL007")
+    literal = source.replace("config.loss_agg_mode", '"token-mean"')
+    assert [f.code for f in lint(literal, tmp_path)] == ["KL002"]
