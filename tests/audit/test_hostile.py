@@ -61,28 +61,22 @@ def _gone(pid_file: Path) -> bool:
     return not _running(pid)
 
 
+def _forks_a_sleeper(pid_file) -> str:
+    """KL-function body lines that fork a process sleeping for 10 minutes and record its pid."""
+    return ("pid = os.fork()\nif pid == 0:\n    time.sleep(600)\n    os._exit(0)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(pid))\n")
+
+
 def test_a_forked_process_left_running_is_killed_and_reported(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    result, seconds = _check_grad(tmp_path, f"""\
-pid = os.fork()
-if pid == 0:
-    time.sleep(600)
-    os._exit(0)
-open({str(pid_file)!r}, "w").write(str(pid))
-return logprobs - ref_logprobs""")
+    result, seconds = _check_grad(tmp_path, _forks_a_sleeper(pid_file) + "return logprobs - ref_logprobs")
     _one_error(result, "kl_loss: the KL code started a process that was still running", "killed")
     assert _gone(pid_file) and seconds < 30
 
 
 def test_a_function_that_sleeps_forever_times_out_and_its_forked_process_is_killed(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    result, seconds = _check_grad(tmp_path, f"""\
-pid = os.fork()
-if pid == 0:
-    time.sleep(600)
-    os._exit(0)
-open({str(pid_file)!r}, "w").write(str(pid))
-time.sleep(600)""", "--timeout", "10")  # time enough to import torch on a loaded machine
+    result, seconds = _check_grad(tmp_path, _forks_a_sleeper(pid_file) + "time.sleep(600)", "--timeout", "10")  # time enough to import torch on a loaded machine
     _one_error(result, "timed out after 10 s", "--timeout")
     assert _gone(pid_file) and seconds < 20
 
