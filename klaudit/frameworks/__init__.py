@@ -27,7 +27,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 
 def mentions_flags(text: str) -> bool:
     """The cheap pre-filter: a file that names none of the framework's KL keys is not read further."""
-    return any(key.rsplit(".", 1)[-1] in text for key in verl.KEYS[:5])
+    return any(key.rsplit(".", 1)[-1] in text for key in verl.KL_KEYS)
 
 
 def lint_config(path: str, text: str) -> list[Finding]:

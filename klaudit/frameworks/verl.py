@@ -25,7 +25,8 @@ LOSS_AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
 USE_KL_IN_REWARD = "algorithm.use_kl_in_reward"
 KL_PENALTY = "algorithm.kl_penalty"
 ADV_ESTIMATOR = "algorithm.adv_estimator"
-KEYS = (USE_KL_LOSS, KL_LOSS_TYPE, LOSS_AGG_MODE, USE_KL_IN_REWARD, KL_PENALTY, ADV_ESTIMATOR)
+KL_KEYS = (USE_KL_LOSS, KL_LOSS_TYPE, LOSS_AGG_MODE, USE_KL_IN_REWARD, KL_PENALTY)  # a file naming none sets no KL
+KEYS = (*KL_KEYS, ADV_ESTIMATOR)
 DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "token-mean",
             USE_KL_IN_REWARD: "false", KL_PENALTY: "kl", ADV_ESTIMATOR: "gae"}
 
