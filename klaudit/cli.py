@@ -13,7 +13,7 @@ from klaudit import __version__
 from klaudit.audit import PLACEMENTS
 from klaudit.audit.bind import Role
 from klaudit.catalog import RULES
-from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings
+from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings, parse_switch
 from klaudit.describe import LEGEND, OBJECTIVES, explain
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
 from klaudit.lint.formats import FORMATTERS
@@ -50,6 +50,16 @@ def _split_codes(values: tuple[str, ...]) -> list[str]:
     return [code.strip() for value in values for code in value.split(",") if code.strip()]
 
 
+def _pins(switches: tuple[str, ...]) -> dict:
+    """`--switch a=k1 --switch a=kl --switch b=true` -> {"a": ("k1", "kl"), "b": (True,)}."""
+    pins: dict = {}
+    for text in switches:
+        name, value = parse_switch(text)
+        pins.setdefault(name, ())
+        pins[name] += (value,)
+    return pins
+
+
 def _use_color() -> bool:
     """Colour on a terminal; never when NO_COLOR is set (https://no-color.org), always when
     FORCE_COLOR is (https://force-color.org; NO_COLOR wins when both are, as in CPython), never
@@ -84,6 +94,8 @@ def _use_color() -> bool:
               help="Worker processes for parsing and analysis.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), metavar="PYPROJECT",
               help="Read [tool.klaudit] from this file instead of the nearest pyproject.toml.")
+@click.option("--switch", "switch", multiple=True, metavar="NAME=VALUE",
+              help="Judge only the code paths this switch value selects (repeatable), as `switches` in [tool.klaudit].")
 @click.option("--analysis-budget", type=click.IntRange(min=0), metavar="UNITS",
               help="Work units the analysis of one file may spend (0: no limit); past it, KL099.")
 @click.option("--analysis-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
@@ -91,7 +103,7 @@ def _use_color() -> bool:
 def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
                  ignore: tuple[str, ...], exclude: tuple[str, ...], extend_exclude: tuple[str, ...],
                  output_format: str, statistics: bool, stdin_filename: str | None, respect_gitignore: bool,
-                 exit_zero: bool, quiet: bool, jobs: int, config_file: str | None,
+                 exit_zero: bool, quiet: bool, jobs: int, config_file: str | None, switch: tuple[str, ...],
                  analysis_budget: int | None, analysis_timeout: float | None) -> None:
     """Find KL terms whose gradient is not the one you meant, in PATHS (default: .; `-`: the source
     on stdin, named by --stdin-filename).
@@ -115,6 +127,7 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
             extend_exclude=list(extend_exclude),
             analysis_budget=analysis_budget,
             analysis_timeout=analysis_timeout,
+            switches=_pins(switch),
         )
         result = lint_paths([reported_as] if from_stdin else paths, settings=settings, jobs=jobs,
                             respect_gitignore=respect_gitignore, stdin=source if from_stdin else None)

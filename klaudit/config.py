@@ -45,7 +45,8 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 
 _LIST_KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude")
 _LIMIT_KEYS = ("analysis-budget", "analysis-timeout")  # per file: work units, seconds (0: no limit)
-KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores",) + _LIMIT_KEYS
+KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores", "switches") + _LIMIT_KEYS
+SwitchValue = str | bool | int
 
 
 class ConfigError(Exception):
@@ -122,6 +123,8 @@ class Settings:
     root: Path = field(default_factory=Path.cwd)
     analysis_budget: int | None = DEFAULT_UNITS  # work units per file; None: no limit
     analysis_timeout: float | None = DEFAULT_SECONDS  # seconds per file; None: no limit
+    # switch name -> the values the user runs: only code paths those values select are judged
+    switches: Mapping[str, tuple[SwitchValue, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         enabled: frozenset[str] = frozenset()
@@ -169,6 +172,7 @@ class Settings:
         extend_exclude: Sequence[str] = (),
         analysis_budget: int | None = None,
         analysis_timeout: float | None = None,
+        switches: Mapping[str, tuple[SwitchValue, ...]] | None = None,
     ) -> Settings:
         """A copy with the command line's layer on top (flags override the file)."""
         where = "the command line"
@@ -184,6 +188,7 @@ class Settings:
             extend_exclude=self.extend_exclude + tuple(extend_exclude),
             analysis_budget=self.analysis_budget if analysis_budget is None else analysis_budget or None,
             analysis_timeout=self.analysis_timeout if analysis_timeout is None else analysis_timeout or None,
+            switches={**self.switches, **(switches or {})},
         )
 
 
@@ -205,6 +210,34 @@ def _limit(table: Mapping[str, object], key: str, where: str, default, kind: typ
         raise ConfigError(f"{where}: `{key}` must be a non-negative {'number' if kind is float else 'integer'} "
                           f"(0: no limit), got {value!r}")
     return kind(value) or None
+
+
+def _switches(table: Mapping[str, object], where: str) -> dict[str, tuple[SwitchValue, ...]]:
+    """`switches = {kl_loss_type = "k1", use_kl_loss = true, kl_penalty = ["kl", "k1"]}`."""
+    pins = table.get("switches", {})
+    if not isinstance(pins, dict):
+        raise ConfigError(f"{where}: `switches` must be a table of switch name = value (or list of values)")
+    out: dict[str, tuple[SwitchValue, ...]] = {}
+    for name, value in pins.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (str, bool, int)) for v in values):
+            raise ConfigError(f"{where}: switches entry {name!r} must be a string, boolean or integer, "
+                              f"or a non-empty list of them, got {value!r}")
+        out[name] = tuple(values)
+    return out
+
+
+def parse_switch(text: str) -> tuple[str, SwitchValue]:
+    """`NAME=VALUE` from the command line: true/false are booleans, digits an integer, else a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip() or not raw.strip():
+        raise ConfigError(f"--switch {text!r}: expected NAME=VALUE, e.g. --switch kl_loss_type=k1")
+    value = raw.strip().strip("'\"")
+    if value.lower() in ("true", "false"):
+        return name.strip(), value.lower() == "true"
+    if value.lstrip("-").isdigit():
+        return name.strip(), int(value)
+    return name.strip(), value
 
 
 def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
@@ -241,6 +274,7 @@ def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
         root=source.parent.resolve(),
         analysis_budget=_limit(table, "analysis-budget", where, DEFAULT_UNITS, int),
         analysis_timeout=_limit(table, "analysis-timeout", where, DEFAULT_SECONDS, float),
+        switches=_switches(table, where),
     )
 
 

@@ -292,7 +292,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
         fix = scaled_fix(row.fix, config.aggregation)
         findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line,
-                                related))
+                                related, tuple(labels for labels, *_ in variants)))
     return sorted(findings)
 
 

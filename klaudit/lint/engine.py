@@ -26,6 +26,7 @@ from pathlib import Path
 from klaudit.config import SYNTAX_ERROR_CODE, Settings
 from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
 from klaudit.lint import budget
+from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
@@ -219,6 +220,9 @@ def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
           ignored_here: frozenset[str]) -> bool:
     if finding.code not in settings.enabled_codes or finding.code in ignored_here:
         return False
+    if settings.switches and finding.switches and not any(
+            pinned_values_hold(labels, settings.switches) for labels in finding.switches):
+        return False  # only the switch values the user runs are judged
     return finding.code == SYNTAX_ERROR_CODE or not is_suppressed(finding, suppressions)
 
 

@@ -6,7 +6,7 @@ labelled by the literal that selects them); an empty tuple is a value the analys
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,6 +87,23 @@ def _overlap(x: tuple, y: tuple) -> bool:
             literal = [v for v in values if isinstance(v, str) and not v.startswith("*")]
             return not literal or any(v.endswith(s) or v.startswith(s) for v in literal for s in suffixes)
     return False
+
+def pinned_values_hold(labels: tuple, pinned: Mapping[str, tuple]) -> bool:
+    """Whether a path taken under switch `labels` can run with the values a user pinned
+    (`[tool.klaudit] switches`): every pinned switch the path tests must be one of its values, a
+    literal or the target of an endswith/startswith pattern ("*+")."""
+    for name, values in labels:
+        if name in pinned and not any(_takes(value, values) for value in pinned[name]):
+            return False
+    return True
+
+
+def _takes(value, values: tuple) -> bool:
+    if isinstance(value, str):
+        return any(v == value or isinstance(v, str) and v.startswith("*") and (value.endswith(v[1:]) or value.startswith(v[1:]))
+                   for v in values)
+    return any(type(v) is type(value) and v == value for v in values)
+
 
 def merge_labels(a: tuple, b: tuple) -> tuple:
     return tuple(sorted(set(a) | set(b), key=repr))

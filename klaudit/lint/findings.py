@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, order=True)
@@ -26,3 +26,4 @@ class Finding:
     fix: str = ""
     origin_line: int | None = None
     related: tuple = ()
+    switches: tuple = field(default=(), compare=False)
