@@ -30,7 +30,13 @@ from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
-from klaudit.lint.suppressions import SuppressionTable, comment_table, is_suppressed, suppression_table
+from klaudit.lint.suppressions import (
+    SuppressionTable,
+    comment_table,
+    is_suppressed,
+    suppression_table,
+    without_suppressed_edits,
+)
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
@@ -278,7 +284,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             result.errors.append(analysis.error)
         ignored_here = settings.ignored_in_file(analysis.path) if analysis.findings else frozenset()
         result.findings.extend(
-            finding for finding in analysis.findings
+            without_suppressed_edits(finding, analysis.suppressions) for finding in analysis.findings
             if _keep(finding, settings, analysis.suppressions, ignored_here)
         )
     result.findings.sort()
