@@ -122,7 +122,7 @@ class Builder:
     def _site_fix(self, uses: Sequence[SiteUse]) -> Fix:
         first = uses[0]
         codes = {use.row.rule for use in uses}
-        for code, why in _NOT_MECHANICAL.items():
+        for code, why in NOT_MECHANICAL.items():
             if code in codes:
                 raise _Refused(why)
         if len({use.kind == "loss" for use in uses}) > 1 or any(
@@ -441,7 +441,7 @@ _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.If, ast.For, ast.AsyncFo
 _WORDS = {POLICY: "policy's log-probs", DETACHED_POLICY: "policy's detached log-probs", REFERENCE: "reference's log-probs", BEHAVIOUR: "behaviour policy's log-probs",
           MASK: "mask"}
 
-_NOT_MECHANICAL = {
+NOT_MECHANICAL = {
     "KL005": "summing the KL over every token changes which tensors the reward is built from: rewrite it by hand",
     "KL006": "which of the loss and the reward to keep is a choice klaudit leaves to you",
     "KL011": "flipping the sign of the KL term is left to you: check the sign convention of the surrounding code",

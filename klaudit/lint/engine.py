@@ -23,13 +23,14 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klaudit.config import SYNTAX_ERROR_CODE, Settings
+from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSION_CODE, Settings
 from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
 from klaudit.lint import budget
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
+from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.lint.suppressions import (
     SuppressionTable,
     comment_table,
@@ -248,6 +249,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     settings = settings or Settings()
     paths = list(paths) or ["."]
     result = LintResult()
+    check_directives = UNUSED_SUPPRESSION_CODE in settings.enabled_codes
+    with_directives: dict[str, str] = {}  # Python sources whose suppression comments KL101 judges
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
     files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
@@ -267,6 +270,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             result.errors.append(f"{path}: cannot read: {error.strerror}")
             continue
         result.files_checked += 1
+        if check_directives and isinstance(source, str) and might_have_directives(source):
+            with_directives[path] = source
         if isinstance(source, Finding):
             raw.append(_Analysis(path, (source,)))
         elif might_contain_kl(source) or mentions_config_class(source):
@@ -287,6 +292,23 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             without_suppressed_edits(finding, analysis.suppressions) for finding in analysis.findings
             if _keep(finding, settings, analysis.suppressions, ignored_here)
         )
+    result.findings.extend(_unused_suppressions(with_directives, raw, settings))
     result.findings.sort()
     result.errors.sort()
     return result
+
+
+def _unused_suppressions(sources: dict[str, str], raw: list[_Analysis], settings: Settings) -> list[Finding]:
+    """KL101 in the files whose analysis is complete (a file with KL000, KL099 or an error may miss
+    findings its comments do suppress)."""
+    by_path: dict[str, list[Finding]] = {}
+    incomplete = set()
+    for analysis in raw:
+        by_path.setdefault(analysis.path, []).extend(analysis.findings)
+        if analysis.error or any(f.code in (SYNTAX_ERROR_CODE, INCOMPLETE_CODE) for f in analysis.findings):
+            incomplete.add(analysis.path)
+    found = []
+    for path, source in sources.items():
+        if path not in incomplete and UNUSED_SUPPRESSION_CODE not in settings.ignored_in_file(path):
+            found.extend(unused_suppressions(path, source, by_path.get(path, []), settings.enabled_codes))
+    return found

@@ -224,5 +224,6 @@ def test_the_readme_shows_every_output_format_and_option():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in FORMATTERS:
         assert name == "text" or f"--output-format {name}" in readme
-    for option in ("--statistics", "--stdin-filename", "--no-respect-gitignore", "FORCE_COLOR", "NO_COLOR"):
+    for option in ("--statistics", "--stdin-filename", "--no-respect-gitignore", "FORCE_COLOR", "NO_COLOR",
+                   "--fix --unsafe-fixes", "--diff", "KL101", "no_fix_reason"):
         assert option in readme
