@@ -30,7 +30,6 @@ from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
-from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.lint.suppressions import (
     SuppressionTable,
     comment_table,
@@ -38,6 +37,7 @@ from klaudit.lint.suppressions import (
     suppression_table,
     without_suppressed_edits,
 )
+from klaudit.lint.unused import might_have_directives, unused_suppressions
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from klaudit.catalog import RULES
 from klaudit import cli
+from klaudit.catalog import RULES
 from klaudit.cli import main
-from klaudit.lint.autofix import NOT_MECHANICAL
 from klaudit.config import FILE_CODES, INCOMPLETE_CODE, UNUSED_SUPPRESSION_CODE, Settings
+from klaudit.lint.autofix import NOT_MECHANICAL
 from klaudit.lint.engine import lint_paths
 
 SECTIONS = ("What it flags", "Why", "Bad", "Good", "Fix", "Fix safety", "When this is fine")
