@@ -36,7 +36,7 @@ class Directive:
     codes: tuple[str, ...]  # as written
     comment_start: int  # 1-based column where the comment starts
     comment: str  # the whole comment
-    noqa: bool  # `# noqa:` (else `# klaudit: ignore[...]`)
+    noqa: bool  # a noqa directive (else a klaudit: ignore[...] one)
 
 
 def directives(source: str) -> list[Directive]:
