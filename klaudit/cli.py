@@ -21,6 +21,7 @@ from klaudit.lint.formats import FORMATTERS
 from klaudit.lint.report import ReportOptions, format_statistics, format_statistics_json
 from klaudit.lint.rulebook import rule_page
 from klaudit.lint.sources import decode_source
+from klaudit.progress import Progress
 
 STDIN = "-"
 
@@ -125,8 +126,12 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
         )
         targets = [reported_as] if from_stdin else list(paths)
 
+        show_progress = output_format in COLORED_FORMATS and not from_stdin and sys.stderr.isatty()
+
         def lint(stdin: bytes | None = source if from_stdin else None):
-            return lint_paths(targets, settings=settings, jobs=jobs, respect_gitignore=respect_gitignore, stdin=stdin)
+            with Progress(show_progress, "linting") as progress:
+                return lint_paths(targets, settings=settings, jobs=jobs, respect_gitignore=respect_gitignore,
+                                  stdin=stdin, progress=progress)
 
         result = lint()
         if fix or diff:

@@ -38,6 +38,7 @@ from klaudit.lint.suppressions import (
     without_suppressed_edits,
 )
 from klaudit.lint.unused import might_have_directives, unused_suppressions
+from klaudit.progress import Progress
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
@@ -188,11 +189,17 @@ def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Findin
                             "it and the functions after it were not analysed", line)
 
 
-def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits()) -> list[_Analysis]:
+def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits(),
+                 progress: Progress | None = None) -> list[_Analysis]:
+    progress = progress or Progress(False)
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
     if workers < 2:
         _start_worker(roots)
-        return [_analyse(path, source, limits) for path, source in sources.items()]
+        analysed = []
+        for path, source in sources.items():
+            analysed.append(_analyse(path, source, limits))
+            progress.advance()
+        return analysed
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # Big files first, so that one late large file does not leave a worker idle.
@@ -202,8 +209,10 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                  initargs=(roots,)) as pool:
             chunksize = max(1, len(order) // (workers * 8))
-            analyses.extend(pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
-                                     chunksize=chunksize))
+            for analysis in pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
+                                     chunksize=chunksize):
+                analyses.append(analysis)
+                progress.advance()
     except BrokenProcessPool:
         # A worker died (a crash in native code, or killed); the files it had not finished are
         # reported rather than retried here, where the same crash would take down the run.
@@ -241,9 +250,10 @@ def _config_analysis(path: str) -> _Analysis:
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
                jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
-               stdin: bytes | None = None) -> LintResult:
+               stdin: bytes | None = None, progress: Progress | None = None) -> LintResult:
     """Lint the Python files under `paths` (files or directories) with `settings`; with `stdin`,
-    lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist."""
+    lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist.
+    `progress` counts the files done (klaudit.progress)."""
     from klaudit.lint.roles import might_contain_kl
 
     settings = settings or Settings()
@@ -255,6 +265,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     sources: dict[str, str] = {}
     files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
                                                                   PYTHON_SUFFIXES + CONFIG_SUFFIXES)
+    progress = progress or Progress(False)
+    progress.total = len(files)
     for path in files:
         if path.endswith(CONFIG_SUFFIXES) and stdin is None:
             try:
@@ -282,7 +294,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
                 raw.append(_Analysis(path, (broken,)))
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits))
+    progress.advance(len(files) - len(sources))  # read and pre-filtered: only the analysis is left
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, progress))
 
     for analysis in raw:
         if analysis.error:

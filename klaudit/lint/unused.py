@@ -35,7 +35,6 @@ class Directive:
     end_column: int  # 1-based, exclusive
     codes: tuple[str, ...]  # as written
     comment_start: int  # 1-based column where the comment starts
-    comment: str  # the whole comment
     noqa: bool  # a noqa directive (else a klaudit: ignore[...] one)
 
 
@@ -54,7 +53,7 @@ def directives(source: str) -> list[Directive]:
             for match in pattern.finditer(token.string):
                 codes = tuple(re.split(_SEPARATOR, match.group("codes").strip()))
                 found.append(Directive(line, start + match.start() + 1, start + match.end() + 1, codes,
-                                       start + 1, token.string, noqa))
+                                       start + 1, noqa))
     return found
 
 
