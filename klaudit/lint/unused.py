@@ -40,7 +40,7 @@ class Directive:
 
 def directives(source: str) -> list[Directive]:
     """The directives that name codes, from Python's tokenizer (a `# noqa` in a string is no comment)."""
-    found = []
+    found: list[Directive] = []
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):
