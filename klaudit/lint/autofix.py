@@ -152,6 +152,8 @@ class Builder:
             reduction = descent.inner[0]
             self._check_scale(reduction, aggregation, roles)
             new = _parse(self._estimator_call(arguments, reduction) + _scale(self._code, reduction))
+            if reduction.node is not value:  # inside a larger expression: parenthesised, so it binds as one operand
+                new = new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             edits = [self._replace_statement(entry, _replace(entry, reduction.node, new))]
         elif descent.outer:  # `masked_mean(pg + beta * kl, mask)`: the term moves out of the reduction
             reduction = descent.outer[0]
@@ -186,14 +188,17 @@ class Builder:
                 later = self._descend(_value(final), origins, roles)
             except _Refused:
                 continue
-            if later.outer and not later.inner:
+            reductions = later.outer + later.inner
+            # one reduction, of the per-token loss's own name: no factor of it is left out of the moved term
+            if len(reductions) == 1 and isinstance(reductions[0].operand, (cst.Name, cst.Attribute)) and \
+                    (later.outer and later.term is later.leaf or later.inner and later.term is reductions[0].node):
                 break
         else:
             raise _Refused("no later statement of this function reduces the loss in a way klaudit recognises")
         if self._block(self._line(entry)) is not self._block(self._line(final)):
             raise _Refused(f"the KL term enters the loss in another block than the reduction at line {self._line(final)} "
                            "(under a condition or loop): moving it would change when it counts")
-        reduction = later.outer[0]
+        reduction = reductions[0]
         self._check_scale(reduction, aggregation, roles)
         self._check_unchanged(descent.term, arguments, entry, final)
         moved = self._moved_term(descent, arguments, reduction)
@@ -411,6 +416,8 @@ class Builder:
             else:
                 break
         line = after + 1
+        while after == 0 and line - 1 < len(self.lines) and self.lines[line - 1].startswith("#"):
+            line += 1  # after a shebang and an encoding declaration, which must stay first
         if line - 1 >= len(self.lines):
             prefix = "" if not self.lines or self.lines[-1].endswith("\n") else "\n"
             return [Edit(line, 1, line, 1, prefix + IMPORT + "\n")] if prefix else [Edit(line, 1, line, 1, IMPORT + "\n")]

@@ -213,3 +213,35 @@ def test_fix_on_stdin_prints_the_fixed_source(tmp_path, monkeypatch):
                                 input=source)
     assert result.exit_code == 0
     assert "klaudit.estimators.kl_penalty(" in result.stdout and "All checks passed!" in result.stderr
+
+
+SNIPPET = """#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+def masked_mean(values, mask):
+    return (values * mask).sum() / mask.sum()
+
+
+def kl_loss(logprobs, ref_logprobs, mask, beta):
+    log_ratio = ref_logprobs - logprobs
+    per_token_kl = torch.exp(log_ratio) - log_ratio - 1  # k3
+    return beta / 2 * masked_mean(per_token_kl, mask)
+"""
+
+
+def test_the_import_goes_after_a_shebang_and_the_call_binds_as_one_operand(tmp_path):
+    path = tmp_path / "k3.py"
+    path.write_text(SNIPPET)
+    [finding] = lint_paths([str(path)]).findings
+    assert finding.code == "KL002" and finding.autofix is not None
+    fixed = apply_edits(SNIPPET, finding.autofix.edits)
+    lines = fixed.splitlines()
+    assert lines[:3] == ["#!/usr/bin/env python", "# -*- coding: utf-8 -*-", "import klaudit.estimators"]
+    assert lines[-1] == ("    return beta / 2 * (klaudit.estimators.kl_penalty(logprobs, ref_logprobs, mask, "
+                         'estimator="k3").loss.sum() / mask.sum())')
+    assert "  # k3" in fixed  # the comment on the estimator's line is kept
+
+
+def test_a_kl_term_added_under_a_condition_is_not_moved(fixed_tree):
+    _, before, _, _ = fixed_tree
+    [trl] = [f for f in before if f.path.endswith("trl_grpo_trainer.py")]
+    assert trl.autofix is None and "another block" in trl.no_autofix
