@@ -298,7 +298,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
         fix = scaled_fix(row.fix, config.aggregation)
         findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line,
-                                related, fixes[entry].fix, fixes[entry].reason))
+                                related, autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
 
 
