@@ -348,6 +348,9 @@ class Builder:
         while True:
             reduction = _reduction(node, holds)
             if reduction is not None:
+                # the whole reduction is replaced: it must reduce the KL term alone, with no factor
+                if self._leaf(reduction.operand, holds, roles, Descent()) is not reduction.operand:
+                    raise _Refused("the reduction holds more than the KL term")
                 descent.inner.append(reduction)
                 return reduction.node
             if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):

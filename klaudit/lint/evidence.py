@@ -43,6 +43,11 @@ def role_of(facts: tuple) -> str | None:
     return roles.pop() if len(roles) == 1 else "ambiguous"
 
 
+def _varies(fact) -> bool:
+    """A tensor fact that is more than a constant (a number the analysis folded into its algebra)."""
+    return fact.poly is None or bool(fact.poly.atoms())
+
+
 @dataclass
 class StatementRoles:
     """The roles inside one statement, each the set of roles an expression (by node id) or a name of
@@ -85,7 +90,7 @@ class Evidence:
             if facts is None:
                 continue
             roles._merge(roles.expressions, id(node), role_of(facts))
-            if any(f.role in ("tensor", "mask") and not f.is_kl() for f in facts):
+            if any(f.role == "mask" or f.role == "tensor" and not f.is_kl() and _varies(f) for f in facts):
                 roles.tensors.add(id(node))
             origins = {id(f.origin) for f in facts if f.is_kl()}
             if origins:

@@ -245,3 +245,11 @@ def test_a_kl_term_added_under_a_condition_is_not_moved(fixed_tree):
     _, before, _, _ = fixed_tree
     [trl] = [f for f in before if f.path.endswith("trl_grpo_trainer.py")]
     assert trl.autofix is None and "another block" in trl.no_autofix
+
+
+def test_a_reduction_of_more_than_the_kl_term_is_not_replaced_whole(tmp_path):
+    source = SNIPPET.replace("masked_mean(per_token_kl, mask)", "masked_mean(0.5 * per_token_kl, mask)")
+    path = tmp_path / "k3.py"
+    path.write_text(source)
+    [finding] = lint_paths([str(path)]).findings
+    assert finding.autofix is None and finding.no_autofix == "the reduction holds more than the KL term"
