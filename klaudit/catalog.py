@@ -146,6 +146,8 @@ RULES: Mapping[str, Rule] = {
              "Part of the file was not analysed (budget, nesting depth, syntax LibCST does not read): findings may be missing."),
         Rule("KL100", "kl-use-undetermined",
              "A KL term was found whose gradient use could not be determined (informational, off by default)."),
+        Rule("KL101", "unused-suppression",
+             "A `# noqa` or `# klaudit: ignore` comment names a klaudit code that suppresses nothing (informational, off by default)."),
     )
 }
 

@@ -16,10 +16,12 @@ from klaudit.catalog import RULES
 from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings, parse_switch
 from klaudit.describe import LEGEND, OBJECTIVES, explain
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
+from klaudit.lint.fixing import applicabilities, fix_findings
 from klaudit.lint.formats import FORMATTERS
 from klaudit.lint.report import ReportOptions, format_statistics, format_statistics_json
 from klaudit.lint.rulebook import rule_page
 from klaudit.lint.sources import decode_source
+from klaudit.progress import Progress
 
 STDIN = "-"
 
@@ -88,6 +90,12 @@ def _use_color() -> bool:
               help="With `-` as the path: the name the source read from stdin is reported and configured as.")
 @click.option("--respect-gitignore/--no-respect-gitignore", default=True, show_default=True,
               help="Inside a git work tree, skip the files git ignores (named files are always linted).")
+@click.option("--fix", is_flag=True, help="Apply the safe fixes (and the unsafe ones with --unsafe-fixes), then report "
+                                         "what remains.")
+@click.option("--unsafe-fixes", is_flag=True,
+              help="Also apply (or show, with --diff) the fixes that change what is optimised: every KL fix does.")
+@click.option("--diff", is_flag=True, help="Print the fixes as a unified diff instead of writing them; exit 1 if "
+                                          "anything would change.")
 @click.option("--exit-zero", is_flag=True, help="Exit with 0 even when there are findings.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the `path:line:col: CODE message` lines.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=DEFAULT_JOBS, show_default=True,
@@ -103,7 +111,8 @@ def _use_color() -> bool:
 def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select: tuple[str, ...],
                  ignore: tuple[str, ...], exclude: tuple[str, ...], extend_exclude: tuple[str, ...],
                  output_format: str, statistics: bool, stdin_filename: str | None, respect_gitignore: bool,
-                 exit_zero: bool, quiet: bool, jobs: int, config_file: str | None, switch: tuple[str, ...],
+                 fix: bool, unsafe_fixes: bool, diff: bool, exit_zero: bool, quiet: bool, jobs: int,
+                 config_file: str | None, switch: tuple[str, ...],
                  analysis_budget: int | None, analysis_timeout: float | None) -> None:
     """Find KL terms whose gradient is not the one you meant, in PATHS (default: .; `-`: the source
     on stdin, named by --stdin-filename).
@@ -129,8 +138,32 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
             analysis_timeout=analysis_timeout,
             switches=_pins(switch),
         )
-        result = lint_paths([reported_as] if from_stdin else paths, settings=settings, jobs=jobs,
-                            respect_gitignore=respect_gitignore, stdin=source if from_stdin else None)
+        targets = [reported_as] if from_stdin else list(paths)
+
+        show_progress = output_format in COLORED_FORMATS and not from_stdin and sys.stderr.isatty()
+
+        def lint(stdin: bytes | None = source if from_stdin else None):
+            with Progress(show_progress, "linting") as progress:
+                return lint_paths(targets, settings=settings, jobs=jobs, respect_gitignore=respect_gitignore,
+                                  stdin=stdin, progress=progress)
+
+        result = lint()
+        if fix or diff:
+            fixes = fix_findings(result.findings, applicabilities(unsafe_fixes), write=fix and not diff,
+                                 sources={reported_as: source} if from_stdin else None)
+            for finding, why in fixes.dropped:
+                click.echo(f"warning: {finding.path}:{finding.line}: {finding.code}: fix not applied: {why}", err=True)
+            if diff:
+                click.echo("".join(fixes.diffs), nl=False)
+                click.echo(f"Would fix {len(fixes.fixed)} error{'s' if len(fixes.fixed) != 1 else ''}.", err=True)
+                sys.exit(1 if fixes.diffs else 0)
+            if from_stdin:  # as ruff: the fixed source on stdout, the report on stderr
+                fixed_text = fixes.texts.get(reported_as, _decoded(source))
+                click.echo(fixed_text, nl=False)
+                source = fixed_text.encode("utf-8")
+            result = lint(source if from_stdin else None) if fixes.fixed else result
+            if fixes.fixed:
+                click.echo(f"Fixed {len(fixes.fixed)} error{'s' if len(fixes.fixed) != 1 else ''}.", err=True)
     except (ConfigError, LintError) as error:
         raise CommandError(str(error)) from None
     except KeyboardInterrupt:
@@ -147,7 +180,7 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
     else:
         output = FORMATTERS[output_format](result.findings, options)
     if output:
-        click.echo(output, color=options.color)
+        click.echo(output, color=options.color, err=from_stdin and fix)
     for error in result.errors:
         click.echo(f"error: {error}", err=True)
     if result.errors:

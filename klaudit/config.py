@@ -30,7 +30,8 @@ SYNTAX_ERROR_CODE = "KL000"
 INCOMPLETE_CODE = "KL099"  # informational: reported, but never changes the exit status
 FILE_CODES = (SYNTAX_ERROR_CODE, INCOMPLETE_CODE)  # about the file, not a KL configuration
 UNDETERMINED_CODE = "KL100"  # informational, off by default: a KL term whose gradient use is unknown
-INFORMATIONAL_CODES = (INCOMPLETE_CODE, UNDETERMINED_CODE)  # reported when selected, never fail a run
+UNUSED_SUPPRESSION_CODE = "KL101"  # informational, off by default: a suppression comment that suppresses nothing
+INFORMATIONAL_CODES = (INCOMPLETE_CODE, UNDETERMINED_CODE, UNUSED_SUPPRESSION_CODE)  # never fail a run
 ALL = "ALL"
 # The verdicts (KL0xx); the informational KL1xx codes are on with `--select KL1` or `ALL`.
 DEFAULT_SELECT: tuple[str, ...] = ("KL0",)

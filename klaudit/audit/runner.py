@@ -31,6 +31,7 @@ from klaudit.audit.confine import limit_memory, memory_limit_bytes, run_confined
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
 from klaudit.audit.stubs import import_with_stubs
+from klaudit.progress import Progress
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -286,36 +287,8 @@ def _misbehaviour(target: Target, cwd: str) -> Report | None:
 # ----- in the parent -----
 
 
-class _Progress:
-    """A one-line status on stderr, shown only on a terminal and only once a run exceeds a second."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.message = ""
-        self.started = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True) if enabled else None
-        if self._thread:
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            elapsed = time.monotonic() - self.started
-            if elapsed > 1.0:
-                sys.stderr.write(f"\r\033[Kchecking {self.message} ({elapsed:.0f} s)")
-                sys.stderr.flush()
-
-    def close(self) -> None:
-        if self._thread:
-            self._stop.set()
-            self._thread.join()
-            if time.monotonic() - self.started > 1.0:
-                sys.stderr.write("\r\033[K")
-                sys.stderr.flush()
-
-
 def run_isolated(target: Target, *, overrides: dict, placements: Sequence[str] | None, timeout: float,
-                 memory_limit: int | None, model_dir: str | None, device: str, progress: _Progress) -> Report:
+                 memory_limit: int | None, model_dir: str | None, device: str, progress: Progress) -> Report:
     """Audit one target in a child process and mark the placement the user's code uses; the lint
     analysis that finds it runs in this process while the child audits."""
     with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch, ThreadPoolExecutor(max_workers=1) as pool:
@@ -365,7 +338,7 @@ def child_command(request_path: str, response_path: str) -> list[str]:
 
 
 def _audit_in_child(target: Target, *, overrides: dict, placements: Sequence[str] | None, timeout: float,
-                    memory_limit: int | None, model_dir: str | None, device: str, progress: _Progress,
+                    memory_limit: int | None, model_dir: str | None, device: str, progress: Progress,
                     scratch: Path, used_path: Path) -> Report:
     """Audit one target in a child process; a timeout, a crash, an early end or a process left running is
     an error line. With `placements` None the child also audits the combined placements (loss+reward, loss+future) the
@@ -384,7 +357,7 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Sequence[str
         # a step cut out of a trainer is audited on-policy, as the lint reads it (pi_old = pi)
         "current_old": target.source is not None,
     }))
-    progress.message = str(target)
+    progress.message = f"checking {target}"
     outcome = run_confined(child_command(str(request_path), str(response_path)), timeout)
     if outcome.returncode is None:
         return Report([], [f"{target}: timed out after {timeout:g} s (raise it with --timeout)"])
@@ -496,7 +469,7 @@ def run(targets: Sequence[str], *, overrides: dict | None = None, placements: Se
             resolved += [found for found in file_targets(target.path, report) if found not in resolved]
         else:
             resolved.append(target)
-    progress = _Progress(show_progress)
+    progress = Progress(show_progress)
     try:
         for target in resolved:
             report.extend(run_isolated(target, overrides=overrides or {}, placements=placements, timeout=timeout,

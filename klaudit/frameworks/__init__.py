@@ -17,6 +17,7 @@ from klaudit.catalog import defects
 from klaudit.describe import describe
 from klaudit.frameworks import trl, verl
 from klaudit.frameworks.calls import config_calls
+from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, shell_overrides, yaml_settings
 from klaudit.lint.findings import Finding
 
@@ -40,7 +41,8 @@ def lint_config(path: str, text: str) -> list[Finding]:
     judged = verl.judge(settings)
     if judged is None:
         return []
-    return _findings(path, judged, f"{verl.NAME} {verl.VERSION}", lambda rule, row_fix: verl.FIXES.get(rule, row_fix))
+    return _findings(path, judged, f"{verl.NAME} {verl.VERSION}", lambda rule, row_fix: verl.FIXES.get(rule, row_fix),
+                     _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX))
 
 
 def mentions_config_class(source: str) -> bool:
@@ -56,17 +58,46 @@ def lint_python(path: str, module: cst.Module, source: str) -> list[Finding]:
     for settings in config_calls(module, trl.CONFIG_CLASSES, trl.KEYS):
         judged = trl.judge(settings)
         if judged is not None:
-            found.extend(_findings(path, judged, f"{trl.NAME} {trl.VERSION}", lambda rule, _: trl.fix(rule)))
+            found.extend(_findings(path, judged, f"{trl.NAME} {trl.VERSION}", lambda rule, _: trl.fix(rule),
+                                   _Fixer(source, "python", trl.FLAG_FIXES, trl.NO_FLAG_FIX)))
     return found
 
 
-def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str], str]) -> list[Finding]:
+class _Fixer:
+    """The flag fixes of one file: `flags` maps a rule to the (key, value) that fixes it."""
+
+    def __init__(self, text: str, style: str, flags: dict, otherwise: str) -> None:
+        self.text, self.style, self.flags, self.otherwise = text, style, flags, otherwise
+
+    def __call__(self, rule: str, judged: Judged):
+        """(Fix or None, why there is none)."""
+        if rule not in self.flags:
+            return None, self.otherwise
+        key, value = self.flags[rule]
+        setting = judged.anchors.get(rule)
+        if setting is None:
+            return None, f"{key} is not set in this file: add {key.rsplit('.', 1)[-1]}={value} where the run is configured"
+        style = "yaml" if self.style != "python" and _is_yaml_line(self.text, setting) else self.style
+        fixed = flag_fix(self.text, setting, value, style, f"Set {key.rsplit('.', 1)[-1]} to {value}")
+        return (fixed, "") if fixed is not None else (None, f"the value of {key} is not a literal klaudit can replace")
+
+
+def _is_yaml_line(text: str, setting) -> bool:
+    """Whether the setting's text reads `key: value` (YAML) rather than `key=value` (a command line)."""
+    lines = text.splitlines()
+    span = lines[setting.line - 1][setting.column - 1: setting.end_column - 1] if 0 < setting.line <= len(lines) else ""
+    colon, equals = span.find(":"), span.find("=")
+    return colon >= 0 and (equals < 0 or colon < equals)
+
+
+def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str], str], fixer: _Fixer) -> list[Finding]:
     findings = []
     for row in defects(judged.config):
         if row.rule is None:
             continue
         where = judged.where(row.rule)
         message = f"{describe(judged.config)}: {row.explanation} [{framework}: {judged.flags}]"
+        autofix, why = fixer(row.rule, judged)
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
-                                fix(row.rule, row.fix)))
+                                fix(row.rule, row.fix), autofix=autofix, no_autofix=why))
     return findings

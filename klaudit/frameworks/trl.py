@@ -34,6 +34,8 @@ _OWN_LOSS = ("TRL has no flag for an unbiased KL gradient: keep beta and overrid
              "with klaudit.estimators.kl_penalty(per_token_logps, ref_per_token_logps, mask).loss in place of "
              "the k3 term (R-A), or set beta=0.0")
 FIXES = {"KL007": 'loss_type="dapo" (or "bnpo"): the batch token-mean keeps the scale'}
+FLAG_FIXES = {"KL007": (LOSS_TYPE, "dapo")}  # the fixes that are one keyword's value
+NO_FLAG_FIX = "TRL has no flag for an unbiased KL gradient: the fix is code of your own (see the help)"
 
 
 def _number(value: str) -> float | None:

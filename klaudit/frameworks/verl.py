@@ -49,6 +49,12 @@ FIXES = {
     "KL007": f"{LOSS_AGG_MODE}=token-mean (about the same scale; seq-mean-token-sum-norm divides by a constant)",
 }
 
+# The fixes that are one flag's value, at the flag where the file sets it (the others change the
+# KL's placement, whose coefficient conversion depends on the response length: no mechanical fix).
+FLAG_FIXES = {"KL004": (KL_PENALTY, "kl"), "KL007": (LOSS_AGG_MODE, "token-mean")}
+NO_FLAG_FIX = ("moving verl's KL from the loss into the reward changes its scale by the mean response length, "
+               "which no flag change can keep: set the flags of the help by hand")
+
 
 def _truthy(value: str) -> bool | None:
     """A YAML or Hydra boolean; None for anything else."""

@@ -20,6 +20,7 @@ from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling, d
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
 from klaudit.lint import algebra as alg
+from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.findings import Finding
@@ -249,6 +250,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         groups.setdefault((id(origin), values), []).append(cand)
     findings: list = []
     merged: dict = {}
+    sites: dict = {}  # statement position -> the SiteUse of every verdict there, for its fix
     uses = []
     for group in groups.values():
         if any(c.fact.calls == 0 for c in group):
@@ -279,8 +281,12 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         if entry is None:
             continue
         origin = _origin(analyzer, best.fact, module, path, positions)
+        statement = best.fact.entry if best.fact.entry is not None else best.sink.node
         for row in rows:
             merged.setdefault((entry, row.rule, row.label), []).append((best.fact.labels, config, row, origin))
+            sites.setdefault(entry, []).append(SiteUse(best.fact, statement, best.sink.kind, config, row))
+    builder = Builder(path, module, analyzer.project.source(module), analyzer, lambda node: positions.of(module, node))
+    fixes = {entry: builder.site_fix(uses) for entry, uses in sites.items()}
     for (entry, code, _), variants in merged.items():
         # the same verdict at the same place under several switch settings: one finding, naming
         # only the switch values that all of them share (the others do not change the verdict)
@@ -292,7 +298,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
         fix = scaled_fix(row.fix, config.aggregation)
         findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line,
-                                related, tuple(labels for labels, *_ in variants)))
+                                related, tuple(labels for labels, *_ in variants),
+                                autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
 
 

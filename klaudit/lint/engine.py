@@ -23,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klaudit.config import SYNTAX_ERROR_CODE, Settings
+from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSION_CODE, Settings
 from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
 from klaudit.lint import budget
 from klaudit.lint.facts import pinned_values_hold
@@ -31,7 +31,15 @@ from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
-from klaudit.lint.suppressions import SuppressionTable, comment_table, is_suppressed, suppression_table
+from klaudit.lint.suppressions import (
+    SuppressionTable,
+    comment_table,
+    is_suppressed,
+    suppression_table,
+    without_suppressed_edits,
+)
+from klaudit.lint.unused import might_have_directives, unused_suppressions
+from klaudit.progress import Progress
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
@@ -182,11 +190,17 @@ def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Findin
                             "it and the functions after it were not analysed", line)
 
 
-def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits()) -> list[_Analysis]:
+def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits(),
+                 progress: Progress | None = None) -> list[_Analysis]:
+    progress = progress or Progress(False)
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
     if workers < 2:
         _start_worker(roots)
-        return [_analyse(path, source, limits) for path, source in sources.items()]
+        analysed = []
+        for path, source in sources.items():
+            analysed.append(_analyse(path, source, limits))
+            progress.advance()
+        return analysed
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # Big files first, so that one late large file does not leave a worker idle.
@@ -196,8 +210,10 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                  initargs=(roots,)) as pool:
             chunksize = max(1, len(order) // (workers * 8))
-            analyses.extend(pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
-                                     chunksize=chunksize))
+            for analysis in pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
+                                     chunksize=chunksize):
+                analyses.append(analysis)
+                progress.advance()
     except BrokenProcessPool:
         # A worker died (a crash in native code, or killed); the files it had not finished are
         # reported rather than retried here, where the same crash would take down the run.
@@ -238,18 +254,23 @@ def _config_analysis(path: str) -> _Analysis:
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
                jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
-               stdin: bytes | None = None) -> LintResult:
+               stdin: bytes | None = None, progress: Progress | None = None) -> LintResult:
     """Lint the Python files under `paths` (files or directories) with `settings`; with `stdin`,
-    lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist."""
+    lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist.
+    `progress` counts the files done (klaudit.progress)."""
     from klaudit.lint.roles import might_contain_kl
 
     settings = settings or Settings()
     paths = list(paths) or ["."]
     result = LintResult()
+    check_directives = UNUSED_SUPPRESSION_CODE in settings.enabled_codes
+    with_directives: dict[str, str] = {}  # Python sources whose suppression comments KL101 judges
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
     files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
                                                                   PYTHON_SUFFIXES + CONFIG_SUFFIXES)
+    progress = progress or Progress(False)
+    progress.total = len(files)
     for path in files:
         if path.endswith(CONFIG_SUFFIXES) and stdin is None:
             try:
@@ -265,6 +286,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             result.errors.append(f"{path}: cannot read: {error.strerror}")
             continue
         result.files_checked += 1
+        if check_directives and isinstance(source, str) and might_have_directives(source):
+            with_directives[path] = source
         if isinstance(source, Finding):
             raw.append(_Analysis(path, (source,)))
         elif might_contain_kl(source) or mentions_config_class(source):
@@ -275,16 +298,34 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
                 raw.append(_Analysis(path, (broken,)))
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits))
+    progress.advance(len(files) - len(sources))  # read and pre-filtered: only the analysis is left
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, progress))
 
     for analysis in raw:
         if analysis.error:
             result.errors.append(analysis.error)
         ignored_here = settings.ignored_in_file(analysis.path) if analysis.findings else frozenset()
         result.findings.extend(
-            finding for finding in analysis.findings
+            without_suppressed_edits(finding, analysis.suppressions) for finding in analysis.findings
             if _keep(finding, settings, analysis.suppressions, ignored_here)
         )
+    result.findings.extend(_unused_suppressions(with_directives, raw, settings))
     result.findings.sort()
     result.errors.sort()
     return result
+
+
+def _unused_suppressions(sources: dict[str, str], raw: list[_Analysis], settings: Settings) -> list[Finding]:
+    """KL101 in the files whose analysis is complete (a file with KL000, KL099 or an error may miss
+    findings its comments do suppress)."""
+    by_path: dict[str, list[Finding]] = {}
+    incomplete = set()
+    for analysis in raw:
+        by_path.setdefault(analysis.path, []).extend(analysis.findings)
+        if analysis.error or any(f.code in (SYNTAX_ERROR_CODE, INCOMPLETE_CODE) for f in analysis.findings):
+            incomplete.add(analysis.path)
+    found = []
+    for path, source in sources.items():
+        if path not in incomplete and UNUSED_SUPPRESSION_CODE not in settings.ignored_in_file(path):
+            found.extend(unused_suppressions(path, source, by_path.get(path, []), settings.enabled_codes))
+    return found

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from klaudit.lint.edits import Fix
+
 
 @dataclass(frozen=True, order=True)
 class Finding:
@@ -13,7 +15,9 @@ class Finding:
     `end_column` close that expression. `origin_line` names the line where the estimator is
     computed when that is elsewhere (None otherwise). `fix` is the replacement the catalog
     recommends, written as a call of `klaudit.estimators`. `related` lists the other places of the
-    finding as (path, line, column, what), e.g. where the estimator is computed.
+    finding as (path, line, column, what), e.g. where the estimator is computed. `autofix` is the
+    mechanical rewrite `--fix` applies, when one can be built from what the analysis inferred;
+    otherwise `no_autofix` says why there is none.
     """
 
     path: str
@@ -27,3 +31,5 @@ class Finding:
     origin_line: int | None = None
     related: tuple = ()
     switches: tuple = field(default=(), compare=False)
+    autofix: Fix | None = field(default=None, compare=False)
+    no_autofix: str = field(default="", compare=False)

@@ -22,6 +22,7 @@ from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS, Callee, CallFlow, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
+from klaudit.lint.evidence import note_entry
 from klaudit.lint.facts import (
     NEG,
     UNKNOWN,
@@ -439,6 +440,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             marked = self.mark_stale(marked)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
+            note_entry(self, node)
             self.sinks.append(Sink(kind, facts, node, self.next_order()))
         self.confirm(value)
         self.settle(value)
@@ -464,6 +466,7 @@ class FunctionRun(ContainerFlow, CallFlow):
                        for f in value)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
+            note_entry(self, node)
             earlier = self.waiting.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
             self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order())
@@ -479,6 +482,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         facts = tuple(f for f in marked if f.is_kl())
         self.take_on(facts, node)
         if facts and self.record:
+            note_entry(self, node)
             earlier = self.loss_parts.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
             self.loss_parts[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import click
 
 from klaudit.catalog import RULES
+from klaudit.lint.edits import SAFE
 from klaudit.lint.findings import Finding
 from klaudit.lint.rulebook import rule_url, severity
 
@@ -101,10 +102,30 @@ def format_text(findings: Sequence[Finding], options: ReportOptions) -> str:
                        + f" {lines[finding.origin_line - 1]}")
         if finding.fix:
             out.append(style(" " * gutter + " = ", fg="blue") + style("help", bold=True) + f": {finding.fix}")
+        if finding.autofix is not None:
+            out.append(style(" " * gutter + " = ", fg="blue") + style("fix", bold=True)
+                       + f" ({finding.autofix.applicability}): {finding.autofix.message}")
+        elif finding.no_autofix:
+            out.append(style(" " * gutter + " = ", fg="blue") + f"no automatic fix: {finding.no_autofix}")
         out.append("")
     if not options.quiet:
         out.append(summary(findings))
+        hint = fixable_hint(findings)
+        if hint:
+            out.append(hint)
     return "\n".join(out)
+
+
+def fixable_hint(findings: Sequence[Finding]) -> str:
+    """"[*] 2 fixable with `--fix --unsafe-fixes`." (as ruff says it), or "" when nothing is."""
+    safe = sum(1 for f in findings if f.autofix is not None and f.autofix.applicability == SAFE)
+    unsafe = sum(1 for f in findings if f.autofix is not None and f.autofix.applicability != SAFE)
+    parts = []
+    if safe:
+        parts.append(f"[*] {safe} fixable with `--fix`.")
+    if unsafe:
+        parts.append(f"[*] {unsafe} fixable with `--fix --unsafe-fixes` (the fix changes what is optimised: review it).")
+    return "\n".join(parts)
 
 
 def format_concise(findings: Sequence[Finding], options: ReportOptions) -> str:
@@ -145,22 +166,24 @@ def summary(findings: Sequence[Finding]) -> str:
 
 
 def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
-    """A JSON array in the shape of `ruff check --output-format json` (fix is null for now), plus
-    `related`: the finding's other places (file, line, column, what), e.g. the estimator's definition,
-    the rule's `name`, and `severity` ("error" for a verdict, "info" for KL099/KL100)."""
+    """A JSON array in the shape of `ruff check --output-format json` (`fix`: applicability, message and
+    edits, or null), plus `related`: the finding's other places (file, line, column, what), e.g. the
+    estimator's definition, the rule's `name`, `severity` ("error" for a verdict, "info" for the
+    informational codes) and `no_fix_reason` (why no fix is offered, or null)."""
     return json.dumps([
         {
             "cell": None,
             "code": finding.code,
             "end_location": {"column": finding.end_column, "row": finding.end_line},
             "filename": os.path.abspath(finding.path),
-            "fix": None,
+            "fix": finding.autofix.to_json() if finding.autofix is not None else None,
             "location": {"column": finding.column, "row": finding.line},
             "message": finding.message,
             "noqa_row": finding.line,
             "url": rule_url(finding.code),
             "name": RULES[finding.code].name,
             "severity": severity(finding.code),
+            "no_fix_reason": finding.no_autofix or None,
             "related": [
                 {"filename": os.path.abspath(where), "location": {"column": column, "row": line}, "what": what}
                 for where, line, column, what in finding.related

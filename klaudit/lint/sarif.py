@@ -62,6 +62,8 @@ def _result(finding: Finding, rule_index: int) -> dict:
         "message": {"text": with_help(finding)},
         "locations": [_location(finding.path, region)],
     }
+    if finding.autofix is not None:
+        result["fixes"] = [_fix(finding)]
     if finding.related:
         result["relatedLocations"] = [
             {"id": number, "message": {"text": what},
@@ -69,6 +71,24 @@ def _result(finding: Finding, rule_index: int) -> dict:
             for number, (path, line, column, what) in enumerate(finding.related)
         ]
     return result
+
+
+def _fix(finding: Finding) -> dict:
+    """The finding's fix as a SARIF fix: one artifact change, a replacement per edit (an insertion
+    deletes an empty region)."""
+    assert finding.autofix is not None
+    return {
+        "description": {"text": f"{finding.autofix.message} ({finding.autofix.applicability})"},
+        "artifactChanges": [{
+            "artifactLocation": _artifact(finding.path),
+            "replacements": [
+                {"deletedRegion": {"startLine": edit.line, "startColumn": edit.column,
+                                   "endLine": edit.end_line, "endColumn": edit.end_column},
+                 "insertedContent": {"text": edit.content}}
+                for edit in finding.autofix.edits
+            ],
+        }],
+    }
 
 
 def format_sarif(findings: Sequence[Finding], options: ReportOptions) -> str:

@@ -12,6 +12,7 @@ import io
 import re
 import tokenize
 from collections.abc import Mapping
+from dataclasses import replace
 
 from klaudit.lint.findings import Finding
 
@@ -79,3 +80,13 @@ def is_suppressed(finding: Finding, table: SuppressionTable) -> bool:
             if silenced is None or finding.code in silenced:
                 return True
     return False
+
+
+def without_suppressed_edits(finding: Finding, table: SuppressionTable) -> Finding:
+    """The finding without its fix when the fix would edit a line that carries a suppression
+    directive (suppressed code is never touched, even by the fix of another finding)."""
+    fix = finding.autofix
+    if fix is None or not any(line in table for edit in fix.edits for line in range(edit.line, edit.end_line + 1)
+                              if edit.line != edit.end_line or edit.column != edit.end_column):
+        return finding
+    return replace(finding, autofix=None, no_autofix="the fix would edit a line with a suppression comment")

@@ -182,7 +182,19 @@ def test_sarif_of_the_bad_fixtures_validates_and_reports_every_finding(monkeypat
             "startLine": finding["location"]["row"], "startColumn": finding["location"]["column"],
             "endLine": finding["end_location"]["row"], "endColumn": finding["end_location"]["column"]}
         assert len(result.get("relatedLocations", [])) == len(finding["related"])
+        # the fix travels in both: the same edits, as SARIF replacements and as ruff's JSON edits
+        if finding["fix"] is None:
+            assert "fixes" not in result and finding["no_fix_reason"]
+            continue
+        [change] = result["fixes"][0]["artifactChanges"]
+        assert change["artifactLocation"] == location["artifactLocation"]
+        assert [(r["deletedRegion"], r["insertedContent"]["text"]) for r in change["replacements"]] == [
+            ({"startLine": e["location"]["row"], "startColumn": e["location"]["column"],
+              "endLine": e["end_location"]["row"], "endColumn": e["end_location"]["column"]}, e["content"])
+            for e in finding["fix"]["edits"]]
+        assert finding["fix"]["applicability"] == "unsafe"
     assert any("relatedLocations" in result for result in results)
+    assert any("fixes" in result for result in results)
 
 
 def test_sarif_related_places_levels_and_uris(tmp_path, monkeypatch):
@@ -212,5 +224,6 @@ def test_the_readme_shows_every_output_format_and_option():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in FORMATTERS:
         assert name == "text" or f"--output-format {name}" in readme
-    for option in ("--statistics", "--stdin-filename", "--no-respect-gitignore", "FORCE_COLOR", "NO_COLOR"):
+    for option in ("--statistics", "--stdin-filename", "--no-respect-gitignore", "FORCE_COLOR", "NO_COLOR",
+                   "--fix --unsafe-fixes", "--diff", "KL101", "no_fix_reason"):
         assert option in readme

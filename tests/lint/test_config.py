@@ -48,7 +48,7 @@ def test_informational_codes_are_off_by_default_and_on_when_selected():
     """KL100 (a KL term whose use could not be determined) is on with `--select KL1`, `ALL` or its code."""
     assert "KL100" not in Settings().enabled_codes
     assert "KL100" not in Settings().with_overrides(ignore=["KL002"]).enabled_codes
-    assert Settings().with_overrides(select=["KL1"]).enabled_codes == {"KL000", "KL099", "KL100"}
+    assert Settings().with_overrides(select=["KL1"]).enabled_codes == {"KL000", "KL099", "KL100", "KL101"}
     assert "KL100" in Settings().with_overrides(select=["ALL"]).enabled_codes
     assert "KL100" in Settings().with_overrides(extend_select=["KL100"]).enabled_codes
 
@@ -98,7 +98,7 @@ def test_more_specific_selectors_win_and_ignore_wins_ties():
         "KL000", "KL001", "KL003", "KL004", "KL005", "KL006", "KL007", "KL008", "KL009"]
     assert layer(select=("KL002",), ignore=("KL0",)) == ["KL002"]
     assert layer(select=("KL002",), ignore=("KL002",)) == []
-    assert layer(select=("ALL",), ignore=("KL0",), extend_select=("KL01",)) == ["KL010", "KL011", "KL100"]
+    assert layer(select=("ALL",), ignore=("KL0",), extend_select=("KL01",)) == ["KL010", "KL011", "KL100", "KL101"]
 
 
 def test_command_line_layer_on_top_of_the_file(tmp_path):

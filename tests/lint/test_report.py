@@ -106,6 +106,7 @@ def test_json_has_ruffs_fields(tmp_path, monkeypatch):
         "url": "https://github.com/klaudit/klaudit/blob/main/klaudit/rules/KL002.md",
         "name": "kl-loss-forward-kl",
         "severity": "error",
+        "no_fix_reason": None,
         "related": [{"filename": str(tmp_path / "pkg" / "a.py"), "location": {"column": 5, "row": 3},
                      "what": "estimator computed here"}],
     }

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from klaudit import cli
 from klaudit.catalog import RULES
 from klaudit.cli import main
-from klaudit.config import FILE_CODES, INCOMPLETE_CODE, Settings
+from klaudit.config import FILE_CODES, INCOMPLETE_CODE, UNUSED_SUPPRESSION_CODE, Settings
+from klaudit.lint.autofix import NOT_MECHANICAL
 from klaudit.lint.engine import lint_paths
 
 SECTIONS = ("What it flags", "Why", "Bad", "Good", "Fix", "Fix safety", "When this is fine")
@@ -80,16 +82,21 @@ def test_page_has_the_sections_in_order(code):
     assert tuple(sections(page_text(code))) == SECTIONS
 
 
-@pytest.mark.parametrize("code", [code for code in CODES if code not in FILE_CODES])
+@pytest.mark.parametrize("code", [code for code in CODES if code not in FILE_CODES + (UNUSED_SUPPRESSION_CODE,)])
 def test_page_points_at_the_catalog_and_the_estimators(code):
     parts = sections(page_text(code))
     row_pointer = re.search(r"kl-math\.md .*?§8,?\s+rows?\s+\d", parts["Why"], flags=re.DOTALL)
     assert row_pointer, f"{code}: 'Why' must name the row of kl-math.md §8"
     assert "klaudit.estimators." in parts["Fix"]
     safety = " ".join(parts["Fix safety"].split())
-    assert "--unsafe-fixes" not in safety  # no such option (yet): a page must not promise it
-    if code.startswith("KL0"):  # a verdict's fix changes what is optimised: suggested, never applied
-        assert "nsafe" in safety and "never applies it" in safety
+    lint_options = {option for param in cli.lint_command.params for option in param.opts}
+    assert set(re.findall(r"--[a-z-]+", safety)) <= lint_options  # a page promises only options that exist
+    if code.startswith("KL0"):  # a verdict's fix changes what is optimised: unsafe, applied only when asked
+        assert "nsafe" in safety
+        if code in NOT_MECHANICAL:  # no mechanical fix is safe for these
+            assert "never applies it" in safety and "--fix" not in safety
+        else:
+            assert "--fix --unsafe-fixes" in safety and "says why" in safety
     assert f"# noqa: {code}" in parts["When this is fine"]
 
 

@@ -1,0 +1,134 @@
+"""What the flow analysis inferred about the expressions of the statements where a KL term enters a
+loss or reward: which sub-expression holds the policy's, the reference's or the behaviour policy's
+log-probs, a mask, or the KL term itself, and which names of the function held them at that point.
+
+The autofix (klaudit.lint.autofix) rewrites code from these roles, never from names of its own
+guessing: a role is recorded only where the analysis' value of an expression is unambiguous (one
+alternative per evaluation, the same in every evaluation).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from klaudit.lint import algebra as alg
+
+POLICY, DETACHED_POLICY, REFERENCE, BEHAVIOUR, MASK = "policy", "detached policy", "reference", "behaviour", "mask"
+_LOGPROB_ROLES = {alg.POLICY: POLICY, alg.REF: REFERENCE, alg.OLD: BEHAVIOUR}
+
+
+def role_of(facts: tuple) -> str | None:
+    """The role of a value the analysis explains as one log-prob tensor of one kind, or a mask. The
+    policy's log-probs are told apart by whether gradient flows through them. "ambiguous" when the
+    alternatives disagree, None for anything else."""
+    if not facts:
+        return None
+    roles = set()
+    for fact in facts:
+        if fact.role == "mask":
+            roles.add(MASK)
+        elif fact.role == "tensor" and fact.poly is not None and len(fact.poly.terms) == 1:
+            monomial, coefficient = fact.poly.terms[0]
+            atom = monomial[0] if len(monomial) == 1 else None
+            if atom is None or coefficient != 1.0 or atom.acc != alg.TOKEN or atom.kind not in _LOGPROB_ROLES:
+                return None
+            role = _LOGPROB_ROLES[atom.kind]
+            roles.add(DETACHED_POLICY if role == POLICY and not atom.grad else role)
+        else:
+            return None
+    return roles.pop() if len(roles) == 1 else "ambiguous"
+
+
+def _varies(fact) -> bool:
+    """A tensor fact that is more than a constant (a number the analysis folded into its algebra)."""
+    return fact.poly is None or bool(fact.poly.atoms())
+
+
+@dataclass
+class StatementRoles:
+    """The roles inside one statement, each the set of roles an expression (by node id) or a name of
+    the environment held over the statement's evaluations (one role: the analysis was sure of it)."""
+
+    expressions: dict[int, set] = field(default_factory=dict)
+    names: dict[str, set] = field(default_factory=dict)
+    kl: dict[int, set] = field(default_factory=dict)  # id(expression) -> ids of the KL origins it holds
+    tensors: set = field(default_factory=set)  # ids of expressions that may hold a tensor other than a KL term
+
+    @staticmethod
+    def _merge(table: dict, key, role: str | None) -> None:
+        if role is not None:
+            table.setdefault(key, set()).add(role)
+
+    def expression_is(self, node: cst.CSTNode, role: str) -> bool:
+        return self.expressions.get(id(node)) == {role}
+
+    def names_with(self, roles: set) -> list[str]:
+        """The names that held one of `roles` in every evaluation, sorted."""
+        return sorted(name for name, held in self.names.items() if held <= roles)
+
+
+class Evidence:
+    """The roles of every statement where a KL term entered a sink, merged over its evaluations."""
+
+    def __init__(self) -> None:
+        self._statements: dict[int, StatementRoles] = {}
+        self._keep: list = []  # the statements, so that their ids stay theirs while recorded
+
+    def note(self, statement: cst.CSTNode, memo: Mapping[int, tuple], env: Mapping[str, tuple]) -> None:
+        """Record the values the analysis gave the sub-expressions of `statement` (`memo`, by node id)
+        and the names of the environment, at a point where a KL term enters a sink there."""
+        roles = self._statements.get(id(statement))
+        if roles is None:
+            roles = self._statements[id(statement)] = StatementRoles()
+            self._keep.append(statement)
+        for node in _expressions(statement):
+            facts = memo.get(id(node))
+            if facts is None:
+                continue
+            roles._merge(roles.expressions, id(node), role_of(facts))
+            if any(f.role == "mask" or f.role == "tensor" and not f.is_kl() and _varies(f) for f in facts):
+                roles.tensors.add(id(node))
+            origins = {id(f.origin) for f in facts if f.is_kl()}
+            if origins:
+                roles.kl.setdefault(id(node), set()).update(origins)
+        for name, facts in env.items():
+            roles._merge(roles.names, name, role_of(facts))
+
+    def of(self, statement: cst.CSTNode) -> StatementRoles | None:
+        return self._statements.get(id(statement))
+
+    def statements(self) -> list:
+        """Every statement recorded, in the order they were first recorded."""
+        return list(self._keep)
+
+
+_BY_ANALYZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def evidence_of(analyzer) -> Evidence:
+    """The evidence an analyzer (klaudit.lint.modules.Analyzer) gathered while it interpreted."""
+    found = _BY_ANALYZER.get(analyzer)
+    if found is None:
+        found = _BY_ANALYZER[analyzer] = Evidence()
+    return found
+
+
+def note_entry(run, statement: cst.CSTNode) -> None:
+    """Called by the flow analysis (a FunctionRun) where KL terms enter a sink at `statement`."""
+    evidence_of(run.analyzer).note(statement, run._memo, run.env)
+
+
+def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every expression node under `node` (a statement), outermost first."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.BaseExpression):
+            yield current
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and current is not node:
+            continue
+        stack.extend(reversed(current.children))
