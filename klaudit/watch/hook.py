@@ -73,13 +73,17 @@ class WatchState:
 
 
 def _isolated(run: Callable):
-    """`run()` with autograd on, autocast off, the CPU random state restored, and watched calls passing through."""
+    """`run()` with autograd on, autocast off, one CPU thread, the CPU random state restored, and watched calls
+    passing through."""
     _auditing.active = True
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the audit's tensors are a few sequences: more threads only contend (CPU)
     try:
         with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad(), \
                 torch.autocast("cpu", enabled=False), _cuda_autocast_off():
             return run()
     finally:
+        torch.set_num_threads(threads)
         _auditing.active = False
 
 

@@ -13,8 +13,10 @@ import os
 import threading
 import time
 import warnings
+from typing import TYPE_CHECKING
 
-from klaudit.watch.verdict import Verdict
+if TYPE_CHECKING:  # the reporter itself needs no torch: a framework is patched before it imports torch
+    from klaudit.watch.verdict import Verdict
 
 MODES = ("warn", "raise", "log")
 DEFAULT_LOG_FILE = "klaudit-watch.jsonl"
@@ -68,7 +70,8 @@ class Reporter:
             if self._failed:
                 return
             self._failed = True
-        message = f"klaudit.watch could not audit {what}: {type(error).__name__}: {error} (the training is not affected)"
+        detail = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"  # ours say what
+        message = f"klaudit.watch could not audit {what}: {detail} (the training is not affected)"
         logger.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
