@@ -98,7 +98,7 @@ class TabularSampler:
         with torch.no_grad():
             batch = self.exact.batch()
             self.probabilities = (batch.logprobs * batch.mask).sum(-1).exp()
-            self.logits = batch.logits.detach()
+            self.logits = policy.logits(self.exact.tokens).detach()
         self.generator = torch.Generator(device=self.probabilities.device).manual_seed(seed)
         self.horizon, self.vocab_size = policy.horizon, policy.vocab_size
         self.description = f"a tabular policy (V={policy.vocab_size}, T={policy.horizon})"
@@ -227,7 +227,7 @@ def _share_twins(accumulators: list[_Accumulator], first: Draw) -> None:
     first draw (verl's "kl" and "k1", "k2" and "mse+" ...): it is the same function, measured once."""
     seen: list[tuple[_Accumulator, torch.Tensor, torch.Tensor]] = []
     for row in accumulators:
-        gradient = logits_gradient(lambda batch, row=row: row.per_sequence(batch).sum(), first.batch)
+        gradient = logits_gradient(_summed(row), first.batch)
         with torch.no_grad():
             values = row.per_sequence(first.batch()).detach()
         twin = next((earlier for earlier, g, v in seen if torch.equal(g, gradient) and torch.equal(v, values)), None)
@@ -235,6 +235,11 @@ def _share_twins(accumulators: list[_Accumulator], first: Draw) -> None:
             seen.append((row, gradient, values))
         else:
             row.same_as = twin
+
+
+def _summed(row: _Accumulator) -> Callable[[Batch], torch.Tensor]:
+    """The row's surrogate summed over a batch: the objective whose logits gradient is each sample's."""
+    return lambda batch: row.per_sequence(batch).sum()
 
 
 def _head_gradient(logits_gradient_: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -288,7 +293,7 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
     measured = [row for row in accumulators if row.same_as is None]
     reference_total, reference_first, reference_values = reference.clone(), reference.clone(), reference.new_zeros(())
     half = samples // 2
-    drawn, draw = 0, first
+    drawn, draw = 0, first  # type: tuple[int, Draw | None]
     while drawn < samples:
         count = min(size, (half if drawn < half else samples) - drawn)
         if draw is None or draw.tokens.shape[0] != count:
@@ -303,7 +308,7 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
         with torch.no_grad():
             reference_values += reference_value(draw.batch()).sum()
         for row in measured:
-            user_gradient = logits_gradient(lambda batch, row=row: row.per_sequence(batch).sum(), draw.batch)
+            user_gradient = logits_gradient(_summed(row), draw.batch)
             user_head = _head_gradient(user_gradient, draw.features)
             row.total += user_head
             with torch.no_grad():
@@ -347,7 +352,7 @@ def _row(row: _Accumulator, name: str, samples: int, reference_mean: torch.Tenso
         p = 0.5 * math.erfc(z / math.sqrt(2.0))
     biased = p < P_BIASED
     aggregation = Aggregation.BATCH_MEAN if row.plan.scalar_weight == "batch-token-mean" else Aggregation.SUM
-    match, _ = identify_clamped(lambda batch: row.per_sequence(batch).sum(), fingerprinter, rtol=row.plan.term.rtol,
+    match, _ = identify_clamped(_summed(row), fingerprinter, rtol=row.plan.term.rtol,
                                 aggregation=aggregation)
     squared = torch.dot(reference_mean.flatten(), reference_mean.flatten()).item()
     scale = torch.dot(user_mean.flatten(), reference_mean.flatten()).item() / squared if squared else math.nan

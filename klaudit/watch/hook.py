@@ -134,7 +134,7 @@ def watch(fn: Callable | None = None, *, placement: str = "auto", args: Mapping[
         aggregation = Aggregation(aggregation)
     state = WatchState(fn, placement=placement, overrides=overrides, every=every,
                        reporter=reporter or Reporter(mode, log_file), aggregation=aggregation, rows=rows,
-                       name=name or getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))), site=site,
+                       name=name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))), site=site,
                        fixes=fixes or {})
 
     @functools.wraps(fn)

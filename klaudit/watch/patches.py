@@ -142,7 +142,8 @@ def _patch_site(module: ModuleType, site: Site, options: dict) -> None:
     current = getattr(module, site.attribute, None)
     if current is None:
         return  # this release has no such function here
-    original = state_of(current).fn if state_of(current) is not None else current
+    state = state_of(current)
+    original = state.fn if state is not None else current
     _STATE.patched.setdefault((site.module, site.attribute), _Patched(site, current))
     setattr(module, site.attribute, watch(
         original, placement=site.placement, aggregation=site.aggregation or Aggregation.SUM,

@@ -54,7 +54,7 @@ class Reporter:
             self._seen.add(key)
         text = "klaudit.watch: " + "\n".join(verdict.lines()) + (f" [{site}]" if site else "")
         if self.log_file is not None:
-            self._append({**verdict.as_record(), "site": site, "call": call, "pid": os.getpid(), "time": time.time()})
+            self._append(self.log_file, {**verdict.as_record(), "site": site, "call": call, "pid": os.getpid(), "time": time.time()})
         if verdict.unbiased:
             logger.info(text)
             return
@@ -75,7 +75,8 @@ class Reporter:
         logger.warning(message)
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    def _append(self, record: dict) -> None:
+    @staticmethod
+    def _append(path: str, record: dict) -> None:
         line = json.dumps(record) + "\n"
-        with open(self.log_file, "a", encoding="utf-8") as stream:  # one write per line: ranks may share the file
+        with open(path, "a", encoding="utf-8") as stream:  # one write per line: ranks may share the file
             stream.write(line)

@@ -134,12 +134,12 @@ def audit_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, name: st
         raise NotAuditable(f"the policy log-probs of {name} have shape {list(policy.shape)}, not [B, T]")
     sequences, horizon = policy.shape
     rows = max(1, min(rows, sequences))
-    batch, current_old = _batch(roles, values, rows)
+    batch_factory, current_old, off_policy = _batch(roles, values, rows)
     fed = {param: role for param, role in roles.items() if role in _FED or role in (Role.ZEROS, Role.COEF, Role.NONE)}
     if current_old:
         fed = {param: role for param, role in fed.items() if role is not Role.OLD_LOGPROBS}
-    switches = {param: value for param, value in values.items()
-                if param not in fed and isinstance(value, (str, bool))}
+    switches: dict[str, Any] = {param: value for param, value in values.items()
+                                if param not in fed and isinstance(value, (str, bool))}
     actual = {param: _sliced(value, sequences, horizon, rows) for param, value in values.items()
               if param not in fed and param not in switches}
     kinds = {param.name: param.kind for param in inspect.signature(fn).parameters.values()}
@@ -147,16 +147,15 @@ def audit_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, name: st
     if positional or any(kinds.get(param) is inspect.Parameter.POSITIONAL_ONLY for param in {**actual, **switches}):
         raise NotAuditable(f"{name} has positional-only parameters, which the audit cannot feed")
     binding = Binding({**fed, **{param: Role.SWITCH for param in switches}},
-                      {param: (value,) for param, value in switches.items()})
+                      {param: (value,) for param, value in switches.items()})  # bool flags pass as themselves
     partial = _with_arguments(fn, actual)
     reward_named = is_reward_function(getattr(fn, "__name__", ""))
     term = Term(partial, binding, switches, name, negated=reward_named)
-    batch_factory = _factory(batch)
     kind = result_kind(term, batch_factory())
     chosen = _placement(fn, placement, kind, result, reward_named)
     scalar_weight = scalar_aggregation(term, batch_factory) if kind == "scalar" else None
     per_sequence = surrogate(term, kind, chosen, scalar_weight)
-    fingerprinter = Fingerprinter(batch_factory, off_policy=batch.old_logprobs is not None)
+    fingerprinter = Fingerprinter(batch_factory, off_policy=off_policy)
     if kind == "scalar":  # the function aggregates itself: check-grad's reading of how
         told = Aggregation.BATCH_MEAN if scalar_weight == "batch-token-mean" else Aggregation.SUM
     else:
@@ -189,8 +188,10 @@ def _roles(fn: Callable, values: Mapping[str, Any], overrides: Mapping[str, Role
     return roles
 
 
-def _batch(roles: Mapping[str, Role], values: Mapping[str, Any], rows: int) -> tuple[Batch, bool]:
-    """The audit's batch from copies of the call's tensors, and whether the old log-probs are the policy's."""
+def _batch(roles: Mapping[str, Role], values: Mapping[str, Any],
+           rows: int) -> tuple[Callable[[], Batch], bool, bool]:
+    """Fresh leaf batches of copies of the call's tensors (each fingerprint gradient needs a graph of its own),
+    whether the old log-probs are the policy's own, and whether the batch is off-policy."""
     def copy_of(role: Role) -> torch.Tensor | None:
         return next((_copied(values[param], rows) for param, given in roles.items()
                      if given is role and isinstance(values.get(param), torch.Tensor)), None)
@@ -199,6 +200,8 @@ def _batch(roles: Mapping[str, Role], values: Mapping[str, Any], rows: int) -> t
     ref = copy_of(Role.REF_LOGPROBS)
     ratio = copy_of(Role.LOG_RATIO)
     if logprobs is None:  # only a log-ratio is given: any reference with this ratio has the same gradients
+        if ratio is None:
+            raise NotAuditable("no argument holds the policy log-probs: name it with args={'PARAM': 'logprobs'}")
         logprobs = ratio - torch.logsumexp(torch.stack([ratio, torch.zeros_like(ratio)]), 0)
         ref = logprobs - ratio
     elif ref is None:
@@ -208,15 +211,9 @@ def _batch(roles: Mapping[str, Role], values: Mapping[str, Any], rows: int) -> t
     old = copy_of(Role.OLD_LOGPROBS)
     current_old = old is not None and bool(((old - logprobs).abs() * mask).max() <= _SAME_POLICY_ATOL)
     tokens = torch.zeros(logprobs.shape, dtype=torch.long, device=logprobs.device)
-    batch = leaf_batch(tokens, mask, _pseudo_logits(logprobs), _pseudo_logits(ref),
-                       None if old is None or current_old else old)
-    return batch, current_old
-
-
-def _factory(batch: Batch) -> Callable[[], Batch]:
-    """Fresh leaf batches with the same values (each fingerprint gradient needs a graph of its own)."""
-    logits, ref_logits = batch.logits.detach(), batch.ref_logits.detach()
-    return lambda: leaf_batch(batch.tokens, batch.mask, logits, ref_logits, batch.old_logprobs)
+    logits, ref_logits = _pseudo_logits(logprobs), _pseudo_logits(ref)
+    behaviour = None if old is None or current_old else old
+    return (lambda: leaf_batch(tokens, mask, logits, ref_logits, behaviour)), current_old, behaviour is not None
 
 
 def _sliced(value: Any, sequences: int, horizon: int, rows: int) -> Any:
