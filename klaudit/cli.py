@@ -246,19 +246,24 @@ def rules_command() -> None:
                    "limit).")
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Fingerprint on a causal LM from this local directory instead of the tabular policy.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device of the fingerprint batch.")
+@click.option("--device", default="cpu", show_default=True, help="Torch device of the model (--model).")
+@click.option("--samples", type=click.IntRange(min=4), metavar="N",
+              help="With --model: the Monte-Carlo audit, on N responses of the model (2000 is the default the "
+                   "tests validate), for models and lengths that cannot be enumerated.")
+@click.option("--plot", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="With --samples: draw your term's per-position gradient against the reference's (matplotlib).")
 @click.option("--fail-on", type=click.Choice(["any", "used"]), default="any", show_default=True,
               help="Exit 1 when any audited row is biased, or only when a row of a placement your code uses "
                    "is (rows of targets whose use is unknown all count).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the traceback behind each error.")
 def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], placement: str, output_format: str,
                        timeout: float, memory_limit: int | None, model_dir: str | None, device: str,
-                       fail_on: str, verbose: bool) -> None:
+                       samples: int | None, plot: str | None, fail_on: str, verbose: bool) -> None:
     """Measure the gradient your KL code really produces: TARGETS are PATH.py, PATH.py::function,
     PATH.py::Class.method or package.module:function."""
     from klaudit.audit import TORCH_MISSING, torch_importable
     from klaudit.audit.bind import BindError, parse_overrides
-    from klaudit.audit.runner import run
+    from klaudit.audit.runner import MonteCarlo, run
 
     if not torch_importable():
         raise CommandError(TORCH_MISSING)
@@ -266,10 +271,20 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
         overrides = parse_overrides(bindings)
     except BindError as error:
         raise CommandError(str(error)) from None
+    if samples is not None and model_dir is None:
+        raise CommandError("--samples needs --model DIR: the Monte-Carlo audit samples that model's responses")
+    if plot is not None:
+        from klaudit.audit.picture import MATPLOTLIB_MISSING, matplotlib_importable
+
+        if samples is None:
+            raise CommandError("--plot needs --samples N (the picture is drawn from the Monte-Carlo samples)")
+        if not matplotlib_importable():
+            raise CommandError(MATPLOTLIB_MISSING)
+    monte_carlo = MonteCarlo(samples, plot and os.path.abspath(plot)) if samples is not None else None
     placements = PLACEMENTS[placement]
     show_progress = output_format == "text" and sys.stderr.isatty()
     report = run(targets, overrides=overrides, placements=placements, timeout=timeout, memory_limit=memory_limit,
-                 model_dir=model_dir, device=device, show_progress=show_progress)
+                 model_dir=model_dir, device=device, show_progress=show_progress, monte_carlo=monte_carlo)
     click.echo(report.to_json() if output_format == "json" else report.to_text())
     if verbose:
         for detail in report.details:

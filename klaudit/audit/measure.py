@@ -22,6 +22,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -330,6 +331,24 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Sequence[str
         torch.set_num_threads(threads)
 
 
+class Plan(NamedTuple):
+    """One switch value of a term: its result kind, the placements to audit, a scalar's aggregation."""
+
+    term: Term
+    kind: str
+    placements: list[str]
+    scalar_weight: str | None
+
+
+def plan_mode(term: Term, kind: str, placements: Sequence[str] | None, reward_function: bool,
+              batch_factory: Callable[[], Batch], notes: list[str]) -> Plan:
+    """The plan of one mode whose result kind is known: TermError when the result does not depend on the
+    policy, or cannot take a placement asked for."""
+    _require_dependence(term, batch_factory)
+    chosen = _placements_for(term, kind, placements, reward_function, batch_factory, notes)
+    return Plan(term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None)
+
+
 def _allowed(kind: str, placement: str) -> bool:
     """A scalar is only a loss; per-sequence values have no future-only return."""
     return placement == "loss" if kind == "scalar" else not (kind == "sequence" and placement == "loss+future")
@@ -365,9 +384,7 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also):
         except ModeNotImplemented as skipped:
             notes.append(f"skipped: {skipped}")
             continue
-        _require_dependence(term, batch_factory)
-        chosen = _placements_for(term, kind, placements, reward_function, batch_factory, notes)
-        plans.append((term, kind, chosen, scalar_aggregation(term, batch_factory) if kind == "scalar" else None))
+        plans.append(plan_mode(term, kind, placements, reward_function, batch_factory, notes))
     problems = problems or list(standard_problems(off_policy=binding.off_policy))
     fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
 
@@ -472,7 +489,7 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
             first = (problem, gradient)
     problem, gradient = first
     objective = objectives[0] if len(set(objectives)) == 1 else Objective.OTHER
-    value = problem.exact.expected_value(_value_per_sequence(term, kind, scalar_weight), off_policy=off_policy)
+    value = problem.exact.expected_value(value_per_sequence(term, kind, scalar_weight), off_policy=off_policy)
 
     def user_objective(batch: Batch) -> torch.Tensor:
         values = per_sequence(batch)
@@ -521,7 +538,7 @@ def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: 
     return match, "near" if match is not None else None
 
 
-def _value_per_sequence(term: Term, kind: str, scalar_weight: str | None) -> Callable[[Batch], torch.Tensor]:
+def value_per_sequence(term: Term, kind: str, scalar_weight: str | None) -> Callable[[Batch], torch.Tensor]:
     """The term's value per sequence: token-sum, [B] values, or the scalar on each sequence alone."""
 
     def value(batch: Batch) -> torch.Tensor:

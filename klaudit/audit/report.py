@@ -42,10 +42,21 @@ class ResultRow:
     per_policy: dict = field(default_factory=dict)
     same_gradient_as: list = field(default_factory=list)  # configurations the fingerprint cannot tell apart
     used: bool = False  # the placement the surrounding code uses (from the lint analysis), when known
+    monte_carlo: dict | None = None  # the Monte-Carlo audit's test (samples, z, p, scale, policy); objective "MC"
 
     def as_json(self) -> dict:
         """The issue's schema, then `used` (whether the user's own code takes this placement)."""
-        return {**{key: getattr(self, key) for key in JSON_FIELDS}, "used": self.used}
+        extra = {"monte_carlo": self.monte_carlo} if self.monte_carlo is not None else {}
+        return {**{key: getattr(self, key) for key in JSON_FIELDS}, "used": self.used, **extra}
+
+    @property
+    def verdict(self) -> str:
+        """The verdict cell: the exact audit's, or the Monte-Carlo test's with its p-value."""
+        rule = f", {self.rule}" if self.rule else ""
+        if self.monte_carlo is not None:
+            p = self.monte_carlo["p"]
+            return f"biased (p = {p:.1g}{rule})" if not self.unbiased else "no bias detected at this sample size"
+        return "unbiased" if self.unbiased else f"biased ({self.rule})" if self.rule else "biased"
 
 
 @dataclass
@@ -112,15 +123,19 @@ class Report:
             for row in rows:
                 mode = ", ".join(f"{k}={v}" for k, v in row.mode.items()) or "-"
                 cos = "-" if row.cos_rev is None else f"{row.cos_rev:+.3f}"
-                verdict = "unbiased" if row.unbiased else f"biased ({row.rule})" if row.rule else "biased"
                 placement = row.placement + (" (used)" if row.used else "")
-                table.append((mode, placement, row.configuration, row.objective, cos, verdict))
+                table.append((mode, placement, row.configuration, row.objective, cos, row.verdict))
             widths = [max(len(cells[i]) for cells in table) for i in range(len(table[0]))]
             for cells in table:
                 lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
             for configuration, twins in dict.fromkeys((row.configuration, tuple(row.same_gradient_as))
                                                       for row in rows if row.same_gradient_as):
                 lines.append(f"  {configuration}: the same per-sample gradient as {'; '.join(twins)}")
+            monte_carlo = next((row.monte_carlo for row in rows if row.monte_carlo), None)
+            if monte_carlo is not None:
+                lines.append(f"  Monte Carlo: {monte_carlo['samples']} responses of {monte_carlo['policy']}; cos REV and "
+                             f"the verdict compare the mean LM-head gradient with the Rao-Blackwellized reference's "
+                             f"(one-sided z-test of equal means, biased when p < 1e-6)")
             aggregations = sorted({row.aggregation for row in rows if row.aggregation})
             if aggregations:
                 lines.append(f"  aggregation: {'; '.join(aggregations)}")

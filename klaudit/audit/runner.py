@@ -187,8 +187,10 @@ def stubbed_note(target: Target, stubbed: dict[str, str]) -> str:
 def audit_target(target: Target, *, overrides: dict | None = None, placements: Sequence[str] | None = None,
                  model_dir: str | None = None, device: str = "cpu",
                  progress: Callable[[str], None] = lambda message: None,
-                 also: Callable[[], Sequence[str]] = tuple, current_old: bool = False) -> Report:
+                 also: Callable[[], Sequence[str]] = tuple, current_old: bool = False,
+                 monte_carlo: MonteCarlo | None = None) -> Report:
     """Load, bind and audit one target in this process; every failure becomes one error line.
+    `monte_carlo`: audit on samples of the model at `model_dir` instead (klaudit.audit.montecarlo).
     `also`: more placements to audit once the automatic ones are done (see measure.audit).
     `current_old`: old log-probs are the policy's own, detached (an on-policy step, as the lint reads it)."""
     from klaudit.audit.bind import bind, switch_literals
@@ -199,6 +201,10 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
         binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
         if current_old:
             binding = dataclasses.replace(binding, current_old=True)
+        if monte_carlo is not None and model_dir is not None:
+            rows, notes = _monte_carlo_rows(fn, binding, str(target), placements, model_dir, device, monte_carlo,
+                                            progress)
+            return Report(rows, [], ([stubbed_note(target, stubbed)] if stubbed else []) + notes)
         fingerprint = None
         if model_dir is not None:
             from klaudit.audit.fingerprint import batch_from_model
@@ -216,6 +222,36 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
         return Report([], [_one_line(message)], [], [traceback.format_exc()])
     except Exception as error:  # user code can fail anywhere (e.g. inside torch); report, don't crash
         return Report([], [_one_line(f"{target}: {type(error).__name__}: {error}")], [], [traceback.format_exc()])
+
+
+@dataclass(frozen=True)
+class MonteCarlo:
+    """The Monte-Carlo audit's request: how many responses, and where to draw the picture (or None)."""
+
+    samples: int
+    plot: str | None = None
+
+
+def _monte_carlo_rows(fn: Callable, binding, name: str, placements: Sequence[str] | None, model_dir: str,
+                      device: str, request: MonteCarlo, progress: Callable[[str], None]):
+    """The rows of the Monte-Carlo audit on the model at `model_dir`, and the picture when asked for."""
+    from transformers import AutoModelForCausalLM
+
+    from klaudit.audit import montecarlo
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)
+        sampler = montecarlo.CausalLMSampler(model, seed=0)
+    except Exception as error:
+        raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}") from error
+    rows, notes, curves = montecarlo.audit(fn, binding, name=name, sampler=sampler, samples=request.samples,
+                                           placements=placements, progress=progress)
+    if request.plot is not None:
+        from klaudit.audit.picture import draw
+
+        draw(curves, request.plot, title=f"{name}: {sampler.description}")
+        notes.append(f"{name}: per-position gradients drawn to {request.plot}")
+    return rows, notes
 
 
 def _one_line(message: str) -> str:
@@ -265,7 +301,8 @@ def _audit_request(request: dict) -> Report:
     return audit_target(Target(**request["target"]), overrides=overrides, placements=request["placements"],
                         model_dir=request["model_dir"], device=request["device"],
                         progress=lambda message: print(f"progress: {message}", file=sys.stderr, flush=True),
-                        also=combined_uses, current_old=request["current_old"])
+                        also=combined_uses, current_old=request["current_old"],
+                        monte_carlo=MonteCarlo(**request["monte_carlo"]) if request["monte_carlo"] else None)
 
 
 def _misbehaviour(target: Target, cwd: str) -> Report | None:
@@ -288,7 +325,8 @@ def _misbehaviour(target: Target, cwd: str) -> Report | None:
 
 
 def run_isolated(target: Target, *, overrides: dict, placements: Sequence[str] | None, timeout: float,
-                 memory_limit: int | None, model_dir: str | None, device: str, progress: Progress) -> Report:
+                 memory_limit: int | None, model_dir: str | None, device: str, progress: Progress,
+                 monte_carlo: MonteCarlo | None = None) -> Report:
     """Audit one target in a child process and mark the placement the user's code uses; the lint
     analysis that finds it runs in this process while the child audits."""
     with tempfile.TemporaryDirectory(prefix="klaudit-") as scratch, ThreadPoolExecutor(max_workers=1) as pool:
@@ -296,6 +334,7 @@ def run_isolated(target: Target, *, overrides: dict, placements: Sequence[str] |
         finding = pool.submit(_write_used_placements, target, used_path)
         report = _audit_in_child(target, overrides=overrides, placements=placements, timeout=timeout,
                                  memory_limit=memory_limit, model_dir=model_dir, device=device, progress=progress,
+                                 monte_carlo=monte_carlo,
                                  scratch=Path(scratch), used_path=used_path)
         used = finding.result()
     for row in report.results:
@@ -339,7 +378,7 @@ def child_command(request_path: str, response_path: str) -> list[str]:
 
 def _audit_in_child(target: Target, *, overrides: dict, placements: Sequence[str] | None, timeout: float,
                     memory_limit: int | None, model_dir: str | None, device: str, progress: Progress,
-                    scratch: Path, used_path: Path) -> Report:
+                    scratch: Path, used_path: Path, monte_carlo: MonteCarlo | None = None) -> Report:
     """Audit one target in a child process; a timeout, a crash, an early end or a process left running is
     an error line. With `placements` None the child also audits the combined placements (loss+reward, loss+future) the
     parent finds the user's code uses, as a configuration of their own (kl-math.md R-C, R-B)."""
@@ -356,6 +395,7 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Sequence[str
         "used_path": None if placements else str(used_path), "timeout": timeout, "memory_limit": memory_limit,
         # a step cut out of a trainer is audited on-policy, as the lint reads it (pi_old = pi)
         "current_old": target.source is not None,
+        "monte_carlo": dataclasses.asdict(monte_carlo) if monte_carlo is not None else None,
     }))
     progress.message = f"checking {target}"
     outcome = run_confined(child_command(str(request_path), str(response_path)), timeout)
@@ -453,7 +493,7 @@ def _enclosing_function(path: str, line: int) -> str | None:
 
 def run(targets: Sequence[str], *, overrides: dict | None = None, placements: Sequence[str] | None = None,
         timeout: float = DEFAULT_TIMEOUT, memory_limit: int | None = None, model_dir: str | None = None,
-        device: str = "cpu", show_progress: bool = False) -> Report:
+        device: str = "cpu", show_progress: bool = False, monte_carlo: MonteCarlo | None = None) -> Report:
     """Audit every target in turn (files expanded by discovery) and merge the reports. Each runs in a
     child process confined to `timeout` seconds and `memory_limit` MiB (None: half the physical memory;
     0: no limit)."""
@@ -474,7 +514,8 @@ def run(targets: Sequence[str], *, overrides: dict | None = None, placements: Se
         for target in resolved:
             report.extend(run_isolated(target, overrides=overrides or {}, placements=placements, timeout=timeout,
                                        memory_limit=memory_limit_bytes(memory_limit),
-                                       model_dir=model_dir, device=device, progress=progress))
+                                       model_dir=model_dir, device=device, progress=progress,
+                                       monte_carlo=monte_carlo))
     finally:
         progress.close()
     return report
