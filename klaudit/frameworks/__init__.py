@@ -11,6 +11,7 @@ deriving from it in Python, `trl grpo` command lines, YAML recipes).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -167,7 +168,7 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
          fallback: Mapping[str, str] | None = None, note: str = "") -> list[Finding]:
     assumed = context.versions[trl.NAME]
     judged = trl.judge(settings, fallback or trl.defaults(assumed), anchor)
-    return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME) + note, trl.fix)
+    return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix)
 
 
 def lint_python(path: str, module: cst.Module, source: str, context: Context | None = None) -> list[Finding]:
@@ -210,7 +211,7 @@ def _class_defaults(names: Collection[str], path: str, context: Context) -> tupl
             for definition in reversed(chain):
                 values.update({key: s.value for key, s in definition.fields.items() if s.value is not None})
             origin = chain[-1] if chain[-1].name in trl.CONFIG_CLASSES else chain[0]
-            return values, f", defaults of {origin.name} in {origin.path}"
+            return values, f"defaults of {origin.name} in {os.path.normpath(origin.path)}"
     return None, ""
 
 

@@ -51,8 +51,10 @@ class Assumed:
     version: str  # a release of KNOWN
     source: str = ""  # "" (the default), "pinned", or where the version was read
 
-    def label(self, name: str) -> str:
-        return f"{name} {self.version}" + (f" ({self.source})" if self.source else "")
+    def label(self, name: str, note: str = "") -> str:
+        """`trl 1.10 (1.10.0.dev0 in VERSION; <note>)`: the release and why, as flag findings name it."""
+        why = "; ".join(part for part in (self.source, note) if part)
+        return f"{name} {self.version}" + (f" ({why})" if why else "")
 
 
 def release(version: str) -> tuple[int, int]:
