@@ -108,7 +108,8 @@ def mentions_config_class(source: str, context: Context | None = None) -> bool:
 def lint_config(path: str, text: str, context: Context | None = None) -> list[Finding]:
     """The findings of one launch script or YAML file (one configuration per framework and file)."""
     context = context or Context()
-    if not mentions_flags(text):
+    composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
+    if not (mentions_flags(text) or composes):
         return []
     if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
         values = composed_settings(path, text)

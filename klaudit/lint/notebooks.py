@@ -80,7 +80,7 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
             else:
                 code.append(line)
                 shell.append("")
-    return Notebook(*("\n".join(lines) + "\n" for lines in (code, shell, text)), tuple(starts))
+    return Notebook("\n".join(code) + "\n", "\n".join(shell) + "\n", "\n".join(text) + "\n", tuple(starts))
 
 
 def in_cells(findings: tuple[Finding, ...], notebook: Notebook) -> tuple[Finding, ...]:
