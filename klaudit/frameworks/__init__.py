@@ -35,9 +35,10 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "beta")
-# `trl grpo ...`, or a GRPO training script run by python/accelerate/torchrun with TRL's flags.
+# `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
+# TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
-_TRL_SCRIPT = re.compile(r"[\w./-]*grpo[\w./-]*\.py\b", re.IGNORECASE)
+_TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
 # Keys only TRL's GRPO recipes have (beta alone is also DPO's): a YAML with beta and one of these, or
 # with "grpo" in its path, is read as a `trl grpo --config` recipe.
 _TRL_RECIPE_KEYS = (trl.CORRECTION, trl.LEVEL, "num_generations")
