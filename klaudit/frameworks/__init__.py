@@ -39,8 +39,10 @@ _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator"
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
 _TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
-# Keys only TRL's GRPO recipes have (beta alone is also DPO's): a YAML with beta and one of these, or
-# with "grpo" in its path, is read as a `trl grpo --config` recipe.
+# A `trl grpo --config` recipe: GRPOConfig's beta beside TRL's script keys (model_name_or_path of its
+# ModelConfig, dataset_name of its ScriptArguments), in a file whose path says grpo or that has GRPO's own
+# keys (beta alone is also DPO's; ms-swift's GRPO YAML names its model `model:`).
+_TRL_SCRIPT_KEYS = ("model_name_or_path", "dataset_name")
 _TRL_RECIPE_KEYS = (trl.CORRECTION, trl.LEVEL, "num_generations")
 
 
@@ -161,7 +163,9 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
 
 def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context) -> list[Finding]:
     """A `trl grpo --config` recipe: top-level GRPOConfig keys in YAML."""
-    if trl.BETA not in values or not ("grpo" in path.lower() or any(key in values for key in _TRL_RECIPE_KEYS)):
+    if trl.BETA not in values or not any(key in values for key in _TRL_SCRIPT_KEYS):
+        return []
+    if not ("grpo" in path.lower() or any(key in values for key in _TRL_RECIPE_KEYS)):
         return []
     return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, values[trl.BETA])
 

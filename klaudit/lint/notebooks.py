@@ -7,8 +7,9 @@ notebook, markdown cells counted, and the line in that cell, both from 1. IPytho
 (`%time`), a shell line (`!pip install`, `files = !ls`) and a cell magic's whole cell (`%%bash`)
 become `pass` at their indentation in the joined code, so every other line keeps its number; the
 shell lines and `%%bash`/`%%sh` cells are kept apart, at the same line numbers, for the launch
-commands they may hold (`!trl grpo --beta 0.04`). A notebook that is not valid JSON, or not a
-notebook, is one KL000 finding.
+commands they may hold (`!trl grpo --beta 0.04`). A notebook whose kernel is not Python has no
+Python (a bash kernel's cells are all shell). A notebook that is not valid JSON, or not a notebook,
+is one KL000 finding, and so is one whose code cells do not parse.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
     cells = document.get("cells") if isinstance(document, dict) else None
     if not isinstance(cells, list):
         return file_finding(path, SYNTAX_ERROR_CODE, "not a notebook: no list of cells", 1, 1)
+    metadata = document.get("metadata")
+    kernel = metadata.get("kernelspec") if isinstance(metadata, dict) else None
+    language = kernel.get("language", "python") if isinstance(kernel, dict) else "python"
+    python = not isinstance(language, str) or language.lower() == "python"  # an R or bash kernel: no Python
     code: list[str] = []
     shell: list[str] = []
     text: list[str] = []
@@ -69,6 +74,10 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
         whole_shell = lines[0].strip() in _SHELL_CELLS
         whole_magic = lines[0].lstrip().startswith("%%")
         for index, line in enumerate(lines):
+            if not python:
+                code.append("")
+                shell.append(line if language.lower() in ("bash", "sh", "shell") else "")
+                continue
             magic = _MAGIC.match(line)
             command = _SHELL.match(line)
             if whole_magic:

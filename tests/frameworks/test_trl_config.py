@@ -66,8 +66,9 @@ def test_subclasses_command_lines_and_recipes(tmp_path):
     (tmp_path / "train.py").write_text(source)
     (tmp_path / "launch.sh").write_text("trl grpo --model_name_or_path m --beta 0.04 --no_use_bias_correction_kl\n")
     (tmp_path / "dpo.sh").write_text("trl dpo --beta 0.1\n")  # DPO's beta is no KL loss
-    (tmp_path / "grpo_recipe.yaml").write_text("beta: 0.04\nloss_type: grpo\n")
-    (tmp_path / "dpo_recipe.yaml").write_text("beta: 0.1\nloss_type: sigmoid\n")
+    (tmp_path / "grpo_recipe.yaml").write_text("beta: 0.04\nloss_type: grpo\nmodel_name_or_path: m\n")
+    (tmp_path / "dpo_recipe.yaml").write_text("beta: 0.1\nloss_type: sigmoid\nmodel_name_or_path: m\n")
+    (tmp_path / "swift_grpo.yaml").write_text("rlhf_type: grpo\nmodel: m\nbeta: 0.04\nnum_generations: 8\n")
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert result.errors == []
     assert sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings) == [

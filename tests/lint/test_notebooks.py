@@ -68,3 +68,9 @@ def test_broken_notebooks_are_one_kl000(tmp_path):
         assert found == [("KL000", True)], (name, result.findings)
         (tmp_path / name).unlink()
     assert "cell 1, line 1" in lint(tmp_path, notebook(("code", "def f(:\n    pass"))).findings[0].message
+
+
+def test_a_bash_kernel_s_cells_are_shell_commands(tmp_path):
+    text = json.loads(notebook(("code", "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True")))
+    text["metadata"] = {"kernelspec": {"name": "bash", "language": "bash"}}
+    assert [f.code for f in lint(tmp_path, json.dumps(text)).findings] == ["KL002"]
