@@ -38,6 +38,9 @@ class Judged:
         return self.anchors.get(rule, self.anchor)
 
 
+# libyaml's loader where PyYAML was built with it (several times faster), else the pure-Python one
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 # `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys)
 _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)]+)")
 
@@ -153,7 +156,7 @@ def yaml_settings(text: str) -> dict[str, Setting]:
     nests past the YAML parser's recursion)."""
     found: dict[str, Setting] = {}
     try:
-        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        documents = list(yaml.compose_all(text, Loader=YAML_LOADER))
     except (yaml.YAMLError, RecursionError):
         return found
     for document in documents:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from klaudit.frameworks.settings import Setting, yaml_settings
+from klaudit.frameworks.settings import YAML_LOADER, Setting, yaml_settings
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) are not followed
 _SELF = "_self_"
@@ -21,7 +21,7 @@ _SELF = "_self_"
 def _defaults_entries(text: str) -> list[tuple[str, Setting]]:
     """The plain names of the top-level `defaults:` list, with the position of each entry."""
     try:
-        document = yaml.compose(text, Loader=yaml.SafeLoader)
+        document = yaml.compose(text, Loader=YAML_LOADER)
     except (yaml.YAMLError, RecursionError):
         return []
     if not isinstance(document, yaml.MappingNode):
@@ -37,7 +37,7 @@ def _defaults_entries(text: str) -> list[tuple[str, Setting]]:
 def composed_settings(path: str, text: str, depth: int = 0) -> dict[str, Setting]:
     """The settings of the YAML file `path` (text `text`) composed with the files its defaults list names."""
     own = yaml_settings(text)
-    entries = _defaults_entries(text)
+    entries = _defaults_entries(text) if "defaults:" in text else []
     if not entries or depth >= _MAX_DEPTH:
         return own
     if not any(name == _SELF for name, _ in entries):
