@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from klaudit.catalog import RULES
+from klaudit.frameworks.versions import VersionError, check_pins
 from klaudit.lint.budget import DEFAULT_SECONDS, DEFAULT_UNITS
 
 if sys.version_info >= (3, 11):
@@ -46,7 +47,7 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
 
 _LIST_KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude")
 _LIMIT_KEYS = ("analysis-budget", "analysis-timeout")  # per file: work units, seconds (0: no limit)
-KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores", "switches") + _LIMIT_KEYS
+KNOWN_KEYS = _LIST_KEYS + ("per-file-ignores", "switches") + _LIMIT_KEYS + ("frameworks",)
 SwitchValue = str | bool | int
 
 
@@ -126,6 +127,7 @@ class Settings:
     analysis_timeout: float | None = DEFAULT_SECONDS  # seconds per file; None: no limit
     # switch name -> the values the user runs: only code paths those values select are judged
     switches: Mapping[str, tuple[SwitchValue, ...]] = field(default_factory=dict)
+    frameworks: Mapping[str, str] = field(default_factory=dict)  # framework -> release pinned ("trl": "1.16")
 
     def __post_init__(self) -> None:
         enabled: frozenset[str] = frozenset()
@@ -265,6 +267,11 @@ def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
             check_selector(code, f"{where} per-file-ignores {pattern!r}") for code in codes
         )
 
+    try:
+        frameworks = check_pins(table.get("frameworks", {}), where)
+    except VersionError as error:
+        raise ConfigError(str(error)) from None
+
     select = selectors("select") if lists["select"] is not None else (ALL,)
     return Settings(
         selections=(RuleSelection(select=select, extend_select=selectors("extend-select"),
@@ -276,6 +283,7 @@ def settings_from_table(table: Mapping[str, object], source: Path) -> Settings:
         analysis_budget=_limit(table, "analysis-budget", where, DEFAULT_UNITS, int),
         analysis_timeout=_limit(table, "analysis-timeout", where, DEFAULT_SECONDS, float),
         switches=_switches(table, where),
+        frameworks=frameworks,
     )
 
 

@@ -43,7 +43,7 @@ VERDICTS = ("tp", "fp", "miss", "ok")
 FILE_LEVEL_CODES = ("KL000", "KL099")
 # A finding on a framework flag (klaudit.frameworks) names the framework and its version in brackets;
 # flag sites are scored apart from KL code sites ("kind": "flag" in the review).
-FLAG_MESSAGE = re.compile(r"\[(?:verl|trl) [\d.]+: ")
+FLAG_MESSAGE = re.compile(r"\[(?:verl|trl|openrlhf) [\d.]+(?: \([^)]*\))?: ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),

@@ -1,72 +1,237 @@
-"""Framework configurations: the KL flags users set in launch scripts and YAML files.
+"""Framework configurations: the KL flags users set in launch scripts, YAML files and Python configs.
 
 Most users who fine-tune with RL pick their KL estimator with a flag. Each framework module maps its
-flags, with the framework's defaults for the flags left out, to a catalog configuration; the
-catalog's verdicts then apply at the line of the flag, with the same codes and words as the
-findings in Python code, and the fix as a flag change where the framework has a right one.
-Known: verl's Hydra flags (launch scripts, YAML) and TRL's GRPOConfig (Python).
+flags, with the defaults of the release assumed (`klaudit.frameworks.versions`) for the flags left
+out, to a catalog configuration; the catalog's verdicts then apply at the line of the flag, with the
+same codes and words as the findings in Python code, and the fix as a flag change where the
+framework has a right one. Known: verl's Hydra flags (launch scripts, YAML), OpenRLHF's
+train_ppo_ray options (launch scripts) and TRL's GRPO configuration (`GRPOConfig(...)` and classes
+deriving from it in Python, `trl grpo` command lines, YAML recipes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
 from klaudit.catalog import defects
 from klaudit.describe import describe
-from klaudit.frameworks import trl, verl
-from klaudit.frameworks.calls import config_calls
+from klaudit.frameworks import openrlhf, trl, verl
+from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
-from klaudit.frameworks.settings import Judged, shell_overrides, yaml_settings
+from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
+from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions
+from klaudit.frameworks.yaml_defaults import composed_settings
 from klaudit.lint.findings import Finding
 
 SHELL_SUFFIXES = (".sh", ".bash")
 YAML_SUFFIXES = (".yaml", ".yml")
 CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 
+# The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
+_VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
+               "use_kl_loss", "beta")
+# `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
+# TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
+_TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
+_TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
+# A `trl grpo --config` recipe: GRPOConfig's beta beside TRL's script keys (model_name_or_path of its
+# ModelConfig, dataset_name of its ScriptArguments), in a file whose path says grpo or that has GRPO's own
+# keys (beta alone is also DPO's; ms-swift's GRPO YAML names its model `model:`).
+_TRL_SCRIPT_KEYS = ("model_name_or_path", "dataset_name")
+_TRL_RECIPE_KEYS = (trl.CORRECTION, trl.LEVEL, "num_generations")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one lint run knows about the frameworks: the release assumed for each, and the
+    configuration classes the linted code defines (their field defaults replace the release's)."""
+
+    versions: Mapping[str, Assumed] = field(default_factory=lambda: {n: Assumed(v) for n, v in DEFAULT.items()})
+    classes: Mapping[str, tuple[ConfigClass, ...]] = field(default_factory=dict)  # by name: a name may be defined twice
+
+    def definition(self, name: str, path: str) -> ConfigClass | None:
+        """The class `name` as a module at `path` sees it: its own definition, else the only one."""
+        found = self.classes.get(name, ())
+        here = [definition for definition in found if definition.path == path]
+        return here[0] if here else found[0] if len(found) == 1 else None
+
+    @property
+    def class_names(self) -> frozenset[str]:
+        return frozenset(trl.CONFIG_CLASSES) | frozenset(self.classes)
+
+
+def prepare(pins: Mapping[str, str], roots: Iterable[Path], sources: Mapping[str, str]) -> Context:
+    """The context of a lint run over `roots` whose Python sources (after the pre-filter) are `sources`."""
+    return Context(assumed_versions(pins, roots), config_classes(sources))
+
+
+_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.MULTILINE)
+
+
+def config_classes(sources: Mapping[str, str]) -> dict[str, tuple[ConfigClass, ...]]:
+    """The configuration classes defined in `sources`: GRPOConfig itself (a TRL checkout) and the
+    classes deriving from it, directly or through one another, by name."""
+    names, paths = set(trl.CONFIG_CLASSES), set()
+    headers = {path: _CLASS_HEADER.findall(text) for path, text in sources.items() if "class" in text}
+    grown = True
+    while grown:
+        grown = False
+        for path, found in headers.items():
+            for name, bases in found:
+                if name in names or {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")} & names:
+                    paths.add(path)
+                    grown |= name not in names
+                    names.add(name)
+    classes: dict[str, tuple[ConfigClass, ...]] = {}
+    for path in sorted(paths):
+        try:
+            module = cst.parse_module(sources[path])
+        except (cst.ParserSyntaxError, RecursionError):
+            continue
+        for definition in read_configs(module, names, trl.KEYS, path)[1]:
+            classes[definition.name] = (*classes.get(definition.name, ()), definition)
+    return classes
+
 
 def mentions_flags(text: str) -> bool:
-    """The cheap pre-filter: a file that names none of the framework's KL keys is not read further."""
-    return any(key.rsplit(".", 1)[-1] in text for key in verl.KL_KEYS)
+    """The cheap pre-filter: a file that names none of the frameworks' KL keys is not read further."""
+    return any(word in text for word in _VOCABULARY)
 
 
-def lint_config(path: str, text: str) -> list[Finding]:
-    """The findings of one launch script or YAML file (one configuration per file)."""
+def mentions_config_class(source: str, context: Context | None = None) -> bool:
+    """The pre-filter for Python files: a framework configuration class is named."""
+    return any(name in source for name in (context or Context()).class_names)
+
+
+def lint_config(path: str, text: str, context: Context | None = None) -> list[Finding]:
+    """The findings of one launch script or YAML file (one configuration per framework and file)."""
+    context = context or Context()
+    composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
+    if not (mentions_flags(text) or composes):
+        return []
+    if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
+        values = composed_settings(path, text)
+        found = _verl(path, {**values, **shell_overrides(text)}, context, text)
+        found += _trl_recipe(path, values, context, text)
+        return found + _launch_flags(path, text, context)
+    return _verl(path, shell_overrides(text), context, text) + _launch_flags(path, text, context)
+
+
+def lint_shell(path: str, text: str, context: Context | None = None) -> list[Finding]:
+    """The findings of shell commands (a notebook's `!` lines): verl, OpenRLHF and TRL launches."""
+    context = context or Context()
     if not mentions_flags(text):
         return []
-    settings = shell_overrides(text)
-    if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
-        settings = {**yaml_settings(text), **settings}
-    judged = verl.judge(settings)
-    if judged is None:
-        return []
-    return _findings(path, judged, f"{verl.NAME} {verl.VERSION}", lambda rule, row_fix: verl.FIXES.get(rule, row_fix),
-                     _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX))
+    return _verl(path, shell_overrides(text), context) + _launch_flags(path, text, context)
 
 
-def mentions_config_class(source: str) -> bool:
-    """The pre-filter for Python files: a framework configuration class is named."""
-    return any(name in source for name in trl.CONFIG_CLASSES)
+def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: str | None = None) -> list[Finding]:
+    """verl's flags; with `text` (the file they were read from) the flag fixes are edits of it."""
+    assumed = context.versions[verl.NAME]
+    judged = verl.judge(settings, assumed)
+    fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
+    return [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
 
 
-def lint_python(path: str, module: cst.Module, source: str) -> list[Finding]:
-    """The findings of the framework configuration objects a Python module builds."""
-    if not mentions_config_class(source):
-        return []
-    found = []
-    for settings in config_calls(module, trl.CONFIG_CLASSES, trl.KEYS):
-        judged = trl.judge(settings)
+def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
+    """OpenRLHF's and TRL's command-line options in a script that launches their trainer."""
+    found: list[Finding] = []
+    if openrlhf.LAUNCH.search(text):
+        flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
+        assumed = context.versions[openrlhf.NAME]
+        if flat and not assumed.source:  # 0.11 rejects the flat names: the script is for an earlier release
+            assumed = Assumed("0.10", "flat flag names")
+        judged = openrlhf.judge(cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), assumed, flat)
         if judged is not None:
-            found.extend(_findings(path, judged, f"{trl.NAME} {trl.VERSION}", lambda rule, _: trl.fix(rule),
-                                   _Fixer(source, "python", trl.FLAG_FIXES, trl.NO_FLAG_FIX)))
+            fixes = openrlhf.fixes(flat)
+            found += _findings(path, judged[0], assumed.label(openrlhf.NAME), lambda rule, row: fixes.get(rule, row),
+                               clamped=judged[1])
+    command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text)
+    if command or script:
+        settings = cli_flags(text, {key: key for key in trl.KEYS}, trl.SWITCHES)
+        launch = command or script
+        assert launch is not None
+        line = text.count("\n", 0, launch.start()) + 1
+        column = launch.start() - text.rfind("\n", 0, launch.start())
+        if command or settings:  # a GRPO script's own defaults are unknown unless it passes TRL's flags
+            found += _trl(path, settings, context, Setting(None, line, column, column + len(launch.group())))
     return found
+
+
+def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:
+    """A `trl grpo --config` recipe: top-level GRPOConfig keys in YAML."""
+    if trl.BETA not in values or not any(key in values for key in _TRL_SCRIPT_KEYS):
+        return []
+    if not ("grpo" in path.lower() or any(key in values for key in _TRL_RECIPE_KEYS)):
+        return []
+    return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, values[trl.BETA],
+                text=text, style="yaml")
+
+
+def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
+         fallback: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
+         style: str = "python") -> list[Finding]:
+    """TRL's GRPOConfig keys; with `text` (the file they were read from) the flag fixes are edits of it."""
+    assumed = context.versions[trl.NAME]
+    judged = trl.judge(settings, fallback or trl.defaults(assumed), anchor)
+    fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
+    return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
+
+
+def lint_python(path: str, module: cst.Module, source: str, context: Context | None = None) -> list[Finding]:
+    """The findings of the framework configuration objects a Python module builds or defines."""
+    context = context or Context()
+    if not mentions_config_class(source, context):
+        return []
+    calls, definitions = read_configs(module, context.class_names, trl.KEYS, path)
+    found: list[Finding] = []
+    for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
+        if definition.fields and not _is_framework_source(definition, context):
+            fallback, note = _class_defaults(definition.bases, path, context)
+            found += _trl(path, definition.fields, context, next(iter(definition.fields.values())),
+                          fallback, note, text=source)
+    for call in calls:
+        if call.name in context.classes and not set(call.settings) & set(trl.KEYS):
+            continue  # its defaults are judged at its definition
+        fallback, note = _class_defaults((call.name,), path, context)
+        found += _trl(path, call.settings, context, call.where, fallback, note, text=source)
+    return found
+
+
+def _is_framework_source(definition: ConfigClass, context: Context) -> bool:
+    """TRL's own GRPOConfig (a checkout being linted): its fields are the defaults, not a user's setting."""
+    return definition.name in trl.CONFIG_CLASSES and not set(definition.bases) & context.class_names
+
+
+def _class_defaults(names: Collection[str], path: str, context: Context) -> tuple[dict[str, str] | None, str]:
+    """The defaults of the first of `names` with a definition in the linted code (its bases' first, then
+    its own fields, over the release's), and a note naming where they were read; (None, "") if none."""
+    for name in names:
+        chain: list[ConfigClass] = []
+        current = context.definition(name, path)
+        while current is not None and current not in chain:
+            chain.append(current)
+            current = next((found for base in current.bases
+                            if (found := context.definition(base, current.path)) is not None), None)
+        if chain:
+            values = trl.defaults(context.versions[trl.NAME])
+            for definition in reversed(chain):
+                values.update({key: s.value for key, s in definition.fields.items() if s.value is not None})
+            origin = chain[-1] if chain[-1].name in trl.CONFIG_CLASSES else chain[0]
+            return values, f"defaults of {origin.name} in {os.path.normpath(origin.path)}"
+    return None, ""
 
 
 class _Fixer:
     """The flag fixes of one file: `flags` maps a rule to the (key, value) that fixes it."""
 
-    def __init__(self, text: str, style: str, flags: dict, otherwise: str) -> None:
+    def __init__(self, text: str, style: str, flags: Mapping[str, tuple[str, str]], otherwise: str) -> None:
         self.text, self.style, self.flags, self.otherwise = text, style, flags, otherwise
 
     def __call__(self, rule: str, judged: Judged):
@@ -90,14 +255,18 @@ def _is_yaml_line(text: str, setting) -> bool:
     return colon >= 0 and (equals < 0 or colon < equals)
 
 
-def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str], str], fixer: _Fixer) -> list[Finding]:
+_NO_FIX_HERE = "klaudit edits the flags of verl launch scripts, verl YAML and TRL's GRPOConfig; change this one by hand"
+
+
+def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str], str | None],
+              fixer: _Fixer | None = None, clamped: bool = False) -> list[Finding]:
     findings = []
-    for row in defects(judged.config):
+    for row in defects(judged.config, clamped):
         if row.rule is None:
             continue
         where = judged.where(row.rule)
         message = f"{describe(judged.config)}: {row.explanation} [{framework}: {judged.flags}]"
-        autofix, why = fixer(row.rule, judged)
+        autofix, why = fixer(row.rule, judged) if fixer is not None else (None, _NO_FIX_HERE)
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
-                                fix(row.rule, row.fix), autofix=autofix, no_autofix=why))
+                                fix(row.rule, row.fix) or row.fix, autofix=autofix, no_autofix=why))
     return findings

@@ -1,9 +1,11 @@
-"""Framework configuration objects built in Python (`GRPOConfig(beta=0.04, ...)`): their keywords as
-settings, with the position of each, read from the module's syntax tree (the code is never run)."""
+"""Framework configuration objects built in Python (`GRPOConfig(beta=0.04, ...)`, or a class deriving
+from it with `beta: float = 0.04`): their keywords and field defaults as settings, with the position of
+each, read from the module's syntax tree (the code is never run)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -26,25 +28,81 @@ def _literal(node: cst.BaseExpression) -> str | None:
     return None
 
 
-def config_calls(module: cst.Module, class_names: Iterable[str], keys: Iterable[str]) -> list[dict[str, Setting]]:
-    """One {keyword: Setting} per call of a class named in `class_names`. After `**kwargs` every
-    key of `keys` not given by name is unknown (a Setting with value None)."""
-    names, keys = set(class_names), tuple(keys)
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
-    calls = []
-    for node in positions:
-        if not (isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] in names):
-            continue
-        start = positions[node].start
-        settings: dict[str, Setting] = {}
-        for arg in node.args:
-            if arg.keyword is not None:
-                where, end = positions[arg].start, positions[arg].end
-                end_column = end.column + 1 if end.line == where.line else where.column + 1 + len(arg.keyword.value)
-                settings[arg.keyword.value] = Setting(_literal(arg.value), where.line, where.column + 1, end_column)
+@dataclass(frozen=True)
+class ConfigCall:
+    """One call of a configuration class: its name, where it is, and its keywords."""
+
+    name: str
+    where: Setting  # the called name's position (value unused)
+    settings: Mapping[str, Setting]
+
+
+@dataclass(frozen=True)
+class ConfigClass:
+    """A class deriving from a configuration class: its bases and the defaults its fields give."""
+
+    name: str
+    bases: tuple[str, ...]
+    fields: Mapping[str, Setting]  # the keys given a default in the class body
+    path: str
+
+
+def _field_default(node: cst.BaseExpression) -> str | None:
+    """A dataclass field's default: `0.04` or `field(default=0.04, ...)`; None when computed."""
+    if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] == "field":
+        default = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "default"),
+                       None)
+        return None if default is None else _literal(default)
+    return _literal(node)
+
+
+class _Reader(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, classes: Collection[str], keys: Collection[str], path: str) -> None:
+        self.classes, self.keys, self.path = classes, keys, path
+        self.calls: list[ConfigCall] = []
+        self.definitions: list[ConfigClass] = []
+
+    def _setting(self, node: cst.CSTNode, value: str | None, name_length: int) -> Setting:
+        span = self.get_metadata(PositionProvider, node)
+        end = span.end.column + 1 if span.end.line == span.start.line else span.start.column + 1 + name_length
+        return Setting(value, span.start.line, span.start.column + 1, end)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = dotted(node.func).rsplit(".", 1)[-1]
+        if name not in self.classes:
+            return
+        settings = {arg.keyword.value: self._setting(arg, _literal(arg.value), len(arg.keyword.value))
+                    for arg in node.args if arg.keyword is not None}
+        where = self._setting(node.func, None, len(name))
         if any(arg.star == "**" for arg in node.args):  # any key not named may come from the mapping
-            unknown = Setting(None, start.line, start.column + 1, start.column + 1)
-            settings = {**{key: unknown for key in keys}, **settings}
-        calls.append(settings)
-    return calls
+            unknown = Setting(None, where.line, where.column, where.column)
+            settings = {**{key: unknown for key in self.keys}, **settings}
+        self.calls.append(ConfigCall(name, where, settings))
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        bases = tuple(dotted(arg.value).rsplit(".", 1)[-1] for arg in node.bases if arg.keyword is None)
+        if node.name.value not in self.classes and not set(bases) & set(self.classes):
+            return
+        fields: dict[str, Setting] = {}
+        for line in node.body.body if isinstance(node.body, cst.IndentedBlock) else ():
+            for statement in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                target, value = None, None
+                if isinstance(statement, cst.AnnAssign) and statement.value is not None:
+                    target, value = statement.target, statement.value
+                elif isinstance(statement, cst.Assign) and len(statement.targets) == 1:
+                    target, value = statement.targets[0].target, statement.value
+                if isinstance(target, cst.Name) and target.value in self.keys and value is not None:
+                    fields[target.value] = self._setting(statement, _field_default(value), len(target.value))
+        self.definitions.append(ConfigClass(node.name.value, bases, fields, self.path))
+
+
+def read_configs(module: cst.Module, class_names: Iterable[str], keys: Iterable[str],
+                 path: str = "") -> tuple[list[ConfigCall], list[ConfigClass]]:
+    """The calls of the classes named in `class_names` and the classes deriving from them (or
+    redefining them) in `module`. After `**kwargs` every key of `keys` not given by name is unknown
+    (a Setting with value None)."""
+    reader = _Reader(frozenset(class_names), tuple(keys), path)
+    MetadataWrapper(module, unsafe_skip_copy=True).visit(reader)
+    return reader.calls, reader.definitions

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import yaml
@@ -38,6 +38,9 @@ class Judged:
         return self.anchors.get(rule, self.anchor)
 
 
+# libyaml's loader where PyYAML was built with it (several times faster), else the pure-Python one
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 # `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys)
 _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)]+)")
 
@@ -57,30 +60,95 @@ def _literal(value: str) -> str | None:
     return parts[0] if len(parts) == 1 else None
 
 
+def _code_of(line: str) -> str:
+    """A shell line without its comment (a `#` that starts a word)."""
+    if line.lstrip().startswith("#"):
+        return ""
+    comment = re.search(r"(?:^|\s)#", line)
+    return line if comment is None else line[:comment.start()]
+
+
+def _shell_lines(text: str) -> Iterator[tuple[int, str, dict[str, Setting]]]:
+    """(line number, code without comments, the shell variables assigned a literal so far) per line.
+
+    `name=value` assignments (also `export`) are remembered with the position of the assignment,
+    the line a user edits, so that a flag set to `$name` or `${name}` resolves to it."""
+    variables: dict[str, Setting] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        code = _code_of(line)
+        assigned = _VARIABLE.match(code)
+        if assigned is not None:
+            value = _literal(assigned.group("value"))
+            if value is not None:
+                variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
+                                                            assigned.end() + 1)
+        yield number, code, variables
+
+
+def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, end_column: int) -> Setting:
+    """The setting of a flag whose value is written `raw`: a literal, a variable assigned a literal
+    earlier (the setting then points at the assignment), or unknown (None)."""
+    unquoted = raw[1:-1] if len(raw) > 1 and raw[0] == raw[-1] == '"' else raw  # "$name" expands too
+    reference = _REFERENCE.match(unquoted)
+    if reference is not None:
+        known = variables.get(reference.group("braced") or reference.group("plain"))
+        if known is not None:
+            return known
+    return Setting(_literal(raw), line, column, end_column)
+
+
 def shell_overrides(text: str) -> dict[str, Setting]:
     """Dotted `key=value` overrides anywhere in a script; the last one of a key wins, as in Hydra.
     A value that is a shell variable assigned a literal earlier (`kl_loss_type=k3` ... `...=${kl_loss_type}`)
     takes that literal, and the setting points at the assignment, the line a user edits."""
     found: dict[str, Setting] = {}
-    variables: dict[str, Setting] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        code = line.split("#", 1)[0] if not line.lstrip().startswith("#") else ""
-        assigned = _VARIABLE.match(code)
-        if assigned is not None and "." not in assigned.group("name"):
-            value = _literal(assigned.group("value"))
-            if value is not None:
-                variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
-                                                            assigned.end() + 1)
+    for number, code, variables in _shell_lines(text):
         for match in _OVERRIDE.finditer(code):
-            reference = _REFERENCE.match(match.group("value"))
-            if reference is not None:
-                setting = variables.get(reference.group("braced") or reference.group("plain"))
-                if setting is not None:
-                    found[match.group("key")] = setting
-                    continue
-            found[match.group("key")] = Setting(_literal(match.group("value")), number, match.start("key") + 1,
-                                                match.end() + 1)
+            found[match.group("key")] = _value(match.group("value"), variables, number, match.start("key") + 1,
+                                               match.end() + 1)
     return found
+
+
+_WORD = re.compile(r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'])+")
+_BOOLEAN_WORDS = ("true", "false", "True", "False", "1", "0")
+
+
+def cli_flags(text: str, names: Mapping[str, str], switches: Collection[str] = ()) -> dict[str, Setting]:
+    """The `--name value`, `--name=value` and bare `--switch` options of `names` (a flag's spelling
+    -> its key) anywhere in a script, bash arrays of arguments included; the last one wins, as in
+    argparse. A switch given alone is "True"; `--no_switch` (HfArgumentParser's form) is "False"."""
+    found: dict[str, Setting] = {}
+    for number, code, variables in _shell_lines(text):
+        words = list(_WORD.finditer(code))
+        for index, word in enumerate(words):
+            flag, equals, raw = word.group().partition("=")
+            if not flag.startswith("--"):
+                continue
+            spelled, negated = flag[2:], False
+            if spelled not in names and spelled.startswith("no_") and spelled[3:] in names:
+                spelled, negated = spelled[3:], True
+            key = names.get(spelled)
+            if key is None:
+                continue
+            start, end = word.start() + 1, word.end() + 1
+            if negated:
+                found[key] = Setting("False", number, start, end)
+                continue
+            following = words[index + 1] if index + 1 < len(words) else None
+            if not equals and following is not None and _takes(following.group(), key in switches):
+                raw, end = following.group(), following.end() + 1
+            elif not equals:
+                found[key] = Setting("True" if key in switches else None, number, start, end)
+                continue
+            found[key] = _value(raw, variables, number, start, end)
+    return found
+
+
+def _takes(word: str, switch: bool) -> bool:
+    """Whether the word after a flag is its value: a boolean for a switch, else any non-option."""
+    if switch:
+        return word in _BOOLEAN_WORDS
+    return not word.startswith("-") or re.match(r"-\.?\d", word) is not None
 
 
 def yaml_settings(text: str) -> dict[str, Setting]:
@@ -88,7 +156,7 @@ def yaml_settings(text: str) -> dict[str, Setting]:
     nests past the YAML parser's recursion)."""
     found: dict[str, Setting] = {}
     try:
-        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        documents = list(yaml.compose_all(text, Loader=YAML_LOADER))
     except (yaml.YAMLError, RecursionError):
         return found
     for document in documents:

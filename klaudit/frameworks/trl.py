@@ -1,15 +1,20 @@
-"""TRL's GRPO KL flags as catalog configurations (read from TRL 1.16's GRPOConfig and GRPOTrainer).
+"""TRL's GRPO KL flags as catalog configurations (read from GRPOConfig and GRPOTrainer of TRL 0.14 to 1.16).
 
-- `beta` (default 0.0): the KL is off at 0; otherwise `_compute_loss` adds `beta * k3` to the
-  per-token loss, where k3 = exp(ref - logp) - (ref - logp) - 1 is differentiated;
-- `use_bias_correction_kl` (default True) multiplies k3 by coef_1 = exp(logp - old_logp), which on
-  fresh samples is exp(logp - sg logp): the score-weighted k3 (`ratio*k3`);
-- `num_iterations` > 1 reuses each generation for several updates: the samples come from an older
-  policy, with at most the token-level ratio;
-- `loss_type` aggregates the per-token loss: grpo/sapo per-sequence token-mean, bnpo and
-  dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant, luspo a per-sequence sum;
-- `importance_sampling_level="sequence"` weighs k3 by a per-sequence ratio, which no catalog row
-  describes: no verdict.
+- `beta` (default 0.04 up to 0.18, 0.0 from 0.19): the KL is off at 0; otherwise the trainer adds
+  `beta * k3` to the per-token loss, where k3 = exp(ref - logp) - (ref - logp) - 1 is differentiated;
+- `use_bias_correction_kl` (from 0.26; default False, True from 1.10) multiplies k3 by
+  coef_1 = exp(logp - old_logp), which on fresh samples is exp(logp - sg logp): the score-weighted k3
+  (`ratio*k3`); without it (or before 0.26) the loss is a plain k3;
+- `num_iterations` > 1 (from 0.16) reuses each generation for several updates: the samples come from an
+  older policy, with at most the token-level ratio;
+- `loss_type` (from 0.17; default "bnpo", "dapo" from 0.22) aggregates the per-token loss: grpo/sapo
+  per-sequence token-mean, bnpo and dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant,
+  luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's;
+- `importance_sampling_level="sequence"` (from 0.20) weighs k3 by a per-sequence ratio, which no catalog
+  row describes: no verdict.
+
+The same keys are read from `GRPOConfig(...)` calls and from classes deriving from it (their field
+defaults), from `trl grpo --beta ...` command lines, and from the YAML recipes `trl grpo --config` reads.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
 from klaudit.frameworks.settings import Judged, Setting
+from klaudit.frameworks.versions import Assumed, at_least
 
 NAME = "trl"
-VERSION = "1.16"
 CONFIG_CLASSES = ("GRPOConfig",)
 BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")
 KEYS = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)
-DEFAULTS = {BETA: "0.0", CORRECTION: "True", ITERATIONS: "1", LOSS_TYPE: "dapo", LEVEL: "token"}
+SWITCHES = (CORRECTION,)
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
                 "dapo": Aggregation.BATCH_MEAN, "cispo": Aggregation.BATCH_MEAN, "vespo": Aggregation.BATCH_MEAN,
                 "dr_grpo": Aggregation.CONSTANT, "luspo": Aggregation.SUM}
@@ -34,8 +39,20 @@ _OWN_LOSS = ("TRL has no flag for an unbiased KL gradient: keep beta and overrid
              "with klaudit.estimators.kl_penalty(per_token_logps, ref_per_token_logps, mask).loss in place of "
              "the k3 term (R-A), or set beta=0.0")
 FIXES = {"KL007": 'loss_type="dapo" (or "bnpo"): the batch token-mean keeps the scale'}
-FLAG_FIXES = {"KL007": (LOSS_TYPE, "dapo")}  # the fixes that are one keyword's value
+
 NO_FLAG_FIX = "TRL has no flag for an unbiased KL gradient: the fix is code of your own (see the help)"
+
+
+def defaults(assumed: Assumed) -> dict[str, str]:
+    """GRPOConfig's defaults in the release `assumed`; a key the release lacks has its fixed behaviour."""
+    return {
+        BETA: "0.0" if at_least(assumed, "0.19") else "0.04",
+        CORRECTION: "True" if at_least(assumed, "1.10") else "False",
+        ITERATIONS: "1",
+        LOSS_TYPE: "dapo" if at_least(assumed, "0.22") else "bnpo" if at_least(assumed, "0.17")
+        else "bnpo" if at_least(assumed, "0.16") else "grpo",
+        LEVEL: "token",
+    }
 
 
 def _number(value: str) -> float | None:
@@ -45,14 +62,15 @@ def _number(value: str) -> float | None:
         return None
 
 
-def judge(settings: Mapping[str, Setting]) -> Judged | None:
-    """The KL configuration a GRPOConfig's keywords select; None when the KL is off or undecidable."""
-    given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: Setting) -> Judged | None:
+    """The KL configuration a GRPO configuration selects with `settings` over the defaults `fallback`;
+    None when the KL is off or undecidable. `anchor` is where to report when `beta` is not set here."""
+    given = {key: settings[key].value if key in settings else default for key, default in fallback.items()}
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
-        return None  # a keyword set to a computed value
+        return None  # a key set to a computed value
     beta, iterations = _number(value[BETA]), _number(value[ITERATIONS])
-    correction = {"True": True, "False": False}.get(value[CORRECTION])
+    correction = {"true": True, "false": False}.get(value[CORRECTION].lower())
     aggregation = AGGREGATIONS.get(value[LOSS_TYPE])
     if beta is None or beta <= 0 or iterations is None or correction is None or aggregation is None:
         return None
@@ -64,10 +82,16 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
         sampling = Sampling.ON_POLICY
     estimator = Estimator.RATIO_K3 if correction else Estimator.K3
     config = Config(loss=estimator, aggregation=aggregation, sampling=sampling)
-    anchor = settings[BETA]  # set, since the KL is on only for beta > 0
     flags = ", ".join(f"{key}={value[key]}" + ("" if key in settings else " (default)") for key in KEYS)
-    return Judged(config, anchor, flags, {"KL007": settings[LOSS_TYPE]} if LOSS_TYPE in settings else {})
+    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", ITERATIONS)) if key in settings}
+    return Judged(config, settings.get(BETA, anchor), flags, anchors)
 
 
-def fix(rule: str) -> str:
+def flag_fixes(assumed: Assumed) -> dict[str, tuple[str, str]]:
+    """The fixes that are one keyword's value: the batch token-mean for KL007 ("dapo" from 0.22,
+    "bnpo" since loss_type exists), as the release assumed spells it."""
+    return {"KL007": (LOSS_TYPE, "dapo" if at_least(assumed, "0.22") else "bnpo")}
+
+
+def fix(rule: str, _row_fix: str = "") -> str:
     return FIXES.get(rule, _OWN_LOSS)

@@ -7,7 +7,7 @@
   estimators sum over the response (the whole-sequence return);
 - `kl_penalty`'s values: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 clamped to [-10, 10],
   abs -> |log-ratio|; a "+" suffix keeps the value and takes k2's gradient (straight-through:
-  k1+, k3+), except for k2 itself. (verl 0.8 rejected "+" values; 0.9 strips the suffix.)
+  k1+, k3+), except for k2 itself. verl 0.8 rejects "+" values (no verdict); 0.9 strips the suffix.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns
 from klaudit.frameworks.settings import Judged, Setting
+from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
 
 NAME = "verl"
-VERSION = "0.9"
+LATEST = Assumed(DEFAULT[NAME])
 USE_KL_LOSS = "actor_rollout_ref.actor.use_kl_loss"
 KL_LOSS_TYPE = "actor_rollout_ref.actor.kl_loss_type"
 LOSS_AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
@@ -62,15 +63,17 @@ def _truthy(value: str) -> bool | None:
     return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
 
 
-def judge(settings: Mapping[str, Setting]) -> Judged | None:
+def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
-    a deciding flag is not a literal verl knows."""
+    a deciding flag is not a literal the release `assumed` knows."""
     if not any(key in settings for key in KEYS):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
         return None  # a deciding flag set to a variable: its value is unknown here
+    if not at_least(assumed, "0.9") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
+        return None  # before 0.9 a straight-through value is rejected at start-up
     use_loss, use_reward = _truthy(value[USE_KL_LOSS]), _truthy(value[USE_KL_IN_REWARD])
     loss = ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
     reward = ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None

@@ -20,15 +20,25 @@ import traceback
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSION_CODE, Settings
-from klaudit.frameworks import CONFIG_SUFFIXES, lint_config, lint_python, mentions_config_class
+from klaudit.frameworks import (
+    CONFIG_SUFFIXES,
+    Context,
+    config_classes,
+    lint_config,
+    lint_python,
+    lint_shell,
+    mentions_config_class,
+)
+from klaudit.frameworks.versions import assumed_versions
 from klaudit.lint import budget
 from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
+from klaudit.lint.notebooks import NOTEBOOK_SUFFIX, Notebook, in_cells, read_notebook
 from klaudit.lint.parsing import incomplete, parse, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
 from klaudit.lint.suppressions import (
@@ -154,7 +164,7 @@ class Limits:
     seconds: float | None = budget.DEFAULT_SECONDS
 
 
-def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
+def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context | None = None) -> _Analysis:
     """Parse and check one file within its budget; never raises."""
     from klaudit.lint.checks import check_module
     from klaudit.lint.roles import might_contain_kl
@@ -169,7 +179,7 @@ def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
         try:
             with budget.limited(spent):
                 findings = check_module(path, module, _worker_project, source) if might_contain_kl(source) else []
-            findings.extend(lint_python(path, module, source))  # GRPOConfig(beta=...) and its kin
+            findings.extend(lint_python(path, module, source, context))  # GRPOConfig(beta=...) and its kin
         finally:
             sys.setrecursionlimit(saved_limit)
         if spent.exceeded_in is not None:
@@ -191,14 +201,14 @@ def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Findin
 
 
 def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits(),
-                 progress: Progress | None = None) -> list[_Analysis]:
+                 frameworks: Context | None = None, progress: Progress | None = None) -> list[_Analysis]:
     progress = progress or Progress(False)
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
     if workers < 2:
         _start_worker(roots)
         analysed = []
         for path, source in sources.items():
-            analysed.append(_analyse(path, source, limits))
+            analysed.append(_analyse(path, source, limits, frameworks))
             progress.advance()
         return analysed
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
@@ -211,7 +221,7 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
                                  initargs=(roots,)) as pool:
             chunksize = max(1, len(order) // (workers * 8))
             for analysis in pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
-                                     chunksize=chunksize):
+                                     [frameworks] * len(order), chunksize=chunksize):
                 analyses.append(analysis)
                 progress.advance()
     except BrokenProcessPool:
@@ -242,14 +252,29 @@ def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
     return finding.code == SYNTAX_ERROR_CODE or not is_suppressed(finding, suppressions)
 
 
-def _config_analysis(path: str) -> _Analysis:
+def _config_analysis(path: str, context: Context) -> _Analysis:
     """A launch script or YAML file: the framework flags it sets (klaudit.frameworks)."""
     with open(path, encoding="utf-8", errors="replace") as handle:
         text = handle.read()
     try:
-        return _Analysis(path, tuple(lint_config(path, text)), comment_table(text))
+        return _Analysis(path, tuple(lint_config(path, text, context)), comment_table(text))
     except Exception as error:  # noqa: BLE001 - one file's failure is reported, the run goes on
         return _internal_error(path, error)
+
+
+def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks: dict[str, Notebook],
+                     raw: list[_Analysis]) -> str | Finding:
+    """A notebook's joined code cells to analyse as Python (klaudit.lint.notebooks), after the launch
+    commands of its shell lines are linted; or its KL000 finding."""
+    if stdin is None:
+        with open(path, "rb") as handle:
+            stdin = handle.read()
+    notebook = read_notebook(path, stdin)
+    if isinstance(notebook, Finding):
+        return notebook
+    notebooks[path] = notebook
+    raw.append(_Analysis(path, tuple(lint_shell(path, notebook.shell, context)), comment_table(notebook.shell)))
+    return notebook.code
 
 
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
@@ -268,25 +293,30 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     raw: list[_Analysis] = []
     sources: dict[str, str] = {}
     files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
-                                                                  PYTHON_SUFFIXES + CONFIG_SUFFIXES)
+                                                                  PYTHON_SUFFIXES + CONFIG_SUFFIXES + (NOTEBOOK_SUFFIX,))
     progress = progress or Progress(False)
     progress.total = len(files)
+    context = Context(assumed_versions(settings.frameworks, _project_roots(paths)))
+    notebooks: dict[str, Notebook] = {}
     for path in files:
         if path.endswith(CONFIG_SUFFIXES) and stdin is None:
             try:
-                raw.append(_config_analysis(path))
+                raw.append(_config_analysis(path, context))
             except OSError as error:
                 result.errors.append(f"{path}: cannot read: {error.strerror}")
                 continue
             result.files_checked += 1
             continue
         try:
-            source = read_source(path) if stdin is None else decode_source(path, stdin)
+            if path.endswith(NOTEBOOK_SUFFIX):
+                source = _notebook_source(path, stdin, context, notebooks, raw)
+            else:
+                source = read_source(path) if stdin is None else decode_source(path, stdin)
         except OSError as error:
             result.errors.append(f"{path}: cannot read: {error.strerror}")
             continue
         result.files_checked += 1
-        if check_directives and isinstance(source, str) and might_have_directives(source):
+        if check_directives and isinstance(source, str) and path not in notebooks and might_have_directives(source):
             with_directives[path] = source
         if isinstance(source, Finding):
             raw.append(_Analysis(path, (source,)))
@@ -299,11 +329,14 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
     progress.advance(len(files) - len(sources))  # read and pre-filtered: only the analysis is left
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, progress))
+    context = replace(context, classes=config_classes(sources))
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, context, progress))
 
     for analysis in raw:
         if analysis.error:
             result.errors.append(analysis.error)
+        if analysis.path in notebooks:  # lines of the joined code cells, messages led by the cell
+            analysis = replace(analysis, findings=in_cells(analysis.findings, notebooks[analysis.path]))
         ignored_here = settings.ignored_in_file(analysis.path) if analysis.findings else frozenset()
         result.findings.extend(
             without_suppressed_edits(finding, analysis.suppressions) for finding in analysis.findings

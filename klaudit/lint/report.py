@@ -19,6 +19,7 @@ import click
 from klaudit.catalog import RULES
 from klaudit.lint.edits import SAFE
 from klaudit.lint.findings import Finding
+from klaudit.lint.notebooks import NOTEBOOK_SUFFIX, read_notebook
 from klaudit.lint.rulebook import rule_url, severity
 
 
@@ -43,10 +44,14 @@ _PRINTABLE = {code: "\ufffd" for code in (*range(0x20), 0x7F) if chr(code) not i
 
 
 def _read_lines(path: str) -> list[str]:
-    """The lines of a linted file, decoded as Python decodes it; [] if it cannot be read."""
+    """The lines of a linted file, decoded as Python decodes it (a notebook's code cells joined, as
+    its findings count them); [] if it cannot be read."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
+        if path.endswith(NOTEBOOK_SUFFIX):
+            notebook = read_notebook(path, data)
+            return [] if isinstance(notebook, Finding) else notebook.text.translate(_PRINTABLE).splitlines()
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         return data.decode(encoding, errors="replace").translate(_PRINTABLE).splitlines()
     except (OSError, SyntaxError, LookupError):

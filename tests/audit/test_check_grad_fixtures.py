@@ -46,6 +46,10 @@ LOW_VAR_KL_STRAIGHT = {"loss": K2["loss"], "reward": LOW_VAR_KL["reward"]}
 VERL_PENALTY = {"kl": K1, "k1": K1, "abs": ABS, "mse": K2, "k2": K2, "low_var_kl": LOW_VAR_KL, "k3": LOW_VAR_KL}
 BY_ESTIMATOR = {"k1": K1, "k2": K2, "k3": K3}
 
+OPENRLHF_CLAMPED = {"compute_approx_kl": {("k1",): {"loss": K1["loss"], "reward": ("REV", "KL010")},
+                                          ("k2",): {"loss": ("OTHER", "KL003"), "reward": K2["reward"]},
+                                          ("k3",): LOW_VAR_KL}}
+
 # file -> qualname -> {mode values (in sorted switch order): {placement: (objective, rule)}}
 EXPECTED = {
     "exact_kl_reward.py": {"exact_token_kl": {(): EXACT}},
@@ -67,6 +71,10 @@ BAD = {
     # k1 clamped to [-10, 10]: REV while |log-ratio| < 10, as on every enumerated policy, KL010 beyond
     "reinforce_pp_clamped.py": {"compute_kl": {(): {"loss": K1["loss"], "reward": ("REV", "KL010")}}},
     "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K3["reward"]}}},  # -k3 reward, row 7
+    # OpenRLHF 0.11 clamps every estimate to [-10, 10] (k3's log-ratio at -10 too): k1 as reinforce_pp_clamped's,
+    # k3 as verl's low_var_kl, and k2 = d^2 / 2 is cut where |d| > sqrt(20), which some toy reaches: PART but
+    # on those tokens, so OTHER (its rule is still row 2's)
+    "openrlhf_kl_flags.py": OPENRLHF_CLAMPED,
     "verl_dp_actor.py": {
         "low_var_kl": {(): LOW_VAR_KL},
         "kl_penalty": {**{(name,): VERL_PENALTY[name] for name in VERL_PENALTY},
@@ -83,6 +91,7 @@ FIXED = {
     "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": ("REV", None)}}},
     "k3_loss_and_reward_clamped.py": {"k3": {(): K3}},
     "listwise_kl_rewards.py": {"approx_kl": {(): K3}},  # kept for the logged statistic
+    "openrlhf_kl_flags.py": OPENRLHF_CLAMPED,  # kept for the logged statistic
     "ppo_gae_trainer.py": {"PPOTrainer.compute_rewards": {(): {"reward": K1["reward"]}}},  # -k1 reward, row 6
 }
 # The negative corpus (fixtures/clean): the lint says nothing, and the exact audit agrees.
@@ -110,6 +119,8 @@ USED = {
     "bad/grpo_pkg/kl.py::k3_estimate": {"loss"},
     "fixed/exact_kl_reward.py::exact_token_kl": set(),  # only logged: the fix moved the KL into the loss
     "fixed/openrlhf_ppo.py::compute_approx_kl": set(),  # only logged: the fix uses klaudit.estimators
+    "bad/openrlhf_kl_flags.py::compute_approx_kl": {"loss", "reward"},  # algo.kl.use_loss switches between them
+    "fixed/openrlhf_kl_flags.py::compute_approx_kl": set(),  # only logged: the fix uses klaudit.estimators
     "fixed/ppo_gae_trainer.py::PPOTrainer.compute_rewards": {"reward"},
 }
 

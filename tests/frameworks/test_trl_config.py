@@ -57,3 +57,23 @@ def test_a_training_script_without_kl_vocabulary_is_read_for_its_config(tmp_path
     assert [(f.line, f.code) for f in result.findings] == [(3, "KL003")]
     script.write_text(script.read_text().replace("# the usual script", "# noqa: KL003"))
     assert lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1).findings == []
+
+
+def test_subclasses_command_lines_and_recipes(tmp_path):
+    source = ("from dataclasses import dataclass, field\nfrom trl import GRPOConfig\n\n\n@dataclass\n"
+              "class MyConfig(GRPOConfig):\n    beta: float = field(default=0.04)\n    num_generations: int = 8\n\n\n"
+              "plain = MyConfig(output_dir='a')\nstale = MyConfig(num_iterations=2)\n")
+    (tmp_path / "train.py").write_text(source)
+    (tmp_path / "launch.sh").write_text("trl grpo --model_name_or_path m --beta 0.04 --no_use_bias_correction_kl\n")
+    (tmp_path / "dpo.sh").write_text("trl dpo --beta 0.1\n")  # DPO's beta is no KL loss
+    (tmp_path / "grpo_recipe.yaml").write_text("beta: 0.04\nloss_type: grpo\nmodel_name_or_path: m\n")
+    (tmp_path / "dpo_recipe.yaml").write_text("beta: 0.1\nloss_type: sigmoid\nmodel_name_or_path: m\n")
+    (tmp_path / "swift_grpo.yaml").write_text("rlhf_type: grpo\nmodel: m\nbeta: 0.04\nnum_generations: 8\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert result.errors == []
+    assert sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings) == [
+        ("grpo_recipe.yaml", 1, "KL003"), ("grpo_recipe.yaml", 2, "KL007"),
+        ("launch.sh", 1, "KL002"),
+        ("train.py", 7, "KL003"),  # the class's default, where it is set
+        ("train.py", 12, "KL003"), ("train.py", 12, "KL008"),  # a call that changes the configuration
+    ]

@@ -147,3 +147,18 @@ def test_the_flag_table_agrees_with_the_lint_of_verl_shaped_code(fixture, switch
     for value, codes_in_code in from_code.items():
         from_flag = {f.code for f in lint_config("run.sh", "python3 -m verl.trainer.main_ppo " + flags.format(value))}
         assert from_flag == codes_in_code, value
+
+
+def test_a_defaults_list_brings_in_a_sibling_config_at_its_entry(tmp_path):
+    """Hydra composes `defaults: [base, _self_]`: base.yaml's keys first, the file's own over them. A key
+    from base.yaml is reported at the entry that brings it in."""
+    (tmp_path / "base.yaml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n    kl_loss_type: mse\n")
+    run = tmp_path / "run.yaml"
+    run.write_text("defaults:\n  - ppo_trainer\n  - base\n  - _self_\n\nactor_rollout_ref:\n  actor:\n    kl_loss_type: k3\n")
+    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL002", 8)]
+    run.write_text("defaults:\n  - ppo_trainer\n  - base\n")
+    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3)]
+    run.write_text("defaults:\n  - _self_\n  - base\nactor_rollout_ref:\n  actor:\n    kl_loss_type: k3\n")
+    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3)]  # base wins
+    (tmp_path / "base.yaml").write_text("defaults:\n  - run\n")  # a cycle is followed a bounded number of times
+    lint_config(str(run), run.read_text())  # terminates

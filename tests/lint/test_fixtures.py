@@ -19,6 +19,8 @@ from klaudit.catalog import RULES
 from klaudit.config import FILE_CODES
 from klaudit.frameworks import CONFIG_SUFFIXES
 from klaudit.lint.engine import lint_paths
+from klaudit.lint.findings import Finding
+from klaudit.lint.notebooks import NOTEBOOK_SUFFIX, read_notebook
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 BAD = FIXTURES / "bad"
@@ -32,9 +34,12 @@ def python_files(root: Path) -> list[str]:
     return sorted(path.relative_to(root).as_posix() for path in root.rglob("*.py"))
 
 
+LINTED_SUFFIXES = (*CONFIG_SUFFIXES, NOTEBOOK_SUFFIX)
+
+
 def linted_files(root: Path) -> list[str]:
-    """The Python files and the framework configurations (launch scripts, YAML) under `root`."""
-    configs = [path.relative_to(root).as_posix() for path in root.rglob("*") if path.name.endswith(CONFIG_SUFFIXES)]
+    """The Python files, the framework configurations (launch scripts, YAML) and the notebooks under `root`."""
+    configs = [path.relative_to(root).as_posix() for path in root.rglob("*") if path.name.endswith(LINTED_SUFFIXES)]
     return sorted(python_files(root) + configs)
 
 
@@ -42,14 +47,23 @@ def fixture_pairs(root: Path) -> list[str]:
     """Top-level fixtures: single files, and packages (directories with an __init__.py)."""
     return sorted(
         entry.name for entry in root.iterdir()
-        if (entry.is_file() and entry.name.endswith((".py", *CONFIG_SUFFIXES))) or (entry / "__init__.py").is_file()
+        if (entry.is_file() and entry.name.endswith((".py", *LINTED_SUFFIXES))) or (entry / "__init__.py").is_file()
     )
+
+
+def source_lines(path: Path) -> list[str]:
+    """The lines findings are counted in: a notebook's code cells joined (klaudit.lint.notebooks)."""
+    if path.name.endswith(NOTEBOOK_SUFFIX):
+        notebook = read_notebook(str(path), path.read_bytes())
+        assert not isinstance(notebook, Finding), notebook
+        return notebook.text.splitlines()
+    return path.read_text(encoding="utf-8").splitlines()
 
 
 def expected_findings(path: Path) -> Counter:
     """The multiset of (line, code) that the markers of `path` ask for."""
     expected: Counter = Counter()
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, text in enumerate(source_lines(path), start=1):
         match = MARKER.search(text)
         if match:
             expected.update((number, code) for code in match.group(1).split())
@@ -69,7 +83,7 @@ def linted(root: Path) -> tuple[dict[str, Counter], tuple[str, ...]]:
 
 def describe(path: Path, pairs: Counter) -> str:
     """One line per (line, code), with the source line, for a readable failure."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = source_lines(path)
     return "\n".join(
         f"    {path.name}:{line}: {code} x{count}  | {lines[line - 1].strip() if 0 < line <= len(lines) else ''}"
         for (line, code), count in sorted(pairs.items())

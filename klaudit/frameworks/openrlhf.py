@@ -1,0 +1,163 @@
+"""OpenRLHF's KL flags as catalog configurations (read from openrlhf.cli.train_ppo_ray and the code it
+runs, releases 0.6 to 0.11.2).
+
+- `--algo.kl.init_coef` (`--init_kl_coef` before 0.10.4; default 0.01) is the KL's coefficient; at 0
+  or below no reference model is built and the KL is off;
+- `--algo.kl.use_loss` (`--use_kl_loss`) differentiates `compute_approx_kl(logp, ref, estimator)` as
+  a loss in the actor's training step, averaged over the batch's tokens (each sequence's token-mean,
+  then the mean, up to 0.6); without it the detached estimate is subtracted from the token rewards,
+  which every advantage estimator (GAE with the default gamma = lambda = 1, REINFORCE and its
+  group baselines) turns into the reward-to-go;
+- `--algo.kl.estimator` (`--kl_estimator`; default k1): k1 = log-ratio, k2 = log-ratio^2 / 2,
+  k3 = exp(-log-ratio) - 1 + log-ratio. From 0.8 every estimate is clamped to [-10, 10]: k3 is then
+  clamped like verl's low_var_kl, and the clamp of k1 and k2 is a defect of its own (KL010);
+- `--algo.kl.unbiased_gradient` (0.11.1) keeps the estimator's value but backpropagates
+  w * (log-ratio^2 / 2) with w = sg(pi / pi_old) clamped at 10: k2's gradient, the local term only
+  (kl-math.md §8, row 2), token-weighted when the samples are stale (row 23);
+- the KL loss is trained on stale samples when one rollout feeds several updates:
+  `--train.max_epochs` x rollout batch x samples per prompt / `--train.batch_size` > 1, or
+  `--train.async_enable` (rows 22-23). The KL reward goes through the PPO ratio like the task
+  reward and is judged on-policy, as the lint of OpenRLHF's code judges it;
+- `--actor.loss_agg_mode` (0.11.2) aggregates the policy loss, and with it the KL reward:
+  seq-mean-token-mean weighs each sequence by 1/L (row 21); `--actor.policy_loss_type gspo` weighs
+  the advantages by a per-sequence ratio, which no catalog row describes for a KL reward.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from klaudit.catalog import Aggregation, Config, Estimator, Sampling
+from klaudit.frameworks.settings import Judged, Setting
+from klaudit.frameworks.versions import Assumed, at_least
+
+NAME = "openrlhf"
+# A launch of OpenRLHF's PPO-family trainer (the module or its file), which the flags configure.
+LAUNCH = re.compile(r"openrlhf[./]cli[./]train_(?:ppo|grpo|reinforce)\w*")
+USE_LOSS, ESTIMATOR, COEF, UNBIASED = "algo.kl.use_loss", "algo.kl.estimator", "algo.kl.init_coef", "algo.kl.unbiased_gradient"
+ADVANTAGE, AGGREGATION, POLICY_LOSS = "algo.advantage.estimator", "actor.loss_agg_mode", "actor.policy_loss_type"
+EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC = (
+    "train.max_epochs", "rollout.batch_size", "rollout.n_samples_per_prompt", "train.batch_size", "train.async_enable")
+KL_KEYS = (USE_LOSS, ESTIMATOR, COEF, UNBIASED)
+KEYS = (*KL_KEYS, ADVANTAGE, AGGREGATION, POLICY_LOSS, EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC)
+SWITCHES = (USE_LOSS, UNBIASED, ASYNC)
+# Each key under its 0.11 name and its flat name of 0.6-0.10.
+FLAGS = {**{key: key for key in KEYS}, "use_kl_loss": USE_LOSS, "kl_estimator": ESTIMATOR, "init_kl_coef": COEF,
+         "advantage_estimator": ADVANTAGE, "policy_loss_type": POLICY_LOSS, "max_epochs": EPOCHS,
+         "rollout_batch_size": ROLLOUT_BATCH, "n_samples_per_prompt": SAMPLES, "train_batch_size": TRAIN_BATCH,
+         "async_train": ASYNC}
+DEFAULTS = {USE_LOSS: "False", ESTIMATOR: "k1", COEF: "0.01", UNBIASED: "False", ADVANTAGE: "gae",
+            AGGREGATION: "token-mean", POLICY_LOSS: "ppo", EPOCHS: "1", ROLLOUT_BATCH: "1024", SAMPLES: "1",
+            TRAIN_BATCH: "128", ASYNC: "False"}
+ADVANTAGES = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
+POLICY_AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-mean": Aggregation.SEQ_MEAN}
+
+FLAT = {key: flat for flat, key in FLAGS.items() if flat != key}  # the 0.6-0.10 spelling of a key
+
+
+def spelled(flat: bool) -> dict[str, str]:
+    """Each key as a launch script writes it: `--algo.kl.use_loss` (0.10.4+) or `--use_kl_loss`."""
+    return {key: "--" + (FLAT.get(key, key) if flat else key) for key in KEYS}
+
+
+def fixes(flat: bool) -> dict[str, str]:
+    """The flag change that fixes each rule (kl-math.md §8.5: k1 in the reward is R-A's reward form)."""
+    name = spelled(flat)
+    to_reward = (f"drop {name[USE_LOSS]} and set {name[ESTIMATOR]} k1: the KL as a k1 reward with reward-to-go "
+                 f"(unbiased, up to OpenRLHF's clamp at |k1| > 10, KL010); keep {name[COEF]} divided by about the "
+                 "mean response length: the reward sums the KL over the tokens where the token-mean loss averaged it")
+    return {
+        "KL001": to_reward, "KL002": to_reward, "KL003": to_reward, "KL009": to_reward,
+        "KL004": f"{name[ESTIMATOR]} k1 (k1 values in the reward, unbiased with every advantage estimator)",
+        "KL007": f"{name[AGGREGATION]} token-mean (the batch's token-mean keeps about the same scale)",
+        "KL008": to_reward + f"; or one update per rollout ({name[EPOCHS]} 1 and {name[TRAIN_BATCH]} equal to "
+                 "the rollout batch times the samples per prompt, no async training)",
+        "KL010": "OpenRLHF clamps every KL estimate to [-10, 10] in compute_approx_kl and no flag turns that off; "
+                 "it only acts on tokens with |log pi - log ref| > 10. To remove it, put "
+                 "klaudit.estimators.kl_reward(action_log_probs, base_action_log_probs, action_mask) in the "
+                 "reward in place of compute_approx_kl's estimate",
+    }
+
+
+def _number(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _truthy(value: str) -> bool | None:
+    lowered = value.lower()
+    return True if lowered in ("true", "1") else False if lowered in ("false", "0") else None
+
+
+def _estimator(name: str, assumed: Assumed) -> Estimator | None:
+    clamped = at_least(assumed, "0.8")
+    return {"k1": Estimator.K1, "k2": Estimator.K2,
+            "k3": Estimator.LOW_VAR_KL if clamped else Estimator.K3}.get(name)
+
+
+def _stale(value: Mapping[str, str]) -> bool | None:
+    """Whether one rollout feeds more than one update (or the trainer runs ahead of it); None: unknown."""
+    epochs, rollout, samples, train = (_number(value[key]) for key in (EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH))
+    asynchronous = _truthy(value[ASYNC])
+    if None in (epochs, rollout, samples, train, asynchronous) or not train:
+        return None
+    return bool(asynchronous) or epochs * rollout * samples / train > 1  # type: ignore[operator]
+
+
+def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False) -> tuple[Judged, bool] | None:
+    """(the KL configuration of an OpenRLHF PPO launch with `settings`, whether its estimate is clamped);
+    None when the launch sets no KL flag, the KL is off, or a deciding flag is not a literal."""
+    if not any(key in settings for key in KL_KEYS):
+        return None
+    given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    value = {key: v for key, v in given.items() if v is not None}
+    deciding = (COEF, USE_LOSS, ESTIMATOR) + ((UNBIASED,) if at_least(assumed, "0.11") else ())
+    if any(key not in value for key in deciding):
+        return None  # a deciding flag set to a variable: its value is unknown here
+    coef, use_loss = _number(value[COEF]), _truthy(value[USE_LOSS])
+    estimator = _estimator(value[ESTIMATOR], assumed)
+    if coef is None or coef <= 0 or use_loss is None or estimator is None:
+        return None
+    clamped = at_least(assumed, "0.8") and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
+    if use_loss:
+        unbiased = _truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
+        stale = _stale(value)
+        if unbiased is None or stale is None:
+            return None
+        config = _loss_config(estimator, unbiased, stale, assumed)
+        clamped = clamped and not unbiased  # unbiased_gradient detaches the clamped value; w * k2 is not clamped
+    else:
+        aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, ""))
+        if aggregation is None or value.get(POLICY_LOSS) != "ppo" or value.get(ADVANTAGE) not in ADVANTAGES:
+            return None  # an unknown mode, or GSPO's per-sequence ratio, which no catalog row describes
+        config = Config(reward=estimator, aggregation=aggregation)
+    anchor = next(settings[key] for key in (ESTIMATOR, USE_LOSS, COEF, UNBIASED) if key in settings)
+    shown, name = [key for key in KEYS if key in settings or key in (USE_LOSS, ESTIMATOR, COEF)], spelled(flat)
+    flags = ", ".join(f"{name[key][2:]}={given[key]}" + ("" if key in settings else " (default)") for key in shown)
+    anchors = {rule: settings[key] for rule, key in (("KL007", AGGREGATION), ("KL008", _stale_by(value, settings)))
+               if key in settings}
+    return Judged(config, anchor, flags, anchors), clamped
+
+
+def _stale_by(value: Mapping[str, str], settings: Mapping[str, Setting]) -> str:
+    """The flag to change for stale samples: more than one epoch, async training, else the batch sizes."""
+    if EPOCHS in settings and (_number(value[EPOCHS]) or 0) > 1:
+        return EPOCHS
+    if ASYNC in settings and _truthy(value[ASYNC]):
+        return ASYNC
+    return next((key for key in (TRAIN_BATCH, ROLLOUT_BATCH, SAMPLES) if key in settings), EPOCHS)
+
+
+def _loss_config(estimator: Estimator, unbiased: bool, stale: bool, assumed: Assumed) -> Config:
+    """The KL loss of the actor's training step."""
+    aggregation = Aggregation.BATCH_MEAN if at_least(assumed, "0.7") else Aggregation.SEQ_MEAN
+    if unbiased:  # w * k2 with w = sg(pi / pi_old): k2's gradient, token-weighted on stale samples
+        return Config(loss=Estimator.K2, aggregation=aggregation,
+                      sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
+    return Config(loss=estimator, aggregation=aggregation,
+                  sampling=Sampling.OFF_POLICY if stale else Sampling.ON_POLICY)
+
+

@@ -1,0 +1,200 @@
+"""Which release of each framework the lint assumes, and why: pinned, read from the linted code, or
+the default.
+
+A framework's defaults and KL code change between releases (TRL's `use_bias_correction_kl` default
+flipped in 1.10, OpenRLHF added its clamps in 0.8), so every flag finding names the release whose
+semantics it applied. In order:
+
+1. `[tool.klaudit] frameworks = {trl = "1.16"}` pins a release (a known major.minor);
+2. the linted project says it: a checked-out framework tree (`trl/__init__.py`'s `__version__`,
+   verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
+   or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
+   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml` or `setup.py`), searched from each linted
+   directory up to its project root;
+3. else the latest release klaudit knows.
+
+A version found that klaudit does not know is read as the latest known release before it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+# The releases whose KL semantics klaudit has read, as major.minor, oldest first.
+KNOWN: Mapping[str, tuple[str, ...]] = {
+    "verl": ("0.8", "0.9"),
+    "trl": (*(f"0.{minor}" for minor in range(14, 30)), *(f"1.{minor}" for minor in range(17))),
+    "openrlhf": ("0.6", "0.7", "0.8", "0.9", "0.10", "0.11"),
+}
+DEFAULT = {name: versions[-1] for name, versions in KNOWN.items()}
+_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
+_PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+class VersionError(ValueError):
+    """A pin names a framework or a release klaudit does not know."""
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """The release whose semantics a framework's flags are judged by, and where it came from."""
+
+    version: str  # a release of KNOWN
+    source: str = ""  # "" (the default), "pinned", or where the version was read
+
+    def label(self, name: str, note: str = "") -> str:
+        """`trl 1.10 (1.10.0.dev0 in VERSION; <note>)`: the release and why, as flag findings name it."""
+        why = "; ".join(part for part in (self.source, note) if part)
+        return f"{name} {self.version}" + (f" ({why})" if why else "")
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "1.10.0.dev0"; ValueError if it has none."""
+    match = _RELEASE.match(version)
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def at_least(assumed: Assumed, version: str) -> bool:
+    return release(assumed.version) >= release(version)
+
+
+def _known(name: str, version: str) -> str:
+    """The known release `version` is judged as: itself, else the latest known before it, else the oldest."""
+    wanted = release(version)
+    earlier = [known for known in KNOWN[name] if release(known) <= wanted]
+    return earlier[-1] if earlier else KNOWN[name][0]
+
+
+def check_pins(table: object, where: str) -> dict[str, str]:
+    """Validate `[tool.klaudit] frameworks`: a table of framework = "major.minor" klaudit knows."""
+    if not isinstance(table, dict):
+        raise VersionError(f"{where}: `frameworks` must be a table such as {{trl = \"1.16\"}}")
+    pins = {}
+    for name, version in table.items():
+        if name not in KNOWN:
+            raise VersionError(f"{where}: unknown framework `{name}` in `frameworks`; known: {', '.join(KNOWN)}")
+        if not isinstance(version, str) or _RELEASE.match(version) is None \
+                or ".".join(map(str, release(version))) not in KNOWN[name]:
+            raise VersionError(f"{where}: `frameworks.{name}` = {version!r} is not a release klaudit knows; "
+                               f"known: {', '.join(KNOWN[name])}")
+        pins[name] = ".".join(map(str, release(version)))
+    return pins
+
+
+def assumed_versions(pins: Mapping[str, str], roots: Iterable[Path]) -> dict[str, Assumed]:
+    """The release assumed for each framework: the pin, else what the linted code says, else the default."""
+    found = detect(roots)
+    return {name: Assumed(pins[name], "pinned") if name in pins else found.get(name, Assumed(DEFAULT[name]))
+            for name in KNOWN}
+
+
+def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
+    """The framework versions the linted code states (see the module docstring), nearest first."""
+    found: dict[str, Assumed] = {}
+    for directory in _search_path(roots):
+        for name, (version, where) in _stated_here(directory).items():
+            if name not in found:
+                found[name] = Assumed(_known(name, version), f"{version} in {where}")
+    return found
+
+
+def _search_path(roots: Iterable[Path]) -> list[Path]:
+    """Each root directory and its parents up to the project root (a .git or packaging file)."""
+    seen: list[Path] = []
+    for root in roots:
+        directory = root if root.is_dir() else root.parent
+        for candidate in (directory, *directory.resolve().parents):
+            if candidate not in seen:
+                seen.append(candidate)
+            if any((candidate / marker).exists() for marker in _PROJECT_MARKERS):
+                break
+    return seen
+
+
+def _stated_here(directory: Path) -> dict[str, tuple[str, str]]:
+    """{framework: (version, file)} that one directory states: its own tree first, then its pins."""
+    stated: dict[str, tuple[str, str]] = {}
+    for name in KNOWN:
+        version = _tree_version(directory, name)
+        if version is not None:
+            stated[name] = version
+    for name, version in _pins(directory).items():
+        stated.setdefault(name, version)
+    return {name: (version, where) for name, (version, where) in stated.items() if _RELEASE.match(version)}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+    except OSError:
+        return None
+
+
+_DUNDER_VERSION = re.compile(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", re.MULTILINE)
+_SETUP_VERSION = re.compile(r"\bversion\s*=\s*[\"']([^\"']+)[\"']")
+
+
+def _tree_version(directory: Path, name: str) -> tuple[str, str] | None:
+    """The version of a checked-out or unpacked `name` tree rooted at `directory`."""
+    package = directory / name
+    candidates: list[tuple[Path, re.Pattern | None]] = []
+    if package.is_dir():
+        candidates += [(package / "__init__.py", _DUNDER_VERSION), (package / "version" / "version", None),
+                       (directory / "version.txt", None), (directory / "VERSION", None)]
+    candidates += [(metadata, re.compile(r"^Version:\s*(\S+)", re.MULTILINE))
+                   for metadata in sorted(directory.glob(f"{name}-*.dist-info/METADATA"))]
+    for path, pattern in candidates:
+        text = _read(path)
+        if text is None:
+            continue
+        match = pattern.search(text) if pattern is not None else re.match(r"\s*(\S+)", text)
+        if match is not None and _RELEASE.match(match.group(1)):
+            return match.group(1), str(path.relative_to(directory))
+    project = _pyproject(directory)
+    if project.get("name") == name:
+        version = project.get("version")
+        if isinstance(version, str):
+            return version, "pyproject.toml"
+    setup = _read(directory / "setup.py")
+    if setup is not None and re.search(rf"name\s*=\s*[\"']{name}[\"']", setup):
+        match = _SETUP_VERSION.search(setup)
+        if match is not None:
+            return match.group(1), "setup.py"
+    return None
+
+
+def _pyproject(directory: Path) -> dict:
+    text = _read(directory / "pyproject.toml")
+    try:
+        project = tomllib.loads(text).get("project", {}) if text is not None else {}
+    except tomllib.TOMLDecodeError:
+        return {}
+    return project if isinstance(project, dict) else {}
+
+
+def _pins(directory: Path) -> dict[str, tuple[str, str]]:
+    """Exact dependency pins (`trl==0.19.0`) in requirements files, pyproject.toml and setup.py."""
+    pinned: dict[str, tuple[str, str]] = {}
+    sources = [(path.name, _read(path)) for path in sorted(directory.glob("requirements*.txt"))]
+    project = _pyproject(directory)
+    dependencies = [*project.get("dependencies", []),
+                    *(item for group in project.get("optional-dependencies", {}).values() for item in group)]
+    sources.append(("pyproject.toml", "\n".join(item for item in dependencies if isinstance(item, str))))
+    sources.append(("setup.py", _read(directory / "setup.py")))
+    for where, text in sources:
+        for name in KNOWN:
+            match = re.search(rf"(?im)^[\s\"']*{name}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
+            if match is not None:
+                pinned.setdefault(name, (match.group(1), where))
+    return pinned

@@ -1,0 +1,106 @@
+"""Jupyter notebooks: their code cells as one Python source, linted like a `.py` file.
+
+The code cells are joined in order, each starting on a new line, so a finding's line is its line in
+that joined code (what `location.row` of the JSON output and SARIF's `startLine` give); its message
+begins with the cell and the line within the cell (`cell 3, line 2: ...`): the cell's position in the
+notebook, markdown cells counted, and the line in that cell, both from 1. IPython's own syntax is not Python: a line magic
+(`%time`), a shell line (`!pip install`, `files = !ls`) and a cell magic's whole cell (`%%bash`)
+become `pass` at their indentation in the joined code, so every other line keeps its number; the
+shell lines and `%%bash`/`%%sh` cells are kept apart, at the same line numbers, for the launch
+commands they may hold (`!trl grpo --beta 0.04`). A notebook whose kernel is not Python has no
+Python (a bash kernel's cells are all shell). A notebook that is not valid JSON, or not a notebook,
+is one KL000 finding, and so is one whose code cells do not parse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+
+from klaudit.config import SYNTAX_ERROR_CODE
+from klaudit.lint.findings import Finding
+from klaudit.lint.parsing import file_finding
+
+NOTEBOOK_SUFFIX = ".ipynb"
+_MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?:%|!|\w+\s*=\s*[!%])")
+_SHELL = re.compile(r"^[ \t]*(?:\w+\s*=\s*)?!(?P<command>.*)$")
+_SHELL_CELLS = ("%%bash", "%%sh", "%%script bash", "%%script sh")
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """A notebook's code: the joined Python, its shell commands, and where each cell starts."""
+
+    code: str
+    shell: str  # the shell lines at their line numbers in `code`, every other line empty
+    text: str  # the code cells as written, magics included, joined like `code` (for showing a line)
+    starts: tuple[tuple[int, int], ...]  # (cell number, first line in `code`), in order
+
+    def cell_of(self, line: int) -> tuple[int, int]:
+        """(cell number, line within the cell) of a line of the joined code."""
+        cell, first = next(((c, f) for c, f in reversed(self.starts) if f <= line), (0, 1))
+        return cell, line - first + 1
+
+
+def _cell_source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def read_notebook(path: str, data: bytes) -> Notebook | Finding:
+    """The code of the notebook `data` (the bytes of `path`), or a KL000 finding saying why it has none."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        return file_finding(path, SYNTAX_ERROR_CODE, f"not a readable notebook: {error}", 1, 1)
+    cells = document.get("cells") if isinstance(document, dict) else None
+    if not isinstance(cells, list):
+        return file_finding(path, SYNTAX_ERROR_CODE, "not a notebook: no list of cells", 1, 1)
+    metadata = document.get("metadata")
+    kernel = metadata.get("kernelspec") if isinstance(metadata, dict) else None
+    language = kernel.get("language", "python") if isinstance(kernel, dict) else "python"
+    python = not isinstance(language, str) or language.lower() == "python"  # an R or bash kernel: no Python
+    code: list[str] = []
+    shell: list[str] = []
+    text: list[str] = []
+    starts: list[tuple[int, int]] = []
+    for number, cell in enumerate(cells, start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        lines = _cell_source(cell).splitlines() or [""]
+        starts.append((number, len(code) + 1))
+        text.extend(lines)
+        whole_shell = lines[0].strip() in _SHELL_CELLS
+        whole_magic = lines[0].lstrip().startswith("%%")
+        for index, line in enumerate(lines):
+            if not python:
+                code.append("")
+                shell.append(line if language.lower() in ("bash", "sh", "shell") else "")
+                continue
+            magic = _MAGIC.match(line)
+            command = _SHELL.match(line)
+            if whole_magic:
+                code.append("" if index else "pass")
+                shell.append(line if whole_shell and index else "")
+            elif magic is not None:
+                code.append(f"{magic.group('indent')}pass")
+                shell.append(" " * command.start("command") + command.group("command") if command else "")
+            else:
+                code.append(line)
+                shell.append("")
+    return Notebook("\n".join(code) + "\n", "\n".join(shell) + "\n", "\n".join(text) + "\n", tuple(starts))
+
+
+NO_NOTEBOOK_FIX = "fixes are not applied inside notebooks: apply the suggested change in the cell by hand"
+
+
+def in_cells(findings: tuple[Finding, ...], notebook: Notebook) -> tuple[Finding, ...]:
+    """`findings` on the joined code, each message led by its cell and line within the cell. Their
+    automatic fixes are dropped: an edit of the joined code would land inside the notebook's JSON."""
+    located = []
+    for finding in findings:
+        cell, line = notebook.cell_of(finding.line)
+        located.append(replace(finding, message=f"cell {cell}, line {line}: {finding.message}", autofix=None,
+                               no_autofix=NO_NOTEBOOK_FIX if finding.autofix is not None else finding.no_autofix))
+    return tuple(located)

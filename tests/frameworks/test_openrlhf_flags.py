@@ -1,0 +1,101 @@
+"""OpenRLHF's train_ppo_ray options in launch scripts, judged by the catalog (kl-math.md §8).
+
+Rows: k1 as a loss 1 (KL001), k2 as a loss or k2's gradient (unbiased_gradient) 2 (KL003), OpenRLHF's
+clamped k3 as a loss 3-4 (KL002), k2/k3 in the reward 7-8 (KL004), k1 in the reward 6 (correct, but for
+OpenRLHF's clamp of every estimate to [-10, 10]: KL010 from 0.8), a per-sequence token-mean 21 (KL007),
+a loss on samples of an older policy 22-23 (KL008). The table must agree with the lint of code shaped
+like OpenRLHF's (fixtures/bad/openrlhf_kl_flags.py), value by value.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import Context, lint_config
+from klaudit.frameworks.versions import DEFAULT, Assumed
+from klaudit.lint.engine import lint_paths
+
+# One update per rollout unless a case says otherwise: the KL loss is then on-policy.
+LAUNCH = "python3 -m openrlhf.cli.train_ppo_ray --rollout.batch_size 128 --train.batch_size 128 {flags}\n"
+
+
+def codes(flags: str, version: str | None = None) -> list[str]:
+    versions = {**{n: Assumed(v) for n, v in DEFAULT.items()}, **({"openrlhf": Assumed(version, "pinned")} if version else {})}
+    return sorted(f.code for f in lint_config("run.sh", LAUNCH.format(flags=flags), Context(versions)))
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("--algo.kl.init_coef 0.01", ["KL010"]),  # k1 reward (row 6), clamped
+    ("--algo.kl.estimator k2", ["KL004", "KL010"]),
+    ("--algo.kl.estimator k3", ["KL004"]),  # low_var_kl's rows name its clamps
+    ("--algo.kl.use_loss", ["KL001", "KL010"]),  # default estimator k1
+    ("--algo.kl.use_loss --algo.kl.estimator k2", ["KL003", "KL010"]),
+    ("--algo.kl.use_loss --algo.kl.estimator k3", ["KL002"]),
+    ("--algo.kl.use_loss --algo.kl.estimator k3 --algo.kl.unbiased_gradient", ["KL003"]),  # k2's gradient, unclamped
+    ("--algo.kl.use_loss --algo.kl.estimator k3 --train.max_epochs 2", ["KL002", "KL008"]),
+    ("--algo.kl.use_loss --algo.kl.unbiased_gradient --train.max_epochs 2", ["KL003", "KL008"]),  # token-IS only
+    ("--algo.kl.use_loss --algo.kl.estimator k2 --train.async_enable", ["KL003", "KL008", "KL010"]),
+    ("--algo.kl.estimator k3 --train.max_epochs 2", ["KL004"]),  # the reward is judged on-policy, as in code
+    ("--algo.kl.estimator k1 --actor.loss_agg_mode seq-mean-token-mean", ["KL007", "KL010"]),
+    ("--algo.kl.estimator k1 --actor.policy_loss_type gspo", []),  # a per-sequence ratio: no catalog row
+    ("--algo.kl.init_coef 0 --algo.kl.use_loss --algo.kl.estimator k3", []),  # the KL is off
+    ("--algo.kl.use_loss --algo.kl.estimator $EST", []),  # unknown: no verdict
+    ("--algo.advantage.estimator group_norm", []),  # no KL flag: nothing to judge
+])
+def test_flags_get_the_catalog_s_verdict(flags, expected):
+    assert codes(flags) == expected
+
+
+def test_releases_change_the_verdict():
+    assert codes("--use_kl_loss --kl_estimator k3", "0.7") == ["KL002"]  # plain k3, no clamp before 0.8
+    assert codes("--use_kl_loss --kl_estimator k1", "0.7") == ["KL001"]
+    assert codes("--use_kl_loss --kl_estimator k1", "0.6") == ["KL001"]  # 1/L weights: the k1 loss is row 1b
+    assert codes("--algo.kl.use_loss --algo.kl.unbiased_gradient --algo.kl.estimator k3", "0.10") == ["KL002"]
+
+
+def test_flat_names_say_the_script_is_for_an_earlier_release(tmp_path):
+    [finding] = lint_config("run.sh", "deepspeed --module openrlhf.cli.train_ppo_ray --use_kl_loss --kl_estimator k3 "
+                                      "--rollout_batch_size 64 --train_batch_size 64\n")
+    assert "[openrlhf 0.10 (flat flag names): use_kl_loss=True, kl_estimator=k3" in finding.message
+    assert finding.fix.startswith("drop --use_kl_loss and set --kl_estimator k1")
+
+
+def test_bash_arrays_variables_and_the_finding_s_place():
+    text = ("KL=k2\nARGS=(\n   --algo.kl.use_loss  # the KL as a loss\n   --algo.kl.estimator $KL\n"
+            "   --rollout.batch_size 64 --rollout.n_samples_per_prompt 8 --train.batch_size 64\n)\n"
+            "ray job submit -- python3 -m openrlhf.cli.train_ppo_ray \"${ARGS[@]}\"\n")
+    found = {f.code: f for f in lint_config("run.sh", text)}
+    assert sorted(found) == ["KL003", "KL008", "KL010"]
+    assert (found["KL003"].line, found["KL003"].column) == (1, 1)  # the variable's assignment
+    assert found["KL008"].line == 5 and text.splitlines()[4][found["KL008"].column - 1:].startswith("--train.batch_size")
+    assert "divided by about the mean response length" in found["KL003"].fix
+
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "bad" / "openrlhf_kl_flags.py"
+# The catalog's name of each estimator value, as the description of a finding starts.
+DESCRIBED = {"k1": "k1 ", "k2": "k2 ", "k3": "low_var_kl "}
+
+
+def test_the_flag_table_agrees_with_the_lint_of_openrlhf_shaped_code():
+    """For each placement (use_loss) and estimator value: the codes the lint of OpenRLHF-shaped code
+    reports for that value (by its switch label, or by its description where a finding of the whole
+    placement carries no label) are the codes the flags give. The code has OpenRLHF's default batch
+    sizes (several updates per rollout), so the flags do too."""
+    by_placement: dict[bool, list] = {True: [], False: []}
+    for finding in lint_paths([str(FIXTURE)], settings=Settings(root=FIXTURE.parent), jobs=1).findings:
+        use_loss = re.search(r"use_loss=(True|False)", finding.message)
+        assert use_loss is not None, finding.message
+        by_placement[use_loss.group(1) == "True"].append(finding)
+    for use_loss, findings in by_placement.items():
+        for value, described in DESCRIBED.items():
+            labelled = {f.code for f in findings if f'estimator="{value}"' in f.message}
+            unlabelled = {f.code for f in findings if "estimator=" not in f.message}
+            of_value = labelled | {f.code for f in findings if "estimator=" not in f.message
+                                   and f.message.startswith(described)}
+            flags = f"--algo.kl.estimator {value}" + (" --algo.kl.use_loss" if use_loss else "")
+            from_flags = {f.code for f in lint_config("run.sh", "python3 -m openrlhf.cli.train_ppo_ray " + flags)}
+            assert of_value and of_value <= from_flags <= labelled | unlabelled, (use_loss, value, of_value, from_flags)

@@ -1,0 +1,82 @@
+"""The framework release a lint assumes: pinned in [tool.klaudit], read from the linted code, or the
+latest known; and the defaults that change with it (TRL's history, read from its released GRPOConfig:
+beta 0.04 up to 0.18, loss_type bnpo from 0.17 and dapo from 0.22, use_bias_correction_kl from 0.26,
+default True from 1.10)."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+from click.testing import CliRunner
+
+from klaudit.cli import main
+from klaudit.config import ConfigError, load_settings
+from klaudit.frameworks import Context, lint_python, prepare
+from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, detect
+
+
+def trl_codes(call: str, version: str) -> list[str]:
+    source = f"from trl import GRPOConfig\n\nargs = {call}\n"
+    context = Context({**{n: Assumed(v) for n, v in DEFAULT.items()}, "trl": Assumed(version, "pinned")})
+    return sorted(f.code for f in lint_python("train.py", cst.parse_module(source), source, context))
+
+
+@pytest.mark.parametrize("call, version, expected", [
+    ("GRPOConfig()", "0.15", ["KL002", "KL007"]),  # beta 0.04 by default; per-sequence token-mean
+    ("GRPOConfig()", "0.16", ["KL002"]),  # the batch's token-mean
+    ("GRPOConfig()", "0.18", ["KL002"]),  # loss_type bnpo
+    ("GRPOConfig()", "0.19", []),  # beta 0.0 from 0.19
+    ("GRPOConfig(beta=0.04)", "0.25", ["KL002"]),  # no bias correction yet: a plain k3 loss
+    ("GRPOConfig(beta=0.04)", "1.9", ["KL002"]),  # the correction exists, off by default
+    ("GRPOConfig(beta=0.04)", "1.10", ["KL003"]),  # on by default from 1.10: ratio*k3
+    ("GRPOConfig(beta=0.04, use_bias_correction_kl=True)", "1.0", ["KL003"]),
+])
+def test_trl_defaults_follow_the_release(call, version, expected):
+    assert trl_codes(call, version) == expected
+
+
+def test_pins_are_validated_and_a_bad_one_exits_2(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.klaudit]\nframeworks = {trl = "1.9", openrlhf = "0.10.4"}\n')
+    assert load_settings([str(tmp_path)]).frameworks == {"trl": "1.9", "openrlhf": "0.10"}
+    for table, error in (('{trl = "2.0"}', "not a release klaudit knows"), ('{deepspeed = "1.0"}', "unknown framework"),
+                         ('"trl"', "must be a table")):
+        (tmp_path / "pyproject.toml").write_text(f"[tool.klaudit]\nframeworks = {table}\n")
+        with pytest.raises(ConfigError, match=error):
+            load_settings([str(tmp_path)])
+    (tmp_path / "pyproject.toml").write_text('[tool.klaudit]\nframeworks = {deepspeed = "1.0"}\n')
+    (tmp_path / "run.sh").write_text("echo\n")
+    result = CliRunner().invoke(main, ["lint", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown framework `deepspeed`" in result.output
+
+
+def test_the_version_is_read_from_the_linted_tree_and_its_pins(tmp_path):
+    checkout = tmp_path / "trl-checkout"
+    (checkout / "trl").mkdir(parents=True)
+    (checkout / "trl" / "__init__.py").write_text("from importlib.metadata import version\n__version__ = version('trl')\n")
+    (checkout / "VERSION").write_text("1.10.0.dev0\n")
+    (checkout / "pyproject.toml").write_text('[project]\nname = "trl"\ndynamic = ["version"]\n')
+    assert detect([checkout / "trl"])["trl"] == Assumed("1.10", "1.10.0.dev0 in VERSION")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_text("torch>=2.0\ntrl==0.19.0\nopenrlhf[vllm]==0.9.3\n")
+    (project / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    found = detect([project])
+    assert found["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
+    assert found["openrlhf"] == Assumed("0.9", "0.9.3 in requirements.txt")
+    (project / "requirements.txt").write_text("trl==0.9.6\n")  # older than any release klaudit knows
+    assert detect([project])["trl"].version == "0.14"
+    assert assumed_versions({"trl": "1.16"}, [project])["trl"] == Assumed("1.16", "pinned")
+    assert assumed_versions({}, [tmp_path / "elsewhere"])["verl"] == Assumed(DEFAULT["verl"])
+
+
+def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
+    """Linting a TRL tree whose GRPOConfig defaults use_bias_correction_kl=False (a 1.10 dev snapshot):
+    its calls are judged by that default, not by the release's."""
+    config = ("from dataclasses import dataclass, field\n\n\n@dataclass\nclass GRPOConfig(TrainingArguments):\n"
+              "    beta: float = field(default=0.0)\n    use_bias_correction_kl: bool = field(default=False)\n")
+    test = "from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.1)\n"
+    context = prepare({}, [tmp_path], {"trl/trainer/grpo_config.py": config, "tests/test_grpo.py": test})
+    [finding] = lint_python("tests/test_grpo.py", cst.parse_module(test), test, context)
+    assert finding.code == "KL002"
+    assert "defaults of GRPOConfig in trl/trainer/grpo_config.py" in finding.message
+    assert lint_python("trl/trainer/grpo_config.py", cst.parse_module(config), config, context) == []

@@ -1,0 +1,76 @@
+"""Notebooks: code cells linted as one Python file, IPython's magics set aside, findings on the joined
+code's lines with the cell and its line in the message; a broken notebook is one KL000."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from klaudit.cli import main
+from klaudit.config import Settings
+from klaudit.lint.engine import lint_paths
+from klaudit.lint.notebooks import read_notebook
+
+KL_CELL = ("import torch\n\n"
+           "def kl_loss(logprobs, ref_logprobs, mask):\n"
+           "    kl = logprobs - ref_logprobs\n"
+           "    loss = (kl * mask).sum() / mask.sum()\n"
+           "    return loss\n")
+
+
+def notebook(*cells: tuple[str, str]) -> str:
+    return json.dumps({"cells": [{"cell_type": kind, "metadata": {}, "source": text.splitlines(keepends=True),
+                                  **({"outputs": [], "execution_count": None} if kind == "code" else {})}
+                                 for kind, text in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def lint(tmp_path, text: str, name: str = "train.ipynb"):
+    (tmp_path / name).write_text(text)
+    return lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+
+
+def test_code_cells_are_joined_and_magics_set_aside():
+    text = notebook(("markdown", "# title"), ("code", "%%capture\n!pip install trl\n"),
+                    ("code", "x = 1\nfiles = !ls\nif x:\n    !echo hi\n%time y = 2"))
+    book = read_notebook("n.ipynb", text.encode())
+    assert book.code.splitlines() == ["pass", "", "x = 1", "pass", "if x:", "    pass", "pass"]
+    assert book.shell.splitlines()[5] == "     echo hi"  # the command at its own column
+    assert book.cell_of(1) == (2, 1) and book.cell_of(6) == (3, 4)
+    assert book.text.splitlines()[3] == "files = !ls"
+
+
+def test_python_rules_and_framework_flags_in_cells(tmp_path):
+    text = notebook(("markdown", "# KL"), ("code", "!pip install trl"), ("code", KL_CELL),
+                    ("code", "!python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True"))
+    result = lint(tmp_path, text)
+    assert result.errors == []
+    found = sorted((f.line, f.code, f.message.split(":", 1)[0]) for f in result.findings)
+    assert found == [(6, "KL001", "cell 3, line 5"), (8, "KL002", "cell 4, line 1")]
+    output = CliRunner().invoke(main, ["lint", str(tmp_path), "--output-format", "json"]).output
+    rows = sorted((item["location"]["row"], item["code"]) for item in json.loads(output))
+    assert rows == [(6, "KL001"), (8, "KL002")]  # the joined code's line: an integer a tool can use
+    text_output = CliRunner().invoke(main, ["lint", str(tmp_path)]).output
+    assert "    loss = (kl * mask).sum() / mask.sum()" in text_output  # the caret under the cell's own line
+
+
+def test_noqa_works_in_cells_and_shell_lines(tmp_path):
+    cell = KL_CELL.replace("mask.sum()\n", "mask.sum()  # noqa: KL001\n", 1)
+    text = notebook(("code", cell), ("code", "!python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True  # noqa: KL002"))
+    assert lint(tmp_path, text).findings == []
+
+
+def test_broken_notebooks_are_one_kl000(tmp_path):
+    for name, text in (("bad_json.ipynb", "{not json"), ("not_a_notebook.ipynb", "[1, 2]"),
+                       ("bad_code.ipynb", notebook(("code", "def f(:\n    pass")))):
+        result = lint(tmp_path, text, name)
+        found = [(f.code, f.path.endswith(name)) for f in result.findings if f.path.endswith(name)]
+        assert found == [("KL000", True)], (name, result.findings)
+        (tmp_path / name).unlink()
+    assert "cell 1, line 1" in lint(tmp_path, notebook(("code", "def f(:\n    pass"))).findings[0].message
+
+
+def test_a_bash_kernel_s_cells_are_shell_commands(tmp_path):
+    text = json.loads(notebook(("code", "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True")))
+    text["metadata"] = {"kernelspec": {"name": "bash", "language": "bash"}}
+    assert [f.code for f in lint(tmp_path, json.dumps(text)).findings] == ["KL002"]
