@@ -1055,6 +1055,12 @@ class FunctionRun(ContainerFlow, CallFlow):
             if vocab is not None and per_row:
                 out.append(replace(f, poly=vocab, origin=self.here(node)))
                 continue
+            if vocab is not None and vocab.terms and per_row is False:
+                # `p * (log p - log q)` summed over every axis at once (tokens flattened by a mask
+                # index): the exact per-step KL, summed (or averaged) over the tokens
+                aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
+                out.append(replace(f, poly=vocab, origin=self.here(node), aggregation=aggregation, scalar=True))
+                continue
             if per_row and f.poly.atoms() and all(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 out.append(replace(f, scalar=True))  # already one value per sequence: a group statistic
                 continue

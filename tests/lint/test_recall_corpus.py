@@ -234,3 +234,45 @@ def test_widening_keeps_a_witness_of_each_kl_use_before_policy_gradient_variants
     kept = bounded(tuple(variants) + (per_sequence,))
     assert len(kept) <= MAX_ALTERNATIVES
     assert any(f.aggregation is Aggregation.SEQ_MEAN for f in kept)
+
+
+# TRL's GKD shape: the reverse KL(student || teacher) over the vocabulary, elementwise, its positions
+# flattened by a label mask and summed over every axis at once: the exact per-step KL summed over
+# the tokens. As a loss on sequences the student samples it gives only the local gradient (row 2,
+# KL003); the forward KL(teacher || student), no estimator of the reverse KL, gets no verdict.
+DISTILL = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    def divergence_loss(student_logits, teacher_logits, labels):
+        student_log_probs = F.log_softmax(student_logits, dim=-1)
+        teacher_log_probs = F.log_softmax(teacher_logits, dim=-1)
+        divergence = F.kl_div(teacher_log_probs, student_log_probs, reduction="none", log_target=True)
+        divergence = divergence[labels != -100]
+        return divergence.sum() / (labels != -100).sum()
+
+
+    class Distiller:
+        def __init__(self, student, teacher):
+            self.student = student
+            self.teacher = teacher
+
+        def train_step(self, prompts):
+            sequences, labels = self.student.generate(prompts, do_sample=True)
+            student_logits = self.student(sequences).logits
+            with torch.no_grad():
+                teacher_logits = self.teacher(sequences).logits
+            loss = divergence_loss(student_logits, teacher_logits, labels)
+            loss.backward()
+"""
+
+
+def test_a_vocabulary_kl_summed_over_every_axis_on_student_samples(tmp_path):
+    assert codes(DISTILL, tmp_path) == [(10, "KL003")]
+
+
+def test_the_forward_kl_summed_over_every_axis_has_no_verdict(tmp_path):
+    # the exact forward KL is no catalog estimator of KL(pi || ref): at most the informational KL100
+    source = DISTILL.replace("F.kl_div(teacher_log_probs, student_log_probs,", "F.kl_div(student_log_probs, teacher_log_probs,")
+    assert [code for _, code in codes(source, tmp_path) if code != "KL100"] == []
