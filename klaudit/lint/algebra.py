@@ -279,9 +279,18 @@ class Term:
     weighted: str = ""  # "", "score" (exp(P - sg P)), "is" (differentiable IS ratio), "is-detached"
 
 
+_KL_KINDS = frozenset({DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD})
+
+
 def kl_atoms(poly: Poly) -> bool:
     """True when the polynomial involves a reference log-ratio (something a KL is made of)."""
-    return any(a.kind in (DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD) for a in poly.atoms())
+    return any(a.kind in _KL_KINDS for a in poly.atoms())
+
+
+def kl_part(poly: Poly) -> Poly:
+    """The monomials that involve a KL atom: what a verdict reads (the policy-gradient terms added to
+    the same loss change no KL gradient, by linearity)."""
+    return Poly(tuple((m, c) for m, c in poly.terms if any(a.kind in _KL_KINDS for a in m)))
 
 
 def _returns_of(terms: list) -> Returns:

@@ -52,6 +52,7 @@ class FlowParts:
 
     if TYPE_CHECKING:
         env: dict
+        no_grad: bool
         analyzer: Any
         module: Any
         cls: str | None
@@ -104,8 +105,8 @@ class ContainerFlow(FlowParts):
     def read_get(self, base_node: cst.BaseExpression, key: str, default: cst.BaseExpression | None) -> tuple:
         """`base.get("key", default)`: what was stored under the key, or the default (None when not given)."""
         found = self.read_key(base_node, key)
-        if found is None:
-            poly = roles.named_tensor(key, grad=False)
+        if found is None:  # rollout data, except the current policy's log-probs a loss reads from its inputs
+            poly = roles.named_tensor(key, grad=roles.is_current_policy_name(key) and not self.no_grad)
             found = (tensor(poly),) if poly is not None else ()
         if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
             return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found

@@ -139,7 +139,12 @@ def bounded(value: tuple) -> tuple:
         return tuple(merged)
     witnesses: dict = {}
     for f in merged:
-        use = (f.poly, id(f.origin), id(f.entry), f.role, f.aggregation, f.position, f.clamped, f.scalar, f.is_kl())
+        # a KL term's verdict reads its KL monomials and the evidence of older samples, not the
+        # policy-gradient terms of the same loss, whose variants would otherwise crowd it out
+        kl = f.is_kl()
+        poly = alg.kl_part(f.poly) if kl else f.poly
+        use = (poly, id(f.origin), id(f.entry), f.role, f.aggregation, f.position, f.clamped, f.scalar, kl,
+               f.stale or (kl and holds_behaviour_ratio((f,))))
         witnesses.setdefault(use, f)
     kept = sorted(witnesses.values(), key=lambda f: not f.is_kl())  # stable: KL alternatives first
     return tuple(kept[:MAX_ALTERNATIVES])

@@ -68,6 +68,10 @@ from klaudit.lint.tensors import AGG_MODES, agg_mode, apply_math, gather, over_v
 KL_WEIGHT = (Fact(role="kl-weight"),)
 
 
+# Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
+# mask.sum(-1)` holds each sequence's length, whatever its name says).
+EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens")
+
 # keywords that name the tensor a library function operates on, when it is not passed positionally
 TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
 
@@ -225,6 +229,9 @@ class FunctionRun(ContainerFlow, CallFlow):
                 isinstance(v, str) and v.startswith("*") for v in label[1]) else ()
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
             return self.negation(test.left) + self.negation(test.right)
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            label, decided = self.condition(test)
+            return ((label[0], (False,)),) if label is not None and decided is None and label[1] == (True,) else ()
         return ()
 
     def match_statement(self, stmt: cst.Match) -> None:
@@ -275,6 +282,9 @@ class FunctionRun(ContainerFlow, CallFlow):
             if number is not None and isinstance(comp.operator, cst.Equal):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
                 return (f"{last_name(left)} == {number:g}", (True,)), None
+            if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
+                # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
+                return (f"{last_name(left)} == {dotted(right)}", (True,)), None
             return None, None
         if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
             strings = string_literals(test.args[0].value) if test.args else None
@@ -370,7 +380,7 @@ class FunctionRun(ContainerFlow, CallFlow):
                 self.assign_target(element.value, sub, node, rhs=rhs)
             return
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in ("tensor", "mask", "function") for f in value):
+        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
             value = self.log_ratio_against_unknown(rhs) or value
@@ -797,6 +807,8 @@ class FunctionRun(ContainerFlow, CallFlow):
                         out.append(replace(b, poly=alg.scale(b.poly, sign)) if a.scalar else a)
                         continue
                     out.append(combine(a, b, alg.add(a.poly, b.poly, sign), self.here(node), self.module.path))
+                elif _constant(a if a_tensor else b) and UNKNOWN.role in (a.role, b.role):
+                    continue  # a number plus a value the analysis cannot explain: no known value
                 elif a_tensor:
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_tensor:
@@ -814,6 +826,8 @@ class FunctionRun(ContainerFlow, CallFlow):
                         out.append(combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
                 elif a_tensor or b_tensor:
                     tensor_side, other = (a, b) if a_tensor else (b, a)
+                    if _constant(tensor_side) and other.role == UNKNOWN.role:
+                        continue  # `x * inv_temperature`: a number times an unexplained value is no known value
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     factor = -1.0 if other.role == "neg" else 1.0
@@ -909,9 +923,15 @@ class FunctionRun(ContainerFlow, CallFlow):
         if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
             parameters = parameters[1:]
         env = dict(closure or {})
+        spread = any(a.star == "**" for a in node.args)  # f(x, **options): any parameter may come from it
+        spread_entries: dict = {}  # the entries of a spread dict the analysis knows (`f(**{"mode": m})`)
+        for a in node.args:
+            if a.star == "**":
+                for key, facts in (item for f in self.expr(a.value) if f.role == "dict" for item in f.items):
+                    spread_entries[key] = tuple(dict.fromkeys(spread_entries.get(key, ()) + facts))
         for index, param in enumerate(parameters):
             name = param.name.value
-            arg = positional[index] if index < len(positional) else keywords.get(name)
+            arg = positional[index] if index < len(positional) else keywords.get(name, spread_entries.get(name))
             if bound_keywords and name in bound_keywords and arg is None:
                 env[name] = bound_keywords[name]
                 continue
@@ -932,7 +952,9 @@ class FunctionRun(ContainerFlow, CallFlow):
                 env[name] = facts
             elif param.default is not None:
                 default = param.default
-                if isinstance(default, cst.SimpleString):
+                if spread and isinstance(default, cst.Name) and default.value == "None":
+                    env[name] = ()  # maybe set by the spread dict: `if x is None:` decides nothing
+                elif isinstance(default, cst.SimpleString):
                     env[name] = (Fact(role="str", name=name),)
                 elif isinstance(default, cst.Name) and default.value in ("True", "False"):
                     env[name] = (Fact(role="bool", name=name),)
@@ -1037,6 +1059,12 @@ class FunctionRun(ContainerFlow, CallFlow):
             if vocab is not None and per_row:
                 out.append(replace(f, poly=vocab, origin=self.here(node)))
                 continue
+            if vocab is not None and vocab.terms and per_row is False:
+                # `p * (log p - log q)` summed over every axis at once (tokens flattened by a mask
+                # index): the exact per-step KL, summed (or averaged) over the tokens
+                aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
+                out.append(replace(f, poly=vocab, origin=self.here(node), aggregation=aggregation, scalar=True))
+                continue
             if per_row and f.poly.atoms() and all(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 out.append(replace(f, scalar=True))  # already one value per sequence: a group statistic
                 continue
@@ -1112,6 +1140,8 @@ class FunctionRun(ContainerFlow, CallFlow):
             return zipped([self.expr(arg) for arg in positional])
         if name == "enumerate":
             return enumerated(first)
+        if name in ("max", "min") and len(positional) == 2 and int_literal(positional[1]) is not None:
+            return ()  # torch.max(x, dim): the largest entry along an axis, no per-token term
         if name in ("max", "min", "maximum", "minimum") and len(positional) == 2:
             return tuple(dict.fromkeys(operands(first) + operands(self.expr(positional[1]))))
         if name == "where" and len(positional) == 3:
@@ -1131,6 +1161,10 @@ class FunctionRun(ContainerFlow, CallFlow):
         negated = isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, (cst.BitInvert, cst.Not))
         name = dotted(condition.expression if negated else condition)
         sides = [self.expr(when_true), self.expr(when_false)]
+        for kept, cut in (sides, sides[::-1]):
+            if kept and any(f.poly is not None and f.poly.has_grad() for f in kept) and detach_all(kept) == cut:
+                # where(m, x, x.detach()): x, with its gradient cut on the tokens the condition rejects
+                return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
         if name:
             sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
                      for side, facts in zip((True, False), sides)]
@@ -1194,6 +1228,11 @@ class FunctionRun(ContainerFlow, CallFlow):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _constant(fact: Fact) -> bool:
+    """A number (a literal, or arithmetic of literals): no tensor of the trainer."""
+    return fact.role == "tensor" and fact.poly is not None and fact.poly.is_const()
 
 
 def _leaves(body: cst.BaseSuite) -> bool:

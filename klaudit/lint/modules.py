@@ -296,9 +296,7 @@ class Analyzer:
                 source, attr, level = module.imports[name]
                 if attr is None:
                     return None
-                target = self._import(module, source, level)
-                if target is not None and attr in target.functions:
-                    return target, target.functions[attr], None
+                return self._exported(self._import(module, source, level), attr)
             return None
         if isinstance(func_node, cst.Attribute):
             attr = func_node.attr.value
@@ -319,6 +317,18 @@ class Analyzer:
                 if target is not None and attr in target.functions:
                     return target, target.functions[attr], None
         return None
+
+    def _exported(self, target: Module | None, name: str, hops: int = 2):
+        """(module, function, None) for `name` defined in `target`, or re-exported there from another
+        module of the tree (`from .loss import aggregate_loss` in a package's __init__), else None."""
+        if target is None:
+            return None
+        if name in target.functions:
+            return target, target.functions[name], None
+        source, attr, level = target.imports.get(name, (None, None, 0))
+        if attr is None or hops <= 0:
+            return None
+        return self._exported(self._import(target, source, level), attr, hops - 1)
 
     def _import(self, module: Module, name: str, level: int) -> Module | None:
         path = self.project.module_path(name, module.path, level)

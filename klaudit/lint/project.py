@@ -75,9 +75,10 @@ class Project:
 
             try:
                 text = read_source(key)
-                # a module without KL or log-prob vocabulary cannot contribute a KL fact
-                self._modules[key] = (cst.parse_module(text)
-                                      if isinstance(text, str) and might_contain_kl(text) else None)
+                # a module without KL or log-prob vocabulary cannot contribute a KL fact, except a
+                # package's __init__, which may re-export a loss helper (`from .loss import agg`)
+                self._modules[key] = (cst.parse_module(text) if isinstance(text, str) and (
+                    might_contain_kl(text) or Path(key).name == "__init__.py") else None)
                 if self._modules[key] is not None:
                     self._sources[id(self._modules[key])] = text
             except (OSError, cst.ParserSyntaxError, cst.CSTValidationError, RecursionError):
