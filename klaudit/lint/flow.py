@@ -205,7 +205,13 @@ class FunctionRun(ContainerFlow, CallFlow):
         after_body = self.env
         self.env = dict(before)
         if isinstance(stmt.orelse, cst.If):
+            negated = ((label[0], (False,)),) if label is not None and label[1] == (True,) else ()
+            self.labels = merge_labels(self.labels, negated)  # an elif runs where the flag tested first is false
             self.if_statement(stmt.orelse)
+            self.labels = saved
+            for name, facts in list(self.env.items()) if negated else ():
+                if after_body.get(name) != facts:  # the value the elif chain leaves, where the flag is false
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
         elif stmt.orelse is not None:
             if label is not None and label[1] in ((True,),):
                 self.labels = merge_labels(self.labels, ((label[0], (False,)),))

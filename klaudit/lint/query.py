@@ -126,15 +126,27 @@ class _Tracing(Analyzer):
 
     def __init__(self, project: Project) -> None:
         super().__init__(project)
-        self.callees: dict[int, tuple[str, str]] = {}  # id(origin) -> (path, qualname)
+        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}
+        self.callees: dict[int, dict[int, tuple[str, str]]] = {}
+
+    def callee(self, fact) -> tuple[str, str] | None:
+        """The outermost call that returned `fact`'s term: the one whose result had crossed as many
+        function boundaries, else the deepest one below that (the term passed through more helpers,
+        such as a reward-to-go, after the call that formed it)."""
+        found = self.callees.get(id(fact.origin), {})
+        below = [calls for calls in found if calls <= fact.calls]
+        return found[max(below)] if below else None
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict):
         outermost = not self._stack
         outcome = super().call(module, func, cls, env)
         if outermost:
             qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+            passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
             for fact in _kl_facts(outcome.returns):
-                self.callees.setdefault(id(fact.origin), (str(Path(module.path).resolve()), qualname))
+                if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
+                    self.callees.setdefault(id(fact.origin), {}).setdefault(
+                        fact.calls, (str(Path(module.path).resolve()), qualname))
         return outcome
 
 
@@ -181,6 +193,7 @@ def site_verdicts(path: str) -> list[KLSite]:
     sites: dict[KLSite, None] = {}
     for func, cls in module_functions(tree):
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+        span = positions[str(file)].get(id(func))
         try:
             outcome = analyzer.analyse(module, func, cls)
         except RecursionError:
@@ -196,9 +209,9 @@ def site_verdicts(path: str) -> list[KLSite]:
                     continue  # it entered the loss in another module: the lint reports it there
                 origin_path = str(Path(fact.origin_path).resolve()) if fact.origin_path else str(file)
                 origin_line = where(fact.origin_path, fact.origin) if fact.origin is not None else None
-                inline = fact.calls == 0 and origin_path == str(file) and origin_line is not None \
-                    and origin_line < sink_line
-                callee = None if inline else analyzer.callees.get(id(fact.origin))
+                inline = origin_path == str(file) and origin_line is not None and origin_line < sink_line \
+                    and span is not None and span[0] <= origin_line <= span[2]  # formed in this function
+                callee = None if inline else analyzer.callee(fact)
                 clamped = clamp_counts(config, fact)
                 sites[KLSite(
                     str(file), qualname, entry[0] if entry else sink_line, sink_line,
