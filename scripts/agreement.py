@@ -91,6 +91,9 @@ def table(result: dict) -> list[dict]:
             "check_grad": "+".join(verdict.check_grad_rules) or "-", "agree": verdict.agree,
             "audited": verdict.audited, "reason": verdict.reason})
         row["modes"] += [mode for mode in verdict.modes if mode not in row["modes"]]
+    # a term judged in several functions of the step (a sink reached through a caller too) is audited once
+    audited_sites = {(row["site"], row["lint"]) for row in rows.values() if row["audited"]}
+    rows = {key: row for key, row in rows.items() if row["audited"] or (row["site"], row["lint"]) not in audited_sites}
     findings_at = {}
     for finding in result["findings"]:
         findings_at.setdefault(f"{shown(finding['filename'], tree)}:{finding['location']['row']}", set()).add(
