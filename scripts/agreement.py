@@ -94,7 +94,7 @@ def table(result: dict) -> list[dict]:
     # a term judged in several functions of the step (a sink reached through a caller too) is audited once
     audited_sites = {(row["site"], row["lint"]) for row in rows.values() if row["audited"]}
     rows = {key: row for key, row in rows.items() if row["audited"] or (row["site"], row["lint"]) not in audited_sites}
-    findings_at = {}
+    findings_at: dict[str, set[str]] = {}
     for finding in result["findings"]:
         findings_at.setdefault(f"{shown(finding['filename'], tree)}:{finding['location']['row']}", set()).add(
             finding["code"])

@@ -218,7 +218,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                     origin_path if fact.origin is not None else None, origin_line, inline,
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
-                    tuple(row.rule for row in defects(config, clamped)))] = None
+                    tuple(row.rule for row in defects(config, clamped) if row.rule))] = None
     return list(sites)
 
 

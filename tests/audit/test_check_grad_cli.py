@@ -179,4 +179,4 @@ def test_a_verl_shaped_package_is_audited_through_the_helper_its_loss_calls_with
     assert {row["target"] for row in report["results"]} == {f"{(package / 'core_algos.py').resolve()}::kl_penalty"}
     loss = {row["mode"]["kl_penalty"]: row["rule"] for row in report["results"] if row["placement"] == "loss"}
     assert loss == {"k1": "KL001", "k2": "KL003", "k3": "KL002", "k1+": "KL003", "k2+": "KL003", "k3+": "KL003"}
-    assert any("stubbed: klaudit_fixture_absent_cluster" in note for note in report["notes"])
+    assert any("stubbed: klaudit_fixture_absent_runtime" in note for note in report["notes"])

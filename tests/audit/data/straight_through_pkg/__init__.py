@@ -2,4 +2,4 @@
 here, its losses call a KL helper that strips a '+' suffix and wraps the plain estimator with a
 straight-through gradient. check-grad audits it without the package or the runtime being installed."""
 
-import klaudit_fixture_absent_cluster  # noqa: F401 - stubbed by check-grad
+import klaudit_fixture_absent_runtime  # noqa: F401 - stubbed by check-grad
