@@ -29,7 +29,7 @@ _Function = ast.FunctionDef | ast.AsyncFunctionDef
 @dataclass(frozen=True)
 class InlineSlice:
     """The source of a standalone function `name` computing the KL term of `qualname` in `path`, from
-    line `first` to line `last`, and the placement its sink gives it."""
+    line `first` to line `last`, the placement its sink gives it and the line `origin` of its estimator."""
 
     path: str
     qualname: str
@@ -38,6 +38,7 @@ class InlineSlice:
     name: str
     source: str
     placement: str
+    origin: int = 0
 
     def __str__(self) -> str:
         return f"{self.path}:{self.first}-{self.last} (inline KL of {self.qualname})"
@@ -113,7 +114,7 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     text = f"def {name}({', '.join(arguments)}):\n" + "".join(f"    {line}\n" for line in code.splitlines())
     header = _imports_for(tree, _names_read(body), imported)
     lines = [s.lineno for s in kept] + [getattr(s, "end_lineno", s.lineno) for s in kept]
-    return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement)
+    return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement, origin_line)
 
 
 def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -> list[str]:

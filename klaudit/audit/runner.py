@@ -451,7 +451,8 @@ def file_targets(path: str, report: Report) -> list[Target]:
     targets = [Target(path=path, qualname=qualname) for qualname in found.auditable]
     targets += [Target(path=path, qualname=piece.name, label=str(piece), source=piece.source,
                        placement=piece.placement) for piece in slices]
-    targets += _helper_targets(helpers, report)
+    here = str(Path(path).resolve())
+    targets += _helper_targets([helper for helper in helpers if helper[0] != here], report)  # this file's: found above
     if not targets:
         report.errors.append(f"{path}: no KL function that can be called alone (one that takes the policy's "
                              f"log-probs or logits and returns a KL term or a loss holding one); name one with "
@@ -459,36 +460,22 @@ def file_targets(path: str, report: Report) -> list[Target]:
     return targets
 
 
-def _helper_targets(helpers: Sequence[tuple[str, int]], report: Report) -> list[Target]:
-    """The functions of other files that form the estimators at `helpers` ((file, line)), where they can
-    be audited alone; a note for the others."""
+def _helper_targets(helpers: Sequence[tuple[str, str]], report: Report) -> list[Target]:
+    """The helpers of other files (file, qualified name) whose results the file's losses and rewards
+    hold, where they can be audited alone; a note for the others."""
     targets: dict[Target, None] = {}
     for helper_path in dict.fromkeys(path for path, _ in helpers):
         try:
             found = discover_kl_functions(helper_path)
         except DiscoveryError:
             continue
-        for line in sorted({line for path, line in helpers if path == helper_path}):
-            qualname = _enclosing_function(helper_path, line)
+        for qualname in dict.fromkeys(name for path, name in helpers if path == helper_path):
             if qualname in found.auditable:
                 targets[Target(path=helper_path, qualname=qualname)] = None
-            elif qualname is not None:
-                report.notes.append(f"{helper_path}::{qualname} forms a KL estimate this file uses (line {line}) "
-                                    f"but cannot be called alone")
+            else:
+                report.notes.append(f"{helper_path}::{qualname} returns a KL estimate this file uses but cannot be "
+                                    f"called alone")
     return list(targets)
-
-
-def _enclosing_function(path: str, line: int) -> str | None:
-    """The top-level function or method of `path` whose lines hold `line`."""
-    import ast
-
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    for node in tree.body:
-        inner = node.body if isinstance(node, ast.ClassDef) else [node]
-        for item in inner:
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.lineno <= line <= item.end_lineno:
-                return f"{node.name}.{item.name}" if item is not node else item.name
-    return None
 
 
 def run(targets: Sequence[str], *, overrides: dict | None = None, placements: Sequence[str] | None = None,

@@ -401,6 +401,25 @@ def terms_of(poly: Poly, sink: str) -> list:
             term = None if reward is None else Term("reward", reward.estimator, reward.sign, Returns.LOCAL, weighted)
         else:
             term = _loss_term(factor, "is-detached")
+            if term is not None and term.estimator is None:
+                term = _weighted_straight_through(factor, groups.get(None, [])) or term
         if term is not None:
             out.append(term)
     return out
+
+
+def _weighted_straight_through(weighted: list, plain: list) -> Term | None:
+    """`sg(value) + w * (k2 - sg(k2))` with w a detached weight (OpenRLHF's unbiased_gradient): the
+    weighted part has no value of its own and k2's gradient, the value is the unweighted detached
+    estimate; read as that estimate's straight-through form (k1+, k3+), weighted per token."""
+    if not plain or any(a.grad for mono, _ in plain for a in mono):
+        return None
+    grad_part = [(mono, coef) for mono, coef in weighted if any(a.grad for a in mono)]
+    value_part = [(mono, coef) for mono, coef in weighted if not any(a.grad for a in mono)]
+    if set(value_part) != {(tuple(a.detached() for a in mono), -coef) for mono, coef in grad_part}:
+        return None  # the weighted part changes the value: not a pure straight-through gradient
+    value, gradient = match_estimator(plain), match_estimator(grad_part)
+    if value is None or gradient is None or gradient[0] is not Estimator.K2:
+        return None
+    straight = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST, Estimator.K2: Estimator.K2}.get(value[0])
+    return None if straight is None else Term("loss", straight, value[1], Returns.LOCAL, "is-detached")

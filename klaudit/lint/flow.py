@@ -210,12 +210,24 @@ class FunctionRun(ContainerFlow, CallFlow):
         after_body = self.env
         self.env = dict(before)
         if isinstance(stmt.orelse, cst.If):
+            negated = ((label[0], (False,)),) if label is not None and label[1] == (True,) else ()
+            self.labels = merge_labels(self.labels, negated)  # an elif runs where the flag tested first is false
             self.if_statement(stmt.orelse)
+            self.labels = saved
+            for name, facts in list(self.env.items()) if negated else ():
+                if after_body.get(name) != facts:  # the value the elif chain leaves, where the flag is false
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
         elif stmt.orelse is not None:
             if label is not None and label[1] in ((True,),):
                 self.labels = merge_labels(self.labels, ((label[0], (False,)),))
             self.block(stmt.orelse.body)
             self.labels = saved
+        elif label is not None and label[1] == (True,):
+            # `if flag: kl = kl * ratio` without else: where the flag is false, kl keeps its old value
+            negated = ((label[0], (False,)),)
+            for name, facts in before.items():
+                if after_body.get(name) != facts:
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
         self.env = join_envs(after_body, self.env)
         if stmt.orelse is None and _leaves(stmt.body):
             # `if test: return`: the statements after it run only where the test is false
@@ -225,8 +237,9 @@ class FunctionRun(ContainerFlow, CallFlow):
         """Switch values that hold where `test` is false, as far as they can be written as labels."""
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             label, decided = self.condition(test.expression)
-            return (label,) if label is not None and decided is None and all(
-                isinstance(v, str) and v.startswith("*") for v in label[1]) else ()
+            # `if not flag: return` leaves flag True below; `if not x.endswith("+")`, the suffixed values
+            return (label,) if label is not None and decided is None and (label[1] == (True,) or all(
+                isinstance(v, str) and v.startswith("*") for v in label[1])) else ()
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
             return self.negation(test.left) + self.negation(test.right)
         if isinstance(test, (cst.Name, cst.Attribute)):

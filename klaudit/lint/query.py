@@ -95,52 +95,131 @@ class InlineSite:
     placement: str
 
 
+@dataclass(frozen=True)
+class KLSite:
+    """One KL term the lint judges in `path`, one switch branch of it: where the lint reports it (`line`,
+    the statement where the term enters the loss or reward, in `function`), the configuration it reads
+    and its rules, and what check-grad audits for it: the inline statements (`inline`, formed in
+    `function` itself at `origin_line`) or the function of the linted tree that `function` calls and
+    whose result carries the term (`helper_path`::`helper`; None when the term comes from elsewhere,
+    e.g. a field another function stored). `labels`: the switch values that select the branch."""
+
+    path: str
+    function: str
+    line: int
+    sink_line: int
+    origin_path: str | None
+    origin_line: int | None
+    inline: bool
+    helper_path: str | None
+    helper: str | None
+    placement: str
+    config: Config
+    clamped: bool
+    labels: tuple
+    rules: tuple[str, ...]
+
+
+class _Tracing(Analyzer):
+    """An Analyzer that remembers, for each estimator, the outermost function call of the analysed
+    function whose result carries it (the helper a trainer calls, not the one that helper calls)."""
+
+    def __init__(self, project: Project) -> None:
+        super().__init__(project)
+        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}
+        self.callees: dict[int, dict[int, tuple[str, str]]] = {}
+
+    def callee(self, fact) -> tuple[str, str] | None:
+        """The outermost call that returned `fact`'s term: the one whose result had crossed as many
+        function boundaries, else the deepest one below that (the term passed through more helpers,
+        such as a reward-to-go, after the call that formed it)."""
+        found = self.callees.get(id(fact.origin), {})
+        below = [calls for calls in found if calls <= fact.calls]
+        return found[max(below)] if below else None
+
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict):
+        outermost = not self._stack
+        outcome = super().call(module, func, cls, env)
+        if outermost:
+            qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+            passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
+            for fact in _kl_facts(outcome.returns):
+                if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
+                    self.callees.setdefault(id(fact.origin), {}).setdefault(
+                        fact.calls, (str(Path(module.path).resolve()), qualname))
+        return outcome
+
+
 def inline_sites(path: str) -> list[InlineSite]:
     """The KL terms of `path` whose estimator is formed in the same function that puts it into a loss
     or reward (the lint's `calls == 0`), one per (function, estimator statement, sink statement)."""
     return kl_sites(path)[0]
 
 
-def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, int]]]:
+def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, str]]]:
     """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and the
-    (file, line) of the estimators formed in another module's helper that it calls."""
-    from klaudit.lint.checks import statement_positions
+    helpers of the linted tree (file, qualified name) that its functions call for the others."""
+    sites = site_verdicts(path)
+    inline = {InlineSite(site.function, site.origin_line, site.sink_line, site.placement): None
+              for site in sites if site.inline and site.origin_line is not None}
+    helpers = {(site.helper_path, site.helper): None for site in sites
+               if site.helper is not None and site.helper_path is not None}
+    return list(inline), list(helpers)  # type: ignore[arg-type]
+
+
+def site_verdicts(path: str) -> list[KLSite]:
+    """Every KL term `path` puts into a loss or reward, per switch branch, as the lint judges it."""
+    from klaudit.catalog import defects
+    from klaudit.lint.checks import clamp_counts, statement_positions
 
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
     if tree is None:
-        return [], []
-    positions = statement_positions(tree, project.source(tree))
-    analyzer = Analyzer(project)
+        return []
+    positions = {str(file): statement_positions(tree, project.source(tree))}
+    analyzer = _Tracing(project)
     module = analyzer.module(str(file), tree)
-    sites: dict[InlineSite, None] = {}
-    helpers: dict[tuple[str, int], None] = {}
-    elsewhere: dict[str, dict] = {}  # statement positions of the other modules estimators come from
+
+    def where(origin_path: str, node) -> int | None:
+        """The line of statement `node` of the module at `origin_path`."""
+        key = str(Path(origin_path).resolve()) if origin_path else str(file)
+        if key not in positions:
+            found = analyzer.module_at(Path(key))
+            positions[key] = {} if found is None else statement_positions(found.tree, project.source(found.tree))
+        at = positions[key].get(id(node))
+        return None if at is None else at[0]
+
+    sites: dict[KLSite, None] = {}
     for func, cls in module_functions(tree):
+        qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+        span = positions[str(file)].get(id(func))
         try:
             outcome = analyzer.analyse(module, func, cls)
         except RecursionError:
             continue
         for sink in outcome.sinks:
+            sink_line = positions[str(file)].get(id(sink.node), (None,))[0]
             for fact in sink.facts:
-                if fact.origin is None:
+                config = config_of(fact, sink.kind)
+                if config is None or sink_line is None:
                     continue
-                if fact.origin_path and Path(fact.origin_path).resolve() != file:
-                    if fact.origin_path not in elsewhere:
-                        found = analyzer.module_at(Path(fact.origin_path))
-                        elsewhere[fact.origin_path] = {} if found is None else statement_positions(
-                            found.tree, project.source(found.tree))
-                    where = elsewhere[fact.origin_path].get(id(fact.origin))
-                    if where is not None:
-                        helpers[(str(Path(fact.origin_path).resolve()), where[0])] = None
-                    continue
-                origin, sink_at = positions.get(id(fact.origin)), positions.get(id(sink.node))
-                if fact.calls == 0 and origin is not None and sink_at is not None and origin[0] < sink_at[0]:
-                    config = config_of(fact, sink.kind)
-                    qualname = f"{cls}.{func.name.value}" if cls else func.name.value
-                    sites[InlineSite(qualname, origin[0], sink_at[0], placement_of(config, sink.kind))] = None
-    return list(sites), list(helpers)
+                entry = positions[str(file)].get(id(fact.entry)) if fact.entry is not None else None
+                if fact.entry is not None and entry is None:
+                    continue  # it entered the loss in another module: the lint reports it there
+                origin_path = str(Path(fact.origin_path).resolve()) if fact.origin_path else str(file)
+                origin_line = where(fact.origin_path, fact.origin) if fact.origin is not None else None
+                inline = origin_path == str(file) and origin_line is not None and origin_line < sink_line \
+                    and span is not None and span[0] <= origin_line <= span[2]  # formed in this function
+                callee = None if inline else analyzer.callee(fact)
+                clamped = clamp_counts(config, fact)
+                sites[KLSite(
+                    str(file), qualname, entry[0] if entry else sink_line, sink_line,
+                    origin_path if fact.origin is not None else None, origin_line, inline,
+                    callee[0] if callee else None, callee[1] if callee else None,
+                    placement_of(config, sink.kind), config, clamped, fact.labels,
+                    tuple(row.rule for row in defects(config, clamped) if row.rule))] = None
+    return list(sites)
 
 
 def package_root(path: Path) -> Path:

@@ -50,3 +50,39 @@ def test_memory_limit_in_mib_zero_for_none_and_half_the_memory_by_default():
     assert memory_limit_bytes(512) == 512 * MIB and memory_limit_bytes(0) is None
     if hasattr(os, "sysconf"):
         assert memory_limit_bytes(None) == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+LEAVES_THE_SESSION = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        sys.stdout.write(str(os.getpid()) + "\\n")
+        sys.stdout.flush()
+        time.sleep(600)
+    os._exit(0)
+os.wait()
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux has a child subreaper")
+def test_a_process_that_starts_a_session_of_its_own_is_killed_too():
+    """A daemon's double fork with setsid leaves the child's process group; the supervisor inherits it
+    as a subreaper and kills it, and the run is not held up by the pipe it kept open."""
+    start = time.monotonic()
+    outcome = run_confined([sys.executable, "-c", LEAVES_THE_SESSION], timeout=60)
+    assert outcome.returncode == 0 and outcome.leftover and time.monotonic() - start < 20
+    pid = int(outcome.output.split()[0])
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and waiting for init to reap it, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

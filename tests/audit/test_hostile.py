@@ -4,6 +4,7 @@ one error line and exit status 2, no traceback, and no process of the user's lef
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -72,6 +73,40 @@ def test_a_forked_process_left_running_is_killed_and_reported(tmp_path):
     result, seconds = _check_grad(tmp_path, _forks_a_sleeper(pid_file) + "return logprobs - ref_logprobs")
     _one_error(result, "kl_loss: the KL code started a process that was still running", "killed")
     assert _gone(pid_file) and seconds < 30
+
+
+def _pids(pid_file: Path) -> list[int]:
+    return [int(line) for line in pid_file.read_text().split()]
+
+
+def _all_gone(pid_file: Path) -> bool:
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in _pids(pid_file)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_running(pid) for pid in _pids(pid_file))
+
+
+# a process that leaves the audit's process group: a session of its own, and a daemon's double fork
+# (the intermediate process exits, so the sleeper is an orphan that moved to another session)
+ESCAPES = {
+    "setsid": "pid = os.fork()\nif pid == 0:\n    os.setsid()\n    {record}\n    time.sleep(600)\n    os._exit(0)\n"
+              "os.waitpid(pid, os.WNOHANG)\n",
+    "double fork": "pid = os.fork()\nif pid == 0:\n    os.setsid()\n    if os.fork() == 0:\n        {record}\n"
+                   "        time.sleep(600)\n    os._exit(0)\nos.waitpid(pid, 0)\n",
+}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux has a child subreaper")
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_a_process_that_leaves_the_session_is_killed_and_reported(tmp_path, escape):
+    """os.setsid() takes a process out of the child's process group, which the group kill then misses;
+    the supervisor, a child subreaper, inherits it and kills it (issue 15)."""
+    pid_file = tmp_path / "escaped.pid"
+    record = f"open({str(pid_file)!r}, 'a').write(str(os.getpid()) + '\\n')"
+    body = ESCAPES[escape].format(record=record)
+    result, seconds = _check_grad(tmp_path, body + "time.sleep(0.2)\nreturn logprobs - ref_logprobs")
+    _one_error(result, "kl_loss: the KL code started a process that was still running", "killed")
+    assert _pids(pid_file) and _all_gone(pid_file) and seconds < 30
 
 
 def test_a_function_that_sleeps_forever_times_out_and_its_forked_process_is_killed(tmp_path):
