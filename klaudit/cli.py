@@ -200,7 +200,9 @@ def rules_command() -> None:
                    "limit).")
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Fingerprint on a causal LM from this local directory instead of the tabular policy.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device of the fingerprint batch.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Torch device the audit runs on (cpu, cuda, cuda:1 ...): the enumerated policies, the fingerprint "
+                   "batch and --model.")
 @click.option("--fail-on", type=click.Choice(["any", "used"]), default="any", show_default=True,
               help="Exit 1 when any audited row is biased, or only when a row of a placement your code uses "
                    "is (rows of targets whose use is unknown all count).")

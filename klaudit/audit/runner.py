@@ -198,6 +198,7 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
         binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
         if current_old:
             binding = dataclasses.replace(binding, current_old=True)
+        _require_device(device)
         fingerprint = None
         if model_dir is not None:
             from klaudit.audit.fingerprint import batch_from_model
@@ -207,7 +208,7 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
                 raise TargetError(
                     f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}") from error
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
-                            progress=progress, also=also)
+                            progress=progress, also=also, device=device)
         return Report(rows, [], ([stubbed_note(target, stubbed)] if stubbed else []) + notes,
                       [f"{target}: stubbed {name}: {why}" for name, why in stubbed.items()])
     except (TargetError, BindError, TermError, ModeNotImplemented) as error:
@@ -215,6 +216,16 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
         return Report([], [_one_line(message)], [], [traceback.format_exc()])
     except Exception as error:  # user code can fail anywhere (e.g. inside torch); report, don't crash
         return Report([], [_one_line(f"{target}: {type(error).__name__}: {error}")], [], [traceback.format_exc()])
+
+
+def _require_device(device: str) -> None:
+    """TargetError, in one line, when torch cannot put a tensor on `device` here."""
+    import torch
+
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as error:  # a CPU build asserts that CUDA is missing
+        raise TargetError(f"--device {device}: {error}") from error
 
 
 def _one_line(message: str) -> str:
