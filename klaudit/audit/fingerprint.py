@@ -71,8 +71,8 @@ class Match:
 
 
 def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] per position, as logit - logsumexp: no [N, T, V] result in forward."""
-    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    """log softmax(logits)[token] per position."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def leaf_batches(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,

@@ -334,7 +334,8 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Sequence[str
     given `batch` or `problems` stay where they are).
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
+    if batch is None:
+        torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
     try:
         return _audit(fn, binding, name, placements, problems, batch, progress, also, device)
     finally:
