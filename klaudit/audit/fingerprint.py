@@ -304,8 +304,9 @@ class Fingerprinter:
                 error = self.basis.residual_norm(user, scale, self._a[index], self._b[index]) / (
                     scale * math.sqrt(squared))
                 compared[first] = (scale, error) if error < rtol else None
-            if compared[first] is not None:
-                fits[index] = compared[first]
+            fit = compared[first]
+            if fit is not None:
+                fits[index] = fit
         return fits
 
     def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,

@@ -148,6 +148,8 @@ def supports(logits: torch.Tensor, ref_logits: torch.Tensor) -> bool:
 def _layout(logits: torch.Tensor, ref_logits: torch.Tensor) -> tuple:
     """(rows, inner, x_outer, x_inner, r_outer, r_inner, V) of the kernels' row addressing."""
     x, r = rows_view(logits), rows_view(ref_logits)
+    if x is None or r is None:
+        raise ValueError("the fused kernels need inputs whose rows they can address: check supports() first")
     rows = x.shape[0] * x.shape[1]
     return rows, x.shape[1], x.stride(0), x.stride(1), r.stride(0), r.stride(1), x.shape[2]
 
