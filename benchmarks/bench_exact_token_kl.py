@@ -1,10 +1,11 @@
 """Time and peak memory of `exact_token_kl` against the naive full-vocabulary KL, forward + backward.
 
 Naive: two full log_softmax, exp, subtract, multiply, sum, then autograd; every step holds a
-[B*T, V] tensor. Chunked: `klaudit.estimators.exact_token_kl` (custom autograd Function).
+[B*T, V] tensor. klaudit: `klaudit.estimators.exact_token_kl` (chunked torch code on CPU, the fused
+Triton kernel on CUDA).
 
-Memory is measured as peak RSS, because the CPU allocator has no statistics of its own: each
-variant runs in a fresh subprocess, which first allocates and touches the inputs plus a buffer
+CPU (default): memory is measured as peak RSS, because the CPU allocator has no statistics of its own:
+each variant runs in a fresh subprocess, which first allocates and touches the inputs plus a buffer
 the size of the logits' gradient and records its peak RSS (getrusage ru_maxrss) as the baseline,
 then frees that buffer and runs. PyTorch's CPU allocator returns freed large blocks to the OS, so
 the gradient takes the buffer's place; "peak extra" = final peak RSS - baseline is the memory a
@@ -13,7 +14,14 @@ forward+backward repeats in the same process (the first, warm-up call is not tim
 variants' processes alternate for several rounds and each keeps its best time and its largest
 peak, so load from other processes on a shared machine hits both alike.
 
+CUDA (--device cuda): naive, torch.compile(naive) and klaudit side by side on [rows, V] logits, for
+each dtype: the median of CUDA-event timings after warm-up, the peak extra memory
+(torch.cuda.max_memory_allocated above the inputs, less the logits' gradient), and "x floor", the
+time over the bandwidth floor: reading logits and ref_logits and writing the gradient once, at the
+device-to-device copy bandwidth measured in the same run. The GPU's name is printed with the table.
+
 Run: .venv/bin/python benchmarks/bench_exact_token_kl.py [--vocab 32000 152000] [--rounds 2]
+     .venv/bin/python benchmarks/bench_exact_token_kl.py --device cuda [--rows 8192] [--dtype float32 bfloat16]
 """
 
 from __future__ import annotations
@@ -83,14 +91,101 @@ def _measure(variant: str, vocab_size: int, repeats: int, chunk_size) -> dict:
     return json.loads(result.stdout)
 
 
+def _cuda_milliseconds(step, repeats: int) -> float:
+    """Median milliseconds of `step()` over `repeats` CUDA-event timings, after two warm-up calls."""
+    import statistics
+
+    import torch
+
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _copy_bandwidth(tensor, repeats: int) -> float:
+    """Bytes per second of a device-to-device copy of `tensor` (one read and one write)."""
+    import torch
+
+    target = torch.empty_like(tensor)
+    milliseconds = _cuda_milliseconds(lambda: target.copy_(tensor), repeats)
+    return 2 * tensor.numel() * tensor.element_size() / (milliseconds / 1e3)
+
+
+def _cuda_case(variants: dict, dtype_name: str, vocab_size: int, rows: int, repeats: int) -> None:
+    """One (dtype, V) block of the CUDA table: every variant, then the floor."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    logits = (2 * torch.randn(rows, vocab_size, generator=generator, device="cuda")).to(dtype).requires_grad_()
+    ref_logits = (2 * torch.randn(rows, vocab_size, generator=generator, device="cuda")).to(dtype)
+    grad_of_kl = torch.rand(rows, generator=generator, device="cuda")
+    one_pass = logits.numel() * logits.element_size()
+    floor_ms = 3 * one_pass / _copy_bandwidth(logits.detach(), repeats) * 1e3
+    for name, kl_of in variants.items():
+
+        def step(kl_of=kl_of):
+            logits.grad = None
+            kl_of(logits, ref_logits).backward(grad_of_kl)
+
+        milliseconds = _cuda_milliseconds(step, repeats)
+        logits.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - before - one_pass) / 2**30
+        print(f"| {dtype_name} | {vocab_size:,} | {name} | {milliseconds:.1f} | {max(extra, 0.0):.2f} | "
+              f"{milliseconds / floor_ms:.1f} |")
+    print(f"| {dtype_name} | {vocab_size:,} | floor (3 passes at the copy bandwidth) | {floor_ms:.1f} | | 1.0 |")
+
+
+def _cuda_table(vocab_sizes: list[int], dtype_names: list[str], rows: int, repeats: int) -> None:
+    """Print naive, torch.compile(naive) and klaudit side by side on the GPU (see the module docstring)."""
+    import torch
+
+    from klaudit.estimators import exact_token_kl
+
+    variants = {"naive": _naive_kl, "torch.compile": torch.compile(_naive_kl), "klaudit": exact_token_kl}
+    print(f"exact_token_kl on {torch.cuda.get_device_name()}, torch {torch.__version__}, {rows} rows, "
+          f"forward+backward")
+    print("| dtype | V | variant | ms | peak extra GiB | x floor |")
+    print("|---|---|---|---|---|---|")
+    for dtype_name in dtype_names:
+        for vocab_size in vocab_sizes:
+            _cuda_case(variants, dtype_name, vocab_size, rows, repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 152000])
-    parser.add_argument("--repeats", type=int, default=2, help="timed calls per process")
-    parser.add_argument("--rounds", type=int, default=2, help="processes per variant")
-    parser.add_argument("--chunk-size", type=int, default=None, help="rows per chunk")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--vocab", type=int, nargs="+", default=None,
+                        help="vocabulary sizes (default: 32000 152000 on CPU, 152064 32000 on CUDA)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per process (CPU 2, CUDA 10)")
+    parser.add_argument("--rounds", type=int, default=2, help="processes per variant (CPU)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (CPU)")
+    parser.add_argument("--rows", type=int, default=8192, help="rows B*T (CUDA)")
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="logit dtypes (CUDA)")
     parser.add_argument("--worker", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no CUDA GPU here")
+        _cuda_table(args.vocab or [152064, 32000], args.dtype, args.rows, args.repeats or 10)
+        return
+    args.vocab = args.vocab or [32000, 152000]
+    args.repeats = args.repeats or 2
     if args.worker:
         print(json.dumps(_worker(args.worker, args.vocab[0], args.repeats, args.chunk_size)))
         return

@@ -246,7 +246,9 @@ def rules_command() -> None:
                    "limit).")
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Fingerprint on a causal LM from this local directory instead of the tabular policy.")
-@click.option("--device", default="cpu", show_default=True, help="Torch device of the model (--model).")
+@click.option("--device", default="cpu", show_default=True,
+              help="Torch device the audit runs on (cpu, cuda, cuda:1 ...): the enumerated policies, the fingerprint "
+                   "batch and --model.")
 @click.option("--samples", type=click.IntRange(min=4), metavar="N",
               help="With --model: the Monte-Carlo audit, on N responses of the model (2000 is the default the "
                    "tests validate), for models and lengths that cannot be enumerated.")

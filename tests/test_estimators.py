@@ -133,15 +133,30 @@ def test_exact_token_kl_keeps_inputs_by_reference_and_only_per_row_state():
     ref_logits = _random_logits(2, 3, 50, seed=10)
     kl = exact_token_kl(logits, ref_logits, chunk_size=2)
     saved = kl.grad_fn.saved_tensors
-    large = [tensor for tensor in saved if tensor.numel() > 6]
-    assert {tensor.data_ptr() for tensor in large} == {logits.data_ptr(), ref_logits.data_ptr()}
-    assert all(tensor.numel() == 6 for tensor in saved if tensor.numel() <= 6)
+    by_reference = [tensor for tensor in saved if tensor.shape == logits.shape]
+    assert {tensor.data_ptr() for tensor in by_reference} == {logits.data_ptr(), ref_logits.data_ptr()}
+    assert all(tensor.shape[-1] == 6 and tensor.numel() <= 5 * 6 for tensor in saved if tensor.shape != logits.shape)
 
 
-def test_exact_token_kl_gives_no_gradient_to_the_reference():
+def test_exact_token_kl_gives_the_reference_its_gradient_only_when_asked():
     logits = _random_logits(2, 2, 5, seed=11).requires_grad_()
     ref_logits = _random_logits(2, 2, 5, seed=12).requires_grad_()
-    exact_token_kl(logits, ref_logits).sum().backward()
+    grad_of_kl = _random_logits(2, 2, seed=13)
+    exact_token_kl(logits, ref_logits).backward(grad_of_kl)
+    naive_logits, naive_ref = logits.detach().clone().requires_grad_(), ref_logits.detach().clone().requires_grad_()
+    _naive_token_kl(naive_logits, naive_ref).backward(grad_of_kl)
+    torch.testing.assert_close(logits.grad, naive_logits.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ref_logits.grad, naive_ref.grad, rtol=0, atol=1e-12)  # q - p per row
+    logits.grad = ref_logits.grad = None
+    exact_token_kl(logits, ref_logits.detach()).sum().backward()
+    assert logits.grad is not None and ref_logits.grad is None
+
+
+def test_kl_penalty_rb_gives_no_gradient_to_the_reference_logits():
+    logprobs, ref_logprobs, _, mask = _small_batch(7)
+    logits = _random_logits(3, 4, 5, seed=24).requires_grad_()
+    ref_logits = _random_logits(3, 4, 5, seed=25).requires_grad_()
+    kl_penalty(logprobs, ref_logprobs, mask, estimator="rb", logits=logits, ref_logits=ref_logits).loss.sum().backward()
     assert logits.grad is not None and ref_logits.grad is None
 
 
@@ -331,16 +346,67 @@ MASK = torch.ones(4, 8)
         ),
         (lambda: exact_token_kl(torch.zeros(2, 3), torch.zeros(2, 3), chunk_size=0), "chunk_size must be a positive int or None, got 0"),
         (
-            lambda: exact_token_kl(torch.tensor([[0.0, -math.inf]]), torch.zeros(1, 2)),
-            "logits or ref_logits contain NaN or inf",
+            lambda: exact_token_kl(torch.tensor([[0.0, math.inf]]), torch.zeros(1, 2)),
+            "logits or ref_logits contain NaN or +inf, or a row that is -inf everywhere",
         ),
         (
             lambda: exact_token_kl(torch.zeros(1, 2), torch.tensor([[math.nan, 0.0]])),
-            "logits or ref_logits contain NaN or inf",
+            "logits or ref_logits contain NaN or +inf, or a row that is -inf everywhere",
         ),
+        (
+            lambda: exact_token_kl(torch.zeros(2, 2), torch.tensor([[0.0, 0.0], [-math.inf, -math.inf]])),
+            "logits or ref_logits contain NaN or +inf, or a row that is -inf everywhere",
+        ),
+        (lambda: exact_token_kl(torch.zeros(1, 2), torch.zeros(1, 2), backend="cuda"),
+         "backend must be one of 'auto', 'torch', 'triton', got 'cuda'"),
     ],
 )
 def test_user_mistakes_raise_a_clear_value_error(call, message):
     with pytest.raises(ValueError) as raised:
         call()
     assert message in str(raised.value)
+
+
+# ----- GPU-shaped use: half-precision inputs, and value checks that would wait for the device -----
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3", "rb"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kl_penalty_of_half_precision_inputs_matches_float64(estimator, dtype):
+    """Half-precision log-probs and logits (as a trainer hands them over) against the same numbers upcast
+    to float64: the computation runs in float32 on values of size <= ~10 over T = 6 tokens, so value and
+    loss agree to ~1e-5 relative (a rounding to the inputs' 8 or 11 bits inside would show as 4e-3 or
+    5e-4); each gradient comes back in its input's dtype, with that rounding alone."""
+    generator = torch.Generator().manual_seed(30)
+    logits = (2 * torch.randn(3, 6, 50, generator=generator)).to(dtype)
+    ref_logits = (2 * torch.randn(3, 6, 50, generator=generator)).to(dtype)
+    logprobs, ref_logprobs = (-3 * torch.rand(2, 3, 6, generator=generator)).to(dtype)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1, 1, 0, 1, 1, 0]], dtype=torch.bool)
+
+    def term(cast):
+        leaves = [cast(logprobs).requires_grad_(), cast(logits).requires_grad_()]
+        result = kl_penalty(leaves[0], cast(ref_logprobs), mask, estimator=estimator, logits=leaves[1],
+                            ref_logits=cast(ref_logits))
+        grads = torch.autograd.grad(result.loss.sum(), leaves, allow_unused=True)
+        return result.value, result.loss, *(torch.zeros_like(leaf) if grad is None else grad
+                                            for leaf, grad in zip(leaves, grads))
+
+    half, exact = term(lambda x: x.clone()), term(lambda x: x.double())
+    assert half[0].dtype == half[1].dtype == torch.float32 and half[2].dtype == half[3].dtype == dtype
+    for mine, reference in zip(half[:2], exact[:2]):
+        torch.testing.assert_close(mine.double(), reference, rtol=1e-5, atol=1e-5)
+    rounding = 2**-8 if dtype == torch.bfloat16 else 2**-11
+    for mine, reference in zip(half[2:], exact[2:]):
+        torch.testing.assert_close(mine.double(), reference, rtol=rounding, atol=1e-6)
+
+
+def test_value_checks_can_be_turned_off_and_then_nan_propagates():
+    """check_values=False is the default on a GPU: no check waits for the device, bad values give NaN."""
+    logprobs = LOGP.clone().index_fill_(1, torch.tensor([2]), math.nan)
+    term = kl_penalty(logprobs, LOGP, MASK, check_values=False)
+    assert torch.isnan(term.value).all()
+    assert kl_reward(LOGP, LOGP, 2 * MASK, check_values=False).shape == LOGP.shape
+    kl = exact_token_kl(torch.tensor([[0.0, math.nan]]), torch.zeros(1, 2), check_values=False)
+    assert torch.isnan(kl).all()
+    with pytest.raises(ValueError, match="logprobs contains NaN or inf"):
+        kl_penalty(logprobs, LOGP, MASK, check_values=True)

@@ -34,12 +34,13 @@ PLACEMENTS = {"auto": None, "loss": ("loss",), "reward": ("reward",), "both": ("
               "loss+reward": ("loss+reward",), "loss+future": ("loss+future",)}
 
 
-def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | None = None):
+def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | None = None, device: str = "cpu"):
     """Audit `fn` in this process; returns a klaudit.audit.report.Report (see `.unbiased`, `.to_text()`).
 
     placement: "auto" (a loss function or scalar result as a loss, any other result both ways),
     "loss", "reward", "both", "loss+reward" or "loss+future" (see PLACEMENTS). Bad input (unbindable parameters, a failing or shapeless result)
-    is recorded in `report.errors`, so `report.unbiased` is then False.
+    is recorded in `report.errors`, so `report.unbiased` is then False. `device` ("cpu", "cuda", ...): where
+    the audit's policies live, and so every tensor `fn` receives.
     """
     from klaudit.audit import bind as binding
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
@@ -51,7 +52,7 @@ def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | No
     try:
         overrides = binding.parse_overrides([f"{key}={value}" for key, value in (bind or {}).items()])
         bound = binding.bind(fn, overrides, switch_values=binding.switch_literals(fn))
-        rows, notes = audit(fn, bound, name=name, placements=PLACEMENTS[placement])
+        rows, notes = audit(fn, bound, name=name, placements=PLACEMENTS[placement], device=device)
     except (binding.BindError, TermError, ModeNotImplemented) as error:
         return Report([], [f"{name}: {error}" if isinstance(error, binding.BindError) else str(error)])
     return Report(rows, [], notes)

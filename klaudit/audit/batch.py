@@ -24,6 +24,9 @@ class Batch:
     old_logprobs: [N, T] log pi_old(y_t | h_t) of the behaviour policy, for off-policy audits.
     tokens:       [N, T] long, the sampled response token ids y_t (no prompt), arbitrary at padding;
                   logprobs[n, t] = log_softmax(logits)[n, t, tokens[n, t]] on real tokens.
+    token_kl:     [N, T] the exact per-step KL_t(h_t) of logits against ref_logits, when given in
+                  their place (catalog surrogates only: klaudit.audit.fingerprint differentiates
+                  them with respect to it); user code never sees it.
     """
 
     logprobs: torch.Tensor
@@ -33,6 +36,7 @@ class Batch:
     ref_logits: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
+    token_kl: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:

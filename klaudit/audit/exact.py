@@ -10,7 +10,8 @@ with P = pi (on-policy) or pi_old (off-policy) and h the aggregation weight (sec
 
 Public API:
     enumerate_sequences(vocab_size, horizon, eos_id) -> (tokens [N, T], mask [N, T], lengths [N])
-    ExactProblem(policy, reference, old_policy=None)
+    ExactProblem(policy, reference, old_policy=None)   (on the device of the policy's parameters)
+        .to(device)                    the same problem with copies of its policies on another device
         .batch()                       fresh Batch of all N responses (new autograd graph)
         .expected_gradient(loss_fn, *, aggregation=Aggregation.SUM, batch_size=None,
                            off_policy=False)   -> flat float64 gradient over policy.parameters()
@@ -29,6 +30,7 @@ every call, so an ExactProblem follows the policy's parameters as they are train
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -186,6 +188,8 @@ class ExactProblem:
                     f"{name} has (vocab_size, horizon, eos_id) = {other_shape}, the policy {shape}"
                 )
         self.policy = policy
+        self.reference = reference
+        self.old_policy = old_policy
         self.device = next(iter(policy.parameters())).device
         tokens, mask, lengths = enumerate_sequences(policy.vocab_size, policy.horizon, policy.eos_id)
         self.tokens = tokens.to(self.device)
@@ -201,6 +205,11 @@ class ExactProblem:
             if old_policy is not None:
                 self.old_logprobs = self._token_logprobs(old_policy.logits(self.tokens).to(torch.float64))
                 self.old_seq_logprob = (self.old_logprobs * self.mask).sum(-1)
+
+    def to(self, device: str | torch.device) -> ExactProblem:
+        """The same problem with copies of its policies on `device`."""
+        policies = (self.policy, self.reference, self.old_policy)
+        return ExactProblem(*(None if policy is None else copy.deepcopy(policy).to(device) for policy in policies))
 
     # ----- building blocks -----
 

@@ -9,18 +9,25 @@ the tolerance), the term *is* that configuration on this batch, with no sampling
 that agree per sample (k2 loss, k1+/k3+, same-token k1 reward ...) form one class; the first
 in catalog order names it. A sum and a constant or batch-wide divisor differ only by scale on
 one batch, so `aggregation` says which of those the caller knows applies.
+
+A catalog surrogate reads the logits only through the sampled token's log-probability and the
+exact per-step KL, so in each row (n, t) its gradient is a (e_y - p) + b p (log p - log q - KL_t):
+two numbers per row instead of V (`RowBasis`). The catalog is held in that form, a term is first
+compared with every row through inner products with the two directions, and only the rows that
+pass are rebuilt over the vocabulary and compared exactly; on a real vocabulary (V ~ 150k) this
+is what keeps the fingerprint to seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from klaudit.audit.batch import Batch
-from klaudit.audit.exact import relerr
 from klaudit.audit.surrogates import build_surrogate
 from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Row, Sampling, classify
 from klaudit.describe import describe
@@ -63,23 +70,28 @@ class Match:
         return describe(self.config)
 
 
-def leaf_batch(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
-               old_logprobs: torch.Tensor | None = None) -> Batch:
-    """A Batch whose `logits` is a fresh leaf with gradient and whose log-probs are computed from it."""
-    leaf = logits.detach().clone().requires_grad_(True)
+def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] per position."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
-    def token_logprobs(values: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(values, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
-    return Batch(
-        logprobs=token_logprobs(leaf),
-        ref_logprobs=token_logprobs(ref_logits.detach()),
-        mask=mask.detach().to(leaf.dtype),
-        logits=leaf,
-        ref_logits=ref_logits.detach(),
-        old_logprobs=None if old_logprobs is None else old_logprobs.detach(),
-        tokens=tokens,
-    )
+def leaf_batches(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
+                 old_logprobs: torch.Tensor | None = None) -> Callable[[], Batch]:
+    """A factory of Batches whose `logits` is a fresh leaf with gradient at each call and whose log-probs are
+    computed from it; the reference's log-probs, constant, are computed once. The leaves share the logits'
+    memory (a real vocabulary's are 40 MB): autograd refuses an in-place change of a leaf that needs a
+    gradient, so a callable cannot alter them unnoticed."""
+    logits, ref_logits = logits.detach(), ref_logits.detach()
+    ref_logprobs = _token_logprobs(ref_logits, tokens)
+    mask = mask.detach().to(logits.dtype)
+    old_logprobs = None if old_logprobs is None else old_logprobs.detach()
+
+    def fresh() -> Batch:
+        leaf = logits.detach().requires_grad_(True)
+        return Batch(logprobs=_token_logprobs(leaf, tokens), ref_logprobs=ref_logprobs.clone(), mask=mask.clone(),
+                     logits=leaf, ref_logits=ref_logits, old_logprobs=old_logprobs, tokens=tokens)
+
+    return fresh
 
 
 FAR_LOG_RATIO = 25.0  # |log pi - log ref| of the far batch: beyond the clamps trainers put on KL terms
@@ -93,14 +105,16 @@ def far_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     batch = batch_factory()
     logits, ref_logits = batch.logits.detach().clone(), batch.ref_logits.detach().clone()
     tokens = batch.tokens.unsqueeze(-1)
-    alternate = (torch.arange(tokens.shape[1]).unsqueeze(0) + torch.arange(tokens.shape[0]).unsqueeze(1)) % 2 == 0
+    count, horizon = batch.tokens.shape
+    positions = torch.arange(horizon, device=tokens.device)
+    alternate = (positions.unsqueeze(0) + torch.arange(count, device=tokens.device).unsqueeze(1)) % 2 == 0
     lowered = torch.where(alternate.unsqueeze(-1), logits.gather(-1, tokens) - FAR_LOG_RATIO,
                           logits.gather(-1, tokens))
     logits.scatter_(-1, tokens, lowered)
     ref_lowered = torch.where(alternate.unsqueeze(-1), ref_logits.gather(-1, tokens),
                               ref_logits.gather(-1, tokens) - FAR_LOG_RATIO)
     ref_logits.scatter_(-1, tokens, ref_lowered)
-    return lambda: leaf_batch(batch.tokens, batch.mask, logits, ref_logits, batch.old_logprobs)
+    return leaf_batches(batch.tokens, batch.mask, logits, ref_logits, batch.old_logprobs)
 
 
 NEAR_SHRINK = 0.05  # the near batch's log-ratios, relative to the fingerprint batch's
@@ -112,16 +126,7 @@ def near_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     batch = batch_factory()
     ref_logits = batch.ref_logits.detach()
     logits = ref_logits + NEAR_SHRINK * (batch.logits.detach() - ref_logits)
-    return lambda: leaf_batch(batch.tokens, batch.mask, logits, ref_logits)
-
-
-def _positive_multiple(user: torch.Tensor, reference: torch.Tensor) -> tuple[float, float] | None:
-    """(c, relative error) of the least-squares c with user ~ c * reference, when c > 0."""
-    squared = torch.dot(reference, reference).item()
-    if squared == 0.0:
-        return None
-    scale = torch.dot(user, reference).item() / squared
-    return None if scale <= 0.0 else (scale, relerr(user, scale * reference))
+    return leaf_batches(batch.tokens, batch.mask, logits, ref_logits)
 
 
 def _weighted(config: Config) -> Callable[[Batch], torch.Tensor]:
@@ -148,6 +153,83 @@ def logits_gradient(objective: Callable[[Batch], torch.Tensor], batch_factory: C
     return gradient.to(torch.float64) * batch.mask.to(torch.float64).unsqueeze(-1)
 
 
+class RowBasis:
+    """The two directions of a catalog surrogate's gradient in each row (n, t) of a batch's logits.
+
+    With p = softmax(logits), q = softmax(ref_logits) and y the sampled token, a surrogate S that reads
+    the logits through log p_y and KL_t only has, in row (n, t), the gradient
+        a (e_y - p) + b p (log p - log q - KL_t),   a = dS / d log p_y,  b = dS / d KL_t.
+    """
+
+    def __init__(self, batch_factory: Callable[[], Batch]):
+        batch = batch_factory()
+        with torch.no_grad():
+            log_p = torch.log_softmax(batch.logits.detach().to(torch.float64), -1)
+            log_q = torch.log_softmax(batch.ref_logits.to(torch.float64), -1)
+            self.probs = log_p.exp()
+            log_ratio = log_p - log_q
+            kl = (self.probs * log_ratio).sum(-1)  # as estimator_values computes Estimator.FULL
+            self.kl_direction = self.probs * (log_ratio - kl.unsqueeze(-1))
+            self.tokens = batch.tokens.unsqueeze(-1)
+            self.mask = batch.mask.to(torch.float64)
+            at_token = self.probs.gather(-1, self.tokens).squeeze(-1)
+            # Gram matrix of the two directions per row: |e_y - p|^2, <e_y - p, d>, |d|^2
+            self.gram = (1 - 2 * at_token + self.probs.square().sum(-1),
+                         self.kl_direction.gather(-1, self.tokens).squeeze(-1)
+                         - (self.probs * self.kl_direction).sum(-1),
+                         self.kl_direction.square().sum(-1))
+        self.reduced = Batch(logprobs=batch.logprobs.detach(), ref_logprobs=batch.ref_logprobs, mask=batch.mask,
+                             old_logprobs=batch.old_logprobs, tokens=batch.tokens, token_kl=kl.to(batch.logprobs.dtype))
+
+    def coefficients(self, objective: Callable[[Batch], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b) [N, T] float64 of a catalog objective, zero at padding (an objective that reads the
+        logits otherwise than through log p_y and KL_t must not be given)."""
+        logprobs = self.reduced.logprobs.clone().requires_grad_(True)
+        token_kl = self.reduced.token_kl.clone().requires_grad_(True)
+        value = objective(dataclasses.replace(self.reduced, logprobs=logprobs, token_kl=token_kl))
+        if not value.requires_grad:
+            return torch.zeros_like(self.mask), torch.zeros_like(self.mask)
+        grads = torch.autograd.grad(value, [logprobs, token_kl], allow_unused=True)
+        a, b = (torch.zeros_like(self.mask) if grad is None else grad.to(torch.float64) * self.mask for grad in grads)
+        return a, b
+
+    def squared_norm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """|a (e_y - p) + b d|^2 summed over the rows."""
+        aa, ab, bb = self.gram
+        return (a.square() * aa + 2 * a * b * ab + b.square() * bb).sum()
+
+    def projections(self, gradient: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """<g, e_y - p> and <g, d> [N, T] of a gradient g [N, T, V]."""
+        along_token = gradient.gather(-1, self.tokens).squeeze(-1) - torch.linalg.vecdot(gradient, self.probs)
+        return along_token, torch.linalg.vecdot(gradient, self.kl_direction)
+
+    def residual_norm(self, gradient: torch.Tensor, scale: float, a: torch.Tensor, b: torch.Tensor) -> float:
+        """|g - scale (a (e_y - p) + b d)| for a gradient g [N, T, V], computed entry by entry."""
+        residual = gradient.clone()
+        residual.addcmul_(self.kl_direction, b.unsqueeze(-1), value=-scale)
+        residual.addcmul_(self.probs, a.unsqueeze(-1), value=scale)
+        residual.scatter_add_(-1, self.tokens, -scale * a.unsqueeze(-1))
+        return torch.linalg.vector_norm(residual).item()
+
+
+# A configuration is compared entry by entry with a term's gradient u only when its relative error estimated from
+# inner products, |u|^2 - <u, g>^2 / |g|^2 in float64 (a cancellation that leaves about 1e-7 of the relative error,
+# for the 5M-entry sums of a real vocabulary), is below SCREEN_FACTOR * rtol + SCREEN_SLACK: a configuration the
+# exact comparison would accept is never screened out.
+SCREEN_FACTOR = 2.0
+SCREEN_SLACK = 1e-6
+
+
+def _screened(user_squared: float, user_dot: float, squared: float, rtol: float) -> bool:
+    """Whether the exact comparison could accept the configuration: a positive multiple whose estimated
+    relative error is under the screen."""
+    if squared <= 0.0 or user_dot <= 0.0:
+        return False
+    scale = user_dot / squared
+    residual = max(user_squared - user_dot * scale, 0.0)
+    return math.sqrt(residual / (scale * scale * squared)) < SCREEN_FACTOR * rtol + SCREEN_SLACK
+
+
 def candidate_configs(off_policy: bool) -> list[Config]:
     """Catalog configurations a term on this batch can be, each also with per-sequence 1/L weights."""
     configs: list[Config] = []
@@ -170,21 +252,62 @@ def candidate_configs(off_policy: bool) -> list[Config]:
 
 
 class Fingerprinter:
-    """The catalog's per-sample gradients on one batch, computed once and matched against many terms."""
+    """The catalog's per-sample gradients on one batch, computed once (as RowBasis coefficients) and matched
+    against many terms."""
 
     def __init__(self, batch_factory: Callable[[], Batch], *, off_policy: bool = False):
         self.batch_factory = batch_factory
         self.off_policy = off_policy
-        self._gradients: list[tuple[Config, torch.Tensor]] = []
+        self.basis = RowBasis(batch_factory)
         self._near: Fingerprinter | None = None
-        for config in candidate_configs(off_policy):
-            self._gradients.append((config, logits_gradient(_weighted(config), batch_factory)))
+        self._far: Fingerprinter | None = None
+        self._configs = candidate_configs(off_policy)
+        coefficients = [self.basis.coefficients(_weighted(config)) for config in self._configs]
+        self._a = torch.stack([a for a, _ in coefficients])  # [configs, N, T]
+        self._b = torch.stack([b for _, b in coefficients])
+        self._squared = [self.basis.squared_norm(a, b).item() for a, b in coefficients]
+        # configurations with the very same coefficients share one comparison (index of the first)
+        self._same_as = [next(j for j in range(i + 1) if torch.equal(self._a[j], self._a[i])
+                              and torch.equal(self._b[j], self._b[i])) for i in range(len(self._configs))]
 
     def near(self) -> Fingerprinter:
         """The fingerprinter of `near_batch` (on-policy only: old log-probs cannot be moved along)."""
         if self._near is None:
             self._near = Fingerprinter(near_batch(self.batch_factory), off_policy=self.off_policy)
         return self._near
+
+    def far(self) -> Fingerprinter:
+        """The fingerprinter of `far_batch`."""
+        if self._far is None:
+            self._far = Fingerprinter(far_batch(self.batch_factory), off_policy=self.off_policy)
+        return self._far
+
+    def _fits(self, objective: Callable[[Batch], torch.Tensor], rtol: float, indices: list[int]) -> dict:
+        """{index: (scale, relative error)} of the configurations at `indices` whose gradient the term's is a
+        positive multiple of, to `rtol`: screened through inner products, then compared entry by entry."""
+        user = logits_gradient(objective, self.batch_factory)
+        if not bool(user.any()):
+            return {}
+        along_token, along_kl = self.basis.projections(user)
+        chosen = torch.tensor(indices, device=self._a.device)
+        user_dots = ((self._a[chosen] * along_token).sum((1, 2)) + (self._b[chosen] * along_kl).sum((1, 2))).tolist()
+        user_squared = torch.linalg.vector_norm(user).item() ** 2
+        fits: dict[int, tuple[float, float]] = {}
+        compared: dict[int, tuple[float, float] | None] = {}
+        for index, user_dot in zip(indices, user_dots):
+            squared = self._squared[index]
+            if not _screened(user_squared, user_dot, squared, rtol):
+                continue
+            first = self._same_as[index]
+            if first not in compared:
+                scale = user_dot / squared
+                error = self.basis.residual_norm(user, scale, self._a[index], self._b[index]) / (
+                    scale * math.sqrt(squared))
+                compared[first] = (scale, error) if error < rtol else None
+            fit = compared[first]
+            if fit is not None:
+                fits[index] = fit
+        return fits
 
     def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,
                  aggregation: Aggregation = Aggregation.SUM) -> Match | None:
@@ -194,32 +317,28 @@ class Fingerprinter:
         `aggregation` names the unit-weight class (SUM unless the caller knows the term divides by a
         constant or by the batch's token count).
         """
-        user = logits_gradient(objective, self.batch_factory)
-        if not bool(user.any()):
-            return None
-        flat = user.flatten()
         matches = []
-        for config, gradient in self._gradients:
-            fit = _positive_multiple(flat, gradient.flatten())
-            if fit is not None and fit[1] < rtol:
-                scale, error = fit
-                if config.aggregation is Aggregation.SUM:
-                    config = dataclasses.replace(config, aggregation=aggregation)
-                matches.append(Match(config, classify(config), scale, error))
+        for index, (scale, error) in sorted(self._fits(objective, rtol, list(range(len(self._configs)))).items()):
+            config = self._configs[index]
+            if config.aggregation is Aggregation.SUM:
+                config = dataclasses.replace(config, aggregation=aggregation)
+            matches.append(Match(config, classify(config), scale, error))
         if not matches:
             return None
         return dataclasses.replace(matches[0], twins=tuple(match.config for match in matches[1:]))
 
+    def holds(self, objective: Callable[[Batch], torch.Tensor], config: Config, *, rtol: float) -> bool:
+        """Whether the term has the configuration's per-sample gradient (up to a positive factor) here."""
+        return bool(self._fits(objective, rtol, [self._configs.index(config)]))
 
-def holds_far_from_reference(objective: Callable[[Batch], torch.Tensor], match: Match,
-                             batch_factory: Callable[[], Batch], *, rtol: float = MATCH_RTOL_FLOAT64) -> bool:
+
+def holds_far_from_reference(objective: Callable[[Batch], torch.Tensor], match: Match, fingerprinter: Fingerprinter,
+                             *, rtol: float = MATCH_RTOL_FLOAT64) -> bool:
     """Whether the term still has the matched configuration's per-sample gradient on `far_batch`."""
-    far = far_batch(batch_factory)
     config = match.config
     if config.aggregation is not Aggregation.SEQ_MEAN:
         config = dataclasses.replace(config, aggregation=Aggregation.SUM)
-    fit = _positive_multiple(logits_gradient(objective, far).flatten(), logits_gradient(_weighted(config), far).flatten())
-    return fit is not None and fit[1] < rtol
+    return fingerprinter.far().holds(objective, config, rtol=rtol)
 
 
 def sample_rows(probabilities: torch.Tensor, size: int, seed: int) -> torch.Tensor:
@@ -254,6 +373,6 @@ def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device:
     response = tokens[:, 1:]
     noise = torch.randn(logits.shape, generator=generator, dtype=torch.float64).to(device)
     ref_logits = logits + noise
-    lengths = torch.randint(horizon // 2, horizon + 1, (size,), generator=generator)
-    mask = (torch.arange(horizon).unsqueeze(0) < lengths.unsqueeze(-1)).to(torch.float64).to(device)
-    return lambda: leaf_batch(response, mask, logits, ref_logits)
+    lengths = torch.randint(horizon // 2, horizon + 1, (size,), generator=generator).to(device)
+    mask = (torch.arange(horizon, device=device).unsqueeze(0) < lengths.unsqueeze(-1)).to(torch.float64)
+    return leaf_batches(response, mask, logits, ref_logits)

@@ -36,7 +36,7 @@ from klaudit.audit.fingerprint import (
     Fingerprinter,
     Match,
     holds_far_from_reference,
-    leaf_batch,
+    leaf_batches,
     logits_gradient,
     sample_rows,
 )
@@ -70,6 +70,12 @@ class Problem:
     targets: Mapping[Target, torch.Tensor]
     kl: float
 
+    def to(self, device: str) -> Problem:
+        """A copy whose policies, enumeration and targets live on `device`."""
+        exact = self.exact.to(device)
+        return Problem(self.name, exact, {target: value.to(device) for target, value in self.targets.items()},
+                       self.kl)
+
 
 def _distinguishes(targets: Mapping[Target, torch.Tensor]) -> bool:
     """False when two targets are (anti-)parallel, so that matching could not tell them apart.
@@ -84,9 +90,13 @@ def _distinguishes(targets: Mapping[Target, torch.Tensor]) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS,
-                      transformer: bool = True) -> tuple[Problem, ...]:
+                      transformer: bool = True, device: str = "cpu") -> tuple[Problem, ...]:
     """`count` tabular policies (V=4 with EOS, T=4; seeds 0, 1, ... skipping degenerate ones) and a
-    tiny causal transformer, each at KL_seq = 1 nat from its reference. Cached: audits only read them."""
+    tiny causal transformer, each at KL_seq = 1 nat from its reference, on `device`. They are placed on
+    the CPU (the same policies whatever the device) and copied there. Cached: audits only read them."""
+    if torch.device(device) != torch.device("cpu"):
+        return tuple(problem.to(device) for problem in standard_problems(
+            off_policy=off_policy, count=count, transformer=transformer))
     from klaudit.audit.policies import TabularPolicy, TinyCausalLM, perturbed, place_at_kl
 
     def problem(name: str, reference, seed: int) -> Problem:
@@ -297,22 +307,22 @@ def fingerprint_batch(problem: Problem, size: int, seed: int) -> Callable[[], Ba
         sampling = full.old_logprobs if full.old_logprobs is not None else full.logprobs
         probabilities = (sampling * full.mask).sum(-1).exp()
         for attempt in range(16):
-            rows = sample_rows(probabilities, size, seed + attempt)
+            rows = sample_rows(probabilities, size, seed + attempt).to(exact.device)
             if exact.lengths[rows].unique().numel() > 1:
                 break
         log_ratio = (full.logprobs - full.ref_logprobs) * full.mask
         lowest = log_ratio.min(-1).values.argsort()[:EXTREME_ROWS // 2]
         highest = log_ratio.max(-1).values.argsort(descending=True)[:EXTREME_ROWS // 2]
-        rows = torch.cat([rows.to(lowest.device), lowest, highest])
+        rows = torch.cat([rows, lowest, highest])
         logits, ref_logits = full.logits[rows], exact.ref_logits[rows]
         old_logprobs = None if full.old_logprobs is None else full.old_logprobs[rows]
-    return lambda: leaf_batch(exact.tokens[rows], exact.mask[rows], logits, ref_logits, old_logprobs)
+    return leaf_batches(exact.tokens[rows], exact.mask[rows], logits, ref_logits, old_logprobs)
 
 
 def audit(fn: Callable, binding: Binding, *, name: str, placements: Sequence[str] | None = None,
           problems: list[Problem] | None = None, batch: Callable[[], Batch] | None = None,
           progress: Callable[[str], None] = lambda message: None,
-          also: Callable[[], Sequence[str]] = tuple) -> tuple[list[ResultRow], list[str]]:
+          also: Callable[[], Sequence[str]] = tuple, device: str = "cpu") -> tuple[list[ResultRow], list[str]]:
     """Rows for every (mode, placement) of `fn`, and notes (switch values that are not implemented).
 
     `placements` None: a scalar result or a function named like a loss is audited as a loss, any
@@ -321,12 +331,14 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Sequence[str
     minus sign: its negated result is the KL cost, audited as a reward. `also()`, asked once those
     rows are done, names more placements to audit (the ones the surrounding code uses, which the
     parent process finds meanwhile); those a result's shape does not allow are left out. TermError on
-    bad results.
+    bad results. `device`: where the standard policies, and so every tensor the callable sees, live (a
+    given `batch` or `problems` stay where they are).
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
+    if batch is None:
+        torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
     try:
-        return _audit(fn, binding, name, placements, problems, batch, progress, also)
+        return _audit(fn, binding, name, placements, problems, batch, progress, also, device)
     finally:
         torch.set_num_threads(threads)
 
@@ -354,13 +366,13 @@ def _allowed(kind: str, placement: str) -> bool:
     return placement == "loss" if kind == "scalar" else not (kind == "sequence" and placement == "loss+future")
 
 
-def _audit(fn, binding, name, placements, problems, batch, progress, also):
+def _audit(fn, binding, name, placements, problems, batch, progress, also, device):
     """The body of `audit`."""
     from klaudit.lint.roles import is_reward_function
 
     reward_function = is_reward_function(getattr(fn, "__name__", ""))
     first = problems[0] if problems else standard_problems(off_policy=binding.off_policy, count=1,
-                                                            transformer=False)[0]
+                                                            transformer=False, device=device)[0]
     batch_factory = batch or fingerprint_batch(first, FINGERPRINT_BATCH, seed=0)
     notes: list[str] = []
     if reward_function:
@@ -378,14 +390,14 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also):
                 if binding.off_policy and batch is None and not _depends_on_old(term, batch_factory()):
                     term = term.rebound(dataclasses.replace(term.binding, current_old=True))
                     batch_factory = fingerprint_batch(problems[0] if problems else standard_problems(
-                        count=1, transformer=False)[0], FINGERPRINT_BATCH, seed=0)
+                        count=1, transformer=False, device=device)[0], FINGERPRINT_BATCH, seed=0)
                     notes.append(_on_policy_note(term, name))
                 binding = term.binding
         except ModeNotImplemented as skipped:
             notes.append(f"skipped: {skipped}")
             continue
         plans.append(plan_mode(term, kind, placements, reward_function, batch_factory, notes))
-    problems = problems or list(standard_problems(off_policy=binding.off_policy))
+    problems = problems or list(standard_problems(off_policy=binding.off_policy, device=device))
     fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
 
     def audit_rows(term, kind, placements_here, scalar_weight) -> list[ResultRow]:
@@ -447,11 +459,23 @@ def _on_policy_note(term: Term, name: str) -> str:
             f"own detached log-probs as old log-probs (on samples of an older policy kl-math.md row 22 applies)")
 
 
+def _seeded(draw: Callable, like: torch.Tensor, seed: int) -> torch.Tensor:
+    """`draw` (torch.rand or torch.randn) shaped and typed like `like`, on its device: drawn on the CPU,
+    so that every device sees the same numbers. Shared between calls (a real vocabulary's logits take
+    5M draws): read it, never write to it."""
+    return _seeded_draw(draw, like.shape, like.dtype, like.device, seed)
+
+
+@functools.lru_cache(maxsize=4)
+def _seeded_draw(draw: Callable, shape: torch.Size, dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return draw(shape, generator=generator, dtype=dtype).to(device)
+
+
 def _depends_on_old(term: Term, batch: Batch) -> bool:
     """Whether the result changes when the old log-probs change."""
-    generator = torch.Generator().manual_seed(2)
-    shifted = dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 0.25 * torch.rand(
-        batch.old_logprobs.shape, generator=generator, dtype=batch.old_logprobs.dtype))
+    shifted = dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 0.25 * _seeded(torch.rand,
+                                                                                      batch.old_logprobs, 2))
     with torch.no_grad():
         return not torch.equal(term(batch).detach(), term(shifted).detach())
 
@@ -459,14 +483,8 @@ def _depends_on_old(term: Term, batch: Batch) -> bool:
 def _require_dependence(term: Term, batch_factory: Callable[[], Batch]) -> None:
     """TermError when the result does not change when the policy log-probs and logits change."""
     batch = batch_factory()
-    generator = torch.Generator().manual_seed(1)
-    shifted = dataclasses.replace(
-        batch,
-        logprobs=batch.logprobs.detach() - 0.25 * torch.rand(batch.logprobs.shape, generator=generator,
-                                                            dtype=batch.logprobs.dtype),
-        logits=batch.logits.detach() + torch.randn(batch.logits.shape, generator=generator,
-                                                   dtype=batch.logits.dtype),
-    )
+    shifted = dataclasses.replace(batch, logprobs=batch.logprobs.detach() - 0.25 * _seeded(torch.rand, batch.logprobs, 1),
+                                  logits=batch.logits.detach() + _seeded(torch.randn, batch.logits, 1))
     with torch.no_grad():
         if torch.equal(term(batch).detach(), term(shifted).detach()):
             raise TermError(f"the result of {term.where()} does not depend on the policy log-probs: "
@@ -529,8 +547,7 @@ def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: 
     acts on the fingerprint batch), None when the term is that configuration everywhere probed."""
     match = fingerprinter.identify(objective, rtol=rtol, aggregation=aggregation)
     if match is not None:
-        far = match.row.rule is None and not holds_far_from_reference(objective, match, fingerprinter.batch_factory,
-                                                                      rtol=rtol)
+        far = match.row.rule is None and not holds_far_from_reference(objective, match, fingerprinter, rtol=rtol)
         return match, "far" if far else None
     if fingerprinter.off_policy:
         return None, None

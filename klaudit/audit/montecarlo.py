@@ -35,7 +35,7 @@ import torch
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding
 from klaudit.audit.exact import ExactProblem, cosine, relerr
-from klaudit.audit.fingerprint import Fingerprinter, leaf_batch, logits_gradient
+from klaudit.audit.fingerprint import Fingerprinter, leaf_batches, logits_gradient
 from klaudit.audit.measure import (
     ModeNotImplemented,
     Plan,
@@ -77,7 +77,7 @@ class Draw:
     ref_logits: torch.Tensor
 
     def batch(self) -> Batch:
-        return leaf_batch(self.tokens, self.mask, self.logits, self.ref_logits)
+        return leaf_batches(self.tokens, self.mask, self.logits, self.ref_logits)()
 
 
 class Sampler(Protocol):

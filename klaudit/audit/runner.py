@@ -201,6 +201,7 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
         binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
         if current_old:
             binding = dataclasses.replace(binding, current_old=True)
+        _require_device(device)
         if monte_carlo is not None and model_dir is not None:
             rows, notes = _monte_carlo_rows(fn, binding, str(target), placements, model_dir, device, monte_carlo,
                                             progress)
@@ -214,7 +215,7 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
                 raise TargetError(
                     f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}") from error
         rows, notes = audit(fn, binding, name=str(target), placements=placements, batch=fingerprint,
-                            progress=progress, also=also)
+                            progress=progress, also=also, device=device)
         return Report(rows, [], ([stubbed_note(target, stubbed)] if stubbed else []) + notes,
                       [f"{target}: stubbed {name}: {why}" for name, why in stubbed.items()])
     except (TargetError, BindError, TermError, ModeNotImplemented) as error:
@@ -252,6 +253,16 @@ def _monte_carlo_rows(fn: Callable, binding, name: str, placements: Sequence[str
         draw(curves, request.plot, title=f"{name}: {sampler.description}")
         notes.append(f"{name}: per-position gradients drawn to {request.plot}")
     return rows, notes
+
+
+def _require_device(device: str) -> None:
+    """TargetError, in one line, when torch cannot put a tensor on `device` here."""
+    import torch
+
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as error:  # a CPU build asserts that CUDA is missing
+        raise TargetError(f"--device {device}: {error}") from error
 
 
 def _one_line(message: str) -> str:

@@ -34,7 +34,7 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
 
     k1 = delta, k2 = delta^2 / 2, k3 = e^-delta - 1 + delta, abs = |delta|; straight-through k1+/k3+
     carry the value of k1/k3 and the gradient of k2; ratio*k3 = exp(logp - sg(logp)) * k3; full is
-    KL_t(h_t) = sum_v pi(v|h) log(pi(v|h) / ref(v|h)) from the logits.
+    KL_t(h_t) = sum_v pi(v|h) log(pi(v|h) / ref(v|h)) from the logits (or the batch's token_kl).
     """
     if estimator is Estimator.K1:
         return log_ratio
@@ -55,6 +55,8 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
         score_weight = torch.exp(batch.logprobs - batch.logprobs.detach())
         return score_weight * estimator_values(Estimator.K3, log_ratio, batch)
     if estimator is Estimator.FULL:
+        if batch.token_kl is not None:
+            return batch.token_kl
         if batch.logits is None or batch.ref_logits is None:
             raise ValueError("the exact per-step KL needs the policy and reference logits")
         policy_logp = torch.log_softmax(batch.logits, dim=-1)

@@ -23,7 +23,7 @@ import torch
 
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding, Role, role_from_name
-from klaudit.audit.fingerprint import Fingerprinter, leaf_batch
+from klaudit.audit.fingerprint import Fingerprinter, leaf_batches
 from klaudit.audit.measure import Term, identify_clamped, result_kind, scalar_aggregation, surrogate
 from klaudit.catalog import Aggregation, Config, Row, defects, scaled_fix
 from klaudit.describe import describe
@@ -213,7 +213,7 @@ def _batch(roles: Mapping[str, Role], values: Mapping[str, Any],
     tokens = torch.zeros(logprobs.shape, dtype=torch.long, device=logprobs.device)
     logits, ref_logits = _pseudo_logits(logprobs), _pseudo_logits(ref)
     behaviour = None if old is None or current_old else old
-    return (lambda: leaf_batch(tokens, mask, logits, ref_logits, behaviour)), current_old, behaviour is not None
+    return leaf_batches(tokens, mask, logits, ref_logits, behaviour), current_old, behaviour is not None
 
 
 def _sliced(value: Any, sequences: int, horizon: int, rows: int) -> Any:
