@@ -109,49 +109,6 @@ class Config:
     sign: int = 1
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A lint rule: a stable code, a kebab-case name and a one-line summary."""
-
-    code: str
-    name: str
-    summary: str
-
-
-RULES: Mapping[str, Rule] = {
-    rule.code: rule
-    for rule in (
-        Rule("KL000", "syntax-error", "The file does not parse, so it could not be checked."),
-        Rule("KL001", "kl-loss-zero-gradient",
-             "A k1 (log-ratio) KL estimate is differentiated as a loss: its expected gradient is zero."),
-        Rule("KL002", "kl-loss-forward-kl",
-             "A k3 / low_var_kl estimate is differentiated as a loss: its gradient follows the forward KL."),
-        Rule("KL003", "kl-loss-missing-future-term",
-             "A per-token KL loss (k2, k1+/k3+, exact KL_t) gives only the local gradient: the future term is missing."),
-        Rule("KL004", "kl-reward-biased-estimator",
-             "A KL estimate other than k1 is put into the reward: its score-function gradient is biased."),
-        Rule("KL005", "kl-last-token-only",
-             "The KL is taken at the last token only: the gradient matches no KL objective."),
-        Rule("KL006", "kl-double-counted",
-             "The KL is both differentiated as a loss and put into the reward: the local term counts twice."),
-        Rule("KL007", "kl-length-normalized",
-             "A KL term is divided by each sequence's own length: long and short responses are weighted unequally."),
-        Rule("KL008", "kl-off-policy-uncorrected",
-             "A KL term on samples from an older policy lacks per-decision importance weights."),
-        Rule("KL009", "kl-loss-biased-other",
-             "A KL surrogate (abs as a loss, or a loss and reward mix) follows no KL objective."),
-        Rule("KL010", "kl-clamped", "Clamping the log-ratio or the estimate zeroes the KL gradient where the policy strays most."),
-        Rule("KL011", "kl-wrong-sign", "The KL term is added with the wrong sign: training is pushed away from the reference."),
-        Rule("KL099", "analysis-incomplete",
-             "Part of the file was not analysed (budget, nesting depth, syntax LibCST does not read): findings may be missing."),
-        Rule("KL100", "kl-use-undetermined",
-             "A KL term was found whose gradient use could not be determined (informational, off by default)."),
-        Rule("KL101", "unused-suppression",
-             "A `# noqa` or `# klaudit: ignore` comment names a klaudit code that suppresses nothing (informational, off by default)."),
-    )
-}
-
-
 # --- Fixes: the minimal correct replacement, as a call of klaudit.estimators (kl-math.md §8, R-A..R-F).
 
 FIX_K1_LOSS = (
@@ -496,6 +453,16 @@ def _placement_fallback(config: Config) -> Row:
     return _GENERIC_OTHER
 
 
+_STRAIGHT_THROUGH = (E.K1_ST, E.K3_ST)
+
+
+def clamp_matters(config: Config, clamped: bool) -> bool:
+    """Whether a clamp on the term can change its expected gradient: on a reward's value always; a
+    straight-through loss (k1+, k3+) takes its gradient from the unclamped k2 and only its value
+    from the clamped, detached estimate."""
+    return clamped and not (config.reward is None and config.loss in _STRAIGHT_THROUGH)
+
+
 def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     """Every independent defect of `config`, one row per aspect, in order of severity; () when correct.
 
@@ -520,7 +487,7 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
         placement = _placement(_with(config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY))
         if placement.rule is not None:
             found.append(placement)
-        if clamped and E.LOW_VAR_KL not in (config.loss, config.reward):
+        if clamp_matters(config, clamped) and E.LOW_VAR_KL not in (config.loss, config.reward):
             found.append(CLAMPED)  # low_var_kl's rows already name its clamps
     if config.sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS):
         found.append(_listed(_with(config, aggregation=Aggregation.SUM), _GENERIC_OFF_POLICY))

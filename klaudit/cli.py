@@ -12,7 +12,6 @@ import click
 from klaudit import __version__
 from klaudit.audit import PLACEMENTS
 from klaudit.audit.bind import Role
-from klaudit.catalog import RULES
 from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings, parse_switch
 from klaudit.describe import LEGEND, OBJECTIVES, explain
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths
@@ -22,6 +21,7 @@ from klaudit.lint.report import ReportOptions, format_statistics, format_statist
 from klaudit.lint.rulebook import rule_page
 from klaudit.lint.sources import decode_source
 from klaudit.progress import Progress
+from klaudit.rules import RULES
 
 STDIN = "-"
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from klaudit.catalog import RULES
 from klaudit.frameworks.versions import VersionError, check_pins
 from klaudit.lint.budget import DEFAULT_SECONDS, DEFAULT_UNITS
+from klaudit.rules import RULES
 
 if sys.version_info >= (3, 11):
     import tomllib

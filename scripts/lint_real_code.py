@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from real_packages import package_trees  # noqa: E402
 
-from klaudit.catalog import RULES  # noqa: E402
 from klaudit.config import Settings  # noqa: E402
 from klaudit.lint.engine import lint_paths  # noqa: E402
+from klaudit.rules import RULES  # noqa: E402
 
 
 def source_line(path: str, line: int) -> str:

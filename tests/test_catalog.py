@@ -18,6 +18,7 @@ from klaudit.audit.policies import TabularPolicy, perturbed, place_at_kl  # noqa
 from klaudit.audit.surrogates import build_surrogate, estimator_values  # noqa: E402
 from klaudit.catalog import Aggregation, Estimator, Objective, Sampling, Target  # noqa: E402
 from klaudit.config import FILE_CODES  # noqa: E402
+from klaudit.rules import RULES  # noqa: E402
 
 EXACT = 1e-9  # float64 enumeration: identities hold to rounding (~1e-15); 1e-9 leaves room.
 DISTINCT = 1e-3  # an "other" gradient must differ from every target by far more than rounding.
@@ -100,7 +101,7 @@ def test_low_var_kl_rows_are_checked_where_the_clamp_bites():
 def test_row_is_consistent(row):
     assert row.config is not None
     assert catalog.classify(row.config) is row
-    assert row.rule is None or row.rule in catalog.RULES
+    assert row.rule is None or row.rule in RULES
     assert row.unbiased == (row.rule is None)
     if row.rule is None:
         assert row.objective is Objective.REV and set(row.identity) == {Target.REV}
@@ -114,7 +115,7 @@ def test_row_is_consistent(row):
 def test_every_verdict_rule_has_a_catalog_row():
     """KL000 and KL099 are about the file, the informational KL1xx about the analysis: no row."""
     codes = {row.rule for row in catalog.CATALOG if row.rule}
-    assert codes == {code for code in catalog.RULES if code.startswith("KL0")} - set(FILE_CODES)
+    assert codes == {code for code in RULES if code.startswith("KL0")} - set(FILE_CODES)
 
 
 C = catalog.Config
@@ -256,3 +257,16 @@ def test_defects_reports_every_independent_defect(config, clamped, codes, one_fi
 )
 def test_defects_of_single_aspects(config, clamped, codes):
     assert tuple(r.rule for r in catalog.defects(config, clamped)) == codes
+
+
+@pytest.mark.parametrize("config, reported", [
+    (catalog.Config(loss=Estimator.K3_ST), False),  # the clamp acts on the detached value, not on k2's gradient
+    (catalog.Config(loss=Estimator.K1_ST), False),
+    (catalog.Config(reward=Estimator.K3_ST), True),  # as a reward the value is the signal
+    (catalog.Config(reward=Estimator.K1), True),
+    (catalog.Config(loss=Estimator.K2), True),
+])
+def test_a_clamp_is_a_defect_where_it_reaches_the_gradient(config, reported):
+    rules = {row.rule for row in catalog.defects(config, clamped=True)}
+    assert ("KL010" in rules) is reported
+    assert catalog.clamp_matters(config, True) is reported and not catalog.clamp_matters(config, False)

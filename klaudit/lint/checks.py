@@ -46,7 +46,7 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
         for sink, fact, config in _paired(found):
-            candidates.append(_Candidate(config, defects(config, clamp_counts(config, fact)), fact, sink, index))
+            candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
         undecided.extend((fact, None) for fact in outcome.unexplained)
         if not found:  # a function with a decided term may combine it with others: that sum is no new term
             undecided.extend((fact, sink) for sink in outcome.sinks for fact in sink.facts
@@ -89,16 +89,6 @@ class _Candidate:
 
 
 _CLAMPABLE = {Estimator.K3: Estimator.LOW_VAR_KL}
-_STRAIGHT_THROUGH = (Estimator.K1_ST, Estimator.K3_ST)
-
-
-def clamp_counts(config: Config, fact: Fact) -> bool:
-    """Whether the term's clamp can change its expected gradient: a reward's value always; a
-    straight-through loss (k1+, k3+) takes its gradient from the unclamped k2 and only its value
-    from the clamped, detached estimate."""
-    return fact.clamped and not (config.reward is None and config.loss in _STRAIGHT_THROUGH)
-
-
 def config_of(fact: Fact, kind: str) -> Config | None:
     """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one."""
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
@@ -273,7 +263,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
             # how the per-token term is aggregated shows only where the loss is reduced
             config = replace(config, aggregation=final.config.aggregation)
-            rows = defects(config, clamp_counts(config, best.fact))
+            rows = defects(config, best.fact.clamped)
         if best.fact.entry is not None:
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from klaudit.catalog import RULES
 from klaudit.lint.findings import Finding
 from klaudit.lint.report import ReportOptions, with_help
 from klaudit.lint.rulebook import severity
+from klaudit.rules import RULES
 
 # An informational finding (KL099, KL100) is a notice: it never fails a run, so it is not an error.
 _COMMAND = {"error": "error", "info": "notice"}

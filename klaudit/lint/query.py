@@ -169,8 +169,8 @@ def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, str]]]:
 
 def site_verdicts(path: str) -> list[KLSite]:
     """Every KL term `path` puts into a loss or reward, per switch branch, as the lint judges it."""
-    from klaudit.catalog import defects
-    from klaudit.lint.checks import clamp_counts, statement_positions
+    from klaudit.catalog import clamp_matters, defects
+    from klaudit.lint.checks import statement_positions
 
     file = Path(path).resolve()
     project = Project([package_root(file)])
@@ -212,7 +212,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                 inline = origin_path == str(file) and origin_line is not None and origin_line < sink_line \
                     and span is not None and span[0] <= origin_line <= span[2]  # formed in this function
                 callee = None if inline else analyzer.callee(fact)
-                clamped = clamp_counts(config, fact)
+                clamped = clamp_matters(config, fact.clamped)
                 sites[KLSite(
                     str(file), qualname, entry[0] if entry else sink_line, sink_line,
                     origin_path if fact.origin is not None else None, origin_line, inline,

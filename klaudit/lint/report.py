@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import click
 
-from klaudit.catalog import RULES
 from klaudit.lint.edits import SAFE
 from klaudit.lint.findings import Finding
 from klaudit.lint.notebooks import NOTEBOOK_SUFFIX, read_notebook
 from klaudit.lint.rulebook import rule_url, severity
+from klaudit.rules import RULES
 
 
 @dataclass(frozen=True)

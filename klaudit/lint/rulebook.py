@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from importlib import resources
-
-from klaudit.catalog import RULES
 from klaudit.config import INFORMATIONAL_CODES
+from klaudit.rules import RULES
 
 # Rule pages live in the package (klaudit/rules/KLxxx.md); the URL is that file in the repository.
 RULE_URL = "https://github.com/klaudit/klaudit/blob/main/klaudit/rules/{code}.md"
@@ -21,9 +19,5 @@ def severity(code: str) -> str:
 
 
 def rule_page(code: str) -> str:
-    """The rule's page shipped in the package, or a short page built from its catalog entry."""
-    page = resources.files("klaudit").joinpath("rules", f"{code}.md")
-    if page.is_file():
-        return page.read_text(encoding="utf-8")
-    rule = RULES[code]
-    return f"# {rule.code} {rule.name}\n\n{rule.summary}\n"
+    """The rule's page shipped in the package (klaudit.rules)."""
+    return RULES[code].page

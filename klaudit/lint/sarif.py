@@ -16,10 +16,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 from klaudit import __version__
-from klaudit.catalog import RULES
 from klaudit.lint.findings import Finding
 from klaudit.lint.report import ReportOptions, with_help
 from klaudit.lint.rulebook import rule_page, rule_url, severity
+from klaudit.rules import RULES
 
 SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SOURCE_ROOT = "%SRCROOT%"  # the working directory of the run; relative URIs are resolved against it

@@ -14,10 +14,10 @@ import tokenize
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from klaudit.catalog import RULES
 from klaudit.config import UNUSED_SUPPRESSION_CODE
 from klaudit.lint.edits import SAFE, Edit, Fix
 from klaudit.lint.findings import Finding
+from klaudit.rules import RULES
 
 _KLAUDIT_CODE = re.compile(r"^KL\d{3}$", re.IGNORECASE)
 _SEPARATOR = r"\s*[,\s]\s*"

@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from klaudit import cli
-from klaudit.catalog import RULES
 from klaudit.lint.findings import Finding
 from klaudit.lint.formats import FORMATTERS
 from klaudit.lint.github import annotation, escape_data, escape_property
 from klaudit.lint.report import ReportOptions
 from klaudit.lint.sarif import format_sarif
+from klaudit.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from klaudit import cli
-from klaudit.catalog import RULES
+from klaudit.rules import RULES
 
 
 @pytest.fixture(autouse=True)

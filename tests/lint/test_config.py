@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from klaudit.catalog import RULES
 from klaudit.config import (
     ConfigError,
     RuleSelection,
@@ -14,6 +13,7 @@ from klaudit.config import (
     find_pyproject,
     load_settings,
 )
+from klaudit.rules import RULES
 
 
 def pyproject(directory, body):

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from klaudit.catalog import RULES
 from klaudit.config import FILE_CODES
 from klaudit.frameworks import CONFIG_SUFFIXES
 from klaudit.lint.engine import lint_paths
 from klaudit.lint.findings import Finding
 from klaudit.lint.notebooks import NOTEBOOK_SUFFIX, read_notebook
+from klaudit.rules import RULES
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 BAD = FIXTURES / "bad"

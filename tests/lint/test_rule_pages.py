@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from klaudit import cli
-from klaudit.catalog import RULES
 from klaudit.cli import main
 from klaudit.config import FILE_CODES, INCOMPLETE_CODE, UNUSED_SUPPRESSION_CODE, Settings
 from klaudit.lint.autofix import NOT_MECHANICAL
 from klaudit.lint.engine import lint_paths
+from klaudit.rules import RULES, parse_header
 
 SECTIONS = ("What it flags", "Why", "Bad", "Good", "Fix", "Fix safety", "When this is fine")
 MARKER = re.compile(r"#\s*<-\s*(KL\d{3}(?:\s+KL\d{3})*)\s*$")
@@ -71,10 +71,25 @@ def test_marker_pattern_reads_codes():
 
 
 @pytest.mark.parametrize("code", CODES)
-def test_page_title_and_summary_match_the_catalog(code):
+def test_the_registry_reads_the_page_header(code):
     lines = page_text(code).splitlines()
-    assert lines[0] == f"# {code} {RULES[code].name}"
-    assert lines[2] == RULES[code].summary
+    rule = RULES[code]
+    assert lines[0] == f"# {code} {rule.name}" and lines[2] == rule.summary and rule.summary.endswith(".")
+
+
+@pytest.mark.parametrize("header", ["KL012 kl-new\n\nSummary.", "# KL012 Kl_New\n\nSummary.", "# KL013 kl-new\n\nSummary.",
+                                    "# KL012 kl-new\nSummary.", "# KL012 kl-new\n\n"])
+def test_a_malformed_page_header_is_refused(header):
+    with pytest.raises(ValueError, match="KL012.md must open with"):
+        parse_header("KL012", header)
+
+
+def test_every_code_the_catalog_and_the_configuration_name_has_a_rule():
+    from klaudit.catalog import CATALOG
+    from klaudit.config import FILE_CODES, INFORMATIONAL_CODES, UNUSED_SUPPRESSION_CODE
+
+    named = {row.rule for row in CATALOG if row.rule} | set(FILE_CODES) | set(INFORMATIONAL_CODES)
+    assert named | {UNUSED_SUPPRESSION_CODE} <= set(RULES)
 
 
 @pytest.mark.parametrize("code", CODES)
