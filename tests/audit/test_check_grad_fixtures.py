@@ -10,6 +10,7 @@ uses is the one marked.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -144,11 +145,23 @@ def test_every_kl_function_is_audited_or_listed():
         assert all("cannot be called alone" in line for line in found.skipped)
 
 
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def _snapshot_text(report) -> str:
+    """check-grad's JSON rows, floats to 3 decimals (what a reviewer reads; the values are tested above)."""
+    rows = [{key: round(value, 3) if isinstance(value, float) else value for key, value in row.as_json().items()
+             if key != "target"} for row in report.results]
+    text = json.dumps({"results": rows, "notes": report.notes}, indent=1, sort_keys=True) + "\n"
+    return text.replace(f"{FIXTURES.parent}/", "")  # the same snapshot from any checkout
+
+
 @pytest.mark.parametrize("target", _targets())
-def test_objective_and_rule_follow_section_8(target):
+def test_objective_and_rule_follow_section_8(target, snapshot):
     file, qualname = target.split("::")
     report = audit_target(Target(path=str(FIXTURES / file), qualname=qualname))
     assert report.results and not report.errors, report.errors
+    snapshot(SNAPSHOTS / f"{file.replace('/', '__')}__{qualname}.json", _snapshot_text(report))
     expected = EXPECTED_BY_FILE[file][qualname]
     found = {}
     for row in report.results:
