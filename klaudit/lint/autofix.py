@@ -17,12 +17,13 @@ place). Every such fix changes the gradient, so it is unsafe in ruff's sense.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from klaudit.catalog import Aggregation, Config, Row, Sampling
+from klaudit.lint import algebra as alg
 from klaudit.lint.edits import UNSAFE, Edit, Fix
 from klaudit.lint.evidence import (
     BEHAVIOUR,
@@ -110,6 +111,7 @@ class Builder:
         self.evidence = evidence_of(analyzer)
         self.position_of = position_of
         self._tree: ast.Module | None = None
+        self._site: tuple = (None, set())  # (the entry statement, the ids of its KL term's origins)
 
     # ---- entry point ------------------------------------------------------------------------
 
@@ -126,11 +128,13 @@ class Builder:
             if code in codes:
                 raise _Refused(why)
         if len({use.kind == "loss" for use in uses}) > 1 or any(
-                use.config.loss is not None and use.config.reward is not None for use in uses):
+                use.config.loss is not None and use.config.reward is not None and not _one_weighted_term(use)
+                for use in uses):
             raise _Refused("the KL is both a loss and a reward here: which one to keep is a choice klaudit leaves to you")
         if any(use.fact.origin is None for use in uses):
             raise _Refused("the analysis did not record where the estimator is computed")
         origins = {id(use.fact.origin) for use in uses}  # one per switch branch, all at the same place
+        self._site = (first.entry, origins)
         if first.kind == "loss":
             return self._loss_fix(uses, origins)
         return self._reward_fix(uses, origins)
@@ -219,7 +223,9 @@ class Builder:
         return moved
 
     def _check_scale(self, reduction: Reduction, aggregation: set, roles: StatementRoles) -> None:
-        if reduction.mask is None or not roles.expression_is(reduction.mask, MASK):
+        mask = reduction.mask
+        if mask is None or not (roles.expression_is(mask, MASK) or  # or a name that held a mask here, always
+                                isinstance(mask, cst.Name) and roles.names.get(mask.value) == {MASK}):
             raise _Refused("the mask of the KL term's reduction is not known to be a mask")
         if not all(reduction.kind in _COMPATIBLE.get(agg, set()) for agg in aggregation):
             raise _Refused("the reduction of this statement is not the aggregation the analysis inferred")
@@ -249,6 +255,9 @@ class Builder:
             return inside.pop()
         if len(inside) > 1:
             raise _Refused(f"several expressions hold the {_WORDS[role]}: {', '.join(sorted(inside))}")
+        formed = self._from_sources(wanted, role)
+        if formed is not None:
+            return formed
         names = roles.names_with(wanted)
         unsure = sorted(name for name, held in roles.names.items() if held & wanted and not held <= wanted)
         if len(names) == 1 and not unsure:
@@ -256,6 +265,59 @@ class Builder:
         if not names and not unsure:
             raise _Refused(f"no expression is known to hold the {_WORDS[role]} here")
         raise _Refused(f"several names may hold the {_WORDS[role]}: {', '.join(names + unsure)}")
+
+    def _from_sources(self, wanted: set, role: str) -> str | None:
+        """The expression holding `role` where the KL term was formed: at the earliest statement of the
+        entry's function that stores it (the estimator's own statement, or the call of a helper that
+        computes it), for every origin of the term, the one side-effect-free expression with that role;
+        None when there is no such statement. It must mean the same at the entry (_check_still_means)."""
+        entry, origins = self._site
+        line = self._line(entry)
+        function = self._function_of(line)
+        found: dict[str, cst.CSTNode] = {}
+        for origin in origins:
+            stored = [node for node in self.evidence.assignments() if self.position_of(node) is not None
+                      and self._line(node) < line and self._function_of(self._line(node)) is function
+                      and any(origin in held for held in self._roles(node).kl.values())]
+            if not stored:
+                return None
+            source = min(stored, key=self._line)
+            held = self._roles(source).expressions
+            codes = {self._code(node): source for node in _outermost(
+                _value(source), lambda node, held=held: bool(held.get(id(node))) and held[id(node)] <= wanted
+                and _pure(node))}
+            if len(codes) > 1:
+                raise _Refused(f"several expressions hold the {_WORDS[role]} where the estimate is formed (line "
+                               f"{self._line(source)}): {', '.join(sorted(codes))}")
+            found.update(codes)
+        if not found:
+            return None
+        if len(found) > 1:
+            raise _Refused(f"the {_WORDS[role]} are different expressions where the estimates are formed: "
+                           f"{', '.join(sorted(found))}")
+        [(code, source)] = found.items()
+        self._check_still_means(code, source, entry)
+        return code
+
+    def _check_still_means(self, code: str, source: cst.CSTNode, entry: cst.CSTNode) -> None:
+        """`code`, read at `source`, must hold the same tensor at `entry`: nothing its names reach is assigned,
+        mutated in place or handed to a method of its own between the two (or anywhere in a loop around
+        the entry that does not hold the source), and the source is not in a loop the entry is not in."""
+        start, end = self._line(source, end=True), self._line(entry)
+        source_loops, entry_loops = self._loops(self._line(source)), self._loops(end)
+        if not set(map(id, source_loops)) <= set(map(id, entry_loops)):
+            raise _Refused(f"the estimate is formed in a loop (line {self._line(source)}) that the KL term leaves")
+        spans = [(start + 1, end - 1)] + [(loop.lineno, loop.end_lineno or loop.lineno) for loop in entry_loops
+                                          if id(loop) not in set(map(id, source_loops))]
+        paths, holders = _paths(code)
+        for node in ast.walk(self._function_of(end) or self._ast()):
+            line = getattr(node, "lineno", 0)
+            if not any(low <= line <= high for low, high in spans):
+                continue
+            changed = _changes(node, paths, holders)
+            if changed:
+                raise _Refused(f"`{changed}` may change at line {line}, between the estimate (line "
+                               f"{self._line(source)}) and the KL term's use")
 
     def _check_unchanged(self, term, arguments: dict, entry: cst.CSTNode, final: cst.CSTNode) -> None:
         """The moved term and the estimator's arguments must mean the same at the later statement."""
@@ -318,7 +380,7 @@ class Builder:
         descent = Descent()
         node: cst.BaseExpression = value
         while True:
-            reduction = None if descent.adds else _reduction(node, holds)
+            reduction = None if descent.adds else _reduction(node, holds, lambda call, mode: _modes(call, mode, roles))
             if reduction is not None:  # a reduction of the whole sum: the term leaves it
                 descent.outer.append(reduction)
                 node = reduction.operand
@@ -346,7 +408,7 @@ class Builder:
         """The node of the term that holds the KL, through coefficients (factors the analysis took for
         scales: no tensor, no KL), unary minus and reductions."""
         while True:
-            reduction = _reduction(node, holds)
+            reduction = _reduction(node, holds, lambda call, mode: _modes(call, mode, roles))
             if reduction is not None:
                 # the whole reduction is replaced: it must reduce the KL term alone, with no factor
                 if self._leaf(reduction.operand, holds, roles, Descent()) is not reduction.operand:
@@ -362,13 +424,27 @@ class Builder:
                 if left == right or (right and isinstance(node.operator, cst.Divide)):
                     raise _Refused("the KL term is multiplied by another KL term")
                 if id(other) in roles.tensors:
-                    raise _Refused("the KL term is multiplied by a tensor, not a coefficient")
+                    self._check_factor(other, roles)
                 node = node.left if left else node.right
                 continue
             if isinstance(node, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Comparison)):
                 raise _Refused("the KL term is combined with other terms in a way klaudit does not rewrite")
             _check_per_token(node, holds)
             return node
+
+    def _check_factor(self, factor: cst.BaseExpression, roles: StatementRoles) -> None:
+        """A tensor multiplying the KL term stays where it is, outside the replaced span, when it is one
+        number for the batch (an adaptive coefficient); a per-token or per-sequence tensor cannot be
+        carried by the estimator's per-sequence loss, and one that depends on the policy (a ratio,
+        log-probs) is part of what the fix replaces."""
+        shapes = roles.factors.get(id(factor), {"token"})
+        code = self._code(factor)
+        if "policy" in shapes:
+            raise _Refused(f"the KL term is multiplied by `{code}`, which depends on the policy (a differentiable "
+                           "ratio or log-probs): the product is a different estimator, rewrite it by hand")
+        if shapes != {"scalar"}:
+            raise _Refused(f"the KL term is multiplied by `{code}`, a tensor with a value per token or sequence: "
+                           "the estimator's per-sequence loss cannot carry those weights")
 
     # ---- edits ------------------------------------------------------------------------------
 
@@ -432,6 +508,18 @@ class Builder:
                   and node.lineno < line <= (node.end_lineno or 0)]
         return max(around, key=lambda node: node.lineno, default=None)
 
+    def _function_of(self, line: int) -> ast.AST | None:
+        """The innermost function that holds `line`."""
+        around = [node for node in ast.walk(self._ast()) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.lineno <= line <= (node.end_lineno or 0)]
+        return max(around, key=lambda node: node.lineno, default=None)
+
+    def _loops(self, line: int) -> list:
+        """The loops of the innermost function around `line`, whose bodies hold it."""
+        function = self._function_of(line)
+        return [node for node in ast.walk(function or self._ast()) if isinstance(node, (ast.For, ast.AsyncFor, ast.While))
+                and node.lineno < line <= (node.end_lineno or 0)]
+
     def _function_end(self, line: int) -> int:
         """The last line of the innermost function that holds `line`."""
         ends = [node.end_lineno or node.lineno for node in ast.walk(self._ast())
@@ -456,6 +544,14 @@ NOT_MECHANICAL = {
     "KL006": "which of the loss and the reward to keep is a choice klaudit leaves to you",
     "KL011": "flipping the sign of the KL term is left to you: check the sign convention of the surrounding code",
 }
+
+
+def _one_weighted_term(use: SiteUse) -> bool:
+    """A loss-and-reward configuration that is one term of the code: an estimate times a differentiable
+    ratio of the policy (exp(P - sg P) * k counts as k in the loss plus k as a reward), not a KL loss
+    paired with a separate KL reward of the same step. Replacing that term replaces both parts."""
+    terms = alg.terms_of(use.fact.poly, "loss") if use.fact.poly is not None else []
+    return any(term.weighted in ("score", "is", "score-seq", "is-seq") for term in terms)
 
 
 def _estimator(uses: Sequence[SiteUse]) -> str:
@@ -571,6 +667,127 @@ def _ast_root(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+def _outermost(node: cst.CSTNode, matches) -> Iterator[cst.CSTNode]:
+    """The nodes under `node` that match, without the matching nodes inside them."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if matches(current):
+            yield current
+            continue
+        if isinstance(current, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            continue  # names bound inside mean something else outside
+        stack.extend(current.children)
+
+
+_PURE_METHODS = ("detach", "float", "double", "half", "bfloat16", "clone", "contiguous", "to")
+
+
+def _pure(node: cst.CSTNode) -> bool:
+    """An expression that reads a value without side effects, so that it can be evaluated again
+    elsewhere: names, attributes, subscripts by constants or names, and conversions (`.detach()`,
+    `.float()`, `.to(device)`) of such."""
+    if isinstance(node, cst.Name):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _pure(node.value)
+    if isinstance(node, cst.Subscript):
+        return _pure(node.value) and all(
+            isinstance(element.slice, cst.Index) and isinstance(element.slice.value, (cst.SimpleString, cst.Integer, cst.Name))
+            for element in node.slice)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _PURE_METHODS:
+        return _pure(node.func.value) and all(isinstance(arg.value, (cst.Name, cst.Attribute, cst.SimpleString))
+                                              and (not isinstance(arg.value, cst.Attribute) or _pure(arg.value))
+                                              for arg in node.args)
+    return False
+
+
+def _paths(code: str) -> tuple[set[str], set[str]]:
+    """The dotted names `code` reads (`data`, `self.ref`, `experience.base_action_log_probs`) with the
+    prefixes that reach them, and among them the holders: the objects and containers whose attribute
+    or item `code` reads (`self`, `experience`, `data` of `data["old_log_probs"]`)."""
+    paths: set[str] = set()
+    holders: set[str] = set()
+    for node in ast.walk(ast.parse(code, mode="eval")):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            parts = _dotted_ast(node).split(".")
+            if parts != [""]:
+                paths.update(".".join(parts[:index]) for index in range(1, len(parts) + 1))
+                holders.update(".".join(parts[:index]) for index in range(1, len(parts)))
+        if isinstance(node, ast.Subscript) and _dotted_ast(node.value):
+            holders.add(_dotted_ast(node.value))
+    return paths, holders
+
+
+def _dotted_ast(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _changes(node: ast.AST, paths: set[str], holders: set[str]) -> str:
+    """The path of `paths` that `node` may change: assigned (or deleted) itself, through a subscript or
+    attribute of it, or by a method call on it (`data.pop(...)`, `logp.mul_(...)`, `self.update()`); ""
+    if none."""
+    targets: list = []
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+        targets = [node.target]
+    elif isinstance(node, ast.NamedExpr):
+        targets = [node.target]
+    elif isinstance(node, (ast.With, ast.AsyncWith)):
+        targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
+    elif isinstance(node, (ast.Global, ast.Nonlocal)):
+        return next((name for name in node.names if name in paths), "")
+    elif isinstance(node, ast.Call):
+        return _call_changes(node, paths, holders)
+    for target in targets:
+        for part in ast.walk(target):
+            if isinstance(part, (ast.Name, ast.Attribute, ast.Subscript)):
+                path = _dotted_ast(_strip_subscripts(part))
+                if path in paths or any(other.startswith(path + ".") for other in paths if path):
+                    return path
+    return ""
+
+
+_MUTATORS = ("pop", "popitem", "update", "clear", "setdefault", "append", "extend", "insert", "remove",
+             "__setitem__", "__delitem__", "setattr")
+_READERS = ("get", "keys", "values", "items", "size", "dim")
+
+
+def _call_changes(node: ast.Call, paths: set[str], holders: set[str]) -> str:
+    """A call that may change a path: an in-place or container-mutating method of the value itself
+    (`logp.mul_(2)`, `batch.pop("x")`), any method but a reader of an object that holds it
+    (`self.step()` may set `self.ref`), or a function handed such an object (`fill(data)`)."""
+    if isinstance(node.func, ast.Attribute):
+        receiver = _dotted_ast(_strip_subscripts(node.func.value))
+        method = node.func.attr
+        if receiver in paths and receiver not in holders and (
+                method.endswith("_") and not method.endswith("__") or method in _MUTATORS):
+            return receiver
+        if receiver in holders and method not in _READERS:
+            return receiver
+        if isinstance(node.func.value, ast.Subscript) and receiver in paths and (
+                method.endswith("_") and not method.endswith("__") or method in _MUTATORS):
+            return receiver  # data["x"].mul_(2), data["x"].append(...)
+    for arg in [*node.args, *(keyword.value for keyword in node.keywords)]:
+        passed = _dotted_ast(arg)
+        if passed in holders:
+            return passed
+    return ""
+
+
+def _strip_subscripts(node: ast.AST) -> ast.AST:
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node
+
+
 def _method(node: cst.CSTNode | None, name: str) -> tuple[cst.Call, cst.BaseExpression] | None:
     """(the call, its receiver) of `receiver.name(...)`."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == name:
@@ -592,18 +809,23 @@ def _same(a: cst.CSTNode | None, b: cst.CSTNode | None) -> bool:
     return a is not None and b is not None and a.deep_equals(b)
 
 
-def _reduction(node: cst.BaseExpression, holds) -> Reduction | None:
-    """The reductions of a per-token term the fix can keep the scale of (see the module docstring)."""
+def _reduction(node: cst.BaseExpression, holds, modes=lambda call, mode: set()) -> Reduction | None:
+    """The reductions of a per-token term the fix can keep the scale of (see the module docstring).
+    `modes(call, mode)` is the set of strings an aggregator's mode argument may hold."""
     if not holds(node):
         return None
     if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] in _MASKED_MEANS:
-        args = node.args  # masked_mean(x, mask): a mean over every masked token (no axis)
-        keywords = [arg.keyword.value if arg.keyword else None for arg in args]
-        if len(args) == 2 and keywords[0] is None and keywords[1] in (None, "mask") and holds(args[0].value):
-            return Reduction(BATCH_MEAN, node, args[0].value, mask=args[1].value)
+        args = _call_args(node, ("values", "mask"))  # masked_mean(x, mask): a mean over every masked token
+        if args is not None and len(args) == 2 and holds(args["values"]):
+            return Reduction(BATCH_MEAN, node, args["values"], mask=args["mask"])
         return None
+    if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] in _AGGREGATORS:
+        return _aggregator(node, holds, modes)
     mean = _method(node, "mean")
     if mean is not None:
+        per_sequence = None if mean[0].args else _per_sequence_mean(mean[1], holds)
+        if per_sequence is not None:  # masked_mean(x, mask, dim=-1).mean()
+            return Reduction(SEQ_MEAN, node, per_sequence["values"], mask=per_sequence["mask"])
         return _mean_reduction(mean[0], mean[1], holds) if not mean[0].args else None
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
         total = _method(node.left, "sum")
@@ -619,6 +841,98 @@ def _reduction(node: cst.BaseExpression, holds) -> Reduction | None:
     if total is not None and masked is not None and not total[0].args:
         return Reduction(TOTAL_SUM, node, masked[0], mask=masked[1])
     return None
+
+
+_AGGREGATORS = {"agg_loss": ("loss_mat", "loss_mask", "loss_agg_mode"), "aggregate_loss": ("loss", "loss_mask")}
+# verl's loss_agg_mode values whose KL scale the estimator's `.loss` can keep: the batch token-mean,
+# the per-sequence token-mean (replaced by the batch token-mean, as the catalog's fix for KL007), and
+# the token-sum divided by the padded length. seq-mean-token-sum divides by the number of non-empty
+# sequences, which no reduction of `.loss` spells exactly.
+_AGG_MODES = {"token-mean": BATCH_MEAN, "seq-mean-token-mean": SEQ_MEAN, "seq-mean-token-sum-norm": CONSTANT}
+
+
+def _call_args(call: cst.Call, names: tuple) -> dict | None:
+    """The arguments of `call` by parameter name, for a signature `names` (positional or keyword);
+    None when it passes anything else (`*args`, `**kwargs`, an unknown keyword)."""
+    found: dict = {}
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        name = arg.keyword.value if arg.keyword else (names[index] if index < len(names) else None)
+        if name not in names or name in found:
+            return None
+        found[name] = arg.value
+    return found
+
+
+def _aggregator(call: cst.Call, holds, modes) -> Reduction:
+    """verl's `agg_loss(loss_mat, loss_mask, loss_agg_mode)` and OpenRLHF's `aggregate_loss(loss, mask)`
+    (its default, a batch token-mean), with no argument that rescales them (data-parallel size, a
+    global token count): the reduction their mode spells."""
+    name = dotted(call.func).rsplit(".", 1)[-1]
+    params = _AGGREGATORS[name]
+    args = _call_args(call, params)
+    if args is None:
+        extra = [arg.keyword.value if arg.keyword else ("**" if arg.star == "**" else "*") + _code_of(arg.value)
+                 for arg in call.args if arg.star or arg.keyword and arg.keyword.value not in params]
+        raise _Refused(f"`{name}` is also given {', '.join(extra) or 'more arguments'}, which can change its scale "
+                       "(a global token count, the data-parallel size): the fix would not keep it")
+    if params[0] not in args or params[1] not in args or not holds(args[params[0]]):
+        raise _Refused(f"the KL term passes through `{name}`, whose arguments klaudit does not recognise")
+    operand, mask = args[params[0]], args[params[1]]
+    if name == "aggregate_loss":
+        return Reduction(BATCH_MEAN, call, operand, mask=mask)
+    mode = args.get("loss_agg_mode")
+    values = {str(mode.evaluated_value)} if isinstance(mode, cst.SimpleString) else \
+        modes(call, mode) if mode is not None else set()
+    if len(values) != 1:
+        shown = ", ".join(sorted(f'"{value}"' for value in values)) or "a value klaudit cannot read"
+        raise _Refused(f"the scale of `agg_loss` depends on its loss_agg_mode ({shown}), which the code reads "
+                       "from its configuration: write the reduction of the mode you run by hand")
+    [value] = values
+    if value == "seq-mean-token-sum":
+        raise _Refused("agg_loss's loss_agg_mode \"seq-mean-token-sum\" divides by the number of non-empty "
+                       "sequences, which no reduction of the estimator's loss spells exactly")
+    if value not in _AGG_MODES:
+        raise _Refused(f"agg_loss's loss_agg_mode \"{value}\" is not one klaudit knows the scale of")
+    kind = _AGG_MODES[value]
+    if kind == CONSTANT:
+        divisor = cst.parse_expression(f"{_atom(_code_of(mask))}.shape[-1]")
+        return Reduction(CONSTANT, call, operand, mask=mask, divisor=divisor)
+    return Reduction(kind, call, operand, mask=mask)
+
+
+def _code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node).strip()
+
+
+def _modes(call: cst.Call, mode: cst.BaseExpression, roles: StatementRoles) -> set:
+    """The strings an aggregator's mode may hold here: those the analysis knows it holds, or the values
+    of the switch it names under which the KL terms leave the aggregator (one each, by the analysis)."""
+    known = roles.texts.get(id(mode), set())
+    if known:
+        return set(known)
+    name = dotted(mode).rsplit(".", 1)[-1]
+    return {value for switch, values in roles.switches.get(id(call), set()) if switch == name
+            for value in values if isinstance(value, str)}
+
+
+def _per_sequence_mean(node: cst.BaseExpression, holds) -> dict | None:
+    """The arguments of `masked_mean(x, mask, dim=-1)` (or axis=1): one token-mean per sequence, x
+    holding the KL term; None for anything else."""
+    if not (isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] in _MASKED_MEANS):
+        return None
+    args = _call_args(node, ("values", "mask", "dim"))
+    if args is None:
+        args = _call_args(node, ("values", "mask", "axis"))
+        if args is not None and "axis" in args:
+            args["dim"] = args.pop("axis")
+    if args is None or set(args) != {"values", "mask", "dim"} or not holds(args["values"]):
+        return None
+    dim = args["dim"]
+    last = isinstance(dim, cst.UnaryOperation) and isinstance(dim.operator, cst.Minus) and \
+        isinstance(dim.expression, cst.Integer) and dim.expression.value == "1"
+    return args if last or isinstance(dim, cst.Integer) and dim.value == "1" else None
 
 
 def _mean_reduction(node: cst.Call, mean_of: cst.BaseExpression, holds) -> Reduction | None:

@@ -22,7 +22,7 @@ from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS, Callee, CallFlow, closure_of
 from klaudit.lint.containers import ContainerFlow, elements, entry_of, enumerated, zipped
-from klaudit.lint.evidence import note_entry
+from klaudit.lint.evidence import note_assignment, note_entry
 from klaudit.lint.facts import (
     NEG,
     UNKNOWN,
@@ -353,7 +353,9 @@ class FunctionRun(ContainerFlow, CallFlow):
             current = self.expr(small.target)
             value = self.binary(current, self.expr(small.value), op, small)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
-        elif isinstance(small, cst.Expr):
+        if self.record and isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            note_assignment(self, small)
+        if isinstance(small, cst.Expr):
             self.expr(small.value)
         elif isinstance(small, cst.Return) and small.value is not None:
             value = self.expr(small.value)

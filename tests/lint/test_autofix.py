@@ -37,11 +37,15 @@ FIXED = Counter({
     ("indexed_kl_estimator.py", "KL003"): 2,
     ("length_normalized_kl.py", "KL007"): 1,
     ("megatron_closure_loss.py", "KL002"): 1, ("megatron_closure_loss.py", "KL008"): 1,
+    ("openrlhf_ppo.py", "KL001"): 1, ("openrlhf_ppo.py", "KL002"): 1, ("openrlhf_ppo.py", "KL003"): 1,
+    ("orz_flag_kl_loss.py", "KL001"): 1, ("orz_flag_kl_loss.py", "KL002"): 1, ("orz_flag_kl_loss.py", "KL009"): 1,
     ("ppo_gae_trainer.py", "KL004"): 1,
     ("verl_dp_actor.py", "KL001"): 1, ("verl_dp_actor.py", "KL002"): 1, ("verl_dp_actor.py", "KL003"): 3,
     ("verl_dp_actor.py", "KL008"): 1, ("verl_dp_actor.py", "KL009"): 1,
-    ("verl_kl_config.yaml", "KL007"): 1,
+    ("verl_kl_config.yaml", "KL007"): 1, ("verl_ray_trainer.py", "KL004"): 3,
     ("trl_grpo_config.py", "KL007"): 1,  # loss_type="grpo" -> "dapo" in the GRPOConfig subclass
+    # OpenRLHF's masked_mean of the clamped estimate -> kl_penalty with the old log-probs, as its fixed twin
+    **{("openrlhf_kl_flags.py", code): 1 for code in ("KL001", "KL002", "KL003", "KL008", "KL010")},
 })
 
 
