@@ -12,9 +12,11 @@ executable per-sequence surrogate, and the tests prove every row against exact e
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class Estimator(str, Enum):
@@ -402,12 +404,8 @@ def _normalized(config: Config) -> Config:
 _BY_CONFIG: Mapping[Config, Row] = {row.config: row for row in CATALOG if row.config is not None}
 
 
-def _with(config: Config, **changes) -> Config:
-    fields = dict(loss=config.loss, reward=config.reward, returns=config.returns,
-                  aggregation=config.aggregation, position=config.position,
-                  sampling=config.sampling, sign=config.sign)
-    fields.update(changes)
-    return _normalized(Config(**fields))
+def _with(config: Config, **changes: Any) -> Config:
+    return _normalized(dataclasses.replace(config, **changes))
 
 
 def classify(config: Config) -> Row:
@@ -477,7 +475,7 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     config = _normalized(config)
     if config.loss is None and config.reward is None:
         raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
-    found: list[Row] = []
+    found: list[Row | None] = []
     if config.sign < 0:
         found.append(_listed(config, _GENERIC_SIGN))
         config = _with(config, sign=1)
@@ -494,9 +492,11 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     if config.aggregation is not Aggregation.SUM:
         found.append(_listed(_with(config, sampling=Sampling.ON_POLICY),
                              _GENERIC_LENGTH if config.aggregation is Aggregation.SEQ_MEAN else None))
-    rules: set = set()
-    return tuple(row for row in found
-                 if row is not None and row.rule is not None and not (row.rule in rules or rules.add(row.rule)))
+    distinct: dict[str, Row] = {}
+    for row in found:
+        if row is not None and row.rule is not None:
+            distinct.setdefault(row.rule, row)
+    return tuple(distinct.values())
 
 
 def _listed(config: Config, generic: Row | None) -> Row | None:

@@ -181,8 +181,8 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
         output = FORMATTERS[output_format](result.findings, options)
     if output:
         click.echo(output, color=options.color, err=from_stdin and fix)
-    for error in result.errors:
-        click.echo(f"error: {error}", err=True)
+    for message in result.errors:
+        click.echo(f"error: {message}", err=True)
     if result.errors:
         sys.exit(2)
     failing = [finding for finding in result.findings if finding.code not in INFORMATIONAL_CODES]
@@ -292,6 +292,6 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
         for detail in report.details:
             click.echo(detail.rstrip("\n"), err=True)
     if output_format == "json":
-        for error in report.errors:
-            click.echo(f"error: {error}", err=True)
+        for message in report.errors:
+            click.echo(f"error: {message}", err=True)
     sys.exit(report.exit_code_for(used_only=fail_on == "used"))

@@ -13,6 +13,7 @@ import tokenize
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import click
 
@@ -66,7 +67,7 @@ def _caret_line(source_line: str, column: int, end_column: int) -> str:
 
 
 def _styler(options: ReportOptions):
-    def style(text: str, **kwargs: object) -> str:
+    def style(text: str, **kwargs: Any) -> str:
         return click.style(text, **kwargs) if options.color else text
     return style
 
