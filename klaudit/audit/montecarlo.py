@@ -51,7 +51,7 @@ import torch
 
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding
-from klaudit.audit.exact import ExactProblem, cosine
+from klaudit.audit.exact import ExactProblem
 from klaudit.audit.fingerprint import Fingerprinter, far_batch, leaf_batches, logits_gradient
 from klaudit.audit.measure import (
     ModeNotImplemented,
@@ -509,16 +509,15 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
                     _add_curves(row.curves, local, difference, along_reference)
 
     fingerprinter = Fingerprinter(first)
-    second_half = samples - first_half
-    rev_squared = _cross_product(reference_sums, (first_half, second_half))
-    reference_mean = (reference_sums[0] + reference_sums[1]) / samples
+    halves = (first_half, samples - first_half)
+    reference_means = (reference_sums[0] / halves[0], reference_sums[1] / max(halves[1], 1))
     results, row_curves = [], {}
     for row in rows:
         if row.same_as is not None:  # the twin's gradient statistics, with the row's own values
             row = dataclasses.replace(row.same_as, plan=row.plan, placement=row.placement, per_sequence=row.per_sequence,
                                       values=row.values, value_sum=row.value_sum, same_as=None)
-        results.append(_result(row, name, samples, reference_mean, rev_squared, reference_value.item() / samples,
-                               fingerprinter, sampler.description))
+        results.append(_result(row, name, halves, reference_means, reference_value.item() / samples, fingerprinter,
+                               sampler.description))
         row_curves[(tuple(row.plan.term.mode.items()), row.placement)] = row.curves
     return results, notes, row_curves
 
@@ -535,7 +534,25 @@ def _cross_product(sums: Sequence[torch.Tensor], counts: Sequence[int]) -> float
     """<mean_1, mean_2> of two independent halves: unbiased for |E|^2 (|mean|^2 would add the noise)."""
     if min(counts) <= 0:
         return 0.0
-    return torch.dot(sums[0].flatten(), sums[1].flatten()).item() / (counts[0] * counts[1])
+    return _dot(sums[0], sums[1]) / (counts[0] * counts[1])
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.dot(a.flatten(), b.flatten()).item()
+
+
+def _agreement(user: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> tuple[float | None, float, float]:
+    """cos(E u, E r), |E u - E r| / |E r| and <E u, E r> / |E r|^2 from the means of two independent halves:
+    each squared norm or inner product is a cross product of the halves, unbiased (the product of one half's
+    mean with itself adds tr(Sigma) / n, which in a head of V x F entries swamps the means)."""
+    rr = _dot(reference[0], reference[1])
+    uu = _dot(user[0], user[1])
+    ur = 0.5 * (_dot(user[0], reference[1]) + _dot(user[1], reference[0]))
+    gap = _dot(user[0] - reference[0], user[1] - reference[1])
+    if rr <= 0:
+        return None, math.inf, math.nan
+    cos = ur / math.sqrt(uu * rr) if uu > 0 else None
+    return (None if cos is None else max(-1.0, min(1.0, cos))), math.sqrt(max(gap, 0.0) / rr), ur / rr
 
 
 def _automatic_samples(rows: list[_Row], differences: dict, pilot: _Local, half: int, rev_squared: float) -> int:
@@ -578,9 +595,15 @@ def _add_curves(curves: Curves, local: _Local, difference: _Difference, along: t
     curves.weights.append(local.weights)
 
 
-def _result(row: _Row, name: str, samples: int, reference_mean: torch.Tensor, rev_squared: float,
+def _result(row: _Row, name: str, halves: tuple[int, int], reference_means: tuple[torch.Tensor, torch.Tensor],
             reference_value: float, fingerprinter: Fingerprinter, description: str) -> ResultRow:
     """The report row: the test, the detectable bias, the mean gradients' agreement and the fingerprint."""
+    samples = sum(halves)
+    zero = torch.zeros_like(reference_means[0])
+    first = zero if row.direction_sum is None else row.direction_sum
+    differences = (first / halves[0], (zero if row.total is None else row.total - first) / max(halves[1], 1))
+    cos, relative_error, scale = _agreement([r + d for r, d in zip(reference_means, differences)], reference_means)
+    rev_squared = _dot(*reference_means)
     projections = torch.cat(row.projections) if row.projections else torch.zeros(0)
     count = projections.numel()
     spread = projections.std().item() if count > 1 else 0.0
@@ -591,23 +614,16 @@ def _result(row: _Row, name: str, samples: int, reference_mean: torch.Tensor, re
         skewness = (centred.pow(3).mean() / centred.pow(2).mean().pow(1.5)).item()
         z = projections.mean().item() / (spread / math.sqrt(count))
         p = _edgeworth_p(z, skewness, count)
-        rev = math.sqrt(rev_squared) if rev_squared > 0 else reference_mean.norm().item()
+        rev = math.sqrt(rev_squared) if rev_squared > 0 else 0.0
         detectable = math.sqrt((Z_BIASED + Z_POWER) * spread / math.sqrt(count)) / rev if rev > 0 else math.inf
     biased = p < P_BIASED
-    difference_mean = row.total / samples if row.total is not None else torch.zeros_like(reference_mean)
-    user_mean = reference_mean + difference_mean
     aggregation = Aggregation.BATCH_MEAN if row.plan.scalar_weight == "batch-token-mean" else Aggregation.SUM
     match, _ = identify_clamped(row.summed(), fingerprinter, rtol=row.plan.term.rtol, aggregation=aggregation)
-    squared = torch.dot(reference_mean.flatten(), reference_mean.flatten()).item()
-    scale = torch.dot(user_mean.flatten(), reference_mean.flatten()).item() / squared if squared else math.nan
-    cos = cosine(user_mean, reference_mean)
-    reference_norm = reference_mean.norm().item()
     return ResultRow(
         target=name, mode=dict(row.plan.term.mode), placement=row.placement,
         configuration=match.description if match is not None else "unrecognised (no catalog configuration matches "
                                                                    "per sample)",
-        objective="MC", unbiased=not biased, cos_rev=None if math.isnan(cos) else cos,
-        rel_err_rev=difference_mean.norm().item() / reference_norm if reference_norm else math.inf,
+        objective="MC", unbiased=not biased, cos_rev=cos, rel_err_rev=relative_error,
         value_bias=row.value_sum.item() / samples - reference_value,
         rule=(match.row.rule if match is not None and biased else None),
         fix=(match.row.fix if match is not None and biased else ""),

@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 from klaudit.audit import montecarlo  # noqa: E402
 from klaudit.audit.batch import Batch  # noqa: E402
 from klaudit.audit.bind import Binding, Role  # noqa: E402
-from klaudit.audit.exact import ExactProblem, positive_multiple  # noqa: E402
+from klaudit.audit.exact import ExactProblem, positive_multiple, relerr  # noqa: E402
 from klaudit.audit.fingerprint import leaf_batches, logits_gradient  # noqa: E402
 from klaudit.audit.policies import TabularPolicy, place_at_kl  # noqa: E402
 from klaudit.audit.surrogates import build_surrogate  # noqa: E402
@@ -148,8 +148,8 @@ def test_monte_carlo_agrees_with_the_exact_audit_on_every_row(toy, seed):
     policy, reference = toy
     exact = ExactProblem(policy, reference)
     rev = exact.targets()[Target.REV]
-    exactly_biased = {label: positive_multiple(exact.expected_gradient(build_surrogate(row.config)), rev) is None
-                      for label, row in ROWS.items()}
+    gradients = {label: exact.expected_gradient(build_surrogate(row.config)) for label, row in ROWS.items()}
+    exactly_biased = {label: positive_multiple(gradient, rev) is None for label, gradient in gradients.items()}
     assert exactly_biased[CLAMP_ROW]  # the clamp acts on this toy
     rows, notes, _ = montecarlo.audit(catalog_row, _binding(ROWS), name="catalog", placements=["loss"],
                                       sampler=montecarlo.TabularSampler(policy, reference, seed=seed))
@@ -159,6 +159,13 @@ def test_monte_carlo_agrees_with_the_exact_audit_on_every_row(toy, seed):
     samples = rows[0].monte_carlo["samples"]
     assert montecarlo.MIN_SAMPLES <= samples <= 2000 and any(f"{samples} samples, chosen" in note for note in notes)
     assert sum(exactly_biased.values()) >= 25 and sum(not biased for biased in exactly_biased.values()) >= 6
+    # The reported relative error estimates the exact one: a ratio of cross products of two halves' means, each
+    # unbiased, with a few percent of noise at ~1000 samples; within 25%, plus the noise floor of a zero bias,
+    # which is the bias the row could have detected.
+    for row in rows:
+        exact_error = relerr(gradients[row.mode["row"]], rev)
+        tolerance = 0.25 * exact_error + row.monte_carlo["detectable"] + 1e-12
+        assert abs(row.rel_err_rev - exact_error) < tolerance, row.mode["row"]
     # An unbiased row says how small a bias it would have caught: about the target the pilot sized N for (the
     # pilot's variance comes from 128 samples, so within a factor 2).
     for row in rows:
