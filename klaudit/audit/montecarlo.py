@@ -22,8 +22,8 @@ logits = features @ W^T, and the test is on their paired difference, sample by s
   default, where the normal tail of a mean of i.i.d. terms is accurate up to that Edgeworth order;
   tests/audit/test_montecarlo.py checks the null z's over seeds.
 * Sample size: with `samples=None` the pilot estimates, per row, the noise of x and |REV|, and N is the smallest
-  that gives a bias of TARGET_RELATIVE_BIAS |REV| an expected z of Z_BIASED + Z_POWER (90% power), within
-  [MIN_SAMPLES, MAX_SAMPLES]. Each row reports the bias it could have detected: a bias mu gives E x ~ |mu|^2
+  that gives a bias of TARGET_RELATIVE_BIAS |REV| an expected z of Z_BIASED + Z_POWER (90% power), from
+  MIN_SAMPLES to the device's MAX_SAMPLES. Each row reports the bias it could have detected: a bias mu gives E x ~ |mu|^2
   (u is mu plus noise), so |mu| / |REV| = sqrt((Z_BIASED + Z_POWER) sd(x) / sqrt(n_B)) / |REV|.
 
 Equal means is the test: a term that is unbiased only up to a factor (a constant divisor) reads as biased here;
@@ -79,7 +79,8 @@ Z_BIASED = statistics.NormalDist().inv_cdf(1 - P_BIASED)  # 4.753
 Z_POWER = statistics.NormalDist().inv_cdf(0.9)  # 1.282: the detectable bias is detected 9 times in 10
 TARGET_RELATIVE_BIAS = 0.05  # the automatic sample size detects a bias of 5% of |REV|
 PILOT = 256
-MIN_SAMPLES, MAX_SAMPLES = 1000, 16000
+MIN_SAMPLES = 1000  # n_B >= 500: the normal tail of the test's mean holds to its Edgeworth order
+MAX_SAMPLES = {"cpu": 4000, "cuda": 16000}  # the automatic sample size's cap (a CPU: about a minute at V = 1k)
 FINGERPRINT_ROWS = 8
 IDENTICAL_RTOL = 1e-9  # a difference below this fraction of the reference's gradient: the same gradient per sample
 # Entries of one [b, T, V] float64 tensor of a batch (a dozen live at once): 16 MiB on a CPU (below glibc's
@@ -336,9 +337,9 @@ class _Row:
     normal_vector: torch.Tensor | None = None
     beta: torch.Tensor | None = None
     identical: bool = False
-    direction_sum: torch.Tensor | None = None  # sum over A of w D'
-    total: torch.Tensor | None = None  # sum over all samples of w D'
-    value_sum: torch.Tensor | None = None
+    direction_sum: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # sum over A of w D'
+    total: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # sum over all samples of w D'
+    value_sum: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
     projections: list[torch.Tensor] = field(default_factory=list)
     curves: Curves = field(default_factory=Curves)
     same_as: _Row | None = None  # an earlier row with the same values and gradients: its sums serve
@@ -429,7 +430,7 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
     probe = sampler.draw(2)
     device = probe.features.device
     size = batch_size or batch_size_for(sampler, device)
-    pilot_size = min(PILOT, size, (samples or 2 * PILOT) // 2)
+    pilot_size = min(PILOT, 2 * size, (samples or 2 * PILOT) // 2)
     pilot_draw = sampler.draw(pilot_size)
     knots = knots_from(_sampled_log_ratios(pilot_draw, sampler))
     pilot = _Local(pilot_draw, sampler, knots)
@@ -469,10 +470,11 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
                         pilot.head(pilot.reference[half:], slice(half, None)))
     rev_squared = _cross_product(reference_halves, (half, pilot_size - half))
     if samples is None:
-        samples = _automatic_samples(measured, differences, pilot, half, rev_squared)
+        cap = MAX_SAMPLES.get(device.type, MAX_SAMPLES["cpu"])
+        samples = min(cap, _automatic_samples(measured, differences, pilot, half, rev_squared))
         notes.append(f"{name}: {samples} samples, chosen on a pilot of {pilot_size} to detect a bias of "
                      f"{TARGET_RELATIVE_BIAS:.0%} of |REV| at p < {P_BIASED:g} with 90% power "
-                     f"(within {MIN_SAMPLES}..{MAX_SAMPLES})")
+                     f"({MIN_SAMPLES} to {cap} on {device.type})")
     samples = max(samples, pilot_size)
     first_half = max(pilot_size, samples // 2)
 
@@ -480,6 +482,7 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
     reference_value = torch.zeros((), dtype=torch.float64, device=device)
     for row in rows:
         row.value_sum = torch.zeros((), dtype=torch.float64, device=device)
+        row.total, row.direction_sum = torch.zeros_like(reference_sums[0]), torch.zeros_like(reference_sums[0])
     phases = ((True, itertools.chain([pilot_draw], _slices(sampler, first_half - pilot_size, size))),
               (False, _slices(sampler, samples - first_half, size)))
     drawn = 0
@@ -500,9 +503,9 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
                 difference = differences.pop(id(row)) if local is pilot else _Difference(local, row)
                 vectors = difference.vectors(row.beta)
                 contribution = local.head(vectors)
-                row.total = contribution if row.total is None else row.total + contribution
+                row.total += contribution
                 if in_first_half:
-                    row.direction_sum = contribution if row.direction_sum is None else row.direction_sum + contribution
+                    row.direction_sum += contribution
                     continue
                 row.projections.append(local.along(vectors, row.direction_sum / first_half))
                 if curves:
@@ -564,7 +567,7 @@ def _automatic_samples(rows: list[_Row], differences: dict, pilot: _Local, half:
     Z_BIASED + Z_POWER (z grows as the square root of the samples)."""
     size = len(pilot.draw)
     if half < 2 or size - half < 2 or rev_squared <= 0:
-        return MAX_SAMPLES
+        return max(MAX_SAMPLES.values())
     needed = MIN_SAMPLES
     target = (TARGET_RELATIVE_BIAS ** 2) * rev_squared
     for row in rows:
@@ -579,7 +582,7 @@ def _automatic_samples(rows: list[_Row], differences: dict, pilot: _Local, half:
         if z > Z_BIASED:  # the pilot already shows a bias: enough samples for its z to reach Z_BIASED + Z_POWER
             count = min(count, 2 * half * ((Z_BIASED + Z_POWER) / z) ** 2)
         needed = max(needed, math.ceil(count))
-    return min(needed, MAX_SAMPLES)
+    return needed
 
 
 def _add_curves(curves: Curves, local: _Local, difference: _Difference, along: torch.Tensor) -> None:
@@ -599,9 +602,7 @@ def _result(row: _Row, name: str, halves: tuple[int, int], reference_means: tupl
             reference_value: float, fingerprinter: Fingerprinter, description: str) -> ResultRow:
     """The report row: the test, the detectable bias, the mean gradients' agreement and the fingerprint."""
     samples = sum(halves)
-    zero = torch.zeros_like(reference_means[0])
-    first = zero if row.direction_sum is None else row.direction_sum
-    differences = (first / halves[0], (zero if row.total is None else row.total - first) / max(halves[1], 1))
+    differences = (row.direction_sum / halves[0], (row.total - row.direction_sum) / max(halves[1], 1))
     cos, relative_error, scale = _agreement([r + d for r, d in zip(reference_means, differences)], reference_means)
     rev_squared = _dot(*reference_means)
     projections = torch.cat(row.projections) if row.projections else torch.zeros(0)
