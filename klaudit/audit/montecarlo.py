@@ -82,6 +82,7 @@ PILOT = 256
 MIN_SAMPLES = 1000  # n_B >= 500: the normal tail of the test's mean holds to its Edgeworth order
 MAX_SAMPLES = {"cpu": 4000, "cuda": 16000}  # the automatic sample size's cap (a CPU: about a minute at V = 1k)
 FINGERPRINT_ROWS = 8
+TWIN_PROBE_ROWS = 64  # pilot responses on which rows are compared for identical per-sample gradients
 IDENTICAL_RTOL = 1e-9  # a difference below this fraction of the reference's gradient: the same gradient per sample
 # Entries of one [b, T, V] float64 tensor of a batch (a dozen live at once): 16 MiB on a CPU (below glibc's
 # largest mmap threshold, so the allocator reuses them instead of faulting fresh pages in), 512 MiB on a GPU.
@@ -299,10 +300,6 @@ class _Local:
                      mask=self.mask.clone(), logits=self.logits if logits is None else logits,
                      ref_logits=self.ref_logits, tokens=self.draw.tokens)
 
-    def factory(self) -> Callable[[], Batch]:
-        """Batches of these responses whose logits are a fresh leaf (klaudit.audit.fingerprint.leaf_batches)."""
-        return leaf_batches(self.draw.tokens, self.mask, self.logits, self.ref_logits)
-
     def gradient(self, objective: Callable[[Batch], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """d objective / d logits as (a [n, T], G [n, T, V] or None): a (e_y - p) through the log-probs plus G
         through the logits themselves (None when the term does not read them). Both are leaves: the chain rule
@@ -427,10 +424,9 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
         notes.append(f"{', '.join(binding.old)} of {name}: the policy's own log-probs (the Monte-Carlo audit is "
                      f"on-policy)")
     reward_function = is_reward_function(getattr(fn, "__name__", ""))
-    probe = sampler.draw(2)
-    device = probe.features.device
+    device = sampler.draw(1).features.device
     size = batch_size or batch_size_for(sampler, device)
-    pilot_size = min(PILOT, 2 * size, (samples or 2 * PILOT) // 2)
+    pilot_size = min(PILOT, size, (samples or 2 * PILOT) // 2)
     pilot_draw = sampler.draw(pilot_size)
     knots = knots_from(_sampled_log_ratios(pilot_draw, sampler))
     pilot = _Local(pilot_draw, sampler, knots)
@@ -453,7 +449,8 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
     rows = [_Row(plan, placement, surrogate(plan.term, plan.kind, placement, plan.scalar_weight),
                  value_per_sequence(plan.term, plan.kind, plan.scalar_weight))
             for plan in plans for placement in plan.placements]
-    _share_twins(rows, [pilot.factory(), far_batch(first)])
+    probe = pilot_draw.rows(0, TWIN_PROBE_ROWS)
+    _share_twins(rows, [leaf_batches(probe.tokens, probe.mask, *sampler.logits(probe.features)), far_batch(first)])
     measured = [row for row in rows if row.same_as is None]
 
     progress(f"{name}: fitting control variates on a pilot of {pilot_size} samples")
