@@ -6,13 +6,15 @@ reference the biases shrink). The smallest is low_var_kl loss + low_var_kl rewar
 tokens with pi < ref / 13.6, which the policy itself draws rarely, but the audit draws from the proposal
 0.8 pi + 0.2 ref, so those tokens are sampled (and weighted back), and the exact verdict and the Monte-Carlo
 one rest on the same tokens. For every such row the exact expected gradient (enumeration, float64) gives the
-verdict; the Monte-Carlo audit at the sample size it chooses itself (a pilot of 256, here 1000 to 1317
-samples) must give the same verdict on every row, biased at p < 1e-6 and no false positive. Over the six
-sampler seeds 0..5 the smallest z of a biased row was 7.5 (KL010; the others above 40) and the largest z of
-an unbiased row 1.5, so the verdicts do not hang on the seed; the test runs seeds 0..2.
+verdict; the Monte-Carlo audit at the sample size it chooses itself (a pilot of 256, here 1000 samples)
+must give the same verdict on every row, biased at p < 1e-6 and no false positive. Over the six sampler
+seeds 0..5 the smallest z of a biased row was 10.5 (KL010; the others above 24) and the largest z of an
+unbiased row 2.4, so the verdicts do not hang on the seed; the test runs seeds 0..2.
 
 The statistical parts are exact identities checked by enumeration (the control variates' zero mean, the
 importance weights, the reference's gradient), and the null distribution of z is checked over 24 seeds.
+That check is loose on purpose: over 200 seeds the z's of k3 loss + k3 reward have sd 1.32, not 1 (its
+terms ref/pi are heavy even under the proposal), and 3 of 200 fell below p = 1e-6 (README).
 """
 
 from __future__ import annotations
