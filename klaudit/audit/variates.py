@@ -11,8 +11,10 @@ so each of these has mean zero under pi, whatever the rest of the response:
     baselines s_t 1{t = tau},  s_t KL_t(h_t) 1{t = tau}            (a baseline per position, kl-math.md §4.1)
 
 phi_k are hat functions of delta on K evenly spaced knots from the 1st to the 99th percentile of sampled
-log-ratios, extended as constants beyond the outer knots: bounded, so that no variate puts weight on tokens the policy rarely draws (a variate
-that is large only on rare draws keeps its zero mean but spoils a test's Gaussian approximation). A KL term's
+log-ratios, the outer two continued linearly, so that their combinations are the piecewise-linear functions
+of delta (a k1 term's delta is matched on every token). Knots at rarer quantiles, or the ratio ref/pi as a
+function, make variates that are large mostly on rare draws: their zero mean holds, but their fitted weights
+carry noise onto those draws and spoil a test's Gaussian approximation (measured: z's sd up to 2.2). A KL term's
 per-sample logits gradient minus sum_j beta_j variate_j has the same mean for any fixed beta, and, with beta
 fitted by least squares, much less variance: k2 as a loss, delta_t s_t, is local_k's image of phi = delta, and a
 reward-to-go's later k1 terms are future_k's.
@@ -23,8 +25,6 @@ computed by scatter-adds (every token lies on two hats), so nothing of size V x 
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
@@ -187,8 +187,3 @@ def solve_ridge(matrix: torch.Tensor, vector: torch.Tensor, ridge: float = RIDGE
         return torch.zeros_like(vector)
     eye = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
     return torch.linalg.solve(matrix + ridge * scale * eye, vector)
-
-
-def variate_count(knots: Sequence[float] | torch.Tensor, horizon: int) -> int:
-    """J: three families of K hats and two baselines per position."""
-    return 3 * len(knots) + 2 * horizon
