@@ -227,9 +227,10 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
 
 @dataclass(frozen=True)
 class MonteCarlo:
-    """The Monte-Carlo audit's request: how many responses, and where to draw the picture (or None)."""
+    """The Monte-Carlo audit's request: how many responses (None: chosen by a pilot), and where to draw the
+    picture (or None)."""
 
-    samples: int
+    samples: int | None
     plot: str | None = None
 
 
@@ -246,7 +247,8 @@ def _monte_carlo_rows(fn: Callable, binding, name: str, placements: Sequence[str
     except Exception as error:
         raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}") from error
     rows, notes, curves = montecarlo.audit(fn, binding, name=name, sampler=sampler, samples=request.samples,
-                                           placements=placements, progress=progress)
+                                           placements=placements, progress=progress,
+                                           curves=request.plot is not None)
     if request.plot is not None:
         from klaudit.audit.picture import draw
 
