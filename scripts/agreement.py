@@ -31,7 +31,8 @@ from benchmarks.real_packages import CACHE, PACKAGES  # noqa: E402
 from klaudit.audit.agreement import Verdict, compare, shown  # noqa: E402
 from klaudit.audit.confine import memory_limit_bytes  # noqa: E402
 from klaudit.audit.report import Report  # noqa: E402
-from klaudit.audit.runner import Target, _Progress, run_isolated  # noqa: E402
+from klaudit.audit.runner import Target, run_isolated  # noqa: E402
+from klaudit.progress import Progress  # noqa: E402
 
 SITE_CODES = "KL0"  # the KL rules; KL000 (syntax) and KL099 (analysis cut short) are about files
 FILE_LEVEL = ("KL000", "KL099")
@@ -54,7 +55,7 @@ class Timed:
         start = time.monotonic()
         report = run_isolated(target, overrides={}, placements=placements, timeout=300,
                               memory_limit=memory_limit_bytes(None), model_dir=None, device="cpu",
-                              progress=_Progress(False))
+                              progress=Progress(False))
         self.seconds[str(target)] = time.monotonic() - start
         return report
 

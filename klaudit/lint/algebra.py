@@ -330,6 +330,11 @@ def _reward_term(factor: list, weighted: str = "") -> Term | None:
     return Term("reward", found[0], found[1], returns, weighted)
 
 
+# A value with k2's gradient (sg(value) + k2 - sg(k2)), as a loss: the straight-through form of the value's
+# estimator. abs+ has no row of its own: a loss's expected gradient is its gradient's, k2's.
+_STRAIGHT_THROUGH = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST, Estimator.ABS: Estimator.K2}
+
+
 def _loss_term(factor: list, weighted: str = "") -> Term | None:
     """A differentiated factor: the estimator is named by its value, straight-through by its gradient."""
     value = match_estimator(factor)
@@ -338,7 +343,7 @@ def _loss_term(factor: list, weighted: str = "") -> Term | None:
         return None
     gradient = match_estimator(grad_part)
     if value and gradient and value[0] != gradient[0] and gradient[0] == Estimator.K2:
-        straight = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST}.get(value[0])
+        straight = _STRAIGHT_THROUGH.get(value[0])
         if straight is not None:
             return Term("loss", straight, value[1], Returns.LOCAL, weighted)
     if value and (gradient is None or gradient[0] == value[0]):
@@ -421,5 +426,5 @@ def _weighted_straight_through(weighted: list, plain: list) -> Term | None:
     value, gradient = match_estimator(plain), match_estimator(grad_part)
     if value is None or gradient is None or gradient[0] is not Estimator.K2:
         return None
-    straight = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST, Estimator.K2: Estimator.K2}.get(value[0])
+    straight = {**_STRAIGHT_THROUGH, Estimator.K2: Estimator.K2}.get(value[0])
     return None if straight is None else Term("loss", straight, value[1], Returns.LOCAL, "is-detached")

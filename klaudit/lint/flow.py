@@ -35,11 +35,15 @@ from klaudit.lint.facts import (
     contained,
     detach_all,
     holds_behaviour_ratio,
+    is_negated_pattern,
+    is_pattern,
     join_envs,
     logprob_kinds,
     loss_part,
     merge_labels,
+    negated,
     operands,
+    takes,
     param_facts,
     rename_logprobs,
     tensor,
@@ -209,43 +213,35 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.labels = saved
         after_body = self.env
         self.env = dict(before)
+        otherwise = _otherwise(label)  # the switch values where the test is false, where labels can say so
         if isinstance(stmt.orelse, cst.If):
-            negated = ((label[0], (False,)),) if label is not None and label[1] == (True,) else ()
-            self.labels = merge_labels(self.labels, negated)  # an elif runs where the flag tested first is false
+            self.labels = merge_labels(self.labels, otherwise)  # an elif runs where the test before it is false
             self.if_statement(stmt.orelse)
             self.labels = saved
-            for name, facts in list(self.env.items()) if negated else ():
-                if after_body.get(name) != facts:  # the value the elif chain leaves, where the flag is false
-                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
+            for name, facts in list(self.env.items()) if otherwise else ():
+                if after_body.get(name) != facts:  # the value the elif chain leaves, where the test is false
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
         elif stmt.orelse is not None:
-            if label is not None and label[1] in ((True,),):
-                self.labels = merge_labels(self.labels, ((label[0], (False,)),))
+            self.labels = merge_labels(self.labels, otherwise)
             self.block(stmt.orelse.body)
             self.labels = saved
-        elif label is not None and label[1] == (True,):
-            # `if flag: kl = kl * ratio` without else: where the flag is false, kl keeps its old value
-            negated = ((label[0], (False,)),)
+        elif otherwise:
+            # `if flag: kl = kl * ratio` without else: where the test is false, kl keeps its old value
             for name, facts in before.items():
                 if after_body.get(name) != facts:
-                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
         self.env = join_envs(after_body, self.env)
         if stmt.orelse is None and _leaves(stmt.body):
             # `if test: return`: the statements after it run only where the test is false
             self.labels = merge_labels(self.labels, self.negation(stmt.test))
 
     def negation(self, test: cst.BaseExpression) -> tuple:
-        """Switch values that hold where `test` is false, as far as they can be written as labels."""
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            label, decided = self.condition(test.expression)
-            # `if not flag: return` leaves flag True below; `if not x.endswith("+")`, the suffixed values
-            return (label,) if label is not None and decided is None and (label[1] == (True,) or all(
-                isinstance(v, str) and v.startswith("*") for v in label[1])) else ()
+        """Switch values that hold where `test` is false, as far as they can be written as labels:
+        `if not flag: return` leaves flag True below, `if not x.endswith("+"): return` the suffixed values."""
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
             return self.negation(test.left) + self.negation(test.right)
-        if isinstance(test, (cst.Name, cst.Attribute)):
-            label, decided = self.condition(test)
-            return ((label[0], (False,)),) if label is not None and decided is None and label[1] == (True,) else ()
-        return ()
+        label, decided = self.condition(test)
+        return _otherwise(label) if decided is None else ()
 
     def match_statement(self, stmt: cst.Match) -> None:
         subject = self.expr(stmt.subject)
@@ -269,9 +265,15 @@ class FunctionRun(ContainerFlow, CallFlow):
             label, decided = self.condition(test.expression)
             if decided is not None:
                 return None, not decided
-            if label is not None and label[1] == (True,):
-                return (label[0], (False,)), None
-            return None, None
+            otherwise = _otherwise(label)
+            return (otherwise[0] if otherwise else None), None
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            (left, left_decided), (right, right_decided) = self.condition(test.left), self.condition(test.right)
+            if True in (left_decided, right_decided):
+                return None, True
+            if left_decided is False or right_decided is False:
+                return (right, right_decided) if left_decided is False else (left, left_decided)
+            return _either(left, right), None
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             comp = test.comparisons[0]
             if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
@@ -290,7 +292,8 @@ class FunctionRun(ContainerFlow, CallFlow):
                 if known:
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
-                return (None if negate else (name, tuple(strings))), None
+                values = spelled(facts, tuple(strings))
+                return (None if negate or not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
             if number is not None and isinstance(comp.operator, cst.Equal):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
@@ -695,7 +698,8 @@ class FunctionRun(ContainerFlow, CallFlow):
             return chosen
         if any(f.role == "str" for f in base):
             if drops_last_char(node):
-                return tuple(replace(f, text=f.text[:-1] if f.text else None) for f in base if f.role == "str")
+                return tuple(replace(f, text=f.text[:-1]) if f.text else replace(f, cut=f.cut + 1)
+                             for f in base if f.role == "str")
             return ()
         return base
 
@@ -754,9 +758,11 @@ class FunctionRun(ContainerFlow, CallFlow):
         if decided is False:
             return self.expr(node.orelse)
         body = operands(self.expr(node.body))
+        orelse = operands(self.expr(node.orelse))
         if label is not None:
             body = tuple(replace(f, labels=merge_labels(f.labels, (label,))) for f in body)
-        return tuple(dict.fromkeys(body + operands(self.expr(node.orelse))))
+            orelse = tuple(replace(f, labels=merge_labels(f.labels, _otherwise(label))) for f in orelse)
+        return tuple(dict.fromkeys(body + orelse))
 
     def e_UnaryOperation(self, node: cst.UnaryOperation) -> tuple:
         value = self.expr(node.expression)
@@ -1241,6 +1247,42 @@ class FunctionRun(ContainerFlow, CallFlow):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _otherwise(label: tuple | None) -> tuple:
+    """The labels that hold where the test labelled `label` is false: () where labels cannot say it
+    (the values other than some literals)."""
+    values = negated(label[1]) if label is not None else None
+    return ((label[0], values),) if values is not None else ()
+
+
+def _either(left: tuple | None, right: tuple | None) -> tuple | None:
+    """The label of `a or b` for tests of one switch: the union of their literals or patterns, or a negated
+    pattern that the other side's literals all take (`not kind.endswith("+") or kind in ("k2", "mse")`)."""
+    if left is None or right is None or left[0] != right[0]:
+        return None
+    for one, other in ((left[1], right[1]), (right[1], left[1])):
+        if all(is_negated_pattern(v) for v in one) and all(not is_pattern(v) and not is_negated_pattern(v)
+                                                            and takes(v, one) for v in other):
+            return left[0], one
+    kinds = {(is_pattern(v), is_negated_pattern(v)) for v in left[1] + right[1]}
+    return (left[0], tuple(dict.fromkeys(left[1] + right[1]))) if len(kinds) == 1 and (False, True) not in kinds \
+        else None
+
+
+def spelled(facts: tuple, strings: tuple) -> tuple:
+    """The switch values that make an alternative of `facts` equal one of `strings`: the strings, or, for
+    the switch with its end cut off under an endswith test (`kind[:-1]` where `kind.endswith("+")`), the
+    strings with that end put back (`kind[:-1] == "k3"` is `kind == "k3+"`); none where the cut is unknown."""
+    out: list = []
+    for f in operands(facts):
+        if f.role != "str" or not f.cut:
+            out += strings
+            continue
+        ends = [v[1:] for name, values in f.labels if name == f.name for v in values
+                if is_pattern(v) and len(v) - 1 == f.cut]
+        out += [string + end for string in strings for end in ends]
+    return tuple(dict.fromkeys(out))
 
 
 def _constant(fact: Fact) -> bool:

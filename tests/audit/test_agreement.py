@@ -28,10 +28,6 @@ FILES = sorted(str(path.relative_to(ROOT)) for folder in ("fixtures/bad", "fixtu
 # check-grad reads string and bool switches only, so it audits one entry for all four (issue 10, item 2).
 KNOWN = {
     "fixtures/bad/indexed_kl_estimator.py": "check-grad reads no integer-indexed switch",
-    # `plain = kind[:-1] if kind.endswith("+") else kind` then `if not kind.endswith("+"): return value`: the
-    # lint reads the plain estimator's values ("k1") and the '+' test as excluding each other, and drops the
-    # straight-through branch; check-grad measures k1+ and k3+ as k2's gradient (KL003). verl 0.9.1 has it.
-    "tests/audit/data/straight_through_pkg/losses.py": "the lint drops the '+' branch of a suffix-stripped switch",
 }
 
 # file -> number of (site, branch) records check-grad cannot run, and why (in words)
