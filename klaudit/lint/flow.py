@@ -43,9 +43,9 @@ from klaudit.lint.facts import (
     merge_labels,
     negated,
     operands,
-    takes,
     param_facts,
     rename_logprobs,
+    takes,
     tensor,
 )
 from klaudit.lint.syntax import (
