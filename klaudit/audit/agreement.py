@@ -100,7 +100,7 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
     sites = list(sites)
     auditable = _Auditable()
     to_slice = [site for site in sites if site.inline and auditable.why_not(path, site.function) is not None]
-    slices, failures = slices_of(path, [InlineSite(s.function, s.origin_line, s.sink_line, s.placement)
+    slices, failures = slices_of(path, [InlineSite(s.function, s.origin_line, s.sink_line, s.placement, s.line)
                                         for s in to_slice if s.origin_line is not None])
     by_origin = {(piece.qualname, piece.origin): piece for piece in slices}
     targets: dict[KLSite, Target] = {}

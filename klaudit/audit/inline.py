@@ -58,19 +58,20 @@ def inline_slices(path: str) -> tuple[list[InlineSlice], list[str]]:
 def slices_of(path: str, sites) -> tuple[list[InlineSlice], list[str]]:
     """The given inline sites of `path` (klaudit.lint.query.InlineSite) as functions: one per estimator
     statement, ending before its first sink; and one line for each that cannot be cut out."""
-    grouped: dict[tuple[str, int], tuple[int, set]] = {}
+    grouped: dict[tuple[str, int], tuple[int, int, set]] = {}
     for site in sites:
         key = (site.qualname, site.origin_line)
-        first_sink, placements = grouped.get(key, (site.sink_line, set()))
-        grouped[key] = (min(first_sink, site.sink_line), placements | {site.placement})
+        entry = min(line for line in (site.entry_line, site.sink_line) if line)
+        first_sink, first_entry, placements = grouped.get(key, (site.sink_line, entry, set()))
+        grouped[key] = (min(first_sink, site.sink_line), min(first_entry, entry), placements | {site.placement})
     if not grouped:
         return [], []
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     slices, failures = [], []
-    for (qualname, origin_line), (sink_line, placements) in grouped.items():
+    for (qualname, origin_line), (sink_line, entry_line, placements) in grouped.items():
         placement = "loss" if any(p.startswith("loss") for p in placements) else "reward"
         try:
-            slices.append(slice_site(tree, path, qualname, origin_line, sink_line, placement))
+            slices.append(slice_site(tree, path, qualname, origin_line, sink_line, placement, entry_line))
         except SliceError as error:
             failures.append(f"{path}::{qualname}: the KL term formed at line {origin_line} cannot be cut out "
                             f"of it: {error}")
@@ -78,8 +79,9 @@ def slices_of(path: str, sites) -> tuple[list[InlineSlice], list[str]]:
 
 
 def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sink_line: int,
-               placement: str) -> InlineSlice:
-    """The standalone function of one inline KL term (SliceError when a value cannot be bound)."""
+               placement: str, entry_line: int = 0) -> InlineSlice:
+    """The standalone function of one inline KL term (SliceError when a value cannot be bound); `entry_line`:
+    where the term enters the sink's value (the sink's line by default)."""
     function = _function(tree, qualname)
     outside = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
     function = _KeyedInputs(outside).visit(copy.deepcopy(function))
@@ -89,16 +91,25 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
         raise SliceError(f"line {origin_line} does not assign one variable")
     (variable,) = _assigned(origin)
     kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)]
+    resolved: set[str] = {variable}
+    defined_before = returned_at = origin_line
+    sink = next((s for s in statements if s.lineno == (entry_line or sink_line)), None)
+    if sink is not None and variable not in _reads(sink, function):
+        variable, forward = _carried(statements, variable, origin_line, sink, function)
+        kept += forward
+        resolved |= {name for s in forward for name in _assigned(s)}
+        defined_before = sink_line
+        returned_at = max((s.lineno for s in forward), default=origin_line)  # estimators carried into one value
+        # (a stack indexed by a switch) are one function, named after the statement that picks the value
     imported = _imported_names(tree)
     switches: dict[str, str | None] = {}
     pending = [name for statement in kept for name in _reads(statement, function)]
-    resolved: set[str] = {variable}
     while pending:
         name = pending.pop()
         if name in resolved or name in imported or hasattr(builtins, name):
             continue
         resolved.add(name)
-        definitions = [s for s in statements if name in _assigned(s) and s.lineno < origin_line]
+        definitions = [s for s in statements if name in _assigned(s) and s.lineno < defined_before]
         if definitions and all(_computable(s, outside) for s in definitions) and name not in outside:
             kept += definitions
             pending += [read for s in definitions for read in _reads(s, function)]
@@ -108,13 +119,30 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
         raise SliceError(f"{unbound[0]!r} comes from outside the step's arithmetic and does not bind by its name")
     body = [_SelfReads(switches).visit(statement) for statement in copy.deepcopy(_pruned(function.body,
                                                                                           {id(s) for s in kept}))]
-    name = f"{function.name}__inline_kl_{origin_line}"
+    name = f"{function.name}__inline_kl_{returned_at}"
     arguments = list(parameters) + [f"{switch}={default!r}" for switch, default in switches.items()]
     code = ast.unparse(ast.Module(body=body + [ast.Return(ast.Name(variable, ast.Load()))], type_ignores=[]))
     text = f"def {name}({', '.join(arguments)}):\n" + "".join(f"    {line}\n" for line in code.splitlines())
     header = _imports_for(tree, _names_read(body), imported)
     lines = [s.lineno for s in kept] + [getattr(s, "end_lineno", s.lineno) for s in kept]
     return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement, origin_line)
+
+
+def _carried(statements: list[ast.stmt], variable: str, origin_line: int, sink: ast.stmt,
+             function: _Function) -> tuple[str, list[ast.stmt]]:
+    """Where the sink reads the term under another name (`kl = torch.stack([k1, k2, k3])[index]`): the
+    variable it reads, and the statements between the estimator and the sink that carry the term there
+    (each reads a variable holding it); (`variable`, []) when the sink reads no such variable."""
+    holding, carrying = {variable}, []
+    for statement in statements:
+        if origin_line < statement.lineno < sink.lineno and _reads(statement, function) & holding:
+            carrying.append(statement)
+            holding |= _assigned(statement)
+    read = [s for s in reversed(carrying) if _assigned(s) & _reads(sink, function)]
+    if not read:
+        return variable, []
+    (last,) = sorted(_assigned(read[0]) & _reads(sink, function))[:1]
+    return last, [s for s in carrying if s.lineno <= read[0].lineno]
 
 
 def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -> list[str]:

@@ -43,6 +43,7 @@ REF_LOGITS = "LQ"  # raw reference logits
 TOKEN = "tok"
 TO_GO = "rtg"  # reversed cumulative sum: sum over u >= t
 SEQUENCE = "seq"  # summed over the response
+SEQUENCE_MEAN = "seqmean"  # averaged over the response (the sum over its length), inside an exp: a mean log-ratio
 
 _MULTIPLIERS = {SCORE, IS_RATIO}
 _POLICY_SIDE = {POLICY} | _MULTIPLIERS
@@ -398,7 +399,7 @@ def terms_of(poly: Poly, sink: str) -> list:
             # exp(logp - sg logp) or a differentiable ratio times a detached KL: a REINFORCE term
             term = _reward_term(factor, "score" if key[0] == SCORE else "is")
         elif key[1]:
-            weighted = ("score" if key[0] == SCORE else "is") + ("-seq" if key[2] == SEQUENCE else "")
+            weighted = ("score" if key[0] == SCORE else "is") + _WEIGHT_SPAN.get(key[2], "")
             loss = _loss_term(factor, weighted)
             if loss is not None:
                 out.append(loss)
@@ -411,6 +412,11 @@ def terms_of(poly: Poly, sink: str) -> list:
         if term is not None:
             out.append(term)
     return out
+
+
+# A differentiable weight's span: the token's own ratio, the sequence's (exp of the summed log-ratio), or
+# exp of its mean log-ratio, whose score is the sequence's over its length.
+_WEIGHT_SPAN = {SEQUENCE: "-seq", SEQUENCE_MEAN: "-seqmean"}
 
 
 def _weighted_straight_through(weighted: list, plain: list) -> Term | None:

@@ -297,7 +297,7 @@ class FunctionRun(ContainerFlow, CallFlow):
             number = number_value(right) if number_value(left) is None else None
             if number is not None and isinstance(comp.operator, cst.Equal):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
-                return (f"{last_name(left)} == {number:g}", (True,)), None
+                return (f"{self.switch_name(left)} == {number:g}", (True,)), None
             if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
                 # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
                 return (f"{last_name(left)} == {dotted(right)}", (True,)), None
@@ -323,8 +323,13 @@ class FunctionRun(ContainerFlow, CallFlow):
             name = last_name(test)
             if name in ("True", "False"):
                 return None, name == "True"
-            return (name, (True,)), None
+            return (self.switch_name(test), (True,)), None
         return None, None
+
+    def switch_name(self, node: cst.BaseExpression) -> str:
+        """The name a switch's labels use: the one its value carries from where it was read (a caller's
+        `config.kl_type` passed as `kind`), else its own."""
+        return next((f.name for f in self.expr(node) if f.role in ("str", "bool") and f.name), "") or last_name(node)
 
     def is_none(self, node: cst.BaseExpression) -> bool | None:
         """Whether `node` holds None, when its facts decide it (an argument left at a None default,
@@ -711,7 +716,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         index_node = node.slice[0].slice.value
         idx = int_literal(index_node)
         if idx is None:
-            name = last_name(index_node)
+            name = self.switch_name(index_node)
             return tuple(replace(f, labels=merge_labels(f.labels, ((name, (i,)),)))
                          for part in parts for i, item in enumerate(part.items) for f in item)
         return tuple(f for part in parts if -len(part.items) <= idx < len(part.items) for f in part.items[idx])
@@ -1101,6 +1106,11 @@ class FunctionRun(ContainerFlow, CallFlow):
         for f in base:
             if f.role != "tensor" or f.poly is None:
                 continue
+            mean = fn == "exp" and f.aggregation is Aggregation.SEQ_MEAN and any(
+                a.acc == alg.SEQUENCE for a in f.poly.atoms())
+            if mean:  # exp of a log-ratio averaged over the response: a weight, not a length-normalised KL
+                f = replace(f, poly=f.poly.map_atoms(lambda a: a.accumulated(alg.SEQUENCE_MEAN)
+                                                     if a.acc == alg.SEQUENCE else a), aggregation=None)
             poly = apply_math(fn, f.poly)
             if poly is None:
                 continue

@@ -20,9 +20,12 @@ from klaudit.catalog import Config, Returns
 from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
+from klaudit.lint.facts import Fact, bare_parameter_facts, is_literal, param_facts
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
+from klaudit.lint.signatures import Signature, signatures
 from klaudit.lint.sources import read_source
+from klaudit.lint.syntax import params
 
 PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}
 
@@ -87,12 +90,14 @@ def kl_functions(path: str) -> list[str]:
 @dataclass(frozen=True)
 class InlineSite:
     """A KL term a function computes and puts into a loss or reward itself: the function, the line of
-    the statement that forms the estimator, the line of the sink, and the placement."""
+    the statement that forms the estimator, the line of the sink, the placement, and the line where the term
+    enters the sink's value (`loss = pg + beta * kl` before `loss.backward()`)."""
 
     qualname: str
     origin_line: int
     sink_line: int
     placement: str
+    entry_line: int = 0  # the statement where the term enters the loss or reward (0: the sink's)
 
 
 @dataclass(frozen=True)
@@ -160,7 +165,7 @@ def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, str]]]:
     """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and the
     helpers of the linted tree (file, qualified name) that its functions call for the others."""
     sites = site_verdicts(path)
-    inline = {InlineSite(site.function, site.origin_line, site.sink_line, site.placement): None
+    inline = {InlineSite(site.function, site.origin_line, site.sink_line, site.placement, site.line): None
               for site in sites if site.inline and site.origin_line is not None}
     helpers = {(site.helper_path, site.helper): None for site in sites
                if site.helper is not None and site.helper_path is not None}
@@ -220,6 +225,126 @@ def site_verdicts(path: str) -> list[KLSite]:
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule))] = None
     return list(sites)
+
+
+def functions_of(path: str) -> list[Signature]:
+    """The top-level functions and methods of `path` with their parameters and the instance state they read
+    (OSError or UnicodeDecodeError when the file does not read, SyntaxError when it does not parse)."""
+    try:
+        tree = cst.parse_module(Path(path).read_text(encoding="utf-8"))
+    except cst.ParserSyntaxError as error:
+        raise SyntaxError(error.message, (path, error.raw_line, error.raw_column, "")) from None
+    return list(signatures(tree))
+
+
+_COMPARED = re.compile(r"^(\w+) == (.+)$")  # a numeric comparison's label, `alpha == 1`
+
+
+def switch_values(path: str, qualname: str) -> dict[str, list]:
+    """`switch_values_at` for the top-level function or method `qualname` of `path`."""
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    func = _function(tree, qualname) if tree is not None else None
+    owner = qualname.rpartition(".")[0] or None
+    return {} if func is None else _switch_values(project, file, tree, func, owner)
+
+
+def switch_values_at(path: str, name: str, line: int) -> dict[str, list]:
+    """The values of each switch parameter of the function `name` whose definition starts at `line` of `path`
+    (nested ones too) that select its KL terms, as the lint labels them: string literals (`==`, `in`, `match`,
+    dict dispatch, a value cut after an endswith test), integer indices, both values of a flag, and for a
+    numeric comparison (`alpha == 1`) each number compared with and one that is none of them. Every parameter
+    the lint gives no role is followed as a switch under its own name, into the functions it is passed to."""
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
+    return {} if found is None else _switch_values(project, file, tree, *found)
+
+
+def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
+                   cls: str | None) -> dict[str, list]:
+    analyzer = Analyzer(project)
+    module = analyzer.module(str(file), tree)
+    names = [param.name.value for param in params(func)] + [func.name.value]
+    env: dict = {}
+    for param in params(func):
+        own = param.name.value
+        env[own] = param_facts(param, may_be_none=True) or bare_parameter_facts(own, names) or (
+            () if own in ("self", "cls") else (Fact(role="str", name=own),))
+    switches = {own for own, facts in env.items() if any(f.role in ("str", "bool") for f in facts)}
+    try:
+        outcome = analyzer.call(module, func, cls, env)
+    except RecursionError:
+        return {}
+    facts = list(_kl_facts(outcome.returns)) + [fact for sink in outcome.sinks for fact in _kl_facts(sink.facts)]
+    values: dict[str, list] = {}
+    others: set[str] = set()
+    for label, chosen in (label for fact in facts for label in fact.labels):
+        compared = _COMPARED.match(label)
+        if compared and compared.group(1) in switches:
+            try:
+                number = float(compared.group(2))
+            except ValueError:
+                continue  # an enum member or a constant: no value to pass
+            values.setdefault(compared.group(1), []).append(number)
+            if chosen[0] is False:
+                others.add(compared.group(1))
+        elif label in switches:
+            flag = len(chosen) == 1 and isinstance(chosen[0], bool)
+            values.setdefault(label, []).extend((True, False) if flag else [v for v in chosen if is_literal(v)])
+    source = project.source(tree)
+    ordered = {switch: sorted(dict.fromkeys(found), key=lambda value: _written_at(value, source))
+               for switch, found in values.items() if found}
+    for switch in others:  # a value that takes the branch where every comparison is false
+        numbers = ordered[switch]
+        ordered[switch].append((numbers[0] + numbers[1]) / 2 if len(numbers) > 1 else numbers[0] + 1.0)
+    return ordered
+
+
+def _written_at(value, source: str) -> tuple:
+    """Where a switch value is written in the source, to list values in the order the code names them: a
+    string at its first quoted spelling (a suffixed one after the value it extends), a number by its value."""
+    if not isinstance(value, str):
+        return (0, float(value), 0)
+    for cut in range(len(value)):
+        spelled = value[:len(value) - cut]
+        at = min((i for i in (source.find(f'"{spelled}"'), source.find(f"'{spelled}'")) if i >= 0), default=-1)
+        if spelled and at >= 0:
+            return (1, at, cut)
+    return (1, len(source), 0)
+
+
+def _function_at(tree: cst.Module, source: str, name: str, line: int):
+    """(def, enclosing class name or None) of the function `name` whose definition starts at `line` (its
+    first decorator's line, or the def's): the nearest def of that name at or after `line`."""
+    from klaudit.lint.checks import statement_positions
+
+    positions = statement_positions(tree, source)
+    found = []
+
+    class Defs(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.classes: list[str | None] = [None]
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            self.classes.append(node.name.value)
+
+        def leave_ClassDef(self, node: cst.ClassDef) -> None:
+            self.classes.pop()
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            at = positions.get(id(node))
+            if node.name.value == name and at is not None and at[0] >= line:
+                found.append((at[0], node, self.classes[-1]))
+            self.classes.append(None)
+
+        def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+            self.classes.pop()
+
+    tree.visit(Defs())
+    return min(found, key=lambda item: item[0])[1:] if found else None
 
 
 def package_root(path: Path) -> Path:
