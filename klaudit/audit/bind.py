@@ -49,6 +49,8 @@ class Role(str, Enum):
     MASK = "mask"  # [B, T] 1.0 on response tokens
     LOGITS = "logits"  # [B, T, V] policy logits, differentiable
     REF_LOGITS = "ref_logits"  # [B, T, V] reference logits
+    VOCAB_LOGPROBS = "vocab_logprobs"  # [B, T, V] log_softmax of the policy logits, differentiable
+    REF_VOCAB_LOGPROBS = "ref_vocab_logprobs"  # [B, T, V] log_softmax of the reference logits
     LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
     TOKENS = "tokens"  # [B, T] int64 sampled token ids of the response; logprobs are gathered at them
     ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
@@ -108,6 +110,10 @@ class Binding:
         }
         import torch
 
+        vocabulary = {Role.VOCAB_LOGPROBS, Role.REF_VOCAB_LOGPROBS} & set(self.roles.values())
+        if vocabulary and batch.logits is not None and batch.ref_logits is not None:
+            tensors[Role.VOCAB_LOGPROBS] = torch.log_softmax(batch.logits, dim=-1)
+            tensors[Role.REF_VOCAB_LOGPROBS] = torch.log_softmax(batch.ref_logits, dim=-1)
         args: list = []
         kwargs: dict = {}
         for name, role in self.roles.items():
@@ -115,6 +121,8 @@ class Binding:
                 continue
             if role is Role.TOKENS and batch.tokens is None:
                 raise BindError(f"parameter {name} wants the sampled token ids, and this batch has none")
+            if role in (Role.VOCAB_LOGPROBS, Role.REF_VOCAB_LOGPROBS) and role not in tensors:
+                raise BindError(f"parameter {name} wants log-probs over the vocabulary, and this batch has no logits")
             if role is Role.LOG_RATIO:
                 value: Any = batch.logprobs - batch.ref_logprobs
             elif role is Role.OLD_LOGPROBS and self.current_old:
@@ -179,19 +187,22 @@ def _role_from_signature(parameter: inspect.Parameter) -> Role | None:
         return Role.SWITCH
     if isinstance(default, bool) or annotation == "bool":
         return Role.DEFAULT if default is not inspect.Parameter.empty else None
-    if annotation in ("float", "int") or isinstance(default, (int, float)):
+    if annotation == "float" or isinstance(default, float):
         return Role.COEF
+    if annotation == "int" or isinstance(default, int):  # a size or a count (top_k, dim), not a coefficient
+        return Role.DEFAULT if default is not inspect.Parameter.empty else Role.COEF
     if default is not inspect.Parameter.empty:
         return Role.DEFAULT
     return None
 
 
 def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
-         switch_values: Mapping[str, Sequence[str]] | None = None) -> Binding:
+         switch_values: Mapping[str, Sequence[str]] | None = None, current_old: bool = False) -> Binding:
     """Bind every parameter of `fn`; BindError naming the parameters that cannot be bound.
 
     `switch_values` maps a switch parameter to the literals found in the source (see
     `switch_literals`); a switch with none found keeps its default, or is an error without one.
+    `current_old`: old log-probs are the policy's own (an on-policy step), so they may stand for the policy's.
     """
     overrides = dict(overrides or {})
     try:
@@ -229,12 +240,13 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
             f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {_name(fn)}; "
             f"say what {'they are' if len(unbound) > 1 else 'it is'} with {BIND_SYNTAX}"
         )
-    if Role.LOGPROBS not in roles.values() and Role.LOGITS not in roles.values() \
-            and Role.LOG_RATIO not in roles.values():
+    policy = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS) + (
+        (Role.OLD_LOGPROBS,) if current_old else ())
+    if not any(role in policy for role in roles.values()):
         raise BindError(f"no parameter of {_name(fn)} receives the policy log-probs or logits; "
                         f"name it with --bind PARAM=logprobs")
     positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)
-    return Binding(roles, switches, positional_only)
+    return Binding(roles, switches, positional_only, current_old=current_old)
 
 
 def _name(fn: Callable) -> str:
@@ -298,7 +310,7 @@ def switch_literals(fn: Callable) -> dict[str, list]:
     """The values each switch parameter of `fn` is audited at: those the lint's flow analysis labels the KL
     terms of `fn` with, in `fn` and the functions it calls (`klaudit.lint.query.switch_values_at`: string
     literals, dict dispatch, suffixed spellings, integer indices, flags, numeric comparisons). A flag's
-    default comes first."""
+    default comes first, and is audited even where the lint labels no KL term with it."""
     from klaudit.lint.query import switch_values_at
 
     code = getattr(inspect.unwrap(fn), "__code__", None)
@@ -318,6 +330,6 @@ def switch_literals(fn: Callable) -> dict[str, list]:
         defaults = {}
     for name, values in found.items():
         default = defaults.get(name, inspect.Parameter.empty)
-        if isinstance(default, bool) and any(value is default for value in values):
+        if isinstance(default, bool):  # the flag's default runs where it is not set: audited first
             found[name] = [default] + [value for value in values if value is not default]
     return found

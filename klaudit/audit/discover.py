@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from klaudit.audit.bind import Role, role_from_name
 from klaudit.lint.signatures import Parameter
 
-_POLICY_ROLES = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO)
-_REFERENCE_ROLES = (Role.REF_LOGPROBS, Role.REF_LOGITS)
+_POLICY_ROLES = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS)
+_REFERENCE_ROLES = (Role.REF_LOGPROBS, Role.REF_LOGITS, Role.REF_VOCAB_LOGPROBS)
 _SCALAR_ANNOTATIONS = ("str", "bool", "float", "int")
 
 

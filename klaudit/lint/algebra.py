@@ -349,6 +349,7 @@ def _loss_term(factor: list, weighted: str = "") -> Term | None:
             return Term("loss", straight, value[1], Returns.LOCAL, weighted)
     if value and (gradient is None or gradient[0] == value[0]):
         return Term("loss", value[0], value[1], Returns.LOCAL, weighted)
+
     if kl_atoms(Poly.of(dict(factor))):
         return Term("loss", None, 1, Returns.LOCAL, weighted)
     return None

@@ -231,9 +231,13 @@ class FunctionRun(ContainerFlow, CallFlow):
                 if after_body.get(name) != facts:
                     self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
         self.env = join_envs(after_body, self.env)
-        if stmt.orelse is None and _leaves(stmt.body):
-            # `if test: return`: the statements after it run only where the test is false
-            self.labels = merge_labels(self.labels, self.negation(stmt.test))
+        if _chain_leaves(stmt):
+            # `if test: return` (or an elif chain whose every branch returns, without else): the statements
+            # after it run only where every test is false
+            branch: cst.BaseSuite | cst.If | cst.Else | None = stmt
+            while isinstance(branch, cst.If):
+                self.labels = merge_labels(self.labels, self.negation(branch.test))
+                branch = branch.orelse
 
     def negation(self, test: cst.BaseExpression) -> tuple:
         """Switch values that hold where `test` is false, as far as they can be written as labels:
@@ -1257,6 +1261,11 @@ class FunctionRun(ContainerFlow, CallFlow):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _chain_leaves(stmt: cst.If) -> bool:
+    """Whether every branch of an if/elif chain without a final else returns or raises."""
+    return _leaves(stmt.body) and (stmt.orelse is None or isinstance(stmt.orelse, cst.If) and _chain_leaves(stmt.orelse))
 
 
 def _otherwise(label: tuple | None) -> tuple:

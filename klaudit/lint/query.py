@@ -123,6 +123,7 @@ class KLSite:
     clamped: bool
     labels: tuple
     rules: tuple[str, ...]
+    helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
 
 
 class _Tracing(Analyzer):
@@ -133,6 +134,7 @@ class _Tracing(Analyzer):
         super().__init__(project)
         # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
+        self.inputs: dict[tuple[str, str], dict[str, str]] = {}  # (path, qualname) -> {parameter: role}
 
     def callee(self, fact) -> tuple[str, str] | None:
         """The outermost call that returned `fact`'s term: the one whose result had crossed as many
@@ -147,12 +149,27 @@ class _Tracing(Analyzer):
         outcome = super().call(module, func, cls, env)
         if outermost:
             qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+            called = (str(Path(module.path).resolve()), qualname)
+            for parameter, facts in env.items():
+                role = _vocabulary_role(facts) if isinstance(facts, tuple) else None
+                if role is not None:
+                    self.inputs.setdefault(called, {})[parameter] = role
             passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
             for fact in _kl_facts(outcome.returns):
                 if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
                     self.callees.setdefault(id(fact.origin), {}).setdefault(
                         fact.calls, (str(Path(module.path).resolve()), qualname))
         return outcome
+
+
+def _vocabulary_role(facts: tuple) -> str | None:
+    """check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a
+    model's logits, [B, T, V]): names alone would give it one log-prob per sampled token."""
+    kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
+    from klaudit.lint import algebra
+
+    return {frozenset({algebra.VOCAB_POLICY}): "vocab_logprobs",
+            frozenset({algebra.VOCAB_REF}): "ref_vocab_logprobs"}.get(frozenset(kinds))
 
 
 def inline_sites(path: str) -> list[InlineSite]:
@@ -223,7 +240,8 @@ def site_verdicts(path: str) -> list[KLSite]:
                     origin_path if fact.origin is not None else None, origin_line, inline,
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
-                    tuple(row.rule for row in defects(config, clamped) if row.rule))] = None
+                    tuple(row.rule for row in defects(config, clamped) if row.rule),
+                    tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else ())] = None
     return list(sites)
 
 
@@ -240,6 +258,17 @@ def functions_of(path: str) -> list[Signature]:
 _COMPARED = re.compile(r"^(\w+) == (.+)$")  # a numeric comparison's label, `alpha == 1`
 
 
+def numeric_comparison(label: str) -> tuple[str, float] | None:
+    """(switch, number) of the label of a numeric comparison (`alpha == 1`, its values True or False)."""
+    compared = _COMPARED.match(label)
+    if compared is None:
+        return None
+    try:
+        return compared.group(1), float(compared.group(2))
+    except ValueError:
+        return None  # an enum member or a constant: no number
+
+
 def switch_values(path: str, qualname: str) -> dict[str, list]:
     """`switch_values_at` for the top-level function or method `qualname` of `path`."""
     file = Path(path).resolve()
@@ -252,9 +281,9 @@ def switch_values(path: str, qualname: str) -> dict[str, list]:
 
 def switch_values_at(path: str, name: str, line: int) -> dict[str, list]:
     """The values of each switch parameter of the function `name` whose definition starts at `line` of `path`
-    (nested ones too) that select its KL terms, as the lint labels them: string literals (`==`, `in`, `match`,
-    dict dispatch, a value cut after an endswith test), integer indices, both values of a flag, and for a
-    numeric comparison (`alpha == 1`) each number compared with and one that is none of them. Every parameter
+    (nested ones too) that select the KL terms the lint judges, as it labels them: string literals (`==`, `in`, `match`,
+    dict dispatch, a value cut after an endswith test), integer indices, the values of a flag that select a
+    KL term, and for a numeric comparison (`alpha == 1`) each number compared with and one that is none of them. Every parameter
     the lint gives no role is followed as a switch under its own name, into the functions it is passed to."""
     file = Path(path).resolve()
     project = Project([package_root(file)])
@@ -278,28 +307,31 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
         outcome = analyzer.call(module, func, cls, env)
     except RecursionError:
         return {}
-    facts = list(_kl_facts(outcome.returns)) + [fact for sink in outcome.sinks for fact in _kl_facts(sink.facts)]
+    # the terms the lint judges (a catalog estimator in a loss or a reward): a switch value that selects only
+    # a form it leaves unjudged (the exact forward KL, a JSD mixture) makes no claim to compare or audit
+    facts = [fact for fact in _kl_facts(outcome.returns) if config_of(fact, "loss") or config_of(fact, "reward")]
+    facts += [fact for sink in outcome.sinks for fact in _kl_facts(sink.facts) if config_of(fact, sink.kind)]
     values: dict[str, list] = {}
-    others: set[str] = set()
-    for label, chosen in (label for fact in facts for label in fact.labels):
-        compared = _COMPARED.match(label)
-        if compared and compared.group(1) in switches:
-            try:
-                number = float(compared.group(2))
-            except ValueError:
-                continue  # an enum member or a constant: no value to pass
-            values.setdefault(compared.group(1), []).append(number)
-            if chosen[0] is False:
-                others.add(compared.group(1))
-        elif label in switches:
-            flag = len(chosen) == 1 and isinstance(chosen[0], bool)
-            values.setdefault(label, []).extend((True, False) if flag else [v for v in chosen if is_literal(v)])
+    others: dict[str, set] = {}  # a switch -> the numbers it is compared with, where a term needs none of them
+    for fact in facts:
+        numbers: dict[str, list] = {}
+        for label, chosen in fact.labels:
+            compared = numeric_comparison(label)
+            if compared is not None and compared[0] in switches:
+                numbers.setdefault(compared[0], []).append((compared[1], chosen[0]))
+            elif label in switches:
+                values.setdefault(label, []).extend(v for v in chosen if is_literal(v))
+        for switch, tested in numbers.items():
+            equal = [number for number, truth in tested if truth is True]
+            values.setdefault(switch, []).extend(equal)
+            if not equal:  # the term is selected where the switch equals none of the numbers compared
+                others.setdefault(switch, set()).update(number for number, _ in tested)
     source = project.source(tree)
     ordered = {switch: sorted(dict.fromkeys(found), key=lambda value: _written_at(value, source))
                for switch, found in values.items() if found}
-    for switch in others:  # a value that takes the branch where every comparison is false
-        numbers = ordered[switch]
-        ordered[switch].append((numbers[0] + numbers[1]) / 2 if len(numbers) > 1 else numbers[0] + 1.0)
+    for switch, compared in others.items():  # a value that takes the branch where every comparison is false
+        numbers = sorted(compared)
+        ordered.setdefault(switch, []).append((numbers[0] + numbers[1]) / 2 if len(numbers) > 1 else numbers[0] + 1.0)
     return ordered
 
 
@@ -314,6 +346,26 @@ def _written_at(value, source: str) -> tuple:
         if spelled and at >= 0:
             return (1, at, cut)
     return (1, len(source), 0)
+
+
+def returned_sign(source: str, name: str, near: str) -> int:
+    """The sign of the KL estimate the function `name` of `source` returns, as a reward reads it: -1 where
+    every KL value it returns is a negated estimator (`teacher_logp - policy_logp`, an advantage to maximise),
+    else 1. `near`: the file the source was cut out of (its project resolves the helpers it calls)."""
+    from klaudit.lint import algebra
+
+    tree = cst.parse_module(source)
+    func = _function(tree, name)
+    if func is None:
+        return 1
+    analyzer = Analyzer(Project([package_root(Path(near).resolve())]))
+    module = analyzer.module(str(Path(near).resolve().with_name(f"_{name}.py")), tree)
+    try:
+        outcome = analyzer.analyse(module, func, None)
+    except RecursionError:
+        return 1
+    signs = {term.sign for fact in _kl_facts(outcome.returns) for term in algebra.terms_of(fact.poly, "reward")}
+    return -1 if signs == {-1} else 1
 
 
 def _function_at(tree: cst.Module, source: str, name: str, line: int):

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from klaudit.audit.agreement import compare  # noqa: E402
+from klaudit.audit.bind import Role  # noqa: E402
 from klaudit.audit.runner import Target, audit_target  # noqa: E402
 from klaudit.lint.query import site_verdicts  # noqa: E402
 
@@ -59,13 +60,14 @@ NOT_AUDITED = {
 def _audit(scratch: Path):
     """check-grad in this process; a cut-out term is audited from a file of its own, on-policy, as the CLI does."""
 
-    def audit(target: Target, placements):
+    def audit(target: Target, placements, roles):
+        overrides = {name: Role(role) for name, role in roles.items()}
         if target.source is not None:
             file = scratch / f"{target.qualname}.py"
             file.write_text(target.source, encoding="utf-8")
-            return audit_target(Target(path=str(file), qualname=target.qualname, label=target.label),
-                                placements=placements, current_old=True)
-        return audit_target(target, placements=placements)
+            return audit_target(Target(path=str(file), qualname=target.qualname, label=target.label, origin=target.path),
+                                overrides=overrides, placements=placements, current_old=True)
+        return audit_target(target, overrides=overrides, placements=placements)
 
     return audit
 
