@@ -210,9 +210,9 @@ def selects(labels: tuple, mode: dict, rows: Sequence[ResultRow]) -> bool:
     for key, value in mode.items():
         audited = {row.mode.get(key) for row in rows}
         named = [values for name, values in labels if name == key]
-        if not named:  # a switch renamed between the caller and the helper
+        if not named and isinstance(value, str):  # a string switch renamed between the caller and the helper
             named = [values for name, values in labels if name not in mode and _literals(values)
-                     and all(type(v) is type(value) for v in _literals(values)) and set(_literals(values)) <= audited]
+                     and all(isinstance(v, str) for v in _literals(values)) and set(_literals(values)) <= audited]
         if not all(takes(value, values) for values in named):
             return False
         for name, values in labels:

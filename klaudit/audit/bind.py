@@ -330,6 +330,7 @@ def switch_literals(fn: Callable) -> dict[str, list]:
         defaults = {}
     for name, values in found.items():
         default = defaults.get(name, inspect.Parameter.empty)
-        if isinstance(default, bool):  # the flag's default runs where it is not set: audited first
+        if isinstance(default, bool) and all(isinstance(value, bool) for value in values):
+            # the flag's default runs where it is not set: audited first
             found[name] = [default] + [value for value in values if value is not default]
     return found

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.audit.bind import role_from_name
-from klaudit.lint.query import returned_sign
+from klaudit.lint.query import package_of, returned_sign
 from klaudit.lint.roles import is_coefficient_name, sink_of_name
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -97,7 +97,9 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     resolved: set[str] = {variable}
     defined_before = returned_at = origin_line
     sink = next((s for s in statements if s.lineno == (entry_line or sink_line)), None)
-    if sink is not None and variable not in _reads(sink, function):
+    if placement == "loss" and sink is not None and variable not in _reads(sink, function):
+        # a loss reads the term under another name (an index into a stack of estimators): carried there; a
+        # reward's value is the estimate itself, whatever the code does with it next
         variable, forward = _carried(statements, variable, origin_line, sink, function)
         kept += forward
         resolved |= {name for s in forward for name in _assigned(s)}
@@ -391,8 +393,6 @@ def _imported_names(tree: ast.Module) -> set[str]:
 
 def _package(path: str) -> list[str]:
     """The dotted package `path` is in ([] outside packages)."""
-    from klaudit.audit.runner import package_of
-
     return package_of(path)[1][:-1]
 
 

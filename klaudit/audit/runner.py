@@ -31,6 +31,7 @@ from klaudit.audit.confine import limit_memory, memory_limit_bytes, run_confined
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
 from klaudit.audit.stubs import import_with_stubs
+from klaudit.lint.query import package_of
 from klaudit.progress import Progress
 
 DEFAULT_TIMEOUT = 120.0
@@ -105,17 +106,6 @@ def module_file(module: str) -> str | None:
 
 
 # ----- in the child: load and audit -----
-
-
-def package_of(path: str | Path) -> tuple[Path, list[str]]:
-    """The directory above the outermost package holding `path`, and the file's dotted name below it."""
-    file = Path(path).resolve()
-    parts = [file.stem]
-    directory = file.parent
-    while (directory / "__init__.py").is_file():
-        parts.insert(0, directory.name)
-        directory = directory.parent
-    return directory, parts
 
 
 def _import_file(path: str, origin: str | None = None) -> tuple[ModuleType, dict[str, str]]:

@@ -1131,8 +1131,8 @@ class FunctionRun(ContainerFlow, CallFlow):
         first = self.expr(first_node) if first_node is not None else ()
         if name in ("exp", "log", "abs", "square", "expm1", "log_softmax", "softmax", "neg", "negative"):
             return self.unary_math(name, first, node)
-        if name in ("clamp", "clip", "clamp_"):
-            return tuple(replace(f, clamped=True) for f in first if f.role == "tensor")
+        if name in ("clamp", "clip", "clamp_"):  # as the method: a clamped token count is still the count
+            return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in first)
         if name in ("sigmoid", "tanh", "softplus", "relu", "erf") and any(
                 f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in first):
             return KL_WEIGHT

@@ -401,10 +401,18 @@ def _function_at(tree: cst.Module, source: str, name: str, line: int):
 
 def package_root(path: Path) -> Path:
     """The directory above the outermost package holding `path` (its own directory outside packages)."""
-    directory = path.resolve().parent
-    while (directory / "__init__.py").is_file() and (directory.parent / "__init__.py").is_file():
+    return package_of(path)[0]
+
+
+def package_of(path: str | Path) -> tuple[Path, list[str]]:
+    """The directory above the outermost package holding `path`, and the file's dotted name below it."""
+    file = Path(path).resolve()
+    parts = [file.stem]
+    directory = file.parent
+    while (directory / "__init__.py").is_file():
+        parts.insert(0, directory.name)
         directory = directory.parent
-    return directory.parent if (directory / "__init__.py").is_file() else directory
+    return directory, parts
 
 
 @dataclass(frozen=True)

@@ -31,26 +31,23 @@ KNOWN: dict[str, str] = {}
 # file -> number of (site, branch) records check-grad cannot run, and why (in words)
 NOT_AUDITED = {
     "fixtures/bad/callable_kl_estimator.py": 12,  # KLEstimator.__call__ reads self.kl_estimator
-    "fixtures/bad/grpo_kl_double_counted.py": 3,  # the cut-out k1 reward reads log-probs under no bindable name
-    "fixtures/bad/gspo_token_rollout_fill.py": 2,  # the rollout's KL, stored for the loss
+    "fixtures/bad/grpo_kl_double_counted.py": 1,  # the k1 reward's step multiplies it by beta_loss, bound by no name
+    "fixtures/bad/gspo_token_rollout_fill.py": 1,  # the rollout's KL, stored for the loss
     "fixtures/bad/keyed_batch_kl.py": 4,  # a batch key written and read elsewhere
-    "fixtures/bad/last_token_kl.py": 4,  # the reward method needs the models
+    "fixtures/bad/last_token_kl.py": 3,  # the reward method needs the models
     "fixtures/bad/length_normalized_kl.py": 1,  # the loss method needs the models
     "fixtures/bad/onpolicy_distill.py": 1,  # a step that needs the teacher model
-    "fixtures/bad/ppo_multi_epoch.py": 4,  # rollout values, stored and read by the update
+    "fixtures/bad/ppo_multi_epoch.py": 2,  # rollout values, stored and read by the update
     "fixtures/bad/reinforce_pp_clamped.py": 1,  # make_experience needs the models
-    "fixtures/bad/reinforce_pp_local_kl.py": 3,  # the cut-out k1 binds no policy log-probs
     "fixtures/bad/rloo_wrong_sign.py": 2,  # the rollout needs the models
     "fixtures/bad/sequence_level_kl.py": 3,  # the method's parameter seq_logps binds by no name
     "fixtures/bad/triton_grpo_kernel.py": 1,  # a Triton kernel: the term is formed from a loaded chunk of pointers
     "fixtures/fixed/callable_kl_estimator.py": 4,
-    "fixtures/fixed/grpo_kl_double_counted.py": 3,
     "fixtures/fixed/keyed_batch_kl.py": 4,
     "fixtures/fixed/last_token_kl.py": 3,
     "fixtures/fixed/length_normalized_kl.py": 1,
     "fixtures/fixed/listwise_kl_rewards.py": 3,  # the loop index i cannot be cut out with the term
     "fixtures/fixed/reinforce_pp_clamped.py": 1,
-    "fixtures/fixed/reinforce_pp_local_kl.py": 3,
     "fixtures/fixed/rloo_wrong_sign.py": 2,
     "fixtures/fixed/sequence_level_kl.py": 1,
     "tests/audit/data/broken_import.py": 1,  # the term reaches the loss through an attribute
