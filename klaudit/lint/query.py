@@ -276,20 +276,21 @@ def switch_values(path: str, qualname: str) -> dict[str, list]:
     tree = project.parse(file)
     func = _function(tree, qualname) if tree is not None else None
     owner = qualname.rpartition(".")[0] or None
-    return {} if func is None else _switch_values(project, file, tree, func, owner)
+    return {} if tree is None or func is None else _switch_values(project, file, tree, func, owner)
 
 
 def switch_values_at(path: str, name: str, line: int) -> dict[str, list]:
     """The values of each switch parameter of the function `name` whose definition starts at `line` of `path`
-    (nested ones too) that select the KL terms the lint judges, as it labels them: string literals (`==`, `in`, `match`,
-    dict dispatch, a value cut after an endswith test), integer indices, the values of a flag that select a
-    KL term, and for a numeric comparison (`alpha == 1`) each number compared with and one that is none of them. Every parameter
-    the lint gives no role is followed as a switch under its own name, into the functions it is passed to."""
+    (nested ones too) that select the KL terms the lint judges, as it labels them: string literals (`==`, `in`,
+    `match`, dict dispatch, a value cut after an endswith test), integer indices, the values of a flag that
+    select a KL term, and for a numeric comparison (`alpha == 1`) each number compared with and one that is
+    none of them. Every parameter the lint gives no role is followed as a switch under its own name, into the
+    functions it is passed to."""
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
     found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
-    return {} if found is None else _switch_values(project, file, tree, *found)
+    return {} if tree is None or found is None else _switch_values(project, file, tree, *found)
 
 
 def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
@@ -329,9 +330,9 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
     source = project.source(tree)
     ordered = {switch: sorted(dict.fromkeys(found), key=lambda value: _written_at(value, source))
                for switch, found in values.items() if found}
-    for switch, compared in others.items():  # a value that takes the branch where every comparison is false
-        numbers = sorted(compared)
-        ordered.setdefault(switch, []).append((numbers[0] + numbers[1]) / 2 if len(numbers) > 1 else numbers[0] + 1.0)
+    for switch, tested_numbers in others.items():  # a value that takes the branch where every comparison is false
+        low = sorted(tested_numbers)
+        ordered.setdefault(switch, []).append((low[0] + low[1]) / 2 if len(low) > 1 else low[0] + 1.0)
     return ordered
 
 
