@@ -4,11 +4,12 @@ A function is a KL function when the lint's flow analysis sees it return a KL te
 loss or reward (`klaudit.lint.query.kl_functions`), or when its parameters name both the policy's and
 the reference's log-probs or logits (a wrapper whose body the lint cannot read, such as a compiled
 extension's). It can be audited alone when every parameter without a default binds by its name or
-annotation (`bind.role_from_name`) or is a switch the code compares with string literals, one of
-them binds to the policy, and, for a method, when it and the
-methods of its class it calls read no instance attribute but KL coefficients (a bare instance reads
-those as 1). The others, typically a whole training step that needs models and an optimizer, are
-listed with what they lack so that the user can audit their KL helper instead.
+annotation (`bind.role_from_name`) or is a switch whose values select its KL terms
+(`klaudit.lint.query.switch_values`), one of them binds to the policy, and, for a method, when it and
+the methods of its class it calls read no instance attribute but KL coefficients (a bare instance reads
+those as 1). The functions, their parameters and the state they read are the lint's
+(`klaudit.lint.signatures`). The others, typically a whole training step that needs models and an
+optimizer, are listed with what they lack so that the user can audit their KL helper instead.
 """
 
 from __future__ import annotations
