@@ -147,6 +147,28 @@ def pinned_values_hold(labels: tuple, pinned: Mapping[str, tuple]) -> bool:
     return True
 
 
+def registry_switches(values: list, names: frozenset) -> set:
+    """The string switches some label of `values` (tuples of facts) tests against a registered name."""
+    return {switch for value in values for fact in contained(value) for switch, chosen in fact.labels
+            if all(isinstance(v, str) and is_literal(v) for v in chosen) and names.intersection(chosen)}
+
+
+def within_registry(value: tuple, names: frozenset, switches: set) -> tuple:
+    """`value` where each of the registry's dispatch `switches` takes only the registered `names`: a label of one
+    narrows to them, and an alternative selected by none of them is dropped."""
+    out = []
+    for fact in value:
+        labels, possible = [], True
+        for switch, chosen in fact.labels:
+            if switch in switches and all(isinstance(v, str) and is_literal(v) for v in chosen):
+                chosen = tuple(v for v in chosen if v in names)
+                possible = possible and bool(chosen)
+            labels.append((switch, chosen))
+        if possible:
+            out.append(replace(fact, labels=tuple(labels)))
+    return tuple(out)
+
+
 def merge_labels(a: tuple, b: tuple) -> tuple:
     """The labels of a path that holds under both `a` and `b`. Value sets of one switch narrow each other
     (`kind in ("k3", "k3+")` under `kind.endswith("+")` is `kind == "k3+"`), where some value is left."""

@@ -44,9 +44,11 @@ from klaudit.lint.facts import (
     negated,
     operands,
     param_facts,
+    registry_switches,
     rename_logprobs,
     takes,
     tensor,
+    within_registry,
 )
 from klaudit.lint.syntax import (
     case_strings,
@@ -121,6 +123,12 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.block(self.func.body)
         unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
         sinks = self.sinks + list(self.loss_parts.values())
+        names = registered_names(self.func)
+        if names:  # a function a registry runs under these names: its dispatch switch takes only them
+            values = [tuple(dict.fromkeys(self.returns))] + [sink.facts for sink in sinks]
+            keys = registry_switches(values, names)
+            sinks = [replace(sink, facts=within_registry(sink.facts, names, keys)) for sink in sinks]
+            return Outcome(within_registry(values[0], names, keys), sinks, unexplained)
         return Outcome(tuple(dict.fromkeys(self.returns)), sinks, unexplained)
 
     # ---- statements ------------------------------------------------------------------
@@ -1261,6 +1269,26 @@ class FunctionRun(ContainerFlow, CallFlow):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def registered_names(func: cst.FunctionDef) -> frozenset:
+    """The string literals listed in a registering decorator of `func` (`@register_loss(Settings(names=["k1",
+    "k3"]))`): the names a registry runs it under."""
+    names: set = set()
+    for decorator in func.decorators:
+        if "register" not in dotted(decorator.decorator.func if isinstance(decorator.decorator, cst.Call)
+                                    else decorator.decorator).lower():
+            continue
+        for node in _subtree(decorator.decorator):
+            if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+                names |= set(string_literals(node) or ())
+    return frozenset(names)
+
+
+def _subtree(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _subtree(child)
 
 
 def _chain_leaves(stmt: cst.If) -> bool:

@@ -133,3 +133,24 @@ def test_value_sets_narrow_and_exclude_each_other():
     assert not compatible((("kind", ("k3+",)),), (("kind", ("!*+",)),))
     assert compatible((("kind", ("k1", "kl")),), (("kind", ("k1",)),))
     assert not compatible((("flag", (True,)),), (("flag", (False,)),))
+
+
+def test_a_function_a_registry_runs_under_some_names_takes_only_those(tmp_path, losses):
+    """verl 0.9.1's distillation loss is registered under the plain names only (its config rejects any other
+    loss_mode at start-up): the '+' branches of the helper it calls are never named there."""
+    distillation = tmp_path / "distillation.py"
+    distillation.write_text(textwrap.dedent('''
+        from core_algos import kl_penalty
+
+
+        def register_loss(settings):
+            return lambda function: function
+
+
+        @register_loss(dict(names=["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"], use_estimator=True))
+        def distillation_loss(student_log_probs, teacher_log_probs, response_mask, loss_config):
+            losses = kl_penalty(student_log_probs, teacher_log_probs, kl_penalty=loss_config.loss_mode)
+            return (losses * response_mask).sum(-1).mean()
+    '''))
+    found = {site.labels[0][1]: site.rules for site in site_verdicts(str(distillation))}
+    assert found == {values: rules for values, rules in LOSS_RULES.items() if not values[0].endswith("+")}
