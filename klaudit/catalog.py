@@ -39,6 +39,8 @@ class Returns(str, Enum):
     TO_GO = "reward-to-go"  # sum over u >= t (PPO/GAE with gamma = lambda = 1)
     FUTURE = "future-only"  # sum over u > t (the companion of a loss on the same token)
     SEQUENCE = "whole-sequence"  # the sequence total, on every token (GRPO/RLOO outcome style)
+    SEQUENCE_MEAN = "whole-sequence / L"  # the sequence total over its length L, on every token: the score
+    # part of exp(mean_t (logp_t - sg logp_t)) * k_t, a sequence ratio of the mean log-ratio (GSPO-style)
     LOCAL = "same-token"  # token t's own value only, no accumulation
 
 
@@ -276,6 +278,11 @@ CATALOG: tuple[Row, ...] = (
     _row("13", "k3 as loss + k3 in reward, reward-to-go", Config(loss=E.K3, reward=E.K3),
          Objective.REV, None,
          "k3's pathwise gradient plus k3 values with reward-to-go is grad E[sum k3] = grad KL(pi || ref)"),
+    _row("13b", "k3 as loss + k3 in reward, whole-sequence return / L",
+         Config(loss=E.K3, reward=E.K3, returns=Returns.SEQUENCE_MEAN), Objective.OTHER, "KL009",
+         "a k3 weighted by exp of the mean log-ratio over the response (value 1, gradient score / L) gives "
+         "k3's pathwise gradient (PFWD) plus the whole sequence's k3 times its score divided by its length: the "
+         "score-function half of R-C is cut by 1/L, so the sum follows no KL objective", FIX_K3_LOSS),
     _row("14", "k3 as loss + k1 in reward", Config(loss=E.K3, reward=E.K1), Objective.OTHER, "KL006",
          "k1 in the reward is already the whole gradient; the k3 loss adds the per-token forward-KL gradient "
          "on top (REV + PFWD)", FIX_DOUBLE, identity={Target.REV: 1.0, Target.PFWD: 1.0}),

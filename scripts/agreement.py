@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -29,9 +29,11 @@ sys.path.insert(0, str(PROJECT))
 
 from benchmarks.real_packages import CACHE, PACKAGES  # noqa: E402
 from klaudit.audit.agreement import Verdict, compare, shown  # noqa: E402
+from klaudit.audit.bind import Role  # noqa: E402
 from klaudit.audit.confine import memory_limit_bytes  # noqa: E402
 from klaudit.audit.report import Report  # noqa: E402
-from klaudit.audit.runner import Target, _Progress, run_isolated  # noqa: E402
+from klaudit.audit.runner import Target, run_isolated  # noqa: E402
+from klaudit.progress import Progress  # noqa: E402
 
 SITE_CODES = "KL0"  # the KL rules; KL000 (syntax) and KL099 (analysis cut short) are about files
 FILE_LEVEL = ("KL000", "KL099")
@@ -50,11 +52,12 @@ class Timed:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    def __call__(self, target: Target, placements: Sequence[str]) -> Report:
+    def __call__(self, target: Target, placements: Sequence[str], roles: Mapping[str, str]) -> Report:
         start = time.monotonic()
-        report = run_isolated(target, overrides={}, placements=placements, timeout=300,
+        overrides = {name: Role(role) for name, role in roles.items()}
+        report = run_isolated(target, overrides=overrides, placements=placements, timeout=300,
                               memory_limit=memory_limit_bytes(None), model_dir=None, device="cpu",
-                              progress=_Progress(False))
+                              progress=Progress(False))
         self.seconds[str(target)] = time.monotonic() - start
         return report
 

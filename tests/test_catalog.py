@@ -92,6 +92,22 @@ def test_row_objective_holds_exactly(row, toy):
             assert positive_multiple(gradient, reference_gradient) is None, f"proportional to {target.value}"
 
 
+def test_the_mean_log_ratio_cuts_the_k3_return_by_the_length(toy):
+    """Row 13b, exactly: k3_t * exp(mean_u (logp_u - sg logp_u)) has value k3_t and gradient grad k3_t + k3_t *
+    s(y) / L, so its expected gradient is PFWD plus E[(1/L) K3(y) s(y)], the R-C return cut by 1/L (written
+    here by hand, as a score-function surrogate of the enumerated sequences)."""
+    (seed, eos, kl), problem, targets = toy
+    [row] = [row for row in catalog.CATALOG if row.number == "13b"]
+
+    def length_scaled_return(batch):
+        log_ratio = (batch.logprobs - batch.ref_logprobs) * batch.mask
+        k3 = ((torch.expm1(-log_ratio) + log_ratio) * batch.mask).sum(-1).detach()
+        return (batch.logprobs * batch.mask).sum(-1) * k3 / batch.mask.sum(-1)
+
+    expected = targets[Target.PFWD] + problem.expected_gradient(length_scaled_return)
+    assert relerr(_expected_gradient(problem, row.config), expected) < EXACT
+
+
 def test_low_var_kl_rows_are_checked_where_the_clamp_bites():
     """At least one toy reaches the clamp, so the low_var_kl rows are not vacuous."""
     assert any(_clamp_is_hit(_problem(*toy)) for toy in TOYS)

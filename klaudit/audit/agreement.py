@@ -24,7 +24,7 @@ verdict: both sides come from the wings as they are.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +33,11 @@ from klaudit.audit.inline import slices_of
 from klaudit.audit.report import Report, ResultRow
 from klaudit.audit.runner import Target
 from klaudit.catalog import Aggregation, Returns, Sampling, defects
-from klaudit.lint.query import InlineSite, KLSite, site_verdicts
+from klaudit.lint.facts import is_literal, takes
+from klaudit.lint.query import InlineSite, KLSite, numeric_comparison, site_verdicts
 
-Audit = Callable[[Target, Sequence[str]], Report]  # (target, placements) -> check-grad's report
+# (target, placements, {parameter: role}) -> check-grad's report; the roles are --bind overrides
+Audit = Callable[[Target, Sequence[str], Mapping[str, str]], Report]
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,15 @@ class Verdict:
         return tuple(rule for rule in self.lint_rules if rule not in self.audited_rules)
 
 
-def audited_part(site: KLSite, whole: bool = False) -> tuple[str, ...]:
+def audited_part(site: KLSite, whole: bool = False, scored: bool = False) -> tuple[str, ...]:
     """The lint's rules for the part check-grad runs. A helper or a cut-out term: the site's configuration
     summed per sequence and on-policy (a reward propagated by reward-to-go, which has the expectation of
-    a whole-sequence return). The function that holds the sink, audited `whole`: its own aggregation too."""
+    a whole-sequence return, unless the cut-out code multiplies it by the score itself: `scored`). The
+    function that holds the sink, audited `whole`: its own aggregation too."""
     config = dataclasses.replace(site.config, sampling=Sampling.ON_POLICY)
     if not whole:
         config = dataclasses.replace(config, aggregation=Aggregation.SUM, sign=1)
-        if config.reward is not None and config.loss is None:
+        if config.reward is not None and config.loss is None and not scored:
             config = dataclasses.replace(config, returns=Returns.TO_GO)
     return tuple(row.rule for row in defects(config, site.clamped) if row.rule is not None)
 
@@ -100,7 +103,7 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
     sites = list(sites)
     auditable = _Auditable()
     to_slice = [site for site in sites if site.inline and auditable.why_not(path, site.function) is not None]
-    slices, failures = slices_of(path, [InlineSite(s.function, s.origin_line, s.sink_line, s.placement)
+    slices, failures = slices_of(path, [InlineSite(s.function, s.origin_line, s.sink_line, s.placement, s.line)
                                         for s in to_slice if s.origin_line is not None])
     by_origin = {(piece.qualname, piece.origin): piece for piece in slices}
     targets: dict[KLSite, Target] = {}
@@ -137,9 +140,12 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
     targets, missing, whole = targets_of(path, sites)
     reports: dict[Target, Report] = {}
     for target in dict.fromkeys(targets.values()):
-        placements = sorted({site.placement for site, chosen in targets.items() if chosen == target})
+        chosen_by = [site for site, chosen in targets.items() if chosen == target]
+        placements = sorted({site.placement for site in chosen_by})
         own = [target.placement] if target.placement else []
-        reports[target] = audit(target, own if target in whole else placements)
+        # a helper's inputs bound as the lint reads them at the call (log-probs over the vocabulary), not by name
+        roles = {name: role for site in chosen_by if not site.inline for name, role in site.helper_inputs}
+        reports[target] = audit(target, own if target in whole else placements, roles)
     verdicts = []
     for site in sites:
         lint_rules = tuple(dict.fromkeys(site.rules))
@@ -148,7 +154,8 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
                                     audited=False))
             continue
         target = targets[site]
-        expected = audited_part(site, whole=target in whole and target.source is None)
+        scored = target.source is not None and target.placement == "loss" and site.placement == "reward"
+        expected = audited_part(site, whole=target in whole and target.source is None, scored=scored)
         report = reports[target]
         rows = [row for row in report.results if (target in whole or row.placement == site.placement)
                 and selects(site.labels, row.mode, report.results)]
@@ -195,31 +202,31 @@ def _mode(row: ResultRow) -> str:
 def selects(labels: tuple, mode: dict, rows: Sequence[ResultRow]) -> bool:
     """Whether the switch values of a lint branch (`labels`: ((name, values), ...)) select check-grad's
     `mode`. A mode key is matched with the labels of the same name, or, where the lint names the switch
-    as the caller spells it (`kl_penalty=config.kl_loss_type`), with the labels of other names whose
-    string values are all values check-grad audits for that key. An endswith/startswith pattern ("*+") must match too.
-    A key no label names is not decided by the branch: every value is selected."""
+    as the caller or the helper spells it (`kl_penalty=config.kl_loss_type`, `alpha` for `distillation_alpha`),
+    with the labels of other names whose values are all values check-grad audits for that key. A value set
+    is literals or endswith/startswith patterns (klaudit.lint.facts.takes); a numeric comparison's label
+    (`alpha == 1`, True or False) selects the values equal to the number or not. A key no label names is not
+    decided by the branch: every value is selected."""
     for key, value in mode.items():
         audited = {row.mode.get(key) for row in rows}
         named = [values for name, values in labels if name == key]
-        if not named and isinstance(value, str):  # a string switch renamed by the caller
+        if not named and isinstance(value, str):  # a string switch renamed between the caller and the helper
             named = [values for name, values in labels if name not in mode and _literals(values)
                      and all(isinstance(v, str) for v in _literals(values)) and set(_literals(values)) <= audited]
-        for values in named:
-            literals, patterns = _literals(values), [v[1:] for v in values if _is_pattern(v)]
-            if literals and value not in literals:
-                return False
-            if patterns and not (isinstance(value, str) and any(value.endswith(p) or value.startswith(p)
-                                                                for p in patterns)):
+        if not all(takes(value, values) for values in named):
+            return False
+        for name, values in labels:
+            compared = numeric_comparison(name)
+            if compared is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+                continue
+            switch, number = compared
+            if (switch == key or switch not in mode and number in audited) and (value == number) != values[0]:
                 return False
     return True
 
 
-def _is_pattern(value) -> bool:
-    return isinstance(value, str) and value.startswith("*")
-
-
 def _literals(values: tuple) -> list:
-    return [value for value in values if not _is_pattern(value)]
+    return [value for value in values if is_literal(value)]
 
 
 def shown(path: str, root: str | Path) -> str:

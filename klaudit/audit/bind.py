@@ -11,7 +11,6 @@ discovery) without importing torch or the user's code. A method is called on a `
 
 from __future__ import annotations
 
-import ast
 import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +49,8 @@ class Role(str, Enum):
     MASK = "mask"  # [B, T] 1.0 on response tokens
     LOGITS = "logits"  # [B, T, V] policy logits, differentiable
     REF_LOGITS = "ref_logits"  # [B, T, V] reference logits
+    VOCAB_LOGPROBS = "vocab_logprobs"  # [B, T, V] log_softmax of the policy logits, differentiable
+    REF_VOCAB_LOGPROBS = "ref_vocab_logprobs"  # [B, T, V] log_softmax of the reference logits
     LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
     TOKENS = "tokens"  # [B, T] int64 sampled token ids of the response; logprobs are gathered at them
     ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
@@ -109,6 +110,10 @@ class Binding:
         }
         import torch
 
+        vocabulary = {Role.VOCAB_LOGPROBS, Role.REF_VOCAB_LOGPROBS} & set(self.roles.values())
+        if vocabulary and batch.logits is not None and batch.ref_logits is not None:
+            tensors[Role.VOCAB_LOGPROBS] = torch.log_softmax(batch.logits, dim=-1)
+            tensors[Role.REF_VOCAB_LOGPROBS] = torch.log_softmax(batch.ref_logits, dim=-1)
         args: list = []
         kwargs: dict = {}
         for name, role in self.roles.items():
@@ -116,6 +121,8 @@ class Binding:
                 continue
             if role is Role.TOKENS and batch.tokens is None:
                 raise BindError(f"parameter {name} wants the sampled token ids, and this batch has none")
+            if role in (Role.VOCAB_LOGPROBS, Role.REF_VOCAB_LOGPROBS) and role not in tensors:
+                raise BindError(f"parameter {name} wants log-probs over the vocabulary, and this batch has no logits")
             if role is Role.LOG_RATIO:
                 value: Any = batch.logprobs - batch.ref_logprobs
             elif role is Role.OLD_LOGPROBS and self.current_old:
@@ -180,19 +187,22 @@ def _role_from_signature(parameter: inspect.Parameter) -> Role | None:
         return Role.SWITCH
     if isinstance(default, bool) or annotation == "bool":
         return Role.DEFAULT if default is not inspect.Parameter.empty else None
-    if annotation in ("float", "int") or isinstance(default, (int, float)):
+    if annotation == "float" or isinstance(default, float):
         return Role.COEF
+    if annotation == "int" or isinstance(default, int):  # a size or a count (top_k, dim), not a coefficient
+        return Role.DEFAULT if default is not inspect.Parameter.empty else Role.COEF
     if default is not inspect.Parameter.empty:
         return Role.DEFAULT
     return None
 
 
 def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
-         switch_values: Mapping[str, Sequence[str]] | None = None) -> Binding:
+         switch_values: Mapping[str, Sequence[str]] | None = None, current_old: bool = False) -> Binding:
     """Bind every parameter of `fn`; BindError naming the parameters that cannot be bound.
 
     `switch_values` maps a switch parameter to the literals found in the source (see
     `switch_literals`); a switch with none found keeps its default, or is an error without one.
+    `current_old`: old log-probs are the policy's own (an on-policy step), so they may stand for the policy's.
     """
     overrides = dict(overrides or {})
     try:
@@ -230,12 +240,13 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
             f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {_name(fn)}; "
             f"say what {'they are' if len(unbound) > 1 else 'it is'} with {BIND_SYNTAX}"
         )
-    if Role.LOGPROBS not in roles.values() and Role.LOGITS not in roles.values() \
-            and Role.LOG_RATIO not in roles.values():
+    policy = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS) + (
+        (Role.OLD_LOGPROBS,) if current_old else ())
+    if not any(role in policy for role in roles.values()):
         raise BindError(f"no parameter of {_name(fn)} receives the policy log-probs or logits; "
                         f"name it with --bind PARAM=logprobs")
     positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)
-    return Binding(roles, switches, positional_only)
+    return Binding(roles, switches, positional_only, current_old=current_old)
 
 
 def _name(fn: Callable) -> str:
@@ -292,157 +303,34 @@ def defaulted_attributes(fn: Callable) -> list[str]:
     return list(getattr(type(getattr(fn, "__self__", None)), _DEFAULTED, ()))
 
 
-# ----- switch literals, read from the source (static: ast only) -----
+# ----- switch values, from the lint's analysis of the source (static: nothing is imported) -----
 
 
 def switch_literals(fn: Callable) -> dict[str, list]:
-    """String literals each parameter of `fn` is compared with, in `fn` and the functions it calls.
+    """The values each switch parameter of `fn` is audited at: those the lint's flow analysis labels the KL
+    terms of `fn` with, in `fn` and the functions it calls (`klaudit.lint.query.switch_values_at`: string
+    literals, dict dispatch, suffixed spellings, integer indices, flags, numeric comparisons). A flag's
+    default comes first, and is audited even where the lint labels no KL term with it."""
+    from klaudit.lint.query import switch_values_at
 
-    Recognises `p == "k1"`, `p in ("k1", "kl")`, `match p: case "k1"`, `{"k1": ...}[p]`, and follows
-    `p` into functions and methods of the same module it is passed to. `p.endswith(s)` adds the
-    suffixed spelling of every value found (verl's "k1+" straight-through variants). A parameter
-    with a bool default that an `if` tests (`use_kl_estimator_k3=False`) gets [default, not default].
-    """
+    code = getattr(inspect.unwrap(fn), "__code__", None)
     try:
         path = inspect.getsourcefile(fn)
-        source = open(path, encoding="utf-8").read() if path else None
-    except (OSError, TypeError):
-        source = None
-    if source is None:
+    except TypeError:
+        path = None
+    if code is None or path is None:
         return {}
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        found = switch_values_at(path, code.co_name, code.co_firstlineno)
+    except (OSError, UnicodeDecodeError, SyntaxError):
         return {}
-    node = _node_of(fn, tree)
-    return {} if node is None else switch_literals_of(node, tree)
-
-
-def switch_literals_of(node: ast.AST, tree: ast.Module) -> dict[str, list]:
-    """`switch_literals` for the def `node` of the parsed module `tree` (static: nothing is imported)."""
-    functions = _functions_by_name(tree)
-    found: dict[str, list] = {}
-    flags = _flag_parameters(node)
-    for parameter in _parameter_names(node):
-        if parameter in flags:
-            found[parameter] = [flags[parameter], not flags[parameter]]
-            continue
-        values: list[str] = []
-        suffixes: list[str] = []
-        _collect(node, parameter, functions, values, suffixes, set())
-        for suffix in suffixes:
-            values += [value + suffix for value in list(values) if not value.endswith(suffix)]
-        if values:
-            found[parameter] = list(dict.fromkeys(values))
+    try:
+        defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}
+    except (TypeError, ValueError):
+        defaults = {}
+    for name, values in found.items():
+        default = defaults.get(name, inspect.Parameter.empty)
+        if isinstance(default, bool) and all(isinstance(value, bool) for value in values):
+            # the flag's default runs where it is not set: audited first
+            found[name] = [default] + [value for value in values if value is not default]
     return found
-
-
-def _flag_parameters(node: ast.AST) -> dict[str, bool]:
-    """Parameters with a bool default that an `if`/`elif`/conditional expression tests (`use_abs_kl`)."""
-    arguments = node.args
-    positional = arguments.posonlyargs + arguments.args
-    defaults = dict(zip([a.arg for a in positional[len(positional) - len(arguments.defaults):]], arguments.defaults))
-    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
-    flags = {name: d.value for name, d in defaults.items() if isinstance(d, ast.Constant) and isinstance(d.value, bool)}
-    tested = set()
-    for child in ast.walk(node):
-        if isinstance(child, (ast.If, ast.IfExp, ast.While)):
-            test = child.test.operand if isinstance(child.test, ast.UnaryOp) else child.test
-            if isinstance(test, ast.Name):
-                tested.add(test.id)
-    return {name: value for name, value in flags.items() if name in tested}
-
-
-def _functions_by_name(tree: ast.Module) -> dict[str, ast.AST]:
-    """Module-level functions and class methods by bare name (methods: the first of each name)."""
-    table: dict[str, ast.AST] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            table.setdefault(node.name, node)
-    return table
-
-
-def _node_of(fn: Callable, tree: ast.Module) -> ast.AST | None:
-    """The def of `fn` in the parsed module, found by its first line (decorators included)."""
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    if code is None:
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            if first == code.co_firstlineno or node.lineno == code.co_firstlineno:
-                return node
-    return None
-
-
-def _parameter_names(node: ast.AST) -> list[str]:
-    arguments = node.args
-    return [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
-
-
-def _strings(node: ast.AST) -> list[str]:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-    return []
-
-
-def local_aliases(node: ast.AST, name: str) -> set[str]:
-    """`name` and every local assigned from an expression that reads it (`base = kind[:-1]`), to a fixpoint."""
-    names = {name}
-    assignments = [(target.id, child.value) for child in ast.walk(node) if isinstance(child, ast.Assign)
-                   for target in child.targets if isinstance(target, ast.Name)]
-    grown = True
-    while grown:
-        grown = False
-        for target, value in assignments:
-            if target not in names and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value)):
-                names.add(target)
-                grown = True
-    return names
-
-
-def _collect(node: ast.AST, name: str, functions: Mapping[str, ast.AST], values: list[str],
-             suffixes: list[str], seen: set) -> None:
-    """Add the literals `name` (or an alias of it) is compared with inside `node`, following calls."""
-    if (id(node), name) in seen:
-        return
-    seen.add((id(node), name))
-    names = local_aliases(node, name)
-
-    def is_switch(expression: ast.AST) -> bool:
-        return isinstance(expression, ast.Name) and expression.id in names
-
-    for child in ast.walk(node):
-        if isinstance(child, ast.Compare):
-            sides = [child.left] + list(child.comparators)
-            if any(is_switch(side) for side in sides):
-                for side in sides:
-                    values += _strings(side)
-        elif isinstance(child, ast.Match) and is_switch(child.subject):
-            for case in child.cases:
-                for pattern in ast.walk(case.pattern):
-                    if isinstance(pattern, ast.MatchValue):
-                        values += _strings(pattern.value)
-        elif isinstance(child, ast.Subscript) and isinstance(child.value, ast.Dict) and is_switch(child.slice):
-            values += [v for key in child.value.keys if key is not None for v in _strings(key)]
-        elif isinstance(child, ast.Call):
-            callee = child.func
-            if isinstance(callee, ast.Attribute) and callee.attr == "endswith" and is_switch(callee.value):
-                suffixes += [s for arg in child.args for s in _strings(arg)]
-                continue
-            callee_name = callee.id if isinstance(callee, ast.Name) else (
-                callee.attr if isinstance(callee, ast.Attribute) else None)
-            target = functions.get(callee_name) if callee_name else None
-            if target is None:
-                continue
-            parameters = _parameter_names(target)
-            if parameters and parameters[0] in ("self", "cls") and isinstance(callee, ast.Attribute):
-                parameters = parameters[1:]
-            for index, arg in enumerate(child.args):
-                if is_switch(arg) and index < len(parameters):
-                    _collect(target, parameters[index], functions, values, suffixes, seen)
-            for keyword in child.keywords:
-                if keyword.arg and is_switch(keyword.value):
-                    _collect(target, keyword.arg, functions, values, suffixes, seen)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.audit.bind import role_from_name
-from klaudit.lint.roles import is_coefficient_name
+from klaudit.lint.query import package_of, returned_sign
+from klaudit.lint.roles import is_coefficient_name, sink_of_name
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -58,19 +59,20 @@ def inline_slices(path: str) -> tuple[list[InlineSlice], list[str]]:
 def slices_of(path: str, sites) -> tuple[list[InlineSlice], list[str]]:
     """The given inline sites of `path` (klaudit.lint.query.InlineSite) as functions: one per estimator
     statement, ending before its first sink; and one line for each that cannot be cut out."""
-    grouped: dict[tuple[str, int], tuple[int, set]] = {}
+    grouped: dict[tuple[str, int], tuple[int, int, set]] = {}
     for site in sites:
         key = (site.qualname, site.origin_line)
-        first_sink, placements = grouped.get(key, (site.sink_line, set()))
-        grouped[key] = (min(first_sink, site.sink_line), placements | {site.placement})
+        entry = min(line for line in (site.entry_line, site.sink_line) if line)
+        first_sink, first_entry, placements = grouped.get(key, (site.sink_line, entry, set()))
+        grouped[key] = (min(first_sink, site.sink_line), min(first_entry, entry), placements | {site.placement})
     if not grouped:
         return [], []
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     slices, failures = [], []
-    for (qualname, origin_line), (sink_line, placements) in grouped.items():
+    for (qualname, origin_line), (sink_line, entry_line, placements) in grouped.items():
         placement = "loss" if any(p.startswith("loss") for p in placements) else "reward"
         try:
-            slices.append(slice_site(tree, path, qualname, origin_line, sink_line, placement))
+            slices.append(slice_site(tree, path, qualname, origin_line, sink_line, placement, entry_line))
         except SliceError as error:
             failures.append(f"{path}::{qualname}: the KL term formed at line {origin_line} cannot be cut out "
                             f"of it: {error}")
@@ -78,8 +80,9 @@ def slices_of(path: str, sites) -> tuple[list[InlineSlice], list[str]]:
 
 
 def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sink_line: int,
-               placement: str) -> InlineSlice:
-    """The standalone function of one inline KL term (SliceError when a value cannot be bound)."""
+               placement: str, entry_line: int = 0) -> InlineSlice:
+    """The standalone function of one inline KL term (SliceError when a value cannot be bound); `entry_line`:
+    where the term enters the sink's value (the sink's line by default)."""
     function = _function(tree, qualname)
     outside = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
     function = _KeyedInputs(outside).visit(copy.deepcopy(function))
@@ -88,33 +91,128 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     if origin is None or len(_assigned(origin)) != 1:
         raise SliceError(f"line {origin_line} does not assign one variable")
     (variable,) = _assigned(origin)
-    kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)]
+    branches = _branches(function.body)
+    kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)
+                       and not _exclusive(branches, origin, s)]
+    resolved: set[str] = {variable}
+    defined_before = returned_at = origin_line
+    sink = next((s for s in statements if s.lineno == (entry_line or sink_line)), None)
+    if placement == "loss" and sink is not None and variable not in _reads(sink, function):
+        # a loss reads the term under another name (an index into a stack of estimators): carried there; a
+        # reward's value is the estimate itself, whatever the code does with it next
+        variable, forward = _carried(statements, variable, origin_line, sink, function)
+        kept += forward
+        resolved |= {name for s in forward for name in _assigned(s)}
+        defined_before = sink_line
+        returned_at = max((s.lineno for s in forward), default=origin_line)  # estimators carried into one value
+        # (a stack indexed by a switch) are one function, named after the statement that picks the value
     imported = _imported_names(tree)
     switches: dict[str, str | None] = {}
-    pending = [name for statement in kept for name in _reads(statement, function)]
-    resolved: set[str] = {variable}
-    while pending:
-        name = pending.pop()
-        if name in resolved or name in imported or hasattr(builtins, name):
-            continue
-        resolved.add(name)
-        definitions = [s for s in statements if name in _assigned(s) and s.lineno < origin_line]
-        if definitions and all(_computable(s, outside) for s in definitions) and name not in outside:
-            kept += definitions
-            pending += [read for s in definitions for read in _reads(s, function)]
-    parameters = _free_names(sorted(kept, key=lambda s: s.lineno), function, imported)
-    unbound = [name for name in parameters if role_from_name(name) is None]
+    cut: set[str] = set()
+    while True:
+        traced, read_by = _traced(kept, resolved | cut, statements, defined_before, function, outside, imported)
+        parameters = _free_names(sorted(traced, key=lambda s: s.lineno), function, imported)
+        unbound = [name for name in parameters if role_from_name(name) is None]
+        # a value from outside the step under a name that does not bind (`teacher = self.server(...)`), read
+        # into one that does (`teacher_logps = teacher["logprobs"]`): as the lint reads it, the value the named
+        # variable holds is an input, whose role its name gives; the slice takes that variable as a parameter
+        named = [holder for holder in _holders(unbound[0], read_by) if role_from_name(holder) is not None] \
+            if unbound else []
+        if not named:
+            break
+        cut.add(named[0])
     if unbound:
         raise SliceError(f"{unbound[0]!r} comes from outside the step's arithmetic and does not bind by its name")
+    kept = traced
     body = [_SelfReads(switches).visit(statement) for statement in copy.deepcopy(_pruned(function.body,
                                                                                           {id(s) for s in kept}))]
-    name = f"{function.name}__inline_kl_{origin_line}"
+    if placement == "reward" and sink_of_name(variable) == "loss":
+        placement = "loss"  # the score-function product is inside the cut (`per_token_loss = sg(kl) * logp`)
+    name = f"{function.name}__inline_kl_{returned_at}"
     arguments = list(parameters) + [f"{switch}={default!r}" for switch, default in switches.items()]
-    code = ast.unparse(ast.Module(body=body + [ast.Return(ast.Name(variable, ast.Load()))], type_ignores=[]))
-    text = f"def {name}({', '.join(arguments)}):\n" + "".join(f"    {line}\n" for line in code.splitlines())
-    header = _imports_for(tree, _names_read(body), imported)
+    header = _imports_for(tree, _names_read(body), imported, _package(path))
+    text = _function_text(name, arguments, body, ast.Name(variable, ast.Load()))
+    if placement == "reward" and returned_sign(header + text, name, path) < 0:
+        # the term is the negated estimate (`teacher - policy`), maximised as an advantage: check-grad audits a
+        # reward placement as a penalty, so the cut-out function returns the estimate itself
+        text = _function_text(name, arguments, body, ast.UnaryOp(ast.USub(), ast.Name(variable, ast.Load())))
     lines = [s.lineno for s in kept] + [getattr(s, "end_lineno", s.lineno) for s in kept]
     return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement, origin_line)
+
+
+def _traced(kept: list[ast.stmt], resolved: set[str], statements: list[ast.stmt], defined_before: int,
+            function: _Function, outside: set[str], imported: set[str]) -> tuple[list[ast.stmt], dict[str, str]]:
+    """`kept` with, going back, the assignments before line `defined_before` of every name they read that are
+    arithmetic on values of the step (names in `resolved` are not followed); and for each name followed or
+    read, the name whose definition read it."""
+    kept = list(kept)
+    pending = [(name, "") for statement in kept for name in _reads(statement, function)]
+    read_by: dict[str, str] = {}
+    seen = set(resolved)
+    while pending:
+        name, reader = pending.pop()
+        if name in seen or name in imported or hasattr(builtins, name):
+            continue
+        seen.add(name)
+        read_by[name] = reader
+        definitions = [s for s in statements if name in _assigned(s) and s.lineno < defined_before]
+        if definitions and all(_computable(s, outside) for s in definitions) and name not in outside:
+            kept += definitions
+            pending += [(read, name) for s in definitions for read in _reads(s, function)]
+    return kept, read_by
+
+
+def _branches(body: list, path: tuple = ()) -> dict[int, tuple]:
+    """id(statement) -> the (id(if), side) of every `if` branch that holds it."""
+    out: dict[int, tuple] = {}
+    for statement in body:
+        out[id(statement)] = path
+        if isinstance(statement, ast.If):
+            out.update(_branches(statement.body, path + ((id(statement), "body"),)))
+            out.update(_branches(statement.orelse, path + ((id(statement), "else"),)))
+        elif isinstance(statement, (ast.For, ast.While, ast.With, ast.Try)):
+            for field in ("body", "orelse", "finalbody"):
+                out.update(_branches(getattr(statement, field, []), path))
+            for handler in getattr(statement, "handlers", []):
+                out.update(_branches(handler.body, path))
+    return out
+
+
+def _exclusive(branches: dict[int, tuple], a: ast.stmt, b: ast.stmt) -> bool:
+    """Whether `a` and `b` lie on opposite sides of one `if` (never both run)."""
+    sides = dict(branches.get(id(a), ()))
+    return any(node in sides and sides[node] != side for node, side in branches.get(id(b), ()))
+
+
+def _holders(name: str, read_by: dict[str, str]) -> list[str]:
+    """The variables whose definitions read `name`, nearest first (the chain back to the kept statements)."""
+    holders = []
+    while read_by.get(name):
+        name = read_by[name]
+        holders.append(name)
+    return holders
+
+
+def _function_text(name: str, arguments: list[str], body: list[ast.stmt], returned: ast.expr) -> str:
+    code = ast.unparse(ast.Module(body=body + [ast.Return(returned)], type_ignores=[]))
+    return f"def {name}({', '.join(arguments)}):\n" + "".join(f"    {line}\n" for line in code.splitlines())
+
+
+def _carried(statements: list[ast.stmt], variable: str, origin_line: int, sink: ast.stmt,
+             function: _Function) -> tuple[str, list[ast.stmt]]:
+    """Where the sink reads the term under another name (`kl = torch.stack([k1, k2, k3])[index]`): the
+    variable it reads, and the statements between the estimator and the sink that carry the term there
+    (each reads a variable holding it); (`variable`, []) when the sink reads no such variable."""
+    holding, carrying = {variable}, []
+    for statement in statements:
+        if origin_line < statement.lineno < sink.lineno and _reads(statement, function) & holding:
+            carrying.append(statement)
+            holding |= _assigned(statement)
+    read = [s for s in reversed(carrying) if _assigned(s) & _reads(sink, function)]
+    if not read:
+        return variable, []
+    (last,) = sorted(_assigned(read[0]) & _reads(sink, function))[:1]
+    return last, [s for s in carrying if s.lineno <= read[0].lineno]
 
 
 def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -> list[str]:
@@ -224,11 +322,12 @@ def _enclosing_tests(body: list, target: ast.stmt) -> list[ast.expr]:
 
 def _computable(statement: ast.stmt, outside: set[str]) -> bool:
     """Whether an assignment is arithmetic on values of the step: no call of a `self` method, no read
-    of the step's own arguments (models, batches, `inputs[...]`)."""
+    of the step's own arguments (models, batches, `inputs[...]`) but those that bind by their name (the
+    log-probs, a mask, the token ids: they become parameters of the cut-out function)."""
     if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or statement.value is None:
         return False
     for node in ast.walk(statement.value):
-        if isinstance(node, ast.Name) and node.id in outside - {"self"}:
+        if isinstance(node, ast.Name) and node.id in outside - {"self"} and role_from_name(node.id) is None:
             return False
         if isinstance(node, ast.Call) and _self_chain(node.func) is not None:
             return False
@@ -292,11 +391,22 @@ def _imported_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _imports_for(tree: ast.Module, used: set[str], imported: set[str]) -> str:
-    """The module's top-level import statements that bind names the slice reads (absolute only)."""
+def _package(path: str) -> list[str]:
+    """The dotted package `path` is in ([] outside packages)."""
+    return package_of(path)[1][:-1]
+
+
+def _imports_for(tree: ast.Module, used: set[str], imported: set[str], package: list[str]) -> str:
+    """The module's top-level import statements that bind names the slice reads; a relative import made
+    absolute from `package` (the cut-out function imports the package as the original file does)."""
     lines = []
     for node in tree.body:
-        if isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if node.level > len(package):
+                continue
+            base = package[:len(package) - node.level + 1] + ([node.module] if node.module else [])
+            node = ast.ImportFrom(".".join(base), node.names, 0)
+        if isinstance(node, ast.Import) or isinstance(node, ast.ImportFrom):
             aliases = [alias for alias in node.names if (alias.asname or alias.name).split(".")[0] in used]
             if aliases:
                 node = ast.Import(aliases) if isinstance(node, ast.Import) else ast.ImportFrom(node.module, aliases, 0)

@@ -31,6 +31,7 @@ from klaudit.audit.confine import limit_memory, memory_limit_bytes, run_confined
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.report import Report
 from klaudit.audit.stubs import import_with_stubs
+from klaudit.lint.query import package_of
 from klaudit.progress import Progress
 
 DEFAULT_TIMEOUT = 120.0
@@ -50,6 +51,7 @@ class Target:
     label: str | None = None  # how the report names it, when not by path and name (an inline KL term)
     source: str | None = None  # the code of a function cut out of `path` (klaudit.audit.inline)
     placement: str | None = None  # the placement the code gives a cut-out function's result
+    origin: str | None = None  # the file a cut-out function comes from: its package imports as there
 
     def __str__(self) -> str:
         if self.label is not None:
@@ -106,18 +108,19 @@ def module_file(module: str) -> str | None:
 # ----- in the child: load and audit -----
 
 
-def _import_file(path: str) -> tuple[ModuleType, dict[str, str]]:
+def _import_file(path: str, origin: str | None = None) -> tuple[ModuleType, dict[str, str]]:
     """Import a .py file, with the dependencies that do not import here stubbed (klaudit.audit.stubs);
     inside a package by its dotted name so relative imports work, and when the package itself does not
-    import even so, as the file alone. Returns the module and {stubbed module: why}."""
+    import even so, as the file alone. A function cut out of `origin` imports the package `origin` is in as
+    its own (never stubbed). Returns the module and {stubbed module: why}."""
     file = Path(path).resolve()
-    parts = [file.stem]
-    directory = file.parent
-    while (directory / "__init__.py").is_file():
-        parts.insert(0, directory.name)
-        directory = directory.parent
+    directory, parts = package_of(file)
     sys.path.insert(0, str(directory))
-    alone = (f"_klaudit_target_{file.stem}", parts[0])
+    alone: tuple[str, ...] = (f"_klaudit_target_{file.stem}", parts[0])
+    if origin is not None:
+        root, package = package_of(origin)
+        sys.path.insert(0, str(root))
+        alone += (package[0],)
     if len(parts) > 1:
         _forget_other_package(parts[0], directory)
         try:
@@ -156,7 +159,7 @@ def load(target: Target) -> tuple[Callable, dict[str, str]]:
     call only in the child or the Python API)."""
     try:
         if target.path is not None:
-            module, stubbed = _import_file(target.path)
+            module, stubbed = _import_file(target.path, target.origin)
         else:
             sys.path.insert(0, os.getcwd())
             module, stubbed = import_with_stubs(lambda: importlib.import_module(target.module),
@@ -198,9 +201,7 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
 
     try:
         fn, stubbed = load(target)
-        binding = bind(fn, overrides or {}, switch_values=switch_literals(fn))
-        if current_old:
-            binding = dataclasses.replace(binding, current_old=True)
+        binding = bind(fn, overrides or {}, switch_values=switch_literals(fn), current_old=current_old)
         _require_device(device)
         if monte_carlo is not None and model_dir is not None:
             rows, notes = _monte_carlo_rows(fn, binding, str(target), placements, model_dir, device, monte_carlo,
@@ -402,7 +403,8 @@ def _audit_in_child(target: Target, *, overrides: dict, placements: Sequence[str
         Path(path).write_text(target.source, encoding="utf-8")
         placements = placements or ((target.placement,) if target.placement else None)
     request_path.write_text(json.dumps({
-        "target": {"path": path, "module": target.module, "qualname": target.qualname, "label": target.label},
+        "target": {"path": path, "module": target.module, "qualname": target.qualname, "label": target.label,
+                   "origin": target.path if target.source is not None else target.origin},
         "overrides": {name: role.value for name, role in overrides.items()},
         "placements": list(placements) if placements else None, "model_dir": model_dir, "device": device,
         "used_path": None if placements else str(used_path), "timeout": timeout, "memory_limit": memory_limit,

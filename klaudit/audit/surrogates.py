@@ -6,7 +6,7 @@ estimator k^R, the surrogate of sequence y is
     S(y) = sign * [ sum_t w_t k^L_t  +  sum_t c_t * logp_t * sg(G_t) ]
 
 where k^L_t is differentiated (pathwise part), G_t is the return of the detached rewards
-k^R_u (u >= t, u > t, all u, or u = t), and w_t, c_t are the sampling weights: 1 on-policy
+k^R_u (u >= t, u > t, all u, all u over the length L, or u = t), and w_t, c_t are the sampling weights: 1 on-policy
 or uncorrected off-policy, sg(pi_t / pi_old_t) for token importance ratios, and the prefix
 products w_{1:t} = prod_{i<=t} pi_i / pi_old_i for per-decision importance sampling (w_{<t}
 for the exact per-step KL, which depends on the prefix only). Aggregation is not applied
@@ -70,14 +70,16 @@ def _reverse_cumsum(values: torch.Tensor) -> torch.Tensor:
     return values.flip(-1).cumsum(-1).flip(-1)
 
 
-def _returns(rewards: torch.Tensor, returns: Returns) -> torch.Tensor:
-    """The coefficient of logp_t built from detached per-token rewards."""
+def _returns(rewards: torch.Tensor, returns: Returns, mask: torch.Tensor) -> torch.Tensor:
+    """The coefficient of logp_t built from detached per-token rewards (`mask`: the response's tokens)."""
     if returns is Returns.TO_GO:
         return _reverse_cumsum(rewards)
     if returns is Returns.FUTURE:
         return _reverse_cumsum(rewards) - rewards
     if returns is Returns.SEQUENCE:
         return rewards.sum(-1, keepdim=True).expand_as(rewards)
+    if returns is Returns.SEQUENCE_MEAN:
+        return (rewards.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(rewards)
     if returns is Returns.LOCAL:
         return rewards
     raise ValueError(f"unknown returns mode {returns!r}")
@@ -128,7 +130,7 @@ def build_surrogate(config: Config) -> Surrogate:
             rewards = (estimator_values(config.reward, log_ratio, batch) * positions).detach()
             if config.sampling is Sampling.PER_DECISION_IS:
                 rewards = weight_for(config.reward) * rewards
-            coefficient = _returns(rewards, config.returns)
+            coefficient = _returns(rewards, config.returns, mask)
             score_weight = weight_through if config.sampling is Sampling.TOKEN_IS else 1.0
             total = total + (score_weight * batch.logprobs * mask * coefficient).sum(-1)
         return config.sign * total

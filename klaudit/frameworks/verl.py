@@ -32,9 +32,12 @@ DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "to
             USE_KL_IN_REWARD: "false", KL_PENALTY: "kl", ADV_ESTIMATOR: "gae"}
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
-              "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS,
-              "kl+": Estimator.K1_ST, "k1+": Estimator.K1_ST, "mse+": Estimator.K2, "k2+": Estimator.K2,
-              "low_var_kl+": Estimator.K3_ST, "k3+": Estimator.K3_ST}  # abs+ has no catalog estimator
+              "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS}
+# From 0.9 a trailing '+' keeps the plain estimator's value with k2's gradient (core_algos.kl_penalty): as a
+# loss the straight-through form (abs+ has only k2's gradient to judge), in the reward the plain value.
+LOSS_ESTIMATORS = {**ESTIMATORS, "kl+": Estimator.K1_ST, "k1+": Estimator.K1_ST, "mse+": Estimator.K2,
+                   "k2+": Estimator.K2, "low_var_kl+": Estimator.K3_ST, "k3+": Estimator.K3_ST, "abs+": Estimator.K2}
+REWARD_ESTIMATORS = {**ESTIMATORS, **{value + "+": estimator for value, estimator in ESTIMATORS.items()}}
 AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-sum": Aggregation.SUM,
                 "seq-mean-token-mean": Aggregation.SEQ_MEAN, "seq-mean-token-sum-norm": Aggregation.CONSTANT}
 TOKEN_RETURNS = ("gae", "reinforce_plus_plus")  # token-level returns; the others sum the rewards
@@ -75,13 +78,13 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     if not at_least(assumed, "0.9") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
         return None  # before 0.9 a straight-through value is rejected at start-up
     use_loss, use_reward = _truthy(value[USE_KL_LOSS]), _truthy(value[USE_KL_IN_REWARD])
-    loss = ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
-    reward = ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
+    loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
+    reward = REWARD_ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
     aggregation = AGGREGATIONS.get(value[LOSS_AGG_MODE])
     if use_loss is None or use_reward is None or aggregation is None or (loss is None and reward is None):
         return None
     if (use_loss and loss is None) or (use_reward and reward is None):
-        return None  # a value this release does not have (or abs+, which no catalog row describes)
+        return None  # a value this release does not have
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)

@@ -43,6 +43,7 @@ REF_LOGITS = "LQ"  # raw reference logits
 TOKEN = "tok"
 TO_GO = "rtg"  # reversed cumulative sum: sum over u >= t
 SEQUENCE = "seq"  # summed over the response
+SEQUENCE_MEAN = "seqmean"  # averaged over the response (the sum over its length), inside an exp: a mean log-ratio
 
 _MULTIPLIERS = {SCORE, IS_RATIO}
 _POLICY_SIDE = {POLICY} | _MULTIPLIERS
@@ -330,6 +331,11 @@ def _reward_term(factor: list, weighted: str = "") -> Term | None:
     return Term("reward", found[0], found[1], returns, weighted)
 
 
+# A value with k2's gradient (sg(value) + k2 - sg(k2)), as a loss: the straight-through form of the value's
+# estimator. abs+ has no row of its own: a loss's expected gradient is its gradient's, k2's.
+_STRAIGHT_THROUGH = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST, Estimator.ABS: Estimator.K2}
+
+
 def _loss_term(factor: list, weighted: str = "") -> Term | None:
     """A differentiated factor: the estimator is named by its value, straight-through by its gradient."""
     value = match_estimator(factor)
@@ -338,11 +344,12 @@ def _loss_term(factor: list, weighted: str = "") -> Term | None:
         return None
     gradient = match_estimator(grad_part)
     if value and gradient and value[0] != gradient[0] and gradient[0] == Estimator.K2:
-        straight = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST}.get(value[0])
+        straight = _STRAIGHT_THROUGH.get(value[0])
         if straight is not None:
             return Term("loss", straight, value[1], Returns.LOCAL, weighted)
     if value and (gradient is None or gradient[0] == value[0]):
         return Term("loss", value[0], value[1], Returns.LOCAL, weighted)
+
     if kl_atoms(Poly.of(dict(factor))):
         return Term("loss", None, 1, Returns.LOCAL, weighted)
     return None
@@ -393,7 +400,7 @@ def terms_of(poly: Poly, sink: str) -> list:
             # exp(logp - sg logp) or a differentiable ratio times a detached KL: a REINFORCE term
             term = _reward_term(factor, "score" if key[0] == SCORE else "is")
         elif key[1]:
-            weighted = ("score" if key[0] == SCORE else "is") + ("-seq" if key[2] == SEQUENCE else "")
+            weighted = ("score" if key[0] == SCORE else "is") + _WEIGHT_SPAN.get(key[2], "")
             loss = _loss_term(factor, weighted)
             if loss is not None:
                 out.append(loss)
@@ -406,6 +413,11 @@ def terms_of(poly: Poly, sink: str) -> list:
         if term is not None:
             out.append(term)
     return out
+
+
+# A differentiable weight's span: the token's own ratio, the sequence's (exp of the summed log-ratio), or
+# exp of its mean log-ratio, whose score is the sequence's over its length.
+_WEIGHT_SPAN = {SEQUENCE: "-seq", SEQUENCE_MEAN: "-seqmean"}
 
 
 def _weighted_straight_through(weighted: list, plain: list) -> Term | None:
@@ -421,5 +433,5 @@ def _weighted_straight_through(weighted: list, plain: list) -> Term | None:
     value, gradient = match_estimator(plain), match_estimator(grad_part)
     if value is None or gradient is None or gradient[0] is not Estimator.K2:
         return None
-    straight = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST, Estimator.K2: Estimator.K2}.get(value[0])
+    straight = {**_STRAIGHT_THROUGH, Estimator.K2: Estimator.K2}.get(value[0])
     return None if straight is None else Term("loss", straight, value[1], Returns.LOCAL, "is-detached")

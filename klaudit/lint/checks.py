@@ -99,7 +99,7 @@ def config_of(fact: Fact, kind: str) -> Config | None:
     if loss is None and reward is None:
         return None
     sampling = Sampling.OFF_POLICY if fact.stale and kind == "loss" else Sampling.ON_POLICY
-    if any(t.weighted in ("is", "is-detached", "is-seq") for t in terms):
+    if any(t.weighted in ("is", "is-detached", "is-seq", "is-seqmean") for t in terms):
         sampling = Sampling.TOKEN_IS
     loss_est = loss.estimator if loss else None
     reward_est = reward.estimator if reward else None
@@ -108,6 +108,9 @@ def config_of(fact: Fact, kind: str) -> Config | None:
         # exp(sum_u (logp_u - sg logp_u)) * k_t: the pathwise k plus k_t times the whole sequence's
         # score, whose earlier-token part is k as a reward-to-go in expectation (causality)
         reward_est, returns = loss_est, Returns.SEQUENCE
+    elif loss is not None and loss.weighted in ("score-seqmean", "is-seqmean"):
+        # exp(mean_u (logp_u - sg logp_u)) * k_t: the same, with the sequence's score divided by its length
+        reward_est, returns = loss_est, Returns.SEQUENCE_MEAN
     elif loss is not None and loss.weighted in ("score", "is"):
         # exp(logp - sg logp) * k: the pathwise k plus k as a same-token reward. A differentiable
         # token ratio exp(logp - old) is that multiplier where old = sg(logp) (on-policy); on older

@@ -35,6 +35,7 @@ class Fact:
     entry: Any = None  # node where it entered a loss or reward
     text: str | None = None  # a string literal
     name: str = ""  # display name of a switch variable
+    cut: int = 0  # role "str" without text: characters cut from the end of the switch's value (`kind[:-1]`)
     items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
     calls: int = 0  # function boundaries crossed
     scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
@@ -72,41 +73,116 @@ def operands(value: tuple) -> tuple:
     return value or (UNKNOWN,)
 
 def compatible(a: tuple, b: tuple) -> bool:
-    """Two label sets can hold at once unless they pick different values of the same switch."""
-    picked = dict(a)
-    return all(name not in picked or _overlap(picked[name], values) for name, values in b)
+    """Two label sets can hold at once unless some value of a switch they both test is excluded by one."""
+    return all(_overlap(x, y) for name, x in a for other, y in b if name == other)
+
+
+# A label's values are one of three kinds of set: literals ("k1", 0, True), endswith/startswith patterns
+# ("*+": the value ends or starts with "+", `kind.endswith("+")`) or their negation ("!*+": it does neither,
+# `not kind.endswith("+")`).
+
+
+def is_pattern(value) -> bool:
+    """An endswith/startswith pattern ("*s")."""
+    return isinstance(value, str) and value.startswith("*")
+
+
+def is_negated_pattern(value) -> bool:
+    """The negation of a pattern ("!*s": neither ends nor starts with s)."""
+    return isinstance(value, str) and value.startswith("!*")
+
+
+def is_literal(value) -> bool:
+    return not is_pattern(value) and not is_negated_pattern(value)
+
+
+def negated(values: tuple) -> tuple | None:
+    """The value set that holds where `values` does not: a flag's other value, a pattern set's negation
+    (and back); None where labels cannot write it (the complement of literals)."""
+    if values == (True,) or values == (False,):
+        return (not values[0],)
+    if values and all(is_pattern(v) for v in values):
+        return tuple("!" + v for v in values)
+    if values and all(is_negated_pattern(v) for v in values):
+        return tuple(v[1:] for v in values)
+    return None
+
+
+def _matches(value, pattern: str) -> bool:
+    affix = pattern[1:]
+    return isinstance(value, str) and (value.endswith(affix) or value.startswith(affix))
+
+
+def takes(value, values: tuple) -> bool:
+    """Whether the switch value `value` is in the set `values` (see `is_pattern`)."""
+    if values and all(is_negated_pattern(v) for v in values):
+        return not any(_matches(value, v[1:]) for v in values)
+    if values and all(is_pattern(v) for v in values):
+        return any(_matches(value, v) for v in values)
+    return any(type(v) is type(value) and v == value for v in values)
+
 
 def _overlap(x: tuple, y: tuple) -> bool:
-    """Whether two value sets of one switch can hold at once; "*s" (an endswith/startswith test)
-    holds for the literal values that end or start with s, so `kl.endswith("+")` excludes "kl"."""
+    """Whether two value sets of one switch can hold at once: some literal of one is taken by the other
+    (`kl.endswith("+")` excludes "kl"); patterns meet unless a value must both match and not match one."""
     if x == y:
         return True
-    for patterns, values in ((x, y), (y, x)):
-        suffixes = [p[1:] for p in patterns if isinstance(p, str) and p.startswith("*")]
-        if suffixes and len(suffixes) == len(patterns):
-            literal = [v for v in values if isinstance(v, str) and not v.startswith("*")]
-            return not literal or any(v.endswith(s) or v.startswith(s) for v in literal for s in suffixes)
-    return False
+    literal_x, literal_y = all(is_literal(v) for v in x), all(is_literal(v) for v in y)
+    if literal_x or literal_y:
+        literals, other = (x, y) if literal_x else (y, x)
+        return any(takes(value, other) for value in literals)
+    for positive, negative in ((x, y), (y, x)):
+        if all(is_pattern(v) for v in positive) and all(is_negated_pattern(v) for v in negative):
+            return not {v[1:] for v in negative} >= set(positive)
+    return True
+
 
 def pinned_values_hold(labels: tuple, pinned: Mapping[str, tuple]) -> bool:
     """Whether a path taken under switch `labels` can run with the values a user pinned
     (`[tool.klaudit] switches`): every pinned switch the path tests must be one of its values, a
     literal or the target of an endswith/startswith pattern ("*+")."""
     for name, values in labels:
-        if name in pinned and not any(_takes(value, values) for value in pinned[name]):
+        if name in pinned and not any(takes(value, values) for value in pinned[name]):
             return False
     return True
 
 
-def _takes(value, values: tuple) -> bool:
-    if isinstance(value, str):
-        return any(v == value or isinstance(v, str) and v.startswith("*") and (value.endswith(v[1:]) or value.startswith(v[1:]))
-                   for v in values)
-    return any(type(v) is type(value) and v == value for v in values)
+def registry_switches(values: list, names: frozenset) -> set:
+    """The string switches some label of `values` (tuples of facts) tests against a registered name."""
+    return {switch for value in values for fact in contained(value) for switch, chosen in fact.labels
+            if all(isinstance(v, str) and is_literal(v) for v in chosen) and names.intersection(chosen)}
+
+
+def within_registry(value: tuple, names: frozenset, switches: set) -> tuple:
+    """`value` where each of the registry's dispatch `switches` takes only the registered `names`: a label of one
+    narrows to them, and an alternative selected by none of them is dropped."""
+    out = []
+    for fact in value:
+        labels, possible = [], True
+        for switch, chosen in fact.labels:
+            if switch in switches and all(isinstance(v, str) and is_literal(v) for v in chosen):
+                chosen = tuple(v for v in chosen if v in names)
+                possible = possible and bool(chosen)
+            labels.append((switch, chosen))
+        if possible:
+            out.append(replace(fact, labels=tuple(labels)))
+    return tuple(out)
 
 
 def merge_labels(a: tuple, b: tuple) -> tuple:
-    return tuple(sorted(set(a) | set(b), key=repr))
+    """The labels of a path that holds under both `a` and `b`. Value sets of one switch narrow each other
+    (`kind in ("k3", "k3+")` under `kind.endswith("+")` is `kind == "k3+"`), where some value is left."""
+    merged = sorted(set(a) | set(b), key=repr)
+    names = [name for name, _ in merged]
+    if len(set(names)) == len(names):
+        return tuple(merged)
+    out = []
+    for name in dict.fromkeys(names):
+        sets = [values for other, values in merged if other == name]
+        literal = [values for values in sets if all(is_literal(v) for v in values)]
+        kept = [v for v in literal[0] if all(takes(v, values) for values in sets)] if literal else []
+        out += [(name, tuple(kept))] if kept else [(name, values) for values in sets]
+    return tuple(sorted(out, key=repr))
 
 def kinds(poly: Poly | None) -> frozenset:
     return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()

@@ -35,14 +35,20 @@ from klaudit.lint.facts import (
     contained,
     detach_all,
     holds_behaviour_ratio,
+    is_negated_pattern,
+    is_pattern,
     join_envs,
     logprob_kinds,
     loss_part,
     merge_labels,
+    negated,
     operands,
     param_facts,
+    registry_switches,
     rename_logprobs,
+    takes,
     tensor,
+    within_registry,
 )
 from klaudit.lint.syntax import (
     case_strings,
@@ -117,6 +123,12 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.block(self.func.body)
         unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
         sinks = self.sinks + list(self.loss_parts.values())
+        names = registered_names(self.func)
+        if names:  # a function a registry runs under these names: its dispatch switch takes only them
+            values = [tuple(dict.fromkeys(self.returns))] + [sink.facts for sink in sinks]
+            keys = registry_switches(values, names)
+            sinks = [replace(sink, facts=within_registry(sink.facts, names, keys)) for sink in sinks]
+            return Outcome(within_registry(values[0], names, keys), sinks, unexplained)
         return Outcome(tuple(dict.fromkeys(self.returns)), sinks, unexplained)
 
     # ---- statements ------------------------------------------------------------------
@@ -209,43 +221,39 @@ class FunctionRun(ContainerFlow, CallFlow):
         self.labels = saved
         after_body = self.env
         self.env = dict(before)
+        otherwise = _otherwise(label)  # the switch values where the test is false, where labels can say so
         if isinstance(stmt.orelse, cst.If):
-            negated = ((label[0], (False,)),) if label is not None and label[1] == (True,) else ()
-            self.labels = merge_labels(self.labels, negated)  # an elif runs where the flag tested first is false
+            self.labels = merge_labels(self.labels, otherwise)  # an elif runs where the test before it is false
             self.if_statement(stmt.orelse)
             self.labels = saved
-            for name, facts in list(self.env.items()) if negated else ():
-                if after_body.get(name) != facts:  # the value the elif chain leaves, where the flag is false
-                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
+            for name, facts in list(self.env.items()) if otherwise else ():
+                if after_body.get(name) != facts:  # the value the elif chain leaves, where the test is false
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
         elif stmt.orelse is not None:
-            if label is not None and label[1] in ((True,),):
-                self.labels = merge_labels(self.labels, ((label[0], (False,)),))
+            self.labels = merge_labels(self.labels, otherwise)
             self.block(stmt.orelse.body)
             self.labels = saved
-        elif label is not None and label[1] == (True,):
-            # `if flag: kl = kl * ratio` without else: where the flag is false, kl keeps its old value
-            negated = ((label[0], (False,)),)
+        elif otherwise:
+            # `if flag: kl = kl * ratio` without else: where the test is false, kl keeps its old value
             for name, facts in before.items():
                 if after_body.get(name) != facts:
-                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, negated)) for f in facts)
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
         self.env = join_envs(after_body, self.env)
-        if stmt.orelse is None and _leaves(stmt.body):
-            # `if test: return`: the statements after it run only where the test is false
-            self.labels = merge_labels(self.labels, self.negation(stmt.test))
+        if _chain_leaves(stmt):
+            # `if test: return` (or an elif chain whose every branch returns, without else): the statements
+            # after it run only where every test is false
+            branch: cst.BaseSuite | cst.If | cst.Else | None = stmt
+            while isinstance(branch, cst.If):
+                self.labels = merge_labels(self.labels, self.negation(branch.test))
+                branch = branch.orelse
 
     def negation(self, test: cst.BaseExpression) -> tuple:
-        """Switch values that hold where `test` is false, as far as they can be written as labels."""
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            label, decided = self.condition(test.expression)
-            # `if not flag: return` leaves flag True below; `if not x.endswith("+")`, the suffixed values
-            return (label,) if label is not None and decided is None and (label[1] == (True,) or all(
-                isinstance(v, str) and v.startswith("*") for v in label[1])) else ()
+        """Switch values that hold where `test` is false, as far as they can be written as labels:
+        `if not flag: return` leaves flag True below, `if not x.endswith("+"): return` the suffixed values."""
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
             return self.negation(test.left) + self.negation(test.right)
-        if isinstance(test, (cst.Name, cst.Attribute)):
-            label, decided = self.condition(test)
-            return ((label[0], (False,)),) if label is not None and decided is None and label[1] == (True,) else ()
-        return ()
+        label, decided = self.condition(test)
+        return _otherwise(label) if decided is None else ()
 
     def match_statement(self, stmt: cst.Match) -> None:
         subject = self.expr(stmt.subject)
@@ -269,9 +277,15 @@ class FunctionRun(ContainerFlow, CallFlow):
             label, decided = self.condition(test.expression)
             if decided is not None:
                 return None, not decided
-            if label is not None and label[1] == (True,):
-                return (label[0], (False,)), None
-            return None, None
+            otherwise = _otherwise(label)
+            return (otherwise[0] if otherwise else None), None
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            (left, left_decided), (right, right_decided) = self.condition(test.left), self.condition(test.right)
+            if True in (left_decided, right_decided):
+                return None, True
+            if left_decided is False or right_decided is False:
+                return (right, right_decided) if left_decided is False else (left, left_decided)
+            return _either(left, right), None
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             comp = test.comparisons[0]
             if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
@@ -290,11 +304,12 @@ class FunctionRun(ContainerFlow, CallFlow):
                 if known:
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
-                return (None if negate else (name, tuple(strings))), None
+                values = spelled(facts, tuple(strings))
+                return (None if negate or not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
             if number is not None and isinstance(comp.operator, cst.Equal):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
-                return (f"{last_name(left)} == {number:g}", (True,)), None
+                return (f"{self.switch_name(left)} == {number:g}", (True,)), None
             if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
                 # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
                 return (f"{last_name(left)} == {dotted(right)}", (True,)), None
@@ -320,8 +335,13 @@ class FunctionRun(ContainerFlow, CallFlow):
             name = last_name(test)
             if name in ("True", "False"):
                 return None, name == "True"
-            return (name, (True,)), None
+            return (self.switch_name(test), (True,)), None
         return None, None
+
+    def switch_name(self, node: cst.BaseExpression) -> str:
+        """The name a switch's labels use: the one its value carries from where it was read (a caller's
+        `config.kl_type` passed as `kind`), else its own."""
+        return next((f.name for f in self.expr(node) if f.role in ("str", "bool") and f.name), "") or last_name(node)
 
     def is_none(self, node: cst.BaseExpression) -> bool | None:
         """Whether `node` holds None, when its facts decide it (an argument left at a None default,
@@ -697,7 +717,8 @@ class FunctionRun(ContainerFlow, CallFlow):
             return chosen
         if any(f.role == "str" for f in base):
             if drops_last_char(node):
-                return tuple(replace(f, text=f.text[:-1] if f.text else None) for f in base if f.role == "str")
+                return tuple(replace(f, text=f.text[:-1]) if f.text else replace(f, cut=f.cut + 1)
+                             for f in base if f.role == "str")
             return ()
         return base
 
@@ -709,7 +730,7 @@ class FunctionRun(ContainerFlow, CallFlow):
         index_node = node.slice[0].slice.value
         idx = int_literal(index_node)
         if idx is None:
-            name = last_name(index_node)
+            name = self.switch_name(index_node)
             return tuple(replace(f, labels=merge_labels(f.labels, ((name, (i,)),)))
                          for part in parts for i, item in enumerate(part.items) for f in item)
         return tuple(f for part in parts if -len(part.items) <= idx < len(part.items) for f in part.items[idx])
@@ -756,9 +777,11 @@ class FunctionRun(ContainerFlow, CallFlow):
         if decided is False:
             return self.expr(node.orelse)
         body = operands(self.expr(node.body))
+        orelse = operands(self.expr(node.orelse))
         if label is not None:
             body = tuple(replace(f, labels=merge_labels(f.labels, (label,))) for f in body)
-        return tuple(dict.fromkeys(body + operands(self.expr(node.orelse))))
+            orelse = tuple(replace(f, labels=merge_labels(f.labels, _otherwise(label))) for f in orelse)
+        return tuple(dict.fromkeys(body + orelse))
 
     def e_UnaryOperation(self, node: cst.UnaryOperation) -> tuple:
         value = self.expr(node.expression)
@@ -1097,6 +1120,11 @@ class FunctionRun(ContainerFlow, CallFlow):
         for f in base:
             if f.role != "tensor" or f.poly is None:
                 continue
+            mean = fn == "exp" and f.aggregation is Aggregation.SEQ_MEAN and any(
+                a.acc == alg.SEQUENCE for a in f.poly.atoms())
+            if mean:  # exp of a log-ratio averaged over the response: a weight, not a length-normalised KL
+                f = replace(f, poly=f.poly.map_atoms(lambda a: a.accumulated(alg.SEQUENCE_MEAN)
+                                                     if a.acc == alg.SEQUENCE else a), aggregation=None)
             poly = apply_math(fn, f.poly)
             if poly is None:
                 continue
@@ -1113,8 +1141,8 @@ class FunctionRun(ContainerFlow, CallFlow):
         first = self.expr(first_node) if first_node is not None else ()
         if name in ("exp", "log", "abs", "square", "expm1", "log_softmax", "softmax", "neg", "negative"):
             return self.unary_math(name, first, node)
-        if name in ("clamp", "clip", "clamp_"):
-            return tuple(replace(f, clamped=True) for f in first if f.role == "tensor")
+        if name in ("clamp", "clip", "clamp_"):  # as the method: a clamped token count is still the count
+            return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in first)
         if name in ("sigmoid", "tanh", "softplus", "relu", "erf") and any(
                 f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in first):
             return KL_WEIGHT
@@ -1243,6 +1271,67 @@ class FunctionRun(ContainerFlow, CallFlow):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def registered_names(func: cst.FunctionDef) -> frozenset:
+    """The string literals listed in a registering decorator of `func` (`@register_loss(Settings(names=["k1",
+    "k3"]))`): the names a registry runs it under."""
+    names: set = set()
+    for decorator in func.decorators:
+        if "register" not in dotted(decorator.decorator.func if isinstance(decorator.decorator, cst.Call)
+                                    else decorator.decorator).lower():
+            continue
+        for node in _subtree(decorator.decorator):
+            if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+                names |= set(string_literals(node) or ())
+    return frozenset(names)
+
+
+def _subtree(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _subtree(child)
+
+
+def _chain_leaves(stmt: cst.If) -> bool:
+    """Whether every branch of an if/elif chain without a final else returns or raises."""
+    return _leaves(stmt.body) and (stmt.orelse is None or isinstance(stmt.orelse, cst.If) and _chain_leaves(stmt.orelse))
+
+
+def _otherwise(label: tuple | None) -> tuple:
+    """The labels that hold where the test labelled `label` is false: () where labels cannot say it
+    (the values other than some literals)."""
+    values = negated(label[1]) if label is not None else None
+    return ((label[0], values),) if values is not None else ()
+
+
+def _either(left: tuple | None, right: tuple | None) -> tuple | None:
+    """The label of `a or b` for tests of one switch: the union of their literals or patterns, or a negated
+    pattern that the other side's literals all take (`not kind.endswith("+") or kind in ("k2", "mse")`)."""
+    if left is None or right is None or left[0] != right[0]:
+        return None
+    for one, other in ((left[1], right[1]), (right[1], left[1])):
+        if all(is_negated_pattern(v) for v in one) and all(not is_pattern(v) and not is_negated_pattern(v)
+                                                            and takes(v, one) for v in other):
+            return left[0], one
+    kinds = {(is_pattern(v), is_negated_pattern(v)) for v in left[1] + right[1]}
+    return (left[0], tuple(dict.fromkeys(left[1] + right[1]))) if len(kinds) == 1 and (False, True) not in kinds \
+        else None
+
+
+def spelled(facts: tuple, strings: tuple) -> tuple:
+    """The switch values that make an alternative of `facts` equal one of `strings`: the strings, or, for
+    the switch with its end cut off under an endswith test (`kind[:-1]` where `kind.endswith("+")`), the
+    strings with that end put back (`kind[:-1] == "k3"` is `kind == "k3+"`); none where the cut is unknown."""
+    out: list = []
+    for f in operands(facts):
+        if f.role != "str" or not f.cut:
+            out += strings
+            continue
+        ends = [v[1:] for name, values in f.labels if name == f.name for v in values
+                if is_pattern(v) and len(v) - 1 == f.cut]
+        out += [string + end for string in strings for end in ends]
+    return tuple(dict.fromkeys(out))
 
 
 def _constant(fact: Fact) -> bool:

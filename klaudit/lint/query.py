@@ -20,9 +20,12 @@ from klaudit.catalog import Config, Returns
 from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
+from klaudit.lint.facts import Fact, bare_parameter_facts, is_literal, param_facts
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
+from klaudit.lint.signatures import Signature, signatures
 from klaudit.lint.sources import read_source
+from klaudit.lint.syntax import params
 
 PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}
 
@@ -87,12 +90,14 @@ def kl_functions(path: str) -> list[str]:
 @dataclass(frozen=True)
 class InlineSite:
     """A KL term a function computes and puts into a loss or reward itself: the function, the line of
-    the statement that forms the estimator, the line of the sink, and the placement."""
+    the statement that forms the estimator, the line of the sink, the placement, and the line where the term
+    enters the sink's value (`loss = pg + beta * kl` before `loss.backward()`)."""
 
     qualname: str
     origin_line: int
     sink_line: int
     placement: str
+    entry_line: int = 0  # the statement where the term enters the loss or reward (0: the sink's)
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,7 @@ class KLSite:
     clamped: bool
     labels: tuple
     rules: tuple[str, ...]
+    helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
 
 
 class _Tracing(Analyzer):
@@ -128,6 +134,7 @@ class _Tracing(Analyzer):
         super().__init__(project)
         # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
+        self.inputs: dict[tuple[str, str], dict[str, str]] = {}  # (path, qualname) -> {parameter: role}
 
     def callee(self, fact) -> tuple[str, str] | None:
         """The outermost call that returned `fact`'s term: the one whose result had crossed as many
@@ -142,12 +149,27 @@ class _Tracing(Analyzer):
         outcome = super().call(module, func, cls, env)
         if outermost:
             qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+            called = (str(Path(module.path).resolve()), qualname)
+            for parameter, facts in env.items():
+                role = _vocabulary_role(facts) if isinstance(facts, tuple) else None
+                if role is not None:
+                    self.inputs.setdefault(called, {})[parameter] = role
             passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
             for fact in _kl_facts(outcome.returns):
                 if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
                     self.callees.setdefault(id(fact.origin), {}).setdefault(
                         fact.calls, (str(Path(module.path).resolve()), qualname))
         return outcome
+
+
+def _vocabulary_role(facts: tuple) -> str | None:
+    """check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a
+    model's logits, [B, T, V]): names alone would give it one log-prob per sampled token."""
+    kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
+    from klaudit.lint import algebra
+
+    return {frozenset({algebra.VOCAB_POLICY}): "vocab_logprobs",
+            frozenset({algebra.VOCAB_REF}): "ref_vocab_logprobs"}.get(frozenset(kinds))
 
 
 def inline_sites(path: str) -> list[InlineSite]:
@@ -160,7 +182,7 @@ def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, str]]]:
     """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and the
     helpers of the linted tree (file, qualified name) that its functions call for the others."""
     sites = site_verdicts(path)
-    inline = {InlineSite(site.function, site.origin_line, site.sink_line, site.placement): None
+    inline = {InlineSite(site.function, site.origin_line, site.sink_line, site.placement, site.line): None
               for site in sites if site.inline and site.origin_line is not None}
     helpers = {(site.helper_path, site.helper): None for site in sites
                if site.helper is not None and site.helper_path is not None}
@@ -218,16 +240,180 @@ def site_verdicts(path: str) -> list[KLSite]:
                     origin_path if fact.origin is not None else None, origin_line, inline,
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
-                    tuple(row.rule for row in defects(config, clamped) if row.rule))] = None
+                    tuple(row.rule for row in defects(config, clamped) if row.rule),
+                    tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else ())] = None
     return list(sites)
+
+
+def functions_of(path: str) -> list[Signature]:
+    """The top-level functions and methods of `path` with their parameters and the instance state they read
+    (OSError or UnicodeDecodeError when the file does not read, SyntaxError when it does not parse)."""
+    try:
+        tree = cst.parse_module(Path(path).read_text(encoding="utf-8"))
+    except cst.ParserSyntaxError as error:
+        raise SyntaxError(error.message, (path, error.raw_line, error.raw_column, "")) from None
+    return list(signatures(tree))
+
+
+_COMPARED = re.compile(r"^(\w+) == (.+)$")  # a numeric comparison's label, `alpha == 1`
+
+
+def numeric_comparison(label: str) -> tuple[str, float] | None:
+    """(switch, number) of the label of a numeric comparison (`alpha == 1`, its values True or False)."""
+    compared = _COMPARED.match(label)
+    if compared is None:
+        return None
+    try:
+        return compared.group(1), float(compared.group(2))
+    except ValueError:
+        return None  # an enum member or a constant: no number
+
+
+def switch_values(path: str, qualname: str) -> dict[str, list]:
+    """`switch_values_at` for the top-level function or method `qualname` of `path`."""
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    func = _function(tree, qualname) if tree is not None else None
+    owner = qualname.rpartition(".")[0] or None
+    return {} if tree is None or func is None else _switch_values(project, file, tree, func, owner)
+
+
+def switch_values_at(path: str, name: str, line: int) -> dict[str, list]:
+    """The values of each switch parameter of the function `name` whose definition starts at `line` of `path`
+    (nested ones too) that select the KL terms the lint judges, as it labels them: string literals (`==`, `in`,
+    `match`, dict dispatch, a value cut after an endswith test), integer indices, the values of a flag that
+    select a KL term, and for a numeric comparison (`alpha == 1`) each number compared with and one that is
+    none of them. Every parameter the lint gives no role is followed as a switch under its own name, into the
+    functions it is passed to."""
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
+    return {} if tree is None or found is None else _switch_values(project, file, tree, *found)
+
+
+def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
+                   cls: str | None) -> dict[str, list]:
+    analyzer = Analyzer(project)
+    module = analyzer.module(str(file), tree)
+    names = [param.name.value for param in params(func)] + [func.name.value]
+    env: dict = {}
+    for param in params(func):
+        own = param.name.value
+        env[own] = param_facts(param, may_be_none=True) or bare_parameter_facts(own, names) or (
+            () if own in ("self", "cls") else (Fact(role="str", name=own),))
+    switches = {own for own, facts in env.items() if any(f.role in ("str", "bool") for f in facts)}
+    try:
+        outcome = analyzer.call(module, func, cls, env)
+    except RecursionError:
+        return {}
+    # the terms the lint judges (a catalog estimator in a loss or a reward): a switch value that selects only
+    # a form it leaves unjudged (the exact forward KL, a JSD mixture) makes no claim to compare or audit
+    facts = [fact for fact in _kl_facts(outcome.returns) if config_of(fact, "loss") or config_of(fact, "reward")]
+    facts += [fact for sink in outcome.sinks for fact in _kl_facts(sink.facts) if config_of(fact, sink.kind)]
+    values: dict[str, list] = {}
+    others: dict[str, set] = {}  # a switch -> the numbers it is compared with, where a term needs none of them
+    for fact in facts:
+        numbers: dict[str, list] = {}
+        for label, chosen in fact.labels:
+            compared = numeric_comparison(label)
+            if compared is not None and compared[0] in switches:
+                numbers.setdefault(compared[0], []).append((compared[1], chosen[0]))
+            elif label in switches:
+                values.setdefault(label, []).extend(v for v in chosen if is_literal(v))
+        for switch, tested in numbers.items():
+            equal = [number for number, truth in tested if truth is True]
+            values.setdefault(switch, []).extend(equal)
+            if not equal:  # the term is selected where the switch equals none of the numbers compared
+                others.setdefault(switch, set()).update(number for number, _ in tested)
+    source = project.source(tree)
+    ordered = {switch: sorted(dict.fromkeys(found), key=lambda value: _written_at(value, source))
+               for switch, found in values.items() if found}
+    for switch, tested_numbers in others.items():  # a value that takes the branch where every comparison is false
+        low = sorted(tested_numbers)
+        ordered.setdefault(switch, []).append((low[0] + low[1]) / 2 if len(low) > 1 else low[0] + 1.0)
+    return ordered
+
+
+def _written_at(value, source: str) -> tuple:
+    """Where a switch value is written in the source, to list values in the order the code names them: a
+    string at its first quoted spelling (a suffixed one after the value it extends), a number by its value."""
+    if not isinstance(value, str):
+        return (0, float(value), 0)
+    for cut in range(len(value)):
+        spelled = value[:len(value) - cut]
+        at = min((i for i in (source.find(f'"{spelled}"'), source.find(f"'{spelled}'")) if i >= 0), default=-1)
+        if spelled and at >= 0:
+            return (1, at, cut)
+    return (1, len(source), 0)
+
+
+def returned_sign(source: str, name: str, near: str) -> int:
+    """The sign of the KL estimate the function `name` of `source` returns, as a reward reads it: -1 where
+    every KL value it returns is a negated estimator (`teacher_logp - policy_logp`, an advantage to maximise),
+    else 1. `near`: the file the source was cut out of (its project resolves the helpers it calls)."""
+    from klaudit.lint import algebra
+
+    tree = cst.parse_module(source)
+    func = _function(tree, name)
+    if func is None:
+        return 1
+    analyzer = Analyzer(Project([package_root(Path(near).resolve())]))
+    module = analyzer.module(str(Path(near).resolve().with_name(f"_{name}.py")), tree)
+    try:
+        outcome = analyzer.analyse(module, func, None)
+    except RecursionError:
+        return 1
+    signs = {term.sign for fact in _kl_facts(outcome.returns) for term in algebra.terms_of(fact.poly, "reward")}
+    return -1 if signs == {-1} else 1
+
+
+def _function_at(tree: cst.Module, source: str, name: str, line: int):
+    """(def, enclosing class name or None) of the function `name` whose definition starts at `line` (its
+    first decorator's line, or the def's): the nearest def of that name at or after `line`."""
+    from klaudit.lint.checks import statement_positions
+
+    positions = statement_positions(tree, source)
+    found = []
+
+    class Defs(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.classes: list[str | None] = [None]
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            self.classes.append(node.name.value)
+
+        def leave_ClassDef(self, node: cst.ClassDef) -> None:
+            self.classes.pop()
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            at = positions.get(id(node))
+            if node.name.value == name and at is not None and at[0] >= line:
+                found.append((at[0], node, self.classes[-1]))
+            self.classes.append(None)
+
+        def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+            self.classes.pop()
+
+    tree.visit(Defs())
+    return min(found, key=lambda item: item[0])[1:] if found else None
 
 
 def package_root(path: Path) -> Path:
     """The directory above the outermost package holding `path` (its own directory outside packages)."""
-    directory = path.resolve().parent
-    while (directory / "__init__.py").is_file() and (directory.parent / "__init__.py").is_file():
+    return package_of(path)[0]
+
+
+def package_of(path: str | Path) -> tuple[Path, list[str]]:
+    """The directory above the outermost package holding `path`, and the file's dotted name below it."""
+    file = Path(path).resolve()
+    parts = [file.stem]
+    directory = file.parent
+    while (directory / "__init__.py").is_file():
+        parts.insert(0, directory.name)
         directory = directory.parent
-    return directory.parent if (directory / "__init__.py").is_file() else directory
+    return directory, parts
 
 
 @dataclass(frozen=True)

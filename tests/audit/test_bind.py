@@ -85,9 +85,12 @@ def test_malformed_overrides(spec):
 
 
 def test_switch_literals_follow_calls_and_suffixes():
+    """verl's kl_penalty: every value its code accepts, the '+' ones too; "full" and "full+" raise, and are not
+    audited (the lint labels no KL term with them)."""
     values = switch_literals(verl_style.kl_penalty)["kl_penalty"]
-    base = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"]
+    base = ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
     assert set(values) == set(base) | {value + "+" for value in base}
+    assert values.index("k1") < values.index("k1+") < values.index("abs")  # in the order the code names them
 
 
 def test_switch_literals_of_if_chains_and_default():
@@ -96,57 +99,85 @@ def test_switch_literals_of_if_chains_and_default():
     assert [mode["kl_estimator"] for mode in binding.modes()] == ["k1", "k2", "k3"]
 
 
-def test_match_statement_and_dict_dispatch():
+# Each form of switch the lint reads, as check-grad audits it (klaudit.lint.query.switch_values_at).
+
+
+def test_a_match_statement():
     def by_match(logprobs, ref_logprobs, kind):
         match kind:
             case "a":
-                return logprobs
+                return logprobs - ref_logprobs
             case "b" | "c":
-                return ref_logprobs
-        return logprobs
-
-    def by_dict(logprobs, ref_logprobs, kind):
-        return {"x": logprobs, "y": ref_logprobs}[kind]
+                return 0.5 * (logprobs - ref_logprobs) ** 2
+        raise ValueError(kind)
 
     assert switch_literals(by_match) == {"kind": ["a", "b", "c"]}
+
+
+def test_dict_dispatch():
+    def by_dict(logprobs, ref_logprobs, kind):
+        return {"x": logprobs - ref_logprobs, "y": (logprobs - ref_logprobs).abs()}[kind]
+
     assert switch_literals(by_dict) == {"kind": ["x", "y"]}
 
 
-def test_a_switch_without_literals_or_default_cannot_be_bound():
-    def term(logprobs, ref_logprobs, kind: str):
-        return logprobs
+def test_integer_indexing():
+    """open-instruct's stacked estimators, picked by an integer."""
 
-    with pytest.raises(BindError, match="kind"):
-        bind(term, switch_values=switch_literals(term))
+    def by_index(logprobs, ref_logprobs, kl_estimator):
+        delta = logprobs - ref_logprobs
+        return torch.stack([delta, delta ** 2 / 2, torch.expm1(-delta) + delta])[kl_estimator]
+
+    values = switch_literals(by_index)
+    assert values == {"kl_estimator": [0, 1, 2]}
+    assert [mode["kl_estimator"] for mode in bind(by_index, switch_values=values).modes()] == [0, 1, 2]
 
 
-def test_aliases_and_unannotated_switches():
-    """verl 0.9 strips the '+' into a new local before dispatching; the switch has no annotation."""
+def test_a_numeric_comparison_gets_each_number_and_one_that_is_none_of_them():
+    """TRL's self-distillation divergence: alpha == 0 forward, alpha == 1 reverse, a mixture otherwise."""
 
-    def forward(logprobs, ref_logprobs, which):
-        if which in ("k1", "kl"):
+    def divergence(logprobs, ref_logprobs, alpha: float):
+        if alpha == 0.0:
+            return torch.expm1(ref_logprobs - logprobs) + logprobs - ref_logprobs
+        elif alpha == 1.0:
             return logprobs - ref_logprobs
-        raise NotImplementedError
+        return alpha * (logprobs - ref_logprobs) ** 2
 
-    def penalty(logprobs, ref_logprobs, kind):
-        base = kind[:-1] if kind.endswith("+") else kind
-        return forward(logprobs, ref_logprobs, base)
+    values = switch_literals(divergence)
+    assert values == {"alpha": [0.0, 1.0, 0.5]}
+    assert bind(divergence, switch_values=values).roles["alpha"] is Role.SWITCH
 
-    values = switch_literals(penalty)
-    assert values == {"kind": ["k1", "kl", "k1+", "kl+"]}
-    assert bind(penalty, switch_values=values).roles["kind"] is Role.SWITCH
+
+def _forward(logprobs, ref_logprobs, which):
+    if which in ("k1", "kl"):
+        return logprobs - ref_logprobs
+    raise NotImplementedError
+
+
+def _penalty(logprobs, ref_logprobs, kind):
+    base = kind[:-1] if kind.endswith("+") else kind
+    return _forward(logprobs, ref_logprobs, base)
+
+
+def test_a_string_compared_after_its_suffix_is_cut():
+    """verl 0.9 strips the '+' into a new local before dispatching in a function of the module; the switch has
+    no annotation."""
+    values = switch_literals(_penalty)
+    assert sorted(values["kind"]) == ["k1", "k1+", "kl", "kl+"]
+    assert bind(_penalty, switch_values=values).roles["kind"] is Role.SWITCH
 
 
 def test_bool_flags_tested_by_an_if_are_switches():
-    def term(log_probs, log_probs_base, use_k3=False, use_abs: bool = False, keep=True):
+    def term(log_probs, log_probs_base, use_k3=False, use_abs: bool = True, keep=True):
+        delta = log_probs - log_probs_base
         if use_k3:
-            return log_probs
+            return torch.expm1(-delta) + delta
         elif not use_abs:
-            return log_probs_base
-        return log_probs if keep is None else log_probs_base
+            return delta
+        return delta.abs() if keep is None else delta
 
     values = switch_literals(term)
-    assert values == {"use_k3": [False, True], "use_abs": [False, True]}
+    assert values == {"use_k3": [False, True], "use_abs": [True, False]}  # the default first
     binding = bind(term, switch_values=values)
     assert binding.roles["keep"] is Role.DEFAULT and len(binding.modes()) == 4
 

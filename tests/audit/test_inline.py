@@ -55,3 +55,65 @@ def test_check_grad_audits_the_inline_term_on_policy_and_names_the_original_line
         assert (rows[key].objective, rows[key].rule) == ("PFWD", "KL002")
     # the sequence ratio adds k3 x the sequence's score: k3 loss + k3 whole-sequence return = REV (rows 13, 6)
     assert rows["sequence", True].objective == "REV" and rows["sequence", True].unbiased
+
+
+DISTILL = Path(__file__).parent / "data" / "inline" / "distill_pkg" / "trainer.py"
+INDEXED = Path(__file__).parents[2] / "fixtures" / "bad" / "indexed_kl_estimator.py"
+
+
+def _slices_of(path: Path) -> dict:
+    slices, failures = inline_slices(str(path))
+    assert failures == []
+    return {piece.qualname: piece for piece in slices}
+
+
+def _parameters(piece) -> dict:
+    """{parameter: its default, or None} of the slice's function, read from its source."""
+    function = next(node for node in ast.parse(piece.source).body if isinstance(node, ast.FunctionDef))
+    defaults = [ast.literal_eval(default) for default in function.args.defaults]
+    names = [argument.arg for argument in function.args.args]
+    return dict(zip(names, [None] * (len(names) - len(defaults)) + defaults))
+
+
+def test_a_server_value_is_cut_where_it_gets_a_name_that_binds():
+    """`teacher = self.teacher_server.score(inputs)` binds by no name; `teacher_per_token_logps =
+    teacher["actual_logprobs"]` does (the reference's log-probs): that variable is the slice's parameter. The
+    else branch, another estimator, is not part of the term; the helper imported relatively is imported by its
+    package's name."""
+    piece = _slices_of(DISTILL)["Distiller.server_step"]
+    assert piece.placement == "loss"  # `per_token_loss` holds sg(student - teacher) * student: a loss
+    assert "from distill_pkg.helpers import clip_ratio" in piece.source
+    assert "topk_divergence" not in piece.source and "teacher[" not in piece.source
+    assert _parameters(piece) == {"completion_ids": None, "student_logits": None, "teacher_per_token_logps": None,
+                                  "old_per_token_logps": None, "mode": "sampled_token"}
+
+
+def test_a_negated_estimate_in_an_advantage_is_returned_as_the_estimate():
+    """`a_opd = sg(teacher - rollout)` is maximised as an advantage: the slice returns -a_opd, the k1 estimate
+    check-grad audits as a reward placement, and reads the step's arguments that bind by name."""
+    piece = _slices_of(DISTILL)["Distiller._advantage_loss"]
+    assert piece.placement == "reward" and piece.source.rstrip().endswith("return -a_opd")
+    assert set(_parameters(piece)) == {"labels", "teacher_actual_logprobs", "rollout_logprobs"}
+
+
+def test_estimators_stacked_and_indexed_by_a_switch_are_one_slice():
+    """open-instruct's torch.stack([k1, k2, k3, ratio * k3])[kl_estimator]: every estimator's slice runs up to
+    the statement that picks one, with the index as a parameter (audited at 0..3, klaudit.lint.query)."""
+    slices, failures = inline_slices(str(INDEXED))
+    assert failures == [] and len({piece.source for piece in slices}) == 1
+    assert slices[0].source.rstrip().endswith("return kl") and "kl_estimator=True" in slices[0].source
+
+
+def test_check_grad_audits_the_cut_out_distillation_terms():
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(DISTILL)])
+    assert report.errors == []
+    rows = {row.target.rsplit("of ", 1)[-1].rstrip(")"): row for row in report.results}
+    # the sampled-token reverse KL: a k1 reward on its own token only (PART, row 2)
+    server = rows["Distiller.server_step"]
+    assert (server.objective, server.rule, server.mode) == ("PART", "KL003", {"mode": "sampled_token"})
+    # the advantage's k1 values, as a reward with reward-to-go: REV (row 6); the same-token use is the caller's
+    advantage = rows["Distiller._advantage_loss"]
+    assert advantage.placement == "reward" and advantage.objective == "REV" and advantage.unbiased

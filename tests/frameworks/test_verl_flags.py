@@ -49,7 +49,10 @@ def codes(*flags: str) -> list[str]:
       "actor_rollout_ref.actor.kl_loss_type=k3"], ["KL006"]),
     (["actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.kl_loss_type=k3"], []),  # off
     (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=k3+"], ["KL003"]),  # k2's gradient
-    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=abs+"], []),  # no row
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=abs+"], ["KL003"]),
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=k3+"], ["KL004"]),  # the reward keeps the value
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=k1+"], []),
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=full+"], []),  # 0.9.1 raises NotImplementedError
     (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=$KL_TYPE"], []),
     ([], []),
 ])

@@ -1,0 +1,107 @@
+"""The functions of a module as the lint reads them: their parameters and, for methods, the instance state they
+read. check-grad decides from these which KL functions it can call alone (klaudit.audit.discover)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+from klaudit.lint.roles import is_coefficient_name
+from klaudit.lint.syntax import dotted, params
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One parameter: its name, its annotation as written ("" without one) and whether it has a default."""
+
+    name: str
+    annotation: str = ""
+    defaulted: bool = False
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A top-level function or a method of a top-level class: the parameters a caller passes (a method's
+    `self`/`cls` left out) and the instance attributes it and the methods it calls on `self` read, other
+    than KL coefficients and the class's own attributes (an instance whose __init__ did not run lacks them)."""
+
+    qualname: str
+    parameters: tuple[Parameter, ...]
+    state: tuple[str, ...] = ()
+
+
+def signatures(tree: cst.Module) -> Iterator[Signature]:
+    """The signature of every top-level function and method of a top-level class, in source order."""
+    for stmt in tree.body:
+        if isinstance(stmt, cst.FunctionDef):
+            yield Signature(stmt.name.value, _parameters(stmt, method=False))
+        elif isinstance(stmt, cst.ClassDef):
+            methods = {item.name.value: item for item in stmt.body.body if isinstance(item, cst.FunctionDef)}
+            attributes = _class_attributes(stmt)
+            for item in methods.values():
+                static = _is_static(item)
+                state = () if static else _state_read(item, methods, attributes)
+                yield Signature(f"{stmt.name.value}.{item.name.value}", _parameters(item, method=not static), state)
+
+
+def _parameters(func: cst.FunctionDef, method: bool) -> tuple[Parameter, ...]:
+    listed = tuple(Parameter(p.name.value, dotted(p.annotation.annotation) if p.annotation else "", p.default is not None)
+                   for p in params(func))
+    return listed[1:] if method and listed else listed
+
+
+def _is_static(func: cst.FunctionDef) -> bool:
+    return any(dotted(decorator.decorator) == "staticmethod" for decorator in func.decorators)
+
+
+def _class_attributes(classdef: cst.ClassDef) -> set[str]:
+    """Names the class body assigns (`beta = 0.1`, `mode: str = "k1"`): an instance has them without __init__."""
+    names = set()
+    for line in classdef.body.body:
+        for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign):
+                names |= {t.target.value for t in small.targets if isinstance(t.target, cst.Name)}
+            elif isinstance(small, cst.AnnAssign) and small.value is not None and isinstance(small.target, cst.Name):
+                names.add(small.target.value)
+    return names
+
+
+class _SelfReads(cst.CSTVisitor):
+    """`self.name` read (not assigned) in a function body, and the `self` methods it calls."""
+
+    def __init__(self) -> None:
+        self.read: dict[str, None] = {}
+        self.assigned: set[int] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.assigned |= {id(target.target) for target in node.targets}
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.assigned.add(id(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.assigned.add(id(node.target))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if isinstance(node.value, cst.Name) and node.value.value == "self" and id(node) not in self.assigned:
+            self.read[node.attr.value] = None
+
+
+def _state_read(method: cst.FunctionDef, methods: dict, attributes: set[str]) -> tuple[str, ...]:
+    read: dict[str, None] = {}
+    pending, visited = [method], set()
+    while pending:
+        func = pending.pop()
+        if id(func) in visited:
+            continue
+        visited.add(id(func))
+        reads = _SelfReads()
+        func.body.visit(reads)
+        for name in reads.read:
+            if name in methods:
+                pending.append(methods[name])
+            elif name not in attributes and not is_coefficient_name(name):
+                read[name] = None
+    return tuple(read)
