@@ -14,6 +14,7 @@ from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.parsing import python_ast
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params
 
@@ -50,7 +51,7 @@ def stored_slots(source: str) -> dict:
 def function_lines(source: str) -> list:
     """(first line, last line) of each function of `module_functions`, in its order (read by `ast`)."""
     try:
-        tree = ast.parse(source)
+        tree = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
         return []
     spans = []
@@ -264,7 +265,7 @@ class Analyzer:
             return module, module.classes[name][0]
         if name in module.imports and imports:
             source, attr, level = module.imports[name]
-            target = self._import(module, source, level) if attr is not None else None
+            target = self._import(module, source, level, attr) if attr is not None else None
             if target is not None and attr in target.classes:
                 return target, target.classes[attr][0]
         return None
@@ -296,7 +297,7 @@ class Analyzer:
                 source, attr, level = module.imports[name]
                 if attr is None:
                     return None
-                target = self._import(module, source, level)
+                target = self._import(module, source, level, attr)
                 if target is not None and attr in target.functions:
                     return target, target.functions[attr], None
             return None
@@ -315,14 +316,16 @@ class Analyzer:
                 imp_dotted, imp_attr, level = module.imports[head]
                 full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
                 rest = base_name.split(".")[1:]
-                target = self._import(module, ".".join([full] + rest), level)
+                target = self._import(module, ".".join([full] + rest), level, attr)
                 if target is not None and attr in target.functions:
                     return target, target.functions[attr], None
         return None
 
-    def _import(self, module: Module, name: str, level: int) -> Module | None:
+    def _import(self, module: Module, name: str, level: int, wanted: str) -> Module | None:
+        """The module `name` imported by `module`, parsed only if its text may define `wanted` (the
+        function or class looked up in it): parsing other modules is the costly part."""
         path = self.project.module_path(name, module.path, level)
-        if path is None:
+        if path is None or not self.project.may_define(path, wanted):
             return None
         return self.module_at(path)
 

@@ -10,6 +10,7 @@ takes it about a minute), is not analysed and gets one informational KL099 inste
 from __future__ import annotations
 
 import ast
+import functools
 import warnings
 
 import libcst
@@ -32,13 +33,21 @@ def incomplete(path: str, why: str, line: int = 1) -> Finding:
     return file_finding(path, INCOMPLETE_CODE, f"{why}; findings in this file may be incomplete", line)
 
 
+@functools.lru_cache(maxsize=8)
+def python_ast(source: str) -> ast.Module:
+    """Python's syntax tree of `source`, parsed once for the syntax check, the nesting limit and the
+    positions of the statements the findings are reported at (the last few texts are kept; the text
+    of a file is one string object throughout its analysis, whose hash Python keeps)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
+        return ast.parse(source)
+
+
 def python_tree(path: str, source: str) -> ast.Module | Finding | None:
     """Python's syntax tree of `source`; a KL000 or KL099 finding when Python cannot build one; None
     when Python rejects it but LibCST reads it (newer syntax): the caller parses it with LibCST."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
-            return ast.parse(source, path)
+        return python_ast(source)
     except SyntaxError as error:
         if _libcst_reads(source):
             return None
@@ -71,8 +80,9 @@ def nesting(tree: ast.AST) -> tuple[int, int]:
     return deepest, line
 
 
-def parse(path: str, source: str) -> libcst.Module | Finding:
-    """The LibCST module of a file to analyse, or the finding that replaces its analysis."""
+def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.Module | Finding:
+    """The LibCST module of a file to analyse, or the finding that replaces its analysis; `known` is a
+    tree already parsed from `source` (the file was followed as an import), taken instead of a new one."""
     tree = python_tree(path, source)
     if isinstance(tree, Finding):
         return tree
@@ -81,6 +91,8 @@ def parse(path: str, source: str) -> libcst.Module | Finding:
         if depth > MAX_NESTING:
             return incomplete(path, f"not analysed: the code at line {line} nests {depth} levels deep "
                                     f"(the limit is {MAX_NESTING})", line)
+    if known is not None:
+        return known
     try:
         return libcst.parse_module(source)
     except (libcst.ParserSyntaxError, libcst.CSTValidationError) as error:
@@ -107,6 +119,17 @@ def _compile_error(path: str, source: str) -> Finding | None:
 
 
 def syntax_finding(path: str, source: str) -> Finding | None:
-    """KL000 for a file that is not analysed (no KL vocabulary) when Python's parser rejects it."""
+    """KL000 for a file that is not analysed (no KL vocabulary) when Python's parser rejects it.
+
+    Compiling to bytecode builds no Python objects for the syntax tree, which makes it a few times
+    cheaper than `ast.parse`; code it accepts Python's parser accepts. Only when it objects does the
+    parser decide (the objection may be the compiler's alone, `return` outside a function)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, path, "exec", dont_inherit=True)
+        return None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
     tree = python_tree(path, source)
     return tree if isinstance(tree, Finding) and tree.code == SYNTAX_ERROR_CODE else None
