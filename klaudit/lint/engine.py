@@ -1,25 +1,27 @@
 """Paths -> files -> source text -> pre-filter -> parse -> checks -> filtered, sorted findings.
 
-The main process walks the paths (skipping what git ignores inside a work tree), reads every file
-(or one file's text from stdin) and runs the cheap textual pre-filter
-(`roles.might_contain_kl`) and Python's own syntax check (every file: a broken file is KL000);
-only the files that pass the pre-filter are parsed with LibCST and analysed, in a pool of worker
-processes when there are enough of them to repay the pool's start-up. Each file's analysis has a
-budget (work units and seconds, `klaudit.lint.budget`): past it, or where the file nests too deeply
-to parse (`klaudit.lint.parsing`), the file gets one informational KL099 instead of a hang. An
-exception inside the analysis of one file is an internal error reported for that file, and the run
-carries on.
+The main process walks the paths (skipping what git ignores inside a work tree) and hands the files,
+largest first, to a pool of worker processes when there are enough of them to repay the pool's
+start-up. Each file is read (or one file's text taken from stdin) and goes through the cheap textual
+pre-filter (`roles.might_contain_kl`) and Python's own syntax check (every file: a broken file is
+KL000); only the files that pass the pre-filter are parsed with LibCST and analysed. Each file's
+analysis has a budget (work units and seconds, `klaudit.lint.budget`): past it, or where the file
+nests too deeply to parse (`klaudit.lint.parsing`), the file gets one informational KL099 instead of
+a hang. An exception inside the analysis of one file is an internal error reported for that file,
+and the run carries on.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +37,11 @@ from klaudit.lint.suppressions import SuppressionTable, comment_table, is_suppre
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
 DEFAULT_JOBS = 2
-MIN_FILES_PER_WORKER = 8  # below this, starting a worker costs more than it saves
+# The analysis allocates millions of short-lived objects beside the large, long-lived syntax trees of
+# the files; at Python's default thresholds the garbage collector's full passes re-scan those trees
+# over and over (a quarter of the time on real trees). During a run they are made rare, not disabled.
+GC_THRESHOLDS = (100_000, 50, 100)
+MIN_FILES_PER_WORKER = 8  # files per worker below which starting one costs more than it saves
 
 
 class LintError(Exception):
@@ -62,6 +68,8 @@ class _Analysis:
     suppressions: SuppressionTable = field(default_factory=dict)
     error: str | None = None
     spent: int = 0  # work units of the analysis budget
+    checked: bool = True  # the file was read (the pre-filter ran on it)
+    analysed: bool = False  # the pre-filter passed it on to the parser and the checks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,12 +137,12 @@ def _start_worker(roots: list[Path]) -> None:
     _worker_project = Project(roots)
 
 
-def _internal_error(path: str, error: Exception) -> _Analysis:
+def _internal_error(path: str, error: Exception, analysed: bool = False) -> _Analysis:
     where = traceback.extract_tb(error.__traceback__)[-1]
     return _Analysis(path, error=(
         f"{path}: internal error: {type(error).__name__}: {error} "
         f"(at {os.path.basename(where.filename)}:{where.lineno})"
-    ))
+    ), analysed=analysed)
 
 
 @dataclass(frozen=True)
@@ -145,29 +153,32 @@ class Limits:
     seconds: float | None = budget.DEFAULT_SECONDS
 
 
-def _analyse(path: str, source: str, limits: Limits = Limits()) -> _Analysis:
-    """Parse and check one file within its budget; never raises."""
+def _analyse(path: str, source: str, limits: Limits = Limits(), kl: bool | None = None) -> _Analysis:
+    """Parse and check one file within its budget (`kl`: whether the pre-filter found KL vocabulary
+    in `source`, when the caller already asked); never raises."""
     from klaudit.lint.checks import check_module
     from klaudit.lint.roles import might_contain_kl
 
     try:
-        module = parse(path, source)
+        module = parse(path, source, _worker_project.parsed(path, source) if _worker_project is not None else None)
         if isinstance(module, Finding):
-            return _Analysis(path, (module,))
+            return _Analysis(path, (module,), analysed=True)
         spent = budget.Budget(limits.units, limits.seconds)
         saved_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(saved_limit, RECURSION_LIMIT))
         try:
             with budget.limited(spent):
-                findings = check_module(path, module, _worker_project, source) if might_contain_kl(source) else []
+                analysed = kl if kl is not None else might_contain_kl(source)
+                findings = check_module(path, module, _worker_project, source) if analysed else []
             findings.extend(lint_python(path, module, source))  # GRPOConfig(beta=...) and its kin
         finally:
             sys.setrecursionlimit(saved_limit)
         if spent.exceeded_in is not None:
             findings.append(_budget_note(path, module, source, spent))
-        return _Analysis(path, tuple(findings), suppression_table(source) if findings else {}, spent=spent.spent)
+        return _Analysis(path, tuple(findings), suppression_table(source) if findings else {}, spent=spent.spent,
+                         analysed=True)
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
-        return _internal_error(path, error)
+        return _internal_error(path, error, analysed=True)
 
 
 def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Finding:
@@ -181,22 +192,55 @@ def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Findin
                             "it and the functions after it were not analysed", line)
 
 
-def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits()) -> list[_Analysis]:
-    workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
+def _lint_source(path: str, source: str | Finding, limits: Limits) -> _Analysis:
+    """One Python file's text (or the finding that says why it cannot be read): the pre-filter, then
+    the analysis, or only Python's syntax check for a file without KL vocabulary."""
+    from klaudit.lint.roles import might_contain_kl
+
+    if isinstance(source, Finding):
+        return _Analysis(path, (source,))
+    kl = might_contain_kl(source)
+    if kl or mentions_config_class(source):
+        return _analyse(path, source, limits, kl)
+    broken = syntax_finding(path, source)
+    return _Analysis(path, (broken,) if broken is not None else ())
+
+
+def _lint_file(path: str, limits: Limits) -> _Analysis:
+    """One file named by the walk (runs in the worker processes): a launch script or YAML file, or Python."""
+    try:
+        if path.endswith(CONFIG_SUFFIXES):
+            return _config_analysis(path)
+        source = read_source(path)
+    except OSError as error:
+        return _Analysis(path, error=f"{path}: cannot read: {error.strerror}", checked=False)
+    return _lint_source(path, source, limits)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # reported when it is read
+
+
+def _lint_all(files: list[str], roots: list[Path], jobs: int, limits: Limits = Limits()) -> list[_Analysis]:
+    workers = min(jobs, len(files) // MIN_FILES_PER_WORKER)
     if workers < 2:
         _start_worker(roots)
-        return [_analyse(path, source, limits) for path, source in sources.items()]
+        return [_lint_file(path, limits) for path in files]
+    import klaudit.lint.checks  # noqa: F401 - imported once here, shared with the forked workers
+
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # Big files first, so that one late large file does not leave a worker idle.
-    order = sorted(sources, key=lambda p: -len(sources[p]))
+    order = sorted(files, key=lambda p: -_size(p))
     analyses: list[_Analysis] = []
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                  initargs=(roots,)) as pool:
-            chunksize = max(1, len(order) // (workers * 8))
-            analyses.extend(pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
-                                     chunksize=chunksize))
+            chunksize = max(1, len(order) // (workers * 16))
+            analyses.extend(pool.map(_lint_file, order, [limits] * len(order), chunksize=chunksize))
     except BrokenProcessPool:
         # A worker died (a crash in native code, or killed); the files it had not finished are
         # reported rather than retried here, where the same crash would take down the run.
@@ -209,6 +253,17 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
 
 # ---------------------------------------------------------------------------------------------
 # The entry point
+
+
+@contextmanager
+def _rare_collections() -> Iterator[None]:
+    """GC_THRESHOLDS inside the block (forked workers inherit them), the caller's own after it."""
+    saved = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
 
 
 def _project_roots(paths: Sequence[str]) -> list[Path]:
@@ -237,41 +292,19 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
                stdin: bytes | None = None) -> LintResult:
     """Lint the Python files under `paths` (files or directories) with `settings`; with `stdin`,
     lint those bytes (an editor's buffer) as the one file `paths[0]`, which need not exist."""
-    from klaudit.lint.roles import might_contain_kl
-
     settings = settings or Settings()
     paths = list(paths) or ["."]
     result = LintResult()
-    raw: list[_Analysis] = []
-    sources: dict[str, str] = {}
-    files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
-                                                                  PYTHON_SUFFIXES + CONFIG_SUFFIXES)
-    for path in files:
-        if path.endswith(CONFIG_SUFFIXES) and stdin is None:
-            try:
-                raw.append(_config_analysis(path))
-            except OSError as error:
-                result.errors.append(f"{path}: cannot read: {error.strerror}")
-                continue
-            result.files_checked += 1
-            continue
-        try:
-            source = read_source(path) if stdin is None else decode_source(path, stdin)
-        except OSError as error:
-            result.errors.append(f"{path}: cannot read: {error.strerror}")
-            continue
-        result.files_checked += 1
-        if isinstance(source, Finding):
-            raw.append(_Analysis(path, (source,)))
-        elif might_contain_kl(source) or mentions_config_class(source):
-            sources[path] = source
-        else:
-            broken = syntax_finding(path, source)
-            if broken is not None:
-                raw.append(_Analysis(path, (broken,)))
-    result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits))
+    with _rare_collections():
+        if stdin is not None:
+            _start_worker(_project_roots(paths))
+            raw = [_lint_source(paths[0], decode_source(paths[0], stdin), limits)]
+        else:
+            files = discover_files(paths, settings, respect_gitignore, PYTHON_SUFFIXES + CONFIG_SUFFIXES)
+            raw = _lint_all(files, _project_roots(paths), jobs, limits)
+    result.files_checked = sum(analysis.checked for analysis in raw)
+    result.files_analysed = sum(analysis.analysed for analysis in raw)
 
     for analysis in raw:
         if analysis.error:
