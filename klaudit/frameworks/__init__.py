@@ -59,7 +59,7 @@ def lint_python(path: str, module: cst.Module, source: str) -> list[Finding]:
     if _CONFIG_CALL.search(source) is None:  # cheap, and spares the positions of the whole tree
         return []
     found = []
-    for settings in config_calls(module, trl.CONFIG_CLASSES, trl.KEYS):
+    for settings in config_calls(module, trl.CONFIG_CLASSES, trl.KEYS, source):
         judged = trl.judge(settings)
         if judged is not None:
             found.extend(_findings(path, judged, f"{trl.NAME} {trl.VERSION}", lambda rule, _: trl.fix(rule)))
