@@ -1,0 +1,143 @@
+"""What the lint's cost grows with: shared values stay shared, modules are parsed once and only when
+needed, work that does not change a finding is skipped. Bounds are ratios measured in the same test
+(against a bare parse, or between sizes), never absolute times.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import libcst
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import calls, lint_python, trl
+from klaudit.lint.engine import lint_paths
+
+
+def lint(path, **kw):
+    result = lint_paths([str(path)], settings=Settings(root=path if path.is_dir() else path.parent), jobs=1, **kw)
+    assert result.errors == []
+    return [(f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings]
+
+
+def seconds(action) -> float:
+    """The least CPU time of three runs of `action`."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        action()
+        best = min(best, time.process_time() - start)
+    return max(best, 1e-4)
+
+
+def nested_closures(count: int) -> str:
+    """A function defining `count` nested helpers, each closing over the ones defined before it."""
+    lines = ["import torch", "", "", "def train(policy_log_probs, ref_log_probs, pg_loss):",
+             "    kl = ref_log_probs - policy_log_probs"]
+    for index in range(count):
+        lines += [f"    def scale{index}(x):", f"        return x * {index + 1}"]
+    lines += [f"    loss = pg_loss + scale{count - 1}(kl).mean()", "    loss.backward()"]
+    return "\n".join(lines) + "\n"
+
+
+def test_nested_closures_cost_what_their_text_does_not_twice_per_closure(tmp_path):
+    # As a tree the 20th closure holds 2**19 callees; hashing it as one took seconds (gen_variable_type.py
+    # of torchgen: minutes, with no work unit spent). As a graph it holds 20.
+    path = tmp_path / "closures.py"
+    source = nested_closures(20)
+    path.write_text(source)
+    assert lint(path) == [("closures.py", 46, "KL001"), ("closures.py", 46, "KL011")]
+    analysis = seconds(lambda: lint(path))
+    parse = seconds(lambda: libcst.parse_module(source))
+    assert analysis < 200 * parse, (analysis, parse)
+
+
+HELPER = "import torch\n\n\ndef k3(logp, ref_logp):\n    r = ref_logp - logp\n    return torch.exp(r) - r - 1\n"
+OTHER = "import torch\n\n\ndef kl_stat(logp, ref_logp):\n    return (logp - ref_logp).mean()\n"
+USER = ("from helper import k3\nfrom other import elsewhere\n\n\n"
+        "def train(policy_log_probs, ref_log_probs, pg_loss):\n"
+        "    loss = pg_loss + k3(policy_log_probs, ref_log_probs).mean() + elsewhere(ref_log_probs)\n"
+        "    loss.backward()\n")
+
+
+@pytest.fixture
+def parses(monkeypatch):
+    """The first line of every text LibCST parses during the test."""
+    seen: list = []
+    parse_module = libcst.parse_module
+
+    def counting(source, *args, **kwargs):
+        seen.append(source.splitlines()[0] if source else "")
+        return parse_module(source, *args, **kwargs)
+
+    monkeypatch.setattr(libcst, "parse_module", counting)
+    return seen
+
+
+def test_an_imported_module_is_parsed_only_where_it_may_define_the_name_called(tmp_path, parses):
+    (tmp_path / "helper.py").write_text("# helper\n" + HELPER)
+    (tmp_path / "other.py").write_text("# other\n" + OTHER)  # KL vocabulary, but no `elsewhere`
+    (tmp_path / "user.py").write_text("# user\n" + USER)
+    assert lint(tmp_path / "user.py") == [("user.py", 7, "KL002")]
+    assert sorted(parses) == ["# helper", "# user"]
+
+
+def test_a_file_followed_as_an_import_is_not_parsed_again_to_be_linted(tmp_path, parses):
+    (tmp_path / "a_user.py").write_text("# user\n" + USER.replace("from other import elsewhere\n", "")
+                                        .replace(" + elsewhere(ref_log_probs)", ""))
+    (tmp_path / "helper.py").write_text("# helper\n" + HELPER)
+    assert lint(tmp_path) == [("a_user.py", 6, "KL002")]  # a_user.py first: it imports helper.py
+    assert sorted(parses) == ["# helper", "# user"]
+
+
+def test_the_callers_garbage_collection_thresholds_are_restored(tmp_path):
+    (tmp_path / "helper.py").write_text(HELPER)
+    before = gc.get_threshold()
+    lint(tmp_path)
+    assert gc.get_threshold() == before
+
+
+def test_code_only_pythons_compiler_rejects_is_not_a_syntax_error_in_a_file_without_kl(tmp_path):
+    # the quick syntax check (a bytecode compile) objects; Python's parser, which decides, does not
+    path = tmp_path / "script.py"
+    path.write_text("import sys\n\nreturn sys.argv\n")
+    assert lint(path) == []
+    path.write_text("import sys\n\nreturn sys.argv[\n")
+    assert lint(path) == [("script.py", 3, "KL000")]
+
+
+CONFIGS = '''\
+"""Usage: `GRPOConfig(beta=0.1)` (a docstring names it; it is not a call)."""
+from trl import GRPOConfig
+import trl
+
+x = "é"; c = GRPOConfig(beta=0.04, loss_type = "grpo", num_iterations=1_000, lr=-1e-3, a=0x1F, s=("a" "b"), f=f"x")
+if True:
+    d = trl.GRPOConfig(
+        beta=0.1,  # comment
+        **kwargs,
+        loss_type=("dr_grpo"),
+    )
+(GRPOConfig)(beta=2, t=True, n=None, j=1j, e=..., neg=-(-2), by=b"x")
+def f(a=GRPOConfig(beta=5)):
+    return [GRPOConfig  # a comment between the name and its arguments
+            (beta="""two
+lines""", k=r"\\d")]
+'''
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_configuration_calls_read_from_pythons_tree_are_those_libcsts_positions_give(newline):
+    source = CONFIGS.replace("\n", newline)
+    module = libcst.parse_module(source)
+    names = set(trl.CONFIG_CLASSES)
+    from_python = calls._python_calls(source, names)
+    assert from_python is not None and len(from_python) == 5
+    assert sorted(from_python) == sorted(calls._cst_calls(module, names))
+
+
+def test_a_configuration_class_named_only_in_prose_is_not_read():
+    source = '"""Build it with `GRPOConfig(beta=0.1)`."""\nfrom trl import GRPOConfig\n\n\ndef train(args: GRPOConfig):\n    pass\n'
+    assert lint_python("t.py", libcst.parse_module(source), source) == []
