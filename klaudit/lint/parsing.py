@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
+import re
 import warnings
 
 import libcst
@@ -80,13 +82,44 @@ def nesting(tree: ast.AST) -> tuple[int, int]:
     return deepest, line
 
 
+_LINE_END = re.compile(r"\r\n?|\n")  # as Python's tokenizer counts lines
+
+
+def may_nest_past(tree: ast.Module, source: str, limit: int) -> bool:
+    """False when `tree` (parsed from `source`) provably nests at most `limit` levels, found without
+    visiting most of its nodes; True when it may nest deeper (then `nesting` measures it).
+
+    Every level of a statement or expression spends a character of its own text (an operator, a
+    bracket, a keyword, a name), or is a wrapper whose child does: a node spanning n characters holds
+    at most 2n + 2 levels. The walk goes down only where that bound of a node exceeds the limit. A
+    definition's decorators lie outside its span, and the positions inside an f-string are not to be
+    trusted: those are walked in full."""
+    # characters up to the end of each line, its line end counted as 2 (columns are in bytes, but only
+    # an upper bound of the characters a node spans matters)
+    ends = [0, *itertools.accumulate(len(line) + 2 for line in _LINE_END.split(source))]
+    stack: list = [(tree, 1, False)]
+    while stack:
+        node, depth, exact = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if not exact and isinstance(child, (ast.expr, ast.pattern, ast.stmt)) and not isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                size = (child.end_col_offset - child.col_offset if child.lineno == child.end_lineno
+                        else ends[child.end_lineno] - ends[child.lineno - 1])
+                if depth + 2 * size + 3 <= limit:
+                    continue
+            if depth + 1 > limit:
+                return True
+            stack.append((child, depth + 1, exact or isinstance(child, ast.JoinedStr)))
+    return False
+
+
 def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.Module | Finding:
     """The LibCST module of a file to analyse, or the finding that replaces its analysis; `known` is a
     tree already parsed from `source` (the file was followed as an import), taken instead of a new one."""
     tree = python_tree(path, source)
     if isinstance(tree, Finding):
         return tree
-    if tree is not None:
+    if tree is not None and may_nest_past(tree, source, MAX_NESTING):
         depth, line = nesting(tree)
         if depth > MAX_NESTING:
             return incomplete(path, f"not analysed: the code at line {line} nests {depth} levels deep "

@@ -141,3 +141,76 @@ def test_configuration_calls_read_from_pythons_tree_are_those_libcsts_positions_
 def test_a_configuration_class_named_only_in_prose_is_not_read():
     source = '"""Build it with `GRPOConfig(beta=0.1)`."""\nfrom trl import GRPOConfig\n\n\ndef train(args: GRPOConfig):\n    pass\n'
     assert lint_python("t.py", libcst.parse_module(source), source) == []
+
+
+def _first_letters(items) -> set:
+    """The characters a match of a parsed pattern (re._parser) can start with; fails on what it cannot tell."""
+    from re import _constants as c
+
+    for op, arg in items:
+        if op in (c.ASSERT, c.ASSERT_NOT, c.AT):
+            continue  # zero width: the next item starts the match
+        if op is c.LITERAL:
+            return {chr(arg)}
+        if op is c.SUBPATTERN:
+            return _first_letters(arg[-1])
+        if op is c.BRANCH:
+            return set().union(*(_first_letters(branch) for branch in arg[1]))
+        if op is c.IN and all(kind is c.LITERAL for kind, _ in arg):
+            return {chr(value) for _, value in arg}
+        raise AssertionError(f"the pre-filter's first letters cannot be told past {op}")
+    raise AssertionError("a pattern that matches the empty text")
+
+
+def test_the_prefilters_lookahead_admits_every_letter_a_match_starts_with():
+    import re
+
+    from klaudit.lint import roles
+
+    starts = {letter.lower() for letter in _first_letters(re._parser.parse(roles._KL_VOCABULARY_PATTERN))}
+    assert starts <= set(roles._KL_VOCABULARY_STARTS)
+    plain = re.compile(roles._KL_VOCABULARY_PATTERN, re.IGNORECASE)
+    for text in ("kl", "use_kl_loss", "\u212al_coef", "\u0130nit_logps", "REF", "teacher_logits", "logprobs_ref",
+                 "quickly", "preference", "x = 1"):
+        assert roles.might_contain_kl(text) == (plain.search(text) is not None), text
+
+
+DEEP = {
+    "operators": "x = " + " + ".join(["a"] * 60) + "\n",
+    "calls": "x = a" + ".f()" * 40 + "\n",
+    "brackets": "x = " + "[" * 60 + "]" * 60 + "\n",
+    "decorator": "@" + "(" * 30 + "d" + " + d" * 40 + ")" * 30 + "\ndef f():\n    pass\n",
+    "f-string": 'x = f"{' + " + ".join(["a"] * 60) + '}"\n',
+    "elif": "if a:\n    pass\n" + "elif a:\n    pass\n" * 60,
+    "blocks": "".join("    " * i + "if a:\n" for i in range(40)) + "    " * 40 + "pass\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP))
+def test_the_nesting_bound_never_passes_code_that_nests_deeper(name):
+    import ast
+
+    from klaudit.lint.parsing import may_nest_past, nesting
+
+    source = DEEP[name]
+    tree = ast.parse(source)
+    depth, _ = nesting(tree)
+    assert depth > 40
+    for limit in (10, 20, 40, depth - 1):
+        assert may_nest_past(tree, source, limit), limit
+    assert not may_nest_past(tree, source, 2 * len(source) + 3)  # the bound: 2 levels a character
+
+
+def test_the_nesting_bound_holds_on_real_code_and_passes_it_at_the_limit():
+    import ast
+    from pathlib import Path
+
+    from klaudit.lint.parsing import MAX_NESTING, may_nest_past, nesting
+
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("klaudit").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        depth, _ = nesting(tree)
+        for limit in (6, 10, 16, max(depth - 1, 1)):
+            assert may_nest_past(tree, source, limit) or depth <= limit, (path, limit)
+        assert not may_nest_past(tree, source, MAX_NESTING)
