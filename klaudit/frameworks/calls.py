@@ -103,7 +103,7 @@ def _python_calls(source: str, names: set[str]) -> list[_Call] | None:
         for keyword in node.keywords:
             if keyword.arg is not None:
                 where = (keyword.lineno, column(keyword.lineno, keyword.col_offset))
-                end_column = (column(keyword.end_lineno, keyword.end_col_offset) if keyword.end_lineno == keyword.lineno
+                end_column = (column(keyword.lineno, keyword.end_col_offset or 0) if keyword.end_lineno == keyword.lineno
                               else where[1] + len(keyword.arg))
                 settings[keyword.arg] = Setting(_python_literal(keyword.value, text), *where, end_column)
         calls.append(((node.lineno, column(node.lineno, node.col_offset)), settings,

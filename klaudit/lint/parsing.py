@@ -103,10 +103,11 @@ def may_nest_past(tree: ast.Module, source: str, limit: int) -> bool:
         for child in ast.iter_child_nodes(node):
             if not exact and isinstance(child, (ast.expr, ast.pattern, ast.stmt)) and not isinstance(
                     child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                size = (child.end_col_offset - child.col_offset if child.lineno == child.end_lineno
-                        else ends[child.end_lineno] - ends[child.lineno - 1])
-                if depth + 2 * size + 3 <= limit:
-                    continue
+                last, end = child.end_lineno, child.end_col_offset  # set by the parser on every node of its tree
+                if last is not None and end is not None:
+                    size = end - child.col_offset if child.lineno == last else ends[last] - ends[child.lineno - 1]
+                    if depth + 2 * size + 3 <= limit:
+                        continue
             if depth + 1 > limit:
                 return True
             stack.append((child, depth + 1, exact or isinstance(child, ast.JoinedStr)))
