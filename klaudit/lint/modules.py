@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
@@ -12,7 +12,7 @@ import libcst as cst
 from klaudit.lint import budget
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
-from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts
+from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts, replace
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.parsing import python_ast
 from klaudit.lint.roles import might_contain_kl
@@ -29,14 +29,21 @@ _CONSTRUCTOR = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
 _KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)([^,]*)")
 
 
-def stored_slots(source: str) -> dict:
+def line_starts(source: str) -> list:
+    """The offsets at which the lines after the first start: the line of an offset is
+    bisect_right(line_starts, offset) + 1."""
+    return [match.end() for match in re.finditer("\n", source)]
+
+
+def stored_slots(source: str, starts: list) -> dict:
     """{field, key (as containers.key_slot) or constructor keyword: the lines that store into it}, for
-    those whose name or stored expression has KL vocabulary: the only stores that are followed."""
+    those whose name or stored expression has KL vocabulary: the only stores that are followed
+    (`starts`: the `line_starts` of `source`)."""
     found: dict = {}
 
     def add(name: str, value: str, offset: int) -> None:
         if might_contain_kl(name) or might_contain_kl(value):
-            found.setdefault(name, set()).add(source.count("\n", 0, offset) + 1)
+            found.setdefault(name, set()).add(bisect.bisect_right(starts, offset) + 1)
 
     for match in _FIELD_WRITE.finditer(source):
         add(match.group(1), match.group(2), match.start())
@@ -79,10 +86,11 @@ class Module:
         for stmt in module.body:
             self._collect(stmt)
         source = project.source(module)
-        self.store_lines = stored_slots(source)
+        starts = line_starts(source)
+        self.store_lines = stored_slots(source, starts)
         for name, (classdef, _) in self.classes.items():  # records built positionally: Experience(seqs, kl)
             fields = [field for field in record_fields(classdef) if might_contain_kl(field)]
-            calls = {source.count("\n", 0, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
+            calls = {bisect.bisect_right(starts, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
             for field in fields:
                 self.store_lines.setdefault(field, set()).update(calls)
         self.kl_fields = frozenset(self.store_lines)
