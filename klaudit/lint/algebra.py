@@ -280,8 +280,13 @@ class Term:
 
 
 def kl_atoms(poly: Poly) -> bool:
-    """True when the polynomial involves a reference log-ratio (something a KL is made of)."""
-    return any(a.kind in (DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD) for a in poly.atoms())
+    """True when the polynomial involves a reference log-ratio (something a KL is made of); kept on the
+    polynomial, which every fact that holds it is asked about again and again."""
+    cached = poly.__dict__.get("_kl")
+    if cached is None:
+        cached = any(a.kind in (DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD) for a in poly.atoms())
+        object.__setattr__(poly, "_kl", cached)
+    return cached
 
 
 def _returns_of(terms: list) -> Returns:

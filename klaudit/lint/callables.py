@@ -9,14 +9,14 @@ of a callee like a call of the function by name, with the bound arguments first.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 
 from klaudit.lint import roles
 from klaudit.lint.containers import FlowParts, record_fields
-from klaudit.lint.facts import Fact
+from klaudit.lint.facts import Fact, replace
 from klaudit.lint.syntax import dotted
 
 # Every Callee, by its fields: a Callee equal to one that exists is that one (see Callee).

@@ -12,7 +12,6 @@ expressions that KL terms reach.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import libcst as cst
 
@@ -41,6 +40,7 @@ from klaudit.lint.facts import (
     operands,
     param_facts,
     rename_logprobs,
+    replace,
     tensor,
 )
 from klaudit.lint.syntax import (
