@@ -214,3 +214,20 @@ def test_the_nesting_bound_holds_on_real_code_and_passes_it_at_the_limit():
         for limit in (6, 10, 16, max(depth - 1, 1)):
             assert may_nest_past(tree, source, limit) or depth <= limit, (path, limit)
         assert not may_nest_past(tree, source, MAX_NESTING)
+
+
+def test_a_replaced_fact_equals_the_one_dataclasses_makes_and_unknown_fields_still_raise():
+    import dataclasses
+
+    from klaudit.lint import algebra as alg
+    from klaudit.lint.facts import Fact, replace
+
+    fact = Fact(poly=alg.Poly.atom(alg.Atom(alg.DELTA, True)), labels=(("mode", ("k3",)),))
+    assert alg.kl_atoms(fact.poly)  # kept on the polynomial: not a field, equality and hash unchanged
+    for changes in ({"clamped": True}, {"labels": (), "calls": 2}, {}):
+        fast, slow = replace(fact, **changes), dataclasses.replace(fact, **changes)
+        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    with pytest.raises(TypeError):
+        replace(fact, clampd=True)
+    assert fact.poly == alg.Poly.atom(alg.Atom(alg.DELTA, True)) and hash(fact.poly) == hash(
+        alg.Poly.atom(alg.Atom(alg.DELTA, True)))
