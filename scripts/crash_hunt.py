@@ -11,6 +11,7 @@ Each file is linted on its own (read, pre-filter, Python's syntax check, LibCST 
 
     nice python scripts/crash_hunt.py /root/.pyenv/versions/3.11.7/lib/python3.11 --jobs 1
     nice python scripts/crash_hunt.py /work/corpus --json /tmp/hunt.json
+    nice python scripts/crash_hunt.py /usr/lib/python3.11 .venv/lib/python3.11/site-packages /work/corpus --sample 5000
     nice python scripts/crash_hunt.py --mutants 5000 --mutants-dir /tmp/mutants
 
 With --mutants N, N mutants of trainer code are written first (see `write_mutants`: the fixtures and
@@ -124,9 +125,13 @@ def bare_parse_seconds(path: str) -> float:
     return time.perf_counter() - start
 
 
-def hunt(paths: list, jobs: int, hang: int, limits: engine.Limits) -> list:
+def hunt(paths: list, jobs: int, hang: int, limits: engine.Limits, sample: int = 0, seed: int = 0) -> list:
+    """The records of the files under `paths`, or of `sample` of them drawn at random (seeded); imports
+    resolve within the whole of `paths` either way."""
     settings = Settings(exclude=(), root=Path("/"))
     files = engine.discover_files(paths, settings)
+    if 0 < sample < len(files):
+        files = sorted(random.Random(seed).sample(files, sample))
     roots = [str(Path(p) if os.path.isdir(p) else Path(p).parent) for p in paths]
     work = [(path, hang, limits) for path in files]
     with multiprocessing.get_context("fork").Pool(jobs, initializer=_start, initargs=(roots,),
@@ -252,7 +257,8 @@ def main() -> int:
     parser.add_argument("paths", nargs="*")
     parser.add_argument("--mutants", type=int, default=0, metavar="N", help="also lint N mutants of trainer code")
     parser.add_argument("--mutants-dir", default="/tmp/klaudit-mutants", help="where the mutants are written")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the mutations")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the mutations and of --sample")
+    parser.add_argument("--sample", type=int, default=0, metavar="N", help="lint N files drawn at random from the paths")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--hang", type=int, default=120, help="seconds after which a file counts as a hang")
     parser.add_argument("--budget", type=int, default=engine.Limits().units, help="work units per file (0: none)")
@@ -266,7 +272,8 @@ def main() -> int:
     if not args.paths:
         parser.error("give paths to lint, or --mutants N")
     start = time.perf_counter()
-    records = hunt(args.paths, args.jobs, args.hang, engine.Limits(args.budget or None, args.timeout or None))
+    records = hunt(args.paths, args.jobs, args.hang, engine.Limits(args.budget or None, args.timeout or None),
+                   args.sample, args.seed)
     print(summary(records))
     print(f"wall time: {time.perf_counter() - start:.0f} s")
     if args.json:

@@ -284,8 +284,13 @@ _KL_KINDS = frozenset({DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD})
 
 
 def kl_atoms(poly: Poly) -> bool:
-    """True when the polynomial involves a reference log-ratio (something a KL is made of)."""
-    return any(a.kind in _KL_KINDS for a in poly.atoms())
+    """True when the polynomial involves a reference log-ratio (something a KL is made of); kept on the
+    polynomial, which every fact that holds it is asked about again and again."""
+    cached = poly.__dict__.get("_kl")
+    if cached is None:
+        cached = any(a.kind in _KL_KINDS for a in poly.atoms())
+        object.__setattr__(poly, "_kl", cached)
+    return cached
 
 
 def kl_part(poly: Poly) -> Poly:

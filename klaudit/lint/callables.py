@@ -8,20 +8,29 @@ of a callee like a call of the function by name, with the bound arguments first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 
 from klaudit.lint import roles
 from klaudit.lint.containers import FlowParts, record_fields
-from klaudit.lint.facts import Fact
+from klaudit.lint.facts import Fact, replace
 from klaudit.lint.syntax import dotted
+
+# Every Callee, by its fields: a Callee equal to one that exists is that one (see Callee).
+_CALLEES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True)
 class Callee:
-    """A function of the linted tree held as a value."""
+    """A function of the linted tree held as a value.
+
+    A closure holds the callees defined before it in the enclosing function, each with its own
+    closure: as a tree the value grows exponentially with the number of nested functions, though as
+    a graph it shares them. So each callee is made once per distinct value (equal ones are the same
+    object) and keeps its hash: hashing and comparing cost the size of one closure, not of the tree."""
 
     module: Any  # klaudit.lint.modules.Module
     func: cst.FunctionDef
@@ -29,6 +38,31 @@ class Callee:
     closure: tuple = ()  # ((enclosing variable, facts), ...), sorted by name
     bound: tuple = ()  # facts of the positional arguments bound by functools.partial
     bound_keywords: tuple = ()  # ((parameter, facts), ...) bound by functools.partial
+
+    def __new__(cls_, module: Any, func: cst.FunctionDef, cls: str | None = None, closure: tuple = (),
+                bound: tuple = (), bound_keywords: tuple = ()) -> Callee:
+        key = (module, func, cls, closure, bound, bound_keywords)
+        found = _CALLEES.get(key)
+        if found is None:
+            found = _CALLEES[key] = super().__new__(cls_)
+        return found
+
+    def _fields(self) -> tuple:
+        return (self.module, self.func, self.cls, self.closure, self.bound, self.bound_keywords)
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(self._fields())
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Callee) or hash(self) != hash(other):
+            return False
+        return self._fields() == other._fields()
 
 
 def closure_of(env: dict) -> tuple:

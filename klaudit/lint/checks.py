@@ -9,7 +9,6 @@ switch branch, at the first statement that stores the term into a loss or reward
 
 from __future__ import annotations
 
-import ast
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.findings import Finding
 from klaudit.lint.modules import Analyzer, module_functions
+from klaudit.lint.parsing import python_ast
 
 _ANALYZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -188,7 +188,7 @@ def statement_positions(tree: cst.Module, source: str) -> dict:
     """id(CST statement) -> (line, column, end line, end column), all 1-based, for `tree` parsed from `source`."""
     positions: dict = {}
     try:
-        parsed = ast.parse(source)
+        parsed = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
         return positions
     _pair(tree.body, parsed.body, positions)

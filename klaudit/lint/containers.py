@@ -8,13 +8,12 @@ keep its meaning; iterating `zip(a, b)` yields pairs of the elements of a and b.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
 from klaudit.lint import roles
-from klaudit.lint.facts import Fact, merge_labels, tensor
+from klaudit.lint.facts import Fact, merge_labels, replace, tensor
 from klaudit.lint.syntax import dotted, last_name, params
 
 

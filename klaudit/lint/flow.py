@@ -12,7 +12,6 @@ expressions that KL terms reach.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import libcst as cst
 
@@ -46,6 +45,7 @@ from klaudit.lint.facts import (
     param_facts,
     registry_switches,
     rename_logprobs,
+    replace,
     takes,
     tensor,
     within_registry,

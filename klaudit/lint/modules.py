@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import libcst as cst
@@ -12,8 +12,9 @@ import libcst as cst
 from klaudit.lint import budget
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
-from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts
+from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts, replace
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.parsing import python_ast
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params
 
@@ -28,14 +29,21 @@ _CONSTRUCTOR = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
 _KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)([^,]*)")
 
 
-def stored_slots(source: str) -> dict:
+def line_starts(source: str) -> list:
+    """The offsets at which the lines after the first start: the line of an offset is
+    bisect_right(line_starts, offset) + 1."""
+    return [match.end() for match in re.finditer("\n", source)]
+
+
+def stored_slots(source: str, starts: list) -> dict:
     """{field, key (as containers.key_slot) or constructor keyword: the lines that store into it}, for
-    those whose name or stored expression has KL vocabulary: the only stores that are followed."""
+    those whose name or stored expression has KL vocabulary: the only stores that are followed
+    (`starts`: the `line_starts` of `source`)."""
     found: dict = {}
 
     def add(name: str, value: str, offset: int) -> None:
         if might_contain_kl(name) or might_contain_kl(value):
-            found.setdefault(name, set()).add(source.count("\n", 0, offset) + 1)
+            found.setdefault(name, set()).add(bisect.bisect_right(starts, offset) + 1)
 
     for match in _FIELD_WRITE.finditer(source):
         add(match.group(1), match.group(2), match.start())
@@ -50,7 +58,7 @@ def stored_slots(source: str) -> dict:
 def function_lines(source: str) -> list:
     """(first line, last line) of each function of `module_functions`, in its order (read by `ast`)."""
     try:
-        tree = ast.parse(source)
+        tree = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
         return []
     spans = []
@@ -78,10 +86,11 @@ class Module:
         for stmt in module.body:
             self._collect(stmt)
         source = project.source(module)
-        self.store_lines = stored_slots(source)
+        starts = line_starts(source)
+        self.store_lines = stored_slots(source, starts)
         for name, (classdef, _) in self.classes.items():  # records built positionally: Experience(seqs, kl)
             fields = [field for field in record_fields(classdef) if might_contain_kl(field)]
-            calls = {source.count("\n", 0, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
+            calls = {bisect.bisect_right(starts, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
             for field in fields:
                 self.store_lines.setdefault(field, set()).update(calls)
         self.kl_fields = frozenset(self.store_lines)
@@ -264,7 +273,7 @@ class Analyzer:
             return module, module.classes[name][0]
         if name in module.imports and imports:
             source, attr, level = module.imports[name]
-            target = self._import(module, source, level) if attr is not None else None
+            target = self._import(module, source, level, attr) if attr is not None else None
             if target is not None and attr in target.classes:
                 return target, target.classes[attr][0]
         return None
@@ -296,7 +305,7 @@ class Analyzer:
                 source, attr, level = module.imports[name]
                 if attr is None:
                     return None
-                return self._exported(self._import(module, source, level), attr)
+                return self._exported(self._import(module, source, level, attr), attr)
             return None
         if isinstance(func_node, cst.Attribute):
             attr = func_node.attr.value
@@ -313,7 +322,7 @@ class Analyzer:
                 imp_dotted, imp_attr, level = module.imports[head]
                 full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
                 rest = base_name.split(".")[1:]
-                target = self._import(module, ".".join([full] + rest), level)
+                target = self._import(module, ".".join([full] + rest), level, attr)
                 if target is not None and attr in target.functions:
                     return target, target.functions[attr], None
         return None
@@ -328,11 +337,14 @@ class Analyzer:
         source, attr, level = target.imports.get(name, (None, None, 0))
         if attr is None or hops <= 0:
             return None
-        return self._exported(self._import(target, source, level), attr, hops - 1)
+        return self._exported(self._import(target, source, level, attr), attr, hops - 1)
 
-    def _import(self, module: Module, name: str, level: int) -> Module | None:
+    def _import(self, module: Module, name: str, level: int, wanted: str) -> Module | None:
+        """The module `name` imported by `module`, parsed only if its text may define `wanted` (the
+        function or class looked up in it, or a package's __init__ re-exports it): parsing other
+        modules is the costly part."""
         path = self.project.module_path(name, module.path, level)
-        if path is None:
+        if path is None or not self.project.may_define(path, wanted):
             return None
         return self.module_at(path)
 

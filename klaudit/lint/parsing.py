@@ -10,6 +10,9 @@ takes it about a minute), is not analysed and gets one informational KL099 inste
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
+import re
 import warnings
 
 import libcst
@@ -32,13 +35,21 @@ def incomplete(path: str, why: str, line: int = 1) -> Finding:
     return file_finding(path, INCOMPLETE_CODE, f"{why}; findings in this file may be incomplete", line)
 
 
+@functools.lru_cache(maxsize=8)
+def python_ast(source: str) -> ast.Module:
+    """Python's syntax tree of `source`, parsed once for the syntax check, the nesting limit and the
+    positions of the statements the findings are reported at (the last few texts are kept; the text
+    of a file is one string object throughout its analysis, whose hash Python keeps)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
+        return ast.parse(source)
+
+
 def python_tree(path: str, source: str) -> ast.Module | Finding | None:
     """Python's syntax tree of `source`; a KL000 or KL099 finding when Python cannot build one; None
     when Python rejects it but LibCST reads it (newer syntax): the caller parses it with LibCST."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
-            return ast.parse(source, path)
+        return python_ast(source)
     except SyntaxError as error:
         if _libcst_reads(source):
             return None
@@ -71,16 +82,51 @@ def nesting(tree: ast.AST) -> tuple[int, int]:
     return deepest, line
 
 
-def parse(path: str, source: str) -> libcst.Module | Finding:
-    """The LibCST module of a file to analyse, or the finding that replaces its analysis."""
+_LINE_END = re.compile(r"\r\n?|\n")  # as Python's tokenizer counts lines
+
+
+def may_nest_past(tree: ast.Module, source: str, limit: int) -> bool:
+    """False when `tree` (parsed from `source`) provably nests at most `limit` levels, found without
+    visiting most of its nodes; True when it may nest deeper (then `nesting` measures it).
+
+    Every level of a statement or expression spends a character of its own text (an operator, a
+    bracket, a keyword, a name), or is a wrapper whose child does: a node spanning n characters holds
+    at most 2n + 2 levels. The walk goes down only where that bound of a node exceeds the limit. A
+    definition's decorators lie outside its span, and the positions inside an f-string are not to be
+    trusted: those are walked in full."""
+    # characters up to the end of each line, its line end counted as 2 (columns are in bytes, but only
+    # an upper bound of the characters a node spans matters)
+    ends = [0, *itertools.accumulate(len(line) + 2 for line in _LINE_END.split(source))]
+    stack: list = [(tree, 1, False)]
+    while stack:
+        node, depth, exact = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if not exact and isinstance(child, (ast.expr, ast.pattern, ast.stmt)) and not isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                last, end = child.end_lineno, child.end_col_offset  # set by the parser on every node of its tree
+                if last is not None and end is not None:
+                    size = end - child.col_offset if child.lineno == last else ends[last] - ends[child.lineno - 1]
+                    if depth + 2 * size + 3 <= limit:
+                        continue
+            if depth + 1 > limit:
+                return True
+            stack.append((child, depth + 1, exact or isinstance(child, ast.JoinedStr)))
+    return False
+
+
+def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.Module | Finding:
+    """The LibCST module of a file to analyse, or the finding that replaces its analysis; `known` is a
+    tree already parsed from `source` (the file was followed as an import), taken instead of a new one."""
     tree = python_tree(path, source)
     if isinstance(tree, Finding):
         return tree
-    if tree is not None:
+    if tree is not None and may_nest_past(tree, source, MAX_NESTING):
         depth, line = nesting(tree)
         if depth > MAX_NESTING:
             return incomplete(path, f"not analysed: the code at line {line} nests {depth} levels deep "
                                     f"(the limit is {MAX_NESTING})", line)
+    if known is not None:
+        return known
     try:
         return libcst.parse_module(source)
     except (libcst.ParserSyntaxError, libcst.CSTValidationError) as error:
@@ -107,6 +153,17 @@ def _compile_error(path: str, source: str) -> Finding | None:
 
 
 def syntax_finding(path: str, source: str) -> Finding | None:
-    """KL000 for a file that is not analysed (no KL vocabulary) when Python's parser rejects it."""
+    """KL000 for a file that is not analysed (no KL vocabulary) when Python's parser rejects it.
+
+    Compiling to bytecode builds no Python objects for the syntax tree, which makes it a few times
+    cheaper than `ast.parse`; code it accepts Python's parser accepts. Only when it objects does the
+    parser decide (the objection may be the compiler's alone, `return` outside a function)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(source, path, "exec", dont_inherit=True)
+        return None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
     tree = python_tree(path, source)
     return tree if isinstance(tree, Finding) and tree.code == SYNTAX_ERROR_CODE else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import libcst as cst
@@ -32,6 +33,8 @@ class Project:
         self.roots = [Path(root).resolve() for root in roots]
         self._modules: dict = {}
         self._sources: dict = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
+        self._texts: dict = {}  # resolved path -> its text when it has KL vocabulary, else None
+        self._defines: dict = {}  # (resolved path, name) -> whether its text may define the name
         self._package_parents: dict | None = None
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
@@ -69,21 +72,50 @@ class Project:
             self._package_parents = found
         return self._package_parents
 
+    def _text(self, key: str) -> str | None:
+        """The text of the module file `key` (a resolved path) if it has KL or log-prob vocabulary, or is
+        a package's __init__ (which may re-export a loss helper: `from .loss import agg`): another
+        module cannot contribute a KL fact, and is never parsed."""
+        if key not in self._texts:
+            try:
+                text = read_source(key)
+            except OSError:
+                text = None
+            self._texts[key] = text if isinstance(text, str) and (might_contain_kl(text) or Path(key).name == "__init__.py") else None
+        return self._texts[key]
+
+    def may_define(self, path: Path, name: str) -> bool:
+        """Whether the module at `path` may define a function or class `name` (its text has `def name`
+        or `class name`), so that resolving a call into it is worth parsing it; a module parsed
+        already is looked up in its tree instead."""
+        key = str(Path(path).resolve())
+        if key in self._modules:
+            return True
+        if (key, name) not in self._defines:
+            text = self._text(key)
+            written = rf"(?:def|class)(?:\s|\\)+{re.escape(name)}(?!\w)"
+            if Path(key).name == "__init__.py":  # or re-exported from a module of the package
+                written = rf"{written}|\b{re.escape(name)}\b"
+            self._defines[key, name] = text is not None and re.search(written, text) is not None
+        return self._defines[key, name]
+
     def parse(self, path: Path) -> cst.Module | None:
         key = str(Path(path).resolve())
         if key not in self._modules:
-
+            text = self._text(key)
             try:
-                text = read_source(key)
-                # a module without KL or log-prob vocabulary cannot contribute a KL fact, except a
-                # package's __init__, which may re-export a loss helper (`from .loss import agg`)
-                self._modules[key] = (cst.parse_module(text) if isinstance(text, str) and (
-                    might_contain_kl(text) or Path(key).name == "__init__.py") else None)
-                if self._modules[key] is not None:
-                    self._sources[id(self._modules[key])] = text
-            except (OSError, cst.ParserSyntaxError, cst.CSTValidationError, RecursionError):
+                self._modules[key] = cst.parse_module(text) if text is not None else None
+            except (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError):
                 self._modules[key] = None
+            if self._modules[key] is not None:
+                self._sources[id(self._modules[key])] = text
         return self._modules[key]
+
+    def parsed(self, path: str, source: str) -> cst.Module | None:
+        """The tree already parsed from `source` for the file `path` (it was followed as an import
+        of a file analysed before it), if any."""
+        tree = self._modules.get(str(Path(path).resolve()))
+        return tree if tree is not None and self._sources.get(id(tree)) == source else None
 
     def remember(self, path: str, module: cst.Module, source: str) -> cst.Module:
         """The tree to analyse `path` with: the one already parsed for it (when another module

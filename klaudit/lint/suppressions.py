@@ -20,6 +20,8 @@ _CODE = r"[A-Za-z]+[0-9]+"
 _CODE_LIST = rf"{_CODE}(?:\s*[,\s]\s*{_CODE})*"
 _NOQA = re.compile(rf"#\s*noqa\b(?P<colon>\s*:\s*(?P<codes>{_CODE_LIST})?)?", re.IGNORECASE)
 _KLAUDIT_IGNORE = re.compile(rf"#\s*klaudit:\s*ignore\[\s*(?P<codes>{_CODE_LIST})\s*\]", re.IGNORECASE)
+# What every directive starts with: a text without it has none, and is not tokenized.
+_DIRECTIVE_START = re.compile(r"#\s*(?:noqa|klaudit:)", re.IGNORECASE)
 
 # line -> codes silenced there; None silences every code.
 SuppressionTable = Mapping[int, frozenset[str] | None]
@@ -45,6 +47,8 @@ def parse_comment(comment: str) -> frozenset[str] | None:
 def suppression_table(source: str) -> SuppressionTable:
     """The suppression directives of a source text that parses, by line."""
     table: dict[int, frozenset[str] | None] = {}
+    if _DIRECTIVE_START.search(source) is None:
+        return table
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):  # the CST parser accepted it; be lenient anyway

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.facts import replace
 
 
 def apply_math(fn: str, poly: Poly) -> Poly | None:

@@ -22,6 +22,9 @@ class Project:
     def __init__(self, roots):
         self.roots = list(roots)
 
+    def parsed(self, path, source):
+        return None  # no file is followed as an import: each is parsed by the engine
+
 
 def might_contain_kl(source_text: str) -> bool:
     return "kl" in source_text

@@ -1,0 +1,203 @@
+"""What the lint's cost grows with: shared values stay shared, modules are parsed once and only when
+needed, work that does not change a finding is skipped. Bounds are ratios measured in the same test
+(against a bare parse, or between sizes), never absolute times.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import libcst
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import lint_python
+from klaudit.lint.engine import lint_paths
+
+
+def lint(path, **kw):
+    result = lint_paths([str(path)], settings=Settings(root=path if path.is_dir() else path.parent), jobs=1, **kw)
+    assert result.errors == []
+    return [(f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings]
+
+
+def seconds(action) -> float:
+    """The least CPU time of three runs of `action`."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        action()
+        best = min(best, time.process_time() - start)
+    return max(best, 1e-4)
+
+
+def nested_closures(count: int) -> str:
+    """A function defining `count` nested helpers, each closing over the ones defined before it."""
+    lines = ["import torch", "", "", "def train(policy_log_probs, ref_log_probs, pg_loss):",
+             "    kl = ref_log_probs - policy_log_probs"]
+    for index in range(count):
+        lines += [f"    def scale{index}(x):", f"        return x * {index + 1}"]
+    lines += [f"    loss = pg_loss + scale{count - 1}(kl).mean()", "    loss.backward()"]
+    return "\n".join(lines) + "\n"
+
+
+def test_nested_closures_cost_what_their_text_does_not_twice_per_closure(tmp_path):
+    # As a tree the 20th closure holds 2**19 callees; hashing it as one took seconds (gen_variable_type.py
+    # of torchgen: minutes, with no work unit spent). As a graph it holds 20.
+    path = tmp_path / "closures.py"
+    source = nested_closures(20)
+    path.write_text(source)
+    assert lint(path) == [("closures.py", 46, "KL001"), ("closures.py", 46, "KL011")]
+    analysis = seconds(lambda: lint(path))
+    parse = seconds(lambda: libcst.parse_module(source))
+    assert analysis < 200 * parse, (analysis, parse)
+
+
+HELPER = "import torch\n\n\ndef k3(logp, ref_logp):\n    r = ref_logp - logp\n    return torch.exp(r) - r - 1\n"
+OTHER = "import torch\n\n\ndef kl_stat(logp, ref_logp):\n    return (logp - ref_logp).mean()\n"
+USER = ("from helper import k3\nfrom other import elsewhere\n\n\n"
+        "def train(policy_log_probs, ref_log_probs, pg_loss):\n"
+        "    loss = pg_loss + k3(policy_log_probs, ref_log_probs).mean() + elsewhere(ref_log_probs)\n"
+        "    loss.backward()\n")
+
+
+@pytest.fixture
+def parses(monkeypatch):
+    """The first line of every text LibCST parses during the test."""
+    seen: list = []
+    parse_module = libcst.parse_module
+
+    def counting(source, *args, **kwargs):
+        seen.append(source.splitlines()[0] if source else "")
+        return parse_module(source, *args, **kwargs)
+
+    monkeypatch.setattr(libcst, "parse_module", counting)
+    return seen
+
+
+def test_an_imported_module_is_parsed_only_where_it_may_define_the_name_called(tmp_path, parses):
+    (tmp_path / "helper.py").write_text("# helper\n" + HELPER)
+    (tmp_path / "other.py").write_text("# other\n" + OTHER)  # KL vocabulary, but no `elsewhere`
+    (tmp_path / "user.py").write_text("# user\n" + USER)
+    assert lint(tmp_path / "user.py") == [("user.py", 7, "KL002")]
+    assert sorted(parses) == ["# helper", "# user"]
+
+
+def test_a_file_followed_as_an_import_is_not_parsed_again_to_be_linted(tmp_path, parses):
+    (tmp_path / "a_user.py").write_text("# user\n" + USER.replace("from other import elsewhere\n", "")
+                                        .replace(" + elsewhere(ref_log_probs)", ""))
+    (tmp_path / "helper.py").write_text("# helper\n" + HELPER)
+    assert lint(tmp_path) == [("a_user.py", 6, "KL002")]  # a_user.py first: it imports helper.py
+    assert sorted(parses) == ["# helper", "# user"]
+
+
+def test_the_callers_garbage_collection_thresholds_are_restored(tmp_path):
+    (tmp_path / "helper.py").write_text(HELPER)
+    before = gc.get_threshold()
+    lint(tmp_path)
+    assert gc.get_threshold() == before
+
+
+def test_code_only_pythons_compiler_rejects_is_not_a_syntax_error_in_a_file_without_kl(tmp_path):
+    # the quick syntax check (a bytecode compile) objects; Python's parser, which decides, does not
+    path = tmp_path / "script.py"
+    path.write_text("import sys\n\nreturn sys.argv\n")
+    assert lint(path) == []
+    path.write_text("import sys\n\nreturn sys.argv[\n")
+    assert lint(path) == [("script.py", 3, "KL000")]
+
+
+def test_a_configuration_class_named_only_in_prose_is_not_read():
+    source = '"""Build it with `GRPOConfig(beta=0.1)`."""\nfrom trl import GRPOConfig\n\n\ndef train(args: GRPOConfig):\n    pass\n'
+    assert lint_python("t.py", libcst.parse_module(source), source) == []
+
+
+def _first_letters(items) -> set:
+    """The characters a match of a parsed pattern (re._parser) can start with; fails on what it cannot tell."""
+    from re import _constants as c
+
+    for op, arg in items:
+        if op in (c.ASSERT, c.ASSERT_NOT, c.AT):
+            continue  # zero width: the next item starts the match
+        if op is c.LITERAL:
+            return {chr(arg)}
+        if op is c.SUBPATTERN:
+            return _first_letters(arg[-1])
+        if op is c.BRANCH:
+            return set().union(*(_first_letters(branch) for branch in arg[1]))
+        if op is c.IN and all(kind is c.LITERAL for kind, _ in arg):
+            return {chr(value) for _, value in arg}
+        raise AssertionError(f"the pre-filter's first letters cannot be told past {op}")
+    raise AssertionError("a pattern that matches the empty text")
+
+
+def test_the_prefilters_lookahead_admits_every_letter_a_match_starts_with():
+    import re
+
+    from klaudit.lint import roles
+
+    starts = {letter.lower() for letter in _first_letters(re._parser.parse(roles._KL_VOCABULARY_PATTERN))}
+    assert starts <= set(roles._KL_VOCABULARY_STARTS)
+    plain = re.compile(roles._KL_VOCABULARY_PATTERN, re.IGNORECASE)
+    for text in ("kl", "use_kl_loss", "\u212al_coef", "\u0130nit_logps", "REF", "teacher_logits", "logprobs_ref",
+                 "quickly", "preference", "x = 1"):
+        assert roles.might_contain_kl(text) == (plain.search(text) is not None), text
+
+
+DEEP = {
+    "operators": "x = " + " + ".join(["a"] * 60) + "\n",
+    "calls": "x = a" + ".f()" * 40 + "\n",
+    "brackets": "x = " + "[" * 60 + "]" * 60 + "\n",
+    "decorator": "@" + "(" * 30 + "d" + " + d" * 40 + ")" * 30 + "\ndef f():\n    pass\n",
+    "f-string": 'x = f"{' + " + ".join(["a"] * 60) + '}"\n',
+    "elif": "if a:\n    pass\n" + "elif a:\n    pass\n" * 60,
+    "blocks": "".join("    " * i + "if a:\n" for i in range(40)) + "    " * 40 + "pass\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP))
+def test_the_nesting_bound_never_passes_code_that_nests_deeper(name):
+    import ast
+
+    from klaudit.lint.parsing import may_nest_past, nesting
+
+    source = DEEP[name]
+    tree = ast.parse(source)
+    depth, _ = nesting(tree)
+    assert depth > 40
+    for limit in (10, 20, 40, depth - 1):
+        assert may_nest_past(tree, source, limit), limit
+    assert not may_nest_past(tree, source, 2 * len(source) + 3)  # the bound: 2 levels a character
+
+
+def test_the_nesting_bound_holds_on_real_code_and_passes_it_at_the_limit():
+    import ast
+    from pathlib import Path
+
+    from klaudit.lint.parsing import MAX_NESTING, may_nest_past, nesting
+
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("klaudit").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        depth, _ = nesting(tree)
+        for limit in (6, 10, 16, max(depth - 1, 1)):
+            assert may_nest_past(tree, source, limit) or depth <= limit, (path, limit)
+        assert not may_nest_past(tree, source, MAX_NESTING)
+
+
+def test_a_replaced_fact_equals_the_one_dataclasses_makes_and_unknown_fields_still_raise():
+    import dataclasses
+
+    from klaudit.lint import algebra as alg
+    from klaudit.lint.facts import Fact, replace
+
+    fact = Fact(poly=alg.Poly.atom(alg.Atom(alg.DELTA, True)), labels=(("mode", ("k3",)),))
+    assert alg.kl_atoms(fact.poly)  # kept on the polynomial: not a field, equality and hash unchanged
+    for changes in ({"clamped": True}, {"labels": (), "calls": 2}, {}):
+        fast, slow = replace(fact, **changes), dataclasses.replace(fact, **changes)
+        assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    with pytest.raises(TypeError):
+        replace(fact, clampd=True)
+    assert fact.poly == alg.Poly.atom(alg.Atom(alg.DELTA, True)) and hash(fact.poly) == hash(
+        alg.Poly.atom(alg.Atom(alg.DELTA, True)))
