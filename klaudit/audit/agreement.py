@@ -175,7 +175,8 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
 
 def _unjudged(targets: dict[KLSite, Target], reports: dict[Target, Report], whole: set[Target]) -> list[Verdict]:
     """check-grad's rows, in a placement the lint reads for that target, that no lint branch selects: the
-    switch values where the lint gives no verdict. They agree when check-grad finds the row unbiased."""
+    switch values where the lint gives no verdict. They agree when check-grad finds the row unbiased. A
+    row at values outside the names a registry runs every caller under is unreachable, not shown."""
     verdicts = []
     for target, report in reports.items():
         sites = [site for site, chosen in targets.items() if chosen == target]
@@ -183,6 +184,8 @@ def _unjudged(targets: dict[KLSite, Target], reports: dict[Target, Report], whol
             placed = [site for site in sites if target in whole or site.placement == row.placement]
             if not placed or any(selects(site.labels, row.mode, report.results) for site in placed):
                 continue
+            if all(site.admits and not site.admits.intersection(map(str, row.mode.values())) for site in placed):
+                continue  # a value no caller's registry runs it under (verl's distillation loss: no '+')
             site = dataclasses.replace(placed[0], labels=(), rules=())
             verdicts.append(Verdict(site, str(target), (), (), (_mode(row),), (row.objective,),
                                     (row.rule,) if row.rule else (), row.unbiased,

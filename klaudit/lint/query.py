@@ -21,6 +21,7 @@ from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
 from klaudit.lint.facts import Fact, bare_parameter_facts, is_literal, param_facts
+from klaudit.lint.flow import registered_names
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
 from klaudit.lint.signatures import Signature, signatures
@@ -124,6 +125,7 @@ class KLSite:
     labels: tuple
     rules: tuple[str, ...]
     helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
+    admits: frozenset[str] = frozenset()  # the only names a registry runs `function` under (none: any)
 
 
 class _Tracing(Analyzer):
@@ -241,7 +243,8 @@ def site_verdicts(path: str) -> list[KLSite]:
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
-                    tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else ())] = None
+                    tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else (),
+                    registered_names(func))] = None
     return list(sites)
 
 
