@@ -189,7 +189,7 @@ def lint_python(path: str, module: cst.Module, source: str, context: Context | N
     context = context or Context()
     if not mentions_config_class(source, context):
         return []
-    calls, definitions = read_configs(module, context.class_names, trl.KEYS, path)
+    calls, definitions = read_configs(module, context.class_names, trl.KEYS, path, source)
     found: list[Finding] = []
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):

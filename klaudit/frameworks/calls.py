@@ -1,17 +1,26 @@
 """Framework configuration objects built in Python (`GRPOConfig(beta=0.04, ...)`, or a class deriving
 from it with `beta: float = 0.04`): their keywords and field defaults as settings, with the position of
-each, read from the module's syntax tree (the code is never run)."""
+each, read from the module's syntax tree (the code is never run).
+
+The calls of a module that defines no configuration class are read from Python's own tree (`ast`,
+already parsed for the syntax check): LibCST's positions would regenerate the whole module's code,
+which costs more than parsing it (half the lint of TRL's grpo_trainer.py). LibCST's tree is read where
+a class derives from a configuration class, and where Python cannot read the text (newer syntax)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.frameworks.settings import Setting
-from klaudit.lint.syntax import dotted
+from klaudit.lint.syntax import dotted, python_ast
 
 
 def _literal(node: cst.BaseExpression) -> str | None:
@@ -99,10 +108,93 @@ class _Reader(cst.CSTVisitor):
 
 
 def read_configs(module: cst.Module, class_names: Iterable[str], keys: Iterable[str],
-                 path: str = "") -> tuple[list[ConfigCall], list[ConfigClass]]:
+                 path: str = "", source: str | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
     """The calls of the classes named in `class_names` and the classes deriving from them (or
-    redefining them) in `module`. After `**kwargs` every key of `keys` not given by name is unknown
-    (a Setting with value None)."""
-    reader = _Reader(frozenset(class_names), tuple(keys), path)
+    redefining them) in `module` (parsed from `source`, when given). After `**kwargs` every key of
+    `keys` not given by name is unknown (a Setting with value None)."""
+    names, keys = frozenset(class_names), tuple(keys)
+    if source is not None and not _defines_config_class(source, names):
+        calls = _python_calls(source, names, keys)
+        if calls is not None:
+            return calls, []
+    reader = _Reader(names, keys, path)
     MetadataWrapper(module, unsafe_skip_copy=True).visit(reader)
     return reader.calls, reader.definitions
+
+
+def _defines_config_class(source: str, names: Collection[str]) -> bool:
+    """Whether a class header of `source` names one of `names` (as the class or among its bases)."""
+    pattern = r"\bclass\s+\w+\s*\([^)]*\b(?:{0})\b|\bclass\s+(?:{0})\b".format("|".join(map(re.escape, names)))
+    return re.search(pattern, source) is not None
+
+
+_NEWLINE = re.compile(r"\r\n?|\n")  # line ends as Python's tokenizer and LibCST count them
+
+
+def _python_calls(source: str, names: Collection[str], keys: tuple[str, ...]) -> list[ConfigCall] | None:
+    """The calls as `_Reader` finds them, read from Python's tree of `source`; None when Python cannot
+    read it. Python counts columns in UTF-8 bytes and normalises identifiers (NFKC), LibCST counts
+    characters and keeps the text: both are converted to LibCST's terms."""
+    try:
+        tree = python_ast(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    lines = [line.encode("utf-8") for line in _NEWLINE.split(source)]
+
+    def column(line: int, offset: int) -> int:  # 1-based, in characters
+        return len(lines[line - 1][:offset].decode("utf-8", errors="replace")) + 1
+
+    def text(node: ast.AST) -> str:  # as written
+        first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+        if first == last:
+            return lines[first][node.col_offset:node.end_col_offset].decode("utf-8", errors="replace")
+        parts = [lines[first][node.col_offset:], *lines[first + 1:last], lines[last][:node.end_col_offset]]
+        return "\n".join(part.decode("utf-8", errors="replace") for part in parts)
+
+    def setting(node: ast.AST, value: str | None, name_length: int) -> Setting:
+        start = column(node.lineno, node.col_offset)
+        end = (column(node.lineno, node.end_col_offset or 0) if node.end_lineno == node.lineno
+               else start + name_length)
+        return Setting(value, node.lineno, start, end)
+
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _called_name(node.func, names, text)
+        if name is None:
+            continue
+        settings = {keyword.arg: setting(keyword, _python_literal(keyword.value, text), len(keyword.arg))
+                    for keyword in node.keywords if keyword.arg is not None}
+        where = setting(node.func, None, len(name))
+        if any(keyword.arg is None for keyword in node.keywords):  # any key not named may come from the mapping
+            unknown = Setting(None, where.line, where.column, where.column)
+            settings = {**{key: unknown for key in keys}, **settings}
+        calls.append(ConfigCall(name, where, settings))
+    return sorted(calls, key=lambda call: (call.where.line, call.where.column))
+
+
+def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.AST], str]) -> str | None:
+    """The name of `names` a call's target ends in (`GRPOConfig` of `trl.GRPOConfig`), as written."""
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name not in names:
+        return None
+    return name if text(func).endswith(name) else None  # an identifier Python normalised: not this name
+
+
+def _python_literal(node: ast.expr, text: Callable[[ast.AST], str]) -> str | None:
+    """`_literal` of the LibCST node for the same text: a string of one literal (implicitly joined
+    strings and f-strings are computed), a number as written without underscores, True/False/None,
+    or a negated literal."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _python_literal(node.operand, text)
+        return None if inner is None else "-" + inner
+    if not isinstance(node, ast.Constant) or node.value is Ellipsis or isinstance(node.value, complex):
+        return None
+    written = text(node)
+    if isinstance(node.value, (str, bytes)):
+        strings = [t for t in tokenize.generate_tokens(io.StringIO(f"({written})").readline) if t.type == tokenize.STRING]
+        return str(node.value) if len(strings) == 1 else None
+    if isinstance(node.value, bool) or node.value is None:
+        return str(node.value)
+    return written.replace("_", "")

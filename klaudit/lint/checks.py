@@ -24,7 +24,7 @@ from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.findings import Finding
 from klaudit.lint.modules import Analyzer, module_functions
-from klaudit.lint.parsing import python_ast
+from klaudit.lint.syntax import python_ast
 
 _ANALYZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -14,9 +14,8 @@ from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts, replace
 from klaudit.lint.flow import FunctionRun
-from klaudit.lint.parsing import python_ast
 from klaudit.lint.roles import might_contain_kl
-from klaudit.lint.syntax import decorated_no_grad, dotted, params
+from klaudit.lint.syntax import decorated_no_grad, dotted, params, python_ast
 
 MAX_DEPTH = 4
 

@@ -10,7 +10,6 @@ takes it about a minute), is not analysed and gets one informational KL099 inste
 from __future__ import annotations
 
 import ast
-import functools
 import itertools
 import re
 import warnings
@@ -19,6 +18,7 @@ import libcst
 
 from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE
 from klaudit.lint.findings import Finding
+from klaudit.lint.syntax import python_ast
 
 # Nesting of the syntax tree (statements, expressions, operands) beyond which a file is not parsed with
 # LibCST. Real code stays far below it (the deepest file of verl nests 19 levels); a chain of 200
@@ -33,16 +33,6 @@ def file_finding(path: str, code: str, message: str, line: int = 1, column: int 
 def incomplete(path: str, why: str, line: int = 1) -> Finding:
     """The KL099 note: the file, or part of it, was not analysed."""
     return file_finding(path, INCOMPLETE_CODE, f"{why}; findings in this file may be incomplete", line)
-
-
-@functools.lru_cache(maxsize=8)
-def python_ast(source: str) -> ast.Module:
-    """Python's syntax tree of `source`, parsed once for the syntax check, the nesting limit and the
-    positions of the statements the findings are reported at (the last few texts are kept; the text
-    of a file is one string object throughout its analysis, whose hash Python keeps)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
-        return ast.parse(source)
 
 
 def python_tree(path: str, source: str) -> ast.Module | Finding | None:

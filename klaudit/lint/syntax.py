@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
+import warnings
 
 import libcst as cst
 
 from klaudit.lint import roles
+
+
+@functools.lru_cache(maxsize=8)
+def python_ast(source: str) -> ast.Module:
+    """Python's syntax tree of `source`, parsed once for the syntax check, the nesting limit and the
+    positions of the statements the findings are reported at (the last few texts are kept; the text
+    of a file is one string object throughout its analysis, whose hash Python keeps)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the user's invalid escapes are not klaudit's to report
+        return ast.parse(source)
 
 
 def dotted(node: cst.CSTNode) -> str:
