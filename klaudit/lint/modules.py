@@ -112,17 +112,23 @@ class Module:
                 if isinstance(small, cst.Import):
                     for alias in small.names:
                         name = dotted(alias.name)
-                        local = alias.asname.name.value if alias.asname else name.split(".")[0]
-                        self.imports[local] = (name if alias.asname else local, None, 0)
+                        renamed = _renamed(alias)
+                        local = renamed or name.split(".")[0]
+                        self.imports[local] = (name if renamed else local, None, 0)
                 elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                     source = dotted(small.module) if small.module else ""
                     level = len(small.relative)
                     for alias in small.names:
-                        local = alias.asname.name.value if alias.asname else alias.name.value
-                        self.imports[local] = (source, alias.name.value, level)
+                        imported = dotted(alias.name)
+                        self.imports[_renamed(alias) or imported] = (source, imported, level)
         elif isinstance(stmt, (cst.If, cst.Try)):
             for item in stmt.body.body:
                 self._collect(item)
+
+def _renamed(alias: cst.ImportAlias) -> str:
+    """The `as` name of an import, or "" (the parser allows only a name there in an import)."""
+    return alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else ""
+
 
 class _Frame:
     """A call being interpreted, and what its summary depends on besides the function and its inputs."""
