@@ -361,7 +361,7 @@ def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device:
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)  # type: ignore[arg-type]  # typeshed types functools.wraps (on PreTrainedModel.to) as unbound
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)
     model.eval()
     generator = torch.Generator(device="cpu").manual_seed(seed)
     vocabulary = model.get_input_embeddings().num_embeddings

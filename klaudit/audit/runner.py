@@ -88,7 +88,7 @@ def used_placements(target: Target) -> set[str]:
     if path is None or not target.qualname:
         return set()
     try:
-        return placements_of(path, target.qualname)
+        return set(placements_of(path, target.qualname))
     except Exception:  # noqa: BLE001 - the mark is a hint: an analysis failure must not lose the audit
         return set()
 
@@ -254,7 +254,7 @@ def _monte_carlo_rows(fn: Callable, binding, name: str, placements: Sequence[str
     from klaudit.audit import montecarlo
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)  # type: ignore[arg-type]  # typeshed types functools.wraps (on PreTrainedModel.to) as unbound
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).to(device)
         sampler = montecarlo.CausalLMSampler(model, seed=0)
     except Exception as error:
         raise TargetError(f"--model {model_dir}: cannot load and run it: {type(error).__name__}: {error}") from error

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import libcst as cst
 
@@ -113,12 +113,12 @@ def compatible(a: Labels, b: Labels) -> bool:
 # `not kind.endswith("+")`).
 
 
-def is_pattern(value: SwitchValue) -> bool:
+def is_pattern(value: SwitchValue) -> TypeGuard[str]:
     """An endswith/startswith pattern ("*s")."""
     return isinstance(value, str) and value.startswith("*")
 
 
-def is_negated_pattern(value: SwitchValue) -> bool:
+def is_negated_pattern(value: SwitchValue) -> TypeGuard[str]:
     """The negation of a pattern ("!*s": neither ends nor starts with s)."""
     return isinstance(value, str) and value.startswith("!*")
 
