@@ -144,7 +144,7 @@ def decorated_no_grad(func: cst.FunctionDef) -> bool:
             return True
     return False
 
-def params(func: cst.FunctionDef) -> list:
+def params(func: cst.FunctionDef) -> list[cst.Param]:
     p = func.params
     return [*p.posonly_params, *p.params, *p.kwonly_params]
 
