@@ -300,7 +300,7 @@ def check_grad_command(targets: tuple[str, ...], bindings: tuple[str, ...], plac
             raise CommandError("--plot needs --samples N (the picture is drawn from the Monte-Carlo samples)")
         if not matplotlib_importable():
             raise CommandError(MATPLOTLIB_MISSING)
-    monte_carlo = (MonteCarlo(None if samples == "auto" else samples, plot and os.path.abspath(plot))
+    monte_carlo = (MonteCarlo(samples if isinstance(samples, int) else None, plot and os.path.abspath(plot))
                    if samples is not None else None)
     placements = PLACEMENTS[placement]
     show_progress = output_format == "text" and sys.stderr.isatty()

@@ -42,3 +42,10 @@ class Batch:
     def lengths(self) -> torch.Tensor:
         """[N] number of response tokens per row."""
         return self.mask.sum(-1)
+
+
+def required(tensor: torch.Tensor | None, name: str) -> torch.Tensor:
+    """A batch field this audit path needs (`name`, for the error), which optional fields may lack."""
+    if tensor is None:
+        raise ValueError(f"the batch has no {name}, which this audit reads")
+    return tensor

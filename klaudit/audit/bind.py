@@ -267,7 +267,7 @@ class Coefficient(float):
         return float(self)
 
 
-def bare_instance(owner: type):
+def bare_instance(owner: type) -> Any:
     """An instance of (a subclass of) `owner` whose __init__ did not run, for auditing a method.
 
     A missing attribute named like a KL coefficient reads as 1.0 and is recorded (see
@@ -291,6 +291,7 @@ def bare_instance(owner: type):
 
     namespace = {"__getattr__": __getattr__, "__module__": owner.__module__, "__qualname__": owner.__qualname__,
                  _DEFAULTED: defaulted}
+    subclass: Any  # a class made at run time: its own __new__ is called below, which mypy reads as type.__new__
     try:
         subclass = type(owner)(owner.__name__, (owner,), namespace)
     except Exception:  # a class that refuses subclasses (final metaclass): plain missing attributes

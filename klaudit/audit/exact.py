@@ -63,11 +63,12 @@ def enumerate_sequences(
     length (at length T, EOS-terminated first), then lexicographically. Computed once per shape;
     callers get copies.
     """
-    return tuple(part.clone() for part in _enumerated(vocab_size, horizon, eos_id))
+    tokens, mask, lengths = _enumerated(vocab_size, horizon, eos_id)
+    return tokens.clone(), mask.clone(), lengths.clone()
 
 
 @functools.lru_cache(maxsize=32)
-def _enumerated(vocab_size: int, horizon: int, eos_id: int | None) -> tuple[torch.Tensor, ...]:
+def _enumerated(vocab_size: int, horizon: int, eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The uncached body of enumerate_sequences."""
     if eos_id is not None and not 0 <= eos_id < vocab_size:
         raise ValueError(f"eos_id {eos_id} is not a token of a vocabulary of size {vocab_size}")
@@ -208,8 +209,11 @@ class ExactProblem:
 
     def to(self, device: str | torch.device) -> ExactProblem:
         """The same problem with copies of its policies on `device`."""
-        policies = (self.policy, self.reference, self.old_policy)
-        return ExactProblem(*(None if policy is None else copy.deepcopy(policy).to(device) for policy in policies))
+        def moved(policy: Policy) -> Policy:
+            return copy.deepcopy(policy).to(device)
+
+        policy, reference = moved(self.policy), moved(self.reference)
+        return ExactProblem(policy, reference, None if self.old_policy is None else moved(self.old_policy))
 
     # ----- building blocks -----
 

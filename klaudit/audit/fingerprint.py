@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from klaudit.audit.batch import Batch
+from klaudit.audit.batch import Batch, required
 from klaudit.audit.surrogates import build_surrogate
 from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Row, Sampling, classify
 from klaudit.describe import describe
@@ -103,9 +103,11 @@ def far_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     log-ratios reach about -25 and +25 nats. A term that equals a configuration on the fingerprint batch
     and not here changes only where the policy strays far: it is clamped (KL010)."""
     batch = batch_factory()
-    logits, ref_logits = batch.logits.detach().clone(), batch.ref_logits.detach().clone()
-    tokens = batch.tokens.unsqueeze(-1)
-    count, horizon = batch.tokens.shape
+    logits = required(batch.logits, "logits").detach().clone()
+    ref_logits = required(batch.ref_logits, "ref_logits").detach().clone()
+    token_ids = required(batch.tokens, "tokens")
+    tokens = token_ids.unsqueeze(-1)
+    count, horizon = token_ids.shape
     positions = torch.arange(horizon, device=tokens.device)
     alternate = (positions.unsqueeze(0) + torch.arange(count, device=tokens.device).unsqueeze(1)) % 2 == 0
     lowered = torch.where(alternate.unsqueeze(-1), logits.gather(-1, tokens) - FAR_LOG_RATIO,
@@ -114,7 +116,7 @@ def far_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     ref_lowered = torch.where(alternate.unsqueeze(-1), ref_logits.gather(-1, tokens),
                               ref_logits.gather(-1, tokens) - FAR_LOG_RATIO)
     ref_logits.scatter_(-1, tokens, ref_lowered)
-    return leaf_batches(batch.tokens, batch.mask, logits, ref_logits, batch.old_logprobs)
+    return leaf_batches(token_ids, batch.mask, logits, ref_logits, batch.old_logprobs)
 
 
 NEAR_SHRINK = 0.05  # the near batch's log-ratios, relative to the fingerprint batch's
@@ -124,9 +126,9 @@ def near_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     """The batch with the policy's logits moved towards the reference's, its log-ratios NEAR_SHRINK
     times as large: below the clamps trainers use, a clamped estimator shows its unclamped form."""
     batch = batch_factory()
-    ref_logits = batch.ref_logits.detach()
-    logits = ref_logits + NEAR_SHRINK * (batch.logits.detach() - ref_logits)
-    return leaf_batches(batch.tokens, batch.mask, logits, ref_logits)
+    ref_logits = required(batch.ref_logits, "ref_logits").detach()
+    logits = ref_logits + NEAR_SHRINK * (required(batch.logits, "logits").detach() - ref_logits)
+    return leaf_batches(required(batch.tokens, "tokens"), batch.mask, logits, ref_logits)
 
 
 def _weighted(config: Config) -> Callable[[Batch], torch.Tensor]:
@@ -145,11 +147,12 @@ def logits_gradient(objective: Callable[[Batch], torch.Tensor], batch_factory: C
     """d objective(batch) / d logits [N, T, V] in float64, zero at padding positions."""
     batch = batch_factory()
     value = objective(batch)
+    logits = required(batch.logits, "logits")
     if not value.requires_grad:
-        return torch.zeros_like(batch.logits, dtype=torch.float64)
-    (gradient,) = torch.autograd.grad(value, batch.logits, allow_unused=True)
+        return torch.zeros_like(logits, dtype=torch.float64)
+    (gradient,) = torch.autograd.grad(value, logits, allow_unused=True)
     if gradient is None:
-        return torch.zeros_like(batch.logits, dtype=torch.float64)
+        return torch.zeros_like(logits, dtype=torch.float64)
     return gradient.to(torch.float64) * batch.mask.to(torch.float64).unsqueeze(-1)
 
 
@@ -164,13 +167,13 @@ class RowBasis:
     def __init__(self, batch_factory: Callable[[], Batch]):
         batch = batch_factory()
         with torch.no_grad():
-            log_p = torch.log_softmax(batch.logits.detach().to(torch.float64), -1)
-            log_q = torch.log_softmax(batch.ref_logits.to(torch.float64), -1)
+            log_p = torch.log_softmax(required(batch.logits, "logits").detach().to(torch.float64), -1)
+            log_q = torch.log_softmax(required(batch.ref_logits, "ref_logits").to(torch.float64), -1)
             self.probs = log_p.exp()
             log_ratio = log_p - log_q
             kl = (self.probs * log_ratio).sum(-1)  # as estimator_values computes Estimator.FULL
             self.kl_direction = self.probs * (log_ratio - kl.unsqueeze(-1))
-            self.tokens = batch.tokens.unsqueeze(-1)
+            self.tokens = required(batch.tokens, "tokens").unsqueeze(-1)
             self.mask = batch.mask.to(torch.float64)
             at_token = self.probs.gather(-1, self.tokens).squeeze(-1)
             # Gram matrix of the two directions per row: |e_y - p|^2, <e_y - p, d>, |d|^2
@@ -178,14 +181,15 @@ class RowBasis:
                          self.kl_direction.gather(-1, self.tokens).squeeze(-1)
                          - (self.probs * self.kl_direction).sum(-1),
                          self.kl_direction.square().sum(-1))
+        self.token_kl = kl.to(batch.logprobs.dtype)
         self.reduced = Batch(logprobs=batch.logprobs.detach(), ref_logprobs=batch.ref_logprobs, mask=batch.mask,
-                             old_logprobs=batch.old_logprobs, tokens=batch.tokens, token_kl=kl.to(batch.logprobs.dtype))
+                             old_logprobs=batch.old_logprobs, tokens=batch.tokens, token_kl=self.token_kl)
 
     def coefficients(self, objective: Callable[[Batch], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, b) [N, T] float64 of a catalog objective, zero at padding (an objective that reads the
         logits otherwise than through log p_y and KL_t must not be given)."""
         logprobs = self.reduced.logprobs.clone().requires_grad_(True)
-        token_kl = self.reduced.token_kl.clone().requires_grad_(True)
+        token_kl = self.token_kl.clone().requires_grad_(True)
         value = objective(dataclasses.replace(self.reduced, logprobs=logprobs, token_kl=token_kl))
         if not value.requires_grad:
             return torch.zeros_like(self.mask), torch.zeros_like(self.mask)

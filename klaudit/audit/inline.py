@@ -336,7 +336,7 @@ def _computable(statement: ast.stmt, outside: set[str]) -> bool:
 
 def _self_chain(node: ast.AST) -> list[str] | None:
     """['args', 'beta'] for `self.args.beta`, else None."""
-    names = []
+    names: list[str] = []
     while isinstance(node, ast.Attribute):
         names.insert(0, node.attr)
         node = node.value

@@ -20,13 +20,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from klaudit.audit.batch import Batch
+from klaudit.audit.batch import Batch, required
 from klaudit.audit.bind import Binding, Role, defaulted_attributes
 from klaudit.audit.confine import memory_note
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
@@ -121,8 +122,9 @@ def standard_problems(*, off_policy: bool = False, count: int = TABULAR_PROBLEMS
 
 def _row_of(batch: Batch, index: int) -> Batch:
     """Row `index` of every tensor of the batch, as a batch of one."""
-    return Batch(**{field.name: None if getattr(batch, field.name) is None else
-                    getattr(batch, field.name)[index:index + 1] for field in dataclasses.fields(batch)})
+    rows: dict[str, Any] = {field.name: None if getattr(batch, field.name) is None else
+                            getattr(batch, field.name)[index:index + 1] for field in dataclasses.fields(batch)}
+    return Batch(**rows)  # each field a tensor or None, as in `batch`
 
 
 class Term:
@@ -256,7 +258,8 @@ def scalar_aggregation(term: Term, batch_factory: Callable[[], Batch]) -> str:
     the batch's token count), else 'other'.
     """
     whole = logits_gradient(term, batch_factory)
-    alone = logits_gradient(lambda b: sum(term(_row_of(b, n)) for n in range(b.mask.shape[0])), batch_factory)
+    alone = logits_gradient(lambda b: functools.reduce(operator.add, (term(_row_of(b, n)) for n in range(b.mask.shape[0]))),
+                            batch_factory)
     lengths = batch_factory().lengths.to(torch.float64)
     ratios = []
     for n in range(whole.shape[0]):
@@ -289,7 +292,7 @@ def _describe_aggregation(kind: str, placement: str, scalar_weight: str | None, 
                 "batch-token-mean": "the callable's own token-mean over the batch, audited for a large batch "
                                     "(weight 1/E[L]); a small batch adds a length bias of order 1/B (kl-math.md "
                                     "section 5, row 21)",
-                }.get(scalar_weight, "the callable's own aggregation, audited per sequence")
+                }.get(scalar_weight or "", "the callable's own aggregation, audited per sequence")
     return text + ("; result negated: a reward" if negated else "")
 
 
@@ -314,7 +317,7 @@ def fingerprint_batch(problem: Problem, size: int, seed: int) -> Callable[[], Ba
         lowest = log_ratio.min(-1).values.argsort()[:EXTREME_ROWS // 2]
         highest = log_ratio.max(-1).values.argsort(descending=True)[:EXTREME_ROWS // 2]
         rows = torch.cat([rows, lowest, highest])
-        logits, ref_logits = full.logits[rows], exact.ref_logits[rows]
+        logits, ref_logits = required(full.logits, "logits")[rows], exact.ref_logits[rows]
         old_logprobs = None if full.old_logprobs is None else full.old_logprobs[rows]
     return leaf_batches(exact.tokens[rows], exact.mask[rows], logits, ref_logits, old_logprobs)
 
@@ -474,8 +477,8 @@ def _seeded_draw(draw: Callable, shape: torch.Size, dtype: torch.dtype, device: 
 
 def _depends_on_old(term: Term, batch: Batch) -> bool:
     """Whether the result changes when the old log-probs change."""
-    shifted = dataclasses.replace(batch, old_logprobs=batch.old_logprobs - 0.25 * _seeded(torch.rand,
-                                                                                      batch.old_logprobs, 2))
+    old_logprobs = required(batch.old_logprobs, "old_logprobs")
+    shifted = dataclasses.replace(batch, old_logprobs=old_logprobs - 0.25 * _seeded(torch.rand, old_logprobs, 2))
     with torch.no_grad():
         return not torch.equal(term(batch).detach(), term(shifted).detach())
 
@@ -483,8 +486,9 @@ def _depends_on_old(term: Term, batch: Batch) -> bool:
 def _require_dependence(term: Term, batch_factory: Callable[[], Batch]) -> None:
     """TermError when the result does not change when the policy log-probs and logits change."""
     batch = batch_factory()
+    logits = required(batch.logits, "logits")
     shifted = dataclasses.replace(batch, logprobs=batch.logprobs.detach() - 0.25 * _seeded(torch.rand, batch.logprobs, 1),
-                                  logits=batch.logits.detach() + _seeded(torch.randn, batch.logits, 1))
+                                  logits=logits.detach() + _seeded(torch.randn, logits, 1))
     with torch.no_grad():
         if torch.equal(term(batch).detach(), term(shifted).detach()):
             raise TermError(f"the result of {term.where()} does not depend on the policy log-probs: "
@@ -496,16 +500,17 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
     per_sequence = surrogate(term, kind, placement, scalar_weight)
     aggregation = Aggregation.BATCH_MEAN if scalar_weight == "batch-token-mean" else Aggregation.SUM
     off_policy = fingerprinter.off_policy
-    objectives, unbiased, first = [], True, None
+    if not problems:
+        raise ValueError("an audit row needs at least one problem to enumerate")
+    objectives, unbiased, gradients = [], True, []
     for problem in problems:
         gradient = problem.exact.expected_gradient(per_sequence, aggregation=aggregation, off_policy=off_policy)
+        gradients.append(gradient)
         # a term computed partly in float32 leaves ~1e-8 of rounding where the exact answer is 0
         objectives.append(match_objective(gradient, problem.targets, rtol=term.rtol, zero_rtol=term.rtol,
                                           proportional=True))
         unbiased = unbiased and positive_multiple(gradient, problem.targets[Target.REV], term.rtol) is not None
-        if first is None:
-            first = (problem, gradient)
-    problem, gradient = first
+    problem, gradient = problems[0], gradients[0]
     objective = objectives[0] if len(set(objectives)) == 1 else Objective.OTHER
     value = problem.exact.expected_value(value_per_sequence(term, kind, scalar_weight), off_policy=off_policy)
 

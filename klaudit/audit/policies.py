@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -46,6 +46,11 @@ class Policy(Protocol):
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def to(self, device: str | torch.device) -> Policy: ...  # torch.nn.Module.to: itself, on `device`
+
+
+AnyPolicy = TypeVar("AnyPolicy", bound=Policy)  # a copy of a policy is a policy of the same class
 
 
 def _check_shape(vocab_size: int, horizon: int, eos: bool) -> None:
@@ -73,6 +78,9 @@ class TabularPolicy(torch.nn.Module):
     (A^t - 1) / (A - 1) + sum_i d_i A^(t-i), so all shorter prefixes come first.
     EOS, when present, is the last token id (V - 1).
     """
+
+    _offsets: torch.Tensor  # buffers, registered in __init__
+    _place_values: torch.Tensor
 
     def __init__(self, prefix_logits: torch.Tensor, horizon: int, *, eos: bool = True):
         super().__init__()
@@ -191,7 +199,7 @@ class TinyCausalLM(torch.nn.Module):
         return torch.where(real.unsqueeze(-1), full, torch.zeros((), dtype=full.dtype, device=full.device))
 
 
-def _direction(reference: torch.nn.Module, seed: int) -> list[torch.Tensor]:
+def _direction(reference: Policy, seed: int) -> list[torch.Tensor]:
     """A fixed N(0, 1) tensor per parameter of `reference`, reproducible from `seed`."""
     generator = torch.Generator().manual_seed(seed)
     return [
@@ -201,7 +209,7 @@ def _direction(reference: torch.nn.Module, seed: int) -> list[torch.Tensor]:
 
 
 def _shift_into(
-    moved: torch.nn.Module, reference: torch.nn.Module, direction: list[torch.Tensor], scale: float
+    moved: Policy, reference: Policy, direction: list[torch.Tensor], scale: float
 ) -> None:
     """Set the parameters of `moved` (a copy of `reference`) to reference + scale * direction."""
     with torch.no_grad():
@@ -209,7 +217,7 @@ def _shift_into(
             target.copy_(start + scale * step)
 
 
-def perturbed(reference: torch.nn.Module, scale: float, *, seed: int) -> torch.nn.Module:
+def perturbed(reference: AnyPolicy, scale: float, *, seed: int) -> AnyPolicy:
     """A copy of `reference` with every parameter moved by scale * N(0, 1) (direction fixed by seed)."""
     moved = copy.deepcopy(reference)
     _shift_into(moved, reference, _direction(reference, seed), float(scale))
@@ -221,14 +229,14 @@ _RETRY_SEED_STRIDE = 1_000_003
 
 
 def place_at_kl(
-    reference: torch.nn.Module,
+    reference: AnyPolicy,
     target_kl: float,
     *,
     seed: int,
     rtol: float = 1e-4,
     max_scale: float = 1e3,
     attempts: int = 8,
-) -> torch.nn.Module:
+) -> AnyPolicy:
     """A perturbed copy of `reference` with KL_seq(copy || reference) = target_kl (relative tolerance rtol).
 
     Along the direction of `perturbed(reference, scale, seed=seed)` the scale is bracketed by

@@ -84,11 +84,11 @@ def used_placements(target: Target) -> set[str]:
 
     if target.source is not None:
         return {target.placement} if target.placement else set()
-    path = target.path if target.path is not None else module_file(target.module)
+    path = target.path if target.path is not None else module_file(target.module) if target.module is not None else None
     if path is None or not target.qualname:
         return set()
     try:
-        return placements_of(path, target.qualname)
+        return set(placements_of(path, target.qualname))
     except Exception:  # noqa: BLE001 - the mark is a hint: an analysis failure must not lose the audit
         return set()
 
@@ -148,26 +148,37 @@ def _forget_other_package(package: str, directory: Path) -> None:
 def _import_alone(file: Path):
     """Execute one .py file as a module of its own (absolute imports only)."""
     spec = importlib.util.spec_from_file_location(f"_klaudit_target_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{file}: not importable as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
+def _import_dotted(name: str | None) -> tuple[ModuleType, dict[str, str]]:
+    """Import `package.module` from the working directory or sys.path, stubbing what does not import here."""
+    if name is None:
+        raise ImportError("the target names no file or module")
+    sys.path.insert(0, os.getcwd())
+    return import_with_stubs(lambda: importlib.import_module(name), own=(name.split(".")[0],))
+
+
 def load(target: Target) -> tuple[Callable, dict[str, str]]:
     """The callable a target names, and the modules stubbed to import it, with why (imports user code:
     call only in the child or the Python API)."""
+    qualname = target.qualname
+    if qualname is None:
+        raise TargetError(f"{target}: name a function to audit (PATH.py::function or package.module:function)")
     try:
         if target.path is not None:
             module, stubbed = _import_file(target.path, target.origin)
         else:
-            sys.path.insert(0, os.getcwd())
-            module, stubbed = import_with_stubs(lambda: importlib.import_module(target.module),
-                                                own=(target.module.split(".")[0],))
+            module, stubbed = _import_dotted(target.module)
     except Exception as error:
         raise TargetError(f"{target}: import failed: {type(error).__name__}: {error}") from error
     obj = module
-    for part in target.qualname.split("."):
+    for part in qualname.split("."):
         if not hasattr(obj, part):
             raise TargetError(f"{target}: {part!r} not found in {getattr(obj, '__name__', obj)}")
         owner, obj = obj, getattr(obj, part)

@@ -113,7 +113,7 @@ def build_surrogate(config: Config) -> Surrogate:
         mask = batch.mask
         log_ratio = (batch.logprobs - batch.ref_logprobs) * mask
         if config.position is Position.SEQUENCE:
-            if config.reward is not None or config.sampling is not Sampling.ON_POLICY:
+            if config.loss is None or config.reward is not None or config.sampling is not Sampling.ON_POLICY:
                 raise ValueError("sequence-level estimators are audited as on-policy losses only")
             return config.sign * estimator_values(config.loss, log_ratio.sum(-1), batch)
         positions = _last_token_mask(mask) if config.position is Position.LAST else mask

@@ -144,14 +144,14 @@ def _python_calls(source: str, names: Collection[str], keys: tuple[str, ...]) ->
     def column(line: int, offset: int) -> int:  # 1-based, in characters
         return len(lines[line - 1][:offset].decode("utf-8", errors="replace")) + 1
 
-    def text(node: ast.AST) -> str:  # as written
+    def text(node: ast.expr) -> str:  # as written
         first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
         if first == last:
             return lines[first][node.col_offset:node.end_col_offset].decode("utf-8", errors="replace")
         parts = [lines[first][node.col_offset:], *lines[first + 1:last], lines[last][:node.end_col_offset]]
         return "\n".join(part.decode("utf-8", errors="replace") for part in parts)
 
-    def setting(node: ast.AST, value: str | None, name_length: int) -> Setting:
+    def setting(node: ast.expr | ast.keyword, value: str | None, name_length: int) -> Setting:
         start = column(node.lineno, node.col_offset)
         end = (column(node.lineno, node.end_col_offset or 0) if node.end_lineno == node.lineno
                else start + name_length)
@@ -174,15 +174,15 @@ def _python_calls(source: str, names: Collection[str], keys: tuple[str, ...]) ->
     return sorted(calls, key=lambda call: (call.where.line, call.where.column))
 
 
-def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.AST], str]) -> str | None:
+def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.expr], str]) -> str | None:
     """The name of `names` a call's target ends in (`GRPOConfig` of `trl.GRPOConfig`), as written."""
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-    if name not in names:
+    if name is None or name not in names:
         return None
     return name if text(func).endswith(name) else None  # an identifier Python normalised: not this name
 
 
-def _python_literal(node: ast.expr, text: Callable[[ast.AST], str]) -> str | None:
+def _python_literal(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:
     """`_literal` of the LibCST node for the same text: a string of one literal (implicitly joined
     strings and f-strings are computed), a number as written without underscores, True/False/None,
     or a negated literal."""

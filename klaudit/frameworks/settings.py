@@ -160,7 +160,8 @@ def yaml_settings(text: str) -> dict[str, Setting]:
     except (yaml.YAMLError, RecursionError):
         return found
     for document in documents:
-        stack = [("", document)]
+        # (dotted key path, a node below it or a (key, value) pair of a mapping)
+        stack: list[tuple[str, yaml.Node | tuple[yaml.ScalarNode, yaml.Node]]] = [("", document)]
         while stack:
             prefix, node = stack.pop()
             if isinstance(node, yaml.MappingNode):

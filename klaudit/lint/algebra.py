@@ -10,68 +10,74 @@ estimator is then a comparison of coefficients: k3 is r - 1 + d, whatever the sp
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final, Literal, TypeAlias
 
 from klaudit.catalog import Estimator, Returns
+from klaudit.lint.kinds import Place, Weighting
 
 # Atom kinds.
-POLICY = "P"  # log pi(y_t | h_t)
-REF = "Q"  # log ref(y_t | h_t)
-OLD = "O"  # log pi_old(y_t | h_t)
-DELTA = "d"  # P - Q
-RATIO = "r"  # exp(-d) = ref / pi
-INV_RATIO = "R"  # exp(d) = pi / ref
-ABS = "a"  # |d|
-SCORE_LOG = "s"  # P - sg(P): value 0, gradient the score
-SCORE = "S"  # exp(P - sg(P)): value 1, gradient the score
-IS_LOG = "w"  # P - O
-IS_RATIO = "W"  # exp(P - O)
-PROB = "eP"  # pi(y_t | h_t), the probability of the sampled token
-REF_PROB = "eQ"
-OLD_PROB = "eO"
-FULL = "f"  # sum_v pi(v) (log pi(v) - log ref(v)), the exact per-step reverse KL
-FULL_FWD = "F"  # sum_v ref(v) (log ref(v) - log pi(v)), the exact per-step forward KL
-VOCAB_POLICY = "VP"  # log_softmax(policy logits), [.., V]
-VOCAB_REF = "VQ"  # log_softmax(reference logits), [.., V]
-VOCAB_PROB = "VpP"  # softmax(policy logits)
-VOCAB_REF_PROB = "VpQ"  # softmax(reference logits)
-LOGITS = "LP"  # raw policy logits
-REF_LOGITS = "LQ"  # raw reference logits
+AtomKind: TypeAlias = Literal["P", "Q", "O", "d", "r", "R", "a", "s", "S", "w", "W", "eP", "eQ", "eO", "f", "F",
+                              "VP", "VQ", "VpP", "VpQ", "LP", "LQ"]
+POLICY: Final = "P"  # log pi(y_t | h_t)
+REF: Final = "Q"  # log ref(y_t | h_t)
+OLD: Final = "O"  # log pi_old(y_t | h_t)
+DELTA: Final = "d"  # P - Q
+RATIO: Final = "r"  # exp(-d) = ref / pi
+INV_RATIO: Final = "R"  # exp(d) = pi / ref
+ABS: Final = "a"  # |d|
+SCORE_LOG: Final = "s"  # P - sg(P): value 0, gradient the score
+SCORE: Final = "S"  # exp(P - sg(P)): value 1, gradient the score
+IS_LOG: Final = "w"  # P - O
+IS_RATIO: Final = "W"  # exp(P - O)
+PROB: Final = "eP"  # pi(y_t | h_t), the probability of the sampled token
+REF_PROB: Final = "eQ"
+OLD_PROB: Final = "eO"
+FULL: Final = "f"  # sum_v pi(v) (log pi(v) - log ref(v)), the exact per-step reverse KL
+FULL_FWD: Final = "F"  # sum_v ref(v) (log ref(v) - log pi(v)), the exact per-step forward KL
+VOCAB_POLICY: Final = "VP"  # log_softmax(policy logits), [.., V]
+VOCAB_REF: Final = "VQ"  # log_softmax(reference logits), [.., V]
+VOCAB_PROB: Final = "VpP"  # softmax(policy logits)
+VOCAB_REF_PROB: Final = "VpQ"  # softmax(reference logits)
+LOGITS: Final = "LP"  # raw policy logits
+REF_LOGITS: Final = "LQ"  # raw reference logits
 
 # How an atom was accumulated over the token axis.
-TOKEN = "tok"
-TO_GO = "rtg"  # reversed cumulative sum: sum over u >= t
-SEQUENCE = "seq"  # summed over the response
-SEQUENCE_MEAN = "seqmean"  # averaged over the response (the sum over its length), inside an exp: a mean log-ratio
+Accumulation: TypeAlias = Literal["tok", "rtg", "seq", "seqmean"]
+TOKEN: Final = "tok"
+TO_GO: Final = "rtg"  # reversed cumulative sum: sum over u >= t
+SEQUENCE: Final = "seq"  # summed over the response
+SEQUENCE_MEAN: Final = "seqmean"  # averaged over the response (the sum over its length), inside an exp: a mean log-ratio
 
-_MULTIPLIERS = {SCORE, IS_RATIO}
-_POLICY_SIDE = {POLICY} | _MULTIPLIERS
+_MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
+_POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
 
 
 @dataclass(frozen=True, order=True)
 class Atom:
     """One symbolic tensor: its kind, whether gradient flows through it, how it was accumulated."""
 
-    kind: str
+    kind: AtomKind
     grad: bool = False
-    acc: str = TOKEN
+    acc: Accumulation = TOKEN
 
     def detached(self) -> Atom:
         return Atom(self.kind, False, self.acc)
 
-    def accumulated(self, acc: str) -> Atom:
+    def accumulated(self, acc: Accumulation) -> Atom:
         return Atom(self.kind, self.grad, acc)
 
 
-Monomial = tuple  # sorted tuple of Atom; () is the constant 1
+Monomial: TypeAlias = "tuple[Atom, ...]"  # sorted; () is the constant 1
+Terms: TypeAlias = "list[tuple[Monomial, float]]"  # (monomial, coefficient) pairs of a polynomial, in any order
 
 
 @dataclass(frozen=True)
 class Poly:
     """A sum of coefficient * monomial. Coefficients are floats; unknown positive scales are dropped."""
 
-    terms: tuple  # sorted tuple of (Monomial, float)
+    terms: tuple[tuple[Monomial, float], ...]  # sorted
 
     @staticmethod
     def of(mapping: Mapping[Monomial, float]) -> Poly:
@@ -85,7 +91,7 @@ class Poly:
     def const(value: float) -> Poly:
         return Poly.of({(): value})
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[Monomial, float]:
         return dict(self.terms)
 
     def is_const(self) -> bool:
@@ -98,14 +104,14 @@ class Poly:
             return self.terms[0][1]
         return None
 
-    def atoms(self) -> set:
+    def atoms(self) -> set[Atom]:
         return {a for m, _ in self.terms for a in m}
 
     def has_grad(self) -> bool:
         return any(a.grad for a in self.atoms())
 
-    def map_atoms(self, fn) -> Poly:
-        out: dict = {}
+    def map_atoms(self, fn: Callable[[Atom], Atom]) -> Poly:
+        out: dict[Monomial, float] = {}
         for mono, coef in self.terms:
             key = tuple(sorted(fn(a) for a in mono))
             out[key] = out.get(key, 0.0) + coef
@@ -124,7 +130,7 @@ def scale(poly: Poly, factor: float) -> Poly:
 
 
 def mul(left: Poly, right: Poly) -> Poly:
-    out: dict = {}
+    out: dict[Monomial, float] = {}
     for m1, c1 in left.terms:
         for m2, c2 in right.terms:
             key = tuple(sorted(m1 + m2))
@@ -177,8 +183,9 @@ def exp(poly: Poly) -> Poly | None:
     (atom,), coef = linear[0]
     if abs(abs(coef) - 1.0) > 1e-12:
         return None
-    kinds = {(DELTA, 1): INV_RATIO, (DELTA, -1): RATIO, (SCORE_LOG, 1): SCORE, (IS_LOG, 1): IS_RATIO,
-             (POLICY, 1): PROB, (REF, 1): REF_PROB, (OLD, 1): OLD_PROB}
+    kinds: dict[tuple[AtomKind, int], AtomKind] = {
+        (DELTA, 1): INV_RATIO, (DELTA, -1): RATIO, (SCORE_LOG, 1): SCORE, (IS_LOG, 1): IS_RATIO,
+        (POLICY, 1): PROB, (REF, 1): REF_PROB, (OLD, 1): OLD_PROB}
     kind = kinds.get((atom.kind, int(round(coef))))
     if kind is None:
         return None
@@ -193,7 +200,8 @@ def log(poly: Poly) -> Poly | None:
     if abs(coef - 1.0) > 1e-12 or len(mono) != 1:
         return None
     atom = mono[0]
-    inverse = {RATIO: (DELTA, -1.0), INV_RATIO: (DELTA, 1.0), SCORE: (SCORE_LOG, 1.0), IS_RATIO: (IS_LOG, 1.0)}
+    inverse: dict[AtomKind, tuple[AtomKind, float]] = {
+        RATIO: (DELTA, -1.0), INV_RATIO: (DELTA, 1.0), SCORE: (SCORE_LOG, 1.0), IS_RATIO: (IS_LOG, 1.0)}
     if atom.kind not in inverse:
         return None
     kind, sign = inverse[atom.kind]
@@ -211,13 +219,13 @@ def detach(poly: Poly) -> Poly:
     return poly.map_atoms(Atom.detached)
 
 
-def accumulate(poly: Poly, acc: str) -> Poly:
+def accumulate(poly: Poly, acc: Accumulation) -> Poly:
     """Sum per-token atoms over the tokens (reward-to-go or the whole sequence).
 
     Only first-degree per-token terms become accumulated atoms: the token-sum of a product
     (logp * sg(d), d * d) is the aggregation of a per-token term, not a product of sums.
     """
-    out: dict = {}
+    out: dict[Monomial, float] = {}
     for mono, coef in poly.terms:
         if len(mono) == 1 and mono[0].acc == TOKEN:
             mono = (mono[0].accumulated(acc),)
@@ -230,7 +238,7 @@ def accumulate(poly: Poly, acc: str) -> Poly:
 # Each estimator's value, as a polynomial in d (atoms given by kind), up to a positive scale and an
 # additive constant: a constant never changes a gradient (pathwise it has none; as a reward it
 # multiplies a zero-mean score), so k3 = r - 1 + d is matched as r + d, whatever else is added.
-_FORMS = {
+_FORMS: dict[Estimator, dict[tuple[AtomKind, ...], float]] = {
     Estimator.K1: {(DELTA,): 1.0},
     Estimator.K2: {(DELTA, DELTA): 1.0},
     Estimator.K3: {(RATIO,): 1.0, (DELTA,): 1.0},
@@ -239,9 +247,9 @@ _FORMS = {
 }
 
 
-def _shape(terms: Iterable) -> dict:
+def _shape(terms: Iterable[tuple[Monomial, float]]) -> dict[tuple[AtomKind, ...], float]:
     """Drop grad, accumulation and the constant: monomials keyed by atom kinds only."""
-    out: dict = {}
+    out: dict[tuple[AtomKind, ...], float] = {}
     for mono, coef in terms:
         if not mono:
             continue
@@ -250,7 +258,7 @@ def _shape(terms: Iterable) -> dict:
     return {k: v for k, v in out.items() if abs(v) > 1e-12}
 
 
-def match_estimator(terms: Iterable) -> tuple | None:
+def match_estimator(terms: Iterable[tuple[Monomial, float]]) -> tuple[Estimator, int] | None:
     """(estimator, sign) when the terms are a nonzero multiple of a known estimator's value."""
     shape = _shape(terms)
     if not shape:
@@ -273,11 +281,11 @@ class Term:
     times the score of the sampled token, or a detached value put into a reward).
     """
 
-    place: str
+    place: Place
     estimator: Estimator | None  # None: a KL-like form no catalog estimator matches
     sign: int
     returns: Returns
-    weighted: str = ""  # "", "score" (exp(P - sg P)), "is" (differentiable IS ratio), "is-detached"
+    weighted: Weighting = ""
 
 
 _KL_KINDS = frozenset({DELTA, RATIO, INV_RATIO, ABS, FULL, FULL_FWD})
@@ -299,7 +307,7 @@ def kl_part(poly: Poly) -> Poly:
     return Poly(tuple((m, c) for m, c in poly.terms if any(a.kind in _KL_KINDS for a in m)))
 
 
-def _returns_of(terms: list) -> Returns:
+def _returns_of(terms: Terms) -> Returns:
     accs = {a.acc for mono, _ in terms for a in mono}
     if accs == {TO_GO}:
         return Returns.TO_GO
@@ -308,7 +316,7 @@ def _returns_of(terms: list) -> Returns:
     return Returns.LOCAL
 
 
-def _split_future(terms: list) -> list | None:
+def _split_future(terms: Terms) -> Terms | None:
     """rtg(x) - x: the reward-to-go minus the same token's value is the future-only return."""
     rtg = [(m, c) for m, c in terms if all(a.acc == TO_GO for a in m)]
     tok = [(m, c) for m, c in terms if all(a.acc == TOKEN for a in m)]
@@ -321,7 +329,7 @@ def _split_future(terms: list) -> list | None:
     return [(m, c) for m, c in base.items()]
 
 
-def _reward_term(factor: list, weighted: str = "") -> Term | None:
+def _reward_term(factor: Terms, weighted: Weighting = "") -> Term | None:
     if not factor:
         return None
     future = _split_future(factor)
@@ -341,7 +349,7 @@ def _reward_term(factor: list, weighted: str = "") -> Term | None:
 _STRAIGHT_THROUGH = {Estimator.K1: Estimator.K1_ST, Estimator.K3: Estimator.K3_ST, Estimator.ABS: Estimator.K2}
 
 
-def _loss_term(factor: list, weighted: str = "") -> Term | None:
+def _loss_term(factor: Terms, weighted: Weighting = "") -> Term | None:
     """A differentiated factor: the estimator is named by its value, straight-through by its gradient."""
     value = match_estimator(factor)
     grad_part = [(m, c) for m, c in factor if any(a.grad for a in m)]
@@ -360,7 +368,7 @@ def _loss_term(factor: list, weighted: str = "") -> Term | None:
     return None
 
 
-def _strip(mono: tuple, kinds: set) -> tuple:
+def _strip(mono: Monomial, kinds: frozenset[AtomKind]) -> tuple[Atom | None, Monomial]:
     """Split a monomial into (multiplier atom or None, the rest)."""
     found = [a for a in mono if a.kind in kinds]
     if len(found) != 1:
@@ -370,7 +378,7 @@ def _strip(mono: tuple, kinds: set) -> tuple:
     return found[0], tuple(rest)
 
 
-def terms_of(poly: Poly, sink: str) -> list:
+def terms_of(poly: Poly, sink: Place) -> list[Term]:
     """The KL contributions of a polynomial that reaches a `sink` ("loss" or "reward").
 
     In a loss: a differentiated estimator is a pathwise term; P_grad * sg(x) is x used as a
@@ -383,9 +391,9 @@ def terms_of(poly: Poly, sink: str) -> list:
     if sink == "reward":
         term = _reward_term(list(detach(poly).terms))
         return [term] if term is not None else []
-    groups: dict = {}
+    groups: dict[tuple[AtomKind, bool, Accumulation] | None, Terms] = {}
     for mono, coef in poly.terms:
-        multiplier, rest = _strip(mono, {POLICY} | _MULTIPLIERS)
+        multiplier, rest = _strip(mono, _POLICY_SIDE)
         if multiplier is not None and multiplier.kind == POLICY and not multiplier.grad:
             multiplier, rest = None, mono
         if multiplier is None and mono and all(a.kind in _POLICY_SIDE for a in mono):
@@ -405,7 +413,7 @@ def terms_of(poly: Poly, sink: str) -> list:
             # exp(logp - sg logp) or a differentiable ratio times a detached KL: a REINFORCE term
             term = _reward_term(factor, "score" if key[0] == SCORE else "is")
         elif key[1]:
-            weighted = ("score" if key[0] == SCORE else "is") + _WEIGHT_SPAN.get(key[2], "")
+            weighted = _weighting(key[0], key[2])
             loss = _loss_term(factor, weighted)
             if loss is not None:
                 out.append(loss)
@@ -420,12 +428,19 @@ def terms_of(poly: Poly, sink: str) -> list:
     return out
 
 
-# A differentiable weight's span: the token's own ratio, the sequence's (exp of the summed log-ratio), or
-# exp of its mean log-ratio, whose score is the sequence's over its length.
-_WEIGHT_SPAN = {SEQUENCE: "-seq", SEQUENCE_MEAN: "-seqmean"}
+def _weighting(multiplier: AtomKind, acc: Accumulation) -> Weighting:
+    """The weighting of a differentiable multiplier, S = exp(P - sg P) ("score") or W (an importance ratio,
+    "is"), by its span: the token's own, the sequence's (exp of the summed log-ratio, "-seq"), or exp of its
+    mean log-ratio ("-seqmean"), whose score is the sequence's over its length."""
+    score = multiplier == SCORE
+    if acc == SEQUENCE:
+        return "score-seq" if score else "is-seq"
+    if acc == SEQUENCE_MEAN:
+        return "score-seqmean" if score else "is-seqmean"
+    return "score" if score else "is"
 
 
-def _weighted_straight_through(weighted: list, plain: list) -> Term | None:
+def _weighted_straight_through(weighted: Terms, plain: Terms) -> Term | None:
     """`sg(value) + w * (k2 - sg(k2))` with w a detached weight (OpenRLHF's unbiased_gradient): the
     weighted part has no value of its own and k2's gradient, the value is the unweighted detached
     estimate; read as that estimate's straight-through form (k1+, k3+), weighted per token."""

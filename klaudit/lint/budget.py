@@ -10,7 +10,7 @@ engine reports one KL099 at the function where the budget ran out.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,9 +38,9 @@ class Budget:
         self.function: Any = None
         self.exceeded_in: Any = None
         self.reason = ""
-        self._charged: set = set()
+        self._charged: set[Hashable] = set()
 
-    def charge_once(self, key: Any, units: int) -> None:
+    def charge_once(self, key: Hashable, units: int) -> None:
         """Charge work done once per worker (a module's stored fields) once per file."""
         if key not in self._charged:
             self._charged.add(key)
@@ -79,7 +79,7 @@ def spent() -> int:
     return _active.spent
 
 
-def charge_once(key: Any, units: int) -> None:
+def charge_once(key: Hashable, units: int) -> None:
     _active.charge_once(key, units)
 
 

@@ -9,27 +9,36 @@ switch branch, at the first statement that stores the term into a loss or reward
 
 from __future__ import annotations
 
+import ast
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeAlias
 
 import libcst as cst
 
-from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling, defects, scaled_fix
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Row, Sampling, defects, scaled_fix
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
-from klaudit.lint.facts import Fact, Sink
+from klaudit.lint.facts import Fact, Labels, Sink, is_pattern
 from klaudit.lint.findings import Finding
+from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, module_functions
+from klaudit.lint.project import Project
 from klaudit.lint.syntax import python_ast
 
-_ANALYZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
+
+Span: TypeAlias = tuple[int, int, int, int]  # line, column, end line, end column of a statement, 1-based
+Origin: TypeAlias = tuple[str | None, int, int]  # where an estimator is computed: (path or None for this module, line, column)
+_Found: TypeAlias = tuple[Sink, Fact, Config]  # a KL term in a sink, and its configuration
 
 
-def check_module(path: str, module: cst.Module, project, source: str) -> list:
+def check_module(path: str, module: cst.Module, project: Project, source: str) -> list[Finding]:
     """Findings of one module parsed from `source`; `project` resolves imports inside the linted tree."""
     analyzer = _ANALYZERS.get(project)
     if analyzer is None:
@@ -37,7 +46,7 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
     module = project.remember(path, module, source)
     mod = analyzer.module(path, module)
     candidates = []
-    undecided: list = []  # (fact, sink or None): KL terms whose use or form the analysis could not decide
+    undecided: list[tuple[Fact, Sink | None]] = []  # KL terms whose use or form the analysis could not decide
     for index, (func, cls) in enumerate(module_functions(module)):
         try:
             outcome = analyzer.analyse(mod, func, cls)
@@ -55,7 +64,7 @@ def check_module(path: str, module: cst.Module, project, source: str) -> list:
     return _report(path, module, analyzer, candidates) + _undetermined(path, module, analyzer, undecided, decided)
 
 
-def _paired(found: list) -> list:
+def _paired(found: list[_Found]) -> list[_Found]:
     """A KL loss and a KL reward of the same training step are one configuration (reported on the loss)."""
     losses = [item for item in found if item[2].reward is None and item[2].loss is not None]
     # a reward inside a loss (logp * sg(k), ratio * sg(k)) is that loss's own term, not a reward of the step
@@ -74,7 +83,7 @@ def _paired(found: list) -> list:
     return out
 
 
-def _compatible_labels(a: tuple, b: tuple) -> bool:
+def _compatible_labels(a: Labels, b: Labels) -> bool:
     picked = dict(a)
     return all(name not in picked or picked[name] == values for name, values in b)
 
@@ -82,15 +91,17 @@ def _compatible_labels(a: tuple, b: tuple) -> bool:
 @dataclass
 class _Candidate:
     config: Config
-    rows: tuple  # the catalog rows of every defect, () when the configuration is correct
+    rows: tuple[Row, ...]  # the catalog rows of every defect, () when the configuration is correct
     fact: Fact
     sink: Sink
     function: int
 
 
-_CLAMPABLE = {Estimator.K3: Estimator.LOW_VAR_KL}
-def config_of(fact: Fact, kind: str) -> Config | None:
+_CLAMPABLE: dict[Estimator | None, Estimator] = {Estimator.K3: Estimator.LOW_VAR_KL}
+def config_of(fact: Fact, kind: SinkKind) -> Config | None:
     """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one."""
+    if fact.poly is None:
+        return None
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
     loss = next((t for t in terms if t.place == "loss"), None)
     reward = next((t for t in terms if t.place == "reward"), None)
@@ -125,10 +136,10 @@ def config_of(fact: Fact, kind: str) -> Config | None:
         reward_est = _CLAMPABLE.get(reward_est, reward_est)
     if kind == "reward" and returns is Returns.LOCAL:
         returns = Returns.TO_GO  # the reward's propagation is not visible here: assume reward-to-go
-    if kind == "loss":
-        sign = (loss or reward).sign
-    else:
-        sign = -reward.sign
+    signed = loss if kind == "loss" and loss is not None else reward
+    if signed is None:
+        return None  # not reached: a reward or advantage holds reward terms only, and one of the two is set
+    sign = signed.sign if kind == "loss" else -signed.sign
     return Config(
         loss=loss_est,
         reward=reward_est,
@@ -140,29 +151,25 @@ def config_of(fact: Fact, kind: str) -> Config | None:
     )
 
 
-def _switch(labels: tuple) -> str:
+def _switch(labels: Labels) -> str:
     """The switch values of a finding: `name="a"|"b"`, one entry per switch. A pattern from an
     endswith/startswith test ("*+") narrows the literal values of the same switch to those it
     matches, so the message shows which values the code's own branches take down this path."""
-    chosen: dict = {}
+    chosen: dict[str, list[tuple[str | int, ...]]] = {}
     for name, values in labels:
         chosen.setdefault(name, []).append(values)
     parts = []
     for name, sets in chosen.items():
-        patterns = [v[1:] for values in sets for v in values if _is_pattern(v)]
-        literal = [v for values in sets for v in values if not _is_pattern(v)]
-        if patterns and literal:
-            literal = [v for v in literal if any(v.endswith(p) or v.startswith(p) for p in patterns)]
+        patterns = [v[1:] for values in sets for v in values if is_pattern(v)]
+        literal = [v for values in sets for v in values if not is_pattern(v)]
+        if patterns and literal:  # the literals of a switch tested with endswith/startswith are strings
+            literal = [v for v in literal if isinstance(v, str) and any(v.endswith(p) or v.startswith(p) for p in patterns)]
         shown = literal or [v for values in sets for v in values]
         if " == " in name and len(set(shown)) == 1 and isinstance(shown[0], bool):
             parts.append(name if shown[0] else name.replace(" == ", " != "))  # a comparison's branch
             continue
         parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
     return ", ".join(parts)
-
-
-def _is_pattern(value) -> bool:
-    return isinstance(value, str) and value.startswith("*")
 
 
 class _Positions:
@@ -173,20 +180,20 @@ class _Positions:
     statements are paired with the CST statements, which have the same nesting and order.
     """
 
-    def __init__(self, project) -> None:
+    def __init__(self, project: Project) -> None:
         self._project = project
-        self._maps: dict = {}
+        self._maps: dict[int, dict[int, Span]] = {}
 
-    def of(self, tree: cst.Module, node) -> tuple | None:
+    def of(self, tree: cst.Module, node: cst.CSTNode) -> Span | None:
         key = id(tree)
         if key not in self._maps:
             self._maps[key] = statement_positions(tree, self._project.source(tree))
         return self._maps[key].get(id(node))  # None: a statement of another module
 
 
-def statement_positions(tree: cst.Module, source: str) -> dict:
+def statement_positions(tree: cst.Module, source: str) -> dict[int, Span]:
     """id(CST statement) -> (line, column, end line, end column), all 1-based, for `tree` parsed from `source`."""
-    positions: dict = {}
+    positions: dict[int, Span] = {}
     try:
         parsed = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
@@ -195,11 +202,11 @@ def statement_positions(tree: cst.Module, source: str) -> dict:
     return positions
 
 
-def _suite(body) -> list:
+def _suite(body: cst.BaseSuite | None) -> list[cst.BaseStatement | cst.BaseSmallStatement]:
     return list(body.body) if body is not None else []
 
 
-def _pair(statements: list, nodes: list, positions: dict) -> None:
+def _pair(statements: Sequence[cst.CSTNode], nodes: list[ast.stmt], positions: dict[int, Span]) -> None:
     index = 0
     for stmt in statements:
         smalls = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else (
@@ -209,18 +216,25 @@ def _pair(statements: list, nodes: list, positions: dict) -> None:
                 return
             node = nodes[index]
             index += 1
-            positions[id(part)] = (node.lineno, node.col_offset + 1, node.end_lineno, node.end_col_offset + 1)
+            positions[id(part)] = _span(node)
             if smalls is None:
                 _pair_children(part, node, positions)
 
 
-def _pair_children(stmt, node, positions: dict) -> None:
+def _span(node: ast.stmt) -> Span:
+    """Where a statement parsed by `ast` starts and ends (ast gives every parsed node its end)."""
+    end_line = node.end_lineno if node.end_lineno is not None else node.lineno
+    end_column = node.end_col_offset if node.end_col_offset is not None else node.col_offset
+    return node.lineno, node.col_offset + 1, end_line, end_column + 1
+
+
+def _pair_children(stmt: cst.CSTNode, node: ast.stmt, positions: dict[int, Span]) -> None:
     body = getattr(stmt, "body", None)
     if isinstance(body, (cst.IndentedBlock, cst.SimpleStatementSuite)):
         _pair(_suite(body), getattr(node, "body", []), positions)
     orelse = getattr(stmt, "orelse", None)
     if isinstance(orelse, cst.If):
-        _pair([orelse], node.orelse, positions)
+        _pair([orelse], getattr(node, "orelse", []), positions)
     elif orelse is not None:
         _pair(_suite(orelse.body), getattr(node, "orelse", []), positions)
     for handler, ast_handler in zip(getattr(stmt, "handlers", ()), getattr(node, "handlers", ())):
@@ -232,24 +246,25 @@ def _pair_children(stmt, node, positions: dict) -> None:
         _pair(_suite(case.body), ast_case.body, positions)
 
 
-def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list) -> list:
+def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[_Candidate]) -> list[Finding]:
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
-    groups: dict = {}
+    groups: dict[tuple[int, tuple[tuple[str | int, ...], ...]], list[_Candidate]] = {}
     for cand in candidates:
         values = tuple(v for _, v in cand.fact.labels)
-        origin = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
-        groups.setdefault((id(origin), values), []).append(cand)
-    findings: list = []
-    merged: dict = {}
-    sites: dict = {}  # statement position -> the SiteUse of every verdict there, for its fix
+        formed = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
+        groups.setdefault((id(formed), values), []).append(cand)
+    findings: list[Finding] = []
+    # (statement, rule, row label) -> (labels, config, row, origin) of each verdict there
+    merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None]]] = {}
+    sites: dict[Span, list[SiteUse]] = {}  # statement position -> the SiteUse of every verdict there, for its fix
     uses = []
     for group in groups.values():
         if any(c.fact.calls == 0 for c in group):
             uses.append(group)  # the function that computes the estimator also stores it: report it there
         else:
-            by_function: dict = {}
+            by_function: dict[int, list[_Candidate]] = {}
             for cand in group:
                 by_function.setdefault(cand.function, []).append(cand)
             uses.extend(by_function.values())  # a helper's estimate stored by several functions
@@ -276,6 +291,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         origin = _origin(analyzer, best.fact, module, path, positions)
         statement = best.fact.entry if best.fact.entry is not None else best.sink.node
         for row in rows:
+            if row.rule is None:
+                continue  # not reached: catalog.defects returns rows with a rule only
             merged.setdefault((entry, row.rule, row.label), []).append((best.fact.labels, config, row, origin))
             sites.setdefault(entry, []).append(SiteUse(best.fact, statement, best.sink.kind, config, row))
     builder = Builder(path, module, analyzer.project.source(module), analyzer, lambda node: positions.of(module, node))
@@ -289,14 +306,14 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list)
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
         related = () if origin is None or origin_line is None and origin[0] is None else (
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
-        fix = scaled_fix(row.fix, config.aggregation)
+        fix = scaled_fix(row.fix, config.aggregation) or ""  # every row with a rule has a fix
         findings.append(Finding(path, entry[0], entry[1], code, message, entry[2], entry[3], fix, origin_line,
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
 
 
-def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: _Positions):
+def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: _Positions) -> Origin | None:
     """(path or None for this module, line, column) where the fact's estimator is computed, if known."""
     if fact.origin is None:
         return None
@@ -307,7 +324,7 @@ def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, posit
     return (None if origin_module is module else fact.origin_path), where[0], where[1]
 
 
-def _message(config: Config, row, labels: tuple, origin, line: int) -> str:
+def _message(config: Config, row: Row, labels: Labels, origin: Origin | None, line: int) -> str:
     """The finding's text: the configuration, the catalog's explanation, the switch values, the estimator's place."""
     message = f"{describe(config)}: {row.explanation}"
     if labels:
@@ -322,15 +339,16 @@ def _message(config: Config, row, labels: tuple, origin, line: int) -> str:
     return message
 
 
-def _unknown_form(fact: Fact, kind: str) -> bool:
+def _unknown_form(fact: Fact, kind: SinkKind) -> bool:
     """A KL term reaching a sink in a form no catalog estimator matches."""
-    return any(t.estimator is None for t in alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward"))
+    return fact.poly is not None and any(t.estimator is None for t in alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward"))
 
 
-def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list, decided: set) -> list:
+def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list[tuple[Fact, Sink | None]],
+                  decided: set[int]) -> list[Finding]:
     """KL100, once per KL term: where the analysis found a KL term but not what its gradient does."""
     positions = _Positions(analyzer.project)
-    findings: dict = {}
+    findings: dict[tuple[int, int], Finding] = {}
     for fact, sink in undecided:
         if id(fact.origin) in decided:
             continue

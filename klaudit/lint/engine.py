@@ -24,6 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSION_CODE, Settings
 from klaudit.frameworks import (
@@ -52,6 +53,9 @@ from klaudit.lint.suppressions import (
 )
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
+
+if TYPE_CHECKING:  # imported in the workers only (see _start_worker)
+    from klaudit.lint.project import Project
 
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
@@ -143,7 +147,7 @@ def _walk(top: str, settings: Settings, ignored: frozenset[str], suffixes: tuple
 # Parsing and analysis (runs in the worker processes)
 
 
-_worker_project = None
+_worker_project: Project | None = None
 
 
 def _start_worker(roots: list[Path]) -> None:
@@ -176,7 +180,8 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
     from klaudit.lint.roles import might_contain_kl
 
     try:
-        module = parse(path, source, _worker_project.parsed(path, source) if _worker_project is not None else None)
+        project = _worker_project
+        module = parse(path, source, project.parsed(path, source) if project is not None else None)
         if isinstance(module, Finding):
             return _Analysis(path, (module,))
         spent = budget.Budget(limits.units, limits.seconds)
@@ -184,7 +189,11 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
         sys.setrecursionlimit(max(saved_limit, RECURSION_LIMIT))
         try:
             with budget.limited(spent):
-                findings = check_module(path, module, _worker_project, source) if might_contain_kl(source) else []
+                findings = []
+                if might_contain_kl(source):
+                    if project is None:
+                        raise RuntimeError("the KL checks need the worker's project, which _start_worker sets")
+                    findings = check_module(path, module, project, source)
             findings.extend(lint_python(path, module, source, context))  # GRPOConfig(beta=...) and its kin
         finally:
             sys.setrecursionlimit(saved_limit)

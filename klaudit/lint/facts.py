@@ -7,17 +7,25 @@ labelled by the literal that selects them); an empty tuple is a value the analys
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
-from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.algebra import Atom, AtomKind, Poly
+from klaudit.lint.kinds import Role, SinkKind
 from klaudit.lint.syntax import dotted
+
+if TYPE_CHECKING:  # callables holds facts
+    from klaudit.lint.callables import Callee
+
+# A value of a switch a label holds: a literal ("k1", 0, True) or an endswith/startswith pattern ("*+", "!*+").
+SwitchValue: TypeAlias = str | int
+Labels: TypeAlias = tuple[tuple[str, tuple[SwitchValue, ...]], ...]  # ((switch name, (values...)), ...)
 
 
 @dataclass(frozen=True)
@@ -25,28 +33,34 @@ class Fact:
     """One alternative value of an expression."""
 
     poly: Poly | None = None
-    role: str = "tensor"  # tensor | mask | length | ntokens | str | tuple | dict | neg | bool | function
+    role: Role = "tensor"
     clamped: bool = False
     position: Position = Position.ALL
     aggregation: Aggregation | None = None
     flipped: bool = False
-    labels: tuple = ()  # ((switch name, (values...)), ...)
-    origin: Any = None  # node where the estimator was formed
+    labels: Labels = ()
+    origin: cst.CSTNode | None = None  # node where the estimator was formed
     origin_path: str = ""
-    entry: Any = None  # node where it entered a loss or reward
+    entry: cst.CSTNode | None = None  # node where it entered a loss or reward
     text: str | None = None  # a string literal
     name: str = ""  # display name of a switch variable
     cut: int = 0  # role "str" without text: characters cut from the end of the switch's value (`kind[:-1]`)
-    items: tuple = ()  # tuple elements (each a tuple of facts) or dict (key, facts) pairs
+    # role "tuple": the elements, each a Value; role "dict": (key, Value) pairs
+    items: tuple[Any, ...] = ()
     calls: int = 0  # function boundaries crossed
     scalar: bool = False  # reduced over the whole batch (a statistic, a loss value)
     passed: bool = False  # handed to the function being interpreted as an argument
-    pending: tuple = ()  # reward-named assignments this value passed, not yet known to reach a reward
-    callee: Any = None  # role "function": the klaudit.lint.callables.Callee it holds
+    pending: tuple[cst.CSTNode, ...] = ()  # reward-named assignments this value passed, not yet known to reach a reward
+    callee: Callee | None = None  # role "function": the function it holds
     stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
+
+
+# The alternatives an expression may hold; () is a value the analysis cannot explain.
+Value: TypeAlias = tuple[Fact, ...]
+Env: TypeAlias = dict[str, Value]  # the values of the names in scope
 
 _FACT_FIELDS = frozenset(f.name for f in dataclasses.fields(Fact))
 
@@ -66,30 +80,30 @@ def replace(obj: Any, /, **changes: Any) -> Any:
 
 @dataclass
 class Sink:
-    kind: str  # loss | reward | advantage
-    facts: tuple
+    kind: SinkKind
+    facts: Value
     node: cst.CSTNode
     order: int = 0  # position among the sinks of the function, in execution order
 
 @dataclass
 class Outcome:
-    returns: tuple = ()
-    sinks: list = field(default_factory=list)
-    unexplained: list = field(default_factory=list)  # KL terms formed here whose use nothing explains
+    returns: Value = ()
+    sinks: list[Sink] = field(default_factory=list)
+    unexplained: list[Fact] = field(default_factory=list)  # KL terms formed here whose use nothing explains
 
 
-def tensor(poly: Poly, **kw) -> Fact:
+def tensor(poly: Poly, **kw: Any) -> Fact:
     return Fact(poly=poly, **kw)
 
 NEG = (Fact(role="neg"),)
 
 UNKNOWN = Fact(role="unknown")
 
-def operands(value: tuple) -> tuple:
+def operands(value: Value) -> Value:
     """The alternatives of an operand; an expression the analysis cannot explain is one unknown value."""
     return value or (UNKNOWN,)
 
-def compatible(a: tuple, b: tuple) -> bool:
+def compatible(a: Labels, b: Labels) -> bool:
     """Two label sets can hold at once unless some value of a switch they both test is excluded by one."""
     return all(_overlap(x, y) for name, x in a for other, y in b if name == other)
 
@@ -99,47 +113,47 @@ def compatible(a: tuple, b: tuple) -> bool:
 # `not kind.endswith("+")`).
 
 
-def is_pattern(value) -> bool:
+def is_pattern(value: SwitchValue) -> TypeGuard[str]:
     """An endswith/startswith pattern ("*s")."""
     return isinstance(value, str) and value.startswith("*")
 
 
-def is_negated_pattern(value) -> bool:
+def is_negated_pattern(value: SwitchValue) -> TypeGuard[str]:
     """The negation of a pattern ("!*s": neither ends nor starts with s)."""
     return isinstance(value, str) and value.startswith("!*")
 
 
-def is_literal(value) -> bool:
+def is_literal(value: SwitchValue) -> bool:
     return not is_pattern(value) and not is_negated_pattern(value)
 
 
-def negated(values: tuple) -> tuple | None:
+def negated(values: tuple[SwitchValue, ...]) -> tuple[SwitchValue, ...] | None:
     """The value set that holds where `values` does not: a flag's other value, a pattern set's negation
     (and back); None where labels cannot write it (the complement of literals)."""
     if values == (True,) or values == (False,):
         return (not values[0],)
     if values and all(is_pattern(v) for v in values):
-        return tuple("!" + v for v in values)
+        return tuple("!" + str(v) for v in values)
     if values and all(is_negated_pattern(v) for v in values):
-        return tuple(v[1:] for v in values)
+        return tuple(str(v)[1:] for v in values)
     return None
 
 
-def _matches(value, pattern: str) -> bool:
+def _matches(value: SwitchValue, pattern: str) -> bool:
     affix = pattern[1:]
     return isinstance(value, str) and (value.endswith(affix) or value.startswith(affix))
 
 
-def takes(value, values: tuple) -> bool:
+def takes(value: SwitchValue, values: tuple[SwitchValue, ...]) -> bool:
     """Whether the switch value `value` is in the set `values` (see `is_pattern`)."""
     if values and all(is_negated_pattern(v) for v in values):
-        return not any(_matches(value, v[1:]) for v in values)
+        return not any(_matches(value, str(v)[1:]) for v in values)
     if values and all(is_pattern(v) for v in values):
-        return any(_matches(value, v) for v in values)
+        return any(_matches(value, str(v)) for v in values)
     return any(type(v) is type(value) and v == value for v in values)
 
 
-def _overlap(x: tuple, y: tuple) -> bool:
+def _overlap(x: tuple[SwitchValue, ...], y: tuple[SwitchValue, ...]) -> bool:
     """Whether two value sets of one switch can hold at once: some literal of one is taken by the other
     (`kl.endswith("+")` excludes "kl"); patterns meet unless a value must both match and not match one."""
     if x == y:
@@ -150,11 +164,11 @@ def _overlap(x: tuple, y: tuple) -> bool:
         return any(takes(value, other) for value in literals)
     for positive, negative in ((x, y), (y, x)):
         if all(is_pattern(v) for v in positive) and all(is_negated_pattern(v) for v in negative):
-            return not {v[1:] for v in negative} >= set(positive)
+            return not {str(v)[1:] for v in negative} >= set(positive)
     return True
 
 
-def pinned_values_hold(labels: tuple, pinned: Mapping[str, tuple]) -> bool:
+def pinned_values_hold(labels: Labels, pinned: Mapping[str, tuple[SwitchValue, ...]]) -> bool:
     """Whether a path taken under switch `labels` can run with the values a user pinned
     (`[tool.klaudit] switches`): every pinned switch the path tests must be one of its values, a
     literal or the target of an endswith/startswith pattern ("*+")."""
@@ -164,18 +178,19 @@ def pinned_values_hold(labels: tuple, pinned: Mapping[str, tuple]) -> bool:
     return True
 
 
-def registry_switches(values: list, names: frozenset) -> set:
+def registry_switches(values: Iterable[Value], names: frozenset[str]) -> set[str]:
     """The string switches some label of `values` (tuples of facts) tests against a registered name."""
     return {switch for value in values for fact in contained(value) for switch, chosen in fact.labels
             if all(isinstance(v, str) and is_literal(v) for v in chosen) and names.intersection(chosen)}
 
 
-def within_registry(value: tuple, names: frozenset, switches: set) -> tuple:
+def within_registry(value: Value, names: frozenset[str], switches: set[str]) -> Value:
     """`value` where each of the registry's dispatch `switches` takes only the registered `names`: a label of one
     narrows to them, and an alternative selected by none of them is dropped."""
     out = []
     for fact in value:
-        labels, possible = [], True
+        labels: list[tuple[str, tuple[SwitchValue, ...]]] = []
+        possible = True
         for switch, chosen in fact.labels:
             if switch in switches and all(isinstance(v, str) and is_literal(v) for v in chosen):
                 chosen = tuple(v for v in chosen if v in names)
@@ -186,14 +201,14 @@ def within_registry(value: tuple, names: frozenset, switches: set) -> tuple:
     return tuple(out)
 
 
-def merge_labels(a: tuple, b: tuple) -> tuple:
+def merge_labels(a: Labels, b: Labels) -> Labels:
     """The labels of a path that holds under both `a` and `b`. Value sets of one switch narrow each other
     (`kind in ("k3", "k3+")` under `kind.endswith("+")` is `kind == "k3+"`), where some value is left."""
     merged = sorted(set(a) | set(b), key=repr)
     names = [name for name, _ in merged]
     if len(set(names)) == len(names):
         return tuple(merged)
-    out = []
+    out: list[tuple[str, tuple[SwitchValue, ...]]] = []
     for name in dict.fromkeys(names):
         sets = [values for other, values in merged if other == name]
         literal = [values for values in sets if all(is_literal(v) for v in values)]
@@ -201,7 +216,7 @@ def merge_labels(a: tuple, b: tuple) -> tuple:
         out += [(name, tuple(kept))] if kept else [(name, values) for values in sets]
     return tuple(sorted(out, key=repr))
 
-def kinds(poly: Poly | None) -> frozenset:
+def kinds(poly: Poly | None) -> frozenset[AtomKind]:
     return frozenset(a.kind for a in poly.atoms()) if poly is not None else frozenset()
 
 # Alternatives one value may hold before they are widened (see `bounded`). Independent switches
@@ -210,7 +225,7 @@ def kinds(poly: Poly | None) -> frozenset:
 MAX_ALTERNATIVES = 64
 
 
-def bounded(value: tuple) -> tuple:
+def bounded(value: Value) -> Value:
     """The join's widening past MAX_ALTERNATIVES, in two steps, each keeping the value's own order.
 
     1. Alternatives that differ only in the switch values selecting them become one, selected by the
@@ -222,7 +237,7 @@ def bounded(value: tuple) -> tuple:
     """
     if len(value) <= MAX_ALTERNATIVES:
         return value
-    shared: dict = {}
+    shared: dict[Fact, set[tuple[str, tuple[SwitchValue, ...]]]] = {}
     for f in value:
         key = replace(f, labels=())
         labels = set(f.labels)
@@ -230,7 +245,7 @@ def bounded(value: tuple) -> tuple:
     merged = [replace(key, labels=tuple(sorted(labels, key=repr))) for key, labels in shared.items()]
     if len(merged) <= MAX_ALTERNATIVES:
         return tuple(merged)
-    witnesses: dict = {}
+    witnesses: dict[tuple[Any, ...], Fact] = {}
     for f in merged:
         # a KL term's verdict reads its KL monomials and the evidence of older samples, not the
         # policy-gradient terms of the same loss, whose variants would otherwise crowd it out
@@ -243,7 +258,7 @@ def bounded(value: tuple) -> tuple:
     return tuple(kept[:MAX_ALTERNATIVES])
 
 
-def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False) -> Fact:
+def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product: bool = False) -> Fact:
     """a (op) b. An estimator is formed here when a product joins two KL operands (d * d) or a sum
     makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept."""
     budget.spend(1)
@@ -273,7 +288,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node, path: str, product: bool = False
         pending=tuple(dict.fromkeys(a.pending + b.pending)),
     )
 
-def contained(value: tuple) -> Iterator[Fact]:
+def contained(value: Value) -> Iterator[Fact]:
     """Every fact of `value` with what its tuples and dicts hold, each container after its items."""
     for f in value:
         if f.role == "tuple":
@@ -284,7 +299,7 @@ def contained(value: tuple) -> Iterator[Fact]:
                 yield from contained(item)
         yield f
 
-def as_rollout_data(value: tuple) -> tuple:
+def as_rollout_data(value: Value) -> Value:
     """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs."""
     out = []
     for f in value:
@@ -300,10 +315,10 @@ def as_rollout_data(value: tuple) -> tuple:
 
 # A ratio of the current policy to the samples' behaviour policy (PPO's exp(logp - old_logp)):
 # computed only where the two can differ, i.e. the samples come from an older policy.
-BEHAVIOUR_RATIOS = frozenset({alg.IS_LOG, alg.IS_RATIO})
+BEHAVIOUR_RATIOS: frozenset[AtomKind] = frozenset({alg.IS_LOG, alg.IS_RATIO})
 
 
-def holds_behaviour_ratio(value: tuple) -> bool:
+def holds_behaviour_ratio(value: Value) -> bool:
     """Whether a value (or a tuple/dict element of it) holds a ratio of the policy to the behaviour policy."""
     for f in value:
         if f.poly is not None and any(a.kind in BEHAVIOUR_RATIOS for m, _ in f.poly.terms for a in m):
@@ -313,17 +328,17 @@ def holds_behaviour_ratio(value: tuple) -> bool:
     return False
 
 
-def logprob_kinds(value: tuple) -> frozenset:
+def logprob_kinds(value: Value) -> frozenset[AtomKind]:
     """The log-prob atoms a tensor value holds, in any alternative."""
     return frozenset(a.kind for f in value if f.role == "tensor" and f.poly is not None
                      for m, _ in f.poly.terms for a in m if a.kind in (alg.POLICY, alg.OLD))
 
 
-def rename_logprobs(value: tuple, name: str, data: bool) -> tuple:
+def rename_logprobs(value: Value, name: str, data: bool) -> Value:
     """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model));
     log-probs read from rollout data into an `old_*` name are the behaviour policy's."""
     kind = roles.tensor_role(name)
-    renames = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
+    renames: dict[AtomKind, AtomKind] = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
     if data:
         renames[alg.OLD] = alg.POLICY
     if kind not in renames:
@@ -331,17 +346,17 @@ def rename_logprobs(value: tuple, name: str, data: bool) -> tuple:
     out = []
     for f in value:
         atoms = f.poly.atoms() if f.poly is not None else set()
-        if f.role == "tensor" and len(f.poly.terms) == 1 and len(atoms) == 1:
+        if f.role == "tensor" and f.poly is not None and len(f.poly.terms) == 1 and len(atoms) == 1:
             atom = next(iter(atoms))
             if atom.kind == renames[kind]:
                 f = replace(f, poly=Poly.atom(Atom(kind, False, atom.acc), f.poly.terms[0][1]))
         out.append(f)
     return tuple(out)
 
-def detach_all(value: tuple) -> tuple:
+def detach_all(value: Value) -> Value:
     return tuple(replace(f, poly=alg.detach(f.poly)) if f.poly is not None else f for f in value)
 
-def join_envs(a: dict, b: dict) -> dict:
+def join_envs(a: Env, b: Env) -> Env:
     """Environments after two paths: each name holds the alternatives of both (unknown where one is)."""
     out = dict(a)
     for key, value in b.items():
@@ -351,9 +366,9 @@ def join_envs(a: dict, b: dict) -> dict:
             out[key] = value
     return out
 
-def loss_part(value: tuple) -> tuple:
+def loss_part(value: Value) -> Value:
     """The facts of a loss value; for a tuple, the first element; for a dict, entries named *loss*."""
-    out = []
+    out: list[Fact] = []
     for f in value:
         if f.role == "tuple" and f.items:
             out.extend(f.items[0])
@@ -365,7 +380,7 @@ def loss_part(value: tuple) -> tuple:
             out.append(f)
     return tuple(out)
 
-def param_facts(param: cst.Param, may_be_none: bool = False) -> tuple:
+def param_facts(param: cst.Param, may_be_none: bool = False) -> Value:
     """The facts of a parameter the caller does not supply: its role from its name, annotation, default.
     With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it)."""
     facts = _param_facts(param)
@@ -373,7 +388,7 @@ def param_facts(param: cst.Param, may_be_none: bool = False) -> tuple:
         facts += (Fact(role="none"),)
     return facts
 
-def _param_facts(param: cst.Param) -> tuple:
+def _param_facts(param: cst.Param) -> Value:
     name = param.name.value
     if name in ("self", "cls"):
         return ()
@@ -389,7 +404,7 @@ def _param_facts(param: cst.Param) -> tuple:
         return (Fact(role="bool", name=name),)
     return ()
 
-def bare_parameter_facts(name: str, names: list) -> tuple:
+def bare_parameter_facts(name: str, names: list[str]) -> Value:
     """`def kl(new, old, ...)`: parameters named `new` / `old` in a function about ratios or log-probs."""
     kind = roles.bare_parameter_role(name, [other for other in names if other != name])
     return (tensor(Poly.atom(Atom(kind, kind == alg.POLICY))),) if kind is not None else ()

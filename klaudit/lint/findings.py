@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from klaudit.lint.edits import Fix
+
+if TYPE_CHECKING:
+    from klaudit.lint.facts import Labels
 
 
 @dataclass(frozen=True, order=True)
@@ -29,7 +33,7 @@ class Finding:
     end_column: int
     fix: str = ""
     origin_line: int | None = None
-    related: tuple = ()
-    switches: tuple = field(default=(), compare=False)
+    related: tuple[tuple[str, int, int, str], ...] = ()  # (path, line, column, what is there)
+    switches: tuple[Labels, ...] = field(default=(), compare=False)  # the switch values of each verdict merged here
     autofix: Fix | None = field(default=None, compare=False)
     no_autofix: str = field(default="", compare=False)

@@ -12,8 +12,18 @@ import libcst as cst
 from klaudit.lint import budget
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
-from klaudit.lint.facts import Outcome, Sink, as_rollout_data, bare_parameter_facts, param_facts, replace
+from klaudit.lint.facts import (
+    Env,
+    Outcome,
+    Sink,
+    Value,
+    as_rollout_data,
+    bare_parameter_facts,
+    param_facts,
+    replace,
+)
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.project import Project
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params, python_ast
 
@@ -28,17 +38,17 @@ _CONSTRUCTOR = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
 _KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)([^,]*)")
 
 
-def line_starts(source: str) -> list:
+def line_starts(source: str) -> list[int]:
     """The offsets at which the lines after the first start: the line of an offset is
     bisect_right(line_starts, offset) + 1."""
     return [match.end() for match in re.finditer("\n", source)]
 
 
-def stored_slots(source: str, starts: list) -> dict:
+def stored_slots(source: str, starts: list[int]) -> dict[str, set[int]]:
     """{field, key (as containers.key_slot) or constructor keyword: the lines that store into it}, for
     those whose name or stored expression has KL vocabulary: the only stores that are followed
     (`starts`: the `line_starts` of `source`)."""
-    found: dict = {}
+    found: dict[str, set[int]] = {}
 
     def add(name: str, value: str, offset: int) -> None:
         if might_contain_kl(name) or might_contain_kl(value):
@@ -54,34 +64,35 @@ def stored_slots(source: str, starts: list) -> dict:
     return found
 
 
-def function_lines(source: str) -> list:
+def function_lines(source: str) -> list[tuple[int, int]]:
     """(first line, last line) of each function of `module_functions`, in its order (read by `ast`)."""
     try:
         tree = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
         return []
-    spans = []
+    functions = []
     for stmt in tree.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            spans.append((stmt.lineno, stmt.end_lineno))
+            functions.append(stmt)
         elif isinstance(stmt, ast.ClassDef):
-            spans.extend((item.lineno, item.end_lineno) for item in stmt.body
-                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    return spans
+            functions.extend(item for item in stmt.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    # the parser sets every node's end
+    return [(func.lineno, func.end_lineno if func.end_lineno is not None else func.lineno) for func in functions]
 
 
 class Module:
     """A parsed module of the linted tree: its functions, classes and imports, and the fields and keys
     its code stores KL-looking values into (`samples.kl = kl`, read back as `experience.kl`)."""
 
-    def __init__(self, path: str, module: cst.Module, project) -> None:
+    def __init__(self, path: str, module: cst.Module, project: Project) -> None:
         self.path = path
         self.tree = module
         self.project = project
-        self.functions: dict = {}
-        self.classes: dict = {}
-        self.imports: dict = {}  # local name -> (dotted module, attribute or None, level)
-        self.constants: dict = {}  # module-level NAME = {...} / [...] / (...): the displays, for registries
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.classes: dict[str, tuple[cst.ClassDef, dict[str, cst.FunctionDef]]] = {}  # name -> (class, its methods)
+        self.imports: dict[str, tuple[str, str | None, int]] = {}  # local name -> (dotted module, attribute or None, level)
+        # module-level NAME = {...} / [...] / (...): the displays, for registries
+        self.constants: dict[str, cst.Dict | cst.List | cst.Tuple] = {}
         for stmt in module.body:
             self._collect(stmt)
         source = project.source(module)
@@ -111,17 +122,23 @@ class Module:
                 if isinstance(small, cst.Import):
                     for alias in small.names:
                         name = dotted(alias.name)
-                        local = alias.asname.name.value if alias.asname else name.split(".")[0]
-                        self.imports[local] = (name if alias.asname else local, None, 0)
+                        renamed = _renamed(alias)
+                        local = renamed or name.split(".")[0]
+                        self.imports[local] = (name if renamed else local, None, 0)
                 elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                     source = dotted(small.module) if small.module else ""
                     level = len(small.relative)
                     for alias in small.names:
-                        local = alias.asname.name.value if alias.asname else alias.name.value
-                        self.imports[local] = (source, alias.name.value, level)
+                        imported = dotted(alias.name)
+                        self.imports[_renamed(alias) or imported] = (source, imported, level)
         elif isinstance(stmt, (cst.If, cst.Try)):
             for item in stmt.body.body:
                 self._collect(item)
+
+def _renamed(alias: cst.ImportAlias) -> str:
+    """The `as` name of an import, or "" (the parser allows only a name there in an import)."""
+    return alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else ""
+
 
 class _Frame:
     """A call being interpreted, and what its summary depends on besides the function and its inputs."""
@@ -140,17 +157,20 @@ class Analyzer:
     function it reached is being interpreted (where a fresh run would cut a recursive call off);
     a summary in which a recursive call into a caller was cut off is not cached at all."""
 
-    def __init__(self, project, *, read_fields: bool = True) -> None:
+    def __init__(self, project: Project, *, read_fields: bool = True) -> None:
         self.project = project
         self.read_fields = read_fields
-        self._modules: dict = {}
-        self._summaries: dict = {}  # (id(func), argument facts, remaining depth) -> (Outcome, reached ids, cost)
-        self._stack: list = []  # _Frame of each call being interpreted, outermost first
-        self._fields: dict = {}  # module path -> ({field name: facts stored into it}, cost in work units)
-        self.field_writes: dict | None = None  # while collecting fields: field name -> facts
-        self._self_values: dict = {}  # (id(module tree), class) -> {attribute: [right-hand sides]}
+        self._modules: dict[str, Module] = {}
+        # (id(func), argument facts, remaining depth) -> (Outcome, reached ids, cost)
+        self._summaries: dict[tuple[int, tuple[tuple[str, Value], ...], int], tuple[Outcome, frozenset[int], int]] = {}
+        self._stack: list[_Frame] = []  # each call being interpreted, outermost first
+        # module path -> ({field name: facts stored into it}, cost in work units)
+        self._fields: dict[str, tuple[dict[str, Value], int]] = {}
+        self.field_writes: dict[str, Value] | None = None  # while collecting fields: field name -> facts
+        # (id(module tree), class) -> {attribute: [right-hand sides]}
+        self._self_values: dict[tuple[int, str], dict[str, list[cst.BaseExpression]]] = {}
 
-    def fields_of(self, module: Module) -> dict:
+    def fields_of(self, module: Module) -> dict[str, Value]:
         """{field name: the KL facts the module's functions store into it}, for `obj.field` reads.
 
         Found once per module, by a separate analysis of each of its functions on its own (which does
@@ -210,7 +230,7 @@ class Analyzer:
             outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks)) for s in more.sinks)
         return outcome
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict) -> Outcome:
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
         """What `func` returns given the caller's argument facts, and where it sinks the arguments.
 
         A call MAX_DEPTH deep, or to a function already being interpreted, is cut off: it returns nothing."""
@@ -252,7 +272,7 @@ class Analyzer:
             self._summaries[key] = (result, frozenset(frame.reached), budget.spent() - before)
         return result
 
-    def self_values(self, module: Module, cls: str) -> dict:
+    def self_values(self, module: Module, cls: str) -> dict[str, list[cst.BaseExpression]]:
         """{attribute: [right-hand sides]} of `self.attribute = value` in the methods of class `cls`."""
         key = (id(module.tree), cls)
         if key not in self._self_values:
@@ -333,7 +353,7 @@ class Analyzer:
             return None
         if name in target.functions:
             return target, target.functions[name], None
-        source, attr, level = target.imports.get(name, (None, None, 0))
+        source, attr, level = target.imports.get(name, ("", None, 0))
         if attr is None or hops <= 0:
             return None
         return self._exported(self._import(target, source, level, attr), attr, hops - 1)
@@ -348,7 +368,7 @@ class Analyzer:
         return self.module_at(path)
 
 
-def overriding_subclasses(module: Module, cls: str, method: str) -> list:
+def overriding_subclasses(module: Module, cls: str, method: str) -> list[str]:
     """The classes of `module` derived directly from `cls` that inherit `method` and override another of its methods."""
     _, methods = module.classes.get(cls, (None, {}))
     found = []

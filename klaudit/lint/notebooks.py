@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from klaudit.config import SYNTAX_ERROR_CODE
 from klaudit.lint.findings import Finding
@@ -43,7 +44,7 @@ class Notebook:
         return cell, line - first + 1
 
 
-def _cell_source(cell: dict) -> str:
+def _cell_source(cell: dict[str, Any]) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else str(source)
 

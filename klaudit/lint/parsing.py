@@ -87,7 +87,7 @@ def may_nest_past(tree: ast.Module, source: str, limit: int) -> bool:
     # characters up to the end of each line, its line end counted as 2 (columns are in bytes, but only
     # an upper bound of the characters a node spans matters)
     ends = [0, *itertools.accumulate(len(line) + 2 for line in _LINE_END.split(source))]
-    stack: list = [(tree, 1, False)]
+    stack: list[tuple[ast.AST, int, bool]] = [(tree, 1, False)]  # (node, its depth, whether to walk it in full)
     while stack:
         node, depth, exact = stack.pop()
         for child in ast.iter_child_nodes(node):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import libcst as cst
@@ -21,8 +22,8 @@ class Project:
     linted). Parsed modules are cached; a file that does not parse resolves to nothing.
     """
 
-    def __init__(self, roots: list) -> None:
-        bases: list = []
+    def __init__(self, roots: Sequence[str | Path]) -> None:
+        bases: list[Path] = []
         for root in roots:
             path = Path(root).resolve()
             directory = path if path.is_dir() else path.parent
@@ -31,11 +32,11 @@ class Project:
                     bases.append(base)
         self.bases = bases
         self.roots = [Path(root).resolve() for root in roots]
-        self._modules: dict = {}
-        self._sources: dict = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
-        self._texts: dict = {}  # resolved path -> its text when it has KL vocabulary, else None
-        self._defines: dict = {}  # (resolved path, name) -> whether its text may define the name
-        self._package_parents: dict | None = None
+        self._modules: dict[str, cst.Module | None] = {}  # resolved path -> its tree, None where it does not parse
+        self._sources: dict[int, str] = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
+        self._texts: dict[str, str | None] = {}  # resolved path -> its text when it has KL vocabulary, else None
+        self._defines: dict[tuple[str, str], bool] = {}  # (resolved path, name) -> whether its text may define the name
+        self._package_parents: dict[str, list[Path]] | None = None
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree."""
@@ -55,11 +56,11 @@ class Project:
                 return found
         return None
 
-    def package_parents(self) -> dict:
+    def package_parents(self) -> dict[str, list[Path]]:
         """Top-level package name -> the directories that hold it, anywhere under the roots
         (a wheel unpacked as name.data/purelib/pkg, a src/ layout)."""
         if self._package_parents is None:
-            found: dict = {}
+            found: dict[str, list[Path]] = {}
             for root in self.roots:
                 if not root.is_dir():
                     continue
@@ -103,12 +104,14 @@ class Project:
         key = str(Path(path).resolve())
         if key not in self._modules:
             text = self._text(key)
+            tree = None
             try:
-                self._modules[key] = cst.parse_module(text) if text is not None else None
+                tree = cst.parse_module(text) if text is not None else None
             except (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError):
-                self._modules[key] = None
-            if self._modules[key] is not None:
-                self._sources[id(self._modules[key])] = text
+                pass
+            self._modules[key] = tree
+            if tree is not None and text is not None:
+                self._sources[id(tree)] = text
         return self._modules[key]
 
     def parsed(self, path: str, source: str) -> cst.Module | None:
@@ -122,10 +125,11 @@ class Project:
         imported it), else `module`, which the engine parsed from `source`. One tree per file,
         so that the nodes the analysis reports are nodes of the tree the report locates them in."""
         key = str(Path(path).resolve())
-        if self._modules.get(key) is None:
-            self._modules[key] = module
+        tree = self._modules.get(key)
+        if tree is None:
+            tree = self._modules[key] = module
             self._sources[id(module)] = source
-        return self._modules[key]
+        return tree
 
     def source(self, tree: cst.Module) -> str:
         """The text `tree` was parsed from (libcst round-trips it exactly)."""
@@ -140,7 +144,7 @@ OPAQUE_PACKAGE = "klaudit"
 _SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}
 
 
-def _find(base: Path, parts: list) -> Path | None:
+def _find(base: Path, parts: list[str]) -> Path | None:
     if not parts:
         init = base / "__init__.py"
         return init if init.is_file() else None

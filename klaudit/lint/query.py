@@ -11,6 +11,7 @@ an origin the helper returned is a use of the helper in that placement.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,18 +21,29 @@ from klaudit.catalog import Config, Returns
 from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
-from klaudit.lint.facts import Fact, bare_parameter_facts, is_literal, param_facts
+from klaudit.lint.facts import (
+    Env,
+    Fact,
+    Labels,
+    Outcome,
+    SwitchValue,
+    Value,
+    bare_parameter_facts,
+    is_literal,
+    param_facts,
+)
 from klaudit.lint.flow import registered_names
+from klaudit.lint.kinds import Placement, SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
 from klaudit.lint.signatures import Signature, signatures
 from klaudit.lint.sources import read_source
 from klaudit.lint.syntax import params
 
-PLACEMENT_OF_SINK = {"loss": "loss", "reward": "reward", "advantage": "reward"}
+PLACEMENT_OF_SINK: dict[SinkKind, Placement] = {"loss": "loss", "reward": "reward", "advantage": "reward"}
 
 
-def placement_of(config: Config | None, sink_kind: str) -> str:
+def placement_of(config: Config | None, sink_kind: SinkKind) -> Placement:
     """check-grad's name for how a KL term is used: "loss", "reward", or, when the same values are
     differentiated and also propagated detached, "loss+reward" (reward-to-go or whole sequence: the
     same expectation) or "loss+future" (future-only returns)."""
@@ -50,14 +62,14 @@ class _Watching(Analyzer):
         self.watched = watched
         self.returned_origins: set[int] = set()
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict):
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
         outcome = super().call(module, func, cls, env)
         if func is self.watched:
             self.returned_origins |= {id(fact.origin) for fact in _kl_facts(outcome.returns)}
         return outcome
 
 
-def _kl_facts(facts: tuple):
+def _kl_facts(facts: Value) -> Iterator[Fact]:
     """The KL facts of a value, inside tuples and dicts too (`kl, stats = helper(...)`)."""
     for fact in facts:
         if fact.role in ("tuple", "dict"):
@@ -97,7 +109,7 @@ class InlineSite:
     qualname: str
     origin_line: int
     sink_line: int
-    placement: str
+    placement: Placement
     entry_line: int = 0  # the statement where the term enters the loss or reward (0: the sink's)
 
 
@@ -119,10 +131,10 @@ class KLSite:
     inline: bool
     helper_path: str | None
     helper: str | None
-    placement: str
+    placement: Placement
     config: Config
     clamped: bool
-    labels: tuple
+    labels: Labels
     rules: tuple[str, ...]
     helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
     admits: frozenset[str] = frozenset()  # the only names a registry runs `function` under (none: any)
@@ -146,7 +158,7 @@ class _Tracing(Analyzer):
         below = [calls for calls in found if calls <= fact.calls]
         return found[max(below)] if below else None
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: dict):
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
         outermost = not self._stack
         outcome = super().call(module, func, cls, env)
         if outermost:
@@ -164,7 +176,7 @@ class _Tracing(Analyzer):
         return outcome
 
 
-def _vocabulary_role(facts: tuple) -> str | None:
+def _vocabulary_role(facts: Value) -> str | None:
     """check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a
     model's logits, [B, T, V]): names alone would give it one log-prob per sampled token."""
     kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
@@ -188,7 +200,7 @@ def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, str]]]:
               for site in sites if site.inline and site.origin_line is not None}
     helpers = {(site.helper_path, site.helper): None for site in sites
                if site.helper is not None and site.helper_path is not None}
-    return list(inline), list(helpers)  # type: ignore[arg-type]
+    return list(inline), list(helpers)
 
 
 def site_verdicts(path: str) -> list[KLSite]:
@@ -272,7 +284,7 @@ def numeric_comparison(label: str) -> tuple[str, float] | None:
         return None  # an enum member or a constant: no number
 
 
-def switch_values(path: str, qualname: str) -> dict[str, list]:
+def switch_values(path: str, qualname: str) -> dict[str, list[SwitchValue | float]]:
     """`switch_values_at` for the top-level function or method `qualname` of `path`."""
     file = Path(path).resolve()
     project = Project([package_root(file)])
@@ -282,7 +294,7 @@ def switch_values(path: str, qualname: str) -> dict[str, list]:
     return {} if tree is None or func is None else _switch_values(project, file, tree, func, owner)
 
 
-def switch_values_at(path: str, name: str, line: int) -> dict[str, list]:
+def switch_values_at(path: str, name: str, line: int) -> dict[str, list[SwitchValue | float]]:
     """The values of each switch parameter of the function `name` whose definition starts at `line` of `path`
     (nested ones too) that select the KL terms the lint judges, as it labels them: string literals (`==`, `in`,
     `match`, dict dispatch, a value cut after an endswith test), integer indices, the values of a flag that
@@ -297,11 +309,11 @@ def switch_values_at(path: str, name: str, line: int) -> dict[str, list]:
 
 
 def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
-                   cls: str | None) -> dict[str, list]:
+                   cls: str | None) -> dict[str, list[SwitchValue | float]]:
     analyzer = Analyzer(project)
     module = analyzer.module(str(file), tree)
     names = [param.name.value for param in params(func)] + [func.name.value]
-    env: dict = {}
+    env: Env = {}
     for param in params(func):
         own = param.name.value
         env[own] = param_facts(param, may_be_none=True) or bare_parameter_facts(own, names) or (
@@ -315,10 +327,10 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
     # a form it leaves unjudged (the exact forward KL, a JSD mixture) makes no claim to compare or audit
     facts = [fact for fact in _kl_facts(outcome.returns) if config_of(fact, "loss") or config_of(fact, "reward")]
     facts += [fact for sink in outcome.sinks for fact in _kl_facts(sink.facts) if config_of(fact, sink.kind)]
-    values: dict[str, list] = {}
-    others: dict[str, set] = {}  # a switch -> the numbers it is compared with, where a term needs none of them
+    values: dict[str, list[SwitchValue | float]] = {}
+    others: dict[str, set[float]] = {}  # a switch -> the numbers it is compared with, where a term needs none of them
     for fact in facts:
-        numbers: dict[str, list] = {}
+        numbers: dict[str, list[tuple[float, SwitchValue]]] = {}
         for label, chosen in fact.labels:
             compared = numeric_comparison(label)
             if compared is not None and compared[0] in switches:
@@ -339,7 +351,7 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
     return ordered
 
 
-def _written_at(value, source: str) -> tuple:
+def _written_at(value: SwitchValue | float, source: str) -> tuple[int, float, int]:
     """Where a switch value is written in the source, to list values in the order the code names them: a
     string at its first quoted spelling (a suffixed one after the value it extends), a number by its value."""
     if not isinstance(value, str):
@@ -368,7 +380,8 @@ def returned_sign(source: str, name: str, near: str) -> int:
         outcome = analyzer.analyse(module, func, None)
     except RecursionError:
         return 1
-    signs = {term.sign for fact in _kl_facts(outcome.returns) for term in algebra.terms_of(fact.poly, "reward")}
+    signs = {term.sign for fact in _kl_facts(outcome.returns) if fact.poly is not None
+             for term in algebra.terms_of(fact.poly, "reward")}
     return -1 if signs == {-1} else 1
 
 
@@ -425,13 +438,13 @@ class Use:
     configuration of that use (None where no catalog estimator matches), whether the lint saw a clamp
     on the way, and the switch values that select it (((name, (values, ...)), ...))."""
 
-    placement: str
+    placement: Placement
     config: Config | None
     clamped: bool
-    labels: tuple
+    labels: Labels
 
 
-def placements_of(path: str, qualname: str, root: str | None = None) -> set[str]:
+def placements_of(path: str, qualname: str, root: str | None = None) -> set[Placement]:
     """How the Python files under `root` (default: the helper's project) use the result of `qualname`
     defined in `path`: a set of `placement_of` names, empty when no call of it reaches a loss or reward."""
     return {use.placement for use in uses_of(path, qualname, root)}
@@ -473,7 +486,7 @@ def uses_of(path: str, qualname: str, root: str | None = None) -> list[Use]:
 def _function(tree: cst.Module, qualname: str) -> cst.FunctionDef | None:
     """The def of `function` or `Class.method` at the top of `tree`."""
     owner, _, name = qualname.rpartition(".")
-    body = tree.body
+    body: Sequence[cst.CSTNode] = tree.body
     if owner:
         classes = [s for s in body if isinstance(s, cst.ClassDef) and s.name.value == owner]
         body = classes[0].body.body if classes else ()

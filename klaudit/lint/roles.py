@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 
-from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, Atom, Poly
+from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, Atom, AtomKind, Poly
+from klaudit.lint.kinds import SinkKind
 
 # ---- the cheap pre-filter ----------------------------------------------------------------
 
@@ -86,7 +88,7 @@ DATA_CONTAINERS = re.compile(
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
-def tensor_role(name: str) -> str | None:
+def tensor_role(name: str) -> AtomKind | None:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
     bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
     if _REF_PATTERN.match(bare):
@@ -108,11 +110,11 @@ def is_reference_model(path: str) -> bool:
 
 
 # `new` / `old` alone are log-probs only in a function that speaks of ratios or log-probs.
-_BARE_ROLES = {"new": POLICY, "old": OLD}
+_BARE_ROLES: dict[str, AtomKind] = {"new": POLICY, "old": OLD}
 _LOGPROB_CONTEXT = re.compile(r"ratio|log_?probs?|logps?|kl", re.IGNORECASE)
 
 
-def bare_parameter_role(name: str, other_names) -> str | None:
+def bare_parameter_role(name: str, other_names: Iterable[str]) -> AtomKind | None:
     """The role of a parameter named `new` or `old` when the function's other names are about log-probs."""
     kind = _BARE_ROLES.get(name)
     if kind is None or not any(_LOGPROB_CONTEXT.search(other) for other in other_names):
@@ -158,7 +160,7 @@ _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advan
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
-def sink_of_name(name: str) -> str | None:
+def sink_of_name(name: str) -> SinkKind | None:
     """'loss', 'reward' or 'advantage' when a variable of that name is where a KL ends up."""
     bare = name.lstrip("_")
     if _COEF.search(bare):

@@ -89,7 +89,7 @@ class _SelfReads(cst.CSTVisitor):
             self.read[node.attr.value] = None
 
 
-def _state_read(method: cst.FunctionDef, methods: dict, attributes: set[str]) -> tuple[str, ...]:
+def _state_read(method: cst.FunctionDef, methods: dict[str, cst.FunctionDef], attributes: set[str]) -> tuple[str, ...]:
     read: dict[str, None] = {}
     pending, visited = [method], set()
     while pending:

@@ -42,11 +42,16 @@ def last_name(node: cst.CSTNode) -> str:
         return key or last_name(node.value)
     return ""
 
+def text_of(node: cst.BaseExpression) -> str | None:
+    """The value of a str literal; None for anything else, a bytes literal too (no key or switch value)."""
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
 def string_key(node: cst.Subscript) -> str | None:
     if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
-        value = node.slice[0].slice.value
-        if isinstance(value, cst.SimpleString):
-            return value.evaluated_value
+        return text_of(node.slice[0].slice.value)
     return None
 
 def _integer(text: str) -> int:
@@ -78,19 +83,21 @@ def int_literal(node: cst.CSTNode | None) -> int | None:
         return -_integer(node.expression.value)
     return None
 
-def string_literals(node: cst.CSTNode) -> list | None:
+def string_literals(node: cst.CSTNode) -> list[str] | None:
     if isinstance(node, cst.SimpleString):
-        return [node.evaluated_value]
+        text = text_of(node)
+        return [text] if text is not None else None
     if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
-        values = [e.value.evaluated_value for e in node.elements if isinstance(e.value, cst.SimpleString)]
+        values = [text for e in node.elements if (text := text_of(e.value)) is not None]
         return values if len(values) == len(node.elements) else None
     return None
 
-def case_strings(pattern) -> tuple:
-    if isinstance(pattern, cst.MatchValue) and isinstance(pattern.value, cst.SimpleString):
-        return (pattern.value.evaluated_value,)
+def case_strings(pattern: cst.MatchPattern) -> tuple[str, ...]:
+    if isinstance(pattern, cst.MatchValue):
+        text = text_of(pattern.value)
+        return (text,) if text is not None else ()
     if isinstance(pattern, cst.MatchOr):
-        out = []
+        out: list[str] = []
         for p in pattern.patterns:
             out.extend(case_strings(p.pattern))
         return tuple(out)
@@ -150,7 +157,7 @@ def decorated_no_grad(func: cst.FunctionDef) -> bool:
             return True
     return False
 
-def params(func: cst.FunctionDef) -> list:
+def params(func: cst.FunctionDef) -> list[cst.Param]:
     p = func.params
     return [*p.posonly_params, *p.params, *p.kwonly_params]
 

@@ -6,8 +6,8 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
-from klaudit.lint.algebra import Atom, Poly
-from klaudit.lint.facts import replace
+from klaudit.lint.algebra import Atom, AtomKind, Poly
+from klaudit.lint.facts import Fact, Value, replace
 
 
 def apply_math(fn: str, poly: Poly) -> Poly | None:
@@ -33,7 +33,7 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
         if kinds == {alg.LOGITS} or kinds == {alg.REF_LOGITS}:
             atom = next(iter(poly.atoms()))
             policy = atom.kind == alg.LOGITS
-            kind = (alg.VOCAB_POLICY if policy else alg.VOCAB_REF) if fn == "log_softmax" else (
+            kind: AtomKind = (alg.VOCAB_POLICY if policy else alg.VOCAB_REF) if fn == "log_softmax" else (
                 alg.VOCAB_PROB if policy else alg.VOCAB_REF_PROB)
             return Poly.atom(Atom(kind, atom.grad, atom.acc))
     return None
@@ -42,19 +42,22 @@ def over_vocab(poly: Poly) -> Poly | None:
     """sum over the vocabulary of p * (log p - log q): the exact per-step KL, either direction."""
     shape = {tuple(sorted(a.kind for a in m)): c for m, c in poly.terms}
     grad = poly.has_grad()
-    vp, vq, pp, pq = alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB
-    if not any(k in (vp, vq, pp, pq) for m in shape for k in m):
+    if not any(k in (alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB) for m in shape for k in m):
         return None
-    for kind, prob, plus, minus in ((alg.FULL, pp, vp, vq), (alg.FULL_FWD, pq, vq, vp)):
+    # (the exact KL, the probabilities it weights by, the log-probs it adds, those it subtracts)
+    directions: tuple[tuple[AtomKind, AtomKind, AtomKind, AtomKind], ...] = (
+        (alg.FULL, alg.VOCAB_PROB, alg.VOCAB_POLICY, alg.VOCAB_REF),
+        (alg.FULL_FWD, alg.VOCAB_REF_PROB, alg.VOCAB_REF, alg.VOCAB_POLICY))
+    for kind, prob, plus, minus in directions:
         a = shape.get(tuple(sorted((prob, plus))))
         b = shape.get(tuple(sorted((prob, minus))))
         if a is not None and b is not None and abs(a + b) < 1e-12 and len(shape) == 2:
             return Poly.atom(Atom(kind, grad), a)
     return Poly.of({})
 
-def gather(base: tuple) -> tuple:
+def gather(base: Value) -> Value:
     """gather over the vocabulary picks the sampled tokens' log-probs; over a per-token KL, positions (the last)."""
-    out = []
+    out: list[Fact] = []
     for f in base:
         if f.poly is None:
             continue
@@ -65,7 +68,7 @@ def gather(base: tuple) -> tuple:
             out.append(replace(f, position=Position.LAST))
     return tuple(out)
 
-def per_token_from_logits(kinds: set, facts: tuple) -> tuple | None:
+def per_token_from_logits(kinds: set[AtomKind], facts: Value) -> Value | None:
     """log-probs of the sampled tokens from vocabulary-level log-probs or logits."""
     for f in facts:
         if f.poly is None:
@@ -87,7 +90,7 @@ AGG_MODES = {
 }
 
 
-def agg_mode(node) -> Aggregation:
+def agg_mode(node: cst.CSTNode | None) -> Aggregation:
     if isinstance(node, cst.SimpleString):
         return AGG_MODES.get(str(node.evaluated_value), Aggregation.BATCH_MEAN)
     return Aggregation.BATCH_MEAN

@@ -275,3 +275,19 @@ def test_an_imported_estimator_object(tmp_path):
         "        return token_rewards\n"
     )
     assert codes(source, tmp_path) == [(9, "KL004")]
+
+
+@pytest.mark.parametrize("line", ['extra = data[b"kl"]', 'kl_mask = data[b"mask"]', 'if kind in (b"k1", b"k2"):\n                pass'])
+def test_bytes_literals_name_no_key_and_no_switch_value(line, tmp_path):
+    """A bytes literal is no key or switch value (a bytes key crashed the lint: a str pattern on bytes)."""
+    source = f"""\
+        import torch
+
+
+        def loss_fn(logp, ref_logp, mask, data, kind):
+            {line}
+            kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+            loss = (kl * mask).sum()
+            return loss
+        """
+    assert codes(source, tmp_path) == [(7 + line.count("\n"), "KL002")]
