@@ -72,10 +72,11 @@ class AssignmentFlow(FlowState):
         if isinstance(target, (cst.Attribute, cst.Subscript)):
             self.stored_outside(target, value)
         self.track(value)
+        key = string_key(target) if isinstance(target, cst.Subscript) else None
         if isinstance(target, cst.Name):
             self.env[name] = value
-        elif isinstance(target, cst.Subscript) and string_key(target) is not None:
-            self.store_key(target, string_key(target), value)
+        elif isinstance(target, cst.Subscript) and key is not None:
+            self.store_key(target, key, value)
         elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
             base = target.value.value
             self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
@@ -113,7 +114,7 @@ class AssignmentFlow(FlowState):
             return (Fact(role="mask"),)
         return ()
 
-    def stored_outside(self, target: cst.CSTNode, value: tuple) -> None:
+    def stored_outside(self, target: cst.Attribute | cst.Subscript, value: tuple) -> None:
         """`data.batch["token_level_rewards"] = r`, `experience.rewards = r`: the value leaves the function,
         to be used where the analysis cannot follow, unless the container only records metrics or is
         a dict local to this function."""
@@ -127,9 +128,9 @@ class AssignmentFlow(FlowState):
         self.confirm(value)
 
 
-def access_chain(node: cst.CSTNode) -> list:
+def access_chain(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The parts of an attribute / subscript / call chain, outermost first: `self.stats[k]` -> [stats[k], stats, self]."""
-    out = []
+    out: list[cst.CSTNode] = []
     while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
         out.append(node)
         node = node.func if isinstance(node, cst.Call) else node.value

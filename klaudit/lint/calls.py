@@ -57,11 +57,12 @@ class CallFlow(FlowState):
                 self.settle(self.expr(arg.value))
         # an imported class is followed when its words speak of KL or a loss (KLEstimator) or KL facts go in
         words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
-        classdef = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node)
-                                                or roles.might_contain_kl(words) or "estimator" in name.lower())
-                    if name[:1].isupper() else None)
-        if classdef is not None:
-            return self.instance(*classdef, node)
+        found = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node)
+                                             or roles.might_contain_kl(words) or "estimator" in name.lower())
+                 if name[:1].isupper() else None)
+        if found is not None:
+            module, classdef = found
+            return self.instance(module, classdef, node)
         if name == "partial":
             return self.partial(node)
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
@@ -159,9 +160,10 @@ class CallFlow(FlowState):
             return None
         if method == "remote":  # a Ray task or actor method: the function, called with these arguments
             return self.call_target(base_node, node)
-        if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString):
+        if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString) \
+                and isinstance(key := positional[0].evaluated_value, str):
             default = positional[1] if len(positional) > 1 else keywords.get("default")
-            return self.read_get(base_node, positional[0].evaluated_value, default)
+            return self.read_get(base_node, key, default)
         if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):
             self.add_to_list(base_node, method, positional[0], node)
             return ()

@@ -13,14 +13,14 @@ from __future__ import annotations
 import libcst as cst
 
 from klaudit.lint.facts import is_negated_pattern, is_pattern, negated, operands, takes
-from klaudit.lint.flowstate import FlowState
+from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
 
 
 class ConditionFlow(FlowState):
     """`if` tests read as switch labels, for klaudit.lint.flow.FunctionRun."""
 
-    def condition(self, test: cst.BaseExpression):
+    def condition(self, test: cst.BaseExpression) -> Test:
         """(label, decided): the switch value an `if` selects, and its truth when known."""
         if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             label, decided = self.condition(test.expression)
@@ -29,12 +29,12 @@ class ConditionFlow(FlowState):
             otherwise = where_false(label)
             return (otherwise[0] if otherwise else None), None
         if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
-            (left, left_decided), (right, right_decided) = self.condition(test.left), self.condition(test.right)
+            (left_label, left_decided), (right_label, right_decided) = self.condition(test.left), self.condition(test.right)
             if True in (left_decided, right_decided):
                 return None, True
             if left_decided is False or right_decided is False:
-                return (right, right_decided) if left_decided is False else (left, left_decided)
-            return _either(left, right), None
+                return (right_label, right_decided) if left_decided is False else (left_label, left_decided)
+            return _either(left_label, right_label), None
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             comp = test.comparisons[0]
             if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
@@ -110,14 +110,16 @@ class ConditionFlow(FlowState):
         return True if all(nones) else (False if not any(nones) else None)
 
 
-def where_false(label: tuple | None) -> tuple:
+def where_false(label: Label | None) -> tuple:
     """The labels that hold where the test labelled `label` is false: () where labels cannot say it
     (the values other than some literals)."""
-    values = negated(label[1]) if label is not None else None
+    if label is None:
+        return ()
+    values = negated(label[1])
     return ((label[0], values),) if values is not None else ()
 
 
-def _either(left: tuple | None, right: tuple | None) -> tuple | None:
+def _either(left: Label | None, right: Label | None) -> Label | None:
     """The label of `a or b` for tests of one switch: the union of their literals or patterns, or a negated
     pattern that the other side's literals all take (`not kind.endswith("+") or kind in ("k2", "mse")`)."""
     if left is None or right is None or left[0] != right[0]:

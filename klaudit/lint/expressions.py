@@ -60,7 +60,8 @@ class ExpressionFlow(FlowState):
         return self.expr(node.expression)
 
     def e_SimpleString(self, node: cst.SimpleString) -> tuple:
-        return (Fact(role="str", text=node.evaluated_value),)
+        text = node.evaluated_value
+        return (Fact(role="str", text=text),) if isinstance(text, str) else ()  # bytes are no switch value
 
     def e_Integer(self, node: cst.Integer) -> tuple:
         value = number_value(node)

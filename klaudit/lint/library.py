@@ -215,9 +215,10 @@ class LibraryFlow(FlowState):
                     continue
                 poly = alg.mul(prob, alg.add(t.poly, s.poly, -1.0))
                 if not elementwise:
-                    poly = over_vocab(poly)
-                    if poly is None or not poly.terms:
+                    summed = over_vocab(poly)
+                    if summed is None or not summed.terms:
                         continue
+                    poly = summed
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)

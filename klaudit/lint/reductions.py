@@ -88,7 +88,7 @@ class ReductionFlow(FlowState):
         each under its value of the switch (a string the analysis knows picks its own)."""
         known = [f.text for f in self.expr(mode) if f.role == "str" and f.text in AGG_MODES]
         switch = last_name(mode) or "loss_agg_mode"
-        out = []
+        out: list = []
         for value in known or list(AGG_MODES):
             aggregation = AGG_MODES[value]
             labels = () if known else ((switch, (value,)),)

@@ -50,9 +50,9 @@ class SinkFlow(FlowState):
         # an earlier candidate this value came from (`kl_reward = beta * kl`, then `rewards = scores -
         # kl_reward`) was an intermediate on this path: the sign and estimator count where the reward
         # is final. It still waits for uses along paths that skip this assignment (an `if` branch).
-        earlier = {p for f in value for p in f.pending if p is not node and p in self.waiting}
+        intermediates = {p for f in value for p in f.pending if p is not node and p in self.waiting}
         marked = tuple(replace(f, entry=f.entry or node,
-                               pending=tuple(p for p in f.pending if p not in earlier) + (node,)) if f.is_kl() else f
+                               pending=tuple(p for p in f.pending if p not in intermediates) + (node,)) if f.is_kl() else f
                        for f in value)
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:

@@ -41,7 +41,7 @@ class StatementFlow(FlowState):
         elif isinstance(stmt, cst.If):
             self.if_statement(stmt)
         elif isinstance(stmt, (cst.For, cst.While)):
-            reverse = isinstance(stmt, cst.For) and "reversed" in dotted(stmt.iter.func) if isinstance(getattr(stmt, "iter", None), cst.Call) else False
+            reverse = isinstance(stmt, cst.For) and isinstance(stmt.iter, cst.Call) and "reversed" in dotted(stmt.iter.func)
             if isinstance(stmt, cst.For):
                 # loop variables: the elements of what is iterated, else roles from their names
                 self.assign_target(stmt.target, elements(self.expr(stmt.iter)), rhs=stmt.iter)
