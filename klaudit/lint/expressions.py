@@ -67,6 +67,8 @@ class ExpressionFlow(FlowState):
         value = number_value(node)
         return () if value is None else (tensor(Poly.const(value)),)
 
+    e_Float = e_Integer
+
     def e_Attribute(self, node: cst.Attribute) -> tuple:
         path = dotted(node)
         if path in self.env:
@@ -162,6 +164,8 @@ class ExpressionFlow(FlowState):
 
     def e_ListComp(self, node: cst.ListComp) -> tuple:
         return self.comprehension(node, (node.elt,))[0]
+
+    e_SetComp = e_GeneratorExp = e_ListComp
 
     def e_DictComp(self, node: cst.DictComp) -> tuple:
         self.comprehension(node, (node.key, node.value))  # its calls may store KL terms; the dict is not followed
