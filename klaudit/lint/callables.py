@@ -15,8 +15,9 @@ from typing import Any
 import libcst as cst
 
 from klaudit.lint import roles
-from klaudit.lint.containers import FlowParts, record_fields
+from klaudit.lint.containers import record_fields
 from klaudit.lint.facts import Fact, replace
+from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted
 
 # Every Callee, by its fields: a Callee equal to one that exists is that one (see Callee).
@@ -77,7 +78,7 @@ PASS_THROUGH = frozenset({"from_torch", "to_torch", "from_numpy", "as_tensor", "
 PASS_THROUGH_RECEIVERS = frozenset({"ray", "torch", "np", "numpy"})
 
 
-class CallFlow(FlowParts):
+class CallableFlow(FlowState):
     """Calls of functions held as values, for klaudit.lint.flow.FunctionRun: closures, partials,
     dispatch tables (`{"k1": f1, "k3": f3}[name](...)`), module-level registries, callable objects
     (`self.kl_estimator = KLEstimator(...)` then `self.kl_estimator(...)` through `__call__`)."""

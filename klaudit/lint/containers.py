@@ -8,12 +8,11 @@ keep its meaning; iterating `zip(a, b)` yields pairs of the elements of a and b.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import libcst as cst
 
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, merge_labels, replace, tensor
+from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, last_name, params
 
 
@@ -45,24 +44,7 @@ def key_slot(key: str) -> str:
     return f"[{key!r}]"
 
 
-class FlowParts:
-    """What the parts of the interpreter (containers, callables) use of klaudit.lint.flow.FunctionRun,
-    which provides it; declared here for the type checker only."""
-
-    if TYPE_CHECKING:
-        env: dict
-        no_grad: bool
-        analyzer: Any
-        module: Any
-        cls: str | None
-
-        def expr(self, node: cst.BaseExpression) -> tuple: ...
-        def args(self, node: cst.Call) -> tuple: ...
-        def sink(self, kind: str, value: tuple, node: cst.CSTNode) -> tuple: ...
-        def build_record(self, fields: list, positional: list, keywords: dict) -> tuple: ...
-
-
-class ContainerFlow(FlowParts):
+class ContainerFlow(FlowState):
     """String-keyed containers and records, for klaudit.lint.flow.FunctionRun.
 
     `batch["kl"] = kl` stores the facts under the path `batch['kl']` of the environment, read back by

@@ -71,8 +71,8 @@ def test_a_kernel_that_only_stores_the_kl_value_has_no_verdict(tmp_path):
 
 
 def test_a_number_times_an_unexplained_value_is_not_a_number():
+    from klaudit.lint.arithmetic import _constant
     from klaudit.lint.facts import UNKNOWN
-    from klaudit.lint.flow import _constant
 
     assert _constant(tensor(Poly.const(0.5)))
     assert not _constant(UNKNOWN)

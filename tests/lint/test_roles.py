@@ -257,3 +257,20 @@ def test_log_softmax_of_a_reference_models_logits_is_the_reference():
 ])
 def test_the_unexplained_side_of_a_kl_named_difference_with_the_policy_is_the_reference(body, name, expected):
     assert estimators(facts_of(body, name)) == expected
+
+
+def test_a_float_literal_is_a_number():
+    def poly(body):
+        (fact,) = facts_of(body, "kl")
+        return fact.poly
+
+    doubled = poly("kl = 2 * (logp - ref_logp)")
+    assert poly("kl = 2.0 * (logp - ref_logp)") == doubled != poly("kl = logp - ref_logp")
+
+
+@pytest.mark.parametrize("body", [
+    "d = logp - ref_logp\nkl = sum(x for x in [d * d])",  # a generator yields its element's facts: k2 (up to scale)
+    "d = logp - ref_logp\nkl = sum({x for x in [d * d]})",  # and so does a set comprehension
+])
+def test_generator_and_set_comprehensions_hold_their_elements(body):
+    assert estimators(facts_of(body, "kl")) == {Estimator.K2}

@@ -1,0 +1,125 @@
+"""Operators: what `-x`, `a + b`, `a - b`, `a * b`, `a / b`, `x ** 2`, `m & n` make of KL terms.
+
+Tensors add and multiply as polynomials in log-probability atoms (klaudit.lint.algebra), one
+alternative with each compatible alternative of the other side. A KL term plus another loss term or
+a score goes on; a term divided by a sequence length or a token count is averaged over it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.catalog import Aggregation
+from klaudit.lint import algebra as alg
+from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, operands, replace
+from klaudit.lint.flowstate import FlowState
+
+# A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
+# with the log-ratio, so a KL term multiplied by it is no catalog estimator.
+KL_WEIGHT = (Fact(role="kl-weight"),)
+
+
+class ArithmeticFlow(FlowState):
+    """Unary and binary operators on facts, for klaudit.lint.flow.FunctionRun."""
+
+    def e_UnaryOperation(self, node: cst.UnaryOperation) -> tuple:
+        value = self.expr(node.expression)
+        if isinstance(node.operator, cst.Minus):
+            out = []
+            for f in operands(value):
+                if f.role == "neg":
+                    out.append(UNKNOWN)
+                elif f.poly is not None:
+                    out.append(replace(f, poly=alg.scale(f.poly, -1.0)))
+                else:
+                    out.append(NEG[0])
+            return tuple(dict.fromkeys(out))
+        if isinstance(node.operator, cst.Not) or isinstance(node.operator, cst.BitInvert):
+            return tuple(f for f in value if f.role == "mask")
+        return value
+
+    def e_BinaryOperation(self, node: cst.BinaryOperation) -> tuple:
+        return self.binary(self.expr(node.left), self.expr(node.right), node.operator, node)
+
+    def binary(self, left: tuple, right: tuple, op, node) -> tuple:
+        name = type(op).__name__.replace("Assign", "")
+        if name in ("Add", "Subtract"):
+            return self.additive(left, right, -1.0 if name == "Subtract" else 1.0, node)
+        if name == "Multiply":
+            return self.multiply(left, right, node)
+        if name == "Divide":
+            return self.divide(left, right, node)
+        if name == "Power":
+            exponent = [f.poly.const_value() for f in right if f.poly is not None]
+            if exponent and exponent[0] == 2.0:
+                return self.multiply(left, left, node)
+            return ()
+        if name in ("BitAnd", "BitOr"):
+            return tuple(f for f in left + right if f.role == "mask")[:1]
+        return ()
+
+    def additive(self, left: tuple, right: tuple, sign: float, node) -> tuple:
+        counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
+        if counts:
+            return counts  # a token count plus an epsilon is still the count
+        out = []
+        for a in operands(left):
+            for b in operands(right):
+                a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
+                if a_tensor and b_tensor:
+                    if not compatible(a.labels, b.labels):
+                        continue
+                    if a.scalar != b.scalar and a.is_kl() and b.is_kl():
+                        # a per-token term minus a batch statistic of it (a baseline): the term goes on
+                        out.append(replace(b, poly=alg.scale(b.poly, sign)) if a.scalar else a)
+                        continue
+                    out.append(combine(a, b, alg.add(a.poly, b.poly, sign), self.here(node), self.module.path))
+                elif _constant(a if a_tensor else b) and UNKNOWN.role in (a.role, b.role):
+                    continue  # a number plus a value the analysis cannot explain: no known value
+                elif a_tensor:
+                    out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
+                elif b_tensor:
+                    out.append(replace(b, poly=alg.scale(b.poly, sign)))
+        return bounded(tuple(dict.fromkeys(out)))
+
+    def multiply(self, left: tuple, right: tuple, node) -> tuple:
+        out = []
+        negative_unknown = False
+        for a in operands(left):
+            for b in operands(right):
+                a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
+                if a_tensor and b_tensor:
+                    if compatible(a.labels, b.labels):
+                        out.append(combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
+                elif a_tensor or b_tensor:
+                    tensor_side, other = (a, b) if a_tensor else (b, a)
+                    if _constant(tensor_side) and other.role == UNKNOWN.role:
+                        continue  # `x * inv_temperature`: a number times an unexplained value is no known value
+                    if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
+                        continue  # a KL term weighted per token by a function of a log-ratio: no estimator
+                    factor = -1.0 if other.role == "neg" else 1.0
+                    out.append(replace(tensor_side, poly=alg.scale(tensor_side.poly, factor)))
+                elif (a.role == "neg") != (b.role == "neg"):
+                    negative_unknown = True
+        if not out and negative_unknown:
+            return NEG
+        return bounded(tuple(dict.fromkeys(out)))
+
+    def divide(self, left: tuple, right: tuple, node) -> tuple:
+        out = []
+        for f in left:
+            if f.role != "tensor":
+                continue
+            if any(g.role == "length" for g in right):
+                f = replace(f, aggregation=Aggregation.SEQ_MEAN)
+            elif any(g.role == "ntokens" for g in right):
+                f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.aggregation in (None, Aggregation.SUM) else f.aggregation)
+            elif any(g.role == "tensor" and g.poly is not None and not g.poly.is_const() for g in right):
+                continue
+            out.append(f)
+        return tuple(out)
+
+
+def _constant(fact: Fact) -> bool:
+    """A number (a literal, or arithmetic of literals): no tensor of the trainer."""
+    return fact.role == "tensor" and fact.poly is not None and fact.poly.is_const()

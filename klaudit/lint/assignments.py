@@ -1,0 +1,138 @@
+"""Assignments: what a target holds after `x = value`, `x += value`, `a, b = pair`, `x.f = value`.
+
+A target named like a loss, reward or advantage is a sink (klaudit.lint.sinks); a value the analysis
+could not explain takes the meaning its target's name gives (`ref_log_probs = ...`); a value stored
+into an attribute or key of an object that leaves the function is used where the analysis cannot
+follow it. In a reversed loop, `running = r[:, t] + gamma * running` is a reward-to-go.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.lint import algebra as alg
+from klaudit.lint import roles
+from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, rename_logprobs, replace, tensor
+from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import is_data_read, last_name, mentions, string_key
+
+# Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
+# mask.sum(-1)` holds each sequence's length, whatever its name says).
+EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens")
+
+
+class AssignmentFlow(FlowState):
+    """Assignments to names, tuples, attributes and keys, for klaudit.lint.flow.FunctionRun."""
+
+    def loop_carried(self, small: cst.Assign) -> tuple:
+        """`running = r[:, t] + gamma * running` in a reversed loop: the reward-to-go of this step's terms."""
+        if not self.reverse_loop or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+            return ()
+        name = small.targets[0].target.value
+        if not mentions(small.value, name):
+            return ()
+        saved = self.env.get(name)
+        self.env[name] = ()
+        value = self.expr(small.value)
+        if saved is not None:
+            self.env[name] = saved
+        self.confirm(value)  # rewards summed into returns (a GAE or reward-to-go recursion) are rewards
+        return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
+
+    def assign_target(self, target: cst.CSTNode, value: tuple, node=None, rhs=None, augmented=False) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            parts = [f for f in value if f.role == "tuple"]
+            for index, element in enumerate(target.elements):
+                sub: tuple = ()
+                for part in parts:
+                    if index < len(part.items):
+                        sub += part.items[index]
+                self.assign_target(element.value, sub, node, rhs=rhs)
+            return
+        name = last_name(target)
+        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value):
+            value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
+        if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
+            value = self.log_ratio_against_unknown(rhs) or value
+        if self.no_grad:
+            value = detach_all(value)
+        if self.labels:
+            value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
+                          if compatible(f.labels, self.labels))
+        if isinstance(target, cst.Name) and rhs is not None:
+            value = rename_logprobs(value, name, is_data_read(rhs))
+        kind = roles.sink_of_name(name) if name else None
+        if kind == "reward" and node is not None:
+            value = self.reward_candidate(value, node)
+        elif kind == "loss" and node is not None:
+            value = self.loss_candidate(value, node)
+        elif kind is not None and node is not None:
+            value = self.sink(kind, value, node)
+        if isinstance(target, (cst.Attribute, cst.Subscript)):
+            self.stored_outside(target, value)
+        self.track(value)
+        key = string_key(target) if isinstance(target, cst.Subscript) else None
+        if isinstance(target, cst.Name):
+            self.env[name] = value
+        elif isinstance(target, cst.Subscript) and key is not None:
+            self.store_key(target, key, value)
+        elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
+            base = target.value.value
+            self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            self.env["self." + name] = value
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+            self.env[f"{target.value.value}.{name}"] = value
+            self.collect(name, value)
+
+    def log_ratio_against_unknown(self, rhs: cst.CSTNode) -> tuple:
+        """`kl = logprobs - base` stored under a KL name: the unexplained side of a difference with the
+        policy's log-probs is the reference's log-probs (log pi - log ref, or log ref - log pi)."""
+        if not (isinstance(rhs, cst.BinaryOperation) and isinstance(rhs.operator, cst.Subtract)):
+            return ()
+        left, right = self.expr(rhs.left), self.expr(rhs.right)
+
+        def policy(value: tuple) -> Fact | None:
+            found = [f for f in value if f.role == "tensor" and f.poly is not None and
+                     {a.kind for a in f.poly.atoms()} == {alg.POLICY} and len(f.poly.terms) == 1]
+            return found[0] if len(found) == 1 and len(value) == 1 else None
+
+        reference = Poly.atom(Atom(alg.REF, False))
+        if policy(left) is not None and not right:
+            return self.additive(left, (tensor(reference),), -1.0, rhs)
+        if policy(right) is not None and not left:
+            return self.additive((tensor(reference),), right, -1.0, rhs)
+        return ()
+
+    def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
+        """A value the expression did not explain, read from the target's name."""
+        poly = roles.named_tensor(name, grad=not self.no_grad and not is_data_read(rhs))
+        if poly is not None:
+            return (tensor(poly),)
+        if roles.is_mask_name(name):
+            return (Fact(role="mask"),)
+        return ()
+
+    def stored_outside(self, target: cst.Attribute | cst.Subscript, value: tuple) -> None:
+        """`data.batch["token_level_rewards"] = r`, `experience.rewards = r`: the value leaves the function,
+        to be used where the analysis cannot follow, unless the container only records metrics or is
+        a dict local to this function."""
+        holder = target.value
+        names = [last_name(n) for n in access_chain(holder)]
+        if any(roles.is_metrics_name(n) for n in names if n):
+            self.settle(value)  # a logged statistic
+            return
+        if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
+            return
+        self.confirm(value)
+
+
+def access_chain(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The parts of an attribute / subscript / call chain, outermost first: `self.stats[k]` -> [stats[k], stats, self]."""
+    out: list[cst.CSTNode] = []
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        out.append(node)
+        node = node.func if isinstance(node, cst.Call) else node.value
+    out.append(node)
+    return out

@@ -1,0 +1,175 @@
+"""Calls: which function a call runs, and the facts it is given and returns.
+
+A call is, in this order: a method the analysis knows (`.backward()`, `.get("key")`, `.append(x)`,
+`.remote(...)`, a tensor method, klaudit.lint.library), a function held as a value
+(klaudit.lint.callables), a function or class of the linted tree (interpreted by
+klaudit.lint.modules.Analyzer with the caller's argument facts bound to its parameters), or a
+library function (klaudit.lint.library). A call of code outside the tree that computes returns or
+logs metrics uses the values it is given.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from klaudit.lint import algebra as alg
+from klaudit.lint import roles
+from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.assignments import access_chain
+from klaudit.lint.callables import Callee
+from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_facts, replace, tensor
+from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import dotted, last_name, params
+
+
+class CallFlow(FlowState):
+    """Calls and the binding of their arguments, for klaudit.lint.flow.FunctionRun."""
+
+    def e_Call(self, node: cst.Call) -> tuple:
+        func = node.func
+        value = None
+        if isinstance(func, cst.Attribute):
+            value = self.method_call(func.attr.value, func.value, node)
+        if value is None:
+            value = self.call_target(func, node)
+        self.note_comparison(node)
+        return value
+
+    def call_target(self, func: cst.BaseExpression, node: cst.Call) -> tuple:
+        """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""
+        callees = self.callable_values(func)
+        if callees:
+            # a callee picked by a switch (a dispatch table's entry) gives results under that switch value
+            return tuple(dict.fromkeys(replace(fact, labels=merge_labels(fact.labels, held.labels))
+                                       for held in callees for fact in self.call_callee(held.callee, node)
+                                       if compatible(fact.labels, held.labels)))
+        resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
+        if resolved is not None:
+            return self.call_summary(resolved, node)
+        name = dotted(func).split(".")[-1]
+        if roles.is_return_computation(name):
+            for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
+                self.confirm(self.expr(arg.value))
+        elif any(roles.is_metrics_name(last_name(part)) for part in access_chain(func)):
+            for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
+                self.settle(self.expr(arg.value))
+        # an imported class is followed when its words speak of KL or a loss (KLEstimator) or KL facts go in
+        words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+        found = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node)
+                                             or roles.might_contain_kl(words) or "estimator" in name.lower())
+                 if name[:1].isupper() else None)
+        if found is not None:
+            module, classdef = found
+            return self.instance(module, classdef, node)
+        if name == "partial":
+            return self.partial(node)
+        if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
+            return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
+        return self.library_call(name, node)
+
+    def worth_following(self, node: cst.Call) -> bool:
+        """Follow a call into another module only when it can matter: KL or log-prob facts go in,
+        or its name speaks of KL, log-probs or a loss (parsing other modules is the costly part)."""
+        name = dotted(node.func).split(".")[-1]
+        if roles.might_contain_kl(name) or "loss" in name.lower() or "reward" in name.lower():
+            return True
+        return any(f.role == "tensor" and f.poly is not None and not f.poly.is_const()
+                   for arg in node.args for f in self.expr(arg.value))
+
+    def args(self, node: cst.Call) -> tuple:
+        positional = [a.value for a in node.args if a.keyword is None and not a.star]
+        keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        return positional, keywords
+
+    def call_callee(self, callee: Callee, node: cst.Call) -> tuple:
+        """A call of a function held as a value: its closure and the partial's bound arguments come first."""
+        bound = {name: tuple(replace(f, passed=True) if f.is_kl() else f for f in facts)
+                 for name, facts in callee.bound_keywords}
+        return self.call_summary((callee.module, callee.func, callee.cls), node, dict(callee.closure), callee.bound, bound)
+
+    def call_summary(self, resolved, node: cst.Call, closure=None, bound=(), bound_keywords=None) -> tuple:
+        module, func, cls = resolved
+        positional, keywords = self.args(node)
+        positional = [*bound, *positional]
+        parameters = params(func)
+        if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
+            parameters = parameters[1:]
+        env = dict(closure or {})
+        spread = any(a.star == "**" for a in node.args)  # f(x, **options): any parameter may come from it
+        spread_entries: dict = {}  # the entries of a spread dict the analysis knows (`f(**{"mode": m})`)
+        for a in node.args:
+            if a.star == "**":
+                for key, facts in (item for f in self.expr(a.value) if f.role == "dict" for item in f.items):
+                    spread_entries[key] = tuple(dict.fromkeys(spread_entries.get(key, ()) + facts))
+        for index, param in enumerate(parameters):
+            name = param.name.value
+            arg = positional[index] if index < len(positional) else keywords.get(name, spread_entries.get(name))
+            if bound_keywords and name in bound_keywords and arg is None:
+                env[name] = bound_keywords[name]
+                continue
+            if isinstance(arg, tuple):  # facts bound ahead of the call
+                env[name] = tuple(replace(f, passed=True) if f.is_kl() else f for f in arg)
+                continue
+            if arg is not None:
+                facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
+                if any(f.role == "str" for f in facts) or not facts:
+                    label = last_name(arg)
+                    facts = tuple(replace(f, name=f.name or label) if f.role == "str" else f for f in facts)
+                    if not facts:
+                        # an argument the analysis cannot explain: the parameter's name can (a tensor
+                        # role), else it is taken for a switch value named after the argument
+                        facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
+                    if not facts and label and not roles.tensor_role(label):
+                        facts = (Fact(role="str", name=label),)
+                env[name] = facts
+            elif param.default is not None:
+                default = param.default
+                if spread and isinstance(default, cst.Name) and default.value == "None":
+                    env[name] = ()  # maybe set by the spread dict: `if x is None:` decides nothing
+                elif isinstance(default, cst.SimpleString):
+                    env[name] = (Fact(role="str", name=name),)
+                elif isinstance(default, cst.Name) and default.value in ("True", "False"):
+                    env[name] = (Fact(role="bool", name=name),)
+                else:
+                    env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) else ()
+            else:
+                env[name] = param_facts(param)
+        outcome = self.analyzer.call(module, func, cls, env)
+        for facts in env.values():
+            self.settle(facts)  # handed to a function of the tree, whose analysis follows it
+        # where a term already entered a loss or reward here, it stays reported there; a term that enters
+        # one inside the callee is reported at this call
+        entered = {f.entry for facts in env.values() for f in facts if f.entry is not None}
+        for sink in outcome.sinks:
+            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
+                                       for f in sink.facts), node)
+        return outcome.returns
+
+    def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> tuple | None:
+        positional, keywords = self.args(node)
+        if roles.BACKWARD_CALLS.match(method):
+            target = self.expr(base_node) if not positional else self.expr(positional[0])
+            self.sink("loss", loss_part(target), node)
+            return ()
+        if method in ("log_prob",) and dotted(base_node).split(".")[-1].rstrip("()") in ("Categorical", "Normal"):
+            return self.from_name("log_prob", node) or (tensor(Poly.atom(Atom(alg.POLICY, not self.no_grad))),)
+        receiver_name = dotted(base_node)
+        if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
+            return None
+        if method == "remote":  # a Ray task or actor method: the function, called with these arguments
+            return self.call_target(base_node, node)
+        if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString) \
+                and isinstance(key := positional[0].evaluated_value, str):
+            default = positional[1] if len(positional) > 1 else keywords.get("default")
+            return self.read_get(base_node, key, default)
+        if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):
+            self.add_to_list(base_node, method, positional[0], node)
+            return ()
+        base = self.expr(base_node)
+        if method in ("endswith", "startswith", "lower", "upper", "strip"):
+            return base if method in ("lower", "upper", "strip") else ()
+        if not base:
+            return None if method not in ("sum", "mean") else ()
+        return self.tensor_method(method, base, positional, keywords, node)

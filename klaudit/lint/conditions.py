@@ -1,0 +1,148 @@
+"""Conditions: which switch value an `if` test selects, and whether the analysis can decide it.
+
+A test is read as a label, (switch name, values): `kind == "k3"` and `kind in ("k3", "low_var_kl")`
+label their literals, `kind.endswith("+")` the pattern `*+`, a flag its value True, `weight == 0`
+and `loss_type == LossType.TOKEN_LEVEL` a value of their own. `not test` and the statements after
+`if test: return` hold the negation where labels can say it (klaudit.lint.facts.negated). A test
+on a value the analysis knows (a string passed by the caller, `x is None` for a None default) is
+decided, and only its branch runs.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.lint.facts import is_negated_pattern, is_pattern, negated, operands, takes
+from klaudit.lint.flowstate import FlowState, Label, Test
+from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
+
+
+class ConditionFlow(FlowState):
+    """`if` tests read as switch labels, for klaudit.lint.flow.FunctionRun."""
+
+    def condition(self, test: cst.BaseExpression) -> Test:
+        """(label, decided): the switch value an `if` selects, and its truth when known."""
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            label, decided = self.condition(test.expression)
+            if decided is not None:
+                return None, not decided
+            otherwise = where_false(label)
+            return (otherwise[0] if otherwise else None), None
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            (left_label, left_decided), (right_label, right_decided) = self.condition(test.left), self.condition(test.right)
+            if True in (left_decided, right_decided):
+                return None, True
+            if left_decided is False or right_decided is False:
+                return (right_label, right_decided) if left_decided is False else (left_label, left_decided)
+            return _either(left_label, right_label), None
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            comp = test.comparisons[0]
+            if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
+                decided = self.is_none(test.left)
+                if decided is not None and isinstance(comp.operator, cst.IsNot):
+                    decided = not decided
+                return None, decided
+            left, right = test.left, comp.comparator
+            strings = string_literals(right) or string_literals(left)
+            subject = left if string_literals(right) else right
+            if strings and isinstance(comp.operator, (cst.Equal, cst.In, cst.NotEqual, cst.NotIn)):
+                facts = self.expr(subject)
+                known = [f.text for f in facts if f.role == "str" and f.text is not None]
+                name = next((f.name for f in facts if f.role == "str" and f.name), last_name(subject))
+                negate = isinstance(comp.operator, (cst.NotEqual, cst.NotIn))
+                if known:
+                    hit = any(k in strings for k in known)
+                    return None, (not hit if negate else hit)
+                values = spelled(facts, tuple(strings))
+                return (None if negate or not values else (name, values)), None
+            number = number_value(right) if number_value(left) is None else None
+            if number is not None and isinstance(comp.operator, cst.Equal):
+                # `if weight == 0:` selects a setting like a flag: its branches exclude each other
+                return (f"{self.switch_name(left)} == {number:g}", (True,)), None
+            if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
+                # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
+                return (f"{last_name(left)} == {dotted(right)}", (True,)), None
+            return None, None
+        if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
+            strings = string_literals(test.args[0].value) if test.args else None
+            facts = self.expr(test.func.value)
+            known = [f.text for f in facts if f.role == "str" and f.text is not None]
+            if strings and known:
+                method = test.func.attr.value
+                return None, any(getattr(k, method)(tuple(strings)) for k in known)
+            name = next((f.name for f in facts if f.name), last_name(test.func.value))
+            if strings:
+                return (name, tuple(f"*{s}" for s in strings)), None
+            return None, None
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            facts = self.expr(test)
+            if any(f.role == "tensor" for f in facts):
+                return None, None
+            known = [f.text for f in facts if f.role == "bool" and f.text is not None]
+            if known:
+                return None, known[0] == "True"
+            name = last_name(test)
+            if name in ("True", "False"):
+                return None, name == "True"
+            return (self.switch_name(test), (True,)), None
+        return None, None
+
+    def negation(self, test: cst.BaseExpression) -> tuple:
+        """Switch values that hold where `test` is false, as far as they can be written as labels:
+        `if not flag: return` leaves flag True below, `if not x.endswith("+"): return` the suffixed values."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            return self.negation(test.left) + self.negation(test.right)
+        label, decided = self.condition(test)
+        return where_false(label) if decided is None else ()
+
+    def switch_name(self, node: cst.BaseExpression) -> str:
+        """The name a switch's labels use: the one its value carries from where it was read (a caller's
+        `config.kl_type` passed as `kind`), else its own."""
+        return next((f.name for f in self.expr(node) if f.role in ("str", "bool") and f.name), "") or last_name(node)
+
+    def is_none(self, node: cst.BaseExpression) -> bool | None:
+        """Whether `node` holds None, when its facts decide it (an argument left at a None default,
+        or given a value): `if dim is None:` in a helper, decided by the call."""
+        facts = self.expr(node)
+        if not facts:
+            return None
+        nones = [f.role == "none" for f in facts]
+        return True if all(nones) else (False if not any(nones) else None)
+
+
+def where_false(label: Label | None) -> tuple:
+    """The labels that hold where the test labelled `label` is false: () where labels cannot say it
+    (the values other than some literals)."""
+    if label is None:
+        return ()
+    values = negated(label[1])
+    return ((label[0], values),) if values is not None else ()
+
+
+def _either(left: Label | None, right: Label | None) -> Label | None:
+    """The label of `a or b` for tests of one switch: the union of their literals or patterns, or a negated
+    pattern that the other side's literals all take (`not kind.endswith("+") or kind in ("k2", "mse")`)."""
+    if left is None or right is None or left[0] != right[0]:
+        return None
+    for one, other in ((left[1], right[1]), (right[1], left[1])):
+        if all(is_negated_pattern(v) for v in one) and all(not is_pattern(v) and not is_negated_pattern(v)
+                                                            and takes(v, one) for v in other):
+            return left[0], one
+    kinds = {(is_pattern(v), is_negated_pattern(v)) for v in left[1] + right[1]}
+    return (left[0], tuple(dict.fromkeys(left[1] + right[1]))) if len(kinds) == 1 and (False, True) not in kinds \
+        else None
+
+
+def spelled(facts: tuple, strings: tuple) -> tuple:
+    """The switch values that make an alternative of `facts` equal one of `strings`: the strings, or, for
+    the switch with its end cut off under an endswith test (`kind[:-1]` where `kind.endswith("+")`), the
+    strings with that end put back (`kind[:-1] == "k3"` is `kind == "k3+"`); none where the cut is unknown."""
+    out: list = []
+    for f in operands(facts):
+        if f.role != "str" or not f.cut:
+            out += strings
+            continue
+        ends = [v[1:] for name, values in f.labels if name == f.name for v in values
+                if is_pattern(v) and len(v) - 1 == f.cut]
+        out += [string + end for string in strings for end in ends]
+    return tuple(dict.fromkeys(out))

@@ -1,0 +1,202 @@
+"""Expressions: names, literals, attributes, subscripts, displays and comprehensions.
+
+Every expression evaluates to a tuple of `Fact`s, the alternatives it may hold, once per statement.
+An attribute or key the analysis did not see stored takes the meaning of its name
+(`batch["ref_log_probs"]`); a subscript of a tuple or a dispatch table by a switch value labels each
+entry with the value that selects it; `x[:, -1]` keeps the last position. Operators are in
+klaudit.lint.arithmetic and calls in klaudit.lint.calls.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.catalog import Position
+from klaudit.lint import algebra as alg
+from klaudit.lint import budget, roles
+from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.conditions import where_false
+from klaudit.lint.containers import elements, entry_of
+from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, tensor
+from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import (
+    dotted,
+    drops_last_char,
+    int_literal,
+    is_data_read,
+    is_last_index,
+    looks_like_option,
+    number_value,
+    root_name,
+    string_key,
+)
+
+
+class ExpressionFlow(FlowState):
+    """The facts of an expression, for klaudit.lint.flow.FunctionRun; `e_<node type>` interprets each kind."""
+
+    def expr(self, node: cst.BaseExpression) -> tuple:
+        """The facts of an expression; each is evaluated once per statement (the environment only
+        changes between statements)."""
+        key = id(node)
+        if key in self._memo:
+            return self._memo[key]
+        method = getattr(self, "e_" + type(node).__name__, None)
+        value = () if method is None else method(node)
+        self._memo[key] = value
+        budget.spend(1 + len(value))
+        return value
+
+    def e_Name(self, node: cst.Name) -> tuple:
+        if node.value in self.env:
+            return self.note_read(self.env[node.value])
+        if node.value in ("True", "False"):
+            return (Fact(role="bool", text=node.value),)
+        if node.value == "None":
+            return (Fact(role="none"),)
+        return self.module_value(node.value)
+
+    def e_Await(self, node: cst.Await) -> tuple:
+        return self.expr(node.expression)
+
+    def e_SimpleString(self, node: cst.SimpleString) -> tuple:
+        text = node.evaluated_value
+        return (Fact(role="str", text=text),) if isinstance(text, str) else ()  # bytes are no switch value
+
+    def e_Integer(self, node: cst.Integer) -> tuple:
+        value = number_value(node)
+        return () if value is None else (tensor(Poly.const(value)),)
+
+    e_Float = e_Integer
+
+    def e_Attribute(self, node: cst.Attribute) -> tuple:
+        path = dotted(node)
+        if path in self.env:
+            return self.note_read(self.env[path])
+        attr = node.attr.value
+        if attr in ("data",):
+            return detach_all(self.expr(node.value))
+        if attr in ("T", "mT"):
+            return self.expr(node.value)
+        if attr == "logits":  # a model's output: the reference's when the model is named so (ref_model(...).logits)
+            if roles.is_reference_model(dotted(node.value)):
+                return (tensor(Poly.atom(Atom(alg.REF_LOGITS, False))),)
+            return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
+        base = root_name(node)
+        if base == "self":
+            return ()
+        entries = entry_of(self.expr(node.value), attr)
+        if entries:
+            return entries  # a record built with this field
+        stored = self.stored(attr) if isinstance(node.value, cst.Name) else ()
+        if stored:
+            return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
+        poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
+        if poly is not None:
+            return (tensor(poly),)
+        if roles.is_mask_name(attr):
+            return (Fact(role="mask"),)
+        if not isinstance(node.value, cst.Name) or base not in self.env:
+            return (Fact(role="str", name=attr),) if looks_like_option(attr) else ()
+        return ()
+
+    def e_Subscript(self, node: cst.Subscript) -> tuple:
+        key = string_key(node)
+        if key is not None:
+            found = self.read_key(node.value, key)
+            if found is not None:
+                return found
+            grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
+            poly = roles.named_tensor(key, grad=grad)
+            if poly is not None:
+                return (tensor(poly),)
+            if roles.is_mask_name(key):
+                return (Fact(role="mask"),)
+            return ()
+        base = self.expr(node.value)
+        last = is_last_index(node)
+        if last:
+            return tuple(replace(f, position=Position.LAST) if f.role == "tensor" else f for f in base)
+        index = self.index_tuple(node)
+        if index is not None:
+            return index
+        chosen = self.dispatch(node)
+        if chosen is not None:
+            return chosen
+        if any(f.role == "str" for f in base):
+            if drops_last_char(node):
+                return tuple(replace(f, text=f.text[:-1]) if f.text else replace(f, cut=f.cut + 1)
+                             for f in base if f.role == "str")
+            return ()
+        return base
+
+    def index_tuple(self, node: cst.Subscript) -> tuple | None:
+        base = self.expr(node.value)
+        parts = [f for f in base if f.role == "tuple"]
+        if not parts or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return None
+        index_node = node.slice[0].slice.value
+        idx = int_literal(index_node)
+        if idx is None:
+            name = self.switch_name(index_node)
+            return tuple(replace(f, labels=merge_labels(f.labels, ((name, (i,)),)))
+                         for part in parts for i, item in enumerate(part.items) for f in item)
+        return tuple(f for part in parts if -len(part.items) <= idx < len(part.items) for f in part.items[idx])
+
+    def e_Tuple(self, node: cst.Tuple) -> tuple:
+        return (Fact(role="tuple", items=tuple(self.expr(e.value) for e in node.elements)),)
+
+    def e_List(self, node: cst.List) -> tuple:
+        return (Fact(role="tuple", items=tuple(self.expr(e.value) for e in node.elements)),)
+
+    def comprehension(self, node, parts: tuple) -> list:
+        """The facts of `parts` (element expressions) of a comprehension, its targets bound to the
+        elements of what they iterate; the targets do not outlive it."""
+        saved = self.env
+        self.env = dict(saved)
+        clause = node.for_in
+        while clause is not None:
+            self.assign_target(clause.target, elements(self.expr(clause.iter)), rhs=clause.iter)
+            clause = clause.inner_for_in
+        values = [self.expr(part) for part in parts]
+        self.env = saved
+        return values
+
+    def e_ListComp(self, node: cst.ListComp) -> tuple:
+        return self.comprehension(node, (node.elt,))[0]
+
+    e_SetComp = e_GeneratorExp = e_ListComp
+
+    def e_DictComp(self, node: cst.DictComp) -> tuple:
+        self.comprehension(node, (node.key, node.value))  # its calls may store KL terms; the dict is not followed
+        return ()
+
+    def e_Dict(self, node: cst.Dict) -> tuple:
+        items = []
+        for element in node.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                items.append((element.key.evaluated_value, self.expr(element.value)))
+        return (Fact(role="dict", items=tuple(items)),)
+
+    def e_IfExp(self, node: cst.IfExp) -> tuple:
+        label, decided = self.condition(node.test)
+        if decided is True:
+            return self.expr(node.body)
+        if decided is False:
+            return self.expr(node.orelse)
+        body = operands(self.expr(node.body))
+        orelse = operands(self.expr(node.orelse))
+        if label is not None:
+            body = tuple(replace(f, labels=merge_labels(f.labels, (label,))) for f in body)
+            orelse = tuple(replace(f, labels=merge_labels(f.labels, where_false(label))) for f in orelse)
+        return tuple(dict.fromkeys(body + orelse))
+
+    def e_Comparison(self, node: cst.Comparison) -> tuple:
+        """A comparison (`approx_kl > target_kl`) uses a KL value as a statistic."""
+        self.settle(self.expr(node.left))
+        for comparison in node.comparisons:
+            self.settle(self.expr(comparison.comparator))
+        return ()
+
+    def e_BooleanOperation(self, node: cst.BooleanOperation) -> tuple:
+        return ()

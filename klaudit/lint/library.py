@@ -1,0 +1,282 @@
+"""Library functions: what torch, numpy and framework functions and tensor methods do to KL terms.
+
+Two tables say it: `FUNCTIONS` for functions given the tensor first (`torch.clamp(kl, ...)`,
+`masked_mean(kl, mask)`, `F.kl_div(...)`), `METHODS` for methods of a tensor (`kl.clamp(...)`,
+`kl.sum(-1)`, `kl.detach()`). Each name maps to an effect: a method of `LibraryFlow` that makes
+the facts of the result from the facts of the tensor operated on, or declines the call (None:
+`torch.max(x, dim)` is no elementwise maximum). A function in neither table, and no log-prob
+producer (`logprobs_from_logits`) or `zip` variant, holds nothing the analysis follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import libcst as cst
+
+from klaudit.catalog import Aggregation
+from klaudit.lint import algebra as alg
+from klaudit.lint import roles
+from klaudit.lint.arithmetic import KL_WEIGHT
+from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
+from klaudit.lint.containers import elements, enumerated, zipped
+from klaudit.lint.facts import detach_all, merge_labels, operands, replace
+from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import dotted, int_literal
+from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
+
+# keywords that name the tensor a library function operates on, when it is not passed positionally
+TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A call of a library function or a tensor method, as an effect reads it."""
+
+    name: str
+    tensor: tuple  # the facts of the tensor operated on: a method's receiver, a function's first argument
+    positional: list  # the positional arguments as written
+    keywords: dict
+    node: cst.Call
+    method: bool  # a method of the tensor, else a function given the tensor first
+
+    @property
+    def rest(self) -> list:
+        """The positional arguments after the tensor operated on."""
+        return self.positional if self.method else self.positional[1:]
+
+
+class LibraryFlow(FlowState):
+    """Calls of library functions and tensor methods, for klaudit.lint.flow.FunctionRun."""
+
+    def library_call(self, name: str, node: cst.Call) -> tuple:
+        positional, keywords = self.args(node)
+        # the tensor operated on: the first positional argument, or its keyword (agg_loss(loss_mat=...))
+        first_node = positional[0] if positional else next((keywords[k] for k in TENSOR_KEYWORDS if k in keywords), None)
+        first = self.expr(first_node) if first_node is not None else ()
+        effect = FUNCTIONS.get(name)
+        value = effect(self, Operation(name, first, positional, keywords, node, method=False)) if effect else None
+        if value is not None:
+            return value
+        if name.endswith("_zip"):  # strict variants of zip
+            return zipped([self.expr(arg) for arg in positional])
+        if roles.LOGPROB_PRODUCERS.match(name):
+            kinds = {a.kind for f in first if f.poly is not None for a in f.poly.atoms()}
+            return per_token_from_logits(kinds, first) or ()
+        return ()
+
+    def tensor_method(self, method: str, base: tuple, positional: list, keywords: dict, node: cst.Call) -> tuple:
+        effect = METHODS.get(method)
+        value = effect(self, Operation(method, base, positional, keywords, node, method=True)) if effect else None
+        return value if value is not None else ()
+
+    # ---- effects: the facts of the result, or None where the effect does not apply to the call ----
+
+    def unchanged(self, op: Operation) -> tuple:
+        """A new shape, dtype or device, masked or non-finite entries filled in: each element keeps its meaning."""
+        return op.tensor
+
+    def reshaped(self, op: Operation) -> tuple | None:
+        """torch.masked_fill(x, m, v), not a method of a receiver the analysis does not know."""
+        return op.tensor if _known_receiver(op.node) else None
+
+    def copied(self, op: Operation) -> tuple | None:
+        """torch.tensor(x) copies the values, not the graph."""
+        return detach_all(op.tensor) if _known_receiver(op.node) else None
+
+    def passed_through(self, op: Operation) -> tuple | None:
+        """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref))."""
+        if len(op.node.args) == 1 and (op.name != "get" or dotted(op.node.func) == "ray.get"):
+            return op.tensor
+        return None
+
+    def detached(self, op: Operation) -> tuple:
+        """No gradient; a host copy or a Python number (`.item()`, `.cpu()`) is a statistic."""
+        if roles.LOGGING_METHODS.match(op.name):
+            self.settle(op.tensor)
+        return detach_all(op.tensor)
+
+    def clamped(self, op: Operation) -> tuple:
+        """A clamped tensor (a clamped token count is still the count)."""
+        return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in op.tensor)
+
+    def elementwise(self, op: Operation) -> tuple:
+        """exp, log, abs, ... of each element (klaudit.lint.reductions.unary_math)."""
+        return self.unary_math(op.name, op.tensor, op.node)
+
+    def squashed(self, op: Operation) -> tuple | None:
+        """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio."""
+        if any(f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in op.tensor):
+            return KL_WEIGHT
+        return None
+
+    def squared(self, op: Operation) -> tuple:
+        """x ** 2 spelled as pow(x, 2); any other power is not followed."""
+        if op.rest and int_literal(op.rest[0]) == 2:
+            return self.multiply(op.tensor, op.tensor, op.node)
+        return ()
+
+    def reduced(self, op: Operation) -> tuple:
+        """x.sum(dim), torch.mean(x, dim=...): klaudit.lint.reductions.reduce along that axis."""
+        dim = op.rest[0] if op.rest else op.keywords.get("dim", op.keywords.get("axis"))
+        return self.reduce(op.tensor, op.name, self.dim(dim), op.node)
+
+    def summed(self, op: Operation) -> tuple:
+        """torch.sum reduces; the builtin sum adds the elements of a list (over its first axis)."""
+        return self.stacked(op) if isinstance(op.node.func, cst.Name) else self.reduced(op)
+
+    def aggregated(self, op: Operation) -> tuple:
+        """A framework's masked mean or loss aggregator (klaudit.lint.reductions.aggregate)."""
+        return self.aggregate(op.name, op.tensor, op.positional, op.keywords)
+
+    def gathered(self, op: Operation) -> tuple:
+        """x.gather(-1, index): the entries of the chosen tokens (klaudit.lint.tensors.gather)."""
+        return gather(op.tensor)
+
+    def flipped(self, op: Operation) -> tuple:
+        """Reversed along the token axis: a later cumsum is a reward-to-go."""
+        return tuple(replace(f, flipped=not f.flipped) for f in op.tensor)
+
+    def accumulated(self, op: Operation) -> tuple:
+        """cumsum of a flipped tensor: a reward-to-go, whose summed values are rewards."""
+        self.confirm(tuple(f for f in op.tensor if f.flipped))
+        return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO), flipped=False) if f.flipped and f.poly is not None
+                     else f for f in op.tensor)
+
+    def multiplied(self, op: Operation) -> tuple:
+        return self.multiply(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
+
+    def added(self, op: Operation) -> tuple:
+        if not op.positional:
+            return op.tensor
+        return self.additive(op.tensor, self.expr(op.positional[0]), 1.0 if op.name == "add" else -1.0, op.node)
+
+    def divided(self, op: Operation) -> tuple:
+        return self.divide(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
+
+    def stacked(self, op: Operation) -> tuple:
+        """The terms of a list, side by side or added up: each keeps its meaning; a stacked literal
+        list keeps its positions too, for an index that picks one (kl_4BT[estimator])."""
+        stacked = tuple(f for f in op.tensor if f.role == "tuple") if op.name != "sum" else ()
+        return stacked + elements(op.tensor)
+
+    def zipped(self, op: Operation) -> tuple:
+        return zipped([self.expr(arg) for arg in op.positional])
+
+    def enumerated(self, op: Operation) -> tuple:
+        return enumerated(op.tensor)
+
+    def extreme(self, op: Operation) -> tuple | None:
+        """The elementwise larger or smaller of two tensors: either one; torch.max(x, dim) is the largest
+        entry along an axis, no per-token term."""
+        if len(op.positional) != 2:
+            return None
+        if op.name in ("max", "min") and int_literal(op.positional[1]) is not None:
+            return ()
+        return tuple(dict.fromkeys(operands(op.tensor) + operands(self.expr(op.positional[1]))))
+
+    def selected(self, op: Operation) -> tuple | None:
+        return self.where(*op.positional) if len(op.positional) == 3 else None
+
+    def kl_div_of(self, op: Operation) -> tuple:
+        return self.kl_div(op.positional, op.keywords, op.node)
+
+    def where(self, condition, when_true, when_false) -> tuple:
+        """torch.where(m, a, b): a or b. Labelled by the mask's name, so that where(m, a, b) and
+        where(~m, a, b) in one expression pick opposite sides (a DPO pair's chosen and rejected)."""
+        negated = isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, (cst.BitInvert, cst.Not))
+        name = dotted(condition.expression if negated else condition)
+        sides = [self.expr(when_true), self.expr(when_false)]
+        for kept, cut in (sides, sides[::-1]):
+            if kept and any(f.poly is not None and f.poly.has_grad() for f in kept) and detach_all(kept) == cut:
+                # where(m, x, x.detach()): x, with its gradient cut on the tokens the condition rejects
+                return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
+        if name:
+            sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
+                     for side, facts in zip((True, False), sides)]
+        return tuple(dict.fromkeys(sides[0] + sides[1]))
+
+    def kl_div(self, positional, keywords, node) -> tuple:
+        """F.kl_div(input, target, log_target=True) is target.exp() * (target - input): KL(target || input)."""
+        if len(positional) < 2 and "target" not in keywords:
+            return ()
+        source = self.expr(positional[0] if positional else keywords["input"])
+        target = self.expr(positional[1] if len(positional) > 1 else keywords["target"])
+        reduction = keywords.get("reduction")
+        elementwise = isinstance(reduction, cst.SimpleString) and reduction.evaluated_value == "none"
+        out = []
+        for t in target:
+            for s in source:
+                if t.poly is None or s.poly is None:
+                    continue
+                prob = apply_math("exp", t.poly)
+                if prob is None:
+                    continue
+                poly = alg.mul(prob, alg.add(t.poly, s.poly, -1.0))
+                if not elementwise:
+                    summed = over_vocab(poly)
+                    if summed is None or not summed.terms:
+                        continue
+                    poly = summed
+                fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
+                out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
+        return tuple(out)
+
+
+def _known_receiver(node: cst.Call) -> bool:
+    """A function called by name, or of a module the analysis knows (torch, numpy, ray)."""
+    return isinstance(node.func, cst.Name) or dotted(node.func).split(".")[0] in PASS_THROUGH_RECEIVERS
+
+
+Effect = Callable[[LibraryFlow, Operation], "tuple | None"]
+
+
+def _each(names: str, effect: Effect) -> dict[str, Effect]:
+    return dict.fromkeys(names.split(), effect)
+
+
+# Operations that keep what each element of a tensor means (a new shape, dtype or device, masked or
+# non-finite entries filled in): spelled as functions (torch.masked_fill(x, m, v)) and as methods.
+RESHAPING = "masked_fill nan_to_num reshape squeeze unsqueeze flatten transpose permute clone repeat_interleave"
+
+FUNCTIONS: dict[str, Effect] = {
+    **_each("exp log abs square expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
+    **_each("clamp clip clamp_", LibraryFlow.clamped),
+    **_each("sigmoid tanh softplus relu erf", LibraryFlow.squashed),
+    "sum": LibraryFlow.summed,
+    "mean": LibraryFlow.reduced,
+    "pow": LibraryFlow.squared,
+    "gather": LibraryFlow.gathered,
+    **_each("flip fliplr", LibraryFlow.flipped),
+    "cumsum": LibraryFlow.accumulated,
+    **_each("masked_mean masked_sum agg_loss aggregate_loss masked_aggregator sum_of_sample_mean",
+            LibraryFlow.aggregated),
+    "kl_div": LibraryFlow.kl_div_of,
+    **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
+    "detach": LibraryFlow.detached,
+    "float": LibraryFlow.unchanged,
+    **_each(RESHAPING, LibraryFlow.reshaped),
+    "tensor": LibraryFlow.copied,
+    **_each("stack cat vstack hstack concat concatenate", LibraryFlow.stacked),
+    **_each("zip safezip", LibraryFlow.zipped),
+    "enumerate": LibraryFlow.enumerated,
+    **_each("max min maximum minimum", LibraryFlow.extreme),
+    "where": LibraryFlow.selected,
+}
+
+METHODS: dict[str, Effect] = {
+    **_each("detach item tolist numpy cpu detach_ clone_detach", LibraryFlow.detached),
+    **_each(RESHAPING + " float double half bfloat16 to type_as view contiguous expand expand_as cuda view_as"
+            " masked_fill_ mul_ repeat", LibraryFlow.unchanged),
+    **_each("clamp clamp_ clip clip_ clamp_min clamp_max", LibraryFlow.clamped),
+    **_each("sum mean nansum nanmean", LibraryFlow.reduced),
+    **_each("exp log abs square expm1 neg log_softmax softmax", LibraryFlow.elementwise),
+    "pow": LibraryFlow.squared,
+    "gather": LibraryFlow.gathered,
+    "flip": LibraryFlow.flipped,
+    "cumsum": LibraryFlow.accumulated,
+    **_each("mul multiply", LibraryFlow.multiplied),
+    **_each("add sub subtract", LibraryFlow.added),
+    **_each("div divide", LibraryFlow.divided),
+}

@@ -1,0 +1,117 @@
+"""Reductions: sums, means and aggregations of KL terms, and math functions of them.
+
+A sum or mean over the token axis makes a per-sequence term (accumulated over the sequence); over
+every axis, a scalar with its aggregation (sum, token mean, sequence mean: klaudit.catalog.Aggregation);
+over the vocabulary, `p * (log p - log q)` summed is the exact per-token KL. A mask summed is a
+length or a token count, which a later division turns into a mean.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.catalog import Aggregation, Position
+from klaudit.lint import algebra as alg
+from klaudit.lint.facts import Fact, merge_labels, replace
+from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import int_literal, last_name
+from klaudit.lint.tensors import AGG_MODES, agg_mode, apply_math, over_vocab
+
+
+class ReductionFlow(FlowState):
+    """Reductions, aggregations and math functions of tensors, for klaudit.lint.flow.FunctionRun."""
+
+    def dim(self, node) -> bool | None:
+        """True for a reduction over the token axis (per row), False over everything, None over the batch axis."""
+        if node is None:
+            return False
+        if int_literal(node) == 0:
+            return None
+        facts = self.expr(node)
+        return any(f.role == "tensor" and f.poly is not None and f.poly.is_const() for f in facts) or (
+            not facts and not isinstance(node, cst.Name))
+
+    def reduce(self, base: tuple, method: str, per_row: bool | None, node) -> tuple:
+        if per_row is None:
+            return base  # over the batch axis: the per-sequence terms are kept
+        out = []
+        for f in base:
+            if f.role == "mask":
+                out.append(Fact(role="length" if per_row else "ntokens"))
+                continue
+            if f.role != "tensor" or f.poly is None:
+                continue
+            vocab = over_vocab(f.poly)
+            if vocab is not None and per_row:
+                out.append(replace(f, poly=vocab, origin=self.here(node)))
+                continue
+            if vocab is not None and vocab.terms and per_row is False:
+                # `p * (log p - log q)` summed over every axis at once (tokens flattened by a mask
+                # index): the exact per-step KL, summed (or averaged) over the tokens
+                aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
+                out.append(replace(f, poly=vocab, origin=self.here(node), aggregation=aggregation, scalar=True))
+                continue
+            if per_row and f.poly.atoms() and all(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+                out.append(replace(f, scalar=True))  # already one value per sequence: a group statistic
+                continue
+            if per_row:
+                poly = alg.accumulate(f.poly, alg.SEQUENCE)
+                aggregation = Aggregation.SEQ_MEAN if method == "mean" else (f.aggregation or Aggregation.SUM)
+                out.append(replace(f, poly=poly, aggregation=aggregation))
+            else:
+                aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
+                out.append(replace(f, aggregation=aggregation, scalar=True))
+        return tuple(out)
+
+    def aggregate(self, name, first, positional, keywords) -> tuple:
+        if name == "masked_mean":
+            dim = positional[2] if len(positional) > 2 else keywords.get("dim", keywords.get("axis"))
+            aggregation = Aggregation.SEQ_MEAN if self.dim(dim) else Aggregation.BATCH_MEAN
+        elif name == "masked_sum":
+            aggregation = Aggregation.SUM
+        elif name in ("agg_loss", "aggregate_loss", "masked_aggregator"):
+            mode = positional[2] if len(positional) > 2 else keywords.get("loss_agg_mode") or keywords.get("mode")
+            if mode is not None and not isinstance(mode, cst.SimpleString):
+                return self.each_agg_mode(first, mode)
+            aggregation = agg_mode(mode)
+        else:
+            aggregation = Aggregation.SEQ_MEAN
+        out = []
+        for f in first:
+            if f.role != "tensor":
+                continue
+            out.append(replace(f, aggregation=f.aggregation or aggregation, scalar=aggregation is not Aggregation.SEQ_MEAN))
+        return tuple(out)
+
+    def each_agg_mode(self, first: tuple, mode: cst.BaseExpression) -> tuple:
+        """A `loss_agg_mode` the code reads from its configuration: every mode the aggregator knows,
+        each under its value of the switch (a string the analysis knows picks its own)."""
+        known = [f.text for f in self.expr(mode) if f.role == "str" and f.text in AGG_MODES]
+        switch = last_name(mode) or "loss_agg_mode"
+        out: list = []
+        for value in known or list(AGG_MODES):
+            aggregation = AGG_MODES[value]
+            labels = () if known else ((switch, (value,)),)
+            out.extend(replace(f, aggregation=f.aggregation or aggregation, labels=merge_labels(f.labels, labels),
+                               scalar=aggregation is not Aggregation.SEQ_MEAN)
+                       for f in first if f.role == "tensor")
+        return tuple(out)
+
+    def unary_math(self, fn: str, base: tuple, node) -> tuple:
+        out = []
+        for f in base:
+            if f.role != "tensor" or f.poly is None:
+                continue
+            mean = fn == "exp" and f.aggregation is Aggregation.SEQ_MEAN and any(
+                a.acc == alg.SEQUENCE for a in f.poly.atoms())
+            if mean:  # exp of a log-ratio averaged over the response: a weight, not a length-normalised KL
+                f = replace(f, poly=f.poly.map_atoms(lambda a: a.accumulated(alg.SEQUENCE_MEAN)
+                                                     if a.acc == alg.SEQUENCE else a), aggregation=None)
+            poly = apply_math(fn, f.poly)
+            if poly is None:
+                continue
+            position = f.position
+            if fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+                position = Position.SEQUENCE
+            out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position))
+        return tuple(out)

@@ -1,0 +1,149 @@
+"""Sinks: where KL terms reach a loss, a reward or an advantage, and what became of each term.
+
+A value assigned to a loss-, reward- or advantage-named target, passed to `.backward()`, or returned
+by a loss function reaches that sink. A value named like a reward waits until it is seen to be
+used as one (it reaches a loss, a return, advantages, or code the analysis does not follow); a
+loss-named part that a later loss carries on is part of that loss. Each KL term formed and stored
+here is settled once its use is known; the terms nothing explains are reported as KL100.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.lint import algebra as alg
+from klaudit.lint.evidence import note_entry
+from klaudit.lint.facts import Sink, compatible, contained, holds_behaviour_ratio, logprob_kinds, replace
+from klaudit.lint.flowstate import FlowState
+
+
+class SinkFlow(FlowState):
+    """Sinks, reward and loss candidates, and the use of each KL term, for klaudit.lint.flow.FunctionRun."""
+
+    def here(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement being interpreted: findings and origins are reported at statements."""
+        return self.stmt if self.stmt is not None else node
+
+    def sink(self, kind: str, value: tuple, node: cst.CSTNode) -> tuple:
+        """Record that `value` reaches a loss, reward or advantage at `node`; returns it with its entry set."""
+        node = self.here(node)
+        marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
+        if kind == "loss":
+            marked = self.mark_stale(marked)
+        facts = tuple(f for f in marked if f.is_kl())
+        if facts and self.record:
+            note_entry(self, node)
+            self.sinks.append(Sink(kind, facts, node, self.next_order()))
+        self.confirm(value)
+        self.settle(value)
+        if kind == "loss":
+            self.take_on(facts)
+        return marked
+
+    def reward_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
+        """A KL value stored under a reward name waits: it is a reward sink once it reaches a loss,
+        returns, advantages or code the analysis does not see; if it only feeds metrics or the
+        statistics a loss function returns (a DPO loss's `chosen_rewards`), it is not one."""
+        node = self.here(node)
+        if node in self.confirmed:
+            return self.sink("reward", value, node)
+        # an earlier candidate this value came from (`kl_reward = beta * kl`, then `rewards = scores -
+        # kl_reward`) was an intermediate on this path: the sign and estimator count where the reward
+        # is final. It still waits for uses along paths that skip this assignment (an `if` branch).
+        intermediates = {p for f in value for p in f.pending if p is not node and p in self.waiting}
+        marked = tuple(replace(f, entry=f.entry or node,
+                               pending=tuple(p for p in f.pending if p not in intermediates) + (node,)) if f.is_kl() else f
+                       for f in value)
+        facts = tuple(f for f in marked if f.is_kl())
+        if facts and self.record:
+            note_entry(self, node)
+            earlier = self.waiting.get(node)
+            facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
+            self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order())
+        return marked
+
+    def loss_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
+        """A KL value stored under a loss name is a loss term; when it flows on, with its gradient, into
+        a later loss (`per_token_loss = -pg_loss + ...`), that later loss is the objective whose sign and
+        form count, and the earlier name was a part of it (reported where the term first entered)."""
+        node = self.here(node)
+        marked = self.mark_stale(tuple(replace(f, entry=f.entry or node, pending=f.pending + (node,))
+                                       if f.is_kl() else f for f in value))
+        facts = tuple(f for f in marked if f.is_kl())
+        self.take_on(facts, node)
+        if facts and self.record:
+            note_entry(self, node)
+            earlier = self.loss_parts.get(node)
+            facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
+            self.loss_parts[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())
+        self.confirm(value)
+        self.settle(value)
+        return marked
+
+    def mark_stale(self, value: tuple) -> tuple:
+        """KL terms entering a loss in a step that compares the policy with the samples' behaviour
+        policy (a PPO ratio to `old_log_probs`, here or in a call given both) are on older samples."""
+        if not any(f.is_kl() and not f.stale for f in value):
+            return value
+        ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
+        # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
+        return tuple(replace(f, stale=True) if f.is_kl() and (
+            self.compared or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
+            else f for f in value)
+
+    def note_comparison(self, node: cst.Call) -> None:
+        """A call given the policy's log-probs and, in another argument, the behaviour policy's
+        (`policy_loss_fn(old_log_prob=..., log_prob=...)`) compares the two, like a ratio formed here."""
+        if self.compared:
+            return
+        held = []
+        for arg in node.args:
+            value = self.env.get(arg.value.value) if isinstance(arg.value, cst.Name) else self._memo.get(id(arg.value))
+            held.append(logprob_kinds(value or ()))
+        self.compared = any(alg.POLICY in a and alg.OLD in b for i, a in enumerate(held)
+                            for j, b in enumerate(held) if i != j)
+
+    def take_on(self, facts: tuple, node: cst.CSTNode | None = None) -> None:
+        """Earlier loss-named parts that these differentiable facts carry on are not losses of their own."""
+        for f in facts:
+            if f.poly is None or not f.poly.has_grad():
+                continue
+            for p in f.pending:
+                part = self.loss_parts.get(p)
+                # the same term carried on (not combined with another into a new term)
+                if p is not node and part is not None and any(g.origin is f.origin for g in part.facts):
+                    del self.loss_parts[p]
+
+    def confirm(self, value: tuple) -> None:
+        """The reward candidates `value` passed through are rewards after all: record their sinks."""
+        for f in contained(value):
+            for node in f.pending:
+                waiting = self.waiting.pop(node, None)
+                if waiting is not None:
+                    self.confirmed.add(node)
+                    self.sinks.append(waiting)
+                    self.settle(waiting.facts)
+
+    def settle(self, value: tuple) -> None:
+        """The KL terms of `value` have a known use (a sink, a return, a metric, a comparison), and so
+        have the terms the current statement read to make them."""
+        self.settled.update(self.read)
+        self.settled.update(f.origin for f in contained(value) if f.is_kl())
+
+    def note_read(self, value: tuple) -> tuple:
+        """Remember the KL terms a statement reads; returns `value`."""
+        self.read.update(f.origin for f in value if f.origin is not None and f.is_kl())
+        return value
+
+    def track(self, value: tuple) -> None:
+        """A KL term formed here and stored; the terms a new tensor was computed from are used by it."""
+        origins = {f.origin for f in value if f.is_kl()}
+        if any(f.role == "tensor" and f.poly is not None for f in value):
+            self.settled.update(self.read - origins)  # a new term, or a margin in which the terms cancel
+        for f in value:
+            if f.is_kl() and f.origin is not None and f.calls == 0 and f.origin_path == self.module.path:
+                self.formed.setdefault(f.origin, f)
+
+    def next_order(self) -> int:
+        self.sink_count += 1
+        return self.sink_count

@@ -1,0 +1,194 @@
+"""Statements: blocks, loops, `with`, `try`, `if`/`elif`/`else` and `match`, returns.
+
+Statements are walked in order. An `if` whose test the analysis decides runs one branch; otherwise
+both run and their environments are joined, each branch's values labelled with the switch value
+that selects it (klaudit.lint.conditions says which). Statements after `if test: return` run where
+the test is false. Loops run twice, so that values carried from one iteration to the next are
+seen; a `with torch.no_grad()` block makes its new tensors carry no gradient.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from klaudit.lint import roles
+from klaudit.lint.conditions import where_false
+from klaudit.lint.containers import elements
+from klaudit.lint.evidence import note_assignment
+from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
+from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import case_strings, dotted, last_name
+
+
+class StatementFlow(FlowState):
+    """The statements of a function body, for klaudit.lint.flow.FunctionRun."""
+
+    def block(self, body: cst.BaseSuite) -> None:
+        if isinstance(body, cst.SimpleStatementSuite):
+            for small in body.body:
+                self.small(small)
+            return
+        for stmt in body.body:
+            self.statement(stmt)
+
+    def statement(self, stmt: cst.CSTNode) -> None:
+        self._memo = {}
+        self.read = set()
+        self.stmt = stmt
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                self.small(small)
+        elif isinstance(stmt, cst.If):
+            self.if_statement(stmt)
+        elif isinstance(stmt, (cst.For, cst.While)):
+            reverse = isinstance(stmt, cst.For) and isinstance(stmt.iter, cst.Call) and "reversed" in dotted(stmt.iter.func)
+            if isinstance(stmt, cst.For):
+                # loop variables: the elements of what is iterated, else roles from their names
+                self.assign_target(stmt.target, elements(self.expr(stmt.iter)), rhs=stmt.iter)
+            for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
+                if reverse:
+                    self.reverse_loop.add(id(stmt))
+                self.block(stmt.body)
+                self.reverse_loop.discard(id(stmt))
+            # training loops run: the state after the body, not a join with the state before it
+            if stmt.orelse is not None:
+                self.block(stmt.orelse.body)
+        elif isinstance(stmt, cst.With):
+            saved = self.no_grad
+            if any(roles.NO_GRAD_CONTEXTS.match(dotted(item.item.func).split(".")[-1].rstrip("()"))
+                   for item in stmt.items if isinstance(item.item, cst.Call)):
+                self.no_grad = True
+            for item in stmt.items:
+                if item.asname is not None:
+                    self.assign_target(item.asname.name, ())
+            self.block(stmt.body)
+            self.no_grad = saved
+        elif isinstance(stmt, cst.Try):
+            before = dict(self.env)
+            self.block(stmt.body)
+            for handler in stmt.handlers:
+                self.block(handler.body)
+            self.env = join_envs(before, self.env)
+            if stmt.orelse is not None:
+                self.block(stmt.orelse.body)
+            if stmt.finalbody is not None:
+                self.block(stmt.finalbody.body)
+        elif isinstance(stmt, cst.Match):
+            self.match_statement(stmt)
+        elif isinstance(stmt, cst.FunctionDef):
+            self.define(stmt)
+
+    def if_statement(self, stmt: cst.If) -> None:
+        label, decided = self.condition(stmt.test)
+        if decided is True:
+            self.block(stmt.body)
+            return
+        if decided is False:
+            if isinstance(stmt.orelse, cst.If):
+                self.if_statement(stmt.orelse)
+            elif stmt.orelse is not None:
+                self.block(stmt.orelse.body)
+            return
+        before = dict(self.env)
+        saved = self.labels
+        if label is not None:
+            self.labels = merge_labels(self.labels, (label,))
+        self.block(stmt.body)
+        self.labels = saved
+        after_body = self.env
+        self.env = dict(before)
+        otherwise = where_false(label)  # the switch values where the test is false, where labels can say so
+        if isinstance(stmt.orelse, cst.If):
+            self.labels = merge_labels(self.labels, otherwise)  # an elif runs where the test before it is false
+            self.if_statement(stmt.orelse)
+            self.labels = saved
+            for name, facts in list(self.env.items()) if otherwise else ():
+                if after_body.get(name) != facts:  # the value the elif chain leaves, where the test is false
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
+        elif stmt.orelse is not None:
+            self.labels = merge_labels(self.labels, otherwise)
+            self.block(stmt.orelse.body)
+            self.labels = saved
+        elif otherwise:
+            # `if flag: kl = kl * ratio` without else: where the test is false, kl keeps its old value
+            for name, facts in before.items():
+                if after_body.get(name) != facts:
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
+        self.env = join_envs(after_body, self.env)
+        if _chain_leaves(stmt):
+            # `if test: return` (or an elif chain whose every branch returns, without else): the statements
+            # after it run only where every test is false
+            branch: cst.BaseSuite | cst.If | cst.Else | None = stmt
+            while isinstance(branch, cst.If):
+                self.labels = merge_labels(self.labels, self.negation(branch.test))
+                branch = branch.orelse
+
+    def match_statement(self, stmt: cst.Match) -> None:
+        subject = self.expr(stmt.subject)
+        name = next((f.name for f in subject if f.role == "str"), last_name(stmt.subject))
+        before = dict(self.env)
+        merged = dict(before)
+        saved = self.labels
+        for case in stmt.cases:
+            values = case_strings(case.pattern)
+            self.env = dict(before)
+            if values:
+                self.labels = merge_labels(saved, ((name, values),))
+            self.block(case.body)
+            self.labels = saved
+            merged = join_envs(merged, self.env)
+        self.env = merged
+
+    def small(self, small: cst.CSTNode) -> None:
+        self._memo = {}
+        self.read = set()
+        self.stmt = small
+        if isinstance(small, cst.Assign):
+            value = self.loop_carried(small) or self.expr(small.value)
+            for target in small.targets:
+                self.assign_target(target.target, value, small, rhs=small.value)
+        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+            self.assign_target(small.target, self.expr(small.value), small, rhs=small.value)
+        elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Subscript):
+            self.expr(small.value)  # x[idx] += y changes some positions of x: x keeps its meaning
+        elif isinstance(small, cst.AugAssign):
+            op = small.operator
+            current = self.expr(small.target)
+            value = self.binary(current, self.expr(small.value), op, small)
+            self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
+        if self.record and isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            note_assignment(self, small)
+        if isinstance(small, cst.Expr):
+            self.expr(small.value)
+        elif isinstance(small, cst.Return) and small.value is not None:
+            value = self.expr(small.value)
+            value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
+                          if compatible(f.labels, self.labels))
+            if self.loss_function:
+                marked = self.sink("loss", loss_part(value), small)
+                value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
+            else:
+                self.returned(small.value)
+            self.settle(value)
+            self.returns.extend(value)
+
+    def returned(self, node: cst.BaseExpression) -> None:
+        """A reward returned by a function that is not a loss goes on to be used by its caller; a
+        returned metrics dict (`return loss, metrics`) only records statistics."""
+        parts = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
+        for part in parts:
+            if not roles.is_metrics_name(last_name(part)):
+                self.confirm(self.expr(part))
+
+
+def _chain_leaves(stmt: cst.If) -> bool:
+    """Whether every branch of an if/elif chain without a final else returns or raises."""
+    return _leaves(stmt.body) and (stmt.orelse is None or isinstance(stmt.orelse, cst.If) and _chain_leaves(stmt.orelse))
+
+
+def _leaves(body: cst.BaseSuite) -> bool:
+    """Whether a block always ends in `return` or `raise`."""
+    last = body.body[-1] if body.body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1] if last.body else None
+    return isinstance(last, (cst.Return, cst.Raise))
