@@ -11,6 +11,7 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation
 from klaudit.lint import algebra as alg
+from klaudit.lint.algebra import Poly
 from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, operands, replace
 from klaudit.lint.flowstate import FlowState
 
@@ -65,21 +66,21 @@ class ArithmeticFlow(FlowState):
         out = []
         for a in operands(left):
             for b in operands(right):
-                a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
-                if a_tensor and b_tensor:
+                a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
+                if a_poly is not None and b_poly is not None:
                     if not compatible(a.labels, b.labels):
                         continue
                     if a.scalar != b.scalar and a.is_kl() and b.is_kl():
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
-                        out.append(replace(b, poly=alg.scale(b.poly, sign)) if a.scalar else a)
+                        out.append(replace(b, poly=alg.scale(b_poly, sign)) if a.scalar else a)
                         continue
-                    out.append(combine(a, b, alg.add(a.poly, b.poly, sign), self.here(node), self.module.path))
-                elif _constant(a if a_tensor else b) and UNKNOWN.role in (a.role, b.role):
+                    out.append(combine(a, b, alg.add(a_poly, b_poly, sign), self.here(node), self.module.path))
+                elif _constant(a if a_poly is not None else b) and UNKNOWN.role in (a.role, b.role):
                     continue  # a number plus a value the analysis cannot explain: no known value
-                elif a_tensor:
+                elif a_poly is not None:
                     out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
-                elif b_tensor:
-                    out.append(replace(b, poly=alg.scale(b.poly, sign)))
+                elif b_poly is not None:
+                    out.append(replace(b, poly=alg.scale(b_poly, sign)))
         return bounded(tuple(dict.fromkeys(out)))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
@@ -87,18 +88,19 @@ class ArithmeticFlow(FlowState):
         negative_unknown = False
         for a in operands(left):
             for b in operands(right):
-                a_tensor, b_tensor = a.role == "tensor" and a.poly is not None, b.role == "tensor" and b.poly is not None
-                if a_tensor and b_tensor:
+                a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
+                if a_poly is not None and b_poly is not None:
                     if compatible(a.labels, b.labels):
-                        out.append(combine(a, b, alg.mul(a.poly, b.poly), self.here(node), self.module.path, product=True))
-                elif a_tensor or b_tensor:
-                    tensor_side, other = (a, b) if a_tensor else (b, a)
+                        out.append(combine(a, b, alg.mul(a_poly, b_poly), self.here(node), self.module.path, product=True))
+                elif a_poly is not None or b_poly is not None:
+                    tensor_side, other, poly = (a, b, a_poly) if a_poly is not None else (b, a, b_poly)
+                    assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     factor = -1.0 if other.role == "neg" else 1.0
-                    out.append(replace(tensor_side, poly=alg.scale(tensor_side.poly, factor)))
+                    out.append(replace(tensor_side, poly=alg.scale(poly, factor)))
                 elif (a.role == "neg") != (b.role == "neg"):
                     negative_unknown = True
         if not out and negative_unknown:
@@ -118,6 +120,11 @@ class ArithmeticFlow(FlowState):
                 continue
             out.append(f)
         return tuple(out)
+
+
+def _tensor_poly(fact: Fact) -> Poly | None:
+    """The polynomial of a tensor fact; None for any other fact (a mask, a length, a sign)."""
+    return fact.poly if fact.role == "tensor" else None
 
 
 def _constant(fact: Fact) -> bool:

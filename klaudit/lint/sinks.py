@@ -15,6 +15,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint.evidence import note_entry
 from klaudit.lint.facts import Sink, compatible, contained, holds_behaviour_ratio, logprob_kinds, replace
 from klaudit.lint.flowstate import FlowState
+from klaudit.lint.kinds import SinkKind
 
 
 class SinkFlow(FlowState):
@@ -24,7 +25,7 @@ class SinkFlow(FlowState):
         """The statement being interpreted: findings and origins are reported at statements."""
         return self.stmt if self.stmt is not None else node
 
-    def sink(self, kind: str, value: tuple, node: cst.CSTNode) -> tuple:
+    def sink(self, kind: SinkKind, value: tuple, node: cst.CSTNode) -> tuple:
         """Record that `value` reaches a loss, reward or advantage at `node`; returns it with its entry set."""
         node = self.here(node)
         marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
