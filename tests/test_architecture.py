@@ -1,5 +1,5 @@
 """The package's module graph: no import cycle (lazy imports inside functions count), and the lint
-wing never reaches the audit wing, which needs torch."""
+wing never reaches the audit wing, which needs torch; and no class longer than a reader can hold."""
 
 from __future__ import annotations
 
@@ -65,3 +65,15 @@ def test_the_lint_never_reaches_the_audit_wing():
             reached.add(name)
             todo.extend(graph.get(name, ()))
     assert not {name for name in reached if name.startswith("klaudit.audit")}
+
+
+MAX_CLASS_LINES = 250  # a class a reader can hold (issue 10): a larger one is split into parts with one job each
+
+
+def test_no_class_is_longer_than_a_reader_can_hold():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}")
+    assert not long, long
