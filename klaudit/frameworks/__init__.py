@@ -91,10 +91,10 @@ def config_classes(sources: Mapping[str, str]) -> dict[str, tuple[ConfigClass, .
     classes: dict[str, tuple[ConfigClass, ...]] = {}
     for path in sorted(paths):
         try:
-            module = cst.parse_module(sources[path])
+            definitions = read_configs(sources[path], names, trl.KEYS, path)[1]
         except (cst.ParserSyntaxError, RecursionError):
             continue
-        for definition in read_configs(module, names, trl.KEYS, path)[1]:
+        for definition in definitions:
             classes[definition.name] = (*classes.get(definition.name, ()), definition)
     return classes
 
@@ -189,7 +189,7 @@ def lint_python(path: str, module: cst.Module, source: str, context: Context | N
     context = context or Context()
     if not mentions_config_class(source, context):
         return []
-    calls, definitions = read_configs(module, context.class_names, trl.KEYS, path, source)
+    calls, definitions = read_configs(source, context.class_names, trl.KEYS, path, module)
     found: list[Finding] = []
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):

@@ -2,10 +2,9 @@
 from it with `beta: float = 0.04`): their keywords and field defaults as settings, with the position of
 each, read from the module's syntax tree (the code is never run).
 
-The calls of a module that defines no configuration class are read from Python's own tree (`ast`,
-already parsed for the syntax check): LibCST's positions would regenerate the whole module's code,
-which costs more than parsing it (half the lint of TRL's grpo_trainer.py). LibCST's tree is read where
-a class derives from a configuration class, and where Python cannot read the text (newer syntax)."""
+They are read from Python's own tree (`ast`, already parsed for the syntax check): LibCST's
+positions would regenerate the whole module's code, which costs more than parsing it (half the lint
+of TRL's grpo_trainer.py). LibCST's tree is read only where Python cannot read the text (newer syntax)."""
 
 from __future__ import annotations
 
@@ -107,34 +106,28 @@ class _Reader(cst.CSTVisitor):
         self.definitions.append(ConfigClass(node.name.value, bases, fields, self.path))
 
 
-def read_configs(module: cst.Module, class_names: Iterable[str], keys: Iterable[str],
-                 path: str = "", source: str | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
+def read_configs(source: str, class_names: Iterable[str], keys: Iterable[str], path: str = "",
+                 module: cst.Module | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
     """The calls of the classes named in `class_names` and the classes deriving from them (or
-    redefining them) in `module` (parsed from `source`, when given). After `**kwargs` every key of
-    `keys` not given by name is unknown (a Setting with value None)."""
+    redefining them) in `source` (`module`: its LibCST tree, if already parsed). After `**kwargs` every
+    key of `keys` not given by name is unknown (a Setting with value None)."""
     names, keys = frozenset(class_names), tuple(keys)
-    if source is not None and not _defines_config_class(source, names):
-        calls = _python_calls(source, names, keys)
-        if calls is not None:
-            return calls, []
+    found = _python_configs(source, names, keys, path)
+    if found is not None:
+        return found
     reader = _Reader(names, keys, path)
-    MetadataWrapper(module, unsafe_skip_copy=True).visit(reader)
+    MetadataWrapper(module or cst.parse_module(source), unsafe_skip_copy=True).visit(reader)
     return reader.calls, reader.definitions
-
-
-def _defines_config_class(source: str, names: Collection[str]) -> bool:
-    """Whether a class header of `source` names one of `names` (as the class or among its bases)."""
-    pattern = r"\bclass\s+\w+\s*\([^)]*\b(?:{0})\b|\bclass\s+(?:{0})\b".format("|".join(map(re.escape, names)))
-    return re.search(pattern, source) is not None
 
 
 _NEWLINE = re.compile(r"\r\n?|\n")  # line ends as Python's tokenizer and LibCST count them
 
 
-def _python_calls(source: str, names: Collection[str], keys: tuple[str, ...]) -> list[ConfigCall] | None:
-    """The calls as `_Reader` finds them, read from Python's tree of `source`; None when Python cannot
-    read it. Python counts columns in UTF-8 bytes and normalises identifiers (NFKC), LibCST counts
-    characters and keeps the text: both are converted to LibCST's terms."""
+def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...],
+                    path: str) -> tuple[list[ConfigCall], list[ConfigClass]] | None:
+    """What `_Reader` finds, read from Python's tree of `source`; None when Python cannot read it.
+    Python counts columns in UTF-8 bytes and normalises identifiers (NFKC), LibCST counts characters
+    and keeps the text: both are converted to LibCST's terms."""
     try:
         tree = python_ast(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -151,27 +144,54 @@ def _python_calls(source: str, names: Collection[str], keys: tuple[str, ...]) ->
         parts = [lines[first][node.col_offset:], *lines[first + 1:last], lines[last][:node.end_col_offset]]
         return "\n".join(part.decode("utf-8", errors="replace") for part in parts)
 
-    def setting(node: ast.expr | ast.keyword, value: str | None, name_length: int) -> Setting:
+    def setting(node: ast.expr | ast.stmt | ast.keyword, value: str | None, name_length: int) -> Setting:
         start = column(node.lineno, node.col_offset)
         end = (column(node.lineno, node.end_col_offset or 0) if node.end_lineno == node.lineno
                else start + name_length)
         return Setting(value, node.lineno, start, end)
 
-    calls = []
+    calls, definitions = [], []  # definitions: ((line, column), class)
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        name = _called_name(node.func, names, text)
-        if name is None:
-            continue
-        settings = {keyword.arg: setting(keyword, _python_literal(keyword.value, text), len(keyword.arg))
-                    for keyword in node.keywords if keyword.arg is not None}
-        where = setting(node.func, None, len(name))
-        if any(keyword.arg is None for keyword in node.keywords):  # any key not named may come from the mapping
-            unknown = Setting(None, where.line, where.column, where.column)
-            settings = {**{key: unknown for key in keys}, **settings}
-        calls.append(ConfigCall(name, where, settings))
-    return sorted(calls, key=lambda call: (call.where.line, call.where.column))
+        if isinstance(node, ast.Call):
+            name = _called_name(node.func, names, text)
+            if name is None:
+                continue
+            settings = {keyword.arg: setting(keyword, _python_literal(keyword.value, text), len(keyword.arg))
+                        for keyword in node.keywords if keyword.arg is not None}
+            where = setting(node.func, None, len(name))
+            if any(keyword.arg is None for keyword in node.keywords):  # any key not named may come from the mapping
+                unknown = Setting(None, where.line, where.column, where.column)
+                settings = {**{key: unknown for key in keys}, **settings}
+            calls.append(ConfigCall(name, where, settings))
+        elif isinstance(node, ast.ClassDef):
+            bases = tuple(_last_name(base) for base in node.bases)
+            if node.name not in names and not set(bases) & set(names):
+                continue
+            fields: dict[str, Setting] = {}
+            for statement in node.body:
+                target = (statement.target if isinstance(statement, ast.AnnAssign) and statement.value is not None
+                          else statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                          else None)
+                if isinstance(target, ast.Name) and target.id in keys:
+                    assert isinstance(statement, (ast.AnnAssign, ast.Assign)) and statement.value is not None
+                    fields[target.id] = setting(statement, _python_default(statement.value, text), len(target.id))
+            definitions.append(((node.lineno, node.col_offset), ConfigClass(node.name, bases, fields, path)))
+    # in the order of the source, as LibCST visits them
+    return (sorted(calls, key=lambda call: (call.where.line, call.where.column)),
+            [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
+
+
+def _last_name(node: ast.expr) -> str:
+    """`GRPOConfig` of `trl.GRPOConfig`; "" for anything else."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:
+    """`_field_default` of the same text: `0.04` or `field(default=0.04, ...)`; None when computed."""
+    if isinstance(node, ast.Call) and _last_name(node.func) == "field":
+        default = next((keyword.value for keyword in node.keywords if keyword.arg == "default"), None)
+        return None if default is None else _python_literal(default, text)
+    return _python_literal(node, text)
 
 
 def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.expr], str]) -> str | None:

@@ -1,5 +1,6 @@
-"""Configuration calls read from Python's own tree are the ones LibCST's positions give: the same
-names, keyword values and positions, whatever the spelling of the call (klaudit.frameworks.calls)."""
+"""Configuration calls and classes read from Python's own tree are the ones LibCST's positions give:
+the same names, keyword values, field defaults and positions, whatever the spelling
+(klaudit.frameworks.calls)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import libcst
 import pytest
 
 from klaudit.frameworks import calls, trl
+from klaudit.frameworks.settings import Setting
 
 CONFIGS = '''\
 """Usage: `GRPOConfig(beta=0.1)` (a docstring names it; it is not a call)."""
@@ -25,27 +27,50 @@ def f(a=GRPOConfig(beta=5)):
     return [GRPOConfig  # a comment between the name and its arguments
             (beta="""two
 lines""", k=r"\\d")]
+
+
+@dataclass
+class Mine(trl.GRPOConfig):
+    beta: float = 0.0
+    loss_type = "dr_grpo"  # comment
+    num_iterations: int = field(default=2, metadata={"help": "x"})
+    other: int = 3
+
+class Again(Mine, Generic[T]): beta = 0.5
+class GRPOConfig(TrainingArguments):
+    beta: float = field(default_factory=lambda: 0.04)
 '''
 
 
+NAMES = frozenset({*trl.CONFIG_CLASSES, "Mine", "Again"})
+
+
 def _with_libcst(source: str):
-    reader = calls._Reader(frozenset(trl.CONFIG_CLASSES), tuple(trl.KEYS), "t.py")
+    reader = calls._Reader(NAMES, tuple(trl.KEYS), "t.py")
     libcst.MetadataWrapper(libcst.parse_module(source), unsafe_skip_copy=True).visit(reader)
-    return reader.calls
+    return reader.calls, reader.definitions
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
-def test_calls_read_from_pythons_tree_are_those_libcsts_positions_give(newline):
+def test_configurations_read_from_pythons_tree_are_those_libcsts_positions_give(newline):
     source = CONFIGS.replace("\n", newline)
-    from_python = calls._python_calls(source, frozenset(trl.CONFIG_CLASSES), tuple(trl.KEYS))
-    assert from_python is not None and len(from_python) == 5
+    from_python = calls._python_configs(source, NAMES, tuple(trl.KEYS), "t.py")
+    assert from_python is not None
+    found, definitions = from_python
+    assert len(found) == 5 and [d.name for d in definitions] == ["Mine", "Again", "GRPOConfig"]
+    by_libcst = _with_libcst(source)
     order = lambda call: (call.where.line, call.where.column)  # noqa: E731
-    assert sorted(from_python, key=order) == sorted(_with_libcst(source), key=order)
+    assert sorted(found, key=order) == sorted(by_libcst[0], key=order)
+    assert definitions[0] == by_libcst[1][0] and definitions[2] == by_libcst[1][2]
+    assert by_libcst[1][1].fields == {} and definitions[1].bases == by_libcst[1][1].bases
+    assert definitions[0].fields["beta"].value == "0.0" and definitions[0].fields["num_iterations"].value == "2"
+    assert definitions[1].fields == {"beta": Setting("0.5", 26, 32, 42)}  # a one-line body: LibCST's reader skips it
+    assert definitions[2].fields["beta"].value is None  # a computed default
 
 
-def test_a_module_that_defines_a_configuration_class_is_read_by_libcst():
+def test_newer_syntax_than_pythons_is_read_by_libcst(monkeypatch):
     source = "from trl import GRPOConfig\n\n\nclass Mine(GRPOConfig):\n    beta: float = 0.0\n\n\nc = Mine(beta=0.1)\n"
-    found, definitions = calls.read_configs(libcst.parse_module(source), {"GRPOConfig", "Mine"}, trl.KEYS, "t.py",
-                                            source)
+    monkeypatch.setattr(calls, "_python_configs", lambda *args: None)  # as if Python could not read it
+    found, definitions = calls.read_configs(source, {"GRPOConfig", "Mine"}, trl.KEYS, "t.py")
     assert [d.name for d in definitions] == ["Mine"] and definitions[0].fields["beta"].value == "0.0"
     assert [(c.name, c.settings["beta"].value) for c in found] == [("Mine", "0.1")]
