@@ -97,6 +97,7 @@ class Evidence:
         self._statements: dict[int, StatementRoles] = {}
         self._keep: list = []  # the statements, so that their ids stay theirs while recorded
         self._entries: dict[int, cst.CSTNode] = {}  # the statements where a KL term entered a sink
+        self._nodes: dict[int, tuple[cst.CSTNode, ...]] = {}  # a recorded statement's expressions (walked once)
 
     def note(self, statement: cst.CSTNode, memo: Mapping[int, tuple], env: Mapping[str, tuple],
              entry: bool = True) -> None:
@@ -109,7 +110,10 @@ class Evidence:
             self._keep.append(statement)
         if entry:
             self._entries.setdefault(id(statement), statement)
-        for node in _expressions(statement):
+        nodes = self._nodes.get(id(statement))
+        if nodes is None:
+            nodes = self._nodes[id(statement)] = tuple(_expressions(statement))
+        for node in nodes:
             facts = memo.get(id(node))
             if facts is None:
                 continue
