@@ -169,16 +169,22 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...],
                 continue
             fields: dict[str, Setting] = {}
             for statement in node.body:
-                target = (statement.target if isinstance(statement, ast.AnnAssign) and statement.value is not None
-                          else statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                          else None)
-                if isinstance(target, ast.Name) and target.id in keys:
-                    assert isinstance(statement, (ast.AnnAssign, ast.Assign)) and statement.value is not None
-                    fields[target.id] = setting(statement, _python_default(statement.value, text), len(target.id))
+                target, value = _assigned(statement)
+                if isinstance(target, ast.Name) and target.id in keys and value is not None:
+                    fields[target.id] = setting(statement, _python_default(value, text), len(target.id))
             definitions.append(((node.lineno, node.col_offset), ConfigClass(node.name, bases, fields, path)))
     # in the order of the source, as LibCST visits them
     return (sorted(calls, key=lambda call: (call.where.line, call.where.column)),
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
+
+
+def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:
+    """(target, value) of `name: T = value` or of a one-target `name = value`; (None, None) otherwise."""
+    if isinstance(statement, ast.AnnAssign):
+        return statement.target, statement.value
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        return statement.targets[0], statement.value
+    return None, None
 
 
 def _last_name(node: ast.expr) -> str:

@@ -33,7 +33,8 @@ from klaudit.lint.evidence import BEHAVIOUR, DETACHED_POLICY, MASK, POLICY, REFE
 from klaudit.lint.facts import Fact
 from klaudit.lint.fixarguments import ArgumentFinder
 from klaudit.lint.fixdescent import COMPATIBLE, Descent, Reduction, TermFinder, kl_scale
-from klaudit.lint.fixsite import Refused, statement_value, walk
+from klaudit.lint.fixsite import Refused, statement_value
+from klaudit.lint.syntax import walk
 
 PENALTY = "klaudit.estimators.kl_penalty"
 REWARD = "klaudit.estimators.kl_reward"

@@ -12,7 +12,8 @@ import libcst as cst
 
 from klaudit.lint.evidence import BEHAVIOUR, DETACHED_POLICY, MASK, POLICY, REFERENCE, StatementRoles
 from klaudit.lint.fixdescent import Descent
-from klaudit.lint.fixsite import FixSite, Refused, statement_value, walk
+from klaudit.lint.fixsite import FixSite, Refused, statement_value
+from klaudit.lint.syntax import walk
 
 _WORDS = {POLICY: "policy's log-probs", DETACHED_POLICY: "policy's detached log-probs", REFERENCE: "reference's log-probs", BEHAVIOUR: "behaviour policy's log-probs",
           MASK: "mask"}

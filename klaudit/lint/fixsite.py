@@ -137,10 +137,3 @@ def statement_value(statement: cst.CSTNode) -> cst.BaseExpression:
         return statement.value
     raise Refused("klaudit rewrites assignments and returns only")
 
-
-def walk(node: cst.CSTNode | None):
-    stack = [node] if node is not None else []
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(current.children)

@@ -40,7 +40,7 @@ from klaudit.lint.library import LibraryFlow
 from klaudit.lint.reductions import ReductionFlow
 from klaudit.lint.sinks import SinkFlow
 from klaudit.lint.statements import StatementFlow
-from klaudit.lint.syntax import dotted, params, string_literals
+from klaudit.lint.syntax import dotted, params, string_literals, walk
 
 
 class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, ArithmeticFlow, CallFlow,
@@ -82,13 +82,7 @@ def registered_names(func: cst.FunctionDef) -> frozenset:
         if "register" not in dotted(decorator.decorator.func if isinstance(decorator.decorator, cst.Call)
                                     else decorator.decorator).lower():
             continue
-        for node in _subtree(decorator.decorator):
+        for node in walk(decorator.decorator):
             if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
                 names |= set(string_literals(node) or ())
     return frozenset(names)
-
-
-def _subtree(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _subtree(child)

@@ -6,6 +6,7 @@ import ast
 import functools
 import math
 import warnings
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -164,3 +165,12 @@ def params(func: cst.FunctionDef) -> list[cst.Param]:
 def looks_like_option(attr: str) -> bool:
     lower = attr.lower()
     return any(word in lower for word in ("type", "penalty", "estimator", "mode", "kl_loss", "use_", "kl"))
+
+
+def walk(node: cst.CSTNode | None) -> Iterator[cst.CSTNode]:
+    """`node` and every node under it (none for None)."""
+    stack = [node] if node is not None else []
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)
