@@ -18,7 +18,7 @@ import libcst
 
 from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE
 from klaudit.lint.findings import Finding
-from klaudit.lint.syntax import python_ast
+from klaudit.lint.syntax import libcst_module, python_ast
 
 # Nesting of the syntax tree (statements, expressions, operands) beyond which a file is not parsed with
 # LibCST. Real code stays far below it (the deepest file of verl nests 19 levels); a chain of 200
@@ -118,7 +118,7 @@ def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.
     if known is not None:
         return known
     try:
-        return libcst.parse_module(source)
+        return libcst_module(source)
     except (libcst.ParserSyntaxError, libcst.CSTValidationError) as error:
         return _compile_error(path, source) or incomplete(
             path, f"not analysed: Python reads this file but LibCST does not ({getattr(error, 'message', error)})",

@@ -11,6 +11,7 @@ import libcst as cst
 
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
+from klaudit.lint.syntax import libcst_module
 
 
 class Project:
@@ -106,7 +107,7 @@ class Project:
             text = self._text(key)
             tree = None
             try:
-                tree = cst.parse_module(text) if text is not None else None
+                tree = libcst_module(text) if text is not None else None
             except (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError):
                 pass
             self._modules[key] = tree

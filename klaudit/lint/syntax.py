@@ -23,6 +23,26 @@ def python_ast(source: str) -> ast.Module:
         return ast.parse(source)
 
 
+def _unvalidated(node: cst.CSTNode) -> None:
+    """In place of CSTNode.__post_init__ while the parser builds a tree (see libcst_module)."""
+
+
+def libcst_module(source: str) -> cst.Module:
+    """LibCST's tree of `source`, its nodes built without each checking its own fields.
+
+    Every node LibCST builds validates itself (balanced parentheses, required whitespace); a tree its
+    own parser builds from source text holds those by construction, and the checks are a sixth of
+    the parse (LibCST's `CSTNode.__post_init__` notes the same). They are suspended for this call
+    only: nodes built at any other time (the fixes) still check themselves. Raises what
+    `libcst.parse_module` raises."""
+    validating = cst.CSTNode.__post_init__
+    cst.CSTNode.__post_init__ = _unvalidated  # type: ignore[method-assign]
+    try:
+        return cst.parse_module(source)
+    finally:
+        cst.CSTNode.__post_init__ = validating  # type: ignore[method-assign]
+
+
 def dotted(node: cst.CSTNode) -> str:
     if isinstance(node, cst.Name):
         return node.value

@@ -201,3 +201,19 @@ def test_a_replaced_fact_equals_the_one_dataclasses_makes_and_unknown_fields_sti
         replace(fact, clampd=True)
     assert fact.poly == alg.Poly.atom(alg.Atom(alg.DELTA, True)) and hash(fact.poly) == hash(
         alg.Poly.atom(alg.Atom(alg.DELTA, True)))
+
+
+def test_a_tree_parsed_without_node_checks_equals_the_checked_one_and_the_checks_come_back():
+    from pathlib import Path
+
+    from klaudit.lint.syntax import libcst_module
+
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("klaudit", "lint").glob("*.py"))[:12]:
+        source = path.read_text(encoding="utf-8")
+        tree = libcst_module(source)
+        assert tree.deep_equals(libcst.parse_module(source)), path
+        assert tree.code == source
+    with pytest.raises(libcst.ParserSyntaxError):
+        libcst_module("def f(:\n")
+    with pytest.raises(libcst.CSTValidationError):  # nodes built outside the parse still check themselves
+        libcst.Name("not a name")
