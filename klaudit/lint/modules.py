@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import bisect
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import libcst as cst
@@ -31,11 +32,47 @@ MAX_DEPTH = 4
 
 
 # `obj.attr = value` on an object other than self, `x["key"] = value`, and the keywords of a
-# constructor call (`Experience(..., kl=kl)`): the field, key or keyword and what is stored
-_FIELD_WRITE = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)([^\n]*)")
+# constructor call (`Experience(..., kl=kl)`): the field, key or keyword and what is stored. The
+# field and constructor patterns start at a character of their own ("." and a capital), which the
+# regular-expression engine finds quickly, and the name before it is checked by hand: five and three
+# times faster than starting at every word (the same matches on every file of the corpus).
+_FIELD_WRITE = re.compile(r"\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)([^\n]*)")
 _KEY_WRITE = re.compile(r"\[\s*(\"\w+\"|'\w+')\s*\]\s*(?:[-+*/]?=)(?!=)([^\n]*)")
-_CONSTRUCTOR = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
+_CONSTRUCTOR = re.compile(r"[A-Z]\w*\(([^()]*)\)")
 _KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)([^,]*)")
+
+
+def _word_start(source: str, end: int) -> int:
+    """Where the run of word characters that ends at `end` begins."""
+    start = end
+    while start and (source[start - 1].isalnum() or source[start - 1] == "_"):
+        start -= 1
+    return start
+
+
+def _field_writes(source: str) -> Iterator[tuple[int, str, str]]:
+    """(offset, field, stored text) of each `name.field = ...` (also `+=` ...), `name` not self or cls."""
+    position = 0
+    while (match := _FIELD_WRITE.search(source, position)) is not None:
+        dot = match.start()
+        start = _word_start(source, dot)
+        owner = source[start:dot]
+        if owner[:1].isascii() and (owner[:1].isalpha() or owner[:1] == "_") and owner not in ("self", "cls"):
+            yield start, match.group(1), match.group(2)
+            position = match.end()
+        else:
+            position = dot + 1
+
+
+def _constructor_arguments(source: str) -> Iterator[tuple[int, str]]:
+    """(offset, argument text) of each call of a capitalised name without nested parentheses."""
+    position = 0
+    while (match := _CONSTRUCTOR.search(source, position)) is not None:
+        if _word_start(source, match.start()) < match.start():  # the capital is inside a word
+            position = match.start() + 1
+        else:
+            yield match.start(), match.group(1)
+            position = match.end()
 
 
 def line_starts(source: str) -> list[int]:
@@ -54,13 +91,13 @@ def stored_slots(source: str, starts: list[int]) -> dict[str, set[int]]:
         if might_contain_kl(name) or might_contain_kl(value):
             found.setdefault(name, set()).add(bisect.bisect_right(starts, offset) + 1)
 
-    for match in _FIELD_WRITE.finditer(source):
-        add(match.group(1), match.group(2), match.start())
+    for offset, field, value in _field_writes(source):
+        add(field, value, offset)
     for match in _KEY_WRITE.finditer(source):
         add(key_slot(match.group(1)[1:-1]), match.group(2), match.start())
-    for call in _CONSTRUCTOR.finditer(source):
-        for keyword in _KEYWORD.finditer(call.group(1)):
-            add(keyword.group(1), keyword.group(2), call.start())
+    for offset, arguments in _constructor_arguments(source):
+        for keyword in _KEYWORD.finditer(arguments):
+            add(keyword.group(1), keyword.group(2), offset)
     return found
 
 

@@ -217,3 +217,21 @@ def test_a_tree_parsed_without_node_checks_equals_the_checked_one_and_the_checks
         libcst_module("def f(:\n")
     with pytest.raises(libcst.CSTValidationError):  # nodes built outside the parse still check themselves
         libcst.Name("not a name")
+
+
+def test_the_fast_store_scans_find_what_a_pattern_starting_at_every_word_finds():
+    import re
+    from pathlib import Path
+
+    from klaudit.lint.modules import _constructor_arguments, _field_writes
+
+    every_field = re.compile(r"\b(?!self\b|cls\b)[A-Za-z_]\w*\.([A-Za-z_]\w*)\s*(?:[-+*/]?=)(?!=)([^\n]*)")
+    every_call = re.compile(r"\b[A-Z]\w*\(([^()]*)\)")
+    tricky = ("self.a = out.kl = kl\ncls.b = 1\nselfish.c += ref\nx.y == 3\n_p.q /= 2\n1.e = 0\né1x.f = 2\n"
+              "a.b.c = k\nfooBar(kl=kl) + Bar(kl=ref, x=Baz(y)) + Exp(kl=kl)\nx.y = (\n 1)\nsamples.kl\n= kl\n")
+    sources = [tricky] + [p.read_text(encoding="utf-8")
+                          for p in sorted(Path(__file__).resolve().parents[2].joinpath("klaudit").rglob("*.py"))]
+    for source in sources:
+        assert list(_field_writes(source)) == [(m.start(), m.group(1), m.group(2)) for m in every_field.finditer(source)]
+        assert list(_constructor_arguments(source)) == [(m.start(), m.group(1)) for m in every_call.finditer(source)]
+    assert [field for _, field, _ in _field_writes(tricky)] == ["kl", "c", "q", "c", "y", "kl"]
