@@ -19,13 +19,13 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.frameworks.settings import Setting
-from klaudit.lint.syntax import dotted, python_ast
+from klaudit.lint.syntax import dotted, python_ast, string_value
 
 
 def _literal(node: cst.BaseExpression) -> str | None:
     """The value of a literal keyword argument as a string; None for anything computed."""
     if isinstance(node, cst.SimpleString):
-        return str(node.evaluated_value)
+        return str(string_value(node))
     if isinstance(node, (cst.Integer, cst.Float)):
         return node.value.replace("_", "")
     if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):

@@ -41,7 +41,8 @@ class AssignmentFlow(FlowState):
         return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f for f in value)
 
     def assign_target(self, target: cst.CSTNode, value: tuple, node=None, rhs=None, augmented=False) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        # type() comparisons, as in klaudit.lint.syntax: a failed isinstance on a LibCST class is costly
+        if type(target) is cst.Tuple or type(target) is cst.List:
             parts = [f for f in value if f.role == "tuple"]
             for index, element in enumerate(target.elements):
                 sub: tuple = ()
@@ -60,7 +61,7 @@ class AssignmentFlow(FlowState):
         if self.labels:
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))
-        if isinstance(target, cst.Name) and rhs is not None:
+        if type(target) is cst.Name and rhs is not None:
             value = rename_logprobs(value, name, is_data_read(rhs))
         kind = roles.sink_of_name(name) if name else None
         if kind == "reward" and node is not None:
@@ -69,20 +70,20 @@ class AssignmentFlow(FlowState):
             value = self.loss_candidate(value, node)
         elif kind is not None and node is not None:
             value = self.sink(kind, value, node)
-        if isinstance(target, (cst.Attribute, cst.Subscript)):
+        if type(target) is cst.Attribute or type(target) is cst.Subscript:
             self.stored_outside(target, value)
         self.track(value)
-        key = string_key(target) if isinstance(target, cst.Subscript) else None
-        if isinstance(target, cst.Name):
+        key = string_key(target) if type(target) is cst.Subscript else None
+        if type(target) is cst.Name:
             self.env[name] = value
-        elif isinstance(target, cst.Subscript) and key is not None:
+        elif type(target) is cst.Subscript and key is not None:
             self.store_key(target, key, value)
-        elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):
+        elif type(target) is cst.Subscript and type(target.value) is cst.Name:
             base = target.value.value
             self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
-        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+        elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
             self.env["self." + name] = value
-        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name):
+        elif type(target) is cst.Attribute and type(target.value) is cst.Name:
             self.env[f"{target.value.value}.{name}"] = value
             self.collect(name, value)
 

@@ -21,7 +21,7 @@ from klaudit.lint.assignments import access_chain
 from klaudit.lint.callables import Callee
 from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_facts, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, last_name, params
+from klaudit.lint.syntax import dotted, last_name, params, string_value
 
 
 class CallFlow(FlowState):
@@ -161,7 +161,7 @@ class CallFlow(FlowState):
         if method == "remote":  # a Ray task or actor method: the function, called with these arguments
             return self.call_target(base_node, node)
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString) \
-                and isinstance(key := positional[0].evaluated_value, str):
+                and isinstance(key := string_value(positional[0]), str):
             default = positional[1] if len(positional) > 1 else keywords.get("default")
             return self.read_get(base_node, key, default)
         if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):

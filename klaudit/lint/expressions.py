@@ -29,6 +29,7 @@ from klaudit.lint.syntax import (
     number_value,
     root_name,
     string_key,
+    string_value,
 )
 
 
@@ -60,7 +61,7 @@ class ExpressionFlow(FlowState):
         return self.expr(node.expression)
 
     def e_SimpleString(self, node: cst.SimpleString) -> tuple:
-        text = node.evaluated_value
+        text = string_value(node)
         return (Fact(role="str", text=text),) if isinstance(text, str) else ()  # bytes are no switch value
 
     def e_Integer(self, node: cst.Integer) -> tuple:
@@ -175,7 +176,7 @@ class ExpressionFlow(FlowState):
         items = []
         for element in node.elements:
             if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
-                items.append((element.key.evaluated_value, self.expr(element.value)))
+                items.append((string_value(element.key), self.expr(element.value)))
         return (Fact(role="dict", items=tuple(items)),)
 
     def e_IfExp(self, node: cst.IfExp) -> tuple:

@@ -13,7 +13,7 @@ import libcst as cst
 from klaudit.catalog import Aggregation
 from klaudit.lint.evidence import StatementRoles
 from klaudit.lint.fixsite import FixSite, Refused
-from klaudit.lint.syntax import dotted
+from klaudit.lint.syntax import dotted, string_value
 
 # Reductions the fix recognises, with the estimator term that keeps their KL scale.
 BATCH_MEAN, SEQ_MEAN, SEQ_SUM, TOTAL_SUM, CONSTANT = "batch-mean", "seq-mean", "seq-sum", "total-sum", "constant"
@@ -228,7 +228,7 @@ def _aggregator(call: cst.Call, holds, modes) -> Reduction:
     if name == "aggregate_loss":
         return Reduction(BATCH_MEAN, call, operand, mask=mask)
     mode = args.get("loss_agg_mode")
-    values = {str(mode.evaluated_value)} if isinstance(mode, cst.SimpleString) else \
+    values = {str(string_value(mode))} if isinstance(mode, cst.SimpleString) else \
         modes(call, mode) if mode is not None else set()
     if len(values) != 1:
         shown = ", ".join(sorted(f'"{value}"' for value in values)) or "a value klaudit cannot read"

@@ -23,7 +23,7 @@ from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import detach_all, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal
+from klaudit.lint.syntax import dotted, int_literal, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
 
 # keywords that name the tensor a library function operates on, when it is not passed positionally
@@ -204,7 +204,7 @@ class LibraryFlow(FlowState):
         source = self.expr(positional[0] if positional else keywords["input"])
         target = self.expr(positional[1] if len(positional) > 1 else keywords["target"])
         reduction = keywords.get("reduction")
-        elementwise = isinstance(reduction, cst.SimpleString) and reduction.evaluated_value == "none"
+        elementwise = isinstance(reduction, cst.SimpleString) and string_value(reduction) == "none"
         out = []
         for t in target:
             for s in source:

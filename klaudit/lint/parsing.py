@@ -128,8 +128,9 @@ def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.
 
 
 def _compile_error(path: str, source: str) -> Finding | None:
-    """KL000 for code Python's parser reads but its compiler rejects (`return *x`, `nonlocal` at module
-    level), which LibCST may refuse to build a tree of; asked only once LibCST has failed."""
+    """KL000 for code Python's parser reads but its compiler rejects (`nonlocal` at module level), where
+    LibCST's parser also fails; asked only once it has. (Where LibCST's parser builds a tree, as for
+    `return* x`, the file is analysed as Python's parser reads it.)"""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -19,6 +19,9 @@ from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, r
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import case_strings, dotted, last_name
 
+# the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
+_ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
+
 
 class StatementFlow(FlowState):
     """The statements of a function body, for klaudit.lint.flow.FunctionRun."""
@@ -35,10 +38,10 @@ class StatementFlow(FlowState):
         self._memo = {}
         self.read = set()
         self.stmt = stmt
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             for small in stmt.body:
                 self.small(small)
-        elif isinstance(stmt, cst.If):
+        elif type(stmt) is cst.If:
             self.if_statement(stmt)
         elif isinstance(stmt, (cst.For, cst.While)):
             reverse = isinstance(stmt, cst.For) and isinstance(stmt.iter, cst.Call) and "reversed" in dotted(stmt.iter.func)
@@ -143,24 +146,24 @@ class StatementFlow(FlowState):
         self._memo = {}
         self.read = set()
         self.stmt = small
-        if isinstance(small, cst.Assign):
+        if type(small) is cst.Assign:
             value = self.loop_carried(small) or self.expr(small.value)
             for target in small.targets:
                 self.assign_target(target.target, value, small, rhs=small.value)
-        elif isinstance(small, cst.AnnAssign) and small.value is not None:
+        elif type(small) is cst.AnnAssign and small.value is not None:
             self.assign_target(small.target, self.expr(small.value), small, rhs=small.value)
-        elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Subscript):
+        elif type(small) is cst.AugAssign and type(small.target) is cst.Subscript:
             self.expr(small.value)  # x[idx] += y changes some positions of x: x keeps its meaning
-        elif isinstance(small, cst.AugAssign):
+        elif type(small) is cst.AugAssign:
             op = small.operator
             current = self.expr(small.target)
             value = self.binary(current, self.expr(small.value), op, small)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
-        if self.record and isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+        if self.record and type(small) in _ASSIGNMENTS:
             note_assignment(self, small)
-        if isinstance(small, cst.Expr):
+        if type(small) is cst.Expr:
             self.expr(small.value)
-        elif isinstance(small, cst.Return) and small.value is not None:
+        elif type(small) is cst.Return and small.value is not None:
             value = self.expr(small.value)
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))

@@ -8,6 +8,7 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Atom, AtomKind, Poly
 from klaudit.lint.facts import Fact, Value, replace
+from klaudit.lint.syntax import string_value
 
 
 def apply_math(fn: str, poly: Poly) -> Poly | None:
@@ -92,5 +93,5 @@ AGG_MODES = {
 
 def agg_mode(node: cst.CSTNode | None) -> Aggregation:
     if isinstance(node, cst.SimpleString):
-        return AGG_MODES.get(str(node.evaluated_value), Aggregation.BATCH_MEAN)
+        return AGG_MODES.get(str(string_value(node)), Aggregation.BATCH_MEAN)
     return Aggregation.BATCH_MEAN
