@@ -10,8 +10,6 @@ logs metrics uses the values it is given.
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from klaudit.lint import algebra as alg
@@ -56,7 +54,7 @@ class CallFlow(FlowState):
             for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
                 self.settle(self.expr(arg.value))
         # an imported class is followed when its words speak of KL or a loss (KLEstimator) or KL facts go in
-        words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+        words = roles.snake_words(name)
         found = (self.analyzer.resolve_class(self.module, func, imports=self.worth_following(node)
                                              or roles.might_contain_kl(words) or "estimator" in name.lower())
                  if name[:1].isupper() else None)

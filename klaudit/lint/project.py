@@ -86,6 +86,11 @@ class Project:
             self._texts[key] = text if isinstance(text, str) and (might_contain_kl(text) or Path(key).name == "__init__.py") else None
         return self._texts[key]
 
+    def follows(self, path: Path) -> bool:
+        """Whether the analysis follows calls into the module at `path` (its text has KL vocabulary, or
+        it is a package's __init__)."""
+        return self._text(str(Path(path).resolve())) is not None
+
     def may_define(self, path: Path, name: str) -> bool:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`
         or `class name`), so that resolving a call into it is worth parsing it; a module parsed

@@ -33,6 +33,15 @@ _KL_VOCABULARY_STARTS = "krbitl_"
 _KL_VOCABULARY = re.compile(rf"(?=[{_KL_VOCABULARY_STARTS}])(?:{_KL_VOCABULARY_PATTERN})", re.IGNORECASE)
 
 
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def snake_words(name: str) -> str:
+    """A CamelCase name with its words joined by "_" (`KLEstimator` -> `KL_Estimator`), so that the
+    vocabulary test reads a class name's words."""
+    return _CAMEL_BOUNDARY.sub("_", name)
+
+
 _KL_NAME = re.compile(r"(?<![a-z0-9])(kl|kld|kl_div|kl_divergence)(?![a-z0-9])|_kl(?![a-z0-9])|(?<![a-z0-9])kl_",
                       re.IGNORECASE)
 
