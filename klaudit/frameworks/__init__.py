@@ -184,8 +184,9 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
     return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
 
-def lint_python(path: str, module: cst.Module, source: str, context: Context | None = None) -> list[Finding]:
-    """The findings of the framework configuration objects a Python module builds or defines."""
+def lint_python(path: str, module: cst.Module | None, source: str, context: Context | None = None) -> list[Finding]:
+    """The findings of the framework configuration objects a Python module builds or defines (`module`:
+    its LibCST tree where it was parsed)."""
     context = context or Context()
     if not mentions_config_class(source, context):
         return []

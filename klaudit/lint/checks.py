@@ -27,9 +27,9 @@ from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.facts import Fact, Labels, Sink, is_pattern
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.modules import Analyzer, Module, module_functions
+from klaudit.lint.modules import Analyzer, module_functions
 from klaudit.lint.project import Project
-from klaudit.lint.relevance import worth_interpreting
+from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -39,8 +39,10 @@ Origin: TypeAlias = tuple[str | None, int, int]  # where an estimator is compute
 _Found: TypeAlias = tuple[Sink, Fact, Config]  # a KL term in a sink, and its configuration
 
 
-def check_module(path: str, module: cst.Module, project: Project, source: str) -> list[Finding]:
-    """Findings of one module parsed from `source`; `project` resolves imports inside the linted tree."""
+def check_module(path: str, module: cst.Module, project: Project, source: str,
+                 worth: list[bool] | None = None) -> list[Finding]:
+    """Findings of one module parsed from `source`; `project` resolves imports inside the linted tree.
+    `worth`: klaudit.lint.relevance's answer for the module's functions, when the caller has it."""
     analyzer = _ANALYZERS.get(project)
     if analyzer is None:
         analyzer = _ANALYZERS[project] = Analyzer(project)
@@ -49,7 +51,10 @@ def check_module(path: str, module: cst.Module, project: Project, source: str) -
     candidates = []
     undecided: list[tuple[Fact, Sink | None]] = []  # KL terms whose use or form the analysis could not decide
     functions = list(module_functions(module))
-    worth = _worth_interpreting(mod, project, source, len(functions))
+    if worth is None:
+        worth = functions_worth_interpreting(path, source, project)
+    if worth is None or len(worth) != len(functions):  # Python's parser does not read it as LibCST's does
+        worth = [True] * len(functions)
     for index, (func, cls) in enumerate(functions):
         if not worth[index]:
             continue  # it can meet no KL term: interpreted only where a caller worth interpreting calls it
@@ -67,26 +72,6 @@ def check_module(path: str, module: cst.Module, project: Project, source: str) -
                              if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
     return _report(path, module, analyzer, candidates) + _undetermined(path, module, analyzer, undecided, decided)
-
-
-def _worth_interpreting(mod: Module, project: Project, source: str, count: int) -> list[bool]:
-    """klaudit.lint.relevance's answer for each of the `count` functions of `mod`; all True where Python's
-    tree of the source does not list the same functions (code only LibCST reads)."""
-    try:
-        tree = python_ast(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return [True] * count
-    followed: dict[str, bool] = {}
-
-    def follows(name: str) -> bool:
-        if name not in followed:
-            imported = mod.imports.get(name)
-            path = project.module_path(imported[0], mod.path, imported[2]) if imported is not None else None
-            followed[name] = path is not None and project.follows(path)
-        return followed[name]
-
-    worth = worth_interpreting(source, tree, mod.kl_fields, follows)
-    return worth if len(worth) == count else [True] * count
 
 
 def _paired(found: list[_Found]) -> list[_Found]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -48,12 +49,9 @@ class Fix:
 
 
 def line_starts(text: str) -> list[int]:
-    """The character offset at which each line of `text` starts (index 0 is line 1)."""
-    starts = [0]
-    for index, char in enumerate(text):
-        if char == "\n":
-            starts.append(index + 1)
-    return starts
+    """The character offset at which each line of `text` starts (index 0 is line 1): the line of an
+    offset is bisect_right(line_starts, offset)."""
+    return [0, *(match.end() for match in re.finditer("\n", text))]
 
 
 def _span(edit: Edit, starts: list[int], size: int) -> tuple[int, int]:

@@ -42,7 +42,7 @@ from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
 from klaudit.lint.notebooks import NOTEBOOK_SUFFIX, Notebook, in_cells, read_notebook
-from klaudit.lint.parsing import incomplete, parse, syntax_finding
+from klaudit.lint.parsing import incomplete, parse, refusal, syntax_finding
 from klaudit.lint.sources import decode_source, read_source
 from klaudit.lint.suppressions import (
     SuppressionTable,
@@ -55,6 +55,8 @@ from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
 
 if TYPE_CHECKING:  # imported in the workers only (see _start_worker)
+    import libcst as cst
+
     from klaudit.lint.project import Project
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -175,25 +177,32 @@ class Limits:
 
 
 def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context | None = None) -> _Analysis:
-    """Parse and check one file within its budget; never raises."""
+    """Parse and check one file within its budget; never raises. LibCST parses it only when one of its
+    functions is worth interpreting (klaudit.lint.relevance): the parse is the larger part of the cost."""
     from klaudit.lint.checks import check_module
+    from klaudit.lint.relevance import functions_worth_interpreting
     from klaudit.lint.roles import might_contain_kl
 
     try:
         project = _worker_project
-        module = parse(path, source, project.parsed(path, source) if project is not None else None)
-        if isinstance(module, Finding):
-            return _Analysis(path, (module,))
+        if project is None:
+            raise RuntimeError("the analysis needs the worker's project, which _start_worker sets")
+        refused = refusal(path, source)
+        if refused is not None:
+            return _Analysis(path, (refused,))
+        worth = functions_worth_interpreting(path, source, project) if might_contain_kl(source) else []
+        module: cst.Module | None = None
+        if worth is None or any(worth):
+            parsed = parse(path, source, project.parsed(path, source))
+            if isinstance(parsed, Finding):
+                return _Analysis(path, (parsed,))
+            module = parsed
         spent = budget.Budget(limits.units, limits.seconds)
         saved_limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(saved_limit, RECURSION_LIMIT))
         try:
             with budget.limited(spent):
-                findings = []
-                if might_contain_kl(source):
-                    if project is None:
-                        raise RuntimeError("the KL checks need the worker's project, which _start_worker sets")
-                    findings = check_module(path, module, project, source)
+                findings = [] if module is None else check_module(path, module, project, source, worth)
             findings.extend(lint_python(path, module, source, context))  # GRPOConfig(beta=...) and its kin
         finally:
             sys.setrecursionlimit(saved_limit)

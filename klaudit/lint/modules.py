@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import libcst as cst
@@ -13,6 +14,7 @@ import libcst as cst
 from klaudit.lint import budget
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
+from klaudit.lint.edits import line_starts
 from klaudit.lint.facts import (
     Env,
     Outcome,
@@ -75,21 +77,16 @@ def _constructor_arguments(source: str) -> Iterator[tuple[int, str]]:
             position = match.end()
 
 
-def line_starts(source: str) -> list[int]:
-    """The offsets at which the lines after the first start: the line of an offset is
-    bisect_right(line_starts, offset) + 1."""
-    return [match.end() for match in re.finditer("\n", source)]
-
-
-def stored_slots(source: str, starts: list[int]) -> dict[str, set[int]]:
+@functools.lru_cache(maxsize=8)  # asked before the file is parsed (klaudit.lint.relevance) and after
+def stored_slots(source: str) -> Mapping[str, frozenset[int]]:
     """{field, key (as containers.key_slot) or constructor keyword: the lines that store into it}, for
-    those whose name or stored expression has KL vocabulary: the only stores that are followed
-    (`starts`: the `line_starts` of `source`)."""
+    those whose name or stored expression has KL vocabulary: the only stores that are followed."""
+    starts = line_starts(source)
     found: dict[str, set[int]] = {}
 
     def add(name: str, value: str, offset: int) -> None:
         if might_contain_kl(name) or might_contain_kl(value):
-            found.setdefault(name, set()).add(bisect.bisect_right(starts, offset) + 1)
+            found.setdefault(name, set()).add(bisect.bisect_right(starts, offset))
 
     for offset, field, value in _field_writes(source):
         add(field, value, offset)
@@ -98,7 +95,7 @@ def stored_slots(source: str, starts: list[int]) -> dict[str, set[int]]:
     for offset, arguments in _constructor_arguments(source):
         for keyword in _KEYWORD.finditer(arguments):
             add(keyword.group(1), keyword.group(2), offset)
-    return found
+    return {name: frozenset(lines) for name, lines in found.items()}
 
 
 def function_lines(source: str) -> list[tuple[int, int]]:
@@ -134,10 +131,10 @@ class Module:
             self._collect(stmt)
         source = project.source(module)
         starts = line_starts(source)
-        self.store_lines = stored_slots(source, starts)
+        self.store_lines = {name: set(lines) for name, lines in stored_slots(source).items()}
         for name, (classdef, _) in self.classes.items():  # records built positionally: Experience(seqs, kl)
             fields = [field for field in record_fields(classdef) if might_contain_kl(field)]
-            calls = {bisect.bisect_right(starts, m.start()) + 1 for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
+            calls = {bisect.bisect_right(starts, m.start()) for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
             for field in fields:
                 self.store_lines.setdefault(field, set()).update(calls)
         self.kl_fields = frozenset(self.store_lines)

@@ -104,9 +104,9 @@ def may_nest_past(tree: ast.Module, source: str, limit: int) -> bool:
     return False
 
 
-def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.Module | Finding:
-    """The LibCST module of a file to analyse, or the finding that replaces its analysis; `known` is a
-    tree already parsed from `source` (the file was followed as an import), taken instead of a new one."""
+def refusal(path: str, source: str) -> Finding | None:
+    """The finding that replaces the analysis of a file (KL000, or KL099 where it nests too deeply for
+    LibCST), or None when it is to be analysed."""
     tree = python_tree(path, source)
     if isinstance(tree, Finding):
         return tree
@@ -115,6 +115,13 @@ def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.
         if depth > MAX_NESTING:
             return incomplete(path, f"not analysed: the code at line {line} nests {depth} levels deep "
                                     f"(the limit is {MAX_NESTING})", line)
+    return None
+
+
+def parse(path: str, source: str, known: libcst.Module | None = None) -> libcst.Module | Finding:
+    """The LibCST module of a file that has no `refusal`, or the finding that replaces its analysis;
+    `known` is a tree already parsed from `source` (the file was followed as an import), taken
+    instead of a new one."""
     if known is not None:
         return known
     try:

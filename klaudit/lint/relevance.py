@@ -18,7 +18,8 @@ hand it one:
 * for a method of a class derived from such an imported class, `self` or `super` (inherited methods).
 
 The rest can be handed no KL term, so their analysis on their own finds nothing; they are still
-interpreted wherever a function worth interpreting calls them. Read from Python's tree and the text
+interpreted wherever a function worth interpreting calls them. A file none of whose functions is
+worth interpreting is not parsed by LibCST at all (klaudit.lint.engine). Read from Python's tree and the text
 before any interpretation: identifiers are taken from the text (comments and strings too, which only
 adds functions).
 """
@@ -32,6 +33,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from klaudit.lint import roles
 from klaudit.lint.algebra import REF, REF_LOGITS
+from klaudit.lint.modules import stored_slots
+from klaudit.lint.project import Project
+from klaudit.lint.syntax import python_ast
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -147,3 +151,39 @@ def worth_interpreting(source: str, tree: ast.Module, stored: Iterable[str],
             return relevant
         for index in added:
             relevant[index] = True
+
+
+def python_imports(tree: ast.Module) -> dict[str, tuple[str, int]]:
+    """{local name: (the module it is imported from, relative level)} for the imports at module level
+    and under a module-level if / try, the ones klaudit.lint.modules.Module follows."""
+    found: dict[str, tuple[str, int]] = {}
+    for stmt in _statements(tree.body):
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                found[alias.asname or alias.name.split(".")[0]] = (alias.name if alias.asname else alias.name.split(".")[0], 0)
+        elif isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if alias.name != "*":
+                    found[alias.asname or alias.name] = (stmt.module or "", stmt.level)
+    return found
+
+
+def functions_worth_interpreting(path: str, source: str, project: Project) -> list[bool] | None:
+    """`worth_interpreting` for the file `path`, its imports resolved by `project` (followed where the
+    interpreter follows them: klaudit.lint.project); None where Python's parser does not read the
+    source (then every function is interpreted)."""
+    try:
+        tree = python_ast(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    imports = python_imports(tree)
+    followed: dict[str, bool] = {}
+
+    def follows(name: str) -> bool:
+        if name not in followed:
+            module, level = imports.get(name, (None, 0))
+            found = project.module_path(module, path, level) if module is not None else None
+            followed[name] = found is not None and project.follows(found)
+        return followed[name]
+
+    return worth_interpreting(source, tree, stored_slots(source), follows)

@@ -30,7 +30,11 @@ def might_contain_kl(source_text: str) -> bool:
     return "kl" in source_text
 
 
-def check_module(path, module, project, source):
+def functions_worth_interpreting(path, source, project):
+    return None  # undecided: the engine parses every file with KL text and hands it to check_module
+
+
+def check_module(path, module, project, source, worth=None):
     assert isinstance(project, Project)
     findings = []
     code = module.code
@@ -51,10 +55,11 @@ def check_module(path, module, project, source):
 
 
 def install(monkeypatch) -> None:
-    """Replace klaudit.lint.roles / checks / project by this stand-in for one test."""
-    for name in ("roles", "checks", "project"):
+    """Replace klaudit.lint.roles / checks / project / relevance by this stand-in for one test."""
+    for name in ("roles", "checks", "project", "relevance"):
         fake = types.ModuleType(f"klaudit.lint.{name}")
         fake.Project = Project
         fake.might_contain_kl = might_contain_kl
         fake.check_module = check_module
+        fake.functions_worth_interpreting = functions_worth_interpreting
         monkeypatch.setitem(sys.modules, f"klaudit.lint.{name}", fake)

@@ -235,3 +235,14 @@ def test_the_fast_store_scans_find_what_a_pattern_starting_at_every_word_finds()
         assert list(_field_writes(source)) == [(m.start(), m.group(1), m.group(2)) for m in every_field.finditer(source)]
         assert list(_constructor_arguments(source)) == [(m.start(), m.group(1)) for m in every_call.finditer(source)]
     assert [field for _, field, _ in _field_writes(tricky)] == ["kl", "c", "q", "c", "y", "kl"]
+
+
+def test_a_file_whose_functions_can_meet_no_kl_term_is_not_parsed_by_libcst(tmp_path, parses):
+    (tmp_path / "settings.py").write_text(  # KL vocabulary in its text, but in no function
+        "# settings\n\"\"\"Options: kl_coef is the weight of the KL penalty.\"\"\"\nKL_COEF_DEFAULT = 0.1\n\n\n"
+        "def describe(x):\n    return str(x)\n")
+    (tmp_path / "user.py").write_text("# user\n" + USER.replace("from other import elsewhere\n", "")
+                                      .replace(" + elsewhere(ref_log_probs)", "").replace("from helper", "from settings import describe\nfrom helper"))
+    (tmp_path / "helper.py").write_text("# helper\n" + HELPER)
+    assert lint(tmp_path) == [("user.py", 7, "KL002")]
+    assert sorted(parses) == ["# helper", "# user"]

@@ -231,7 +231,7 @@ def test_the_worker_pool_gives_the_same_result_as_one_process(tmp_path):
 def test_a_dead_worker_is_an_internal_error_not_a_hang(tmp_path, monkeypatch):
     main_pid = os.getpid()
 
-    def die_in_worker(path, module, project, source):
+    def die_in_worker(path, module, project, source, worth=None):
         if os.getpid() != main_pid and "m05" in path:
             os._exit(3)
         return []
