@@ -53,7 +53,7 @@ import torch
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding
 from klaudit.audit.exact import ExactProblem
-from klaudit.audit.fingerprint import Fingerprinter, far_batch, leaf_batches, logits_gradient
+from klaudit.audit.fingerprint import Fingerprinter, far_batch, gradient_parts, leaf_batches, logits_gradient
 from klaudit.audit.measure import (
     ModeNotImplemented,
     Plan,
@@ -296,24 +296,15 @@ class _Local:
         self.reference = basis.score_minus(self.ref_score, None).addcmul_(basis.kl_direction, self.mask.unsqueeze(-1))
         self.reference_value = (basis.kl * self.mask).sum(-1)
 
-    def batch(self, logprobs: torch.Tensor | None = None, logits: torch.Tensor | None = None) -> Batch:
-        return Batch(logprobs=self.logprobs if logprobs is None else logprobs, ref_logprobs=self.ref_logprobs.clone(),
-                     mask=self.mask.clone(), logits=self.logits if logits is None else logits,
-                     ref_logits=self.ref_logits, tokens=self.draw.tokens)
+    def batch(self) -> Batch:
+        return Batch(logprobs=self.logprobs, ref_logprobs=self.ref_logprobs.clone(), mask=self.mask.clone(),
+                     logits=self.logits, ref_logits=self.ref_logits, tokens=self.draw.tokens)
 
     def gradient(self, objective: Callable[[Batch], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """d objective / d logits as (a [n, T], G [n, T, V] or None): a (e_y - p) through the log-probs plus G
-        through the logits themselves (None when the term does not read them). Both are leaves: the chain rule
-        through log_softmax is a (e_y - p), so no [n, T, V] graph is built for a term of the log-probs only."""
-        logprobs = self.logprobs.detach().requires_grad_(True)
-        logits = self.logits.detach().requires_grad_(True)
-        value = objective(self.batch(logprobs, logits))
-        if not value.requires_grad:
-            return torch.zeros_like(self.mask), None
-        on_logprobs, on_logits = torch.autograd.grad(value, [logprobs, logits], allow_unused=True)
-        score = torch.zeros_like(self.mask) if on_logprobs is None else on_logprobs.to(torch.float64) * self.mask
-        direct = None if on_logits is None else on_logits.to(torch.float64) * self.mask.unsqueeze(-1)
-        return score, direct
+        through the logits themselves (None when the term does not read them), by
+        klaudit.audit.fingerprint.gradient_parts: no [n, T, V] graph is built for a term of the log-probs only."""
+        return gradient_parts(objective, self.batch)
 
     def head(self, vectors: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """sum over samples and positions of w_n vectors[n, t] (x) f[n, t]: [V, F] (vectors of the given rows)."""
