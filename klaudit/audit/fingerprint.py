@@ -22,9 +22,11 @@ by entry. On a real vocabulary (V ~ 150k) this is what keeps the fingerprint to 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -437,6 +439,15 @@ def sample_rows(probabilities: torch.Tensor, size: int, seed: int) -> torch.Tens
                              generator=generator)
 
 
+def cached_forward(model: Any, input_ids: torch.Tensor, cache: Any, **options: Any) -> tuple[Any, Any]:
+    """The output of a transformers model on `input_ids` after the prefix held in `cache` (None: no prefix),
+    and the cache that continues it (None when the model keeps none). transformers renamed the argument and
+    the output field `past_key_values` to `cache`; the model's signature says which it takes."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    output = model(input_ids=input_ids, use_cache=True, **{name: cache}, **options)
+    return output, getattr(output, name, None)
+
+
 def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device: str = "cpu",
                      seed: int = 0) -> Callable[[], Batch]:
     """A fingerprint batch from a causal LM on local disk: sampled responses, its logits, a reference.
@@ -454,10 +465,14 @@ def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device:
     start = start if isinstance(start, int) and 0 <= start < vocabulary else 0
     tokens = torch.full((size, 1), start, dtype=torch.long, device=device)
     with torch.no_grad():
-        for _ in range(horizon):
-            logits = model(input_ids=tokens).logits[:, -1, :].to(torch.float64).cpu()
+        output, cache = cached_forward(model, tokens, None)
+        for step in range(horizon):
+            logits = output.logits[:, -1, :].to(torch.float64).cpu()
             next_tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).to(device)
             tokens = torch.cat([tokens, next_tokens], dim=1)
+            if step + 1 < horizon:  # the next token's logits from the cached prefix (from the whole prefix if none)
+                output, cache = (cached_forward(model, next_tokens, cache) if cache is not None
+                                 else cached_forward(model, tokens, None))
         logits = model(input_ids=tokens[:, :-1]).logits.to(torch.float64)
     response = tokens[:, 1:]
     noise = torch.randn(logits.shape, generator=generator, dtype=torch.float64).to(device)

@@ -40,7 +40,6 @@ features^T dS/dlogits: one matrix product per batch, no per-sample backward pass
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import math
 import statistics
@@ -53,7 +52,14 @@ import torch
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding
 from klaudit.audit.exact import ExactProblem
-from klaudit.audit.fingerprint import Fingerprinter, far_batch, gradient_parts, leaf_batches, logits_gradient
+from klaudit.audit.fingerprint import (
+    Fingerprinter,
+    cached_forward,
+    far_batch,
+    gradient_parts,
+    leaf_batches,
+    logits_gradient,
+)
 from klaudit.audit.measure import (
     ModeNotImplemented,
     Plan,
@@ -185,8 +191,6 @@ class CausalLMSampler:
         self.eos = eos if isinstance(eos, int) and 0 <= eos < self.vocab_size else None
         # the body alone gives the last hidden state (after the final norm) without the model's own vocabulary head
         self.body = model.base_model if model.base_model is not model else None
-        parameters = inspect.signature((self.body or model).forward).parameters
-        self._cache_name = "cache" if "cache" in parameters else "past_key_values"  # transformers renamed it
         self.head = self.ref_head
         kl = KL_PER_TOKEN * horizon if kl is None else kl
         self.sigma = self._calibrated(kl)
@@ -208,13 +212,11 @@ class CausalLMSampler:
         cache, tokens, features = None, [], []
         for _ in range(self.horizon):
             if self.body is not None:
-                out = self.body(input_ids=inputs, use_cache=True, **{self._cache_name: cache})
+                out, cache = cached_forward(self.body, inputs, cache)
                 hidden = out.last_hidden_state[:, -1].to(torch.float64)
             else:
-                out = self.model(input_ids=inputs, use_cache=True, output_hidden_states=True,
-                                 **{self._cache_name: cache})
+                out, cache = cached_forward(self.model, inputs, cache, output_hidden_states=True)
                 hidden = out.hidden_states[-1][:, -1].to(torch.float64)
-            cache = out.past_key_values
             probabilities = torch.softmax(self._linear(hidden, self.head), -1)
             if mix > 0:
                 probabilities = (1 - mix) * probabilities + mix * torch.softmax(self._linear(hidden, self.ref_head), -1)

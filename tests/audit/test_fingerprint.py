@@ -244,3 +244,26 @@ def test_a_model_batch_gives_the_rows_of_the_entry_by_entry_comparison(tmp_path,
         assert found.to_dict() == expected.to_dict()
         assert ([(row.mode, row.placement, row.objective, row.unbiased, row.rule) for row in found.results]
                 == [(row.mode, row.placement, row.objective, row.unbiased, row.rule) for row in enumerated.results])
+
+
+def test_the_model_batch_samples_from_the_cached_prefix_as_from_the_whole_one(tmp_path):
+    """batch_from_model draws each token from the logits of the model's cached prefix: the same responses as
+    drawing it from a forward pass over the whole prefix, with the same seeded generator."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from klaudit.audit.fingerprint import batch_from_model
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).eval()
+    model.save_pretrained(tmp_path)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.zeros((4, 1), dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(8):
+            logits = model(input_ids=tokens).logits[:, -1, :].to(torch.float64)
+            tokens = torch.cat([tokens, torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)], 1)
+        whole_prefix = model(input_ids=tokens[:, :-1]).logits.to(torch.float64)
+    batch = batch_from_model(str(tmp_path), size=4, horizon=8, seed=0)()
+    assert torch.equal(batch.tokens, tokens[:, 1:])
+    torch.testing.assert_close(batch.logits, whole_prefix, rtol=0, atol=0)
