@@ -1,7 +1,8 @@
 """Cost of `klaudit check-grad TARGET --model DIR` on a real vocabulary, and what dominates it.
 
-A random-init Qwen2-shaped causal LM with Qwen2's vocabulary (V = 151,936; hidden 64, 2 layers: the
-vocabulary, not the body, is what the fingerprint pays for) is saved to a temporary directory. Then:
+A random-init Qwen2-shaped causal LM with Qwen2's vocabulary (V = 151,936) is saved to a temporary
+directory: by default with a small body (hidden 64, 2 layers: what the vocabulary costs), with `--shape
+qwen2-0.5b` with Qwen2-0.5B's (2 GB; the model's forward passes then count). Then:
 
 1. the whole command, --repeats times, against the same command without --model (the fingerprint
    batch from a tabular policy) as the baseline of the same run: wall time, CPU time (user + sys of
@@ -16,7 +17,7 @@ vocabulary, not the body, is what the fingerprint pays for) is saved to a tempor
 
 Run on an idle machine if you can; the load (`os.getloadavg`) is printed with the figures.
 
-    python benchmarks/bench_check_grad_model.py [--vocab 151936] [--repeats 3]
+    python benchmarks/bench_check_grad_model.py [--vocab 151936] [--shape small|qwen2-0.5b] [--repeats 3]
         [--target tests/audit/data/verl_style.py::kl_penalty] [--tree DIR]
 
 --tree DIR runs the klaudit found in DIR (a checkout of another commit, e.g. `git archive main | tar -x
@@ -42,13 +43,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGET = "tests/audit/data/verl_style.py::kl_penalty"
 
 
-def build_model(directory: str, vocab: int) -> None:
-    """A seeded random-init Qwen2-shaped causal LM saved to `directory` (about 40 MB at V = 151,936)."""
+SHAPES = {  # hidden size, MLP size, layers, attention heads, key-value heads
+    "small": (64, 128, 2, 4, 2),  # about 40 MB at V = 151,936: the vocabulary's cost alone
+    "qwen2-0.5b": (896, 4864, 24, 14, 2),  # Qwen2-0.5B's body: about 2 GB in float32
+}
+
+
+def build_model(directory: str, vocab: int, shape: str = "small") -> None:
+    """A seeded random-init Qwen2-shaped causal LM saved to `directory`."""
     import torch
     import transformers
 
-    config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    hidden, mlp, layers, heads, kv_heads = SHAPES[shape]
+    config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=kv_heads, max_position_embeddings=64,
                                       tie_word_embeddings=True)
     torch.manual_seed(0)
     transformers.Qwen2ForCausalLM(config).save_pretrained(directory)
@@ -147,13 +156,14 @@ def measure_phases(tree: Path, model_dir: str, target: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--tree", type=Path, default=ROOT, help="the klaudit checkout to run (default: this one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="klaudit-bench-model-") as model_dir:
-        build_model(model_dir, args.vocab)
-        print(f"target {args.target}, random-init Qwen2 shape, V = {args.vocab}, tree {args.tree}, "
+        build_model(model_dir, args.vocab, args.shape)
+        print(f"target {args.target}, random-init Qwen2 shape ({args.shape}), V = {args.vocab}, tree {args.tree}, "
               f"{os.cpu_count()} CPUs, load at start {os.getloadavg()[0]:.2f}")
         timings: dict[str, list[tuple[float, float]]] = {"--model": [], "baseline": []}
         rows = ""
