@@ -295,10 +295,10 @@ class FullGradient:
         return self.basis.residual_norm(self.gradient, scale, a, b)
 
 
-# A configuration is compared entry by entry with a term's gradient u only when its relative error estimated from
-# inner products, |u|^2 - <u, g>^2 / |g|^2 in float64 (a cancellation that leaves about 1e-7 of the relative error,
-# for the 5M-entry sums of a real vocabulary), is below SCREEN_FACTOR * rtol + SCREEN_SLACK: a configuration the
-# exact comparison would accept is never screened out.
+# A configuration is compared exactly with a term's gradient u (entry by entry, or by its coefficients for a
+# SpanGradient) only when its relative error estimated from inner products, |u|^2 - <u, g>^2 / |g|^2 in float64 (a
+# cancellation that leaves about 1e-7 of the relative error, for the 5M-entry sums of a real vocabulary), is below
+# SCREEN_FACTOR * rtol + SCREEN_SLACK: a configuration the exact comparison would accept is never screened out.
 SCREEN_FACTOR = 2.0
 SCREEN_SLACK = 1e-6
 
