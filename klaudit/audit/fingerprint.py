@@ -1,29 +1,32 @@
 """Name a KL term's configuration from one batch: its per-sample gradient against the catalog's.
 
-The logits of the batch are a leaf tensor and the log-probs are computed from them, so the
-gradient of any KL term with respect to the logits, g[n, t, v], holds everything it does to
-every sample. Each catalog row is turned into its surrogate by `build_surrogate` and weighted
-per sequence by its aggregation (1, or 1/L_n for a per-sequence token-mean); when the user's
-g equals c * g_row for some c > 0 on every real position of every sample (relative error below
-the tolerance), the term *is* that configuration on this batch, with no sampling noise. Rows
-that agree per sample (k2 loss, k1+/k3+, same-token k1 reward ...) form one class; the first
-in catalog order names it. A sum and a constant or batch-wide divisor differ only by scale on
-one batch, so `aggregation` says which of those the caller knows applies.
+The gradient of any KL term with respect to the batch's logits, g[n, t, v], holds everything it
+does to every sample (the log-probs are log_softmax(logits)[y]). Each catalog row is turned into
+its surrogate by `build_surrogate` and weighted per sequence by its aggregation (1, or 1/L_n for a
+per-sequence token-mean); when the user's g equals c * g_row for some c > 0 on every real position
+of every sample (relative error below the tolerance), the term *is* that configuration on this
+batch, with no sampling noise. Rows that agree per sample (k2 loss, k1+/k3+, same-token k1 reward
+...) form one class; the first in catalog order names it. A sum and a constant or batch-wide divisor
+differ only by scale on one batch, so `aggregation` says which of those the caller knows applies.
 
 A catalog surrogate reads the logits only through the sampled token's log-probability and the
 exact per-step KL, so in each row (n, t) its gradient is a (e_y - p) + b p (log p - log q - KL_t):
-two numbers per row instead of V (`RowBasis`). The catalog is held in that form, a term is first
-compared with every row through inner products with the two directions, and only the rows that
-pass are rebuilt over the vocabulary and compared exactly; on a real vocabulary (V ~ 150k) this
-is what keeps the fingerprint to seconds.
+two numbers per row instead of V (`RowBasis`). The catalog is held in that form; the log-probs a
+term sees are a leaf of their own, so a term of the log-probs alone has the gradient s (e_y - p),
+also two numbers per row (`SpanGradient`), and is compared with every row exactly without a
+vocabulary-sized tensor. A term that reads the logits is screened through inner products with
+the two directions, and only the rows that pass are rebuilt over the vocabulary and compared entry
+by entry. On a real vocabulary (V ~ 150k) this is what keeps the fingerprint to seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -77,21 +80,34 @@ def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def leaf_batches(tokens: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor, ref_logits: torch.Tensor,
                  old_logprobs: torch.Tensor | None = None) -> Callable[[], Batch]:
-    """A factory of Batches whose `logits` is a fresh leaf with gradient at each call and whose log-probs are
-    computed from it; the reference's log-probs, constant, are computed once. The leaves share the logits'
-    memory (a real vocabulary's are 40 MB): autograd refuses an in-place change of a leaf that needs a
-    gradient, so a callable cannot alter them unnoticed."""
+    """A factory of Batches whose `logits` and `logprobs` are fresh, independent leaves with gradient at each
+    call (`split_leaves`); the log-probs, theirs and the reference's, are computed once. The leaves share
+    memory with the given tensors (a real vocabulary's logits are 40 MB): autograd refuses an in-place change
+    of a leaf that needs a gradient, so a callable cannot alter them unnoticed."""
     logits, ref_logits = logits.detach(), ref_logits.detach()
+    logprobs = _token_logprobs(logits, tokens)
     ref_logprobs = _token_logprobs(ref_logits, tokens)
     mask = mask.detach().to(logits.dtype)
     old_logprobs = None if old_logprobs is None else old_logprobs.detach()
 
     def fresh() -> Batch:
-        leaf = logits.detach().requires_grad_(True)
-        return Batch(logprobs=_token_logprobs(leaf, tokens), ref_logprobs=ref_logprobs.clone(), mask=mask.clone(),
-                     logits=leaf, ref_logits=ref_logits, old_logprobs=old_logprobs, tokens=tokens)
+        batch = Batch(logprobs=logprobs, ref_logprobs=ref_logprobs.clone(), mask=mask.clone(), logits=logits,
+                      ref_logits=ref_logits, old_logprobs=old_logprobs, tokens=tokens)
+        return split_leaves(batch)[0]
 
     return fresh
+
+
+def split_leaves(batch: Batch) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """The batch with its log-probs and its logits as two independent leaves with gradient, and the leaves.
+
+    The log-probs are log_softmax(logits)[y], so by the chain rule a term's gradient with respect to the
+    logits is a (e_y - p) + D, a = d term / d logprobs and D = d term / d logits along the term's own
+    reading of them: `gradient_parts` takes both without building a log_softmax graph over the vocabulary.
+    The batch holds a copy of the log-probs leaf (one an in-place change of the callable may alter)."""
+    logprobs = batch.logprobs.detach().requires_grad_(True)
+    logits = required(batch.logits, "logits").detach().requires_grad_(True)
+    return dataclasses.replace(batch, logprobs=logprobs.clone(), logits=logits), logprobs, logits
 
 
 FAR_LOG_RATIO = 25.0  # |log pi - log ref| of the far batch: beyond the clamps trainers put on KL terms
@@ -143,17 +159,37 @@ def _weighted(config: Config) -> Callable[[Batch], torch.Tensor]:
     return weighted
 
 
+def gradient_parts(objective: Callable[[Batch], torch.Tensor],
+                   batch_factory: Callable[[], Batch]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """d objective / d logits as (a [N, T], D [N, T, V] or None), float64 and zero at padding: the gradient
+    is a (e_y - p) + D, a through the log-probs and D through the logits read directly (None when the term
+    does not read them): a term of the log-probs alone costs nothing per vocabulary entry."""
+    batch, logprobs, logits = split_leaves(batch_factory())
+    mask = batch.mask.to(torch.float64)
+    value = objective(batch)
+    if not value.requires_grad:
+        return torch.zeros_like(mask), None
+    on_logprobs, on_logits = torch.autograd.grad(value, [logprobs, logits], allow_unused=True)
+    score = torch.zeros_like(mask) if on_logprobs is None else on_logprobs.to(torch.float64) * mask
+    direct = None if on_logits is None else on_logits.to(torch.float64) * mask.unsqueeze(-1)
+    return score, direct
+
+
+def with_score(direct: torch.Tensor | None, score: torch.Tensor, probs: torch.Tensor,
+               tokens: torch.Tensor) -> torch.Tensor:
+    """D + a (e_y - p) [N, T, V] float64, with D None read as zero: the full logits gradient of
+    `gradient_parts` given p = softmax(logits) and the sampled tokens y [N, T]."""
+    gradient = torch.zeros_like(probs) if direct is None else direct.clone()
+    gradient.addcmul_(probs, score.unsqueeze(-1), value=-1)
+    return gradient.scatter_add_(-1, tokens.unsqueeze(-1), score.unsqueeze(-1))
+
+
 def logits_gradient(objective: Callable[[Batch], torch.Tensor], batch_factory: Callable[[], Batch]) -> torch.Tensor:
     """d objective(batch) / d logits [N, T, V] in float64, zero at padding positions."""
+    score, direct = gradient_parts(objective, batch_factory)
     batch = batch_factory()
-    value = objective(batch)
-    logits = required(batch.logits, "logits")
-    if not value.requires_grad:
-        return torch.zeros_like(logits, dtype=torch.float64)
-    (gradient,) = torch.autograd.grad(value, logits, allow_unused=True)
-    if gradient is None:
-        return torch.zeros_like(logits, dtype=torch.float64)
-    return gradient.to(torch.float64) * batch.mask.to(torch.float64).unsqueeze(-1)
+    probs = torch.softmax(required(batch.logits, "logits").detach().to(torch.float64), -1)
+    return with_score(direct, score, probs, required(batch.tokens, "tokens"))
 
 
 class RowBasis:
@@ -216,10 +252,53 @@ class RowBasis:
         return torch.linalg.vector_norm(residual).item()
 
 
-# A configuration is compared entry by entry with a term's gradient u only when its relative error estimated from
-# inner products, |u|^2 - <u, g>^2 / |g|^2 in float64 (a cancellation that leaves about 1e-7 of the relative error,
-# for the 5M-entry sums of a real vocabulary), is below SCREEN_FACTOR * rtol + SCREEN_SLACK: a configuration the
-# exact comparison would accept is never screened out.
+class SpanGradient:
+    """A term's logits gradient that lies in the span of RowBasis's directions: s (e_y - p) in each row, the
+    gradient of a term that reads the logits only through the sampled token's log-prob. Its projections and
+    residuals are exact functions of the [N, T] coefficients and the basis's Gram matrix, so nothing is
+    computed per vocabulary entry: |g - c (a (e_y - p) + b d)|^2 = sum over rows of the Gram form of
+    (s - c a, -c b), which, unlike |g|^2 - <g, h>^2 / |h|^2, does not cancel as the residual goes to zero."""
+
+    def __init__(self, basis: RowBasis, score: torch.Tensor):
+        self.basis, self.score = basis, score
+
+    def nonzero(self) -> bool:
+        return bool(self.score.any())
+
+    def squared_norm(self) -> float:
+        return self.basis.squared_norm(self.score, torch.zeros_like(self.score)).item()
+
+    def projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        aa, ab, _ = self.basis.gram
+        return self.score * aa, self.score * ab
+
+    def residual_norm(self, scale: float, a: torch.Tensor, b: torch.Tensor) -> float:
+        return math.sqrt(max(self.basis.squared_norm(self.score - scale * a, -scale * b).item(), 0.0))
+
+
+class FullGradient:
+    """A term's logits gradient [N, T, V] held entry by entry (a term that reads the logits themselves)."""
+
+    def __init__(self, basis: RowBasis, gradient: torch.Tensor):
+        self.basis, self.gradient = basis, gradient
+
+    def nonzero(self) -> bool:
+        return bool(self.gradient.any())
+
+    def squared_norm(self) -> float:
+        return torch.linalg.vector_norm(self.gradient).item() ** 2
+
+    def projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.basis.projections(self.gradient)
+
+    def residual_norm(self, scale: float, a: torch.Tensor, b: torch.Tensor) -> float:
+        return self.basis.residual_norm(self.gradient, scale, a, b)
+
+
+# A configuration is compared exactly with a term's gradient u (entry by entry, or by its coefficients for a
+# SpanGradient) only when its relative error estimated from inner products, |u|^2 - <u, g>^2 / |g|^2 in float64 (a
+# cancellation that leaves about 1e-7 of the relative error, for the 5M-entry sums of a real vocabulary), is below
+# SCREEN_FACTOR * rtol + SCREEN_SLACK: a configuration the exact comparison would accept is never screened out.
 SCREEN_FACTOR = 2.0
 SCREEN_SLACK = 1e-6
 
@@ -286,16 +365,24 @@ class Fingerprinter:
             self._far = Fingerprinter(far_batch(self.batch_factory), off_policy=self.off_policy)
         return self._far
 
+    def user_gradient(self, objective: Callable[[Batch], torch.Tensor]) -> SpanGradient | FullGradient:
+        """The term's logits gradient on this batch, in the row basis when the term reads only log-probs."""
+        score, direct = gradient_parts(objective, self.batch_factory)
+        if direct is None:
+            return SpanGradient(self.basis, score)
+        return FullGradient(self.basis, with_score(direct, score, self.basis.probs, self.basis.tokens.squeeze(-1)))
+
     def _fits(self, objective: Callable[[Batch], torch.Tensor], rtol: float, indices: list[int]) -> dict:
         """{index: (scale, relative error)} of the configurations at `indices` whose gradient the term's is a
-        positive multiple of, to `rtol`: screened through inner products, then compared entry by entry."""
-        user = logits_gradient(objective, self.batch_factory)
-        if not bool(user.any()):
+        positive multiple of, to `rtol`: screened through inner products, then compared exactly (by the
+        coefficients of the row basis, or entry by entry)."""
+        user = self.user_gradient(objective)
+        if not user.nonzero():
             return {}
-        along_token, along_kl = self.basis.projections(user)
+        along_token, along_kl = user.projections()
         chosen = torch.tensor(indices, device=self._a.device)
         user_dots = ((self._a[chosen] * along_token).sum((1, 2)) + (self._b[chosen] * along_kl).sum((1, 2))).tolist()
-        user_squared = torch.linalg.vector_norm(user).item() ** 2
+        user_squared = user.squared_norm()
         fits: dict[int, tuple[float, float]] = {}
         compared: dict[int, tuple[float, float] | None] = {}
         for index, user_dot in zip(indices, user_dots):
@@ -305,7 +392,7 @@ class Fingerprinter:
             first = self._same_as[index]
             if first not in compared:
                 scale = user_dot / squared
-                error = self.basis.residual_norm(user, scale, self._a[index], self._b[index]) / (
+                error = user.residual_norm(scale, self._a[index], self._b[index]) / (
                     scale * math.sqrt(squared))
                 compared[first] = (scale, error) if error < rtol else None
             fit = compared[first]
@@ -352,6 +439,15 @@ def sample_rows(probabilities: torch.Tensor, size: int, seed: int) -> torch.Tens
                              generator=generator)
 
 
+def cached_forward(model: Any, input_ids: torch.Tensor, cache: Any, **options: Any) -> tuple[Any, Any]:
+    """The output of a transformers model on `input_ids` after the prefix held in `cache` (None: no prefix),
+    and the cache that continues it (None when the model keeps none). transformers renamed the argument and
+    the output field `past_key_values` to `cache`; the model's signature says which it takes."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    output = model(input_ids=input_ids, use_cache=True, **{name: cache}, **options)
+    return output, getattr(output, name, None)
+
+
 def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device: str = "cpu",
                      seed: int = 0) -> Callable[[], Batch]:
     """A fingerprint batch from a causal LM on local disk: sampled responses, its logits, a reference.
@@ -369,10 +465,14 @@ def batch_from_model(model_dir: str, *, size: int = 4, horizon: int = 8, device:
     start = start if isinstance(start, int) and 0 <= start < vocabulary else 0
     tokens = torch.full((size, 1), start, dtype=torch.long, device=device)
     with torch.no_grad():
-        for _ in range(horizon):
-            logits = model(input_ids=tokens).logits[:, -1, :].to(torch.float64).cpu()
+        output, cache = cached_forward(model, tokens, None)
+        for step in range(horizon):
+            logits = output.logits[:, -1, :].to(torch.float64).cpu()
             next_tokens = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).to(device)
             tokens = torch.cat([tokens, next_tokens], dim=1)
+            if step + 1 < horizon:  # the next token's logits from the cached prefix (from the whole prefix if none)
+                output, cache = (cached_forward(model, next_tokens, cache) if cache is not None
+                                 else cached_forward(model, tokens, None))
         logits = model(input_ids=tokens[:, :-1]).logits.to(torch.float64)
     response = tokens[:, 1:]
     noise = torch.randn(logits.shape, generator=generator, dtype=torch.float64).to(device)

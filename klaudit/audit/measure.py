@@ -338,8 +338,9 @@ def audit(fn: Callable, binding: Binding, *, name: str, placements: Sequence[str
     given `batch` or `problems` stay where they are).
     """
     threads = torch.get_num_threads()
-    if batch is None:
-        torch.set_num_threads(1)  # the tensors are tiny: more threads only contend for the CPU
+    # the tabular policies' tensors are tiny, and a model's batch is compared in the row basis (a few passes over
+    # its [N, T, V] logits): more threads only contend for the CPU, ten times slower on a loaded 2-core machine
+    torch.set_num_threads(1)
     try:
         return _audit(fn, binding, name, placements, problems, batch, progress, also, device)
     finally:

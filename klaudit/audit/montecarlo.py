@@ -40,7 +40,6 @@ features^T dS/dlogits: one matrix product per batch, no per-sample backward pass
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import math
 import statistics
@@ -53,7 +52,14 @@ import torch
 from klaudit.audit.batch import Batch
 from klaudit.audit.bind import Binding
 from klaudit.audit.exact import ExactProblem
-from klaudit.audit.fingerprint import Fingerprinter, far_batch, leaf_batches, logits_gradient
+from klaudit.audit.fingerprint import (
+    Fingerprinter,
+    cached_forward,
+    far_batch,
+    gradient_parts,
+    leaf_batches,
+    logits_gradient,
+)
 from klaudit.audit.measure import (
     ModeNotImplemented,
     Plan,
@@ -185,8 +191,6 @@ class CausalLMSampler:
         self.eos = eos if isinstance(eos, int) and 0 <= eos < self.vocab_size else None
         # the body alone gives the last hidden state (after the final norm) without the model's own vocabulary head
         self.body = model.base_model if model.base_model is not model else None
-        parameters = inspect.signature((self.body or model).forward).parameters
-        self._cache_name = "cache" if "cache" in parameters else "past_key_values"  # transformers renamed it
         self.head = self.ref_head
         kl = KL_PER_TOKEN * horizon if kl is None else kl
         self.sigma = self._calibrated(kl)
@@ -208,13 +212,11 @@ class CausalLMSampler:
         cache, tokens, features = None, [], []
         for _ in range(self.horizon):
             if self.body is not None:
-                out = self.body(input_ids=inputs, use_cache=True, **{self._cache_name: cache})
+                out, cache = cached_forward(self.body, inputs, cache)
                 hidden = out.last_hidden_state[:, -1].to(torch.float64)
             else:
-                out = self.model(input_ids=inputs, use_cache=True, output_hidden_states=True,
-                                 **{self._cache_name: cache})
+                out, cache = cached_forward(self.model, inputs, cache, output_hidden_states=True)
                 hidden = out.hidden_states[-1][:, -1].to(torch.float64)
-            cache = out.past_key_values
             probabilities = torch.softmax(self._linear(hidden, self.head), -1)
             if mix > 0:
                 probabilities = (1 - mix) * probabilities + mix * torch.softmax(self._linear(hidden, self.ref_head), -1)
@@ -296,24 +298,15 @@ class _Local:
         self.reference = basis.score_minus(self.ref_score, None).addcmul_(basis.kl_direction, self.mask.unsqueeze(-1))
         self.reference_value = (basis.kl * self.mask).sum(-1)
 
-    def batch(self, logprobs: torch.Tensor | None = None, logits: torch.Tensor | None = None) -> Batch:
-        return Batch(logprobs=self.logprobs if logprobs is None else logprobs, ref_logprobs=self.ref_logprobs.clone(),
-                     mask=self.mask.clone(), logits=self.logits if logits is None else logits,
-                     ref_logits=self.ref_logits, tokens=self.draw.tokens)
+    def batch(self) -> Batch:
+        return Batch(logprobs=self.logprobs, ref_logprobs=self.ref_logprobs.clone(), mask=self.mask.clone(),
+                     logits=self.logits, ref_logits=self.ref_logits, tokens=self.draw.tokens)
 
     def gradient(self, objective: Callable[[Batch], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """d objective / d logits as (a [n, T], G [n, T, V] or None): a (e_y - p) through the log-probs plus G
-        through the logits themselves (None when the term does not read them). Both are leaves: the chain rule
-        through log_softmax is a (e_y - p), so no [n, T, V] graph is built for a term of the log-probs only."""
-        logprobs = self.logprobs.detach().requires_grad_(True)
-        logits = self.logits.detach().requires_grad_(True)
-        value = objective(self.batch(logprobs, logits))
-        if not value.requires_grad:
-            return torch.zeros_like(self.mask), None
-        on_logprobs, on_logits = torch.autograd.grad(value, [logprobs, logits], allow_unused=True)
-        score = torch.zeros_like(self.mask) if on_logprobs is None else on_logprobs.to(torch.float64) * self.mask
-        direct = None if on_logits is None else on_logits.to(torch.float64) * self.mask.unsqueeze(-1)
-        return score, direct
+        through the logits themselves (None when the term does not read them), by
+        klaudit.audit.fingerprint.gradient_parts: no [n, T, V] graph is built for a term of the log-probs only."""
+        return gradient_parts(objective, self.batch)
 
     def head(self, vectors: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """sum over samples and positions of w_n vectors[n, t] (x) f[n, t]: [V, F] (vectors of the given rows)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,141 @@ def test_an_on_policy_verdict_does_not_give_an_off_policy_objective(off_policy):
     gradient = problem.exact.expected_gradient(build_surrogate(config), aggregation=Aggregation.SUM,
                                                off_policy=True)
     assert match_objective(gradient, problem.targets, proportional=True) is Objective.OTHER
+
+
+# ----- the log-probs as a leaf of their own: the chain rule, and the comparison in the row basis -----
+
+
+def _through_log_softmax(objective, batch_factory):
+    """d objective / d logits by autograd through log_softmax(logits)[y], the log-probs computed from the logits
+    leaf (how the fingerprint took it before the log-probs were a leaf of their own), float64, zero at padding."""
+    from klaudit.audit.fingerprint import _token_logprobs
+
+    batch = batch_factory()
+    leaf = batch.logits.detach().requires_grad_(True)
+    value = objective(dataclasses.replace(batch, logits=leaf, logprobs=_token_logprobs(leaf, batch.tokens)))
+    (gradient,) = torch.autograd.grad(value, leaf)
+    return gradient.to(torch.float64) * batch.mask.to(torch.float64).unsqueeze(-1)
+
+
+def _random_batch(vocabulary: int = 300):
+    from klaudit.audit.fingerprint import leaf_batches
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 5, vocabulary, generator=generator, dtype=torch.float64)
+    tokens = torch.randint(0, vocabulary, (3, 5), generator=generator)
+    mask = (torch.arange(5).unsqueeze(0) < torch.tensor([[5], [3], [4]])).to(torch.float64)
+    return leaf_batches(tokens, mask, logits, logits + torch.randn(logits.shape, generator=generator,
+                                                                     dtype=torch.float64))
+
+
+@pytest.mark.parametrize("reads_logits", [False, True])
+def test_the_two_leaves_give_the_chain_rule_gradient(reads_logits):
+    """a (e_y - p) + D from the separate leaves equals autograd through log_softmax, for a term of the log-probs
+    alone (D is None) and for one that also reads the logits (the exact per-step KL)."""
+    from klaudit.audit.fingerprint import gradient_parts, logits_gradient
+
+    full_kl = build_surrogate(Config(loss=Estimator.FULL))
+    k3 = build_surrogate(Config(loss=Estimator.K3))
+    objective = (lambda batch: (full_kl(batch) + k3(batch)).sum()) if reads_logits else (lambda batch: k3(batch).sum())
+    batches = _random_batch()
+    _, direct = gradient_parts(objective, batches)
+    assert (direct is None) is not reads_logits
+    expected = _through_log_softmax(objective, batches)
+    torch.testing.assert_close(logits_gradient(objective, batches), expected, rtol=0, atol=1e-13)
+
+
+def test_the_comparison_in_the_row_basis_is_the_entry_by_entry_one(monkeypatch):
+    """A term of the log-probs alone is compared with the catalog through its coefficients (SpanGradient); on a
+    batch of a vocabulary of 300 every catalog row, and a few terms no row matches, get the same match, scale
+    and relative error as the entry-by-entry comparison of the gradient taken through log_softmax."""
+    from klaudit.audit.fingerprint import FullGradient, SpanGradient
+
+    batches = _random_batch()
+    terms = [_summed(row.config, 0.3) for row in ON_POLICY_ROWS] + [
+        lambda batch: (((batch.logprobs - batch.ref_logprobs) * batch.mask) ** 3).sum(),
+        lambda batch: -(batch.logprobs * batch.mask).sum()]
+    in_basis = Fingerprinter(batches)
+    entry_by_entry = Fingerprinter(batches)
+    monkeypatch.setattr(entry_by_entry, "user_gradient", lambda objective: FullGradient(
+        entry_by_entry.basis, _through_log_softmax(objective, batches)))
+    spans = 0
+    for term in terms:
+        spans += isinstance(in_basis.user_gradient(term), SpanGradient)
+        found, expected = in_basis.identify(term), entry_by_entry.identify(term)
+        assert (found is None) is (expected is None)
+        if found is not None:
+            assert (found.config, found.twins) == (expected.config, expected.twins)
+            assert found.scale == pytest.approx(expected.scale, rel=1e-12)
+            assert found.relative_error == pytest.approx(expected.relative_error, abs=1e-9)
+    assert spans > len(terms) // 2  # most catalog rows read the log-probs alone
+
+
+def test_a_span_gradient_measures_as_its_vocabulary_entries_do():
+    """SpanGradient's projections, norm and residuals against any a (e_y - p) + b d equal those of the same
+    gradient written out over the vocabulary (FullGradient), for a gradient and coefficients drawn at random."""
+    from klaudit.audit.fingerprint import FullGradient, RowBasis, SpanGradient, with_score
+
+    basis = RowBasis(_random_batch())
+    generator = torch.Generator().manual_seed(5)
+    score, a, b = (torch.randn(basis.mask.shape, generator=generator, dtype=torch.float64) * basis.mask
+                   for _ in range(3))
+    span = SpanGradient(basis, score)
+    full = FullGradient(basis, with_score(None, score, basis.probs, basis.tokens.squeeze(-1)))
+    for got, expected in zip(span.projections(), full.projections()):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-13)
+    assert span.squared_norm() == pytest.approx(full.squared_norm(), rel=1e-12)
+    for scale in (0.5, 2.0):
+        assert span.residual_norm(scale, a, b) == pytest.approx(full.residual_norm(scale, a, b), rel=1e-10)
+    assert span.residual_norm(2.0, score / 2.0, 0 * b) == pytest.approx(0.0, abs=1e-14)
+
+
+def test_a_model_batch_gives_the_rows_of_the_entry_by_entry_comparison(tmp_path, monkeypatch):
+    """check-grad --model on a causal LM of a vocabulary of 40: verl's kl_penalty, all its switch values, and the
+    exact-KL loss (which reads the logits) get every field of every row as when each term's gradient is taken
+    through log_softmax and compared entry by entry, and the verdicts of the tabular batch (test_runner proves
+    them by enumeration)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from klaudit.audit.fingerprint import FullGradient
+    from klaudit.audit.runner import Target, audit_target
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                               bos_token_id=0, eos_token_id=0)).save_pretrained(tmp_path)
+    data = Path(__file__).parent / "data"
+    targets = [Target(path=str(data / "verl_style.py"), qualname="kl_penalty"),
+               Target(path=str(data / "correct_estimators.py"), qualname="rb_kl_loss")]
+    in_basis = [audit_target(target, model_dir=str(tmp_path)) for target in targets]
+    tabular = [audit_target(target) for target in targets]
+    monkeypatch.setattr(Fingerprinter, "user_gradient", lambda self, objective: FullGradient(
+        self.basis, _through_log_softmax(objective, self.batch_factory)))
+    entry_by_entry = [audit_target(target, model_dir=str(tmp_path)) for target in targets]
+    for found, expected, enumerated in zip(in_basis, entry_by_entry, tabular):
+        assert not found.errors and len(found.results) == len(expected.results) > 0
+        assert found.to_dict() == expected.to_dict()
+        assert ([(row.mode, row.placement, row.objective, row.unbiased, row.rule) for row in found.results]
+                == [(row.mode, row.placement, row.objective, row.unbiased, row.rule) for row in enumerated.results])
+
+
+def test_the_model_batch_samples_from_the_cached_prefix_as_from_the_whole_one(tmp_path):
+    """batch_from_model draws each token from the logits of the model's cached prefix: the same responses as
+    drawing it from a forward pass over the whole prefix, with the same seeded generator."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from klaudit.audit.fingerprint import batch_from_model
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).eval()
+    model.save_pretrained(tmp_path)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.zeros((4, 1), dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(8):
+            logits = model(input_ids=tokens).logits[:, -1, :].to(torch.float64)
+            tokens = torch.cat([tokens, torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)], 1)
+        whole_prefix = model(input_ids=tokens[:, :-1]).logits.to(torch.float64)
+    batch = batch_from_model(str(tmp_path), size=4, horizon=8, seed=0)()
+    assert torch.equal(batch.tokens, tokens[:, 1:])
+    torch.testing.assert_close(batch.logits, whole_prefix, rtol=0, atol=0)
