@@ -38,9 +38,17 @@ class Project:
         self._texts: dict[str, str | None] = {}  # resolved path -> its text when it has KL vocabulary, else None
         self._defines: dict[tuple[str, str], bool] = {}  # (resolved path, name) -> whether its text may define the name
         self._package_parents: dict[str, list[Path]] | None = None
+        self._paths: dict[tuple[str, str | None, int], Path | None] = {}  # module_path's answers
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
-        """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree."""
+        """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree
+        (looked up in the file system once per module and importing directory)."""
+        key = (dotted, os.path.dirname(importer) if level and importer is not None else None, level)
+        if key not in self._paths:
+            self._paths[key] = self._module_path(dotted, importer, level)
+        return self._paths[key]
+
+    def _module_path(self, dotted: str, importer: str | None, level: int) -> Path | None:
         parts = [p for p in dotted.split(".") if p]
         if not level and parts[:1] == [OPAQUE_PACKAGE]:
             return None
