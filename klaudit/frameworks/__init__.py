@@ -35,7 +35,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
-               "use_kl_loss", "beta")
+               "use_kl_loss", "beta", "num_generations")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -165,12 +165,21 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
 
 
 def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:
-    """A `trl grpo --config` recipe: top-level GRPOConfig keys in YAML."""
-    if trl.BETA not in values or not any(key in values for key in _TRL_SCRIPT_KEYS):
+    """A `trl grpo --config` recipe: top-level GRPOConfig keys in YAML. One that leaves beta out has the
+    release's default (0.04 up to TRL 0.18): it is a GRPO recipe when its path says grpo and it sets
+    GRPO's own keys (a generation-only config has num_generations too), reported at the first of them."""
+    if not any(key in values for key in _TRL_SCRIPT_KEYS):
         return []
-    if not ("grpo" in path.lower() or any(key in values for key in _TRL_RECIPE_KEYS)):
+    grpo_keys = [values[key] for key in _TRL_RECIPE_KEYS if key in values]
+    if trl.BETA in values:
+        if not ("grpo" in path.lower() or grpo_keys):
+            return []
+        anchor = values[trl.BETA]
+    elif grpo_keys and "grpo" in path.lower():
+        anchor = min(grpo_keys, key=lambda setting: (setting.line, setting.column))
+    else:
         return []
-    return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, values[trl.BETA],
+    return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, anchor,
                 text=text, style="yaml")
 
 

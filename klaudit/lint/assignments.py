@@ -63,6 +63,8 @@ class AssignmentFlow(FlowState):
                           if compatible(f.labels, self.labels))
         if type(target) is cst.Name and rhs is not None:
             value = rename_logprobs(value, name, is_data_read(rhs))
+        if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them
+            value = tuple(f for f in value if f.role != "tensor" or f.poly is None or not f.poly.atoms())
         kind = roles.sink_of_name(name) if name else None
         if kind == "reward" and node is not None:
             value = self.reward_candidate(value, node)

@@ -143,7 +143,21 @@ class CallFlow(FlowState):
         for sink in outcome.sinks:
             self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
                                        for f in sink.facts), node)
-        return outcome.returns
+        if module is self.module:
+            return outcome.returns
+        return self.entering_here(outcome.returns, entered)
+
+    def entering_here(self, value: tuple, entered: set) -> tuple:
+        """A term formed here that entered a loss inside another module's function (`self.loss_fn =
+        PolicyLoss(...)`) is reported where that loss comes back: the other module's lint never sees it."""
+        out = []
+        for f in value:
+            if f.role == "tuple":
+                f = replace(f, items=tuple(self.entering_here(item, entered) for item in f.items))
+            elif f.entry is not None and f.entry not in entered and f.origin_path == self.module.path:
+                f = replace(f, entry=None)
+            out.append(f)
+        return tuple(out)
 
     def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> tuple | None:
         positional, keywords = self.args(node)

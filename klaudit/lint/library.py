@@ -198,7 +198,9 @@ class LibraryFlow(FlowState):
         return tuple(dict.fromkeys(sides[0] + sides[1]))
 
     def kl_div(self, positional, keywords, node) -> tuple:
-        """F.kl_div(input, target, log_target=True) is target.exp() * (target - input): KL(target || input)."""
+        """F.kl_div(input, target) is target * (log(target) - input), and with log_target=True
+        target.exp() * (target - input): KL(target || input) either way (a target of softmax probabilities
+        is read as probabilities, one of log-probs as log-probs)."""
         if len(positional) < 2 and "target" not in keywords:
             return ()
         source = self.expr(positional[0] if positional else keywords["input"])
@@ -210,10 +212,12 @@ class LibraryFlow(FlowState):
             for s in source:
                 if t.poly is None or s.poly is None:
                     continue
-                prob = apply_math("exp", t.poly)
-                if prob is None:
+                kinds = {a.kind for a in t.poly.atoms()}
+                probabilities = bool(kinds) and kinds <= {alg.VOCAB_PROB, alg.VOCAB_REF_PROB}
+                prob, log_prob = (t.poly, apply_math("log", t.poly)) if probabilities else (apply_math("exp", t.poly), t.poly)
+                if prob is None or log_prob is None:
                     continue
-                poly = alg.mul(prob, alg.add(t.poly, s.poly, -1.0))
+                poly = alg.mul(prob, alg.add(log_prob, s.poly, -1.0))
                 if not elementwise:
                     summed = over_vocab(poly)
                     if summed is None or not summed.terms:

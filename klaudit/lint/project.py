@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ class Project:
         self._defines: dict[tuple[str, str], bool] = {}  # (resolved path, name) -> whether its text may define the name
         self._package_parents: dict[str, list[Path]] | None = None
         self._paths: dict[tuple[str, str | None, int], Path | None] = {}  # module_path's answers
+        self._signatures: dict[str, dict[str, ast.arguments]] = {}  # resolved path -> its functions' parameters
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree
@@ -113,6 +115,35 @@ class Project:
                 written = rf"{written}|\b{re.escape(name)}\b"
             self._defines[key, name] = text is not None and re.search(written, text) is not None
         return self._defines[key, name]
+
+    def integer_default(self, path: Path, function: str, parameters: tuple[str, ...]) -> int | None:
+        """The integer default of the first of `parameters` that the module-level function `function` of
+        the module at `path` has (`def masked_mean(x, mask, dim=1)` -> 1), else None. Read from Python's
+        own tree of a module the analysis does not follow (it has no KL words): nothing is interpreted."""
+        key = str(Path(path).resolve())
+        if key not in self._signatures:
+            tree = ast.Module(body=[], type_ignores=[])
+            try:
+                text = read_source(key)
+                if isinstance(text, str):
+                    tree = ast.parse(text)
+            except (OSError, SyntaxError, ValueError, RecursionError):
+                pass
+            self._signatures[key] = {node.name: node.args for node in tree.body if isinstance(node, ast.FunctionDef)}
+        signature = self._signatures[key].get(function)
+        if signature is None:
+            return None
+        positional = signature.posonlyargs + signature.args
+        defaults = dict(zip([a.arg for a in positional][len(positional) - len(signature.defaults):], signature.defaults))
+        defaults.update((a.arg, d) for a, d in zip(signature.kwonlyargs, signature.kw_defaults) if d is not None)
+        for name in parameters:
+            if name in defaults:
+                try:
+                    value = ast.literal_eval(defaults[name])
+                except ValueError:
+                    return None
+                return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return None
 
     def parse(self, path: Path) -> cst.Module | None:
         key = str(Path(path).resolve())

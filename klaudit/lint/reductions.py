@@ -66,7 +66,8 @@ class ReductionFlow(FlowState):
     def aggregate(self, name, first, positional, keywords) -> tuple:
         if name == "masked_mean":
             dim = positional[2] if len(positional) > 2 else keywords.get("dim", keywords.get("axis"))
-            aggregation = Aggregation.SEQ_MEAN if self.dim(dim) else Aggregation.BATCH_MEAN
+            per_row = self.dim(dim) if dim is not None else self.imported_default_axis(name)
+            aggregation = Aggregation.SEQ_MEAN if per_row else Aggregation.BATCH_MEAN
         elif name == "masked_sum":
             aggregation = Aggregation.SUM
         elif name in ("agg_loss", "aggregate_loss", "masked_aggregator"):
@@ -82,6 +83,18 @@ class ReductionFlow(FlowState):
                 continue
             out.append(replace(f, aggregation=f.aggregation or aggregation, scalar=aggregation is not Aggregation.SEQ_MEAN))
         return tuple(out)
+
+    def imported_default_axis(self, name: str) -> bool:
+        """Whether `name(x, mask)` called without an axis, imported from a module of the tree that is not
+        followed (it has no KL words), averages each row by its own default (`dim=1`; verl's is `axis=None`)."""
+        if name not in self.module.imports:
+            return False
+        source, attr, level = self.module.imports[name]
+        path = self.analyzer.project.module_path(source, self.module.path, level) if attr is not None else None
+        if attr is None or path is None:
+            return False
+        default = self.analyzer.project.integer_default(path, attr, ("dim", "axis"))
+        return default is not None and default != 0
 
     def each_agg_mode(self, first: tuple, mode: cst.BaseExpression) -> tuple:
         """A `loss_agg_mode` the code reads from its configuration: every mode the aggregator knows,
@@ -110,6 +123,8 @@ class ReductionFlow(FlowState):
             poly = apply_math(fn, f.poly)
             if poly is None:
                 continue
+            if fn == "log" and f.clamped and {a.kind for a in poly.atoms()} <= {alg.VOCAB_POLICY, alg.VOCAB_REF}:
+                f = replace(f, clamped=False)  # log(probs.clamp_min(eps)): a safe log, the KL is not clamped
             position = f.position
             if fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 position = Position.SEQUENCE

@@ -96,10 +96,25 @@ DATA_CONTAINERS = re.compile(
 )
 
 
+# The log-probs of one side of a preference pair (`policy_chosen_logps`, `ref_rejected_logps`,
+# `chosen_logits`): taken on responses a dataset or a judge picked, not on samples of the policy, so no
+# KL estimate is made of them (what is computed from them, `chosen_rewards`, follows from its inputs).
+_PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected)(?![a-z0-9])", re.IGNORECASE)
+_LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every assignment
+def names_pair_logprobs(name: str) -> bool:
+    """A name for the log-probs (or logits) of the chosen or rejected response of a preference pair."""
+    return _PREFERENCE_SIDE.search(name) is not None and _LOGPROB_WORD.search(name) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def tensor_role(name: str) -> AtomKind | None:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
     bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
+    if names_pair_logprobs(bare):
+        return None
     if _REF_PATTERN.match(bare):
         return REF
     if _OLD_PATTERN.match(bare):
@@ -166,6 +181,9 @@ _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^nu
 _LOSS = re.compile(r"loss", re.IGNORECASE)
 _REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl|_tensor)?$", re.IGNORECASE)
 _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
+# An implicit reward, beta * log(pi_rm / ref), is what a DPO-style or PRIME reward model outputs: the score
+# of that model, not a KL penalty on the policy being trained.
+_IMPLICIT = re.compile(r"(?<![a-z0-9])implicit(?![a-z0-9])", re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
@@ -174,7 +192,7 @@ def sink_of_name(name: str) -> SinkKind | None:
     bare = name.lstrip("_")
     if _COEF.search(bare):
         return None
-    if _REWARD.match(bare):
+    if _REWARD.match(bare) and _IMPLICIT.search(bare) is None:
         return "reward"
     if _ADVANTAGE.match(bare):
         return "advantage"

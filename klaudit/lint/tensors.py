@@ -23,6 +23,9 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
         e = alg.exp(poly)
         return None if e is None else alg.add(e, Poly.const(1.0), -1.0)
     if fn == "log":
+        if kinds and kinds <= {alg.VOCAB_PROB, alg.VOCAB_REF_PROB} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
+            atom = poly.terms[0][0][0]  # log of softmax probabilities: the log_softmax they came from
+            return Poly.atom(Atom(alg.VOCAB_POLICY if atom.kind == alg.VOCAB_PROB else alg.VOCAB_REF, atom.grad, atom.acc))
         return alg.log(poly)
     if fn == "abs":
         return alg.absolute(poly)

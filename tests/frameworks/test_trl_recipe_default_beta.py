@@ -1,0 +1,36 @@
+"""A `trl grpo --config` recipe that leaves beta out runs with the pinned release's default: 0.04 up to
+TRL 0.18 (k3 as a loss, kl-math.md section 8 row 3, KL002), 0.0 from 0.19 (no KL term). Open-R1's recipes
+are written this way (recipes/<model>/grpo/config_demo.yaml with trl==0.18.0 in setup.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.lint.engine import lint_paths
+
+RECIPE = "model_name_or_path: m\ndataset_name: d\nlearning_rate: 1.0e-06\nnum_generations: 16\nuse_vllm: true\n"
+
+
+def findings(tmp_path, pin: str, files: dict[str, str]) -> list[tuple[str, int, str]]:
+    (tmp_path / "setup.py").write_text(f'from setuptools import setup\n\nsetup(\n    install_requires=[\n        "trl=={pin}",\n    ],\n)\n')
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert result.errors == []
+    return sorted((f.path.rsplit("/", 2)[-2] + "/" + f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings)
+
+
+def test_a_grpo_recipe_without_beta_has_the_pinned_releases_k3_loss(tmp_path):
+    assert findings(tmp_path, "0.18.0", {"recipes/grpo/config.yaml": RECIPE}) == [("grpo/config.yaml", 4, "KL002")]
+
+
+@pytest.mark.parametrize("pin, name, text", [
+    ("0.19.0", "recipes/grpo/config.yaml", RECIPE),  # beta defaults to 0.0 from 0.19: no KL term
+    ("0.18.0", "recipes/grpo/config.yaml", RECIPE + "beta: 0.0\n"),  # switched off
+    ("0.18.0", "recipes/filtering/config.yaml", RECIPE),  # generation only: num_generations, not a GRPO path
+    ("0.18.0", "recipes/grpo/sft.yaml", "model_name_or_path: m\ndataset_name: d\n"),  # no GRPO key
+])
+def test_recipes_that_train_no_default_kl_stay_silent(tmp_path, pin, name, text):
+    assert findings(tmp_path, pin, {name: text}) == []
