@@ -4,8 +4,9 @@ The code cells are joined in order, each starting on a new line, so a finding's 
 that joined code (what `location.row` of the JSON output and SARIF's `startLine` give); its message
 begins with the cell and the line within the cell (`cell 3, line 2: ...`): the cell's position in the
 notebook, markdown cells counted, and the line in that cell, both from 1. IPython's own syntax is not Python: a line magic
-(`%time`), a shell line (`!pip install`, `files = !ls`) and a cell magic's whole cell (`%%bash`)
-become `pass` at their indentation in the joined code, so every other line keeps its number; the
+(`%time`, or `cd ..` and `pip install x` written without the %), a shell line (`!pip install`, `files = !ls`) and a cell magic's whole cell (`%%bash`)
+become `pass` at their indentation in the joined code (a line a magic or shell line carries on to
+with a trailing backslash, an empty line), so every other line keeps its number; the
 shell lines and `%%bash`/`%%sh` cells are kept apart, at the same line numbers, for the launch
 commands they may hold (`!trl grpo --beta 0.04`). A notebook whose kernel is not Python has no
 Python (a bash kernel's cells are all shell). A notebook that is not valid JSON, or not a notebook,
@@ -27,6 +28,21 @@ NOTEBOOK_SUFFIX = ".ipynb"
 _MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?:%|!|\w+\s*=\s*[!%])")
 _SHELL = re.compile(r"^[ \t]*(?:\w+\s*=\s*)?!(?P<command>.*)$")
 _SHELL_CELLS = ("%%bash", "%%sh", "%%script bash", "%%script sh")
+# IPython runs a line magic without its % (automagic) and a few shell commands without ! (aliases):
+# `cd ..`, `pip install trl`. Such a line is set aside where it is not Python by itself.
+_AUTOMAGIC = re.compile(r"^(?P<indent>[ \t]*)(?:cd|pip|conda|mamba|env|pwd|ls|mkdir|rmdir|rm|cp|mv|cat|"
+                        r"load_ext|reload_ext|autoreload|matplotlib|run|time|timeit|pushd|popd|bookmark)\b")
+
+
+def _automagic(line: str) -> re.Match[str] | None:
+    found = _AUTOMAGIC.match(line)
+    if found is None:
+        return None
+    try:
+        compile(line.strip(), "<cell>", "exec")
+    except SyntaxError:
+        return found
+    return None  # Python too (`time = 3`, `ls -la` is a subtraction): read as Python
 
 
 @dataclass(frozen=True)
@@ -74,12 +90,18 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
         text.extend(lines)
         whole_shell = lines[0].strip() in _SHELL_CELLS
         whole_magic = lines[0].lstrip().startswith("%%")
+        continued = None  # while a magic or shell line goes on over a trailing backslash: whether it is shell
         for index, line in enumerate(lines):
             if not python:
                 code.append("")
                 shell.append(line if language.lower() in ("bash", "sh", "shell") else "")
                 continue
-            magic = _MAGIC.match(line)
+            if continued is not None:  # `!python -m verl.trainer.main_ppo \` and its option lines
+                code.append("")
+                shell.append(line if continued else "")
+                continued = continued if line.rstrip().endswith("\\") else None
+                continue
+            magic = _MAGIC.match(line) or _automagic(line)
             command = _SHELL.match(line)
             if whole_magic:
                 code.append("" if index else "pass")
@@ -87,6 +109,7 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
             elif magic is not None:
                 code.append(f"{magic.group('indent')}pass")
                 shell.append(" " * command.start("command") + command.group("command") if command else "")
+                continued = command is not None if line.rstrip().endswith("\\") else None
             else:
                 code.append(line)
                 shell.append("")

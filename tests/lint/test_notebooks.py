@@ -40,6 +40,23 @@ def test_code_cells_are_joined_and_magics_set_aside():
     assert book.text.splitlines()[3] == "files = !ls"
 
 
+def test_magics_written_without_their_percent_sign_are_set_aside_where_they_are_not_python():
+    text = notebook(("code", "cd ..\npip install -q trl\ntime = 3\nls -la\n  cd ~/data\nenv\n"))
+    assert read_notebook("n.ipynb", text.encode()).code.splitlines() == [
+        "pass", "pass", "time = 3", "ls -la", "  pass", "env"]
+
+
+def test_a_shell_line_goes_on_over_trailing_backslashes_and_is_linted_as_one_command(tmp_path):
+    launch = ("!python3 -m verl.trainer.main_ppo \\\n algorithm.adv_estimator=grpo \\\n"
+              " actor_rollout_ref.actor.use_kl_loss=True \\\n actor_rollout_ref.actor.kl_loss_type=low_var_kl\n"
+              "x = 1\n")
+    book = read_notebook("n.ipynb", notebook(("code", launch)).encode())
+    assert book.code.splitlines() == ["pass", "", "", "", "x = 1"]
+    assert book.shell.splitlines()[3] == " actor_rollout_ref.actor.kl_loss_type=low_var_kl"
+    findings = lint(tmp_path, notebook(("code", launch))).findings
+    assert [(f.line, f.code) for f in findings] == [(4, "KL002")], findings  # at the loss type; no KL000 on the option lines
+
+
 def test_python_rules_and_framework_flags_in_cells(tmp_path):
     text = notebook(("markdown", "# KL"), ("code", "!pip install trl"), ("code", KL_CELL),
                     ("code", "!python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True"))
