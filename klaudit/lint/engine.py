@@ -224,31 +224,47 @@ def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Findin
                             "it and the functions after it were not analysed", line)
 
 
+def _syntax_only(path: str, source: str) -> _Analysis:
+    """A file without KL vocabulary: only its KL000, if Python rejects it."""
+    broken = syntax_finding(path, source)
+    return _Analysis(path, (broken,) if broken is not None else ())
+
+
+def _task(path: str, source: str, limits: Limits, frameworks: Context | None, analyse: bool) -> _Analysis:
+    return _analyse(path, source, limits, frameworks) if analyse else _syntax_only(path, source)
+
+
 def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits(),
-                 frameworks: Context | None = None, progress: Progress | None = None) -> list[_Analysis]:
+                 frameworks: Context | None = None, progress: Progress | None = None,
+                 checked: dict[str, str] | None = None) -> list[_Analysis]:
+    """The analyses of `sources`, and the syntax checks of `checked` (files without KL vocabulary), in
+    `jobs` worker processes where there are enough files to analyse."""
     progress = progress or Progress(False)
+    checked = checked or {}
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
     if workers < 2:
         _start_worker(roots)
         analysed = []
-        for path, source in sources.items():
-            analysed.append(_analyse(path, source, limits, frameworks))
+        for path, source in [*sources.items(), *checked.items()]:
+            analysed.append(_task(path, source, limits, frameworks, path in sources))
             progress.advance()
         return analysed
     import klaudit.lint.checks  # noqa: F401 - imported once here, shared with the forked workers
 
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    # Big files first, so that one late large file does not leave a worker idle.
-    order = sorted(sources, key=lambda p: -len(sources[p]))
+    # Big files first, so that one late large file does not leave a worker idle; the syntax checks last,
+    # where they fill the gaps the analyses leave.
+    order = sorted(sources, key=lambda p: -len(sources[p])) + list(checked)
+    texts = [sources[p] if p in sources else checked[p] for p in order]
     analyses: list[_Analysis] = []
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                  initargs=(roots,)) as pool:
             # one file a task, so that the largest files spread over the workers (a task costs ~0.2 ms)
             chunksize = max(1, len(order) // 4096)
-            for analysis in pool.map(_analyse, order, [sources[p] for p in order], [limits] * len(order),
-                                     [frameworks] * len(order), chunksize=chunksize):
+            for analysis in pool.map(_task, order, texts, [limits] * len(order), [frameworks] * len(order),
+                                     [p in sources for p in order], chunksize=chunksize):
                 analyses.append(analysis)
                 progress.advance()
     except BrokenProcessPool:
@@ -330,7 +346,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     check_directives = UNUSED_SUPPRESSION_CODE in settings.enabled_codes
     with_directives: dict[str, str] = {}  # Python sources whose suppression comments KL101 judges
     raw: list[_Analysis] = []
-    sources: dict[str, str] = {}
+    sources: dict[str, str] = {}  # files to analyse
+    checked: dict[str, str] = {}  # files without KL vocabulary: their syntax only
     files = paths[:1] if stdin is not None else discover_files(paths, settings, respect_gitignore,
                                                                   PYTHON_SUFFIXES + CONFIG_SUFFIXES + (NOTEBOOK_SUFFIX,))
     progress = progress or Progress(False)
@@ -362,14 +379,12 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
         elif might_contain_kl(source) or mentions_config_class(source):
             sources[path] = source
         else:
-            broken = syntax_finding(path, source)
-            if broken is not None:
-                raw.append(_Analysis(path, (broken,)))
+            checked[path] = source  # only its syntax is checked (in the workers)
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
-    progress.advance(len(files) - len(sources))  # read and pre-filtered: only the analysis is left
+    progress.advance(len(files) - len(sources) - len(checked))  # read and pre-filtered, nothing else to do
     context = replace(context, classes=config_classes(sources))
-    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, context, progress))
+    raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, context, progress, checked))
 
     for analysis in raw:
         if analysis.error:

@@ -225,6 +225,18 @@ def test_the_worker_pool_gives_the_same_result_as_one_process(tmp_path):
     # File i holds i % 3 findings; file 7 (one finding) crashes instead.
     assert len(sequential.findings) == sum(i % 3 for i in range(3 * engine.MIN_FILES_PER_WORKER)) - 1
     assert parallel.findings == sequential.findings
+
+
+def test_the_workers_check_the_syntax_of_the_files_without_kl_words(tmp_path):
+    _many_files(tmp_path, 2 * engine.MIN_FILES_PER_WORKER)
+    write(tmp_path / "plain_broken.py", "def f(:\n    pass\n")
+    write(tmp_path / "plain_fine.py", "x = 1\n")
+    sequential = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    parallel = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=2)
+    assert parallel.findings == sequential.findings
+    assert [f.code for f in parallel.findings if f.path.endswith("plain_broken.py")] == ["KL000"]
+    assert parallel.files_checked == 2 * engine.MIN_FILES_PER_WORKER + 2
+    assert parallel.files_analysed == 2 * engine.MIN_FILES_PER_WORKER
     assert parallel.errors == sequential.errors and len(parallel.errors) == 1
 
 
