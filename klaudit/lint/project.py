@@ -16,7 +16,9 @@ from klaudit.lint.sources import read_source  # decoded as the engine decodes th
 class Project:
     """Resolves `import` / `from ... import` of modules that live under the linted roots.
 
-    Modules whose text has no KL vocabulary resolve to nothing (they are not parsed).
+    Modules whose text has no KL vocabulary resolve to nothing (they are not parsed), except
+    for a loss helper looked up in them by name (`get_loss_agg_func`, `masked_loss`): an
+    aggregation has no KL words of its own, yet the KL flows through it.
     A dotted module name maps to `<root>/<a>/<b>.py` or `<root>/<a>/<b>/__init__.py` for some
     root or some ancestor of a root (so that `import pkg.mod` works when `pkg/` itself is
     linted). Parsed modules are cached; a file that does not parse resolves to nothing.
@@ -85,6 +87,16 @@ class Project:
             self._texts[key] = text if isinstance(text, str) and (might_contain_kl(text) or Path(key).name == "__init__.py") else None
         return self._texts[key]
 
+    def _admit(self, key: str) -> str | None:
+        """The text of `key` though it has no KL vocabulary, kept from now on (so it parses): it
+        was asked for a loss helper."""
+        try:
+            text = read_source(key)
+        except OSError:
+            return None
+        self._texts[key] = text if isinstance(text, str) else None
+        return self._texts[key]
+
     def may_define(self, path: Path, name: str) -> bool:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`
         or `class name`), so that resolving a call into it is worth parsing it; a module parsed
@@ -94,6 +106,8 @@ class Project:
             return True
         if (key, name) not in self._defines:
             text = self._text(key)
+            if text is None and _LOSS_HELPER.search(name):
+                text = self._admit(key)
             written = rf"(?:def|class)(?:\s|\\)+{re.escape(name)}(?!\w)"
             if Path(key).name == "__init__.py":  # or re-exported from a module of the package
                 written = rf"{written}|\b{re.escape(name)}\b"
@@ -136,6 +150,9 @@ class Project:
         text = self._sources.get(id(tree))
         return text if text is not None else tree.code
 
+
+# a function named as a loss helper (`get_loss_agg_func`, `agg_loss`): followed into any module
+_LOSS_HELPER = re.compile(r"loss", re.IGNORECASE)
 
 # klaudit's own estimators are the correct configurations, proven by exact enumeration: a call of
 # them is a correct KL term, not code to re-derive (their prefix-weighted surrogates are beyond the lint)
