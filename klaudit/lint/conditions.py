@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.lint.facts import is_negated_pattern, is_pattern, negated, operands, takes
+from klaudit.lint.facts import UNKNOWN, is_negated_pattern, is_pattern, negated, operands, takes
 from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
 
@@ -78,9 +78,11 @@ class ConditionFlow(FlowState):
             facts = self.expr(test)
             if any(f.role == "tensor" for f in facts):
                 return None, None
-            known = [f.text for f in facts if f.role == "bool" and f.text is not None]
-            if known:
-                return None, known[0] == "True"
+            known = {f.text for f in facts if f.role == "bool" and f.text is not None}
+            # a flag read with a default (`getattr(cfg, "x", False) if cfg else False`) is known only
+            # in the default's branch: unexplained or disagreeing alternatives leave it a switch
+            if len(known) == 1 and not any(f.role == UNKNOWN.role for f in facts):
+                return None, known.pop() == "True"
             name = last_name(test)
             if name in ("True", "False"):
                 return None, name == "True"
