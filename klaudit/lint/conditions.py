@@ -78,11 +78,11 @@ class ConditionFlow(FlowState):
             facts = self.expr(test)
             if any(f.role == "tensor" for f in facts):
                 return None, None
-            known = {f.text for f in facts if f.role == "bool" and f.text is not None}
+            known = [f.text for f in facts if f.role == "bool" and f.text is not None]
             # a flag read with a default (`getattr(cfg, "x", False) if cfg else False`) is known only
-            # in the default's branch: unexplained or disagreeing alternatives leave it a switch
-            if len(known) == 1 and not any(f.role == UNKNOWN.role for f in facts):
-                return None, known.pop() == "True"
+            # in the default's branch: an unexplained alternative leaves it a switch
+            if known and not any(f.role == UNKNOWN.role for f in facts):
+                return None, known[0] == "True"
             name = last_name(test)
             if name in ("True", "False"):
                 return None, name == "True"
