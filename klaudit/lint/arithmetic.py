@@ -63,6 +63,8 @@ class ArithmeticFlow(FlowState):
         counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
         if counts:
             return counts  # a token count plus an epsilon is still the count
+        if batch_statistic_of(right, left):
+            return left  # returns minus their batch mean (whitening): a baseline, the per-token terms go on
         out = []
         for a in operands(left):
             for b in operands(right):
@@ -120,6 +122,15 @@ class ArithmeticFlow(FlowState):
                 continue
             out.append(f)
         return tuple(out)
+
+
+def batch_statistic_of(statistic: tuple, value: tuple) -> bool:
+    """Whether `statistic` is a batch-wide reduction of `value` itself (`masked_mean(adv, mask)` taken
+    off `adv`): each of its alternatives is one of the per-token alternatives of `value`, reduced to a
+    scalar. Subtracting it is a baseline, whose expected contribution to the gradient is ~0."""
+    per_token = {f.poly for f in value if f.role == "tensor" and f.poly is not None and not f.scalar}
+    reduced = [f for f in statistic if f.role == "tensor" and f.poly is not None]
+    return bool(reduced) and all(f.scalar and f.poly in per_token and not f.poly.is_const() for f in reduced)
 
 
 def _tensor_poly(fact: Fact) -> Poly | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.lint.facts import is_negated_pattern, is_pattern, negated, operands, takes
+from klaudit.lint.facts import UNKNOWN, is_negated_pattern, is_pattern, negated, operands, takes
 from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
 
@@ -79,7 +79,9 @@ class ConditionFlow(FlowState):
             if any(f.role == "tensor" for f in facts):
                 return None, None
             known = [f.text for f in facts if f.role == "bool" and f.text is not None]
-            if known:
+            # a flag read with a default (`getattr(cfg, "x", False) if cfg else False`) is known only
+            # in the default's branch: an unexplained alternative leaves it a switch
+            if known and not any(f.role == UNKNOWN.role for f in facts):
                 return None, known[0] == "True"
             name = last_name(test)
             if name in ("True", "False"):

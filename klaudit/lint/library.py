@@ -10,6 +10,7 @@ producer (`logprobs_from_logits`) or `zip` variant, holds nothing the analysis f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ from klaudit.lint.facts import detach_all, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, int_literal, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
+
+# a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
+HELD_LOSS_REDUCER = re.compile(r"loss_?(agg|reduc)|(agg|reduc)\w*_loss", re.IGNORECASE)
 
 # keywords that name the tensor a library function operates on, when it is not passed positionally
 TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
@@ -64,6 +68,10 @@ class LibraryFlow(FlowState):
         if roles.LOGPROB_PRODUCERS.match(name):
             kinds = {a.kind for f in first if f.poly is not None for a in f.poly.atoms()}
             return per_token_from_logits(kinds, first) or ()
+        if HELD_LOSS_REDUCER.search(name):
+            # a reduction the configuration picked, out of sight (`self.loss_agg_func(kld, mask)`): the
+            # term goes on as reduced over the batch's tokens; which mode, the analysis cannot say
+            return self.aggregate("masked_mean", first, positional[:2], {})
         return ()
 
     def tensor_method(self, method: str, base: tuple, positional: list, keywords: dict, node: cst.Call) -> tuple:

@@ -18,7 +18,9 @@ from klaudit.lint.syntax import libcst_module
 class Project:
     """Resolves `import` / `from ... import` of modules that live under the linted roots.
 
-    Modules whose text has no KL vocabulary resolve to nothing (they are not parsed).
+    Modules whose text has no KL vocabulary resolve to nothing (they are not parsed), except
+    for a loss helper looked up in them by name (`get_loss_agg_func`, `masked_loss`): an
+    aggregation has no KL words of its own, yet the KL flows through it.
     A dotted module name maps to `<root>/<a>/<b>.py` or `<root>/<a>/<b>/__init__.py` for some
     root or some ancestor of a root (so that `import pkg.mod` works when `pkg/` itself is
     linted). Parsed modules are cached; a file that does not parse resolves to nothing.
@@ -41,6 +43,7 @@ class Project:
         self._package_parents: dict[str, list[Path]] | None = None
         self._paths: dict[tuple[str, str | None, int], Path | None] = {}  # module_path's answers
         self._signatures: dict[str, dict[str, ast.arguments]] = {}  # resolved path -> its functions' parameters
+        self._raw_texts: dict[str, str | None] = {}  # resolved path -> its text, for the loss helpers looked up in it
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree
@@ -96,20 +99,34 @@ class Project:
             self._texts[key] = text if isinstance(text, str) and (might_contain_kl(text) or Path(key).name == "__init__.py") else None
         return self._texts[key]
 
-    def follows(self, path: Path) -> bool:
-        """Whether the analysis follows calls into the module at `path` (its text has KL vocabulary, or
-        it is a package's __init__)."""
-        return self._text(str(Path(path).resolve())) is not None
+    def follows(self, path: Path, name: str | None = None) -> bool:
+        """Whether the analysis follows a call of `name` (any name, where None) into the module at
+        `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss
+        (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
+        answer depends on the module and the name only, never on what was looked up before."""
+        return self._text(str(Path(path).resolve())) is not None or (name is not None and _LOSS_HELPER.search(name) is not None)
+
+    def _admitted(self, key: str) -> str | None:
+        """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""
+        if key not in self._raw_texts:
+            try:
+                text = read_source(key)
+            except OSError:
+                text = None
+            self._raw_texts[key] = text if isinstance(text, str) else None
+        return self._raw_texts[key]
 
     def may_define(self, path: Path, name: str) -> bool:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`
         or `class name`), so that resolving a call into it is worth parsing it; a module parsed
         already is looked up in its tree instead."""
         key = str(Path(path).resolve())
+        if not self.follows(path, name):
+            return False
         if key in self._modules:
             return True
         if (key, name) not in self._defines:
-            text = self._text(key)
+            text = self._text(key) or self._admitted(key)
             written = rf"(?:def|class)(?:\s|\\)+{re.escape(name)}(?!\w)"
             if Path(key).name == "__init__.py":  # or re-exported from a module of the package
                 written = rf"{written}|\b{re.escape(name)}\b"
@@ -148,7 +165,7 @@ class Project:
     def parse(self, path: Path) -> cst.Module | None:
         key = str(Path(path).resolve())
         if key not in self._modules:
-            text = self._text(key)
+            text = self._text(key) or self._admitted(key)  # asked for after may_define said yes
             tree = None
             try:
                 tree = libcst_module(text) if text is not None else None
@@ -181,6 +198,9 @@ class Project:
         text = self._sources.get(id(tree))
         return text if text is not None else tree.code
 
+
+# a function named as a loss helper (`get_loss_agg_func`, `agg_loss`): followed into any module
+_LOSS_HELPER = re.compile(r"loss", re.IGNORECASE)
 
 # klaudit's own estimators are the correct configurations, proven by exact enumeration: a call of
 # them is a correct KL term, not code to re-derive (their prefix-weighted surrogates are beyond the lint)

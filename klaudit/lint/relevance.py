@@ -14,7 +14,8 @@ hand it one:
   `self.estimator(...)`, and dispatch tables from module constants);
 * a field or key the module stores KL values into (klaudit.lint.modules.stored_slots);
 * a name imported from a module of the linted tree that the interpreter would follow (its text has
-  KL vocabulary, or it is a package's `__init__`), or a definition made under a module-level `if`;
+  KL vocabulary, it is a package's `__init__`, or the name speaks of a loss: klaudit.lint.project),
+  or a definition made under a module-level `if`;
 * for a method of a class derived from such an imported class, `self` or `super` (inherited methods).
 
 The rest can be handed no KL term, so their analysis on their own finds nothing; they are still
@@ -153,18 +154,19 @@ def worth_interpreting(source: str, tree: ast.Module, stored: Iterable[str],
             relevant[index] = True
 
 
-def python_imports(tree: ast.Module) -> dict[str, tuple[str, int]]:
-    """{local name: (the module it is imported from, relative level)} for the imports at module level
-    and under a module-level if / try, the ones klaudit.lint.modules.Module follows."""
-    found: dict[str, tuple[str, int]] = {}
+def python_imports(tree: ast.Module) -> dict[str, tuple[str, int, str | None]]:
+    """{local name: (the module it is imported from, relative level, the name imported from it or None
+    for a module)} for the imports at module level and under a module-level if / try, the ones
+    klaudit.lint.modules.Module follows."""
+    found: dict[str, tuple[str, int, str | None]] = {}
     for stmt in _statements(tree.body):
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
-                found[alias.asname or alias.name.split(".")[0]] = (alias.name if alias.asname else alias.name.split(".")[0], 0)
+                found[alias.asname or alias.name.split(".")[0]] = (alias.name if alias.asname else alias.name.split(".")[0], 0, None)
         elif isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
                 if alias.name != "*":
-                    found[alias.asname or alias.name] = (stmt.module or "", stmt.level)
+                    found[alias.asname or alias.name] = (stmt.module or "", stmt.level, alias.name)
     return found
 
 
@@ -181,9 +183,9 @@ def functions_worth_interpreting(path: str, source: str, project: Project) -> li
 
     def follows(name: str) -> bool:
         if name not in followed:
-            module, level = imports.get(name, (None, 0))
+            module, level, imported = imports.get(name, (None, 0, None))
             found = project.module_path(module, path, level) if module is not None else None
-            followed[name] = found is not None and project.follows(found)
+            followed[name] = found is not None and project.follows(found, imported)
         return followed[name]
 
     return worth_interpreting(source, tree, stored_slots(source), follows)

@@ -111,8 +111,11 @@ class SinkFlow(FlowState):
                 continue
             for p in f.pending:
                 part = self.loss_parts.get(p)
-                # the same term carried on (not combined with another into a new term)
-                if p is not node and part is not None and any(g.origin is f.origin for g in part.facts):
+                # the same term carried on (not combined with another into a new term), or a new term
+                # made from it and bound to the same name (`kl = -kl; kl = kl.exp() - 1 - kl`): a step
+                # of the estimator, not a loss of its own
+                if p is not node and part is not None and (
+                        any(g.origin is f.origin for g in part.facts) or rebinds(node, p)):
                     del self.loss_parts[p]
 
     def confirm(self, value: tuple) -> None:
@@ -148,3 +151,17 @@ class SinkFlow(FlowState):
     def next_order(self) -> int:
         self.sink_count += 1
         return self.sink_count
+
+
+def rebinds(later: cst.CSTNode | None, earlier: cst.CSTNode) -> bool:
+    """Whether the assignment `later` binds a name that the assignment `earlier` bound."""
+    return later is not None and bool(_bound_names(later) & _bound_names(earlier))
+
+
+def _bound_names(stmt: cst.CSTNode) -> set[str]:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        stmt = stmt.body[0]
+    if not isinstance(stmt, cst.Assign):
+        return set()
+    return {t.target.value for t in stmt.targets if isinstance(t.target, cst.Name)}
+

@@ -54,11 +54,17 @@ OPENRLHF_CLAMPED = {"compute_approx_kl": {("k1",): {"loss": K1["loss"], "reward"
                                           ("k2",): {"loss": ("OTHER", "KL003"), "reward": K2["reward"]},
                                           ("k3",): LOW_VAR_KL}}
 
+# whitened returns are no per-token estimate: as a loss or a reward they match no target; the lint's
+# verdict is on the k1 reward inside them (row 6, or KL011 with the bonus sign of the bad twin)
+WHITENED_RETURNS = {"loss": ("OTHER", None), "reward": ("OTHER", None)}
+
 # file -> qualname -> {mode values (in sorted switch order): {placement: (objective, rule)}}
 EXPECTED = {
     "exact_kl_reward.py": {"exact_token_kl": {(): EXACT}},
     "grpo_pkg/kl.py": {"log_ratio": {(): K1}, "k1_estimate": {(): K1}, "k3_estimate": {(): K3}},
     "nemo_rl_loss.py": {"calculate_kl": {(name,): BY_ESTIMATOR[name] for name in BY_ESTIMATOR}},
+    "optional_flag_distill.py": {"token_log_ratio": {(): K1}},
+    "whitened_kl_returns.py": {"log_ratio": {(): K1}, "reinforce_pp_advantages": {(): WHITENED_RETURNS}},
     "openrlhf_ppo.py": {"compute_approx_kl": {(name,): BY_ESTIMATOR[name] for name in BY_ESTIMATOR}},
     # (use_abs_kl, use_kl_estimator_k3): the k3 flag is tested first
     "orz_flag_kl_loss.py": {"compute_approx_kl": {(False, False): K1, (False, True): K3, (True, False): ABS,

@@ -40,6 +40,7 @@ FIXED = Counter({
     ("openrlhf_ppo.py", "KL001"): 1, ("openrlhf_ppo.py", "KL002"): 1, ("openrlhf_ppo.py", "KL003"): 1,
     ("orz_flag_kl_loss.py", "KL001"): 1, ("orz_flag_kl_loss.py", "KL002"): 1, ("orz_flag_kl_loss.py", "KL009"): 1,
     ("ppo_gae_trainer.py", "KL004"): 1,
+    ("optional_flag_distill.py", "KL003"): 2,
     ("verl_dp_actor.py", "KL001"): 1, ("verl_dp_actor.py", "KL002"): 1, ("verl_dp_actor.py", "KL003"): 3,
     ("verl_dp_actor.py", "KL008"): 1, ("verl_dp_actor.py", "KL009"): 1,
     ("verl_kl_config.yaml", "KL007"): 1, ("verl_ray_trainer.py", "KL004"): 3,
