@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import os
+import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -105,13 +107,28 @@ def _glob_matches(pattern: str, relative_path: str) -> bool:
     A pattern without "/" matches any single path component (a file or directory name); one
     with "/" matches the whole relative path, where a leading "**/" may also match nothing.
     """
-    pattern = pattern.rstrip("/")
-    if "/" not in pattern:
-        return any(fnmatch.fnmatchcase(part, pattern) for part in relative_path.split("/"))
-    candidates = [pattern]
-    if pattern.startswith("**/"):
-        candidates.append(pattern[3:])
-    return any(fnmatch.fnmatchcase(relative_path, candidate) for candidate in candidates)
+    return _globs_matcher((pattern,))(relative_path)
+
+
+@functools.lru_cache(maxsize=64)
+def _globs_matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a relative path matches any of `patterns` (as _glob_matches reads each), with the
+    patterns compiled into two expressions once: the walk asks for every file and directory."""
+    components, paths = [], []
+    for pattern in (p.rstrip("/") for p in patterns):
+        if "/" not in pattern:
+            components.append(fnmatch.translate(pattern))
+        else:
+            paths.append(fnmatch.translate(pattern))
+            if pattern.startswith("**/"):
+                paths.append(fnmatch.translate(pattern[3:]))
+    component = re.compile("|".join(components)) if components else None
+    whole = re.compile("|".join(paths)) if paths else None
+
+    def matches(relative_path: str) -> bool:
+        return (component is not None and any(component.match(part) for part in relative_path.split("/"))) or (
+            whole is not None and whole.match(relative_path) is not None)
+    return matches
 
 
 @dataclass(frozen=True)
@@ -154,7 +171,7 @@ class Settings:
     def is_excluded(self, path: str) -> bool:
         """True if `path` (a file or directory found while walking) matches an exclusion."""
         relative = self.relative(path)
-        return any(_glob_matches(p, relative) for p in self.exclude + self.extend_exclude)
+        return _globs_matcher(self.exclude + self.extend_exclude)(relative)
 
     def ignored_in_file(self, path: str) -> frozenset[str]:
         """Codes switched off for `path` by per-file-ignores."""

@@ -169,3 +169,23 @@ def test_exclude_globs(tmp_path):
     assert not settings.is_excluded(str(tmp_path / "src" / "model.py"))
     assert not settings.is_excluded(str(tmp_path / "build"))  # `exclude` replaced the defaults
     assert Settings(root=tmp_path).is_excluded(str(tmp_path / "build"))
+
+
+def test_the_exclusions_compiled_together_match_what_each_pattern_matches_alone():
+    import fnmatch
+
+    from klaudit.config import _glob_matches, _globs_matcher
+
+    def one(pattern: str, relative: str) -> bool:  # gitignore style, as documented
+        pattern = pattern.rstrip("/")
+        if "/" not in pattern:
+            return any(fnmatch.fnmatchcase(part, pattern) for part in relative.split("/"))
+        return any(fnmatch.fnmatchcase(relative, p) for p in (pattern, *([pattern[3:]] if pattern.startswith("**/") else [])))
+
+    patterns = (".git", "*.egg-info", "build/", "**/gen/*.py", "a/b", "docs/**", "[ab]x", "**/x")
+    paths = ("a/b", "a/b/c", "x", "pkg/x", "build", "src/build/f.py", "gen/f.py", "q/gen/f.py", "docs/a/b.py",
+             "ax", "bx", "cx/y", ".git/config", "foo.egg-info/PKG", "train.py")
+    for relative in paths:
+        assert _globs_matcher(patterns)(relative) == any(one(p, relative) for p in patterns), relative
+        for pattern in patterns:
+            assert _glob_matches(pattern, relative) == one(pattern, relative), (pattern, relative)
