@@ -181,22 +181,32 @@ class _Frame:
         self.func_id = func_id
         self.reached = {func_id}  # the functions interpreted for it, itself included
         self.needs: int | None = None  # lowest stack index whose presence cut off a recursive call below it
+        self.height = 1  # the levels of calls it took, itself included
+        self.cut = False  # a call below it was cut off at MAX_DEPTH: its summary depends on the depth it ran at
+
+    def took(self, height: int, cut: bool) -> None:
+        """A call it made took `height` levels (and was cut off at MAX_DEPTH, where `cut`)."""
+        self.height = max(self.height, height + 1)
+        self.cut = self.cut or cut
 
 
 class Analyzer:
     """Interprets the functions of the linted tree; one instance per engine worker.
 
     A call summary must not depend on what was analysed before (files, functions, callers), so
-    it is cached under (function, argument facts, remaining depth) and reused only where no
-    function it reached is being interpreted (where a fresh run would cut a recursive call off);
-    a summary in which a recursive call into a caller was cut off is not cached at all."""
+    it is cached under (function, argument facts) and reused only where no function it reached is
+    being interpreted (where a fresh run would cut a recursive call off); a summary in which a
+    recursive call into a caller was cut off is not cached at all. A summary none of whose calls was
+    cut off at MAX_DEPTH holds at any remaining depth of at least the levels it took; one in which a
+    call was cut off is cached under its remaining depth too."""
 
     def __init__(self, project: Project, *, read_fields: bool = True) -> None:
         self.project = project
         self.read_fields = read_fields
         self._modules: dict[str, Module] = {}
-        # (id(func), argument facts, remaining depth) -> (Outcome, reached ids, cost)
-        self._summaries: dict[tuple[int, tuple[tuple[str, Value], ...], int], tuple[Outcome, frozenset[int], int]] = {}
+        # ((id(func), argument facts), remaining depth or None) -> (Outcome, reached ids, cost, levels taken)
+        self._summaries: dict[tuple[tuple[int, tuple[tuple[str, Value], ...]], int | None],
+                              tuple[Outcome, frozenset[int], int, int]] = {}
         self._stack: list[_Frame] = []  # each call being interpreted, outermost first
         # module path -> ({field name: facts stored into it}, cost in work units)
         self._fields: dict[str, tuple[dict[str, Value], int]] = {}
@@ -274,14 +284,20 @@ class Analyzer:
         if depth <= 0 or on_stack is not None:
             if caller is not None and on_stack is not None:
                 caller.needs = on_stack if caller.needs is None else min(caller.needs, on_stack)
+            if caller is not None and depth <= 0:
+                caller.cut = True
             return Outcome()
-        key = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])), depth)
-        cached = self._summaries.get(key)
-        if cached is not None and not cached[1].intersection(frame.func_id for frame in self._stack):
-            result, reached, cost = cached
+        inputs = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])))
+        for at in (None, depth):
+            cached = self._summaries.get((inputs, at))
+            if cached is None or (at is None and cached[3] > depth) or \
+                    cached[1].intersection(frame.func_id for frame in self._stack):
+                continue
+            result, reached, cost, height = cached
             budget.spend(cost)  # reused work costs what computing it cost, whatever was analysed before
             if caller is not None:
                 caller.reached |= reached
+                caller.took(height, cut=at is not None)
             return result
         frame = _Frame(id(func))
         before = budget.spent()
@@ -300,10 +316,12 @@ class Analyzer:
         needs = frame.needs if frame.needs is not None and frame.needs < len(self._stack) else None
         if caller is not None:
             caller.reached |= frame.reached
+            caller.took(frame.height, frame.cut)
             if needs is not None and needs < len(self._stack) - 1:
                 caller.needs = needs if caller.needs is None else min(caller.needs, needs)
         if needs is None:
-            self._summaries[key] = (result, frozenset(frame.reached), budget.spent() - before)
+            self._summaries[inputs, depth if frame.cut else None] = (
+                result, frozenset(frame.reached), budget.spent() - before, frame.height)
         return result
 
     def self_values(self, module: Module, cls: str) -> dict[str, list[cst.BaseExpression]]:

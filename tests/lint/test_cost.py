@@ -246,3 +246,36 @@ def test_a_file_whose_functions_can_meet_no_kl_term_is_not_parsed_by_libcst(tmp_
     (tmp_path / "helper.py").write_text("# helper\n" + HELPER)
     assert lint(tmp_path) == [("user.py", 7, "KL002")]
     assert sorted(parses) == ["# helper", "# user"]
+
+
+CHAIN = ("import torch\n\n\ndef h4(x):\n    return x\n\n\ndef h3(x):\n    return h4(x)\n\n\ndef h2(x):\n    return h3(x)\n\n\n"
+         "def h1(x):\n    return h2(x)\n\n\ndef g(x):\n    return h1(x)\n\n\n"
+         "def train(logprobs, ref_logprobs, pg_loss):\n    r = ref_logprobs - logprobs\n    k3 = torch.exp(r) - r - 1\n"
+         "    FIRST\n    loss = pg_loss + h1(k3).mean()\n    LAST\n    loss.backward()\n")
+
+
+@pytest.mark.parametrize("first, last", [("g(k3)", "pass"), ("pass", "g(k3)")])
+def test_a_summary_cut_off_at_the_depth_limit_is_not_reused_where_the_whole_chain_fits(tmp_path, first, last):
+    # g(k3) runs h1 one level deeper than train's own call, where h4 is cut off and nothing comes back
+    path = tmp_path / "chain.py"
+    path.write_text(CHAIN.replace("FIRST", first).replace("LAST", last))
+    assert lint(path) == [("chain.py", 28, "KL002")]
+
+
+def test_a_summary_that_fits_is_reused_at_another_depth(tmp_path, monkeypatch):
+    from klaudit.lint import flow
+
+    runs: list[str] = []
+    run = flow.FunctionRun.run
+
+    def counting(self):
+        runs.append(self.func.name.value)
+        return run(self)
+
+    monkeypatch.setattr(flow.FunctionRun, "run", counting)
+    path = tmp_path / "chain.py"
+    path.write_text(CHAIN.replace("FIRST", "h3(k3)").replace("LAST", "h4(k3)"))
+    assert lint(path) == [("chain.py", 28, "KL002")]
+    # h4 is given k3 at three depths (under h1's chain, under h3, by train) and h3 at two: each is
+    # interpreted once (the helpers name no KL: none is interpreted on its own, klaudit.lint.relevance)
+    assert sorted(runs) == ["h1", "h2", "h3", "h4", "train"]
