@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst
 import pytest
 
-from klaudit.frameworks import calls, trl
+from klaudit.frameworks import calls, cst_configs, trl
 from klaudit.frameworks.settings import Setting
 
 CONFIGS = '''\
@@ -46,7 +46,7 @@ NAMES = frozenset({*trl.CONFIG_CLASSES, "Mine", "Again"})
 
 
 def _with_libcst(source: str):
-    reader = calls._Reader(NAMES, tuple(trl.KEYS), "t.py")
+    reader = cst_configs._Reader(NAMES, tuple(trl.KEYS), "t.py")
     libcst.MetadataWrapper(libcst.parse_module(source), unsafe_skip_copy=True).visit(reader)
     return reader.calls, reader.definitions
 
