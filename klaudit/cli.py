@@ -10,8 +10,7 @@ import sys
 import click
 
 from klaudit import __version__
-from klaudit.audit import PLACEMENTS
-from klaudit.audit.bind import Role
+from klaudit.audit import PLACEMENTS, Role
 from klaudit.config import INFORMATIONAL_CODES, ConfigError, load_settings, parse_switch
 from klaudit.describe import LEGEND, OBJECTIVES, explain
 from klaudit.lint.engine import DEFAULT_JOBS, LintError, lint_paths

@@ -15,9 +15,9 @@ import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from klaudit.audit import Role  # noqa: F401 - defined beside PLACEMENTS, imported from here too
 from klaudit.lint import algebra
 from klaudit.lint.roles import (
     is_coefficient_name,
@@ -33,31 +33,6 @@ MAX_MODES = 64  # switch combinations audited at most; more is a configuration e
 
 class BindError(ValueError):
     """A parameter cannot be bound, or a --bind override is malformed."""
-
-
-class Role(str, Enum):
-    """What a parameter receives (the value is the --bind spelling).
-
-    TOKENS are the response's token ids only (no prompt), so code that slices a prompt+response
-    tensor from the right (`input_ids[:, -T:]`) reads the right tokens; padding ids are arbitrary.
-    ZEROS is [B, T], or [B] when the binding says `sequence_zeros` (a per-sequence score).
-    """
-
-    LOGPROBS = "logprobs"  # [B, T] log pi(y_t | h_t), differentiable
-    REF_LOGPROBS = "ref_logprobs"  # [B, T] log ref(y_t | h_t)
-    OLD_LOGPROBS = "old_logprobs"  # [B, T] log pi_old(y_t | h_t); makes the audit off-policy
-    MASK = "mask"  # [B, T] 1.0 on response tokens
-    LOGITS = "logits"  # [B, T, V] policy logits, differentiable
-    REF_LOGITS = "ref_logits"  # [B, T, V] reference logits
-    VOCAB_LOGPROBS = "vocab_logprobs"  # [B, T, V] log_softmax of the policy logits, differentiable
-    REF_VOCAB_LOGPROBS = "ref_vocab_logprobs"  # [B, T, V] log_softmax of the reference logits
-    LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
-    TOKENS = "tokens"  # [B, T] int64 sampled token ids of the response; logprobs are gathered at them
-    ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
-    COEF = "coef"  # a coefficient, set to 1.0
-    SWITCH = "switch"  # a string switch or a bool flag, audited once per value
-    DEFAULT = "default"  # keep the parameter's default
-    NONE = "none"  # pass None
 
 
 _ROLE_OF_KIND = {algebra.POLICY: Role.LOGPROBS, algebra.REF: Role.REF_LOGPROBS,

@@ -7,12 +7,11 @@ the reader cannot know, so no verdict rests on the framework's default for it.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-
-import yaml
 
 from klaudit.catalog import Config
 
@@ -38,8 +37,13 @@ class Judged:
         return self.anchors.get(rule, self.anchor)
 
 
-# libyaml's loader where PyYAML was built with it (several times faster), else the pure-Python one
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+@functools.cache
+def yaml_loader() -> type:
+    """libyaml's loader where PyYAML was built with it (several times faster), else the pure-Python
+    one; PyYAML is imported here, by the first YAML file read, not by every lint run."""
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys)
 _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)]+)")
@@ -154,9 +158,11 @@ def _takes(word: str, switch: bool) -> bool:
 def yaml_settings(text: str) -> dict[str, Setting]:
     """Every scalar of a YAML file under its dotted key path; {} for a file YAML cannot read (or
     nests past the YAML parser's recursion)."""
+    import yaml
+
     found: dict[str, Setting] = {}
     try:
-        documents = list(yaml.compose_all(text, Loader=YAML_LOADER))
+        documents = list(yaml.compose_all(text, Loader=yaml_loader()))
     except (yaml.YAMLError, RecursionError):
         return found
     for document in documents:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from klaudit.frameworks.settings import YAML_LOADER, Setting, yaml_settings
+from klaudit.frameworks.settings import Setting, yaml_loader, yaml_settings
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) are not followed
 _SELF = "_self_"
@@ -20,8 +18,10 @@ _SELF = "_self_"
 
 def _defaults_entries(text: str) -> list[tuple[str, Setting]]:
     """The plain names of the top-level `defaults:` list, with the position of each entry."""
+    import yaml  # imported by the first YAML file read (klaudit.frameworks.settings.yaml_loader)
+
     try:
-        document = yaml.compose(text, Loader=YAML_LOADER)
+        document = yaml.compose(text, Loader=yaml_loader())
     except (yaml.YAMLError, RecursionError):
         return []
     if not isinstance(document, yaml.MappingNode):
