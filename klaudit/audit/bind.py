@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from klaudit.audit import Role  # noqa: F401 - defined beside PLACEMENTS, imported from here too
+from klaudit.audit.roles import Role  # noqa: F401 - defined beside PLACEMENTS, imported from here too
 from klaudit.lint import algebra
 from klaudit.lint.roles import (
     is_coefficient_name,

@@ -12,34 +12,14 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.settings import Setting
+from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import python_ast
 
 if TYPE_CHECKING:
     import libcst as cst
-
-
-@dataclass(frozen=True)
-class ConfigCall:
-    """One call of a configuration class: its name, where it is, and its keywords."""
-
-    name: str
-    where: Setting  # the called name's position (value unused)
-    settings: Mapping[str, Setting]
-
-
-@dataclass(frozen=True)
-class ConfigClass:
-    """A class deriving from a configuration class: its bases and the defaults its fields give."""
-
-    name: str
-    bases: tuple[str, ...]
-    fields: Mapping[str, Setting]  # the keys given a default in the class body
-    path: str
 
 
 def read_configs(source: str, class_names: Iterable[str], keys: Iterable[str], path: str = "",

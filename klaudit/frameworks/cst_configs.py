@@ -8,8 +8,7 @@ from collections.abc import Collection
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.frameworks.calls import ConfigCall, ConfigClass
-from klaudit.frameworks.settings import Setting
+from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import dotted, string_value
 
 

@@ -25,6 +25,25 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class ConfigCall:
+    """One call of a configuration class: its name, where it is, and its keywords."""
+
+    name: str
+    where: Setting  # the called name's position (value unused)
+    settings: Mapping[str, Setting]
+
+
+@dataclass(frozen=True)
+class ConfigClass:
+    """A class deriving from a configuration class: its bases and the defaults its fields give."""
+
+    name: str
+    bases: tuple[str, ...]
+    fields: Mapping[str, Setting]  # the keys given a default in the class body
+    path: str
+
+
+@dataclass(frozen=True)
 class Judged:
     """A configuration some flags select, where to report it, and the flags that decide it."""
 
