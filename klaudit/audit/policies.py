@@ -128,7 +128,8 @@ class TabularPolicy(torch.nn.Module):
     def prefix_index(self, tokens: torch.Tensor) -> torch.Tensor:
         """[N, T] row of prefix_logits used at each position (arbitrary at padding positions)."""
         digits = tokens.clamp(max=self.num_plain - 1)  # EOS only occurs where the position is padding
-        return self._offsets + digits @ self._place_values
+        # digits @ place_values as a sum of products: CUDA has no integer matrix product
+        return self._offsets + (digits.unsqueeze(-1) * self._place_values).sum(-2)
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """[N, T, V] logits of each prefix; constant 0 after EOS."""
