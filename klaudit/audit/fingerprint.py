@@ -345,13 +345,32 @@ class Fingerprinter:
         self._near: Fingerprinter | None = None
         self._far: Fingerprinter | None = None
         self._configs = candidate_configs(off_policy)
-        coefficients = [self.basis.coefficients(_weighted(config)) for config in self._configs]
+        coefficients = self._coefficients()
         self._a = torch.stack([a for a, _ in coefficients])  # [configs, N, T]
         self._b = torch.stack([b for _, b in coefficients])
-        self._squared = [self.basis.squared_norm(a, b).item() for a, b in coefficients]
-        # configurations with the very same coefficients share one comparison (index of the first)
-        self._same_as = [next(j for j in range(i + 1) if torch.equal(self._a[j], self._a[i])
-                              and torch.equal(self._b[j], self._b[i])) for i in range(len(self._configs))]
+        self._squared = torch.stack([self.basis.squared_norm(a, b) for a, b in coefficients]).tolist()
+        # configurations with the very same coefficients share one comparison (index of the first); grouped by
+        # one sort of the rows, so that a GPU is asked once rather than once per pair
+        _, groups = torch.unique(torch.cat([self._a.flatten(1), self._b.flatten(1)], 1), dim=0, return_inverse=True)
+        first: dict[int, int] = {}
+        self._same_as = [first.setdefault(group, index) for index, group in enumerate(groups.tolist())]
+
+    def _coefficients(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """RowBasis coefficients (a, b) of each candidate configuration. A seq-token-mean one is its token-sum
+        twin's divided by each sequence's length (the surrogates do not read the aggregation, and 1/L is a
+        constant factor per sequence), so only the token-sum ones are differentiated."""
+        lengths = self.basis.mask.sum(-1, keepdim=True)
+        computed: dict[Config, tuple[torch.Tensor, torch.Tensor]] = {}
+        coefficients = []
+        for config in self._configs:
+            summed = dataclasses.replace(config, aggregation=Aggregation.SUM)
+            if config.aggregation is Aggregation.SEQ_MEAN and summed in computed:
+                a, b = computed[summed]
+                coefficients.append((a / lengths, b / lengths))
+            else:
+                computed[config] = self.basis.coefficients(_weighted(config))
+                coefficients.append(computed[config])
+        return coefficients
 
     def near(self) -> Fingerprinter:
         """The fingerprinter of `near_batch` (on-policy only: old log-probs cannot be moved along)."""

@@ -267,3 +267,20 @@ def test_the_model_batch_samples_from_the_cached_prefix_as_from_the_whole_one(tm
     batch = batch_from_model(str(tmp_path), size=4, horizon=8, seed=0)()
     assert torch.equal(batch.tokens, tokens[:, 1:])
     torch.testing.assert_close(batch.logits, whole_prefix, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fingerprinter", ["on_policy", "off_policy"])
+def test_seq_token_mean_coefficients_are_the_differentiated_ones(fingerprinter, request):
+    """The basis divides a token-sum configuration's coefficients by each sequence's length for its seq-token-mean
+    twin instead of differentiating it: the same coefficients as autograd through the 1/L weighting."""
+    from klaudit.audit.fingerprint import _weighted
+
+    fingerprinter = request.getfixturevalue(fingerprinter)
+    derived = [index for index, config in enumerate(fingerprinter._configs)
+               if config.aggregation is Aggregation.SEQ_MEAN]
+    assert derived
+    for index in derived:
+        a, b = fingerprinter.basis.coefficients(_weighted(fingerprinter._configs[index]))
+        assert a.abs().max() > 0 or b.abs().max() > 0
+        torch.testing.assert_close(fingerprinter._a[index], a, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(fingerprinter._b[index], b, rtol=1e-12, atol=1e-15)
