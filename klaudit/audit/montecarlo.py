@@ -92,8 +92,12 @@ FINGERPRINT_ROWS = 8
 TWIN_PROBE_ROWS = 64  # pilot responses on which rows are compared for identical per-sample gradients
 IDENTICAL_RTOL = 1e-9  # a difference below this fraction of the reference's gradient: the same gradient per sample
 # Entries of one [b, T, V] float64 tensor of a batch (a dozen live at once): 16 MiB on a CPU (below glibc's
-# largest mmap threshold, so the allocator reuses them instead of faulting fresh pages in), 512 MiB on a GPU.
+# largest mmap threshold, so the allocator reuses them instead of faulting fresh pages in); on a GPU 512 MiB,
+# or up to 2 GiB where a quarter of its free memory holds a dozen (a real vocabulary then still gets a pilot
+# of a hundred responses: V = 151,936 and T = 16 fit 27 responses in 512 MiB, 110 in 2 GiB).
 BATCH_ENTRIES = {"cpu": 2**21, "cuda": 2**26}
+MAX_GPU_BATCH_ENTRIES = 2**28
+LIVE_BATCH_TENSORS = 12
 DRAW_CHUNK = 1024  # responses sampled per forward pass of a model
 MAX_BATCH = 1024
 
@@ -130,8 +134,14 @@ def proposal_log_weights(logits: torch.Tensor, ref_logits: torch.Tensor, tokens:
     """log pi(y) / proposal(y) [n], proposal = (1 - mix) pi + mix ref at every real position."""
     log_p = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     log_q = torch.log_softmax(ref_logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    log_proposal = torch.logaddexp(log_p + math.log1p(-mix), log_q + math.log(mix)) if mix > 0 else log_p
-    return ((log_p - log_proposal) * mask).sum(-1)
+    return (_log_weight(log_p, log_q, mix) * mask).sum(-1)
+
+
+def _log_weight(log_p: torch.Tensor, log_q: torch.Tensor, mix: float) -> torch.Tensor:
+    """log pi(y) - log((1 - mix) pi(y) + mix ref(y)) of each draw, from log pi(y) and log ref(y)."""
+    if mix <= 0:
+        return torch.zeros_like(log_p)
+    return log_p - torch.logaddexp(log_p + math.log1p(-mix), log_q + math.log(mix))
 
 
 class TabularSampler:
@@ -206,10 +216,11 @@ class CausalLMSampler:
         return self._linear(features, self.head), self._linear(features, self.ref_head)
 
     @torch.no_grad()
-    def _sample(self, count: int, mix: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [n, T] drawn from (1 - mix) pi + mix ref, and the features [n, T, F] each was drawn from."""
+    def _sample(self, count: int, mix: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens [n, T] drawn from (1 - mix) pi + mix ref, the features [n, T, F] each was drawn from, and each
+        draw's log pi(y_t) / proposal(y_t) [n, T] (as proposal_log_weights, read at the drawn token only)."""
         inputs = torch.full((count, 1), self.start, dtype=torch.long, device=self.device)
-        cache, tokens, features = None, [], []
+        cache, tokens, features, log_weights = None, [], [], []
         for _ in range(self.horizon):
             if self.body is not None:
                 out, cache = cached_forward(self.body, inputs, cache)
@@ -217,17 +228,22 @@ class CausalLMSampler:
             else:
                 out, cache = cached_forward(self.model, inputs, cache, output_hidden_states=True)
                 hidden = out.hidden_states[-1][:, -1].to(torch.float64)
-            probabilities = torch.softmax(self._linear(hidden, self.head), -1)
+            logits = self._linear(hidden, self.head)
+            probabilities = torch.softmax(logits, -1)
             if mix > 0:
-                probabilities = (1 - mix) * probabilities + mix * torch.softmax(self._linear(hidden, self.ref_head), -1)
+                ref_logits = self._linear(hidden, self.ref_head)
+                probabilities = (1 - mix) * probabilities + mix * torch.softmax(ref_logits, -1)
             inputs = torch.multinomial(probabilities, 1, generator=self.generator)
+            log_p = logits.gather(-1, inputs) - torch.logsumexp(logits, -1, keepdim=True)
+            log_q = ref_logits.gather(-1, inputs) - torch.logsumexp(ref_logits, -1, keepdim=True) if mix > 0 else log_p
+            log_weights.append(_log_weight(log_p, log_q, mix))
             tokens.append(inputs)
             features.append(hidden)
-        return torch.cat(tokens, 1), torch.stack(features, 1)
+        return torch.cat(tokens, 1), torch.stack(features, 1), torch.cat(log_weights, 1)
 
     def _calibrated(self, kl: float) -> float:
         """sigma with sum_t KL_t(pi_sigma || ref) about `kl` on responses of the reference (bisection, setup only)."""
-        _, features = self._sample(16, 0.0)
+        _, features, _ = self._sample(16, 0.0)
         ref = torch.log_softmax(self._linear(features, self.ref_head), -1)
 
         def sequence_kl(sigma: float) -> float:
@@ -245,11 +261,9 @@ class CausalLMSampler:
     def draw(self, count: int) -> Draw:
         parts = []
         for start in range(0, count, DRAW_CHUNK):
-            tokens, features = self._sample(min(DRAW_CHUNK, count - start), self.mix)
+            tokens, features, log_weights = self._sample(min(DRAW_CHUNK, count - start), self.mix)
             mask = real_positions(tokens, self.eos).to(torch.float64)
-            logits, ref_logits = self.logits(features)
-            weights = proposal_log_weights(logits, ref_logits, tokens, mask, self.mix).exp()
-            parts.append(Draw(tokens, mask, features, weights))
+            parts.append(Draw(tokens, mask, features, (log_weights * mask).sum(-1).exp()))
         return Draw(*(torch.cat([getattr(part, name) for part in parts]) for name in
                       ("tokens", "mask", "features", "weights")))
 
@@ -366,8 +380,12 @@ def _slices(sampler: Sampler, count: int, size: int) -> Iterator[Draw]:
 
 
 def batch_size_for(sampler: Sampler, device: torch.device) -> int:
-    """Responses per batch: as many as keep a [b, T, V] tensor within the device's BATCH_ENTRIES."""
+    """Responses per batch: as many as keep a [b, T, V] tensor within the device's BATCH_ENTRIES (on a GPU with
+    the memory for it, up to MAX_GPU_BATCH_ENTRIES)."""
     entries = BATCH_ENTRIES.get(device.type, BATCH_ENTRIES["cpu"])
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        entries = max(entries, min(MAX_GPU_BATCH_ENTRIES, free // (4 * LIVE_BATCH_TENSORS * 8)))
     return max(1, min(MAX_BATCH, entries // (sampler.horizon * sampler.vocab_size)))
 
 

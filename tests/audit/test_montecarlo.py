@@ -227,6 +227,18 @@ def tiny_model(tmp_path_factory):
     return directory
 
 
+def test_the_models_draws_carry_the_importance_weights_of_their_whole_logits(tiny_model):
+    """The sampler reads each draw's weight at the drawn token while it samples; the same weight from the full
+    logits of the drawn responses (proposal_log_weights over the vocabulary) must agree."""
+    transformers = pytest.importorskip("transformers")
+    sampler = montecarlo.CausalLMSampler(transformers.AutoModelForCausalLM.from_pretrained(tiny_model), horizon=6)
+    draw = sampler.draw(32)
+    logits, ref_logits = sampler.logits(draw.features)
+    expected = montecarlo.proposal_log_weights(logits, ref_logits, draw.tokens, draw.mask, sampler.mix).exp()
+    assert not torch.equal(draw.weights, torch.ones_like(draw.weights))
+    torch.testing.assert_close(draw.weights, expected, rtol=1e-12, atol=0.0)
+
+
 def _check_grad(*args: str):
     from click.testing import CliRunner
 
