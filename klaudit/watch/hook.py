@@ -21,7 +21,7 @@ import torch
 from klaudit.audit.bind import Role
 from klaudit.catalog import Aggregation
 from klaudit.watch.report import Reporter
-from klaudit.watch.verdict import DEFAULT_ROWS, PLACEMENTS, audit_call
+from klaudit.watch.verdict import DEFAULT_ROWS, PLACEMENTS, NotAuditable, Verdict, audit_call
 
 _auditing = threading.local()
 
@@ -61,15 +61,29 @@ class WatchState:
             aggregation = self.aggregation
             if callable(aggregation):
                 aggregation = (aggregation(caller) if caller is not None else None) or Aggregation.SUM
-            verdict = _isolated(lambda: audit_call(self.fn, args, kwargs, name=self.name, placement=self.placement,
-                                                   aggregation=aggregation, overrides=self.overrides,
-                                                   rows=self.rows, result=result))
+            audit = functools.partial(audit_call, self.fn, args, kwargs, name=self.name, placement=self.placement,
+                                      aggregation=aggregation, overrides=self.overrides, rows=self.rows,
+                                      result=result)
+            verdict = _isolated(lambda: _on_cpu_first(audit, args, kwargs))
             if self.fixes:
                 verdict = verdict.with_framework_fixes(self.fixes)
         except Exception as error:  # noqa: BLE001 - nothing the audit does may stop the training
             self.reporter.failed(self.name, error)
             return
         self.reporter.report(verdict, call=self.calls - 1, site=self.site)
+
+
+def _on_cpu_first(audit: Callable[..., Verdict], args: tuple, kwargs: dict) -> Verdict:
+    """The verdict on CPU copies of the call's tensors, or, where the function cannot run on them (it keeps a
+    GPU tensor of its own, say), on copies on the tensors' own devices."""
+    try:
+        return audit(device="cpu")
+    except NotAuditable:
+        raise
+    except Exception:
+        if all(value.device.type == "cpu" for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)):
+            raise
+        return audit(device=None)
 
 
 def _isolated(run: Callable):

@@ -1,7 +1,8 @@
 """The audit of one real call of a KL function: which catalog configuration its gradient is, on these tensors.
 
-The call's own tensors are copied (detached, float64, on their device; the first `rows` sequences, every
-position) and fed again to the function, now with a gradient: the policy log-probs become the log-probs
+The call's own tensors are copied (detached, float64, on the CPU by default: a few sequences, where a GPU's
+kernel launches and synchronisations would cost more than the arithmetic; the first `rows` sequences,
+every position) and fed again to the function, now with a gradient: the policy log-probs become the log-probs
 of a two-token vocabulary whose first logit is log p and whose second is log(1 - p), so that
 log_softmax gives back exactly the log-probs of the call and check-grad's fingerprint
 (klaudit.audit.fingerprint) compares the function's per-sample gradient with every catalog
@@ -97,10 +98,10 @@ def _pseudo_logits(logprobs: torch.Tensor) -> torch.Tensor:
     return torch.stack([bounded, torch.log(-torch.expm1(bounded))], dim=-1)
 
 
-def _copied(value: torch.Tensor, rows: int) -> torch.Tensor:
-    """The first `rows` sequences of `value`, detached, in float64 on its own device."""
+def _copied(value: torch.Tensor, rows: int, device: str | None) -> torch.Tensor:
+    """The first `rows` sequences of `value`, detached, in float64 on `device` (None: its own)."""
     with torch.inference_mode(False):
-        return value[:rows].detach().to(torch.float64).clone()
+        return value[:rows].detach().to(device=device or value.device, dtype=torch.float64, copy=True)
 
 
 def _policy_and_sequences(roles: Mapping[str, Role], values: Mapping[str, Any]) -> torch.Tensor:
@@ -113,14 +114,15 @@ def _policy_and_sequences(roles: Mapping[str, Role], values: Mapping[str, Any]) 
 
 def audit_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, name: str, placement: str = "auto",
                aggregation: Aggregation = Aggregation.SUM, overrides: Mapping[str, Role] | None = None,
-               rows: int = DEFAULT_ROWS, result: Any = None) -> Verdict:
+               rows: int = DEFAULT_ROWS, result: Any = None, device: str | None = "cpu") -> Verdict:
     """The verdict on the KL term `fn(*args, **kwargs)` computes, from copies of the call's tensors.
 
     `placement` says how the training uses the result ("auto": a function named like a loss, or a scalar
     result, is a loss; one named like a reward is a reward whose negation is the KL cost; otherwise a
     result that carries a gradient is a loss and a detached one a reward). `aggregation`: how the caller
     reduces a per-token result (a verl loss_agg_mode, say). `result` is what the real call returned, to
-    read its gradient and shape without calling again. NotAuditable when the call cannot be audited.
+    read its gradient and shape without calling again. `device`: where the copies of the call's tensors live
+    and the function runs again (None: each tensor's own device). NotAuditable when the call cannot be audited.
     """
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
@@ -132,15 +134,15 @@ def audit_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, name: st
     policy = _policy_and_sequences(roles, values)
     if policy.dim() != 2:
         raise NotAuditable(f"the policy log-probs of {name} have shape {list(policy.shape)}, not [B, T]")
-    sequences, horizon = policy.shape
+    sequences = policy.shape[0]
     rows = max(1, min(rows, sequences))
-    batch_factory, current_old, off_policy = _batch(roles, values, rows)
+    batch_factory, current_old, off_policy = _batch(roles, values, rows, device)
     fed = {param: role for param, role in roles.items() if role in _FED or role in (Role.ZEROS, Role.COEF, Role.NONE)}
     if current_old:
         fed = {param: role for param, role in fed.items() if role is not Role.OLD_LOGPROBS}
     switches: dict[str, Any] = {param: value for param, value in values.items()
                                 if param not in fed and isinstance(value, (str, bool))}
-    actual = {param: _sliced(value, sequences, horizon, rows) for param, value in values.items()
+    actual = {param: _sliced(value, sequences, rows, device) for param, value in values.items()
               if param not in fed and param not in switches}
     kinds = {param.name: param.kind for param in inspect.signature(fn).parameters.values()}
     positional = [param for param in fed if kinds.get(param) is inspect.Parameter.POSITIONAL_ONLY]
@@ -188,12 +190,12 @@ def _roles(fn: Callable, values: Mapping[str, Any], overrides: Mapping[str, Role
     return roles
 
 
-def _batch(roles: Mapping[str, Role], values: Mapping[str, Any],
-           rows: int) -> tuple[Callable[[], Batch], bool, bool]:
+def _batch(roles: Mapping[str, Role], values: Mapping[str, Any], rows: int,
+           device: str | None) -> tuple[Callable[[], Batch], bool, bool]:
     """Fresh leaf batches of copies of the call's tensors (each fingerprint gradient needs a graph of its own),
     whether the old log-probs are the policy's own, and whether the batch is off-policy."""
     def copy_of(role: Role) -> torch.Tensor | None:
-        return next((_copied(values[param], rows) for param, given in roles.items()
+        return next((_copied(values[param], rows, device) for param, given in roles.items()
                      if given is role and isinstance(values.get(param), torch.Tensor)), None)
 
     logprobs = copy_of(Role.LOGPROBS)
@@ -216,12 +218,14 @@ def _batch(roles: Mapping[str, Role], values: Mapping[str, Any],
     return leaf_batches(tokens, mask, logits, ref_logits, behaviour), current_old, behaviour is not None
 
 
-def _sliced(value: Any, sequences: int, horizon: int, rows: int) -> Any:
-    """An argument the audit passes as it was: a tensor with one row per sequence is cut to `rows` and detached."""
-    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == sequences:
-        with torch.inference_mode(False):
-            return value[:rows].detach().clone()
-    return value
+def _sliced(value: Any, sequences: int, rows: int, device: str | None) -> Any:
+    """An argument the audit passes as it was: a tensor is detached and copied to `device` (None: its own), cut
+    to `rows` when it has one row per sequence."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    with torch.inference_mode(False):
+        kept = value[:rows] if value.dim() >= 1 and value.shape[0] == sequences else value
+        return kept.detach().to(device=device or value.device, copy=True)
 
 
 def _with_arguments(fn: Callable, fixed: Mapping[str, Any]) -> Callable:

@@ -205,3 +205,28 @@ def test_bad_options_are_refused():
         watch(k1_loss, every=0)
     with pytest.raises(ValueError, match="mode"):
         watch(k1_loss, mode="shout")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_audit_runs_on_cpu_copies_unless_the_function_needs_the_gpu():
+    """The copies go to the CPU (a few sequences: cheaper there than a GPU's launches and synchronisations); a
+    function that holds a GPU tensor of its own is audited on GPU copies instead, with the same verdict."""
+    logprobs = torch.randn(16, 64, device="cuda", requires_grad=True)
+    ref, mask = torch.randn(16, 64, device="cuda"), torch.ones(16, 64, device="cuda")
+    seen: list[str] = []
+    weight = torch.ones((), device="cuda")
+
+    def k3_on_cpu(logprobs, ref_logprobs, mask):
+        seen.append(logprobs.device.type)
+        return k3_loss(logprobs, ref_logprobs, mask)
+
+    def k3_with_its_own_gpu_weight(logprobs, ref_logprobs, mask):
+        seen.append(logprobs.device.type)
+        return weight * k3_loss(logprobs, ref_logprobs, mask)
+
+    for fn, audited_on in ((k3_on_cpu, "cpu"), (k3_with_its_own_gpu_weight, "cuda")):
+        seen.clear()
+        with pytest.raises(KLGradientError, match="KL002"):
+            watch(fn, mode="raise")(logprobs, ref, mask)
+        assert seen[:2] == ["cuda", "cpu"]  # the real call, then the audit's first call on CPU copies
+        assert seen[-1] == audited_on and len(seen) > 3
