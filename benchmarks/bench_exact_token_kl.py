@@ -14,14 +14,17 @@ forward+backward repeats in the same process (the first, warm-up call is not tim
 variants' processes alternate for several rounds and each keeps its best time and its largest
 peak, so load from other processes on a shared machine hits both alike.
 
-CUDA (--device cuda): naive, torch.compile(naive) and klaudit side by side on [rows, V] logits, for
-each dtype: the median of CUDA-event timings after warm-up, the peak extra memory
+CUDA (--device cuda): naive, torch.compile(naive), klaudit's chunked torch code and klaudit (the fused
+kernel) side by side on [rows, V] logits, for each dtype: the median of CUDA-event timings after warm-up, the peak extra memory
 (torch.cuda.max_memory_allocated above the inputs, less the logits' gradient), and "x floor", the
 time over the bandwidth floor: reading logits and ref_logits and writing the gradient once, at the
-device-to-device copy bandwidth measured in the same run. The GPU's name is printed with the table.
+device-to-device copy bandwidth measured in the same run. The GPU's name is printed with the table. `--launch FILE` first applies the
+kernels' launch parameters that `tune_token_kl.py --json FILE` chose (for each dtype, its choice at the
+largest vocabulary), to measure them before they become the defaults.
 
 Run: .venv/bin/python benchmarks/bench_exact_token_kl.py [--vocab 32000 152000] [--rounds 2]
      .venv/bin/python benchmarks/bench_exact_token_kl.py --device cuda [--rows 8192] [--dtype float32 bfloat16]
+         [--launch FILE]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 ROWS_SHAPE = (2, 1000)  # B, T: about 2,000 tokens
 
@@ -149,13 +153,29 @@ def _cuda_case(variants: dict, dtype_name: str, vocab_size: int, rows: int, repe
     print(f"| {dtype_name} | {vocab_size:,} | floor (3 passes at the copy bandwidth) | {floor_ms:.1f} | | 1.0 |")
 
 
+def _apply_launches(path: Path) -> None:
+    """Make the kernels' launch parameters those `tune_token_kl.py --json` chose, per dtype element size."""
+    import torch
+
+    from klaudit.kernels import token_kl
+
+    for case in sorted(json.loads(path.read_text())["cases"], key=lambda case: case["vocab"]):  # largest V last
+        size = getattr(torch, case["dtype"]).itemsize
+        for kernel, table in (("forward", token_kl.FORWARD), ("backward", token_kl.BACKWARD)):
+            if case["chosen"][kernel] is not None:
+                table[size] = token_kl.Launch(**case["chosen"][kernel]["launch"])
+    print(f"launch parameters from {path}: forward {token_kl.FORWARD}, backward {token_kl.BACKWARD}")
+
+
 def _cuda_table(vocab_sizes: list[int], dtype_names: list[str], rows: int, repeats: int) -> None:
     """Print naive, torch.compile(naive) and klaudit side by side on the GPU (see the module docstring)."""
     import torch
 
     from klaudit.estimators import exact_token_kl
 
-    variants = {"naive": _naive_kl, "torch.compile": torch.compile(_naive_kl), "klaudit": exact_token_kl}
+    variants = {"naive": _naive_kl, "torch.compile": torch.compile(_naive_kl),
+                "klaudit, chunked torch code": lambda x, r: exact_token_kl(x, r, backend="torch"),
+                "klaudit": exact_token_kl}
     print(f"exact_token_kl on {torch.cuda.get_device_name()}, torch {torch.__version__}, {rows} rows, "
           f"forward+backward")
     print("| dtype | V | variant | ms | peak extra GiB | x floor |")
@@ -175,6 +195,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (CPU)")
     parser.add_argument("--rows", type=int, default=8192, help="rows B*T (CUDA)")
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], help="logit dtypes (CUDA)")
+    parser.add_argument("--launch", type=Path, default=None, help="tune_token_kl.py's JSON to apply first (CUDA)")
     parser.add_argument("--worker", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda":
@@ -182,6 +203,8 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             sys.exit("--device cuda: torch sees no CUDA GPU here")
+        if args.launch:
+            _apply_launches(args.launch)
         _cuda_table(args.vocab or [152064, 32000], args.dtype, args.rows, args.repeats or 10)
         return
     args.vocab = args.vocab or [32000, 152000]

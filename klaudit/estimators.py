@@ -374,9 +374,9 @@ def exact_token_kl(logits, ref_logits, *, chunk_size: int | None = None, backend
     elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     if _uses_kernel(logits, ref_logits, backend):
-        from klaudit.kernels.token_kl import BACKWARD_BLOCK, FORWARD_BLOCK, FusedTokenKL
+        from klaudit.kernels.token_kl import FusedTokenKL
 
-        kl = FusedTokenKL.apply(logits, ref_logits, FORWARD_BLOCK, BACKWARD_BLOCK)
+        kl = FusedTokenKL.apply(logits, ref_logits)
     else:
         kl = _ExactTokenKL.apply(logits, ref_logits, chunk_size, dtype)
     if _checks_values(check_values, logits) and bool(torch.isnan(kl).any()):

@@ -111,8 +111,8 @@ def test_value_and_both_gradients_match_float64(backend, dtype, monkeypatch):
     from klaudit.kernels import token_kl
 
     if triton_available():
-        monkeypatch.setattr(token_kl, "FORWARD_BLOCK", 128)
-        monkeypatch.setattr(token_kl, "BACKWARD_BLOCK", 256)
+        monkeypatch.setattr(token_kl, "FORWARD", {size: token_kl.Launch(128) for size in (2, 4)})
+        monkeypatch.setattr(token_kl, "BACKWARD", {size: token_kl.Launch(256) for size in (2, 4)})
     device = _device(backend)
     logits = _logits(2, 3, 1000, seed=0, dtype=dtype, device=device)
     ref_logits = _logits(2, 3, 1000, seed=1, dtype=dtype, device=device)
