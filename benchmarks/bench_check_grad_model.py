@@ -18,7 +18,7 @@ qwen2-0.5b` with Qwen2-0.5B's (2 GB; the model's forward passes then count). The
 Run on an idle machine if you can; the load (`os.getloadavg`) is printed with the figures.
 
     python benchmarks/bench_check_grad_model.py [--vocab 151936] [--shape small|qwen2-0.5b] [--repeats 3]
-        [--target tests/audit/data/verl_style.py::kl_penalty] [--tree DIR]
+        [--target tests/audit/data/verl_style.py::kl_penalty] [--tree DIR] [--device cuda]
 
 --tree DIR runs the klaudit found in DIR (a checkout of another commit, e.g. `git archive main | tar -x
 -C DIR`) instead of this one, with this interpreter.
@@ -106,7 +106,7 @@ def _timed(table: dict, name: str, function):
     return wrapper
 
 
-def phases_worker(model_dir: str, target_text: str) -> None:
+def phases_worker(model_dir: str, target_text: str, device: str = "cpu") -> None:
     """In a fresh process: the child's work, phase by phase; prints one JSON object."""
     table: dict[str, list[float]] = {}
 
@@ -139,16 +139,16 @@ def phases_worker(model_dir: str, target_text: str) -> None:
         else:
             setattr(owner, last, _timed(table, name, function))
     start, cpu = time.perf_counter(), time.process_time()
-    report = runner.audit_target(runner.parse_target(target_text), model_dir=model_dir)
+    report = runner.audit_target(runner.parse_target(target_text), model_dir=model_dir, device=device)
     clock("audit_target (all of the audit)", start, cpu)
     if report.errors:
         raise SystemExit(f"the audit failed: {report.errors}")
     print(json.dumps({"phases": table, "rows": len(report.results)}))
 
 
-def measure_phases(tree: Path, model_dir: str, target: str) -> dict:
+def measure_phases(tree: Path, model_dir: str, target: str, device: str) -> dict:
     boot = (f"import sys; sys.path.insert(0, {str(tree)!r}); sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
-            f"import bench_check_grad_model as bench; bench.phases_worker({model_dir!r}, {target!r})")
+            f"import bench_check_grad_model as bench; bench.phases_worker({model_dir!r}, {target!r}, {device!r})")
     result = subprocess.run([sys.executable, "-c", boot], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -160,17 +160,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--tree", type=Path, default=ROOT, help="the klaudit checkout to run (default: this one)")
+    parser.add_argument("--device", default="cpu", help="where the audit runs (check-grad --device)")
     args = parser.parse_args()
+    on_device = ["--device", args.device]
     with tempfile.TemporaryDirectory(prefix="klaudit-bench-model-") as model_dir:
         build_model(model_dir, args.vocab, args.shape)
         print(f"target {args.target}, random-init Qwen2 shape ({args.shape}), V = {args.vocab}, tree {args.tree}, "
-              f"{os.cpu_count()} CPUs, load at start {os.getloadavg()[0]:.2f}")
+              f"device {args.device}, {os.cpu_count()} CPUs, load at start {os.getloadavg()[0]:.2f}")
         timings: dict[str, list[tuple[float, float]]] = {"--model": [], "baseline": []}
         rows = ""
         for _ in range(args.repeats):
-            wall, cpu, rows = run_command(args.tree, ["check-grad", args.target, "--model", model_dir])
+            wall, cpu, rows = run_command(args.tree, ["check-grad", args.target, "--model", model_dir, *on_device])
             timings["--model"].append((wall, cpu))
-            wall, cpu, _ = run_command(args.tree, ["check-grad", args.target])
+            wall, cpu, _ = run_command(args.tree, ["check-grad", args.target, *on_device])
             timings["baseline"].append((wall, cpu))
         print(f"load after the commands {os.getloadavg()[0]:.2f}; "
               f"{sum(' biased' in line or 'unbiased' in line for line in rows.splitlines())} rows")
@@ -183,7 +185,7 @@ def main() -> None:
         model_cpu = statistics.median(c for _, c in timings["--model"])
         print(f"ratio --model / baseline: wall {model_wall / statistics.median(w for w, _ in timings['baseline']):.2f}, "
               f"CPU {model_cpu / statistics.median(c for _, c in timings['baseline']):.2f}")
-        measured = measure_phases(args.tree, model_dir, args.target)
+        measured = measure_phases(args.tree, model_dir, args.target, args.device)
         print(f"\nphases of one audit in a fresh process ({measured['rows']} rows; inclusive, so nested phases "
               f"overlap; shares of the command's median CPU {model_cpu:.2f} s), load {os.getloadavg()[0]:.2f}")
         for name, (wall, cpu, calls) in measured["phases"].items():
