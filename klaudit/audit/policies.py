@@ -184,7 +184,13 @@ class TinyCausalLM(torch.nn.Module):
                     else:
                         parameter.zero_()
         self.to(torch.float64)
-        self.eval()
+
+    def train(self, mode: bool = True) -> TinyCausalLM:
+        """Always in training mode, which changes nothing else here (no dropout, no batch statistics) but keeps
+        TransformerEncoderLayer off PyTorch's inference fast path (eval mode without autograd): on CUDA that path
+        computes other float64 logits (1e-3 apart on an H200), so the reference's log-probs, computed without
+        autograd, differed between devices and the verdicts with them."""
+        return super().train(True)
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """[N, T, V] logits for each response token given BOS and the earlier tokens; 0 after EOS."""

@@ -183,3 +183,18 @@ def test_place_at_kl_says_when_the_target_is_out_of_reach():
 def test_place_at_kl_rejects_a_meaningless_target(target):
     with pytest.raises(ValueError, match="target_kl"):
         place_at_kl(TabularPolicy.random(4, 2, seed=0), target, seed=0)
+
+
+def test_the_tiny_transformer_never_takes_the_inference_fast_path(monkeypatch):
+    """PyTorch's fast path of TransformerEncoderLayer (eval mode, no autograd) computes other float64 logits on
+    CUDA than the regular path (1e-3 apart on an H200, which changed check-grad's verdicts there): the policy
+    stays on the regular path, on every device, even after .eval()."""
+    def fast_path(*args, **kwargs):
+        raise AssertionError("the inference fast path was taken")
+
+    monkeypatch.setattr(torch, "_transformer_encoder_layer_fwd", fast_path)
+    policy = TinyCausalLM(seed=1).eval()
+    tokens = torch.randint(0, policy.vocab_size, (8, policy.horizon), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        without_autograd = policy.logits(tokens)
+    torch.testing.assert_close(without_autograd, policy.logits(tokens).detach(), rtol=0, atol=0)

@@ -214,17 +214,17 @@ def test_on_a_gpu_the_audit_runs_on_cpu_copies_unless_the_function_needs_the_gpu
     logprobs = torch.randn(16, 64, device="cuda", requires_grad=True)
     ref, mask = torch.randn(16, 64, device="cuda"), torch.ones(16, 64, device="cuda")
     seen: list[str] = []
-    weight = torch.ones((), device="cuda")
+    position_weights = torch.ones(64, device="cuda")  # not a 0-dim tensor, which torch lets meet CPU tensors
 
     def k3_on_cpu(logprobs, ref_logprobs, mask):
         seen.append(logprobs.device.type)
         return k3_loss(logprobs, ref_logprobs, mask)
 
-    def k3_with_its_own_gpu_weight(logprobs, ref_logprobs, mask):
+    def k3_with_its_own_gpu_weights(logprobs, ref_logprobs, mask):
         seen.append(logprobs.device.type)
-        return weight * k3_loss(logprobs, ref_logprobs, mask)
+        return k3_loss(logprobs, ref_logprobs, mask * position_weights)
 
-    for fn, audited_on in ((k3_on_cpu, "cpu"), (k3_with_its_own_gpu_weight, "cuda")):
+    for fn, audited_on in ((k3_on_cpu, "cpu"), (k3_with_its_own_gpu_weights, "cuda")):
         seen.clear()
         with pytest.raises(KLGradientError, match="KL002"):
             watch(fn, mode="raise")(logprobs, ref, mask)
