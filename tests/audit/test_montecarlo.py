@@ -281,7 +281,7 @@ def test_the_command_refuses_incomplete_monte_carlo_requests(tiny_model, monkeyp
     assert len(refused.output.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the GPU path is open (README)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_sampler_keeps_every_tensor_on_the_models_device(tiny_model):
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model).to("cuda")
