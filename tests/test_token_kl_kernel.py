@@ -155,6 +155,20 @@ def test_top_k_masked_vocabularies(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_masked_first_block_then_very_negative_logits(backend):
+    """Top-k masking can leave whole blocks of a row at -inf before its first finite entry; the finite ones
+    here lie near -300 (log-probs can), so a running maximum left at a stand-in 0 by the masked blocks would
+    underflow every exp(x - max) to 0. Both inputs, over a vocabulary of two default forward blocks and more."""
+    device = _device(backend)
+    logits = _logits(3, 2500, seed=20, dtype=torch.float64) - 300.0
+    ref_logits = logits + _logits(3, 2500, seed=21, dtype=torch.float64, scale=1.0)
+    masked = torch.arange(2500) < 1600
+    logits, ref_logits = logits.masked_fill(masked, -math.inf), ref_logits.masked_fill(masked, -math.inf)
+    logits, ref_logits = logits.to(torch.float32).to(device), ref_logits.to(torch.float32).to(device)
+    _assert_matches_float64(logits, ref_logits, backend, _logits(3, seed=22, scale=1.0, device=device))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype, offset", [(torch.float32, 1e4), (torch.float16, -3e4), (torch.bfloat16, 1e6)])
 def test_huge_and_far_apart_logits_stay_stable(backend, dtype, offset):
     """The online log-sum-exp: both inputs offset by `offset` (exp() of them overflows or underflows

@@ -70,18 +70,18 @@ def _forward_kernel(x_ptr, r_ptr, kl_ptr, stats_ptr, rows, inner, x_outer, x_inn
     shift = tl.load(x_row).to(tl.float32) - tl.load(r_row).to(tl.float32)
     shift = tl.where(tl.abs(shift) < float("inf"), shift, 0.0)
     lanes = tl.arange(0, BLOCK)
-    x_max = float("-inf")  # the row's maximum so far, 0 while every entry seen is -inf
+    x_max = float("-inf")  # the row's maximum so far
     r_max = float("-inf")
-    x_sum = tl.zeros((BLOCK,), tl.float32)  # sum exp(x - x_max) per lane
+    x_sum = tl.zeros((BLOCK,), tl.float32)  # sum exp(x - x_top) per lane, x_top: x_max, or 0 while it is -inf
     r_sum = tl.zeros((BLOCK,), tl.float32)
-    weighted = tl.zeros((BLOCK,), tl.float32)  # sum exp(x - x_max) (x - r - c) per lane
+    weighted = tl.zeros((BLOCK,), tl.float32)  # sum exp(x - x_top) (x - r - c) per lane
     for start in range(0, vocab, BLOCK):
         columns = start + lanes
         inside = columns < vocab
         x = tl.load(x_row + columns, mask=inside, other=float("-inf")).to(tl.float32)
         r = tl.load(r_row + columns, mask=inside, other=float("-inf")).to(tl.float32)
-        x_top = tl.maximum(x_max, tl.max(x, 0))
-        x_top = tl.where(x_top == float("-inf"), 0.0, x_top)
+        x_new = tl.maximum(x_max, tl.max(x, 0))
+        x_top = tl.where(x_new == float("-inf"), 0.0, x_new)
         # a rescaling below 1e-30 changes the sums by under 1e-30 * V of themselves; kept above 0, it keeps a
         # lane's +inf (a policy entry the reference rules out) from becoming NaN
         x_scale = tl.maximum(tl.exp(x_max - x_top), 1e-30)
@@ -89,11 +89,13 @@ def _forward_kernel(x_ptr, r_ptr, kl_ptr, stats_ptr, rows, inner, x_outer, x_inn
         difference = tl.where(x == float("-inf"), 0.0, x - r - shift)
         weighted = weighted * x_scale + tl.where(difference == float("inf"), difference, x_exp * difference)
         x_sum = x_sum * x_scale + x_exp
-        x_max = x_top
-        r_top = tl.maximum(r_max, tl.max(r, 0))
-        r_top = tl.where(r_top == float("-inf"), 0.0, r_top)
+        x_max = x_new
+        r_new = tl.maximum(r_max, tl.max(r, 0))
+        r_top = tl.where(r_new == float("-inf"), 0.0, r_new)
         r_sum = r_sum * tl.exp(r_max - r_top) + tl.exp(r - r_top)
-        r_max = r_top
+        r_max = r_new
+    x_max = tl.where(x_max == float("-inf"), 0.0, x_max)  # what the sums are relative to
+    r_max = tl.where(r_max == float("-inf"), 0.0, r_max)
     x_total = tl.sum(x_sum, 0)
     r_total = tl.sum(r_sum, 0)
     normalisers = (x_max - r_max - shift) + (tl.log(x_total) - tl.log(r_total))  # lse(x) - lse(r) - c
