@@ -13,15 +13,13 @@ carries on.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +36,7 @@ from klaudit.frameworks import (
 )
 from klaudit.frameworks.versions import assumed_versions
 from klaudit.lint import budget
+from klaudit.lint.collection import rare_collections
 from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
@@ -62,10 +61,6 @@ if TYPE_CHECKING:  # imported in the workers only (see _start_worker)
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
 DEFAULT_JOBS = 2
-# The analysis allocates millions of short-lived objects beside the large, long-lived syntax trees of
-# the files; at Python's default thresholds the garbage collector's full passes re-scan those trees
-# over and over (a quarter of the time on real trees). During a run they are made rare, not disabled.
-GC_THRESHOLDS = (100_000, 50, 100)
 MIN_FILES_PER_WORKER = 8  # files per worker below which starting one costs more than it saves
 
 
@@ -281,17 +276,6 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
 # The entry point
 
 
-@contextmanager
-def _rare_collections() -> Iterator[None]:
-    """GC_THRESHOLDS inside the block (forked workers inherit them), the caller's own after it."""
-    saved = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*saved)
-
-
 def _project_roots(paths: Sequence[str]) -> list[Path]:
     return [Path(p) if os.path.isdir(p) else Path(p).parent for p in paths]
 
@@ -331,7 +315,7 @@ def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks
     return notebook.code
 
 
-@_rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)
+@rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
                jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
                stdin: bytes | None = None, progress: Progress | None = None) -> LintResult:

@@ -5,6 +5,7 @@ needed, work that does not change a finding is skipped. Bounds are ratios measur
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -97,6 +98,35 @@ def test_the_callers_garbage_collection_thresholds_are_restored(tmp_path):
     before = gc.get_threshold()
     lint(tmp_path)
     assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0  # the trees frozen during the run are back in the collector's care
+
+
+def test_trees_are_kept_out_of_the_collectors_passes_in_a_run_only_and_the_findings_are_the_same(tmp_path,
+                                                                                              monkeypatch):
+    from klaudit.lint import collection
+    from klaudit.lint.syntax import libcst_module
+
+    (tmp_path / "a_user.py").write_text(USER.replace("from other import elsewhere\n", "")
+                                        .replace(" + elsewhere(ref_log_probs)", ""))
+    (tmp_path / "helper.py").write_text(HELPER)
+    frozen = []
+    building = collection.building_tree
+
+    @contextlib.contextmanager
+    def counted():
+        with building():
+            yield
+        frozen.append(gc.get_freeze_count())
+
+    monkeypatch.setattr(collection, "building_tree", counted)
+    monkeypatch.setattr("klaudit.lint.syntax.building_tree", counted)
+    findings = lint(tmp_path)
+    assert findings and len(frozen) == 2 and all(count > 0 for count in frozen)
+    frozen.clear()
+    libcst_module("x = 1\n")  # outside a run: nothing is frozen
+    assert frozen == [0]
+    monkeypatch.setattr("klaudit.lint.syntax.building_tree", contextlib.nullcontext)
+    assert lint(tmp_path) == findings
 
 
 def test_code_only_pythons_compiler_rejects_is_not_a_syntax_error_in_a_file_without_kl(tmp_path):
