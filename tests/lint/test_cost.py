@@ -309,3 +309,18 @@ def test_a_summary_that_fits_is_reused_at_another_depth(tmp_path, monkeypatch):
     # h4 is given k3 at three depths (under h1's chain, under h3, by train) and h3 at two: each is
     # interpreted once (the helpers name no KL: none is interpreted on its own, klaudit.lint.relevance)
     assert sorted(runs) == ["h1", "h2", "h3", "h4", "train"]
+
+
+def test_a_modules_key_is_its_resolved_path_however_the_path_is_given(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from klaudit.lint.project import Project
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "helper.py").write_text(HELPER)
+    (tmp_path / "link").symlink_to(tmp_path / "pkg")
+    monkeypatch.chdir(tmp_path)
+    project = Project([tmp_path])
+    given = ["pkg/helper.py", Path("pkg/helper.py"), str(tmp_path / "link" / "helper.py"), "link/../pkg/helper.py"]
+    for path in given * 2:  # the second time from the table
+        assert project.key(path) == str(Path(path).resolve()) == str((tmp_path / "pkg" / "helper.py").resolve())
