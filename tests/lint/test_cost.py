@@ -324,3 +324,26 @@ def test_a_modules_key_is_its_resolved_path_however_the_path_is_given(tmp_path, 
     given = ["pkg/helper.py", Path("pkg/helper.py"), str(tmp_path / "link" / "helper.py"), "link/../pkg/helper.py"]
     for path in given * 2:  # the second time from the table
         assert project.key(path) == str(Path(path).resolve()) == str((tmp_path / "pkg" / "helper.py").resolve())
+
+
+def test_the_program_ends_at_once_with_its_whole_report_and_exit_code(tmp_path, monkeypatch):
+    # `klaudit lint` run as the program leaves by os._exit once the report is flushed (cli._end); a report
+    # larger than a pipe's buffer arrives whole, and the exit code is the usual one
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+    from snippets import K3_LOSS_TRAINER
+
+    from klaudit import cli
+
+    for index in range(40):
+        (tmp_path / f"trainer_{index:02d}.py").write_text(K3_LOSS_TRAINER)
+    command = ["lint", "--output-format", "json", "--jobs", "1", "."]
+    done = subprocess.run([sys.executable, "-m", "klaudit", *command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, NO_COLOR="1"))
+    monkeypatch.chdir(tmp_path)
+    invoked = CliRunner().invoke(cli.main, command)
+    assert done.returncode == invoked.exit_code == 1, done.stderr
+    assert len(done.stdout) > 65536 and done.stdout == invoked.stdout
