@@ -6,6 +6,7 @@ Exit codes follow the linter convention: 0 clean, 1 findings (or a biased gradie
 
 import os
 import sys
+from typing import Any, NoReturn
 
 import click
 
@@ -24,8 +25,33 @@ from klaudit.rules import RULES
 
 STDIN = "-"
 
+_as_program = False  # run as the program itself: its arguments read from sys.argv (see _Program)
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Program(click.Group):
+    """The command group. Run as the program itself (its arguments read from sys.argv, not handed over
+    by a test's CliRunner, which always passes them), `lint` ends the process at once (`_end`)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        global _as_program
+        _as_program = (args[0] if args else kwargs.get("args")) is None
+        return super().main(*args, **kwargs)
+
+
+def _end(code: int) -> NoReturn:
+    """Exit with `code` once a lint has printed its report. As the program itself, at once, after
+    flushing the output (os._exit, as mypy ends its runs): the interpreter's own exit makes a last pass
+    of the garbage collector over the syntax trees and frees them object by object, 1.3 to 1.9 s of a
+    one-process lint of TRL, while the operating system takes the memory back at once. Elsewhere (a
+    test's CliRunner) as usual."""
+    if _as_program:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+@click.group(cls=_Program, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="klaudit")
 def main() -> None:
     """Find and explain wrong KL-divergence gradients in RL code for language models."""
@@ -183,9 +209,9 @@ def lint_command(paths: tuple[str, ...], select: tuple[str, ...], extend_select:
     for message in result.errors:
         click.echo(f"error: {message}", err=True)
     if result.errors:
-        sys.exit(2)
+        _end(2)
     failing = [finding for finding in result.findings if finding.code not in INFORMATIONAL_CODES]
-    sys.exit(1 if failing and not exit_zero else 0)
+    _end(1 if failing and not exit_zero else 0)
 
 
 _OBJECTIVES_HELP = f"The objectives check-grad names ({', '.join(OBJECTIVES)}) and 'cos REV': klaudit explain NAME."

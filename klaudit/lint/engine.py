@@ -13,15 +13,13 @@ carries on.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +36,7 @@ from klaudit.frameworks import (
 )
 from klaudit.frameworks.versions import assumed_versions
 from klaudit.lint import budget
+from klaudit.lint.collection import rare_collections
 from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
@@ -62,10 +61,6 @@ if TYPE_CHECKING:  # imported in the workers only (see _start_worker)
 PYTHON_SUFFIXES = (".py", ".pyi")
 RECURSION_LIMIT = 10_000  # the flow analysis recurses per nesting level, up to parsing.MAX_NESTING
 DEFAULT_JOBS = 2
-# The analysis allocates millions of short-lived objects beside the large, long-lived syntax trees of
-# the files; at Python's default thresholds the garbage collector's full passes re-scan those trees
-# over and over (a quarter of the time on real trees). During a run they are made rare, not disabled.
-GC_THRESHOLDS = (100_000, 50, 100)
 MIN_FILES_PER_WORKER = 8  # files per worker below which starting one costs more than it saves
 
 
@@ -234,6 +229,12 @@ def _task(path: str, source: str, limits: Limits, frameworks: Context | None, an
     return _analyse(path, source, limits, frameworks) if analyse else _syntax_only(path, source)
 
 
+def _group_task(paths: list[str], sources: list[str], limits: Limits, frameworks: Context | None,
+                analyse: bool) -> list[_Analysis]:
+    """The tasks of a group of files that one worker handles in turn (klaudit.lint.affinity)."""
+    return [_task(path, source, limits, frameworks, analyse) for path, source in zip(paths, sources)]
+
+
 def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: Limits = Limits(),
                  frameworks: Context | None = None, progress: Progress | None = None,
                  checked: dict[str, str] | None = None) -> list[_Analysis]:
@@ -250,23 +251,26 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
             progress.advance()
         return analysed
     import klaudit.lint.checks  # noqa: F401 - imported once here, shared with the forked workers
+    from klaudit.lint.affinity import groups
+    from klaudit.lint.project import Project
 
     # fork shares the already imported modules with the workers; elsewhere fork is unsafe.
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    # Big files first, so that one late large file does not leave a worker idle; the syntax checks last,
-    # where they fill the gaps the analyses leave.
-    order = sorted(sources, key=lambda p: -len(sources[p])) + list(checked)
-    texts = [sources[p] if p in sources else checked[p] for p in order]
+    # Big groups of files first, so that one late large file does not leave a worker idle; a file with the
+    # files only it imports, so that they are parsed once; the syntax checks last, one file a task, where
+    # they fill the gaps the analyses leave (a task costs ~0.2 ms).
+    tasks = groups(sources, Project(roots), workers) + [[path] for path in checked]
+    order = [path for group in tasks for path in group]
     analyses: list[_Analysis] = []
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
                                  initargs=(roots,)) as pool:
-            # one file a task, so that the largest files spread over the workers (a task costs ~0.2 ms)
-            chunksize = max(1, len(order) // 4096)
-            for analysis in pool.map(_task, order, texts, [limits] * len(order), [frameworks] * len(order),
-                                     [p in sources for p in order], chunksize=chunksize):
-                analyses.append(analysis)
-                progress.advance()
+            texts = [[sources[p] if p in sources else checked[p] for p in group] for group in tasks]
+            chunksize = max(1, len(tasks) // 4096)  # a few tasks a worker at a time in a very large tree
+            for done in pool.map(_group_task, tasks, texts, [limits] * len(tasks), [frameworks] * len(tasks),
+                                 [group[0] in sources for group in tasks], chunksize=chunksize):
+                analyses.extend(done)
+                progress.advance(len(done))
     except BrokenProcessPool:
         # A worker died (a crash in native code, or killed); the files it had not finished are
         # reported rather than retried here, where the same crash would take down the run.
@@ -279,17 +283,6 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
 
 # ---------------------------------------------------------------------------------------------
 # The entry point
-
-
-@contextmanager
-def _rare_collections() -> Iterator[None]:
-    """GC_THRESHOLDS inside the block (forked workers inherit them), the caller's own after it."""
-    saved = gc.get_threshold()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*saved)
 
 
 def _project_roots(paths: Sequence[str]) -> list[Path]:
@@ -331,7 +324,7 @@ def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks
     return notebook.code
 
 
-@_rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)
+@rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
                jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
                stdin: bytes | None = None, progress: Progress | None = None) -> LintResult:

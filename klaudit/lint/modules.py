@@ -220,7 +220,7 @@ class Analyzer:
         Found once per module, by a separate analysis of each of its functions on its own (which does
         not itself read fields), so the result depends only on the module and the tree, never on what
         this analyzer interpreted before."""
-        key = str(Path(module.path).resolve())
+        key = self.project.key(module.path)
         if key not in self._fields:
             before = budget.spent()
             collector = Analyzer(self.project, read_fields=False)
@@ -243,13 +243,13 @@ class Analyzer:
         return fields
 
     def module(self, path: str, tree: cst.Module) -> Module:
-        key = str(Path(path).resolve())
+        key = self.project.key(path)
         if key not in self._modules:
             self._modules[key] = Module(path, tree, self.project)
         return self._modules[key]
 
     def module_at(self, path: Path) -> Module | None:
-        key = str(Path(path).resolve())
+        key = self.project.key(path)
         if key in self._modules:
             return self._modules[key]
         tree = self.project.parse(path)

@@ -44,6 +44,14 @@ class Project:
         self._paths: dict[tuple[str, str | None, int], Path | None] = {}  # module_path's answers
         self._signatures: dict[str, dict[str, ast.arguments]] = {}  # resolved path -> its functions' parameters
         self._raw_texts: dict[str, str | None] = {}  # resolved path -> its text, for the loss helpers looked up in it
+        self._keys: dict[str | Path, str] = {}  # a path as given -> the resolved path, its key in the tables above
+
+    def key(self, path: str | Path) -> str:
+        """The resolved path of `path` (symbolic links and `..` followed), looked up in the file system
+        once per path as given: the key of a module in the project's tables."""
+        if path not in self._keys:
+            self._keys[path] = str(Path(path).resolve())
+        return self._keys[path]
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree
@@ -104,7 +112,7 @@ class Project:
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss
         (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
         answer depends on the module and the name only, never on what was looked up before."""
-        return self._text(str(Path(path).resolve())) is not None or (name is not None and _LOSS_HELPER.search(name) is not None)
+        return self._text(self.key(path)) is not None or (name is not None and _LOSS_HELPER.search(name) is not None)
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""
@@ -120,7 +128,7 @@ class Project:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`
         or `class name`), so that resolving a call into it is worth parsing it; a module parsed
         already is looked up in its tree instead."""
-        key = str(Path(path).resolve())
+        key = self.key(path)
         if not self.follows(path, name):
             return False
         if key in self._modules:
@@ -137,7 +145,7 @@ class Project:
         """The integer default of the first of `parameters` that the module-level function `function` of
         the module at `path` has (`def masked_mean(x, mask, dim=1)` -> 1), else None. Read from Python's
         own tree of a module the analysis does not follow (it has no KL words): nothing is interpreted."""
-        key = str(Path(path).resolve())
+        key = self.key(path)
         if key not in self._signatures:
             tree = ast.Module(body=[], type_ignores=[])
             try:
@@ -163,7 +171,7 @@ class Project:
         return None
 
     def parse(self, path: Path) -> cst.Module | None:
-        key = str(Path(path).resolve())
+        key = self.key(path)
         if key not in self._modules:
             text = self._text(key) or self._admitted(key)  # asked for after may_define said yes
             tree = None
@@ -179,14 +187,14 @@ class Project:
     def parsed(self, path: str, source: str) -> cst.Module | None:
         """The tree already parsed from `source` for the file `path` (it was followed as an import
         of a file analysed before it), if any."""
-        tree = self._modules.get(str(Path(path).resolve()))
+        tree = self._modules.get(self.key(path))
         return tree if tree is not None and self._sources.get(id(tree)) == source else None
 
     def remember(self, path: str, module: cst.Module, source: str) -> cst.Module:
         """The tree to analyse `path` with: the one already parsed for it (when another module
         imported it), else `module`, which the engine parsed from `source`. One tree per file,
         so that the nodes the analysis reports are nodes of the tree the report locates them in."""
-        key = str(Path(path).resolve())
+        key = self.key(path)
         tree = self._modules.get(key)
         if tree is None:
             tree = self._modules[key] = module

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from klaudit.lint import roles
+from klaudit.lint.collection import building_tree
 
 
 @functools.lru_cache(maxsize=8)
@@ -33,12 +34,14 @@ def libcst_module(source: str) -> cst.Module:
     Every node LibCST builds validates itself (balanced parentheses, required whitespace); a tree its
     own parser builds from source text holds those by construction, and the checks are a sixth of
     the parse (LibCST's `CSTNode.__post_init__` notes the same). They are suspended for this call
-    only: nodes built at any other time (the fixes) still check themselves. Raises what
+    only: nodes built at any other time (the fixes) still check themselves. Inside a lint run the
+    tree is kept out of the garbage collector's passes (klaudit.lint.collection). Raises what
     `libcst.parse_module` raises."""
     validating = cst.CSTNode.__post_init__
     cst.CSTNode.__post_init__ = _unvalidated  # type: ignore[method-assign,assignment]
     try:
-        return cst.parse_module(source)
+        with building_tree():
+            return cst.parse_module(source)
     finally:
         cst.CSTNode.__post_init__ = validating  # type: ignore[method-assign]
 

@@ -5,6 +5,7 @@ needed, work that does not change a finding is skipped. Bounds are ratios measur
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -97,6 +98,35 @@ def test_the_callers_garbage_collection_thresholds_are_restored(tmp_path):
     before = gc.get_threshold()
     lint(tmp_path)
     assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0  # the trees frozen during the run are back in the collector's care
+
+
+def test_trees_are_kept_out_of_the_collectors_passes_in_a_run_only_and_the_findings_are_the_same(tmp_path,
+                                                                                              monkeypatch):
+    from klaudit.lint import collection
+    from klaudit.lint.syntax import libcst_module
+
+    (tmp_path / "a_user.py").write_text(USER.replace("from other import elsewhere\n", "")
+                                        .replace(" + elsewhere(ref_log_probs)", ""))
+    (tmp_path / "helper.py").write_text(HELPER)
+    frozen = []
+    building = collection.building_tree
+
+    @contextlib.contextmanager
+    def counted():
+        with building():
+            yield
+        frozen.append(gc.get_freeze_count())
+
+    monkeypatch.setattr(collection, "building_tree", counted)
+    monkeypatch.setattr("klaudit.lint.syntax.building_tree", counted)
+    findings = lint(tmp_path)
+    assert findings and len(frozen) == 2 and all(count > 0 for count in frozen)
+    frozen.clear()
+    libcst_module("x = 1\n")  # outside a run: nothing is frozen
+    assert frozen == [0]
+    monkeypatch.setattr("klaudit.lint.syntax.building_tree", contextlib.nullcontext)
+    assert lint(tmp_path) == findings
 
 
 def test_code_only_pythons_compiler_rejects_is_not_a_syntax_error_in_a_file_without_kl(tmp_path):
@@ -279,3 +309,41 @@ def test_a_summary_that_fits_is_reused_at_another_depth(tmp_path, monkeypatch):
     # h4 is given k3 at three depths (under h1's chain, under h3, by train) and h3 at two: each is
     # interpreted once (the helpers name no KL: none is interpreted on its own, klaudit.lint.relevance)
     assert sorted(runs) == ["h1", "h2", "h3", "h4", "train"]
+
+
+def test_a_modules_key_is_its_resolved_path_however_the_path_is_given(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from klaudit.lint.project import Project
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "helper.py").write_text(HELPER)
+    (tmp_path / "link").symlink_to(tmp_path / "pkg")
+    monkeypatch.chdir(tmp_path)
+    project = Project([tmp_path])
+    given = ["pkg/helper.py", Path("pkg/helper.py"), str(tmp_path / "link" / "helper.py"), "link/../pkg/helper.py"]
+    for path in given * 2:  # the second time from the table
+        assert project.key(path) == str(Path(path).resolve()) == str((tmp_path / "pkg" / "helper.py").resolve())
+
+
+def test_the_program_ends_at_once_with_its_whole_report_and_exit_code(tmp_path, monkeypatch):
+    # `klaudit lint` run as the program leaves by os._exit once the report is flushed (cli._end); a report
+    # larger than a pipe's buffer arrives whole, and the exit code is the usual one
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+    from snippets import K3_LOSS_TRAINER
+
+    from klaudit import cli
+
+    for index in range(40):
+        (tmp_path / f"trainer_{index:02d}.py").write_text(K3_LOSS_TRAINER)
+    command = ["lint", "--output-format", "json", "--jobs", "1", "."]
+    done = subprocess.run([sys.executable, "-m", "klaudit", *command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, NO_COLOR="1"))
+    monkeypatch.chdir(tmp_path)
+    invoked = CliRunner().invoke(cli.main, command)
+    assert done.returncode == invoked.exit_code == 1, done.stderr
+    assert len(done.stdout) > 65536 and done.stdout == invoked.stdout
