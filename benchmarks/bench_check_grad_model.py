@@ -15,10 +15,14 @@ qwen2-0.5b` with Qwen2-0.5B's (2 GB; the model's forward passes then count). The
    values' rows, the exact audit of those rows on the tabular policies. What the phases leave of the
    command's wall time is the parent process and the child's start.
 
-Run on an idle machine if you can; the load (`os.getloadavg`) is printed with the figures.
+Every process runs as after `pip install`, with bytecode (benchmarks/bytecode.py), filled by an untimed first
+run of each command. Run on an idle machine if you can; the load (`os.getloadavg`) is printed with the figures.
 
     python benchmarks/bench_check_grad_model.py [--vocab 151936] [--shape small|qwen2-0.5b] [--repeats 3]
-        [--target tests/audit/data/verl_style.py::kl_penalty] [--tree DIR] [--device cuda]
+        [--target tests/audit/data/verl_style.py::kl_penalty] [--tree DIR] [--device cuda] [--imports]
+
+--imports also prints what the child's imports cost, module by module (`python -X importtime` of torch,
+transformers and the model's code in a fresh process: the slowest modules by inclusive and by own time).
 
 --tree DIR runs the klaudit found in DIR (a checkout of another commit, e.g. `git archive main | tar -x
 -C DIR`) instead of this one, with this interpreter.
@@ -40,6 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bytecode import user_environment  # noqa: E402
+
 DEFAULT_TARGET = "tests/audit/data/verl_style.py::kl_penalty"
 
 
@@ -68,11 +75,12 @@ def _cli(tree: Path, arguments: list[str]) -> list[str]:
     return [sys.executable, "-c", boot, str(tree), *arguments]
 
 
-def run_command(tree: Path, arguments: list[str]) -> tuple[float, float, str]:
+def run_command(tree: Path, arguments: list[str], environment: dict[str, str]) -> tuple[float, float, str]:
     """Wall and CPU seconds (user + sys of the command and every process it waited for), and its stdout."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    result = subprocess.run(_cli(tree, arguments), cwd=ROOT, capture_output=True, text=True, check=False)
+    result = subprocess.run(_cli(tree, arguments), cwd=ROOT, capture_output=True, text=True, check=False,
+                            env=environment)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode not in (0, 1):
@@ -146,11 +154,34 @@ def phases_worker(model_dir: str, target_text: str, device: str = "cpu") -> None
     print(json.dumps({"phases": table, "rows": len(report.results)}))
 
 
-def measure_phases(tree: Path, model_dir: str, target: str, device: str) -> dict:
+def measure_phases(tree: Path, model_dir: str, target: str, device: str, environment: dict[str, str]) -> dict:
     boot = (f"import sys; sys.path.insert(0, {str(tree)!r}); sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
             f"import bench_check_grad_model as bench; bench.phases_worker({model_dir!r}, {target!r}, {device!r})")
-    result = subprocess.run([sys.executable, "-c", boot], cwd=ROOT, capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-c", boot], cwd=ROOT, capture_output=True, text=True, check=True,
+                            env=environment)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+IMPORT_MODEL_CODE = ("import sys, torch, transformers\n"
+                     "from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING\n"
+                     "MODEL_FOR_CAUSAL_LM_MAPPING[type(transformers.AutoConfig.from_pretrained(sys.argv[1]))]")
+
+
+def print_import_profile(model_dir: str, environment: dict[str, str], shown: int = 25) -> None:
+    """The slowest imports of torch, transformers and the model's code in a fresh process (-X importtime)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", IMPORT_MODEL_CODE, model_dir],
+                            capture_output=True, text=True, check=True, env=environment)
+    rows = []  # (own us, inclusive us, module with its nesting)
+    for line in result.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line and "self [us]" not in line:
+            own, inclusive, name = line.removeprefix("import time:").split("|", 2)
+            rows.append((int(own), int(inclusive), name.rstrip()))
+    total = sum(own for own, _, _ in rows)
+    print(f"\nimports of torch, transformers and the model's code: {total / 1e6:.2f} s in {len(rows)} modules")
+    for title, key in (("inclusive", 1), ("own", 0)):
+        print(f"  slowest by {title} time:")
+        for row in sorted(rows, key=lambda row: -row[key])[:shown]:
+            print(f"    {row[key] / 1e6:6.2f} s  {row[2]}")
 
 
 def main() -> None:
@@ -161,21 +192,27 @@ def main() -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--tree", type=Path, default=ROOT, help="the klaudit checkout to run (default: this one)")
     parser.add_argument("--device", default="cpu", help="where the audit runs (check-grad --device)")
+    parser.add_argument("--imports", action="store_true", help="also profile the child's imports, module by module")
     args = parser.parse_args()
     on_device = ["--device", args.device]
-    with tempfile.TemporaryDirectory(prefix="klaudit-bench-model-") as model_dir:
+    with (tempfile.TemporaryDirectory(prefix="klaudit-bench-model-") as model_dir,
+          tempfile.TemporaryDirectory(prefix="klaudit-bench-bytecode-") as bytecode_cache):
         build_model(model_dir, args.vocab, args.shape)
+        environment = user_environment(bytecode_cache)
+        commands = {"--model": ["check-grad", args.target, "--model", model_dir, *on_device],
+                    "baseline": ["check-grad", args.target, *on_device]}
+        for arguments in commands.values():  # untimed: fills the bytecode cache
+            run_command(args.tree, arguments, environment)
         print(f"target {args.target}, random-init Qwen2 shape ({args.shape}), V = {args.vocab}, tree {args.tree}, "
               f"device {args.device}, {os.cpu_count()} CPUs, load at start {os.getloadavg()[0]:.2f}")
-        timings: dict[str, list[tuple[float, float]]] = {"--model": [], "baseline": []}
-        rows = ""
+        timings: dict[str, list[tuple[float, float]]] = {label: [] for label in commands}
+        outputs = {}
         for _ in range(args.repeats):
-            wall, cpu, rows = run_command(args.tree, ["check-grad", args.target, "--model", model_dir, *on_device])
-            timings["--model"].append((wall, cpu))
-            wall, cpu, _ = run_command(args.tree, ["check-grad", args.target, *on_device])
-            timings["baseline"].append((wall, cpu))
+            for label, arguments in commands.items():
+                wall, cpu, outputs[label] = run_command(args.tree, arguments, environment)
+                timings[label].append((wall, cpu))
         print(f"load after the commands {os.getloadavg()[0]:.2f}; "
-              f"{sum(' biased' in line or 'unbiased' in line for line in rows.splitlines())} rows")
+              f"{sum(' biased' in line or 'unbiased' in line for line in outputs['--model'].splitlines())} rows")
         print(f"{'command':<22} {'wall s (median, each)':<34} {'CPU s (median, each)':<34}")
         for label, pairs in timings.items():
             walls, cpus = [w for w, _ in pairs], [c for _, c in pairs]
@@ -185,7 +222,7 @@ def main() -> None:
         model_cpu = statistics.median(c for _, c in timings["--model"])
         print(f"ratio --model / baseline: wall {model_wall / statistics.median(w for w, _ in timings['baseline']):.2f}, "
               f"CPU {model_cpu / statistics.median(c for _, c in timings['baseline']):.2f}")
-        measured = measure_phases(args.tree, model_dir, args.target, args.device)
+        measured = measure_phases(args.tree, model_dir, args.target, args.device, environment)
         print(f"\nphases of one audit in a fresh process ({measured['rows']} rows; inclusive, so nested phases "
               f"overlap; shares of the command's median CPU {model_cpu:.2f} s), load {os.getloadavg()[0]:.2f}")
         for name, (wall, cpu, calls) in measured["phases"].items():
@@ -195,6 +232,8 @@ def main() -> None:
                      "audit_target (all of the audit)"))
         print(f"  {'rest: parent (lint), child start':<36} {'':13} {model_cpu - child:6.2f} s CPU{'':11}"
               f"{(model_cpu - child) / model_cpu:5.1%}")
+        if args.imports:
+            print_import_profile(model_dir, environment)
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ from pathlib import Path
 import libcst
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bytecode import user_environment  # noqa: E402
 from real_packages import PACKAGES, package_trees  # noqa: E402
 
 from klaudit.lint.roles import might_contain_kl  # noqa: E402
@@ -53,12 +54,6 @@ def bare_parse_seconds(sources: dict[Path, str]) -> float:
         except libcst.ParserSyntaxError:
             pass
     return time.perf_counter() - start
-
-
-def user_environment(bytecode_cache: str) -> dict[str, str]:
-    """This process's environment with bytecode written to and read from `bytecode_cache`."""
-    environment = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
-    return {**environment, "PYTHONPYCACHEPREFIX": bytecode_cache}
 
 
 def klaudit_seconds(tree: Path, environment: dict[str, str]) -> float:

@@ -7,7 +7,7 @@
 #
 # Steps, in the default order: tests (the CUDA tests of the kernel, check-grad, the Monte-Carlo sampler and
 # the watch), tune (tune_token_kl.py), bench (bench_exact_token_kl.py --device cuda with the tuned launch
-# parameters), montecarlo (the audit of check-grad --samples auto --device cuda of verl's kl_penalty on a
+# parameters where the tune step ran, else the kernels' own), montecarlo (the audit of check-grad --samples auto --device cuda of verl's kl_penalty on a
 # random-init Qwen2-shaped model, V = 151,936, in process: profile_montecarlo.py --profile), checkgrad
 # (bench_check_grad_model.py --device cuda, V = 151,936), watch (bench_watch.py --device cuda, a small Llama
 # and a 0.5B-sized one).
@@ -63,8 +63,9 @@ run_step() {
     case "$1" in
         tests) step tests 60 bash -c tests ;;
         tune) step tune 45 "$PY" benchmarks/tune_token_kl.py --json "$OUT/tune.json" ;;
-        bench) step bench 70 "$PY" benchmarks/bench_exact_token_kl.py --device cuda --launch "$OUT/tune.json" ;;
-        checkgrad) step checkgrad 120 "$PY" benchmarks/bench_check_grad_model.py --device cuda --repeats 2 ;;
+        bench) step bench 70 "$PY" benchmarks/bench_exact_token_kl.py --device cuda \
+                   $([ -f "$OUT/tune.json" ] && echo --launch "$OUT/tune.json") ;;
+        checkgrad) step checkgrad 120 "$PY" benchmarks/bench_check_grad_model.py --device cuda --repeats 2 --imports ;;
         montecarlo) step montecarlo 180 bash -c montecarlo ;;
         watch) step watch 50 bash -c watch ;;
         *) echo "unknown step $1" >&2; return 2 ;;
@@ -81,7 +82,7 @@ echo; echo "===== summary"
 [ -f "$OUT/tests.log" ] && grep -E "^(NVIDIA|name|torch)|passed|failed|error|SKIPPED" "$OUT/tests.log" | tail -n 15
 [ -f "$OUT/tune.log" ] && sed -n '/fastest right candidate/,$p' "$OUT/tune.log"
 [ -f "$OUT/bench.log" ] && tail -n 22 "$OUT/bench.log"
-[ -f "$OUT/checkgrad.log" ] && tail -n 22 "$OUT/checkgrad.log"
+[ -f "$OUT/checkgrad.log" ] && sed -n '/^target/,/slowest by own/p' "$OUT/checkgrad.log"
 [ -f "$OUT/montecarlo.log" ] && sed -n '/rows, errors/q;p' "$OUT/montecarlo.log" | grep -v "same per-sample gradient" | tail -n 45
 [ -f "$OUT/montecarlo.log" ] && grep -A 25 "rows, errors" "$OUT/montecarlo.log"
 [ -f "$OUT/watch.log" ] && grep -E "^(device|bare|wrapper|one|overhead|==)" "$OUT/watch.log"
