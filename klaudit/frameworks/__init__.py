@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -54,6 +54,7 @@ class Context:
 
     versions: Mapping[str, Assumed] = field(default_factory=lambda: {n: Assumed(v) for n, v in DEFAULT.items()})
     classes: Mapping[str, tuple[ConfigClass, ...]] = field(default_factory=dict)  # by name: a name may be defined twice
+    homonyms: frozenset[str] = frozenset()  # TRL's class names the linted code defines for a trainer of its own
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -68,17 +69,47 @@ class Context:
 
 def prepare(pins: Mapping[str, str], roots: Iterable[Path], sources: Mapping[str, str]) -> Context:
     """The context of a lint run over `roots` whose Python sources (after the pre-filter) are `sources`."""
-    return Context(assumed_versions(pins, roots), config_classes(sources))
+    return with_code(Context(assumed_versions(pins, roots)), sources)
+
+
+def with_code(context: Context, sources: Mapping[str, str]) -> Context:
+    """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define."""
+    return replace(context, classes=config_classes(sources), homonyms=homonyms(sources))
 
 
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.MULTILINE)
+_IMPORTS_TRL = re.compile(r"^[ \t]*(?:from[ \t]+trl\b|import[ \t]+trl\b)", re.MULTILINE)
+
+
+def _class_headers(sources: Mapping[str, str]) -> dict[str, list[tuple[str, str]]]:
+    """(name, bases as written) of each class a source defines, by path; read from the text alone. A
+    homonym of TRL's class (`_is_homonym`) is left out."""
+    return {path: [(name, bases) for name, bases in _CLASS_HEADER.findall(text)
+                   if not _is_homonym(path, text, name, bases)]
+            for path, text in sources.items() if "class" in text}
+
+
+def _is_homonym(path: str, text: str, name: str, bases: str) -> bool:
+    """A class of TRL's name in a file outside a `trl` package that does not import TRL, and that does not
+    derive from a configuration class: a project's own trainer configuration (willccbb/verifiers'
+    GRPOConfig(TrainingArguments)), not TRL's (ms-swift's GRPOConfig(..., HfGRPOConfig) imports TRL's)."""
+    base_names = {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}
+    return (name in trl.CONFIG_CLASSES and not base_names & set(trl.CONFIG_CLASSES)
+            and "trl" not in Path(path).parts[:-1] and not _IMPORTS_TRL.search(text))
+
+
+def homonyms(sources: Mapping[str, str]) -> frozenset[str]:
+    """TRL's configuration class names that the linted code defines for a trainer of its own."""
+    return frozenset(name for path, text in sources.items() if "class" in text
+                     for name, bases in _CLASS_HEADER.findall(text) if _is_homonym(path, text, name, bases))
 
 
 def config_classes(sources: Mapping[str, str]) -> dict[str, tuple[ConfigClass, ...]]:
     """The configuration classes defined in `sources`: GRPOConfig itself (a TRL checkout) and the
-    classes deriving from it, directly or through one another, by name."""
+    classes deriving from it, directly or through one another, by name. A project's homonym of
+    GRPOConfig is none of them."""
+    headers = _class_headers(sources)
     names, paths = set(trl.CONFIG_CLASSES), set()
-    headers = {path: _CLASS_HEADER.findall(text) for path, text in sources.items() if "class" in text}
     grown = True
     while grown:
         grown = False
@@ -197,9 +228,12 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     """The findings of the framework configuration objects a Python module builds or defines (`module`:
     its LibCST tree where it was parsed)."""
     context = context or Context()
-    if not mentions_config_class(source, context):
+    names = context.class_names
+    if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
+        names -= context.homonyms
+    if not any(name in source for name in names):
         return []
-    calls, definitions = read_configs(source, context.class_names, trl.KEYS, path, module)
+    calls, definitions = read_configs(source, names, trl.KEYS, path, module)
     found: list[Finding] = []
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):

@@ -28,11 +28,11 @@ from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSIO
 from klaudit.frameworks import (
     CONFIG_SUFFIXES,
     Context,
-    config_classes,
     lint_config,
     lint_python,
     lint_shell,
     mentions_config_class,
+    with_code,
 )
 from klaudit.frameworks.versions import assumed_versions
 from klaudit.lint import budget
@@ -376,7 +376,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
     progress.advance(len(files) - len(sources) - len(checked))  # read and pre-filtered, nothing else to do
-    context = replace(context, classes=config_classes(sources))
+    context = with_code(context, sources)
     raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, context, progress, checked))
 
     for analysis in raw:

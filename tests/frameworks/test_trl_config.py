@@ -77,3 +77,46 @@ def test_subclasses_command_lines_and_recipes(tmp_path):
         ("train.py", 7, "KL003"),  # the class's default, where it is set
         ("train.py", 12, "KL003"), ("train.py", 12, "KL008"),  # a call that changes the configuration
     ]
+
+
+def _tree_findings(tmp_path, files: dict[str, str]) -> list[tuple[str, int, str]]:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert result.errors == []
+    return sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings)
+
+
+# A project's own GRPO trainer configuration that shares TRL's class name, in the shape of willccbb/verifiers:
+# a dataclass of TrainingArguments, no TRL import; its trainer's KL code is linted as code, not as TRL's flags.
+OWN_CONFIG = ("from dataclasses import dataclass, field\nfrom transformers import TrainingArguments\n\n\n@dataclass\n"
+              "class GRPOConfig(TrainingArguments):\n    beta: float = field(default=0.04)\n"
+              "    num_iterations: int = field(default=1)\n")
+
+
+def test_a_projects_own_class_named_like_trls_is_not_read_as_trls(tmp_path):
+    assert _tree_findings(tmp_path, {
+        "pkg/__init__.py": "", "pkg/grpo_config.py": OWN_CONFIG,
+        "pkg/defaults.py": "from .grpo_config import GRPOConfig\n\n\ndef defaults():\n"
+                           "    return GRPOConfig(output_dir='out', num_iterations=2)\n",
+    }) == []
+
+
+def test_trls_class_is_still_read_beside_a_homonym(tmp_path):
+    """A file that imports TRL's GRPOConfig gets TRL's verdicts with TRL's defaults, not the homonym's."""
+    assert _tree_findings(tmp_path, {
+        "pkg/__init__.py": "", "pkg/grpo_config.py": OWN_CONFIG,
+        "scripts/train.py": "from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.04, num_iterations=2)\n",
+    }) == [("train.py", 3, "KL003"), ("train.py", 3, "KL008")]
+
+
+def test_a_class_of_trls_name_built_on_trls_under_an_alias_is_trls(tmp_path):
+    """ms-swift's shape: GRPOConfig(..., HfGRPOConfig) with TRL's class imported as HfGRPOConfig; its fields
+    are the defaults of the calls that import it from the project."""
+    assert _tree_findings(tmp_path, {
+        "swift/__init__.py": "",
+        "swift/arguments.py": "from trl import GRPOConfig as HfGRPOConfig\n\n\nclass Mixin:\n    pass\n\n\n"
+                              "class GRPOConfig(Mixin, HfGRPOConfig):\n    beta: float = 0.04\n",
+        "swift/run.py": "from .arguments import GRPOConfig\n\nargs = GRPOConfig(num_iterations=2)\n",
+    }) == [("run.py", 3, "KL003"), ("run.py", 3, "KL008")]
