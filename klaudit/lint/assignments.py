@@ -15,7 +15,7 @@ from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, rename_logprobs, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import is_data_read, last_name, mentions, string_key
+from klaudit.lint.syntax import is_data_read, is_tensor_factory, last_name, mentions, string_key
 
 # Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
 # mask.sum(-1)` holds each sequence's length, whatever its name says).
@@ -82,7 +82,10 @@ class AssignmentFlow(FlowState):
             self.store_key(target, key, value)
         elif type(target) is cst.Subscript and type(target.value) is cst.Name:
             base = target.value.value
-            self.env[base] = tuple(dict.fromkeys(self.env.get(base, ()) + value))
+            held = self.env.get(base, ())
+            if any(f.poly is not None and f.poly.has_grad() for f in value):  # a buffer now holds a differentiable value
+                held = tuple(f for f in held if f.poly is None or not f.poly.atoms() or f.poly.has_grad())
+            self.env[base] = tuple(dict.fromkeys(held + value))
         elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
             self.env["self." + name] = value
         elif type(target) is cst.Attribute and type(target.value) is cst.Name:
@@ -110,7 +113,7 @@ class AssignmentFlow(FlowState):
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
-        poly = roles.named_tensor(name, grad=not self.no_grad and not is_data_read(rhs))
+        poly = roles.named_tensor(name, grad=not self.no_grad and not is_data_read(rhs) and not is_tensor_factory(rhs))
         if poly is not None:
             return (tensor(poly),)
         if roles.is_mask_name(name):

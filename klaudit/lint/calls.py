@@ -142,7 +142,7 @@ class CallFlow(FlowState):
         entered = {f.entry for facts in env.values() for f in facts if f.entry is not None}
         for sink in outcome.sinks:
             self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
-                                       for f in sink.facts), node)
+                                       for f in sink.facts), node, via=sink)
         if module is self.module:
             return outcome.returns
         return self.entering_here(outcome.returns, entered)

@@ -71,7 +71,24 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             undecided.extend((fact, sink) for sink in outcome.sinks for fact in sink.facts
                              if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
-    return _report(path, module, analyzer, candidates) + _undetermined(path, module, analyzer, undecided, decided)
+    return (_report(path, module, analyzer, _without_echoes(candidates))
+            + _undetermined(path, module, analyzer, undecided, decided))
+
+
+def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
+    """A sink inside a called function is seen again at each call of it (NeMo-Aligner's generate_rollouts
+    calling generate_ppo_data, whose advantages hold the KL reward): the same term, switch values and
+    configuration at the same innermost sink is one use, reported where the fewest calls separate it
+    from that sink. An echo whose verdict differs (the caller's arguments say more) stays."""
+    nearest: dict[tuple, _Candidate] = {}
+    for cand in candidates:
+        if cand.fact.origin is None:
+            continue
+        key = (id(cand.fact.origin), cand.fact.labels, cand.config, id(cand.sink.via or cand.sink.node))
+        if key not in nearest or cand.sink.depth < nearest[key].sink.depth:
+            nearest[key] = cand
+    kept = {id(cand) for cand in nearest.values()}
+    return [cand for cand in candidates if cand.sink.via is None or id(cand) in kept]
 
 
 def _paired(found: list[_Found]) -> list[_Found]:

@@ -84,6 +84,10 @@ class Sink:
     facts: Value
     node: cst.CSTNode
     order: int = 0  # position among the sinks of the function, in execution order
+    # a sink inside a called function, seen again at the call (`node`): the callee's own sink, and how
+    # many calls it lies below this one
+    via: cst.CSTNode | None = None
+    depth: int = 0
 
 @dataclass
 class Outcome:

@@ -70,7 +70,7 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
         run = FunctionRun(self.analyzer, self.module, func, self.cls, env, record=self.record)
         run.no_grad = run.no_grad or self.no_grad
         for sink in run.run().sinks:
-            self.sinks.append(Sink(sink.kind, sink.facts, sink.node, len(self.sinks)))
+            self.sinks.append(Sink(sink.kind, sink.facts, sink.node, len(self.sinks), sink.via, sink.depth))
         self.settled.update(run.settled)  # an enclosing variable the closure uses has that use
 
 

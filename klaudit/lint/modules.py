@@ -271,7 +271,7 @@ class Analyzer:
         outcome = FunctionRun(self, module, func, cls, env, record=True).run()
         for subclass in overriding_subclasses(module, cls, func.name.value) if cls is not None else ():
             more = FunctionRun(self, module, func, subclass, env, record=True).run()
-            outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks)) for s in more.sinks)
+            outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks), s.via, s.depth) for s in more.sinks)
         return outcome
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
@@ -309,7 +309,7 @@ class Analyzer:
         returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
         if decorated_no_grad(func):
             returns = as_rollout_data(returns)
-        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node) for s in outcome.sinks]
+        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node, 0, s.via, s.depth) for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])
         # a cut-off of a recursive call into a caller (not into `func` itself) makes the summary
         # depend on the call chain: it is not cached, and the caller depends on it too

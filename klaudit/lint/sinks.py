@@ -25,8 +25,9 @@ class SinkFlow(FlowState):
         """The statement being interpreted: findings and origins are reported at statements."""
         return self.stmt if self.stmt is not None else node
 
-    def sink(self, kind: SinkKind, value: tuple, node: cst.CSTNode) -> tuple:
-        """Record that `value` reaches a loss, reward or advantage at `node`; returns it with its entry set."""
+    def sink(self, kind: SinkKind, value: tuple, node: cst.CSTNode, via: Sink | None = None) -> tuple:
+        """Record that `value` reaches a loss, reward or advantage at `node` (`via`: the sink of a function
+        called there that it reaches); returns it with its entry set."""
         node = self.here(node)
         marked = tuple(f if f.entry is not None or not f.is_kl() else replace(f, entry=node) for f in value)
         if kind == "loss":
@@ -34,7 +35,8 @@ class SinkFlow(FlowState):
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
             note_entry(self, node)
-            self.sinks.append(Sink(kind, facts, node, self.next_order()))
+            self.sinks.append(Sink(kind, facts, node, self.next_order(), *(
+                (via.via or via.node, via.depth + 1) if via is not None else ())))
         self.confirm(value)
         self.settle(value)
         if kind == "loss":

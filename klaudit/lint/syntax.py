@@ -158,6 +158,20 @@ def is_data_read(node: cst.CSTNode) -> bool:
         return node.func.attr.value in ("get", "pop") and is_data_read(node.func.value)
     return False
 
+_FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
+                        "new_zeros", "new_ones", "new_empty", "new_full"})
+_CASTS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "bool", "to", "cuda", "cpu", "type",
+                    "contiguous"})
+
+
+def is_tensor_factory(node: cst.CSTNode) -> bool:
+    """A fresh tensor of constants (`torch.zeros(n, t)`, `x.new_zeros(...)`, `torch.zeros_like(m).float()`): a
+    buffer with no gradient, whatever it is named, until a differentiable value is written into it."""
+    while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
+        node = node.func.value
+    return type(node) is cst.Call and last_name(node.func) in _FACTORIES
+
+
 def mentions(node: cst.CSTNode, name: str) -> bool:
     found = []
 

@@ -1,0 +1,133 @@
+"""Two shapes met on trainers klaudit was not built against (NVIDIA NeMo-Aligner, sail-sg/oat).
+
+1. A KL reward whose sink (GAE advantages) lies in a method another method of the class calls is one use of
+   the term: reported once, in the method that holds the sink, not again at each call (kl-math.md section 8,
+   row 7: |log-ratio| values in the reward, KL004).
+2. A buffer made by a tensor factory (`logps = torch.zeros(...)`) holds constants, whatever its name: it has a
+   gradient only once a differentiable value is written into it. Filled under no_grad it is data, and a
+   critic's squared error against returns that hold a k1 reward is no k2 KL loss; filled outside no_grad with
+   the policy's log-probs, a k1 loss made of it has k1's zero expected gradient (row 1, KL001).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+
+from klaudit.lint.checks import check_module
+from klaudit.lint.project import Project
+
+
+def codes(source: str, tmp_path: Path, **modules: str) -> list[tuple[int, str]]:
+    """(line, code) of the findings in `source` (written as trainer.py beside `modules`)."""
+    for name, text in modules.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+    path = tmp_path / "trainer.py"
+    text = textwrap.dedent(source)
+    path.write_text(text)
+    return sorted((f.line, f.code) for f in check_module(str(path), cst.parse_module(text), Project([tmp_path]), text))
+
+
+PPO_UTILS = """\
+    def calculate_kl_penalty(log_probs_a, log_probs_b, use_absolute_kl=True):
+        init_policy_kl = log_probs_a - log_probs_b
+        if use_absolute_kl:
+            init_policy_kl = init_policy_kl.abs()
+        return init_policy_kl
+
+
+    def calculate_ppo_rewards(values, rewards, init_policy_kl, penalty_factor=0.0):
+        rewards_sequence = values * 0
+        rewards_sequence[:, -1] = rewards
+        return rewards_sequence - penalty_factor * init_policy_kl
+
+
+    def calculate_advantages_and_returns(values, rewards, discount_factor=1.0, gae_lambda=0.95):
+        last_gae = 0
+        advantages = values * 0
+        for t in reversed(range(rewards.size(-1))):
+            delta = rewards[:, t] + discount_factor * values[:, t + 1] - values[:, t]
+            last_gae = delta + discount_factor * gae_lambda * last_gae
+            advantages[:, t] = last_gae
+        return advantages, advantages + values
+    """
+
+
+def test_a_sink_inside_a_called_method_is_reported_there_only(tmp_path):
+    assert codes("""\
+        import torch
+        from ppo_utils import calculate_advantages_and_returns, calculate_kl_penalty, calculate_ppo_rewards
+
+
+        class PPOTrainer:
+            def generate_ppo_data(self, rollout_batch):
+                ppo_rollout_data = {}
+                values = rollout_batch["values"]
+                init_policy_kl = calculate_kl_penalty(
+                    log_probs_a=rollout_batch["logprobs"],
+                    log_probs_b=rollout_batch["init_logprobs"],
+                    use_absolute_kl=self.cfg.use_absolute_kl,
+                )
+                rewards_with_kl = calculate_ppo_rewards(values, rollout_batch["rewards"], init_policy_kl,
+                                                        self.cfg.initial_policy_kl_penalty)
+                advantages, returns = calculate_advantages_and_returns(values=values, rewards=rewards_with_kl)
+                ppo_rollout_data["advantages"] = advantages
+                ppo_rollout_data["returns"] = returns
+                return ppo_rollout_data, {}
+
+            @torch.no_grad()
+            def generate_rollouts(self):
+                rollout_batch, rollout_metrics = self._run_inference(self.dataloader)
+                ppo_rollout_data, ppo_rollout_metrics = self.generate_ppo_data(rollout_batch)
+                return ppo_rollout_data, rollout_metrics | ppo_rollout_metrics
+        """, tmp_path, ppo_utils=PPO_UTILS) == [(14, "KL004")]
+
+
+TRAINER = """\
+    import torch
+
+
+    class Learner:
+        def gae(self, rewards, values, masks):
+            advantages = torch.zeros_like(rewards)
+            last = 0.0
+            for t in reversed(range(rewards.size(1))):
+                last = rewards[:, t] - values[:, t] + last
+                advantages[:, t] = last
+            return advantages, advantages + values
+
+        def step(self, input_ids, response_masks, rewards, values, value_pred, new_logps):
+            logps = torch.zeros_like(response_masks).float()
+            ref_logps = torch.zeros_like(response_masks).float()
+            with torch.no_grad():
+                for i in range(len(input_ids)):
+                    logps[i] = self.get_logps(self.model, input_ids[i])
+                    ref_logps[i] = self.get_logps(self.ref_model, input_ids[i])
+            kl_rewards = -self.kl_coef * (logps - ref_logps) * response_masks
+            adv, returns = self.gae(rewards + kl_rewards, values, response_masks)
+            pg_loss = -(new_logps * adv).mean()
+            vf_loss = torch.square(value_pred - returns).mean()
+            loss = pg_loss + 0.5 * vf_loss
+            loss.backward()
+    """
+
+
+def test_a_buffer_filled_under_no_grad_is_data_whatever_its_name(tmp_path):
+    assert codes(TRAINER, tmp_path) == []
+
+
+def test_a_buffer_filled_with_the_policys_log_probs_carries_their_gradient(tmp_path):
+    assert codes("""\
+        import torch
+
+
+        def kl_loss(policy, input_ids, ref_logprobs, mask):
+            logprobs = torch.zeros_like(mask)
+            for i in range(len(input_ids)):
+                logprobs[i] = policy.token_logprobs(input_ids[i])
+            kl = logprobs - ref_logprobs
+            loss = (kl * mask).sum() / mask.sum()
+            loss.backward()
+        """, tmp_path) == [(9, "KL001")]
