@@ -176,12 +176,18 @@ class StatementFlow(FlowState):
             self.returns.extend(value)
 
     def returned(self, node: cst.BaseExpression) -> None:
-        """A reward returned by a function that is not a loss goes on to be used by its caller; a
-        returned metrics dict (`return loss, metrics`) only records statistics."""
+        """A reward returned by a function that is not a loss goes on to be used by its caller, also as
+        an entry of a dict filled here (`data["rewards_with_kl"] = r; return data`); a returned metrics
+        dict (`return loss, metrics`) only records statistics."""
         parts = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
         for part in parts:
             if not roles.is_metrics_name(last_name(part)):
                 self.confirm(self.expr(part))
+                if type(part) is cst.Name:
+                    entries = f"{part.value}["
+                    for name, value in self.env.items():
+                        if name.startswith(entries):
+                            self.confirm(value)
 
 
 def _chain_leaves(stmt: cst.If) -> bool:

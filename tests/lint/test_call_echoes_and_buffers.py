@@ -1,4 +1,4 @@
-"""Two shapes met on trainers klaudit was not built against (NVIDIA NeMo-Aligner, sail-sg/oat).
+"""Shapes met on trainers klaudit was not built against (NVIDIA NeMo-Aligner, sail-sg/oat).
 
 1. A KL reward whose sink (GAE advantages) lies in a method another method of the class calls is one use of
    the term: reported once, in the method that holds the sink, not again at each call (kl-math.md section 8,
@@ -7,6 +7,8 @@
    gradient only once a differentiable value is written into it. Filled under no_grad it is data, and a
    critic's squared error against returns that hold a k1 reward is no k2 KL loss; filled outside no_grad with
    the policy's log-probs, a k1 loss made of it has k1's zero expected gradient (row 1, KL001).
+3. A reward stored into a dict the function fills and returns leaves the function as a returned reward does;
+   a preference loss's implicit rewards returned the same way are no KL penalty.
 """
 
 from __future__ import annotations
@@ -131,3 +133,33 @@ def test_a_buffer_filled_with_the_policys_log_probs_carries_their_gradient(tmp_p
             loss = (kl * mask).sum() / mask.sum()
             loss.backward()
         """, tmp_path) == [(9, "KL001")]
+
+
+def test_a_reward_that_leaves_in_a_dict_filled_here_is_a_reward(tmp_path):
+    """NeMo-Aligner's REINFORCE: the per-sequence mean |log-ratio| penalty leaves generate_reinforce_data as
+    an entry of the rollout dict it returns (its loss reads it in another module): rows 7 and 21 (KL004, KL007)."""
+    assert codes("""\
+        def generate_reinforce_data(rollout_batch, penalty, mask):
+            data = {}
+            kl = (rollout_batch["logprobs"] - rollout_batch["init_logprobs"]).abs()
+            kl = (kl * mask).sum(-1) / mask.sum(-1)
+            rewards_with_kl = rollout_batch["rewards"] - penalty * kl
+            data["rewards_with_kl"] = rewards_with_kl
+            data["mask"] = mask
+            return data
+        """, tmp_path) == [(5, "KL004"), (5, "KL007")]
+
+
+def test_a_preference_losss_implicit_rewards_in_a_returned_dict_stay_silent(tmp_path):
+    assert codes("""\
+        import torch.nn.functional as F
+
+
+        def dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta):
+            out = {}
+            logits = (policy_chosen_logps - ref_chosen_logps) - (policy_rejected_logps - ref_rejected_logps)
+            out["loss"] = -F.logsigmoid(beta * logits).mean()
+            out["chosen_rewards"] = beta * (policy_chosen_logps - ref_chosen_logps).detach()
+            out["rejected_rewards"] = beta * (policy_rejected_logps - ref_rejected_logps).detach()
+            return out
+        """, tmp_path) == []
