@@ -16,8 +16,9 @@ def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss, beta):
 '''
 
 
-def module_codes(source: str, tmp_path) -> list:
-    """(line, code) of every finding `check_module` gives on `source` (dedented), written to tmp_path."""
+def module_codes(source: str, tmp_path, name: str = "snippet.py", **modules: str) -> list:
+    """(line, code) of every finding `check_module` gives on `source` (dedented), written to tmp_path as `name`
+    beside `modules` (module name: its source, dedented), which it may import."""
     import textwrap
 
     import libcst as cst
@@ -25,7 +26,9 @@ def module_codes(source: str, tmp_path) -> list:
     from klaudit.lint.checks import check_module
     from klaudit.lint.project import Project
 
-    path = tmp_path / "snippet.py"
+    for module, text in modules.items():
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(text))
+    path = tmp_path / name
     text = textwrap.dedent(source)
     path.write_text(text)
     return sorted((f.line, f.code) for f in check_module(str(path), cst.parse_module(text), Project([tmp_path]), text))

@@ -13,23 +13,14 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
-import libcst as cst
-
-from klaudit.lint.checks import check_module
-from klaudit.lint.project import Project
+from snippets import module_codes
 
 
 def codes(source: str, tmp_path: Path, **modules: str) -> list[tuple[int, str]]:
     """(line, code) of the findings in `source` (written as trainer.py beside `modules`)."""
-    for name, text in modules.items():
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
-    path = tmp_path / "trainer.py"
-    text = textwrap.dedent(source)
-    path.write_text(text)
-    return sorted((f.line, f.code) for f in check_module(str(path), cst.parse_module(text), Project([tmp_path]), text))
+    return module_codes(source, tmp_path, "trainer.py", **modules)
 
 
 PPO_UTILS = """\

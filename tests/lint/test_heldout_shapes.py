@@ -8,13 +8,11 @@ A k3 loss is row 3 of kl-math.md section 8 (KL002), divided by each sequence's o
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
-import libcst as cst
 import pytest
+from snippets import module_codes
 
-from klaudit.lint.checks import check_module
 from klaudit.lint.project import Project
 from klaudit.lint.roles import sink_of_name, tensor_role
 
@@ -37,12 +35,7 @@ LEARNER = """\
 
 def codes(tmp_path: Path, main: str, **modules: str) -> list[tuple[int, str]]:
     """(line, code) of the findings in `main` (written as learner.py beside `modules`)."""
-    for name, text in modules.items():
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
-    path = tmp_path / "learner.py"
-    text = textwrap.dedent(main)
-    path.write_text(text)
-    return sorted((f.line, f.code) for f in check_module(str(path), cst.parse_module(text), Project([tmp_path]), text))
+    return module_codes(main, tmp_path, "learner.py", **modules)
 
 
 def clipped_loss(reduction: str) -> str:
