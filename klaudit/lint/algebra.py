@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, NamedTuple, TypeAlias
 
 from klaudit.catalog import Estimator, Returns
 from klaudit.lint.kinds import Place, Weighting
@@ -54,9 +54,13 @@ _MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
 _POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
 
 
-@dataclass(frozen=True, order=True)
-class Atom:
-    """One symbolic tensor: its kind, whether gradient flows through it, how it was accumulated."""
+class Atom(NamedTuple):
+    """One symbolic tensor: its kind, whether gradient flows through it, how it was accumulated.
+
+    A named tuple: atoms are hashed, compared and sorted at every step of the algebra (they are the
+    keys of a polynomial's monomials), which a tuple does in C, where a dataclass runs its generated
+    methods as Python code. Equal, hashed and ordered as the tuple of its fields, as a frozen ordered
+    dataclass is."""
 
     kind: AtomKind
     grad: bool = False
