@@ -10,6 +10,7 @@ estimator is then a comparison of coefficients: k3 is r - 1 + d, whatever the sp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple, TypeAlias
@@ -122,6 +123,10 @@ class Poly:
         return _normalize(Poly.of(out))
 
 
+# Sums and products are asked of the same few polynomials again and again (every alternative of one
+# operand with every compatible alternative of the other: TRL's 8,200 sums are 390 distinct ones), and
+# a polynomial is an immutable value: each is computed once.
+@functools.lru_cache(maxsize=4096)
 def add(left: Poly, right: Poly, sign: float = 1.0) -> Poly:
     out = left.as_dict()
     for mono, coef in right.terms:
@@ -133,6 +138,7 @@ def scale(poly: Poly, factor: float) -> Poly:
     return Poly.of({m: c * factor for m, c in poly.terms})
 
 
+@functools.lru_cache(maxsize=4096)  # see add
 def mul(left: Poly, right: Poly) -> Poly:
     out: dict[Monomial, float] = {}
     for m1, c1 in left.terms:
