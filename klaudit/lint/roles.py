@@ -39,6 +39,7 @@ _KL_VOCABULARY_WORDS = ("kl", "ref", "log")
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every call of a class
 def snake_words(name: str) -> str:
     """A CamelCase name with its words joined by "_" (`KLEstimator` -> `KL_Estimator`), so that the
     vocabulary test reads a class name's words."""
@@ -176,10 +177,12 @@ def is_current_policy_name(name: str) -> bool:
     return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every attribute and parameter
 def is_mask_name(name: str) -> bool:
     return _MASK.search(name) is not None and "logit" not in name.lower()
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments (a polynomial is an immutable value)
 def named_tensor(name: str, grad: bool) -> Poly | None:
     """The symbolic tensor a name denotes; reference and old log-probs never carry gradient."""
     kind = tensor_role(name)
@@ -237,6 +240,7 @@ def is_metrics_name(name: str) -> bool:
     return _METRICS.search(name.lstrip("_")) is not None
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every call the analysis does not follow
 def is_return_computation(name: str) -> bool:
     """A call that turns token-level rewards into returns or advantages (`compute_gae_advantage_return`)."""
     return _RETURN_COMPUTATION.search(name.lstrip("_")) is not None
