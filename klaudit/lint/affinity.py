@@ -5,7 +5,9 @@ when it analyses that module as a file of its own. A module imported by a single
 parsed for both wherever the two go to different workers (TRL's grpo_trainer.py, 3,400 lines, is
 imported by gmpo_trainer.py alone); analysed together, it is parsed once. A module imported by several
 files (a package's utils.py) is not bound to any one of them: binding it would bind them all into one
-task and leave the other workers idle.
+task and leave the other workers idle. Only a file with KL vocabulary imports anything here: the others
+are analysed without being parsed (their framework configurations only, klaudit.lint.engine), so they
+follow no import (TRL's trainer/__init__.py imports grpo_trainer.py too, which kept it apart from gmpo).
 
 Imports are read from the text (a line that starts with `import` or `from ... import`) and resolved as
 the analysis resolves them (klaudit.lint.project), compared by absolute path without following links.
@@ -21,6 +23,7 @@ import re
 from collections.abc import Iterator, Mapping
 
 from klaudit.lint.project import Project
+from klaudit.lint.roles import might_contain_kl
 
 _IMPORT = re.compile(r"[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import\b|import[ \t]+([\w.]+))")
 
@@ -68,6 +71,8 @@ def groups(sources: Mapping[str, str], project: Project, workers: int) -> list[l
     by_key = {os.path.abspath(path): path for path in sources}
     importers: dict[str, set[str]] = {path: set() for path in sources}
     for path, source in sources.items():
+        if not might_contain_kl(source):
+            continue  # never parsed: it follows no import
         for imported in _imported(path, source, project, names, by_key):
             importers[imported].add(path)
     leader = {path: path for path in sources}

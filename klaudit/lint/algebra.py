@@ -10,9 +10,10 @@ estimator is then a comparison of coefficients: k3 is r - 1 + d, whatever the sp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, NamedTuple, TypeAlias
 
 from klaudit.catalog import Estimator, Returns
 from klaudit.lint.kinds import Place, Weighting
@@ -54,9 +55,13 @@ _MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
 _POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
 
 
-@dataclass(frozen=True, order=True)
-class Atom:
-    """One symbolic tensor: its kind, whether gradient flows through it, how it was accumulated."""
+class Atom(NamedTuple):
+    """One symbolic tensor: its kind, whether gradient flows through it, how it was accumulated.
+
+    A named tuple: atoms are hashed, compared and sorted at every step of the algebra (they are the
+    keys of a polynomial's monomials), which a tuple does in C, where a dataclass runs its generated
+    methods as Python code. Equal, hashed and ordered as the tuple of its fields, as a frozen ordered
+    dataclass is."""
 
     kind: AtomKind
     grad: bool = False
@@ -118,6 +123,10 @@ class Poly:
         return _normalize(Poly.of(out))
 
 
+# Sums and products are asked of the same few polynomials again and again (every alternative of one
+# operand with every compatible alternative of the other: TRL's 8,200 sums are 390 distinct ones), and
+# a polynomial is an immutable value: each is computed once.
+@functools.lru_cache(maxsize=4096)
 def add(left: Poly, right: Poly, sign: float = 1.0) -> Poly:
     out = left.as_dict()
     for mono, coef in right.terms:
@@ -129,6 +138,7 @@ def scale(poly: Poly, factor: float) -> Poly:
     return Poly.of({m: c * factor for m, c in poly.terms})
 
 
+@functools.lru_cache(maxsize=4096)  # see add
 def mul(left: Poly, right: Poly) -> Poly:
     out: dict[Monomial, float] = {}
     for m1, c1 in left.terms:

@@ -134,11 +134,14 @@ class AssignmentFlow(FlowState):
         self.confirm(value)
 
 
+_CHAIN_LINKS = (cst.Attribute, cst.Subscript, cst.Call)  # the nodes an access chain goes through
+
+
 def access_chain(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The parts of an attribute / subscript / call chain, outermost first: `self.stats[k]` -> [stats[k], stats, self]."""
     out: list[cst.CSTNode] = []
-    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+    while type(node) in _CHAIN_LINKS:  # type(): see klaudit.lint.syntax
         out.append(node)
-        node = node.func if isinstance(node, cst.Call) else node.value
+        node = node.func if type(node) is cst.Call else node.value
     out.append(node)
     return out

@@ -85,16 +85,16 @@ class CallableFlow(FlowState):
 
     def callable_values(self, func: cst.BaseExpression) -> list:
         """The facts holding a callee that a call target may hold; empty when it is no value the analysis knows."""
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:  # type(): see klaudit.lint.syntax
             facts = self.env.get(func.value)
             if facts is None:
                 facts = self.module_value(func.value)
-        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        elif type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
             facts = self.env.get(dotted(func))
             if facts is None and self.cls is not None and self.analyzer.method_of(self.module, self.cls, func.attr.value) is None:
                 facts = tuple(f for rhs in self.analyzer.self_values(self.module, self.cls).get(func.attr.value, ())
                               for f in self.expr(rhs))
-        elif isinstance(func, (cst.Subscript, cst.Call)):
+        elif type(func) is cst.Subscript or type(func) is cst.Call:
             facts = self.expr(func)
         else:
             facts = ()

@@ -28,7 +28,7 @@ class CallFlow(FlowState):
     def e_Call(self, node: cst.Call) -> tuple:
         func = node.func
         value = None
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:  # type(): see klaudit.lint.syntax
             value = self.method_call(func.attr.value, func.value, node)
         if value is None:
             value = self.call_target(func, node)

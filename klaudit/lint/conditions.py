@@ -22,20 +22,20 @@ class ConditionFlow(FlowState):
 
     def condition(self, test: cst.BaseExpression) -> Test:
         """(label, decided): the switch value an `if` selects, and its truth when known."""
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:  # type(): see klaudit.lint.syntax
             label, decided = self.condition(test.expression)
             if decided is not None:
                 return None, not decided
             otherwise = where_false(label)
             return (otherwise[0] if otherwise else None), None
-        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
             (left_label, left_decided), (right_label, right_decided) = self.condition(test.left), self.condition(test.right)
             if True in (left_decided, right_decided):
                 return None, True
             if left_decided is False or right_decided is False:
                 return (right_label, right_decided) if left_decided is False else (left_label, left_decided)
             return _either(left_label, right_label), None
-        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        if type(test) is cst.Comparison and len(test.comparisons) == 1:
             comp = test.comparisons[0]
             if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
                 decided = self.is_none(test.left)
@@ -63,7 +63,7 @@ class ConditionFlow(FlowState):
                 # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
                 return (f"{last_name(left)} == {dotted(right)}", (True,)), None
             return None, None
-        if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value in ("endswith", "startswith"):
+        if type(test) is cst.Call and type(test.func) is cst.Attribute and test.func.attr.value in ("endswith", "startswith"):
             strings = string_literals(test.args[0].value) if test.args else None
             facts = self.expr(test.func.value)
             known = [f.text for f in facts if f.role == "str" and f.text is not None]

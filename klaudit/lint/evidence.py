@@ -171,6 +171,9 @@ def note_assignment(run, statement: cst.CSTNode) -> None:
         evidence_of(run.analyzer).note(statement, run._memo, run.env, entry=False)
 
 
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # nodes whose expressions are not the statement's
+
+
 def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Every expression node under `node` (a statement), outermost first."""
     stack = [node]
@@ -178,6 +181,6 @@ def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = stack.pop()
         if isinstance(current, cst.BaseExpression):
             yield current
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and current is not node:
+        if type(current) in _SCOPES and current is not node:
             continue
         stack.extend(reversed(current.children))

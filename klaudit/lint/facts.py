@@ -7,6 +7,7 @@ labelled by the literal that selects them); an empty tuple is a value the analys
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
@@ -57,12 +58,31 @@ class Fact:
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
 
+    # Facts are hashed wherever alternatives are deduplicated and, in every environment handed to a
+    # call, at each lookup of a call's summary; a fact's hash (the hash of the tuple of its fields, as
+    # a frozen dataclass's) recursed into the facts it holds. It is computed once and kept in the
+    # instance (`replace` leaves it out of the copy); facts are never pickled.
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(_fields_of(self))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not Fact:
+            return NotImplemented
+        return hash(self) == hash(other) and _fields_of(self) == _fields_of(other)
+
 
 # The alternatives an expression may hold; () is a value the analysis cannot explain.
 Value: TypeAlias = tuple[Fact, ...]
 Env: TypeAlias = dict[str, Value]  # the values of the names in scope
 
 _FACT_FIELDS = frozenset(f.name for f in dataclasses.fields(Fact))
+_fields_of = operator.attrgetter(*(f.name for f in dataclasses.fields(Fact)))  # a fact's fields, in order
 
 
 def replace(obj: Any, /, **changes: Any) -> Any:
@@ -75,6 +95,7 @@ def replace(obj: Any, /, **changes: Any) -> Any:
     new = object.__new__(Fact)
     new.__dict__.update(obj.__dict__)
     new.__dict__.update(changes)
+    new.__dict__.pop("_hash", None)  # the copy's fields differ
     return new
 
 

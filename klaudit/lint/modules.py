@@ -368,7 +368,7 @@ class Analyzer:
         """(module, function, class) for a call target inside the linted tree, or None.
 
         With `imports` False only functions of `module` itself are considered."""
-        if isinstance(func_node, cst.Name):
+        if type(func_node) is cst.Name:  # type(): see klaudit.lint.syntax
             name = func_node.value
             if name in module.functions:
                 return module, module.functions[name], None
@@ -378,12 +378,12 @@ class Analyzer:
                     return None
                 return self._exported(self._import(module, source, level, attr), attr)
             return None
-        if isinstance(func_node, cst.Attribute):
+        if type(func_node) is cst.Attribute:
             attr = func_node.attr.value
             base = func_node.value
-            if isinstance(base, cst.Name) and base.value in ("self", "cls") and cls is not None:
+            if type(base) is cst.Name and base.value in ("self", "cls") and cls is not None:
                 return self.method_of(module, cls, attr)
-            if isinstance(base, cst.Name) and base.value in module.classes:
+            if type(base) is cst.Name and base.value in module.classes:
                 _, methods = module.classes[base.value]
                 if attr in methods:
                     return module, methods[attr], base.value

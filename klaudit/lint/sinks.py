@@ -101,7 +101,7 @@ class SinkFlow(FlowState):
             return
         held = []
         for arg in node.args:
-            value = self.env.get(arg.value.value) if isinstance(arg.value, cst.Name) else self._memo.get(id(arg.value))
+            value = self.env.get(arg.value.value) if type(arg.value) is cst.Name else self._memo.get(id(arg.value))
             held.append(logprob_kinds(value or ()))
         self.compared = any(alg.POLICY in a and alg.OLD in b for i, a in enumerate(held)
                             for j, b in enumerate(held) if i != j)

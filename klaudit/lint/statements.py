@@ -27,7 +27,7 @@ class StatementFlow(FlowState):
     """The statements of a function body, for klaudit.lint.flow.FunctionRun."""
 
     def block(self, body: cst.BaseSuite) -> None:
-        if isinstance(body, cst.SimpleStatementSuite):
+        if type(body) is cst.SimpleStatementSuite:
             for small in body.body:
                 self.small(small)
             return
@@ -43,7 +43,7 @@ class StatementFlow(FlowState):
                 self.small(small)
         elif type(stmt) is cst.If:
             self.if_statement(stmt)
-        elif isinstance(stmt, (cst.For, cst.While)):
+        elif type(stmt) is cst.For or type(stmt) is cst.While:
             reverse = isinstance(stmt, cst.For) and isinstance(stmt.iter, cst.Call) and "reversed" in dotted(stmt.iter.func)
             if isinstance(stmt, cst.For):
                 # loop variables: the elements of what is iterated, else roles from their names
@@ -101,7 +101,7 @@ class StatementFlow(FlowState):
         after_body = self.env
         self.env = dict(before)
         otherwise = where_false(label)  # the switch values where the test is false, where labels can say so
-        if isinstance(stmt.orelse, cst.If):
+        if type(stmt.orelse) is cst.If:
             self.labels = merge_labels(self.labels, otherwise)  # an elif runs where the test before it is false
             self.if_statement(stmt.orelse)
             self.labels = saved
@@ -198,6 +198,6 @@ def _chain_leaves(stmt: cst.If) -> bool:
 def _leaves(body: cst.BaseSuite) -> bool:
     """Whether a block always ends in `return` or `raise`."""
     last = body.body[-1] if body.body else None
-    if isinstance(last, cst.SimpleStatementLine):
+    if type(last) is cst.SimpleStatementLine:
         last = last.body[-1] if last.body else None
-    return isinstance(last, (cst.Return, cst.Raise))
+    return type(last) is cst.Return or type(last) is cst.Raise

@@ -23,16 +23,28 @@ def named(groups: list[list[str]], root: Path) -> list[list[str]]:
 
 def test_a_module_imported_by_one_file_of_the_run_is_analysed_with_it(tmp_path):
     texts = sources(tmp_path, {
-        "pkg/trainer.py": "from .shared import agg\n" + "x = 1\n" * 20,
-        "pkg/small.py": "from pkg.trainer import Trainer\n",
+        "pkg/trainer.py": "from .shared import agg\n" + "kl = 1\n" * 20,
+        "pkg/small.py": "from pkg.trainer import Trainer  # kl\n",
         "pkg/shared.py": "def agg(x):\n    return x\n",
-        "pkg/user.py": "from .shared import agg\n",
+        "pkg/user.py": "from .shared import agg  # kl\n",
         "big.py": "# kl\n" * 500,
     })
     groups = affinity.groups(texts, Project([tmp_path]), workers=1)
     # shared.py has two importers and stays alone
-    assert named(groups, tmp_path) == [["big.py"], ["pkg/trainer.py", "pkg/small.py"], ["pkg/shared.py"],
-                                       ["pkg/user.py"]]
+    assert named(groups, tmp_path) == [["big.py"], ["pkg/trainer.py", "pkg/small.py"], ["pkg/user.py"],
+                                       ["pkg/shared.py"]]
+
+
+def test_a_file_without_kl_vocabulary_imports_nothing_it_would_be_analysed_with(tmp_path):
+    # the package's __init__ names the trainer too, but it is never parsed: it follows no import
+    texts = sources(tmp_path, {
+        "pkg/__init__.py": "from .trainer import Trainer\nfrom .gmpo import GMPOConfig\n",
+        "pkg/trainer.py": "def loss(ref_logps):\n    return ref_logps\n" + "x = 1\n" * 20,
+        "pkg/gmpo.py": "from .trainer import Trainer  # kl\n",
+        "big.py": "# kl\n" * 100,
+    })
+    groups = affinity.groups(texts, Project([tmp_path]), workers=1)
+    assert named(groups, tmp_path) == [["big.py"], ["pkg/trainer.py", "pkg/gmpo.py"], ["pkg/__init__.py"]]
 
 
 def test_a_group_stays_within_a_share_of_the_run_that_keeps_the_workers_busy(tmp_path):

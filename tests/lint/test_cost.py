@@ -175,6 +175,47 @@ def test_the_prefilters_lookahead_admits_every_letter_a_match_starts_with():
         assert roles.might_contain_kl(text) == (plain.search(text) is not None), text
 
 
+def _holds_a_word(items, words) -> bool:
+    """Whether every match of a parsed pattern (re._parser) holds one of `words` (lower case), told from
+    its runs of literal letters and its groups of alternatives; False where it cannot tell."""
+    from re import _constants as c
+
+    run = ""
+    for op, arg in items:
+        if op is c.LITERAL:
+            run += chr(arg).lower()
+            if any(word in run for word in words):
+                return True
+            continue
+        run = ""
+        if op is c.SUBPATTERN and _holds_a_word(arg[-1], words):
+            return True
+        if op is c.BRANCH and all(_holds_a_word(branch, words) for branch in arg[1]):
+            return True
+    return False
+
+
+def test_the_prefilter_tries_its_pattern_on_every_line_that_can_hold_a_match():
+    import re
+    import sys
+
+    from klaudit.lint import roles
+
+    words = roles._KL_VOCABULARY_WORDS
+    assert _holds_a_word(re._parser.parse(roles._KL_VOCABULARY_PATTERN), words)
+    assert not _holds_a_word(re._parser.parse(r"kl|(ref|base)_\w*"), words)  # the check can fail
+    # the lines are found in the lowered text: a letter of the words matches (IGNORECASE) only characters
+    # that lower to it, and no match holds a line break
+    everything = "".join(map(chr, range(sys.maxunicode + 1)))
+    for letter in set("".join(words)):
+        assert {found.lower() for found in re.findall(letter, everything, re.IGNORECASE)} == {letter}
+    assert not re.compile(roles._KL_VOCABULARY_PATTERN, re.IGNORECASE).search("k\nl r\nef l\nogp teacher_\nlogp")
+    plain = re.compile(roles._KL_VOCABULARY_PATTERN, re.IGNORECASE)
+    for text in ("x = 1\nuse_kl = True\n", "logger.info(x)\nprefix = 2\n", "\u0130\nref_logprob", "a\n\u212al\n",
+                 "log\nprobs_ref", "ref\n", "\nkl", "kl\u2028x", "base_\nlogp"):
+        assert roles.might_contain_kl(text) == (plain.search(text) is not None), text
+
+
 DEEP = {
     "operators": "x = " + " + ".join(["a"] * 60) + "\n",
     "calls": "x = a" + ".f()" * 40 + "\n",
