@@ -8,6 +8,8 @@ follow it. In a reversed loop, `running = r[:, t] + gamma * running` is a reward
 
 from __future__ import annotations
 
+from typing import cast
+
 import libcst as cst
 
 from klaudit.lint import algebra as alg
@@ -142,6 +144,6 @@ def access_chain(node: cst.CSTNode) -> list[cst.CSTNode]:
     out: list[cst.CSTNode] = []
     while type(node) in _CHAIN_LINKS:  # type(): see klaudit.lint.syntax
         out.append(node)
-        node = node.func if type(node) is cst.Call else node.value
+        node = node.func if type(node) is cst.Call else cast("cst.Attribute | cst.Subscript", node).value
     out.append(node)
     return out

@@ -7,6 +7,7 @@ import functools
 import math
 import warnings
 from collections.abc import Iterator
+from typing import cast
 
 import libcst as cst
 
@@ -127,8 +128,9 @@ def string_literals(node: cst.CSTNode) -> list[str] | None:
         text = text_of(node)
         return [text] if text is not None else None
     if type(node) in (cst.Tuple, cst.List, cst.Set):
-        values = [text for e in node.elements if (text := text_of(e.value)) is not None]
-        return values if len(values) == len(node.elements) else None
+        elements = cast("cst.Tuple | cst.List | cst.Set", node).elements
+        values = [text for e in elements if (text := text_of(e.value)) is not None]
+        return values if len(values) == len(elements) else None
     return None
 
 def case_strings(pattern: cst.MatchPattern) -> tuple[str, ...]:
