@@ -160,11 +160,16 @@ class Settings:
         """Codes reported anywhere, before per-file ignores."""
         return self._enabled  # type: ignore[attr-defined]
 
+    @functools.cached_property
+    def _resolved_root(self) -> Path:
+        """`root` with its links followed, looked up once: `relative` is asked of every path walked."""
+        return self.root.resolve()
+
     def relative(self, path: str) -> str:
         """`path` as a posix path relative to the root (absolute if it lies outside)."""
         absolute = Path(os.path.abspath(path))
         try:
-            return absolute.relative_to(self.root.resolve()).as_posix()
+            return absolute.relative_to(self._resolved_root).as_posix()
         except ValueError:
             return absolute.as_posix()
 

@@ -128,9 +128,11 @@ def batch_statistic_of(statistic: tuple, value: tuple) -> bool:
     """Whether `statistic` is a batch-wide reduction of `value` itself (`masked_mean(adv, mask)` taken
     off `adv`): each of its alternatives is one of the per-token alternatives of `value`, reduced to a
     scalar. Subtracting it is a baseline, whose expected contribution to the gradient is ~0."""
-    per_token = {f.poly for f in value if f.role == "tensor" and f.poly is not None and not f.scalar}
     reduced = [f for f in statistic if f.role == "tensor" and f.poly is not None]
-    return bool(reduced) and all(f.scalar and f.poly in per_token and not f.poly.is_const() for f in reduced)
+    if not reduced:
+        return False
+    per_token = {f.poly for f in value if f.role == "tensor" and f.poly is not None and not f.scalar}
+    return all(f.scalar and f.poly in per_token and not f.poly.is_const() for f in reduced)
 
 
 def _tensor_poly(fact: Fact) -> Poly | None:

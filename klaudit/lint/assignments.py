@@ -115,9 +115,11 @@ class AssignmentFlow(FlowState):
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
-        poly = roles.named_tensor(name, grad=not self.no_grad and not is_data_read(rhs) and not is_tensor_factory(rhs))
-        if poly is not None:
-            return (tensor(poly),)
+        if roles.tensor_role(name) is not None:  # where the rhs was read from matters only then
+            grad = not self.no_grad and not is_data_read(rhs) and not is_tensor_factory(rhs)
+            poly = roles.named_tensor(name, grad=grad)
+            if poly is not None:
+                return (tensor(poly),)
         if roles.is_mask_name(name):
             return (Fact(role="mask"),)
         return ()

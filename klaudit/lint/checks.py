@@ -405,7 +405,7 @@ def _shown(path: str) -> str:
 
 
 def _tree_of(analyzer: Analyzer, origin_path: str, module: cst.Module, path: str) -> cst.Module | None:
-    if not origin_path or Path(origin_path).resolve() == Path(path).resolve():
+    if not origin_path or analyzer.project.key(origin_path) == analyzer.project.key(path):
         return module
     found = analyzer.module_at(Path(origin_path))
     return found.tree if found is not None else None

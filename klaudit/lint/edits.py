@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-import re
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +51,7 @@ class Fix:
 def line_starts(text: str) -> list[int]:
     """The character offset at which each line of `text` starts (index 0 is line 1): the line of an
     offset is bisect_right(line_starts, offset)."""
-    return [0, *(match.end() for match in re.finditer("\n", text))]
+    return list(itertools.accumulate([len(line) + 1 for line in text.split("\n")][:-1], initial=0))
 
 
 def _span(edit: Edit, starts: list[int], size: int) -> tuple[int, int]:

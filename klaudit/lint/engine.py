@@ -114,12 +114,24 @@ def discover_files(paths: Sequence[str], settings: Settings, respect_gitignore: 
             raise LintError(f"{given}: no such file or directory")
     seen: set[str] = set()
     unique = []
+    directories: dict[str, str] = {}
     for path in found:
-        key = os.path.realpath(path)
+        key = _real_path(path, directories)
         if key not in seen:
             seen.add(key)
             unique.append(path)
     return unique
+
+
+def _real_path(path: str, directories: dict[str, str]) -> str:
+    """os.path.realpath(path), each directory resolved once (in `directories`): a file that is no link
+    is its resolved directory joined with its name."""
+    head, name = os.path.split(path)
+    if name in ("", ".", "..") or os.path.islink(path):
+        return os.path.realpath(path)
+    if head not in directories:
+        directories[head] = os.path.realpath(head)
+    return os.path.join(directories[head], name)
 
 
 def _walk(top: str, settings: Settings, ignored: frozenset[str], suffixes: tuple[str, ...]) -> Iterable[str]:

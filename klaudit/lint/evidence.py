@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from klaudit.lint import algebra as alg
+from klaudit.lint.syntax import child_nodes
 
 POLICY, DETACHED_POLICY, REFERENCE, BEHAVIOUR, MASK = "policy", "detached policy", "reference", "behaviour", "mask"
 OTHER = "other"  # an alternative that is none of the above
@@ -175,7 +176,8 @@ _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # nodes whose expressions
 
 
 def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Every expression node under `node` (a statement), outermost first."""
+    """Every expression node under `node` (a statement), outermost first (siblings in any order: the
+    evidence is kept by node)."""
     stack = [node]
     while stack:
         current = stack.pop()
@@ -183,4 +185,4 @@ def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             yield current
         if type(current) in _SCOPES and current is not node:
             continue
-        stack.extend(reversed(current.children))
+        stack.extend(child_nodes(current))

@@ -9,6 +9,9 @@ klaudit.lint.arithmetic and calls in klaudit.lint.calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar
+
 import libcst as cst
 
 from klaudit.catalog import Position
@@ -36,15 +39,27 @@ from klaudit.lint.syntax import (
 class ExpressionFlow(FlowState):
     """The facts of an expression, for klaudit.lint.flow.FunctionRun; `e_<node type>` interprets each kind."""
 
+    _evaluators: ClassVar[dict[type, Callable | None]] = {}  # node type -> its e_ method (or None), per class
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._evaluators = {}
+
     def expr(self, node: cst.BaseExpression) -> tuple:
         """The facts of an expression; each is evaluated once per statement (the environment only
-        changes between statements)."""
+        changes between statements). Its `e_` method is looked up once per node type (a lookup by name
+        through the interpreter's eleven parts cost more than most evaluations)."""
         key = id(node)
-        if key in self._memo:
-            return self._memo[key]
-        method = getattr(self, "e_" + type(node).__name__, None)
-        value = () if method is None else method(node)
-        self._memo[key] = value
+        memo = self._memo
+        if key in memo:
+            return memo[key]
+        evaluators = self._evaluators
+        kind = type(node)
+        if kind not in evaluators:
+            evaluators[kind] = getattr(type(self), "e_" + kind.__name__, None)
+        evaluate = evaluators[kind]
+        value = () if evaluate is None else evaluate(self, node)
+        memo[key] = value
         budget.spend(1 + len(value))
         return value
 

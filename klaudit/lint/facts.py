@@ -229,6 +229,8 @@ def within_registry(value: Value, names: frozenset[str], switches: set[str]) -> 
 def merge_labels(a: Labels, b: Labels) -> Labels:
     """The labels of a path that holds under both `a` and `b`. Value sets of one switch narrow each other
     (`kind in ("k3", "k3+")` under `kind.endswith("+")` is `kind == "k3+"`), where some value is left."""
+    if len(a) + len(b) <= 1:
+        return tuple(a or b)  # nothing to merge or sort (two calls in five)
     merged = sorted(set(a) | set(b), key=repr)
     names = [name for name, _ in merged]
     if len(set(names)) == len(names):

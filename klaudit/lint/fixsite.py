@@ -14,6 +14,7 @@ import libcst as cst
 
 from klaudit.lint.edits import Edit
 from klaudit.lint.evidence import StatementRoles, evidence_of
+from klaudit.lint.syntax import python_ast
 
 IMPORT = "import klaudit.estimators"
 
@@ -118,7 +119,7 @@ class FixSite:
 
     def _ast(self) -> ast.Module:
         if self._tree is None:
-            self._tree = ast.parse(self.source)
+            self._tree = python_ast(self.source)  # shared with the syntax check
         return self._tree
 
 

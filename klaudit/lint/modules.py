@@ -130,11 +130,10 @@ class Module:
         for stmt in module.body:
             self._collect(stmt)
         source = project.source(module)
-        starts = line_starts(source)
         self.store_lines = {name: set(lines) for name, lines in stored_slots(source).items()}
         for name, (classdef, _) in self.classes.items():  # records built positionally: Experience(seqs, kl)
             fields = [field for field in record_fields(classdef) if might_contain_kl(field)]
-            calls = {bisect.bisect_right(starts, m.start()) for m in re.finditer(rf"\b{name}\(", source)} if fields else set()
+            calls = _calls_of(source, name) if fields else frozenset()
             for field in fields:
                 self.store_lines.setdefault(field, set()).update(calls)
         self.kl_fields = frozenset(self.store_lines)
@@ -168,6 +167,13 @@ class Module:
         elif isinstance(stmt, (cst.If, cst.Try)):
             for item in stmt.body.body:
                 self._collect(item)
+
+@functools.lru_cache(maxsize=64)  # a module is collected by each analyzer that reads its fields
+def _calls_of(source: str, name: str) -> frozenset[int]:
+    """The lines of `source` that call `name` (`Experience(...)`)."""
+    starts = line_starts(source)
+    return frozenset(bisect.bisect_right(starts, m.start()) for m in re.finditer(rf"\b{name}\(", source))
+
 
 def _renamed(alias: cst.ImportAlias) -> str:
     """The `as` name of an import, or "" (the parser allows only a name there in an import)."""

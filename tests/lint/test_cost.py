@@ -388,3 +388,20 @@ def test_the_program_ends_at_once_with_its_whole_report_and_exit_code(tmp_path, 
     invoked = CliRunner().invoke(cli.main, command)
     assert done.returncode == invoked.exit_code == 1, done.stderr
     assert len(done.stdout) > 65536 and done.stdout == invoked.stdout
+
+
+def test_child_nodes_are_libcsts_children_without_rebuilding_the_node():
+    from klaudit.lint.syntax import child_nodes
+
+    source = ('@decorate(x)\nasync def f(a, /, b: int = 1, *c, d, **e) -> "T":\n    """doc"""\n'
+              '    x = [i async for i in y if i] + {k: v for k, v in z} - (a if b else -c) ** 2\n'
+              '    y: dict = {**x, "a": f"{x!r:>{w}}"}; del y[1:2, ...]\n'
+              '    with open(p) as h, g():\n        match h:\n            case [1, *rest] | {"k": v}:\n'
+              '                yield from (lambda q=1: q)(*rest)\n    try:\n        pass\n'
+              '    except* (E, F) as error:\n        raise G from error\n    finally:\n        return\n'
+              'class C(B, metaclass=M):\n    global g\n    a = b = 1 if x else 2  # comment\n')
+    stack = [libcst.parse_module(source)]
+    while stack:
+        node = stack.pop()
+        assert sorted(map(id, child_nodes(node))) == sorted(map(id, node.children)), type(node).__name__
+        stack.extend(node.children)

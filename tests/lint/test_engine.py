@@ -48,6 +48,15 @@ def test_discovery_skips_excluded_directories_and_virtualenvs(tmp_path):
     assert [os.path.relpath(f, tmp_path) for f in files] == ["top.py", "pkg/a.py", "pkg/stubs.pyi"]
 
 
+def test_a_file_named_twice_or_through_a_link_is_linted_once(tmp_path, monkeypatch):
+    real = write(tmp_path / "pkg" / "a.py", "")
+    (tmp_path / "alias.py").symlink_to(real)  # a link to a file
+    (tmp_path / "dir_link").symlink_to(tmp_path / "pkg")  # a link to a directory
+    monkeypatch.chdir(tmp_path / "pkg")
+    named = [real, "a.py", "../pkg/a.py", str(tmp_path / "alias.py"), str(tmp_path / "dir_link" / "a.py"), "../pkg"]
+    assert discover_files(named, Settings(root=tmp_path)) == [real]
+
+
 def test_config_exclude_replaces_defaults_and_extend_exclude_adds(tmp_path):
     write(tmp_path / "build" / "x.py", "")
     write(tmp_path / "gen" / "y.py", "")
