@@ -31,6 +31,7 @@ from klaudit.lint.modules import Analyzer, module_functions
 from klaudit.lint.project import Project
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast
+from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
 
@@ -49,7 +50,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     module = project.remember(path, module, source)
     mod = analyzer.module(path, module)
     candidates = []
-    undecided: list[tuple[Fact, Sink | None]] = []  # KL terms whose use or form the analysis could not decide
+    undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
     functions = list(module_functions(module))
     if worth is None:
         worth = functions_worth_interpreting(path, source, project)
@@ -64,12 +65,16 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
+        teacher_forced = masks_by_labels(func) and samples_nowhere(source)
         for sink, fact, config in _paired(found):
-            candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
-        undecided.extend((fact, None) for fact in outcome.unexplained)
+            if teacher_forced and _exact_loss_on_dataset(config):
+                undecided.append((fact, sink, TEACHER_FORCED))
+            else:
+                candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
+        undecided.extend((fact, None, UNFOLLOWED) for fact in outcome.unexplained)
         if not found:  # a function with a decided term may combine it with others: that sum is no new term
-            undecided.extend((fact, sink) for sink in outcome.sinks for fact in sink.facts
-                             if _unknown_form(fact, sink.kind))
+            undecided.extend((fact, sink, f"it reaches {_a(sink.kind)} in a form that no catalog estimator matches")
+                             for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
     return (_report(path, module, analyzer, _without_echoes(candidates))
             + _undetermined(path, module, analyzer, undecided, decided))
@@ -371,19 +376,30 @@ def _unknown_form(fact: Fact, kind: SinkKind) -> bool:
     return fact.poly is not None and any(t.estimator is None for t in alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward"))
 
 
-def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list[tuple[Fact, Sink | None]],
+UNFOLLOWED = "it reaches no loss, reward, advantage, return or metric that the analysis can follow"
+TEACHER_FORCED = ("an exact KL over the vocabulary as a loss at the positions of the labels, in a module that "
+                  "samples nothing: on a dataset's sequences (teacher forcing) its per-position gradient is the "
+                  "whole gradient; on the policy's own samples it lacks the later tokens' term (KL003)")
+
+
+def _a(kind: SinkKind) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _exact_loss_on_dataset(config: Config) -> bool:
+    """An exact per-step KL as a loss and nothing else: the form that, on teacher-forced positions, is a
+    per-position distillation objective (klaudit.lint.teacher_forcing)."""
+    return config.loss is Estimator.FULL and config.reward is None
+
+
+def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list[tuple[Fact, Sink | None, str]],
                   decided: set[int]) -> list[Finding]:
     """KL100, once per KL term: where the analysis found a KL term but not what its gradient does."""
     positions = _Positions(analyzer.project)
     findings: dict[tuple[int, int], Finding] = {}
-    for fact, sink in undecided:
+    for fact, sink, why in undecided:
         if id(fact.origin) in decided:
             continue
-        if sink is None:
-            why = "it reaches no loss, reward, advantage, return or metric that the analysis can follow"
-        else:
-            article = "an" if sink.kind[0] in "aeiou" else "a"
-            why = f"it reaches {article} {sink.kind} in a form that no catalog estimator matches"
         at = None
         if fact.origin is not None and _tree_of(analyzer, fact.origin_path, module, path) is module:
             at = positions.of(module, fact.origin)

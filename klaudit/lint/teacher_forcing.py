@@ -1,0 +1,59 @@
+"""Teacher forcing: an exact per-position KL on a dataset's sequences rather than on the policy's samples.
+
+Distillation code (a student fitted to a teacher) often sums KL_t(student || teacher) over the vocabulary
+at each position of fixed training sequences, the positions chosen by the supervised-target convention
+`labels != ignore_index`. The prefixes of such sequences do not depend on the student, so the gradient of
+each position's KL is the whole gradient of that objective: no later-token term is missing (KL003's
+"When this is fine"). On the student's own samples the same code is an on-policy KL loss that misses
+that term. A loss module alone does not say which: where the function masks by labels and nothing in
+its module samples, the term's use is undetermined (KL100), not a KL003 defect.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import libcst as cst
+
+from klaudit.lint.syntax import last_name, python_ast, walk
+
+# Words of code that samples from the policy it trains, or that works on such samples.
+_SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
+_LABELS = re.compile(r"^(\w*_)?labels?$", re.IGNORECASE)
+
+
+def masks_by_labels(function: cst.FunctionDef) -> bool:
+    """Whether `function` compares its labels with (in)equality: `labels != self.ignore_index`,
+    `labels == -100`, the way supervised code picks the positions that have a target."""
+    for node in walk(function):
+        if type(node) is cst.Comparison and _LABELS.match(last_name(node.left) or ""):
+            if any(type(target.operator) in (cst.NotEqual, cst.Equal) for target in node.comparisons):
+                return True
+    return False
+
+
+def samples_nowhere(source: str) -> bool:
+    """Whether no name the module's code uses or defines is a word of sampling (generation, rollouts,
+    completions, rewards); its docstrings and comments may say anything."""
+    try:
+        tree = python_ast(source)  # shared with the syntax check
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    return not any(_SAMPLING.search(name) for name in _identifiers(tree))
+
+
+def _identifiers(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg is not None:
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names

@@ -1,0 +1,61 @@
+"""An exact KL over the vocabulary as a loss at the labelled positions of a module that samples nothing is a
+distillation objective on teacher-forced data, whose use the lint cannot decide (KL100), not a KL003."""
+
+import libcst as cst
+
+from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
+from tests.lint.snippets import module_codes
+
+LOSS = '''
+import torch.nn.functional as F
+
+
+def reverse_kl_loss(student_logits, teacher_logits, labels):
+    student_log_probs = F.log_softmax(student_logits, dim=-1)
+    teacher_log_probs = F.log_softmax(teacher_logits, dim=-1)
+    per_position = (student_log_probs.exp() * (student_log_probs - teacher_log_probs)).sum(-1)
+    keep = (labels != -100).float()
+    return (per_position * keep).sum() / keep.sum()
+'''
+
+ON_POLICY_TRAINER = LOSS + '''
+
+class OnPolicyDistiller:
+    def step(self, prompts):
+        sequences = self.student.generate(prompts)
+        return sequences
+'''
+
+MASK_PASSED_IN = LOSS.replace("labels", "mask").replace("(mask != -100).float()", "mask")
+
+
+def test_labelled_positions_in_a_module_that_samples_nothing_are_undetermined(tmp_path):
+    assert module_codes(LOSS, tmp_path) == [(8, "KL100")]
+
+
+def test_the_same_loss_beside_generation_is_an_on_policy_kl003(tmp_path):
+    assert module_codes(ON_POLICY_TRAINER, tmp_path) == [(10, "KL003")]
+
+
+def test_a_mask_not_read_off_labels_keeps_kl003(tmp_path):
+    assert module_codes(MASK_PASSED_IN, tmp_path) == [(10, "KL003")]
+
+
+def _function(source: str) -> cst.FunctionDef:
+    statement = cst.parse_module(source).body[0]
+    assert isinstance(statement, cst.FunctionDef)
+    return statement
+
+
+def test_masks_by_labels_reads_equality_tests_of_labels_only():
+    assert masks_by_labels(_function("def f(labels):\n    return labels[:, 1:] == -100\n"))
+    assert masks_by_labels(_function("def f(batch):\n    return batch.shift_labels != self.ignore_index\n"))
+    assert not masks_by_labels(_function("def f(labels):\n    return labels > 0\n"))
+    assert not masks_by_labels(_function("def f(tokens):\n    return tokens != -100\n"))
+
+
+def test_samples_nowhere_reads_names_not_prose():
+    assert samples_nowhere('"""Never on the student\'s own samples or rollouts."""\nloss = 1  # completions\n')
+    assert not samples_nowhere("out = model.generate(prompts)\n")
+    assert not samples_nowhere("def f(completion_mask):\n    pass\n")
+    assert not samples_nowhere("def broken(:\n")
