@@ -2,7 +2,7 @@
 
 Distillation code (a student fitted to a teacher) often sums KL_t(student || teacher) over the vocabulary
 at each position of fixed training sequences, the positions chosen by the supervised-target convention
-`labels != ignore_index`. The prefixes of such sequences do not depend on the student, so the gradient of
+(`labels != ignore_index`). The prefixes of such sequences do not depend on the student, so the gradient of
 each position's KL is the whole gradient of that objective: no later-token term is missing (KL003's
 "When this is fine"). On the student's own samples the same code is an on-policy KL loss that misses
 that term. A loss module alone does not say which: where the function masks by labels and nothing in
@@ -20,17 +20,28 @@ from klaudit.lint.syntax import last_name, python_ast, walk
 
 # Words of code that samples from the policy it trains, or that works on such samples.
 _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
-_LABELS = re.compile(r"^(\w*_)?labels?$", re.IGNORECASE)
+_TARGETS = re.compile(r"^(\w*_)?(labels?|targets?)$", re.IGNORECASE)
 
 
 def masks_by_labels(function: cst.FunctionDef) -> bool:
-    """Whether `function` compares its labels with (in)equality: `labels != self.ignore_index`,
-    `labels == -100`, the way supervised code picks the positions that have a target."""
+    """Whether `function` picks positions the supervised way: an (in)equality test of its labels or
+    targets (`labels != pad`), or of anything against an ignore index (`target != self.ignore_index`,
+    `y == -100`)."""
     for node in walk(function):
-        if type(node) is cst.Comparison and _LABELS.match(last_name(node.left) or ""):
-            if any(type(target.operator) in (cst.NotEqual, cst.Equal) for target in node.comparisons):
+        if type(node) is not cst.Comparison:
+            continue
+        for target in node.comparisons:
+            if type(target.operator) in (cst.NotEqual, cst.Equal) and (
+                    _TARGETS.match(last_name(node.left) or "") or _is_ignore_index(target.comparator)):
                 return True
     return False
+
+
+def _is_ignore_index(node: cst.BaseExpression) -> bool:
+    """`ignore_index`, `self.ignore_index`, `IGNORE_INDEX` or -100 (the cross-entropy default)."""
+    if type(node) is cst.UnaryOperation and type(node.operator) is cst.Minus and type(node.expression) is cst.Integer:
+        return node.expression.value == "100"
+    return "ignore_index" in (last_name(node) or "").lower()
 
 
 def samples_nowhere(source: str) -> bool:

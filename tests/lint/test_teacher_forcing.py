@@ -47,11 +47,13 @@ def _function(source: str) -> cst.FunctionDef:
     return statement
 
 
-def test_masks_by_labels_reads_equality_tests_of_labels_only():
+def test_masks_by_labels_reads_equality_tests_of_labels_or_against_an_ignore_index():
     assert masks_by_labels(_function("def f(labels):\n    return labels[:, 1:] == -100\n"))
     assert masks_by_labels(_function("def f(batch):\n    return batch.shift_labels != self.ignore_index\n"))
+    assert masks_by_labels(_function("def f(target):\n    return target != ignore_index\n"))
+    assert masks_by_labels(_function("def f(y):\n    return y == -100\n"))
     assert not masks_by_labels(_function("def f(labels):\n    return labels > 0\n"))
-    assert not masks_by_labels(_function("def f(tokens):\n    return tokens != -100\n"))
+    assert not masks_by_labels(_function("def f(ids, pad):\n    return ids != pad\n"))
 
 
 def test_samples_nowhere_reads_names_not_prose():
