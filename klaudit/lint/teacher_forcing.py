@@ -16,7 +16,7 @@ import re
 
 import libcst as cst
 
-from klaudit.lint.syntax import last_name, python_ast, walk
+from klaudit.lint.syntax import child_nodes, last_name, python_ast
 
 # Words of code that samples from the policy it trains, or that works on such samples.
 _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
@@ -27,7 +27,10 @@ def masks_by_labels(function: cst.FunctionDef) -> bool:
     """Whether `function` picks positions the supervised way: an (in)equality test of its labels or
     targets (`labels != pad`), or of anything against an ignore index (`target != self.ignore_index`,
     `y == -100`)."""
-    for node in walk(function):
+    stack: list[cst.CSTNode] = [function]
+    while stack:
+        node = stack.pop()
+        stack.extend(child_nodes(node))  # `children` would validate the nodes, which the parser built unchecked
         if type(node) is not cst.Comparison:
             continue
         for target in node.comparisons:
