@@ -24,7 +24,7 @@ from klaudit.describe import describe
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
-from klaudit.lint.facts import Fact, Labels, Sink, is_pattern
+from klaudit.lint.facts import Fact, Labels, Sink, is_excluded, is_pattern
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, module_functions
@@ -193,7 +193,11 @@ def _switch(labels: Labels) -> str:
     parts = []
     for name, sets in chosen.items():
         patterns = [v[1:] for values in sets for v in values if is_pattern(v)]
-        literal = [v for values in sets for v in values if not is_pattern(v)]
+        literal = [v for values in sets for v in values if not is_pattern(v) and not is_excluded(v)]
+        excluded = [v[2:] for values in sets for v in values if is_excluded(v)]
+        if excluded and not literal and not patterns:  # only values ruled out: `kind!="k1"`
+            parts.append(f"{name}!=" + "|".join(f'"{v}"' for v in dict.fromkeys(excluded)))
+            continue
         if patterns and literal:  # the literals of a switch tested with endswith/startswith are strings
             literal = [v for v in literal if isinstance(v, str) and any(v.endswith(p) or v.startswith(p) for p in patterns)]
         shown = literal or [v for values in sets for v in values]

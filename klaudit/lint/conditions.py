@@ -1,8 +1,9 @@
 """Conditions: which switch value an `if` test selects, and whether the analysis can decide it.
 
 A test is read as a label, (switch name, values): `kind == "k3"` and `kind in ("k3", "low_var_kl")`
-label their literals, `kind.endswith("+")` the pattern `*+`, a flag its value True, `weight == 0`
-and `loss_type == LossType.TOKEN_LEVEL` a value of their own. `not test` and the statements after
+label their literals, `kind != "k1"` the literal excluded (`!=k1`), `kind.endswith("+")` the pattern
+`*+`, a flag its value True, `weight == 0` and `loss_type == LossType.TOKEN_LEVEL` a value of their
+own. `not test` and the statements after
 `if test: return` hold the negation where labels can say it (klaudit.lint.facts.negated). A test
 on a value the analysis knows (a string passed by the caller, `x is None` for a None default) is
 decided, and only its branch runs.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.lint.facts import UNKNOWN, is_negated_pattern, is_pattern, negated, operands, takes
+from klaudit.lint.facts import UNKNOWN, is_excluded, is_negated_pattern, is_pattern, negated, operands, takes
 from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
 
@@ -54,7 +55,9 @@ class ConditionFlow(FlowState):
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
                 values = spelled(facts, tuple(strings))
-                return (None if negate or not values else (name, values)), None
+                if negate and values:
+                    values = negated(values) or ()
+                return (None if not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
             if number is not None and isinstance(comp.operator, cst.Equal):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
@@ -130,9 +133,9 @@ def _either(left: Label | None, right: Label | None) -> Label | None:
         if all(is_negated_pattern(v) for v in one) and all(not is_pattern(v) and not is_negated_pattern(v)
                                                             and takes(v, one) for v in other):
             return left[0], one
-    kinds = {(is_pattern(v), is_negated_pattern(v)) for v in left[1] + right[1]}
-    return (left[0], tuple(dict.fromkeys(left[1] + right[1]))) if len(kinds) == 1 and (False, True) not in kinds \
-        else None
+    kinds = {(is_pattern(v), is_negated_pattern(v), is_excluded(v)) for v in left[1] + right[1]}
+    return (left[0], tuple(dict.fromkeys(left[1] + right[1]))) if len(kinds) == 1 and kinds <= {
+        (False, False, False), (True, False, False)} else None
 
 
 def spelled(facts: tuple, strings: tuple) -> tuple:

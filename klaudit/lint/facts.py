@@ -133,9 +133,10 @@ def compatible(a: Labels, b: Labels) -> bool:
     return all(_overlap(x, y) for name, x in a for other, y in b if name == other)
 
 
-# A label's values are one of three kinds of set: literals ("k1", 0, True), endswith/startswith patterns
-# ("*+": the value ends or starts with "+", `kind.endswith("+")`) or their negation ("!*+": it does neither,
-# `not kind.endswith("+")`).
+# A label's values are one of four kinds of set: literals ("k1", 0, True), endswith/startswith patterns
+# ("*+": the value ends or starts with "+", `kind.endswith("+")`), their negation ("!*+": it does neither,
+# `not kind.endswith("+")`), or string literals excluded ("!=k1": any value but "k1", `kind != "k1"` or
+# the path where `kind == "k1"` is false).
 
 
 def is_pattern(value: SwitchValue) -> TypeGuard[str]:
@@ -148,19 +149,28 @@ def is_negated_pattern(value: SwitchValue) -> TypeGuard[str]:
     return isinstance(value, str) and value.startswith("!*")
 
 
+def is_excluded(value: SwitchValue) -> TypeGuard[str]:
+    """A string literal excluded ("!=s": any value but s)."""
+    return isinstance(value, str) and value.startswith("!=")
+
+
 def is_literal(value: SwitchValue) -> bool:
-    return not is_pattern(value) and not is_negated_pattern(value)
+    return not is_pattern(value) and not is_negated_pattern(value) and not is_excluded(value)
 
 
 def negated(values: tuple[SwitchValue, ...]) -> tuple[SwitchValue, ...] | None:
-    """The value set that holds where `values` does not: a flag's other value, a pattern set's negation
-    (and back); None where labels cannot write it (the complement of literals)."""
+    """The value set that holds where `values` does not: a flag's other value, a pattern set's negation,
+    string literals excluded (and back); None where labels cannot write it (the complement of numbers)."""
     if values == (True,) or values == (False,):
         return (not values[0],)
     if values and all(is_pattern(v) for v in values):
         return tuple("!" + str(v) for v in values)
     if values and all(is_negated_pattern(v) for v in values):
         return tuple(str(v)[1:] for v in values)
+    if values and all(is_excluded(v) for v in values):
+        return tuple(str(v)[2:] for v in values)
+    if values and all(isinstance(v, str) and is_literal(v) for v in values):
+        return tuple(f"!={v}" for v in values)
     return None
 
 
@@ -175,6 +185,8 @@ def takes(value: SwitchValue, values: tuple[SwitchValue, ...]) -> bool:
         return not any(_matches(value, str(v)[1:]) for v in values)
     if values and all(is_pattern(v) for v in values):
         return any(_matches(value, str(v)) for v in values)
+    if values and all(is_excluded(v) for v in values):
+        return not (isinstance(value, str) and f"!={value}" in values)
     return any(type(v) is type(value) and v == value for v in values)
 
 

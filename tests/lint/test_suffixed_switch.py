@@ -122,10 +122,17 @@ def test_an_if_else_on_the_suffix(tmp_path):
 
 
 def test_value_sets_narrow_and_exclude_each_other():
+    """Literals, patterns, negated patterns and excluded literals."""
     assert takes("k3+", ("*+",)) and not takes("k3", ("*+",))
     assert takes("k3", ("!*+",)) and not takes("k3+", ("!*+",))
     assert negated(("*+",)) == ("!*+",) and negated(("!*+",)) == ("*+",) and negated((True,)) == (False,)
-    assert negated(("k1", "kl")) is None  # the other values are not a set labels can hold
+    assert negated(("k1", "kl")) == ("!=k1", "!=kl") and negated(("!=k1", "!=kl")) == ("k1", "kl")
+    assert negated((0, 1)) is None  # the other numbers are not a set labels can hold
+    assert takes("k3", ("!=k1", "!=kl")) and not takes("kl", ("!=k1", "!=kl"))
+    assert merge_labels((("kind", ("k1", "k3")),), (("kind", ("!=k1",)),)) == (("kind", ("k3",)),)
+    assert not compatible((("kind", ("k1",)),), (("kind", ("!=k1",)),))
+    assert compatible((("kind", ("k1", "k3")),), (("kind", ("!=k1",)),))
+    assert compatible((("kind", ("!=k1",)),), (("kind", ("!=k3",)),))
     assert merge_labels((("kind", ("k3", "k3+")),), (("kind", ("*+",)),)) == (("kind", ("k3+",)),)
     assert merge_labels((("kind", ("k3", "k3+")),), (("kind", ("!*+",)),)) == (("kind", ("k3",)),)
     assert merge_labels((("kind", ("k1", "kl")),), (("kind", ("k1",)),)) == (("kind", ("k1",)),)
