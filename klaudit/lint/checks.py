@@ -65,8 +65,10 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind)) is not None]
-        teacher_forced = masks_by_labels(func) and samples_nowhere(source)
-        for sink, fact, config in _paired(found):
+        paired = _paired(found)
+        teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
+                          and masks_by_labels(func) and samples_nowhere(source))
+        for sink, fact, config in paired:
             if teacher_forced and _exact_loss_on_dataset(config):
                 undecided.append((fact, sink, TEACHER_FORCED))
             else:
