@@ -185,6 +185,9 @@ def config_of(fact: Fact, kind: SinkKind) -> Config | None:
     )
 
 
+_OPPOSITE = {"==": "!=", ">=": "<", "<=": ">", ">": "<=", "<": ">="}  # ">=" is tried before ">"
+
+
 def _switch(labels: Labels) -> str:
     """The switch values of a finding: `name="a"|"b"`, one entry per switch. A pattern from an
     endswith/startswith test ("*+") narrows the literal values of the same switch to those it
@@ -203,9 +206,10 @@ def _switch(labels: Labels) -> str:
         if patterns and literal:  # the literals of a switch tested with endswith/startswith are strings
             literal = [v for v in literal if isinstance(v, str) and any(v.endswith(p) or v.startswith(p) for p in patterns)]
         shown = literal or [v for values in sets for v in values]
-        if " == " in name and len(set(shown)) == 1 and isinstance(shown[0], bool):
-            parts.append(name if shown[0] else name.replace(" == ", " != "))  # a comparison's branch
-            continue
+        comparison = next((op for op in _OPPOSITE if f" {op} " in name), None)
+        if comparison is not None and len(set(shown)) == 1 and isinstance(shown[0], bool):
+            parts.append(name if shown[0] else name.replace(f" {comparison} ", f" {_OPPOSITE[comparison]} "))
+            continue  # a comparison's branch
         parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
     return ", ".join(parts)
 

@@ -2,9 +2,10 @@
 
 A test is read as a label, (switch name, values): `kind == "k3"` and `kind in ("k3", "low_var_kl")`
 label their literals, `kind != "k1"` the literal excluded (`!=k1`), `kind.endswith("+")` the pattern
-`*+`, a flag its value True, `weight == 0` and `loss_type == LossType.TOKEN_LEVEL` a value of their
-own. `not test` and the statements after
-`if test: return` hold the negation where labels can say it (klaudit.lint.facts.negated). A test
+`*+`, a flag its value True, `weight == 0`, `weight != 0`, `pp_size > 1` and `loss_type ==
+LossType.TOKEN_LEVEL` a value of their own (True on one side, False on the other). `not test` and
+the statements after `if test: return` hold the negation where labels can say it
+(klaudit.lint.facts.negated). A test
 on a value the analysis knows (a string passed by the caller, `x is None` for a None default) is
 decided, and only its branch runs.
 """
@@ -16,6 +17,8 @@ import libcst as cst
 from klaudit.lint.facts import UNKNOWN, is_excluded, is_negated_pattern, is_pattern, negated, operands, takes
 from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
+
+_ORDER = {cst.GreaterThan: ">", cst.GreaterThanEqual: ">=", cst.LessThan: "<", cst.LessThanEqual: "<="}
 
 
 class ConditionFlow(FlowState):
@@ -59,9 +62,12 @@ class ConditionFlow(FlowState):
                     values = negated(values) or ()
                 return (None if not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
-            if number is not None and isinstance(comp.operator, cst.Equal):
+            if number is not None and type(comp.operator) in (cst.Equal, cst.NotEqual):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
-                return (f"{self.switch_name(left)} == {number:g}", (True,)), None
+                return (f"{self.switch_name(left)} == {number:g}", (type(comp.operator) is cst.Equal,)), None
+            if number is not None and type(comp.operator) in _ORDER:
+                # `if pp_size > 1:` the same: one side of a threshold
+                return (f"{self.switch_name(left)} {_ORDER[type(comp.operator)]} {number:g}", (True,)), None
             if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
                 # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
                 return (f"{last_name(left)} == {dotted(right)}", (True,)), None

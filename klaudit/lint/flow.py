@@ -69,6 +69,7 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
         env.update((param.name.value, param_facts(param)) for param in params(func))
         run = FunctionRun(self.analyzer, self.module, func, self.cls, env, record=self.record)
         run.no_grad = run.no_grad or self.no_grad
+        run.labels = self.labels  # it exists only on the path where its definition runs
         for sink in run.run().sinks:
             self.sinks.append(Sink(sink.kind, sink.facts, sink.node, len(self.sinks), sink.via, sink.depth))
         self.settled.update(run.settled)  # an enclosing variable the closure uses has that use
