@@ -243,9 +243,9 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def walk(node: cst.CSTNode | None) -> Iterator[cst.CSTNode]:
-    """`node` and every node under it (none for None)."""
+    """`node` and every node under it (none for None), through `child_nodes`."""
     stack = [node] if node is not None else []
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))

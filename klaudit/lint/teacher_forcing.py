@@ -16,7 +16,7 @@ import re
 
 import libcst as cst
 
-from klaudit.lint.syntax import child_nodes, last_name, python_ast
+from klaudit.lint.syntax import int_literal, last_name, python_ast, walk
 
 # Words of code that samples from the policy it trains, or that works on such samples.
 _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
@@ -27,10 +27,7 @@ def masks_by_labels(function: cst.FunctionDef) -> bool:
     """Whether `function` picks positions the supervised way: an (in)equality test of its labels or
     targets (`labels != pad`), or of anything against an ignore index (`target != self.ignore_index`,
     `y == -100`)."""
-    stack: list[cst.CSTNode] = [function]
-    while stack:
-        node = stack.pop()
-        stack.extend(child_nodes(node))  # `children` would validate the nodes, which the parser built unchecked
+    for node in walk(function):
         if type(node) is not cst.Comparison:
             continue
         for target in node.comparisons:
@@ -42,9 +39,7 @@ def masks_by_labels(function: cst.FunctionDef) -> bool:
 
 def _is_ignore_index(node: cst.BaseExpression) -> bool:
     """`ignore_index`, `self.ignore_index`, `IGNORE_INDEX` or -100 (the cross-entropy default)."""
-    if type(node) is cst.UnaryOperation and type(node.operator) is cst.Minus and type(node.expression) is cst.Integer:
-        return node.expression.value == "100"
-    return "ignore_index" in (last_name(node) or "").lower()
+    return int_literal(node) == -100 or "ignore_index" in (last_name(node) or "").lower()
 
 
 def samples_nowhere(source: str) -> bool:
