@@ -10,7 +10,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from klaudit.lint.roles import might_contain_kl
+from klaudit.lint.roles import NAMED_AGGREGATIONS, might_contain_kl
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 from klaudit.lint.syntax import libcst_module
 
@@ -109,10 +109,10 @@ class Project:
 
     def follows(self, path: Path, name: str | None = None) -> bool:
         """Whether the analysis follows a call of `name` (any name, where None) into the module at
-        `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss
-        (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
+        `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
+        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
         answer depends on the module and the name only, never on what was looked up before."""
-        return self._text(self.key(path)) is not None or (name is not None and _LOSS_HELPER.search(name) is not None)
+        return self._text(self.key(path)) is not None or (name is not None and _loss_helper(name))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""
@@ -207,8 +207,16 @@ class Project:
         return text if text is not None else tree.code
 
 
-# a function named as a loss helper (`get_loss_agg_func`, `agg_loss`): followed into any module
+# a function named as a loss helper (`get_loss_agg_func`, `agg_loss`) or as a reduction a loss goes through
+# (`sum_sum`, `token_average`; those read by name, `masked_mean`, keep that reading): followed into any module
 _LOSS_HELPER = re.compile(r"loss", re.IGNORECASE)
+_REDUCTION_HELPER = re.compile(r"(?<![a-z])(?:sum|mean|avg|average|agg|aggregate|reduce)(?![a-z])", re.IGNORECASE)
+
+
+def _loss_helper(name: str) -> bool:
+    return _LOSS_HELPER.search(name) is not None or (
+        _REDUCTION_HELPER.search(name) is not None and name not in NAMED_AGGREGATIONS)
+
 
 # klaudit's own estimators are the correct configurations, proven by exact enumeration: a call of
 # them is a correct KL term, not code to re-derive (their prefix-weighted surrogates are beyond the lint)

@@ -36,6 +36,12 @@ _KL_VOCABULARY = re.compile(rf"(?=[{_KL_VOCABULARY_STARTS}])(?:{_KL_VOCABULARY_P
 _KL_VOCABULARY_WORDS = ("kl", "ref", "log")
 
 
+# Aggregation helpers read by their name and their signature's default axis (klaudit.lint.reductions),
+# whichever module of the tree defines them
+NAMED_AGGREGATIONS = frozenset({"masked_mean", "masked_sum", "agg_loss", "aggregate_loss", "masked_aggregator",
+                                "sum_of_sample_mean"})
+
+
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 

@@ -1,0 +1,47 @@
+"""Shapes of KL code met on repositories in no corpus (PipelineRL, miles): a loss negated through a
+reduction helper of a module without KL words, an entropy bonus over the logits added to the KL loss,
+and a loop that scales each element of a list of KL tensors in place.
+
+Verdicts (kl-math.md section 8): k3 differentiated as a loss is row 3 (KL002) whatever sign convention
+carries it there; a KL added to what the optimiser maximises, or a k1 reward added with a positive
+sign, is a bonus (KL011); k1 in the reward with its reward-to-go is row 6, unbiased (no finding).
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+NEGATED_THROUGH_A_HELPER = """\
+    import torch
+    from reducing import sum_sum
+
+
+    def rl_step(new_logprobs, ref_logprobs, advantages, masks, weights, kl_coef, segments):
+        log_ratio_ref_new = ref_logprobs - new_logprobs
+        approx_kl = torch.exp(log_ratio_ref_new) - log_ratio_ref_new - 1
+        loss = new_logprobs * advantages - kl_coef * approx_kl
+        loss = loss * weights
+        policy_loss_total = {total}
+        return policy_loss_total
+    """
+
+# no KL words (the module is not followed for its vocabulary): only the helper's name says it reduces
+REDUCING = """\
+    import torch
+
+
+    def sum_sum(values, masks, segments):
+        if segments is None:
+            return (values * masks).sum()
+        return torch.stack([(values[:, a:b] * masks[:, a:b]).sum() for a, b in segments]).sum()
+    """
+
+
+@pytest.mark.parametrize("total, codes", [
+    ("-sum_sum(loss, masks, segments)", [(8, "KL002")]),  # a penalty: the maximised objective, negated
+    ("sum_sum(loss, masks, segments)", [(8, "KL002"), (8, "KL011")]),  # the objective minimised: a bonus
+])
+def test_the_sign_of_a_loss_is_read_through_a_reduction_helper_of_a_module_without_kl_words(tmp_path, total, codes):
+    source = NEGATED_THROUGH_A_HELPER.format(total=total)
+    assert module_codes(source, tmp_path, "step.py", reducing=REDUCING) == codes
