@@ -53,6 +53,7 @@ SEQUENCE_MEAN: Final = "seqmean"  # averaged over the response (the sum over its
 
 _MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
 _POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
+_POLICY_ONLY: frozenset[AtomKind] = _POLICY_SIDE | {LOGITS, VOCAB_POLICY, VOCAB_PROB}  # ... and its full-vocabulary tensors
 
 
 class Atom(NamedTuple):
@@ -395,8 +396,9 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
     reward with the returns its accumulation shows; S * x (S = exp(P - sg P)) and W * x (a
     differentiable importance ratio) add a loss term and a same-token reward term. A detached
     estimator added to a loss contributes nothing. In a reward every estimator counts by value.
-    A monomial made only of log-probs and ratios of the policy (the policy-gradient part of the same
-    loss, -A * ratio * rho) is another term of the sum: by linearity it changes no KL gradient.
+    A monomial made only of the policy's log-probs, ratios and logits (the policy-gradient part of the same
+    loss, -A * ratio * rho, or an entropy bonus over the policy's logits) is another term of the sum: by
+    linearity it changes no KL gradient.
     """
     if sink == "reward":
         term = _reward_term(list(detach(poly).terms))
@@ -406,7 +408,7 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
         multiplier, rest = _strip(mono, _POLICY_SIDE)
         if multiplier is not None and multiplier.kind == POLICY and not multiplier.grad:
             multiplier, rest = None, mono
-        if multiplier is None and mono and all(a.kind in _POLICY_SIDE for a in mono):
+        if multiplier is None and mono and all(a.kind in _POLICY_ONLY for a in mono):
             continue
         key = multiplier if multiplier is None else (multiplier.kind, multiplier.grad, multiplier.acc)
         groups.setdefault(key, []).append((rest, coef))

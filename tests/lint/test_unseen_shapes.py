@@ -12,6 +12,10 @@ from __future__ import annotations
 import pytest
 from snippets import module_codes
 
+from klaudit.catalog import Estimator
+from klaudit.lint import algebra as alg
+from klaudit.lint.algebra import Atom, Poly
+
 NEGATED_THROUGH_A_HELPER = """\
     import torch
     from reducing import sum_sum
@@ -45,3 +49,30 @@ REDUCING = """\
 def test_the_sign_of_a_loss_is_read_through_a_reduction_helper_of_a_module_without_kl_words(tmp_path, total, codes):
     source = NEGATED_THROUGH_A_HELPER.format(total=total)
     assert module_codes(source, tmp_path, "step.py", reducing=REDUCING) == codes
+
+
+ENTROPY_BONUS = """\
+    import torch
+
+
+    def rl_step(logits, new_logprobs, ref_logprobs, advantages, masks, kl_coef, entropy_coef):
+        log_norm = torch.logsumexp(logits, dim=-1)
+        logprobs = logits - log_norm.unsqueeze(-1)
+        entropy = -(torch.exp(logprobs) * logprobs).sum(dim=-1)
+        log_ratio = ref_logprobs - new_logprobs
+        approx_kl = torch.exp(log_ratio) - log_ratio - 1
+        loss = -(new_logprobs * advantages) + kl_coef * approx_kl - entropy_coef * entropy
+        return (loss * masks).sum()
+    """
+
+
+def test_an_entropy_bonus_over_the_logits_leaves_the_k3_loss_it_is_added_to(tmp_path):
+    assert module_codes(ENTROPY_BONUS, tmp_path) == [(10, "KL002")]
+
+
+def test_terms_of_sets_aside_a_monomial_of_the_policys_logits():
+    # k3 = r - 1 + d plus a term of the policy's logits alone (an entropy bonus): still k3
+    k3 = alg.add(alg.add(Poly.atom(Atom(alg.RATIO, True)), Poly.atom(Atom(alg.DELTA, True))), Poly.const(-1.0))
+    bonus = Poly.atom(Atom(alg.LOGITS, True, alg.SEQUENCE))
+    terms = alg.terms_of(alg.add(k3, bonus), "loss")
+    assert [(t.place, t.estimator) for t in terms] == [("loss", Estimator.K3)]
