@@ -45,10 +45,12 @@ class StatementFlow(FlowState):
             self.if_statement(stmt)
         elif type(stmt) is cst.For or type(stmt) is cst.While:
             reverse = isinstance(stmt, cst.For) and isinstance(stmt.iter, cst.Call) and "reversed" in dotted(stmt.iter.func)
-            if isinstance(stmt, cst.For):
-                # loop variables: the elements of what is iterated, else roles from their names
-                self.assign_target(stmt.target, elements(self.expr(stmt.iter)), rhs=stmt.iter)
+            elements_iterated = elements(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
+                if isinstance(stmt, cst.For):
+                    # loop variables, bound again at each iteration: the elements of what is iterated, else
+                    # roles from their names (`for k in kl: k *= -beta` scales each element once)
+                    self.assign_target(stmt.target, elements_iterated, rhs=stmt.iter)
                 if reverse:
                     self.reverse_loop.add(id(stmt))
                 self.block(stmt.body)

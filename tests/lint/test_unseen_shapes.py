@@ -76,3 +76,28 @@ def test_terms_of_sets_aside_a_monomial_of_the_policys_logits():
     bonus = Poly.atom(Atom(alg.LOGITS, True, alg.SEQUENCE))
     terms = alg.terms_of(alg.add(k3, bonus), "loss")
     assert [(t.place, t.estimator) for t in terms] == [("loss", Estimator.K3)]
+
+
+SCALED_IN_A_LOOP = """\
+    from gae import get_advantages_and_returns_batch
+
+
+    def compute_advantages(args, kl, values):
+        token_rewards = []
+        kl_coef = {coef}
+        for k in kl:
+            k *= kl_coef
+            token_rewards.append(k)
+        return get_advantages_and_returns_batch(values_list=values, rewards_list=token_rewards)
+
+
+    def step(args, log_probs, ref_log_probs, values):
+        kl = [lp - rlp for lp, rlp in zip(log_probs, ref_log_probs)]
+        return compute_advantages(args, kl, values)
+    """
+
+
+@pytest.mark.parametrize("coef, codes", [("-args.kl_coef", []), ("args.kl_coef", [(15, "KL011")])])
+def test_a_loop_variable_scaled_in_place_is_scaled_once_per_element(tmp_path, coef, codes):
+    # each iteration binds k to the next element: the second pass over the body must not scale it twice
+    assert module_codes(SCALED_IN_A_LOOP.format(coef=coef), tmp_path) == codes
