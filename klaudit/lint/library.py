@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import replace as replaced
 
 import libcst as cst
 
@@ -177,11 +178,16 @@ class LibraryFlow(FlowState):
 
     def extreme(self, op: Operation) -> tuple | None:
         """The elementwise larger or smaller of two tensors: either one; torch.max(x, dim) is the largest
-        entry along an axis, no per-token term."""
+        entry along an axis, no per-token term; the larger of x and a tensor of zeros is relu(x), a hinge."""
         if len(op.positional) != 2:
             return None
         if op.name in ("max", "min") and int_literal(op.positional[1]) is not None:
             return ()
+        zero = [i for i, arg in enumerate(op.positional) if _zero_tensor(arg)]
+        if len(zero) == 1:
+            hinge = self.squashed(replaced(op, tensor=self.expr(op.positional[1 - zero[0]])))
+            if hinge is not None:
+                return hinge
         return tuple(dict.fromkeys(operands(op.tensor) + operands(self.expr(op.positional[1]))))
 
     def selected(self, op: Operation) -> tuple | None:
@@ -234,6 +240,14 @@ class LibraryFlow(FlowState):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _zero_tensor(node: cst.BaseExpression) -> bool:
+    """torch.zeros_like(x), x.new_zeros(...), torch.zeros(...), maybe moved (`.to(x.device)`)."""
+    while (type(node) is cst.Call and type(node.func) is cst.Attribute
+           and node.func.attr.value in ("to", "float", "type_as", "detach")):
+        node = node.func.value
+    return type(node) is cst.Call and dotted(node.func).split(".")[-1] in ("zeros_like", "zeros", "new_zeros")
 
 
 def _known_receiver(node: cst.Call) -> bool:

@@ -125,9 +125,10 @@ DATA_CONTAINERS = re.compile(
 
 
 # The log-probs of one side of a preference pair (`policy_chosen_logps`, `ref_rejected_logps`,
-# `chosen_logits`): taken on responses a dataset or a judge picked, not on samples of the policy, so no
-# KL estimate is made of them (what is computed from them, `chosen_rewards`, follows from its inputs).
-_PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected)(?![a-z0-9])", re.IGNORECASE)
+# `teacher_reject_logps`, `chosen_logits`): taken on responses a dataset or a judge picked, not on samples
+# of the policy, so no KL estimate is made of them (what is computed from them, `chosen_rewards`, follows
+# from its inputs).
+_PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)(?![a-z0-9])", re.IGNORECASE)
 _LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?", re.IGNORECASE)
 
 

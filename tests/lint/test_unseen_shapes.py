@@ -15,6 +15,7 @@ from snippets import module_codes
 from klaudit.catalog import Estimator
 from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.roles import tensor_role
 
 NEGATED_THROUGH_A_HELPER = """\
     import torch
@@ -101,3 +102,41 @@ SCALED_IN_A_LOOP = """\
 def test_a_loop_variable_scaled_in_place_is_scaled_once_per_element(tmp_path, coef, codes):
     # each iteration binds k to the next element: the second pass over the body must not scale it twice
     assert module_codes(SCALED_IN_A_LOOP.format(coef=coef), tmp_path) == codes
+
+
+HINGE = """\
+    import torch
+
+
+    def hinge_loss(logp, ref_logp, mask):
+        d = ref_logp - logp
+        loss = ({term} * mask).sum() / mask.sum()
+        return loss
+    """
+
+
+@pytest.mark.parametrize("term, codes", [
+    ("d", [(6, "KL001"), (6, "KL011")]),  # the log-ratio itself (subtracted from the loss: a bonus)
+    ("torch.relu(d)", []),
+    ("torch.max(torch.zeros_like(d).to(d.device), d)", []),  # LMOps dpkd's DPOP term: relu(d), no estimator
+])
+def test_the_larger_of_a_log_ratio_and_zeros_is_a_hinge_not_the_log_ratio(tmp_path, term, codes):
+    assert module_codes(HINGE.format(term=term), tmp_path) == codes
+
+
+PAIR_DISTILLATION = """\
+    import torch
+
+
+    def ipo_distillation(student_chosen_logps, student_reject_logps, teacher_chosen_logps, teacher_reject_logps,
+                         mask, beta):
+        relative_logits = (student_chosen_logps - student_reject_logps) - (teacher_chosen_logps - teacher_reject_logps)
+        loss = (relative_logits - 1 / (2 * beta)) ** 2
+        return (loss * mask).sum() / mask.sum()
+    """
+
+
+def test_a_preference_pair_spelled_reject_forms_no_kl_estimate(tmp_path):
+    # LMOps dpkd: the teacher's and the student's log-probs of a chosen and a rejected response (IPO)
+    assert tensor_role("teacher_reject_logps") is None
+    assert module_codes(PAIR_DISTILLATION, tmp_path) == []
