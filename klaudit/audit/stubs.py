@@ -6,7 +6,8 @@ the import and, each time a third-party module fails to import, serves that modu
 instead: a module whose every attribute is a `Stub`. While the user's module executes, stubs let
 module-level code through (decorators return what they decorate, base classes drop out, feature
 tests read False); once it is imported, any use of a stub raises `StubbedDependencyError`, which
-names the stubbed module. The user's own package, torch and klaudit are never stubbed.
+names the stubbed module. The user's own package, torch and klaudit are never stubbed (but a part of
+torch that needs a package missing here, torch.utils.tensorboard, is).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import types
 from collections.abc import Callable, Collection
 
 NEVER_STUBBED = ("torch", "klaudit")
+# Parts of torch that need a package of their own (tensorboard): stubbed when it is missing here, since no
+# KL term computes with them (a trainer imports SummaryWriter at the top of the module that holds its loss)
+OPTIONAL_TORCH_PARTS = ("torch.utils.tensorboard",)
 
 
 class StubbedDependencyError(ImportError):
@@ -169,8 +173,10 @@ def failing_dependency(error: BaseException, protected: Collection[str]) -> str 
     if (name is None or name.split(".")[0] in protected) and isinstance(cause, Exception):
         return failing_dependency(cause, protected)  # a lazy module re-raises the ImportError as its own
     top = name.split(".")[0] if name else None
-    if top is None or top in protected or top in NEVER_STUBBED or top in sys.stdlib_module_names:
+    if top is None or top in protected or top in sys.stdlib_module_names:
         return None
+    if top in NEVER_STUBBED:
+        return name if name in OPTIONAL_TORCH_PARTS else None
     return name
 
 

@@ -67,6 +67,23 @@ def test_the_users_package_torch_and_the_standard_library_are_never_stubbed():
     assert failing_dependency(ImportError("x", name="json"), {"verl"}) is None
 
 
+def test_torch_tensorboard_is_stubbed_where_tensorboard_is_missing(tmp_path, monkeypatch):
+    # Megatron-LM's megatron/rl/rl_utils.py imports SummaryWriter beside its GRPO loss
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the stub finder leaves with the test
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # not installed, whatever this machine has
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    (tmp_path / "trainer_with_writer.py").write_text(
+        "from torch.utils.tensorboard import SummaryWriter\n\n\n"
+        "def kl_loss(logprobs, ref_logprobs):\n    return logprobs - ref_logprobs\n")
+    report = audit_target(Target(path=str(tmp_path / "trainer_with_writer.py"), qualname="kl_loss"),
+                          placements=("loss",))
+    assert report.errors == [] and report.results[0].objective == "ZERO"
+    assert any("torch.utils.tensorboard" in note for note in report.notes)
+    assert failing_dependency(ImportError("x", name="torch.utils.tensorboard"), {"verl"}) == "torch.utils.tensorboard"
+    for name in [name for name in sys.modules if name.startswith(("torch.utils.tensorboard", "tensorboard"))]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 def test_a_submodule_that_fails_is_stubbed_alone(tmp_path, monkeypatch):
     package = tmp_path / "klaudit_fixture_half_installed"
     package.mkdir()
