@@ -2,7 +2,7 @@
 
 A parameter gets a `Role`: the policy log-probs (the one that carries gradient), reference or old
 log-probs, the mask, policy or reference logits, the log-ratio logp - ref, the sampled token ids,
-a coefficient (set to 1), a zeroed task reward or advantage, a string switch (audited once per
+a coefficient (set to 1), an entropy bonus's coefficient (set to 0), a zeroed task reward or advantage, a string switch (audited once per
 literal the code compares it with), its own default, or None. Names are read with the lint's
 naming table (`klaudit.lint.roles`), then annotations and defaults decide; `--bind PARAM=ROLE`
 overrides. Torch-free until `arguments_for` is called, so the parent process can bind (for
@@ -21,6 +21,7 @@ from klaudit.audit.roles import Role  # noqa: F401 - defined beside PLACEMENTS, 
 from klaudit.lint import algebra
 from klaudit.lint.roles import (
     is_coefficient_name,
+    is_entropy_coefficient_name,
     is_mask_name,
     is_task_score_name,
     is_token_ids_name,
@@ -108,6 +109,8 @@ class Binding:
                 value = torch.zeros_like(batch.mask[:, 0] if self.sequence_zeros else batch.mask)
             elif role is Role.COEF:
                 value = 1.0
+            elif role is Role.OFF:
+                value = 0.0
             elif role is Role.SWITCH:
                 value = mode[name]
             else:
@@ -136,6 +139,8 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, Role]:
 def role_from_name(name: str) -> Role | None:
     """The role a parameter name denotes, from the lint's naming table (a task reward, advantage or
     score is zeroed and the KL coefficient is 1, kl-math.md section 12.1)."""
+    if is_entropy_coefficient_name(name):
+        return Role.OFF
     if is_coefficient_name(name):
         return Role.COEF
     if is_mask_name(name):

@@ -26,6 +26,7 @@ class Role(str, Enum):
     TOKENS = "tokens"  # [B, T] int64 sampled token ids of the response; logprobs are gathered at them
     ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
     COEF = "coef"  # a coefficient, set to 1.0
+    OFF = "off"  # the coefficient of another regulariser (an entropy bonus), set to 0.0
     SWITCH = "switch"  # a string switch or a bool flag, audited once per value
     DEFAULT = "default"  # keep the parameter's default
     NONE = "none"  # pass None

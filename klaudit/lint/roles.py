@@ -286,6 +286,17 @@ def is_coefficient_name(name: str) -> bool:
     return _KL_COEFFICIENT.match(name.lstrip("_")) is not None
 
 
+# The coefficient of an entropy bonus (`entropy_weight`, `ent_coef`, `entropy_bonus`): another regulariser
+# of the same loss, which check-grad switches off so that only the KL term is measured.
+_ENTROPY_COEFFICIENT = re.compile(r"(?<![a-z])(entropy|ent)(?![a-z]).*(coef|coeff|weight|bonus|beta|scale|lambda)|"
+                                  r"^entropy_bonus$", re.IGNORECASE)
+
+
+def is_entropy_coefficient_name(name: str) -> bool:
+    """A name that holds the coefficient of an entropy bonus (check-grad sets it to 0)."""
+    return _ENTROPY_COEFFICIENT.search(name.lstrip("_")) is not None
+
+
 def is_task_score_name(name: str) -> bool:
     """A sequence-level task score (`scores`, `rm_scores`): a reward the KL audit zeroes."""
     return _TASK_SCORE.match(name.lstrip("_")) is not None

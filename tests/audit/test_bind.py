@@ -427,3 +427,32 @@ def test_lint_fixture_functions_say_how_they_were_called(file, qualname):
     notes = " | ".join(report.notes)
     for phrase in FIXTURE_NOTES[file, qualname]:
         assert phrase in notes, (phrase, notes)
+
+
+@pytest.mark.parametrize("name", ["entropy_weight", "entropy_coef", "ent_coef", "entropy_coeff", "entropy_bonus",
+                                  "entropy_bonus_coef"])
+def test_an_entropy_bonus_coefficient_is_switched_off(name):
+    assert role_from_name(name) is Role.OFF
+
+
+@pytest.mark.parametrize("name", ["entropy", "entropy_loss", "kl_coef", "parent_weight"])
+def test_other_names_are_no_entropy_coefficients(name):
+    assert role_from_name(name) is not Role.OFF
+
+
+def test_an_entropy_bonus_beside_the_kl_term_is_left_out_of_the_audit():
+    """Megatron-LM's calculate_grpo_loss adds an entropy bonus with a float weight of its own beside the k3
+    term: with that weight at 0 the audit measures the k3 loss alone, whose exact expected gradient is the
+    per-token forward KL's (PFWD, kl-math.md section 8 row 3); at 1 it measured a mixture."""
+    import klaudit.audit
+
+    def grpo_loss(current_logprobs, ref_logprobs, advantages, kl_beta: float, entropy_weight: float):
+        ref_diff = ref_logprobs - current_logprobs
+        kl_term = ref_diff.exp() - ref_diff - 1
+        entropy_term = -current_logprobs.exp() * current_logprobs
+        policy = torch.exp(current_logprobs - current_logprobs.detach()) * advantages
+        return -policy + kl_beta * kl_term - entropy_weight * entropy_term
+
+    report = klaudit.audit.check(grpo_loss, placement="loss")
+    assert not report.errors and [row.objective for row in report.results] == ["PFWD"]
+    assert bind(grpo_loss).arguments_for(_tiny_batch(), {})[1]["entropy_weight"] == 0.0
