@@ -294,9 +294,10 @@ def switch_literals(fn: Callable) -> dict[str, list]:
     default comes first, and is audited even where the lint labels no KL term with it."""
     from klaudit.lint.query import switch_values_at
 
-    code = getattr(inspect.unwrap(fn), "__code__", None)
+    own = inspect.unwrap(fn)  # the user's function under a decorator's wrapper (`@torch.compile`)
+    code = getattr(own, "__code__", None)
     try:
-        path = inspect.getsourcefile(fn)
+        path = inspect.getsourcefile(own)
     except TypeError:
         path = None
     if code is None or path is None:

@@ -180,3 +180,20 @@ def test_a_verl_shaped_package_is_audited_through_the_helper_its_loss_calls_with
     loss = {row["mode"]["kl_penalty"]: row["rule"] for row in report["results"] if row["placement"] == "loss"}
     assert loss == {"k1": "KL001", "k2": "KL003", "k3": "KL002", "k1+": "KL003", "k2+": "KL003", "k3+": "KL003"}
     assert any("stubbed: klaudit_fixture_absent_runtime" in note for note in report["notes"])
+
+
+def test_a_torch_compiled_kl_function_is_audited_as_written_with_its_switch_values(tmp_path):
+    # miles' compute_approx_kl: @torch.compile over a string switch. The switch values are read from the
+    # user's function, not the compile wrapper, and the function runs as written (no compile worker thread)
+    (tmp_path / "compiled_kl.py").write_text(
+        "import torch\n\n\n@torch.compile(dynamic=True)\n"
+        "def approx_kl(log_probs, log_probs_base, kl_loss_type: str):\n"
+        "    log_ratio = log_probs - log_probs_base\n"
+        "    if kl_loss_type == 'k1':\n        return log_ratio\n"
+        "    if kl_loss_type == 'k3':\n        return (-log_ratio).exp() - 1 + log_ratio\n"
+        "    raise ValueError(kl_loss_type)\n")
+    result = _run(f"{tmp_path}/compiled_kl.py::approx_kl", "--format", "json", "--placement", "loss")
+    report = json.loads(result.stdout)
+    assert report["errors"] == [], report
+    assert [(r["mode"], r["objective"], r["rule"]) for r in report["results"]] == [
+        ({"kl_loss_type": "k1"}, "ZERO", "KL001"), ({"kl_loss_type": "k3"}, "PFWD", "KL002")]
