@@ -47,6 +47,7 @@ class Binding:
     """Roles of a callable's parameters and the switch values found in its source.
 
     `sequence_zeros`: ZEROS parameters receive per-sequence zeros [B] instead of [B, T].
+    `bool_masks`: MASK parameters receive the mask as booleans (for `torch.where(mask, ...)`), not floats.
     `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
     and the audit is on-policy.
     """
@@ -55,6 +56,7 @@ class Binding:
     switches: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     positional_only: frozenset = frozenset()
     sequence_zeros: bool = False
+    bool_masks: bool = False
     current_old: bool = False
 
     @property
@@ -70,6 +72,11 @@ class Binding:
     def zeroed(self) -> list[str]:
         """The parameters that receive zeros (task rewards, advantages, scores)."""
         return [name for name, role in self.roles.items() if role is Role.ZEROS]
+
+    @property
+    def masks(self) -> list[str]:
+        """The parameters that receive the response mask."""
+        return [name for name, role in self.roles.items() if role is Role.MASK]
 
     def modes(self) -> list[dict[str, str]]:
         """Every combination of switch values ([{}] when there is no switch)."""
@@ -103,6 +110,8 @@ class Binding:
                 value: Any = batch.logprobs - batch.ref_logprobs
             elif role is Role.OLD_LOGPROBS and self.current_old:
                 value = batch.logprobs.detach()
+            elif role is Role.MASK and self.bool_masks:
+                value = batch.mask.bool()
             elif role in tensors:
                 value = tensors[role]
             elif role is Role.ZEROS:

@@ -92,8 +92,12 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
         raise SliceError(f"line {origin_line} does not assign one variable")
     (variable,) = _assigned(origin)
     branches = _branches(function.body)
-    kept = [origin] + [s for s in statements if origin_line < s.lineno < sink_line and variable in _assigned(s)
-                       and not _exclusive(branches, origin, s)]
+    # the KL variable's later assignments, up to where the term flows into another value on its way to the
+    # sink (after that, `kl_loss = kl_loss.detach()` for the logs changes nothing the sink received)
+    flows_on = next((s.lineno for s in statements if s.lineno > origin_line and s.lineno >= (entry_line or sink_line)
+                     and variable in _reads(s, function) and variable not in _assigned(s)), sink_line)
+    kept = [origin] + [s for s in statements if origin_line < s.lineno < min(sink_line, flows_on)
+                       and variable in _assigned(s) and not _exclusive(branches, origin, s)]
     resolved: set[str] = {variable}
     defined_before = returned_at = origin_line
     sink = next((s for s in statements if s.lineno == (entry_line or sink_line)), None)

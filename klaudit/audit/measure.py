@@ -205,24 +205,43 @@ def result_kind(term: Term, batch: Batch) -> str:
 def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, str | None]:
     """The result kind of the term's first call, and the term that gave it, with a note when it changed.
 
-    Zeros [B, T] stand for a task reward or advantage; code that wants a per-sequence one (a score
-    added at the last token, `advantages.unsqueeze(-1)`) fails on them with a RuntimeError or
-    IndexError. Then the call is tried once more with per-sequence zeros [B]; if that works, the
-    returned term keeps them. Otherwise the first failure is the one reported.
+    Zeros [B, T] stand for a task reward or advantage, and the mask is 1.0 on response tokens; code that
+    wants a per-sequence reward (a score added at the last token, `advantages.unsqueeze(-1)`) or a boolean
+    mask (`torch.where(mask, ...)`) fails on them with a RuntimeError or IndexError. Then the call is tried
+    again with per-sequence zeros [B], with a boolean mask, and with both; the first that works is kept.
+    Otherwise the first failure is the one reported.
     """
     try:
         return term, result_kind(term, batch), None
     except TermError as error:
-        zeroed = term.binding.zeroed
-        if not zeroed or term.binding.sequence_zeros or not isinstance(error.__cause__, (RuntimeError, IndexError)):
+        if not isinstance(error.__cause__, (RuntimeError, IndexError)):
             raise
-        retried = term.rebound(dataclasses.replace(term.binding, sequence_zeros=True))
-        try:
-            kind = result_kind(retried, batch)
-        except (TermError, ModeNotImplemented):
-            raise error from error.__cause__
-        return retried, kind, (f"{', '.join(zeroed)} of {term.name}: per-sequence zeros [B] (zeros [B, T] raised "
-                               f"{type(error.__cause__).__name__})")
+        raised = type(error.__cause__).__name__
+        for binding, why in _rebindings(term.binding):
+            retried = term.rebound(binding)
+            try:
+                kind = result_kind(retried, batch)
+            except (TermError, ModeNotImplemented):
+                continue
+            return retried, kind, "; ".join(f"{what} of {term.name}: {how} ({before} raised {raised})"
+                                            for what, how, before in why)
+        raise error from error.__cause__
+
+
+def _rebindings(binding: Binding) -> list[tuple[Binding, list[tuple[str, str, str]]]]:
+    """The other bindings `first_result_kind` tries, each with what it changed: (parameters, now, before)."""
+    zeros = [(", ".join(binding.zeroed), "per-sequence zeros [B]", "zeros [B, T]")] if (
+        binding.zeroed and not binding.sequence_zeros) else []
+    masks = [(", ".join(binding.masks), "a boolean mask", "a float mask")] if (
+        binding.masks and not binding.bool_masks) else []
+    tries = []
+    if zeros:
+        tries.append((dataclasses.replace(binding, sequence_zeros=True), zeros))
+    if masks:
+        tries.append((dataclasses.replace(binding, bool_masks=True), masks))
+    if zeros and masks:
+        tries.append((dataclasses.replace(binding, sequence_zeros=True, bool_masks=True), zeros + masks))
+    return tries
 
 
 def _reward_to_go(values: torch.Tensor) -> torch.Tensor:

@@ -117,3 +117,35 @@ def test_check_grad_audits_the_cut_out_distillation_terms():
     # the advantage's k1 values, as a reward with reward-to-go: REV (row 6); the same-token use is the caller's
     advantage = rows["Distiller._advantage_loss"]
     assert advantage.placement == "reward" and advantage.objective == "REV" and advantage.unbiased
+
+
+LOGGED_AFTER_ENTRY = """\
+import torch
+
+
+def grpo_loss(model, batch, kl_adapter):
+    logprobs = model(batch)
+    ref_logp = batch["ref_logp"]
+    ppo_loss_mask = batch["ppo_loss_mask"]
+    loss = (-batch["advantages"] * logprobs).sum()
+    ref_kl = ref_logp - logprobs
+    kl_loss = torch.where(ppo_loss_mask, ref_kl.exp() - ref_kl - 1, 0.0).sum()
+    loss += kl_adapter.value * kl_loss / ppo_loss_mask.count_nonzero()
+    kl_loss = kl_loss.detach()
+    return loss, kl_loss
+"""
+
+
+def test_the_slice_ends_where_the_term_enters_the_loss_and_a_boolean_mask_is_fed(tmp_path):
+    # ReaLHF's GRPO example: kl_loss is detached for the logs after it entered the loss; the slice must not
+    # return the detached copy (no gradient), and torch.where(mask, ...) wants the mask as booleans
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    (tmp_path / "step.py").write_text(LOGGED_AFTER_ENTRY)
+    (piece,), failures = inline_slices(str(tmp_path / "step.py"))
+    assert failures == [] and "detach" not in piece.source and (piece.first, piece.last) == (9, 10)
+    report = run([str(tmp_path / "step.py")])
+    assert report.errors == [] and [row.objective for row in report.results] == ["PFWD"]  # k3 as a loss, row 3
+    assert any("ppo_loss_mask" in note and "a boolean mask (a float mask raised RuntimeError)" in note
+               for note in report.notes)
