@@ -166,10 +166,19 @@ def test_an_unbounded_allocation_meets_the_memory_limit(tmp_path, allocation):
     _one_error(result, "kl_loss ran out of memory", "1024 MiB", "--memory-limit")
 
 
-def test_a_float_mask_used_as_a_boolean_index_is_explained(tmp_path):
+def test_a_mask_used_as_a_boolean_index_is_fed_as_booleans(tmp_path):
     source = tmp_path / "masked.py"
     source.write_text("def masked_kl(logprobs, ref_logprobs, response_mask):\n"
                       "    return (logprobs - ref_logprobs)[response_mask].sum()\n")
+    result = CliRunner().invoke(main, ["check-grad", f"{source}::masked_kl", "--timeout", "30"])
+    assert result.exit_code == 1 and "Traceback" not in result.output  # k1 as a loss: KL001, biased
+    assert "response_mask of" in result.output and "a boolean mask (a float mask raised IndexError)" in result.output
+
+
+def test_a_float_mask_used_as_a_boolean_index_is_explained_where_booleans_fail_too(tmp_path):
+    source = tmp_path / "masked.py"
+    source.write_text("import torch\n\n\ndef masked_kl(logprobs, ref_logprobs, response_mask):\n"
+                      "    return torch.lerp(logprobs, ref_logprobs, response_mask)[response_mask].sum()\n")
     result = CliRunner().invoke(main, ["check-grad", f"{source}::masked_kl", "--timeout", "30"])
     line = _one_error(result, "indexes with a float tensor as if it were boolean", "mask response_mask",
                       "response_mask.bool()")
