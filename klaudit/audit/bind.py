@@ -2,8 +2,8 @@
 
 A parameter gets a `Role`: the policy log-probs (the one that carries gradient), reference or old
 log-probs, the mask, policy or reference logits, the log-ratio logp - ref, the sampled token ids,
-a coefficient (set to 1), an entropy bonus's coefficient (set to 0), a zeroed task reward or advantage, a string switch (audited once per
-literal the code compares it with), its own default, or None. Names are read with the lint's
+a coefficient (set to 1), an entropy bonus's coefficient (set to 0), a zeroed task reward or advantage,
+a string switch (audited once per literal the code compares it with), its own default, or None. Names are read with the lint's
 naming table (`klaudit.lint.roles`), then annotations and defaults decide; `--bind PARAM=ROLE`
 overrides. Torch-free until `arguments_for` is called, so the parent process can bind (for
 discovery) without importing torch or the user's code. A method is called on a `bare_instance`.

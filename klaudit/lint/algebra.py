@@ -53,7 +53,8 @@ SEQUENCE_MEAN: Final = "seqmean"  # averaged over the response (the sum over its
 
 _MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
 _POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
-_POLICY_ONLY: frozenset[AtomKind] = _POLICY_SIDE | {LOGITS, VOCAB_POLICY, VOCAB_PROB}  # ... and its full-vocabulary tensors
+# the policy, the multipliers and the policy's full-vocabulary tensors (an entropy bonus is made of them)
+_POLICY_ONLY: frozenset[AtomKind] = _POLICY_SIDE | {LOGITS, VOCAB_POLICY, VOCAB_PROB}
 
 
 class Atom(NamedTuple):

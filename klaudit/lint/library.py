@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from dataclasses import replace as replaced
 
 import libcst as cst
 
@@ -185,7 +184,7 @@ class LibraryFlow(FlowState):
             return ()
         zero = [i for i, arg in enumerate(op.positional) if _zero_tensor(arg)]
         if len(zero) == 1:
-            hinge = self.squashed(replaced(op, tensor=self.expr(op.positional[1 - zero[0]])))
+            hinge = self.squashed(replace(op, tensor=self.expr(op.positional[1 - zero[0]])))
             if hinge is not None:
                 return hinge
         return tuple(dict.fromkeys(operands(op.tensor) + operands(self.expr(op.positional[1]))))

@@ -137,7 +137,8 @@ def audit_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, name: st
     sequences = policy.shape[0]
     rows = max(1, min(rows, sequences))
     batch_factory, current_old, off_policy = _batch(roles, values, rows, device)
-    fed = {param: role for param, role in roles.items() if role in _FED or role in (Role.ZEROS, Role.COEF, Role.OFF, Role.NONE)}
+    fed = {param: role for param, role in roles.items()
+           if role in _FED or role in (Role.ZEROS, Role.COEF, Role.OFF, Role.NONE)}
     if current_old:
         fed = {param: role for param, role in fed.items() if role is not Role.OLD_LOGPROBS}
     switches: dict[str, Any] = {param: value for param, value in values.items()
