@@ -80,9 +80,9 @@ class ArithmeticFlow(FlowState):
                 elif _constant(a if a_poly is not None else b) and UNKNOWN.role in (a.role, b.role):
                     continue  # a number plus a value the analysis cannot explain: no known value
                 elif a_poly is not None:
-                    out.append(a)  # a KL term plus another loss term or a score: the KL term goes on
+                    out.append(replace(a, beside=True))  # a KL term plus another loss term or a score: the KL term goes on
                 elif b_poly is not None:
-                    out.append(replace(b, poly=alg.scale(b_poly, sign)))
+                    out.append(replace(b, poly=alg.scale(b_poly, sign), beside=True))
         return bounded(tuple(dict.fromkeys(out)))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:

@@ -112,8 +112,9 @@ class CallFlow(FlowState):
                 continue
             if arg is not None:
                 facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
-                if any(f.role == "str" for f in facts) or not facts:
-                    label = last_name(arg)
+                label = last_name(arg)
+                # the log-probs of a preference pair's side hold no KL atom: nothing to explain
+                if (any(f.role == "str" for f in facts) or not facts) and not roles.names_pair_logprobs(label):
                     facts = tuple(replace(f, name=f.name or label) if f.role == "str" else f for f in facts)
                     if not facts:
                         # an argument the analysis cannot explain: the parameter's name can (a tensor

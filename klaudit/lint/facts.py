@@ -54,6 +54,7 @@ class Fact:
     pending: tuple[cst.CSTNode, ...] = ()  # reward-named assignments this value passed, not yet known to reach a reward
     callee: Callee | None = None  # role "function": the function it holds
     stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
+    beside: bool = False  # added to a value the analysis does not follow (a score, another loss term)
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -325,6 +326,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         calls=max(a.calls, b.calls),
         passed=a.passed or b.passed,
         pending=tuple(dict.fromkeys(a.pending + b.pending)),
+        beside=a.beside or b.beside,
     )
 
 def contained(value: Value) -> Iterator[Fact]:

@@ -132,8 +132,9 @@ PAIR_STATISTICS = """\
 
 
 def test_a_pairs_implicit_reward_is_silent_and_the_same_log_ratio_of_samples_is_not(tmp_path):
-    pair = "rewards = beta * (chosen_logps - ref_logps[:half]).detach()"
-    sampled = "rewards = beta * (logps - ref_logps).detach()"
+    # added to a score: a reward whose sign is known (a log-ratio returned alone is its caller's to sign)
+    pair = "rewards = batch['scores'] + beta * (chosen_logps - ref_logps[:half]).detach()"
+    sampled = "rewards = batch['scores'] + beta * (logps - ref_logps).detach()"
     assert codes(tmp_path, PAIR_STATISTICS.format(rewards=pair)) == []
     assert codes(tmp_path, PAIR_STATISTICS.format(rewards=sampled)) == [(14, "KL011")]
 

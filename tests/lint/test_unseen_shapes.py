@@ -140,3 +140,55 @@ def test_a_preference_pair_spelled_reject_forms_no_kl_estimate(tmp_path):
     # LMOps dpkd: the teacher's and the student's log-probs of a chosen and a rejected response (IPO)
     assert tensor_role("teacher_reject_logps") is None
     assert module_codes(PAIR_DISTILLATION, tmp_path) == []
+
+
+RETURNED_LOG_RATIO = """\
+    def kl_rewards(logprobs, ref_logprobs):
+        rewards = logprobs - ref_logprobs
+        return rewards
+    {caller}
+    """
+
+CALLER = """
+    def make_rewards(scores, logprobs, ref_logprobs, beta):
+        rewards = {combined}
+        return rewards
+    """
+
+
+@pytest.mark.parametrize("combined, codes", [
+    (None, []),  # returned alone: a value whose sign the caller gives, not yet a reward
+    ("scores - beta * kl_rewards(logprobs, ref_logprobs)", []),  # a penalty (k1 reward-to-go, row 6)
+    ("scores + beta * kl_rewards(logprobs, ref_logprobs)", [(2, "KL011")]),  # added to the score: a bonus (at its entry)
+    ("kl_rewards(logprobs, ref_logprobs)", []),  # handed on alone: still the next caller's to give a sign
+])
+def test_a_kl_estimate_returned_alone_gets_its_sign_from_the_reward_it_is_added_to(tmp_path, combined, codes):
+    caller = CALLER.format(combined=combined) if combined else ""
+    assert module_codes(RETURNED_LOG_RATIO.format(caller=caller), tmp_path) == codes
+
+
+SEQUENCE_REWARDS = """\
+    import torch.nn.functional as F
+
+
+    class Trainer:
+        def get_sequence_rewards(self, policy_logps, reference_logps):
+            token_rewards = policy_logps - reference_logps
+            return token_rewards.sum(-1)
+
+        def loss(self, policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps):
+            chosen_rewards = self.get_sequence_rewards(policy_chosen_logps, reference_chosen_logps)
+            rejected_rewards = self.get_sequence_rewards(policy_rejected_logps, reference_rejected_logps)
+            losses = {loss}
+            return losses, chosen_rewards.detach(), rejected_rewards.detach()
+    """
+
+
+@pytest.mark.parametrize("loss", [
+    "-F.logsigmoid(chosen_rewards - rejected_rewards)",  # DPO
+    "(chosen_rewards - rejected_rewards - 0.5).pow(2)",  # IPO
+])
+def test_a_preference_pairs_log_probs_passed_to_a_helper_form_no_kl_estimate_there(tmp_path, loss):
+    # HALOs: the implicit reward log pi - log ref of the chosen and the rejected response, computed by a
+    # helper whose parameters are named like a policy's and a reference's log-probs
+    assert module_codes(SEQUENCE_REWARDS.format(loss=loss), tmp_path) == []
