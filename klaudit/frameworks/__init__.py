@@ -26,7 +26,7 @@ from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
 from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions
-from klaudit.frameworks.yaml_defaults import composed_settings
+from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 
 SHELL_SUFFIXES = (".sh", ".bash")
@@ -151,7 +151,8 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
         found += _trl_recipe(path, values, context, text)
         return found + _launch_flags(path, text, context)
-    return _verl(path, shell_overrides(text), context, text) + _launch_flags(path, text, context)
+    return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text) + \
+        _launch_flags(path, text, context)
 
 
 def lint_shell(path: str, text: str, context: Context | None = None) -> list[Finding]:

@@ -65,7 +65,7 @@ def yaml_loader() -> type:
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys)
-_OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)]+)")
+_OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)\"']+)")
 
 
 # `name=value` shell variable assignments, whose `$name` / `${name}` an override may use

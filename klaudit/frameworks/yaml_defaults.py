@@ -8,6 +8,7 @@ the entry of the defaults list that brings it in, the line of this file a user e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from klaudit.frameworks.settings import Setting, yaml_loader, yaml_settings
@@ -57,3 +58,54 @@ def composed_settings(path: str, text: str, depth: int = 0) -> dict[str, Setting
         composed.update({key: Setting(setting.value, entry.line, entry.column, entry.end_column)
                          for key, setting in inner.items()})
     return composed
+
+
+# `--config-name NAME` (and `--config-path DIR`) on a Hydra command line: the config the run composes
+_CONFIG_NAME = re.compile(r"--config-name(?:=|[ \t]+)[\"']?(?P<name>[\w./-]+)")
+_CONFIG_PATH = re.compile(r"--config-(?:path|dir)(?:=|[ \t]+)[\"']?(?P<dir>[\w./-]+)")
+_CONFIG_DIRS = ("config", "configs", "conf", ".")  # where a launched script's Hydra configs usually live
+_UP = 3  # directories above the script searched for them (scripts/ is often one level below the repository)
+
+
+def launched_settings(path: str, text: str) -> dict[str, Setting]:
+    """The settings of the user's Hydra configs that the commands of the launch script `path` name with
+    `--config-name` (found beside the script or above it, in `--config-path` or a usual config folder),
+    each placed at the `--config-name` option that brings it in (a span without the value: no flag
+    fix edits it). Where the commands compose configs that disagree on a key, its value is unknown."""
+    launches: list[dict[str, Setting]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        named = _CONFIG_NAME.search(line)
+        if named is None or line.lstrip().startswith("#"):
+            continue
+        given = _CONFIG_PATH.search(line)
+        found = _config_file(Path(path).parent, named.group("name"), given.group("dir") if given else None)
+        if found is None:
+            continue
+        try:
+            composed = composed_settings(str(found), found.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        at = Setting(None, number, named.start() + 1, named.start() + len("--config-name") + 1)
+        launches.append({key: Setting(setting.value, at.line, at.column, at.end_column) for key, setting in composed.items()})
+    merged: dict[str, Setting] = {}
+    for launch in launches:
+        for key, setting in launch.items():
+            if key not in merged:
+                merged[key] = setting
+            elif merged[key].value != setting.value:
+                merged[key] = Setting(None, merged[key].line, merged[key].column, merged[key].end_column)
+    for key, setting in merged.items():  # a key some command's config leaves to the framework's default
+        if any(key not in launch for launch in launches):
+            merged[key] = Setting(None, setting.line, setting.column, setting.end_column)
+    return merged
+
+
+def _config_file(start: Path, name: str, config_path: str | None) -> Path | None:
+    file_name = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    folders = ((config_path,) if config_path and not Path(config_path).is_absolute() else ()) + _CONFIG_DIRS
+    for base in (start, *list(start.parents)[:_UP]):
+        for folder in folders:
+            candidate = base / folder / file_name
+            if candidate.is_file():
+                return candidate
+    return None

@@ -165,3 +165,32 @@ def test_a_defaults_list_brings_in_a_sibling_config_at_its_entry(tmp_path):
     assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3)]  # base wins
     (tmp_path / "base.yaml").write_text("defaults:\n  - run\n")  # a cycle is followed a bounded number of times
     lint_config(str(run), run.read_text())  # terminates
+
+
+def test_an_override_inside_a_quoted_shell_variable_ends_at_the_quote():
+    # RAGEN's train_all.sh keeps its overrides in variables: USE_GRPO="... actor.use_kl_loss=True"
+    script = 'USE_GRPO="algorithm.adv_estimator=grpo actor_rollout_ref.actor.use_kl_loss=True"\n'
+    assert shell_overrides(script)["actor_rollout_ref.actor.use_kl_loss"].value == "True"
+
+
+def test_a_launch_scripts_config_name_brings_in_the_users_hydra_config(tmp_path):
+    """`python train.py --config-name sokoban ... use_kl_loss=True` composes config/sokoban.yaml (defaults:
+    [base]); its kl_loss_type, not verl's default (low_var_kl, row 3: KL002), decides the verdict: k1 as
+    a loss is row 1 (KL001), reported at the --config-name option, which no flag fix edits."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "base.yaml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: false\n    kl_loss_type: kl\n")
+    (config / "sokoban.yaml").write_text("defaults:\n  - base\n")
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "run.sh"
+    script.write_text("python train.py --config-name=sokoban actor_rollout_ref.actor.use_kl_loss=True\n")
+    found = lint_config(str(script), script.read_text())
+    assert [(f.code, f.line, f.column) for f in found] == [("KL001", 1, 17)]
+    assert found[0].autofix is None
+    # two commands whose configs disagree on the estimator: its value is unknown, no verdict
+    (config / "other.yaml").write_text("actor_rollout_ref:\n  actor:\n    kl_loss_type: mse\n")
+    script.write_text(script.read_text() + "python train.py --config-name other actor_rollout_ref.actor.use_kl_loss=True\n")
+    assert lint_config(str(script), script.read_text()) == []
+    # a config the script names that is not the user's (verl's own ppo_trainer): verl's defaults apply
+    script.write_text("python -m verl.trainer.main_ppo --config-name ppo_trainer actor_rollout_ref.actor.use_kl_loss=True\n")
+    assert [f.code for f in lint_config(str(script), script.read_text())] == ["KL002"]
