@@ -28,7 +28,7 @@ from klaudit.lint.facts import Fact, Labels, Sink, is_excluded, is_pattern
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, module_functions
-from klaudit.lint.project import Project
+from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast
 from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
@@ -376,6 +376,8 @@ def _message(config: Config, row: Row, labels: Labels, origin: Origin | None, li
         if origin_path is None:
             if origin_line != line:
                 message += f" (estimator computed at line {origin_line})"
+        elif is_installed_model(origin_path):  # klaudit's model of it: its lines are not the framework's
+            message += f" (estimator computed by the installed {Path(origin_path).stem})"
         else:
             message += f" (estimator computed at {_shown(origin_path)}:{origin_line})"
     return message

@@ -26,7 +26,7 @@ from klaudit.lint.facts import (
     replace,
 )
 from klaudit.lint.flow import FunctionRun
-from klaudit.lint.project import Project
+from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params, python_ast
 
@@ -315,7 +315,10 @@ class Analyzer:
         returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
         if decorated_no_grad(func):
             returns = as_rollout_data(returns)
-        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed), s.node, 0, s.via, s.depth) for s in outcome.sinks]
+        # the caller's terms that reach a sink here; in klaudit's model of an installed framework, also the
+        # terms it forms from the data it reads (verl's apply_kl_penalty): the caller's lint is their only report
+        own = is_installed_model(module.path)
+        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed or own), s.node, 0, s.via, s.depth) for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])
         # a cut-off of a recursive call into a caller (not into `func` itself) makes the summary
         # depend on the call chain: it is not cached, and the caller depends on it too

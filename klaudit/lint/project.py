@@ -76,7 +76,7 @@ class Project:
             found = _find(base, parts)
             if found is not None:
                 return found
-        return None
+        return installed_model(dotted)
 
     def package_parents(self) -> dict[str, list[Path]]:
         """Top-level package name -> the directories that hold it, anywhere under the roots
@@ -221,6 +221,21 @@ def _loss_helper(name: str) -> bool:
 # klaudit's own estimators are the correct configurations, proven by exact enumeration: a call of
 # them is a correct KL term, not code to re-derive (their prefix-weighted surrogates are beyond the lint)
 OPAQUE_PACKAGE = "klaudit"
+
+# klaudit's models of frameworks' KL code, for trees that import an installed framework without holding it
+INSTALLED = Path(__file__).with_name("installed")
+
+
+def installed_model(dotted: str) -> Path | None:
+    """klaudit's model of the framework module `dotted` (`verl.trainer.ppo.core_algos`), if it has one."""
+    model = INSTALLED / f"{dotted}.py"
+    return model if model.is_file() else None
+
+
+def is_installed_model(path: str | Path) -> bool:
+    """Whether `path` is one of klaudit's models of an installed framework's module."""
+    return Path(path).parent == INSTALLED
+
 
 _SKIPPED = {"__pycache__", "node_modules", "build", "dist", "venv", ".venv", "site-packages"}
 
