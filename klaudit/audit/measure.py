@@ -160,6 +160,8 @@ class Term:
             raise TermError(f"{self.where()} called sys.exit({error.code!r}) instead of returning its term") from error
         except Exception as error:  # the user's code: every failure becomes one clear line
             raise TermError(self._failure(error)) from error
+        if isinstance(result, Mapping) and ENTRY in self.mode:
+            result = result.get(self.mode[ENTRY])  # one estimate of a dict of them (see expand_entries)
         if not isinstance(result, torch.Tensor) and hasattr(result, "loss"):
             result = result.loss  # a KLTerm-like result: the differentiable part
         if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
@@ -200,6 +202,31 @@ class Term:
 def result_kind(term: Term, batch: Batch) -> str:
     """'token', 'sequence' or 'scalar' by the shape of the result on `batch`."""
     return {2: "token", 1: "sequence", 0: "scalar"}[term(batch).dim()]
+
+
+# The mode key naming the entry of a returned dict that a term audits; no switch parameter is called so
+ENTRY = "entry"
+
+
+def expand_entries(term: Term, batch: Batch) -> list[Term]:
+    """One term per estimate in the dict the callable returns (`{"k1": ..., "k3": ...}`, a table of
+    estimators a caller picks from by key), else the term itself. An estimate is a floating-point tensor
+    with a gradient or one value per row of the batch; a statistic beside them (a length) is left out.
+    A call that fails here is reported, or retried with another binding, where the term is first called."""
+    if ENTRY in term.binding.roles:
+        return [term]
+    args, kwargs = term.binding.arguments_for(batch, term.mode)
+    try:
+        result = term.fn(*args, **kwargs)
+    except Exception:  # the user's code: its failure is reported by the checked call
+        return [term]
+    if not isinstance(result, Mapping):
+        return [term]
+    rows = batch.mask.shape[0]
+    keys = [key for key, value in result.items()
+            if isinstance(key, str) and isinstance(value, torch.Tensor) and value.is_floating_point()
+            and (value.requires_grad or (value.dim() > 0 and value.shape[0] == rows))]
+    return [Term(term.fn, term.binding, {**term.mode, ENTRY: key}, term.name, term.negated) for key in keys] or [term]
 
 
 def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, str | None]:
@@ -403,23 +430,24 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also, devic
                      f"negation is audited as the KL cost, in the reward")
     plans = []  # every mode is checked on the cheap batch before the expensive policies are built
     for mode in binding.modes():
-        term = Term(fn, binding, mode, name, negated=reward_function)
-        try:
-            if plans:
-                kind = result_kind(term, batch_factory())
-            else:  # the first call settles the binding of zeroed and old inputs for every mode
-                term, kind, note = first_result_kind(term, batch_factory())
-                notes += [note] if note else []
-                if binding.off_policy and batch is None and not _depends_on_old(term, batch_factory()):
-                    term = term.rebound(dataclasses.replace(term.binding, current_old=True))
-                    batch_factory = fingerprint_batch(problems[0] if problems else standard_problems(
-                        count=1, transformer=False, device=device)[0], FINGERPRINT_BATCH, seed=0)
-                    notes.append(_on_policy_note(term, name))
-                binding = term.binding
-        except ModeNotImplemented as skipped:
-            notes.append(f"skipped: {skipped}")
-            continue
-        plans.append(plan_mode(term, kind, placements, reward_function, batch_factory, notes))
+        for entry in expand_entries(Term(fn, binding, mode, name, negated=reward_function), batch_factory()):
+            term = entry.rebound(binding)  # with the binding the first call settled
+            try:
+                if plans:
+                    kind = result_kind(term, batch_factory())
+                else:  # the first call settles the binding of zeroed and old inputs for every mode
+                    term, kind, note = first_result_kind(term, batch_factory())
+                    notes += [note] if note else []
+                    if binding.off_policy and batch is None and not _depends_on_old(term, batch_factory()):
+                        term = term.rebound(dataclasses.replace(term.binding, current_old=True))
+                        batch_factory = fingerprint_batch(problems[0] if problems else standard_problems(
+                            count=1, transformer=False, device=device)[0], FINGERPRINT_BATCH, seed=0)
+                        notes.append(_on_policy_note(term, name))
+                    binding = term.binding
+            except ModeNotImplemented as skipped:
+                notes.append(f"skipped: {skipped}")
+                continue
+            plans.append(plan_mode(term, kind, placements, reward_function, batch_factory, notes))
     problems = problems or list(standard_problems(off_policy=binding.off_policy, device=device))
     fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
 

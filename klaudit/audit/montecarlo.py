@@ -64,6 +64,7 @@ from klaudit.audit.measure import (
     ModeNotImplemented,
     Plan,
     Term,
+    expand_entries,
     first_result_kind,
     identify_clamped,
     plan_mode,
@@ -446,18 +447,19 @@ def audit(fn: Callable, binding: Binding, *, name: str, sampler: Sampler, sample
     first = leaf_batches(fingerprint_rows.tokens, fingerprint_rows.mask, *sampler.logits(fingerprint_rows.features))
     plans: list[Plan] = []
     for mode in binding.modes():
-        term = Term(fn, binding, mode, name, negated=reward_function)
-        try:
-            if plans:
-                kind = result_kind(term, first())
-            else:
-                term, kind, note = first_result_kind(term, first())
-                notes += [note] if note else []
-                binding = term.binding
-        except ModeNotImplemented as skipped:
-            notes.append(f"skipped: {skipped}")
-            continue
-        plans.append(plan_mode(term, kind, placements, reward_function, first, notes))
+        for entry in expand_entries(Term(fn, binding, mode, name, negated=reward_function), first()):
+            term = entry.rebound(binding)  # with the binding the first call settled
+            try:
+                if plans:
+                    kind = result_kind(term, first())
+                else:
+                    term, kind, note = first_result_kind(term, first())
+                    notes += [note] if note else []
+                    binding = term.binding
+            except ModeNotImplemented as skipped:
+                notes.append(f"skipped: {skipped}")
+                continue
+            plans.append(plan_mode(term, kind, placements, reward_function, first, notes))
     rows = [_Row(plan, placement, surrogate(plan.term, plan.kind, placement, plan.scalar_weight),
                  value_per_sequence(plan.term, plan.kind, plan.scalar_weight))
             for plan in plans for placement in plan.placements]

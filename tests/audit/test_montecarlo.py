@@ -287,3 +287,21 @@ def test_the_sampler_keeps_every_tensor_on_the_models_device(tiny_model):
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model).to("cuda")
     draw = montecarlo.CausalLMSampler(model, horizon=4).draw(3)
     assert {tensor.device.type for tensor in (draw.tokens, draw.mask, draw.features, draw.weights)} == {"cuda"}
+
+
+def estimate_table(logprobs, ref_logprobs, mask):
+    """Two per-token estimates in a dict, a caller picking one by key (compose-rl's approx_kl)."""
+    log_ratio = logprobs - ref_logprobs
+    return {"k1": log_ratio * mask, "k3": ((-log_ratio).exp() - 1 + log_ratio) * mask}
+
+
+def test_each_estimate_of_a_returned_dict_is_sampled_as_its_own_row(toy):
+    """k1 in the reward with its reward-to-go is row 6 (unbiased) and k3 as a loss row 3 (biased, PFWD):
+    the sampled verdicts agree with the exact ones, entry by entry. Seeded: k3's bias at KL_seq = 3 nats is
+    many times the bias 512 samples can detect, and the unbiased row's z is a standard normal draw."""
+    policy, reference = toy
+    binding = Binding({"logprobs": Role.LOGPROBS, "ref_logprobs": Role.REF_LOGPROBS, "mask": Role.MASK}, {})
+    rows, _, _ = montecarlo.audit(estimate_table, binding, name="table", placements=["loss", "reward"], samples=512,
+                                  sampler=montecarlo.TabularSampler(policy, reference, seed=0))
+    verdicts = {(row.mode["entry"], row.placement): row.unbiased for row in rows}
+    assert verdicts[("k1", "reward")] and not verdicts[("k3", "loss")]

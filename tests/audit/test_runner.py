@@ -223,3 +223,18 @@ def test_python_api():
     assert not failing.unbiased and "cannot bind parameter b" in failing.errors[0]
     with pytest.raises(ValueError, match="placement"):
         klaudit.audit.check(kl_loss, placement="sideways")
+
+
+def test_each_estimate_of_a_returned_dict_is_audited_as_its_own_row():
+    """kl-math.md section 8: k1 as a loss row 1 (ZERO, KL001), in the reward row 6 (REV); k2 as a loss row 2
+    (PART, KL003); k3 as a loss row 3 (PFWD, KL002), in the reward row 7 (REV - PFWD, KL004)."""
+    report = _audit("estimator_table.py", "kl_estimates")
+    rows = _by_mode(report, "entry")
+    assert (rows[("k1", "loss")].objective, rows[("k1", "loss")].rule) == ("ZERO", "KL001")
+    assert (rows[("k1", "reward")].objective, rows[("k1", "reward")].rule) == ("REV", None)
+    assert (rows[("k2", "loss")].objective, rows[("k2", "loss")].rule) == ("PART", "KL003")
+    assert (rows[("k3", "loss")].objective, rows[("k3", "loss")].rule) == ("PFWD", "KL002")
+    assert rows[("k3", "reward")].rule == "KL004"
+    # a statistic beside the estimates (no gradient, not one value per row) and a string are no estimates
+    assert {key for key, _ in rows} == {"k1", "k2", "k3"}
+    assert not report.errors
