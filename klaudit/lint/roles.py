@@ -115,6 +115,8 @@ _REFERENCE_MODEL = re.compile(r"^_*(ref|reference|init|initial|sft|teacher|froze
                               re.IGNORECASE)
 _POLICY_LOGITS = re.compile(r"^(.*_)?logits$", re.IGNORECASE)
 _MASK = re.compile(r"mask", re.IGNORECASE)
+# per-token weights a loss is multiplied by (xtuner's `loss_weights`: the mask over a token count)
+_TOKEN_WEIGHTS = re.compile(r"^_*(loss|token|tok)_weights?$", re.IGNORECASE)
 
 # Names of the containers rollout data is read from: reading them gives data, not graph.
 DATA_CONTAINERS = re.compile(
@@ -186,7 +188,8 @@ def is_current_policy_name(name: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every attribute and parameter
 def is_mask_name(name: str) -> bool:
-    return _MASK.search(name) is not None and "logit" not in name.lower()
+    """A mask over the response tokens, or per-token loss weights (the mask scaled by a normaliser)."""
+    return (_MASK.search(name) is not None and "logit" not in name.lower()) or _TOKEN_WEIGHTS.match(name) is not None
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments (a polynomial is an immutable value)

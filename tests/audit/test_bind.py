@@ -33,6 +33,8 @@ def test_names_from_the_lint_table():
     assert role_from_name("log_probs_base") is Role.REF_LOGPROBS
     assert role_from_name("old_log_probs") is Role.OLD_LOGPROBS
     assert role_from_name("action_mask") is Role.MASK
+    assert role_from_name("loss_weights") is Role.MASK  # xtuner: the mask over a token count
+    assert role_from_name("weights") is None and role_from_name("loss_weights_scale") is None
     assert role_from_name("logits") is Role.LOGITS
     assert role_from_name("ref_logits") is Role.REF_LOGITS
     assert role_from_name("advantages") is Role.ZEROS and role_from_name("token_level_rewards") is Role.ZEROS

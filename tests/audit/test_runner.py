@@ -238,3 +238,12 @@ def test_each_estimate_of_a_returned_dict_is_audited_as_its_own_row():
     # a statistic beside the estimates (no gradient, not one value per row) and a string are no estimates
     assert {key for key, _ in rows} == {"k1", "k2", "k3"}
     assert not report.errors
+
+
+def test_per_token_loss_weights_are_bound_as_the_mask():
+    """xtuner's `loss_weights` is the mask over a token count: bound as the mask, the k1 loss is row 1
+    (ZERO, KL001) and the k2 loss row 2 (PART, KL003)."""
+    rows = _by_mode(_audit("weighted_kl.py", "kl_penalty"), "kl_penalty")
+    assert {(value, placement): (row.objective, row.rule) for (value, placement), row in rows.items()} == {
+        ("kl", "loss"): ("ZERO", "KL001"), ("k1", "loss"): ("ZERO", "KL001"),
+        ("mse", "loss"): ("PART", "KL003"), ("k2", "loss"): ("PART", "KL003")}
