@@ -92,6 +92,10 @@ class ArithmeticFlow(FlowState):
             for b in operands(right):
                 a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
                 if a_poly is not None and b_poly is not None:
+                    if (a.beside or b.beside) and a.is_kl() and b.is_kl():
+                        # (x + d)^2 with x a value the analysis does not follow (FlowRL's log Z - beta R):
+                        # the cross term 2 x d is no estimator, and it is most of the product's gradient
+                        continue
                     if compatible(a.labels, b.labels):
                         out.append(combine(a, b, alg.mul(a_poly, b_poly), self.here(node), self.module.path, product=True))
                 elif a_poly is not None or b_poly is not None:

@@ -192,3 +192,25 @@ def test_a_preference_pairs_log_probs_passed_to_a_helper_form_no_kl_estimate_the
     # HALOs: the implicit reward log pi - log ref of the chosen and the rejected response, computed by a
     # helper whose parameters are named like a policy's and a reference's log-probs
     assert module_codes(SEQUENCE_REWARDS.format(loss=loss), tmp_path) == []
+
+
+
+TRAJECTORY_BALANCE = """\
+    def flow_loss(log_z, log_prob, ref_log_prob, reward, response_mask, beta):
+        avg_log_prob = (log_prob * response_mask).sum(-1) / response_mask.sum(-1)
+        avg_ref_log_prob = (ref_log_prob * response_mask).sum(-1) / response_mask.sum(-1)
+        delta = {residual}
+        return (delta**2).mean()
+    """
+
+
+@pytest.mark.parametrize("residual, codes", [
+    # FlowRL's trajectory balance: the square of a residual holding log Z and the reward, whose cross term
+    # with the log-ratio is no KL estimator (nothing to report)
+    ("log_z + avg_log_prob - beta * reward.sum(-1) - avg_ref_log_prob", []),
+    # the squared mean log-ratio alone: k2 of the sequence's log-ratio, whose gradient is the reverse KL's
+    # but for the 1/L of the mean (row 21, KL007)
+    ("avg_log_prob - avg_ref_log_prob", [(5, "KL007")]),
+])
+def test_the_square_of_a_residual_beside_the_log_ratio_is_no_k2(tmp_path, residual, codes):
+    assert module_codes(TRAJECTORY_BALANCE.format(residual=residual), tmp_path) == codes
