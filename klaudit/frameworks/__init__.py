@@ -25,7 +25,7 @@ from klaudit.frameworks import openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
-from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions
+from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, detected_near
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 
@@ -61,6 +61,14 @@ class Context:
         found = self.classes.get(name, ())
         here = [definition for definition in found if definition.path == path]
         return here[0] if here else found[0] if len(found) == 1 else None
+
+    def release(self, name: str, path: str) -> Assumed:
+        """The release of `name` assumed in the file at `path`: a pin; else the one the code nearest to the
+        file states (OpenRLHF 0.5 vendored beside the scripts that launch it); else the run's."""
+        assumed = self.versions[name]
+        if assumed.source == "pinned" or not path:
+            return assumed
+        return detected_near(str(Path(path).resolve().parent)).get(name, assumed)
 
     @property
     def class_names(self) -> frozenset[str]:
@@ -165,7 +173,7 @@ def lint_shell(path: str, text: str, context: Context | None = None) -> list[Fin
 
 def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: str | None = None) -> list[Finding]:
     """verl's flags; with `text` (the file they were read from) the flag fixes are edits of it."""
-    assumed = context.versions[verl.NAME]
+    assumed = context.release(verl.NAME, path)
     judged = verl.judge(settings, assumed)
     fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
     return [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
@@ -176,7 +184,7 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     found: list[Finding] = []
     if openrlhf.LAUNCH.search(text):
         flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
-        assumed = context.versions[openrlhf.NAME]
+        assumed = context.release(openrlhf.NAME, path)
         if flat and not assumed.source:  # 0.11 rejects the flat names: the script is for an earlier release
             assumed = Assumed("0.10", "flat flag names")
         judged = openrlhf.judge(cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), assumed, flat)
@@ -219,7 +227,7 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
          fallback: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
          style: str = "python") -> list[Finding]:
     """TRL's GRPOConfig keys; with `text` (the file they were read from) the flag fixes are edits of it."""
-    assumed = context.versions[trl.NAME]
+    assumed = context.release(trl.NAME, path)
     judged = trl.judge(settings, fallback or trl.defaults(assumed), anchor)
     fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
     return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
@@ -265,7 +273,7 @@ def _class_defaults(names: Collection[str], path: str, context: Context) -> tupl
             current = next((found for base in current.bases
                             if (found := context.definition(base, current.path)) is not None), None)
         if chain:
-            values = trl.defaults(context.versions[trl.NAME])
+            values = trl.defaults(context.release(trl.NAME, path))
             for definition in reversed(chain):
                 values.update({key: s.value for key, s in definition.fields.items() if s.value is not None})
             origin = chain[-1] if chain[-1].name in trl.CONFIG_CLASSES else chain[0]

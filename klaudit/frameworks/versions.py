@@ -18,6 +18,7 @@ A version found that klaudit does not know is read as the latest known release b
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -107,6 +108,13 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
             if name not in found:
                 found[name] = Assumed(_known(name, version), f"{version} in {where}")
     return found
+
+
+@functools.lru_cache(maxsize=256)  # asked for each launch script and config file of a directory
+def detected_near(directory: str) -> Mapping[str, Assumed]:
+    """The releases the code around `directory` states, nearest first (see `detect`): a framework
+    vendored in a subdirectory of the linted tree decides for the scripts beside it."""
+    return detect([Path(directory)])
 
 
 def _search_path(roots: Iterable[Path]) -> list[Path]:

@@ -80,3 +80,25 @@ def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
     assert finding.code == "KL002"
     assert "defaults of GRPOConfig in trl/trainer/grpo_config.py" in finding.message
     assert lint_python("trl/trainer/grpo_config.py", cst.parse_module(config), config, context) == []
+
+
+def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_path):
+    """R1-Searcher keeps OpenRLHF 0.5 in OpenRLHF-RAG/ with the scripts that launch it: their k1 reward
+    is unclamped there (row 6, no finding); a script outside it gets the run's release (0.10 for the flat
+    option names, whose clamp at ±10 makes the k1 reward KL010). A pin still wins."""
+    from klaudit.frameworks import lint_config
+
+    vendored = tmp_path / "OpenRLHF-RAG"
+    (vendored / "openrlhf").mkdir(parents=True)
+    (vendored / "openrlhf" / "__init__.py").write_text("")
+    (vendored / "version.txt").write_text("0.5.5.post2\n")
+    (vendored / "setup.py").write_text("from setuptools import setup\nsetup(name='openrlhf')\n")
+    launch = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --advantage_estimator gae\n"
+    inside, outside = vendored / "run.sh", tmp_path / "run.sh"
+    for script in (inside, outside):
+        script.write_text(launch)
+    context = prepare({}, [tmp_path], {})
+    assert [f.code for f in lint_config(str(inside), launch, context)] == []
+    assert [f.code for f in lint_config(str(outside), launch, context)] == ["KL010"]
+    pinned = prepare({"openrlhf": "0.11"}, [tmp_path], {})
+    assert [f.code for f in lint_config(str(inside), launch, pinned)] == ["KL010"]
