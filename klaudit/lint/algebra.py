@@ -53,8 +53,9 @@ SEQUENCE_MEAN: Final = "seqmean"  # averaged over the response (the sum over its
 
 _MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
 _POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
-# the policy, the multipliers and the policy's full-vocabulary tensors (an entropy bonus is made of them)
-_POLICY_ONLY: frozenset[AtomKind] = _POLICY_SIDE | {LOGITS, VOCAB_POLICY, VOCAB_PROB}
+# the policy, the multipliers and the policy's full-vocabulary tensors (an entropy bonus is made of them), and
+# the behaviour policy's log-probs (a PPO or SPPO surrogate, a trust region to the old policy): no reference
+_POLICY_ONLY: frozenset[AtomKind] = _POLICY_SIDE | {LOGITS, VOCAB_POLICY, VOCAB_PROB, OLD, IS_LOG, OLD_PROB}
 
 
 class Atom(NamedTuple):
@@ -397,9 +398,9 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
     reward with the returns its accumulation shows; S * x (S = exp(P - sg P)) and W * x (a
     differentiable importance ratio) add a loss term and a same-token reward term. A detached
     estimator added to a loss contributes nothing. In a reward every estimator counts by value.
-    A monomial made only of the policy's log-probs, ratios and logits (the policy-gradient part of the same
-    loss, -A * ratio * rho, or an entropy bonus over the policy's logits) is another term of the sum: by
-    linearity it changes no KL gradient.
+    A monomial made only of the policy's and the behaviour policy's log-probs, ratios and logits (the
+    policy-gradient part of the same loss, -A * ratio * rho or SPPO's (log pi/pi_old - eta r)^2, or an
+    entropy bonus over the policy's logits) is another term of the sum: by linearity it changes no KL gradient.
     """
     if sink == "reward":
         term = _reward_term(list(detach(poly).terms))

@@ -214,3 +214,28 @@ TRAJECTORY_BALANCE = """\
 ])
 def test_the_square_of_a_residual_beside_the_log_ratio_is_no_k2(tmp_path, residual, codes):
     assert module_codes(TRAJECTORY_BALANCE.format(residual=residual), tmp_path) == codes
+
+
+SPPO_STEP = """\
+    def sppo_step(log_prob, old_log_prob, ref_log_prob, rewards, response_mask, eta, beta):
+        log_ratios = (log_prob * response_mask).sum(1) - (old_log_prob * response_mask).sum(1)
+        pg_loss = ((log_ratios - eta * rewards) ** 2).mean()
+        kl = ref_log_prob - log_prob
+        kl_loss = ((kl.exp() - kl - 1) * response_mask).sum() / response_mask.sum()
+        loss = pg_loss + beta * kl_loss
+        return loss
+    """
+
+
+def test_a_surrogate_of_the_policy_and_the_behaviour_policy_leaves_the_kl_loss_beside_it(tmp_path):
+    # verl-recipe's SPPO: (log pi/pi_old - eta r)^2 beside a k3 loss. The surrogate holds no reference: it is
+    # another term of the sum. k3 as a loss is row 3 (KL002); beside the old policy's log-probs, on older
+    # samples without prefix weights, row 22 (KL008). Before, the whole sum matched no estimator (KL100).
+    assert module_codes(SPPO_STEP, tmp_path) == [(5, "KL002"), (5, "KL008")]
+
+
+def test_terms_of_sets_aside_a_monomial_of_the_policy_and_the_behaviour_policy():
+    w = Atom(alg.IS_LOG, True)
+    k3 = Poly.of({(Atom(alg.RATIO, True),): 1.0, (Atom(alg.DELTA, True),): 1.0, (): -1.0})
+    surrogate = Poly.of({(w, w): 1.0})
+    assert [t.estimator for t in alg.terms_of(alg.add(surrogate, k3), "loss")] == [Estimator.K3]
