@@ -10,7 +10,8 @@ with a trailing backslash, an empty line), so every other line keeps its number;
 shell lines and `%%bash`/`%%sh` cells are kept apart, at the same line numbers, for the launch
 commands they may hold (`!trl grpo --beta 0.04`). A notebook whose kernel is not Python has no
 Python (a bash kernel's cells are all shell). A notebook that is not valid JSON, or not a notebook,
-is one KL000 finding, and so is one whose code cells do not parse.
+is one KL000 finding, and so is one whose code cells do not parse. A cell whose first line is indented
+loses that indentation, as IPython runs it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ def _automagic(line: str) -> re.Match[str] | None:
     except SyntaxError:
         return found
     return None  # Python too (`time = 3`, `ls -la` is a subtraction): read as Python
+
+
+def _without_leading_indent(lines: list[str]) -> list[str]:
+    """The cell as IPython runs it: when its first line that is not blank is indented, that indentation
+    is taken off every line that starts with it (a cell pasted with its indent still runs)."""
+    first = next((line for line in lines if line.strip()), "")
+    indent = first[:len(first) - len(first.lstrip(" \t"))]
+    if not indent:
+        return lines
+    return [line[len(indent):] if line.startswith(indent) else line for line in lines]
 
 
 @dataclass(frozen=True)
@@ -85,9 +96,10 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
     for number, cell in enumerate(cells, start=1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        lines = _cell_source(cell).splitlines() or [""]
+        written = _cell_source(cell).splitlines() or [""]
         starts.append((number, len(code) + 1))
-        text.extend(lines)
+        text.extend(written)
+        lines = _without_leading_indent(written)
         whole_shell = lines[0].strip() in _SHELL_CELLS
         whole_magic = lines[0].lstrip().startswith("%%")
         continued = None  # while a magic or shell line goes on over a trailing backslash: whether it is shell

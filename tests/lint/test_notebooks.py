@@ -40,6 +40,16 @@ def test_code_cells_are_joined_and_magics_set_aside():
     assert book.text.splitlines()[3] == "files = !ls"
 
 
+def test_a_cell_pasted_with_an_indent_runs_as_ipython_runs_it(tmp_path):
+    # huggingface/cookbook: a cell whose first line starts with a space; IPython takes that indent off
+    # every line that has it, so the cell runs, and its KL code is linted like any other
+    text = notebook(("code", "\n co = make(\n    key=1\n)\nrest = 2"))
+    assert read_notebook("n.ipynb", text.encode()).code.splitlines() == ["", "co = make(", "   key=1", ")", "rest = 2"]
+    indented = "".join(f"  {line}\n" if line else "\n" for line in KL_CELL.splitlines())
+    result = lint(tmp_path, notebook(("code", indented)))
+    assert [(f.code, f.line) for f in result.findings] == [("KL001", 5)]  # k1 as a loss (row 1)
+
+
 def test_magics_written_without_their_percent_sign_are_set_aside_where_they_are_not_python():
     text = notebook(("code", "cd ..\npip install -q trl\ntime = 3\nls -la\n  cd ~/data\nenv\n"))
     assert read_notebook("n.ipynb", text.encode()).code.splitlines() == [
