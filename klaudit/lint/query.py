@@ -245,7 +245,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                     continue  # it entered the loss in another module: the lint reports it there
                 origin_path = str(Path(fact.origin_path).resolve()) if fact.origin_path else str(file)
                 origin_line = where(fact.origin_path, fact.origin) if fact.origin is not None else None
-                inline = origin_path == str(file) and origin_line is not None and origin_line < sink_line \
+                inline = origin_path == str(file) and origin_line is not None and origin_line <= sink_line \
                     and span is not None and span[0] <= origin_line <= span[2]  # formed in this function
                 callee = None if inline else analyzer.callee(fact)
                 clamped = clamp_matters(config, fact.clamped)
