@@ -25,7 +25,7 @@ from klaudit.frameworks import openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
-from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, detected_near
+from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, detected_near, installed_by_notebook
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 
@@ -63,11 +63,14 @@ class Context:
         return here[0] if here else found[0] if len(found) == 1 else None
 
     def release(self, name: str, path: str) -> Assumed:
-        """The release of `name` assumed in the file at `path`: a pin; else the one the code nearest to the
-        file states (OpenRLHF 0.5 vendored beside the scripts that launch it); else the run's."""
+        """The release of `name` assumed in the file at `path`: a pin; else the one a notebook installs itself
+        (`%pip install trl==0.14.0`); else the one the code nearest to the file states (OpenRLHF 0.5
+        vendored beside the scripts that launch it); else the run's."""
         assumed = self.versions[name]
         if assumed.source == "pinned" or not path:
             return assumed
+        if path.endswith(".ipynb") and name in installed_by_notebook(str(Path(path).resolve())):
+            return installed_by_notebook(str(Path(path).resolve()))[name]
         return detected_near(str(Path(path).resolve().parent)).get(name, assumed)
 
     @property

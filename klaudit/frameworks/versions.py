@@ -117,6 +117,34 @@ def detected_near(directory: str) -> Mapping[str, Assumed]:
     return detect([Path(directory)])
 
 
+# `pip install ... trl==0.14.0 ...` in a notebook cell (`%pip`, `!pip`, `!python -m pip`), over continued lines
+_PIP_INSTALL = re.compile(r"(?:^|[\s!%])pip3?\s+install\b(?P<arguments>.*)")
+
+
+@functools.lru_cache(maxsize=64)  # asked for each framework of each notebook
+def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
+    """The releases a notebook installs itself with a pinned `pip install` in its code cells."""
+    import json
+
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return {}
+    cells = document.get("cells") if isinstance(document, dict) else None
+    lines: list[str] = []
+    for cell in cells if isinstance(cells, list) else ():
+        source = cell.get("source", "") if isinstance(cell, dict) and cell.get("cell_type") == "code" else ""
+        lines += ("".join(source) if isinstance(source, list) else str(source)).splitlines()
+    commands = re.sub(r"\\\s*\n", " ", "\n".join(lines))  # a command goes on over a trailing backslash
+    found: dict[str, Assumed] = {}
+    for command in _PIP_INSTALL.finditer(commands):
+        for name in KNOWN:
+            pinned = re.search(rf"(?<![\w-]){name}(?:\[[^\]]*\])?==([\w.]+)", command.group("arguments"))
+            if pinned is not None and _RELEASE.match(pinned.group(1)) and name not in found:
+                found[name] = Assumed(_known(name, pinned.group(1)), f"{pinned.group(1)} in the notebook's pip install")
+    return found
+
+
 def _search_path(roots: Iterable[Path]) -> list[Path]:
     """Each root directory and its parents up to the project root (a .git or packaging file)."""
     seen: list[Path] = []

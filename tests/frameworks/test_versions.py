@@ -102,3 +102,27 @@ def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_pat
     assert [f.code for f in lint_config(str(outside), launch, context)] == ["KL010"]
     pinned = prepare({"openrlhf": "0.11"}, [tmp_path], {})
     assert [f.code for f in lint_config(str(inside), launch, pinned)] == ["KL010"]
+
+
+def test_a_notebook_that_installs_a_pinned_release_is_read_with_it(tmp_path):
+    """philschmid's mini-deepseek-r1 notebook installs trl==0.14.0 in a %pip cell carried over backslashes:
+    there GRPOConfig(beta=0.04) is a plain k3 loss (row 3, KL002) averaged per sequence (row 21, KL007); with
+    no pin, TRL 1.16's default bias correction makes it ratio*k3 (row 2's local gradient, KL003)."""
+    import json
+
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    def cells(*sources: str) -> str:
+        return json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                                      "source": source.splitlines(keepends=True)} for source in sources],
+                           "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+    config = 'from trl import GRPOConfig\nargs = GRPOConfig(output_dir="out", beta=0.04)\n'
+    install = '%pip install --upgrade \\\n  "transformers==4.48.1" \\\n  "trl==0.14.0"\n'
+    (tmp_path / "pinned.ipynb").write_text(cells(install, config))
+    (tmp_path / "latest.ipynb").write_text(cells("%pip install trl\n", config))
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    codes = {name: sorted(f.code for f in found if f.path.endswith(name)) for name in ("pinned.ipynb", "latest.ipynb")}
+    assert codes == {"pinned.ipynb": ["KL002", "KL007"], "latest.ipynb": ["KL003"]}
+    assert any("0.14.0 in the notebook's pip install" in f.message for f in found)
