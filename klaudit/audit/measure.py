@@ -218,7 +218,7 @@ def expand_entries(term: Term, batch: Batch) -> list[Term]:
     args, kwargs = term.binding.arguments_for(batch, term.mode)
     try:
         result = term.fn(*args, **kwargs)
-    except Exception:  # the user's code: its failure is reported by the checked call
+    except (Exception, SystemExit):  # the user's code: its failure is reported by the checked call
         return [term]
     if not isinstance(result, Mapping):
         return [term]
