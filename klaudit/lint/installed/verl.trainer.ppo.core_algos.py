@@ -20,12 +20,12 @@ def kl_penalty(logprob, ref_logprob, kl_penalty):
     """The per-token KL estimate `kl_penalty` names."""
     if kl_penalty in ("kl+", "k1+", "abs+", "low_var_kl+", "k3+"):
         k2 = 0.5 * (logprob - ref_logprob).square()
-        return k2 - k2.detach() + plain_estimate(logprob, ref_logprob, kl_penalty[:-1]).detach()
+        return k2 - k2.detach() + suffixed_value(logprob, ref_logprob, kl_penalty).detach()
     return plain_estimate(logprob, ref_logprob, kl_penalty)
 
 
 def plain_estimate(logprob, ref_logprob, kl_penalty):
-    """The estimate without the straight-through suffix."""
+    """An estimate without the straight-through suffix (k2's suffix changes nothing)."""
     if kl_penalty in ("kl", "k1"):
         return logprob - ref_logprob
     if kl_penalty in ("mse", "k2", "mse+", "k2+"):
@@ -33,6 +33,22 @@ def plain_estimate(logprob, ref_logprob, kl_penalty):
     if kl_penalty == "abs":
         return (logprob - ref_logprob).abs()
     if kl_penalty in ("low_var_kl", "k3"):
-        minus_d = (ref_logprob - logprob).clamp(min=-20, max=20)
-        return (minus_d.exp() - minus_d - 1).clamp(min=-10, max=10)
+        return clamped_k3(logprob, ref_logprob)
     raise NotImplementedError(kl_penalty)
+
+
+def suffixed_value(logprob, ref_logprob, kl_penalty):
+    """The value a "+" spelling keeps: the estimate its name without the suffix gives."""
+    if kl_penalty in ("kl+", "k1+"):
+        return logprob - ref_logprob
+    if kl_penalty == "abs+":
+        return (logprob - ref_logprob).abs()
+    if kl_penalty in ("low_var_kl+", "k3+"):
+        return clamped_k3(logprob, ref_logprob)
+    raise NotImplementedError(kl_penalty)
+
+
+def clamped_k3(logprob, ref_logprob):
+    """k3 = exp(-d) - 1 + d, with -d clamped to [-20, 20] and the result to [-10, 10]."""
+    minus_d = (ref_logprob - logprob).clamp(min=-20, max=20)
+    return (minus_d.exp() - minus_d - 1).clamp(min=-10, max=10)
