@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeAlias
@@ -339,12 +339,17 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             sites.setdefault(entry, []).append(SiteUse(best.fact, statement, best.sink.kind, config, row))
     builder = Builder(path, module, analyzer.project.source(module), analyzer, lambda node: positions.of(module, node))
     fixes = {entry: builder.site_fix(uses) for entry, uses in sites.items()}
+    seen: dict[Span, dict[str, set]] = {}  # statement -> switch -> every value of it among the verdicts there
+    for (entry, _, _), variants in merged.items():
+        for labels, *_ in variants:
+            for name, values in labels:
+                seen.setdefault(entry, {}).setdefault(name, set()).update(values)
     for (entry, code, _), variants in merged.items():
         # the same verdict at the same place under several switch settings: one finding, naming
-        # only the switch values that all of them share (the others do not change the verdict)
-        shared = set(variants[0][0]).intersection(*(set(labels) for labels, *_ in variants[1:]))
+        # the switch values that all of them share (the others do not change the verdict)
+        shared = _shared_switches([labels for labels, *_ in variants], seen.get(entry, {}))
         _, config, row, origin = variants[0]
-        message = _message(config, row, tuple(sorted(shared, key=repr)), origin, entry[0])
+        message = _message(config, row, shared, origin, entry[0])
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
         related = () if origin is None or origin_line is None and origin[0] is None else (
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)
@@ -353,6 +358,22 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
+
+
+def _shared_switches(variants: list[Labels], seen: Mapping[str, set]) -> Labels:
+    """The switch values of one verdict reached under several settings: those all of them share, and where
+    they differ in the values of one switch only (`kl_penalty` "abs" and "abs+"), that switch with all of
+    those values, unless they are every value that switch has among the verdicts at the statement (then it
+    does not decide this one). A switch they differ on beside another is left out."""
+    shared = set(variants[0]).intersection(*(set(labels) for labels in variants[1:]))
+    rest = [[item for item in labels if item not in shared] for labels in variants]
+    names = {name for labels in rest for name, _ in labels}
+    if len(names) == 1 and all(len(labels) == 1 for labels in rest):
+        name = names.pop()
+        values = tuple(dict.fromkeys(value for labels in sorted(rest, key=repr) for _, group in labels for value in group))
+        if set(values) < seen.get(name, set()):
+            shared.add((name, values))
+    return tuple(sorted(shared, key=repr))
 
 
 def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, positions: _Positions) -> Origin | None:

@@ -80,3 +80,12 @@ def test_a_tree_that_holds_its_own_verl_is_read_as_it_is(tmp_path):
     vendored = "def kl_penalty(logprob, ref_logprob, kl_penalty):\n    return logprob - ref_logprob\n"
     found = findings(tmp_path, ACTOR.format(kind='"low_var_kl"'), **{"verl.trainer.ppo.core_algos": vendored})
     assert sorted({f.code for f in found}) == ["KL001", "KL008"]
+
+
+def test_a_verdict_reached_under_several_values_of_one_switch_names_them_all(tmp_path):
+    # abs and abs+ both put |log-ratio| values in the reward (rows 7-9): one finding naming both values; k1
+    # and k1+ put k1 values there (row 6, no finding), so the values named are not all the switch has
+    found = findings(tmp_path, TRAINER.format(kind="self.config.algorithm.kl_penalty"))
+    switches = sorted(f.message[f.message.index("["):f.message.index("]") + 1] for f in found)
+    assert switches == ['[kl_penalty="abs"|"abs+"]', '[kl_penalty="low_var_kl"|"k3"|"low_var_kl+"|"k3+"]',
+                        '[kl_penalty="mse"|"k2"|"mse+"|"k2+"]']
