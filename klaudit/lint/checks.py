@@ -342,8 +342,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
     seen: dict[Span, dict[str, set]] = {}  # statement -> switch -> every value of it among the verdicts there
     for (entry, _, _), variants in merged.items():
         for labels, *_ in variants:
-            for name, values in labels:
-                seen.setdefault(entry, {}).setdefault(name, set()).update(values)
+            for name, selected in labels:
+                seen.setdefault(entry, {}).setdefault(name, set()).update(selected)
     for (entry, code, _), variants in merged.items():
         # the same verdict at the same place under several switch settings: one finding, naming
         # the switch values that all of them share (the others do not change the verdict)
