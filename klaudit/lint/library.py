@@ -24,7 +24,7 @@ from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import detach_all, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal, string_value
+from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
@@ -182,7 +182,7 @@ class LibraryFlow(FlowState):
             return None
         if op.name in ("max", "min") and int_literal(op.positional[1]) is not None:
             return ()
-        zero = [i for i, arg in enumerate(op.positional) if _zero_tensor(arg)]
+        zero = [i for i, arg in enumerate(op.positional) if is_zero_tensor(arg)]
         if len(zero) == 1:
             hinge = self.squashed(replace(op, tensor=self.expr(op.positional[1 - zero[0]])))
             if hinge is not None:
@@ -239,14 +239,6 @@ class LibraryFlow(FlowState):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
-
-
-def _zero_tensor(node: cst.BaseExpression) -> bool:
-    """torch.zeros_like(x), x.new_zeros(...), torch.zeros(...), maybe moved (`.to(x.device)`)."""
-    while (type(node) is cst.Call and type(node.func) is cst.Attribute
-           and node.func.attr.value in ("to", "float", "type_as", "detach")):
-        node = node.func.value
-    return type(node) is cst.Call and dotted(node.func).split(".")[-1] in ("zeros_like", "zeros", "new_zeros")
 
 
 def _known_receiver(node: cst.Call) -> bool:

@@ -164,16 +164,27 @@ def is_data_read(node: cst.CSTNode) -> bool:
 
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
                         "new_zeros", "new_ones", "new_empty", "new_full"})
+_ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})
 _CASTS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "bool", "to", "cuda", "cpu", "type",
-                    "contiguous"})
+                    "type_as", "contiguous", "detach"})
 
 
 def is_tensor_factory(node: cst.CSTNode) -> bool:
     """A fresh tensor of constants (`torch.zeros(n, t)`, `x.new_zeros(...)`, `torch.zeros_like(m).float()`): a
     buffer with no gradient, whatever it is named, until a differentiable value is written into it."""
+    return _factory(node) in _FACTORIES
+
+
+def is_zero_tensor(node: cst.CSTNode) -> bool:
+    """A fresh tensor of zeros (`torch.zeros_like(d).to(d.device)`)."""
+    return _factory(node) in _ZEROS
+
+
+def _factory(node: cst.CSTNode) -> str:
+    """The name of the function that makes `node`, casts and moves (`.float()`, `.to(...)`) looked through."""
     while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
         node = node.func.value
-    return type(node) is cst.Call and last_name(node.func) in _FACTORIES
+    return last_name(node.func) if type(node) is cst.Call else ""
 
 
 def mentions(node: cst.CSTNode, name: str) -> bool:
