@@ -69,9 +69,9 @@ class Context:
         assumed = self.versions[name]
         if assumed.source == "pinned" or not path:
             return assumed
-        if path.endswith(".ipynb") and name in installed_by_notebook(str(Path(path).resolve())):
-            return installed_by_notebook(str(Path(path).resolve()))[name]
-        return detected_near(str(Path(path).resolve().parent)).get(name, assumed)
+        file = Path(path).resolve()
+        installed = installed_by_notebook(str(file)) if file.suffix == ".ipynb" else {}
+        return installed.get(name) or detected_near(str(file.parent)).get(name, assumed)
 
     @property
     def class_names(self) -> frozenset[str]:

@@ -9,6 +9,7 @@ the entry of the defaults list that brings it in, the line of this file a user e
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from klaudit.frameworks.settings import Setting, yaml_loader, yaml_settings
@@ -65,6 +66,7 @@ _CONFIG_NAME = re.compile(r"--config-name(?:=|[ \t]+)[\"']?(?P<name>[\w./-]+)")
 _CONFIG_PATH = re.compile(r"--config-(?:path|dir)(?:=|[ \t]+)[\"']?(?P<dir>[\w./-]+)")
 _CONFIG_DIRS = ("config", "configs", "conf", ".")  # where a launched script's Hydra configs usually live
 _UP = 3  # directories above the script searched for them (scripts/ is often one level below the repository)
+_UNSET = Setting(None, 0, 0, 0)  # a key a config does not set
 
 
 def launched_settings(path: str, text: str) -> dict[str, Setting]:
@@ -85,19 +87,17 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
             composed = composed_settings(str(found), found.read_text(encoding="utf-8", errors="replace"))
         except OSError:
             continue
-        at = Setting(None, number, named.start() + 1, named.start() + len("--config-name") + 1)
-        launches.append({key: Setting(setting.value, at.line, at.column, at.end_column) for key, setting in composed.items()})
+        column = named.start() + 1
+        launches.append({key: Setting(setting.value, number, column, column + len("--config-name"))
+                         for key, setting in composed.items()})
     merged: dict[str, Setting] = {}
     for launch in launches:
         for key, setting in launch.items():
-            if key not in merged:
-                merged[key] = setting
-            elif merged[key].value != setting.value:
-                merged[key] = Setting(None, merged[key].line, merged[key].column, merged[key].end_column)
-    for key, setting in merged.items():  # a key some command's config leaves to the framework's default
-        if any(key not in launch for launch in launches):
-            merged[key] = Setting(None, setting.line, setting.column, setting.end_column)
-    return merged
+            merged.setdefault(key, setting)
+    # a key the commands' configs set to different values, or that one of them leaves to the framework's
+    # default, is unknown here
+    return {key: setting if all(launch.get(key, _UNSET).value == setting.value for launch in launches)
+            else replace(setting, value=None) for key, setting in merged.items()}
 
 
 def _config_file(start: Path, name: str, config_path: str | None) -> Path | None:
