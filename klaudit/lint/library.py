@@ -139,8 +139,9 @@ class LibraryFlow(FlowState):
         return self.aggregate(op.name, op.tensor, op.positional, op.keywords)
 
     def gathered(self, op: Operation) -> tuple:
-        """x.gather(-1, index): the entries of the chosen tokens (klaudit.lint.tensors.gather)."""
-        return gather(op.tensor)
+        """x.gather(dim, index): the entries of the chosen tokens or positions (klaudit.lint.tensors.gather)."""
+        index = op.rest[1] if len(op.rest) > 1 else op.keywords.get("index")
+        return gather(op.tensor, index)
 
     def flipped(self, op: Operation) -> tuple:
         """Reversed along the token axis: a later cumsum is a reward-to-go."""

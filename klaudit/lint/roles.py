@@ -120,8 +120,9 @@ _TOKEN_WEIGHTS = re.compile(r"^_*(loss|token|tok)_weights?$", re.IGNORECASE)
 
 # Names of the containers rollout data is read from: reading them gives data, not graph.
 DATA_CONTAINERS = re.compile(
-    r"^(data|batch|mini_?batch|micro_?batch|mb|inputs|model_inputs|experience|exp|rollout|"
-    r"rollout_data|input_data|batch_data|samples?|buffer|grpo_batch|train_data|features|payload|item|b)$",
+    r"^(data|batch|mini_?batch|micro_?batch|mb|inputs|model_inputs|experience|exp|"
+    r"rollouts?(_(data|results?|outputs?|batch|buffer))?|"
+    r"input_data|batch_data|samples?|buffer|grpo_batch|train_data|features|payload|item|b)$",
     re.IGNORECASE,
 )
 

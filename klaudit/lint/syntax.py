@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import functools
 import math
+import re
 import warnings
 from collections.abc import Iterator
 from typing import cast
@@ -155,11 +156,12 @@ def root_name(node: cst.CSTNode) -> str:
             return node.value if type(node) is cst.Name else ""
 
 def is_data_read(node: cst.CSTNode) -> bool:
-    """A value read from a rollout container (data.batch[...], experience.x, inputs[...])."""
+    """A value read from a rollout container (data.batch[...], experience.x, inputs[...]), cast or moved
+    (`rollout.logps.to(device)`)."""
     if type(node) is cst.Subscript or type(node) is cst.Attribute:
         return bool(roles.DATA_CONTAINERS.match(root_name(node))) or is_data_read(node.value)
     if type(node) is cst.Call and type(node.func) is cst.Attribute:
-        return node.func.attr.value in ("get", "pop") and is_data_read(node.func.value)
+        return node.func.attr.value in _CASTS | {"get", "pop"} and is_data_read(node.func.value)
     return False
 
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
@@ -200,16 +202,24 @@ def mentions(node: cst.CSTNode, name: str) -> bool:
 
 def is_last_index(node: cst.Subscript) -> bool:
     """x[:, -1], x[..., -1] or x[rows, lengths - 1]: the last position only."""
-    if not node.slice:
+    if len(node.slice) < 2:
         return False
     last = node.slice[-1].slice
-    if isinstance(last, cst.Index):
-        value = last.value
-        if int_literal(value) == -1 and len(node.slice) > 1:
-            return True
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Subtract) and int_literal(value.right) == 1:
-            return len(node.slice) > 1
-    return False
+    return isinstance(last, cst.Index) and (int_literal(last.value) == -1 or _minus_one(last.value))
+
+
+def names_last_position(index: cst.CSTNode) -> bool:
+    """A gather index spelled as the last position: `lengths - 1`, `last_idx`, `(n - 1).unsqueeze(-1)`."""
+    while isinstance(index, cst.Call) and isinstance(index.func, cst.Attribute):
+        index = index.func.value  # .unsqueeze(-1), .long(), .view(-1, 1), ...
+    return _minus_one(index) or bool(_LAST_NAME.search(last_name(index)))
+
+
+_LAST_NAME = re.compile(r"(^|_)(last|eos|end|final)(_|$)", re.IGNORECASE)
+
+
+def _minus_one(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract) and int_literal(node.right) == 1
 
 def drops_last_char(node: cst.Subscript) -> bool:
     if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):

@@ -8,7 +8,7 @@ from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Atom, AtomKind, Poly
 from klaudit.lint.facts import Fact, Value, replace
-from klaudit.lint.syntax import string_value
+from klaudit.lint.syntax import names_last_position, string_value
 
 
 def apply_math(fn: str, poly: Poly) -> Poly | None:
@@ -59,8 +59,10 @@ def over_vocab(poly: Poly) -> Poly | None:
             return Poly.atom(Atom(kind, grad), a)
     return Poly.of({})
 
-def gather(base: Value) -> Value:
-    """gather over the vocabulary picks the sampled tokens' log-probs; over a per-token KL, positions (the last)."""
+def gather(base: Value, index: cst.CSTNode | None) -> Value:
+    """gather over the vocabulary picks the sampled tokens' log-probs. Over positions it picks some
+    tokens of a per-token value: a KL gathered so is taken at the last one (what that idiom is for),
+    a log-prob keeps its meaning at the positions picked, the last when its index says so."""
     out: list[Fact] = []
     for f in base:
         if f.poly is None:
@@ -68,8 +70,10 @@ def gather(base: Value) -> Value:
         mapped = per_token_from_logits({a.kind for a in f.poly.atoms()}, (f,))
         if mapped:
             out.extend(mapped)
-        elif f.is_kl():
+        elif f.is_kl() or (index is not None and names_last_position(index)):
             out.append(replace(f, position=Position.LAST))
+        else:
+            out.append(f)
     return tuple(out)
 
 def per_token_from_logits(kinds: set[AtomKind], facts: Value) -> Value | None:

@@ -1,6 +1,7 @@
-"""Shapes of KL code met on repositories in no corpus (PipelineRL, miles): a loss negated through a
+"""Shapes of KL code met on repositories in no corpus (PipelineRL, miles, minimind): a loss negated through a
 reduction helper of a module without KL words, an entropy bonus over the logits added to the KL loss,
-and a loop that scales each element of a list of KL tensors in place.
+a loop that scales each element of a list of KL tensors in place, and log-probs gathered at the
+response's positions from behaviour log-probs a rollout engine returned.
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss is row 3 (KL002) whatever sign convention
 carries it there; a KL added to what the optimiser maximises, or a k1 reward added with a positive
@@ -239,3 +240,38 @@ def test_terms_of_sets_aside_a_monomial_of_the_policy_and_the_behaviour_policy()
     k3 = Poly.of({(Atom(alg.RATIO, True),): 1.0, (Atom(alg.DELTA, True),): 1.0, (): -1.0})
     surrogate = Poly.of({(w, w): 1.0})
     assert [t.estimator for t in alg.terms_of(alg.add(surrogate, k3), "loss")] == [Estimator.K3]
+
+
+# minimind's PPO: the sampled tokens' log-probs are then gathered at the response's positions (a [B, R]
+# index), and the behaviour policy's come from the rollout engine's result, moved to the device
+PPO_FROM_A_ROLLOUT_ENGINE = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    def ppo_step(actor, ref_model, rollout_engine, gen_out, labels, logp_pos, advantages, mask, kl_coef):
+        rollout_result = rollout_engine.rollout(gen_out)
+        old_resp_logp = rollout_result.per_token_logps.to(gen_out.device)
+        with torch.no_grad():
+            ref_logits = ref_model(gen_out).logits[:, :-1]
+            ref_resp_logp = F.log_softmax(ref_logits, dim=-1).gather(2, labels.unsqueeze(-1)).squeeze(-1).gather(1, {index})
+        logits = actor(gen_out).logits[:, :-1]
+        mb_resp_logp = F.log_softmax(logits, dim=-1).gather(2, labels.unsqueeze(-1)).squeeze(-1).gather(1, {index})
+        ratio = torch.exp(mb_resp_logp - old_resp_logp)
+        d = ref_resp_logp - mb_resp_logp
+        kl_ref = ((torch.exp(d) - d - 1.0) * mask).sum() / mask.sum()
+        loss = (-advantages * ratio * mask).sum() / mask.sum() + kl_coef * kl_ref
+        loss.backward()
+    """
+
+
+@pytest.mark.parametrize("index, codes", [
+    # k3 as a loss (row 3) on the rollout's older samples, with no prefix weights (KL008)
+    ("logp_pos", [(16, "KL002"), (16, "KL008")]),
+    # the last position only: a KL of the last token (KL005), whatever its estimator
+    ("(lengths - 1).unsqueeze(-1)", [(16, "KL005"), (16, "KL008")]),
+])
+def test_log_probs_gathered_at_positions_keep_their_meaning_and_a_rollouts_are_the_behaviour_policys(
+        tmp_path, index, codes):
+    source = PPO_FROM_A_ROLLOUT_ENGINE.format(index=index)
+    assert module_codes(source, tmp_path) == codes
