@@ -75,7 +75,7 @@ def closure_of(env: dict) -> tuple:
 # calls that hand their one tensor argument back unchanged in meaning: format conversions and
 # remote-object fetches (`TensorData.from_torch(x)`, `ray.get(ref)`, `np.asarray(x)`)
 PASS_THROUGH = frozenset({"from_torch", "to_torch", "from_numpy", "as_tensor", "asarray", "get", "wait_for"})
-PASS_THROUGH_RECEIVERS = frozenset({"ray", "torch", "np", "numpy"})
+PASS_THROUGH_RECEIVERS = frozenset({"ray"} | {module.split(".")[0] for module in roles.ARRAY_MODULES})
 
 
 class CallableFlow(FlowState):

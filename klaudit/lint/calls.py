@@ -169,7 +169,7 @@ class CallFlow(FlowState):
         if method in ("log_prob",) and dotted(base_node).split(".")[-1].rstrip("()") in ("Categorical", "Normal"):
             return self.from_name("log_prob", node) or (tensor(Poly.atom(Atom(alg.POLICY, not self.no_grad))),)
         receiver_name = dotted(base_node)
-        if receiver_name in ("torch", "F", "torch.nn.functional", "nn.functional", "np", "math", "numpy"):
+        if receiver_name in roles.ARRAY_MODULES:
             return None
         if method == "remote":  # a Ray task or actor method: the function, called with these arguments
             return self.call_target(base_node, node)

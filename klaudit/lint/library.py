@@ -143,6 +143,11 @@ class LibraryFlow(FlowState):
         index = op.rest[1] if len(op.rest) > 1 else op.keywords.get("index")
         return gather(op.tensor, index)
 
+    def taken_along(self, op: Operation) -> tuple:
+        """take_along_dim(x, index, dim) of torch, take_along_axis of JAX, MLX and NumPy: a gather."""
+        index = op.rest[0] if op.rest else op.keywords.get("indices")
+        return gather(op.tensor, index)
+
     def flipped(self, op: Operation) -> tuple:
         """Reversed along the token axis: a later cumsum is a reward-to-go."""
         return tuple(replace(f, flipped=not f.flipped) for f in op.tensor)
@@ -266,6 +271,8 @@ FUNCTIONS: dict[str, Effect] = {
     "mean": LibraryFlow.reduced,
     "pow": LibraryFlow.squared,
     "gather": LibraryFlow.gathered,
+    **_each("take_along_dim take_along_axis", LibraryFlow.taken_along),
+    "stop_gradient": LibraryFlow.detached,  # JAX's and MLX's detach
     **_each("flip fliplr", LibraryFlow.flipped),
     "cumsum": LibraryFlow.accumulated,
     **dict.fromkeys(sorted(roles.NAMED_AGGREGATIONS), LibraryFlow.aggregated),
@@ -285,12 +292,13 @@ FUNCTIONS: dict[str, Effect] = {
 METHODS: dict[str, Effect] = {
     **_each("detach item tolist numpy cpu detach_ clone_detach", LibraryFlow.detached),
     **_each(RESHAPING + " float double half bfloat16 to type_as view contiguous expand expand_as cuda view_as"
-            " masked_fill_ mul_ repeat", LibraryFlow.unchanged),
+            " masked_fill_ mul_ repeat astype", LibraryFlow.unchanged),
     **_each("clamp clamp_ clip clip_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sum mean nansum nanmean", LibraryFlow.reduced),
     **_each("exp log abs square expm1 neg log_softmax softmax", LibraryFlow.elementwise),
     "pow": LibraryFlow.squared,
     "gather": LibraryFlow.gathered,
+    "take_along_dim": LibraryFlow.taken_along,
     "flip": LibraryFlow.flipped,
     "cumsum": LibraryFlow.accumulated,
     **_each("mul multiply", LibraryFlow.multiplied),

@@ -100,7 +100,7 @@ _OLD_PATTERN = re.compile(
     re.IGNORECASE,
 )
 _POLICY_PATTERN = re.compile(
-    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|actor_|model_|local_)*"
+    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|token_|response_|resp_|completion_|actor_|model_|local_)*"
     r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
     r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
     re.IGNORECASE,
@@ -315,6 +315,11 @@ def is_reward_function(name: str) -> bool:
     """A function whose return value is a reward to be maximised (`compute_rewards`)."""
     return _REWARD_FUNCTION.match(name.lstrip("_")) is not None and not is_loss_function(name)
 
+
+# Modules whose functions are array operations, as code spells them: torch, NumPy, and the JAX and MLX
+# array libraries (`jnp.exp`, `jax.lax.stop_gradient`, `mx.take_along_axis`), read as torch's.
+ARRAY_MODULES = frozenset({"torch", "F", "torch.nn.functional", "nn.functional", "np", "numpy", "math",
+                           "jax", "jnp", "jax.numpy", "jax.nn", "jax.lax", "mx", "mlx.core"})
 
 BACKWARD_CALLS = re.compile(r"^(backward|manual_backward)$")
 NO_GRAD_CONTEXTS = re.compile(r"^(no_grad|inference_mode|disable_grad)$")

@@ -61,6 +61,7 @@ def test_prefilter_sees_the_vocabulary_of_kl_code(text, expected):
 
 @pytest.mark.parametrize("name, role", [
     ("log_probs", alg.POLICY), ("per_token_logps", alg.POLICY), ("action_log_probs", alg.POLICY),
+    ("token_log_probs", alg.POLICY), ("response_logprobs", alg.POLICY),
     ("new_logprobs", alg.POLICY), ("curr_logprobs", alg.POLICY), ("logprob", alg.POLICY),
     ("ref_log_prob", alg.REF), ("ref_per_token_logps", alg.REF), ("base_action_log_probs", alg.REF),
     ("log_probs_base", alg.REF), ("reference_policy_logprobs", alg.REF), ("teacher_log_probs", alg.REF),
