@@ -17,7 +17,7 @@ from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, rename_logprobs, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import is_data_read, is_tensor_factory, last_name, mentions, string_key
+from klaudit.lint.syntax import fills_padding, is_data_read, is_tensor_factory, last_name, mentions, string_key
 
 # Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
 # mask.sum(-1)` holds each sequence's length, whatever its name says).
@@ -53,6 +53,8 @@ class AssignmentFlow(FlowState):
                         sub += part.items[index]
                 self.assign_target(element.value, sub, node, rhs=rhs)
             return
+        if type(target) is cst.Subscript and rhs is not None and not augmented and fills_padding(target, rhs):
+            return  # `ratio[~mask] = 1`: a masked_fill, written as an assignment
         name = last_name(target)
         if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can

@@ -161,6 +161,10 @@ class LibraryFlow(FlowState):
     def multiplied(self, op: Operation) -> tuple:
         return self.multiply(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
 
+    def selected_by_mask(self, op: Operation) -> tuple:
+        """masked_select(x, mask): the entries where the mask holds; summed, the masked sum of x * mask."""
+        return self.multiply(op.tensor, self.expr(op.rest[0]), op.node) if op.rest else op.tensor
+
     def added(self, op: Operation) -> tuple:
         if not op.positional:
             return op.tensor
@@ -261,7 +265,8 @@ def _each(names: str, effect: Effect) -> dict[str, Effect]:
 
 # Operations that keep what each element of a tensor means (a new shape, dtype or device, masked or
 # non-finite entries filled in): spelled as functions (torch.masked_fill(x, m, v)) and as methods.
-RESHAPING = "masked_fill nan_to_num reshape squeeze unsqueeze flatten transpose permute clone repeat_interleave"
+RESHAPING = ("masked_fill nan_to_num reshape squeeze unsqueeze flatten transpose permute clone repeat_interleave"
+             " pad pad_input")  # F.pad and flash-attn's pad_input put each entry back at its position
 
 FUNCTIONS: dict[str, Effect] = {
     **_each("exp log abs square expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
@@ -287,6 +292,7 @@ FUNCTIONS: dict[str, Effect] = {
     "enumerate": LibraryFlow.enumerated,
     **_each("max min maximum minimum", LibraryFlow.extreme),
     "where": LibraryFlow.selected,
+    "masked_select": LibraryFlow.selected_by_mask,
 }
 
 METHODS: dict[str, Effect] = {
@@ -302,6 +308,7 @@ METHODS: dict[str, Effect] = {
     "flip": LibraryFlow.flipped,
     "cumsum": LibraryFlow.accumulated,
     **_each("mul multiply", LibraryFlow.multiplied),
+    "masked_select": LibraryFlow.selected_by_mask,
     **_each("add sub subtract", LibraryFlow.added),
     **_each("div divide", LibraryFlow.divided),
 }

@@ -221,6 +221,16 @@ _LAST_NAME = re.compile(r"(^|_)(last|eos|end|final)(_|$)", re.IGNORECASE)
 def _minus_one(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract) and int_literal(node.right) == 1
 
+def fills_padding(target: cst.Subscript, value: cst.BaseExpression) -> bool:
+    """`x[~mask] = 1`, `x[mask == 0] = 0.0`: the entries a mask picks set to a constant, as masked_fill
+    does; the other entries keep their meaning."""
+    if number_value(value) is None or len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return False
+    index = target.slice[0].slice.value
+    return any(type(n) in (cst.Name, cst.Attribute, cst.Subscript) and roles.is_mask_name(last_name(n))
+               for n in walk(index))
+
+
 def drops_last_char(node: cst.Subscript) -> bool:
     if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):
         s = node.slice[0].slice

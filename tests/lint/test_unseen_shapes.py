@@ -275,3 +275,48 @@ def test_log_probs_gathered_at_positions_keep_their_meaning_and_a_rollouts_are_t
         tmp_path, index, codes):
     source = PPO_FROM_A_ROLLOUT_ENGINE.format(index=index)
     assert module_codes(source, tmp_path) == codes
+
+
+# ChatLearn's GRPO: the FSDP trainer pads the log-probs back to the batch's length and selects the
+# response tokens with masked_select; the Megatron one sets the ratio to 1 on the padding by assignment
+CHATLEARN_FSDP = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    def train_step(self, data_list, response_token_length_total):
+        for inputs in data_list:
+            output = self.model(input_ids=inputs["all_tokens"])
+            logprobs = logprobs_from_logits(output.logits, inputs["labels"])
+            logprobs = F.pad(logprobs, (0, inputs["ori_seq_len"] - logprobs.shape[1]), mode="constant", value=0)
+            kl = inputs["ref_logprobs"] - logprobs
+            kl = torch.masked_select(kl, inputs["loss_mask"].bool())
+            kld = torch.exp(kl) - kl - 1
+            kl_loss_mean = torch.sum(kld) / response_token_length_total
+            total_loss = self.kl_coef * kl_loss_mean
+            total_loss.backward()
+    """
+
+CHATLEARN_MEGATRON = """\
+    import torch
+
+
+    def train_step(log_probs, ref_logprobs, training_inputs):
+        kl = ref_logprobs - log_probs
+        ratio = torch.exp(kl)
+        ratio[~training_inputs["all_token_loss_mask"].bool()] = 1
+        kld = ratio - kl - 1
+        kl_loss = torch.clamp(kld, min=-10, max=10)
+        loss = kl_loss.sum()
+        loss.backward()
+    """
+
+
+def test_padding_and_masked_select_keep_the_log_probs_meaning(tmp_path):
+    # k3 differentiated as a loss (row 3)
+    assert module_codes(CHATLEARN_FSDP, tmp_path) == [(13, "KL002")]
+
+
+def test_padding_entries_set_by_assignment_are_a_masked_fill(tmp_path):
+    # the clamped k3 (low_var_kl) as a loss, row 3/4: setting the padding's ratio to 1 makes no k1 (no KL001)
+    assert module_codes(CHATLEARN_MEGATRON, tmp_path) == [(9, "KL002")]
