@@ -121,12 +121,16 @@ def config_classes(sources: Mapping[str, str]) -> dict[str, tuple[ConfigClass, .
     GRPOConfig is none of them."""
     headers = _class_headers(sources)
     names, paths = set(trl.CONFIG_CLASSES), set()
+    own = homonyms(sources)
     grown = True
     while grown:
         grown = False
         for path, found in headers.items():
             for name, bases in found:
-                if name in names or {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")} & names:
+                derived = {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")} & names
+                if derived <= own and not _IMPORTS_TRL.search(sources[path]):
+                    derived = set()  # tunix's DrGRPOConfig(grpo_learner.GRPOConfig): the project's own base
+                if name in names or derived:
                     paths.add(path)
                     grown |= name not in names
                     names.add(name)

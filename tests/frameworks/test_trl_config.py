@@ -103,6 +103,16 @@ def test_a_projects_own_class_named_like_trls_is_not_read_as_trls(tmp_path):
     }) == []
 
 
+def test_a_class_derived_from_a_projects_own_homonym_is_the_projects_too(tmp_path):
+    """tunix's shape: DrGRPOConfig(grpo_learner.GRPOConfig), where that GRPOConfig is tunix's own."""
+    assert _tree_findings(tmp_path, {
+        "pkg/__init__.py": "", "pkg/grpo_config.py": OWN_CONFIG,
+        "pkg/drgrpo.py": "from . import grpo_config\n\n\nclass DrGRPOConfig(grpo_config.GRPOConfig):\n"
+                         "    loss_agg_mode: str = 'sequence-mean-token-scale'\n",
+        "tests/test_drgrpo.py": "from pkg import drgrpo\n\nconfig = drgrpo.DrGRPOConfig(beta=0.123, num_iterations=3)\n",
+    }) == []
+
+
 def test_trls_class_is_still_read_beside_a_homonym(tmp_path):
     """A file that imports TRL's GRPOConfig gets TRL's verdicts with TRL's defaults, not the homonym's."""
     assert _tree_findings(tmp_path, {
