@@ -26,6 +26,8 @@ LOSS_AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
 USE_KL_IN_REWARD = "algorithm.use_kl_in_reward"
 KL_PENALTY = "algorithm.kl_penalty"
 ADV_ESTIMATOR = "algorithm.adv_estimator"
+# the coefficients: set to 0, the part they scale adds nothing to the gradient (verl-tool's evaluation runs)
+COEFFICIENTS = {"loss": "actor_rollout_ref.actor.kl_loss_coef", "reward": "algorithm.kl_ctrl.kl_coef"}
 KL_KEYS = (USE_KL_LOSS, KL_LOSS_TYPE, LOSS_AGG_MODE, USE_KL_IN_REWARD, KL_PENALTY)  # a file naming none sets no KL
 KEYS = (*KL_KEYS, ADV_ESTIMATOR)
 DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "token-mean",
@@ -66,6 +68,14 @@ def _truthy(value: str) -> bool | None:
     return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
 
 
+def _zero(setting: Setting | None) -> bool:
+    """A coefficient set to the literal 0."""
+    try:
+        return setting is not None and setting.value is not None and float(setting.value) == 0.0
+    except ValueError:
+        return False
+
+
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows."""
@@ -78,6 +88,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     if not at_least(assumed, "0.9") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
         return None  # before 0.9 a straight-through value is rejected at start-up
     use_loss, use_reward = _truthy(value[USE_KL_LOSS]), _truthy(value[USE_KL_IN_REWARD])
+    use_loss = use_loss and not _zero(settings.get(COEFFICIENTS["loss"]))
+    use_reward = use_reward and not _zero(settings.get(COEFFICIENTS["reward"]))
     loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
     reward = REWARD_ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
     aggregation = AGGREGATIONS.get(value[LOSS_AGG_MODE])

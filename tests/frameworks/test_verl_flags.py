@@ -54,6 +54,12 @@ def codes(*flags: str) -> list[str]:
     (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=k1+"], []),
     (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=full+"], []),  # 0.9.1 raises NotImplementedError
     (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=$KL_TYPE"], []),
+    # a zero coefficient: that part adds nothing to the gradient (verl-tool's evaluation scripts)
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.0"], []),
+    (["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001"], ["KL002"]),
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl", "algorithm.kl_ctrl.kl_coef=0"], []),
+    (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True", "algorithm.kl_ctrl.kl_coef=0",
+      "actor_rollout_ref.actor.kl_loss_type=k3"], ["KL002"]),  # the loss alone: no double count (KL006)
     ([], []),
 ])
 def test_flags_get_the_catalog_s_verdict(flags, expected):
