@@ -181,6 +181,9 @@ def lint_shell(path: str, text: str, context: Context | None = None) -> list[Fin
 def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: str | None = None) -> list[Finding]:
     """verl's flags; with `text` (the file they were read from) the flag fixes are edits of it."""
     assumed = context.release(verl.NAME, path)
+    if text is not None:
+        several = verl.runs_with_kl(text)
+        settings = {key: setting for key, setting in settings.items() if key not in several}
     judged = verl.judge(settings, assumed)
     fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
     return [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns
@@ -68,12 +69,24 @@ def _truthy(value: str) -> bool | None:
     return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
 
 
+def runs_with_kl(text: str) -> frozenset[str]:
+    """The coefficients a file sets to a non-zero literal somewhere: a script of several runs (RAGEN's
+    train_all.sh, one of them "nokl") keeps its KL verdict when the last run read sets 0."""
+    return frozenset(key for key in COEFFICIENTS.values()
+                     for value in re.findall(rf"{re.escape(key)}\s*[=:]\s*([0-9.eE+-]+)", text)
+                     if _number(value) not in (None, 0.0))
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _zero(setting: Setting | None) -> bool:
     """A coefficient set to the literal 0."""
-    try:
-        return setting is not None and setting.value is not None and float(setting.value) == 0.0
-    except ValueError:
-        return False
+    return setting is not None and setting.value is not None and _number(setting.value) == 0.0
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged | None:

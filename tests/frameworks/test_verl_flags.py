@@ -200,3 +200,12 @@ def test_a_launch_scripts_config_name_brings_in_the_users_hydra_config(tmp_path)
     # a config the script names that is not the user's (verl's own ppo_trainer): verl's defaults apply
     script.write_text("python -m verl.trainer.main_ppo --config-name ppo_trainer actor_rollout_ref.actor.use_kl_loss=True\n")
     assert [f.code for f in lint_config(str(script), script.read_text())] == ["KL002"]
+
+
+def test_a_script_of_several_runs_keeps_its_verdict_when_one_run_sets_a_zero_coefficient():
+    """RAGEN's train_all.sh: GRPO runs with kl_loss_coef=0.001, then a "nokl" run with 0.000; one file, one
+    configuration, read as its last values: the zero of one run does not switch the others' KL off."""
+    run = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True "
+           "actor_rollout_ref.actor.kl_loss_type=kl actor_rollout_ref.actor.kl_loss_coef={coef} &\n")
+    assert [f.code for f in lint_config("all.sh", run.format(coef="0.001") + run.format(coef="0.000"))] == ["KL001"]
+    assert [f.code for f in lint_config("nokl.sh", run.format(coef="0.000"))] == []
