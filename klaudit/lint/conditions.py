@@ -62,6 +62,8 @@ class ConditionFlow(FlowState):
                     values = negated(values) or ()
                 return (None if not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
+            if number is not None and not self.switch_name(left):
+                return None, None  # `len(responses) == 0`, `(step + 1) % k == 0`: a computed value, no setting
             if number is not None and type(comp.operator) in (cst.Equal, cst.NotEqual):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
                 return (f"{self.switch_name(left)} == {number:g}", (type(comp.operator) is cst.Equal,)), None

@@ -38,3 +38,25 @@ def test_the_findings_name_the_side_of_the_threshold(tmp_path):
     path.write_text(TWO_PATHS)
     messages = {f.code: f.message for f in lint_paths([str(path)]).findings}
     assert "[pp_size > 1]" in messages["KL003"] and "pp_size <= 1" in messages["KL002"]
+
+
+EMPTY_BATCH_GUARD = '''
+import torch
+
+
+def grpo_loss(log_probs, ref_log_probs, advantages, responses, mask, beta):
+    if len(responses) == 0:
+        return torch.tensor(0.0)
+    d = ref_log_probs - log_probs
+    loss = ((-advantages * log_probs + beta * (torch.exp(d) - d - 1)) * mask).sum() / mask.sum()
+    return loss
+'''
+
+
+def test_a_test_on_a_computed_value_names_no_switch(tmp_path):
+    """`if len(responses) == 0:` (MLX-GRPO) is no setting: the k3 loss (row 3, KL002) is reported with no
+    switch value, where it was labelled `[ != 0]`, a comparison with no name."""
+    path = tmp_path / "loss.py"
+    path.write_text(EMPTY_BATCH_GUARD)
+    [finding] = lint_paths([str(path)]).findings
+    assert finding.code == "KL002" and "!= 0" not in finding.message and "== 0" not in finding.message
