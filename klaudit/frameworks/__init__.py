@@ -70,7 +70,7 @@ class Context:
         if assumed.source == "pinned" or not path:
             return assumed
         file = Path(path).resolve()
-        installed = installed_by_notebook(str(file)) if file.suffix == ".ipynb" else {}
+        installed = installed_by_notebook(str(file)) if file.suffix in (".ipynb", ".py") else {}
         return installed.get(name) or detected_near(str(file.parent)).get(name, assumed)
 
     @property

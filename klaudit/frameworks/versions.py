@@ -123,18 +123,9 @@ _PIP_INSTALL = re.compile(r"(?:^|[\s!%])pip3?\s+install\b(?P<arguments>.*)")
 
 @functools.lru_cache(maxsize=64)  # asked for each framework of each notebook
 def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
-    """The releases a notebook installs itself with a pinned `pip install` in its code cells."""
-    import json
-
-    try:
-        document = json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError):
-        return {}
-    cells = document.get("cells") if isinstance(document, dict) else None
-    lines: list[str] = []
-    for cell in cells if isinstance(cells, list) else ():
-        source = cell.get("source", "") if isinstance(cell, dict) and cell.get("cell_type") == "code" else ""
-        lines += ("".join(source) if isinstance(source, list) else str(source)).splitlines()
+    """The releases a notebook installs itself with a pinned `pip install` in its code cells, or in the
+    `get_ipython()` calls of the notebook exported as a script (`jupyter nbconvert --to script`)."""
+    lines = _notebook_code(path) if path.endswith(".ipynb") else _exported_shell_lines(path)
     commands = re.sub(r"\\\s*\n", " ", "\n".join(lines))  # a command goes on over a trailing backslash
     found: dict[str, Assumed] = {}
     for command in _PIP_INSTALL.finditer(commands):
@@ -143,6 +134,33 @@ def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
             if pinned is not None and _RELEASE.match(pinned.group(1)) and name not in found:
                 found[name] = Assumed(_known(name, pinned.group(1)), f"{pinned.group(1)} in the notebook's pip install")
     return found
+
+
+def _notebook_code(path: str) -> list[str]:
+    """The lines of a notebook's code cells."""
+    import json
+
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return []
+    cells = document.get("cells") if isinstance(document, dict) else None
+    lines: list[str] = []
+    for cell in cells if isinstance(cells, list) else ():
+        source = cell.get("source", "") if isinstance(cell, dict) and cell.get("cell_type") == "code" else ""
+        lines += ("".join(source) if isinstance(source, list) else str(source)).splitlines()
+    return lines
+
+
+def _exported_shell_lines(path: str) -> list[str]:
+    """The shell lines of a notebook exported as a script: the strings IPython's `get_ipython().system(...)`
+    and `run_cell_magic(...)` are given, with their `\\n` escapes read as line breaks."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    calls = [line for line in text.splitlines() if line.lstrip().startswith("get_ipython().")]
+    return [part for line in calls for part in line.replace("\\n", "\n").splitlines()]
 
 
 def _search_path(roots: Iterable[Path]) -> list[Path]:

@@ -126,3 +126,20 @@ def test_a_notebook_that_installs_a_pinned_release_is_read_with_it(tmp_path):
     codes = {name: sorted(f.code for f in found if f.path.endswith(name)) for name in ("pinned.ipynb", "latest.ipynb")}
     assert codes == {"pinned.ipynb": ["KL002", "KL007"], "latest.ipynb": ["KL003"]}
     assert any("0.14.0 in the notebook's pip install" in f.message for f in found)
+
+
+def test_a_notebook_exported_as_a_script_keeps_its_pinned_release(tmp_path):
+    """Unsloth's notebooks ship as scripts too (`jupyter nbconvert --to script`): the pip cell becomes a
+    `get_ipython().run_cell_magic(...)` string, where trl==0.14.0 still decides GRPOConfig(beta=0.04)'s
+    verdict (a plain k3 loss per sequence, rows 3 and 21: KL002, KL007; TRL 1.16's default: KL003)."""
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    config = 'from trl import GRPOConfig\nargs = GRPOConfig(output_dir="out", beta=0.04)\n'
+    magic = ("get_ipython().run_cell_magic('capture', '', '!pip install -qqq \\\\\\n"
+             "    \"unsloth\" trl==0.14.0 vllm\\n')\n")
+    (tmp_path / "pinned_export.py").write_text(magic + config)
+    (tmp_path / "plain.py").write_text("# pip install trl==0.14.0 (a comment, not a cell)\n" + config)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    codes = {name: sorted(f.code for f in found if f.path.endswith(name)) for name in ("pinned_export.py", "plain.py")}
+    assert codes == {"pinned_export.py": ["KL002", "KL007"], "plain.py": ["KL003"]}
