@@ -21,7 +21,7 @@ import libcst as cst
 
 from klaudit.catalog import defects
 from klaudit.describe import describe
-from klaudit.frameworks import openrlhf, trl, verl
+from klaudit.frameworks import easyr1, openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
@@ -164,6 +164,7 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
     if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
         values = composed_settings(path, text)
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
+        found += _easyr1(path, values)
         found += _trl_recipe(path, values, context, text)
         return found + _launch_flags(path, text, context)
     return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text) + \
@@ -187,6 +188,12 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     judged = verl.judge(settings, assumed)
     fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
     return [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
+
+
+def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
+    """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set)."""
+    judged = easyr1.judge(settings)
+    return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.FIXES.get)
 
 
 def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:

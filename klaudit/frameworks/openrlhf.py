@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
-from klaudit.frameworks.settings import Judged, Setting
+from klaudit.frameworks.settings import Judged, Setting, number, truthy
 from klaudit.frameworks.versions import Assumed, at_least
 
 NAME = "openrlhf"
@@ -80,18 +80,6 @@ def fixes(flat: bool) -> dict[str, str]:
     }
 
 
-def _number(value: str) -> float | None:
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _truthy(value: str) -> bool | None:
-    lowered = value.lower()
-    return True if lowered in ("true", "1") else False if lowered in ("false", "0") else None
-
-
 def _estimator(name: str, assumed: Assumed) -> Estimator | None:
     clamped = at_least(assumed, "0.8")
     return {"k1": Estimator.K1, "k2": Estimator.K2,
@@ -100,8 +88,8 @@ def _estimator(name: str, assumed: Assumed) -> Estimator | None:
 
 def _stale(value: Mapping[str, str]) -> bool | None:
     """Whether one rollout feeds more than one update (or the trainer runs ahead of it); None: unknown."""
-    epochs, rollout, samples, train = (_number(value[key]) for key in (EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH))
-    asynchronous = _truthy(value[ASYNC])
+    epochs, rollout, samples, train = (number(value[key]) for key in (EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH))
+    asynchronous = truthy(value[ASYNC])
     if None in (epochs, rollout, samples, train, asynchronous) or not train:
         return None
     return bool(asynchronous) or epochs * rollout * samples / train > 1  # type: ignore[operator]
@@ -117,13 +105,13 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False)
     deciding = (COEF, USE_LOSS, ESTIMATOR) + ((UNBIASED,) if at_least(assumed, "0.11") else ())
     if any(key not in value for key in deciding):
         return None  # a deciding flag set to a variable: its value is unknown here
-    coef, use_loss = _number(value[COEF]), _truthy(value[USE_LOSS])
+    coef, use_loss = number(value[COEF]), truthy(value[USE_LOSS])
     estimator = _estimator(value[ESTIMATOR], assumed)
     if coef is None or coef <= 0 or use_loss is None or estimator is None:
         return None
     clamped = at_least(assumed, "0.8") and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
     if use_loss:
-        unbiased = _truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
+        unbiased = truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
         stale = _stale(value)
         if unbiased is None or stale is None:
             return None
@@ -144,9 +132,9 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False)
 
 def _stale_by(value: Mapping[str, str], settings: Mapping[str, Setting]) -> str:
     """The flag to change for stale samples: more than one epoch, async training, else the batch sizes."""
-    if EPOCHS in settings and (_number(value[EPOCHS]) or 0) > 1:
+    if EPOCHS in settings and (number(value[EPOCHS]) or 0) > 1:
         return EPOCHS
-    if ASYNC in settings and _truthy(value[ASYNC]):
+    if ASYNC in settings and truthy(value[ASYNC]):
         return ASYNC
     return next((key for key in (TRAIN_BATCH, ROLLOUT_BATCH, SAMPLES) if key in settings), EPOCHS)
 

@@ -57,6 +57,20 @@ class Judged:
 
 
 @functools.cache
+def truthy(value: str) -> bool | None:
+    """A YAML, Hydra or command-line boolean; None for anything else."""
+    lowered = value.lower()
+    return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
+
+
+def number(text: str) -> float | None:
+    """A flag's numeric value; None for anything else."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def yaml_loader() -> type:
     """libyaml's loader where PyYAML was built with it (several times faster), else the pure-Python
     one; PyYAML is imported here, by the first YAML file read, not by every lint run."""

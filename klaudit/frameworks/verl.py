@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns
-from klaudit.frameworks.settings import Judged, Setting
+from klaudit.frameworks.settings import Judged, Setting, number, truthy
 from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
 
 NAME = "verl"
@@ -63,30 +63,17 @@ NO_FLAG_FIX = ("moving verl's KL from the loss into the reward changes its scale
                "which no flag change can keep: set the flags of the help by hand")
 
 
-def _truthy(value: str) -> bool | None:
-    """A YAML or Hydra boolean; None for anything else."""
-    lowered = value.lower()
-    return True if lowered in ("true", "1", "yes") else False if lowered in ("false", "0", "no") else None
-
-
 def runs_with_kl(text: str) -> frozenset[str]:
     """The coefficients a file sets to a non-zero literal somewhere: a script of several runs (RAGEN's
     train_all.sh, one of them "nokl") keeps its KL verdict when the last run read sets 0."""
     return frozenset(key for key in COEFFICIENTS.values()
                      for value in re.findall(rf"{re.escape(key)}\s*[=:]\s*([0-9.eE+-]+)", text)
-                     if _number(value) not in (None, 0.0))
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
+                     if number(value) not in (None, 0.0))
 
 
 def _zero(setting: Setting | None) -> bool:
     """A coefficient set to the literal 0."""
-    return setting is not None and setting.value is not None and _number(setting.value) == 0.0
+    return setting is not None and setting.value is not None and number(setting.value) == 0.0
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged | None:
@@ -100,7 +87,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
         return None  # a deciding flag set to a variable: its value is unknown here
     if not at_least(assumed, "0.9") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
         return None  # before 0.9 a straight-through value is rejected at start-up
-    use_loss, use_reward = _truthy(value[USE_KL_LOSS]), _truthy(value[USE_KL_IN_REWARD])
+    use_loss, use_reward = truthy(value[USE_KL_LOSS]), truthy(value[USE_KL_IN_REWARD])
     use_loss = use_loss and not _zero(settings.get(COEFFICIENTS["loss"]))
     use_reward = use_reward and not _zero(settings.get(COEFFICIENTS["reward"]))
     loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None

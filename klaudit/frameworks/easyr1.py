@@ -1,0 +1,60 @@
+"""EasyR1's KL settings (hiyouga/EasyR1, a verl fork with a config of its own) as catalog configurations.
+
+Its YAML config's `algorithm` section decides the KL for both places: with `use_kl_loss` the actor
+differentiates `compute_kl(log_probs, ref_log_probs, kl_penalty)` as a loss, averaged by
+`worker.actor.loss_avg_mode` ("token": over the batch's tokens, "seq": per sequence, then over
+sequences); without it, and unless `disable_kl`, the trainer subtracts the same estimator, detached, from
+the token rewards (`apply_kl_penalty`). `kl_coef` scales either; 0 adds nothing. The estimators are
+verl's: kl -> k1, mse -> k2, abs -> |log-ratio|, low_var_kl -> k3 clamped to [-10, 10].
+
+Only a file that says it is EasyR1's is read: one that sets `algorithm.disable_kl`, a key verl does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from klaudit.catalog import Aggregation, Config, Returns
+from klaudit.frameworks import verl
+from klaudit.frameworks.settings import Judged, Setting, number, truthy
+
+NAME = "EasyR1"
+USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, ADV_ESTIMATOR = (
+    "algorithm.use_kl_loss", "algorithm.disable_kl", "algorithm.kl_penalty", "algorithm.kl_coef",
+    "algorithm.adv_estimator")
+LOSS_AVG_MODE = "worker.actor.loss_avg_mode"
+KEYS = (USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, ADV_ESTIMATOR, LOSS_AVG_MODE)
+DEFAULTS = {USE_KL_LOSS: "false", DISABLE_KL: "false", KL_PENALTY: "kl", KL_COEF: "1e-3", ADV_ESTIMATOR: "grpo",
+            LOSS_AVG_MODE: "token"}
+AGGREGATIONS = {"token": Aggregation.BATCH_MEAN, "seq": Aggregation.SEQ_MEAN}
+
+_TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums the KL "
+              f"over the tokens where the token-mean loss averaged it: divide {KL_COEF} by about the mean response length")
+FIXES = {"KL001": _TO_REWARD, "KL002": _TO_REWARD, "KL003": _TO_REWARD, "KL009": _TO_REWARD, "KL010": _TO_REWARD,
+         "KL004": f"{KL_PENALTY}: kl (k1 values in the reward, unbiased)",
+         "KL007": f"{LOSS_AVG_MODE}: token (the same scale for a KL about as long as the responses)"}
+
+
+def judge(settings: Mapping[str, Setting]) -> Judged | None:
+    """The KL configuration of an EasyR1 config, None when it is not EasyR1's, the KL is off, or a deciding
+    value is not a literal EasyR1 knows."""
+    if DISABLE_KL not in settings:
+        return None
+    value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    if any(v is None for v in value.values()):
+        return None
+    use_loss, disabled = truthy(str(value[USE_KL_LOSS])), truthy(str(value[DISABLE_KL]))
+    estimator = verl.ESTIMATORS.get(str(value[KL_PENALTY]))
+    aggregation = AGGREGATIONS.get(str(value[LOSS_AVG_MODE]))
+    if use_loss is None or disabled is None or estimator is None or aggregation is None:
+        return None
+    if disabled or number(str(value[KL_COEF])) == 0.0:
+        return None
+    returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
+    config = Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
+                    aggregation=aggregation)
+    anchor = next(settings[key] for key in (KL_PENALTY, USE_KL_LOSS, DISABLE_KL) if key in settings)
+    flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
+                      for key in KEYS if key in settings or key in (KL_PENALTY, LOSS_AVG_MODE))
+    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AVG_MODE), ("KL004", KL_PENALTY)) if key in settings}
+    return Judged(config, anchor, flags, anchors)
