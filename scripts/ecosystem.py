@@ -41,9 +41,10 @@ ECOSYSTEM = PROJECT / "tests" / "ecosystem"
 VERDICTS = ("tp", "fp", "miss", "ok")
 # Codes about a file, not a KL site (a syntax error, an analysis cut short): listed apart, never scored.
 FILE_LEVEL_CODES = ("KL000", "KL099")
-# A finding on a framework flag (klaudit.frameworks) names the framework and its version in brackets;
+# A finding on a framework flag (klaudit.frameworks) names the framework and its version in brackets
+# (EasyR1's config, whose releases klaudit does not tell apart, its name alone);
 # flag sites are scored apart from KL code sites ("kind": "flag" in the review).
-FLAG_MESSAGE = re.compile(r"\[(?:verl|trl|openrlhf) [\d.]+(?: \([^)]*\))?: ")
+FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf) [\d.]+(?: \([^)]*\))?|EasyR1): ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),
