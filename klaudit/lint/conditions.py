@@ -62,14 +62,15 @@ class ConditionFlow(FlowState):
                     values = negated(values) or ()
                 return (None if not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
-            if number is not None and not self.switch_name(left):
-                return None, None  # `len(responses) == 0`, `(step + 1) % k == 0`: a computed value, no setting
-            if number is not None and type(comp.operator) in (cst.Equal, cst.NotEqual):
+            setting = self.switch_name(left) if number is not None else ""
+            if setting and type(comp.operator) in (cst.Equal, cst.NotEqual):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
-                return (f"{self.switch_name(left)} == {number:g}", (type(comp.operator) is cst.Equal,)), None
-            if number is not None and type(comp.operator) in _ORDER:
+                return (f"{setting} == {number:g}", (type(comp.operator) is cst.Equal,)), None
+            if setting and type(comp.operator) in _ORDER:
                 # `if pp_size > 1:` the same: one side of a threshold
-                return (f"{self.switch_name(left)} {_ORDER[type(comp.operator)]} {number:g}", (True,)), None
+                return (f"{setting} {_ORDER[type(comp.operator)]} {number:g}", (True,)), None
+            if number is not None:
+                return None, None  # `len(responses) == 0`, `(step + 1) % k == 0`: a computed value, no setting
             if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
                 # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
                 return (f"{last_name(left)} == {dotted(right)}", (True,)), None
