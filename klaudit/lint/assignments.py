@@ -27,16 +27,26 @@ EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens")
 class AssignmentFlow(FlowState):
     """Assignments to names, tuples, attributes and keys, for klaudit.lint.flow.FunctionRun."""
 
-    def loop_carried(self, small: cst.Assign) -> tuple:
-        """`running = r[:, t] + gamma * running` in a reversed loop: the reward-to-go of this step's terms."""
-        if not self.reverse_loop or len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+    def loop_carried(self, small: cst.Assign | cst.AugAssign) -> tuple:
+        """`running = r[:, t] + gamma * running` or `running += r[:, t]` in a reversed loop: the
+        reward-to-go of this step's terms."""
+        if not self.reverse_loop:
             return ()
-        name = small.targets[0].target.value
-        if not mentions(small.value, name):
+        if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
+            name = small.targets[0].target.value
+            if not mentions(small.value, name):
+                return ()
+        elif (type(small) is cst.AugAssign and type(small.target) is cst.Name
+              and type(small.operator) in (cst.AddAssign, cst.SubtractAssign)):
+            name = small.target.value
+        else:
             return ()
         saved = self.env.get(name)
         self.env[name] = ()
-        value = self.expr(small.value)
+        if type(small) is cst.Assign:
+            value = self.expr(small.value)
+        else:
+            value = self.binary((), self.expr(small.value), small.operator, small)
         if saved is not None:
             self.env[name] = saved
         self.confirm(value)  # rewards summed into returns (a GAE or reward-to-go recursion) are rewards

@@ -156,11 +156,9 @@ class StatementFlow(FlowState):
         elif type(small) is cst.AnnAssign and small.value is not None:
             self.assign_target(small.target, self.expr(small.value), small, rhs=small.value)
         elif type(small) is cst.AugAssign and type(small.target) is cst.Subscript:
-            self.expr(small.value)  # x[idx] += y changes some positions of x: x keeps its meaning
+            self.add_into_positions(small)
         elif type(small) is cst.AugAssign:
-            op = small.operator
-            current = self.expr(small.target)
-            value = self.binary(current, self.expr(small.value), op, small)
+            value = self.loop_carried(small) or self.binary(self.expr(small.target), self.expr(small.value), small.operator, small)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
         if self.record and type(small) in _ASSIGNMENTS:
             note_assignment(self, small)
@@ -177,6 +175,15 @@ class StatementFlow(FlowState):
                 self.returned(small.value)
             self.settle(value)
             self.returns.extend(value)
+
+    def add_into_positions(self, small: cst.AugAssign) -> None:
+        """`x[idx] += y` changes some positions of x, which keeps its meaning (a score added at the last
+        token of a k1 reward); when y carries a KL term, x now holds it too (`returns[j, t] += kl[j, t]`
+        filling a zero buffer)."""
+        added = self.expr(small.value)
+        if any(f.poly is not None and f.poly.atoms() for f in added):
+            value = self.binary(self.expr(small.target), added, small.operator, small)
+            self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
 
     def returned(self, node: cst.BaseExpression) -> None:
         """A reward returned by a function that is not a loss goes on to be used by its caller, also as

@@ -1,0 +1,47 @@
+"""Shapes of KL code met in the fifth fresh set (ReMax, reasoning-from-scratch, dLLM-RL): returns filled
+position by position in a Python loop over a zero buffer, log-probs summed one sequence at a time and
+stacked, and a penalty to the sampling policy under a name with a token suffix.
+
+Verdicts (kl-math.md section 8): a k1 reward that reaches only its own token's score is row 6's local
+part (KL003); its reward-to-go (`running += kl[t]` in a reversed loop) is row 6, unbiased (no finding);
+the sequence ratio pi(y) / pi_old(y) times the sequence's k1 differentiated is the exact gradient of
+KL(pi || ref) (no finding); a divergence to the policy that sampled is a trust region, not the KL to a
+reference (no finding).
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+# ReMax's REINFORCE: the returns of a terminal score discounted back, plus each token's own k1 value
+RETURNS_FILLED_IN_A_LOOP = """\
+    import torch
+
+
+    def compute_loss(model, seq, ref_log_probs, old_log_probs, reward_score, mask, kl_ctl, gamma):
+        with torch.no_grad():
+            kl_divergence = -(old_log_probs - ref_log_probs)
+            kl_divergence = kl_ctl * kl_divergence
+            returns = torch.zeros_like(kl_divergence)
+            for j in range(seq.shape[0]):
+                cumulative_reward = reward_score[j]
+                cumulative_kl = 0
+                for i in reversed(range(seq.shape[1])):
+                    {kl_step}
+                    cumulative_reward *= gamma
+                    returns[j, i] += cumulative_kl + cumulative_reward
+        logits = model(seq).logits
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, seq.unsqueeze(-1)).squeeze(-1)
+        actor_loss = torch.sum(-returns * log_probs * mask) / mask.sum()
+        return actor_loss
+    """
+
+
+@pytest.mark.parametrize("kl_step, codes", [
+    ("cumulative_kl = kl_divergence[j, i]", [(15, "KL003")]),  # its own token's k1 only: the local part
+    ("cumulative_kl += kl_divergence[j, i]", []),  # the k1 reward-to-go: row 6
+    ("cumulative_kl = kl_divergence[j, i] + cumulative_kl", []),
+])
+def test_returns_added_into_a_zero_buffer_position_by_position_carry_the_kl(tmp_path, kl_step, codes):
+    assert module_codes(RETURNS_FILLED_IN_A_LOOP.format(kl_step=kl_step), tmp_path) == codes
