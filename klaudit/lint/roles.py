@@ -107,7 +107,8 @@ _POLICY_PATTERN = re.compile(
 )
 _REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
-_SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv)$")
+# a shape (`logp_BT`) or a per-token marker (dLLM-RL's `logp_old_tok`) after the name
+_SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv|toks?|tokens?)$")
 # Which data the log-probs were taken on (`model_logprobs_ref_data`): the model is named before it.
 _DATA_SUFFIX = re.compile(r"_(model|ref|reference|policy|chosen|rejected|sampled|generated)_data(_\w+)?$", re.IGNORECASE)
 # A model whose outputs are the reference's: `self.ref_model(...)`, `ref_outputs`, `teacher(...)`, `sft_policy`.

@@ -45,3 +45,31 @@ RETURNS_FILLED_IN_A_LOOP = """\
 ])
 def test_returns_added_into_a_zero_buffer_position_by_position_carry_the_kl(tmp_path, kl_step, codes):
     assert module_codes(RETURNS_FILLED_IN_A_LOOP.format(kl_step=kl_step), tmp_path) == codes
+
+
+# dLLM-RL's PPO step: the "KL" penalises the distance to the policy that sampled (a trust region)
+PENALTY_TO_THE_SAMPLING_POLICY = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    def forward_process(model, input_ids, labels, adv, mask, logp_old_tok, logp_ref_tok, beta, eps):
+        logits = model(input_ids).logits
+        log_probs = F.log_softmax(logits, dim=-1)
+        logp_new_tok = log_probs.gather(dim=-1, index=labels.unsqueeze(-1)).squeeze(-1)
+        ratio = torch.exp(logp_new_tok - logp_old_tok)
+        clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
+        policy_loss = -(torch.min(ratio * adv, clipped * adv) * mask).sum() / mask.sum()
+        kl_seq = logp_new_tok - {other}
+        kl_seq = torch.exp(-kl_seq) - 1.0 + kl_seq
+        kl_loss = beta * (kl_seq * mask).sum() / mask.sum()
+        return policy_loss + kl_loss
+    """
+
+
+@pytest.mark.parametrize("other, codes", [
+    ("logp_old_tok", []),  # a divergence to the sampling policy: no KL to a reference
+    ("logp_ref_tok", [(14, "KL002"), (14, "KL008")]),  # k3 to the reference as a loss, beside the PPO ratio
+])
+def test_a_per_token_suffix_keeps_the_role_a_name_gives(tmp_path, other, codes):
+    assert module_codes(PENALTY_TO_THE_SAMPLING_POLICY.format(other=other), tmp_path) == codes
