@@ -6,7 +6,8 @@ out, to a catalog configuration; the catalog's verdicts then apply at the line o
 same codes and words as the findings in Python code, and the fix as a flag change where the
 framework has a right one. Known: verl's Hydra flags (launch scripts, YAML), OpenRLHF's
 train_ppo_ray options (launch scripts) and TRL's GRPO configuration (`GRPOConfig(...)` and classes
-deriving from it in Python, `trl grpo` command lines, YAML recipes).
+deriving from it in Python, `trl grpo` command lines and the command lines of scripts that parse
+TRL's GRPOConfig, YAML recipes).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator"
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
 _TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
+# A project's own script that parses TRL's GRPOConfig from its command line and trains with TRL's GRPOTrainer
+# (MedicalGPT's training/grpo_training.py run by its scripts/run_grpo.sh): the flags passed to it are TRL's.
+_PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
+_PARSES_GRPO_CONFIG = re.compile(r"\b(?:TrlParser|HfArgumentParser)\s*\(\s*[(\[]?[^)\]]*\bGRPOConfig\b")
+_TRAINS_WITH_TRL = re.compile(r"^[ \t]*from[ \t]+trl(?:\.[\w.]+)?[ \t]+import[ \t]+(?:\([^)]*|[^\n]*)\bGRPOTrainer\b",
+                              re.MULTILINE)
 # A `trl grpo --config` recipe: GRPOConfig's beta beside TRL's script keys (model_name_or_path of its
 # ModelConfig, dataset_name of its ScriptArguments), in a file whose path says grpo or that has GRPO's own
 # keys (beta alone is also DPO's; ms-swift's GRPO YAML names its model `model:`).
@@ -209,7 +216,7 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
             fixes = openrlhf.fixes(flat)
             found += _findings(path, judged[0], assumed.label(openrlhf.NAME), lambda rule, row: fixes.get(rule, row),
                                clamped=judged[1])
-    command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text)
+    command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
     if command or script:
         settings = cli_flags(text, {key: key for key in trl.KEYS}, trl.SWITCHES)
         launch = command or script
@@ -219,6 +226,32 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         if command or settings:  # a GRPO script's own defaults are unknown unless it passes TRL's flags
             found += _trl(path, settings, context, Setting(None, line, column, column + len(launch.group())))
     return found
+
+
+def _trl_grpo_script(path: str, text: str) -> re.Match | None:
+    """The first Python script `text` launches that is a TRL GRPO script of the project (found from the
+    launcher's folder or a folder above it, up to the repository's root)."""
+    for match in _PYTHON_SCRIPT.finditer(text):
+        source = _project_file(path, match.group(1))
+        if source and _TRAINS_WITH_TRL.search(source) and _PARSES_GRPO_CONFIG.search(source):
+            return match
+    return None
+
+
+def _project_file(launcher: str, relative: str) -> str | None:
+    """The text of the file `relative` names, beside `launcher` or in one of the folders above it up to
+    the repository's root (scripts are run from the root or from their own folder); None if not found."""
+    folder = Path(launcher).resolve().parent
+    for base in (folder, *folder.parents):
+        candidate = base / relative
+        if candidate.is_file():
+            try:
+                return candidate.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return None
+        if (base / ".git").exists():
+            return None
+    return None
 
 
 def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:

@@ -130,3 +130,25 @@ def test_a_class_of_trls_name_built_on_trls_under_an_alias_is_trls(tmp_path):
                               "class GRPOConfig(Mixin, HfGRPOConfig):\n    beta: float = 0.04\n",
         "swift/run.py": "from .arguments import GRPOConfig\n\nargs = GRPOConfig(num_iterations=2)\n",
     }) == [("run.py", 3, "KL003"), ("run.py", 3, "KL008")]
+
+
+# MedicalGPT's shape: a GRPO script of the project that parses TRL's GRPOConfig from its command line and
+# trains with TRL's GRPOTrainer, launched by a shell script with TRL's flags
+PROJECT_GRPO_SCRIPT = ("from trl import (\n    GRPOConfig,\n    GRPOTrainer,\n    ModelConfig,\n    TrlParser,\n)\n\n\n"
+                       "def main():\n    parser = TrlParser((ModelConfig, GRPOConfig))\n"
+                       "    model_args, training_args = parser.parse_args_and_config()\n"
+                       "    GRPOTrainer(model=model_args.model_name_or_path, args=training_args).train()\n")
+
+
+@pytest.mark.parametrize("launch, expected", [
+    ("torchrun --nproc_per_node 2 training/grpo_training.py \\\n    --beta 0.001 \\\n    --num_iterations 2\n",
+     [("run_grpo.sh", 2, "KL003"), ("run_grpo.sh", 3, "KL008")]),
+    ("python training/grpo_training.py --output_dir out\n", []),  # the release's default beta (0): no KL
+    ("python training/other.py --beta 0.04\n", []),  # a script that is not TRL's GRPO
+])
+def test_a_projects_grpo_script_launched_with_trls_flags_gets_trls_verdict(tmp_path, launch, expected):
+    assert _tree_findings(tmp_path, {
+        "training/grpo_training.py": PROJECT_GRPO_SCRIPT,
+        "training/other.py": PROJECT_GRPO_SCRIPT.replace("from trl import", "from .own import"),
+        "scripts/run_grpo.sh": launch,
+    }) == expected
