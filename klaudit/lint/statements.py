@@ -45,7 +45,7 @@ class StatementFlow(FlowState):
         elif type(stmt) is cst.If:
             self.if_statement(stmt)
         elif type(stmt) is cst.For or type(stmt) is cst.While:
-            reverse = isinstance(stmt, cst.For) and isinstance(stmt.iter, cst.Call) and "reversed" in dotted(stmt.iter.func)
+            reverse = isinstance(stmt, cst.For) and _runs_backwards(stmt.iter)
             elements_iterated = elements(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
@@ -200,6 +200,18 @@ class StatementFlow(FlowState):
                     for name, value in self.env.items():
                         if name.startswith(entries):
                             self.confirm(value)
+
+
+def _runs_backwards(iterated: cst.BaseExpression) -> bool:
+    """`reversed(...)`, or `range(start, stop, -1)`: a loop from the last token to the first."""
+    if not isinstance(iterated, cst.Call):
+        return False
+    name = dotted(iterated.func)
+    if "reversed" in name:
+        return True
+    step = iterated.args[2].value if name == "range" and len(iterated.args) == 3 else None
+    return (isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus)
+            and isinstance(step.expression, cst.Integer))
 
 
 def _lone_estimate(fact: Fact) -> bool:

@@ -1,11 +1,10 @@
-"""Shapes of KL code met in the fifth fresh set (ReMax, reasoning-from-scratch, dLLM-RL): returns filled
-position by position in a Python loop over a zero buffer, log-probs summed one sequence at a time and
-stacked, and a penalty to the sampling policy under a name with a token suffix.
+"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl): returns filled position by
+position in a Python loop over a zero buffer, a penalty to the sampling policy under a name with a token
+suffix, and a reward-to-go computed by a range with a negative step.
 
 Verdicts (kl-math.md section 8): a k1 reward that reaches only its own token's score is row 6's local
-part (KL003); its reward-to-go (`running += kl[t]` in a reversed loop) is row 6, unbiased (no finding);
-the sequence ratio pi(y) / pi_old(y) times the sequence's k1 differentiated is the exact gradient of
-KL(pi || ref) (no finding); a divergence to the policy that sampled is a trust region, not the KL to a
+part (KL003); its reward-to-go (`running += kl[t]` in a loop from the last token back) is row 6,
+unbiased (no finding); a divergence to the policy that sampled is a trust region, not the KL to a
 reference (no finding).
 """
 
@@ -73,3 +72,34 @@ PENALTY_TO_THE_SAMPLING_POLICY = """\
 ])
 def test_a_per_token_suffix_keeps_the_role_a_name_gives(tmp_path, other, codes):
     assert module_codes(PENALTY_TO_THE_SAMPLING_POLICY.format(other=other), tmp_path) == codes
+
+
+# cosmos-rl's distillation: per-token k1 to the teacher, its discounted reward-to-go computed backwards by
+# a range with a negative step
+KL_RETURNS_COMPUTED_BACKWARDS = """\
+    import torch
+
+
+    def kl_advantages(logprobs, teacher_logprobs, advantages, coef, gamma):
+        kl = -coef * (logprobs.detach() - teacher_logprobs)
+        returns = torch.zeros_like(kl)
+        running = 0
+        for t in {steps}:
+            running = kl[:, t] + gamma * running
+            returns[:, t] = running
+        return advantages + returns
+
+
+    def loss_fn(logprobs, teacher_logprobs, advantages, mask, coef, gamma):
+        adv = kl_advantages(logprobs, teacher_logprobs, advantages, coef, gamma)
+        return -(logprobs * adv * mask).sum() / mask.sum()
+    """
+
+
+@pytest.mark.parametrize("steps, codes", [
+    ("range(kl.shape[1] - 1, -1, -1)", []),  # from the last token back: the reward-to-go (row 6)
+    ("reversed(range(kl.shape[1]))", []),
+    ("range(kl.shape[1])", [(10, "KL003")]),  # forwards, the running sum is over the prefix: no reward-to-go
+])
+def test_a_range_with_a_negative_step_runs_backwards(tmp_path, steps, codes):
+    assert module_codes(KL_RETURNS_COMPUTED_BACKWARDS.format(steps=steps), tmp_path) == codes
