@@ -43,10 +43,10 @@ class AssignmentFlow(FlowState):
             return ()
         saved = self.env.get(name)
         self.env[name] = ()
-        if type(small) is cst.Assign:
-            value = self.expr(small.value)
-        else:
+        if isinstance(small, cst.AugAssign):  # running += r[t]: this step's terms added to the running sum
             value = self.binary((), self.expr(small.value), small.operator, small)
+        else:
+            value = self.expr(small.value)
         if saved is not None:
             self.env[name] = saved
         self.confirm(value)  # rewards summed into returns (a GAE or reward-to-go recursion) are rewards
