@@ -85,6 +85,14 @@ class CallableFlow(FlowState):
 
     def callable_values(self, func: cst.BaseExpression) -> list:
         """The facts holding a callee that a call target may hold; empty when it is no value the analysis knows."""
+        return list(dict.fromkeys(f for f in self.held_by(func) if f.callee is not None))
+
+    def loss_modules(self, func: cst.BaseExpression) -> list:
+        """The library loss objects (`self.kl_loss = torch.nn.KLDivLoss(...)`) a call target may hold."""
+        return list(dict.fromkeys(f for f in self.held_by(func) if f.role == "loss-module"))
+
+    def held_by(self, func: cst.BaseExpression) -> tuple:
+        """The facts a call target holds: a name's, `self.x`'s (set in any method of the class), a call's."""
         if type(func) is cst.Name:  # type(): see klaudit.lint.syntax
             facts = self.env.get(func.value)
             if facts is None:
@@ -98,7 +106,7 @@ class CallableFlow(FlowState):
             facts = self.expr(func)
         else:
             facts = ()
-        return list(dict.fromkeys(f for f in facts or () if f.callee is not None))
+        return facts or ()
 
     def module_value(self, name: str) -> tuple:
         """A module-level name used as a value: a function of the module, or a module-level constant."""

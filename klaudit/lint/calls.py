@@ -19,6 +19,7 @@ from klaudit.lint.assignments import access_chain
 from klaudit.lint.callables import Callee
 from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_facts, replace, tensor
 from klaudit.lint.flowstate import FlowState
+from klaudit.lint.library import LOSS_MODULES
 from klaudit.lint.syntax import dotted, last_name, params, string_value
 
 
@@ -43,6 +44,9 @@ class CallFlow(FlowState):
             return tuple(dict.fromkeys(replace(fact, labels=merge_labels(fact.labels, held.labels))
                                        for held in callees for fact in self.call_callee(held.callee, node)
                                        if compatible(fact.labels, held.labels)))
+        modules = self.loss_modules(func)
+        if modules:
+            return self.loss_module_call(modules[0], node)
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
             return self.call_summary(resolved, node)
@@ -63,6 +67,8 @@ class CallFlow(FlowState):
             return self.instance(module, classdef, node)
         if name == "partial":
             return self.partial(node)
+        if name in LOSS_MODULES:
+            return self.library_call(name, node)
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
         return self.library_call(name, node)

@@ -13,10 +13,11 @@ from typing import Literal, TypeAlias
 #   ntokens (the batch's token count): what a KL term is masked or divided by; str, bool, none:
 #   switch values and literals; neg: a negated value the analysis cannot explain otherwise (a sign
 #   it keeps); kl-weight: a weight that varies with the log-ratio (`sigmoid(beta * delta)`); tuple,
-#   dict: containers of values; function: a callable of the linted tree; unknown: a value the
-#   analysis cannot explain.
+#   dict: containers of values; function: a callable of the linted tree; loss-module: a library's
+#   loss object (`torch.nn.KLDivLoss(...)`), whose construction call is the fact's origin; unknown:
+#   a value the analysis cannot explain.
 Role: TypeAlias = Literal["tensor", "mask", "length", "ntokens", "str", "bool", "none", "neg", "kl-weight",
-                          "tuple", "dict", "function", "unknown"]
+                          "tuple", "dict", "function", "loss-module", "unknown"]
 
 # Where a value ends up that the analysis follows (klaudit.lint.facts.Sink.kind).
 SinkKind: TypeAlias = Literal["loss", "reward", "advantage"]

@@ -22,7 +22,7 @@ from klaudit.lint import roles
 from klaudit.lint.arithmetic import KL_WEIGHT
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
-from klaudit.lint.facts import detach_all, merge_labels, operands, replace
+from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
@@ -205,6 +205,16 @@ class LibraryFlow(FlowState):
     def kl_div_of(self, op: Operation) -> tuple:
         return self.kl_div(op.positional, op.keywords, op.node)
 
+    def kl_div_module(self, op: Operation) -> tuple:
+        """torch.nn.KLDivLoss(reduction=...): an object that computes F.kl_div when called."""
+        return (Fact(role="loss-module", name="kl_div", origin=op.node),)
+
+    def loss_module_call(self, module: Fact, node: cst.Call) -> tuple:
+        """A call of a library's loss object: its function, with the keywords it was built with."""
+        positional, keywords = self.args(node)
+        built = self.args(module.origin)[1] if isinstance(module.origin, cst.Call) else {}
+        return self.kl_div(positional, {**built, **keywords}, node)
+
     def where(self, condition, when_true, when_false) -> tuple:
         """torch.where(m, a, b): a or b. Labelled by the mask's name, so that where(m, a, b) and
         where(~m, a, b) in one expression pick opposite sides (a DPO pair's chosen and rejected)."""
@@ -268,6 +278,9 @@ def _each(names: str, effect: Effect) -> dict[str, Effect]:
 RESHAPING = ("masked_fill nan_to_num reshape squeeze unsqueeze flatten transpose permute clone repeat_interleave"
              " pad pad_input")  # F.pad and flash-attn's pad_input put each entry back at its position
 
+# library classes whose instances compute a KL when called (a call of one is not a record of its keywords)
+LOSS_MODULES = frozenset(("KLDivLoss",))
+
 FUNCTIONS: dict[str, Effect] = {
     **_each("exp log abs square expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
     **_each("clamp clip clamp_", LibraryFlow.clamped),
@@ -282,6 +295,7 @@ FUNCTIONS: dict[str, Effect] = {
     "cumsum": LibraryFlow.accumulated,
     **dict.fromkeys(sorted(roles.NAMED_AGGREGATIONS), LibraryFlow.aggregated),
     "kl_div": LibraryFlow.kl_div_of,
+    "KLDivLoss": LibraryFlow.kl_div_module,
     **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
     "detach": LibraryFlow.detached,
     "float": LibraryFlow.unchanged,

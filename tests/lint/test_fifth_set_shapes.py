@@ -1,11 +1,12 @@
-"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl): returns filled position by
-position in a Python loop over a zero buffer, a penalty to the sampling policy under a name with a token
-suffix, and a reward-to-go computed by a range with a negative step.
+"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl, Quark): returns filled position
+by position in a Python loop over a zero buffer, a penalty to the sampling policy under a name with a token
+suffix, a reward-to-go computed by a range with a negative step, and the exact KL through a
+`torch.nn.KLDivLoss` object.
 
 Verdicts (kl-math.md section 8): a k1 reward that reaches only its own token's score is row 6's local
 part (KL003); its reward-to-go (`running += kl[t]` in a loop from the last token back) is row 6,
 unbiased (no finding); a divergence to the policy that sampled is a trust region, not the KL to a
-reference (no finding).
+reference (no finding); the exact per-step KL differentiated as a loss is the local gradient (KL003).
 """
 
 from __future__ import annotations
@@ -103,3 +104,29 @@ KL_RETURNS_COMPUTED_BACKWARDS = """\
 ])
 def test_a_range_with_a_negative_step_runs_backwards(tmp_path, steps, codes):
     assert module_codes(KL_RETURNS_COMPUTED_BACKWARDS.format(steps=steps), tmp_path) == codes
+
+
+# Quark's loss: the exact per-step KL over the vocabulary through a torch.nn.KLDivLoss object
+KL_DIV_LOSS_OBJECT = """\
+    import torch
+    import torch.nn.functional as F
+
+
+    class Trainer:
+        def __init__(self, policy, ref_policy, kl_coef):
+            self.policy, self.ref_policy, self.kl_coef = policy, ref_policy, kl_coef
+            self.kl_loss = torch.nn.KLDivLoss(reduction="none")
+
+        def loss(self, input_ids, masks):
+            logits = self.policy(input_ids).logits
+            with torch.no_grad():
+                ref_logits = self.ref_policy(input_ids).logits
+            kl = torch.sum({module}(F.log_softmax(ref_logits, dim=-1), F.softmax(logits, dim=-1)), dim=-1)
+            return (self.kl_coef * kl * masks).sum() / masks.sum()
+    """
+
+
+@pytest.mark.parametrize("module", ["self.kl_loss", 'torch.nn.KLDivLoss(reduction="none")'])
+def test_a_kl_div_loss_object_computes_f_kl_div(tmp_path, module):
+    # the exact KL_t of each position as a loss: the local gradient only (PART, KL003)
+    assert module_codes(KL_DIV_LOSS_OBJECT.format(module=module), tmp_path) == [(15, "KL003")]
