@@ -36,7 +36,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
-               "use_kl_loss", "beta", "num_generations")
+               "use_kl_loss", "kl_loss_coef", "beta", "num_generations")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -200,7 +200,7 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
 def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
     """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set)."""
     judged = easyr1.judge(settings)
-    return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.FIXES.get)
+    return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
 
 
 def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:

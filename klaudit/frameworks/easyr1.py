@@ -8,6 +8,11 @@ the token rewards (`apply_kl_penalty`). `kl_coef` scales either; 0 adds nothing.
 verl's: kl -> k1, mse -> k2, abs -> |log-ratio|, low_var_kl -> k3 clamped to [-10, 10].
 
 Only a file that says it is EasyR1's is read: one that sets `algorithm.disable_kl`, a key verl does not have.
+EasyR1's first releases (forks such as Seg-Zero keep them) had the loss switch in the actor's section
+instead: `worker.actor.use_kl_loss` (default true) differentiates `worker.actor.kl_loss_type`
+(low_var_kl) scaled by `worker.actor.kl_loss_coef`, averaged over the batch's tokens; without it the
+trainer subtracts `algorithm.kl_penalty` (kl) from the rewards, scaled by `algorithm.kl_coef`. A file that
+sets one of those `worker.actor` keys is read that way.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ LOSS_AVG_MODE = "worker.actor.loss_avg_mode"
 KEYS = (USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, ADV_ESTIMATOR, LOSS_AVG_MODE)
 DEFAULTS = {USE_KL_LOSS: "false", DISABLE_KL: "false", KL_PENALTY: "kl", KL_COEF: "1e-3", ADV_ESTIMATOR: "grpo",
             LOSS_AVG_MODE: "token"}
+# the first releases' actor keys
+EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE, EARLY_KL_LOSS_COEF = (
+    "worker.actor.use_kl_loss", "worker.actor.kl_loss_type", "worker.actor.kl_loss_coef")
+EARLY_KEYS = (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE, EARLY_KL_LOSS_COEF, KL_PENALTY, KL_COEF, ADV_ESTIMATOR)
+EARLY_DEFAULTS = {EARLY_USE_KL_LOSS: "true", EARLY_KL_LOSS_TYPE: "low_var_kl", EARLY_KL_LOSS_COEF: "1e-3",
+                  KL_PENALTY: "kl", KL_COEF: "1e-3", ADV_ESTIMATOR: "grpo"}
 AGGREGATIONS = {"token": Aggregation.BATCH_MEAN, "seq": Aggregation.SEQ_MEAN}
 
 _TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums the KL "
@@ -33,13 +44,23 @@ _TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, un
 FIXES = {"KL001": _TO_REWARD, "KL002": _TO_REWARD, "KL003": _TO_REWARD, "KL009": _TO_REWARD, "KL010": _TO_REWARD,
          "KL004": f"{KL_PENALTY}: kl (k1 values in the reward, unbiased)",
          "KL007": f"{LOSS_AVG_MODE}: token (the same scale for a KL about as long as the responses)"}
+_EARLY_TO_REWARD = (f"{EARLY_USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums "
+                    f"the KL over the tokens where the token-mean loss averaged it: set {KL_COEF} to about "
+                    f"{EARLY_KL_LOSS_COEF} / (mean response length)")
+EARLY_FIXES = {**{rule: _EARLY_TO_REWARD for rule in ("KL001", "KL002", "KL003", "KL009", "KL010")},
+               "KL004": FIXES["KL004"]}
+
+
+def fixes(settings: Mapping[str, Setting]) -> Mapping[str, str]:
+    """The fix texts for a config, in the key layout it uses."""
+    return FIXES if DISABLE_KL in settings else EARLY_FIXES
 
 
 def judge(settings: Mapping[str, Setting]) -> Judged | None:
     """The KL configuration of an EasyR1 config, None when it is not EasyR1's, the KL is off, or a deciding
     value is not a literal EasyR1 knows."""
     if DISABLE_KL not in settings:
-        return None
+        return _judge_early(settings) if any(key in settings for key in EARLY_KEYS[:3]) else None
     value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
     if any(v is None for v in value.values()):
         return None
@@ -57,4 +78,28 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
                       for key in KEYS if key in settings or key in (KL_PENALTY, LOSS_AVG_MODE))
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AVG_MODE), ("KL004", KL_PENALTY)) if key in settings}
+    return Judged(config, anchor, flags, anchors)
+
+
+def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
+    """A config of EasyR1's first releases: the KL loss switched in `worker.actor`, else the reward's KL."""
+    value = {key: settings[key].value if key in settings else default for key, default in EARLY_DEFAULTS.items()}
+    if any(v is None for v in value.values()):
+        return None
+    use_loss = truthy(str(value[EARLY_USE_KL_LOSS]))
+    if use_loss is None:
+        return None
+    estimator = verl.ESTIMATORS.get(str(value[EARLY_KL_LOSS_TYPE] if use_loss else value[KL_PENALTY]))
+    if estimator is None or number(str(value[EARLY_KL_LOSS_COEF] if use_loss else value[KL_COEF])) == 0.0:
+        return None
+    returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
+    config = Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
+                    aggregation=Aggregation.BATCH_MEAN)
+    deciding = (EARLY_KL_LOSS_TYPE, EARLY_USE_KL_LOSS) if use_loss else (KL_PENALTY, EARLY_USE_KL_LOSS)
+    anchor = next((settings[key] for key in deciding if key in settings),
+                  next(settings[key] for key in EARLY_KEYS[:3] if key in settings))
+    shown = (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE) if use_loss else (EARLY_USE_KL_LOSS, KL_PENALTY)
+    flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
+                      for key in shown)
+    anchors = {"KL004": settings[KL_PENALTY]} if KL_PENALTY in settings and not use_loss else {}
     return Judged(config, anchor, flags, anchors)

@@ -61,3 +61,36 @@ def test_the_finding_names_the_settings_and_the_fix_keeps_the_strength():
                                                                   disable="false", coef="1.0e-2", actor=""))
     assert "[EasyR1: use_kl_loss=true, disable_kl=false, kl_penalty=low_var_kl" in finding.message
     assert "algorithm.use_kl_loss: false" in finding.fix and "mean response length" in finding.fix
+
+
+# EasyR1's first releases (Seg-Zero's fork): the KL loss switched in the actor's section, no disable_kl
+EARLY_CONFIG = """\
+algorithm:
+  adv_estimator: grpo
+  kl_coef: {reward_coef}
+
+worker:
+  actor:
+    global_batch_size: 16
+{actor}"""
+
+
+@pytest.mark.parametrize("actor, reward_coef, expected", [
+    ("    use_kl_loss: true\n    kl_loss_coef: 5.0e-3\n    kl_loss_type: low_var_kl\n", "0.0", [(10, "KL002")]),
+    ("    use_kl_loss: true\n    kl_loss_type: kl\n", "0.0", [(9, "KL001")]),
+    ("    kl_loss_coef: 1.0e-2\n", "0.0", [(8, "KL002")]),  # use_kl_loss and low_var_kl by default
+    ("    use_kl_loss: true\n    kl_loss_coef: 0.0\n", "0.0", []),  # the loss adds nothing
+    ("    use_kl_loss: false\n", "1.0e-3", []),  # k1 (the default kl_penalty) in the reward: row 6
+    ("    use_kl_loss: false\n", "0.0", []),
+])
+def test_easyr1s_first_layout_is_read_from_the_actor_section(actor, reward_coef, expected):
+    text = EARLY_CONFIG.format(actor=actor, reward_coef=reward_coef)
+    found = lint_config("training_scripts/visionreasoner_7b.yaml", text)
+    assert sorted((f.line, f.code) for f in found) == expected
+    assert all("worker.actor.use_kl_loss: false" in f.fix for f in found)
+
+
+def test_easyr1s_first_layout_with_the_kl_in_the_reward():
+    text = EARLY_CONFIG.format(actor="    use_kl_loss: false\n", reward_coef="1.0e-3").replace(
+        "  kl_coef: 1.0e-3\n", "  kl_coef: 1.0e-3\n  kl_penalty: low_var_kl\n")
+    assert [(f.line, f.code) for f in lint_config("config.yaml", text)] == [(4, "KL004")]
