@@ -87,12 +87,10 @@ class CallableFlow(FlowState):
         """The facts holding a callee that a call target may hold; empty when it is no value the analysis knows."""
         return list(dict.fromkeys(f for f in self.held_by(func) if f.callee is not None))
 
-    def loss_modules(self, func: cst.BaseExpression) -> list:
-        """The library loss objects (`self.kl_loss = torch.nn.KLDivLoss(...)`) a call target may hold."""
-        return list(dict.fromkeys(f for f in self.held_by(func) if f.role == "loss-module"))
-
     def held_by(self, func: cst.BaseExpression) -> tuple:
-        """The facts a call target holds: a name's, `self.x`'s (set in any method of the class), a call's."""
+        """The facts a call target holds: a name's, `self.x`'s (set in any method of the class), a call's;
+        a function of the tree among them is called as such, a library loss object (`torch.nn.KLDivLoss(...)`)
+        as its library function."""
         if type(func) is cst.Name:  # type(): see klaudit.lint.syntax
             facts = self.env.get(func.value)
             if facts is None:

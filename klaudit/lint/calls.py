@@ -38,13 +38,14 @@ class CallFlow(FlowState):
 
     def call_target(self, func: cst.BaseExpression, node: cst.Call) -> tuple:
         """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""
-        callees = self.callable_values(func)
+        held = self.held_by(func)
+        callees = list(dict.fromkeys(f for f in held if f.callee is not None))
         if callees:
             # a callee picked by a switch (a dispatch table's entry) gives results under that switch value
             return tuple(dict.fromkeys(replace(fact, labels=merge_labels(fact.labels, held.labels))
                                        for held in callees for fact in self.call_callee(held.callee, node)
                                        if compatible(fact.labels, held.labels)))
-        modules = self.loss_modules(func)
+        modules = [f for f in held if f.role == "loss-module"]
         if modules:
             return self.loss_module_call(modules[0], node)
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
