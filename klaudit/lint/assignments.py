@@ -134,6 +134,8 @@ class AssignmentFlow(FlowState):
                 return (tensor(poly),)
         if roles.is_mask_name(name):
             return (Fact(role="mask"),)
+        if roles.names_lengths(name):
+            return (Fact(role="length"),)
         return ()
 
     def stored_outside(self, target: cst.Attribute | cst.Subscript, value: tuple) -> None:

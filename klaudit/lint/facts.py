@@ -438,6 +438,8 @@ def _param_facts(param: cst.Param) -> Value:
         return (tensor(poly),)
     if roles.is_mask_name(name):
         return (Fact(role="mask"),)
+    if roles.names_lengths(name):
+        return (Fact(role="length"),)
     annotation = dotted(param.annotation.annotation) if param.annotation else ""
     if annotation == "str" or isinstance(param.default, cst.SimpleString):
         return (Fact(role="str", name=name),)

@@ -188,6 +188,16 @@ def is_current_policy_name(name: str) -> bool:
     return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
 
 
+# Each sequence's own length (`rollout_lens`, `response_lengths`, `seq_lens`): plural, so that a scalar
+# (`max_len`, `seq_len`: a constant divisor) is not one; packed offsets (`cu_seqlens`) are not lengths.
+_LENGTHS = re.compile(r"^(?!cu_)(.*_)?(lens|lengths|seqlens)$", re.IGNORECASE)
+
+
+def names_lengths(name: str) -> bool:
+    """A name for the per-sequence token counts a per-sequence mean divides by."""
+    return _LENGTHS.match(name) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every attribute and parameter
 def is_mask_name(name: str) -> bool:
     """A mask over the response tokens, or per-token loss weights (the mask scaled by a normaliser)."""

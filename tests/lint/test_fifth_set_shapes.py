@@ -1,12 +1,13 @@
-"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl, Quark): returns filled position
-by position in a Python loop over a zero buffer, a penalty to the sampling policy under a name with a token
-suffix, a reward-to-go computed by a range with a negative step, and the exact KL through a
-`torch.nn.KLDivLoss` object.
+"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl, Quark, mini-grpo): returns filled
+position by position in a Python loop over a zero buffer, a penalty to the sampling policy under a name with
+a token suffix, a reward-to-go computed by a range with a negative step, the exact KL through a
+`torch.nn.KLDivLoss` object, and a per-sequence mean over lengths read by name.
 
 Verdicts (kl-math.md section 8): a k1 reward that reaches only its own token's score is row 6's local
 part (KL003); its reward-to-go (`running += kl[t]` in a loop from the last token back) is row 6,
 unbiased (no finding); a divergence to the policy that sampled is a trust region, not the KL to a
-reference (no finding); the exact per-step KL differentiated as a loss is the local gradient (KL003).
+reference (no finding); the exact per-step KL differentiated as a loss is the local gradient (KL003); a
+per-sequence mean weights each sequence by 1/L (row 21, KL007).
 """
 
 from __future__ import annotations
@@ -130,3 +131,27 @@ KL_DIV_LOSS_OBJECT = """\
 def test_a_kl_div_loss_object_computes_f_kl_div(tmp_path, module):
     # the exact KL_t of each position as a loss: the local gradient only (PART, KL003)
     assert module_codes(KL_DIV_LOSS_OBJECT.format(module=module), tmp_path) == [(15, "KL003")]
+
+
+# mini-grpo's loss: each sequence's token sum divided by its own length, read from the rollout batch
+DIVIDED_BY_EACH_LENGTH = """\
+    import torch
+
+
+    def grpo_loss(new_logprobs, ref_logprobs, advantages, mask, batch, beta):
+        {lengths} = batch["{lengths}"]
+        kl = torch.exp(ref_logprobs - new_logprobs) - (ref_logprobs - new_logprobs) - 1
+        per_token = new_logprobs * advantages.unsqueeze(-1) - beta * kl
+        per_sequence = (per_token * mask).sum(dim=-1) / {lengths}.float()
+        return -per_sequence.mean()
+    """
+
+
+@pytest.mark.parametrize("lengths, codes", [
+    ("rollout_lens", [(9, "KL002"), (9, "KL007")]),  # each sequence's own length: 1/L (row 21)
+    ("response_lengths", [(9, "KL002"), (9, "KL007")]),
+    ("max_len", [(9, "KL002")]),  # a scalar: a constant divisor, no 1/L
+    ("cu_seqlens", [(9, "KL002")]),  # packed offsets are no lengths
+])
+def test_a_division_by_a_name_of_per_sequence_lengths_is_a_per_sequence_mean(tmp_path, lengths, codes):
+    assert module_codes(DIVIDED_BY_EACH_LENGTH.format(lengths=lengths), tmp_path) == codes
