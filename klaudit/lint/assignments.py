@@ -134,7 +134,7 @@ class AssignmentFlow(FlowState):
                 return (tensor(poly),)
         if roles.is_mask_name(name):
             return (Fact(role="mask"),)
-        if roles.names_lengths(name):
+        if roles.names_lengths(name) and is_data_read(rhs):  # read from the batch: each sequence's length
             return (Fact(role="length"),)
         return ()
 

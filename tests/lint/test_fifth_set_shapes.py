@@ -155,3 +155,10 @@ DIVIDED_BY_EACH_LENGTH = """\
 ])
 def test_a_division_by_a_name_of_per_sequence_lengths_is_a_per_sequence_mean(tmp_path, lengths, codes):
     assert module_codes(DIVIDED_BY_EACH_LENGTH.format(lengths=lengths), tmp_path) == codes
+
+
+def test_a_length_name_computed_in_the_code_is_not_read_from_its_name(tmp_path):
+    # MiniLLM's remaining lengths, a reverse cumsum of the mask times discounts: what the code computes decides
+    source = DIVIDED_BY_EACH_LENGTH.format(lengths="lengths").replace(
+        'lengths = batch["lengths"]', "lengths = torch.where(mask < 0.5, 1e-4, mask) * gamma_pow")
+    assert (9, "KL007") not in module_codes(source.replace("batch, beta", "batch, beta, gamma_pow"), tmp_path)
