@@ -146,9 +146,21 @@ def mul(left: Poly, right: Poly) -> Poly:
     out: dict[Monomial, float] = {}
     for m1, c1 in left.terms:
         for m2, c2 in right.terms:
-            key = tuple(sorted(m1 + m2))
+            key = _cancel_ratios(tuple(sorted(m1 + m2)))
             out[key] = out.get(key, 0.0) + c1 * c2
     return _normalize(Poly.of(out))
+
+
+def _cancel_ratios(mono: Monomial) -> Monomial:
+    """(pi/ref) * (ref/pi) = 1: an R and an r of the same log-ratio (both differentiable or both detached)
+    cancel, value and gradient; a detached one beside a differentiable one does not (exp(sg d - d))."""
+    atoms = list(mono)
+    for atom in mono:
+        inverse = Atom(RATIO, atom.grad, atom.acc)
+        if atom.kind == INV_RATIO and atom in atoms and inverse in atoms:
+            atoms.remove(atom)
+            atoms.remove(inverse)
+    return tuple(atoms) if len(atoms) != len(mono) else mono
 
 
 def _normalize(poly: Poly) -> Poly:

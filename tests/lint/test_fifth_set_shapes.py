@@ -1,7 +1,8 @@
-"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl, Quark, mini-grpo): returns filled
-position by position in a Python loop over a zero buffer, a penalty to the sampling policy under a name with
-a token suffix, a reward-to-go computed by a range with a negative step, the exact KL through a
-`torch.nn.KLDivLoss` object, and a per-sequence mean over lengths read by name.
+"""Shapes of KL code met in the fifth fresh set (ReMax, dLLM-RL, cosmos-rl, Quark, mini-grpo, mlx-guided-grpo):
+returns filled position by position in a Python loop over a zero buffer, a penalty to the sampling policy
+under a name with a token suffix, a reward-to-go computed by a range with a negative step, the exact KL
+through a `torch.nn.KLDivLoss` object, a per-sequence mean over lengths read by name, and a ratio times its
+inverse.
 
 Verdicts (kl-math.md section 8): a k1 reward that reaches only its own token's score is row 6's local
 part (KL003); its reward-to-go (`running += kl[t]` in a loop from the last token back) is row 6,
@@ -162,3 +163,22 @@ def test_a_length_name_computed_in_the_code_is_not_read_from_its_name(tmp_path):
     source = DIVIDED_BY_EACH_LENGTH.format(lengths="lengths").replace(
         'lengths = batch["lengths"]', "lengths = torch.where(mask < 0.5, 1e-4, mask) * gamma_pow")
     assert (9, "KL007") not in module_codes(source.replace("batch, beta", "batch, beta, gamma_pow"), tmp_path)
+
+
+# mlx-guided-grpo's KL term: its "importance" weight is exp(logp - sg(ref)), so the first product is
+# (pi/ref) * (ref/pi) = 1, value and gradient, and the term is 1 + log(pi/ref) - 1: k1
+RATIO_TIMES_ITS_INVERSE = """\
+    import torch
+
+
+    def kl_loss(token_log_probs, ref_token_log_probs, mask, beta):
+        coef_1 = torch.exp(token_log_probs - ref_token_log_probs.detach())
+        log_ratio_ref_theta = ref_token_log_probs - token_log_probs
+        kl_div = coef_1 * torch.exp(log_ratio_ref_theta) - log_ratio_ref_theta - 1
+        return beta * (kl_div * mask).sum() / mask.sum()
+    """
+
+
+def test_a_ratio_times_its_inverse_is_one(tmp_path):
+    # k1 differentiated as a loss: zero expected gradient (row 1, KL001)
+    assert module_codes(RATIO_TIMES_ITS_INVERSE, tmp_path) == [(8, "KL001")]
