@@ -34,7 +34,7 @@ DEFAULTS = {USE_KL_LOSS: "false", DISABLE_KL: "false", KL_PENALTY: "kl", KL_COEF
 # the first releases' actor keys
 EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE, EARLY_KL_LOSS_COEF = (
     "worker.actor.use_kl_loss", "worker.actor.kl_loss_type", "worker.actor.kl_loss_coef")
-EARLY_KEYS = (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE, EARLY_KL_LOSS_COEF, KL_PENALTY, KL_COEF, ADV_ESTIMATOR)
+EARLY_ACTOR_KEYS = (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE, EARLY_KL_LOSS_COEF)  # a file setting one is in that layout
 EARLY_DEFAULTS = {EARLY_USE_KL_LOSS: "true", EARLY_KL_LOSS_TYPE: "low_var_kl", EARLY_KL_LOSS_COEF: "1e-3",
                   KL_PENALTY: "kl", KL_COEF: "1e-3", ADV_ESTIMATOR: "grpo"}
 AGGREGATIONS = {"token": Aggregation.BATCH_MEAN, "seq": Aggregation.SEQ_MEAN}
@@ -60,9 +60,9 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
     """The KL configuration of an EasyR1 config, None when it is not EasyR1's, the KL is off, or a deciding
     value is not a literal EasyR1 knows."""
     if DISABLE_KL not in settings:
-        return _judge_early(settings) if any(key in settings for key in EARLY_KEYS[:3]) else None
-    value = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
-    if any(v is None for v in value.values()):
+        return _judge_early(settings) if any(key in settings for key in EARLY_ACTOR_KEYS) else None
+    value = _values(settings, DEFAULTS)
+    if value is None:
         return None
     use_loss, disabled = truthy(str(value[USE_KL_LOSS])), truthy(str(value[DISABLE_KL]))
     estimator = verl.ESTIMATORS.get(str(value[KL_PENALTY]))
@@ -71,20 +71,17 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
         return None
     if disabled or number(str(value[KL_COEF])) == 0.0:
         return None
-    returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
-    config = Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
-                    aggregation=aggregation)
+    config = _config(value, estimator, use_loss, aggregation)
     anchor = next(settings[key] for key in (KL_PENALTY, USE_KL_LOSS, DISABLE_KL) if key in settings)
-    flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
-                      for key in KEYS if key in settings or key in (KL_PENALTY, LOSS_AVG_MODE))
+    flags = _shown(settings, value, [key for key in KEYS if key in settings or key in (KL_PENALTY, LOSS_AVG_MODE)])
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AVG_MODE), ("KL004", KL_PENALTY)) if key in settings}
     return Judged(config, anchor, flags, anchors)
 
 
 def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
     """A config of EasyR1's first releases: the KL loss switched in `worker.actor`, else the reward's KL."""
-    value = {key: settings[key].value if key in settings else default for key, default in EARLY_DEFAULTS.items()}
-    if any(v is None for v in value.values()):
+    value = _values(settings, EARLY_DEFAULTS)
+    if value is None:
         return None
     use_loss = truthy(str(value[EARLY_USE_KL_LOSS]))
     if use_loss is None:
@@ -92,14 +89,30 @@ def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
     estimator = verl.ESTIMATORS.get(str(value[EARLY_KL_LOSS_TYPE] if use_loss else value[KL_PENALTY]))
     if estimator is None or number(str(value[EARLY_KL_LOSS_COEF] if use_loss else value[KL_COEF])) == 0.0:
         return None
-    returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
-    config = Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
-                    aggregation=Aggregation.BATCH_MEAN)
+    config = _config(value, estimator, use_loss, Aggregation.BATCH_MEAN)
     deciding = (EARLY_KL_LOSS_TYPE, EARLY_USE_KL_LOSS) if use_loss else (KL_PENALTY, EARLY_USE_KL_LOSS)
     anchor = next((settings[key] for key in deciding if key in settings),
-                  next(settings[key] for key in EARLY_KEYS[:3] if key in settings))
-    shown = (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE) if use_loss else (EARLY_USE_KL_LOSS, KL_PENALTY)
-    flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
-                      for key in shown)
+                  next(settings[key] for key in EARLY_ACTOR_KEYS if key in settings))
+    flags = _shown(settings, value, (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE if use_loss else KL_PENALTY))
     anchors = {"KL004": settings[KL_PENALTY]} if KL_PENALTY in settings and not use_loss else {}
     return Judged(config, anchor, flags, anchors)
+
+
+def _values(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> dict[str, str] | None:
+    """Each key's value, set or default; None when one is set to a value computed at run time."""
+    value = {key: settings[key].value if key in settings else default for key, default in defaults.items()}
+    known = {key: v for key, v in value.items() if v is not None}
+    return known if len(known) == len(value) else None
+
+
+def _config(value: Mapping[str, str], estimator, use_loss: bool, aggregation: Aggregation) -> Config:
+    """The estimator in the loss (aggregated so) or in the rewards, whose returns the advantage decides."""
+    returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
+    return Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
+                  aggregation=aggregation)
+
+
+def _shown(settings: Mapping[str, Setting], value: Mapping[str, str], keys) -> str:
+    """`use_kl_loss=true, kl_penalty=kl (default)`: the deciding settings as a finding names them."""
+    return ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
+                     for key in keys)

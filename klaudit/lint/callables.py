@@ -78,6 +78,11 @@ PASS_THROUGH = frozenset({"from_torch", "to_torch", "from_numpy", "as_tensor", "
 PASS_THROUGH_RECEIVERS = frozenset({"ray"} | {module.split(".")[0] for module in roles.ARRAY_MODULES})
 
 
+def callees_among(facts: tuple) -> list:
+    """The facts, among what a call target holds, that hold a function of the tree (each once)."""
+    return list(dict.fromkeys(f for f in facts if f.callee is not None))
+
+
 class CallableFlow(FlowState):
     """Calls of functions held as values, for klaudit.lint.flow.FunctionRun: closures, partials,
     dispatch tables (`{"k1": f1, "k3": f3}[name](...)`), module-level registries, callable objects
@@ -85,7 +90,7 @@ class CallableFlow(FlowState):
 
     def callable_values(self, func: cst.BaseExpression) -> list:
         """The facts holding a callee that a call target may hold; empty when it is no value the analysis knows."""
-        return list(dict.fromkeys(f for f in self.held_by(func) if f.callee is not None))
+        return callees_among(self.held_by(func))
 
     def held_by(self, func: cst.BaseExpression) -> tuple:
         """The facts a call target holds: a name's, `self.x`'s (set in any method of the class), a call's;

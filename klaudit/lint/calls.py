@@ -16,7 +16,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.assignments import access_chain
-from klaudit.lint.callables import Callee
+from klaudit.lint.callables import Callee, callees_among
 from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_facts, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
@@ -39,7 +39,7 @@ class CallFlow(FlowState):
     def call_target(self, func: cst.BaseExpression, node: cst.Call) -> tuple:
         """A call of `func` with the arguments of `node` (`f.remote(...)` calls f with them)."""
         held = self.held_by(func)
-        callees = list(dict.fromkeys(f for f in held if f.callee is not None))
+        callees = callees_among(held)
         if callees:
             # a callee picked by a switch (a dispatch table's entry) gives results under that switch value
             return tuple(dict.fromkeys(replace(fact, labels=merge_labels(fact.labels, held.labels))
