@@ -320,6 +320,11 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # a later use shows more (importance ratios, stale samples): its verdict counts
             downstream = max(flagged, key=lambda c: (c.fact.calls, c.function, c.sink.order))
             config, rows = downstream.config, downstream.rows
+        if config.sampling is Sampling.ON_POLICY and any(c.config.sampling is Sampling.OFF_POLICY for c in group):
+            # a loss helper that is handed the PPO ratio to the behaviour policy (`loss_fn(ratio=ratio, ...)`)
+            # looks on-policy alone; its caller shows the samples are older
+            config = replace(config, sampling=Sampling.OFF_POLICY)
+            rows = defects(config, best.fact.clamped)
         if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
             # how the per-token term is aggregated shows only where the loss is reduced
             config = replace(config, aggregation=final.config.aggregation)

@@ -105,6 +105,14 @@ _POLICY_PATTERN = re.compile(
     r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
     re.IGNORECASE,
 )
+# `lp` alone is too short to mean log-probs; with a side word before or after it (`ref_lp`, `old_lp`,
+# `curr_lp`, `lp_new`) it is the common abbreviation.
+_LP = r"lps?"
+_REF_LP = re.compile(r"^(.*_)?(ref|reference|base|init|sft|teacher)_" + _LP + r"$|^" + _LP + r"_ref$", re.IGNORECASE)
+_OLD_LP = re.compile(r"^(.*_)?(old|prev|previous|rollout|inference|inf|vllm|sampling|behaviou?r|prox)_" + _LP
+                     + r"$|^" + _LP + r"_old$", re.IGNORECASE)
+_POLICY_LP = re.compile(r"^(.*_)?(new|curr|cur|current|policy|pi|trainer|student|actor)_" + _LP
+                        + r"$|^" + _LP + r"_(new|curr|cur|policy|pi)$", re.IGNORECASE)
 _REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
 # a shape (`logp_BT`) or a per-token marker (dLLM-RL's `logp_old_tok`) after the name
@@ -148,11 +156,11 @@ def tensor_role(name: str) -> AtomKind | None:
     bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
     if names_pair_logprobs(bare):
         return None
-    if _REF_PATTERN.match(bare):
+    if _REF_PATTERN.match(bare) or _REF_LP.match(bare):
         return REF
-    if _OLD_PATTERN.match(bare):
+    if _OLD_PATTERN.match(bare) or _OLD_LP.match(bare):
         return OLD
-    if _POLICY_PATTERN.match(bare):
+    if _POLICY_PATTERN.match(bare) or _POLICY_LP.match(bare):
         return POLICY
     if _REF_LOGITS.match(bare):
         return REF_LOGITS
@@ -225,7 +233,7 @@ LOGPROB_PRODUCERS = re.compile(
 
 _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^num_|metric|stat", re.IGNORECASE)
 _LOSS = re.compile(r"loss", re.IGNORECASE)
-_REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl|_tensor)?$", re.IGNORECASE)
+_REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl(_penalty|_penalties)?|_tensor)?$", re.IGNORECASE)
 _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
 # An implicit reward, beta * log(pi_rm / ref), is what a DPO-style or PRIME reward model outputs: the score
 # of that model, not a KL penalty on the policy being trained.

@@ -77,7 +77,7 @@ def test_one_table_of_names(name, role):
 @pytest.mark.parametrize("name, sink", [
     ("loss", "loss"), ("kl_loss", "loss"), ("per_token_loss", "loss"), ("token_level_rewards", "reward"),
     ("non_score_reward", "reward"), ("rlhf_reward", "reward"), ("advantages", "advantage"),
-    ("kl_loss_coef", None), ("kl", None), ("loss_agg_mode", None),
+    ("kl_loss_coef", None), ("kl", None), ("loss_agg_mode", None), ("rewards_with_kl_penalty", "reward"),
 ])
 def test_sink_names(name, sink):
     assert sink_of_name(name) == sink
@@ -216,6 +216,10 @@ def test_switch_branches_stay_apart_and_are_labelled():
     ("sampled_logprobs", alg.OLD), ("sft_logprobs", alg.REF), ("base_logprobs", alg.REF),
     ("init_logprobs", alg.REF), ("teacher_logprobs", alg.REF), ("sft_logits", alg.REF_LOGITS),
     ("logp_t", None),
+    # `lp` with a side word before or after it: the common abbreviation (Agentic-RAG-R1's curr_lp, old_lp, ref_lp)
+    ("curr_lp", alg.POLICY), ("lp_new", alg.POLICY), ("old_lp", alg.OLD), ("b_old_lp", alg.OLD),
+    ("prox_lp", alg.OLD), ("ref_lp", alg.REF), ("shift_ref_lp", alg.REF), ("teacher_lps", alg.REF),
+    ("lp", None), ("target_lp", None), ("old_help", None), ("gen_alpha", None),
 ])
 def test_shape_suffixes_and_more_model_names(name, role):
     assert tensor_role(name) == role
@@ -250,10 +254,10 @@ def test_log_softmax_of_a_reference_models_logits_is_the_reference():
 
 
 @pytest.mark.parametrize("body, name, expected", [
-    ("per_token_kl = logp - data['base_lp']", "per_token_kl", {Estimator.K1}),  # log pi - log ref
+    ("per_token_kl = logp - data['anchor']", "per_token_kl", {Estimator.K1}),  # log pi - log ref
     ("kl = data['anchor'] - logp\nkl = kl.exp() - 1 - kl", "kl", {Estimator.K3}),  # log ref - log pi, then k3
-    ("shift = logp - data['base_lp']", "shift", set()),  # no KL name: no reference is assumed
-    ("kl_coef = logp - data['base_lp']", "kl_coef", set()),  # a coefficient's name is no KL
+    ("shift = logp - data['anchor']", "shift", set()),  # no KL name: no reference is assumed
+    ("kl_coef = logp - data['anchor']", "kl_coef", set()),  # a coefficient's name is no KL
     ("approx_kl = logp - old_logp", "approx_kl", set()),  # both sides known: an importance log-ratio
 ])
 def test_the_unexplained_side_of_a_kl_named_difference_with_the_policy_is_the_reference(body, name, expected):

@@ -1,0 +1,76 @@
+"""Shapes of KL code met in the sixth fresh set (Agentic-RAG-R1, LLM-RLHF-Tuning, ...): a loss helper handed
+the PPO ratio by its caller, log-probs named with the `lp` abbreviation, and per-sequence rewards appended to
+a list named `rewards_with_kl_penalty`.
+
+Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the forward KL (row 3, KL002); on
+samples of an older policy, with no prefix weights, it follows neither KL (row 22, KL008); |log-ratio| or k2
+values in a reward-to-go are not k1 values (rows 7 and 8, KL004).
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+# Agentic-RAG-R1's DAPO step: the loss helper gets the ratio to the rollout's log-probs from its caller,
+# which runs `mu` updates on each rollout
+RATIO_HANDED_TO_A_LOSS_HELPER = """\
+    import torch
+
+
+    def compute_dapo_loss(ratio, advantages, mask, ref_log_probs, curr_log_probs, beta):
+        pg1 = -advantages * ratio
+        pg2 = -advantages * torch.clamp(ratio, 0.8, 1.28)
+        kl = torch.exp(ref_log_probs - curr_log_probs) - (ref_log_probs - curr_log_probs) - 1
+        per_token = torch.maximum(pg1, pg2) + beta * kl
+        return (per_token * mask).sum() / mask.sum()
+
+
+    def step(model, rollout, optimizer, beta):
+        old_lp = rollout["old_log_probs"]
+        ref_lp = rollout["ref_log_probs"]
+        curr_lp = model(rollout["input_ids"])
+        ratio = {ratio}
+        loss = compute_dapo_loss(ratio=ratio, advantages=rollout["adv"], mask=rollout["mask"],
+                                 ref_log_probs=ref_lp, curr_log_probs=curr_lp, beta=beta)
+        loss.backward()
+        optimizer.step()
+    """
+
+
+@pytest.mark.parametrize("ratio, codes", [
+    ("torch.exp(curr_lp - old_lp)", [(9, "KL002"), (9, "KL008")]),  # the caller shows the samples are older
+    ("torch.exp(curr_lp - curr_lp.detach())", [(9, "KL002")]),  # a ratio of one: on-policy
+])
+def test_a_ratio_handed_to_a_loss_helper_shows_older_samples(tmp_path, ratio, codes):
+    assert module_codes(RATIO_HANDED_TO_A_LOSS_HELPER.format(ratio=ratio), tmp_path) == codes
+
+
+# LLM-RLHF-Tuning's PPO rewards: each sequence's penalty, with the score at its last token, appended to a list
+REWARDS_APPENDED_PER_SEQUENCE = """\
+    import torch
+
+
+    class Trainer:
+        def compute_rewards_with_kl_penalty(self, scores, actor_log_probs, ref_log_probs, responses_mask):
+            masks = responses_mask[:, 1:]
+            {target} = []
+            for i in range(scores.shape[0]):
+                kl = actor_log_probs[i] - ref_log_probs[i]
+                if self.args.kl_penalty_method == "abs":
+                    kl = torch.abs(kl)
+                elif self.args.kl_penalty_method == "mse":
+                    kl = kl ** 2 * 0.5
+                kl_penalty = -self.args.kl_penalty_beta * kl
+                kl_penalty[masks[i].nonzero()[-1].item()] += scores[i]
+                {target}.append(kl_penalty)
+            return torch.stack({target})
+    """
+
+
+@pytest.mark.parametrize("target, codes", [
+    ("rewards_with_kl_penalty", [(16, "KL004"), (16, "KL004")]),  # abs and mse values in the reward; k1 is row 6
+    ("penalised_sequences", [(11, "KL100"), (13, "KL100")]),  # a list whose name says nothing: not followed
+])
+def test_rewards_appended_to_a_list_named_as_rewards(tmp_path, target, codes):
+    assert module_codes(REWARDS_APPENDED_PER_SEQUENCE.format(target=target), tmp_path) == codes
