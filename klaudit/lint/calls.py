@@ -151,6 +151,8 @@ class CallFlow(FlowState):
         for sink in outcome.sinks:
             self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
                                        for f in sink.facts), node, via=sink)
+        if roles.names_implicit_reward(func.name.value):
+            return ()  # PRIME's compute_implicit_reward: the reward model's score, whatever its caller names it
         if module is self.module:
             return outcome.returns
         return self.entering_here(outcome.returns, entered)

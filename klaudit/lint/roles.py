@@ -240,13 +240,18 @@ _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advan
 _IMPLICIT = re.compile(r"(?<![a-z0-9])implicit(?![a-z0-9])", re.IGNORECASE)
 
 
+def names_implicit_reward(name: str) -> bool:
+    """`implicit_rewards`, `compute_implicit_reward`: a reward model's log-ratio, not the policy's KL."""
+    return _IMPLICIT.search(name) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def sink_of_name(name: str) -> SinkKind | None:
     """'loss', 'reward' or 'advantage' when a variable of that name is where a KL ends up."""
     bare = name.lstrip("_")
     if _COEF.search(bare):
         return None
-    if _REWARD.match(bare) and _IMPLICIT.search(bare) is None:
+    if _REWARD.match(bare) and not names_implicit_reward(bare):
         return "reward"
     if _ADVANTAGE.match(bare):
         return "advantage"

@@ -1,10 +1,11 @@
 """Shapes of KL code met in the sixth fresh set (Agentic-RAG-R1, LLM-RLHF-Tuning, ...): a loss helper handed
 the PPO ratio by its caller, log-probs named with the `lp` abbreviation, and per-sequence rewards appended to
-a list named `rewards_with_kl_penalty`.
+a list named `rewards_with_kl_penalty`, and PRIME's implicit process reward stored as the rewards.
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the forward KL (row 3, KL002); on
 samples of an older policy, with no prefix weights, it follows neither KL (row 22, KL008); |log-ratio| or k2
-values in a reward-to-go are not k1 values (rows 7 and 8, KL004).
+values in a reward-to-go are not k1 values (rows 7 and 8, KL004). An implicit reward, log pi_rm - log ref
+of a reward model, is that model's score, not a KL term of the policy (no finding).
 """
 
 from __future__ import annotations
@@ -74,3 +75,34 @@ REWARDS_APPENDED_PER_SEQUENCE = """\
 ])
 def test_rewards_appended_to_a_list_named_as_rewards(tmp_path, target, codes):
     assert module_codes(REWARDS_APPENDED_PER_SEQUENCE.format(target=target), tmp_path) == codes
+
+
+# Spurious_Rewards' PRIME trainer: the reward model's log-ratio summed into each step's last token
+IMPLICIT_PROCESS_REWARD = """\
+    import torch
+
+
+    class Trainer:
+        def {helper}(self, log_prob, ref_log_prob, ends):
+            q = log_prob - ref_log_prob
+            token_level_score = torch.zeros_like(q)
+            with torch.no_grad():
+                for b in range(q.shape[0]):
+                    token_level_score[b, ends[b]] = q[b].sum()
+            return token_level_score, q
+
+        def score(self, samples):
+            with torch.no_grad():
+                policy_log_probs, _ = self.prime_model(samples.sequences, samples.num_actions)
+                token_level_score, q = self.{helper}(policy_log_probs, samples.base_action_log_probs, samples.ends)
+                samples.process_rewards = token_level_score
+            return samples
+    """
+
+
+@pytest.mark.parametrize("helper, codes", [
+    ("compute_implicit_reward", []),  # the reward model's score
+    ("compute_token_scores", [(17, "KL011")]),  # read as the policy's k1 stored as a reward with a bonus's sign
+])
+def test_an_implicit_reward_is_the_reward_models_score(tmp_path, helper, codes):
+    assert module_codes(IMPLICIT_PROCESS_REWARD.format(helper=helper), tmp_path) == codes
