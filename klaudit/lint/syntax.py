@@ -156,17 +156,22 @@ def root_name(node: cst.CSTNode) -> str:
             return node.value if type(node) is cst.Name else ""
 
 def is_data_read(node: cst.CSTNode) -> bool:
-    """A value read from a rollout container (data.batch[...], experience.x, inputs[...]), cast or moved
-    (`rollout.logps.to(device)`)."""
+    """A value read from a rollout container (data.batch[...], experience.x, inputs[...]), cast, moved or
+    reshaped (`rollout.logps.to(device)`), or its per-sample pieces joined (`torch.cat(experience.x)`)."""
     if type(node) is cst.Subscript or type(node) is cst.Attribute:
         return bool(roles.DATA_CONTAINERS.match(root_name(node))) or is_data_read(node.value)
     if type(node) is cst.Call and type(node.func) is cst.Attribute:
-        return node.func.attr.value in _CASTS | {"get", "pop"} and is_data_read(node.func.value)
+        method = node.func.attr.value
+        if method in _JOINS and node.args:
+            return is_data_read(node.args[0].value)
+        return method in _CASTS | _RESHAPES | {"get", "pop"} and is_data_read(node.func.value)
     return False
 
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
                         "new_zeros", "new_ones", "new_empty", "new_full"})
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})
+_RESHAPES = frozenset({"unsqueeze", "squeeze", "view", "reshape", "flatten"})
+_JOINS = frozenset({"cat", "concat", "concatenate", "stack"})  # torch.cat(pieces, dim=0)
 _CASTS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "bool", "to", "cuda", "cpu", "type",
                     "type_as", "contiguous", "detach"})
 

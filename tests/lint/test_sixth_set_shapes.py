@@ -1,6 +1,7 @@
 """Shapes of KL code met in the sixth fresh set (Agentic-RAG-R1, LLM-RLHF-Tuning, ...): a loss helper handed
 the PPO ratio by its caller, log-probs named with the `lp` abbreviation, and per-sequence rewards appended to
-a list named `rewards_with_kl_penalty`, and PRIME's implicit process reward stored as the rewards.
+a list named `rewards_with_kl_penalty`, PRIME's implicit process reward stored as the rewards, and the rollout's log-probs joined from per-sample
+pieces (`torch.cat(experience.action_log_probs)`).
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the forward KL (row 3, KL002); on
 samples of an older policy, with no prefix weights, it follows neither KL (row 22, KL008); |log-ratio| or k2
@@ -106,3 +107,31 @@ IMPLICIT_PROCESS_REWARD = """\
 ])
 def test_an_implicit_reward_is_the_reward_models_score(tmp_path, helper, codes):
     assert module_codes(IMPLICIT_PROCESS_REWARD.format(helper=helper), tmp_path) == codes
+
+
+# CURE's packed-sequence actor step (OpenRLHF-style): the rollout's log-probs joined from the buffer's pieces
+LOG_PROBS_JOINED_FROM_THE_BUFFER = """\
+    import torch
+
+
+    class Actor:
+        def training_step(self, experience):
+            old_action_log_probs = {old}
+            base_action_log_probs = torch.cat(experience.base_action_log_probs, dim=0).unsqueeze(0)
+            action_log_probs, output = self.model(experience.sequences, return_output=True)
+            actor_loss = self.actor_loss_fn(action_log_probs, old_action_log_probs, experience.advantages)
+            kl_loss = (action_log_probs - base_action_log_probs).mean()
+            loss = actor_loss + kl_loss * self.args.kl_loss_coef
+            loss.backward()
+    """
+
+
+@pytest.mark.parametrize("old", [
+    "torch.cat(experience.action_log_probs, dim=0).unsqueeze(0)",
+    "torch.stack(experience.action_log_probs).view(1, -1)",
+    "experience.action_log_probs",
+])
+def test_log_probs_joined_from_the_buffer_are_the_behaviour_policys(tmp_path, old):
+    # the policy loss compares the policy with the samples' policy: the k1 loss is on older samples
+    codes = module_codes(LOG_PROBS_JOINED_FROM_THE_BUFFER.format(old=old), tmp_path)
+    assert codes == [(10, "KL001"), (10, "KL008")]
