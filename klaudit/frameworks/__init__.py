@@ -26,7 +26,8 @@ from klaudit.frameworks import easyr1, openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
-from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, detected_near, installed_by_notebook
+from klaudit.frameworks.versions import (DEFAULT, UNSTATED, Assumed, assumed_versions, detected_near,
+                                        installed_by_notebook, vendored)
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 
@@ -62,6 +63,7 @@ class Context:
     versions: Mapping[str, Assumed] = field(default_factory=lambda: {n: Assumed(v) for n, v in DEFAULT.items()})
     classes: Mapping[str, tuple[ConfigClass, ...]] = field(default_factory=dict)  # by name: a name may be defined twice
     homonyms: frozenset[str] = frozenset()  # TRL's class names the linted code defines for a trainer of its own
+    roots: tuple[str, ...] = ()  # the linted folders, resolved: a search for the project's own files stops there
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -206,9 +208,12 @@ def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
 def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     """OpenRLHF's and TRL's command-line options in a script that launches their trainer."""
     found: list[Finding] = []
-    if openrlhf.LAUNCH.search(text):
+    launch = openrlhf.LAUNCH.search(text)
+    assumed = context.release(openrlhf.NAME, path)
+    if launch and assumed.source != "pinned":  # the project's own copy of OpenRLHF, if it carries one, is run
+        assumed = vendored(path, openrlhf.NAME, launch.group().replace(".", "/") + ".py", context.roots) or assumed
+    if launch and assumed is not UNSTATED:
         flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
-        assumed = context.release(openrlhf.NAME, path)
         if flat and not assumed.source:  # 0.11 rejects the flat names: the script is for an earlier release
             assumed = Assumed("0.10", "flat flag names")
         judged = openrlhf.judge(cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), assumed, flat)

@@ -228,6 +228,31 @@ def _tree_version(directory: Path, name: str) -> tuple[str, str] | None:
     return None
 
 
+UNSTATED = Assumed("", "a copy in the linted tree that states no release")
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a folder
+def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ()) -> Assumed | None:
+    """The release of the copy of `name` that a launch script runs when the project carries one (R1-Searcher's
+    OpenRLHF-RAG/openrlhf/, LIMR's openrlhf/): the folder holding `module` (`openrlhf/cli/train_ppo_ray.py`)
+    in the launcher's folder, a folder above it up to the project root or the linted root (`roots`,
+    resolved), or a folder beside one of those. UNSTATED when that copy states no release (its semantics
+    are its code's, linted with the rest of the tree); None when the project carries no copy."""
+    folder = Path(launcher).resolve().parent
+    for base in (folder, *folder.parents):
+        beside = sorted(child for child in base.iterdir() if child.is_dir()) if base.is_dir() else []
+        for candidate in (base, *beside):
+            if (candidate / module).is_file():
+                stated = _tree_version(candidate, name)
+                if stated is None or not _RELEASE.match(stated[0]):
+                    return UNSTATED
+                relative = candidate.relative_to(base) / stated[1] if candidate != base else Path(stated[1])
+                return Assumed(_known(name, stated[0]), f"{stated[0]} in {relative.as_posix()}")
+        if str(base) in roots or any((base / marker).exists() for marker in _PROJECT_MARKERS):
+            return None
+    return None
+
+
 def _pyproject(directory: Path) -> dict:
     text = _read(directory / "pyproject.toml")
     try:

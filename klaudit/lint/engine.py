@@ -357,7 +357,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
                                                                   PYTHON_SUFFIXES + CONFIG_SUFFIXES + (NOTEBOOK_SUFFIX,))
     progress = progress or Progress(False)
     progress.total = len(files)
-    context = Context(assumed_versions(settings.frameworks, _project_roots(paths)))
+    roots = _project_roots(paths)
+    context = Context(assumed_versions(settings.frameworks, roots), roots=tuple(str(r.resolve()) for r in roots))
     notebooks: dict[str, Notebook] = {}
     for path in files:
         if path.endswith(CONFIG_SUFFIXES) and stdin is None:

@@ -64,6 +64,42 @@ def test_flat_names_say_the_script_is_for_an_earlier_release(tmp_path):
     assert finding.fix.startswith("drop --use_kl_loss and set --kl_estimator k1")
 
 
+FLAT_K1_REWARD = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --rollout_batch_size 64 --train_batch_size 64\n"
+
+
+@pytest.mark.parametrize("copy, version_file, expected", [
+    (None, None, ["KL010"]),  # no copy: the flat names say 0.10, whose k1 reward is clamped
+    ("openrlhf", None, []),  # LIMR: a copy stating no release is its own code's, linted with the tree
+    ("OpenRLHF-RAG/openrlhf", "OpenRLHF-RAG/version.txt", []),  # R1-Searcher: 0.5.5 is read as 0.6, unclamped
+    ("third_party/openrlhf", "third_party/version.txt", ["KL010"]),  # a copy stating 0.9: clamped
+])
+def test_a_copy_of_openrlhf_in_the_project_decides_the_release(tmp_path, copy, version_file, expected):
+    (tmp_path / "setup.py").write_text("")  # the project root
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "train.sh").write_text(FLAT_K1_REWARD)
+    if copy is not None:
+        (tmp_path / copy / "cli").mkdir(parents=True)
+        (tmp_path / copy / "cli" / "train_ppo_ray.py").write_text("")
+    if version_file is not None:
+        (tmp_path / version_file).write_text("0.9.1\n" if "third_party" in version_file else "0.5.5\n")
+    roots = (str(tmp_path.resolve()),)
+    found = lint_config(str(tmp_path / "scripts" / "train.sh"), FLAT_K1_REWARD, Context(roots=roots))
+    assert [f.code for f in found] == expected
+    if version_file is not None and expected:
+        assert "[openrlhf 0.9 (0.9.1 in third_party/version.txt)" in found[0].message
+
+
+def test_a_search_for_the_copy_stops_at_the_linted_root(tmp_path):
+    """An unpacked tree without project files: a sibling folder above the linted root is another project."""
+    (tmp_path / "other" / "openrlhf" / "cli").mkdir(parents=True)
+    (tmp_path / "other" / "openrlhf" / "cli" / "train_ppo_ray.py").write_text("")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "train.sh").write_text(FLAT_K1_REWARD)
+    found = lint_config(str(tmp_path / "mine" / "train.sh"), FLAT_K1_REWARD,
+                        Context(roots=(str((tmp_path / "mine").resolve()),)))
+    assert [f.code for f in found] == ["KL010"]
+
+
 def test_bash_arrays_variables_and_the_finding_s_place():
     text = ("KL=k2\nARGS=(\n   --algo.kl.use_loss  # the KL as a loss\n   --algo.kl.estimator $KL\n"
             "   --rollout.batch_size 64 --rollout.n_samples_per_prompt 8 --train.batch_size 64\n)\n"
