@@ -125,6 +125,7 @@ class Module:
         self.functions: dict[str, cst.FunctionDef] = {}
         self.classes: dict[str, tuple[cst.ClassDef, dict[str, cst.FunctionDef]]] = {}  # name -> (class, its methods)
         self.imports: dict[str, tuple[str, str | None, int]] = {}  # local name -> (dotted module, attribute or None, level)
+        self.star_imports: list[tuple[str, int]] = []  # `from utils import *`: (dotted module, level), in order
         # module-level NAME = {...} / [...] / (...): the displays, for registries
         self.constants: dict[str, cst.Dict | cst.List | cst.Tuple] = {}
         for stmt in module.body:
@@ -158,7 +159,9 @@ class Module:
                         renamed = _renamed(alias)
                         local = renamed or name.split(".")[0]
                         self.imports[local] = (name if renamed else local, None, 0)
-                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                elif isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                    self.star_imports.append((dotted(small.module) if small.module else "", len(small.relative)))
+                elif isinstance(small, cst.ImportFrom):
                     source = dotted(small.module) if small.module else ""
                     level = len(small.relative)
                     for alias in small.names:
@@ -356,6 +359,10 @@ class Analyzer:
             target = self._import(module, source, level, attr) if attr is not None else None
             if target is not None and attr in target.classes:
                 return target, target.classes[attr][0]
+        elif imports:
+            target = self._star_source(module, name)
+            if target is not None and name in target.classes:
+                return target, target.classes[name][0]
         return None
 
     def method_of(self, module: Module, cls: str, name: str, depth: int = 3):
@@ -386,6 +393,8 @@ class Analyzer:
                 if attr is None:
                     return None
                 return self._exported(self._import(module, source, level, attr), attr)
+            if imports:
+                return self._star_imported(module, name)
             return None
         if type(func_node) is cst.Attribute:
             attr = func_node.attr.value
@@ -405,6 +414,20 @@ class Analyzer:
                 target = self._import(module, ".".join([full] + rest), level, attr)
                 if target is not None and attr in target.functions:
                     return target, target.functions[attr], None
+        return None
+
+    def _star_imported(self, module: Module, name: str):
+        """(module, function, None) for `name` brought in by a `from x import *` of `module`, else None."""
+        target = self._star_source(module, name)
+        return self._exported(target, name) if target is not None else None
+
+    def _star_source(self, module: Module, name: str) -> Module | None:
+        """The module a `from x import *` of `module` brings `name` from: the last such import whose module
+        defines it as a function or class wins, as in Python."""
+        for source, level in reversed(module.star_imports):
+            target = self._import(module, source, level, name)
+            if target is not None and (name in target.functions or name in target.classes):
+                return target
         return None
 
     def _exported(self, target: Module | None, name: str, hops: int = 2):

@@ -56,7 +56,7 @@ class Project:
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:
         """The file of module `dotted` (relative to `importer` when `level` > 0), if it is in the tree
         (looked up in the file system once per module and importing directory)."""
-        key = (dotted, os.path.dirname(importer) if level and importer is not None else None, level)
+        key = (dotted, os.path.dirname(importer) if importer is not None else None, level)
         if key not in self._paths:
             self._paths[key] = self._module_path(dotted, importer, level)
         return self._paths[key]
@@ -72,6 +72,14 @@ class Project:
             for _ in range(level - 1):
                 base = base.parent
             return _find(base, parts)
+        if importer is not None:
+            # a script's own folder comes first on Python's path (`from utils import f` beside train.py);
+            # a package's modules import by the package's path instead
+            folder = Path(importer).resolve().parent
+            if not (folder / "__init__.py").is_file():
+                found = _find(folder, parts)
+                if found is not None:
+                    return found
         for base in self.bases + self.package_parents().get(parts[0], []):
             found = _find(base, parts)
             if found is not None:

@@ -1,18 +1,26 @@
 """Shapes of KL code met in the sixth fresh set (Agentic-RAG-R1, LLM-RLHF-Tuning, ...): a loss helper handed
 the PPO ratio by its caller, log-probs named with the `lp` abbreviation, and per-sequence rewards appended to
 a list named `rewards_with_kl_penalty`, PRIME's implicit process reward stored as the rewards, and the rollout's log-probs joined from per-sample
-pieces (`torch.cat(experience.action_log_probs)`).
+pieces (`torch.cat(experience.action_log_probs)`), and a distillation script that imports its KL helper
+from the `utils.py` beside it (one of several in the repository), by name or with `import *`.
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the forward KL (row 3, KL002); on
 samples of an older policy, with no prefix weights, it follows neither KL (row 22, KL008); |log-ratio| or k2
 values in a reward-to-go are not k1 values (rows 7 and 8, KL004). An implicit reward, log pi_rm - log ref
-of a reward model, is that model's score, not a KL term of the policy (no finding).
+of a reward model, is that model's score, not a KL term of the policy (no finding). The exact per-token KL
+differentiated as a loss on the student's own samples is the local gradient (row 2's PART, KL003), here
+averaged per sequence (1/L, KL007).
 """
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 from snippets import module_codes
+
+from klaudit.config import Settings
+from klaudit.lint.engine import lint_paths
 
 # Agentic-RAG-R1's DAPO step: the loss helper gets the ratio to the rollout's log-probs from its caller,
 # which runs `mu` updates on each rollout
@@ -135,3 +143,50 @@ def test_log_probs_joined_from_the_buffer_are_the_behaviour_policys(tmp_path, ol
     # the policy loss compares the policy with the samples' policy: the k1 loss is on older samples
     codes = module_codes(LOG_PROBS_JOINED_FROM_THE_BUFFER.format(old=old), tmp_path)
     assert codes == [(10, "KL001"), (10, "KL008")]
+
+
+# llm_related's on-policy distillation: the student samples, and the reverse KL to the teacher, exact over the
+# vocabulary, is the loss; the helper lives in the utils.py beside the script, and the repository has others
+DISTILLATION_SCRIPT = """\
+    import torch
+    {import_line}
+
+
+    def compute_loss(model, teacher, prompt_ids, pad_id):
+        sequences = model.generate(prompt_ids)
+        logits = model(sequences).logits[:, prompt_ids.shape[-1]:]
+        with torch.no_grad():
+            teacher_logits = teacher(sequences).logits[:, prompt_ids.shape[-1]:]
+        kl = compute_rkl(logits, teacher_logits, sequences[:, prompt_ids.shape[-1]:], pad_id)
+        return kl.mean()
+    """
+REVERSE_KL_HELPER = """\
+    import torch
+
+
+    def compute_rkl(logits, teacher_logits, target, padding_id):
+        probs = torch.softmax(logits, -1)
+        log_probs = torch.log_softmax(logits, -1)
+        teacher_log_probs = torch.log_softmax(teacher_logits, -1)
+        kl = (probs * (log_probs - teacher_log_probs)).sum(-1)
+        pad_mask = target.eq(padding_id)
+        kl = kl.masked_fill(pad_mask, 0.0)
+        return kl.sum(dim=1) / (~pad_mask).sum(dim=1)
+    """
+UNRELATED_UTILS = """\
+    def compute_rkl(*args):
+        return 0.0
+    """
+
+
+@pytest.mark.parametrize("import_line", ["from utils import compute_rkl", "from utils import *"])
+def test_a_script_imports_the_helper_beside_it(tmp_path, import_line):
+    for folder, files in {"distill": {"train.py": DISTILLATION_SCRIPT.format(import_line=import_line),
+                                      "utils.py": REVERSE_KL_HELPER},
+                          "tools/utils": {"__init__.py": UNRELATED_UTILS}}.items():
+        (tmp_path / folder).mkdir(parents=True)
+        for name, text in files.items():
+            (tmp_path / folder / name).write_text(textwrap.dedent(text))
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)  # the whole tree, as `lint .`
+    assert sorted((f.path.split("/")[-1], f.line, f.code) for f in result.findings) == [
+        ("train.py", 11, "KL003"), ("train.py", 11, "KL007")]
