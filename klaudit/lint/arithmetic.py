@@ -118,8 +118,8 @@ class ArithmeticFlow(FlowState):
         for f in left:
             if f.role != "tensor":
                 continue
-            if any(g.role == "length" for g in right):
-                f = replace(f, aggregation=Aggregation.SEQ_MEAN)
+            if any(g.role == "length" for g in right):  # a packed row's length is the batch's token count
+                f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.packed else Aggregation.SEQ_MEAN)
             elif any(g.role == "ntokens" for g in right):
                 f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.aggregation in (None, Aggregation.SUM) else f.aggregation)
             elif any(g.role == "tensor" and g.poly is not None and not g.poly.is_const() for g in right):

@@ -17,7 +17,8 @@ from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, rename_logprobs, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import fills_padding, is_data_read, is_tensor_factory, last_name, mentions, string_key
+from klaudit.lint.syntax import (fills_padding, is_data_read, is_packed_row, is_tensor_factory, last_name, mentions,
+                                 string_key)
 
 # Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
 # mask.sum(-1)` holds each sequence's length, whatever its name says).
@@ -77,6 +78,8 @@ class AssignmentFlow(FlowState):
                           if compatible(f.labels, self.labels))
         if type(target) is cst.Name and rhs is not None:
             value = rename_logprobs(value, name, is_data_read(rhs))
+            if is_packed_row(rhs):
+                value = tuple(replace(f, packed=True) if f.role == "tensor" else f for f in value)
         if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them
             value = tuple(f for f in value if f.role != "tensor" or f.poly is None or not f.poly.atoms())
         kind = roles.sink_of_name(name) if name else None

@@ -292,11 +292,12 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
-    groups: dict[tuple[int, tuple[tuple[str | int, ...], ...]], list[_Candidate]] = {}
+    groups: dict[tuple[int, tuple[tuple[str | int, ...], ...], bool], list[_Candidate]] = {}
     for cand in candidates:
         values = tuple(v for _, v in cand.fact.labels)
         formed = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
-        groups.setdefault((id(formed), values), []).append(cand)
+        # packed and unpacked rows of one term are two paths (OpenRLHF's `if packing:`): each keeps its reduction
+        groups.setdefault((id(formed), values, cand.fact.packed), []).append(cand)
     findings: list[Finding] = []
     # (statement, rule, row label) -> (labels, config, row, origin) of each verdict there
     merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None]]] = {}

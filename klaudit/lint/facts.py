@@ -55,6 +55,7 @@ class Fact:
     callee: Callee | None = None  # role "function": the function it holds
     stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
     beside: bool = False  # added to a value the analysis does not follow (a score, another loss term)
+    packed: bool = False  # the sequences concatenated into one row (`torch.cat(pieces).unsqueeze(0)`)
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -327,6 +328,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         passed=a.passed or b.passed,
         pending=tuple(dict.fromkeys(a.pending + b.pending)),
         beside=a.beside or b.beside,
+        packed=a.packed or b.packed,
     )
 
 def contained(value: Value) -> Iterator[Fact]:

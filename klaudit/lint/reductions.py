@@ -51,6 +51,10 @@ class ReductionFlow(FlowState):
                 aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
                 out.append(replace(f, poly=vocab, origin=self.here(node), aggregation=aggregation, scalar=True))
                 continue
+            if per_row and f.packed:  # one row of every sequence's tokens: reduced over all of them
+                aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.BATCH_MEAN)
+                out.append(replace(f, aggregation=aggregation, scalar=True))
+                continue
             if per_row and f.poly.atoms() and all(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 out.append(replace(f, scalar=True))  # already one value per sequence: a group statistic
                 continue
@@ -81,7 +85,8 @@ class ReductionFlow(FlowState):
         for f in first:
             if f.role != "tensor":
                 continue
-            out.append(replace(f, aggregation=f.aggregation or aggregation, scalar=aggregation is not Aggregation.SEQ_MEAN))
+            mode = Aggregation.BATCH_MEAN if f.packed and aggregation is Aggregation.SEQ_MEAN else aggregation
+            out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN))
         return tuple(out)
 
     def imported_default_axis(self, name: str) -> bool:

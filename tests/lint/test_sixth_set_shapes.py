@@ -1,7 +1,7 @@
 """Shapes of KL code met in the sixth fresh set (Agentic-RAG-R1, LLM-RLHF-Tuning, ...): a loss helper handed
 the PPO ratio by its caller, log-probs named with the `lp` abbreviation, and per-sequence rewards appended to
 a list named `rewards_with_kl_penalty`, PRIME's implicit process reward stored as the rewards, and the rollout's log-probs joined from per-sample
-pieces (`torch.cat(experience.action_log_probs)`), and a distillation script that imports its KL helper
+pieces (`torch.cat(experience.action_log_probs)`) into one packed row, and a distillation script that imports its KL helper
 from the `utils.py` beside it (one of several in the repository), by name or with `import *`.
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the forward KL (row 3, KL002); on
@@ -9,7 +9,8 @@ samples of an older policy, with no prefix weights, it follows neither KL (row 2
 values in a reward-to-go are not k1 values (rows 7 and 8, KL004). An implicit reward, log pi_rm - log ref
 of a reward model, is that model's score, not a KL term of the policy (no finding). The exact per-token KL
 differentiated as a loss on the student's own samples is the local gradient (row 2's PART, KL003), here
-averaged per sequence (1/L, KL007).
+averaged per sequence (1/L, KL007); a mean over the last axis of one packed row of every sequence's tokens
+is a token mean over the batch (row 20), whose weights are right.
 """
 
 from __future__ import annotations
@@ -190,3 +191,36 @@ def test_a_script_imports_the_helper_beside_it(tmp_path, import_line):
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)  # the whole tree, as `lint .`
     assert sorted((f.path.split("/")[-1], f.line, f.code) for f in result.findings) == [
         ("train.py", 11, "KL003"), ("train.py", 11, "KL007")]
+
+
+# Open-Reasoner-Zero's and CURE's actor step: the samples packed into one row, so the mean over the last
+# axis is over every sequence's tokens; Spurious_Rewards' copy also has the unpacked branch
+PACKED_OR_NOT = """\
+    import torch
+
+
+    class Actor:
+        def training_step(self, experience):
+            if isinstance(experience.sequences, list):
+                base_action_log_probs = torch.cat(experience.base_action_log_probs, dim=0).unsqueeze(0)
+            else:
+                base_action_log_probs = {unpacked}
+            action_log_probs, output = self.model(experience.sequences, return_output=True)
+            kl = base_action_log_probs - action_log_probs
+            kl_loss = kl.exp() - 1 - kl
+            kl_loss = masked_mean(kl_loss, experience.action_mask, dim=-1).mean()
+            loss = kl_loss * self.args.kl_loss_coef
+            loss.backward()
+
+
+    def masked_mean(values, mask, dim=None):
+        return (values * mask).sum(dim) / mask.sum(dim)
+    """
+
+
+@pytest.mark.parametrize("unpacked, codes", [
+    ("torch.cat(experience.base_action_log_probs, dim=0).unsqueeze(0)", [(12, "KL002")]),  # packed either way
+    ("experience.base_action_log_probs", [(12, "KL002"), (12, "KL007")]),  # the unpacked path: 1/L
+])
+def test_a_mean_over_one_packed_row_is_over_the_batch(tmp_path, unpacked, codes):
+    assert module_codes(PACKED_OR_NOT.format(unpacked=unpacked), tmp_path) == codes
