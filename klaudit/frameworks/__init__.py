@@ -89,7 +89,8 @@ class Context:
 
 def prepare(pins: Mapping[str, str], roots: Iterable[Path], sources: Mapping[str, str]) -> Context:
     """The context of a lint run over `roots` whose Python sources (after the pre-filter) are `sources`."""
-    return with_code(Context(assumed_versions(pins, roots)), sources)
+    roots = list(roots)
+    return with_code(Context(assumed_versions(pins, roots), roots=tuple(str(Path(r).resolve()) for r in roots)), sources)
 
 
 def with_code(context: Context, sources: Mapping[str, str]) -> Context:

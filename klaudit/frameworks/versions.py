@@ -239,7 +239,12 @@ def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ())
     resolved), or a folder beside one of those. UNSTATED when that copy states no release (its semantics
     are its code's, linted with the rest of the tree); None when the project carries no copy."""
     folder = Path(launcher).resolve().parent
-    for base in (folder, *folder.parents):
+    levels = [folder, *folder.parents]
+    top = next((i for i, base in enumerate(levels)
+                if str(base) in roots or any((base / marker).exists() for marker in _PROJECT_MARKERS)), None)
+    if top is None:
+        return None  # no project or linted root above the script: the folders beside its parents are not its own
+    for base in levels[:top + 1]:
         beside = sorted(child for child in base.iterdir() if child.is_dir()) if base.is_dir() else []
         for candidate in (base, *beside):
             if (candidate / module).is_file():
@@ -248,8 +253,6 @@ def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ())
                     return UNSTATED
                 relative = candidate.relative_to(base) / stated[1] if candidate != base else Path(stated[1])
                 return Assumed(_known(name, stated[0]), f"{stated[0]} in {relative.as_posix()}")
-        if str(base) in roots or any((base / marker).exists() for marker in _PROJECT_MARKERS):
-            return None
     return None
 
 
