@@ -26,8 +26,15 @@ from klaudit.frameworks import easyr1, openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
-from klaudit.frameworks.versions import (DEFAULT, UNSTATED, Assumed, assumed_versions, detected_near,
-                                        installed_by_notebook, vendored)
+from klaudit.frameworks.versions import (
+    DEFAULT,
+    UNSTATED,
+    Assumed,
+    assumed_versions,
+    detected_near,
+    installed_by_notebook,
+    vendored,
+)
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 

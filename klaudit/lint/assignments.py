@@ -17,8 +17,15 @@ from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, rename_logprobs, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import (fills_padding, is_data_read, is_packed_row, is_tensor_factory, last_name, mentions,
-                                 string_key)
+from klaudit.lint.syntax import (
+    fills_padding,
+    is_data_read,
+    is_packed_row,
+    is_tensor_factory,
+    last_name,
+    mentions,
+    string_key,
+)
 
 # Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
 # mask.sum(-1)` holds each sequence's length, whatever its name says).

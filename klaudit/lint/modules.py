@@ -161,7 +161,7 @@ class Module:
                         self.imports[local] = (name if renamed else local, None, 0)
                 elif isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
                     self.star_imports.append((dotted(small.module) if small.module else "", len(small.relative)))
-                elif isinstance(small, cst.ImportFrom):
+                elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                     source = dotted(small.module) if small.module else ""
                     level = len(small.relative)
                     for alias in small.names:
