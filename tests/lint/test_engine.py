@@ -12,6 +12,7 @@ import fake_analysis
 import pytest
 
 from klaudit.config import RuleSelection, Settings
+from klaudit.frameworks import CONFIG_SUFFIXES
 from klaudit.lint import engine, parsing
 from klaudit.lint.engine import LintError, discover_files, lint_paths
 
@@ -46,6 +47,16 @@ def test_discovery_skips_excluded_directories_and_virtualenvs(tmp_path):
     write(tmp_path / "top.py", "")
     files = discover_files([str(tmp_path)], Settings(root=tmp_path))
     assert [os.path.relpath(f, tmp_path) for f in files] == ["top.py", "pkg/a.py", "pkg/stubs.pyi"]
+
+
+def test_discovery_skips_the_run_records_hydra_writes(tmp_path):
+    """Tool-Star commits a Hydra output folder: its .hydra/config.yaml is the configuration a finished run
+    used, not one anybody launches, and was reported three times over (config, hydra and overrides)."""
+    run = "actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n    kl_loss_type: low_var_kl\n"
+    write(tmp_path / "outputs" / "2025-03-10" / "20-13-52" / ".hydra" / "config.yaml", run)
+    write(tmp_path / "configs" / "run.yaml", run)
+    files = discover_files([str(tmp_path)], Settings(root=tmp_path), suffixes=CONFIG_SUFFIXES)
+    assert [os.path.relpath(f, tmp_path) for f in files] == ["configs/run.yaml"]
 
 
 def test_a_file_named_twice_or_through_a_link_is_linted_once(tmp_path, monkeypatch):
