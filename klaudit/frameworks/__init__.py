@@ -105,7 +105,7 @@ def with_code(context: Context, sources: Mapping[str, str]) -> Context:
     return replace(context, classes=config_classes(sources), homonyms=homonyms(sources))
 
 
-_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.MULTILINE)
+_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
 _IMPORTS_TRL = re.compile(r"^[ \t]*(?:from[ \t]+trl\b|import[ \t]+trl\b)", re.MULTILINE)
 
 
@@ -303,6 +303,7 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     names = context.class_names
     if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
         names -= context.homonyms
+    names -= _imported_from_elsewhere(path, source, names, context)
     if not any(name in source for name in names):
         return []
     calls, definitions = read_configs(source, names, trl.KEYS, path, module)
@@ -317,6 +318,25 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
             continue  # its defaults are judged at its definition
         fallback, note = _class_defaults((call.name,), path, context)
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source)
+    return found
+
+
+# `from tunix.rl.grpo.grpo_learner import GRPOConfig`, `from src.config import (LoRAConfig, GRPOConfig)`
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+
+
+def _imported_from_elsewhere(path: str, source: str, names: Collection[str], context: Context) -> set[str]:
+    """The configuration class names a module imports from a module that is not TRL's (tunix's own
+    GRPOConfig, a project's dataclass of that name): its calls of them build no TRL configuration. A
+    class of the linted code that derives from TRL's keeps its name; so do TRL's own relative imports."""
+    found = set()
+    for module, imported in _FROM_IMPORT.findall(source):
+        if module.split(".")[0] == "trl" or (module.startswith(".") and "trl" in Path(path).parts[:-1]):
+            continue
+        for alias in imported.strip("()").replace("\\\n", " ").split(","):
+            words = alias.split()
+            if len(words) == 1 and words[0] in names and words[0] not in context.classes:
+                found.add(words[0])
     return found
 
 

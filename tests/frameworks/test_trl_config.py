@@ -103,6 +103,26 @@ def test_a_projects_own_class_named_like_trls_is_not_read_as_trls(tmp_path):
     }) == []
 
 
+def test_a_projects_own_class_without_bases_is_a_homonym_too(tmp_path):
+    """ee596-fp's shape: a plain `@dataclass class GRPOConfig:` with a beta, built in its tests."""
+    assert _tree_findings(tmp_path, {
+        "src/__init__.py": "",
+        "src/config.py": "from dataclasses import dataclass\n\n\n@dataclass\nclass GRPOConfig:\n    beta: float = 0.08\n",
+        "tests/test_config.py": "from src.config import (\n    GRPOConfig,\n)\n\nconfig = GRPOConfig(beta=0.1)\n",
+        "src/defaults.py": "from dataclasses import dataclass\n\n\n@dataclass\nclass GRPOConfig:\n    beta: float = 0.0\n\n\n"
+                           "FAST = GRPOConfig(beta=0.04)\n",  # built where it is defined: no import says whose it is
+    }) == []
+
+
+@pytest.mark.parametrize("imported, expected", [
+    ("from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner", []),  # tunix's class of that name
+    ("from trl import GRPOConfig", [("train.py", 3, "KL003"), ("train.py", 3, "KL008")]),
+])
+def test_a_class_of_trls_name_imported_from_another_library_is_not_trls(tmp_path, imported, expected):
+    assert _tree_findings(tmp_path, {"train.py": f"{imported}\n\nconfig = GRPOConfig(beta=0.08, num_iterations=2)\n"}) \
+        == expected
+
+
 def test_a_class_derived_from_a_projects_own_homonym_is_the_projects_too(tmp_path):
     """tunix's shape: DrGRPOConfig(grpo_learner.GRPOConfig), where that GRPOConfig is tunix's own."""
     assert _tree_findings(tmp_path, {
