@@ -13,7 +13,7 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, merge_labels, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, last_name, params
+from klaudit.lint.syntax import dotted, is_data_read, last_name, params
 
 
 def elements(value: tuple) -> tuple:
@@ -86,8 +86,11 @@ class ContainerFlow(FlowState):
     def read_get(self, base_node: cst.BaseExpression, key: str, default: cst.BaseExpression | None) -> tuple:
         """`base.get("key", default)`: what was stored under the key, or the default (None when not given)."""
         found = self.read_key(base_node, key)
-        if found is None:  # rollout data, except the current policy's log-probs a loss reads from its inputs
-            poly = roles.named_tensor(key, grad=roles.is_current_policy_name(key) and not self.no_grad)
+        if found is None:
+            # rollout data (`batch.get(...)`) holds no gradient, except the current policy's log-probs a loss
+            # reads from its inputs; a model's outputs (`outputs.get("logps")`) do, as `outputs["logps"]` does
+            grad = not is_data_read(base_node) or roles.is_current_policy_name(key)
+            poly = roles.named_tensor(key, grad=grad and not self.no_grad)
             found = (tensor(poly),) if poly is not None else ()
         if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
             return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found
