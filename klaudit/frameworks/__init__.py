@@ -71,6 +71,7 @@ class Context:
     classes: Mapping[str, tuple[ConfigClass, ...]] = field(default_factory=dict)  # by name: a name may be defined twice
     homonyms: frozenset[str] = frozenset()  # TRL's class names the linted code defines for a trainer of its own
     roots: tuple[str, ...] = ()  # the linted folders, resolved: a search for the project's own files stops there
+    local_names: frozenset[str] = frozenset()  # the folder and module names of the linted sources' paths
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -101,8 +102,10 @@ def prepare(pins: Mapping[str, str], roots: Iterable[Path], sources: Mapping[str
 
 
 def with_code(context: Context, sources: Mapping[str, str]) -> Context:
-    """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define."""
-    return replace(context, classes=config_classes(sources), homonyms=homonyms(sources))
+    """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define, and the
+    names an import of one of the linted modules may start with."""
+    local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
+    return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local)
 
 
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
@@ -303,7 +306,7 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     names = context.class_names
     if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
         names -= context.homonyms
-    names -= _imported_from_elsewhere(path, source, names, context)
+    names -= _imported_from_elsewhere(source, names, context)
     if not any(name in source for name in names):
         return []
     calls, definitions = read_configs(source, names, trl.KEYS, path, module)
@@ -325,13 +328,15 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
 
 
-def _imported_from_elsewhere(path: str, source: str, names: Collection[str], context: Context) -> set[str]:
-    """The configuration class names a module imports from a module that is not TRL's (tunix's own
-    GRPOConfig, a project's dataclass of that name): its calls of them build no TRL configuration. A
-    class of the linted code that derives from TRL's keeps its name; so do TRL's own relative imports."""
+def _imported_from_elsewhere(source: str, names: Collection[str], context: Context) -> set[str]:
+    """The configuration class names a module imports from another library than TRL (tunix's own
+    GRPOConfig): its calls of them build no TRL configuration. What a module imports from the linted code
+    is left to the homonym rule (a project's copy of TRL's class, as SakanaAI/RLT's, is judged as TRL's
+    where its module works with TRL)."""
     found = set()
     for module, imported in _FROM_IMPORT.findall(source):
-        if module.split(".")[0] == "trl" or (module.startswith(".") and "trl" in Path(path).parts[:-1]):
+        top = module.split(".")[0]
+        if top == "trl" or module.startswith(".") or top in context.local_names:
             continue
         for alias in imported.strip("()").replace("\\\n", " ").split(","):
             words = alias.split()
