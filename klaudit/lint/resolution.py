@@ -1,0 +1,132 @@
+"""Which function or class of the linted tree a call names: by name in its module, through its imports
+(`from x import f`, `from x import *`, a package's re-export) and through a class's bases."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from klaudit.lint.syntax import dotted
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from klaudit.lint.modules import Module
+    from klaudit.lint.project import Project
+
+
+class NameResolution:
+    """The lookups of klaudit.lint.modules.Analyzer: what a call's target is, parsing another module
+    only when its text may define the name looked up (parsing is the costly part)."""
+
+    project: Project
+
+    def module_at(self, path: Path) -> Module | None:
+        raise NotImplementedError  # the Analyzer's: a module parsed once per worker
+
+    def resolve_class(self, module: Module, func_node: cst.CSTNode, imports: bool = True):
+        """(module, class definition) for a class of the linted tree called by name, or None.
+
+        With `imports` False only classes of `module` itself are considered."""
+        if not isinstance(func_node, cst.Name):
+            return None
+        name = func_node.value
+        if name in module.classes:
+            return module, module.classes[name][0]
+        if name in module.imports and imports:
+            source, attr, level = module.imports[name]
+            target = self._import(module, source, level, attr) if attr is not None else None
+            if target is not None and attr in target.classes:
+                return target, target.classes[attr][0]
+        elif imports:
+            target = self._star_source(module, name)
+            if target is not None and name in target.classes:
+                return target, target.classes[name][0]
+        return None
+
+    def method_of(self, module: Module, cls: str, name: str, depth: int = 3):
+        """(module, method, class) for `self.name` in class `cls`, looked up in its bases when it does not define it."""
+        classdef, methods = module.classes.get(cls, (None, {}))
+        if name in methods:
+            return module, methods[name], cls
+        if classdef is None or depth <= 0:
+            return None
+        for base in classdef.bases:
+            found = self.resolve_class(module, base.value)
+            if found is not None:
+                hit = self.method_of(found[0], found[1].name.value, name, depth - 1)
+                if hit is not None:
+                    return hit
+        return None
+
+    def resolve(self, module: Module, func_node: cst.CSTNode, cls: str | None, imports: bool = True):
+        """(module, function, class) for a call target inside the linted tree, or None.
+
+        With `imports` False only functions of `module` itself are considered."""
+        if type(func_node) is cst.Name:  # type(): see klaudit.lint.syntax
+            name = func_node.value
+            if name in module.functions:
+                return module, module.functions[name], None
+            if name in module.imports and imports:
+                source, attr, level = module.imports[name]
+                if attr is None:
+                    return None
+                return self._exported(self._import(module, source, level, attr), attr)
+            if imports:
+                return self._star_imported(module, name)
+            return None
+        if type(func_node) is cst.Attribute:
+            attr = func_node.attr.value
+            base = func_node.value
+            if type(base) is cst.Name and base.value in ("self", "cls") and cls is not None:
+                return self.method_of(module, cls, attr)
+            if type(base) is cst.Name and base.value in module.classes:
+                _, methods = module.classes[base.value]
+                if attr in methods:
+                    return module, methods[attr], base.value
+            base_name = dotted(base)
+            head = base_name.split(".")[0]
+            if head in module.imports and imports:
+                imp_dotted, imp_attr, level = module.imports[head]
+                full = imp_dotted if imp_attr is None else (f"{imp_dotted}.{imp_attr}" if imp_dotted else imp_attr)
+                rest = base_name.split(".")[1:]
+                target = self._import(module, ".".join([full] + rest), level, attr)
+                if target is not None and attr in target.functions:
+                    return target, target.functions[attr], None
+        return None
+
+    def _star_imported(self, module: Module, name: str):
+        """(module, function, None) for `name` brought in by a `from x import *` of `module`, else None."""
+        target = self._star_source(module, name)
+        return self._exported(target, name) if target is not None else None
+
+    def _star_source(self, module: Module, name: str) -> Module | None:
+        """The module a `from x import *` of `module` brings `name` from: the last such import whose module
+        defines it as a function or class wins, as in Python."""
+        for source, level in reversed(module.star_imports):
+            target = self._import(module, source, level, name)
+            if target is not None and (name in target.functions or name in target.classes):
+                return target
+        return None
+
+    def _exported(self, target: Module | None, name: str, hops: int = 2):
+        """(module, function, None) for `name` defined in `target`, or re-exported there from another
+        module of the tree (`from .loss import aggregate_loss` in a package's __init__), else None."""
+        if target is None:
+            return None
+        if name in target.functions:
+            return target, target.functions[name], None
+        source, attr, level = target.imports.get(name, ("", None, 0))
+        if attr is None or hops <= 0:
+            return None
+        return self._exported(self._import(target, source, level, attr), attr, hops - 1)
+
+    def _import(self, module: Module, name: str, level: int, wanted: str) -> Module | None:
+        """The module `name` imported by `module`, parsed only if its text may define `wanted` (the
+        function or class looked up in it, or a package's __init__ re-exports it): parsing other
+        modules is the costly part."""
+        path = self.project.module_path(name, module.path, level)
+        if path is None or not self.project.may_define(path, wanted):
+            return None
+        return self.module_at(path)
