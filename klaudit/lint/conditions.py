@@ -54,7 +54,9 @@ class ConditionFlow(FlowState):
                 known = [f.text for f in facts if f.role == "str" and f.text is not None]
                 name = next((f.name for f in facts if f.role == "str" and f.name), last_name(subject))
                 negate = isinstance(comp.operator, (cst.NotEqual, cst.NotIn))
-                if known:
+                # a value the analysis cannot see beside a known one (`cfg.get("kl_type", "unbias")`) keeps
+                # the comparison a switch
+                if known and not any(f.role == "str" and f.text is None for f in facts):
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
                 values = spelled(facts, tuple(strings))

@@ -94,7 +94,12 @@ class ContainerFlow(FlowState):
             found = (tensor(poly),) if poly is not None else ()
         if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
             return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found
-        return tuple(dict.fromkeys(found + tuple(f for f in self.expr(default) if f.role != "none")))
+        defaults = tuple(f for f in self.expr(default) if f.role != "none")
+        if not found and any(f.role == "str" for f in defaults):
+            # `args.get("kl_type", "unbias")` from a configuration the analysis cannot see: the default is one
+            # value of the switch, not the only one
+            found = (Fact(role="str", name=key),)
+        return tuple(dict.fromkeys(found + defaults))
 
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
         """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the

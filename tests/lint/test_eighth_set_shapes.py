@@ -1,5 +1,5 @@
-"""Shapes of KL code met in the eighth review (modelscope's twinkle): log-probs a loss reads from the model's
-outputs with `.get`.
+"""Shapes of KL code met in the eighth review (modelscope's twinkle, InternBootcamp): log-probs a loss reads
+from the model's outputs with `.get`, and a switch read from a configuration with a default.
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the forward KL (row 3, KL002); averaged
 per sequence it weights each by 1/L (row 21, KL007).
@@ -34,3 +34,28 @@ LOSS_READING_THE_MODEL_OUTPUTS = """\
 ])
 def test_log_probs_read_from_the_model_outputs_carry_the_gradient(tmp_path, read, codes):
     assert module_codes(LOSS_READING_THE_MODEL_OUTPUTS.format(read=read), tmp_path) == codes
+
+
+# InternBootcamp's xPuyu GRPO step: the estimator picked by `args.get("kl_type", "unbias")`
+SWITCH_READ_WITH_A_DEFAULT = """\
+    import torch
+
+
+    def step(args, logprobs, ref_logprobs, loss_factor):
+        kl_type = {read}
+        if kl_type == "kl":
+            kl_loss = (args.kl_coef * (logprobs - ref_logprobs)).sum() * loss_factor
+        elif kl_type == "unbias":
+            kl = ref_logprobs - logprobs
+            kl_loss = (args.kl_coef * (torch.exp(kl) - kl - 1)).sum() * loss_factor
+        else:
+            kl_loss = (args.kl_coef * (ref_logprobs - logprobs).square() / 2).sum() * loss_factor
+        return kl_loss
+    """
+
+
+@pytest.mark.parametrize("read", ['args.get("kl_type", "unbias")', "args.kl_type"])
+def test_a_switch_read_with_a_default_keeps_every_branch(tmp_path, read):
+    # the default is one value of the configuration, not the only one: k1 (row 1), k3 (row 3), k2 (row 2)
+    codes = module_codes(SWITCH_READ_WITH_A_DEFAULT.format(read=read), tmp_path)
+    assert codes == [(7, "KL001"), (10, "KL002"), (12, "KL003")]
