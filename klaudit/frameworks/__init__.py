@@ -97,8 +97,13 @@ class Context:
 
 def prepare(pins: Mapping[str, str], roots: Iterable[Path], sources: Mapping[str, str]) -> Context:
     """The context of a lint run over `roots` whose Python sources (after the pre-filter) are `sources`."""
+    return with_code(for_roots(pins, roots), sources)
+
+
+def for_roots(pins: Mapping[str, str], roots: Iterable[Path]) -> Context:
+    """The context of a lint run over `roots` before its sources are read: the releases assumed, the roots."""
     roots = list(roots)
-    return with_code(Context(assumed_versions(pins, roots), roots=tuple(str(Path(r).resolve()) for r in roots)), sources)
+    return Context(assumed_versions(pins, roots), roots=tuple(str(Path(r).resolve()) for r in roots))
 
 
 def with_code(context: Context, sources: Mapping[str, str]) -> Context:

@@ -28,13 +28,13 @@ from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSIO
 from klaudit.frameworks import (
     CONFIG_SUFFIXES,
     Context,
+    for_roots,
     lint_config,
     lint_python,
     lint_shell,
     mentions_config_class,
     with_code,
 )
-from klaudit.frameworks.versions import assumed_versions
 from klaudit.lint import budget
 from klaudit.lint.collection import rare_collections
 from klaudit.lint.facts import pinned_values_hold
@@ -357,8 +357,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
                                                                   PYTHON_SUFFIXES + CONFIG_SUFFIXES + (NOTEBOOK_SUFFIX,))
     progress = progress or Progress(False)
     progress.total = len(files)
-    roots = _project_roots(paths)
-    context = Context(assumed_versions(settings.frameworks, roots), roots=tuple(str(r.resolve()) for r in roots))
+    context = for_roots(settings.frameworks, _project_roots(paths))
     notebooks: dict[str, Notebook] = {}
     for path in files:
         if path.endswith(CONFIG_SUFFIXES) and stdin is None:

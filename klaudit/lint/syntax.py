@@ -170,14 +170,17 @@ def is_data_read(node: cst.CSTNode) -> bool:
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
                         "new_zeros", "new_ones", "new_empty", "new_full"})
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})
+
+
 def is_packed_row(node: cst.CSTNode) -> bool:
     """`torch.cat(pieces, dim=0).unsqueeze(0)`: every sequence's tokens side by side in one row (OpenRLHF's
     packed samples), so a mean over the last axis is over all of them, not per sequence."""
     if not (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "unsqueeze"
             and len(node.args) == 1 and int_literal(node.args[0].value) == 0):
         return False
-    joined = node.func.value
-    if not (type(joined) is cst.Call and type(joined.func) is cst.Attribute and joined.func.attr.value in _JOINS):
+    joined = node.func.value  # concatenated, not stacked: `torch.stack(pieces)` adds an axis of sequences
+    if not (type(joined) is cst.Call and type(joined.func) is cst.Attribute
+            and joined.func.attr.value in _JOINS - {"stack"}):
         return False
     dims = [a.value for a in joined.args[1:] if a.keyword is None] + [
         a.value for a in joined.args if a.keyword is not None and a.keyword.value in ("dim", "axis")]

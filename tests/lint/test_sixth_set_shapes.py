@@ -221,6 +221,8 @@ PACKED_OR_NOT = """\
 @pytest.mark.parametrize("unpacked, codes", [
     ("torch.cat(experience.base_action_log_probs, dim=0).unsqueeze(0)", [(12, "KL002")]),  # packed either way
     ("experience.base_action_log_probs", [(12, "KL002"), (12, "KL007")]),  # the unpacked path: 1/L
+    # stacked, not concatenated: a row per sequence under a new axis, so the mean is per sequence
+    ("torch.stack(experience.base_action_log_probs).unsqueeze(0)", [(12, "KL002"), (12, "KL007")]),
 ])
 def test_a_mean_over_one_packed_row_is_over_the_batch(tmp_path, unpacked, codes):
     assert module_codes(PACKED_OR_NOT.format(unpacked=unpacked), tmp_path) == codes
