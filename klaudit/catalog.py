@@ -428,7 +428,9 @@ def classify(config: Config) -> Row:
     if config in _BY_CONFIG:
         return _BY_CONFIG[config]
     if config.sign < 0:
-        return _GENERIC_SIGN
+        if sign_matters(config):
+            return _GENERIC_SIGN
+        return classify(_with(config, sign=1))
     if config.position is Position.LAST:
         return _GENERIC_LAST
     placement = _BY_CONFIG.get(_with(config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY))
@@ -461,6 +463,15 @@ def _placement_fallback(config: Config) -> Row:
 _STRAIGHT_THROUGH = (E.K1_ST, E.K3_ST)
 
 
+def sign_matters(config: Config) -> bool:
+    """Whether the term's sign can turn it towards or away from the reference.
+
+    A k1 loss alone cannot: d/dθ (log pi - log ref) = grad log pi never involves the reference, so
+    with either sign it does not regularise (zero in expectation on-policy, kl-math.md section 8 row 1).
+    """
+    return not (config.loss is E.K1 and config.reward is None)
+
+
 def clamp_matters(config: Config, clamped: bool) -> bool:
     """Whether a clamp on the term can change its expected gradient: on a reward's value always; a
     straight-through loss (k1+, k3+) takes its gradient from the unclamped k2 and only its value
@@ -484,7 +495,8 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
         raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
     found: list[Row | None] = []
     if config.sign < 0:
-        found.append(_listed(config, _GENERIC_SIGN))
+        if sign_matters(config):
+            found.append(_listed(config, _GENERIC_SIGN))
         config = _with(config, sign=1)
     if config.position is Position.LAST:
         found.append(_listed(_with(config, aggregation=Aggregation.SUM, sampling=Sampling.ON_POLICY), _GENERIC_LAST))

@@ -186,6 +186,24 @@ def test_a_loss_on_top_of_the_k1_reward_counts_its_local_gradient_twice():
     assert relerr(gradient, targets[Target.REV] + targets[Target.PFWD]) < EXACT
 
 
+@pytest.mark.parametrize("aggregation", [Aggregation.SUM, Aggregation.SEQ_MEAN])
+@pytest.mark.parametrize("sampling", [Sampling.ON_POLICY, Sampling.OFF_POLICY])
+def test_the_sign_of_a_k1_loss_cannot_turn_it_away_from_the_reference(aggregation, sampling):
+    """A k1 loss's gradient is grad log pi: enumerated with two references it is the same, so a flipped
+    sign pushes neither towards nor away from the reference and KL011 is not its defect (its own are)."""
+    flipped = C(loss=E.K1, aggregation=aggregation, sampling=sampling, sign=-1)
+    first = _problem(0, True, 1.0)
+    other_reference = TabularPolicy.random(4, 4, eos=True, seed=7)
+    second = ExactProblem(first.policy, other_reference, old_policy=first.old_policy)
+    assert relerr(_expected_gradient(first, flipped), _expected_gradient(second, flipped)) < EXACT
+    assert catalog.defects(flipped) == catalog.defects(C(loss=E.K1, aggregation=aggregation, sampling=sampling))
+    assert catalog.classify(flipped) == catalog.classify(C(loss=E.K1, aggregation=aggregation, sampling=sampling))
+    # a term whose gradient involves the reference keeps its sign defect
+    k3 = C(loss=E.K3, aggregation=aggregation, sampling=sampling, sign=-1)
+    assert relerr(_expected_gradient(first, k3), _expected_gradient(second, k3)) > 0.1
+    assert catalog.defects(k3)[0].rule == "KL011"
+
+
 TRANSFORMER_ROWS = [
     row for row in catalog.CATALOG
     if row.config.sampling is Sampling.ON_POLICY and row.config.aggregation is Aggregation.SUM

@@ -36,7 +36,7 @@ def seconds(action) -> float:
 def nested_closures(count: int) -> str:
     """A function defining `count` nested helpers, each closing over the ones defined before it."""
     lines = ["import torch", "", "", "def train(policy_log_probs, ref_log_probs, pg_loss):",
-             "    kl = ref_log_probs - policy_log_probs"]
+             "    kl = policy_log_probs - ref_log_probs"]
     for index in range(count):
         lines += [f"    def scale{index}(x):", f"        return x * {index + 1}"]
     lines += [f"    loss = pg_loss + scale{count - 1}(kl).mean()", "    loss.backward()"]
@@ -49,7 +49,7 @@ def test_nested_closures_cost_what_their_text_does_not_twice_per_closure(tmp_pat
     path = tmp_path / "closures.py"
     source = nested_closures(20)
     path.write_text(source)
-    assert lint(path) == [("closures.py", 46, "KL001"), ("closures.py", 46, "KL011")]
+    assert lint(path) == [("closures.py", 46, "KL001")]
     analysis = seconds(lambda: lint(path))
     parse = seconds(lambda: libcst.parse_module(source))
     assert analysis < 200 * parse, (analysis, parse)

@@ -117,7 +117,7 @@ HINGE = """\
 
 
 @pytest.mark.parametrize("term, codes", [
-    ("d", [(6, "KL001"), (6, "KL011")]),  # the log-ratio itself (subtracted from the loss: a bonus)
+    ("d", [(6, "KL001")]),  # the log-ratio itself: a k1 loss, whatever its sign
     ("torch.relu(d)", []),
     ("torch.max(torch.zeros_like(d).to(d.device), d)", []),  # LMOps dpkd's DPOP term: relu(d), no estimator
 ])
