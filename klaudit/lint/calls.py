@@ -52,10 +52,11 @@ class CallFlow(FlowState):
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
+        logged = any(roles.is_metrics_name(last_name(part)) for part in access_chain(func))
         if roles.is_return_computation(name):
             for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
                 self.confirm(self.expr(arg.value))
-        elif any(roles.is_metrics_name(last_name(part)) for part in access_chain(func)):
+        elif logged:
             for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
                 self.settle(self.expr(arg.value))
         # an imported class is followed when its words speak of KL or a loss (KLEstimator) or KL facts go in
@@ -72,7 +73,11 @@ class CallFlow(FlowState):
             return self.library_call(name, node)
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
-        return self.library_call(name, node)
+        value = self.library_call(name, node)
+        if not value and not logged:
+            for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
+                self.hand_on(self.expr(arg.value))  # `queue.put(...)`), the analysis cannot follow: it is used
+        return value
 
     def worth_following(self, node: cst.Call) -> bool:
         """Follow a call into another module only when it can matter: KL or log-prob facts go in,

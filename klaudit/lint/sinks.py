@@ -13,7 +13,7 @@ import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint.evidence import note_entry
-from klaudit.lint.facts import Sink, compatible, contained, holds_behaviour_ratio, logprob_kinds, replace
+from klaudit.lint.facts import Fact, Sink, compatible, contained, holds_behaviour_ratio, logprob_kinds, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.kinds import SinkKind
 
@@ -130,6 +130,12 @@ class SinkFlow(FlowState):
                     self.sinks.append(waiting)
                     self.settle(waiting.facts)
 
+    def hand_on(self, value: tuple) -> None:
+        """`value` goes on to code that uses it (a caller, a queue out of sight): the reward candidates in it
+        are rewards, except a KL estimate alone with a bonus's sign (`rewards = logp - ref_logp`: a DPO
+        implicit reward, or a penalty the receiver subtracts), whose sign is the receiver's to give."""
+        self.confirm(tuple(f for f in value if not _lone_estimate(f)))
+
     def settle(self, value: tuple) -> None:
         """The KL terms of `value` have a known use (a sink, a return, a metric, a comparison), and so
         have the terms the current statement read to make them."""
@@ -167,3 +173,11 @@ def _bound_names(stmt: cst.CSTNode) -> set[str]:
         return set()
     return {t.target.value for t in stmt.targets if isinstance(t.target, cst.Name)}
 
+
+
+def _lone_estimate(fact: Fact) -> bool:
+    """A KL estimate added to nothing else, whose sign in a reward would make it a bonus."""
+    if not fact.is_kl() or fact.beside or fact.poly is None:
+        return False
+    terms = alg.terms_of(fact.poly, "reward")
+    return bool(terms) and all(term.sign > 0 for term in terms)

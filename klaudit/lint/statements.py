@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.conditions import where_false
 from klaudit.lint.containers import elements
 from klaudit.lint.evidence import note_assignment
-from klaudit.lint.facts import Fact, compatible, join_envs, loss_part, merge_labels, replace
+from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import case_strings, dotted, last_name
 
@@ -188,13 +187,11 @@ class StatementFlow(FlowState):
     def returned(self, node: cst.BaseExpression) -> None:
         """A reward returned by a function that is not a loss goes on to be used by its caller, also as
         an entry of a dict filled here (`data["rewards_with_kl"] = r; return data`); a returned metrics
-        dict (`return loss, metrics`) only records statistics. A KL estimate returned alone with a
-        bonus's sign (`rewards = logp - ref_logp`: a DPO implicit reward, or a penalty its caller
-        subtracts) is a value, not yet a reward: its sign is the caller's to give."""
+        dict (`return loss, metrics`) only records statistics."""
         parts = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
         for part in parts:
             if not roles.is_metrics_name(last_name(part)):
-                self.confirm(tuple(f for f in self.expr(part) if not _lone_estimate(f)))
+                self.hand_on(self.expr(part))
                 if type(part) is cst.Name:
                     entries = f"{part.value}["
                     for name, value in self.env.items():
@@ -212,14 +209,6 @@ def _runs_backwards(iterated: cst.BaseExpression) -> bool:
     step = iterated.args[2].value if name == "range" and len(iterated.args) == 3 else None
     return (isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus)
             and isinstance(step.expression, cst.Integer))
-
-
-def _lone_estimate(fact: Fact) -> bool:
-    """A KL estimate added to nothing else, whose sign in a reward would make it a bonus."""
-    if not fact.is_kl() or fact.beside or fact.poly is None:
-        return False
-    terms = alg.terms_of(fact.poly, "reward")
-    return bool(terms) and all(term.sign > 0 for term in terms)
 
 
 def _chain_leaves(stmt: cst.If) -> bool:
