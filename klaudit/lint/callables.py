@@ -155,7 +155,8 @@ class CallableFlow(FlowState):
 
 def self_assignments(methods: list) -> dict:
     """{attribute: [right-hand sides]} of the `self.attribute = value` statements of `methods`
-    (statements at any depth of their blocks; expressions are not searched)."""
+    (statements at any depth of their blocks; expressions are not searched). An annotated one built
+    by a factory (`self.kl: KLPenalty = instantiate(cfg.kl)`) also holds what calling its class gives."""
     found: dict = {}
 
     def walk(body) -> None:
@@ -164,9 +165,10 @@ def self_assignments(methods: list) -> dict:
                 for small in stmt.body:
                     if isinstance(small, cst.Assign):
                         for target in small.targets:
-                            t = target.target
-                            if isinstance(t, cst.Attribute) and isinstance(t.value, cst.Name) and t.value.value == "self":
-                                found.setdefault(t.attr.value, []).append(small.value)
+                            if _self_attribute(target.target):
+                                found.setdefault(target.target.attr.value, []).append(small.value)
+                    elif isinstance(small, cst.AnnAssign) and small.value is not None and _self_attribute(small.target):
+                        found.setdefault(small.target.attr.value, []).extend(_annotated(small))
             elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
                 for part in (stmt, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None), *getattr(stmt, "handlers", ())):
                     inner = getattr(part, "body", None)
@@ -178,3 +180,15 @@ def self_assignments(methods: list) -> dict:
     for method in methods:
         walk(method.body)
     return found
+
+
+def _self_attribute(target: cst.BaseExpression) -> bool:
+    return isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
+
+
+def _annotated(assign: cst.AnnAssign) -> list:
+    """The values an annotated `self.x: C = value` holds: `value`, and `C()` when a factory builds it."""
+    cls = assign.annotation.annotation
+    built_by_factory = (isinstance(cls, cst.Name) and cls.value[:1].isupper() and isinstance(assign.value, cst.Call)
+                        and not (isinstance(assign.value.func, cst.Name) and assign.value.func.value == cls.value))
+    return [assign.value, cst.Call(func=cls)] if built_by_factory else [assign.value]

@@ -51,7 +51,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     mod = analyzer.module(path, module)
     candidates = []
     undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
-    functions = list(module_functions(module))
+    functions = list(module_functions(module, with_body=True))
     if worth is None:
         worth = functions_worth_interpreting(path, source, project)
     if worth is None or len(worth) != len(functions):  # Python's parser does not read it as LibCST's does
@@ -325,6 +325,13 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # a loss helper that is handed the PPO ratio to the behaviour policy (`loss_fn(ratio=ratio, ...)`)
             # looks on-policy alone; its caller shows the samples are older
             config = replace(config, sampling=Sampling.OFF_POLICY)
+            rows = defects(config, best.fact.clamped)
+        weighed = [c for c in same_function if c.sink.kind == "loss" and c.config.reward is not None
+                   and c.sink.order > best.sink.order]
+        if weighed and best.sink.kind != "loss" and weighed[-1].config.sign != config.sign:
+            # a term named as a reward or advantage that then weighs the policy's log-probs in a loss: the
+            # loss says which way it is optimised (nanochat's `opd_obj = (logp * adv).sum()`, minimised)
+            config = replace(config, sign=weighed[-1].config.sign)
             rows = defects(config, best.fact.clamped)
         if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
             # how the per-token term is aggregated shows only where the loss is reduced

@@ -6,6 +6,7 @@ import ast
 import bisect
 import functools
 import re
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -358,8 +359,9 @@ def overriding_subclasses(module: Module, cls: str, method: str) -> list[str]:
     return found
 
 
-def module_functions(tree: cst.Module):
-    """(function, class name or None) for the top-level functions and the methods of top-level classes."""
+def module_functions(tree: cst.Module, with_body: bool = False):
+    """(function, class name or None) for the top-level functions and the methods of top-level classes;
+    `with_body`: then the module's own statements as one more function (module_body), if it has any."""
     for stmt in tree.body:
         if isinstance(stmt, cst.FunctionDef):
             yield stmt, None
@@ -367,3 +369,35 @@ def module_functions(tree: cst.Module):
             for item in stmt.body.body:
                 if isinstance(item, cst.FunctionDef):
                     yield item, stmt.name.value
+    if with_body and (body := module_body(tree)) is not None:
+        yield body, None
+
+
+MODULE_BODY = "_module_body_"
+_BODIES: OrderedDict[int, tuple[cst.Module, cst.FunctionDef | None]] = OrderedDict()  # the latest trees'
+
+
+def module_body(tree: cst.Module) -> cst.FunctionDef | None:
+    """The statements a module runs besides defining functions and classes and importing (a script's or a
+    notebook's training loop at top level), as a function without parameters named MODULE_BODY; None
+    when it runs none. The same function object for a tree while it is among the latest 64 asked about,
+    so that its analysis is cached (the entry holds the tree, so its id is not reused meanwhile)."""
+    key = id(tree)
+    if key in _BODIES:
+        _BODIES.move_to_end(key)
+        return _BODIES[key][1]
+    statements = [stmt for stmt in tree.body if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
+                  and not (isinstance(stmt, cst.SimpleStatementLine) and all(map(_runs_nothing, stmt.body)))]
+    body = cst.FunctionDef(name=cst.Name(MODULE_BODY), params=cst.Parameters(),
+                           body=cst.IndentedBlock(body=statements)) if statements else None
+    _BODIES[key] = (tree, body)
+    if len(_BODIES) > 64:
+        _BODIES.popitem(last=False)
+    return body
+
+
+def _runs_nothing(small: cst.BaseSmallStatement) -> bool:
+    """An import, `pass` or a string (a docstring): no statement of a module's body (relevance.py reads
+    Python's tree the same way)."""
+    return isinstance(small, (cst.Import, cst.ImportFrom, cst.Pass)) or (
+        isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from klaudit.lint import roles
 from klaudit.lint.algebra import REF, REF_LOGITS
-from klaudit.lint.modules import stored_slots
+from klaudit.lint.modules import MODULE_BODY, stored_slots
 from klaudit.lint.project import Project
 from klaudit.lint.syntax import python_ast
 
@@ -99,9 +99,15 @@ def _assigned(stmt: ast.stmt) -> list[tuple[ast.expr, ast.expr]]:
     return []
 
 
+def _runs_nothing(stmt: ast.stmt) -> bool:
+    """An import, `pass` or a string (a docstring), as klaudit.lint.modules.module_body reads them."""
+    return isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)) or (
+        isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str))
+
+
 def worth_interpreting(source: str, tree: ast.Module, stored: Iterable[str],
                        follows: Callable[[str], bool]) -> list[bool]:
-    """For each function of the module (module_functions order, read from Python's `tree` of
+    """For each function of the module (module_functions order with its body, read from Python's `tree` of
     `source`), whether to interpret it on its own. `stored`: the module's KL fields and key slots;
     `follows(name)`: whether a name is imported from a module the interpreter would follow."""
     lines = source.splitlines()
@@ -133,6 +139,11 @@ def worth_interpreting(source: str, tree: ast.Module, stored: Iterable[str],
         for target, value in _assigned(stmt):
             if isinstance(target, ast.Name):
                 values.setdefault(target.id, []).append(_text(lines, value))
+    body = [stmt for stmt in tree.body if not isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)) and not _runs_nothing(stmt)]
+    if body:  # the module's own statements, the last function of module_functions(with_body=True); those
+        # that call nothing (`KL_COEF = 0.1`, a settings module) cannot reach a loss or a reward
+        calling = [stmt for stmt in body if any(isinstance(node, ast.Call) for node in ast.walk(stmt))]
+        units.append(_Unit(MODULE_BODY, None, "\n".join(_text(lines, stmt) for stmt in calling)))
     valued = {name: [(names, _speaks_of_kl(text, names) or any(follows(n) for n in names))
                      for text in texts for names in (frozenset(_IDENTIFIER.findall(text)),)]
               for name, texts in values.items()}

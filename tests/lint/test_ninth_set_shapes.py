@@ -43,3 +43,78 @@ def test_a_reward_handed_to_code_out_of_sight_is_used_as_one(tmp_path, send):
 def test_a_reward_handed_to_a_logger_is_not_one(tmp_path):
     source = REWARD_SENT_ON_OUT_OF_SIGHT.format(send='logger.log({"rewards": token_level_rewards})')
     assert module_codes(source, tmp_path) == []
+
+
+# TunePPO's PPO recipe (torchtune style): the KL module built from the configuration in `setup`, the
+# attribute annotated with its class; its forward names the policy and the reference lhs and rhs
+KL_MODULE = """\
+    import torch
+    import torch.nn as nn
+
+
+    class KLPenalty(nn.Module):
+        def __init__(self, coeff):
+            super().__init__()
+            self._coeff = coeff
+
+        def forward(self, lhs_logprobs, rhs_logprobs, padding_masks):
+            per_token_kl = torch.exp(rhs_logprobs - lhs_logprobs) - (rhs_logprobs - lhs_logprobs) - 1
+            return self._coeff * (per_token_kl * padding_masks).sum() / padding_masks.sum()
+"""
+RECIPE = """\
+    from ppo_loss import KLPenalty
+
+
+    class Recipe:
+        def setup(self, cfg):
+            self.kl: KLPenalty = {build}
+
+        def train_step(self, logprobs, trajectory, policy_loss):
+            kl_penalty = self.kl(logprobs, trajectory.ref_logprobs, padding_masks=~trajectory.pad_mask)
+            loss = policy_loss + kl_penalty
+            loss.backward()
+"""
+
+
+@pytest.mark.parametrize("build", ["instantiate(cfg.kl_penalty)", "KLPenalty(cfg.kl_coeff)"])
+def test_an_attribute_annotated_with_its_class_is_an_instance_of_it(tmp_path, build):
+    codes = module_codes(RECIPE.format(build=build), tmp_path, "recipe.py", ppo_loss=KL_MODULE)
+    assert codes == [(10, "KL002")]
+
+
+# nanochat's on-policy distillation script (chat_opd.py): the training loop at the module's top level,
+# the per-token reverse KL to the teacher detached and named an advantage, minimised as logp * adv
+DISTILLATION_SCRIPT = """\
+    import torch
+
+    full = False
+    for step in range(num_steps):
+        logp = -model(inputs, targets, loss_reduction="none").view_as(inputs)
+        with torch.no_grad():
+            teacher_logp = -teacher_model(inputs, targets, loss_reduction="none").view_as(inputs)
+        valid_mask = targets != -1
+        adv = (logp[valid_mask] - teacher_logp[valid_mask]).detach()
+        opd_obj = {objective}
+        loss = opd_obj / valid_mask.sum()
+        loss.backward()
+"""
+
+
+@pytest.mark.parametrize("objective, codes", [
+    # minimised, logp * sg(log pi - log teacher) is the score-function term of a penalty on its own token
+    ("(logp[valid_mask] * adv).sum()", [(9, "KL003")]),
+    # maximised (the loss's sign flipped), the same product is a bonus: the loss decides, not the name
+    ("-(logp[valid_mask] * adv).sum()", [(9, "KL003"), (9, "KL011")]),
+])
+def test_a_training_loop_at_the_top_level_of_a_script_is_linted(tmp_path, objective, codes):
+    assert module_codes(DISTILLATION_SCRIPT.format(objective=objective), tmp_path) == codes
+
+
+def test_a_module_body_of_definitions_and_imports_alone_adds_nothing(tmp_path):
+    import libcst as cst
+
+    from klaudit.lint.modules import module_body
+
+    assert module_body(cst.parse_module('"""Doc."""\nimport torch\n\n\ndef f():\n    pass\n')) is None
+    body = module_body(cst.parse_module("import torch\nx = 1\nif x:\n    main()\n"))
+    assert body is not None and len(body.body.body) == 2

@@ -6,17 +6,30 @@ from __future__ import annotations
 import ast
 import textwrap
 
+import libcst
+
 from klaudit.config import Settings
 from klaudit.lint.engine import lint_paths
+from klaudit.lint.modules import MODULE_BODY, module_functions
 from klaudit.lint.relevance import worth_interpreting
 
 
-def worth(source: str, stored=(), imported=()) -> dict[str, bool]:
+def worth(source: str, stored=(), imported=(), body=False) -> dict[str, bool]:
+    """{function: worth interpreting}, in the order of the lint's module_functions; the module's own
+    statements (MODULE_BODY) too with `body`."""
     source = textwrap.dedent(source)
-    tree = ast.parse(source)
-    names = [n.name for s in tree.body for n in ([s] if not isinstance(s, ast.ClassDef) else s.body)
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return dict(zip(names, worth_interpreting(source, tree, stored, lambda name: name in imported), strict=True))
+    names = [func.name.value for func, _ in module_functions(libcst.parse_module(source), with_body=True)]
+    found = dict(zip(names, worth_interpreting(source, ast.parse(source), stored, lambda name: name in imported),
+                     strict=True))
+    return found if body else {name: value for name, value in found.items() if name != MODULE_BODY}
+
+
+def test_a_module_s_own_statements_are_worth_interpreting_when_they_call_something_with_kl_in_it():
+    assert worth("import torch\nKL_COEF = 0.1\n", body=True) == {MODULE_BODY: False}  # settings: no call
+    script = "import torch\nkl = logp - ref_logp\nloss = pg + kl.mean()\nloss.backward()\n"
+    assert worth(script, body=True) == {MODULE_BODY: True}
+    assert worth("def f(x):\n    return x\n\nif __name__ == '__main__':\n    f(1)\n", body=True) == {
+        "f": False, MODULE_BODY: False}
 
 
 PENALTY = """
