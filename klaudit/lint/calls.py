@@ -10,6 +10,8 @@ logs metrics uses the values it is given.
 
 from __future__ import annotations
 
+import builtins
+
 import libcst as cst
 
 from klaudit.lint import algebra as alg
@@ -21,6 +23,8 @@ from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
 from klaudit.lint.syntax import dotted, last_name, params, string_value
+
+_BUILTINS = frozenset(dir(builtins))  # len(v), sum(v), isinstance(...): Python's own, which use nothing
 
 
 class CallFlow(FlowState):
@@ -74,10 +78,19 @@ class CallFlow(FlowState):
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
         value = self.library_call(name, node)
-        if not value and not logged:
+        if not value and not logged and self.out_of_sight(func, name):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
-                self.hand_on(self.expr(arg.value))  # `queue.put(...)`), the analysis cannot follow: it is used
+                if not roles.is_metrics_name(last_name(arg.value)):  # `queue.put(...)`), the analysis cannot
+                    self.hand_on(self.expr(arg.value))  # follow: it is used (a metrics dict's content is not)
         return value
+
+    def out_of_sight(self, func: cst.BaseExpression, name: str) -> bool:
+        """A call of code the analysis does not see: not Python's builtins, not an array library's
+        function, and not made to fill a metrics entry (`metrics["r"] = torch.Tensor([...])`)."""
+        if name in _BUILTINS or dotted(func).rsplit(".", 1)[0] in roles.ARRAY_MODULES:
+            return False
+        targets = getattr(self.stmt, "targets", ())
+        return not any(roles.is_metrics_name(last_name(part)) for target in targets for part in access_chain(target.target))
 
     def worth_following(self, node: cst.Call) -> bool:
         """Follow a call into another module only when it can matter: KL or log-prob facts go in,

@@ -118,3 +118,27 @@ def test_a_module_body_of_definitions_and_imports_alone_adds_nothing(tmp_path):
     assert module_body(cst.parse_module('"""Doc."""\nimport torch\n\n\ndef f():\n    pass\n')) is None
     body = module_body(cst.parse_module("import torch\nx = 1\nif x:\n    main()\n"))
     assert body is not None and len(body.body.body) == 2
+
+
+@pytest.mark.parametrize("use", [
+    "delete_dicts(metrics)",  # a metrics dict handed on
+    'metrics["margin"] = torch.Tensor([(chosen_rewards - 1).mean().item()])',  # an array library's function
+    "count = len(chosen_rewards)",  # Python's own
+    'metrics["rewards"] = gather_everywhere(chosen_rewards)',  # made to fill a metrics entry
+])
+def test_statistics_handed_to_code_out_of_sight_are_no_reward(tmp_path, use):
+    # HALOs: a preference loss's implicit rewards (log-ratios with a bonus's sign) only logged
+    source = """\
+        import torch
+
+        def get_sequence_rewards(policy_logps, reference_logps, lengths):
+            token_rewards = (policy_logps - reference_logps).clamp(-5, 5)
+            return token_rewards.sum(-1) / lengths
+
+        def step(self, policy_logps, reference_logps, lengths):
+            metrics = {}
+            chosen_rewards = get_sequence_rewards(policy_logps, reference_logps, lengths)
+            metrics["rewards"] = chosen_rewards
+            USE
+    """
+    assert module_codes(source.replace("USE", use), tmp_path) == []
