@@ -20,6 +20,7 @@ from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
     fills_padding,
     is_data_read,
+    is_literal_array,
     is_packed_row,
     is_tensor_factory,
     last_name,
@@ -74,7 +75,7 @@ class AssignmentFlow(FlowState):
         if type(target) is cst.Subscript and rhs is not None and not augmented and fills_padding(target, rhs):
             return  # `ratio[~mask] = 1`: a masked_fill, written as an assignment
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value):
+        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value) and not is_literal_array(rhs):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
             value = self.log_ratio_against_unknown(rhs) or value

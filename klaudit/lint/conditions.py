@@ -39,6 +39,9 @@ class ConditionFlow(FlowState):
             if left_decided is False or right_decided is False:
                 return (right_label, right_decided) if left_decided is False else (left_label, left_decided)
             return _either(left_label, right_label), None
+        if type(test) is cst.Call and len(test.args) == 1 and (none_test := self.none_test(test.func)) is not None \
+                and (decided := self.is_none(test.args[0].value)) is not None:
+            return None, decided is none_test  # `exists(labels)`: a helper that is `v is not None`
         if type(test) is cst.Comparison and len(test.comparisons) == 1:
             comp = test.comparisons[0]
             if isinstance(comp.operator, (cst.Is, cst.IsNot)) and last_name(comp.comparator) == "None":
@@ -115,6 +118,25 @@ class ConditionFlow(FlowState):
         """The name a switch's labels use: the one its value carries from where it was read (a caller's
         `config.kl_type` passed as `kind`), else its own."""
         return next((f.name for f in self.expr(node) if f.role in ("str", "bool") and f.name), "") or last_name(node)
+
+    def none_test(self, func: cst.BaseExpression) -> bool | None:
+        """For a function of this module whose body is `return v is None` (True) or `return v is not None`
+        (False, lucidrains' `exists`) of its one parameter: which; else None."""
+        if type(func) is not cst.Name or func.value not in self.module.functions:
+            return None
+        definition = self.module.functions[func.value]
+        parameters = definition.params.params
+        body = definition.body.body
+        if len(parameters) != 1 or len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine:
+            return None
+        returned = body[0].body[0]
+        if type(returned) is not cst.Return or type(returned.value) is not cst.Comparison:
+            return None
+        test = returned.value
+        comp = test.comparisons[0] if len(test.comparisons) == 1 else None
+        if comp is None or last_name(comp.comparator) != "None" or last_name(test.left) != parameters[0].name.value:
+            return None
+        return {cst.Is: True, cst.IsNot: False}.get(type(comp.operator))
 
     def is_none(self, node: cst.BaseExpression) -> bool | None:
         """Whether `node` holds None, when its facts decide it (an argument left at a None default,

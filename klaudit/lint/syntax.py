@@ -204,6 +204,27 @@ def is_zero_tensor(node: cst.CSTNode) -> bool:
     return _factory(node) in _ZEROS
 
 
+def is_literal_array(node: cst.CSTNode) -> bool:
+    """An array written out in the code (`jnp.array([[-1.0, -2.0]])`, `torch.tensor([0.5, 0.1]).float()`):
+    numbers a test or an example chose, not a model's output, whatever the name it is given."""
+    if _factory(node) not in _LITERAL_ARRAYS:
+        return False
+    while type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
+        node = node.func.value
+    return bool(node.args) and _numbers(node.args[0].value)
+
+
+def _numbers(node: cst.CSTNode) -> bool:
+    if type(node) in (cst.List, cst.Tuple):
+        return all(_numbers(element.value) for element in node.elements)
+    if type(node) is cst.UnaryOperation:
+        return _numbers(node.expression)
+    return type(node) in (cst.Integer, cst.Float)
+
+
+_LITERAL_ARRAYS = frozenset({"tensor", "Tensor", "array", "asarray", "as_tensor", "FloatTensor"})
+
+
 def _factory(node: cst.CSTNode) -> str:
     """The name of the function that makes `node`, casts and moves (`.float()`, `.to(...)`) looked through."""
     while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:

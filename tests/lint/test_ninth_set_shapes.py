@@ -142,3 +142,54 @@ def test_statistics_handed_to_code_out_of_sight_are_no_reward(tmp_path, use):
             USE
     """
     assert module_codes(source.replace("USE", use), tmp_path) == []
+
+
+@pytest.mark.parametrize("array", ["jnp.array([[-0.5, -0.5]])", "torch.tensor([-0.5, -1.0]).float()"])
+def test_log_probs_written_out_as_numbers_are_no_model_s(tmp_path, array):
+    # EasyDeL's tests/trainers/test_sdpo.py: a loss formula checked on numbers the test chose
+    source = f"""\
+        import jax.numpy as jnp
+        import torch
+
+        def test_kl_loss_positive_when_student_above_teacher():
+            student_logps = {array}
+            teacher_logps = jnp.array([[-2.0, -2.0]])
+            per_token_loss = student_logps - teacher_logps
+            assert (per_token_loss > 0).all()
+    """
+    assert module_codes(source, tmp_path) == []
+    model_made = source.replace(array, "per_token_logps(model, ids)").replace(
+        "jnp.array([[-2.0, -2.0]])", "per_token_logps(teacher, ids)")
+    assert module_codes(model_made, tmp_path) == [(7, "KL001")]  # named, and made by code out of sight
+
+
+# lucidrains' implicit PRM (held-out PaLM-rlhf-pytorch): `exists(labels)` decides the early return that hands
+# the implicit rewards out; the `__main__` demo trains with labels, so the cross-entropy loss is what backs up
+IMPLICIT_PRM_DEMO = """\
+    import torch
+    from torch.nn.functional import logsigmoid
+
+
+    def exists(v):
+        return v is not None
+
+
+    class ImplicitPRM(torch.nn.Module):
+        def forward(self, log_prob, ref_log_prob, labels=None):
+            implicit_rewards = 0.1 * (log_prob - ref_log_prob)
+            if not exists(labels):
+                return implicit_rewards
+            loss = labels * logsigmoid(implicit_rewards) + (1.0 - labels) * logsigmoid(-implicit_rewards)
+            return loss.mean()
+
+
+    if __name__ == "__main__":
+        prm = ImplicitPRM()
+        loss = prm(log_prob, ref_log_prob, {labels})
+        loss.backward()
+"""
+
+
+@pytest.mark.parametrize("labels, codes", [("labels", []), ("None", [(20, "KL001")])])
+def test_a_helper_that_tests_for_none_decides_the_branch(tmp_path, labels, codes):
+    assert module_codes(IMPLICIT_PRM_DEMO.format(labels=labels), tmp_path) == codes
