@@ -206,12 +206,15 @@ def is_zero_tensor(node: cst.CSTNode) -> bool:
 
 def is_literal_array(node: cst.CSTNode) -> bool:
     """An array written out in the code (`jnp.array([[-1.0, -2.0]])`, `torch.tensor([0.5, 0.1]).float()`):
-    numbers a test or an example chose, not a model's output, whatever the name it is given."""
+    numbers a test or an example chose, not a model's output, whatever the name it is given; unless made
+    to be differentiated (`requires_grad=True`), where it stands for the log-probs its name says."""
     if _factory(node) not in _LITERAL_ARRAYS:
         return False
     while type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
         node = node.func.value
-    return bool(node.args) and _numbers(node.args[0].value)
+    differentiated = any(a.keyword is not None and a.keyword.value == "requires_grad" and last_name(a.value) != "False"
+                         for a in node.args)
+    return bool(node.args) and _numbers(node.args[0].value) and not differentiated
 
 
 def _numbers(node: cst.CSTNode) -> bool:

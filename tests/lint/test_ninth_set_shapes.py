@@ -158,6 +158,10 @@ def test_log_probs_written_out_as_numbers_are_no_model_s(tmp_path, array):
             assert (per_token_loss > 0).all()
     """
     assert module_codes(source, tmp_path) == []
+    differentiated = source.replace(array, "torch.tensor([[-0.5, -0.5]], requires_grad=True)").replace(
+        "jnp.array([[-2.0, -2.0]])", "torch.zeros_like(student_logps)").replace(
+        "assert (per_token_loss > 0).all()", "per_token_loss.sum().backward()")
+    assert module_codes(differentiated, tmp_path) == [(7, "KL001")]  # NeMo RL's tests of a loss's gradient
     model_made = source.replace(array, "per_token_logps(model, ids)").replace(
         "jnp.array([[-2.0, -2.0]])", "per_token_logps(teacher, ids)")
     assert module_codes(model_made, tmp_path) == [(7, "KL001")]  # named, and made by code out of sight
