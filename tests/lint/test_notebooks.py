@@ -101,3 +101,12 @@ def test_a_bash_kernel_s_cells_are_shell_commands(tmp_path):
     text = json.loads(notebook(("code", "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True")))
     text["metadata"] = {"kernelspec": {"name": "bash", "language": "bash"}}
     assert [f.code for f in lint(tmp_path, json.dumps(text)).findings] == ["KL002"]
+
+
+def test_a_training_step_written_in_cells_without_functions_is_linted(tmp_path):
+    """Most notebooks define no function: their top-level code is read as the module's own statements."""
+    step = ("logp = policy(ids).log_softmax(-1)\nref_logp = ref_model(ids).log_softmax(-1)\n"
+            "kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1\nloss = pg_loss + 0.1 * kl.mean()\nloss.backward()\n")
+    result = lint(tmp_path, notebook(("code", "import torch\n"), ("markdown", "## step"), ("code", step)))
+    found = [(f.line, f.code, f.message.split(":", 1)[0]) for f in result.findings]
+    assert found == [(5, "KL002", "cell 3, line 4")]
