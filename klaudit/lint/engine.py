@@ -148,7 +148,8 @@ def _walk(top: str, settings: Settings, ignored: frozenset[str], suffixes: tuple
         )
         for name in sorted(files):
             path = os.path.normpath(os.path.join(directory, name))
-            if name.endswith(suffixes) and not settings.is_excluded(path) and path not in ignored:
+            if name.endswith(suffixes) and not settings.is_excluded(path) and path not in ignored \
+                    and os.path.exists(path):  # a link to nothing (a submodule not checked out) holds no code
                 yield path
 
 

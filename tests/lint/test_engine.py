@@ -68,6 +68,16 @@ def test_a_file_named_twice_or_through_a_link_is_linted_once(tmp_path, monkeypat
     assert discover_files(named, Settings(root=tmp_path)) == [real]
 
 
+def test_a_link_to_nothing_under_a_directory_is_skipped_and_a_named_one_is_an_error(tmp_path):
+    # lmgame-org/GRL links configs/ppo_trainer.yaml into a verl submodule a plain checkout lacks
+    write(tmp_path / "configs" / "base.yaml", "x: 1\n")
+    (tmp_path / "configs" / "ppo_trainer.yaml").symlink_to("../verl/trainer/config/ppo_trainer.yaml")
+    files = discover_files([str(tmp_path)], Settings(root=tmp_path), suffixes=CONFIG_SUFFIXES)
+    assert [os.path.relpath(f, tmp_path) for f in files] == ["configs/base.yaml"]
+    with pytest.raises(LintError, match="no such file"):  # named, it is the user's mistake to hear of
+        discover_files([str(tmp_path / "configs" / "ppo_trainer.yaml")], Settings(root=tmp_path))
+
+
 def test_config_exclude_replaces_defaults_and_extend_exclude_adds(tmp_path):
     write(tmp_path / "build" / "x.py", "")
     write(tmp_path / "gen" / "y.py", "")
