@@ -165,10 +165,11 @@ def self_assignments(methods: list) -> dict:
                 for small in stmt.body:
                     if isinstance(small, cst.Assign):
                         for target in small.targets:
-                            if _self_attribute(target.target):
-                                found.setdefault(target.target.attr.value, []).append(small.value)
-                    elif isinstance(small, cst.AnnAssign) and small.value is not None and _self_attribute(small.target):
-                        found.setdefault(small.target.attr.value, []).extend(_annotated(small))
+                            if attr := _self_attribute(target.target):
+                                found.setdefault(attr, []).append(small.value)
+                    elif isinstance(small, cst.AnnAssign) and small.value is not None \
+                            and (attr := _self_attribute(small.target)):
+                        found.setdefault(attr, []).extend(_annotated(small))
             elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
                 for part in (stmt, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None), *getattr(stmt, "handlers", ())):
                     inner = getattr(part, "body", None)
@@ -182,8 +183,10 @@ def self_assignments(methods: list) -> dict:
     return found
 
 
-def _self_attribute(target: cst.BaseExpression) -> bool:
-    return isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
+def _self_attribute(target: cst.BaseExpression) -> str:
+    """`x` for the target `self.x`, else ""."""
+    is_self = isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
+    return target.attr.value if is_self and isinstance(target, cst.Attribute) else ""
 
 
 def _annotated(assign: cst.AnnAssign) -> list:

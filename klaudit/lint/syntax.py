@@ -210,19 +210,21 @@ def is_literal_array(node: cst.CSTNode) -> bool:
     to be differentiated (`requires_grad=True`), where it stands for the log-probs its name says."""
     if _factory(node) not in _LITERAL_ARRAYS:
         return False
-    while type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CASTS:
         node = node.func.value
+    if not isinstance(node, cst.Call) or not node.args:
+        return False
     differentiated = any(a.keyword is not None and a.keyword.value == "requires_grad" and last_name(a.value) != "False"
                          for a in node.args)
-    return bool(node.args) and _numbers(node.args[0].value) and not differentiated
+    return _numbers(node.args[0].value) and not differentiated
 
 
 def _numbers(node: cst.CSTNode) -> bool:
-    if type(node) in (cst.List, cst.Tuple):
+    if isinstance(node, (cst.List, cst.Tuple)):
         return all(_numbers(element.value) for element in node.elements)
-    if type(node) is cst.UnaryOperation:
+    if isinstance(node, cst.UnaryOperation):
         return _numbers(node.expression)
-    return type(node) in (cst.Integer, cst.Float)
+    return isinstance(node, (cst.Integer, cst.Float))
 
 
 _LITERAL_ARRAYS = frozenset({"tensor", "Tensor", "array", "asarray", "as_tensor", "FloatTensor"})
