@@ -154,8 +154,7 @@ class AssignmentFlow(FlowState):
         to be used where the analysis cannot follow, unless the container only records metrics or is
         a dict local to this function."""
         holder = target.value
-        names = [last_name(n) for n in access_chain(holder)]
-        if any(roles.is_metrics_name(n) for n in names if n):
+        if records_metrics(holder):
             self.settle(value)  # a logged statistic
             return
         if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
@@ -164,6 +163,12 @@ class AssignmentFlow(FlowState):
 
 
 _CHAIN_LINKS = (cst.Attribute, cst.Subscript, cst.Call)  # the nodes an access chain goes through
+
+
+def records_metrics(node: cst.CSTNode) -> bool:
+    """Whether some part of an access chain names a metrics holder (`self.stats[k]`, `metrics["r"]`,
+    `self.log`): what goes there, or is made to go there, is a statistic."""
+    return any(roles.is_metrics_name(last_name(part)) for part in access_chain(node))
 
 
 def access_chain(node: cst.CSTNode) -> list[cst.CSTNode]:

@@ -185,8 +185,9 @@ def self_assignments(methods: list) -> dict:
 
 def _self_attribute(target: cst.BaseExpression) -> str:
     """`x` for the target `self.x`, else ""."""
-    is_self = isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"
-    return target.attr.value if is_self and isinstance(target, cst.Attribute) else ""
+    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+        return target.attr.value
+    return ""
 
 
 def _annotated(assign: cst.AnnAssign) -> list:

@@ -17,7 +17,7 @@ import libcst as cst
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
-from klaudit.lint.assignments import access_chain
+from klaudit.lint.assignments import records_metrics
 from klaudit.lint.callables import Callee, callees_among
 from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_facts, replace, tensor
 from klaudit.lint.flowstate import FlowState
@@ -56,7 +56,7 @@ class CallFlow(FlowState):
         if resolved is not None:
             return self.call_summary(resolved, node)
         name = dotted(func).split(".")[-1]
-        logged = any(roles.is_metrics_name(last_name(part)) for part in access_chain(func))
+        logged = records_metrics(func)
         if roles.is_return_computation(name):
             for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
                 self.confirm(self.expr(arg.value))
@@ -80,8 +80,7 @@ class CallFlow(FlowState):
         value = self.library_call(name, node)
         if not value and not logged and self.out_of_sight(func, name):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
-                if not roles.is_metrics_name(last_name(arg.value)):  # `queue.put(...)`), the analysis cannot
-                    self.hand_on(self.expr(arg.value))  # follow: it is used (a metrics dict's content is not)
+                self.hand_on(self.expr(arg.value))  # `queue.put(...)`), the analysis cannot follow: it is used
         return value
 
     def out_of_sight(self, func: cst.BaseExpression, name: str) -> bool:
@@ -89,8 +88,7 @@ class CallFlow(FlowState):
         function, and not made to fill a metrics entry (`metrics["r"] = torch.Tensor([...])`)."""
         if name in _BUILTINS or dotted(func).rsplit(".", 1)[0] in roles.ARRAY_MODULES:
             return False
-        targets = getattr(self.stmt, "targets", ())
-        return not any(roles.is_metrics_name(last_name(part)) for target in targets for part in access_chain(target.target))
+        return not any(records_metrics(target.target) for target in getattr(self.stmt, "targets", ()))
 
     def worth_following(self, node: cst.Call) -> bool:
         """Follow a call into another module only when it can matter: KL or log-prob facts go in,

@@ -126,11 +126,10 @@ class ConditionFlow(FlowState):
             return None
         definition = self.module.functions[func.value]
         parameters = definition.params.params
-        body = definition.body.body
-        if len(parameters) != 1 or len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine:
-            return None
-        returned = body[0].body[0]
-        if type(returned) is not cst.Return or type(returned.value) is not cst.Comparison:
+        body = definition.body.body  # statements, or the small statements of a one-line `def f(v): return ...`
+        line = body[0] if len(body) == 1 else None
+        returned = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else line
+        if len(parameters) != 1 or type(returned) is not cst.Return or type(returned.value) is not cst.Comparison:
             return None
         test = returned.value
         comp = test.comparisons[0] if len(test.comparisons) == 1 else None

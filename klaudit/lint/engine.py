@@ -223,11 +223,22 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 
 def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Finding:
     """KL099 at the function whose analysis spent the last of the file's budget."""
+    import libcst as cst
+
     from klaudit.lint.checks import statement_positions
+    from klaudit.lint.modules import MODULE_BODY
 
     assert _worker_project is not None  # the analysis ran with it
     tree = _worker_project.remember(path, module, source)
-    line = statement_positions(tree, source).get(id(spent.exceeded_in), (1,))[0]
+    where = spent.exceeded_in
+    top_level = isinstance(where, cst.FunctionDef) and where.name.value == MODULE_BODY and bool(where.body.body)
+    if top_level:  # positions are kept for small statements and compound ones: the first of its code
+        first = where.body.body[0]
+        where = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
+    line = statement_positions(tree, source).get(id(where), (1,))[0]
+    if top_level:  # the last function of the module, made of its own statements
+        return incomplete(path, f"analysis budget ({spent.reason}) exceeded in the module's top-level code "
+                                f"from line {line}; it was not analysed", line)
     return incomplete(path, f"analysis budget ({spent.reason}) exceeded in the function at line {line}; "
                             "it and the functions after it were not analysed", line)
 

@@ -6,7 +6,6 @@ import ast
 import bisect
 import functools
 import re
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -374,26 +373,16 @@ def module_functions(tree: cst.Module, with_body: bool = False):
 
 
 MODULE_BODY = "_module_body_"
-_BODIES: OrderedDict[int, tuple[cst.Module, cst.FunctionDef | None]] = OrderedDict()  # the latest trees'
 
 
 def module_body(tree: cst.Module) -> cst.FunctionDef | None:
     """The statements a module runs besides defining functions and classes and importing (a script's or a
     notebook's training loop at top level), as a function without parameters named MODULE_BODY; None
-    when it runs none. The same function object for a tree while it is among the latest 64 asked about,
-    so that its analysis is cached (the entry holds the tree, so its id is not reused meanwhile)."""
-    key = id(tree)
-    if key in _BODIES:
-        _BODIES.move_to_end(key)
-        return _BODIES[key][1]
+    when it runs none. Built anew at each call: nothing calls it, so no summary is kept under its id."""
     statements = [stmt for stmt in tree.body if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
                   and not (isinstance(stmt, cst.SimpleStatementLine) and all(map(_runs_nothing, stmt.body)))]
-    body = cst.FunctionDef(name=cst.Name(MODULE_BODY), params=cst.Parameters(),
+    return cst.FunctionDef(name=cst.Name(MODULE_BODY), params=cst.Parameters(),
                            body=cst.IndentedBlock(body=statements)) if statements else None
-    _BODIES[key] = (tree, body)
-    if len(_BODIES) > 64:
-        _BODIES.popitem(last=False)
-    return body
 
 
 def _runs_nothing(small: cst.BaseSmallStatement) -> bool:

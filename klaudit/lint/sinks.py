@@ -174,7 +174,6 @@ def _bound_names(stmt: cst.CSTNode) -> set[str]:
     return {t.target.value for t in stmt.targets if isinstance(t.target, cst.Name)}
 
 
-
 def _lone_estimate(fact: Fact) -> bool:
     """A KL estimate added to nothing else, whose sign in a reward would make it a bonus."""
     if not fact.is_kl() or fact.beside or fact.poly is None:

@@ -208,11 +208,8 @@ def is_literal_array(node: cst.CSTNode) -> bool:
     """An array written out in the code (`jnp.array([[-1.0, -2.0]])`, `torch.tensor([0.5, 0.1]).float()`):
     numbers a test or an example chose, not a model's output, whatever the name it is given; unless made
     to be differentiated (`requires_grad=True`), where it stands for the log-probs its name says."""
-    if _factory(node) not in _LITERAL_ARRAYS:
-        return False
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CASTS:
-        node = node.func.value
-    if not isinstance(node, cst.Call) or not node.args:
+    node = _uncast(node)
+    if not isinstance(node, cst.Call) or last_name(node.func) not in _LITERAL_ARRAYS or not node.args:
         return False
     differentiated = any(a.keyword is not None and a.keyword.value == "requires_grad" and last_name(a.value) != "False"
                          for a in node.args)
@@ -232,9 +229,15 @@ _LITERAL_ARRAYS = frozenset({"tensor", "Tensor", "array", "asarray", "as_tensor"
 
 def _factory(node: cst.CSTNode) -> str:
     """The name of the function that makes `node`, casts and moves (`.float()`, `.to(...)`) looked through."""
-    while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
-        node = node.func.value
+    node = _uncast(node)
     return last_name(node.func) if type(node) is cst.Call else ""
+
+
+def _uncast(node: cst.CSTNode) -> cst.CSTNode:
+    """`node` without the casts and moves applied to it last (`torch.tensor(x).float().to(d)` -> `torch.tensor(x)`)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _CASTS:
+        node = node.func.value
+    return node
 
 
 def mentions(node: cst.CSTNode, name: str) -> bool:

@@ -121,6 +121,15 @@ def test_a_spent_budget_keeps_the_findings_so_far_and_adds_one_note(tmp_path):
     assert none == [(4, "KL099")]
 
 
+def test_a_budget_spent_in_a_script_s_top_level_code_names_where_that_code_starts(tmp_path):
+    script = ("import torch\n\nBETA = 0.1\nfor step in range(10):\n    logp = policy(x).log_softmax(-1)\n"
+              "    kl = logp - ref_log_probs\n    loss = pg_loss + BETA * kl.sum()\n    loss.backward()\n")
+    assert lint(tmp_path, "script.py", script)[0] == [(7, "KL001")]
+    codes, findings = lint(tmp_path, "script.py", script, analysis_budget=1)
+    assert codes == [(3, "KL099")]
+    assert "exceeded in the module's top-level code from line 3; it was not analysed" in findings[0].message
+
+
 def test_the_budget_does_not_depend_on_what_was_analysed_before(tmp_path):
     # the helper's call summary is cached by the first file; the second must be charged the same
     (tmp_path / "helper.py").write_text(

@@ -120,28 +120,30 @@ def test_a_module_body_of_definitions_and_imports_alone_adds_nothing(tmp_path):
     assert body is not None and len(body.body.body) == 2
 
 
-@pytest.mark.parametrize("use", [
-    "delete_dicts(metrics)",  # a metrics dict handed on
-    'metrics["margin"] = torch.Tensor([(chosen_rewards - 1).mean().item()])',  # an array library's function
-    "count = len(chosen_rewards)",  # Python's own
-    'metrics["rewards"] = gather_everywhere(chosen_rewards)',  # made to fill a metrics entry
+STATISTICS_ONLY = """\
+    import torch
+
+    def get_sequence_rewards(policy_logps, reference_logps, lengths):
+        token_rewards = (policy_logps - reference_logps).clamp(-5, 5)
+        return token_rewards.sum(-1) / lengths
+
+    def step(self, policy_logps, reference_logps, lengths, margin):
+        metrics = {}
+        chosen_rewards = get_sequence_rewards(policy_logps, reference_logps, lengths) + margin
+        metrics["rewards"] = chosen_rewards
+        USE
+"""
+
+
+@pytest.mark.parametrize("use, codes", [
+    ("queue.put(chosen_rewards)", [(4, "KL007"), (4, "KL010"), (4, "KL011")]),  # handed on: a bonus, 1/L, clamped
+    ("summary = torch.Tensor(chosen_rewards)", []),  # an array library's function
+    ("count = len(chosen_rewards)", []),  # Python's own
+    ('metrics["gathered"] = gather_everywhere(chosen_rewards)', []),  # made to fill a metrics entry
 ])
-def test_statistics_handed_to_code_out_of_sight_are_no_reward(tmp_path, use):
+def test_statistics_handed_to_code_out_of_sight_are_no_reward(tmp_path, use, codes):
     # HALOs: a preference loss's implicit rewards (log-ratios with a bonus's sign) only logged
-    source = """\
-        import torch
-
-        def get_sequence_rewards(policy_logps, reference_logps, lengths):
-            token_rewards = (policy_logps - reference_logps).clamp(-5, 5)
-            return token_rewards.sum(-1) / lengths
-
-        def step(self, policy_logps, reference_logps, lengths):
-            metrics = {}
-            chosen_rewards = get_sequence_rewards(policy_logps, reference_logps, lengths)
-            metrics["rewards"] = chosen_rewards
-            USE
-    """
-    assert module_codes(source.replace("USE", use), tmp_path) == []
+    assert module_codes(STATISTICS_ONLY.replace("USE", use), tmp_path) == codes
 
 
 @pytest.mark.parametrize("array", ["jnp.array([[-0.5, -0.5]])", "torch.tensor([-0.5, -1.0]).float()"])
@@ -194,6 +196,9 @@ IMPLICIT_PRM_DEMO = """\
 """
 
 
-@pytest.mark.parametrize("labels, codes", [("labels", []), ("None", [(20, "KL001")])])
-def test_a_helper_that_tests_for_none_decides_the_branch(tmp_path, labels, codes):
-    assert module_codes(IMPLICIT_PRM_DEMO.format(labels=labels), tmp_path) == codes
+@pytest.mark.parametrize("labels, codes", [("labels", []), ("None", ["KL001"])])
+@pytest.mark.parametrize("helper", ["def exists(v):\n        return v is not None", "def exists(v): return v is not None"])
+def test_a_helper_that_tests_for_none_decides_the_branch(tmp_path, labels, codes, helper):
+    source = IMPLICIT_PRM_DEMO.format(labels=labels).replace("def exists(v):\n        return v is not None", helper)
+    demo_call = 19 + helper.count("\n")  # `loss = prm(...)`, where the early return's k1 would reach the backward
+    assert module_codes(source, tmp_path) == [(demo_call, code) for code in codes]
