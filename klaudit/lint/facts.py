@@ -19,7 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, AtomKind, Poly
 from klaudit.lint.kinds import Role, SinkKind
-from klaudit.lint.syntax import dotted
+from klaudit.lint.syntax import dotted, walk
 
 if TYPE_CHECKING:  # callables holds facts
     from klaudit.lint.callables import Callee
@@ -369,6 +369,12 @@ def holds_behaviour_ratio(value: Value) -> bool:
         if f.items and any(holds_behaviour_ratio(item[1] if f.role == "dict" else item) for item in f.items):
             return True
     return False
+
+
+def against_teacher(fact: Fact) -> bool:
+    """A KL term formed from a distillation teacher's log-probs (`student_logps - teacher_logps`): a KL to
+    that teacher, which is no term of the KL to the reference, another distribution."""
+    return any(isinstance(node, cst.Name) and roles.names_teacher(node.value) for node in walk(fact.origin))
 
 
 def logprob_kinds(value: Value) -> frozenset[AtomKind]:

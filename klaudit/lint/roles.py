@@ -169,6 +169,15 @@ def tensor_role(name: str) -> AtomKind | None:
     return None
 
 
+# A teacher's log-probs (on-policy or self-distillation): a KL to that teacher, whatever else the step has.
+_TEACHER = re.compile(r"(?<![a-z0-9])(teacher|distill|distillation)(?![a-z])", re.IGNORECASE)
+
+
+def names_teacher(name: str) -> bool:
+    """`teacher_logps`, `chunk_teacher_log_probs`, `distill_target`: a distillation teacher, not the reference."""
+    return _TEACHER.search(name) is not None
+
+
 def is_reference_model(path: str) -> bool:
     """`self.ref_model(...)`, `ref_outputs`, `teacher_model(...)`: a dotted path that names the reference model."""
     return any(_REFERENCE_MODEL.match(part) for part in path.replace("()", "").split("."))

@@ -54,3 +54,27 @@ def test_a_reinforce_term_of_one_loss_is_no_reward_of_another(tmp_path):
         kl_loss.backward()
     """
     assert findings(body, tmp_path) == [(7, "KL003"), (7, "KL008"), (9, "KL001"), (9, "KL008")]
+
+
+_SELF_DISTILLATION = """
+def self_distillation_loss(student_logps, {source}_logps, ref_logps, mask, beta):
+    advantage = {source}_logps - student_logps
+    per_token_loss = -advantage.detach() * student_logps
+    per_token_kl = torch.exp(ref_logps - student_logps) - (ref_logps - student_logps) - 1
+    per_token_loss = per_token_loss + beta * per_token_kl
+    return (per_token_loss * mask).sum() / mask.sum()
+"""
+
+
+def test_a_distillation_term_and_a_reference_kl_are_two_objectives(tmp_path):
+    """Self-distillation with beta > 0 (EasyDeL's and SDPO's trainers): sg(student - teacher) * log pi on its own
+    token is a k1 reward to the teacher with the local gradient only (row 2, KL003), and the k3 loss against the
+    reference follows the forward KL (row 3, KL002). Two KLs to two distributions, neither in the sum of line 9
+    nor across the advantage of line 6 one 'k3 loss + k1 reward' configuration (KL009)."""
+    assert findings(_SELF_DISTILLATION.format(source="teacher"), tmp_path) == [(6, "KL003"), (9, "KL002")]
+
+
+def test_a_reference_reward_in_the_same_loss_is_still_paired(tmp_path):
+    """The control: the same code with the reference's log-probs in the advantage is one configuration against
+    one distribution, a k3 loss with a same-token k1 reward, which no row of section 8 makes unbiased (KL009)."""
+    assert (9, "KL009") in findings(_SELF_DISTILLATION.format(source="reference"), tmp_path)
