@@ -18,6 +18,7 @@ from klaudit.lint import roles
 from klaudit.lint.containers import record_fields
 from klaudit.lint.facts import Fact, replace
 from klaudit.lint.flowstate import FlowState
+from klaudit.lint.project import names_loss_helper
 from klaudit.lint.syntax import dotted
 
 # Every Callee, by its fields: a Callee equal to one that exists is that one (see Callee).
@@ -103,8 +104,10 @@ class CallableFlow(FlowState):
         elif type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
             facts = self.env.get(dotted(func))
             if facts is None and self.cls is not None and self.analyzer.method_of(self.module, self.cls, func.attr.value) is None:
-                facts = tuple(f for rhs in self.analyzer.self_values(self.module, self.cls).get(func.attr.value, ())
-                              for f in self.expr(rhs))
+                assigned = self.analyzer.self_values(self.module, self.cls).get(func.attr.value)
+                facts = tuple(f for rhs in assigned for f in self.expr(rhs)) if assigned is not None else tuple(
+                    Fact(role="function", callee=Callee(*found))
+                    for found in self.analyzer.inherited_functions(self.module, self.cls, func.attr.value))
         elif type(func) is cst.Subscript or type(func) is cst.Call:
             facts = self.expr(func)
         else:
@@ -117,8 +120,9 @@ class CallableFlow(FlowState):
             return (Fact(role="function", callee=Callee(self.module, self.module.functions[name])),)
         if name in self.module.constants:
             return self.expr(self.module.constants[name])
-        # an imported name is followed only when it speaks of KL or a loss (parsing modules is the costly part)
-        relevant = name in self.module.imports and (roles.might_contain_kl(name) or "loss" in name.lower())
+        # an imported name is followed only when it speaks of KL, a loss or a reduction (parsing modules is the
+        # costly part)
+        relevant = name in self.module.imports and (roles.might_contain_kl(name) or names_loss_helper(name))
         resolved = self.analyzer.resolve(self.module, cst.Name(name), None) if relevant else None
         if resolved is not None:
             module, func, cls = resolved
@@ -171,12 +175,14 @@ def self_assignments(methods: list) -> dict:
                             and (attr := _self_attribute(small.target)):
                         found.setdefault(attr, []).extend(_annotated(small))
             elif not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-                for part in (stmt, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None), *getattr(stmt, "handlers", ())):
-                    inner = getattr(part, "body", None)
-                    if isinstance(inner, cst.BaseSuite):
-                        walk(inner)
-                    elif isinstance(part, cst.If):
-                        walk(part.body)
+                compound(stmt)
+
+    def compound(stmt) -> None:
+        for part in (stmt, getattr(stmt, "orelse", None), getattr(stmt, "finalbody", None), *getattr(stmt, "handlers", ())):
+            if isinstance(part, cst.If) and part is not stmt:
+                compound(part)  # an `elif`, with the branches after it
+            elif isinstance(inner := getattr(part, "body", None), cst.BaseSuite):
+                walk(inner)
 
     for method in methods:
         walk(method.body)

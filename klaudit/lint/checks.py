@@ -312,7 +312,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             for cand in group:
                 by_function.setdefault(cand.function, []).append(cand)
             uses.extend(by_function.values())  # a helper's estimate stored by several functions
-    for group in uses:
+    for group in [part for use in uses for part in _by_reduction(use)]:
         best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
         same_function = [c for c in group if c.function == best.function]
         final = max(same_function, key=lambda c: c.sink.order)
@@ -372,6 +372,17 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
+
+
+def _by_reduction(group: list[_Candidate]) -> list[list[_Candidate]]:
+    """One term reduced in several ways on paths no switch value tells apart (`self.loss_agg_func`, set to
+    a token mean or a per-sequence mean by a setting in `__init__`): one use per reduction, each with the
+    sinks the term reached before it was reduced."""
+    reductions = sorted({c.fact.aggregation for c in group if c.fact.aggregation is not None}, key=lambda a: a.value)
+    if len(reductions) < 2:
+        return [group]
+    unreduced = [c for c in group if c.fact.aggregation is None]
+    return [unreduced + [c for c in group if c.fact.aggregation is reduction] for reduction in reductions]
 
 
 def _shared_switches(variants: list[Labels], seen: Mapping[str, set]) -> Labels:

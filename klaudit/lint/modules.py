@@ -346,6 +346,27 @@ class Analyzer(NameResolution):
             self._self_values[key] = self_assignments(methods)
         return self._self_values[key]
 
+    def inherited_functions(self, module: Module, cls: str, attr: str, depth: int = 3) -> list:
+        """(module, function, class) of each function a base class of `cls` stores as `self.attr` by its name
+        (`self.loss_agg_func = seq_mean_token_mean` in a setting's branch of the base's `__init__`), resolved
+        in the base's own module; the nearest base that assigns the attribute decides."""
+        classdef = module.classes.get(cls, (None,))[0]
+        if classdef is None or depth <= 0:
+            return []
+        found = []
+        for base in classdef.bases:
+            hit = self.resolve_class(module, base.value)
+            if hit is None:
+                continue
+            base_module, base_def = hit
+            assigned = self.self_values(base_module, base_def.name.value).get(attr)
+            if assigned is None:
+                found += self.inherited_functions(base_module, base_def.name.value, attr, depth - 1)
+            else:
+                found += [resolved for rhs in assigned if isinstance(rhs, cst.Name)
+                          and (resolved := self.resolve(base_module, rhs, None)) is not None]
+        return found
+
 
 def overriding_subclasses(module: Module, cls: str, method: str) -> list[str]:
     """The classes of `module` derived directly from `cls` that inherit `method` and override another of its methods."""

@@ -120,7 +120,7 @@ class Project:
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
         reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
         answer depends on the module and the name only, never on what was looked up before."""
-        return self._text(self.key(path)) is not None or (name is not None and _loss_helper(name))
+        return self._text(self.key(path)) is not None or (name is not None and names_loss_helper(name))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""
@@ -221,7 +221,8 @@ _LOSS_HELPER = re.compile(r"loss", re.IGNORECASE)
 _REDUCTION_HELPER = re.compile(r"(?<![a-z])(?:sum|mean|avg|average|agg|aggregate|reduce)(?![a-z])", re.IGNORECASE)
 
 
-def _loss_helper(name: str) -> bool:
+def names_loss_helper(name: str) -> bool:
+    """A loss helper's or a reduction's name (`get_loss_agg_func`, `seq_mean_token_mean`), not one read by name."""
     return _LOSS_HELPER.search(name) is not None or (
         _REDUCTION_HELPER.search(name) is not None and name not in NAMED_AGGREGATIONS)
 

@@ -32,9 +32,11 @@ class StatementFlow(FlowState):
                 self.small(small)
             return
         for stmt in body.body:
-            self.statement(stmt)
+            if self.statement(stmt):
+                return  # the statements after it never run
 
-    def statement(self, stmt: cst.CSTNode) -> None:
+    def statement(self, stmt: cst.CSTNode) -> bool:
+        """Interpret `stmt`; whether it surely leaves the block (an `if` decided true whose body returns)."""
         self._memo = {}
         self.read = set()
         self.stmt = stmt
@@ -42,7 +44,7 @@ class StatementFlow(FlowState):
             for small in stmt.body:
                 self.small(small)
         elif type(stmt) is cst.If:
-            self.if_statement(stmt)
+            return self.if_statement(stmt)
         elif type(stmt) is cst.For or type(stmt) is cst.While:
             reverse = isinstance(stmt, cst.For) and _runs_backwards(stmt.iter)
             elements_iterated = elements(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
@@ -82,18 +84,21 @@ class StatementFlow(FlowState):
             self.match_statement(stmt)
         elif isinstance(stmt, cst.FunctionDef):
             self.define(stmt)
+        return False
 
-    def if_statement(self, stmt: cst.If) -> None:
+    def if_statement(self, stmt: cst.If) -> bool:
+        """Interpret an if/elif/else chain; whether the branch it surely takes returns or raises."""
         label, decided = self.condition(stmt.test)
         if decided is True:
             self.block(stmt.body)
-            return
+            return _leaves(stmt.body)
         if decided is False:
             if isinstance(stmt.orelse, cst.If):
-                self.if_statement(stmt.orelse)
-            elif stmt.orelse is not None:
+                return self.if_statement(stmt.orelse)
+            if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
-            return
+                return _leaves(stmt.orelse.body)
+            return False
         before = dict(self.env)
         saved = self.labels
         if label is not None:
@@ -127,6 +132,7 @@ class StatementFlow(FlowState):
             while isinstance(branch, cst.If):
                 self.labels = merge_labels(self.labels, self.negation(branch.test))
                 branch = branch.orelse
+        return False
 
     def match_statement(self, stmt: cst.Match) -> None:
         subject = self.expr(stmt.subject)
