@@ -12,7 +12,7 @@ import libcst as cst
 from klaudit.catalog import Aggregation
 from klaudit.lint import algebra as alg
 from klaudit.lint.algebra import Poly
-from klaudit.lint.facts import NEG, UNKNOWN, Fact, against_teacher, bounded, combine, compatible, operands, replace
+from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, different_targets, operands, replace
 from klaudit.lint.flowstate import FlowState
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
@@ -76,7 +76,7 @@ class ArithmeticFlow(FlowState):
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
                         out.append(replace(b, poly=alg.scale(b_poly, sign)) if a.scalar else a)
                         continue
-                    if a.is_kl() and b.is_kl() and against_teacher(a) != against_teacher(b):
+                    if a.is_kl() and b.is_kl() and different_targets(a, b):
                         # a distillation term to a teacher beside a KL to the reference: two objectives, not
                         # one estimator; each goes on alone, to be judged on its own
                         out += [replace(a, beside=True), replace(b, poly=alg.scale(b_poly, sign), beside=True)]

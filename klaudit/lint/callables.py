@@ -100,7 +100,7 @@ class CallableFlow(FlowState):
         if type(func) is cst.Name:  # type(): see klaudit.lint.syntax
             facts = self.env.get(func.value)
             if facts is None:
-                facts = self.module_value(func.value)
+                facts = self.module_value(func.value, called=True)
         elif type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == "self":
             facts = self.env.get(dotted(func))
             if facts is None and self.cls is not None and self.analyzer.method_of(self.module, self.cls, func.attr.value) is None:
@@ -114,15 +114,17 @@ class CallableFlow(FlowState):
             facts = ()
         return facts or ()
 
-    def module_value(self, name: str) -> tuple:
-        """A module-level name used as a value: a function of the module, or a module-level constant."""
+    def module_value(self, name: str, called: bool = False) -> tuple:
+        """A module-level name used as a value (or `called`): a function of the module, or a module-level constant."""
         if name in self.module.functions:
             return (Fact(role="function", callee=Callee(self.module, self.module.functions[name])),)
         if name in self.module.constants:
             return self.expr(self.module.constants[name])
-        # an imported name is followed only when it speaks of KL, a loss or a reduction (parsing modules is the
-        # costly part)
-        relevant = name in self.module.imports and (roles.might_contain_kl(name) or names_loss_helper(name))
+        # an imported name is followed only when it speaks of KL or a loss, or, stored as a value (`self.agg =
+        # seq_mean_token_mean`), of a reduction: parsing modules is the costly part, and a call is followed
+        # where its arguments make it worth it
+        relevant = name in self.module.imports and (roles.might_contain_kl(name) or "loss" in name.lower()
+                                                    or not called and names_loss_helper(name))
         resolved = self.analyzer.resolve(self.module, cst.Name(name), None) if relevant else None
         if resolved is not None:
             module, func, cls = resolved

@@ -24,7 +24,7 @@ from klaudit.describe import describe
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
-from klaudit.lint.facts import Fact, Labels, Sink, against_teacher, is_excluded, is_pattern
+from klaudit.lint.facts import Fact, Labels, Sink, different_targets, is_excluded, is_pattern
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, module_functions
@@ -108,7 +108,7 @@ def _paired(found: list[_Found]) -> list[_Found]:
     out = [item for item in found if item not in losses and item not in rewards]
     for sink, fact, config in losses:
         partners = [r for r in rewards if _compatible_labels(r[1].labels, fact.labels) and r[1].origin is not fact.origin
-                    and against_teacher(r[1]) == against_teacher(fact)]
+                    and not different_targets(r[1], fact)]
         if not partners:
             out.append((sink, fact, config))
             continue

@@ -19,7 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, AtomKind, Poly
 from klaudit.lint.kinds import Role, SinkKind
-from klaudit.lint.syntax import dotted, walk
+from klaudit.lint.syntax import dotted, text_of, walk
 
 if TYPE_CHECKING:  # callables holds facts
     from klaudit.lint.callables import Callee
@@ -56,6 +56,7 @@ class Fact:
     stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
     beside: bool = False  # added to a value the analysis does not follow (a score, another loss term)
     packed: bool = False  # the sequences concatenated into one row (`torch.cat(pieces).unsqueeze(0)`)
+    against: frozenset[str] = frozenset()  # the distributions named where the KL term was formed (kl_targets)
 
     def is_kl(self) -> bool:
         return self.poly is not None and alg.kl_atoms(self.poly)
@@ -322,6 +323,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         aggregation=first.aggregation or (b if first is a else a).aggregation,  # the KL operand's reduction first
         labels=labels,
         origin=node if formed else first.origin,
+        against=kl_targets(node, a, b) if formed else first.against,
         origin_path=path if formed else first.origin_path,
         entry=None if formed else (a.entry or b.entry),
         calls=max(a.calls, b.calls),
@@ -371,10 +373,26 @@ def holds_behaviour_ratio(value: Value) -> bool:
     return False
 
 
-def against_teacher(fact: Fact) -> bool:
-    """A KL term formed from a distillation teacher's log-probs (`student_logps - teacher_logps`): a KL to
-    that teacher, which is no term of the KL to the reference, another distribution."""
-    return any(isinstance(node, cst.Name) and roles.names_teacher(node.value) for node in walk(fact.origin))
+def kl_targets(node: cst.CSTNode, *sources: Fact) -> frozenset[str]:
+    """The distributions named where a KL term is formed at `node`: "teacher" for a distillation teacher's
+    log-probs (`student_logps - teacher_logps`), "reference" for the reference's (`logp - batch["ref_logp"]`);
+    where `node` names neither (a reduction of a term formed before), those its `sources` were formed against."""
+    found = set()
+    for inner in walk(node):
+        name = inner.value if isinstance(inner, cst.Name) else text_of(inner) if isinstance(inner, cst.SimpleString) else None
+        if name is None:
+            continue
+        if roles.names_teacher(name):
+            found.add("teacher")
+        elif roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS):
+            found.add("reference")
+    return frozenset(found) if found else frozenset().union(*(f.against for f in sources))
+
+
+def different_targets(a: Fact, b: Fact) -> bool:
+    """Two KL terms known to be taken against two distributions, a teacher and the reference: two
+    objectives (self-distillation with a KL penalty), never one estimator or one configuration."""
+    return len(a.against) == 1 and len(b.against) == 1 and a.against != b.against
 
 
 def logprob_kinds(value: Value) -> frozenset[AtomKind]:
@@ -431,10 +449,11 @@ def loss_part(value: Value) -> Value:
 
 def param_facts(param: cst.Param, may_be_none: bool = False) -> Value:
     """The facts of a parameter the caller does not supply: its role from its name, annotation, default.
-    With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it)."""
+    With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it); one
+    the name gives no role is then a setting of unknown value, or None (`num_items_in_batch=None`)."""
     facts = _param_facts(param)
-    if may_be_none and facts and isinstance(param.default, cst.Name) and param.default.value == "None":
-        facts += (Fact(role="none"),)
+    if may_be_none and isinstance(param.default, cst.Name) and param.default.value == "None":
+        facts = (facts or (Fact(role="str", name=param.name.value),)) + (Fact(role="none"),)
     return facts
 
 def _param_facts(param: cst.Param) -> Value:

@@ -22,7 +22,7 @@ from klaudit.lint import roles
 from klaudit.lint.arithmetic import KL_WEIGHT
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
-from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace
+from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
@@ -256,7 +256,7 @@ class LibraryFlow(FlowState):
                     if summed is None or not summed.terms:
                         continue
                     poly = summed
-                fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path)
+                fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path, against=kl_targets(node, t, s))
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
 

@@ -12,7 +12,7 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
-from klaudit.lint.facts import Fact, merge_labels, replace
+from klaudit.lint.facts import Fact, kl_targets, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import int_literal, last_name
 from klaudit.lint.tensors import AGG_MODES, agg_mode, apply_math, over_vocab
@@ -43,13 +43,14 @@ class ReductionFlow(FlowState):
                 continue
             vocab = over_vocab(f.poly)
             if vocab is not None and per_row:
-                out.append(replace(f, poly=vocab, origin=self.here(node)))
+                out.append(replace(f, poly=vocab, origin=self.here(node), against=kl_targets(node, f)))
                 continue
             if vocab is not None and vocab.terms and per_row is False:
                 # `p * (log p - log q)` summed over every axis at once (tokens flattened by a mask
                 # index): the exact per-step KL, summed (or averaged) over the tokens
                 aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)
-                out.append(replace(f, poly=vocab, origin=self.here(node), aggregation=aggregation, scalar=True))
+                out.append(replace(f, poly=vocab, origin=self.here(node), against=kl_targets(node, f),
+                                   aggregation=aggregation, scalar=True))
                 continue
             if per_row and f.packed:  # one row of every sequence's tokens: reduced over all of them
                 aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.BATCH_MEAN)
@@ -133,5 +134,6 @@ class ReductionFlow(FlowState):
             position = f.position
             if fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 position = Position.SEQUENCE
-            out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position))
+            out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position,
+                               against=kl_targets(node, f)))
         return tuple(out)

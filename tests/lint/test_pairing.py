@@ -78,3 +78,33 @@ def test_a_reference_reward_in_the_same_loss_is_still_paired(tmp_path):
     """The control: the same code with the reference's log-probs in the advantage is one configuration against
     one distribution, a k3 loss with a same-token k1 reward, which no row of section 8 makes unbiased (KL009)."""
     assert (9, "KL009") in findings(_SELF_DISTILLATION.format(source="reference"), tmp_path)
+
+
+_DISTILLATION_STEP = """
+import torch.nn.functional as F
+
+
+def step(student_logits, teacher_logits, student_logps, {source}_logps, mask):
+    s = F.log_softmax(student_logits, -1)
+    t = F.log_softmax(teacher_logits, -1)
+    reg = F.kl_div(t, s, reduction="none", log_target=True).sum(-1)
+    reg_loss = (reg * mask).sum()
+    rewards = {source}_logps - student_logps
+    advantages = rewards.flip(-1).cumsum(-1).flip(-1)
+    pg = -(advantages.detach() * student_logps * mask).sum()
+    loss = pg + reg_loss
+    loss.backward()
+"""
+
+
+def test_an_exact_teacher_kl_and_a_teacher_reward_are_one_configuration(tmp_path):
+    """MiniLLM's single-step decomposition: the exact per-step KL(student || teacher), formed by F.kl_div
+    from the teacher's logits and reduced later, beside a k1 reward-to-go to the same teacher: the local
+    term counted twice (row 14, KL006), at the loss and again where it is summed into the step's loss."""
+    assert findings(_DISTILLATION_STEP.format(source="teacher"), tmp_path) == [(12, "KL006"), (16, "KL006")]
+
+
+def test_an_exact_teacher_kl_and_a_reference_reward_are_two(tmp_path):
+    """The same step with the reward taken against the reference: the k1 reward-to-go is row 6 (correct),
+    the exact KL to the teacher a per-token loss alone (row 2, KL003); no pair across the two."""
+    assert findings(_DISTILLATION_STEP.format(source="ref"), tmp_path) == [(12, "KL003")]

@@ -62,3 +62,51 @@ def test_a_reduction_chosen_in_a_base_class_is_followed(tmp_path):
     worker = IMPORTS + "class Worker:\n" + CHOOSE
     actor = "import torch\nfrom worker import Worker\n\n\nclass Actor(Worker):\n" + KL_STEP
     assert module_codes(actor, tmp_path, worker=worker, reductions=REDUCTIONS) == [(9, "KL002"), (9, "KL007")]
+
+
+def test_an_entry_points_none_default_leaves_both_reductions(tmp_path):
+    """TRL's distillation `_reduce_divergence_loss`: `if num_items is not None: return sum / num_items`,
+    else a per-sequence mean. `compute_loss`'s own `num_items=None` may be None or not, so both paths run
+    (KL002 for each; KL007 for the per-sequence mean), not only the first return."""
+    source = """\
+    import torch
+
+
+    class Trainer:
+        @staticmethod
+        def reduce(kl, mask, num_items=None):
+            if num_items is not None:
+                return (kl * mask).sum() / num_items
+            return ((kl * mask).sum(-1) / mask.sum(-1)).mean()
+
+        def compute_loss(self, logp, ref_logp, mask, num_items=None):
+            kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+            loss = self.reduce(kl, mask, num_items=num_items)
+            loss.backward()
+    """
+    assert module_codes(source, tmp_path) == [(13, "KL002"), (13, "KL007")]
+
+
+def test_a_reducer_from_an_unfollowed_factory_is_read_by_its_name(tmp_path):
+    """slime's `sum_of_sample_mean = get_sum_of_sample_mean(...)`: a factory imported from a module without
+    KL words, called with no KL argument, is not followed (its closure sums Python lists the analysis cannot
+    read); the reducer keeps the meaning of its name, a per-sequence mean (row 21, KL007, beside KL002)."""
+    helpers = """\
+    def get_sum_of_sample_mean(lengths, masks):
+        def reducer(x):
+            return sum([(part * m).sum() / m.sum() for part, m in zip(x.split(lengths), masks)])
+        return reducer
+    """
+    source = """\
+    import torch
+    from helpers import get_sum_of_sample_mean
+
+
+    def loss_function(logp, ref_logp, lengths, masks, pg_loss, coef):
+        sum_of_sample_mean = get_sum_of_sample_mean(lengths, masks)
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+        kl_loss = sum_of_sample_mean(kl)
+        loss = pg_loss + coef * kl_loss
+        loss.backward()
+    """
+    assert module_codes(source, tmp_path, helpers=helpers) == [(8, "KL002"), (8, "KL007")]
