@@ -73,11 +73,17 @@ class StatementFlow(FlowState):
         elif isinstance(stmt, cst.Try):
             before = dict(self.env)
             self.block(stmt.body)
-            for handler in stmt.handlers:
-                self.block(handler.body)
-            self.env = join_envs(before, self.env)
+            raised = join_envs(before, self.env)  # an exception may stop the body anywhere
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
+            ends = [self.env]
+            for handler in stmt.handlers:  # each handler from where the body stopped, not after another
+                self.env = dict(raised)
+                self.block(handler.body)
+                ends.append(self.env)
+            self.env = ends[0]
+            for end in ends[1:]:
+                self.env = join_envs(self.env, end)
             if stmt.finalbody is not None:
                 self.block(stmt.finalbody.body)
         elif isinstance(stmt, cst.Match):
