@@ -31,6 +31,7 @@ class Estimator(str, Enum):
     K3_ST = "k3+"  # straight-through: value k3, gradient of k2
     FULL = "full"  # exact per-step KL_t(h) over the vocabulary (needs logits)
     RATIO_K3 = "ratio*k3"  # exp(logp - sg(logp)) * k3: value k3, gradient of the score-weighted k3
+    K3_REVERSED = "k3-reversed"  # exp(delta) - 1 - delta: k3 with pi / ref where ref / pi belongs
 
 
 class Returns(str, Enum):
@@ -93,6 +94,7 @@ class Target(str, Enum):
     FUT = "FUT"
     LEN = "LEN"
     PTV = "PTV"  # sum_t E[grad TV_t(h_t)]
+    PCHI = "PCHI"  # sum_t E[grad CHI_t(h_t)], CHI_t = sum_v pi(v)^2 / ref(v) - 1, prefixes held fixed
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,10 @@ CATALOG: tuple[Row, ...] = (
     _row("5", "abs as loss", _loss(E.ABS), Objective.OTHER, "KL009",
          "|log pi - log ref| differentiated gives twice the gradient of the per-token total variation, "
          "not of any KL", FIX_K1_LOSS, identity={Target.PTV: 2.0}),
+    _row("5b", "k3 with the ratio reversed as loss", _loss(E.K3_REVERSED), Objective.OTHER, "KL009",
+         "exp(log pi - log ref) - 1 - (log pi - log ref) is k3 with pi / ref where ref / pi belongs: differentiated "
+         "it gives half the gradient of the per-token chi-square divergence sum_v pi^2 / ref - 1, not of any KL",
+         FIX_K3_LOSS, identity={Target.PCHI: 0.5}),
     _row("6", "k1 in reward, reward-to-go", _reward(E.K1), Objective.REV, None,
          "k1 detached into the reward with reward-to-go is the score-function gradient of KL(pi || ref)"),
     _row("6", "k1 in reward, whole-sequence return", _reward(E.K1, Returns.SEQUENCE), Objective.REV, None,
@@ -266,6 +272,9 @@ CATALOG: tuple[Row, ...] = (
          "k2 values in the reward: " + _REWARD_BIASED, FIX_REWARD),
     _row("9", "abs in reward, reward-to-go", _reward(E.ABS), Objective.OTHER, "KL004",
          "|log-ratio| values in the reward: " + _REWARD_BIASED, FIX_REWARD),
+    _row("9b", "k3 with the ratio reversed in reward, reward-to-go", _reward(E.K3_REVERSED), Objective.OTHER,
+         "KL004", "values of k3 with pi / ref where ref / pi belongs (in expectation the per-token chi-square "
+         "minus the KL) in the reward: " + _REWARD_BIASED, FIX_REWARD),
     _row("10", "exact per-step KL in reward, reward-to-go", _reward(E.FULL), Objective.FUT, "KL004",
          "the detached per-step KL_t(h_t) does not depend on the sampled token, so in the reward it gives "
          "only the future term FUT; the local term (the KL_t as a loss) is missing", FIX_RB_LOSS),

@@ -16,7 +16,7 @@ Public API:
         .expected_gradient(loss_fn, *, aggregation=Aggregation.SUM, batch_size=None,
                            off_policy=False)   -> flat float64 gradient over policy.parameters()
         .expected_value(value_fn, *, off_policy=False) -> sum_y P(y) value(y)
-        .targets()                     {Target: flat gradient}: REV FWD PART PFWD FUT LEN PTV
+        .targets()                     {Target: flat gradient}: REV FWD PART PFWD FUT LEN PTV PCHI
         .kl_seq(), .forward_kl(), .expected_length()
         .match(g, *, proportional=False) -> Objective (a Target's name, ZERO or OTHER)
     match_objective(g, targets, *, rtol, zero_rtol, proportional) -> the same, for given targets
@@ -50,7 +50,7 @@ LossFn = Callable[[Batch], torch.Tensor]
 # match(): g is a target when relerr < MATCH_RTOL, and zero when ||g|| < ZERO_RTOL * ||REV||.
 MATCH_RTOL = 1e-6
 ZERO_RTOL = 1e-9
-# The order in which match_objective() tries the targets (PTV is not an Objective: only its multiple 2 PTV occurs).
+# The order in which match_objective() tries the targets (PTV and PCHI are no Objective: only 2 PTV and PCHI / 2 occur).
 MATCH_ORDER = (Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.LEN)
 
 
@@ -334,6 +334,7 @@ class ExactProblem:
         PART grad sum_y sg(pi) sum_t KL_t(h_t)      PFWD grad sum_y sg(pi) sum_t FKL_t(h_t)
         FUT  REV - PART                             LEN  grad sum_y pi / L
         PTV  grad sum_y sg(pi) sum_t TV_t(h_t), TV_t = 0.5 sum_v |pi(v|h) - ref(v|h)|
+        PCHI grad sum_y sg(pi) sum_t CHI_t(h_t), CHI_t = sum_v pi(v|h)^2 / ref(v|h) - 1
         """
         seq_logprob, logits = self._sequence_logprobs()
         probs = seq_logprob.exp()
@@ -344,6 +345,7 @@ class ExactProblem:
         step_kl = (step_logprobs.exp() * (step_logprobs - ref_step_logprobs)).sum(-1)
         step_forward_kl = (ref_step_logprobs.exp() * (ref_step_logprobs - step_logprobs)).sum(-1)
         step_tv = 0.5 * (step_logprobs.exp() - ref_step_logprobs.exp()).abs().sum(-1)
+        step_chi = (2 * step_logprobs - ref_step_logprobs).exp().sum(-1) - 1
         objectives = {
             Target.REV: (probs * (seq_logprob - self.ref_seq_logprob)).sum(),
             Target.FWD: (ref_probs * (self.ref_seq_logprob - seq_logprob)).sum(),
@@ -351,6 +353,7 @@ class ExactProblem:
             Target.PFWD: (frozen * step_forward_kl).sum(),
             Target.LEN: (probs / self.lengths.to(torch.float64)).sum(),
             Target.PTV: (frozen * step_tv).sum(),
+            Target.PCHI: (frozen * step_chi).sum(),
         }
         gradients = {
             target: self._flat_gradient(objective, retain_graph=True) for target, objective in objectives.items()

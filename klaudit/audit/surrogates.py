@@ -32,7 +32,7 @@ _LOW_VAR_VALUE_CLAMP = 10.0  # ... and the k3 value to [-10, 10]
 def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Per-token (or per-sequence) values of `estimator` at delta = log pi - log ref, differentiable.
 
-    k1 = delta, k2 = delta^2 / 2, k3 = e^-delta - 1 + delta, abs = |delta|; straight-through k1+/k3+
+    k1 = delta, k2 = delta^2 / 2, k3 = e^-delta - 1 + delta, k3-reversed = e^delta - 1 - delta, abs = |delta|; straight-through k1+/k3+
     carry the value of k1/k3 and the gradient of k2; ratio*k3 = exp(logp - sg(logp)) * k3; full is
     KL_t(h_t) = sum_v pi(v|h) log(pi(v|h) / ref(v|h)) from the logits (or the batch's token_kl).
     """
@@ -42,6 +42,8 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
         return 0.5 * log_ratio.square()
     if estimator is Estimator.K3:
         return torch.expm1(-log_ratio) + log_ratio
+    if estimator is Estimator.K3_REVERSED:
+        return torch.expm1(log_ratio) - log_ratio
     if estimator is Estimator.LOW_VAR_KL:
         clamped = (-log_ratio).clamp(-_LOW_VAR_LOG_RATIO_CLAMP, _LOW_VAR_LOG_RATIO_CLAMP)
         return (torch.expm1(clamped) - clamped).clamp(-_LOW_VAR_VALUE_CLAMP, _LOW_VAR_VALUE_CLAMP)

@@ -267,6 +267,7 @@ _FORMS: dict[Estimator, dict[tuple[AtomKind, ...], float]] = {
     Estimator.K1: {(DELTA,): 1.0},
     Estimator.K2: {(DELTA, DELTA): 1.0},
     Estimator.K3: {(RATIO,): 1.0, (DELTA,): 1.0},
+    Estimator.K3_REVERSED: {(INV_RATIO,): 1.0, (DELTA,): -1.0},
     Estimator.ABS: {(ABS,): 1.0},
     Estimator.FULL: {(FULL,): 1.0},
 }

@@ -99,6 +99,10 @@ def reward_full_to_go(b):
     return b.logprobs * rtg(step_kl(b).detach()) * b.mask
 
 
+def loss_k3_reversed(b):
+    return (torch.expm1(delta(b)) - delta(b)) * b.mask
+
+
 def sequence_k2(b):
     return 0.5 * delta(b).sum(-1) ** 2
 
@@ -124,6 +128,7 @@ IDENTITIES = [  # (name, loss_fn, {target: coefficient}); an empty mapping means
     ("loss k3 -> PFWD", loss_k3, {Target.PFWD: 1}),
     ("loss full -> PART", loss_full, {Target.PART: 1}),
     ("loss abs -> 2 PTV", loss_abs, {Target.PTV: 2}),
+    ("loss k3 with pi/ref -> PCHI / 2", loss_k3_reversed, {Target.PCHI: 0.5}),
     ("reward k1 to-go -> REV", reward_k1_to_go, {Target.REV: 1}),
     ("reward k1 sequence -> REV", reward_k1_sequence, {Target.REV: 1}),
     ("reward full to-go -> FUT", reward_full_to_go, {Target.FUT: 1}),
@@ -155,7 +160,7 @@ def test_appendix_a_identity(toy, name, loss_fn, combination):
 def test_targets_are_far_apart_so_the_identities_discriminate(toy):
     """At KL 0.5..2 nats no two targets coincide: an identity above cannot hold by accident."""
     (_, eos, _), _, targets = toy
-    distinct = [Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.PTV]
+    distinct = [Target.REV, Target.FWD, Target.PART, Target.PFWD, Target.FUT, Target.PTV, Target.PCHI]
     distinct += [Target.LEN] if eos else []
     for a, b in itertools.combinations(distinct, 2):
         assert relerr(targets[a], targets[b]) > 1e-2, (a, b)
@@ -315,7 +320,8 @@ def _reach_probabilities(policy: TabularPolicy) -> torch.Tensor:
 
 
 def test_local_targets_match_closed_forms_on_the_table(toy):
-    """Per prefix row z: grad_z KL(p||q) = p (log p/q - KL), grad_z FKL = p - q, grad_z TV = p (s - <s, p>) / 2."""
+    """Per prefix row z: grad_z KL(p||q) = p (log p/q - KL), grad_z FKL = p - q, grad_z TV = p (s - <s, p>) / 2,
+    grad_z CHI = 2 p (p/q - sum_v p^2/q)."""
     _, problem, targets = toy
     policy = problem.policy
     p = torch.softmax(policy.prefix_logits.detach(), -1)
@@ -331,6 +337,7 @@ def test_local_targets_match_closed_forms_on_the_table(toy):
         Target.PART: reach * p * (log_ratio - kl),
         Target.PFWD: reach * (p - q),
         Target.PTV: reach * 0.5 * p * (sign - (sign * p).sum(-1, keepdim=True)),
+        Target.PCHI: reach * 2 * p * (p / q - (p * p / q).sum(-1, keepdim=True)),
     }
     for target, expected in closed.items():
         assert relerr(targets[target], expected.flatten()) < EXACT, target

@@ -110,3 +110,52 @@ def test_a_reducer_from_an_unfollowed_factory_is_read_by_its_name(tmp_path):
         loss.backward()
     """
     assert module_codes(source, tmp_path, helpers=helpers) == [(8, "KL002"), (8, "KL007")]
+
+
+def test_a_handler_that_zeroes_the_kl_runs_instead_of_the_body_not_after_it(tmp_path):
+    """rl-text2sql's GRPO step: the k3 loss is computed in a `try:` whose `except` sets kl to 0. The handler
+    runs where the body failed, so after the statement kl is the k3 term or 0: the k3 loss (row 3, KL002)."""
+    source = """\
+    import torch
+
+
+    def step(logp, ref_logp, mask, pg_loss, coef):
+        try:
+            token_kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+            kl = (token_kl * mask).sum() / mask.sum()
+        except Exception:
+            kl = torch.tensor(0.0)
+        loss = pg_loss + coef * kl
+        loss.backward()
+    """
+    assert module_codes(source, tmp_path) == [(10, "KL002")]
+
+
+# k3 written with pi / ref where ref / pi belongs (minChatGPT's reward, mlx-grpo's loss, the RLHF book's kl3):
+# exp(logp - ref) - 1 - (logp - ref). As a loss its gradient is half that of the per-token chi-square
+# (row 5b, KL009); in the reward its values are no k1 (row 9b, KL004).
+def test_k3_with_the_ratio_reversed_is_recognised(tmp_path):
+    loss = """\
+    import torch
+
+
+    def grpo_loss(logp, ref_logp, advantages, mask, beta):
+        log_ratio = logp - ref_logp
+        kl = torch.exp(log_ratio) - 1 - log_ratio
+        per_token = -torch.exp(logp - logp.detach()) * advantages + beta * kl
+        loss = (per_token * mask).sum() / mask.sum()
+        loss.backward()
+    """
+    reward = """\
+    import torch
+
+
+    @torch.no_grad()
+    def penalized_rewards(scores, logp, ref_logp, mask, beta):
+        ratio = logp - ref_logp
+        estimated_kl = ((torch.exp(ratio) - 1) - ratio) * mask
+        rewards = scores - beta * estimated_kl.sum(-1)
+        return rewards
+    """
+    assert module_codes(loss, tmp_path) == [(8, "KL009")]
+    assert module_codes(reward, tmp_path, name="rewards.py") == [(8, "KL004")]
