@@ -449,11 +449,10 @@ def loss_part(value: Value) -> Value:
 
 def param_facts(param: cst.Param, may_be_none: bool = False) -> Value:
     """The facts of a parameter the caller does not supply: its role from its name, annotation, default.
-    With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it); one
-    the name gives no role is then a setting of unknown value, or None (`num_items_in_batch=None`)."""
+    With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it)."""
     facts = _param_facts(param)
-    if may_be_none and isinstance(param.default, cst.Name) and param.default.value == "None":
-        facts = (facts or (Fact(role="str", name=param.name.value),)) + (Fact(role="none"),)
+    if may_be_none and facts and isinstance(param.default, cst.Name) and param.default.value == "None":
+        facts += (Fact(role="none"),)
     return facts
 
 def _param_facts(param: cst.Param) -> Value:

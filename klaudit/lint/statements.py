@@ -17,7 +17,7 @@ from klaudit.lint.containers import elements
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import case_strings, dotted, last_name
+from klaudit.lint.syntax import case_strings, dotted, last_name, walk
 
 # the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
 _ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
@@ -95,15 +95,18 @@ class StatementFlow(FlowState):
     def if_statement(self, stmt: cst.If) -> bool:
         """Interpret an if/elif/else chain; whether the branch it surely takes returns or raises."""
         label, decided = self.condition(stmt.test)
+        # a test of None is decided from what the analysis holds, which is never sure that an unexplained
+        # value is not None: the statements after the branch it takes are still interpreted
+        sure = not self.tests_none(stmt.test)
         if decided is True:
             self.block(stmt.body)
-            return _leaves(stmt.body)
+            return sure and _leaves(stmt.body)
         if decided is False:
             if isinstance(stmt.orelse, cst.If):
-                return self.if_statement(stmt.orelse)
+                return self.if_statement(stmt.orelse) and sure
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
-                return _leaves(stmt.orelse.body)
+                return sure and _leaves(stmt.orelse.body)
             return False
         before = dict(self.env)
         saved = self.labels
@@ -139,6 +142,11 @@ class StatementFlow(FlowState):
                 self.labels = merge_labels(self.labels, self.negation(branch.test))
                 branch = branch.orelse
         return False
+
+    def tests_none(self, test: cst.BaseExpression) -> bool:
+        """`x is None`, `x is not None`, `not exists(x)`: a test of whether a value is None."""
+        return any(isinstance(node, cst.ComparisonTarget) and isinstance(node.operator, (cst.Is, cst.IsNot))
+                   or isinstance(node, cst.Call) and self.none_test(node.func) is not None for node in walk(test))
 
     def match_statement(self, stmt: cst.Match) -> None:
         subject = self.expr(stmt.subject)
