@@ -108,6 +108,10 @@ class ArithmeticFlow(FlowState):
                     assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
+                    if other.role == UNKNOWN.role and _lone_ratio(poly):
+                        # `ratio * advantages` with the ratio taken to the reference: a policy-gradient
+                        # surrogate, whatever KL term is added to it later, not part of an estimator
+                        continue
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     factor = -1.0 if other.role == "neg" else 1.0
@@ -147,6 +151,11 @@ def batch_statistic_of(statistic: tuple, value: tuple) -> bool:
 def _tensor_poly(fact: Fact) -> Poly | None:
     """The polynomial of a tensor fact; None for any other fact (a mask, a length, a sign)."""
     return fact.poly if fact.role == "tensor" else None
+
+
+def _lone_ratio(poly: Poly) -> bool:
+    """exp(log pi - log ref) or its inverse alone, with no log-ratio beside it: no estimator by itself."""
+    return bool(poly.terms) and all(len(mono) == 1 and mono[0].kind in (alg.RATIO, alg.INV_RATIO) for mono, _ in poly.terms)
 
 
 def _constant(fact: Fact) -> bool:

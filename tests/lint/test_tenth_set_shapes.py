@@ -159,3 +159,22 @@ def test_k3_with_the_ratio_reversed_is_recognised(tmp_path):
     """
     assert module_codes(loss, tmp_path) == [(8, "KL009")]
     assert module_codes(reward, tmp_path, name="rewards.py") == [(8, "KL004")]
+
+
+def test_a_ratio_to_the_reference_times_advantages_is_no_part_of_an_estimator(tmp_path):
+    """nips-grpo-dynamics (fifth set): the clipped surrogate's ratio is taken to the reference,
+    `-exp(logp - ref) * advantages`, and a k1 loss is added to it. The surrogate is no KL term: the sum
+    is not the (negated) reversed k3 R - 1 - d; the k1 loss alone is row 1 (KL001)."""
+    source = """\
+    import torch
+
+
+    def balanced_loss(logprobs, ref_logprobs, advantages, mask, coef):
+        ratio = torch.exp(logprobs - ref_logprobs)
+        pg_loss = (-ratio * advantages.unsqueeze(-1) * mask).sum() / mask.sum()
+        kl = logprobs - ref_logprobs
+        kl_loss = (kl * mask).sum() / mask.sum()
+        loss = pg_loss + coef * kl_loss
+        return {"loss": loss}
+    """
+    assert module_codes(source, tmp_path) == [(8, "KL001")]
