@@ -406,8 +406,9 @@ _GENERIC_DOUBLE = _row("14", "KL loss on top of an unbiased k1 reward", None, Ob
 _GENERIC_OTHER = _row("-", "unrecognised combination of KL loss and reward", None, Objective.OTHER, "KL009",
                       "this combination of KL loss and reward matches no unbiased configuration", FIX_K1_LOSS)
 CLAMPED = _row("KL010", "clamped KL estimate", None, Objective.OTHER,
-               "KL010", "the clamp changes the estimate exactly on the tokens where pi and ref differ most, so "
-               "the expected gradient is no longer grad KL(pi || ref) there", FIX_UNCLAMPED)
+               "KL010", "the clamp changes the estimate on every token it cuts (where pi and ref differ most, or all "
+               "of one sign for a clamp at 0), so the expected gradient is no longer grad KL(pi || ref) there",
+               FIX_UNCLAMPED)
 
 def _normalized(config: Config) -> Config:
     """The returns mode only matters when there is a reward; drop it otherwise."""

@@ -24,7 +24,7 @@ from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, string_value
+from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, number_value, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
@@ -225,6 +225,10 @@ class LibraryFlow(FlowState):
             if kept and any(f.poly is not None and f.poly.has_grad() for f in kept) and detach_all(kept) == cut:
                 # where(m, x, x.detach()): x, with its gradient cut on the tokens the condition rejects
                 return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
+        if _clamps(condition, when_true, when_false):
+            # where(x < 0, 0, x), where(x > c, c, x): a clamp of x written out
+            kept = sides[0] if number_value(when_false) is not None else sides[1]
+            return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
         if name:
             sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
                      for side, facts in zip((True, False), sides)]
@@ -259,6 +263,23 @@ class LibraryFlow(FlowState):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path, against=kl_targets(node, t, s))
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _clamps(condition: cst.BaseExpression, when_true: cst.BaseExpression, when_false: cst.BaseExpression) -> bool:
+    """torch.where(x < a, b, x) or where(x > a, b, x) (either side), with a and b numbers: x clamped."""
+    if not (isinstance(condition, cst.Comparison) and len(condition.comparisons) == 1):
+        return False
+    compared = condition.comparisons[0]
+    if not isinstance(compared.operator, (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual)):
+        return False
+    value, bound = condition.left, compared.comparator
+    if number_value(bound) is None:
+        value, bound = bound, value
+    if number_value(bound) is None:
+        return False
+    same = value.deep_equals
+    return (number_value(when_true) is not None and same(when_false)) or (number_value(when_false) is not None
+                                                                          and same(when_true))
 
 
 def _known_receiver(node: cst.Call) -> bool:

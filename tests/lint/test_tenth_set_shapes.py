@@ -7,6 +7,7 @@ over the batch or a per-sequence token sum does not.
 
 from __future__ import annotations
 
+import pytest
 from snippets import module_codes
 
 REDUCTIONS = """\
@@ -178,3 +179,39 @@ def test_a_ratio_to_the_reference_times_advantages_is_no_part_of_an_estimator(tm
         return {"loss": loss}
     """
     assert module_codes(source, tmp_path) == [(8, "KL001")]
+
+
+@pytest.mark.parametrize("clamp", ["torch.where(kl < 0, 0, kl)", "torch.where(kl >= 0, kl, 0.0)",
+                                   "torch.where(0 > kl, 0, kl)"])
+def test_a_clamp_written_with_where_is_a_clamp(tmp_path, clamp):
+    """InstructLLaMA's scale_kl: the negative log-ratios set to 0 with torch.where before the k1 reward:
+    a clamp at 0 of the estimate (KL010), as `kl.clamp(min=0)` is; the k1 reward-to-go itself is row 6."""
+    source = f"""\
+    import torch
+
+
+    @torch.no_grad()
+    def kl_rewards(logprobs, ref_logprobs, scores, mask, kl_coef):
+        kl = logprobs - ref_logprobs
+        kl = {clamp}
+        rewards = -kl_coef * kl * mask
+        rewards[:, -1] += scores
+        return rewards.flip(-1).cumsum(-1).flip(-1)
+    """
+    assert module_codes(source, tmp_path) == [(8, "KL010")]
+
+
+def test_a_mask_chosen_by_where_is_no_clamp(tmp_path):
+    """torch.where(mask, kl, 0) keeps the estimate on the response tokens: no clamp, row 6, silent."""
+    source = """\
+    import torch
+
+
+    @torch.no_grad()
+    def kl_rewards(logprobs, ref_logprobs, scores, mask, kl_coef):
+        kl = torch.where(mask > 0, logprobs - ref_logprobs, 0.0)
+        rewards = -kl_coef * kl
+        rewards[:, -1] += scores
+        return rewards.flip(-1).cumsum(-1).flip(-1)
+    """
+    assert module_codes(source, tmp_path) == []
