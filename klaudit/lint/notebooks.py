@@ -35,9 +35,14 @@ _AUTOMAGIC = re.compile(r"^(?P<indent>[ \t]*)(?:cd|pip|conda|mamba|env|pwd|ls|mk
                         r"load_ext|reload_ext|autoreload|matplotlib|run|time|timeit|pushd|popd|bookmark)\b")
 
 
+# A line that starts like Python with one of those names (`env = Env(` opening a call on several lines,
+# `time.sleep(1)`, `run(cfg)`): an assignment, a call, an attribute or an index, never a magic.
+_PYTHON_START = re.compile(r"^[ \t]*\w+(?:\.\w|[ \t]*(?:[-+*/%&|^@]?=(?!=)|\*\*=|//=|[(\[,:]))")
+
+
 def _automagic(line: str) -> re.Match[str] | None:
     found = _AUTOMAGIC.match(line)
-    if found is None:
+    if found is None or _PYTHON_START.match(line):
         return None
     try:
         compile(line.strip(), "<cell>", "exec")

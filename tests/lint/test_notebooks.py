@@ -56,6 +56,14 @@ def test_magics_written_without_their_percent_sign_are_set_aside_where_they_are_
         "pass", "pass", "time = 3", "ls -la", "  pass", "env"]
 
 
+def test_a_statement_that_starts_with_a_magic_s_name_is_python():
+    """LMRL-Gym's notebook: `env = TextNavEnv(` opens a call over two lines, so the line alone does not
+    compile; it starts an assignment, never the `env` magic (a false KL000 before)."""
+    text = notebook(("code", "env = TextNavEnv(\n    display=False)\nrun(env)\ntime.sleep(1)\nenv\n"))
+    assert read_notebook("n.ipynb", text.encode()).code.splitlines() == [
+        "env = TextNavEnv(", "    display=False)", "run(env)", "time.sleep(1)", "env"]
+
+
 def test_a_shell_line_goes_on_over_trailing_backslashes_and_is_linted_as_one_command(tmp_path):
     launch = ("!python3 -m verl.trainer.main_ppo \\\n algorithm.adv_estimator=grpo \\\n"
               " actor_rollout_ref.actor.use_kl_loss=True \\\n actor_rollout_ref.actor.kl_loss_type=low_var_kl\n"
