@@ -11,9 +11,11 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation
 from klaudit.lint import algebra as alg
+from klaudit.lint import roles
 from klaudit.lint.algebra import Poly
 from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, different_targets, operands, replace
 from klaudit.lint.flowstate import FlowState
+from klaudit.lint.syntax import walk
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
 # with the log-ratio, so a KL term multiplied by it is no catalog estimator.
@@ -108,9 +110,11 @@ class ArithmeticFlow(FlowState):
                     assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
-                    if other.role == UNKNOWN.role and _lone_ratio(poly):
-                        # `ratio * advantages` with the ratio taken to the reference: a policy-gradient
-                        # surrogate, whatever KL term is added to it later, not part of an estimator
+                    if other.role == UNKNOWN.role and (tensor_side.is_kl() and _lone_ratio(poly) or (
+                            _of_policy_and_reference(poly) and _names_advantage(_operand(node, tensor_side is b)))):
+                        # `logp * advantages`, `ratio * advantages` or `-log_ratio * advantages` (the ratio
+                        # taken to the reference): a policy-gradient term, whatever KL term is added to it;
+                        # a ratio to the behaviour policy stays, which says the samples are older
                         continue
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
@@ -151,6 +155,26 @@ def batch_statistic_of(statistic: tuple, value: tuple) -> bool:
 def _tensor_poly(fact: Fact) -> Poly | None:
     """The polynomial of a tensor fact; None for any other fact (a mask, a length, a sign)."""
     return fact.poly if fact.role == "tensor" else None
+
+
+def _operand(node: cst.CSTNode, left: bool) -> cst.CSTNode | None:
+    """The left or right operand of a binary operation, None for any other node."""
+    if not isinstance(node, cst.BinaryOperation):
+        return None
+    return node.left if left else node.right
+
+
+def _names_advantage(expression: cst.CSTNode | None) -> bool:
+    """An operand that names an advantage (`advantages`, `-mb_adv.unsqueeze(-1)`): a policy-gradient weight."""
+    return any(isinstance(inner, cst.Name) and roles.names_advantage(inner.value) for inner in walk(expression))
+
+
+def _of_policy_and_reference(poly: Poly) -> bool:
+    """Made of the policy's and the reference's log-probs only: log pi, log ref, their log-ratio and its exp."""
+    return all(atom.kind in _POLICY_AND_REFERENCE for atom in poly.atoms())
+
+
+_POLICY_AND_REFERENCE = frozenset({alg.POLICY, alg.REF, alg.DELTA, alg.RATIO, alg.INV_RATIO})
 
 
 def _lone_ratio(poly: Poly) -> bool:

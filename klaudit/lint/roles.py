@@ -249,6 +249,14 @@ _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advan
 _IMPLICIT = re.compile(r"(?<![a-z0-9])implicit(?![a-z0-9])", re.IGNORECASE)
 
 
+_ADVANTAGE_WORD = re.compile(r"(?<![a-z])advs?(?![a-z])|advantage", re.IGNORECASE)
+
+
+def names_advantage(name: str) -> bool:
+    """`advantages`, `mb_adv`, `weighted_adv`, `token_level_advantages`: an advantage, a policy-gradient weight."""
+    return _ADVANTAGE_WORD.search(name) is not None
+
+
 def names_implicit_reward(name: str) -> bool:
     """`implicit_rewards`, `compute_implicit_reward`: a reward model's log-ratio, not the policy's KL."""
     return _IMPLICIT.search(name) is not None

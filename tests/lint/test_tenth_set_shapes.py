@@ -215,3 +215,22 @@ def test_a_mask_chosen_by_where_is_no_clamp(tmp_path):
         return rewards.flip(-1).cumsum(-1).flip(-1)
     """
     assert module_codes(source, tmp_path) == []
+
+
+def test_a_policy_gradient_term_weighted_by_advantages_is_no_kl_term(tmp_path):
+    """mlx-grpo's aligned trainer: `(-log_ratio * advantages + beta * (exp(log_ratio) - 1 - log_ratio)) * mask`
+    with the log-ratio to the reference. The first term is a policy gradient weighted by the advantages, not
+    part of the KL estimate: the KL term is k3 with the ratio reversed as a loss (row 5b, KL009), summed per
+    sequence and divided by its length (row 21, KL007)."""
+    source = """\
+    import torch
+
+
+    def grpo_loss(logp, ref_logp, advantages, mask, beta):
+        log_ratio = logp - ref_logp
+        kl = torch.exp(log_ratio) - 1 - log_ratio
+        per_token_loss = (-log_ratio * advantages + beta * kl) * mask
+        loss = (per_token_loss.sum(-1) / mask.sum(-1)).mean()
+        loss.backward()
+    """
+    assert module_codes(source, tmp_path) == [(7, "KL007"), (7, "KL009")]
