@@ -334,8 +334,10 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # loss says which way it is optimised (nanochat's `opd_obj = (logp * adv).sum()`, minimised)
             config = replace(config, sign=weighed[-1].config.sign)
             rows = defects(config, best.fact.clamped)
-        if best.fact.aggregation is None and final.config.aggregation is not config.aggregation:
-            # how the per-token term is aggregated shows only where the loss is reduced
+        if (best.fact.aggregation is None and final.fact.aggregation is not None
+                and final.config.aggregation is not config.aggregation):
+            # how the per-token term is aggregated shows only where the loss is reduced (a term that
+            # leaves the function unreduced, a reward returned to its caller, is reduced there)
             config = replace(config, aggregation=final.config.aggregation)
             rows = defects(config, best.fact.clamped)
         if best.fact.entry is not None:

@@ -170,6 +170,14 @@ class LibraryFlow(FlowState):
             return op.tensor
         return self.additive(op.tensor, self.expr(op.positional[0]), 1.0 if op.name == "add" else -1.0, op.node)
 
+    def scattered_add(self, op: Operation) -> tuple | None:
+        """torch.scatter_add(x, dim, index, src), x.index_add(dim, index, src): x with src added where
+        index points (a sequence's score added at its last token of a KL reward): x + src, elementwise."""
+        source = op.rest[2] if len(op.rest) > 2 else op.keywords.get("src", op.keywords.get("source"))
+        if source is None or not (op.method or _known_receiver(op.node)):
+            return None
+        return self.additive(op.tensor, self.expr(source), 1.0, op.node)
+
     def divided(self, op: Operation) -> tuple:
         return self.divide(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
 
@@ -328,6 +336,7 @@ FUNCTIONS: dict[str, Effect] = {
     **_each("max min maximum minimum", LibraryFlow.extreme),
     "where": LibraryFlow.selected,
     "masked_select": LibraryFlow.selected_by_mask,
+    **_each("scatter_add index_add", LibraryFlow.scattered_add),
 }
 
 METHODS: dict[str, Effect] = {
@@ -346,4 +355,5 @@ METHODS: dict[str, Effect] = {
     "masked_select": LibraryFlow.selected_by_mask,
     **_each("add sub subtract", LibraryFlow.added),
     **_each("div divide", LibraryFlow.divided),
+    **_each("scatter_add scatter_add_ index_add index_add_", LibraryFlow.scattered_add),
 }
