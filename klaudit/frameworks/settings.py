@@ -85,6 +85,8 @@ _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_]
 # `name=value` shell variable assignments, whose `$name` / `${name}` an override may use
 _VARIABLE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
+# `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default
+_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{[A-Za-z_]\w*:?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
 
 
 def _literal(value: str) -> str | None:
@@ -109,13 +111,15 @@ def _shell_lines(text: str) -> Iterator[tuple[int, str, dict[str, Setting]]]:
     """(line number, code without comments, the shell variables assigned a literal so far) per line.
 
     `name=value` assignments (also `export`) are remembered with the position of the assignment,
-    the line a user edits, so that a flag set to `$name` or `${name}` resolves to it."""
+    the line a user edits, so that a flag set to `$name` or `${name}` resolves to it; `name=${name:-v}`
+    is read as its default v, what the script runs with unless the environment sets the name."""
     variables: dict[str, Setting] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         code = _code_of(line)
         assigned = _VARIABLE.match(code)
         if assigned is not None:
-            value = _literal(assigned.group("value"))
+            defaulted = _DEFAULTED.match(assigned.group("value"))
+            value = defaulted.group("default") if defaulted is not None else _literal(assigned.group("value"))
             if value is not None:
                 variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
                                                             assigned.end() + 1)

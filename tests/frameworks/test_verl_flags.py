@@ -92,6 +92,25 @@ def test_shell_variables_are_resolved_and_the_assignment_is_reported():
     assert (finding.code, finding.line) == ("KL003", 2)
 
 
+def test_a_variable_defaulted_from_the_environment_takes_its_default():
+    """`ADV_ESTIMATOR=${ADV_ESTIMATOR:-gae}` (RPG's verl fork): the script runs with gae unless the
+    environment says otherwise; with a k1 reward beside the low_var_kl loss that is row 14 (KL006)."""
+    text = textwrap.dedent("""\
+        ADV_ESTIMATOR=${ADV_ESTIMATOR:-gae}
+        KL_TYPE="${KL_TYPE:-}"
+        python3 -m verl.trainer.main_ppo \\
+            algorithm.adv_estimator=${ADV_ESTIMATOR} \\
+            algorithm.use_kl_in_reward=True \\
+            actor_rollout_ref.actor.use_kl_loss=True \\
+            actor_rollout_ref.actor.kl_loss_type=low_var_kl \\
+            critic.kl_type=$KL_TYPE
+        """)
+    settings = shell_overrides(text)
+    assert (settings["algorithm.adv_estimator"].value, settings["algorithm.adv_estimator"].line) == ("gae", 1)
+    assert settings["critic.kl_type"].value is None  # an empty default says nothing
+    assert [f.code for f in lint_config("run.sh", text)] == ["KL006"]
+
+
 def test_comments_and_unknown_values_decide_nothing():
     text = "# actor_rollout_ref.actor.use_kl_loss=True\npython3 x.py actor_rollout_ref.actor.kl_loss_type=${oc.env:T}\n"
     settings = shell_overrides(text)
