@@ -91,6 +91,8 @@ class AssignmentFlow(FlowState):
         if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them
             value = tuple(f for f in value if f.role != "tensor" or f.poly is None or not f.poly.atoms())
         kind = roles.sink_of_name(name) if name else None
+        if kind is None and type(target) is cst.Subscript and roles.sink_of_name(last_name(target.value)) == "reward":
+            kind = "reward"  # `rewards["total"] = rewards["total"] - beta * kl`: an entry of a dict of rewards
         if kind == "reward" and node is not None:
             value = self.reward_candidate(value, node)
         elif kind == "loss" and node is not None:

@@ -76,3 +76,27 @@ def test_a_reward_reduced_over_the_batch_tokens_is_right(tmp_path):
     """ + PER_SEQUENCE_LOSS.replace("\n", "\n    ").replace(
         "((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()", "(x * mask).sum() / mask.sum()")
     assert module_codes(source, tmp_path) == []
+
+
+def test_an_entry_of_a_dict_of_rewards_is_a_reward(tmp_path):
+    """rlhf-book's `apply_reward_kl`: `rewards["total"] = rewards["total"] - beta * kl` in a dict of rewards
+    the caller turns into advantages. With k2 that is k2 values in the reward (row 8, KL004)."""
+    source = """\
+    import torch
+
+
+    def apply_reward_kl(rewards, log_probs, ref_log_probs, beta):
+        kl = 0.5 * (log_probs - ref_log_probs) ** 2
+        rewards["total"] = rewards["total"] - beta * kl
+        return rewards
+
+
+    def step(actor, batch, beta):
+        with torch.no_grad():
+            rewards = apply_reward_kl(batch["rewards"], batch["log_probs"], batch["ref_log_probs"], beta)
+            advantages = rewards["total"].flip(-1).cumsum(-1).flip(-1)
+        log_probs = actor(batch["input_ids"])
+        loss = -(log_probs * advantages * batch["mask"]).sum() / batch["mask"].sum()
+        loss.backward()
+    """
+    assert module_codes(source, tmp_path) == [(6, "KL004")]
