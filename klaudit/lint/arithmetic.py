@@ -110,11 +110,13 @@ class ArithmeticFlow(FlowState):
                     assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
-                    if other.role == UNKNOWN.role and (tensor_side.is_kl() and _lone_ratio(poly) or (
-                            _of_policy_and_reference(poly) and _names_advantage(_operand(node, tensor_side is b)))):
+                    if (other.role == UNKNOWN.role and _of_policy_and_reference(poly)
+                            and _names_advantage(_operand(node, tensor_side is b))):
                         # `logp * advantages`, `ratio * advantages` or `-log_ratio * advantages` (the ratio
                         # taken to the reference): a policy-gradient term, whatever KL term is added to it;
-                        # a ratio to the behaviour policy stays, which says the samples are older
+                        # a ratio to the behaviour policy stays, which says the samples are older. Another
+                        # unexplained factor stays too: a token weight on the ratio inside an estimator
+                        # (TR-GRPO's w * ref/pi - log(w * ref/pi) - 1) is read as that estimator
                         continue
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
@@ -175,11 +177,6 @@ def _of_policy_and_reference(poly: Poly) -> bool:
 
 
 _POLICY_AND_REFERENCE = frozenset({alg.POLICY, alg.REF, alg.DELTA, alg.RATIO, alg.INV_RATIO})
-
-
-def _lone_ratio(poly: Poly) -> bool:
-    """exp(log pi - log ref) or its inverse alone, with no log-ratio beside it: no estimator by itself."""
-    return bool(poly.terms) and all(len(mono) == 1 and mono[0].kind in (alg.RATIO, alg.INV_RATIO) for mono, _ in poly.terms)
 
 
 def _constant(fact: Fact) -> bool:

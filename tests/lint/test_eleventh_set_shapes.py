@@ -100,3 +100,26 @@ def test_an_entry_of_a_dict_of_rewards_is_a_reward(tmp_path):
         loss.backward()
     """
     assert module_codes(source, tmp_path) == [(6, "KL004")]
+
+
+def test_a_token_weight_on_the_ratio_inside_k3_keeps_the_estimator(tmp_path):
+    """grpo-composer's TR-GRPO regulariser (fifth set): w * ref/pi - log(w * ref/pi) - 1 with the log-ratio
+    clamped, a token-weighted k3 as a loss (rows 3/4, KL002). The weight is an unexplained factor of the
+    ratio, not an advantage: the product stays the ratio, unlike `ratio * advantages` (no estimator)."""
+    source = """\
+    import torch
+
+
+    def weighted_kl(log_probs, ref_log_probs, weights, mask):
+        log_ref_over_pi = torch.clamp(ref_log_probs - log_probs, min=-20.0, max=20.0)
+        ref_over_pi = torch.exp(log_ref_over_pi)
+        weighted_ratio = torch.clamp(weights * ref_over_pi, min=1e-8)
+        kl = (weighted_ratio - torch.log(weighted_ratio) - 1.0) * mask
+        return kl.sum() / mask.sum()
+
+
+    def loss_fn(pg_loss, log_probs, ref_log_probs, weights, mask, beta):
+        loss = pg_loss + beta * weighted_kl(log_probs, ref_log_probs, weights, mask)
+        loss.backward()
+    """
+    assert module_codes(source, tmp_path) == [(13, "KL002")]
