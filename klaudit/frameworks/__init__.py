@@ -230,7 +230,7 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         assumed = vendored(path, openrlhf.NAME, launch.group().replace(".", "/") + ".py", context.roots) or assumed
     if launch and assumed is not UNSTATED:
         flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
-        if flat and not assumed.source:  # 0.11 rejects the flat names: the script is for an earlier release
+        if flat and not assumed.stated:  # 0.11 rejects the flat names: the script is for an earlier release
             assumed = Assumed("0.10", "flat flag names")
         judged = openrlhf.judge(cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), assumed, flat)
         if judged is not None:

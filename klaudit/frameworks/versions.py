@@ -9,9 +9,11 @@ semantics it applied. In order:
 2. the linted project says it: a checked-out framework tree (`trl/__init__.py`'s `__version__`,
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
-   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml` or `setup.py`), searched from each linted
-   directory up to its project root;
-3. else the latest release klaudit knows.
+   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml` or `setup.py`, or a git tag such as
+   `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), searched from each linted directory up to
+   its project root;
+3. else the latest release klaudit knows, and a dependency on a git commit (which names no release)
+   says so in each flag finding.
 
 A version found that klaudit does not know is read as the latest known release before it.
 """
@@ -51,6 +53,12 @@ class Assumed:
 
     version: str  # a release of KNOWN
     source: str = ""  # "" (the default), "pinned", or where the version was read
+    guessed: bool = False  # the default, assumed where the code names no release (a git commit)
+
+    @property
+    def stated(self) -> bool:
+        """Whether a pin or the linted code names this release (not the default assumed for want of one)."""
+        return bool(self.source) and not self.guessed
 
     def label(self, name: str, note: str = "") -> str:
         """`trl 1.10 (1.10.0.dev0 in VERSION; <note>)`: the release and why, as flag findings name it."""
@@ -107,6 +115,11 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
         for name, (version, where) in _stated_here(directory).items():
             if name not in found:
                 found[name] = Assumed(_known(name, version), f"{version} in {where}")
+        for name, where in _git_commit_pins(directory).items():
+            # a commit between two releases: which one klaudit cannot tell offline, so it says so
+            found.setdefault(name, Assumed(DEFAULT[name], f"{where} pins {name} at a git commit, which names no release: "
+                                                           f"the latest known is assumed (say which with [tool.klaudit] "
+                                                           f"frameworks = {{{name} = \"...\"}})", guessed=True))
     return found
 
 
@@ -265,18 +278,45 @@ def _pyproject(directory: Path) -> dict:
     return project if isinstance(project, dict) else {}
 
 
-def _pins(directory: Path) -> dict[str, tuple[str, str]]:
-    """Exact dependency pins (`trl==0.19.0`) in requirements files, pyproject.toml and setup.py."""
-    pinned: dict[str, tuple[str, str]] = {}
+def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
+    """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py."""
     sources = [(path.name, _read(path)) for path in sorted(directory.glob("requirements*.txt"))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
                     *(item for group in project.get("optional-dependencies", {}).values() for item in group)]
     sources.append(("pyproject.toml", "\n".join(item for item in dependencies if isinstance(item, str))))
     sources.append(("setup.py", _read(directory / "setup.py")))
-    for where, text in sources:
+    return sources
+
+
+def _pins(directory: Path) -> dict[str, tuple[str, str]]:
+    """Exact dependency pins (`trl==0.19.0`, or a git tag `trl @ git+https://...@v0.19.0`) in requirements
+    files, pyproject.toml and setup.py."""
+    pinned: dict[str, tuple[str, str]] = {}
+    for where, text in _dependency_texts(directory):
         for name in KNOWN:
             match = re.search(rf"(?im)^[\s\"']*{name}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
             if match is not None:
                 pinned.setdefault(name, (match.group(1), where))
+            tag = _git_ref(name, text)
+            if tag is not None and _RELEASE.match(tag.removeprefix("v")):
+                pinned.setdefault(name, (tag.removeprefix("v"), f"{where} (git tag {tag})"))
     return pinned
+
+
+def _git_commit_pins(directory: Path) -> dict[str, str]:
+    """{framework: file} for a dependency on a git commit (`trl @ git+https://...@1bca495...`): a state
+    between two releases, which the commit's name does not tell."""
+    pinned: dict[str, str] = {}
+    for where, text in _dependency_texts(directory):
+        for name in KNOWN:
+            ref = _git_ref(name, text)
+            if ref is not None and re.fullmatch(r"[0-9a-f]{7,40}", ref):
+                pinned.setdefault(name, where)
+    return pinned
+
+
+def _git_ref(name: str, text: str | None) -> str | None:
+    """The ref after `@` of a `name @ git+URL@ref` dependency (also quoted, with extras or `#egg=`)."""
+    match = re.search(rf"(?im)^[\s\"']*{name}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+@(?P<ref>[\w.\-]+)", text or "")
+    return match.group("ref") if match is not None else None

@@ -64,6 +64,16 @@ def test_flat_names_say_the_script_is_for_an_earlier_release(tmp_path):
     assert finding.fix.startswith("drop --use_kl_loss and set --kl_estimator k1")
 
 
+def test_flat_names_decide_where_the_project_pins_a_git_commit(tmp_path):
+    """A dependency on a git commit of OpenRLHF names no release: the flat names still say 0.10."""
+    (tmp_path / "requirements.txt").write_text("openrlhf @ git+https://github.com/OpenRLHF/OpenRLHF.git@0123456789abcdef\n")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    (tmp_path / "run.sh").write_text("deepspeed --module openrlhf.cli.train_ppo_ray --use_kl_loss --kl_estimator k3 "
+                                     "--rollout_batch_size 64 --train_batch_size 64\n")
+    [finding] = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert "[openrlhf 0.10 (flat flag names): use_kl_loss=True, kl_estimator=k3" in finding.message
+
+
 FLAT_K1_REWARD = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --rollout_batch_size 64 --train_batch_size 64\n"
 
 

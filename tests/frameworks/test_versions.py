@@ -69,6 +69,25 @@ def test_the_version_is_read_from_the_linted_tree_and_its_pins(tmp_path):
     assert assumed_versions({}, [tmp_path / "elsewhere"])["verl"] == Assumed(DEFAULT["verl"])
 
 
+def test_a_git_tag_is_a_release_and_a_git_commit_is_said_to_be_none(tmp_path):
+    """ESPO and mdpo (ninth set) pin TRL at a commit: no release is named, so the latest known is assumed
+    and every flag finding says why; a tag names its release; a branch (`@main`) says nothing."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    requirements = project / "requirements.txt"
+    requirements.write_text("trl[vllm] @ git+https://github.com/huggingface/trl.git@v0.16.0\n")
+    assert detect([project])["trl"] == Assumed("0.16", "0.16.0 in requirements.txt (git tag v0.16.0)")
+    requirements.write_text("trl @ git+https://github.com/huggingface/trl.git@main\n")
+    assert "trl" not in detect([project])
+    (project / "setup.py").write_text('deps = [\n    "trl @ git+https://github.com/huggingface/trl.git@1bca49515ecd5b85d16e68c42c76670e'
+                                      '252e19f1",  # a fix\n]\n')
+    assumed = detect([project])["trl"]
+    assert (assumed.version, assumed.stated) == (DEFAULT["trl"], False)
+    assert assumed.source.startswith("setup.py pins trl at a git commit, which names no release")
+    assert 'frameworks = {trl = "..."}' in assumed.label("trl")
+
+
 def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
     """Linting a TRL tree whose GRPOConfig defaults use_bias_correction_kl=False (a 1.10 dev snapshot):
     its calls are judged by that default, not by the release's."""
