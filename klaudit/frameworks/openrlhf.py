@@ -18,6 +18,10 @@ runs, releases 0.6 to 0.11.2).
   `--train.max_epochs` x rollout batch x samples per prompt / `--train.batch_size` > 1, or
   `--train.async_enable` (rows 22-23). The KL reward goes through the PPO ratio like the task
   reward and is judged on-policy, as the lint of OpenRLHF's code judges it;
+- up to 0.6, `--packing_samples` with `--use_kl_loss` builds the KL loss from
+  `torch.tensor([kl.mean() for kl in ...])`, which copies the values and not the graph: the loss
+  trains nothing (the KL is off in effect, whatever the logs say). No catalog row describes a term
+  without a gradient, so no verdict is given;
 - `--actor.loss_agg_mode` (0.11.2) aggregates the policy loss, and with it the KL reward:
   seq-mean-token-mean weighs each sequence by 1/L (row 21); `--actor.policy_loss_type gspo` weighs
   the advantages by a per-sequence ratio, which no catalog row describes for a KL reward.
@@ -39,9 +43,10 @@ USE_LOSS, ESTIMATOR, COEF, UNBIASED = "algo.kl.use_loss", "algo.kl.estimator", "
 ADVANTAGE, AGGREGATION, POLICY_LOSS = "algo.advantage.estimator", "actor.loss_agg_mode", "actor.policy_loss_type"
 EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC = (
     "train.max_epochs", "rollout.batch_size", "rollout.n_samples_per_prompt", "train.batch_size", "train.async_enable")
+PACKING = "packing_samples"  # read for releases up to 0.6 only, which spell it so
 KL_KEYS = (USE_LOSS, ESTIMATOR, COEF, UNBIASED)
-KEYS = (*KL_KEYS, ADVANTAGE, AGGREGATION, POLICY_LOSS, EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC)
-SWITCHES = (USE_LOSS, UNBIASED, ASYNC)
+KEYS = (*KL_KEYS, ADVANTAGE, AGGREGATION, POLICY_LOSS, EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC, PACKING)
+SWITCHES = (USE_LOSS, UNBIASED, ASYNC, PACKING)
 # Each key under its 0.11 name and its flat name of 0.6-0.10.
 FLAGS = {**{key: key for key in KEYS}, "use_kl_loss": USE_LOSS, "kl_estimator": ESTIMATOR, "init_kl_coef": COEF,
          "advantage_estimator": ADVANTAGE, "policy_loss_type": POLICY_LOSS, "max_epochs": EPOCHS,
@@ -49,7 +54,7 @@ FLAGS = {**{key: key for key in KEYS}, "use_kl_loss": USE_LOSS, "kl_estimator": 
          "async_train": ASYNC}
 DEFAULTS = {USE_LOSS: "False", ESTIMATOR: "k1", COEF: "0.01", UNBIASED: "False", ADVANTAGE: "gae",
             AGGREGATION: "token-mean", POLICY_LOSS: "ppo", EPOCHS: "1", ROLLOUT_BATCH: "1024", SAMPLES: "1",
-            TRAIN_BATCH: "128", ASYNC: "False"}
+            TRAIN_BATCH: "128", ASYNC: "False", PACKING: "False"}
 ADVANTAGES = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
 POLICY_AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-mean": Aggregation.SEQ_MEAN}
 
@@ -110,6 +115,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False)
     if coef is None or coef <= 0 or use_loss is None or estimator is None:
         return None
     clamped = at_least(assumed, "0.8") and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
+    if use_loss and not at_least(assumed, "0.7") and truthy(value[PACKING]):
+        return None  # up to 0.6 the packed KL loss is rebuilt by torch.tensor: no gradient, no catalog row
     if use_loss:
         unbiased = truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
         stale = _stale(value)

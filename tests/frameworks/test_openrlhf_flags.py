@@ -54,6 +54,9 @@ def test_releases_change_the_verdict():
     assert codes("--use_kl_loss --kl_estimator k3", "0.7") == ["KL002"]  # plain k3, no clamp before 0.8
     assert codes("--use_kl_loss --kl_estimator k1", "0.7") == ["KL001"]
     assert codes("--use_kl_loss --kl_estimator k1", "0.6") == ["KL001"]  # 1/L weights: the k1 loss is row 1b
+    # 0.6 rebuilds the packed KL loss with torch.tensor (no gradient): no row describes it, no verdict
+    assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.6") == []
+    assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.7") == ["KL002"]
     assert codes("--algo.kl.use_loss --algo.kl.unbiased_gradient --algo.kl.estimator k3", "0.10") == ["KL002"]
 
 
