@@ -167,12 +167,16 @@ def compare(findings: list[Finding], sites: list[Site], tolerance: int) -> list[
 
 def run_lint(tree: Path, timeout: float, select: str | None) -> list[dict]:
     """`klaudit lint --output-format json` on one tree, in a subprocess with a time limit."""
+    tree = tree.resolve()
     command = [sys.executable, "-m", "klaudit", "lint", "--output-format", "json", "--exit-zero", str(tree)]
     if select:
         command[4:4] = ["--select", select]
     # The caller's PYTHONPATH comes first, so another checkout's klaudit can be measured; else this one's.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(PROJECT)])))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    # `python -m` puts its working directory before PYTHONPATH: run in the tree (and, from Python 3.11,
+    # with PYTHONSAFEPATH), or a caller inside a checkout would measure that checkout instead.
+    env = dict(os.environ, PYTHONSAFEPATH="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(PROJECT)])))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tree, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"klaudit lint exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout or "[]")

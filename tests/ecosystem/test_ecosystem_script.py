@@ -142,3 +142,18 @@ def test_the_committed_review_is_well_formed(corpus):
             assert entry.code in codes and entry.reason and not entry.file.startswith("/")
         keys = [(s.file, s.code, s.line) for s in sites]
         assert len(keys) == len(set(keys)), f"duplicate site in {path.name}"
+
+
+def test_the_klaudit_of_pythonpath_is_measured_even_from_inside_a_checkout(tmp_path, monkeypatch):
+    """`python -m` puts its working directory first on sys.path: run from this checkout with another
+    checkout on PYTHONPATH, the lint must still be that other checkout's (here a stand-in that prints
+    a marker instead of linting)."""
+    other = tmp_path / "other" / "klaudit"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "__main__.py").write_text('print(\'[{"marker": "other checkout"}]\')\n')
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    monkeypatch.chdir(SCRIPT.parents[1])
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "other"))
+    assert ecosystem.run_lint(tree, timeout=60, select=None) == [{"marker": "other checkout"}]
