@@ -244,12 +244,10 @@ _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^nu
 _LOSS = re.compile(r"loss", re.IGNORECASE)
 _REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl(_penalty|_penalties)?|_tensor)?$", re.IGNORECASE)
 _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
+_ADVANTAGE_WORD = re.compile(r"(?<![a-z])advs?(?![a-z])|advantage", re.IGNORECASE)  # anywhere in a name
 # An implicit reward, beta * log(pi_rm / ref), is what a DPO-style or PRIME reward model outputs: the score
 # of that model, not a KL penalty on the policy being trained.
 _IMPLICIT = re.compile(r"(?<![a-z0-9])implicit(?![a-z0-9])", re.IGNORECASE)
-
-
-_ADVANTAGE_WORD = re.compile(r"(?<![a-z])advs?(?![a-z])|advantage", re.IGNORECASE)
 
 
 def names_advantage(name: str) -> bool:
