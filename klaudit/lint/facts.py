@@ -424,14 +424,25 @@ def detach_all(value: Value) -> Value:
     return tuple(replace(f, poly=alg.detach(f.poly)) if f.poly is not None else f for f in value)
 
 def join_envs(a: Env, b: Env) -> Env:
-    """Environments after two paths: each name holds the alternatives of both (unknown where one is)."""
+    """Environments after two paths: each name holds the alternatives of both (unknown where one is).
+    An entry or attribute (`inputs["advantages"]`, `self.kl`) set on one path only still holds, on the
+    other, the value it had before, which the analysis did not know; a plain name set on one path only
+    did not exist on the other."""
     out = dict(a)
     for key, value in b.items():
         if key in out and out[key] != value:
             out[key] = bounded(tuple(dict.fromkeys(operands(out[key]) + operands(value))))
         else:
             out[key] = value
+    for key in a.keys() ^ b.keys():
+        if out[key] and _is_path(key):
+            out[key] = bounded(tuple(dict.fromkeys(out[key] + (UNKNOWN,))))
     return out
+
+
+def _is_path(key: str) -> bool:
+    """An environment key for an entry or attribute of a value (`data["kl"]`, `self.beta`), not a name."""
+    return "[" in key or "." in key
 
 def loss_part(value: Value) -> Value:
     """The facts of a loss value; for a tuple, the first element; for a dict, entries named *loss*."""
