@@ -289,13 +289,18 @@ def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     return sources
 
 
+# Where a requirement starts: a line of a requirements file, or an item of a list, also several on one
+# line (`install_requires=["torch", "trl==0.16.0"]`).
+_REQUIREMENT_START = r"(?:^|[\[(,])[\s\"']*"
+
+
 def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     """Exact dependency pins (`trl==0.19.0`, or a git tag `trl @ git+https://...@v0.19.0`) in requirements
     files, pyproject.toml and setup.py."""
     pinned: dict[str, tuple[str, str]] = {}
     for where, text in _dependency_texts(directory):
         for name in KNOWN:
-            match = re.search(rf"(?im)^[\s\"']*{name}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
+            match = re.search(rf"(?im){_REQUIREMENT_START}{name}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
             if match is not None:
                 pinned.setdefault(name, (match.group(1), where))
             tag = _git_ref(name, text)
@@ -318,5 +323,6 @@ def _git_commit_pins(directory: Path) -> dict[str, str]:
 
 def _git_ref(name: str, text: str | None) -> str | None:
     """The ref after `@` of a `name @ git+URL@ref` dependency (also quoted, with extras or `#egg=`)."""
-    match = re.search(rf"(?im)^[\s\"']*{name}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+@(?P<ref>[\w.\-]+)", text or "")
+    match = re.search(rf"(?im){_REQUIREMENT_START}{name}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+@(?P<ref>[\w.\-]+)",
+                      text or "")
     return match.group("ref") if match is not None else None

@@ -69,6 +69,20 @@ def test_the_version_is_read_from_the_linted_tree_and_its_pins(tmp_path):
     assert assumed_versions({}, [tmp_path / "elsewhere"])["verl"] == Assumed(DEFAULT["verl"])
 
 
+def test_several_requirements_on_one_line_of_setup_py_are_each_read(tmp_path):
+    """`install_requires=["torch>=2", "trl==0.16.0"]` on one line: the pin is an item of the list, not the
+    start of a line. A name that only ends like a framework's (`mytrl==1.0`) pins nothing."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "setup.py").write_text('setup(name="x", install_requires=["torch>=2", "trl==0.16.0"])\n')
+    assert detect([project])["trl"] == Assumed("0.16", "0.16.0 in setup.py")
+    (project / "setup.py").write_text('setup(name="x", install_requires=["torch>=2", "mytrl==1.0"])\n')
+    assert "trl" not in detect([project])
+    (project / "setup.py").write_text(
+        'setup(install_requires=["trl @ git+https://github.com/huggingface/trl.git@1bca49515ecd5b85d16e68c42c76670e252e19f1"])\n')
+    assert detect([project])["trl"].source.startswith("setup.py pins trl at a git commit")
+
+
 def test_a_git_tag_is_a_release_and_a_git_commit_is_said_to_be_none(tmp_path):
     """ESPO and mdpo (ninth set) pin TRL at a commit: no release is named, so the latest known is assumed
     and every flag finding says why; a tag names its release; a branch (`@main`) says nothing."""
