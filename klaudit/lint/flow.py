@@ -37,6 +37,7 @@ from klaudit.lint.containers import ContainerFlow
 from klaudit.lint.expressions import ExpressionFlow
 from klaudit.lint.facts import Fact, Outcome, Sink, param_facts, registry_switches, replace, within_registry
 from klaudit.lint.library import LibraryFlow
+from klaudit.lint.recorded import only_recorded
 from klaudit.lint.reductions import ReductionFlow
 from klaudit.lint.sinks import SinkFlow
 from klaudit.lint.statements import StatementFlow
@@ -50,7 +51,7 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
     def run(self) -> Outcome:
         self.block(self.func.body)
         unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
-        sinks = self.sinks + list(self.loss_parts.values())
+        sinks = self.sinks + [part for node, part in self.loss_parts.items() if not only_recorded(self.func, node)]
         names = registered_names(self.func)
         if names:  # a function a registry runs under these names: its dispatch switch takes only them
             values = [tuple(dict.fromkeys(self.returns))] + [sink.facts for sink in sinks]
