@@ -150,8 +150,8 @@ class CallFlow(FlowState):
                 default = param.default
                 if spread and isinstance(default, cst.Name) and default.value == "None":
                     env[name] = ()  # maybe set by the spread dict: `if x is None:` decides nothing
-                elif isinstance(default, cst.SimpleString):
-                    env[name] = (Fact(role="str", name=name),)
+                elif isinstance(default, cst.SimpleString) and isinstance(text := string_value(default), str):
+                    env[name] = (Fact(role="str", text=text, name=name),)  # the caller leaves the default
                 elif isinstance(default, cst.Name) and default.value in ("True", "False"):
                     env[name] = (Fact(role="bool", name=name),)
                 else:
