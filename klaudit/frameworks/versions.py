@@ -10,8 +10,8 @@ semantics it applied. In order:
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
    (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml` or `setup.py`, or a git tag such as
-   `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), searched from each linted directory up to
-   its project root;
+   `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a `uv.lock`,
+   `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project root;
 3. else the latest release klaudit knows, and a dependency on a git commit (which names no release)
    says so in each flag finding.
 
@@ -289,6 +289,9 @@ def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     return sources
 
 
+# Lock files whose `[[package]]` entries give each dependency's resolved version (`name = "trl"` then
+# `version = "0.15.2"`): a `trl>=0.15` in pyproject.toml says less than the lock beside it.
+_LOCK_FILES = ("uv.lock", "poetry.lock", "pdm.lock")
 # Where a requirement starts: a line of a requirements file, or an item of a list, also several on one
 # line (`install_requires=["torch", "trl==0.16.0"]`).
 _REQUIREMENT_START = r"(?:^|[\[(,])[\s\"']*"
@@ -296,7 +299,7 @@ _REQUIREMENT_START = r"(?:^|[\[(,])[\s\"']*"
 
 def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     """Exact dependency pins (`trl==0.19.0`, or a git tag `trl @ git+https://...@v0.19.0`) in requirements
-    files, pyproject.toml and setup.py."""
+    files, pyproject.toml and setup.py, else the version a lock file resolved."""
     pinned: dict[str, tuple[str, str]] = {}
     for where, text in _dependency_texts(directory):
         for name in KNOWN:
@@ -306,6 +309,12 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
             tag = _git_ref(name, text)
             if tag is not None and _RELEASE.match(tag.removeprefix("v")):
                 pinned.setdefault(name, (tag.removeprefix("v"), f"{where} (git tag {tag})"))
+    for lock in _LOCK_FILES:
+        text = _read(directory / lock)
+        for name in KNOWN:
+            match = re.search(rf'(?m)^name = "{name}"\s*\nversion = "([^"]+)"', text or "")
+            if match is not None:
+                pinned.setdefault(name, (match.group(1), lock))
     return pinned
 
 

@@ -83,6 +83,19 @@ def test_several_requirements_on_one_line_of_setup_py_are_each_read(tmp_path):
     assert detect([project])["trl"].source.startswith("setup.py pins trl at a git commit")
 
 
+def test_a_lock_file_gives_the_resolved_release_where_the_requirement_is_a_range(tmp_path):
+    """bradhilton/rl-experiments asks for `trl>=0.15.2` in pyproject.toml and uv.lock resolves 0.15.2:
+    the lock decides (beta 0.04 by default there), not the latest release. An exact pin still comes first."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'mine'\ndependencies = ['trl>=0.15.2']\n")
+    (project / "uv.lock").write_text('version = 1\n\n[[package]]\nname = "trl"\nversion = "0.15.2"\n'
+                                     'source = { registry = "https://pypi.org/simple" }\n')
+    assert detect([project])["trl"] == Assumed("0.15", "0.15.2 in uv.lock")
+    (project / "requirements.txt").write_text("trl==0.19.0\n")
+    assert detect([project])["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
+
+
 def test_a_git_tag_is_a_release_and_a_git_commit_is_said_to_be_none(tmp_path):
     """ESPO and mdpo (ninth set) pin TRL at a commit: no release is named, so the latest known is assumed
     and every flag finding says why; a tag names its release; a branch (`@main`) says nothing."""

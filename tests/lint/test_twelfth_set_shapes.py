@@ -50,3 +50,49 @@ def test_a_name_first_set_on_one_path_gains_no_unknown_value(tmp_path):
         loss.backward()
     """
     assert module_codes(source, tmp_path) == [(9, "KL002")]
+
+
+LOGGED_ONLY = """\
+def distillation_loss(student_log_probs, teacher_log_probs, mask):
+    losses = 0.5 * (student_log_probs - teacher_log_probs) ** 2
+    k1_losses = student_log_probs - teacher_log_probs
+    metrics = {"k1": Metric("mean", k1_losses[mask].mean()), "k1_now": k1_losses.mean().item()}
+    return losses, metrics
+
+
+def step(log_probs, ref_log_probs, mask, pg_loss):
+    kl_loss = (log_probs - ref_log_probs).sum() / mask.sum()
+    wandb.log({"kl": kl_loss.item()})
+    loss = pg_loss + kl_loss
+    loss.backward()
+"""
+
+
+def test_a_loss_named_value_that_is_only_logged_is_no_loss(tmp_path):
+    """A verl fork's distillation loss logs `k1_losses` through `Metric(...)` and `.item()` and never
+    returns it: no k1 loss there. The k2 loss it returns is judged (row 2, KL003), and a loss-named k1
+    that is logged *and* added to the loss still is (row 1, KL001)."""
+    assert module_codes(LOGGED_ONLY, tmp_path) == [(2, "KL003"), (9, "KL001")]
+
+
+def test_a_string_default_the_caller_leaves_selects_its_branch(tmp_path):
+    """An OpenRLHF fork's `compute_reward` calls `compute_approx_kl(logp, base, action_mask=mask)`
+    without `kl_estimator`, whose default is "k1": only the k1 branch runs, a k1 reward (row 6, silent).
+    A caller that passes "k3" gets the k3 reward (row 7, KL004)."""
+    source = """\
+    def compute_approx_kl(log_probs, log_probs_base, action_mask=None, kl_estimator="k1"):
+        log_ratio = log_probs - log_probs_base
+        if kl_estimator == "k3":
+            log_ratio = (-log_ratio).exp() - 1 + log_ratio
+        return log_ratio
+
+
+    def compute_reward(r, kl_coef, log_probs, log_probs_base, action_mask):
+        kl = compute_approx_kl(log_probs, log_probs_base, action_mask=action_mask)
+        rewards = -kl_coef * kl
+        rewards[:, -1] += r
+        return rewards
+    """
+    assert module_codes(source, tmp_path) == []
+    passed = source.replace("action_mask=action_mask)", 'action_mask=action_mask, kl_estimator="k3")')
+    assert module_codes(passed, tmp_path) == [(10, "KL004")]
