@@ -84,6 +84,12 @@ class Project:
             found = _find(base, parts)
             if found is not None:
                 return found
+        if importer is not None:
+            # a script kept in a package folder and run as `python pkg/train.py` still finds its siblings
+            # (microRLHF's `from rl_utils import ...` in rlhf/, which has an __init__.py)
+            found = _find(Path(importer).resolve().parent, parts)
+            if found is not None:
+                return found
         return installed_model(dotted)
 
     def package_parents(self) -> dict[str, list[Path]]:
