@@ -139,8 +139,11 @@ class LibraryFlow(FlowState):
         return self.aggregate(op.name, op.tensor, op.positional, op.keywords)
 
     def gathered(self, op: Operation) -> tuple:
-        """x.gather(dim, index): the entries of the chosen tokens or positions (klaudit.lint.tensors.gather)."""
+        """x.gather(dim, index): the entries of the chosen tokens or positions (klaudit.lint.tensors.gather).
+        Without an index it is a gather across processes (accelerate's `gather(kl)`): the same values."""
         index = op.rest[1] if len(op.rest) > 1 else op.keywords.get("index")
+        if index is None:
+            return op.tensor
         return gather(op.tensor, index)
 
     def taken_along(self, op: Operation) -> tuple:

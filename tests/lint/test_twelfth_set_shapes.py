@@ -124,3 +124,24 @@ def test_a_script_in_a_package_folder_finds_the_modules_beside_it(tmp_path):
     (package / "train_ppo.py").write_text(script)
     findings = check_module(str(package / "train_ppo.py"), cst.parse_module(script), Project([tmp_path]), script)
     assert [(f.line, f.code) for f in findings] == [(6, "KL003")]
+
+
+def test_a_gather_across_processes_keeps_every_token_of_the_kl(tmp_path):
+    """vemz/rloo: `kl = gather((k1 * mask).sum(-1))` is accelerate's gather across processes, not
+    torch.gather at some positions: the summed k1 is a whole-sequence return (row 6), no last-token
+    KL (KL005). torch.gather at the last position still is one (row 19)."""
+    source = """\
+    from accelerate.utils import gather
+
+
+    def rewards_with_kl(rewards, old_per_token_logps, ref_per_token_logps, completion_mask, beta, {extra}):
+        per_token_kl = old_per_token_logps - ref_per_token_logps
+        kl = {gathered}
+        rewards = rewards - beta * kl
+        advantages = rewards - rewards.mean()
+        return advantages
+    """
+    across = source.format(extra="last", gathered="gather((per_token_kl * completion_mask).sum(-1))")
+    assert module_codes(across, tmp_path) == []
+    last = source.format(extra="last", gathered="per_token_kl.gather(-1, last.unsqueeze(-1)).squeeze(-1)")
+    assert module_codes(last, tmp_path) == [(7, "KL005")]
