@@ -118,6 +118,9 @@ class CallableFlow(FlowState):
         """A module-level name used as a value (or `called`): a function of the module, or a module-level constant."""
         if name in self.module.functions:
             return (Fact(role="function", callee=Callee(self.module, self.module.functions[name])),)
+        if name in self.module.registries:  # a dict its decorators fill: the table of what they registered
+            return (Fact(role="dict", items=tuple((key, (Fact(role="function", callee=Callee(self.module, func)),))
+                                                  for key, func in self.module.registries[name])),)
         if name in self.module.constants:
             return self.expr(self.module.constants[name])
         # an imported name is followed only when it speaks of KL or a loss, or, stored as a value (`self.agg =

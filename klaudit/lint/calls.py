@@ -80,7 +80,13 @@ class CallFlow(FlowState):
         value = self.library_call(name, node)
         if not value and not logged and self.out_of_sight(func, name):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
-                self.hand_on(self.expr(arg.value))  # `queue.put(...)`), the analysis cannot follow: it is used
+                facts = self.expr(arg.value)  # `queue.put(...)`), the analysis cannot follow: it is used
+                if arg.keyword is not None and roles.sink_of_name(arg.keyword.value) == "advantage":
+                    # `policy_loss_fn(..., advantages=-kl.detach())`: whatever the function, what it is
+                    # given as the advantages is what the policy gradient weighs each token by
+                    self.sink("advantage", facts, arg.value)
+                else:
+                    self.hand_on(facts)
         return value
 
     def out_of_sight(self, func: cst.BaseExpression, name: str) -> bool:
@@ -145,6 +151,12 @@ class CallFlow(FlowState):
                         facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
+                if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in facts):
+                    # `policy_loss_fn(..., advantages=-kl.detach())`: the term weighs the policy gradient,
+                    # entering the advantages here whatever the function does with them, also when it only
+                    # passed a loss-named value on its way (`distillation_losses = kl_penalty(...)`, returned)
+                    facts = self.sink("advantage", tuple(replace(f, entry=None) if passed_loss_name(f) else f
+                                                         for f in facts), arg)
                 env[name] = facts
             elif param.default is not None:
                 default = param.default
@@ -211,3 +223,10 @@ class CallFlow(FlowState):
         if not base:
             return None if method not in ("sum", "mean") else ()
         return self.tensor_method(method, base, positional, keywords, node)
+
+
+def passed_loss_name(fact: Fact) -> bool:
+    """Whether the term's entry is a loss-named assignment it only passed (not a loss it was reduced into)."""
+    entry = fact.entry
+    return entry is not None and entry in fact.pending and isinstance(entry, cst.Assign) and any(
+        roles.sink_of_name(last_name(target.target)) == "loss" for target in entry.targets)

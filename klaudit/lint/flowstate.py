@@ -53,7 +53,7 @@ class FlowState:
         self.formed: dict = {}  # origin -> a KL term formed in this function and stored in a variable
         self.settled: set = set()  # origins whose use is known: a sink, a return, a metric, a later term
         self.read: set = set()  # origins of the KL terms the current statement reads
-        self.compared = False  # a call so far was given the policy's and the behaviour policy's log-probs
+        self.compared: list = []  # the labels of the calls so far given the policy's and the behaviour policy's log-probs
         name = func.name.value
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)

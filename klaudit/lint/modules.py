@@ -26,6 +26,7 @@ from klaudit.lint.facts import (
     replace,
 )
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.registries import registries
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
@@ -139,6 +140,14 @@ class Module:
             for field in fields:
                 self.store_lines.setdefault(field, set()).update(calls)
         self.kl_fields = frozenset(self.store_lines)
+        self._registries: dict | None = None
+
+    @property
+    def registries(self) -> dict[str, list[tuple[str, cst.FunctionDef]]]:
+        """The module-level dicts its decorators fill: {name: [(registered name, function), ...]}."""
+        if self._registries is None:
+            self._registries = registries(self.tree)
+        return self._registries
 
     def _collect(self, stmt: cst.CSTNode) -> None:
         if isinstance(stmt, cst.FunctionDef):

@@ -90,21 +90,24 @@ class SinkFlow(FlowState):
             return value
         ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
+        # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
+        compared = any(compatible(labels, self.labels) for labels in self.compared)
         return tuple(replace(f, stale=True) if f.is_kl() and (
-            self.compared or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
+            compared or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
             else f for f in value)
 
     def note_comparison(self, node: cst.Call) -> None:
         """A call given the policy's log-probs and, in another argument, the behaviour policy's
-        (`policy_loss_fn(old_log_prob=..., log_prob=...)`) compares the two, like a ratio formed here."""
-        if self.compared:
+        (`policy_loss_fn(old_log_prob=..., log_prob=...)`) compares the two, like a ratio formed here; only
+        on the paths where the call runs (the switch values it is under)."""
+        if self.labels in self.compared:
             return
         held = []
         for arg in node.args:
             value = self.env.get(arg.value.value) if type(arg.value) is cst.Name else self._memo.get(id(arg.value))
             held.append(logprob_kinds(value or ()))
-        self.compared = any(alg.POLICY in a and alg.OLD in b for i, a in enumerate(held)
-                            for j, b in enumerate(held) if i != j)
+        if any(alg.POLICY in a and alg.OLD in b for i, a in enumerate(held) for j, b in enumerate(held) if i != j):
+            self.compared.append(self.labels)
 
     def take_on(self, facts: tuple, node: cst.CSTNode | None = None) -> None:
         """Earlier loss-named parts that these differentiable facts carry on are not losses of their own."""

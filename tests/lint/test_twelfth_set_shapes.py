@@ -145,3 +145,91 @@ def test_a_gather_across_processes_keeps_every_token_of_the_kl(tmp_path):
     assert module_codes(across, tmp_path) == []
     last = source.format(extra="last", gathered="per_token_kl.gather(-1, last.unsqueeze(-1)).squeeze(-1)")
     assert module_codes(last, tmp_path) == [(7, "KL005")]
+
+
+REGISTRY = """\
+import torch
+
+LOSSES = {}
+POLICY_LOSSES: dict = {}
+
+
+def register_loss(names):
+    def decorator(func):
+        for name in names:
+            LOSSES[name] = func
+        return func
+    return decorator
+
+
+def register_policy_loss(name):
+    def decorator(func):
+        POLICY_LOSSES[name] = func
+        return func
+    return decorator
+
+
+@register_loss(["k1"])
+def k1_loss(student_log_probs, teacher_log_probs):
+    losses = student_log_probs - teacher_log_probs
+    return losses
+
+
+@register_loss(["k2"])
+def k2_loss(student_log_probs, teacher_log_probs):
+    losses = 0.5 * (student_log_probs - teacher_log_probs) ** 2
+    return losses
+
+
+@register_policy_loss("vanilla")
+def vanilla(old_log_prob, log_prob, advantages, mask):
+    ratio = torch.exp(log_prob - old_log_prob)
+    pg_losses = -advantages * ratio
+    return (pg_losses * mask).sum() / mask.sum()
+
+
+def get_loss_fn(name):
+    return LOSSES[name]
+
+
+def get_policy_loss_fn(name):
+    return POLICY_LOSSES[name]
+
+
+def distill(config, log_prob, old_log_prob, teacher_log_probs, mask):
+    losses = get_loss_fn(config.loss_mode)(log_prob, teacher_log_probs)
+    if config.use_policy_gradient:
+        policy_loss_fn = get_policy_loss_fn(config.policy_loss_mode)
+        loss = policy_loss_fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=-losses.detach(), mask=mask)
+    else:
+        loss = (losses * mask).sum() / mask.sum()
+    return loss
+"""
+
+
+def test_a_registry_filled_by_decorators_dispatches_on_its_names(tmp_path):
+    """verl's distillation (released 0.9.1 and its forks): the loss is looked up in a dict its decorators
+    fill, and with use_policy_gradient its per-token value is passed as the advantages of a registered
+    policy loss. The k1 there weighs only its own token (row 2, KL003), the k2 values are no k1 (row 8,
+    KL004), both reported where they enter the advantages; as a loss, k1 has no gradient (row 1, KL001)
+    and k2 the local one only (row 2, KL003). Only the policy-gradient path compares the policy with
+    the behaviour policy: the loss path is judged on-policy (no KL008 there)."""
+    codes = module_codes(REGISTRY, tmp_path)
+    assert (53, "KL003") in codes and (53, "KL004") in codes
+    assert {code for line, code in codes if line != 53} == {"KL001", "KL003"}
+    assert (53, "KL008") in codes and all(code != "KL008" for line, code in codes if line != 53)
+
+
+def test_a_kl_passed_as_the_advantages_of_code_out_of_sight_enters_the_advantages(tmp_path):
+    """`compute_policy_loss(..., advantages=-k1.detach())` of an installed library: whatever that code
+    does, each token's policy gradient is weighed by its own k1 alone (row 2, KL003)."""
+    source = """\
+    from somewhere import compute_policy_loss
+
+
+    def distill_step(log_prob, old_log_prob, teacher_log_prob, mask):
+        k1 = log_prob - teacher_log_prob
+        loss = compute_policy_loss(old_log_prob=old_log_prob, log_prob=log_prob, advantages=-k1.detach(), mask=mask)
+        loss.backward()
+    """
+    assert module_codes(source, tmp_path) == [(6, "KL003")]
