@@ -26,8 +26,8 @@ from klaudit.lint.facts import (
     replace,
 )
 from klaudit.lint.flow import FunctionRun
-from klaudit.lint.registries import registries
 from klaudit.lint.project import Project, is_installed_model
+from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, params, python_ast
