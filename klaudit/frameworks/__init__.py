@@ -44,7 +44,8 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
-               "use_kl_loss", "kl_loss_coef", "beta", "num_generations")
+               "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
+               "distillation.enabled")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -212,7 +213,12 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
         settings = {key: setting for key, setting in settings.items() if key not in several}
     judged = verl.judge(settings, assumed)
     fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
-    return [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
+    found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
+    distillation = verl.judge_distillation(settings)
+    if distillation is not None:
+        found += _findings(path, distillation[0], assumed.label(verl.NAME), verl.distillation_fix,
+                           clamped=distillation[1])
+    return found
 
 
 def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:

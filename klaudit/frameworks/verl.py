@@ -8,6 +8,11 @@
 - `kl_penalty`'s values: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 clamped to [-10, 10],
   abs -> |log-ratio|; a "+" suffix keeps the value and takes k2's gradient (straight-through:
   k1+, k3+), except for k2 itself. verl 0.8 rejects "+" values (no verdict); 0.9 strips the suffix.
+- `distillation.enabled` (default false) adds a loss to a teacher, `kl_penalty(student, teacher,
+  distillation_loss.loss_mode)` (default k3): differentiated as a loss, aggregated by `loss_agg_mode`,
+  or with `distillation_loss.use_policy_gradient` its negation, detached, is each token's advantage in
+  the policy loss (the token's own value, no reward-to-go); `loss_max_clamp` clamps the values first.
+  The top-k modes (`forward_kl_topk`, ...) are no estimator of the table: no verdict.
 """
 
 from __future__ import annotations
@@ -107,6 +112,53 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     return Judged(config, anchor, flags, anchors)
 
 
+DISTILLATION = "distillation.enabled"
+DISTILLATION_MODE = "distillation.distillation_loss.loss_mode"
+DISTILLATION_PG = "distillation.distillation_loss.use_policy_gradient"
+DISTILLATION_CLAMP = "distillation.distillation_loss.loss_max_clamp"
+DISTILLATION_KEYS = (DISTILLATION, DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION_CLAMP)
+DISTILLATION_DEFAULTS = {DISTILLATION: "false", DISTILLATION_MODE: "k3", DISTILLATION_PG: "false",
+                         DISTILLATION_CLAMP: "null", LOSS_AGG_MODE: "token-mean"}
+
+
+def judge_distillation(settings: Mapping[str, Setting]) -> tuple[Judged, bool] | None:
+    """The configuration of a verl run's distillation loss (with whether `loss_max_clamp` clamps it),
+    None when distillation is off or a deciding flag is no literal. The teacher stands where the
+    reference does in the table: the same estimators on the student's own samples."""
+    if not any(key in settings for key in DISTILLATION_KEYS):
+        return None
+    set_or_default = {key: settings[key].value if key in settings else default for key, default in DISTILLATION_DEFAULTS.items()}
+    given = {key: v for key, v in set_or_default.items() if v is not None}
+    if len(given) < len(set_or_default) or not truthy(given[DISTILLATION]):
+        return None  # a deciding flag set to a variable: its value is unknown here
+    policy_gradient = truthy(given[DISTILLATION_PG])
+    aggregation = AGGREGATIONS.get(given[LOSS_AGG_MODE])
+    if policy_gradient is None or aggregation is None:
+        return None
+    if policy_gradient:
+        estimator = REWARD_ESTIMATORS.get(given[DISTILLATION_MODE])
+        config = Config(reward=estimator, returns=Returns.LOCAL, aggregation=aggregation)
+    else:
+        estimator = LOSS_ESTIMATORS.get(given[DISTILLATION_MODE])
+        config = Config(loss=estimator, aggregation=aggregation)
+    if estimator is None:
+        return None  # a top-k mode, or one this release does not have
+    clamp = given[DISTILLATION_CLAMP]
+    clamped = clamp.lower() not in ("null", "none", "~", "") and number(clamp) not in (None, 0.0)
+    anchor = next(settings[key] for key in (DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION) if key in settings) \
+        if any(key in settings for key in (DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION)) else settings[DISTILLATION_CLAMP]
+    flags = ", ".join(f"{_short(key)}={given[key]}" + ("" if key in settings else " (default)")
+                      for key in (*DISTILLATION_KEYS, LOSS_AGG_MODE) if key in settings or key != DISTILLATION_CLAMP)
+    anchors = {"KL007": settings[LOSS_AGG_MODE]} if LOSS_AGG_MODE in settings else {}
+    return Judged(config, anchor, flags, anchors), clamped
+
+
+def _short(key: str) -> str:
+    """`distillation.enabled`, `distillation_loss.loss_mode`, `loss_agg_mode`: a key by its last two names at most."""
+    parts = key.split(".")
+    return ".".join(parts[-2:]) if parts[0] == "distillation" else parts[-1]
+
+
 def _relevant(key: str, loss, reward) -> bool:
     """Defaults worth naming: those that decide a part of the KL that is on."""
     if key == LOSS_AGG_MODE:
@@ -116,3 +168,14 @@ def _relevant(key: str, loss, reward) -> bool:
     if key in (KL_PENALTY, ADV_ESTIMATOR):
         return reward is not None
     return False
+
+
+_DISTILLATION_FIX = ("verl has no distillation flag for an unbiased reverse-KL gradient: in your own loss, take the "
+                     "k1 to the teacher as a detached reward with reward-to-go (klaudit.estimators.kl_reward with the "
+                     "teacher's log-probs in place of the reference's), or the exact KL over the vocabulary with "
+                     "klaudit.estimators.kl_penalty(..., estimator=\"rb\")")
+
+
+def distillation_fix(rule: str, row_fix: str = "") -> str:
+    """The help of a distillation finding: a length-weighting has a flag; the rest needs code of one's own."""
+    return FIXES["KL007"] if rule == "KL007" else _DISTILLATION_FIX

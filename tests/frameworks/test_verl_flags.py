@@ -228,3 +228,26 @@ def test_a_script_of_several_runs_keeps_its_verdict_when_one_run_sets_a_zero_coe
            "actor_rollout_ref.actor.kl_loss_type=kl actor_rollout_ref.actor.kl_loss_coef={coef} &\n")
     assert [f.code for f in lint_config("all.sh", run.format(coef="0.001") + run.format(coef="0.000"))] == ["KL001"]
     assert [f.code for f in lint_config("nokl.sh", run.format(coef="0.000"))] == []
+
+
+@pytest.mark.parametrize("flags, expected", [
+    # verl's on-policy distillation (0.8 on), the teacher in the reference's place: the loss on the
+    # student's samples is judged as the KL loss is (rows 1, 2, 4; low_var_kl is verl's k3 with clamps)
+    (["distillation.enabled=True"], ["KL002"]),  # default loss_mode=k3
+    (["distillation.enabled=True", "distillation.distillation_loss.loss_mode=k1"], ["KL001"]),
+    (["distillation.enabled=True", "distillation.distillation_loss.loss_mode=k2"], ["KL003"]),
+    # with use_policy_gradient each token's advantage is its own negated value: k1 gives the local
+    # gradient only (row 2), other values are no k1 (rows 7, 8); a clamp of the values is KL010
+    (["distillation.enabled=True", "distillation.distillation_loss.loss_mode=k1",
+      "distillation.distillation_loss.use_policy_gradient=True"], ["KL003"]),
+    (["distillation.enabled=True", "distillation.distillation_loss.loss_mode=k1",
+      "distillation.distillation_loss.use_policy_gradient=True",
+      "distillation.distillation_loss.loss_max_clamp=10.0"], ["KL003", "KL010"]),
+    (["distillation.enabled=True", "distillation.distillation_loss.use_policy_gradient=True"], ["KL004"]),
+    (["distillation.enabled=True", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"], ["KL002", "KL007"]),
+    # off, or a top-k mode no estimator of the table describes: no verdict
+    (["distillation.distillation_loss.loss_mode=k1"], []),
+    (["distillation.enabled=True", "distillation.distillation_loss.loss_mode=forward_kl_topk"], []),
+])
+def test_distillation_flags_are_judged_with_the_teacher_as_the_reference(flags, expected):
+    assert codes(*flags) == expected
