@@ -76,17 +76,23 @@ def _is_store(stack: list[cst.CSTNode], node: cst.Name) -> bool:
 
 
 def _records(stack: list[cst.CSTNode], node: cst.CSTNode) -> bool:
-    """Whether the read `node`, under the ancestors `stack` (outermost first), only records a statistic."""
+    """Whether the read `node`, under the ancestors `stack` (outermost first), only records a statistic:
+    detached (`.item()`), or inside a metrics call whose result is only kept as a statistic too (stored
+    in a metrics container, or a statement of its own such as `wandb.log(...)`). A metrics-named wrapper
+    handed on as a loss (`LossOutput(primary_loss=WeightedMetric(loss, n))`) records nothing."""
     child = node
+    logged = False  # passed through a call that records statistics
     for parent in reversed(stack):
         if isinstance(parent, cst.Attribute) and parent.value is child and parent.attr.value in _DETACHING:
             return True
         if isinstance(parent, cst.Call) and parent.func is not child and roles.is_metrics_name(last_name(parent.func)):
-            return True
+            logged = True
         if isinstance(parent, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             targets = [t.target for t in parent.targets] if isinstance(parent, cst.Assign) else [parent.target]
             return all(records_metrics(t) for t in targets)
-        if isinstance(parent, (cst.Return, cst.Expr, cst.BaseCompoundStatement)):
+        if isinstance(parent, cst.Expr):
+            return logged  # `wandb.log({"kl": kl_loss})`, `print(kl_loss)`: a statement of its own
+        if isinstance(parent, (cst.Return, cst.BaseCompoundStatement)):
             return False  # returned, or used by a statement (`kl_loss.backward()`, `if kl_loss > x:`)
         child = parent
     return False

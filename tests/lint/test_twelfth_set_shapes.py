@@ -65,14 +65,20 @@ def step(log_probs, ref_log_probs, mask, pg_loss):
     wandb.log({"kl": kl_loss.item()})
     loss = pg_loss + kl_loss
     loss.backward()
+
+
+def policy_loss(log_probs, ref_log_probs, mask, pg_loss):
+    unreduced_loss = pg_loss + 0.1 * ((log_probs - ref_log_probs) * mask).sum()
+    return LossOutput(primary_loss=WeightedMetric(unreduced_loss, mask.sum()))
 """
 
 
 def test_a_loss_named_value_that_is_only_logged_is_no_loss(tmp_path):
     """A verl fork's distillation loss logs `k1_losses` through `Metric(...)` and `.item()` and never
     returns it: no k1 loss there. The k2 loss it returns is judged (row 2, KL003), and a loss-named k1
-    that is logged *and* added to the loss still is (row 1, KL001)."""
-    assert module_codes(LOGGED_ONLY, tmp_path) == [(2, "KL003"), (9, "KL001")]
+    that is logged *and* added to the loss still is (row 1, KL001), as is one wrapped in a metrics-named
+    type that is returned as the loss (tunix's `LossOutput(primary_loss=WeightedMetric(loss, n))`)."""
+    assert module_codes(LOGGED_ONLY, tmp_path) == [(2, "KL003"), (9, "KL001"), (16, "KL001")]
 
 
 def test_a_string_default_the_caller_leaves_selects_its_branch(tmp_path):
