@@ -105,7 +105,10 @@ def _paired(found: list[_Found]) -> list[_Found]:
     rewards = [item for item in found if item[2].loss is None and item[2].reward is not None and item[0].kind != "loss"]
     if not losses or not rewards:
         return found
-    out = [item for item in found if item not in losses and item not in rewards]
+    # by identity (an item equal to a paired one meets the same test, so is one itself): a list's `in`
+    # compares facts one by one, quadratic in the findings
+    paired = {id(item) for item in losses} | {id(item) for item in rewards}
+    out = [item for item in found if id(item) not in paired]
     for sink, fact, config in losses:
         partners = [r for r in rewards if _compatible_labels(r[1].labels, fact.labels) and r[1].origin is not fact.origin
                     and not different_targets(r[1], fact)]
