@@ -2,22 +2,27 @@
 in a module-level dict (`POLICY_LOSS_REGISTRY[name] = func`), and `get_policy_loss_fn(mode)` returns
 `POLICY_LOSS_REGISTRY[mode]`. verl picks its policy, advantage and distillation losses so.
 
-The dict is empty where it is written; what it holds is known from the decorators. A registry is read
-as the table {registered name: function}, so that a lookup with a key the analysis does not know is a
-dispatch over every entry, each labelled by its name (klaudit.lint.containers).
+The dict is empty where it is written; what it holds is known from the decorators. A registry of losses
+or KL terms (its name says so) is read as the table {registered name: function}, so that a lookup with a
+key the analysis does not know is a dispatch over every entry, each labelled by its name
+(klaudit.lint.containers).
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
+from klaudit.lint import roles
 from klaudit.lint.syntax import dotted, string_literals, walk
 
 
 def registries(module: cst.Module) -> dict[str, list[tuple[str, cst.FunctionDef]]]:
     """{registry name: [(registered name, function), ...]} for the module-level dicts that a decorator of
     the module fills, in the order the functions are defined."""
-    empty = {name for name, value in _module_assignments(module) if _is_empty_dict(value)}
+    # only the registries of losses or KL terms: following every registered function is the costly part,
+    # and an advantage estimator's or a reward manager's registry adds nothing a KL verdict reads
+    empty = {name for name, value in _module_assignments(module)
+             if _is_empty_dict(value) and ("loss" in name.lower() or roles.might_contain_kl(name))}
     if not empty:
         return {}
     functions = [stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
