@@ -162,10 +162,12 @@ class CallFlow(FlowState):
                 default = param.default
                 if spread and isinstance(default, cst.Name) and default.value == "None":
                     env[name] = ()  # maybe set by the spread dict: `if x is None:` decides nothing
-                elif isinstance(default, cst.SimpleString) and isinstance(text := string_value(default), str):
-                    env[name] = (Fact(role="str", text=text, name=name),)  # the caller leaves the default
+                elif isinstance(default, cst.SimpleString):
+                    # the caller leaves the default, unless a spread dict may set it
+                    text = string_value(default) if not spread else None
+                    env[name] = (Fact(role="str", text=text if isinstance(text, str) else None, name=name),)
                 elif isinstance(default, cst.Name) and default.value in ("True", "False"):
-                    env[name] = (Fact(role="bool", name=name),)
+                    env[name] = (Fact(role="bool", text=None if spread else default.value, name=name),)
                 else:
                     env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) else ()
             else:

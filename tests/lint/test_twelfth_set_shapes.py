@@ -239,3 +239,26 @@ def test_a_kl_passed_as_the_advantages_of_code_out_of_sight_enters_the_advantage
         loss.backward()
     """
     assert module_codes(source, tmp_path) == [(6, "KL003")]
+
+
+def test_a_default_is_kept_only_where_no_spread_dict_may_set_it(tmp_path):
+    """A boolean default the caller leaves is that value, as a string default is: ORZ-style
+    `compute_approx_kl(logp, base)` with `use_kl_estimator_k3=False` is the k1 reward (row 6, silent).
+    Called with `**options`, the dict may set the flag: both branches are judged (k3 reward, row 7)."""
+    source = """\
+    def compute_approx_kl(log_probs, log_probs_base, use_kl_estimator_k3=False):
+        log_ratio = log_probs - log_probs_base
+        if use_kl_estimator_k3:
+            log_ratio = (-log_ratio).exp() - 1 + log_ratio
+        return log_ratio
+
+
+    def compute_reward(r, kl_coef, log_probs, log_probs_base, options):
+        kl = compute_approx_kl(log_probs, log_probs_base)
+        rewards = -kl_coef * kl
+        rewards[:, -1] += r
+        return rewards
+    """
+    assert module_codes(source, tmp_path) == []
+    spread = source.replace("compute_approx_kl(log_probs, log_probs_base)", "compute_approx_kl(log_probs, log_probs_base, **options)")
+    assert module_codes(spread, tmp_path) == [(10, "KL004")]
