@@ -6,6 +6,7 @@ per-sequence token-mean of it gives 1/L weights (row 21, KL007).
 
 from __future__ import annotations
 
+import pytest
 from snippets import module_codes
 
 # ColossalChat's GRPO consumer: one algorithm moves the k3 into the advantages and zeroes the loss
@@ -79,29 +80,6 @@ def test_a_loss_named_value_that_is_only_logged_is_no_loss(tmp_path):
     that is logged *and* added to the loss still is (row 1, KL001), as is one wrapped in a metrics-named
     type that is returned as the loss (tunix's `LossOutput(primary_loss=WeightedMetric(loss, n))`)."""
     assert module_codes(LOGGED_ONLY, tmp_path) == [(2, "KL003"), (9, "KL001"), (16, "KL001")]
-
-
-def test_a_string_default_the_caller_leaves_selects_its_branch(tmp_path):
-    """An OpenRLHF fork's `compute_reward` calls `compute_approx_kl(logp, base, action_mask=mask)`
-    without `kl_estimator`, whose default is "k1": only the k1 branch runs, a k1 reward (row 6, silent).
-    A caller that passes "k3" gets the k3 reward (row 7, KL004)."""
-    source = """\
-    def compute_approx_kl(log_probs, log_probs_base, action_mask=None, kl_estimator="k1"):
-        log_ratio = log_probs - log_probs_base
-        if kl_estimator == "k3":
-            log_ratio = (-log_ratio).exp() - 1 + log_ratio
-        return log_ratio
-
-
-    def compute_reward(r, kl_coef, log_probs, log_probs_base, action_mask):
-        kl = compute_approx_kl(log_probs, log_probs_base, action_mask=action_mask)
-        rewards = -kl_coef * kl
-        rewards[:, -1] += r
-        return rewards
-    """
-    assert module_codes(source, tmp_path) == []
-    passed = source.replace("action_mask=action_mask)", 'action_mask=action_mask, kl_estimator="k3")')
-    assert module_codes(passed, tmp_path) == [(10, "KL004")]
 
 
 def test_a_script_in_a_package_folder_finds_the_modules_beside_it(tmp_path):
@@ -241,24 +219,36 @@ def test_a_kl_passed_as_the_advantages_of_code_out_of_sight_enters_the_advantage
     assert module_codes(source, tmp_path) == [(6, "KL003")]
 
 
-def test_a_default_is_kept_only_where_no_spread_dict_may_set_it(tmp_path):
-    """A boolean default the caller leaves is that value, as a string default is: ORZ-style
-    `compute_approx_kl(logp, base)` with `use_kl_estimator_k3=False` is the k1 reward (row 6, silent).
-    Called with `**options`, the dict may set the flag: both branches are judged (k3 reward, row 7)."""
-    source = """\
-    def compute_approx_kl(log_probs, log_probs_base, use_kl_estimator_k3=False):
-        log_ratio = log_probs - log_probs_base
-        if use_kl_estimator_k3:
-            log_ratio = (-log_ratio).exp() - 1 + log_ratio
-        return log_ratio
+# OpenRLHF-style helpers whose estimator switch the callers leave at its default: `compute_approx_kl(
+# logp, base, action_mask=mask)` with kl_estimator="k1" (an OpenRLHF fork), or use_kl_estimator_k3=False
+# (Open-Reasoner-Zero's spelling).
+DEFAULTED = """\
+def compute_approx_kl(log_probs, log_probs_base, action_mask=None, {parameter}):
+    log_ratio = log_probs - log_probs_base
+    if {test}:
+        log_ratio = (-log_ratio).exp() - 1 + log_ratio
+    return log_ratio
 
 
-    def compute_reward(r, kl_coef, log_probs, log_probs_base, options):
-        kl = compute_approx_kl(log_probs, log_probs_base)
-        rewards = -kl_coef * kl
-        rewards[:, -1] += r
-        return rewards
-    """
-    assert module_codes(source, tmp_path) == []
-    spread = source.replace("compute_approx_kl(log_probs, log_probs_base)", "compute_approx_kl(log_probs, log_probs_base, **options)")
-    assert module_codes(spread, tmp_path) == [(10, "KL004")]
+def compute_reward(r, kl_coef, log_probs, log_probs_base, action_mask, options):
+    kl = compute_approx_kl(log_probs, log_probs_base, action_mask=action_mask{extra})
+    rewards = -kl_coef * kl
+    rewards[:, -1] += r
+    return rewards
+"""
+
+
+@pytest.mark.parametrize("parameter, test, passed", [
+    ('kl_estimator="k1"', 'kl_estimator == "k3"', ', kl_estimator="k3"'),
+    ("use_kl_estimator_k3=False", "use_kl_estimator_k3", ", use_kl_estimator_k3=True"),
+])
+def test_a_default_the_caller_leaves_selects_its_branch(tmp_path, parameter, test, passed):
+    """A string or boolean default no caller passes is that value: only the k1 branch runs, a k1 reward
+    (row 6, silent). A caller that passes the k3 value gets the k3 reward (row 7, KL004), and so does one
+    that spreads a dict (`**options`), which may set the switch: both branches are judged."""
+    def codes(extra: str) -> list:
+        return module_codes(DEFAULTED.format(parameter=parameter, test=test, extra=extra), tmp_path)
+
+    assert codes("") == []
+    assert codes(passed) == [(10, "KL004")]
+    assert codes(", **options") == [(10, "KL004")]
