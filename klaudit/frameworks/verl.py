@@ -143,10 +143,9 @@ def judge_distillation(settings: Mapping[str, Setting]) -> tuple[Judged, bool] |
         config = Config(loss=estimator, aggregation=aggregation)
     if estimator is None:
         return None  # a top-k mode, or one this release does not have
-    clamp = given[DISTILLATION_CLAMP]
-    clamped = clamp.lower() not in ("null", "none", "~", "") and number(clamp) not in (None, 0.0)
-    anchor = next(settings[key] for key in (DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION) if key in settings) \
-        if any(key in settings for key in (DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION)) else settings[DISTILLATION_CLAMP]
+    clamped = number(given[DISTILLATION_CLAMP]) not in (None, 0.0)  # `null` (the default) is no number
+    anchor = next(settings[key] for key in (DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION, DISTILLATION_CLAMP)
+                  if key in settings)
     flags = ", ".join(f"{_short(key)}={given[key]}" + ("" if key in settings else " (default)")
                       for key in (*DISTILLATION_KEYS, LOSS_AGG_MODE) if key in settings or key != DISTILLATION_CLAMP)
     anchors = {"KL007": settings[LOSS_AGG_MODE]} if LOSS_AGG_MODE in settings else {}

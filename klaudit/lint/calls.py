@@ -82,9 +82,7 @@ class CallFlow(FlowState):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
                 facts = self.expr(arg.value)  # `queue.put(...)`), the analysis cannot follow: it is used
                 if arg.keyword is not None and roles.sink_of_name(arg.keyword.value) == "advantage":
-                    # `policy_loss_fn(..., advantages=-kl.detach())`: whatever the function, what it is
-                    # given as the advantages is what the policy gradient weighs each token by
-                    self.sink("advantage", facts, arg.value)
+                    self.given_as_advantages(facts, arg.value)
                 else:
                     self.hand_on(facts)
         return value
@@ -152,11 +150,7 @@ class CallFlow(FlowState):
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
                 if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in facts):
-                    # `policy_loss_fn(..., advantages=-kl.detach())`: the term weighs the policy gradient,
-                    # entering the advantages here whatever the function does with them, also when it only
-                    # passed a loss-named value on its way (`distillation_losses = kl_penalty(...)`, returned)
-                    facts = self.sink("advantage", tuple(replace(f, entry=None) if passed_loss_name(f) else f
-                                                         for f in facts), arg)
+                    facts = self.given_as_advantages(facts, arg)
                 env[name] = facts
             elif param.default is not None:
                 default = param.default
@@ -186,6 +180,12 @@ class CallFlow(FlowState):
         if module is self.module:
             return outcome.returns
         return self.entering_here(outcome.returns, entered)
+
+    def given_as_advantages(self, facts: tuple, node: cst.CSTNode) -> tuple:
+        """`policy_loss_fn(..., advantages=-kl.detach())`: whatever the function does, what it is given as the
+        advantages weighs each token's policy gradient, so the terms enter the advantages here, also those
+        that only passed a loss-named value on their way (`distillation_losses = kl_penalty(...)`, returned)."""
+        return self.sink("advantage", tuple(replace(f, entry=None) if passed_loss_name(f) else f for f in facts), node)
 
     def entering_here(self, value: tuple, entered: set) -> tuple:
         """A term formed here that entered a loss inside another module's function (`self.loss_fn =
