@@ -25,6 +25,7 @@ from klaudit.describe import describe
 from klaudit.frameworks import easyr1, openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
+from klaudit.frameworks.options import Default, option_defaults
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
 from klaudit.frameworks.versions import (
     DEFAULT,
@@ -73,6 +74,7 @@ class Context:
     homonyms: frozenset[str] = frozenset()  # TRL's class names the linted code defines for a trainer of its own
     roots: tuple[str, ...] = ()  # the linted folders, resolved: a search for the project's own files stops there
     local_names: frozenset[str] = frozenset()  # the folder and module names of the linted sources' paths
+    options: Mapping[str, Default] = field(default_factory=dict)  # the project's own options, by name
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -107,11 +109,13 @@ def for_roots(pins: Mapping[str, str], roots: Iterable[Path]) -> Context:
     return Context(assumed_versions(pins, roots), roots=tuple(str(Path(r).resolve()) for r in roots))
 
 
-def with_code(context: Context, sources: Mapping[str, str]) -> Context:
-    """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define, and the
-    names an import of one of the linted modules may start with."""
+def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str, str] | None = None) -> Context:
+    """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define, the
+    names an import of one of the linted modules may start with, and the defaults of the options that
+    `sources` and `others` (the linted files without KL vocabulary) give."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
-    return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local)
+    return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
+                   options=option_defaults({**(others or {}), **sources}))
 
 
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
@@ -320,7 +324,7 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     names -= _imported_from_elsewhere(source, names, context)
     if not any(name in source for name in names):
         return []
-    calls, definitions = read_configs(source, names, trl.KEYS, path, module)
+    calls, definitions = read_configs(source, names, trl.KEYS, path, module, context.options)
     found: list[Finding] = []
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):
@@ -394,6 +398,8 @@ class _Fixer:
         setting = judged.anchors.get(rule)
         if setting is None:
             return None, f"{key} is not set in this file: add {key.rsplit('.', 1)[-1]}={value} where the run is configured"
+        if setting.origin:
+            return None, f"{key} is set to an option here, with {setting.origin}: set it to {value} there"
         style = "yaml" if self.style != "python" and _is_yaml_line(self.text, setting) else self.style
         fixed = flag_fix(self.text, setting, value, style, f"Set {key.rsplit('.', 1)[-1]} to {value}")
         return (fixed, "") if fixed is not None else (None, f"the value of {key} is not a literal klaudit can replace")

@@ -12,9 +12,11 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from klaudit.frameworks.options import Default, bindings, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import python_ast
 
@@ -23,24 +25,27 @@ if TYPE_CHECKING:
 
 
 def read_configs(source: str, class_names: Iterable[str], keys: Iterable[str], path: str = "",
-                 module: cst.Module | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
+                 module: cst.Module | None = None,
+                 options: Mapping[str, Default] | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
     """The calls of the classes named in `class_names` and the classes deriving from them (or
     redefining them) in `source` (`module`: its LibCST tree, if already parsed). After `**kwargs` every
-    key of `keys` not given by name is unknown (a Setting with value None)."""
-    names, keys = frozenset(class_names), tuple(keys)
-    found = _python_configs(source, names, keys, path)
+    key of `keys` not given by name is unknown (a Setting with value None). A keyword set to a parameter
+    of the enclosing function or to an option of the project's (`options`) has its default
+    (klaudit.frameworks.options)."""
+    names, keys, options = frozenset(class_names), tuple(keys), options or {}
+    found = _python_configs(source, names, keys, path, options)
     if found is not None:
         return found
     from klaudit.frameworks.cst_configs import libcst_configs  # rarely needed: LibCST's positions cost an import
 
-    return libcst_configs(source, names, keys, path, module)
+    return libcst_configs(source, names, keys, path, module, options)
 
 
 _NEWLINE = re.compile(r"\r\n?|\n")  # line ends as Python's tokenizer and LibCST count them
 
 
-def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...],
-                    path: str) -> tuple[list[ConfigCall], list[ConfigClass]] | None:
+def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], path: str,
+                    options: Mapping[str, Default] | None = None) -> tuple[list[ConfigCall], list[ConfigClass]] | None:
     """What `cst_configs.libcst_configs` finds, read from Python's tree of `source`; None when Python cannot read it.
     Python counts columns in UTF-8 bytes and normalises identifiers (NFKC), LibCST counts characters
     and keeps the text: both are converted to LibCST's terms."""
@@ -66,13 +71,25 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...],
                else start + name_length)
         return Setting(value, node.lineno, start, end)
 
+    def keyword_setting(keyword: ast.keyword, parameters: Mapping[str, str]) -> Setting:
+        assert keyword.arg is not None
+        value = _python_literal(keyword.value, text)
+        default = None
+        if value is None and isinstance(keyword.value, (ast.Name, ast.Attribute)):
+            default = resolve(_dotted(keyword.value), parameters, options or {})
+        found = setting(keyword, value if default is None else default.value, len(keyword.arg))
+        return found if default is None else replace(found, origin=default.origin)
+
+    functions = _function_parameters(tree, text)
     calls, definitions = [], []  # definitions: ((line, column), class)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _called_name(node.func, names, text)
             if name is None:
                 continue
-            settings = {keyword.arg: setting(keyword, _python_literal(keyword.value, text), len(keyword.arg))
+            parameters = _enclosing(functions, node.lineno) if any(
+                isinstance(keyword.value, ast.Name) for keyword in node.keywords) else {}
+            settings = {keyword.arg: keyword_setting(keyword, parameters)
                         for keyword in node.keywords if keyword.arg is not None}
             where = setting(node.func, None, len(name))
             if any(keyword.arg is None for keyword in node.keywords):  # any key not named may come from the mapping
@@ -94,6 +111,35 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...],
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
 
 
+def _function_parameters(tree: ast.Module,
+                         text: Callable[[ast.expr], str]) -> list[tuple[int, int, dict[str, str | None]]]:
+    """(first line, last line, the names it binds) of each function: a parameter's literal default, None
+    for a name its body assigns or a parameter without one (options.bindings)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = node.args
+        positional = [*arguments.posonlyargs, *arguments.args]
+        every = (*positional, *arguments.kwonlyargs, *(a for a in (arguments.vararg, arguments.kwarg) if a is not None))
+        defaults = {**dict.fromkeys(argument.arg for argument in every),
+                    **{argument.arg: _python_literal(default, text) for argument, default in
+                       (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
+                        *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
+        assigned = {name.id for statement in node.body for name in ast.walk(statement)
+                    if isinstance(name, ast.Name) and not isinstance(name.ctx, ast.Load)}
+        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, assigned)))
+    return found
+
+
+def _enclosing(functions: list[tuple[int, int, dict[str, str | None]]], line: int) -> dict[str, str]:
+    """The parameter defaults a call at `line` sees: those of the functions whose lines hold it, the inner
+    ones' names hiding the outer ones'; {} at module level."""
+    holding = sorted((function for function in functions if function[0] <= line <= function[1]),
+                     key=lambda function: function[0])
+    return visible([function[2] for function in holding])
+
+
 def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:
     """(target, value) of `name: T = value` or of a one-target `name = value`; (None, None) otherwise."""
     if isinstance(statement, ast.AnnAssign):
@@ -101,6 +147,16 @@ def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:
     if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
         return statement.targets[0], statement.value
     return None, None
+
+
+def _dotted(node: ast.expr) -> str:
+    """`self.args.beta` of that chain of names (cst_configs._chain of LibCST's tree); "" for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else ""
+    return ""
 
 
 def _last_name(node: ast.expr) -> str:

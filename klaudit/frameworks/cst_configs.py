@@ -3,11 +3,13 @@ fallback of klaudit.frameworks.calls for code Python's own parser cannot read (n
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from klaudit.frameworks.options import Default, bindings, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import dotted, string_value
 
@@ -35,13 +37,93 @@ def _field_default(node: cst.BaseExpression) -> str | None:
     return _literal(node)
 
 
+class _Assigned(cst.CSTVisitor):
+    """The names a function body binds: assignment, loop, `with ... as`, walrus and `del` targets."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def _targets(self, node: cst.CSTNode | None) -> None:
+        if isinstance(node, cst.Name):
+            self.names.add(node.value)
+        elif isinstance(node, (cst.Tuple, cst.List)):
+            for element in node.elements:
+                self._targets(element.value)
+        elif isinstance(node, cst.StarredElement):
+            self._targets(node.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._targets(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._targets(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._targets(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._targets(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._targets(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._targets(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._targets(node.target)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._targets(node.target)
+
+
+def _chain(node: cst.BaseExpression) -> str:
+    """`self.args.beta` of that attribute chain of names; "" for anything else (`x[0].beta`, `f().beta`)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _chain(node.value)
+        return f"{base}.{node.attr.value}" if base else ""
+    return ""
+
+
+def _bindings(node: cst.FunctionDef) -> dict[str, str | None]:
+    """The names a function binds (options.bindings): its parameters' literal defaults, its body's names."""
+    assigned = _Assigned()
+    node.body.visit(assigned)
+    parameters = (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
+    defaults = {parameter.name.value: None if parameter.default is None else _literal(parameter.default)
+                for parameter in parameters}
+    if isinstance(node.params.star_arg, cst.Param):
+        defaults[node.params.star_arg.name.value] = None
+    if node.params.star_kwarg is not None:
+        defaults[node.params.star_kwarg.name.value] = None
+    return bindings(defaults, assigned.names)
+
+
 class _Reader(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, classes: Collection[str], keys: Collection[str], path: str) -> None:
-        self.classes, self.keys, self.path = classes, keys, path
+    def __init__(self, classes: Collection[str], keys: Collection[str], path: str,
+                 options: Mapping[str, Default]) -> None:
+        self.classes, self.keys, self.path, self.options = classes, keys, path, options
         self.calls: list[ConfigCall] = []
         self.definitions: list[ConfigClass] = []
+        self.functions: list[dict[str, str | None]] = []  # the enclosing functions' names, innermost last
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions.append(_bindings(node))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.functions.pop()
+
+    def _keyword(self, arg: cst.Arg) -> Setting:
+        assert arg.keyword is not None
+        value, default = _literal(arg.value), None
+        if value is None and isinstance(arg.value, (cst.Name, cst.Attribute)):
+            default = resolve(_chain(arg.value), visible(self.functions), self.options)
+        found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
+        return found if default is None else replace(found, origin=default.origin)
 
     def _setting(self, node: cst.CSTNode, value: str | None, name_length: int) -> Setting:
         span = self.get_metadata(PositionProvider, node)
@@ -52,8 +134,7 @@ class _Reader(cst.CSTVisitor):
         name = dotted(node.func).rsplit(".", 1)[-1]
         if name not in self.classes:
             return
-        settings = {arg.keyword.value: self._setting(arg, _literal(arg.value), len(arg.keyword.value))
-                    for arg in node.args if arg.keyword is not None}
+        settings = {arg.keyword.value: self._keyword(arg) for arg in node.args if arg.keyword is not None}
         where = self._setting(node.func, None, len(name))
         if any(arg.star == "**" for arg in node.args):  # any key not named may come from the mapping
             unknown = Setting(None, where.line, where.column, where.column)
@@ -78,8 +159,9 @@ class _Reader(cst.CSTVisitor):
 
 
 def libcst_configs(source: str, names: frozenset[str], keys: tuple[str, ...], path: str,
-                   module: cst.Module | None) -> tuple[list[ConfigCall], list[ConfigClass]]:
+                   module: cst.Module | None,
+                   options: Mapping[str, Default] | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
     """klaudit.frameworks.calls.read_configs's answer, read from LibCST's tree (`module`, if parsed)."""
-    reader = _Reader(names, keys, path)
+    reader = _Reader(names, keys, path, options or {})
     MetadataWrapper(module or cst.parse_module(source), unsafe_skip_copy=True).visit(reader)
     return reader.calls, reader.definitions

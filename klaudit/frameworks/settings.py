@@ -22,6 +22,7 @@ class Setting:
     line: int
     column: int  # where the key starts
     end_column: int  # just after the value
+    origin: str = ""  # where a computed value's default comes from (klaudit.frameworks.options), if it does
 
 
 @dataclass(frozen=True)

@@ -82,9 +82,14 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         sampling = Sampling.ON_POLICY
     estimator = Estimator.RATIO_K3 if correction else Estimator.K3
     config = Config(loss=estimator, aggregation=aggregation, sampling=sampling)
-    flags = ", ".join(f"{key}={value[key]}" + ("" if key in settings else " (default)") for key in KEYS)
+    flags = ", ".join(f"{key}={value[key]}" + _given(settings.get(key)) for key in KEYS)
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", ITERATIONS)) if key in settings}
     return Judged(config, settings.get(BETA, anchor), flags, anchors)
+
+
+def _given(setting: Setting | None) -> str:
+    """How a key got its value, for the message: left out, or set to an option whose default it has."""
+    return " (default)" if setting is None else f" ({setting.origin})" if setting.origin else ""
 
 
 def flag_fixes(assumed: Assumed) -> dict[str, tuple[str, str]]:

@@ -46,7 +46,7 @@ NAMES = frozenset({*trl.CONFIG_CLASSES, "Mine", "Again"})
 
 
 def _with_libcst(source: str):
-    reader = cst_configs._Reader(NAMES, tuple(trl.KEYS), "t.py")
+    reader = cst_configs._Reader(NAMES, tuple(trl.KEYS), "t.py", {})
     libcst.MetadataWrapper(libcst.parse_module(source), unsafe_skip_copy=True).visit(reader)
     return reader.calls, reader.definitions
 
@@ -74,3 +74,39 @@ def test_newer_syntax_than_pythons_is_read_by_libcst(monkeypatch):
     found, definitions = calls.read_configs(source, {"GRPOConfig", "Mine"}, trl.KEYS, "t.py")
     assert [d.name for d in definitions] == ["Mine"] and definitions[0].fields["beta"].value == "0.0"
     assert [(c.name, c.settings["beta"].value) for c in found] == [("Mine", "0.1")]
+
+
+OPTIONS_AND_PARAMETERS = '''\
+from trl import GRPOConfig
+
+def train(beta: float = 0.04, *, steps=2, loss="grpo", shadowed=1.0, looped=1):
+    for looped in range(2):
+        pass
+    shadowed = shadowed * 2
+    def inner(beta=0.5):
+        return GRPOConfig(beta=beta, num_iterations=steps)
+    return GRPOConfig(beta=beta, num_iterations=shadowed, loss_type=loss, importance_sampling_level=looped)
+
+c = GRPOConfig(beta=args.kl_coef, num_iterations=self.cfg.num_iterations, loss_type=x[0].loss, other=f().beta)
+d = GRPOConfig(beta=beta)  # a module-level name: no parameter
+'''
+
+
+def test_options_and_parameters_resolve_alike_in_both_trees():
+    from klaudit.frameworks.options import Default
+
+    options = {"kl_coef": Default("0.1", "run.py:3"), "num_iterations": Default("4", "run.py:4"),
+               "loss": Default("bnpo", "run.py:5"), "beta": Default("9", "run.py:6")}
+    from_python = calls._python_configs(OPTIONS_AND_PARAMETERS, NAMES, tuple(trl.KEYS), "t.py", options)
+    assert from_python is not None
+    reader = cst_configs._Reader(NAMES, tuple(trl.KEYS), "t.py", options)
+    libcst.MetadataWrapper(libcst.parse_module(OPTIONS_AND_PARAMETERS), unsafe_skip_copy=True).visit(reader)
+    assert from_python[0] == reader.calls
+    values = [{key: setting.value for key, setting in call.settings.items()} for call in reader.calls]
+    assert values == [
+        {"beta": "0.5", "num_iterations": "2"},  # the innermost function's parameter
+        {"beta": "0.04", "num_iterations": None, "loss_type": "grpo", "importance_sampling_level": None},
+        {"beta": "0.1", "num_iterations": "4", "loss_type": None, "other": None},
+        {"beta": None},
+    ]
+    assert reader.calls[2].settings["beta"].origin == "the default of kl_coef at run.py:3"

@@ -1,0 +1,76 @@
+"""A framework keyword set from an option of the project's, or from a parameter of the enclosing
+function, is judged at that option's default (klaudit.frameworks.options): TRL adds beta * k3 to the
+loss whenever beta != 0 (kl-math.md §8, row 3), so `GRPOConfig(beta=args.beta)` with `--beta`
+defaulting to 0.04 trains with the k3 loss unless the run passes another value."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks.options import Default, option_defaults, resolve
+from klaudit.lint.engine import lint_paths
+
+ARGPARSE = '''\
+parser.add_argument("--beta", type=float, default=0.04,
+                    help="KL coefficient (see the paper)")
+parser.add_argument("-n", "--num-iterations", type=int, default=1_000)
+parser.add_argument("--loss_type", default='grpo')
+parser.add_argument("--lr", type=float, default=float("1e-6"))  # computed: no default
+parser.add_argument("--seed", type=int)
+'''
+DATACLASS = '''\
+from dataclasses import dataclass, field
+
+@dataclass
+class ScriptArguments:
+    kl_coef: float = field(default=0.05, metadata={"help": "x"})
+    ref_name: str = "base"
+    beta: float = 0.04
+    required: float
+'''
+
+
+def test_option_defaults_are_read_from_argparse_and_dataclasses():
+    found = option_defaults({"run.py": ARGPARSE, "args.py": DATACLASS})
+    assert {name: default.value for name, default in found.items()} == {
+        "beta": "0.04", "num_iterations": "1000", "loss_type": "grpo", "kl_coef": "0.05", "ref_name": "base"}
+    assert found["kl_coef"].origin == "args.py:5" and found["num_iterations"].origin == "run.py:3"
+
+
+def test_an_option_given_two_defaults_has_none():
+    found = option_defaults({"a.py": ARGPARSE, "b.py": ARGPARSE.replace("0.04", "0.0")})
+    assert "beta" not in found and found["loss_type"].value == "grpo"
+
+
+@pytest.mark.parametrize("written, expected", [
+    ("beta", "0.5"),  # the parameter
+    ("args.beta", "0.04"), ("self.args.beta", "0.04"),  # the option named like the last attribute
+    ("args.seed", None), ("x", None), ("args.", None), ("f().beta", None),
+])
+def test_resolve(written, expected):
+    options = {"beta": Default("0.04", "run.py:1")}
+    found = resolve(written, {"beta": "0.5"}, options)
+    assert (found and found.value) == expected
+
+
+def _codes(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    return sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings)
+
+
+def test_a_config_set_from_an_option_of_another_file_has_its_default(tmp_path):
+    trainer = "from trl import GRPOConfig\n\n\ndef config(args):\n    return GRPOConfig(\n        beta=args.beta)\n"
+    run = 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--beta", type=float, default={})\n'
+    assert _codes(tmp_path, {"trainer.py": trainer, "run.py": run.format("0.04")}) == [("trainer.py", 6, "KL003")]
+    assert _codes(tmp_path, {"trainer.py": trainer, "run.py": run.format("0.0")}) == []  # the KL is off by default
+
+
+def test_a_parameter_default_decides_unless_the_body_reassigns_it(tmp_path):
+    source = ("from trl import GRPOConfig\n\n\ndef train(beta=0.04, loss_type='grpo'):\n"
+              "    return GRPOConfig(beta=beta, loss_type=loss_type)\n")
+    assert _codes(tmp_path, {"train.py": source}) == [("train.py", 5, "KL003"), ("train.py", 5, "KL007")]
+    reassigned = source.replace("    return", "    beta = float(beta) / 10\n    return")
+    assert _codes(tmp_path, {"train.py": reassigned}) == []
