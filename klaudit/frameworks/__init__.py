@@ -215,14 +215,18 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     if text is not None:
         several = verl.runs_with_kl(text)
         settings = {key: setting for key, setting in settings.items() if key not in several}
-    judged = verl.judge(settings, assumed)
     fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
-    found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
-    distillation = verl.judge_distillation(settings)
-    if distillation is not None:
-        found += _findings(path, distillation[0], assumed.label(verl.NAME), verl.distillation_fix,
-                           clamped=distillation[1])
-    return found
+
+    def judged_by(assumed: Assumed) -> list[Finding]:
+        judged = verl.judge(settings, assumed)
+        found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
+        distillation = verl.judge_distillation(settings)
+        if distillation is not None:
+            found += _findings(path, distillation[0], assumed.label(verl.NAME), verl.distillation_fix,
+                               clamped=distillation[1])
+        return found
+
+    return _agreed(assumed, judged_by)
 
 
 def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
@@ -242,11 +246,14 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
         if flat and not assumed.stated:  # 0.11 rejects the flat names: the script is for an earlier release
             assumed = Assumed("0.10", "flat flag names")
-        judged = openrlhf.judge(cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), assumed, flat)
-        if judged is not None:
-            fixes = openrlhf.fixes(flat)
-            found += _findings(path, judged[0], assumed.label(openrlhf.NAME), lambda rule, row: fixes.get(rule, row),
-                               clamped=judged[1])
+        flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat)
+
+        def judged_by(assumed: Assumed) -> list[Finding]:
+            judged = openrlhf.judge(flags, assumed, flat)
+            return [] if judged is None else _findings(path, judged[0], assumed.label(openrlhf.NAME),
+                                                       lambda rule, row: fixes.get(rule, row), clamped=judged[1])
+
+        found += _agreed(assumed, judged_by)
     command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
     if command or script:
         settings = cli_flags(text, {key: key for key in trl.KEYS}, trl.SWITCHES)
@@ -305,13 +312,26 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
 
 
 def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
-         fallback: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
+         class_defaults: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
          style: str = "python") -> list[Finding]:
-    """TRL's GRPOConfig keys; with `text` (the file they were read from) the flag fixes are edits of it."""
-    assumed = context.release(trl.NAME, path)
-    judged = trl.judge(settings, fallback or trl.defaults(assumed), anchor)
-    fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
-    return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
+    """TRL's GRPOConfig keys, over the release's defaults and the `class_defaults` of a class deriving from
+    GRPOConfig; with `text` (the file they were read from) the flag fixes are edits of it."""
+    def judged_by(assumed: Assumed) -> list[Finding]:
+        judged = trl.judge(settings, {**trl.defaults(assumed), **(class_defaults or {})}, anchor)
+        fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
+        return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
+
+    return _agreed(context.release(trl.NAME, path), judged_by)
+
+
+def _agreed(assumed: Assumed, findings: Callable[[Assumed], list[Finding]]) -> list[Finding]:
+    """The `findings` under the release `assumed`; for a development state after an earlier release (a git
+    commit between the two), only those the earlier release gives as well, at the same place."""
+    found = findings(assumed)
+    if assumed.earlier is None or not found:
+        return found
+    also = {(f.line, f.column, f.code) for f in findings(replace(assumed, version=assumed.earlier, earlier=None))}
+    return [f for f in found if (f.line, f.column, f.code) in also]
 
 
 def lint_python(path: str, module: cst.Module | None, source: str, context: Context | None = None) -> list[Finding]:
@@ -366,8 +386,8 @@ def _is_framework_source(definition: ConfigClass, context: Context) -> bool:
 
 
 def _class_defaults(names: Collection[str], path: str, context: Context) -> tuple[dict[str, str] | None, str]:
-    """The defaults of the first of `names` with a definition in the linted code (its bases' first, then
-    its own fields, over the release's), and a note naming where they were read; (None, "") if none."""
+    """The field defaults of the first of `names` with a definition in the linted code (its bases' first, then
+    its own fields), and a note naming where they were read; (None, "") if none."""
     for name in names:
         chain: list[ConfigClass] = []
         current = context.definition(name, path)
@@ -376,7 +396,7 @@ def _class_defaults(names: Collection[str], path: str, context: Context) -> tupl
             current = next((found for base in current.bases
                             if (found := context.definition(base, current.path)) is not None), None)
         if chain:
-            values = trl.defaults(context.release(trl.NAME, path))
+            values: dict[str, str] = {}
             for definition in reversed(chain):
                 values.update({key: s.value for key, s in definition.fields.items() if s.value is not None})
             origin = chain[-1] if chain[-1].name in trl.CONFIG_CLASSES else chain[0]

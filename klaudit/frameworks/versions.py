@@ -12,8 +12,13 @@ semantics it applied. In order:
    (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml` or `setup.py`, or a git tag such as
    `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a `uv.lock`,
    `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project root;
-3. else the latest release klaudit knows, and a dependency on a git commit (which names no release)
-   says so in each flag finding.
+3. else a dependency on a git commit (`trl @ git+https://...@1bca495`) is the version that commit
+   states, looked up in the table of the framework's commits that klaudit ships
+   (`klaudit/frameworks/commits/<name>.txt`, written by scripts/framework_commits.py). A development
+   version (`0.18.0.dev0`) lies between two releases (0.17 and 0.18): only what both agree on is
+   reported. A commit the table lacks (a fork's, or a newer one) names no release;
+4. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
+   place was found.
 
 A version found that klaudit does not know is read as the latest known release before it.
 """
@@ -40,6 +45,7 @@ KNOWN: Mapping[str, tuple[str, ...]] = {
 }
 DEFAULT = {name: versions[-1] for name, versions in KNOWN.items()}
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
+_MINOR_DEVELOPMENT = re.compile(r"^v?\d+\.\d+(?:\.0)?\.?dev", re.IGNORECASE)  # 0.18.0.dev0: before 0.18's release
 _PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 
@@ -54,6 +60,7 @@ class Assumed:
     version: str  # a release of KNOWN
     source: str = ""  # "" (the default), "pinned", or where the version was read
     guessed: bool = False  # the default, assumed where the code names no release (a git commit)
+    earlier: str | None = None  # a development state after this release of KNOWN: both are judged
 
     @property
     def stated(self) -> bool:
@@ -115,12 +122,47 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
         for name, (version, where) in _stated_here(directory).items():
             if name not in found:
                 found[name] = Assumed(_known(name, version), f"{version} in {where}")
-        for name, where in _git_commit_pins(directory).items():
-            # a commit between two releases: which one klaudit cannot tell offline, so it says so
-            found.setdefault(name, Assumed(DEFAULT[name], f"{where} pins {name} at a git commit, which names no release: "
-                                                           f"the latest known is assumed (say which with [tool.klaudit] "
-                                                           f"frameworks = {{{name} = \"...\"}})", guessed=True))
+        for name, (where, commit) in _git_commit_pins(directory).items():
+            found.setdefault(name, _at_commit(name, commit, where))
     return found
+
+
+def _at_commit(name: str, commit: str, where: str) -> Assumed:
+    """The release a dependency on the git commit `commit` of `name` is judged by (see the module docstring)."""
+    version = commit_version(name, commit)
+    if version is None:
+        return Assumed(DEFAULT[name], f"{where} pins {name} at a git commit klaudit cannot place: the latest known "
+                                      f"is assumed (say which with [tool.klaudit] frameworks = {{{name} = \"...\"}})",
+                       guessed=True)
+    known = _known(name, version)
+    stated = f"{version} at commit {commit[:10]} in {where}"
+    before = [earlier for earlier in KNOWN[name] if release(earlier) < release(version)]
+    if _MINOR_DEVELOPMENT.match(version) and before and release(known) == release(version):
+        return Assumed(known, f"{stated}, between {before[-1]} and {known}: what both agree on", earlier=before[-1])
+    return Assumed(known, stated)  # a release's own commit, a patch release's development, or after the latest known
+
+
+@functools.cache
+def _commit_table(name: str) -> dict[str, str]:
+    """{first hex digits of a commit: the version it states} of klaudit/frameworks/commits/<name>.txt."""
+    table = Path(__file__).with_name("commits") / f"{name}.txt"
+    try:
+        lines = table.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    return {commit: words[0] for words in (line.split() for line in lines if not line.startswith("#"))
+            for commit in words[1:]}
+
+
+def commit_version(name: str, commit: str) -> str | None:
+    """The version the git commit `commit` (7 to 40 hex digits) of `name` states; None when the table lacks it
+    or the prefix is ambiguous."""
+    table = _commit_table(name)
+    prefix = commit.lower()[:len(next(iter(table), ""))]
+    if prefix in table:
+        return table[prefix]
+    versions = {version for known, version in table.items() if known.startswith(prefix)}
+    return versions.pop() if len(versions) == 1 else None
 
 
 @functools.lru_cache(maxsize=256)  # asked for each launch script and config file of a directory
@@ -318,15 +360,14 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     return pinned
 
 
-def _git_commit_pins(directory: Path) -> dict[str, str]:
-    """{framework: file} for a dependency on a git commit (`trl @ git+https://...@1bca495...`): a state
-    between two releases, which the commit's name does not tell."""
-    pinned: dict[str, str] = {}
+def _git_commit_pins(directory: Path) -> dict[str, tuple[str, str]]:
+    """{framework: (file, commit)} for a dependency on a git commit (`trl @ git+https://...@1bca495...`)."""
+    pinned: dict[str, tuple[str, str]] = {}
     for where, text in _dependency_texts(directory):
         for name in KNOWN:
             ref = _git_ref(name, text)
-            if ref is not None and re.fullmatch(r"[0-9a-f]{7,40}", ref):
-                pinned.setdefault(name, where)
+            if ref is not None and re.fullmatch(r"[0-9a-fA-F]{7,40}", ref):
+                pinned.setdefault(name, (where, ref))
     return pinned
 
 

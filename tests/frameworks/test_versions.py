@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from klaudit.cli import main
 from klaudit.config import ConfigError, load_settings
 from klaudit.frameworks import Context, lint_python, prepare
-from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, detect
+from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, commit_version, detect
 
 
 def trl_codes(call: str, version: str) -> list[str]:
@@ -80,7 +80,7 @@ def test_several_requirements_on_one_line_of_setup_py_are_each_read(tmp_path):
     assert "trl" not in detect([project])
     (project / "setup.py").write_text(
         'setup(install_requires=["trl @ git+https://github.com/huggingface/trl.git@1bca49515ecd5b85d16e68c42c76670e252e19f1"])\n')
-    assert detect([project])["trl"].source.startswith("setup.py pins trl at a git commit")
+    assert detect([project])["trl"].source.startswith("0.18.0.dev0 at commit 1bca49515e in setup.py")
 
 
 def test_a_lock_file_gives_the_resolved_release_where_the_requirement_is_a_range(tmp_path):
@@ -96,9 +96,12 @@ def test_a_lock_file_gives_the_resolved_release_where_the_requirement_is_a_range
     assert detect([project])["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
 
 
-def test_a_git_tag_is_a_release_and_a_git_commit_is_said_to_be_none(tmp_path):
-    """ESPO and mdpo (ninth set) pin TRL at a commit: no release is named, so the latest known is assumed
-    and every flag finding says why; a tag names its release; a branch (`@main`) says nothing."""
+def test_a_git_tag_is_a_release_and_a_git_commit_is_the_version_it_states(tmp_path):
+    """HAPO and audio-long-form-reasoner (tenth and ninth sets) pin TRL at a commit of its main branch: the
+    version file there says 0.18.0.dev0 (klaudit/frameworks/commits/trl.txt, checked against TRL's history
+    on 2026-11-29: 1bca495 is 2025-04-26, between 0.17 and 0.18), so both releases are judged. A commit the
+    table lacks names no release: the latest known is assumed and every flag finding says why; a tag names
+    its release; a branch (`@main`) says nothing."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
@@ -107,12 +110,49 @@ def test_a_git_tag_is_a_release_and_a_git_commit_is_said_to_be_none(tmp_path):
     assert detect([project])["trl"] == Assumed("0.16", "0.16.0 in requirements.txt (git tag v0.16.0)")
     requirements.write_text("trl @ git+https://github.com/huggingface/trl.git@main\n")
     assert "trl" not in detect([project])
-    (project / "setup.py").write_text('deps = [\n    "trl @ git+https://github.com/huggingface/trl.git@1bca49515ecd5b85d16e68c42c76670e'
-                                      '252e19f1",  # a fix\n]\n')
+    setup = 'deps = [\n    "trl @ git+https://github.com/huggingface/trl.git@{}",  # a fix\n]\n'
+    (project / "setup.py").write_text(setup.format("1bca49515ecd5b85d16e68c42c76670e252e19f1"))
+    assumed = detect([project])["trl"]
+    assert (assumed.version, assumed.earlier, assumed.stated) == ("0.18", "0.17", True)
+    assert assumed.label("trl") == ("trl 0.18 (0.18.0.dev0 at commit 1bca49515e in setup.py, "
+                                    "between 0.17 and 0.18: what both agree on)")
+    (project / "setup.py").write_text(setup.format("c04e84c"))  # a short hash
+    assert detect([project])["trl"].earlier == "0.16"
+    (project / "setup.py").write_text(setup.format("0123456789abcdef0123456789abcdef01234567"))  # not TRL's
     assumed = detect([project])["trl"]
     assert (assumed.version, assumed.stated) == (DEFAULT["trl"], False)
-    assert assumed.source.startswith("setup.py pins trl at a git commit, which names no release")
+    assert assumed.source.startswith("setup.py pins trl at a git commit klaudit cannot place")
     assert 'frameworks = {trl = "..."}' in assumed.label("trl")
+
+
+@pytest.mark.parametrize("commit, expected", [
+    ("69ad852e5654a77f1695eb4c608906fe0c7e8624", "0.16.0.dev0"),  # 2025-02-25
+    ("c04e84c4545acfaecdf7e0631ad07a86ab0fb2f6", "0.17.0.dev0"),  # 2025-04-15
+    ("1BCA495", "0.18.0.dev0"),
+    ("abcdef0", None),
+])
+def test_the_commit_table_gives_the_version_each_commit_states(commit, expected):
+    """Read by hand from trl/__init__.py at each commit of TRL's repository (git show COMMIT:trl/__init__.py)."""
+    assert commit_version("trl", commit) == expected
+
+
+@pytest.mark.parametrize("commit, between, expected", [
+    # 0.16.0.dev0, between 0.15 and 0.16: beta=0.04 adds the k3 loss in both (KL002, kl-math.md §8 row 3); 0.15
+    # averages each sequence's tokens (KL007, row 21) where 0.16 takes the batch's token-mean: not reported
+    ("69ad852e5654", "0.15 and 0.16", ["KL002"]),
+    # 1.10.0.dev0, between 1.9 and 1.10: 1.10 weights k3 by the ratio by default (KL003, row 2), 1.9 does not
+    # (KL002); TRL's grpo_config.py at 8db673e40d (2026-07-21) still defaults use_bias_correction_kl=False, so
+    # judging the commit as 1.10 would have been wrong: the releases disagree and nothing is reported
+    ("8db673e40d", "1.9 and 1.10", []),
+])
+def test_a_development_state_is_reported_only_where_both_releases_agree(tmp_path, commit, between, expected):
+    (tmp_path / "requirements.txt").write_text(f"trl @ git+https://github.com/huggingface/trl.git@{commit}\n")
+    source = "from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.04)\n"
+    context = prepare({}, [tmp_path], {"train.py": source})
+    assert f"between {between}" in context.versions["trl"].source
+    found = lint_python(str(tmp_path / "train.py"), cst.parse_module(source), source, context)
+    assert [f.code for f in found] == expected
+    assert all(f"between {between}" in f.message for f in found)
 
 
 def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
