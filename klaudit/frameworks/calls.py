@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.options import Default, bindings, resolve, visible
+from klaudit.frameworks.options import Options, bindings, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import python_ast
 
@@ -26,13 +26,13 @@ if TYPE_CHECKING:
 
 def read_configs(source: str, class_names: Iterable[str], keys: Iterable[str], path: str = "",
                  module: cst.Module | None = None,
-                 options: Mapping[str, Default] | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
+                 options: Options | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
     """The calls of the classes named in `class_names` and the classes deriving from them (or
     redefining them) in `source` (`module`: its LibCST tree, if already parsed). After `**kwargs` every
     key of `keys` not given by name is unknown (a Setting with value None). A keyword set to a parameter
     of the enclosing function or to an option of the project's (`options`) has its default
     (klaudit.frameworks.options)."""
-    names, keys, options = frozenset(class_names), tuple(keys), options or {}
+    names, keys, options = frozenset(class_names), tuple(keys), options or Options()
     found = _python_configs(source, names, keys, path, options)
     if found is not None:
         return found
@@ -45,7 +45,7 @@ _NEWLINE = re.compile(r"\r\n?|\n")  # line ends as Python's tokenizer and LibCST
 
 
 def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], path: str,
-                    options: Mapping[str, Default] | None = None) -> tuple[list[ConfigCall], list[ConfigClass]] | None:
+                    options: Options | None = None) -> tuple[list[ConfigCall], list[ConfigClass]] | None:
     """What `cst_configs.libcst_configs` finds, read from Python's tree of `source`; None when Python cannot read it.
     Python counts columns in UTF-8 bytes and normalises identifiers (NFKC), LibCST counts characters
     and keeps the text: both are converted to LibCST's terms."""
@@ -76,7 +76,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         value = _python_literal(keyword.value, text)
         default = None
         if value is None and isinstance(keyword.value, (ast.Name, ast.Attribute)):
-            default = resolve(_dotted(keyword.value), parameters, options or {})
+            default = resolve(_dotted(keyword.value), parameters, options or Options(), path)
         found = setting(keyword, value if default is None else default.value, len(keyword.arg))
         return found if default is None else replace(found, origin=default.origin)
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.frameworks.options import Default, bindings, resolve, visible
+from klaudit.frameworks.options import Options, bindings, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import dotted, string_value
 
@@ -105,7 +105,7 @@ class _Reader(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
     def __init__(self, classes: Collection[str], keys: Collection[str], path: str,
-                 options: Mapping[str, Default]) -> None:
+                 options: Options) -> None:
         self.classes, self.keys, self.path, self.options = classes, keys, path, options
         self.calls: list[ConfigCall] = []
         self.definitions: list[ConfigClass] = []
@@ -121,7 +121,7 @@ class _Reader(cst.CSTVisitor):
         assert arg.keyword is not None
         value, default = _literal(arg.value), None
         if value is None and isinstance(arg.value, (cst.Name, cst.Attribute)):
-            default = resolve(_chain(arg.value), visible(self.functions), self.options)
+            default = resolve(_chain(arg.value), visible(self.functions), self.options, self.path)
         found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
         return found if default is None else replace(found, origin=default.origin)
 
@@ -160,8 +160,8 @@ class _Reader(cst.CSTVisitor):
 
 def libcst_configs(source: str, names: frozenset[str], keys: tuple[str, ...], path: str,
                    module: cst.Module | None,
-                   options: Mapping[str, Default] | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
+                   options: Options | None = None) -> tuple[list[ConfigCall], list[ConfigClass]]:
     """klaudit.frameworks.calls.read_configs's answer, read from LibCST's tree (`module`, if parsed)."""
-    reader = _Reader(names, keys, path, options or {})
+    reader = _Reader(names, keys, path, options or Options())
     MetadataWrapper(module or cst.parse_module(source), unsafe_skip_copy=True).visit(reader)
     return reader.calls, reader.definitions

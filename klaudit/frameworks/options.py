@@ -7,15 +7,16 @@ keyword is judged at that value, as a key left out is judged at the framework's 
 holds for a keyword set to a parameter of the enclosing function (`def train(beta=0.04)`), unless
 the function assigns the name itself.
 
-The options are read from the text of every linted Python file, without parsing it: an option
-given different defaults in different places (two scripts, two dataclasses) has none.
+The options are read from the text of every linted Python file, without parsing it. A configuration
+built in a file that declares the option itself takes that file's default; elsewhere an option given
+different defaults in different places (two scripts, two dataclasses) has none.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # A literal as klaudit.frameworks.calls reads it: a number, a one-line string, True/False/None.
 _LITERAL = r"""(-?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?|"[^"\\\n]*"|'[^'\\\n]*'|True|False|None)"""
@@ -33,24 +34,42 @@ class Default:
     origin: str  # where it is given, for the message
 
 
-def option_defaults(sources: Mapping[str, str]) -> dict[str, Default]:
-    """The options of the project's command lines and dataclasses that have one literal default, by name
-    (`--kl-coef` as `kl_coef`, the attribute an argparse namespace gives it)."""
-    found: dict[str, set[str]] = {}
-    first: dict[str, str] = {}
+@dataclass(frozen=True)
+class Options:
+    """The literal defaults the project's command lines and dataclasses give their options, by name
+    (`--kl-coef` as `kl_coef`, the attribute an argparse namespace gives it) and file."""
+
+    given: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)  # name -> path -> defaults
+
+    def default(self, name: str, path: str) -> Default | None:
+        """The default of option `name` for a configuration built in the file at `path`: the one that file
+        gives (a training script parses its own options), else the only one the project gives."""
+        by_path = self.given.get(name, {})
+        here = by_path.get(path, ())
+        if len({default.value for default in here}) == 1:
+            return here[0]
+        everywhere = [default for defaults in by_path.values() for default in defaults]
+        return everywhere[0] if len({default.value for default in everywhere}) == 1 else None
+
+
+def option_defaults(sources: Mapping[str, str]) -> Options:
+    """The options of the project's command lines (`add_argument`) and dataclasses (annotated fields)
+    with a literal default, read from the text of `sources` (path -> text)."""
+    given: dict[str, dict[str, list[Default]]] = {}
     for path, text in sorted(sources.items()):
-        given: list[tuple[str, str, int]] = []
+        found: list[tuple[str, str, int]] = []
         if "add_argument" in text:
             for match in _ADD_ARGUMENT.finditer(text):
                 default = _DEFAULT.search(match.group(2))
                 if default is not None:
-                    given.append((match.group(1).replace("-", "_"), default.group(1), match.start()))
+                    found.append((match.group(1).replace("-", "_"), default.group(1), match.start()))
         if "dataclass" in text:
-            given += [(match.group(1), match.group(2), match.start(1)) for match in _FIELD.finditer(text)]
-        for name, literal, offset in given:
-            found.setdefault(name, set()).add(_value(literal))
-            first.setdefault(name, f"{path}:{text.count(chr(10), 0, offset) + 1}")
-    return {name: Default(next(iter(values)), first[name]) for name, values in found.items() if len(values) == 1}
+            found += [(match.group(1), match.group(2), match.start(1)) for match in _FIELD.finditer(text)]
+        for name, literal, offset in found:
+            origin = f"{path}:{text.count(chr(10), 0, offset) + 1}"
+            given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
+    return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()}
+                    for name, by_path in given.items()})
 
 
 def _value(literal: str) -> str:
@@ -73,15 +92,16 @@ def visible(functions: Iterable[Mapping[str, str | None]]) -> dict[str, str]:
     return {name: value for name, value in seen.items() if value is not None}
 
 
-def resolve(written: str, parameters: Mapping[str, str], options: Mapping[str, Default]) -> Default | None:
-    """The default a keyword set to `written` (a name, or a dotted attribute) has: the literal default of
-    the enclosing function's parameter of that name (`parameters`, those the function never reassigns), or
-    the project's option named like the last attribute (`args.beta`, `self.args.beta`); None otherwise."""
+def resolve(written: str, parameters: Mapping[str, str], options: Options, path: str) -> Default | None:
+    """The default a keyword set to `written` (a name, or a dotted attribute) in the file at `path` has:
+    the literal default of the enclosing function's parameter of that name (`parameters`, those the
+    function never reassigns), or that of the project's option named like the last attribute (`args.beta`,
+    `self.args.beta`); None otherwise."""
     if written.isidentifier():
         value = parameters.get(written)
         return None if value is None else Default(value, f"the default of parameter {written}")
     head, _, attribute = written.rpartition(".")
     if head and attribute.isidentifier() and all(part.isidentifier() for part in head.split(".")):
-        option = options.get(attribute)
+        option = options.default(attribute, path)
         return None if option is None else Default(option.value, f"the default of {attribute} at {option.origin}")
     return None

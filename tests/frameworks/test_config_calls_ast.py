@@ -93,10 +93,10 @@ d = GRPOConfig(beta=beta)  # a module-level name: no parameter
 
 
 def test_options_and_parameters_resolve_alike_in_both_trees():
-    from klaudit.frameworks.options import Default
+    from klaudit.frameworks.options import option_defaults
 
-    options = {"kl_coef": Default("0.1", "run.py:3"), "num_iterations": Default("4", "run.py:4"),
-               "loss": Default("bnpo", "run.py:5"), "beta": Default("9", "run.py:6")}
+    options = option_defaults({"run.py": 'a.add_argument("--kl_coef", default=0.1)\na.add_argument("--num_iterations", '
+                                         'default=4)\na.add_argument("--loss", default="bnpo")\na.add_argument("--beta", default=9)\n'})
     from_python = calls._python_configs(OPTIONS_AND_PARAMETERS, NAMES, tuple(trl.KEYS), "t.py", options)
     assert from_python is not None
     reader = cst_configs._Reader(NAMES, tuple(trl.KEYS), "t.py", options)
@@ -109,4 +109,4 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
         {"beta": "0.1", "num_iterations": "4", "loss_type": None, "other": None},
         {"beta": None},
     ]
-    assert reader.calls[2].settings["beta"].origin == "the default of kl_coef at run.py:3"
+    assert reader.calls[2].settings["beta"].origin == "the default of kl_coef at run.py:1"
