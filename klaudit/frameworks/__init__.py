@@ -25,7 +25,7 @@ from klaudit.describe import describe
 from klaudit.frameworks import easyr1, openrlhf, trl, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
-from klaudit.frameworks.options import Default, option_defaults
+from klaudit.frameworks.options import Options, option_defaults
 from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
 from klaudit.frameworks.versions import (
     DEFAULT,
@@ -74,7 +74,7 @@ class Context:
     homonyms: frozenset[str] = frozenset()  # TRL's class names the linted code defines for a trainer of its own
     roots: tuple[str, ...] = ()  # the linted folders, resolved: a search for the project's own files stops there
     local_names: frozenset[str] = frozenset()  # the folder and module names of the linted sources' paths
-    options: Mapping[str, Default] = field(default_factory=dict)  # the project's own options, by name
+    options: Options = field(default_factory=Options)  # the project's own options
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -344,7 +344,9 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     names -= _imported_from_elsewhere(source, names, context)
     if not any(name in source for name in names):
         return []
-    calls, definitions = read_configs(source, names, trl.KEYS, path, module, context.options)
+    aliases = _trl_aliases(source)
+    calls, definitions = read_configs(source, names | set(aliases), trl.KEYS, path, module, context.options)
+    calls = [replace(call, name=aliases.get(call.name, call.name)) for call in calls]
     found: list[Finding] = []
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):
@@ -361,6 +363,19 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
 
 # `from tunix.rl.grpo.grpo_learner import GRPOConfig`, `from src.config import (LoRAConfig, GRPOConfig)`
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+
+
+def _trl_aliases(source: str) -> dict[str, str]:
+    """{alias: TRL's class} of `from trl import GRPOConfig as TRLGRPOConfig` (from trl or a module of it)."""
+    aliases = {}
+    for module, imported in _FROM_IMPORT.findall(source):
+        if module.split(".")[0] != "trl":
+            continue
+        for alias in imported.strip("()").replace("\\\n", " ").split(","):
+            words = alias.split()
+            if len(words) == 3 and words[1] == "as" and words[0] in trl.CONFIG_CLASSES:
+                aliases[words[2]] = words[0]
+    return aliases
 
 
 def _imported_from_elsewhere(source: str, names: Collection[str], context: Context) -> set[str]:

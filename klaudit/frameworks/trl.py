@@ -10,8 +10,11 @@
 - `loss_type` (from 0.17; default "bnpo", "dapo" from 0.22) aggregates the per-token loss: grpo/sapo
   per-sequence token-mean, bnpo and dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant,
   luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's;
-- `importance_sampling_level="sequence"` (from 0.20) weighs k3 by a per-sequence ratio, which no catalog
-  row describes: no verdict.
+- `importance_sampling_level="sequence"` (from 0.20, GSPO) makes coef_1 a per-sequence ratio of the mean
+  log-ratio, exp(mean_t(logp - old_logp)): with the bias correction, k3 times it is on fresh samples k3's
+  pathwise gradient plus the sequence's k3 times its score over its length (kl-math.md §8, row 13b); on
+  reused samples it is no importance weight the catalog knows (off-policy). Without the correction the
+  level does not touch the KL term.
 
 The same keys are read from `GRPOConfig(...)` calls and from classes deriving from it (their field
 defaults), from `trl grpo --beta ...` command lines, and from the YAML recipes `trl grpo --config` reads.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from klaudit.catalog import Aggregation, Config, Estimator, Sampling
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting
 from klaudit.frameworks.versions import Assumed, at_least
 
@@ -74,14 +77,19 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
     aggregation = AGGREGATIONS.get(value[LOSS_TYPE])
     if beta is None or beta <= 0 or iterations is None or correction is None or aggregation is None:
         return None
-    if value[LEVEL] != "token":
+    if value[LEVEL] not in ("token", "sequence"):
         return None
-    if iterations > 1:  # coef_1 = pi / pi_old is then also a token-level importance ratio
-        sampling = Sampling.TOKEN_IS if correction else Sampling.OFF_POLICY
+    if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh
+        sampling = Sampling.OFF_POLICY if iterations > 1 else Sampling.ON_POLICY
+        config = Config(loss=Estimator.K3, reward=Estimator.K3, returns=Returns.SEQUENCE_MEAN,
+                        aggregation=aggregation, sampling=sampling)
     else:
-        sampling = Sampling.ON_POLICY
-    estimator = Estimator.RATIO_K3 if correction else Estimator.K3
-    config = Config(loss=estimator, aggregation=aggregation, sampling=sampling)
+        if iterations > 1:  # coef_1 = pi / pi_old is then also a token-level importance ratio
+            sampling = Sampling.TOKEN_IS if correction else Sampling.OFF_POLICY
+        else:
+            sampling = Sampling.ON_POLICY
+        config = Config(loss=Estimator.RATIO_K3 if correction else Estimator.K3, aggregation=aggregation,
+                        sampling=sampling)
     flags = ", ".join(f"{key}={value[key]}" + _given(settings.get(key)) for key in KEYS)
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", ITERATIONS)) if key in settings}
     return Judged(config, settings.get(BETA, anchor), flags, anchors)

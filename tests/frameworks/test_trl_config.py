@@ -4,7 +4,8 @@ TRL 1.16 adds beta * k3 to the per-token loss; with use_bias_correction_kl (defa
 exp(logp - sg logp), the score-weighted k3, which follows PART (kl-math.md §8, row 2: KL003); without
 it a plain k3 loss follows the per-token forward KL (rows 3: KL002). num_iterations > 1 trains on
 samples of an older policy with at most a token-level ratio (rows 22-23: KL008); loss_type="grpo"
-averages per sequence (row 21: KL007). beta = 0 (the default) turns the KL off.
+averages per sequence (row 21: KL007). beta = 0 (the default) turns the KL off. importance_sampling_level=
+"sequence" weighs the corrected k3 by exp of the mean log-ratio (row 13b: KL009).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ def codes(call: str) -> list[tuple[int, str]]:
     ('GRPOConfig(beta=0.04, loss_type="dr_grpo")', ["KL003"]),  # a constant divisor changes only the scale
     ("GRPOConfig(beta=0.04, num_iterations=4)", ["KL003", "KL008"]),  # ratio*k3 weighted per token only
     ("GRPOConfig(beta=0.04, num_iterations=4, use_bias_correction_kl=False)", ["KL002", "KL008"]),
-    ('GRPOConfig(beta=0.04, importance_sampling_level="sequence")', []),  # no catalog row
+    # GSPO: k3 * exp(mean_t(logp - old)) is k3's pathwise gradient plus the sequence's k3 times score / L (row 13b)
+    ('GRPOConfig(beta=0.04, importance_sampling_level="sequence")', ["KL009"]),
+    ('GRPOConfig(beta=0.04, importance_sampling_level="sequence", num_iterations=4)', ["KL008", "KL009"]),
+    # without the correction the sequence ratio never touches the KL term: a plain k3 loss (row 3)
+    ('GRPOConfig(beta=0.04, importance_sampling_level="sequence", use_bias_correction_kl=False)', ["KL002"]),
+    ('GRPOConfig(beta=0.04, importance_sampling_level="sequence_token")', []),  # no level TRL knows
     ("GRPOConfig(beta=BETA)", []),  # computed: unknown
     ("GRPOConfig(beta=0.04, **overrides)", []),  # any other key may come from the mapping
     ("trl.GRPOConfig(beta=1e-3)", ["KL003"]),
@@ -172,3 +178,14 @@ def test_a_projects_grpo_script_launched_with_trls_flags_gets_trls_verdict(tmp_p
         "training/other.py": PROJECT_GRPO_SCRIPT.replace("from trl import", "from .own import"),
         "scripts/run_grpo.sh": launch,
     }) == expected
+
+
+def test_trls_class_imported_under_an_alias_is_read():
+    """kartikmunjal/rlhf-and-reward-modelling-alt (eleventh set) imports `GRPOConfig as TRLGRPOConfig` inside
+    the function that builds it: beta=0.05 adds the k3 term, ratio-weighted in TRL 1.16 (row 2: KL003)."""
+    source = ("def train(cfg):\n    from trl import GRPOConfig as TRLGRPOConfig, GRPOTrainer\n\n"
+              "    args = TRLGRPOConfig(beta=0.05, loss_type='grpo')\n")
+    found = lint_python("train.py", cst.parse_module(source), source)
+    assert sorted((f.line, f.code) for f in found) == [(4, "KL003"), (4, "KL007")]
+    other = source.replace("from trl import", "from mylib import")  # another library's class of that name
+    assert lint_python("train.py", cst.parse_module(other), other) == []
