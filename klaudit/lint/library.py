@@ -213,6 +213,16 @@ class LibraryFlow(FlowState):
     def selected(self, op: Operation) -> tuple | None:
         return self.where(*op.positional) if len(op.positional) == 3 else None
 
+    def token_cross_entropy(self, op: Operation) -> tuple | None:
+        """F.cross_entropy(logits, tokens, reduction="none") is -log pi(token) at each position (so is
+        F.nll_loss of the log_softmax): minus the sampled tokens' log-probs. Reduced, it is a loss of its own."""
+        reduction = op.keywords.get("reduction")
+        if not isinstance(reduction, cst.SimpleString) or string_value(reduction) != "none":
+            return None
+        kinds = {a.kind for f in op.tensor if f.poly is not None for a in f.poly.atoms()}
+        logp = per_token_from_logits(kinds, op.tensor)
+        return tuple(replace(f, poly=alg.scale(f.poly, -1.0)) for f in logp) if logp else None
+
     def kl_div_of(self, op: Operation) -> tuple:
         return self.kl_div(op.positional, op.keywords, op.node)
 
@@ -327,6 +337,7 @@ FUNCTIONS: dict[str, Effect] = {
     "cumsum": LibraryFlow.accumulated,
     **dict.fromkeys(sorted(roles.NAMED_AGGREGATIONS), LibraryFlow.aggregated),
     "kl_div": LibraryFlow.kl_div_of,
+    **_each("cross_entropy nll_loss", LibraryFlow.token_cross_entropy),
     "KLDivLoss": LibraryFlow.kl_div_module,
     **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
     "detach": LibraryFlow.detached,
