@@ -3,7 +3,7 @@ fallback of klaudit.frameworks.calls for code Python's own parser cannot read (n
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import replace
 
 import libcst as cst

@@ -221,7 +221,7 @@ class LibraryFlow(FlowState):
             return None
         kinds = {a.kind for f in op.tensor if f.poly is not None for a in f.poly.atoms()}
         logp = per_token_from_logits(kinds, op.tensor)
-        return tuple(replace(f, poly=alg.scale(f.poly, -1.0)) for f in logp) if logp else None
+        return tuple(replace(f, poly=alg.scale(f.poly, -1.0)) for f in logp if f.poly is not None) if logp else None
 
     def kl_div_of(self, op: Operation) -> tuple:
         return self.kl_div(op.positional, op.keywords, op.node)

@@ -51,6 +51,17 @@ def test_an_option_given_two_defaults_has_the_one_of_the_file_that_builds_the_co
     assert options.default("loss_type", "c.py").value == "grpo"  # the same everywhere
 
 
+@pytest.mark.parametrize("written, expected", [
+    ("beta", "0.5"),  # the enclosing function's parameter
+    ("args.beta", "0.04"), ("self.args.beta", "0.04"),  # the option named like the last attribute
+    ("args.seed", None), ("x", None), ("args.", None), ("f().beta", None),
+])
+def test_resolve(written, expected):
+    options = option_defaults({"run.py": 'p.add_argument("--beta", default=0.04)\n'})
+    found = resolve(written, {"beta": "0.5"}, options, "train.py")
+    assert (found and found.value) == expected
+
+
 def _codes(tmp_path, files):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
