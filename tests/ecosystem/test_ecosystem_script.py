@@ -160,13 +160,13 @@ def test_the_klaudit_of_pythonpath_is_measured_even_from_inside_a_checkout(tmp_p
 
 
 def test_a_flag_finding_whose_version_note_holds_parentheses_is_scored_as_a_flag(tmp_path):
-    """A git-commit pin's note carries its own parenthesis (how to pin a release): the finding is still
+    """A note on a git-commit pin klaudit cannot place carries its own parenthesis (how to pin a release): the finding is still
     a flag finding, not an unreviewed code site. The message is klaudit's own, from a lint of a tree
     that pins TRL at a commit and runs it with beta > 0."""
     from klaudit.lint.engine import lint_paths
 
     (tmp_path / "setup.py").write_text(
-        'install_requires = ["trl @ git+https://github.com/huggingface/trl.git@1bca49515ecd5b85d16e68c42c76670e252e19f1"]\n')
+        'install_requires = ["trl @ git+https://github.com/huggingface/trl.git@0123456789abcdef0123456789abcdef01234567"]\n')
     (tmp_path / "train.py").write_text("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.1)\n")
     messages = [f.message for f in lint_paths([str(tmp_path)]).findings if f.code != "KL099"]
     assert messages and all("git commit" in m for m in messages)
