@@ -22,13 +22,16 @@ from klaudit.lint import roles
 from klaudit.lint.arithmetic import KL_WEIGHT
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
-from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace
+from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, number_value, string_value
+from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value
 from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
 HELD_LOSS_REDUCER = re.compile(r"loss_?(agg|reduc)|(agg|reduc)\w*_loss", re.IGNORECASE)
+
+# a Ray object handle named after what it holds: `action_log_probs_ref`, `base_action_log_probs_refs`
+_RAY_HANDLE = re.compile(r"^(\w+?)_refs?$")
 
 # keywords that name the tensor a library function operates on, when it is not passed positionally
 TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
@@ -94,9 +97,13 @@ class LibraryFlow(FlowState):
         return detach_all(op.tensor) if _known_receiver(op.node) else None
 
     def passed_through(self, op: Operation) -> tuple | None:
-        """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref))."""
+        """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref)).
+        What `ray.get(action_log_probs_ref)` fetches is named by the handle's name without its `_ref`: the
+        policy's log-probs, computed remotely (no gradient), not the reference's that `_ref` would name."""
         if len(op.node.args) == 1 and (op.name != "get" or dotted(op.node.func) == "ray.get"):
-            return op.tensor
+            handle = _RAY_HANDLE.match(last_name(op.node.args[0].value)) if op.name == "get" else None
+            fetched = roles.named_tensor(handle.group(1), grad=False) if handle else None
+            return (tensor(fetched),) if fetched is not None else op.tensor
         return None
 
     def detached(self, op: Operation) -> tuple:
