@@ -109,13 +109,15 @@ def for_roots(pins: Mapping[str, str], roots: Iterable[Path]) -> Context:
     return Context(assumed_versions(pins, roots), roots=tuple(str(Path(r).resolve()) for r in roots))
 
 
-def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str, str] | None = None) -> Context:
+def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str, str] | None = None,
+              configs: Iterable[str] = ()) -> Context:
     """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define, the
     names an import of one of the linted modules may start with, and the defaults of the options that
-    `sources` and `others` (the linted files without KL vocabulary) give."""
+    `sources` and `others` (the linted files without KL vocabulary) give and the values of the YAML files
+    `configs`."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
     return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
-                   options=option_defaults({**(others or {}), **sources}))
+                   options=option_defaults({**(others or {}), **sources}, configs))
 
 
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)

@@ -10,13 +10,21 @@ the function assigns the name itself.
 The options are read from the text of every linted Python file, without parsing it. A configuration
 built in a file that declares the option itself takes that file's default; elsewhere an option given
 different defaults in different places (two scripts, two dataclasses) has none.
+
+A key nested below a configuration object's root (`cfg.training.grpo.beta`, Hydra's and OmegaConf's
+spelling) is looked up in the linted YAML files instead, as the dotted key `training.grpo.beta`: the
+value they agree on, if any. A single attribute (`args.beta`) is an option's name, never a YAML key.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from klaudit.frameworks.settings import yaml_settings
 
 # A literal as klaudit.frameworks.calls reads it: a number, a one-line string, True/False/None.
 _LITERAL = r"""(-?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?|"[^"\\\n]*"|'[^'\\\n]*'|True|False|None)"""
@@ -26,6 +34,9 @@ _DEFAULT = re.compile(rf"\bdefault\s*=\s*{_LITERAL}\s*(?:[,)]|$)")
 # a class-level annotated field: `beta: float = 0.04` or `beta: float = field(default=0.04, ...)`
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)\n]*?\bdefault[ \t]*=[ \t]*)?{_LITERAL}[ \t]*[,)#\n]",
                     re.MULTILINE)
+
+
+_YAML = (".yaml", ".yml")
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,14 @@ class Options:
     (`--kl-coef` as `kl_coef`, the attribute an argparse namespace gives it) and file."""
 
     given: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)  # name -> path -> defaults
+    configs: tuple[str, ...] = ()  # the linted YAML files, read only when a nested key is looked up
+
+    def configured(self, key: str) -> Default | None:
+        """The value the linted YAML files give the nested key `key` (`training.grpo.beta`, the path of
+        `cfg.training.grpo.beta` below its root), when they give it one value."""
+        leaf = key.rsplit(".", 1)[-1]
+        found = [values[key] for path in self.configs if key in (values := _yaml_values(path, leaf))]
+        return found[0] if len({default.value for default in found}) == 1 else None
 
     def default(self, name: str, path: str) -> Default | None:
         """The default of option `name` for a configuration built in the file at `path`: the one that file
@@ -52,9 +71,9 @@ class Options:
         return everywhere[0] if len({default.value for default in everywhere}) == 1 else None
 
 
-def option_defaults(sources: Mapping[str, str]) -> Options:
+def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> Options:
     """The options of the project's command lines (`add_argument`) and dataclasses (annotated fields)
-    with a literal default, read from the text of `sources` (path -> text)."""
+    with a literal default, read from the text of `sources` (path -> text), and the YAML files `configs`."""
     given: dict[str, dict[str, list[Default]]] = {}
     for path, text in sorted(sources.items()):
         found: list[tuple[str, str, int]] = []
@@ -69,7 +88,22 @@ def option_defaults(sources: Mapping[str, str]) -> Options:
             origin = f"{path}:{text.count(chr(10), 0, offset) + 1}"
             given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()}
-                    for name, by_path in given.items()})
+                    for name, by_path in given.items()}, tuple(sorted(path for path in configs if path.endswith(_YAML))))
+
+
+def _yaml_values(path: str, leaf: str) -> dict[str, Default]:
+    """{dotted key: its value} of the YAML file at `path`, if its text holds `leaf:` at all (else {})."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return _nested_values(path, text) if f"{leaf}:" in text else {}
+
+
+@functools.lru_cache(maxsize=256)  # asked for each computed keyword of each configuration call
+def _nested_values(path: str, text: str) -> dict[str, Default]:
+    return {key: Default(setting.value, f"{path}:{setting.line}")
+            for key, setting in yaml_settings(text).items() if setting.value is not None and "." in key}
 
 
 def _value(literal: str) -> str:
@@ -95,13 +129,19 @@ def visible(functions: Iterable[Mapping[str, str | None]]) -> dict[str, str]:
 def resolve(written: str, parameters: Mapping[str, str], options: Options, path: str) -> Default | None:
     """The default a keyword set to `written` (a name, or a dotted attribute) in the file at `path` has:
     the literal default of the enclosing function's parameter of that name (`parameters`, those the
-    function never reassigns), or that of the project's option named like the last attribute (`args.beta`,
-    `self.args.beta`); None otherwise."""
+    function never reassigns); for an attribute nested two deep below its root (`cfg.training.beta`), the
+    value the project's YAML files give that key; else the default of the project's option named like the
+    last attribute (`args.beta`, `self.args.beta`); None otherwise."""
     if written.isidentifier():
         value = parameters.get(written)
         return None if value is None else Default(value, f"the default of parameter {written}")
     head, _, attribute = written.rpartition(".")
-    if head and attribute.isidentifier() and all(part.isidentifier() for part in head.split(".")):
-        option = options.default(attribute, path)
-        return None if option is None else Default(option.value, f"the default of {attribute} at {option.origin}")
-    return None
+    if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):
+        return None
+    nested = written.removeprefix("self.").split(".", 1)[1]  # below the root: `training.grpo.beta` of `cfg.training.grpo.beta`
+    if "." in nested:  # a key nested in a configuration file (Hydra, OmegaConf), not an option's name
+        configured = options.configured(nested)
+        if configured is not None:
+            return Default(configured.value, f"{nested} at {configured.origin}")
+    option = options.default(attribute, path)
+    return None if option is None else Default(option.value, f"the default of {attribute} at {option.origin}")

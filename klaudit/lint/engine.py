@@ -400,7 +400,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
     progress.advance(len(files) - len(sources) - len(checked))  # read and pre-filtered, nothing else to do
-    context = with_code(context, sources, checked)
+    context = with_code(context, sources, checked, (path for path in files if path.endswith(CONFIG_SUFFIXES)))
     raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, context, progress, checked))
 
     for analysis in raw:

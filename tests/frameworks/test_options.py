@@ -82,3 +82,25 @@ def test_a_parameter_default_decides_unless_the_body_reassigns_it(tmp_path):
     assert _codes(tmp_path, {"train.py": source}) == [("train.py", 5, "KL003"), ("train.py", 5, "KL007")]
     reassigned = source.replace("    return", "    beta = float(beta) / 10\n    return")
     assert _codes(tmp_path, {"train.py": reassigned}) == []
+
+
+def test_a_key_nested_in_the_projects_yaml_has_the_value_given_there(tmp_path):
+    """grpo-llm-unlearning (eleventh set): GRPOConfig(beta=cfg.training.grpo.beta, num_iterations=...) with
+    config/train.yaml's training.grpo.beta 0.04 and num_iterations 2, TRL 1.5: the k3 loss (row 3, KL002),
+    on samples of an older policy (row 22, KL008)."""
+    (tmp_path / "requirements.txt").write_text("trl==1.5.0\n")
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "train.yaml").write_text("training:\n  grpo:\n    beta: 0.04\n    num_iterations: 2\n")
+    trainer = ("from trl import GRPOConfig\n\n\ndef main(cfg):\n    return GRPOConfig(\n"
+               "        num_iterations=cfg.training.grpo.num_iterations,\n        beta=cfg.training.grpo.beta)\n")
+    assert _codes(tmp_path, {"train.py": trainer}) == [("train.py", 6, "KL008"), ("train.py", 7, "KL002")]
+    (tmp_path / "config" / "other.yaml").write_text("training:\n  grpo:\n    beta: 0.0\n")  # two values: unknown
+    assert _codes(tmp_path, {"train.py": trainer}) == []
+
+
+def test_a_top_level_yaml_key_is_no_option(tmp_path):
+    """`args.beta` is an option's name, not a YAML path: a YAML file's top-level `beta` (a DPO config of the
+    same project) does not decide it."""
+    (tmp_path / "dpo.yaml").write_text("beta: 0.1\n")
+    trainer = "from trl import GRPOConfig\n\n\ndef main(args):\n    return GRPOConfig(beta=args.beta)\n"
+    assert _codes(tmp_path, {"train.py": trainer}) == []
