@@ -63,7 +63,7 @@ class CommandError(click.ClickException):
     exit_code = 2
 
 
-COLORED_FORMATS = ("text", "concise", "grouped")  # the formats for people; tools read the others
+COLORED_FORMATS = ("text", "full", "concise", "grouped")  # the formats for people; tools read the others
 
 
 def _decoded(data: bytes) -> str:
@@ -108,8 +108,9 @@ def _use_color() -> bool:
 @click.option("--extend-exclude", multiple=True, metavar="GLOB", help="Exclude these paths too.")
 @click.option("--output-format", "--format", "output_format", default="text", show_default=True,
               type=click.Choice(list(FORMATTERS)),
-              help="How to print the findings: for people (text, concise, grouped), tools (json), GitHub Actions "
-                   "annotations (github) or code scanning (sarif).")
+              help="How to print the findings: for people (text, or full as ruff calls it; concise, grouped), tools "
+                   "(json), GitHub Actions annotations (github), GitLab code quality (gitlab), JUnit XML test "
+                   "reports (junit) or code scanning (sarif).")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per code instead of the findings.")
 @click.option("--stdin-filename", metavar="PATH",
               help="With `-` as the path: the name the source read from stdin is reported and configured as.")

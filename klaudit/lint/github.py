@@ -8,11 +8,10 @@ the properties (they separate the properties from each other and from the messag
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from klaudit.lint.findings import Finding
-from klaudit.lint.report import ReportOptions, with_help
+from klaudit.lint.report import ReportOptions, checkout_path, with_help
 from klaudit.lint.rulebook import severity
 from klaudit.rules import RULES
 
@@ -28,18 +27,9 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotation_path(path: str) -> str:
-    """The path relative to the working directory (the checkout, in a workflow), posix style;
-    absolute when the file lies outside it."""
-    relative = os.path.relpath(os.path.abspath(path))
-    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
-        return os.path.abspath(path).replace(os.sep, "/")
-    return relative.replace(os.sep, "/")
-
-
 def annotation(finding: Finding) -> str:
     properties = {
-        "file": annotation_path(finding.path),
+        "file": checkout_path(finding.path),
         "line": finding.line,
         "col": finding.column,
         "endLine": finding.end_line,

@@ -34,6 +34,15 @@ class ReportOptions:
     sources: Mapping[str, str] = field(default_factory=dict)
 
 
+def checkout_path(path: str) -> str:
+    """The path relative to the working directory (the checkout, in CI), posix style; absolute when the
+    file lies outside it: how CI annotations and reports name a file."""
+    relative = os.path.relpath(os.path.abspath(path))
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return os.path.abspath(path).replace(os.sep, "/")
+    return relative.replace(os.sep, "/")
+
+
 def with_help(finding: Finding) -> str:
     """The message and, on a line of its own, the fix: what an annotation shows in full."""
     return f"{finding.message}\nhelp: {finding.fix}" if finding.fix else finding.message

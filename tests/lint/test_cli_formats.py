@@ -82,6 +82,47 @@ def test_github_output_is_one_annotation_per_finding(project):
     assert run("lint", "--output-format", "github", "src/train.py", "--ignore", "KL0") == (0, "", "")
 
 
+# --- gitlab, junit, full --------------------------------------------------------------------
+
+
+def test_gitlab_is_a_code_quality_report_whose_fingerprints_ignore_the_line(project):
+    code, out, _ = run("lint", "--output-format", "gitlab", "src")
+    assert code == 1
+    issues = json.loads(out)
+    assert [(i["location"]["path"], i["location"]["positions"]["begin"]["line"], i["check_name"]) for i in issues] == [
+        ("src/more.py", 2, "KL005 (kl-last-token-only)"), ("src/train.py", 2, "KL002 (kl-loss-forward-kl)"),
+        ("src/train.py", 3, "KL005 (kl-last-token-only)"), ("src/train.py", 4, "KL002 (kl-loss-forward-kl)")]
+    assert {i["severity"] for i in issues} == {"major"} and issues[1]["description"] == "KL002 fake KL002"
+    fingerprints = [i["fingerprint"] for i in issues]
+    assert len(set(fingerprints)) == 4  # two identical KL002 findings in train.py are two issues
+    (project / "src" / "train.py").write_text("\n\n" + (project / "src" / "train.py").read_text())
+    moved = [i["fingerprint"] for i in json.loads(run("lint", "--output-format", "gitlab", "src")[1])]
+    assert moved == fingerprints  # the same findings two lines lower are the same issues
+    informational = json.loads(run("lint", "--output-format", "gitlab", "--select", "KL100", "src")[1])
+    assert [i["severity"] for i in informational] == ["info"]
+    assert run("lint", "--output-format", "gitlab", "src", "--ignore", "KL") == (0, "[]\n", "")
+
+
+def test_junit_is_one_failed_case_per_finding_in_a_suite_per_file(project):
+    import xml.etree.ElementTree as ElementTree
+
+    code, out, _ = run("lint", "--output-format", "junit", "src")
+    assert code == 1
+    suites = ElementTree.fromstring(out)
+    assert (suites.tag, suites.get("tests"), suites.get("failures")) == ("testsuites", "4", "4")
+    assert [(suite.get("name"), suite.get("failures")) for suite in suites] == [("src/more.py", "1"), ("src/train.py", "3")]
+    case = suites[1][0]
+    assert (case.get("name"), case.get("line"), case[0].get("type"), case[0].get("message")) == (
+        "klaudit.KL002", "2", "KL002", "fake KL002")
+    assert case[0].text == "src/train.py:2:8: KL002 fake KL002\nhelp: klaudit.estimators.fixed()"
+    clean = ElementTree.fromstring(run("lint", "--output-format", "junit", "src", "--ignore", "KL")[1])
+    assert (clean.get("tests"), clean.get("failures"), clean[0][0].get("name")) == ("1", "0", "No findings")
+
+
+def test_full_is_ruffs_name_for_the_text_format(project):
+    assert run("lint", "--output-format", "full", "src") == run("lint", "src")
+
+
 # --- concise, statistics ---------------------------------------------------------------------
 
 
