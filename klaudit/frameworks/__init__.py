@@ -301,16 +301,27 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
     if not any(key in values for key in _TRL_SCRIPT_KEYS):
         return []
     grpo_keys = [values[key] for key in _TRL_RECIPE_KEYS if key in values]
+    says_grpo = "grpo" in _within_roots(path, context).lower()
     if trl.BETA in values:
-        if not ("grpo" in path.lower() or grpo_keys):
+        if not (says_grpo or grpo_keys):
             return []
         anchor = values[trl.BETA]
-    elif grpo_keys and "grpo" in path.lower():
+    elif grpo_keys and says_grpo:
         anchor = min(grpo_keys, key=lambda setting: (setting.line, setting.column))
     else:
         return []
     return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, anchor,
                 text=text, style="yaml")
+
+
+def _within_roots(path: str, context: Context) -> str:
+    """`path` below the linted folder that holds it: what the project names the file, not where it was cloned
+    (a clone named open-r1-cv-grpo says nothing about its dataset-filtering configs)."""
+    resolved = Path(path).resolve()
+    for root in context.roots:
+        if resolved.is_relative_to(root):
+            return str(resolved.relative_to(root))
+    return path
 
 
 def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,

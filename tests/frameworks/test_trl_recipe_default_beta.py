@@ -34,3 +34,12 @@ def test_a_grpo_recipe_without_beta_has_the_pinned_releases_k3_loss(tmp_path):
 ])
 def test_recipes_that_train_no_default_kl_stay_silent(tmp_path, pin, name, text):
     assert findings(tmp_path, pin, {name: text}) == []
+
+
+def test_the_clones_folder_name_does_not_make_a_recipe_grpo(tmp_path):
+    """open-r1-cv-grpo (eleventh set): its dataset-filtering configs (num_generations for sampling only) lie in
+    a clone whose folder says grpo; only the path inside the linted folder says what the file is."""
+    clone = tmp_path / "open-r1-cv-grpo"
+    clone.mkdir()
+    assert findings(clone, "0.18.0", {"recipes/filtering/config.yaml": RECIPE}) == []
+    assert findings(clone, "0.18.0", {"recipes/grpo/config.yaml": RECIPE}) == [("grpo/config.yaml", 4, "KL002")]
