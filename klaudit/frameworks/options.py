@@ -138,7 +138,7 @@ def resolve(written: str, parameters: Mapping[str, str], options: Options, path:
     head, _, attribute = written.rpartition(".")
     if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):
         return None
-    nested = written.removeprefix("self.").split(".", 1)[1]  # below the root: `training.grpo.beta` of `cfg.training.grpo.beta`
+    _, _, nested = written.removeprefix("self.").partition(".")  # below the root: `training.grpo.beta` of `cfg.training.grpo.beta`
     if "." in nested:  # a key nested in a configuration file (Hydra, OmegaConf), not an option's name
         configured = options.configured(nested)
         if configured is not None:

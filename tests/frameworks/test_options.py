@@ -55,6 +55,7 @@ def test_an_option_given_two_defaults_has_the_one_of_the_file_that_builds_the_co
     ("beta", "0.5"),  # the enclosing function's parameter
     ("args.beta", "0.04"), ("self.args.beta", "0.04"),  # the option named like the last attribute
     ("args.seed", None), ("x", None), ("args.", None), ("f().beta", None),
+    ("self.beta", "0.04"),  # an attribute of the object itself: the option's name, nothing nested below a root
 ])
 def test_resolve(written, expected):
     options = option_defaults({"run.py": 'p.add_argument("--beta", default=0.04)\n'})
