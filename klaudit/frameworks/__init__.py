@@ -367,7 +367,7 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
             found += _trl(path, definition.fields, context, next(iter(definition.fields.values())),
                           fallback, note, text=source)
     for call in calls:
-        if call.name in context.classes and not set(call.settings) & set(trl.KEYS):
+        if call.name in context.classes and not set(call.settings) & set(trl.DECIDING):
             continue  # its defaults are judged at its definition
         fallback, note = _class_defaults((call.name,), path, context)
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source)

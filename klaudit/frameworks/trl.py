@@ -6,7 +6,9 @@
   coef_1 = exp(logp - old_logp), which on fresh samples is exp(logp - sg logp): the score-weighted k3
   (`ratio*k3`); without it (or before 0.26) the loss is a plain k3;
 - `num_iterations` > 1 (from 0.16) reuses each generation for several updates: the samples come from an
-  older policy, with at most the token-level ratio;
+  older policy, with at most the token-level ratio. So does `steps_per_generation` (from 0.20) when
+  `gradient_accumulation_steps` is not a multiple of it: the trainer generates once every
+  steps_per_generation micro-steps, and a generation then feeds more than one optimizer step;
 - `loss_type` (from 0.17; default "bnpo", "dapo" from 0.22) aggregates the per-token loss: grpo/sapo
   per-sequence token-mean, bnpo and dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant,
   luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's;
@@ -32,7 +34,9 @@ NAME = "trl"
 CONFIG_CLASSES = ("GRPOConfig",)
 BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")
-KEYS = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)
+STEPS, ACCUMULATION = "steps_per_generation", "gradient_accumulation_steps"
+DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed for a verdict
+KEYS = (*DECIDING, STEPS, ACCUMULATION)
 SWITCHES = (CORRECTION,)
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
                 "dapo": Aggregation.BATCH_MEAN, "cispo": Aggregation.BATCH_MEAN, "vespo": Aggregation.BATCH_MEAN,
@@ -68,7 +72,7 @@ def _number(value: str) -> float | None:
 def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: Setting) -> Judged | None:
     """The KL configuration a GRPO configuration selects with `settings` over the defaults `fallback`;
     None when the KL is off or undecidable. `anchor` is where to report when `beta` is not set here."""
-    given = {key: settings[key].value if key in settings else default for key, default in fallback.items()}
+    given = {key: settings[key].value if key in settings else fallback[key] for key in DECIDING}
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
         return None  # a key set to a computed value
@@ -79,20 +83,35 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         return None
     if value[LEVEL] not in ("token", "sequence"):
         return None
+    stale = iterations > 1 or _spans_optimizer_steps(settings, fallback)
     if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh
-        sampling = Sampling.OFF_POLICY if iterations > 1 else Sampling.ON_POLICY
+        sampling = Sampling.OFF_POLICY if stale else Sampling.ON_POLICY
         config = Config(loss=Estimator.K3, reward=Estimator.K3, returns=Returns.SEQUENCE_MEAN,
                         aggregation=aggregation, sampling=sampling)
     else:
-        if iterations > 1:  # coef_1 = pi / pi_old is then also a token-level importance ratio
+        if stale:  # coef_1 = pi / pi_old is then also a token-level importance ratio
             sampling = Sampling.TOKEN_IS if correction else Sampling.OFF_POLICY
         else:
             sampling = Sampling.ON_POLICY
         config = Config(loss=Estimator.RATIO_K3 if correction else Estimator.K3, aggregation=aggregation,
                         sampling=sampling)
-    flags = ", ".join(f"{key}={value[key]}" + _given(settings.get(key)) for key in KEYS)
-    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", ITERATIONS)) if key in settings}
+    flags = ", ".join([*(f"{key}={value[key]}" + _given(settings.get(key)) for key in DECIDING),
+                       *(f"{key}={settings[key].value}" for key in (STEPS, ACCUMULATION) if key in settings)])
+    reuse = ITERATIONS if iterations > 1 or STEPS not in settings else STEPS
+    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", reuse)) if key in settings}
     return Judged(config, settings.get(BETA, anchor), flags, anchors)
+
+
+def _spans_optimizer_steps(settings: Mapping[str, Setting], fallback: Mapping[str, str]) -> bool:
+    """Whether one generation feeds more than one optimizer step: TRL generates every steps_per_generation
+    micro-steps and keeps the old log-probs when gradient_accumulation_steps (default 1) is no multiple of it.
+    Unset, steps_per_generation is gradient_accumulation_steps; a computed value decides nothing."""
+    def literal(key: str, default: str) -> float | None:
+        raw = settings[key].value if key in settings else fallback.get(key, default)
+        return None if raw is None or raw == "None" else _number(raw)
+
+    steps, accumulation = literal(STEPS, "None"), literal(ACCUMULATION, "1")
+    return steps is not None and accumulation is not None and steps > 0 and accumulation % steps != 0
 
 
 def _given(setting: Setting | None) -> str:

@@ -5,7 +5,8 @@ exp(logp - sg logp), the score-weighted k3, which follows PART (kl-math.md §8, 
 it a plain k3 loss follows the per-token forward KL (rows 3: KL002). num_iterations > 1 trains on
 samples of an older policy with at most a token-level ratio (rows 22-23: KL008); loss_type="grpo"
 averages per sequence (row 21: KL007). beta = 0 (the default) turns the KL off. importance_sampling_level=
-"sequence" weighs the corrected k3 by exp of the mean log-ratio (row 13b: KL009).
+"sequence" weighs the corrected k3 by exp of the mean log-ratio (row 13b: KL009). steps_per_generation not
+dividing gradient_accumulation_steps spreads one generation over several optimizer steps (KL008).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def codes(call: str) -> list[tuple[int, str]]:
     # without the correction the sequence ratio never touches the KL term: a plain k3 loss (row 3)
     ('GRPOConfig(beta=0.04, importance_sampling_level="sequence", use_bias_correction_kl=False)', ["KL002"]),
     ('GRPOConfig(beta=0.04, importance_sampling_level="sequence_token")', []),  # no level TRL knows
+    # one generation every 4 micro-steps, an optimizer step every micro-step: 4 updates on one generation (row 22)
+    ("GRPOConfig(beta=0.04, steps_per_generation=4)", ["KL003", "KL008"]),
+    ("GRPOConfig(beta=0.04, steps_per_generation=4, gradient_accumulation_steps=8)", ["KL003"]),  # 2 per step
+    ("GRPOConfig(beta=0.04, steps_per_generation=3, gradient_accumulation_steps=4)", ["KL003", "KL008"]),
+    ("GRPOConfig(beta=0.04, steps_per_generation=2, gradient_accumulation_steps=GA)", ["KL003"]),  # unknown
     ("GRPOConfig(beta=BETA)", []),  # computed: unknown
     ("GRPOConfig(beta=0.04, **overrides)", []),  # any other key may come from the mapping
     ("trl.GRPOConfig(beta=1e-3)", ["KL003"]),
