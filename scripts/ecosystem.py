@@ -191,6 +191,11 @@ def check_repo(entry: dict, args: argparse.Namespace) -> RepoResult:
     try:
         if args.findings:
             records = json.loads((Path(args.findings) / f"{name}.json").read_text(encoding="utf-8"))
+            stderr = Path(args.findings) / f"{name}.err"  # the lint's stderr, where it was saved beside the report
+            failed = [line for line in (stderr.read_text(encoding="utf-8").splitlines() if stderr.is_file() else ())
+                      if "internal error" in line]
+            if failed:  # a file the lint could not analyse: the report is short of its findings, as in a live run
+                raise RuntimeError(f"{len(failed)} internal error(s) in {stderr.name}: {failed[0][-300:]}")
         else:
             if not tree.is_dir():
                 raise FileNotFoundError(f"no tree at {tree}")
@@ -300,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repos", default=str(ECOSYSTEM / "repos.json"), help="the corpus list")
     parser.add_argument("--expected", default=str(ECOSYSTEM / "expected"), help="folder of reviewed sites")
     parser.add_argument("--repo", action="append", help="only repositories whose name contains this (repeatable)")
-    parser.add_argument("--findings", help="read <name>.json lint reports from this folder instead of linting")
+    parser.add_argument("--findings", help="read <name>.json lint reports from this folder instead of linting "
+                                           "(and <name>.err, the lint's stderr, when saved: an internal error fails)")
     parser.add_argument("--select", help="passed to klaudit lint --select")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per repository")
     parser.add_argument("--line-tolerance", type=int, default=3, help="max line distance of a match")

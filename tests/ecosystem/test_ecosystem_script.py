@@ -114,6 +114,18 @@ def test_findings_about_files_are_listed_apart_and_not_scored(corpus, capsys, tm
     assert [(f["file"], f["code"]) for f in table["repos"]["a+good"]["file_level"]] == [("big.py", "KL099"), ("broken.py", "KL000")]
 
 
+def test_a_saved_report_whose_lint_hit_an_internal_error_is_an_error(corpus, capsys, tmp_path):
+    """A report read with --findings beside the lint's stderr: an internal error there means files went
+    unanalysed (six flag findings of TRL's tests vanished so on 2026-11-29), so the tree fails as a live
+    lint that exits 2 does; other stderr lines (warnings) do not."""
+    stderr = tmp_path / "findings" / "a+good.err"
+    stderr.write_text("warning: a notebook without code cells\n")
+    assert run(corpus + ["--repo", "good"], capsys)[0] == 0
+    stderr.write_text("error: /x/tests/test_grpo.py: internal error: IndexError: list index out of range\n")
+    status, table = run(corpus + ["--repo", "good"], capsys)
+    assert status == 2 and "internal error" in table["repos"]["a+good"]["error"]
+
+
 def test_a_missing_tree_is_an_error_not_a_pass(corpus, capsys, tmp_path):
     args = [a for a in corpus if a not in ("--findings", str(tmp_path / "findings"))]
     status = ecosystem.main(args + ["--repo", "good"])
