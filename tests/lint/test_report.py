@@ -114,6 +114,6 @@ def test_json_has_ruffs_fields(tmp_path, monkeypatch):
 
 
 def test_formatters_are_registered_by_name():
-    assert list(FORMATTERS) == ["text", "concise", "grouped", "json", "github", "sarif"]
-    assert FORMATTERS["text"] is format_text and FORMATTERS["json"] is format_json
+    assert list(FORMATTERS) == ["text", "full", "concise", "grouped", "json", "github", "gitlab", "junit", "sarif"]
+    assert FORMATTERS["text"] is format_text is FORMATTERS["full"] and FORMATTERS["json"] is format_json
     assert rule_url("KL010").endswith("/klaudit/rules/KL010.md")
