@@ -34,9 +34,7 @@ _DEFAULT = re.compile(rf"\bdefault\s*=\s*{_LITERAL}\s*(?:[,)]|$)")
 # a class-level annotated field: `beta: float = 0.04` or `beta: float = field(default=0.04, ...)`
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)\n]*?\bdefault[ \t]*=[ \t]*)?{_LITERAL}[ \t]*[,)#\n]",
                     re.MULTILINE)
-
-
-_YAML = (".yaml", ".yml")
+_YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,8 @@ class Default:
 @dataclass(frozen=True)
 class Options:
     """The literal defaults the project's command lines and dataclasses give their options, by name
-    (`--kl-coef` as `kl_coef`, the attribute an argparse namespace gives it) and file."""
+    (`--kl-coef` as `kl_coef`, the attribute an argparse namespace gives it) and file, and the YAML files
+    where a key nested below a configuration object's root is looked up."""
 
     given: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)  # name -> path -> defaults
     configs: tuple[str, ...] = ()  # the linted YAML files, read only when a nested key is looked up
@@ -138,7 +137,8 @@ def resolve(written: str, parameters: Mapping[str, str], options: Options, path:
     head, _, attribute = written.rpartition(".")
     if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):
         return None
-    _, _, nested = written.removeprefix("self.").partition(".")  # below the root: `training.grpo.beta` of `cfg.training.grpo.beta`
+    # below the root: `training.grpo.beta` of `cfg.training.grpo.beta` (or of `self.cfg.training.grpo.beta`)
+    _, _, nested = written.removeprefix("self.").partition(".")
     if "." in nested:  # a key nested in a configuration file (Hydra, OmegaConf), not an option's name
         configured = options.configured(nested)
         if configured is not None:
