@@ -80,15 +80,17 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         found = setting(keyword, value if default is None else default.value, len(keyword.arg))
         return found if default is None else replace(found, origin=default.origin)
 
-    functions = _function_parameters(tree, text)
+    functions: list[tuple[int, int, dict[str, str | None]]] | None = None  # read at the first keyword set to a name
     calls, definitions = [], []  # definitions: ((line, column), class)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _called_name(node.func, names, text)
             if name is None:
                 continue
-            parameters = _enclosing(functions, node.lineno) if any(
-                isinstance(keyword.value, ast.Name) for keyword in node.keywords) else {}
+            parameters: Mapping[str, str] = {}
+            if any(isinstance(keyword.value, ast.Name) for keyword in node.keywords):
+                functions = _function_parameters(tree, text) if functions is None else functions
+                parameters = _enclosing(functions, node.lineno)
             settings = {keyword.arg: keyword_setting(keyword, parameters)
                         for keyword in node.keywords if keyword.arg is not None}
             where = setting(node.func, None, len(name))
