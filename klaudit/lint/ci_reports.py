@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import xml.etree.ElementTree as ElementTree
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -26,6 +27,13 @@ from klaudit.rules import RULES
 
 # GitLab's severities: a verdict is a defect of the training objective; KL099/KL100 are informational.
 _GITLAB_SEVERITY = {"error": "major", "info": "info"}
+# Characters XML 1.0 cannot hold even escaped (control characters a switch value read from the source may
+# carry): shown as U+FFFD, so that the report stays well-formed.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+def _xml_text(text: str) -> str:
+    return _NOT_XML.sub("\ufffd", text)
 
 
 def format_gitlab(findings: Sequence[Finding], options: ReportOptions) -> str:
@@ -63,7 +71,7 @@ def format_junit(findings: Sequence[Finding], options: ReportOptions) -> str:
         for finding in found:
             case = ElementTree.SubElement(suite, "testcase", name=f"klaudit.{finding.code}", classname=path,
                                           file=path, line=str(finding.line))
-            failure = ElementTree.SubElement(case, "failure", message=finding.message, type=finding.code)
-            failure.text = f"{path}:{finding.line}:{finding.column}: {finding.code} {with_help(finding)}"
+            failure = ElementTree.SubElement(case, "failure", message=_xml_text(finding.message), type=finding.code)
+            failure.text = _xml_text(f"{path}:{finding.line}:{finding.column}: {finding.code} {with_help(finding)}")
     ElementTree.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ElementTree.tostring(suites, encoding="unicode")

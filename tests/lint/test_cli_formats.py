@@ -119,6 +119,17 @@ def test_junit_is_one_failed_case_per_finding_in_a_suite_per_file(project):
     assert (clean.get("tests"), clean.get("failures"), clean[0][0].get("name")) == ("1", "0", "No findings")
 
 
+def test_junit_stays_well_formed_with_control_characters_in_a_message(tmp_path):
+    """A switch value read from the source may hold any character; XML 1.0 cannot hold control characters."""
+    import xml.etree.ElementTree as ElementTree
+
+    from klaudit.lint.ci_reports import format_junit
+
+    found = Finding(str(tmp_path / "a.py"), 2, 1, "KL002", 'k3 [mode="a\x1bb\x00"] <&>', 2, 5)
+    suites = ElementTree.fromstring(format_junit([found], ReportOptions()))
+    assert suites[0][0][0].get("message") == 'k3 [mode="a\ufffdb\ufffd"] <&>'
+
+
 def test_full_is_ruffs_name_for_the_text_format(project):
     assert run("lint", "--output-format", "full", "src") == run("lint", "src")
 
