@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -378,17 +378,18 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
 
 
+def _from_imports(source: str) -> Iterator[tuple[str, list[str]]]:
+    """(module, the words of one imported name) for each name of each `from module import ...`:
+    `["GRPOConfig"]`, or `["GRPOConfig", "as", "TRLGRPOConfig"]`."""
+    for module, imported in _FROM_IMPORT.findall(source):
+        for alias in imported.strip("()").replace("\\\n", " ").split(","):
+            yield module, alias.split()
+
+
 def _trl_aliases(source: str) -> dict[str, str]:
     """{alias: TRL's class} of `from trl import GRPOConfig as TRLGRPOConfig` (from trl or a module of it)."""
-    aliases = {}
-    for module, imported in _FROM_IMPORT.findall(source):
-        if module.split(".")[0] != "trl":
-            continue
-        for alias in imported.strip("()").replace("\\\n", " ").split(","):
-            words = alias.split()
-            if len(words) == 3 and words[1] == "as" and words[0] in trl.CONFIG_CLASSES:
-                aliases[words[2]] = words[0]
-    return aliases
+    return {words[2]: words[0] for module, words in _from_imports(source) if module.split(".")[0] == "trl"
+            and len(words) == 3 and words[1] == "as" and words[0] in trl.CONFIG_CLASSES}
 
 
 def _imported_from_elsewhere(source: str, names: Collection[str], context: Context) -> set[str]:
@@ -397,14 +398,12 @@ def _imported_from_elsewhere(source: str, names: Collection[str], context: Conte
     is left to the homonym rule (a project's copy of TRL's class, as SakanaAI/RLT's, is judged as TRL's
     where its module works with TRL)."""
     found = set()
-    for module, imported in _FROM_IMPORT.findall(source):
+    for module, words in _from_imports(source):
         top = module.split(".")[0]
         if top == "trl" or module.startswith(".") or top in context.local_names:
             continue
-        for alias in imported.strip("()").replace("\\\n", " ").split(","):
-            words = alias.split()
-            if len(words) == 1 and words[0] in names and words[0] not in context.classes:
-                found.add(words[0])
+        if len(words) == 1 and words[0] in names and words[0] not in context.classes:
+            found.add(words[0])
     return found
 
 

@@ -128,10 +128,19 @@ def _function_parameters(tree: ast.Module,
                     **{argument.arg: _python_literal(default, text) for argument, default in
                        (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
-        assigned = {name.id for statement in node.body for name in ast.walk(statement)
-                    if isinstance(name, ast.Name) and not isinstance(name.ctx, ast.Load)}
+        assigned = {bound for statement in node.body for inner in ast.walk(statement) if (bound := _binds(inner))}
         found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, assigned)))
     return found
+
+
+def _binds(node: ast.AST) -> str | None:
+    """The name `node` binds: an assignment, loop, `with ... as`, walrus or `del` target, an `import ... as`
+    or `except ... as` name (cst_configs._Assigned of LibCST's tree); None for anything else."""
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+        return node.id
+    if isinstance(node, ast.alias):
+        return node.asname or node.name.split(".")[0]
+    return node.name if isinstance(node, ast.ExceptHandler) else None
 
 
 def _enclosing(functions: list[tuple[int, int, dict[str, str | None]]], line: int) -> dict[str, str]:

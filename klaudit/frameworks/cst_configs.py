@@ -37,8 +37,14 @@ def _field_default(node: cst.BaseExpression) -> str | None:
     return _literal(node)
 
 
+# The statements and expressions that bind names, and the field holding the target of each.
+_BINDERS = ((cst.AssignTarget, "target"), (cst.AnnAssign, "target"), (cst.AugAssign, "target"), (cst.For, "target"),
+            (cst.CompFor, "target"), (cst.NamedExpr, "target"), (cst.Del, "target"), (cst.AsName, "name"))
+
+
 class _Assigned(cst.CSTVisitor):
-    """The names a function body binds: assignment, loop, `with ... as`, walrus and `del` targets."""
+    """The names a function body binds: assignment, loop, `with ... as`, walrus and `del` targets, `import ...
+    as` and `except ... as` names (an `import x` without `as` binds x: calls._binds of Python's tree)."""
 
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -52,29 +58,13 @@ class _Assigned(cst.CSTVisitor):
         elif isinstance(node, cst.StarredElement):
             self._targets(node.value)
 
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._targets(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._targets(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._targets(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._targets(node.target)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self._targets(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._targets(node.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._targets(node.target)
-
-    def visit_Del(self, node: cst.Del) -> None:
-        self._targets(node.target)
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        field = next((field for kind, field in _BINDERS if isinstance(node, kind)), None)
+        if field is not None:
+            self._targets(getattr(node, field))
+        elif isinstance(node, cst.ImportAlias) and node.asname is None:
+            self.names.add(dotted(node.name).split(".")[0])
+        return True
 
 
 def _chain(node: cst.BaseExpression) -> str:

@@ -79,10 +79,15 @@ def test_newer_syntax_than_pythons_is_read_by_libcst(monkeypatch):
 OPTIONS_AND_PARAMETERS = '''\
 from trl import GRPOConfig
 
-def train(beta: float = 0.04, *, steps=2, loss="grpo", shadowed=1.0, looped=1):
+def train(beta: float = 0.04, *, steps=2, loss="grpo", shadowed=1.0, looped=1, imported=3, caught=4):
     for looped in range(2):
         pass
     shadowed = shadowed * 2
+    import numpy as imported
+    try:
+        pass
+    except ValueError as caught:
+        GRPOConfig(num_iterations=imported, beta=caught)
     def inner(beta=0.5):
         return GRPOConfig(beta=beta, num_iterations=steps)
     return GRPOConfig(beta=beta, num_iterations=shadowed, loss_type=loss, importance_sampling_level=looped)
@@ -104,9 +109,10 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
     assert from_python[0] == reader.calls
     values = [{key: setting.value for key, setting in call.settings.items()} for call in reader.calls]
     assert values == [
+        {"num_iterations": None, "beta": None},  # names an import and an except clause rebind
         {"beta": "0.5", "num_iterations": "2"},  # the innermost function's parameter
         {"beta": "0.04", "num_iterations": None, "loss_type": "grpo", "importance_sampling_level": None},
         {"beta": "0.1", "num_iterations": "4", "loss_type": None, "other": None},
         {"beta": None},
     ]
-    assert reader.calls[2].settings["beta"].origin == "the default of kl_coef at run.py:1"
+    assert reader.calls[3].settings["beta"].origin == "the default of kl_coef at run.py:1"
