@@ -5,7 +5,8 @@ A framework's defaults and KL code change between releases (TRL's `use_bias_corr
 flipped in 1.10, OpenRLHF added its clamps in 0.8), so every flag finding names the release whose
 semantics it applied. In order:
 
-1. `[tool.klaudit] frameworks = {trl = "1.16"}` pins a release (a known major.minor);
+1. `[tool.klaudit] frameworks = {trl = "1.16"}` pins a release (a known major.minor, or
+   major.minor.patch where a framework changed its KL in a patch release, as tunix did in 0.1.7);
 2. the linted project says it: a checked-out framework tree (`trl/__init__.py`'s `__version__`,
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
@@ -42,9 +43,13 @@ KNOWN: Mapping[str, tuple[str, ...]] = {
     "verl": ("0.8", "0.9"),
     "trl": (*(f"0.{minor}" for minor in range(14, 30)), *(f"1.{minor}" for minor in range(17))),
     "openrlhf": ("0.6", "0.7", "0.8", "0.9", "0.10", "0.11"),
+    # tunix changed its GRPO KL in patch releases: loss_agg_mode came in 0.1.4, kl_loss_mode in 0.1.7
+    "tunix": ("0.1.0", "0.1.4", "0.1.7"),
 }
+# The name a framework is installed by, where it differs from its package's (`pip install google-tunix`).
+DISTRIBUTIONS: Mapping[str, str] = {"tunix": "google-tunix"}
 DEFAULT = {name: versions[-1] for name, versions in KNOWN.items()}
-_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)")
+_RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 _MINOR_DEVELOPMENT = re.compile(r"^v?\d+\.\d+(?:\.0)?\.?dev", re.IGNORECASE)  # 0.18.0.dev0: before 0.18's release
 _PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
@@ -73,12 +78,23 @@ class Assumed:
         return f"{name} {self.version}" + (f" ({why})" if why else "")
 
 
-def release(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as "1.10.0.dev0"; ValueError if it has none."""
+def release(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a version string such as "1.10.0.dev0" (patch 0 when not written); ValueError
+    if it has none."""
     match = _RELEASE.match(version)
     if match is None:
         raise ValueError(f"not a version: {version!r}")
-    return int(match.group(1)), int(match.group(2))
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def distribution(name: str) -> str:
+    """The name `name` is installed by: `google-tunix` for tunix, else the package's own."""
+    return DISTRIBUTIONS.get(name, name)
+
+
+def _spelled(name: str) -> str:
+    """A pattern of the distribution of `name` as requirements spell it (`google-tunix`, `google_tunix`)."""
+    return re.escape(distribution(name)).replace(r"\-", "[-_.]")
 
 
 def at_least(assumed: Assumed, version: str) -> bool:
@@ -100,12 +116,22 @@ def check_pins(table: object, where: str) -> dict[str, str]:
     for name, version in table.items():
         if name not in KNOWN:
             raise VersionError(f"{where}: unknown framework `{name}` in `frameworks`; known: {', '.join(KNOWN)}")
-        if not isinstance(version, str) or _RELEASE.match(version) is None \
-                or ".".join(map(str, release(version))) not in KNOWN[name]:
+        known = _pinned_release(name, version) if isinstance(version, str) else None
+        if known is None:
             raise VersionError(f"{where}: `frameworks.{name}` = {version!r} is not a release klaudit knows; "
                                f"known: {', '.join(KNOWN[name])}")
-        pins[name] = ".".join(map(str, release(version)))
+        pins[name] = known
     return pins
+
+
+def _pinned_release(name: str, version: str) -> str | None:
+    """The release of KNOWN whose semantics the pin `version` names: the known major.minor it names (`1.16.2`
+    names TRL's 1.16); for a framework known by patch releases, the latest known at or before it (tunix's
+    `0.1.5` has 0.1.4's); None when it names none."""
+    if _RELEASE.match(version) is None:
+        return None
+    wanted = release(version)
+    return _known(name, version) if any(release(known)[:2] == wanted[:2] for known in KNOWN[name]) else None
 
 
 def assumed_versions(pins: Mapping[str, str], roots: Iterable[Path]) -> dict[str, Assumed]:
@@ -185,7 +211,7 @@ def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
     found: dict[str, Assumed] = {}
     for command in _PIP_INSTALL.finditer(commands):
         for name in KNOWN:
-            pinned = re.search(rf"(?<![\w-]){name}(?:\[[^\]]*\])?==([\w.]+)", command.group("arguments"))
+            pinned = re.search(rf"(?<![\w-]){_spelled(name)}(?:\[[^\]]*\])?==([\w.]+)", command.group("arguments"))
             if pinned is not None and _RELEASE.match(pinned.group(1)) and name not in found:
                 found[name] = Assumed(_known(name, pinned.group(1)), f"{pinned.group(1)} in the notebook's pip install")
     return found
@@ -262,7 +288,7 @@ def _tree_version(directory: Path, name: str) -> tuple[str, str] | None:
         candidates += [(package / "__init__.py", _DUNDER_VERSION), (package / "version" / "version", None),
                        (directory / "version.txt", None), (directory / "VERSION", None)]
     candidates += [(metadata, re.compile(r"^Version:\s*(\S+)", re.MULTILINE))
-                   for metadata in sorted(directory.glob(f"{name}-*.dist-info/METADATA"))]
+                   for metadata in sorted(directory.glob(f"{distribution(name).replace('-', '_')}-*.dist-info/METADATA"))]
     for path, pattern in candidates:
         text = _read(path)
         if text is None:
@@ -271,12 +297,12 @@ def _tree_version(directory: Path, name: str) -> tuple[str, str] | None:
         if match is not None and _RELEASE.match(match.group(1)):
             return match.group(1), str(path.relative_to(directory))
     project = _pyproject(directory)
-    if project.get("name") == name:
+    if project.get("name") in (name, distribution(name)):
         version = project.get("version")
         if isinstance(version, str):
             return version, "pyproject.toml"
     setup = _read(directory / "setup.py")
-    if setup is not None and re.search(rf"name\s*=\s*[\"']{name}[\"']", setup):
+    if setup is not None and re.search(rf"name\s*=\s*[\"']{_spelled(name)}[\"']", setup):
         match = _SETUP_VERSION.search(setup)
         if match is not None:
             return match.group(1), "setup.py"
@@ -345,7 +371,7 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     pinned: dict[str, tuple[str, str]] = {}
     for where, text in _dependency_texts(directory):
         for name in KNOWN:
-            match = re.search(rf"(?im){_REQUIREMENT_START}{name}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
+            match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
             if match is not None:
                 pinned.setdefault(name, (match.group(1), where))
             tag = _git_ref(name, text)
@@ -354,7 +380,7 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     for lock in _LOCK_FILES:
         text = _read(directory / lock)
         for name in KNOWN:
-            match = re.search(rf'(?m)^name = "{name}"\s*\nversion = "([^"]+)"', text or "")
+            match = re.search(rf'(?m)^name = "{_spelled(name)}"\s*\nversion = "([^"]+)"', text or "")
             if match is not None:
                 pinned.setdefault(name, (match.group(1), lock))
     return pinned
@@ -373,6 +399,6 @@ def _git_commit_pins(directory: Path) -> dict[str, tuple[str, str]]:
 
 def _git_ref(name: str, text: str | None) -> str | None:
     """The ref after `@` of a `name @ git+URL@ref` dependency (also quoted, with extras or `#egg=`)."""
-    match = re.search(rf"(?im){_REQUIREMENT_START}{name}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+@(?P<ref>[\w.\-]+)",
+    match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+@(?P<ref>[\w.\-]+)",
                       text or "")
     return match.group("ref") if match is not None else None

@@ -36,9 +36,12 @@ def test_trl_defaults_follow_the_release(call, version, expected):
 
 
 def test_pins_are_validated_and_a_bad_one_exits_2(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[tool.klaudit]\nframeworks = {trl = "1.9", openrlhf = "0.10.4"}\n')
-    assert load_settings([str(tmp_path)]).frameworks == {"trl": "1.9", "openrlhf": "0.10"}
+    (tmp_path / "pyproject.toml").write_text('[tool.klaudit]\nframeworks = {trl = "1.9", openrlhf = "0.10.4", '
+                                             'tunix = "0.1.5"}\n')
+    # tunix is known by patch releases: 0.1.5 has the semantics of 0.1.4 (loss_agg_mode, no kl_loss_mode yet)
+    assert load_settings([str(tmp_path)]).frameworks == {"trl": "1.9", "openrlhf": "0.10", "tunix": "0.1.4"}
     for table, error in (('{trl = "2.0"}', "not a release klaudit knows"), ('{deepspeed = "1.0"}', "unknown framework"),
+                         ('{tunix = "0.2.0"}', "not a release klaudit knows"),
                          ('"trl"', "must be a table")):
         (tmp_path / "pyproject.toml").write_text(f"[tool.klaudit]\nframeworks = {table}\n")
         with pytest.raises(ConfigError, match=error):
@@ -47,6 +50,14 @@ def test_pins_are_validated_and_a_bad_one_exits_2(tmp_path):
     (tmp_path / "run.sh").write_text("echo\n")
     result = CliRunner().invoke(main, ["lint", str(tmp_path)])
     assert result.exit_code == 2 and "unknown framework `deepspeed`" in result.output
+
+
+def test_a_tunix_checkout_states_its_release_under_its_distribution_name(tmp_path):
+    """tunix is installed as google-tunix; its checkout's tunix/__init__.py reads the version from metadata."""
+    (tmp_path / "tunix").mkdir()
+    (tmp_path / "tunix" / "__init__.py").write_text("__version__ = version('google-tunix')\n")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "google-tunix"\nversion = "0.1.8"\n')
+    assert detect([tmp_path])["tunix"] == Assumed("0.1.7", "0.1.8 in pyproject.toml")  # the latest known before it
 
 
 def test_the_version_is_read_from_the_linted_tree_and_its_pins(tmp_path):
