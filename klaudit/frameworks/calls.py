@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.options import Options, bindings, resolve, visible
+from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import python_ast
 
@@ -71,7 +71,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                else start + name_length)
         return Setting(value, node.lineno, start, end)
 
-    def keyword_setting(keyword: ast.keyword, parameters: Mapping[str, str]) -> Setting:
+    def keyword_setting(keyword: ast.keyword, parameters: Mapping[str, Default]) -> Setting:
         assert keyword.arg is not None
         value = _python_literal(keyword.value, text)
         default = None
@@ -80,17 +80,19 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         found = setting(keyword, value if default is None else default.value, len(keyword.arg))
         return found if default is None else replace(found, origin=default.origin)
 
-    functions: list[tuple[int, int, dict[str, str | None]]] | None = None  # read at the first keyword set to a name
+    functions: list[tuple[int, int, dict[str, Default | None]]] | None = None  # read at the first keyword set to a name
+    constants: dict[str, Default] = {}
     calls, definitions = [], []  # definitions: ((line, column), class)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _called_name(node.func, names, text)
             if name is None:
                 continue
-            parameters: Mapping[str, str] = {}
+            parameters: Mapping[str, Default] = {}
             if any(isinstance(keyword.value, ast.Name) for keyword in node.keywords):
-                functions = _function_parameters(tree, text) if functions is None else functions
-                parameters = _enclosing(functions, node.lineno)
+                if functions is None:
+                    functions, constants = _function_parameters(tree, text), _module_constants(tree, text)
+                parameters = _enclosing(constants, functions, node.lineno)
             settings = {keyword.arg: keyword_setting(keyword, parameters)
                         for keyword in node.keywords if keyword.arg is not None}
             where = setting(node.func, None, len(name))
@@ -114,7 +116,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
 
 
 def _function_parameters(tree: ast.Module,
-                         text: Callable[[ast.expr], str]) -> list[tuple[int, int, dict[str, str | None]]]:
+                         text: Callable[[ast.expr], str]) -> list[tuple[int, int, dict[str, Default | None]]]:
     """(first line, last line, the names it binds) of each function: a parameter's literal default, None
     for a name its body assigns or a parameter without one (options.bindings)."""
     found = []
@@ -143,12 +145,44 @@ def _binds(node: ast.AST) -> str | None:
     return node.name if isinstance(node, ast.ExceptHandler) else None
 
 
-def _enclosing(functions: list[tuple[int, int, dict[str, str | None]]], line: int) -> dict[str, str]:
-    """The parameter defaults a call at `line` sees: those of the functions whose lines hold it, the inner
-    ones' names hiding the outer ones'; {} at module level."""
+def _enclosing(constants: Mapping[str, Default], functions: list[tuple[int, int, dict[str, Default | None]]],
+               line: int) -> dict[str, Default]:
+    """The values a call at `line` sees: the parameter defaults of the functions whose lines hold it, the
+    inner ones' names hiding the outer ones', over the module's `constants`."""
     holding = sorted((function for function in functions if function[0] <= line <= function[1]),
                      key=lambda function: function[0])
-    return visible([function[2] for function in holding])
+    return visible([constants, *(function[2] for function in holding)])
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str]) -> dict[str, Default]:
+    """options.module_constants of the module: every binding outside functions and classes (the scopes of
+    their own), with the literal of each `NAME = literal`."""
+    assignments: list[tuple[str, str | None, int]] = []
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _SCOPES):
+                if not isinstance(child, ast.Lambda):
+                    assignments.append((child.name, None, child.lineno))
+                continue
+            if isinstance(child, ast.stmt):
+                target, value = _assigned(child)
+                if isinstance(target, ast.Name):
+                    if value is not None:  # `BETA: float` alone binds nothing
+                        assignments.append((target.id, _python_literal(value, text), child.lineno))
+                        walk(value)
+                    continue
+            bound = _binds(child)
+            if bound:
+                assignments.append((bound, None, getattr(child, "lineno", 0)))
+            walk(child)
+
+    walk(tree)
+    rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    return module_constants(assignments, rebound)
 
 
 def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:

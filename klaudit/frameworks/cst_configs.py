@@ -3,13 +3,13 @@ fallback of klaudit.frameworks.calls for code Python's own parser cannot read (n
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.frameworks.options import Options, bindings, resolve, visible
+from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import dotted, string_value
 
@@ -77,7 +77,7 @@ def _chain(node: cst.BaseExpression) -> str:
     return ""
 
 
-def _bindings(node: cst.FunctionDef) -> dict[str, str | None]:
+def _bindings(node: cst.FunctionDef) -> dict[str, Default | None]:
     """The names a function binds (options.bindings): its parameters' literal defaults, its body's names."""
     assigned = _Assigned()
     node.body.visit(assigned)
@@ -91,6 +91,49 @@ def _bindings(node: cst.FunctionDef) -> dict[str, str | None]:
     return bindings(defaults, assigned.names)
 
 
+class _ModuleBindings(_Assigned):
+    """The names bound outside functions and classes (the scopes of their own), and apart from them each
+    `NAME = value` with the value's literal and line (calls._module_constants of Python's tree)."""
+
+    def __init__(self, line: Callable[[cst.CSTNode], int]) -> None:
+        super().__init__()
+        self.line = line
+        self.assignments: list[tuple[str, str | None, int]] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self.names.add(node.name.value)
+            return False
+        if isinstance(node, cst.Lambda):
+            return False
+        target, value = _single_assignment(node)
+        if isinstance(target, cst.Name):
+            if value is not None:  # `BETA: float` alone binds nothing
+                self.assignments.append((target.value, _literal(value), self.line(node)))
+                value.visit(self)
+            return False
+        return super().on_visit(node)
+
+
+def _single_assignment(node: cst.CSTNode) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
+    """(target, value) of `name: T = value` or of a one-target `name = value`; (None, None) otherwise."""
+    if isinstance(node, cst.AnnAssign):
+        return node.target, node.value
+    if isinstance(node, cst.Assign) and len(node.targets) == 1:
+        return node.targets[0].target, node.value
+    return None, None
+
+
+class _Globals(cst.CSTVisitor):
+    """The names some `global` statement declares."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.names.update(item.name.value for item in node.names)
+
+
 class _Reader(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
@@ -99,7 +142,12 @@ class _Reader(cst.CSTVisitor):
         self.classes, self.keys, self.path, self.options = classes, keys, path, options
         self.calls: list[ConfigCall] = []
         self.definitions: list[ConfigClass] = []
-        self.functions: list[dict[str, str | None]] = []  # the enclosing functions' names, innermost last
+        self.functions: list[dict[str, Default | None]] = []  # the enclosing functions' names, innermost last
+        self.module: cst.Module | None = None
+        self.constants: dict[str, Default] | None = None  # the module's, read at the first keyword set to a name
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.module = node
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.append(_bindings(node))
@@ -111,9 +159,21 @@ class _Reader(cst.CSTVisitor):
         assert arg.keyword is not None
         value, default = _literal(arg.value), None
         if value is None and isinstance(arg.value, (cst.Name, cst.Attribute)):
-            default = resolve(_chain(arg.value), visible(self.functions), self.options, self.path)
+            default = resolve(_chain(arg.value), visible([self._constants(), *self.functions]), self.options,
+                              self.path)
         found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
         return found if default is None else replace(found, origin=default.origin)
+
+    def _constants(self) -> dict[str, Default]:
+        if self.constants is None:
+            self.constants = {}
+            if self.module is not None:
+                bound, declared = _ModuleBindings(lambda node: self.get_metadata(PositionProvider, node).start.line), _Globals()
+                self.module.visit(bound)
+                self.module.visit(declared)
+                other = [(name, None, 0) for name in bound.names]  # any other binding: no constant
+                self.constants = module_constants([*bound.assignments, *other], declared.names)
+        return self.constants
 
     def _setting(self, node: cst.CSTNode, value: str | None, name_length: int) -> Setting:
         span = self.get_metadata(PositionProvider, node)

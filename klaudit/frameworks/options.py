@@ -5,7 +5,8 @@ own: `parser.add_argument("--beta", type=float, default=0.04)`, or `beta: float 
 dataclass that a parser fills. A run that leaves the option alone trains with its default, so the
 keyword is judged at that value, as a key left out is judged at the framework's default. The same
 holds for a keyword set to a parameter of the enclosing function (`def train(beta=0.04)`), unless
-the function assigns the name itself.
+the function assigns the name itself, and for one set to a module's constant (`BETA = 0.04` bound once at
+module level, as notebooks write it), unless a function binds the name.
 
 The options are read from the text of every linted Python file, without parsing it. A configuration
 built in a file that declares the option itself takes that file's default; elsewhere an option given
@@ -110,30 +111,42 @@ def _value(literal: str) -> str:
     return literal[1:-1] if literal[0] in "\"'" else literal.replace("_", "")
 
 
-def bindings(parameters: Mapping[str, str | None], assigned: Collection[str]) -> dict[str, str | None]:
+def bindings(parameters: Mapping[str, str | None], assigned: Collection[str]) -> dict[str, Default | None]:
     """The names a function binds: each parameter's literal default (None where it has none), and None for
-    every name its body assigns, which hides a parameter's default and an enclosing function's name."""
-    return {**parameters, **dict.fromkeys(assigned)}
+    every name its body assigns, which hides a parameter's default and an enclosing scope's name."""
+    return {**{name: None if value is None else Default(value, f"the default of parameter {name}")
+               for name, value in parameters.items()}, **dict.fromkeys(assigned)}
 
 
-def visible(functions: Iterable[Mapping[str, str | None]]) -> dict[str, str]:
-    """The parameter defaults seen inside the last of nested `functions` (outermost first, each as
-    `bindings` gives it): a name bound by an inner function hides the outer one's."""
-    seen: dict[str, str | None] = {}
-    for bound in functions:
+def module_constants(assignments: Iterable[tuple[str, str | None, int]], rebound: Collection[str]) -> dict[str, Default]:
+    """The module's constants: each name bound once at module level (`assignments`: name, its literal value or
+    None, line, for every module-level binding) to a literal, and never declared `global` in a function
+    (`rebound`). `BETA = 0.04` then `GRPOConfig(beta=BETA)`, as notebooks and scripts write it."""
+    seen: dict[str, list[tuple[str | None, int]]] = {}
+    for name, value, line in assignments:
+        seen.setdefault(name, []).append((value, line))
+    return {name: Default(found[0][0], f"{name} = {found[0][0]} at line {found[0][1]}")
+            for name, found in seen.items()
+            if len(found) == 1 and found[0][0] is not None and name not in rebound}
+
+
+def visible(scopes: Iterable[Mapping[str, Default | None]]) -> dict[str, Default]:
+    """The values seen inside the last of nested `scopes` (outermost first: the module's constants, then each
+    enclosing function's names as `bindings` gives them): a name bound by an inner scope hides the outer one's."""
+    seen: dict[str, Default | None] = {}
+    for bound in scopes:
         seen.update(bound)
     return {name: value for name, value in seen.items() if value is not None}
 
 
-def resolve(written: str, parameters: Mapping[str, str], options: Options, path: str) -> Default | None:
+def resolve(written: str, names: Mapping[str, Default], options: Options, path: str) -> Default | None:
     """The default a keyword set to `written` (a name, or a dotted attribute) in the file at `path` has:
-    the literal default of the enclosing function's parameter of that name (`parameters`, those the
-    function never reassigns); for an attribute nested two deep below its root (`cfg.training.beta`), the
+    for a name, the value `names` (`visible`) gives it: the literal default of the enclosing function's
+    parameter of that name (one the function never reassigns), else the module's constant; for an attribute nested two deep below its root (`cfg.training.beta`), the
     value the project's YAML files give that key; else the default of the project's option named like the
     last attribute (`args.beta`, `self.args.beta`); None otherwise."""
     if written.isidentifier():
-        value = parameters.get(written)
-        return None if value is None else Default(value, f"the default of parameter {written}")
+        return names.get(written)
     head, _, attribute = written.rpartition(".")
     if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):
         return None

@@ -94,6 +94,16 @@ def train(beta: float = 0.04, *, steps=2, loss="grpo", shadowed=1.0, looped=1, i
 
 c = GRPOConfig(beta=args.kl_coef, num_iterations=self.cfg.num_iterations, loss_type=x[0].loss, other=f().beta)
 d = GRPOConfig(beta=beta)  # a module-level name: no parameter
+STEPS = 3
+LOSS: str = "dr_grpo"
+LOSS = "grpo"
+for LEVEL in ("token",):
+    pass
+class Holder:
+    STEPS = 9
+e = GRPOConfig(num_iterations=STEPS, loss_type=LOSS, importance_sampling_level=LEVEL)
+def uses_the_constant():
+    return GRPOConfig(num_iterations=STEPS)
 '''
 
 
@@ -114,5 +124,9 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
         {"beta": "0.04", "num_iterations": None, "loss_type": "grpo", "importance_sampling_level": None},
         {"beta": "0.1", "num_iterations": "4", "loss_type": None, "other": None},
         {"beta": None},
+        # a module constant bound once (a class body is a scope of its own); bound twice, or by a loop: none
+        {"num_iterations": "3", "loss_type": None, "importance_sampling_level": None},
+        {"num_iterations": "3"},
     ]
     assert reader.calls[3].settings["beta"].origin == "the default of kl_coef at run.py:1"
+    assert reader.calls[5].settings["num_iterations"].origin == "STEPS = 3 at line 18"

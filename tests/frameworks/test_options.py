@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from klaudit.config import Settings
-from klaudit.frameworks.options import option_defaults, resolve
+from klaudit.frameworks.options import Default, option_defaults, resolve
 from klaudit.lint.engine import lint_paths
 
 ARGPARSE = '''\
@@ -59,7 +59,7 @@ def test_an_option_given_two_defaults_has_the_one_of_the_file_that_builds_the_co
 ])
 def test_resolve(written, expected):
     options = option_defaults({"run.py": 'p.add_argument("--beta", default=0.04)\n'})
-    found = resolve(written, {"beta": "0.5"}, options, "train.py")
+    found = resolve(written, {"beta": Default("0.5", "the default of parameter beta")}, options, "train.py")
     assert (found and found.value) == expected
 
 
