@@ -45,7 +45,7 @@ FILE_LEVEL_CODES = ("KL000", "KL099")
 # (EasyR1's config, whose releases klaudit does not tell apart, its name alone);
 # flag sites are scored apart from KL code sites ("kind": "flag" in the review).
 # The parenthesis after the version says where it was read, and may hold one more (a git pin's advice).
-FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf) [\d.]+(?: \((?:[^()]|\([^()]*\))*\))?|EasyR1): ")
+FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf|tunix) [\d.]+(?: \((?:[^()]|\([^()]*\))*\))?|EasyR1): ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),

@@ -5,9 +5,10 @@ flags, with the defaults of the release assumed (`klaudit.frameworks.versions`) 
 out, to a catalog configuration; the catalog's verdicts then apply at the line of the flag, with the
 same codes and words as the findings in Python code, and the fix as a flag change where the
 framework has a right one. Known: verl's Hydra flags (launch scripts, YAML), OpenRLHF's
-train_ppo_ray options (launch scripts) and TRL's GRPO configuration (`GRPOConfig(...)` and classes
+train_ppo_ray options (launch scripts), TRL's GRPO configuration (`GRPOConfig(...)` and classes
 deriving from it in Python, `trl grpo` command lines and the command lines of scripts that parse
-TRL's GRPOConfig, YAML recipes).
+TRL's GRPOConfig, YAML recipes) and tunix's algorithm configurations (Python calls, the sections of
+its command line's YAML configs and overrides).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import libcst as cst
 
 from klaudit.catalog import defects
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, openrlhf, trl, verl
+from klaudit.frameworks import easyr1, openrlhf, trl, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
@@ -39,7 +40,7 @@ from klaudit.frameworks.versions import (
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 
-SHELL_SUFFIXES = (".sh", ".bash")
+SHELL_SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # batch-scheduler jobs are shell scripts too
 YAML_SUFFIXES = (".yaml", ".yml")
 CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 
@@ -184,7 +185,8 @@ def mentions_flags(text: str) -> bool:
 
 def mentions_config_class(source: str, context: Context | None = None) -> bool:
     """The pre-filter for Python files: a framework configuration class is named."""
-    return any(name in source for name in (context or Context()).class_names)
+    return (any(name in source for name in (context or Context()).class_names)
+            or "tunix" in source and any(name in source for name in tunix.CLASSES))
 
 
 def lint_config(path: str, text: str, context: Context | None = None) -> list[Finding]:
@@ -198,6 +200,8 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
         found += _easyr1(path, values)
         found += _trl_recipe(path, values, context, text)
+        if "tunix" in text or "tunix" in _within_roots(path, context):  # a config of tunix's command line
+            found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
     return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text) + \
         _launch_flags(path, text, context)
@@ -265,6 +269,8 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         column = launch.start() - text.rfind("\n", 0, launch.start())
         if command or settings:  # a GRPO script's own defaults are unknown unless it passes TRL's flags
             found += _trl(path, settings, context, Setting(None, line, column, column + len(launch.group())))
+    if tunix.LAUNCH.search(text):
+        found += _tunix_cli(path, shell_overrides(text), context, text, "shell")
     return found
 
 
@@ -314,6 +320,31 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
                 text=text, style="yaml")
 
 
+def _tunix_cli(path: str, values: Mapping[str, Setting], context: Context, text: str, style: str) -> list[Finding]:
+    """The sections of tunix's command-line config (`grpo_config.beta`, `agentic_grpo_config.beta`) that a
+    YAML file or a `tunix.cli.grpo_main` command line sets: each judged as the configuration class it fills."""
+    found: list[Finding] = []
+    for section, learner in tunix.CLI_SECTIONS.items():
+        settings = {key.removeprefix(f"{section}."): setting for key, setting in values.items()
+                    if key.startswith(f"{section}.") and key.removeprefix(f"{section}.") in tunix.KEYS}
+        if not settings:
+            continue
+        anchor = min(settings.values(), key=lambda setting: (setting.line, setting.column))
+        found += _tunix(path, learner, settings, context, anchor, _Fixer(text, style, tunix.FLAG_FIXES, tunix.NO_FLAG_FIX))
+    return found
+
+
+def _tunix(path: str, learner: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
+           fixer: _Fixer) -> list[Finding]:
+    """A tunix configuration of `learner` set by `settings`, over the defaults of the release assumed."""
+    def judged_by(assumed: Assumed) -> list[Finding]:
+        judged = tunix.judge(learner, settings, assumed, anchor)
+        return [] if judged is None else _findings(path, judged[0], assumed.label(tunix.NAME), tunix.fix, fixer,
+                                                   clamped=judged[1])
+
+    return _agreed(context.release(tunix.NAME, path), judged_by)
+
+
 def _within_roots(path: str, context: Context) -> str:
     """`path` below the linted folder that holds it: what the project names the file, not where it was cloned
     (a clone named open-r1-cv-grpo says nothing about its dataset-filtering configs)."""
@@ -351,6 +382,11 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     """The findings of the framework configuration objects a Python module builds or defines (`module`:
     its LibCST tree where it was parsed)."""
     context = context or Context()
+    return _trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
+
+
+def _trl_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
+    """TRL's GRPOConfig built or derived from in a Python module."""
     names = context.class_names
     if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
         names -= context.homonyms
@@ -359,7 +395,10 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
         return []
     aliases = _trl_aliases(source)
     calls, definitions = read_configs(source, names | set(aliases), trl.KEYS, path, module, context.options)
-    calls = [replace(call, name=aliases.get(call.name, call.name)) for call in calls]
+    roots = _import_roots(source)
+    calls = [replace(call, name=aliases.get(call.name, call.name)) for call in calls
+             if not _of_module_from_elsewhere(written := _written(source, call.where), roots, context)
+             and ("." in written or _binds_name(source, roots, written))]
     found: list[Finding] = []
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):
@@ -374,6 +413,36 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     return found
 
 
+def _tunix_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
+    """tunix's algorithm configurations built in a Python module: `GRPOConfig(...)` imported from tunix, or
+    `grpo_learner.GRPOConfig(...)` of a tunix module."""
+    if "tunix" not in source:
+        return []
+    direct = {local: name for local, (top, name) in _imported_names(source).items()
+              if top == tunix.NAME and name in tunix.CLASSES}
+    modules = {local for local, top in _import_roots(source).items() if top == tunix.NAME and local not in direct}
+    if not direct and not modules:
+        return []
+    names = set(direct) | (set(tunix.CLASSES) if modules else set())
+    calls = read_configs(source, names, tunix.KEYS, path, module, context.options)[0]
+    found: list[Finding] = []
+    for call in calls:
+        written = _written(source, call.where)
+        qualified = "." in written
+        if (written.split(".")[0] not in modules) if qualified else (call.name not in direct):
+            continue
+        learner = tunix.CLASSES[call.name if qualified else direct[call.name]]
+        found += _tunix(path, learner, call.settings, context, call.where,
+                        _Fixer(source, "python", tunix.FLAG_FIXES, tunix.NO_FLAG_FIX))
+    return found
+
+
+def _written(source: str, where: Setting) -> str:
+    """The text a setting spans on its line (a call's target: `grpo_learner.GRPOConfig`)."""
+    lines = source.splitlines()
+    return lines[where.line - 1][where.column - 1:where.end_column - 1] if 0 < where.line <= len(lines) else ""
+
+
 # `from tunix.rl.grpo.grpo_learner import GRPOConfig`, `from src.config import (LoRAConfig, GRPOConfig)`
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
 
@@ -386,10 +455,36 @@ def _from_imports(source: str) -> Iterator[tuple[str, list[str]]]:
             yield module, alias.split()
 
 
+# `import tunix.rl.grpo.grpo_learner as grpo_learner`, `import trl, torch`
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w. \t,]+)", re.MULTILINE)
+
+
+def _imported_names(source: str) -> dict[str, tuple[str, str]]:
+    """{the name a module binds: (the top-level package it comes from, the name there)} of each
+    `from package... import name [as alias]`; relative imports are left out."""
+    return {(words[2] if len(words) == 3 and words[1] == "as" else words[0]): (module.split(".")[0], words[0])
+            for module, words in _from_imports(source) if words and not module.startswith(".")}
+
+
+def _import_roots(source: str) -> dict[str, str]:
+    """{a name the module binds by an import: the top-level package it comes from}: `grpo_learner` of `from
+    tunix.rl.grpo import grpo_learner`, `gl` of `import tunix.rl.grpo.grpo_learner as gl`, `tunix` of `import
+    tunix.rl`."""
+    roots = {local: top for local, (top, _) in _imported_names(source).items()}
+    for match in _IMPORT.finditer(source):
+        for item in match.group(1).split(","):
+            words = item.split()
+            if len(words) == 3 and words[1] == "as":
+                roots[words[2]] = words[0].split(".")[0]
+            elif len(words) == 1:
+                roots[words[0].split(".")[0]] = words[0].split(".")[0]
+    return roots
+
+
 def _trl_aliases(source: str) -> dict[str, str]:
     """{alias: TRL's class} of `from trl import GRPOConfig as TRLGRPOConfig` (from trl or a module of it)."""
-    return {words[2]: words[0] for module, words in _from_imports(source) if module.split(".")[0] == "trl"
-            and len(words) == 3 and words[1] == "as" and words[0] in trl.CONFIG_CLASSES}
+    return {local: name for local, (top, name) in _imported_names(source).items()
+            if top == "trl" and local != name and name in trl.CONFIG_CLASSES}
 
 
 def _imported_from_elsewhere(source: str, names: Collection[str], context: Context) -> set[str]:
@@ -397,14 +492,36 @@ def _imported_from_elsewhere(source: str, names: Collection[str], context: Conte
     GRPOConfig): its calls of them build no TRL configuration. What a module imports from the linted code
     is left to the homonym rule (a project's copy of TRL's class, as SakanaAI/RLT's, is judged as TRL's
     where its module works with TRL)."""
-    found = set()
-    for module, words in _from_imports(source):
-        top = module.split(".")[0]
-        if top == "trl" or module.startswith(".") or top in context.local_names:
-            continue
-        if len(words) == 1 and words[0] in names and words[0] not in context.classes:
-            found.add(words[0])
-    return found
+    return {local for local, (top, name) in _imported_names(source).items()
+            if local == name and local in names and local not in context.classes and _elsewhere(top, context)}
+
+
+def _of_module_from_elsewhere(written: str, roots: Mapping[str, str], context: Context) -> bool:
+    """Whether a call written `module.GRPOConfig` calls the class of a module imported from another library
+    than TRL (`grpo_learner.GRPOConfig` of tunix; `roots`: `_import_roots` of the module)."""
+    root, dot, name = written.partition(".")
+    if not dot or name.rsplit(".", 1)[-1] in context.classes:
+        return False
+    top = roots.get(root)
+    return top is not None and _elsewhere(top, context)
+
+
+_STAR_IMPORT = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import[ \t]+\*", re.MULTILINE)
+
+
+def _binds_name(source: str, roots: Mapping[str, str], name: str) -> bool:
+    """Whether a module binds `name` anywhere (an import, a star import, a class, function or assignment):
+    a call of a name it never binds cannot run (AmazonReviews2023's `GRPOConfig(beta=1.0)` in a branch of a
+    module that never imports it), so it configures nothing."""
+    imported = {words[-1] for _, words in _from_imports(source) if words}  # relative imports too
+    return (name in roots or name in imported or bool(_STAR_IMPORT.search(source))
+            or re.search(rf"^[ \t]*(?:class|def)[ \t]+{re.escape(name)}\b|\b{re.escape(name)}[ \t]*(?::[^=\n]*)?=(?!=)",
+                         source, re.MULTILINE) is not None)
+
+
+def _elsewhere(top: str, context: Context) -> bool:
+    """Whether the top-level package `top` is another library than TRL: not trl, not the linted code."""
+    return top != "trl" and top not in context.local_names
 
 
 def _is_framework_source(definition: ConfigClass, context: Context) -> bool:

@@ -57,6 +57,13 @@ class Judged:
         return self.anchors.get(rule, self.anchor)
 
 
+def shown(key: str, value: str, setting: Setting | None) -> str:
+    """`key=value` as a flag finding names a deciding key, with how it got its value: ` (default)` when left
+    out, the name or option it was set to (`Setting.origin`) when that gave it."""
+    how = " (default)" if setting is None else f" ({setting.origin})" if setting.origin else ""
+    return f"{key}={value}{how}"
+
+
 @functools.cache
 def truthy(value: str) -> bool | None:
     """A YAML, Hydra or command-line boolean; None for anything else."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting
+from klaudit.frameworks.settings import Judged, Setting, shown
 from klaudit.frameworks.versions import Assumed, at_least
 
 NAME = "trl"
@@ -95,7 +95,7 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
             sampling = Sampling.ON_POLICY
         config = Config(loss=Estimator.RATIO_K3 if correction else Estimator.K3, aggregation=aggregation,
                         sampling=sampling)
-    flags = ", ".join([*(f"{key}={value[key]}" + _given(settings.get(key)) for key in DECIDING),
+    flags = ", ".join([*(shown(key, value[key], settings.get(key)) for key in DECIDING),
                        *(f"{key}={settings[key].value}" for key in (STEPS, ACCUMULATION) if key in settings)])
     reuse = ITERATIONS if iterations > 1 or STEPS not in settings else STEPS
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", reuse)) if key in settings}
@@ -112,11 +112,6 @@ def _spans_optimizer_steps(settings: Mapping[str, Setting], fallback: Mapping[st
 
     steps, accumulation = literal(STEPS, "None"), literal(ACCUMULATION, "1")
     return steps is not None and accumulation is not None and steps > 0 and accumulation % steps != 0
-
-
-def _given(setting: Setting | None) -> str:
-    """How a key got its value, for the message: left out, or set to an option whose default it has."""
-    return " (default)" if setting is None else f" ({setting.origin})" if setting.origin else ""
 
 
 def flag_fixes(assumed: Assumed) -> dict[str, tuple[str, str]]:

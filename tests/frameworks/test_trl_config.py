@@ -127,7 +127,8 @@ def test_a_projects_own_class_without_bases_is_a_homonym_too(tmp_path):
 
 
 @pytest.mark.parametrize("imported, expected", [
-    ("from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner", []),  # tunix's class of that name
+    # tunix's class of that name: judged as tunix's (k1 as a loss by default), not as TRL's (k3)
+    ("from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner", [("train.py", 3, "KL001"), ("train.py", 3, "KL008")]),
     ("from trl import GRPOConfig", [("train.py", 3, "KL003"), ("train.py", 3, "KL008")]),
 ])
 def test_a_class_of_trls_name_imported_from_another_library_is_not_trls(tmp_path, imported, expected):
