@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Row, Sampling, defects, scaled_fix
 from klaudit.config import UNDETERMINED_CODE
@@ -243,9 +244,20 @@ def statement_positions(tree: cst.Module, source: str) -> dict[int, Span]:
     try:
         parsed = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
-        return positions
+        return _libcst_positions(tree)
     _pair(tree.body, parsed.body, positions)
     return positions
+
+
+def _libcst_positions(tree: cst.Module) -> dict[int, Span]:
+    """`statement_positions` of code that only LibCST reads (syntax newer than the running Python's, such as
+    an f-string that reuses its quotes on Python 3.11): LibCST's own positions, computed only then."""
+    try:
+        ranges = MetadataWrapper(tree, unsafe_skip_copy=True).resolve(PositionProvider)
+    except RecursionError:
+        return {}
+    return {id(node): (where.start.line, where.start.column + 1, where.end.line, where.end.column + 1)
+            for node, where in ranges.items() if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement))}
 
 
 def _suite(body: cst.BaseSuite | None) -> list[cst.BaseStatement | cst.BaseSmallStatement]:

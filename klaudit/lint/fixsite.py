@@ -8,6 +8,7 @@ wherever what a fix needs is not known, or not known uniquely.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Callable
 
 import libcst as cst
@@ -119,7 +120,11 @@ class FixSite:
 
     def _ast(self) -> ast.Module:
         if self._tree is None:
-            self._tree = python_ast(self.source)  # shared with the syntax check
+            try:
+                self._tree = python_ast(self.source)  # shared with the syntax check
+            except (SyntaxError, ValueError, RecursionError) as error:  # newer syntax that only LibCST reads
+                raise Refused(f"this Python ({sys.version_info.major}.{sys.version_info.minor}) cannot parse "
+                              f"the file to check an edit of it") from error
         return self._tree
 
 

@@ -5,6 +5,7 @@ The real analysis runs here (no stand-in): each case is what a user's tree may h
 
 from __future__ import annotations
 
+import sys
 import time
 
 import libcst
@@ -65,6 +66,19 @@ def test_nesting_is_measured_without_recursion():
 def test_syntax_of_a_newer_python_that_libcst_reads_is_not_a_syntax_error(tmp_path, source):
     assert lint(tmp_path, "newer.py", source)[0] == []
     assert lint(tmp_path, "newer_kl.py", "kl = 1\n" + source)[0] == []
+
+
+def test_a_kl_loss_beside_newer_syntax_is_reported_where_it_is(tmp_path):
+    """VideoAuto-R1 (twelfth set): one f-string that reuses its quotes (Python 3.12) in a trainer made every
+    finding of the file disappear on Python 3.11, which cannot parse it: the statements had no position.
+    LibCST reads the file; its own positions place the findings, and the fix is refused with the reason."""
+    newer = 'def describe(batch):\n    return f"size {batch["pixel_values"].size(0)}"\n\n\n'
+    _, findings = lint(tmp_path, "trainer.py", newer + K3_LOSS)
+    _, alone = lint(tmp_path, "alone.py", K3_LOSS)  # Python's positions, four lines up
+    assert [(f.code, f.line, f.column, f.end_line, f.end_column) for f in findings] == \
+        [(f.code, f.line + 4, f.column, f.end_line + 4, f.end_column) for f in alone] == [("KL002", 11, 5, 11, 39)]
+    if sys.version_info < (3, 12):
+        assert findings[0].autofix is None and "cannot parse the file" in findings[0].no_autofix
 
 
 @pytest.mark.parametrize("construct", [
