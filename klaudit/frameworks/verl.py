@@ -8,6 +8,11 @@
 - `kl_penalty`'s values: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 clamped to [-10, 10],
   abs -> |log-ratio|; a "+" suffix keeps the value and takes k2's gradient (straight-through:
   k1+, k3+), except for k2 itself. verl 0.8 rejects "+" values (no verdict); 0.9 strips the suffix.
+- the KL loss is trained on stale samples when one rollout feeds several optimizer steps:
+  `actor.ppo_epochs` (default 1) x `data.train_batch_size` (1024) / `actor.ppo_mini_batch_size` (256),
+  both counted in prompts, > 1 (row 22: verl's defaults take four steps per rollout). A batch size set
+  to a value the script computes decides nothing. The KL reward goes through the PPO ratio like the
+  task reward and is judged on-policy, as the lint of verl's code judges it;
 - `distillation.enabled` (default false) adds a loss to a teacher, `kl_penalty(student, teacher,
   distillation_loss.loss_mode)` (default k3): differentiated as a loss, aggregated by `loss_agg_mode`,
   or with `distillation_loss.use_policy_gradient` its negation, detached, is each token's advantage in
@@ -20,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from klaudit.catalog import Aggregation, Config, Estimator, Returns
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, truthy
 from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
 
@@ -38,6 +43,10 @@ KL_KEYS = (USE_KL_LOSS, KL_LOSS_TYPE, LOSS_AGG_MODE, USE_KL_IN_REWARD, KL_PENALT
 KEYS = (*KL_KEYS, ADV_ESTIMATOR)
 DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "token-mean",
             USE_KL_IN_REWARD: "false", KL_PENALTY: "kl", ADV_ESTIMATOR: "gae"}
+# how many optimizer steps one rollout feeds: epochs x train batch / mini-batch, in prompts
+EPOCHS, TRAIN_BATCH, MINI_BATCH = ("actor_rollout_ref.actor.ppo_epochs", "data.train_batch_size",
+                                   "actor_rollout_ref.actor.ppo_mini_batch_size")
+STEP_DEFAULTS = {EPOCHS: "1", TRAIN_BATCH: "1024", MINI_BATCH: "256"}
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
               "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS}
@@ -103,13 +112,32 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     if (use_loss and loss is None) or (use_reward and reward is None):
         return None  # a value this release does not have
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
-    config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
+    steps = _steps_per_rollout(settings) if loss is not None else 1.0
+    config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation,
+                    sampling=Sampling.OFF_POLICY if steps > 1 else Sampling.ON_POLICY)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
     anchor = next(settings[key] for key in (*order, *KEYS) if key in settings)
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
                       for key in KEYS if (key in settings or _relevant(key, loss, reward)))
-    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AGG_MODE), ("KL004", KL_PENALTY)) if key in settings}
+    if steps > 1:
+        flags += "".join(f", {key.rsplit('.', 1)[-1]}=" + (f"{settings[key].value}" if key in settings
+                                                           else f"{default} (default)")
+                         for key, default in STEP_DEFAULTS.items())
+    stale_by = next((settings[key] for key in (MINI_BATCH, EPOCHS, TRAIN_BATCH) if key in settings), None)
+    anchors = {rule: setting for rule, setting in (("KL007", settings.get(LOSS_AGG_MODE)),
+                                                   ("KL004", settings.get(KL_PENALTY)), ("KL008", stale_by))
+               if setting is not None}
     return Judged(config, anchor, flags, anchors)
+
+
+def _steps_per_rollout(settings: Mapping[str, Setting]) -> float:
+    """The optimizer steps one rollout feeds, epochs x train batch / mini-batch; 1 when a size is computed."""
+    sizes = [number(settings[key].value or "") if key in settings else number(default)
+             for key, default in STEP_DEFAULTS.items()]
+    epochs, train, mini = sizes
+    if epochs is None or train is None or not mini:
+        return 1.0
+    return epochs * max(train / mini, 1.0)
 
 
 DISTILLATION = "distillation.enabled"

@@ -25,6 +25,7 @@ set -x
 python3 -m verl.trainer.main_ppo \\
     algorithm.adv_estimator=grpo \\
     data.train_batch_size=1024 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=1024 \\
 {flags}
     trainer.total_epochs=15 $@
 """
@@ -66,12 +67,34 @@ def test_flags_get_the_catalog_s_verdict(flags, expected):
     assert codes(*flags) == expected
 
 
+@pytest.mark.parametrize("flags, expected", [
+    ([], ["KL002"]),  # the template's one step per rollout
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=256"], ["KL002", "KL008"]),  # four steps: rows 3-4 and 22
+    (["actor_rollout_ref.actor.ppo_epochs=2"], ["KL002", "KL008"]),  # two passes over the rollout
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=2048"], ["KL002"]),  # one step, however large the mini-batch
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=$MINI"], ["KL002"]),  # computed: decides nothing
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl",  # the reward, as verl's code is judged
+      "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.ppo_mini_batch_size=256"], ["KL004"]),
+])
+def test_a_kl_loss_over_several_optimizer_steps_per_rollout_is_off_policy(flags, expected):
+    assert codes("actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
+
+
+def test_verls_default_batch_sizes_take_four_steps_per_rollout():
+    text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True\n"
+    found = lint_config("run.sh", text)
+    assert sorted(f.code for f in found) == ["KL002", "KL008"]
+    stale = next(f for f in found if f.code == "KL008")
+    assert (stale.line, stale.column) == (found[0].line, found[0].column)  # no batch flag here: at the KL flag
+    assert "ppo_epochs=1 (default), train_batch_size=1024 (default), ppo_mini_batch_size=256 (default)" in stale.message
+
+
 def test_the_finding_points_at_the_flag_and_gives_a_flag_change_with_the_beta_conversion():
     text = LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"
                                "    actor_rollout_ref.actor.kl_loss_type=low_var_kl \\\n")
     [finding] = lint_config("run.sh", text)
-    assert (finding.line, finding.column) == (7, 5)
-    assert text.splitlines()[6][finding.column - 1:finding.end_column - 1] == "actor_rollout_ref.actor.kl_loss_type=low_var_kl"
+    assert (finding.line, finding.column) == (8, 5)
+    assert text.splitlines()[7][finding.column - 1:finding.end_column - 1] == "actor_rollout_ref.actor.kl_loss_type=low_var_kl"
     assert finding.message.startswith("low_var_kl differentiated as a loss, batch-token-mean")
     assert "loss_agg_mode=token-mean (default)" in finding.message
     assert "algorithm.kl_penalty=kl" in finding.fix and "kl_loss_coef / (mean response length)" in finding.fix
@@ -88,8 +111,8 @@ def test_shell_variables_are_resolved_and_the_assignment_is_reported():
     settings = shell_overrides(text)
     assert settings["actor_rollout_ref.actor.kl_loss_type"].value == "k2"
     assert settings["actor_rollout_ref.actor.kl_loss_type"].line == 2
-    [finding] = lint_config("run.sh", text)
-    assert (finding.code, finding.line) == ("KL003", 2)
+    # verl's default batch sizes: four optimizer steps per rollout, so KL008 too, at the estimator's line
+    assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL003", 2), ("KL008", 2)]
 
 
 def test_a_variable_defaulted_from_the_environment_takes_its_default():
@@ -108,7 +131,7 @@ def test_a_variable_defaulted_from_the_environment_takes_its_default():
     settings = shell_overrides(text)
     assert (settings["algorithm.adv_estimator"].value, settings["algorithm.adv_estimator"].line) == ("gae", 1)
     assert settings["critic.kl_type"].value is None  # an empty default says nothing
-    assert [f.code for f in lint_config("run.sh", text)] == ["KL006"]
+    assert [f.code for f in lint_config("run.sh", text)] == ["KL006", "KL008"]  # verl's default batch sizes
 
 
 def test_comments_and_unknown_values_decide_nothing():
@@ -130,9 +153,9 @@ def test_yaml_nested_keys_and_run_blocks():
     settings = yaml_settings(config)
     assert settings["actor_rollout_ref.actor.kl_loss_type"].value == "k3"
     assert settings["actor_rollout_ref.actor.kl_loss_type"].line == 4
-    assert [(f.code, f.line) for f in lint_config("c.yaml", config)] == [("KL002", 4)]
+    assert [(f.code, f.line) for f in lint_config("c.yaml", config)] == [("KL002", 4), ("KL008", 4)]
     task = "run: |\n  python -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True\n"
-    assert [(f.code, f.line) for f in lint_config("task.yaml", task)] == [("KL002", 2)]
+    assert [(f.code, f.line) for f in lint_config("task.yaml", task)] == [("KL002", 2), ("KL008", 2)]
     assert lint_config("broken.yaml", "a: [\n") == []
     deep = "actor_rollout_ref.actor.use_kl_loss: true\na: " + "[" * 5000 + "]" * 5000 + "\n"
     assert yaml_settings(deep) == {}  # nested past the YAML parser's recursion: read as unreadable
@@ -140,13 +163,14 @@ def test_yaml_nested_keys_and_run_blocks():
 
 def test_the_lint_reads_launch_scripts_and_yaml_and_honours_noqa(tmp_path):
     (tmp_path / "run.sh").write_text(LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"))
-    (tmp_path / "quiet.sh").write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True  # noqa: KL002\n")
+    (tmp_path / "quiet.sh").write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True  "
+                                       "# noqa: KL002, KL008\n")
     (tmp_path / "other.sh").write_text("echo training\n")
     (tmp_path / "c.yml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n    kl_loss_type: kl\n")
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert result.errors == []
     assert sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings) == [
-        ("c.yml", 4, "KL001"), ("run.sh", 6, "KL002")]
+        ("c.yml", 4, "KL001"), ("c.yml", 4, "KL008"), ("run.sh", 7, "KL002")]
     assert result.files_checked == 4
 
 
@@ -173,7 +197,9 @@ def test_the_flag_table_agrees_with_the_lint_of_verl_shaped_code(fixture, switch
     from_code = _codes_by_switch_value(FIXTURES / fixture, switch)
     assert len(from_code) >= 3
     for value, codes_in_code in from_code.items():
-        from_flag = {f.code for f in lint_config("run.sh", "python3 -m verl.trainer.main_ppo " + flags.format(value))}
+        one_step = "data.train_batch_size=256 "  # one optimizer step per rollout, as the fixtures' steps take
+        from_flag = {f.code for f in lint_config("run.sh", "python3 -m verl.trainer.main_ppo " + one_step
+                                                 + flags.format(value))}
         assert from_flag == codes_in_code, value
 
 
@@ -183,11 +209,12 @@ def test_a_defaults_list_brings_in_a_sibling_config_at_its_entry(tmp_path):
     (tmp_path / "base.yaml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n    kl_loss_type: mse\n")
     run = tmp_path / "run.yaml"
     run.write_text("defaults:\n  - ppo_trainer\n  - base\n  - _self_\n\nactor_rollout_ref:\n  actor:\n    kl_loss_type: k3\n")
-    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL002", 8)]
+    # verl's default batch sizes take four steps per rollout: KL008 beside each verdict
+    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL002", 8), ("KL008", 8)]
     run.write_text("defaults:\n  - ppo_trainer\n  - base\n")
-    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3)]
+    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3), ("KL008", 3)]
     run.write_text("defaults:\n  - _self_\n  - base\nactor_rollout_ref:\n  actor:\n    kl_loss_type: k3\n")
-    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3)]  # base wins
+    assert [(f.code, f.line) for f in lint_config(str(run), run.read_text())] == [("KL003", 3), ("KL008", 3)]
     (tmp_path / "base.yaml").write_text("defaults:\n  - run\n")  # a cycle is followed a bounded number of times
     lint_config(str(run), run.read_text())  # terminates
 
@@ -208,7 +235,8 @@ def test_a_launch_scripts_config_name_brings_in_the_users_hydra_config(tmp_path)
     (config / "sokoban.yaml").write_text("defaults:\n  - base\n")
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "run.sh"
-    script.write_text("python train.py --config-name=sokoban actor_rollout_ref.actor.use_kl_loss=True\n")
+    script.write_text("python train.py --config-name=sokoban actor_rollout_ref.actor.use_kl_loss=True "
+                      "actor_rollout_ref.actor.ppo_epochs=1 data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8\n")
     found = lint_config(str(script), script.read_text())
     assert [(f.code, f.line, f.column) for f in found] == [("KL001", 1, 17)]
     assert found[0].autofix is None
@@ -218,7 +246,7 @@ def test_a_launch_scripts_config_name_brings_in_the_users_hydra_config(tmp_path)
     assert lint_config(str(script), script.read_text()) == []
     # a config the script names that is not the user's (verl's own ppo_trainer): verl's defaults apply
     script.write_text("python -m verl.trainer.main_ppo --config-name ppo_trainer actor_rollout_ref.actor.use_kl_loss=True\n")
-    assert [f.code for f in lint_config(str(script), script.read_text())] == ["KL002"]
+    assert [f.code for f in lint_config(str(script), script.read_text())] == ["KL002", "KL008"]
 
 
 def test_a_script_of_several_runs_keeps_its_verdict_when_one_run_sets_a_zero_coefficient():
@@ -226,7 +254,8 @@ def test_a_script_of_several_runs_keeps_its_verdict_when_one_run_sets_a_zero_coe
     configuration, read as its last values: the zero of one run does not switch the others' KL off."""
     run = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True "
            "actor_rollout_ref.actor.kl_loss_type=kl actor_rollout_ref.actor.kl_loss_coef={coef} &\n")
-    assert [f.code for f in lint_config("all.sh", run.format(coef="0.001") + run.format(coef="0.000"))] == ["KL001"]
+    assert [f.code for f in lint_config("all.sh", run.format(coef="0.001") + run.format(coef="0.000"))] == [
+        "KL001", "KL008"]  # verl's default batch sizes: four steps per rollout
     assert [f.code for f in lint_config("nokl.sh", run.format(coef="0.000"))] == []
 
 
