@@ -18,7 +18,9 @@ semantics it applied. In order:
    (`klaudit/frameworks/commits/<name>.txt`, written by scripts/framework_commits.py). A development
    version (`0.18.0.dev0`) lies between two releases (0.17 and 0.18): only what both agree on is
    reported. A commit the table lacks (a fork's, or a newer one) names no release;
-4. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
+4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
+   newest known release it allows, the one pip installs;
+5. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found.
 
 A version found that klaudit does not know is read as the latest known release before it.
@@ -150,6 +152,8 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
                 found[name] = Assumed(_known(name, version), f"{version} in {where}")
         for name, (where, commit) in _git_commit_pins(directory).items():
             found.setdefault(name, _at_commit(name, commit, where))
+        for name, (known, specifier, where) in _bounded(directory).items():
+            found.setdefault(name, Assumed(known, f"{specifier} in {where}: the newest release it allows"))
     return found
 
 
@@ -371,7 +375,8 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     pinned: dict[str, tuple[str, str]] = {}
     for where, text in _dependency_texts(directory):
         for name in KNOWN:
-            match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)", text or "")
+            match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])",
+                              text or "")  # not a prefix (`==0.18.*`: a bound)
             if match is not None:
                 pinned.setdefault(name, (match.group(1), where))
             tag = _git_ref(name, text)
@@ -384,6 +389,55 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
             if match is not None:
                 pinned.setdefault(name, (match.group(1), lock))
     return pinned
+
+
+_CLAUSE = r"(?:===?|~=|!=|<=?|>=?)\s*[\w.*]+"
+
+
+def _bounded(directory: Path) -> dict[str, tuple[str, str, str]]:
+    """{framework: (the newest known release it allows, the specifier, file)} for a dependency bounded from
+    above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`): pip installs the newest release that
+    satisfies it. A lower bound alone says nothing the default does not."""
+    bounded: dict[str, tuple[str, str, str]] = {}
+    for where, text in _dependency_texts(directory):
+        for name in KNOWN:
+            match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*"
+                              rf"(?P<specifier>{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)", text or "")
+            if match is None:
+                continue
+            clauses = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip()) for part in match.group("specifier").split(",")]
+            parsed = [(clause.group(1), clause.group(2)) for clause in clauses if clause is not None]
+            if not any(operator in ("<", "<=", "~=") or version.endswith("*") for operator, version in parsed):
+                continue
+            allowed = [known for index, known in enumerate(KNOWN[name])
+                       if all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+            if allowed:
+                bounded.setdefault(name, (allowed[-1], f"{distribution(name)}{match.group('specifier')}", where))
+    return bounded
+
+
+def _allows(operator: str, version: str, known: str, later: tuple[str, ...]) -> bool:
+    """Whether the releases of the line of `known` (up to the next known, `later[0]`) include one that
+    satisfies `operator version`."""
+    if _RELEASE.match(version) is None:
+        return True  # not a version this reads: no constraint
+    start, end = release(known), release(later[0]) if later else None
+    if version.endswith("*") or operator == "~=":  # a prefix: ==0.15.* is >=0.15.0,<0.16.0; ~=0.15.0 likewise
+        parts = [int(part) for part in re.findall(r"\d+", version)]
+        lowest = release(version)
+        kept = parts[:-1] if operator == "~=" and len(parts) > 1 else parts
+        above = (*kept[:-1], kept[-1] + 1, 0, 0)[:3] if kept else (10**9, 0, 0)
+        return (end is None or end > lowest) and start < above
+    wanted = release(version)
+    if operator in (">=", ">"):
+        return end is None or end > wanted
+    if operator == "<":
+        return start < wanted
+    if operator == "<=":
+        return start <= wanted
+    if operator in ("==", "==="):
+        return start <= wanted and (end is None or wanted < end)
+    return True  # != excludes one release, not a line
 
 
 def _git_commit_pins(directory: Path) -> dict[str, tuple[str, str]]:

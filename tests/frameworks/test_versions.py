@@ -52,6 +52,35 @@ def test_pins_are_validated_and_a_bad_one_exits_2(tmp_path):
     assert result.exit_code == 2 and "unknown framework `deepspeed`" in result.output
 
 
+@pytest.mark.parametrize("requirement, expected", [
+    ("trl>=0.15.0,<0.16.0", "0.15"),  # xling-grpo-sub3b (twelfth set)
+    ("trl >= 0.14, < 0.20", "0.19"),
+    ("trl<=0.17.2", "0.17"),
+    ("trl~=0.15.0", "0.15"),  # >=0.15.0, ==0.15.*
+    ("trl~=0.15", "0.29"),  # >=0.15, ==0.*: the newest 0.x
+    ("trl==0.18.*", "0.18"),
+    ("trl>=0.14.0", None),  # a lower bound alone: the default, stated by nothing
+    ("trl<0.10", None),  # no known release allowed
+    ("google-tunix>=0.1.4,<0.1.7", "0.1.4"),  # tunix by patch releases: 0.1.4 to 0.1.6 judged as 0.1.4
+])
+def test_a_dependency_bounded_from_above_is_the_newest_release_it_allows(tmp_path, requirement, expected):
+    (tmp_path / "requirements.txt").write_text(f"torch\n{requirement}  # the trainer\n")
+    found = detect([tmp_path])
+    name = "tunix" if "tunix" in requirement else "trl"
+    if expected is None:
+        assert name not in found
+    else:
+        assert found[name].version == expected
+        assert found[name].source.endswith("in requirements.txt: the newest release it allows")
+
+
+def test_an_exact_pin_beats_a_bound_and_a_bound_beats_nothing(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["trl>=0.15,<0.17"]\n')
+    assert detect([tmp_path])["trl"] == Assumed("0.16", "trl>=0.15,<0.17 in pyproject.toml: the newest release it allows")
+    (tmp_path / "requirements.txt").write_text("trl==0.15.2\n")
+    assert detect([tmp_path])["trl"] == Assumed("0.15", "0.15.2 in requirements.txt")
+
+
 def test_a_tunix_checkout_states_its_release_under_its_distribution_name(tmp_path):
     """tunix is installed as google-tunix; its checkout's tunix/__init__.py reads the version from metadata."""
     (tmp_path / "tunix").mkdir()
