@@ -382,7 +382,9 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     """The findings of the framework configuration objects a Python module builds or defines (`module`:
     its LibCST tree where it was parsed)."""
     context = context or Context()
-    return _trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
+    found = _trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
+    unique = {(f.line, f.column, f.code): f for f in reversed(found)}  # two calls of one dict: one report
+    return [f for f in found if unique[(f.line, f.column, f.code)] is f]
 
 
 def _trl_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from klaudit.frameworks.kwargs_dicts import built_dict
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
 from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import python_ast
@@ -71,14 +72,20 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                else start + name_length)
         return Setting(value, node.lineno, start, end)
 
-    def keyword_setting(keyword: ast.keyword, parameters: Mapping[str, Default]) -> Setting:
-        assert keyword.arg is not None
-        value = _python_literal(keyword.value, text)
+    def value_setting(span: ast.AST, key: str, written: ast.expr | None, parameters: Mapping[str, Default]) -> Setting:
+        """The setting of `key` given the value `written` (None: unknown) at `span`."""
+        value = None if written is None else _python_literal(written, text)
         default = None
-        if value is None and isinstance(keyword.value, (ast.Name, ast.Attribute)):
-            default = resolve(_dotted(keyword.value), parameters, options or Options(), path)
-        found = setting(keyword, value if default is None else default.value, len(keyword.arg))
+        if value is None and isinstance(written, (ast.Name, ast.Attribute)):
+            default = resolve(_dotted(written), parameters, options or Options(), path)
+        found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
         return found if default is None else replace(found, origin=default.origin)
+
+    def scope_of(call: ast.Call) -> ast.AST:
+        """The innermost function holding `call`, else the module."""
+        holding = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and node.lineno <= call.lineno <= (node.end_lineno or node.lineno)]
+        return max(holding, key=lambda node: node.lineno, default=tree)
 
     functions: list[tuple[int, int, dict[str, Default | None]]] | None = None  # read at the first keyword set to a name
     constants: dict[str, Default] = {}
@@ -88,15 +95,19 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             name = _called_name(node.func, names, text)
             if name is None:
                 continue
+            splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
+            built = (built_dict(scope_of(node), splats[0].id, node)
+                     if len(splats) == 1 and isinstance(splats[0], ast.Name) else None)
+            named = [(keyword, keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg is not None]
+            given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
-            if any(isinstance(keyword.value, ast.Name) for keyword in node.keywords):
+            if any(isinstance(value, (ast.Name, ast.Attribute)) for _, _, value in given):
                 if functions is None:
                     functions, constants = _function_parameters(tree, text), _module_constants(tree, text)
                 parameters = _enclosing(constants, functions, node.lineno)
-            settings = {keyword.arg: keyword_setting(keyword, parameters)
-                        for keyword in node.keywords if keyword.arg is not None}
+            settings = {key: value_setting(span, key, value, parameters) for span, key, value in given}
             where = setting(node.func, None, len(name))
-            if any(keyword.arg is None for keyword in node.keywords):  # any key not named may come from the mapping
+            if splats and built is None:  # any key not named may come from the mapping
                 unknown = Setting(None, where.line, where.column, where.column)
                 settings = {**{key: unknown for key in keys}, **settings}
             calls.append(ConfigCall(name, where, settings))

@@ -1,5 +1,7 @@
 """Framework configuration calls and classes read from LibCST's tree, with LibCST's positions: the
-fallback of klaudit.frameworks.calls for code Python's own parser cannot read (newer syntax)."""
+fallback of klaudit.frameworks.calls for code Python's own parser cannot read (newer syntax). A dict
+built before a `**` call (klaudit.frameworks.kwargs_dicts) is followed in Python's tree only: here its
+keys are unknown."""
 
 from __future__ import annotations
 

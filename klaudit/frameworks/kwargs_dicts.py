@@ -1,0 +1,146 @@
+"""The keywords a configuration call takes from a dict the code builds before it: `GRPOConfig(**kwargs)`
+after `kwargs = {"beta": config.beta, ...}`, `kwargs.update({...})` and `kwargs["loss_type"] = ...`
+(the twelfth set's KG_GRPO builds its GRPOConfig so, to drop what an older TRL rejects).
+
+Read from Python's tree, in the order of the source, up to the call: one assignment of a dict display
+with string keys (or `dict(key=value, ...)`), then updates and item stores. Anything else that could
+change the dict before the call (another assignment, `pop`, `del`, `|=`, passing it to a function)
+leaves it unknown; a key set twice (in two branches, say) is unknown, the others stay known. An update
+with another dict the scope builds (`kwargs.update(optional)`) takes that dict's entries. The code is
+never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key of the dict: its value as written (None: set more than once), and the node that spans it
+    (where a finding goes)."""
+
+    key: str
+    value: ast.expr | None
+    span: ast.AST
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_READS = frozenset({"get", "items", "keys", "values", "copy"})  # methods that leave the dict as it is
+
+
+def built_dict(scope: ast.AST, name: str, call: ast.AST) -> list[Entry] | None:
+    """The entries of the dict `scope` (a function, or the module) binds to `name` when `call` runs; None
+    when the dict is not known there."""
+    entries: dict[str, Entry] = {}
+    assigned = 0
+    for node in sorted(_before(scope, call), key=_start):
+
+        def other(dict_name: str, at: ast.AST = node) -> list[Entry] | None:
+            return built_dict(scope, dict_name, at) if dict_name != name else None
+
+        found = _change(node, name, other)
+        if found is None:
+            continue
+        if found is _UNKNOWN:
+            return None
+        initial, added = found
+        if initial:
+            assigned += 1
+            entries = {}
+        for entry in added:
+            twice = entry.key in entries and not initial
+            entries[entry.key] = Entry(entry.key, None, entry.span) if twice else entry
+    return list(entries.values()) if assigned == 1 else None
+
+
+_UNKNOWN = object()
+
+
+def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None]):
+    """How `node` changes the dict `name`: None (it does not), _UNKNOWN, or (whether it is the dict's
+    assignment, the entries it sets); `other` gives the entries of another dict of the scope."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id == name:
+                entries = _display(node.value) if node.value is not None and len(targets) == 1 else None
+                return _UNKNOWN if entries is None else (True, entries)
+            if _item_of(target, name) and len(targets) == 1 and node.value is not None:
+                key = target.slice  # type: ignore[attr-defined]
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    return False, [Entry(key.value, node.value, node)]
+                return _UNKNOWN
+        return None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is(node.func.value, name):
+        if node.func.attr in _READS:
+            return None
+        if node.func.attr == "update" and len(node.args) <= 1:
+            argument = node.args[0] if node.args else None
+            given = ([] if argument is None else other(argument.id) if isinstance(argument, ast.Name)
+                     else _display(argument))
+            named = [Entry(k.arg, k.value, k) for k in node.keywords if k.arg is not None]
+            if given is None or len(named) < len(node.keywords):
+                return _UNKNOWN
+            return False, [*given, *named]
+        return _UNKNOWN
+    if isinstance(node, (ast.AugAssign, ast.Delete)):
+        targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
+        return _UNKNOWN if any(_is(t, name) or _item_of(t, name) for t in targets) else None
+    if isinstance(node, ast.Call):  # the dict passed to another function may be changed there
+        arguments = [*node.args, *(keyword.value for keyword in node.keywords if keyword.arg is not None)]
+        return _UNKNOWN if any(_is(argument, name) for argument in arguments) else None
+    return None
+
+
+def _display(node: ast.expr) -> list[Entry] | None:
+    """The entries of `{"beta": 0.04, ...}` or `dict(beta=0.04, ...)`; None for anything else."""
+    if isinstance(node, ast.Dict):
+        keys = [key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None for key in node.keys]
+        if None in keys:
+            return None  # `**other` or a computed key
+        return [Entry(str(key), value, _Span(written, value))  # type: ignore[arg-type]
+                for key, written, value in zip(keys, node.keys, node.values)]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
+        if any(keyword.arg is None for keyword in node.keywords):
+            return None
+        return [Entry(keyword.arg, keyword.value, keyword) for keyword in node.keywords]  # type: ignore[arg-type]
+    return None
+
+
+class _Span(ast.AST):
+    """From a dict display's key to the end of its value: `"beta": config.beta`."""
+
+    def __init__(self, key: ast.expr, value: ast.expr) -> None:
+        super().__init__()
+        self.lineno, self.col_offset = key.lineno, key.col_offset
+        self.end_lineno, self.end_col_offset = value.end_lineno, value.end_col_offset
+
+
+def _is(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _item_of(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Subscript) and _is(node.value, name)
+
+
+def _start(node: ast.AST) -> tuple[int, int]:
+    """Where a node starts; (0, 0) for the nodes without a position (operators, contexts)."""
+    return getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
+
+
+def _before(scope: ast.AST, until: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of `scope`'s own body (not of the functions and classes it defines) that start before
+    `until`, apart from `until` and what it holds."""
+    end = _start(until)
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if node is until or isinstance(node, _SCOPES) or _start(node) >= end:
+            continue
+        if hasattr(node, "lineno"):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))

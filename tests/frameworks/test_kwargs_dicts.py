@@ -1,0 +1,95 @@
+"""A configuration's keywords taken from a dict the code builds before the call (klaudit.frameworks.kwargs_dicts).
+
+KG_GRPO (twelfth set) builds `grpo_kwargs = {..., "beta": config.beta}`, updates it with another dict
+holding `num_iterations` and `loss_type`, and calls `GRPOConfig(**grpo_kwargs)`: with the dataclass
+defaults beta 0.02, num_iterations 2 and TRL 1.16's bias correction that is ratio*k3 as a loss (row 2,
+KL003) on reused samples with token ratios only (row 23, KL008), reported at the dict's entries.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.lint.engine import lint_paths
+
+KG_GRPO = '''\
+from dataclasses import dataclass
+from trl import GRPOConfig
+
+
+@dataclass
+class TrainingConfig:
+    beta: float = 0.02
+    num_iterations: int = 2
+    use_vllm: bool = False
+
+
+def build(config: TrainingConfig, output_dir: str) -> GRPOConfig:
+    grpo_kwargs = {
+        "output_dir": output_dir,
+        "beta": config.beta,
+    }
+    optional = {"num_iterations": config.num_iterations}
+    grpo_kwargs.update(optional)
+    if config.use_vllm:
+        grpo_kwargs["use_vllm"] = True
+    if grpo_kwargs.get("use_vllm", False):
+        grpo_kwargs["generation_kwargs"] = {"a": 1}
+    else:
+        grpo_kwargs["generation_kwargs"] = {"b": 1}
+    try:
+        return GRPOConfig(**grpo_kwargs)
+    except TypeError:
+        grpo_kwargs.pop("num_iterations", None)
+        return GRPOConfig(**grpo_kwargs)
+'''
+
+
+def _found(tmp_path, source):
+    (tmp_path / "train.py").write_text(source)
+    return [(f.line, f.code) for f in lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings]
+
+
+def test_a_dict_built_with_updates_and_item_stores_gives_the_keywords(tmp_path):
+    # the second call, after the pop in the except clause, takes a dict that is no longer known: no report
+    assert _found(tmp_path, KG_GRPO) == [(15, "KL003"), (17, "KL008")]
+
+
+@pytest.mark.parametrize("change", [
+    '    grpo_kwargs.pop("beta")\n',  # removed before the call
+    "    log(grpo_kwargs)\n",  # handed to a function, which may change it
+    "    grpo_kwargs |= other\n",
+    '    del grpo_kwargs["beta"]\n',
+    "    grpo_kwargs = dict(other)\n",  # bound again to what is not read
+])
+def test_a_dict_changed_in_a_way_not_read_is_unknown(tmp_path, change):
+    source = KG_GRPO.replace("    try:\n", change + "    try:\n", 1)
+    assert _found(tmp_path, source) == []
+
+
+def test_a_key_set_twice_is_unknown_and_the_others_stay_known(tmp_path):
+    source = textwrap.dedent('''\
+        from trl import GRPOConfig
+
+
+        def build(fast):
+            kwargs = dict(num_iterations=1)
+            if fast:
+                kwargs["beta"] = 0.0
+            else:
+                kwargs["beta"] = 0.1
+            kwargs["loss_type"] = "grpo"
+            return GRPOConfig(**kwargs)
+        ''')
+    assert _found(tmp_path, source) == []  # beta, 0.0 or 0.1, decides whether there is a KL at all
+    once = source.replace('        kwargs["beta"] = 0.0\n', "        pass\n")
+    assert _found(tmp_path, once) == [(9, "KL003"), (10, "KL007")]  # the loss_type entry carries KL007
+
+
+def test_a_module_level_dict(tmp_path):
+    source = 'from trl import GRPOConfig\n\nSETTINGS = {"beta": 0.04, "use_bias_correction_kl": False}\n' \
+             "config = GRPOConfig(**SETTINGS)\n"
+    assert _found(tmp_path, source) == [(3, "KL002")]
