@@ -76,6 +76,7 @@ class Context:
     roots: tuple[str, ...] = ()  # the linted folders, resolved: a search for the project's own files stops there
     local_names: frozenset[str] = frozenset()  # the folder and module names of the linted sources' paths
     options: Options = field(default_factory=Options)  # the project's own options
+    trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -118,7 +119,28 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     `configs`."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
     return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
-                   options=option_defaults({**(others or {}), **sources}, configs))
+                   options=option_defaults({**(others or {}), **sources}, configs), trl_sections=splatted_sections(sources))
+
+
+# `GRPOConfig(..., **cfg["grpo"])`, `**dict(config.get("grpo"))`; or `kwargs = dict(cfg["grpo"])` then `**kwargs`
+_SECTION = r"""(?:dict\(\s*)?[\w.]+(?:\[\s*["'](\w+)["']\s*\]|\.get\(\s*["'](\w+)["'])"""
+_SPLAT = re.compile(rf"\bGRPOConfig\((?:[^()]|\([^()]*\))*?\*\*\s*(?:{_SECTION}|(\w+)\b)")
+_SECTION_ASSIGNED = re.compile(rf"^[ \t]*(\w+)[ \t]*(?::[^=\n]*)?=[ \t]*{_SECTION}", re.MULTILINE)
+
+
+def splatted_sections(sources: Mapping[str, str]) -> frozenset[str]:
+    """The YAML sections the code builds TRL's GRPOConfig from, `GRPOConfig(**dict(cfg["grpo"]))` (the twelfth
+    fresh set's xling-grpo-sub3b, whose YAML files hold a `grpo:` section each), read from the text alone."""
+    found: set[str] = set()
+    for text in sources.values():
+        if "GRPOConfig" not in text or "**" not in text:
+            continue
+        assigned = {match.group(1): match.group(2) or match.group(3) for match in _SECTION_ASSIGNED.finditer(text)}
+        for match in _SPLAT.finditer(text):
+            section = match.group(1) or match.group(2) or assigned.get(match.group(3) or "")
+            if section:
+                found.add(section)
+    return frozenset(found)
 
 
 _CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
@@ -200,6 +222,7 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
         found += _easyr1(path, values)
         found += _trl_recipe(path, values, context, text)
+        found += _trl_sections(path, values, context, text)
         if "tunix" in text or "tunix" in _within_roots(path, context):  # a config of tunix's command line
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
@@ -343,6 +366,19 @@ def _tunix(path: str, learner: str, settings: Mapping[str, Setting], context: Co
                                                    clamped=judged[1])
 
     return _agreed(context.release(tunix.NAME, path), judged_by)
+
+
+def _trl_sections(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:
+    """The sections of a YAML file that the linted code builds TRL's GRPOConfig from (`Context.trl_sections`),
+    when one sets a key that decides the KL: each judged as a GRPOConfig of those keywords."""
+    found: list[Finding] = []
+    for section in sorted(context.trl_sections):
+        settings = {key.removeprefix(f"{section}."): setting for key, setting in values.items()
+                    if key.startswith(f"{section}.") and key.removeprefix(f"{section}.") in trl.KEYS}
+        if set(settings) & set(trl.DECIDING):
+            anchor = settings.get(trl.BETA) or min(settings.values(), key=lambda setting: (setting.line, setting.column))
+            found += _trl(path, settings, context, anchor, text=text, style="yaml")
+    return found
 
 
 def _within_roots(path: str, context: Context) -> str:

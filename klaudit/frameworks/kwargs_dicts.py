@@ -1,6 +1,6 @@
 """The keywords a configuration call takes from a dict the code builds before it: `GRPOConfig(**kwargs)`
 after `kwargs = {"beta": config.beta, ...}`, `kwargs.update({...})` and `kwargs["loss_type"] = ...`
-(the twelfth set's KG_GRPO builds its GRPOConfig so, to drop what an older TRL rejects).
+(the twelfth fresh set's KG_GRPO builds its GRPOConfig so, to drop what an older TRL rejects).
 
 Read from Python's tree, in the order of the source, up to the call: one assignment of a dict display
 with string keys (or `dict(key=value, ...)`), then updates and item stores. Anything else that could

@@ -371,14 +371,10 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     progress.total = len(files)
     context = for_roots(settings.frameworks, _project_roots(paths))
     notebooks: dict[str, Notebook] = {}
+    configs: list[str] = []  # read once the Python sources are known: a YAML section they build a config from
     for path in files:
         if path.endswith(CONFIG_SUFFIXES) and stdin is None:
-            try:
-                raw.append(_config_analysis(path, context))
-            except OSError as error:
-                result.errors.append(f"{path}: cannot read: {error.strerror}")
-                continue
-            result.files_checked += 1
+            configs.append(path)
             continue
         try:
             if path.endswith(NOTEBOOK_SUFFIX):
@@ -401,6 +397,13 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
     progress.advance(len(files) - len(sources) - len(checked))  # read and pre-filtered, nothing else to do
     context = with_code(context, sources, checked, (path for path in files if path.endswith(CONFIG_SUFFIXES)))
+    for path in configs:
+        try:
+            raw.append(_config_analysis(path, context))
+        except OSError as error:
+            result.errors.append(f"{path}: cannot read: {error.strerror}")
+            continue
+        result.files_checked += 1
     raw.extend(_analyse_all(sources, _project_roots(paths), jobs, limits, context, progress, checked))
 
     for analysis in raw:

@@ -1,6 +1,6 @@
 """A configuration's keywords taken from a dict the code builds before the call (klaudit.frameworks.kwargs_dicts).
 
-KG_GRPO (twelfth set) builds `grpo_kwargs = {..., "beta": config.beta}`, updates it with another dict
+KG_GRPO (twelfth fresh set) builds `grpo_kwargs = {..., "beta": config.beta}`, updates it with another dict
 holding `num_iterations` and `loss_type`, and calls `GRPOConfig(**grpo_kwargs)`: with the dataclass
 defaults beta 0.02, num_iterations 2 and TRL 1.16's bias correction that is ratio*k3 as a loss (row 2,
 KL003) on reused samples with token ratios only (row 23, KL008), reported at the dict's entries.

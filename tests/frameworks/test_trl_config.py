@@ -196,3 +196,28 @@ def test_trls_class_imported_under_an_alias_is_read():
     assert sorted((f.line, f.code) for f in found) == [(4, "KL003"), (4, "KL007")]
     other = source.replace("from trl import", "from mylib import")  # another library's class of that name
     assert lint_python("train.py", cst.parse_module(other), other) == []
+
+
+XLING_TRAINER = """\
+from trl import GRPOConfig, GRPOTrainer
+
+
+def train(cfg, output_dir):
+    grpo_kwargs = dict(cfg["grpo"])
+    attn = grpo_kwargs.pop("attn_implementation", "sdpa")
+    return GRPOConfig(output_dir=output_dir, **grpo_kwargs)
+"""
+
+
+def test_a_yaml_section_the_code_builds_grpoconfig_from_is_judged_where_it_sets_beta(tmp_path):
+    """xling-grpo-sub3b (twelfth fresh set): the trainer splats its YAML's `grpo:` section into GRPOConfig; each
+    YAML file with that section is a configuration. With trl>=0.15.0,<0.16.0 (TRL 0.15: plain k3, the
+    per-sequence token-mean) that is k3 as a loss (row 3, KL002) with 1/L (row 21, KL007) at `beta:`."""
+    files = {"pyproject.toml": '[project]\nname = "x"\ndependencies = ["trl>=0.15.0,<0.16.0"]\n',
+             "src/train.py": XLING_TRAINER,
+             "configs/en.yaml": "condition: en\ngrpo:\n  learning_rate: 1.0e-6\n  beta: 0.04\n  num_generations: 6\n",
+             "configs/off.yaml": "grpo:\n  beta: 0.0\n",
+             "configs/other.yaml": "sft:\n  beta: 0.04\n"}
+    assert _tree_findings(tmp_path, files) == [("en.yaml", 4, "KL002"), ("en.yaml", 4, "KL007")]
+    files["src/train.py"] = XLING_TRAINER.replace("dict(cfg[\"grpo\"])", "dict(cfg[\"training\"])")
+    assert _tree_findings(tmp_path, files) == []  # a section no code builds GRPOConfig from

@@ -53,7 +53,7 @@ def test_pins_are_validated_and_a_bad_one_exits_2(tmp_path):
 
 
 @pytest.mark.parametrize("requirement, expected", [
-    ("trl>=0.15.0,<0.16.0", "0.15"),  # xling-grpo-sub3b (twelfth set)
+    ("trl>=0.15.0,<0.16.0", "0.15"),  # xling-grpo-sub3b (twelfth fresh set)
     ("trl >= 0.14, < 0.20", "0.19"),
     ("trl<=0.17.2", "0.17"),
     ("trl~=0.15.0", "0.15"),  # >=0.15.0, ==0.15.*

@@ -69,7 +69,7 @@ def test_syntax_of_a_newer_python_that_libcst_reads_is_not_a_syntax_error(tmp_pa
 
 
 def test_a_kl_loss_beside_newer_syntax_is_reported_where_it_is(tmp_path):
-    """VideoAuto-R1 (twelfth set): one f-string that reuses its quotes (Python 3.12) in a trainer made every
+    """VideoAuto-R1 (twelfth fresh set): one f-string that reuses its quotes (Python 3.12) in a trainer made every
     finding of the file disappear on Python 3.11, which cannot parse it: the statements had no position.
     LibCST reads the file; its own positions place the findings, and the fix is refused with the reason."""
     newer = 'def describe(batch):\n    return f"size {batch["pixel_values"].size(0)}"\n\n\n'
