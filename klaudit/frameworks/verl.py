@@ -68,13 +68,16 @@ FIXES = {
     "KL004": f"{KL_PENALTY}=kl (k1 values in the reward, unbiased with any of verl's advantage estimators)",
     "KL006": f"{USE_KL_LOSS}=False: the k1 reward alone is the whole KL gradient",
     "KL007": f"{LOSS_AGG_MODE}=token-mean (about the same scale; seq-mean-token-sum-norm divides by a constant)",
+    "KL008": (f"one optimizer step per rollout: {MINI_BATCH} equal to {TRAIN_BATCH}, with {EPOCHS}=1; or "
+              "per-decision importance weights in a loss of your own: klaudit.estimators.kl_penalty(log_prob, "
+              "ref_log_prob, response_mask, old_logprobs=old_log_prob).loss (R-F)"),
 }
 
 # The fixes that are one flag's value, at the flag where the file sets it (the others change the
 # KL's placement, whose coefficient conversion depends on the response length: no mechanical fix).
 FLAG_FIXES = {"KL004": (KL_PENALTY, "kl"), "KL007": (LOSS_AGG_MODE, "token-mean")}
-NO_FLAG_FIX = ("moving verl's KL from the loss into the reward changes its scale by the mean response length, "
-               "which no flag change can keep: set the flags of the help by hand")
+NO_FLAG_FIX = ("the help changes more than one flag (the KL's placement, whose scale changes by the mean response "
+               "length, or the batch sizes): set the flags of the help by hand")
 
 
 def runs_with_kl(text: str) -> frozenset[str]:

@@ -87,6 +87,7 @@ def test_verls_default_batch_sizes_take_four_steps_per_rollout():
     stale = next(f for f in found if f.code == "KL008")
     assert (stale.line, stale.column) == (found[0].line, found[0].column)  # no batch flag here: at the KL flag
     assert "ppo_epochs=1 (default), train_batch_size=1024 (default), ppo_mini_batch_size=256 (default)" in stale.message
+    assert "ppo_mini_batch_size equal to data.train_batch_size" in stale.fix and "old_logprobs=" in stale.fix
 
 
 def test_the_finding_points_at_the_flag_and_gives_a_flag_change_with_the_beta_conversion():
