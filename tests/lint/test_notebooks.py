@@ -72,7 +72,8 @@ def test_a_shell_line_goes_on_over_trailing_backslashes_and_is_linted_as_one_com
     assert book.code.splitlines() == ["pass", "", "", "", "x = 1"]
     assert book.shell.splitlines()[3] == " actor_rollout_ref.actor.kl_loss_type=low_var_kl"
     findings = lint(tmp_path, notebook(("code", launch))).findings
-    assert [(f.line, f.code) for f in findings] == [(4, "KL002")], findings  # at the loss type; no KL000 on the option lines
+    # at the loss type (and KL008: verl's default batch sizes take four steps per rollout); no KL000 on the option lines
+    assert [(f.line, f.code) for f in findings] == [(4, "KL002"), (4, "KL008")], findings
 
 
 def test_python_rules_and_framework_flags_in_cells(tmp_path):
@@ -81,17 +82,17 @@ def test_python_rules_and_framework_flags_in_cells(tmp_path):
     result = lint(tmp_path, text)
     assert result.errors == []
     found = sorted((f.line, f.code, f.message.split(":", 1)[0]) for f in result.findings)
-    assert found == [(6, "KL001", "cell 3, line 5"), (8, "KL002", "cell 4, line 1")]
+    assert found == [(6, "KL001", "cell 3, line 5"), (8, "KL002", "cell 4, line 1"), (8, "KL008", "cell 4, line 1")]
     output = CliRunner().invoke(main, ["lint", str(tmp_path), "--output-format", "json"]).output
     rows = sorted((item["location"]["row"], item["code"]) for item in json.loads(output))
-    assert rows == [(6, "KL001"), (8, "KL002")]  # the joined code's line: an integer a tool can use
+    assert rows == [(6, "KL001"), (8, "KL002"), (8, "KL008")]  # the joined code's line: an integer a tool can use
     text_output = CliRunner().invoke(main, ["lint", str(tmp_path)]).output
     assert "    loss = (kl * mask).sum() / mask.sum()" in text_output  # the caret under the cell's own line
 
 
 def test_noqa_works_in_cells_and_shell_lines(tmp_path):
     cell = KL_CELL.replace("mask.sum()\n", "mask.sum()  # noqa: KL001\n", 1)
-    text = notebook(("code", cell), ("code", "!python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True  # noqa: KL002"))
+    text = notebook(("code", cell), ("code", "!python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True  # noqa: KL002, KL008"))
     assert lint(tmp_path, text).findings == []
 
 
@@ -108,7 +109,7 @@ def test_broken_notebooks_are_one_kl000(tmp_path):
 def test_a_bash_kernel_s_cells_are_shell_commands(tmp_path):
     text = json.loads(notebook(("code", "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True")))
     text["metadata"] = {"kernelspec": {"name": "bash", "language": "bash"}}
-    assert [f.code for f in lint(tmp_path, json.dumps(text)).findings] == ["KL002"]
+    assert [f.code for f in lint(tmp_path, json.dumps(text)).findings] == ["KL002", "KL008"]
 
 
 def test_a_training_step_written_in_cells_without_functions_is_linted(tmp_path):
