@@ -7,6 +7,11 @@ sequences); without it, and unless `disable_kl`, the trainer subtracts the same 
 the token rewards (`apply_kl_penalty`). `kl_coef` scales either; 0 adds nothing. The estimators are
 verl's: kl -> k1, mse -> k2, abs -> |log-ratio|, low_var_kl -> k3 clamped to [-10, 10].
 
+As in verl, one rollout of `data.rollout_batch_size` prompts (default 512) is split into updates of
+`worker.actor.global_batch_size` prompts (default 256), `worker.actor.ppo_epochs` times (default 1): more
+than one optimizer step per rollout trains the KL loss of the later ones on samples of an older policy
+(row 22).
+
 Only a file that says it is EasyR1's is read: one that sets `algorithm.disable_kl`, a key verl does not have.
 EasyR1's first releases (forks such as Seg-Zero keep them) had the loss switch in the actor's section
 instead: `worker.actor.use_kl_loss` (default true) differentiates `worker.actor.kl_loss_type`
@@ -19,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from klaudit.catalog import Aggregation, Config, Returns
+from klaudit.catalog import Aggregation, Config, Returns, Sampling
 from klaudit.frameworks import verl
-from klaudit.frameworks.settings import Judged, Setting, number, truthy
+from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
 
 NAME = "EasyR1"
 USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, ADV_ESTIMATOR = (
@@ -38,17 +43,22 @@ EARLY_ACTOR_KEYS = (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE, EARLY_KL_LOSS_COEF)  
 EARLY_DEFAULTS = {EARLY_USE_KL_LOSS: "true", EARLY_KL_LOSS_TYPE: "low_var_kl", EARLY_KL_LOSS_COEF: "1e-3",
                   KL_PENALTY: "kl", KL_COEF: "1e-3", ADV_ESTIMATOR: "grpo"}
 AGGREGATIONS = {"token": Aggregation.BATCH_MEAN, "seq": Aggregation.SEQ_MEAN}
+# how many optimizer steps one rollout feeds: epochs x rollout batch / update batch, in prompts
+ROLLOUT_BATCH, UPDATE_BATCH, EPOCHS = ("data.rollout_batch_size", "worker.actor.global_batch_size",
+                                       "worker.actor.ppo_epochs")
+STEP_DEFAULTS = {EPOCHS: "1", ROLLOUT_BATCH: "512", UPDATE_BATCH: "256"}
 
 _TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums the KL "
               f"over the tokens where the token-mean loss averaged it: divide {KL_COEF} by about the mean response length")
 FIXES = {"KL001": _TO_REWARD, "KL002": _TO_REWARD, "KL003": _TO_REWARD, "KL009": _TO_REWARD, "KL010": _TO_REWARD,
          "KL004": f"{KL_PENALTY}: kl (k1 values in the reward, unbiased)",
-         "KL007": f"{LOSS_AVG_MODE}: token (the same scale for a KL about as long as the responses)"}
+         "KL007": f"{LOSS_AVG_MODE}: token (the same scale for a KL about as long as the responses)",
+         "KL008": f"one optimizer step per rollout: {UPDATE_BATCH} equal to {ROLLOUT_BATCH}, with {EPOCHS}: 1"}
 _EARLY_TO_REWARD = (f"{EARLY_USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums "
                     f"the KL over the tokens where the token-mean loss averaged it: set {KL_COEF} to about "
                     f"{EARLY_KL_LOSS_COEF} / (mean response length)")
 EARLY_FIXES = {**{rule: _EARLY_TO_REWARD for rule in ("KL001", "KL002", "KL003", "KL009", "KL010")},
-               "KL004": FIXES["KL004"]}
+               "KL004": FIXES["KL004"], "KL008": FIXES["KL008"]}
 
 
 def fixes(settings: Mapping[str, Setting]) -> Mapping[str, str]:
@@ -71,11 +81,11 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
         return None
     if disabled or number(str(value[KL_COEF])) == 0.0:
         return None
-    config = _config(value, estimator, use_loss, aggregation)
+    config = _config(value, estimator, use_loss, aggregation, settings)
     anchor = next(settings[key] for key in (KL_PENALTY, USE_KL_LOSS, DISABLE_KL) if key in settings)
     flags = _shown(settings, value, [key for key in KEYS if key in settings or key in (KL_PENALTY, LOSS_AVG_MODE)])
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AVG_MODE), ("KL004", KL_PENALTY)) if key in settings}
-    return Judged(config, anchor, flags, anchors)
+    return Judged(config, anchor, _with_steps(flags, config, settings), {**anchors, **_stale_anchor(settings)})
 
 
 def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
@@ -89,13 +99,13 @@ def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
     estimator = verl.ESTIMATORS.get(str(value[EARLY_KL_LOSS_TYPE] if use_loss else value[KL_PENALTY]))
     if estimator is None or number(str(value[EARLY_KL_LOSS_COEF] if use_loss else value[KL_COEF])) == 0.0:
         return None
-    config = _config(value, estimator, use_loss, Aggregation.BATCH_MEAN)
+    config = _config(value, estimator, use_loss, Aggregation.BATCH_MEAN, settings)
     deciding = (EARLY_KL_LOSS_TYPE, EARLY_USE_KL_LOSS) if use_loss else (KL_PENALTY, EARLY_USE_KL_LOSS)
     anchor = next((settings[key] for key in deciding if key in settings),
                   next(settings[key] for key in EARLY_ACTOR_KEYS if key in settings))
     flags = _shown(settings, value, (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE if use_loss else KL_PENALTY))
     anchors = {"KL004": settings[KL_PENALTY]} if KL_PENALTY in settings and not use_loss else {}
-    return Judged(config, anchor, flags, anchors)
+    return Judged(config, anchor, _with_steps(flags, config, settings), {**anchors, **_stale_anchor(settings)})
 
 
 def _values(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> dict[str, str] | None:
@@ -105,11 +115,32 @@ def _values(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> dic
     return known if len(known) == len(value) else None
 
 
-def _config(value: Mapping[str, str], estimator, use_loss: bool, aggregation: Aggregation) -> Config:
-    """The estimator in the loss (aggregated so) or in the rewards, whose returns the advantage decides."""
+def _config(value: Mapping[str, str], estimator, use_loss: bool, aggregation: Aggregation,
+            settings: Mapping[str, Setting]) -> Config:
+    """The estimator in the loss (aggregated so, off-policy over several steps per rollout) or in the
+    rewards, whose returns the advantage decides."""
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
+    stale = use_loss and steps_per_rollout(settings, STEP_DEFAULTS) > 1
     return Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
-                  aggregation=aggregation)
+                  aggregation=aggregation, sampling=Sampling.OFF_POLICY if stale else Sampling.ON_POLICY)
+
+
+def _with_steps(flags: str, config: Config, settings: Mapping[str, Setting]) -> str:
+    """The flags a finding names, with the batch sizes when they make the KL loss off-policy."""
+    return flags + listed(settings, STEP_DEFAULTS) if config.sampling is Sampling.OFF_POLICY else flags
+
+
+def _stale_anchor(settings: Mapping[str, Setting]) -> dict[str, Setting]:
+    """Where KL008 goes: the epochs when more than one, else the update batch size, else the rollout's,
+    where the file sets one."""
+    order = (EPOCHS, UPDATE_BATCH, ROLLOUT_BATCH) if (number(_value(settings, EPOCHS)) or 1) > 1 else (
+        UPDATE_BATCH, ROLLOUT_BATCH)
+    found = next((settings[key] for key in order if key in settings), None)
+    return {"KL008": found} if found is not None else {}
+
+
+def _value(settings: Mapping[str, Setting], key: str) -> str:
+    return (settings[key].value if key in settings else None) or ""
 
 
 def _shown(settings: Mapping[str, Setting], value: Mapping[str, str], keys) -> str:

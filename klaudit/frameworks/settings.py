@@ -64,6 +64,23 @@ def shown(key: str, value: str, setting: Setting | None) -> str:
     return f"{key}={value}{how}"
 
 
+def steps_per_rollout(settings: Mapping[str, Setting], sizes: Mapping[str, str]) -> float:
+    """The optimizer steps one rollout feeds: epochs x rollout batch / update batch, at least one per epoch;
+    `sizes` maps those three keys, in that order, to the defaults of the keys left out. 1 when a value set
+    is computed (a variable the script does not assign): it decides nothing."""
+    epochs, rollout, update = (number(settings[key].value or "") if key in settings else number(default)
+                               for key, default in sizes.items())
+    if epochs is None or rollout is None or not update:
+        return 1.0
+    return epochs * max(rollout / update, 1.0)
+
+
+def listed(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> str:
+    """`, ppo_epochs=1 (default), train_batch_size=512`: keys by their last name, as set or defaulted."""
+    return "".join(f", {key.rsplit('.', 1)[-1]}=" + (f"{settings[key].value}" if key in settings else f"{default} (default)")
+                   for key, default in defaults.items())
+
+
 @functools.cache
 def truthy(value: str) -> bool | None:
     """A YAML, Hydra or command-line boolean; None for anything else."""

@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting, number, truthy
+from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
 from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
 
 NAME = "verl"
@@ -115,7 +115,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     if (use_loss and loss is None) or (use_reward and reward is None):
         return None  # a value this release does not have
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
-    steps = _steps_per_rollout(settings) if loss is not None else 1.0
+    steps = steps_per_rollout(settings, STEP_DEFAULTS) if loss is not None else 1.0
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation,
                     sampling=Sampling.OFF_POLICY if steps > 1 else Sampling.ON_POLICY)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
@@ -123,24 +123,14 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
                       for key in KEYS if (key in settings or _relevant(key, loss, reward)))
     if steps > 1:
-        flags += "".join(f", {key.rsplit('.', 1)[-1]}=" + (f"{settings[key].value}" if key in settings
-                                                           else f"{default} (default)")
-                         for key, default in STEP_DEFAULTS.items())
-    stale_by = next((settings[key] for key in (MINI_BATCH, EPOCHS, TRAIN_BATCH) if key in settings), None)
+        flags += listed(settings, STEP_DEFAULTS)
+    epochs = settings[EPOCHS].value if EPOCHS in settings else None
+    stale_keys = (EPOCHS, MINI_BATCH, TRAIN_BATCH) if (number(epochs or "") or 1) > 1 else (MINI_BATCH, TRAIN_BATCH)
+    stale_by = next((settings[key] for key in stale_keys if key in settings), None)  # epochs when they cause it
     anchors = {rule: setting for rule, setting in (("KL007", settings.get(LOSS_AGG_MODE)),
                                                    ("KL004", settings.get(KL_PENALTY)), ("KL008", stale_by))
                if setting is not None}
     return Judged(config, anchor, flags, anchors)
-
-
-def _steps_per_rollout(settings: Mapping[str, Setting]) -> float:
-    """The optimizer steps one rollout feeds, epochs x train batch / mini-batch; 1 when a size is computed."""
-    sizes = [number(settings[key].value or "") if key in settings else number(default)
-             for key, default in STEP_DEFAULTS.items()]
-    epochs, train, mini = sizes
-    if epochs is None or train is None or not mini:
-        return 1.0
-    return epochs * max(train / mini, 1.0)
 
 
 DISTILLATION = "distillation.enabled"

@@ -26,7 +26,7 @@ algorithm:
 
 worker:
   actor:
-    global_batch_size: 128
+    global_batch_size: 512
 {actor}"""
 
 
@@ -50,6 +50,20 @@ def test_easyr1_settings_get_the_catalog_s_verdict(arguments, expected):
     assert codes(**arguments) == expected
 
 
+@pytest.mark.parametrize("update, epochs, expected", [
+    ("512", "1", [(8, "KL002")]),  # one optimizer step per rollout
+    ("128", "1", [(8, "KL002"), (13, "KL008")]),  # four: rows 3-4 and 22, at the update batch size
+    ("512", "2", [(8, "KL002"), (14, "KL008")]),  # two passes over the rollout: at ppo_epochs
+])
+def test_several_updates_per_rollout_make_the_kl_loss_off_policy(update, epochs, expected):
+    text = CONFIG.format(loss="true", penalty="low_var_kl", disable="false", coef="1.0e-2",
+                         actor=f"    ppo_epochs: {epochs}\n").replace("global_batch_size: 512", f"global_batch_size: {update}")
+    found = lint_config("examples/config.yaml", text)
+    assert sorted((f.line, f.code) for f in found) == expected
+    stale = [f for f in found if f.code == "KL008"]
+    assert all("global_batch_size equal to data.rollout_batch_size" in f.fix for f in stale)
+
+
 def test_a_verl_config_is_not_read_as_easyr1s():
     """verl's own `algorithm.kl_penalty` (its reward estimator) without EasyR1's `disable_kl` is verl's."""
     text = "algorithm:\n  adv_estimator: grpo\n  kl_penalty: low_var_kl\n  use_kl_in_reward: true\n"
@@ -71,7 +85,7 @@ algorithm:
 
 worker:
   actor:
-    global_batch_size: 16
+    global_batch_size: 512
 {actor}"""
 
 

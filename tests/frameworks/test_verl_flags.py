@@ -80,6 +80,12 @@ def test_a_kl_loss_over_several_optimizer_steps_per_rollout_is_off_policy(flags,
     assert codes("actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
 
 
+def test_kl008_points_at_the_flag_that_makes_the_steps():
+    text = LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n    actor_rollout_ref.actor.ppo_epochs=2 \\\n")
+    stale = next(f for f in lint_config("run.sh", text) if f.code == "KL008")
+    assert text.splitlines()[stale.line - 1].strip().startswith("actor_rollout_ref.actor.ppo_epochs=2")
+
+
 def test_verls_default_batch_sizes_take_four_steps_per_rollout():
     text = "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True\n"
     found = lint_config("run.sh", text)
