@@ -101,9 +101,17 @@ def judge(learner: str, settings: Mapping[str, Setting], assumed: Assumed, ancho
         deciding = (BETA, MODE, AGGREGATION if value[AGGREGATION] else ALGORITHM, ITERATIONS,
                     *((OFF_POLICY_STEPS,) if OFF_POLICY_STEPS in settings else ()))
         anchors = {"KL007": settings.get(AGGREGATION), "KL008": settings.get(reuse)}
-    flags = ", ".join(shown(key, value[key], settings.get(key)) for key in (*deciding, *((CLAMP,) if clamped else ())))
+    flags = ", ".join(_shown(key, value[key], settings.get(key), assumed)
+                      for key in (*deciding, *((CLAMP,) if clamped else ())))
     where = {rule: setting for rule, setting in anchors.items() if setting is not None}
     return Judged(config, settings.get(BETA, anchor), flags, where), clamped
+
+
+def _shown(key: str, value: str, setting: Setting | None, assumed: Assumed) -> str:
+    """A deciding key as a finding names it; one the release does not have yet is its fixed behaviour."""
+    if setting is None and key == MODE and not at_least(assumed, "0.1.7"):
+        return f"{key}={value} (fixed before 0.1.7)"
+    return shown(key, value, setting)
 
 
 def fix(rule: str, _row_fix: str = "") -> str:

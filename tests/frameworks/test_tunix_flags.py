@@ -96,6 +96,13 @@ def test_the_release_decides_the_estimator_and_the_aggregation(tmp_path, pin, ex
     assert [code for _, _, code in found] == expected
 
 
+def test_a_key_the_release_lacks_is_named_as_its_fixed_behaviour(tmp_path):
+    (tmp_path / "requirements.txt").write_text("google-tunix==0.1.5\n")
+    (tmp_path / "train.py").write_text(GRPO.format("GRPOConfig(beta=0.08)"))
+    [first, *_] = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert "kl_loss_mode=low_var_kl (fixed before 0.1.7), loss_agg_mode=sequence-mean-token-mean (default)" in first.message
+
+
 def test_before_0_1_4_gspo_token_averages_per_sequence(tmp_path):
     call = 'GRPOConfig(beta=0.08, loss_algo="gspo-token")'
     found = _codes(tmp_path, {"requirements.txt": "google-tunix==0.1.2\n", "train.py": GRPO.format(call)})
