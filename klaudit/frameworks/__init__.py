@@ -23,11 +23,11 @@ import libcst as cst
 
 from klaudit.catalog import defects
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, openrlhf, trl, tunix, verl
+from klaudit.frameworks import easyr1, openrlhf, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
-from klaudit.frameworks.settings import Judged, Setting, cli_flags, shell_overrides
+from klaudit.frameworks.settings import ConfigCall, Judged, Setting, cli_flags, shell_overrides
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -208,7 +208,8 @@ def mentions_flags(text: str) -> bool:
 def mentions_config_class(source: str, context: Context | None = None) -> bool:
     """The pre-filter for Python files: a framework configuration class is named."""
     return (any(name in source for name in (context or Context()).class_names)
-            or "tunix" in source and any(name in source for name in tunix.CLASSES))
+            or "tunix" in source and any(name in source for name in tunix.CLASSES)
+            or "trl" in source and any(name in source for name in trl_ppo.CLASSES))
 
 
 def lint_config(path: str, text: str, context: Context | None = None) -> list[Finding]:
@@ -418,7 +419,8 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     """The findings of the framework configuration objects a Python module builds or defines (`module`:
     its LibCST tree where it was parsed)."""
     context = context or Context()
-    found = _trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
+    found = (_trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
+             + _trl_ppo_python(path, module, source, context))
     unique = {(f.line, f.column, f.code): f for f in reversed(found)}  # two calls of one dict: one report
     return [f for f in found if unique[(f.line, f.column, f.code)] is f]
 
@@ -456,22 +458,43 @@ def _tunix_python(path: str, module: cst.Module | None, source: str, context: Co
     `grpo_learner.GRPOConfig(...)` of a tunix module."""
     if "tunix" not in source:
         return []
-    direct = {local: name for local, (top, name) in _imported_names(source).items()
-              if top == tunix.NAME and name in tunix.CLASSES}
-    modules = {local for local, top in _import_roots(source).items() if top == tunix.NAME and local not in direct}
+    found: list[Finding] = []
+    for name, call in _calls_of(tunix.NAME, tunix.CLASSES, tunix.KEYS, path, module, source, context):
+        found += _tunix(path, tunix.CLASSES[name], call.settings, context, call.where,
+                        _Fixer(source, "python", tunix.FLAG_FIXES, tunix.NO_FLAG_FIX))
+    return found
+
+
+def _trl_ppo_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
+    """TRL's PPOConfig built in a Python module with a biased estimator for its KL reward."""
+    if "PPOConfig" not in source or "trl" not in source:
+        return []
+    found: list[Finding] = []
+    for _, call in _calls_of("trl", trl_ppo.CLASSES, trl_ppo.KEYS, path, module, source, context):
+        judged = trl_ppo.judge(call.settings)
+        if judged is not None:
+            fixer = _Fixer(source, "python", trl_ppo.flag_fixes(call.settings), trl_ppo.NO_FLAG_FIX)
+            found += _findings(path, judged, trl_ppo.NAME, trl_ppo.fix, fixer)
+    return found
+
+
+def _calls_of(package: str, classes: Collection[str], keys: Iterable[str], path: str, module: cst.Module | None,
+              source: str, context: Context) -> list[tuple[str, ConfigCall]]:
+    """(the class's own name, the call) of each call of one of `classes` that a module imports from `package`
+    by name (`from tunix.rl.grpo.grpo_learner import GRPOConfig as G`) or calls through a module of it
+    (`grpo_learner.GRPOConfig(...)`)."""
+    direct = {local: name for local, (top, name) in _imported_names(source).items() if top == package and name in classes}
+    modules = {local for local, top in _import_roots(source).items() if top == package and local not in direct}
     if not direct and not modules:
         return []
-    names = set(direct) | (set(tunix.CLASSES) if modules else set())
-    calls = read_configs(source, names, tunix.KEYS, path, module, context.options)[0]
-    found: list[Finding] = []
-    for call in calls:
+    names = set(direct) | (set(classes) if modules else set())
+    found = []
+    for call in read_configs(source, names, keys, path, module, context.options)[0]:
         written = _written(source, call.where)
         qualified = "." in written
         if (written.split(".")[0] not in modules) if qualified else (call.name not in direct):
             continue
-        learner = tunix.CLASSES[call.name if qualified else direct[call.name]]
-        found += _tunix(path, learner, call.settings, context, call.where,
-                        _Fixer(source, "python", tunix.FLAG_FIXES, tunix.NO_FLAG_FIX))
+        found.append((call.name if qualified else direct[call.name], call))
     return found
 
 
