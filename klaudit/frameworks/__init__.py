@@ -7,8 +7,8 @@ same codes and words as the findings in Python code, and the fix as a flag chang
 framework has a right one. Known: verl's Hydra flags (launch scripts, YAML), OpenRLHF's
 train_ppo_ray options (launch scripts), TRL's GRPO configuration (`GRPOConfig(...)` and classes
 deriving from it in Python, `trl grpo` command lines and the command lines of scripts that parse
-TRL's GRPOConfig, YAML recipes) and tunix's algorithm configurations (Python calls, the sections of
-its command line's YAML configs and overrides).
+TRL's GRPOConfig, YAML recipes), the estimator of TRL's PPOConfig, and tunix's algorithm configurations
+(Python calls, the sections of its command line's YAML configs and overrides).
 """
 
 from __future__ import annotations
