@@ -349,8 +349,7 @@ def _tunix_cli(path: str, values: Mapping[str, Setting], context: Context, text:
     YAML file or a `tunix.cli.grpo_main` command line sets: each judged as the configuration class it fills."""
     found: list[Finding] = []
     for section, learner in tunix.CLI_SECTIONS.items():
-        settings = {key.removeprefix(f"{section}."): setting for key, setting in values.items()
-                    if key.startswith(f"{section}.") and key.removeprefix(f"{section}.") in tunix.KEYS}
+        settings = _section(values, section, tunix.KEYS)
         if not settings:
             continue
         anchor = min(settings.values(), key=lambda setting: (setting.line, setting.column))
@@ -374,12 +373,18 @@ def _trl_sections(path: str, values: Mapping[str, Setting], context: Context, te
     when one sets a key that decides the KL: each judged as a GRPOConfig of those keywords."""
     found: list[Finding] = []
     for section in sorted(context.trl_sections):
-        settings = {key.removeprefix(f"{section}."): setting for key, setting in values.items()
-                    if key.startswith(f"{section}.") and key.removeprefix(f"{section}.") in trl.KEYS}
+        settings = _section(values, section, trl.KEYS)
         if set(settings) & set(trl.DECIDING):
             anchor = settings.get(trl.BETA) or min(settings.values(), key=lambda setting: (setting.line, setting.column))
             found += _trl(path, settings, context, anchor, text=text, style="yaml")
     return found
+
+
+def _section(values: Mapping[str, Setting], section: str, keys: Collection[str]) -> dict[str, Setting]:
+    """The settings of `keys` below `section` (`grpo_config.beta` as `beta`)."""
+    prefix = f"{section}."
+    return {key.removeprefix(prefix): setting for key, setting in values.items()
+            if key.startswith(prefix) and key.removeprefix(prefix) in keys}
 
 
 def _within_roots(path: str, context: Context) -> str:

@@ -200,11 +200,7 @@ class _Reader(cst.CSTVisitor):
         fields: dict[str, Setting] = {}
         for line in node.body.body if isinstance(node.body, cst.IndentedBlock) else ():
             for statement in line.body if isinstance(line, cst.SimpleStatementLine) else ():
-                target, value = None, None
-                if isinstance(statement, cst.AnnAssign) and statement.value is not None:
-                    target, value = statement.target, statement.value
-                elif isinstance(statement, cst.Assign) and len(statement.targets) == 1:
-                    target, value = statement.targets[0].target, statement.value
+                target, value = _single_assignment(statement)
                 if isinstance(target, cst.Name) and target.value in self.keys and value is not None:
                     fields[target.value] = self._setting(statement, _field_default(value), len(target.value))
         self.definitions.append(ConfigClass(node.name.value, bases, fields, self.path))
