@@ -325,6 +325,15 @@ def _read_tool_table(pyproject: Path) -> Mapping[str, object] | None:
     return table
 
 
+def _may_configure_klaudit(pyproject: Path) -> bool:
+    """Whether the file spells `klaudit` at all: one that does not cannot hold a `[tool.klaudit]` table, so
+    it is not parsed, and a project's own broken TOML (or one klaudit cannot read) stops nothing."""
+    try:
+        return b"klaudit" in pyproject.read_bytes()
+    except OSError:
+        return False
+
+
 def find_pyproject(start: Path) -> tuple[Path, Mapping[str, object]] | None:
     """The nearest pyproject.toml with a `[tool.klaudit]` table, from `start` upwards."""
     directory = start.resolve()
@@ -332,7 +341,7 @@ def find_pyproject(start: Path) -> tuple[Path, Mapping[str, object]] | None:
         directory = directory.parent
     for candidate_dir in (directory, *directory.parents):
         candidate = candidate_dir / "pyproject.toml"
-        table = _read_tool_table(candidate) if candidate.is_file() else None
+        table = _read_tool_table(candidate) if _may_configure_klaudit(candidate) else None
         if table is not None:
             return candidate, table
     return None

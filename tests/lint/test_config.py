@@ -81,6 +81,17 @@ def test_bad_configuration_is_a_clear_error(tmp_path, body, message):
         load_settings([str(tmp_path)])
 
 
+def test_a_pyproject_that_never_names_klaudit_is_not_read(tmp_path):
+    """A project's own pyproject.toml may be invalid TOML (a table declared twice, as one public repository
+    ships it): without the word `klaudit` it holds no table of ours, so the lint goes on with the defaults;
+    the same file naming `tool.klaudit` is still a configuration error."""
+    pyproject(tmp_path, '[project]\nname = "a"\n[project]\nname = "b"\n')
+    assert load_settings([str(tmp_path)]) == Settings()
+    pyproject(tmp_path, '[project]\nname = "a"\n[project]\nname = "b"\n[tool.klaudit]\nselect = ["KL002"]\n')
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_settings([str(tmp_path)])
+
+
 def test_selectors_accept_all_codes_and_prefixes_case_insensitively():
     assert check_selector("all", "x") == "ALL"
     assert check_selector("kl00", "x") == "KL00"
