@@ -190,7 +190,7 @@ def config_of(fact: Fact, kind: SinkKind) -> Config | None:
     )
 
 
-_OPPOSITE = {"==": "!=", ">=": "<", "<=": ">", ">": "<=", "<": ">="}  # ">=" is tried before ">"
+_OPPOSITE = {"==": "!=", ">=": "<", "<=": ">", ">": "<=", "<": ">=", "in": "not in"}  # ">=" is tried before ">"
 
 
 def _switch(labels: Labels) -> str:

@@ -57,6 +57,11 @@ class ConditionFlow(FlowState):
                 known = [f.text for f in facts if f.role == "str" and f.text is not None]
                 name = next((f.name for f in facts if f.role == "str" and f.name), last_name(subject))
                 negate = isinstance(comp.operator, (cst.NotEqual, cst.NotIn))
+                if subject is right and isinstance(comp.operator, (cst.In, cst.NotIn)) and not any(
+                        f.role == "str" for f in facts):
+                    # `"ref_log_prob" in data.batch.keys()`: whether a container holds a key, a switch of its own
+                    container = dotted(right) or cst.Module(body=[]).code_for_node(right)
+                    return (f'"{strings[0]}" in {container}', (not negate,)), None
                 # a value the analysis cannot see beside a known one (`cfg.get("kl_type", "unbias")`) keeps
                 # the comparison a switch
                 if known and not any(f.role == "str" and f.text is None for f in facts):

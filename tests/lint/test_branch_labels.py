@@ -2,6 +2,8 @@
 inside a branch (a loss closure handed to a pipeline) runs under that branch's labels: the KL terms of the
 two branches are judged apart, never paired (ColossalChat's pipeline and non-pipeline paths)."""
 
+import pytest
+
 from klaudit.lint.engine import lint_paths
 from tests.lint.snippets import module_codes
 
@@ -60,3 +62,33 @@ def test_a_test_on_a_computed_value_names_no_switch(tmp_path):
     path.write_text(EMPTY_BATCH_GUARD)
     [finding] = lint_paths([str(path)]).findings
     assert finding.code == "KL002" and "!= 0" not in finding.message and "== 0" not in finding.message
+
+
+KEY_GUARD = '''
+import torch
+
+
+def rewards_of(data, kl_penalty="kl", beta=0.1):
+    scores = data["scores"]
+    if "ref_log_prob" not in data.batch.keys():
+        return scores
+    log_ratio = data["old_log_probs"] - data["ref_log_prob"]
+    if kl_penalty == "k3":
+        kl = torch.exp(-log_ratio) - 1 + log_ratio
+    else:
+        kl = log_ratio
+    token_level_rewards = scores - beta * kl
+    return token_level_rewards
+'''
+
+
+@pytest.mark.parametrize("container, shown", [("data.batch.keys()", '"ref_log_prob" in data.batch.keys()'),
+                                               ("data", '"ref_log_prob" in data')])
+def test_a_key_membership_test_is_named_as_written(tmp_path, container, shown):
+    """`if "ref_log_prob" in data.batch.keys():` (an EasyR1 copy's apply_kl_penalty) tests whether a container
+    holds a key: the finding names the test, where it showed `[="ref_log_prob"]` (a switch with no name) or
+    `[data="ref_log_prob"]` (as if `data` were a string equal to the key)."""
+    path = tmp_path / "rewards.py"
+    path.write_text(KEY_GUARD.replace("data.batch.keys()", container))
+    [finding] = lint_paths([str(path)]).findings
+    assert finding.code == "KL004" and f'[{shown}, kl_penalty="k3"]' in finding.message
