@@ -622,6 +622,8 @@ class _Fixer:
 
     def __call__(self, rule: str, judged: Judged):
         """(Fix or None, why there is none)."""
+        if rule in judged.helps:
+            return None, "the help changes another flag than the one reported here, and the loss's scale: set it by hand"
         if rule not in self.flags:
             return None, self.otherwise
         key, value = self.flags[rule]
@@ -656,5 +658,6 @@ def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str
         message = f"{describe(judged.config)}: {row.explanation} [{framework}: {judged.flags}]"
         autofix, why = fixer(row.rule, judged) if fixer is not None else (None, _NO_FIX_HERE)
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
-                                fix(row.rule, row.fix) or row.fix, autofix=autofix, no_autofix=why))
+                                judged.helps.get(row.rule) or fix(row.rule, row.fix) or row.fix, autofix=autofix,
+                                no_autofix=why))
     return findings

@@ -52,6 +52,8 @@ class Judged:
     anchor: Setting  # the flag a user changes, unless `anchors` names another for a rule
     flags: str
     anchors: Mapping[str, Setting] = field(default_factory=dict)  # rule code -> its flag
+    # rule code -> its help where another flag than the framework's usual one causes it (no flag fix then)
+    helps: Mapping[str, str] = field(default_factory=dict)
 
     def where(self, rule: str) -> Setting:
         return self.anchors.get(rule, self.anchor)

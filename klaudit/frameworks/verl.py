@@ -13,6 +13,10 @@
   both counted in prompts, > 1 (row 22: verl's defaults take four steps per rollout). A batch size set
   to a value the script computes decides nothing. The KL reward goes through the PPO ratio like the
   task reward and is judged on-policy, as the lint of verl's code judges it;
+- before 0.9 the default workers (`trainer.use_legacy_worker_impl` auto) take `token-mean` over the
+  tokens of each micro-batch: with `actor.ppo_micro_batch_size_per_gpu=1` and no `use_dynamic_bsz`, a
+  micro-batch is one response, and its KL (or, in the reward, the policy loss that carries it) is divided
+  by that response's own length (row 21). 0.9's model engine divides by the mini-batch's token count;
 - `distillation.enabled` (default false) adds a loss to a teacher, `kl_penalty(student, teacher,
   distillation_loss.loss_mode)` (default k3): differentiated as a loss, aggregated by `loss_agg_mode`,
   or with `distillation_loss.use_policy_gradient` its negation, detached, is each token's advantage in
@@ -47,6 +51,9 @@ DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "to
 EPOCHS, TRAIN_BATCH, MINI_BATCH = ("actor_rollout_ref.actor.ppo_epochs", "data.train_batch_size",
                                    "actor_rollout_ref.actor.ppo_mini_batch_size")
 STEP_DEFAULTS = {EPOCHS: "1", TRAIN_BATCH: "1024", MINI_BATCH: "256"}
+MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+DYNAMIC_BATCH = "actor_rollout_ref.actor.use_dynamic_bsz"
+LEGACY_WORKERS = "trainer.use_legacy_worker_impl"
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
               "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS}
@@ -72,6 +79,12 @@ FIXES = {
               "per-decision importance weights in a loss of your own: klaudit.estimators.kl_penalty(log_prob, "
               "ref_log_prob, response_mask, old_logprobs=old_log_prob).loss (R-F)"),
 }
+
+# KL007 when the token-mean is over micro-batches of one response (no flag fix: the help changes the mode)
+MICRO_BATCH_FIX = (f"{LOSS_AGG_MODE}=seq-mean-token-sum-norm (each response's sum over a constant, the padded "
+                   "response length: multiply the coefficient by about that length over the mean response length "
+                   f"to keep the strength), or several responses per micro-batch ({MICRO_BATCH}; a token-mean over "
+                   "B responses is still biased, by about 1/B)")
 
 # The fixes that are one flag's value, at the flag where the file sets it (the others change the
 # KL's placement, whose coefficient conversion depends on the response length: no mechanical fix).
@@ -110,6 +123,9 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
     reward = REWARD_ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
     aggregation = AGGREGATIONS.get(value[LOSS_AGG_MODE])
+    per_response = aggregation is Aggregation.BATCH_MEAN and _one_response_per_micro_batch(settings, assumed)
+    if per_response:
+        aggregation = Aggregation.SEQ_MEAN
     if use_loss is None or use_reward is None or aggregation is None or (loss is None and reward is None):
         return None
     if (use_loss and loss is None) or (use_reward and reward is None):
@@ -124,13 +140,28 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
                       for key in KEYS if (key in settings or _relevant(key, loss, reward)))
     if steps > 1:
         flags += listed(settings, STEP_DEFAULTS)
+    if per_response:
+        flags += f", {MICRO_BATCH.rsplit('.', 1)[-1]}=1 (a token-mean over each micro-batch before verl 0.9)"
     epochs = settings[EPOCHS].value if EPOCHS in settings else None
     stale_keys = (EPOCHS, MINI_BATCH, TRAIN_BATCH) if (number(epochs or "") or 1) > 1 else (MINI_BATCH, TRAIN_BATCH)
     stale_by = next((settings[key] for key in stale_keys if key in settings), None)  # epochs when they cause it
-    anchors = {rule: setting for rule, setting in (("KL007", settings.get(LOSS_AGG_MODE)),
+    aggregated_by = settings.get(MICRO_BATCH) if per_response else settings.get(LOSS_AGG_MODE)
+    anchors = {rule: setting for rule, setting in (("KL007", aggregated_by),
                                                    ("KL004", settings.get(KL_PENALTY)), ("KL008", stale_by))
                if setting is not None}
-    return Judged(config, anchor, flags, anchors)
+    helps = {"KL007": MICRO_BATCH_FIX} if per_response else {}
+    return Judged(config, anchor, flags, anchors, helps)
+
+
+def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed) -> bool:
+    """Whether each micro-batch is one response on the workers that average over a micro-batch's tokens:
+    a release before 0.9 on its default workers, `ppo_micro_batch_size_per_gpu=1`, no dynamic batching."""
+    def literal(key: str) -> str | None:
+        return settings[key].value if key in settings else None
+
+    return (not at_least(assumed, "0.9") and number(literal(MICRO_BATCH) or "") == 1
+            and truthy(literal(DYNAMIC_BATCH) or "false") is False
+            and (literal(LEGACY_WORKERS) or "auto").lower() in ("auto", "enable"))
 
 
 DISTILLATION = "distillation.enabled"

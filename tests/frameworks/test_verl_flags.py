@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from klaudit.config import Settings
-from klaudit.frameworks import lint_config
+from klaudit.frameworks import Context, lint_config
 from klaudit.frameworks.settings import shell_overrides, yaml_settings
+from klaudit.frameworks.versions import Assumed
 from klaudit.lint.engine import lint_paths
 
 LAUNCH = """\
@@ -287,3 +288,45 @@ def test_a_script_of_several_runs_keeps_its_verdict_when_one_run_sets_a_zero_coe
 ])
 def test_distillation_flags_are_judged_with_the_teacher_as_the_reference(flags, expected):
     assert codes(*flags) == expected
+
+
+VERL_05 = Context(versions={**Context().versions, "verl": Assumed("0.8", "pinned")})  # a release before 0.9
+
+
+def codes_on(context: Context, *flags: str) -> list[str]:
+    text = LAUNCH.format(flags="".join(f"    {flag} \\\n" for flag in flags))
+    return sorted(f.code for f in lint_config("run.sh", text, context))
+
+
+@pytest.mark.parametrize("flags, expected", [
+    # one response per micro-batch: the token-mean divides each response by its own length (row 21)
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], ["KL002", "KL007"]),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "algorithm.use_kl_in_reward=True",
+      "actor_rollout_ref.actor.use_kl_loss=False", "algorithm.adv_estimator=gae"], ["KL007"]),  # the PG loss carries it
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"], ["KL002"]),  # several responses: no row-21 verdict
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.use_dynamic_bsz=True"],
+     ["KL002"]),  # micro-batches packed by tokens
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.use_legacy_worker_impl=disable"],
+     ["KL002"]),  # the model engine's token-mean counts the mini-batch
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+      "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"], ["KL002"]),  # a constant divisor
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$MICRO"], ["KL002"]),  # computed: decides nothing
+])
+def test_a_token_mean_over_micro_batches_of_one_response_is_a_per_sequence_mean(flags, expected):
+    assert codes_on(VERL_05, "actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
+
+
+def test_verl_09s_engine_averages_over_the_mini_batch_so_one_response_per_micro_batch_is_fine():
+    assert codes("actor_rollout_ref.actor.use_kl_loss=True",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1") == ["KL002"]
+
+
+def test_the_micro_batch_kl007_points_at_the_micro_batch_and_offers_no_flag_edit():
+    text = LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"
+                               "    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \\\n")
+    found = {f.code: f for f in lint_config("run.sh", text, VERL_05)}
+    length = found["KL007"]
+    assert text.splitlines()[length.line - 1].strip().startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    assert "ppo_micro_batch_size_per_gpu=1 (a token-mean over each micro-batch before verl 0.9)" in length.message
+    assert "seq-mean-token-sum-norm" in length.fix and length.autofix is None
+    assert "another flag" in length.no_autofix
