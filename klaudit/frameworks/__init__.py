@@ -33,6 +33,7 @@ from klaudit.frameworks.versions import (
     UNSTATED,
     Assumed,
     assumed_versions,
+    copy_holding,
     detected_near,
     installed_by_notebook,
     vendored,
@@ -246,9 +247,12 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
         several = verl.runs_with_kl(text)
         settings = {key: setting for key, setting in settings.items() if key not in several}
     fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
+    copy = copy_holding(path, verl.DEFAULTS_FILE, context.roots) if path else None
+    legacy_workers = verl.legacy_workers_default(copy[1] if copy else None)
+    kl_reward_applied = text is None or not verl.PRIME_LAUNCH.search(text)
 
     def judged_by(assumed: Assumed) -> list[Finding]:
-        judged = verl.judge(settings, assumed)
+        judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied)
         found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
         distillation = verl.judge_distillation(settings)
         if distillation is not None:

@@ -16,7 +16,10 @@
 - before 0.9 the default workers (`trainer.use_legacy_worker_impl` auto) take `token-mean` over the
   tokens of each micro-batch: with `actor.ppo_micro_batch_size_per_gpu=1` and no `use_dynamic_bsz`, a
   micro-batch is one response, and its KL (or, in the reward, the policy loss that carries it) is divided
-  by that response's own length (row 21). 0.9's model engine divides by the mini-batch's token count;
+  by that response's own length (row 21). 0.9's model engine divides by the mini-batch's token count, and
+  so do the workers of a copy whose `ppo_trainer.yaml` sets `use_legacy_worker_impl: disable`;
+- the PRIME recipe (`recipe.prime.main_prime`) builds its rewards without `use_kl_in_reward`'s penalty:
+  there the KL reward flags do nothing;
 - `distillation.enabled` (default false) adds a loss to a teacher, `kl_penalty(student, teacher,
   distillation_loss.loss_mode)` (default k3): differentiated as a loss, aggregated by `loss_agg_mode`,
   or with `distillation_loss.use_policy_gradient` its negation, detached, is each token's advantage in
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
@@ -106,9 +110,12 @@ def _zero(setting: Setting | None) -> bool:
     return setting is not None and setting.value is not None and number(setting.value) == 0.0
 
 
-def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged | None:
+def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
+          kl_reward_applied: bool = True) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
-    a deciding flag is not a literal the release `assumed` knows."""
+    a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
+    of `trainer.use_legacy_worker_impl`; `kl_reward_applied`: whether the trainer launched applies the
+    KL reward flags (PRIME's does not)."""
     if not any(key in settings for key in KEYS):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
@@ -119,11 +126,12 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
         return None  # before 0.9 a straight-through value is rejected at start-up
     use_loss, use_reward = truthy(value[USE_KL_LOSS]), truthy(value[USE_KL_IN_REWARD])
     use_loss = use_loss and not _zero(settings.get(COEFFICIENTS["loss"]))
-    use_reward = use_reward and not _zero(settings.get(COEFFICIENTS["reward"]))
+    use_reward = use_reward and kl_reward_applied and not _zero(settings.get(COEFFICIENTS["reward"]))
     loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
     reward = REWARD_ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
     aggregation = AGGREGATIONS.get(value[LOSS_AGG_MODE])
-    per_response = aggregation is Aggregation.BATCH_MEAN and _one_response_per_micro_batch(settings, assumed)
+    per_response = aggregation is Aggregation.BATCH_MEAN and _one_response_per_micro_batch(settings, assumed,
+                                                                                           legacy_workers)
     if per_response:
         aggregation = Aggregation.SEQ_MEAN
     if use_loss is None or use_reward is None or aggregation is None or (loss is None and reward is None):
@@ -153,15 +161,34 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST) -> Judged 
     return Judged(config, anchor, flags, anchors, helps)
 
 
-def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed) -> bool:
+def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed, legacy_workers: str) -> bool:
     """Whether each micro-batch is one response on the workers that average over a micro-batch's tokens:
-    a release before 0.9 on its default workers, `ppo_micro_batch_size_per_gpu=1`, no dynamic batching."""
+    a release before 0.9 on its legacy workers, `ppo_micro_batch_size_per_gpu=1`, no dynamic batching."""
     def literal(key: str) -> str | None:
         return settings[key].value if key in settings else None
 
+    workers = literal(LEGACY_WORKERS) if LEGACY_WORKERS in settings else legacy_workers
     return (not at_least(assumed, "0.9") and number(literal(MICRO_BATCH) or "") == 1
             and truthy(literal(DYNAMIC_BATCH) or "false") is False
-            and (literal(LEGACY_WORKERS) or "auto").lower() in ("auto", "enable"))
+            and (workers or "").lower() in ("auto", "enable"))
+
+
+# The launch of PRIME's trainer, which computes its rewards without the KL reward flags.
+PRIME_LAUNCH = re.compile(r"recipe[./]prime[./]main_prime\b")
+DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"
+
+
+def legacy_workers_default(copy: Path | None) -> str:
+    """`trainer.use_legacy_worker_impl` as the copy of verl a script runs sets it in its ppo_trainer.yaml
+    (0.8.0.dev snapshots say `disable`), else `auto` (the legacy workers, up to 0.8)."""
+    if copy is None:
+        return "auto"
+    try:
+        text = (copy / DEFAULTS_FILE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "auto"
+    found = re.search(r"^\s+use_legacy_worker_impl:\s*[\"']?(\w+)", text, re.MULTILINE)
+    return found.group(1) if found else "auto"
 
 
 DISTILLATION = "distillation.enabled"

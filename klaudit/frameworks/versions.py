@@ -319,25 +319,37 @@ UNSTATED = Assumed("", "a copy in the linted tree that states no release")
 @functools.lru_cache(maxsize=64)  # asked for each launch script of a folder
 def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ()) -> Assumed | None:
     """The release of the copy of `name` that a launch script runs when the project carries one (R1-Searcher's
-    OpenRLHF-RAG/openrlhf/, LIMR's openrlhf/): the folder holding `module` (`openrlhf/cli/train_ppo_ray.py`)
-    in the launcher's folder, a folder above it up to the project root or the linted root (`roots`,
-    resolved), or a folder beside one of those. UNSTATED when that copy states no release (its semantics
-    are its code's, linted with the rest of the tree); None when the project carries no copy."""
+    OpenRLHF-RAG/openrlhf/, LIMR's openrlhf/): the copy holding `module` (`openrlhf/cli/train_ppo_ray.py`, see
+    `copy_holding`). UNSTATED when that copy states no release (its semantics are its code's, linted with the
+    rest of the tree); None when the project carries no copy."""
+    found = copy_holding(launcher, module, roots)
+    if found is None:
+        return None
+    base, candidate = found
+    stated = _tree_version(candidate, name)
+    if stated is None or not _RELEASE.match(stated[0]):
+        return UNSTATED
+    relative = candidate.relative_to(base) / stated[1] if candidate != base else Path(stated[1])
+    return Assumed(_known(name, stated[0]), f"{stated[0]} in {relative.as_posix()}")
+
+
+@functools.lru_cache(maxsize=64)
+def copy_holding(launcher: str, module: str, roots: tuple[str, ...] = ()) -> tuple[Path, Path] | None:
+    """(the folder searched, the folder of the copy) of the project's copy of a framework holding `module`:
+    the launcher's folder, a folder above it up to the project root (else the linted root, `roots`, resolved:
+    one file or folder linted inside a project still sees the project), or a folder beside one of those;
+    None when the project carries no copy."""
     folder = Path(launcher).resolve().parent
     levels = [folder, *folder.parents]
-    top = next((i for i, base in enumerate(levels)
-                if str(base) in roots or any((base / marker).exists() for marker in _PROJECT_MARKERS)), None)
+    top = next((i for i, base in enumerate(levels) if any((base / marker).exists() for marker in _PROJECT_MARKERS)),
+               next((i for i, base in enumerate(levels) if str(base) in roots), None))
     if top is None:
         return None  # no project or linted root above the script: the folders beside its parents are not its own
     for base in levels[:top + 1]:
         beside = sorted(child for child in base.iterdir() if child.is_dir()) if base.is_dir() else []
         for candidate in (base, *beside):
             if (candidate / module).is_file():
-                stated = _tree_version(candidate, name)
-                if stated is None or not _RELEASE.match(stated[0]):
-                    return UNSTATED
-                relative = candidate.relative_to(base) / stated[1] if candidate != base else Path(stated[1])
-                return Assumed(_known(name, stated[0]), f"{stated[0]} in {relative.as_posix()}")
+                return base, candidate
     return None
 
 

@@ -330,3 +330,40 @@ def test_the_micro_batch_kl007_points_at_the_micro_batch_and_offers_no_flag_edit
     assert "ppo_micro_batch_size_per_gpu=1 (a token-mean over each micro-batch before verl 0.9)" in length.message
     assert "seq-mean-token-sum-norm" in length.fix and length.autofix is None
     assert "another flag" in length.no_autofix
+
+
+def _project_with_verl(tmp_path: Path, version: str, legacy: str | None) -> Path:
+    """A project carrying a copy of verl (its version file and ppo_trainer.yaml) and a launch script in
+    examples/ that runs it with one response per micro-batch."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "my-rl"\n')
+    (tmp_path / "verl" / "version").mkdir(parents=True)
+    (tmp_path / "verl" / "version" / "version").write_text(version + "\n")
+    config = tmp_path / "verl" / "trainer" / "config"
+    config.mkdir(parents=True)
+    (config / "ppo_trainer.yaml").write_text("trainer:\n  total_epochs: 30\n" + (
+        f"  use_legacy_worker_impl: {legacy}\n" if legacy is not None else ""))
+    (tmp_path / "examples").mkdir()
+    script = tmp_path / "examples" / "run.sh"
+    script.write_text(LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"
+                                          "    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \\\n"))
+    return script
+
+
+@pytest.mark.parametrize("version, legacy, expected", [
+    ("0.5.0", None, ["KL002", "KL007"]),  # legacy workers, the only ones then
+    ("0.7.1", "auto", ["KL002", "KL007"]),
+    ("0.8.0.dev", "disable", ["KL002"]),  # a snapshot whose default is the model engine
+    ("0.9.1", None, ["KL002"]),
+])
+def test_the_copy_of_verl_a_script_runs_says_which_workers_are_the_default(tmp_path, version, legacy, expected):
+    script = _project_with_verl(tmp_path, version, legacy)
+    for linted in (tmp_path, script):  # the whole project, or the script alone: the copy is found from it
+        result = lint_paths([str(linted)], settings=Settings(root=tmp_path), jobs=1)
+        assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
+
+
+@pytest.mark.parametrize("module, expected", [("verl.trainer.main_ppo", ["KL004"]), ("recipe.prime.main_prime", [])])
+def test_prime_builds_its_rewards_without_the_kl_reward_flags(module, expected):
+    text = (f"python3 -m {module} algorithm.use_kl_in_reward=True algorithm.kl_penalty=low_var_kl "
+            "algorithm.kl_ctrl.kl_coef=0.001 actor_rollout_ref.actor.use_kl_loss=False\n")
+    assert sorted(f.code for f in lint_config("run.sh", text)) == expected
