@@ -64,7 +64,10 @@ class ContainerFlow(FlowState):
         """While the module's stores are being collected: `value` was stored into `slot`."""
         writes = self.analyzer.field_writes
         if writes is not None and slot in self.module.kl_fields:
-            stored = tuple(replace(f, entry=None, passed=False) for f in value if f.is_kl())
+            # a term stored where it entered a reward (`data.batch["token_level_rewards"] = scores - beta * kl`)
+            # keeps that place: a function reading the key back (compute_advantage) uses the same reward
+            stored = tuple(replace(f, entry=f.entry if f.entry is not None and f.entry is self.stmt else None,
+                                   passed=False) for f in value if f.is_kl())
             writes[slot] = writes.get(slot, ()) + stored
 
     def stored(self, slot: str) -> tuple:
