@@ -243,6 +243,10 @@ def lint_shell(path: str, text: str, context: Context | None = None) -> list[Fin
 def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: str | None = None) -> list[Finding]:
     """verl's flags; with `text` (the file they were read from) the flag fixes are edits of it."""
     assumed = context.release(verl.NAME, path)
+    launch = verl.LAUNCH.search(text) if text is not None else None
+    if launch and assumed.source != "pinned":  # the project's copy of the module launched, if it carries one, runs
+        copied = vendored(path, verl.NAME, launch.group(1).replace(".", "/") + ".py", context.roots)
+        assumed = copied if copied is not None and copied is not UNSTATED else assumed
     if text is not None:
         several = verl.runs_with_kl(text)
         settings = {key: setting for key, setting in settings.items() if key not in several}

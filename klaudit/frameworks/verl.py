@@ -173,6 +173,8 @@ def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assu
             and (workers or "").lower() in ("auto", "enable"))
 
 
+# A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`).
+LAUNCH = re.compile(r"-m\s+(verl(?:\.\w+)+)")
 # The launch of PRIME's trainer, which computes its rewards without the KL reward flags.
 PRIME_LAUNCH = re.compile(r"recipe[./]prime[./]main_prime\b")
 DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"

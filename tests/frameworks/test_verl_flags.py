@@ -367,3 +367,22 @@ def test_prime_builds_its_rewards_without_the_kl_reward_flags(module, expected):
     text = (f"python3 -m {module} algorithm.use_kl_in_reward=True algorithm.kl_penalty=low_var_kl "
             "algorithm.kl_ctrl.kl_coef=0.001 actor_rollout_ref.actor.use_kl_loss=False\n")
     assert sorted(f.code for f in lint_config("run.sh", text)) == expected
+
+
+def test_the_copy_holding_the_launched_module_says_the_release(tmp_path):
+    """AgentGym-RL: the scripts in examples/ `cd` into a sibling folder and run its copy of verl (0.2.0.post2) by
+    its own trainer module; nothing above the scripts states a release, so the copy's does."""
+    copy = tmp_path / "AgentGym-RL" / "verl"
+    (copy / "version").mkdir(parents=True)
+    (copy / "version" / "version").write_text("0.2.0.post2\n")
+    (copy / "agent_trainer").mkdir()
+    (copy / "agent_trainer" / "main_ppo.py").write_text("def main():\n    pass\n")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "run.sh").write_text(
+        "cd AgentGym-RL\npython3 -m verl.agent_trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 data.train_batch_size=8 "
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    found = {f.code: f for f in result.findings if f.path.endswith("run.sh")}
+    assert sorted(found) == ["KL002", "KL007"]
+    assert "verl 0.8 (0.2.0.post2 in AgentGym-RL/verl/version/version)" in found["KL007"].message
