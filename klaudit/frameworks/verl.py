@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -180,6 +181,7 @@ PRIME_LAUNCH = re.compile(r"recipe[./]prime[./]main_prime\b")
 DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"
 
 
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
 def legacy_workers_default(copy: Path | None) -> str:
     """`trainer.use_legacy_worker_impl` as the copy of verl a script runs sets it in its ppo_trainer.yaml
     (0.8.0.dev snapshots say `disable`), else `auto` (the legacy workers, up to 0.8)."""

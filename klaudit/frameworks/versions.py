@@ -333,13 +333,16 @@ def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ())
     return Assumed(_known(name, stated[0]), f"{stated[0]} in {relative.as_posix()}")
 
 
-@functools.lru_cache(maxsize=64)
 def copy_holding(launcher: str, module: str, roots: tuple[str, ...] = ()) -> tuple[Path, Path] | None:
     """(the folder searched, the folder of the copy) of the project's copy of a framework holding `module`:
     the launcher's folder, a folder above it up to the project root (else the linted root, `roots`, resolved:
     one file or folder linted inside a project still sees the project), or a folder beside one of those;
     None when the project carries no copy."""
-    folder = Path(launcher).resolve().parent
+    return _copy_holding(Path(launcher).resolve().parent, module, roots)
+
+
+@functools.lru_cache(maxsize=256)  # asked for each launch script: the scripts of a folder share the answer
+def _copy_holding(folder: Path, module: str, roots: tuple[str, ...]) -> tuple[Path, Path] | None:
     levels = [folder, *folder.parents]
     top = next((i for i, base in enumerate(levels) if any((base / marker).exists() for marker in _PROJECT_MARKERS)),
                next((i for i, base in enumerate(levels) if str(base) in roots), None))
