@@ -228,8 +228,24 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         if "tunix" in text or "tunix" in _within_roots(path, context):  # a config of tunix's command line
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
-    return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text) + \
-        _launch_flags(path, text, context)
+    return _verl_launches(path, text, context) + _launch_flags(path, text, context)
+
+
+def _verl_launches(path: str, text: str, context: Context) -> list[Finding]:
+    """verl's flags of a launch script, judged launch by launch where it runs verl more than once (SCOPE's
+    challenger, then solver): each launch with the other launches' lines left out (blank, so that every
+    position stays), one finding for a flag shared by several."""
+    spans = verl.launch_spans(text)
+    if len(spans) < 2:
+        return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text)
+    lines = text.splitlines()
+    found: dict[tuple[int, int, str], Finding] = {}
+    for span in spans:
+        others = {index for other in spans if other != span for index in other}
+        own = "\n".join("" if index in others else line for index, line in enumerate(lines)) + "\n"
+        for finding in _verl(path, {**launched_settings(path, own), **shell_overrides(own)}, context, own):
+            found.setdefault((finding.line, finding.column, finding.code), finding)
+    return list(found.values())
 
 
 def lint_shell(path: str, text: str, context: Context | None = None) -> list[Finding]:

@@ -176,6 +176,24 @@ def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assu
 
 # A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`).
 LAUNCH = re.compile(r"-m\s+(verl(?:\.\w+)+)")
+
+
+def launch_spans(text: str) -> list[range]:
+    """The lines (0-based) of each verl launch command in a script, continuation lines included."""
+    lines, spans, index = text.splitlines(), [], 0
+    while index < len(lines):
+        line = lines[index]
+        if line.lstrip().startswith("#") or not LAUNCH.search(line):
+            index += 1
+            continue
+        end = index
+        while lines[end].rstrip().endswith("\\") and end + 1 < len(lines):
+            end += 1
+        spans.append(range(index, end + 1))
+        index = end + 1
+    return spans
+
+
 # The launch of PRIME's trainer, which computes its rewards without the KL reward flags.
 PRIME_LAUNCH = re.compile(r"recipe[./]prime[./]main_prime\b")
 DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"

@@ -386,3 +386,31 @@ def test_the_copy_holding_the_launched_module_says_the_release(tmp_path):
     found = {f.code: f for f in result.findings if f.path.endswith("run.sh")}
     assert sorted(found) == ["KL002", "KL007"]
     assert "verl 0.8 (0.2.0.post2 in AgentGym-RL/verl/version/version)" in found["KL007"].message
+
+
+TWO_RUNS = """\
+#!/bin/bash
+MICRO=1
+train_challenger() {
+    python3 -m verl.trainer.main_ppo \\
+        actor_rollout_ref.actor.use_kl_loss=True \\
+        actor_rollout_ref.actor.kl_loss_type=low_var_kl \\
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$MICRO \\
+        data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=64
+}
+train_solver() {
+    python3 -m verl.trainer.main_ppo \\
+        actor_rollout_ref.actor.use_kl_loss=False \\
+        algorithm.use_kl_in_reward=True algorithm.kl_penalty=mse \\
+        actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$MICRO
+}
+python3 -m verl.model_merger merge --backend fsdp
+"""
+
+
+def test_a_script_that_runs_verl_twice_is_judged_launch_by_launch():
+    """SCOPE trains a challenger, then a solver: the flags of the last launch were read as the whole script's,
+    so the first launch's k3 loss went unreported. Each launch is judged with the others' lines left out; the
+    micro-batch both take from one variable is one finding there."""
+    found = sorted((f.line, f.code) for f in lint_config("run.sh", TWO_RUNS, VERL_05))
+    assert found == [(2, "KL007"), (6, "KL002"), (13, "KL004")]
