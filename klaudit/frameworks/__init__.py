@@ -647,7 +647,7 @@ class _Fixer:
     def __call__(self, rule: str, judged: Judged):
         """(Fix or None, why there is none)."""
         if rule in judged.helps:
-            return None, "the help sets a flag other than the one reported here and rescales the loss: set it by hand"
+            return None, "the help sets a flag other than the one reported here: set it by hand"
         if rule not in self.flags:
             return None, self.otherwise
         key, value = self.flags[rule]
