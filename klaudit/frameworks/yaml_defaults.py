@@ -61,9 +61,11 @@ def composed_settings(path: str, text: str, depth: int = 0) -> dict[str, Setting
     return composed
 
 
-# `--config-name NAME` (and `--config-path DIR`) on a Hydra command line: the config the run composes
+# `--config-name NAME` (and `--config-path DIR`) on a Hydra command line: the config the run composes.
+# A directory spelled from the working directory (`"$PWD/configs"`, `$(pwd)/conf`) is read relative to
+# the folders searched, as a plain relative one is.
 _CONFIG_NAME = re.compile(r"--config-name(?:=|[ \t]+)[\"']?(?P<name>[\w./-]+)")
-_CONFIG_PATH = re.compile(r"--config-(?:path|dir)(?:=|[ \t]+)[\"']?(?P<dir>[\w./-]+)")
+_CONFIG_PATH = re.compile(r"--config-(?:path|dir)(?:=|[ \t]+)[\"']?(?:\$(?:\{?PWD\}?|\(pwd\))/)?(?P<dir>[\w./-]+)")
 _CONFIG_DIRS = ("config", "configs", "conf", ".")  # where a launched script's Hydra configs usually live
 _UP = 3  # directories above the script searched for them (scripts/ is often one level below the repository)
 _UNSET = Setting(None, 0, 0, 0)  # a key a config does not set
@@ -75,11 +77,12 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
     each placed at the `--config-name` option that brings it in (a span without the value: no flag
     fix edits it). Where the commands compose configs that disagree on a key, its value is unknown."""
     launches: list[dict[str, Setting]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
         named = _CONFIG_NAME.search(line)
         if named is None or line.lstrip().startswith("#"):
             continue
-        given = _CONFIG_PATH.search(line)
+        given = _CONFIG_PATH.search(_command_around(lines, number - 1))
         found = _config_file(Path(path).parent, named.group("name"), given.group("dir") if given else None)
         if found is None:
             continue
@@ -98,6 +101,17 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
     # default, is unknown here
     return {key: setting if all(launch.get(key, _UNSET).value == setting.value for launch in launches)
             else replace(setting, value=None) for key, setting in merged.items()}
+
+
+def _command_around(lines: list[str], index: int) -> str:
+    """The shell command that line `index` belongs to: the lines joined by trailing backslashes."""
+    first = index
+    while first > 0 and lines[first - 1].rstrip().endswith("\\"):
+        first -= 1
+    last = index
+    while last + 1 < len(lines) and lines[last].rstrip().endswith("\\"):
+        last += 1
+    return "\n".join(lines[first:last + 1])
 
 
 def _config_file(start: Path, name: str, config_path: str | None) -> Path | None:

@@ -257,6 +257,31 @@ def test_a_launch_scripts_config_name_brings_in_the_users_hydra_config(tmp_path)
     assert [f.code for f in lint_config(str(script), script.read_text())] == ["KL002", "KL008"]
 
 
+def test_a_config_path_on_another_line_of_the_command_names_the_configs_folder(tmp_path):
+    """KG_GRPO's jobs: `--config-path="$PWD/configs_verl" \\` on one line, `--config-name=grpo_cwq_7b \\`
+    on the next. The config's ppo_mini_batch_size 16 against the command's train_batch_size 128 is eight
+    optimizer steps per rollout for the k3 loss (row 22: KL008), reported at the --config-name option.
+    A --config-path of another command does not lead this one's --config-name to a folder."""
+    (tmp_path / "configs_verl").mkdir()
+    (tmp_path / "configs_verl" / "grpo_cwq_7b.yaml").write_text(
+        "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\n")
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "run.job"
+    command = ("python -m verl.trainer.main_ppo \\\n"
+               "    --config-path=\"$PWD/configs_verl\" \\\n"
+               "    --config-name=grpo_cwq_7b \\\n"
+               "    actor_rollout_ref.actor.use_kl_loss=true \\\n"
+               "    data.train_batch_size=128\n")
+    script.write_text(command)
+    assert [(f.code, f.line, f.column) for f in lint_config(str(script), command)] == [
+        ("KL002", 4, 5), ("KL008", 3, 5)]
+    other = "python prepare.py --config-path=$PWD/configs_verl\n" + command.replace(
+        '    --config-path=\"$PWD/configs_verl\" \\\n', "")
+    script.write_text(other)
+    # the config is not found: verl's default ppo_mini_batch_size (256) takes the whole rollout in one step
+    assert [f.code for f in lint_config(str(script), other)] == ["KL002"]
+
+
 def test_a_script_of_several_runs_keeps_its_verdict_when_one_run_sets_a_zero_coefficient():
     """RAGEN's train_all.sh: GRPO runs with kl_loss_coef=0.001, then a "nokl" run with 0.000; one file, one
     configuration, read as its last values: the zero of one run does not switch the others' KL off."""
