@@ -11,7 +11,9 @@
   steps_per_generation micro-steps, and a generation then feeds more than one optimizer step;
 - `loss_type` (from 0.17; default "bnpo", "dapo" from 0.22) aggregates the per-token loss: grpo/sapo
   per-sequence token-mean, bnpo and dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant,
-  luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's;
+  luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's.
+  bnpo's batch (and 0.16's) is one micro-batch of `per_device_train_batch_size` completions: at 1 it
+  divides each completion by its own length (row 21); dapo divides by the generation batch's tokens;
 - `importance_sampling_level="sequence"` (from 0.20, GSPO) makes coef_1 a per-sequence ratio of the mean
   log-ratio, exp(mean_t(logp - old_logp)): with the bias correction, k3 times it is on fresh samples k3's
   pathwise gradient plus the sequence's k3 times its score over its length (kl-math.md §8, row 13b); on
@@ -35,8 +37,9 @@ CONFIG_CLASSES = ("GRPOConfig",)
 BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")
 STEPS, ACCUMULATION = "steps_per_generation", "gradient_accumulation_steps"
+PER_DEVICE = "per_device_train_batch_size"  # completions per micro-batch
 DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed for a verdict
-KEYS = (*DECIDING, STEPS, ACCUMULATION)
+KEYS = (*DECIDING, STEPS, ACCUMULATION, PER_DEVICE)
 SWITCHES = (CORRECTION,)
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
                 "dapo": Aggregation.BATCH_MEAN, "cispo": Aggregation.BATCH_MEAN, "vespo": Aggregation.BATCH_MEAN,
@@ -46,6 +49,9 @@ _OWN_LOSS = ("TRL has no flag for an unbiased KL gradient: keep beta and overrid
              "with klaudit.estimators.kl_penalty(per_token_logps, ref_per_token_logps, mask).loss in place of "
              "the k3 term (R-A), or set beta=0.0")
 FIXES = {"KL007": 'loss_type="dapo" (or "bnpo"): the batch token-mean keeps the scale'}
+ONE_PER_MICRO_BATCH_FIX = (f"{PER_DEVICE} larger than 1 (a token-mean over B completions is still biased, by "
+                           'about 1/B), or loss_type="dapo" (TRL 0.22+: over the tokens of the whole generation '
+                           "batch, about the same scale)")
 
 NO_FLAG_FIX = "TRL has no flag for an unbiased KL gradient: the fix is code of your own (see the help)"
 
@@ -83,6 +89,10 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         return None
     if value[LEVEL] not in ("token", "sequence"):
         return None
+    per_completion = value[LOSS_TYPE] == "bnpo" and PER_DEVICE in settings and _number(settings[PER_DEVICE].value
+                                                                                      or "") == 1
+    if per_completion:  # bnpo over a micro-batch of one completion: its own token-mean
+        aggregation = Aggregation.SEQ_MEAN
     stale = iterations > 1 or _spans_optimizer_steps(settings, fallback)
     if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh
         sampling = Sampling.OFF_POLICY if stale else Sampling.ON_POLICY
@@ -96,10 +106,13 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         config = Config(loss=Estimator.RATIO_K3 if correction else Estimator.K3, aggregation=aggregation,
                         sampling=sampling)
     flags = ", ".join([*(shown(key, value[key], settings.get(key)) for key in DECIDING),
-                       *(f"{key}={settings[key].value}" for key in (STEPS, ACCUMULATION) if key in settings)])
+                       *(f"{key}={settings[key].value}" for key in (STEPS, ACCUMULATION) if key in settings),
+                       *([f"{PER_DEVICE}=1 (bnpo's token-mean over one completion)"] if per_completion else [])])
     reuse = ITERATIONS if iterations > 1 or STEPS not in settings else STEPS
-    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE), ("KL008", reuse)) if key in settings}
-    return Judged(config, settings.get(BETA, anchor), flags, anchors)
+    aggregated_by = PER_DEVICE if per_completion else LOSS_TYPE
+    anchors = {rule: settings[key] for rule, key in (("KL007", aggregated_by), ("KL008", reuse)) if key in settings}
+    helps = {"KL007": ONE_PER_MICRO_BATCH_FIX} if per_completion else {}
+    return Judged(config, settings.get(BETA, anchor), flags, anchors, helps)
 
 
 def _spans_optimizer_steps(settings: Mapping[str, Setting], fallback: Mapping[str, str]) -> bool:

@@ -44,6 +44,12 @@ def codes(call: str) -> list[tuple[int, str]]:
     ("GRPOConfig(beta=0.04, steps_per_generation=4, gradient_accumulation_steps=8)", ["KL003"]),  # 2 per step
     ("GRPOConfig(beta=0.04, steps_per_generation=3, gradient_accumulation_steps=4)", ["KL003", "KL008"]),
     ("GRPOConfig(beta=0.04, steps_per_generation=2, gradient_accumulation_steps=GA)", ["KL003"]),  # unknown
+    # bnpo's token-mean is over one micro-batch: of one completion, that completion's own length (row 21)
+    ('GRPOConfig(beta=0.04, loss_type="bnpo", per_device_train_batch_size=1)', ["KL003", "KL007"]),
+    ('GRPOConfig(beta=0.04, loss_type="bnpo", per_device_train_batch_size=2)', ["KL003"]),
+    ('GRPOConfig(beta=0.04, loss_type="dapo", per_device_train_batch_size=1)', ["KL003"]),  # the generation batch's
+    ("GRPOConfig(beta=0.04, per_device_train_batch_size=1)", ["KL003"]),  # 1.16's default loss_type is dapo
+    ('GRPOConfig(beta=0.04, loss_type="bnpo", per_device_train_batch_size=B)', ["KL003"]),  # unknown
     ("GRPOConfig(beta=BETA)", []),  # computed: unknown
     ("GRPOConfig(beta=0.04, **overrides)", []),  # any other key may come from the mapping
     ("trl.GRPOConfig(beta=1e-3)", ["KL003"]),
@@ -59,6 +65,15 @@ def test_findings_point_at_the_keyword_to_change():
     assert found["KL007"].line == 5 and 'loss_type="dapo"' in found["KL007"].fix
     assert "_compute_loss" in found["KL003"].fix and "klaudit.estimators.kl_penalty" in found["KL003"].fix
     assert "use_bias_correction_kl=True (default)" in found["KL003"].message
+
+
+def test_one_completion_per_micro_batch_is_reported_at_its_batch_size_without_an_automatic_fix():
+    source = ('from trl import GRPOConfig\n\nargs = GRPOConfig(\n    beta=0.04,\n    loss_type="bnpo",\n'
+              "    per_device_train_batch_size=1,\n)\n")
+    found = {f.code: f for f in lint_python("train.py", cst.parse_module(source), source)}
+    assert found["KL007"].line == 6 and found["KL007"].autofix is None
+    assert "per_device_train_batch_size larger than 1" in found["KL007"].fix
+    assert "per_device_train_batch_size=1 (bnpo's token-mean over one completion)" in found["KL007"].message
 
 
 def test_a_training_script_without_kl_vocabulary_is_read_for_its_config(tmp_path):
