@@ -7,7 +7,9 @@ the reader cannot know, so no verdict rests on the framework's default for it.
 
 from __future__ import annotations
 
+import ast
 import functools
+import operator
 import re
 import shlex
 from collections.abc import Collection, Iterator, Mapping
@@ -110,10 +112,46 @@ _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_]
 
 
 # `name=value` shell variable assignments, whose `$name` / `${name}` an override may use
-_VARIABLE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
+_VARIABLE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\$\(\((?:[^()\n]|\([^()\n]*\))*\)\)"
+                       r"|\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
 # `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default
 _DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{[A-Za-z_]\w*:?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
+
+
+# `$(( a * 2 ))`: shell integer arithmetic over literals and variables assigned earlier
+_ARITHMETIC = re.compile(r"^\"?\$\(\((?P<expression>[^()]*(?:\([^()]*\)[^()]*)*)\)\)\"?$")
+_NAME = re.compile(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b")
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+
+
+def _arithmetic(expression: str, variables: Mapping[str, Setting]) -> str | None:
+    """The value of a shell arithmetic expression over non-negative integers, or None when a name in it
+    is not a variable assigned an integer, or it uses an operator other than + - * / %."""
+    def substituted(match: re.Match[str]) -> str:
+        known = variables.get(match.group(1) or match.group(2))
+        value = known.value if known is not None else None
+        return value if value is not None and value.isdigit() else "?"
+
+    python = _NAME.sub(substituted, expression).replace("/", "//").strip()
+    try:
+        tree = ast.parse(python, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def evaluate(node: ast.expr) -> int | None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            left, right = evaluate(node.left), evaluate(node.right)
+            if left is None or right is None or (right == 0 and type(node.op) in (ast.FloorDiv, ast.Mod)):
+                return None
+            return _OPERATORS[type(node.op)](left, right)
+        return None
+
+    result = evaluate(tree)
+    return None if result is None else str(result)
 
 
 def _literal(value: str) -> str | None:
@@ -139,14 +177,18 @@ def _shell_lines(text: str) -> Iterator[tuple[int, str, dict[str, Setting]]]:
 
     `name=value` assignments (also `export`) are remembered with the position of the assignment,
     the line a user edits, so that a flag set to `$name` or `${name}` resolves to it; `name=${name:-v}`
-    is read as its default v, what the script runs with unless the environment sets the name."""
+    is read as its default v, what the script runs with unless the environment sets the name, and
+    `name=$((a * 2))` as the value of the arithmetic when every name in it is known."""
     variables: dict[str, Setting] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         code = _code_of(line)
         assigned = _VARIABLE.match(code)
         if assigned is not None:
-            defaulted = _DEFAULTED.match(assigned.group("value"))
-            value = defaulted.group("default") if defaulted is not None else _literal(assigned.group("value"))
+            raw = assigned.group("value")
+            defaulted, computed = _DEFAULTED.match(raw), _ARITHMETIC.match(raw)
+            value = (defaulted.group("default") if defaulted is not None
+                     else _arithmetic(computed.group("expression"), variables) if computed is not None
+                     else _literal(raw))
             if value is not None:
                 variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
                                                             assigned.end() + 1)

@@ -142,6 +142,31 @@ def test_a_variable_defaulted_from_the_environment_takes_its_default():
     assert [f.code for f in lint_config("run.sh", text)] == ["KL006", "KL008"]  # verl's default batch sizes
 
 
+def test_shell_arithmetic_over_known_variables_gives_the_batch_sizes():
+    """verl's own e2e script: `train_prompt_bsz=$((train_prompt_mini_bsz * 2))`: two optimizer steps per
+    rollout of the k3 loss (row 22), KL008 at the mini-batch's assignment. An unknown name, or an operator
+    other than + - * / %, leaves the value unknown."""
+    text = textwrap.dedent("""\
+        NUM_GPUS=${NUM_GPUS:-8}
+        micro=$((2 * NUM_GPUS))
+        mini=$(( (micro + 0) * 4 / 2 ))
+        bsz=$((mini * 2))
+        odd=$((mini * UNSET))
+        shift=$((mini << 1))
+        python3 -m verl.trainer.main_ppo \\
+            data.train_batch_size=${bsz} \\
+            actor_rollout_ref.actor.ppo_mini_batch_size=${mini} \\
+            actor_rollout_ref.actor.use_kl_loss=True \\
+            critic.a.b=$odd critic.c.d=$shift
+        """)
+    settings = shell_overrides(text)
+    assert settings["data.train_batch_size"].value == "64" and settings["data.train_batch_size"].line == 4
+    assert settings["actor_rollout_ref.actor.ppo_mini_batch_size"].value == "32"
+    assert settings["critic.a.b"].value is None and settings["critic.c.d"].value is None
+    assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL002", 10), ("KL008", 3)]
+    assert [f.code for f in lint_config("run.sh", text.replace("bsz=$((mini * 2))", "bsz=$((mini))"))] == ["KL002"]
+
+
 def test_comments_and_unknown_values_decide_nothing():
     text = "# actor_rollout_ref.actor.use_kl_loss=True\npython3 x.py actor_rollout_ref.actor.kl_loss_type=${oc.env:T}\n"
     settings = shell_overrides(text)
