@@ -122,6 +122,7 @@ class CallFlow(FlowState):
         if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
             parameters = parameters[1:]
         env = dict(closure or {})
+        handed_on: set[int] = set()  # the origins of terms this function was handed and hands on here
         spread = any(a.star == "**" for a in node.args)  # f(x, **options): any parameter may come from it
         spread_entries: dict = {}  # the entries of a spread dict the analysis knows (`f(**{"mode": m})`)
         for a in node.args:
@@ -135,10 +136,13 @@ class CallFlow(FlowState):
                 env[name] = bound_keywords[name]
                 continue
             if isinstance(arg, tuple):  # facts bound ahead of the call
+                handed_on.update(id(f.origin) for f in arg if f.is_kl() and f.passed)
                 env[name] = tuple(replace(f, passed=True) if f.is_kl() else f for f in arg)
                 continue
             if arg is not None:
-                facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.expr(arg))
+                given = self.expr(arg)
+                handed_on.update(id(f.origin) for f in given if f.is_kl() and f.passed)
+                facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in given)
                 label = last_name(arg)
                 # the log-probs of a preference pair's side hold no KL atom: nothing to explain
                 if (any(f.role == "str" for f in facts) or not facts) and not roles.names_pair_logprobs(label):
@@ -172,14 +176,17 @@ class CallFlow(FlowState):
         # where a term already entered a loss or reward here, it stays reported there; a term that enters
         # one inside the callee is reported at this call
         entered = {f.entry for facts in env.values() for f in facts if f.entry is not None}
+        # a term this function was itself handed stays its caller's through the callee's sinks and returns
         for sink in outcome.sinks:
-            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None, passed=False)
-                                       for f in sink.facts), node, via=sink)
+            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None,
+                                               passed=id(f.origin) in handed_on) for f in sink.facts), node, via=sink)
         if roles.names_implicit_reward(func.name.value):
             return ()  # PRIME's compute_implicit_reward: the reward model's score, whatever its caller names it
+        returns = tuple(replace(f, passed=True) if f.is_kl() and id(f.origin) in handed_on else f
+                        for f in outcome.returns)
         if module is self.module:
-            return outcome.returns
-        return self.entering_here(outcome.returns, entered)
+            return returns
+        return self.entering_here(returns, entered)
 
     def given_as_advantages(self, facts: tuple, node: cst.CSTNode) -> tuple:
         """`policy_loss_fn(..., advantages=-kl.detach())`: whatever the function does, what it is given as the

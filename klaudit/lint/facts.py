@@ -344,16 +344,17 @@ def contained(value: Value) -> Iterator[Fact]:
                 yield from contained(item)
         yield f
 
-def as_rollout_data(value: Value) -> Value:
-    """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs."""
+def as_rollout_data(value: Value, detached_only: bool = False) -> Value:
+    """Policy log-probs returned by a no_grad rollout function are the behaviour policy's (old) log-probs;
+    `detached_only`: only those without a gradient (a function that runs part of its body under no_grad)."""
     out = []
     for f in value:
         if f.role == "tuple":
-            f = replace(f, items=tuple(as_rollout_data(item) for item in f.items))
+            f = replace(f, items=tuple(as_rollout_data(item, detached_only) for item in f.items))
         elif f.role == "tensor" and f.poly is not None and len(f.poly.terms) == 1:
             atoms = f.poly.atoms()
             atom = next(iter(atoms)) if len(atoms) == 1 else None
-            if atom is not None and atom.kind == alg.POLICY:
+            if atom is not None and atom.kind == alg.POLICY and not (detached_only and atom.grad):
                 f = replace(f, poly=Poly.atom(Atom(alg.OLD, False, atom.acc), f.poly.terms[0][1]))
         out.append(f)
     return tuple(out)

@@ -30,7 +30,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
-from klaudit.lint.syntax import decorated_no_grad, dotted, params, python_ast
+from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
 
 MAX_DEPTH = 4
 
@@ -328,6 +328,8 @@ class Analyzer(NameResolution):
         returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
         if decorated_no_grad(func):
             returns = as_rollout_data(returns)
+        elif holds_no_grad_block(func):  # `with torch.no_grad(): logp = ...` then returned: the rollout's
+            returns = as_rollout_data(returns, detached_only=True)
         # the caller's terms that reach a sink here; in klaudit's model of an installed framework, also the
         # terms it forms from the data it reads (verl's apply_kl_penalty): the caller's lint is their only report
         own = is_installed_model(module.path)

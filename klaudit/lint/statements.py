@@ -17,7 +17,7 @@ from klaudit.lint.containers import elements
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import case_strings, dotted, last_name, walk
+from klaudit.lint.syntax import case_strings, dotted, is_no_grad_block, last_name, walk
 
 # the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
 _ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
@@ -62,8 +62,7 @@ class StatementFlow(FlowState):
                 self.block(stmt.orelse.body)
         elif isinstance(stmt, cst.With):
             saved = self.no_grad
-            if any(roles.NO_GRAD_CONTEXTS.match(dotted(item.item.func).split(".")[-1].rstrip("()"))
-                   for item in stmt.items if isinstance(item.item, cst.Call)):
+            if is_no_grad_block(stmt):
                 self.no_grad = True
             for item in stmt.items:
                 if item.asname is not None:

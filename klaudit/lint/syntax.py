@@ -295,6 +295,17 @@ def decorated_no_grad(func: cst.FunctionDef) -> bool:
             return True
     return False
 
+def is_no_grad_block(stmt: cst.CSTNode) -> bool:
+    """`with torch.no_grad():` (or inference_mode): new tensors inside carry no gradient."""
+    return isinstance(stmt, cst.With) and any(
+        roles.NO_GRAD_CONTEXTS.match(dotted(item.item.func).split(".")[-1].rstrip("()"))
+        for item in stmt.items if isinstance(item.item, cst.Call))
+
+
+def holds_no_grad_block(func: cst.FunctionDef) -> bool:
+    return any(is_no_grad_block(node) for node in walk(func.body))
+
+
 def params(func: cst.FunctionDef) -> list[cst.Param]:
     p = func.params
     return [*p.posonly_params, *p.params, *p.kwonly_params]
