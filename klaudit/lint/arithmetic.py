@@ -146,8 +146,9 @@ class ArithmeticFlow(FlowState):
 def batch_statistic_of(statistic: tuple, value: tuple) -> bool:
     """Whether `statistic` is a batch-wide reduction of `value` itself (`masked_mean(adv, mask)` taken
     off `adv`): each of its alternatives is one of the per-token alternatives of `value`, reduced to a
-    scalar. Subtracting it is a baseline, whose expected contribution to the gradient is ~0."""
-    reduced = [f for f in statistic if f.role == "tensor" and f.poly is not None]
+    scalar. Subtracting it is a baseline, whose expected contribution to the gradient is ~0. Alternatives of
+    the statistic without a KL term (the mean over a mask the analysis also reads as zeros) do not count."""
+    reduced = [f for f in statistic if f.role == "tensor" and f.poly is not None and f.is_kl()]
     if not reduced:
         return False
     per_token = {f.poly for f in value if f.role == "tensor" and f.poly is not None and not f.scalar}

@@ -337,10 +337,13 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # a later use shows more (importance ratios, stale samples): its verdict counts
             downstream = max(flagged, key=lambda c: (c.fact.calls, c.function, c.sink.order))
             config, rows = downstream.config, downstream.rows
-        if config.sampling is Sampling.ON_POLICY and any(c.config.sampling is Sampling.OFF_POLICY for c in group):
+        older = next((sampling for sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS)
+                      if any(c.config.sampling is sampling for c in group)), None)
+        if config.sampling is Sampling.ON_POLICY and older is not None:
             # a loss helper that is handed the PPO ratio to the behaviour policy (`loss_fn(ratio=ratio, ...)`)
-            # looks on-policy alone; its caller shows the samples are older
-            config = replace(config, sampling=Sampling.OFF_POLICY)
+            # looks on-policy alone; its caller shows the samples are older. So does a k2 or k3 reward, whose
+            # own row is found first, when a later use weighs it by the ratio (rows 7-8 and 23 both hold)
+            config = replace(config, sampling=older)
             rows = defects(config, best.fact.clamped)
         weighed = [c for c in same_function if c.sink.kind == "loss" and c.config.reward is not None
                    and c.sink.order > best.sink.order]

@@ -106,12 +106,19 @@ class ContainerFlow(FlowState):
 
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
         """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
-        term into that sink. The list itself is not followed: a GAE loop appends its running sums, and
-        the per-step terms it mixes would reach the policy loss as if they were the KL term itself."""
+        term into that sink. Lists are otherwise not followed, except the KL terms a reversed loop appends
+        (the running sums of a GAE or reward-to-go recursion, `advantages_reversed.append(lastgaelam)`):
+        `torch.stack(advantages_reversed[::-1])` reads them back for the policy loss, where the PPO ratio
+        that weighs them shows how old the samples are."""
         kind = roles.sink_of_name(last_name(target))
+        value = self.expr(arg) if kind is not None or self.reverse_loop else ()
         if kind is not None:
-            value = self.expr(arg)
             self.sink(kind, value if method == "append" else elements(value), node)
+        name = dotted(target)
+        running = tuple(f for f in value if f.is_kl() and f.poly is not None)
+        if self.reverse_loop and method == "append" and name and running:
+            held = elements(self.env.get(name, ()))
+            self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
 
     def dispatch(self, node: cst.Subscript) -> tuple | None:
         """`table[name]` on a dict display with a key the analysis does not know: every entry, each

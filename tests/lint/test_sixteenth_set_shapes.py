@@ -89,3 +89,111 @@ def test_policy_log_probs_a_helper_returns_from_a_no_grad_block_are_the_behaviou
         "rewards = -beta * (logp - ref_logp)", "rewards = -beta * (logp - ref_logp).detach()").replace(
         "return logp, rewards", "return logp.detach(), rewards")
     assert module_codes(detached, tmp_path) == []
+
+
+# RL2's actor (and its forks): the policy's log-probs are a tensor-parallel gather of the sampled tokens'
+# logits minus a log-sum-exp, from helpers in a module that names no KL.
+TP_FUNCTIONS = """\
+import torch
+
+
+def compute_logsumexp(logits, chunk_size=1024):
+    pieces = [torch.logsumexp(logits[:, start:start + chunk_size], -1)
+              for start in range(0, logits.shape[1], chunk_size)]
+    return torch.cat(pieces, -1)
+
+
+def gather_action_logits(logits, actions):
+    return torch.gather(logits, dim=-1, index=actions.unsqueeze(-1)).squeeze(-1)
+"""
+
+TP_ACTOR = """\
+import torch
+from functions import compute_logsumexp, gather_action_logits
+
+
+def forward(model, minibatch):
+    logits = model(input_ids=minibatch["states"]).logits.float()
+    logsumexp = compute_logsumexp(logits)
+    action_logits = gather_action_logits(logits, minibatch["actions"])
+    return (action_logits - logsumexp) * minibatch["action_mask"]
+
+
+def update(model, minibatch, coef):
+    logps = forward(model, minibatch)
+    log_ratio = minibatch["ref_logps"] - logps
+    kl_loss = (log_ratio.exp() - 1 - log_ratio).sum() / minibatch["action_mask"].sum()
+    (coef * kl_loss).backward()
+"""
+
+
+def test_log_prob_helpers_of_a_module_without_kl_words_are_followed(tmp_path):
+    """k3 of the policy's log-probs, made by the helpers, differentiated as a loss: row 3, KL002 at line 15.
+    The helpers' module has no KL vocabulary; their names say they make log-probs from logits."""
+    assert module_codes(TP_ACTOR, tmp_path, name="actor.py", functions=TP_FUNCTIONS) == [(15, "KL002")]
+
+
+# The usual GAE of hand-written PPO (TRL's legacy trainer, rlhf-from-scratch): the running sums appended to a
+# list in a reversed loop, stacked back, whitened, then weighed by the PPO ratio over several epochs.
+GAE_LIST = """\
+import torch
+
+
+def masked_mean(values, mask):
+    return (values * mask).sum() / mask.sum()
+
+
+def masked_whiten(values, mask):
+    mean, var = masked_mean(values, mask), masked_mean((values - masked_mean(values, mask)) ** 2, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    whitened += mean
+    return whitened
+
+
+def rollout_rewards(batch, beta):
+    masks = torch.zeros_like(batch["attention_mask"][:, 1:])
+    masks[:, :] = batch["attention_mask"][:, 1:]
+    for j in range(len(batch["starts"])):
+        masks[j, :batch["starts"][j]] = 0
+    rewards = -beta * (batch["old_logprobs"] - batch["ref_logprobs"]) * masks
+    return rewards, masks
+
+
+def compute_advantage(rewards, values, masks):
+    lastgae = 0.0
+    advantages_reversed = []
+    for t in reversed(range(rewards.shape[-1])):
+        nextvalues = values[:, t + 1] if t < rewards.shape[-1] - 1 else 0.0
+        delta = rewards[:, t] + nextvalues - values[:, t]
+        lastgae = delta + 0.95 * lastgae
+        advantages_reversed.append(lastgae)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return masked_whiten(advantages, masks)
+
+
+def train(policy, batch, optimizer, beta, ppo_epochs=4):
+    rewards, masks = rollout_rewards(batch, beta)
+    advantages = compute_advantage(rewards, batch["values"], masks)
+    for _ in range(ppo_epochs):
+        logprobs = policy(batch["input_ids"])
+        ratio = torch.exp(logprobs - batch["old_logprobs"])
+        loss = masked_mean(torch.max(-ratio * advantages, -ratio.clamp(0.8, 1.2) * advantages), masks)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_gae_running_sums_appended_to_a_list_reach_the_ratio_that_weighs_them(tmp_path):
+    """The k1 reward (line 20) reaches the clipped PPO loss through the stacked list and the whitening: row 23,
+    KL008. Whitening subtracts a batch mean of the advantages, a baseline: the penalty stays a penalty (no
+    KL011), though the mask it is taken over is also read as the zeros it was filled into."""
+    assert module_codes(GAE_LIST, tmp_path) == [(20, "KL008")]
+
+
+def test_a_biased_reward_weighed_by_the_ratio_later_is_both_biased_and_stale(tmp_path):
+    """The same update with k2 values in the reward: rows 8 and 23 both hold, KL004 and KL008 at line 20.
+    The reward's own row is found at its first use; the ratio's use after it still says the samples are old."""
+    k2 = GAE_LIST.replace('rewards = -beta * (batch["old_logprobs"] - batch["ref_logprobs"]) * masks',
+                          'rewards = -beta * 0.5 * (batch["old_logprobs"] - batch["ref_logprobs"]) ** 2 * masks')
+    assert module_codes(k2, tmp_path) == [(20, "KL004"), (20, "KL008")]
