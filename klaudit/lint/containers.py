@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, merge_labels, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, is_data_read, last_name, params
+from klaudit.lint.syntax import dotted, is_data_read, last_name, params, walk
 
 
 def elements(value: tuple) -> tuple:
@@ -26,6 +27,11 @@ def elements(value: tuple) -> tuple:
         elif f.role in ("tensor", "mask"):
             out.append(f)
     return tuple(dict.fromkeys(out))
+
+
+def _reads(body: cst.CSTNode, name: str) -> bool:
+    """Whether `body` indexes the list `name` (`returns[-1]`)."""
+    return any(type(node) is cst.Subscript and dotted(node.value) == name for node in walk(body))
 
 
 def zipped(arguments: list) -> tuple:
@@ -112,9 +118,15 @@ class ContainerFlow(FlowState):
         that weighs them shows how old the samples are."""
         kind = roles.sink_of_name(last_name(target))
         value = self.expr(arg) if kind is not None or self.reverse_loop else ()
+        name = dotted(target)
+        if name and any(_reads(loop.body, name) for loop in self.reverse_loop.values()):
+            # `nxt = returns[-1] ...; returns.append(r[:, t] + gamma * nxt)`: the recursion runs through the
+            # list itself, whose entries are then the reward-to-go of this step's terms
+            value = tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO)) if f.poly is not None else f
+                          for f in value)
+            self.confirm(value)
         if kind is not None:
             self.sink(kind, value if method == "append" else elements(value), node)
-        name = dotted(target)
         running = tuple(f for f in value if f.is_kl() and f.poly is not None)
         if self.reverse_loop and method == "append" and name and running:
             held = elements(self.env.get(name, ()))

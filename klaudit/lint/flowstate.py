@@ -43,7 +43,7 @@ class FlowState:
         self._memo: dict[int, tuple] = {}  # id(expression) -> its facts, for the current statement
         self.stmt: cst.CSTNode | None = None  # the statement being interpreted
         self.no_grad = decorated_no_grad(func)  # inside `torch.no_grad()`: new tensors have no gradient
-        self.reverse_loop: set[int] = set()  # ids of the `for ... in reversed(...)` loops being run
+        self.reverse_loop: dict[int, cst.For | cst.While] = {}  # the reversed loops being run (`for t in reversed(...)`), by id
         self.returns: list = []
         self.sinks: list[Sink] = []
         self.waiting: dict[cst.CSTNode, Sink] = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward

@@ -54,9 +54,9 @@ class StatementFlow(FlowState):
                     # roles from their names (`for k in kl: k *= -beta` scales each element once)
                     self.assign_target(stmt.target, elements_iterated, rhs=stmt.iter)
                 if reverse:
-                    self.reverse_loop.add(id(stmt))
+                    self.reverse_loop[id(stmt)] = stmt
                 self.block(stmt.body)
-                self.reverse_loop.discard(id(stmt))
+                self.reverse_loop.pop(id(stmt), None)
             # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)

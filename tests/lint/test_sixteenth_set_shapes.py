@@ -197,3 +197,29 @@ def test_a_biased_reward_weighed_by_the_ratio_later_is_both_biased_and_stale(tmp
     k2 = GAE_LIST.replace('rewards = -beta * (batch["old_logprobs"] - batch["ref_logprobs"]) * masks',
                           'rewards = -beta * 0.5 * (batch["old_logprobs"] - batch["ref_logprobs"]) ** 2 * masks')
     assert module_codes(k2, tmp_path) == [(20, "KL004"), (20, "KL008")]
+
+
+# A TRL PPOTrainer copy without a value model (AIXueRLHF): the reward-to-go recursion reads the list it appends to.
+RETURNS_THROUGH_THE_LIST = """\
+import torch
+
+
+def advantages_of(logprobs, ref_logprobs, scores, gamma, kl_coef, kl_estimator="k1"):
+    logr = ref_logprobs - logprobs
+    kl = -logr if kl_estimator == "k1" else (logr.exp() - 1) - logr
+    rewards = -kl_coef * kl
+    rewards[:, -1] += scores
+    advantages_reversed = []
+    gen_length = rewards.shape[1]
+    for t in reversed(range(gen_length)):
+        next_advantage = advantages_reversed[-1] if t < gen_length - 1 else 0.0
+        advantages_reversed.append(rewards[:, t] + gamma * next_advantage)
+    advantages = torch.stack(advantages_reversed[::-1], axis=1)
+    return advantages
+"""
+
+
+def test_a_return_recursion_through_the_list_it_appends_to_is_a_reward_to_go(tmp_path):
+    """k1 in the reward with its reward-to-go is row 6, right; k3 values there are row 7 (KL004, line 7, the
+    k3 switch value). Read as each step's own reward, the k1 value was a false KL003 (row 2's local term)."""
+    assert module_codes(RETURNS_THROUGH_THE_LIST, tmp_path) == [(7, "KL004")]
