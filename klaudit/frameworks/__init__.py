@@ -27,7 +27,7 @@ from klaudit.frameworks import easyr1, openrlhf, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
-from klaudit.frameworks.settings import ConfigCall, Judged, Setting, cli_flags, shell_overrides
+from klaudit.frameworks.settings import ConfigCall, Judged, Setting, cli_flags, only_command, shell_overrides
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -310,9 +310,10 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         found += _agreed(assumed, judged_by)
     command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
     if command or script:
-        settings = cli_flags(text, {key: key for key in trl.KEYS}, trl.SWITCHES)
         launch = command or script
         assert launch is not None
+        # the flags of the GRPO launch's own command: a script may also run SFT or DPO with the same flag names
+        settings = cli_flags(only_command(text, launch.start()), {key: key for key in trl.KEYS}, trl.SWITCHES)
         line = text.count("\n", 0, launch.start()) + 1
         column = launch.start() - text.rfind("\n", 0, launch.start())
         if command or settings:  # a GRPO script's own defaults are unknown unless it passes TRL's flags

@@ -207,6 +207,27 @@ def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, e
     return Setting(_literal(raw), line, column, end_column)
 
 
+def command_span(lines: list[str], index: int) -> tuple[int, int]:
+    """(first, last) indices of the shell command that line `index` belongs to: the lines joined by
+    trailing backslashes."""
+    first = index
+    while first > 0 and lines[first - 1].rstrip().endswith("\\"):
+        first -= 1
+    last = index
+    while last + 1 < len(lines) and lines[last].rstrip().endswith("\\"):
+        last += 1
+    return first, last
+
+
+def only_command(text: str, offset: int) -> str:
+    """`text` with the lines of the command at character `offset` and the shell variable assignments kept,
+    every other line blank (positions stay): the flags of one launch of a script that runs several."""
+    lines = text.splitlines()
+    first, last = command_span(lines, text.count("\n", 0, offset))
+    return "\n".join(line if first <= index <= last or _VARIABLE.match(_code_of(line)) else ""
+                     for index, line in enumerate(lines)) + "\n"
+
+
 def shell_overrides(text: str) -> dict[str, Setting]:
     """Dotted `key=value` overrides anywhere in a script; the last one of a key wins, as in Hydra.
     A value that is a shell variable assigned a literal earlier (`kl_loss_type=k3` ... `...=${kl_loss_type}`)

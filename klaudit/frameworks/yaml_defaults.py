@@ -12,7 +12,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from klaudit.frameworks.settings import Setting, yaml_loader, yaml_settings
+from klaudit.frameworks.settings import Setting, command_span, yaml_loader, yaml_settings
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) are not followed
 _SELF = "_self_"
@@ -82,7 +82,8 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
         named = _CONFIG_NAME.search(line)
         if named is None or line.lstrip().startswith("#"):
             continue
-        given = _CONFIG_PATH.search(_command_around(lines, number - 1))
+        first, last = command_span(lines, number - 1)
+        given = _CONFIG_PATH.search("\n".join(lines[first:last + 1]))
         found = _config_file(Path(path).parent, named.group("name"), given.group("dir") if given else None)
         if found is None:
             continue
@@ -101,17 +102,6 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
     # default, is unknown here
     return {key: setting if all(launch.get(key, _UNSET).value == setting.value for launch in launches)
             else replace(setting, value=None) for key, setting in merged.items()}
-
-
-def _command_around(lines: list[str], index: int) -> str:
-    """The shell command that line `index` belongs to: the lines joined by trailing backslashes."""
-    first = index
-    while first > 0 and lines[first - 1].rstrip().endswith("\\"):
-        first -= 1
-    last = index
-    while last + 1 < len(lines) and lines[last].rstrip().endswith("\\"):
-        last += 1
-    return "\n".join(lines[first:last + 1])
 
 
 def _config_file(start: Path, name: str, config_path: str | None) -> Path | None:

@@ -106,6 +106,22 @@ def test_subclasses_command_lines_and_recipes(tmp_path):
     ]
 
 
+def test_a_launch_is_judged_by_the_flags_of_its_own_command(tmp_path):
+    """A script that runs SFT with one completion per device, then `trl grpo` with bnpo: the SFT command's
+    per_device_train_batch_size is not the GRPO run's, so no KL007; the GRPO command's own flags decide
+    (beta 0.04 without the correction: k3 as a loss, row 3), and a variable assigned above it still resolves."""
+    script = tmp_path / "run.sh"
+    script.write_text("BETA=0.04\n"
+                      "trl grpo --model_name_or_path m \\\n    --beta $BETA --loss_type bnpo \\\n"
+                      "    --no_use_bias_correction_kl --per_device_train_batch_size 4\n"
+                      "trl sft --model_name_or_path m \\\n    --per_device_train_batch_size 1\n")
+    result = lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1)
+    assert [(f.line, f.code) for f in result.findings] == [(1, "KL002")]
+    script.write_text(script.read_text().replace("--per_device_train_batch_size 4", "--per_device_train_batch_size 1"))
+    result = lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1)
+    assert [(f.line, f.code) for f in result.findings] == [(1, "KL002"), (4, "KL007")]
+
+
 def _tree_findings(tmp_path, files: dict[str, str]) -> list[tuple[str, int, str]]:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
