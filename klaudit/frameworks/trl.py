@@ -89,9 +89,12 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         return None
     if value[LEVEL] not in ("token", "sequence"):
         return None
-    per_completion = value[LOSS_TYPE] == "bnpo" and PER_DEVICE in settings and _number(settings[PER_DEVICE].value
-                                                                                      or "") == 1
-    if per_completion:  # bnpo over a micro-batch of one completion: its own token-mean
+    # bnpo over a micro-batch of one completion: its own token-mean. Only a 1 written where the run is
+    # configured counts: an argparse default of a batch size is a placeholder that launches override
+    batch = settings.get(PER_DEVICE)
+    per_completion = (value[LOSS_TYPE] == "bnpo" and batch is not None and not batch.origin
+                      and _number(batch.value or "") == 1)
+    if per_completion:
         aggregation = Aggregation.SEQ_MEAN
     stale = iterations > 1 or _spans_optimizer_steps(settings, fallback)
     if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh

@@ -76,6 +76,20 @@ def test_one_completion_per_micro_batch_is_reported_at_its_batch_size_without_an
     assert "per_device_train_batch_size=1 (bnpo's token-mean over one completion)" in found["KL007"].message
 
 
+def test_a_batch_size_of_one_from_an_argparse_default_is_no_evidence(tmp_path):
+    """`--batch_size` defaulting to 1 in the script's parser: launches pass their own (AgenticRAG's passes
+    16), so bnpo's micro-batch is not taken to hold one completion; k3's own verdict stands. The parser's
+    beta default is still read (KL002 without the bias correction)."""
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\nfrom trl import GRPOConfig\n\nparser = argparse.ArgumentParser()\n"
+                      'parser.add_argument("--batch_size", type=int, default=1)\n'
+                      'parser.add_argument("--beta", type=float, default=0.04)\nargs = parser.parse_args()\n'
+                      'config = GRPOConfig(beta=args.beta, loss_type="bnpo", use_bias_correction_kl=False,\n'
+                      "                    per_device_train_batch_size=args.batch_size)\n")
+    result = lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1)
+    assert [f.code for f in result.findings] == ["KL002"]
+
+
 def test_a_training_script_without_kl_vocabulary_is_read_for_its_config(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("from trl import GRPOConfig, GRPOTrainer\n\n"
