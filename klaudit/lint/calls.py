@@ -153,8 +153,9 @@ class CallFlow(FlowState):
                         facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
-                if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in facts):
-                    facts = self.given_as_advantages(facts, arg)
+                if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in given):
+                    # the caller's terms enter the advantages here, as the caller holds them (handed in or not)
+                    facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.given_as_advantages(given, arg))
                 env[name] = facts
             elif param.default is not None:
                 default = param.default
@@ -182,8 +183,7 @@ class CallFlow(FlowState):
                                                passed=id(f.origin) in handed_on) for f in sink.facts), node, via=sink)
         if roles.names_implicit_reward(func.name.value):
             return ()  # PRIME's compute_implicit_reward: the reward model's score, whatever its caller names it
-        returns = tuple(replace(f, passed=True) if f.is_kl() and id(f.origin) in handed_on else f
-                        for f in outcome.returns)
+        returns = _as_the_callers(outcome.returns, handed_on)
         if module is self.module:
             return returns
         return self.entering_here(returns, entered)
@@ -232,6 +232,21 @@ class CallFlow(FlowState):
         if not base:
             return None if method not in ("sum", "mean") else ()
         return self.tensor_method(method, base, positional, keywords, node)
+
+
+def _as_the_callers(value: tuple, handed_on: set[int]) -> tuple:
+    """A callee's returned `value` with `passed` as its caller sees it: a term the callee was handed (inside
+    tuples and dicts too) is the caller's own only where the caller was itself handed it (`handed_on`)."""
+    out = []
+    for f in value:
+        if f.role == "tuple":
+            f = replace(f, items=tuple(_as_the_callers(item, handed_on) for item in f.items))
+        elif f.role == "dict":
+            f = replace(f, items=tuple((key, _as_the_callers(item, handed_on)) for key, item in f.items))
+        elif f.is_kl():
+            f = replace(f, passed=f.passed and id(f.origin) in handed_on)
+        out.append(f)
+    return tuple(out)
 
 
 def passed_loss_name(fact: Fact) -> bool:

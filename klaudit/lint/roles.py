@@ -260,11 +260,16 @@ def names_implicit_reward(name: str) -> bool:
     return _IMPLICIT.search(name) is not None
 
 
+# A cost (safe RLHF's constrained objective): minimised, its advantages subtracted from the reward's, so a
+# KL term in it is judged where the two are combined, not where the cost is named
+_COST = re.compile(r"(?<![a-z])costs?(?![a-z])", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def sink_of_name(name: str) -> SinkKind | None:
     """'loss', 'reward' or 'advantage' when a variable of that name is where a KL ends up."""
     bare = name.lstrip("_")
-    if _COEF.search(bare):
+    if _COEF.search(bare) or _COST.search(bare):
         return None
     if _REWARD.match(bare) and not names_implicit_reward(bare):
         return "reward"

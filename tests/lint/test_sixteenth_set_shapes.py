@@ -223,3 +223,37 @@ def test_a_return_recursion_through_the_list_it_appends_to_is_a_reward_to_go(tmp
     """k1 in the reward with its reward-to-go is row 6, right; k3 values there are row 7 (KL004, line 7, the
     k3 switch value). Read as each step's own reward, the k1 value was a false KL003 (row 2's local term)."""
     assert module_codes(RETURNS_THROUGH_THE_LIST, tmp_path) == [(7, "KL004")]
+
+
+# Safe RLHF (align-anything's saferlhf): the KL is a penalty in the reward and, with the opposite sign, a part of
+# the cost, whose advantages the loss function subtracts from the reward's with a Lagrange multiplier.
+REWARD_AND_COST = """\
+import torch
+
+
+def actor_loss_fn(log_probs, old_log_probs, reward_advantages, cost_advantages, mask, multiplier):
+    advantages = (reward_advantages - multiplier * cost_advantages) / (1.0 + multiplier)
+    ratios = torch.exp(log_probs - old_log_probs)
+    surrogate = torch.minimum(advantages * ratios, advantages * torch.clamp(ratios, 0.8, 1.2))
+    return -(surrogate * mask).sum() / mask.sum()
+
+
+def rl_step(policy, batch, beta, log_lambda):
+    old_log_probs, mask = batch["old_log_probs"], batch["mask"]
+    rewards = -beta * (old_log_probs - batch["ref_log_probs"]) + batch["score"]
+    costs = beta * (old_log_probs - batch["ref_log_probs"]) + batch["cost"]
+    reward_returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    cost_returns = costs.flip(-1).cumsum(-1).flip(-1)
+    reward_advantages = reward_returns - batch["reward_values"]
+    cost_advantages = cost_returns - batch["cost_values"]
+    log_probs = policy(batch["input_ids"])
+    loss = actor_loss_fn(log_probs, old_log_probs, reward_advantages, cost_advantages, mask, log_lambda.exp().item())
+    loss.backward()
+"""
+
+
+def test_a_kl_term_in_a_cost_is_judged_where_the_cost_is_subtracted(tmp_path):
+    """The cost carries +beta * k1; its advantages, subtracted in the loss, make the combined advantages a
+    penalty again: the k1 reward under the PPO ratio is row 23 (KL008, at the call that combines them, line
+    20), and `cost_returns` (line 16), named like a reward, is no KL bonus (KL011)."""
+    assert module_codes(REWARD_AND_COST, tmp_path) == [(20, "KL008")]
