@@ -234,17 +234,18 @@ class CallFlow(FlowState):
         return self.tensor_method(method, base, positional, keywords, node)
 
 
-def _as_the_callers(value: tuple, handed_on: set[int]) -> tuple:
-    """A callee's returned `value` with `passed` as its caller sees it: a term the callee was handed (inside
-    tuples and dicts too) is the caller's own only where the caller was itself handed it (`handed_on`)."""
+def _as_the_callers(value: tuple, handed_on: set[int], nested: bool = False) -> tuple:
+    """A callee's returned `value` with `passed` as its caller sees it: a term of an origin the caller was
+    itself handed (`handed_on`) stays handed in; inside returned tuples and dicts, only where the callee
+    was handed it too (its own marking, which the callee's return keeps there)."""
     out = []
     for f in value:
         if f.role == "tuple":
-            f = replace(f, items=tuple(_as_the_callers(item, handed_on) for item in f.items))
+            f = replace(f, items=tuple(_as_the_callers(item, handed_on, True) for item in f.items))
         elif f.role == "dict":
-            f = replace(f, items=tuple((key, _as_the_callers(item, handed_on)) for key, item in f.items))
+            f = replace(f, items=tuple((key, _as_the_callers(item, handed_on, True)) for key, item in f.items))
         elif f.is_kl():
-            f = replace(f, passed=f.passed and id(f.origin) in handed_on)
+            f = replace(f, passed=(f.passed or not nested) and id(f.origin) in handed_on)
         out.append(f)
     return tuple(out)
 

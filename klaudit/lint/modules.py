@@ -325,8 +325,8 @@ class Analyzer(NameResolution):
             outcome = FunctionRun(self, module, func, cls, env, record=True).run()
         finally:
             self._stack.pop()
-        # `passed` stays the callee's: handed in by the caller, or formed here (klaudit.lint.calls maps it back)
-        returns = tuple(replace(f, calls=f.calls + 1) for f in outcome.returns)
+        # handed in or not is the caller's to say (klaudit.lint.calls maps it back)
+        returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
         if decorated_no_grad(func):
             returns = as_rollout_data(returns)
         elif holds_no_grad_block(func):  # `with torch.no_grad(): logp = ...` then returned: the rollout's
