@@ -124,12 +124,9 @@ class Project:
     def follows(self, path: Path, name: str | None = None) -> bool:
         """Whether the analysis follows a call of `name` (any name, where None) into the module at
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
-        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it), or of
-        log-probs or logits (a helper that makes the policy's log-probs, such as a tensor-parallel gather, says
-        what the KL is made of). The answer depends on the module and the name only, never on what was looked
-        up before."""
-        return self._text(self.key(path)) is not None or (name is not None and (
-            names_loss_helper(name) or names_logprob_helper(name)))
+        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
+        answer depends on the module and the name only, never on what was looked up before."""
+        return self._text(self.key(path)) is not None or (name is not None and names_loss_helper(name))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""
@@ -234,15 +231,6 @@ def names_loss_helper(name: str) -> bool:
     """A loss helper's or a reduction's name (`get_loss_agg_func`, `seq_mean_token_mean`), not one read by name."""
     return _LOSS_HELPER.search(name) is not None or (
         _REDUCTION_HELPER.search(name) is not None and name not in NAMED_AGGREGATIONS)
-
-
-# a function named as making log-probs or logits (`gather_action_logits`, `compute_logsumexp`,
-# `logprobs_from_logits`, `selective_log_softmax`): followed into any module
-_LOGPROB_HELPER = re.compile(r"(?<![a-z])(?:log_?probs?|logps?|logits|logsumexp|log_?softmax)(?![a-z])", re.IGNORECASE)
-
-
-def names_logprob_helper(name: str) -> bool:
-    return _LOGPROB_HELPER.search(name) is not None
 
 
 # klaudit's own estimators are the correct configurations, proven by exact enumeration: a call of

@@ -91,48 +91,6 @@ def test_policy_log_probs_a_helper_returns_from_a_no_grad_block_are_the_behaviou
     assert module_codes(detached, tmp_path) == []
 
 
-# RL2's actor (and its forks): the policy's log-probs are a tensor-parallel gather of the sampled tokens'
-# logits minus a log-sum-exp, from helpers in a module that names no KL.
-TP_FUNCTIONS = """\
-import torch
-
-
-def compute_logsumexp(logits, chunk_size=1024):
-    pieces = [torch.logsumexp(logits[:, start:start + chunk_size], -1)
-              for start in range(0, logits.shape[1], chunk_size)]
-    return torch.cat(pieces, -1)
-
-
-def gather_action_logits(logits, actions):
-    return torch.gather(logits, dim=-1, index=actions.unsqueeze(-1)).squeeze(-1)
-"""
-
-TP_ACTOR = """\
-import torch
-from functions import compute_logsumexp, gather_action_logits
-
-
-def forward(model, minibatch):
-    logits = model(input_ids=minibatch["states"]).logits.float()
-    logsumexp = compute_logsumexp(logits)
-    action_logits = gather_action_logits(logits, minibatch["actions"])
-    return (action_logits - logsumexp) * minibatch["action_mask"]
-
-
-def update(model, minibatch, coef):
-    logps = forward(model, minibatch)
-    log_ratio = minibatch["ref_logps"] - logps
-    kl_loss = (log_ratio.exp() - 1 - log_ratio).sum() / minibatch["action_mask"].sum()
-    (coef * kl_loss).backward()
-"""
-
-
-def test_log_prob_helpers_of_a_module_without_kl_words_are_followed(tmp_path):
-    """k3 of the policy's log-probs, made by the helpers, differentiated as a loss: row 3, KL002 at line 15.
-    The helpers' module has no KL vocabulary; their names say they make log-probs from logits."""
-    assert module_codes(TP_ACTOR, tmp_path, name="actor.py", functions=TP_FUNCTIONS) == [(15, "KL002")]
-
-
 # The usual GAE of hand-written PPO (TRL's legacy trainer, rlhf-from-scratch): the running sums appended to a
 # list in a reversed loop, stacked back, whitened, then weighed by the PPO ratio over several epochs.
 GAE_LIST = """\
