@@ -110,8 +110,7 @@ class CallFlow(FlowState):
 
     def call_callee(self, callee: Callee, node: cst.Call) -> tuple:
         """A call of a function held as a value: its closure and the partial's bound arguments come first."""
-        bound = {name: tuple(replace(f, passed=True) if f.is_kl() else f for f in facts)
-                 for name, facts in callee.bound_keywords}
+        bound = {name: _handed_in(facts) for name, facts in callee.bound_keywords}
         return self.call_summary((callee.module, callee.func, callee.cls), node, dict(callee.closure), callee.bound, bound)
 
     def call_summary(self, resolved, node: cst.Call, closure=None, bound=(), bound_keywords=None) -> tuple:
@@ -137,12 +136,12 @@ class CallFlow(FlowState):
                 continue
             if isinstance(arg, tuple):  # facts bound ahead of the call
                 handed_on.update(id(f.origin) for f in arg if f.is_kl() and f.passed)
-                env[name] = tuple(replace(f, passed=True) if f.is_kl() else f for f in arg)
+                env[name] = _handed_in(arg)
                 continue
             if arg is not None:
                 given = self.expr(arg)
                 handed_on.update(id(f.origin) for f in given if f.is_kl() and f.passed)
-                facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in given)
+                facts = _handed_in(given)
                 label = last_name(arg)
                 # the log-probs of a preference pair's side hold no KL atom: nothing to explain
                 if (any(f.role == "str" for f in facts) or not facts) and not roles.names_pair_logprobs(label):
@@ -155,7 +154,7 @@ class CallFlow(FlowState):
                         facts = (Fact(role="str", name=label),)
                 if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in given):
                     # the caller's terms enter the advantages here, as the caller holds them (handed in or not)
-                    facts = tuple(replace(f, passed=True) if f.is_kl() else f for f in self.given_as_advantages(given, arg))
+                    facts = _handed_in(self.given_as_advantages(given, arg))
                 env[name] = facts
             elif param.default is not None:
                 default = param.default
@@ -232,6 +231,11 @@ class CallFlow(FlowState):
         if not base:
             return None if method not in ("sum", "mean") else ()
         return self.tensor_method(method, base, positional, keywords, node)
+
+
+def _handed_in(value: tuple) -> tuple:
+    """`value` as the callee sees an argument: its KL terms handed in by the caller."""
+    return tuple(replace(f, passed=True) if f.is_kl() else f for f in value)
 
 
 def _as_the_callers(value: tuple, handed_on: set[int], nested: bool = False) -> tuple:

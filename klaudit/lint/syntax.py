@@ -288,18 +288,19 @@ def drops_last_char(node: cst.Subscript) -> bool:
         return s.lower is None and int_literal(s.upper) == -1
     return False
 
+def _names_no_grad(node: cst.CSTNode) -> bool:
+    """`torch.no_grad`, `torch.inference_mode()`: a context in which new tensors carry no gradient."""
+    return roles.NO_GRAD_CONTEXTS.match(dotted(node).rstrip("()").split(".")[-1]) is not None
+
+
 def decorated_no_grad(func: cst.FunctionDef) -> bool:
-    for decorator in func.decorators:
-        name = dotted(decorator.decorator).rstrip("()").split(".")[-1]
-        if roles.NO_GRAD_CONTEXTS.match(name):
-            return True
-    return False
+    return any(_names_no_grad(decorator.decorator) for decorator in func.decorators)
+
 
 def is_no_grad_block(stmt: cst.CSTNode) -> bool:
     """`with torch.no_grad():` (or inference_mode): new tensors inside carry no gradient."""
     return isinstance(stmt, cst.With) and any(
-        roles.NO_GRAD_CONTEXTS.match(dotted(item.item.func).split(".")[-1].rstrip("()"))
-        for item in stmt.items if isinstance(item.item, cst.Call))
+        _names_no_grad(item.item.func) for item in stmt.items if isinstance(item.item, cst.Call))
 
 
 def holds_no_grad_block(func: cst.FunctionDef) -> bool:
