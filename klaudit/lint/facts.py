@@ -300,12 +300,25 @@ def bounded(value: Value) -> Value:
     return tuple(kept[:MAX_ALTERNATIVES])
 
 
+def _of_detached_returns(fact: Fact) -> bool:
+    """A term with no gradient whose atoms are all accumulated to go (returns, a critic's target)."""
+    atoms = fact.poly.atoms() if fact.poly is not None else set()
+    return bool(atoms) and all(not atom.grad and atom.acc == alg.TO_GO for atom in atoms)
+
+
 def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product: bool = False) -> Fact:
     """a (op) b. An estimator is formed here when a product joins two KL operands (d * d) or a sum
-    makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept."""
+    makes a log-ratio out of log-probs (logp - ref); otherwise the KL operand's origin is kept. A sum of a
+    term with a gradient and one made of detached returns only (a policy loss plus the critic's squared
+    error against returns that hold the KL reward) is the first term's: the other is a constant to it."""
     budget.spend(1)
     first = a if a.is_kl() else b
     both = a.is_kl() and b.is_kl()
+    if both and not product:
+        if _of_detached_returns(a) and b.poly.has_grad():  # type: ignore[union-attr]
+            first, both = b, False
+        elif _of_detached_returns(b) and a.poly.has_grad():  # type: ignore[union-attr]
+            first, both = a, False
     if product:
         formed = both
     else:
