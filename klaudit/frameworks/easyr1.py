@@ -10,7 +10,7 @@ verl's: kl -> k1, mse -> k2, abs -> |log-ratio|, low_var_kl -> k3 clamped to [-1
 As in verl, one rollout of `data.rollout_batch_size` prompts (default 512) is split into updates of
 `worker.actor.global_batch_size` prompts (default 256), `worker.actor.ppo_epochs` times (default 1): more
 than one optimizer step per rollout trains the KL loss of the later ones on samples of an older policy
-(row 22).
+(row 22), and the KL reward, computed once per rollout, meets only the PPO token ratio there (row 23).
 
 Only a file that says it is EasyR1's is read: one that sets `algorithm.disable_kl`, a key verl does not have.
 EasyR1's first releases (forks such as Seg-Zero keep them) had the loss switch in the actor's section
@@ -117,17 +117,18 @@ def _values(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> dic
 
 def _config(value: Mapping[str, str], estimator, use_loss: bool, aggregation: Aggregation,
             settings: Mapping[str, Setting]) -> Config:
-    """The estimator in the loss (aggregated so, off-policy over several steps per rollout) or in the
-    rewards, whose returns the advantage decides."""
+    """The estimator in the loss (aggregated so) or in the rewards, whose returns the advantage decides;
+    over several steps per rollout off-policy, the reward reweighed by the PPO token ratio only (row 23)."""
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in verl.TOKEN_RETURNS else Returns.SEQUENCE
-    stale = use_loss and steps_per_rollout(settings, STEP_DEFAULTS) > 1
+    older = Sampling.OFF_POLICY if use_loss else Sampling.TOKEN_IS
+    stale = steps_per_rollout(settings, STEP_DEFAULTS) > 1
     return Config(loss=estimator if use_loss else None, reward=None if use_loss else estimator, returns=returns,
-                  aggregation=aggregation, sampling=Sampling.OFF_POLICY if stale else Sampling.ON_POLICY)
+                  aggregation=aggregation, sampling=older if stale else Sampling.ON_POLICY)
 
 
 def _with_steps(flags: str, config: Config, settings: Mapping[str, Setting]) -> str:
-    """The flags a finding names, with the batch sizes when they make the KL loss off-policy."""
-    return flags + listed(settings, STEP_DEFAULTS) if config.sampling is Sampling.OFF_POLICY else flags
+    """The flags a finding names, with the batch sizes when they make the KL off-policy."""
+    return flags + listed(settings, STEP_DEFAULTS) if config.sampling is not Sampling.ON_POLICY else flags
 
 
 def _stale_anchor(settings: Mapping[str, Setting]) -> dict[str, Setting]:

@@ -16,8 +16,8 @@ runs, releases 0.6 to 0.11.2).
   (kl-math.md §8, row 2), token-weighted when the samples are stale (row 23);
 - the KL loss is trained on stale samples when one rollout feeds several updates:
   `--train.max_epochs` x rollout batch x samples per prompt / `--train.batch_size` > 1, or
-  `--train.async_enable` (rows 22-23). The KL reward goes through the PPO ratio like the task
-  reward and is judged on-policy, as the lint of OpenRLHF's code judges it;
+  `--train.async_enable` (rows 22-23). So is the KL reward, computed once per rollout from the rollout's
+  log-probs: PPO's token ratio reweighs each sampled token but not its prefix (row 23);
 - up to 0.6, `--packing_samples` with `--use_kl_loss` builds the KL loss from
   `torch.tensor([kl.mean() for kl in ...])`, which copies the values and not the graph: the loss
   trains nothing (the KL is off in effect, whatever the logs say). No catalog row describes a term
@@ -76,13 +76,24 @@ def fixes(flat: bool) -> dict[str, str]:
         "KL001": to_reward, "KL002": to_reward, "KL003": to_reward, "KL009": to_reward,
         "KL004": f"{name[ESTIMATOR]} k1 (k1 values in the reward, unbiased with every advantage estimator)",
         "KL007": f"{name[AGGREGATION]} token-mean (the batch's token-mean keeps about the same scale)",
-        "KL008": to_reward + f"; or one update per rollout ({name[EPOCHS]} 1 and {name[TRAIN_BATCH]} equal to "
-                 "the rollout batch times the samples per prompt, no async training)",
+        "KL008": f"{to_reward}; or {_one_update(name)}",
         "KL010": "OpenRLHF clamps every KL estimate to [-10, 10] in compute_approx_kl and no flag turns that off; "
                  "it only acts on tokens with |log pi - log ref| > 10. To remove it, put "
                  "klaudit.estimators.kl_reward(action_log_probs, base_action_log_probs, action_mask) in the "
                  "reward in place of compute_approx_kl's estimate",
     }
+
+
+def _one_update(name: Mapping[str, str]) -> str:
+    return (f"one update per rollout ({name[EPOCHS]} 1 and {name[TRAIN_BATCH]} equal to the rollout batch times the "
+            "samples per prompt, no async training)")
+
+
+def stale_reward_fix(flat: bool) -> str:
+    """KL008's help for a KL reward reused over several updates (row 23): its own flags are not the cause."""
+    return (f"{_one_update(spelled(flat))}; or the KL out of the reward, into a loss of your own with per-decision "
+            "importance weights: klaudit.estimators.kl_penalty(action_log_probs, base_action_log_probs, action_mask, "
+            "old_logprobs=old_action_log_probs).loss (R-F)")
 
 
 def _estimator(name: str, assumed: Assumed) -> Estimator | None:
@@ -128,13 +139,16 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False)
         aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, ""))
         if aggregation is None or value.get(POLICY_LOSS) != "ppo" or value.get(ADVANTAGE) not in ADVANTAGES:
             return None  # an unknown mode, or GSPO's per-sequence ratio, which no catalog row describes
-        config = Config(reward=estimator, aggregation=aggregation)
+        stale = _stale(value)  # unknown batch sizes: no claim on staleness
+        config = Config(reward=estimator, aggregation=aggregation,
+                        sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
     anchor = next(settings[key] for key in (ESTIMATOR, USE_LOSS, COEF, UNBIASED) if key in settings)
     shown, name = [key for key in KEYS if key in settings or key in (USE_LOSS, ESTIMATOR, COEF)], spelled(flat)
     flags = ", ".join(f"{name[key][2:]}={given[key]}" + ("" if key in settings else " (default)") for key in shown)
     anchors = {rule: settings[key] for rule, key in (("KL007", AGGREGATION), ("KL008", _stale_by(value, settings)))
                if key in settings}
-    return Judged(config, anchor, flags, anchors), clamped
+    helps = {"KL008": stale_reward_fix(flat)} if config.reward is not None else {}
+    return Judged(config, anchor, flags, anchors, helps), clamped
 
 
 def _stale_by(value: Mapping[str, str], settings: Mapping[str, Setting]) -> str:

@@ -11,8 +11,8 @@
 - the KL loss is trained on stale samples when one rollout feeds several optimizer steps:
   `actor.ppo_epochs` (default 1) x `data.train_batch_size` (1024) / `actor.ppo_mini_batch_size` (256),
   both counted in prompts, > 1 (row 22: verl's defaults take four steps per rollout). A batch size set
-  to a value the script computes decides nothing. The KL reward goes through the PPO ratio like the
-  task reward and is judged on-policy, as the lint of verl's code judges it;
+  to a value the script computes decides nothing. The KL reward, computed once per rollout from the old
+  log-probs, is as stale there: the PPO ratio reweighs each sampled token, not its prefix (row 23);
 - before 0.9 the default workers (`trainer.use_legacy_worker_impl` auto) take `token-mean` over the
   tokens of each micro-batch: with `actor.ppo_micro_batch_size_per_gpu=1` and no `use_dynamic_bsz`, a
   micro-batch is one response, and its KL (or, in the reward, the policy loss that carries it) is divided
@@ -140,9 +140,10 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if (use_loss and loss is None) or (use_reward and reward is None):
         return None  # a value this release does not have
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
-    steps = steps_per_rollout(settings, STEP_DEFAULTS) if loss is not None else 1.0
+    steps = steps_per_rollout(settings, STEP_DEFAULTS)
+    older = Sampling.OFF_POLICY if loss is not None else Sampling.TOKEN_IS  # a reward meets the PPO ratio only
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation,
-                    sampling=Sampling.OFF_POLICY if steps > 1 else Sampling.ON_POLICY)
+                    sampling=older if steps > 1 else Sampling.ON_POLICY)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
     anchor = next(settings[key] for key in (*order, *KEYS) if key in settings)
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")

@@ -65,9 +65,11 @@ def test_several_updates_per_rollout_make_the_kl_loss_off_policy(update, epochs,
 
 
 def test_a_verl_config_is_not_read_as_easyr1s():
-    """verl's own `algorithm.kl_penalty` (its reward estimator) without EasyR1's `disable_kl` is verl's."""
+    """verl's own `algorithm.kl_penalty` (its reward estimator) without EasyR1's `disable_kl` is verl's: row 7,
+    and at verl's default batch sizes (four updates per rollout) row 23."""
     text = "algorithm:\n  adv_estimator: grpo\n  kl_penalty: low_var_kl\n  use_kl_in_reward: true\n"
-    assert [(f.code, "verl" in f.message) for f in lint_config("ppo_trainer.yaml", text)] == [("KL004", True)]
+    assert [(f.code, "verl" in f.message) for f in lint_config("ppo_trainer.yaml", text)] == [("KL004", True),
+                                                                                              ("KL008", True)]
 
 
 def test_the_finding_names_the_settings_and_the_fix_keeps_the_strength():

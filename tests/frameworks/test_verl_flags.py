@@ -74,8 +74,12 @@ def test_flags_get_the_catalog_s_verdict(flags, expected):
     (["actor_rollout_ref.actor.ppo_epochs=2"], ["KL002", "KL008"]),  # two passes over the rollout
     (["actor_rollout_ref.actor.ppo_mini_batch_size=2048"], ["KL002"]),  # one step, however large the mini-batch
     (["actor_rollout_ref.actor.ppo_mini_batch_size=$MINI"], ["KL002"]),  # computed: decides nothing
-    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl",  # the reward, as verl's code is judged
-      "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.ppo_mini_batch_size=256"], ["KL004"]),
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl",  # the reward: the PPO ratio only (row 23)
+      "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.ppo_mini_batch_size=256"], ["KL004", "KL008"]),
+    (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=False",  # even the k1 reward
+      "actor_rollout_ref.actor.ppo_mini_batch_size=256"], ["KL008"]),
+    (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=False",  # one step: row 6, right
+      "actor_rollout_ref.actor.ppo_mini_batch_size=1024"], []),
 ])
 def test_a_kl_loss_over_several_optimizer_steps_per_rollout_is_off_policy(flags, expected):
     assert codes("actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
@@ -412,7 +416,8 @@ def test_the_copy_of_verl_a_script_runs_says_which_workers_are_the_default(tmp_p
         assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
 
 
-@pytest.mark.parametrize("module, expected", [("verl.trainer.main_ppo", ["KL004"]), ("recipe.prime.main_prime", [])])
+@pytest.mark.parametrize("module, expected", [("verl.trainer.main_ppo", ["KL004", "KL008"]),
+                                              ("recipe.prime.main_prime", [])])
 def test_prime_builds_its_rewards_without_the_kl_reward_flags(module, expected):
     text = (f"python3 -m {module} algorithm.use_kl_in_reward=True algorithm.kl_penalty=low_var_kl "
             "algorithm.kl_ctrl.kl_coef=0.001 actor_rollout_ref.actor.use_kl_loss=False\n")
@@ -463,4 +468,4 @@ def test_a_script_that_runs_verl_twice_is_judged_launch_by_launch():
     so the first launch's k3 loss went unreported. Each launch is judged with the others' lines left out; the
     micro-batch both take from one variable is one finding there."""
     found = sorted((f.line, f.code) for f in lint_config("run.sh", TWO_RUNS, VERL_05))
-    assert found == [(2, "KL007"), (6, "KL002"), (13, "KL004")]
+    assert found == [(2, "KL007"), (6, "KL002"), (13, "KL004"), (13, "KL008")]

@@ -210,8 +210,9 @@ def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
 
 def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_path):
     """R1-Searcher keeps OpenRLHF 0.5 in OpenRLHF-RAG/ with the scripts that launch it: their k1 reward
-    is unclamped there (row 6, no finding); a script outside it gets the run's release (0.10 for the flat
-    option names, whose clamp at ±10 makes the k1 reward KL010). A pin still wins."""
+    is unclamped there (no KL010); a script outside it gets the run's release (0.10 for the flat option
+    names, whose clamp at ±10 makes the k1 reward KL010). A pin still wins. Both keep OpenRLHF's default
+    batch sizes, several updates per rollout: the reward meets only the PPO token ratio (row 23, KL008)."""
     from klaudit.frameworks import lint_config
 
     vendored = tmp_path / "OpenRLHF-RAG"
@@ -224,10 +225,10 @@ def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_pat
     for script in (inside, outside):
         script.write_text(launch)
     context = prepare({}, [tmp_path], {})
-    assert [f.code for f in lint_config(str(inside), launch, context)] == []
-    assert [f.code for f in lint_config(str(outside), launch, context)] == ["KL010"]
+    assert sorted(f.code for f in lint_config(str(inside), launch, context)) == ["KL008"]
+    assert sorted(f.code for f in lint_config(str(outside), launch, context)) == ["KL008", "KL010"]
     pinned = prepare({"openrlhf": "0.11"}, [tmp_path], {})
-    assert [f.code for f in lint_config(str(inside), launch, pinned)] == ["KL010"]
+    assert sorted(f.code for f in lint_config(str(inside), launch, pinned)) == ["KL008", "KL010"]
 
 
 def test_a_notebook_that_installs_a_pinned_release_is_read_with_it(tmp_path):
