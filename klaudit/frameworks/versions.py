@@ -10,9 +10,10 @@ semantics it applied. In order:
 2. the linted project says it: a checked-out framework tree (`trl/__init__.py`'s `__version__`,
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
-   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml` or `setup.py`, or a git tag such as
-   `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a `uv.lock`,
-   `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project root;
+   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml`, `setup.py` or a Dockerfile's `pip install`,
+   or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
+   `uv.lock`, `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project
+   root;
 3. else a dependency on a git commit (`trl @ git+https://...@1bca495`) is the version that commit
    states, looked up in the table of the framework's commits that klaudit ships
    (`klaudit/frameworks/commits/<name>.txt`, written by scripts/framework_commits.py). A development
@@ -366,14 +367,26 @@ def _pyproject(directory: Path) -> dict:
 
 
 def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
-    """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py."""
+    """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py,
+    and the packages a Dockerfile's `pip install` commands name (one per line, as a requirements file)."""
     sources = [(path.name, _read(path)) for path in sorted(directory.glob("requirements*.txt"))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
                     *(item for group in project.get("optional-dependencies", {}).values() for item in group)]
     sources.append(("pyproject.toml", "\n".join(item for item in dependencies if isinstance(item, str))))
     sources.append(("setup.py", _read(directory / "setup.py")))
+    sources.append(("Dockerfile", _pip_installed(_read(directory / "Dockerfile"))))
     return sources
+
+
+def _pip_installed(text: str | None) -> str | None:
+    """The arguments of every `pip install` in a shell text, one per line (`RUN pip install trl==0.16.1`)."""
+    if text is None:
+        return None
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    commands = re.sub(r"\\\s*\n", " ", "\n".join(lines))  # a command goes on over a trailing backslash
+    return "\n".join(argument.strip("\"'") for command in _PIP_INSTALL.finditer(commands)
+                     for argument in command.group("arguments").split())
 
 
 # Lock files whose `[[package]]` entries give each dependency's resolved version (`name = "trl"` then

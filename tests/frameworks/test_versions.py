@@ -123,6 +123,18 @@ def test_several_requirements_on_one_line_of_setup_py_are_each_read(tmp_path):
     assert detect([project])["trl"].source.startswith("0.18.0.dev0 at commit 1bca49515e in setup.py")
 
 
+def test_a_dockerfile_that_pip_installs_a_pinned_release_states_it(tmp_path):
+    """financial-grpo (fifteenth set) installs `trl==0.16.1 --no-dependencies` in its Dockerfile, over a
+    continued line; a commented-out install says nothing, and a requirements file's pin comes first."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Dockerfile").write_text("FROM rocm/pytorch\n# RUN pip install trl==0.14.0\n"
+                                        "RUN pip install deepspeed==0.16.4 \\\n    'trl==0.16.1' --no-dependencies\n")
+    assert detect([project])["trl"] == Assumed("0.16", "0.16.1 in Dockerfile")
+    (project / "requirements.txt").write_text("trl==0.19.0\n")
+    assert detect([project])["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
+
+
 def test_a_lock_file_gives_the_resolved_release_where_the_requirement_is_a_range(tmp_path):
     """bradhilton/rl-experiments asks for `trl>=0.15.2` in pyproject.toml and uv.lock resolves 0.15.2:
     the lock decides (beta 0.04 by default there), not the latest release. An exact pin still comes first."""
