@@ -270,9 +270,11 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     copy = copy_holding(path, verl.DEFAULTS_FILE, context.roots) if path else None
     legacy_workers = verl.legacy_workers_default(copy[1] if copy else None)
     kl_reward_applied = text is None or not verl.PRIME_LAUNCH.search(text)
+    fully_async = text is not None and verl.ASYNC_LAUNCH.search(text) is not None
 
     def judged_by(assumed: Assumed) -> list[Finding]:
-        judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied)
+        judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied,
+                            fully_async=fully_async)
         found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
         distillation = verl.judge_distillation(settings)
         if distillation is not None:

@@ -18,6 +18,9 @@
   micro-batch is one response, and its KL (or, in the reward, the policy loss that carries it) is divided
   by that response's own length (row 21). 0.9's model engine divides by the mini-batch's token count, and
   so do the workers of a copy whose `ppo_trainer.yaml` sets `use_legacy_worker_impl: disable`;
+- the fully asynchronous trainer (`verl.experimental.fully_async_policy.fully_async_main`) updates the
+  rollout's weights every `async_training.trigger_parameter_sync_step` steps (default 4) and keeps samples up
+  to `async_training.staleness_threshold` (0.1) older: either makes its KL stale (rows 22-23);
 - the PRIME recipe (`recipe.prime.main_prime`) builds its rewards without `use_kl_in_reward`'s penalty:
   there the KL reward flags do nothing;
 - `distillation.enabled` (default false) adds a loss to a teacher, `kl_penalty(student, teacher,
@@ -56,6 +59,12 @@ DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "to
 EPOCHS, TRAIN_BATCH, MINI_BATCH = ("actor_rollout_ref.actor.ppo_epochs", "data.train_batch_size",
                                    "actor_rollout_ref.actor.ppo_mini_batch_size")
 STEP_DEFAULTS = {EPOCHS: "1", TRAIN_BATCH: "1024", MINI_BATCH: "256"}
+# verl's fully asynchronous trainer (`verl.experimental.fully_async_policy.fully_async_main`): the rollout runs
+# ahead, its weights updated every `trigger_parameter_sync_step` optimizer steps, and samples up to
+# `staleness_threshold` (a fraction of a batch) older than that are trained as well
+SYNC_STEP, STALENESS = "async_training.trigger_parameter_sync_step", "async_training.staleness_threshold"
+ASYNC_DEFAULTS = {SYNC_STEP: "4", STALENESS: "0.1"}
+ASYNC_LAUNCH = re.compile(r"fully_async_policy[./]fully_async_main\b")
 MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
 DYNAMIC_BATCH = "actor_rollout_ref.actor.use_dynamic_bsz"
 LEGACY_WORKERS = "trainer.use_legacy_worker_impl"
@@ -112,11 +121,11 @@ def _zero(setting: Setting | None) -> bool:
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
-          kl_reward_applied: bool = True) -> Judged | None:
+          kl_reward_applied: bool = True, fully_async: bool = False) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
     of `trainer.use_legacy_worker_impl`; `kl_reward_applied`: whether the trainer launched applies the
-    KL reward flags (PRIME's does not)."""
+    KL reward flags (PRIME's does not); `fully_async`: whether it is the fully asynchronous trainer."""
     if not any(key in settings for key in KEYS):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
@@ -141,26 +150,42 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
         return None  # a value this release does not have
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
     steps = steps_per_rollout(settings, STEP_DEFAULTS)
+    ahead = _runs_ahead(settings) if fully_async else None
     older = Sampling.OFF_POLICY if loss is not None else Sampling.TOKEN_IS  # a reward meets the PPO ratio only
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation,
-                    sampling=older if steps > 1 else Sampling.ON_POLICY)
+                    sampling=older if steps > 1 or ahead else Sampling.ON_POLICY)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
     anchor = next(settings[key] for key in (*order, *KEYS) if key in settings)
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
                       for key in KEYS if (key in settings or _relevant(key, loss, reward)))
     if steps > 1:
         flags += listed(settings, STEP_DEFAULTS)
+    if ahead:
+        flags += listed(settings, ASYNC_DEFAULTS)
     if per_response:
         flags += f", {MICRO_BATCH.rsplit('.', 1)[-1]}=1 (a token-mean over each micro-batch before verl 0.9)"
     epochs = settings[EPOCHS].value if EPOCHS in settings else None
     stale_keys = (EPOCHS, MINI_BATCH, TRAIN_BATCH) if (number(epochs or "") or 1) > 1 else (MINI_BATCH, TRAIN_BATCH)
     stale_by = next((settings[key] for key in stale_keys if key in settings), None)  # epochs when they cause it
+    if ahead and steps <= 1:
+        stale_by = settings.get(ahead)
     aggregated_by = settings.get(MICRO_BATCH) if per_response else settings.get(LOSS_AGG_MODE)
     anchors = {rule: setting for rule, setting in (("KL007", aggregated_by),
                                                    ("KL004", settings.get(KL_PENALTY)), ("KL008", stale_by))
                if setting is not None}
     helps = {"KL007": MICRO_BATCH_FIX} if per_response else {}
     return Judged(config, anchor, flags, anchors, helps)
+
+
+def _runs_ahead(settings: Mapping[str, Setting]) -> str | None:
+    """The key by which the fully asynchronous trainer trains samples of an older policy, if one does: its
+    weights reach the rollout after more than one step, or samples past a sync are kept. A value the script
+    computes decides nothing."""
+    sync, staleness = (number(settings[key].value or "") if key in settings else number(default)
+                       for key, default in ASYNC_DEFAULTS.items())
+    if sync is not None and sync > 1:
+        return SYNC_STEP
+    return STALENESS if staleness is not None and staleness > 0 else None
 
 
 def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed, legacy_workers: str) -> bool:

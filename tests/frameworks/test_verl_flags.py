@@ -469,3 +469,32 @@ def test_a_script_that_runs_verl_twice_is_judged_launch_by_launch():
     micro-batch both take from one variable is one finding there."""
     found = sorted((f.line, f.code) for f in lint_config("run.sh", TWO_RUNS, VERL_05))
     assert found == [(2, "KL007"), (6, "KL002"), (13, "KL004"), (13, "KL008")]
+
+
+FULLY_ASYNC = """\
+staleness_threshold={staleness}
+trigger_parameter_sync_step={sync}
+python -m verl.experimental.fully_async_policy.fully_async_main \\
+    data.train_batch_size=0 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \\
+    async_training.staleness_threshold="${{staleness_threshold}}" \\
+    async_training.trigger_parameter_sync_step="${{trigger_parameter_sync_step}}"
+"""
+
+
+@pytest.mark.parametrize("staleness, sync, expected", [
+    ("0.1", "4", [(2, "KL008"), (7, "KL002")]),  # weights reach the rollout every 4 steps: rows 3-4 and 22
+    ("0", "4", [(2, "KL008"), (7, "KL002")]),
+    ("0.5", "1", [(1, "KL008"), (7, "KL002")]),  # samples past a sync are kept
+    ("0", "1", [(7, "KL002")]),  # in step with the trainer: on-policy
+])
+def test_the_fully_asynchronous_trainer_trains_the_kl_on_samples_of_older_policies(staleness, sync, expected):
+    """VESPO's copy of verl (fifteenth set): the fully asynchronous recipe's launches set train_batch_size=0, so
+    the batch sizes say nothing; the rollout's weights lag the trainer's by up to trigger_parameter_sync_step
+    steps, and staleness_threshold keeps older samples still."""
+    text = FULLY_ASYNC.format(staleness=staleness, sync=sync)
+    assert sorted((f.line, f.code) for f in lint_config("run.sh", text)) == expected
+    plain = text.replace("experimental.fully_async_policy.fully_async_main", "trainer.main_ppo")
+    assert sorted((f.line, f.code) for f in lint_config("run.sh", plain)) == [(7, "KL002")]
