@@ -13,7 +13,7 @@ import functools
 import re
 from collections.abc import Iterable
 
-from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, Atom, AtomKind, Poly
+from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, SEQUENCE, Atom, AtomKind, Poly
 from klaudit.lint.kinds import SinkKind
 
 # ---- the cheap pre-filter ----------------------------------------------------------------
@@ -221,12 +221,19 @@ def is_mask_name(name: str) -> bool:
     return (_MASK.search(name) is not None and "logit" not in name.lower()) or _TOKEN_WEIGHTS.match(name) is not None
 
 
+# The behaviour policy's log-probs summed over the response (`old_seq_logp`, `old_logp_sum`): the other
+# side of a sequence-level ratio exp(sum_t logp_t - old_seq_logp) to the samples' policy.
+_SUMMED = re.compile(r"(?<![a-z])(seq|sequence|sum|summed)(?![a-z])", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments (a polynomial is an immutable value)
 def named_tensor(name: str, grad: bool) -> Poly | None:
     """The symbolic tensor a name denotes; reference and old log-probs never carry gradient."""
     kind = tensor_role(name)
     if kind is None:
         return None
+    if kind == OLD and _SUMMED.search(name.replace("_", " ")):
+        return Poly.atom(Atom(kind, False, SEQUENCE))
     return Poly.atom(Atom(kind, grad and kind in (POLICY, LOGITS)))
 
 

@@ -39,3 +39,31 @@ def test_a_critics_error_added_to_the_policy_loss_leaves_one_verdict_at_the_rewa
     """Row 7 (KL004) once, at the reward (line 12); the critic's error over returns that hold the
     KL reward made the policy loss a new combination, reported again at line 19."""
     assert module_codes(POLICY_AND_CRITIC, tmp_path) == [(12, "KL004")]
+
+
+# grpo-from-scratch's modular GRPO: the rollout sums the behaviour policy's log-probs over each completion and the
+# update, four epochs of optimizer steps over that rollout, weighs the advantages by the sequence ratio to them.
+SEQUENCE_RATIO = """\
+import torch
+
+
+def update(model, optimizer, full_ids, completion_mask, old_seq_logp, ref_logp, advantages, beta, epochs=4):
+    for epoch in range(epochs):
+        new_logp = model(full_ids)
+        new_seq_logp = (completion_mask * new_logp).sum(dim=-1)
+        diff = ref_logp - new_logp
+        k3 = (completion_mask * (torch.exp(diff) - diff - 1)).sum(dim=-1)
+        ratio = torch.exp(new_seq_logp - old_seq_logp)
+        objective = torch.min(torch.clamp(ratio, 0.8, 1.2) * advantages, ratio * advantages)
+        loss = -objective.mean() + beta * k3.mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_sequence_ratio_to_the_behaviour_policys_summed_log_probs_says_the_samples_are_older(tmp_path):
+    """k3 as a loss (row 3, KL002) on samples of the policy before the last optimizer step, without weights
+    (row 22, KL008): `old_seq_logp` names the behaviour policy's log-probs summed over the completion, the other
+    side of the sequence ratio. Read per token, the ratio did not fold and the samples looked on-policy."""
+    assert module_codes(SEQUENCE_RATIO, tmp_path) == [(12, "KL002"), (12, "KL008")]
