@@ -472,17 +472,30 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
              if not _of_module_from_elsewhere(written := _written(source, call.where), roots, context)
              and ("." in written or _binds_name(source, roots, written))]
     found: list[Finding] = []
+    patched = _UNSLOTH.search(source) is not None
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         if definition.fields and not _is_framework_source(definition, context):
-            fallback, note = _class_defaults(definition.bases, path, context)
+            fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched)
             found += _trl(path, definition.fields, context, next(iter(definition.fields.values())),
                           fallback, note, text=source)
     for call in calls:
         if call.name in context.classes and not set(call.settings) & set(trl.DECIDING):
             continue  # its defaults are judged at its definition
-        fallback, note = _class_defaults((call.name,), path, context)
+        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source)
     return found
+
+
+# Unsloth (`from unsloth import FastLanguageModel`, `PatchFastRL("GRPO", ...)`) replaces GRPOTrainer's loss with
+# unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says: a plain k3.
+_UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(", re.MULTILINE)
+
+
+def _unsloth(fallback: Mapping[str, str] | None, note: str, patched: bool) -> tuple[Mapping[str, str] | None, str]:
+    """The defaults and note of a GRPOConfig whose trainer Unsloth patches (`patched`): no bias correction."""
+    if not patched:
+        return fallback, note
+    return {**(fallback or {}), trl.CORRECTION: "False"}, "; ".join(filter(None, (note, "Unsloth's GRPO loss: a plain k3")))
 
 
 def _tunix_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:

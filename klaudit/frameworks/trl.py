@@ -20,6 +20,9 @@
   reused samples it is no importance weight the catalog knows (off-policy). Without the correction the
   level does not touch the KL term.
 
+A module that imports Unsloth (or calls its `PatchFastRL`) trains Unsloth's patched GRPOTrainer, whose loss adds
+`beta * k3` to each token's loss whatever `use_bias_correction_kl` says: a plain k3.
+
 The same keys are read from `GRPOConfig(...)` calls and from classes deriving from it (their field
 defaults), from `trl grpo --beta ...` command lines, and from the YAML recipes `trl grpo --config` reads.
 """

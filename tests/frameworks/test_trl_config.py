@@ -266,3 +266,17 @@ def test_a_yaml_section_the_code_builds_grpoconfig_from_is_judged_where_it_sets_
     assert _tree_findings(tmp_path, files) == [("en.yaml", 4, "KL002"), ("en.yaml", 4, "KL007")]
     files["src/train.py"] = XLING_TRAINER.replace("dict(cfg[\"grpo\"])", "dict(cfg[\"training\"])")
     assert _tree_findings(tmp_path, files) == []  # a section no code builds GRPOConfig from
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ("", "KL003"),  # TRL 1.16's default bias correction: ratio*k3, the local gradient (row 2)
+    ("from unsloth import FastLanguageModel, PatchFastRL\nPatchFastRL('GRPO', FastLanguageModel)\n", "KL002"),
+    ("import unsloth\n", "KL002"),
+])
+def test_unsloths_patched_trainer_trains_a_plain_k3(patch, expected):
+    """nano-zero (fifteenth set) and self-llm's Phi-4 notebook: Unsloth replaces GRPOTrainer's loss with one that
+    adds beta * k3 to each token's loss, ignoring use_bias_correction_kl: k3 as a loss (row 3, KL002)."""
+    source = patch + "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(beta=2.0)\n"
+    found = lint_python("train.py", cst.parse_module(source), source)
+    assert [f.code for f in found] == [expected]
+    assert ("Unsloth's GRPO loss" in found[0].message) == bool(patch)
