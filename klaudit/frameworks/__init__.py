@@ -271,10 +271,11 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     legacy_workers = verl.legacy_workers_default(copy[1] if copy else None)
     kl_reward_applied = text is None or not verl.PRIME_LAUNCH.search(text)
     fully_async = text is not None and verl.ASYNC_LAUNCH.search(text) is not None
+    kl_loss_applied = verl.kl_loss_read(copy[1] if copy else None, verl.runs_megatron(settings, text))
 
     def judged_by(assumed: Assumed) -> list[Finding]:
         judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied,
-                            fully_async=fully_async)
+                            kl_loss_applied=kl_loss_applied, fully_async=fully_async)
         found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
         distillation = verl.judge_distillation(settings)
         if distillation is not None:

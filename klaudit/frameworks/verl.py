@@ -121,11 +121,12 @@ def _zero(setting: Setting | None) -> bool:
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
-          kl_reward_applied: bool = True, fully_async: bool = False) -> Judged | None:
+          kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
-    of `trainer.use_legacy_worker_impl`; `kl_reward_applied`: whether the trainer launched applies the
-    KL reward flags (PRIME's does not); `fully_async`: whether it is the fully asynchronous trainer."""
+    of `trainer.use_legacy_worker_impl`; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
+    the actor launched apply the KL reward's and the KL loss's flags (PRIME's trainer, a fork's rewritten
+    actor do not); `fully_async`: whether it is the fully asynchronous trainer."""
     if not any(key in settings for key in KEYS):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
@@ -135,7 +136,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if not at_least(assumed, "0.9") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
         return None  # before 0.9 a straight-through value is rejected at start-up
     use_loss, use_reward = truthy(value[USE_KL_LOSS]), truthy(value[USE_KL_IN_REWARD])
-    use_loss = use_loss and not _zero(settings.get(COEFFICIENTS["loss"]))
+    use_loss = use_loss and kl_loss_applied and not _zero(settings.get(COEFFICIENTS["loss"]))
     use_reward = use_reward and kl_reward_applied and not _zero(settings.get(COEFFICIENTS["reward"]))
     loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
     reward = REWARD_ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
@@ -237,6 +238,32 @@ def legacy_workers_default(copy: Path | None) -> str:
         return "auto"
     found = re.search(r"^\s+use_legacy_worker_impl:\s*[\"']?(\w+)", text, re.MULTILINE)
     return found.group(1) if found else "auto"
+
+
+STRATEGY = "actor_rollout_ref.actor.strategy"
+_ACTORS = {False: "verl/workers/actor/dp_actor.py", True: "verl/workers/actor/megatron_actor.py"}
+
+
+def runs_megatron(settings: Mapping[str, Setting], text: str | None) -> bool:
+    """Whether a launch trains with Megatron's actor: its strategy flag, or the Megatron trainer config it names."""
+    strategy = settings.get(STRATEGY)
+    if strategy is not None and strategy.value is not None:
+        return strategy.value == "megatron"
+    return text is not None and "ppo_megatron_trainer" in text
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
+def kl_loss_read(copy: Path | None, megatron: bool) -> bool:
+    """Whether the actor of the copy of verl a script runs reads `use_kl_loss`: a fork that rewrote its loss
+    (LMOps' context-distillation verl, whose FSDP actor has no KL loss) ignores the flag. True where the copy
+    or its actor is not there to read."""
+    if copy is None:
+        return True
+    try:
+        text = (copy / _ACTORS[megatron]).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    return USE_KL_LOSS.rsplit(".", 1)[-1] in text
 
 
 DISTILLATION = "distillation.enabled"

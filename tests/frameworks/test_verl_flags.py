@@ -498,3 +498,23 @@ def test_the_fully_asynchronous_trainer_trains_the_kl_on_samples_of_older_polici
     assert sorted((f.line, f.code) for f in lint_config("run.sh", text)) == expected
     plain = text.replace("experimental.fully_async_policy.fully_async_main", "trainer.main_ppo")
     assert sorted((f.line, f.code) for f in lint_config("run.sh", plain)) == [(7, "KL002")]
+
+
+@pytest.mark.parametrize("strategy, expected", [
+    ("", []),  # the FSDP actor, rewritten without the KL loss: the flag does nothing
+    ("    actor_rollout_ref.actor.strategy=megatron \\\n", ["KL002", "KL007"]),  # Megatron's still reads it
+])
+def test_a_copy_whose_actor_never_reads_use_kl_loss_ignores_the_flag(tmp_path, strategy, expected):
+    """LMOps' context-distillation copies of verl (second set) rewrote dp_actor.update_policy around a KL to the
+    experience-conditioned model and dropped use_kl_loss, which only their Megatron actor still reads: every
+    upstream FSDP example inside them reported a KL loss that never runs."""
+    script = _project_with_verl(tmp_path, "0.5.0", None)
+    actor = tmp_path / "verl" / "workers" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "dp_actor.py").write_text("def update_policy(self, data):\n    return self.distill(data)\n")
+    (actor / "megatron_actor.py").write_text("def update_policy(self, data):\n    if self.config.use_kl_loss:\n"
+                                             "        pass\n")
+    script.write_text(script.read_text().replace("python3 -m verl.trainer.main_ppo \\\n",
+                                                 "python3 -m verl.trainer.main_ppo \\\n" + strategy))
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
