@@ -304,9 +304,11 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         if flat and not assumed.stated:  # 0.11 rejects the flat names: the script is for an earlier release
             assumed = Assumed("0.10", "flat flag names")
         flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat)
+        copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
+        kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
 
         def judged_by(assumed: Assumed) -> list[Finding]:
-            judged = openrlhf.judge(flags, assumed, flat)
+            judged = openrlhf.judge(flags, assumed, flat, kl_reward_applied)
             return [] if judged is None else _findings(path, judged[0], assumed.label(openrlhf.NAME),
                                                        lambda rule, row: fixes.get(rule, row), clamped=judged[1])
 

@@ -29,8 +29,11 @@ runs, releases 0.6 to 0.11.2).
 
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, truthy
@@ -111,9 +114,32 @@ def _stale(value: Mapping[str, str]) -> bool | None:
     return bool(asynchronous) or epochs * rollout * samples / train > 1  # type: ignore[operator]
 
 
-def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False) -> tuple[Judged, bool] | None:
+REWARD_MODULE = "openrlhf/models/utils.py"  # compute_reward, which subtracts kl_coef * kl from the token rewards
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
+def reward_reads_kl(copy: Path | None) -> bool:
+    """Whether the `compute_reward` of the copy of OpenRLHF a script runs uses its `kl` argument: a fork that
+    rewrote it to the task reward alone (Distributional-Matching-Tuning) drops the KL reward. True where the
+    copy, or a function of that name, is not there to read."""
+    if copy is None:
+        return True
+    try:
+        tree = ast.parse((copy / REWARD_MODULE).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "compute_reward":
+            used = {name.id for statement in node.body for name in ast.walk(statement) if isinstance(name, ast.Name)}
+            return bool(used & {"kl", "kl_coef"})
+    return True
+
+
+def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
+          kl_reward_applied: bool = True) -> tuple[Judged, bool] | None:
     """(the KL configuration of an OpenRLHF PPO launch with `settings`, whether its estimate is clamped);
-    None when the launch sets no KL flag, the KL is off, or a deciding flag is not a literal."""
+    None when the launch sets no KL flag, the KL is off, or a deciding flag is not a literal.
+    `kl_reward_applied`: whether the copy run puts the KL in the rewards (see `reward_reads_kl`)."""
     if not any(key in settings for key in KL_KEYS):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
@@ -136,6 +162,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False)
         config = _loss_config(estimator, unbiased, stale, assumed)
         clamped = clamped and not unbiased  # unbiased_gradient detaches the clamped value; w * k2 is not clamped
     else:
+        if not kl_reward_applied:
+            return None
         aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, ""))
         if aggregation is None or value.get(POLICY_LOSS) != "ppo" or value.get(ADVANTAGE) not in ADVANTAGES:
             return None  # an unknown mode, or GSPO's per-sequence ratio, which no catalog row describes

@@ -158,3 +158,26 @@ def test_the_flag_table_agrees_with_the_lint_of_openrlhf_shaped_code():
             handed_over = set() if use_loss else {"KL008"}
             assert of_value and of_value <= from_flags <= labelled | unlabelled | handed_over, (
                 use_loss, value, of_value, from_flags)
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("    return r - kl_coef * kl\n", ["KL008", "KL010"]),  # upstream's: the clamped k1 reward over 8 updates
+    ("    return r * action_mask\n", []),  # a fork's task reward alone: the KL flags put nothing in the reward
+])
+def test_a_copy_whose_compute_reward_drops_the_kl_has_no_kl_reward(tmp_path, body, expected):
+    """Distributional-Matching-Tuning (fifteenth set) carries OpenRLHF 0.8.9 with compute_reward rewritten to
+    return the task reward alone: its upstream PPO examples' --init_kl_coef adds no KL to the rewards."""
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='openrlhf')\n")
+    (tmp_path / "version.txt").write_text("0.8.9\n")
+    (tmp_path / "openrlhf" / "models").mkdir(parents=True)
+    (tmp_path / "openrlhf" / "__init__.py").write_text("")
+    (tmp_path / "openrlhf" / "models" / "utils.py").write_text(
+        "def compute_reward(r, kl_coef, kl, action_mask=None):\n" + body)
+    (tmp_path / "openrlhf" / "cli").mkdir()
+    (tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py").write_text("")
+    launch = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --rollout_batch_size 1024 --train_batch_size 128\n"
+    script = tmp_path / "examples" / "train.sh"
+    script.parent.mkdir()
+    script.write_text(launch)
+    found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
+    assert sorted(f.code for f in found) == expected
