@@ -433,6 +433,8 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
     """TRL's GRPOConfig keys, over the release's defaults and the `class_defaults` of a class deriving from
     GRPOConfig; with `text` (the file they were read from) the flag fixes are edits of it."""
     def judged_by(assumed: Assumed) -> list[Finding]:
+        if assumed.older:
+            return []  # a TRL older than GRPOTrainer (0.14): the configuration cannot be built
         judged = trl.judge(settings, {**trl.defaults(assumed), **(class_defaults or {})}, anchor)
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
         return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)

@@ -69,6 +69,7 @@ class Assumed:
     source: str = ""  # "" (the default), "pinned", or where the version was read
     guessed: bool = False  # the default, assumed where the code names no release (a git commit)
     earlier: str | None = None  # a development state after this release of KNOWN: both are judged
+    older: bool = False  # the code names a release older than every one of KNOWN (judged as the oldest)
 
     @property
     def stated(self) -> bool:
@@ -102,6 +103,11 @@ def _spelled(name: str) -> str:
 
 def at_least(assumed: Assumed, version: str) -> bool:
     return release(assumed.version) >= release(version)
+
+
+def _stated(name: str, version: str, source: str) -> Assumed:
+    """The release a version stated in `source` is judged as, marked when it is older than every known one."""
+    return Assumed(_known(name, version), source, older=release(version) < release(KNOWN[name][0]))
 
 
 def _known(name: str, version: str) -> str:
@@ -150,7 +156,7 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
     for directory in _search_path(roots):
         for name, (version, where) in _stated_here(directory).items():
             if name not in found:
-                found[name] = Assumed(_known(name, version), f"{version} in {where}")
+                found[name] = _stated(name, version, f"{version} in {where}")
         for name, (where, commit) in _git_commit_pins(directory).items():
             found.setdefault(name, _at_commit(name, commit, where))
         for name, (known, specifier, where) in _bounded(directory).items():
@@ -218,7 +224,7 @@ def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
         for name in KNOWN:
             pinned = re.search(rf"(?<![\w-]){_spelled(name)}(?:\[[^\]]*\])?==([\w.]+)", command.group("arguments"))
             if pinned is not None and _RELEASE.match(pinned.group(1)) and name not in found:
-                found[name] = Assumed(_known(name, pinned.group(1)), f"{pinned.group(1)} in the notebook's pip install")
+                found[name] = _stated(name, pinned.group(1), f"{pinned.group(1)} in the notebook's pip install")
     return found
 
 
@@ -331,7 +337,7 @@ def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ())
     if stated is None or not _RELEASE.match(stated[0]):
         return UNSTATED
     relative = candidate.relative_to(base) / stated[1] if candidate != base else Path(stated[1])
-    return Assumed(_known(name, stated[0]), f"{stated[0]} in {relative.as_posix()}")
+    return _stated(name, stated[0], f"{stated[0]} in {relative.as_posix()}")
 
 
 def copy_holding(launcher: str, module: str, roots: tuple[str, ...] = ()) -> tuple[Path, Path] | None:

@@ -280,3 +280,13 @@ def test_unsloths_patched_trainer_trains_a_plain_k3(patch, expected):
     found = lint_python("train.py", cst.parse_module(source), source)
     assert [f.code for f in found] == [expected]
     assert ("Unsloth's GRPO loss" in found[0].message) == bool(patch)
+
+
+def test_a_trl_older_than_grpo_builds_no_grpo_configuration(tmp_path):
+    """Stoney-RL (fifteenth set) pins trl==0.7.10, which has no GRPOConfig: its call cannot run, so no release's
+    GRPO semantics apply (it was judged as 0.14, the oldest known: KL002 and KL007)."""
+    script = "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(beta=0.04)\n"
+    for pinned, expected in (("0.7.10", []), ("0.14.0", [("train_grpo.py", 3, "KL002"), ("train_grpo.py", 3, "KL007")])):
+        project = tmp_path / pinned
+        project.mkdir()
+        assert _tree_findings(project, {"requirements.txt": f"trl=={pinned}\n", "train_grpo.py": script}) == expected
