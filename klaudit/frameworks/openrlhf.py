@@ -154,9 +154,9 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     clamped = at_least(assumed, "0.8") and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
     if use_loss and not at_least(assumed, "0.7") and truthy(value[PACKING]):
         return None  # up to 0.6 the packed KL loss is rebuilt by torch.tensor: no gradient, no catalog row
+    stale = _stale(value)
     if use_loss:
         unbiased = truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
-        stale = _stale(value)
         if unbiased is None or stale is None:
             return None
         config = _loss_config(estimator, unbiased, stale, assumed)
@@ -167,8 +167,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
         aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, ""))
         if aggregation is None or value.get(POLICY_LOSS) != "ppo" or value.get(ADVANTAGE) not in ADVANTAGES:
             return None  # an unknown mode, or GSPO's per-sequence ratio, which no catalog row describes
-        stale = _stale(value)  # unknown batch sizes: no claim on staleness
-        config = Config(reward=estimator, aggregation=aggregation,
+        config = Config(reward=estimator, aggregation=aggregation,  # unknown batch sizes: no claim on staleness
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
     anchor = next(settings[key] for key in (ESTIMATOR, USE_LOSS, COEF, UNBIASED) if key in settings)
     shown, name = [key for key in KEYS if key in settings or key in (USE_LOSS, ESTIMATOR, COEF)], spelled(flat)

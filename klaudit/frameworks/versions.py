@@ -105,7 +105,7 @@ def at_least(assumed: Assumed, version: str) -> bool:
     return release(assumed.version) >= release(version)
 
 
-def _stated(name: str, version: str, source: str) -> Assumed:
+def _assumed_from(name: str, version: str, source: str) -> Assumed:
     """The release a version stated in `source` is judged as, marked when it is older than every known one."""
     return Assumed(_known(name, version), source, older=release(version) < release(KNOWN[name][0]))
 
@@ -156,7 +156,7 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
     for directory in _search_path(roots):
         for name, (version, where) in _stated_here(directory).items():
             if name not in found:
-                found[name] = _stated(name, version, f"{version} in {where}")
+                found[name] = _assumed_from(name, version, f"{version} in {where}")
         for name, (where, commit) in _git_commit_pins(directory).items():
             found.setdefault(name, _at_commit(name, commit, where))
         for name, (known, specifier, where) in _bounded(directory).items():
@@ -224,7 +224,7 @@ def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
         for name in KNOWN:
             pinned = re.search(rf"(?<![\w-]){_spelled(name)}(?:\[[^\]]*\])?==([\w.]+)", command.group("arguments"))
             if pinned is not None and _RELEASE.match(pinned.group(1)) and name not in found:
-                found[name] = _stated(name, pinned.group(1), f"{pinned.group(1)} in the notebook's pip install")
+                found[name] = _assumed_from(name, pinned.group(1), f"{pinned.group(1)} in the notebook's pip install")
     return found
 
 
@@ -337,7 +337,7 @@ def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ())
     if stated is None or not _RELEASE.match(stated[0]):
         return UNSTATED
     relative = candidate.relative_to(base) / stated[1] if candidate != base else Path(stated[1])
-    return _stated(name, stated[0], f"{stated[0]} in {relative.as_posix()}")
+    return _assumed_from(name, stated[0], f"{stated[0]} in {relative.as_posix()}")
 
 
 def copy_holding(launcher: str, module: str, roots: tuple[str, ...] = ()) -> tuple[Path, Path] | None:

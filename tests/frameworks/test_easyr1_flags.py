@@ -64,6 +64,16 @@ def test_several_updates_per_rollout_make_the_kl_loss_off_policy(update, epochs,
     assert all("global_batch_size equal to data.rollout_batch_size" in f.fix for f in stale)
 
 
+@pytest.mark.parametrize("update, expected", [
+    ("512", []),  # the k1 reward over one optimizer step per rollout: row 6, right
+    ("128", [(13, "KL008")]),  # over four, with only PPO's token ratio: row 23, at the update batch size
+])
+def test_a_kl_reward_over_several_updates_per_rollout_meets_only_the_token_ratio(update, expected):
+    text = CONFIG.format(loss="false", penalty="kl", disable="false", coef="1.0e-2", actor="").replace(
+        "global_batch_size: 512", f"global_batch_size: {update}")
+    assert sorted((f.line, f.code) for f in lint_config("examples/config.yaml", text)) == expected
+
+
 def test_a_verl_config_is_not_read_as_easyr1s():
     """verl's own `algorithm.kl_penalty` (its reward estimator) without EasyR1's `disable_kl` is verl's: row 7,
     and at verl's default batch sizes (four updates per rollout) row 23."""
