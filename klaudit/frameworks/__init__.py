@@ -7,8 +7,9 @@ same codes and words as the findings in Python code, and the fix as a flag chang
 framework has a right one. Known: verl's Hydra flags (launch scripts, YAML), OpenRLHF's
 train_ppo_ray options (launch scripts), TRL's GRPO configuration (`GRPOConfig(...)` and classes
 deriving from it in Python, `trl grpo` command lines and the command lines of scripts that parse
-TRL's GRPOConfig, YAML recipes), the estimator of TRL's PPOConfig, and tunix's algorithm configurations
-(Python calls, the sections of its command line's YAML configs and overrides).
+TRL's GRPOConfig, YAML recipes), the estimator of TRL's PPOConfig, tunix's algorithm configurations
+(Python calls, the sections of its command line's YAML configs and overrides), and NeMo-RL's GRPO configs
+(YAML with its `defaults:` inheritance, and the overrides of scripts launching its `run_*.py`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,20 @@ import libcst as cst
 
 from klaudit.catalog import defects
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, openrlhf, trl, trl_ppo, tunix, verl
+from klaudit.frameworks import easyr1, nemo_rl, openrlhf, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
-from klaudit.frameworks.settings import ConfigCall, Judged, Setting, cli_flags, only_command, shell_overrides
+from klaudit.frameworks.settings import (
+    ConfigCall,
+    Judged,
+    Setting,
+    cli_flags,
+    command_span,
+    only_command,
+    shell_overrides,
+    yaml_settings,
+)
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -48,7 +58,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
-               "distillation.enabled")
+               "distillation.enabled", "reference_policy_kl")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -223,12 +233,14 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         values = composed_settings(path, text)
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
         found += _easyr1(path, values)
+        if nemo_rl.is_config(values):
+            found += _nemo_rl(path, values, yaml_settings(text).keys(), context, text, "yaml")
         found += _trl_recipe(path, values, context, text)
         found += _trl_sections(path, values, context, text)
         if "tunix" in text or "tunix" in _within_roots(path, context):  # a config of tunix's command line
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
-    return _verl_launches(path, text, context) + _launch_flags(path, text, context)
+    return _verl_launches(path, text, context) + _launch_flags(path, text, context) + _nemo_rl_launches(path, text, context)
 
 
 def _verl_launches(path: str, text: str, context: Context) -> list[Finding]:
@@ -292,6 +304,74 @@ def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
 
 
+# `uv run examples/run_grpo_math.py --config examples/configs/grpo_math_8B.yaml loss_fn.x=...`: a NeMo-RL entry
+# script (one that loads its config with NeMo-RL's loader), its config given or the script's own default
+_NEMO_RL_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*run_\w+\.py)\b")
+_NEMO_RL_CONFIG = re.compile(r"--config(?:=|[ \t]+)[\"']?([\w./-]+\.ya?ml)\b")
+_NEMO_RL_DEFAULT = re.compile(r"[\"']configs[\"']\s*,\s*[\"']([\w.-]+\.ya?ml)[\"']")
+
+
+def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
+    """The NeMo-RL GRPO run of a launch script: the config its entry script loads, with the script's
+    overrides; inherited keys are placed at the entry script's name."""
+    for match in _NEMO_RL_SCRIPT.finditer(text):
+        script = _project_path(path, match.group(1))
+        source = _read_text(script) if script is not None else None
+        if script is None or source is None or "nemo_rl" not in source or "load_config" not in source:
+            continue
+        lines = text.splitlines()
+        line = text.count("\n", 0, match.start()) + 1
+        first, last = command_span(lines, line - 1)
+        given = _NEMO_RL_CONFIG.search("\n".join(lines[first:last + 1]))
+        default = _NEMO_RL_DEFAULT.search(source)
+        config = (_project_path(path, given.group(1)) if given else
+                  script.parent / "configs" / default.group(1) if default else None)
+        config_text = _read_text(config) if config is not None else None
+        if config is None or config_text is None:
+            return []
+        column = match.start() - text.rfind("\n", 0, match.start())
+        inherited = {key: Setting(setting.value, line, column, column + len(match.group(1)))
+                     for key, setting in composed_settings(str(config), config_text).items()}
+        own = shell_overrides(text)
+        return _nemo_rl(path, {**inherited, **own}, own.keys(), context, text, "shell")
+    return []
+
+
+def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], context: Context, text: str,
+             style: str) -> list[Finding]:
+    """A NeMo-RL GRPO configuration, judged by the KL code of the project's copy of NeMo-RL where it carries
+    one, else of the release assumed; a rule only where the file sets a key that decides it."""
+    code, label = _nemo_rl_code(path, context)
+    judged = nemo_rl.judge(settings, code, own)
+    if judged is None:
+        return []
+    fixer = _Fixer(text, style, nemo_rl.FLAG_FIXES, nemo_rl.NO_FLAG_FIX)
+    return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
+            if nemo_rl.reported(finding.code, own)]
+
+
+def _nemo_rl_code(path: str, context: Context) -> tuple[nemo_rl.KLCode, str]:
+    """The KL code a NeMo-RL config at `path` runs, and how a finding names it: the project's copy of
+    NeMo-RL where it carries one, else the release assumed."""
+    for module in nemo_rl.LOSS_MODULES:
+        copy = copy_holding(path, module, context.roots)
+        loss = _read_text(copy[1] / module) if copy is not None else None
+        if copy is not None and loss is not None:
+            base, folder = copy
+            where = (folder.relative_to(base) / "nemo_rl").as_posix()
+            code = nemo_rl.code_of_copy(loss, _read_text(folder / nemo_rl.UTILS_MODULE) or "")
+            return code, f"{nemo_rl.LABEL} (the copy in {where}/)"
+    assumed = context.release(nemo_rl.NAME, path)
+    return nemo_rl.code_of_release(assumed), assumed.label(nemo_rl.LABEL)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     """OpenRLHF's and TRL's command-line options in a script that launches their trainer."""
     found: list[Finding] = []
@@ -339,16 +419,19 @@ def _trl_grpo_script(path: str, text: str) -> re.Match | None:
 
 
 def _project_file(launcher: str, relative: str) -> str | None:
-    """The text of the file `relative` names, beside `launcher` or in one of the folders above it up to
-    the repository's root (scripts are run from the root or from their own folder); None if not found."""
+    """The text of the file `relative` names (see `_project_path`); None if not found."""
+    found = _project_path(launcher, relative)
+    return _read_text(found) if found is not None else None
+
+
+def _project_path(launcher: str, relative: str) -> Path | None:
+    """The file `relative` names, beside `launcher` or in one of the folders above it up to the
+    repository's root (scripts are run from the root or from their own folder); None if not found."""
     folder = Path(launcher).resolve().parent
     for base in (folder, *folder.parents):
         candidate = base / relative
         if candidate.is_file():
-            try:
-                return candidate.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                return None
+            return candidate
         if (base / ".git").exists():
             return None
     return None

@@ -48,9 +48,12 @@ KNOWN: Mapping[str, tuple[str, ...]] = {
     "openrlhf": ("0.6", "0.7", "0.8", "0.9", "0.10", "0.11"),
     # tunix changed its GRPO KL in patch releases: loss_agg_mode came in 0.1.4, kl_loss_mode in 0.1.7
     "tunix": ("0.1.0", "0.1.4", "0.1.7"),
+    # NeMo-RL: k3 clamped from 0.4, reference_policy_kl_type from 0.5, use_kl_in_reward from 0.6, the
+    # score-weighted KL term from 0.7 (klaudit.frameworks.nemo_rl)
+    "nemo_rl": ("0.3", "0.4", "0.5", "0.6", "0.7"),
 }
 # The name a framework is installed by, where it differs from its package's (`pip install google-tunix`).
-DISTRIBUTIONS: Mapping[str, str] = {"tunix": "google-tunix"}
+DISTRIBUTIONS: Mapping[str, str] = {"tunix": "google-tunix", "nemo_rl": "nemo-rl"}
 DEFAULT = {name: versions[-1] for name, versions in KNOWN.items()}
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 _MINOR_DEVELOPMENT = re.compile(r"^v?\d+\.\d+(?:\.0)?\.?dev", re.IGNORECASE)  # 0.18.0.dev0: before 0.18's release

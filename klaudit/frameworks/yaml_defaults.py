@@ -4,6 +4,10 @@ files it names with the file's own keys, in that order (`_self_` last when not l
 (`ppo_trainer`) and config groups (`actor@actor_rollout_ref.actor: dp_actor`) carry the framework's
 defaults, which the framework module supplies. A key that comes from an included file is reported at
 the entry of the defaults list that brings it in, the line of this file a user edits.
+
+NeMo-RL's configs inherit the same way with a file name or relative path, alone or listed
+(`defaults: "grpo_math_1B.yaml"`), and a section that sets `_override_: true` replaces the inherited
+section instead of merging into it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from klaudit.frameworks.settings import Setting, command_span, yaml_loader, yaml
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) are not followed
 _SELF = "_self_"
+_OVERRIDE = "_override_"  # NeMo-RL: `section: {_override_: true, ...}` replaces the inherited section
 
 
 def _defaults_entries(text: str) -> list[tuple[str, Setting]]:
@@ -29,10 +34,11 @@ def _defaults_entries(text: str) -> list[tuple[str, Setting]]:
     if not isinstance(document, yaml.MappingNode):
         return []
     for key, value in document.value:
-        if isinstance(key, yaml.ScalarNode) and key.value == "defaults" and isinstance(value, yaml.SequenceNode):
+        if isinstance(key, yaml.ScalarNode) and key.value == "defaults":
+            items = value.value if isinstance(value, yaml.SequenceNode) else [value]
             return [(str(item.value), Setting(None, item.start_mark.line + 1, item.start_mark.column + 1,
                                               item.end_mark.column + 1))
-                    for item in value.value if isinstance(item, yaml.ScalarNode)]
+                    for item in items if isinstance(item, yaml.ScalarNode) and item.value]
     return []
 
 
@@ -47,9 +53,13 @@ def composed_settings(path: str, text: str, depth: int = 0) -> dict[str, Setting
     composed: dict[str, Setting] = {}
     for name, entry in entries:
         if name == _SELF:
+            replaced = [key[:-len(_OVERRIDE)] for key, setting in own.items()
+                        if key.endswith(_OVERRIDE) and (setting.value or "").lower() == "true"]
+            composed = {key: setting for key, setting in composed.items()
+                        if not any(key.startswith(section) for section in replaced)}
             composed.update(own)
             continue
-        included = Path(path).parent / f"{name}.yaml"
+        included = Path(path).parent / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
         if not included.is_file():
             continue
         try:

@@ -1,0 +1,236 @@
+"""NeMo-RL's GRPO KL settings: its YAML configs (with their `defaults:` inheritance) and the overrides of the
+scripts that launch its `run_grpo*.py`, judged by the KL code of the release or of the project's copy.
+
+Expected codes come from kl-math.md §8, worked out by hand for what each release's ClippedPGLossFn
+differentiates:
+- up to 0.6 the estimate itself is the loss: k1 row 1 (KL001), k2 row 2 (KL003), k3 row 3 (KL002);
+- from 0.7 the loss term is exp(logp - sg(logp)) * k, whose gradient is k grad log pi + grad k: for k3 the
+  score-weighted k3 of row 2 (KL003), for k1 a k1 reward on its own token, also row 2 (KL003), for k2 a k2
+  loss beside a same-token k2 reward, no unbiased row (KL009);
+- a clamp on the log-ratio or the estimate (0.4's fixed one, the 20 / 10 defaults from 0.5) is KL010;
+- 1/L per response (`token_level_loss: false`) row 21 (KL007); the batch's token mean row 20 (no finding);
+- more responses per rollout than `train_global_batch_size`, or asynchronous GRPO, trains the KL on an
+  older policy's samples with at most the sampled token reweighted: rows 22-23 (KL008);
+- `use_kl_in_reward` with the Reinforce++ estimator: the estimate on its own token's advantage (k1: row 2,
+  KL003; k2 / k3: rows 7-8, KL004), clamped by calculate_kl's defaults (KL010).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from klaudit.catalog import Aggregation, Estimator, Returns, Sampling
+from klaudit.frameworks import Context, lint_config, nemo_rl
+from klaudit.frameworks.settings import Setting, yaml_settings
+from klaudit.frameworks.versions import DEFAULT, Assumed
+from klaudit.lint.edits import apply_edits
+
+BASE = """\
+grpo:
+  num_prompts_per_step: 32
+  num_generations_per_prompt: 16
+  adv_estimator:
+    name: "{advantage}"
+  async_grpo:
+    enabled: {asynchronous}
+loss_fn:
+  reference_policy_kl_penalty: {beta}
+  reference_policy_kl_type: "{kl_type}"
+  kl_input_clamp_value: {input_clamp}
+  kl_output_clamp_value: {output_clamp}
+  use_on_policy_kl_approximation: {approximation}
+  token_level_loss: {token_level}
+  use_kl_in_reward: {in_reward}
+policy:
+  train_global_batch_size: {update_batch}
+"""
+VALUES = dict(advantage="grpo", asynchronous="false", beta="0.01", kl_type="k3", input_clamp="20.0",
+              output_clamp="10.0", approximation="false", token_level="true", in_reward="false", update_batch="512")
+
+
+def context(version: str) -> Context:
+    return Context({**{name: Assumed(v) for name, v in DEFAULT.items()}, nemo_rl.NAME: Assumed(version, "pinned")})
+
+
+def codes(version: str = "0.7", **changes: str) -> list[str]:
+    text = BASE.format(**{**VALUES, **changes})
+    return sorted(f.code for f in lint_config("examples/configs/grpo.yaml", text, context(version)))
+
+
+@pytest.mark.parametrize("version, changes, expected", [
+    # up to 0.6: the estimate differentiated as a loss, on-policy (32 x 16 = 512 responses, one update)
+    ("0.3", {}, ["KL002"]),  # k3 only, unclamped
+    ("0.4", {}, ["KL002", "KL010"]),  # k3, its log-ratio clamped to [-20, 20]
+    ("0.5", {"kl_type": "k1"}, ["KL001", "KL010"]),
+    ("0.5", {"kl_type": "k2"}, ["KL003", "KL010"]),
+    ("0.6", {"input_clamp": "null", "output_clamp": "null"}, ["KL002"]),
+    # 0.7: the score-weighted estimate
+    ("0.7", {}, ["KL003", "KL010"]),
+    ("0.7", {"kl_type": "k1"}, ["KL003", "KL010"]),
+    ("0.7", {"kl_type": "k2"}, ["KL009", "KL010"]),
+    ("0.7", {"input_clamp": "null", "output_clamp": "null"}, ["KL003"]),
+    ("0.7", {"beta": "0.0"}, []),  # no KL term
+    ("0.7", {"kl_type": "k4"}, []),  # not an estimator NeMo-RL knows: no verdict
+    # the aggregation
+    ("0.5", {"token_level": "false", "input_clamp": "null", "output_clamp": "null"}, ["KL002", "KL007"]),
+    # stale samples: 512 responses in updates of 128, asynchronous GRPO, with or without the token weight
+    ("0.6", {"update_batch": "128", "input_clamp": "null", "output_clamp": "null"}, ["KL002", "KL008"]),
+    ("0.6", {"update_batch": "128", "approximation": "true", "input_clamp": "null", "output_clamp": "null"},
+     ["KL002", "KL008"]),
+    ("0.7", {"asynchronous": "true", "input_clamp": "null", "output_clamp": "null"}, ["KL003", "KL008"]),
+    ("0.7", {"update_batch": "1024", "input_clamp": "null", "output_clamp": "null"}, ["KL003"]),  # < 1 step: one
+    # the KL in the Reinforce++ advantage; the GRPO estimator ignores it and the loss has none
+    ("0.6", {"in_reward": "true", "advantage": "reinforce_plus_plus", "kl_type": "k1"}, ["KL003", "KL010"]),
+    ("0.6", {"in_reward": "true", "advantage": "reinforce_plus_plus"}, ["KL004", "KL010"]),
+    ("0.6", {"in_reward": "true"}, []),
+    ("0.5", {"in_reward": "true", "input_clamp": "null", "output_clamp": "null"}, ["KL002"]),  # 0.5 has no such key
+])
+def test_each_release_differentiates_its_own_kl_term(version, changes, expected):
+    assert codes(version, **changes) == expected
+
+
+def test_the_kl_configuration_of_each_form():
+    """The catalog configuration behind the codes above, for the three forms of the KL term."""
+    settings = yaml_settings(BASE.format(**{**VALUES, "update_batch": "128"}))
+    plain = nemo_rl.judge(settings, nemo_rl.RELEASES["0.6"])
+    weighted = nemo_rl.judge({**settings, nemo_rl.KL_TYPE: Setting("k2", 10, 3, 10)}, nemo_rl.RELEASES["0.7"])
+    assert plain is not None and weighted is not None
+    assert (plain[0].config.loss, plain[0].config.sampling, plain[1]) == (Estimator.K3, Sampling.OFF_POLICY, True)
+    assert plain[0].config.aggregation is Aggregation.BATCH_MEAN
+    config = weighted[0].config
+    assert (config.loss, config.reward, config.returns) == (Estimator.K2, Estimator.K2, Returns.LOCAL)
+    assert plain[0].where("KL008").line == 17  # train_global_batch_size, the key to change
+    assert "num_prompts_per_step=32" in plain[0].flags and "train_global_batch_size=128" in plain[0].flags
+
+
+def test_a_config_without_a_grpo_section_or_penalty_is_not_read():
+    assert lint_config("dpo.yaml", "loss_fn:\n  reference_policy_kl_penalty: 0.1\n", context("0.7")) == []
+    assert lint_config("grpo.yaml", "grpo:\n  num_prompts_per_step: 8\nloss_fn:\n  token_level_loss: false\n",
+                       context("0.7")) == []
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+
+
+def test_an_inheriting_config_reports_only_what_its_own_keys_decide(tmp_path):
+    """A child config (`defaults: "base.yaml"`, NeMo-RL's spelling) reports the rules its keys change: its
+    bigger rollout makes the base's KL stale (KL008 at its batch size), its base's k3 is the base's finding."""
+    write(tmp_path, {"pyproject.toml": "[project]\nname = 'x'\n",
+                     "configs/base.yaml": BASE.format(**{**VALUES, "input_clamp": "null", "output_clamp": "null"}),
+                     "configs/big.yaml": """\
+                         defaults: "base.yaml"
+                         grpo:
+                           num_prompts_per_step: 64
+                           num_generations_per_prompt: 32
+                         """,
+                     "configs/renamed.yaml": "defaults: base.yaml\ncheckpointing:\n  checkpoint_dir: results\n",
+                     "configs/token_mean.yaml": "defaults:\n  - base.yaml\nloss_fn:\n  token_level_loss: false\n"})
+    found = {name: sorted((f.line, f.code) for f in lint_config(str(tmp_path / "configs" / name),
+                                                                 (tmp_path / "configs" / name).read_text(), context("0.6")))
+             for name in ("base.yaml", "big.yaml", "renamed.yaml", "token_mean.yaml")}
+    assert found == {"base.yaml": [(10, "KL002")], "big.yaml": [(3, "KL008")], "renamed.yaml": [],
+                     "token_mean.yaml": [(4, "KL007")]}
+
+
+def test_a_section_marked_override_replaces_the_inherited_one(tmp_path):
+    write(tmp_path, {"base.yaml": BASE.format(**VALUES),
+                     "child.yaml": """\
+                         defaults: base.yaml
+                         policy:
+                           _override_: true
+                           model_name: small
+                         grpo:
+                           num_prompts_per_step: 64
+                         """})
+    # the replaced policy section has no train_global_batch_size: the steps per rollout are unknown, not stale
+    assert [f.code for f in lint_config(str(tmp_path / "child.yaml"), (tmp_path / "child.yaml").read_text(),
+                                        context("0.6"))] == []
+
+
+LOSS_0_6 = """\
+class ClippedPGLossFn:
+    def __init__(self, cfg):
+        self.reference_policy_kl_type = cfg["reference_policy_kl_type"]
+        self.kl_input_clamp_value = cfg["kl_input_clamp_value"]
+
+    def __call__(self, curr_logprobs, generation_logprobs):
+        if self.use_on_policy_kl_approximation:
+            weights = torch.exp(curr_logprobs - generation_logprobs).detach()
+        else:
+            weights = torch.ones_like(curr_logprobs)
+"""
+LOSS_0_7 = LOSS_0_6.replace("torch.ones_like(curr_logprobs)", "torch.exp(\n                curr_logprobs - curr_logprobs.detach()\n            )")
+LOSS_0_3 = """\
+from nemo_rl.algorithms.utils import calculate_kl_penalty_joschu2020
+kl = beta * calculate_kl_penalty_joschu2020(logprobs_policy=curr_logprobs, logprobs_reference=ref_logprobs)
+"""
+UTILS_0_4 = """\
+def calculate_kl_penalty_joschu2020(
+    logprobs_policy: torch.Tensor, logprobs_reference: torch.Tensor, clamp_value: Optional[float] = 20.0
+) -> torch.Tensor:
+    r = logprobs_reference - logprobs_policy
+"""
+UTILS_0_3 = "def calculate_kl_penalty_joschu2020(logprobs_policy, logprobs_reference):\n    r = logprobs_reference - logprobs_policy\n"
+
+
+@pytest.mark.parametrize("loss, utils, release", [
+    (LOSS_0_3, UTILS_0_3, "0.3"), (LOSS_0_3, UTILS_0_4, "0.4"), (LOSS_0_6, "", "0.5"),
+    (LOSS_0_6 + "use_kl_in_reward = False\n", "", "0.6"), (LOSS_0_7 + "use_kl_in_reward = False\n", "", "0.7"),
+])
+def test_a_copy_is_read_as_the_release_its_kl_code_matches(loss, utils, release):
+    assert nemo_rl.code_of_copy(loss, utils) == nemo_rl.RELEASES[release]
+
+
+GRPO_SCRIPT = """\
+import os
+from nemo_rl.utils.config import load_config
+
+def main():
+    config_path = os.path.join(os.path.dirname(__file__), "configs", "grpo_project.yaml")
+    config = load_config(config_path)
+"""
+LAUNCH = """\
+#!/bin/bash
+grpo_bs=128
+kl=0.001
+uv run examples/run_grpo_project.py \\
+    grpo.num_prompts_per_step=64 \\
+    grpo.num_generations_per_prompt=8 \\
+    loss_fn.reference_policy_kl_penalty=${kl} \\
+    policy.train_global_batch_size=${grpo_bs}
+"""
+
+
+def test_a_launch_script_is_judged_by_the_copy_it_runs(tmp_path):
+    """The script's own default config, its overrides placed where their values are set, and the copy's
+    KL code (0.3's unclamped k3 loss) over the release assumed (0.7's score-weighted one)."""
+    write(tmp_path, {"pyproject.toml": "[project]\nname = 'project'\n",
+                     "examples/run_grpo_project.py": GRPO_SCRIPT,
+                     "examples/configs/grpo_project.yaml": BASE.format(**VALUES),
+                     "nemo_rl/algorithms/loss_functions.py": LOSS_0_3,
+                     "nemo_rl/algorithms/utils.py": UTILS_0_3,
+                     "train.sh": LAUNCH})
+    found = lint_config(str(tmp_path / "train.sh"), LAUNCH, Context(roots=(str(tmp_path),)))
+    assert sorted((f.line, f.code) for f in found) == [(2, "KL008"), (3, "KL002")]
+    assert "the copy in nemo_rl/" in found[0].message
+    for module in ("loss_functions.py", "utils.py"):  # no copy: the release assumed decides
+        (tmp_path / "nemo_rl" / "algorithms" / module).unlink()
+    nemo_rl_found = lint_config(str(tmp_path / "train.sh"), LAUNCH, Context(roots=(str(tmp_path),)))
+    assert sorted(f.code for f in nemo_rl_found) == ["KL003", "KL008", "KL010"]
+    assert f"NeMo-RL {DEFAULT[nemo_rl.NAME]}" in nemo_rl_found[0].message
+
+
+def test_a_per_response_mean_is_fixed_by_the_token_mean_and_relints_clean():
+    text = BASE.format(**{**VALUES, "token_level": "false", "input_clamp": "null", "output_clamp": "null"})
+    found = {f.code: f for f in lint_config("grpo.yaml", text, context("0.6"))}
+    assert found["KL007"].autofix is not None and found["KL007"].line == 14
+    fixed = apply_edits(text, found["KL007"].autofix.edits)
+    assert "token_level_loss: true" in fixed
+    assert sorted(f.code for f in lint_config("grpo.yaml", fixed, context("0.6"))) == ["KL002"]
+    assert found["KL002"].autofix is None and "ClippedPGLossFn" in found["KL002"].fix
