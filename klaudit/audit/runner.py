@@ -124,14 +124,15 @@ def _import_file(path: str, origin: str | None = None) -> tuple[ModuleType, dict
     if len(parts) > 1:
         _forget_other_package(parts[0], directory)
         try:
-            return import_with_stubs(lambda: importlib.import_module(".".join(parts)), own=(parts[0],))
+            return import_with_stubs(lambda: importlib.import_module(".".join(parts)), own=(parts[0],),
+                                     audited=".".join(parts))
         except Exception:  # the package does not import here even with stubs: try the file alone
             try:
-                return import_with_stubs(lambda: _import_alone(file), own=alone)
+                return import_with_stubs(lambda: _import_alone(file), own=alone, audited=alone[0])
             except Exception:
                 pass
             raise
-    return import_with_stubs(lambda: _import_alone(file), own=alone)
+    return import_with_stubs(lambda: _import_alone(file), own=alone, audited=alone[0])
 
 
 def _forget_other_package(package: str, directory: Path) -> None:
@@ -161,7 +162,7 @@ def _import_dotted(name: str | None) -> tuple[ModuleType, dict[str, str]]:
     if name is None:
         raise ImportError("the target names no file or module")
     sys.path.insert(0, os.getcwd())
-    return import_with_stubs(lambda: importlib.import_module(name), own=(name.split(".")[0],))
+    return import_with_stubs(lambda: importlib.import_module(name), own=(name.split(".")[0],), audited=name)
 
 
 def load(target: Target) -> tuple[Callable, dict[str, str]]:

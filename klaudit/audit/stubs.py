@@ -137,12 +137,14 @@ class Stub:
     __lt__ = __le__ = __gt__ = __ge__ = __neg__ = __len__ = __float__ = __int__ = __index__ = _refuse
 
 
-def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection[str],
+def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection[str], audited: str = "",
                       attempts: int = 40) -> tuple[types.ModuleType, dict[str, str]]:
     """`do_import()`, retried with each third-party module that fails to import stubbed; returns the
-    module and {stubbed module: why it did not import}. `own`: top-level packages never stubbed (the
-    user's). A finder that stubbed something stays installed, so that a lazy import in the KL code meets
-    the stub too."""
+    module and {stubbed module: why it did not import}. `own`: top-level packages not stubbed (the
+    user's), except, where the audited module's dotted name `audited` is given, a module of theirs that is
+    neither it nor a package holding it (NeMo-RL's policy package asserts a transformers release at import;
+    the loss utilities that import it do not need it). A finder that stubbed something stays installed, so
+    that a lazy import in the KL code meets the stub too."""
     finder = StubFinder()
     sys.meta_path.insert(0, finder)
     try:
@@ -150,7 +152,7 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
             try:
                 return do_import(), dict(finder.reasons)
             except Exception as error:  # noqa: BLE001 - any failure of a dependency's import is one to stub
-                name = failing_dependency(error, own)
+                name = failing_dependency(error, own, audited)
                 if name is None or name in finder.reasons:
                     raise
                 finder.add(name, f"{type(error).__name__}: {' '.join(str(error).split())}"[:160])
@@ -161,23 +163,46 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
             sys.meta_path.remove(finder)
 
 
-def failing_dependency(error: BaseException, protected: Collection[str]) -> str | None:
+def failing_dependency(error: BaseException, protected: Collection[str], audited: str = "") -> str | None:
     """The third-party module whose import raised `error`: the missing module of a ModuleNotFoundError,
     the module a name was not found in, or else the first module the traceback enters after the last
     frame of a protected package, or else what the error's cause names (a lazy module that re-raises);
-    None when that is protected, torch, klaudit or the standard library."""
+    None when that is protected, torch, klaudit or the standard library. With `audited` given, a protected
+    module that raised (the last of its frames) or was missing is returned too, unless it is `audited` or a
+    package holding it."""
     name = getattr(error, "name", None) if isinstance(error, ImportError) else None
     if name is None:
         name = _entered_after_protected(error, protected)
     cause = error.__cause__ or error.__context__
     if (name is None or name.split(".")[0] in protected) and isinstance(cause, Exception):
-        return failing_dependency(cause, protected)  # a lazy module re-raises the ImportError as its own
+        found = failing_dependency(cause, protected, audited)  # a lazy module re-raises the ImportError as its own
+        if found is not None:
+            return found
+    if name is None and audited:
+        name = _last_protected(error, protected)
     top = name.split(".")[0] if name else None
+    if name is not None and top in protected and audited and not _holds(name, audited):
+        return name
     if top is None or top in protected or top in sys.stdlib_module_names:
         return None
     if top in NEVER_STUBBED:
         return name if name in OPTIONAL_TORCH_PARTS else None
     return name
+
+
+def _holds(name: str, audited: str) -> bool:
+    """Whether module `name` is the audited module or a package it is in."""
+    return audited == name or audited.startswith(name + ".")
+
+
+def _last_protected(error: BaseException, protected: Collection[str]) -> str | None:
+    """The module of the last traceback frame in a protected package: the user's module that raised."""
+    tb, found = error.__traceback__, None
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        found = module if module.split(".")[0] in protected else found
+        tb = tb.tb_next
+    return found
 
 
 def _entered_after_protected(error: BaseException, protected: Collection[str]) -> str | None:

@@ -107,3 +107,34 @@ def test_an_import_error_re_raised_by_a_lazy_module_names_its_cause():
             raise RuntimeError("Failed to import trl.models.utils") from missing
     except RuntimeError as error:
         assert failing_dependency(error, {"trl"}) == "pandas"
+
+
+def test_a_module_of_the_users_package_that_fails_is_stubbed_unless_it_holds_the_audited_one():
+    assert failing_dependency(ModuleNotFoundError("x", name="verl.utils"), {"verl"}, "verl.trainer.core_algos") == "verl.utils"
+    assert failing_dependency(ModuleNotFoundError("x", name="verl.trainer"), {"verl"}, "verl.trainer.core_algos") is None
+    assert failing_dependency(ModuleNotFoundError("x", name="verl.trainer.core_algos"), {"verl"},
+                              "verl.trainer.core_algos") is None
+
+
+def test_a_package_module_that_checks_its_environment_at_import_is_stubbed(tmp_path, monkeypatch):
+    """NeMo-RL's shape: the loss utilities import the policy package, which asserts a transformers release
+    when imported; the KL function uses nothing of it and is audited, and one that does fails naming it."""
+    package = tmp_path / "klaudit_fixture_env_checked"
+    (package / "policy").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "policy" / "__init__.py").write_text(
+        "def _check():\n    assert False, 'written for an older transformers'\n\n\n_check()\nLIMIT = 20.0\n")
+    (package / "losses.py").write_text(
+        "from klaudit_fixture_env_checked.policy import LIMIT\n\n\n"
+        "def k1_reward(logprobs, ref_logprobs):\n    return (logprobs - ref_logprobs).detach()\n\n\n"
+        "def clamped_k1(logprobs, ref_logprobs):\n    return (logprobs - ref_logprobs).clamp(-LIMIT, LIMIT)\n")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the stub finder leaves with the test
+    for qualname, placements in (("k1_reward", ("reward",)), ("clamped_k1", ("loss",))):
+        report = audit_target(Target(path=str(package / "losses.py"), qualname=qualname), placements=placements)
+        if qualname == "k1_reward":
+            assert report.errors == [] and (report.results[0].objective, report.results[0].unbiased) == ("REV", True)
+            assert any("stubbed: klaudit_fixture_env_checked.policy (" in note for note in report.notes)
+        else:
+            assert not report.results and "klaudit_fixture_env_checked.policy" in report.errors[0]
+    for name in [name for name in sys.modules if name.startswith("klaudit_fixture_env_checked")]:
+        monkeypatch.delitem(sys.modules, name)
