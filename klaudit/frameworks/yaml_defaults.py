@@ -12,7 +12,9 @@ section instead of merging into it.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,15 +62,19 @@ def composed_settings(path: str, text: str, depth: int = 0) -> dict[str, Setting
             composed.update(own)
             continue
         included = Path(path).parent / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
-        if not included.is_file():
-            continue
         try:
-            inner = composed_settings(str(included), included.read_text(encoding="utf-8", errors="replace"), depth + 1)
+            inner = _included_settings(str(included), included.stat().st_mtime_ns, depth + 1)
         except OSError:
             continue
         composed.update({key: Setting(setting.value, entry.line, entry.column, entry.end_column)
                          for key, setting in inner.items()})
     return composed
+
+
+@functools.lru_cache(maxsize=256)  # a base config is included by every recipe of a folder (NeMo-RL's: hundreds)
+def _included_settings(path: str, modified: int, depth: int) -> Mapping[str, Setting]:
+    """The composed settings of an included file (`modified`, its mtime, keeps a changed file from the cache)."""
+    return composed_settings(path, Path(path).read_text(encoding="utf-8", errors="replace"), depth)
 
 
 # `--config-name NAME` (and `--config-path DIR`) on a Hydra command line: the config the run composes.
