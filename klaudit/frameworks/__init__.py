@@ -45,6 +45,7 @@ from klaudit.frameworks.versions import (
     assumed_versions,
     copy_holding,
     detected_near,
+    image_release,
     installed_by_notebook,
     vendored,
 )
@@ -362,7 +363,20 @@ def _nemo_rl_code(path: str, context: Context) -> tuple[nemo_rl.KLCode, str]:
             code = nemo_rl.code_of_copy(loss, _read_text(folder / nemo_rl.UTILS_MODULE) or "")
             return code, f"{nemo_rl.LABEL} (the copy in {where}/)"
     assumed = context.release(nemo_rl.NAME, path)
+    root = _linted_root(path, context.roots)
+    if not assumed.source and root is not None:  # nothing states a release: the container image the project runs may
+        assumed = image_release(nemo_rl.NAME, root) or assumed
     return nemo_rl.code_of_release(assumed), assumed.label(nemo_rl.LABEL)
+
+
+def _linted_root(path: str, roots: Collection[str]) -> str | None:
+    """The linted folder holding `path` (a linted file's own folder when it was given alone)."""
+    file = Path(path).resolve()
+    for root in roots:
+        folder = Path(root) if Path(root).is_dir() else Path(root).parent
+        if folder == file.parent or folder in file.parents:
+            return str(folder)
+    return None
 
 
 def _read_text(path: Path) -> str | None:

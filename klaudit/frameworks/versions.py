@@ -21,7 +21,9 @@ semantics it applied. In order:
    reported. A commit the table lacks (a fork's, or a newer one) names no release;
 4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
    newest known release it allows, the one pip installs;
-5. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
+5. else, for NeMo-RL, the release of the container image the project's scripts, manifests and Dockerfiles
+   run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), when they name one;
+6. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found.
 
 A version found that klaudit does not know is read as the latest known release before it.
@@ -30,6 +32,7 @@ A version found that klaudit does not know is read as the latest known release b
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -210,6 +213,51 @@ def detected_near(directory: str) -> Mapping[str, Assumed]:
     """The releases the code around `directory` states, nearest first (see `detect`): a framework
     vendored in a subdirectory of the linted tree decides for the scripts beside it."""
     return detect([Path(directory)])
+
+
+# Container images that name a framework's release: NVIDIA ships NeMo-RL as `nvcr.io/nvidia/nemo-rl:v0.5.0`, which
+# a project's slurm script (`--container-image`), Kubernetes manifest (`image:`) or Dockerfile (`FROM`) runs
+IMAGES: Mapping[str, re.Pattern] = {"nemo_rl": re.compile(r"\bnvcr\.io/nvidia/nemo-rl:v?(\d+\.\d+(?:\.\d+)?)\b")}
+_IMAGE_SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch", ".job", ".yaml", ".yml")
+_IMAGE_FILES_READ = 5000  # a project's scripts and manifests, not a vendored dataset's thousands of YAML files
+_IMAGE_FILE_BYTES = 512 * 1024
+
+
+@functools.lru_cache(maxsize=16)
+def image_release(name: str, root: str) -> Assumed | None:
+    """The release of `name` that the container images the project under `root` runs state (`IMAGES`), when
+    its scripts, manifests and Dockerfiles name one release; None when they name none or disagree."""
+    pattern = IMAGES.get(name)
+    if pattern is None:
+        return None
+    found: dict[str, str] = {}  # version -> the first image naming it, and where
+    for file in _image_files(Path(root)):
+        for match in pattern.finditer(_read(file) or ""):
+            found.setdefault(match.group(1), f"{match.group()} in {file.relative_to(root).as_posix()}")
+    if len(found) != 1:
+        return None
+    version, where = next(iter(found.items()))
+    return _assumed_from(name, version, f"the image {where}")
+
+
+def _image_files(root: Path) -> Iterable[Path]:
+    """The scripts, YAML files and Dockerfiles under `root`, hidden folders left out, up to a bound."""
+    count = 0
+    for folder, folders, files in os.walk(root):
+        folders[:] = sorted(f for f in folders if not f.startswith(".") and f not in ("node_modules", "__pycache__"))
+        for file_name in sorted(files):
+            path = Path(folder) / file_name
+            if not (file_name.endswith(_IMAGE_SUFFIXES) or file_name.startswith("Dockerfile")):
+                continue
+            try:
+                if path.stat().st_size > _IMAGE_FILE_BYTES:
+                    continue
+            except OSError:
+                continue
+            count += 1
+            if count > _IMAGE_FILES_READ:
+                return
+            yield path
 
 
 # `pip install ... trl==0.14.0 ...` in a notebook cell (`%pip`, `!pip`, `!python -m pip`), over continued lines

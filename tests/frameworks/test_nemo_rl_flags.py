@@ -26,6 +26,7 @@ from klaudit.catalog import Aggregation, Estimator, Returns, Sampling
 from klaudit.frameworks import Context, lint_config, nemo_rl
 from klaudit.frameworks.settings import Setting, yaml_settings
 from klaudit.frameworks.versions import DEFAULT, Assumed
+from klaudit.frameworks.versions import image_release as nemo_rl_image_release
 from klaudit.lint.edits import apply_edits
 
 BASE = """\
@@ -234,3 +235,21 @@ def test_a_per_response_mean_is_fixed_by_the_token_mean_and_relints_clean():
     assert "token_level_loss: true" in fixed
     assert sorted(f.code for f in lint_config("grpo.yaml", fixed, context("0.6"))) == ["KL002"]
     assert found["KL002"].autofix is None and "ClippedPGLossFn" in found["KL002"].fix
+
+
+def test_the_container_image_a_project_runs_states_the_release(tmp_path):
+    """NVIDIA ships NeMo-RL as a container image; a project's slurm script names the one its configs run in
+    (0.5: the plain k3 loss, KL002), and images that disagree state nothing (the latest, 0.7: KL003)."""
+    write(tmp_path, {"configs/grpo.yaml": BASE.format(**VALUES),
+                     "scripts/slurm/grpo.sh": 'CONTAINER=${CONTAINER:-"nvcr.io/nvidia/nemo-rl:v0.5.0"}\n'})
+    config = tmp_path / "configs" / "grpo.yaml"
+
+    def judged() -> tuple[list[str], str]:
+        found = lint_config(str(config), config.read_text(), Context(roots=(str(tmp_path),)))
+        return sorted(f.code for f in found), found[0].message
+
+    codes, message = judged()
+    assert codes == ["KL002", "KL010"] and "NeMo-RL 0.5 (the image nvcr.io/nvidia/nemo-rl:v0.5.0 in scripts/slurm/grpo.sh" in message
+    write(tmp_path / "k8s", {"job.yaml": "image: nvcr.io/nvidia/nemo-rl:v0.7.0\n"})
+    nemo_rl_image_release.cache_clear()
+    assert judged()[0] == ["KL003", "KL010"]
