@@ -9,7 +9,7 @@ What that KL term is changed between releases, and the code a project carries de
 
 - up to 0.3 an unclamped k3 differentiated as a loss (row 3); 0.4 clamps its log-ratio to [-20, 20];
 - 0.5 reads `reference_policy_kl_type` (k1, k2, k3) and clamps the log-ratio to `kl_input_clamp_value` and
-  the estimate to `kl_output_clamp_value` (20 and 10; null: no clamp);
+  the estimate to `kl_output_clamp_value` (20 and 10, verl's low_var_kl clamps for k3; null: no clamp);
 - 0.6 adds `loss_fn.use_kl_in_reward`: with `grpo.adv_estimator.name: reinforce_plus_plus` the detached
   estimate is subtracted from each token's own advantage instead (no reward-to-go), and the loss has none;
 - from 0.7 the loss term is multiplied by exp(logp - sg(logp)), whose value is 1: the gradient of the
@@ -46,6 +46,7 @@ UPDATE_BATCH, ASYNC = "policy.train_global_batch_size", "grpo.async_grpo.enabled
 DEFAULTS = {KL_TYPE: "k3", INPUT_CLAMP: "20.0", OUTPUT_CLAMP: "10.0", APPROXIMATION: "false", TOKEN_LEVEL: "true",
             IN_REWARD: "false", ADVANTAGE: "grpo", ASYNC: "false"}
 ESTIMATORS = {"k1": Estimator.K1, "k2": Estimator.K2, "k3": Estimator.K3}
+VERL_CLAMPS = (20.0, 10.0)  # calculate_kl's defaults: the log-ratio to [-20, 20], the estimate to [-10, 10]
 # The `loss_functions.py` of a copy of NeMo-RL, by release: the KL code there decides what the keys mean.
 LOSS_MODULES = ("nemo_rl/algorithms/loss/loss_functions.py", "nemo_rl/algorithms/loss_functions.py")
 UTILS_MODULE = "nemo_rl/algorithms/utils.py"
@@ -120,14 +121,18 @@ def judge(settings: Mapping[str, Setting], code: KLCode, own: Collection[str] | 
     if code.kl_in_reward and flags[IN_REWARD]:
         if value[ADVANTAGE] != "reinforce_plus_plus":
             return None  # the GRPO estimator adds no KL to the advantage, and the loss's beta is 0
+        estimator, clamped = _clamped(estimator, VERL_CLAMPS)  # the advantage estimator calls calculate_kl's defaults
         config = Config(reward=estimator, returns=Returns.LOCAL, aggregation=_aggregation(flags[TOKEN_LEVEL]),
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
-        clamped = True  # the advantage estimator calls calculate_kl with its default clamps
     else:
         sampling = (Sampling.TOKEN_IS if flags[APPROXIMATION] else Sampling.OFF_POLICY) if stale else Sampling.ON_POLICY
+        clamps = (number(value[INPUT_CLAMP] or "") or 0.0, number(value[OUTPUT_CLAMP] or "") or 0.0) if code.clamp_keys else (
+            (20.0, 0.0) if code.fixed_clamp else (0.0, 0.0))
+        if not code.score_weighted:
+            estimator, clamped = _clamped(estimator, clamps)
+        else:
+            clamped = any(clamps)
         config = _loss(estimator, code.score_weighted, _aggregation(flags[TOKEN_LEVEL]), sampling)
-        clamped = code.fixed_clamp or code.clamp_keys and any(
-            (number(value[key] or "") or 0) > 0 for key in (INPUT_CLAMP, OUTPUT_CLAMP))
     keys = [PENALTY, KL_TYPE if code.kl_types else None, IN_REWARD if code.kl_in_reward and flags[IN_REWARD] else None,
             TOKEN_LEVEL, *((PROMPTS, GENERATIONS, UPDATE_BATCH, APPROXIMATION) if stale else ())]
     named = ", ".join(shown(key.rsplit(".", 1)[-1], str(value.get(key) or settings[key].value), settings.get(key))
@@ -156,6 +161,14 @@ def _loss(estimator: Estimator, score_weighted: bool, aggregation: Aggregation, 
         return Config(loss=Estimator.RATIO_K3, aggregation=aggregation, sampling=sampling)
     loss = None if estimator is Estimator.K1 else estimator  # grad k1 = grad log pi: zero in expectation
     return Config(loss=loss, reward=estimator, returns=Returns.LOCAL, aggregation=aggregation, sampling=sampling)
+
+
+def _clamped(estimator: Estimator, clamps: tuple[float, float]) -> tuple[Estimator, bool]:
+    """(the estimator, whether a clamp is a defect of its own): k3 with the log-ratio clamped to [-20, 20] and
+    the value to [-10, 10] is verl's low_var_kl, whose rows name the clamps; any other clamp is KL010's."""
+    if estimator is Estimator.K3 and clamps == VERL_CLAMPS:
+        return Estimator.LOW_VAR_KL, False
+    return estimator, any(clamps)
 
 
 def _aggregation(token_level: bool | None) -> Aggregation:

@@ -7,12 +7,13 @@ differentiates:
 - from 0.7 the loss term is exp(logp - sg(logp)) * k, whose gradient is k grad log pi + grad k: for k3 the
   score-weighted k3 of row 2 (KL003), for k1 a k1 reward on its own token, also row 2 (KL003), for k2 a k2
   loss beside a same-token k2 reward, no unbiased row (KL009);
-- a clamp on the log-ratio or the estimate (0.4's fixed one, the 20 / 10 defaults from 0.5) is KL010;
+- k3 with the 20 / 10 clamps of 0.5's defaults is verl's low_var_kl (row 4, KL002 alone); any other clamp on the
+  log-ratio or the estimate (0.4's fixed one on the log-ratio) is KL010;
 - 1/L per response (`token_level_loss: false`) row 21 (KL007); the batch's token mean row 20 (no finding);
 - more responses per rollout than `train_global_batch_size`, or asynchronous GRPO, trains the KL on an
   older policy's samples with at most the sampled token reweighted: rows 22-23 (KL008);
 - `use_kl_in_reward` with the Reinforce++ estimator: the estimate on its own token's advantage (k1: row 2,
-  KL003; k2 / k3: rows 7-8, KL004), clamped by calculate_kl's defaults (KL010).
+  KL003; k2 / k3: rows 7-8, KL004), clamped by calculate_kl's defaults (KL010, but for k3: low_var_kl).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def codes(version: str = "0.7", **changes: str) -> list[str]:
     # up to 0.6: the estimate differentiated as a loss, on-policy (32 x 16 = 512 responses, one update)
     ("0.3", {}, ["KL002"]),  # k3 only, unclamped
     ("0.4", {}, ["KL002", "KL010"]),  # k3, its log-ratio clamped to [-20, 20]
+    ("0.5", {}, ["KL002"]),  # k3 with both default clamps: verl's low_var_kl, row 4
+    ("0.5", {"output_clamp": "null"}, ["KL002", "KL010"]),  # the log-ratio clamp alone
     ("0.5", {"kl_type": "k1"}, ["KL001", "KL010"]),
     ("0.5", {"kl_type": "k2"}, ["KL003", "KL010"]),
     ("0.6", {"input_clamp": "null", "output_clamp": "null"}, ["KL002"]),
@@ -85,7 +88,7 @@ def codes(version: str = "0.7", **changes: str) -> list[str]:
     ("0.7", {"update_batch": "1024", "input_clamp": "null", "output_clamp": "null"}, ["KL003"]),  # < 1 step: one
     # the KL in the Reinforce++ advantage; the GRPO estimator ignores it and the loss has none
     ("0.6", {"in_reward": "true", "advantage": "reinforce_plus_plus", "kl_type": "k1"}, ["KL003", "KL010"]),
-    ("0.6", {"in_reward": "true", "advantage": "reinforce_plus_plus"}, ["KL004", "KL010"]),
+    ("0.6", {"in_reward": "true", "advantage": "reinforce_plus_plus"}, ["KL004"]),  # low_var_kl in the reward
     ("0.6", {"in_reward": "true"}, []),
     ("0.5", {"in_reward": "true", "input_clamp": "null", "output_clamp": "null"}, ["KL002"]),  # 0.5 has no such key
 ])
@@ -99,7 +102,7 @@ def test_the_kl_configuration_of_each_form():
     plain = nemo_rl.judge(settings, nemo_rl.RELEASES["0.6"])
     weighted = nemo_rl.judge({**settings, nemo_rl.KL_TYPE: Setting("k2", 10, 3, 10)}, nemo_rl.RELEASES["0.7"])
     assert plain is not None and weighted is not None
-    assert (plain[0].config.loss, plain[0].config.sampling, plain[1]) == (Estimator.K3, Sampling.OFF_POLICY, True)
+    assert (plain[0].config.loss, plain[0].config.sampling, plain[1]) == (Estimator.LOW_VAR_KL, Sampling.OFF_POLICY, False)
     assert plain[0].config.aggregation is Aggregation.BATCH_MEAN
     config = weighted[0].config
     assert (config.loss, config.reward, config.returns) == (Estimator.K2, Estimator.K2, Returns.LOCAL)
@@ -249,7 +252,7 @@ def test_the_container_image_a_project_runs_states_the_release(tmp_path):
         return sorted(f.code for f in found), found[0].message
 
     codes, message = judged()
-    assert codes == ["KL002", "KL010"] and "NeMo-RL 0.5 (the image nvcr.io/nvidia/nemo-rl:v0.5.0 in scripts/slurm/grpo.sh" in message
+    assert codes == ["KL002"] and "NeMo-RL 0.5 (the image nvcr.io/nvidia/nemo-rl:v0.5.0 in scripts/slurm/grpo.sh" in message
     write(tmp_path / "k8s", {"job.yaml": "image: nvcr.io/nvidia/nemo-rl:v0.7.0\n"})
     nemo_rl_image_release.cache_clear()
     assert judged()[0] == ["KL003", "KL010"]
