@@ -184,3 +184,24 @@ def test_a_flag_finding_whose_version_note_holds_parentheses_is_scored_as_a_flag
     messages = [f.message for f in lint_paths([str(tmp_path)]).findings if f.code != "KL099"]
     assert messages and all("git commit" in m for m in messages)
     assert all(ecosystem.FLAG_MESSAGE.search(m) for m in messages)
+
+
+
+def test_nemo_rl_findings_are_scored_as_flags(tmp_path):
+    """The three ways a NeMo-RL finding names its release (the default, a container image, the project's copy),
+    from klaudit's own lint of a NeMo-RL config."""
+    from klaudit.frameworks import Context, lint_config
+
+    extras = {"default": {}, "image": {"job.sh": "srun --container-image=nvcr.io/nvidia/nemo-rl:v0.5.0 true\n"},
+              "copy": {"pyproject.toml": "", "nemo_rl/algorithms/loss_functions.py": "kl = calculate_kl_penalty_joschu2020(a, b)\n"}}
+    messages = {}
+    for name, files in extras.items():
+        root = tmp_path / name
+        for relative, text in {**files, "grpo.yaml": "grpo:\n  num_prompts_per_step: 8\nloss_fn:\n  reference_policy_kl_penalty: 0.01\n"}.items():
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_text(text)
+        found = lint_config(str(root / "grpo.yaml"), (root / "grpo.yaml").read_text(), Context(roots=(str(root),)))
+        messages[name] = found[0].message
+    assert "[NeMo-RL 0.7: " in messages["default"] and "[NeMo-RL 0.5 (the image " in messages["image"]
+    assert "[NeMo-RL (the copy in nemo_rl/): " in messages["copy"]
+    assert all(ecosystem.FLAG_MESSAGE.search(m) for m in messages.values())
