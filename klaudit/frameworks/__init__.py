@@ -657,10 +657,14 @@ _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)
 
 def _from_imports(source: str) -> Iterator[tuple[str, list[str]]]:
     """(module, the words of one imported name) for each name of each `from module import ...`:
-    `["GRPOConfig"]`, or `["GRPOConfig", "as", "TRLGRPOConfig"]`."""
+    `["GRPOConfig"]`, or `["GRPOConfig", "as", "TRLGRPOConfig"]`. Comments are no names (`import (  # type:
+    ignore[import-untyped]` before the names, as tunix's untyped modules are imported)."""
     for module, imported in _FROM_IMPORT.findall(source):
-        for alias in imported.strip("()").replace("\\\n", " ").split(","):
+        for alias in _COMMENT.sub("", imported).strip().strip("()").replace("\\\n", " ").split(","):
             yield module, alias.split()
+
+
+_COMMENT = re.compile(r"#[^\n]*")
 
 
 # `import tunix.rl.grpo.grpo_learner as grpo_learner`, `import trl, torch`

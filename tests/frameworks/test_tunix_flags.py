@@ -69,6 +69,9 @@ def test_grpo_configurations_of_tunix_0_1_7(tmp_path, call, expected):
      'agentic_grpo_learner.GRPOConfig(beta=0.08, loss_agg_mode="token-mean", off_policy_steps=2)', ["KL001", "KL008"]),
     ("import tunix.rl.grpo.grpo_learner as gl", "gl.GRPOConfig(beta=0.08)", ["KL001"]),
     ("from tunix.rl.grpo.grpo_learner import GRPOConfig as TunixConfig", "TunixConfig(beta=0.08)", ["KL001"]),
+    # a comment before the names of a parenthesised import (tunix's modules are untyped: tunix-agents)
+    ("from tunix.rl.agentic.agentic_grpo_learner import (  # type: ignore[import-untyped]\n    GRPOConfig,\n)",
+     'GRPOConfig(beta=0.08, loss_agg_mode="token-mean")', ["KL001"]),
 ])
 def test_the_classes_of_tunix_and_how_they_are_imported(tmp_path, imported, call, expected):
     found = _codes(tmp_path, {"train.py": f"{imported}\n\nconfig = {call}\n"})
