@@ -45,8 +45,8 @@ from klaudit.frameworks.versions import (
     assumed_versions,
     copy_holding,
     detected_near,
-    image_release,
     installed_by_notebook,
+    installed_release,
     vendored,
 )
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
@@ -364,8 +364,8 @@ def _nemo_rl_code(path: str, context: Context) -> tuple[nemo_rl.KLCode, str]:
             return code, f"{nemo_rl.LABEL} (the copy in {where}/)"
     assumed = context.release(nemo_rl.NAME, path)
     root = _linted_root(path, context.roots)
-    if not assumed.source and root is not None:  # nothing states a release: the container image the project runs may
-        assumed = image_release(nemo_rl.NAME, root) or assumed
+    if not assumed.source and root is not None:  # nothing states a release: how the project installs NeMo-RL may
+        assumed = installed_release(nemo_rl.NAME, root) or assumed
     return nemo_rl.code_of_release(assumed), assumed.label(nemo_rl.LABEL)
 
 

@@ -21,8 +21,10 @@ semantics it applied. In order:
    reported. A commit the table lacks (a fork's, or a newer one) names no release;
 4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
    newest known release it allows, the one pip installs;
-5. else, for NeMo-RL, the release of the container image the project's scripts, manifests and Dockerfiles
-   run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), when they name one;
+5. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
+   Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`) or the release branch they clone (`git clone --branch
+   v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`), else the one its Markdown install instructions name, when
+   they name one;
 6. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found.
 
@@ -215,47 +217,57 @@ def detected_near(directory: str) -> Mapping[str, Assumed]:
     return detect([Path(directory)])
 
 
-# Container images that name a framework's release: NVIDIA ships NeMo-RL as `nvcr.io/nvidia/nemo-rl:v0.5.0`, which
-# a project's slurm script (`--container-image`), Kubernetes manifest (`image:`) or Dockerfile (`FROM`) runs
-IMAGES: Mapping[str, re.Pattern] = {"nemo_rl": re.compile(r"\bnvcr\.io/nvidia/nemo-rl:v?(\d+\.\d+(?:\.\d+)?)\b")}
-_IMAGE_SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch", ".job", ".yaml", ".yml")
-_IMAGE_FILES_READ = 5000  # a project's scripts and manifests, not a vendored dataset's thousands of YAML files
-_IMAGE_FILE_BYTES = 512 * 1024
+# How a project that runs NeMo-RL says which release: NVIDIA ships it as a container image
+# (`nvcr.io/nvidia/nemo-rl:v0.5.0`, in a slurm script's `--container-image`, a Kubernetes manifest's `image:`, a
+# Dockerfile's `FROM`), or the project clones a release branch (`git clone --branch v0.6.0 .../NVIDIA-NeMo/RL.git`).
+INSTALLED: Mapping[str, tuple[re.Pattern, ...]] = {"nemo_rl": (
+    re.compile(r"\bnvcr\.io/nvidia/nemo-rl:v?(\d+\.\d+(?:\.\d+)?)\b"),
+    re.compile(r"\bgit\s+clone\b(?=[^\n]*github\.com/NVIDIA(?:-NeMo)?/(?:NeMo-)?RL(?:\.git)?\b)[^\n]*?"
+               r"(?:--branch|-b)[ =]v?(\d+\.\d+(?:\.\d+)?)\b"))}
+_SCRIPT_SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch", ".job", ".yaml", ".yml")
+_INSTALL_FILES_READ = 5000  # a project's scripts and manifests, not a vendored dataset's thousands of YAML files
+_INSTALL_FILE_BYTES = 512 * 1024
 
 
 @functools.lru_cache(maxsize=16)
-def image_release(name: str, root: str) -> Assumed | None:
-    """The release of `name` that the container images the project under `root` runs state (`IMAGES`), when
-    its scripts, manifests and Dockerfiles name one release; None when they name none or disagree."""
-    pattern = IMAGES.get(name)
-    if pattern is None:
-        return None
-    found: dict[str, str] = {}  # version -> the first image naming it, and where
-    for file in _image_files(Path(root)):
-        for match in pattern.finditer(_read(file) or ""):
-            found.setdefault(match.group(1), f"{match.group()} in {file.relative_to(root).as_posix()}")
-    if len(found) != 1:
-        return None
-    version, where = next(iter(found.items()))
-    return _assumed_from(name, version, f"the image {where}")
+def installed_release(name: str, root: str) -> Assumed | None:
+    """The release of `name` that the project under `root` installs (`INSTALLED`): the one its scripts,
+    manifests and Dockerfiles name, else the one its Markdown install instructions name; None when they name
+    none or disagree."""
+    patterns = INSTALLED.get(name, ())
+    for documents in (False, True):
+        found: dict[str, str] = {}  # version -> the first statement of it, and where
+        for file in _install_files(Path(root), documents):
+            text = _read(file) or ""
+            for match in (match for pattern in patterns for match in pattern.finditer(text)):
+                found.setdefault(match.group(1), f"{' '.join(match.group().split())} in {file.relative_to(root).as_posix()}")
+        if len(found) == 1:
+            version, where = next(iter(found.items()))
+            return _assumed_from(name, version, where)
+        if found:
+            return None
+    return None
 
 
-def _image_files(root: Path) -> Iterable[Path]:
-    """The scripts, YAML files and Dockerfiles under `root`, hidden folders left out, up to a bound."""
+def _install_files(root: Path, documents: bool) -> Iterable[Path]:
+    """The scripts, YAML files and Dockerfiles under `root` (or, with `documents`, its Markdown files), hidden
+    folders left out, up to a bound."""
     count = 0
     for folder, folders, files in os.walk(root):
         folders[:] = sorted(f for f in folders if not f.startswith(".") and f not in ("node_modules", "__pycache__"))
         for file_name in sorted(files):
             path = Path(folder) / file_name
-            if not (file_name.endswith(_IMAGE_SUFFIXES) or file_name.startswith("Dockerfile")):
+            wanted = file_name.endswith(".md") if documents else (
+                file_name.endswith(_SCRIPT_SUFFIXES) or file_name.startswith("Dockerfile"))
+            if not wanted:
                 continue
             try:
-                if path.stat().st_size > _IMAGE_FILE_BYTES:
+                if path.stat().st_size > _INSTALL_FILE_BYTES:
                     continue
             except OSError:
                 continue
             count += 1
-            if count > _IMAGE_FILES_READ:
+            if count > _INSTALL_FILES_READ:
                 return
             yield path
 

@@ -202,6 +202,6 @@ def test_nemo_rl_findings_are_scored_as_flags(tmp_path):
             (root / relative).write_text(text)
         found = lint_config(str(root / "grpo.yaml"), (root / "grpo.yaml").read_text(), Context(roots=(str(root),)))
         messages[name] = found[0].message
-    assert "[NeMo-RL 0.7: " in messages["default"] and "[NeMo-RL 0.5 (the image " in messages["image"]
+    assert "[NeMo-RL 0.7: " in messages["default"] and "[NeMo-RL 0.5 (nvcr.io/nvidia/nemo-rl:v0.5.0 in job.sh): " in messages["image"]
     assert "[NeMo-RL (the copy in nemo_rl/): " in messages["copy"]
     assert all(ecosystem.FLAG_MESSAGE.search(m) for m in messages.values())

@@ -26,8 +26,7 @@ import pytest
 from klaudit.catalog import Aggregation, Estimator, Returns, Sampling
 from klaudit.frameworks import Context, lint_config, nemo_rl
 from klaudit.frameworks.settings import Setting, yaml_settings
-from klaudit.frameworks.versions import DEFAULT, Assumed
-from klaudit.frameworks.versions import image_release as nemo_rl_image_release
+from klaudit.frameworks.versions import DEFAULT, Assumed, installed_release
 from klaudit.lint.edits import apply_edits
 
 BASE = """\
@@ -252,7 +251,22 @@ def test_the_container_image_a_project_runs_states_the_release(tmp_path):
         return sorted(f.code for f in found), found[0].message
 
     codes, message = judged()
-    assert codes == ["KL002"] and "NeMo-RL 0.5 (the image nvcr.io/nvidia/nemo-rl:v0.5.0 in scripts/slurm/grpo.sh" in message
+    assert codes == ["KL002"] and "NeMo-RL 0.5 (nvcr.io/nvidia/nemo-rl:v0.5.0 in scripts/slurm/grpo.sh" in message
     write(tmp_path / "k8s", {"job.yaml": "image: nvcr.io/nvidia/nemo-rl:v0.7.0\n"})
-    nemo_rl_image_release.cache_clear()
+    installed_release.cache_clear()
     assert judged()[0] == ["KL003", "KL010"]
+
+
+def test_a_cloned_release_branch_states_the_release_and_a_readme_only_where_scripts_name_none(tmp_path):
+    """`git clone --branch v0.6.0 .../NVIDIA-NeMo/RL.git` in a setup script states 0.6 (the plain low_var_kl loss);
+    the same in a README's install instructions does too when no script names a release."""
+    write(tmp_path, {"configs/grpo.yaml": BASE.format(**VALUES),
+                     "cluster/README.md": "```\ngit clone --branch v0.6.0 https://github.com/NVIDIA-NeMo/RL.git NeMo-RL\n```\n"})
+    config = tmp_path / "configs" / "grpo.yaml"
+    found = lint_config(str(config), config.read_text(), Context(roots=(str(tmp_path),)))
+    assert [f.code for f in found] == ["KL002"]
+    assert "NeMo-RL 0.6 (git clone --branch v0.6.0 in cluster/README.md" in found[0].message
+    write(tmp_path, {"setup.sh": "git clone https://github.com/NVIDIA/NeMo-RL -b v0.3.1\n"})
+    installed_release.cache_clear()
+    found = lint_config(str(config), config.read_text(), Context(roots=(str(tmp_path),)))
+    assert [f.code for f in found] == ["KL002"] and "NeMo-RL 0.3 (git clone https://github.com/NVIDIA/NeMo-RL -b v0.3.1 in setup.sh" in found[0].message
