@@ -83,6 +83,8 @@ class Context:
     configuration classes the linted code defines (their field defaults replace the release's)."""
 
     versions: Mapping[str, Assumed] = field(default_factory=lambda: {n: Assumed(v) for n, v in DEFAULT.items()})
+    # each linted root's own releases where a run lints several (a pin of one project is not another's)
+    root_versions: Mapping[str, Mapping[str, Assumed]] = field(default_factory=dict)
     classes: Mapping[str, tuple[ConfigClass, ...]] = field(default_factory=dict)  # by name: a name may be defined twice
     homonyms: frozenset[str] = frozenset()  # TRL's class names the linted code defines for a trainer of its own
     roots: tuple[str, ...] = ()  # the linted folders, resolved: a search for the project's own files stops there
@@ -99,11 +101,14 @@ class Context:
     def release(self, name: str, path: str) -> Assumed:
         """The release of `name` assumed in the file at `path`: a pin; else the one a notebook installs itself
         (`%pip install trl==0.14.0`); else the one the code nearest to the file states (OpenRLHF 0.5
-        vendored beside the scripts that launch it); else the run's."""
+        vendored beside the scripts that launch it); else the one its linted root states; else the run's."""
         assumed = self.versions[name]
         if assumed.source == "pinned" or not path:
             return assumed
         file = Path(path).resolve()
+        own_root = next((versions for root, versions in self.root_versions.items()
+                         if file == Path(root) or Path(root) in file.parents), None)
+        assumed = own_root.get(name, assumed) if own_root is not None else assumed
         installed = installed_by_notebook(str(file)) if file.suffix in (".ipynb", ".py") else {}
         return installed.get(name) or detected_near(str(file.parent)).get(name, assumed)
 
@@ -120,7 +125,9 @@ def prepare(pins: Mapping[str, str], roots: Iterable[Path], sources: Mapping[str
 def for_roots(pins: Mapping[str, str], roots: Iterable[Path]) -> Context:
     """The context of a lint run over `roots` before its sources are read: the releases assumed, the roots."""
     roots = list(roots)
-    return Context(assumed_versions(pins, roots), roots=tuple(str(Path(r).resolve()) for r in roots))
+    resolved = tuple(str(Path(r).resolve()) for r in roots)
+    by_root = {root: assumed_versions(pins, [Path(root)]) for root in resolved} if len(resolved) > 1 else {}
+    return Context(assumed_versions(pins, roots), root_versions=by_root, roots=resolved)
 
 
 def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str, str] | None = None,

@@ -282,3 +282,18 @@ def test_a_notebook_exported_as_a_script_keeps_its_pinned_release(tmp_path):
     found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     codes = {name: sorted(f.code for f in found if f.path.endswith(name)) for name in ("pinned_export.py", "plain.py")}
     assert codes == {"pinned_export.py": ["KL002", "KL007"], "plain.py": ["KL003"]}
+
+
+
+def test_each_linted_root_keeps_its_own_release(tmp_path):
+    """Two projects linted in one run (files, as a pre-commit hook passes them): a pin in one project's
+    requirements is not the other's release (TRL 0.16's plain k3 there, the latest's ratio*k3 here)."""
+    from klaudit.lint.engine import lint_paths
+
+    for project in ("pinned", "unpinned"):
+        (tmp_path / project).mkdir()
+        (tmp_path / project / "train.py").write_text("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.1)\n")
+    (tmp_path / "pinned" / "requirements.txt").write_text("trl==0.16.1\n")
+    found = lint_paths([str(tmp_path / "pinned" / "train.py"), str(tmp_path / "unpinned" / "train.py")]).findings
+    codes = {project: sorted(f.code for f in found if f"/{project}/" in f.path) for project in ("pinned", "unpinned")}
+    assert codes == {"pinned": ["KL002"], "unpinned": ["KL003"]}
