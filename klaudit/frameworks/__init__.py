@@ -241,7 +241,7 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         values = composed_settings(path, text)
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
         found += _easyr1(path, values)
-        if nemo_rl.is_config(values):
+        if nemo_rl.algorithm(values) is not None:
             found += _nemo_rl(path, values, yaml_settings(text).keys(), context, text, "yaml")
         found += _trl_recipe(path, values, context, text)
         found += _trl_sections(path, values, context, text)
@@ -312,10 +312,11 @@ def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
 
 
-# `uv run examples/run_grpo_math.py --config examples/configs/grpo_math_8B.yaml loss_fn.x=...`: a NeMo-RL entry
+# `uv run examples/run_grpo_math.py --config examples/configs/grpo_math_8B.yaml loss_fn.x=...` (also from
+# `$PROJECT_ROOT/examples/...`): a NeMo-RL entry
 # script (one that loads its config with NeMo-RL's loader), its config given or the script's own default
-_NEMO_RL_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*run_\w+\.py)\b")
-_NEMO_RL_CONFIG = re.compile(r"--config(?:=|[ \t]+)[\"']?([\w./-]+\.ya?ml)\b")
+_NEMO_RL_SCRIPT = re.compile(r"(?<![\w/.$-])(?:\$\{?\w+\}?/)?((?:[\w.-]+/)*run_\w+\.py)\b")
+_NEMO_RL_CONFIG = re.compile(r"--config(?:=|[ \t]+)[\"']?(?:\$\{?\w+\}?/)?([\w./-]+\.ya?ml)\b")
 _NEMO_RL_DEFAULT = re.compile(r"[\"']configs[\"']\s*,\s*[\"']([\w.-]+\.ya?ml)[\"']")
 
 
@@ -355,7 +356,7 @@ def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], c
         return []
     fixer = _Fixer(text, style, nemo_rl.FLAG_FIXES, nemo_rl.NO_FLAG_FIX)
     return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
-            if nemo_rl.reported(finding.code, own)]
+            if nemo_rl.reported(finding.code, own, settings)]
 
 
 def _nemo_rl_code(path: str, context: Context) -> tuple[nemo_rl.KLCode, str]:

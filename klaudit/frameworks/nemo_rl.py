@@ -1,4 +1,4 @@
-"""NeMo-RL's GRPO KL settings (NVIDIA-NeMo/RL) as catalog configurations.
+"""NeMo-RL's GRPO and PPO KL settings (NVIDIA-NeMo/RL) as catalog configurations.
 
 A NeMo-RL run is configured by a YAML file (`examples/configs/grpo_math_1B.yaml`) that may inherit another
 one (`defaults: grpo_math_1B.yaml`), and by dotted overrides on the command line of its `run_grpo*.py`
@@ -17,9 +17,10 @@ What that KL term is changed between releases, and the code a project carries de
   gradient without the later tokens' share, as is a k1 reward on its own token for k1 (both row 2); for k2
   a k2 loss beside a k2 reward on its own token (KL009).
 
-One rollout is `grpo.num_prompts_per_step` x `grpo.num_generations_per_prompt` responses, trained in updates
-of `policy.train_global_batch_size` responses: more than one optimizer step per rollout, or
-`grpo.async_grpo.enabled`, trains the KL on samples of an older policy. Only the sampled token is
+One rollout is `grpo.num_prompts_per_step` x `grpo.num_generations_per_prompt` responses (`ppo.` in a PPO
+config), trained in updates of `policy.train_global_batch_size` responses, `ppo.ppo_epochs` times in PPO (default
+4): more than one optimizer step per rollout, or asynchronous training, trains the KL on samples of an older
+policy. PPO's GAE carries a KL reward (`use_kl_in_reward`) to every earlier token when its gamma and lambda are 1. Only the sampled token is
 reweighted, by sg(pi / pi_gen) up to 0.6 and by pi / pi_gen from 0.7, where
 `loss_fn.use_on_policy_kl_approximation` is set (rows 22-23).
 """
@@ -40,28 +41,53 @@ PENALTY, KL_TYPE = "loss_fn.reference_policy_kl_penalty", "loss_fn.reference_pol
 INPUT_CLAMP, OUTPUT_CLAMP = "loss_fn.kl_input_clamp_value", "loss_fn.kl_output_clamp_value"
 APPROXIMATION = "loss_fn.use_on_policy_kl_approximation"
 TOKEN_LEVEL, IN_REWARD = "loss_fn.token_level_loss", "loss_fn.use_kl_in_reward"
-ADVANTAGE = "grpo.adv_estimator.name"
-PROMPTS, GENERATIONS = "grpo.num_prompts_per_step", "grpo.num_generations_per_prompt"
-UPDATE_BATCH, ASYNC = "policy.train_global_batch_size", "grpo.async_grpo.enabled"
-DEFAULTS = {KL_TYPE: "k3", INPUT_CLAMP: "20.0", OUTPUT_CLAMP: "10.0", APPROXIMATION: "false", TOKEN_LEVEL: "true",
-            IN_REWARD: "false", ADVANTAGE: "grpo", ASYNC: "false"}
+UPDATE_BATCH = "policy.train_global_batch_size"
 ESTIMATORS = {"k1": Estimator.K1, "k2": Estimator.K2, "k3": Estimator.K3}
 VERL_CLAMPS = (20.0, 10.0)  # calculate_kl's defaults: the log-ratio to [-20, 20], the estimate to [-10, 10]
 # The `loss_functions.py` of a copy of NeMo-RL, by release: the KL code there decides what the keys mean.
 LOSS_MODULES = ("nemo_rl/algorithms/loss/loss_functions.py", "nemo_rl/algorithms/loss_functions.py")
 UTILS_MODULE = "nemo_rl/algorithms/utils.py"
 
-# the keys whose values decide each rule: a config reports a rule only where it sets one of them itself (a
-# file inheriting every KL key from its base leaves the verdict to the base's own findings)
-_ESTIMATOR_KEYS = (KL_TYPE, PENALTY, IN_REWARD, ADVANTAGE)
-DECIDING = {"KL007": (TOKEN_LEVEL, PENALTY),
-            "KL008": (UPDATE_BATCH, PROMPTS, GENERATIONS, ASYNC, APPROXIMATION, PENALTY),
-            "KL010": (INPUT_CLAMP, OUTPUT_CLAMP, *_ESTIMATOR_KEYS)}
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The section of a GRPO or PPO config that sizes a rollout: `prompts` x `generations` responses, trained
+    `epochs` times (PPO's) in updates of `policy.train_global_batch_size`, or asynchronously."""
+
+    section: str
+    advantage_default: str
+    epochs_default: str | None  # None: one pass
+
+    def key(self, name: str) -> str:
+        return f"{self.section}.{name}"
+
+    @property
+    def prompts(self) -> str:
+        return self.key("num_prompts_per_step")
+
+    @property
+    def generations(self) -> str:
+        return self.key("num_generations_per_prompt")
+
+    @property
+    def advantage(self) -> str:
+        return self.key("adv_estimator.name")
+
+    @property
+    def asynchronous(self) -> str:
+        return self.key(f"async_{self.section}.enabled")
+
+    @property
+    def epochs(self) -> str | None:
+        return self.key("ppo_epochs") if self.epochs_default is not None else None
+
+
+GRPO, PPO = Algorithm("grpo", "grpo", None), Algorithm("ppo", "gae", "4")
+DEFAULTS = {KL_TYPE: "k3", INPUT_CLAMP: "20.0", OUTPUT_CLAMP: "10.0", APPROXIMATION: "false", TOKEN_LEVEL: "true",
+            IN_REWARD: "false"}
 
 _NO_FLAG = "NeMo-RL has no setting whose KL gradient is the sequence's; in ClippedPGLossFn use "
 FIXES = {"KL007": f"{TOKEN_LEVEL}: true (the batch's token mean: the same scale for a KL about as long as the responses)",
-         "KL008": f"one optimizer step per rollout: {UPDATE_BATCH} equal to {PROMPTS} x {GENERATIONS}, "
-                  f"{ASYNC}: false",
          "KL010": f"{INPUT_CLAMP}: null and {OUTPUT_CLAMP}: null (no clamp on the estimate)"}
 FLAG_FIXES = {"KL007": (TOKEN_LEVEL, "true")}
 NO_FLAG_FIX = "NeMo-RL has no single setting that fixes this: change the config by hand"
@@ -98,31 +124,39 @@ def code_of_release(assumed: Assumed) -> KLCode:
     return RELEASES[assumed.version]
 
 
-def is_config(settings: Mapping[str, Setting]) -> bool:
-    """Whether composed settings are a NeMo-RL GRPO configuration: its KL penalty beside a `grpo` section."""
-    return PENALTY in settings and any(key.startswith("grpo.") for key in settings)
+def algorithm(settings: Mapping[str, Setting]) -> Algorithm | None:
+    """The algorithm of composed NeMo-RL settings: a `grpo` or `ppo` section beside the KL penalty; None
+    when they are no NeMo-RL GRPO or PPO configuration."""
+    if PENALTY not in settings:
+        return None
+    return next((found for found in (GRPO, PPO) if any(key.startswith(found.section + ".") for key in settings)), None)
 
 
 def judge(settings: Mapping[str, Setting], code: KLCode, own: Collection[str] | None = None) -> tuple[Judged, bool] | None:
-    """(the KL configuration of NeMo-RL GRPO settings, whether its estimate is clamped); None when they are
-    not NeMo-RL's, the KL is off, or a deciding value is unknown here. Findings go to the keys the file sets
-    itself (`own`, by default all): an inherited key is placed at the line that brings it in."""
+    """(the KL configuration of NeMo-RL GRPO or PPO settings, whether its estimate is clamped); None when they
+    are not NeMo-RL's, the KL is off, or a deciding value is unknown here. Findings go to the keys the file
+    sets itself (`own`, by default all): an inherited key is placed at the line that brings it in; a rule is
+    reported only where the file sets a key that decides it (`reported`)."""
     own = settings.keys() if own is None else own
-    if not is_config(settings):
+    found = algorithm(settings)
+    if found is None:
         return None
-    value = {key: settings[key].value if key in settings else DEFAULTS.get(key) for key in (PENALTY, *DEFAULTS)}
+    defaults = {**DEFAULTS, found.advantage: found.advantage_default, found.asynchronous: "false"}
+    value = {key: settings[key].value if key in settings else defaults.get(key) for key in (PENALTY, *defaults)}
     beta = number(value[PENALTY] or "")
-    flags = {key: truthy(value[key] or "") for key in (APPROXIMATION, TOKEN_LEVEL, IN_REWARD, ASYNC)}
+    flags = {key: truthy(value[key] or "") for key in (APPROXIMATION, TOKEN_LEVEL, IN_REWARD, found.asynchronous)}
     kl_type = value[KL_TYPE] if code.kl_types else "k3"
     estimator = ESTIMATORS.get((kl_type or "").strip("'\""))
     if beta is None or beta == 0 or estimator is None or None in flags.values():
         return None
-    stale = _steps_per_rollout(settings) > 1 or bool(flags[ASYNC])
-    if code.kl_in_reward and flags[IN_REWARD]:
-        if value[ADVANTAGE] != "reinforce_plus_plus":
-            return None  # the GRPO estimator adds no KL to the advantage, and the loss's beta is 0
+    stale = _steps_per_rollout(settings, found) > 1 or bool(flags[found.asynchronous])
+    in_reward = code.kl_in_reward and bool(flags[IN_REWARD])
+    if in_reward:
+        returns = _reward_returns(settings, found, str(value[found.advantage]))
+        if returns is None:
+            return None  # an estimator that adds no KL to the advantage (GRPO's), and the loss's beta is 0
         estimator, clamped = _clamped(estimator, VERL_CLAMPS)  # the advantage estimator calls calculate_kl's defaults
-        config = Config(reward=estimator, returns=Returns.LOCAL, aggregation=_aggregation(flags[TOKEN_LEVEL]),
+        config = Config(reward=estimator, returns=returns, aggregation=_aggregation(flags[TOKEN_LEVEL]),
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
     else:
         sampling = (Sampling.TOKEN_IS if flags[APPROXIMATION] else Sampling.OFF_POLICY) if stale else Sampling.ON_POLICY
@@ -133,19 +167,30 @@ def judge(settings: Mapping[str, Setting], code: KLCode, own: Collection[str] | 
         else:
             clamped = any(clamps)
         config = _loss(estimator, code.score_weighted, _aggregation(flags[TOKEN_LEVEL]), sampling)
-    keys = [PENALTY, KL_TYPE if code.kl_types else None, IN_REWARD if code.kl_in_reward and flags[IN_REWARD] else None,
-            TOKEN_LEVEL, *((PROMPTS, GENERATIONS, UPDATE_BATCH, APPROXIMATION) if stale else ())]
+    sizes = (found.prompts, found.generations, UPDATE_BATCH, found.epochs, APPROXIMATION) if stale else ()
+    keys = [PENALTY, KL_TYPE if code.kl_types else None, IN_REWARD if in_reward else None, TOKEN_LEVEL, *sizes]
     named = ", ".join(shown(key.rsplit(".", 1)[-1], str(value.get(key) or settings[key].value), settings.get(key))
-                      for key in keys if key is not None and (key in settings or key in DEFAULTS))
-    anchors = {rule: settings[key] for rule, key in (("KL007", TOKEN_LEVEL), ("KL008", _stale_by(settings, own)))
+                      for key in keys if key is not None and (key in settings or key in defaults))
+    anchors = {rule: settings[key] for rule, key in (("KL007", TOKEN_LEVEL), ("KL008", _stale_by(settings, own, found)))
                if key is not None and key in own}
-    estimator_anchor = settings[next((key for key in (KL_TYPE, PENALTY, IN_REWARD, ADVANTAGE) if key in own), PENALTY)]
-    return Judged(config, estimator_anchor, named, anchors), clamped
+    estimator_anchor = settings[next((key for key in (KL_TYPE, PENALTY, IN_REWARD, found.advantage) if key in own), PENALTY)]
+    stale_help = (f"one optimizer step per rollout: {UPDATE_BATCH} equal to {found.prompts} x {found.generations}"
+                  + (f", {found.epochs}: 1" if found.epochs else "") + f", {found.asynchronous}: false")
+    return Judged(config, estimator_anchor, named, anchors, {"KL008": stale_help}), clamped
 
 
-def reported(rule: str, own: Collection[str]) -> bool:
-    """Whether a file that sets the keys `own` itself reports `rule` (the others come with its base's findings)."""
-    return any(key in own for key in DECIDING.get(rule, _ESTIMATOR_KEYS))
+def reported(rule: str, own: Collection[str], settings: Mapping[str, Setting]) -> bool:
+    """Whether a file that sets the keys `own` itself reports `rule` about `settings`: where it sets a key
+    that decides the rule (the others come with its base file's findings). The advantage estimator decides
+    the estimator's rules only where the KL is in the reward."""
+    found = algorithm(settings) or GRPO
+    in_reward = truthy((settings[IN_REWARD].value or "") if IN_REWARD in settings else "false")
+    estimator_keys = (KL_TYPE, PENALTY, IN_REWARD, *((found.advantage,) if in_reward else ()))
+    deciding = {"KL007": (TOKEN_LEVEL, PENALTY),
+                "KL008": (UPDATE_BATCH, found.prompts, found.generations, found.asynchronous, found.epochs,
+                          APPROXIMATION, PENALTY),
+                "KL010": (INPUT_CLAMP, OUTPUT_CLAMP, *estimator_keys)}
+    return any(key in own for key in deciding.get(rule, estimator_keys) if key is not None)
 
 
 def fix(rule: str, row_fix: str) -> str:
@@ -175,19 +220,37 @@ def _aggregation(token_level: bool | None) -> Aggregation:
     return Aggregation.BATCH_MEAN if token_level else Aggregation.SEQ_MEAN
 
 
-def _steps_per_rollout(settings: Mapping[str, Setting]) -> float:
-    """Optimizer steps per rollout: prompts x generations / the update batch, in responses; 1 where one of
-    them is left out or computed."""
-    sizes = [number(settings[key].value or "") if key in settings else None for key in (PROMPTS, GENERATIONS, UPDATE_BATCH)]
-    if any(size is None for size in sizes) or not sizes[2]:
+def _steps_per_rollout(settings: Mapping[str, Setting], found: Algorithm) -> float:
+    """Optimizer steps per rollout: prompts x generations / the update batch, in responses, times PPO's
+    epochs; 1 where a size is left out or computed."""
+    sizes = [number(settings[key].value or "") if key in settings else None
+             for key in (found.prompts, found.generations, UPDATE_BATCH)]
+    given = settings.get(found.epochs) if found.epochs is not None else None
+    epochs = number((given.value or "") if given is not None else (found.epochs_default or "1"))
+    if any(size is None for size in sizes) or not sizes[2] or epochs is None:
         return 1.0
     prompts, generations, update = (float(size or 0) for size in sizes)
-    return prompts * generations / update
+    return epochs * max(prompts * generations / update, 1.0)
 
 
-def _stale_by(settings: Mapping[str, Setting], own: Collection[str]) -> str | None:
-    """The key to change for stale samples, among those the file sets: async training when on, else the
-    update batch, else the rollout's."""
-    if ASYNC in own and truthy(settings[ASYNC].value or ""):
-        return ASYNC
-    return next((key for key in (UPDATE_BATCH, PROMPTS, GENERATIONS) if key in own), None)
+def _reward_returns(settings: Mapping[str, Setting], found: Algorithm, advantage: str) -> Returns | None:
+    """How the advantage estimator carries a KL reward: Reinforce++ puts each token's own on its advantage;
+    PPO's GAE with gamma = lambda = 1 sums the later ones (reward-to-go); None for any other estimator (GRPO's
+    ignores it; a GAE that discounts is no row of the table)."""
+    if advantage == "reinforce_plus_plus":
+        return Returns.LOCAL
+    if found is PPO and advantage == "gae" and all(
+            number((settings[found.key(f"adv_estimator.{key}")].value or "") if found.key(f"adv_estimator.{key}") in settings
+                   else "") == 1.0 for key in ("gae_gamma", "gae_lambda")):
+        return Returns.TO_GO
+    return None
+
+
+def _stale_by(settings: Mapping[str, Setting], own: Collection[str], found: Algorithm) -> str | None:
+    """The key to change for stale samples, among those the file sets: async training when on, else PPO's
+    epochs when more than one, else the update batch, else the rollout's."""
+    if found.asynchronous in own and truthy(settings[found.asynchronous].value or ""):
+        return found.asynchronous
+    if found.epochs is not None and found.epochs in own and (number(settings[found.epochs].value or "") or 1) > 1:
+        return found.epochs
+    return next((key for key in (UPDATE_BATCH, found.prompts, found.generations) if key in own), None)

@@ -270,3 +270,29 @@ def test_a_cloned_release_branch_states_the_release_and_a_readme_only_where_scri
     installed_release.cache_clear()
     found = lint_config(str(config), config.read_text(), Context(roots=(str(tmp_path),)))
     assert [f.code for f in found] == ["KL002"] and "NeMo-RL 0.3 (git clone https://github.com/NVIDIA/NeMo-RL -b v0.3.1 in setup.sh" in found[0].message
+
+
+def test_a_ppo_config_takes_its_epochs_and_a_config_renaming_the_estimator_reports_nothing(tmp_path):
+    """NeMo-RL's PPO trains the same ClippedPGLossFn `ppo.ppo_epochs` times per rollout (default 4): KL008
+    at the epochs; a GRPO config that only names another advantage estimator changes nothing of a KL in the
+    loss, so its base's findings are not repeated there."""
+    text = ("ppo:\n  ppo_epochs: 2\n  num_prompts_per_step: 32\n  num_generations_per_prompt: 16\n"
+            "loss_fn:\n  reference_policy_kl_penalty: 0.001\n  reference_policy_kl_type: k3\n"
+            "  kl_input_clamp_value: null\n  kl_output_clamp_value: null\n"
+            "policy:\n  train_global_batch_size: 512\n")
+    found = {f.code: f for f in lint_config("ppo.yaml", text, context("0.6"))}
+    assert sorted(found) == ["KL002", "KL008"] and found["KL008"].line == 2 and "ppo_epochs=2" in found["KL008"].message
+    write(tmp_path, {"base.yaml": BASE.format(**VALUES), "gdpo.yaml": 'defaults: base.yaml\ngrpo:\n  adv_estimator:\n    name: "gdpo"\n'})
+    assert lint_config(str(tmp_path / "gdpo.yaml"), (tmp_path / "gdpo.yaml").read_text(), context("0.6")) == []
+
+
+def test_an_entry_script_named_from_a_project_variable(tmp_path):
+    """NeMo-RL's functional tests run `$PROJECT_ROOT/examples/run_grpo.py` with the script's default config:
+    2 prompts x 4 generations in updates of 4 responses take two optimizer steps per rollout."""
+    launch = ("cd $PROJECT_ROOT\nuv run coverage run $PROJECT_ROOT/examples/run_grpo_project.py \\\n"
+              "    grpo.num_prompts_per_step=2 \\\n    grpo.num_generations_per_prompt=4 \\\n"
+              "    policy.train_global_batch_size=4\n")
+    write(tmp_path, {"pyproject.toml": "", "examples/run_grpo_project.py": GRPO_SCRIPT,
+                     "examples/configs/grpo_project.yaml": BASE.format(**VALUES), "tests/functional/grpo.sh": launch})
+    found = lint_config(str(tmp_path / "tests/functional/grpo.sh"), launch, context("0.6"))
+    assert [(f.line, f.code) for f in found] == [(5, "KL008")]
