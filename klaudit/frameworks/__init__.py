@@ -323,13 +323,15 @@ _NEMO_RL_DEFAULT = re.compile(r"[\"']configs[\"']\s*,\s*[\"']([\w.-]+\.ya?ml)[\"
 def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
     """The NeMo-RL GRPO run of a launch script: the config its entry script loads, with the script's
     overrides; inherited keys are placed at the entry script's name."""
+    lines = text.splitlines()
     for match in _NEMO_RL_SCRIPT.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        if lines[line - 1].lstrip().startswith("#"):
+            continue  # a comment that names the script runs nothing
         script = _project_path(path, match.group(1))
         source = _read_text(script) if script is not None else None
         if script is None or source is None or "nemo_rl" not in source or "load_config" not in source:
             continue
-        lines = text.splitlines()
-        line = text.count("\n", 0, match.start()) + 1
         first, last = command_span(lines, line - 1)
         given = _NEMO_RL_CONFIG.search("\n".join(lines[first:last + 1]))
         default = _NEMO_RL_DEFAULT.search(source)

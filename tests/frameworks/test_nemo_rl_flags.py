@@ -296,3 +296,5 @@ def test_an_entry_script_named_from_a_project_variable(tmp_path):
                      "examples/configs/grpo_project.yaml": BASE.format(**VALUES), "tests/functional/grpo.sh": launch})
     found = lint_config(str(tmp_path / "tests/functional/grpo.sh"), launch, context("0.6"))
     assert [(f.line, f.code) for f in found] == [(5, "KL008")]
+    commented = "# the same shape as examples/run_grpo_project.py\n" + launch.replace("$PROJECT_ROOT/examples/", "./")
+    assert lint_config(str(tmp_path / "tests/functional/grpo.sh"), commented, context("0.6")) == []  # named in a comment only
