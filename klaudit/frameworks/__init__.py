@@ -357,7 +357,9 @@ def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], c
     if judged is None:
         return []
     fixer = _Fixer(text, style, nemo_rl.FLAG_FIXES, nemo_rl.NO_FLAG_FIX)
-    return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
+    aggregation = judged[0].config.aggregation  # the code a fix replaces averages the KL so: the fix keeps its scale
+    return [finding for finding in _findings(path, judged[0], label, lambda rule, row_fix: nemo_rl.fix(rule, row_fix, aggregation),
+                                             fixer, clamped=judged[1])
             if nemo_rl.reported(finding.code, own, settings)]
 
 

@@ -237,6 +237,9 @@ def test_a_per_response_mean_is_fixed_by_the_token_mean_and_relints_clean():
     assert "token_level_loss: true" in fixed
     assert sorted(f.code for f in lint_config("grpo.yaml", fixed, context("0.6"))) == ["KL002"]
     assert found["KL002"].autofix is None and "ClippedPGLossFn" in found["KL002"].fix
+    # the code fix keeps the scale of NeMo-RL's batch token mean: the estimators' per-sequence sums over the tokens
+    fixed_estimate = {f.code: f for f in lint_config("grpo.yaml", fixed, context("0.6"))}["KL002"].fix
+    assert ".loss.sum() / mask.sum()" in fixed_estimate and ".loss.mean()" not in fixed_estimate
 
 
 def test_the_container_image_a_project_runs_states_the_release(tmp_path):
