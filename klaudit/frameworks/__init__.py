@@ -22,7 +22,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from klaudit.catalog import defects
+from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
 from klaudit.frameworks import easyr1, nemo_rl, openrlhf, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
@@ -357,9 +357,7 @@ def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], c
     if judged is None:
         return []
     fixer = _Fixer(text, style, nemo_rl.FLAG_FIXES, nemo_rl.NO_FLAG_FIX)
-    aggregation = judged[0].config.aggregation  # the code a fix replaces averages the KL so: the fix keeps its scale
-    return [finding for finding in _findings(path, judged[0], label, lambda rule, row_fix: nemo_rl.fix(rule, row_fix, aggregation),
-                                             fixer, clamped=judged[1])
+    return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
             if nemo_rl.reported(finding.code, own, settings)]
 
 
@@ -815,7 +813,8 @@ def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str
         where = judged.where(row.rule)
         message = f"{describe(judged.config)}: {row.explanation} [{framework}: {judged.flags}]"
         autofix, why = fixer(row.rule, judged) if fixer is not None else (None, _NO_FIX_HERE)
+        code_fix = scaled_fix(row.fix, judged.config.aggregation) or row.fix  # at the scale of the KL it replaces
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
-                                judged.helps.get(row.rule) or fix(row.rule, row.fix) or row.fix, autofix=autofix,
+                                judged.helps.get(row.rule) or fix(row.rule, code_fix) or code_fix, autofix=autofix,
                                 no_autofix=why))
     return findings

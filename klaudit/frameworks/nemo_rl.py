@@ -31,7 +31,7 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling, scaled_fix
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, shown, truthy
 from klaudit.frameworks.versions import Assumed
 
@@ -193,10 +193,9 @@ def reported(rule: str, own: Collection[str], settings: Mapping[str, Setting]) -
     return any(key in own for key in deciding.get(rule, estimator_keys) if key is not None)
 
 
-def fix(rule: str, row_fix: str, aggregation: Aggregation) -> str:
-    """The help of a finding: the flag that fixes it, else the catalog's code fix at the scale of NeMo-RL's
-    token mean (or per-response mean) it replaces."""
-    return FIXES.get(rule) or (_NO_FLAG + (scaled_fix(row_fix, aggregation) or "") if row_fix else "")
+def fix(rule: str, row_fix: str) -> str:
+    """The help of a finding: the flag that fixes it, else the catalog's code fix (at the config's scale)."""
+    return FIXES.get(rule) or (_NO_FLAG + row_fix if row_fix else "")
 
 
 def _loss(estimator: Estimator, score_weighted: bool, aggregation: Aggregation, sampling: Sampling) -> Config:
