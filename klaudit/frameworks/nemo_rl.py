@@ -18,11 +18,11 @@ What that KL term is changed between releases, and the code a project carries de
   a k2 loss beside a k2 reward on its own token (KL009).
 
 One rollout is `grpo.num_prompts_per_step` x `grpo.num_generations_per_prompt` responses (`ppo.` in a PPO
-config), trained in updates of `policy.train_global_batch_size` responses, `ppo.ppo_epochs` times in PPO (default
-4): more than one optimizer step per rollout, or asynchronous training, trains the KL on samples of an older
-policy. PPO's GAE carries a KL reward (`use_kl_in_reward`) to every earlier token when its gamma and lambda are 1. Only the sampled token is
-reweighted, by sg(pi / pi_gen) up to 0.6 and by pi / pi_gen from 0.7, where
-`loss_fn.use_on_policy_kl_approximation` is set (rows 22-23).
+config), trained in updates of `policy.train_global_batch_size` responses, `ppo.ppo_epochs` times in PPO
+(default 4): more than one optimizer step per rollout, or asynchronous training, trains the KL on samples of an
+older policy. Only the sampled token is reweighted, by sg(pi / pi_gen) up to 0.6 and by pi / pi_gen from 0.7,
+where `loss_fn.use_on_policy_kl_approximation` is set (rows 22-23). PPO's GAE carries a KL reward
+(`use_kl_in_reward`) to every earlier token when its gamma and lambda are 1.
 """
 
 from __future__ import annotations
