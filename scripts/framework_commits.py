@@ -10,6 +10,11 @@ by this script from a clone of the framework's repository (every commit reachabl
 Each line of the table is a version followed by the first 10 hex digits of the commits that state it.
 Only the commits of the releases klaudit knows (`klaudit.frameworks.versions.KNOWN`) and of their
 development versions are kept.
+
+A framework whose version file is not bumped on its main branch (NeMo-RL's package_info.py still says 0.6.0
+on commits that carry 0.7's KL term) is placed by its release tags instead (`TAGGED`): a tag's own commit is
+that release, a commit the tag reaches and the previous one does not is that release's development version
+(`0.7.0.dev0`: between 0.6 and 0.7), and a commit no known tag reaches is the next release's.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ VERSION_FILES = {
     "verl": (("verl/version/version", r"^\s*(\S+)"),),
     "openrlhf": (("version.txt", r"^\s*(\S+)"),),
 }
+TAGGED = {"nemo_rl": "v{}.0"}  # the tag of each known release, by its major.minor
 PREFIX = 10  # hex digits kept per commit: no two of a framework's commits share them
 
 
@@ -49,17 +55,40 @@ def _version(git_dir: str, commit: str, files: tuple[tuple[str, str], ...]) -> s
     return None
 
 
+def _by_tags(git_dir: str, name: str) -> dict[str, list[str]]:
+    """{version: commits} of a framework placed by its release tags (see the module docstring)."""
+    by_version: dict[str, list[str]] = defaultdict(list)
+    previous: str | None = None
+    for known in KNOWN[name]:
+        tag = TAGGED[name].format(known)
+        tagged = _git(git_dir, "rev-parse", f"{tag}^{{commit}}").strip()
+        for commit in _git(git_dir, "rev-list", tag, *([f"^{previous}"] if previous else [])).split():
+            by_version[f"{known}.0" if commit == tagged else f"{known}.0.dev0"].append(commit[:PREFIX])
+        previous = tag
+    major, minor = release(KNOWN[name][-1])[:2]
+    for commit in _git(git_dir, "rev-list", "HEAD", f"^{previous}").split():
+        by_version[f"{major}.{minor + 1}.0.dev0"].append(commit[:PREFIX])
+    return by_version
+
+
+def _by_version_files(git_dir: str, name: str, commits: list[str]) -> dict[str, list[str]]:
+    """{version: commits} of a framework placed by the version file each commit holds."""
+    by_version: dict[str, list[str]] = defaultdict(list)
+    for commit in commits:
+        version = _version(git_dir, commit, VERSION_FILES[name])
+        if version is not None and release(version) >= release(KNOWN[name][0]):
+            by_version[version].append(commit[:PREFIX])
+    return by_version
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("framework", choices=sorted(VERSION_FILES))
+    parser.add_argument("framework", choices=sorted({*VERSION_FILES, *TAGGED}))
     parser.add_argument("git_dir", help="the framework repository's git directory")
     arguments = parser.parse_args()
     commits = _git(arguments.git_dir, "rev-list", "HEAD").split()
-    by_version: dict[str, list[str]] = defaultdict(list)
-    for commit in commits:
-        version = _version(arguments.git_dir, commit, VERSION_FILES[arguments.framework])
-        if version is not None and release(version) >= release(KNOWN[arguments.framework][0]):
-            by_version[version].append(commit[:PREFIX])
+    by_version = (_by_tags(arguments.git_dir, arguments.framework) if arguments.framework in TAGGED
+                  else _by_version_files(arguments.git_dir, arguments.framework, commits))
     if len({commit[:PREFIX] for commit in commits}) != len(commits):
         print(f"two commits share their first {PREFIX} hex digits: raise PREFIX", file=sys.stderr)
         return 1

@@ -350,20 +350,31 @@ def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
 
 def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], context: Context, text: str,
              style: str) -> list[Finding]:
-    """A NeMo-RL GRPO configuration, judged by the KL code of the project's copy of NeMo-RL where it carries
-    one, else of the release assumed; a rule only where the file sets a key that decides it."""
-    code, label = _nemo_rl_code(path, context)
-    judged = nemo_rl.judge(settings, code, own)
-    if judged is None:
-        return []
+    """A NeMo-RL GRPO or PPO configuration, judged by the KL code of the project's copy of NeMo-RL where it
+    carries one, else of the release assumed (for a commit between two releases, what both give); a rule only
+    where the file sets a key that decides it."""
     fixer = _Fixer(text, style, nemo_rl.FLAG_FIXES, nemo_rl.NO_FLAG_FIX)
-    return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
-            if nemo_rl.reported(finding.code, own, settings)]
+
+    def judged_by(code: nemo_rl.KLCode, label: str) -> list[Finding]:
+        judged = nemo_rl.judge(settings, code, own)
+        if judged is None:
+            return []
+        return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
+                if nemo_rl.reported(finding.code, own, settings)]
+
+    copy = _nemo_rl_copy(path, context)
+    if copy is not None:
+        return judged_by(*copy)
+    assumed = context.release(nemo_rl.NAME, path)
+    root = _linted_root(path, context.roots)
+    if not assumed.source and root is not None:  # nothing states a release: how the project installs NeMo-RL may
+        assumed = installed_release(nemo_rl.NAME, root) or assumed
+    return _agreed(assumed, lambda release: judged_by(nemo_rl.code_of_release(release), release.label(nemo_rl.LABEL)))
 
 
-def _nemo_rl_code(path: str, context: Context) -> tuple[nemo_rl.KLCode, str]:
-    """The KL code a NeMo-RL config at `path` runs, and how a finding names it: the project's copy of
-    NeMo-RL where it carries one, else the release assumed."""
+def _nemo_rl_copy(path: str, context: Context) -> tuple[nemo_rl.KLCode, str] | None:
+    """The KL code of the project's copy of NeMo-RL that a config at `path` runs, and how a finding names it;
+    None when the project carries none."""
     for module in nemo_rl.LOSS_MODULES:
         copy = copy_holding(path, module, context.roots)
         loss = _read_text(copy[1] / module) if copy is not None else None
@@ -372,11 +383,7 @@ def _nemo_rl_code(path: str, context: Context) -> tuple[nemo_rl.KLCode, str]:
             where = (folder.relative_to(base) / "nemo_rl").as_posix()
             code = nemo_rl.code_of_copy(loss, _read_text(folder / nemo_rl.UTILS_MODULE) or "")
             return code, f"{nemo_rl.LABEL} (the copy in {where}/)"
-    assumed = context.release(nemo_rl.NAME, path)
-    root = _linted_root(path, context.roots)
-    if not assumed.source and root is not None:  # nothing states a release: how the project installs NeMo-RL may
-        assumed = installed_release(nemo_rl.NAME, root) or assumed
-    return nemo_rl.code_of_release(assumed), assumed.label(nemo_rl.LABEL)
+    return None
 
 
 def _linted_root(path: str, roots: Collection[str]) -> str | None:

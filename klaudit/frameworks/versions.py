@@ -22,9 +22,10 @@ semantics it applied. In order:
 4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
    newest known release it allows, the one pip installs;
 5. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
-   Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`) or the release branch they clone (`git clone --branch
-   v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`), else the one its Markdown install instructions name, when
-   they name one;
+   Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), the release branch they clone (`git clone --branch
+   v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`) or the commit they check out after cloning it (placed by
+   the table of commits, which for NeMo-RL follows its release tags), else the one its Markdown install
+   instructions name, when they name one;
 6. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found.
 
@@ -229,24 +230,52 @@ _INSTALL_FILES_READ = 5000  # a project's scripts and manifests, not a vendored 
 _INSTALL_FILE_BYTES = 512 * 1024
 
 
+# `git clone https://github.com/NVIDIA-NeMo/RL.git /opt/NeMo-RL && cd /opt/NeMo-RL && git checkout ${NEMO_RL_COMMIT}`
+_CHECKOUT = {"nemo_rl": re.compile(r"\bgit\s+clone\b[^\n]*github\.com/NVIDIA(?:-NeMo)?/(?:NeMo-)?RL(?:\.git)?\b"
+                                   r"[^\n]*?\bgit\s+checkout\s+[\"']?([\w.${}:-]+)")}
+_REFERENCE = re.compile(r"^\$\{?(\w+)\}?$")
+
+
 @functools.lru_cache(maxsize=16)
 def installed_release(name: str, root: str) -> Assumed | None:
-    """The release of `name` that the project under `root` installs (`INSTALLED`): the one its scripts,
-    manifests and Dockerfiles name, else the one its Markdown install instructions name; None when they name
-    none or disagree."""
-    patterns = INSTALLED.get(name, ())
+    """The release of `name` that the project under `root` installs (`INSTALLED`, `_CHECKOUT`): the one its
+    scripts, manifests and Dockerfiles name, else the one its Markdown install instructions name; None when
+    they name none or disagree. A commit checked out (also through a variable the file assigns, as a Dockerfile's
+    `ENV NEMO_RL_COMMIT=${NEMO_RL_COMMIT:-85eeb8d...}`) is the release klaudit's table of commits places it in."""
     for documents in (False, True):
-        found: dict[str, str] = {}  # version -> the first statement of it, and where
+        found: dict[str, Assumed] = {}  # release -> the first statement of it
         for file in _install_files(Path(root), documents):
             text = _read(file) or ""
-            for match in (match for pattern in patterns for match in pattern.finditer(text)):
-                found.setdefault(match.group(1), f"{' '.join(match.group().split())} in {file.relative_to(root).as_posix()}")
+            where = file.relative_to(root).as_posix()
+            for match in (match for pattern in INSTALLED.get(name, ()) for match in pattern.finditer(text)):
+                stated = _assumed_from(name, match.group(1), f"{' '.join(match.group().split())} in {where}")
+                found.setdefault(stated.version, stated)
+            checkout = _CHECKOUT.get(name)
+            for match in checkout.finditer(text) if checkout is not None else ():
+                ref = _assigned(text, match.group(1))
+                if ref is not None and re.fullmatch(r"[0-9a-fA-F]{7,40}", ref):
+                    stated = _at_commit(name, ref, where)
+                    if not stated.guessed:
+                        found.setdefault(stated.version, stated)
         if len(found) == 1:
-            version, where = next(iter(found.items()))
-            return _assumed_from(name, version, where)
+            return next(iter(found.values()))
         if found:
             return None
     return None
+
+
+def _assigned(text: str, ref: str) -> str | None:
+    """`ref`, or the value a file assigns to the variable `ref` names (`ENV NAME=...`, `ARG NAME=...`, `NAME=...`;
+    of `${NAME:-default}`, the default)."""
+    reference = _REFERENCE.match(ref)
+    if reference is None:
+        return ref
+    assigned = re.search(rf"^\s*(?:ENV\s+|ARG\s+|export\s+)?{reference.group(1)}=[\"']?([^\s\"']+)", text, re.MULTILINE)
+    if assigned is None:
+        return None
+    value = assigned.group(1)
+    default = re.fullmatch(rf"\$\{{{reference.group(1)}:?-([^}}]+)\}}", value)
+    return default.group(1) if default else value
 
 
 def _install_files(root: Path, documents: bool) -> Iterable[Path]:

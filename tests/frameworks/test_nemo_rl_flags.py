@@ -301,3 +301,41 @@ def test_an_entry_script_named_from_a_project_variable(tmp_path):
     assert [(f.line, f.code) for f in found] == [(5, "KL008")]
     commented = "# the same shape as examples/run_grpo_project.py\n" + launch.replace("$PROJECT_ROOT/examples/", "./")
     assert lint_config(str(tmp_path / "tests/functional/grpo.sh"), commented, context("0.6")) == []  # named in a comment only
+
+
+@pytest.mark.parametrize("commit, expected", [
+    ("5fb588932b", "0.6.0"),  # the v0.6.0 tag
+    ("85eeb8d059b0249cace427dd5dec9573107be224", "0.5.0.dev0"),  # 2025-10-17: reached by v0.5.0, not by v0.4.0
+    ("33bce20d783468d2eec75bace5982f3cc2c5bb8d", "0.7.0.dev0"),  # the score weight (2026-06-24), first tagged v0.7.0
+])
+def test_the_commit_table_places_a_nemo_rl_commit_by_its_release_tags(commit, expected):
+    """Read by hand from NeMo-RL's repository (git tag --contains COMMIT); its package_info.py still says
+    0.6.0 at 33bce20d, which is why the table follows the tags."""
+    from klaudit.frameworks.versions import commit_version
+
+    assert commit_version(nemo_rl.NAME, commit) == expected
+
+
+def test_a_dockerfile_checkout_of_a_commit_between_releases_reports_what_both_give(tmp_path):
+    """NeMo-Skills builds NeMo-RL at 85eeb8d (between 0.4 and 0.5) through an ENV default: 0.4's k3 with its
+    log-ratio clamp (KL002 + KL010) and 0.5's low_var_kl (KL002) agree on KL002 alone."""
+    write(tmp_path, {"configs/grpo.yaml": BASE.format(**VALUES),
+                     "dockerfiles/Dockerfile.nemo-rl": (
+                         "ARG NEMO_RL_COMMIT\nENV NEMO_RL_COMMIT=${NEMO_RL_COMMIT:-85eeb8d059b0249cace427dd5dec9573107be224}\n"
+                         "RUN git clone https://github.com/NVIDIA-NeMo/RL.git /opt/NeMo-RL && cd /opt/NeMo-RL && "
+                         "git checkout ${NEMO_RL_COMMIT}\n")})
+    config = tmp_path / "configs" / "grpo.yaml"
+    found = lint_config(str(config), config.read_text(), Context(roots=(str(tmp_path),)))
+    assert [f.code for f in found] == ["KL002"]
+    assert "0.5.0.dev0 at commit 85eeb8d059 in dockerfiles/Dockerfile.nemo-rl, between 0.4 and 0.5" in found[0].message
+
+
+def test_a_nemo_rl_dependency_on_a_git_commit(tmp_path):
+    """`nemo-rl @ git+...@<the v0.6.0 commit>` in pyproject.toml: 0.6's low_var_kl loss (KL002), not 0.7's KL003."""
+    write(tmp_path, {"pyproject.toml": '[project]\nname = "p"\ndependencies = ["nemo-rl @ git+https://github.com/NVIDIA-NeMo/RL.git@5fb588932b"]\n',
+                     "configs/grpo.yaml": BASE.format(**VALUES)})
+    from klaudit.frameworks import for_roots
+
+    config = tmp_path / "configs" / "grpo.yaml"
+    found = lint_config(str(config), config.read_text(), for_roots({}, [tmp_path]))
+    assert [f.code for f in found] == ["KL002"] and "NeMo-RL 0.6 (0.6.0 at commit 5fb588932b" in found[0].message
