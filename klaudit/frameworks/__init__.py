@@ -47,6 +47,7 @@ from klaudit.frameworks.versions import (
     detected_near,
     installed_by_notebook,
     installed_release,
+    read_text,
     vendored,
 )
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
@@ -329,7 +330,7 @@ def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
         if lines[line - 1].lstrip().startswith("#"):
             continue  # a comment that names the script runs nothing
         script = _project_path(path, match.group(1))
-        source = _read_text(script) if script is not None else None
+        source = read_text(script) if script is not None else None
         if script is None or source is None or "nemo_rl" not in source or "load_config" not in source:
             continue
         first, last = command_span(lines, line - 1)
@@ -337,9 +338,9 @@ def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
         default = _NEMO_RL_DEFAULT.search(source)
         config = (_project_path(path, given.group(1)) if given else
                   script.parent / "configs" / default.group(1) if default else None)
-        config_text = _read_text(config) if config is not None else None
+        config_text = read_text(config) if config is not None else None
         if config is None or config_text is None:
-            return []
+            continue
         column = match.start() - text.rfind("\n", 0, match.start())
         inherited = {key: Setting(setting.value, line, column, column + len(match.group(1)))
                      for key, setting in composed_settings(str(config), config_text).items()}
@@ -369,7 +370,7 @@ def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], c
     root = _linted_root(path, context.roots)
     if not assumed.source and root is not None:  # nothing states a release: how the project installs NeMo-RL may
         assumed = installed_release(nemo_rl.NAME, root) or assumed
-    return _agreed(assumed, lambda release: judged_by(nemo_rl.code_of_release(release), release.label(nemo_rl.LABEL)))
+    return _agreed(assumed, lambda release: judged_by(nemo_rl.RELEASES[release.version], release.label(nemo_rl.LABEL)))
 
 
 def _nemo_rl_copy(path: str, context: Context) -> tuple[nemo_rl.KLCode, str] | None:
@@ -377,11 +378,11 @@ def _nemo_rl_copy(path: str, context: Context) -> tuple[nemo_rl.KLCode, str] | N
     None when the project carries none."""
     for module in nemo_rl.LOSS_MODULES:
         copy = copy_holding(path, module, context.roots)
-        loss = _read_text(copy[1] / module) if copy is not None else None
+        loss = read_text(copy[1] / module) if copy is not None else None
         if copy is not None and loss is not None:
             base, folder = copy
             where = (folder.relative_to(base) / "nemo_rl").as_posix()
-            code = nemo_rl.code_of_copy(loss, _read_text(folder / nemo_rl.UTILS_MODULE) or "")
+            code = nemo_rl.code_of_copy(loss, read_text(folder / nemo_rl.UTILS_MODULE) or "")
             return code, f"{nemo_rl.LABEL} (the copy in {where}/)"
     return None
 
@@ -394,13 +395,6 @@ def _linted_root(path: str, roots: Collection[str]) -> str | None:
         if folder == file.parent or folder in file.parents:
             return str(folder)
     return None
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
 
 
 def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
@@ -452,7 +446,7 @@ def _trl_grpo_script(path: str, text: str) -> re.Match | None:
 def _project_file(launcher: str, relative: str) -> str | None:
     """The text of the file `relative` names (see `_project_path`); None if not found."""
     found = _project_path(launcher, relative)
-    return _read_text(found) if found is not None else None
+    return read_text(found) if found is not None else None
 
 
 def _project_path(launcher: str, relative: str) -> Path | None:

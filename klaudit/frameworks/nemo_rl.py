@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, shown, truthy
-from klaudit.frameworks.versions import Assumed
 
 NAME = "nemo_rl"
 LABEL = "NeMo-RL"
@@ -118,10 +117,6 @@ def code_of_copy(loss_source: str, utils_source: str) -> KLCode:
                   fixed_clamp=not clamp_keys and _FIXED_CLAMP.search(utils_source) is not None,
                   kl_in_reward="use_kl_in_reward" in loss_source,
                   score_weighted=_SCORE_WEIGHT.search(loss_source) is not None)
-
-
-def code_of_release(assumed: Assumed) -> KLCode:
-    return RELEASES[assumed.version]
 
 
 def algorithm(settings: Mapping[str, Setting]) -> Algorithm | None:

@@ -111,8 +111,9 @@ def yaml_loader() -> type:
 _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)\"']+)")
 
 
-# `name=value` shell variable assignments, whose `$name` / `${name}` an override may use
-_VARIABLE = re.compile(r"^\s*(?:export\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\$\(\((?:[^()\n]|\([^()\n]*\))*\)\)"
+# `name=value` shell variable assignments, whose `$name` / `${name}` an override may use (also a Dockerfile's
+# `ENV name=value` and `ARG name=value`)
+_VARIABLE = re.compile(r"^\s*(?:export\s+|ENV\s+|ARG\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\$\(\((?:[^()\n]|\([^()\n]*\))*\)\)"
                        r"|\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
 # `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default
@@ -205,6 +206,15 @@ def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, e
         if known is not None:
             return known
     return Setting(_literal(raw), line, column, end_column)
+
+
+def shell_value(text: str, raw: str) -> str | None:
+    """The literal `raw` stands for in a shell script or Dockerfile `text`: itself, or the value its
+    variable (`$name`, `${name}`) is assigned there (of `name=${name:-v}`, the default v); None if unknown."""
+    variables: Mapping[str, Setting] = {}
+    for _, _, assigned in _shell_lines(text):
+        variables = assigned  # the assignments of the whole text, once every line is read
+    return _value(raw, variables, 0, 0, 0).value
 
 
 def command_span(lines: list[str], index: int) -> tuple[int, int]:

@@ -42,6 +42,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from klaudit.frameworks.settings import shell_value
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
@@ -233,7 +235,6 @@ _INSTALL_FILE_BYTES = 512 * 1024
 # `git clone https://github.com/NVIDIA-NeMo/RL.git /opt/NeMo-RL && cd /opt/NeMo-RL && git checkout ${NEMO_RL_COMMIT}`
 _CHECKOUT = {"nemo_rl": re.compile(r"\bgit\s+clone\b[^\n]*github\.com/NVIDIA(?:-NeMo)?/(?:NeMo-)?RL(?:\.git)?\b"
                                    r"[^\n]*?\bgit\s+checkout\s+[\"']?([\w.${}:-]+)")}
-_REFERENCE = re.compile(r"^\$\{?(\w+)\}?$")
 
 
 @functools.lru_cache(maxsize=16)
@@ -245,14 +246,14 @@ def installed_release(name: str, root: str) -> Assumed | None:
     for documents in (False, True):
         found: dict[str, Assumed] = {}  # release -> the first statement of it
         for file in _install_files(Path(root), documents):
-            text = _read(file) or ""
+            text = read_text(file) or ""
             where = file.relative_to(root).as_posix()
             for match in (match for pattern in INSTALLED.get(name, ()) for match in pattern.finditer(text)):
                 stated = _assumed_from(name, match.group(1), f"{' '.join(match.group().split())} in {where}")
                 found.setdefault(stated.version, stated)
             checkout = _CHECKOUT.get(name)
             for match in checkout.finditer(text) if checkout is not None else ():
-                ref = _assigned(text, match.group(1))
+                ref = shell_value(text, match.group(1))
                 if ref is not None and re.fullmatch(r"[0-9a-fA-F]{7,40}", ref):
                     stated = _at_commit(name, ref, where)
                     if not stated.guessed:
@@ -262,20 +263,6 @@ def installed_release(name: str, root: str) -> Assumed | None:
         if found:
             return None
     return None
-
-
-def _assigned(text: str, ref: str) -> str | None:
-    """`ref`, or the value a file assigns to the variable `ref` names (`ENV NAME=...`, `ARG NAME=...`, `NAME=...`;
-    of `${NAME:-default}`, the default)."""
-    reference = _REFERENCE.match(ref)
-    if reference is None:
-        return ref
-    assigned = re.search(rf"^\s*(?:ENV\s+|ARG\s+|export\s+)?{reference.group(1)}=[\"']?([^\s\"']+)", text, re.MULTILINE)
-    if assigned is None:
-        return None
-    value = assigned.group(1)
-    default = re.fullmatch(rf"\$\{{{reference.group(1)}:?-([^}}]+)\}}", value)
-    return default.group(1) if default else value
 
 
 def _install_files(root: Path, documents: bool) -> Iterable[Path]:
@@ -372,7 +359,8 @@ def _stated_here(directory: Path) -> dict[str, tuple[str, str]]:
     return {name: (version, where) for name, (version, where) in stated.items() if _RELEASE.match(version)}
 
 
-def _read(path: Path) -> str | None:
+def read_text(path: Path) -> str | None:
+    """The text of the file at `path`; None when it is no readable file."""
     try:
         return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
     except OSError:
@@ -393,7 +381,7 @@ def _tree_version(directory: Path, name: str) -> tuple[str, str] | None:
     candidates += [(metadata, re.compile(r"^Version:\s*(\S+)", re.MULTILINE))
                    for metadata in sorted(directory.glob(f"{distribution(name).replace('-', '_')}-*.dist-info/METADATA"))]
     for path, pattern in candidates:
-        text = _read(path)
+        text = read_text(path)
         if text is None:
             continue
         match = pattern.search(text) if pattern is not None else re.match(r"\s*(\S+)", text)
@@ -404,7 +392,7 @@ def _tree_version(directory: Path, name: str) -> tuple[str, str] | None:
         version = project.get("version")
         if isinstance(version, str):
             return version, "pyproject.toml"
-    setup = _read(directory / "setup.py")
+    setup = read_text(directory / "setup.py")
     if setup is not None and re.search(rf"name\s*=\s*[\"']{_spelled(name)}[\"']", setup):
         match = _SETUP_VERSION.search(setup)
         if match is not None:
@@ -456,7 +444,7 @@ def _copy_holding(folder: Path, module: str, roots: tuple[str, ...]) -> tuple[Pa
 
 
 def _pyproject(directory: Path) -> dict:
-    text = _read(directory / "pyproject.toml")
+    text = read_text(directory / "pyproject.toml")
     try:
         project = tomllib.loads(text).get("project", {}) if text is not None else {}
     except tomllib.TOMLDecodeError:
@@ -467,13 +455,13 @@ def _pyproject(directory: Path) -> dict:
 def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py,
     and the packages a Dockerfile's `pip install` commands name (one per line, as a requirements file)."""
-    sources = [(path.name, _read(path)) for path in sorted(directory.glob("requirements*.txt"))]
+    sources = [(path.name, read_text(path)) for path in sorted(directory.glob("requirements*.txt"))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
                     *(item for group in project.get("optional-dependencies", {}).values() for item in group)]
     sources.append(("pyproject.toml", "\n".join(item for item in dependencies if isinstance(item, str))))
-    sources.append(("setup.py", _read(directory / "setup.py")))
-    sources.append(("Dockerfile", _pip_installed(_read(directory / "Dockerfile"))))
+    sources.append(("setup.py", read_text(directory / "setup.py")))
+    sources.append(("Dockerfile", _pip_installed(read_text(directory / "Dockerfile"))))
     return sources
 
 
@@ -509,7 +497,7 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
             if tag is not None and _RELEASE.match(tag.removeprefix("v")):
                 pinned.setdefault(name, (tag.removeprefix("v"), f"{where} (git tag {tag})"))
     for lock in _LOCK_FILES:
-        text = _read(directory / lock)
+        text = read_text(directory / lock)
         for name in KNOWN:
             match = re.search(rf'(?m)^name = "{_spelled(name)}"\s*\nversion = "([^"]+)"', text or "")
             if match is not None:
