@@ -361,7 +361,7 @@ def _nemo_rl(path: str, settings: Mapping[str, Setting], own: Collection[str], c
         if judged is None:
             return []
         return [finding for finding in _findings(path, judged[0], label, nemo_rl.fix, fixer, clamped=judged[1])
-                if nemo_rl.reported(finding.code, own, settings)]
+                if nemo_rl.reported(finding.code, own, settings, code)]
 
     copy = _nemo_rl_copy(path, context)
     if copy is not None:

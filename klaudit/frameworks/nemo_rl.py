@@ -174,12 +174,12 @@ def judge(settings: Mapping[str, Setting], code: KLCode, own: Collection[str] | 
     return Judged(config, estimator_anchor, named, anchors, {"KL008": stale_help}), clamped
 
 
-def reported(rule: str, own: Collection[str], settings: Mapping[str, Setting]) -> bool:
+def reported(rule: str, own: Collection[str], settings: Mapping[str, Setting], code: KLCode) -> bool:
     """Whether a file that sets the keys `own` itself reports `rule` about `settings`: where it sets a key
     that decides the rule (the others come with its base file's findings). The advantage estimator decides
-    the estimator's rules only where the KL is in the reward."""
+    the estimator's rules only where the code run puts the KL in the reward."""
     found = algorithm(settings) or GRPO
-    in_reward = truthy((settings[IN_REWARD].value or "") if IN_REWARD in settings else "false")
+    in_reward = code.kl_in_reward and truthy((settings[IN_REWARD].value or "") if IN_REWARD in settings else "false")
     estimator_keys = (KL_TYPE, PENALTY, IN_REWARD, *((found.advantage,) if in_reward else ()))
     deciding = {"KL007": (TOKEN_LEVEL, PENALTY),
                 "KL008": (UPDATE_BATCH, found.prompts, found.generations, found.asynchronous, found.epochs,
