@@ -133,11 +133,12 @@ class ArithmeticFlow(FlowState):
         for f in left:
             if f.role != "tensor":
                 continue
-            if any(g.role == "length" for g in right):  # a packed row's length is the batch's token count
+            divisors = [g for g in right if compatible(g.labels, f.labels)]  # on the paths both hold on
+            if any(g.role == "length" for g in divisors):  # a packed row's length is the batch's token count
                 f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.packed else Aggregation.SEQ_MEAN)
-            elif any(g.role == "ntokens" for g in right):
+            elif any(g.role == "ntokens" for g in divisors):
                 f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.aggregation in (None, Aggregation.SUM) else f.aggregation)
-            elif any(g.role == "tensor" and g.poly is not None and not g.poly.is_const() for g in right):
+            elif any(g.role == "tensor" and g.poly is not None and not g.poly.is_const() for g in divisors):
                 continue
             out.append(f)
         return tuple(out)

@@ -19,6 +19,7 @@ from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, renam
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
     fills_padding,
+    is_converted_data_read,
     is_data_read,
     is_literal_array,
     is_packed_row,
@@ -85,7 +86,7 @@ class AssignmentFlow(FlowState):
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))
         if type(target) is cst.Name and rhs is not None:
-            value = rename_logprobs(value, name, is_data_read(rhs))
+            value = rename_logprobs(value, name, is_converted_data_read(rhs))
             if is_packed_row(rhs):
                 value = tuple(replace(f, packed=True) if f.role == "tensor" else f for f in value)
         if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them

@@ -28,6 +28,7 @@ from klaudit.lint.syntax import (
     int_literal,
     is_data_read,
     is_last_index,
+    is_literal_choice,
     looks_like_option,
     number_value,
     root_name,
@@ -100,7 +101,7 @@ class ExpressionFlow(FlowState):
             return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
         base = root_name(node)
         if base == "self":
-            return ()
+            return self.constant_setting(node)
         entries = entry_of(self.expr(node.value), attr)
         if entries:
             return entries  # a record built with this field
@@ -115,6 +116,14 @@ class ExpressionFlow(FlowState):
         if not isinstance(node.value, cst.Name) or base not in self.env:
             return (Fact(role="str", name=attr),) if looks_like_option(attr) else ()
         return ()
+
+    def constant_setting(self, node: cst.Attribute) -> tuple:
+        """`self.x` that the class sets once, to a literal or a switch between literals (`self.dim = None
+        if token_level else -1` in __init__): its values, each under its switch value."""
+        if type(node.value) is not cst.Name or self.cls is None:
+            return ()
+        assigned = self.analyzer.self_values(self.module, self.cls).get(node.attr.value, ())
+        return self.expr(assigned[0]) if len(assigned) == 1 and is_literal_choice(assigned[0]) else ()
 
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)

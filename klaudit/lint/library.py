@@ -135,7 +135,7 @@ class LibraryFlow(FlowState):
     def reduced(self, op: Operation) -> tuple:
         """x.sum(dim), torch.mean(x, dim=...): klaudit.lint.reductions.reduce along that axis."""
         dim = op.rest[0] if op.rest else op.keywords.get("dim", op.keywords.get("axis"))
-        return self.reduce(op.tensor, op.name, self.dim(dim), op.node)
+        return self.along_each_axis(op.tensor, dim, lambda part, per_row: self.reduce(part, op.name, per_row, op.node))
 
     def summed(self, op: Operation) -> tuple:
         """torch.sum reduces; the builtin sum adds the elements of a list (over its first axis)."""

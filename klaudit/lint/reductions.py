@@ -12,7 +12,7 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
-from klaudit.lint.facts import Fact, kl_targets, merge_labels, replace
+from klaudit.lint.facts import Fact, compatible, kl_targets, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import int_literal, last_name
 from klaudit.lint.tensors import AGG_MODES, agg_mode, apply_math, over_vocab
@@ -31,13 +31,28 @@ class ReductionFlow(FlowState):
         return any(f.role == "tensor" and f.poly is not None and f.poly.is_const() for f in facts) or (
             not facts and not isinstance(node, cst.Name))
 
+    def along_each_axis(self, base: tuple, dim_node, reduce) -> tuple:
+        """`reduce(part, per_row)` of `base` on each path a switch gives the axis its own value (`dim = None
+        if token_level else -1`, `dim=self.aggregation_dim` set so in __init__), each part under the labels
+        of its path; one reduction along `dim` where no switch decides it."""
+        facts = self.expr(dim_node) if dim_node is not None and int_literal(dim_node) is None else ()
+        axes = [(_literal_axis(f), f.labels) for f in facts]
+        if len(axes) < 2 or any(axis is _UNKNOWN or not labels for axis, labels in axes) \
+                or len({axis for axis, _ in axes}) < 2:
+            return reduce(base, self.dim(dim_node))
+        out: tuple = ()
+        for axis, labels in dict.fromkeys(axes):
+            part = tuple(replace(f, labels=merge_labels(f.labels, labels)) for f in base if compatible(f.labels, labels))
+            out += reduce(part, axis)
+        return out
+
     def reduce(self, base: tuple, method: str, per_row: bool | None, node) -> tuple:
         if per_row is None:
             return base  # over the batch axis: the per-sequence terms are kept
         out = []
         for f in base:
             if f.role == "mask":
-                out.append(Fact(role="length" if per_row else "ntokens"))
+                out.append(Fact(role="length" if per_row else "ntokens", labels=f.labels))
                 continue
             if f.role != "tensor" or f.poly is None:
                 continue
@@ -71,8 +86,10 @@ class ReductionFlow(FlowState):
     def aggregate(self, name, first, positional, keywords) -> tuple:
         if name == "masked_mean":
             dim = positional[2] if len(positional) > 2 else keywords.get("dim", keywords.get("axis"))
-            per_row = self.dim(dim) if dim is not None else self.imported_default_axis(name)
-            aggregation = Aggregation.SEQ_MEAN if per_row else Aggregation.BATCH_MEAN
+            if dim is not None:
+                return self.along_each_axis(first, dim, lambda part, per_row: _aggregated(
+                    part, Aggregation.SEQ_MEAN if per_row else Aggregation.BATCH_MEAN))
+            aggregation = Aggregation.SEQ_MEAN if self.imported_default_axis(name) else Aggregation.BATCH_MEAN
         elif name == "masked_sum":
             aggregation = Aggregation.SUM
         elif name in ("agg_loss", "aggregate_loss", "masked_aggregator"):
@@ -82,13 +99,7 @@ class ReductionFlow(FlowState):
             aggregation = agg_mode(mode)
         else:
             aggregation = Aggregation.SEQ_MEAN
-        out = []
-        for f in first:
-            if f.role != "tensor":
-                continue
-            mode = Aggregation.BATCH_MEAN if f.packed and aggregation is Aggregation.SEQ_MEAN else aggregation
-            out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN))
-        return tuple(out)
+        return _aggregated(first, aggregation)
 
     def imported_default_axis(self, name: str) -> bool:
         """Whether `name(x, mask)` called without an axis, imported from a module of the tree that is not
@@ -137,3 +148,28 @@ class ReductionFlow(FlowState):
             out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position,
                                against=kl_targets(node, f)))
         return tuple(out)
+
+
+def _aggregated(value: tuple, aggregation: Aggregation) -> tuple:
+    """The tensors of `value` reduced by an aggregator: a per-sequence mean of packed rows is a mean over all tokens."""
+    out = []
+    for f in value:
+        if f.role != "tensor":
+            continue
+        mode = Aggregation.BATCH_MEAN if f.packed and aggregation is Aggregation.SEQ_MEAN else aggregation
+        out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN))
+    return tuple(out)
+
+
+_UNKNOWN = object()
+
+
+def _literal_axis(fact: Fact):
+    """The axis a literal `dim` value stands for, as ReductionFlow.dim gives it (None: `dim=None`, every
+    axis, is False; 0 the batch axis, None; any other integer the token axis, True); _UNKNOWN otherwise."""
+    if fact.role == "none":
+        return False
+    value = fact.poly.const_value() if fact.role == "tensor" and fact.poly is not None else None
+    if value is None:
+        return _UNKNOWN
+    return None if value == 0 else True

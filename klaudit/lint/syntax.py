@@ -167,6 +167,21 @@ def is_data_read(node: cst.CSTNode) -> bool:
         return method in _CASTS | _RESHAPES | {"get", "pop"} and is_data_read(node.func.value)
     return False
 
+def is_literal_choice(node: cst.CSTNode) -> bool:
+    """A number, None, True or False, or a conditional choosing between such (`None if flag else -1`)."""
+    if type(node) is cst.IfExp:
+        return is_literal_choice(node.body) and is_literal_choice(node.orelse)
+    if type(node) is cst.Name:
+        return node.value in ("None", "True", "False")
+    return type(node) in (cst.Integer, cst.Float) or int_literal(node) is not None
+
+def is_converted_data_read(node: cst.CSTNode) -> bool:
+    """A data read (`is_data_read`), also through a helper of the project given it alone
+    (`to_float_dtype(experience.action_log_probs)`): a conversion keeps what the value was read as."""
+    if type(node) is cst.Call and type(node.func) is cst.Name and len(node.args) == 1 and not node.args[0].keyword:
+        return is_data_read(node.args[0].value)
+    return is_data_read(node)
+
 _FACTORIES = frozenset({"zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like",
                         "new_zeros", "new_ones", "new_empty", "new_full"})
 _ZEROS = frozenset({"zeros", "zeros_like", "new_zeros"})

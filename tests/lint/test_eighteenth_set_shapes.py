@@ -1,0 +1,86 @@
+"""Shapes of KL code met in the eighteenth review (the sixteenth fresh set).
+
+Verdicts (kl-math.md section 8): k3 differentiated as a loss is row 3 (KL002); averaged over each sequence's
+own length (1/L) it is also row 21 (KL007); on samples of an older policy (a PPO ratio to the behaviour
+policy's log-probs in the same step) with no weights on the KL term, row 22 (KL008).
+"""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+from snippets import module_codes
+
+from klaudit.cli import main
+
+# curious's ActorLoss: the axis of the masked mean is a setting of __init__, `None` (every token of the batch)
+# or `-1` (each sequence's own mean); the behaviour policy's log-probs pass a dtype helper of the project.
+ACTOR_LOSS = """\
+import torch
+import torch.nn as nn
+
+
+def to_float(tensor):
+    return tensor.to(dtype=torch.float32) if tensor.is_floating_point() else tensor
+
+
+def masked_mean(tensor, mask, dim=None):
+    return (tensor * mask).sum(axis=dim) / mask.sum(axis=dim).clamp_min(1)
+
+
+class ActorLoss(nn.Module):
+    def __init__(self, kl_weight, use_token_level_loss):
+        super().__init__()
+        self.kl_weight = kl_weight
+        self.aggregation_dim = None if use_token_level_loss else -1
+
+    def forward(self, log_probs, experience):
+        old_log_probs = to_float(experience.action_log_probs)
+        log_ratio = experience.log_probs_ref - log_probs
+        kl_loss = self.kl_weight * (log_ratio.exp() - log_ratio - 1)
+        ratio = (log_probs - old_log_probs).exp()
+        policy_loss = -torch.min(ratio * experience.advantages, ratio.clamp(0.8, 1.2) * experience.advantages)
+        loss = policy_loss + kl_loss
+        return masked_mean(loss, experience.action_mask, dim=self.aggregation_dim).mean()
+"""
+
+
+def test_an_axis_set_in_init_gives_each_setting_its_reduction(tmp_path):
+    """Row 3 on both settings, row 21 where each sequence is averaged by its own length, row 22 on both:
+    the ratio to the behaviour policy's log-probs (read through the project's dtype helper) shows that
+    the samples are older."""
+    assert module_codes(ACTOR_LOSS, tmp_path) == [(22, "KL002"), (22, "KL007"), (22, "KL008")]
+    out = CliRunner().invoke(main, ["lint", "--output-format", "concise", str(tmp_path / "snippet.py")]).output
+    assert "seq-token-mean" in out and "[use_token_level_loss=False]" in out
+
+
+def test_a_constant_axis_in_init_is_read_without_a_switch(tmp_path):
+    """`self.aggregation_dim = -1`, set once: each sequence's own mean, row 21."""
+    source = ACTOR_LOSS.replace("None if use_token_level_loss else -1", "-1")
+    assert (22, "KL007") in module_codes(source, tmp_path)
+
+
+def test_an_axis_set_in_two_methods_is_not_guessed(tmp_path):
+    """Set again outside __init__, the axis is any of its values at the call: no 1/L verdict is claimed."""
+    source = ACTOR_LOSS.replace("None if use_token_level_loss else -1", "None")
+    assert module_codes(source, tmp_path) == [(22, "KL002"), (22, "KL008")]  # one setting: every token of the batch
+    source = source.replace("    def forward(", "    def per_sequence(self):\n        self.aggregation_dim = 1\n\n    def forward(")
+    assert (25, "KL007") not in module_codes(source, tmp_path)
+
+
+# Tiny-GRPO-style loss helper named `loss_fn`: its return is the loss, reduced per sequence.
+LOSS_FN = """\
+def masked_mean(x, mask, dim=None):
+    return (x * mask).sum(axis=dim) / mask.sum(axis=dim)
+
+
+def loss_fn(log_probs, batch, kl_weight):
+    log_ratio = batch["ref_log_probs"] - log_probs
+    kl = log_ratio.exp() - log_ratio - 1
+    loss = -log_probs * batch["advantages"] + kl_weight * kl
+    return masked_mean(loss, batch["mask"], dim=-1).mean()
+"""
+
+
+def test_a_function_named_loss_fn_returns_its_loss(tmp_path):
+    """Its return is the loss: the per-sequence mean counts (rows 3 and 21), as in any other loss function."""
+    assert module_codes(LOSS_FN, tmp_path) == [(8, "KL002"), (8, "KL007")]
