@@ -20,6 +20,7 @@ from typing import Any
 from klaudit.audit.roles import Role  # noqa: F401 - defined beside PLACEMENTS, imported from here too
 from klaudit.lint import algebra
 from klaudit.lint.roles import (
+    bare_parameter_role,
     is_coefficient_name,
     is_entropy_coefficient_name,
     is_mask_name,
@@ -145,9 +146,10 @@ def parse_overrides(specs: Sequence[str]) -> dict[str, Role]:
     return overrides
 
 
-def role_from_name(name: str) -> Role | None:
+def role_from_name(name: str, context: Sequence[str] = ()) -> Role | None:
     """The role a parameter name denotes, from the lint's naming table (a task reward, advantage or
-    score is zeroed and the KL coefficient is 1, kl-math.md section 12.1)."""
+    score is zeroed and the KL coefficient is 1, kl-math.md section 12.1); `context`, the function's
+    other names, gives bare `new`, `old` or `current` theirs."""
     if is_entropy_coefficient_name(name):
         return Role.OFF
     if is_coefficient_name(name):
@@ -158,7 +160,7 @@ def role_from_name(name: str) -> Role | None:
         return Role.ZEROS
     if is_token_ids_name(name):
         return Role.TOKENS
-    kind = tensor_role(name)
+    kind = tensor_role(name) or bare_parameter_role(name, [other for other in context if other != name])
     return _ROLE_OF_KIND.get(kind) if kind is not None else None
 
 
@@ -210,7 +212,7 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
     switches: dict[str, tuple[str, ...]] = {}
     unbound: list[str] = []
     for name, parameter in parameters.items():
-        role = overrides.get(name) or role_from_name(name) or (
+        role = overrides.get(name) or role_from_name(name, [*parameters, _name(fn)]) or (
             Role.SWITCH if (switch_values or {}).get(name) else _role_from_signature(parameter))
         if role is Role.SWITCH:
             values = list((switch_values or {}).get(name, ()))

@@ -51,14 +51,15 @@ def discover_kl_functions(path: str) -> Discovery:
     seen_by_lint = set(kl_functions(path))
     discovery = Discovery()
     for function in found:
-        roles = [role_from_name(parameter.name) for parameter in function.parameters]
+        context = [parameter.name for parameter in function.parameters] + [function.qualname]
+        roles = [role_from_name(parameter.name, context) for parameter in function.parameters]
         by_signature = any(r in _POLICY_ROLES for r in roles) and any(r in _REFERENCE_ROLES for r in roles)
         if function.qualname not in seen_by_lint and not by_signature:
             continue
         lacks = []
         if not any(role in _POLICY_ROLES for role in roles):
             lacks.append("no parameter takes the policy log-probs or logits")
-        unbound = _unbindable(function.parameters)
+        unbound = _unbindable(function.parameters, context)
         if unbound:
             switches = switch_values(path, function.qualname)
             unbound = [name for name in unbound if name not in switches]
@@ -81,7 +82,8 @@ def _listed(names, shown: int = 4) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def _unbindable(parameters: Sequence[Parameter]) -> list[str]:
-    """Parameters without a default that neither their name nor their annotation binds."""
-    return [p.name for p in parameters if not p.defaulted and role_from_name(p.name) is None
+def _unbindable(parameters: Sequence[Parameter], context: Sequence[str]) -> list[str]:
+    """Parameters without a default that neither their name (among the function's `context` names) nor their
+    annotation binds."""
+    return [p.name for p in parameters if not p.defaulted and role_from_name(p.name, context) is None
             and p.annotation not in _SCALAR_ANNOTATIONS]

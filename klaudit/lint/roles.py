@@ -183,13 +183,15 @@ def is_reference_model(path: str) -> bool:
     return any(_REFERENCE_MODEL.match(part) for part in path.replace("()", "").split("."))
 
 
-# `new` / `old` alone are log-probs only in a function that speaks of ratios or log-probs.
-_BARE_ROLES: dict[str, AtomKind] = {"new": POLICY, "old": OLD}
+# `new` / `old` / `current` alone are log-probs only in a function that speaks of ratios, log-probs or KL
+# (a bare `ref` is the reference's everywhere: tensor_role).
+_BARE_ROLES: dict[str, AtomKind] = {"new": POLICY, "old": OLD, "current": POLICY, "curr": POLICY, "cur": POLICY}
 _LOGPROB_CONTEXT = re.compile(r"ratio|log_?probs?|logps?|kl", re.IGNORECASE)
 
 
 def bare_parameter_role(name: str, other_names: Iterable[str]) -> AtomKind | None:
-    """The role of a parameter named `new` or `old` when the function's other names are about log-probs."""
+    """The role of a parameter named `new`, `old` or `current` when the function's other names are about
+    log-probs (`def masked_kl(current, ref, mask)`)."""
     kind = _BARE_ROLES.get(name)
     if kind is None or not any(_LOGPROB_CONTEXT.search(other) for other in other_names):
         return None

@@ -41,6 +41,17 @@ def test_names_from_the_lint_table():
     assert role_from_name("frobnicate") is None
 
 
+def test_bare_names_bind_among_log_prob_names():
+    """`masked_kl(current, ref, mask)`: a bare `current` is the policy's log-probs where the function's names
+    speak of KL or log-probs, and nothing elsewhere (a bare `ref` is the reference's anywhere)."""
+    def masked_kl(current, ref, mask):
+        return current
+
+    assert bind(masked_kl).roles == {"current": Role.LOGPROBS, "ref": Role.REF_LOGPROBS, "mask": Role.MASK}
+    assert role_from_name("current") is None and role_from_name("current", ["items", "merge"]) is None
+    assert role_from_name("old", ["new", "ratio"]) is Role.OLD_LOGPROBS
+
+
 def test_annotations_and_defaults():
     def term(logprobs, ref_logprobs, mask, beta: float, clip=0.2, use_x=False, extra=None, kind: str = "k3"):
         return logprobs

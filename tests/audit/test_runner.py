@@ -247,3 +247,9 @@ def test_per_token_loss_weights_are_bound_as_the_mask():
     assert {(value, placement): (row.objective, row.rule) for (value, placement), row in rows.items()} == {
         ("kl", "loss"): ("ZERO", "KL001"), ("k1", "loss"): ("ZERO", "KL001"),
         ("mse", "loss"): ("PART", "KL003"), ("k2", "loss"): ("PART", "KL003")}
+
+
+def test_bare_current_and_ref_parameters_are_audited():
+    """`masked_kl(current, ref, mask)` binds by its names: k3 as a loss is row 3 (PFWD, KL002)."""
+    (row,) = [row for row in _audit("bare_names.py", "masked_kl").results if row.placement == "loss"]
+    assert (row.objective, row.rule) == ("PFWD", "KL002")
