@@ -56,6 +56,7 @@ class FlowState:
         self.settled: set = set()  # origins whose use is known: a sink, a return, a metric, a later term
         self.read: set = set()  # origins of the KL terms the current statement reads
         self.compared: list = []  # the labels of the calls so far given the policy's and the behaviour policy's log-probs
+        self.reused = False  # inside a loop of several optimizer steps on samples drawn before it (update_loops)
         name = func.name.value
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)

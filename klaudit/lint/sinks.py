@@ -85,7 +85,8 @@ class SinkFlow(FlowState):
 
     def mark_stale(self, value: tuple) -> tuple:
         """KL terms entering a loss in a step that compares the policy with the samples' behaviour
-        policy (a PPO ratio to `old_log_probs`, here or in a call given both) are on older samples."""
+        policy (a PPO ratio to `old_log_probs`, here or in a call given both), or in a loop of several
+        optimizer steps on samples drawn before it (klaudit.lint.update_loops), are on older samples."""
         if not any(f.is_kl() and not f.stale for f in value):
             return value
         ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
@@ -93,7 +94,7 @@ class SinkFlow(FlowState):
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
         compared = any(compatible(labels, self.labels) for labels in self.compared)
         return tuple(replace(f, stale=True) if f.is_kl() and (
-            compared or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
+            compared or self.reused or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
             else f for f in value)
 
     def note_comparison(self, node: cst.Call) -> None:

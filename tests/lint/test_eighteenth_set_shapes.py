@@ -7,6 +7,7 @@ policy's log-probs in the same step) with no weights on the KL term, row 22 (KL0
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 from snippets import module_codes
 
@@ -84,3 +85,49 @@ def loss_fn(log_probs, batch, kl_weight):
 def test_a_function_named_loss_fn_returns_its_loss(tmp_path):
     """Its return is the loss: the per-sequence mean counts (rows 3 and 21), as in any other loss function."""
     assert module_codes(LOSS_FN, tmp_path) == [(8, "KL002"), (8, "KL007")]
+
+
+# grpo-go-brrr (the seventeenth fresh set): the completions and both log-probs are computed once, then K optimizer
+# steps are taken on them; the PPO ratio multiplies the policy term only.
+INNER_UPDATES = """\
+import torch
+
+K = 2
+
+
+def masked_kl(current, ref, mask):
+    diff = ref - current
+    return ((torch.exp(diff) - diff - 1) * mask).sum(dim=1).mean()
+
+
+def train_step(model, ref_model, optimizer, prompts, advantages, beta):
+    completion_ids, mask = model.generate(prompts)
+    with torch.no_grad():
+        old_logprobs = compute_logprobs(model, completion_ids, mask)
+        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)
+    for inner in range(K):
+        current_logprobs = compute_logprobs(model, completion_ids, mask)
+        kl = masked_kl(current_logprobs, ref_logprobs, mask)
+        loss = -(advantages * torch.exp(current_logprobs - current_logprobs.detach())).mean() + beta * kl
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_several_optimizer_steps_on_one_batch_of_samples_are_off_policy(tmp_path):
+    """Row 3 (KL002) and row 22 (KL008): the second step trains the k3 loss on the first policy's samples."""
+    assert module_codes(INNER_UPDATES, tmp_path) == [(19, "KL002"), (19, "KL008")]
+
+
+@pytest.mark.parametrize("change", [
+    ("range(K)", "range(1)"),  # one step per batch of samples
+    ("        optimizer.step()\n", "        optimizer.zero_grad()\n"),  # no step inside the loop
+    ("        current_logprobs =", "        completion_ids, mask = model.generate(prompts)\n        current_logprobs ="),
+    ("        current_logprobs =", "        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)\n"
+                                 "        current_logprobs ="),  # the reference recomputed: as for new samples
+])
+def test_a_loop_that_may_draw_new_samples_is_not_called_off_policy(tmp_path, change):
+    """On-policy as far as the text shows: row 3 alone."""
+    codes = module_codes(INNER_UPDATES.replace(*change), tmp_path)
+    assert [code for _, code in codes] == ["KL002"]

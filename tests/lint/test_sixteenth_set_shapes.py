@@ -83,12 +83,14 @@ def test_policy_log_probs_a_helper_returns_from_a_no_grad_block_are_the_behaviou
     """compute_rewards' `logp` has no gradient: returned, it is the rollout's log-probs, and exp(logprobs -
     old_logprobs) in the update is the PPO ratio (row 23: KL008 at the reward, line 12). A helper without
     the block that detaches what it returns may serve the same step (`exp(logp - sg(logp))`, the score's
-    weight): its log-probs stay the current policy's, no ratio to an older one, row 6, silent."""
+    weight): its log-probs stay the current policy's, no ratio to an older one, row 6, silent, in one update;
+    over `ppo_epochs` optimizer steps on the same batch the loop itself shows older samples (row 23)."""
     assert module_codes(ROLLOUT_HELPER, tmp_path) == [(12, "KL008")]
     detached = ROLLOUT_HELPER.replace("    with torch.no_grad():\n", "    if True:\n").replace(
         "rewards = -beta * (logp - ref_logp)", "rewards = -beta * (logp - ref_logp).detach()").replace(
         "return logp, rewards", "return logp.detach(), rewards")
-    assert module_codes(detached, tmp_path) == []
+    assert module_codes(detached.replace("range(ppo_epochs)", "range(1)"), tmp_path) == []
+    assert module_codes(detached, tmp_path) == [(12, "KL008")]
 
 
 # The usual GAE of hand-written PPO (TRL's legacy trainer, rlhf-from-scratch): the running sums appended to a
