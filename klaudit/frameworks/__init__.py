@@ -537,12 +537,16 @@ def _within_roots(path: str, context: Context) -> str:
 
 def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
          class_defaults: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
-         style: str = "python") -> list[Finding]:
+         style: str = "python", runs_retired: bool = True) -> list[Finding]:
     """TRL's GRPOConfig keys, over the release's defaults and the `class_defaults` of a class deriving from
-    GRPOConfig; with `text` (the file they were read from) the flag fixes are edits of it."""
+    GRPOConfig; with `text` (the file they were read from) the flag fixes are edits of it. `runs_retired`:
+    the keys are given to GRPOConfig, so a keyword TRL removed bounds the release that runs them (not the
+    fields of a class deriving from it, which defines them anew)."""
     def judged_by(assumed: Assumed) -> list[Finding]:
         if assumed.older:
             return []  # a TRL older than GRPOTrainer (0.14): the configuration cannot be built
+        if runs_retired:
+            assumed = trl.runnable(assumed, settings)
         judged = trl.judge(settings, {**trl.defaults(assumed), **(class_defaults or {})}, anchor)
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
         return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
@@ -587,10 +591,11 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
     found: list[Finding] = []
     patched = _UNSLOTH.search(source) is not None
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
-        if definition.fields and not _is_framework_source(definition, context):
+        fields = {key: field for key, field in definition.fields.items() if key not in trl.RETIRED}
+        if fields and not _is_framework_source(definition, context):
             fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched)
-            found += _trl(path, definition.fields, context, next(iter(definition.fields.values())),
-                          fallback, note, text=source)
+            found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
+                          runs_retired=False)
     for call in calls:
         if call.name in context.classes and not set(call.settings) & set(trl.DECIDING):
             continue  # its defaults are judged at its definition

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, shown
-from klaudit.frameworks.versions import Assumed, at_least
+from klaudit.frameworks.versions import Assumed, at_least, release
 
 NAME = "trl"
 CONFIG_CLASSES = ("GRPOConfig",)
@@ -42,7 +42,13 @@ BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
 STEPS, ACCUMULATION = "steps_per_generation", "gradient_accumulation_steps"
 PER_DEVICE = "per_device_train_batch_size"  # completions per micro-batch
 DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed for a verdict
-KEYS = (*DECIDING, STEPS, ACCUMULATION, PER_DEVICE)
+# GRPOConfig fields TRL removed (neither it nor TrainingArguments has them after), with the last release that
+# takes each: a newer GRPOConfig refuses the keyword (TypeError), so a configuration that sets one runs on that
+# release at the newest (read from the wheels of 0.14 to 1.16)
+RETIRED = {"vllm_device": "0.17", "vllm_dtype": "0.17", "vllm_enable_prefix_caching": "0.17",
+           "vllm_max_model_len": "0.17", "wandb_log_unique_prompts": "0.26", "max_prompt_length": "0.27",
+           "use_liger_loss": "0.27", "vllm_guided_decoding_regex": "0.27"}
+KEYS = (*DECIDING, STEPS, ACCUMULATION, PER_DEVICE, *RETIRED)
 SWITCHES = (CORRECTION,)
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
                 "dapo": Aggregation.BATCH_MEAN, "cispo": Aggregation.BATCH_MEAN, "vespo": Aggregation.BATCH_MEAN,
@@ -57,6 +63,18 @@ ONE_PER_MICRO_BATCH_FIX = (f"{PER_DEVICE} larger than 1 (a token-mean over B com
                            "batch, about the same scale)")
 
 NO_FLAG_FIX = "TRL has no flag for an unbiased KL gradient: the fix is code of your own (see the help)"
+
+
+def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
+    """The release a configuration runs on where the project names none: the latest assumed, unless the
+    configuration sets a keyword a newer GRPOConfig refuses; then the newest release that takes them all."""
+    if assumed.stated:
+        return assumed
+    last = min((RETIRED[key] for key in settings if key in RETIRED), key=release, default=None)
+    if last is None or not at_least(assumed, last) or release(assumed.version) == release(last):
+        return assumed
+    keys = ", ".join(sorted(key for key in settings if key in RETIRED and RETIRED[key] == last))
+    return Assumed(last, f"the newest release whose GRPOConfig takes {keys}", earlier=None)
 
 
 def defaults(assumed: Assumed) -> dict[str, str]:

@@ -290,3 +290,36 @@ def test_a_trl_older_than_grpo_builds_no_grpo_configuration(tmp_path):
         project = tmp_path / pinned
         project.mkdir()
         assert _tree_findings(project, {"requirements.txt": f"trl=={pinned}\n", "train_grpo.py": script}) == expected
+
+
+@pytest.mark.parametrize("keywords, expected", [
+    # TRL 1.16 (the latest known) would give ratio*k3 (row 2, KL003); no release from 0.28 takes max_prompt_length,
+    # and 0.27's use_bias_correction_kl defaults to False: a plain k3 loss (row 3, KL002)
+    ("max_prompt_length=256", ["KL002"]),
+    ("use_liger_loss=False", ["KL002"]),
+    # vllm_device last in 0.17: beta's explicit 0.04 and 0.17's bnpo over the batch's tokens, a plain k3 (row 3)
+    ('vllm_device="cuda:1"', ["KL002"]),
+    ("max_completion_length=256", ["KL003"]),  # a field every release takes: the latest known
+])
+def test_an_unpinned_config_is_judged_by_the_newest_release_that_takes_its_keywords(tmp_path, keywords, expected):
+    """SFT-vs-GRPO-Qwen (seventeenth set) pins no TRL and passes max_prompt_length, which GRPOConfig refuses from
+    0.28 (removed fields read from the wheels): the run it ships needs a TRL at most 0.27."""
+    script = f"from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(beta=0.04, {keywords})\n"
+    assert [code for *_, code in _tree_findings(tmp_path, {"train_grpo.py": script})] == expected
+
+
+def test_a_pinned_release_is_kept_whatever_the_keywords(tmp_path):
+    """A project that names its release runs that one (a keyword it refuses is the project's error to see)."""
+    script = "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(beta=0.04, max_prompt_length=256)\n"
+    found = _tree_findings(tmp_path, {"requirements.txt": "trl==1.16.0\n", "train_grpo.py": script})
+    assert [code for *_, code in found] == ["KL003"]
+
+
+def test_a_subclass_field_named_like_a_retired_keyword_bounds_no_release(tmp_path):
+    """A project's GRPOConfig subclass that defines max_prompt_length itself runs on the latest release (the
+    field is its own): its beta is judged there as 1.16's ratio*k3 (row 2, KL003), at the beta field."""
+    script = ("from dataclasses import dataclass\nfrom trl import GRPOConfig\n\n\n@dataclass\n"
+              "class Config(GRPOConfig):\n    max_prompt_length: int = 512\n    beta: float = 0.04\n")
+    assert _tree_findings(tmp_path, {"train_grpo.py": script}) == [("train_grpo.py", 8, "KL003")]
+    alone = script.replace("    beta: float = 0.04\n", "")
+    assert _tree_findings(tmp_path, {"train_grpo.py": alone}) == []  # no KL key of its own: nothing judged there
