@@ -51,7 +51,8 @@ def _reference_model(name: str) -> bool:
 
 
 def _targets(node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[str]:
-    targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+    """The names an assignment binds (`a, b = ...`: both)."""
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
     names = []
     for target in targets:
         parts = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
