@@ -249,7 +249,8 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         if "tunix" in text or "tunix" in _within_roots(path, context):  # a config of tunix's command line
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
-    return _verl_launches(path, text, context) + _launch_flags(path, text, context) + _nemo_rl_launches(path, text, context)
+    return (_verl_launches(path, text, context) + _launch_flags(path, text, context)
+            + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text))
 
 
 def _verl_launches(path: str, text: str, context: Context) -> list[Finding]:
@@ -311,6 +312,41 @@ def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
     """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set)."""
     judged = easyr1.judge(settings)
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
+
+
+# `python3 -m verl.trainer.main config=examples/config.yaml algorithm.kl_coef=...`: EasyR1's entry point (verl's
+# is `verl.trainer.main_ppo`) and the YAML config its overrides apply to
+_EASYR1_LAUNCH = re.compile(r"-m[ \t]+verl\.trainer\.main(?![\w.])")
+_EASYR1_CONFIG = re.compile(r"(?<![\w.])config=[\"']?(?:\$\{?\w+\}?/)?([\w./-]+\.ya?ml)\b")
+
+
+def _easyr1_launches(path: str, text: str) -> list[Finding]:
+    """An EasyR1 launch: its overrides over the YAML config it names, reported at the launch where they make a
+    configuration other than the config's own (which the config's findings already report); keys it inherits
+    are placed at the first of those the launch sets."""
+    lines = text.splitlines()
+    for match in _EASYR1_LAUNCH.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        if lines[line - 1].lstrip().startswith("#"):
+            continue  # a comment that names the entry point runs nothing
+        first, last = command_span(lines, line - 1)
+        given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+        config = _project_path(path, given.group(1)) if given else None
+        config_text = read_text(config) if config is not None else None
+        if config is None or config_text is None:
+            continue
+        base = composed_settings(str(config), config_text)
+        own = {key: setting for key, setting in shell_overrides(text).items() if key in easyr1.KEYS_READ}
+        if not own:
+            return []  # the launch changes no key a verdict reads: the config's findings are its findings
+        judged, alone = easyr1.judge({**base, **own}), easyr1.judge(base)
+        if judged is None or alone is not None and alone.config == judged.config:
+            return []
+        at = min(own.values(), key=lambda setting: (setting.line, setting.column))
+        inherited = {key: replace(setting, line=at.line, column=at.column, end_column=at.end_column)
+                     for key, setting in base.items() if key not in own}
+        return _easyr1(path, {**inherited, **own})
+    return []
 
 
 # `uv run examples/run_grpo_math.py --config examples/configs/grpo_math_8B.yaml loss_fn.x=...` (also from

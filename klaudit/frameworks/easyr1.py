@@ -18,6 +18,9 @@ instead: `worker.actor.use_kl_loss` (default true) differentiates `worker.actor.
 (low_var_kl) scaled by `worker.actor.kl_loss_coef`, averaged over the batch's tokens; without it the
 trainer subtracts `algorithm.kl_penalty` (kl) from the rewards, scaled by `algorithm.kl_coef`. A file that
 sets one of those `worker.actor` keys is read that way.
+
+A launch, `python3 -m verl.trainer.main config=examples/config.yaml algorithm.use_kl_loss=false ...`, is read as
+its overrides over the config it names (klaudit.frameworks.lint_config).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ AGGREGATIONS = {"token": Aggregation.BATCH_MEAN, "seq": Aggregation.SEQ_MEAN}
 ROLLOUT_BATCH, UPDATE_BATCH, EPOCHS = ("data.rollout_batch_size", "worker.actor.global_batch_size",
                                        "worker.actor.ppo_epochs")
 STEP_DEFAULTS = {EPOCHS: "1", ROLLOUT_BATCH: "512", UPDATE_BATCH: "256"}
+KEYS_READ = (*KEYS, *EARLY_ACTOR_KEYS, *STEP_DEFAULTS)  # every key a verdict reads, in either layout
 
 _TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums the KL "
               f"over the tokens where the token-mean loss averaged it: divide {KL_COEF} by about the mean response length")

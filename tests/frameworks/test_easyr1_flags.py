@@ -120,3 +120,49 @@ def test_easyr1s_first_layout_with_the_kl_in_the_reward():
     text = EARLY_CONFIG.format(actor="    use_kl_loss: false\n", reward_coef="1.0e-3").replace(
         "  kl_coef: 1.0e-3\n", "  kl_coef: 1.0e-3\n  kl_penalty: low_var_kl\n")
     assert [(f.line, f.code) for f in lint_config("config.yaml", text)] == [(4, "KL004")]
+
+
+LAUNCH = """\
+#!/bin/bash
+set -x
+
+python3 -m verl.trainer.main \\
+    config=examples/config.yaml \\
+    data.train_files=hiyouga/geometry3k@train \\
+{overrides}    trainer.n_gpus_per_node=8
+"""
+
+
+def launch_codes(tmp_path, overrides: str, update: str = "128") -> list[tuple[int, str]]:
+    """(line, code) of the launch's findings, its config a low_var_kl loss over updates of `update` prompts."""
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    (tmp_path / "examples").mkdir(exist_ok=True)
+    config = CONFIG.format(loss="true", penalty="low_var_kl", disable="false", coef="1.0e-2", actor="").replace(
+        "global_batch_size: 512", f"global_batch_size: {update}")
+    (tmp_path / "examples" / "config.yaml").write_text(config)
+    launch = tmp_path / "examples" / "run.sh"
+    launch.write_text(LAUNCH.format(overrides="".join(f"    {line} \\\n" for line in overrides.split())))
+    return sorted((f.line, f.code) for f in lint_config(str(launch), launch.read_text()))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    # the reward's k1, computed once per rollout of 512 prompts, trained over 4 updates of 128 with the token
+    # ratio only (row 23: KL008), at the launch's first override of a key the verdict reads
+    ("algorithm.use_kl_loss=false algorithm.kl_penalty=kl", [(7, "KL008")]),
+    # one update per rollout: k1 in the reward with GRPO's whole-sequence return (row 6), right
+    ("algorithm.use_kl_loss=false algorithm.kl_penalty=kl worker.actor.global_batch_size=512", []),
+    ("algorithm.kl_penalty=kl", [(7, "KL001"), (7, "KL008")]),  # k1 as a loss (row 1), stale (row 22)
+    ("algorithm.kl_coef=1.0e-3", []),  # the config's own configuration: its findings are the config's
+    ("trainer.total_epochs=2", []),  # no key a verdict reads
+    ("algorithm.disable_kl=true", []),
+])
+def test_an_easyr1_launch_is_judged_over_the_config_it_names(tmp_path, overrides, expected):
+    """Learning_from_Retrospection (seventeenth set): `algorithm.use_kl_loss=false` over config.yaml's
+    rollout_batch_size 512 and global_batch_size 128 was read by no reader (1 flag miss)."""
+    assert launch_codes(tmp_path, overrides) == expected
+
+
+def test_a_launch_whose_config_is_missing_reports_nothing(tmp_path):
+    launch = tmp_path / "run.sh"
+    launch.write_text(LAUNCH.format(overrides="    algorithm.use_kl_loss=false \\\n"))
+    assert lint_config(str(launch), launch.read_text()) == []
