@@ -27,7 +27,8 @@ semantics it applied. In order:
    the table of commits, which for NeMo-RL follows its release tags), else the one its Markdown install
    instructions name, when they name one;
 6. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
-   place was found.
+   place was found (for TRL, a GRPOConfig that sets a keyword a later release removed is judged by the
+   newest release that takes it: klaudit.frameworks.trl.runnable).
 
 A version found that klaudit does not know is read as the latest known release before it.
 """
