@@ -24,7 +24,7 @@ import libcst as cst
 
 from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, nemo_rl, openrlhf, trl, trl_ppo, tunix, verl
+from klaudit.frameworks import easyr1, nemo_rl, openrlhf, slime, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
@@ -60,7 +60,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
-               "distillation.enabled", "reference_policy_kl")
+               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS)
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -250,7 +250,7 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
     return (_verl_launches(path, text, context) + _launch_flags(path, text, context)
-            + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text))
+            + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text) + _slime_launch(path, text, context))
 
 
 def _verl_launches(path: str, text: str, context: Context) -> list[Finding]:
@@ -347,6 +347,24 @@ def _easyr1_launches(path: str, text: str) -> list[Finding]:
                      for key, setting in base.items() if key not in own}
         return _easyr1(path, {**inherited, **own})
     return []
+
+
+def _slime_launch(path: str, text: str, context: Context) -> list[Finding]:
+    """The KL flags of a script that runs slime's `train.py` or `train_async.py`: one that names slime, or of a
+    project that carries slime's package."""
+    lines = text.splitlines()
+    launches = [match for match in slime.LAUNCH.finditer(text)
+                if not lines[text.count("\n", 0, match.start())].lstrip().startswith("#")]
+    if not launches or not ("slime" in text or copy_holding(path, slime.ARGUMENTS_MODULE, context.roots)):
+        return []
+    asynchronous = next((match for match in launches if match.group(1) == "train_async"), None)
+    at = None
+    if asynchronous is not None:
+        line = text.count("\n", 0, asynchronous.start()) + 1
+        column = asynchronous.start() - text.rfind("\n", 0, asynchronous.start())
+        at = Setting("train_async.py", line, column, column + len(asynchronous.group()))
+    judged = slime.judge(cli_flags(text, slime.FLAGS, slime.SWITCHES), at)
+    return [] if judged is None else _findings(path, judged, slime.NAME, slime.FIXES.get)
 
 
 # `uv run examples/run_grpo_math.py --config examples/configs/grpo_math_8B.yaml loss_fn.x=...` (also from

@@ -205,3 +205,12 @@ def test_nemo_rl_findings_are_scored_as_flags(tmp_path):
     assert "[NeMo-RL 0.7: " in messages["default"] and "[NeMo-RL 0.5 (nvcr.io/nvidia/nemo-rl:v0.5.0 in job.sh): " in messages["image"]
     assert "[NeMo-RL (the copy in nemo_rl/): " in messages["copy"]
     assert all(ecosystem.FLAG_MESSAGE.search(m) for m in messages.values())
+
+
+def test_slime_findings_are_scored_as_flags():
+    """A slime launch's finding (its release unnamed, as EasyR1's), from klaudit's own lint of one."""
+    from klaudit.frameworks import lint_config
+
+    text = "cd /root/slime\npython3 train.py --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type low_var_kl\n"
+    (finding, *_) = lint_config("run.sh", text)
+    assert "[slime: " in finding.message and ecosystem.FLAG_MESSAGE.search(finding.message)
