@@ -251,6 +251,7 @@ LOGPROB_PRODUCERS = re.compile(
 
 _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^num_|metric|stat", re.IGNORECASE)
 _LOSS = re.compile(r"loss", re.IGNORECASE)
+_ESTIMATOR_NAME = re.compile(r"(?<![a-z0-9])k[123](?![0-9])", re.IGNORECASE)  # k1, k2, k3 in a name
 _REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl(_penalty|_penalties)?|_tensor)?$", re.IGNORECASE)
 _ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
 _ADVANTAGE_WORD = re.compile(r"(?<![a-z])advs?(?![a-z])|advantage", re.IGNORECASE)  # anywhere in a name
@@ -311,9 +312,13 @@ def is_return_computation(name: str) -> bool:
 
 
 def is_loss_function(name: str) -> bool:
-    """A function whose return value is a loss to be minimised (`def loss_fn(...)` too: the `_fn` that marks a
-    name holding a function says nothing of a function defined under it)."""
-    return _LOSS.search(name) is not None and _COEF.search(name.removesuffix("_fn")) is None
+    """A function whose return value is a loss to be minimised. `def loss_fn(...)` is one (the `_fn` that marks a
+    name holding a function says nothing of a function defined under it), but not `def k3_loss_fn(...)`: a KL
+    estimate's helper, judged where the loss that calls it uses the estimate."""
+    stem = name.removesuffix("_fn")
+    if stem != name and (names_kl(stem) or _ESTIMATOR_NAME.search(stem)):
+        return False
+    return _LOSS.search(name) is not None and _COEF.search(stem) is None
 
 
 # ---- names check-grad binds (the runtime audit reads them; the lint's sinks above are unchanged) ----

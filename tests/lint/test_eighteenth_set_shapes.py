@@ -131,3 +131,25 @@ def test_a_loop_that_may_draw_new_samples_is_not_called_off_policy(tmp_path, cha
     """On-policy as far as the text shows: row 3 alone."""
     codes = module_codes(INNER_UPDATES.replace(*change), tmp_path)
     assert [code for _, code in codes] == ["KL002"]
+
+
+# Liger-Kernel's GRPO loss (development set): a k3 helper named `k3_loss_fn`, used in the per-token loss.
+ESTIMATE_HELPER = """\
+import torch
+
+
+def k3_loss_fn(log_p, log_q):
+    return torch.exp(log_p - log_q) - (log_p - log_q) - 1.0
+
+
+def grpo_loss(per_token_logps, ref_per_token_logps, advantages, mask, beta):
+    per_token_loss = -advantages * torch.exp(per_token_logps - per_token_logps.detach())
+    per_token_loss = per_token_loss + beta * k3_loss_fn(ref_per_token_logps, per_token_logps)
+    return (per_token_loss * mask).sum() / mask.sum()
+"""
+
+
+def test_a_kl_estimates_helper_named_loss_fn_is_judged_where_the_loss_uses_it(tmp_path):
+    """k3 as a loss, row 3 (KL002), at the loss that adds it (line 10), not in the helper: `k3_loss_fn` names a
+    KL estimate's function, where `loss_fn` names the loss."""
+    assert module_codes(ESTIMATE_HELPER, tmp_path) == [(10, "KL002")]
