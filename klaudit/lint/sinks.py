@@ -94,7 +94,8 @@ class SinkFlow(FlowState):
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
         compared = any(compatible(labels, self.labels) for labels in self.compared)
         return tuple(replace(f, stale=True) if f.is_kl() and (
-            compared or self.reused or holds_behaviour_ratio((f,)) or any(compatible(g.labels, f.labels) for g in ratios))
+            compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,))
+            or any(compatible(g.labels, f.labels) for g in ratios))
             else f for f in value)
 
     def note_comparison(self, node: cst.Call) -> None:
@@ -184,3 +185,13 @@ def _lone_estimate(fact: Fact) -> bool:
         return False
     terms = alg.terms_of(fact.poly, "reward")
     return bool(terms) and all(term.sign > 0 for term in terms)
+
+
+def _sequence_weighted(fact: Fact) -> bool:
+    """A term weighed by exp of the whole sequence's log-ratio to a detached copy: in a loop of several
+    optimizer steps on one batch of samples that copy is the rollout's, and the weight the exact
+    sequence-level importance ratio (kl-math.md §8, row 25), not evidence of a biased gradient."""
+    if fact.poly is None:
+        return False
+    return any(atom.kind == alg.SCORE and atom.acc == alg.SEQUENCE for atom in fact.poly.atoms()) or any(
+        term.weighted in ("score-seq", "is-seq") for term in alg.terms_of(fact.poly, "loss"))

@@ -153,3 +153,44 @@ def test_a_kl_estimates_helper_named_loss_fn_is_judged_where_the_loss_uses_it(tm
     """k3 as a loss, row 3 (KL002), at the loss that adds it (line 10), not in the helper: `k3_loss_fn` names a
     KL estimate's function, where `loss_fn` names the loss."""
     assert module_codes(ESTIMATE_HELPER, tmp_path) == [(10, "KL002")]
+
+
+# TRL's RLOOTrainer (vendored by open-r1-coderm and async_rlhf): the k1 sequence reward of a rollout trained over
+# num_ppo_epochs, each step weighed by exp of the whole sequence's log-ratio to the rollout's log-probs.
+SEQUENCE_RATIO_EPOCHS = """\
+import torch
+
+
+def train(policy, ref_policy, optimizer, batch, scores, kl_coef, num_ppo_epochs, cliprange, mini_batch_size):
+    with torch.no_grad():
+        logprobs = policy(batch)
+        ref_logprobs = ref_policy(batch)
+    kl = logprobs - ref_logprobs
+    rlhf_reward = scores - kl_coef * kl.sum(1)
+    advantages = rlhf_reward - rlhf_reward.mean()
+    for ppo_epoch_idx in range(num_ppo_epochs):
+        for start in range(0, len(batch), mini_batch_size):
+            inds = slice(start, start + mini_batch_size)
+            mb_advantage = advantages[inds]
+            mb_logprobs = logprobs[inds]
+            new_logprobs = policy(batch[inds])
+            ratio = torch.exp(new_logprobs.sum(1) - mb_logprobs.sum(1))
+            pg_losses = -mb_advantage * ratio
+            pg_losses2 = -mb_advantage * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+            pg_loss = torch.max(pg_losses, pg_losses2).mean()
+            loss = pg_loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_whole_sequence_ratio_over_several_steps_is_the_exact_weight(tmp_path):
+    """k1 in a whole-sequence return (row 6) trained with the sequence's importance ratio to the rollout: row 25,
+    exact, silent. A per-token ratio in its place reweighs the sampled token only (row 23: KL008 at the reward, line 9)."""
+    assert module_codes(SEQUENCE_RATIO_EPOCHS, tmp_path) == []
+    per_token = SEQUENCE_RATIO_EPOCHS.replace(
+        "torch.exp(new_logprobs.sum(1) - mb_logprobs.sum(1))", "torch.exp(new_logprobs - mb_logprobs)").replace(
+        "scores - kl_coef * kl.sum(1)", "scores.unsqueeze(1) - kl_coef * kl").replace(
+        "rlhf_reward - rlhf_reward.mean()", "rlhf_reward.flip(1).cumsum(1).flip(1)")
+    assert module_codes(per_token, tmp_path) == [(9, "KL008")]
