@@ -193,5 +193,6 @@ def _sequence_weighted(fact: Fact) -> bool:
     sequence-level importance ratio (kl-math.md §8, row 25), not evidence of a biased gradient."""
     if fact.poly is None:
         return False
-    return any(atom.kind == alg.SCORE and atom.acc == alg.SEQUENCE for atom in fact.poly.atoms()) or any(
-        term.weighted in ("score-seq", "is-seq") for term in alg.terms_of(fact.poly, "loss"))
+    weighs = any(len(monomial) > 1 and any(atom.kind == alg.SCORE and atom.acc == alg.SEQUENCE for atom in monomial)
+                 for monomial, _ in fact.poly.terms)  # the sequence's score times a (detached) reward
+    return weighs or any(term.weighted in ("score-seq", "is-seq") for term in alg.terms_of(fact.poly, "loss"))

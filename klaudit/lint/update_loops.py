@@ -4,8 +4,8 @@
 the reference's log-probs computed once before the loop, trains every step after the first on samples of an
 older policy (kl-math.md section 8, rows 22 and 23), whether or not the code forms a ratio to them. Read
 from the loop's text alone, and only where nothing in the loop could draw new samples: it generates nothing
-(no call named like a generation or a rollout) and computes no reference log-probs (which are recomputed
-for each new batch of samples).
+(no call named like a generation or a rollout), takes no `next(...)` batch of an iterator, and computes no
+reference log-probs (which are recomputed for each new batch of samples).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def reuses_samples(loop: cst.For | cst.While) -> bool:
             name = last_name(node.func) or ""
             if name == "step" and type(node.func) is cst.Attribute and _OPTIMIZER.search(last_name(node.func.value) or ""):
                 steps = True
-            elif _DRAWS_SAMPLES.search(name):
-                return False
+            elif _DRAWS_SAMPLES.search(name) or name == "next" and type(node.func) is cst.Name:
+                return False  # a generation or a rollout, or the next batch of a data iterator
         elif type(node) is cst.Name and _reference_model(node.value):
             return False  # the reference model run anew: on samples drawn here
         elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign) and any(

@@ -126,6 +126,7 @@ def test_several_optimizer_steps_on_one_batch_of_samples_are_off_policy(tmp_path
     ("        current_logprobs =", "        completion_ids, mask = model.generate(prompts)\n        current_logprobs ="),
     ("        current_logprobs =", "        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)\n"
                                  "        current_logprobs ="),  # the reference recomputed: as for new samples
+    ("        current_logprobs =", "        prompts = next(batches)\n        current_logprobs ="),  # the next batch
 ])
 def test_a_loop_that_may_draw_new_samples_is_not_called_off_policy(tmp_path, change):
     """On-policy as far as the text shows: row 3 alone."""
@@ -194,3 +195,51 @@ def test_a_whole_sequence_ratio_over_several_steps_is_the_exact_weight(tmp_path)
         "scores - kl_coef * kl.sum(1)", "scores.unsqueeze(1) - kl_coef * kl").replace(
         "rlhf_reward - rlhf_reward.mean()", "rlhf_reward.flip(1).cumsum(1).flip(1)")
     assert module_codes(per_token, tmp_path) == [(9, "KL008")]
+
+
+# grpo-go-brrr's own shape: the "old" log-probs are the policy's, computed by the project's helper under no_grad
+# before the loop, so only the loop shows the reuse; its k3 is summed over each sequence.
+HELPER_LOG_PROBS = """\
+import torch
+
+K = 2
+BETA = 0.04
+
+
+def grpo_loss(current_logprobs, old_logprobs, advantages, completion_mask, eps=0.2):
+    ratio = torch.exp(current_logprobs - old_logprobs)
+    clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
+    per_token = -torch.min(ratio * advantages.unsqueeze(1), clipped * advantages.unsqueeze(1))
+    return (per_token * completion_mask).sum(dim=1).mean()
+
+
+def masked_kl(current, ref, mask):
+    diff = ref - current
+    kl = torch.exp(diff) - diff - 1
+    return (kl * mask).sum(dim=1).mean()
+
+
+def compute_logprobs(model, completion_ids, mask):
+    logits = model(completion_ids).logits
+    return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def train_step(model, ref_model, optimizer, prompts, advantages):
+    completion_ids, mask = model.generate(prompts)
+    with torch.no_grad():
+        old_logprobs = compute_logprobs(model, completion_ids, mask)
+        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)
+    for inner in range(K):
+        current_logprobs = compute_logprobs(model, completion_ids, mask)
+        kl = masked_kl(current_logprobs, ref_logprobs, mask)
+        loss = grpo_loss(current_logprobs, old_logprobs, advantages, mask) + BETA * kl
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_loop_shows_the_reuse_where_the_old_log_probs_are_the_policys_own(tmp_path):
+    """Row 3 (KL002) and row 22 (KL008) at the loss (line 33): a k3 summed over the sequence is no sequence
+    importance weight, whatever atoms its expansion holds."""
+    assert module_codes(HELPER_LOG_PROBS, tmp_path) == [(33, "KL002"), (33, "KL008")]
