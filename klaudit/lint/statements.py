@@ -50,7 +50,7 @@ class StatementFlow(FlowState):
             reverse = isinstance(stmt, cst.For) and _runs_backwards(stmt.iter)
             elements_iterated = elements(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             reused = self.reused
-            self.reused = reused or reuses_samples(stmt)
+            self.reused = reused or reuses_samples(stmt, self.module.tree)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else

@@ -24,10 +24,11 @@ _DRAWS_SAMPLES = re.compile(r"generat|rollout|collect|experience|^sample_|_sampl
 _OPTIMIZER = re.compile(r"(^|_)(optim|optimizer|optimiser|opt)(_|$|\d)|optimizer$", re.IGNORECASE)
 
 
-def reuses_samples(loop: cst.For | cst.While) -> bool:
+def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
     """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step, draws no samples and
-    computes no reference log-probs: each step after the first trains on the samples of an older policy."""
-    if not isinstance(loop, cst.For) or not _several_rounds(loop.iter):
+    computes no reference log-probs: each step after the first trains on the samples of an older policy. A count
+    read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round."""
+    if not isinstance(loop, cst.For) or not _several_rounds(loop.iter, module):
         return False
     steps = False
     for node in _body_nodes(loop.body):
@@ -60,13 +61,36 @@ def _targets(node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[str]:
     return names
 
 
-def _several_rounds(iterated: cst.BaseExpression) -> bool:
-    """`range(k)`, `range(a, b)`: a count of rounds that is not the literal 1."""
-    if type(iterated) is not cst.Call or dotted(iterated.func) != "range" or not 1 <= len(iterated.args) <= 3:
+def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
+    """`range(k)` with k not the literal 1, nor a setting the module's classes all default to 1. A mini-batch loop,
+    `range(start, stop, step)`, is left out: how many batches it makes is the batch sizes' (often one)."""
+    if type(iterated) is not cst.Call or dotted(iterated.func) != "range" or len(iterated.args) != 1:
         return False
-    if len(iterated.args) == 1:
-        return int_literal(iterated.args[0].value) not in (0, 1)
-    return True
+    count = iterated.args[0].value
+    literal = int_literal(count)
+    if literal is None and type(count) is cst.Attribute:
+        literal = _field_default(module, count.attr.value)
+    return literal not in (0, 1)
+
+
+def _field_default(module: cst.Module, name: str) -> int | None:
+    """The integer every class of `module` that declares the field `name` gives it as its default (`num_ppo_epochs:
+    int = 1`, or `= field(default=1, ...)`); None when none does or they differ."""
+    found = set()
+    for stmt in module.body:
+        if not isinstance(stmt, cst.ClassDef):
+            continue
+        for line in stmt.body.body:
+            small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and line.body else None
+            if isinstance(small, cst.AnnAssign) and type(small.target) is cst.Name and small.target.value == name:
+                found.add(_default_of(small.value))
+    return found.pop() if len(found) == 1 else None
+
+
+def _default_of(value: cst.BaseExpression | None) -> int | None:
+    if type(value) is cst.Call and last_name(value.func) == "field":
+        value = next((arg.value for arg in value.args if arg.keyword is not None and arg.keyword.value == "default"), None)
+    return int_literal(value) if value is not None else None
 
 
 def _body_nodes(body: cst.BaseSuite):

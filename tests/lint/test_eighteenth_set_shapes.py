@@ -243,3 +243,17 @@ def test_a_loop_shows_the_reuse_where_the_old_log_probs_are_the_policys_own(tmp_
     """Row 3 (KL002) and row 22 (KL008) at the loss (line 33): a k3 summed over the sequence is no sequence
     importance weight, whatever atoms its expansion holds."""
     assert module_codes(HELPER_LOG_PROBS, tmp_path) == [(33, "KL002"), (33, "KL008")]
+
+
+def test_a_count_of_rounds_its_settings_default_to_one_is_one_round(tmp_path):
+    """llm_related's ReMax trainer runs `for ppo_epoch_idx in range(args.num_ppo_epochs)` with the field's default 1:
+    one optimizer step per rollout, row 3 alone; a default of 4 (TRL's PPO) is four, row 22 as well. A mini-batch
+    loop, `range(0, n, size)`, is not read as several rounds (its batch sizes decide, often one)."""
+    config = ("from dataclasses import dataclass, field\n\n\n@dataclass\nclass Config:\n"
+              "    num_ppo_epochs: int = field(default={default}, metadata={{}})\n\n\n")
+    looped = INNER_UPDATES.replace("range(K)", "range(args.num_ppo_epochs)").replace(
+        "def train_step(model,", "def train_step(args, model,")
+    assert [code for _, code in module_codes(config.format(default=1) + looped, tmp_path)] == ["KL002"]
+    assert [code for _, code in module_codes(config.format(default=4) + looped, tmp_path)] == ["KL002", "KL008"]
+    batches = INNER_UPDATES.replace("range(K)", "range(0, len(prompts), 4)")
+    assert [code for _, code in module_codes(batches, tmp_path)] == ["KL002"]
