@@ -16,7 +16,7 @@ import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
-from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name
+from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name, params
 
 # a call that may draw new samples: model.generate, llm.generate, collect_rollouts, make_experience ...
 _DRAWS_SAMPLES = re.compile(r"generat|rollout|collect|experience|^sample_|_sample$|^sample$|play|episode|env_step",
@@ -74,8 +74,9 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
 
 
 def _field_default(module: cst.Module, name: str) -> int | None:
-    """The integer every class of `module` that declares the field `name` gives it as its default (`num_ppo_epochs:
-    int = 1`, or `= field(default=1, ...)`); None when none does or they differ."""
+    """The integer the classes of `module` default the setting `name` to, as a field (`num_ppo_epochs: int = 1`,
+    `= field(default=1, ...)`) or as a parameter of their methods (`def __init__(self, ppo_steps: int = 1)`), where
+    every such default agrees; None when none is written or they differ."""
     found = set()
     for stmt in module.body:
         if not isinstance(stmt, cst.ClassDef):
@@ -84,6 +85,9 @@ def _field_default(module: cst.Module, name: str) -> int | None:
             small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and line.body else None
             if isinstance(small, cst.AnnAssign) and type(small.target) is cst.Name and small.target.value == name:
                 found.add(_default_of(small.value))
+            elif isinstance(line, cst.FunctionDef):
+                found.update(_default_of(param.default) for param in params(line)
+                             if param.name.value == name and param.default is not None)
     return found.pop() if len(found) == 1 else None
 
 

@@ -257,3 +257,13 @@ def test_a_count_of_rounds_its_settings_default_to_one_is_one_round(tmp_path):
     assert [code for _, code in module_codes(config.format(default=4) + looped, tmp_path)] == ["KL002", "KL008"]
     batches = INNER_UPDATES.replace("range(K)", "range(0, len(prompts), 4)")
     assert [code for _, code in module_codes(batches, tmp_path)] == ["KL002"]
+
+
+def test_a_count_a_constructor_defaults_to_one_is_one_round(tmp_path):
+    """RLFusion's trainer loops range(self.ppo_steps), a constructor parameter whose default (and its examples') is 1."""
+    trainer = ("class Trainer:\n    def __init__(self, num_ppo_epochs: int = {default}):\n"
+               "        self.num_ppo_epochs = num_ppo_epochs\n\n\n")
+    looped = INNER_UPDATES.replace("range(K)", "range(args.num_ppo_epochs)").replace(
+        "def train_step(model,", "def train_step(args, model,")
+    assert [code for _, code in module_codes(trainer.format(default=1) + looped, tmp_path)] == ["KL002"]
+    assert [code for _, code in module_codes(trainer.format(default=2) + looped, tmp_path)] == ["KL002", "KL008"]
