@@ -31,6 +31,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
+from klaudit.lint.update_loops import reuses_samples
 
 MAX_DEPTH = 4
 
@@ -141,6 +142,14 @@ class Module:
                 self.store_lines.setdefault(field, set()).update(calls)
         self.kl_fields = frozenset(self.store_lines)
         self._registries: dict | None = None
+        self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
+
+    def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
+        """klaudit.lint.update_loops.reuses_samples of one of this module's loops, read once."""
+        key = id(loop)
+        if key not in self._reused_by:
+            self._reused_by[key] = reuses_samples(loop, self.tree)
+        return self._reused_by[key]
 
     @property
     def registries(self) -> dict[str, list[tuple[str, cst.FunctionDef]]]:

@@ -18,7 +18,6 @@ from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import case_strings, dotted, is_no_grad_block, last_name, walk
-from klaudit.lint.update_loops import reuses_samples
 
 # the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
 _ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
@@ -50,7 +49,7 @@ class StatementFlow(FlowState):
             reverse = isinstance(stmt, cst.For) and _runs_backwards(stmt.iter)
             elements_iterated = elements(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             reused = self.reused
-            self.reused = reused or reuses_samples(stmt, self.module.tree)
+            self.reused = reused or self.module.loop_reuses_samples(stmt)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else
