@@ -199,13 +199,7 @@ def test_a_whole_sequence_ratio_over_several_steps_is_the_exact_weight(tmp_path)
 
 # grpo-go-brrr's own shape: the "old" log-probs are the policy's, computed by the project's helper under no_grad
 # before the loop, so only the loop shows the reuse; its k3 is summed over each sequence.
-HELPER_LOG_PROBS = """\
-import torch
-
-K = 2
-BETA = 0.04
-
-
+HELPER_LOG_PROBS = INNER_UPDATES.replace("def train_step(", """\
 def grpo_loss(current_logprobs, old_logprobs, advantages, completion_mask, eps=0.2):
     ratio = torch.exp(current_logprobs - old_logprobs)
     clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
@@ -213,57 +207,42 @@ def grpo_loss(current_logprobs, old_logprobs, advantages, completion_mask, eps=0
     return (per_token * completion_mask).sum(dim=1).mean()
 
 
-def masked_kl(current, ref, mask):
-    diff = ref - current
-    kl = torch.exp(diff) - diff - 1
-    return (kl * mask).sum(dim=1).mean()
-
-
 def compute_logprobs(model, completion_ids, mask):
     logits = model(completion_ids).logits
     return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
 
 
-def train_step(model, ref_model, optimizer, prompts, advantages):
-    completion_ids, mask = model.generate(prompts)
-    with torch.no_grad():
-        old_logprobs = compute_logprobs(model, completion_ids, mask)
-        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)
-    for inner in range(K):
-        current_logprobs = compute_logprobs(model, completion_ids, mask)
-        kl = masked_kl(current_logprobs, ref_logprobs, mask)
-        loss = grpo_loss(current_logprobs, old_logprobs, advantages, mask) + BETA * kl
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-"""
+def train_step(""").replace(
+    "loss = -(advantages * torch.exp(current_logprobs - current_logprobs.detach())).mean() + beta * kl",
+    "loss = grpo_loss(current_logprobs, old_logprobs, advantages, mask) + beta * kl")
 
 
 def test_a_loop_shows_the_reuse_where_the_old_log_probs_are_the_policys_own(tmp_path):
-    """Row 3 (KL002) and row 22 (KL008) at the loss (line 33): a k3 summed over the sequence is no sequence
+    """Row 3 (KL002) and row 22 (KL008) at the loss (line 31): a k3 summed over the sequence is no sequence
     importance weight, whatever atoms its expansion holds."""
-    assert module_codes(HELPER_LOG_PROBS, tmp_path) == [(33, "KL002"), (33, "KL008")]
+    assert module_codes(HELPER_LOG_PROBS, tmp_path) == [(31, "KL002"), (31, "KL008")]
 
 
-def test_a_count_of_rounds_its_settings_default_to_one_is_one_round(tmp_path):
-    """llm_related's ReMax trainer runs `for ppo_epoch_idx in range(args.num_ppo_epochs)` with the field's default 1:
-    one optimizer step per rollout, row 3 alone; a default of 4 (TRL's PPO) is four, row 22 as well. A mini-batch
-    loop, `range(0, n, size)`, is not read as several rounds (its batch sizes decide, often one)."""
-    config = ("from dataclasses import dataclass, field\n\n\n@dataclass\nclass Config:\n"
-              "    num_ppo_epochs: int = field(default={default}, metadata={{}})\n\n\n")
+SETTINGS = {  # where a count of rounds gets its default: a dataclass field (ReMax), a constructor (RLFusion)
+    "field": ("from dataclasses import dataclass, field\n\n\n@dataclass\nclass Config:\n"
+              "    num_ppo_epochs: int = field(default={default}, metadata={{}})\n\n\n"),
+    "constructor": ("class Trainer:\n    def __init__(self, num_ppo_epochs: int = {default}):\n"
+                    "        self.num_ppo_epochs = num_ppo_epochs\n\n\n"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(SETTINGS))
+@pytest.mark.parametrize("default, expected", [(1, ["KL002"]), (4, ["KL002", "KL008"])])
+def test_a_count_of_rounds_its_settings_default_to_one_is_one_round(tmp_path, where, default, expected):
+    """llm_related's ReMax trainer runs `for ppo_epoch_idx in range(args.num_ppo_epochs)` with the field's default 1,
+    RLFusion's range(self.ppo_steps) with its constructor's: one optimizer step per rollout, row 3 alone; a default
+    of 4 (TRL's PPO) is four rounds, row 22 as well."""
     looped = INNER_UPDATES.replace("range(K)", "range(args.num_ppo_epochs)").replace(
         "def train_step(model,", "def train_step(args, model,")
-    assert [code for _, code in module_codes(config.format(default=1) + looped, tmp_path)] == ["KL002"]
-    assert [code for _, code in module_codes(config.format(default=4) + looped, tmp_path)] == ["KL002", "KL008"]
+    assert [code for _, code in module_codes(SETTINGS[where].format(default=default) + looped, tmp_path)] == expected
+
+
+def test_a_mini_batch_loop_is_not_read_as_several_rounds(tmp_path):
+    """`range(0, n, size)`: how many batches it makes is the batch sizes' (often one): row 3 alone."""
     batches = INNER_UPDATES.replace("range(K)", "range(0, len(prompts), 4)")
     assert [code for _, code in module_codes(batches, tmp_path)] == ["KL002"]
-
-
-def test_a_count_a_constructor_defaults_to_one_is_one_round(tmp_path):
-    """RLFusion's trainer loops range(self.ppo_steps), a constructor parameter whose default (and its examples') is 1."""
-    trainer = ("class Trainer:\n    def __init__(self, num_ppo_epochs: int = {default}):\n"
-               "        self.num_ppo_epochs = num_ppo_epochs\n\n\n")
-    looped = INNER_UPDATES.replace("range(K)", "range(args.num_ppo_epochs)").replace(
-        "def train_step(model,", "def train_step(args, model,")
-    assert [code for _, code in module_codes(trainer.format(default=1) + looped, tmp_path)] == ["KL002"]
-    assert [code for _, code in module_codes(trainer.format(default=2) + looped, tmp_path)] == ["KL002", "KL008"]
