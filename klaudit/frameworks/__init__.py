@@ -314,6 +314,25 @@ def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
 
 
+def _uncommented(pattern: re.Pattern, text: str) -> list[tuple[re.Match, int]]:
+    """Each match of `pattern` in a script with its line (1-based), but for those on a comment line: a comment
+    that names an entry point runs nothing."""
+    lines = text.splitlines()
+    found = []
+    for match in pattern.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        if not lines[line - 1].lstrip().startswith("#"):
+            found.append((match, line))
+    return found
+
+
+def _setting_at(text: str, match: re.Match, value: str | None = None) -> Setting:
+    """A setting placed on the text `match` spans (an entry point, where what a launch inherits is reported)."""
+    line = text.count("\n", 0, match.start()) + 1
+    column = match.start() - text.rfind("\n", 0, match.start())
+    return Setting(value, line, column, column + len(match.group()))
+
+
 # `python3 -m verl.trainer.main config=examples/config.yaml algorithm.kl_coef=...`: EasyR1's entry point (verl's
 # is `verl.trainer.main_ppo`) and the YAML config its overrides apply to
 _EASYR1_LAUNCH = re.compile(r"-m[ \t]+verl\.trainer\.main(?![\w.])")
@@ -325,10 +344,7 @@ def _easyr1_launches(path: str, text: str) -> list[Finding]:
     configuration other than the config's own (which the config's findings already report); keys it inherits
     are placed at the first of those the launch sets."""
     lines = text.splitlines()
-    for match in _EASYR1_LAUNCH.finditer(text):
-        line = text.count("\n", 0, match.start()) + 1
-        if lines[line - 1].lstrip().startswith("#"):
-            continue  # a comment that names the entry point runs nothing
+    for _, line in _uncommented(_EASYR1_LAUNCH, text):
         first, last = command_span(lines, line - 1)
         given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
         config = _project_path(path, given.group(1)) if given else None
@@ -352,17 +368,11 @@ def _easyr1_launches(path: str, text: str) -> list[Finding]:
 def _slime_launch(path: str, text: str, context: Context) -> list[Finding]:
     """The KL flags of a script that runs slime's `train.py` or `train_async.py`: one that names slime, or of a
     project that carries slime's package."""
-    lines = text.splitlines()
-    launches = [match for match in slime.LAUNCH.finditer(text)
-                if not lines[text.count("\n", 0, match.start())].lstrip().startswith("#")]
+    launches = [match for match, _ in _uncommented(slime.LAUNCH, text)]
     if not launches or not ("slime" in text or copy_holding(path, slime.ARGUMENTS_MODULE, context.roots)):
         return []
     asynchronous = next((match for match in launches if match.group(1) == "train_async"), None)
-    at = None
-    if asynchronous is not None:
-        line = text.count("\n", 0, asynchronous.start()) + 1
-        column = asynchronous.start() - text.rfind("\n", 0, asynchronous.start())
-        at = Setting("train_async.py", line, column, column + len(asynchronous.group()))
+    at = _setting_at(text, asynchronous, "train_async.py") if asynchronous is not None else None
     judged = slime.judge(cli_flags(text, slime.FLAGS, slime.SWITCHES), at)
     return [] if judged is None else _findings(path, judged, slime.NAME, slime.FIXES.get)
 
@@ -379,10 +389,7 @@ def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
     """The NeMo-RL GRPO run of a launch script: the config its entry script loads, with the script's
     overrides; inherited keys are placed at the entry script's name."""
     lines = text.splitlines()
-    for match in _NEMO_RL_SCRIPT.finditer(text):
-        line = text.count("\n", 0, match.start()) + 1
-        if lines[line - 1].lstrip().startswith("#"):
-            continue  # a comment that names the script runs nothing
+    for match, line in _uncommented(_NEMO_RL_SCRIPT, text):
         script = _project_path(path, match.group(1))
         source = read_text(script) if script is not None else None
         if script is None or source is None or "nemo_rl" not in source or "load_config" not in source:
@@ -395,8 +402,7 @@ def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
         config_text = read_text(config) if config is not None else None
         if config is None or config_text is None:
             continue
-        column = match.start() - text.rfind("\n", 0, match.start())
-        inherited = {key: Setting(setting.value, line, column, column + len(match.group(1)))
+        inherited = {key: _setting_at(text, match, setting.value)
                      for key, setting in composed_settings(str(config), config_text).items()}
         own = shell_overrides(text)
         return _nemo_rl(path, {**inherited, **own}, own.keys(), context, text, "shell")
@@ -478,10 +484,8 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         assert launch is not None
         # the flags of the GRPO launch's own command: a script may also run SFT or DPO with the same flag names
         settings = cli_flags(only_command(text, launch.start()), {key: key for key in trl.KEYS}, trl.SWITCHES)
-        line = text.count("\n", 0, launch.start()) + 1
-        column = launch.start() - text.rfind("\n", 0, launch.start())
         if command or settings:  # a GRPO script's own defaults are unknown unless it passes TRL's flags
-            found += _trl(path, settings, context, Setting(None, line, column, column + len(launch.group())))
+            found += _trl(path, settings, context, _setting_at(text, launch))
     if tunix.LAUNCH.search(text):
         found += _tunix_cli(path, shell_overrides(text), context, text, "shell")
     return found

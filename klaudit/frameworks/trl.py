@@ -71,10 +71,10 @@ def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
     if assumed.stated:
         return assumed
     last = min((RETIRED[key] for key in settings if key in RETIRED), key=release, default=None)
-    if last is None or not at_least(assumed, last) or release(assumed.version) == release(last):
+    if last is None or release(assumed.version) <= release(last):
         return assumed
     keys = ", ".join(sorted(key for key in settings if key in RETIRED and RETIRED[key] == last))
-    return Assumed(last, f"the newest release whose GRPOConfig takes {keys}", earlier=None)
+    return Assumed(last, f"the newest release whose GRPOConfig takes {keys}")
 
 
 def defaults(assumed: Assumed) -> dict[str, str]:
