@@ -163,6 +163,9 @@ def test_an_easyr1_launch_is_judged_over_the_config_it_names(tmp_path, overrides
 
 
 def test_a_launch_whose_config_is_missing_reports_nothing(tmp_path):
+    """Its overrides alone would be an EasyR1 configuration (disable_kl, a low_var_kl loss: KL002), but what they
+    override is not there to read: no verdict."""
     launch = tmp_path / "run.sh"
-    launch.write_text(LAUNCH.format(overrides="    algorithm.use_kl_loss=false \\\n"))
+    overrides = "algorithm.disable_kl=false algorithm.use_kl_loss=true algorithm.kl_penalty=low_var_kl".split()
+    launch.write_text(LAUNCH.format(overrides="".join(f"    {line} \\\n" for line in overrides)))
     assert lint_config(str(launch), launch.read_text()) == []
