@@ -183,6 +183,28 @@ def is_reference_model(path: str) -> bool:
     return any(_REFERENCE_MODEL.match(part) for part in path.replace("()", "").split("."))
 
 
+# A call that may draw new samples (model.generate, collect_rollouts, make_experience, env_step ...) and an
+# optimizer (`optimizer`, `self.optim`, `opt_actor`): what klaudit.lint.update_loops reads a loop by.
+_DRAWS_SAMPLES = re.compile(r"generat|rollout|collect|experience|^sample_|_sample$|^sample$|play|episode|env_step",
+                            re.IGNORECASE)
+_OPTIMIZER = re.compile(r"(^|_)(optim|optimizer|optimiser|opt)(_|$|\d)|optimizer$", re.IGNORECASE)
+
+
+def draws_samples(call_name: str) -> bool:
+    """A function or method named like one that generates or collects new samples."""
+    return _DRAWS_SAMPLES.search(call_name) is not None
+
+
+def names_optimizer(name: str) -> bool:
+    """A name that holds an optimizer (whose `.step()` is an update of the policy)."""
+    return _OPTIMIZER.search(name) is not None
+
+
+def names_reference_model(name: str) -> bool:
+    """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`)."""
+    return is_reference_model(name) and tensor_role(name) is None
+
+
 # `new` / `old` / `current` alone are log-probs only in a function that speaks of ratios, log-probs or KL
 # (a bare `ref` is the reference's everywhere: tensor_role).
 _BARE_ROLES: dict[str, AtomKind] = {"new": POLICY, "old": OLD, "current": POLICY, "curr": POLICY, "cur": POLICY}

@@ -10,18 +10,11 @@ reference log-probs (which are recomputed for each new batch of samples).
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name, params
-
-# a call that may draw new samples: model.generate, llm.generate, collect_rollouts, make_experience ...
-_DRAWS_SAMPLES = re.compile(r"generat|rollout|collect|experience|^sample_|_sample$|^sample$|play|episode|env_step",
-                            re.IGNORECASE)
-_OPTIMIZER = re.compile(r"(^|_)(optim|optimizer|optimiser|opt)(_|$|\d)|optimizer$", re.IGNORECASE)
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
@@ -34,21 +27,16 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
     for node in _body_nodes(loop.body):
         if type(node) is cst.Call:
             name = last_name(node.func) or ""
-            if name == "step" and type(node.func) is cst.Attribute and _OPTIMIZER.search(last_name(node.func.value) or ""):
+            if name == "step" and type(node.func) is cst.Attribute and roles.names_optimizer(last_name(node.func.value)):
                 steps = True
-            elif _DRAWS_SAMPLES.search(name) or name == "next" and type(node.func) is cst.Name:
+            elif roles.draws_samples(name) or name == "next" and type(node.func) is cst.Name:
                 return False  # a generation or a rollout, or the next batch of a data iterator
-        elif type(node) is cst.Name and _reference_model(node.value):
+        elif type(node) is cst.Name and roles.names_reference_model(node.value):
             return False  # the reference model run anew: on samples drawn here
         elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign) and any(
                 roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) for name in _targets(node)):
             return False  # the reference's log-probs computed here: for samples drawn here
     return steps
-
-
-def _reference_model(name: str) -> bool:
-    """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`)."""
-    return roles.is_reference_model(name) and roles.tensor_role(name) is None
 
 
 def _targets(node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[str]:
