@@ -9,7 +9,8 @@ train_ppo_ray options (launch scripts), TRL's GRPO configuration (`GRPOConfig(..
 deriving from it in Python, `trl grpo` command lines and the command lines of scripts that parse
 TRL's GRPOConfig, YAML recipes), the estimator of TRL's PPOConfig, tunix's algorithm configurations
 (Python calls, the sections of its command line's YAML configs and overrides), and NeMo-RL's GRPO configs
-(YAML with its `defaults:` inheritance, and the overrides of scripts launching its `run_*.py`).
+(YAML with its `defaults:` inheritance, and the overrides of scripts launching its `run_*.py`), slime's
+command line, EasyR1's config and launches, and ROLL's pipeline configs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import libcst as cst
 
 from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, nemo_rl, openrlhf, slime, trl, trl_ppo, tunix, verl
+from klaudit.frameworks import easyr1, nemo_rl, openrlhf, roll, slime, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
@@ -60,7 +61,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
-               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS)
+               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS)
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -242,6 +243,8 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         values = composed_settings(path, text)
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
         found += _easyr1(path, values)
+        if roll.is_config(values):
+            found += _roll(path, values, context)
         if nemo_rl.algorithm(values) is not None:
             found += _nemo_rl(path, values, yaml_settings(text).keys(), context, text, "yaml")
         found += _trl_recipe(path, values, context, text)
@@ -312,6 +315,13 @@ def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
     """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set)."""
     judged = easyr1.judge(settings)
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
+
+
+def _roll(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:
+    """A ROLL pipeline config, judged by the defaults and the code of the project's copy of ROLL."""
+    copy = copy_holding(path, roll.FUNCTIONALS, context.roots)
+    judged = roll.judge(settings, roll.read_copy(copy[1] if copy else None, roll.pipeline(settings)))
+    return [] if judged is None else _findings(path, judged, roll.NAME, roll.FIXES.get)
 
 
 def _uncommented(pattern: re.Pattern, text: str) -> list[tuple[re.Match, int]]:

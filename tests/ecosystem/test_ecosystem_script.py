@@ -207,10 +207,14 @@ def test_nemo_rl_findings_are_scored_as_flags(tmp_path):
     assert all(ecosystem.FLAG_MESSAGE.search(m) for m in messages.values())
 
 
-def test_slime_findings_are_scored_as_flags():
-    """A slime launch's finding (its release unnamed, as EasyR1's), from klaudit's own lint of one."""
+@pytest.mark.parametrize("path, text, name", [
+    ("run.sh", "cd /root/slime\npython3 train.py --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type low_var_kl\n", "slime"),
+    ("rlvr.yaml", "use_kl_loss: true\nkl_loss_coef: 0.01\nactor_train:\n  device_mapping: list(range(0,8))\n"
+     "actor_infer:\n  device_mapping: list(range(0,8))\n", "ROLL"),
+])
+def test_slime_and_roll_findings_are_scored_as_flags(path, text, name):
+    """A slime launch's or a ROLL config's finding (its release unnamed, as EasyR1's), from klaudit's own lint."""
     from klaudit.frameworks import lint_config
 
-    text = "cd /root/slime\npython3 train.py --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type low_var_kl\n"
-    (finding, *_) = lint_config("run.sh", text)
-    assert "[slime: " in finding.message and ecosystem.FLAG_MESSAGE.search(finding.message)
+    (finding, *_) = lint_config(path, text)
+    assert f"[{name}: " in finding.message and ecosystem.FLAG_MESSAGE.search(finding.message)
