@@ -18,7 +18,8 @@ where said below).
   data-parallel ranks (the GPUs of `actor_train.device_mapping` over tensor x pipeline x context parallel for
   Megatron, over the Ulysses size for FSDP2) into optimizer steps of `per_device_train_batch_size` x
   `gradient_accumulation_steps` (the Hugging Face defaults 8 and 1), `ppo_epochs` times: a second step trains
-  the KL of the later ones on an older policy's samples (rows 22-23).
+  the KL of the later ones on an older policy's samples (rows 22-23), as does `async_generation_ratio` above 0
+  (the next rollouts generated while the policy trains on the last).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ USE_LOSS, LOSS_COEF, TOKEN_KL, REWARD_COEF, PENALTY = (
 AGGREGATION, EPOCHS, GAMMA, ROLLOUT_BATCH, GROUP = (
     "loss_agg_mode", "ppo_epochs", "gamma", "rollout_batch_size", "num_return_sequences_in_group")
 KL_KEYS = (USE_LOSS, LOSS_COEF, TOKEN_KL)
+AHEAD = "async_generation_ratio"  # above 0: the next rollouts are generated while the policy trains on the last
 RETURNED = "actor_infer.generating_args.num_return_sequences"  # the agentic configs' group size
 DEVICES, STRATEGY = "actor_train.device_mapping", "actor_train.strategy_args.strategy_name"
 PARALLEL = tuple(f"actor_train.strategy_args.strategy_config.{kind}_model_parallel_size"
@@ -60,7 +62,7 @@ _TO_REWARD = (f"{USE_LOSS}: false with {TOKEN_KL}: true, {PENALTY}: kl and {AGGR
               f"reward, unbiased); the reward sums the KL over the tokens where the loss averaged it: set "
               f"{REWARD_COEF} to {LOSS_COEF} over about the mean response length")
 ONE_STEP = (f"one optimizer step per rollout: {EPOCHS}: 1 and {ROLLOUT_BATCH} x {GROUP} equal to the data-parallel "
-            f"size x {PER_DEVICE.rsplit('.', 1)[-1]} x {ACCUMULATION.rsplit('.', 1)[-1]}")
+            f"size x {PER_DEVICE.rsplit('.', 1)[-1]} x {ACCUMULATION.rsplit('.', 1)[-1]}, with {AHEAD}: 0")
 FIXES = {"KL001": _TO_REWARD, "KL002": _TO_REWARD, "KL003": _TO_REWARD, "KL009": _TO_REWARD, "KL010": _TO_REWARD,
          "KL004": f"{PENALTY}: kl (k1 values in the reward, unbiased)",
          "KL007": f"{AGGREGATION}: token-mean (the same scale for a KL about as long as the responses)",
@@ -124,7 +126,8 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     if None in (use_loss, token_kl, loss_coef, reward_coef) or aggregation is None:
         return None
     steps = _steps_per_rollout(settings, given)
-    stale = steps is not None and steps > 1
+    ahead = AHEAD in settings and (number(settings[AHEAD].value or "") or 0) > 0
+    stale = ahead or steps is not None and steps > 1
     shown = [AGGREGATION]
     if use_loss and loss_coef:
         config = Config(loss=Estimator.LOW_VAR_KL, aggregation=aggregation,
@@ -143,7 +146,10 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     flags = ", ".join(f"{key}={given[key]}" + _note(("" if key in settings else "default"), notes.get(key, ""))
                       for key in shown)
     anchors = {"KL007": settings.get(AGGREGATION, anchor)}
-    if stale:
+    if ahead:
+        flags += f", {AHEAD}={settings[AHEAD].value}"
+        anchors["KL008"] = settings[AHEAD]
+    elif stale:
         flags += f", {steps:g} optimizer steps per rollout"
         anchors["KL008"] = settings.get(EPOCHS, anchor) if number(given[EPOCHS] or "") != 1 else settings.get(ROLLOUT_BATCH, anchor)
     return Judged(config, anchor, flags, anchors)
