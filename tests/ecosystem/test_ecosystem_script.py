@@ -140,9 +140,15 @@ def test_an_unknown_verdict_is_rejected(tmp_path):
         ecosystem.load_sites(path)
 
 
-@pytest.mark.parametrize("corpus", ["", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7",
-                                    "fresh8", "fresh9", "fresh10", "fresh11", "fresh12", "fresh13", "fresh14",
-                                    "fresh15"])
+CORPORA = sorted(path.parent.relative_to(SCRIPT.parents[1] / "tests" / "ecosystem").as_posix().strip(".")
+                 for path in (SCRIPT.parents[1] / "tests" / "ecosystem").glob("**/repos.json"))
+
+
+def test_every_set_is_checked():
+    assert {"", "heldout", "fresh", "fresh17", "fresh18"} <= set(CORPORA)
+
+
+@pytest.mark.parametrize("corpus", CORPORA)
 def test_the_committed_review_is_well_formed(corpus):
     """Every committed expectation names a repository of its set, a rule code and a reason."""
     folder = SCRIPT.parents[1] / "tests" / "ecosystem" / corpus
