@@ -111,6 +111,8 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
         returned_at = max((s.lineno for s in forward), default=origin_line)  # estimators carried into one value
         # (a stack indexed by a switch) are one function, named after the statement that picks the value
     imported = _imported_names(tree)
+    helpers = _module_functions(tree, imported)
+    imported |= set(helpers)  # read by the slice as an import is: defined in its header
     switches: dict[str, str | None] = {}
     cut: set[str] = set()
     while True:
@@ -134,7 +136,9 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
         placement = "loss"  # the score-function product is inside the cut (`per_token_loss = sg(kl) * logp`)
     name = f"{function.name}__inline_kl_{returned_at}"
     arguments = list(parameters) + [f"{switch}={default!r}" for switch, default in switches.items()]
-    header = _imports_for(tree, _names_read(body), imported, _package(path))
+    called = _called_helpers(_names_read(body), helpers)
+    header = _imports_for(tree, _names_read([*body, *called]), imported, _package(path))
+    header += "".join(ast.unparse(helper) + "\n\n\n" for helper in called)
     text = _function_text(name, arguments, body, ast.Name(variable, ast.Load()))
     if placement == "reward" and returned_sign(header + text, name, path) < 0:
         # the term is the negated estimate (`teacher - policy`), maximised as an advantage: check-grad audits a
@@ -393,6 +397,51 @@ def _imported_names(tree: ast.Module) -> set[str]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
     return names
+
+
+def _module_functions(tree: ast.Module, imported: set[str]) -> dict[str, _Function]:
+    """The file's top-level functions a slice may call (`compute_kl_penalty(logprobs_new, logprobs_ref)`):
+    those reading no global name but imports, builtins and other such functions, and calling none of their
+    parameters (a helper that runs the model it is given computes the slice's inputs, not its arithmetic)."""
+    defined = {node.name: node for node in tree.body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _calls_a_parameter(node)}
+    reads = {name: _globals_read(node) for name, node in defined.items()}
+    usable = set(defined)
+    while True:
+        unusable = {name for name in usable if not reads[name] <= imported | usable}
+        if not unusable:
+            return {name: node for name, node in defined.items() if name in usable}
+        usable -= unusable
+
+
+def _globals_read(function: _Function) -> set[str]:
+    """The names a function reads that it neither takes nor binds, builtins left out."""
+    arguments = function.args
+    taken = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                             *(a for a in (arguments.vararg, arguments.kwarg) if a is not None)]}
+    bound = {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
+    bound |= {node.name for node in ast.walk(function) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                            ast.ClassDef)) and node is not function}
+    return {name for name in _names_read([function]) - taken - bound if not hasattr(builtins, name)}
+
+
+def _calls_a_parameter(function: _Function) -> bool:
+    arguments = function.args
+    taken = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in taken
+               for node in ast.walk(function))
+
+
+def _called_helpers(read: set[str], helpers: dict[str, _Function]) -> list[_Function]:
+    """The helpers the slice reads, and those they read in turn, in the file's order."""
+    needed: set[str] = set()
+    pending = [name for name in read if name in helpers]
+    while pending:
+        name = pending.pop()
+        if name not in needed:
+            needed.add(name)
+            pending += [inner for inner in _globals_read(helpers[name]) if inner in helpers]
+    return [node for name, node in helpers.items() if name in needed]
 
 
 def _package(path: str) -> list[str]:

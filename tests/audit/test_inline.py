@@ -69,7 +69,8 @@ def _slices_of(path: Path) -> dict:
 
 def _parameters(piece) -> dict:
     """{parameter: its default, or None} of the slice's function, read from its source."""
-    function = next(node for node in ast.parse(piece.source).body if isinstance(node, ast.FunctionDef))
+    function = next(node for node in ast.parse(piece.source).body
+                    if isinstance(node, ast.FunctionDef) and node.name == piece.name)
     defaults = [ast.literal_eval(default) for default in function.args.defaults]
     names = [argument.arg for argument in function.args.args]
     return dict(zip(names, [None] * (len(names) - len(defaults)) + defaults))
@@ -149,3 +150,28 @@ def test_the_slice_ends_where_the_term_enters_the_loss_and_a_boolean_mask_is_fed
     assert report.errors == [] and [row.objective for row in report.results] == ["PFWD"]  # k3 as a loss, row 3
     assert any("ppo_loss_mask" in note and "a boolean mask (a float mask raised RuntimeError)" in note
                for note in report.notes)
+
+
+HELPER_STEP = Path(__file__).parent / "data" / "inline" / "helper_step.py"
+
+
+def test_a_helper_of_the_same_file_is_carried_into_the_slice_and_bound_at_the_call():
+    """`kl = log_ratio(logprobs_new, logprobs_ref)`: the helper's own parameter names (`logprobs_old`) say
+    nothing; the slice defines it in its header and binds the step's names. A helper reading a module
+    constant is not carried (it would not run alone), nor one the KL term does not call."""
+    (piece,), failures = inline_slices(str(HELPER_STEP))
+    assert failures == [] and (piece.first, piece.last) == (22, 25)
+    defined = [node.name for node in ast.parse(piece.source).body if isinstance(node, ast.FunctionDef)]
+    assert defined == ["log_ratio", piece.name]
+    assert set(_parameters(piece)) == {"input_ids", "ref_logits", "logprobs_new"}
+
+
+def test_check_grad_audits_a_kl_formed_through_a_helper():
+    """0.5 (logp - ref)^2 summed over tokens, differentiated as a loss: k2, the local term only (row 2, KL003)."""
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(HELPER_STEP)])
+    (row,) = report.results
+    assert report.errors == [] and (row.objective, row.rule) == ("PART", "KL003")
+    assert row.configuration.startswith("k2 differentiated as a loss, token-sum")
