@@ -17,7 +17,8 @@ where said below).
 - one rollout of `rollout_batch_size` x `num_return_sequences_in_group` samples is split over the
   data-parallel ranks (the GPUs of `actor_train.device_mapping` over tensor x pipeline x context parallel for
   Megatron, over the Ulysses size for FSDP2) into optimizer steps of `per_device_train_batch_size` x
-  `gradient_accumulation_steps` (the Hugging Face defaults 8 and 1), `ppo_epochs` times: a second step trains
+  `gradient_accumulation_steps` (the Hugging Face defaults 8 and 1; the agentic pipeline pads a rollout that does
+  not fill its last step, unless `batch_adjust_mode` says otherwise), `ppo_epochs` times: a second step trains
   the KL of the later ones on an older policy's samples (rows 22-23), as does `async_generation_ratio` above 0
   (the next rollouts generated while the policy trains on the last).
 """
@@ -42,6 +43,7 @@ USE_LOSS, LOSS_COEF, TOKEN_KL, REWARD_COEF, PENALTY = (
 AGGREGATION, EPOCHS, GAMMA, ROLLOUT_BATCH, GROUP = (
     "loss_agg_mode", "ppo_epochs", "gamma", "rollout_batch_size", "num_return_sequences_in_group")
 KL_KEYS = (USE_LOSS, LOSS_COEF, TOKEN_KL)
+PADDING = "batch_adjust_mode"  # the agentic pipeline's: "copy" (its default) pads a rollout to whole steps
 AHEAD = "async_generation_ratio"  # above 0: the next rollouts are generated while the policy trains on the last
 RETURNED = "actor_infer.generating_args.num_return_sequences"  # the agentic configs' group size
 DEVICES, STRATEGY = "actor_train.device_mapping", "actor_train.strategy_args.strategy_name"
@@ -128,24 +130,22 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     steps = _steps_per_rollout(settings, given)
     ahead = AHEAD in settings and (number(settings[AHEAD].value or "") or 0) > 0
     stale = ahead or steps is not None and steps > 1
-    shown = [AGGREGATION]
-    if use_loss and loss_coef:
-        config = Config(loss=Estimator.LOW_VAR_KL, aggregation=aggregation,
-                        sampling=Sampling.OFF_POLICY if stale else Sampling.ON_POLICY)
-        anchor = settings.get(USE_LOSS) or settings[LOSS_COEF]
-        shown[:0] = [USE_LOSS, LOSS_COEF]
-    elif token_kl and reward_coef and gamma == 1 and ESTIMATORS.get(given[PENALTY] or "") is not None:
-        config = Config(reward=ESTIMATORS[given[PENALTY] or ""], returns=Returns.TO_GO, aggregation=aggregation,
-                        sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
-        anchor = settings.get(PENALTY) or settings.get(TOKEN_KL) or settings[REWARD_COEF]
-        shown[:0] = [TOKEN_KL, REWARD_COEF, PENALTY]
-    else:
+    loss = Estimator.LOW_VAR_KL if use_loss and loss_coef else None
+    reward = ESTIMATORS.get(given[PENALTY] or "") if token_kl and reward_coef else None
+    if (token_kl and reward_coef and (reward is None or gamma != 1)) or (loss is None and reward is None):
         return None  # no KL term, a KL computed for the logs only, or discounted returns (no catalog row)
+    config = Config(loss=loss, reward=reward, returns=Returns.TO_GO, aggregation=aggregation,
+                    sampling=(Sampling.OFF_POLICY if loss is not None else Sampling.TOKEN_IS) if stale
+                    else Sampling.ON_POLICY)  # a KL reward meets the PPO token ratio only
+    shown = (([USE_LOSS, LOSS_COEF] if loss is not None else []) + ([TOKEN_KL, REWARD_COEF, PENALTY] if reward is not None
+                                                                   else []) + [AGGREGATION])
+    anchor = (settings.get(USE_LOSS) or settings[LOSS_COEF] if loss is not None
+              else settings.get(PENALTY) or settings.get(TOKEN_KL) or settings[REWARD_COEF])
     notes = {AGGREGATION: ("each sequence's token sum" if copy.token_sum else "each sequence's token mean in this copy")
              if mode == TOKEN_SUM else ""}
     flags = ", ".join(f"{key}={given[key]}" + _note(("" if key in settings else "default"), notes.get(key, ""))
                       for key in shown)
-    anchors = {"KL007": settings.get(AGGREGATION, anchor)}
+    anchors = {"KL007": settings.get(AGGREGATION, anchor), "KL004": settings.get(PENALTY, settings.get(TOKEN_KL, anchor))}
     if ahead:
         flags += f", {AHEAD}={settings[AHEAD].value}"
         anchors["KL008"] = settings[AHEAD]
@@ -174,7 +174,9 @@ def _steps_per_rollout(settings: Mapping[str, Setting], given: Mapping[str, str 
     per_device, accumulation = sizes[PER_DEVICE], sizes[ACCUMULATION]
     if rollout is None or ranks is None or group is None or not per_device or not accumulation:
         return epochs
-    return epochs * max(math.floor(rollout * group / ranks / (per_device * accumulation)), 1)
+    steps = rollout * group / ranks / (per_device * accumulation)
+    padded = pipeline(settings) == "agentic" and (settings[PADDING].value if PADDING in settings else "copy") == "copy"
+    return epochs * max(math.ceil(steps) if padded else math.floor(steps), 1)
 
 
 _RANGE = re.compile(r"^\s*list\(\s*range\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?(?:,\s*(\d+)\s*)?\)\s*\)\s*$")

@@ -55,6 +55,9 @@ def codes(kl: str, epochs: str = "1", per_device: str = "32", path: str = "examp
     ("add_token_level_kl: true\ninit_kl_coef: 0.05", [(5, "KL007")]),  # the policy loss's 1/L on the KL reward
     ("add_token_level_kl: true\ninit_kl_coef: 0.05\ngamma: 0.99", []),  # discounted returns: no catalog row
     ("add_token_level_kl: false\nuse_kl_loss: false", []),  # init_kl_coef's 0.2 is only logged
+    # the clamped k3 loss beside a k1 reward: the reward's returns already carry the KL's gradient (row 14)
+    ("use_kl_loss: true\nkl_loss_coef: 0.01\nadd_token_level_kl: true\ninit_kl_coef: 0.001\nloss_agg_mode: token-mean",
+     [(5, "KL006")]),
 ])
 def test_roll_configs_get_the_catalog_s_verdict(kl, expected):
     assert codes(kl) == expected
@@ -68,6 +71,18 @@ def test_several_optimizer_steps_per_rollout_make_the_kl_stale():
     assert codes(loss, epochs="2") == [(3, "KL008"), (5, "KL002")]
     reward = "add_token_level_kl: true\ninit_kl_coef: 0.05\nloss_agg_mode: token-mean"
     assert codes(reward, per_device="8") == [(1, "KL008")]
+
+
+def test_the_agentic_pipeline_pads_a_rollout_to_whole_steps():
+    """128 samples per rank in steps of 24 x 4: one step and a third. The RLVR pipeline trains the whole steps
+    (one: no KL008); the agentic pipeline (a config naming environments) pads the rollout to two steps unless
+    `batch_adjust_mode` drops the remainder."""
+    loss = "use_kl_loss: true\nkl_loss_coef: 0.01\nloss_agg_mode: token-mean"
+    assert codes(loss, per_device="24") == [(5, "KL002")]
+    agentic = CONFIG.format(kl=loss, epochs="1", per_device="24") + "custom_envs:\n  Sokoban:\n    env_type: sokoban\n"
+    assert sorted((f.line, f.code) for f in lint_config("a.yaml", agentic)) == [(1, "KL008"), (5, "KL002")]
+    dropped = agentic + "batch_adjust_mode: delete\n"
+    assert sorted((f.line, f.code) for f in lint_config("a.yaml", dropped)) == [(5, "KL002")]
 
 
 def test_generating_ahead_of_training_makes_the_kl_stale():
