@@ -35,6 +35,7 @@ from klaudit.lint.syntax import (
     string_key,
     string_value,
 )
+from klaudit.lint.tensors import per_token_from_logits
 
 
 class ExpressionFlow(FlowState):
@@ -139,6 +140,9 @@ class ExpressionFlow(FlowState):
                 return (Fact(role="mask"),)
             return ()
         base = self.expr(node.value)
+        picked = picked_tokens(node, base)
+        if picked is not None:
+            return picked
         last = is_last_index(node)
         if last:
             return tuple(replace(f, position=Position.LAST) if f.role == "tensor" else f for f in base)
@@ -225,3 +229,12 @@ class ExpressionFlow(FlowState):
 
     def e_BooleanOperation(self, node: cst.BooleanOperation) -> tuple:
         return ()
+
+
+def picked_tokens(node: cst.Subscript, base: tuple) -> tuple | None:
+    """`log_probs[rows, positions, token_ids]`: vocabulary-level log-probs or logits indexed on their last axis
+    by the sampled tokens' ids, a gather (tensors.per_token_from_logits); None for any other index."""
+    last = node.slice[-1].slice if len(node.slice) > 1 else None
+    if type(last) is not cst.Index or not roles.names_token_ids(root_name(last.value)):
+        return None
+    return per_token_from_logits({a.kind for f in base if f.poly is not None for a in f.poly.atoms()}, base)

@@ -229,6 +229,15 @@ def is_current_policy_name(name: str) -> bool:
     return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
 
 
+# The sampled tokens' ids (`input_ids`, `comp_ids`, `labels`, `actions`): an index by them over the vocabulary
+# axis picks each token's entry, as a gather does.
+_TOKEN_IDS = re.compile(r"^(.*_)?(ids|tokens|labels|actions|targets)$", re.IGNORECASE)
+
+
+def names_token_ids(name: str) -> bool:
+    return _TOKEN_IDS.match(name) is not None
+
+
 # Each sequence's own length (`rollout_lens`, `response_lengths`, `seq_lens`): plural, so that a scalar
 # (`max_len`, `seq_len`: a constant divisor) is not one; packed offsets (`cu_seqlens`) are not lengths.
 _LENGTHS = re.compile(r"^(?!cu_)(.*_)?(lens|lengths|seqlens)$", re.IGNORECASE)
