@@ -697,12 +697,13 @@ def _tunix_python(path: str, module: cst.Module | None, source: str, context: Co
 
 
 def _trl_ppo_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
-    """TRL's PPOConfig built in a Python module with a biased estimator for its KL reward."""
+    """TRL's PPOConfig built in a Python module: a biased estimator for its KL reward, or the reward reused over
+    several optimizer steps."""
     if "PPOConfig" not in source or "trl" not in source:
         return []
     found: list[Finding] = []
     for _, call in _calls_of("trl", trl_ppo.CLASSES, trl_ppo.KEYS, path, module, source, context):
-        judged = trl_ppo.judge(call.settings)
+        judged = trl_ppo.judge(call.settings, call.where)
         if judged is not None:
             fixer = _Fixer(source, "python", trl_ppo.flag_fixes(call.settings), trl_ppo.NO_FLAG_FIX)
             found += _findings(path, judged, trl_ppo.NAME, trl_ppo.fix, fixer)

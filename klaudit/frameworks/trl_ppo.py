@@ -9,46 +9,88 @@ The keyword a configuration sets names the API it targets:
 - `kl_estimator` (from 0.17, the rewritten PPOTrainer): "k1" (the default) or "k3" =
   exp(ref - logp) - 1 - (ref - logp) (row 7); `kl_coef` 0 adds none.
 
-A configuration that sets neither keeps k1, which is right: only a biased estimator is reported. The
-several PPO epochs over one rollout pass the KL reward through the PPO ratio like the task reward, judged
-on-policy as the lint of TRL's code judges it.
+A configuration that sets neither keeps k1, which is right on fresh samples. Both APIs train one batch of
+rollouts over several optimizer steps: `ppo_epochs` (default 4) x `batch_size` (128) over `mini_batch_size`
+(128) x `gradient_accumulation_steps` (1) before 0.12, `num_ppo_epochs` (default 4) x `num_mini_batches` (1)
+since. The KL reward, computed once per batch, then meets only the PPO token ratio on the later steps (row 23,
+KL008), whatever the estimator; one step per batch is on-policy. A count set to a value the lint cannot read
+decides nothing (one step).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-from klaudit.catalog import Config, Estimator, Returns
+from klaudit.catalog import Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, shown
 
 NAME = "TRL PPO"
 CLASSES = ("PPOConfig",)
 LEGACY, ESTIMATOR = "kl_penalty", "kl_estimator"
 COEFFICIENTS = {LEGACY: "init_kl_coef", ESTIMATOR: "kl_coef"}
-KEYS = (LEGACY, ESTIMATOR, *COEFFICIENTS.values())
+# how many optimizer steps one batch of rollouts feeds, by API (`_steps`), with the defaults of each
+LEGACY_STEPS = {"ppo_epochs": "4", "batch_size": "128", "mini_batch_size": "128"}
+ACCUMULATION = "gradient_accumulation_steps"  # the legacy update batch is mini_batch_size x this
+STEPS = {"num_ppo_epochs": "4", "num_mini_batches": "1"}
+API_KEYS = {LEGACY: (LEGACY, COEFFICIENTS[LEGACY], *LEGACY_STEPS), ESTIMATOR: (ESTIMATOR, COEFFICIENTS[ESTIMATOR], *STEPS)}
+KEYS = (LEGACY, ESTIMATOR, *COEFFICIENTS.values(), *LEGACY_STEPS, ACCUMULATION, *STEPS)
 ESTIMATORS = {LEGACY: {"kl": Estimator.K1, "abs": Estimator.ABS, "mse": Estimator.K2, "full": Estimator.FULL},
               ESTIMATOR: {"k1": Estimator.K1, "k3": Estimator.K3}}
 FIXES = {"KL004": "the k1 estimate in the rewards (kl_estimator=\"k1\", or kl_penalty=\"kl\" before TRL 0.12): "
-                  "unbiased, at the same scale"}
+                  "unbiased, at the same scale",
+         "KL008": "one optimizer step per batch of rollouts (num_ppo_epochs=1 with num_mini_batches=1; before TRL "
+                  "0.12 ppo_epochs=1 with mini_batch_size x gradient_accumulation_steps = batch_size), or the KL out "
+                  "of the reward, into the loss with per-decision importance weights: "
+                  "klaudit.estimators.kl_penalty(log_probs, ref_log_probs, mask, old_logprobs=...).loss (R-F)"}
 NO_FLAG_FIX = "the estimator keyword is not set to a literal here: set it to k1 by hand"
 
 
-def judge(settings: Mapping[str, Setting]) -> Judged | None:
-    """The KL configuration a PPOConfig call sets, None when it keeps k1, turns the KL off, or is undecidable."""
-    key = next((key for key in (ESTIMATOR, LEGACY) if key in settings), None)
-    value = settings[key].value if key is not None else None
-    if key is None or value is None:
-        return None
-    estimator = ESTIMATORS[key].get(value)
-    coefficient = settings.get(COEFFICIENTS[key])
+def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
+    """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable."""
+    api = next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])), None)
+    key = api if api is not None and api in settings else None
+    value = settings[key].value if key is not None else ("k1" if api == ESTIMATOR else "kl")
+    coefficient = settings.get(COEFFICIENTS[api or ESTIMATOR])
+    estimator = ESTIMATORS[api or ESTIMATOR].get(value or "")
     if estimator is None or (coefficient is not None and number(coefficient.value or "") == 0.0):
         return None
-    config = Config(reward=estimator, returns=Returns.TO_GO)
-    named = [(key, value, settings[key])]
+    steps = _steps(settings, api)
+    config = Config(reward=estimator, returns=Returns.TO_GO, sampling=Sampling.TOKEN_IS if steps > 1 else
+                    Sampling.ON_POLICY)
+    if estimator is Estimator.K1 and steps <= 1:
+        return None  # k1 in the reward, on fresh samples: right
+    named = [(key, value or "", settings[key])] if key is not None else []
     if coefficient is not None and coefficient.value is not None:
-        named.append((COEFFICIENTS[key], coefficient.value, coefficient))
-    flags = ", ".join(shown(*item) for item in named)
-    return Judged(config, settings[key], flags, {"KL004": settings[key]})
+        named.append((COEFFICIENTS[api or ESTIMATOR], coefficient.value, coefficient))
+    counts = [name for name in (*LEGACY_STEPS, ACCUMULATION, *STEPS) if name in settings]
+    named += [(name, settings[name].value or "?", settings[name]) for name in counts]
+    flags = ", ".join(shown(*item) for item in named) or "the defaults"
+    if steps > 1:
+        flags += f", {steps:g} optimizer steps per batch"
+    one_epoch = {name for name in ("ppo_epochs", "num_ppo_epochs") if name in settings
+                 and number(settings[name].value or "") == 1}
+    stale_by = next((settings[name] for name in counts if name not in one_epoch), where)  # what makes the steps
+    return Judged(config, settings[key] if key is not None else where, flags, {"KL004": settings.get(key or "", where),
+                                                                               "KL008": stale_by})
+
+
+def _steps(settings: Mapping[str, Setting], api: str | None) -> float:
+    """Optimizer steps per batch of rollouts: epochs x mini-batches from TRL 0.12, epochs x batch_size over
+    mini_batch_size x gradient_accumulation_steps before; both APIs' defaults (4 epochs of one mini-batch) where
+    nothing names the API; 1 when a count is set to a value the lint cannot read (it decides nothing)."""
+    if api != LEGACY:
+        counts = [_count(settings, key, default) for key, default in STEPS.items()]
+        return 1.0 if None in counts else float(math.prod(counts))  # type: ignore[arg-type]
+    epochs, batch, mini, accumulation = (_count(settings, key, default)
+                                         for key, default in {**LEGACY_STEPS, ACCUMULATION: "1"}.items())
+    if epochs is None or batch is None or not mini or not accumulation:
+        return 1.0
+    return epochs * max(batch / (mini * accumulation), 1.0)
+
+
+def _count(settings: Mapping[str, Setting], key: str, default: str) -> float | None:
+    return number(settings[key].value or "") if key in settings else number(default)
 
 
 def flag_fixes(settings: Mapping[str, Setting]) -> dict[str, tuple[str, str]]:

@@ -21,29 +21,46 @@ def _findings(tmp_path, source):
 
 
 @pytest.mark.parametrize("imported, call, expected", [
-    ("from trl import PPOConfig", 'PPOConfig(model_name="gpt2", kl_penalty="full", ppo_epochs=4)', ["KL004"]),  # row 10
-    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="mse")', ["KL004"]),  # row 8
-    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="abs")', ["KL004"]),  # row 9
-    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="kl")', []),  # row 6
+    ("from trl import PPOConfig", 'PPOConfig(model_name="gpt2", kl_penalty="full", ppo_epochs=1)', ["KL004"]),  # row 10
+    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="mse", ppo_epochs=1)', ["KL004"]),  # row 8
+    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="abs", ppo_epochs=1)', ["KL004"]),  # row 9
+    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="kl", ppo_epochs=1)', []),  # row 6
     ("from trl import PPOConfig", 'PPOConfig(kl_penalty="abs", init_kl_coef=0.0)', []),  # no KL
-    ("from trl.experimental.ppo import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004"]),  # row 7
-    ("import trl", 'trl.PPOConfig(kl_estimator="k3", kl_coef=0.05)', ["KL004"]),
-    ("from trl import PPOConfig", 'PPOConfig(kl_estimator="k1")', []),
-    ("from trl import PPOConfig", "PPOConfig(learning_rate=1e-5)", []),  # k1 by default
+    ("from trl.experimental.ppo import PPOConfig", 'PPOConfig(kl_estimator="k3", num_ppo_epochs=1)', ["KL004"]),  # row 7
+    ("import trl", 'trl.PPOConfig(kl_estimator="k3", kl_coef=0.05, num_ppo_epochs=1)', ["KL004"]),
+    ("from trl import PPOConfig", 'PPOConfig(kl_estimator="k1", num_ppo_epochs=1)', []),
+    ("from trl import PPOConfig", "PPOConfig(learning_rate=1e-5)", []),  # names no KL or batch key: not read
     ("from trl import PPOConfig", 'PPOConfig(kl_estimator="k3", kl_coef=0)', []),
     ("from tunix.rl.ppo.ppo_learner import PPOConfig", 'PPOConfig(kl_method="kl")', []),  # tunix's class: k1
     ("from mylib import PPOConfig", 'PPOConfig(kl_penalty="full")', []),  # another library's class of that name
+    # several optimizer steps per batch: the k1 reward, computed once, meets only the PPO token ratio (row 23)
+    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="kl")', ["KL008"]),  # 4 epochs by default
+    ("from trl import PPOConfig", "PPOConfig(batch_size=64, mini_batch_size=16, ppo_epochs=1)", ["KL008"]),
+    ("from trl import PPOConfig", "PPOConfig(batch_size=4, mini_batch_size=2, gradient_accumulation_steps=2, "
+                                  "ppo_epochs=1)", []),  # one update of the whole batch
+    ("from trl import PPOConfig", "PPOConfig(ppo_epochs=args.ppo_epochs)", []),  # a count it cannot read
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_mini_batches=2, num_ppo_epochs=1)", ["KL008"]),
+    ("from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),
 ])
 def test_the_estimator_of_the_kl_reward(tmp_path, imported, call, expected):
-    assert [f.code for f in _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")] == expected
+    assert sorted(f.code for f in _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")) == expected
 
 
 def test_the_finding_is_at_the_estimator_and_its_fix_sets_k1(tmp_path):
-    source = 'from trl import PPOConfig\n\nconfig = PPOConfig(kl_estimator="k3", kl_coef=0.1)\n'
+    source = 'from trl import PPOConfig\n\nconfig = PPOConfig(kl_estimator="k3", kl_coef=0.1, num_ppo_epochs=1)\n'
     [finding] = _findings(tmp_path, source)
-    assert (finding.line, finding.column) == (3, 20) and "[TRL PPO: kl_estimator=k3, kl_coef=0.1]" in finding.message
+    assert (finding.line, finding.column) == (3, 20)
+    assert "[TRL PPO: kl_estimator=k3, kl_coef=0.1, num_ppo_epochs=1]" in finding.message
     run = fix_findings([finding], applicabilities(unsafe=True), write=True)
     text = (tmp_path / "train.py").read_text()
     ast.parse(text)
     assert 'kl_estimator="k1"' in text and run.fixed == [finding]
     assert _findings(tmp_path, text) == []
+
+
+def test_a_kl_reward_over_several_steps_is_reported_at_the_count(tmp_path):
+    """The legacy defaults (4 epochs) where the call sets only the estimator; the epochs where they are set."""
+    [default] = _findings(tmp_path, 'from trl import PPOConfig\n\nconfig = PPOConfig(kl_penalty="kl")\n')
+    [counted] = _findings(tmp_path, "from trl import PPOConfig\n\nconfig = PPOConfig(\n    ppo_epochs=2)\n")
+    assert (default.code, default.line) == ("KL008", 3) and "4 optimizer steps per batch" in default.message
+    assert (counted.code, counted.line, counted.column) == ("KL008", 4, 5) and "ppo_epochs=2" in counted.message
