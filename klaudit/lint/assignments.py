@@ -140,10 +140,7 @@ class AssignmentFlow(FlowState):
         return ()
 
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
-        """A value the expression did not explain, read from the target's name; an empty list (`logprobs = []`)
-        is one until the pieces appended to it are seen (containers.add_to_list)."""
-        if type(rhs) is cst.List and not rhs.elements:
-            return (Fact(role="tuple", items=()),)
+        """A value the expression did not explain, read from the target's name."""
         if roles.tensor_role(name) is not None:  # where the rhs was read from matters only then
             grad = not self.no_grad and not is_data_read(rhs) and not is_tensor_factory(rhs)
             poly = roles.named_tensor(name, grad=grad)

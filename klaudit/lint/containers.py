@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.catalog import Aggregation
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, merge_labels, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, is_data_read, last_name, params, walk
-
-
-def _sample_piece(fact: Fact) -> Fact:
-    """One sample's piece of a list a loop fills: a full sum (`token_logprobs.sum()`) is that sample's sum over
-    its tokens, as `.sum(-1)` of the batch is."""
-    if fact.scalar and fact.aggregation is Aggregation.SUM and fact.poly is not None:
-        return replace(fact, poly=alg.accumulate(fact.poly, alg.SEQUENCE), scalar=False)
-    return fact
 
 
 def elements(value: tuple) -> tuple:
@@ -126,9 +117,8 @@ class ContainerFlow(FlowState):
         `torch.stack(advantages_reversed[::-1])` reads them back for the policy loss, where the PPO ratio
         that weighs them shows how old the samples are."""
         kind = roles.sink_of_name(last_name(target))
+        value = self.expr(arg) if kind is not None or self.reverse_loop else ()
         name = dotted(target)
-        collected = method == "append" and kind is None and self._collects_tensors(name)
-        value = self.expr(arg) if kind is not None or self.reverse_loop or collected else ()
         if name and any(_reads(loop.body, name) for loop in self.reverse_loop.values()):
             # `nxt = returns[-1] ...; returns.append(r[:, t] + gamma * nxt)`: the recursion runs through the
             # list itself, whose entries are then the reward-to-go of this step's terms
@@ -141,16 +131,6 @@ class ContainerFlow(FlowState):
         if self.reverse_loop and method == "append" and name and running:
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
-        elif collected and (pieces := tuple(_sample_piece(f) for f in value if f.role == "tensor")):
-            held = elements(self.env.get(name, ()))
-            self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + pieces)),)),)
-
-    def _collects_tensors(self, name: str) -> bool:
-        """A list named for a tensor (`logprobs = []`), built here from an empty literal, that a loop fills with
-        each sample's piece: `torch.stack(logprobs)` is then those pieces side by side."""
-        held = self.env.get(name, ())
-        return (bool(name) and roles.named_tensor(name.rsplit(".", 1)[-1], grad=False) is not None
-                and any(f.role == "tuple" for f in held) and all(f.role == "tuple" for f in held))
 
     def dispatch(self, node: cst.Subscript) -> tuple | None:
         """`table[name]` on a dict display with a key the analysis does not know: every entry, each

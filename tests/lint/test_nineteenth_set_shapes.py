@@ -2,8 +2,8 @@
 
 Verdicts (kl-math.md section 8): k3 differentiated as a loss is row 3 (KL002); on samples of an older policy
 (a PPO ratio to the behaviour policy's log-probs in the same step) with no weight on the KL term, row 22
-(KL008); the square of each sequence's summed log-ratio, D^2, differentiated is row 17 (the reverse KL's
-gradient, right); the square of each token's log-ratio is k2 as a loss, row 2 (KL003).
+(KL008); the square of each token's log-ratio is k2 as a loss, row 2 (KL003); the square of each sequence's
+summed log-ratio, D^2, differentiated is row 17 (the reverse KL's gradient, right).
 """
 
 from __future__ import annotations
@@ -39,24 +39,21 @@ def test_a_dict_entry_never_detached_stays_rollout_data(tmp_path):
     assert module_codes(source, tmp_path) == []
 
 
-# A hand-written GRPO: each sample's log-probs summed in a loop and stacked, then (D_new - D_ref)^2 as the loss.
-SEQUENCE_SUMS = """\
+# A hand-written GRPO: the policy's and the reference's log-probs picked from the vocabulary by indexing with the
+# token ids (a gather), then (logp - ref)^2 as the loss: k2 per token; summed over each sequence first, D^2.
+PICKED = """\
 import torch
 
 
-def compute_logprobs(model, batches):
-    logprobs = []
-    for input_ids, start in batches:
-        log_probs = torch.log_softmax(model(input_ids).logits, dim=-1)
-        token_logprobs = log_probs[0, torch.arange(start, input_ids.shape[1]), input_ids[0, start:]]
-        logprobs.append(token_logprobs.sum())
-    return torch.stack(logprobs)
+def compute_logprobs(model, input_ids, start):
+    log_probs = torch.log_softmax(model(input_ids).logits, dim=-1)
+    return log_probs[0, torch.arange(start, input_ids.shape[1]), input_ids[0, start:]]
 
 
-def train(model, ref_model, optim, batches, advantages, beta):
-    logprobs_new = compute_logprobs(model, batches)
+def train(model, ref_model, optim, input_ids, start, advantages, beta):
+    logprobs_new = compute_logprobs(model, input_ids, start)
     with torch.no_grad():
-        logprobs_ref = compute_logprobs(ref_model, batches)
+        logprobs_ref = compute_logprobs(ref_model, input_ids, start)
     kl = logprobs_new - logprobs_ref
     loss = -(advantages * logprobs_new).mean() + beta * (kl ** 2).mean()
     optim.zero_grad()
@@ -65,10 +62,10 @@ def train(model, ref_model, optim, batches, advantages, beta):
 """
 
 
-def test_per_sample_sums_appended_to_a_list_and_stacked_are_sequence_log_probs(tmp_path):
-    assert module_codes(SEQUENCE_SUMS, tmp_path) == []
+def test_indexing_vocabulary_log_probs_by_the_token_ids_is_a_gather(tmp_path):
+    assert module_codes(PICKED, tmp_path) == [(14, "KL003")]
 
 
-def test_per_token_pieces_appended_to_a_list_stay_per_token(tmp_path):
-    """The pieces are picked from the vocabulary by indexing with the token ids, a gather: per-token log-probs."""
-    assert module_codes(SEQUENCE_SUMS.replace("token_logprobs.sum()", "token_logprobs"), tmp_path) == [(18, "KL003")]
+def test_log_probs_picked_by_the_token_ids_and_summed_over_the_sequence_are_its_log_probability(tmp_path):
+    summed = PICKED.replace("input_ids[0, start:]]", "input_ids[0, start:]].sum(-1)")
+    assert module_codes(summed, tmp_path) == []
