@@ -32,8 +32,9 @@ _LITERAL = r"""(-?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?|"[^"\\\n]*"|
 # parser.add_argument("-b", "--beta", type=float, default=0.04, help="...") on any number of lines
 _ADD_ARGUMENT = re.compile(r"""\badd_argument\(\s*(?:["']-\w["']\s*,\s*)?["']--([\w-]+)["']([^()]*(?:\([^()]*\)[^()]*)*)\)""")
 _DEFAULT = re.compile(rf"\bdefault\s*=\s*{_LITERAL}\s*(?:[,)]|$)")
-# a class-level annotated field: `beta: float = 0.04` or `beta: float = field(default=0.04, ...)`
-_FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)\n]*?\bdefault[ \t]*=[ \t]*)?{_LITERAL}[ \t]*[,)#\n]",
+# a class-level annotated field: `beta: float = 0.04` or `beta: float = field(default=0.04, ...)`, the call on
+# one line or several (`field(\n        default=4, metadata=...)`)
+_FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)]*?\bdefault[ \t]*=[ \t]*)?{_LITERAL}[ \t]*[,)#\n]",
                     re.MULTILINE)
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 

@@ -28,17 +28,22 @@ class ScriptArguments:
     ref_name: str = "base"
     beta: float = 0.04
     required: float
+    gradient_accumulation_steps: Optional[int] = field(
+        default=4, metadata={"help": "the number of gradient accumulation steps"}
+    )
 '''
 
 
 def test_option_defaults_are_read_from_argparse_and_dataclasses():
     options = option_defaults({"run.py": ARGPARSE, "args.py": DATACLASS})
     found = {name: options.default(name, "train.py") for name in
-             ("beta", "num_iterations", "loss_type", "kl_coef", "ref_name", "lr", "seed", "required")}
+             ("beta", "num_iterations", "loss_type", "kl_coef", "ref_name", "lr", "seed", "required",
+              "gradient_accumulation_steps")}
     assert {name: default and default.value for name, default in found.items()} == {
         "beta": "0.04",  # the same in both files
         "num_iterations": "1000", "loss_type": "grpo", "kl_coef": "0.05", "ref_name": "base",
-        "lr": None, "seed": None, "required": None}  # computed, absent, no default
+        "lr": None, "seed": None, "required": None,  # computed, absent, no default
+        "gradient_accumulation_steps": "4"}  # a field call written over several lines
     assert found["kl_coef"].origin == "args.py:5" and found["num_iterations"].origin == "run.py:3"
 
 
