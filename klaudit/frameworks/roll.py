@@ -146,12 +146,12 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     flags = ", ".join(f"{key}={given[key]}" + _note(("" if key in settings else "default"), notes.get(key, ""))
                       for key in shown)
     anchors = {"KL007": settings.get(AGGREGATION, anchor), "KL004": settings.get(PENALTY, settings.get(TOKEN_KL, anchor))}
-    if ahead:
-        flags += f", {AHEAD}={settings[AHEAD].value}"
-        anchors["KL008"] = settings[AHEAD]
-    elif stale:
+    if steps is not None and steps > 1:
         flags += f", {steps:g} optimizer steps per rollout"
         anchors["KL008"] = settings.get(EPOCHS, anchor) if number(given[EPOCHS] or "") != 1 else settings.get(ROLLOUT_BATCH, anchor)
+    if ahead:
+        flags += f", {AHEAD}={settings[AHEAD].value}"
+        anchors.setdefault("KL008", settings[AHEAD])
     return Judged(config, anchor, flags, anchors)
 
 

@@ -90,6 +90,8 @@ def test_generating_ahead_of_training_makes_the_kl_stale():
     loss = "use_kl_loss: true\nkl_loss_coef: 0.01\nloss_agg_mode: token-mean"
     assert codes(loss + "\nasync_generation_ratio: 1") == [(5, "KL002"), (8, "KL008")]
     assert codes(loss + "\nasync_generation_ratio: 0") == [(5, "KL002")]
+    # several steps per rollout as well: reported where the steps come from, the batch sizes
+    assert codes(loss + "\nasync_generation_ratio: 1", per_device="8") == [(1, "KL008"), (5, "KL002")]
 
 
 def test_a_device_mapping_it_cannot_count_leaves_only_the_epochs():
