@@ -98,7 +98,7 @@ class ContainerFlow(FlowState):
         if found is None:
             # rollout data (`batch.get(...)`) holds no gradient, except the current policy's log-probs a loss
             # reads from its inputs; a model's outputs (`outputs.get("logps")`) do, as `outputs["logps"]` does
-            grad = not is_data_read(base_node) or self.differentiable_entry(key)
+            grad = not is_data_read(base_node) or roles.is_current_policy_name(key)
             poly = roles.named_tensor(key, grad=grad and not self.no_grad)
             found = (tensor(poly),) if poly is not None else ()
         if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)

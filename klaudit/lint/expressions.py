@@ -132,7 +132,7 @@ class ExpressionFlow(FlowState):
             found = self.read_key(node.value, key)
             if found is not None:
                 return found
-            grad = not self.no_grad and (not is_data_read(node) or self.differentiable_entry(key))
+            grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
             poly = roles.named_tensor(key, grad=grad)
             if poly is not None:
                 return (tensor(poly),)

@@ -17,7 +17,7 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.syntax import decorated_no_grad, detached_keys
+from klaudit.lint.syntax import decorated_no_grad
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -45,7 +45,6 @@ class FlowState:
         self._memo: dict[int, tuple] = {}  # id(expression) -> its facts, for the current statement
         self.stmt: cst.CSTNode | None = None  # the statement being interpreted
         self.no_grad = decorated_no_grad(func)  # inside `torch.no_grad()`: new tensors have no gradient
-        self._detached_keys: frozenset[str] | None = None
         self.reverse_loop: dict[int, cst.For | cst.While] = {}  # the reversed loops being run (`for t in reversed(...)`), by id
         self.returns: list = []
         self.sinks: list[Sink] = []
@@ -62,15 +61,6 @@ class FlowState:
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
         )
-
-    def differentiable_entry(self, key: str) -> bool:
-        """Whether rollout data read under `key` holds a gradient: the current policy's log-probs by their name,
-        or an entry the function itself detaches somewhere (syntax.detached_keys)."""
-        if roles.is_current_policy_name(key):
-            return True
-        if self._detached_keys is None:
-            self._detached_keys = detached_keys(self.func)
-        return key in self._detached_keys
 
     if TYPE_CHECKING:
         # statements, klaudit.lint.flow

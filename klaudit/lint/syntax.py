@@ -91,14 +91,6 @@ def text_of(node: cst.BaseExpression) -> str | None:
         return value if isinstance(value, str) else None
     return None
 
-def detached_keys(func: cst.FunctionDef) -> frozenset[str]:
-    """The keys `k` of the reads `x["k"].detach()` in a function: entries that the code itself treats as holding
-    a gradient (`minibatch.get("old_logps", minibatch["logps"].detach())`)."""
-    return frozenset(key for node in walk(func) if type(node) is cst.Call and type(node.func) is cst.Attribute
-                     and node.func.attr.value == "detach" and type(node.func.value) is cst.Subscript
-                     and (key := string_key(node.func.value)) is not None)
-
-
 def string_key(node: cst.Subscript) -> str | None:
     if len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
         return text_of(node.slice[0].slice.value)
