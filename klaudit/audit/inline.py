@@ -84,7 +84,7 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     """The standalone function of one inline KL term (SliceError when a value cannot be bound); `entry_line`:
     where the term enters the sink's value (the sink's line by default)."""
     function = _function(tree, qualname)
-    outside = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
+    outside = _parameters(function)
     function = _KeyedInputs(outside).visit(copy.deepcopy(function))
     statements = [s for s in _simple_statements(function.body) if not _renames_itself(s)]
     origin = next((s for s in statements if s.lineno == origin_line), None)
@@ -417,17 +417,21 @@ def _module_functions(tree: ast.Module, imported: set[str]) -> dict[str, _Functi
 def _globals_read(function: _Function) -> set[str]:
     """The names a function reads that it neither takes nor binds, builtins left out."""
     arguments = function.args
-    taken = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
-                             *(a for a in (arguments.vararg, arguments.kwarg) if a is not None)]}
+    taken = _parameters(function) | {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
     bound = {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load)}
     bound |= {node.name for node in ast.walk(function) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                             ast.ClassDef)) and node is not function}
     return {name for name in _names_read([function]) - taken - bound if not hasattr(builtins, name)}
 
 
-def _calls_a_parameter(function: _Function) -> bool:
+def _parameters(function: _Function) -> set[str]:
+    """The names of a function's parameters (`*args` and `**kwargs` left out)."""
     arguments = function.args
-    taken = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+    return {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+
+
+def _calls_a_parameter(function: _Function) -> bool:
+    taken = _parameters(function)
     return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in taken
                for node in ast.walk(function))
 

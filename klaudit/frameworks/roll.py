@@ -25,6 +25,7 @@ where said below).
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting, number, truthy
+from klaudit.frameworks.settings import Judged, Setting, number, shown, truthy
 
 NAME = "ROLL"
 FUNCTIONALS = "roll/utils/functionals.py"  # a project carrying ROLL's package holds it
@@ -99,9 +100,9 @@ def read_copy(folder: Path | None, kind: str) -> Copy:
     if folder is None:
         return MAIN
     defaults: dict[str, str] = {}
-    for relative in CONFIG_FILES[kind]:
-        text = _read(folder / relative)
-        for key in MAIN_DEFAULTS:
+    for relative in CONFIG_FILES[kind]:  # the pipeline's class, then its base; a default in parentheses too
+        text = _read(folder / relative)  # (`loss_agg_mode: Literal[...] = (\n field(default=...))`, which
+        for key in MAIN_DEFAULTS:  # klaudit.frameworks.options does not read)
             found = re.search(rf"^[ \t]*{key}[ \t]*:[^=\n]*=\s*\(?\s*field\(\s*default\s*=\s*([^,)\s]+)", text, re.MULTILINE)
             if found and key not in defaults:
                 defaults[key] = found.group(1).strip("\"'")
@@ -137,14 +138,13 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     config = Config(loss=loss, reward=reward, returns=Returns.TO_GO, aggregation=aggregation,
                     sampling=(Sampling.OFF_POLICY if loss is not None else Sampling.TOKEN_IS) if stale
                     else Sampling.ON_POLICY)  # a KL reward meets the PPO token ratio only
-    shown = (([USE_LOSS, LOSS_COEF] if loss is not None else []) + ([TOKEN_KL, REWARD_COEF, PENALTY] if reward is not None
+    named = (([USE_LOSS, LOSS_COEF] if loss is not None else []) + ([TOKEN_KL, REWARD_COEF, PENALTY] if reward is not None
                                                                    else []) + [AGGREGATION])
     anchor = (settings.get(USE_LOSS) or settings[LOSS_COEF] if loss is not None
               else settings.get(PENALTY) or settings.get(TOKEN_KL) or settings[REWARD_COEF])
-    notes = {AGGREGATION: ("each sequence's token sum" if copy.token_sum else "each sequence's token mean in this copy")
-             if mode == TOKEN_SUM else ""}
-    flags = ", ".join(f"{key}={given[key]}" + _note(("" if key in settings else "default"), notes.get(key, ""))
-                      for key in shown)
+    flags = ", ".join(shown(key, given[key] or "", settings.get(key)) for key in named)
+    if mode == TOKEN_SUM:
+        flags += " (each sequence's token " + ("sum" if copy.token_sum else "mean in this copy") + ")"
     anchors = {"KL007": settings.get(AGGREGATION, anchor), "KL004": settings.get(PENALTY, settings.get(TOKEN_KL, anchor))}
     if steps is not None and steps > 1:
         flags += f", {steps:g} optimizer steps per rollout"
@@ -153,12 +153,6 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
         flags += f", {AHEAD}={settings[AHEAD].value}"
         anchors.setdefault("KL008", settings[AHEAD])
     return Judged(config, anchor, flags, anchors)
-
-
-def _note(*parts: str) -> str:
-    """` (default: ...)`: what is said of a value, if anything."""
-    said = ": ".join(part for part in parts if part)
-    return f" ({said})" if said else ""
 
 
 def _steps_per_rollout(settings: Mapping[str, Setting], given: Mapping[str, str | None]) -> float | None:
@@ -189,14 +183,13 @@ def _data_parallel(settings: Mapping[str, Setting]) -> float | None:
     mapping = settings[DEVICES].value or "" if DEVICES in settings else ""
     ranged = _RANGE.match(mapping)
     if ranged:
-        start, stop, step = ranged.groups()
-        devices = len(range(0, int(start))) if stop is None else len(range(int(start), int(stop), int(step or 1)))
+        devices = len(range(*(int(bound) for bound in ranged.groups() if bound is not None)))
     elif _LIST.match(mapping):
-        devices = mapping.count(",") + 1 - (1 if mapping.rstrip().rstrip("]").rstrip().endswith(",") else 0)
+        devices = len(ast.literal_eval(mapping))
     else:
         return None
     strategy = settings[STRATEGY].value if STRATEGY in settings else None
-    split = ([key for key in PARALLEL] if strategy == "megatron_train" else
+    split = (list(PARALLEL) if strategy == "megatron_train" else
              [ULYSSES] if strategy in ("fsdp2_train", "fsdp2_infer") else [])
     divisor = 1.0
     for key in split:

@@ -49,10 +49,12 @@ NO_FLAG_FIX = "the estimator keyword is not set to a literal here: set it to k1 
 def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
     """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable."""
     api = next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])), None)
+    if api is None:
+        return None  # a call naming no key of either API: which release it targets is unknown
     key = api if api is not None and api in settings else None
-    value = settings[key].value if key is not None else ("k1" if api == ESTIMATOR else "kl")
-    coefficient = settings.get(COEFFICIENTS[api or ESTIMATOR])
-    estimator = ESTIMATORS[api or ESTIMATOR].get(value or "")
+    value = settings[key].value if key is not None else ("kl" if api == LEGACY else "k1")
+    coefficient = settings.get(COEFFICIENTS[api])
+    estimator = ESTIMATORS[api].get(value or "")
     if estimator is None or (coefficient is not None and number(coefficient.value or "") == 0.0):
         return None
     steps = _steps(settings, api)
@@ -62,7 +64,7 @@ def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
         return None  # k1 in the reward, on fresh samples: right
     named = [(key, value or "", settings[key])] if key is not None else []
     if coefficient is not None and coefficient.value is not None:
-        named.append((COEFFICIENTS[api or ESTIMATOR], coefficient.value, coefficient))
+        named.append((COEFFICIENTS[api], coefficient.value, coefficient))
     counts = [name for name in (*LEGACY_STEPS, ACCUMULATION, *STEPS) if name in settings]
     named += [(name, settings[name].value or "?", settings[name]) for name in counts]
     flags = ", ".join(shown(*item) for item in named) or "the defaults"
@@ -71,15 +73,15 @@ def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
     one_epoch = {name for name in ("ppo_epochs", "num_ppo_epochs") if name in settings
                  and number(settings[name].value or "") == 1}
     stale_by = next((settings[name] for name in counts if name not in one_epoch), where)  # what makes the steps
-    return Judged(config, settings[key] if key is not None else where, flags, {"KL004": settings.get(key or "", where),
-                                                                               "KL008": stale_by})
+    anchor = settings[key] if key is not None else where
+    return Judged(config, anchor, flags, {"KL004": anchor, "KL008": stale_by})  # the fixer edits the anchors named
 
 
-def _steps(settings: Mapping[str, Setting], api: str | None) -> float:
+def _steps(settings: Mapping[str, Setting], api: str) -> float:
     """Optimizer steps per batch of rollouts: epochs x mini-batches from TRL 0.12, epochs x batch_size over
-    mini_batch_size x gradient_accumulation_steps before; both APIs' defaults (4 epochs of one mini-batch) where
-    nothing names the API; 1 when a count is set to a value the lint cannot read (it decides nothing)."""
-    if api != LEGACY:
+    mini_batch_size x gradient_accumulation_steps before (4 epochs of one mini-batch by default in both); 1 when
+    a count is set to a value the lint cannot read (it decides nothing)."""
+    if api == ESTIMATOR:
         counts = [_count(settings, key, default) for key, default in STEPS.items()]
         return 1.0 if None in counts else float(math.prod(counts))  # type: ignore[arg-type]
     epochs, batch, mini, accumulation = (_count(settings, key, default)

@@ -111,7 +111,7 @@ def test_a_copy_of_roll_gives_its_defaults_and_its_token_sum(tmp_path: Path):
                            '        seq_losses = masked_mean(loss_mat, loss_mask, dim=-1)\n')
     rlvr = tmp_path / "roll" / "pipeline" / "rlvr" / "rlvr_config.py"
     rlvr.parent.mkdir(parents=True)
-    rlvr.write_text('class RLVRConfig:\n    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum"] = (\n'
+    rlvr.write_text('@dataclass\nclass RLVRConfig:\n    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum"] = (\n'
                     '        field(default="seq-mean-token-sum", metadata={"help": "Loss aggregation mode"})\n    )\n')
     config = tmp_path / "examples" / "rlvr.yaml"
     config.parent.mkdir()
