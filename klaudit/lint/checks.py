@@ -79,7 +79,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             undecided.extend((fact, sink, f"it reaches {_a(sink.kind)} in a form that no catalog estimator matches")
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
-    return (_report(path, module, analyzer, _without_echoes(candidates))
+    return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions])
             + _undetermined(path, module, analyzer, undecided, decided))
 
 
@@ -87,16 +87,20 @@ def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
     """A sink inside a called function is seen again at each call of it (NeMo-Aligner's generate_rollouts
     calling generate_ppo_data, whose advantages hold the KL reward): the same term, switch values and
     configuration at the same innermost sink is one use, reported where the fewest calls separate it
-    from that sink. An echo whose verdict differs (the caller's arguments say more) stays."""
-    nearest: dict[tuple, _Candidate] = {}
+    from that sink; calls at that depth from different statements are different uses (SCOPE's
+    update_policy hands a KL term to agg_loss in two branches). An echo whose verdict differs (the
+    caller's arguments say more) stays."""
+    nearest: dict[tuple, int] = {}
     for cand in candidates:
-        if cand.fact.origin is None:
-            continue
-        key = (id(cand.fact.origin), cand.fact.labels, cand.config, id(cand.sink.via or cand.sink.node))
-        if key not in nearest or cand.sink.depth < nearest[key].sink.depth:
-            nearest[key] = cand
-    kept = {id(cand) for cand in nearest.values()}
-    return [cand for cand in candidates if cand.sink.via is None or id(cand) in kept]
+        if cand.fact.origin is not None:
+            key = _echo_key(cand)
+            nearest[key] = min(nearest.get(key, cand.sink.depth), cand.sink.depth)
+    return [cand for cand in candidates if cand.sink.via is None or cand.fact.origin is not None
+            and cand.sink.depth == nearest[_echo_key(cand)]]
+
+
+def _echo_key(cand: _Candidate) -> tuple:
+    return id(cand.fact.origin), cand.fact.labels, cand.config, id(cand.sink.via or cand.sink.node)
 
 
 def _paired(found: list[_Found]) -> list[_Found]:
@@ -304,7 +308,8 @@ def _pair_children(stmt: cst.CSTNode, node: ast.stmt, positions: dict[int, Span]
         _pair(_suite(case.body), ast_case.body, positions)
 
 
-def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[_Candidate]) -> list[Finding]:
+def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[_Candidate],
+            functions: list[cst.FunctionDef]) -> list[Finding]:
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
@@ -326,7 +331,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             by_function: dict[int, list[_Candidate]] = {}
             for cand in group:
                 by_function.setdefault(cand.function, []).append(cand)
-            uses.extend(by_function.values())  # a helper's estimate stored by several functions
+            for index, stored in by_function.items():  # a helper's estimate stored by several functions
+                uses.extend(_by_entry(stored, functions[index], module, positions))
     for group in [part for use in uses for part in _by_reduction(use)]:
         best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
         same_function = [c for c in group if c.function == best.function]
@@ -392,6 +398,25 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
+
+
+def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.Module,
+              positions: _Positions) -> list[list[_Candidate]]:
+    """One use per statement of `func` where the term enters a loss or reward (SCOPE's update_policy calls
+    kl_penalty and agg_loss in its distillation branch and again in its GRPO branch); the sinks it reaches
+    past them, or inside the functions it calls, belong to each use."""
+    home = positions.of(module, func)
+    entered: dict[int, list[_Candidate]] = {}
+    beyond = []
+    for cand in candidates:
+        entry = positions.of(module, cand.fact.entry) if cand.fact.entry is not None and home is not None else None
+        if entry is not None and home is not None and home[0] <= entry[0] <= home[2]:
+            entered.setdefault(id(cand.fact.entry), []).append(cand)
+        else:
+            beyond.append(cand)
+    if len(entered) < 2:
+        return [candidates]
+    return [use + beyond for use in entered.values()]
 
 
 def _by_reduction(group: list[_Candidate]) -> list[list[_Candidate]]:

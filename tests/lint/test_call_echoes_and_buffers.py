@@ -9,6 +9,9 @@
    the policy's log-probs, a k1 loss made of it has k1's zero expected gradient (row 1, KL001).
 3. A reward stored into a dict the function fills and returns leaves the function as a returned reward does;
    a preference loss's implicit rewards returned the same way are no KL penalty.
+4. One helper called at two statements of a function is two uses, not an echo of one (EdinburghNLP/SCOPE's
+   update_policy computes its KL loss through kl_penalty and agg_loss in a distillation branch and again in
+   its GRPO branch, the branch every shipped launch runs): each is reported (k1 as a loss, row 1, KL001).
 """
 
 from __future__ import annotations
@@ -76,6 +79,38 @@ def test_a_sink_inside_a_called_method_is_reported_there_only(tmp_path):
                 ppo_rollout_data, ppo_rollout_metrics = self.generate_ppo_data(rollout_batch)
                 return ppo_rollout_data, rollout_metrics | ppo_rollout_metrics
         """, tmp_path, ppo_utils=PPO_UTILS) == [(14, "KL004")]
+
+
+ALGOS = """\
+    def agg_loss(loss_mat, loss_mask):
+        return (loss_mat * loss_mask).sum() / loss_mask.sum()
+
+
+    def kl_penalty(logprob, ref_logprob):
+        return logprob - ref_logprob
+    """
+
+
+def test_one_helper_called_in_two_branches_is_two_uses(tmp_path):
+    assert codes("""\
+        from algos import agg_loss, kl_penalty
+
+
+        class Actor:
+            def update_policy(self, batch):
+                log_prob = self.model(batch)
+                if batch["teacher_ids"] is not None:
+                    policy_loss = self.distillation_loss(log_prob, batch)
+                    kld = kl_penalty(logprob=log_prob, ref_logprob=batch["ref_log_prob"])
+                    kl_loss = agg_loss(loss_mat=kld, loss_mask=batch["response_mask"])
+                    policy_loss = policy_loss + kl_loss * self.kl_loss_coef
+                else:
+                    policy_loss = self.policy_gradient_loss(log_prob, batch)
+                    kld = kl_penalty(logprob=log_prob, ref_logprob=batch["ref_log_prob"])
+                    kl_loss = agg_loss(loss_mat=kld, loss_mask=batch["response_mask"])
+                    policy_loss = policy_loss + kl_loss * self.kl_loss_coef
+                policy_loss.backward()
+        """, tmp_path, algos=ALGOS) == [(10, "KL001"), (15, "KL001")]
 
 
 TRAINER = """\
