@@ -3,7 +3,8 @@
 A list or tuple literal is a fact of role "tuple" whose items are the facts of each position; a
 list built by a comprehension is the facts of its element (a list of per-token terms stacked,
 summed or indexed keeps the meaning of one element). Iterating a tensor yields its rows, which
-keep its meaning; iterating `zip(a, b)` yields pairs of the elements of a and b.
+keep its meaning, each one sequence's tokens (a reduction of one sums or averages that sequence
+alone); iterating `zip(a, b)` yields pairs of the rows of a and b.
 """
 
 from __future__ import annotations
@@ -34,14 +35,36 @@ def _reads(body: cst.CSTNode, name: str) -> bool:
     return any(type(node) is cst.Subscript and dotted(node.value) == name for node in walk(body))
 
 
+def rows(value: tuple) -> tuple:
+    """What iterating `value` yields: a list's elements, a tensor's rows. A row of a per-token tensor is
+    one sequence's tokens; a packed row's entries, a per-sequence tensor's and a statistic's are not."""
+    out: list = []
+    for f in value:
+        if f.role == "tuple":
+            out.extend(elements((f,)))
+        elif f.role in ("tensor", "mask"):
+            out.append(_as_row(f))
+    return tuple(dict.fromkeys(out))
+
+
+def _as_row(fact: Fact) -> Fact:
+    if fact.role == "mask" or fact.role == "tensor" and fact.poly is not None and not (fact.packed or fact.scalar) and (
+            atoms := fact.poly.atoms()) and all(atom.acc not in _OF_A_SEQUENCE for atom in atoms):
+        return replace(fact, row=True)
+    return fact
+
+
+_OF_A_SEQUENCE = (alg.SEQUENCE, alg.SEQUENCE_MEAN)  # one value per sequence: its rows hold no tokens
+
+
 def zipped(arguments: list) -> tuple:
-    """zip(a, b, ...): a list whose element is the tuple (element of a, element of b, ...)."""
-    pair = Fact(role="tuple", items=tuple(elements(value) for value in arguments))
+    """zip(a, b, ...): a list whose element is the tuple (row of a, row of b, ...)."""
+    pair = Fact(role="tuple", items=tuple(rows(value) for value in arguments))
     return (Fact(role="tuple", items=((pair,),)),)
 
 
 def enumerated(value: tuple) -> tuple:
-    """enumerate(a): a list whose element is the tuple (index, element of a)."""
+    """enumerate(a): a list whose element is the tuple (index, row of a)."""
     return zipped([(), value])
 
 

@@ -19,7 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.conditions import where_false
-from klaudit.lint.containers import elements, entry_of
+from klaudit.lint.containers import entry_of, rows
 from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
@@ -185,7 +185,7 @@ class ExpressionFlow(FlowState):
         self.env = dict(saved)
         clause = node.for_in
         while clause is not None:
-            self.assign_target(clause.target, elements(self.expr(clause.iter)), rhs=clause.iter)
+            self.assign_target(clause.target, rows(self.expr(clause.iter)), rhs=clause.iter)
             clause = clause.inner_for_in
         values = [self.expr(part) for part in parts]
         self.env = saved

@@ -56,6 +56,7 @@ class Fact:
     stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
     beside: bool = False  # added to a value the analysis does not follow (a score, another loss term)
     packed: bool = False  # the sequences concatenated into one row (`torch.cat(pieces).unsqueeze(0)`)
+    row: bool = False  # one sequence's tokens taken alone (a tensor iterated, unbound, split by lengths)
     against: frozenset[str] = frozenset()  # the distributions named where the KL term was formed (kl_targets)
 
     def is_kl(self) -> bool:

@@ -33,6 +33,9 @@ HELD_LOSS_REDUCER = re.compile(r"loss_?(agg|reduc)|(agg|reduc)\w*_loss", re.IGNO
 # a Ray object handle named after what it holds: `action_log_probs_ref`, `base_action_log_probs_refs`
 _RAY_HANDLE = re.compile(r"^(\w+?)_refs?$")
 
+# the sizes a tensor is split by that are the sequences' lengths: `response_lengths`, `seq_lens`, `lengths`
+_LENGTHS = re.compile(r"(^|_)(len|lens|lengths?)(_|$)", re.IGNORECASE)
+
 # keywords that name the tensor a library function operates on, when it is not passed positionally
 TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
 
@@ -192,10 +195,25 @@ class LibraryFlow(FlowState):
         return self.divide(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
 
     def stacked(self, op: Operation) -> tuple:
-        """The terms of a list, side by side or added up: each keeps its meaning; a stacked literal
-        list keeps its positions too, for an index that picks one (kl_4BT[estimator])."""
+        """The terms of a list, side by side or added up: each keeps its meaning (rows stacked are a batch
+        again); a stacked literal list keeps its positions too, for an index that picks one (kl_4BT[estimator])."""
         stacked = tuple(f for f in op.tensor if f.role == "tuple") if op.name != "sum" else ()
-        return stacked + elements(op.tensor)
+        return stacked + tuple(dict.fromkeys(replace(f, row=False) if f.row else f for f in elements(op.tensor)))
+
+    def pieces(self, op: Operation) -> tuple | None:
+        """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
+        A piece is one sequence where the tensor is unbound or split by the sequences' lengths (a packed
+        row cut back into its responses: `logps.split(response_lengths)`), else a part of the batch."""
+        dim = op.keywords.get("dim", op.rest[1] if op.name != "unbind" and len(op.rest) > 1 else
+                              op.rest[0] if op.name == "unbind" and op.rest else None)
+        if dim is not None and int_literal(dim) != 0:
+            return None  # along the tokens: pieces of every sequence
+        sizes = op.rest[0] if op.rest and op.name != "unbind" else op.keywords.get("split_size_or_sections")
+        by_sequence = op.name == "unbind" or op.name in ("split", "tensor_split") and sizes is not None and bool(
+            _LENGTHS.search(last_name(sizes) or ""))
+        piece = tuple(replace(f, row=True, packed=False) if by_sequence and f.role in ("tensor", "mask") else f
+                      for f in op.tensor if f.role in ("tensor", "mask"))
+        return (Fact(role="tuple", items=(piece,)),) if piece else ()
 
     def zipped(self, op: Operation) -> tuple:
         return zipped([self.expr(arg) for arg in op.positional])
@@ -332,7 +350,7 @@ LOSS_MODULES = frozenset(("KLDivLoss",))
 
 FUNCTIONS: dict[str, Effect] = {
     **_each("exp log abs square expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
-    **_each("clamp clip clamp_", LibraryFlow.clamped),
+    **_each("clamp clip clamp_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sigmoid tanh softplus relu erf", LibraryFlow.squashed),
     "sum": LibraryFlow.summed,
     "mean": LibraryFlow.reduced,
@@ -358,6 +376,7 @@ FUNCTIONS: dict[str, Effect] = {
     "where": LibraryFlow.selected,
     "masked_select": LibraryFlow.selected_by_mask,
     **_each("scatter_add index_add", LibraryFlow.scattered_add),
+    **_each("split tensor_split unbind chunk", LibraryFlow.pieces),
 }
 
 METHODS: dict[str, Effect] = {
@@ -377,4 +396,5 @@ METHODS: dict[str, Effect] = {
     **_each("add sub subtract", LibraryFlow.added),
     **_each("div divide", LibraryFlow.divided),
     **_each("scatter_add scatter_add_ index_add index_add_", LibraryFlow.scattered_add),
+    **_each("split tensor_split unbind chunk", LibraryFlow.pieces),
 }

@@ -46,11 +46,15 @@ class ReductionFlow(FlowState):
             out += reduce(part, axis)
         return out
 
-    def reduce(self, base: tuple, method: str, per_row: bool | None, node) -> tuple:
-        if per_row is None:
-            return base  # over the batch axis: the per-sequence terms are kept
+    def reduce(self, base: tuple, method: str, along_tokens: bool | None, node) -> tuple:
         out = []
         for f in base:
+            # one sequence's row reduced along any axis is reduced over that sequence's tokens
+            per_row = True if f.row else along_tokens
+            if per_row is None:
+                out.append(f)  # over the batch axis: the per-sequence terms are kept
+                continue
+            f = replace(f, row=False) if f.row else f
             if f.role == "mask":
                 out.append(Fact(role="length" if per_row else "ntokens", labels=f.labels))
                 continue
@@ -157,7 +161,9 @@ def _aggregated(value: tuple, aggregation: Aggregation) -> tuple:
         if f.role != "tensor":
             continue
         mode = Aggregation.BATCH_MEAN if f.packed and aggregation is Aggregation.SEQ_MEAN else aggregation
-        out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN))
+        if f.row and mode is Aggregation.BATCH_MEAN:
+            mode = Aggregation.SEQ_MEAN  # the tokens of one sequence averaged: that sequence's mean
+        out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN, row=False))
     return tuple(out)
 
 

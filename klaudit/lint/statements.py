@@ -13,7 +13,7 @@ import libcst as cst
 
 from klaudit.lint import roles
 from klaudit.lint.conditions import where_false
-from klaudit.lint.containers import elements
+from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
@@ -47,7 +47,7 @@ class StatementFlow(FlowState):
             return self.if_statement(stmt)
         elif type(stmt) is cst.For or type(stmt) is cst.While:
             reverse = isinstance(stmt, cst.For) and _runs_backwards(stmt.iter)
-            elements_iterated = elements(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
+            elements_iterated = rows(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             reused = self.reused
             self.reused = reused or self.module.loop_reuses_samples(stmt)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen

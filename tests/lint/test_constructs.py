@@ -73,16 +73,38 @@ def test_closure_with_a_correct_estimator_is_silent(tmp_path):
 HELPER = f"import torch\n\n\ndef k3(logp, ref_logp):\n    return {K3}\n\n\n"
 
 
-@pytest.mark.parametrize("body", [
-    "kls = [k3(logps[i], ref_logps[i]) for i in range(len(logps))]\n    kl_loss = torch.stack(kls).mean()",
-    "kl_loss = sum(k3(lp, rp).mean() for lp, rp in zip(logps, ref_logps))",
-    "kl_loss = torch.cat([k3(lp, rp) for lp, rp in zip(logps, ref_logps)]).mean()",
-    "for i, (lp, rp) in enumerate(zip(logps, ref_logps)):\n        kl_loss = k3(lp, rp).mean()",
+# Iterating a batch yields its rows, one sequence each: a row's mean is that sequence's token mean, so the
+# terms summed over the batch carry 1/L weights (row 21, KL007) beside k3's verdict; a row picked by its
+# index, or rows stacked back into a batch before the mean, are averaged over the batch's tokens.
+@pytest.mark.parametrize(("body", "expected"), [
+    ("kls = [k3(logps[i], ref_logps[i]) for i in range(len(logps))]\n    kl_loss = torch.stack(kls).mean()",
+     ["KL002"]),
+    ("kl_loss = sum(k3(lp, rp).mean() for lp, rp in zip(logps, ref_logps))", ["KL002", "KL007"]),
+    ("kl_loss = torch.cat([k3(lp, rp) for lp, rp in zip(logps, ref_logps)]).mean()", ["KL002"]),
+    ("for i, (lp, rp) in enumerate(zip(logps, ref_logps)):\n        kl_loss = k3(lp, rp).mean()",
+     ["KL002", "KL007"]),
+    ("kl_loss = sum(k3(lp, rp).mean() for lp, rp in zip(logps.split(lengths), ref_logps.split(lengths)))",
+     ["KL002", "KL007"]),
+    ("kl_loss = sum(k3(lp, rp).mean() for lp, rp in zip(logps.split(8), ref_logps.split(8)))", ["KL002"]),
 ])
-def test_lists_of_per_sample_terms_keep_their_meaning(body, tmp_path):
-    source = HELPER + f"def step(logps, ref_logps):\n    {body}\n    kl_loss.backward()\n"
+def test_lists_of_per_sample_terms_keep_their_meaning(body, expected, tmp_path):
+    source = HELPER + f"def step(logps, ref_logps, lengths):\n    {body}\n    kl_loss.backward()\n"
     found = codes(source, tmp_path)
-    assert [code for _, code in found] == ["KL002"]
+    assert [code for _, code in found] == expected
+
+
+def test_a_packed_batch_split_by_lengths_is_averaged_per_sequence(tmp_path):
+    """slime's FSDP actor (the fifteenth set's Lightning-OPD): the packed per-token KL cut back into its responses
+    by their lengths, each response's masked token mean, summed over the batch: k3 as a loss (row 3) with 1/L
+    weights (row 21)."""
+    source = HELPER + (
+        "def sum_of_sample_mean(x, response_lengths, loss_masks):\n"
+        "    return sum([(x_i * mask_i).sum() / torch.clamp_min(mask_i.sum(), 1)\n"
+        "                for x_i, mask_i in zip(x.split(response_lengths, dim=0), loss_masks)])\n\n\n"
+        "def step(logps, ref_logps, response_lengths, loss_masks):\n"
+        "    kl_loss = sum_of_sample_mean(k3(logps, ref_logps), response_lengths, loss_masks)\n"
+        "    kl_loss.backward()\n")
+    assert [code for _, code in codes(source, tmp_path)] == ["KL002", "KL007"]
 
 
 def test_comprehension_variables_do_not_leak(tmp_path):
