@@ -16,6 +16,7 @@ from klaudit.lint.algebra import Poly
 from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, different_targets, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import walk
+from klaudit.lint.tensors import normalised
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
 # with the log-ratio, so a KL term multiplied by it is no catalog estimator.
@@ -65,6 +66,8 @@ class ArithmeticFlow(FlowState):
         counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
         if counts:
             return counts  # a token count plus an epsilon is still the count
+        if sign < 0 and (log_probs := normalised(left, right)):
+            return log_probs
         if batch_statistic_of(right, left):
             return left  # returns minus their batch mean (whitening): a baseline, the per-token terms go on
         out = []

@@ -28,10 +28,11 @@ from klaudit.lint.syntax import (
     mentions,
     string_key,
 )
+from klaudit.lint.tensors import log_sum_exp
 
 # Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
 # mask.sum(-1)` holds each sequence's length, whatever its name says).
-EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens")
+EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens", "lse", "lse-vocab")
 
 
 class AssignmentFlow(FlowState):
@@ -150,6 +151,9 @@ class AssignmentFlow(FlowState):
             return (Fact(role="mask"),)
         if roles.names_lengths(name) and is_data_read(rhs):  # read from the batch: each sequence's length
             return (Fact(role="length"),)
+        if roles.names_log_sum_exp(name) and type(rhs) is cst.Call:
+            # a helper out of sight given the logits (RL2's tensor-parallel `compute_logsumexp(logits, mesh)`)
+            return log_sum_exp(tuple(f for arg in rhs.args for f in self.expr(arg.value)), keepdim=False)
         return ()
 
     def stored_outside(self, target: cst.Attribute | cst.Subscript, value: tuple) -> None:

@@ -15,9 +15,10 @@ from typing import Literal, TypeAlias
 #   it keeps); kl-weight: a weight that varies with the log-ratio (`sigmoid(beta * delta)`); tuple,
 #   dict: containers of values; function: a callable of the linted tree; loss-module: a library's
 #   loss object (`torch.nn.KLDivLoss(...)`), whose construction call is the fact's origin; unknown:
-#   a value the analysis cannot explain.
+#   a value the analysis cannot explain; lse, lse-vocab: the log-sum-exp of the logits its poly holds, one
+#   per position (subtracted from the sampled tokens' logits) or kept over the vocabulary axis.
 Role: TypeAlias = Literal["tensor", "mask", "length", "ntokens", "str", "bool", "none", "neg", "kl-weight",
-                          "tuple", "dict", "function", "loss-module", "unknown"]
+                          "tuple", "dict", "function", "loss-module", "unknown", "lse", "lse-vocab"]
 
 # Where a value ends up that the analysis follows (klaudit.lint.facts.Sink.kind).
 SinkKind: TypeAlias = Literal["loss", "reward", "advantage"]

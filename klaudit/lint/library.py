@@ -25,7 +25,7 @@ from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value
-from klaudit.lint.tensors import apply_math, gather, over_vocab, per_token_from_logits
+from klaudit.lint.tensors import apply_math, gather, log_sum_exp, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
 HELD_LOSS_REDUCER = re.compile(r"loss_?(agg|reduc)|(agg|reduc)\w*_loss", re.IGNORECASE)
@@ -199,6 +199,11 @@ class LibraryFlow(FlowState):
         again); a stacked literal list keeps its positions too, for an index that picks one (kl_4BT[estimator])."""
         stacked = tuple(f for f in op.tensor if f.role == "tuple") if op.name != "sum" else ()
         return stacked + tuple(dict.fromkeys(replace(f, row=False) if f.row else f for f in elements(op.tensor)))
+
+    def log_sum_exp(self, op: Operation) -> tuple:
+        """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True): the log-softmax's normaliser."""
+        keep = op.keywords.get("keepdim", op.rest[1] if len(op.rest) > 1 else None)
+        return log_sum_exp(op.tensor, keepdim=isinstance(keep, cst.Name) and keep.value == "True")
 
     def pieces(self, op: Operation) -> tuple | None:
         """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
@@ -377,6 +382,7 @@ FUNCTIONS: dict[str, Effect] = {
     "masked_select": LibraryFlow.selected_by_mask,
     **_each("scatter_add index_add", LibraryFlow.scattered_add),
     **_each("split tensor_split unbind chunk", LibraryFlow.pieces),
+    "logsumexp": LibraryFlow.log_sum_exp,
 }
 
 METHODS: dict[str, Effect] = {
@@ -397,4 +403,5 @@ METHODS: dict[str, Effect] = {
     **_each("div divide", LibraryFlow.divided),
     **_each("scatter_add scatter_add_ index_add index_add_", LibraryFlow.scattered_add),
     **_each("split tensor_split unbind chunk", LibraryFlow.pieces),
+    "logsumexp": LibraryFlow.log_sum_exp,
 }

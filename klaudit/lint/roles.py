@@ -45,6 +45,14 @@ NAMED_AGGREGATIONS = frozenset({"masked_mean", "masked_sum", "agg_loss", "aggreg
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
+_LOG_SUM_EXP = re.compile(r"(^|_)(logsumexp|lse)s?(_|$)", re.IGNORECASE)
+
+
+def names_log_sum_exp(name: str) -> bool:
+    """A name for the log-softmax's normaliser: `logsumexp`, `lse`, `logits_lse`."""
+    return _LOG_SUM_EXP.search(name) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every call of a class
 def snake_words(name: str) -> str:
     """A CamelCase name with its words joined by "_" (`KLEstimator` -> `KL_Estimator`), so that the

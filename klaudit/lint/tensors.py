@@ -43,6 +43,46 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
             return Poly.atom(Atom(kind, atom.grad, atom.acc))
     return None
 
+def log_sum_exp(logits: Value, keepdim: bool) -> Value:
+    """logsumexp of raw logits over the vocabulary: the log-softmax's normaliser, for one model's logits."""
+    role = "lse-vocab" if keepdim else "lse"
+    return tuple(replace(f, role=role) for f in logits
+                 if f.role == "tensor" and f.poly is not None and _raw_logits_kind(f.poly) is not None)
+
+
+def normalised(logits: Value, normaliser: Value) -> Value:
+    """Raw logits minus their log-sum-exp: log-probs, of the sampled tokens (one normaliser per position,
+    RL2's `gathered_logits - logsumexp`) or over the vocabulary (`logits - logits.logsumexp(-1, keepdim=True)`).
+    A gather of raw logits is read as the sampled tokens' log-probs already: the normaliser leaves it so."""
+    out = []
+    for lse in normaliser:
+        kind = _raw_logits_kind(lse.poly) if lse.role in ("lse", "lse-vocab") and lse.poly is not None else None
+        for f in logits:
+            if kind is None or f.role != "tensor" or f.poly is None:
+                continue
+            if lse.role == "lse" and f.poly == Poly.atom(Atom(_GATHERED[kind], f.poly.has_grad())):
+                out.append(f)
+                continue
+            if _raw_logits_kind(f.poly) != kind:
+                continue
+            grad = kind == alg.LOGITS and f.poly.has_grad()
+            if lse.role == "lse":
+                atom = Atom(alg.POLICY if kind == alg.LOGITS else alg.REF, grad)
+            else:
+                atom = Atom(alg.VOCAB_POLICY if kind == alg.LOGITS else alg.VOCAB_REF, grad)
+            out.append(replace(f, poly=Poly.atom(atom)))
+    return tuple(dict.fromkeys(out))
+
+
+_GATHERED: dict[AtomKind, AtomKind] = {alg.LOGITS: alg.POLICY, alg.REF_LOGITS: alg.REF}
+
+
+def _raw_logits_kind(poly: Poly) -> AtomKind | None:
+    kinds = {a.kind for a in poly.atoms()}
+    return kinds.pop() if len(poly.terms) == 1 and poly.terms[0][1] == 1.0 and kinds in (
+        {alg.LOGITS}, {alg.REF_LOGITS}) else None
+
+
 STABILIZER = 1e-4  # the largest constant added inside a log to keep it finite that is read as nothing
 
 
