@@ -477,8 +477,9 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     if launch and assumed is not UNSTATED:
         flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
         if flat and not assumed.stated:  # 0.11 rejects the flat names: the script is for an earlier release
-            assumed = Assumed("0.10", "flat flag names")
-        flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat)
+            assumed = (Assumed("0.6", f"--{openrlhf.K3_SWITCH}, a switch of releases up to 0.6.0")
+                       if re.search(rf"--{openrlhf.K3_SWITCH}\b", text) else Assumed("0.10", "flat flag names"))
+        flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat, assumed)
         copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
         kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
 

@@ -10,7 +10,8 @@ runs, releases 0.6 to 0.11.2).
   group baselines) turns into the reward-to-go;
 - `--algo.kl.estimator` (`--kl_estimator`; default k1): k1 = log-ratio, k2 = log-ratio^2 / 2,
   k3 = exp(-log-ratio) - 1 + log-ratio. From 0.8 every estimate is clamped to [-10, 10]: k3 is then
-  clamped like verl's low_var_kl, and the clamp of k1 and k2 is a defect of its own (KL010);
+  clamped like verl's low_var_kl, and the clamp of k1 and k2 is a defect of its own (KL010). Up to
+  0.6.0 the switch `--use_kl_estimator_k3` chose k3 (k1 without it);
 - `--algo.kl.unbiased_gradient` (0.11.1) keeps the estimator's value but backpropagates
   w * (log-ratio^2 / 2) with w = sg(pi / pi_old) clamped at 10: k2's gradient, the local term only
   (kl-math.md §8, row 2), token-weighted when the samples are stale (row 23);
@@ -24,7 +25,9 @@ runs, releases 0.6 to 0.11.2).
   without a gradient, so no verdict is given;
 - `--actor.loss_agg_mode` (0.11.2) aggregates the policy loss, and with it the KL reward:
   seq-mean-token-mean weighs each sequence by 1/L (row 21); `--actor.policy_loss_type gspo` weighs
-  the advantages by a per-sequence ratio, which no catalog row describes for a KL reward.
+  the advantages by a per-sequence ratio, which no catalog row describes for a KL reward. Up to 0.6
+  the policy loss is each response's token mean, then the mean (1/L again), unless `--packing_samples`
+  puts the micro-batch's responses in one row, whose mean is over all of their tokens.
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ ADVANTAGE, AGGREGATION, POLICY_LOSS = "algo.advantage.estimator", "actor.loss_ag
 EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC = (
     "train.max_epochs", "rollout.batch_size", "rollout.n_samples_per_prompt", "train.batch_size", "train.async_enable")
 PACKING = "packing_samples"  # read for releases up to 0.6 only, which spell it so
-KL_KEYS = (USE_LOSS, ESTIMATOR, COEF, UNBIASED)
+K3_SWITCH = "use_kl_estimator_k3"  # up to 0.6.0, before --kl_estimator
+KL_KEYS = (USE_LOSS, ESTIMATOR, COEF, UNBIASED, K3_SWITCH)
 KEYS = (*KL_KEYS, ADVANTAGE, AGGREGATION, POLICY_LOSS, EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC, PACKING)
-SWITCHES = (USE_LOSS, UNBIASED, ASYNC, PACKING)
+SWITCHES = (USE_LOSS, UNBIASED, ASYNC, PACKING, K3_SWITCH)
 # Each key under its 0.11 name and its flat name of 0.6-0.10.
 FLAGS = {**{key: key for key in KEYS}, "use_kl_loss": USE_LOSS, "kl_estimator": ESTIMATOR, "init_kl_coef": COEF,
          "advantage_estimator": ADVANTAGE, "policy_loss_type": POLICY_LOSS, "max_epochs": EPOCHS,
@@ -57,7 +61,7 @@ FLAGS = {**{key: key for key in KEYS}, "use_kl_loss": USE_LOSS, "kl_estimator": 
          "async_train": ASYNC}
 DEFAULTS = {USE_LOSS: "False", ESTIMATOR: "k1", COEF: "0.01", UNBIASED: "False", ADVANTAGE: "gae",
             AGGREGATION: "token-mean", POLICY_LOSS: "ppo", EPOCHS: "1", ROLLOUT_BATCH: "1024", SAMPLES: "1",
-            TRAIN_BATCH: "128", ASYNC: "False", PACKING: "False"}
+            TRAIN_BATCH: "128", ASYNC: "False", PACKING: "False", K3_SWITCH: "False"}
 ADVANTAGES = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
 POLICY_AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-mean": Aggregation.SEQ_MEAN}
 
@@ -69,7 +73,7 @@ def spelled(flat: bool) -> dict[str, str]:
     return {key: "--" + (FLAT.get(key, key) if flat else key) for key in KEYS}
 
 
-def fixes(flat: bool) -> dict[str, str]:
+def fixes(flat: bool, assumed: Assumed) -> dict[str, str]:
     """The flag change that fixes each rule (kl-math.md §8.5: k1 in the reward is R-A's reward form)."""
     name = spelled(flat)
     to_reward = (f"drop {name[USE_LOSS]} and set {name[ESTIMATOR]} k1: the KL as a k1 reward with reward-to-go "
@@ -78,7 +82,11 @@ def fixes(flat: bool) -> dict[str, str]:
     return {
         "KL001": to_reward, "KL002": to_reward, "KL003": to_reward, "KL009": to_reward,
         "KL004": f"{name[ESTIMATOR]} k1 (k1 values in the reward, unbiased with every advantage estimator)",
-        "KL007": f"{name[AGGREGATION]} token-mean (the batch's token-mean keeps about the same scale)",
+        "KL007": f"{name[AGGREGATION]} token-mean (the batch's token-mean keeps about the same scale)"
+                 if at_least(assumed, "0.7") else
+                 f"{name[PACKING]} with the KL in the reward: up to 0.6 no flag names the policy loss's reduction, and a "
+                 "packed micro-batch is one row, averaged over all of its tokens (a packed KL loss trains nothing "
+                 "up to 0.6)",
         "KL008": f"{to_reward}; or {_one_update(name)}",
         "KL010": "OpenRLHF clamps every KL estimate to [-10, 10] in compute_approx_kl and no flag turns that off; "
                  "it only acts on tokens with |log pi - log ref| > 10. To remove it, put "
@@ -148,7 +156,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     if any(key not in value for key in deciding):
         return None  # a deciding flag set to a variable: its value is unknown here
     coef, use_loss = number(value[COEF]), truthy(value[USE_LOSS])
-    estimator = _estimator(value[ESTIMATOR], assumed)
+    k3_switch = ESTIMATOR not in settings and truthy(value[K3_SWITCH])
+    estimator = _estimator("k3" if k3_switch else value[ESTIMATOR], assumed)
     if coef is None or coef <= 0 or use_loss is None or estimator is None:
         return None
     clamped = at_least(assumed, "0.8") and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
@@ -164,15 +173,20 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     else:
         if not kl_reward_applied:
             return None
-        aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, ""))
+        aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, "")) if at_least(assumed, "0.7") else (
+            Aggregation.BATCH_MEAN if truthy(value[PACKING]) else Aggregation.SEQ_MEAN)
         if aggregation is None or value.get(POLICY_LOSS) != "ppo" or value.get(ADVANTAGE) not in ADVANTAGES:
             return None  # an unknown mode, or GSPO's per-sequence ratio, which no catalog row describes
         config = Config(reward=estimator, aggregation=aggregation,  # unknown batch sizes: no claim on staleness
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
-    anchor = next(settings[key] for key in (ESTIMATOR, USE_LOSS, COEF, UNBIASED) if key in settings)
+    anchor = next(settings[key] for key in (ESTIMATOR, K3_SWITCH, USE_LOSS, COEF, UNBIASED) if key in settings)
     shown, name = [key for key in KEYS if key in settings or key in (USE_LOSS, ESTIMATOR, COEF)], spelled(flat)
+    if k3_switch:
+        shown.remove(ESTIMATOR)
     flags = ", ".join(f"{name[key][2:]}={given[key]}" + ("" if key in settings else " (default)") for key in shown)
-    anchors = {rule: settings[key] for rule, key in (("KL007", AGGREGATION), ("KL008", _stale_by(value, settings)))
+    # a token mean per response up to 0.6 comes with the KL reward's own coefficient: no flag names the mode
+    aggregation_by = AGGREGATION if AGGREGATION in settings or use_loss else COEF
+    anchors = {rule: settings[key] for rule, key in (("KL007", aggregation_by), ("KL008", _stale_by(value, settings)))
                if key in settings}
     helps = {"KL008": stale_reward_fix(flat)} if config.reward is not None else {}
     return Judged(config, anchor, flags, anchors, helps), clamped

@@ -60,6 +60,30 @@ def test_releases_change_the_verdict():
     assert codes("--algo.kl.use_loss --algo.kl.unbiased_gradient --algo.kl.estimator k3", "0.10") == ["KL002"]
 
 
+def test_up_to_0_6_the_policy_loss_is_each_responses_token_mean():
+    """OpenRLHF 0.5.9-0.6.4's PolicyLoss: masked_mean(loss, action_mask, dim=-1).mean(), a k1 reward's 1/L weights
+    (row 21), unless --packing_samples makes the micro-batch one row (token_level_loss from 0.7 on)."""
+    assert codes("--init_kl_coef 0.01", "0.6") == ["KL007"]
+    assert codes("--init_kl_coef 0.01 --packing_samples", "0.6") == []
+    assert codes("--init_kl_coef 0.01", "0.7") == []
+    [finding] = lint_config("run.sh", "deepspeed --module openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 "
+                                      "--rollout_batch_size 64 --train_batch_size 64\n",
+                            Context({**{n: Assumed(v) for n, v in DEFAULT.items()}, "openrlhf": Assumed("0.6", "pinned")}))
+    assert finding.fix.startswith("--packing_samples with the KL in the reward")
+
+
+def test_the_k3_switch_of_0_6_0_puts_k3_in_the_reward():
+    assert codes("--init_kl_coef 0.01 --use_kl_estimator_k3 --packing_samples", "0.6") == ["KL004"]  # row 7
+    assert codes("--use_kl_loss --use_kl_estimator_k3", "0.6") == ["KL002", "KL007"]  # row 3, each response's mean
+    text = ("deepspeed --module openrlhf.cli.train_ppo_ray --init_kl_coef 0.01\n  --use_kl_estimator_k3 "
+            "--rollout_batch_size 64 --train_batch_size 64\n")
+    found = {f.code: f for f in lint_config("run.sh", text)}
+    assert sorted(found) == ["KL004", "KL007"]
+    assert found["KL004"].line == 2  # the switch that chose k3
+    assert found["KL007"].line == 1  # the reward's coefficient: no flag names the reduction up to 0.6
+    assert "[openrlhf 0.6 (--use_kl_estimator_k3, a switch of releases up to 0.6.0): " in found["KL004"].message
+
+
 def test_flat_names_say_the_script_is_for_an_earlier_release(tmp_path):
     [finding] = lint_config("run.sh", "deepspeed --module openrlhf.cli.train_ppo_ray --use_kl_loss --kl_estimator k3 "
                                       "--rollout_batch_size 64 --train_batch_size 64\n")
@@ -83,7 +107,8 @@ FLAT_K1_REWARD = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --ro
 @pytest.mark.parametrize("copy, version_file, expected", [
     (None, None, ["KL010"]),  # no copy: the flat names say 0.10, whose k1 reward is clamped
     ("openrlhf", None, []),  # LIMR: a copy stating no release is its own code's, linted with the tree
-    ("OpenRLHF-RAG/openrlhf", "OpenRLHF-RAG/version.txt", []),  # R1-Searcher: 0.5.5 is read as 0.6, unclamped
+    # R1-Searcher: 0.5.5 is read as 0.6, unclamped; its policy loss is each response's token mean (row 21)
+    ("OpenRLHF-RAG/openrlhf", "OpenRLHF-RAG/version.txt", ["KL007"]),
     ("third_party/openrlhf", "third_party/version.txt", ["KL010"]),  # a copy stating 0.9: clamped
 ])
 def test_a_copy_of_openrlhf_in_the_project_decides_the_release(tmp_path, copy, version_file, expected):
@@ -98,7 +123,7 @@ def test_a_copy_of_openrlhf_in_the_project_decides_the_release(tmp_path, copy, v
     roots = (str(tmp_path.resolve()),)
     found = lint_config(str(tmp_path / "scripts" / "train.sh"), FLAT_K1_REWARD, Context(roots=roots))
     assert [f.code for f in found] == expected
-    if version_file is not None and expected:
+    if version_file == "third_party/version.txt":
         assert "[openrlhf 0.9 (0.9.1 in third_party/version.txt)" in found[0].message
 
 

@@ -222,9 +222,10 @@ def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
 
 def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_path):
     """R1-Searcher keeps OpenRLHF 0.5 in OpenRLHF-RAG/ with the scripts that launch it: their k1 reward
-    is unclamped there (no KL010); a script outside it gets the run's release (0.10 for the flat option
-    names, whose clamp at ±10 makes the k1 reward KL010). A pin still wins. Both keep OpenRLHF's default
-    batch sizes, several updates per rollout: the reward meets only the PPO token ratio (row 23, KL008)."""
+    is unclamped there (no KL010), and the policy loss that carries it is each response's token mean (row 21,
+    KL007); a script outside it gets the run's release (0.10 for the flat option names, whose clamp at ±10
+    makes the k1 reward KL010). A pin still wins. Both keep OpenRLHF's default batch sizes, several updates
+    per rollout: the reward meets only the PPO token ratio (row 23, KL008)."""
     from klaudit.frameworks import lint_config
 
     vendored = tmp_path / "OpenRLHF-RAG"
@@ -237,7 +238,7 @@ def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_pat
     for script in (inside, outside):
         script.write_text(launch)
     context = prepare({}, [tmp_path], {})
-    assert sorted(f.code for f in lint_config(str(inside), launch, context)) == ["KL008"]
+    assert sorted(f.code for f in lint_config(str(inside), launch, context)) == ["KL007", "KL008"]
     assert sorted(f.code for f in lint_config(str(outside), launch, context)) == ["KL008", "KL010"]
     pinned = prepare({"openrlhf": "0.11"}, [tmp_path], {})
     assert sorted(f.code for f in lint_config(str(inside), launch, pinned)) == ["KL008", "KL010"]
