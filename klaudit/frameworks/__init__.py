@@ -15,6 +15,8 @@ command line, EasyR1's config and launches, and ROLL's pipeline configs.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -533,12 +535,14 @@ def _project_path(launcher: str, relative: str) -> Path | None:
 
 def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:
     """A `trl grpo --config` recipe: top-level GRPOConfig keys in YAML. One that leaves beta out has the
-    release's default (0.04 up to TRL 0.18): it is a GRPO recipe when its path says grpo and it sets
-    GRPO's own keys (a generation-only config has num_generations too), reported at the first of them."""
+    release's default (0.04 up to TRL 0.18): it is a GRPO recipe when its path says grpo, or a GRPO launch
+    of the project passes it or a config beside it (`grpo.py --config recipes/exp_configs/qwen.yaml`: the
+    folder's other variants are run the same way), and it sets GRPO's own keys (a generation-only config
+    has num_generations too), reported at the first of them."""
     if not any(key in values for key in _TRL_SCRIPT_KEYS):
         return []
     grpo_keys = [values[key] for key in _TRL_RECIPE_KEYS if key in values]
-    says_grpo = "grpo" in _within_roots(path, context).lower()
+    says_grpo = "grpo" in _within_roots(path, context).lower() or _passed_to_grpo(path, context)
     if trl.BETA in values:
         if not (says_grpo or grpo_keys):
             return []
@@ -549,6 +553,37 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
         return []
     return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, anchor,
                 text=text, style="yaml")
+
+
+# the YAML file a launch passes as its config (accelerate's own is `--config_file`)
+_PASSED_CONFIG = re.compile(r"--config[ =]+[\"']?([\w./-]+\.ya?ml)\b")
+
+
+def _passed_to_grpo(path: str, context: Context) -> bool:
+    """Whether a shell script of the project passes the YAML file at `path`, or one beside it, to a GRPO
+    launch as its config."""
+    resolved = Path(path).resolve()
+    root = next((Path(root) for root in context.roots if resolved.is_relative_to(root)), resolved.parent)
+    return str(resolved.parent) in _grpo_config_folders(str(root if root.is_dir() else root.parent))
+
+
+_SCRIPTS_READ = 500  # shell scripts read per linted root for the configs of GRPO launches
+
+
+@functools.lru_cache(maxsize=16)
+def _grpo_config_folders(root: str) -> frozenset[str]:
+    """The folders of the YAML files the shell scripts below `root` pass as `--config` to TRL's GRPO (`trl
+    grpo`, or a project script that parses GRPOConfig and trains with TRL's GRPOTrainer), resolved."""
+    found: set[str] = set()
+    for script in itertools.islice(Path(root).rglob("*.sh"), _SCRIPTS_READ):
+        text = read_text(script)
+        if text is None or "--config" not in text or not (_TRL_COMMAND.search(text) or _trl_grpo_script(str(script), text)):
+            continue
+        for match in _PASSED_CONFIG.finditer(text):
+            config = _project_path(str(script), match.group(1))
+            if config is not None:
+                found.add(str(config.resolve().parent))
+    return frozenset(found)
 
 
 def _tunix_cli(path: str, values: Mapping[str, Setting], context: Context, text: str, style: str) -> list[Finding]:

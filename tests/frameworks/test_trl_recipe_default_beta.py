@@ -43,3 +43,22 @@ def test_the_clones_folder_name_does_not_make_a_recipe_grpo(tmp_path):
     clone.mkdir()
     assert findings(clone, "0.18.0", {"recipes/filtering/config.yaml": RECIPE}) == []
     assert findings(clone, "0.18.0", {"recipes/grpo/config.yaml": RECIPE}) == [("grpo/config.yaml", 4, "KL002")]
+
+
+GRPO_SCRIPT = ("from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser\n\n"
+               "parser = TrlParser((GRPOConfig, ModelConfig))\n")
+
+
+def test_a_config_a_grpo_launch_passes_is_a_recipe_and_so_are_its_neighbours(tmp_path):
+    """rlpvr-open-r1 (the nineteenth set): run_test.sh launches src/open_r1/grpo.py with
+    `--config recipes/exp_configs/qwen.yaml`; the other experiment configs beside it are run the same way."""
+    launch = "accelerate launch --config_file recipes/zero2.yaml src/open_r1/grpo.py \\\n  --config recipes/exp/qwen.yaml\n"
+    files = {"src/open_r1/grpo.py": GRPO_SCRIPT, "run.sh": launch, "recipes/exp/qwen.yaml": RECIPE,
+             "recipes/exp/llama.yaml": RECIPE, "recipes/filtering/config.yaml": RECIPE}
+    assert findings(tmp_path, "0.18.0", files) == [("exp/llama.yaml", 4, "KL002"), ("exp/qwen.yaml", 4, "KL002")]
+
+
+def test_a_config_passed_to_a_script_that_is_not_trls_grpo_is_no_recipe(tmp_path):
+    launch = "python src/generate.py --config recipes/exp/qwen.yaml\n"
+    files = {"src/generate.py": "import vllm\n", "run.sh": launch, "recipes/exp/qwen.yaml": RECIPE}
+    assert findings(tmp_path, "0.18.0", files) == []
