@@ -10,6 +10,7 @@ switch branch, at the first statement that stores the term into a loss or reward
 from __future__ import annotations
 
 import ast
+import itertools
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,7 +32,7 @@ from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, module_functions
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import python_ast
+from klaudit.lint.syntax import python_ast, walk
 from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -402,21 +403,55 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
 
 def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.Module,
               positions: _Positions) -> list[list[_Candidate]]:
-    """One use per statement of `func` where the term enters a loss or reward (SCOPE's update_policy calls
+    """One use per branch of `func` where the term enters a loss or reward (SCOPE's update_policy calls
     kl_penalty and agg_loss in its distillation branch and again in its GRPO branch); the sinks it reaches
-    past them, or inside the functions it calls, belong to each use."""
+    past them, or inside the functions it calls, belong to each use. A term that enters two sinks on one
+    path (a reward list and the list of its parts) is one use."""
     home = positions.of(module, func)
     entered: dict[int, list[_Candidate]] = {}
+    lines: dict[int, int] = {}
     beyond = []
     for cand in candidates:
         entry = positions.of(module, cand.fact.entry) if cand.fact.entry is not None and home is not None else None
         if entry is not None and home is not None and home[0] <= entry[0] <= home[2]:
             entered.setdefault(id(cand.fact.entry), []).append(cand)
+            lines[id(cand.fact.entry)] = entry[0]
         else:
             beyond.append(cand)
-    if len(entered) < 2:
+    branches = _branches(func, module, positions)
+    if len(entered) < 2 or not all(_exclusive(a, b, branches) for a, b in itertools.combinations(lines.values(), 2)):
         return [candidates]
     return [use + beyond for use in entered.values()]
+
+
+def _branches(func: cst.FunctionDef, module: cst.Module, positions: _Positions) -> list[tuple[range, range]]:
+    """The lines of the body and of the else branch of each `if` in `func`."""
+    out = []
+    for node in walk(func):
+        if isinstance(node, cst.If) and node.orelse is not None:
+            body, orelse = _lines(node.body, module, positions), _lines(node.orelse, module, positions)
+            if body is not None and orelse is not None:
+                out.append((body, orelse))
+    return out
+
+
+def _lines(block: cst.CSTNode, module: cst.Module, positions: _Positions) -> range | None:
+    """The lines a branch's statements span (an `elif` is the `if` it starts)."""
+    if isinstance(block, cst.If):
+        statements: Sequence[cst.CSTNode] = [block]
+    else:
+        suite = block.body if isinstance(block, cst.Else) else block
+        statements = _suite(suite) if isinstance(suite, cst.BaseSuite) else []
+    # positions are kept for compound statements and for each small statement of a line
+    smalls = [small for statement in statements
+              for small in (statement.body if isinstance(statement, cst.SimpleStatementLine) else (statement,))]
+    spans = [span for statement in smalls if (span := positions.of(module, statement)) is not None]
+    return range(spans[0][0], spans[-1][2] + 1) if spans else None
+
+
+def _exclusive(a: int, b: int, branches: list[tuple[range, range]]) -> bool:
+    """Whether lines `a` and `b` lie in the two branches of one `if` (no run passes both)."""
+    return any(a in body and b in orelse or b in body and a in orelse for body, orelse in branches)
 
 
 def _by_reduction(group: list[_Candidate]) -> list[list[_Candidate]]:

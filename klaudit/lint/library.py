@@ -196,9 +196,11 @@ class LibraryFlow(FlowState):
 
     def stacked(self, op: Operation) -> tuple:
         """The terms of a list, side by side or added up: each keeps its meaning (rows stacked are a batch
-        again); a stacked literal list keeps its positions too, for an index that picks one (kl_4BT[estimator])."""
+        again; each sequence's own value added up over them is a batch total, a statistic, and their lengths
+        the batch's token count); a stacked literal list keeps its positions too, for an index that picks one
+        (kl_4BT[estimator])."""
         stacked = tuple(f for f in op.tensor if f.role == "tuple") if op.name != "sum" else ()
-        return stacked + tuple(dict.fromkeys(replace(f, row=False) if f.row else f for f in elements(op.tensor)))
+        return stacked + tuple(dict.fromkeys(_batch_of(f, added=op.name == "sum") for f in elements(op.tensor)))
 
     def log_sum_exp(self, op: Operation) -> tuple:
         """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True): the log-softmax's normaliser."""
@@ -331,6 +333,17 @@ def _clamps(condition: cst.BaseExpression, when_true: cst.BaseExpression, when_f
     same = value.deep_equals
     return (number_value(when_true) is not None and same(when_false)) or (number_value(when_false) is not None
                                                                           and same(when_true))
+
+
+def _batch_of(fact: Fact, added: bool) -> Fact:
+    """A sequence's row or value among the others: the batch of them, or their total when `added`."""
+    if not fact.row:
+        return fact
+    if added and fact.role == "length":
+        return Fact(role="ntokens", labels=fact.labels)
+    reduced = added and fact.role == "tensor" and fact.poly is not None and fact.poly.atoms() and all(
+        atom.acc in (alg.SEQUENCE, alg.SEQUENCE_MEAN) for atom in fact.poly.atoms())
+    return replace(fact, row=False, scalar=fact.scalar or bool(reduced))
 
 
 def _known_receiver(node: cst.Call) -> bool:

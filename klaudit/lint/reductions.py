@@ -49,14 +49,14 @@ class ReductionFlow(FlowState):
     def reduce(self, base: tuple, method: str, along_tokens: bool | None, node) -> tuple:
         out = []
         for f in base:
-            # one sequence's row reduced along any axis is reduced over that sequence's tokens
+            # one sequence's row reduced along any axis is reduced over that sequence's tokens, and stays that
+            # sequence's value (the builtin sum of such values is a sum over the batch)
             per_row = True if f.row else along_tokens
             if per_row is None:
                 out.append(f)  # over the batch axis: the per-sequence terms are kept
                 continue
-            f = replace(f, row=False) if f.row else f
             if f.role == "mask":
-                out.append(Fact(role="length" if per_row else "ntokens", labels=f.labels))
+                out.append(Fact(role="length" if per_row else "ntokens", labels=f.labels, row=f.row))
                 continue
             if f.role != "tensor" or f.poly is None:
                 continue
@@ -163,7 +163,7 @@ def _aggregated(value: tuple, aggregation: Aggregation) -> tuple:
         mode = Aggregation.BATCH_MEAN if f.packed and aggregation is Aggregation.SEQ_MEAN else aggregation
         if f.row and mode is Aggregation.BATCH_MEAN:
             mode = Aggregation.SEQ_MEAN  # the tokens of one sequence averaged: that sequence's mean
-        out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN, row=False))
+        out.append(replace(f, aggregation=f.aggregation or mode, scalar=mode is not Aggregation.SEQ_MEAN))
     return tuple(out)
 
 

@@ -11,7 +11,10 @@
    a preference loss's implicit rewards returned the same way are no KL penalty.
 4. One helper called at two statements of a function is two uses, not an echo of one (EdinburghNLP/SCOPE's
    update_policy computes its KL loss through kl_penalty and agg_loss in a distillation branch and again in
-   its GRPO branch, the branch every shipped launch runs): each is reported (k1 as a loss, row 1, KL001).
+   its GRPO branch, the branch every shipped launch runs): each is reported (k1 as a loss, row 1, KL001). A
+   term that enters two sinks on one path (andrew-silva/mlx-rlhf's TRL-style compute_rewards appends its KL
+   reward to `non_score_rewards` and, with the score added, to `rewards`) is one use (mse in the reward: row 8,
+   KL004).
 """
 
 from __future__ import annotations
@@ -111,6 +114,27 @@ def test_one_helper_called_in_two_branches_is_two_uses(tmp_path):
                     policy_loss = policy_loss + kl_loss * self.kl_loss_coef
                 policy_loss.backward()
         """, tmp_path, algos=ALGOS) == [(10, "KL001"), (15, "KL001")]
+
+
+def test_a_reward_appended_to_two_lists_on_one_path_is_one_use(tmp_path):
+    assert codes("""\
+        import torch
+
+
+        class Trainer:
+            def compute_rewards(self, scores, logprobs, ref_logprobs, masks):
+                rewards, non_score_rewards = [], []
+                for score, logprob, ref_logprob, mask in zip(scores, logprobs, ref_logprobs, masks):
+                    kl_p = self._kl_penalty(logprob, ref_logprob)
+                    non_score_rew = -self.kl_coef * kl_p
+                    non_score_rewards.append(non_score_rew)
+                    non_score_rew[mask.nonzero()[-1]] += score
+                    rewards.append(non_score_rew)
+                return torch.stack(rewards), torch.stack(non_score_rewards)
+
+            def _kl_penalty(self, logprob, ref_logprob):
+                return 0.5 * (logprob - ref_logprob) ** 2
+        """, tmp_path) == [(10, "KL004")]
 
 
 TRAINER = """\
