@@ -403,10 +403,11 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
 
 def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.Module,
               positions: _Positions) -> list[list[_Candidate]]:
-    """One use per branch of `func` where the term enters a loss or reward (SCOPE's update_policy calls
-    kl_penalty and agg_loss in its distillation branch and again in its GRPO branch); the sinks it reaches
-    past them, or inside the functions it calls, belong to each use. A term that enters two sinks on one
-    path (a reward list and the list of its parts) is one use."""
+    """One use per statement of `func` where the term enters a loss, or a reward in its own branch (SCOPE's
+    update_policy calls kl_penalty and agg_loss in its distillation branch and again in its GRPO branch;
+    CycleGRPO's adds the same estimate to the loss three times, over three masks); the sinks it reaches past
+    them, or inside the functions it calls, belong to each use. A reward stored in two places on one path
+    (the reward list and the list of its KL parts) is one use."""
     home = positions.of(module, func)
     entered: dict[int, list[_Candidate]] = {}
     lines: dict[int, int] = {}
@@ -418,8 +419,11 @@ def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.M
             lines[id(cand.fact.entry)] = entry[0]
         else:
             beyond.append(cand)
-    branches = _branches(func, module, positions)
-    if len(entered) < 2 or not all(_exclusive(a, b, branches) for a, b in itertools.combinations(lines.values(), 2)):
+    if len(entered) < 2:
+        return [candidates]
+    losses = all(cand.sink.kind == "loss" for use in entered.values() for cand in use)
+    branches = _branches(func, module, positions) if not losses else []
+    if not losses and not all(_exclusive(a, b, branches) for a, b in itertools.combinations(lines.values(), 2)):
         return [candidates]
     return [use + beyond for use in entered.values()]
 

@@ -12,7 +12,7 @@
 4. One helper called at two statements of a function is two uses, not an echo of one (EdinburghNLP/SCOPE's
    update_policy computes its KL loss through kl_penalty and agg_loss in a distillation branch and again in
    its GRPO branch, the branch every shipped launch runs): each is reported (k1 as a loss, row 1, KL001). A
-   term that enters two sinks on one path (andrew-silva/mlx-rlhf's TRL-style compute_rewards appends its KL
+   reward that enters two sinks on one path (andrew-silva/mlx-rlhf's TRL-style compute_rewards appends its KL
    reward to `non_score_rewards` and, with the score added, to `rewards`) is one use (mse in the reward: row 8,
    KL004).
 """
@@ -114,6 +114,25 @@ def test_one_helper_called_in_two_branches_is_two_uses(tmp_path):
                     policy_loss = policy_loss + kl_loss * self.kl_loss_coef
                 policy_loss.backward()
         """, tmp_path, algos=ALGOS) == [(10, "KL001"), (15, "KL001")]
+
+
+def test_one_estimate_averaged_over_two_masks_into_the_loss_is_two_uses(tmp_path):
+    """CycleGRPO-OPSD (the fourteenth set) adds its KL estimate to the loss over the response mask and again
+    over the caption tokens of safe routes (an anchor KL): two KL losses (k1 as a loss, row 1, KL001)."""
+    assert codes("""\
+        from algos import agg_loss, kl_penalty
+
+
+        def update_policy(model, batch, kl_coef, anchor_coef):
+            log_prob = model(batch)
+            loss = model.policy_gradient_loss(log_prob, batch)
+            kld = kl_penalty(logprob=log_prob, ref_logprob=batch["ref_log_prob"])
+            kl_loss = agg_loss(loss_mat=kld, loss_mask=batch["response_mask"])
+            loss = loss + kl_loss * kl_coef
+            anchor_kl_loss = agg_loss(loss_mat=kld, loss_mask=batch["anchor_mask"])
+            loss = loss + anchor_kl_loss * anchor_coef
+            loss.backward()
+        """, tmp_path, algos=ALGOS) == [(8, "KL001"), (10, "KL001")]
 
 
 def test_a_reward_appended_to_two_lists_on_one_path_is_one_use(tmp_path):
