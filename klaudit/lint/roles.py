@@ -114,13 +114,15 @@ _POLICY_PATTERN = re.compile(
     re.IGNORECASE,
 )
 # `lp` alone is too short to mean log-probs; with a side word before or after it (`ref_lp`, `old_lp`,
-# `curr_lp`, `lp_new`) it is the common abbreviation.
+# `curr_lp`, `lp_new`, and with a stage after that: rlhf_eval_lab's `lp_new_pre`) it is the common abbreviation.
 _LP = r"lps?"
-_REF_LP = re.compile(r"^(.*_)?(ref|reference|base|init|sft|teacher)_" + _LP + r"$|^" + _LP + r"_ref$", re.IGNORECASE)
+_STAGE = r"(_[a-z]+)?"
+_REF_LP = re.compile(r"^(.*_)?(ref|reference|base|init|sft|teacher)_" + _LP + r"$|^" + _LP + r"_ref" + _STAGE + "$",
+                     re.IGNORECASE)
 _OLD_LP = re.compile(r"^(.*_)?(old|prev|previous|rollout|inference|inf|vllm|sampling|behaviou?r|prox)_" + _LP
-                     + r"$|^" + _LP + r"_old$", re.IGNORECASE)
+                     + r"$|^" + _LP + r"_old" + _STAGE + "$", re.IGNORECASE)
 _POLICY_LP = re.compile(r"^(.*_)?(new|curr|cur|current|policy|pi|trainer|student|actor)_" + _LP
-                        + r"$|^" + _LP + r"_(new|curr|cur|policy|pi)$", re.IGNORECASE)
+                        + r"$|^" + _LP + r"_(new|curr|cur|policy|pi)" + _STAGE + "$", re.IGNORECASE)
 _REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
 # a shape (`logp_BT`) or a per-token marker (dLLM-RL's `logp_old_tok`) after the name

@@ -220,6 +220,8 @@ def test_switch_branches_stay_apart_and_are_labelled():
     ("curr_lp", alg.POLICY), ("lp_new", alg.POLICY), ("old_lp", alg.OLD), ("b_old_lp", alg.OLD),
     ("prox_lp", alg.OLD), ("ref_lp", alg.REF), ("shift_ref_lp", alg.REF), ("teacher_lps", alg.REF),
     ("lp", None), ("target_lp", None), ("old_help", None), ("gen_alpha", None),
+    # and a stage after the side word (rlhf_eval_lab's lp_new_pre / lp_ref_pre, before the update)
+    ("lp_new_pre", alg.POLICY), ("lp_ref_pre", alg.REF), ("lp_old_pre", alg.OLD), ("lp_newest", None),
 ])
 def test_shape_suffixes_and_more_model_names(name, role):
     assert tensor_role(name) == role
