@@ -101,6 +101,7 @@ def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
 
 
 def _echo_key(cand: _Candidate) -> tuple:
+    """The term, its switch values and configuration, and the innermost sink it reached."""
     return id(cand.fact.origin), cand.fact.labels, cand.config, id(cand.sink.via or cand.sink.node)
 
 
@@ -409,22 +410,24 @@ def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.M
     them, or inside the functions it calls, belong to each use. A reward stored in two places on one path
     (the reward list and the list of its KL parts) is one use."""
     home = positions.of(module, func)
+    if home is None:
+        return [candidates]
     entered: dict[int, list[_Candidate]] = {}
     lines: dict[int, int] = {}
     beyond = []
     for cand in candidates:
-        entry = positions.of(module, cand.fact.entry) if cand.fact.entry is not None and home is not None else None
-        if entry is not None and home is not None and home[0] <= entry[0] <= home[2]:
+        entry = positions.of(module, cand.fact.entry) if cand.fact.entry is not None else None
+        if entry is not None and home[0] <= entry[0] <= home[2]:
             entered.setdefault(id(cand.fact.entry), []).append(cand)
             lines[id(cand.fact.entry)] = entry[0]
         else:
             beyond.append(cand)
     if len(entered) < 2:
         return [candidates]
-    losses = all(cand.sink.kind == "loss" for use in entered.values() for cand in use)
-    branches = _branches(func, module, positions) if not losses else []
-    if not losses and not all(_exclusive(a, b, branches) for a, b in itertools.combinations(lines.values(), 2)):
-        return [candidates]
+    if not all(cand.sink.kind == "loss" for use in entered.values() for cand in use):
+        branches = _branches(func, module, positions)
+        if not all(_exclusive(a, b, branches) for a, b in itertools.combinations(lines.values(), 2)):
+            return [candidates]
     return [use + beyond for use in entered.values()]
 
 

@@ -48,6 +48,7 @@ def rows(value: tuple) -> tuple:
 
 
 def _as_row(fact: Fact) -> Fact:
+    """One row of a mask or of a per-token tensor, marked as one sequence's; any other value as it is."""
     if fact.role == "mask" or fact.role == "tensor" and fact.poly is not None and not (fact.packed or fact.scalar) and (
             atoms := fact.poly.atoms()) and all(atom.acc not in _OF_A_SEQUENCE for atom in atoms):
         return replace(fact, row=True)
