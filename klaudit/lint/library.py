@@ -2,9 +2,9 @@
 
 Two tables say it: `FUNCTIONS` for functions given the tensor first (`torch.clamp(kl, ...)`,
 `masked_mean(kl, mask)`, `F.kl_div(...)`), `METHODS` for methods of a tensor (`kl.clamp(...)`,
-`kl.sum(-1)`, `kl.detach()`). Each name maps to an effect: a method of `LibraryFlow` that makes
-the facts of the result from the facts of the tensor operated on, or declines the call (None:
-`torch.max(x, dim)` is no elementwise maximum). A function in neither table, and no log-prob
+`kl.sum(-1)`, `kl.detach()`). Each name maps to an effect: a method of `LibraryFlow` (or a function
+of the operation alone) that makes the facts of the result from the facts of the tensor operated on,
+or declines the call (None: `torch.max(x, dim)` is no elementwise maximum). A function in neither table, and no log-prob
 producer (`logprobs_from_logits`) or `zip` variant, holds nothing the analysis follows.
 """
 
@@ -202,26 +202,6 @@ class LibraryFlow(FlowState):
         stacked = tuple(f for f in op.tensor if f.role == "tuple") if op.name != "sum" else ()
         return stacked + tuple(dict.fromkeys(_batch_of(f, added=op.name == "sum") for f in elements(op.tensor)))
 
-    def log_sum_exp(self, op: Operation) -> tuple:
-        """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True): the log-softmax's normaliser."""
-        keep = op.keywords.get("keepdim", op.rest[1] if len(op.rest) > 1 else None)
-        return log_sum_exp(op.tensor, keepdim=isinstance(keep, cst.Name) and keep.value == "True")
-
-    def pieces(self, op: Operation) -> tuple | None:
-        """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
-        A piece is one sequence where the tensor is unbound or split by the sequences' lengths (a packed
-        row cut back into its responses: `logps.split(response_lengths)`), else a part of the batch."""
-        dim = op.keywords.get("dim", op.rest[1] if op.name != "unbind" and len(op.rest) > 1 else
-                              op.rest[0] if op.name == "unbind" and op.rest else None)
-        if dim is not None and int_literal(dim) != 0:
-            return None  # along the tokens: pieces of every sequence
-        sizes = op.rest[0] if op.rest and op.name != "unbind" else op.keywords.get("split_size_or_sections")
-        by_sequence = op.name == "unbind" or op.name in ("split", "tensor_split") and sizes is not None and bool(
-            _LENGTHS.search(last_name(sizes) or ""))
-        piece = tuple(replace(f, row=True, packed=False) if by_sequence and f.role in ("tensor", "mask") else f
-                      for f in op.tensor if f.role in ("tensor", "mask"))
-        return (Fact(role="tuple", items=(piece,)),) if piece else ()
-
     def zipped(self, op: Operation) -> tuple:
         return zipped([self.expr(arg) for arg in op.positional])
 
@@ -354,6 +334,28 @@ def _known_receiver(node: cst.Call) -> bool:
 Effect = Callable[[LibraryFlow, Operation], "tuple | None"]
 
 
+def _log_sum_exp(_: LibraryFlow, op: Operation) -> tuple:
+    """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True): the log-softmax's normaliser."""
+    keep = op.keywords.get("keepdim", op.rest[1] if len(op.rest) > 1 else None)
+    return log_sum_exp(op.tensor, keepdim=isinstance(keep, cst.Name) and keep.value == "True")
+
+
+def _pieces(_: LibraryFlow, op: Operation) -> tuple | None:
+    """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
+    A piece is one sequence where the tensor is unbound or split by the sequences' lengths (a packed
+    row cut back into its responses: `logps.split(response_lengths)`), else a part of the batch."""
+    dim = op.keywords.get("dim", op.rest[1] if op.name != "unbind" and len(op.rest) > 1 else
+                          op.rest[0] if op.name == "unbind" and op.rest else None)
+    if dim is not None and int_literal(dim) != 0:
+        return None  # along the tokens: pieces of every sequence
+    sizes = op.rest[0] if op.rest and op.name != "unbind" else op.keywords.get("split_size_or_sections")
+    by_sequence = op.name == "unbind" or op.name in ("split", "tensor_split") and sizes is not None and bool(
+        _LENGTHS.search(last_name(sizes) or ""))
+    piece = tuple(replace(f, row=True, packed=False) if by_sequence and f.role in ("tensor", "mask") else f
+                  for f in op.tensor if f.role in ("tensor", "mask"))
+    return (Fact(role="tuple", items=(piece,)),) if piece else ()
+
+
 def _each(names: str, effect: Effect) -> dict[str, Effect]:
     return dict.fromkeys(names.split(), effect)
 
@@ -394,8 +396,8 @@ FUNCTIONS: dict[str, Effect] = {
     "where": LibraryFlow.selected,
     "masked_select": LibraryFlow.selected_by_mask,
     **_each("scatter_add index_add", LibraryFlow.scattered_add),
-    **_each("split tensor_split unbind chunk", LibraryFlow.pieces),
-    "logsumexp": LibraryFlow.log_sum_exp,
+    **_each("split tensor_split unbind chunk", _pieces),
+    "logsumexp": _log_sum_exp,
 }
 
 METHODS: dict[str, Effect] = {
@@ -415,6 +417,6 @@ METHODS: dict[str, Effect] = {
     **_each("add sub subtract", LibraryFlow.added),
     **_each("div divide", LibraryFlow.divided),
     **_each("scatter_add scatter_add_ index_add index_add_", LibraryFlow.scattered_add),
-    **_each("split tensor_split unbind chunk", LibraryFlow.pieces),
-    "logsumexp": LibraryFlow.log_sum_exp,
+    **_each("split tensor_split unbind chunk", _pieces),
+    "logsumexp": _log_sum_exp,
 }
