@@ -4,8 +4,9 @@ Two tables say it: `FUNCTIONS` for functions given the tensor first (`torch.clam
 `masked_mean(kl, mask)`, `F.kl_div(...)`), `METHODS` for methods of a tensor (`kl.clamp(...)`,
 `kl.sum(-1)`, `kl.detach()`). Each name maps to an effect: a method of `LibraryFlow` (or a function
 of the operation alone) that makes the facts of the result from the facts of the tensor operated on,
-or declines the call (None: `torch.max(x, dim)` is no elementwise maximum). A function in neither table, and no log-prob
-producer (`logprobs_from_logits`) or `zip` variant, holds nothing the analysis follows.
+or declines the call (None: `torch.max(x, dim)` is no elementwise maximum). A function in neither
+table, and no log-prob producer (`logprobs_from_logits`) or `zip` variant, holds nothing the analysis
+follows.
 """
 
 from __future__ import annotations
@@ -32,9 +33,6 @@ HELD_LOSS_REDUCER = re.compile(r"loss_?(agg|reduc)|(agg|reduc)\w*_loss", re.IGNO
 
 # a Ray object handle named after what it holds: `action_log_probs_ref`, `base_action_log_probs_refs`
 _RAY_HANDLE = re.compile(r"^(\w+?)_refs?$")
-
-# the sizes a tensor is split by that are the sequences' lengths: `response_lengths`, `seq_lens`, `lengths`
-_LENGTHS = re.compile(r"(^|_)(len|lens|lengths?)(_|$)", re.IGNORECASE)
 
 # keywords that name the tensor a library function operates on, when it is not passed positionally
 TENSOR_KEYWORDS = ("loss_mat", "values", "input", "tensor", "x", "loss", "losses")
@@ -344,13 +342,13 @@ def _pieces(_: LibraryFlow, op: Operation) -> tuple | None:
     """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
     A piece is one sequence where the tensor is unbound or split by the sequences' lengths (a packed
     row cut back into its responses: `logps.split(response_lengths)`), else a part of the batch."""
-    dim = op.keywords.get("dim", op.rest[1] if op.name != "unbind" and len(op.rest) > 1 else
-                          op.rest[0] if op.name == "unbind" and op.rest else None)
+    dim_at = 0 if op.name == "unbind" else 1  # x.unbind(dim), x.split(sizes, dim)
+    dim = op.keywords.get("dim", op.rest[dim_at] if len(op.rest) > dim_at else None)
     if dim is not None and int_literal(dim) != 0:
         return None  # along the tokens: pieces of every sequence
     sizes = op.rest[0] if op.rest and op.name != "unbind" else op.keywords.get("split_size_or_sections")
-    by_sequence = op.name == "unbind" or op.name in ("split", "tensor_split") and sizes is not None and bool(
-        _LENGTHS.search(last_name(sizes) or ""))
+    by_sequence = op.name == "unbind" or op.name in ("split", "tensor_split") and sizes is not None and (
+        roles.names_lengths(last_name(sizes) or ""))
     piece = tuple(replace(f, row=True, packed=False) if by_sequence and f.role in ("tensor", "mask") else f
                   for f in op.tensor if f.role in ("tensor", "mask"))
     return (Fact(role="tuple", items=(piece,)),) if piece else ()

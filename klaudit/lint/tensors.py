@@ -43,6 +43,7 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
             return Poly.atom(Atom(kind, atom.grad, atom.acc))
     return None
 
+
 def log_sum_exp(logits: Value, keepdim: bool) -> Value:
     """logsumexp of raw logits over the vocabulary: the log-softmax's normaliser, for one model's logits."""
     role = "lse-vocab" if keepdim else "lse"
@@ -60,21 +61,19 @@ def normalised(logits: Value, normaliser: Value) -> Value:
         for f in logits:
             if kind is None or f.role != "tensor" or f.poly is None:
                 continue
-            if lse.role == "lse" and f.poly == Poly.atom(Atom(_GATHERED[kind], f.poly.has_grad())):
+            per_token = lse.role == "lse"
+            if per_token and f.poly == Poly.atom(Atom(_GATHERED[kind], f.poly.has_grad())):
                 out.append(f)
                 continue
-            if _raw_logits_kind(f.poly) != kind:
-                continue
-            grad = kind == alg.LOGITS and f.poly.has_grad()
-            if lse.role == "lse":
-                atom = Atom(alg.POLICY if kind == alg.LOGITS else alg.REF, grad)
-            else:
-                atom = Atom(alg.VOCAB_POLICY if kind == alg.LOGITS else alg.VOCAB_REF, grad)
-            out.append(replace(f, poly=Poly.atom(atom)))
+            if _raw_logits_kind(f.poly) == kind:
+                grad = kind == alg.LOGITS and f.poly.has_grad()
+                out.append(replace(f, poly=Poly.atom(Atom((_GATHERED if per_token else _VOCAB)[kind], grad))))
     return tuple(dict.fromkeys(out))
 
 
+# the log-probs a model's raw logits normalise to: of the sampled tokens, or over the vocabulary
 _GATHERED: dict[AtomKind, AtomKind] = {alg.LOGITS: alg.POLICY, alg.REF_LOGITS: alg.REF}
+_VOCAB: dict[AtomKind, AtomKind] = {alg.LOGITS: alg.VOCAB_POLICY, alg.REF_LOGITS: alg.VOCAB_REF}
 
 
 def _raw_logits_kind(poly: Poly) -> AtomKind | None:
