@@ -9,7 +9,7 @@ runs, releases 0.6 to 0.11.2).
   which every advantage estimator (GAE with the default gamma = lambda = 1, REINFORCE and its
   group baselines) turns into the reward-to-go;
 - `--algo.kl.estimator` (`--kl_estimator`; default k1): k1 = log-ratio, k2 = log-ratio^2 / 2,
-  k3 = exp(-log-ratio) - 1 + log-ratio. From 0.8 every estimate is clamped to [-10, 10]: k3 is then
+  k3 = exp(-log-ratio) - 1 + log-ratio. From 0.8.6 every estimate is clamped to [-10, 10]: k3 is then
   clamped like verl's low_var_kl, and the clamp of k1 and k2 is a defect of its own (KL010). Up to
   0.6.0 the switch `--use_kl_estimator_k3` chose k3 (k1 without it);
 - `--algo.kl.unbiased_gradient` (0.11.1) keeps the estimator's value but backpropagates
@@ -43,6 +43,7 @@ from klaudit.frameworks.settings import Judged, Setting, number, truthy
 from klaudit.frameworks.versions import Assumed, at_least
 
 NAME = "openrlhf"
+CLAMPED_FROM = "0.8.6"  # compute_approx_kl clamps every estimate to [-10, 10] (read in the 0.8.0-0.8.9 wheels)
 # A launch of OpenRLHF's PPO-family trainer (the module or its file), which the flags configure.
 LAUNCH = re.compile(r"openrlhf[./]cli[./]train_(?:ppo|grpo|reinforce)\w*")
 USE_LOSS, ESTIMATOR, COEF, UNBIASED = "algo.kl.use_loss", "algo.kl.estimator", "algo.kl.init_coef", "algo.kl.unbiased_gradient"
@@ -108,7 +109,7 @@ def stale_reward_fix(flat: bool) -> str:
 
 
 def _estimator(name: str, assumed: Assumed) -> Estimator | None:
-    clamped = at_least(assumed, "0.8")
+    clamped = at_least(assumed, CLAMPED_FROM)
     return {"k1": Estimator.K1, "k2": Estimator.K2,
             "k3": Estimator.LOW_VAR_KL if clamped else Estimator.K3}.get(name)
 
@@ -160,7 +161,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     estimator = _estimator("k3" if k3_switch else value[ESTIMATOR], assumed)
     if coef is None or coef <= 0 or use_loss is None or estimator is None:
         return None
-    clamped = at_least(assumed, "0.8") and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
+    clamped = at_least(assumed, CLAMPED_FROM) and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
     if use_loss and not at_least(assumed, "0.7") and truthy(value[PACKING]):
         return None  # up to 0.6 the packed KL loss is rebuilt by torch.tensor: no gradient, no catalog row
     stale = _stale(value)

@@ -2,7 +2,7 @@
 the default.
 
 A framework's defaults and KL code change between releases (TRL's `use_bias_correction_kl` default
-flipped in 1.10, OpenRLHF added its clamps in 0.8), so every flag finding names the release whose
+flipped in 1.10, OpenRLHF added its clamps in 0.8.6), so every flag finding names the release whose
 semantics it applied. In order:
 
 1. `[tool.klaudit] frameworks = {trl = "1.16"}` pins a release (a known major.minor, or
@@ -54,7 +54,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 KNOWN: Mapping[str, tuple[str, ...]] = {
     "verl": ("0.8", "0.9"),
     "trl": (*(f"0.{minor}" for minor in range(14, 30)), *(f"1.{minor}" for minor in range(17))),
-    "openrlhf": ("0.6", "0.7", "0.8", "0.9", "0.10", "0.11"),
+    # OpenRLHF clamped every KL estimate from 0.8.6 (0.8.0 to 0.8.5 do not)
+    "openrlhf": ("0.6", "0.7", "0.8", "0.8.6", "0.9", "0.10", "0.11"),
     # tunix changed its GRPO KL in patch releases: loss_agg_mode came in 0.1.4, kl_loss_mode in 0.1.7
     "tunix": ("0.1.0", "0.1.4", "0.1.7"),
     # NeMo-RL: k3 clamped from 0.4, reference_policy_kl_type from 0.5, use_kl_in_reward from 0.6, the

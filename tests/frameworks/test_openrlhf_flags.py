@@ -2,7 +2,7 @@
 
 Rows: k1 as a loss 1 (KL001), k2 as a loss or k2's gradient (unbiased_gradient) 2 (KL003), OpenRLHF's
 clamped k3 as a loss 3-4 (KL002), k2/k3 in the reward 7-8 (KL004), k1 in the reward 6 (correct, but for
-OpenRLHF's clamp of every estimate to [-10, 10]: KL010 from 0.8), a per-sequence token-mean 21 (KL007),
+OpenRLHF's clamp of every estimate to [-10, 10]: KL010 from 0.8.6), a per-sequence token-mean 21 (KL007),
 a loss on samples of an older policy 22-23 (KL008). The table must agree with the lint of code shaped
 like OpenRLHF's (fixtures/bad/openrlhf_kl_flags.py), value by value.
 """
@@ -51,13 +51,24 @@ def test_flags_get_the_catalog_s_verdict(flags, expected):
 
 
 def test_releases_change_the_verdict():
-    assert codes("--use_kl_loss --kl_estimator k3", "0.7") == ["KL002"]  # plain k3, no clamp before 0.8
+    assert codes("--use_kl_loss --kl_estimator k3", "0.7") == ["KL002"]  # plain k3, no clamp before 0.8.6
     assert codes("--use_kl_loss --kl_estimator k1", "0.7") == ["KL001"]
     assert codes("--use_kl_loss --kl_estimator k1", "0.6") == ["KL001"]  # 1/L weights: the k1 loss is row 1b
     # 0.6 rebuilds the packed KL loss with torch.tensor (no gradient): no row describes it, no verdict
     assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.6") == []
     assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.7") == ["KL002"]
     assert codes("--algo.kl.use_loss --algo.kl.unbiased_gradient --algo.kl.estimator k3", "0.10") == ["KL002"]
+
+
+@pytest.mark.parametrize("version, clamped", [("0.8", False), ("0.8.5", False), ("0.8.6", True), ("0.9", True)])
+def test_the_clamp_came_in_0_8_6(version, clamped):
+    """compute_approx_kl of the 0.8.0 to 0.8.5 wheels returns the estimate as computed; 0.8.6 to 0.8.9 clamp it
+    to [-10, 10]: a k1 or k2 estimate is then cut on tokens far from the reference (KL010)."""
+    assert codes("--init_kl_coef 0.01", version) == (["KL010"] if clamped else [])
+    assert codes("--use_kl_loss --kl_estimator k2", version) == (["KL003", "KL010"] if clamped else ["KL003"])
+    loss = "low_var_kl differentiated" if clamped else "k3 differentiated"
+    assert loss in lint_config("run.sh", LAUNCH.format(flags="--use_kl_loss --kl_estimator k3"), Context(
+        {**{n: Assumed(v) for n, v in DEFAULT.items()}, "openrlhf": Assumed(version, "pinned")}))[0].message
 
 
 def test_up_to_0_6_the_policy_loss_is_each_responses_token_mean():
