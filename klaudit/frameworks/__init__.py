@@ -63,7 +63,8 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
-               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS)
+               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS,
+               "main_ppo")  # a launch of a verl copy that puts the KL in the reward by default (reward_follows_loss_flag)
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -298,11 +299,15 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     legacy_workers = verl.legacy_workers_default(copy[1] if copy else None)
     kl_reward_applied = text is None or not verl.PRIME_LAUNCH.search(text)
     fully_async = text is not None and verl.ASYNC_LAUNCH.search(text) is not None
-    kl_loss_applied = verl.kl_loss_read(copy[1] if copy else None, verl.runs_megatron(settings, text))
+    megatron = verl.runs_megatron(settings, text)
+    kl_loss_applied = verl.kl_loss_read(copy[1] if copy else None, megatron)
+    # read for a launch only: the copy's own configs hold its defaults, not a run
+    reward_unless_loss = launch is not None and verl.reward_follows_loss_flag(copy[1] if copy else None, megatron)
 
     def judged_by(assumed: Assumed) -> list[Finding]:
         judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied,
-                            kl_loss_applied=kl_loss_applied, fully_async=fully_async)
+                            kl_loss_applied=kl_loss_applied, fully_async=fully_async,
+                            reward_unless_loss=reward_unless_loss)
         found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
         distillation = verl.judge_distillation(settings)
         if distillation is not None:

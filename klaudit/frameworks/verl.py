@@ -23,6 +23,9 @@
   to `async_training.staleness_threshold` (0.1) older: either makes its KL stale (rows 22-23);
 - the PRIME recipe (`recipe.prime.main_prime`) builds its rewards without `use_kl_in_reward`'s penalty:
   there the KL reward flags do nothing;
+- copies of verl from before `use_kl_in_reward` (TinyZero's 0.1 and the projects built on it) subtract the
+  KL from the rewards whenever `use_kl_loss` is false and the reference is built unconditionally: their
+  launches have the k1 reward on by default (`kl_ctrl.kl_coef` 0.001), read from the copy's own trainer;
 - `distillation.enabled` (default false) adds a loss to a teacher, `kl_penalty(student, teacher,
   distillation_loss.loss_mode)` (default k3): differentiated as a loss, aggregated by `loss_agg_mode`,
   or with `distillation_loss.use_policy_gradient` its negation, detached, is each token's advantage in
@@ -121,15 +124,20 @@ def _zero(setting: Setting | None) -> bool:
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
-          kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False) -> Judged | None:
+          kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False,
+          reward_unless_loss: bool = False) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
     of `trainer.use_legacy_worker_impl`; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
     the actor launched apply the KL reward's and the KL loss's flags (PRIME's trainer, a fork's rewritten
-    actor do not); `fully_async`: whether it is the fully asynchronous trainer."""
-    if not any(key in settings for key in KEYS):
+    actor do not); `fully_async`: whether it is the fully asynchronous trainer; `reward_unless_loss`: whether
+    the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`)."""
+    named = (*KEYS, COEFFICIENTS["reward"], *STEP_DEFAULTS) if reward_unless_loss else KEYS
+    if not any(key in settings for key in named):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    if reward_unless_loss:  # no use_kl_in_reward: the KL reward is the absence of the KL loss
+        given[USE_KL_IN_REWARD] = "false" if truthy(given[USE_KL_LOSS] or "") is not False else "true"
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
         return None  # a deciding flag set to a variable: its value is unknown here
@@ -156,9 +164,12 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation,
                     sampling=older if steps > 1 or ahead else Sampling.ON_POLICY)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
-    anchor = next(settings[key] for key in (*order, *KEYS) if key in settings)
+    anchor = next(settings[key] for key in (*order, *named) if key in settings)
     flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
-                      for key in KEYS if (key in settings or _relevant(key, loss, reward)))
+                      for key in KEYS if (key in settings or _relevant(key, loss, reward))
+                      and not (reward_unless_loss and key == USE_KL_IN_REWARD))
+    if reward_unless_loss and reward is not None:
+        flags += ", the KL in the reward since use_kl_loss is false (this copy of verl has no use_kl_in_reward)"
     if steps > 1:
         flags += listed(settings, STEP_DEFAULTS)
     if ahead:
@@ -224,6 +235,7 @@ def launch_spans(text: str) -> list[range]:
 # The launch of PRIME's trainer, which computes its rewards without the KL reward flags.
 PRIME_LAUNCH = re.compile(r"recipe[./]prime[./]main_prime\b")
 DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"
+MEGATRON_DEFAULTS_FILE = "verl/trainer/config/ppo_megatron_trainer.yaml"
 
 
 @functools.lru_cache(maxsize=64)  # asked for each launch script of a project
@@ -238,6 +250,32 @@ def legacy_workers_default(copy: Path | None) -> str:
         return "auto"
     found = re.search(r"^\s+use_legacy_worker_impl:\s*[\"']?(\w+)", text, re.MULTILINE)
     return found.group(1) if found else "auto"
+
+
+TRAINER_FILE, MAIN_FILE = "verl/trainer/ppo/ray_trainer.py", "verl/trainer/main_ppo.py"
+# `if not self.config.actor_rollout_ref.actor.use_kl_loss:` (or `.get('use_kl_loss', False)`), then, past any
+# comment lines, the penalty
+_REWARD_UNLESS_LOSS = re.compile(r"^[ \t]*if not self\.config\.actor_rollout_ref\.actor\.(?:use_kl_loss|get\(['\"]use_kl_loss"
+                                 r"['\"],\s*False\))\s*:[ \t]*\n(?:[ \t]*#.*\n)*[ \t]*[\w, ]+=\s*apply_kl_penalty\(",
+                                 re.MULTILINE)
+_REFERENCE_ALWAYS = re.compile(r"^[ \t]*Role\.RefPolicy\s*:\s*ray\.remote\(", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
+def reward_follows_loss_flag(copy: Path | None, megatron: bool = False) -> bool:
+    """Whether the copy of verl a script runs is one from before `use_kl_in_reward`: its trainer subtracts the
+    KL penalty from the rewards under `if not ...use_kl_loss:`, its main_ppo always builds the reference, and
+    the config launched (Megatron's, with `megatron`) has the `use_kl_loss` that test reads (TinyZero's verl
+    0.1, whose Megatron config lacks it: the test then fails before the first update). False where the copy is
+    not there to read."""
+    if copy is None:
+        return False
+    try:
+        trainer, main, config = ((copy / name).read_text(encoding="utf-8", errors="replace") for name in (
+            TRAINER_FILE, MAIN_FILE, MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE))
+    except OSError:
+        return False
+    return bool(_REWARD_UNLESS_LOSS.search(trainer) and _REFERENCE_ALWAYS.search(main) and "use_kl_loss" in config)
 
 
 STRATEGY = "actor_rollout_ref.actor.strategy"
