@@ -31,7 +31,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
-from klaudit.lint.update_loops import reuses_samples
+from klaudit.lint.update_loops import reuses_samples, steps_on_fresh_samples
 
 MAX_DEPTH = 4
 
@@ -143,6 +143,7 @@ class Module:
         self.kl_fields = frozenset(self.store_lines)
         self._registries: dict | None = None
         self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
+        self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
 
     def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
         """klaudit.lint.update_loops.reuses_samples of one of this module's loops, read once."""
@@ -150,6 +151,15 @@ class Module:
         if key not in self._reused_by:
             self._reused_by[key] = reuses_samples(loop, self.tree)
         return self._reused_by[key]
+
+    def steps_on_fresh_samples(self, func: cst.FunctionDef, cls: str | None) -> bool:
+        """klaudit.lint.update_loops.steps_on_fresh_samples of one of this module's functions (a method of
+        `cls`), read once."""
+        key = id(func)
+        if key not in self._fresh:
+            methods = self.classes[cls][1] if cls in self.classes else None
+            self._fresh[key] = steps_on_fresh_samples(func, methods, self.tree)
+        return self._fresh[key]
 
     @property
     def registries(self) -> dict[str, list[tuple[str, cst.FunctionDef]]]:

@@ -86,9 +86,14 @@ class SinkFlow(FlowState):
     def mark_stale(self, value: tuple) -> tuple:
         """KL terms entering a loss in a step that compares the policy with the samples' behaviour
         policy (a PPO ratio to `old_log_probs`, here or in a call given both), or in a loop of several
-        optimizer steps on samples drawn before it (klaudit.lint.update_loops), are on older samples."""
+        optimizer steps on samples drawn before it (klaudit.lint.update_loops), are on older samples; a ratio
+        is no such sign where each step of the function (or of its single caller) is the first on samples
+        just drawn: it is then 1."""
         if not any(f.is_kl() and not f.stale for f in value):
             return value
+        if self.module.steps_on_fresh_samples(self.func, self.cls):
+            return tuple(replace(f, stale=True) if f.is_kl() and self.reused and not _sequence_weighted(f) else f
+                         for f in value)
         ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`

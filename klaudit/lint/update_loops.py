@@ -6,9 +6,15 @@ older policy (kl-math.md section 8, rows 22 and 23), whether or not the code for
 from the loop's text alone, and only where nothing in the loop could draw new samples: it generates nothing
 (no call named like a generation or a rollout), takes no `next(...)` batch of an iterator, and computes no
 reference log-probs (which are recomputed for each new batch of samples).
+
+The converse, `steps_on_fresh_samples`: a function whose every optimizer step is the first on samples drawn
+since the step before (one step per rollout) trains on the policy that drew them, and a PPO ratio in it, to
+the rollout's own log-probs, is 1 and no sign of older samples (row 22 needs an earlier step in between).
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -27,7 +33,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
     for node in _body_nodes(loop.body):
         if type(node) is cst.Call:
             name = last_name(node.func) or ""
-            if name == "step" and type(node.func) is cst.Attribute and roles.names_optimizer(last_name(node.func.value)):
+            if _is_step(node):
                 steps = True
             elif roles.draws_samples(name) or name == "next" and type(node.func) is cst.Name:
                 return False  # a generation or a rollout, or the next batch of a data iterator
@@ -94,3 +100,102 @@ def _body_nodes(body: cst.BaseSuite):
             continue
         yield node
         stack.extend(child_nodes(node))
+
+
+def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None,
+                           module: cst.Module, depth: int = 0) -> bool:
+    """Whether each optimizer step of `func` is the only one since its samples were drawn: going out from the
+    step, every loop around it runs once (`range(1)`, or a setting `module` defaults to 1) up to one whose body
+    draws samples before the step, or to `func`, which draws them before the step or has a single caller (a
+    method of its class, `methods`, or a function of `module`) that draws them before the call, outside loops of
+    several rounds, and takes no step of its own. An optimizer stepped at two places is not. A function that
+    takes no step (a loss helper) is on fresh samples where its single caller's steps are."""
+    nodes = list(_ordered(func.body))
+    steps = [(i, loops) for i, (node, loops) in enumerate(nodes) if _is_step(node)]
+    if not steps:
+        site = _only_call(func, methods, module)
+        return site is not None and depth < 3 and steps_on_fresh_samples(site[0], methods, module, depth + 1)
+    stepped = [dotted(nodes[i][0].func.value) for i, _ in steps]
+    if len(set(stepped)) < len(stepped):
+        return False
+    draws = [(i, loops) for i, (node, loops) in enumerate(nodes) if _draws(node)]
+    fresh = [_drawn_since(i, loops, draws, module) for i, loops in steps]
+    if False in fresh:
+        return False
+    if None not in fresh:
+        return True
+    site = _only_call(func, methods, module)
+    if site is None:
+        return False
+    _, nodes, index, loops = site
+    draws = [(i, around) for i, (node, around) in enumerate(nodes) if _draws(node)]
+    return not any(_is_step(node) for node, _ in nodes) and _drawn_since(index, loops, draws, module) is True
+
+
+def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module):
+    """(caller, its nodes in order, the call's index, the loops around it) where `func` is called at one place
+    only, by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None."""
+    name = func.name.value
+    callers = list(methods.values()) if methods is not None else [
+        stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
+    sites = []
+    for caller in callers:
+        nodes = list(_ordered(caller.body))
+        sites += [(caller, nodes, i, loops) for i, (node, loops) in enumerate(nodes)
+                  if _calls(node, name, methods is not None)]
+    return sites[0] if len(sites) == 1 and sites[0][0] is not func else None
+
+
+def _drawn_since(index: int, loops: tuple, draws: list, module: cst.Module) -> bool | None:
+    """For the node at `index` in its function's order, within `loops`: True where samples are drawn before it
+    in the body of the innermost loop of several rounds around it (or, out of loops, in the function); False
+    where a loop of several rounds around it draws none; None where it is in no such loop and none is drawn."""
+    for loop in reversed(loops):
+        if any(i < index and any(around is loop for around in within) for i, within in draws):
+            return True
+        if not _one_round(loop, module):
+            return False
+    return True if any(i < index for i, _ in draws) else None
+
+
+def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
+    """`for ... in range(n)` with n 1 (or 0), or a setting that the classes of `module` default to 1."""
+    if not isinstance(loop, cst.For) or type(loop.iter) is not cst.Call or dotted(loop.iter.func) != "range" \
+            or len(loop.iter.args) != 1:
+        return False
+    return not _several_rounds(loop.iter, module)
+
+
+def _ordered(node: cst.CSTNode, loops: tuple = ()):
+    """(node, the loops around it) for every node under `node`, in the order of the code's fields, except those of
+    the functions, classes and lambdas it defines."""
+    for child in child_nodes(node):
+        if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        yield child, loops
+        yield from _ordered(child, loops + (child,) if isinstance(child, (cst.For, cst.While)) else loops)
+
+
+def _is_step(node: cst.CSTNode) -> bool:
+    """`optimizer.step()`: an update of the policy."""
+    return (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "step"
+            and roles.names_optimizer(last_name(node.func.value)))
+
+
+def _draws(node: cst.CSTNode) -> bool:
+    """A call named like a generation or a rollout, not a draw from a buffer of earlier samples."""
+    if type(node) is not cst.Call or not roles.draws_samples(last_name(node.func) or ""):
+        return False
+    return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
+
+
+def _calls(node: cst.CSTNode, name: str, method: bool) -> bool:
+    """A call of the function `name`: `self.name(...)` for a method, `name(...)` for a function."""
+    if type(node) is not cst.Call:
+        return False
+    if method:
+        return type(node.func) is cst.Attribute and node.func.attr.value == name and dotted(node.func.value) == "self"
+    return type(node.func) is cst.Name and node.func.value == name
+
+
+_BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)

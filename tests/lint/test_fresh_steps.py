@@ -1,0 +1,120 @@
+"""A PPO ratio in a step that is the first on samples just drawn is 1: no sign of older samples.
+
+wc2395082443-del/rwkv-rlhf's GRPO trainer (twentieth set) draws a group of completions, keeps the rollout
+engine's log-probs, and takes one optimizer step on them (`for epoch in range(self.cfg.ppo_epochs)`, defaulted
+to 1, around micro-batches that accumulate gradients): its k3 KL loss is on-policy (kl-math.md section 8, row 3:
+KL002), not on an older policy's samples (row 22: KL008). A step is the first since the draw when, going out
+from it, every loop runs once up to one whose body draws before it, or the function draws before it, or the
+function's single caller does so before the call; a loss helper with no step of its own follows its single
+caller. Two calls of the update for one rollout (the hard buffer's extra step), a mini-batch loop that steps
+inside, a count defaulting to more than one round, or a draw from a replay buffer keep the ratio's reading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from snippets import module_codes
+
+HEAD = """\
+    from dataclasses import dataclass
+
+    import torch
+
+
+    @dataclass
+    class Config:
+        ppo_epochs: int = {epochs}
+        micro_batch: int = 4
+        kl_coef: float = 0.05
+
+
+    def k3(ref_logp, logp):
+        log_ratio = ref_logp - logp
+        return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+    class Trainer:
+"""
+
+LOSS = """\
+                    logp = self.model(batch["tokens"])
+                    with torch.no_grad():
+                        ref_logp = self.ref_model(batch["tokens"])
+                    ratio = torch.exp(logp - batch["old_logp"])
+                    policy_loss = -(ratio * batch["adv"]).sum()
+                    kl = k3(ref_logp, logp).sum()
+                    loss = policy_loss + self.cfg.kl_coef * kl
+                    loss.backward()
+"""
+
+INLINE = """\
+        def train_step(self):
+            trajs = self.engine.generate_group(self.prompts)
+            for epoch in range(self.cfg.ppo_epochs):
+                self.opt.zero_grad()
+                for start in range(0, len(trajs), self.cfg.micro_batch):
+                    batch = trajs[start:start + self.cfg.micro_batch]
+""" + LOSS + """\
+                self.opt.step()
+"""
+
+CALLED = """\
+        def _optimize(self, trajs):
+            for epoch in range(self.cfg.ppo_epochs):
+                self.opt.zero_grad()
+                for start in range(0, len(trajs), self.cfg.micro_batch):
+                    batch = trajs[start:start + self.cfg.micro_batch]
+""" + LOSS + """\
+                self.opt.step()
+
+        def train_step(self):
+            trajs = self.engine.generate_group(self.prompts)
+{calls}
+"""
+
+
+def codes(tmp_path: Path, body: str, epochs: int = 1) -> list[str]:
+    return sorted({code for _, code in module_codes(HEAD.format(epochs=epochs) + body, tmp_path, "train.py")})
+
+
+def test_one_step_on_samples_drawn_in_the_same_function_is_on_policy(tmp_path):
+    assert codes(tmp_path, INLINE) == ["KL002"]
+
+
+def test_a_count_defaulting_to_several_rounds_reuses_the_samples(tmp_path):
+    assert codes(tmp_path, INLINE, epochs=4) == ["KL002", "KL008"]
+
+
+@pytest.mark.parametrize("calls, expected", [
+    ("            self._optimize(trajs)", ["KL002"]),  # one caller, one call, after the draw
+    ("            self._optimize(trajs[:8])\n            self._optimize(trajs[8:])", ["KL002", "KL008"]),
+    ("            for part in (trajs[:8], trajs[8:]):\n                self._optimize(part)", ["KL002", "KL008"]),
+])
+def test_the_single_callers_draw_decides_for_the_update(tmp_path, calls, expected):
+    """Two updates on one rollout (the hard buffer's extra step): the second trains on samples of the policy
+    before the first step."""
+    assert codes(tmp_path, CALLED.format(calls=calls)) == expected
+
+
+def test_a_loss_helper_follows_its_single_callers_step(tmp_path):
+    helper = """\
+        def _loss(self, batch):
+""" + LOSS.replace("                    ", "            ").replace("            loss.backward()\n", "            return loss\n") + """
+        def train_step(self):
+            trajs = self.engine.generate_group(self.prompts)
+            self.opt.zero_grad()
+            for start in range(0, len(trajs), self.cfg.micro_batch):
+                self._loss(trajs[start:start + self.cfg.micro_batch]).backward()
+            self.opt.step()
+"""
+    assert codes(tmp_path, helper) == ["KL002"]
+    several = helper.replace("            self.opt.step()\n", "").replace(
+        ".backward()\n", ".backward()\n                self.opt.step()\n")
+    assert codes(tmp_path, several) == ["KL002", "KL008"]  # a step per micro-batch: the later ones are stale
+
+
+def test_a_draw_from_a_replay_buffer_is_no_fresh_sample(tmp_path):
+    replay = INLINE.replace("self.engine.generate_group(self.prompts)", "self.replay_buffer.sample(64)")
+    assert codes(tmp_path, replay) == ["KL002", "KL008"]
