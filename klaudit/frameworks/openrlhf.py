@@ -27,7 +27,10 @@ runs, releases 0.6 to 0.11.2).
   seq-mean-token-mean weighs each sequence by 1/L (row 21); `--actor.policy_loss_type gspo` weighs
   the advantages by a per-sequence ratio, which no catalog row describes for a KL reward. Up to 0.6
   the policy loss is each response's token mean, then the mean (1/L again), unless `--packing_samples`
-  puts the micro-batch's responses in one row, whose mean is over all of their tokens.
+  puts the micro-batch's responses in one row, whose mean is over all of their tokens. From 0.7 to 0.10
+  the policy loss and the KL loss are token means over each micro-batch: with `--micro_train_batch_size 1`
+  (and no `--use_dynamic_batch`) a micro-batch is one response, divided by its own length (row 21); 0.11
+  divides by the step's token count.
 """
 
 from __future__ import annotations
@@ -51,18 +54,22 @@ ADVANTAGE, AGGREGATION, POLICY_LOSS = "algo.advantage.estimator", "actor.loss_ag
 EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC = (
     "train.max_epochs", "rollout.batch_size", "rollout.n_samples_per_prompt", "train.batch_size", "train.async_enable")
 PACKING = "packing_samples"  # read for releases up to 0.6 only, which spell it so
+# 0.7 to 0.10 average the policy loss and the KL loss over each micro-batch's tokens (0.11 over the step's)
+MICRO_BATCH, DYNAMIC_BATCH = "train.micro_batch_size", "train.dynamic_batch_enable"
 K3_SWITCH = "use_kl_estimator_k3"  # up to 0.6.0, before --kl_estimator
 KL_KEYS = (USE_LOSS, ESTIMATOR, COEF, UNBIASED, K3_SWITCH)
-KEYS = (*KL_KEYS, ADVANTAGE, AGGREGATION, POLICY_LOSS, EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC, PACKING)
+KEYS = (*KL_KEYS, ADVANTAGE, AGGREGATION, POLICY_LOSS, EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC, PACKING,
+        MICRO_BATCH, DYNAMIC_BATCH)
 SWITCHES = (USE_LOSS, UNBIASED, ASYNC, PACKING, K3_SWITCH)
 # Each key under its 0.11 name and its flat name of 0.6-0.10.
 FLAGS = {**{key: key for key in KEYS}, "use_kl_loss": USE_LOSS, "kl_estimator": ESTIMATOR, "init_kl_coef": COEF,
          "advantage_estimator": ADVANTAGE, "policy_loss_type": POLICY_LOSS, "max_epochs": EPOCHS,
          "rollout_batch_size": ROLLOUT_BATCH, "n_samples_per_prompt": SAMPLES, "train_batch_size": TRAIN_BATCH,
-         "async_train": ASYNC}
+         "async_train": ASYNC, "micro_train_batch_size": MICRO_BATCH, "use_dynamic_batch": DYNAMIC_BATCH}
 DEFAULTS = {USE_LOSS: "False", ESTIMATOR: "k1", COEF: "0.01", UNBIASED: "False", ADVANTAGE: "gae",
             AGGREGATION: "token-mean", POLICY_LOSS: "ppo", EPOCHS: "1", ROLLOUT_BATCH: "1024", SAMPLES: "1",
-            TRAIN_BATCH: "128", ASYNC: "False", PACKING: "False", K3_SWITCH: "False"}
+            TRAIN_BATCH: "128", ASYNC: "False", PACKING: "False", K3_SWITCH: "False", MICRO_BATCH: "8",
+            DYNAMIC_BATCH: "False"}
 ADVANTAGES = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
 POLICY_AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-mean": Aggregation.SEQ_MEAN}
 
@@ -165,11 +172,12 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     if use_loss and not at_least(assumed, "0.7") and truthy(value[PACKING]):
         return None  # up to 0.6 the packed KL loss is rebuilt by torch.tensor: no gradient, no catalog row
     stale = _stale(value)
+    per_response = _one_response_per_micro_batch(value, assumed)
     if use_loss:
         unbiased = truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
         if unbiased is None or stale is None:
             return None
-        config = _loss_config(estimator, unbiased, stale, assumed)
+        config = _loss_config(estimator, unbiased, stale, assumed, per_response)
         clamped = clamped and not unbiased  # unbiased_gradient detaches the clamped value; w * k2 is not clamped
     else:
         if not kl_reward_applied:
@@ -178,6 +186,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
             Aggregation.BATCH_MEAN if truthy(value[PACKING]) else Aggregation.SEQ_MEAN)
         if aggregation is None or value.get(POLICY_LOSS) != "ppo" or value.get(ADVANTAGE) not in ADVANTAGES:
             return None  # an unknown mode, or GSPO's per-sequence ratio, which no catalog row describes
+        if per_response:
+            aggregation = Aggregation.SEQ_MEAN
         config = Config(reward=estimator, aggregation=aggregation,  # unknown batch sizes: no claim on staleness
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
     anchor = next(settings[key] for key in (ESTIMATOR, K3_SWITCH, USE_LOSS, COEF, UNBIASED) if key in settings)
@@ -185,11 +195,17 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     if k3_switch:
         shown.remove(ESTIMATOR)
     flags = ", ".join(f"{name[key][2:]}={given[key]}" + ("" if key in settings else " (default)") for key in shown)
+    if per_response:
+        flags += " (a token mean over each micro-batch, one response, before 0.11)"
     # a token mean per response up to 0.6 comes with the KL reward's own coefficient: no flag names the mode
-    aggregation_by = AGGREGATION if AGGREGATION in settings or use_loss else COEF
+    aggregation_by = MICRO_BATCH if per_response else AGGREGATION if AGGREGATION in settings or use_loss else COEF
     anchors = {rule: settings[key] for rule, key in (("KL007", aggregation_by), ("KL008", _stale_by(value, settings)))
                if key in settings}
     helps = {"KL008": stale_reward_fix(flat)} if config.reward is not None else {}
+    if per_response:
+        helps["KL007"] = (f"several responses per micro-batch ({name[MICRO_BATCH]}; a token mean over B responses is "
+                          f"still biased, by about 1/B), {name[DYNAMIC_BATCH]}, or OpenRLHF 0.11, which divides by the "
+                          "step's token count")
     return Judged(config, anchor, flags, anchors, helps), clamped
 
 
@@ -202,9 +218,17 @@ def _stale_by(value: Mapping[str, str], settings: Mapping[str, Setting]) -> str:
     return next((key for key in (TRAIN_BATCH, ROLLOUT_BATCH, SAMPLES) if key in settings), EPOCHS)
 
 
-def _loss_config(estimator: Estimator, unbiased: bool, stale: bool, assumed: Assumed) -> Config:
-    """The KL loss of the actor's training step."""
-    aggregation = Aggregation.BATCH_MEAN if at_least(assumed, "0.7") else Aggregation.SEQ_MEAN
+def _one_response_per_micro_batch(value: Mapping[str, str], assumed: Assumed) -> bool:
+    """Whether 0.7 to 0.10 average over micro-batches of one response: `micro_train_batch_size` 1, no dynamic
+    batching (a value the script computes decides nothing)."""
+    return (at_least(assumed, "0.7") and not at_least(assumed, "0.11") and number(value.get(MICRO_BATCH, "")) == 1
+            and truthy(value.get(DYNAMIC_BATCH, "")) is False)
+
+
+def _loss_config(estimator: Estimator, unbiased: bool, stale: bool, assumed: Assumed,
+                 per_response: bool = False) -> Config:
+    """The KL loss of the actor's training step (`per_response`: a token mean over one response's tokens)."""
+    aggregation = Aggregation.BATCH_MEAN if at_least(assumed, "0.7") and not per_response else Aggregation.SEQ_MEAN
     if unbiased:  # w * k2 with w = sg(pi / pi_old): k2's gradient, token-weighted on stale samples
         return Config(loss=Estimator.K2, aggregation=aggregation,
                       sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)

@@ -217,3 +217,24 @@ def test_a_copy_whose_compute_reward_drops_the_kl_has_no_kl_reward(tmp_path, bod
     script.write_text(launch)
     found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
     assert sorted(f.code for f in found) == expected
+
+
+@pytest.mark.parametrize("flags, version, expected", [
+    ("--use_kl_loss --kl_estimator k2 --micro_train_batch_size 1", "0.8", ["KL003", "KL007"]),  # row 2 with 1/L
+    ("--init_kl_coef 0.01 --micro_train_batch_size 1", "0.9", ["KL007", "KL010"]),  # the k1 reward's policy loss
+    ("--init_kl_coef 0.01 --micro_train_batch_size 2", "0.9", ["KL010"]),  # two responses: a batch's token mean
+    ("--init_kl_coef 0.01 --micro_train_batch_size 1 --use_dynamic_batch", "0.9", ["KL010"]),  # tokens decide
+    ("--algo.kl.init_coef 0.01 --train.micro_batch_size 1", "0.11", ["KL010"]),  # the step's token count
+    ("--init_kl_coef 0.01 --micro_train_batch_size $MB", "0.9", ["KL010"]),  # unknown: decides nothing
+])
+def test_a_micro_batch_of_one_response_is_a_per_response_mean_from_0_7_to_0_10(flags, version, expected):
+    """0.7 to 0.10 take masked_mean over each micro-batch's tokens, for the policy loss (which carries a KL
+    reward) and for the KL loss: one response per micro-batch divides it by its own length (row 21, KL007)."""
+    assert codes(flags, version) == expected
+
+
+def test_the_micro_batch_kl007_points_at_the_micro_batch_flag():
+    text = LAUNCH.format(flags="--init_kl_coef 0.01 \\\n  --micro_train_batch_size 1")
+    versions = {**{n: Assumed(v) for n, v in DEFAULT.items()}, "openrlhf": Assumed("0.9", "pinned")}
+    [length] = [f for f in lint_config("run.sh", text, Context(versions)) if f.code == "KL007"]
+    assert length.line == 2 and "micro_train_batch_size" in length.fix and "0.11" in length.fix
