@@ -23,6 +23,7 @@ from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
 from klaudit.lint.syntax import dotted, last_name, params, string_value
+from klaudit.lint.tensors import of_the_reference
 
 _BUILTINS = frozenset(dir(builtins))  # len(v), sum(v), isinstance(...): Python's own, which use nothing
 
@@ -183,9 +184,22 @@ class CallFlow(FlowState):
         if roles.names_implicit_reward(func.name.value):
             return ()  # PRIME's compute_implicit_reward: the reward model's score, whatever its caller names it
         returns = _as_the_callers(outcome.returns, handed_on)
+        if self.runs_the_reference(func, positional, keywords):
+            returns = of_the_reference(returns)
         if module is self.module:
             return returns
         return self.entering_here(returns, entered)
+
+    def runs_the_reference(self, func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
+        """A helper named for the reference's log-probs (`ref_logps(policy, ...)`), or given the reference model
+        (`logps(ref, seq)`, `get_logps(self.ref_model, batch)`) and none of the policy's log-probs or logits (which
+        its result could be made of). Only a result of the policy's kinds alone is read so (of_the_reference)."""
+        if roles.tensor_role(func.name.value) in (alg.REF, alg.REF_LOGITS):
+            return True
+        given = [arg for arg in [*positional, *keywords.values()] if isinstance(arg, cst.BaseExpression)]
+        model = any(type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg)) for arg in given)
+        return model and not any(f.role == "tensor" and f.poly is not None and f.poly.atoms() and {
+            a.kind for a in f.poly.atoms()} <= _POLICY_OUTPUTS for arg in given for f in self.expr(arg))
 
     def given_as_advantages(self, facts: tuple, node: cst.CSTNode) -> tuple:
         """`policy_loss_fn(..., advantages=-kl.detach())`: whatever the function does, what it is given as the
@@ -236,6 +250,9 @@ class CallFlow(FlowState):
 def _handed_in(value: tuple) -> tuple:
     """`value` as the callee sees an argument: its KL terms handed in by the caller."""
     return tuple(replace(f, passed=True) if f.is_kl() else f for f in value)
+
+
+_POLICY_OUTPUTS = frozenset({alg.POLICY, alg.LOGITS, alg.VOCAB_POLICY, alg.VOCAB_PROB, alg.PROB})
 
 
 def _as_the_callers(value: tuple, handed_on: set[int], nested: bool = False) -> tuple:
