@@ -64,7 +64,9 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
                "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS,
-               "main_ppo")  # a launch of a verl copy that puts the KL in the reward by default (reward_follows_loss_flag)
+               # a verl launch whose copy puts the KL in the reward by default (reward_follows_loss_flag), and an
+               # EasyR1 launch, whose batch sizes alone change the verdict of the config it names
+               "main_ppo", "verl.trainer.main")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -245,7 +247,7 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
     if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
         values = composed_settings(path, text)
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
-        found += _easyr1(path, values)
+        found += _easyr1(path, values, context)
         if roll.is_config(values):
             found += _roll(path, values, context)
         if nemo_rl.algorithm(values) is not None:
@@ -256,7 +258,7 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
     return (_verl_launches(path, text, context) + _launch_flags(path, text, context)
-            + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text) + _slime_launch(path, text, context))
+            + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text, context) + _slime_launch(path, text, context))
 
 
 def _verl_launches(path: str, text: str, context: Context) -> list[Finding]:
@@ -318,9 +320,11 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     return _agreed(assumed, judged_by)
 
 
-def _easyr1(path: str, settings: Mapping[str, Setting]) -> list[Finding]:
-    """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set)."""
-    judged = easyr1.judge(settings)
+def _easyr1(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:
+    """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set), judged with how the
+    project's copy of EasyR1 averages its micro-batches."""
+    copy = copy_holding(path, easyr1.ACTOR, context.roots)
+    judged = easyr1.judge(settings, easyr1.averages_per_micro_batch(copy[1] if copy else None))
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
 
 
@@ -356,7 +360,7 @@ _EASYR1_LAUNCH = re.compile(r"-m[ \t]+verl\.trainer\.main(?![\w.])")
 _EASYR1_CONFIG = re.compile(r"(?<![\w.])config=[\"']?(?:\$\{?\w+\}?/)?([\w./-]+\.ya?ml)\b")
 
 
-def _easyr1_launches(path: str, text: str) -> list[Finding]:
+def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
     """An EasyR1 launch: its overrides over the YAML config it names, reported at the launch where they make a
     configuration other than the config's own (which the config's findings already report); keys it inherits
     are placed at the first of those the launch sets."""
@@ -372,13 +376,15 @@ def _easyr1_launches(path: str, text: str) -> list[Finding]:
         own = {key: setting for key, setting in shell_overrides(text).items() if key in easyr1.KEYS_READ}
         if not own:
             return []  # the launch changes no key a verdict reads: the config's findings are its findings
-        judged, alone = easyr1.judge({**base, **own}), easyr1.judge(base)
+        copy = copy_holding(path, easyr1.ACTOR, context.roots)
+        per_micro_batch = easyr1.averages_per_micro_batch(copy[1] if copy else None)
+        judged, alone = easyr1.judge({**base, **own}, per_micro_batch), easyr1.judge(base, per_micro_batch)
         if judged is None or alone is not None and alone.config == judged.config:
             return []
         at = min(own.values(), key=lambda setting: (setting.line, setting.column))
         inherited = {key: replace(setting, line=at.line, column=at.column, end_column=at.end_column)
                      for key, setting in base.items() if key not in own}
-        return _easyr1(path, {**inherited, **own})
+        return _easyr1(path, {**inherited, **own}, context)
     return []
 
 

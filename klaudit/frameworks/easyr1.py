@@ -19,13 +19,21 @@ instead: `worker.actor.use_kl_loss` (default true) differentiates `worker.actor.
 trainer subtracts `algorithm.kl_penalty` (kl) from the rewards, scaled by `algorithm.kl_coef`. A file that
 sets one of those `worker.actor` keys is read that way.
 
+Copies whose actor divides each micro-batch's loss by the gradient accumulation steps, not by the step's token
+count (`loss = pg_loss / gradient_accumulation`, EasyR1 0.3 and the forks that keep it), average over each
+micro-batch's tokens: with `worker.actor.micro_batch_size_per_device_for_update=1` a micro-batch is one
+response, divided by its own length (row 21); later releases scale by `total_response_tokens`.
+
 A launch, `python3 -m verl.trainer.main config=examples/config.yaml algorithm.use_kl_loss=false ...`, is read as
 its overrides over the config it names (klaudit.frameworks.lint_config).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Returns, Sampling
 from klaudit.frameworks import verl
@@ -50,7 +58,12 @@ AGGREGATIONS = {"token": Aggregation.BATCH_MEAN, "seq": Aggregation.SEQ_MEAN}
 ROLLOUT_BATCH, UPDATE_BATCH, EPOCHS = ("data.rollout_batch_size", "worker.actor.global_batch_size",
                                        "worker.actor.ppo_epochs")
 STEP_DEFAULTS = {EPOCHS: "1", ROLLOUT_BATCH: "512", UPDATE_BATCH: "256"}
-KEYS_READ = (*KEYS, *EARLY_ACTOR_KEYS, *STEP_DEFAULTS)  # every key a verdict reads, in either layout
+MICRO_BATCH = "worker.actor.micro_batch_size_per_device_for_update"
+KEYS_READ = (*KEYS, *EARLY_ACTOR_KEYS, *STEP_DEFAULTS, MICRO_BATCH)  # every key a verdict reads, in either layout
+ACTOR = "verl/workers/actor/dp_actor.py"
+_PER_MICRO_BATCH = re.compile(r"^[ \t]*loss = \w+ / gradient_accumulation\b", re.MULTILINE)
+MICRO_BATCH_FIX = (f"several responses per micro-batch ({MICRO_BATCH}; a token mean over B responses is still "
+                   "biased, by about 1/B), or an EasyR1 whose actor scales each micro-batch by the step's token count")
 
 _TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums the KL "
               f"over the tokens where the token-mean loss averaged it: divide {KL_COEF} by about the mean response length")
@@ -70,11 +83,31 @@ def fixes(settings: Mapping[str, Setting]) -> Mapping[str, str]:
     return FIXES if DISABLE_KL in settings else EARLY_FIXES
 
 
-def judge(settings: Mapping[str, Setting]) -> Judged | None:
+@functools.lru_cache(maxsize=64)  # asked for each config of a project
+def averages_per_micro_batch(copy: Path | None) -> bool:
+    """Whether the actor of the project's copy of EasyR1 averages each micro-batch's loss over its own tokens
+    (`loss = pg_loss / gradient_accumulation`); False where the copy is not there to read."""
+    if copy is None:
+        return False
+    try:
+        return _PER_MICRO_BATCH.search((copy / ACTOR).read_text(encoding="utf-8", errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def _one_response(settings: Mapping[str, Setting], per_micro_batch: bool, aggregation: Aggregation) -> bool:
+    """A token mean over micro-batches of one response each: the copy averages per micro-batch and the config
+    sets one response per micro-batch."""
+    return per_micro_batch and aggregation is Aggregation.BATCH_MEAN and number(_value(settings, MICRO_BATCH)) == 1
+
+
+def judge(settings: Mapping[str, Setting], per_micro_batch: bool = False) -> Judged | None:
     """The KL configuration of an EasyR1 config, None when it is not EasyR1's, the KL is off, or a deciding
-    value is not a literal EasyR1 knows."""
+    value is not a literal EasyR1 knows. `per_micro_batch`: whether the copy run averages each micro-batch's
+    loss over its own tokens (`averages_per_micro_batch`)."""
     if DISABLE_KL not in settings:
-        return _judge_early(settings) if any(key in settings for key in EARLY_ACTOR_KEYS) else None
+        return (_judge_early(settings, per_micro_batch) if any(key in settings for key in EARLY_ACTOR_KEYS)
+                else None)
     value = _values(settings, DEFAULTS)
     if value is None:
         return None
@@ -85,14 +118,25 @@ def judge(settings: Mapping[str, Setting]) -> Judged | None:
         return None
     if disabled or number(str(value[KL_COEF])) == 0.0:
         return None
-    config = _config(value, estimator, use_loss, aggregation, settings)
+    one_response = _one_response(settings, per_micro_batch, aggregation)
+    config = _config(value, estimator, use_loss, Aggregation.SEQ_MEAN if one_response else aggregation, settings)
     anchor = next(settings[key] for key in (KL_PENALTY, USE_KL_LOSS, DISABLE_KL) if key in settings)
     flags = _shown(settings, value, [key for key in KEYS if key in settings or key in (KL_PENALTY, LOSS_AVG_MODE)])
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AVG_MODE), ("KL004", KL_PENALTY)) if key in settings}
-    return Judged(config, anchor, _with_steps(flags, config, settings), {**anchors, **_stale_anchor(settings)})
+    return _judged(config, anchor, _with_steps(flags, config, settings), {**anchors, **_stale_anchor(settings)},
+                   settings, one_response)
 
 
-def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
+def _judged(config: Config, anchor: Setting, flags: str, anchors: dict, settings: Mapping[str, Setting],
+            one_response: bool) -> Judged:
+    """The verdict, where one response per micro-batch makes the mean per sequence: said, placed and helped."""
+    if not one_response:
+        return Judged(config, anchor, flags, anchors)
+    flags += f", {MICRO_BATCH.rsplit('.', 1)[-1]}=1 (this copy's actor averages over each micro-batch's tokens)"
+    return Judged(config, anchor, flags, {**anchors, "KL007": settings[MICRO_BATCH]}, {"KL007": MICRO_BATCH_FIX})
+
+
+def _judge_early(settings: Mapping[str, Setting], per_micro_batch: bool = False) -> Judged | None:
     """A config of EasyR1's first releases: the KL loss switched in `worker.actor`, else the reward's KL."""
     value = _values(settings, EARLY_DEFAULTS)
     if value is None:
@@ -103,13 +147,16 @@ def _judge_early(settings: Mapping[str, Setting]) -> Judged | None:
     estimator = verl.ESTIMATORS.get(str(value[EARLY_KL_LOSS_TYPE] if use_loss else value[KL_PENALTY]))
     if estimator is None or number(str(value[EARLY_KL_LOSS_COEF] if use_loss else value[KL_COEF])) == 0.0:
         return None
-    config = _config(value, estimator, use_loss, Aggregation.BATCH_MEAN, settings)
+    one_response = _one_response(settings, per_micro_batch, Aggregation.BATCH_MEAN)
+    config = _config(value, estimator, use_loss, Aggregation.SEQ_MEAN if one_response else Aggregation.BATCH_MEAN,
+                     settings)
     deciding = (EARLY_KL_LOSS_TYPE, EARLY_USE_KL_LOSS) if use_loss else (KL_PENALTY, EARLY_USE_KL_LOSS)
     anchor = next((settings[key] for key in deciding if key in settings),
                   next(settings[key] for key in EARLY_ACTOR_KEYS if key in settings))
     flags = _shown(settings, value, (EARLY_USE_KL_LOSS, EARLY_KL_LOSS_TYPE if use_loss else KL_PENALTY))
     anchors = {"KL004": settings[KL_PENALTY]} if KL_PENALTY in settings and not use_loss else {}
-    return Judged(config, anchor, _with_steps(flags, config, settings), {**anchors, **_stale_anchor(settings)})
+    return _judged(config, anchor, _with_steps(flags, config, settings), {**anchors, **_stale_anchor(settings)},
+                   settings, one_response)
 
 
 def _values(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> dict[str, str] | None:

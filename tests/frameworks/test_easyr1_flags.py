@@ -169,3 +169,27 @@ def test_a_launch_whose_config_is_missing_reports_nothing(tmp_path):
     overrides = "algorithm.disable_kl=false algorithm.use_kl_loss=true algorithm.kl_penalty=low_var_kl".split()
     launch.write_text(LAUNCH.format(overrides="".join(f"    {line} \\\n" for line in overrides)))
     assert lint_config(str(launch), launch.read_text()) == []
+
+
+def _actor(tmp_path, body: str) -> None:
+    actor = tmp_path / "verl" / "workers" / "actor"
+    actor.mkdir(parents=True, exist_ok=True)
+    (actor / "dp_actor.py").write_text(body)
+
+
+PER_MICRO_BATCH = "for micro_batch in micro_batches:\n    loss = pg_loss / gradient_accumulation\n    loss.backward()\n"
+PER_STEP = "for micro_batch in micro_batches:\n    loss = loss * torch.sum(response_mask) / total_response_tokens\n"
+
+
+@pytest.mark.parametrize("actor, overrides, expected", [
+    # EasyR1 0.3 (Coobiw/EasyR1-Brian): a token mean over each micro-batch; one response each: 1/L (row 21)
+    (PER_MICRO_BATCH, "worker.actor.micro_batch_size_per_device_for_update=1",
+     [(7, "KL002"), (7, "KL007"), (7, "KL008")]),
+    (PER_MICRO_BATCH, "worker.actor.micro_batch_size_per_device_for_update=2", []),  # the config's own verdict
+    (PER_STEP, "worker.actor.micro_batch_size_per_device_for_update=1", []),  # scaled by the step's tokens
+    (None, "worker.actor.micro_batch_size_per_device_for_update=1", []),  # no copy to read: no claim
+])
+def test_one_response_per_micro_batch_where_the_copy_averages_each_micro_batch(tmp_path, actor, overrides, expected):
+    if actor is not None:
+        _actor(tmp_path, actor)
+    assert launch_codes(tmp_path, overrides) == expected
