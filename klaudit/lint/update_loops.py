@@ -183,8 +183,11 @@ def _is_step(node: cst.CSTNode) -> bool:
 
 
 def _draws(node: cst.CSTNode) -> bool:
-    """A call named like a generation or a rollout, not a draw from a buffer of earlier samples."""
+    """A call named like a generation or a rollout, not a draw from a buffer of earlier samples nor a call that
+    only sounds like one (`gc.collect()`, `display(...)`)."""
     if type(node) is not cst.Call or not roles.draws_samples(last_name(node.func) or ""):
+        return False
+    if _NOT_A_DRAW.search(dotted(node.func)):
         return False
     return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
 
@@ -199,3 +202,4 @@ def _calls(node: cst.CSTNode, name: str, method: bool) -> bool:
 
 
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
+_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay", re.IGNORECASE)

@@ -118,3 +118,9 @@ def test_a_loss_helper_follows_its_single_callers_step(tmp_path):
 def test_a_draw_from_a_replay_buffer_is_no_fresh_sample(tmp_path):
     replay = INLINE.replace("self.engine.generate_group(self.prompts)", "self.replay_buffer.sample(64)")
     assert codes(tmp_path, replay) == ["KL002", "KL008"]
+
+
+def test_a_call_that_only_sounds_like_a_draw_draws_nothing(tmp_path):
+    """`gc.collect()` between the rollout and the update loop is no new batch of samples."""
+    stale = INLINE.replace("trajs = self.engine.generate_group(self.prompts)", "trajs = self.buffer_trajs\n            gc.collect()")
+    assert codes(tmp_path, stale) == ["KL002", "KL008"]
