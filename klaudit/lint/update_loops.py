@@ -35,7 +35,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
             name = last_name(node.func) or ""
             if _is_step(node):
                 steps = True
-            elif roles.draws_samples(name) or name == "next" and type(node.func) is cst.Name:
+            elif _named_as_draw(node) or name == "next" and type(node.func) is cst.Name:
                 return False  # a generation or a rollout, or the next batch of a data iterator
         elif type(node) is cst.Name and roles.names_reference_model(node.value):
             return False  # the reference model run anew: on samples drawn here
@@ -182,12 +182,15 @@ def _is_step(node: cst.CSTNode) -> bool:
             and roles.names_optimizer(last_name(node.func.value)))
 
 
+def _named_as_draw(node: cst.Call) -> bool:
+    """A call named like a generation, a rollout or a draw of samples, not one that only sounds like it
+    (`gc.collect()`, `display(...)`)."""
+    return roles.draws_samples(last_name(node.func) or "") and not _NOT_A_DRAW.search(dotted(node.func))
+
+
 def _draws(node: cst.CSTNode) -> bool:
-    """A call named like a generation or a rollout, not a draw from a buffer of earlier samples nor a call that
-    only sounds like one (`gc.collect()`, `display(...)`)."""
-    if type(node) is not cst.Call or not roles.draws_samples(last_name(node.func) or ""):
-        return False
-    if _NOT_A_DRAW.search(dotted(node.func)):
+    """A call that draws new samples: named so (`_named_as_draw`), and not a draw from a buffer of earlier ones."""
+    if type(node) is not cst.Call or not _named_as_draw(node):
         return False
     return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
 

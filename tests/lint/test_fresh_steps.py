@@ -124,3 +124,21 @@ def test_a_call_that_only_sounds_like_a_draw_draws_nothing(tmp_path):
     """`gc.collect()` between the rollout and the update loop is no new batch of samples."""
     stale = INLINE.replace("trajs = self.engine.generate_group(self.prompts)", "trajs = self.buffer_trajs\n            gc.collect()")
     assert codes(tmp_path, stale) == ["KL002", "KL008"]
+
+
+def test_an_update_loop_that_collects_garbage_still_reuses_its_samples(tmp_path):
+    """Four epochs on one rollout, no PPO ratio: the loop alone says the later steps train on older samples."""
+    body = """\
+        def train_step(self):
+            trajs = self.engine.generate_group(self.prompts)
+            with torch.no_grad():
+                ref_logp = self.ref_model(trajs["tokens"])
+            for epoch in range(self.cfg.ppo_epochs):
+                gc.collect()
+                logp = self.model(trajs["tokens"])
+                loss = -(logp * trajs["adv"]).sum() + self.cfg.kl_coef * k3(ref_logp, logp).sum()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+"""
+    assert codes(tmp_path, body, epochs=4) == ["KL002", "KL008"]
