@@ -31,7 +31,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
-from klaudit.lint.update_loops import reuses_samples, steps_on_fresh_samples
+from klaudit.lint.update_loops import OrderedCalls, ordered_calls, reuses_samples, steps_on_fresh_samples
 
 MAX_DEPTH = 4
 
@@ -144,6 +144,7 @@ class Module:
         self._registries: dict | None = None
         self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
+        self._calls: dict[int, OrderedCalls] = {}  # id(function) -> its calls in order, with their loops
 
     def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
         """klaudit.lint.update_loops.reuses_samples of one of this module's loops, read once."""
@@ -158,8 +159,15 @@ class Module:
         key = id(func)
         if key not in self._fresh:
             methods = self.classes[cls][1] if cls in self.classes else None
-            self._fresh[key] = steps_on_fresh_samples(func, methods, self.tree)
+            self._fresh[key] = steps_on_fresh_samples(func, methods, self.tree, self._calls_of)
         return self._fresh[key]
+
+    def _calls_of(self, func: cst.FunctionDef) -> OrderedCalls:
+        """klaudit.lint.update_loops.ordered_calls of one of this module's functions, read once."""
+        key = id(func)
+        if key not in self._calls:
+            self._calls[key] = ordered_calls(func)
+        return self._calls[key]
 
     @property
     def registries(self) -> dict[str, list[tuple[str, cst.FunctionDef]]]:

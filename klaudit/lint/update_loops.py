@@ -15,6 +15,7 @@ the rollout's own log-probs, is 1 and no sign of older samples (row 22 needs an 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import libcst as cst
 
@@ -102,48 +103,69 @@ def _body_nodes(body: cst.BaseSuite):
         stack.extend(child_nodes(node))
 
 
-def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None,
-                           module: cst.Module, depth: int = 0) -> bool:
+# The calls of a function in the code's order, each with the loops around it (within the function).
+OrderedCalls = list[tuple[cst.Call, tuple]]
+
+
+def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+                           calls_of: Callable[[cst.FunctionDef], OrderedCalls] | None = None, depth: int = 0) -> bool:
     """Whether each optimizer step of `func` is the only one since its samples were drawn: going out from the
     step, every loop around it runs once (`range(1)`, or a setting `module` defaults to 1) up to one whose body
     draws samples before the step, or to `func`, which draws them before the step or has a single caller (a
     method of its class, `methods`, or a function of `module`) that draws them before the call, outside loops of
     several rounds, and takes no step of its own. An optimizer stepped at two places is not. A function that
-    takes no step (a loss helper) is on fresh samples where its single caller's steps are."""
-    nodes = list(_ordered(func.body))
-    steps = [(i, loops) for i, (node, loops) in enumerate(nodes) if _is_step(node)]
+    takes no step (a loss helper) is on fresh samples where its single caller's steps are. `calls_of`: the
+    `ordered_calls` of a function, cached by the caller."""
+    if calls_of is None:
+        calls_of = ordered_calls
+    calls = calls_of(func)
+    steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
     if not steps:
-        site = _only_call(func, methods, module)
-        return site is not None and depth < 3 and steps_on_fresh_samples(site[0], methods, module, depth + 1)
-    stepped = [dotted(nodes[i][0].func.value) for i, _ in steps]
+        site = _only_call(func, methods, module, calls_of)
+        return site is not None and depth < 3 and steps_on_fresh_samples(site[0], methods, module, calls_of, depth + 1)
+    stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
-    draws = [(i, loops) for i, (node, loops) in enumerate(nodes) if _draws(node)]
+    draws = [(i, loops) for i, (call, loops) in enumerate(calls) if _draws(call)]
     fresh = [_drawn_since(i, loops, draws, module) for i, loops in steps]
     if False in fresh:
         return False
     if None not in fresh:
         return True
-    site = _only_call(func, methods, module)
+    site = _only_call(func, methods, module, calls_of)
     if site is None:
         return False
-    _, nodes, index, loops = site
-    draws = [(i, around) for i, (node, around) in enumerate(nodes) if _draws(node)]
-    return not any(_is_step(node) for node, _ in nodes) and _drawn_since(index, loops, draws, module) is True
+    caller, index, loops = site
+    calls = calls_of(caller)
+    draws = [(i, around) for i, (call, around) in enumerate(calls) if _draws(call)]
+    return not any(_is_step(call) for call, _ in calls) and _drawn_since(index, loops, draws, module) is True
 
 
-def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module):
-    """(caller, its nodes in order, the call's index, the loops around it) where `func` is called at one place
+def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+               calls_of: Callable[[cst.FunctionDef], OrderedCalls]) -> tuple | None:
+    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place
     only, by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None."""
     name = func.name.value
     callers = list(methods.values()) if methods is not None else [
         stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
-    sites = []
-    for caller in callers:
-        nodes = list(_ordered(caller.body))
-        sites += [(caller, nodes, i, loops) for i, (node, loops) in enumerate(nodes)
-                  if _calls(node, name, methods is not None)]
+    sites = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
+             if _calls(call, name, methods is not None)]
     return sites[0] if len(sites) == 1 and sites[0][0] is not func else None
+
+
+def ordered_calls(func: cst.FunctionDef) -> OrderedCalls:
+    """The calls of `func`'s body in the order of the code's fields, each with the loops around it, except those
+    of the functions, classes and lambdas it defines."""
+    found: OrderedCalls = []
+    stack: list[tuple[cst.CSTNode, tuple]] = [(func.body, ())]
+    while stack:
+        node, loops = stack.pop()
+        if type(node) is cst.Call:
+            found.append((node, loops))
+        inner = loops + (node,) if isinstance(node, (cst.For, cst.While)) else loops
+        stack.extend((child, inner) for child in reversed(child_nodes(node))
+                     if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
+    return found
 
 
 def _drawn_since(index: int, loops: tuple, draws: list, module: cst.Module) -> bool | None:
@@ -166,16 +188,6 @@ def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
     return not _several_rounds(loop.iter, module)
 
 
-def _ordered(node: cst.CSTNode, loops: tuple = ()):
-    """(node, the loops around it) for every node under `node`, in the order of the code's fields, except those of
-    the functions, classes and lambdas it defines."""
-    for child in child_nodes(node):
-        if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        yield child, loops
-        yield from _ordered(child, loops + (child,) if isinstance(child, (cst.For, cst.While)) else loops)
-
-
 def _is_step(node: cst.CSTNode) -> bool:
     """`optimizer.step()`: an update of the policy."""
     return (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "step"
@@ -195,10 +207,8 @@ def _draws(node: cst.CSTNode) -> bool:
     return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
 
 
-def _calls(node: cst.CSTNode, name: str, method: bool) -> bool:
+def _calls(node: cst.Call, name: str, method: bool) -> bool:
     """A call of the function `name`: `self.name(...)` for a method, `name(...)` for a function."""
-    if type(node) is not cst.Call:
-        return False
     if method:
         return type(node.func) is cst.Attribute and node.func.attr.value == name and dotted(node.func.value) == "self"
     return type(node.func) is cst.Name and node.func.value == name
