@@ -362,8 +362,9 @@ _EASYR1_CONFIG = re.compile(r"(?<![\w.])config=[\"']?(?:\$\{?\w+\}?/)?([\w./-]+\
 
 def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
     """An EasyR1 launch: its overrides over the YAML config it names, reported at the launch where they make a
-    configuration other than the config's own (which the config's findings already report); keys it inherits
-    are placed at the first of those the launch sets."""
+    configuration other than the config's own (which the config's findings already report), with the rules the
+    config reports too only where a key the launch sets decides them; keys it inherits are placed at the first
+    of those the launch sets."""
     lines = text.splitlines()
     for _, line in _uncommented(_EASYR1_LAUNCH, text):
         first, last = command_span(lines, line - 1)
@@ -384,7 +385,11 @@ def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
         at = min(own.values(), key=lambda setting: (setting.line, setting.column))
         inherited = {key: replace(setting, line=at.line, column=at.column, end_column=at.end_column)
                      for key, setting in base.items() if key not in own}
-        return _easyr1(path, {**inherited, **own}, context)
+        # a rule the config already reports, which none of the launch's keys decides, is the config's finding
+        repeated = {row.rule for row in defects(alone.config)} if alone is not None else set()
+        reward = judged.config.reward is not None
+        return [finding for finding in _easyr1(path, {**inherited, **own}, context)
+                if finding.code not in repeated or easyr1.decided_at_launch(finding.code, own, reward)]
     return []
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Returns, Sampling
@@ -81,6 +81,19 @@ EARLY_FIXES = {**{rule: _EARLY_TO_REWARD for rule in ("KL001", "KL002", "KL003",
 def fixes(settings: Mapping[str, Setting]) -> Mapping[str, str]:
     """The fix texts for a config, in the key layout it uses."""
     return FIXES if DISABLE_KL in settings else EARLY_FIXES
+
+
+# The keys that decide a rule's verdict at a launch over a config (the KL's estimator, placement and coefficient
+# decide every rule); a launch that sets none of a rule's keys repeats the config's verdict, reported there.
+_KL_KEYS = frozenset({USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, *EARLY_ACTOR_KEYS})
+_DECIDING = {"KL007": _KL_KEYS | {LOSS_AVG_MODE, MICRO_BATCH}, "KL008": _KL_KEYS | set(STEP_DEFAULTS)}
+
+
+def decided_at_launch(rule: str, own: Collection[str], reward: bool) -> bool:
+    """Whether a launch setting the keys `own` decides `rule` (for a KL in the reward the advantage estimator,
+    which makes its returns, decides too)."""
+    keys = _DECIDING.get(rule, _KL_KEYS)
+    return any(key in keys or reward and key == ADV_ESTIMATOR for key in own)
 
 
 @functools.lru_cache(maxsize=64)  # asked for each config of a project

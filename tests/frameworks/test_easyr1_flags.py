@@ -154,6 +154,9 @@ def launch_codes(tmp_path, overrides: str, update: str = "128") -> list[tuple[in
     ("algorithm.kl_penalty=kl", [(7, "KL001"), (7, "KL008")]),  # k1 as a loss (row 1), stale (row 22)
     ("algorithm.kl_coef=1.0e-3", []),  # the config's own configuration: its findings are the config's
     ("trainer.total_epochs=2", []),  # no key a verdict reads
+    # a new batch size makes the loss on-policy: the launch's configuration differs, but its KL002 is the config's
+    ("worker.actor.global_batch_size=512", []),
+    ("worker.actor.global_batch_size=512 algorithm.kl_coef=2.0e-2", [(7, "KL002")]),  # its own coefficient
     ("algorithm.disable_kl=true", []),
 ])
 def test_an_easyr1_launch_is_judged_over_the_config_it_names(tmp_path, overrides, expected):
@@ -182,9 +185,9 @@ PER_STEP = "for micro_batch in micro_batches:\n    loss = loss * torch.sum(respo
 
 
 @pytest.mark.parametrize("actor, overrides, expected", [
-    # EasyR1 0.3 (Coobiw/EasyR1-Brian): a token mean over each micro-batch; one response each: 1/L (row 21)
-    (PER_MICRO_BATCH, "worker.actor.micro_batch_size_per_device_for_update=1",
-     [(7, "KL002"), (7, "KL007"), (7, "KL008")]),
+    # EasyR1 0.3 (Coobiw/EasyR1-Brian): a token mean over each micro-batch; one response each: 1/L (row 21); the
+    # config's low_var_kl loss over four updates (KL002, KL008) is the config's finding, which the launch repeats
+    (PER_MICRO_BATCH, "worker.actor.micro_batch_size_per_device_for_update=1", [(7, "KL007")]),
     (PER_MICRO_BATCH, "worker.actor.micro_batch_size_per_device_for_update=2", []),  # the config's own verdict
     (PER_STEP, "worker.actor.micro_batch_size_per_device_for_update=1", []),  # scaled by the step's tokens
     (None, "worker.actor.micro_batch_size_per_device_for_update=1", []),  # no copy to read: no claim
