@@ -153,6 +153,8 @@ class CallFlow(FlowState):
                         facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
+                if roles.names_pair_logprobs(name) and any(_of_the_reference_side(f) for f in facts):
+                    facts = ()  # a preference pair's reference side (`ref_chosen_logps`): a DPO loss holds no KL
                 if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in given):
                     # the caller's terms enter the advantages here, as the caller holds them (handed in or not)
                     facts = _handed_in(self.given_as_advantages(given, arg))
@@ -193,7 +195,10 @@ class CallFlow(FlowState):
     def runs_the_reference(self, func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
         """A helper named for the reference's log-probs (`ref_logps(policy, ...)`), or given the reference model
         (`logps(ref, seq)`, `get_logps(self.ref_model, batch)`) and none of the policy's log-probs or logits (which
-        its result could be made of). Only a result of the policy's kinds alone is read so (of_the_reference)."""
+        its result could be made of). Only a result of the policy's kinds alone is read so (of_the_reference), and
+        not where it is stored as a preference pair's side (`ref_chosen_logps`: a DPO loss holds no KL penalty)."""
+        if any(roles.names_pair_logprobs(name) for name in assigned_names(self.stmt)):
+            return False
         if roles.tensor_role(func.name.value) in (alg.REF, alg.REF_LOGITS):
             return True
         given = [arg for arg in [*positional, *keywords.values()] if isinstance(arg, cst.BaseExpression)]
@@ -250,6 +255,26 @@ class CallFlow(FlowState):
 def _handed_in(value: tuple) -> tuple:
     """`value` as the callee sees an argument: its KL terms handed in by the caller."""
     return tuple(replace(f, passed=True) if f.is_kl() else f for f in value)
+
+
+def _of_the_reference_side(fact: Fact) -> bool:
+    """A tensor fact made of the reference's log-probs."""
+    return fact.role == "tensor" and fact.poly is not None and any(
+        a.kind in (alg.REF, alg.VOCAB_REF, alg.REF_PROB) for a in fact.poly.atoms())
+
+
+def assigned_names(stmt: cst.CSTNode | None) -> list[str]:
+    """The names a statement's assignments bind (`a, b = ...`: both; `x.a = ...`: a)."""
+    if type(stmt) is not cst.SimpleStatementLine:
+        return []
+    targets: list[cst.BaseExpression] = []
+    for small in stmt.body:
+        if isinstance(small, cst.Assign):
+            targets += [t.target for t in small.targets]
+        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+            targets.append(small.target)
+    parts = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else ())]
+    return [name for node in [*targets, *parts] if (name := last_name(node))]
 
 
 _POLICY_OUTPUTS = frozenset({alg.POLICY, alg.LOGITS, alg.VOCAB_POLICY, alg.VOCAB_PROB, alg.PROB})

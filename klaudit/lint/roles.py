@@ -151,7 +151,7 @@ DATA_CONTAINERS = re.compile(
 # of the policy, so no KL estimate is made of them (what is computed from them, `chosen_rewards`, follows
 # from its inputs).
 _PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)(?![a-z0-9])", re.IGNORECASE)
-_LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?", re.IGNORECASE)
+_LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?|(?<![a-z])lps?(?![a-z])", re.IGNORECASE)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every assignment

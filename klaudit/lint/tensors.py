@@ -156,14 +156,14 @@ def agg_mode(node: cst.CSTNode | None) -> Aggregation:
     return Aggregation.BATCH_MEAN
 
 
-# The policy's quantities and the reference's counterparts: what a log-prob helper returns for the reference model.
+# The policy's log-probs and probabilities and the reference's counterparts: what a log-prob helper returns for
+# the reference model. Raw logits are left alone: a difference of raw logits is no KL estimate (a logit MSE).
 _TO_REFERENCE: dict[AtomKind, AtomKind] = {
-    alg.POLICY: alg.REF, alg.LOGITS: alg.REF_LOGITS, alg.VOCAB_POLICY: alg.VOCAB_REF, alg.VOCAB_PROB: alg.VOCAB_REF_PROB,
-    alg.PROB: alg.REF_PROB}
+    alg.POLICY: alg.REF, alg.VOCAB_POLICY: alg.VOCAB_REF, alg.VOCAB_PROB: alg.VOCAB_REF_PROB, alg.PROB: alg.REF_PROB}
 
 
 def of_the_reference(value: Value) -> Value:
-    """A helper's returned log-probs (logits, log_softmax, probabilities) as the reference model's, where it was
+    """A helper's returned log-probs (log_softmax, probabilities) as the reference model's, where it was
     run on that model (`rl = logps(ref, seq)`, `ref_logps(policy, ...)` under a disabled adapter): each policy atom
     becomes the reference's, without gradient. Left as it is where a value holds anything else (a KL already, the
     old policy's log-probs), or inside tuples and dicts holding such a value."""

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from snippets import module_codes
 
+from klaudit.lint import roles
+
 HELPER = """\
     import torch
 
@@ -76,3 +78,48 @@ def test_a_helper_given_the_policys_log_probs_is_not_read_as_the_reference(tmp_p
 
 def test_the_policy_helper_on_the_policy_stays_the_policy(tmp_path):
     assert codes(tmp_path, HELPER + TRAIN.format(reference="ref_model", call="logps(policy, seq)")) == []
+
+
+@pytest.mark.parametrize("call", [
+    "ref_chosen_lp = seq_logps(ref_model, chosen, mask)\n            ref_rejected_lp = seq_logps(ref_model, rejected, mask)",
+    "ref_chosen_lp, ref_rejected_lp = both_sides(ref_model, chosen, rejected, mask)",
+])
+def test_a_preference_pairs_reference_side_is_no_kl_penalty(tmp_path, call):
+    """DPO (kartikmunjal/rlhf-and-reward-modelling-alt, TheYellowDuck/RLHF-pipeline): the reference's summed
+    log-probs of the chosen and rejected responses enter a preference loss and its implicit rewards, which hold no
+    KL penalty of the table."""
+    source = HELPER + f"""\
+    def seq_logps(model, seq, mask):
+        return (logps(model, seq) * mask).sum(-1)
+
+
+    def both_sides(model, chosen, rejected, mask):
+        return seq_logps(model, chosen, mask), seq_logps(model, rejected, mask)
+
+
+    def dpo_loss(policy_chosen_lp, policy_rejected_lp, ref_chosen_lp, ref_rejected_lp, beta):
+        chosen_rewards = beta * (policy_chosen_lp - ref_chosen_lp)
+        rejected_rewards = beta * (policy_rejected_lp - ref_rejected_lp)
+        loss = -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards).mean()
+        return loss, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+    def train(policy, ref_model, opt, chosen, rejected, mask, beta):
+        with torch.no_grad():
+            {call}
+        pol_chosen_lp = seq_logps(policy, chosen, mask)
+        pol_rejected_lp = seq_logps(policy, rejected, mask)
+        loss, chosen_r, rejected_r = dpo_loss(pol_chosen_lp, pol_rejected_lp, ref_chosen_lp, ref_rejected_lp, beta)
+        loss.backward()
+        opt.step()
+"""
+    assert codes(tmp_path, source) == []
+
+
+@pytest.mark.parametrize("name, pair", [
+    ("ref_chosen_lp", True), ("policy_rejected_lps", True), ("ref_chosen_logps", True), ("chosen_help", False),
+    ("chosen_ids", False), ("ref_lp", False),
+])
+def test_lp_names_a_preference_sides_log_probs(name, pair):
+    """`ref_chosen_lp` (kartikmunjal's DPO) is a preference pair's side, as `ref_chosen_logps` is."""
+    assert roles.names_pair_logprobs(name) is pair
