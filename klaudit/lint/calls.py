@@ -193,14 +193,16 @@ class CallFlow(FlowState):
         return self.entering_here(returns, entered)
 
     def runs_the_reference(self, func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
-        """A helper named for the reference's log-probs (`ref_logps(policy, ...)`), or given the reference model
-        (`logps(ref, seq)`, `get_logps(self.ref_model, batch)`) and none of the policy's log-probs or logits (which
+        """A helper named for the reference's log-probs (`ref_logps(policy, ...)`), or named for log-probs and given
+        the reference model (`logps(ref, seq)`, `get_logps(self.ref_model, batch)`) and none of the policy's log-probs or logits (which
         its result could be made of). Only a result of the policy's kinds alone is read so (of_the_reference), and
         not where it is stored as a preference pair's side (`ref_chosen_logps`: a DPO loss holds no KL penalty)."""
         if any(roles.names_pair_logprobs(name) for name in assigned_names(self.stmt)):
             return False
         if roles.tensor_role(func.name.value) in (alg.REF, alg.REF_LOGITS):
             return True
+        if not roles.speaks_of_logprobs(func.name.value):
+            return False  # a helper of raw logits (`_last_logits(ref_model, ...)`): a logit MSE is no KL
         given = [arg for arg in [*positional, *keywords.values()] if isinstance(arg, cst.BaseExpression)]
         model = any(type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg)) for arg in given)
         return model and not any(f.role == "tensor" and f.poly is not None and f.poly.atoms() and {

@@ -154,6 +154,14 @@ _PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)(?![a-z0-9]
 _LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?|(?<![a-z])lps?(?![a-z])", re.IGNORECASE)
 
 
+_LOGPROBS_WORD = re.compile(r"log_?probs?|logps?|(?<![a-z])lps?(?![a-z])", re.IGNORECASE)
+
+
+def speaks_of_logprobs(name: str) -> bool:
+    """`per_token_logps`, `_sequence_log_probs`, `logps_ent`: a name of log-probs (not of raw logits)."""
+    return _LOGPROBS_WORD.search(name) is not None and "logit" not in name.lower()
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every assignment
 def names_pair_logprobs(name: str) -> bool:
     """A name for the log-probs (or logits) of the chosen or rejected response of a preference pair."""

@@ -123,3 +123,29 @@ def test_a_preference_pairs_reference_side_is_no_kl_penalty(tmp_path, call):
 def test_lp_names_a_preference_sides_log_probs(name, pair):
     """`ref_chosen_lp` (kartikmunjal's DPO) is a preference pair's side, as `ref_chosen_logps` is."""
     assert roles.names_pair_logprobs(name) is pair
+
+
+def test_a_helper_of_raw_logits_run_on_the_reference_is_not_read_as_log_probs(tmp_path):
+    """FTPO (Goekdeniz-Guelmez/mlx-lm-lora): a squared difference of the last position's raw logits to the
+    reference's, on a preference objective, is a logit MSE, no KL estimate."""
+    source = """\
+    import torch
+
+
+    def _last_logits(model, prompts, lengths):
+        logits = model(prompts)
+        index = (lengths - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
+        return torch.take_along_dim(logits, index, dim=1).squeeze(1)
+
+
+    def train(model, ref_model, prompts, lengths, chosen_ids, opt, weight):
+        policy_logits = _last_logits(model, prompts, lengths)
+        with torch.no_grad():
+            reference_logits = _last_logits(ref_model, prompts, lengths)
+        preference = -torch.take_along_dim(policy_logits, chosen_ids, dim=-1).mean()
+        diff = policy_logits - reference_logits
+        loss = preference + weight * (diff * diff).mean()
+        loss.backward()
+        opt.step()
+"""
+    assert codes(tmp_path, source) == []
