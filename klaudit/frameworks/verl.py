@@ -125,17 +125,19 @@ def _zero(setting: Setting | None) -> bool:
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
           kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False,
-          reward_unless_loss: bool = False) -> Judged | None:
+          reward_unless_loss: bool = False, loss_default: str = "false") -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
     of `trainer.use_legacy_worker_impl`; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
     the actor launched apply the KL reward's and the KL loss's flags (PRIME's trainer, a fork's rewritten
     actor do not); `fully_async`: whether it is the fully asynchronous trainer; `reward_unless_loss`: whether
-    the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`)."""
+    the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`), and
+    `loss_default` that copy's default of `use_kl_loss` (`kl_loss_default`)."""
     named = (*KEYS, COEFFICIENTS["reward"], *STEP_DEFAULTS) if reward_unless_loss else KEYS
     if not any(key in settings for key in named):
         return None
-    given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    defaults = {**DEFAULTS, USE_KL_LOSS: loss_default} if reward_unless_loss else DEFAULTS
+    given = {key: settings[key].value if key in settings else default for key, default in defaults.items()}
     if reward_unless_loss:  # no use_kl_in_reward: the KL reward is the absence of the KL loss
         given[USE_KL_IN_REWARD] = "false" if truthy(given[USE_KL_LOSS] or "") is not False else "true"
     value = {key: v for key, v in given.items() if v is not None}
@@ -259,6 +261,24 @@ _REWARD_UNLESS_LOSS = re.compile(r"^[ \t]*if not self\.config\.actor_rollout_ref
                                  r"['\"],\s*False\))\s*:[ \t]*\n(?:[ \t]*#.*\n)*[ \t]*[\w, ]+=\s*apply_kl_penalty\(",
                                  re.MULTILINE)
 _REFERENCE_ALWAYS = re.compile(r"^[ \t]*Role\.RefPolicy\s*:\s*ray\.remote\(", re.MULTILINE)
+
+
+_LOSS_DEFAULT = re.compile(r"^[ \t]+use_kl_loss:[ \t]*(\w+)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
+def kl_loss_default(copy: Path | None, megatron: bool = False) -> str:
+    """`actor.use_kl_loss` as the config a launch of the copy runs defaults it (GAIR-NLP/DeepResearcher's copy
+    of verl 0.1 sets it true), else verl's false."""
+    if copy is None:
+        return DEFAULTS[USE_KL_LOSS]
+    try:
+        text = (copy / (MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE)).read_text(encoding="utf-8",
+                                                                                          errors="replace")
+    except OSError:
+        return DEFAULTS[USE_KL_LOSS]
+    found = _LOSS_DEFAULT.search(text)
+    return found.group(1) if found else DEFAULTS[USE_KL_LOSS]
 
 
 @functools.lru_cache(maxsize=64)  # asked for each launch script of a project

@@ -113,3 +113,14 @@ def test_a_current_copy_reads_use_kl_in_reward(tmp_path):
     (root / "verl" / "trainer" / "ppo" / "ray_trainer.py").write_text(
         "if self.config.algorithm.use_kl_in_reward:\n    batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl)\n")
     assert _codes(root, PPO.format(mini=128, more="")) == []
+
+
+def test_the_copys_own_default_of_use_kl_loss_decides_where_the_kl_goes(tmp_path):
+    """GAIR-NLP/DeepResearcher's copy of verl 0.1 defaults `actor.use_kl_loss` to true (low_var_kl): a launch that
+    does not set it trains the clamped k3 as a loss (rows 3-4, KL002; over two steps per rollout row 22, KL008),
+    not the k1 reward."""
+    root = _project(tmp_path)
+    config = root / "verl" / "trainer" / "config" / "ppo_trainer.yaml"
+    config.write_text(CONFIG.replace("use_kl_loss: False", "use_kl_loss: True\n    kl_loss_type: low_var_kl"))
+    assert _codes(root, PPO.format(mini=128, more="")) == ["KL002", "KL008"]
+    assert _codes(root, PPO.format(mini=128, more="actor_rollout_ref.actor.use_kl_loss=False ")) == ["KL008"]
