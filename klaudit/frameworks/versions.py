@@ -90,8 +90,11 @@ class Assumed:
         return bool(self.source) and not self.guessed
 
     def label(self, name: str, note: str = "") -> str:
-        """`trl 1.10 (1.10.0.dev0 in VERSION; <note>)`: the release and why, as flag findings name it."""
-        why = "; ".join(part for part in (self.source, note) if part)
+        """`trl 1.10 (1.10.0.dev0 in VERSION; <note>)`: the release and why, as flag findings name it; a release
+        older than every known one says it is judged by the oldest (`verl 0.8 (0.1 in ...; older than 0.8, judged
+        by 0.8's flags)`)."""
+        older = f"older than {self.version}, judged by {self.version}'s flags" if self.older else ""
+        why = "; ".join(part for part in (self.source, older, note) if part)
         return f"{name} {self.version}" + (f" ({why})" if why else "")
 
 

@@ -440,7 +440,8 @@ def test_the_copy_holding_the_launched_module_says_the_release(tmp_path):
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     found = {f.code: f for f in result.findings if f.path.endswith("run.sh")}
     assert sorted(found) == ["KL002", "KL007"]
-    assert "verl 0.8 (0.2.0.post2 in AgentGym-RL/verl/version/version)" in found["KL007"].message
+    assert ("verl 0.8 (0.2.0.post2 in AgentGym-RL/verl/version/version; older than 0.8, judged by 0.8's flags)"
+            in found["KL007"].message)
 
 
 TWO_RUNS = """\

@@ -298,3 +298,10 @@ def test_each_linted_root_keeps_its_own_release(tmp_path):
     found = lint_paths([str(tmp_path / "pinned" / "train.py"), str(tmp_path / "unpinned" / "train.py")]).findings
     codes = {project: sorted(f.code for f in found if f"/{project}/" in f.path) for project in ("pinned", "unpinned")}
     assert codes == {"pinned": ["KL002"], "unpinned": ["KL003"]}
+
+
+def test_a_release_older_than_every_known_one_says_it_is_judged_by_the_oldest():
+    """TinyZero's verl states 0.1: its findings name 0.8, whose flags they read, and say why."""
+    assert Assumed("0.8", "0.1 in verl/version/version", older=True).label("verl") == (
+        "verl 0.8 (0.1 in verl/version/version; older than 0.8, judged by 0.8's flags)")
+    assert Assumed("0.9", "0.9.1 in verl/version/version").label("verl") == "verl 0.9 (0.9.1 in verl/version/version)"
