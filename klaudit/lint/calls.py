@@ -19,11 +19,20 @@ from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.assignments import records_metrics
 from klaudit.lint.callables import Callee, callees_among
-from klaudit.lint.facts import Fact, compatible, loss_part, merge_labels, param_facts, replace, tensor
+from klaudit.lint.facts import (
+    Fact,
+    compatible,
+    loss_part,
+    merge_labels,
+    of_the_reference,
+    param_facts,
+    reference_kinds,
+    replace,
+    tensor,
+)
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
-from klaudit.lint.syntax import dotted, last_name, params, string_value
-from klaudit.lint.tensors import of_the_reference
+from klaudit.lint.syntax import bound_names, dotted, last_name, params, string_value
 
 _BUILTINS = frozenset(dir(builtins))  # len(v), sum(v), isinstance(...): Python's own, which use nothing
 
@@ -153,7 +162,7 @@ class CallFlow(FlowState):
                         facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
-                if roles.names_pair_logprobs(name) and any(_of_the_reference_side(f) for f in facts):
+                if roles.names_pair_logprobs(name) and reference_kinds(facts):
                     facts = ()  # a preference pair's reference side (`ref_chosen_logps`): a DPO loss holds no KL
                 if roles.sink_of_name(name) == "advantage" and any(f.is_kl() for f in given):
                     # the caller's terms enter the advantages here, as the caller holds them (handed in or not)
@@ -197,7 +206,7 @@ class CallFlow(FlowState):
         the reference model (`logps(ref, seq)`, `get_logps(self.ref_model, batch)`) and none of the policy's log-probs or logits (which
         its result could be made of). Only a result of the policy's kinds alone is read so (of_the_reference), and
         not where it is stored as a preference pair's side (`ref_chosen_logps`: a DPO loss holds no KL penalty)."""
-        if any(roles.names_pair_logprobs(name) for name in assigned_names(self.stmt)):
+        if any(roles.names_pair_logprobs(name) for name in bound_names(self.stmt)):
             return False
         if roles.tensor_role(func.name.value) in (alg.REF, alg.REF_LOGITS):
             return True
@@ -257,26 +266,6 @@ class CallFlow(FlowState):
 def _handed_in(value: tuple) -> tuple:
     """`value` as the callee sees an argument: its KL terms handed in by the caller."""
     return tuple(replace(f, passed=True) if f.is_kl() else f for f in value)
-
-
-def _of_the_reference_side(fact: Fact) -> bool:
-    """A tensor fact made of the reference's log-probs."""
-    return fact.role == "tensor" and fact.poly is not None and any(
-        a.kind in (alg.REF, alg.VOCAB_REF, alg.REF_PROB) for a in fact.poly.atoms())
-
-
-def assigned_names(stmt: cst.CSTNode | None) -> list[str]:
-    """The names a statement's assignments bind (`a, b = ...`: both; `x.a = ...`: a)."""
-    if type(stmt) is not cst.SimpleStatementLine:
-        return []
-    targets: list[cst.BaseExpression] = []
-    for small in stmt.body:
-        if isinstance(small, cst.Assign):
-            targets += [t.target for t in small.targets]
-        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
-            targets.append(small.target)
-    parts = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else ())]
-    return [name for node in [*targets, *parts] if (name := last_name(node))]
 
 
 _POLICY_OUTPUTS = frozenset({alg.POLICY, alg.LOGITS, alg.VOCAB_POLICY, alg.VOCAB_PROB, alg.PROB})

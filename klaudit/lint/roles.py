@@ -151,10 +151,9 @@ DATA_CONTAINERS = re.compile(
 # of the policy, so no KL estimate is made of them (what is computed from them, `chosen_rewards`, follows
 # from its inputs).
 _PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)(?![a-z0-9])", re.IGNORECASE)
-_LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?|(?<![a-z])lps?(?![a-z])", re.IGNORECASE)
-
-
-_LOGPROBS_WORD = re.compile(r"log_?probs?|logps?|(?<![a-z])lps?(?![a-z])", re.IGNORECASE)
+_LOGPROBS = r"log_?probs?|logps?|(?<![a-z])lps?(?![a-z])"  # `ref_logps`, `sequence_log_probs`, `chosen_lp`
+_LOGPROB_WORD = re.compile(_LOGPROBS + r"|logits|log_?ratios?", re.IGNORECASE)
+_LOGPROBS_WORD = re.compile(_LOGPROBS, re.IGNORECASE)
 
 
 def speaks_of_logprobs(name: str) -> bool:

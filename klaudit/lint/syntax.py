@@ -322,6 +322,23 @@ def holds_no_grad_block(func: cst.FunctionDef) -> bool:
     return any(is_no_grad_block(node) for node in walk(func.body))
 
 
+def bound_names(stmt: cst.CSTNode | None) -> list[str]:
+    """The names the assignments of a statement (a line, or one assignment) bind: `a, b = ...` both, `x.a = ...` a."""
+    smalls = stmt.body if type(stmt) is cst.SimpleStatementLine else [stmt]
+    names = []
+    for small in smalls:
+        if isinstance(small, cst.Assign):
+            targets = [t.target for t in small.targets]
+        elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+            targets = [small.target]
+        else:
+            continue
+        for target in targets:
+            parts = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+            names += [name for part in parts if (name := last_name(part))]
+    return names
+
+
 def params(func: cst.FunctionDef) -> list[cst.Param]:
     p = func.params
     return [*p.posonly_params, *p.params, *p.kwonly_params]

@@ -154,34 +154,3 @@ def agg_mode(node: cst.CSTNode | None) -> Aggregation:
     if isinstance(node, cst.SimpleString):
         return AGG_MODES.get(str(string_value(node)), Aggregation.BATCH_MEAN)
     return Aggregation.BATCH_MEAN
-
-
-# The policy's log-probs and probabilities and the reference's counterparts: what a log-prob helper returns for
-# the reference model. Raw logits are left alone: a difference of raw logits is no KL estimate (a logit MSE).
-_TO_REFERENCE: dict[AtomKind, AtomKind] = {
-    alg.POLICY: alg.REF, alg.VOCAB_POLICY: alg.VOCAB_REF, alg.VOCAB_PROB: alg.VOCAB_REF_PROB, alg.PROB: alg.REF_PROB}
-
-
-def of_the_reference(value: Value) -> Value:
-    """A helper's returned log-probs (log_softmax, probabilities) as the reference model's, where it was
-    run on that model (`rl = logps(ref, seq)`, `ref_logps(policy, ...)` under a disabled adapter): each policy atom
-    becomes the reference's, without gradient. Left as it is where a value holds anything else (a KL already, the
-    old policy's log-probs), or inside tuples and dicts holding such a value."""
-    def mapped(f: Fact) -> Fact | None:
-        if f.role in ("tuple", "dict"):
-            items = [mapped_value(item[1] if f.role == "dict" else item) for item in f.items]
-            if any(item is None for item in items):
-                return None
-            return replace(f, items=tuple((key, item) for (key, _), item in zip(f.items, items)) if f.role == "dict"
-                           else tuple(items))
-        if f.role != "tensor" or f.poly is None or f.poly.is_const():
-            return f
-        if not {a.kind for a in f.poly.atoms()} <= _TO_REFERENCE.keys():
-            return None
-        return replace(f, poly=f.poly.map_atoms(lambda a: Atom(_TO_REFERENCE[a.kind], False, a.acc)))
-
-    def mapped_value(facts: Value) -> Value | None:
-        out = [mapped(f) for f in facts]
-        return None if any(f is None for f in out) else tuple(f for f in out if f is not None)
-
-    return mapped_value(value) or value

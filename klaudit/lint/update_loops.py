@@ -21,7 +21,7 @@ import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
-from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name, params
+from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
@@ -41,19 +41,9 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
         elif type(node) is cst.Name and roles.names_reference_model(node.value):
             return False  # the reference model run anew: on samples drawn here
         elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign) and any(
-                roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) for name in _targets(node)):
+                roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) for name in bound_names(node)):
             return False  # the reference's log-probs computed here: for samples drawn here
     return steps
-
-
-def _targets(node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[str]:
-    """The names an assignment binds (`a, b = ...`: both)."""
-    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-    names = []
-    for target in targets:
-        parts = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-        names += [name for part in parts if (name := last_name(part))]
-    return names
 
 
 def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
@@ -126,7 +116,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.Functio
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
-    draws = [(i, loops) for i, (call, loops) in enumerate(calls) if _draws(call)]
+    draws = _draws_among(calls)
     fresh = [_drawn_since(i, loops, draws, module) for i, loops in steps]
     if False in fresh:
         return False
@@ -137,8 +127,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.Functio
         return False
     caller, index, loops = site
     calls = calls_of(caller)
-    draws = [(i, around) for i, (call, around) in enumerate(calls) if _draws(call)]
-    return not any(_is_step(call) for call, _ in calls) and _drawn_since(index, loops, draws, module) is True
+    return not any(_is_step(call) for call, _ in calls) and _drawn_since(index, loops, _draws_among(calls), module) is True
 
 
 def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
@@ -166,6 +155,11 @@ def ordered_calls(func: cst.FunctionDef) -> OrderedCalls:
         stack.extend((child, inner) for child in reversed(child_nodes(node))
                      if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
     return found
+
+
+def _draws_among(calls: OrderedCalls) -> list[tuple[int, tuple]]:
+    """(index, loops around it) of each call among `calls` that draws new samples."""
+    return [(i, loops) for i, (call, loops) in enumerate(calls) if _draws(call)]
 
 
 def _drawn_since(index: int, loops: tuple, draws: list, module: cst.Module) -> bool | None:
