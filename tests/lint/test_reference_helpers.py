@@ -80,38 +80,45 @@ def test_the_policy_helper_on_the_policy_stays_the_policy(tmp_path):
     assert codes(tmp_path, HELPER + TRAIN.format(reference="ref_model", call="logps(policy, seq)")) == []
 
 
-@pytest.mark.parametrize("call", [
-    "ref_chosen_lp = seq_logps(ref_model, chosen, mask)\n            ref_rejected_lp = seq_logps(ref_model, rejected, mask)",
-    "ref_chosen_lp, ref_rejected_lp = both_sides(ref_model, chosen, rejected, mask)",
-])
-def test_a_preference_pairs_reference_side_is_no_kl_penalty(tmp_path, call):
-    """DPO (kartikmunjal/rlhf-and-reward-modelling-alt, TheYellowDuck/RLHF-pipeline): the reference's summed
-    log-probs of the chosen and rejected responses enter a preference loss and its implicit rewards, which hold no
-    KL penalty of the table."""
-    source = HELPER + f"""\
-    def seq_logps(model, seq, mask):
-        return (logps(model, seq) * mask).sum(-1)
+def test_a_preference_pairs_reference_side_is_no_kl_penalty(tmp_path):
+    """DPO (TheYellowDuck/RLHF-pipeline): the reference's summed log-probs of the chosen and rejected responses
+    (the reference model's, or the policy's with its adapter off) are bound to a preference loss's
+    `ref_chosen_logps`, whose IPO form squares the log-ratio margin: no KL penalty of the table."""
+    source = """\
+    import torch
 
 
-    def both_sides(model, chosen, rejected, mask):
-        return seq_logps(model, chosen, mask), seq_logps(model, rejected, mask)
+    def preference_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta=0.1):
+        margin = (policy_chosen_logps - policy_rejected_logps) - (ref_chosen_logps - ref_rejected_logps)
+        losses = (margin - 1 / (2 * beta)) ** 2
+        chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps).detach()
+        return losses.mean(), chosen_reward
 
 
-    def dpo_loss(policy_chosen_lp, policy_rejected_lp, ref_chosen_lp, ref_rejected_lp, beta):
-        chosen_rewards = beta * (policy_chosen_lp - ref_chosen_lp)
-        rejected_rewards = beta * (policy_rejected_lp - ref_rejected_lp)
-        loss = -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards).mean()
-        return loss, chosen_rewards.detach(), rejected_rewards.detach()
+    class Trainer:
+        def _seq_logps(self, model, ids, mask):
+            logits = model(input_ids=ids).logits
+            per_token = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+            return (per_token * mask).sum(dim=-1)
 
+        def _pair_logps(self, model, batch):
+            chosen = self._seq_logps(model, batch["chosen"], batch["mask"])
+            rejected = self._seq_logps(model, batch["rejected"], batch["mask"])
+            return chosen, rejected
 
-    def train(policy, ref_model, opt, chosen, rejected, mask, beta):
-        with torch.no_grad():
-            {call}
-        pol_chosen_lp = seq_logps(policy, chosen, mask)
-        pol_rejected_lp = seq_logps(policy, rejected, mask)
-        loss, chosen_r, rejected_r = dpo_loss(pol_chosen_lp, pol_rejected_lp, ref_chosen_lp, ref_rejected_lp, beta)
-        loss.backward()
-        opt.step()
+        def _ref_logps(self, batch):
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    return self._pair_logps(self.ref_model, batch)
+            with torch.no_grad(), self.model.disable_adapter():
+                return self._pair_logps(self.model, batch)
+
+        def step(self, batch):
+            ref_c, ref_r = self._ref_logps(batch)
+            pol_c, pol_r = self._pair_logps(self.model, batch)
+            loss, chosen_reward = preference_loss(pol_c, pol_r, ref_c, ref_r, beta=0.1)
+            loss.backward()
+            return chosen_reward
 """
     assert codes(tmp_path, source) == []
 
