@@ -38,6 +38,7 @@ from pathlib import Path
 from klaudit.catalog import Aggregation, Config, Returns, Sampling
 from klaudit.frameworks import verl
 from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
+from klaudit.frameworks.versions import read_text
 
 NAME = "EasyR1"
 USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, ADV_ESTIMATOR = (
@@ -100,12 +101,8 @@ def decided_at_launch(rule: str, own: Collection[str], reward: bool) -> bool:
 def averages_per_micro_batch(copy: Path | None) -> bool:
     """Whether the actor of the project's copy of EasyR1 averages each micro-batch's loss over its own tokens
     (`loss = pg_loss / gradient_accumulation`); False where the copy is not there to read."""
-    if copy is None:
-        return False
-    try:
-        return _PER_MICRO_BATCH.search((copy / ACTOR).read_text(encoding="utf-8", errors="replace")) is not None
-    except OSError:
-        return False
+    text = read_text(copy / ACTOR) if copy is not None else None
+    return text is not None and _PER_MICRO_BATCH.search(text) is not None
 
 
 def _one_response(settings: Mapping[str, Setting], per_micro_batch: bool, aggregation: Aggregation) -> bool:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
-from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
+from klaudit.frameworks.versions import DEFAULT, Assumed, at_least, read_text
 
 NAME = "verl"
 LATEST = Assumed(DEFAULT[NAME])
@@ -270,14 +270,8 @@ _LOSS_DEFAULT = re.compile(r"^[ \t]+use_kl_loss:[ \t]*(\w+)", re.MULTILINE)
 def kl_loss_default(copy: Path | None, megatron: bool = False) -> str:
     """`actor.use_kl_loss` as the config a launch of the copy runs defaults it (GAIR-NLP/DeepResearcher's copy
     of verl 0.1 sets it true), else verl's false."""
-    if copy is None:
-        return DEFAULTS[USE_KL_LOSS]
-    try:
-        text = (copy / (MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE)).read_text(encoding="utf-8",
-                                                                                          errors="replace")
-    except OSError:
-        return DEFAULTS[USE_KL_LOSS]
-    found = _LOSS_DEFAULT.search(text)
+    text = read_text(copy / (MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE)) if copy is not None else None
+    found = _LOSS_DEFAULT.search(text) if text is not None else None
     return found.group(1) if found else DEFAULTS[USE_KL_LOSS]
 
 
@@ -290,11 +284,8 @@ def reward_follows_loss_flag(copy: Path | None, megatron: bool = False) -> bool:
     not there to read."""
     if copy is None:
         return False
-    try:
-        trainer, main, config = ((copy / name).read_text(encoding="utf-8", errors="replace") for name in (
-            TRAINER_FILE, MAIN_FILE, MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE))
-    except OSError:
-        return False
+    trainer, main, config = (read_text(copy / name) or "" for name in (
+        TRAINER_FILE, MAIN_FILE, MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE))
     return bool(_REWARD_UNLESS_LOSS.search(trainer) and _REFERENCE_ALWAYS.search(main) and "use_kl_loss" in config)
 
 
