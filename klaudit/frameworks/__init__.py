@@ -324,9 +324,14 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
 def _easyr1(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:
     """An EasyR1 YAML config's KL settings (no flag fixes: the help names the values to set), judged with how the
     project's copy of EasyR1 averages its micro-batches."""
-    copy = copy_holding(path, easyr1.ACTOR, context.roots)
-    judged = easyr1.judge(settings, easyr1.averages_per_micro_batch(copy[1] if copy else None))
+    judged = easyr1.judge(settings, _easyr1_per_micro_batch(path, context))
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
+
+
+def _easyr1_per_micro_batch(path: str, context: Context) -> bool:
+    """easyr1.averages_per_micro_batch of the copy of EasyR1 the file at `path` belongs to."""
+    copy = copy_holding(path, easyr1.ACTOR, context.roots)
+    return easyr1.averages_per_micro_batch(copy[1] if copy else None)
 
 
 def _roll(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:
@@ -378,8 +383,7 @@ def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
         own = {key: setting for key, setting in shell_overrides(text).items() if key in easyr1.KEYS_READ}
         if not own:
             return []  # the launch changes no key a verdict reads: the config's findings are its findings
-        copy = copy_holding(path, easyr1.ACTOR, context.roots)
-        per_micro_batch = easyr1.averages_per_micro_batch(copy[1] if copy else None)
+        per_micro_batch = _easyr1_per_micro_batch(path, context)
         judged, alone = easyr1.judge({**base, **own}, per_micro_batch), easyr1.judge(base, per_micro_batch)
         if judged is None or alone is not None and alone.config == judged.config:
             return []
