@@ -37,7 +37,15 @@ from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Returns, Sampling
 from klaudit.frameworks import verl
-from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
+from klaudit.frameworks.settings import (
+    Judged,
+    Setting,
+    listed,
+    more_responses_per_micro_batch,
+    number,
+    steps_per_rollout,
+    truthy,
+)
 from klaudit.frameworks.versions import read_text
 
 NAME = "EasyR1"
@@ -63,8 +71,8 @@ MICRO_BATCH = "worker.actor.micro_batch_size_per_device_for_update"
 KEYS_READ = (*KEYS, *EARLY_ACTOR_KEYS, *STEP_DEFAULTS, MICRO_BATCH)  # every key a verdict reads, in either layout
 ACTOR = "verl/workers/actor/dp_actor.py"
 _PER_MICRO_BATCH = re.compile(r"^[ \t]*loss = \w+ / gradient_accumulation\b", re.MULTILINE)
-MICRO_BATCH_FIX = (f"several responses per micro-batch ({MICRO_BATCH}; a token mean over B responses is still "
-                   "biased, by about 1/B), or an EasyR1 whose actor scales each micro-batch by the step's token count")
+MICRO_BATCH_FIX = (f"{more_responses_per_micro_batch(MICRO_BATCH)}, or an EasyR1 whose actor scales each micro-batch "
+                   "by the step's token count")
 
 _TO_REWARD = (f"{USE_KL_LOSS}: false with {KL_PENALTY}: kl (k1 in the reward, unbiased); the reward sums the KL "
               f"over the tokens where the token-mean loss averaged it: divide {KL_COEF} by about the mean response length")

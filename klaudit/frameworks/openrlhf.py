@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
-from klaudit.frameworks.settings import Judged, Setting, number, truthy
+from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, truthy
 from klaudit.frameworks.versions import Assumed, at_least
 
 NAME = "openrlhf"
@@ -203,9 +203,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
                if key in settings}
     helps = {"KL008": stale_reward_fix(flat)} if config.reward is not None else {}
     if per_response:
-        helps["KL007"] = (f"several responses per micro-batch ({name[MICRO_BATCH]}; a token mean over B responses is "
-                          f"still biased, by about 1/B), {name[DYNAMIC_BATCH]}, or OpenRLHF 0.11, which divides by the "
-                          "step's token count")
+        helps["KL007"] = (f"{more_responses_per_micro_batch(name[MICRO_BATCH])}, {name[DYNAMIC_BATCH]}, or OpenRLHF "
+                          "0.11, which divides by the step's token count")
     return Judged(config, anchor, flags, anchors, helps), clamped
 
 

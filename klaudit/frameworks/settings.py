@@ -79,6 +79,11 @@ def steps_per_rollout(settings: Mapping[str, Setting], sizes: Mapping[str, str])
     return epochs * max(rollout / update, 1.0)
 
 
+def more_responses_per_micro_batch(option: str) -> str:
+    """KL007's help where a token mean over a micro-batch of one response is per sequence (row 21)."""
+    return f"several responses per micro-batch ({option}; a token mean over B responses is still biased, by about 1/B)"
+
+
 def listed(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> str:
     """`, ppo_epochs=1 (default), train_batch_size=512`: keys by their last name, as set or defaulted."""
     return "".join(f", {key.rsplit('.', 1)[-1]}=" + (f"{settings[key].value}" if key in settings else f"{default} (default)")

@@ -41,7 +41,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting, listed, number, steps_per_rollout, truthy
+from klaudit.frameworks.settings import (
+    Judged,
+    Setting,
+    listed,
+    more_responses_per_micro_batch,
+    number,
+    steps_per_rollout,
+    truthy,
+)
 from klaudit.frameworks.versions import DEFAULT, Assumed, at_least, read_text
 
 NAME = "verl"
@@ -100,8 +108,7 @@ FIXES = {
 # KL007 when the token-mean is over micro-batches of one response (no flag fix: the help changes the mode)
 MICRO_BATCH_FIX = (f"{LOSS_AGG_MODE}=seq-mean-token-sum-norm (each response's sum over a constant, the padded "
                    "response length: multiply the coefficient by about that length over the mean response length "
-                   f"to keep the strength), or several responses per micro-batch ({MICRO_BATCH}; a token-mean over "
-                   "B responses is still biased, by about 1/B)")
+                   f"to keep the strength), or {more_responses_per_micro_batch(MICRO_BATCH)}")
 
 # The fixes that are one flag's value, at the flag where the file sets it (the others change the
 # KL's placement, whose coefficient conversion depends on the response length: no mechanical fix).
