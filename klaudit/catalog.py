@@ -43,6 +43,7 @@ class Returns(str, Enum):
     SEQUENCE_MEAN = "whole-sequence / L"  # the sequence total over its length L, on every token: the score
     # part of exp(mean_t (logp_t - sg logp_t)) * k_t, a sequence ratio of the mean log-ratio (GSPO-style)
     LOCAL = "same-token"  # token t's own value only, no accumulation
+    NOWHERE = "no score"  # the detached value added to the loss as it is: it multiplies no score, so no gradient
 
 
 class Aggregation(str, Enum):
@@ -231,6 +232,9 @@ CATALOG: tuple[Row, ...] = (
          Objective.LEN, "KL001",
          "with 1/L weights the k1 loss's expected gradient is grad E[1/L]: it pushes towards longer "
          "responses instead of towards the reference", FIX_K1_LOSS, needs_eos=True),
+    _row("1c", "KL estimate added to the loss without its gradient", _reward(E.K1, Returns.NOWHERE), Objective.ZERO,
+         "KL001", "the KL term reaches the loss detached (detach, no_grad, item): its gradient is exactly zero, so "
+         "the KL regularises nothing while its value is logged as part of the loss", FIX_K1_LOSS),
     _row("2", "k2 as loss", _loss(E.K2), Objective.PART, "KL003", _PARTIAL, FIX_K1_LOSS),
     _row("2", "k1+ (straight-through) as loss", _loss(E.K1_ST), Objective.PART, "KL003",
          "the straight-through k1+ has the gradient of k2: " + _PARTIAL, FIX_K1_LOSS),
@@ -411,7 +415,12 @@ CLAMPED = _row("KL010", "clamped KL estimate", None, Objective.OTHER,
                FIX_UNCLAMPED)
 
 def _normalized(config: Config) -> Config:
-    """The returns mode only matters when there is a reward; drop it otherwise."""
+    """The returns mode only matters when there is a reward; drop it otherwise. A reward that reaches no score
+    adds nothing to a loss beside it, and alone it is the same row whatever its aggregation, position,
+    sampling and sign: its gradient is zero."""
+    if config.returns is Returns.NOWHERE and config.reward is not None:
+        return Config(reward=config.reward, returns=Returns.NOWHERE) if config.loss is None else _with(
+            config, reward=None, returns=Returns.TO_GO)
     if config.reward is None and config.returns is not Returns.TO_GO:
         return Config(config.loss, None, Returns.TO_GO, config.aggregation, config.position,
                       config.sampling, config.sign)
@@ -419,6 +428,7 @@ def _normalized(config: Config) -> Config:
 
 
 _BY_CONFIG: Mapping[Config, Row] = {row.config: row for row in CATALOG if row.config is not None}
+NO_GRADIENT = _BY_CONFIG[Config(reward=E.K1, returns=Returns.NOWHERE)]  # every estimator's, detached into a loss
 
 
 def _with(config: Config, **changes: Any) -> Config:
@@ -437,6 +447,8 @@ def classify(config: Config) -> Row:
         raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
     if config in _BY_CONFIG:
         return _BY_CONFIG[config]
+    if config.returns is Returns.NOWHERE:
+        return NO_GRADIENT
     if config.sign < 0:
         if sign_matters(config):
             return _GENERIC_SIGN
@@ -503,6 +515,8 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     config = _normalized(config)
     if config.loss is None and config.reward is None:
         raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
+    if config.returns is Returns.NOWHERE:
+        return (classify(config),)
     found: list[Row | None] = []
     if config.sign < 0:
         if sign_matters(config):

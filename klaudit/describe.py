@@ -8,7 +8,7 @@ Plain Python: no torch (the lint imports it).
 
 from __future__ import annotations
 
-from klaudit.catalog import Config, Position
+from klaudit.catalog import Config, Position, Returns
 
 # What each name means (kl-math.md section 1). pi: the policy, ref: the reference, KL_t(h): the
 # per-step KL over the vocabulary at prefix h, s_t: the score of token t.
@@ -19,7 +19,7 @@ LEGEND: dict[str, str] = {
             "without the term that carries later tokens' KL back to earlier tokens",
     "PFWD": "sum_t E[grad KL(ref_t || pi_t)(h_t)]: the per-token forward KL at the policy's own prefixes",
     "FUT": "REV - PART = E[sum_t s_t sum_{u>t} KL_u]: the future half of REV alone",
-    "ZERO": "zero in expectation: the term adds noise to the gradient and no regularisation",
+    "ZERO": "zero in expectation (or exactly, for a term without gradient): no regularisation, at most noise",
     "LEN": "grad E[1/L]: a pull on the response length L instead of towards the reference",
     "OTHER": "none of the above: a mixture (e.g. REV - PFWD), a reversed sign, or clamped values",
     "cos REV": "cosine between the exact expected gradient of the audited term and grad KL(pi || ref), "
@@ -31,6 +31,8 @@ OBJECTIVES = ("REV", "FWD", "PART", "PFWD", "FUT", "ZERO", "LEN", "OTHER")
 
 def describe(config: Config) -> str:
     """The configuration in words: 'k3 differentiated as a loss, batch-token-mean, on-policy'."""
+    if config.loss is None and config.reward is not None and config.returns is Returns.NOWHERE:
+        return f"{config.reward.value} added to the loss without its gradient"  # no gradient: nothing else matters
     parts = []
     if config.loss is not None:
         parts.append(f"{config.loss.value} differentiated as a loss")

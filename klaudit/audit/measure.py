@@ -42,7 +42,7 @@ from klaudit.audit.fingerprint import (
     sample_rows,
 )
 from klaudit.audit.report import ResultRow
-from klaudit.catalog import CLAMPED, FIX_K1_LOSS, Aggregation, Objective, Target
+from klaudit.catalog import CLAMPED, FIX_K1_LOSS, NO_GRADIENT, Aggregation, Objective, Target
 from klaudit.describe import describe
 
 AUDIT_KL = 1.0  # nats between policy and reference: far enough that biased terms show (kl-math.md 12.2)
@@ -497,9 +497,6 @@ def _placements_for(term: Term, kind: str, placements: Sequence[str] | None, rew
     if detached and not placements and kind != "scalar" and chosen != ["reward"]:
         notes.append(f"{term.where()} returns a detached result: audited as a reward only")
         return ["reward"]  # a detached helper (e.g. under no_grad) can only be a reward
-    if detached and any(placement.startswith("loss") for placement in chosen):
-        raise TermError(f"no gradient flows from {term.where()} to the policy log-probs: "
-                        f"as a loss this KL term does nothing")
     return chosen
 
 
@@ -566,8 +563,14 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
         values = per_sequence(batch)
         return values.sum()
 
-    match, clamped = identify_clamped(user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation)
-    if match is not None:
+    without_gradient = not user_objective(batch_factory()).requires_grad
+
+    match, clamped = (None, None) if without_gradient else identify_clamped(
+        user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation)
+    if without_gradient:  # nothing of the term reaches the policy: no per-sample gradient to match (row 1c)
+        configuration, rule, fix = NO_GRADIENT.label, NO_GRADIENT.rule, NO_GRADIENT.fix
+        fingerprint_objective, same_gradient = NO_GRADIENT.objective.value, []
+    elif match is not None:
         configuration, rule, fix = match.description, match.row.rule, match.row.fix
         same_gradient = [describe(config) for config in match.twins]
         if clamped and rule is None:

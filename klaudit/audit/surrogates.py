@@ -84,6 +84,8 @@ def _returns(rewards: torch.Tensor, returns: Returns, mask: torch.Tensor) -> tor
         return (rewards.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(rewards)
     if returns is Returns.LOCAL:
         return rewards
+    if returns is Returns.NOWHERE:
+        return torch.zeros_like(rewards)
     raise ValueError(f"unknown returns mode {returns!r}")
 
 

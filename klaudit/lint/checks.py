@@ -150,6 +150,10 @@ def config_of(fact: Fact, kind: SinkKind) -> Config | None:
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
     loss = next((t for t in terms if t.place == "loss"), None)
     reward = next((t for t in terms if t.place == "reward"), None)
+    if reward is not None and reward.returns is Returns.NOWHERE and (loss is not None or not fact.severed):
+        # beside a differentiated term it adds nothing; a term read as data (a batch entry, a model output's
+        # field) may have a gradient the analysis does not see: only a gradient seen cut is row 1c
+        reward = None
     if (loss is not None and loss.estimator is None) or (reward is not None and reward.estimator is None):
         return None  # a KL-like form no catalog estimator matches: no evidence for a verdict
     if loss is None and reward is None:

@@ -55,6 +55,7 @@ class Fact:
     callee: Callee | None = None  # role "function": the function it holds
     stale: bool = False  # entered a loss in a step that holds the behaviour policy's log-probs: older samples
     beside: bool = False  # added to a value the analysis does not follow (a score, another loss term)
+    severed: bool = False  # a gradient it had was cut (detach, item, .data, computed under no_grad)
     packed: bool = False  # the sequences concatenated into one row (`torch.cat(pieces).unsqueeze(0)`)
     row: bool = False  # one sequence's tokens taken alone (a tensor iterated, unbound, split by lengths)
     against: frozenset[str] = frozenset()  # the distributions named where the KL term was formed (kl_targets)
@@ -344,6 +345,8 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         passed=a.passed or b.passed,
         pending=tuple(dict.fromkeys(a.pending + b.pending)),
         beside=a.beside or b.beside,
+        # a log-ratio formed from a cut operand is cut; a sum of KL terms is cut only where all of them are
+        severed=(a.severed or b.severed) if formed else (a.severed and b.severed) if both else first.severed,
         packed=a.packed or b.packed,
     )
 
@@ -475,7 +478,9 @@ def reference_kinds(value: Value) -> frozenset[AtomKind]:
 
 
 def detach_all(value: Value) -> Value:
-    return tuple(replace(f, poly=alg.detach(f.poly)) if f.poly is not None else f for f in value)
+    """Each fact without gradient; one that had a gradient is marked as cut (a tensor read as data is not)."""
+    return tuple(replace(f, poly=alg.detach(f.poly), severed=f.severed or f.poly.has_grad()) if f.poly is not None
+                 else f for f in value)
 
 def join_envs(a: Env, b: Env) -> Env:
     """Environments after two paths: each name holds the alternatives of both (unknown where one is).

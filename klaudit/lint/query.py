@@ -46,12 +46,13 @@ PLACEMENT_OF_SINK: dict[SinkKind, Placement] = {"loss": "loss", "reward": "rewar
 def placement_of(config: Config | None, sink_kind: SinkKind) -> Placement:
     """check-grad's name for how a KL term is used: "loss", "reward", or, when the same values are
     differentiated and also propagated detached, "loss+reward" (reward-to-go or whole sequence: the
-    same expectation) or "loss+future" (future-only returns)."""
+    same expectation) or "loss+future" (future-only returns). A detached term added to a loss as it is is a
+    loss (kl-math.md row 1c)."""
     if config is None:
         return PLACEMENT_OF_SINK[sink_kind]
     if config.loss is not None and config.reward is not None:
         return "loss+future" if config.returns is Returns.FUTURE else "loss+reward"
-    return "loss" if config.loss is not None else "reward"
+    return "loss" if config.loss is not None or config.returns is Returns.NOWHERE else "reward"
 
 
 class _Watching(Analyzer):

@@ -173,7 +173,20 @@ def test_detached_helper_is_audited_as_a_reward_only():
     assert [(row.placement, row.objective, row.unbiased) for row in report.results] == [("reward", "REV", True)]
     assert any("detached" in note for note in report.notes)
     forced = _audit("correct_estimators.py", "detached_kl_reward", placements=["loss"])
-    assert "no gradient flows" in forced.errors[0]
+    assert not forced.errors
+    assert [(row.placement, row.objective, row.rule) for row in forced.results] == [("loss", "ZERO", "KL001")]
+
+
+@pytest.mark.parametrize("qualname", ["no_grad_k3_kl_loss", "item_k1_kl_loss"])
+def test_a_kl_loss_without_gradient_is_row_1c(qualname):
+    """Enumerated, a term that autograd never reaches has zero expected gradient on every policy; the row says
+    so with the catalog's row 1c (KL001) instead of failing the audit."""
+    report = _audit("detached_kl_loss.py", qualname)
+    assert not report.errors
+    (row,) = report.results
+    assert (row.placement, row.objective, row.unbiased, row.rule) == ("loss", "ZERO", False, "KL001")
+    assert row.configuration == "KL estimate added to the loss without its gradient"
+    assert set(row.per_policy.values()) == {"ZERO"} and row.cos_rev is None
 
 
 def test_fingerprint_on_a_model_from_disk(tmp_path):

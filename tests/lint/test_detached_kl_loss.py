@@ -1,0 +1,138 @@
+"""A KL estimate added to a loss without its gradient (kl-math.md section 8, row 1c: KL001).
+
+The KL is computed from log-probs taken under torch.no_grad(), detached, or turned into a number with .item(),
+then added to a loss whose policy-gradient part does carry a gradient: back-propagation trains that part and
+never reaches the KL, so the penalty regularises nothing (allenai/open-instruct #530 was this bug). A detached
+estimate is right where it multiplies a score (a reward); a critic's squared error against returns that hold
+the KL reward is a regression target, not a KL term; and a loss with no gradient anywhere (an evaluation under
+no_grad, a total built for the log) is not a training loss to judge.
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+POLICY = """\
+    import torch
+
+
+    def token_logprobs(model, batch):
+        logits = model(batch["input_ids"]).logits
+        return torch.log_softmax(logits, -1).gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+
+
+"""
+
+NO_GRAD_KL = POLICY + """\
+    def train_step(policy, ref_model, batch, optimizer, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+            log_ratio = ref_logp - logp
+            kl = (torch.exp(log_ratio) - 1 - log_ratio).mean()
+        pg_loss = -(batch["advantages"] * logp).mean()
+        loss = pg_loss + beta * kl
+        loss.backward()
+        optimizer.step()
+"""
+
+DETACHED_KL = POLICY + """\
+    def train_step(policy, ref_model, batch, optimizer, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+        kl = (logp - ref_logp).detach()
+        pg_loss = -(batch["advantages"] * logp).mean()
+        loss = pg_loss + beta * 0.5 * (kl ** 2).mean()
+        loss.backward()
+        optimizer.step()
+"""
+
+ITEM_KL = POLICY + """\
+    def train_step(policy, ref_model, batch, optimizer, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+        kl = (logp - ref_logp).mean().item()
+        loss = -(batch["advantages"] * logp).mean() + beta * kl
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("source, line", [(NO_GRAD_KL, 16), (DETACHED_KL, 15), (ITEM_KL, 14)],
+                         ids=["no_grad", "detach", "item"])
+def test_a_kl_without_gradient_in_a_trained_loss_is_kl001(source, line, tmp_path):
+    assert module_codes(source, tmp_path) == [(line, "KL001")]
+
+
+def test_the_finding_says_the_gradient_is_missing(tmp_path):
+    from klaudit.lint.engine import lint_paths
+
+    (tmp_path / "step.py").write_text(__import__("textwrap").dedent(NO_GRAD_KL))
+    (finding,) = lint_paths([str(tmp_path)]).findings
+    assert "k3 added to the loss without its gradient" in finding.message
+    assert "exactly zero" in finding.message
+
+
+KL_IN_REWARD = POLICY + """\
+    def train_step(policy, ref_model, batch, optimizer, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+            rewards = batch["rewards"] - beta * (logp - ref_logp)
+            returns = rewards.flip(-1).cumsum(-1).flip(-1)
+        loss = -(returns * logp).mean()
+        loss.backward()
+        optimizer.step()
+"""
+
+EVALUATION = POLICY + """\
+    @torch.no_grad()
+    def evaluate(policy, ref_model, batch, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        ref_logp = token_logprobs(ref_model, batch)
+        log_ratio = ref_logp - logp
+        loss = -(batch["advantages"] * logp).mean() + beta * (torch.exp(log_ratio) - 1 - log_ratio).mean()
+        return loss
+"""
+
+SCORE_WEIGHTED = POLICY + """\
+    def train_step(policy, ref_model, batch, optimizer, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+        kl = (logp - ref_logp).detach()
+        returns = kl.flip(-1).cumsum(-1).flip(-1)
+        loss = -(batch["advantages"] * logp).mean() + beta * (logp * returns).mean()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+CRITIC_TARGET = """\
+    import torch
+
+
+    def ppo_step(policy, critic, old_logp, ref_logp, scores, mask, input_ids, optimizer, beta=0.05):
+        with torch.no_grad():
+            rewards = scores - beta * (old_logp - ref_logp)
+            returns = rewards.flip(-1).cumsum(-1).flip(-1)
+            advantages = masked_whiten(returns, mask)
+        logp = policy(input_ids)
+        ratio = torch.exp(logp - old_logp)
+        pg_loss = (-advantages * ratio * mask).sum() / mask.sum()
+        vpred = critic(input_ids)
+        vf_losses = torch.square(vpred - returns)
+        vf_loss = 0.5 * (vf_losses * mask).sum() / mask.sum()
+        loss = pg_loss + 0.1 * vf_loss
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("source", [KL_IN_REWARD, EVALUATION, SCORE_WEIGHTED, CRITIC_TARGET],
+                         ids=["reward", "no_grad-evaluation", "score-weighted", "critic-target"])
+def test_a_detached_kl_where_it_belongs_or_outside_training_is_not_flagged(source, tmp_path):
+    assert "KL001" not in {code for _, code in module_codes(source, tmp_path)}  # the PPO step is KL008 (row 23)
