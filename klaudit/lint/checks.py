@@ -149,7 +149,8 @@ def config_of(fact: Fact, kind: SinkKind) -> Config | None:
         return None
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
     loss = next((t for t in terms if t.place == "loss"), None)
-    reward = next((t for t in terms if t.place == "reward"), None)
+    rewards = sorted((t for t in terms if t.place == "reward"), key=lambda t: t.returns is Returns.NOWHERE)
+    reward = rewards[0] if rewards else None  # a reward that reaches a score before one added as it is
     if reward is not None and reward.returns is Returns.NOWHERE and (loss is not None or not fact.severed):
         # beside a differentiated term it adds nothing; a term read as data (a batch entry, a model output's
         # field) may have a gradient the analysis does not see: only a gradient seen cut is row 1c

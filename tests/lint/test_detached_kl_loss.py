@@ -136,3 +136,19 @@ CRITIC_TARGET = """\
                          ids=["reward", "no_grad-evaluation", "score-weighted", "critic-target"])
 def test_a_detached_kl_where_it_belongs_or_outside_training_is_not_flagged(source, tmp_path):
     assert "KL001" not in {code for _, code in module_codes(source, tmp_path)}  # the PPO step is KL008 (row 23)
+
+
+def test_a_detached_value_beside_its_own_score_term_keeps_the_rewards_verdict(tmp_path):
+    """k3 values with reward-to-go through the score (row 7: KL004), their value also added as it is: the verdict
+    is the reward's, not row 1c's (the term reaches a score)."""
+    source = """\
+        import torch
+
+
+        def loss_fn(logprobs, ref_logprobs, mask, beta=0.1):
+            lr = (ref_logprobs - logprobs).detach()
+            k3 = torch.exp(lr) - 1 - lr
+            returns = k3.flip(-1).cumsum(-1).flip(-1)
+            return (beta * k3 * mask).sum() + (logprobs * returns * mask).sum()
+    """
+    assert module_codes(source, tmp_path) == [(7, "KL004")]
