@@ -84,8 +84,6 @@ def _returns(rewards: torch.Tensor, returns: Returns, mask: torch.Tensor) -> tor
         return (rewards.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)).expand_as(rewards)
     if returns is Returns.LOCAL:
         return rewards
-    if returns is Returns.NOWHERE:
-        return torch.zeros_like(rewards)
     raise ValueError(f"unknown returns mode {returns!r}")
 
 
@@ -134,9 +132,12 @@ def build_surrogate(config: Config) -> Surrogate:
             rewards = (estimator_values(config.reward, log_ratio, batch) * positions).detach()
             if config.sampling is Sampling.PER_DECISION_IS:
                 rewards = weight_for(config.reward) * rewards
-            coefficient = _returns(rewards, config.returns, mask)
-            score_weight = weight_through if config.sampling is Sampling.TOKEN_IS else 1.0
-            total = total + (score_weight * batch.logprobs * mask * coefficient).sum(-1)
+            if config.returns is Returns.NOWHERE:  # added to the loss as it is: its value, and no gradient
+                total = total + rewards.sum(-1)
+            else:
+                coefficient = _returns(rewards, config.returns, mask)
+                score_weight = weight_through if config.sampling is Sampling.TOKEN_IS else 1.0
+                total = total + (score_weight * batch.logprobs * mask * coefficient).sum(-1)
         return config.sign * total
 
     return surrogate

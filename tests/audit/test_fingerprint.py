@@ -33,7 +33,15 @@ def _summed(config: Config, factor: float = 1.0):
 
 
 ON_POLICY_ROWS = [row for row in CATALOG if row.config is not None and row.config.sampling is Sampling.ON_POLICY
-                  and row.config.aggregation in (Aggregation.SUM, Aggregation.SEQ_MEAN)]
+                  and row.config.aggregation in (Aggregation.SUM, Aggregation.SEQ_MEAN)
+                  and row.config.returns is not Returns.NOWHERE]  # no per-sample gradient to name: row 1c
+
+
+def test_a_term_without_gradient_is_named_by_no_row(on_policy):
+    """Row 1c (a detached estimate added to the loss) has no per-sample gradient: the fingerprint names no
+    configuration for it (check-grad reads that row from autograd, tests/audit/test_runner.py)."""
+    [row] = [r for r in CATALOG if r.config is not None and r.config.returns is Returns.NOWHERE]
+    assert on_policy.identify(_summed(row.config)) is None
 
 
 @pytest.mark.parametrize("row", [r for r in ON_POLICY_ROWS if r.config.aggregation is Aggregation.SUM],
