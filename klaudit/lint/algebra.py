@@ -433,7 +433,7 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
             continue
         differentiable = any(a.grad for m, _ in factor for a in m)
         if key is None:
-            term = _loss_term(factor) if differentiable else _detached_in_loss(factor, poly)
+            term = _loss_term(factor) if differentiable else _detached_in_loss(factor)
         elif key[0] == POLICY:
             term = None if differentiable else _reward_term(factor)
         elif key[1] and not differentiable:
@@ -455,12 +455,11 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
     return out
 
 
-def _detached_in_loss(factor: Terms, loss: Poly) -> Term | None:
-    """A detached estimate added as it is to a loss that has a gradient elsewhere (its policy-gradient
-    part): the KL term of a loss back-propagated through the rest, with no gradient of its own (kl-math.md
-    row 1c). A loss with no gradient anywhere is not judged (an evaluation under no_grad, a logged total), nor
-    returns (a critic's squared error against returns that hold the KL reward: a regression target)."""
-    if not loss.has_grad() or any(a.acc == TO_GO for mono, _ in factor for a in mono):
+def _detached_in_loss(factor: Terms) -> Term | None:
+    """A detached estimate added as it is to a loss: with no gradient of its own, whatever the rest of the loss
+    trains (kl-math.md row 1c; klaudit.lint.checks decides whether that loss is trained). Returns are not one (a
+    critic's squared error against returns that hold the KL reward is a regression target)."""
+    if any(a.acc == TO_GO for mono, _ in factor for a in mono):
         return None
     found = match_estimator(factor)
     return None if found is None else Term("reward", found[0], found[1], Returns.NOWHERE)

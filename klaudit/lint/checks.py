@@ -66,7 +66,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         except (RecursionError, BudgetExceeded):
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
-                 if (config := config_of(fact, sink.kind)) is not None]
+                 if (config := config_of(fact, sink.kind, sink.trained)) is not None]
         paired = _paired(found)
         teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
                           and masks_by_labels(func) and samples_nowhere(source))
@@ -143,18 +143,26 @@ class _Candidate:
 
 
 _CLAMPABLE: dict[Estimator | None, Estimator] = {Estimator.K3: Estimator.LOW_VAR_KL}
-def config_of(fact: Fact, kind: SinkKind) -> Config | None:
-    """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one."""
+def _cut_in_trained_loss(fact: Fact, trained: bool) -> bool:
+    """Row 1c's evidence: a gradient the term had was seen cut (a tensor read as data, a batch entry or a model
+    output's field, may have one the analysis does not see), and the loss it is added to has a gradient: in its
+    own polynomial (a PPO ratio, log-probs), or in a term beside it the analysis does not follow (an
+    advantage-weighted log-prob), where that loss is not formed under no_grad (an evaluation)."""
+    return fact.severed and fact.poly is not None and (fact.poly.has_grad() or fact.beside and trained)
+
+
+def config_of(fact: Fact, kind: SinkKind, trained: bool = True) -> Config | None:
+    """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one;
+    `trained`: the sink is not formed under no_grad."""
     if fact.poly is None:
         return None
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
     loss = next((t for t in terms if t.place == "loss"), None)
     rewards = sorted((t for t in terms if t.place == "reward"), key=lambda t: t.returns is Returns.NOWHERE)
     reward = rewards[0] if rewards else None  # a reward that reaches a score before one added as it is
-    if reward is not None and reward.returns is Returns.NOWHERE and (loss is not None or not fact.severed):
-        # beside a differentiated term it adds nothing; a term read as data (a batch entry, a model output's
-        # field) may have a gradient the analysis does not see: only a gradient seen cut is row 1c
-        reward = None
+    if reward is not None and reward.returns is Returns.NOWHERE and (loss is not None or not _cut_in_trained_loss(
+            fact, trained)):
+        reward = None  # beside a differentiated term it adds nothing
     if (loss is not None and loss.estimator is None) or (reward is not None and reward.estimator is None):
         return None  # a KL-like form no catalog estimator matches: no evidence for a verdict
     if loss is None and reward is None:

@@ -114,6 +114,7 @@ class Sink:
     # many calls it lies below this one
     via: cst.CSTNode | None = None
     depth: int = 0
+    trained: bool = True  # formed where tensors get a gradient (not under no_grad): a loss back-propagation can train
 
 @dataclass
 class Outcome:

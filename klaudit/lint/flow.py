@@ -35,7 +35,7 @@ from klaudit.lint.calls import CallFlow
 from klaudit.lint.conditions import ConditionFlow
 from klaudit.lint.containers import ContainerFlow
 from klaudit.lint.expressions import ExpressionFlow
-from klaudit.lint.facts import Fact, Outcome, Sink, param_facts, registry_switches, replace, within_registry
+from klaudit.lint.facts import Fact, Outcome, param_facts, registry_switches, replace, within_registry
 from klaudit.lint.library import LibraryFlow
 from klaudit.lint.recorded import only_recorded
 from klaudit.lint.reductions import ReductionFlow
@@ -72,7 +72,7 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
         run.no_grad = run.no_grad or self.no_grad
         run.labels = self.labels  # it exists only on the path where its definition runs
         for sink in run.run().sinks:
-            self.sinks.append(Sink(sink.kind, sink.facts, sink.node, len(self.sinks), sink.via, sink.depth))
+            self.sinks.append(replace(sink, order=len(self.sinks)))
         self.settled.update(run.settled)  # an enclosing variable the closure uses has that use
 
 

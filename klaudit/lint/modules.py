@@ -18,7 +18,6 @@ from klaudit.lint.edits import line_starts
 from klaudit.lint.facts import (
     Env,
     Outcome,
-    Sink,
     Value,
     as_rollout_data,
     bare_parameter_facts,
@@ -317,7 +316,7 @@ class Analyzer(NameResolution):
         outcome = FunctionRun(self, module, func, cls, env, record=True).run()
         for subclass in overriding_subclasses(module, cls, func.name.value) if cls is not None else ():
             more = FunctionRun(self, module, func, subclass, env, record=True).run()
-            outcome.sinks.extend(Sink(s.kind, s.facts, s.node, len(outcome.sinks), s.via, s.depth) for s in more.sinks)
+            outcome.sinks.extend(replace(s, order=len(outcome.sinks)) for s in more.sinks)
         return outcome
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
@@ -361,7 +360,7 @@ class Analyzer(NameResolution):
         # the caller's terms that reach a sink here; in klaudit's model of an installed framework, also the
         # terms it forms from the data it reads (verl's apply_kl_penalty): the caller's lint is their only report
         own = is_installed_model(module.path)
-        sinks = [Sink(s.kind, tuple(f for f in s.facts if f.passed or own), s.node, 0, s.via, s.depth) for s in outcome.sinks]
+        sinks = [replace(s, facts=tuple(f for f in s.facts if f.passed or own), order=0) for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])
         # a cut-off of a recursive call into a caller (not into `func` itself) makes the summary
         # depend on the call chain: it is not cached, and the caller depends on it too

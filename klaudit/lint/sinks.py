@@ -36,7 +36,7 @@ class SinkFlow(FlowState):
         if facts and self.record:
             note_entry(self, node)
             self.sinks.append(Sink(kind, facts, node, self.next_order(), *(
-                (via.via or via.node, via.depth + 1) if via is not None else ())))
+                (via.via or via.node, via.depth + 1) if via is not None else (None, 0)), trained=not self.no_grad))
         self.confirm(value)
         self.settle(value)
         if kind == "loss":
@@ -62,7 +62,8 @@ class SinkFlow(FlowState):
             note_entry(self, node)
             earlier = self.waiting.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
-            self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order())
+            self.waiting[node] = Sink("reward", facts, node, earlier.order if earlier else self.next_order(),
+                                      trained=not self.no_grad)
         return marked
 
     def loss_candidate(self, value: tuple, node: cst.CSTNode) -> tuple:
@@ -78,7 +79,8 @@ class SinkFlow(FlowState):
             note_entry(self, node)
             earlier = self.loss_parts.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
-            self.loss_parts[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order())
+            self.loss_parts[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order(),
+                                         trained=not self.no_grad)
         self.confirm(value)
         self.settle(value)
         return marked

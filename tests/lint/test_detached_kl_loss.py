@@ -152,3 +152,58 @@ def test_a_detached_value_beside_its_own_score_term_keeps_the_rewards_verdict(tm
             return (beta * k3 * mask).sum() + (logprobs * returns * mask).sum()
     """
     assert module_codes(source, tmp_path) == [(7, "KL004")]
+
+
+REINFORCE = """\
+    import torch
+
+
+    def train_step(logp, ref_logp, advantages, optimizer, beta=0.1):
+        with torch.no_grad():
+            log_ratio = logp - ref_logp
+            kl = (torch.exp(-log_ratio) - 1 + log_ratio).sum(-1)
+        loss = -(advantages * logp.sum(-1)).mean() + beta * kl.mean()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_beside_a_term_the_analysis_does_not_follow_the_cut_kl_is_still_found(tmp_path):
+    """`advantages * logp` is a policy-gradient term the algebra sets aside: the loss still trains, and its KL
+    term, cut under no_grad, has no gradient (zu-zi/LLM-RL's GRPO and DAPO trainers, with their names)."""
+    assert module_codes(REINFORCE, tmp_path) == [(8, "KL001")]
+
+
+EVALUATING_GIVEN_LOGPROBS = """\
+    import torch
+
+
+    @torch.no_grad()
+    def evaluate(logp, ref_logp, advantages, beta=0.1):
+        log_ratio = logp - ref_logp
+        kl = (torch.exp(-log_ratio) - 1 + log_ratio).sum(-1)
+        loss = -(advantages * logp.sum(-1)).mean() + beta * kl.mean()
+        return loss
+"""
+
+LOGGED_TOTAL = """\
+    import torch
+
+
+    class Trainer:
+        def step(self, logp, ref_logp, advantages, optimizer, beta=0.1):
+            log_ratio = ref_logp - logp
+            kl = torch.exp(log_ratio) - 1 - log_ratio
+            loss = -(advantages * logp).mean() + beta * kl.mean()
+            loss.backward()
+            optimizer.step()
+            self.running_loss += loss.item()
+"""
+
+
+@pytest.mark.parametrize("source, codes", [(EVALUATING_GIVEN_LOGPROBS, []), (LOGGED_TOTAL, [(8, "KL002")])],
+                         ids=["evaluation-under-no_grad", "logged-total"])
+def test_a_cut_copy_outside_training_is_not_row_1c(source, codes, tmp_path):
+    """The same shape under no_grad (an evaluation given log-probs with a gradient), and a trained loss's
+    value accumulated for the log: neither is a KL term added without its gradient."""
+    assert module_codes(source, tmp_path) == codes
