@@ -61,6 +61,7 @@ class Position(str, Enum):
     ALL = "all-tokens"
     LAST = "last-token"  # only the final response token
     SEQUENCE = "sequence-log-ratio"  # the estimator applied to D = sum_t delta_t
+    SEQUENCE_MEAN = "sequence-mean-log-ratio"  # the estimator applied to D / L, the response's mean log-ratio
 
 
 class Sampling(str, Enum):
@@ -321,6 +322,10 @@ CATALOG: tuple[Row, ...] = (
          Objective.FWD, "KL002",
          "the sequence-level k3 differentiated gives E[(1 - ref(y)/pi(y)) score(y)] = grad KL(ref || pi), "
          "the forward KL", FIX_K3_LOSS),
+    _row("18b", "k3 of the sequence's mean log-ratio (e^-D/L - 1 + D/L) as loss",
+         _loss(E.K3, position=Position.SEQUENCE_MEAN), Objective.OTHER, "KL009",
+         "k3 of the mean log-ratio D/L differentiated gives E[(1 - e^(-D/L)) score(y) / L]: the forward KL only for "
+         "L = 1, never the reverse KL, and a different divergence for each length", FIX_K1_LOSS),
     _row("19", "k1 as loss at the last token only", _loss(E.K1, position=Position.LAST), Objective.OTHER,
          "KL005", "a KL at the final token only matches no KL objective (with EOS, which token is last "
          "depends on its own value)", FIX_ALL_TOKENS, needs_eos=True),

@@ -323,7 +323,7 @@ def candidate_configs(off_policy: bool) -> list[Config]:
         if config.returns is Returns.NOWHERE:
             continue  # no per-sample gradient: a term without one is told by autograd, not by the fingerprint
         if off_policy:
-            if config.position is Position.SEQUENCE:
+            if config.position in (Position.SEQUENCE, Position.SEQUENCE_MEAN):
                 continue
             if config.sampling is Sampling.ON_POLICY:
                 config = dataclasses.replace(config, sampling=Sampling.OFF_POLICY)

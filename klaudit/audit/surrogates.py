@@ -114,10 +114,13 @@ def build_surrogate(config: Config) -> Surrogate:
     def surrogate(batch: Batch) -> torch.Tensor:
         mask = batch.mask
         log_ratio = (batch.logprobs - batch.ref_logprobs) * mask
-        if config.position is Position.SEQUENCE:
+        if config.position in (Position.SEQUENCE, Position.SEQUENCE_MEAN):
             if config.loss is None or config.reward is not None or config.sampling is not Sampling.ON_POLICY:
                 raise ValueError("sequence-level estimators are audited as on-policy losses only")
-            return config.sign * estimator_values(config.loss, log_ratio.sum(-1), batch)
+            summed = log_ratio.sum(-1)
+            if config.position is Position.SEQUENCE_MEAN:
+                summed = summed / mask.sum(-1).clamp(min=1.0)
+            return config.sign * estimator_values(config.loss, summed, batch)
         positions = _last_token_mask(mask) if config.position is Position.LAST else mask
         weight_through, weight_before = _importance_weights(batch, config.sampling)
 

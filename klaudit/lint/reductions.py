@@ -147,7 +147,9 @@ class ReductionFlow(FlowState):
             if fn == "log" and f.clamped and {a.kind for a in poly.atoms()} <= {alg.VOCAB_POLICY, alg.VOCAB_REF}:
                 f = replace(f, clamped=False)  # log(probs.clamp_min(eps)): a safe log, the KL is not clamped
             position = f.position
-            if fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+            if mean and f.is_kl():
+                position = Position.SEQUENCE_MEAN  # exp(-D / L) of the reference: an estimator of the mean log-ratio
+            elif fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 position = Position.SEQUENCE
             out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position,
                                against=kl_targets(node, f)))
