@@ -35,8 +35,8 @@ class SinkFlow(FlowState):
         facts = tuple(f for f in marked if f.is_kl())
         if facts and self.record:
             note_entry(self, node)
-            self.sinks.append(Sink(kind, facts, node, self.next_order(), *(
-                (via.via or via.node, via.depth + 1) if via is not None else (None, 0)), trained=not self.no_grad))
+            self.sinks.append(Sink(kind, facts, node, self.next_order(), via=via.via or via.node if via is not None else None,
+                                   depth=via.depth + 1 if via is not None else 0, trained=not self.no_grad))
         self.confirm(value)
         self.settle(value)
         if kind == "loss":
