@@ -80,8 +80,21 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             undecided.extend((fact, sink, f"it reaches {_a(sink.kind)} in a form that no catalog estimator matches")
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
+    candidates = _without_logged_copies(candidates)
     return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions])
             + _undetermined(path, module, analyzer, undecided, decided))
+
+
+def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
+    """A KL term added without its gradient (row 1c) whose estimate also reaches a loss or a reward that uses it
+    (the same origin) is a copy kept for the log (`metrics["actor/kl_loss"] += kl_loss.detach().item()`), not
+    the KL term of the training."""
+    used = {id(c.fact.origin) for c in candidates if c.fact.origin is not None and not _without_gradient(c.config)}
+    return [c for c in candidates if not (_without_gradient(c.config) and id(c.fact.origin) in used)]
+
+
+def _without_gradient(config: Config) -> bool:
+    return config.loss is None and config.returns is Returns.NOWHERE
 
 
 def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:

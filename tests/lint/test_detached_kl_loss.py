@@ -207,3 +207,29 @@ def test_a_cut_copy_outside_training_is_not_row_1c(source, codes, tmp_path):
     """The same shape under no_grad (an evaluation given log-probs with a gradient), and a trained loss's
     value accumulated for the log: neither is a KL term added without its gradient."""
     assert module_codes(source, tmp_path) == codes
+
+
+LOGGED_INTO_METRICS = """\
+    import torch
+
+
+    def update(micro_batches, optimizer, metrics, kl_loss_type, use_kl_loss=True, beta=0.1):
+        for logp, ref_logp, advantages in micro_batches:
+            loss = -(advantages * logp).mean()
+            if use_kl_loss:
+                if kl_loss_type == "k1":
+                    kld = logp - ref_logp
+                else:
+                    kld = 0.5 * (logp - ref_logp) ** 2
+                kl_loss = kld.mean()
+                loss = loss + beta * kl_loss
+                metrics["actor/kl_loss"] += kl_loss.detach().item()
+            loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_cut_copy_of_a_trained_kl_term_logged_into_metrics_is_not_row_1c(tmp_path):
+    """verl's actors log `metrics["actor/kl_loss"] += kl_loss.detach().item()` after adding the same term, with its
+    gradient, to the loss (AgentCombo/DEEP-GRPO): the copy is for the log; the trained term keeps its verdict."""
+    assert module_codes(LOGGED_INTO_METRICS, tmp_path) == [(12, "KL001"), (12, "KL003")]  # rows 1 and 2
