@@ -152,8 +152,9 @@ DATA_CONTAINERS = re.compile(
 # from its inputs).
 _PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)(?![a-z0-9])", re.IGNORECASE)
 _LOGPROBS = r"log_?probs?|logps?|(?<![a-z])lps?(?![a-z])"  # `ref_logps`, `sequence_log_probs`, `chosen_lp`
-_LOGPROB_WORD = re.compile(_LOGPROBS + r"|logits|log_?ratios?", re.IGNORECASE)
 _LOGPROBS_WORD = re.compile(_LOGPROBS, re.IGNORECASE)
+_LONG_LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?", re.IGNORECASE)
+_SIDE_THEN_LP = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)_(\w*_)?lps?(?![a-z0-9])", re.IGNORECASE)
 
 
 def speaks_of_logprobs(name: str) -> bool:
@@ -163,8 +164,11 @@ def speaks_of_logprobs(name: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every assignment
 def names_pair_logprobs(name: str) -> bool:
-    """A name for the log-probs (or logits) of the chosen or rejected response of a preference pair."""
-    return _PREFERENCE_SIDE.search(name) is not None and _LOGPROB_WORD.search(name) is not None
+    """A name for the log-probs (or logits) of the chosen or rejected response of a preference pair. The short
+    `lp` counts after the side only (`ref_chosen_lp`): `lp_chosen` is the log-prob of the token chosen (sampled)."""
+    if _PREFERENCE_SIDE.search(name) is None:
+        return False
+    return _LONG_LOGPROB_WORD.search(name) is not None or _SIDE_THEN_LP.search(name) is not None
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again

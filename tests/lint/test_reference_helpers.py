@@ -156,3 +156,12 @@ def test_a_helper_of_raw_logits_run_on_the_reference_is_not_read_as_log_probs(tm
         opt.step()
 """
     assert codes(tmp_path, source) == []
+
+
+@pytest.mark.parametrize("name, pair", [("lp_chosen", False), ("logp_chosen_tok", True), ("rejected_seq_lps", True)])
+def test_lp_before_the_side_is_the_sampled_tokens_log_prob(name, pair):
+    """ZIYUANLI-star/TriUTest's helper returns `lp_chosen`, the log-probs of the tokens it chose (sampled): no
+    preference pair, and its KL loss keeps KL001 and KL010 (fifteenth set). The long words keep both orders."""
+    from klaudit.lint.roles import names_pair_logprobs
+
+    assert names_pair_logprobs(name) is pair
