@@ -5,7 +5,8 @@ reference's log-probs, optionally detached (`.detach()` or under `torch.no_grad(
 with the mask, and places it in the loss (differentiated) or in the reward (a per-token penalty),
 among statements unrelated to the KL (noise). The rule it must get follows kl-math.md §8:
 a differentiated k1 is KL001, k3 KL002, k2 (per-token, local gradient only) KL003; a detached
-estimator in the loss contributes no gradient; in the reward k1 is correct and k2, k3 are KL004.
+estimator added to the trained loss has no gradient at all (row 1c: KL001); in the reward k1 is correct and
+k2, k3 are KL004.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def programs(draw):
     if placement == "loss":
         aggregate = draw(st.sampled_from(AGGREGATIONS)).format(**names)
         body += [f"loss = pg_loss + {coef} * {aggregate}", "loss.backward()", "return loss"]
-        expected = None if detach != "none" else LOSS_RULES[estimator]
+        expected = "KL001" if detach != "none" else LOSS_RULES[estimator]
         name = "compute_loss"
     else:
         body += [f"rewards = scores - {coef} * {names['kl']}", "return rewards"]
