@@ -419,6 +419,11 @@ CLAMPED = _row("KL010", "clamped KL estimate", None, Objective.OTHER,
                "of one sign for a clamp at 0), so the expected gradient is no longer grad KL(pi || ref) there",
                FIX_UNCLAMPED)
 
+def without_gradient(config: Config) -> bool:
+    """A detached estimate added to the loss as it is, and nothing differentiated beside it (row 1c)."""
+    return config.loss is None and config.reward is not None and config.returns is Returns.NOWHERE
+
+
 def _normalized(config: Config) -> Config:
     """The returns mode only matters when there is a reward; drop it otherwise. A reward that reaches no score
     adds nothing to a loss beside it, and alone it is the same row whatever its aggregation, position,
@@ -452,7 +457,7 @@ def classify(config: Config) -> Row:
         raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
     if config in _BY_CONFIG:
         return _BY_CONFIG[config]
-    if config.returns is Returns.NOWHERE:
+    if without_gradient(config):
         return NO_GRADIENT
     if config.sign < 0:
         if sign_matters(config):
@@ -520,8 +525,8 @@ def defects(config: Config, clamped: bool = False) -> tuple[Row, ...]:
     config = _normalized(config)
     if config.loss is None and config.reward is None:
         raise ValueError("a KL configuration needs a loss estimator, a reward estimator, or both")
-    if config.returns is Returns.NOWHERE:
-        return (classify(config),)
+    if without_gradient(config):
+        return (NO_GRADIENT,)
     found: list[Row | None] = []
     if config.sign < 0:
         if sign_matters(config):

@@ -8,7 +8,7 @@ Plain Python: no torch (the lint imports it).
 
 from __future__ import annotations
 
-from klaudit.catalog import Config, Position, Returns
+from klaudit.catalog import Config, Position, without_gradient
 
 # What each name means (kl-math.md section 1). pi: the policy, ref: the reference, KL_t(h): the
 # per-step KL over the vocabulary at prefix h, s_t: the score of token t.
@@ -31,7 +31,7 @@ OBJECTIVES = ("REV", "FWD", "PART", "PFWD", "FUT", "ZERO", "LEN", "OTHER")
 
 def describe(config: Config) -> str:
     """The configuration in words: 'k3 differentiated as a loss, batch-token-mean, on-policy'."""
-    if config.loss is None and config.reward is not None and config.returns is Returns.NOWHERE:
+    if config.reward is not None and without_gradient(config):
         return f"{config.reward.value} added to the loss without its gradient"  # no gradient: nothing else matters
     parts = []
     if config.loss is not None:

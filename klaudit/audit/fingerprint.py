@@ -32,7 +32,7 @@ import torch
 
 from klaudit.audit.batch import Batch, required
 from klaudit.audit.surrogates import build_surrogate
-from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Returns, Row, Sampling, classify
+from klaudit.catalog import CATALOG, Aggregation, Config, Objective, Position, Row, Sampling, classify, without_gradient
 from klaudit.describe import describe
 
 MATCH_RTOL_FLOAT64 = 1e-6
@@ -320,7 +320,7 @@ def candidate_configs(off_policy: bool) -> list[Config]:
         config = row.config
         if config is None or config.aggregation not in (Aggregation.SUM, Aggregation.SEQ_MEAN):
             continue  # divide-by-constant and batch token-mean are a sum up to scale on one batch
-        if config.returns is Returns.NOWHERE:
+        if without_gradient(config):
             continue  # no per-sample gradient: a term without one is told by autograd, not by the fingerprint
         if off_policy:
             if config.position in (Position.SEQUENCE, Position.SEQUENCE_MEAN):

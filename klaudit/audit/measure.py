@@ -563,24 +563,8 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
         values = per_sequence(batch)
         return values.sum()
 
-    without_gradient = not user_objective(batch_factory()).requires_grad
-
-    match, clamped = (None, None) if without_gradient else identify_clamped(
-        user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation)
-    if without_gradient:  # nothing of the term reaches the policy: no per-sample gradient to match (row 1c)
-        configuration, rule, fix = NO_GRADIENT.label, NO_GRADIENT.rule, NO_GRADIENT.fix
-        fingerprint_objective, same_gradient = NO_GRADIENT.objective.value, []
-    elif match is not None:
-        configuration, rule, fix = match.description, match.row.rule, match.row.fix
-        same_gradient = [describe(config) for config in match.twins]
-        if clamped and rule is None:
-            rule, fix, unbiased = CLAMPED.rule, CLAMPED.fix, False  # right only where pi stays near ref
-        # a clamp that acts on the fingerprint batch acts on the audited policies: no row's objective holds
-        fingerprint_objective = Objective.OTHER.value if clamped == "near" else match.objective.value
-    else:
-        configuration, rule, fix = "unrecognised (no catalog configuration matches per sample)", None, (
-            "" if unbiased else FIX_K1_LOSS)
-        fingerprint_objective, same_gradient = None, []
+    configuration, rule, fix, unbiased, fingerprint_objective, same_gradient = _named(
+        user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation, unbiased=unbiased)
     cos = cosine(gradient, problem.targets[Target.REV])
     return ResultRow(
         target=term.name, mode=dict(term.mode), placement=placement, configuration=configuration,
@@ -593,6 +577,24 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
         fingerprint_objective=fingerprint_objective, same_gradient_as=same_gradient,
         per_policy={p.name: o.value for p, o in zip(problems, objectives)},
     )
+
+
+def _named(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprinter, *, rtol: float,
+           aggregation: Aggregation, unbiased: bool) -> tuple[str, str | None, str, bool, str | None, list[str]]:
+    """The catalog's name for a term: configuration, rule, fix, verdict (a clamp that acts only far from the
+    reference makes a right row wrong), the fingerprint's objective and the configurations with its gradient."""
+    if not objective(fingerprinter.batch_factory()).requires_grad:  # nothing of it reaches the policy: row 1c
+        return NO_GRADIENT.label, NO_GRADIENT.rule, NO_GRADIENT.fix, unbiased, NO_GRADIENT.objective.value, []
+    match, clamped = identify_clamped(objective, fingerprinter, rtol=rtol, aggregation=aggregation)
+    if match is None:
+        return ("unrecognised (no catalog configuration matches per sample)", None, "" if unbiased else FIX_K1_LOSS,
+                unbiased, None, [])
+    rule, fix = match.row.rule, match.row.fix
+    if clamped and rule is None:
+        rule, fix, unbiased = CLAMPED.rule, CLAMPED.fix, False  # right only where pi stays near ref
+    # a clamp that acts on the fingerprint batch acts on the audited policies: no row's objective holds
+    fingerprint_objective = Objective.OTHER.value if clamped == "near" else match.objective.value
+    return match.description, rule, fix, unbiased, fingerprint_objective, [describe(config) for config in match.twins]
 
 
 def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprinter, *, rtol: float,

@@ -20,7 +20,17 @@ from typing import TypeAlias
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.catalog import Aggregation, Config, Estimator, Returns, Row, Sampling, defects, scaled_fix
+from klaudit.catalog import (
+    Aggregation,
+    Config,
+    Estimator,
+    Returns,
+    Row,
+    Sampling,
+    defects,
+    scaled_fix,
+    without_gradient,
+)
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
 from klaudit.lint import algebra as alg
@@ -89,12 +99,8 @@ def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
     """A KL term added without its gradient (row 1c) whose estimate also reaches a loss or a reward that uses it
     (the same origin) is a copy kept for the log (`metrics["actor/kl_loss"] += kl_loss.detach().item()`), not
     the KL term of the training."""
-    used = {id(c.fact.origin) for c in candidates if c.fact.origin is not None and not _without_gradient(c.config)}
-    return [c for c in candidates if not (_without_gradient(c.config) and id(c.fact.origin) in used)]
-
-
-def _without_gradient(config: Config) -> bool:
-    return config.loss is None and config.returns is Returns.NOWHERE
+    used = {id(c.fact.origin) for c in candidates if c.fact.origin is not None and not without_gradient(c.config)}
+    return [c for c in candidates if not (without_gradient(c.config) and id(c.fact.origin) in used)]
 
 
 def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from klaudit.catalog import Config, Returns
+from klaudit.catalog import Config, Returns, without_gradient
 from klaudit.config import load_settings
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
@@ -52,7 +52,7 @@ def placement_of(config: Config | None, sink_kind: SinkKind) -> Placement:
         return PLACEMENT_OF_SINK[sink_kind]
     if config.loss is not None and config.reward is not None:
         return "loss+future" if config.returns is Returns.FUTURE else "loss+reward"
-    return "loss" if config.loss is not None or config.returns is Returns.NOWHERE else "reward"
+    return "loss" if config.loss is not None or without_gradient(config) else "reward"
 
 
 class _Watching(Analyzer):

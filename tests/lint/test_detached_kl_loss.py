@@ -10,6 +10,8 @@ no_grad, a total built for the log) is not a training loss to judge.
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 from snippets import module_codes
 
@@ -70,7 +72,7 @@ def test_a_kl_without_gradient_in_a_trained_loss_is_kl001(source, line, tmp_path
 def test_the_finding_says_the_gradient_is_missing(tmp_path):
     from klaudit.lint.engine import lint_paths
 
-    (tmp_path / "step.py").write_text(__import__("textwrap").dedent(NO_GRAD_KL))
+    (tmp_path / "step.py").write_text(textwrap.dedent(NO_GRAD_KL))
     (finding,) = lint_paths([str(tmp_path)]).findings
     assert "k3 added to the loss without its gradient" in finding.message
     assert "exactly zero" in finding.message
