@@ -13,8 +13,9 @@ A configuration that sets neither keeps k1, which is right on fresh samples. Bot
 rollouts over several optimizer steps: `ppo_epochs` (default 4) x `batch_size` (128) over `mini_batch_size`
 (128) x `gradient_accumulation_steps` (1) before 0.12, `num_ppo_epochs` (default 4) x `num_mini_batches` (1)
 since. The KL reward, computed once per batch, then meets only the PPO token ratio on the later steps (row 23,
-KL008), whatever the estimator; one step per batch is on-policy. A count set to a value the lint cannot read
-decides nothing (one step).
+KL008), whatever the estimator; one step per batch is on-policy. Every epoch takes a step at least, so epochs
+the lint reads bound the steps from below when a batch count is computed (LLaMA-Factory's
+`batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it cannot read decide nothing.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
     estimator = ESTIMATORS[api].get(value or "")
     if estimator is None or (coefficient is not None and number(coefficient.value or "") == 0.0):
         return None
-    steps = _steps(settings, api)
+    steps, at_least = _steps(settings, api)
     config = Config(reward=estimator, returns=Returns.TO_GO, sampling=Sampling.TOKEN_IS if steps > 1 else
                     Sampling.ON_POLICY)
     if estimator is Estimator.K1 and steps <= 1:
@@ -69,26 +70,34 @@ def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
     named += [(name, settings[name].value or "?", settings[name]) for name in counts]
     flags = ", ".join(shown(*item) for item in named) or "the defaults"
     if steps > 1:
-        flags += f", {steps:g} optimizer steps per batch"
-    one_epoch = {name for name in ("ppo_epochs", "num_ppo_epochs") if name in settings
+        flags += f", {'at least ' if at_least else ''}{steps:g} optimizer steps per batch"
+    epoch_keys = ("ppo_epochs", "num_ppo_epochs")
+    one_epoch = {name for name in epoch_keys if name in settings
                  and number(settings[name].value or "") == 1}
-    stale_by = next((settings[name] for name in counts if name not in one_epoch), where)  # what makes the steps
+    stale_by = next((settings[name] for name in counts if name not in one_epoch  # what makes the steps
+                     and (name in epoch_keys or not at_least)), where)
     anchor = settings[key] if key is not None else where
     return Judged(config, anchor, flags, {"KL004": anchor, "KL008": stale_by})  # the fixer edits the anchors named
 
 
-def _steps(settings: Mapping[str, Setting], api: str) -> float:
-    """Optimizer steps per batch of rollouts: epochs x mini-batches from TRL 0.12, epochs x batch_size over
-    mini_batch_size x gradient_accumulation_steps before (4 epochs of one mini-batch by default in both); 1 when
-    a count is set to a value the lint cannot read (it decides nothing)."""
+def _steps(settings: Mapping[str, Setting], api: str) -> tuple[float, bool]:
+    """Optimizer steps per batch of rollouts, and whether that is a lower bound: epochs x mini-batches from
+    TRL 0.12, epochs x batch_size over mini_batch_size x gradient_accumulation_steps before (4 epochs of one
+    mini-batch by default in both). Each epoch takes at least one step, so where the epochs are read but a
+    batch count is not (`batch_size=backward_batch_size * args.ppo_buffer_size`), the epochs are the bound;
+    where the epochs are not read, one step (it decides nothing)."""
     if api == ESTIMATOR:
-        counts = [_count(settings, key, default) for key, default in STEPS.items()]
-        return 1.0 if None in counts else float(math.prod(counts))  # type: ignore[arg-type]
+        epochs, batches = (_count(settings, key, default) for key, default in STEPS.items())
+        if epochs is None:
+            return 1.0, False
+        return (epochs * batches, False) if batches is not None else (epochs, True)
     epochs, batch, mini, accumulation = (_count(settings, key, default)
                                          for key, default in {**LEGACY_STEPS, ACCUMULATION: "1"}.items())
-    if epochs is None or batch is None or not mini or not accumulation:
-        return 1.0
-    return epochs * max(batch / (mini * accumulation), 1.0)
+    if epochs is None:
+        return 1.0, False
+    if batch is None or not mini or not accumulation:
+        return epochs, True
+    return epochs * max(batch / (mini * accumulation), 1.0), False
 
 
 def _count(settings: Mapping[str, Setting], key: str, default: str) -> float | None:

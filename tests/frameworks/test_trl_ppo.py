@@ -39,6 +39,12 @@ def _findings(tmp_path, source):
     ("from trl import PPOConfig", "PPOConfig(batch_size=4, mini_batch_size=2, gradient_accumulation_steps=2, "
                                   "ppo_epochs=1)", []),  # one update of the whole batch
     ("from trl import PPOConfig", "PPOConfig(ppo_epochs=args.ppo_epochs)", []),  # a count it cannot read
+    # every epoch takes a step: two epochs make two steps whatever the batch counts (LLaMA-Factory's call)
+    ("from trl import PPOConfig", "PPOConfig(mini_batch_size=args.per_device_train_batch_size, "
+                                  "batch_size=backward * args.ppo_buffer_size, ppo_epochs=2)", ["KL008"]),
+    ("from trl import PPOConfig", "PPOConfig(batch_size=backward * buffer, ppo_epochs=1)", []),
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_mini_batches=args.n)", ["KL008"]),  # 4 epochs
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_mini_batches=args.n, num_ppo_epochs=1)", []),
     ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_mini_batches=2, num_ppo_epochs=1)", ["KL008"]),
     ("from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),
 ])
@@ -64,3 +70,17 @@ def test_a_kl_reward_over_several_steps_is_reported_at_the_count(tmp_path):
     [counted] = _findings(tmp_path, "from trl import PPOConfig\n\nconfig = PPOConfig(\n    ppo_epochs=2)\n")
     assert (default.code, default.line) == ("KL008", 3) and "4 optimizer steps per batch" in default.message
     assert (counted.code, counted.line, counted.column) == ("KL008", 4, 5) and "ppo_epochs=2" in counted.message
+
+
+def test_epochs_bound_the_steps_where_the_batch_counts_are_computed(tmp_path):
+    """LLaMA-Factory builds the legacy PPOConfig from its own options: the epochs come from a dataclass
+    default (4), the batch size from a product the lint does not evaluate. The steps are at least the epochs,
+    and the finding is at the epochs."""
+    (tmp_path / "args.py").write_text("from dataclasses import dataclass, field\n\n\n@dataclass\n"
+                                      "class FinetuningArguments:\n    ppo_epochs: int = field(\n"
+                                      "        default=4, metadata={})\n")
+    [finding] = _findings(tmp_path, "from trl import PPOConfig\n\nconfig = PPOConfig(\n"
+                                    "    batch_size=backward * finetuning_args.ppo_buffer_size,\n"
+                                    "    ppo_epochs=finetuning_args.ppo_epochs,\n)\n")
+    assert (finding.code, finding.line, finding.column) == ("KL008", 5, 5)
+    assert "at least 4 optimizer steps per batch" in finding.message
