@@ -33,6 +33,7 @@ from klaudit.catalog import (
 )
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
+from klaudit.frameworks.drivers import RewardReuse, reward_reuse
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
@@ -64,6 +65,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     candidates = []
     undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
     functions = list(module_functions(module, with_body=True))
+    reuse = reward_reuse(path, source)  # a framework trainer whose actor trains its KL reward over several steps
     if worth is None:
         worth = functions_worth_interpreting(path, source, project)
     if worth is None or len(worth) != len(functions):  # Python's parser does not read it as LibCST's does
@@ -75,7 +77,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             outcome = analyzer.analyse(mod, func, cls)
         except (RecursionError, BudgetExceeded):
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
-        found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
+        found = [(sink, fact, _as_trained(config, sink.kind, reuse)) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained)) is not None]
         paired = _paired(found)
         teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
@@ -91,8 +93,16 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
     candidates = _without_logged_copies(candidates)
-    return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions])
+    return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions], reuse)
             + _undetermined(path, module, analyzer, undecided, decided))
+
+
+def _as_trained(config: Config, kind: SinkKind, reuse: RewardReuse | None) -> Config:
+    """A KL reward of a framework trainer whose actor takes several optimizer steps per rollout: every step after
+    the first trains it on an older policy's samples, with the PPO token ratio at most (row 23)."""
+    if reuse is None or kind == "loss" or config.reward is None or config.sampling is not Sampling.ON_POLICY:
+        return config
+    return replace(config, sampling=Sampling.TOKEN_IS)
 
 
 def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
@@ -343,7 +353,7 @@ def _pair_children(stmt: cst.CSTNode, node: ast.stmt, positions: dict[int, Span]
 
 
 def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[_Candidate],
-            functions: list[cst.FunctionDef]) -> list[Finding]:
+            functions: list[cst.FunctionDef], reuse: RewardReuse | None) -> list[Finding]:
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
@@ -424,6 +434,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         shared = _shared_switches([labels for labels, *_ in variants], seen.get(entry, {}))
         _, config, row, origin = variants[0]
         message = _message(config, row, shared, origin, entry[0])
+        if reuse is not None and code == "KL008" and config.loss is None:
+            message += f" [{reuse.flags}]"
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
         related = () if origin is None or origin_line is None and origin[0] is None else (
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)

@@ -1,0 +1,69 @@
+"""A framework trainer's KL reward, trained by an actor worker the lint does not follow (klaudit.frameworks.drivers).
+
+verl's driver computes the k1 reward once per rollout (`apply_kl_penalty`) and hands the batch to
+`update_actor`, which takes ppo_epochs x train_batch_size / ppo_mini_batch_size optimizer steps: with verl's
+defaults (1 x 1024 / 256) four, so three of them train the reward of an older policy with only the PPO token
+ratio (kl-math.md section 8, row 23: KL008). One step per rollout is on-policy (row 6: right).
+"""
+
+from __future__ import annotations
+
+from klaudit.config import Settings
+from klaudit.lint.engine import lint_paths
+
+TRAINER = '''\
+def kl_penalty(logprob, ref_logprob):
+    return logprob - ref_logprob
+
+
+def apply_kl_penalty(data, kl_ctrl):
+    response_mask = data.batch["response_mask"]
+    kld = kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"]) * response_mask
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - kl_ctrl.value * kld
+    return data
+
+
+class RayPPOTrainer:
+    def fit(self):
+        batch = self.generate()
+        if self.config.algorithm.use_kl_in_reward:
+            batch = apply_kl_penalty(batch, self.kl_ctrl)
+        self.actor_rollout_wg.update_actor(batch)
+'''
+
+
+def _findings(root, trainer=TRAINER, config=None, section="actor_rollout_ref"):
+    module = root / "verl" / "trainer" / "ppo" / "ray_trainer.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(trainer + f"        return self.config.{section}.actor\n")
+    if config is not None:
+        (root / "verl" / "trainer" / "config").mkdir(parents=True)
+        (root / "verl" / "trainer" / "config" / "ppo_trainer.yaml").write_text(config)
+    return lint_paths([str(module)], settings=Settings(root=root), jobs=1).findings
+
+
+def test_the_k1_reward_of_verls_driver_is_stale_under_its_default_batch_sizes(tmp_path):
+    [finding] = _findings(tmp_path)
+    assert (finding.code, finding.line) == ("KL008", 8)
+    assert "k1 in the reward (reward-to-go)" in finding.message and "token-is" in finding.message
+    assert "train_batch_size=1024 (default), ppo_mini_batch_size=256 (default), 4 optimizer steps" in finding.message
+
+
+def test_the_copys_own_defaults_decide_and_one_step_per_rollout_is_right(tmp_path):
+    one_step = "data:\n  train_batch_size: 64\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 64\n"
+    assert _findings(tmp_path / "a", config=one_step) == []
+    two_epochs = one_step + "    ppo_epochs: 2\n"
+    [finding] = _findings(tmp_path / "b", config=two_epochs)
+    assert finding.code == "KL008" and "ppo_epochs=2, train_batch_size=64, ppo_mini_batch_size=64, 2 optimizer" \
+        in finding.message
+
+
+def test_easyr1s_driver_takes_its_own_defaults(tmp_path):
+    """EasyR1: 512 prompts per rollout in updates of 256, once: two steps."""
+    [finding] = _findings(tmp_path, section="worker")
+    assert finding.code == "KL008" and "EasyR1's update" in finding.message and "2 optimizer steps" in finding.message
+
+
+def test_a_module_that_trains_nothing_itself_stays_on_policy(tmp_path):
+    """Without the hand-over to the actor the reward's use is not known: no verdict on its staleness."""
+    assert _findings(tmp_path, trainer=TRAINER.replace("self.actor_rollout_wg.update_actor(batch)", "self.log(batch)")) == []
