@@ -20,7 +20,6 @@ the lint reads bound the steps from below when a batch count is computed (LLaMA-
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from klaudit.catalog import Config, Estimator, Returns, Sampling
