@@ -1,16 +1,21 @@
-"""Framework trainers that compute a KL reward and hand it to a worker the lint does not follow.
+"""Framework code that computes a KL reward and hands it to an actor the lint does not follow.
 
 verl's `RayPPOTrainer` (and EasyR1's, its fork) computes the KL reward once per rollout, in
 `apply_kl_penalty`, from the rollout's own log-probs, and hands the batch to the actor worker
 (`update_actor`), which trains it in updates of `ppo_mini_batch_size` prompts (EasyR1:
-`global_batch_size`), `ppo_epochs` times. With more than one optimizer step per rollout, every step after
-the first trains the reward of an older policy, which the PPO ratio corrects token by token but not
-over the prefix (kl-math.md section 8, row 23). The trainer's module alone looks on-policy; this says how
-many steps the copy's own defaults take, so that its reward code is judged as the launches that leave
-the batch sizes alone run it.
+`global_batch_size`), `ppo_epochs` times, reducing the policy loss that carries it by `loss_agg_mode`.
+ROLL's reward functions (`apply_kl_penalty`, `compute_token_reward` in `roll/utils/functionals.py`) feed
+actor workers whose policy loss is reduced by `loss_agg_mode`, each sequence's token mean by default.
 
-A copy's defaults are read from its `ppo_trainer.yaml` (verl) where it is there to read, else the
-framework's; EasyR1's from its release's defaults (they live in dataclasses and the launch's YAML).
+The module alone looks on-policy and says nothing of the reduction. This says what the copy's own defaults
+make of its reward: with more than one optimizer step per rollout, every step after the first trains the
+reward of an older policy, which the PPO ratio corrects token by token but not over the prefix
+(kl-math.md section 8, row 23); a per-sequence token mean weighs each sequence's reward by 1/L (row 21).
+So its reward code is judged as the launches that leave those settings alone run it.
+
+A verl copy's defaults are read from its `ppo_trainer.yaml` where it is there to read, a ROLL copy's from its
+config classes, else the framework's; EasyR1's are its release's (they live in dataclasses and the launch's
+YAML). ROLL's steps per rollout depend on the GPUs a launch maps: they are left undecided here.
 """
 
 from __future__ import annotations
@@ -19,43 +24,60 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from klaudit.frameworks import easyr1, verl
-from klaudit.frameworks.settings import listed, steps_per_rollout, yaml_settings
+from klaudit.catalog import Aggregation
+from klaudit.frameworks import easyr1, roll, verl
+from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, yaml_settings
 from klaudit.frameworks.versions import read_text
 
-_STORES_KL_REWARD = "def apply_kl_penalty"  # the driver's KL reward, stored into the batch's token rewards
+_STORES_KL_REWARD = "def apply_kl_penalty"  # verl's driver: the KL reward, stored into the batch's token rewards
 _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's training loop
 _VERL_CONFIG = "actor_rollout_ref"  # verl's config section of the actor; EasyR1's is `worker.actor`
 _EASYR1_CONFIG = "worker.actor"
+_ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
 
 
 @dataclass(frozen=True)
-class RewardReuse:
-    """Optimizer steps one rollout's KL reward is trained over, and the settings that make them."""
+class RewardTraining:
+    """How a framework's actor trains the KL reward a module computes, at the copy's defaults."""
 
-    steps: float
-    flags: str  # `verl defaults: ppo_epochs=1, train_batch_size=1024, ppo_mini_batch_size=256`
+    steps: float  # optimizer steps per rollout; 1 where that is one or not known
+    aggregation: Aggregation | None  # how the policy loss carrying the reward is reduced; None: not known
+    flags: str  # the settings that decide both, as the findings name them
 
 
-def reward_reuse(path: str, source: str) -> RewardReuse | None:
-    """How many optimizer steps the KL reward a framework trainer module computes is trained over, where that
-    is more than one; None for any other module."""
+def reward_training(path: str, source: str) -> RewardTraining | None:
+    """How the actor of the framework a module belongs to trains the KL reward the module computes; None for a
+    module of no framework trainer the lint knows."""
+    if path.replace("\\", "/").endswith(roll.FUNCTIONALS) and any(name in source for name in _ROLL_REWARDS):
+        return _roll(Path(path))
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
         return None
     if _VERL_CONFIG in source:
-        name, defaults, settings = verl.NAME, verl.STEP_DEFAULTS, _copy_settings(_copy_root(Path(path)))
-    elif _EASYR1_CONFIG in source:
-        name, defaults, settings = easyr1.NAME, easyr1.STEP_DEFAULTS, {}
-    else:
-        return None
+        return _verl(_verl_copy(Path(path)))
+    if _EASYR1_CONFIG in source:
+        aggregation = easyr1.AGGREGATIONS[easyr1.DEFAULTS[easyr1.LOSS_AVG_MODE]]
+        return _trained(easyr1.NAME, {}, easyr1.STEP_DEFAULTS, aggregation, "")
+    return None
+
+
+def _trained(name: str, settings: dict[str, Setting], defaults: dict[str, str], aggregation: Aggregation | None,
+             mode: str) -> RewardTraining:
     steps = steps_per_rollout(settings, defaults)
-    if steps <= 1:
-        return None
     counts = listed(settings, defaults).removeprefix(", ")
-    return RewardReuse(steps, f"{name}'s update of this reward: {counts}, {steps:g} optimizer steps per rollout")
+    return RewardTraining(steps, aggregation, f"{name}'s actor at its defaults: {mode}{counts}, "
+                                              f"{steps:g} optimizer step{'s' if steps != 1 else ''} per rollout")
 
 
-def _copy_root(module: Path) -> Path | None:
+def _verl(root: Path | None) -> RewardTraining:
+    settings = _verl_settings(root)
+    mode = settings[verl.LOSS_AGG_MODE].value if verl.LOSS_AGG_MODE in settings else verl.DEFAULTS[verl.LOSS_AGG_MODE]
+    shown = listed({verl.LOSS_AGG_MODE: settings[verl.LOSS_AGG_MODE]} if verl.LOSS_AGG_MODE in settings else {},
+                   {verl.LOSS_AGG_MODE: verl.DEFAULTS[verl.LOSS_AGG_MODE]}).removeprefix(", ")
+    steps = {key: setting for key, setting in settings.items() if key in verl.STEP_DEFAULTS}
+    return _trained(verl.NAME, steps, verl.STEP_DEFAULTS, verl.AGGREGATIONS.get(mode or ""), f"{shown}, ")
+
+
+def _verl_copy(module: Path) -> Path | None:
     """The folder holding the copy of verl a trainer module belongs to (where `verl/trainer/config/` is)."""
     for folder in module.resolve().parents:
         if (folder / verl.DEFAULTS_FILE).is_file():
@@ -64,9 +86,17 @@ def _copy_root(module: Path) -> Path | None:
 
 
 @functools.lru_cache(maxsize=64)  # asked for each trainer module of a copy
-def _copy_settings(root: Path | None) -> dict:
-    """The batch-size keys the copy's `ppo_trainer.yaml` sets (those its defaults list brings from other files
-    keep the framework's defaults)."""
+def _verl_settings(root: Path | None) -> dict[str, Setting]:
+    """The batch-size and aggregation keys the copy's `ppo_trainer.yaml` sets (those its defaults list brings from
+    other files keep the framework's defaults)."""
     text = read_text(root / verl.DEFAULTS_FILE) if root is not None else None
     found = yaml_settings(text) if text is not None else {}
-    return {key: found[key] for key in verl.STEP_DEFAULTS if key in found}
+    return {key: found[key] for key in (*verl.STEP_DEFAULTS, verl.LOSS_AGG_MODE) if key in found}
+
+
+def _roll(module: Path) -> RewardTraining:
+    copy = roll.read_copy(module.resolve().parents[len(Path(roll.FUNCTIONALS).parts) - 1], "rlvr")
+    mode = copy.defaults[roll.AGGREGATION]
+    aggregation = ((Aggregation.SUM if copy.token_sum else Aggregation.SEQ_MEAN) if mode == roll.TOKEN_SUM
+                   else roll.AGGREGATIONS.get(mode))
+    return RewardTraining(1.0, aggregation, f"{roll.NAME}'s actor at this copy's defaults: {roll.AGGREGATION}={mode}")

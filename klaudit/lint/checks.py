@@ -33,7 +33,7 @@ from klaudit.catalog import (
 )
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
-from klaudit.frameworks.drivers import RewardReuse, reward_reuse
+from klaudit.frameworks.drivers import RewardTraining, reward_training
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
@@ -65,7 +65,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     candidates = []
     undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
     functions = list(module_functions(module, with_body=True))
-    reuse = reward_reuse(path, source)  # a framework trainer whose actor trains its KL reward over several steps
+    training = reward_training(path, source)  # framework code whose KL reward an actor elsewhere trains
     if worth is None:
         worth = functions_worth_interpreting(path, source, project)
     if worth is None or len(worth) != len(functions):  # Python's parser does not read it as LibCST's does
@@ -77,8 +77,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             outcome = analyzer.analyse(mod, func, cls)
         except (RecursionError, BudgetExceeded):
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
-        found = [(sink, fact, _as_trained(config, sink.kind, reuse)) for sink in outcome.sinks for fact in sink.facts
-                 if (config := config_of(fact, sink.kind, sink.trained)) is not None]
+        found = [(sink, fact, _as_trained(config, fact, sink.kind, training)) for sink in outcome.sinks
+                 for fact in sink.facts if (config := config_of(fact, sink.kind, sink.trained)) is not None]
         paired = _paired(found)
         teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
                           and masks_by_labels(func) and samples_nowhere(source))
@@ -93,16 +93,21 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
     candidates = _without_logged_copies(candidates)
-    return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions], reuse)
+    return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions], training)
             + _undetermined(path, module, analyzer, undecided, decided))
 
 
-def _as_trained(config: Config, kind: SinkKind, reuse: RewardReuse | None) -> Config:
-    """A KL reward of a framework trainer whose actor takes several optimizer steps per rollout: every step after
-    the first trains it on an older policy's samples, with the PPO token ratio at most (row 23)."""
-    if reuse is None or kind == "loss" or config.reward is None or config.sampling is not Sampling.ON_POLICY:
+def _as_trained(config: Config, fact: Fact, kind: SinkKind, training: RewardTraining | None) -> Config:
+    """A KL reward of framework code whose actor trains it elsewhere: over several optimizer steps per rollout
+    every step after the first trains it on an older policy's samples, with the PPO token ratio at most (row
+    23), and the actor's reduction of the policy loss weighs it where the module shows none."""
+    if training is None or kind == "loss" or config.reward is None or config.loss is not None:
         return config
-    return replace(config, sampling=Sampling.TOKEN_IS)
+    if training.steps > 1 and config.sampling is Sampling.ON_POLICY:
+        config = replace(config, sampling=Sampling.TOKEN_IS)
+    if training.aggregation is not None and fact.aggregation is None:
+        config = replace(config, aggregation=training.aggregation)
+    return config
 
 
 def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
@@ -353,7 +358,7 @@ def _pair_children(stmt: cst.CSTNode, node: ast.stmt, positions: dict[int, Span]
 
 
 def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[_Candidate],
-            functions: list[cst.FunctionDef], reuse: RewardReuse | None) -> list[Finding]:
+            functions: list[cst.FunctionDef], training: RewardTraining | None) -> list[Finding]:
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
@@ -434,8 +439,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         shared = _shared_switches([labels for labels, *_ in variants], seen.get(entry, {}))
         _, config, row, origin = variants[0]
         message = _message(config, row, shared, origin, entry[0])
-        if reuse is not None and code == "KL008" and config.loss is None:
-            message += f" [{reuse.flags}]"
+        if training is not None and code in ("KL007", "KL008") and config.loss is None:
+            message += f" [{training.flags}]"
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
         related = () if origin is None or origin_line is None and origin[0] is None else (
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)

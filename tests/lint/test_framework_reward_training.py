@@ -1,9 +1,11 @@
-"""A framework trainer's KL reward, trained by an actor worker the lint does not follow (klaudit.frameworks.drivers).
+"""A framework's KL reward, trained by an actor worker the lint does not follow (klaudit.frameworks.drivers).
 
 verl's driver computes the k1 reward once per rollout (`apply_kl_penalty`) and hands the batch to
 `update_actor`, which takes ppo_epochs x train_batch_size / ppo_mini_batch_size optimizer steps: with verl's
 defaults (1 x 1024 / 256) four, so three of them train the reward of an older policy with only the PPO token
-ratio (kl-math.md section 8, row 23: KL008). One step per rollout is on-policy (row 6: right).
+ratio (kl-math.md section 8, row 23: KL008). One step per rollout is on-policy (row 6: right). The actor
+reduces the policy loss that carries the reward by `loss_agg_mode`: a per-sequence token mean weighs each
+sequence's reward by 1/L (row 21: KL007), ROLL's default.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def test_the_k1_reward_of_verls_driver_is_stale_under_its_default_batch_sizes(tm
     [finding] = _findings(tmp_path)
     assert (finding.code, finding.line) == ("KL008", 8)
     assert "k1 in the reward (reward-to-go)" in finding.message and "token-is" in finding.message
+    assert "batch-token-mean" in finding.message  # verl's default loss_agg_mode, token-mean
     assert "train_batch_size=1024 (default), ppo_mini_batch_size=256 (default), 4 optimizer steps" in finding.message
 
 
@@ -61,9 +64,45 @@ def test_the_copys_own_defaults_decide_and_one_step_per_rollout_is_right(tmp_pat
 def test_easyr1s_driver_takes_its_own_defaults(tmp_path):
     """EasyR1: 512 prompts per rollout in updates of 256, once: two steps."""
     [finding] = _findings(tmp_path, section="worker")
-    assert finding.code == "KL008" and "EasyR1's update" in finding.message and "2 optimizer steps" in finding.message
+    assert finding.code == "KL008" and "EasyR1's actor" in finding.message and "2 optimizer steps" in finding.message
 
 
 def test_a_module_that_trains_nothing_itself_stays_on_policy(tmp_path):
     """Without the hand-over to the actor the reward's use is not known: no verdict on its staleness."""
     assert _findings(tmp_path, trainer=TRAINER.replace("self.actor_rollout_wg.update_actor(batch)", "self.log(batch)")) == []
+
+
+def test_a_copy_that_averages_each_sequence_weighs_the_reward_by_one_over_its_length(tmp_path):
+    """A verl copy whose ppo_trainer.yaml sets seq-mean-token-mean, one step per rollout: row 21 alone."""
+    config = ("data:\n  train_batch_size: 64\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 64\n"
+              "    loss_agg_mode: seq-mean-token-mean\n")
+    [finding] = _findings(tmp_path, config=config)
+    assert (finding.code, finding.line) == ("KL007", 8) and "seq-token-mean" in finding.message
+    assert "loss_agg_mode=seq-mean-token-mean, ppo_epochs=1 (default)" in finding.message
+
+
+ROLL_REWARD = '''\
+def compute_approx_kl(log_probs, log_probs_base):
+    return log_probs - log_probs_base
+
+
+def apply_kl_penalty(data, kl_ctrl):
+    kld = compute_approx_kl(data.batch["old_log_probs"], data.batch["ref_log_probs"])
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - kl_ctrl.value * kld
+    return data
+'''
+
+
+def test_rolls_reward_functions_meet_its_per_sequence_token_mean(tmp_path):
+    """ROLL's actors reduce the policy loss by loss_agg_mode, seq-mean-token-mean by default: 1/L weights on
+    the k1 reward (KL007); a copy whose config class defaults to token-mean is right."""
+    module = tmp_path / "roll" / "utils" / "functionals.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(ROLL_REWARD)
+    [finding] = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert (finding.code, finding.line) == ("KL007", 7)
+    assert "ROLL's actor at this copy's defaults: loss_agg_mode=seq-mean-token-mean" in finding.message
+    (tmp_path / "roll" / "configs").mkdir()
+    (tmp_path / "roll" / "configs" / "base_config.py").write_text(
+        'class PPOConfig:\n    loss_agg_mode: str = field(default="token-mean")\n')
+    assert lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings == []
