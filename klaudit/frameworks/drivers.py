@@ -6,6 +6,9 @@ verl's `RayPPOTrainer` (and EasyR1's, its fork) computes the KL reward once per 
 `global_batch_size`), `ppo_epochs` times, reducing the policy loss that carries it by `loss_agg_mode`.
 ROLL's reward functions (`apply_kl_penalty`, `compute_token_reward` in `roll/utils/functionals.py`) feed
 actor workers whose policy loss is reduced by `loss_agg_mode`, each sequence's token mean by default.
+OpenRLHF's experience maker subtracts the KL from the token rewards (`compute_reward`) once per rollout,
+and its trainer takes `max_epochs` x rollout batch x samples per prompt / `train_batch_size` optimizer
+steps on them (1 x 1024 x 1 / 128 by default).
 
 The module alone looks on-policy and says nothing of the reduction. This says what the copy's own defaults
 make of its reward: with more than one optimizer step per rollout, every step after the first trains the
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.catalog import Aggregation
-from klaudit.frameworks import easyr1, roll, verl
+from klaudit.frameworks import easyr1, openrlhf, roll, verl
 from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, yaml_settings
 from klaudit.frameworks.versions import read_text
 
@@ -34,6 +37,14 @@ _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's train
 _VERL_CONFIG = "actor_rollout_ref"  # verl's config section of the actor; EasyR1's is `worker.actor`
 _EASYR1_CONFIG = "worker.actor"
 _ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
+_OPENRLHF_MAKER, _OPENRLHF_REWARD = "openrlhf/trainer/ppo_utils/experience_maker.py", "compute_reward("
+# OpenRLHF's steps per rollout at its defaults: epochs x (rollout batch x samples per prompt) / train batch
+_OPENRLHF_EPOCHS, _OPENRLHF_ROLLOUT, _OPENRLHF_SAMPLES, _OPENRLHF_TRAIN = (
+    openrlhf.DEFAULTS[key] for key in (openrlhf.EPOCHS, openrlhf.ROLLOUT_BATCH, openrlhf.SAMPLES, openrlhf.TRAIN_BATCH))
+_OPENRLHF_STEPS = (float(_OPENRLHF_EPOCHS) * float(_OPENRLHF_ROLLOUT) * float(_OPENRLHF_SAMPLES)
+                   / float(_OPENRLHF_TRAIN))
+_OPENRLHF_COUNTS = (f"max_epochs={_OPENRLHF_EPOCHS} x rollout_batch_size={_OPENRLHF_ROLLOUT} x "
+                    f"n_samples_per_prompt={_OPENRLHF_SAMPLES} / train_batch_size={_OPENRLHF_TRAIN}")
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,12 @@ class RewardTraining:
 def reward_training(path: str, source: str) -> RewardTraining | None:
     """How the actor of the framework a module belongs to trains the KL reward the module computes; None for a
     module of no framework trainer the lint knows."""
-    if path.replace("\\", "/").endswith(roll.FUNCTIONALS) and any(name in source for name in _ROLL_REWARDS):
+    posix = path.replace("\\", "/")
+    if posix.endswith(roll.FUNCTIONALS) and any(name in source for name in _ROLL_REWARDS):
         return _roll(Path(path))
+    if posix.endswith(_OPENRLHF_MAKER) and _OPENRLHF_REWARD in source:
+        # its releases reduce the policy loss differently (klaudit.frameworks.openrlhf): not decided here
+        return RewardTraining(_OPENRLHF_STEPS, None, _shown("OpenRLHF", _OPENRLHF_COUNTS, _OPENRLHF_STEPS))
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
         return None
     if _VERL_CONFIG in source:
@@ -63,9 +78,11 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
 def _trained(name: str, settings: dict[str, Setting], defaults: dict[str, str], aggregation: Aggregation | None,
              mode: str) -> RewardTraining:
     steps = steps_per_rollout(settings, defaults)
-    counts = listed(settings, defaults).removeprefix(", ")
-    return RewardTraining(steps, aggregation, f"{name}'s actor at its defaults: {mode}{counts}, "
-                                              f"{steps:g} optimizer step{'s' if steps != 1 else ''} per rollout")
+    return RewardTraining(steps, aggregation, _shown(name, mode + listed(settings, defaults).removeprefix(", "), steps))
+
+
+def _shown(name: str, counts: str, steps: float) -> str:
+    return f"{name}'s actor at its defaults: {counts}, {steps:g} optimizer step{'s' if steps != 1 else ''} per rollout"
 
 
 def _verl(root: Path | None) -> RewardTraining:

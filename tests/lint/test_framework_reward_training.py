@@ -106,3 +106,29 @@ def test_rolls_reward_functions_meet_its_per_sequence_token_mean(tmp_path):
     (tmp_path / "roll" / "configs" / "base_config.py").write_text(
         'class PPOConfig:\n    loss_agg_mode: str = field(default="token-mean")\n')
     assert lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings == []
+
+
+MAKER = '''\
+def compute_reward(r, kl_coef, kl, action_mask):
+    return r * action_mask - kl_coef * kl
+
+
+class ExperienceMaker:
+    def make_experience(self, samples):
+        kl = samples.action_log_probs - samples.base_action_log_probs
+        samples.rewards = compute_reward(samples.score, self.kl_ctl.value, kl, samples.action_mask)
+        return samples
+'''
+
+
+def test_openrlhfs_experience_maker_feeds_eight_steps_per_rollout_by_default(tmp_path):
+    """OpenRLHF trains each rollout of 1024 x 1 samples in steps of 128, once: eight steps (row 23)."""
+    module = tmp_path / "openrlhf" / "trainer" / "ppo_utils" / "experience_maker.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(MAKER)
+    [finding] = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert (finding.code, finding.line) == ("KL008", 8) and "8 optimizer steps per rollout" in finding.message
+    other = tmp_path / "mine" / "experience_maker.py"  # the same code outside OpenRLHF's layout: not its trainer
+    other.parent.mkdir()
+    other.write_text(MAKER)
+    assert lint_paths([str(other)], settings=Settings(root=tmp_path), jobs=1).findings == []
