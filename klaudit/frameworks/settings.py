@@ -122,7 +122,7 @@ _VARIABLE = re.compile(r"^\s*(?:export\s+|ENV\s+|ARG\s+)?(?P<name>[A-Za-z_]\w*)=
                        r"|\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
 # `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default
-_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{[A-Za-z_]\w*:?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
+_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*):?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
 
 
 # `$(( a * 2 ))`: shell integer arithmetic over literals and variables assigned earlier
@@ -203,13 +203,18 @@ def _shell_lines(text: str) -> Iterator[tuple[int, str, dict[str, Setting]]]:
 
 def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, end_column: int) -> Setting:
     """The setting of a flag whose value is written `raw`: a literal, a variable assigned a literal
-    earlier (the setting then points at the assignment), or unknown (None)."""
+    earlier (the setting then points at the assignment), the default of `${name:-default}` where the
+    script assigns no literal to `name` (what it runs with unless the environment sets the name), or
+    unknown (None)."""
     unquoted = raw[1:-1] if len(raw) > 1 and raw[0] == raw[-1] == '"' else raw  # "$name" expands too
     reference = _REFERENCE.match(unquoted)
     if reference is not None:
         known = variables.get(reference.group("braced") or reference.group("plain"))
         if known is not None:
             return known
+    defaulted = _DEFAULTED.match(raw)
+    if defaulted is not None:
+        return variables.get(defaulted.group("name")) or Setting(defaulted.group("default"), line, column, end_column)
     return Setting(_literal(raw), line, column, end_column)
 
 

@@ -146,6 +146,25 @@ def test_a_variable_defaulted_from_the_environment_takes_its_default():
     assert [f.code for f in lint_config("run.sh", text)] == ["KL006", "KL008"]  # verl's default batch sizes
 
 
+def test_an_override_defaulted_from_the_environment_takes_its_default():
+    """`kl_loss_type="${POLAR_ACTOR_KL_LOSS_TYPE:-low_var_kl}"` (a search agent's verl launch): the run takes
+    low_var_kl unless the environment sets the name, so the clamped k3 loss is row 4 (KL002); a name the script
+    assigns itself takes that value, and the finding points at the assignment."""
+    text = textwrap.dedent("""\
+        python3 -m verl.trainer.main_ppo \\
+            actor_rollout_ref.actor.use_kl_loss="${USE_KL:-True}" \\
+            actor_rollout_ref.actor.kl_loss_type="${KL_TYPE:-low_var_kl}" \\
+            data.train_batch_size=${BSZ:-32} actor_rollout_ref.actor.ppo_mini_batch_size=32
+        """)
+    settings = shell_overrides(text)
+    assert (settings["actor_rollout_ref.actor.kl_loss_type"].value, settings["actor_rollout_ref.actor.kl_loss_type"].line) \
+        == ("low_var_kl", 3)
+    assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL002", 3)]  # 32 / 32: one step
+    assigned = "KL_TYPE=mse\n" + text
+    assert shell_overrides(assigned)["actor_rollout_ref.actor.kl_loss_type"].line == 1
+    assert [f.code for f in lint_config("run.sh", assigned)] == ["KL003"]  # k2 as a loss, at the assignment
+
+
 def test_shell_arithmetic_over_known_variables_gives_the_batch_sizes():
     """verl's own e2e script: `train_prompt_bsz=$((train_prompt_mini_bsz * 2))`: two optimizer steps per
     rollout of the k3 loss (row 22), KL008 at the mini-batch's assignment. An unknown name, or an operator
