@@ -1,0 +1,61 @@
+"""Shapes of KL code met in the twenty-third fresh set's review.
+
+Verdicts (kl-math.md section 8): a k1 reward computed once per batch of rollouts and trained over several PPO
+epochs, meeting only the token ratio, is row 23 (KL008).
+"""
+
+from __future__ import annotations
+
+from snippets import module_codes
+
+# TRL's PPO trainer as its vendored copies ship it: the advantages are whitened by a helper of another module,
+# `core.py`, whose text has no KL word (masks, means, variances); the reward reaches the policy loss through it.
+WHITEN = """\
+import torch
+
+
+def masked_mean(values, mask):
+    return (values * mask).sum() / mask.sum()
+
+
+def masked_whiten(values, mask):
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    return (values - mean) * torch.rsqrt(variance + 1e-8)
+"""
+
+TRAINER = """\
+import torch
+
+from core import masked_whiten
+
+
+def train(policy, optimizer, old_logprobs, ref_logprobs, scores, mask, batch, args):
+    with torch.no_grad():
+        kl = old_logprobs - ref_logprobs
+        rewards = -args.kl_coef * kl
+        rewards[:, -1] += scores
+        running, reversed_returns = 0.0, []
+        for t in reversed(range(rewards.shape[1])):
+            running = rewards[:, t] + running
+            reversed_returns.append(running)
+        advantages = masked_whiten(torch.stack(reversed_returns[::-1], dim=1), mask)
+    for epoch in range(4):
+        new_logprobs = policy(batch)
+        ratio = torch.exp(new_logprobs - old_logprobs)
+        loss = -(advantages * ratio * mask).sum() / mask.sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_a_reward_whitened_by_a_helper_without_kl_words_reaches_the_epoch_loop(tmp_path):
+    assert module_codes(TRAINER, tmp_path, core=WHITEN) == [(9, "KL008")]
+
+
+def test_a_helper_of_such_a_module_named_for_nothing_the_lint_knows_is_not_followed(tmp_path):
+    """The module is followed for the helper's name only: one named for neither a loss, a reduction nor a return
+    computation gives an unknown value, and the reward's use stays undecided (no verdict, no false alarm)."""
+    renamed = {"core": WHITEN.replace("def masked_whiten", "def rescale")}
+    assert module_codes(TRAINER.replace("masked_whiten", "rescale"), tmp_path, **renamed) == []
