@@ -261,33 +261,38 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
             + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text, context) + _slime_launch(path, text, context))
 
 
-def _verl_launches(path: str, text: str, context: Context) -> list[Finding]:
+def _verl_launches(path: str, text: str, context: Context, editable: bool = True) -> list[Finding]:
     """verl's flags of a launch script, judged launch by launch where it runs verl more than once (SCOPE's
     challenger, then solver): each launch with the other launches' lines left out (blank, so that every
-    position stays), one finding for a flag shared by several."""
+    position stays), one finding for a flag shared by several. `editable`: whether `text` is the file's own
+    text, which a flag fix edits (a notebook's shell lines are not)."""
     spans = verl.launch_spans(text)
     if len(spans) < 2:
-        return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text)
+        return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text, editable)
     lines = text.splitlines()
     found: dict[tuple[int, int, str], Finding] = {}
     for span in spans:
         others = {index for other in spans if other != span for index in other}
         own = "\n".join("" if index in others else line for index, line in enumerate(lines)) + "\n"
-        for finding in _verl(path, {**launched_settings(path, own), **shell_overrides(own)}, context, own):
+        for finding in _verl(path, {**launched_settings(path, own), **shell_overrides(own)}, context, own, editable):
             found.setdefault((finding.line, finding.column, finding.code), finding)
     return list(found.values())
 
 
 def lint_shell(path: str, text: str, context: Context | None = None) -> list[Finding]:
-    """The findings of shell commands (a notebook's `!` lines): verl, OpenRLHF and TRL launches."""
+    """The findings of shell commands (a notebook's `!` lines): verl, OpenRLHF and TRL launches. A verl launch is
+    read as a script's is (the copy of verl it runs decides its defaults), without flag fixes: `text` is not
+    the notebook's own."""
     context = context or Context()
     if not mentions_flags(text):
         return []
-    return _verl(path, shell_overrides(text), context) + _launch_flags(path, text, context)
+    return _verl_launches(path, text, context, editable=False) + _launch_flags(path, text, context)
 
 
-def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: str | None = None) -> list[Finding]:
-    """verl's flags; with `text` (the file they were read from) the flag fixes are edits of it."""
+def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: str | None = None,
+          editable: bool = True) -> list[Finding]:
+    """verl's flags; with `text` (the file they were read from) the launch it runs is read, and, where
+    `editable`, the flag fixes are edits of it."""
     assumed = context.release(verl.NAME, path)
     launch = verl.LAUNCH.search(text) if text is not None else None
     if launch and assumed.source != "pinned":  # the project's copy of the module launched, if it carries one, runs
@@ -296,7 +301,7 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     if text is not None:
         several = verl.runs_with_kl(text)
         settings = {key: setting for key, setting in settings.items() if key not in several}
-    fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None else None
+    fixer = _Fixer(text, "shell", verl.FLAG_FIXES, verl.NO_FLAG_FIX) if text is not None and editable else None
     copy = copy_holding(path, verl.DEFAULTS_FILE, context.roots) if path else None
     legacy_workers = verl.legacy_workers_default(copy[1] if copy else None)
     kl_reward_applied = text is None or not verl.PRIME_LAUNCH.search(text)

@@ -124,3 +124,21 @@ def test_the_copys_own_default_of_use_kl_loss_decides_where_the_kl_goes(tmp_path
     config.write_text(CONFIG.replace("use_kl_loss: False", "use_kl_loss: True\n    kl_loss_type: low_var_kl"))
     assert _codes(root, PPO.format(mini=128, more="")) == ["KL002", "KL008"]
     assert _codes(root, PPO.format(mini=128, more="actor_rollout_ref.actor.use_kl_loss=False ")) == ["KL008"]
+
+
+def test_a_notebooks_shell_launch_is_read_as_a_scripts(tmp_path):
+    """verl's getting-started notebook launches main_ppo from a `!` line: the copy it runs puts the k1 reward in
+    by default, over 256 / 64 = four steps per rollout (row 23), reported at the cell's mini-batch flag without
+    a flag fix (the edit would be one of the notebook's JSON, not of the shell text)."""
+    import json
+
+    root = _project(tmp_path)
+    cell = ["!python3 -m verl.trainer.main_ppo \\\n", "  data.train_batch_size=256 \\\n",
+            "  actor_rollout_ref.actor.ppo_mini_batch_size=64 \\\n", "  algorithm.kl_ctrl.kl_coef=0.001\n"]
+    notebook = {"cells": [{"cell_type": "code", "metadata": {}, "source": cell, "outputs": [], "execution_count": None}],
+                "metadata": {"kernelspec": {"language": "python", "name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+    path = root / "scripts" / "getting_started.ipynb"
+    path.write_text(json.dumps(notebook))
+    [finding] = lint_paths([str(path)], settings=Settings(root=root), jobs=1).findings
+    assert (finding.code, finding.line) == ("KL008", 3) and finding.autofix is None
+    assert "the KL in the reward since use_kl_loss is false" in finding.message
