@@ -15,7 +15,7 @@ from klaudit.lint import roles
 from klaudit.lint.algebra import Poly
 from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, different_targets, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import walk
+from klaudit.lint.syntax import last_name, walk
 from klaudit.lint.tensors import normalised
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
@@ -68,7 +68,8 @@ class ArithmeticFlow(FlowState):
             return counts  # a token count plus an epsilon is still the count
         if sign < 0 and (log_probs := normalised(left, right)):
             return log_probs
-        if batch_statistic_of(right, left):
+        if batch_statistic_of(right, left) or (sign < 0 and _names_mean(_operand(node, left=False))
+                                                and mean_of_the_same(right, left)):
             return left  # returns minus their batch mean (whitening): a baseline, the per-token terms go on
         out = []
         for a in operands(left):
@@ -157,6 +158,21 @@ def batch_statistic_of(statistic: tuple, value: tuple) -> bool:
         return False
     per_token = {f.poly for f in value if f.role == "tensor" and f.poly is not None and not f.scalar}
     return all(f.scalar and f.poly in per_token and not f.poly.is_const() for f in reduced)
+
+
+def mean_of_the_same(statistic: tuple, value: tuple) -> bool:
+    """Whether every KL alternative of `statistic` is one of `value`'s own: a mean the code took of the same
+    values in Python (`mean = sum(advantages) / T` over a list of per-turn advantages), which the analysis
+    does not see reduced."""
+    reduced = [f.poly for f in statistic if f.role == "tensor" and f.poly is not None and f.is_kl()]
+    own = {f.poly for f in value if f.role == "tensor" and f.poly is not None}
+    return bool(reduced) and all(poly in own for poly in reduced)
+
+
+def _names_mean(operand: cst.CSTNode | None) -> bool:
+    """An operand named for a mean or a baseline (`mean`, `adv_mean`, `baseline`): what is subtracted to centre."""
+    name = last_name(operand) if isinstance(operand, (cst.Name, cst.Attribute)) else None
+    return name is not None and roles.names_baseline(name)
 
 
 def _tensor_poly(fact: Fact) -> Poly | None:

@@ -351,6 +351,15 @@ _RETURN_COMPUTATION = re.compile(r"advantage|returns?(?![a-z])|gae|rloo|grpo|rei
                                  re.IGNORECASE)
 
 
+# A variable holding a mean or a baseline that a value is centred by (`mean`, `adv_mean`, `mu`, `baseline`)
+_BASELINE = re.compile(r"(?<![a-z])(mean|means|avg|average|mu|baseline|baselines)(?![a-z])", re.IGNORECASE)
+
+
+def names_baseline(name: str) -> bool:
+    """`mean`, `mean_adv`, `group_baseline`: a name for the mean or baseline that a value is centred by."""
+    return _BASELINE.search(name.lstrip("_")) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def is_metrics_name(name: str) -> bool:
     """A container or call that only records statistics (`metrics`, `stats`, `log_dict`, `gather_for_metrics`)."""

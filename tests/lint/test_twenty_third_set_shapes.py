@@ -59,3 +59,30 @@ def test_a_helper_of_such_a_module_named_for_nothing_the_lint_knows_is_not_follo
     computation gives an unknown value, and the reward's use stays undecided (no verdict, no false alarm)."""
     renamed = {"core": WHITEN.replace("def masked_whiten", "def rescale")}
     assert module_codes(TRAINER.replace("masked_whiten", "rescale"), tmp_path, **renamed) == []
+
+
+# A multi-turn trainer's advantages: a k1 penalty per token, GAE over each turn, then the turns' advantages
+# centred by their mean and scaled, the mean taken in Python over a list of the same values.
+CENTRED = """\
+def turn_advantages(turns, values, kl_coef, gamma, lam):
+    for t, turn in enumerate(turns):
+        token_rewards = [-kl_coef * (lp - rlp) for lp, rlp in zip(turn.logprobs, turn.ref_logprobs)]
+        n = len(token_rewards)
+        token_adv = [0.0] * n
+        token_adv[-1] = values[t]
+        for i in reversed(range(n - 1)):
+            token_adv[i] = token_rewards[i] + gamma * lam * token_adv[i + 1]
+        turn.advantage = sum(token_adv) / n
+    advantages = [turn.advantage for turn in turns]
+    mean = sum(advantages) / len(turns)
+    std = (sum((a - mean) ** 2 for a in advantages) / len(turns)) ** 0.5 + 1e-8
+    for turn in turns:
+        turn.advantage = (turn.advantage - mean) / std
+    return turns
+"""
+
+
+def test_advantages_centred_by_a_mean_of_the_same_values_keep_the_penaltys_sign(tmp_path):
+    """Subtracting the mean is a baseline: no opposite-signed KL term appears (no KL011 'bonus'); the k1
+    reward itself reaches only the turn's own advantage here, as a same-token reward would (KL003)."""
+    assert module_codes(CENTRED, tmp_path) == [(3, "KL003")]
