@@ -8,7 +8,8 @@ ROLL's reward functions (`apply_kl_penalty`, `compute_token_reward` in `roll/uti
 actor workers whose policy loss is reduced by `loss_agg_mode`, each sequence's token mean by default.
 OpenRLHF's experience maker subtracts the KL from the token rewards (`compute_reward`) once per rollout,
 and its trainer takes `max_epochs` x rollout batch x samples per prompt / `train_batch_size` optimizer
-steps on them (1 x 1024 x 1 / 128 by default).
+steps on them (1 x 1024 x 1 / 128 by default); up to 0.6 its policy loss is each response's token mean, then
+the mean (later releases average over a micro-batch's or a step's tokens, which the launch decides).
 
 The module alone looks on-policy and says nothing of the reduction. This says what the copy's own defaults
 make of its reward: with more than one optimizer step per rollout, every step after the first trains the
@@ -30,7 +31,7 @@ from pathlib import Path
 from klaudit.catalog import Aggregation
 from klaudit.frameworks import easyr1, openrlhf, roll, verl
 from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, yaml_settings
-from klaudit.frameworks.versions import read_text
+from klaudit.frameworks.versions import UNSTATED, at_least, read_text, vendored
 
 _STORES_KL_REWARD = "def apply_kl_penalty"  # verl's driver: the KL reward, stored into the batch's token rewards
 _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's training loop
@@ -63,8 +64,7 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
     if posix.endswith(roll.FUNCTIONALS) and any(name in source for name in _ROLL_REWARDS):
         return _roll(Path(path))
     if posix.endswith(_OPENRLHF_MAKER) and _OPENRLHF_REWARD in source:
-        # its releases reduce the policy loss differently (klaudit.frameworks.openrlhf): not decided here
-        return RewardTraining(_OPENRLHF_STEPS, None, _shown("OpenRLHF", _OPENRLHF_COUNTS, _OPENRLHF_STEPS))
+        return _openrlhf(path)
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
         return None
     if _VERL_CONFIG in source:
@@ -117,3 +117,14 @@ def _roll(module: Path) -> RewardTraining:
     aggregation = ((Aggregation.SUM if copy.token_sum else Aggregation.SEQ_MEAN) if mode == roll.TOKEN_SUM
                    else roll.AGGREGATIONS.get(mode))
     return RewardTraining(1.0, aggregation, f"{roll.NAME}'s actor at this copy's defaults: {roll.AGGREGATION}={mode}")
+
+
+def _openrlhf(path: str) -> RewardTraining:
+    """OpenRLHF's trainer at its defaults; a copy that states a release before 0.7 takes each response's token
+    mean (row 21), a later or unstated one a reduction its launch decides (not decided here)."""
+    copy = vendored(path, openrlhf.NAME, _OPENRLHF_MAKER)
+    early = copy is not None and copy is not UNSTATED and not at_least(copy, "0.7")
+    counts = _OPENRLHF_COUNTS + (f", the policy loss each response's token mean ({copy.label(openrlhf.NAME)})"
+                                 if early and copy is not None else "")
+    return RewardTraining(_OPENRLHF_STEPS, Aggregation.SEQ_MEAN if early else None,
+                          _shown("OpenRLHF", counts, _OPENRLHF_STEPS))

@@ -132,3 +132,16 @@ def test_openrlhfs_experience_maker_feeds_eight_steps_per_rollout_by_default(tmp
     other.parent.mkdir()
     other.write_text(MAKER)
     assert lint_paths([str(other)], settings=Settings(root=tmp_path), jobs=1).findings == []
+
+
+def test_an_openrlhf_copy_before_0_7_takes_each_responses_token_mean(tmp_path):
+    """Up to 0.6 OpenRLHF's policy loss is each response's token mean: 1/L weights on the k1 reward (row 21)
+    beside the eight steps per rollout (row 23)."""
+    module = tmp_path / "openrlhf" / "trainer" / "ppo_utils" / "experience_maker.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(MAKER)
+    (tmp_path / "version.txt").write_text("0.6.0\n")
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='openrlhf')\n")
+    findings = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.code, f.line) for f in findings] == [("KL007", 8), ("KL008", 8)]
+    assert "the policy loss each response's token mean (openrlhf 0.6" in findings[0].message
