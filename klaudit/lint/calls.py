@@ -70,6 +70,10 @@ class CallFlow(FlowState):
         if roles.is_return_computation(name):
             for arg in node.args:  # rewards handed to a GAE / RLOO / GRPO advantage outside the tree
                 self.confirm(self.expr(arg.value))
+            if roles.names_whitening(name) and node.args:
+                # `masked_whiten(advantages, mask)` (TRL's, in a module without KL words): a shift by the batch
+                # mean, a baseline, and a scale by a batch statistic: the per-token terms go on to the loss
+                return self.expr(node.args[0].value)
         elif logged:
             for arg in node.args:  # logged: `self.log(...)`, `gather_for_metrics(kl)`, `self.stats[k].append(kl)`
                 self.settle(self.expr(arg.value))

@@ -77,8 +77,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             outcome = analyzer.analyse(mod, func, cls)
         except (RecursionError, BudgetExceeded):
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
-        found = [(sink, fact, _as_trained(config, fact, sink.kind, training)) for sink in outcome.sinks
-                 for fact in sink.facts if (config := config_of(fact, sink.kind, sink.trained)) is not None]
+        found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
+                 if (config := config_of(fact, sink.kind, sink.trained)) is not None]
         paired = _paired(found)
         teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
                           and masks_by_labels(func) and samples_nowhere(source))
@@ -97,15 +97,15 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             + _undetermined(path, module, analyzer, undecided, decided))
 
 
-def _as_trained(config: Config, fact: Fact, kind: SinkKind, training: RewardTraining | None) -> Config:
+def _as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardTraining | None) -> Config:
     """A KL reward of framework code whose actor trains it elsewhere: over several optimizer steps per rollout
     every step after the first trains it on an older policy's samples, with the PPO token ratio at most (row
-    23), and the actor's reduction of the policy loss weighs it where the module shows none."""
+    23), and the actor's reduction of the policy loss weighs it where the module showed none (`reduced`)."""
     if training is None or kind == "loss" or config.reward is None or config.loss is not None:
         return config
     if training.steps > 1 and config.sampling is Sampling.ON_POLICY:
         config = replace(config, sampling=Sampling.TOKEN_IS)
-    if training.aggregation is not None and fact.aggregation is None:
+    if training.aggregation is not None and not reduced:
         config = replace(config, aggregation=training.aggregation)
     return config
 
@@ -387,11 +387,13 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         same_function = [c for c in group if c.function == best.function]
         final = max(same_function, key=lambda c: c.sink.order)
         config, rows = best.config, best.rows
+        reduced = best.fact.aggregation is not None or final.fact.aggregation is not None  # a reduction seen
         flagged = [c for c in group if c.rows]
         if not rows and flagged:
             # a later use shows more (importance ratios, stale samples): its verdict counts
             downstream = max(flagged, key=lambda c: (c.fact.calls, c.function, c.sink.order))
             config, rows = downstream.config, downstream.rows
+            reduced = reduced or downstream.fact.aggregation is not None
         older = next((sampling for sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS)
                       if any(c.config.sampling is sampling for c in group)), None)
         if config.sampling is Sampling.ON_POLICY and older is not None:
@@ -413,6 +415,9 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # leaves the function unreduced, a reward returned to its caller, is reduced there)
             config = replace(config, aggregation=final.config.aggregation)
             rows = defects(config, best.fact.clamped)
+        trained = _as_trained(config, reduced, best.sink.kind, training)
+        if trained != config:
+            config, rows = trained, defects(trained, best.fact.clamped)
         if best.fact.entry is not None:
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from klaudit.lint.roles import NAMED_AGGREGATIONS, is_return_computation, might_contain_kl
+from klaudit.lint.roles import NAMED_AGGREGATIONS, might_contain_kl
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 from klaudit.lint.syntax import libcst_module
 
@@ -124,12 +124,9 @@ class Project:
     def follows(self, path: Path, name: str | None = None) -> bool:
         """Whether the analysis follows a call of `name` (any name, where None) into the module at
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
-        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it), or of
-        turning rewards into returns or advantages (TRL's `masked_whiten` in `trl/core.py`: the KL reward flows
-        through it to the policy loss). The answer depends on the module and the name only, never on what was
-        looked up before."""
-        return self._text(self.key(path)) is not None or (name is not None and (
-            names_loss_helper(name) or is_return_computation(name)))
+        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
+        answer depends on the module and the name only, never on what was looked up before."""
+        return self._text(self.key(path)) is not None or (name is not None and names_loss_helper(name))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""

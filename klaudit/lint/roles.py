@@ -366,6 +366,14 @@ def is_metrics_name(name: str) -> bool:
     return _METRICS.search(name.lstrip("_")) is not None
 
 
+_WHITENING = re.compile(r"whiten", re.IGNORECASE)
+
+
+def names_whitening(name: str) -> bool:
+    """`masked_whiten`, `whiten_advantages`: centring by the batch mean and scaling by the batch's deviation."""
+    return _WHITENING.search(name) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every call the analysis does not follow
 def is_return_computation(name: str) -> bool:
     """A call that turns token-level rewards into returns or advantages (`compute_gae_advantage_return`)."""
