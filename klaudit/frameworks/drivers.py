@@ -35,8 +35,8 @@ from klaudit.frameworks.versions import UNSTATED, at_least, read_text, vendored
 
 _STORES_KL_REWARD = "def apply_kl_penalty"  # verl's driver: the KL reward, stored into the batch's token rewards
 _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's training loop
-_VERL_CONFIG = "actor_rollout_ref"  # verl's config section of the actor; EasyR1's is `worker.actor`
-_EASYR1_CONFIG = "worker.actor"
+_VERL_CONFIG = "actor_rollout_ref"  # verl's config section of the actor
+_EASYR1_CONFIG = "config.worker."  # EasyR1's (`config.worker.actor`, `config.worker.rollout`)
 _ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
 _OPENRLHF_MAKER, _OPENRLHF_REWARD = "openrlhf/trainer/ppo_utils/experience_maker.py", "compute_reward("
 # OpenRLHF's steps per rollout at its defaults: epochs x (rollout batch x samples per prompt) / train batch
@@ -67,7 +67,7 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
         return _openrlhf(path)
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
         return None
-    if _VERL_CONFIG in source:
+    if _EASYR1_CONFIG not in source and _VERL_CONFIG in source:  # EasyR1 names its worker group actor_rollout_ref too
         return _verl(_verl_copy(Path(path)))
     if _EASYR1_CONFIG in source:
         aggregation = easyr1.AGGREGATIONS[easyr1.DEFAULTS[easyr1.LOSS_AVG_MODE]]
