@@ -71,14 +71,16 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
         return _verl(_verl_copy(Path(path)))
     if _EASYR1_CONFIG in source:
         aggregation = easyr1.AGGREGATIONS[easyr1.DEFAULTS[easyr1.LOSS_AVG_MODE]]
-        return _trained(easyr1.NAME, {}, easyr1.STEP_DEFAULTS, aggregation, "")
+        return _trained(easyr1.NAME, {}, easyr1.STEP_DEFAULTS, aggregation, easyr1.STEP_DEFAULTS)
     return None
 
 
-def _trained(name: str, settings: dict[str, Setting], defaults: dict[str, str], aggregation: Aggregation | None,
-             mode: str) -> RewardTraining:
-    steps = steps_per_rollout(settings, defaults)
-    return RewardTraining(steps, aggregation, _shown(name, mode + listed(settings, defaults).removeprefix(", "), steps))
+def _trained(name: str, settings: dict[str, Setting], steps_defaults: dict[str, str], aggregation: Aggregation | None,
+             named: dict[str, str]) -> RewardTraining:
+    """The steps per rollout that `settings` over `steps_defaults` give, with the keys of `named` (their defaults)
+    as the findings name them."""
+    steps = steps_per_rollout(settings, steps_defaults)
+    return RewardTraining(steps, aggregation, _shown(name, listed(settings, named).removeprefix(", "), steps))
 
 
 def _shown(name: str, counts: str, steps: float) -> str:
@@ -87,11 +89,9 @@ def _shown(name: str, counts: str, steps: float) -> str:
 
 def _verl(root: Path | None) -> RewardTraining:
     settings = _verl_settings(root)
-    mode = settings[verl.LOSS_AGG_MODE].value if verl.LOSS_AGG_MODE in settings else verl.DEFAULTS[verl.LOSS_AGG_MODE]
-    shown = listed({verl.LOSS_AGG_MODE: settings[verl.LOSS_AGG_MODE]} if verl.LOSS_AGG_MODE in settings else {},
-                   {verl.LOSS_AGG_MODE: verl.DEFAULTS[verl.LOSS_AGG_MODE]}).removeprefix(", ")
-    steps = {key: setting for key, setting in settings.items() if key in verl.STEP_DEFAULTS}
-    return _trained(verl.NAME, steps, verl.STEP_DEFAULTS, verl.AGGREGATIONS.get(mode or ""), f"{shown}, ")
+    named = {verl.LOSS_AGG_MODE: verl.DEFAULTS[verl.LOSS_AGG_MODE], **verl.STEP_DEFAULTS}
+    mode = settings[verl.LOSS_AGG_MODE].value if verl.LOSS_AGG_MODE in settings else named[verl.LOSS_AGG_MODE]
+    return _trained(verl.NAME, settings, verl.STEP_DEFAULTS, verl.AGGREGATIONS.get(mode or ""), named)
 
 
 def _verl_copy(module: Path) -> Path | None:
@@ -114,9 +114,8 @@ def _verl_settings(root: Path | None) -> dict[str, Setting]:
 def _roll(module: Path) -> RewardTraining:
     copy = roll.read_copy(module.resolve().parents[len(Path(roll.FUNCTIONALS).parts) - 1], "rlvr")
     mode = copy.defaults[roll.AGGREGATION]
-    aggregation = ((Aggregation.SUM if copy.token_sum else Aggregation.SEQ_MEAN) if mode == roll.TOKEN_SUM
-                   else roll.AGGREGATIONS.get(mode))
-    return RewardTraining(1.0, aggregation, f"{roll.NAME}'s actor at this copy's defaults: {roll.AGGREGATION}={mode}")
+    return RewardTraining(1.0, roll.aggregation_of(mode, copy),
+                          f"{roll.NAME}'s actor at this copy's defaults: {roll.AGGREGATION}={mode}")
 
 
 def _openrlhf(path: str) -> RewardTraining:

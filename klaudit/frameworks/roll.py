@@ -117,6 +117,14 @@ def _read(path: Path) -> str:
         return ""
 
 
+def aggregation_of(mode: str, copy: Copy) -> Aggregation | None:
+    """What `loss_agg_mode` `mode` does to the policy loss in `copy` (seq-mean-token-sum: each sequence's token
+    sum, or its token mean in the early copies); None for a mode of no catalog aggregation."""
+    if mode == TOKEN_SUM:
+        return Aggregation.SUM if copy.token_sum else Aggregation.SEQ_MEAN
+    return AGGREGATIONS.get(mode)
+
+
 def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     """The KL configuration a ROLL config selects; None when the KL is off or only logged, or when a deciding
     value is not a literal (an interpolation)."""
@@ -124,8 +132,7 @@ def judge(settings: Mapping[str, Setting], copy: Copy = MAIN) -> Judged | None:
     use_loss, token_kl = truthy(given[USE_LOSS] or ""), truthy(given[TOKEN_KL] or "")
     loss_coef, reward_coef, gamma = (number(given[key] or "") for key in (LOSS_COEF, REWARD_COEF, GAMMA))
     mode = given[AGGREGATION] or ""
-    aggregation = ((Aggregation.SUM if copy.token_sum else Aggregation.SEQ_MEAN) if mode == TOKEN_SUM
-                   else AGGREGATIONS.get(mode))
+    aggregation = aggregation_of(mode, copy)
     if None in (use_loss, token_kl, loss_coef, reward_coef) or aggregation is None:
         return None
     steps = _steps_per_rollout(settings, given)
