@@ -10,6 +10,10 @@ OpenRLHF's experience maker subtracts the KL from the token rewards (`compute_re
 and its trainer takes `max_epochs` x rollout batch x samples per prompt / `train_batch_size` optimizer
 steps on them (1 x 1024 x 1 / 128 by default); up to 0.6 its policy loss is each response's token mean, then
 the mean (later releases average over a micro-batch's or a step's tokens, which the launch decides).
+slime computes its advantages and returns (`compute_advantages_and_returns`, with the KL in the token
+rewards of ppo and reinforce_plus_plus, and the on-policy distillation term) in the module that defines the
+policy loss, which reduces them by `sum_of_sample_mean`: each sample's token mean unless
+`--calculate-per-token-loss` (off by default); the advantages travel between the two in the rollout's dict.
 
 The module alone looks on-policy and says nothing of the reduction. This says what the copy's own defaults
 make of its reward: with more than one optimizer step per rollout, every step after the first trains the
@@ -19,7 +23,8 @@ So its reward code is judged as the launches that leave those settings alone run
 
 A verl copy's defaults are read from its `ppo_trainer.yaml` where it is there to read, a ROLL copy's from its
 config classes, else the framework's; EasyR1's are its release's (they live in dataclasses and the launch's
-YAML). ROLL's steps per rollout depend on the GPUs a launch maps: they are left undecided here.
+YAML). ROLL's steps per rollout depend on the GPUs a launch maps, and slime's on batch sizes it has no
+default for: they are left undecided here.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.catalog import Aggregation
-from klaudit.frameworks import easyr1, openrlhf, roll, verl
-from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, yaml_settings
+from klaudit.frameworks import easyr1, openrlhf, roll, slime, verl
+from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, truthy, yaml_settings
 from klaudit.frameworks.versions import UNSTATED, at_least, read_text, vendored
 
 _STORES_KL_REWARD = "def apply_kl_penalty"  # verl's driver: the KL reward, stored into the batch's token rewards
@@ -38,6 +43,9 @@ _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's train
 _VERL_CONFIG = "actor_rollout_ref"  # verl's config section of the actor
 _EASYR1_CONFIG = "config.worker."  # EasyR1's (`config.worker.actor`, `config.worker.rollout`)
 _ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
+# slime's advantages, KL reward included, and the policy loss that reduces them, in one module
+_SLIME_LOSS, _SLIME_REWARD, _SLIME_REDUCER = ("slime/backends/megatron_utils/loss.py",
+                                              "def compute_advantages_and_returns", "sum_of_sample_mean")
 _OPENRLHF_MAKER, _OPENRLHF_REWARD = "openrlhf/trainer/ppo_utils/experience_maker.py", "compute_reward("
 # OpenRLHF's steps per rollout at its defaults: epochs x (rollout batch x samples per prompt) / train batch
 _OPENRLHF_EPOCHS, _OPENRLHF_ROLLOUT, _OPENRLHF_SAMPLES, _OPENRLHF_TRAIN = (
@@ -65,6 +73,8 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
         return _roll(Path(path))
     if posix.endswith(_OPENRLHF_MAKER) and _OPENRLHF_REWARD in source:
         return _openrlhf(path)
+    if posix.endswith(_SLIME_LOSS) and _SLIME_REWARD in source and _SLIME_REDUCER in source:
+        return _slime()
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
         return None
     if _EASYR1_CONFIG not in source and _VERL_CONFIG in source:  # EasyR1 names its worker group actor_rollout_ref too
@@ -127,3 +137,13 @@ def _openrlhf(path: str) -> RewardTraining:
                                  if early and copy is not None else "")
     return RewardTraining(_OPENRLHF_STEPS, Aggregation.SEQ_MEAN if early else None,
                           _shown("OpenRLHF", counts, _OPENRLHF_STEPS))
+
+
+def _slime() -> RewardTraining:
+    """slime's policy loss at its defaults: `sum_of_sample_mean` is each sample's token mean (row 21) unless
+    `--calculate-per-token-loss`, the batch's tokens."""
+    per_token = truthy(slime.DEFAULTS[slime.PER_TOKEN])
+    aggregation = Aggregation.BATCH_MEAN if per_token else Aggregation.SEQ_MEAN
+    reduction = "the batch's token mean" if per_token else "each sample's token mean (sum_of_sample_mean)"
+    return RewardTraining(1.0, aggregation, f"{slime.NAME}'s actor at its defaults: "
+                                            f"{slime.PER_TOKEN}={slime.DEFAULTS[slime.PER_TOKEN]}, {reduction}")

@@ -145,3 +145,39 @@ def test_an_openrlhf_copy_before_0_7_takes_each_responses_token_mean(tmp_path):
     findings = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
     assert [(f.code, f.line) for f in findings] == [("KL007", 8), ("KL008", 8)]
     assert "the policy loss each response's token mean (openrlhf 0.6" in findings[0].message
+
+
+SLIME_LOSS = '''\
+def compute_advantages_and_returns(args, rollout_data):
+    log_probs, ref_log_probs = rollout_data["log_probs"], rollout_data["ref_log_probs"]
+    kl = [lp - ref for lp, ref in zip(log_probs, ref_log_probs)]
+    returns = []
+    for kl_i, reward in zip(kl, rollout_data["rewards"]):
+        token_rewards = -args.kl_coef * kl_i
+        token_rewards[-1] += reward
+        returns.append(token_rewards.flip(0).cumsum(0).flip(0))
+    rollout_data["advantages"] = returns
+
+
+def policy_loss_function(args, batch, logits, sum_of_sample_mean):
+    ratio = (batch["log_probs_new"] - batch["log_probs"]).exp()
+    return sum_of_sample_mean(-ratio * batch["advantages"])
+'''
+
+
+def test_slimes_advantages_meet_its_per_sample_token_mean(tmp_path):
+    """slime reduces the policy loss that carries the k1 returns by `sum_of_sample_mean`, each sample's token
+    mean by default (`--calculate-per-token-loss` off): 1/L weights on a reward that is otherwise right (row 6,
+    weighed as row 21). The module's own code shows none of it: the advantages reach the loss through the
+    rollout's dict."""
+    module = tmp_path / "slime" / "backends" / "megatron_utils" / "loss.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(SLIME_LOSS)
+    [finding] = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert (finding.code, finding.line) == ("KL007", 6)
+    assert "k1 in the reward (reward-to-go), seq-token-mean" in finding.message
+    assert "slime's actor at its defaults: calculate-per-token-loss=False" in finding.message
+    other = tmp_path / "mine" / "loss.py"  # outside slime's layout the same reward-to-go is right
+    other.parent.mkdir()
+    other.write_text(SLIME_LOSS)
+    assert lint_paths([str(other)], settings=Settings(root=tmp_path), jobs=1).findings == []
