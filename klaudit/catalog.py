@@ -283,6 +283,10 @@ CATALOG: tuple[Row, ...] = (
     _row("10", "exact per-step KL in reward, reward-to-go", _reward(E.FULL), Objective.FUT, "KL004",
          "the detached per-step KL_t(h_t) does not depend on the sampled token, so in the reward it gives "
          "only the future term FUT; the local term (the KL_t as a loss) is missing", FIX_RB_LOSS),
+    _row("10b", "exact per-step KL in reward, same token only", _reward(E.FULL, Returns.LOCAL), Objective.ZERO,
+         "KL004", "the detached per-step KL_t(h_t) is fixed before token t is drawn, and it reaches only that token's "
+         "score, whose expectation is zero: this reward adds no gradient in expectation, neither the local term "
+         "nor the future one", FIX_RB_LOSS),
     _row("11", "Rao-Blackwellized: exact KL as loss + future exact KL in reward",
          Config(loss=E.FULL, reward=E.FULL, returns=Returns.FUTURE), Objective.REV, None,
          "the per-step KL's local gradient plus the later steps' KL as a future return is grad KL(pi || ref)"

@@ -13,7 +13,8 @@ import functools
 import re
 from collections.abc import Iterable
 
-from klaudit.lint.algebra import LOGITS, OLD, POLICY, REF, REF_LOGITS, SEQUENCE, Atom, AtomKind, Poly
+from klaudit.lint.algebra import (LOGITS, OLD, POLICY, REF, REF_LOGITS, SEQUENCE, VOCAB_POLICY, VOCAB_REF, Atom,
+                                  AtomKind, Poly)
 from klaudit.lint.kinds import SinkKind
 
 # ---- the cheap pre-filter ----------------------------------------------------------------
@@ -280,9 +281,30 @@ def is_mask_name(name: str) -> bool:
 _SUMMED = re.compile(r"(?<![a-z])(seq|sequence|sum|summed)(?![a-z])", re.IGNORECASE)
 
 
+# Log-probs of each position's k most likely tokens (`student_topk_logprobs`, `teacher_topk_lp`): a slice of the
+# vocabulary axis, [.., k], which a distillation loss sums over as it would over the whole vocabulary.
+_TOP_K = re.compile(r"(?<![a-z0-9])top_?k(?![a-z])", re.IGNORECASE)
+
+
+_STUDENT = re.compile(r"(?<![a-z0-9])(student|policy|actor|new|curr|current)(?![a-z])", re.IGNORECASE)
+
+
+def _top_k_logprobs(name: str) -> AtomKind | None:
+    """The vocabulary-level log-probs a top-k name denotes, of the side it names: the teacher's or reference's,
+    or the student's or policy's (a bare `topk_logprobs` names neither)."""
+    if _TOP_K.search(name) is None or not speaks_of_logprobs(name):
+        return None
+    if names_teacher(name) or tensor_role(name) == REF:
+        return VOCAB_REF
+    return VOCAB_POLICY if _STUDENT.search(name) else None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments (a polynomial is an immutable value)
 def named_tensor(name: str, grad: bool) -> Poly | None:
     """The symbolic tensor a name denotes; reference and old log-probs never carry gradient."""
+    vocabulary = _top_k_logprobs(name)
+    if vocabulary is not None:
+        return Poly.atom(Atom(vocabulary, grad and vocabulary == VOCAB_POLICY))
     kind = tensor_role(name)
     if kind is None:
         return None

@@ -122,6 +122,19 @@ def test_exact_kl_over_the_vocabulary_and_its_direction():
     assert estimators(facts_of(body, "fwd")) == {None}  # KL(ref || pi): no catalog estimator
 
 
+def test_top_k_log_probs_are_a_slice_of_the_vocabulary():
+    """`student_topk_logprobs` [.., k]: p * (log p - log q) summed over the k is the (truncated) exact KL_t, as
+    over the whole vocabulary; a bare `topk_logprobs` names no side and stays unknown."""
+    params = "student_topk_logprobs, teacher_topk_logprobs, topk_logprobs, ref_logp"
+    body = """
+    p = student_topk_logprobs.exp()
+    kl = (p * (student_topk_logprobs - teacher_topk_logprobs)).sum(-1)
+    unknown = (topk_logprobs.exp() * (topk_logprobs - ref_logp)).sum(-1)
+    """
+    assert estimators(facts_of(body, "kl", params)) == {Estimator.FULL}
+    assert estimators(facts_of(body, "unknown", params)) <= {None}
+
+
 def test_the_sign_of_the_log_ratio_is_kept():
     (term,) = alg.terms_of(facts_of("kl = ref_logp - logp", "kl")[0].poly, "loss")
     assert (term.estimator, term.sign) == (Estimator.K1, -1)
