@@ -244,6 +244,15 @@ def detach(poly: Poly) -> Poly:
     return poly.map_atoms(Atom.detached)
 
 
+_ON_FRESH_SAMPLES: Mapping[AtomKind, AtomKind] = {IS_RATIO: SCORE, IS_LOG: SCORE_LOG}
+
+
+def on_fresh_samples(poly: Poly) -> Poly:
+    """The ratio to the behaviour policy where the samples were drawn by the policy as it is: exp(P - O) with
+    O the same log-probs, detached, is 1 in value and the score in gradient (W -> S, w -> s)."""
+    return poly.map_atoms(lambda a: Atom(_ON_FRESH_SAMPLES[a.kind], a.grad, a.acc) if a.kind in _ON_FRESH_SAMPLES else a)
+
+
 def accumulate(poly: Poly, acc: Accumulation) -> Poly:
     """Sum per-token atoms over the tokens (reward-to-go or the whole sequence).
 

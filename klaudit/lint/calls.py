@@ -186,7 +186,7 @@ class CallFlow(FlowState):
                     env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) else ()
             else:
                 env[name] = param_facts(param)
-        outcome = self.analyzer.call(module, func, cls, env)
+        outcome = self.analyzer.call(module, func, cls, env, self.on_fresh_samples())
         for facts in env.values():
             self.settle(facts)  # handed to a function of the tree, whose analysis follows it
         # where a term already entered a loss or reward here, it stays reported there; a term that enters

@@ -70,6 +70,7 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
         env.update((param.name.value, param_facts(param)) for param in params(func))
         run = FunctionRun(self.analyzer, self.module, func, self.cls, env, record=self.record)
         run.no_grad = run.no_grad or self.no_grad
+        run.caller_on_fresh_samples = self.on_fresh_samples()  # a closure with no step follows the function's
         run.labels = self.labels  # it exists only on the path where its definition runs
         for sink in run.run().sinks:
             self.sinks.append(replace(sink, order=len(self.sinks)))

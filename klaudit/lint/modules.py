@@ -30,7 +30,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
-from klaudit.lint.update_loops import OrderedCalls, ordered_calls, reuses_samples, steps_on_fresh_samples
+from klaudit.lint.update_loops import OrderedCalls, ordered_calls, reuses_samples, steps_on_fresh_samples, takes_a_step
 
 MAX_DEPTH = 4
 
@@ -161,6 +161,10 @@ class Module:
             self._fresh[key] = steps_on_fresh_samples(func, methods, self.tree, self._calls_of)
         return self._fresh[key]
 
+    def takes_a_step(self, func: cst.FunctionDef) -> bool:
+        """Whether one of this module's functions steps an optimizer itself."""
+        return takes_a_step(self._calls_of(func))
+
     def _calls_of(self, func: cst.FunctionDef) -> OrderedCalls:
         """klaudit.lint.update_loops.ordered_calls of one of this module's functions, read once."""
         key = id(func)
@@ -249,8 +253,8 @@ class Analyzer(NameResolution):
         self.project = project
         self.read_fields = read_fields
         self._modules: dict[str, Module] = {}
-        # ((id(func), argument facts), remaining depth or None) -> (Outcome, reached ids, cost, levels taken)
-        self._summaries: dict[tuple[tuple[int, tuple[tuple[str, Value], ...]], int | None],
+        # ((id(func), argument facts, whether the caller steps on fresh samples), remaining depth or None) -> (Outcome, reached ids, cost, levels taken)
+        self._summaries: dict[tuple[tuple[int, tuple[tuple[str, Value], ...], bool], int | None],
                               tuple[Outcome, frozenset[int], int, int]] = {}
         self._stack: list[_Frame] = []  # each call being interpreted, outermost first
         # module path -> ({field name: facts stored into it}, cost in work units)
@@ -319,8 +323,9 @@ class Analyzer(NameResolution):
             outcome.sinks.extend(replace(s, order=len(outcome.sinks)) for s in more.sinks)
         return outcome
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
-        """What `func` returns given the caller's argument facts, and where it sinks the arguments.
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
+        """What `func` returns given the caller's argument facts, and where it sinks the arguments; `fresh`: the
+        caller's steps are each the first on samples just drawn (SinkFlow.on_fresh_samples).
 
         A call MAX_DEPTH deep, or to a function already being interpreted, is cut off: it returns nothing."""
         depth = MAX_DEPTH - len(self._stack)
@@ -332,7 +337,7 @@ class Analyzer(NameResolution):
             if caller is not None and depth <= 0:
                 caller.cut = True
             return Outcome()
-        inputs = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])))
+        inputs = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])), fresh)
         for at in (None, depth):
             cached = self._summaries.get((inputs, at))
             if cached is None or (at is None and cached[3] > depth) or \
@@ -348,7 +353,9 @@ class Analyzer(NameResolution):
         before = budget.spent()
         self._stack.append(frame)
         try:
-            outcome = FunctionRun(self, module, func, cls, env, record=True).run()
+            run = FunctionRun(self, module, func, cls, env, record=True)
+            run.caller_on_fresh_samples = fresh
+            outcome = run.run()
         finally:
             self._stack.pop()
         # handed in or not is the caller's to say (klaudit.lint.calls maps it back)

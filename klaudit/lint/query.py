@@ -63,8 +63,8 @@ class _Watching(Analyzer):
         self.watched = watched
         self.returned_origins: set[int] = set()
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
-        outcome = super().call(module, func, cls, env)
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
+        outcome = super().call(module, func, cls, env, fresh)
         if func is self.watched:
             self.returned_origins |= {id(fact.origin) for fact in _kl_facts(outcome.returns)}
         return outcome
@@ -159,9 +159,9 @@ class _Tracing(Analyzer):
         below = [calls for calls in found if calls <= fact.calls]
         return found[max(below)] if below else None
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env) -> Outcome:
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
         outermost = not self._stack
-        outcome = super().call(module, func, cls, env)
+        outcome = super().call(module, func, cls, env, fresh)
         if outermost:
             qualname = f"{cls}.{func.name.value}" if cls else func.name.value
             called = (str(Path(module.path).resolve()), qualname)

@@ -13,8 +13,19 @@ import functools
 import re
 from collections.abc import Iterable
 
-from klaudit.lint.algebra import (LOGITS, OLD, POLICY, REF, REF_LOGITS, SEQUENCE, VOCAB_POLICY, VOCAB_REF, Atom,
-                                  AtomKind, Poly)
+from klaudit.lint.algebra import (
+    LOGITS,
+    OLD,
+    POLICY,
+    REF,
+    REF_LOGITS,
+    SEQUENCE,
+    VOCAB_POLICY,
+    VOCAB_REF,
+    Atom,
+    AtomKind,
+    Poly,
+)
 from klaudit.lint.kinds import SinkKind
 
 # ---- the cheap pre-filter ----------------------------------------------------------------

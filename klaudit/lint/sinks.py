@@ -91,11 +91,10 @@ class SinkFlow(FlowState):
         optimizer steps on samples drawn before it (klaudit.lint.update_loops), are on older samples; a ratio
         is no such sign where each step of the function (or of its single caller) is the first on samples
         just drawn: it is then 1."""
+        if self.on_fresh_samples():
+            return tuple(_on_fresh_samples(f, self.reused) if f.is_kl() else f for f in value)
         if not any(f.is_kl() and not f.stale for f in value):
             return value
-        if self.module.steps_on_fresh_samples(self.func, self.cls):
-            return tuple(replace(f, stale=True) if f.is_kl() and self.reused and not _sequence_weighted(f) else f
-                         for f in value)
         ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
@@ -104,6 +103,12 @@ class SinkFlow(FlowState):
             compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,))
             or any(compatible(g.labels, f.labels) for g in ratios))
             else f for f in value)
+
+    def on_fresh_samples(self) -> bool:
+        """Each optimizer step of this function is the first on samples just drawn (klaudit.lint.update_loops):
+        its own, or, for a function that takes none (a loss helper of another module), its caller's."""
+        return self.module.steps_on_fresh_samples(self.func, self.cls) or (
+            self.caller_on_fresh_samples and not self.module.takes_a_step(self.func))
 
     def note_comparison(self, node: cst.Call) -> None:
         """A call given the policy's log-probs and, in another argument, the behaviour policy's
@@ -203,3 +208,10 @@ def _sequence_weighted(fact: Fact) -> bool:
     weighs = any(len(monomial) > 1 and any(atom.kind == alg.SCORE and atom.acc == alg.SEQUENCE for atom in monomial)
                  for monomial, _ in fact.poly.terms)  # the sequence's score times a (detached) reward
     return weighs or any(term.weighted in ("score-seq", "is-seq") for term in alg.terms_of(fact.poly, "loss"))
+
+
+def _on_fresh_samples(fact: Fact, reused: bool) -> Fact:
+    """A KL term entering a loss in a step on samples just drawn: a ratio to their log-probs is the score
+    (alg.on_fresh_samples); only a loop of several steps on them (`reused`) makes them older."""
+    poly = alg.on_fresh_samples(fact.poly) if fact.poly is not None else None
+    return replace(fact, poly=poly, stale=fact.stale or (reused and not _sequence_weighted(fact)))

@@ -127,7 +127,12 @@ def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.Functio
         return False
     caller, index, loops = site
     calls = calls_of(caller)
-    return not any(_is_step(call) for call, _ in calls) and _drawn_since(index, loops, _draws_among(calls), module) is True
+    return not takes_a_step(calls) and _drawn_since(index, loops, _draws_among(calls), module) is True
+
+
+def takes_a_step(calls: OrderedCalls) -> bool:
+    """Whether a function with these `ordered_calls` steps an optimizer itself."""
+    return any(_is_step(call) for call, _ in calls)
 
 
 def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,

@@ -6,12 +6,15 @@ to 1, around micro-batches that accumulate gradients): its k3 KL loss is on-poli
 KL002), not on an older policy's samples (row 22: KL008). A step is the first since the draw when, going out
 from it, every loop runs once up to one whose body draws before it, or the function draws before it, or the
 function's single caller does so before the call; a loss helper with no step of its own follows its single
-caller. Two calls of the update for one rollout (the hard buffer's extra step), a mini-batch loop that steps
+caller (of any module: the call hands its freshness on). The same holds for a k1 reward carried by the PPO
+surrogate: the ratio exp(logp - old_logp) of the only step on the rollout is the score, and the reward-to-go is
+right (row 6), where it used to read as row 23. Two calls of the update for one rollout (the hard buffer's extra step), a mini-batch loop that steps
 inside, a count defaulting to more than one round, or a draw from a replay buffer keep the ratio's reading.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,47 @@ def test_an_update_loop_that_collects_garbage_still_reuses_its_samples(tmp_path)
                 self.opt.step()
 """
     assert codes(tmp_path, body, epochs=4) == ["KL002", "KL008"]
+
+
+REWARD = """\
+        def train_step(self):
+            trajs = self.engine.generate_group(self.prompts)
+            with torch.no_grad():
+                ref_logp = self.ref_model(trajs["tokens"])
+            kl = trajs["old_logp"] - ref_logp
+            rewards = trajs["scores"] - self.cfg.kl_coef * kl
+            advantages = rewards.flip(-1).cumsum(-1).flip(-1)
+            for epoch in range(self.cfg.ppo_epochs):
+                self.opt.zero_grad()
+                logp = self.model(trajs["tokens"])
+                {loss}
+                loss.backward()
+                self.opt.step()
+"""
+SURROGATE = 'loss = -(torch.exp(logp - trajs["old_logp"]) * advantages).sum()'
+
+
+@pytest.mark.parametrize("epochs, expected", [(1, []), (4, ["KL008"])])
+def test_a_k1_reward_under_the_ratio_of_one_step_per_rollout_is_right(tmp_path, epochs, expected):
+    """The ratio to the rollout's own log-probs in the only step on them is exp(logp - sg(logp)): 1 in value,
+    the score in gradient, so the k1 reward-to-go is the score-function gradient of the KL (row 6). Four
+    steps on the rollout train the later ones on an older policy's reward with a token ratio only (row 23)."""
+    assert codes(tmp_path, REWARD.format(loss=SURROGATE), epochs) == expected
+
+
+def test_a_loss_helper_of_another_module_follows_the_callers_step(tmp_path):
+    """The surrogate computed by a helper of another module, which takes no step of its own: the step that calls
+    it decides, as for a helper of the same module."""
+    helper = """\
+        import torch
+
+
+        def policy_loss(logp, old_logp, advantages):
+            ratio = torch.exp(logp - old_logp)
+            return -(ratio * advantages).sum()
+    """
+    body = "from losses import policy_loss\n" + textwrap.dedent(HEAD.format(epochs=1)) + textwrap.indent(
+        textwrap.dedent(REWARD.format(loss='loss = policy_loss(logp, trajs["old_logp"], advantages)')), "    ")
+    assert module_codes(body, tmp_path, "train.py", losses=helper) == []
+    several = body.replace("ppo_epochs: int = 1", "ppo_epochs: int = 4")
+    assert {code for _, code in module_codes(several, tmp_path, "train.py", losses=helper)} == {"KL008"}
