@@ -56,11 +56,14 @@ _OPENRLHF_COUNTS = (f"max_epochs={_OPENRLHF_EPOCHS} x rollout_batch_size={_OPENR
                     f"n_samples_per_prompt={_OPENRLHF_SAMPLES} / train_batch_size={_OPENRLHF_TRAIN}")
 
 
+SEVERAL_STEPS = 2.0  # more than one optimizer step per rollout, how many not known (a loop of several rounds)
+
+
 @dataclass(frozen=True)
 class RewardTraining:
     """How a framework's actor trains the KL reward a module computes, at the copy's defaults."""
 
-    steps: float  # optimizer steps per rollout; 1 where that is one or not known
+    steps: float  # optimizer steps per rollout; 1 where that is one or not known, SEVERAL_STEPS: more than one
     aggregation: Aggregation | None  # how the policy loss carrying the reward is reduced; None: not known
     flags: str  # the settings that decide both, as the findings name them
 

@@ -33,14 +33,14 @@ from klaudit.catalog import (
 )
 from klaudit.config import UNDETERMINED_CODE
 from klaudit.describe import describe
-from klaudit.frameworks.drivers import RewardTraining, reward_training
+from klaudit.frameworks.drivers import SEVERAL_STEPS, RewardTraining, reward_training
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
 from klaudit.lint.facts import Fact, Labels, Sink, different_targets, is_excluded, is_pattern
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.modules import Analyzer, module_functions
+from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast, walk
@@ -93,7 +93,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
     candidates = _without_logged_copies(candidates)
-    return (_report(path, module, analyzer, _without_echoes(candidates), [func for func, _ in functions], training)
+    return (_report(path, module, analyzer, _without_echoes(candidates), functions, training)
             + _undetermined(path, module, analyzer, undecided, decided))
 
 
@@ -108,6 +108,21 @@ def _as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardT
     if training.aggregation is not None and not reduced:
         config = replace(config, aggregation=training.aggregation)
     return config
+
+
+def _trained_later(mod: Module, function: tuple[cst.FunctionDef, str | None], config: Config, kind: SinkKind,
+                   module: cst.Module, positions: _Positions) -> RewardTraining | None:
+    """A KL reward computed where the samples are drawn and trained afterwards by a loop of several optimizer
+    steps on them (klaudit.lint.update_loops.trained_by_a_later_loop): every step after the first trains it on
+    an older policy's samples (row 23)."""
+    if kind == "loss" or config.reward is None or config.loss is not None:
+        return None
+    loop = mod.trained_by_a_later_loop(*function)
+    span = positions.of(module, loop) if loop is not None else None
+    if span is None:
+        return None
+    return RewardTraining(SEVERAL_STEPS, None, f"each rollout is trained by the loop at line {span[0]}, several "
+                                              "optimizer steps on the same samples")
 
 
 def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
@@ -358,7 +373,7 @@ def _pair_children(stmt: cst.CSTNode, node: ast.stmt, positions: dict[int, Span]
 
 
 def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[_Candidate],
-            functions: list[cst.FunctionDef], training: RewardTraining | None) -> list[Finding]:
+            functions: list[tuple[cst.FunctionDef, str | None]], training: RewardTraining | None) -> list[Finding]:
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
@@ -369,8 +384,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         # packed and unpacked rows of one term are two paths (OpenRLHF's `if packing:`): each keeps its reduction
         groups.setdefault((id(formed), values, cand.fact.packed), []).append(cand)
     findings: list[Finding] = []
-    # (statement, rule, row label) -> (labels, config, row, origin) of each verdict there
-    merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None]]] = {}
+    # (statement, rule, row label) -> (labels, config, row, origin, how a reward is trained) of each verdict there
+    merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None, RewardTraining | None]]] = {}
     sites: dict[Span, list[SiteUse]] = {}  # statement position -> the SiteUse of every verdict there, for its fix
     uses = []
     for group in groups.values():
@@ -381,7 +396,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             for cand in group:
                 by_function.setdefault(cand.function, []).append(cand)
             for index, stored in by_function.items():  # a helper's estimate stored by several functions
-                uses.extend(_by_entry(stored, functions[index], module, positions))
+                uses.extend(_by_entry(stored, functions[index][0], module, positions))
     for group in [part for use in uses for part in _by_reduction(use)]:
         best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
         same_function = [c for c in group if c.function == best.function]
@@ -415,7 +430,9 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # leaves the function unreduced, a reward returned to its caller, is reduced there)
             config = replace(config, aggregation=final.config.aggregation)
             rows = defects(config, best.fact.clamped)
-        trained = _as_trained(config, reduced, best.sink.kind, training)
+        trainer = training or _trained_later(analyzer.module(path, module), functions[best.function], config,
+                                             best.sink.kind, module, positions)
+        trained = _as_trained(config, reduced, best.sink.kind, trainer)
         if trained != config:
             config, rows = trained, defects(trained, best.fact.clamped)
         if best.fact.entry is not None:
@@ -429,7 +446,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         for row in rows:
             if row.rule is None:
                 continue  # not reached: catalog.defects returns rows with a rule only
-            merged.setdefault((entry, row.rule, row.label), []).append((best.fact.labels, config, row, origin))
+            merged.setdefault((entry, row.rule, row.label), []).append((best.fact.labels, config, row, origin, trainer))
             sites.setdefault(entry, []).append(SiteUse(best.fact, statement, best.sink.kind, config, row))
     builder = Builder(path, module, analyzer.project.source(module), analyzer, lambda node: positions.of(module, node))
     fixes = {entry: builder.site_fix(uses) for entry, uses in sites.items()}
@@ -442,10 +459,12 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         # the same verdict at the same place under several switch settings: one finding, naming
         # the switch values that all of them share (the others do not change the verdict)
         shared = _shared_switches([labels for labels, *_ in variants], seen.get(entry, {}))
-        _, config, row, origin = variants[0]
+        # a verdict the code's own flow decided is worded as it found it; one that rests on a loop it saw elsewhere
+        # (a reward trained by a later loop) names that loop
+        _, config, row, origin, trainer = min(variants, key=lambda variant: variant[4] is not None)
         message = _message(config, row, shared, origin, entry[0])
-        if training is not None and code in ("KL007", "KL008") and config.loss is None:
-            message += f" [{training.flags}]"
+        if trainer is not None and code in ("KL007", "KL008") and config.loss is None:
+            message += f" [{trainer.flags}]"
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
         related = () if origin is None or origin_line is None and origin[0] is None else (
             (origin[0] or path, origin[1], origin[2], "estimator computed here"),)

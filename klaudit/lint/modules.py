@@ -30,7 +30,14 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
-from klaudit.lint.update_loops import OrderedCalls, ordered_calls, reuses_samples, steps_on_fresh_samples, takes_a_step
+from klaudit.lint.update_loops import (
+    OrderedCalls,
+    ordered_calls,
+    reuses_samples,
+    steps_on_fresh_samples,
+    takes_a_step,
+    trained_by_a_later_loop,
+)
 
 MAX_DEPTH = 4
 
@@ -143,6 +150,7 @@ class Module:
         self._registries: dict | None = None
         self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
+        self._later_loop: dict[int, cst.For | None] = {}  # id(function) -> the loop that trains what it computes
         self._calls: dict[int, OrderedCalls] = {}  # id(function) -> its calls in order, with their loops
 
     def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
@@ -161,11 +169,20 @@ class Module:
             self._fresh[key] = steps_on_fresh_samples(func, methods, self.tree, self._calls_of)
         return self._fresh[key]
 
+    def trained_by_a_later_loop(self, func: cst.FunctionDef, cls: str | None) -> cst.For | None:
+        """klaudit.lint.update_loops.trained_by_a_later_loop of one of this module's functions (a method of `cls`),
+        read once."""
+        key = id(func)
+        if key not in self._later_loop:
+            methods = self.classes[cls][1] if cls in self.classes else None
+            self._later_loop[key] = trained_by_a_later_loop(func, methods, self.tree, self._calls_of)
+        return self._later_loop[key]
+
     def takes_a_step(self, func: cst.FunctionDef) -> bool:
         """Whether one of this module's functions steps an optimizer itself."""
         return takes_a_step(self._calls_of(func))
 
-    def _calls_of(self, func: cst.FunctionDef) -> OrderedCalls:
+    def _calls_of(self, func: cst.FunctionDef | cst.Module) -> OrderedCalls:
         """klaudit.lint.update_loops.ordered_calls of one of this module's functions, read once."""
         key = id(func)
         if key not in self._calls:

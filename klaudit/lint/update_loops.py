@@ -10,6 +10,9 @@ reference log-probs (which are recomputed for each new batch of samples).
 The converse, `steps_on_fresh_samples`: a function whose every optimizer step is the first on samples drawn
 since the step before (one step per rollout) trains on the policy that drew them, and a PPO ratio in it, to
 the rollout's own log-probs, is 1 and no sign of older samples (row 22 needs an earlier step in between).
+
+And `trained_by_a_later_loop`: what a function that draws the samples computes (a KL reward made in
+`make_experience`) is trained by the loop of several steps its single caller runs after the call.
 """
 
 from __future__ import annotations
@@ -147,11 +150,11 @@ def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None
     return sites[0] if len(sites) == 1 and sites[0][0] is not func else None
 
 
-def ordered_calls(func: cst.FunctionDef) -> OrderedCalls:
-    """The calls of `func`'s body in the order of the code's fields, each with the loops around it, except those
-    of the functions, classes and lambdas it defines."""
+def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
+    """The calls of `func`'s body (or of a module's own code) in the order of the code's fields, each with the
+    loops around it, except those of the functions, classes and lambdas it defines."""
     found: OrderedCalls = []
-    stack: list[tuple[cst.CSTNode, tuple]] = [(func.body, ())]
+    stack: list[tuple[cst.CSTNode, tuple]] = [(func.body if isinstance(func, cst.FunctionDef) else func, ())]
     while stack:
         node, loops = stack.pop()
         if type(node) is cst.Call:
@@ -160,6 +163,68 @@ def ordered_calls(func: cst.FunctionDef) -> OrderedCalls:
         stack.extend((child, inner) for child in reversed(child_nodes(node))
                      if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
     return found
+
+
+def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+                            calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls],
+                            depth: int = 0) -> cst.For | None:
+    """The loop of several optimizer steps that trains what `func` computes, where `func` takes no step: after
+    its single call (by a method of its class, a function of `module`, or the module's own code; going up to
+    that caller's single call where the caller takes no step either), the caller runs a loop that reuses its
+    samples (`reuses_samples`) or calls a function of the module, or a method of the class, that holds one.
+    A KL reward computed when the samples are drawn (`make_experience`) is then trained by every step of that
+    loop, each after the first on an older policy's samples (kl-math.md section 8, row 23)."""
+    if takes_a_step(calls_of(func)):
+        return None
+    site = _single_caller(func, methods, module, calls_of)
+    if site is None:
+        return None
+    caller, index, loops = site
+    calls = calls_of(caller)
+    for call, around in calls[index + 1:]:
+        loop = next((loop for loop in around if loop not in loops and reuses_samples(loop, module)), None)
+        if loop is None:
+            loop = _reusing_loop_of(call, methods, module)
+        if loop is not None:
+            return loop
+    if depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
+        own = methods if methods is not None and caller in methods.values() else None
+        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1)
+    return None
+
+
+def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+                   calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> tuple | None:
+    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place: by
+    a method of its class (`self.name(...)`), or else by a function of `module` or the module's own code
+    (`name(...)`, or `anything.name(...)` for a method)."""
+    name = func.name.value
+    found: list[tuple[cst.FunctionDef | cst.Module, int, tuple]] = []
+    if methods is not None:
+        found = [(caller, i, loops) for caller in methods.values() for i, (call, loops) in enumerate(calls_of(caller))
+                 if _calls(call, name, True)]
+    if not found:
+        callers: list[cst.FunctionDef | cst.Module] = [stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
+        callers.append(module)
+        found = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
+                 if type(call.func) is cst.Name and call.func.value == name and methods is None
+                 or type(call.func) is cst.Attribute and call.func.attr.value == name and methods is not None]
+    return found[0] if len(found) == 1 and found[0][0] is not func else None
+
+
+def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.For | None:
+    """The loop that reuses samples in the body of the method (`self.name(...)`) or module function (`name(...)`)
+    that `call` runs."""
+    callee = None
+    if methods is not None and type(call.func) is cst.Attribute and dotted(call.func.value) == "self":
+        callee = methods.get(call.func.attr.value)
+    elif type(call.func) is cst.Name:
+        callee = next((stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)
+                       and stmt.name.value == call.func.value), None)
+    if callee is None:
+        return None
+    return next((node for node in _body_nodes(callee.body) if isinstance(node, cst.For) and reuses_samples(node, module)),
+                None)
 
 
 def _draws_among(calls: OrderedCalls) -> list[tuple[int, tuple]]:

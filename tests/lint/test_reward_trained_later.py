@@ -1,0 +1,83 @@
+"""A KL reward computed where the samples are drawn, trained afterwards by a loop of several optimizer steps.
+
+A PPO trainer often builds its token rewards, k1 KL included, in the function that draws the samples
+(`make_experience`, `_rollout`) and hands them on through a buffer the lint does not follow; its caller then runs
+`for epoch in range(ppo_epochs)` with an optimizer step inside, on those samples. Every step after the first trains
+the reward of an older policy with the PPO token ratio only (kl-math.md section 8, row 23: KL008). One round of
+that loop is one step per rollout, and the k1 reward-to-go is right (row 6).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from snippets import module_codes
+
+TRAINER = """\
+import torch
+
+
+class Experience:
+    def __init__(self, policy, ref_policy, kl_coef):
+        self.policy, self.ref_policy, self.kl_coef = policy, ref_policy, kl_coef
+
+    @torch.no_grad()
+    def make_experience(self, prompts):
+        sequences = self.policy.generate(prompts)
+        old_logprobs = self.policy(sequences)
+        ref_logprobs = self.ref_policy(sequences)
+        rewards = -self.kl_coef * (old_logprobs - ref_logprobs)
+        rewards[:, -1] += self.score(sequences)
+        return {"sequences": sequences, "old_logprobs": old_logprobs, "returns": rewards.flip(-1).cumsum(-1).flip(-1)}
+
+
+def train(maker, buffer, optimizer, prompts):
+    buffer.push(maker.make_experience(prompts))
+    for epoch in range(EPOCHS):
+        for batch in buffer.loader():
+            loss = buffer.policy_loss(batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("epochs, expected", [("4", [(13, "KL008")]), ("1", [])])
+def test_a_reward_made_with_the_samples_is_stale_under_a_later_loop_of_several_steps(tmp_path, epochs, expected):
+    assert module_codes(TRAINER.replace("EPOCHS", epochs), tmp_path) == expected
+
+
+def test_the_loop_may_sit_in_a_method_the_caller_runs_after_the_draw(tmp_path):
+    """The draw in one method of the trainer, the epochs in another that the caller runs after it; the samples
+    pass through a buffer, which the lint does not follow."""
+    source = textwrap.dedent("""\
+        import torch
+
+
+        class Trainer:
+            @torch.no_grad()
+            def _rollout(self, prompts):
+                sequences = self.policy.generate(prompts)
+                old_logprobs = self.policy(sequences)
+                ref_logprobs = self.ref_policy(sequences)
+                rewards = -self.kl_coef * (old_logprobs - ref_logprobs)
+                self.buffer.push(sequences, rewards)
+
+            def _optimize(self):
+                for _ in range(self.cfg.ppo_epochs):
+                    loss = self.loss(self.buffer.get())
+                    loss.backward()
+                    self.opt.step()
+
+            def train(self, prompts):
+                self._rollout(prompts)
+                self._optimize()
+        """)
+    assert module_codes(source, tmp_path) == [(10, "KL008")]
+    two_draws = source.replace("        self._optimize()\n",
+                               "        self._rollout(prompts)\n        self._optimize()\n")
+    assert module_codes(two_draws, tmp_path) == []  # drawn at two places: which rollout the loop trains is unknown
+    before = source.replace("        self._rollout(prompts)\n        self._optimize()\n",
+                            "        self._optimize()\n        self._rollout(prompts)\n")
+    assert module_codes(before, tmp_path) == []  # the loop runs before the draw: it trains earlier samples
