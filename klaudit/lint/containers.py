@@ -136,12 +136,12 @@ class ContainerFlow(FlowState):
 
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
         """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
-        term into that sink. Lists are otherwise not followed, except the KL terms a reversed loop appends
-        (the running sums of a GAE or reward-to-go recursion, `advantages_reversed.append(lastgaelam)`):
-        `torch.stack(advantages_reversed[::-1])` reads them back for the policy loss, where the PPO ratio
-        that weighs them shows how old the samples are."""
+        term into that sink. A KL term appended to a local list (`all_kl.append(kl)`) is held by it, and so are
+        the KL terms a reversed loop appends (the running sums of a GAE or reward-to-go recursion,
+        `advantages_reversed.append(lastgaelam)`): `torch.stack(all_kl).mean()` reads them back for the loss,
+        where the PPO ratio that weighs them shows how old the samples are."""
         kind = roles.sink_of_name(last_name(target))
-        value = self.expr(arg) if kind is not None or self.reverse_loop else ()
+        value = self.expr(arg)
         name = dotted(target)
         if name and any(_reads(loop.body, name) for loop in self.reverse_loop.values()):
             # `nxt = returns[-1] ...; returns.append(r[:, t] + gamma * nxt)`: the recursion runs through the
@@ -152,7 +152,7 @@ class ContainerFlow(FlowState):
         if kind is not None:
             self.sink(kind, value if method == "append" else elements(value), node)
         running = tuple(f for f in value if f.is_kl() and f.poly is not None)
-        if self.reverse_loop and method == "append" and name and running:
+        if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
 

@@ -1,0 +1,40 @@
+"""KL terms appended to a local list and read back with `torch.stack` / `torch.cat`.
+
+VAST-UVA/dLLM_Reason (twenty-fourth set) computes one sequence's log-ratio per sample, appends it to `all_kl`,
+and adds `kl_coeff * torch.stack(all_kl).mean()` to the loss: the k1 log-ratio differentiated as a loss, whose
+expected gradient is zero (kl-math.md section 8, row 1: KL001). The list holds the terms it was given.
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+LOOP = """\
+import torch
+import torch.nn.functional as F
+
+
+def train(model, ref_model, groups, optimizer, kl_coeff, adv):
+    all_policy_loss = []
+    all_kl = []
+    for i, (ids, mask) in enumerate(groups):
+        with torch.no_grad():
+            ref_logp = F.log_softmax(ref_model(ids).logits, dim=-1)
+        pol_logp = F.log_softmax(model(ids).logits, dim=-1)
+        seq_pol_lp = pol_logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1).sum()
+        seq_ref_lp = ref_logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1).sum()
+        all_policy_loss.append(-adv[i] * seq_pol_lp)
+        all_kl.append(TERM)
+    loss = torch.stack(all_policy_loss).mean() + kl_coeff * torch.stack(all_kl).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("term, codes", [
+    ("seq_pol_lp - seq_ref_lp", [(16, "KL001")]),  # the log-ratio as a loss
+    ("(seq_pol_lp - seq_ref_lp).item()", [(16, "KL001")]),  # a number: no gradient at all (row 1c)
+])
+def test_terms_appended_to_a_list_reach_the_loss_it_is_stacked_into(tmp_path, term, codes):
+    assert module_codes(LOOP.replace("TERM", term), tmp_path) == codes
