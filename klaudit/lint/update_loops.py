@@ -279,4 +279,6 @@ def _calls(node: cst.Call, name: str, method: bool) -> bool:
 
 
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
-_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay", re.IGNORECASE)
+# a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`) draws none
+_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report)_",
+                         re.IGNORECASE)

@@ -189,3 +189,11 @@ def test_a_loss_helper_of_another_module_follows_the_callers_step(tmp_path):
     assert module_codes(body, tmp_path, "train.py", losses=helper) == []
     several = body.replace("ppo_epochs: int = 1", "ppo_epochs: int = 4")
     assert {code for _, code in module_codes(several, tmp_path, "train.py", losses=helper)} == {"KL008"}
+
+
+@pytest.mark.parametrize("call", ["self._log_rollout_data(trajs)", "self._has_rollout_log_probs(trajs)"])
+def test_a_call_that_only_names_the_rollout_draws_nothing(tmp_path, call):
+    """slime's FSDP actor logs the rollout (`_log_rollout_data`) and asks `_has_rollout_log_probs` before its step
+    on samples handed in: neither draws, so the ratio to the rollout's log-probs keeps its reading (row 22)."""
+    handed_in = INLINE.replace("trajs = self.engine.generate_group(self.prompts)", f"trajs = self.batches.pop()\n            {call}")
+    assert codes(tmp_path, handed_in) == ["KL002", "KL008"]
