@@ -94,8 +94,10 @@ class LibraryFlow(FlowState):
         return op.tensor if _known_receiver(op.node) else None
 
     def copied(self, op: Operation) -> tuple | None:
-        """torch.tensor(x) copies the values, not the graph."""
-        return detach_all(op.tensor) if _known_receiver(op.node) else None
+        """torch.tensor(x) copies the values, not the graph; of a list, the values its entries hold."""
+        if not _known_receiver(op.node):
+            return None
+        return detach_all(tuple(dict.fromkeys(tuple(f for f in op.tensor if f.role != "tuple") + elements(op.tensor))))
 
     def passed_through(self, op: Operation) -> tuple | None:
         """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref)).

@@ -38,3 +38,28 @@ def train(model, ref_model, groups, optimizer, kl_coeff, adv):
 ])
 def test_terms_appended_to_a_list_reach_the_loss_it_is_stacked_into(tmp_path, term, codes):
     assert module_codes(LOOP.replace("TERM", term), tmp_path) == codes
+
+
+PER_TOKEN_FLOATS = """\
+import torch
+
+
+def ppo_step(policy, opt, ids, old_logp, ref_logp, score, beta):
+    rewards = [-beta * float(old_logp[t] - ref_logp[t]) for t in range(len(old_logp) - 1)]
+    rewards.append(score - beta * float(old_logp[-1] - ref_logp[-1]))
+    rewards_t = torch.tensor(rewards)
+    advantages = rewards_t.flip(0).cumsum(0).flip(0)
+    for _epoch in range(2):
+        logp = policy(ids)
+        loss = -(logp * advantages).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_tensor_made_of_a_list_of_per_token_floats_holds_their_terms(tmp_path):
+    """manuhalapeth's PPO stage: a k1 reward per token as Python floats, the last with the score appended, made a
+    tensor and trained twice on the same rollout (samples of an older policy, without even a ratio: KL008)."""
+    # the comprehension's terms and the appended last one, each where it is formed
+    assert module_codes(PER_TOKEN_FLOATS, tmp_path) == [(5, "KL008"), (6, "KL008")]
