@@ -101,7 +101,8 @@ OrderedCalls = list[tuple[cst.Call, tuple]]
 
 
 def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
-                           calls_of: Callable[[cst.FunctionDef], OrderedCalls] | None = None, depth: int = 0) -> bool:
+                           calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls] | None = None,
+                           depth: int = 0) -> bool:
     """Whether each optimizer step of `func` is the only one since its samples were drawn: going out from the
     step, every loop around it runs once (`range(1)`, or a setting `module` defaults to 1) up to one whose body
     draws samples before the step, or to `func`, which draws them before the step or has a single caller (a
@@ -114,8 +115,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.Functio
     calls = calls_of(func)
     steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
     if not steps:
-        site = _only_call(func, methods, module, calls_of)
-        return site is not None and depth < 3 and steps_on_fresh_samples(site[0], methods, module, calls_of, depth + 1)
+        site = _single_caller(func, methods, module, calls_of)
+        return (site is not None and isinstance(site[0], cst.FunctionDef) and depth < 3
+                and steps_on_fresh_samples(site[0], methods, module, calls_of, depth + 1))
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
@@ -125,7 +127,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.Functio
         return False
     if None not in fresh:
         return True
-    site = _only_call(func, methods, module, calls_of)
+    site = _single_caller(func, methods, module, calls_of)
     if site is None:
         return False
     caller, index, loops = site
@@ -136,18 +138,6 @@ def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.Functio
 def takes_a_step(calls: OrderedCalls) -> bool:
     """Whether a function with these `ordered_calls` steps an optimizer itself."""
     return any(_is_step(call) for call, _ in calls)
-
-
-def _only_call(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
-               calls_of: Callable[[cst.FunctionDef], OrderedCalls]) -> tuple | None:
-    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place
-    only, by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None."""
-    name = func.name.value
-    callers = list(methods.values()) if methods is not None else [
-        stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
-    sites = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
-             if _calls(call, name, methods is not None)]
-    return sites[0] if len(sites) == 1 and sites[0][0] is not func else None
 
 
 def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
@@ -176,7 +166,7 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
     loop, each after the first on an older policy's samples (kl-math.md section 8, row 23)."""
     if takes_a_step(calls_of(func)):
         return None
-    site = _single_caller(func, methods, module, calls_of)
+    site = _single_caller(func, methods, module, calls_of, anywhere=True)
     if site is None:
         return None
     caller, index, loops = site
@@ -194,21 +184,24 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
 
 
 def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
-                   calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> tuple | None:
-    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place: by
-    a method of its class (`self.name(...)`), or else by a function of `module` or the module's own code
-    (`name(...)`, or `anything.name(...)` for a method)."""
+                   calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls],
+                   anywhere: bool = False) -> tuple | None:
+    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place only:
+    by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None.
+    `anywhere`: also by the module's own code, and a method its class never calls by whatever calls it on an
+    object (`maker.make_experience(...)`)."""
     name = func.name.value
     found: list[tuple[cst.FunctionDef | cst.Module, int, tuple]] = []
     if methods is not None:
         found = [(caller, i, loops) for caller in methods.values() for i, (call, loops) in enumerate(calls_of(caller))
                  if _calls(call, name, True)]
-    if not found:
+    if not found and (methods is None or anywhere):
         callers: list[cst.FunctionDef | cst.Module] = [stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
-        callers.append(module)
+        if anywhere:
+            callers.append(module)
         found = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
-                 if type(call.func) is cst.Name and call.func.value == name and methods is None
-                 or type(call.func) is cst.Attribute and call.func.attr.value == name and methods is not None]
+                 if (_calls(call, name, False) if methods is None
+                     else type(call.func) is cst.Attribute and call.func.attr.value == name)]
     return found[0] if len(found) == 1 and found[0][0] is not func else None
 
 
