@@ -150,7 +150,9 @@ class ContainerFlow(FlowState):
                           for f in value)
             self.confirm(value)
         if kind is not None:
-            self.sink(kind, value if method == "append" else elements(value), node)
+            sunk = self.sink(kind, value if method == "append" else elements(value), node)
+            if method == "append" and not self.reverse_loop:
+                value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
         running = tuple(f for f in value if f.is_kl() and f.poly is not None)
         if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))

@@ -63,3 +63,4 @@ def test_a_tensor_made_of_a_list_of_per_token_floats_holds_their_terms(tmp_path)
     tensor and trained twice on the same rollout (samples of an older policy, without even a ratio: KL008)."""
     # the comprehension's terms and the appended last one, each where it is formed
     assert module_codes(PER_TOKEN_FLOATS, tmp_path) == [(5, "KL008"), (6, "KL008")]
+
