@@ -250,7 +250,7 @@ _ON_FRESH_SAMPLES: Mapping[AtomKind, AtomKind] = {IS_RATIO: SCORE, IS_LOG: SCORE
 def on_fresh_samples(poly: Poly) -> Poly:
     """The ratio to the behaviour policy where the samples were drawn by the policy as it is: exp(P - O) with
     O the same log-probs, detached, is 1 in value and the score in gradient (W -> S, w -> s)."""
-    return poly.map_atoms(lambda a: Atom(_ON_FRESH_SAMPLES[a.kind], a.grad, a.acc) if a.kind in _ON_FRESH_SAMPLES else a)
+    return poly.map_atoms(lambda a: Atom(_ON_FRESH_SAMPLES.get(a.kind, a.kind), a.grad, a.acc))
 
 
 def accumulate(poly: Poly, acc: Accumulation) -> Poly:

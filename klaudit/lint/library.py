@@ -97,7 +97,8 @@ class LibraryFlow(FlowState):
         """torch.tensor(x) copies the values, not the graph; of a list, the values its entries hold."""
         if not _known_receiver(op.node):
             return None
-        return detach_all(tuple(dict.fromkeys(tuple(f for f in op.tensor if f.role != "tuple") + elements(op.tensor))))
+        values = (entry for f in op.tensor for entry in (elements((f,)) if f.role == "tuple" else (f,)))
+        return detach_all(tuple(dict.fromkeys(values)))
 
     def passed_through(self, op: Operation) -> tuple | None:
         """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref)).

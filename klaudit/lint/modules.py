@@ -270,7 +270,8 @@ class Analyzer(NameResolution):
         self.project = project
         self.read_fields = read_fields
         self._modules: dict[str, Module] = {}
-        # ((id(func), argument facts, whether the caller steps on fresh samples), remaining depth or None) -> (Outcome, reached ids, cost, levels taken)
+        # ((id(func), argument facts, whether the caller steps on fresh samples), remaining depth or None)
+        #   -> (Outcome, reached ids, cost, levels taken)
         self._summaries: dict[tuple[tuple[int, tuple[tuple[str, Value], ...], bool], int | None],
                               tuple[Outcome, frozenset[int], int, int]] = {}
         self._stack: list[_Frame] = []  # each call being interpreted, outermost first

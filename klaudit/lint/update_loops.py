@@ -196,7 +196,8 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
         found = [(caller, i, loops) for caller in methods.values() for i, (call, loops) in enumerate(calls_of(caller))
                  if _calls(call, name, True)]
     if not found and (methods is None or anywhere):
-        callers: list[cst.FunctionDef | cst.Module] = [stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)]
+        callers: list[cst.FunctionDef | cst.Module] = [stmt for stmt in module.body
+                                                       if isinstance(stmt, cst.FunctionDef)]
         if anywhere:
             callers.append(module)
         found = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
@@ -216,8 +217,8 @@ def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None,
                        and stmt.name.value == call.func.value), None)
     if callee is None:
         return None
-    return next((node for node in _body_nodes(callee.body) if isinstance(node, cst.For) and reuses_samples(node, module)),
-                None)
+    return next((node for node in _body_nodes(callee.body)
+                 if isinstance(node, cst.For) and reuses_samples(node, module)), None)
 
 
 def _draws_among(calls: OrderedCalls) -> list[tuple[int, tuple]]:
