@@ -13,7 +13,7 @@ import libcst as cst
 from klaudit.lint.evidence import BEHAVIOUR, DETACHED_POLICY, MASK, POLICY, REFERENCE, StatementRoles
 from klaudit.lint.fixdescent import Descent
 from klaudit.lint.fixsite import FixSite, Refused, statement_value
-from klaudit.lint.syntax import walk
+from klaudit.lint.syntax import child_nodes, walk
 
 _WORDS = {POLICY: "policy's log-probs", DETACHED_POLICY: "policy's detached log-probs", REFERENCE: "reference's log-probs", BEHAVIOUR: "behaviour policy's log-probs",
           MASK: "mask"}
@@ -141,7 +141,7 @@ def _outermost(node: cst.CSTNode, matches) -> Iterator[cst.CSTNode]:
             continue
         if isinstance(current, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
             continue  # names bound inside mean something else outside
-        stack.extend(current.children)
+        stack.extend(child_nodes(current))
 
 
 _PURE_METHODS = ("detach", "float", "double", "half", "bfloat16", "clone", "contiguous", "to")

@@ -13,7 +13,7 @@ import libcst as cst
 
 from klaudit.lint import roles
 from klaudit.lint.assignments import records_metrics
-from klaudit.lint.syntax import last_name
+from klaudit.lint.syntax import child_nodes, last_name
 
 # A method that ends the value's gradient: what follows is a number or a detached copy for the logs.
 _DETACHING = frozenset(("item", "detach", "cpu", "tolist", "numpy"))
@@ -46,7 +46,7 @@ def _reads_after(func: cst.FunctionDef, assignment: cst.CSTNode, name: str) -> I
             yield _records(stack, node)
             return
         stack.append(node)
-        for child in node.children:
+        for child in child_nodes(node):  # the fields keep the code's order of statements
             yield from visit(child)
         stack.pop()
         if seen and _binds(node, name):

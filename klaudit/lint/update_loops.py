@@ -85,12 +85,15 @@ def _default_of(value: cst.BaseExpression | None) -> int | None:
     return int_literal(value) if value is not None else None
 
 
+_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})  # the code under them runs elsewhere
+
+
 def _body_nodes(body: cst.BaseSuite):
     """Every node of a loop body, except those of the functions, classes and lambdas it defines."""
     stack: list[cst.CSTNode] = [body]
     while stack:
         node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if type(node) in _SCOPES:
             continue
         yield node
         stack.extend(child_nodes(node))
@@ -151,7 +154,7 @@ def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
             found.append((node, loops))
         inner = loops + (node,) if isinstance(node, (cst.For, cst.While)) else loops
         stack.extend((child, inner) for child in reversed(child_nodes(node))
-                     if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)))
+                     if type(child) not in _SCOPES)
     return found
 
 

@@ -390,7 +390,9 @@ def test_the_program_ends_at_once_with_its_whole_report_and_exit_code(tmp_path, 
     assert len(done.stdout) > 65536 and done.stdout == invoked.stdout
 
 
-def test_child_nodes_are_libcsts_children_without_rebuilding_the_node():
+def test_child_nodes_are_libcsts_children_less_the_layout():
+    """Every child LibCST lists is there, except whitespace, comments, parentheses and punctuation, which hold
+    no code: the code nodes reached through child_nodes are all of them."""
     from klaudit.lint.syntax import child_nodes
 
     source = ('@decorate(x)\nasync def f(a, /, b: int = 1, *c, d, **e) -> "T":\n    """doc"""\n'
@@ -399,9 +401,20 @@ def test_child_nodes_are_libcsts_children_without_rebuilding_the_node():
               '    with open(p) as h, g():\n        match h:\n            case [1, *rest] | {"k": v}:\n'
               '                yield from (lambda q=1: q)(*rest)\n    try:\n        pass\n'
               '    except* (E, F) as error:\n        raise G from error\n    finally:\n        return\n'
-              'class C(B, metaclass=M):\n    global g\n    a = b = 1 if x else 2  # comment\n')
+              'class C(B, metaclass=M):\n    global g\n    a = b = 1 if x else 2  # comment\n'
+              'import a.b as c; from .d import (e, f)\n')
+    layout = (libcst.BaseParenthesizableWhitespace, libcst.TrailingWhitespace, libcst.EmptyLine, libcst.Newline,
+              libcst.Comment, libcst.Comma, libcst.Semicolon, libcst.LeftParen, libcst.RightParen, libcst.Dot,
+              libcst.LeftSquareBracket, libcst.RightSquareBracket, libcst.LeftCurlyBrace, libcst.RightCurlyBrace,
+              libcst.AssignEqual, libcst.Colon)
     stack = [libcst.parse_module(source)]
+    reached = 0
     while stack:
         node = stack.pop()
-        assert sorted(map(id, child_nodes(node))) == sorted(map(id, node.children)), type(node).__name__
-        stack.extend(node.children)
+        mine, theirs = child_nodes(node), node.children
+        assert {id(child) for child in mine} <= {id(child) for child in theirs}, type(node).__name__
+        left_out = [child for child in theirs if all(child is not kept for kept in mine)]
+        assert all(isinstance(child, layout) for child in left_out), (type(node).__name__, left_out)
+        reached += len(mine)
+        stack.extend(mine)
+    assert reached > 150  # the walk went through the whole module
