@@ -24,7 +24,7 @@ import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
-from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params
+from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, walk
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
@@ -103,39 +103,49 @@ def _body_nodes(body: cst.BaseSuite):
 OrderedCalls = list[tuple[cst.Call, tuple]]
 
 
-def steps_on_fresh_samples(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str, cst.FunctionDef] | None,
+                           module: cst.Module,
                            calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls] | None = None,
                            depth: int = 0) -> bool:
-    """Whether each optimizer step of `func` is the only one since its samples were drawn: going out from the
-    step, every loop around it runs once (`range(1)`, or a setting `module` defaults to 1) up to one whose body
-    draws samples before the step, or to `func`, which draws them before the step or has a single caller (a
-    method of its class, `methods`, or a function of `module`) that draws them before the call, outside loops of
-    several rounds, and takes no step of its own. An optimizer stepped at two places is not. A function that
-    takes no step (a loss helper) is on fresh samples where its single caller's steps are. `calls_of`: the
-    `ordered_calls` of a function, cached by the caller."""
+    """Whether each optimizer step of `func` (a function, or the module's own code) is the only one since its
+    samples were drawn: going out from the step, every loop around it runs once (`range(1)`, or a setting
+    `module` defaults to 1) up to one whose body draws samples before the step, or to `func`, which draws them
+    before the step or has a single caller (a method of its class, `methods`, or a function of `module`) that
+    draws them before the call, outside loops of several rounds, and takes no step of its own. An optimizer
+    stepped at two places is not. A function that takes no step (a loss helper) is on fresh samples where its
+    single caller's steps are, the module's own training loop included. `calls_of`: the `ordered_calls` of a
+    function, cached by the caller."""
     if calls_of is None:
         calls_of = ordered_calls
     calls = calls_of(func)
     steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
     if not steps:
-        site = _single_caller(func, methods, module, calls_of)
-        return (site is not None and isinstance(site[0], cst.FunctionDef) and depth < 3
-                and steps_on_fresh_samples(site[0], methods, module, calls_of, depth + 1))
+        site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
+            else None
+        return site is not None and depth < 3 and steps_on_fresh_samples(site[0], methods, module, calls_of, depth + 1)
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
-    draws = _draws_among(calls)
-    fresh = [_drawn_since(i, loops, draws, module) for i, loops in steps]
+    fresh = [_drawn_since(i, loops, calls, module) for i, loops in steps]
     if False in fresh:
         return False
     if None not in fresh:
         return True
+    if not isinstance(func, cst.FunctionDef):
+        return False
+    if _uncalled(func.name.value, module):  # an entry point, trained on the samples handed to it
+        return all(drawn or _passes_counted_once(func, i, loops, calls, module) for drawn, (i, loops) in zip(fresh, steps))
     site = _single_caller(func, methods, module, calls_of)
     if site is None:
         return False
     caller, index, loops = site
     calls = calls_of(caller)
-    return not takes_a_step(calls) and _drawn_since(index, loops, _draws_among(calls), module) is True
+    if takes_a_step(calls):
+        return False
+    drawn = _drawn_since(index, loops, calls, module)
+    if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module):
+        return _passes_counted_once(caller, index, loops, calls, module)
+    return drawn is True
 
 
 def takes_a_step(calls: OrderedCalls) -> bool:
@@ -229,16 +239,40 @@ def _draws_among(calls: OrderedCalls) -> list[tuple[int, tuple]]:
     return [(i, loops) for i, (call, loops) in enumerate(calls) if _draws(call)]
 
 
-def _drawn_since(index: int, loops: tuple, draws: list, module: cst.Module) -> bool | None:
-    """For the node at `index` in its function's order, within `loops`: True where samples are drawn before it
-    in the body of the innermost loop of several rounds around it (or, out of loops, in the function); False
+def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module) -> bool | None:
+    """For the node at `index` among its function's `calls`, within `loops`: True where samples are drawn before
+    it in the body of the innermost loop of several rounds around it (or, out of loops, in the function); False
     where a loop of several rounds around it draws none; None where it is in no such loop and none is drawn."""
+    draws = _draws_among(calls)
     for loop in reversed(loops):
         if any(i < index and any(around is loop for around in within) for i, within in draws):
             return True
         if not _one_round(loop, module):
             return False
     return True if any(i < index for i, _ in draws) else None
+
+
+def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls: OrderedCalls,
+                         module: cst.Module) -> bool:
+    """Whether the step at `index` of `func`, within `loops` that each run once, is under one that counts the
+    passes over the samples by a setting defaulted to 1 (`for epoch in range(cfg.n_epochs)`), with no batch
+    taken from a queue or a buffer: each batch handed to `func` is trained once."""
+    counted = any(int_literal(loop.iter.args[0].value) is None for loop in loops)
+    return counted and not any(_takes_queued(call) for call, _ in calls[:index]) and not any(
+        type(node) is cst.Attribute and _BUFFER.search(node.attr.value) for node in _body_nodes(func.body))
+
+
+def _takes_queued(call: cst.Call) -> bool:
+    """`self.batches.pop()`, `queue.get_nowait()`, `buffer.sample(n)`, `next(loader)`: a batch made earlier."""
+    if type(call.func) is cst.Name:
+        return call.func.value == "next"
+    return type(call.func) is cst.Attribute and (call.func.attr.value in ("pop", "popleft", "get_nowait")
+                                                 or _BUFFER.search(dotted(call.func.value)) is not None)
+
+
+def _uncalled(name: str, module: cst.Module) -> bool:
+    """Whether nothing in `module` calls a function or method named `name`."""
+    return not any(type(node) is cst.Call and last_name(node.func) == name for node in walk(module))
 
 
 def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:

@@ -197,3 +197,79 @@ def test_a_call_that_only_names_the_rollout_draws_nothing(tmp_path, call):
     on samples handed in: neither draws, so the ratio to the rollout's log-probs keeps its reading (row 22)."""
     handed_in = INLINE.replace("trajs = self.engine.generate_group(self.prompts)", f"trajs = self.batches.pop()\n            {call}")
     assert codes(tmp_path, handed_in) == ["KL002", "KL008"]
+
+
+HANDED_IN = """\
+        def compute_loss(self, batch):
+            logp = self.model(batch["tokens"])
+            with torch.no_grad():
+                ref_logp = self.ref_model(batch["tokens"])
+            ratio = torch.exp(logp - batch["old_logp"])
+            return -(ratio * batch["adv"]).sum() + self.cfg.kl_coef * k3(ref_logp, logp).sum()
+
+        def training_step(self, batch):
+            self.opt.zero_grad()
+            loss = self.compute_loss(batch)
+            loss.backward()
+            self.opt.step()
+
+        def train_on_batch(self, batch):
+            {take}batch["old_logp"] = self.policy_log_probs(batch)
+            for epoch in range(self.cfg.ppo_epochs):
+                self.training_step(batch)
+"""
+
+
+@pytest.mark.parametrize("epochs, take, expected", [
+    (1, "", ["KL002"]),
+    (4, "", ["KL002", "KL008"]),
+    (1, "batch = self.batches.pop()\n            ", ["KL002", "KL008"]),
+])
+def test_an_entry_point_that_counts_its_passes_by_a_setting_of_one_trains_each_batch_once(tmp_path, epochs, take,
+                                                                                           expected):
+    """ThinkRL's algorithms (twenty-fifth set) take the rollout as an argument of `train_on_rollout`, which nothing
+    in the module calls, and pass over it `for epoch in range(self.config.n_epochs)`, defaulted to 1, one optimizer
+    step each: the ratio to the log-probs taken before the loop is 1 at the only step, and the k3 loss is on-policy
+    (row 3, KL002), not on an older policy's samples (row 22). Four passes, or a batch taken from a queue of earlier
+    ones, keep the ratio's reading."""
+    assert codes(tmp_path, HANDED_IN.format(take=take), epochs) == expected
+
+
+SCRIPT = """\
+import torch
+
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+
+def grpo_loss(seqs, rewards, old_logp):
+    logp = model(seqs)
+    with torch.no_grad():
+        ref_logp = ref_model(seqs)
+    ratio = torch.exp(logp - old_logp)
+    log_ratio = ref_logp - logp
+    kl = torch.exp(log_ratio) - log_ratio - 1.0
+    return (-(ratio * rewards.unsqueeze(-1)) + 0.04 * kl).mean()
+
+
+for step in range(1, 1001):
+    seqs, rewards, old_logp = sample_batch()
+{update}
+"""
+UPDATE = """\
+    loss = grpo_loss(seqs, rewards, old_logp)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("update, expected", [
+    (UPDATE, ["KL002"]),
+    ("    for epoch in range(4):\n" + textwrap.indent(UPDATE, "    "), ["KL002", "KL008"]),
+])
+def test_a_loss_helper_of_the_scripts_own_loop_follows_its_step(tmp_path, update, expected):
+    """tginart/zpo's synchronous GRPO script (twenty-fifth set) draws a batch, computes `grpo_loss` on it and steps
+    once, in the module's own loop: the helper's ratio to the generation's log-probs is 1 and its k3 loss on-policy
+    (row 3). Four steps on each batch train the later ones on an older policy's samples (row 22)."""
+    found = sorted({code for _, code in module_codes(SCRIPT.format(update=update), tmp_path, "train.py")})
+    assert found == expected
