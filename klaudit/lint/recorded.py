@@ -42,6 +42,8 @@ def _reads_after(func: cst.FunctionDef, assignment: cst.CSTNode, name: str) -> I
         if node is assignment:
             seen = True
             return
+        if type(node) is cst.Del:
+            return  # `del loss, ratio`: freed, not read
         if seen and type(node) is cst.Name and node.value == name and not _is_store(stack, node):
             yield _records(stack, node)
             return

@@ -82,6 +82,27 @@ def test_a_loss_named_value_that_is_only_logged_is_no_loss(tmp_path):
     assert module_codes(LOGGED_ONLY, tmp_path) == [(2, "KL003"), (9, "KL001"), (16, "KL001")]
 
 
+def test_a_loss_named_value_logged_then_deleted_is_no_loss(tmp_path):
+    """EM_TBA frees its per-batch tensors with `del ..., pg_loss, ...` after recording them: a `del` reads
+    nothing, so a value whose other reads all record a statistic stays a logged value, not a loss (row 1 needs
+    the k1 to reach the loss). Added to the loss before the `del`, it is one (KL001)."""
+    logged = """\
+def train_step(model, ref_model, batch, optimizer, stats):
+    logp = model(batch)
+    with torch.no_grad():
+        ref_logp = ref_model(batch)
+    kl_loss = (logp - ref_logp).mean()
+    stats["kl"] = kl_loss.item()
+    pg_loss = -(batch["adv"] * logp).mean()
+    pg_loss.backward()
+    optimizer.step()
+    del kl_loss, pg_loss
+"""
+    assert module_codes(logged, tmp_path) == []
+    trained = logged.replace("pg_loss.backward()", "(pg_loss + kl_loss).backward()")
+    assert module_codes(trained, tmp_path) == [(5, "KL001")]
+
+
 def test_a_script_in_a_package_folder_finds_the_modules_beside_it(tmp_path):
     """microRLHF keeps train_ppo.py in rlhf/ (which has an __init__.py) and runs it as a script, so
     `from rl_utils import exact_kl` finds rlhf/rl_utils.py. Linted from the repository root, the
