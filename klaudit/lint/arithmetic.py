@@ -74,10 +74,10 @@ class ArithmeticFlow(FlowState):
         out = []
         for a in operands(left):
             for b in operands(right):
+                if not compatible(a.labels, b.labels):
+                    continue  # the two values of no one path (a value left where a branch did not run)
                 a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
                 if a_poly is not None and b_poly is not None:
-                    if not compatible(a.labels, b.labels):
-                        continue
                     if a.scalar != b.scalar and a.is_kl() and b.is_kl():
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
                         out.append(replace(b, poly=alg.scale(b_poly, sign)) if a.scalar else a)
@@ -109,6 +109,8 @@ class ArithmeticFlow(FlowState):
                         continue
                     if compatible(a.labels, b.labels):
                         out.append(combine(a, b, alg.mul(a_poly, b_poly), self.here(node), self.module.path, product=True))
+                elif not compatible(a.labels, b.labels):
+                    continue
                 elif a_poly is not None or b_poly is not None:
                     tensor_side, other, poly = (a, b, a_poly) if a_poly is not None else (b, a, b_poly)
                     assert poly is not None

@@ -15,7 +15,7 @@ from klaudit.lint import roles
 from klaudit.lint.conditions import where_false
 from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
-from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, replace
+from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import case_strings, dotted, is_no_grad_block, last_name, walk
 
@@ -131,10 +131,12 @@ class StatementFlow(FlowState):
             self.block(stmt.orelse.body)
             self.labels = saved
         elif otherwise:
-            # `if flag: kl = kl * ratio` without else: where the test is false, kl keeps its old value
+            # `if flag: kl = kl * ratio` without else: where the test is false, kl keeps its old value (one the
+            # analysis cannot explain too: it holds there only, not beside the body's in a later `r - r.sum(0)`)
             for name, facts in before.items():
                 if after_body.get(name) != facts:
-                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise)) for f in facts)
+                    self.env[name] = tuple(replace(f, labels=merge_labels(f.labels, otherwise))
+                                           for f in operands(facts))
         self.env = join_envs(after_body, self.env)
         if _chain_leaves(stmt):
             # `if test: return` (or an elif chain whose every branch returns, without else): the statements
