@@ -31,6 +31,8 @@
   or with `distillation_loss.use_policy_gradient` its negation, detached, is each token's advantage in
   the policy loss (the token's own value, no reward-to-go); `loss_max_clamp` clamps the values first.
   The top-k modes (`forward_kl_topk`, ...) are no estimator of the table: no verdict.
+- a launch that trains nothing has no KL verdict: `trainer.total_epochs=0` (the trainer's epoch loop never
+  runs; an evaluation or rollout-generation script) or `trainer.val_only=True` (validation, then return).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ ASYNC_DEFAULTS = {SYNC_STEP: "4", STALENESS: "0.1"}
 ASYNC_LAUNCH = re.compile(r"fully_async_policy[./]fully_async_main\b")
 MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
 DYNAMIC_BATCH = "actor_rollout_ref.actor.use_dynamic_bsz"
+TOTAL_EPOCHS, VAL_ONLY = "trainer.total_epochs", "trainer.val_only"  # a launch that sets 0 / true trains nothing
 LEGACY_WORKERS = "trainer.use_legacy_worker_impl"
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
@@ -125,6 +128,11 @@ def runs_with_kl(text: str) -> frozenset[str]:
                      if number(value) not in (None, 0.0))
 
 
+def _trains_nothing(settings: Mapping[str, Setting]) -> bool:
+    """`trainer.total_epochs=0` or `trainer.val_only=True`: no optimizer step is taken."""
+    return _zero(settings.get(TOTAL_EPOCHS)) or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True)
+
+
 def _zero(setting: Setting | None) -> bool:
     """A coefficient set to the literal 0."""
     return setting is not None and setting.value is not None and number(setting.value) == 0.0
@@ -141,7 +149,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`), and
     `loss_default` that copy's default of `use_kl_loss` (`kl_loss_default`)."""
     named = (*KEYS, COEFFICIENTS["reward"], *STEP_DEFAULTS) if reward_unless_loss else KEYS
-    if not any(key in settings for key in named):
+    if not any(key in settings for key in named) or _trains_nothing(settings):
         return None
     defaults = {**DEFAULTS, USE_KL_LOSS: loss_default} if reward_unless_loss else DEFAULTS
     given = {key: settings[key].value if key in settings else default for key, default in defaults.items()}

@@ -538,3 +538,18 @@ def test_a_copy_whose_actor_never_reads_use_kl_loss_ignores_the_flag(tmp_path, s
                                                  "python3 -m verl.trainer.main_ppo \\\n" + strategy))
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
+
+
+@pytest.mark.parametrize("ending, expected", [
+    ("trainer.total_epochs=15", ["KL002"]),
+    ("trainer.total_epochs=0", []),  # MTSQL-R1's evaluation and rollout-generation launches
+    ("trainer.total_epochs=15 trainer.val_only=True", []),
+    ("trainer.total_epochs=15 trainer.val_only=False", ["KL002"]),
+])
+def test_a_launch_that_trains_nothing_has_no_kl_verdict(ending, expected):
+    """verl's trainer runs `for epoch in range(total_epochs)` and returns after validation under `val_only`: with
+    0 epochs or val_only=True no optimizer step is taken, so the clamped k3 loss the flags set (rows 3-4) trains
+    nothing there."""
+    text = LAUNCH.replace("trainer.total_epochs=15", ending).format(
+        flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n")
+    assert sorted(f.code for f in lint_config("run.sh", text)) == expected
