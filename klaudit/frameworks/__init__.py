@@ -769,7 +769,44 @@ def _trl_ppo_python(path: str, module: cst.Module | None, source: str, context: 
         if judged is not None:
             fixer = _Fixer(source, "python", trl_ppo.flag_fixes(call.settings), trl_ppo.NO_FLAG_FIX)
             found += _findings(path, judged, trl_ppo.NAME, trl_ppo.fix, fixer)
-    return found
+    return found or _trl_ppo_command_line(path, source, context)
+
+
+# TRL's PPO example and its copies: PPOConfig parsed from the command line, a PPOTrainer built from it
+_PARSES_PPO_CONFIG = re.compile(r"\b(?:TrlParser|HfArgumentParser)\s*\(\s*[(\[]?[^)\]]*\bPPOConfig\b")
+_PPO_TRAINER_CALL = re.compile(r"^[ \t]*(?:[\w.]+[ \t]*=[ \t]*)?(PPOTrainer)\s*\(", re.MULTILINE)
+_LAUNCH_SUFFIXES = (".sh", ".bash", ".yaml", ".yml", ".py")
+
+
+def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Finding]:
+    """A script that parses TRL's PPOConfig from its command line and trains TRL's PPOTrainer with it, whose
+    launches (shell scripts, YAML files or Python scripts under the linted folder that name its file) set none of
+    PPOConfig's KL or batch keys: it trains at PPOConfig's defaults, reported at its `PPOTrainer(` call. A launch
+    that sets one of them decides instead (left to that launch)."""
+    call = _PPO_TRAINER_CALL.search(source)
+    if call is None or not _PARSES_PPO_CONFIG.search(source) or _imported_names(source).get(
+            "PPOTrainer", ("", ""))[0] != "trl" or _sets_ppo_keys(path, context):
+        return []
+    line = source.count("\n", 0, call.start(1)) + 1
+    column = call.start(1) - source.rfind("\n", 0, call.start(1))
+    where = Setting(None, line, column, column + len("PPOTrainer"))
+    judged = trl_ppo.judge({}, where, api=trl_ppo.ESTIMATOR, defaults=trl_ppo.COMMAND_LINE)
+    return _findings(path, judged, trl_ppo.NAME, trl_ppo.fix) if judged is not None else []
+
+
+def _sets_ppo_keys(script: str, context: Context) -> bool:
+    """Whether a file under the linted folder that holds `script` (its own folder where none does) names the
+    script's file and passes one of PPOConfig's KL or step keys as a command-line option (`--num_ppo_epochs`; the
+    script's own usage text counts)."""
+    name = Path(script).name
+    root = Path(_linted_root(script, context.roots) or Path(script).resolve().parent)
+    options = re.compile(r"--(?:" + "|".join(map(re.escape, trl_ppo.API_KEYS[trl_ppo.ESTIMATOR])) + r")\b")
+    for launch in root.rglob("*"):
+        if launch.suffix in _LAUNCH_SUFFIXES and launch.is_file():
+            text = read_text(launch) or ""
+            if name in text and options.search(text):
+                return True
+    return False
 
 
 def _calls_of(package: str, classes: Collection[str], keys: Iterable[str], path: str, module: cst.Module | None,

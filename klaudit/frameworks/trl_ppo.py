@@ -16,6 +16,8 @@ since. The KL reward, computed once per batch, then meets only the PPO token rat
 KL008), whatever the estimator; one step per batch is on-policy. Every epoch takes a step at least, so epochs
 the lint reads bound the steps from below when a batch count is computed (LLaMA-Factory's
 `batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it cannot read decide nothing.
+A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
+the defaults: the finding is reported at its `PPOTrainer(...)` call.
 """
 
 from __future__ import annotations
@@ -44,11 +46,19 @@ FIXES = {"KL004": "the k1 estimate in the rewards (kl_estimator=\"k1\", or kl_pe
                   "of the reward, into the loss with per-decision importance weights: "
                   "klaudit.estimators.kl_penalty(log_probs, ref_log_probs, mask, old_logprobs=...).loss (R-F)"}
 NO_FLAG_FIX = "the estimator keyword is not set to a literal here: set it to k1 by hand"
+# A script that parses PPOConfig from its command line (`HfArgumentParser((ScriptArguments, PPOConfig,
+# ModelConfig))`, TRL's examples/scripts/ppo/ppo.py and its copies) and that no launch of the project passes
+# flags: run as written, the configuration is the release's defaults (4 PPO epochs of one mini-batch each)
+COMMAND_LINE = "PPOConfig from the command line, at its defaults (num_ppo_epochs=4, num_mini_batches=1)"
 
 
-def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
-    """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable."""
-    api = next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])), None)
+def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = None,
+          defaults: str = "the defaults") -> Judged | None:
+    """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable;
+    `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
+    the command line by a script written for the rewritten PPOTrainer); `defaults`: how the finding names the
+    configuration where it sets no key."""
+    api = api or next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])), None)
     if api is None:
         return None  # a call naming no key of either API: which release it targets is unknown
     key = api if api is not None and api in settings else None
@@ -67,7 +77,7 @@ def judge(settings: Mapping[str, Setting], where: Setting) -> Judged | None:
         named.append((COEFFICIENTS[api], coefficient.value, coefficient))
     counts = [name for name in (*LEGACY_STEPS, ACCUMULATION, *STEPS) if name in settings]
     named += [(name, settings[name].value or "?", settings[name]) for name in counts]
-    flags = ", ".join(shown(*item) for item in named) or "the defaults"
+    flags = ", ".join(shown(*item) for item in named) or defaults
     if steps > 1:
         flags += f", {'at least ' if at_least else ''}{steps:g} optimizer steps per batch"
     epoch_keys = ("ppo_epochs", "num_ppo_epochs")

@@ -84,3 +84,39 @@ def test_epochs_bound_the_steps_where_the_batch_counts_are_computed(tmp_path):
                                     "    ppo_epochs=finetuning_args.ppo_epochs,\n)\n")
     assert (finding.code, finding.line, finding.column) == ("KL008", 5, 5)
     assert "at least 4 optimizer steps per batch" in finding.message
+
+
+COMMAND_LINE_SCRIPT = '''\
+from transformers import HfArgumentParser
+from trl import ModelConfig, PPOConfig, PPOTrainer, ScriptArguments
+
+if __name__ == "__main__":
+    parser = HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_into_dataclasses()
+    trainer = PPOTrainer(
+        args=training_args,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=ref_policy,
+        reward_model=reward_model,
+    )
+    trainer.train()
+'''
+
+
+@pytest.mark.parametrize("launch, expected", [
+    (None, [("KL008", 7)]),  # run as written: PPOConfig's defaults, 4 PPO epochs per batch (row 23)
+    ("python ppo.py --learning_rate 3e-6 --missing_eos_penalty 1.0\n", [("KL008", 7)]),  # still the defaults
+    ("python ppo.py --num_ppo_epochs 1 --num_mini_batches 1\n", []),  # the launch decides, not the defaults
+])
+def test_a_ppo_config_read_from_the_command_line_trains_at_its_defaults(tmp_path, launch, expected):
+    """TRL's examples/scripts/ppo/ppo_tldr.py and its copies (TPNxl/592rli-llm-project, twenty-fifth set) parse
+    PPOConfig with HfArgumentParser: where no launch of the project sets its KL or step keys, the trainer takes 4
+    PPO epochs of one mini-batch per batch of rollouts, and the k1 reward computed once per batch meets only the
+    token ratio on the later ones (row 23, KL008), reported at the PPOTrainer call."""
+    (tmp_path / "ppo.py").write_text(COMMAND_LINE_SCRIPT)
+    if launch is not None:
+        (tmp_path / "run.sh").write_text(launch)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.code, f.line) for f in found] == expected
+    assert all("PPOConfig from the command line" in f.message for f in found)
