@@ -235,35 +235,3 @@ def test_a_cut_copy_of_a_trained_kl_term_logged_into_metrics_is_not_row_1c(tmp_p
     """verl's actors log `metrics["actor/kl_loss"] += kl_loss.detach().item()` after adding the same term, with its
     gradient, to the loss (AgentCombo/DEEP-GRPO): the copy is for the log; the trained term keeps its verdict."""
     assert module_codes(LOGGED_INTO_METRICS, tmp_path) == [(12, "KL001"), (12, "KL003")]  # rows 1 and 2
-
-
-def test_a_log_prob_helper_of_a_module_without_kl_words_is_followed(tmp_path):
-    """Muffakham/RLHF_techniques (twenty-fifth set) takes its old and reference log-probs with `get_batch_logps`
-    of a `utils` module that has no KL vocabulary, under no_grad, and adds `beta * (old - ref)` to the PPO loss:
-    the helper is followed for its name (log-probs), so the no_grad around the call is seen to cut the policy's
-    gradient, and the detached k1 in the trained loss is row 1c (KL001)."""
-    utils = """\
-        import torch
-
-
-        def get_batch_logps(model, sequences):
-            logits = model(sequences).logits[:, :-1, :]
-            return torch.gather(logits.log_softmax(-1), 2, sequences[:, 1:].unsqueeze(2)).squeeze(2)
-    """
-    trainer = """\
-        import torch
-        from utils import get_batch_logps
-
-
-        def train_step(policy, ref_model, sequences, advantages, optimizer, beta=0.04):
-            with torch.no_grad():
-                old_logp = get_batch_logps(policy, sequences)
-                ref_logp = get_batch_logps(ref_model, sequences)
-            token_kl = old_logp - ref_logp
-            logp = get_batch_logps(policy, sequences)
-            ratio = torch.exp(logp - old_logp)
-            loss = -(ratio * advantages.unsqueeze(1) - beta * token_kl).mean()
-            loss.backward()
-            optimizer.step()
-    """
-    assert module_codes(trainer, tmp_path, "trainer.py", utils=utils) == [(12, "KL001")]
