@@ -140,11 +140,8 @@ class ArithmeticFlow(FlowState):
             if f.role != "tensor":
                 continue
             divisors = [g for g in right if compatible(g.labels, f.labels)]  # on the paths both hold on
-            if any(g.role == "length" for g in divisors):
-                # a packed row's length is the batch's token count; the whole batch's total over each length
-                # (`(x * mask).sum() / mask.sum(1)`) is total * mean(1/L) once averaged: one factor for all
-                if not (f.scalar and not f.row):
-                    f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.packed else Aggregation.SEQ_MEAN)
+            if any(g.role == "length" for g in divisors):  # a packed row's length is the batch's token count
+                f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.packed else Aggregation.SEQ_MEAN)
             elif any(g.role == "ntokens" for g in divisors):
                 f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.aggregation in (None, Aggregation.SUM) else f.aggregation)
             elif any(g.role == "tensor" and g.poly is not None and not g.poly.is_const() for g in divisors):

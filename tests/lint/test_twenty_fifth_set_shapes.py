@@ -34,29 +34,3 @@ def test_a_value_left_where_no_branch_ran_meets_only_its_own_path(tmp_path):
     with the scores of the path where no KL was added, which made a KL reward of the opposite sign (read as a
     bonus, KL011). The "sum" form is right (row 6); the "mean" form weighs each sequence by 1/L (row 21)."""
     assert module_codes(SWITCHED_REWARD, tmp_path) == [(9, "KL007")]
-
-
-# EugenHotaj/algos' GRPO loss: `.sum()` with no axis totals the whole batch before the division by each
-# sequence's length.
-BATCH_TOTAL_OVER_LENGTHS = """\
-import torch
-
-
-def grpo_loss(logps, old_logps, ref_logps, advantages, masks):
-    ratio = torch.exp(logps - old_logps)
-    log_ratio = ref_logps - logps
-    k3 = torch.exp(log_ratio) - log_ratio - 1
-    loss = ((-ratio * advantages + 0.04 * k3) * masks).sum({axis}) / masks.sum(dim=1)
-    return loss.mean()
-"""
-
-
-def test_the_batch_total_over_each_length_is_no_per_sequence_mean(tmp_path):
-    """`(x * mask).sum() / mask.sum(1)` divides the batch's total by every length, and the mean over the batch is
-    total * mean(1/L): one factor for all sequences, so no sequence is weighed by its own 1/L (row 21, KL007),
-    unlike `.sum(dim=1) / mask.sum(1)`, which is each sequence's own token mean. Both keep the k3 loss's own
-    verdict (rows 3 and 22: KL002, KL008)."""
-    total = {code for _, code in module_codes(BATCH_TOTAL_OVER_LENGTHS.format(axis=""), tmp_path)}
-    per_sequence = {code for _, code in module_codes(BATCH_TOTAL_OVER_LENGTHS.format(axis="dim=1"), tmp_path)}
-    assert "KL007" not in total and "KL007" in per_sequence
-    assert {"KL002", "KL008"} <= total and {"KL002", "KL008"} <= per_sequence
