@@ -593,7 +593,7 @@ def _passed_to_grpo(path: str, context: Context) -> bool:
     return str(resolved.parent) in _grpo_config_folders(str(root if root.is_dir() else root.parent))
 
 
-_SCRIPTS_READ = 500  # shell scripts read per linted root for the configs of GRPO launches
+_SCRIPTS_READ = 500  # launch files read per linted root: for the configs of GRPO launches, for a PPO script's flags
 
 
 @functools.lru_cache(maxsize=16)
@@ -797,15 +797,15 @@ def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Find
 def _sets_ppo_keys(script: str, context: Context) -> bool:
     """Whether a file under the linted folder that holds `script` (its own folder where none does) names the
     script's file and passes one of PPOConfig's KL or step keys as a command-line option (`--num_ppo_epochs`; the
-    script's own usage text counts)."""
+    script's own usage text counts). The first `_SCRIPTS_READ` launch files are read, as for GRPO's configs."""
     name = Path(script).name
     root = Path(_linted_root(script, context.roots) or Path(script).resolve().parent)
     options = re.compile(r"--(?:" + "|".join(map(re.escape, trl_ppo.API_KEYS[trl_ppo.ESTIMATOR])) + r")\b")
-    for launch in root.rglob("*"):
-        if launch.suffix in _LAUNCH_SUFFIXES and launch.is_file():
-            text = read_text(launch) or ""
-            if name in text and options.search(text):
-                return True
+    launches = (path for path in root.rglob("*") if path.suffix in _LAUNCH_SUFFIXES and path.is_file())
+    for launch in itertools.islice(launches, _SCRIPTS_READ):
+        text = read_text(launch) or ""
+        if name in text and options.search(text):
+            return True
     return False
 
 

@@ -134,7 +134,7 @@ def _trains_nothing(settings: Mapping[str, Setting]) -> bool:
 
 
 def _zero(setting: Setting | None) -> bool:
-    """A coefficient set to the literal 0."""
+    """A coefficient (or `trainer.total_epochs`) set to the literal 0."""
     return setting is not None and setting.value is not None and number(setting.value) == 0.0
 
 

@@ -134,7 +134,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not isinstance(func, cst.FunctionDef):
         return False
     if _uncalled(func.name.value, module):  # an entry point, trained on the samples handed to it
-        return all(drawn or _passes_counted_once(func, i, loops, calls, module) for drawn, (i, loops) in zip(fresh, steps))
+        return all(drawn or _passes_counted_once(func, i, loops, calls) for drawn, (i, loops) in zip(fresh, steps))
     site = _single_caller(func, methods, module, calls_of)
     if site is None:
         return False
@@ -144,7 +144,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         return False
     drawn = _drawn_since(index, loops, calls, module)
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module):
-        return _passes_counted_once(caller, index, loops, calls, module)
+        return _passes_counted_once(caller, index, loops, calls)
     return drawn is True
 
 
@@ -252,8 +252,7 @@ def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Modu
     return True if any(i < index for i, _ in draws) else None
 
 
-def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls: OrderedCalls,
-                         module: cst.Module) -> bool:
+def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls: OrderedCalls) -> bool:
     """Whether the step at `index` of `func`, within `loops` that each run once, is under one that counts the
     passes over the samples by a setting defaulted to 1 (`for epoch in range(cfg.n_epochs)`), with no batch
     taken from a queue or a buffer: each batch handed to `func` is trained once."""
