@@ -336,7 +336,10 @@ def _may_configure_klaudit(pyproject: Path) -> bool:
 
 def find_pyproject(start: Path) -> tuple[Path, Mapping[str, object]] | None:
     """The nearest pyproject.toml with a `[tool.klaudit]` table, from `start` upwards."""
-    directory = start.resolve()
+    try:
+        directory = start.resolve()
+    except (OSError, RuntimeError):  # a symbolic link that loops: the lint reports it by name
+        directory = start.absolute()
     if not directory.is_dir():
         directory = directory.parent
     for candidate_dir in (directory, *directory.parents):

@@ -13,6 +13,7 @@ carries on.
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import sys
@@ -98,6 +99,18 @@ def _is_virtualenv(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "pyvenv.cfg"))
 
 
+def _why_unreadable(given: str) -> str:
+    """Why a path named on the command line is neither a file nor a directory."""
+    if not os.path.islink(given):
+        return "no such file or directory"
+    try:
+        os.stat(given)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a symbolic link that loops"
+    return f"a symbolic link to {os.readlink(given)!r}, which does not exist"
+
+
 def discover_files(paths: Sequence[str], settings: Settings, respect_gitignore: bool = True,
                    suffixes: tuple[str, ...] = PYTHON_SUFFIXES) -> list[str]:
     """Files under `paths` ending in `suffixes` (Python files by default), each once, in a stable
@@ -111,7 +124,7 @@ def discover_files(paths: Sequence[str], settings: Settings, respect_gitignore: 
             ignored = ignored_under(given) if respect_gitignore else None
             found.extend(_walk(given, settings, ignored or frozenset(), suffixes))
         else:
-            raise LintError(f"{given}: no such file or directory")
+            raise LintError(f"{given}: {_why_unreadable(given)}")
     seen: set[str] = set()
     unique = []
     directories: dict[str, str] = {}

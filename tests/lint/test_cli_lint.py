@@ -103,6 +103,15 @@ def test_user_errors_are_one_line_exit_2(project, args, message):
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
 
+def test_a_broken_symbolic_link_is_named_not_a_traceback(project):
+    (project / "loop.py").symlink_to("loop.py")
+    (project / "gone.py").symlink_to("removed.py")
+    code, out, err = run("lint", "loop.py")
+    assert (code, out) == (2, "") and err == "Error: loop.py: a symbolic link that loops\n"
+    code, out, err = run("lint", "gone.py")
+    assert (code, out) == (2, "") and err == "Error: gone.py: a symbolic link to 'removed.py', which does not exist\n"
+
+
 def test_unknown_code_lists_the_known_ones(project):
     _, _, err = run("lint", "--select", "KL999")
     assert ", ".join(RULES) in err
