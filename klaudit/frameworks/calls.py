@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from klaudit.frameworks.kwargs_dicts import built_dict
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
-from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
+from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import python_ast
 
 if TYPE_CHECKING:
@@ -90,10 +90,11 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     functions: list[tuple[int, int, dict[str, Default | None]]] | None = None  # read at the first keyword set to a name
     constants: dict[str, Default] = {}
     calls, definitions = [], []  # definitions: ((line, column), class)
+    refused = _expected_to_raise(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _called_name(node.func, names, text)
-            if name is None:
+            if name is None or any(first <= node.lineno <= last for first, last in refused):
                 continue
             splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
             built = (built_dict(scope_of(node), splats[0].id, node)
@@ -124,6 +125,14 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     # in the order of the source, as LibCST visits them
     return (sorted(calls, key=lambda call: (call.where.line, call.where.column)),
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
+
+
+def _expected_to_raise(tree: ast.Module) -> list[tuple[int, int]]:
+    """(first line, last line) of the body of each `with pytest.raises(...)` or `with self.assertRaises(...)`."""
+    return [(node.body[0].lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+            if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+                isinstance(item.context_expr, ast.Call) and _last_name(item.context_expr.func) in RAISE_EXPECTATIONS
+                for item in node.items)]
 
 
 def _function_parameters(tree: ast.Module,

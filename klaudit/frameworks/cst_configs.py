@@ -12,7 +12,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
-from klaudit.frameworks.settings import ConfigCall, ConfigClass, Setting
+from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting
 from klaudit.lint.syntax import dotted, string_value
 
 
@@ -136,6 +136,12 @@ class _Globals(cst.CSTVisitor):
         self.names.update(item.name.value for item in node.names)
 
 
+def _expects_a_raise(node: cst.With) -> bool:
+    """`with pytest.raises(...)` or `with self.assertRaises(...)`: its body tests that something is refused."""
+    return any(isinstance(item.item, cst.Call) and dotted(item.item.func).rsplit(".", 1)[-1] in RAISE_EXPECTATIONS
+               for item in node.items)
+
+
 class _Reader(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
@@ -147,6 +153,7 @@ class _Reader(cst.CSTVisitor):
         self.functions: list[dict[str, Default | None]] = []  # the enclosing functions' names, innermost last
         self.module: cst.Module | None = None
         self.constants: dict[str, Default] | None = None  # the module's, read at the first keyword set to a name
+        self.refused = 0  # how many `with pytest.raises(...)` blocks enclose the node visited
 
     def visit_Module(self, node: cst.Module) -> None:
         self.module = node
@@ -156,6 +163,12 @@ class _Reader(cst.CSTVisitor):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.functions.pop()
+
+    def visit_With(self, node: cst.With) -> None:
+        self.refused += _expects_a_raise(node)
+
+    def leave_With(self, original_node: cst.With) -> None:
+        self.refused -= _expects_a_raise(original_node)
 
     def _keyword(self, arg: cst.Arg) -> Setting:
         assert arg.keyword is not None
@@ -184,7 +197,7 @@ class _Reader(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted(node.func).rsplit(".", 1)[-1]
-        if name not in self.classes:
+        if name not in self.classes or self.refused:
             return
         settings = {arg.keyword.value: self._keyword(arg) for arg in node.args if arg.keyword is not None}
         where = self._setting(node.func, None, len(name))

@@ -36,6 +36,11 @@ class ConfigCall:
     settings: Mapping[str, Setting]
 
 
+# `with pytest.raises(ValueError):`, `with self.assertRaisesRegex(...)`: a test that a configuration is refused; a
+# configuration built there never reaches a trainer
+RAISE_EXPECTATIONS = frozenset({"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp"})
+
+
 @dataclass(frozen=True)
 class ConfigClass:
     """A class deriving from a configuration class: its bases and the defaults its fields give."""

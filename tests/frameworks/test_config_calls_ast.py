@@ -76,6 +76,27 @@ def test_newer_syntax_than_pythons_is_read_by_libcst(monkeypatch):
     assert [(c.name, c.settings["beta"].value) for c in found] == [("Mine", "0.1")]
 
 
+REFUSED = '''\
+import pytest
+from trl import GRPOConfig
+
+def test_refused(self):
+    with pytest.raises(ValueError, match="generations"):
+        GRPOConfig(beta=0.1, num_generations=1)
+    with self.assertRaisesRegex(ValueError, "loss"), open("x"):
+        cfg = GRPOConfig(
+            loss_type="invalid")
+    return GRPOConfig(beta=0.2)
+'''
+
+
+def test_a_configuration_a_test_expects_to_be_refused_is_none(monkeypatch):
+    from_python = calls._python_configs(REFUSED, NAMES, tuple(trl.KEYS), "t.py")
+    assert from_python is not None
+    assert [(call.where.line, call.settings["beta"].value) for call in from_python[0]] == [(10, "0.2")]
+    assert _with_libcst(REFUSED)[0] == from_python[0]
+
+
 OPTIONS_AND_PARAMETERS = '''\
 from trl import GRPOConfig
 
