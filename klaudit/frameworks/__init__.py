@@ -27,7 +27,7 @@ import libcst as cst
 
 from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, nemo_rl, openrlhf, roll, slime, trl, trl_ppo, tunix, verl
+from klaudit.frameworks import easyr1, hydra_keys, nemo_rl, openrlhf, roll, slime, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
@@ -295,6 +295,8 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     `editable`, the flag fixes are edits of it."""
     assumed = context.release(verl.NAME, path)
     launch = verl.LAUNCH.search(text) if text is not None else None
+    if launch and text is not None and _refused_by_hydra(path, text, launch, context):
+        return []  # Hydra stops the launch before it trains
     if launch and assumed.source != "pinned":  # the project's copy of the module launched, if it carries one, runs
         copied = vendored(path, verl.NAME, launch.group(1).replace(".", "/") + ".py", context.roots)
         assumed = copied if copied is not None and copied is not UNSTATED else assumed
@@ -324,6 +326,20 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
         return found
 
     return _agreed(assumed, judged_by)
+
+
+def _refused_by_hydra(path: str, text: str, launch: re.Match, context: Context) -> bool:
+    """Whether Hydra refuses an override of the verl launch `launch` in the script `path`: a key the config of the
+    project's copy of the module launched lacks (an upstream example kept in a fork that renamed the key)."""
+    module = launch.group(1).replace(".", "/") + ".py"
+    holder = copy_holding(path, module, context.roots) if path else None
+    if holder is None:
+        return False  # verl as installed: its configs are not read
+    lines = text.splitlines()
+    first, last = command_span(lines, text.count("\n", 0, launch.start()))
+    command = " ".join(line.rstrip().removesuffix("\\") for line in lines[first:last + 1])
+    return hydra_keys.refused_launch(command[command.index(launch.group(0)) + len(launch.group(0)):],
+                                     holder[1] / module) is not None
 
 
 def _easyr1(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:

@@ -463,6 +463,23 @@ def test_the_copy_holding_the_launched_module_says_the_release(tmp_path):
             in found["KL007"].message)
 
 
+def test_a_launch_hydra_refuses_has_no_verdict(tmp_path):
+    """MTSQL-R1, AR-Lopti: an upstream example kept in a fork overrides a key the fork's config no longer has;
+    Hydra stops at `Could not override`, before the first step. A `+` adds the key: that launch trains."""
+    trainer = tmp_path / "verl" / "trainer"
+    (trainer / "config").mkdir(parents=True)
+    (trainer / "main_ppo.py").write_text(
+        '@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)\ndef main(config):\n    pass\n')
+    (trainer / "config" / "ppo_trainer.yaml").write_text(
+        "data:\n  val_files_testN: null\nactor_rollout_ref:\n  actor:\n    use_kl_loss: false\n")
+    launch = "python3 -m verl.trainer.main_ppo \\\n    {key}=test.parquet \\\n    actor_rollout_ref.actor.use_kl_loss=True\n"
+    for key, expected in (("data.val_files", []), ("+data.val_files", ["KL002", "KL008"]),
+                          ("data.val_files_testN", ["KL002", "KL008"])):
+        (tmp_path / "run.sh").write_text(launch.format(key=key))
+        result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+        assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected, key
+
+
 TWO_RUNS = """\
 #!/bin/bash
 MICRO=1
