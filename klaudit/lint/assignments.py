@@ -27,6 +27,7 @@ from klaudit.lint.syntax import (
     last_name,
     mentions,
     string_key,
+    walk,
 )
 from klaudit.lint.tensors import log_sum_exp
 
@@ -40,13 +41,18 @@ class AssignmentFlow(FlowState):
 
     def loop_carried(self, small: cst.Assign | cst.AugAssign) -> tuple:
         """`running = r[:, t] + gamma * running` or `running += r[:, t]` in a reversed loop: the
-        reward-to-go of this step's terms."""
+        reward-to-go of this step's terms. The running sum may be carried in a second name the body
+        sets from the first (`a_t = delta[:, t] + gamma * lam * a_next` ... `a_next = a_t`); a product
+        (`running = running * mask[:, t]`) is no step of the recursion."""
         if not self.reverse_loop:
             return ()
         if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
             name = small.targets[0].target.value
-            if not mentions(small.value, name):
-                return ()
+            if not _sums_with(small.value, name):
+                name = next((carrier for loop in self.reverse_loop.values() for carrier in _set_from(loop.body, name)
+                             if _sums_with(small.value, carrier)), "")
+                if not name:
+                    return ()
         elif (type(small) is cst.AugAssign and type(small.target) is cst.Name
               and type(small.operator) in (cst.AddAssign, cst.SubtractAssign)):
             name = small.target.value
@@ -186,3 +192,18 @@ def access_chain(node: cst.CSTNode) -> list[cst.CSTNode]:
         node = node.func if type(node) is cst.Call else cast("cst.Attribute | cst.Subscript", node).value
     out.append(node)
     return out
+
+
+def _sums_with(value: cst.BaseExpression, name: str) -> bool:
+    """Whether `name` is a term of a sum in `value` (`r + gamma * running`, `(r + gamma * running) * m`): a step of
+    a running sum, where `running * mask` is none."""
+    return any(type(node) is cst.BinaryOperation and type(node.operator) in (cst.Add, cst.Subtract)
+               and mentions(node, name) for node in walk(value))
+
+
+def _set_from(body: cst.BaseSuite, name: str) -> list[str]:
+    """The names a loop body sets to `name` alone (`a_next = a_t`): the carriers of its value to the next iteration."""
+    return [assign.targets[0].target.value for line in body.body if type(line) is cst.SimpleStatementLine
+            for assign in line.body if type(assign) is cst.Assign and len(assign.targets) == 1
+            and type(assign.targets[0].target) is cst.Name and type(assign.value) is cst.Name
+            and assign.value.value == name]

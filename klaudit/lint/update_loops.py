@@ -126,7 +126,8 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
-    fresh = [_drawn_since(i, loops, calls, module) for i, loops in steps]
+    draws = _drawing(methods, module, calls_of)
+    fresh = [_drawn_since(i, loops, calls, module, draws) for i, loops in steps]
     if False in fresh:
         return False
     if None not in fresh:
@@ -142,7 +143,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     calls = calls_of(caller)
     if takes_a_step(calls):
         return False
-    drawn = _drawn_since(index, loops, calls, module)
+    drawn = _drawn_since(index, loops, calls, module, draws)
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module):
         return _passes_counted_once(caller, index, loops, calls)
     return drawn is True
@@ -222,28 +223,47 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
 def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.For | None:
     """The loop that reuses samples in the body of the method (`self.name(...)`) or module function (`name(...)`)
     that `call` runs."""
-    callee = None
-    if methods is not None and type(call.func) is cst.Attribute and dotted(call.func.value) == "self":
-        callee = methods.get(call.func.attr.value)
-    elif type(call.func) is cst.Name:
-        callee = next((stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)
-                       and stmt.name.value == call.func.value), None)
+    callee = _callee(call, methods, module)
     if callee is None:
         return None
     return next((node for node in _body_nodes(callee.body)
                  if isinstance(node, cst.For) and reuses_samples(node, module)), None)
 
 
-def _draws_among(calls: OrderedCalls) -> list[tuple[int, tuple]]:
-    """(index, loops around it) of each call among `calls` that draws new samples."""
-    return [(i, loops) for i, (call, loops) in enumerate(calls) if _draws(call)]
+def _callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.FunctionDef | None:
+    """The method (`self.name(...)`, of `methods`) or module function (`name(...)`) that `call` runs."""
+    if methods is not None and type(call.func) is cst.Attribute and dotted(call.func.value) == "self":
+        return methods.get(call.func.attr.value)
+    if type(call.func) is cst.Name:
+        return next((stmt for stmt in module.body if isinstance(stmt, cst.FunctionDef)
+                     and stmt.name.value == call.func.value), None)
+    return None
 
 
-def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module) -> bool | None:
+def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+             calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> Callable[[cst.Call], bool]:
+    """Whether a call draws new samples: a call named so (`_draws`), or one of a method or module function that
+    draws them and takes no step (a `train_step` that generates, scores and backpropagates, its caller stepping
+    once every few calls)."""
+    def draws(call: cst.Call, depth: int = 0) -> bool:
+        if _draws(call):
+            return True
+        callee = _callee(call, methods, module) if depth < 2 else None
+        if callee is None:
+            return False
+        inner = calls_of(callee)
+        return any(draws(found, depth + 1) for found, _ in inner) and not takes_a_step(inner)
+
+    return draws
+
+
+def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,
+                 drawing: Callable[[cst.Call], bool] | None = None) -> bool | None:
     """For the node at `index` among its function's `calls`, within `loops`: True where samples are drawn before
-    it in the body of the innermost loop of several rounds around it (or, out of loops, in the function); False
-    where a loop of several rounds around it draws none; None where it is in no such loop and none is drawn."""
-    draws = _draws_among(calls)
+    it (a call `drawing` says draws) in the body of the innermost loop of several rounds around it (or, out of
+    loops, in the function); False where a loop of several rounds around it draws none; None where it is in no
+    such loop and none is drawn."""
+    draws = [(i, within) for i, (call, within) in enumerate(calls) if (drawing or _draws)(call)]
     for loop in reversed(loops):
         if any(i < index and any(around is loop for around in within) for i, within in draws):
             return True
