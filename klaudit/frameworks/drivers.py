@@ -15,6 +15,10 @@ rewards of ppo and reinforce_plus_plus, and the on-policy distillation term) in 
 policy loss, which reduces them by `sum_of_sample_mean`: each sample's token mean unless
 `--calculate-per-token-loss` (off by default); the advantages travel between the two in the rollout's dict.
 
+SkyRL's trainer (`skyrl/train/trainer.py`) subtracts the KL from the rewards in `apply_reward_kl_penalty`, once
+per rollout, and its policy worker trains them in `update_epochs_per_batch` x `train_batch_size` /
+`policy_mini_batch_size` optimizer steps (1 x 1024 / 256 by default, read from the copy's config dataclasses).
+
 The module alone looks on-policy and says nothing of the reduction. This says what the copy's own defaults
 make of its reward: with more than one optimizer step per rollout, every step after the first trains the
 reward of an older policy, which the PPO ratio corrects token by token but not over the prefix
@@ -30,6 +34,7 @@ default for: they are left undecided here.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +52,11 @@ _ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
 _SLIME_LOSS, _SLIME_REWARD, _SLIME_REDUCER = ("slime/backends/megatron_utils/loss.py",
                                               "def compute_advantages_and_returns", "sum_of_sample_mean")
 _OPENRLHF_MAKER, _OPENRLHF_REWARD = "openrlhf/trainer/ppo_utils/experience_maker.py", "compute_reward("
+_SKYRL_TRAINER, _SKYRL_REWARD = "skyrl/train/trainer.py", "def apply_reward_kl_penalty"
+_SKYRL_CONFIG = "skyrl/train/config/config.py"  # beside the trainer: the dataclasses that hold SkyRL's defaults
+# SkyRL's steps per rollout (its `trainer` section): epochs x train batch / mini-batch, in prompts
+_SKYRL_STEPS = {"trainer.update_epochs_per_batch": "1", "trainer.train_batch_size": "1024",
+                "trainer.policy_mini_batch_size": "256"}
 # OpenRLHF's steps per rollout at its defaults: epochs x (rollout batch x samples per prompt) / train batch
 _OPENRLHF_EPOCHS, _OPENRLHF_ROLLOUT, _OPENRLHF_SAMPLES, _OPENRLHF_TRAIN = (
     openrlhf.DEFAULTS[key] for key in (openrlhf.EPOCHS, openrlhf.ROLLOUT_BATCH, openrlhf.SAMPLES, openrlhf.TRAIN_BATCH))
@@ -78,6 +88,8 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
         return _openrlhf(path)
     if posix.endswith(_SLIME_LOSS) and _SLIME_REWARD in source and _SLIME_REDUCER in source:
         return _slime()
+    if posix.endswith(_SKYRL_TRAINER) and _SKYRL_REWARD in source:
+        return _skyrl(Path(path))
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
         return None
     if _EASYR1_CONFIG not in source and _VERL_CONFIG in source:  # EasyR1 names its worker group actor_rollout_ref too
@@ -150,3 +162,16 @@ def _slime() -> RewardTraining:
     reduction = "the batch's token mean" if per_token else "each sample's token mean (sum_of_sample_mean)"
     return RewardTraining(1.0, aggregation, f"{slime.NAME}'s actor at its defaults: "
                                             f"{slime.PER_TOKEN}={slime.DEFAULTS[slime.PER_TOKEN]}, {reduction}")
+
+
+def _skyrl(trainer: Path) -> RewardTraining:
+    """SkyRL's policy training at the defaults of the copy's config dataclasses (`update_epochs_per_batch: int = 1`),
+    else SkyRL's own; the reduction of its policy loss is the launch's (not decided here)."""
+    copy = trainer.resolve().parents[len(Path(_SKYRL_TRAINER).parts) - 1]
+    text = read_text(copy / _SKYRL_CONFIG) or ""
+    settings = {}
+    for key in _SKYRL_STEPS:
+        found = re.search(rf"^\s+{key.rsplit('.', 1)[-1]}:\s*int\s*=\s*(\d+)\s*$", text, re.MULTILINE)
+        if found is not None:
+            settings[key] = Setting(found.group(1), 0, 0, 0)
+    return _trained("SkyRL", settings, _SKYRL_STEPS, None, _SKYRL_STEPS)

@@ -181,3 +181,38 @@ def test_slimes_advantages_meet_its_per_sample_token_mean(tmp_path):
     other.parent.mkdir()
     other.write_text(SLIME_LOSS)
     assert lint_paths([str(other)], settings=Settings(root=tmp_path), jobs=1).findings == []
+
+
+SKYRL_TRAINER = '''\
+import torch
+
+
+class RayPPOTrainer:
+    def apply_reward_kl_penalty(self, data):
+        with torch.no_grad():
+            kl = data["action_log_probs"] - data["base_action_log_probs"]
+        data["rewards"] = data["rewards"] - kl * self.cfg.trainer.algorithm.kl_loss_coef
+        return data
+'''
+
+SKYRL_CONFIG = '''\
+@dataclass
+class TrainerConfig:
+    update_epochs_per_batch: int = 1
+    train_batch_size: int = {train}
+    policy_mini_batch_size: int = 256
+'''
+
+
+def test_skyrls_trainer_feeds_four_steps_per_rollout_by_default(tmp_path):
+    """SkyRL's policy worker trains the k1 reward, computed once per rollout, in update_epochs_per_batch x
+    train_batch_size / policy_mini_batch_size optimizer steps, read from the copy's config dataclasses: 1 x 1024 /
+    256 = 4, stale after the first with the token ratio only (row 23, KL008); 1 x 256 / 256 is on-policy (row 6)."""
+    module = tmp_path / "skyrl" / "train" / "trainer.py"
+    (module.parent / "config").mkdir(parents=True)
+    module.write_text(SKYRL_TRAINER)
+    for train, expected in (("1024", [("KL008", 8)]), ("256", [])):
+        (module.parent / "config" / "config.py").write_text(SKYRL_CONFIG.format(train=train))
+        found = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+        assert [(f.code, f.line) for f in found] == expected, train
+        assert all(f"train_batch_size={train}, policy_mini_batch_size=256, 4 optimizer steps" in f.message for f in found)
