@@ -32,7 +32,8 @@
   the policy loss (the token's own value, no reward-to-go); `loss_max_clamp` clamps the values first.
   The top-k modes (`forward_kl_topk`, ...) are no estimator of the table: no verdict.
 - a launch that trains nothing has no KL verdict: `trainer.total_epochs=0` (the trainer's epoch loop never
-  runs; an evaluation or rollout-generation script) or `trainer.val_only=True` (validation, then return).
+  runs; an evaluation or rollout-generation script) or `trainer.val_only=True` (validation, then return), or
+  one whose override Hydra refuses (klaudit.frameworks.hydra_keys: a key the copy's config lacks).
 """
 
 from __future__ import annotations
