@@ -243,18 +243,32 @@ def _callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: 
 def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
              calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> Callable[[cst.Call], bool]:
     """Whether a call draws new samples: a call named so (`_draws`), or one of a method or module function that
-    draws them and takes no step (a `train_step` that generates, scores and backpropagates, its caller stepping
-    once every few calls)."""
+    takes no step and runs a model's generation (`self.model.generate(...)`, up to three calls deep): a
+    `train_step` that generates, scores and backpropagates, its caller stepping once every few calls. Inside
+    such a function a name alone is no evidence (`generate_loss_mask(...)` builds a mask)."""
     def draws(call: cst.Call, depth: int = 0) -> bool:
-        if _draws(call):
+        callee = _callee(call, methods, module)
+        if depth and callee is not None and _keeps_a_buffer(callee):
+            return False  # `self.generate(...)` that hands out a buffered generation for several steps
+        if _draws(call) if depth == 0 else _generates(call):
             return True
-        callee = _callee(call, methods, module) if depth < 2 else None
-        if callee is None:
+        if callee is None or depth >= 3:
             return False
         inner = calls_of(callee)
         return any(draws(found, depth + 1) for found, _ in inner) and not takes_a_step(inner)
 
     return draws
+
+
+def _keeps_a_buffer(func: cst.FunctionDef) -> bool:
+    """Whether `func` reads or fills a buffer of samples (`self._buffered_generation`, `self.replay_buffer`)."""
+    return any(type(node) is cst.Attribute and _BUFFER.search(node.attr.value) for node in _body_nodes(func.body))
+
+
+def _generates(call: cst.Call) -> bool:
+    """`model.generate(...)`, `llm.generate(...)`, `policy.sample(...)`: a model's own generation, from the policy
+    (no older copy of it among the arguments)."""
+    return (type(call.func) is cst.Attribute and call.func.attr.value in _GENERATION and _draws(call))
 
 
 def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,
@@ -277,8 +291,7 @@ def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls:
     passes over the samples by a setting defaulted to 1 (`for epoch in range(cfg.n_epochs)`), with no batch
     taken from a queue or a buffer: each batch handed to `func` is trained once."""
     counted = any(int_literal(loop.iter.args[0].value) is None for loop in loops)
-    return counted and not any(_takes_queued(call) for call, _ in calls[:index]) and not any(
-        type(node) is cst.Attribute and _BUFFER.search(node.attr.value) for node in _body_nodes(func.body))
+    return counted and not any(_takes_queued(call) for call, _ in calls[:index]) and not _keeps_a_buffer(func)
 
 
 def _takes_queued(call: cst.Call) -> bool:
@@ -315,8 +328,11 @@ def _named_as_draw(node: cst.Call) -> bool:
 
 
 def _draws(node: cst.CSTNode) -> bool:
-    """A call that draws new samples: named so (`_named_as_draw`), and not a draw from a buffer of earlier ones."""
+    """A call that draws new samples: named so (`_named_as_draw`), and not a draw from a buffer of earlier ones
+    nor from an older copy of the policy (`sample_response(model=old_model, ...)`)."""
     if type(node) is not cst.Call or not _named_as_draw(node):
+        return False
+    if any(_OLD_MODEL.match(last_name(arg.value) or "") for arg in node.args):
         return False
     return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
 
@@ -329,6 +345,10 @@ def _calls(node: cst.Call, name: str, method: bool) -> bool:
 
 
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
+_GENERATION = frozenset({"generate", "generate_sequences", "sample", "rollout"})  # a model's or engine's own generation
+# a copy of the policy taken before the update loop, that samples for every step of it
+_OLD_MODEL = re.compile(r"^(old|prev|previous|behaviou?r)_(model|policy|actor|net)$|^(model|policy|actor)_old$",
+                        re.IGNORECASE)
 # a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`) draws none
 _NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report)_",
                          re.IGNORECASE)

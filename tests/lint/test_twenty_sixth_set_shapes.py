@@ -99,16 +99,57 @@ class Trainer:
                 self.optimizer.zero_grad()
 
     def {helper}(self, batch):
-        return self.model.generate(batch.prompts)
+{body}
+"""
+GENERATES = "        return self.model.generate(batch.prompts)"
+# TRL's and pure_grpo_trainer's shape: one generation handed out for several steps
+BUFFERED = ("        if self.buffered is None or self.steps % 4 == 0:\n"
+            "            self.buffered = self.model.generate(batch.prompts)\n"
+            "        self.steps += 1\n        return self.buffered")
+
+
+@pytest.mark.parametrize("draw, helper, body, expected", [
+    ("generate_completions", "generate_completions", GENERATES, ["KL002"]),  # a method named as a draw
+    ("prepare", "prepare", GENERATES, ["KL002"]),  # a method whose body generates
+    ("prepare", "prepare", BUFFERED, ["KL002", "KL008"]),  # a generation kept for later steps
+    # ChatLearn: a helper named like a draw that builds masks is no evidence inside another method
+    ("prepare", "prepare", "        return generate_loss_mask(batch)", ["KL002", "KL008"]),
+    ("cached", "unused", GENERATES, ["KL002", "KL008"]),  # nothing known to draw: the ratio says older samples
+])
+def test_a_step_after_calls_that_each_draw_samples_trains_the_policy_that_drew_them(tmp_path, draw, helper, body,
+                                                                                     expected):
+    """The k3 loss is row 3 (KL002); on-policy, the PPO ratio is 1 and no sign of older samples (no row 22)."""
+    source = ACCUMULATED_STEPS.format(draw=draw, helper=helper, body=body)
+    assert [code for _, code in module_codes(source, tmp_path)] == expected
+
+
+# rasbt/reasoning-from-scratch: every inner epoch samples anew, but from a copy of the policy taken before them
+OLD_COPY = """\
+import copy
+
+import torch
+
+
+def loss_on_fresh_samples(model, old_model, ref_model, prompt):
+    ids = sample_response(model=old_model, prompt=prompt)
+    with torch.no_grad():
+        old_logp = old_model(ids).log_softmax(-1)
+        ref_logp = ref_model(ids).log_softmax(-1)
+    logp = model(ids).log_softmax(-1)
+    ratio = torch.exp(logp - old_logp)
+    return (-ratio + 0.01 * (logp - ref_logp)).mean()
+
+
+def train(model, ref_model, optimizer, prompts):
+    for prompt in prompts:
+        old_model = copy.deepcopy(model)
+        for _ in range(4):
+            loss = loss_on_fresh_samples(model, old_model, ref_model, prompt)
+            loss.backward()
+            optimizer.step()
 """
 
 
-@pytest.mark.parametrize("draw, helper, expected", [
-    ("generate_completions", "generate_completions", ["KL002"]),  # drawn by a method named as a draw
-    ("prepare", "prepare", ["KL002"]),  # drawn inside a method whose body generates
-    ("cached", "unused", ["KL002", "KL008"]),  # taken from nothing known to draw: the ratio says older samples
-])
-def test_a_step_after_calls_that_each_draw_samples_trains_the_policy_that_drew_them(tmp_path, draw, helper, expected):
-    """The k3 loss is row 3 (KL002); on-policy, the PPO ratio is 1 and no sign of older samples (no row 22)."""
-    source = ACCUMULATED_STEPS.format(draw=draw, helper=helper)
-    assert [code for _, code in module_codes(source, tmp_path)] == expected
+def test_samples_drawn_from_a_copy_of_the_policy_taken_before_the_steps_are_older(tmp_path):
+    """The k1 loss (row 1, KL001) on samples of the copy: stale after the first of the four steps (row 22)."""
+    assert [code for _, code in module_codes(OLD_COPY, tmp_path)] == ["KL001", "KL008"]
