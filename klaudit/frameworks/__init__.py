@@ -338,8 +338,8 @@ def _refused_by_hydra(path: str, text: str, launch: re.Match, context: Context) 
     lines = text.splitlines()
     first, last = command_span(lines, text.count("\n", 0, launch.start()))
     command = " ".join(line.rstrip().removesuffix("\\") for line in lines[first:last + 1])
-    return hydra_keys.refused_launch(command[command.index(launch.group(0)) + len(launch.group(0)):],
-                                     holder[1] / module) is not None
+    start = command.find(launch.group(0))
+    return start >= 0 and hydra_keys.refused_launch(command[start + len(launch.group(0)):], holder[1] / module) is not None
 
 
 def _easyr1(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:

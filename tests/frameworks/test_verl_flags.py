@@ -478,6 +478,11 @@ def test_a_launch_hydra_refuses_has_no_verdict(tmp_path):
         (tmp_path / "run.sh").write_text(launch.format(key=key))
         result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
         assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected, key
+    # the module on the line after `-m` (no continuation): read as before, not a crash
+    (tmp_path / "run.sh").write_text("python3 -m\nverl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == ["KL002", "KL008"]
+    assert result.errors == []
 
 
 TWO_RUNS = """\
