@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from klaudit.frameworks.settings import yaml_loader
+from klaudit.frameworks.settings import SHELL_WORD, yaml_loader
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) give no answer
 _SELF = "_self_"
@@ -189,7 +189,7 @@ def refused_launch(command: str, main: Path) -> str | None:
     if launched is None:
         return None
     folder, name = launched
-    words = [word.strip("\"'") for word in _WORD.findall(command)]
+    words = [word.strip("\"'") for word in SHELL_WORD.findall(command)]
     chosen: dict[str, str] = {}
     for index, word in enumerate(words):
         option, _, value = word.partition("=")
@@ -210,10 +210,6 @@ def refused_launch(command: str, main: Path) -> str | None:
         return None
     keys = composed_keys(folder, name, tuple(sorted(chosen.items())))
     return None if keys is None else refused_override(words, keys)
-
-
-# a command line's words: quoted parts kept together
-_WORD = re.compile(r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'])+")
 
 
 def refused_override(words: Iterable[str], keys: frozenset[str]) -> str | None:

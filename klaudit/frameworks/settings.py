@@ -265,7 +265,8 @@ def shell_overrides(text: str) -> dict[str, Setting]:
     return found
 
 
-_WORD = re.compile(r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'])+")
+# a shell command line's words: quoted parts kept together
+SHELL_WORD = re.compile(r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'])+")
 _BOOLEAN_WORDS = ("true", "false", "True", "False", "1", "0")
 
 
@@ -275,7 +276,7 @@ def cli_flags(text: str, names: Mapping[str, str], switches: Collection[str] = (
     argparse. A switch given alone is "True"; `--no_switch` (HfArgumentParser's form) is "False"."""
     found: dict[str, Setting] = {}
     for number, code, variables in _shell_lines(text):
-        words = list(_WORD.finditer(code))
+        words = list(SHELL_WORD.finditer(code))
         for index, word in enumerate(words):
             flag, equals, raw = word.group().partition("=")
             if not flag.startswith("--"):

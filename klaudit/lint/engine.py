@@ -102,13 +102,16 @@ def _is_virtualenv(directory: str) -> bool:
 def _why_unreadable(given: str) -> str:
     """Why a path named on the command line is neither a file nor a directory."""
     if not os.path.islink(given):
-        return "no such file or directory"
+        return "not a file or a directory" if os.path.exists(given) else "no such file or directory"
     try:
         os.stat(given)
     except OSError as error:
         if error.errno == errno.ELOOP:
             return "a symbolic link that loops"
-    return f"a symbolic link to {os.readlink(given)!r}, which does not exist"
+        if error.errno == errno.ENOENT:
+            return f"a symbolic link to {os.readlink(given)!r}, which does not exist"
+        return f"a symbolic link that cannot be followed: {error.strerror}"
+    return f"a symbolic link to {os.readlink(given)!r}, which is not a file or a directory"
 
 
 def discover_files(paths: Sequence[str], settings: Settings, respect_gitignore: bool = True,

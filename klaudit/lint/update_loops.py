@@ -272,12 +272,12 @@ def _generates(call: cst.Call) -> bool:
 
 
 def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,
-                 drawing: Callable[[cst.Call], bool] | None = None) -> bool | None:
+                 drawing: Callable[[cst.Call], bool]) -> bool | None:
     """For the node at `index` among its function's `calls`, within `loops`: True where samples are drawn before
     it (a call `drawing` says draws) in the body of the innermost loop of several rounds around it (or, out of
     loops, in the function); False where a loop of several rounds around it draws none; None where it is in no
     such loop and none is drawn."""
-    draws = [(i, within) for i, (call, within) in enumerate(calls) if (drawing or _draws)(call)]
+    draws = [(i, within) for i, (call, within) in enumerate(calls) if drawing(call)]
     for loop in reversed(loops):
         if any(i < index and any(around is loop for around in within) for i, within in draws):
             return True

@@ -6,6 +6,7 @@ The analysis is the stand-in of fake_analysis (`BAD_KL002(x)` is a KL002 finding
 from __future__ import annotations
 
 import json
+import os
 
 import fake_analysis
 import pytest
@@ -110,6 +111,8 @@ def test_a_broken_symbolic_link_is_named_not_a_traceback(project):
     assert (code, out) == (2, "") and err == "Error: loop.py: a symbolic link that loops\n"
     code, out, err = run("lint", "gone.py")
     assert (code, out) == (2, "") and err == "Error: gone.py: a symbolic link to 'removed.py', which does not exist\n"
+    os.mkfifo(project / "pipe.py")  # exists, but is no file to read
+    assert run("lint", "pipe.py") == (2, "", "Error: pipe.py: not a file or a directory\n")
 
 
 def test_unknown_code_lists_the_known_ones(project):
