@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klaudit.frameworks.settings import SHELL_WORD, yaml_loader
+from klaudit.text import file_text
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) give no answer
 _SELF = "_self_"
@@ -38,7 +39,7 @@ class _Unreadable(Exception):
 def launched_config(main: Path) -> tuple[Path, str] | None:
     """(config folder, config name) of the `@hydra.main` decorator in the module file `main`."""
     try:
-        text = main.read_text(encoding="utf-8", errors="replace")
+        text = file_text(main)
     except OSError:
         return None
     found = _MAIN.search(text)
@@ -75,8 +76,7 @@ class _Composition:
         if depth > _MAX_DEPTH:
             raise _Unreadable(config)
         try:
-            document = yaml.load((self.folder / f"{config}.yaml").read_text(encoding="utf-8", errors="replace"),
-                                 Loader=yaml_loader())
+            document = yaml.load(file_text(self.folder / f"{config}.yaml"), Loader=yaml_loader())
         except (OSError, yaml.YAMLError, RecursionError) as error:
             raise _Unreadable(config) from error
         if document is None:

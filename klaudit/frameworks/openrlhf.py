@@ -44,6 +44,7 @@ from pathlib import Path
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
 from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, truthy
 from klaudit.frameworks.versions import Assumed, at_least
+from klaudit.text import file_text
 
 NAME = "openrlhf"
 CLAMPED_FROM = "0.8.6"  # compute_approx_kl clamps every estimate to [-10, 10] (read in the 0.8.0-0.8.9 wheels)
@@ -141,7 +142,7 @@ def reward_reads_kl(copy: Path | None) -> bool:
     if copy is None:
         return True
     try:
-        tree = ast.parse((copy / REWARD_MODULE).read_text(encoding="utf-8", errors="replace"))
+        tree = ast.parse(file_text(copy / REWARD_MODULE))
     except (OSError, SyntaxError, ValueError):
         return True
     for node in tree.body:

@@ -23,9 +23,9 @@ import functools
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from klaudit.frameworks.settings import yaml_settings
+from klaudit.text import file_text
 
 # A literal as klaudit.frameworks.calls reads it: a number, a one-line string, True/False/None.
 _LITERAL = r"""(-?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?|"[^"\\\n]*"|'[^'\\\n]*'|True|False|None)"""
@@ -95,7 +95,7 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
 def _yaml_values(path: str, leaf: str) -> dict[str, Default]:
     """{dotted key: its value} of the YAML file at `path`, if its text holds `leaf:` at all (else {})."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = file_text(path)
     except OSError:
         return {}
     return _nested_values(path, text) if f"{leaf}:" in text else {}

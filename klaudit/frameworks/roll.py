@@ -34,6 +34,7 @@ from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, shown, truthy
+from klaudit.text import file_text
 
 NAME = "ROLL"
 FUNCTIONALS = "roll/utils/functionals.py"  # a project carrying ROLL's package holds it
@@ -112,7 +113,7 @@ def read_copy(folder: Path | None, kind: str) -> Copy:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        return file_text(path)
     except OSError:
         return ""
 

@@ -54,6 +54,7 @@ from klaudit.frameworks.settings import (
     truthy,
 )
 from klaudit.frameworks.versions import DEFAULT, Assumed, at_least, read_text
+from klaudit.text import file_text
 
 NAME = "verl"
 LATEST = Assumed(DEFAULT[NAME])
@@ -263,7 +264,7 @@ def legacy_workers_default(copy: Path | None) -> str:
     if copy is None:
         return "auto"
     try:
-        text = (copy / DEFAULTS_FILE).read_text(encoding="utf-8", errors="replace")
+        text = file_text(copy / DEFAULTS_FILE)
     except OSError:
         return "auto"
     found = re.search(r"^\s+use_legacy_worker_impl:\s*[\"']?(\w+)", text, re.MULTILINE)
@@ -325,7 +326,7 @@ def kl_loss_read(copy: Path | None, megatron: bool) -> bool:
     if copy is None:
         return True
     try:
-        text = (copy / _ACTORS[megatron]).read_text(encoding="utf-8", errors="replace")
+        text = file_text(copy / _ACTORS[megatron])
     except OSError:
         return True
     return USE_KL_LOSS.rsplit(".", 1)[-1] in text

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.frameworks.settings import shell_value
+from klaudit.text import file_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -317,7 +318,7 @@ def _notebook_code(path: str) -> list[str]:
     import json
 
     try:
-        document = json.loads(Path(path).read_text(encoding="utf-8", errors="replace"))
+        document = json.loads(file_text(path))
     except (OSError, ValueError):
         return []
     cells = document.get("cells") if isinstance(document, dict) else None
@@ -332,7 +333,7 @@ def _exported_shell_lines(path: str) -> list[str]:
     """The shell lines of a notebook exported as a script: the strings IPython's `get_ipython().system(...)`
     and `run_cell_magic(...)` are given, with their `\\n` escapes read as line breaks."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = file_text(path)
     except OSError:
         return []
     calls = [line for line in text.splitlines() if line.lstrip().startswith("get_ipython().")]
@@ -367,7 +368,7 @@ def _stated_here(directory: Path) -> dict[str, tuple[str, str]]:
 def read_text(path: Path) -> str | None:
     """The text of the file at `path`; None when it is no readable file."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+        return file_text(path) if path.is_file() else None
     except OSError:
         return None
 

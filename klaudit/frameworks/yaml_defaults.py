@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from klaudit.frameworks.settings import Setting, command_span, yaml_loader, yaml_settings
+from klaudit.text import file_text
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) are not followed
 _SELF = "_self_"
@@ -74,7 +75,7 @@ def composed_settings(path: str, text: str, depth: int = 0) -> dict[str, Setting
 @functools.lru_cache(maxsize=256)  # a base config is included by every recipe of a folder (NeMo-RL's: hundreds)
 def _included_settings(path: str, modified: int, depth: int) -> Mapping[str, Setting]:
     """The composed settings of an included file (`modified`, its mtime, keeps a changed file from the cache)."""
-    return composed_settings(path, Path(path).read_text(encoding="utf-8", errors="replace"), depth)
+    return composed_settings(path, file_text(path), depth)
 
 
 # `--config-name NAME` (and `--config-path DIR`) on a Hydra command line: the config the run composes.
@@ -104,7 +105,7 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
         if found is None:
             continue
         try:
-            composed = composed_settings(str(found), found.read_text(encoding="utf-8", errors="replace"))
+            composed = composed_settings(str(found), file_text(found))
         except OSError:
             continue
         column = named.start() + 1

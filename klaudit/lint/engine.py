@@ -53,6 +53,7 @@ from klaudit.lint.suppressions import (
 )
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
+from klaudit.text import file_text
 
 if TYPE_CHECKING:  # imported in the workers only (see _start_worker)
     import libcst as cst
@@ -341,8 +342,7 @@ def _keep(finding: Finding, settings: Settings, suppressions: SuppressionTable,
 
 def _config_analysis(path: str, context: Context) -> _Analysis:
     """A launch script or YAML file: the framework flags it sets (klaudit.frameworks)."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        text = handle.read()
+    text = file_text(path)
     try:
         return _Analysis(path, tuple(lint_config(path, text, context)), comment_table(text))
     except Exception as error:  # noqa: BLE001 - one file's failure is reported, the run goes on

@@ -5,6 +5,8 @@ default True from 1.10)."""
 
 from __future__ import annotations
 
+import codecs
+
 import libcst as cst
 import pytest
 from click.testing import CliRunner
@@ -305,3 +307,27 @@ def test_a_release_older_than_every_known_one_says_it_is_judged_by_the_oldest():
     assert Assumed("0.8", "0.1 in verl/version/version", older=True).label("verl") == (
         "verl 0.8 (0.1 in verl/version/version; older than 0.8, judged by 0.8's flags)")
     assert Assumed("0.9", "0.9.1 in verl/version/version").label("verl") == "verl 0.9 (0.9.1 in verl/version/version)"
+
+
+@pytest.mark.parametrize("mark, encoding", [(codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"),
+                                            (codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF8, "utf-8")],
+                         ids=["utf-16-le", "utf-16-be", "utf-32-le", "utf-8"])
+def test_a_requirements_file_with_a_byte_order_mark_is_read_as_pip_reads_it(tmp_path, mark, encoding):
+    """Windows PowerShell's `pip freeze > requirements.txt` writes UTF-16 with a byte-order mark (alexchilton's
+    Wordle GRPO, twenty-seventh set, pins trl==0.26.2 so); pip decodes it by the mark, and so does the lint."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "requirements.txt").write_bytes(mark + "accelerate==1.2.0\r\ntrl==0.26.2\r\n".encode(encoding))
+    assert detect([project])["trl"] == Assumed("0.26", "0.26.2 in requirements.txt")
+
+
+def test_a_launch_script_saved_as_utf16_is_linted_for_its_flags(tmp_path):
+    """A byte-order mark names the encoding of a launch script too: its verl flags are read, not mojibake."""
+    script = "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True \\\n" \
+             "    actor_rollout_ref.actor.kl_loss_type=k1\n"
+    (tmp_path / "run.sh").write_text(script, encoding="utf-16")
+    (tmp_path / "plain.sh").write_text(script, encoding="utf-8")
+    result = CliRunner().invoke(main, ["lint", "--output-format", "concise", str(tmp_path)])
+    codes = {line.split(": ")[0].rsplit(":", 2)[0].rsplit("/", 1)[-1] + " " + line.split(": ")[1].split()[0]
+             for line in result.output.splitlines() if ": KL" in line}
+    assert {"run.sh KL001", "plain.sh KL001"} <= codes
