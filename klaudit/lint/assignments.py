@@ -24,6 +24,7 @@ from klaudit.lint.syntax import (
     is_literal_array,
     is_packed_row,
     is_tensor_factory,
+    is_zero_tensor,
     last_name,
     mentions,
     string_key,
@@ -149,6 +150,10 @@ class AssignmentFlow(FlowState):
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
         if roles.tensor_role(name) is not None:  # where the rhs was read from matters only then
+            if roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) and not roles.names_teacher(name) and is_zero_tensor(rhs):
+                # zeros for the reference's log-probs: log 1 of a one-hot label (an SFT loss spelt as a KL to it), or a
+                # buffer that a fill names again; a test's zero teacher stands for one (NeMo RL's loss tests)
+                return (tensor(Poly.const(0.0)),)
             grad = not self.no_grad and not is_data_read(rhs) and not is_tensor_factory(rhs)
             poly = roles.named_tensor(name, grad=grad)
             if poly is not None:

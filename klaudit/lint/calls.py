@@ -212,14 +212,23 @@ class CallFlow(FlowState):
         not where it is stored as a preference pair's side (`ref_chosen_logps`: a DPO loss holds no KL penalty)."""
         if any(roles.names_pair_logprobs(name) for name in bound_names(self.stmt)):
             return False
+        given = [arg for arg in [*positional, *keywords.values()] if isinstance(arg, cst.BaseExpression)]
         if roles.tensor_role(func.name.value) in (alg.REF, alg.REF_LOGITS):
-            return True
+            return not self.serves_both_models(func, given)
         if not roles.speaks_of_logprobs(func.name.value):
             return False  # a helper of raw logits (`_last_logits(ref_model, ...)`): a logit MSE is no KL
-        given = [arg for arg in [*positional, *keywords.values()] if isinstance(arg, cst.BaseExpression)]
         model = any(type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg)) for arg in given)
         return model and not any(f.role == "tensor" and f.poly is not None and f.poly.atoms() and {
             a.kind for a in f.poly.atoms()} <= _POLICY_OUTPUTS for arg in given for f in self.expr(arg))
+
+    def serves_both_models(self, func: cst.FunctionDef, given: list) -> bool:
+        """A helper named for the reference (`_teacher_logp`: teacher forcing) that this module also calls with the
+        reference model, called here with another model first (`_teacher_logp(policy, ids)`): its result is that
+        model's, as the argument says, not the reference's as the name does."""
+        first = given[0] if given else None
+        if type(first) not in (cst.Name, cst.Attribute) or roles.is_reference_model(dotted(first)):
+            return False
+        return any(roles.is_reference_model(other) for other in self.module.first_arguments(func.name.value))
 
     def given_as_advantages(self, facts: tuple, node: cst.CSTNode) -> tuple:
         """`policy_loss_fn(..., advantages=-kl.detach())`: whatever the function does, what it is given as the

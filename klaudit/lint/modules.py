@@ -152,6 +152,7 @@ class Module:
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, cst.For | None] = {}  # id(function) -> the loop that trains what it computes
         self._calls: dict[int, OrderedCalls] = {}  # id(function) -> its calls in order, with their loops
+        self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
 
     def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
         """klaudit.lint.update_loops.reuses_samples of one of this module's loops, read once."""
@@ -188,6 +189,15 @@ class Module:
         if key not in self._calls:
             self._calls[key] = ordered_calls(func)
         return self._calls[key]
+
+    def first_arguments(self, name: str) -> frozenset[str]:
+        """The names and attribute chains this module's calls of `name` are first given (`self.ref_model` of
+        `logps(self.ref_model, ids)`), read once from the source."""
+        if name not in self._first_arguments:
+            found = re.finditer(rf"(?<!\w){re.escape(name)}\(\s*([A-Za-z_][\w.]*)\s*[,)]",
+                                self.project.source(self.tree))
+            self._first_arguments[name] = frozenset(match.group(1) for match in found)
+        return self._first_arguments[name]
 
     @property
     def registries(self) -> dict[str, list[tuple[str, cst.FunctionDef]]]:

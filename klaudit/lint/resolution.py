@@ -85,6 +85,13 @@ class NameResolution:
                 _, methods = module.classes[base.value]
                 if attr in methods:
                     return module, methods[attr], base.value
+            elif type(base) is cst.Name and base.value in module.imports and imports:
+                found = self.resolve_class(module, base)  # `GRPOLoss.compute(...)` of a class imported from the tree
+                if found is not None:
+                    target, classdef = found
+                    methods = target.classes[classdef.name.value][1]
+                    if attr in methods:
+                        return target, methods[attr], classdef.name.value
             base_name = dotted(base)
             head = base_name.split(".")[0]
             if head in module.imports and imports:

@@ -1,0 +1,116 @@
+"""Shapes of KL code met in the twenty-seventh fresh set's review.
+
+Verdicts (kl-math.md section 8): a KL "to the reference" whose reference is a tensor of zeros compares the policy
+with log 1, the one-hot label of a supervised target: no KL between two models, so no row applies. A zero buffer
+that the reference's log-probs are then written into stays the reference's (row 1, KL001 for k1 as a loss).
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+# Jinghaoleven/RLVR-Schedule's verl copy: compute_sft_loss spells a supervised loss on label tokens with verl's
+# kl_penalty, the labels' log 1 standing for the "reference".
+SFT_AS_KL = """\
+import torch
+
+
+def kl_penalty(logprob, ref_logprob):
+    return logprob - ref_logprob
+
+
+def sft_loss(logits, labels):
+    target_log_probs = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    ref_log_prob = torch.zeros_like(target_log_probs)
+    loss = kl_penalty(logprob=target_log_probs, ref_logprob=ref_log_prob)
+    return loss.mean()
+"""
+
+# a zero buffer filled with the reference model's log-probs, sequence by sequence (build-your-own-rlhf's rollout)
+FILLED_BUFFER = """\
+import torch
+
+
+def step(model, ref_model, batch, opt):
+    logp = model(batch).log_softmax(-1)
+    ref_logp = torch.zeros_like(logp)
+    for i in range(len(batch)):
+        with torch.no_grad():
+            ref_logp[i] = ref_model(batch[i]).log_softmax(-1)
+    loss = (logp - ref_logp).mean()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_kl_to_zeros_is_a_supervised_loss_not_a_kl(tmp_path):
+    assert module_codes(SFT_AS_KL, tmp_path) == []
+    to_a_model = SFT_AS_KL.replace("torch.zeros_like(target_log_probs)", "ref_model(logits).log_softmax(-1)")
+    assert module_codes(to_a_model, tmp_path) == [(11, "KL001")]
+
+
+@pytest.mark.parametrize("buffer", ["torch.zeros_like(logp)", "logp.new_zeros(logp.shape)"])
+def test_a_zero_buffer_filled_with_the_references_log_probs_is_the_reference(tmp_path, buffer):
+    assert module_codes(FILLED_BUFFER.replace("torch.zeros_like(logp)", buffer), tmp_path) == [(10, "KL001")]
+
+
+# PRAGA-maker/prorl-on-noma's PPO: one log-prob helper, named for teacher forcing, run on the policy and on the
+# reference model alike; k1 of the two as a loss (row 1).
+ONE_HELPER_FOR_BOTH = """\
+import torch
+
+
+def _teacher_logp(model, input_ids):
+    logits = model(input_ids)
+    logprobs = torch.log_softmax(logits, -1)
+    return logprobs.gather(-1, input_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def update(policy, ref_policy, batch, rows, cols, optimizer, beta):
+    with torch.no_grad():
+        lp_ref = _teacher_logp(ref_policy, batch)
+    logp_new_mb = _teacher_logp(policy, batch)
+    lp_new = logp_new_mb[rows, cols]
+    loss_kl = beta * torch.mean(lp_new - lp_ref[rows, cols])
+    loss_kl.backward()
+    optimizer.step()
+"""
+
+
+def test_a_helper_named_for_the_reference_and_run_on_the_policy_gives_the_policys_log_probs(tmp_path):
+    assert module_codes(ONE_HELPER_FOR_BOTH, tmp_path) == [(15, "KL001")]
+    # called only on the policy, the name still says the reference's (a PEFT model with its adapter disabled)
+    only_the_policy = ONE_HELPER_FOR_BOTH.replace("_teacher_logp(ref_policy, batch)", "ref_policy(batch)")
+    assert module_codes(only_the_policy, tmp_path) == []
+
+
+# casinca/LLM-quest's RLVR loop: the loss is a static method of a class another module defines and exports.
+LOSSES = """\
+class GRPOLoss:
+    @staticmethod
+    def compute(policy_ratio, advantages, beta, kl_div):
+        loss = -(policy_ratio * advantages) + beta * kl_div
+        return loss.mean()
+"""
+
+RLVR_STEP = """\
+import torch
+
+from losses import GRPOLoss
+
+
+def step(model, ref_model, batch, adv, optimizer, beta):
+    logp = model(batch).log_softmax(-1)
+    with torch.no_grad():
+        ref_logp = ref_model(batch).log_softmax(-1)
+    log_ratio = ref_logp - logp
+    kl_div = torch.exp(log_ratio) - log_ratio - 1
+    loss = GRPOLoss.compute(policy_ratio=torch.exp(logp - logp.detach()), advantages=adv, beta=beta, kl_div=kl_div)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_static_method_of_a_class_imported_from_the_tree_is_followed(tmp_path):
+    assert module_codes(RLVR_STEP, tmp_path, losses=LOSSES) == [(12, "KL002")]  # k3 as a loss: row 3
