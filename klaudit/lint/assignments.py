@@ -128,6 +128,11 @@ class AssignmentFlow(FlowState):
             self.env[f"{target.value.value}.{name}"] = value
             self.collect(name, value)
 
+    def in_a_test(self) -> bool:
+        """Whether the function analysed is a test (`def test_...`), whose inputs are numbers chosen to stand for what
+        their names say."""
+        return isinstance(self.func, cst.FunctionDef) and self.func.name.value.startswith("test")
+
     def log_ratio_against_unknown(self, rhs: cst.CSTNode) -> tuple:
         """`kl = logprobs - base` stored under a KL name: the unexplained side of a difference with the
         policy's log-probs is the reference's log-probs (log pi - log ref, or log ref - log pi)."""
@@ -150,9 +155,9 @@ class AssignmentFlow(FlowState):
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
         if roles.tensor_role(name) is not None:  # where the rhs was read from matters only then
-            if roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) and not roles.names_teacher(name) and is_zero_tensor(rhs):
+            if roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) and is_zero_tensor(rhs) and not self.in_a_test():
                 # zeros for the reference's log-probs: log 1 of a one-hot label (an SFT loss spelt as a KL to it), or a
-                # buffer that a fill names again; a test's zero teacher stands for one (NeMo RL's loss tests)
+                # buffer that a fill names again; in a test they stand for the reference (NeMo RL's loss tests)
                 return (tensor(Poly.const(0.0)),)
             grad = not self.no_grad and not is_data_read(rhs) and not is_tensor_factory(rhs)
             poly = roles.named_tensor(name, grad=grad)

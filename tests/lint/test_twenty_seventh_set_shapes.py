@@ -114,3 +114,10 @@ def step(model, ref_model, batch, adv, optimizer, beta):
 
 def test_a_static_method_of_a_class_imported_from_the_tree_is_followed(tmp_path):
     assert module_codes(RLVR_STEP, tmp_path, losses=LOSSES) == [(12, "KL002")]  # k3 as a loss: row 3
+
+
+def test_in_a_test_a_zero_reference_stands_for_the_reference(tmp_path):
+    """NeMo RL's tests of calculate_kl differentiate a loss against `torch.zeros_like(logprobs)` as the reference:
+    numbers a test chose for what the name says."""
+    in_a_test = SFT_AS_KL.replace("def sft_loss(logits, labels):", "def test_sft_loss(logits, labels):")
+    assert module_codes(in_a_test, tmp_path) == [(11, "KL001")]
