@@ -121,3 +121,32 @@ def test_in_a_test_a_zero_reference_stands_for_the_reference(tmp_path):
     numbers a test chose for what the name says."""
     in_a_test = SFT_AS_KL.replace("def sft_loss(logits, labels):", "def test_sft_loss(logits, labels):")
     assert module_codes(in_a_test, tmp_path) == [(11, "KL001")]
+
+
+# suv11235/mtsa-rlvr (nineteenth set): the reference's log-probs from a method named for them, run under no_grad
+# like a rollout's; k2 values in the reward (row 9b: only k1 values carry the score-function signal, KL004).
+REFERENCE_UNDER_NO_GRAD = """\
+import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def compute_ref_log_probs(self, ids):
+        with torch.no_grad():
+            outputs = self.ref_model(input_ids=ids, return_dict=True)
+            logits = outputs.logits
+            log_probs = F.log_softmax(logits, dim=-1)
+            selected = torch.gather(log_probs, -1, ids.unsqueeze(-1)).squeeze(-1)
+        return selected
+
+    def train_step(self, batch):
+        ref_log_probs = self.compute_ref_log_probs(batch["ids"])
+        kl = 0.5 * (batch["old_log_probs"] - ref_log_probs) ** 2
+        rewards = batch["scores"] - 0.1 * kl
+        batch["token_level_rewards"] = rewards
+        return batch
+"""
+
+
+def test_a_no_grad_helper_named_for_the_reference_returns_the_references_log_probs(tmp_path):
+    assert module_codes(REFERENCE_UNDER_NO_GRAD, tmp_path) == [(17, "KL004")]  # k2 values in the reward
