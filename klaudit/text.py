@@ -26,3 +26,11 @@ def decode_text(data: bytes) -> str:
 def file_text(path: str | Path) -> str:
     """The text of the file at `path` (decode_text); OSError where it cannot be read."""
     return decode_text(Path(path).read_bytes())
+
+
+def read_text(path: Path) -> str | None:
+    """The text of the file at `path` (decode_text); None when it is no readable file."""
+    try:
+        return file_text(path) if path.is_file() else None
+    except OSError:
+        return None

@@ -50,11 +50,11 @@ from klaudit.frameworks.versions import (
     detected_near,
     installed_by_notebook,
     installed_release,
-    read_text,
     vendored,
 )
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
 from klaudit.lint.findings import Finding
+from klaudit.text import read_text
 
 SHELL_SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # batch-scheduler jobs are shell scripts too
 YAML_SUFFIXES = (".yaml", ".yml")

@@ -41,7 +41,8 @@ from pathlib import Path
 from klaudit.catalog import Aggregation
 from klaudit.frameworks import easyr1, openrlhf, roll, slime, verl
 from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, truthy, yaml_settings
-from klaudit.frameworks.versions import UNSTATED, at_least, read_text, vendored
+from klaudit.frameworks.versions import UNSTATED, at_least, vendored
+from klaudit.text import read_text
 
 _STORES_KL_REWARD = "def apply_kl_penalty"  # verl's driver: the KL reward, stored into the batch's token rewards
 _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's training loop

@@ -46,7 +46,7 @@ from klaudit.frameworks.settings import (
     steps_per_rollout,
     truthy,
 )
-from klaudit.frameworks.versions import read_text
+from klaudit.text import read_text
 
 NAME = "EasyR1"
 USE_KL_LOSS, DISABLE_KL, KL_PENALTY, KL_COEF, ADV_ESTIMATOR = (

@@ -53,8 +53,8 @@ from klaudit.frameworks.settings import (
     steps_per_rollout,
     truthy,
 )
-from klaudit.frameworks.versions import DEFAULT, Assumed, at_least, read_text
-from klaudit.text import file_text
+from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
+from klaudit.text import file_text, read_text
 
 NAME = "verl"
 LATEST = Assumed(DEFAULT[NAME])

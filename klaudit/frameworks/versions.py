@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.frameworks.settings import shell_value
-from klaudit.text import file_text
+from klaudit.text import file_text, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -363,14 +363,6 @@ def _stated_here(directory: Path) -> dict[str, tuple[str, str]]:
     for name, version in _pins(directory).items():
         stated.setdefault(name, version)
     return {name: (version, where) for name, (version, where) in stated.items() if _RELEASE.match(version)}
-
-
-def read_text(path: Path) -> str | None:
-    """The text of the file at `path`; None when it is no readable file."""
-    try:
-        return file_text(path) if path.is_file() else None
-    except OSError:
-        return None
 
 
 _DUNDER_VERSION = re.compile(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", re.MULTILINE)

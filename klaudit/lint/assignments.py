@@ -155,7 +155,7 @@ class AssignmentFlow(FlowState):
     def from_name(self, name: str, rhs: cst.CSTNode) -> tuple:
         """A value the expression did not explain, read from the target's name."""
         if roles.tensor_role(name) is not None:  # where the rhs was read from matters only then
-            if roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) and is_zero_tensor(rhs) and not self.in_a_test():
+            if roles.names_reference_outputs(name) and is_zero_tensor(rhs) and not self.in_a_test():
                 # zeros for the reference's log-probs: log 1 of a one-hot label (an SFT loss spelt as a KL to it), or a
                 # buffer that a fill names again; in a test they stand for the reference (NeMo RL's loss tests)
                 return (tensor(Poly.const(0.0)),)

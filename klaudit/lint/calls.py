@@ -213,7 +213,7 @@ class CallFlow(FlowState):
         if any(roles.names_pair_logprobs(name) for name in bound_names(self.stmt)):
             return False
         given = [arg for arg in [*positional, *keywords.values()] if isinstance(arg, cst.BaseExpression)]
-        if roles.tensor_role(func.name.value) in (alg.REF, alg.REF_LOGITS):
+        if roles.names_reference_outputs(func.name.value):
             return not self.serves_both_models(func, given)
         if not roles.speaks_of_logprobs(func.name.value):
             return False  # a helper of raw logits (`_last_logits(ref_model, ...)`): a logit MSE is no KL

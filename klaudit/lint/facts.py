@@ -403,7 +403,7 @@ def kl_targets(node: cst.CSTNode, *sources: Fact) -> frozenset[str]:
             continue
         if roles.names_teacher(name):
             found.add("teacher")
-        elif roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS):
+        elif roles.names_reference_outputs(name):
             found.add("reference")
     return frozenset(found) if found else frozenset().union(*(f.against for f in sources))
 

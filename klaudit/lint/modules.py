@@ -11,7 +11,6 @@ from pathlib import Path
 
 import libcst as cst
 
-from klaudit.lint import algebra as alg
 from klaudit.lint import budget
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
@@ -29,7 +28,7 @@ from klaudit.lint.flow import FunctionRun
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
-from klaudit.lint.roles import might_contain_kl, tensor_role
+from klaudit.lint.roles import might_contain_kl, names_reference_outputs
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
 from klaudit.lint.update_loops import (
     OrderedCalls,
@@ -390,7 +389,7 @@ class Analyzer(NameResolution):
         # handed in or not is the caller's to say (klaudit.lint.calls maps it back)
         returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
         # `compute_ref_log_probs` under no_grad returns the reference's (calls.runs_the_reference), not the rollout's
-        for_the_rollout = tensor_role(func.name.value) not in (alg.REF, alg.REF_LOGITS)
+        for_the_rollout = not names_reference_outputs(func.name.value)
         if for_the_rollout and decorated_no_grad(func):
             returns = as_rollout_data(returns)
         elif for_the_rollout and holds_no_grad_block(func):  # `with torch.no_grad(): logp = ...` then returned

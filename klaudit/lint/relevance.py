@@ -33,7 +33,6 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from klaudit.lint import roles
-from klaudit.lint.algebra import REF, REF_LOGITS
 from klaudit.lint.modules import MODULE_BODY, stored_slots
 from klaudit.lint.project import Project
 from klaudit.lint.syntax import python_ast
@@ -62,7 +61,7 @@ def _speaks_of_kl(text: str, names: frozenset[str]) -> bool:
 def _names_reference(name: str) -> bool:
     """A name the roles read as the reference's log-probs or logits or the reference model, or a class
     name whose words speak of KL (`KLEstimator`, followed by the interpreter as such)."""
-    return (roles.tensor_role(name) in (REF, REF_LOGITS) or roles.is_reference_model(name)
+    return (roles.names_reference_outputs(name) or roles.is_reference_model(name)
             or (name[:1].isupper() and roles.might_contain_kl(roles.snake_words(name))))
 
 

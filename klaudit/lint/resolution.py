@@ -81,17 +81,13 @@ class NameResolution:
             base = func_node.value
             if type(base) is cst.Name and base.value in ("self", "cls") and cls is not None:
                 return self.method_of(module, cls, attr)
-            if type(base) is cst.Name and base.value in module.classes:
-                _, methods = module.classes[base.value]
+            named = type(base) is cst.Name and (base.value in module.classes or base.value in module.imports)
+            found = self.resolve_class(module, base, imports) if named else None  # `GRPOLoss.compute(...)`
+            if found is not None:
+                target, classdef = found
+                methods = target.classes[classdef.name.value][1]
                 if attr in methods:
-                    return module, methods[attr], base.value
-            elif type(base) is cst.Name and base.value in module.imports and imports:
-                found = self.resolve_class(module, base)  # `GRPOLoss.compute(...)` of a class imported from the tree
-                if found is not None:
-                    target, classdef = found
-                    methods = target.classes[classdef.name.value][1]
-                    if attr in methods:
-                        return target, methods[attr], classdef.name.value
+                    return target, methods[attr], classdef.name.value
             base_name = dotted(base)
             head = base_name.split(".")[0]
             if head in module.imports and imports:

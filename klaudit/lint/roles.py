@@ -233,6 +233,11 @@ def names_optimizer(name: str) -> bool:
     return _OPTIMIZER.search(name) is not None
 
 
+def names_reference_outputs(name: str) -> bool:
+    """`ref_logps`, `teacher_log_probs`, `ref_logits`: the reference's (or a teacher's) log-probs or logits."""
+    return tensor_role(name) in (REF, REF_LOGITS)
+
+
 def names_reference_model(name: str) -> bool:
     """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`)."""
     return is_reference_model(name) and tensor_role(name) is None

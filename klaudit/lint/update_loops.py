@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, walk
 
@@ -44,7 +43,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
         elif type(node) is cst.Name and roles.names_reference_model(node.value):
             return False  # the reference model run anew: on samples drawn here
         elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign) and any(
-                roles.tensor_role(name) in (alg.REF, alg.REF_LOGITS) for name in bound_names(node)):
+                roles.names_reference_outputs(name) for name in bound_names(node)):
             return False  # the reference's log-probs computed here: for samples drawn here
     return steps
 

@@ -6,6 +6,8 @@ default True from 1.10)."""
 from __future__ import annotations
 
 import codecs
+import json
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -327,7 +329,6 @@ def test_a_launch_script_saved_as_utf16_is_linted_for_its_flags(tmp_path):
              "    actor_rollout_ref.actor.kl_loss_type=k1\n"
     (tmp_path / "run.sh").write_text(script, encoding="utf-16")
     (tmp_path / "plain.sh").write_text(script, encoding="utf-8")
-    result = CliRunner().invoke(main, ["lint", "--output-format", "concise", str(tmp_path)])
-    codes = {line.split(": ")[0].rsplit(":", 2)[0].rsplit("/", 1)[-1] + " " + line.split(": ")[1].split()[0]
-             for line in result.output.splitlines() if ": KL" in line}
-    assert {"run.sh KL001", "plain.sh KL001"} <= codes
+    result = CliRunner().invoke(main, ["lint", "--output-format", "json", "--exit-zero", str(tmp_path)])
+    found = {(Path(f["filename"]).name, f["code"]) for f in json.loads(result.output)}
+    assert {("run.sh", "KL001"), ("plain.sh", "KL001")} <= found
