@@ -13,7 +13,18 @@ from klaudit.catalog import Aggregation
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Poly
-from klaudit.lint.facts import NEG, UNKNOWN, Fact, bounded, combine, compatible, different_targets, operands, replace
+from klaudit.lint.facts import (
+    NEG,
+    UNKNOWN,
+    Fact,
+    bounded,
+    combine,
+    compatible,
+    different_targets,
+    operands,
+    replace,
+    separate_objectives,
+)
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import last_name, walk
 from klaudit.lint.tensors import normalised
@@ -82,9 +93,10 @@ class ArithmeticFlow(FlowState):
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
                         out.append(replace(b, poly=alg.scale(b_poly, sign)) if a.scalar else a)
                         continue
-                    if a.is_kl() and b.is_kl() and different_targets(a, b):
-                        # a distillation term to a teacher beside a KL to the reference: two objectives, not
-                        # one estimator; each goes on alone, to be judged on its own
+                    if a.is_kl() and b.is_kl() and (different_targets(a, b) or separate_objectives(a, b)):
+                        # a distillation term to a teacher beside a KL to the reference, or two KL losses under
+                        # switches of their own: two objectives, not one estimator; each goes on alone, to be
+                        # judged on its own
                         out += [replace(a, beside=True), replace(b, poly=alg.scale(b_poly, sign), beside=True)]
                         continue
                     out.append(combine(a, b, alg.add(a_poly, b_poly, sign), self.here(node), self.module.path))

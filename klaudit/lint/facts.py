@@ -414,6 +414,19 @@ def different_targets(a: Fact, b: Fact) -> bool:
     return len(a.against) == 1 and len(b.against) == 1 and a.against != b.against
 
 
+def separate_objectives(a: Fact, b: Fact) -> bool:
+    """Two KL terms, each already stored as a loss of its own under switches of its own (a KL to the
+    reference under `use_kl_loss` and one to another anchor under `hpf_kl_coef > 0`, both made by one
+    `kl_penalty` helper): their sum adds two objectives, each judged where it was stored. It forms no
+    new estimator, as the parts of one path's estimator would (`kl = ratio_term + log_term`), and
+    mixing them would pair every value of one estimator switch with every value of the other."""
+    stored_a, stored_b = set(a.pending), set(b.pending)  # a loss-named node inside the shared helper is no one's own
+    if not stored_a - stored_b or not stored_b - stored_a:
+        return False
+    switches_a, switches_b = {name for name, _ in a.labels}, {name for name, _ in b.labels}
+    return bool(switches_a - switches_b) and bool(switches_b - switches_a)
+
+
 def logprob_kinds(value: Value) -> frozenset[AtomKind]:
     """The log-prob atoms a tensor value holds, in any alternative."""
     return frozenset(a.kind for f in value if f.role == "tensor" and f.poly is not None

@@ -150,3 +150,74 @@ class Trainer:
 
 def test_a_no_grad_helper_named_for_the_reference_returns_the_references_log_probs(tmp_path):
     assert module_codes(REFERENCE_UNDER_NO_GRAD, tmp_path) == [(17, "KL004")]  # k2 values in the reward
+
+
+# Rocky18919975029/bandit-RLVR's verl copy: ppo_loss adds a KL loss to the reference under `use_kl_loss` and a
+# second KL loss, to another anchor, under `hpf_kl_coef > 0`, both made by verl's `kl_penalty` with its straight-
+# through "+" estimators, each with its own estimator switch.
+VERL_KL_HELPERS = """\
+import torch
+
+
+def kl_penalty(logprob, ref_logprob, kl_penalty="low_var_kl"):
+    forward_score = kl_penalty_forward(logprob, ref_logprob, kl_penalty)
+    if not kl_penalty.endswith("+"):
+        return forward_score
+    backward_score = 0.5 * (logprob - ref_logprob).square()
+    return backward_score - backward_score.detach() + forward_score.detach()
+
+
+def kl_penalty_forward(logprob, ref_logprob, kl_penalty):
+    if kl_penalty in ("kl", "k1", "kl+", "k1+"):
+        return logprob - ref_logprob
+    if kl_penalty in ("abs", "abs+"):
+        return (logprob - ref_logprob).abs()
+    if kl_penalty in ("mse", "k2", "mse+", "k2+"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty in ("low_var_kl", "k3", "low_var_kl+", "k3+"):
+        kl = ref_logprob - logprob
+        ratio = torch.exp(kl)
+        return torch.clamp(ratio - kl - 1, min=-10, max=10)
+    raise NotImplementedError
+
+
+def agg_loss(loss_mat, loss_mask, loss_agg_mode):
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * loss_mask).sum() / loss_mask.sum()
+    if loss_agg_mode == "seq-mean-token-sum":
+        return (loss_mat * loss_mask).sum(-1).mean()
+    if loss_agg_mode == "seq-mean-token-mean":
+        return ((loss_mat * loss_mask).sum(-1) / loss_mask.sum(-1)).mean()
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return (loss_mat * loss_mask).sum() / loss_mask.shape[-1]
+    raise ValueError(loss_agg_mode)
+"""
+
+TWO_KL_LOSSES = """\
+from core_algos import agg_loss, kl_penalty
+
+
+def actor_loss(config, log_prob, data):
+    mask = data["response_mask"]
+    policy_loss = agg_loss(-data["advantages"] * log_prob, mask, config.loss_agg_mode)
+    if config.use_kl_loss:
+        kld = kl_penalty(logprob=log_prob, ref_logprob=data["ref_log_prob"], kl_penalty=config.kl_loss_type)
+        kl_loss = agg_loss(kld, mask, config.loss_agg_mode)
+        policy_loss += kl_loss * config.kl_loss_coef
+    anchor_coef = config.anchor_kl_coef
+    if anchor_coef > 0:
+        anchor_kld = kl_penalty(logprob=log_prob, ref_logprob=data["anchor_ref_log_prob"], kl_penalty=config.anchor_kl_type)
+        anchor_kl_loss = agg_loss(anchor_kld, data["anchor_mask"], config.loss_agg_mode)
+        policy_loss += anchor_coef * anchor_kl_loss
+    return policy_loss
+"""
+
+
+def test_two_kl_losses_under_switches_of_their_own_are_judged_apart(tmp_path):
+    """Each KL loss is judged where it is stored (k1 as a loss: row 1, KL001; low_var_kl: row 3, KL002; k2 and the
+    straight-through k1+ and k3+: row 2, KL003; abs: KL009; 1/L weights: KL007). Their sum adds two objectives and
+    forms no estimator: pairing every value of one switch with every value of the other made mixtures such as
+    k1 + k2 that read as k1 at the sum."""
+    each = ["KL001", "KL002", "KL003", "KL003", "KL003", "KL007", "KL009"]
+    found = module_codes(TWO_KL_LOSSES, tmp_path, name="losses.py", core_algos=VERL_KL_HELPERS)
+    assert found == [(9, code) for code in each] + [(14, code) for code in each]
