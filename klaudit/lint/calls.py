@@ -24,6 +24,7 @@ from klaudit.lint.facts import (
     compatible,
     loss_part,
     merge_labels,
+    of_the_old_policy,
     of_the_reference,
     param_facts,
     reference_kinds,
@@ -201,6 +202,8 @@ class CallFlow(FlowState):
         returns = _as_the_callers(outcome.returns, handed_on)
         if self.runs_the_reference(func, positional, keywords):
             returns = of_the_reference(returns)
+        elif self.runs_the_old_policy(func, positional, keywords):
+            returns = of_the_old_policy(returns)
         if module is self.module:
             return returns
         return self.entering_here(returns, entered)
@@ -220,6 +223,14 @@ class CallFlow(FlowState):
         model = any(type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg)) for arg in given)
         return model and not any(f.role == "tensor" and f.poly is not None and f.poly.atoms() and {
             a.kind for a in f.poly.atoms()} <= _POLICY_OUTPUTS for arg in given for f in self.expr(arg))
+
+    @staticmethod
+    def runs_the_old_policy(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
+        """A helper named for log-probs given a lagging copy of the policy (`calculate_log_probs(model_old, ...)`):
+        its result is the behaviour policy's, the other side of a PPO ratio, whatever name it is stored under."""
+        return roles.speaks_of_logprobs(func.name.value) and any(
+            type(arg) in (cst.Name, cst.Attribute) and roles.is_old_policy_model(dotted(arg))
+            for arg in [*positional, *keywords.values()])
 
     def serves_both_models(self, func: cst.FunctionDef, given: list) -> bool:
         """A helper named for the reference (`_teacher_logp`: teacher forcing) that this module also calls with the

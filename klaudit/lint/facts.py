@@ -457,6 +457,8 @@ def rename_logprobs(value: Value, name: str, data: bool) -> Value:
 # the reference model. Raw logits are left alone: a difference of raw logits is no KL estimate (a logit MSE).
 _TO_REFERENCE: dict[AtomKind, AtomKind] = {
     alg.POLICY: alg.REF, alg.VOCAB_POLICY: alg.VOCAB_REF, alg.VOCAB_PROB: alg.VOCAB_REF_PROB, alg.PROB: alg.REF_PROB}
+# ... and the old policy's, for a helper run on a lagging copy of the policy (`logps(model_old, seq)`)
+_TO_OLD: dict[AtomKind, AtomKind] = {alg.POLICY: alg.OLD, alg.PROB: alg.OLD_PROB}
 
 
 def of_the_reference(value: Value) -> Value:
@@ -465,6 +467,16 @@ def of_the_reference(value: Value) -> Value:
     name it is stored under (which `rename_logprobs` reads): each policy atom becomes the reference's, without
     gradient. Left as it is where a value holds anything else (a KL already, the
     old policy's log-probs), or inside tuples and dicts holding such a value."""
+    return _of_another_model(value, _TO_REFERENCE)
+
+
+def of_the_old_policy(value: Value) -> Value:
+    """A helper's returned log-probs as the old policy's, where it was run on a copy of the policy kept for
+    sampling (`old_lp = logps(model_old, seq)`): each policy atom becomes the old policy's, without gradient."""
+    return _of_another_model(value, _TO_OLD)
+
+
+def _of_another_model(value: Value, kinds: dict[AtomKind, AtomKind]) -> Value:
     def mapped(f: Fact) -> Fact | None:
         if f.role in ("tuple", "dict"):
             items = [mapped_value(item[1] if f.role == "dict" else item) for item in f.items]
@@ -474,9 +486,9 @@ def of_the_reference(value: Value) -> Value:
                            else tuple(items))
         if f.role != "tensor" or f.poly is None or f.poly.is_const():
             return f
-        if not {a.kind for a in f.poly.atoms()} <= _TO_REFERENCE.keys():
+        if not {a.kind for a in f.poly.atoms()} <= kinds.keys():
             return None
-        return replace(f, poly=f.poly.map_atoms(lambda a: Atom(_TO_REFERENCE[a.kind], False, a.acc)))
+        return replace(f, poly=f.poly.map_atoms(lambda a: Atom(kinds[a.kind], False, a.acc)))
 
     def mapped_value(facts: Value) -> Value | None:
         out = [mapped(f) for f in facts]

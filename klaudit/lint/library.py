@@ -263,9 +263,15 @@ class LibraryFlow(FlowState):
             # where(x < 0, 0, x), where(x > c, c, x): a clamp of x written out
             kept = sides[0] if number_value(when_false) is not None else sides[1]
             return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
+        if {number_value(when_true), number_value(when_false)} == {0.0, 1.0}:
+            return (Fact(role="mask"),)  # where(tokens != pad, 1, 0): the test as a 0/1 mask
         if name:
             sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
                      for side, facts in zip((True, False), sides)]
+        elif sides[0] and number_value(when_false) is not None or sides[1] and number_value(when_true) is not None:
+            # where(tokens != pad, logp, 0): a padding fill by an elementwise test, which no switch names: the
+            # tensor on the tokens kept (else each use would pair the tensor with the fill, `logp - 0`)
+            return sides[0] if number_value(when_false) is not None else sides[1]
         return tuple(dict.fromkeys(sides[0] + sides[1]))
 
     def kl_div(self, positional, keywords, node) -> tuple:

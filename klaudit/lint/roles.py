@@ -238,6 +238,16 @@ def names_reference_outputs(name: str) -> bool:
     return tensor_role(name) in (REF, REF_LOGITS)
 
 
+# a lagging copy of the policy that samples (`model_old`, `self.old_policy`, `actor_old`), not its log-probs
+_OLD_MODEL = re.compile(r"^_*(old|prev|previous|behaviou?r)_(model|policy|actor|net|lm)$|^_*(model|policy|actor|net|lm)_old$",
+                        re.IGNORECASE)
+
+
+def is_old_policy_model(path: str) -> bool:
+    """`model_old`, `self.old_policy`: a dotted path whose last part names a copy of the policy kept for sampling."""
+    return _OLD_MODEL.match(path.replace("()", "").split(".")[-1]) is not None
+
+
 def names_reference_model(name: str) -> bool:
     """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`)."""
     return is_reference_model(name) and tensor_role(name) is None

@@ -221,3 +221,45 @@ def test_two_kl_losses_under_switches_of_their_own_are_judged_apart(tmp_path):
     each = ["KL001", "KL002", "KL003", "KL003", "KL003", "KL007", "KL009"]
     found = module_codes(TWO_KL_LOSSES, tmp_path, name="losses.py", core_algos=VERL_KL_HELPERS)
     assert found == [(9, code) for code in each] + [(14, code) for code in each]
+
+
+# QuwsarOhi/NanoAgent's MLX GRPO: one helper gives each response's mean token log-prob (padding filled by an
+# elementwise `where`, the length counted by another), run on the policy, on a lagging copy of it that samples
+# (`model_old`, re-synced every few steps) and on the reference; k3 of the mean log-ratio beside a PPO ratio.
+MLX_GRPO = """\
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def response_log_probs(model, tokens, answer, pad_id):
+    log_probs = nn.log_softmax(model(tokens), axis=-1)
+    picked = mx.take_along_axis(log_probs, answer[:, :, None], axis=-1).squeeze(-1)
+    n_tokens = mx.where(answer != pad_id, 1, 0).sum(axis=-1) + 1e-8
+    picked = mx.where(answer != pad_id, picked, 0)
+    return mx.sum(picked, axis=-1) / n_tokens
+
+
+def grpo_loss(model, model_old, model_ref, tokens, answer, advantages, beta, eps, pad_id):
+    logp = response_log_probs(model, tokens, answer, pad_id)
+    old_logp = response_log_probs(model_old, tokens, answer, pad_id)
+    ratio = mx.exp(logp - old_logp)
+    surrogate = mx.minimum(ratio * advantages, mx.clip(ratio, 1 - eps, 1 + eps) * advantages)
+    ref_logp = response_log_probs(model_ref, tokens, answer, pad_id)
+    log_r = ref_logp - logp
+    kl = mx.exp(log_r) - log_r - 1
+    return -mx.mean(surrogate - beta * kl)
+"""
+
+
+def test_k3_of_the_mean_log_ratio_beside_a_ratio_to_a_lagging_copy(tmp_path):
+    """Row 18b (KL009, with KL007 for its 1/L) on samples of the lagging copy with no importance weight on the
+    KL term (row 22, KL008). Before, the copy's log-probs were read as the policy's and the padding fill as a
+    second value of every log-prob: the ratio became exp(logp - 0) and the sum matched no estimator (silent)."""
+    assert module_codes(MLX_GRPO, tmp_path) == [(21, "KL007"), (21, "KL008"), (21, "KL009")]
+
+
+def test_the_copy_of_the_policy_is_what_makes_the_samples_older(tmp_path):
+    """The same loss with the ratio taken to the policy itself (detached: one step per batch) is on-policy."""
+    same_policy = MLX_GRPO.replace("response_log_probs(model_old, tokens, answer, pad_id)",
+                                   "mx.stop_gradient(response_log_probs(model, tokens, answer, pad_id))")
+    assert module_codes(same_policy, tmp_path) == [(21, "KL007"), (21, "KL009")]
