@@ -113,7 +113,7 @@ class CallFlow(FlowState):
         """Follow a call into another module only when it can matter: KL or log-prob facts go in,
         or its name speaks of KL, log-probs or a loss (parsing other modules is the costly part)."""
         name = dotted(node.func).split(".")[-1]
-        if roles.might_contain_kl(name) or "loss" in name.lower() or "reward" in name.lower():
+        if roles.might_contain_kl(name) or roles.speaks_of_logprobs(name) or "loss" in name.lower() or "reward" in name.lower():
             return True
         return any(f.role == "tensor" and f.poly is not None and not f.poly.is_const()
                    for arg in node.args for f in self.expr(arg.value))

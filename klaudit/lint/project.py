@@ -10,7 +10,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from klaudit.lint.roles import NAMED_AGGREGATIONS, might_contain_kl
+from klaudit.lint.roles import NAMED_AGGREGATIONS, might_contain_kl, speaks_of_logprobs
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 from klaudit.lint.syntax import libcst_module
 
@@ -124,9 +124,11 @@ class Project:
     def follows(self, path: Path, name: str | None = None) -> bool:
         """Whether the analysis follows a call of `name` (any name, where None) into the module at
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
-        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it). The
+        reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it) or
+        of log-probs (`forward_logprobs`: what a KL is made of, in a trainer module with no KL words). The
         answer depends on the module and the name only, never on what was looked up before."""
-        return self._text(self.key(path)) is not None or (name is not None and names_loss_helper(name))
+        return self._text(self.key(path)) is not None or (
+            name is not None and (names_loss_helper(name) or speaks_of_logprobs(name)))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""

@@ -263,3 +263,47 @@ def test_the_copy_of_the_policy_is_what_makes_the_samples_older(tmp_path):
     same_policy = MLX_GRPO.replace("response_log_probs(model_old, tokens, answer, pad_id)",
                                    "mx.stop_gradient(response_log_probs(model, tokens, answer, pad_id))")
     assert module_codes(same_policy, tmp_path) == [(21, "KL007"), (21, "KL009")]
+
+
+# rui-liu-rl/nano-rl: the trainer module, with no KL words of its own, turns a batch into per-token log-probs
+# returned in a dataclass; the GRPO module takes them for the policy and for the frozen reference.
+TRAINER_MODULE = """\
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardOutput:
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+
+
+def forward_logprobs(model, input_ids):
+    logits = model(input_ids).logits[:, :-1]
+    picked = torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return ForwardOutput(logprobs=picked, entropy=picked)
+"""
+
+GRPO_MODULE = """\
+import torch
+
+from trainer import forward_logprobs
+
+
+def step(policy, frozen, input_ids, mask, opt):
+    with torch.no_grad():
+        anchor = forward_logprobs(frozen, input_ids).logprobs
+    current = forward_logprobs(policy, input_ids).logprobs
+    d = anchor - current
+    kl = torch.exp(d) - d - 1.0
+    loss = (kl * mask).sum() / mask.sum()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_log_prob_helper_is_followed_into_a_module_without_kl_words(tmp_path):
+    """k3 as a loss (row 3, KL002) of log-probs a helper of another module computes: followed by the helper's
+    name, as a loss helper is, though that module has no KL vocabulary (before, silent)."""
+    assert module_codes(GRPO_MODULE, tmp_path, name="grpo.py", trainer=TRAINER_MODULE) == [(12, "KL002")]
