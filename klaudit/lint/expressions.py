@@ -233,8 +233,16 @@ class ExpressionFlow(FlowState):
 
 def picked_tokens(node: cst.Subscript, base: tuple) -> tuple | None:
     """`log_probs[rows, positions, token_ids]`: vocabulary-level log-probs or logits indexed on their last axis
-    by the sampled tokens' ids, a gather (tensors.per_token_from_logits); None for any other index."""
+    by the sampled tokens' ids, a gather (tensors.per_token_from_logits); None for any other index. The ids are
+    known by their name (`log_probs[:, :, actions]`), or by an index array on every axis (`logprobs[rows, cols,
+    rollouts]`: numpy's advanced indexing, one entry per row and position, as a gather picks)."""
     last = node.slice[-1].slice if len(node.slice) > 1 else None
-    if type(last) is not cst.Index or not roles.names_token_ids(root_name(last.value)):
+    if type(last) is not cst.Index or not (roles.names_token_ids(root_name(last.value)) or _indexes_every_axis(node)):
         return None
     return per_token_from_logits({a.kind for f in base if f.poly is not None for a in f.poly.atoms()}, base)
+
+
+def _indexes_every_axis(node: cst.Subscript) -> bool:
+    """Each axis indexed by a variable or a computed array, none sliced or fixed by a literal."""
+    return all(type(element.slice) is cst.Index and type(element.slice.value) in (cst.Name, cst.Attribute, cst.Call)
+               for element in node.slice)

@@ -35,7 +35,16 @@ from klaudit.lint.calls import CallFlow
 from klaudit.lint.conditions import ConditionFlow
 from klaudit.lint.containers import ContainerFlow
 from klaudit.lint.expressions import ExpressionFlow
-from klaudit.lint.facts import Fact, Outcome, param_facts, registry_switches, replace, within_registry
+from klaudit.lint.facts import (
+    Fact,
+    Outcome,
+    as_rollout_data,
+    detach_all,
+    param_facts,
+    registry_switches,
+    replace,
+    within_registry,
+)
 from klaudit.lint.library import LibraryFlow
 from klaudit.lint.recorded import only_recorded
 from klaudit.lint.reductions import ReductionFlow
@@ -67,6 +76,10 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
         closure = closure_of(self.env)
         self.env[func.name.value] = (Fact(role="function", callee=Callee(self.module, func, self.cls, closure)),)
         env = dict(closure)
+        if self.module.differentiates_functions:
+            # MLX, JAX: the enclosing scope's arrays are constants to the loss closure that a gradient is taken of,
+            # and log-probs computed there, before it, are the rollout's
+            env = {name: as_rollout_data(detach_all(value)) for name, value in env.items()}
         env.update((param.name.value, param_facts(param)) for param in params(func))
         run = FunctionRun(self.analyzer, self.module, func, self.cls, env, record=self.record)
         run.no_grad = run.no_grad or self.no_grad

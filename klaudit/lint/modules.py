@@ -154,6 +154,13 @@ class Module:
         self._calls: dict[int, OrderedCalls] = {}  # id(function) -> its calls in order, with their loops
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
 
+    @functools.cached_property
+    def differentiates_functions(self) -> bool:
+        """Whether the module imports MLX or JAX, where a gradient is taken of a function (`nn.value_and_grad(model,
+        loss_fn)`, `jax.grad`): what a loss closure reads from the enclosing scope is a constant to it."""
+        imported = [source for source, _, _ in self.imports.values()] + [source for source, _ in self.star_imports]
+        return any(source.split(".")[0] in ("mlx", "jax") for source in imported)
+
     def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
         """klaudit.lint.update_loops.reuses_samples of one of this module's loops, read once."""
         key = id(loop)

@@ -115,7 +115,8 @@ _REF_PATTERN = re.compile(
     re.IGNORECASE,
 )
 _OLD_PATTERN = re.compile(
-    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|sampled|behaviou?r|prox|mb)_"
+    r"^(.*_)?(old|prev|previous|generation|gen|rollout|inference|vllm|sampling|sampled|behaviou?r|prox|mb"
+    r"|traj|trajs|trajectory|trajectories)_"
     r".*" + _LOGP + r".*$|^(.*_)?" + _LOGP + r"_old$",
     re.IGNORECASE,
 )

@@ -315,9 +315,11 @@ def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
 
 
 def _is_step(node: cst.CSTNode) -> bool:
-    """`optimizer.step()`: an update of the policy."""
-    return (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "step"
-            and roles.names_optimizer(last_name(node.func.value)))
+    """`optimizer.step()`, or MLX's and optax's `optimizer.update(model, grads)`: an update of the policy."""
+    if type(node) is not cst.Call or type(node.func) is not cst.Attribute:
+        return False
+    method = node.func.attr.value
+    return (method == "step" or method == "update" and bool(node.args)) and roles.names_optimizer(last_name(node.func.value))
 
 
 def _named_as_draw(node: cst.Call) -> bool:

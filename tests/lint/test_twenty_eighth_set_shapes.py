@@ -1,0 +1,96 @@
+"""Shapes of KL code met in the twenty-eighth fresh set's review.
+
+Verdicts (kl-math.md section 8): k3 = exp(ref - logp) - (ref - logp) - 1 as a loss is row 3 (KL002); trained for
+several optimizer steps on one rollout with no importance weight on the KL term it is row 22 (KL008).
+"""
+
+from __future__ import annotations
+
+from snippets import module_codes
+
+# uygarkurt/post-training-lab's PyTorch GRPO: the sampled tokens' log-probs picked from the vocabulary-level
+# log-probs by an index array on every axis (numpy's advanced indexing), then PPO epochs on one rollout.
+PICKED_BY_INDEX_ARRAYS = """\
+import torch
+
+
+def token_logprobs(model, ids, rollouts, masks):
+    logprobs = torch.log_softmax(model(ids).logits[:, :-1], dim=-1)
+    rows = torch.arange(rollouts.shape[0]).unsqueeze(-1)
+    cols = torch.arange(rollouts.shape[1]).unsqueeze(0)
+    return logprobs[rows, cols, rollouts] * masks
+
+
+def train_step(policy, frozen, optimizer, ids, rollouts, masks, old, advantage, epochs, kl_coef):
+    with torch.no_grad():
+        anchor = token_logprobs(frozen, ids, rollouts, masks)
+    for _ in range(epochs):
+        optimizer.zero_grad()
+        current = token_logprobs(policy, ids, rollouts, masks)
+        ratio = torch.exp(current - old)
+        surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 0.8, 1.2) * advantage)
+        diff = anchor - current
+        kl = torch.exp(diff) - diff - 1
+        loss = ((-surrogate + kl_coef * kl) * masks).sum() / masks.sum()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_log_probs_picked_by_an_index_array_on_every_axis(tmp_path):
+    """Before, the index arrays were not read as a gather of the sampled tokens: silent."""
+    assert module_codes(PICKED_BY_INDEX_ARRAYS, tmp_path) == [(21, "KL002"), (21, "KL008")]
+
+
+# the same trainer in MLX: the loss is a closure that nn.value_and_grad differentiates, reading the rollout's
+# log-probs and the reference's from the enclosing scope, and optimizer.update applies each step
+MLX_CLOSURE = """\
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def token_logprobs(model, ids, tokens):
+    logprobs = nn.log_softmax(model(ids)[:, :-1], axis=-1)
+    return mx.take_along_axis(logprobs, tokens[..., None], axis=-1).squeeze(-1)
+
+
+def rollout(model, prompt, n):
+    tokens = model.sample(prompt, n)
+    return tokens, token_logprobs(model, prompt, tokens)
+
+
+def train(policy, frozen, optimizer, prompts, masks, advantage, epochs, kl_coef):
+    for prompt in prompts:
+        tokens, sampled_logprobs = rollout(policy, prompt, 8)
+        anchor = token_logprobs(frozen, prompt, tokens)
+
+        def grpo_loss(model):
+            current = token_logprobs(model, prompt, tokens)
+            ratio = mx.exp(current - sampled_logprobs)
+            surrogate = mx.minimum(ratio * advantage, mx.clip(ratio, 0.8, 1.2) * advantage)
+            diff = anchor - current
+            kl = mx.exp(diff) - diff - 1
+            return ((-surrogate + kl_coef * kl) * masks).sum() / masks.sum()
+
+        loss_and_grad = nn.value_and_grad(policy, grpo_loss)
+        for _ in range(epochs):
+            loss, grads = loss_and_grad(policy)
+            optimizer.update(policy, grads)
+"""
+
+
+def test_an_mlx_loss_closure_trained_for_several_updates_on_one_rollout(tmp_path):
+    """The closure's enclosing arrays are constants to the gradient MLX takes of it, and the log-probs the rollout
+    returned are the sampling policy's: the ratio to them compares the policy with the samples' policy, which
+    `optimizer.update` in a loop of several rounds makes older (row 22). Before, they were read as the policy's own,
+    with their gradient, and `update` was no optimizer step: KL002 alone."""
+    assert module_codes(MLX_CLOSURE, tmp_path) == [(26, "KL002"), (26, "KL008")]
+
+
+def test_one_mlx_update_per_rollout_is_on_policy(tmp_path):
+    """One update per rollout: the ratio is 1 at the step and the samples are the policy's (row 3 only)."""
+    one_update = MLX_CLOSURE.replace("""        for _ in range(epochs):
+            loss, grads = loss_and_grad(policy)
+            optimizer.update(policy, grads)""", """        loss, grads = loss_and_grad(policy)
+        optimizer.update(policy, grads)""")
+    assert module_codes(one_update, tmp_path) == [(26, "KL002")]
