@@ -43,9 +43,15 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
         elif type(node) is cst.Name and roles.names_reference_model(node.value):
             return False  # the reference model run anew: on samples drawn here
         elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign) and any(
-                roles.names_reference_outputs(name) for name in bound_names(node)):
+                roles.names_reference_outputs(name) and not _converts(node, name) for name in bound_names(node)):
             return False  # the reference's log-probs computed here: for samples drawn here
     return steps
+
+
+def _converts(assign: cst.Assign | cst.AnnAssign | cst.AugAssign, name: str) -> bool:
+    """`ref_logps = ref_logps.to(device)`: the value held already, moved or cast, not computed anew."""
+    value = assign.value
+    return value is not None and any(type(node) is cst.Name and node.value == name for node in walk(value))
 
 
 def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:

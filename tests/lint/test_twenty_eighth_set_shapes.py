@@ -94,3 +94,31 @@ def test_one_mlx_update_per_rollout_is_on_policy(tmp_path):
             optimizer.update(policy, grads)""", """        loss, grads = loss_and_grad(policy)
         optimizer.update(policy, grads)""")
     assert module_codes(one_update, tmp_path) == [(26, "KL002")]
+
+
+# leo-bjpark/llm-rl-tutorial's PPO: the reference's log-probs, computed once per rollout, are moved to the policy's
+# device inside the epoch loop; the loss adds k1 summed over the response (row 16, KL001)
+MOVED_IN_THE_LOOP = """\
+import torch
+
+
+def train(policy, ref_model, optimizer, ids, labels, advantages, ppo_epochs=4):
+    with torch.no_grad():
+        ref_logps = ref_model(ids).logits.log_softmax(-1).gather(-1, labels).squeeze(-1).sum(-1)
+    for _ in range(ppo_epochs):
+        policy_logps = policy(ids).logits.log_softmax(-1).gather(-1, labels).squeeze(-1).sum(-1)
+        ref_logps = ref_logps.to(policy_logps.device)
+        loss = -(advantages * policy_logps).mean() + 0.1 * (policy_logps - ref_logps).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_reference_log_probs_moved_in_the_loop_are_not_computed_anew(tmp_path):
+    """`ref_logps = ref_logps.to(device)` computes nothing: the loop still trains four steps on one rollout (row
+    22, KL008). Before, any assignment to a reference-named value read as new samples."""
+    assert module_codes(MOVED_IN_THE_LOOP, tmp_path) == [(10, "KL001"), (10, "KL008")]
+    computed = MOVED_IN_THE_LOOP.replace("ref_logps = ref_logps.to(policy_logps.device)",
+                                         "ref_logps = ref_model(ids).logits.log_softmax(-1).gather(-1, labels).sum(-1)")
+    assert (10, "KL008") not in module_codes(computed, tmp_path)
