@@ -140,12 +140,12 @@ class Project:
             self._raw_texts[key] = text if isinstance(text, str) else None
         return self._raw_texts[key]
 
-    def may_define(self, path: Path, name: str) -> bool:
+    def may_define(self, path: Path, name: str, any_text: bool = False) -> bool:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`
         or `class name`), so that resolving a call into it is worth parsing it; a module parsed
-        already is looked up in its tree instead."""
+        already is looked up in its tree instead. `any_text`: whatever its vocabulary (a base class)."""
         key = self.key(path)
-        if not self.follows(path, name):
+        if not any_text and not self.follows(path, name):
             return False
         if key in self._modules:
             return True

@@ -25,10 +25,11 @@ class NameResolution:
     def module_at(self, path: Path) -> Module | None:
         raise NotImplementedError  # the Analyzer's: a module parsed once per worker
 
-    def resolve_class(self, module: Module, func_node: cst.CSTNode, imports: bool = True):
+    def resolve_class(self, module: Module, func_node: cst.CSTNode, imports: bool = True, base: bool = False):
         """(module, class definition) for a class of the linted tree called by name, or None.
 
-        With `imports` False only classes of `module` itself are considered."""
+        With `imports` False only classes of `module` itself are considered; `base`: the class is a base of one
+        of `module`'s, looked up in any module (parsing one that has no KL words)."""
         if not isinstance(func_node, cst.Name):
             return None
         name = func_node.value
@@ -36,9 +37,7 @@ class NameResolution:
             return module, module.classes[name][0]
         if name in module.imports and imports:
             source, attr, level = module.imports[name]
-            target = self._import(module, source, level, attr) if attr is not None else None
-            if target is not None and attr in target.classes:
-                return target, target.classes[attr][0]
+            return self._exported_class(self._import(module, source, level, attr, base), attr, base) if attr else None
         elif imports:
             target = self._star_source(module, name)
             if target is not None and name in target.classes:
@@ -53,7 +52,8 @@ class NameResolution:
         if classdef is None or depth <= 0:
             return None
         for base in classdef.bases:
-            found = self.resolve_class(module, base.value)
+            # a base class is looked up whatever its module's words: its methods run on this class's values
+            found = self.resolve_class(module, base.value, base=True)
             if found is not None:
                 hit = self.method_of(found[0], found[1].name.value, name, depth - 1)
                 if hit is not None:
@@ -125,11 +125,23 @@ class NameResolution:
             return None
         return self._exported(self._import(target, source, level, attr), attr, hops - 1)
 
-    def _import(self, module: Module, name: str, level: int, wanted: str) -> Module | None:
+    def _exported_class(self, target: Module | None, name: str, any_text: bool, hops: int = 2):
+        """(module, class definition) for class `name` defined in `target` or re-exported there from another
+        module of the tree (`from .rl_trainer import RLTrainer` in a package's __init__), else None."""
+        if target is None:
+            return None
+        if name in target.classes:
+            return target, target.classes[name][0]
+        source, attr, level = target.imports.get(name, ("", None, 0))
+        if attr is None or hops <= 0:
+            return None
+        return self._exported_class(self._import(target, source, level, attr, any_text), attr, any_text, hops - 1)
+
+    def _import(self, module: Module, name: str, level: int, wanted: str, any_text: bool = False) -> Module | None:
         """The module `name` imported by `module`, parsed only if its text may define `wanted` (the
         function or class looked up in it, or a package's __init__ re-exports it): parsing other
-        modules is the costly part."""
+        modules is the costly part. `any_text`: whatever its vocabulary."""
         path = self.project.module_path(name, module.path, level)
-        if path is None or not self.project.may_define(path, wanted):
+        if path is None or not self.project.may_define(path, wanted, any_text):
             return None
         return self.module_at(path)

@@ -122,3 +122,70 @@ def test_reference_log_probs_moved_in_the_loop_are_not_computed_anew(tmp_path):
     computed = MOVED_IN_THE_LOOP.replace("ref_logps = ref_logps.to(policy_logps.device)",
                                          "ref_logps = ref_model(ids).logits.log_softmax(-1).gather(-1, labels).sum(-1)")
     assert (10, "KL008") not in module_codes(computed, tmp_path)
+
+
+# VocenInquisitor/CS_RLHF (a safe-rlhf fork): the PPO trainer's base class, re-exported by its package's
+# __init__ from a module with no KL words, computes GAE; the subclass puts a k1 reward on each token and trains
+# the actor with a per-sequence token mean of the clipped surrogate.
+RL_TRAINER = """\
+import torch
+
+
+class RLTrainer:
+    gamma = 1.0
+    gae_lambda = 0.95
+
+    def get_advantages_and_returns(self, values, rewards, sequence_mask, start):
+        last_gae_lambda = 0.0
+        advantages_reversed = []
+        rewards = rewards * sequence_mask
+        length = rewards.size(-1)
+        for t in reversed(range(start, length)):
+            next_values = values[:, t + 1] if t < length - 1 else 0.0
+            delta = rewards[:, t] + self.gamma * next_values - values[:, t]
+            last_gae_lambda = delta + self.gamma * self.gae_lambda * last_gae_lambda
+            advantages_reversed.append(last_gae_lambda)
+        advantages = torch.stack(advantages_reversed[::-1], dim=1)
+        return advantages.detach(), advantages + values[:, start:]
+"""
+
+PPO_TRAINER = """\
+import torch
+
+from trainers import RLTrainer
+
+
+def masked_mean(x, mask):
+    return ((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()
+
+
+class PPOTrainer(RLTrainer):
+    kl_coeff = 0.02
+
+    def kl_rewards(self, reward, log_probs, ref_log_probs, end_index):
+        kl_penalty_rewards = -self.kl_coeff * (log_probs - ref_log_probs)
+        return torch.scatter_add(kl_penalty_rewards, dim=-1, index=end_index, src=reward.unsqueeze(-1))
+
+    def rl_step(self, rl_batch):
+        old_log_probs = rl_batch["log_probs"]
+        mask = rl_batch["mask"]
+        with torch.no_grad():
+            rewards = self.kl_rewards(rl_batch["reward"], old_log_probs, rl_batch["ref_log_probs"], rl_batch["end"])
+            advantages, returns = self.get_advantages_and_returns(rl_batch["values"], rewards, mask, 0)
+        log_probs = torch.log_softmax(self.actor(rl_batch["ids"]).logits, -1).gather(-1, rl_batch["next"]).squeeze(-1)
+        ratios = torch.exp(log_probs - old_log_probs)
+        surrogate = torch.minimum(advantages * ratios, advantages * torch.clamp(ratios, 0.8, 1.2))
+        loss = -masked_mean(surrogate, mask)
+        loss.backward()
+        self.optimizer.step()
+"""
+
+
+def test_gae_of_a_base_class_re_exported_from_a_module_without_kl_words(tmp_path):
+    """The k1 reward reaches the per-sequence token mean through GAE (row 21, KL007), with a per-token ratio to the
+    batch's log-probs (row 23, KL008). Before, the base class was not found (its module has no KL words, and the
+    package's __init__ only re-exports it), the batch `rl_batch` was no rollout data, and the reward went nowhere."""
+    (tmp_path / "trainers").mkdir()
+    (tmp_path / "trainers" / "__init__.py").write_text("from trainers.rl_trainer import RLTrainer\n")
+    assert module_codes(PPO_TRAINER, tmp_path, name="ppo.py", **{"trainers/rl_trainer": RL_TRAINER}) == [
+        (14, "KL007"), (14, "KL008")]
