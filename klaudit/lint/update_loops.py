@@ -127,7 +127,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not steps:
         site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
             else None
-        return site is not None and depth < 3 and steps_on_fresh_samples(site[0], methods, module, calls_of, depth + 1)
+        if site is None or depth >= 3:
+            return False
+        return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1)
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
@@ -217,12 +219,27 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
     if not found and (methods is None or anywhere):
         callers: list[cst.FunctionDef | cst.Module] = [stmt for stmt in module.body
                                                        if isinstance(stmt, cst.FunctionDef)]
+        if methods is None:  # a module function a method calls (a trainer's `step` calling `grpo_loss(...)`)
+            callers += [method for cls in module.body if isinstance(cls, cst.ClassDef)
+                        for method in _class_methods(cls).values()]
         if anywhere:
             callers.append(module)
         found = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
                  if (_calls(call, name, False) if methods is None
                      else type(call.func) is cst.Attribute and call.func.attr.value == name)]
     return found[0] if len(found) == 1 and found[0][0] is not func else None
+
+
+def _class_methods(classdef: cst.ClassDef) -> dict[str, cst.FunctionDef]:
+    return {item.name.value: item for item in classdef.body.body if isinstance(item, cst.FunctionDef)}
+
+
+def _methods_around(func: cst.FunctionDef | cst.Module, module: cst.Module) -> dict[str, cst.FunctionDef] | None:
+    """The methods of the class of `module` that defines `func`, where it is a method."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.ClassDef) and any(item is func for item in stmt.body.body):
+            return _class_methods(stmt)
+    return None
 
 
 def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.For | None:

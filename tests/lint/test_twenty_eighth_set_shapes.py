@@ -189,3 +189,41 @@ def test_gae_of_a_base_class_re_exported_from_a_module_without_kl_words(tmp_path
     (tmp_path / "trainers" / "__init__.py").write_text("from trainers.rl_trainer import RLTrainer\n")
     assert module_codes(PPO_TRAINER, tmp_path, name="ppo.py", **{"trainers/rl_trainer": RL_TRAINER}) == [
         (14, "KL007"), (14, "KL008")]
+
+
+# cblog666/MiniMind-KD's GRPO: a module-level loss with a PPO ratio, called by a trainer method that draws the
+# samples, computes the old log-probs with the same policy and takes one optimizer step
+LOSS_CALLED_BY_A_METHOD = """\
+import torch
+
+
+def grpo_loss(policy_log_probs, old_log_probs, reference_log_probs, advantages, mask, kl_beta=0.04):
+    ratio = torch.exp(policy_log_probs - old_log_probs)
+    objective = torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
+    log_ref_over_policy = reference_log_probs - policy_log_probs
+    kl = torch.exp(log_ref_over_policy) - log_ref_over_policy - 1.0
+    return ((-objective + kl_beta * kl) * mask).sum() / mask.sum()
+
+
+class Trainer:
+    def _rollout(self, records):
+        return self.policy.generate(records)
+
+    def step(self, records):
+        sequences = self._rollout(records)
+        with torch.no_grad():
+            old_log_probs = self.log_probs(self.policy, sequences)
+            reference_log_probs = self.log_probs(self.reference, sequences)
+        loss = grpo_loss(self.log_probs(self.policy, sequences), old_log_probs, reference_log_probs,
+                         self.advantages(sequences), sequences.mask)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+
+def test_a_loss_function_called_by_a_trainer_method_on_fresh_samples(tmp_path):
+    """One step per rollout: the ratio is 1 at the step, the k3 loss is row 3 only. Before, a module function's
+    callers were looked for among module functions only, so the method drawing the samples was not found and the
+    ratio read as a sign of older samples (KL008)."""
+    assert module_codes(LOSS_CALLED_BY_A_METHOD, tmp_path) == [(9, "KL002")]
