@@ -16,7 +16,9 @@ since. The KL reward, computed once per batch, then meets only the PPO token rat
 KL008), whatever the estimator; one step per batch is on-policy. Every epoch takes a step at least, so epochs
 the lint reads bound the steps from below when a batch count is computed (LLaMA-Factory's
 `batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it cannot read decide nothing.
-A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
+The policy loss is a token mean over each backward pass's responses; a pass of one response
+(`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12) divides it by that response's length
+(row 21, KL007). A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
 the defaults: the finding is reported at its `PPOTrainer(...)` call.
 """
 
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from klaudit.catalog import Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting, number, shown
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
+from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, shown
 
 NAME = "TRL PPO"
 CLASSES = ("PPOConfig",)
@@ -35,8 +37,11 @@ COEFFICIENTS = {LEGACY: "init_kl_coef", ESTIMATOR: "kl_coef"}
 LEGACY_STEPS = {"ppo_epochs": "4", "batch_size": "128", "mini_batch_size": "128"}
 ACCUMULATION = "gradient_accumulation_steps"  # the legacy update batch is mini_batch_size x this
 STEPS = {"num_ppo_epochs": "4", "num_mini_batches": "1"}
+# the responses of one backward pass, whose tokens the policy loss averages (`masked_mean` over the micro-batch):
+# one response makes that a per-response token mean, 1/L on the KL reward its advantages carry (row 21)
+MICRO_BATCH = {LEGACY: "mini_batch_size", ESTIMATOR: "per_device_train_batch_size"}
 API_KEYS = {LEGACY: (LEGACY, COEFFICIENTS[LEGACY], *LEGACY_STEPS), ESTIMATOR: (ESTIMATOR, COEFFICIENTS[ESTIMATOR], *STEPS)}
-KEYS = (LEGACY, ESTIMATOR, *COEFFICIENTS.values(), *LEGACY_STEPS, ACCUMULATION, *STEPS)
+KEYS = (LEGACY, ESTIMATOR, *COEFFICIENTS.values(), *LEGACY_STEPS, ACCUMULATION, *STEPS, MICRO_BATCH[ESTIMATOR])
 ESTIMATORS = {LEGACY: {"kl": Estimator.K1, "abs": Estimator.ABS, "mse": Estimator.K2, "full": Estimator.FULL},
               ESTIMATOR: {"k1": Estimator.K1, "k3": Estimator.K3}}
 FIXES = {"KL004": "the k1 estimate in the rewards (kl_estimator=\"k1\", or kl_penalty=\"kl\" before TRL 0.12): "
@@ -68,9 +73,11 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     if estimator is None or (coefficient is not None and number(coefficient.value or "") == 0.0):
         return None
     steps, at_least = _steps(settings, api)
+    micro = settings.get(MICRO_BATCH[api])  # only a 1 written at the call: a default elsewhere is a placeholder
+    per_response = micro is not None and not micro.origin and number(micro.value or "") == 1
     config = Config(reward=estimator, returns=Returns.TO_GO, sampling=Sampling.TOKEN_IS if steps > 1 else
-                    Sampling.ON_POLICY)
-    if estimator is Estimator.K1 and steps <= 1:
+                    Sampling.ON_POLICY, aggregation=Aggregation.SEQ_MEAN if per_response else Aggregation.SUM)
+    if estimator is Estimator.K1 and steps <= 1 and not per_response:
         return None  # k1 in the reward, on fresh samples: right
     named = [(key, value or "", settings[key])] if key is not None else []
     if coefficient is not None and coefficient.value is not None:
@@ -80,13 +87,20 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     flags = ", ".join(shown(*item) for item in named) or defaults
     if steps > 1:
         flags += f", {'at least ' if at_least else ''}{steps:g} optimizer steps per batch"
+    if per_response:
+        flags += f", {MICRO_BATCH[api]}=1 (the policy loss's token mean over one response)"
     epoch_keys = ("ppo_epochs", "num_ppo_epochs")
     one_epoch = {name for name in epoch_keys if name in settings
                  and number(settings[name].value or "") == 1}
     stale_by = next((settings[name] for name in counts if name not in one_epoch  # what makes the steps
                      and (name in epoch_keys or not at_least)), where)
     anchor = settings[key] if key is not None else where
-    return Judged(config, anchor, flags, {"KL004": anchor, "KL008": stale_by})  # the fixer edits the anchors named
+    anchors = {"KL004": anchor, "KL008": stale_by}  # the fixer edits the anchors named
+    helps = {}
+    if micro is not None and per_response:
+        anchors["KL007"] = micro
+        helps["KL007"] = more_responses_per_micro_batch(MICRO_BATCH[api])
+    return Judged(config, anchor, flags, anchors, helps)
 
 
 def _steps(settings: Mapping[str, Setting], api: str) -> tuple[float, bool]:

@@ -47,6 +47,15 @@ def _findings(tmp_path, source):
     ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_mini_batches=args.n, num_ppo_epochs=1)", []),
     ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_mini_batches=2, num_ppo_epochs=1)", ["KL008"]),
     ("from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),
+    # a micro-batch of one response: the policy loss's token mean is per response, 1/L on the KL reward (row 21)
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_ppo_epochs=1, per_device_train_batch_size=1)",
+     ["KL007"]),
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, per_device_train_batch_size=1)", ["KL007", "KL008"]),
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_ppo_epochs=1, per_device_train_batch_size=4)", []),
+    ("from trl import PPOConfig", "PPOConfig(kl_coef=0.05, num_ppo_epochs=1, per_device_train_batch_size=args.bs)",
+     []),
+    ("from trl import PPOConfig", 'PPOConfig(kl_penalty="kl", ppo_epochs=1, batch_size=1, mini_batch_size=1)',
+     ["KL007"]),  # before TRL 0.12: the mini-batch is the backward pass
 ])
 def test_the_estimator_of_the_kl_reward(tmp_path, imported, call, expected):
     assert sorted(f.code for f in _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")) == expected
