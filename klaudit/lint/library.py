@@ -101,10 +101,11 @@ class LibraryFlow(FlowState):
         return detach_all(tuple(dict.fromkeys(values)))
 
     def passed_through(self, op: Operation) -> tuple | None:
-        """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref)).
+        """A conversion or a fetch that hands its one tensor back (TensorData.from_torch(x), ray.get(ref),
+        np.asarray(x, dtype=np.float64)).
         What `ray.get(action_log_probs_ref)` fetches is named by the handle's name without its `_ref`: the
         policy's log-probs, computed remotely (no gradient), not the reference's that `_ref` would name."""
-        if len(op.node.args) == 1 and (op.name != "get" or dotted(op.node.func) == "ray.get"):
+        if len(op.positional) == 1 and (op.name != "get" or dotted(op.node.func) == "ray.get"):  # `dtype=` aside
             handle = _RAY_HANDLE.match(last_name(op.node.args[0].value)) if op.name == "get" else None
             fetched = roles.named_tensor(handle.group(1), grad=False) if handle else None
             return (tensor(fetched),) if fetched is not None else op.tensor

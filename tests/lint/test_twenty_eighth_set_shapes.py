@@ -227,3 +227,23 @@ def test_a_loss_function_called_by_a_trainer_method_on_fresh_samples(tmp_path):
     callers were looked for among module functions only, so the method drawing the samples was not found and the
     ratio read as a sign of older samples (KL008)."""
     assert module_codes(LOSS_CALLED_BY_A_METHOD, tmp_path) == [(9, "KL002")]
+
+
+# DON738110198/meddistill-opd: the tinker-style advantages of on-policy distillation, built with numpy from the
+# sampler's and the teacher's per-token log-probs, each token's own value (row 2: KL003)
+NUMPY_ADVANTAGES = """\
+import numpy as np
+
+
+def sampled_reverse_kl(student_logprobs, teacher_logprobs, coefficient):
+    student = np.asarray(student_logprobs, dtype=np.float64)
+    teacher = np.asarray(teacher_logprobs, dtype=np.float64)
+    advantages = -coefficient * (student - teacher)
+    return advantages
+"""
+
+
+def test_arrays_converted_with_a_dtype_keep_their_meaning(tmp_path):
+    """np.asarray(x, dtype=...) hands x back: before, only a call with one argument did, so the log-probs
+    were lost and the advantages held nothing."""
+    assert module_codes(NUMPY_ADVANTAGES, tmp_path) == [(7, "KL003")]
