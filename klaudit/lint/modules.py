@@ -161,11 +161,12 @@ class Module:
         imported = [source for source, _, _ in self.imports.values()] + [source for source, _ in self.star_imports]
         return any(source.split(".")[0] in ("mlx", "jax") for source in imported)
 
-    def loop_reuses_samples(self, loop: cst.For | cst.While) -> bool:
-        """klaudit.lint.update_loops.reuses_samples of one of this module's loops, read once."""
+    def loop_reuses_samples(self, loop: cst.For | cst.While, cls: str | None) -> bool:
+        """klaudit.lint.update_loops.reuses_samples of one of this module's loops (in a method of `cls`), read once."""
         key = id(loop)
         if key not in self._reused_by:
-            self._reused_by[key] = reuses_samples(loop, self.tree)
+            methods = self.classes[cls][1] if cls in self.classes else None
+            self._reused_by[key] = reuses_samples(loop, self.tree, methods)
         return self._reused_by[key]
 
     def steps_on_fresh_samples(self, func: cst.FunctionDef, cls: str | None) -> bool:

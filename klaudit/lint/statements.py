@@ -49,7 +49,7 @@ class StatementFlow(FlowState):
             reverse = isinstance(stmt, cst.For) and _runs_backwards(stmt.iter)
             elements_iterated = rows(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             reused = self.reused
-            self.reused = reused or self.module.loop_reuses_samples(stmt)
+            self.reused = reused or self.module.loop_reuses_samples(stmt, self.cls)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else

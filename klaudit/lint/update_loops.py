@@ -26,17 +26,20 @@ from klaudit.lint import roles
 from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, walk
 
 
-def reuses_samples(loop: cst.For | cst.While, module: cst.Module) -> bool:
+def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
+                   methods: dict[str, cst.FunctionDef] | None = None) -> bool:
     """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step, draws no samples and
     computes no reference log-probs: each step after the first trains on the samples of an older policy. A count
-    read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round."""
+    read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round. The
+    step may be taken by a method of the loop's class, `methods`, that the body calls (legacy TRL's
+    `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`)."""
     if not isinstance(loop, cst.For) or not _several_rounds(loop.iter, module):
         return False
     steps = False
     for node in _body_nodes(loop.body):
         if type(node) is cst.Call:
             name = last_name(node.func) or ""
-            if _is_step(node):
+            if _is_step(node) or _steps_in_method(node, methods):
                 steps = True
             elif _named_as_draw(node) or name == "next" and type(node.func) is cst.Name:
                 return False  # a generation or a rollout, or the next batch of a data iterator
@@ -52,6 +55,12 @@ def _converts(assign: cst.Assign | cst.AnnAssign | cst.AugAssign, name: str) -> 
     """`ref_logps = ref_logps.to(device)`: the value held already, moved or cast, not computed anew."""
     value = assign.value
     return value is not None and any(type(node) is cst.Name and node.value == name for node in walk(value))
+
+
+def _steps_in_method(call: cst.Call, methods: dict[str, cst.FunctionDef] | None) -> bool:
+    """`self.name(...)` of a method of `methods` that steps an optimizer itself."""
+    callee = _callee(call, methods, cst.Module(body=())) if methods is not None else None
+    return callee is not None and takes_a_step(ordered_calls(callee))
 
 
 def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
@@ -187,13 +196,13 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
     loop, each after the first on an older policy's samples (kl-math.md section 8, row 23)."""
     if takes_a_step(calls_of(func)):
         return None
-    site = _single_caller(func, methods, module, calls_of, anywhere=True)
+    site = _single_caller(func, methods, module, calls_of, anywhere=True, branches=True)
     if site is None:
         return None
     caller, index, loops = site
     calls = calls_of(caller)
     for call, around in calls[index + 1:]:
-        loop = next((loop for loop in around if loop not in loops and reuses_samples(loop, module)), None)
+        loop = next((loop for loop in around if loop not in loops and reuses_samples(loop, module, methods)), None)
         if loop is None:
             loop = _reusing_loop_of(call, methods, module)
         if loop is not None:
@@ -206,11 +215,12 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
 
 def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
                    calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls],
-                   anywhere: bool = False) -> tuple | None:
+                   anywhere: bool = False, branches: bool = False) -> tuple | None:
     """(caller, the call's index among its calls, the loops around it) where `func` is called at one place only:
     by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None.
     `anywhere`: also by the module's own code, and a method its class never calls by whatever calls it on an
-    object (`maker.make_experience(...)`)."""
+    object (`maker.make_experience(...)`). `branches`: also at several places of one caller (the branches of
+    an `if`), the first of them."""
     name = func.name.value
     found: list[tuple[cst.FunctionDef | cst.Module, int, tuple]] = []
     if methods is not None:
@@ -227,7 +237,20 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
         found = [(caller, i, loops) for caller in callers for i, (call, loops) in enumerate(calls_of(caller))
                  if (_calls(call, name, False) if methods is None
                      else type(call.func) is cst.Attribute and call.func.attr.value == name)]
+    if branches and len(found) == 2 and found[0][0] is found[1][0] and _exclusive_calls(
+            found[0][0], *(calls_of(found[0][0])[i][0] for _, i, _ in found)):
+        found = found[:1]
     return found[0] if len(found) == 1 and found[0][0] is not func else None
+
+
+def _exclusive_calls(caller: cst.FunctionDef | cst.Module, first: cst.Call, second: cst.Call) -> bool:
+    """Whether the two calls sit in the two branches of one `if` of `caller`: one of them runs."""
+    for node in walk(caller):
+        if type(node) is cst.If and node.orelse is not None:
+            body, orelse = set(map(id, walk(node.body))), set(map(id, walk(node.orelse)))
+            if id(first) in body and id(second) in orelse or id(second) in body and id(first) in orelse:
+                return True
+    return False
 
 
 def _class_methods(classdef: cst.ClassDef) -> dict[str, cst.FunctionDef]:
@@ -249,7 +272,7 @@ def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None,
     if callee is None:
         return None
     return next((node for node in _body_nodes(callee.body)
-                 if isinstance(node, cst.For) and reuses_samples(node, module)), None)
+                 if isinstance(node, cst.For) and reuses_samples(node, module, methods)), None)
 
 
 def _callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.FunctionDef | None:

@@ -247,3 +247,42 @@ def test_arrays_converted_with_a_dtype_keep_their_meaning(tmp_path):
     """np.asarray(x, dtype=...) hands x back: before, only a call with one argument did, so the log-probs
     were lost and the advantages held nothing."""
     assert module_codes(NUMPY_ADVANTAGES, tmp_path) == [(7, "KL003")]
+
+
+# MAPoRL's vendored legacy TRL PPOTrainer: step() computes the k1 rewards in one of two branches, then runs
+# ppo_epochs rounds whose optimizer step is taken in a method the loop calls
+LEGACY_PPO_STEP = """\
+import torch
+
+
+class PPOTrainer:
+    def compute_rewards(self, scores, logprobs, ref_logprobs):
+        rewards = -self.kl_ctl.value * (logprobs - ref_logprobs)
+        rewards[:, -1] += scores
+        return rewards
+
+    def train_minibatch(self, batch):
+        loss = self.loss(batch)
+        self.accelerator.backward(loss)
+        self.optimizer.step()
+
+    def step(self, queries, responses, scores):
+        with torch.no_grad():
+            logprobs = self.forward(self.model, queries, responses)
+            ref_logprobs = self.forward(self.ref_model, queries, responses)
+            if self.is_distributed:
+                rewards = self.compute_rewards(scores.float(), logprobs, ref_logprobs)
+            else:
+                rewards = self.compute_rewards(scores, logprobs, ref_logprobs)
+            batch = self.advantages(rewards, logprobs)
+        for _ in range(self.config.ppo_epochs):
+            for minibatch in batch.split(self.config.mini_batch_size):
+                self.train_minibatch(minibatch)
+"""
+
+
+def test_a_reward_computed_in_either_branch_then_trained_by_epochs_stepped_in_a_method(tmp_path):
+    """The k1 reward, computed once per step(), meets only PPO's token ratio on the later rounds (row 23, KL008).
+    Before, a step taken in a method the loop calls was no step of the loop, and a reward function called in two
+    branches had no single caller."""
+    assert module_codes(LEGACY_PPO_STEP, tmp_path) == [(6, "KL008")]
