@@ -234,15 +234,23 @@ class ExpressionFlow(FlowState):
 def picked_tokens(node: cst.Subscript, base: tuple) -> tuple | None:
     """`log_probs[rows, positions, token_ids]`: vocabulary-level log-probs or logits indexed on their last axis
     by the sampled tokens' ids, a gather (tensors.per_token_from_logits); None for any other index. The ids are
-    known by their name (`log_probs[:, :, actions]`), or by an index array on every axis (`logprobs[rows, cols,
-    rollouts]`: numpy's advanced indexing, one entry per row and position, as a gather picks)."""
+    known by their name (`log_probs[:, :, actions]`), or by an index array on each of three axes (`logprobs[rows,
+    cols, rollouts]`: numpy's advanced indexing, one entry per row and position, as a gather picks)."""
     last = node.slice[-1].slice if len(node.slice) > 1 else None
-    if type(last) is not cst.Index or not (roles.names_token_ids(root_name(last.value)) or _indexes_every_axis(node)):
+    if type(last) is not cst.Index:
         return None
-    return per_token_from_logits({a.kind for f in base if f.poly is not None for a in f.poly.atoms()}, base)
+    named = roles.names_token_ids(root_name(last.value))
+    if not named and not _indexes_every_axis(node):
+        return None
+    picked = per_token_from_logits({a.kind for f in base if f.poly is not None for a in f.poly.atoms()}, base)
+    # index arrays into per-token values (`sample_log_probs[rows, best]`) pick among them: no gather
+    return picked if picked or named else None
 
 
 def _indexes_every_axis(node: cst.Subscript) -> bool:
-    """Each axis indexed by a variable or a computed array, none sliced or fixed by a literal."""
-    return all(type(element.slice) is cst.Index and type(element.slice.value) in (cst.Name, cst.Attribute, cst.Call)
-               for element in node.slice)
+    """Rows, positions and tokens each indexed by a variable or a computed array, none sliced or fixed by a literal.
+    Two arrays may pick positions of [B, T, V] logits (`logits[rows, cells]`, still over the vocabulary): only the
+    three-axis form names a token."""
+    return len(node.slice) == 3 and all(
+        type(element.slice) is cst.Index and type(element.slice.value) in (cst.Name, cst.Attribute, cst.Call)
+        for element in node.slice)

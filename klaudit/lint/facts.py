@@ -424,7 +424,14 @@ def separate_objectives(a: Fact, b: Fact) -> bool:
     if not stored_a - stored_b or not stored_b - stored_a:
         return False
     switches_a, switches_b = {name for name, _ in a.labels}, {name for name, _ in b.labels}
-    return bool(switches_a - switches_b) and bool(switches_b - switches_a)
+    return bool(switches_a - switches_b) and bool(switches_b - switches_a) and _pathwise(a) and _pathwise(b)
+
+
+def _pathwise(fact: Fact) -> bool:
+    """A KL estimate differentiated as it is, with no reward part (a k1 reward in a policy-gradient loss beside a k3
+    loss is one configuration of one KL counted twice, row 14: those are combined)."""
+    terms = alg.terms_of(fact.poly, "loss") if fact.poly is not None else []
+    return bool(terms) and all(term.place == "loss" for term in terms)
 
 
 def logprob_kinds(value: Value) -> frozenset[AtomKind]:

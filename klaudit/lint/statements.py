@@ -50,6 +50,8 @@ class StatementFlow(FlowState):
             elements_iterated = rows(self.expr(stmt.iter)) if isinstance(stmt, cst.For) else ()
             reused = self.reused
             self.reused = reused or self.module.loop_reuses_samples(stmt, self.cls)
+            self.loop_variables.append(frozenset(node.value for node in walk(stmt.target) if type(node) is cst.Name)
+                                       if isinstance(stmt, cst.For) else frozenset())
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else
@@ -60,6 +62,7 @@ class StatementFlow(FlowState):
                 self.block(stmt.body)
                 self.reverse_loop.pop(id(stmt), None)
             self.reused = reused
+            self.loop_variables.pop()
             # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
@@ -205,8 +208,19 @@ class StatementFlow(FlowState):
         filling a zero buffer)."""
         added = self.expr(small.value)
         if any(f.poly is not None and f.poly.atoms() for f in added):
-            value = self.binary(self.expr(small.target), added, small.operator, small)
+            if self.fills_by_loop(small.target):
+                value = added  # each pass writes its own positions: the buffer holds what is written
+            else:
+                value = self.binary(self.expr(small.target), added, small.operator, small)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
+
+    def fills_by_loop(self, target: cst.Subscript) -> bool:
+        """`buffer[i, start - offset:end - offset] += chunk` inside `for start in range(...)`: positions picked by
+        the innermost loop's variable, a different part at each pass (a chunked fill of a zero buffer, ColossalChat's
+        memory_efficient_logprob), not a sum over the passes (`total[i] += kl[i, t]` over t)."""
+        innermost = self.loop_variables[-1] if self.loop_variables else frozenset()
+        return bool(innermost) and any(type(node) is cst.Name and node.value in innermost
+                                       for element in target.slice for node in walk(element))
 
     def returned(self, node: cst.BaseExpression) -> None:
         """A reward returned by a function that is not a loss goes on to be used by its caller, also as

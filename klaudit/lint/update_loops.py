@@ -295,6 +295,8 @@ def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
         callee = _callee(call, methods, module)
         if depth and callee is not None and _keeps_a_buffer(callee):
             return False  # `self.generate(...)` that hands out a buffered generation for several steps
+        if callee is not None and _samples_with_an_old_copy(callee):
+            return False  # samples of the lagging copy, not of the policy the step updates
         if _draws(call) if depth == 0 else _generates(call):
             return True
         if callee is None or depth >= 3:
@@ -379,9 +381,22 @@ def _draws(node: cst.CSTNode) -> bool:
     nor from an older copy of the policy (`sample_response(model=old_model, ...)`)."""
     if type(node) is not cst.Call or not _named_as_draw(node):
         return False
-    if any(_OLD_MODEL.match(last_name(arg.value) or "") for arg in node.args):
+    if _given_an_old_copy(node):
         return False
     return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
+
+
+def _given_an_old_copy(call: cst.Call) -> bool:
+    """A call given a copy of the policy kept for sampling (`generate(self.model_old, ...)`, `model=old_model`)."""
+    return any(type(arg.value) in (cst.Name, cst.Attribute) and roles.is_old_policy_model(dotted(arg.value))
+               for arg in call.args)
+
+
+def _samples_with_an_old_copy(func: cst.FunctionDef) -> bool:
+    """Whether `func` generates with a copy of the policy kept for sampling (MLX-GRPO's `generate_responses`, run
+    on `self.model_old`, which is synced every few updates): what it draws is an older policy's."""
+    return any(type(node) is cst.Call and _given_an_old_copy(node) and (_named_as_draw(node) or _generates(node))
+               for node in _body_nodes(func.body))
 
 
 def _calls(node: cst.Call, name: str, method: bool) -> bool:
@@ -393,9 +408,6 @@ def _calls(node: cst.Call, name: str, method: bool) -> bool:
 
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
 _GENERATION = frozenset({"generate", "generate_sequences", "sample", "rollout"})  # a model's or engine's own generation
-# a copy of the policy taken before the update loop, that samples for every step of it
-_OLD_MODEL = re.compile(r"^(old|prev|previous|behaviou?r)_(model|policy|actor|net)$|^(model|policy|actor)_old$",
-                        re.IGNORECASE)
 # a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`) draws none
 _NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report)_",
                          re.IGNORECASE)

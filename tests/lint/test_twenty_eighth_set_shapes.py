@@ -286,3 +286,129 @@ def test_a_reward_computed_in_either_branch_then_trained_by_epochs_stepped_in_a_
     Before, a step taken in a method the loop calls was no step of the loop, and a reward function called in two
     branches had no single caller."""
     assert module_codes(LEGACY_PPO_STEP, tmp_path) == [(6, "KL008")]
+
+
+# Shapes from earlier sets that this set's changes first broke, kept here with the reason each reading holds.
+
+# ColossalChat's memory_efficient_logprob fills a zero buffer chunk by chunk (`+=` at the positions of each pass)
+# with the log-probs a tensor-parallel helper of another package computes
+CHUNKED_FILL = """\
+import torch
+
+
+def memory_efficient_logprob(logits, inputs, num_action, chunk_size=2048):
+    action_log_probs = torch.zeros((logits.size(0), num_action), device=logits.device)
+    context_length = logits.size(1) - num_action
+    for i in range(action_log_probs.size(0)):
+        for start in range(context_length, logits.size(1), chunk_size):
+            end = min(start + chunk_size, logits.size(1))
+            log_probs = dist_log_prob(inputs[i : i + 1, start - 1 : end], logits[i : i + 1, start - 1 : end])
+            log_probs = log_probs.squeeze(-1)
+            action_log_probs[i, start - context_length : end - context_length] += log_probs[0]
+    return action_log_probs
+"""
+
+CHUNKED_FILL_CALLER = """\
+import torch
+
+from utils import memory_efficient_logprob
+
+
+def step(model, ref_model, inputs, num_action, beta, opt):
+    with torch.no_grad():
+        reference_action_log_probs = memory_efficient_logprob(ref_model(inputs).logits, inputs, num_action)
+    action_log_probs = memory_efficient_logprob(model(inputs).logits, inputs, num_action)
+    d = reference_action_log_probs - action_log_probs
+    loss = beta * (torch.exp(d) - d - 1).mean()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_buffer_filled_chunk_by_chunk_holds_what_is_written(tmp_path):
+    """k3 as a loss (row 3): each pass of the innermost loop writes its own positions, so the buffer holds the
+    log-probs once, not their sum over the passes the analysis runs (which read as a mixture, KL001)."""
+    assert module_codes(CHUNKED_FILL_CALLER, tmp_path, name="consumer.py", utils=CHUNKED_FILL) == [(11, "KL002")]
+
+
+# sail-sg/oat's PPO: a k1 reward in the advantages of the policy-gradient loss, and a k3 loss under its own switch
+REWARD_AND_LOSS = """\
+import torch
+
+
+def loss_fn(logps, old_logps, ref_logps, rewards, mask, beta, kl_penalty_coef):
+    if kl_penalty_coef > 0:
+        rewards = rewards - kl_penalty_coef * (old_logps - ref_logps)
+    advantages = rewards.flip(-1).cumsum(-1).flip(-1)
+    pg_loss = -(advantages * torch.exp(logps - logps.detach()) * mask).sum() / mask.sum()
+    loss = pg_loss
+    if beta > 0:
+        log_ratio = ref_logps - logps
+        reg_loss = beta * ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / mask.sum()
+        loss += reg_loss
+    return loss
+"""
+
+
+def test_a_kl_reward_and_a_kl_loss_under_switches_of_their_own_are_one_configuration(tmp_path):
+    """Both on: the KL counted twice (row 14, KL006). Two KL losses under switches of their own are two objectives
+    (the twenty-seventh set's bandit-RLVR); a reward inside a policy-gradient loss beside a KL loss is not."""
+    assert (13, "KL006") in module_codes(REWARD_AND_LOSS, tmp_path)
+
+
+# MLX-GRPO: a trainer whose responses are drawn by a lagging copy (model_old, synced every few updates), one update
+# per draw
+LAGGING_COPY_DRAWS = """\
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def log_probs_of(model, prompt, response):
+    logits = model(mx.concatenate([prompt, response]))
+    return mx.take_along_axis(nn.log_softmax(logits, axis=-1), response[:, None], axis=-1).squeeze(-1).sum()
+
+
+class Trainer:
+    def generate_responses(self, prompt):
+        responses = [generate(self.model_old, prompt) for _ in range(4)]
+        old_log_probs = mx.stack([log_probs_of(self.model_old, prompt, r) for r in responses])
+        return responses, old_log_probs
+
+    def grpo_loss(self, model, prompt, responses, advantages, old_log_probs):
+        current = mx.stack([log_probs_of(model, prompt, r) for r in responses])
+        ref = mx.stack([log_probs_of(self.ref_model, prompt, r) for r in responses])
+        ratio = mx.exp(current - old_log_probs)
+        log_ratio = ref - current
+        objective = mx.minimum(ratio * advantages, mx.clip(ratio, 0.8, 1.2) * advantages) - 0.04 * (
+            mx.exp(log_ratio) - log_ratio - 1)
+        return -mx.mean(objective)
+
+    def train_step(self, prompt, advantages):
+        responses, old_log_probs = self.generate_responses(prompt)
+
+        def loss_fn():
+            return self.grpo_loss(self.model, prompt, responses, advantages, old_log_probs)
+
+        loss, grads = nn.value_and_grad(self.model, loss_fn)()
+        self.optimizer.update(self.model, grads)
+"""
+
+
+def test_samples_drawn_by_a_lagging_copy_are_older_whatever_the_updates_per_draw(tmp_path):
+    """k3 of sequence log-ratios as a loss (row 18, KL002) on samples of the copy, with the ratio to it only (row 22,
+    KL008): one update per draw makes them fresh only where the policy itself draws them."""
+    assert module_codes(LAGGING_COPY_DRAWS, tmp_path) == [(23, "KL002"), (23, "KL008")]
+
+
+def test_two_index_arrays_into_logits_pick_positions_not_tokens(tmp_path):
+    """`logits[rows, cells]` of [B, T, V] logits is still over the vocabulary: the sampled tokens are gathered after."""
+    source = PICKED_BY_INDEX_ARRAYS.replace(
+        """    logprobs = torch.log_softmax(model(ids).logits[:, :-1], dim=-1)
+    rows = torch.arange(rollouts.shape[0]).unsqueeze(-1)
+    cols = torch.arange(rollouts.shape[1]).unsqueeze(0)
+    return logprobs[rows, cols, rollouts] * masks""",
+        """    rows = torch.arange(rollouts.shape[0]).unsqueeze(-1)
+    cols = torch.arange(rollouts.shape[1]).unsqueeze(0)
+    picked = model(ids).logits[rows, cols]
+    return torch.log_softmax(picked, dim=-1).gather(-1, rollouts.unsqueeze(-1)).squeeze(-1) * masks""")
+    assert module_codes(source, tmp_path) == [(21, "KL002"), (21, "KL008")]
