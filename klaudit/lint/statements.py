@@ -214,12 +214,12 @@ class StatementFlow(FlowState):
                 value = self.binary(self.expr(small.target), added, small.operator, small)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
 
-    def fills_by_loop(self, target: cst.Subscript) -> bool:
+    def fills_by_loop(self, target: cst.BaseAssignTargetExpression) -> bool:
         """`buffer[i, start - offset:end - offset] += chunk` inside `for start in range(...)`: positions picked by
         the innermost loop's variable, a different part at each pass (a chunked fill of a zero buffer, ColossalChat's
         memory_efficient_logprob), not a sum over the passes (`total[i] += kl[i, t]` over t)."""
         innermost = self.loop_variables[-1] if self.loop_variables else frozenset()
-        return bool(innermost) and any(type(node) is cst.Name and node.value in innermost
+        return type(target) is cst.Subscript and bool(innermost) and any(type(node) is cst.Name and node.value in innermost
                                        for element in target.slice for node in walk(element))
 
     def returned(self, node: cst.BaseExpression) -> None:
