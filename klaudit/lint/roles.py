@@ -154,8 +154,7 @@ _TOKEN_WEIGHTS = re.compile(r"^_*(loss|token|tok)_weights?$", re.IGNORECASE)
 DATA_CONTAINERS = re.compile(
     r"^(data|batch|mini_?batch|micro_?batch|mb|inputs|model_inputs|experience|exp|"
     r"rollouts?(_(data|results?|outputs?|batch|buffer))?|"
-    r"input_data|batch_data|samples?|buffer|train_data|features|payload|item|b|"
-    r"[a-z0-9]+_(batch|buffer|samples))$",  # rl_batch, grpo_batch, replay_buffer
+    r"input_data|batch_data|samples?|buffer|grpo_batch|train_data|features|payload|item|b)$",
     re.IGNORECASE,
 )
 

@@ -166,13 +166,13 @@ class PPOTrainer(RLTrainer):
         kl_penalty_rewards = -self.kl_coeff * (log_probs - ref_log_probs)
         return torch.scatter_add(kl_penalty_rewards, dim=-1, index=end_index, src=reward.unsqueeze(-1))
 
-    def rl_step(self, rl_batch):
-        old_log_probs = rl_batch["log_probs"]
-        mask = rl_batch["mask"]
+    def rl_step(self, batch):
+        old_log_probs = batch["log_probs"]
+        mask = batch["mask"]
         with torch.no_grad():
-            rewards = self.kl_rewards(rl_batch["reward"], old_log_probs, rl_batch["ref_log_probs"], rl_batch["end"])
-            advantages, returns = self.get_advantages_and_returns(rl_batch["values"], rewards, mask, 0)
-        log_probs = torch.log_softmax(self.actor(rl_batch["ids"]).logits, -1).gather(-1, rl_batch["next"]).squeeze(-1)
+            rewards = self.kl_rewards(batch["reward"], old_log_probs, batch["ref_log_probs"], batch["end"])
+            advantages, returns = self.get_advantages_and_returns(batch["values"], rewards, mask, 0)
+        log_probs = torch.log_softmax(self.actor(batch["ids"]).logits, -1).gather(-1, batch["next"]).squeeze(-1)
         ratios = torch.exp(log_probs - old_log_probs)
         surrogate = torch.minimum(advantages * ratios, advantages * torch.clamp(ratios, 0.8, 1.2))
         loss = -masked_mean(surrogate, mask)
@@ -184,7 +184,7 @@ class PPOTrainer(RLTrainer):
 def test_gae_of_a_base_class_re_exported_from_a_module_without_kl_words(tmp_path):
     """The k1 reward reaches the per-sequence token mean through GAE (row 21, KL007), with a per-token ratio to the
     batch's log-probs (row 23, KL008). Before, the base class was not found (its module has no KL words, and the
-    package's __init__ only re-exports it), the batch `rl_batch` was no rollout data, and the reward went nowhere."""
+    package's __init__ only re-exports it), and the reward went nowhere."""
     (tmp_path / "trainers").mkdir()
     (tmp_path / "trainers" / "__init__.py").write_text("from trainers.rl_trainer import RLTrainer\n")
     assert module_codes(PPO_TRAINER, tmp_path, name="ppo.py", **{"trainers/rl_trainer": RL_TRAINER}) == [
