@@ -58,9 +58,18 @@ def _converts(assign: cst.Assign | cst.AnnAssign | cst.AugAssign, name: str) -> 
 
 
 def _steps_in_method(call: cst.Call, methods: dict[str, cst.FunctionDef] | None) -> bool:
-    """`self.name(...)` of a method of `methods` that steps an optimizer itself."""
-    callee = _callee(call, methods, cst.Module(body=())) if methods is not None else None
-    return callee is not None and takes_a_step(ordered_calls(callee))
+    """`self.name(...)` of a method of `methods` that steps an optimizer and draws no samples of its own (legacy
+    TRL's `train_minibatch`, not a `train_step` that generates before it steps)."""
+    name = _attribute(call)
+    callee = methods.get(name) if methods is not None and _calls(call, name, True) else None
+    if callee is None:
+        return False
+    calls = ordered_calls(callee)
+    return takes_a_step(calls) and not any(_named_as_draw(inner) or _generates(inner) for inner, _ in calls)
+
+
+def _attribute(call: cst.Call) -> str:
+    return call.func.attr.value if type(call.func) is cst.Attribute else ""
 
 
 def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:

@@ -286,6 +286,10 @@ def test_a_reward_computed_in_either_branch_then_trained_by_epochs_stepped_in_a_
     Before, a step taken in a method the loop calls was no step of the loop, and a reward function called in two
     branches had no single caller."""
     assert module_codes(LEGACY_PPO_STEP, tmp_path) == [(6, "KL008")]
+    # a method that generates before it steps draws each round's samples itself: no round reuses the reward's
+    draws = LEGACY_PPO_STEP.replace("        loss = self.loss(batch)\n",
+                                    "        batch = self.model.generate(batch)\n        loss = self.loss(batch)\n")
+    assert module_codes(draws, tmp_path) == []
 
 
 # Shapes from earlier sets that this set's changes first broke, kept here with the reason each reading holds.
