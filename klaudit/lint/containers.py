@@ -43,11 +43,11 @@ def rows(value: tuple) -> tuple:
         if f.role == "tuple":
             out.extend(elements((f,)))
         elif f.role in ("tensor", "mask"):
-            out.append(_as_row(f))
+            out.append(as_row(f))
     return tuple(dict.fromkeys(out))
 
 
-def _as_row(fact: Fact) -> Fact:
+def as_row(fact: Fact) -> Fact:
     """One row of a mask or of a per-token tensor, marked as one sequence's; any other value as it is."""
     if fact.role == "mask" or fact.role == "tensor" and fact.poly is not None and not (fact.packed or fact.scalar) and (
             atoms := fact.poly.atoms()) and all(atom.acc not in _OF_A_SEQUENCE for atom in atoms):

@@ -19,7 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.conditions import where_false
-from klaudit.lint.containers import entry_of, rows
+from klaudit.lint.containers import as_row, entry_of, rows
 from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
@@ -31,6 +31,7 @@ from klaudit.lint.syntax import (
     is_literal_choice,
     looks_like_option,
     number_value,
+    picks_a_row,
     root_name,
     string_key,
     string_value,
@@ -157,6 +158,8 @@ class ExpressionFlow(FlowState):
                 return tuple(replace(f, text=f.text[:-1]) if f.text else replace(f, cut=f.cut + 1)
                              for f in base if f.role == "str")
             return ()
+        if any(self.batch_indices) and picks_a_row(node, frozenset().union(*self.batch_indices)):
+            return tuple(as_row(f) for f in base)
         return base
 
     def index_tuple(self, node: cst.Subscript) -> tuple | None:

@@ -297,6 +297,17 @@ def names_lengths(name: str) -> bool:
     return _LENGTHS.match(name) is not None
 
 
+# What a loop over the tokens counts to (`range(T)`, `range(seq_len)`, `range(len(rewards))`, `enumerate(tokens)`):
+# positions or per-token values, whose index picks a token, not a sequence.
+_POSITIONS = re.compile(r"^[tl]$|len|step|time|token|(^|_)pos(ition)?s?(_|$)|horizon|new_tokens|reward|value|return"
+                        r"|adv|delta|logp|logprob|(^|_)probs?$|logit|kl|mask|action|word|char", re.IGNORECASE)
+
+
+def counts_positions(name: str) -> bool:
+    """A name a loop bound over the positions of a sequence is spelled with."""
+    return _POSITIONS.search(name) is not None
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every attribute and parameter
 def is_mask_name(name: str) -> bool:
     """A mask over the response tokens, or per-token loss weights (the mask scaled by a normaliser)."""

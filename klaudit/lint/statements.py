@@ -17,7 +17,7 @@ from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import case_strings, dotted, is_no_grad_block, last_name, walk
+from klaudit.lint.syntax import case_strings, dotted, int_literal, is_no_grad_block, last_name, walk
 
 # the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
 _ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
@@ -52,6 +52,7 @@ class StatementFlow(FlowState):
             self.reused = reused or self.module.loop_reuses_samples(stmt, self.cls)
             self.loop_variables.append(frozenset(node.value for node in walk(stmt.target) if type(node) is cst.Name)
                                        if isinstance(stmt, cst.For) else frozenset())
+            self.batch_indices.append(frozenset() if reverse else _batch_index(stmt))
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else
@@ -63,6 +64,7 @@ class StatementFlow(FlowState):
                 self.reverse_loop.pop(id(stmt), None)
             self.reused = reused
             self.loop_variables.pop()
+            self.batch_indices.pop()
             # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
@@ -247,6 +249,38 @@ def _runs_backwards(iterated: cst.BaseExpression) -> bool:
     step = iterated.args[2].value if name == "range" and len(iterated.args) == 3 else None
     return (isinstance(step, cst.UnaryOperation) and isinstance(step.operator, cst.Minus)
             and isinstance(step.expression, cst.Integer))
+
+
+def _batch_index(loop: cst.For | cst.While) -> frozenset[str]:
+    """The variable of `for i in range(n)` or `for i, item in enumerate(items)` that counts the sequences of a
+    batch: what the loop counts to is not spelled as positions (`range(len(trajs))`, `range(B)`, not `range(T)`,
+    `range(x.size(1))` or `enumerate(rewards)`). It picks one sequence's row where it indexes a per-token tensor."""
+    if not isinstance(loop, cst.For) or type(loop.iter) is not cst.Call or not loop.iter.args:
+        return frozenset()
+    name, target = dotted(loop.iter.func), loop.target
+    if name == "range" and len(loop.iter.args) == 1 and type(target) is cst.Name:
+        index = target.value
+    elif name == "enumerate" and type(target) is cst.Tuple and type(first := target.elements[0].value) is cst.Name:
+        index = first.value
+    else:
+        return frozenset()
+    return frozenset() if _counts_positions(loop.iter.args[0].value) else frozenset((index,))
+
+
+def _counts_positions(bound: cst.BaseExpression) -> bool:
+    """Whether a loop bound reads as a sequence's positions: a size along an axis after the first (`x.size(1)`,
+    `x.shape[-1]`; `x.size(0)` counts the rows), else a name spelled so (`seq_len`, `len(rewards)`)."""
+    axes = [int_literal(node.args[0].value) if node.args else None for node in walk(bound)
+            if type(node) is cst.Call and last_name(node.func) == "size"]
+    axes += [int_literal(element.slice.value) if isinstance(element.slice, cst.Index) else None
+             for node in walk(bound) if type(node) is cst.Subscript and last_name(node.value) == "shape"
+             for element in node.slice]
+    if axes:
+        return any(axis != 0 for axis in axes)
+    called = {id(node.func) for node in walk(bound) if type(node) is cst.Call}  # `len`, `int`: not what is counted
+    return any(type(node) is cst.Name and id(node) not in called and roles.counts_positions(node.value)
+               or type(node) is cst.Attribute and id(node) not in called and roles.counts_positions(node.attr.value)
+               for node in walk(bound))
 
 
 def _chain_leaves(stmt: cst.If) -> bool:

@@ -274,6 +274,21 @@ def is_last_index(node: cst.Subscript) -> bool:
     return isinstance(last, cst.Index) and (int_literal(last.value) == -1 or _minus_one(last.value))
 
 
+def picks_a_row(node: cst.Subscript, indices: frozenset[str]) -> bool:
+    """`x[i]`, `x[i, start:end]` or `x[i:i + 1, :-1]`, with `i` one of the loop variables `indices` that count
+    the sequences: the first axis picked by `i`, every other axis sliced."""
+    first, rest = node.slice[0].slice, node.slice[1:]
+    if not all(isinstance(element.slice, cst.Slice) for element in rest):
+        return False
+    if isinstance(first, cst.Index):
+        return type(first.value) is cst.Name and first.value.value in indices
+    if not isinstance(first, cst.Slice):
+        return False
+    return (type(first.lower) is cst.Name and first.lower.value in indices and first.step is None
+            and type(first.upper) is cst.BinaryOperation and type(first.upper.operator) is cst.Add
+            and first.upper.left.deep_equals(first.lower) and int_literal(first.upper.right) == 1)
+
+
 def names_last_position(index: cst.CSTNode) -> bool:
     """A gather index spelled as the last position: `lengths - 1`, `last_idx`, `(n - 1).unsqueeze(-1)`."""
     while isinstance(index, cst.Call) and isinstance(index.func, cst.Attribute):
