@@ -42,6 +42,7 @@ from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project, is_installed_model
+from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast, walk
 from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
@@ -66,6 +67,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
     functions = list(module_functions(module, with_body=True))
     training = reward_training(path, source)  # framework code whose KL reward an actor elsewhere trains
+    rewards_stay = passes_rewards_through(module)
     if worth is None:
         worth = functions_worth_interpreting(path, source, project)
     if worth is None or len(worth) != len(functions):  # Python's parser does not read it as LibCST's does
@@ -78,7 +80,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         except (RecursionError, BudgetExceeded):
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
-                 if (config := config_of(fact, sink.kind, sink.trained)) is not None]
+                 if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
         paired = _paired(found)
         teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
                           and masks_by_labels(func) and samples_nowhere(source))
@@ -200,9 +202,11 @@ def _cut_in_trained_loss(fact: Fact, trained: bool) -> bool:
     return fact.severed and fact.poly is not None and (fact.poly.has_grad() or fact.beside and trained)
 
 
-def config_of(fact: Fact, kind: SinkKind, trained: bool = True) -> Config | None:
+def config_of(fact: Fact, kind: SinkKind, trained: bool = True, rewards_stay: bool = False) -> Config | None:
     """The KL configuration of a term reaching a sink of `kind` (loss, reward, advantage), if it is one;
-    `trained`: the sink is not formed under no_grad."""
+    `trained`: the sink is not formed under no_grad; `rewards_stay`: the module's advantage estimator hands each
+    token's reward on as its advantage (registries.passes_rewards_through), else a reward is taken to reach the
+    scores as a reward-to-go."""
     if fact.poly is None:
         return None
     terms = alg.terms_of(fact.poly, "loss" if kind == "loss" else "reward")
@@ -241,7 +245,7 @@ def config_of(fact: Fact, kind: SinkKind, trained: bool = True) -> Config | None
     if fact.clamped:
         loss_est = _CLAMPABLE.get(loss_est, loss_est)
         reward_est = _CLAMPABLE.get(reward_est, reward_est)
-    if kind == "reward" and returns is Returns.LOCAL:
+    if kind == "reward" and returns is Returns.LOCAL and not rewards_stay:
         returns = Returns.TO_GO  # the reward's propagation is not visible here: assume reward-to-go
     signed = loss if kind == "loss" and loss is not None else reward
     if signed is None:

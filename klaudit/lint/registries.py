@@ -1,6 +1,7 @@
 """Registries filled by decorators: `@register_policy_loss("vanilla")` stores the function it decorates
 in a module-level dict (`POLICY_LOSS_REGISTRY[name] = func`), and `get_policy_loss_fn(mode)` returns
-`POLICY_LOSS_REGISTRY[mode]`. verl picks its policy, advantage and distillation losses so.
+`POLICY_LOSS_REGISTRY[mode]`. verl picks its policy, advantage and distillation losses so; SkyRL its
+advantage estimators (`@register_advantage_estimator("no_op")`).
 
 The dict is empty where it is written; what it holds is known from the decorators. A registry of losses
 or KL terms (its name says so) is read as the table {registered name: function}, so that a lookup with a
@@ -78,3 +79,25 @@ def _filled(func: cst.FunctionDef, dicts: set[str]) -> set[str]:
                         and target.target.value.value in dicts:
                     filled.add(target.target.value.value)
     return filled
+
+
+def passes_rewards_through(module: cst.Module) -> bool:
+    """Whether `module` registers an advantage estimator (`@register_advantage_estimator("no_op")`,
+    `@register_adv_est(...)`) that returns the token rewards it is given as the advantages: a reward the module
+    computes then reaches each token's score alone, with no sum over the later tokens (SkyRL's on-policy
+    distillation example, whose launches select it)."""
+    for func in module.body:
+        if not isinstance(func, cst.FunctionDef) or not any(_registers_advantages(d.decorator) for d in func.decorators):
+            continue
+        rewards = {param.name.value for param in func.params.params if roles.sink_of_name(param.name.value) == "reward"}
+        for node in walk(func.body):
+            if isinstance(node, cst.Return) and node.value is not None:
+                first = node.value.elements[0].value if isinstance(node.value, cst.Tuple) else node.value
+                if isinstance(first, cst.Name) and first.value in rewards:
+                    return True
+    return False
+
+
+def _registers_advantages(decorator: cst.BaseExpression) -> bool:
+    name = dotted(decorator.func if isinstance(decorator, cst.Call) else decorator).split(".")[-1].lower()
+    return name.startswith("register") and "adv" in name
