@@ -22,6 +22,7 @@ from klaudit.lint.callables import Callee, callees_among
 from klaudit.lint.facts import (
     Fact,
     compatible,
+    logits_of_the_reference,
     loss_part,
     merge_labels,
     of_the_old_policy,
@@ -202,6 +203,8 @@ class CallFlow(FlowState):
         returns = _as_the_callers(outcome.returns, handed_on)
         if self.runs_the_reference(func, positional, keywords):
             returns = of_the_reference(returns)
+        elif self.computes_the_references_logits(func, positional, keywords):
+            returns = logits_of_the_reference(returns)
         elif self.runs_the_old_policy(func, positional, keywords):
             returns = of_the_old_policy(returns)
         if module is self.module:
@@ -223,6 +226,13 @@ class CallFlow(FlowState):
         model = any(type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg)) for arg in given)
         return model and not any(f.role == "tensor" and f.poly is not None and f.poly.atoms() and {
             a.kind for a in f.poly.atoms()} <= _POLICY_OUTPUTS for arg in given for f in self.expr(arg))
+
+    @staticmethod
+    def computes_the_references_logits(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
+        """A helper named for raw logits given the reference model (`model_all_logits(self.ref, seqs)`)."""
+        return "logit" in func.name.value.lower() and any(
+            type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg))
+            for arg in [*positional, *keywords.values()])
 
     @staticmethod
     def runs_the_old_policy(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:

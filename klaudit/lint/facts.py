@@ -464,6 +464,9 @@ def rename_logprobs(value: Value, name: str, data: bool) -> Value:
 # the reference model. Raw logits are left alone: a difference of raw logits is no KL estimate (a logit MSE).
 _TO_REFERENCE: dict[AtomKind, AtomKind] = {
     alg.POLICY: alg.REF, alg.VOCAB_POLICY: alg.VOCAB_REF, alg.VOCAB_PROB: alg.VOCAB_REF_PROB, alg.PROB: alg.REF_PROB}
+# ... and the reference's raw logits, for a helper of the whole logits run on the reference model
+# (`logits_r = model_all_logits(self.ref, seqs)`): turned into log-probs later, they are the reference's
+_LOGITS_TO_REFERENCE: dict[AtomKind, AtomKind] = {alg.LOGITS: alg.REF_LOGITS}
 # ... and the old policy's, for a helper run on a lagging copy of the policy (`logps(model_old, seq)`)
 _TO_OLD: dict[AtomKind, AtomKind] = {alg.POLICY: alg.OLD, alg.PROB: alg.OLD_PROB}
 
@@ -475,6 +478,12 @@ def of_the_reference(value: Value) -> Value:
     gradient. Left as it is where a value holds anything else (a KL already, the
     old policy's log-probs), or inside tuples and dicts holding such a value."""
     return _of_another_model(value, _TO_REFERENCE)
+
+
+def logits_of_the_reference(value: Value) -> Value:
+    """A helper's returned raw logits, every entry of the vocabulary, as the reference model's where it was run on
+    that model; a value holding anything else (logits picked at some tokens, log-probs) is left as it is."""
+    return _of_another_model(value, _LOGITS_TO_REFERENCE)
 
 
 def of_the_old_policy(value: Value) -> Value:

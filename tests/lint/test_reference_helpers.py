@@ -165,3 +165,41 @@ def test_lp_before_the_side_is_the_sampled_tokens_log_prob(name, pair):
     from klaudit.lint.roles import names_pair_logprobs
 
     assert names_pair_logprobs(name) is pair
+
+
+CHUNKED_LOGITS = """\
+    import torch
+
+
+    def model_all_logits(model, seqs, micro_batch):
+        chunks = []
+        for start in range(0, seqs.size(0), micro_batch):
+            chunks.append(model(seqs[start:start + micro_batch]).logits)
+        return torch.cat(chunks, dim=0)
+
+
+    def token_logprobs_from_logits(logits, seqs):
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        return logp.gather(-1, seqs[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+    class Trainer:
+        def step(self, seqs, mask):
+            lp_a = token_logprobs_from_logits(model_all_logits(self.actor, seqs, 4), seqs)
+            with torch.no_grad():
+                lp_r = token_logprobs_from_logits(model_all_logits(self.ref, seqs, 4), seqs)
+            lr = lp_r - lp_a
+            k3 = torch.exp(lr) - lr - 1
+            loss = (k3 * mask).sum() / mask.sum()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+"""
+
+
+def test_a_helper_of_the_whole_logits_run_on_the_reference_gives_the_references_logits(tmp_path):
+    """zu-zi/LLM-RL's `model_all_logits(self.ref, seqs)`: a micro-batched forward whose chunks a list holds, then
+    log-probs taken by another helper. Before, the list dropped the logits and the helper's result stayed the
+    policy's: lp_r - lp_a read as 0, silent. Now the k3 between the two is a loss (row 3)."""
+    assert module_codes(CHUNKED_LOGITS, tmp_path) == [(23, "KL002")]
+
