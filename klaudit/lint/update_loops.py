@@ -235,6 +235,8 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
     if methods is not None:
         found = [(caller, i, loops) for caller in methods.values() for i, (call, loops) in enumerate(calls_of(caller))
                  if _calls(call, name, True)]
+        if not found:
+            found = [site for caller in methods.values() for site in _calls_in_closures(caller, name, calls_of)]
     if not found and (methods is None or anywhere):
         callers: list[cst.FunctionDef | cst.Module] = [stmt for stmt in module.body
                                                        if isinstance(stmt, cst.FunctionDef)]
@@ -250,6 +252,22 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
             found[0][0], *(calls_of(found[0][0])[i][0] for _, i, _ in found)):
         found = found[:1]
     return found[0] if len(found) == 1 and found[0][0] is not func else None
+
+
+def _calls_in_closures(caller: cst.FunctionDef, name: str,
+                       calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> list[tuple]:
+    """(caller, index, loops) where a function `caller` defines calls the method `name` (`def loss_fn(model): ...
+    self._grpo_loss(...)`, differentiated by `value_and_grad(loss_fn)`): the call runs where `caller` first uses
+    that function, at that call's index among its own calls."""
+    sites = []
+    for inner in walk(caller.body):
+        if type(inner) is not cst.FunctionDef or not any(_calls(call, name, True) for call, _ in calls_of(inner)):
+            continue
+        uses = [(i, loops) for i, (call, loops) in enumerate(calls_of(caller))
+                if any(type(node) is cst.Name and node.value == inner.name.value for node in walk(call))]
+        if uses:
+            sites.append((caller, *uses[0]))
+    return sites
 
 
 def _exclusive_calls(caller: cst.FunctionDef | cst.Module, first: cst.Call, second: cst.Call) -> bool:
@@ -410,8 +428,9 @@ def _samples_with_an_old_copy(func: cst.FunctionDef) -> bool:
 
 def _calls(node: cst.Call, name: str, method: bool) -> bool:
     """A call of the function `name`: `self.name(...)` for a method, `name(...)` for a function."""
-    if method:
-        return type(node.func) is cst.Attribute and node.func.attr.value == name and dotted(node.func.value) == "self"
+    if method:  # on the instance, or on the class (`cls._loss(...)`, `GRPOTrainer._loss(...)` of a static method)
+        return type(node.func) is cst.Attribute and node.func.attr.value == name and (
+            dotted(node.func.value) in ("self", "cls") or type(node.func.value) is cst.Name and node.func.value.value[:1].isupper())
     return type(node.func) is cst.Name and node.func.value == name
 
 

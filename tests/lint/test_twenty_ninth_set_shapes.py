@@ -1,0 +1,72 @@
+"""Shapes of KL code met in the twenty-ninth fresh set's review.
+
+Verdicts (kl-math.md section 8): exp(logp - ref) - 1 - (logp - ref) as a loss is k3 with the ratio the wrong way
+round (row 5b, KL009); trained for several optimizer steps on one rollout with no importance weight on the KL term
+it is row 22 (KL008).
+"""
+
+from __future__ import annotations
+
+from snippets import module_codes
+
+# ainaomotayo/nanochat-jax's GRPO (Flax NNX): train_step generates, takes the old and the reference log-probs, then
+# calls a jitted static method whose loss closure calls the static GRPO loss and whose single optimizer.update is
+# the one step on those samples
+NNX_CLOSURE = """\
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class GRPOTrainer:
+    @staticmethod
+    def _grpo_loss(policy_log_probs, old_log_probs, ref_log_probs, advantages, mask, kl_beta):
+        ratio = jnp.exp(policy_log_probs - old_log_probs)
+        policy_loss = -(jnp.minimum(ratio * advantages, jnp.clip(ratio, 0.8, 1.2) * advantages) * mask).sum()
+        log_ratio_kl = policy_log_probs - ref_log_probs
+        kl = ((jnp.exp(log_ratio_kl) - 1.0 - log_ratio_kl) * mask).sum()
+        total_loss = (policy_loss + kl_beta * kl) / mask.sum()
+        return total_loss
+
+    def train_step(self, prompts):
+        input_ids, mask, advantages = self.engine.generate(prompts)
+        old_log_probs = jax.lax.stop_gradient(self._compute_log_probs(self.policy_model, input_ids))
+        ref_log_probs = jax.lax.stop_gradient(self._compute_log_probs(self.ref_model, input_ids))
+        return self._update_step(self.policy_model, self.optimizer, input_ids, old_log_probs, ref_log_probs,
+                                 advantages, mask, self.kl_beta)
+
+    @staticmethod
+    def _compute_log_probs(model, input_ids):
+        logits = model(input_ids)
+        log_probs_all = jax.nn.log_softmax(logits[:, :-1, :], axis=-1)
+        return jnp.take_along_axis(log_probs_all, input_ids[:, 1:, None], axis=-1)[:, :, 0]
+
+    @staticmethod
+    @nnx.jit
+    def _update_step(model, optimizer, input_ids, old_log_probs, ref_log_probs, advantages, mask, kl_beta):
+        def loss_fn(model):
+            logits = model(input_ids)
+            log_probs_all = jax.nn.log_softmax(logits[:, :-1, :], axis=-1)
+            policy_log_probs = jnp.take_along_axis(log_probs_all, input_ids[:, 1:, None], axis=-1)[:, :, 0]
+            return GRPOTrainer._grpo_loss(policy_log_probs, old_log_probs, ref_log_probs, advantages, mask, kl_beta)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+"""
+
+
+def test_a_loss_called_from_the_closure_of_the_one_update_per_rollout_is_on_policy(tmp_path):
+    """The loss's single caller is a closure of `_update_step`, whose one update follows the draw in `train_step`:
+    the ratio to the old log-probs is 1 at the step. Before, the closure's call was not seen (nor a static method
+    called on its class), and the ratio read as older samples: KL008 beside the right KL009."""
+    assert module_codes(NNX_CLOSURE, tmp_path) == [(13, "KL009")]
+
+
+def test_the_same_loss_under_several_updates_per_rollout_is_off_policy(tmp_path):
+    several = NNX_CLOSURE.replace("""        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)""", """        for _ in range(4):
+            loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)""")
+    assert module_codes(several, tmp_path) == [(13, "KL008"), (13, "KL009")]
+
