@@ -22,6 +22,7 @@ from klaudit.lint.callables import Callee, callees_among
 from klaudit.lint.facts import (
     Fact,
     compatible,
+    computed_without_grad,
     logits_of_the_reference,
     loss_part,
     merge_labels,
@@ -34,7 +35,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
-from klaudit.lint.syntax import bound_names, dotted, last_name, params, string_value
+from klaudit.lint.syntax import bound_names, decorated_no_grad, dotted, last_name, params, string_value
 
 _BUILTINS = frozenset(dir(builtins))  # len(v), sum(v), isinstance(...): Python's own, which use nothing
 
@@ -207,6 +208,8 @@ class CallFlow(FlowState):
             returns = logits_of_the_reference(returns)
         elif self.runs_the_old_policy(func, positional, keywords):
             returns = of_the_old_policy(returns)
+        if decorated_no_grad(func) and not self.no_grad:
+            returns = computed_without_grad(returns)
         if module is self.module:
             return returns
         return self.entering_here(returns, entered)

@@ -129,10 +129,13 @@ def _trained_later(mod: Module, function: tuple[cst.FunctionDef, str | None], co
 
 def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
     """A KL term added without its gradient (row 1c) whose estimate also reaches a loss or a reward that uses it
-    (the same origin) is a copy kept for the log (`metrics["actor/kl_loss"] += kl_loss.detach().item()`), not
-    the KL term of the training."""
-    used = {id(c.fact.origin) for c in candidates if c.fact.origin is not None and not without_gradient(c.config)}
-    return [c for c in candidates if not (without_gradient(c.config) and id(c.fact.origin) in used)]
+    (the same origin) in the same function is a copy kept for the log (`metrics["actor/kl_loss"] +=
+    kl_loss.detach().item()`), not the KL term of the training. A helper's estimate that one function puts in the
+    reward and another adds to its loss detached (a KL helper decorated no_grad, called at the rollout and again
+    in the update) is two values."""
+    used = {(id(c.fact.origin), c.function) for c in candidates
+            if c.fact.origin is not None and not without_gradient(c.config)}
+    return [c for c in candidates if not (without_gradient(c.config) and (id(c.fact.origin), c.function) in used)]
 
 
 def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:

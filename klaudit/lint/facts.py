@@ -519,6 +519,18 @@ def reference_kinds(value: Value) -> frozenset[AtomKind]:
                      if a.kind in _TO_REFERENCE.values())
 
 
+# what no gradient ever flows through: the reference's and the behaviour policy's tensors
+_WITHOUT_GRADIENT = frozenset({alg.REF, alg.REF_PROB, alg.VOCAB_REF, alg.VOCAB_REF_PROB, alg.REF_LOGITS, alg.OLD,
+                               alg.OLD_PROB})
+
+
+def computed_without_grad(value: Value) -> Value:
+    """What a function decorated `@torch.no_grad()` returns to a caller that takes gradients: each tensor made of
+    the policy's outputs would have had a gradient but for the decorator, and is marked as cut (row 1c)."""
+    return tuple(replace(f, severed=True) if f.role == "tensor" and f.poly is not None and any(
+        a.kind not in _WITHOUT_GRADIENT for a in f.poly.atoms()) else f for f in value)
+
+
 def detach_all(value: Value) -> Value:
     """Each fact without gradient; one that had a gradient is marked as cut (a tensor read as data is not)."""
     return tuple(replace(f, poly=alg.detach(f.poly), severed=f.severed or f.poly.has_grad()) if f.poly is not None

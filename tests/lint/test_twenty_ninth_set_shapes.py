@@ -70,3 +70,43 @@ def test_the_same_loss_under_several_updates_per_rollout_is_off_policy(tmp_path)
             optimizer.update(model, grads)""")
     assert module_codes(several, tmp_path) == [(13, "KL008"), (13, "KL009")]
 
+
+# ShashankChandgude's PPO preference trainer: one helper decorated @torch.no_grad() computes each response's exact
+# per-step KL to the reference; the rollout puts it in the return, and the update calls it again on the mini-batch
+# (picked by index_select) and adds it to the loss, where it carries no gradient (row 1c, KL001)
+NO_GRAD_HELPER = """\
+import torch
+
+
+class Trainer:
+    @torch.no_grad()
+    def _resp_token_kl_mean(self, ids):
+        logp = torch.log_softmax(self.model(ids).logits, dim=-1)
+        logq = torch.log_softmax(self.ref_model(ids).logits, dim=-1)
+        kl_tok = (logp.exp() * (logp - logq)).sum(dim=-1)
+        return kl_tok.mean(dim=-1)
+
+    def rollout(self, ids, scores):
+        kls = self._resp_token_kl_mean(ids)
+        rewards = scores - self.beta * kls
+        return rewards
+
+    def update(self, ids, old_logprobs, advantages, index):
+        mb_ids = ids.index_select(0, index)
+        mb_old = old_logprobs.index_select(0, index)
+        new_lps = self.model(mb_ids).logits.log_softmax(-1).gather(-1, mb_ids[..., None]).squeeze(-1).mean(-1)
+        kl_current = self._resp_token_kl_mean(mb_ids).mean()
+        ratios = torch.exp(new_lps - mb_old)
+        policy_loss = -(ratios * advantages.index_select(0, index)).mean()
+        policy_loss = policy_loss + self.beta * kl_current
+        self.opt.zero_grad()
+        policy_loss.backward()
+        self.opt.step()
+"""
+
+
+def test_a_kl_helper_decorated_no_grad_adds_nothing_to_the_loss(tmp_path):
+    """Before: the helper's result was made without a gradient, never cut, so no row 1c; the same helper's use in
+    the rollout's reward was taken for the training use of which the loss's was a logged copy; and index_select
+    lost the old log-probs, so the ratio hid the KL term in an unknown form. Now the loss's KL is row 1c."""
+    assert module_codes(NO_GRAD_HELPER, tmp_path) == [(14, "KL004"), (14, "KL007"), (24, "KL001")]
