@@ -136,7 +136,10 @@ _OLD_LP = re.compile(r"^(.*_)?(old|prev|previous|rollout|inference|inf|vllm|samp
                      + r"$|^" + _LP + r"_old" + _STAGE + "$", re.IGNORECASE)
 _POLICY_LP = re.compile(r"^(.*_)?(new|curr|cur|current|policy|pi|trainer|student|actor)_" + _LP
                         + r"$|^" + _LP + r"_(new|curr|cur|policy|pi)" + _STAGE + "$", re.IGNORECASE)
-_REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$", re.IGNORECASE)
+# `ref_logits`, `teacher_chunk_logits`, and with the model after (`logits_ref`, `logits_q`, `logits_r`: q is the
+# reference's distribution where p is the policy's)
+_REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$"
+                         r"|^logits_(ref|reference|base|init|sft|teacher|r|q)$", re.IGNORECASE)
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
 # a shape (`logp_BT`) or a per-token marker (dLLM-RL's `logp_old_tok`) after the name
 _SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv|toks?|tokens?)$")
@@ -145,7 +148,9 @@ _DATA_SUFFIX = re.compile(r"_(model|ref|reference|policy|chosen|rejected|sampled
 # A model whose outputs are the reference's: `self.ref_model(...)`, `ref_outputs`, `teacher(...)`, `sft_policy`.
 _REFERENCE_MODEL = re.compile(r"^_*(ref|reference|init|initial|sft|teacher|frozen)(_\w*)?$|^\w*_(ref|reference|teacher)$",
                               re.IGNORECASE)
-_POLICY_LOGITS = re.compile(r"^(.*_)?logits$", re.IGNORECASE)
+# `logits`, `new_logits`, and with the model or a part after (`logits_policy`, `logits_p`, `logits_a`, `logits_chunk`)
+_POLICY_LOGITS = re.compile(r"^(.*_)?logits(_(policy|actor|student|model|new|cur|current|pi|theta|p|a|chunk|mb|all|full))?$",
+                            re.IGNORECASE)
 _MASK = re.compile(r"mask", re.IGNORECASE)
 # per-token weights a loss is multiplied by (xtuner's `loss_weights`: the mask over a token count)
 _TOKEN_WEIGHTS = re.compile(r"^_*(loss|token|tok)_weights?$", re.IGNORECASE)

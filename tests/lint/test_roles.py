@@ -235,6 +235,11 @@ def test_switch_branches_stay_apart_and_are_labelled():
     ("lp", None), ("target_lp", None), ("old_help", None), ("gen_alpha", None),
     # and a stage after the side word (rlhf_eval_lab's lp_new_pre / lp_ref_pre, before the update)
     ("lp_new_pre", alg.POLICY), ("lp_ref_pre", alg.REF), ("lp_old_pre", alg.OLD), ("lp_newest", None),
+    # logits with the model or a part after the word (nugie-jax's logits_policy, zu-zi's logits_a / logits_r,
+    # ShashankChandgude's logits_p / logits_q, a micro-batched forward's logits_chunk)
+    ("logits_policy", alg.LOGITS), ("logits_a", alg.LOGITS), ("logits_p", alg.LOGITS), ("logits_chunk", alg.LOGITS),
+    ("logits_r", alg.REF_LOGITS), ("logits_q", alg.REF_LOGITS), ("logits_ref", alg.REF_LOGITS),
+    ("logits_processor", None), ("logits_to_keep", None), ("logits_soft_cap", None),
 ])
 def test_shape_suffixes_and_more_model_names(name, role):
     assert tensor_role(name) == role

@@ -110,3 +110,30 @@ def test_a_kl_helper_decorated_no_grad_adds_nothing_to_the_loss(tmp_path):
     the rollout's reward was taken for the training use of which the loss's was a logged copy; and index_select
     lost the old log-probs, so the ratio hid the KL term in an unknown form. Now the loss's KL is row 1c."""
     assert module_codes(NO_GRAD_HELPER, tmp_path) == [(14, "KL004"), (14, "KL007"), (24, "KL001")]
+
+
+# wisnunugroho21/nugie-jax-nemotron-3-nano's GRPO loss (JAX): the model's logits named with the model after the
+# word, then the sampled tokens' log-probs taken along the vocabulary axis; k3 to the reference as a loss (row 3)
+LOGITS_NAMED_AFTER = """\
+import jax
+import jax.numpy as jnp
+
+
+def grpo_loss(model, token_ids, masks, advantages, ref_log_probs, old_log_probs, kl_coeff=0.04):
+    logits_policy = model(token_ids[:, :-1])
+    log_pi_policy = jax.nn.log_softmax(logits_policy, axis=-1)
+    log_p_policy = jnp.take_along_axis(log_pi_policy, token_ids[:, 1:, None], axis=-1)[:, :, 0]
+    ratio = jnp.exp(log_p_policy - old_log_probs)
+    pg_loss = -jnp.minimum(ratio * advantages[:, None], jnp.clip(ratio, 0.8, 1.2) * advantages[:, None])
+    delta = ref_log_probs - log_p_policy
+    kl_pen = jnp.exp(delta) - delta - 1.0
+    total_loss = pg_loss + kl_coeff * kl_pen
+    return (total_loss * masks[:, 1:]).sum() / masks[:, 1:].sum()
+"""
+
+
+def test_logits_named_with_the_model_after_the_word_are_the_policys(tmp_path):
+    """Before, `logits_policy` named nothing the lint knew, so the model's output was unknown: silent. The ratio to
+    the old log-probs in a loss no code of the module calls is read as older samples (row 22, KL008), which the
+    project's four updates per rollout make right."""
+    assert module_codes(LOGITS_NAMED_AFTER, tmp_path) == [(13, "KL002"), (13, "KL008")]
