@@ -128,7 +128,7 @@ _POLICY_PATTERN = re.compile(
 )
 # `lp` alone is too short to mean log-probs; with a side word before or after it (`ref_lp`, `old_lp`,
 # `curr_lp`, `lp_new`, and with a stage after that: rlhf_eval_lab's `lp_new_pre`) it is the common abbreviation.
-_LP = r"lps?"
+_LP = r"((token|tok|seq)_)?lps?"  # and with what it is of between (superGPT's old_token_lps)
 _STAGE = r"(_[a-z]+)?"
 _REF_LP = re.compile(r"^(.*_)?(ref|reference|base|init|sft|teacher)_" + _LP + r"$|^" + _LP + r"_ref" + _STAGE + "$",
                      re.IGNORECASE)

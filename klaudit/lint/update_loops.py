@@ -341,8 +341,18 @@ def _keeps_a_buffer(func: cst.FunctionDef) -> bool:
 
 def _generates(call: cst.Call) -> bool:
     """`model.generate(...)`, `llm.generate(...)`, `policy.sample(...)`: a model's own generation, from the policy
-    (no older copy of it among the arguments)."""
-    return (type(call.func) is cst.Attribute and call.func.attr.value in _GENERATION and _draws(call))
+    (no older copy of it among the arguments); or a token drawn from its distribution in a hand-written decoding
+    loop (`torch.multinomial(probs, 1)`, `jax.random.categorical(key, logits)`)."""
+    return (type(call.func) is cst.Attribute and call.func.attr.value in _GENERATION and _draws(call)
+            or _samples_a_token(call))
+
+
+def _samples_a_token(call: cst.Call) -> bool:
+    """`torch.multinomial(probs, 1)`, `random.categorical(key, logits)`: a draw from a distribution its arguments
+    name as the model's (probabilities or logits), not a weighted pick of prompts or indices."""
+    return last_name(call.func) in ("multinomial", "categorical") and any(
+        re.search(r"prob|logit|softmax", text_of_node, re.IGNORECASE)
+        for arg in call.args if (text_of_node := dotted(arg.value) or last_name(arg.value)))
 
 
 def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,

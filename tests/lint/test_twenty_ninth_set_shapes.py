@@ -137,3 +137,78 @@ def test_logits_named_with_the_model_after_the_word_are_the_policys(tmp_path):
     the old log-probs in a loss no code of the module calls is read as older samples (row 22, KL008), which the
     project's four updates per rollout make right."""
     assert module_codes(LOGITS_NAMED_AFTER, tmp_path) == [(13, "KL002"), (13, "KL008")]
+
+
+
+# viralcode/superGPT's DAPO step reads the rollout's per-token log-probs back with torch.tensor(...).unsqueeze(0)
+# and adds the exact per-step KL as a loss (row 2); here its step follows in the same function, on samples drawn
+# elsewhere (row 22 too)
+TENSOR_THEN_UNSQUEEZE = """\
+import torch
+import torch.nn.functional as F
+
+
+def dapo_update(policy, ref_policy, optimizer, completions, all_log_probs, advantages, kl_coef):
+    total_loss = 0.0
+    for i in range(len(completions)):
+        logits = policy(completions[i])
+        log_probs_new = F.log_softmax(logits, dim=-1)
+        new_token_lps = log_probs_new.gather(2, completions[i].unsqueeze(-1)).squeeze(-1)
+        old_token_lps = torch.tensor(all_log_probs[i], dtype=torch.float32).unsqueeze(0)
+        ratios = torch.exp(new_token_lps - old_token_lps)
+        per_token_loss = -torch.min(ratios * advantages[i], torch.clamp(ratios, 0.8, 1.28) * advantages[i])
+        with torch.no_grad():
+            ref_logits = ref_policy(completions[i])
+        ref_lp = F.log_softmax(ref_logits, dim=-1)
+        kl_per_token = (log_probs_new.exp() * (log_probs_new - ref_lp)).sum(-1)
+        total_loss = total_loss + per_token_loss.sum() + kl_coef * kl_per_token.sum()
+    optimizer.zero_grad()
+    total_loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_method_of_what_torch_made_is_no_torch_function(tmp_path):
+    """Before, `torch.tensor(lps).unsqueeze(0)` read as `torch.unsqueeze(0)`, a zero, so the old log-probs were lost
+    and the ratio hid the KL in a form no estimator matches: KL100 alone."""
+    assert module_codes(TENSOR_THEN_UNSQUEEZE, tmp_path) == [(18, "KL003"), (18, "KL008")]
+
+
+# a hand-written decoding loop draws each token with torch.multinomial over the policy's probabilities; the caller
+# trains once on what it returns
+DECODED_BY_HAND = """\
+import torch
+import torch.nn.functional as F
+
+
+def decode_group(policy, prompt, n):
+    tokens, lps = prompt, []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = policy(tokens)[:, -1, :]
+        probs = F.softmax(logits, dim=-1)
+        token = torch.multinomial(probs, 1)
+        lps.append(F.log_softmax(logits, dim=-1).gather(1, token))
+        tokens = torch.cat([tokens, token], dim=1)
+    return tokens, torch.cat(lps, dim=1)
+
+
+def train(policy, ref_model, optimizer, prompts, advantage, beta):
+    for prompt in prompts:
+        tokens, old_logprobs = decode_group(policy, prompt, 16)
+        logprobs = F.log_softmax(policy(tokens).logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        with torch.no_grad():
+            ref_logprobs = F.log_softmax(ref_model(tokens).logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        ratio = torch.exp(logprobs - old_logprobs)
+        log_ratio = ref_logprobs - logprobs
+        loss = (-ratio * advantage + beta * (torch.exp(log_ratio) - log_ratio - 1)).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_tokens_drawn_by_multinomial_in_a_called_function_are_fresh_samples(tmp_path):
+    """One step per call of the decoding loop: the ratio to the old log-probs is 1 at the step (row 3 only).
+    Before, torch.multinomial drew nothing, so the ratio read as older samples: KL008 beside KL002."""
+    assert module_codes(DECODED_BY_HAND, tmp_path) == [(25, "KL002")]
