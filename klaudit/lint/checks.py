@@ -431,11 +431,15 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             # loss says which way it is optimised (nanochat's `opd_obj = (logp * adv).sum()`, minimised)
             config = replace(config, sign=weighed[-1].config.sign)
             rows = defects(config, best.fact.clamped)
-        if (best.fact.aggregation is None and final.fact.aggregation is not None
-                and final.config.aggregation is not config.aggregation):
-            # how the per-token term is aggregated shows only where the loss is reduced (a term that
-            # leaves the function unreduced, a reward returned to its caller, is reduced there)
-            config = replace(config, aggregation=final.config.aggregation)
+        # how the per-token term is aggregated shows only where the loss is reduced (a term that leaves the function
+        # unreduced, a reward returned to its caller, is reduced there; a per-token loss, also in its caller:
+        # torchtune's compute_per_token_quantities returns the per-token loss its caller `forward` averages per
+        # sequence)
+        reducer = final if final.fact.aggregation is not None or best.sink.kind != "loss" else next(
+            (c for c in sorted(group, key=lambda c: (c.fact.calls, c.sink.order)) if c.fact.aggregation is not None), None)
+        if (best.fact.aggregation is None and reducer is not None and reducer.fact.aggregation is not None
+                and reducer.config.aggregation is not config.aggregation):
+            config = replace(config, aggregation=reducer.config.aggregation)
             rows = defects(config, best.fact.clamped)
         trainer = training or _trained_later(analyzer.module(path, module), functions[best.function], config,
                                              best.sink.kind, module, positions)

@@ -136,8 +136,9 @@ class ContainerFlow(FlowState):
 
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
         """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
-        term into that sink. A KL term, or log-probs or logits, appended to a local list (`all_kl.append(kl)`,
-        `chunks.append(logits)` in a micro-batched forward) is held by it, and so are
+        term into that sink. A KL term appended to a local list (`all_kl.append(kl)`) is held by it (log-probs and
+        logits are not: what is made of them on each path, TRL's `selective_log_softmax` of its PPO rollout's logits,
+        is better read from the name they are given), and so are
         the KL terms a reversed loop appends (the running sums of a GAE or reward-to-go recursion,
         `advantages_reversed.append(lastgaelam)`): `torch.stack(all_kl).mean()` reads them back for the loss,
         where the PPO ratio that weighs them shows how old the samples are."""
@@ -154,7 +155,7 @@ class ContainerFlow(FlowState):
             sunk = self.sink(kind, value if method == "append" else elements(value), node)
             if method == "append" and not self.reverse_loop:
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
-        running = tuple(f for f in value if f.role == "tensor" and f.poly is not None and f.poly.atoms())
+        running = tuple(f for f in value if f.is_kl() and f.poly is not None)
         if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)

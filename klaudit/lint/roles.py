@@ -308,9 +308,14 @@ _POSITIONS = re.compile(r"^[tl]$|len|step|time|token|(^|_)pos(ition)?s?(_|$)|hor
                         r"|adv|delta|logp|logprob|(^|_)probs?$|logit|kl|mask|action|word|char", re.IGNORECASE)
 
 
+# ... or counts other parts than sequences (`range(num_chunks)`, `for layer_idx in ...`, micro-batches, epochs)
+_OTHER_PARTS = re.compile(r"chunk|block|layer|head|epoch|iter|micro|mini|shard|rank|turn|round|part|split|window"
+                          r"|node|device|gpu|worker|groups|batches", re.IGNORECASE)
+
+
 def counts_positions(name: str) -> bool:
-    """A name a loop bound over the positions of a sequence is spelled with."""
-    return _POSITIONS.search(name) is not None
+    """A name a loop over the positions of a sequence, or over parts other than sequences, is spelled with."""
+    return _POSITIONS.search(name) is not None or _OTHER_PARTS.search(name) is not None
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every attribute and parameter

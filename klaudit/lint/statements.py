@@ -253,8 +253,9 @@ def _runs_backwards(iterated: cst.BaseExpression) -> bool:
 
 def _batch_index(loop: cst.For | cst.While) -> frozenset[str]:
     """The variable of `for i in range(n)` or `for i, item in enumerate(items)` that counts the sequences of a
-    batch: what the loop counts to is not spelled as positions (`range(len(trajs))`, `range(B)`, not `range(T)`,
-    `range(x.size(1))` or `enumerate(rewards)`). It picks one sequence's row where it indexes a per-token tensor."""
+    batch: neither the variable nor what the loop counts to is spelled as positions or other parts (`range(len(trajs))`,
+    `range(B)`, not `range(T)`, `range(x.size(1))`, `enumerate(rewards)` or `for chunk_idx in range(num_chunks)`). It
+    picks one sequence's row where it indexes a per-token tensor."""
     if not isinstance(loop, cst.For) or type(loop.iter) is not cst.Call or not loop.iter.args:
         return frozenset()
     name, target = dotted(loop.iter.func), loop.target
@@ -264,7 +265,9 @@ def _batch_index(loop: cst.For | cst.While) -> frozenset[str]:
         index = first.value
     else:
         return frozenset()
-    return frozenset() if _counts_positions(loop.iter.args[0].value) else frozenset((index,))
+    if roles.counts_positions(index) or _counts_positions(loop.iter.args[0].value):
+        return frozenset()
+    return frozenset((index,))
 
 
 def _counts_positions(bound: cst.BaseExpression) -> bool:

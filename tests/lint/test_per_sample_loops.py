@@ -51,8 +51,9 @@ def test_each_sequences_row_summed_has_no_length_weight(tmp_path):
 
 
 @pytest.mark.parametrize("loop", ["i in range(seq_len)", "i in range(input_ids.size(1))", "i in reversed(range(B))",
-                                  "i, step_kl in enumerate(rewards)"])
+                                  "i, step_kl in enumerate(rewards)", "i in range(num_chunks)"])
 def test_an_index_over_the_positions_picks_no_sequence(tmp_path, loop):
-    """Time-major code: `logprobs[t]` holds every sequence's token at position t; its mean is over the batch."""
+    """Time-major code: `logprobs[t]` holds every sequence's token at position t; its mean is over the batch. A loop
+    over chunks (torchtune's chunked GRPO loss) or other parts picks no sequence either."""
     source = ROWS.format(loop=loop, row="i", reduce="mean")
     assert module_codes(source, tmp_path) == [(15, "KL002")]

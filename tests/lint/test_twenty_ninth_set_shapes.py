@@ -212,3 +212,41 @@ def test_tokens_drawn_by_multinomial_in_a_called_function_are_fresh_samples(tmp_
     """One step per call of the decoding loop: the ratio to the old log-probs is 1 at the step (row 3 only).
     Before, torch.multinomial drew nothing, so the ratio read as older samples: KL008 beside KL002."""
     assert module_codes(DECODED_BY_HAND, tmp_path) == [(25, "KL002")]
+
+
+# torchtune's chunked GRPO loss: a method returns each chunk's per-token loss unreduced; `forward`, which calls it,
+# sums each sequence's tokens over the chunks and divides by that sequence's token count (row 21 beside row 3)
+REDUCED_BY_THE_CALLER = """\
+import torch
+
+
+class GRPOWithChunkedOutputLoss(torch.nn.Module):
+    def compute_per_token_quantities(self, pi_logits_chunk, targets_chunk, ref_logprobs_chunk, advantages):
+        pi_logprobs_chunk = torch.log_softmax(pi_logits_chunk, -1).gather(-1, targets_chunk[..., None]).squeeze(-1)
+        per_token_kl = torch.exp(ref_logprobs_chunk - pi_logprobs_chunk) - (ref_logprobs_chunk - pi_logprobs_chunk) - 1
+        per_token_policy_loss = torch.exp(pi_logprobs_chunk - pi_logprobs_chunk.detach()) * advantages[:, None]
+        per_token_loss = -(per_token_policy_loss - self.kl_coeff * per_token_kl)
+        return per_token_loss, per_token_kl
+
+    def forward(self, pi_logits, targets, ref_logprobs, advantages, padding_masks):
+        num_chunks = len(pi_logits)
+        targets_chunks = targets.chunk(num_chunks, dim=1)
+        ref_logprobs_chunks = ref_logprobs.chunk(num_chunks, dim=1)
+        masks_chunks = padding_masks.chunk(num_chunks, dim=1)
+        total_loss_sum = torch.zeros(advantages.numel())
+        total_token_count = torch.zeros(advantages.numel())
+        for chunk_idx in range(num_chunks):
+            per_token_loss_chunk, _ = self.compute_per_token_quantities(
+                pi_logits[chunk_idx], targets_chunks[chunk_idx], ref_logprobs_chunks[chunk_idx], advantages)
+            total_loss_sum += (per_token_loss_chunk * masks_chunks[chunk_idx]).sum(dim=1)
+            total_token_count += masks_chunks[chunk_idx].sum(dim=1)
+        loss = (total_loss_sum / total_token_count).mean()
+        return loss
+"""
+
+
+def test_a_per_token_loss_returned_unreduced_takes_its_callers_reduction(tmp_path):
+    """The helper returns the per-token loss unreduced; the reduction that decides its weights is its caller's, a
+    per-sequence token mean. Before, the helper's return was taken for the reduction (a token sum): KL002 alone,
+    once the chunk's logits were read as the policy's."""
+    assert module_codes(REDUCED_BY_THE_CALLER, tmp_path) == [(9, "KL002"), (9, "KL007")]
