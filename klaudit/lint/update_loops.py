@@ -351,8 +351,10 @@ def _samples_a_token(call: cst.Call) -> bool:
     """`torch.multinomial(probs, 1)`, `random.categorical(key, logits)`: a draw from a distribution its arguments
     name as the model's (probabilities or logits), not a weighted pick of prompts or indices."""
     return last_name(call.func) in ("multinomial", "categorical") and any(
-        re.search(r"prob|logit|softmax", text_of_node, re.IGNORECASE)
-        for arg in call.args if (text_of_node := dotted(arg.value) or last_name(arg.value)))
+        _DISTRIBUTION.search(dotted(arg.value) or last_name(arg.value)) for arg in call.args)
+
+
+_DISTRIBUTION = re.compile(r"prob|logit|softmax", re.IGNORECASE)  # how a model's output distribution is named
 
 
 def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,
