@@ -121,6 +121,8 @@ class AssignmentFlow(FlowState):
             held = self.env.get(base, ())
             if any(f.poly is not None and f.poly.has_grad() for f in value):  # a buffer now holds a differentiable value
                 held = tuple(f for f in held if f.poly is None or not f.poly.atoms() or f.poly.has_grad())
+            # one sequence's row written at its place (`out[i, :n] = x[i, s:e]`): the buffer holds every sequence's
+            value = tuple(replace(f, row=False) if f.row else f for f in value)
             self.env[base] = tuple(dict.fromkeys(held + value))
         elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
             self.env["self." + name] = value

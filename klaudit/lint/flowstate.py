@@ -47,7 +47,8 @@ class FlowState:
         self.no_grad = decorated_no_grad(func)  # inside `torch.no_grad()`: new tensors have no gradient
         self.reverse_loop: dict[int, cst.For | cst.While] = {}  # the reversed loops being run (`for t in reversed(...)`), by id
         self.loop_variables: list[frozenset[str]] = []  # the names each `for` being run binds, innermost last
-        self.batch_indices: list[frozenset[str]] = []  # of each `for` being run, the variable counting the sequences
+        # of each `for` being run, the variable counting the sequences -> whether it picks one by itself (`x[i]`)
+        self.batch_indices: list[dict[str, bool]] = []
         self.returns: list = []
         self.sinks: list[Sink] = []
         self.waiting: dict[cst.CSTNode, Sink] = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward

@@ -25,7 +25,7 @@ from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value, walk
+from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value
 from klaudit.lint.tensors import apply_math, gather, log_sum_exp, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
@@ -335,13 +335,8 @@ def _batch_of(fact: Fact, added: bool) -> Fact:
 
 
 def _known_receiver(node: cst.Call) -> bool:
-    """A function called by name, or of a module the analysis knows (torch, numpy, ray); not a method of what such
-    a function made (`torch.tensor(x).unsqueeze(0)` is no `torch.unsqueeze(0)`)."""
-    if isinstance(node.func, cst.Name):
-        return True
-    return isinstance(node.func, cst.Attribute) and all(
-        type(part) in (cst.Name, cst.Attribute) for part in walk(node.func.value)) and (
-        dotted(node.func).split(".")[0] in PASS_THROUGH_RECEIVERS)
+    """A function called by name, or of a module the analysis knows (torch, numpy, ray)."""
+    return isinstance(node.func, cst.Name) or dotted(node.func).split(".")[0] in PASS_THROUGH_RECEIVERS
 
 
 Effect = Callable[[LibraryFlow, Operation], "tuple | None"]

@@ -52,7 +52,7 @@ class StatementFlow(FlowState):
             self.reused = reused or self.module.loop_reuses_samples(stmt, self.cls)
             self.loop_variables.append(frozenset(node.value for node in walk(stmt.target) if type(node) is cst.Name)
                                        if isinstance(stmt, cst.For) else frozenset())
-            self.batch_indices.append(frozenset() if reverse else _batch_index(stmt))
+            self.batch_indices.append({} if reverse else _batch_index(stmt))
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else
@@ -251,23 +251,25 @@ def _runs_backwards(iterated: cst.BaseExpression) -> bool:
             and isinstance(step.expression, cst.Integer))
 
 
-def _batch_index(loop: cst.For | cst.While) -> frozenset[str]:
+def _batch_index(loop: cst.For | cst.While) -> dict[str, bool]:
     """The variable of `for i in range(n)` or `for i, item in enumerate(items)` that counts the sequences of a
     batch: neither the variable nor what the loop counts to is spelled as positions or other parts (`range(len(trajs))`,
     `range(B)`, not `range(T)`, `range(x.size(1))`, `enumerate(rewards)` or `for chunk_idx in range(num_chunks)`). It
-    picks one sequence's row where it indexes a per-token tensor."""
+    picks one sequence's row where it indexes a per-token tensor's first axis with the others sliced (`x[i, :L]`,
+    `x[i:i + 1]`); alone (`x[i]`) only as the index of the items enumerated, since `range(n)` also counts the entries of
+    a list of micro-batches (open-instruct's `ref_logprobs_BT[i]`). Maps the variable to whether it does so alone."""
     if not isinstance(loop, cst.For) or type(loop.iter) is not cst.Call or not loop.iter.args:
-        return frozenset()
+        return {}
     name, target = dotted(loop.iter.func), loop.target
     if name == "range" and len(loop.iter.args) == 1 and type(target) is cst.Name:
-        index = target.value
+        index, alone = target.value, False
     elif name == "enumerate" and type(target) is cst.Tuple and type(first := target.elements[0].value) is cst.Name:
-        index = first.value
+        index, alone = first.value, True
     else:
-        return frozenset()
+        return {}
     if roles.counts_positions(index) or _counts_positions(loop.iter.args[0].value):
-        return frozenset()
-    return frozenset((index,))
+        return {}
+    return {index: alone}
 
 
 def _counts_positions(bound: cst.BaseExpression) -> bool:

@@ -8,7 +8,7 @@ import functools
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import cast
 
 import libcst as cst
@@ -274,14 +274,15 @@ def is_last_index(node: cst.Subscript) -> bool:
     return isinstance(last, cst.Index) and (int_literal(last.value) == -1 or _minus_one(last.value))
 
 
-def picks_a_row(node: cst.Subscript, indices: frozenset[str]) -> bool:
-    """`x[i]`, `x[i, start:end]` or `x[i:i + 1, :-1]`, with `i` one of the loop variables `indices` that count
-    the sequences: the first axis picked by `i`, every other axis sliced."""
+def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool]) -> bool:
+    """`x[i, start:end]`, `x[i:i + 1, :-1]` or, where `indices` says `i` picks one alone, `x[i]`, with `i` one of the
+    loop variables that count the sequences: the first axis picked by `i`, every other axis sliced."""
     first, rest = node.slice[0].slice, node.slice[1:]
     if not all(isinstance(element.slice, cst.Slice) for element in rest):
         return False
     if isinstance(first, cst.Index):
-        return type(first.value) is cst.Name and first.value.value in indices
+        return type(first.value) is cst.Name and first.value.value in indices and bool(
+            rest or indices[first.value.value])
     if not isinstance(first, cst.Slice):
         return False
     return (type(first.lower) is cst.Name and first.lower.value in indices and first.step is None

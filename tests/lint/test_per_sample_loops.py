@@ -57,3 +57,34 @@ def test_an_index_over_the_positions_picks_no_sequence(tmp_path, loop):
     over chunks (torchtune's chunked GRPO loss) or other parts picks no sequence either."""
     source = ROWS.format(loop=loop, row="i", reduce="mean")
     assert module_codes(source, tmp_path) == [(15, "KL002")]
+
+
+def test_a_counted_index_alone_may_pick_a_micro_batch(tmp_path):
+    """open-instruct's `for i in range(num_samples): ... ref_logprobs_BT[i]`: a list of packed micro-batches, each
+    averaged over its tokens (row 20). `range(n)` counts list entries as readily as sequences, so its index alone
+    picks no row; the index of the items enumerated, or one beside a slice of the tokens, does."""
+    source = ROWS.format(loop="i in range(num_samples)", row="i", reduce="mean")
+    assert module_codes(source, tmp_path) == [(15, "KL002")]
+
+
+def test_rows_written_back_into_a_buffer_are_the_whole_batch_again(tmp_path):
+    """nano-rl moves each response into a buffer (`out[i, :n] = x[i, s:e]` for every i) before GAE and a token
+    mean over the batch: the buffer holds every sequence, whose mean is no per-sequence one."""
+    source = """\
+    import torch
+
+
+    def step(model, ref_model, optimizer, ids, starts, lengths, mask, beta):
+        logprobs = model(ids).logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+        with torch.no_grad():
+            ref_logprobs = ref_model(ids).logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+        kl = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
+        local = torch.zeros_like(kl)
+        for i in range(ids.size(0)):
+            local[i, : lengths[i]] = kl[i, starts[i] : starts[i] + lengths[i]]
+        loss = beta * masked_mean(local, mask)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+    assert module_codes(source, tmp_path) == [(12, "KL002")]

@@ -140,40 +140,6 @@ def test_logits_named_with_the_model_after_the_word_are_the_policys(tmp_path):
 
 
 
-# viralcode/superGPT's DAPO step reads the rollout's per-token log-probs back with torch.tensor(...).unsqueeze(0)
-# and adds the exact per-step KL as a loss (row 2); here its step follows in the same function, on samples drawn
-# elsewhere (row 22 too)
-TENSOR_THEN_UNSQUEEZE = """\
-import torch
-import torch.nn.functional as F
-
-
-def dapo_update(policy, ref_policy, optimizer, completions, all_log_probs, advantages, kl_coef):
-    total_loss = 0.0
-    for i in range(len(completions)):
-        logits = policy(completions[i])
-        log_probs_new = F.log_softmax(logits, dim=-1)
-        new_token_lps = log_probs_new.gather(2, completions[i].unsqueeze(-1)).squeeze(-1)
-        old_token_lps = torch.tensor(all_log_probs[i], dtype=torch.float32).unsqueeze(0)
-        ratios = torch.exp(new_token_lps - old_token_lps)
-        per_token_loss = -torch.min(ratios * advantages[i], torch.clamp(ratios, 0.8, 1.28) * advantages[i])
-        with torch.no_grad():
-            ref_logits = ref_policy(completions[i])
-        ref_lp = F.log_softmax(ref_logits, dim=-1)
-        kl_per_token = (log_probs_new.exp() * (log_probs_new - ref_lp)).sum(-1)
-        total_loss = total_loss + per_token_loss.sum() + kl_coef * kl_per_token.sum()
-    optimizer.zero_grad()
-    total_loss.backward()
-    optimizer.step()
-"""
-
-
-def test_a_method_of_what_torch_made_is_no_torch_function(tmp_path):
-    """Before, `torch.tensor(lps).unsqueeze(0)` read as `torch.unsqueeze(0)`, a zero, so the old log-probs were lost
-    and the ratio hid the KL in a form no estimator matches: KL100 alone."""
-    assert module_codes(TENSOR_THEN_UNSQUEEZE, tmp_path) == [(18, "KL003"), (18, "KL008")]
-
-
 # a hand-written decoding loop draws each token with torch.multinomial over the policy's probabilities; the caller
 # trains once on what it returns
 DECODED_BY_HAND = """\
