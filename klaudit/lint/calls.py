@@ -204,9 +204,9 @@ class CallFlow(FlowState):
         returns = _as_the_callers(outcome.returns, handed_on)
         if self.runs_the_reference(func, positional, keywords):
             returns = of_the_reference(returns)
-        elif self.computes_the_references_logits(func, positional, keywords):
+        elif _computes_the_references_logits(func, positional, keywords):
             returns = logits_of_the_reference(returns)
-        elif self.runs_the_old_policy(func, positional, keywords):
+        elif _runs_the_old_policy(func, positional, keywords):
             returns = of_the_old_policy(returns)
         if decorated_no_grad(func) and not self.no_grad:
             returns = computed_without_grad(returns)
@@ -229,21 +229,6 @@ class CallFlow(FlowState):
         model = any(type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg)) for arg in given)
         return model and not any(f.role == "tensor" and f.poly is not None and f.poly.atoms() and {
             a.kind for a in f.poly.atoms()} <= _POLICY_OUTPUTS for arg in given for f in self.expr(arg))
-
-    @staticmethod
-    def computes_the_references_logits(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
-        """A helper named for raw logits given the reference model (`model_all_logits(self.ref, seqs)`)."""
-        return "logit" in func.name.value.lower() and any(
-            type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg))
-            for arg in [*positional, *keywords.values()])
-
-    @staticmethod
-    def runs_the_old_policy(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
-        """A helper named for log-probs given a lagging copy of the policy (`calculate_log_probs(model_old, ...)`):
-        its result is the behaviour policy's, the other side of a PPO ratio, whatever name it is stored under."""
-        return roles.speaks_of_logprobs(func.name.value) and any(
-            type(arg) in (cst.Name, cst.Attribute) and roles.is_old_policy_model(dotted(arg))
-            for arg in [*positional, *keywords.values()])
 
     def serves_both_models(self, func: cst.FunctionDef, given: list) -> bool:
         """A helper named for the reference (`_teacher_logp`: teacher forcing) that this module also calls with the
@@ -306,6 +291,21 @@ def _handed_in(value: tuple) -> tuple:
 
 
 _POLICY_OUTPUTS = frozenset({alg.POLICY, alg.LOGITS, alg.VOCAB_POLICY, alg.VOCAB_PROB, alg.PROB})
+
+
+def _runs_the_old_policy(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
+    """A helper named for log-probs given a lagging copy of the policy (`calculate_log_probs(model_old, ...)`):
+    its result is the behaviour policy's, the other side of a PPO ratio, whatever name it is stored under."""
+    return roles.speaks_of_logprobs(func.name.value) and any(
+        type(arg) in (cst.Name, cst.Attribute) and roles.is_old_policy_model(dotted(arg))
+        for arg in [*positional, *keywords.values()])
+
+
+def _computes_the_references_logits(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
+    """A helper named for raw logits given the reference model (`model_all_logits(self.ref, seqs)`)."""
+    return "logit" in func.name.value.lower() and any(
+        type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg))
+        for arg in [*positional, *keywords.values()])
 
 
 def _as_the_callers(value: tuple, handed_on: set[int], nested: bool = False) -> tuple:
