@@ -11,6 +11,7 @@ logs metrics uses the values it is given.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 
 import libcst as cst
 
@@ -296,16 +297,18 @@ _POLICY_OUTPUTS = frozenset({alg.POLICY, alg.LOGITS, alg.VOCAB_POLICY, alg.VOCAB
 def _runs_the_old_policy(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
     """A helper named for log-probs given a lagging copy of the policy (`calculate_log_probs(model_old, ...)`):
     its result is the behaviour policy's, the other side of a PPO ratio, whatever name it is stored under."""
-    return roles.speaks_of_logprobs(func.name.value) and any(
-        type(arg) in (cst.Name, cst.Attribute) and roles.is_old_policy_model(dotted(arg))
-        for arg in [*positional, *keywords.values()])
+    return roles.speaks_of_logprobs(func.name.value) and _given(positional, keywords, roles.is_old_policy_model)
 
 
 def _computes_the_references_logits(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
     """A helper named for raw logits given the reference model (`model_all_logits(self.ref, seqs)`)."""
-    return "logit" in func.name.value.lower() and any(
-        type(arg) in (cst.Name, cst.Attribute) and roles.is_reference_model(dotted(arg))
-        for arg in [*positional, *keywords.values()])
+    return "logit" in func.name.value.lower() and _given(positional, keywords, roles.is_reference_model)
+
+
+def _given(positional: list, keywords: dict, names_model: Callable[[str], bool]) -> bool:
+    """Whether an argument is a name or attribute path that `names_model` reads as that model."""
+    return any(type(arg) in (cst.Name, cst.Attribute) and names_model(dotted(arg))
+               for arg in [*positional, *keywords.values()])
 
 
 def _as_the_callers(value: tuple, handed_on: set[int], nested: bool = False) -> tuple:

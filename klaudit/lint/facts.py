@@ -520,8 +520,7 @@ def reference_kinds(value: Value) -> frozenset[AtomKind]:
 
 
 # what no gradient ever flows through: the reference's and the behaviour policy's tensors
-_WITHOUT_GRADIENT = frozenset({alg.REF, alg.REF_PROB, alg.VOCAB_REF, alg.VOCAB_REF_PROB, alg.REF_LOGITS, alg.OLD,
-                               alg.OLD_PROB})
+_WITHOUT_GRADIENT = frozenset(kind for kinds in (_TO_REFERENCE, _LOGITS_TO_REFERENCE, _TO_OLD) for kind in kinds.values())
 
 
 def computed_without_grad(value: Value) -> Value:

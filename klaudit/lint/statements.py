@@ -267,12 +267,12 @@ def _batch_index(loop: cst.For | cst.While) -> dict[str, bool]:
         index, alone = first.value, True
     else:
         return {}
-    if roles.counts_positions(index) or _counts_positions(loop.iter.args[0].value):
+    if roles.counts_positions(index) or _bound_counts_positions(loop.iter.args[0].value):
         return {}
     return {index: alone}
 
 
-def _counts_positions(bound: cst.BaseExpression) -> bool:
+def _bound_counts_positions(bound: cst.BaseExpression) -> bool:
     """Whether a loop bound reads as a sequence's positions: a size along an axis after the first (`x.size(1)`,
     `x.shape[-1]`; `x.size(0)` counts the rows), else a name spelled so (`seq_len`, `len(rewards)`)."""
     axes = [int_literal(node.args[0].value) if node.args else None for node in walk(bound)
