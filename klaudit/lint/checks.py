@@ -44,7 +44,7 @@ from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import python_ast, walk
+from klaudit.lint.syntax import python_ast, statement_nodes
 from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -518,7 +518,7 @@ def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.M
 def _branches(func: cst.FunctionDef, module: cst.Module, positions: _Positions) -> list[tuple[range, range]]:
     """The lines of the body and of the else branch of each `if` in `func`."""
     out = []
-    for node in walk(func):
+    for node in statement_nodes(func):
         if isinstance(node, cst.If) and node.orelse is not None:
             body, orelse = _lines(node.body, module, positions), _lines(node.orelse, module, positions)
             if body is not None and orelse is not None:

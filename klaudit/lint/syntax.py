@@ -335,7 +335,7 @@ def is_no_grad_block(stmt: cst.CSTNode) -> bool:
 
 
 def holds_no_grad_block(func: cst.FunctionDef) -> bool:
-    return any(is_no_grad_block(node) for node in walk(func.body))
+    return any(is_no_grad_block(node) for node in statement_nodes(func.body))
 
 
 def bound_names(stmt: cst.CSTNode | None) -> list[str]:
@@ -404,6 +404,21 @@ def _holds(value: object) -> str:
         held = _HOLDS[type(value)] = _NODE if isinstance(value, cst.CSTNode) else (
             _SEQUENCE if isinstance(value, (list, tuple)) else _NOTHING)
     return held
+
+
+# what a compound statement, a `def` or a `with` can sit under: never an expression or a simple statement
+_STATEMENT_PARTS = (cst.BaseSuite, cst.BaseCompoundStatement, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler,
+                    cst.Finally, cst.MatchCase)
+
+
+def statement_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and the blocks, compound statements and clauses under it (those of nested functions too), without
+    walking the expressions and simple statements `walk` would: enough to find every `def`, `with` or loop."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(child for child in child_nodes(current) if isinstance(child, _STATEMENT_PARTS))
 
 
 def walk(node: cst.CSTNode | None) -> Iterator[cst.CSTNode]:

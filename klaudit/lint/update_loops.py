@@ -23,7 +23,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from klaudit.lint import roles
-from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, walk
+from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, statement_nodes, walk
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
@@ -260,7 +260,7 @@ def _calls_in_closures(caller: cst.FunctionDef, name: str,
     self._grpo_loss(...)`, differentiated by `value_and_grad(loss_fn)`): the call runs where `caller` first uses
     that function, at that call's index among its own calls."""
     sites = []
-    for inner in walk(caller.body):
+    for inner in statement_nodes(caller.body):
         if type(inner) is not cst.FunctionDef or not any(_calls(call, name, True) for call, _ in calls_of(inner)):
             continue
         uses = [(i, loops) for i, (call, loops) in enumerate(calls_of(caller))
@@ -272,7 +272,7 @@ def _calls_in_closures(caller: cst.FunctionDef, name: str,
 
 def _exclusive_calls(caller: cst.FunctionDef | cst.Module, first: cst.Call, second: cst.Call) -> bool:
     """Whether the two calls sit in the two branches of one `if` of `caller`: one of them runs."""
-    for node in walk(caller):
+    for node in statement_nodes(caller):
         if type(node) is cst.If and node.orelse is not None:
             body, orelse = set(map(id, walk(node.body))), set(map(id, walk(node.orelse)))
             if id(first) in body and id(second) in orelse or id(second) in body and id(first) in orelse:
