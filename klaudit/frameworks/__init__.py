@@ -420,15 +420,19 @@ def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
 
 
 def _slime_launch(path: str, text: str, context: Context) -> list[Finding]:
-    """The KL flags of a script that runs slime's `train.py` or `train_async.py`: one that names slime, or of a
-    project that carries slime's package."""
+    """The KL flags of a script that runs slime's (or miles's) `train.py` or `train_async.py`: one of a project
+    that carries the package, or one that names it."""
     launches = [match for match, _ in _uncommented(slime.LAUNCH, text)]
-    if not launches or not ("slime" in text or copy_holding(path, slime.ARGUMENTS_MODULE, context.roots)):
+    if not launches:
+        return []
+    carried = [name for name, module in slime.ARGUMENTS_MODULES.items() if copy_holding(path, module, context.roots)]
+    named = carried or [name for name in slime.FORKS if name in text]
+    if not named:
         return []
     asynchronous = next((match for match in launches if match.group(1) == "train_async"), None)
     at = _setting_at(text, asynchronous, "train_async.py") if asynchronous is not None else None
     judged = slime.judge(cli_flags(text, slime.FLAGS, slime.SWITCHES), at)
-    return [] if judged is None else _findings(path, judged, slime.NAME, slime.FIXES.get)
+    return [] if judged is None else _findings(path, judged, named[0], slime.FIXES.get)
 
 
 # `uv run examples/run_grpo_math.py --config examples/configs/grpo_math_8B.yaml loss_fn.x=...` (also from

@@ -49,9 +49,10 @@ _UPDATES_ACTOR = "update_actor("  # the batch handed to the actor worker's train
 _VERL_CONFIG = "actor_rollout_ref"  # verl's config section of the actor
 _EASYR1_CONFIG = "config.worker."  # EasyR1's (`config.worker.actor`, `config.worker.rollout`)
 _ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
-# slime's advantages, KL reward included, and the policy loss that reduces them, in one module
-_SLIME_LOSS, _SLIME_REWARD, _SLIME_REDUCER = ("slime/backends/megatron_utils/loss.py",
-                                              "def compute_advantages_and_returns", "sum_of_sample_mean")
+# slime's advantages, KL reward included, and the policy loss that reduces them, in one module (miles's
+# `miles/backends/training_utils/loss.py`)
+_SLIME_LOSS = re.compile(rf"(?:^|/)({'|'.join(slime.FORKS)})/backends/\w+_utils/loss\.py$")
+_SLIME_REWARD, _SLIME_REDUCER = "def compute_advantages_and_returns", "sum_of_sample_mean"
 _OPENRLHF_MAKER, _OPENRLHF_REWARD = "openrlhf/trainer/ppo_utils/experience_maker.py", "compute_reward("
 _SKYRL_TRAINER, _SKYRL_REWARD = "skyrl/train/trainer.py", "def apply_reward_kl_penalty"
 _SKYRL_CONFIG = "skyrl/train/config/config.py"  # beside the trainer: the dataclasses that hold SkyRL's defaults
@@ -87,8 +88,9 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
         return _roll(Path(path))
     if posix.endswith(_OPENRLHF_MAKER) and _OPENRLHF_REWARD in source:
         return _openrlhf(path)
-    if posix.endswith(_SLIME_LOSS) and _SLIME_REWARD in source and _SLIME_REDUCER in source:
-        return _slime()
+    slime_loss = _SLIME_LOSS.search(posix)
+    if slime_loss is not None and _SLIME_REWARD in source and _SLIME_REDUCER in source:
+        return _slime(slime_loss.group(1))
     if posix.endswith(_SKYRL_TRAINER) and _SKYRL_REWARD in source:
         return _skyrl(Path(path))
     if _STORES_KL_REWARD not in source or _UPDATES_ACTOR not in source:
@@ -155,13 +157,13 @@ def _openrlhf(path: str) -> RewardTraining:
                           _shown("OpenRLHF", counts, _OPENRLHF_STEPS))
 
 
-def _slime() -> RewardTraining:
-    """slime's policy loss at its defaults: `sum_of_sample_mean` is each sample's token mean (row 21) unless
-    `--calculate-per-token-loss`, the batch's tokens."""
+def _slime(name: str) -> RewardTraining:
+    """slime's (or its fork `name`'s) policy loss at its defaults: `sum_of_sample_mean` is each sample's token mean
+    (row 21) unless `--calculate-per-token-loss`, the batch's tokens."""
     per_token = truthy(slime.DEFAULTS[slime.PER_TOKEN])
     aggregation = Aggregation.BATCH_MEAN if per_token else Aggregation.SEQ_MEAN
     reduction = "the batch's token mean" if per_token else "each sample's token mean (sum_of_sample_mean)"
-    return RewardTraining(1.0, aggregation, f"{slime.NAME}'s actor at its defaults: "
+    return RewardTraining(1.0, aggregation, f"{name}'s actor at its defaults: "
                                             f"{slime.PER_TOKEN}={slime.DEFAULTS[slime.PER_TOKEN]}, {reduction}")
 
 

@@ -1,6 +1,7 @@
 """slime's KL flags as catalog configurations, read from the command line of a launch script that runs its
 `train.py` or `train_async.py` (THUDM/slime: `slime/utils/arguments.py`, `slime/utils/ppo_utils.py` and
-`slime/backends/megatron_utils/loss.py` at 624b824, and the copies of earlier releases that forks carry).
+`slime/backends/megatron_utils/loss.py` at 624b824, and the copies of earlier releases that forks carry), and of
+radixark/miles, a fork of slime that keeps these flags and their defaults (`miles/utils/arguments.py`).
 
 - `--use-kl-loss` with `--kl-loss-coef` (default 0: no term) adds coef * k to the loss, k chosen by
   `--kl-loss-type`: k1 (the default; spelled `kl` in the first releases), k2, k3, or low_var_kl (k3 clamped to
@@ -26,7 +27,9 @@ from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, number, truthy
 
 NAME = "slime"
-ARGUMENTS_MODULE = "slime/utils/arguments.py"  # a project carrying slime's package runs it
+FORKS = (NAME, "miles")  # the packages that read these flags: slime's, and miles (radixark/miles)
+# a project carrying one of these packages runs it
+ARGUMENTS_MODULES = {package: f"{package}/utils/arguments.py" for package in FORKS}
 # `python3 train.py ...` or `train_async.py`, the entry points whose arguments these are
 LAUNCH = re.compile(r"(?<![\w.-])(train|train_async)\.py(?![\w.])")
 USE_LOSS, LOSS_COEF, LOSS_TYPE, UNBIASED = "use-kl-loss", "kl-loss-coef", "kl-loss-type", "use-unbiased-kl"

@@ -71,3 +71,22 @@ def test_only_a_launch_of_slime_is_read():
     assert codes("", text=text.replace("cd /root/slime\n", "")) == []
     commented = text.replace("ray job submit", "# ray job submit")
     assert codes("", text=commented) == []
+
+
+def test_a_launch_of_miles_is_read_as_slime_and_named_miles(tmp_path):
+    """radixark/miles, a fork of slime, keeps its KL flags and defaults: a launch of a project that carries
+    `miles/utils/arguments.py`, or one that names miles, gets slime's verdict under miles's name."""
+    grpo = "   --use-kl-loss\n   --kl-loss-coef 0.001\n   --kl-loss-type low_var_kl\n"
+    text = LAUNCH.format(batch="256", grpo=grpo, entry="train.py")
+    named = text.replace("cd /root/slime", "cd /root/miles")
+    found = lint_config("scripts/run.sh", named)
+    assert sorted((f.line, f.code) for f in found) == [(9, "KL007"), (11, "KL002")]
+    assert all("[miles: " in f.message for f in found)
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "miles" / "utils").mkdir(parents=True)
+    (tmp_path / "miles" / "utils" / "arguments.py").write_text("")
+    script = tmp_path / "examples" / "run.sh"
+    script.parent.mkdir()
+    unnamed = text.replace("cd /root/slime\n", "")
+    script.write_text(unnamed)
+    assert sorted(f.code for f in lint_config(str(script), unnamed)) == ["KL002", "KL007"]

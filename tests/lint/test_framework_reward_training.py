@@ -177,6 +177,12 @@ def test_slimes_advantages_meet_its_per_sample_token_mean(tmp_path):
     assert (finding.code, finding.line) == ("KL007", 6)
     assert "k1 in the reward (reward-to-go), seq-token-mean" in finding.message
     assert "slime's actor at its defaults: calculate-per-token-loss=False" in finding.message
+    fork = tmp_path / "miles" / "backends" / "training_utils" / "loss.py"  # radixark/miles keeps the reduction
+    fork.parent.mkdir(parents=True)
+    fork.write_text(SLIME_LOSS)
+    [finding] = lint_paths([str(fork)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert (finding.code, finding.line) == ("KL007", 6)
+    assert "miles's actor at its defaults: calculate-per-token-loss=False" in finding.message
     other = tmp_path / "mine" / "loss.py"  # outside slime's layout the same reward-to-go is right
     other.parent.mkdir()
     other.write_text(SLIME_LOSS)
