@@ -203,11 +203,12 @@ class CallFlow(FlowState):
         if roles.names_implicit_reward(func.name.value):
             return ()  # PRIME's compute_implicit_reward: the reward model's score, whatever its caller names it
         returns = _as_the_callers(outcome.returns, handed_on)
-        if self.runs_the_reference(func, positional, keywords):
+        models = [*_receiver(node), *positional]  # `ref.seq_logprob(x)`: the model is the object called on
+        if self.runs_the_reference(func, models, keywords):
             returns = of_the_reference(returns)
-        elif _computes_the_references_logits(func, positional, keywords):
+        elif _computes_the_references_logits(func, models, keywords):
             returns = logits_of_the_reference(returns)
-        elif _runs_the_old_policy(func, positional, keywords):
+        elif _runs_the_old_policy(func, models, keywords):
             returns = of_the_old_policy(returns)
         if decorated_no_grad(func) and not self.no_grad:
             returns = computed_without_grad(returns)
@@ -278,6 +279,9 @@ class CallFlow(FlowState):
         if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):
             self.add_to_list(base_node, method, positional[0], node)
             return ()
+        if type(base_node) is cst.Name and receiver_name not in ("self", "cls") \
+                and self.analyzer.method_of_a_local(self.module, method) is not None:
+            return None  # `ref.seq_logprob(x)`: a model class's own method, whatever the object's name reads as
         base = self.expr(base_node)
         if method in ("endswith", "startswith", "lower", "upper", "strip"):
             return base if method in ("lower", "upper", "strip") else ()
@@ -292,6 +296,14 @@ def _handed_in(value: tuple) -> tuple:
 
 
 _POLICY_OUTPUTS = frozenset({alg.POLICY, alg.LOGITS, alg.VOCAB_POLICY, alg.VOCAB_PROB, alg.PROB})
+
+
+def _receiver(node: cst.Call) -> list[cst.BaseExpression]:
+    """The object a method is called on, where it is a local name (`ref` of `ref.seq_logprob(x)`), else none."""
+    func = node.func
+    if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value not in ("self", "cls"):
+        return [func.value]
+    return []
 
 
 def _runs_the_old_policy(func: cst.FunctionDef, positional: list, keywords: dict) -> bool:

@@ -370,9 +370,10 @@ def _each(names: str, effect: Effect) -> dict[str, Effect]:
 
 # Operations that keep what each element of a tensor means (a new shape, dtype or device, masked or
 # non-finite entries filled in): spelled as functions (torch.masked_fill(x, m, v)) and as methods.
-RESHAPING = ("masked_fill nan_to_num reshape squeeze unsqueeze flatten transpose permute clone repeat_interleave"
-             " pad pad_input index_select")  # F.pad and flash-attn's pad_input put each entry back at its position;
-# index_select picks whole rows (a mini-batch's sequences) or positions, each entry still what it was
+RESHAPING = ("masked_fill nan_to_num reshape squeeze unsqueeze expand_dims flatten transpose permute clone"
+             " repeat_interleave pad pad_input index_select")  # F.pad and flash-attn's pad_input put each entry back
+# at its position; index_select picks whole rows (a mini-batch's sequences) or positions, each entry still what it
+# was; expand_dims is NumPy's, JAX's and MLX's unsqueeze
 
 # library classes whose instances compute a KL when called (a call of one is not a record of its keywords)
 LOSS_MODULES = frozenset(("KLDivLoss",))

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from klaudit.lint import roles
 from klaudit.lint.syntax import dotted
 
 if TYPE_CHECKING:
@@ -88,6 +89,10 @@ class NameResolution:
                 methods = target.classes[classdef.name.value][1]
                 if attr in methods:
                     return target, methods[attr], classdef.name.value
+            if type(base) is cst.Name and base.value not in ("self", "cls") and not named:
+                own = self.method_of_a_local(module, attr)
+                if own is not None:
+                    return own
             base_name = dotted(base)
             head = base_name.split(".")[0]
             if head in module.imports and imports:
@@ -98,6 +103,16 @@ class NameResolution:
                 if target is not None and attr in target.functions:
                     return target, target.functions[attr], None
         return None
+
+    @staticmethod
+    def method_of_a_local(module: Module, attr: str):
+        """(module, method, class) for `lm.seq_logprob(...)` on a local object, where one class of `module` alone
+        defines a method of that name and the name speaks of log-probs, KL or a loss (a from-scratch trainer's
+        own model class: `policy.seq_logprob(x)`, `ref.seq_logprob(x)`); else None."""
+        if not (roles.speaks_of_logprobs(attr) or roles.might_contain_kl(attr) or "loss" in attr.lower()):
+            return None
+        owners = [(name, methods[attr]) for name, (_, methods) in module.classes.items() if attr in methods]
+        return (module, owners[0][1], owners[0][0]) if len(owners) == 1 else None
 
     def _star_imported(self, module: Module, name: str):
         """(module, function, None) for `name` brought in by a `from x import *` of `module`, else None."""

@@ -337,6 +337,11 @@ _TOP_K = re.compile(r"(?<![a-z0-9])top_?k(?![a-z])", re.IGNORECASE)
 _STUDENT = re.compile(r"(?<![a-z0-9])(student|policy|actor|new|curr|current)(?![a-z])", re.IGNORECASE)
 
 
+def names_top_k(name: str) -> bool:
+    """`top_k_indices`, `topk_ids`, `torch.topk`: the k most likely tokens of each position, or their ids."""
+    return _TOP_K.search(name) is not None
+
+
 def _top_k_logprobs(name: str) -> AtomKind | None:
     """The vocabulary-level log-probs a top-k name denotes, of the side it names: the teacher's or reference's,
     or the student's or policy's (a bare `topk_logprobs` names neither)."""
@@ -375,7 +380,9 @@ _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^nu
 _LOSS = re.compile(r"loss", re.IGNORECASE)
 _ESTIMATOR_NAME = re.compile(r"(?<![a-z0-9])k[123](?![0-9])", re.IGNORECASE)  # k1, k2, k3 in a name
 _REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl(_penalty|_penalties)?|_tensor)?$", re.IGNORECASE)
-_ADVANTAGE = re.compile(r"^(advantages?|advs?|token_level_advantages|final_advantages?)$", re.IGNORECASE)
+# the advantages the policy gradient is weighted by, also once a term is folded in (`adjusted_advantages`)
+_ADVANTAGE = re.compile(r"^((token_level|final|adjusted|shaped|penalized|penalised|modified|combined)_)?"
+                        r"(advantages?|advs?)$", re.IGNORECASE)
 _ADVANTAGE_WORD = re.compile(r"(?<![a-z])advs?(?![a-z])|advantage", re.IGNORECASE)  # anywhere in a name
 # An implicit reward, beta * log(pi_rm / ref), is what a DPO-style or PRIME reward model outputs: the score
 # of that model, not a KL penalty on the policy being trained.

@@ -15,7 +15,7 @@ from klaudit.lint import roles
 from klaudit.lint.conditions import where_false
 from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
-from klaudit.lint.facts import compatible, join_envs, loss_part, merge_labels, operands, replace
+from klaudit.lint.facts import Fact, compatible, join_envs, loss_part, merge_labels, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import case_strings, dotted, int_literal, is_no_grad_block, last_name, walk
 
@@ -187,6 +187,8 @@ class StatementFlow(FlowState):
             self.add_into_positions(small)
         elif type(small) is cst.AugAssign:
             value = self.loop_carried(small) or self.binary(self.expr(small.target), self.expr(small.value), small.operator, small)
+            if self.loop_variables and type(small.operator) is cst.AddAssign:
+                value = _counted_over_the_loop(value)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
         if self.record and type(small) in _ASSIGNMENTS:
             note_assignment(self, small)
@@ -299,3 +301,9 @@ def _leaves(body: cst.BaseSuite) -> bool:
     if type(last) is cst.SimpleStatementLine:
         last = last.body[-1] if last.body else None
     return type(last) is cst.Return or type(last) is cst.Raise
+
+
+def _counted_over_the_loop(value: tuple) -> tuple:
+    """`total += mask.sum()` in a loop over the sequences, `mask` one sequence's row: their lengths added up, the
+    batch's token count (a vector of every row's lengths, `m.sum(dim=1)` added over chunks, stays lengths)."""
+    return tuple(Fact(role="ntokens", labels=f.labels) if f.role == "length" and f.row else f for f in value)

@@ -290,6 +290,17 @@ def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool]) -> bool:
             and first.upper.left.deep_equals(first.lower) and int_literal(first.upper.right) == 1)
 
 
+def picks_the_first_row(node: cst.Subscript) -> bool:
+    """`logits[0, prompt_len - 1:-1]`, `x[0, start:end, :]`: the one sequence of a batch of one (a single example
+    encoded alone), its positions cut to the response by a bounded slice, every other axis sliced."""
+    first, rest = node.slice[0].slice, node.slice[1:]
+    if not isinstance(first, cst.Index) or int_literal(first.value) != 0 or not rest:
+        return False
+    slices = [element.slice for element in rest]
+    return all(isinstance(part, cst.Slice) for part in slices) and isinstance(slices[0], cst.Slice) and (
+        slices[0].lower is not None or slices[0].upper is not None)
+
+
 def names_last_position(index: cst.CSTNode) -> bool:
     """A gather index spelled as the last position: `lengths - 1`, `last_idx`, `(n - 1).unsqueeze(-1)`."""
     while isinstance(index, cst.Call) and isinstance(index.func, cst.Attribute):

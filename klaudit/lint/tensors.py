@@ -6,9 +6,10 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
+from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, AtomKind, Poly
 from klaudit.lint.facts import Fact, Value, replace
-from klaudit.lint.syntax import names_last_position, string_value
+from klaudit.lint.syntax import last_name, names_last_position, string_value
 
 
 def apply_math(fn: str, poly: Poly) -> Poly | None:
@@ -115,6 +116,8 @@ def gather(base: Value, index: cst.CSTNode | None) -> Value:
     """gather over the vocabulary picks the sampled tokens' log-probs. Over positions it picks some
     tokens of a per-token value: a KL gathered so is taken at the last one (what that idiom is for),
     a log-prob keeps its meaning at the positions picked, the last when its index says so."""
+    if index is not None and _top_k_ids(index):
+        return base  # the entries of each position's k most likely tokens: a slice of the vocabulary axis
     out: list[Fact] = []
     for f in base:
         if f.poly is None:
@@ -127,6 +130,19 @@ def gather(base: Value, index: cst.CSTNode | None) -> Value:
         else:
             out.append(f)
     return tuple(out)
+
+
+def _top_k_ids(index: cst.CSTNode) -> bool:
+    """A gather index of top-k token ids: a name that says so (`top_k_indices`), or `torch.topk(...)`'s own."""
+    if type(index) is cst.Call and type(index.func) is cst.Attribute and index.func.attr.value in ("long", "to"):
+        index = index.func.value  # `topk_ids.long()`
+    while isinstance(index, (cst.Subscript, cst.Attribute)) and not (
+            isinstance(index, cst.Attribute) and roles.names_top_k(index.attr.value)):
+        index = index.value  # `topk_out.indices`, `torch.topk(x, k)[1]`
+    if type(index) is cst.Call:
+        index = index.func
+    return type(index) in (cst.Name, cst.Attribute) and roles.names_top_k(last_name(index))
+
 
 def per_token_from_logits(kinds: set[AtomKind], facts: Value) -> Value | None:
     """log-probs of the sampled tokens from vocabulary-level log-probs or logits."""
