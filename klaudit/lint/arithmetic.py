@@ -128,9 +128,9 @@ class ArithmeticFlow(FlowState):
                     assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
-                    if (other.role == UNKNOWN.role and _of_policy_and_reference(poly)
+                    if (other.role in (UNKNOWN.role, "neg") and _of_policy_and_reference(poly)
                             and _names_advantage(_operand(node, tensor_side is b))):
-                        # `logp * advantages`, `ratio * advantages` or `-log_ratio * advantages` (the ratio
+                        # `logp * advantages`, `-advantages * ratio` or `-log_ratio * advantages` (the ratio
                         # taken to the reference): a policy-gradient term, whatever KL term is added to it;
                         # a ratio to the behaviour policy stays, which says the samples are older. Another
                         # unexplained factor stays too: a token weight on the ratio inside an estimator

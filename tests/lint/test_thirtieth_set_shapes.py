@@ -158,3 +158,26 @@ def test_a_sequences_mean_k1_folded_into_the_advantages_by_mlx(tmp_path):
     by each sequence's length (row 21, KL007) and clipped (KL010), reported where it enters the advantages. Before,
     `expand_dims` lost the term."""
     assert module_codes(MLX_SEQUENCE_KL_IN_THE_ADVANTAGES, tmp_path) == [(9, "KL007"), (9, "KL010")]
+
+
+RATIO_TO_THE_REFERENCE_TIMES_MINUS_THE_ADVANTAGES = """\
+import torch
+
+
+def grpo_loss(logprobs, ref_logprobs, rewards, kl_coeff=0.1, clip_range=0.2):
+    advantages = (rewards - rewards.mean(dim=-1, keepdim=True)) / rewards.std(dim=-1, keepdim=True)
+    ratio = (logprobs - ref_logprobs).exp()
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
+    policy_loss = torch.max(pg1, pg2).mean()
+    kl = (logprobs - ref_logprobs).mean()
+    return policy_loss + kl_coeff * kl
+"""
+
+
+def test_minus_the_advantages_times_a_ratio_is_a_policy_gradient_term_not_an_estimator(tmp_path):
+    """`-advantages * ratio`, the ratio taken to the reference: a policy-gradient surrogate, whatever KL is added to
+    it; the KL is the k1 loss beside it (row 1, KL001). Before, the negated advantages were read as a sign and the
+    ratio joined the log-ratio into a reversed k3 added as a bonus (KL009, KL011)."""
+    found = module_codes(RATIO_TO_THE_REFERENCE_TIMES_MINUS_THE_ADVANTAGES, tmp_path)
+    assert [item for item in found if item[1] != "KL100"] == [(11, "KL001")]  # KL100: the ratio, no estimator
