@@ -42,12 +42,12 @@ VERDICTS = ("tp", "fp", "miss", "ok")
 # Codes about a file, not a KL site (a syntax error, an analysis cut short): listed apart, never scored.
 FILE_LEVEL_CODES = ("KL000", "KL099")
 # A finding on a framework flag (klaudit.frameworks) names the framework and its version in brackets
-# (EasyR1's config, slime's command line and ROLL's config, whose releases klaudit does not tell apart, and TRL's PPOConfig,
-# whose keyword names its API: the name alone);
+# (EasyR1's config, slime's or its fork miles's command line and ROLL's config, whose releases klaudit does not tell
+# apart, and TRL's PPOConfig, whose keyword names its API: the name alone);
 # flag sites are scored apart from KL code sites ("kind": "flag" in the review).
 # The parenthesis after the version says where it was read, and may hold one more (a git pin's advice).
 FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf|tunix|NeMo-RL) [\d.]+(?: \((?:[^()]|\([^()]*\))*\))?"
-                          r"|NeMo-RL \((?:[^()]|\([^()]*\))*\)|EasyR1|TRL PPO|slime|ROLL): ")
+                          r"|NeMo-RL \((?:[^()]|\([^()]*\))*\)|EasyR1|TRL PPO|slime|miles|ROLL): ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),

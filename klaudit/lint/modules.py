@@ -155,6 +155,15 @@ class Module:
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
 
     @functools.cached_property
+    def method_owners(self) -> dict[str, list[str]]:
+        """Method name -> the classes of this module that define a method of that name."""
+        owners: dict[str, list[str]] = {}
+        for name, (_, methods) in self.classes.items():
+            for method in methods:
+                owners.setdefault(method, []).append(name)
+        return owners
+
+    @functools.cached_property
     def differentiates_functions(self) -> bool:
         """Whether the module imports MLX or JAX, where a gradient is taken of a function (`nn.value_and_grad(model,
         loss_fn)`, `jax.grad`): what a loss closure reads from the enclosing scope is a constant to it."""

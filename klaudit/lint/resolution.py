@@ -109,10 +109,11 @@ class NameResolution:
         """(module, method, class) for `lm.seq_logprob(...)` on a local object, where one class of `module` alone
         defines a method of that name and the name speaks of log-probs, KL or a loss (a from-scratch trainer's
         own model class: `policy.seq_logprob(x)`, `ref.seq_logprob(x)`); else None."""
-        if not (roles.speaks_of_logprobs(attr) or roles.might_contain_kl(attr) or "loss" in attr.lower()):
+        owners = module.method_owners.get(attr, ())
+        if len(owners) != 1 or not (roles.speaks_of_logprobs(attr) or roles.might_contain_kl(attr)
+                                    or "loss" in attr.lower()):
             return None
-        owners = [(name, methods[attr]) for name, (_, methods) in module.classes.items() if attr in methods]
-        return (module, owners[0][1], owners[0][0]) if len(owners) == 1 else None
+        return module, module.classes[owners[0]][1][attr], owners[0]
 
     def _star_imported(self, module: Module, name: str):
         """(module, function, None) for `name` brought in by a `from x import *` of `module`, else None."""
