@@ -61,6 +61,10 @@ def test_a_model_classs_own_method_is_followed_on_the_object_it_is_called_on(tmp
     per-token k3 loss is row 3 (KL002), divided by each sequence's length (row 21, KL007). Before, the names alone
     were read: the summed log-probs as per-token ones (a same-token reward, KL003) and `tok_ref` as nothing."""
     assert module_codes(TOY_MODEL, tmp_path) == [(37, "KL002"), (37, "KL007")]
+    # two classes of the module define the method: which one runs is not known, and none is followed
+    twice = TOY_MODEL.replace("def reinforce_step(", "class OtherLM:\n    def seq_logprob(self, seq):\n"
+                              "        return seq\n\n\ndef reinforce_step(")
+    assert all(code != "KL002" for _, code in module_codes(twice, tmp_path))
 
 
 TOP_K_SELF_DISTILLATION = """\
@@ -110,6 +114,9 @@ def test_the_one_sequence_of_a_batch_of_one_is_averaged_over_its_own_tokens(tmp_
     """`logits[0, start:end]` is the response of a single example encoded alone: the mean over its positions is that
     sequence's token mean, 1/L for each response trained (row 21, KL007), beside the local gradient (KL003)."""
     assert module_codes(ONE_EXAMPLE_AT_A_TIME, tmp_path) == [(13, "KL003"), (13, "KL007")]
+    # the first row taken whole, no response cut out: nothing says the batch holds one sequence
+    whole = ONE_EXAMPLE_AT_A_TIME.replace("[0, prompt_len - 1:prompt_len - 1 + completion_len, :]", "[0, :, :]")
+    assert module_codes(whole, tmp_path) == [(13, "KL003")]
 
 
 LENGTHS_ADDED_UP = """\
