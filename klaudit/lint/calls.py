@@ -279,8 +279,7 @@ class CallFlow(FlowState):
         if method in ("append", "extend") and len(positional) == 1 and last_name(base_node):
             self.add_to_list(base_node, method, positional[0], node)
             return ()
-        if type(base_node) is cst.Name and receiver_name not in ("self", "cls") \
-                and self.analyzer.method_of_a_local(self.module, method) is not None:
+        if _receiver(node) and self.analyzer.method_of_a_local(self.module, method) is not None:
             return None  # `ref.seq_logprob(x)`: a model class's own method, whatever the object's name reads as
         base = self.expr(base_node)
         if method in ("endswith", "startswith", "lower", "upper", "strip"):

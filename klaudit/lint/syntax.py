@@ -296,9 +296,9 @@ def picks_the_first_row(node: cst.Subscript) -> bool:
     first, rest = node.slice[0].slice, node.slice[1:]
     if not isinstance(first, cst.Index) or int_literal(first.value) != 0 or not rest:
         return False
-    slices = [element.slice for element in rest]
-    return all(isinstance(part, cst.Slice) for part in slices) and isinstance(slices[0], cst.Slice) and (
-        slices[0].lower is not None or slices[0].upper is not None)
+    positions = rest[0].slice
+    return (all(isinstance(element.slice, cst.Slice) for element in rest) and isinstance(positions, cst.Slice)
+            and (positions.lower is not None or positions.upper is not None))
 
 
 def names_last_position(index: cst.CSTNode) -> bool:
