@@ -27,7 +27,7 @@ import libcst as cst
 
 from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, hydra_keys, nemo_rl, openrlhf, roll, slime, trl, trl_ppo, tunix, verl
+from klaudit.frameworks import easyr1, hydra_keys, nemo_rl, openrlhf, roll, slime, swift, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
@@ -63,7 +63,7 @@ CONFIG_SUFFIXES = SHELL_SUFFIXES + YAML_SUFFIXES
 # The words a file must contain for a framework's flags to be read at all (the cheap pre-filter).
 _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator", "algo.kl.", "init_kl_coef",
                "use_kl_loss", "kl_loss_coef", "beta", "num_generations", "distillation_loss",
-               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS,
+               "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS, swift.RLHF_TYPE,
                # a verl launch whose copy puts the KL in the reward by default (reward_follows_loss_flag), and an
                # EasyR1 launch, whose batch sizes alone change the verdict of the config it names
                "main_ppo", "verl.trainer.main")
@@ -547,7 +547,19 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
             found += _trl(path, settings, context, _setting_at(text, launch))
     if tunix.LAUNCH.search(text):
         found += _tunix_cli(path, shell_overrides(text), context, text, "shell")
-    return found
+    return found + _swift_launches(path, text)
+
+
+def _swift_launches(path: str, text: str) -> list[Finding]:
+    """ms-swift's GRPO flags, judged for each `swift rlhf` (or `megatron rlhf`) command of a script with the
+    flags of that command alone: a script may also run `swift sft` with some of the same names."""
+    found: dict[tuple[int, str], Finding] = {}
+    for launch, _ in _uncommented(swift.LAUNCH, text):
+        settings = cli_flags(only_command(text, launch.start()), swift.FLAGS, swift.SWITCHES)
+        judged = swift.judge(settings, _setting_at(text, launch))
+        for finding in [] if judged is None else _findings(path, judged, swift.NAME, swift.FIXES.get):
+            found.setdefault((finding.line, finding.code), finding)
+    return list(found.values())
 
 
 def _trl_grpo_script(path: str, text: str) -> re.Match | None:

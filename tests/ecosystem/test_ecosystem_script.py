@@ -218,10 +218,11 @@ def test_nemo_rl_findings_are_scored_as_flags(tmp_path):
     ("run.sh", "cd /root/miles\npython3 train.py --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type low_var_kl\n", "miles"),
     ("rlvr.yaml", "use_kl_loss: true\nkl_loss_coef: 0.01\nactor_train:\n  device_mapping: list(range(0,8))\n"
      "actor_infer:\n  device_mapping: list(range(0,8))\n", "ROLL"),
+    ("train.sh", "swift rlhf --rlhf_type grpo --beta 0.001 --model m\n", "ms-swift"),
 ])
 def test_slime_and_roll_findings_are_scored_as_flags(path, text, name):
-    """A slime (or miles) launch's or a ROLL config's finding (its release unnamed, as EasyR1's), from klaudit's own
-    lint."""
+    """A slime (or miles) launch's, a ROLL config's or an ms-swift launch's finding (its release unnamed, as
+    EasyR1's), from klaudit's own lint."""
     from klaudit.frameworks import lint_config
 
     (finding, *_) = lint_config(path, text)

@@ -1,0 +1,89 @@
+"""ms-swift's GRPO flags on the command line of `swift rlhf` (and `megatron rlhf`).
+
+Expected codes come from kl-math.md §8: k3 as a loss row 3 (KL002), each response's token mean (loss_type grpo,
+ms-swift's default) row 21 (KL007), a KL loss on an older policy's samples row 22 and a KL reward reweighed by
+the token ratio only row 23 (KL008); the summed k1 of the response taken from its reward (`--kl_in_reward`) is
+the whole-sequence return of row 6, right on fresh samples.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.frameworks import lint_config
+
+LAUNCH = """\
+#!/bin/bash
+NPROC_PER_NODE=8 \\
+swift rlhf \\
+    --rlhf_type {kind} \\
+    --model Qwen/Qwen2.5-7B-Instruct \\
+{flags}    --output_dir output
+"""
+
+
+def codes(flags: str = "", kind: str = "grpo", text: str | None = None) -> list[tuple[int, str]]:
+    """(line, code) of the findings of a launch given `flags` (one flag and its value per line, from line 6)."""
+    body = "".join(f"    {line.strip()} \\\n" for line in flags.strip().splitlines())
+    text = text if text is not None else LAUNCH.format(kind=kind, flags=body)
+    return sorted((f.line, f.code) for f in lint_config("scripts/train_grpo.sh", text))
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("", [(4, "KL002"), (4, "KL007")]),  # beta 0.04 and loss_type grpo, both defaults: reported at --rlhf_type
+    ("--beta 0.001", [(4, "KL007"), (6, "KL002")]),
+    ("--beta 0.001\n--loss_type dapo", [(6, "KL002")]),  # the batch's token mean: no 1/L weights
+    ("--beta 0.001\n--loss_type bnpo", [(6, "KL002")]),
+    ("--beta 0.001\n--loss_type sapo", [(6, "KL002"), (7, "KL007")]),  # sapo reduces as grpo does
+    ("--beta 0.0", []),  # no reference model, no KL
+    ("--beta $BETA", []),  # not a literal: no verdict on the default
+    ("--beta 0.001\n--loss_type dapo\n--kl_in_reward true", []),  # row 6, on fresh samples
+    ("--advantage_estimator rloo\n--loss_type dapo", []),  # rloo puts the KL in the reward by default
+    ("--advantage_estimator reinforce_plus_plus", [(4, "KL007")]),  # the reward's advantage over 1/L
+    ("--advantage_estimator reinforce_plus_plus\n--kl_in_reward false\n--loss_type dapo", [(4, "KL002")]),
+])
+def test_swift_grpo_flags_get_the_catalog_s_verdict(flags, expected):
+    assert codes(flags) == expected
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("--beta 0.001\n--loss_type dapo\n--num_iterations 2", [(6, "KL002"), (8, "KL008")]),
+    # 8 micro-steps per generation, 4 per optimizer step: two steps per generation
+    ("--loss_type dapo\n--gradient_accumulation_steps 4\n--steps_per_generation 8", [(4, "KL002"), (8, "KL008")]),
+    # a generation every 2 micro-steps of a 4-micro-step update: every sample is the current policy's
+    ("--loss_type dapo\n--gradient_accumulation_steps 4\n--steps_per_generation 2", [(4, "KL002")]),
+    ("--loss_type dapo\n--async_generate true", [(4, "KL002"), (7, "KL008")]),
+    ("--loss_type dapo\n--async_generate", [(4, "KL002"), (7, "KL008")]),  # a bare switch is true
+    ("--loss_type dapo\n--async_generate false", [(4, "KL002")]),
+    # the reward's KL trained on an older policy's samples with PPO's token ratio only (row 23)
+    ("--advantage_estimator rloo\n--loss_type dapo\n--num_iterations 4", [(8, "KL008")]),
+])
+def test_several_steps_per_generation_make_the_kl_stale(flags, expected):
+    assert codes(flags) == expected
+
+
+def test_preference_losses_are_not_read():
+    """DPO's beta (the default rlhf_type) is a preference temperature, not a KL penalty's coefficient."""
+    assert codes("--beta 0.1", kind="dpo") == []
+    assert codes(text="swift rlhf --model m --beta 0.1 --dataset d\n") == []
+
+
+def test_each_command_is_judged_with_its_own_flags():
+    """An SFT run before the GRPO run: its gradient_accumulation_steps 16 would make the generation of 8
+    micro-steps part of one update; the GRPO command keeps its own default of 1: eight steps per generation."""
+    text = ("swift sft --model m --gradient_accumulation_steps 16 --dataset d\n"
+            "swift rlhf --rlhf_type grpo --loss_type dapo --steps_per_generation 8 --model m\n"
+            "# swift rlhf --rlhf_type grpo --num_iterations 4\n")
+    assert codes(text=text) == [(2, "KL002"), (2, "KL008")]
+
+
+def test_megatron_counts_optimizer_steps_per_generation():
+    """`megatron rlhf`'s steps_per_generation counts global batches: any value above 1 reuses a generation."""
+    text = "megatron rlhf \\\n    --rlhf_type grpo \\\n    --beta 0.001 \\\n    --steps_per_generation 4\n"
+    assert codes(text=text) == [(2, "KL007"), (3, "KL002"), (4, "KL008")]
+
+
+def test_the_finding_names_ms_swift_and_the_deciding_flags():
+    finding = next(f for f in lint_config("run.sh", LAUNCH.format(kind="grpo", flags="")) if f.code == "KL002")
+    assert "[ms-swift: beta=0.04 (default), advantage_estimator=grpo (default)" in finding.message
+    assert "--kl_in_reward true" in finding.fix
