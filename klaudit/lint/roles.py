@@ -477,8 +477,8 @@ _KL_COEFFICIENT = re.compile(
 )
 # Sequence-level task scores of a reward model ([B]): zeroed like a reward, but not a lint sink.
 _TASK_SCORE = re.compile(r"^((rm|reward|task|sequence|seq)_)?scores?$", re.IGNORECASE)
-# The sampled token ids of the responses (what log-probs are gathered at).
-_TOKEN_IDS = re.compile(
+# The sampled token ids of the responses (what log-probs are gathered at), as a trainer's argument names them.
+_SAMPLED_TOKEN_IDS = re.compile(
     r"^(input_ids|response_ids|responses|response_tokens|token_ids|tokens|completion_ids|output_ids|labels)$",
     re.IGNORECASE,
 )
@@ -513,7 +513,7 @@ def is_task_score_name(name: str) -> bool:
 
 def is_token_ids_name(name: str) -> bool:
     """The sampled token ids (`input_ids`, `responses`, `completion_ids`)."""
-    return _TOKEN_IDS.match(name.lstrip("_")) is not None
+    return _SAMPLED_TOKEN_IDS.match(name.lstrip("_")) is not None
 
 
 def is_reward_function(name: str) -> bool:
