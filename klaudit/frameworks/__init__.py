@@ -759,8 +759,10 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
             found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
                           runs_retired=False)
     for call in calls:
-        if call.name in context.classes and not set(call.settings) & set(trl.DECIDING):
+        if not set(call.settings) & set(trl.DECIDING) and _judged_where_defined(call.name, context):
             continue  # its defaults are judged at its definition
+        if _inside_trl(path, call.name, context):
+            continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args: its loss is reported
         fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source)
     return found
@@ -950,6 +952,25 @@ def _binds_name(source: str, roots: Mapping[str, str], name: str) -> bool:
 def _elsewhere(top: str, context: Context) -> bool:
     """Whether the top-level package `top` is another library than TRL: not trl, not the linted code."""
     return top != "trl" and top not in context.local_names
+
+
+def _judged_where_defined(name: str, context: Context) -> bool:
+    """Whether a configuration class `name` of the linted code is judged at its definition (the loop over
+    definitions of _trl_python): a class of the project's own whose body sets one of GRPOConfig's keys. TRL's
+    own GRPOConfig, checked in with a copy of TRL, is not: a call of it is the configuration a user builds."""
+    return any(not _is_framework_source(definition, context) and set(definition.fields) - set(trl.RETIRED)
+               for definition in context.classes.get(name, ()))
+
+
+def _inside_trl(path: str, name: str, context: Context) -> bool:
+    """Whether `path` is a module of a checked-in copy of TRL: beside its own GRPOConfig, in `trl/trainer/`."""
+    folder = os.path.dirname(path)
+    return any(definition.path.replace(os.sep, "/").endswith(_TRL_CONFIG_MODULE)
+               and _is_framework_source(definition, context) and os.path.dirname(definition.path) == folder
+               for definition in context.classes.get(name, ()))
+
+
+_TRL_CONFIG_MODULE = "trl/trainer/grpo_config.py"
 
 
 def _is_framework_source(definition: ConfigClass, context: Context) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from klaudit.frameworks.kwargs_dicts import built_dict
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
-from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting
+from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import python_ast
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     functions: list[tuple[int, int, dict[str, Default | None]]] | None = None  # read at the first keyword set to a name
     constants: dict[str, Default] = {}
     calls, definitions = [], []  # definitions: ((line, column), class)
-    refused = _expected_to_raise(tree)
+    refused = _expected_to_raise(tree) + _skipped_tests(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = _called_name(node.func, names, text)
@@ -133,6 +133,14 @@ def _expected_to_raise(tree: ast.Module) -> list[tuple[int, int]]:
             if isinstance(node, (ast.With, ast.AsyncWith)) and any(
                 isinstance(item.context_expr, ast.Call) and _last_name(item.context_expr.func) in RAISE_EXPECTATIONS
                 for item in node.items)]
+
+
+def _skipped_tests(tree: ast.Module) -> list[tuple[int, int]]:
+    """(first line, last line) of each function decorated to be skipped always (settings.skips_always)."""
+    return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                skips_always(_dotted(decorator.func if isinstance(decorator, ast.Call) else decorator))
+                for decorator in node.decorator_list)]
 
 
 def _function_parameters(tree: ast.Module,

@@ -12,7 +12,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
-from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting
+from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import dotted, string_value
 
 
@@ -142,6 +142,12 @@ def _expects_a_raise(node: cst.With) -> bool:
                for item in node.items)
 
 
+def _skipped(node: cst.FunctionDef) -> bool:
+    """A test decorated to be skipped always (`@unittest.skip(...)`): what its body builds is never run."""
+    return any(skips_always(dotted(decorator.decorator.func if isinstance(decorator.decorator, cst.Call)
+                                   else decorator.decorator)) for decorator in node.decorators)
+
+
 class _Reader(cst.CSTVisitor):
     METADATA_DEPENDENCIES = (PositionProvider,)
 
@@ -153,16 +159,18 @@ class _Reader(cst.CSTVisitor):
         self.functions: list[dict[str, Default | None]] = []  # the enclosing functions' names, innermost last
         self.module: cst.Module | None = None
         self.constants: dict[str, Default] | None = None  # the module's, read at the first keyword set to a name
-        self.refused = 0  # how many `with pytest.raises(...)` blocks enclose the node visited
+        self.refused = 0  # how many `with pytest.raises(...)` blocks and skipped tests enclose the node visited
 
     def visit_Module(self, node: cst.Module) -> None:
         self.module = node
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.append(_bindings(node))
+        self.refused += _skipped(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.functions.pop()
+        self.refused -= _skipped(original_node)
 
     def visit_With(self, node: cst.With) -> None:
         self.refused += _expects_a_raise(node)

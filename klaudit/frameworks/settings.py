@@ -41,6 +41,13 @@ class ConfigCall:
 RAISE_EXPECTATIONS = frozenset({"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp"})
 
 
+def skips_always(decorator: str) -> bool:
+    """`@unittest.skip(...)`, `@pytest.mark.skip`, `@skip(...)` (the dotted name of a decorator, called or not): a
+    test that never runs, so a configuration it builds trains nothing. skipIf / skipUnless / skipif are
+    conditions the lint cannot settle: not these."""
+    return decorator in ("skip", "unittest.skip", "pytest.mark.skip", "mark.skip")
+
+
 @dataclass(frozen=True)
 class ConfigClass:
     """A class deriving from a configuration class: its bases and the defaults its fields give."""

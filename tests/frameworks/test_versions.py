@@ -224,6 +224,34 @@ def test_a_checkout_s_own_grpoconfig_defaults_decide(tmp_path):
     assert lint_python("trl/trainer/grpo_config.py", cst.parse_module(config), config, context) == []
 
 
+CHECKOUT_CONFIG = ("from dataclasses import dataclass, field\n\n\n@dataclass\nclass GRPOConfig(TrainingArguments):\n"
+                   "    beta: float = field(default=0.04)\n")
+
+
+def test_a_call_of_a_checked_in_trl_s_grpoconfig_that_sets_no_kl_key_trains_its_default_beta(tmp_path):
+    """A project carrying TRL 0.17 (beta 0.04 by default): `GRPOConfig(output_dir=...)` in its tests trains the k3
+    loss (row 3, KL002). Only a class of the project's own, whose body sets a key, is judged at its definition
+    instead; TRL's own GRPOConfig is no such class."""
+    test = ("import unittest\nfrom trl import GRPOConfig\n\n\nclass T(unittest.TestCase):\n"
+            "    def test_training(self):\n        args = GRPOConfig(output_dir='out', learning_rate=0.1)\n\n"
+            "    @unittest.skip('needs a vLLM server')\n    def test_vllm(self):\n"
+            "        args = GRPOConfig(output_dir='out')\n")
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "__init__.py").write_text('__version__ = "0.17.0"\n')
+    context = prepare({}, [tmp_path], {"trl/trainer/grpo_config.py": CHECKOUT_CONFIG, "tests/test_grpo.py": test})
+    found = lint_python("tests/test_grpo.py", cst.parse_module(test), test, context)
+    assert [(f.line, f.code) for f in found] == [(7, "KL002")]  # the skipped test builds a config nothing trains
+
+
+def test_trl_s_own_default_config_beside_its_grpoconfig_is_not_a_user_s(tmp_path):
+    """GRPOTrainer builds `GRPOConfig(f"{model_name}-GRPO")` when given no args: the trainer's loss is where the
+    checkout's KL is reported, not this default."""
+    trainer = "from .grpo_config import GRPOConfig\n\n\ndef build(args, name):\n    return args or GRPOConfig(f'{name}-GRPO')\n"
+    context = prepare({}, [tmp_path], {"trl/trainer/grpo_config.py": CHECKOUT_CONFIG,
+                                       "trl/trainer/grpo_trainer.py": trainer})
+    assert lint_python("trl/trainer/grpo_trainer.py", cst.parse_module(trainer), trainer, context) == []
+
+
 def test_a_framework_vendored_beside_its_launch_scripts_decides_for_them(tmp_path):
     """R1-Searcher keeps OpenRLHF 0.5 in OpenRLHF-RAG/ with the scripts that launch it: their k1 reward
     is unclamped there (no KL010), and the policy loss that carries it is each response's token mean (row 21,
