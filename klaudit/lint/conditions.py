@@ -98,8 +98,8 @@ class ConditionFlow(FlowState):
             return None, None
         if isinstance(test, (cst.Name, cst.Attribute)):
             facts = self.expr(test)
-            if any(f.role == "tensor" for f in facts):
-                return None, None
+            if any(f.role in ("tensor", "tuple", "dict") for f in facts):
+                return None, None  # a tensor's truth, or whether a list holds anything (`if kl_terms`): no setting
             known = [f.text for f in facts if f.role == "bool" and f.text is not None]
             # a flag read with a default (`getattr(cfg, "x", False) if cfg else False`) is known only
             # in the default's branch: an unexplained alternative leaves it a switch

@@ -6,7 +6,6 @@ Verdict (kl-math.md section 8): k3 differentiated as a loss follows the per-toke
 from __future__ import annotations
 
 import pytest
-
 from snippets import module_codes
 
 # a multi-turn trainer's helper: the log-probs of one response's tokens, picked out of the [C, V] log-softmax
@@ -51,3 +50,18 @@ def test_an_index_that_names_no_token_ids_picks_no_tokens(tmp_path):
     log-prob, and no k3 of the sampled tokens to report."""
     source = PER_TURN.format(rows="torch.arange(len(comp_ids))", picked="last")
     assert module_codes(source, tmp_path) == []
+
+
+def test_whether_a_list_holds_anything_is_no_setting(tmp_path):
+    """`torch.stack(kl_terms).mean() if kl_terms else 0.0`: the test is whether any KL term was kept, not a switch
+    of the user's, so the finding names no `kl_terms=True` configuration."""
+    import libcst as cst
+
+    from klaudit.lint.checks import check_module
+    from klaudit.lint.project import Project
+
+    source = PER_TURN.format(rows="torch.arange(len(comp_ids))", picked="comp_ids").replace(
+        "kl_coeff * torch.stack(kl_terms).mean()", "kl_coeff * (torch.stack(kl_terms).mean() if kl_terms else 0.0)")
+    (tmp_path / "snippet.py").write_text(source)
+    [finding] = check_module(str(tmp_path / "snippet.py"), cst.parse_module(source), Project([tmp_path]), source)
+    assert finding.code == "KL002" and "kl_terms" not in finding.message
