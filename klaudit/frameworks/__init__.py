@@ -962,6 +962,9 @@ def _judged_where_defined(name: str, context: Context) -> bool:
                for definition in context.classes.get(name, ()))
 
 
+_TRL_CONFIG_MODULE = "trl/trainer/grpo_config.py"  # where TRL defines GRPOConfig
+
+
 def _inside_trl(path: str, name: str, context: Context) -> bool:
     """Whether `path` is a module of a checked-in copy of TRL: beside its own GRPOConfig, in `trl/trainer/`."""
     folder = os.path.dirname(path)
@@ -969,8 +972,6 @@ def _inside_trl(path: str, name: str, context: Context) -> bool:
                and _is_framework_source(definition, context) and os.path.dirname(definition.path) == folder
                for definition in context.classes.get(name, ()))
 
-
-_TRL_CONFIG_MODULE = "trl/trainer/grpo_config.py"
 
 
 def _is_framework_source(definition: ConfigClass, context: Context) -> bool:

@@ -117,6 +117,14 @@ def number(text: str) -> float | None:
         return None
 
 
+def generation_spans_steps(steps: str | None, accumulation: str | None) -> bool:
+    """Whether one generation, made every `steps` micro-steps (TRL's and ms-swift's steps_per_generation), serves
+    micro-steps of more than one optimizer step of `accumulation` micro-steps (gradient_accumulation_steps): the
+    later steps train on an older policy's samples. Unset or not a number, it decides nothing (False)."""
+    every, window = number(steps or ""), number(accumulation or "")
+    return every is not None and window is not None and every > 0 and window % every != 0
+
+
 def yaml_loader() -> type:
     """libyaml's loader where PyYAML was built with it (several times faster), else the pure-Python
     one; PyYAML is imported here, by the first YAML file read, not by every lint run."""

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting, number, shown, truthy
+from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps, number, shown, truthy
 
 NAME = "ms-swift"
 # `swift rlhf ...`, `megatron rlhf ...`, or the module those commands run (`python swift/cli/rlhf.py ...`)
@@ -35,6 +35,7 @@ ITERATIONS, STEPS, ACCUMULATION, ASYNC = ("num_iterations", "steps_per_generatio
 KEYS = (RLHF_TYPE, BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE, ITERATIONS, STEPS, ACCUMULATION, ASYNC)
 FLAGS = {key: key for key in KEYS}  # spelled as on the command line, without the dashes
 SWITCHES = (IN_REWARD, ASYNC)  # booleans, given alone (`--async_generate`) or with a value
+DECIDING = (BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE, ITERATIONS, ASYNC)  # a computed value of one leaves no verdict
 DEFAULTS = {BETA: "0.04", ESTIMATOR: "grpo", LOSS_TYPE: "grpo", ITERATIONS: "1", ACCUMULATION: "1", ASYNC: "false"}
 REWARD_BY_DEFAULT = ("rloo", "reinforce_plus_plus")  # the estimators that put the KL in the reward unless told
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
@@ -54,22 +55,22 @@ STALE_REWARD_FIX = (f"{ONE_STEP}; or the KL out of the reward, into a loss of yo
 
 def judge(settings: Mapping[str, Setting], launch: Setting) -> Judged | None:
     """The KL configuration a `swift rlhf` launch's `settings` select (`launch`: where the command is); None
-    unless it trains GRPO with a KL, or when a deciding flag is not a literal."""
+    unless it trains GRPO with a KL, or when a deciding flag is not a literal (a computed batch size decides
+    nothing)."""
     kind = settings.get(RLHF_TYPE)
     if kind is None or kind.value != "grpo":
         return None  # DPO, the default, and the other preference losses: their beta is no KL penalty
-    given = {key: settings[key].value if key in settings else DEFAULTS.get(key) for key in KEYS}
-    if any(given[key] is None for key in (BETA, ESTIMATOR, LOSS_TYPE, ITERATIONS, ACCUMULATION, ASYNC)):
+    if any(settings[key].value is None for key in DECIDING if key in settings):
         return None
+    given = {key: settings[key].value if key in settings else DEFAULTS.get(key) for key in KEYS}
     beta, iterations, asynchronous = number(given[BETA] or ""), number(given[ITERATIONS] or ""), truthy(given[ASYNC] or "")
-    in_reward = truthy(given[IN_REWARD]) if given[IN_REWARD] is not None else given[ESTIMATOR] in REWARD_BY_DEFAULT
+    in_reward = truthy(given[IN_REWARD]) if IN_REWARD in settings else given[ESTIMATOR] in REWARD_BY_DEFAULT
     aggregation = AGGREGATIONS.get(given[LOSS_TYPE] or "")
     if not beta or iterations is None or asynchronous is None or in_reward is None or aggregation is None:
         return None
-    spans = _spans_optimizer_steps(given)
-    if spans is None:
-        return None
-    stale = iterations > 1 or spans or asynchronous
+    reuses = {ITERATIONS: iterations > 1, STEPS: generation_spans_steps(given[STEPS], given[ACCUMULATION]),
+              ASYNC: asynchronous}
+    stale = any(reuses.values())
     if in_reward:
         config = Config(reward=Estimator.K1, returns=Returns.SEQUENCE, aggregation=aggregation,
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
@@ -78,34 +79,13 @@ def judge(settings: Mapping[str, Setting], launch: Setting) -> Judged | None:
         config = Config(loss=Estimator.K3, aggregation=aggregation,
                         sampling=Sampling.OFF_POLICY if stale else Sampling.ON_POLICY)
         helps = {}
-    deciding = (BETA, ESTIMATOR, IN_REWARD, LOSS_TYPE)
-    flags = ", ".join(shown(key, given[key] or str(in_reward).lower(), settings.get(key)) for key in deciding)
-    reuse = [key for key in (ITERATIONS, STEPS, ACCUMULATION, ASYNC) if key in settings]
+    values = {**{key: value or "" for key, value in given.items()}, IN_REWARD: str(in_reward).lower()}
+    flags = ", ".join(shown(key, values[key], settings.get(key)) for key in (BETA, ESTIMATOR, IN_REWARD, LOSS_TYPE))
     if stale:
-        flags += ", " + ", ".join(f"{key}={given[key]}" for key in reuse)
-    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_TYPE),) if key in settings}
-    stale_at = next((settings[key] for key in (ITERATIONS, STEPS, ASYNC) if key in settings and _reuses(key, given)),
-                    None)
+        flags += ", " + ", ".join(f"{key}={given[key]}" for key in (ITERATIONS, STEPS, ACCUMULATION, ASYNC)
+                                  if key in settings)
+    anchors = {"KL007": settings.get(LOSS_TYPE, kind)}
+    stale_at = next((settings[key] for key, reused in reuses.items() if reused and key in settings), None)
     if stale_at is not None:
         anchors["KL008"] = stale_at
-    return Judged(config, settings.get(BETA, kind), flags, {"KL007": kind, **anchors}, helps)
-
-
-def _reuses(key: str, given: Mapping[str, str | None]) -> bool:
-    """Whether the flag `key` is one that makes a generation feed several optimizer steps."""
-    if key == ITERATIONS:
-        return (number(given[ITERATIONS] or "") or 1) > 1
-    if key == ASYNC:
-        return truthy(given[ASYNC] or "") is True
-    return _spans_optimizer_steps(given) is True
-
-
-def _spans_optimizer_steps(given: Mapping[str, str | None]) -> bool | None:
-    """Whether one generation serves micro-steps of more than one optimizer step: steps_per_generation not a
-    divisor of gradient_accumulation_steps. Unset, it is gradient_accumulation_steps; None when not literal."""
-    if given[STEPS] is None:
-        return False
-    steps, accumulation = number(given[STEPS] or ""), number(given[ACCUMULATION] or "")
-    if steps is None or accumulation is None or steps <= 0:
-        return None
-    return accumulation % steps != 0
+    return Judged(config, settings.get(BETA, kind), flags, anchors, helps)

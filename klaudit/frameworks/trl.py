@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
-from klaudit.frameworks.settings import Judged, Setting, shown
+from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps, shown
 from klaudit.frameworks.versions import Assumed, at_least, release
 
 NAME = "trl"
@@ -140,15 +140,12 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
 
 
 def _spans_optimizer_steps(settings: Mapping[str, Setting], fallback: Mapping[str, str]) -> bool:
-    """Whether one generation feeds more than one optimizer step: TRL generates every steps_per_generation
-    micro-steps and keeps the old log-probs when gradient_accumulation_steps (default 1) is no multiple of it.
-    Unset, steps_per_generation is gradient_accumulation_steps; a computed value decides nothing."""
-    def literal(key: str, default: str) -> float | None:
-        raw = settings[key].value if key in settings else fallback.get(key, default)
-        return None if raw is None or raw == "None" else _number(raw)
+    """Whether one generation feeds more than one optimizer step (settings.generation_spans_steps); unset,
+    steps_per_generation is gradient_accumulation_steps (default 1)."""
+    def value(key: str, default: str) -> str | None:
+        return settings[key].value if key in settings else fallback.get(key, default)
 
-    steps, accumulation = literal(STEPS, "None"), literal(ACCUMULATION, "1")
-    return steps is not None and accumulation is not None and steps > 0 and accumulation % steps != 0
+    return generation_spans_steps(value(STEPS, "None"), value(ACCUMULATION, "1"))
 
 
 def flag_fixes(assumed: Assumed) -> dict[str, tuple[str, str]]:

@@ -37,6 +37,7 @@ def codes(flags: str = "", kind: str = "grpo", text: str | None = None) -> list[
     ("--beta 0.001\n--loss_type sapo", [(6, "KL002"), (7, "KL007")]),  # sapo reduces as grpo does
     ("--beta 0.0", []),  # no reference model, no KL
     ("--beta $BETA", []),  # not a literal: no verdict on the default
+    ("--beta 0.001\n--kl_in_reward=$IN_REWARD", []),  # the KL's placement unknown: no verdict
     ("--beta 0.001\n--loss_type dapo\n--kl_in_reward true", []),  # row 6, on fresh samples
     ("--advantage_estimator rloo\n--loss_type dapo", []),  # rloo puts the KL in the reward by default
     ("--advantage_estimator reinforce_plus_plus", [(4, "KL007")]),  # the reward's advantage over 1/L
@@ -55,6 +56,8 @@ def test_swift_grpo_flags_get_the_catalog_s_verdict(flags, expected):
     ("--loss_type dapo\n--async_generate true", [(4, "KL002"), (7, "KL008")]),
     ("--loss_type dapo\n--async_generate", [(4, "KL002"), (7, "KL008")]),  # a bare switch is true
     ("--loss_type dapo\n--async_generate false", [(4, "KL002")]),
+    # a computed steps_per_generation decides nothing: the loss is judged, not its staleness
+    ("--loss_type dapo\n--gradient_accumulation_steps 4\n--steps_per_generation $SPG", [(4, "KL002")]),
     # the reward's KL trained on an older policy's samples with PPO's token ratio only (row 23)
     ("--advantage_estimator rloo\n--loss_type dapo\n--num_iterations 4", [(8, "KL008")]),
 ])
