@@ -30,6 +30,7 @@ class Estimator(str, Enum):
     K1_ST = "k1+"  # straight-through: value k1, gradient of k2
     K3_ST = "k3+"  # straight-through: value k3, gradient of k2
     FULL = "full"  # exact per-step KL_t(h) over the vocabulary (needs logits)
+    FULL_FORWARD = "full-fwd"  # exact per-step forward FKL_t(h) = KL(ref || pi) over the vocabulary (needs logits)
     RATIO_K3 = "ratio*k3"  # exp(logp - sg(logp)) * k3: value k3, gradient of the score-weighted k3
     K3_REVERSED = "k3-reversed"  # exp(delta) - 1 - delta: k3 with pi / ref where ref / pi belongs
 
@@ -247,6 +248,9 @@ CATALOG: tuple[Row, ...] = (
     _row("3", "k3 as loss", _loss(E.K3), Objective.PFWD, "KL002",
          "k3 = r - 1 - log r differentiated gives E[(1 - r) score] = grad of the per-token forward KL "
          "KL(ref || pi) at the policy's prefixes, not grad KL(pi || ref)", FIX_K3_LOSS),
+    _row("3b", "exact per-step forward KL as loss", _loss(E.FULL_FORWARD), Objective.PFWD, "KL002",
+         "sum_v ref(v) (log ref(v) - log pi(v)) at each step differentiated gives grad of the per-token forward KL "
+         "KL(ref || pi) at the policy's prefixes, not grad KL(pi || ref)", FIX_RB_LOSS),
     _row("4", "low_var_kl (clamped k3) as loss", _loss(E.LOW_VAR_KL), Objective.OTHER, "KL002",
          "low_var_kl is k3 with clamps: as a loss it follows the per-token forward KL, and the clamps "
          "zero the gradient where pi << ref", FIX_K3_LOSS),
@@ -287,6 +291,9 @@ CATALOG: tuple[Row, ...] = (
          "KL004", "the detached per-step KL_t(h_t) is fixed before token t is drawn, and it reaches only that token's "
          "score, whose expectation is zero: this reward adds no gradient in expectation, neither the local term "
          "nor the future one", FIX_RB_LOSS),
+    _row("10c", "exact per-step forward KL in reward, reward-to-go", _reward(E.FULL_FORWARD), Objective.OTHER,
+         "KL004", "the detached per-step forward KL(ref || pi) at h_t is fixed before token t is drawn, so in the reward "
+         "it only reweights prefixes by the later steps' forward KL: no KL's gradient", FIX_RB_LOSS),
     _row("11", "Rao-Blackwellized: exact KL as loss + future exact KL in reward",
          Config(loss=E.FULL, reward=E.FULL, returns=Returns.FUTURE), Objective.REV, None,
          "the per-step KL's local gradient plus the later steps' KL as a future return is grad KL(pi || ref)"

@@ -27,6 +27,7 @@ class Batch:
     token_kl:     [N, T] the exact per-step KL_t(h_t) of logits against ref_logits, when given in
                   their place (catalog surrogates only: klaudit.audit.fingerprint differentiates
                   them with respect to it); user code never sees it.
+    token_fkl:    [N, T] the exact per-step forward KL(ref_t || pi_t)(h_t), likewise.
     """
 
     logprobs: torch.Tensor
@@ -37,6 +38,7 @@ class Batch:
     old_logprobs: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     token_kl: torch.Tensor | None = None
+    token_fkl: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:

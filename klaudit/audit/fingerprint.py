@@ -193,11 +193,13 @@ def logits_gradient(objective: Callable[[Batch], torch.Tensor], batch_factory: C
 
 
 class RowBasis:
-    """The two directions of a catalog surrogate's gradient in each row (n, t) of a batch's logits.
+    """The three directions of a catalog surrogate's gradient in each row (n, t) of a batch's logits.
 
     With p = softmax(logits), q = softmax(ref_logits) and y the sampled token, a surrogate S that reads
-    the logits through log p_y and KL_t only has, in row (n, t), the gradient
-        a (e_y - p) + b p (log p - log q - KL_t),   a = dS / d log p_y,  b = dS / d KL_t.
+    the logits only through log p_y, KL_t = sum_v p log(p / q) and FKL_t = sum_v q log(q / p) has, in row
+    (n, t), the gradient
+        a (e_y - p) + b p (log p - log q - KL_t) + c (p - q),   a, b, c = dS / d log p_y, d KL_t, d FKL_t.
+    Coefficients are held as [3, N, T] (a, b, c), the per-row Gram matrix of the directions as [N, T, 3, 3].
     """
 
     def __init__(self, batch_factory: Callable[[], Batch]):
@@ -206,47 +208,56 @@ class RowBasis:
             log_p = torch.log_softmax(required(batch.logits, "logits").detach().to(torch.float64), -1)
             log_q = torch.log_softmax(required(batch.ref_logits, "ref_logits").to(torch.float64), -1)
             self.probs = log_p.exp()
+            ref_probs = log_q.exp()
             log_ratio = log_p - log_q
             kl = (self.probs * log_ratio).sum(-1)  # as estimator_values computes Estimator.FULL
-            self.kl_direction = self.probs * (log_ratio - kl.unsqueeze(-1))
+            forward_kl = -(ref_probs * log_ratio).sum(-1)  # ... and Estimator.FULL_FORWARD
+            self.directions = (self.probs * (log_ratio - kl.unsqueeze(-1)), self.probs - ref_probs)
             self.tokens = required(batch.tokens, "tokens").unsqueeze(-1)
             self.mask = batch.mask.to(torch.float64)
-            at_token = self.probs.gather(-1, self.tokens).squeeze(-1)
-            # Gram matrix of the two directions per row: |e_y - p|^2, <e_y - p, d>, |d|^2
-            self.gram = (1 - 2 * at_token + self.probs.square().sum(-1),
-                         self.kl_direction.gather(-1, self.tokens).squeeze(-1)
-                         - (self.probs * self.kl_direction).sum(-1),
-                         self.kl_direction.square().sum(-1))
-        self.token_kl = kl.to(batch.logprobs.dtype)
+            self.gram = self._gram()
         self.reduced = Batch(logprobs=batch.logprobs.detach(), ref_logprobs=batch.ref_logprobs, mask=batch.mask,
-                             old_logprobs=batch.old_logprobs, tokens=batch.tokens, token_kl=self.token_kl)
+                             old_logprobs=batch.old_logprobs, tokens=batch.tokens,
+                             token_kl=kl.to(batch.logprobs.dtype), token_fkl=forward_kl.to(batch.logprobs.dtype))
 
-    def coefficients(self, objective: Callable[[Batch], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a, b) [N, T] float64 of a catalog objective, zero at padding (an objective that reads the
-        logits otherwise than through log p_y and KL_t must not be given)."""
-        logprobs = self.reduced.logprobs.clone().requires_grad_(True)
-        token_kl = self.token_kl.clone().requires_grad_(True)
-        value = objective(dataclasses.replace(self.reduced, logprobs=logprobs, token_kl=token_kl))
+    def _gram(self) -> torch.Tensor:
+        """<u_i, u_j> [N, T, 3, 3] of u_0 = e_y - p and the two materialised directions."""
+        at_token = self.probs.gather(-1, self.tokens).squeeze(-1)
+        along_token = [direction.gather(-1, self.tokens).squeeze(-1) - (self.probs * direction).sum(-1)
+                        for direction in self.directions]
+        first = [1 - 2 * at_token + self.probs.square().sum(-1), *along_token]
+        rows = [first] + [[along_token[i]] + [torch.linalg.vecdot(self.directions[i], other)
+                                              for other in self.directions] for i in range(len(self.directions))]
+        return torch.stack([torch.stack(row, -1) for row in rows], -2)
+
+    def coefficients(self, objective: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        """(a, b, c) [3, N, T] float64 of a catalog objective, zero at padding (an objective that reads the
+        logits otherwise than through log p_y, KL_t and FKL_t must not be given)."""
+        leaves = [tensor.clone().requires_grad_(True) for tensor in (self.reduced.logprobs, required(
+            self.reduced.token_kl, "token_kl"), required(self.reduced.token_fkl, "token_fkl"))]
+        value = objective(dataclasses.replace(self.reduced, logprobs=leaves[0], token_kl=leaves[1],
+                                              token_fkl=leaves[2]))
         if not value.requires_grad:
-            return torch.zeros_like(self.mask), torch.zeros_like(self.mask)
-        grads = torch.autograd.grad(value, [logprobs, token_kl], allow_unused=True)
-        a, b = (torch.zeros_like(self.mask) if grad is None else grad.to(torch.float64) * self.mask for grad in grads)
-        return a, b
+            return torch.zeros((3, *self.mask.shape), dtype=torch.float64, device=self.mask.device)
+        grads = torch.autograd.grad(value, leaves, allow_unused=True)
+        return torch.stack([torch.zeros_like(self.mask) if grad is None else grad.to(torch.float64) * self.mask
+                            for grad in grads])
 
-    def squared_norm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """|a (e_y - p) + b d|^2 summed over the rows."""
-        aa, ab, bb = self.gram
-        return (a.square() * aa + 2 * a * b * ab + b.square() * bb).sum()
+    def squared_norm(self, coefficients: torch.Tensor) -> torch.Tensor:
+        """|a (e_y - p) + b d + c f|^2 summed over the rows, for (a, b, c) [3, N, T]."""
+        return torch.einsum("int,ntij,jnt->", coefficients, self.gram, coefficients)
 
-    def projections(self, gradient: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """<g, e_y - p> and <g, d> [N, T] of a gradient g [N, T, V]."""
+    def projections(self, gradient: torch.Tensor) -> torch.Tensor:
+        """<g, e_y - p>, <g, d>, <g, f> [3, N, T] of a gradient g [N, T, V]."""
         along_token = gradient.gather(-1, self.tokens).squeeze(-1) - torch.linalg.vecdot(gradient, self.probs)
-        return along_token, torch.linalg.vecdot(gradient, self.kl_direction)
+        return torch.stack([along_token, *(torch.linalg.vecdot(gradient, direction) for direction in self.directions)])
 
-    def residual_norm(self, gradient: torch.Tensor, scale: float, a: torch.Tensor, b: torch.Tensor) -> float:
-        """|g - scale (a (e_y - p) + b d)| for a gradient g [N, T, V], computed entry by entry."""
+    def residual_norm(self, gradient: torch.Tensor, scale: float, coefficients: torch.Tensor) -> float:
+        """|g - scale (a (e_y - p) + b d + c f)| for a gradient g [N, T, V], computed entry by entry."""
+        a, *others = coefficients
         residual = gradient.clone()
-        residual.addcmul_(self.kl_direction, b.unsqueeze(-1), value=-scale)
+        for direction, coefficient in zip(self.directions, others):
+            residual.addcmul_(direction, coefficient.unsqueeze(-1), value=-scale)
         residual.addcmul_(self.probs, a.unsqueeze(-1), value=scale)
         residual.scatter_add_(-1, self.tokens, -scale * a.unsqueeze(-1))
         return torch.linalg.vector_norm(residual).item()
@@ -256,24 +267,24 @@ class SpanGradient:
     """A term's logits gradient that lies in the span of RowBasis's directions: s (e_y - p) in each row, the
     gradient of a term that reads the logits only through the sampled token's log-prob. Its projections and
     residuals are exact functions of the [N, T] coefficients and the basis's Gram matrix, so nothing is
-    computed per vocabulary entry: |g - c (a (e_y - p) + b d)|^2 = sum over rows of the Gram form of
-    (s - c a, -c b), which, unlike |g|^2 - <g, h>^2 / |h|^2, does not cancel as the residual goes to zero."""
+    computed per vocabulary entry: |g - c (a (e_y - p) + b d + c' f)|^2 = sum over rows of the Gram form of
+    (s - c a, -c b, -c c'), which, unlike |g|^2 - <g, h>^2 / |h|^2, does not cancel as the residual goes to zero."""
 
     def __init__(self, basis: RowBasis, score: torch.Tensor):
         self.basis, self.score = basis, score
+        self.coefficients = torch.stack([score, torch.zeros_like(score), torch.zeros_like(score)])
 
     def nonzero(self) -> bool:
         return bool(self.score.any())
 
     def squared_norm(self) -> float:
-        return self.basis.squared_norm(self.score, torch.zeros_like(self.score)).item()
+        return self.basis.squared_norm(self.coefficients).item()
 
-    def projections(self) -> tuple[torch.Tensor, torch.Tensor]:
-        aa, ab, _ = self.basis.gram
-        return self.score * aa, self.score * ab
+    def projections(self) -> torch.Tensor:
+        return torch.einsum("nti,nt->int", self.basis.gram[..., 0, :], self.score)
 
-    def residual_norm(self, scale: float, a: torch.Tensor, b: torch.Tensor) -> float:
-        return math.sqrt(max(self.basis.squared_norm(self.score - scale * a, -scale * b).item(), 0.0))
+    def residual_norm(self, scale: float, coefficients: torch.Tensor) -> float:
+        return math.sqrt(max(self.basis.squared_norm(self.coefficients - scale * coefficients).item(), 0.0))
 
 
 class FullGradient:
@@ -288,11 +299,11 @@ class FullGradient:
     def squared_norm(self) -> float:
         return torch.linalg.vector_norm(self.gradient).item() ** 2
 
-    def projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def projections(self) -> torch.Tensor:
         return self.basis.projections(self.gradient)
 
-    def residual_norm(self, scale: float, a: torch.Tensor, b: torch.Tensor) -> float:
-        return self.basis.residual_norm(self.gradient, scale, a, b)
+    def residual_norm(self, scale: float, coefficients: torch.Tensor) -> float:
+        return self.basis.residual_norm(self.gradient, scale, coefficients)
 
 
 # A configuration is compared exactly with a term's gradient u (entry by entry, or by its coefficients for a
@@ -347,28 +358,25 @@ class Fingerprinter:
         self._near: Fingerprinter | None = None
         self._far: Fingerprinter | None = None
         self._configs = candidate_configs(off_policy)
-        coefficients = self._coefficients()
-        self._a = torch.stack([a for a, _ in coefficients])  # [configs, N, T]
-        self._b = torch.stack([b for _, b in coefficients])
-        self._squared = torch.stack([self.basis.squared_norm(a, b) for a, b in coefficients]).tolist()
+        self._coefficients = torch.stack(self._per_config())  # [configs, 3, N, T]
+        self._squared = [self.basis.squared_norm(coefficients).item() for coefficients in self._coefficients]
         # configurations with the very same coefficients share one comparison (index of the first); grouped by
         # one sort of the rows, so that a GPU is asked once rather than once per pair
-        _, groups = torch.unique(torch.cat([self._a.flatten(1), self._b.flatten(1)], 1), dim=0, return_inverse=True)
+        _, groups = torch.unique(self._coefficients.flatten(1), dim=0, return_inverse=True)
         first: dict[int, int] = {}
         self._same_as = [first.setdefault(group, index) for index, group in enumerate(groups.tolist())]
 
-    def _coefficients(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """RowBasis coefficients (a, b) of each candidate configuration. A seq-token-mean one is its token-sum
-        twin's divided by each sequence's length (the surrogates do not read the aggregation, and 1/L is a
-        constant factor per sequence), so only the token-sum ones are differentiated."""
+    def _per_config(self) -> list[torch.Tensor]:
+        """RowBasis coefficients [3, N, T] of each candidate configuration. A seq-token-mean one is its
+        token-sum twin's divided by each sequence's length (the surrogates do not read the aggregation, and 1/L
+        is a constant factor per sequence), so only the token-sum ones are differentiated."""
         lengths = self.basis.mask.sum(-1, keepdim=True)
-        computed: dict[Config, tuple[torch.Tensor, torch.Tensor]] = {}
+        computed: dict[Config, torch.Tensor] = {}
         coefficients = []
         for config in self._configs:
             summed = dataclasses.replace(config, aggregation=Aggregation.SUM)
             if config.aggregation is Aggregation.SEQ_MEAN and summed in computed:
-                a, b = computed[summed]
-                coefficients.append((a / lengths, b / lengths))
+                coefficients.append(computed[summed] / lengths)
             else:
                 computed[config] = self.basis.coefficients(_weighted(config))
                 coefficients.append(computed[config])
@@ -400,9 +408,8 @@ class Fingerprinter:
         user = self.user_gradient(objective)
         if not user.nonzero():
             return {}
-        along_token, along_kl = user.projections()
-        chosen = torch.tensor(indices, device=self._a.device)
-        user_dots = ((self._a[chosen] * along_token).sum((1, 2)) + (self._b[chosen] * along_kl).sum((1, 2))).tolist()
+        chosen = torch.tensor(indices, device=self._coefficients.device)
+        user_dots = (self._coefficients[chosen] * user.projections()).sum((1, 2, 3)).tolist()
         user_squared = user.squared_norm()
         fits: dict[int, tuple[float, float]] = {}
         compared: dict[int, tuple[float, float] | None] = {}
@@ -413,7 +420,7 @@ class Fingerprinter:
             first = self._same_as[index]
             if first not in compared:
                 scale = user_dot / squared
-                error = user.residual_norm(scale, self._a[index], self._b[index]) / (
+                error = user.residual_norm(scale, self._coefficients[index]) / (
                     scale * math.sqrt(squared))
                 compared[first] = (scale, error) if error < rtol else None
             fit = compared[first]

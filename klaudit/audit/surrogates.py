@@ -27,6 +27,7 @@ Surrogate = Callable[[Batch], torch.Tensor]
 
 _LOW_VAR_LOG_RATIO_CLAMP = 20.0  # verl clamps log(ref / pi) to [-20, 20] ...
 _LOW_VAR_VALUE_CLAMP = 10.0  # ... and the k3 value to [-10, 10]
+_OVER_VOCABULARY = (Estimator.FULL, Estimator.FULL_FORWARD)  # a function of the prefix h_t alone, not of y_t
 
 
 def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -34,7 +35,8 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
 
     k1 = delta, k2 = delta^2 / 2, k3 = e^-delta - 1 + delta, k3-reversed = e^delta - 1 - delta, abs = |delta|; straight-through k1+/k3+
     carry the value of k1/k3 and the gradient of k2; ratio*k3 = exp(logp - sg(logp)) * k3; full is
-    KL_t(h_t) = sum_v pi(v|h) log(pi(v|h) / ref(v|h)) from the logits (or the batch's token_kl).
+    KL_t(h_t) = sum_v pi(v|h) log(pi(v|h) / ref(v|h)) from the logits (or the batch's token_kl), full-fwd
+    FKL_t(h_t) = sum_v ref(v|h) log(ref(v|h) / pi(v|h)) (or the batch's token_fkl).
     """
     if estimator is Estimator.K1:
         return log_ratio
@@ -56,13 +58,17 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
     if estimator is Estimator.RATIO_K3:
         score_weight = torch.exp(batch.logprobs - batch.logprobs.detach())
         return score_weight * estimator_values(Estimator.K3, log_ratio, batch)
-    if estimator is Estimator.FULL:
-        if batch.token_kl is not None:
-            return batch.token_kl
+    if estimator is Estimator.FULL and batch.token_kl is not None:
+        return batch.token_kl
+    if estimator is Estimator.FULL_FORWARD and batch.token_fkl is not None:
+        return batch.token_fkl
+    if estimator in _OVER_VOCABULARY:
         if batch.logits is None or batch.ref_logits is None:
             raise ValueError("the exact per-step KL needs the policy and reference logits")
         policy_logp = torch.log_softmax(batch.logits, dim=-1)
         ref_logp = torch.log_softmax(batch.ref_logits, dim=-1)
+        if estimator is Estimator.FULL_FORWARD:
+            return (ref_logp.exp() * (ref_logp - policy_logp)).sum(-1)
         return (policy_logp.exp() * (policy_logp - ref_logp)).sum(-1)
     raise ValueError(f"unknown estimator {estimator!r}")
 
@@ -125,7 +131,7 @@ def build_surrogate(config: Config) -> Surrogate:
         weight_through, weight_before = _importance_weights(batch, config.sampling)
 
         def weight_for(estimator: Estimator) -> torch.Tensor:
-            return weight_before if estimator is Estimator.FULL else weight_through
+            return weight_before if estimator in _OVER_VOCABULARY else weight_through
 
         total = torch.zeros_like(mask[:, 0])
         if config.loss is not None:

@@ -279,6 +279,7 @@ _FORMS: dict[Estimator, dict[tuple[AtomKind, ...], float]] = {
     Estimator.K3_REVERSED: {(INV_RATIO,): 1.0, (DELTA,): -1.0},
     Estimator.ABS: {(ABS,): 1.0},
     Estimator.FULL: {(FULL,): 1.0},
+    Estimator.FULL_FORWARD: {(FULL_FWD,): 1.0},
 }
 
 

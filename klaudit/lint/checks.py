@@ -45,7 +45,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast, statement_nodes
-from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
+from klaudit.lint.teacher_forcing import teacher_forced
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
 
@@ -82,10 +82,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
         paired = _paired(found)
-        teacher_forced = (any(_exact_loss_on_dataset(config) for *_, config in paired)  # the cheap test first
-                          and masks_by_labels(func) and samples_nowhere(source))
         for sink, fact, config in paired:
-            if teacher_forced and _exact_loss_on_dataset(config):
+            if _exact_loss_on_dataset(config) and teacher_forced(func, fact.origin, functions, source):
                 undecided.append((fact, sink, TEACHER_FORCED))
             else:
                 candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
@@ -616,9 +614,9 @@ def _a(kind: SinkKind) -> str:
 
 
 def _exact_loss_on_dataset(config: Config) -> bool:
-    """An exact per-step KL as a loss and nothing else: the form that, on teacher-forced positions, is a
-    per-position distillation objective (klaudit.lint.teacher_forcing)."""
-    return config.loss is Estimator.FULL and config.reward is None
+    """An exact per-step KL (either direction) as a loss and nothing else: the form that, on teacher-forced
+    positions, is a per-position distillation objective (klaudit.lint.teacher_forcing)."""
+    return config.loss in (Estimator.FULL, Estimator.FULL_FORWARD) and config.reward is None
 
 
 def _undetermined(path: str, module: cst.Module, analyzer: Analyzer, undecided: list[tuple[Fact, Sink | None, str]],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 
 import libcst as cst
 
@@ -21,6 +22,21 @@ from klaudit.lint.syntax import int_literal, last_name, python_ast, walk
 # Words of code that samples from the policy it trains, or that works on such samples.
 _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
 _TARGETS = re.compile(r"^(\w*_)?(labels?|targets?)$", re.IGNORECASE)
+
+
+def teacher_forced(function: cst.FunctionDef, origin: cst.CSTNode | None,
+                   functions: Sequence[tuple[cst.FunctionDef, object]], source: str) -> bool:
+    """Whether a KL term that `function` puts into a loss may be on a dataset's sequences: the module samples
+    nothing, and `function` or the module's function that formed the term (a `distillation_loss` its caller
+    adds to the task loss) picks positions by labels."""
+    if not samples_nowhere(source):
+        return False
+    if masks_by_labels(function):
+        return True
+    if origin is None:
+        return False
+    return any(masks_by_labels(other) for other, _ in functions
+               if other is not function and any(node is origin for node in walk(other)))
 
 
 def masks_by_labels(function: cst.FunctionDef) -> bool:

@@ -208,22 +208,40 @@ def test_the_comparison_in_the_row_basis_is_the_entry_by_entry_one(monkeypatch):
 
 
 def test_a_span_gradient_measures_as_its_vocabulary_entries_do():
-    """SpanGradient's projections, norm and residuals against any a (e_y - p) + b d equal those of the same
+    """SpanGradient's projections, norm and residuals against any a (e_y - p) + b d + c f equal those of the same
     gradient written out over the vocabulary (FullGradient), for a gradient and coefficients drawn at random."""
     from klaudit.audit.fingerprint import FullGradient, RowBasis, SpanGradient, with_score
 
     basis = RowBasis(_random_batch())
     generator = torch.Generator().manual_seed(5)
-    score, a, b = (torch.randn(basis.mask.shape, generator=generator, dtype=torch.float64) * basis.mask
-                   for _ in range(3))
+    score, a, b, c = (torch.randn(basis.mask.shape, generator=generator, dtype=torch.float64) * basis.mask
+                      for _ in range(4))
+    coefficients = torch.stack([a, b, c])
     span = SpanGradient(basis, score)
     full = FullGradient(basis, with_score(None, score, basis.probs, basis.tokens.squeeze(-1)))
-    for got, expected in zip(span.projections(), full.projections()):
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-13)
+    torch.testing.assert_close(span.projections(), full.projections(), rtol=0, atol=1e-13)
     assert span.squared_norm() == pytest.approx(full.squared_norm(), rel=1e-12)
     for scale in (0.5, 2.0):
-        assert span.residual_norm(scale, a, b) == pytest.approx(full.residual_norm(scale, a, b), rel=1e-10)
-    assert span.residual_norm(2.0, score / 2.0, 0 * b) == pytest.approx(0.0, abs=1e-14)
+        assert span.residual_norm(scale, coefficients) == pytest.approx(full.residual_norm(scale, coefficients),
+                                                                         rel=1e-10)
+    assert span.residual_norm(2.0, torch.stack([score / 2.0, 0 * b, 0 * c])) == pytest.approx(0.0, abs=1e-14)
+
+
+def test_the_row_basis_gram_matrix_is_that_of_its_directions_over_the_vocabulary():
+    """RowBasis's per-row Gram matrix equals the inner products of e_y - p, p (log p - log q - KL_t) and p - q
+    written out over the vocabulary, and a catalog row's coefficients rebuild its gradient through log_softmax
+    (the exact forward KL's row too, whose logits gradient is p - q)."""
+    from klaudit.audit.fingerprint import RowBasis, _weighted, logits_gradient, with_score
+
+    batches = _random_batch()
+    basis = RowBasis(batches)
+    along_token = with_score(None, torch.ones_like(basis.mask), basis.probs, basis.tokens.squeeze(-1))
+    vectors = torch.stack([along_token, *basis.directions], -1)  # [N, T, V, 3]
+    torch.testing.assert_close(torch.einsum("ntvi,ntvj->ntij", vectors, vectors), basis.gram, rtol=0, atol=1e-12)
+    for estimator in (Estimator.FULL, Estimator.FULL_FORWARD, Estimator.K3):
+        objective = _weighted(Config(loss=estimator))
+        rebuilt = torch.einsum("ntvi,int->ntv", vectors, basis.coefficients(objective)) * basis.mask.unsqueeze(-1)
+        torch.testing.assert_close(rebuilt, logits_gradient(objective, batches), rtol=0, atol=1e-12)
 
 
 def test_a_model_batch_gives_the_rows_of_the_entry_by_entry_comparison(tmp_path, monkeypatch):
@@ -288,7 +306,6 @@ def test_seq_token_mean_coefficients_are_the_differentiated_ones(fingerprinter, 
                if config.aggregation is Aggregation.SEQ_MEAN]
     assert derived
     for index in derived:
-        a, b = fingerprinter.basis.coefficients(_weighted(fingerprinter._configs[index]))
-        assert a.abs().max() > 0 or b.abs().max() > 0
-        torch.testing.assert_close(fingerprinter._a[index], a, rtol=1e-12, atol=1e-15)
-        torch.testing.assert_close(fingerprinter._b[index], b, rtol=1e-12, atol=1e-15)
+        coefficients = fingerprinter.basis.coefficients(_weighted(fingerprinter._configs[index]))
+        assert coefficients.abs().max() > 0
+        torch.testing.assert_close(fingerprinter._coefficients[index], coefficients, rtol=1e-12, atol=1e-15)

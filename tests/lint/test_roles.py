@@ -119,7 +119,7 @@ def test_exact_kl_over_the_vocabulary_and_its_direction():
     """
     assert estimators(facts_of(body, "kl")) == {Estimator.FULL}
     assert estimators(facts_of(body, "rev")) == {Estimator.FULL}
-    assert estimators(facts_of(body, "fwd")) == {None}  # KL(ref || pi): no catalog estimator
+    assert estimators(facts_of(body, "fwd")) == {Estimator.FULL_FORWARD}  # KL(ref || pi)
 
 
 def test_top_k_log_probs_are_a_slice_of_the_vocabulary():
