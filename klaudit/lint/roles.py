@@ -239,6 +239,25 @@ def names_optimizer(name: str) -> bool:
     return _OPTIMIZER.search(name) is not None
 
 
+# a torch.distributions object over the next token, named for its side: `prior_dist`, `ref_distribution`,
+# `actor.get_dist(batch)`; a lagging copy's (`old_dist`) is neither side of a KL to the reference
+_DISTRIBUTION = re.compile(r"(^|_)(dist|dists|distribution|distributions)(_|$)|^get_dist$", re.IGNORECASE)
+_REFERENCE_SIDE = re.compile(r"(?<![a-z])(ref|reference|prior|init|initial|sft|teacher|frozen|base)(?![a-z])",
+                             re.IGNORECASE)
+_LAGGING_SIDE = re.compile(r"(?<![a-z])(old|prev|previous|behaviou?r|rollout|target)(?![a-z])", re.IGNORECASE)
+
+
+def distribution_side(path: str) -> str | None:
+    """"reference" or "policy" for the dotted path of a distribution object (`prior_dist`,
+    `actor_training.get_dist`); None for anything that names no distribution, or a lagging copy's."""
+    parts = path.split(".")
+    if not any(_DISTRIBUTION.search(part) for part in parts):
+        return None
+    if any(_LAGGING_SIDE.search(part) for part in parts):
+        return None
+    return "reference" if any(_REFERENCE_SIDE.search(part) for part in parts) else "policy"
+
+
 def names_reference_outputs(name: str) -> bool:
     """`ref_logps`, `teacher_log_probs`, `ref_logits`: the reference's (or a teacher's) log-probs or logits."""
     return tensor_role(name) in (REF, REF_LOGITS)

@@ -61,3 +61,33 @@ def test_samples_nowhere_reads_names_not_prose():
     assert not samples_nowhere("out = model.generate(prompts)\n")
     assert not samples_nowhere("def f(completion_mask):\n    pass\n")
     assert not samples_nowhere("def broken(:\n")
+
+
+CALLER_COMBINES = '''
+import torch.nn.functional as F
+
+
+def forward_kl_loss(student_logits, teacher_logits, labels):
+    student_log_probs = F.log_softmax(student_logits, dim=-1)
+    teacher_probs = F.softmax(teacher_logits, dim=-1)
+    per_position = F.kl_div(student_log_probs, teacher_probs, reduction="none").sum(-1)
+    keep = (labels != -100).float()
+    return (per_position * keep).sum() / keep.sum()
+
+
+class Distiller:
+    def compute_loss(self, batch):
+        out = self.student(batch["input_ids"], labels=batch["labels"])
+        teacher_logits = self.teacher(batch["input_ids"]).logits.detach()
+        loss = 0.5 * out.loss + 0.5 * forward_kl_loss(out.logits, teacher_logits, batch["labels"])
+        return loss
+'''
+
+
+def test_a_term_formed_at_labelled_positions_stays_undetermined_where_a_caller_adds_it(tmp_path):
+    """The caller that adds the distillation term to the task loss reads no labels itself: the function that
+    formed the term does, and the module samples nothing, so neither the forward KL (KL002) nor anything else is
+    reported at the caller; beside generation the same code is the on-policy KL002."""
+    assert module_codes(CALLER_COMBINES, tmp_path) == [(8, "KL100")]
+    sampled = CALLER_COMBINES + "\n    def rollout(self, prompts):\n        return self.student.generate(prompts)\n"
+    assert module_codes(sampled, tmp_path) == [(10, "KL002")]
