@@ -116,6 +116,17 @@ class ContainerFlow(FlowState):
             return entries
         return self.stored(key_slot(key)) or None
 
+    def named_entry(self, base_node: cst.BaseExpression, key: str, grad: bool) -> tuple:
+        """The tensor an unknown record holds under `key`, by the key's name (`batch["ref_logps"]`); one sequence's
+        row where the record is one sample's, the variable of a loop over such records (`for traj in trajs:`)."""
+        poly = roles.named_tensor(key, grad=grad)
+        if poly is None:
+            return ()
+        fact = tensor(poly)
+        one_sample = type(base_node) is cst.Name and roles.names_one_sample(base_node.value) and any(
+            base_node.value in names for names in self.loop_variables)
+        return (as_row(fact) if one_sample else fact,)
+
     def read_get(self, base_node: cst.BaseExpression, key: str, default: cst.BaseExpression | None) -> tuple:
         """`base.get("key", default)`: what was stored under the key, or the default (None when not given)."""
         found = self.read_key(base_node, key)
@@ -123,8 +134,7 @@ class ContainerFlow(FlowState):
             # rollout data (`batch.get(...)`) holds no gradient, except the current policy's log-probs a loss
             # reads from its inputs; a model's outputs (`outputs.get("logps")`) do, as `outputs["logps"]` does
             grad = not is_data_read(base_node) or roles.is_current_policy_name(key)
-            poly = roles.named_tensor(key, grad=grad and not self.no_grad)
-            found = (tensor(poly),) if poly is not None else ()
+            found = self.named_entry(base_node, key, grad and not self.no_grad)
         if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
             return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found
         defaults = tuple(f for f in self.expr(default) if f.role != "none")

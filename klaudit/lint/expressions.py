@@ -135,9 +135,9 @@ class ExpressionFlow(FlowState):
             if found is not None:
                 return found
             grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
-            poly = roles.named_tensor(key, grad=grad)
-            if poly is not None:
-                return (tensor(poly),)
+            named = self.named_entry(node.value, key, grad)
+            if named:
+                return named
             if roles.is_mask_name(key):
                 return (Fact(role="mask"),)
             return ()

@@ -258,6 +258,17 @@ def distribution_side(path: str) -> str | None:
     return "reference" if any(_REFERENCE_SIDE.search(part) for part in parts) else "policy"
 
 
+# the record of one sample, as a loop over a list of them names it (`for traj in trajectories:`); a batch's record
+# (`batch`, `experience`, `mb`) holds every sequence's rows
+_ONE_SAMPLE = re.compile(r"^_*(traj|trajectory|sample|example|ex|episode|record|rollout|response|completion|"
+                         r"conversation|dialog|dialogue|instance|datum|item)(_?\d+)?$", re.IGNORECASE)
+
+
+def names_one_sample(name: str) -> bool:
+    """`traj`, `sample`, `episode`: a variable that holds one sample's record."""
+    return _ONE_SAMPLE.match(name) is not None
+
+
 def names_reference_outputs(name: str) -> bool:
     """`ref_logps`, `teacher_log_probs`, `ref_logits`: the reference's (or a teacher's) log-probs or logits."""
     return tensor_role(name) in (REF, REF_LOGITS)
