@@ -292,10 +292,13 @@ def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool]) -> bool:
 
 def picks_the_first_row(node: cst.Subscript) -> bool:
     """`logits[0, prompt_len - 1:-1]`, `x[0, start:end, :]`: the one sequence of a batch of one (a single example
-    encoded alone), its positions cut to the response by a bounded slice, every other axis sliced."""
+    encoded alone), its positions cut to the response by a bounded slice, every other axis sliced; and
+    `model(ids).logits[0]`, whose first axis a model's output keeps for the batch."""
     first, rest = node.slice[0].slice, node.slice[1:]
-    if not isinstance(first, cst.Index) or int_literal(first.value) != 0 or not rest:
+    if not isinstance(first, cst.Index) or int_literal(first.value) != 0:
         return False
+    if not rest:
+        return isinstance(node.value, cst.Attribute) and node.value.attr.value == "logits"
     positions = rest[0].slice
     return (all(isinstance(element.slice, cst.Slice) for element in rest) and isinstance(positions, cst.Slice)
             and (positions.lower is not None or positions.upper is not None))

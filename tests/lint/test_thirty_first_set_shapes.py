@@ -1,6 +1,8 @@
 """Shapes of KL code met in the thirty-first fresh set's review.
 
-Verdict (kl-math.md section 8): k3 differentiated as a loss follows the per-token forward KL (row 3, KL002).
+Verdicts (kl-math.md section 8): k3 differentiated as a loss follows the per-token forward KL (row 3, KL002); each
+turn's mean over its own tokens (`model(ids).logits[0]` is the one sequence of a batch of one) weights the turn by
+1/L (row 21, KL007).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def run_grpo(policy, ref_model, optimizer, turns, advantages, kl_coeff):
                                           ("range(comp_ids.numel())", "comp_ids"),
                                           ("torch.arange(comp_ids.shape[0])", "sampled_tokens")])
 def test_log_probs_indexed_by_the_sampled_ids_are_the_tokens_log_probs(tmp_path, rows, picked):
-    assert [code for _, code in module_codes(PER_TURN.format(rows=rows, picked=picked), tmp_path)] == ["KL002"]
+    assert [code for _, code in module_codes(PER_TURN.format(rows=rows, picked=picked), tmp_path)] == ["KL002", "KL007"]
 
 
 def test_an_index_that_names_no_token_ids_picks_no_tokens(tmp_path):
@@ -63,5 +65,6 @@ def test_whether_a_list_holds_anything_is_no_setting(tmp_path):
     source = PER_TURN.format(rows="torch.arange(len(comp_ids))", picked="comp_ids").replace(
         "kl_coeff * torch.stack(kl_terms).mean()", "kl_coeff * (torch.stack(kl_terms).mean() if kl_terms else 0.0)")
     (tmp_path / "snippet.py").write_text(source)
-    [finding] = check_module(str(tmp_path / "snippet.py"), cst.parse_module(source), Project([tmp_path]), source)
-    assert finding.code == "KL002" and "kl_terms" not in finding.message
+    findings = check_module(str(tmp_path / "snippet.py"), cst.parse_module(source), Project([tmp_path]), source)
+    assert [finding.code for finding in findings] == ["KL002", "KL007"]
+    assert not any("kl_terms" in finding.message for finding in findings)
