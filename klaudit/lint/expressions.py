@@ -134,7 +134,8 @@ class ExpressionFlow(FlowState):
             found = self.read_key(node.value, key)
             if found is not None:
                 return found
-            grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key))
+            grad = not self.no_grad and (not is_data_read(node) or roles.is_current_policy_name(key)
+                                         or (dotted(node.value), key) in self.detached_entries())
             named = self.named_entry(node.value, key, grad)
             if named:
                 return named

@@ -17,7 +17,7 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.syntax import decorated_no_grad
+from klaudit.lint.syntax import decorated_no_grad, detached_entries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,6 +65,13 @@ class FlowState:
         self.loss_function = roles.is_loss_function(name) or (
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
         )
+        self._detached_entries: frozenset[tuple[str, str]] | None = None
+
+    def detached_entries(self) -> frozenset[tuple[str, str]]:
+        """(container, key) of the entries the function detaches somewhere (klaudit.lint.syntax.detached_entries)."""
+        if self._detached_entries is None:
+            self._detached_entries = detached_entries(self.func)
+        return self._detached_entries
 
     if TYPE_CHECKING:
         # statements, klaudit.lint.flow

@@ -167,6 +167,20 @@ def is_data_read(node: cst.CSTNode) -> bool:
         return method in _CASTS | _RESHAPES | {"get", "pop"} and is_data_read(node.func.value)
     return False
 
+def detached_entries(function: cst.CSTNode) -> frozenset[tuple[str, str]]:
+    """(container, key) of each `container["key"].detach()` in `function`: entries that its author knows to carry a
+    gradient (`exp(minibatch["logps"] - minibatch["logps"].detach())`), whatever container holds them."""
+    found = set()
+    for node in walk(function):
+        if (type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "detach"
+                and type(node.func.value) is cst.Subscript):
+            key = string_key(node.func.value)
+            base = dotted(node.func.value.value)
+            if key is not None and base:
+                found.add((base, key))
+    return frozenset(found)
+
+
 def is_literal_choice(node: cst.CSTNode) -> bool:
     """A number, None, True or False, or a conditional choosing between such (`None if flag else -1`)."""
     if type(node) is cst.IfExp:
