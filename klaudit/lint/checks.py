@@ -45,7 +45,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast, statement_nodes
-from klaudit.lint.teacher_forcing import teacher_forced
+from klaudit.lint.teacher_forcing import formed_in, speaks_of_a_teacher, teacher_forced
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
 
@@ -85,6 +85,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         for sink, fact, config in paired:
             if _exact_loss_on_dataset(config) and teacher_forced(func, fact.origin, functions, source):
                 undecided.append((fact, sink, TEACHER_FORCED))
+            elif _forward_distillation(config, fact, func, functions):
+                undecided.append((fact, sink, FORWARD_DISTILLATION))
             else:
                 candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
         undecided.extend((fact, None, UNFOLLOWED) for fact in outcome.unexplained)
@@ -607,6 +609,24 @@ UNFOLLOWED = "it reaches no loss, reward, advantage, return or metric that the a
 TEACHER_FORCED = ("an exact KL over the vocabulary as a loss at the positions of the labels, in a module that "
                   "samples nothing: on a dataset's sequences (teacher forcing) its per-position gradient is the "
                   "whole gradient; on the policy's own samples it lacks the later tokens' term (KL003)")
+
+
+FORWARD_DISTILLATION = ("the exact forward KL(teacher || student) to a distillation teacher: a distillation objective of "
+                        "its own choosing (GKD's beta = 0), not an estimate of a KL penalty to the reference")
+
+
+def _forward_distillation(config: Config, fact: Fact, function: cst.FunctionDef,
+                          functions: Sequence[tuple[cst.FunctionDef, object]]) -> bool:
+    """The exact forward KL taken against a teacher (`F.kl_div(student_log_probs, teacher_log_probs)`, or formed or
+    used where the names speak of a teacher and of no reference): forward-KL distillation, whose per-position gradient
+    is what it means to follow; toward the reference it is row 3b's KL002."""
+    if Estimator.FULL_FORWARD not in (config.loss, config.reward):
+        return False
+    if fact.against == frozenset({"teacher"}):
+        return True
+    # `t_logp`, a neutral abbreviation the roles read as the reference's: the function's names decide
+    return fact.against <= {"reference"} and (speaks_of_a_teacher(formed_in(fact.origin, functions))
+                                              or speaks_of_a_teacher(function))
 
 
 def _a(kind: SinkKind) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
+from klaudit.lint import roles
 from klaudit.lint.syntax import int_literal, last_name, python_ast, walk
 
 # Words of code that samples from the policy it trains, or that works on such samples.
@@ -37,6 +38,25 @@ def teacher_forced(function: cst.FunctionDef, origin: cst.CSTNode | None,
         return False
     return any(masks_by_labels(other) for other, _ in functions
                if other is not function and any(node is origin for node in walk(other)))
+
+
+def formed_in(origin: cst.CSTNode | None, functions: Sequence[tuple[cst.FunctionDef, object]]) -> cst.FunctionDef | None:
+    """The function of `functions` whose body holds the node `origin` (where a KL term was formed)."""
+    if origin is None:
+        return None
+    return next((function for function, _ in functions if any(node is origin for node in walk(function))), None)
+
+
+_REFERENCE_WORD = re.compile(r"(?<![a-z0-9])(ref|reference|prior)(?![a-z])", re.IGNORECASE)
+
+
+def speaks_of_a_teacher(function: cst.FunctionDef | None) -> bool:
+    """Whether the names of `function` speak of a distillation teacher (`t_logp = log_softmax(teacher_logits)`) and
+    none of them of the reference: the distribution a KL term formed there is taken against."""
+    if function is None:
+        return False
+    names = {node.value for node in walk(function) if type(node) is cst.Name}
+    return any(roles.names_teacher(name) for name in names) and not any(_REFERENCE_WORD.search(name) for name in names)
 
 
 def masks_by_labels(function: cst.FunctionDef) -> bool:

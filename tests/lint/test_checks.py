@@ -314,8 +314,9 @@ def distill_loss(student_topk_log_probs, teacher_topk_log_probs):
     loss = kl_divergence(log_q=student_topk_log_probs, log_p=teacher_topk_log_probs).mean()
     return loss
 """
-    # the forward KL(teacher || student) over the top-k, in a module of rollouts: row 3b's per-token forward KL
-    assert codes(source, tmp_path) == [(19, "KL002")]
+    # the forward KL(teacher || student) over the top-k is forward-KL distillation, no KL penalty to the reference:
+    # only the informational KL100 (off by default)
+    assert codes(source, tmp_path) == [(15, "KL100")]
 
 
 def test_one_finding_per_verdict_whatever_unrelated_flags_select(tmp_path):

@@ -272,7 +272,10 @@ def test_a_vocabulary_kl_summed_over_every_axis_on_student_samples(tmp_path):
     assert codes(DISTILL, tmp_path) == [(10, "KL003")]
 
 
-def test_the_forward_kl_summed_over_every_axis_on_student_samples(tmp_path):
-    # the exact forward KL(teacher || student) at the student's own prefixes: row 3b, the per-token forward KL
+def test_the_forward_kl_to_a_teacher_is_distillation_and_to_the_reference_row_3b(tmp_path):
+    # the exact forward KL(teacher || student) is forward-KL distillation, an objective of its own (at most the
+    # informational KL100); taken against the reference on the policy's samples it is row 3b's KL002
     source = DISTILL.replace("F.kl_div(teacher_log_probs, student_log_probs,", "F.kl_div(student_log_probs, teacher_log_probs,")
-    assert codes(source, tmp_path) == [(10, "KL002")]
+    assert [code for _, code in codes(source, tmp_path) if code != "KL100"] == []
+    toward_reference = source.replace("teacher", "ref")
+    assert codes(toward_reference, tmp_path) == [(10, "KL002")]

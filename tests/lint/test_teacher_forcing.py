@@ -67,10 +67,10 @@ CALLER_COMBINES = '''
 import torch.nn.functional as F
 
 
-def forward_kl_loss(student_logits, teacher_logits, labels):
+def reverse_kl_loss(student_logits, teacher_logits, labels):
     student_log_probs = F.log_softmax(student_logits, dim=-1)
-    teacher_probs = F.softmax(teacher_logits, dim=-1)
-    per_position = F.kl_div(student_log_probs, teacher_probs, reduction="none").sum(-1)
+    teacher_log_probs = F.log_softmax(teacher_logits, dim=-1)
+    per_position = F.kl_div(teacher_log_probs, student_log_probs, reduction="none", log_target=True).sum(-1)
     keep = (labels != -100).float()
     return (per_position * keep).sum() / keep.sum()
 
@@ -79,15 +79,39 @@ class Distiller:
     def compute_loss(self, batch):
         out = self.student(batch["input_ids"], labels=batch["labels"])
         teacher_logits = self.teacher(batch["input_ids"]).logits.detach()
-        loss = 0.5 * out.loss + 0.5 * forward_kl_loss(out.logits, teacher_logits, batch["labels"])
+        loss = 0.5 * out.loss + 0.5 * reverse_kl_loss(out.logits, teacher_logits, batch["labels"])
         return loss
 '''
 
 
 def test_a_term_formed_at_labelled_positions_stays_undetermined_where_a_caller_adds_it(tmp_path):
     """The caller that adds the distillation term to the task loss reads no labels itself: the function that
-    formed the term does, and the module samples nothing, so neither the forward KL (KL002) nor anything else is
-    reported at the caller; beside generation the same code is the on-policy KL002."""
+    formed the term does, and the module samples nothing, so no KL003 is reported at the caller; beside generation
+    the same code is the on-policy KL003."""
     assert module_codes(CALLER_COMBINES, tmp_path) == [(8, "KL100")]
     sampled = CALLER_COMBINES + "\n    def rollout(self, prompts):\n        return self.student.generate(prompts)\n"
-    assert module_codes(sampled, tmp_path) == [(10, "KL002")]
+    assert module_codes(sampled, tmp_path) == [(10, "KL003")]
+
+
+FORWARD_ON_SAMPLES = '''
+import torch.nn.functional as F
+
+
+class Trainer:
+    def rollout(self, prompts):
+        return self.policy.generate(prompts)
+
+    def loss(self, logits, {other}_logits, mask):
+        s_logp = F.log_softmax(logits, dim=-1)
+        t_logp = F.log_softmax({other}_logits, dim=-1)
+        per_token = (t_logp.exp() * (t_logp - s_logp)).sum(-1)
+        return (per_token * mask).sum() / mask.sum()
+'''
+
+
+def test_the_forward_kl_to_a_teacher_is_distillation_and_to_the_reference_is_kl002(tmp_path):
+    """Both are the exact forward KL on the policy's own samples; toward a teacher it is forward-KL distillation, an
+    objective of its own (GKD's beta = 0), told by the names where it is formed even when an abbreviation (`t_logp`)
+    reads as the reference's; toward the reference it is row 3b's per-token forward KL."""
+    assert [code for _, code in module_codes(FORWARD_ON_SAMPLES.format(other="teacher"), tmp_path)] == ["KL100"]
+    assert module_codes(FORWARD_ON_SAMPLES.format(other="ref"), tmp_path) == [(13, "KL002")]
