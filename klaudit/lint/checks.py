@@ -45,7 +45,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast, statement_nodes
-from klaudit.lint.teacher_forcing import formed_in, speaks_of_a_teacher, teacher_forced
+from klaudit.lint.teacher_forcing import formed_in, speaks_of_a_teacher, teacher_forced, trains_on_rewards
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
 
@@ -87,6 +87,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                 undecided.append((fact, sink, TEACHER_FORCED))
             elif _forward_distillation(config, fact, func, functions):
                 undecided.append((fact, sink, FORWARD_DISTILLATION))
+            elif Estimator.FULL_FORWARD in (config.loss, config.reward) and not trains_on_rewards(func):
+                undecided.append((fact, sink, SUPERVISED_FORWARD))
             else:
                 candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
         undecided.extend((fact, None, UNFOLLOWED) for fact in outcome.unexplained)
@@ -613,6 +615,11 @@ TEACHER_FORCED = ("an exact KL over the vocabulary as a loss at the positions of
 
 FORWARD_DISTILLATION = ("the exact forward KL(teacher || student) to a distillation teacher: a distillation objective of "
                         "its own choosing (GKD's beta = 0), not an estimate of a KL penalty to the reference")
+
+
+SUPERVISED_FORWARD = ("the exact forward KL in a loss that names no reward, return or advantage: the usual loss of "
+                      "supervised distillation, an SFT anchor or a Fisher estimate, whose sequences need not be the "
+                      "policy's samples; row 3b's KL002 holds where it penalises an RL policy on its own samples")
 
 
 def _forward_distillation(config: Config, fact: Fact, function: cst.FunctionDef,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import libcst as cst
 
 from klaudit.lint import roles
-from klaudit.lint.syntax import int_literal, last_name, python_ast, walk
+from klaudit.lint.syntax import int_literal, last_name, python_ast, text_of, walk
 
 # Words of code that samples from the policy it trains, or that works on such samples.
 _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
@@ -57,6 +57,21 @@ def speaks_of_a_teacher(function: cst.FunctionDef | None) -> bool:
         return False
     names = {node.value for node in walk(function) if type(node) is cst.Name}
     return any(roles.names_teacher(name) for name in names) and not any(_REFERENCE_WORD.search(name) for name in names)
+
+
+_REWARD_WORD = re.compile(r"(?<![a-z0-9])(adv|advs|advantages?|rewards?|returns?|scores?)(?![a-z])", re.IGNORECASE)
+
+
+def trains_on_rewards(function: cst.FunctionDef) -> bool:
+    """Whether `function` names rewards, returns or advantages (`loss = -(logp * batch["advantages"]).mean() + kl`): the
+    loss it builds is an RL objective, not a supervised one (an SFT anchor, a distillation or Fisher loss on a
+    dataset)."""
+    for node in walk(function):
+        word = (node.value if type(node) is cst.Name else node.attr.value if type(node) is cst.Attribute
+                else text_of(node) if type(node) is cst.SimpleString else None)
+        if word and _REWARD_WORD.search(word):
+            return True
+    return False
 
 
 def masks_by_labels(function: cst.FunctionDef) -> bool:

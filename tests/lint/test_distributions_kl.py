@@ -20,7 +20,7 @@ def update(batch, actor, prior, objective, optimizer, kl_coef):
         prior_dist = prior.get_dist(batch)
     kl = kl_divergence({first}, {second})
     kl = (kl * batch["mask"]).sum(-1).mean()
-    loss = objective(batch) + kl_coef * kl
+    loss = objective(batch, batch["advantages"]) + kl_coef * kl
     loss.backward()
     optimizer.step()
 """

@@ -274,8 +274,12 @@ def test_a_vocabulary_kl_summed_over_every_axis_on_student_samples(tmp_path):
 
 def test_the_forward_kl_to_a_teacher_is_distillation_and_to_the_reference_row_3b(tmp_path):
     # the exact forward KL(teacher || student) is forward-KL distillation, an objective of its own (at most the
-    # informational KL100); taken against the reference on the policy's samples it is row 3b's KL002
+    # informational KL100); taken against the reference it is row 3b's KL002 where the loss also trains on rewards
     source = DISTILL.replace("F.kl_div(teacher_log_probs, student_log_probs,", "F.kl_div(student_log_probs, teacher_log_probs,")
     assert [code for _, code in codes(source, tmp_path) if code != "KL100"] == []
     toward_reference = source.replace("teacher", "ref")
-    assert codes(toward_reference, tmp_path) == [(10, "KL002")]
+    assert [code for _, code in codes(toward_reference, tmp_path) if code != "KL100"] == []
+    penalised = toward_reference.replace(
+        "    loss = divergence_loss(student_logits, ref_logits, labels)",
+        "    loss = self.pg_loss(sequences, self.rewards(sequences)) + divergence_loss(student_logits, ref_logits, labels)")
+    assert codes(penalised, tmp_path) == [(10, "KL002")]

@@ -101,17 +101,20 @@ class Trainer:
     def rollout(self, prompts):
         return self.policy.generate(prompts)
 
-    def loss(self, logits, {other}_logits, mask):
+    def loss(self, logits, {other}_logits, mask, pg_loss{rewards}):
         s_logp = F.log_softmax(logits, dim=-1)
         t_logp = F.log_softmax({other}_logits, dim=-1)
         per_token = (t_logp.exp() * (t_logp - s_logp)).sum(-1)
-        return (per_token * mask).sum() / mask.sum()
+        return pg_loss + (per_token * mask).sum() / mask.sum()
 '''
 
 
 def test_the_forward_kl_to_a_teacher_is_distillation_and_to_the_reference_is_kl002(tmp_path):
     """Both are the exact forward KL on the policy's own samples; toward a teacher it is forward-KL distillation, an
     objective of its own (GKD's beta = 0), told by the names where it is formed even when an abbreviation (`t_logp`)
-    reads as the reference's; toward the reference it is row 3b's per-token forward KL."""
-    assert [code for _, code in module_codes(FORWARD_ON_SAMPLES.format(other="teacher"), tmp_path)] == ["KL100"]
-    assert module_codes(FORWARD_ON_SAMPLES.format(other="ref"), tmp_path) == [(13, "KL002")]
+    reads as the reference's; toward the reference it is row 3b's per-token forward KL where the loss trains on
+    rewards, and undetermined in a loss that names none (an SFT anchor, a Fisher estimate)."""
+    teacher = FORWARD_ON_SAMPLES.format(other="teacher", rewards=", advantages")
+    assert [code for _, code in module_codes(teacher, tmp_path)] == ["KL100"]
+    assert module_codes(FORWARD_ON_SAMPLES.format(other="ref", rewards=", advantages"), tmp_path) == [(13, "KL002")]
+    assert [code for _, code in module_codes(FORWARD_ON_SAMPLES.format(other="ref", rewards=""), tmp_path)] == ["KL100"]
