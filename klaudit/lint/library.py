@@ -275,25 +275,6 @@ class LibraryFlow(FlowState):
             return sides[0] if number_value(when_false) is not None else sides[1]
         return tuple(dict.fromkeys(sides[0] + sides[1]))
 
-    def distributions_kl(self, op: Operation) -> tuple | None:
-        """torch.distributions.kl_divergence(p, q) = KL(p || q) over the next token at each step. Of the policy's
-        distribution and the reference's, told apart by their names (`agent_dist`, `prior.get_dist(batch)`), it
-        is the exact per-step KL, or with the reference's first the exact forward KL; else not one of ours."""
-        if len(op.positional) != 2 or op.keywords:
-            return None
-        first, second = (roles.distribution_side(dotted(arg.func if isinstance(arg, cst.Call) else arg) or "")
-                         for arg in op.positional)
-        kind: alg.AtomKind
-        if (first, second) == ("policy", "reference"):
-            kind = alg.FULL
-        elif (first, second) == ("reference", "policy"):
-            kind = alg.FULL_FWD
-        else:
-            return None
-        value = (tensor(alg.Poly.atom(alg.Atom(kind, True)), origin=self.here(op.node), origin_path=self.module.path,
-                        against=kl_targets(op.node)),)
-        return detach_all(value) if self.no_grad else value  # under no_grad: a gradient cut (row 1c)
-
     def kl_div(self, positional, keywords, node) -> tuple:
         """F.kl_div(input, target) is target * (log(target) - input), and with log_target=True
         target.exp() * (target - input): KL(target || input) either way (a target of softmax probabilities
@@ -367,6 +348,26 @@ def _log_sum_exp(_: LibraryFlow, op: Operation) -> tuple:
     return log_sum_exp(op.tensor, keepdim=isinstance(keep, cst.Name) and keep.value == "True")
 
 
+def _distributions_kl(flow: LibraryFlow, op: Operation) -> tuple | None:
+    """torch.distributions.kl_divergence(p, q) = KL(p || q) over the next token at each step. Of the policy's
+    distribution and the reference's, told apart by their names (`agent_dist`, `prior.get_dist(batch)`), it is the
+    exact per-step KL, or with the reference's first the exact forward KL; else not one of ours."""
+    if len(op.positional) != 2 or op.keywords:
+        return None
+    first, second = (roles.distribution_side(dotted(arg.func if isinstance(arg, cst.Call) else arg) or "")
+                     for arg in op.positional)
+    kind: alg.AtomKind
+    if (first, second) == ("policy", "reference"):
+        kind = alg.FULL
+    elif (first, second) == ("reference", "policy"):
+        kind = alg.FULL_FWD
+    else:
+        return None
+    value = (tensor(alg.Poly.atom(alg.Atom(kind, True)), origin=flow.here(op.node), origin_path=flow.module.path,
+                    against=kl_targets(op.node)),)
+    return detach_all(value) if flow.no_grad else value  # under no_grad: a gradient cut (row 1c)
+
+
 def _pieces(_: LibraryFlow, op: Operation) -> tuple | None:
     """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
     A piece is one sequence where the tensor is unbound or split by the sequences' lengths (a packed
@@ -411,7 +412,7 @@ FUNCTIONS: dict[str, Effect] = {
     "cumsum": LibraryFlow.accumulated,
     **dict.fromkeys(sorted(roles.NAMED_AGGREGATIONS), LibraryFlow.aggregated),
     "kl_div": LibraryFlow.kl_div_of,
-    "kl_divergence": LibraryFlow.distributions_kl,
+    "kl_divergence": _distributions_kl,
     **_each("cross_entropy nll_loss", LibraryFlow.token_cross_entropy),
     "KLDivLoss": LibraryFlow.kl_div_module,
     **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
