@@ -45,7 +45,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import python_ast, statement_nodes
-from klaudit.lint.teacher_forcing import formed_in, speaks_of_a_teacher, teacher_forced, trains_on_rewards
+from klaudit.lint.teacher_forcing import FunctionIndex, speaks_of_a_teacher, teacher_forced, trains_on_rewards
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
 
@@ -66,6 +66,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     candidates = []
     undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
     functions = list(module_functions(module, with_body=True))
+    owners = FunctionIndex(functions)  # the function that formed a KL term, asked of few terms
     training = reward_training(path, source)  # framework code whose KL reward an actor elsewhere trains
     rewards_stay = passes_rewards_through(module)
     if worth is None:
@@ -83,9 +84,9 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
         paired = _paired(found)
         for sink, fact, config in paired:
-            if _exact_loss_on_dataset(config) and teacher_forced(func, fact.origin, functions, source):
+            if _exact_loss_on_dataset(config) and teacher_forced(func, fact.origin, owners, source):
                 undecided.append((fact, sink, TEACHER_FORCED))
-            elif _forward_distillation(config, fact, func, functions):
+            elif _forward_distillation(config, fact, func, owners):
                 undecided.append((fact, sink, FORWARD_DISTILLATION))
             elif Estimator.FULL_FORWARD in (config.loss, config.reward) and not trains_on_rewards(func):
                 undecided.append((fact, sink, SUPERVISED_FORWARD))
@@ -622,8 +623,7 @@ SUPERVISED_FORWARD = ("the exact forward KL in a loss that names no reward, retu
                       "policy's samples; row 3b's KL002 holds where it penalises an RL policy on its own samples")
 
 
-def _forward_distillation(config: Config, fact: Fact, function: cst.FunctionDef,
-                          functions: Sequence[tuple[cst.FunctionDef, object]]) -> bool:
+def _forward_distillation(config: Config, fact: Fact, function: cst.FunctionDef, owners: FunctionIndex) -> bool:
     """The exact forward KL taken against a teacher (`F.kl_div(student_log_probs, teacher_log_probs)`, or formed or
     used where the names speak of a teacher and of no reference): forward-KL distillation, whose per-position gradient
     is what it means to follow; toward the reference it is row 3b's KL002."""
@@ -632,7 +632,7 @@ def _forward_distillation(config: Config, fact: Fact, function: cst.FunctionDef,
     if fact.against == frozenset({"teacher"}):
         return True
     # `t_logp`, a neutral abbreviation the roles read as the reference's: the function's names decide
-    return fact.against <= {"reference"} and (speaks_of_a_teacher(formed_in(fact.origin, functions))
+    return fact.against <= {"reference"} and (speaks_of_a_teacher(owners.of(fact.origin))
                                               or speaks_of_a_teacher(function))
 
 

@@ -12,6 +12,7 @@ its module samples, the term's use is undetermined (KL100), not a KL003 defect.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Sequence
 
@@ -25,26 +26,32 @@ _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advant
 _TARGETS = re.compile(r"^(\w*_)?(labels?|targets?)$", re.IGNORECASE)
 
 
-def teacher_forced(function: cst.FunctionDef, origin: cst.CSTNode | None,
-                   functions: Sequence[tuple[cst.FunctionDef, object]], source: str) -> bool:
+class FunctionIndex:
+    """Which of a module's functions holds a node (where a KL term was formed), indexed at the first question."""
+
+    def __init__(self, functions: Sequence[tuple[cst.FunctionDef, object]]):
+        self.functions = functions
+        self._owner: dict[int, cst.FunctionDef] | None = None
+
+    def of(self, node: cst.CSTNode | None) -> cst.FunctionDef | None:
+        if node is None:
+            return None
+        if self._owner is None:
+            self._owner = {}
+            for function, _ in reversed(self.functions):  # the first function holding a node wins, as in a search
+                self._owner.update((id(inner), function) for inner in walk(function))
+        return self._owner.get(id(node))
+
+
+def teacher_forced(function: cst.FunctionDef, origin: cst.CSTNode | None, index: FunctionIndex, source: str) -> bool:
     """Whether a KL term that `function` puts into a loss may be on a dataset's sequences: the module samples
     nothing, and `function` or the module's function that formed the term (a `distillation_loss` its caller
     adds to the task loss) picks positions by labels."""
-    if not samples_nowhere(source):
-        return False
-    if masks_by_labels(function):
-        return True
-    if origin is None:
-        return False
-    return any(masks_by_labels(other) for other, _ in functions
-               if other is not function and any(node is origin for node in walk(other)))
-
-
-def formed_in(origin: cst.CSTNode | None, functions: Sequence[tuple[cst.FunctionDef, object]]) -> cst.FunctionDef | None:
-    """The function of `functions` whose body holds the node `origin` (where a KL term was formed)."""
-    if origin is None:
-        return None
-    return next((function for function, _ in functions if any(node is origin for node in walk(function))), None)
+    labelled = masks_by_labels(function)
+    if not labelled:
+        formed = index.of(origin)
+        labelled = formed is not None and formed is not function and masks_by_labels(formed)
+    return labelled and samples_nowhere(source)
 
 
 _REFERENCE_WORD = re.compile(r"(?<![a-z0-9])(ref|reference|prior)(?![a-z])", re.IGNORECASE)
@@ -93,6 +100,7 @@ def _is_ignore_index(node: cst.BaseExpression) -> bool:
     return int_literal(node) == -100 or "ignore_index" in (last_name(node) or "").lower()
 
 
+@functools.lru_cache(maxsize=8)
 def samples_nowhere(source: str) -> bool:
     """Whether no name the module's code uses or defines is a word of sampling (generation, rollouts,
     completions, rewards); its docstrings and comments may say anything."""
