@@ -242,7 +242,9 @@ def names_optimizer(name: str) -> bool:
 # a torch.distributions object over the next token, named for its side: `prior_dist`, `ref_distribution`,
 # `actor.get_dist(batch)`; a lagging copy's (`old_dist`) is neither side of a KL to the reference
 _DISTRIBUTION = re.compile(r"(^|_)(dist|dists|distribution|distributions)(_|$)|^get_dist$", re.IGNORECASE)
-_REFERENCE_SIDE = re.compile(r"(?<![a-z])(ref|reference|prior|init|initial|sft|teacher|frozen|base)(?![a-z])",
+_REFERENCE_WORDS = "ref|reference|prior"  # the reference itself, not a distillation teacher
+_REFERENCE_WORD = re.compile(rf"(?<![a-z0-9])({_REFERENCE_WORDS})(?![a-z])", re.IGNORECASE)
+_REFERENCE_SIDE = re.compile(rf"(?<![a-z])({_REFERENCE_WORDS}|init|initial|sft|teacher|frozen|base)(?![a-z])",
                              re.IGNORECASE)
 _LAGGING_SIDE = re.compile(r"(?<![a-z])(old|prev|previous|behaviou?r|rollout|target)(?![a-z])", re.IGNORECASE)
 
@@ -256,6 +258,11 @@ def distribution_side(path: str) -> str | None:
     if any(_LAGGING_SIDE.search(part) for part in parts):
         return None
     return "reference" if any(_REFERENCE_SIDE.search(part) for part in parts) else "policy"
+
+
+def names_the_reference(name: str) -> bool:
+    """`ref_logits`, `prior_likelihood`, `reference`: a name with a word for the reference (not for a teacher)."""
+    return _REFERENCE_WORD.search(name) is not None
 
 
 # the record of one sample, as a loop over a list of them names it (`for traj in trajectories:`); a batch's record

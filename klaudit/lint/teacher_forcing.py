@@ -1,4 +1,6 @@
-"""Teacher forcing: an exact per-position KL on a dataset's sequences rather than on the policy's samples.
+"""Distillation and supervised KL losses, told apart from a KL penalty on the policy's own samples.
+
+Teacher forcing: an exact per-position KL on a dataset's sequences rather than on the policy's samples.
 
 Distillation code (a student fitted to a teacher) often sums KL_t(student || teacher) over the vocabulary
 at each position of fixed training sequences, the positions chosen by the supervised-target convention
@@ -7,6 +9,11 @@ each position's KL is the whole gradient of that objective: no later-token term 
 "When this is fine"). On the student's own samples the same code is an on-policy KL loss that misses
 that term. A loss module alone does not say which: where the function masks by labels and nothing in
 its module samples, the term's use is undetermined (KL100), not a KL003 defect.
+
+The exact forward KL(teacher || student) is forward-KL distillation, an objective of its own choosing, and in a
+loss that names no reward, return or advantage it is a supervised loss (an SFT anchor, a Fisher estimate): only
+a forward KL to the reference in an RL loss is row 3b's KL002 (klaudit.lint.checks asks `speaks_of_a_teacher` and
+`trains_on_rewards`).
 """
 
 from __future__ import annotations
@@ -54,19 +61,16 @@ def teacher_forced(function: cst.FunctionDef, origin: cst.CSTNode | None, index:
     return labelled and samples_nowhere(source)
 
 
-_REFERENCE_WORD = re.compile(r"(?<![a-z0-9])(ref|reference|prior)(?![a-z])", re.IGNORECASE)
-
-
 def speaks_of_a_teacher(function: cst.FunctionDef | None) -> bool:
     """Whether the names of `function` speak of a distillation teacher (`t_logp = log_softmax(teacher_logits)`) and
     none of them of the reference: the distribution a KL term formed there is taken against."""
     if function is None:
         return False
     names = {node.value for node in walk(function) if type(node) is cst.Name}
-    return any(roles.names_teacher(name) for name in names) and not any(_REFERENCE_WORD.search(name) for name in names)
+    return any(roles.names_teacher(name) for name in names) and not any(roles.names_the_reference(name) for name in names)
 
 
-_REWARD_WORD = re.compile(r"(?<![a-z0-9])(adv|advs|advantages?|rewards?|returns?|scores?)(?![a-z])", re.IGNORECASE)
+_REWARD_WORD = re.compile(r"(?<![a-z0-9])(rewards?|returns?|scores?)(?![a-z])", re.IGNORECASE)
 
 
 def trains_on_rewards(function: cst.FunctionDef) -> bool:
@@ -76,7 +80,7 @@ def trains_on_rewards(function: cst.FunctionDef) -> bool:
     for node in walk(function):
         word = (node.value if type(node) is cst.Name else node.attr.value if type(node) is cst.Attribute
                 else text_of(node) if type(node) is cst.SimpleString else None)
-        if word and _REWARD_WORD.search(word):
+        if word and (_REWARD_WORD.search(word) or roles.names_advantage(word)):
             return True
     return False
 
