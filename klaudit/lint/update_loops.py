@@ -402,10 +402,14 @@ def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
 
 
 def _is_step(node: cst.CSTNode) -> bool:
-    """`optimizer.step()`, or MLX's and optax's `optimizer.update(model, grads)`: an update of the policy."""
+    """`optimizer.step()`, or MLX's and optax's `optimizer.update(model, grads)`: an update of the policy; or a
+    helper named for one, on whatever object holds it (OpenRLHF's `self.strategy.optimizer_step(loss, model,
+    optim)`, `self.trainer.optim_step(loss)`)."""
     if type(node) is not cst.Call or type(node.func) is not cst.Attribute:
         return False
     method = node.func.attr.value
+    if _STEP_HELPER.match(method):
+        return True
     return (method == "step" or method == "update" and bool(node.args)) and roles.names_optimizer(last_name(node.func.value))
 
 
@@ -447,7 +451,9 @@ def _calls(node: cst.Call, name: str, method: bool) -> bool:
 
 
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
+_STEP_HELPER = re.compile(r"(optim|optimizer|opt)_step$|step_(optim|optimizer)$")  # a method that steps an optimizer
 _GENERATION = frozenset({"generate", "generate_sequences", "sample", "rollout"})  # a model's or engine's own generation
-# a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`) draws none
-_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report)_",
-                         re.IGNORECASE)
+# a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`), or a
+# collection of statistics (`collect_weight_entropy_stats`, `collect_metrics`), draws none
+_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report)_"
+                         r"|(^|_)(stats?|statistics|metrics?)(_|$)", re.IGNORECASE)

@@ -273,3 +273,36 @@ def test_a_loss_helper_of_the_scripts_own_loop_follows_its_step(tmp_path, update
     (row 3). Four steps on each batch train the later ones on an older policy's samples (row 22)."""
     found = sorted({code for _, code in module_codes(SCRIPT.format(update=update), tmp_path, "train.py")})
     assert found == expected
+
+
+@pytest.mark.parametrize("helper", ["self.trainer.optim_step(loss)", "self.strategy.optimizer_step(loss, self.model, self.opt)",
+                                    "self.step_optimizer(loss)"])
+@pytest.mark.parametrize("epochs, expected", [(1, ["KL002"]), (4, ["KL002", "KL008"])])
+def test_a_helper_named_for_the_optimizer_step_is_the_step(tmp_path, helper, epochs, expected):
+    """rui-liu-rl/nano-rl (twenty-eighth set) steps through its own `Trainer.optim_step(loss)`, and OpenRLHF through
+    `strategy.optimizer_step(loss, model, optimizer)`: a method named for the step is the update, whatever object
+    holds it, so a ratio to the rollout's log-probs in the only step on them is 1 (row 3, KL002), and four such
+    steps on one rollout train the later ones on an older policy's samples (row 22, KL008)."""
+    body = f"""\
+        def train_step(self):
+            trajs = self.engine.generate_group(self.prompts)
+            with torch.no_grad():
+                ref_logp = self.ref_model(trajs["tokens"])
+            for epoch in range(self.cfg.ppo_epochs):
+                logp = self.model(trajs["tokens"])
+                ratio = torch.exp(logp - trajs["old_logp"])
+                loss = -(ratio * trajs["adv"]).sum() + self.cfg.kl_coef * k3(ref_logp, logp).sum()
+                {helper}
+"""
+    assert codes(tmp_path, body, epochs) == expected
+
+
+@pytest.mark.parametrize("call", ["collect_weight_entropy_stats(self.model)", "self.collect_metrics(batch)"])
+def test_a_collection_of_statistics_draws_nothing(tmp_path, call):
+    """liv-daliberti/maxent-grpo's learner (fifth set) calls `collect_weight_entropy_stats(...)` inside its
+    mini-batch loop before the step: a statistic of the weights, not new samples, so the four epochs over the
+    rollout keep their reading (row 22, KL008)."""
+    stats = INLINE.replace('batch = trajs[start:start + self.cfg.micro_batch]\n',
+                           f'batch = trajs[start:start + self.cfg.micro_batch]\n                    {call}\n')
+    assert call in stats
+    assert codes(tmp_path, stats, epochs=4) == ["KL002", "KL008"]
