@@ -31,15 +31,16 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
     """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step, draws no samples and
     computes no reference log-probs: each step after the first trains on the samples of an older policy. A count
     read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round. The
-    step may be taken by a method of the loop's class, `methods`, that the body calls (legacy TRL's
-    `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`)."""
+    step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
+    (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
+    `train_step(batch)`)."""
     if not isinstance(loop, cst.For) or not _several_rounds(loop.iter, module):
         return False
     steps = False
     for node in _body_nodes(loop.body):
         if type(node) is cst.Call:
             name = last_name(node.func) or ""
-            if _is_step(node) or _steps_in_method(node, methods):
+            if _is_step(node) or _steps_in_callee(node, methods, module):
                 steps = True
             elif _named_as_draw(node) or name == "next" and type(node.func) is cst.Name:
                 return False  # a generation or a rollout, or the next batch of a data iterator
@@ -57,19 +58,15 @@ def _converts(assign: cst.Assign | cst.AnnAssign | cst.AugAssign, name: str) -> 
     return value is not None and any(type(node) is cst.Name and node.value == name for node in walk(value))
 
 
-def _steps_in_method(call: cst.Call, methods: dict[str, cst.FunctionDef] | None) -> bool:
-    """`self.name(...)` of a method of `methods` that steps an optimizer and draws no samples of its own (legacy
-    TRL's `train_minibatch`, not a `train_step` that generates before it steps)."""
-    name = _attribute(call)
-    callee = methods.get(name) if methods is not None and _calls(call, name, True) else None
+def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:
+    """`self.name(...)` of a method of `methods`, or `name(...)` of a function of `module`, that steps an optimizer
+    and draws no samples of its own (legacy TRL's `train_minibatch`, not a `train_step` that generates before it
+    steps)."""
+    callee = _callee(call, methods, module)
     if callee is None:
         return False
     calls = ordered_calls(callee)
     return takes_a_step(calls) and not any(_named_as_draw(inner) or _generates(inner) for inner, _ in calls)
-
-
-def _attribute(call: cst.Call) -> str:
-    return call.func.attr.value if type(call.func) is cst.Attribute else ""
 
 
 def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
@@ -415,8 +412,11 @@ def _is_step(node: cst.CSTNode) -> bool:
 
 def _named_as_draw(node: cst.Call) -> bool:
     """A call named like a generation, a rollout or a draw of samples, not one that only sounds like it
-    (`gc.collect()`, `display(...)`)."""
-    return roles.draws_samples(last_name(node.func) or "") and not _NOT_A_DRAW.search(dotted(node.func))
+    (`gc.collect()`, `display(...)`), nor the making of a record or a buffer to hold samples (`RolloutBuffer(...)`,
+    `Experience(...)`: a class's name)."""
+    name = last_name(node.func) or ""
+    return (roles.draws_samples(name) and not _NOT_A_DRAW.search(dotted(node.func)) and not name[:1].isupper()
+            and not _BUFFER.search(name))
 
 
 def _draws(node: cst.CSTNode) -> bool:

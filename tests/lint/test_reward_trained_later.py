@@ -81,3 +81,34 @@ def test_the_loop_may_sit_in_a_method_the_caller_runs_after_the_draw(tmp_path):
     before = source.replace("        self._rollout(prompts)\n        self._optimize()\n",
                             "        self._optimize()\n        self._rollout(prompts)\n")
     assert module_codes(before, tmp_path) == []  # the loop runs before the draw: it trains earlier samples
+
+
+@pytest.mark.parametrize("record", ["RolloutBuffer", "Experience", "rollout_buffer_from"])
+def test_a_record_made_for_the_samples_inside_the_loop_draws_none(tmp_path, record):
+    """JinyuCong/PPO-RLHF (thirty-second set) rebuilds a `RolloutBuffer(...)` of each mini-batch inside its epochs:
+    the making of a record or a buffer named for the rollout holds samples drawn before the loop, and draws none,
+    so the k1 reward made with the samples is trained stale by every epoch after the first (row 23, KL008)."""
+    source = TRAINER.replace("EPOCHS", "4").replace(
+        "            loss = buffer.policy_loss(batch)\n",
+        f"            mini = {record}(batch)\n            loss = buffer.policy_loss(mini)\n")
+    assert module_codes(source, tmp_path) == [(13, "KL008")]
+
+
+def test_the_step_may_be_taken_by_a_function_of_the_module_the_loop_calls(tmp_path):
+    """1998frankchen/TravelMind's script (thirty-second set) trains each mini-batch through `train_step(batch)`, a
+    function of the module that steps the optimizer: every epoch after the first trains the k1 reward made with
+    the samples on an older policy (row 23, KL008); one epoch is one step per rollout (row 6)."""
+    step = TRAINER.replace(
+        "            loss = buffer.policy_loss(batch)\n            loss.backward()\n            optimizer.step()\n"
+        "            optimizer.zero_grad()\n",
+        "            train_step(buffer, batch, optimizer)\n") + """
+
+def train_step(buffer, batch, optimizer):
+    loss = buffer.policy_loss(batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+    assert "train_step(buffer, batch, optimizer)\n" in step
+    assert module_codes(step.replace("EPOCHS", "4"), tmp_path) == [(13, "KL008")]
+    assert module_codes(step.replace("EPOCHS", "1"), tmp_path) == []
