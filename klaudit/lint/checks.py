@@ -405,7 +405,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             by_function: dict[int, list[_Candidate]] = {}
             for cand in group:
                 by_function.setdefault(cand.function, []).append(cand)
-            for index, stored in by_function.items():  # a helper's estimate stored by several functions
+            for index, stored in _handed_on(by_function, functions, module, positions).items():
+                # a helper's estimate stored by several functions
                 uses.extend(_by_entry(stored, functions[index][0], module, positions))
     for group in [part for use in uses for part in _by_reduction(use)]:
         best = min(group, key=lambda c: (c.fact.calls, c.function, c.sink.order))
@@ -487,6 +488,32 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
+
+
+def _handed_on(by_function: dict[int, list[_Candidate]], functions: list[tuple[cst.FunctionDef, str | None]],
+               module: cst.Module, positions: _Positions) -> dict[int, list[_Candidate]]:
+    """A function where the term enters no loss or reward of its own, only one a function it calls returns
+    (a training step that backpropagates the loss its `get_grpo_loss` helper built), makes no use of its own:
+    its sinks join the use of the same kind (loss, reward) of the nearest function where the term does enter
+    one (the fewest calls from the estimator), where its verdict counts if it shows more (stale samples)."""
+    def enters_here(index: int) -> bool:
+        home = positions.of(module, functions[index][0])
+        return home is not None and any(
+            (entry := positions.of(module, c.fact.entry) if c.fact.entry is not None else None) is not None
+            and home[0] <= entry[0] <= home[2] for c in by_function[index])
+
+    def kinds(index: int) -> set[str]:
+        return {c.sink.kind for c in by_function[index]}
+
+    homes = [index for index in by_function if enters_here(index)]
+    merged = {index: list(stored) for index, stored in by_function.items()}
+    for index in [index for index in by_function if index not in homes]:
+        # the same kind of use: a reward that a caller then trains in its loss is a use of its own
+        alike = [home for home in homes if kinds(index) <= kinds(home)]
+        if alike:
+            nearest = min(alike, key=lambda home: min(c.fact.calls for c in by_function[home]))
+            merged[nearest].extend(merged.pop(index))
+    return merged
 
 
 def _by_entry(candidates: list[_Candidate], func: cst.FunctionDef, module: cst.Module,

@@ -15,6 +15,11 @@
    reward that enters two sinks on one path (andrew-silva/mlx-rlhf's TRL-style compute_rewards appends its KL
    reward to `non_score_rewards` and, with the score added, to `rewards`) is one use (mse in the reward: row 8,
    KL004).
+5. A training step that backpropagates the loss a helper method built (liyuan24/dgx_spark_summary_from_human_feedback's
+   `train` calling `get_grpo_loss`, which adds `kl_coeff * agg_losses(kl_penalty(...))`) does not enter the KL
+   term in a loss of its own: its use is the helper's, reported once where the helper enters it, with what the
+   step shows (several optimizer steps on one rollout: row 22, KL008), not again at each return of the
+   aggregation helper the term passes through.
 """
 
 from __future__ import annotations
@@ -232,3 +237,37 @@ def test_a_preference_losss_implicit_rewards_in_a_returned_dict_stay_silent(tmp_
             out["rejected_rewards"] = beta * (policy_rejected_logps - ref_rejected_logps).detach()
             return out
         """, tmp_path) == []
+
+
+def test_a_step_that_backpropagates_a_helpers_loss_reports_it_where_the_helper_enters_it(tmp_path):
+    source = """\
+        import torch
+
+
+        class Trainer:
+            def agg_losses(self, losses, mask, mode):
+                if mode == "token-mean":
+                    return (losses * mask).sum() / mask.sum()
+                seq_losses = (losses * mask).sum(dim=-1) / mask.sum(dim=-1)
+                return seq_losses.mean()
+
+            def kl_penalty(self, logp, ref_logp):
+                return logp - ref_logp
+
+            def grpo_loss(self, logp, ref_logp, adv, mask, mode):
+                pg_loss = self.agg_losses(-adv * logp, mask, mode)
+                kl_loss = self.agg_losses(self.kl_penalty(logp, ref_logp), mask, mode)
+                return pg_loss + self.kl_coeff * kl_loss
+
+            def train(self):
+                batch = self.generate(self.prompts)
+                with torch.no_grad():
+                    ref_logp = self.forward(self.ref_model, batch)
+                for epoch in range(EPOCHS):
+                    logp = self.forward(self.policy_model, batch)
+                    loss = self.grpo_loss(logp, ref_logp, batch.adv, batch.mask, self.mode)
+                    loss.backward()
+                    self.optimizer.step()
+        """
+    assert codes(source.replace("EPOCHS", "4"), tmp_path) == [(16, "KL001"), (16, "KL008")]
+    assert codes(source.replace("EPOCHS", "1"), tmp_path) == [(16, "KL001")]
