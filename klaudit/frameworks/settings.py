@@ -80,15 +80,16 @@ def shown(key: str, value: str, setting: Setting | None) -> str:
     return f"{key}={value}{how}"
 
 
-def steps_per_rollout(settings: Mapping[str, Setting], sizes: Mapping[str, str]) -> float:
+def steps_per_rollout(settings: Mapping[str, Setting], sizes: Mapping[str, str], repeats: float = 1.0) -> float:
     """The optimizer steps one rollout feeds: epochs x rollout batch / update batch, at least one per epoch;
-    `sizes` maps those three keys, in that order, to the defaults of the keys left out. 1 when a value set
-    is computed (a variable the script does not assign): it decides nothing."""
+    `sizes` maps those three keys, in that order, to the defaults of the keys left out, and `repeats` is how
+    many more samples than the rollout batch counts the update batch splits. 1 when a value set is computed
+    (a variable the script does not assign): it decides nothing."""
     epochs, rollout, update = (number(settings[key].value or "") if key in settings else number(default)
                                for key, default in sizes.items())
     if epochs is None or rollout is None or not update:
         return 1.0
-    return epochs * max(rollout / update, 1.0)
+    return epochs * max(rollout * repeats / update, 1.0)
 
 
 def more_responses_per_micro_batch(option: str) -> str:

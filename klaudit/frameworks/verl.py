@@ -10,7 +10,8 @@
   k1+, k3+), except for k2 itself. verl 0.8 rejects "+" values (no verdict); 0.9 strips the suffix.
 - the KL loss is trained on stale samples when one rollout feeds several optimizer steps:
   `actor.ppo_epochs` (default 1) x `data.train_batch_size` (1024) / `actor.ppo_mini_batch_size` (256),
-  both counted in prompts, > 1 (row 22: verl's defaults take four steps per rollout). A batch size set
+  both counted in prompts, > 1 (row 22: verl's defaults take four steps per rollout); Search-R1's copies
+  repeat each prompt `rollout.n_agent` times, which the mini-batch does not count. A batch size set
   to a value the script computes decides nothing. The KL reward, computed once per rollout from the old
   log-probs, is as stale there: the PPO ratio reweighs each sampled token, not its prefix (row 23);
 - before 0.9 the default workers (`trainer.use_legacy_worker_impl` auto) take `token-mean` over the
@@ -74,6 +75,9 @@ DEFAULTS = {USE_KL_LOSS: "false", KL_LOSS_TYPE: "low_var_kl", LOSS_AGG_MODE: "to
 EPOCHS, TRAIN_BATCH, MINI_BATCH = ("actor_rollout_ref.actor.ppo_epochs", "data.train_batch_size",
                                    "actor_rollout_ref.actor.ppo_mini_batch_size")
 STEP_DEFAULTS = {EPOCHS: "1", TRAIN_BATCH: "1024", MINI_BATCH: "256"}
+# Search-R1's copies of verl (0.1) repeat each prompt `rollout.n_agent` times after the rollout, while the
+# mini-batch counts prompts times `rollout.n` (1 there): n_agent / n times more responses than the sizes say
+AGENTS, SAMPLES = "actor_rollout_ref.rollout.n_agent", "actor_rollout_ref.rollout.n"
 # verl's fully asynchronous trainer (`verl.experimental.fully_async_policy.fully_async_main`): the rollout runs
 # ahead, its weights updated every `trigger_parameter_sync_step` optimizer steps, and samples up to
 # `staleness_threshold` (a fraction of a batch) older than that are trained as well
@@ -177,7 +181,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if (use_loss and loss is None) or (use_reward and reward is None):
         return None  # a value this release does not have
     returns = Returns.TO_GO if value[ADV_ESTIMATOR] in TOKEN_RETURNS else Returns.SEQUENCE
-    steps = steps_per_rollout(settings, STEP_DEFAULTS)
+    steps = steps_per_rollout(settings, STEP_DEFAULTS, _agent_repeats(settings))
     ahead = _runs_ahead(settings) if fully_async else None
     older = Sampling.OFF_POLICY if loss is not None else Sampling.TOKEN_IS  # a reward meets the PPO ratio only
     config = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation,
@@ -190,7 +194,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if reward_unless_loss and reward is not None:
         flags += ", the KL in the reward since use_kl_loss is false (this copy of verl has no use_kl_in_reward)"
     if steps > 1:
-        flags += listed(settings, STEP_DEFAULTS)
+        flags += listed(settings, STEP_DEFAULTS) + (f", n_agent={settings[AGENTS].value}" if AGENTS in settings else "")
     if ahead:
         flags += listed(settings, ASYNC_DEFAULTS)
     if per_response:
@@ -206,6 +210,14 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
                if setting is not None}
     helps = {"KL007": MICRO_BATCH_FIX} if per_response else {}
     return Judged(config, anchor, flags, anchors, helps)
+
+
+def _agent_repeats(settings: Mapping[str, Setting]) -> float:
+    """n_agent / n where a launch sets Search-R1's `rollout.n_agent` (each rollout's responses, over what the
+    mini-batch counts); 1 otherwise, or where either value is computed."""
+    agents = number(settings[AGENTS].value or "") if AGENTS in settings else None
+    samples = number(settings[SAMPLES].value or "") if SAMPLES in settings else 1.0
+    return agents / samples if agents and samples else 1.0
 
 
 def _runs_ahead(settings: Mapping[str, Setting]) -> str | None:

@@ -80,6 +80,11 @@ def test_flags_get_the_catalog_s_verdict(flags, expected):
       "actor_rollout_ref.actor.ppo_mini_batch_size=256"], ["KL008"]),
     (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=False",  # one step: row 6, right
       "actor_rollout_ref.actor.ppo_mini_batch_size=1024"], []),
+    # Search-R1's copies repeat each prompt n_agent times after the rollout; the mini-batch counts prompts x n
+    (["actor_rollout_ref.rollout.n_agent=5"], ["KL002", "KL008"]),  # 1024 x 5 responses / 1024: five steps
+    (["actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.rollout.n=5"], ["KL002"]),  # as many as it counts
+    (["actor_rollout_ref.rollout.n_agent=1"], ["KL002"]),
+    (["actor_rollout_ref.rollout.n_agent=$N_AGENT"], ["KL002"]),  # computed: decides nothing
 ])
 def test_a_kl_loss_over_several_optimizer_steps_per_rollout_is_off_policy(flags, expected):
     assert codes("actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
