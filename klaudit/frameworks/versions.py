@@ -10,7 +10,8 @@ semantics it applied. In order:
 2. the linted project says it: a checked-out framework tree (`trl/__init__.py`'s `__version__`,
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
-   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml`, `setup.py` or a Dockerfile's `pip install`,
+   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml`, `setup.py`, or a `pip install` or `uv add` of a
+   Dockerfile or of a setup script such as `setup_env.sh`,
    or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
    `uv.lock`, `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project
    root;
@@ -295,7 +296,7 @@ def _install_files(root: Path, documents: bool) -> Iterable[Path]:
 
 
 # `pip install ... trl==0.14.0 ...` in a notebook cell (`%pip`, `!pip`, `!python -m pip`), over continued lines
-_PIP_INSTALL = re.compile(r"(?:^|[\s!%])pip3?\s+install\b(?P<arguments>.*)")
+_PIP_INSTALL = re.compile(r"(?:^|[\s!%])(?:pip3?\s+install|uv\s+add)\b(?P<arguments>.*)")
 
 
 @functools.lru_cache(maxsize=64)  # asked for each framework of each notebook
@@ -452,7 +453,8 @@ def _pyproject(directory: Path) -> dict:
 
 def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py,
-    and the packages a Dockerfile's `pip install` commands name (one per line, as a requirements file)."""
+    and the packages a Dockerfile's or a setup script's `pip install` (or `uv add`) commands name (one per line,
+    as a requirements file)."""
     sources = [(path.name, read_text(path)) for path in sorted(directory.glob("requirements*.txt"))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
@@ -460,7 +462,14 @@ def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     sources.append(("pyproject.toml", "\n".join(item for item in dependencies if isinstance(item, str))))
     sources.append(("setup.py", read_text(directory / "setup.py")))
     sources.append(("Dockerfile", _pip_installed(read_text(directory / "Dockerfile"))))
+    sources += [(path.name, _pip_installed(read_text(path))) for path in sorted(directory.glob("*.sh"))
+                if _SETUP_SCRIPT.search(path.name)]
     return sources
+
+
+# A shell script that sets the environment up (`setup_training_env.sh`, `install.sh`): its `pip install` and
+# `uv add` pins are the project's dependencies; a launch script's are not looked at.
+_SETUP_SCRIPT = re.compile(r"setup|install|env|requirements", re.IGNORECASE)
 
 
 def _pip_installed(text: str | None) -> str | None:

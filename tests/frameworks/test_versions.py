@@ -360,3 +360,17 @@ def test_a_launch_script_saved_as_utf16_is_linted_for_its_flags(tmp_path):
     result = CliRunner().invoke(main, ["lint", "--output-format", "json", "--exit-zero", str(tmp_path)])
     found = {(Path(f["filename"]).name, f["code"]) for f in json.loads(result.output)}
     assert {("run.sh", "KL001"), ("plain.sh", "KL001")} <= found
+
+
+def test_a_setup_script_that_installs_a_pinned_release_states_it(tmp_path):
+    """maleshep/llm-training (thirty-second set) installs `"trl==1.3.0"` with `uv add` or `python3 -m pip install`
+    in setup_training_env.sh, whose TRL takes `use_bias_correction_kl=False` by default (plain k3: KL002, not
+    KL003); a launch script's install says nothing about the project's dependencies."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "run_grpo.sh").write_text("pip install trl==0.14.0\npython train.py\n")
+    assert "trl" not in detect([project])
+    (project / "setup_training_env.sh").write_text(
+        'if command -v uv; then\n    uv add \\\n        "torch>=2.9" \\\n        "trl==1.3.0" \\\n        "peft>=0.15"\n'
+        'else\n    python3 -m pip install \\\n        "trl==1.3.0"\nfi\n')
+    assert detect([project])["trl"] == Assumed("1.3", "1.3.0 in setup_training_env.sh")
