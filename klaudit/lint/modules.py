@@ -31,8 +31,7 @@ from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl, names_reference_outputs
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
 from klaudit.lint.update_loops import (
-    OrderedCalls,
-    ordered_calls,
+    CallIndex,
     reuses_samples,
     steps_on_fresh_samples,
     takes_a_step,
@@ -151,7 +150,7 @@ class Module:
         self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, cst.For | None] = {}  # id(function) -> the loop that trains what it computes
-        self._calls: dict[int, OrderedCalls] = {}  # id(function) -> its calls in order, with their loops
+        self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
 
     @functools.cached_property
@@ -199,13 +198,6 @@ class Module:
     def takes_a_step(self, func: cst.FunctionDef) -> bool:
         """Whether one of this module's functions steps an optimizer itself."""
         return takes_a_step(self._calls_of(func))
-
-    def _calls_of(self, func: cst.FunctionDef | cst.Module) -> OrderedCalls:
-        """klaudit.lint.update_loops.ordered_calls of one of this module's functions, read once."""
-        key = id(func)
-        if key not in self._calls:
-            self._calls[key] = ordered_calls(func)
-        return self._calls[key]
 
     def first_arguments(self, name: str) -> frozenset[str]:
         """The names and attribute chains this module's calls of `name` are first given (`self.ref_model` of

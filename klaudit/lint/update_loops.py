@@ -125,7 +125,7 @@ OrderedCalls = list[tuple[cst.Call, tuple]]
 
 def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str, cst.FunctionDef] | None,
                            module: cst.Module,
-                           calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls] | None = None,
+                           calls_of: CallIndex | None = None,
                            depth: int = 0) -> bool:
     """Whether each optimizer step of `func` (a function, or the module's own code) is the only one since its
     samples were drawn: going out from the step, every loop around it runs once (`range(1)`, or a setting
@@ -136,7 +136,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     single caller's steps are, the module's own training loop included. `calls_of`: the `ordered_calls` of a
     function, cached by the caller."""
     if calls_of is None:
-        calls_of = ordered_calls
+        calls_of = CallIndex()
     calls = calls_of(func)
     steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
     if not steps:
@@ -191,8 +191,46 @@ def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
     return found
 
 
+class CallIndex:
+    """What the questions of this module ask of one module's code, each read once: the `ordered_calls` of each
+    function (calling the index gives them), the functions each one defines, and where the methods of a class
+    call each method name on `self`, `cls` or a class."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, OrderedCalls] = {}
+        self._inner: dict[int, list[cst.FunctionDef]] = {}
+        self._method_sites: dict[int, tuple[dict, dict[str, list[tuple]]]] = {}
+
+    def __call__(self, func: cst.FunctionDef | cst.Module) -> OrderedCalls:
+        key = id(func)
+        if key not in self._calls:
+            self._calls[key] = ordered_calls(func)
+        return self._calls[key]
+
+    def inner_functions(self, func: cst.FunctionDef) -> list[cst.FunctionDef]:
+        """The functions `func`'s body defines, at any depth of its statements."""
+        key = id(func)
+        if key not in self._inner:
+            self._inner[key] = [node for node in statement_nodes(func.body) if type(node) is cst.FunctionDef]
+        return self._inner[key]
+
+    def method_sites(self, methods: dict[str, cst.FunctionDef]) -> dict[str, list[tuple]]:
+        """Method name -> (caller, the call's index among its calls, the loops around it) of each call of it on
+        `self`, `cls` or a class by one of `methods`."""
+        key = id(methods)
+        if key not in self._method_sites:
+            sites: dict[str, list[tuple]] = {}
+            for caller in methods.values():
+                for index, (call, loops) in enumerate(self(caller)):
+                    name = _method_called(call)
+                    if name is not None:
+                        sites.setdefault(name, []).append((caller, index, loops))
+            self._method_sites[key] = (methods, sites)  # the dict held, so that its id stays its own
+        return self._method_sites[key][1]
+
+
 def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
-                            calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls],
+                            calls_of: CallIndex,
                             depth: int = 0) -> cst.For | None:
     """The loop of several optimizer steps that trains what `func` computes, where `func` takes no step: after
     its single call (by a method of its class, a function of `module`, or the module's own code; going up to
@@ -220,7 +258,7 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
 
 
 def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
-                   calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls],
+                   calls_of: CallIndex,
                    anywhere: bool = False, branches: bool = False) -> tuple | None:
     """(caller, the call's index among its calls, the loops around it) where `func` is called at one place only:
     by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None.
@@ -230,8 +268,7 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
     name = func.name.value
     found: list[tuple[cst.FunctionDef | cst.Module, int, tuple]] = []
     if methods is not None:
-        found = [(caller, i, loops) for caller in methods.values() for i, (call, loops) in enumerate(calls_of(caller))
-                 if _calls(call, name, True)]
+        found = list(calls_of.method_sites(methods).get(name, ()))
         if not found:
             found = [site for caller in methods.values() for site in _calls_in_closures(caller, name, calls_of)]
     if not found and (methods is None or anywhere):
@@ -252,13 +289,13 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
 
 
 def _calls_in_closures(caller: cst.FunctionDef, name: str,
-                       calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> list[tuple]:
+                       calls_of: CallIndex) -> list[tuple]:
     """(caller, index, loops) where a function `caller` defines calls the method `name` (`def loss_fn(model): ...
     self._grpo_loss(...)`, differentiated by `value_and_grad(loss_fn)`): the call runs where `caller` first uses
     that function, at that call's index among its own calls."""
     sites = []
-    for inner in statement_nodes(caller.body):
-        if type(inner) is not cst.FunctionDef or not any(_calls(call, name, True) for call, _ in calls_of(inner)):
+    for inner in calls_of.inner_functions(caller):
+        if not any(_calls(call, name, True) for call, _ in calls_of(inner)):
             continue
         uses = [(i, loops) for i, (call, loops) in enumerate(calls_of(caller))
                 if any(type(node) is cst.Name and node.value == inner.name.value for node in walk(call))]
@@ -310,7 +347,7 @@ def _callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: 
 
 
 def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
-             calls_of: Callable[[cst.FunctionDef | cst.Module], OrderedCalls]) -> Callable[[cst.Call], bool]:
+             calls_of: CallIndex) -> Callable[[cst.Call], bool]:
     """Whether a call draws new samples: a call named so (`_draws`), or one of a method or module function that
     takes no step and runs a model's generation (`self.model.generate(...)`, up to three calls deep): a
     `train_step` that generates, scores and backpropagates, its caller stepping once every few calls. Inside
@@ -444,10 +481,21 @@ def _samples_with_an_old_copy(func: cst.FunctionDef) -> bool:
 
 def _calls(node: cst.Call, name: str, method: bool) -> bool:
     """A call of the function `name`: `self.name(...)` for a method, `name(...)` for a function."""
-    if method:  # on the instance, or on the class (`cls._loss(...)`, `GRPOTrainer._loss(...)` of a static method)
-        return type(node.func) is cst.Attribute and node.func.attr.value == name and (
-            dotted(node.func.value) in ("self", "cls") or type(node.func.value) is cst.Name and node.func.value.value[:1].isupper())
+    if method:
+        return _method_called(node) == name
     return type(node.func) is cst.Name and node.func.value == name
+
+
+def _method_called(node: cst.Call) -> str | None:
+    """The method `node` calls on the instance or on the class (`self.name(...)`, `cls._loss(...)`,
+    `GRPOTrainer._loss(...)` of a static method); None for any other call."""
+    func = node.func
+    if type(func) is not cst.Attribute:
+        return None
+    owner = func.value
+    if dotted(owner) in ("self", "cls") or type(owner) is cst.Name and owner.value[:1].isupper():
+        return func.attr.value
+    return None
 
 
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
