@@ -699,17 +699,17 @@ def _within_roots(path: str, context: Context) -> str:
 
 def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
          class_defaults: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
-         style: str = "python", runs_retired: bool = True) -> list[Finding]:
-    """TRL's GRPOConfig keys, over the release's defaults and the `class_defaults` of a class deriving from
-    GRPOConfig; with `text` (the file they were read from) the flag fixes are edits of it. `runs_retired`:
-    the keys are given to GRPOConfig, so a keyword TRL removed bounds the release that runs them (not the
-    fields of a class deriving from it, which defines them anew)."""
+         style: str = "python", runs_retired: bool = True, unsloth: bool = False) -> list[Finding]:
+    """TRL's GRPOConfig keys, over the release's defaults (Unsloth's, where `unsloth` patches it) and the
+    `class_defaults` of a class deriving from GRPOConfig; with `text` (the file they were read from) the flag
+    fixes are edits of it. `runs_retired`: the keys are given to GRPOConfig, so a keyword TRL removed bounds
+    the release that runs them (not the fields of a class deriving from it, which defines them anew)."""
     def judged_by(assumed: Assumed) -> list[Finding]:
         if assumed.older:
             return []  # a TRL older than GRPOTrainer (0.14): the configuration cannot be built
         if runs_retired:
             assumed = trl.runnable(assumed, settings)
-        judged = trl.judge(settings, {**trl.defaults(assumed), **(class_defaults or {})}, anchor)
+        judged = trl.judge(settings, {**trl.defaults(assumed, unsloth), **(class_defaults or {})}, anchor)
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
         return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
@@ -757,19 +757,20 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
         if fields and not _is_framework_source(definition, context):
             fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched)
             found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
-                          runs_retired=False)
+                          runs_retired=False, unsloth=patched)
     for call in calls:
         if not set(call.settings) & set(trl.DECIDING) and _judged_where_defined(call.name, context):
             continue  # its defaults are judged at its definition
         if _inside_trl(path, call.name, context):
             continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args: its loss is reported
         fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
-        found += _trl(path, call.settings, context, call.where, fallback, note, text=source)
+        found += _trl(path, call.settings, context, call.where, fallback, note, text=source, unsloth=patched)
     return found
 
 
 # Unsloth (`from unsloth import FastLanguageModel`, `PatchFastRL("GRPO", ...)`) replaces GRPOTrainer's loss with
-# unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says: a plain k3.
+# unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says: a plain k3;
+# and GRPOConfig with its own, whose beta defaults to 0.001 (trl.UNSLOTH_BETA).
 _UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(", re.MULTILINE)
 
 

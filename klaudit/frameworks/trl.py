@@ -77,10 +77,17 @@ def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
     return Assumed(last, f"the newest release whose GRPOConfig takes {keys}")
 
 
-def defaults(assumed: Assumed) -> dict[str, str]:
-    """GRPOConfig's defaults in the release `assumed`; a key the release lacks has its fixed behaviour."""
+# Unsloth's own GRPOConfig, which `import unsloth` puts in TRL's place (UnslothGRPOConfig, seen in 2026.1.4 over
+# TRL 0.24), defaults beta to 0.001 where TRL's default is 0
+UNSLOTH_BETA = "0.001"
+
+
+def defaults(assumed: Assumed, unsloth: bool = False) -> dict[str, str]:
+    """GRPOConfig's defaults in the release `assumed` (`unsloth`: as Unsloth's config replaces it); a key the
+    release lacks has its fixed behaviour."""
+    beta = "0.0" if at_least(assumed, "0.19") else "0.04"
     return {
-        BETA: "0.0" if at_least(assumed, "0.19") else "0.04",
+        BETA: UNSLOTH_BETA if unsloth and beta == "0.0" else beta,
         CORRECTION: "True" if at_least(assumed, "1.10") else "False",
         ITERATIONS: "1",
         LOSS_TYPE: "dapo" if at_least(assumed, "0.22") else "bnpo" if at_least(assumed, "0.17")

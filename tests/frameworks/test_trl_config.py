@@ -282,6 +282,17 @@ def test_unsloths_patched_trainer_trains_a_plain_k3(patch, expected):
     assert ("Unsloth's GRPO loss" in found[0].message) == bool(patch)
 
 
+@pytest.mark.parametrize("patch, expected", [("", []), ("import unsloth\n", ["KL002"])])
+def test_unsloths_config_defaults_beta_to_a_thousandth(patch, expected):
+    """LzyFischer/icml_kd (thirty-third set) builds `GRPOConfig(...)` with no beta after `from unsloth import
+    FastLanguageModel`: Unsloth's own GRPOConfig takes TRL's place and defaults beta to 0.001 (UnslothGRPOConfig
+    of 2026.1.4, over TRL 0.24, whose own default is 0), so its patched loss adds 0.001 * k3: row 3, KL002."""
+    source = patch + "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(learning_rate=1e-6)\n"
+    found = lint_python("train.py", cst.parse_module(source), source)
+    assert [f.code for f in found] == expected
+    assert all("beta=0.001 (default)" in f.message for f in found)
+
+
 def test_a_trl_older_than_grpo_builds_no_grpo_configuration(tmp_path):
     """Stoney-RL (fifteenth set) pins trl==0.7.10, which has no GRPOConfig: its call cannot run, so no release's
     GRPO semantics apply (it was judged as 0.14, the oldest known: KL002 and KL007)."""
