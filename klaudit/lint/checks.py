@@ -398,9 +398,6 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
     merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None, RewardTraining | None]]] = {}
     sites: dict[Span, list[SiteUse]] = {}  # statement position -> the SiteUse of every verdict there, for its fix
     uses = []
-    # terms some use of which enters a loss or reward in this module: reported here, whatever their other uses
-    located = {id(c.fact.origin) for c in candidates
-               if positions.of(module, c.fact.entry if c.fact.entry is not None else c.sink.node) is not None}
     for group in groups.values():
         if any(c.fact.calls == 0 for c in group):
             uses.append(group)  # the function that computes the estimator also stores it: report it there
@@ -453,15 +450,14 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         trained = _as_trained(config, reduced, best.sink.kind, trainer)
         if trained != config:
             config, rows = trained, defects(trained, best.fact.clamped)
-        statement = best.fact.entry if best.fact.entry is not None else best.sink.node
-        entry = positions.of(module, statement)  # None: it entered in another module, reported there
-        if (entry is None and statement is best.fact.entry and id(best.fact.origin) not in located
-                and _unseen_where_it_entered(analyzer, best.fact, module, path, positions)):
-            statement = best.sink.node
-            entry = positions.of(module, statement)
+        if best.fact.entry is not None:
+            entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
+        else:
+            entry = positions.of(module, best.sink.node)
         if entry is None:
             continue
         origin = _origin(analyzer, best.fact, module, path, positions)
+        statement = best.fact.entry if best.fact.entry is not None else best.sink.node
         for row in rows:
             if row.rule is None:
                 continue  # not reached: catalog.defects returns rows with a rule only
@@ -703,31 +699,6 @@ def _shown(path: str) -> str:
         return Path(path).resolve().relative_to(Path.cwd()).as_posix()
     except ValueError:
         return path
-
-
-def _unseen_where_it_entered(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str,
-                             positions: _Positions) -> bool:
-    """Whether the term entered its loss in a function of the module that computes it, which read alone does not
-    report it there: a loss helper handed a rollout object (`rollout.logp - rollout.ref_logp`) takes the
-    object's entries for stored data without gradient, where its caller knows they carry the policy's. The
-    caller then reports it at its own sink."""
-    other = _tree_of(analyzer, fact.origin_path, module, path)
-    home = analyzer.module_at(Path(fact.origin_path)) if other is not None and other is not module else None
-    if other is None or home is None or fact.entry is None:
-        return False
-    entered = positions.of(other, fact.entry)
-    if entered is None:
-        return False
-    for func, cls in module_functions(other, with_body=True):
-        span = positions.of(other, func)
-        if span is not None and span[0] <= entered[0] <= span[2]:
-            try:
-                outcome = analyzer.analyse(home, func, cls)
-            except (RecursionError, BudgetExceeded):
-                return False  # not read alone either: left where it entered, as before
-            return not any(seen.origin is fact.origin for sink in outcome.sinks for seen in sink.facts
-                           if config_of(seen, sink.kind) is not None)
-    return False
 
 
 def _tree_of(analyzer: Analyzer, origin_path: str, module: cst.Module, path: str) -> cst.Module | None:
