@@ -737,7 +737,10 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
 
 
 def _trl_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
-    """TRL's GRPOConfig built or derived from in a Python module."""
+    """TRL's GRPOConfig built or derived from in a Python module; not in Unsloth's generated copy of TRL's trainers
+    (`unsloth_compiled_cache/`, written beside a project that ran Unsloth), whose defaults are the framework's."""
+    if _UNSLOTH_CACHE in Path(path).parts:
+        return []
     names = context.class_names
     if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
         names -= context.homonyms
@@ -772,6 +775,9 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
 # unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says: a plain k3;
 # and GRPOConfig with its own, whose beta defaults to 0.001 (trl.UNSLOTH_BETA).
 _UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(", re.MULTILINE)
+
+
+_UNSLOTH_CACHE = "unsloth_compiled_cache"  # where Unsloth writes the trainers and configs it generates
 
 
 def _unsloth(fallback: Mapping[str, str] | None, note: str, patched: bool) -> tuple[Mapping[str, str] | None, str]:

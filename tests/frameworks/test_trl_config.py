@@ -293,6 +293,17 @@ def test_unsloths_config_defaults_beta_to_a_thousandth(patch, expected):
     assert all("beta=0.001 (default)" in f.message for f in found)
 
 
+def test_unsloths_generated_trainer_is_the_frameworks_code_not_a_configuration():
+    """SethBurkart123/sdpo (thirtieth set) checked in `unsloth_compiled_cache/UnslothGRPOTrainer.py`, the copy of
+    TRL's trainer Unsloth writes when it runs: its `class UnslothGRPOConfig(GRPOConfig)` with `beta = 0.001` and
+    its `args = UnslothGRPOConfig()` are the framework's defaults, which the project's own GRPOConfig calls take."""
+    source = ("from trl import GRPOConfig\n\nclass UnslothGRPOConfig(GRPOConfig):\n    beta: float = 0.001\n\n"
+              "args = UnslothGRPOConfig()\n")
+    assert [f.code for f in lint_python("train.py", cst.parse_module(source), source)] == ["KL003"]  # TRL 1.16's
+    path = "unsloth_compiled_cache/UnslothGRPOTrainer.py"
+    assert lint_python(path, cst.parse_module(source), source) == []
+
+
 def test_a_trl_older_than_grpo_builds_no_grpo_configuration(tmp_path):
     """Stoney-RL (fifteenth set) pins trl==0.7.10, which has no GRPOConfig: its call cannot run, so no release's
     GRPO semantics apply (it was judged as 0.14, the oldest known: KL002 and KL007)."""
