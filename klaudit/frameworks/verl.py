@@ -194,7 +194,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if reward_unless_loss and reward is not None:
         flags += ", the KL in the reward since use_kl_loss is false (this copy of verl has no use_kl_in_reward)"
     if steps > 1:
-        flags += listed(settings, STEP_DEFAULTS) + (f", n_agent={settings[AGENTS].value}" if AGENTS in settings else "")
+        flags += listed(settings, {**STEP_DEFAULTS, **({AGENTS: "1"} if AGENTS in settings else {})})
     if ahead:
         flags += listed(settings, ASYNC_DEFAULTS)
     if per_response:
