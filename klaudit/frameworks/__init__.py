@@ -313,11 +313,13 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     # read for a launch only: the copy's own configs hold its defaults, not a run
     reward_unless_loss = launch is not None and verl.reward_follows_loss_flag(copy[1] if copy else None, megatron)
     loss_default = verl.kl_loss_default(copy[1] if copy else None, megatron)
+    zero_lr_start = not megatron and verl.first_update_at_zero_lr(copy[1] if copy else None)
 
     def judged_by(assumed: Assumed) -> list[Finding]:
         judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied,
                             kl_loss_applied=kl_loss_applied, fully_async=fully_async,
-                            reward_unless_loss=reward_unless_loss, loss_default=loss_default)
+                            reward_unless_loss=reward_unless_loss, loss_default=loss_default,
+                            first_step_at_zero_lr=zero_lr_start)
         found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
         distillation = verl.judge_distillation(settings)
         if distillation is not None:

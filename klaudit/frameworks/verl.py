@@ -34,7 +34,11 @@
   The top-k modes (`forward_kl_topk`, ...) are no estimator of the table: no verdict.
 - a launch that trains nothing has no KL verdict: `trainer.total_epochs=0` (the trainer's epoch loop never
   runs; an evaluation or rollout-generation script) or `trainer.val_only=True` (validation, then return), or
-  one whose override Hydra refuses (klaudit.frameworks.hydra_keys: a key the copy's config lacks).
+  one whose override Hydra refuses (klaudit.frameworks.hydra_keys: a key the copy's config lacks); and
+  `trainer.total_training_steps=1` on the FSDP actor of a copy whose constant learning-rate schedule is
+  min(1, step / max(1, warmup)) (TinyZero's verl 0.1 and copies of that age): the schedule's factor is 0 at
+  step 0 even with no warmup, so the one update of a CI smoke test runs at learning rate 0. Later releases
+  return 1 once the warmup is over, and their one-step launches do train.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ ASYNC_LAUNCH = re.compile(r"fully_async_policy[./]fully_async_main\b")
 MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
 DYNAMIC_BATCH = "actor_rollout_ref.actor.use_dynamic_bsz"
 TOTAL_EPOCHS, VAL_ONLY = "trainer.total_epochs", "trainer.val_only"  # a launch that sets 0 / true trains nothing
+# one update, at the learning rate of the schedule's first step (0 in copies whose schedule ramps from 0)
+TOTAL_STEPS, WARMUP_STYLE = "trainer.total_training_steps", "actor_rollout_ref.actor.optim.warmup_style"
 LEGACY_WORKERS = "trainer.use_legacy_worker_impl"
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
@@ -134,9 +140,15 @@ def runs_with_kl(text: str) -> frozenset[str]:
                      if number(value) not in (None, 0.0))
 
 
-def _trains_nothing(settings: Mapping[str, Setting]) -> bool:
-    """`trainer.total_epochs=0` or `trainer.val_only=True`: no optimizer step is taken."""
-    return _zero(settings.get(TOTAL_EPOCHS)) or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True)
+def _trains_nothing(settings: Mapping[str, Setting], first_step_at_zero_lr: bool = False) -> bool:
+    """`trainer.total_epochs=0` or `trainer.val_only=True`: no optimizer step is taken; or one rollout's update
+    alone (`trainer.total_training_steps=1`) on an actor whose constant schedule starts at learning rate 0
+    (`first_step_at_zero_lr`): its steps change no weight."""
+    if _zero(settings.get(TOTAL_EPOCHS)) or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True):
+        return True
+    style = settings[WARMUP_STYLE].value if WARMUP_STYLE in settings else "constant"
+    return (first_step_at_zero_lr and style == "constant" and TOTAL_STEPS in settings
+            and number(settings[TOTAL_STEPS].value or "") == 1)
 
 
 def _zero(setting: Setting | None) -> bool:
@@ -146,16 +158,18 @@ def _zero(setting: Setting | None) -> bool:
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
           kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False,
-          reward_unless_loss: bool = False, loss_default: str = "false") -> Judged | None:
+          reward_unless_loss: bool = False, loss_default: str = "false",
+          first_step_at_zero_lr: bool = False) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
     of `trainer.use_legacy_worker_impl`; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
     the actor launched apply the KL reward's and the KL loss's flags (PRIME's trainer, a fork's rewritten
     actor do not); `fully_async`: whether it is the fully asynchronous trainer; `reward_unless_loss`: whether
-    the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`), and
-    `loss_default` that copy's default of `use_kl_loss` (`kl_loss_default`)."""
+    the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`),
+    `loss_default` that copy's default of `use_kl_loss` (`kl_loss_default`), and `first_step_at_zero_lr`
+    whether the actor launched takes its first update at learning rate 0 (`first_update_at_zero_lr`)."""
     named = (*KEYS, COEFFICIENTS["reward"], *STEP_DEFAULTS) if reward_unless_loss else KEYS
-    if not any(key in settings for key in named) or _trains_nothing(settings):
+    if not any(key in settings for key in named) or _trains_nothing(settings, first_step_at_zero_lr):
         return None
     defaults = {**DEFAULTS, USE_KL_LOSS: loss_default} if reward_unless_loss else DEFAULTS
     given = {key: settings[key].value if key in settings else default for key, default in defaults.items()}
@@ -316,6 +330,22 @@ def reward_follows_loss_flag(copy: Path | None, megatron: bool = False) -> bool:
     trainer, main, config = (read_text(copy / name) or "" for name in (
         TRAINER_FILE, MAIN_FILE, MEGATRON_DEFAULTS_FILE if megatron else DEFAULTS_FILE))
     return bool(_REWARD_UNLESS_LOSS.search(trainer) and _REFERENCE_ALWAYS.search(main) and "use_kl_loss" in config)
+
+
+SCHEDULE_FILE, FSDP_WORKERS_FILE = "verl/utils/torch_functional.py", "verl/workers/fsdp_workers.py"
+# the constant schedule's factor as verl 0.1 to 0.3 wrote it: min(1, step / max(1, warmup)), 0 at step 0
+_RAMP_FROM_ZERO = re.compile(r"return\s+min\(\s*1(?:\.0)?\s*,\s*float\(current_step\)\s*/\s*float\(max\(")
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
+def first_update_at_zero_lr(copy: Path | None) -> bool:
+    """Whether the FSDP actor of the copy of verl a script runs takes its first update at learning rate 0: its
+    workers schedule the actor with `get_constant_schedule_with_warmup`, whose factor in that copy is
+    min(1, step / max(1, warmup)), 0 at step 0 whatever the warmup. False where the copy is not there to read."""
+    if copy is None:
+        return False
+    schedule, workers = (read_text(copy / name) or "" for name in (SCHEDULE_FILE, FSDP_WORKERS_FILE))
+    return "actor_lr_scheduler = get_constant_schedule_with_warmup(" in workers and bool(_RAMP_FROM_ZERO.search(schedule))
 
 
 STRATEGY = "actor_rollout_ref.actor.strategy"

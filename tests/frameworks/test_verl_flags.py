@@ -580,3 +580,39 @@ def test_a_launch_that_trains_nothing_has_no_kl_verdict(ending, expected):
     text = LAUNCH.replace("trainer.total_epochs=15", ending).format(
         flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n")
     assert sorted(f.code for f in lint_config("run.sh", text)) == expected
+
+
+# verl's constant schedule before and after it was rewritten: min(1, step / max(1, warmup)) is 0 at step 0
+# even with no warmup; the later form is 1 once the warmup (0 steps here) is over
+_RAMP_FROM_ZERO = "    def lr_lambda(current_step):\n        return min(1, float(current_step) / float(max(1, num_warmup_steps)))\n"
+_ONE_AFTER_WARMUP = ("    def lr_lambda(current_step):\n        if current_step < num_warmup_steps:\n"
+                     "            return float(current_step) / float(max(1.0, num_warmup_steps))\n        return 1.0\n")
+
+
+@pytest.mark.parametrize("schedule, ending, expected", [
+    (_RAMP_FROM_ZERO, "trainer.total_training_steps=1", []),  # the one update at learning rate 0
+    (_RAMP_FROM_ZERO, "trainer.total_training_steps=2", ["KL002"]),  # the second update trains
+    (_RAMP_FROM_ZERO, "trainer.total_training_steps=1 actor_rollout_ref.actor.optim.warmup_style=cosine", ["KL002"]),
+    (_RAMP_FROM_ZERO, "trainer.total_training_steps=1 actor_rollout_ref.actor.strategy=megatron", ["KL002"]),
+    (_ONE_AFTER_WARMUP, "trainer.total_training_steps=1", ["KL002"]),  # the later schedule: lr 1e-6 from step 0
+])
+def test_one_update_at_a_learning_rate_of_zero_trains_nothing(tmp_path, schedule, ending, expected):
+    """TinyZero's verl 0.1 and copies of that age schedule the FSDP actor with get_constant_schedule_with_warmup,
+    whose factor min(1, step / max(1, warmup)) is 0 at step 0, and step the schedule after each rollout's
+    update: a CI smoke test with total_training_steps=1 takes its mini-batch steps at learning rate 0, so the
+    clamped k3 loss (rows 3-4) it configures changes no weight. The cosine schedule starts at 1, Megatron's
+    actor has no such schedule, and later copies return 1 once the warmup is over."""
+    script = _project_with_verl(tmp_path, "0.1", None)
+    (tmp_path / "verl" / "utils").mkdir()
+    (tmp_path / "verl" / "utils" / "torch_functional.py").write_text(
+        "from torch.optim.lr_scheduler import LambdaLR\n\n\ndef get_constant_schedule_with_warmup(optimizer, "
+        "num_warmup_steps, last_epoch=-1):\n" + schedule + "    return LambdaLR(optimizer, lr_lambda, last_epoch)\n")
+    (tmp_path / "verl" / "workers").mkdir()
+    (tmp_path / "verl" / "workers" / "fsdp_workers.py").write_text(
+        "from verl.utils.torch_functional import get_constant_schedule_with_warmup\n\n\ndef build(optimizer, steps):\n"
+        "    actor_lr_scheduler = get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=steps)\n"
+        "    return actor_lr_scheduler\n")
+    script.write_text(LAUNCH.replace("trainer.total_epochs=15", ending).format(
+        flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"))
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
