@@ -39,13 +39,14 @@ ALL = "ALL"
 # The verdicts (KL0xx); the informational KL1xx codes are on with `--select KL1` or `ALL`.
 DEFAULT_SELECT: tuple[str, ...] = ("KL0",)
 
-# Directory and file names never walked into, as ruff's defaults, and `.hydra` (the record of a finished
-# run that Hydra writes beside its outputs: the configuration it ran, not one anybody launches);
+# Directory and file names never walked into, as ruff's defaults (`.ipynb_checkpoints` among them: Jupyter's
+# autosaved copies, never the file that runs), and `.hydra` (the record of a finished run that Hydra writes
+# beside its outputs: the configuration it ran, not one anybody launches);
 # `exclude` replaces this list and `extend-exclude` adds to it. A directory holding pyvenv.cfg is always skipped.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
-    ".bzr", ".direnv", ".eggs", ".git", ".hg", ".hydra", ".mypy_cache", ".nox", ".pytest_cache",
-    ".ruff_cache", ".svn", ".tox", ".venv", "__pycache__", "__pypackages__", "_build",
-    "build", "dist", "node_modules", "site-packages", "venv",
+    ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".hydra", ".ipynb_checkpoints", ".mypy_cache",
+    ".nox", ".pants.d", ".pyenv", ".pytest_cache", ".pytype", ".ruff_cache", ".svn", ".tox", ".venv", ".vscode",
+    "__pycache__", "__pypackages__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages", "venv",
 )
 
 _LIST_KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude")

@@ -37,11 +37,12 @@ def located(result):
 
 def test_discovery_skips_excluded_directories_and_virtualenvs(tmp_path):
     for name in (".git", ".venv", "venv", "build", "dist", "__pycache__", ".tox", ".mypy_cache",
-                 "node_modules", "pkg/build"):
+                 "node_modules", "pkg/build", "pkg/.ipynb_checkpoints"):
         write(tmp_path / name / "x.py", "")
     write(tmp_path / "myenv" / "pyvenv.cfg", "home = /usr/bin\n")
     write(tmp_path / "myenv" / "lib" / "x.py", "")
     write(tmp_path / "pkg" / "a.py", "")
+    write(tmp_path / "pkg" / ".ipynb_checkpoints" / "a-checkpoint.py", "")  # Jupyter's autosave, as ruff skips it
     write(tmp_path / "pkg" / "stubs.pyi", "")
     write(tmp_path / "pkg" / "notes.txt", "")
     write(tmp_path / "top.py", "")
