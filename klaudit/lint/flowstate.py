@@ -17,7 +17,7 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.syntax import decorated_no_grad, detached_entries
+from klaudit.lint.syntax import decorated_no_grad, detached_entries, overwritten_assignments
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,12 +66,19 @@ class FlowState:
             name in ("forward", "__call__") and cls is not None and roles.is_loss_function(cls)
         )
         self._detached_entries: frozenset[tuple[str, str]] | None = None
+        self._overwritten: frozenset[cst.Assign] | None = None
 
     def detached_entries(self) -> frozenset[tuple[str, str]]:
         """(container, key) of the entries the function detaches somewhere (klaudit.lint.syntax.detached_entries)."""
         if self._detached_entries is None:
             self._detached_entries = detached_entries(self.func)
         return self._detached_entries
+
+    def overwritten(self) -> frozenset[cst.Assign]:
+        """The function's assignments replaced before anything reads them (klaudit.lint.syntax.overwritten_assignments)."""
+        if self._overwritten is None:
+            self._overwritten = overwritten_assignments(self.func)
+        return self._overwritten
 
     if TYPE_CHECKING:
         # statements, klaudit.lint.flow

@@ -75,7 +75,7 @@ class SinkFlow(FlowState):
                                        if f.is_kl() else f for f in value))
         facts = tuple(f for f in marked if f.is_kl())
         self.take_on(facts, node)
-        if facts and self.record:
+        if facts and self.record and node not in self.overwritten():  # a dead store is no loss
             note_entry(self, node)
             earlier = self.loss_parts.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts

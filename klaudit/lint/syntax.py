@@ -181,6 +181,38 @@ def detached_entries(function: cst.CSTNode) -> frozenset[tuple[str, str]]:
     return frozenset(found)
 
 
+def overwritten_assignments(function: cst.CSTNode) -> frozenset[cst.Assign]:
+    """Each `name = value` of `function` that a later `name = ...` of the same block replaces before anything reads
+    the name (`kl_loss = beta * kl.sum(1).mean()`, then `kl_loss = beta * kl.mean()`): a dead store, whose value
+    reaches nothing. Only simple statements may stand between the two; the second may not read the name."""
+    found = set()
+    for block in walk(function):
+        if type(block) is not cst.IndentedBlock:
+            continue
+        pending: dict[str, cst.Assign] = {}  # name -> its last assignment not read since
+        for stmt in block.body:
+            if type(stmt) is not cst.SimpleStatementLine:
+                pending.clear()
+                continue
+            for small in stmt.body:
+                target = _lone_name_target(small)
+                reads = small.value if target is not None and type(small) is cst.Assign else small
+                for name in [name for name in pending if mentions(reads, name)]:
+                    del pending[name]
+                if target is not None and type(small) is cst.Assign:
+                    if target in pending:
+                        found.add(pending[target])
+                    pending[target] = small
+    return frozenset(found)
+
+
+def _lone_name_target(small: cst.CSTNode) -> str | None:
+    """The name `small` binds alone (`x = ...`), else None."""
+    if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
+        return small.targets[0].target.value
+    return None
+
+
 def is_literal_choice(node: cst.CSTNode) -> bool:
     """A number, None, True or False, or a conditional choosing between such (`None if flag else -1`)."""
     if type(node) is cst.IfExp:

@@ -139,6 +139,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         calls_of = CallIndex()
     calls = calls_of(func)
     steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
+    if not steps and _stepped_by_lightning(func, methods):
+        # one step after the function returns, out of its loops (or after a window of such calls, none stepping)
+        return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of)) is True
     if not steps:
         site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
             else None
@@ -169,6 +172,17 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module):
         return _passes_counted_once(caller, index, loops, calls)
     return drawn is True
+
+
+def _stepped_by_lightning(func: cst.FunctionDef | cst.Module, methods: dict[str, cst.FunctionDef] | None) -> bool:
+    """Whether `func` is the `training_step` of a LightningModule (a class with `configure_optimizers`) left to
+    Lightning's automatic optimization, which backpropagates the loss it returns and steps the optimizer once per
+    call, or once per window of `accumulate_grad_batches` calls."""
+    if not isinstance(func, cst.FunctionDef) or func.name.value != "training_step" or not methods \
+            or "configure_optimizers" not in methods:
+        return False
+    return not any(type(node) is cst.Attribute and node.attr.value == "automatic_optimization"
+                   for method in methods.values() for node in walk(method))
 
 
 def takes_a_step(calls: OrderedCalls) -> bool:
