@@ -17,7 +17,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from klaudit.frameworks.kwargs_dicts import built_dict
-from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
+from klaudit.frameworks.options import (
+    CONVERSIONS,
+    ENVIRONMENT_READS,
+    Default,
+    Options,
+    bindings,
+    module_constants,
+    resolve,
+    visible,
+)
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import python_ast
 
@@ -188,29 +197,43 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str]) -> dict[str, Default]:
     """options.module_constants of the module: every binding outside functions and classes (the scopes of
     their own), with the literal of each `NAME = literal`."""
-    assignments: list[tuple[str, str | None, int]] = []
+    assignments: list[tuple[str, str | None, int, str]] = []
 
     def walk(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, _SCOPES):
                 if not isinstance(child, ast.Lambda):
-                    assignments.append((child.name, None, child.lineno))
+                    assignments.append((child.name, None, child.lineno, ""))
                 continue
             if isinstance(child, ast.stmt):
                 target, value = _assigned(child)
                 if isinstance(target, ast.Name):
                     if value is not None:  # `BETA: float` alone binds nothing
-                        assignments.append((target.id, _python_literal(value, text), child.lineno))
+                        variable, default = _environment_default(value, text) or ("", _python_literal(value, text))
+                        assignments.append((target.id, default, child.lineno, variable))
                         walk(value)
                     continue
             bound = _binds(child)
             if bound:
-                assignments.append((bound, None, getattr(child, "lineno", 0)))
+                assignments.append((bound, None, getattr(child, "lineno", 0), ""))
             walk(child)
 
     walk(tree)
     rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     return module_constants(assignments, rebound)
+
+
+def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:
+    """(variable, literal) of `os.environ.get("BETA", 0.04)` or `os.getenv("BETA", "0.04")`, bare or converted by
+    `float(...)`, `int(...)` or `str(...)`: the value a run that leaves the variable unset reads. None otherwise."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONVERSIONS
+            and len(node.args) == 1 and not node.keywords):
+        node = node.args[0]
+    if not (isinstance(node, ast.Call) and _dotted(node.func) in ENVIRONMENT_READS and len(node.args) == 2
+            and not node.keywords):
+        return None
+    variable, default = (_python_literal(argument, text) for argument in node.args)
+    return (variable, default) if variable is not None and default is not None else None
 
 
 def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:

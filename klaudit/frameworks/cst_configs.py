@@ -11,7 +11,16 @@ from dataclasses import replace
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
+from klaudit.frameworks.options import (
+    CONVERSIONS,
+    ENVIRONMENT_READS,
+    Default,
+    Options,
+    bindings,
+    module_constants,
+    resolve,
+    visible,
+)
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import dotted, string_value
 
@@ -100,7 +109,7 @@ class _ModuleBindings(_Assigned):
     def __init__(self, line: Callable[[cst.CSTNode], int]) -> None:
         super().__init__()
         self.line = line
-        self.assignments: list[tuple[str, str | None, int]] = []
+        self.assignments: list[tuple[str, str | None, int, str]] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
@@ -111,10 +120,23 @@ class _ModuleBindings(_Assigned):
         target, value = _single_assignment(node)
         if isinstance(target, cst.Name):
             if value is not None:  # `BETA: float` alone binds nothing
-                self.assignments.append((target.value, _literal(value), self.line(node)))
+                variable, default = _environment_default(value) or ("", _literal(value))
+                self.assignments.append((target.value, default, self.line(node), variable))
                 value.visit(self)
             return False
         return super().on_visit(node)
+
+
+def _environment_default(node: cst.BaseExpression) -> tuple[str, str] | None:
+    """calls._environment_default of LibCST's tree: (variable, literal) of `float(os.environ.get("BETA", 0.04))`."""
+    if (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in CONVERSIONS
+            and len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star):
+        node = node.args[0].value
+    if not (isinstance(node, cst.Call) and dotted(node.func) in ENVIRONMENT_READS and len(node.args) == 2
+            and all(argument.keyword is None and not argument.star for argument in node.args)):
+        return None
+    variable, default = (_literal(argument.value) for argument in node.args)
+    return (variable, default) if variable is not None and default is not None else None
 
 
 def _single_assignment(node: cst.CSTNode) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
@@ -194,7 +216,7 @@ class _Reader(cst.CSTVisitor):
                 bound, declared = _ModuleBindings(lambda node: self.get_metadata(PositionProvider, node).start.line), _Globals()
                 self.module.visit(bound)
                 self.module.visit(declared)
-                other = [(name, None, 0) for name in bound.names]  # any other binding: no constant
+                other = [(name, None, 0, "") for name in bound.names]  # any other binding: no constant
                 self.constants = module_constants([*bound.assignments, *other], declared.names)
         return self.constants
 

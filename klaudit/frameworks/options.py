@@ -119,16 +119,23 @@ def bindings(parameters: Mapping[str, str | None], assigned: Collection[str]) ->
                for name, value in parameters.items()}, **dict.fromkeys(assigned)}
 
 
-def module_constants(assignments: Iterable[tuple[str, str | None, int]], rebound: Collection[str]) -> dict[str, Default]:
+def module_constants(assignments: Iterable[tuple[str, str | None, int, str]], rebound: Collection[str]) -> dict[str, Default]:
     """The module's constants: each name bound once at module level (`assignments`: name, its literal value or
-    None, line, for every module-level binding) to a literal, and never declared `global` in a function
-    (`rebound`). `BETA = 0.04` then `GRPOConfig(beta=BETA)`, as notebooks and scripts write it."""
-    seen: dict[str, list[tuple[str | None, int]]] = {}
-    for name, value, line in assignments:
-        seen.setdefault(name, []).append((value, line))
-    return {name: Default(found[0][0], f"{name} = {found[0][0]} at line {found[0][1]}")
-            for name, found in seen.items()
-            if len(found) == 1 and found[0][0] is not None and name not in rebound}
+    None, line, and the environment variable the value is the default of, or "", for every module-level binding)
+    to a literal, and never declared `global` in a function (`rebound`). `BETA = 0.04` then
+    `GRPOConfig(beta=BETA)`, as notebooks and scripts write it; `BETA = float(os.environ.get("BETA", 0.04))`
+    reads 0.04 in a run that leaves the variable unset, as a shell script's `${BETA:-0.04}` does."""
+    seen: dict[str, list[tuple[str | None, int, str]]] = {}
+    for name, value, line, variable in assignments:
+        seen.setdefault(name, []).append((value, line, variable))
+    return {name: Default(value, f"{name} = {value} at line {line}" + (f" while {variable} is unset" if variable else ""))
+            for name, [(value, line, variable)] in ((name, found) for name, found in seen.items() if len(found) == 1)
+            if value is not None and name not in rebound}
+
+
+# `os.environ.get("BETA", 0.04)`, `os.getenv(...)` and the bare names an import gives them
+ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})
+CONVERSIONS = frozenset({"float", "int", "str"})  # what wraps such a read without changing its default
 
 
 def visible(scopes: Iterable[Mapping[str, Default | None]]) -> dict[str, Default]:

@@ -125,6 +125,11 @@ class Holder:
 e = GRPOConfig(num_iterations=STEPS, loss_type=LOSS, importance_sampling_level=LEVEL)
 def uses_the_constant():
     return GRPOConfig(num_iterations=STEPS)
+ENV_BETA = float(os.environ.get("GRPO_BETA", 0.005))
+ENV_STEPS = int(os.getenv("STEPS", "2"))
+ENV_LOSS = os.environ.get("LOSS")
+ENV_LEVEL = float(os.environ.get("LEVEL", 0.1) or 0.2)
+f = GRPOConfig(beta=ENV_BETA, num_iterations=ENV_STEPS, loss_type=ENV_LOSS, importance_sampling_level=ENV_LEVEL)
 '''
 
 
@@ -148,6 +153,10 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
         # a module constant bound once (a class body is a scope of its own); bound twice, or by a loop: none
         {"num_iterations": "3", "loss_type": None, "importance_sampling_level": None},
         {"num_iterations": "3"},
+        # a module constant read from the environment takes the default a run without the variable reads;
+        # no default, or one an expression computes further: none
+        {"beta": "0.005", "num_iterations": "2", "loss_type": None, "importance_sampling_level": None},
     ]
     assert reader.calls[3].settings["beta"].origin == "the default of kl_coef at run.py:1"
     assert reader.calls[5].settings["num_iterations"].origin == "STEPS = 3 at line 18"
+    assert reader.calls[7].settings["beta"].origin == "ENV_BETA = 0.005 at line 28 while GRPO_BETA is unset"
