@@ -11,8 +11,8 @@ semantics it applied. In order:
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
    (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml`, `setup.py`, or a `pip install` or `uv add` of a
-   Dockerfile or of a setup script such as `setup_env.sh`,
-   or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
+   Dockerfile or of a setup script such as `setup_env.sh`, a conda `environment.yml`'s list (`trl=0.17.0` or,
+   under `pip:`, `trl==0.17.0`), or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
    `uv.lock`, `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project
    root;
 3. else a dependency on a git commit (`trl @ git+https://...@1bca495`) is the version that commit
@@ -453,8 +453,8 @@ def _pyproject(directory: Path) -> dict:
 
 def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py,
-    and the packages a Dockerfile's or a setup script's `pip install` (or `uv add`) commands name (one per line,
-    as a requirements file)."""
+    the packages a Dockerfile's or a setup script's `pip install` (or `uv add`) commands name and those a conda
+    environment file lists (one per line, as a requirements file)."""
     sources = [(path.name, read_text(path)) for path in sorted(directory.glob("requirements*.txt"))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
@@ -464,7 +464,22 @@ def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     sources.append(("Dockerfile", _pip_installed(read_text(directory / "Dockerfile"))))
     sources += [(path.name, _pip_installed(read_text(path))) for path in sorted(directory.glob("*.sh"))
                 if _SETUP_SCRIPT.search(path.name)]
+    sources += [(path.name, _conda_listed(read_text(path))) for path in sorted(directory.glob("*.y*ml"))
+                if _CONDA_FILE.match(path.name)]
     return sources
+
+
+# A conda environment file (`conda env create -f environment.yml`): its `dependencies`, the `pip:` list among them
+_CONDA_FILE = re.compile(r"(?:environment|conda)[\w.-]*\.ya?ml$", re.IGNORECASE)
+_LIST_ITEM = re.compile(r"^\s*-\s*([^\s#:]+)\s*(?:#.*)?$", re.MULTILINE)
+
+
+def _conda_listed(text: str | None) -> str | None:
+    """The packages a conda environment file lists, one per line, as a requirements file spells them: a conda
+    spec's single `=` (`trl=0.17.0`) is pip's `==`."""
+    if text is None:
+        return None
+    return "\n".join(re.sub(r"^([\w.-]+)=(?=[\w.])", r"\1==", item) for item in _LIST_ITEM.findall(text))
 
 
 # A shell script that sets the environment up (`setup_training_env.sh`, `install.sh`): its `pip install` and

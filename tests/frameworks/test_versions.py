@@ -374,3 +374,16 @@ def test_a_setup_script_that_installs_a_pinned_release_states_it(tmp_path):
         'if command -v uv; then\n    uv add \\\n        "torch>=2.9" \\\n        "trl==1.3.0" \\\n        "peft>=0.15"\n'
         'else\n    python3 -m pip install \\\n        "trl==1.3.0"\nfi\n')
     assert detect([project])["trl"] == Assumed("1.3", "1.3.0 in setup_training_env.sh")
+
+
+@pytest.mark.parametrize("listed, expected", [
+    ("  - pip:\n      - trl==0.17.0\n      - torch>=2.5\n", Assumed("0.17", "0.17.0 in environment.yml")),
+    ("  - trl=0.17.0  # conda-forge's build\n", Assumed("0.17", "0.17.0 in environment.yml")),
+    ("  - pip:\n      - trl>=0.17.0\n", None),  # a lower bound says nothing the default does not
+])
+def test_a_conda_environment_file_states_a_pinned_release(tmp_path, listed, expected):
+    """0xSingletOnly/LiMing (thirty-fourth set) pins trl==0.17.0 in the `pip:` list of its conda environment.yml,
+    the environment its notebook ran in: TRL 0.17's loss, not the newest release's."""
+    (tmp_path / "environment.yml").write_text("name: research\nchannels:\n  - conda-forge\ndependencies:\n"
+                                              "  - python=3.11\n" + listed)
+    assert detect([tmp_path]).get("trl") == expected
