@@ -532,13 +532,17 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat, assumed)
         copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
         kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
+        module = launch.group().replace(".", "/").removesuffix(".py") + ".py"
+        parser = openrlhf.copy_parser(copy[1] / module) if copy else None
+        defaults = parser.defaults_of() if parser is not None else openrlhf.DEFAULTS
 
         def judged_by(assumed: Assumed) -> list[Finding]:
-            judged = openrlhf.judge(flags, assumed, flat, kl_reward_applied)
+            judged = openrlhf.judge(flags, assumed, flat, kl_reward_applied, defaults)
             return [] if judged is None else _findings(path, judged[0], assumed.label(openrlhf.NAME),
                                                        lambda rule, row: fixes.get(rule, row), clamped=judged[1])
 
-        found += _agreed(assumed, judged_by)
+        if parser is None or parser.refuses(_command_options(text, launch)) is None:  # else argparse stops it
+            found += _agreed(assumed, judged_by)
     command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
     if command or script:
         launch = command or script
@@ -550,6 +554,16 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     if tunix.LAUNCH.search(text):
         found += _tunix_cli(path, shell_overrides(text), context, text, "shell")
     return found + _swift_launches(path, text)
+
+
+def _command_options(text: str, launch: re.Match) -> list[str]:
+    """The options (`--name`, without the dashes and any `=value`) written after `launch` on the lines of its
+    shell command; one a variable spells (`--${flag}`) is none."""
+    lines = text.splitlines(keepends=True)
+    first, last = command_span([line.rstrip("\r\n") for line in lines], text.count("\n", 0, launch.start()))
+    start = sum(len(line) for line in lines[:first])
+    command = text[launch.end():start + sum(len(line) for line in lines[first:last + 1])]
+    return [word.group(1) for word in re.finditer(r"(?<![\w$-])--([A-Za-z][\w.-]*)(?=[\s=\\\"']|$)", command)]
 
 
 def _swift_launches(path: str, text: str) -> list[Finding]:

@@ -38,7 +38,8 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
@@ -131,6 +132,76 @@ def _stale(value: Mapping[str, str]) -> bool | None:
     return bool(asynchronous) or epochs * rollout * samples / train > 1  # type: ignore[operator]
 
 
+@dataclass(frozen=True)
+class CopyParser:
+    """The command line of the launched module of a project's copy of OpenRLHF, read from its `add_argument`s."""
+
+    options: frozenset[str]  # every option string it adds, without the dashes (`kl_estimator`, `algo.kl.estimator`)
+    defaults: Mapping[str, str]  # an option's literal default, as klaudit.frameworks.calls reads a literal
+    closed: bool  # `parse_args` on options all added in this file: an option it lacks stops the launch
+
+    def refuses(self, flags: Iterable[str]) -> str | None:
+        """The first of `flags` (spelled without dashes) that argparse rejects: no option of that name, nor one
+        alone that it abbreviates. None where all are accepted or the parser is not `closed`."""
+        if not self.closed:
+            return None
+        for flag in flags:
+            if flag not in self.options and len([o for o in self.options if o.startswith(flag)]) != 1:
+                return flag
+        return None
+
+    def defaults_of(self) -> dict[str, str]:
+        """DEFAULTS with the copy's own defaults where it gives one (a fork's `--kl_estimator` default of k3)."""
+        given = {key: self.defaults[flat] for flat, key in FLAGS.items() if flat in self.defaults}
+        return {**DEFAULTS, **given}
+
+
+@functools.lru_cache(maxsize=64)  # asked for each launch script of a project
+def copy_parser(module: Path) -> CopyParser | None:
+    """The command line of the module file `module` (a copy's `openrlhf/cli/train_ppo_ray.py`); None where it
+    cannot be read."""
+    try:
+        tree = ast.parse(file_text(module))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    options: set[str] = set()
+    defaults: dict[str, str] = {}
+    parsers = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+               and isinstance(node.value, ast.Call) and _last_name(node.value.func) == "ArgumentParser"
+               for target in node.targets if isinstance(target, ast.Name)}
+    handed_on = False  # the parser given to a function that may add options of its own
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if _last_name(node.func) == "add_argument":
+            names = [arg.value[2:] for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                     and arg.value.startswith("--")]
+            options.update(names)
+            default = _default(node)
+            defaults.update({name.replace("-", "_"): default for name in names if default is not None})
+        elif any(isinstance(arg, ast.Name) and arg.id in parsers for arg in [*node.args, *(k.value for k in node.keywords)]):
+            handed_on = True
+    calls = {_last_name(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    closed = bool(parsers) and "parse_args" in calls and "parse_known_args" not in calls and not handed_on
+    return CopyParser(frozenset(options), defaults, closed)
+
+
+def _last_name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _default(call: ast.Call) -> str | None:
+    """An `add_argument`'s default as a launch flag's value reads: its literal, or False for a `store_true`."""
+    keywords = {keyword.arg: keyword.value for keyword in call.keywords if keyword.arg}
+    default = keywords.get("default")
+    if default is None:
+        action = keywords.get("action")
+        return "False" if isinstance(action, ast.Constant) and action.value == "store_true" else None
+    if isinstance(default, ast.Constant) and isinstance(default.value, (str, int, float, bool)):
+        return str(default.value)
+    return None
+
+
 REWARD_MODULE = "openrlhf/models/utils.py"  # compute_reward, which subtracts kl_coef * kl from the token rewards
 
 
@@ -153,13 +224,14 @@ def reward_reads_kl(copy: Path | None) -> bool:
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
-          kl_reward_applied: bool = True) -> tuple[Judged, bool] | None:
+          kl_reward_applied: bool = True, defaults: Mapping[str, str] = DEFAULTS) -> tuple[Judged, bool] | None:
     """(the KL configuration of an OpenRLHF PPO launch with `settings`, whether its estimate is clamped);
     None when the launch sets no KL flag, the KL is off, or a deciding flag is not a literal.
-    `kl_reward_applied`: whether the copy run puts the KL in the rewards (see `reward_reads_kl`)."""
+    `kl_reward_applied`: whether the copy run puts the KL in the rewards (see `reward_reads_kl`); `defaults`:
+    the options' defaults in the command line of the copy run (`CopyParser.defaults_of`)."""
     if not any(key in settings for key in KL_KEYS):
         return None
-    given = {key: settings[key].value if key in settings else default for key, default in DEFAULTS.items()}
+    given = {key: settings[key].value if key in settings else default for key, default in defaults.items()}
     value = {key: v for key, v in given.items() if v is not None}
     deciding = (COEF, USE_LOSS, ESTIMATOR) + ((UNBIASED,) if at_least(assumed, "0.11") else ())
     if any(key not in value for key in deciding):

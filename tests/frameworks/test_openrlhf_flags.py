@@ -238,3 +238,44 @@ def test_the_micro_batch_kl007_points_at_the_micro_batch_flag():
     versions = {**{n: Assumed(v) for n, v in DEFAULT.items()}, "openrlhf": Assumed("0.9", "pinned")}
     [length] = [f for f in lint_config("run.sh", text, Context(versions)) if f.code == "KL007"]
     assert length.line == 2 and "micro_train_batch_size" in length.fix and "0.11" in length.fix
+
+
+_FORK_CLI = """\
+import argparse
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--init_kl_coef", type=float, default=0.01)
+    parser.add_argument("--kl_estimator", type=str, default="k3", choices=["k1", "k2", "k3"])
+    parser.add_argument("--rollout_batch_size", type=int, default=1024)
+    parser.add_argument("--train_batch_size", type=int, default=128)
+    parser.add_argument("--param_dtype", type=str, default="bf16")
+    parser.add_argument("--packing_samples", action="store_true", default=False)
+    args = parser.{parse}()
+"""
+
+
+@pytest.mark.parametrize("flags, parse, expected", [
+    ("--param_dtype bf16", "parse_args", ["KL004", "KL008"]),  # the fork's default: clamped k3 in the reward
+    ("--param_dtype bf16 --kl_estimator k1", "parse_args", ["KL008", "KL010"]),  # upstream's k1, clamped
+    ("--bf16", "parse_args", []),  # argparse: unrecognized arguments: --bf16; nothing trains
+    ("--packing", "parse_args", ["KL004", "KL008"]),  # an abbreviation argparse accepts (--packing_samples)
+    ("--bf16", "parse_known_args", ["KL004", "KL008"]),  # unknown options are left to the script
+])
+def test_a_copy_s_command_line_decides_defaults_and_refuses_options_it_lacks(tmp_path, flags, parse, expected):
+    """khazic/OpenRLHF_lao (thirty-fourth set) carries OpenRLHF 0.9.6 whose train_ppo_ray defaults --kl_estimator to
+    k3 (upstream: k1) and spells the precision --param_dtype: its launches without --kl_estimator put the clamped
+    k3 in the rewards (row 7), and those that still pass upstream's --bf16 stop at argparse before any update."""
+    (tmp_path / "version.txt").write_text("0.9.6\n")
+    (tmp_path / "openrlhf" / "models").mkdir(parents=True)
+    (tmp_path / "openrlhf" / "models" / "utils.py").write_text("def compute_reward(r, kl_coef, kl):\n"
+                                                              "    return r - kl_coef * kl\n")
+    (tmp_path / "openrlhf" / "cli").mkdir()
+    (tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py").write_text(_FORK_CLI.format(parse=parse))
+    launch = ("ray job submit --address=http://127.0.0.1:8265 -- python3 -m openrlhf.cli.train_ppo_ray \\\n"
+              f"    --init_kl_coef 0.01 --rollout_batch_size 1024 --train_batch_size 128 {flags}\n")
+    script = tmp_path / "examples" / "train.sh"
+    script.parent.mkdir()
+    script.write_text(launch)
+    found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
+    assert sorted(f.code for f in found) == expected
