@@ -169,13 +169,14 @@ def copy_parser(module: Path) -> CopyParser | None:
     parsers = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
                and isinstance(node.value, ast.Call) and _last_name(node.value.func) == "ArgumentParser"
                for target in node.targets if isinstance(target, ast.Name)}
-    handed_on = False  # the parser given to a function that may add options of its own
+    handed_on = False  # the parser given to a function that may add options of its own, or names computed
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         if _last_name(node.func) == "add_argument":
             names = [arg.value[2:] for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
                      and arg.value.startswith("--")]
+            handed_on = handed_on or any(not isinstance(arg, ast.Constant) for arg in node.args)  # f"--{prefix}.lr"
             options.update(names)
             default = _default(node)
             defaults.update({name.replace("-", "_"): default for name in names if default is not None})

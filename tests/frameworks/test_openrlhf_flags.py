@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from klaudit.config import Settings
-from klaudit.frameworks import Context, lint_config
+from klaudit.frameworks import Context, lint_config, openrlhf
 from klaudit.frameworks.versions import DEFAULT, Assumed
 from klaudit.lint.engine import lint_paths
 
@@ -279,3 +279,16 @@ def test_a_copy_s_command_line_decides_defaults_and_refuses_options_it_lacks(tmp
     script.write_text(launch)
     found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
     assert sorted(f.code for f in found) == expected
+
+
+def test_a_command_line_that_computes_option_names_refuses_nothing(tmp_path):
+    """OpenRLHF 0.11 adds `--actor.adam.lr` and its kin with `add_argument(f"--{prefix}.adam.lr")`: names this reading
+    cannot list, so no option counts as one the copy lacks (its upstream examples pass them); the defaults it does
+    list still count."""
+    module = tmp_path / "train_ppo_ray.py"
+    module.write_text(_FORK_CLI.format(parse="parse_args").replace(
+        "    args =", '    for prefix in ("actor", "critic"):\n        parser.add_argument(f"--{prefix}.adam.lr")\n    args ='))
+    parser = openrlhf.copy_parser(module)
+    assert parser is not None and not parser.closed
+    assert parser.refuses(["actor.adam.lr", "bf16"]) is None
+    assert parser.defaults_of()[openrlhf.ESTIMATOR] == "k3"
