@@ -195,22 +195,17 @@ def overwritten_assignments(function: cst.CSTNode) -> frozenset[cst.Assign]:
                 pending.clear()
                 continue
             for small in stmt.body:
-                target = _lone_name_target(small)
-                reads = small.value if target is not None and type(small) is cst.Assign else small
-                for name in [name for name in pending if mentions(reads, name)]:
+                assign = small if isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                    and type(small.targets[0].target) is cst.Name else None  # `name = value` alone
+                reads = assign.value if assign is not None else small
+                for name in {node.value for node in walk(reads) if type(node) is cst.Name} & pending.keys():
                     del pending[name]
-                if target is not None and type(small) is cst.Assign:
-                    if target in pending:
-                        found.add(pending[target])
-                    pending[target] = small
+                if assign is not None:
+                    name = cast(cst.Name, assign.targets[0].target).value
+                    if name in pending:
+                        found.add(pending[name])
+                    pending[name] = assign
     return frozenset(found)
-
-
-def _lone_name_target(small: cst.CSTNode) -> str | None:
-    """The name `small` binds alone (`x = ...`), else None."""
-    if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
-        return small.targets[0].target.value
-    return None
 
 
 def is_literal_choice(node: cst.CSTNode) -> bool:
