@@ -1,7 +1,10 @@
 """TRL's PPO KL settings (`PPOConfig`) as catalog configurations: the estimator its trainer subtracts
 from the token rewards before GAE (the reward placement with returns to go).
 
-The keyword a configuration sets names the API it targets:
+The keywords a configuration sets name the API it targets (the first PPOConfig's own fields, `model_name` or
+`log_with`, name the first); one that names neither's targets the API of the TRL release the project states
+(0.12's from 0.12), else nobody knows which. From 0.29 only `trl.experimental.ppo` holds PPOConfig: imported from
+`trl` under such a release, it fails before anything trains.
 
 - `kl_penalty` (TRL up to 0.11, the first PPOTrainer): "kl" is k1 = logp - ref (row 6, unbiased),
   "abs" |logp - ref| (row 9), "mse" 0.5 (logp - ref)^2, k2 (row 8), "full" the exact per-step KL over
@@ -24,10 +27,12 @@ the defaults: the finding is reported at its `PPOTrainer(...)` call.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, shown
+from klaudit.frameworks.versions import Assumed, at_least
 
 NAME = "TRL PPO"
 CLASSES = ("PPOConfig",)
@@ -40,8 +45,13 @@ STEPS = {"num_ppo_epochs": "4", "num_mini_batches": "1"}
 # the responses of one backward pass, whose tokens the policy loss averages (`masked_mean` over the micro-batch):
 # one response makes that a per-response token mean, 1/L on the KL reward its advantages carry (row 21)
 MICRO_BATCH = {LEGACY: "mini_batch_size", ESTIMATOR: "per_device_train_batch_size"}
-API_KEYS = {LEGACY: (LEGACY, COEFFICIENTS[LEGACY], *LEGACY_STEPS), ESTIMATOR: (ESTIMATOR, COEFFICIENTS[ESTIMATOR], *STEPS)}
-KEYS = (LEGACY, ESTIMATOR, *COEFFICIENTS.values(), *LEGACY_STEPS, ACCUMULATION, *STEPS, MICRO_BATCH[ESTIMATOR])
+# fields only the first PPOConfig has (TRL up to 0.11): a call setting one targets that API
+LEGACY_ONLY = ("model_name", "log_with", "query_dataset", "tracker_project_name", "adap_kl_ctrl", "target_kl",
+               "forward_batch_size", "early_stopping", "use_score_scaling", "use_score_norm")
+API_KEYS = {LEGACY: (LEGACY, COEFFICIENTS[LEGACY], *LEGACY_STEPS, *LEGACY_ONLY),
+            ESTIMATOR: (ESTIMATOR, COEFFICIENTS[ESTIMATOR], *STEPS)}
+KEYS = (LEGACY, ESTIMATOR, *COEFFICIENTS.values(), *LEGACY_STEPS, ACCUMULATION, *STEPS, MICRO_BATCH[ESTIMATOR],
+        *LEGACY_ONLY)
 ESTIMATORS = {LEGACY: {"kl": Estimator.K1, "abs": Estimator.ABS, "mse": Estimator.K2, "full": Estimator.FULL},
               ESTIMATOR: {"k1": Estimator.K1, "k3": Estimator.K3}}
 FIXES = {"KL004": "the k1 estimate in the rewards (kl_estimator=\"k1\", or kl_penalty=\"kl\" before TRL 0.12): "
@@ -58,12 +68,14 @@ COMMAND_LINE = "PPOConfig from the command line, at its defaults (num_ppo_epochs
 
 
 def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = None,
-          defaults: str = "the defaults") -> Judged | None:
+          defaults: str = "the defaults", release_api: str | None = None) -> Judged | None:
     """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable;
     `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
-    the command line by a script written for the rewritten PPOTrainer); `defaults`: how the finding names the
+    the command line by a script written for the rewritten PPOTrainer); `release_api`: the API of the TRL release
+    the project states (`api_of`), for a call that names no key of either; `defaults`: how the finding names the
     configuration where it sets no key."""
-    api = api or next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])), None)
+    api = api or next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])),
+                      release_api)
     if api is None:
         return None  # a call naming no key of either API: which release it targets is unknown
     key = api if api is not None and api in settings else None
@@ -101,6 +113,27 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
         anchors["KL007"] = micro
         helps["KL007"] = more_responses_per_micro_batch(MICRO_BATCH[api])
     return Judged(config, anchor, flags, anchors, helps)
+
+
+# From 0.29 only `trl.experimental.ppo` holds PPOConfig: `from trl import PPOConfig` (deprecated since 0.26) fails
+MOVED_TO_EXPERIMENTAL = "0.29"
+_FROM_TRL = re.compile(r"^[ \t]*from[ \t]+trl(?:\.trainer[\w.]*)?[ \t]+import[ \t]+(?:\([^)]*?|[^\n]*?)\bPPOConfig\b"
+                       r"|\btrl\.PPOConfig\b", re.MULTILINE)
+
+
+def import_fails(source: str, release: Assumed) -> bool:
+    """Whether a module imports PPOConfig from `trl` itself (or `trl.trainer`) under a release the project states
+    that no longer has it there: the import raises before anything trains."""
+    return release.stated and at_least(release, MOVED_TO_EXPERIMENTAL) and _FROM_TRL.search(source) is not None
+
+
+def api_of(release: Assumed) -> str | None:
+    """The PPOConfig API of a TRL release the project states (a pin, a checkout's version): the rewritten
+    PPOTrainer's from 0.12, the first one's before; None for the release klaudit assumes, which says nothing of
+    the code's age."""
+    if not release.stated:
+        return None
+    return ESTIMATOR if at_least(release, "0.12") else LEGACY
 
 
 def _steps(settings: Mapping[str, Setting], api: str) -> tuple[float, bool]:

@@ -129,3 +129,27 @@ def test_a_ppo_config_read_from_the_command_line_trains_at_its_defaults(tmp_path
     found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     assert [(f.code, f.line) for f in found] == expected
     assert all("PPOConfig from the command line" in f.message for f in found)
+
+
+@pytest.mark.parametrize("pin, imported, call, expected", [
+    ("", "from trl import PPOConfig", "PPOConfig(per_device_train_batch_size=4)", []),  # which API is unknown
+    # a stated release decides the API of a call that names neither's keys: 0.12's, four epochs by default
+    ("trl==0.17.0", "from trl import PPOConfig", "PPOConfig(per_device_train_batch_size=4)", ["KL008"]),
+    ("trl==0.17.0", "from trl import PPOConfig", "PPOConfig(per_device_train_batch_size=4, num_ppo_epochs=1)", []),
+    # fields only the first PPOConfig has name its API: ppo_epochs 4 by default
+    ("", "from trl import PPOConfig", 'PPOConfig(model_name="gpt2", learning_rate=1e-5, log_with="wandb")',
+     ["KL008"]),
+    # from 0.29 `trl` no longer exports PPOConfig (trl.experimental.ppo does): the import fails first
+    ("trl==0.29.0", "from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', []),
+    ("trl==0.29.0", "from trl.experimental.ppo import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),
+    ("trl==0.28.0", "from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),  # deprecated
+])
+def test_the_release_a_project_states_decides_the_ppo_config_api(tmp_path, pin, imported, call, expected):
+    """TRL's own test_ppo_trainer.py (in the 0.16 and 0.17 checkouts of the thirty-second and thirty-fourth sets)
+    trains `PPOConfig(output_dir=..., per_device_train_batch_size=4, ...)` at 0.12's defaults, four PPO epochs over
+    each batch: its k1 reward is stale on the later three (row 23); the notebooks written for the first PPOTrainer
+    set only its fields (`model_name`, `log_with`) and train at its four `ppo_epochs`."""
+    if pin:
+        (tmp_path / "requirements.txt").write_text(pin + "\n")
+    found = _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")
+    assert sorted(f.code for f in found) == expected
