@@ -236,6 +236,17 @@ def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tup
     return (variable, default) if variable is not None and default is not None else None
 
 
+def expression_environment_default(text: str) -> tuple[str, str] | None:
+    """`_environment_default` of an expression given as text alone (the value of a module constant that LibCST's
+    reader, cst_configs, met in a module Python's parser cannot read whole)."""
+    text = text.strip()
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return None
+    return _environment_default(tree.body, lambda node: ast.get_source_segment(text, node) or "")
+
+
 def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:
     """(target, value) of `name: T = value` or of a one-target `name = value`; (None, None) otherwise."""
     if isinstance(statement, ast.AnnAssign):

@@ -11,16 +11,8 @@ from dataclasses import replace
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.frameworks.options import (
-    CONVERSIONS,
-    ENVIRONMENT_READS,
-    Default,
-    Options,
-    bindings,
-    module_constants,
-    resolve,
-    visible,
-)
+from klaudit.frameworks.calls import expression_environment_default
+from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import dotted, string_value
 
@@ -128,15 +120,8 @@ class _ModuleBindings(_Assigned):
 
 
 def _environment_default(node: cst.BaseExpression) -> tuple[str, str] | None:
-    """calls._environment_default of LibCST's tree: (variable, literal) of `float(os.environ.get("BETA", 0.04))`."""
-    if (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in CONVERSIONS
-            and len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star):
-        node = node.args[0].value
-    if not (isinstance(node, cst.Call) and dotted(node.func) in ENVIRONMENT_READS and len(node.args) == 2
-            and all(argument.keyword is None and not argument.star for argument in node.args)):
-        return None
-    variable, default = (_literal(argument.value) for argument in node.args)
-    return (variable, default) if variable is not None and default is not None else None
+    """calls._environment_default of the expression's text: (variable, literal) of `float(os.environ.get("BETA", 0.04))`."""
+    return expression_environment_default(cst.Module([]).code_for_node(node)) if isinstance(node, cst.Call) else None
 
 
 def _single_assignment(node: cst.CSTNode) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
