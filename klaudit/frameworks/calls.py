@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 from klaudit.frameworks.kwargs_dicts import built_dict
 from klaudit.frameworks.options import (
-    CONVERSIONS,
-    ENVIRONMENT_READS,
     Default,
     Options,
     bindings,
+    environment_default,
     module_constants,
     resolve,
     visible,
@@ -224,27 +223,13 @@ def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str]) -> dict
 
 
 def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:
-    """(variable, literal) of `os.environ.get("BETA", 0.04)` or `os.getenv("BETA", "0.04")`, bare or converted by
-    `float(...)`, `int(...)` or `str(...)`: the value a run that leaves the variable unset reads. None otherwise."""
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CONVERSIONS
-            and len(node.args) == 1 and not node.keywords):
-        node = node.args[0]
-    if not (isinstance(node, ast.Call) and _dotted(node.func) in ENVIRONMENT_READS and len(node.args) == 2
-            and not node.keywords):
-        return None
-    variable, default = (_python_literal(argument, text) for argument in node.args)
-    return (variable, default) if variable is not None and default is not None else None
-
-
-def expression_environment_default(text: str) -> tuple[str, str] | None:
-    """`_environment_default` of an expression given as text alone (the value of a module constant that LibCST's
-    reader, cst_configs, met in a module Python's parser cannot read whole)."""
-    text = text.strip()
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        return None
-    return _environment_default(tree.body, lambda node: ast.get_source_segment(text, node) or "")
+    """options.environment_default of a value: `os.environ.get("BETA", 0.04)`, bare or converted by `float(...)`."""
+    calls: list[tuple[str, list[str | None]]] = []
+    current: ast.expr | None = node
+    while isinstance(current, ast.Call) and not current.keywords and len(calls) < 2:
+        calls.append((_dotted(current.func), [_python_literal(argument, text) for argument in current.args]))
+        current = current.args[0] if len(current.args) == 1 else None
+    return environment_default(calls)
 
 
 def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:

@@ -11,7 +11,7 @@ from dataclasses import replace
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from klaudit.frameworks.calls import expression_environment_default
+from klaudit.frameworks import options
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import dotted, string_value
@@ -120,8 +120,13 @@ class _ModuleBindings(_Assigned):
 
 
 def _environment_default(node: cst.BaseExpression) -> tuple[str, str] | None:
-    """calls._environment_default of the expression's text: (variable, literal) of `float(os.environ.get("BETA", 0.04))`."""
-    return expression_environment_default(cst.Module([]).code_for_node(node)) if isinstance(node, cst.Call) else None
+    """calls._environment_default of LibCST's tree: `float(os.environ.get("BETA", 0.04))`."""
+    calls: list[tuple[str, list[str | None]]] = []
+    current: cst.BaseExpression | None = node
+    while isinstance(current, cst.Call) and len(calls) < 2 and all(a.keyword is None and not a.star for a in current.args):
+        calls.append((dotted(current.func), [_literal(argument.value) for argument in current.args]))
+        current = current.args[0].value if len(current.args) == 1 else None
+    return options.environment_default(calls)
 
 
 def _single_assignment(node: cst.CSTNode) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from klaudit.frameworks.settings import yaml_settings
@@ -134,8 +134,24 @@ def module_constants(assignments: Iterable[tuple[str, str | None, int, str]], re
 
 
 # `os.environ.get("BETA", 0.04)`, `os.getenv(...)` and the bare names an import gives them
-ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})
-CONVERSIONS = frozenset({"float", "int", "str"})  # what wraps such a read without changing its default
+_ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})
+_CONVERSIONS = frozenset({"float", "int", "str"})  # what wraps such a read without changing its default
+
+
+def environment_default(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tuple[str, str] | None:
+    """(variable, literal) of a value that reads the environment with a literal default, the value a run that leaves
+    the variable unset reads; `calls`: the value's nested calls from the outside in, each as (the name called, the
+    literals of its positional arguments, None for anything else): `[("float", [None]), ("os.environ.get",
+    ["BETA", "0.04"])]` of `float(os.environ.get("BETA", 0.04))`. None for any other value."""
+    if len(calls) == 2 and calls[0][0] in _CONVERSIONS and len(calls[0][1]) == 1:
+        calls = calls[1:]
+    if len(calls) != 1:
+        return None
+    name, arguments = calls[0]
+    if name not in _ENVIRONMENT_READS or len(arguments) != 2:
+        return None
+    variable, default = arguments
+    return (variable, default) if variable is not None and default is not None else None
 
 
 def visible(scopes: Iterable[Mapping[str, Default | None]]) -> dict[str, Default]:
