@@ -32,6 +32,7 @@ from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.options import Options, option_defaults
 from klaudit.frameworks.settings import (
+    SHELL_WORD,
     ConfigCall,
     Judged,
     Setting,
@@ -337,11 +338,18 @@ def _refused_by_hydra(path: str, text: str, launch: re.Match, context: Context) 
     holder = copy_holding(path, module, context.roots) if path else None
     if holder is None:
         return False  # verl as installed: its configs are not read
+    after = _command_after(text, launch)
+    return after is not None and hydra_keys.refused_launch(after, holder[1] / module) is not None
+
+
+def _command_after(text: str, launch: re.Match) -> str | None:
+    """What the shell command holding `launch` writes after it, its continuation lines joined; None where the
+    joined command does not hold it."""
     lines = text.splitlines()
     first, last = command_span(lines, text.count("\n", 0, launch.start()))
     command = " ".join(line.rstrip().removesuffix("\\") for line in lines[first:last + 1])
     start = command.find(launch.group(0))
-    return start >= 0 and hydra_keys.refused_launch(command[start + len(launch.group(0)):], holder[1] / module) is not None
+    return command[start + len(launch.group(0)):] if start >= 0 else None
 
 
 def _easyr1(path: str, settings: Mapping[str, Setting], context: Context) -> list[Finding]:
@@ -557,13 +565,10 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
 
 
 def _command_options(text: str, launch: re.Match) -> list[str]:
-    """The options (`--name`, without the dashes and any `=value`) written after `launch` on the lines of its
-    shell command; one a variable spells (`--${flag}`) is none."""
-    lines = text.splitlines(keepends=True)
-    first, last = command_span([line.rstrip("\r\n") for line in lines], text.count("\n", 0, launch.start()))
-    start = sum(len(line) for line in lines[:first])
-    command = text[launch.end():start + sum(len(line) for line in lines[first:last + 1])]
-    return [word.group(1) for word in re.finditer(r"(?<![\w$-])--([A-Za-z][\w.-]*)(?=[\s=\\\"']|$)", command)]
+    """The options (`--name`, without the dashes and any `=value`) written after `launch` in its shell command; one
+    a variable spells (`--${flag}`) is none."""
+    words = SHELL_WORD.findall(_command_after(text, launch) or "")
+    return [found.group(1) for word in words if (found := re.fullmatch(r"--([A-Za-z][\w.-]*)(?:=.*)?", word, re.DOTALL))]
 
 
 def _swift_launches(path: str, text: str) -> list[Finding]:

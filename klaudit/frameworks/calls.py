@@ -121,7 +121,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                 settings = {**{key: unknown for key in keys}, **settings}
             calls.append(ConfigCall(name, where, settings))
         elif isinstance(node, ast.ClassDef):
-            bases = tuple(_last_name(base) for base in node.bases)
+            bases = tuple(last_name(base) for base in node.bases)
             if node.name not in names and not set(bases) & set(names):
                 continue
             fields: dict[str, Setting] = {}
@@ -139,7 +139,7 @@ def _expected_to_raise(tree: ast.Module) -> list[tuple[int, int]]:
     """(first line, last line) of the body of each `with pytest.raises(...)` or `with self.assertRaises(...)`."""
     return [(node.body[0].lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
             if isinstance(node, (ast.With, ast.AsyncWith)) and any(
-                isinstance(item.context_expr, ast.Call) and _last_name(item.context_expr.func) in RAISE_EXPECTATIONS
+                isinstance(item.context_expr, ast.Call) and last_name(item.context_expr.func) in RAISE_EXPECTATIONS
                 for item in node.items)]
 
 
@@ -251,14 +251,14 @@ def _dotted(node: ast.expr) -> str:
     return ""
 
 
-def _last_name(node: ast.expr) -> str:
+def last_name(node: ast.expr) -> str:
     """`GRPOConfig` of `trl.GRPOConfig`; "" for anything else."""
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:
     """`cst_configs._field_default` of the same text: `0.04` or `field(default=0.04, ...)`; None when computed."""
-    if isinstance(node, ast.Call) and _last_name(node.func) == "field":
+    if isinstance(node, ast.Call) and last_name(node.func) == "field":
         default = next((keyword.value for keyword in node.keywords if keyword.arg == "default"), None)
         return None if default is None else _python_literal(default, text)
     return _python_literal(node, text)

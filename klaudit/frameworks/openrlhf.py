@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Sampling
+from klaudit.frameworks.calls import last_name
 from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, truthy
 from klaudit.frameworks.versions import Assumed, at_least
 from klaudit.text import file_text
@@ -167,13 +168,13 @@ def copy_parser(module: Path) -> CopyParser | None:
     options: set[str] = set()
     defaults: dict[str, str] = {}
     parsers = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
-               and isinstance(node.value, ast.Call) and _last_name(node.value.func) == "ArgumentParser"
+               and isinstance(node.value, ast.Call) and last_name(node.value.func) == "ArgumentParser"
                for target in node.targets if isinstance(target, ast.Name)}
     handed_on = False  # the parser given to a function that may add options of its own, or names computed
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        if _last_name(node.func) == "add_argument":
+        if last_name(node.func) == "add_argument":
             names = [arg.value[2:] for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
                      and arg.value.startswith("--")]
             handed_on = handed_on or any(not isinstance(arg, ast.Constant) for arg in node.args)  # f"--{prefix}.lr"
@@ -182,13 +183,9 @@ def copy_parser(module: Path) -> CopyParser | None:
             defaults.update({name.replace("-", "_"): default for name in names if default is not None})
         elif any(isinstance(arg, ast.Name) and arg.id in parsers for arg in [*node.args, *(k.value for k in node.keywords)]):
             handed_on = True
-    calls = {_last_name(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    calls = {last_name(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     closed = bool(parsers) and "parse_args" in calls and "parse_known_args" not in calls and not handed_on
     return CopyParser(frozenset(options), defaults, closed)
-
-
-def _last_name(node: ast.expr) -> str:
-    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _default(call: ast.Call) -> str | None:
