@@ -294,7 +294,14 @@ def _switch(labels: Labels) -> str:
             parts.append(name if shown[0] else name.replace(f" {comparison} ", f" {_OPPOSITE[comparison]} "))
             continue  # a comparison's branch
         parts.append(f"{name}=" + "|".join(f'"{v}"' if isinstance(v, str) else str(v) for v in dict.fromkeys(shown)))
-    return ", ".join(parts)
+    return ", ".join(_without_implied(parts))
+
+
+def _without_implied(parts: list[str]) -> list[str]:
+    """`beta != 0` left out beside `beta == 1`: the equality already says it (an `if beta == 0: return`
+    passed, then `if beta == 1:` taken)."""
+    pinned = {part.split(" == ")[0] for part in parts if " == " in part}
+    return [part for part in parts if " != " not in part or part.split(" != ")[0] not in pinned]
 
 
 class _Positions:

@@ -92,3 +92,38 @@ def test_a_key_membership_test_is_named_as_written(tmp_path, container, shown):
     path.write_text(KEY_GUARD.replace("data.batch.keys()", container))
     [finding] = lint_paths([str(path)]).findings
     assert finding.code == "KL004" and f'[{shown}, kl_penalty="k3"]' in finding.message
+
+
+JSD_ENDPOINTS = '''
+import torch.nn.functional as F
+
+
+def generalized_jsd(student_logits, teacher_logits, mask, beta):
+    student = F.log_softmax(student_logits, dim=-1)
+    teacher = F.log_softmax(teacher_logits, dim=-1)
+    if beta == 0:
+        per_position = F.kl_div(student, teacher, reduction="none", log_target=True)
+        return (per_position.sum(-1) * mask).sum() / mask.sum()
+    if beta == 1:
+        per_position = F.kl_div(teacher, student, reduction="none", log_target=True)
+        return (per_position.sum(-1) * mask).sum() / mask.sum()
+    return None
+
+
+class Distiller:
+    def train_step(self, prompts):
+        sequences, mask = self.student.generate(prompts, do_sample=True)
+        student_logits = self.student(sequences).logits
+        teacher_logits = self.teacher(sequences).logits.detach()
+        loss = generalized_jsd(student_logits, teacher_logits, mask, self.beta)
+        loss.backward()
+'''
+
+
+def test_an_equality_hides_the_inequality_it_implies(tmp_path):
+    """Past `if beta == 0: return`, the branch `if beta == 1:` needs no `beta != 0` beside it (GKD copies
+    showed `[beta != 0, beta == 1]` on 100-odd findings): the reverse KL's switch is `beta == 1` alone."""
+    path = tmp_path / "jsd.py"
+    path.write_text(JSD_ENDPOINTS)
+    messages = [f.message for f in lint_paths([str(path)]).findings if "beta == 1" in f.message]
+    assert messages and all("beta != 0" not in m for m in messages)
