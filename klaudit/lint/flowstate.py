@@ -17,7 +17,7 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.syntax import decorated_no_grad, detached_entries, overwritten_assignments
+from klaudit.lint.syntax import decorated_no_grad, detached_entries, measured_names, overwritten_assignments, reads_a_measure
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,6 +67,7 @@ class FlowState:
         )
         self._detached_entries: frozenset[tuple[str, str]] | None = None
         self._overwritten: frozenset[cst.Assign] | None = None
+        self._measured: frozenset[str] | None = None
 
     def detached_entries(self) -> frozenset[tuple[str, str]]:
         """(container, key) of the entries the function detaches somewhere (klaudit.lint.syntax.detached_entries)."""
@@ -79,6 +80,13 @@ class FlowState:
         if self._overwritten is None:
             self._overwritten = overwritten_assignments(self.func)
         return self._overwritten
+
+    def measured(self, node: cst.BaseExpression) -> bool:
+        """Whether a compared value is computed from the data (`x.shape[0]`, a name bound by
+        klaudit.lint.syntax.measured_names) rather than read from a setting."""
+        if self._measured is None:
+            self._measured = measured_names(self.func)
+        return reads_a_measure(node) or type(node) is cst.Name and node.value in self._measured
 
     if TYPE_CHECKING:
         # statements, klaudit.lint.flow

@@ -208,6 +208,28 @@ def overwritten_assignments(function: cst.CSTNode) -> frozenset[cst.Assign]:
     return frozenset(found)
 
 
+_MEASURES = frozenset({"shape", "size", "numel", "nelement", "ndim", "dim", "len", "count_nonzero"})
+
+
+def reads_a_measure(node: cst.CSTNode) -> bool:
+    """Whether an expression measures data: `x.shape[0]`, `x.ndim`, `len(ids)`, `mask.size(1)`."""
+    return any(type(part) in (cst.Name, cst.Attribute) and last_name(part) in _MEASURES for part in walk(node))
+
+
+def measured_names(function: cst.CSTNode) -> frozenset[str]:
+    """The local names `function` binds to a measure of its data (`b, t = ids.shape`, `n = len(rows)`) or counts
+    up (`total += n`): values computed at run time, where a setting is read from a configuration."""
+    found = set()
+    for node in walk(function):
+        if type(node) is cst.AugAssign and type(node.target) is cst.Name:
+            found.add(node.target.value)
+        elif type(node) is cst.Assign and reads_a_measure(node.value):
+            for target in (t.target for t in node.targets):
+                parts = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+                found.update(part.value for part in parts if type(part) is cst.Name)
+    return frozenset(found)
+
+
 def is_literal_choice(node: cst.CSTNode) -> bool:
     """A number, None, True or False, or a conditional choosing between such (`None if flag else -1`)."""
     if type(node) is cst.IfExp:

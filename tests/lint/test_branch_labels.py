@@ -127,3 +127,38 @@ def test_an_equality_hides_the_inequality_it_implies(tmp_path):
     path.write_text(JSD_ENDPOINTS)
     messages = [f.message for f in lint_paths([str(path)]).findings if "beta == 1" in f.message]
     assert messages and all("beta != 0" not in m for m in messages)
+
+
+MEASURED_GUARDS = '''
+import torch
+
+
+def token_logprobs(model, input_ids):
+    batch_size, sequence_length = input_ids.shape
+    if sequence_length <= 1:
+        return torch.zeros(batch_size, sequence_length)
+    return model(input_ids).logits.log_softmax(-1)[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def step(model, ref_log_probs, micro_batches, beta):
+    total_tokens = 0
+    loss = 0.0
+    for batch in micro_batches:
+        log_probs = token_logprobs(model, batch["input_ids"])
+        d = ref_log_probs - log_probs
+        total_tokens += batch["mask"].sum()
+        if total_tokens > 0:
+            loss = loss + beta * ((torch.exp(d) - d - 1) * batch["mask"]).sum()
+    loss.backward()
+'''
+
+
+def test_a_measure_of_the_data_is_no_switch(tmp_path):
+    """`if sequence_length <= 1: return` after `batch_size, sequence_length = input_ids.shape` (nanorlhf) and
+    `if total_tokens > 0:` on a counter (an RWKV trainer, 133 findings) compare values computed from the data:
+    the k3 loss is reported without `[sequence_length > 1]` or `[total_tokens > 0]`, as if they were settings."""
+    path = tmp_path / "step.py"
+    path.write_text(MEASURED_GUARDS)
+    findings = lint_paths([str(path)]).findings
+    assert {f.code for f in findings} >= {"KL002"}
+    assert all("sequence_length" not in f.message and "total_tokens" not in f.message for f in findings)
