@@ -46,7 +46,7 @@ def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | No
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
     try:
         overrides = binding.parse_overrides([f"{key}={value}" for key, value in (bind or {}).items()])
-        bound = binding.bind(fn, overrides, switch_values=binding.switch_literals(fn))
+        bound = binding.bind_with_switches(fn, overrides)
         rows, notes = audit(fn, bound, name=name, placements=PLACEMENTS[placement], device=device)
     except (binding.BindError, TermError, ModeNotImplemented) as error:
         return Report([], [f"{name}: {error}" if isinstance(error, binding.BindError) else str(error)])

@@ -212,7 +212,10 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
     switches: dict[str, tuple[str, ...]] = {}
     unbound: list[str] = []
     for name, parameter in parameters.items():
-        role = overrides.get(name) or role_from_name(name, [*parameters, _name(fn)]) or (
+        named = role_from_name(name, [*parameters, _name(fn)])
+        if named is Role.COEF and any(not isinstance(v, (str, bool)) for v in (switch_values or {}).get(name, ())):
+            named = Role.SWITCH  # a weight the code branches on (`if beta == 0:` forward KL, `== 1:` reverse): its values
+        role = overrides.get(name) or named or (
             Role.SWITCH if (switch_values or {}).get(name) else _role_from_signature(parameter))
         if role is Role.SWITCH:
             values = list((switch_values or {}).get(name, ()))
@@ -298,11 +301,34 @@ def defaulted_attributes(fn: Callable) -> list[str]:
 # ----- switch values, from the lint's analysis of the source (static: nothing is imported) -----
 
 
-def switch_literals(fn: Callable) -> dict[str, list]:
+# the roles of log-probs over the vocabulary ([B, T, V]) where a name reads as one log-prob per token
+VOCABULARY_ROLES = {Role.LOGPROBS: Role.VOCAB_LOGPROBS, Role.REF_LOGPROBS: Role.REF_VOCAB_LOGPROBS}
+
+
+def bind_with_switches(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
+                       current_old: bool = False) -> Binding:
+    """`bind` at the switch values the lint reads (`switch_literals`). Where a parameter binds only once the
+    inputs named as log-probs are read over the vocabulary (a divergence helper whose `alpha == 1` selects
+    the KL of two log_softmax outputs), they are bound so."""
+    overrides = dict(overrides or {})
+    try:
+        return bind(fn, overrides, switch_values=switch_literals(fn, overrides), current_old=current_old)
+    except BindError as error:
+        names = list(inspect.signature(fn).parameters)
+        widened = {**{name: VOCABULARY_ROLES[role] for name in names
+                      if (role := role_from_name(name, [*names, _name(fn)])) in VOCABULARY_ROLES}, **overrides}
+        switches = switch_literals(fn, widened) if widened != overrides else {}
+        if not switches:
+            raise error from None
+        return bind(fn, widened, switch_values=switches, current_old=current_old)
+
+
+def switch_literals(fn: Callable, overrides: Mapping[str, Role] | None = None) -> dict[str, list]:
     """The values each switch parameter of `fn` is audited at: those the lint's flow analysis labels the KL
     terms of `fn` with, in `fn` and the functions it calls (`klaudit.lint.query.switch_values_at`: string
-    literals, dict dispatch, suffixed spellings, integer indices, flags, numeric comparisons). A flag's
-    default comes first, and is audited even where the lint labels no KL term with it."""
+    literals, dict dispatch, suffixed spellings, integer indices, flags, numeric comparisons), with the
+    parameters `overrides` binds to log-probs over the vocabulary read as such. A flag's default comes first,
+    and is audited even where the lint labels no KL term with it."""
     from klaudit.lint.query import switch_values_at
 
     own = inspect.unwrap(fn)  # the user's function under a decorator's wrapper (`@torch.compile`)
@@ -314,7 +340,8 @@ def switch_literals(fn: Callable) -> dict[str, list]:
     if code is None or path is None:
         return {}
     try:
-        found = switch_values_at(path, code.co_name, code.co_firstlineno)
+        found = switch_values_at(path, code.co_name, code.co_firstlineno,
+                                 {name: role.value for name, role in (overrides or {}).items()})
     except (OSError, UnicodeDecodeError, SyntaxError):
         return {}
     try:

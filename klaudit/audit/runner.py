@@ -208,12 +208,12 @@ def audit_target(target: Target, *, overrides: dict | None = None, placements: S
     `monte_carlo`: audit on samples of the model at `model_dir` instead (klaudit.audit.montecarlo).
     `also`: more placements to audit once the automatic ones are done (see measure.audit).
     `current_old`: old log-probs are the policy's own, detached (an on-policy step, as the lint reads it)."""
-    from klaudit.audit.bind import bind, switch_literals
+    from klaudit.audit.bind import bind_with_switches
     from klaudit.audit.measure import ModeNotImplemented, TermError, audit
 
     try:
         fn, stubbed = load(target)
-        binding = bind(fn, overrides or {}, switch_values=switch_literals(fn), current_old=current_old)
+        binding = bind_with_switches(fn, overrides, current_old=current_old)
         _require_device(device)
         if monte_carlo is not None and model_dir is not None:
             rows, notes = _monte_carlo_rows(fn, binding, str(target), placements, model_dir, device, monte_carlo,

@@ -11,7 +11,7 @@ an origin the helper returned is a use of the helper in that placement.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import libcst as cst
 
 from klaudit.catalog import Config, Returns, without_gradient
 from klaudit.config import load_settings
+from klaudit.lint import algebra
 from klaudit.lint.checks import config_of
 from klaudit.lint.engine import discover_files
 from klaudit.lint.facts import (
@@ -31,6 +32,7 @@ from klaudit.lint.facts import (
     bare_parameter_facts,
     is_literal,
     param_facts,
+    tensor,
 )
 from klaudit.lint.flow import registered_names
 from klaudit.lint.kinds import Placement, SinkKind
@@ -177,14 +179,16 @@ class _Tracing(Analyzer):
         return outcome
 
 
-def _vocabulary_role(facts: Value) -> str | None:
-    """check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a
-    model's logits, [B, T, V]): names alone would give it one log-prob per sampled token."""
-    kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
-    from klaudit.lint import algebra
+# check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a model's
+# logits, [B, T, V]), and the lint's tensor for it: names alone would give it one log-prob per sampled token
+_VOCABULARY_INPUTS = {"vocab_logprobs": algebra.Atom(algebra.VOCAB_POLICY, True),
+                      "ref_vocab_logprobs": algebra.Atom(algebra.VOCAB_REF)}
 
-    return {frozenset({algebra.VOCAB_POLICY}): "vocab_logprobs",
-            frozenset({algebra.VOCAB_REF}): "ref_vocab_logprobs"}.get(frozenset(kinds))
+
+def _vocabulary_role(facts: Value) -> str | None:
+    """The role (`_VOCABULARY_INPUTS`) of an input the lint reads as log-probs over the vocabulary, else None."""
+    kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
+    return next((role for role, atom in _VOCABULARY_INPUTS.items() if kinds == {atom.kind}), None)
 
 
 def inline_sites(path: str) -> list[InlineSite]:
@@ -285,40 +289,45 @@ def numeric_comparison(label: str) -> tuple[str, float] | None:
         return None  # an enum member or a constant: no number
 
 
-def switch_values(path: str, qualname: str) -> dict[str, list[SwitchValue | float]]:
+def switch_values(path: str, qualname: str,
+                  inputs: Mapping[str, str] | None = None) -> dict[str, list[SwitchValue | float]]:
     """`switch_values_at` for the top-level function or method `qualname` of `path`."""
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
     func = _function(tree, qualname) if tree is not None else None
     owner = qualname.rpartition(".")[0] or None
-    return {} if tree is None or func is None else _switch_values(project, file, tree, func, owner)
+    return {} if tree is None or func is None else _switch_values(project, file, tree, func, owner, inputs)
 
 
-def switch_values_at(path: str, name: str, line: int) -> dict[str, list[SwitchValue | float]]:
+def switch_values_at(path: str, name: str, line: int,
+                     inputs: Mapping[str, str] | None = None) -> dict[str, list[SwitchValue | float]]:
     """The values of each switch parameter of the function `name` whose definition starts at `line` of `path`
     (nested ones too) that select the KL terms the lint judges, as it labels them: string literals (`==`, `in`,
     `match`, dict dispatch, a value cut after an endswith test), integer indices, the values of a flag that
     select a KL term, and for a numeric comparison (`alpha == 1`) each number compared with and one that is
     none of them. Every parameter the lint gives no role is followed as a switch under its own name, into the
-    functions it is passed to."""
+    functions it is passed to. `inputs`: parameters that hold log-probs over the vocabulary (`vocab_logprobs`,
+    `ref_vocab_logprobs`, as the lint reads them at a call: `KLSite.helper_inputs`), which names alone would
+    read as one log-prob per token."""
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
     found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
-    return {} if tree is None or found is None else _switch_values(project, file, tree, *found)
+    return {} if tree is None or found is None else _switch_values(project, file, tree, *found, inputs or {})
 
 
 def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
-                   cls: str | None) -> dict[str, list[SwitchValue | float]]:
+                   cls: str | None, inputs: Mapping[str, str] | None = None) -> dict[str, list[SwitchValue | float]]:
     analyzer = Analyzer(project)
     module = analyzer.module(str(file), tree)
     names = [param.name.value for param in params(func)] + [func.name.value]
     env: Env = {}
     for param in params(func):
         own = param.name.value
-        env[own] = param_facts(param, may_be_none=True) or bare_parameter_facts(own, names) or (
-            () if own in ("self", "cls") else (Fact(role="str", name=own),))
+        vocabulary = _VOCABULARY_INPUTS.get((inputs or {}).get(own, ""))
+        env[own] = (tensor(algebra.Poly.atom(vocabulary)),) if vocabulary is not None else param_facts(param, may_be_none=True) or \
+            bare_parameter_facts(own, names) or (() if own in ("self", "cls") else (Fact(role="str", name=own),))
     switches = {own for own, facts in env.items() if any(f.role in ("str", "bool") for f in facts)}
     try:
         outcome = analyzer.call(module, func, cls, env)
@@ -369,8 +378,6 @@ def returned_sign(source: str, name: str, near: str) -> int:
     """The sign of the KL estimate the function `name` of `source` returns, as a reward reads it: -1 where
     every KL value it returns is a negated estimator (`teacher_logp - policy_logp`, an advantage to maximise),
     else 1. `near`: the file the source was cut out of (its project resolves the helpers it calls)."""
-    from klaudit.lint import algebra
-
     tree = cst.parse_module(source)
     func = _function(tree, name)
     if func is None:

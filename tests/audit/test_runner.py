@@ -266,3 +266,16 @@ def test_bare_current_and_ref_parameters_are_audited():
     """`masked_kl(current, ref, mask)` binds by its names: k3 as a loss is row 3 (PFWD, KL002)."""
     (row,) = [row for row in _audit("bare_names.py", "masked_kl").results if row.placement == "loss"]
     assert (row.objective, row.rule) == ("PFWD", "KL002")
+
+
+@pytest.mark.parametrize("qualname, switch", [("vocabulary_divergence", "alpha"), ("jsd_loss", "beta")])
+def test_a_divergence_weight_is_audited_at_each_value_the_code_branches_on(qualname, switch):
+    """A generalized JSD (TRL's GKD and self-distillation helpers) branches on its weight: 0 the forward KL to the
+    teacher, 1 the reverse KL. The weight is audited at both values, not set to 1 as the coefficient its name
+    (`beta`) suggests; the helper that takes log-probs is fed log-probs over the vocabulary, the only inputs its
+    `alpha == 1` branch reads as a KL. Exact forward KL_t as a loss: PFWD (KL002); exact KL_t as a loss: PART
+    (KL003), kl-math.md section 8, rows 3b and 2."""
+    report = _audit("interpolated_divergence.py", qualname)
+    assert not report.errors
+    loss = {row.mode[switch]: (row.objective, row.rule) for row in report.results if row.placement == "loss"}
+    assert loss == {0.0: ("PFWD", "KL002"), 1.0: ("PART", "KL003")}
