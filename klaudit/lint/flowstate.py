@@ -17,7 +17,13 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.facts import Fact, Sink
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.syntax import decorated_no_grad, detached_entries, measured_names, overwritten_assignments, reads_a_measure
+from klaudit.lint.syntax import (
+    decorated_no_grad,
+    detached_entries,
+    measured_names,
+    overwritten_assignments,
+    reads_a_measure,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -314,7 +314,10 @@ def switch_values_at(path: str, name: str, line: int,
     project = Project([package_root(file)])
     tree = project.parse(file)
     found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
-    return {} if tree is None or found is None else _switch_values(project, file, tree, *found, inputs or {})
+    if tree is None or found is None:
+        return {}
+    func, owner = found
+    return _switch_values(project, file, tree, func, owner, inputs)
 
 
 def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
