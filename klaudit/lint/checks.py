@@ -102,7 +102,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             + _undetermined(path, module, analyzer, undecided, decided))
 
 
-def _as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardTraining | None) -> Config:
+def as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardTraining | None) -> Config:
     """A KL reward of framework code whose actor trains it elsewhere: over several optimizer steps per rollout
     every step after the first trains it on an older policy's samples, with the PPO token ratio at most (row
     23), and the actor's reduction of the policy loss weighs it where the module showed none (`reduced`)."""
@@ -454,7 +454,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             rows = defects(config, best.fact.clamped)
         trainer = training or _trained_later(analyzer.module(path, module), functions[best.function], config,
                                              best.sink.kind, module, positions)
-        trained = _as_trained(config, reduced, best.sink.kind, trainer)
+        trained = as_trained(config, reduced, best.sink.kind, trainer)
         if trained != config:
             config, rows = trained, defects(trained, best.fact.clamped)
         if best.fact.entry is not None:

@@ -19,8 +19,9 @@ import libcst as cst
 
 from klaudit.catalog import Config, Returns, without_gradient
 from klaudit.config import load_settings
+from klaudit.frameworks.drivers import reward_training
 from klaudit.lint import algebra
-from klaudit.lint.checks import config_of
+from klaudit.lint.checks import as_trained, config_of
 from klaudit.lint.engine import discover_files
 from klaudit.lint.facts import (
     Env,
@@ -221,6 +222,7 @@ def site_verdicts(path: str) -> list[KLSite]:
     positions = {str(file): statement_positions(tree, project.source(tree))}
     analyzer = _Tracing(project)
     module = analyzer.module(str(file), tree)
+    training = reward_training(str(file), project.source(tree))  # a framework's actor that trains its KL reward
 
     def where(origin_path: str, node) -> int | None:
         """The line of statement `node` of the module at `origin_path`."""
@@ -245,6 +247,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                 config = config_of(fact, sink.kind)
                 if config is None or sink_line is None:
                     continue
+                config = as_trained(config, fact.aggregation is not None, sink.kind, training)
                 entry = positions[str(file)].get(id(fact.entry)) if fact.entry is not None else None
                 if fact.entry is not None and entry is None:
                     continue  # it entered the loss in another module: the lint reports it there

@@ -222,3 +222,15 @@ def test_skyrls_trainer_feeds_four_steps_per_rollout_by_default(tmp_path):
         found = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
         assert [(f.code, f.line) for f in found] == expected, train
         assert all(f"train_batch_size={train}, policy_mini_batch_size=256, 4 optimizer steps" in f.message for f in found)
+
+
+def test_the_records_check_grad_is_compared_with_carry_the_same_staleness(tmp_path):
+    """klaudit.lint.query.site_verdicts, which scripts/agreement.py compares with check-grad, reads the driver's
+    reward as the report does: its KL008 (older samples, the actor's steps) is a rule of the code around the
+    audited helper. Without it, verl 0.9.1's and OpenRLHF 0.11.2's reported KL008 had no record to explain it."""
+    from klaudit.lint.query import site_verdicts
+
+    _findings(tmp_path)
+    module = tmp_path / "verl" / "trainer" / "ppo" / "ray_trainer.py"
+    [site] = [site for site in site_verdicts(str(module)) if site.line == 8]
+    assert site.placement == "reward" and site.rules == ("KL008",)
