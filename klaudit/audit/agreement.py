@@ -62,17 +62,19 @@ class Verdict:
         return tuple(rule for rule in self.lint_rules if rule not in self.audited_rules)
 
 
-def audited_part(site: KLSite, whole: bool = False, scored: bool = False) -> tuple[str, ...]:
+def audited_part(site: KLSite, whole: bool = False, scored: bool = False, clamped: bool | None = None) -> tuple[str, ...]:
     """The lint's rules for the part check-grad runs. A helper or a cut-out term: the site's configuration
     summed per sequence and on-policy (a reward propagated by reward-to-go, which has the expectation of
     a whole-sequence return, unless the cut-out code multiplies it by the score itself: `scored`). The
-    function that holds the sink, audited `whole`: its own aggregation too."""
+    function that holds the sink, audited `whole`: its own aggregation too. `clamped`: whether the audited
+    code clamps the term (None: where the site does; a helper's caller may clamp what it returns)."""
     config = dataclasses.replace(site.config, sampling=Sampling.ON_POLICY)
     if not whole:
         config = dataclasses.replace(config, aggregation=Aggregation.SUM, sign=1)
         if config.reward is not None and config.loss is None and not scored:
             config = dataclasses.replace(config, returns=Returns.TO_GO)
-    return tuple(row.rule for row in defects(config, site.clamped) if row.rule is not None)
+    return tuple(row.rule for row in defects(config, site.clamped if clamped is None else clamped)
+                 if row.rule is not None)
 
 
 class _Auditable:
@@ -122,12 +124,13 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
                 targets[site] = Target(path=path, qualname=piece.name, label=str(piece), source=piece.source,
                                        placement=piece.placement)
                 whole.add(targets[site])
-        elif site.helper is not None and site.helper_path is not None:
-            why = auditable.why_not(site.helper_path, site.helper)
-            if why is None:
-                targets[site] = Target(path=site.helper_path, qualname=site.helper)
+        elif site.helpers():  # the outermost helper check-grad can call alone, else why the outermost cannot
+            why = {helper: auditable.why_not(*helper) for helper in site.helpers()}
+            chosen = next((helper for helper, reason in why.items() if reason is None), None)
+            if chosen is not None:
+                targets[site] = Target(path=chosen[0], qualname=chosen[1])
             else:
-                missing[site] = why
+                missing[site] = next(iter(why.values())) or ""
         else:
             missing[site] = "the term reaches the sink through stored state (a field, a buffer), not a call"
     return targets, missing, whole
@@ -144,7 +147,8 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
         placements = sorted({site.placement for site in chosen_by})
         own = [target.placement] if target.placement else []
         # a helper's inputs bound as the lint reads them at the call (log-probs over the vocabulary), not by name
-        roles = {name: role for site in chosen_by if not site.inline for name, role in site.helper_inputs}
+        roles = {name: role for site in chosen_by if not site.inline and (target.path, target.qualname) == (
+            site.helper_path, site.helper) for name, role in site.helper_inputs}
         reports[target] = audit(target, own if target in whole else placements, roles)
     verdicts = []
     for site in sites:
@@ -155,7 +159,8 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
             continue
         target = targets[site]
         scored = target.source is not None and target.placement == "loss" and site.placement == "reward"
-        expected = audited_part(site, whole=target in whole and target.source is None, scored=scored)
+        expected = audited_part(site, whole=target in whole and target.source is None, scored=scored,
+                                clamped=None if site.inline else site.clamped_in((target.path or "", target.qualname or "")))
         report = reports[target]
         rows = [row for row in report.results if (target in whole or row.placement == site.placement)
                 and selects(site.labels, row.mode, report.results)]

@@ -482,7 +482,7 @@ def file_targets(path: str, report: Report) -> list[Target]:
     targets += [Target(path=path, qualname=piece.name, label=str(piece), source=piece.source,
                        placement=piece.placement) for piece in slices]
     here = str(Path(path).resolve())
-    targets += _helper_targets([helper for helper in helpers if helper[0] != here], report)  # this file's: found above
+    targets += _helper_targets(helpers, here, found.auditable, report)
     if not targets:
         report.errors.append(f"{path}: no KL function that can be called alone (one that takes the policy's "
                              f"log-probs or logits and returns a KL term or a loss holding one); name one with "
@@ -490,21 +490,26 @@ def file_targets(path: str, report: Report) -> list[Target]:
     return targets
 
 
-def _helper_targets(helpers: Sequence[tuple[str, str]], report: Report) -> list[Target]:
-    """The helpers of other files (file, qualified name) whose results the file's losses and rewards
-    hold, where they can be audited alone; a note for the others."""
+def _helper_targets(chains: Sequence[tuple[tuple[str, str], ...]], here: str, own: Sequence[str],
+                    report: Report) -> list[Target]:
+    """For each term the file's losses and rewards take from helpers (`chains`: the functions whose results
+    carry it, outermost first), the first one that can be audited alone, where that is another file's (this
+    file's auditable functions are targets already); a note where none can."""
+    auditable: dict[str, list[str]] = {here: list(own)}
     targets: dict[Target, None] = {}
-    for helper_path in dict.fromkeys(path for path, _ in helpers):
-        try:
-            found = discover_kl_functions(helper_path)
-        except DiscoveryError:
-            continue
-        for qualname in dict.fromkeys(name for path, name in helpers if path == helper_path):
-            if qualname in found.auditable:
-                targets[Target(path=helper_path, qualname=qualname)] = None
-            else:
-                report.notes.append(f"{helper_path}::{qualname} returns a KL estimate this file uses but cannot be "
-                                    f"called alone")
+    for chain in chains:
+        for helper_path, _ in chain:
+            if helper_path not in auditable:
+                try:
+                    auditable[helper_path] = discover_kl_functions(helper_path).auditable
+                except DiscoveryError:
+                    auditable[helper_path] = []
+        chosen = next(((path, name) for path, name in chain if name in auditable[path]), None)
+        if chosen is None:
+            outer_path, outer = chain[0]
+            report.notes.append(f"{outer_path}::{outer} returns a KL estimate this file uses but cannot be called alone")
+        elif chosen[0] != here:
+            targets[Target(path=chosen[0], qualname=chosen[1])] = None
     return list(targets)
 
 

@@ -181,7 +181,8 @@ def _paired(found: list[_Found]) -> list[_Found]:
             continue
         for _, reward_fact, reward_config in partners:
             combined = replace(config, reward=reward_config.reward, returns=reward_config.returns)
-            out.append((sink, replace(fact, clamped=fact.clamped or reward_fact.clamped), combined))
+            clamp = fact if fact.clamped else reward_fact
+            out.append((sink, replace(fact, clamped=clamp.clamped, clamped_calls=clamp.clamped_calls), combined))
     return out
 
 

@@ -36,6 +36,7 @@ class Fact:
     poly: Poly | None = None
     role: Role = "tensor"
     clamped: bool = False
+    clamped_calls: int = 0  # where clamped: the function boundaries the term had crossed at its first clamp
     position: Position = Position.ALL
     aggregation: Aggregation | None = None
     flipped: bool = False
@@ -125,6 +126,11 @@ class Outcome:
 
 def tensor(poly: Poly, **kw: Any) -> Fact:
     return Fact(poly=poly, **kw)
+
+def with_clamp(value: Value) -> Value:
+    """`value` with its tensors clamped (the first clamp's depth kept: `Fact.clamped_calls`)."""
+    return tuple(replace(f, clamped=True, clamped_calls=f.calls) if f.role == "tensor" and not f.clamped else f
+                 for f in value)
 
 NEG = (Fact(role="neg"),)
 
@@ -335,6 +341,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         first,
         poly=poly,
         clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
+        clamped_calls=a.clamped_calls if a.clamped and a.is_kl() else b.clamped_calls if b.clamped and b.is_kl() else 0,
         position=position,
         aggregation=first.aggregation or (b if first is a else a).aggregation,  # the KL operand's reduction first
         labels=labels,

@@ -23,7 +23,7 @@ from klaudit.lint import roles
 from klaudit.lint.arithmetic import KL_WEIGHT
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
-from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor
+from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor, with_clamp
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value
 from klaudit.lint.tensors import apply_math, gather, log_sum_exp, over_vocab, per_token_from_logits
@@ -119,7 +119,7 @@ class LibraryFlow(FlowState):
 
     def clamped(self, op: Operation) -> tuple:
         """A clamped tensor (a clamped token count is still the count)."""
-        return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in op.tensor)
+        return with_clamp(op.tensor)
 
     def elementwise(self, op: Operation) -> tuple:
         """exp, log, abs, ... of each element (klaudit.lint.reductions.unary_math)."""
@@ -259,11 +259,11 @@ class LibraryFlow(FlowState):
         for kept, cut in (sides, sides[::-1]):
             if kept and any(f.poly is not None and f.poly.has_grad() for f in kept) and detach_all(kept) == cut:
                 # where(m, x, x.detach()): x, with its gradient cut on the tokens the condition rejects
-                return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
+                return with_clamp(kept)
         if _clamps(condition, when_true, when_false):
             # where(x < 0, 0, x), where(x > c, c, x): a clamp of x written out
             kept = sides[0] if number_value(when_false) is not None else sides[1]
-            return tuple(replace(f, clamped=True) if f.role == "tensor" else f for f in kept)
+            return with_clamp(kept)
         if {number_value(when_true), number_value(when_false)} == {0.0, 1.0}:
             return (Fact(role="mask"),)  # where(tokens != pad, 1, 0): the test as a 0/1 mask
         if name:

@@ -142,41 +142,65 @@ class KLSite:
     rules: tuple[str, ...]
     helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
     admits: frozenset[str] = frozenset()  # the only names a registry runs `function` under (none: any)
+    # the functions under `helper` whose results carry the term too, outermost first (path, qualname): where
+    # `helper` takes what check-grad cannot make (configs, a model's output dict), the estimator it calls
+    inner_helpers: tuple[tuple[str, str], ...] = ()
+    # of each of `helpers()`, the function boundaries the term had crossed when its call returned it; and those
+    # it had crossed when first clamped (where `clamped`)
+    helper_depths: tuple[int, ...] = ()
+    clamped_calls: int = 0
+
+    def helpers(self) -> tuple[tuple[str, str], ...]:
+        """`helper` and then `inner_helpers`: the functions check-grad may audit for this term, in that order."""
+        outer = ((self.helper_path, self.helper),) if self.helper_path and self.helper else ()
+        return outer + self.inner_helpers
+
+    def clamped_in(self, helper: tuple[str, str]) -> bool:
+        """Whether the term is clamped inside `helper` (one of `helpers()`), not by the code that calls it."""
+        depth = dict(zip(self.helpers(), self.helper_depths)).get(helper)
+        return self.clamped and (depth is None or self.clamped_calls < depth)
 
 
 class _Tracing(Analyzer):
-    """An Analyzer that remembers, for each estimator, the outermost function call of the analysed
-    function whose result carries it (the helper a trainer calls, not the one that helper calls)."""
+    """An Analyzer that remembers, for each estimator, the function calls whose results carry it, by the
+    function boundaries it had crossed (the helper a trainer calls, and the one that helper calls)."""
 
     def __init__(self, project: Project) -> None:
         super().__init__(project)
-        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}
+        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}, of the calls the
+        # analysed functions make, and of the calls inside those
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
+        self.inner_callees: dict[int, dict[int, tuple[str, str]]] = {}
         self.inputs: dict[tuple[str, str], dict[str, str]] = {}  # (path, qualname) -> {parameter: role}
 
-    def callee(self, fact) -> tuple[str, str] | None:
-        """The outermost call that returned `fact`'s term: the one whose result had crossed as many
-        function boundaries, else the deepest one below that (the term passed through more helpers,
-        such as a reward-to-go, after the call that formed it)."""
+    def callees_of(self, fact) -> list[tuple[int, tuple[str, str]]]:
+        """The calls that returned `fact`'s term, outermost first, each with the function boundaries the term had
+        crossed when it returned: the call of the analysed function whose result had crossed as many as `fact`,
+        else the deepest one below that (the term passed through more helpers, such as a reward-to-go, after
+        the call that formed it); then the calls inside it."""
         found = self.callees.get(id(fact.origin), {})
         below = [calls for calls in found if calls <= fact.calls]
-        return found[max(below)] if below else None
+        if not below:
+            return []
+        outer = max(below)
+        inner = self.inner_callees.get(id(fact.origin), {})
+        return [(outer, found[outer])] + [(calls, inner[calls]) for calls in sorted(inner, reverse=True) if calls < outer]
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
         outermost = not self._stack
         outcome = super().call(module, func, cls, env, fresh)
+        qualname = f"{cls}.{func.name.value}" if cls else func.name.value
+        called = (str(Path(module.path).resolve()), qualname)
         if outermost:
-            qualname = f"{cls}.{func.name.value}" if cls else func.name.value
-            called = (str(Path(module.path).resolve()), qualname)
             for parameter, facts in env.items():
                 role = _vocabulary_role(facts) if isinstance(facts, tuple) else None
                 if role is not None:
                     self.inputs.setdefault(called, {})[parameter] = role
-            passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
-            for fact in _kl_facts(outcome.returns):
-                if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
-                    self.callees.setdefault(id(fact.origin), {}).setdefault(
-                        fact.calls, (str(Path(module.path).resolve()), qualname))
+        passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
+        found = self.callees if outermost else self.inner_callees
+        for fact in _kl_facts(outcome.returns):
+            if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
+                found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
         return outcome
 
 
@@ -198,14 +222,14 @@ def inline_sites(path: str) -> list[InlineSite]:
     return kl_sites(path)[0]
 
 
-def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[str, str]]]:
-    """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and the
-    helpers of the linted tree (file, qualified name) that its functions call for the others."""
+def kl_sites(path: str) -> tuple[list[InlineSite], list[tuple[tuple[str, str], ...]]]:
+    """The KL terms `path` puts into a loss or reward: those formed inline (`inline_sites`), and for the
+    others the helpers of the linted tree (file, qualified name) whose results carry them, outermost first
+    (`KLSite.helpers`)."""
     sites = site_verdicts(path)
     inline = {InlineSite(site.function, site.origin_line, site.sink_line, site.placement, site.line): None
               for site in sites if site.inline and site.origin_line is not None}
-    helpers = {(site.helper_path, site.helper): None for site in sites
-               if site.helper is not None and site.helper_path is not None}
+    helpers = {site.helpers(): None for site in sites if site.helpers()}
     return list(inline), list(helpers)
 
 
@@ -255,7 +279,10 @@ def site_verdicts(path: str) -> list[KLSite]:
                 origin_line = where(fact.origin_path, fact.origin) if fact.origin is not None else None
                 inline = origin_path == str(file) and origin_line is not None and origin_line <= sink_line \
                     and span is not None and span[0] <= origin_line <= span[2]  # formed in this function
-                callee = None if inline else analyzer.callee(fact)
+                chain: dict[tuple[str, str], int] = {}  # helper -> depth, outermost first
+                for depth, helper in [] if inline else analyzer.callees_of(fact):
+                    chain.setdefault(helper, depth)  # a helper met twice keeps its outermost call
+                callee = next(iter(chain), None)
                 clamped = clamp_matters(config, fact.clamped)
                 sites[KLSite(
                     str(file), qualname, entry[0] if entry else sink_line, sink_line,
@@ -264,7 +291,8 @@ def site_verdicts(path: str) -> list[KLSite]:
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
                     tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else (),
-                    registered_names(func))] = None
+                    registered_names(func), tuple(chain)[1:], tuple(chain.values()),
+                    fact.clamped_calls if clamped else 0)] = None
     return list(sites)
 
 

@@ -45,7 +45,6 @@ NOT_AUDITED = {
     "fixtures/bad/loss_module_pkg/learner.py": 2,  # the loss is a torch module held as self.policy_loss
     "fixtures/bad/onpolicy_distill.py": 1,  # a step that needs the teacher model
     "fixtures/bad/ppo_multi_epoch.py": 2,  # rollout values, stored and read by the update
-    "fixtures/bad/reinforce_pp_clamped.py": 1,  # make_experience needs the models
     "fixtures/bad/rloo_wrong_sign.py": 2,  # the rollout needs the models
     "fixtures/bad/sequence_level_kl.py": 3,  # the method's parameter seq_logps binds by no name
     "fixtures/bad/triton_grpo_kernel.py": 1,  # a Triton kernel: the term is formed from a loaded chunk of pointers
@@ -54,7 +53,6 @@ NOT_AUDITED = {
     "fixtures/fixed/last_token_kl.py": 3,
     "fixtures/fixed/length_normalized_kl.py": 1,
     "fixtures/fixed/listwise_kl_rewards.py": 3,  # the loop index i cannot be cut out with the term
-    "fixtures/fixed/reinforce_pp_clamped.py": 1,
     "fixtures/fixed/rloo_wrong_sign.py": 2,
     "fixtures/fixed/sequence_level_kl.py": 1,
     "tests/audit/data/broken_import.py": 1,  # the term reaches the loss through an attribute
