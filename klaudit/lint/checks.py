@@ -37,7 +37,7 @@ from klaudit.frameworks.drivers import SEVERAL_STEPS, RewardTraining, reward_tra
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
-from klaudit.lint.facts import Fact, Labels, Sink, different_targets, is_excluded, is_pattern
+from klaudit.lint.facts import Fact, Labels, Sink, different_targets, is_excluded, is_measured_label, is_pattern
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
@@ -278,7 +278,8 @@ def _switch(labels: Labels) -> str:
     matches, so the message shows which values the code's own branches take down this path."""
     chosen: dict[str, list[tuple[str | int, ...]]] = {}
     for name, values in labels:
-        chosen.setdefault(name, []).append(values)
+        if not is_measured_label(name):  # a value of the data's (`sequence_length > 1`), no switch to show
+            chosen.setdefault(name, []).append(values)
     parts = []
     for name, sets in chosen.items():
         patterns = [v[1:] for values in sets for v in values if is_pattern(v)]
@@ -624,8 +625,9 @@ def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, posit
 def _message(config: Config, row: Row, labels: Labels, origin: Origin | None, line: int) -> str:
     """The finding's text: the configuration, the catalog's explanation, the switch values, the estimator's place."""
     message = f"{describe(config)}: {row.explanation}"
-    if labels:
-        message += f" [{_switch(labels)}]"
+    switches = _switch(labels)
+    if switches:
+        message += f" [{switches}]"
     if origin is not None:
         origin_path, origin_line, _ = origin
         if origin_path is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.lint.facts import UNKNOWN, is_excluded, is_negated_pattern, is_pattern, negated, operands, takes
+from klaudit.lint.facts import UNKNOWN, is_excluded, is_negated_pattern, is_pattern, measured_label, negated, operands, takes
 from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
 
@@ -72,7 +72,11 @@ class ConditionFlow(FlowState):
                     values = negated(values) or ()
                 return (None if not values else (name, values)), None
             number = number_value(right) if number_value(left) is None else None
-            setting = self.switch_name(left) if number is not None and not self.measured(left) else ""
+            setting = self.switch_name(left) if number is not None else ""
+            if setting and self.measured(left):
+                # `b, t = ids.shape; if t > 1:` a value of the data, no setting: its label keeps the paths of one run
+                # together (two calls of a helper that tests it take the same side) but is not shown as a switch
+                setting = measured_label(setting)
             if setting and type(comp.operator) in (cst.Equal, cst.NotEqual):
                 # `if weight == 0:` selects a setting like a flag: its branches exclude each other
                 return (f"{setting} == {number:g}", (type(comp.operator) is cst.Equal,)), None
@@ -80,7 +84,7 @@ class ConditionFlow(FlowState):
                 # `if pp_size > 1:` the same: one side of a threshold
                 return (f"{setting} {_ORDER[type(comp.operator)]} {number:g}", (True,)), None
             if number is not None:
-                return None, None  # `len(responses) == 0`, `n_tokens > 0`, `(step + 1) % k == 0`: a computed value, no setting
+                return None, None  # `len(responses) == 0`, `(step + 1) % k == 0`: a computed value, no setting
             if isinstance(comp.operator, cst.Equal) and isinstance(right, cst.Attribute) and right.attr.value.isupper():
                 # `if loss_type == LossType.TOKEN_LEVEL:` (an enum member or a constant): the same
                 return (f"{last_name(left)} == {dotted(right)}", (True,)), None

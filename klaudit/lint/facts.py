@@ -151,6 +151,18 @@ def compatible(a: Labels, b: Labels) -> bool:
 # the path where `kind == "k1"` is false).
 
 
+_MEASURED = "~"  # the mark of a label whose switch is a value measured from the data (klaudit.lint.conditions)
+
+
+def measured_label(name: str) -> str:
+    """The label name of a comparison of a measured value (`sequence_length`), kept for path consistency only."""
+    return _MEASURED + name
+
+
+def is_measured_label(name: str) -> bool:
+    return name.startswith(_MEASURED)
+
+
 def is_pattern(value: SwitchValue) -> TypeGuard[str]:
     """An endswith/startswith pattern ("*s")."""
     return isinstance(value, str) and value.startswith("*")
