@@ -14,7 +14,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from klaudit.lint.facts import UNKNOWN, is_excluded, is_negated_pattern, is_pattern, measured_label, negated, operands, takes
+from klaudit.lint.facts import (
+    UNKNOWN,
+    is_excluded,
+    is_negated_pattern,
+    is_pattern,
+    measured_label,
+    negated,
+    operands,
+    takes,
+)
 from klaudit.lint.flowstate import FlowState, Label, Test
 from klaudit.lint.syntax import dotted, last_name, number_value, string_literals
 
