@@ -507,10 +507,18 @@ def _helper_targets(chains: Sequence[tuple[tuple[str, str], ...]], here: str, ow
         chosen = next(((path, name) for path, name in chain if name in auditable[path]), None)
         if chosen is None:
             outer_path, outer = chain[0]
-            report.notes.append(f"{outer_path}::{outer} returns a KL estimate this file uses but cannot be called alone")
+            if outer_path != here:  # this file's own: discovery's note says why already
+                report.notes.append(f"{_as_given(outer_path)}::{outer} returns a KL estimate this file uses but cannot "
+                                    f"be called alone")
         elif chosen[0] != here:
-            targets[Target(path=chosen[0], qualname=chosen[1])] = None
+            targets[Target(path=_as_given(chosen[0]), qualname=chosen[1])] = None
     return list(targets)
+
+
+def _as_given(path: str) -> str:
+    """A helper's file as the user would name it: relative to the working directory where it lies below it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def run(targets: Sequence[str], *, overrides: dict | None = None, placements: Sequence[str] | None = None,

@@ -279,3 +279,19 @@ def test_a_divergence_weight_is_audited_at_each_value_the_code_branches_on(qualn
     assert not report.errors
     loss = {row.mode[switch]: (row.objective, row.rule) for row in report.results if row.placement == "loss"}
     assert loss == {0.0: ("PFWD", "KL002"), 1.0: ("PART", "KL003")}
+
+
+def test_a_file_whose_helper_takes_configs_is_audited_through_the_estimator_inside_it(monkeypatch):
+    """verl 0.9's distillation losses reach kl_penalty through a function of configs and the model's output
+    dict, which check-grad cannot call alone: `check-grad losses.py` audits the estimator that function calls,
+    named as the user would name its file, at each switch value (k1 as a loss: ZERO, KL001; k2: PART, KL003;
+    k3: PFWD, KL002; kl-math.md section 8, rows 1-3)."""
+    from klaudit.audit.runner import run
+
+    monkeypatch.chdir(ROOT)
+    report = run(["tests/audit/data/clamped_distill_pkg/losses.py"], placements=["loss"])
+    assert not report.errors
+    loss = {row.mode["kind"]: (row.objective, row.rule) for row in report.results
+            if row.target == "tests/audit/data/clamped_distill_pkg/estimators.py::kl_term"}
+    assert loss == {"k1": ("ZERO", "KL001"), "k2": ("PART", "KL003"), "k3": ("PFWD", "KL002")}
+    assert not any(note.startswith("/") for note in report.notes)  # no absolute paths
