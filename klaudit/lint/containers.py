@@ -138,9 +138,10 @@ class ContainerFlow(FlowState):
         if default is None:  # the key may be missing: the value may be None (`if x is None:` stays open)
             return tuple(dict.fromkeys(found + (Fact(role="none"),))) if found else found
         defaults = tuple(f for f in self.expr(default) if f.role != "none")
-        if not found and any(f.role == "str" for f in defaults):
-            # `args.get("kl_type", "unbias")` from a configuration the analysis cannot see: the default is one
-            # value of the switch, not the only one
+        if not found and any(f.role == "str" or _is_number(f) for f in defaults):
+            # `args.get("kl_type", "unbias")`, `config.get("kl_penalty_coef", 0.0)` from a configuration the analysis
+            # cannot see: the default is one value of the setting, not the only one (a KL term scaled by the
+            # coefficient is not gone because its default is 0)
             found = (Fact(role="str", name=key),)
         return tuple(dict.fromkeys(found + defaults))
 
@@ -194,6 +195,10 @@ class ContainerFlow(FlowState):
         for name, facts in items:
             self.collect(name, facts)
         return (Fact(role="dict", items=tuple(items)),)
+
+
+def _is_number(fact: Fact) -> bool:
+    return fact.role == "tensor" and fact.poly is not None and fact.poly.is_const()
 
 
 def entry_of(value: tuple, key: str) -> tuple:
