@@ -213,8 +213,9 @@ def selects(labels: tuple, mode: dict, rows: Sequence[ResultRow]) -> bool:
     as the caller or the helper spells it (`kl_penalty=config.kl_loss_type`, `alpha` for `distillation_alpha`),
     with the labels of other names whose values are all values check-grad audits for that key. A value set
     is literals or endswith/startswith patterns (klaudit.lint.facts.takes); a numeric comparison's label
-    (`alpha == 1`, True or False) selects the values equal to the number or not. A key no label names is not
-    decided by the branch: every value is selected."""
+    (`alpha == 1`, True or False) selects the values equal to the number or not, for the key of its name or of a
+    name that holds it (`alpha`, `distillation_alpha`; not `temperature == 1` for an audited alpha of 1). A key
+    no label names is not decided by the branch: every value is selected."""
     for key, value in mode.items():
         audited = {row.mode.get(key) for row in rows}
         named = [values for name, values in labels if name == key]
@@ -228,7 +229,8 @@ def selects(labels: tuple, mode: dict, rows: Sequence[ResultRow]) -> bool:
             if compared is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
                 continue
             switch, number = compared
-            if (switch == key or switch not in mode and number in audited) and (value == number) != values[0]:
+            renamed = switch not in mode and (switch in key or key in switch) and number in audited
+            if (switch == key or renamed) and (value == number) != values[0]:
                 return False
     return True
 

@@ -103,3 +103,18 @@ def test_a_disagreement_is_found(tmp_path):
     assert with_truth and all(verdict.agree for verdict in with_truth if verdict.audited)
     changed = compare(path, _audit(tmp_path), forged)
     assert any(not verdict.agree for verdict in changed if verdict.audited)
+
+
+def test_a_numeric_label_selects_by_its_own_switch_or_one_that_holds_its_name():
+    """`alpha == 1` in a helper is the caller's `distillation_alpha`: false there, it leaves out the audited
+    value 1. `temperature == 1` (TRL's selective_log_softmax beside its sampled-token distillation loss) is
+    another setting, whatever the number: it decides nothing about `distillation_alpha=1.0`."""
+    from types import SimpleNamespace
+
+    from klaudit.audit.agreement import selects
+
+    mode = {"distillation_alpha": 1.0}
+    rows = [SimpleNamespace(mode={"distillation_alpha": value}) for value in (0.0, 1.0)]  # check-grad's rows
+    assert not selects((("alpha == 1", (False,)),), mode, rows)
+    assert selects((("alpha == 1", (True,)),), mode, rows)
+    assert selects((("temperature == 1", (False,)),), mode, rows)
