@@ -293,7 +293,16 @@ def site_verdicts(path: str) -> list[KLSite]:
                     tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else (),
                     registered_names(func), tuple(chain)[1:], tuple(chain.values()),
                     fact.clamped_calls if clamped else 0)] = None
-    return list(sites)
+    return _without_logged_copies(list(sites))
+
+
+def _without_logged_copies(sites: list[KLSite]) -> list[KLSite]:
+    """The records less a detached copy of a term that the same function also trains (`mean_loss = (per_token_loss
+    * mask).sum() / n` logged with `.item()` beside the loss): the report leaves it out
+    (klaudit.lint.checks._without_logged_copies), so it has no verdict to compare."""
+    trained = {(site.function, site.origin_path, site.origin_line) for site in sites if not without_gradient(site.config)}
+    return [site for site in sites if not without_gradient(site.config)
+            or (site.function, site.origin_path, site.origin_line) not in trained]
 
 
 def functions_of(path: str) -> list[Signature]:

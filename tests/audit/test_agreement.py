@@ -118,3 +118,21 @@ def test_a_numeric_label_selects_by_its_own_switch_or_one_that_holds_its_name():
     assert not selects((("alpha == 1", (False,)),), mode, rows)
     assert selects((("alpha == 1", (True,)),), mode, rows)
     assert selects((("temperature == 1", (False,)),), mode, rows)
+
+
+def test_a_logged_copy_of_a_trained_term_has_no_record():
+    """TRL's self-distillation trainers log `(per_token_loss * mask).sum() / n` with `.item()` beside the loss
+    they return: the report leaves that copy of the trained term out, so the records check-grad is compared
+    with do too (it read as a detached estimate added to the loss, row 1c, a verdict no finding carries). A
+    detached estimate with nothing trained beside it keeps its record."""
+    import dataclasses
+
+    from klaudit.catalog import Estimator, Returns, without_gradient
+    from klaudit.lint.query import _without_logged_copies
+
+    [trained, *_] = site_verdicts(str(ROOT / "fixtures/bad/openrlhf_ppo.py"))
+    detached = dataclasses.replace(trained, config=dataclasses.replace(
+        trained.config, loss=None, reward=Estimator.K3, returns=Returns.NOWHERE), rules=("KL001",))
+    assert without_gradient(detached.config) and not without_gradient(trained.config)
+    assert _without_logged_copies([trained, detached]) == [trained]
+    assert _without_logged_copies([detached]) == [detached]
