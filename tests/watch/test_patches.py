@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def trees() -> dict[str, Path]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from real_packages import package_trees
-
-        found = package_trees()
-    except Exception as error:  # noqa: BLE001 - no network and no cache: nothing to test against
-        pytest.skip(f"the released verl/OpenRLHF packages cannot be fetched here: {error}")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return {"verl": found["verl"], "openrlhf": found["openrlhf"] / "openrlhf-0.11.2.data" / "purelib"}
+def trees(released_trees) -> dict[str, Path]:
+    return {"verl": released_trees["verl"],
+            "openrlhf": released_trees["openrlhf"] / "openrlhf-0.11.2.data" / "purelib"}
 
 
 CHILD = textwrap.dedent("""
