@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,9 @@ def test_a_verl_shaped_package_is_audited_through_the_helper_its_loss_calls_with
     result = _run(str(package / "losses.py"), "--output-format", "json")
     report = json.loads(result.stdout)
     assert not report["errors"], report["errors"]
-    assert {row["target"] for row in report["results"]} == {f"{(package / 'core_algos.py').resolve()}::kl_penalty"}
+    # the helper named as the user would name its file: relative to the working directory
+    assert {row["target"] for row in report["results"]} == {
+        f"{os.path.relpath((package / 'core_algos.py').resolve())}::kl_penalty"}
     loss = {row["mode"]["kl_penalty"]: row["rule"] for row in report["results"] if row["placement"] == "loss"}
     assert loss == {"k1": "KL001", "k2": "KL003", "k3": "KL002", "k1+": "KL003", "k2+": "KL003", "k3+": "KL003"}
     assert any("stubbed: klaudit_fixture_absent_runtime" in note for note in report["notes"])
