@@ -434,7 +434,7 @@ FUNCTIONS: dict[str, Effect] = {
 METHODS: dict[str, Effect] = {
     **_each("detach item tolist numpy cpu detach_ clone_detach", LibraryFlow.detached),
     **_each(RESHAPING + " float double half bfloat16 to type_as view contiguous expand expand_as cuda view_as"
-            " masked_fill_ mul_ repeat astype", LibraryFlow.unchanged),
+            " reshape_as masked_fill_ mul_ repeat astype", LibraryFlow.unchanged),
     **_each("clamp clamp_ clip clip_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sum mean nansum nanmean", LibraryFlow.reduced),
     **_each("exp log abs square expm1 neg log_softmax softmax", LibraryFlow.elementwise),
