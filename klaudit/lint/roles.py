@@ -181,11 +181,6 @@ def speaks_of_logprobs(name: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked at every assignment
-def names_preference_side(name: str) -> bool:
-    """`chosen_rewards`, `rejected_logps`: a name of one side of a preference pair."""
-    return _PREFERENCE_SIDE.search(name) is not None
-
-
 def names_pair_logprobs(name: str) -> bool:
     """A name for the log-probs (or logits) of the chosen or rejected response of a preference pair. The short
     `lp` counts after the side only (`ref_chosen_lp`): `lp_chosen` is the log-prob of the token chosen (sampled)."""
@@ -437,8 +432,10 @@ def names_advantage(name: str) -> bool:
 
 
 def names_implicit_reward(name: str) -> bool:
-    """`implicit_rewards`, `compute_implicit_reward`: a reward model's log-ratio, not the policy's KL."""
-    return _IMPLICIT.search(name) is not None
+    """`implicit_rewards`, `compute_implicit_reward`: a reward model's log-ratio, not the policy's KL; so are a
+    preference pair's `chosen_rewards` and `rejected_rewards` (beta * log(pi / ref) on responses a dataset
+    picked, the statistic DPO and KTO report)."""
+    return _IMPLICIT.search(name) is not None or _PREFERENCE_SIDE.search(name) is not None
 
 
 # A cost (safe RLHF's constrained objective): minimised, its advantages subtracted from the reward's, so a

@@ -12,12 +12,10 @@ from __future__ import annotations
 import libcst as cst
 
 from klaudit.lint import algebra as alg
-from klaudit.lint import roles
 from klaudit.lint.evidence import note_entry
 from klaudit.lint.facts import Fact, Sink, compatible, contained, holds_behaviour_ratio, logprob_kinds, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.syntax import bound_names
 
 
 class SinkFlow(FlowState):
@@ -152,9 +150,8 @@ class SinkFlow(FlowState):
     def hand_on(self, value: tuple) -> None:
         """`value` goes on to code that uses it (a caller, a queue out of sight): the reward candidates in it
         are rewards, except a KL estimate alone with a bonus's sign (`rewards = logp - ref_logp`: a DPO
-        implicit reward, or a penalty the receiver subtracts), whose sign is the receiver's to give, and a
-        preference pair's `chosen_rewards` (DPO's and KTO's statistic, beta * log(pi / ref) on dataset responses)."""
-        self.confirm(tuple(f for f in value if not _lone_estimate(f) and not _a_pairs_implicit_reward(f)))
+        implicit reward, or a penalty the receiver subtracts), whose sign is the receiver's to give."""
+        self.confirm(tuple(f for f in value if not _lone_estimate(f)))
 
     def settle(self, value: tuple) -> None:
         """The KL terms of `value` have a known use (a sink, a return, a metric, a comparison), and so
@@ -192,12 +189,6 @@ def _bound_names(stmt: cst.CSTNode) -> set[str]:
     if not isinstance(stmt, cst.Assign):
         return set()
     return {t.target.value for t in stmt.targets if isinstance(t.target, cst.Name)}
-
-
-def _a_pairs_implicit_reward(fact: Fact) -> bool:
-    """A value whose reward names all name a side of a preference pair (`chosen_rewards`, `rejected_rewards`)."""
-    names = [name for node in fact.pending for name in bound_names(node)]
-    return bool(names) and all(roles.names_preference_side(name) for name in names)
 
 
 def _lone_estimate(fact: Fact) -> bool:
