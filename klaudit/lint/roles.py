@@ -432,10 +432,8 @@ def names_advantage(name: str) -> bool:
 
 
 def names_implicit_reward(name: str) -> bool:
-    """`implicit_rewards`, `compute_implicit_reward`: a reward model's log-ratio, not the policy's KL; so are a
-    preference pair's `chosen_rewards` and `rejected_rewards` (beta * log(pi / ref) on responses a dataset
-    picked, the statistic DPO and KTO report)."""
-    return _IMPLICIT.search(name) is not None or _PREFERENCE_SIDE.search(name) is not None
+    """`implicit_rewards`, `compute_implicit_reward`: a reward model's log-ratio, not the policy's KL."""
+    return _IMPLICIT.search(name) is not None
 
 
 # A cost (safe RLHF's constrained objective): minimised, its advantages subtracted from the reward's, so a

@@ -1,11 +1,8 @@
-"""Shapes of KL code met in released packages that no corpus tree holds (OpenPipe ART 0.5.18, Trinity-RFT 0.6.0,
-EasyDeL 0.3.0).
+"""Shapes of KL code met in released packages that no corpus tree holds (OpenPipe ART 0.5.18, Trinity-RFT 0.6.0).
 
 - A coefficient read from a configuration with a numeric default (`config.get("kl_penalty_coef", 0.0)`, as ART's
   loss reads it) is a setting whose default is one of its values: a KL term it scales is judged, where taking the
   default as the value made the term vanish (0.0 times the KL) and the lint silent.
-- A preference pair's `chosen_rewards` and `rejected_rewards` (beta * log-ratio on dataset responses, KTO's and
-  DPO's statistic) are implicit rewards, not a KL put into an RL reward.
 - A per-token estimate written into a zeros buffer at the response's positions and returned reshaped like the mask
   (`out[valid] = jsd; return out.reshape_as(mask)`, Trinity's chunked JSD advantage) keeps its meaning.
 
@@ -70,32 +67,3 @@ CHUNKED_JSD_ADVANTAGE = """\
 
 def test_an_estimate_scattered_into_a_buffer_and_reshaped_like_the_mask_is_followed(tmp_path):
     assert module_codes(CHUNKED_JSD_ADVANTAGE, tmp_path) == [(21, "KL003"), (21, "KL011")]
-
-
-KTO_STATISTICS = """\
-    import jax
-    import jax.numpy as jnp
-
-
-    def kto_objective(policy_logps, reference_logps, labels, *, beta, loss_type, policy_kl_logps=None, reference_kl_logps=None):
-        chosen_mask = labels.astype(bool).astype(policy_logps.dtype)
-        rejected_mask = 1.0 - chosen_mask
-        logratios = policy_logps - reference_logps
-        if policy_kl_logps is not None and reference_kl_logps is not None:
-            kl = jnp.maximum(jnp.mean(policy_kl_logps - reference_kl_logps), 0.0)
-        else:
-            kl = jnp.zeros(())
-        kl = jax.lax.stop_gradient(kl)
-        chosen_losses = chosen_mask * (1.0 - jax.nn.sigmoid(beta * (logratios - kl)))
-        rejected_losses = rejected_mask * (1.0 - jax.nn.sigmoid(beta * (kl - logratios)))
-        chosen_rewards = beta * logratios * chosen_mask
-        rejected_rewards = beta * logratios * rejected_mask
-        loss = (chosen_losses.sum() + rejected_losses.sum()) / jnp.maximum(chosen_mask.sum() + rejected_mask.sum(), 1.0)
-        return loss, chosen_rewards, rejected_rewards, kl
-"""
-
-
-def test_a_preference_pairs_implicit_rewards_are_no_kl_reward(tmp_path):
-    """EasyDeL 0.3.0's KTO (and TRL's): `chosen_rewards = beta * (policy - reference) log-ratios` of dataset
-    responses, returned as statistics, is the implicit reward KTO reports, not a KL bonus (it was KL011)."""
-    assert module_codes(KTO_STATISTICS, tmp_path) == []
