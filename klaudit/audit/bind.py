@@ -302,7 +302,14 @@ def defaulted_attributes(fn: Callable) -> list[str]:
 
 
 # the roles of log-probs over the vocabulary ([B, T, V]) where a name reads as one log-prob per token
-VOCABULARY_ROLES = {Role.LOGPROBS: Role.VOCAB_LOGPROBS, Role.REF_LOGPROBS: Role.REF_VOCAB_LOGPROBS}
+_VOCABULARY_ROLES = {Role.LOGPROBS: Role.VOCAB_LOGPROBS, Role.REF_LOGPROBS: Role.REF_VOCAB_LOGPROBS}
+
+
+def read_over_vocabulary(names: Sequence[str], context: Sequence[str]) -> dict[str, Role]:
+    """The parameters among `names` whose names read as log-probs (among the function's `context` names), bound
+    instead to log-probs over the vocabulary: the reading under which a divergence helper's switches select a KL."""
+    return {name: _VOCABULARY_ROLES[role] for name in names
+            if (role := role_from_name(name, context)) in _VOCABULARY_ROLES}
 
 
 def bind_with_switches(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
@@ -315,8 +322,7 @@ def bind_with_switches(fn: Callable, overrides: Mapping[str, Role] | None = None
         return bind(fn, overrides, switch_values=switch_literals(fn, overrides), current_old=current_old)
     except BindError as error:
         names = list(inspect.signature(fn).parameters)
-        widened = {**{name: VOCABULARY_ROLES[role] for name in names
-                      if (role := role_from_name(name, [*names, _name(fn)])) in VOCABULARY_ROLES}, **overrides}
+        widened = {**read_over_vocabulary(names, [*names, _name(fn)]), **overrides}
         switches = switch_literals(fn, widened) if widened != overrides else {}
         if not switches:
             raise error from None

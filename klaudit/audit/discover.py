@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from klaudit.audit.bind import VOCABULARY_ROLES, Role, role_from_name
+from klaudit.audit.bind import Role, read_over_vocabulary, role_from_name
 from klaudit.lint.signatures import Parameter
 
 _POLICY_ROLES = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS)
@@ -63,9 +63,9 @@ def discover_kl_functions(path: str) -> Discovery:
         if unbound:
             # the switches of its KL terms, with its log-prob inputs read per token, else over the vocabulary
             # (a divergence helper: `alpha == 1` selects a KL the lint judges only on [B, T, V] inputs)
-            switches = switch_values(path, function.qualname) or switch_values(path, function.qualname, {
-                parameter.name: VOCABULARY_ROLES[role].value for parameter, role in zip(function.parameters, roles)
-                if role in VOCABULARY_ROLES})
+            vocabulary = read_over_vocabulary([parameter.name for parameter in function.parameters], context)
+            switches = switch_values(path, function.qualname) or switch_values(
+                path, function.qualname, {name: role.value for name, role in vocabulary.items()})
             unbound = [name for name in unbound if name not in switches]
         if unbound:
             lacks.append(f"{_listed(unbound)} {'does' if len(unbound) == 1 else 'do'} not bind by name")
