@@ -39,6 +39,7 @@ from klaudit.lint.flow import registered_names
 from klaudit.lint.kinds import Placement, SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
+from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.signatures import Signature, signatures
 from klaudit.lint.sources import read_source
 from klaudit.lint.syntax import params
@@ -247,6 +248,7 @@ def site_verdicts(path: str) -> list[KLSite]:
     analyzer = _Tracing(project)
     module = analyzer.module(str(file), tree)
     training = reward_training(str(file), project.source(tree))  # a framework's actor that trains its KL reward
+    rewards_stay = passes_rewards_through(tree)
 
     def where(origin_path: str, node) -> int | None:
         """The line of statement `node` of the module at `origin_path`."""
@@ -267,8 +269,8 @@ def site_verdicts(path: str) -> list[KLSite]:
             continue
         for sink in outcome.sinks:
             sink_line = positions[str(file)].get(id(sink.node), (None,))[0]
-            for fact in sink.facts:
-                config = config_of(fact, sink.kind)
+            for fact in sink.facts:  # judged as the lint judges it: a loss formed under no_grad trains nothing
+                config = config_of(fact, sink.kind, sink.trained, rewards_stay)
                 if config is None or sink_line is None:
                     continue
                 config = as_trained(config, fact.aggregation is not None, sink.kind, training)
@@ -529,7 +531,7 @@ def uses_of(path: str, qualname: str, root: str | None = None) -> list[Use]:
     for sink in sinks:
         for fact in sink.facts:
             if id(fact.origin) in analyzer.returned_origins:
-                config = config_of(fact, sink.kind)
+                config = config_of(fact, sink.kind, sink.trained)
                 uses.append(Use(placement_of(config, sink.kind), config, fact.clamped, fact.labels))
     return list(dict.fromkeys(uses))
 

@@ -158,3 +158,33 @@ def test_kl_functions():
     source = FIXTURES / "bad" / "verl_ray_trainer.py"
     assert kl_functions(str(source)) == ["kl_penalty", "apply_kl_penalty"]
     assert kl_functions(str(FIXTURES / "bad" / "grpo_pkg" / "loss.py")) == ["grpo_loss"]
+
+
+def test_an_evaluation_loss_under_no_grad_has_no_record(tmp_path):
+    """TRL's GRPOTrainer.prediction_step computes the training loss under torch.no_grad() and detaches it:
+    nothing is trained, and the lint reports nothing there. The records check-grad is compared with judge the
+    sink as the lint does, so that step has none either (it read as a detached estimate beside a term the
+    analysis does not follow, row 1c, a site no finding carries)."""
+    from klaudit.lint.query import site_verdicts
+
+    source = _write(tmp_path, "trainer.py", """
+    import torch
+    from elsewhere import policy_objective
+
+
+    class Trainer:
+        def _compute_loss(self, model, inputs):
+            logp = model(inputs["input_ids"]).log_softmax(-1)
+            log_ratio = inputs["ref_per_token_logps"] - logp
+            kl = torch.exp(log_ratio) - log_ratio - 1
+            per_token_loss = policy_objective(logp, inputs) + self.beta * kl
+            return per_token_loss.mean()
+
+        def prediction_step(self, model, inputs):
+            with torch.no_grad():
+                loss = self._compute_loss(model, inputs)
+                loss = loss.mean().detach()
+            return loss
+    """)
+    assert {(site.function, site.rules) for site in site_verdicts(str(source))} == {
+        ("Trainer._compute_loss", ("KL002",))}
