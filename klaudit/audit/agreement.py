@@ -124,11 +124,14 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
                 targets[site] = Target(path=path, qualname=piece.name, label=str(piece), source=piece.source,
                                        placement=piece.placement)
                 whole.add(targets[site])
-        elif site.helpers():  # the outermost helper check-grad can call alone, else why the outermost cannot
+        elif site.helpers():  # the outermost helper check-grad can call alone, else the function holding the sink
             why = {helper: auditable.why_not(*helper) for helper in site.helpers()}
             chosen = next((helper for helper, reason in why.items() if reason is None), None)
             if chosen is not None:
                 targets[site] = Target(path=chosen[0], qualname=chosen[1])
+            elif auditable.why_not(path, site.function) is None:  # what the helpers take is made in `function`:
+                targets[site] = Target(path=path, qualname=site.function)  # audited whole, as it forms the sink
+                whole.add(targets[site])
             else:
                 missing[site] = next(iter(why.values())) or ""
         else:

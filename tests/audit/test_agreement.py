@@ -9,6 +9,7 @@ stored state) are listed in NOT_AUDITED with why, so that a site that stops bein
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,36 @@ def test_a_logged_copy_of_a_trained_term_has_no_record():
     assert without_gradient(detached.config) and not without_gradient(trained.config)
     assert _without_logged_copies([trained, detached]) == [trained]
     assert _without_logged_copies([detached]) == [detached]
+
+
+def test_a_term_whose_helpers_take_no_log_probs_is_audited_in_the_function_that_forms_it(tmp_path):
+    """TRL's IWOPD trainer forms the per-vocabulary divergence in generalized_jsd_loss and hands it to
+    _reduce_divergence_loss, which sums it over the vocabulary (where the lint recognises the exact KL) and
+    reduces it: that helper takes a divergence, not log-probs, so check-grad cannot call it alone. The function
+    that holds the sink can be: it is audited whole, each reduction against the lint's branch for it."""
+    path = tmp_path / "distill.py"
+    path.write_text(textwrap.dedent('''
+        import torch.nn.functional as F
+
+
+        def reduce_divergence(per_vocab, mask, reduction="batchmean"):
+            per_token = per_vocab.sum(-1)
+            if reduction == "batchmean":
+                return (per_token * mask).sum() / mask.sum()
+            if reduction == "sum":
+                return (per_token * mask).sum()
+            raise ValueError(reduction)
+
+
+        def distillation_loss(student_logits, teacher_logits, mask, reduction="batchmean"):
+            student = F.log_softmax(student_logits, dim=-1)
+            teacher = F.log_softmax(teacher_logits, dim=-1)
+            per_vocab = student.exp() * (student - teacher)
+            return reduce_divergence(per_vocab, mask, reduction)
+    '''))
+    sites = site_verdicts(str(path))
+    assert {site.helper for site in sites} == {"reduce_divergence"} and not any(site.inline for site in sites)
+    verdicts = compare(str(path), _audit(tmp_path))
+    assert [(verdict.target.rsplit("::", 1)[-1], verdict.modes, verdict.check_grad_rules, verdict.agree)
+            for verdict in verdicts] == [("distillation_loss", ("reduction=batchmean",), ("KL003",), True),
+                                         ("distillation_loss", ("reduction=sum",), ("KL003",), True)]
