@@ -10,6 +10,7 @@ part check-grad runs (estimator, placement, sign, clamp); the rules the surround
 no lint record of the file explains is printed as not audited.
 
     python scripts/agreement.py [--trees DIR] [--only verl] [--json OUT]
+    python scripts/agreement.py --tree PATH [--tree PATH ...]   # any checkout, e.g. a corpus repository
 
 Exit status 0 when every finding is audited and agrees, 1 otherwise, 2 when a tree is missing.
 """
@@ -143,16 +144,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", type=Path, default=CACHE / "trees", help="unpacked <name>-<version> trees")
     parser.add_argument("--only", choices=sorted(PACKAGES), action="append", help="this package only")
+    parser.add_argument("--tree", type=Path, action="append", help="any source tree instead (a project's checkout)")
     parser.add_argument("--json", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
+    named = [(str(tree), tree) for tree in args.tree or ()] or [
+        (f"{name} {PACKAGES[name]}", args.trees / f"{name}-{PACKAGES[name]}") for name in args.only or sorted(PACKAGES)]
     results = []
-    for name in args.only or sorted(PACKAGES):
-        tree = args.trees / f"{name}-{PACKAGES[name]}"
+    for name, tree in named:
         if not tree.is_dir():
-            print(f"{tree}: missing (python -c 'import benchmarks.real_packages as r; r.fetch_all()')",
-                  file=sys.stderr)
+            hint = "" if args.tree else " (python -c 'import benchmarks.real_packages as r; r.fetch_all()')"
+            print(f"{tree}: missing{hint}", file=sys.stderr)
             return 2
-        result = audit_tree(f"{name} {PACKAGES[name]}", tree)
+        result = audit_tree(name, tree)
         print_result(result)
         results.append(result)
     if args.json:
