@@ -7,7 +7,8 @@ helper the step calls, or the inline statements cut out of the step, at the swit
 placement the lint reads. A site agrees when check-grad's rows carry exactly the lint's rules for the
 part check-grad runs (estimator, placement, sign, clamp); the rules the surrounding code decides
 (KL007 aggregation, KL008 stale samples) are listed apart. Every finding is accounted for: a finding
-no lint record of the file explains is printed as not audited.
+no lint record of the file explains is printed as not audited;
+a finding on a framework's flags (JSON `framework`) judges the framework's KL code, and is counted apart.
 
     python scripts/agreement.py [--trees DIR] [--only verl] [--json OUT]
     python scripts/agreement.py --tree PATH [--tree PATH ...]   # any checkout, e.g. a corpus repository
@@ -40,11 +41,14 @@ SITE_CODES = "KL0"  # the KL rules; KL000 (syntax) and KL099 (analysis cut short
 FILE_LEVEL = ("KL000", "KL099")
 
 
-def lint(tree: Path) -> list[dict]:
-    """The lint's findings on `tree` (its JSON output), KL sites only."""
+def lint(tree: Path) -> tuple[list[dict], list[dict]]:
+    """The lint's findings on `tree` (its JSON output) at KL sites of its code, and those on a framework's flags
+    (a launch, a config: the KL code they judge is the framework's, which the released-package run audits)."""
     done = subprocess.run([sys.executable, "-m", "klaudit", "lint", "--output-format", "json", "--select",
                            SITE_CODES, "--exit-zero", "."], cwd=tree, capture_output=True, text=True, check=True)
-    return [finding for finding in json.loads(done.stdout) if finding["code"] not in FILE_LEVEL]
+    findings = [finding for finding in json.loads(done.stdout) if finding["code"] not in FILE_LEVEL]
+    return ([finding for finding in findings if not finding.get("framework")],
+            [finding for finding in findings if finding.get("framework")])
 
 
 class Timed:
@@ -66,7 +70,7 @@ class Timed:
 def audit_tree(name: str, tree: Path) -> dict:
     """The lint's sites of one tree, each with its verdicts, and the findings nothing explains."""
     started = time.monotonic()
-    findings = lint(tree)
+    findings, flags = lint(tree)
     lint_seconds = time.monotonic() - started
     timed = Timed()
     verdicts: list[Verdict] = []
@@ -75,7 +79,7 @@ def audit_tree(name: str, tree: Path) -> dict:
     unexplained = [f for f in findings if not any(
         Path(v.site.path) == Path(f["filename"]).resolve() and v.site.line == f["location"]["row"]
         and f["code"] in v.lint_rules for v in verdicts)]
-    return {"name": name, "tree": str(tree), "findings": findings, "verdicts": verdicts,
+    return {"name": name, "tree": str(tree), "findings": findings, "flags": flags, "verdicts": verdicts,
             "unexplained": unexplained, "lint_seconds": lint_seconds, "audit_seconds": timed.seconds}
 
 
@@ -137,6 +141,10 @@ def print_result(result: dict) -> None:
     print(f"sites reported: {len(reported)}, audited: {len(sites_audited & reported)}; table rows: {len(rows)}, "
           f"audited {len(audited)}: agree {agree}, disagree {len(audited) - agree}; not audited {len(rows) - len(audited)}; "
           f"findings no lint record explains: {len(result['unexplained'])}")
+    if result["flags"]:
+        frameworks = sorted({finding["framework"].split(" (")[0] for finding in result["flags"]})
+        print(f"findings on framework flags, whose KL code is the framework's: {len(result['flags'])} "
+              f"({', '.join(frameworks)})")
     print()
 
 

@@ -1076,5 +1076,5 @@ def _findings(path: str, judged: Judged, framework: str, fix: Callable[[str, str
         code_fix = scaled_fix(row.fix, judged.config.aggregation) or row.fix  # at the scale of the KL it replaces
         findings.append(Finding(path, where.line, where.column, row.rule, message, where.line, where.end_column,
                                 judged.helps.get(row.rule) or fix(row.rule, code_fix) or code_fix, autofix=autofix,
-                                no_autofix=why))
+                                no_autofix=why, framework=framework))
     return findings

@@ -21,7 +21,9 @@ class Finding:
     recommends, written as a call of `klaudit.estimators`. `related` lists the other places of the
     finding as (path, line, column, what), e.g. where the estimator is computed. `autofix` is the
     mechanical rewrite `--fix` applies, when one can be built from what the analysis inferred;
-    otherwise `no_autofix` says why there is none.
+    otherwise `no_autofix` says why there is none. `framework`: for a finding on a framework's flags (a launch
+    script, a config), the framework and release they were judged for, as the message names them; empty for a
+    finding on the KL code itself.
     """
 
     path: str
@@ -37,3 +39,4 @@ class Finding:
     switches: tuple[Labels, ...] = field(default=(), compare=False)  # the switch values of each verdict merged here
     autofix: Fix | None = field(default=None, compare=False)
     no_autofix: str = field(default="", compare=False)
+    framework: str = field(default="", compare=False)

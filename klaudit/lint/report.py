@@ -184,7 +184,8 @@ def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
     """A JSON array in the shape of `ruff check --output-format json` (`fix`: applicability, message and
     edits, or null), plus `related`: the finding's other places (file, line, column, what), e.g. the
     estimator's definition, the rule's `name`, `severity` ("error" for a verdict, "info" for the
-    informational codes) and `no_fix_reason` (why no fix is offered, or null)."""
+    informational codes), `no_fix_reason` (why no fix is offered, or null) and `framework` (for a finding on a
+    framework's flags, the framework and release they were judged for; null for one on the KL code)."""
     return json.dumps([
         {
             "cell": None,
@@ -199,6 +200,7 @@ def format_json(findings: Sequence[Finding], options: ReportOptions) -> str:
             "name": RULES[finding.code].name,
             "severity": severity(finding.code),
             "no_fix_reason": finding.no_autofix or None,
+            "framework": finding.framework or None,
             "related": [
                 {"filename": os.path.abspath(where), "location": {"column": column, "row": line}, "what": what}
                 for where, line, column, what in finding.related

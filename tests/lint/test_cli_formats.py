@@ -197,6 +197,16 @@ def test_json_names_the_rule_and_its_severity(project):
         ("KL005", "kl-last-token-only", "error"), ("KL100", RULES["KL100"].name, "info")]
 
 
+def test_json_tells_a_frameworks_flags_from_the_kl_code():
+    """A finding on a framework's flags (TRL's GRPOConfig) names the framework and release it was judged for; one
+    on the KL code itself has none, so CI can route the two apart."""
+    entries = json.loads(run("lint", "--output-format", "json", str(ROOT / "fixtures/bad/trl_grpo_config.py"),
+                             str(ROOT / "fixtures/bad/openrlhf_ppo.py"))[1])
+    frameworks = {(Path(e["filename"]).name, e["framework"].split(" ")[0] if e["framework"] else None) for e in entries}
+    assert frameworks == {("trl_grpo_config.py", "trl"), ("openrlhf_ppo.py", None)}
+    assert all(e["framework"] in e["message"] for e in entries if e["framework"])
+
+
 # --- sarif -----------------------------------------------------------------------------------
 
 

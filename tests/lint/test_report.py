@@ -107,6 +107,7 @@ def test_json_has_ruffs_fields(tmp_path, monkeypatch):
         "name": "kl-loss-forward-kl",
         "severity": "error",
         "no_fix_reason": None,
+        "framework": None,
         "related": [{"filename": str(tmp_path / "pkg" / "a.py"), "location": {"column": 5, "row": 3},
                      "what": "estimator computed here"}],
     }
