@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,22 @@ from klaudit.lint.roles import (
 )
 
 MAX_MODES = 64  # switch combinations audited at most; more is a configuration explosion, not a KL term
+
+
+POLICY_ROLES = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS)  # where the policy's gradient enters
+
+
+def only_sampling_policy(roles: Iterable[Role]) -> bool:
+    """Whether the only log-probs of the policy among `roles` are the sampling policy's (old): a KL reward computed
+    at the rollout, audited with them as the policy's own, detached."""
+    roles = set(roles)
+    return Role.OLD_LOGPROBS in roles and not roles & set(POLICY_ROLES)
+
+
+def takes_the_policy(roles: Iterable[Role]) -> bool:
+    """Whether a callable with parameters of `roles` can be audited as a function of the policy."""
+    roles = set(roles)
+    return bool(roles & set(POLICY_ROLES)) or Role.OLD_LOGPROBS in roles
 
 
 class BindError(ValueError):
@@ -234,9 +250,8 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
             f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {_name(fn)}; "
             f"say what {'they are' if len(unbound) > 1 else 'it is'} with {BIND_SYNTAX}"
         )
-    policy = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS) + (
-        (Role.OLD_LOGPROBS,) if current_old else ())
-    if not any(role in policy for role in roles.values()):
+    current_old = current_old or only_sampling_policy(roles.values())
+    if not takes_the_policy(roles.values()):
         raise BindError(f"no parameter of {_name(fn)} receives the policy log-probs or logits; "
                         f"name it with --bind PARAM=logprobs")
     positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)

@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from klaudit.audit.bind import Role, read_over_vocabulary, role_from_name
+from klaudit.audit.bind import POLICY_ROLES, Role, read_over_vocabulary, role_from_name, takes_the_policy
 from klaudit.lint.signatures import Parameter
 
-_POLICY_ROLES = (Role.LOGPROBS, Role.LOGITS, Role.LOG_RATIO, Role.VOCAB_LOGPROBS)
 _REFERENCE_ROLES = (Role.REF_LOGPROBS, Role.REF_LOGITS, Role.REF_VOCAB_LOGPROBS)
 _SCALAR_ANNOTATIONS = ("str", "bool", "float", "int")
 
@@ -53,11 +52,11 @@ def discover_kl_functions(path: str) -> Discovery:
     for function in found:
         context = [parameter.name for parameter in function.parameters] + [function.qualname]
         roles = [role_from_name(parameter.name, context) for parameter in function.parameters]
-        by_signature = any(r in _POLICY_ROLES for r in roles) and any(r in _REFERENCE_ROLES for r in roles)
+        by_signature = any(r in POLICY_ROLES for r in roles) and any(r in _REFERENCE_ROLES for r in roles)
         if function.qualname not in seen_by_lint and not by_signature:
             continue
         lacks = []
-        if not any(role in _POLICY_ROLES for role in roles):
+        if not takes_the_policy(role for role in roles if role is not None):
             lacks.append("no parameter takes the policy log-probs or logits")
         unbound = _unbindable(function.parameters, context)
         if unbound:

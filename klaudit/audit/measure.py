@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from klaudit.audit.batch import Batch, required
-from klaudit.audit.bind import Binding, Role, defaulted_attributes
+from klaudit.audit.bind import Binding, Role, defaulted_attributes, only_sampling_policy
 from klaudit.audit.confine import memory_note
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
 from klaudit.audit.fingerprint import (
@@ -425,6 +425,9 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also, devic
                                                             transformer=False, device=device)[0]
     batch_factory = batch or fingerprint_batch(first, FINGERPRINT_BATCH, seed=0)
     notes: list[str] = []
+    if binding.current_old and only_sampling_policy(binding.roles.values()):
+        notes.append(f"{', '.join(binding.old)} of {name}: the only log-probs of the policy it takes are the sampling "
+                     f"policy's, as at the rollout: audited as the policy's own, detached")
     if reward_function:
         notes.append(f"{name} is named like a reward function: its result is a reward to be maximised, so its "
                      f"negation is audited as the KL cost, in the reward")

@@ -412,6 +412,30 @@ def test_old_logprobs_the_result_ignores_make_the_audit_on_policy():
     assert not any("on-policy" in note for note in report.notes)
 
 
+def test_a_rollout_kl_of_the_sampling_policys_log_probs_is_audited_as_the_policys():
+    """A KL reward computed at the rollout takes the sampling policy's log-probs (`old_log_probs`) and the
+    reference's, and no others: those are the policy's own there, so it binds with them as the policy's,
+    detached (on-policy), and is audited as a reward. k1 reward-to-go is row 6 (REV, unbiased); k3 in the
+    reward is row 7 (OTHER, KL004). A callable that also takes the policy's log-probs keeps its old ones old."""
+    import klaudit.audit
+
+    def rollout_k1(old_log_probs, ref_log_probs):
+        return old_log_probs - ref_log_probs
+
+    def rollout_k3(old_log_probs, ref_log_probs):
+        log_ratio = ref_log_probs - old_log_probs
+        return log_ratio.exp() - 1 - log_ratio
+
+    binding = bind(rollout_k1)
+    assert binding.current_old and not binding.off_policy
+    assert not bind(lambda log_probs, old_log_probs, ref_log_probs: None).current_old
+    rows = {fn.__name__: [(row.placement, row.objective, row.rule) for row in klaudit.audit.check(fn).results]
+            for fn in (rollout_k1, rollout_k3)}
+    assert rows == {"rollout_k1": [("reward", "REV", None)], "rollout_k3": [("reward", "OTHER", "KL004")]}
+    report = klaudit.audit.check(rollout_k1)
+    assert any("old_log_probs of" in note and "sampling policy" in note for note in report.notes)
+
+
 def _tiny_batch():
     from klaudit.audit.batch import Batch
 

@@ -67,6 +67,15 @@ def test_what_a_function_lacks(tmp_path):
     assert unknown.endswith("name it with ::kl_with_unknown and say what its parameters are with --bind PARAM=ROLE")
 
 
+def test_a_rollout_kl_of_the_sampling_policys_log_probs_can_be_called_alone(tmp_path):
+    """The sampling policy's log-probs stand for the policy's in a KL computed at the rollout (bind.py)."""
+    found = _discover(tmp_path, """
+    def rollout_kl(old_log_probs, ref_log_probs):
+        return old_log_probs - ref_log_probs
+    """)
+    assert found.auditable == ["rollout_kl"] and found.skipped == []
+
+
 def test_methods_and_instance_state(tmp_path):
     found = _discover(tmp_path, """
     class Trainer:
