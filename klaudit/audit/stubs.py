@@ -153,6 +153,11 @@ def import_with_stubs(do_import: Callable[[], types.ModuleType], own: Collection
                 return do_import(), dict(finder.reasons)
             except Exception as error:  # noqa: BLE001 - any failure of a dependency's import is one to stub
                 name = failing_dependency(error, own, audited)
+                if name in sys.modules and audited and not isinstance(error, ImportError):
+                    # it had imported, and a call into it raised (a config fetched from the Hub in a class body):
+                    # the user's module that made the call is stubbed, unless it is the audited one
+                    name = _last_protected(error, own)
+                    name = None if name is None or _holds(name, audited) else name
                 if name is None or name in finder.reasons:
                     raise
                 finder.add(name, f"{type(error).__name__}: {' '.join(str(error).split())}"[:160])

@@ -138,3 +138,25 @@ def test_a_package_module_that_checks_its_environment_at_import_is_stubbed(tmp_p
             assert not report.results and "klaudit_fixture_env_checked.policy" in report.errors[0]
     for name in [name for name in sys.modules if name.startswith("klaudit_fixture_env_checked")]:
         monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_users_module_whose_call_into_an_installed_library_raises_at_import_is_stubbed(tmp_path, monkeypatch):
+    """A trainer's package whose reward module calls into an installed library in a class body (a config
+    fetched from the Hub, which raises offline): the library imported fine, so stubbing it changes nothing;
+    the user's module that made the call is stubbed instead, and the KL code beside it is audited."""
+    package = tmp_path / "klaudit_fixture_hub_config"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "reward.py").write_text(
+        "import libcst\n\n\nclass ScalarConfig:\n    tree = libcst.parse_module('def (')\n\n\n"
+        "def get_reward(model, ids):\n    return model(ids)\n")
+    (package / "grpo.py").write_text(
+        "from .reward import get_reward\n\n\n"
+        "def kl_reward(logprobs, ref_logprobs):\n    return (logprobs - ref_logprobs).detach()\n")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the stub finder leaves with the test
+    report = audit_target(Target(path=str(package / "grpo.py"), qualname="kl_reward"), placements=("reward",))
+    assert report.errors == [] and [(row.objective, row.unbiased) for row in report.results] == [("REV", True)]
+    (note,) = [note for note in report.notes if "stubbed:" in note]
+    assert "stubbed: klaudit_fixture_hub_config.reward (" in note and "libcst" not in note.split(" (")[0]
+    for name in [name for name in sys.modules if name.startswith("klaudit_fixture_hub_config")]:
+        monkeypatch.delitem(sys.modules, name)
