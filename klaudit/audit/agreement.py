@@ -31,6 +31,7 @@ from pathlib import Path
 from klaudit.audit.discover import DiscoveryError, discover_kl_functions
 from klaudit.audit.inline import slices_of
 from klaudit.audit.report import Report, ResultRow
+from klaudit.audit.roles import Role
 from klaudit.audit.runner import Target
 from klaudit.catalog import Aggregation, Returns, Sampling, defects
 from klaudit.lint.facts import is_literal, takes
@@ -128,7 +129,7 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
             why = {helper: auditable.why_not(*helper) for helper in site.helpers()}
             chosen = next((helper for helper, reason in why.items() if reason is None), None)
             if chosen is not None:
-                targets[site] = Target(path=chosen[0], qualname=chosen[1])
+                targets[site] = _helper_target(site, chosen)
             elif auditable.why_not(path, site.function) is None:  # what the helpers take is made in `function`:
                 targets[site] = Target(path=path, qualname=site.function)  # audited whole, as it forms the sink
                 whole.add(targets[site])
@@ -137,6 +138,18 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
         else:
             missing[site] = "the term reaches the sink through stored state (a field, a buffer), not a call"
     return targets, missing, whole
+
+
+def _helper_target(site: KLSite, helper: tuple[str, str]) -> Target:
+    """check-grad's target for `helper` of `site`. Where the site hands it an importance ratio (slime's
+    compute_approx_kl(..., importance_ratio=exp(logp - old))), the ratio is bound and its weighted result audited
+    as the loss it is: a target of its own, apart from the branches that pass none."""
+    ratio = [name for name, role in site.helper_inputs if role == Role.RATIO.value] if helper == (
+        site.helper_path, site.helper) else []
+    if not ratio:
+        return Target(path=helper[0], qualname=helper[1])
+    return Target(path=helper[0], qualname=helper[1], placement="loss",
+                  label=f"{helper[0]}::{helper[1]} ({', '.join(name + '=ratio' for name in ratio)})")
 
 
 def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> list[Verdict]:
@@ -152,7 +165,7 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
         # a helper's inputs bound as the lint reads them at the call (log-probs over the vocabulary), not by name
         roles = {name: role for site in chosen_by if not site.inline and (target.path, target.qualname) == (
             site.helper_path, site.helper) for name, role in site.helper_inputs}
-        reports[target] = audit(target, own if target in whole else placements, roles)
+        reports[target] = audit(target, own if target in whole or target.placement else placements, roles)
     verdicts = []
     for site in sites:
         lint_rules = tuple(dict.fromkeys(site.rules))
@@ -161,11 +174,11 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
                                     audited=False))
             continue
         target = targets[site]
-        scored = target.source is not None and target.placement == "loss" and site.placement == "reward"
+        scored = target.placement == "loss" and site.placement == "reward"  # the audited code weights it by the score
         expected = audited_part(site, whole=target in whole and target.source is None, scored=scored,
                                 clamped=None if site.inline else site.clamped_in((target.path or "", target.qualname or "")))
         report = reports[target]
-        rows = [row for row in report.results if (target in whole or row.placement == site.placement)
+        rows = [row for row in report.results if (target in whole or row.placement == (target.placement or site.placement))
                 and selects(site.labels, row.mode, report.results)]
         modes = tuple(_mode(row) for row in rows)
         found = tuple(sorted({row.rule for row in rows if row.rule}))
@@ -189,7 +202,7 @@ def _unjudged(targets: dict[KLSite, Target], reports: dict[Target, Report], whol
     for target, report in reports.items():
         sites = [site for site, chosen in targets.items() if chosen == target]
         for row in report.results:
-            placed = [site for site in sites if target in whole or site.placement == row.placement]
+            placed = [site for site in sites if target in whole or (target.placement or site.placement) == row.placement]
             if not placed or any(selects(site.labels, row.mode, report.results) for site in placed):
                 continue
             if all(site.admits and not site.admits.intersection(map(str, row.mode.values())) for site in placed):

@@ -1,7 +1,7 @@
 """Which tensor each parameter of a user's KL callable receives, and which switch values to audit.
 
 A parameter gets a `Role`: the policy log-probs (the one that carries gradient), reference or old
-log-probs, the mask, policy or reference logits, the log-ratio logp - ref, the sampled token ids,
+log-probs, the mask, policy or reference logits, the log-ratio logp - ref, the importance ratio to the sampling policy, the sampled token ids,
 a coefficient (set to 1), an entropy bonus's coefficient (set to 0), a zeroed task reward or advantage,
 a string switch (audited once per literal the code compares it with), its own default, or None. Names are read with the lint's
 naming table (`klaudit.lint.roles`), then annotations and defaults decide; `--bind PARAM=ROLE`
@@ -125,6 +125,9 @@ class Binding:
                 raise BindError(f"parameter {name} wants log-probs over the vocabulary, and this batch has no logits")
             if role is Role.LOG_RATIO:
                 value: Any = batch.logprobs - batch.ref_logprobs
+            elif role is Role.RATIO:  # to the behaviour policy off-policy, else to the policy itself: value 1, the score
+                old = batch.old_logprobs if batch.old_logprobs is not None and not self.current_old else None
+                value = torch.exp(batch.logprobs - (batch.logprobs.detach() if old is None else old))
             elif role is Role.OLD_LOGPROBS and self.current_old:
                 value = batch.logprobs.detach()
             elif role is Role.MASK and self.bool_masks:

@@ -23,6 +23,7 @@ class Role(str, Enum):
     VOCAB_LOGPROBS = "vocab_logprobs"  # [B, T, V] log_softmax of the policy logits, differentiable
     REF_VOCAB_LOGPROBS = "ref_vocab_logprobs"  # [B, T, V] log_softmax of the reference logits
     LOG_RATIO = "log_ratio"  # [B, T] logp - ref, differentiable
+    RATIO = "ratio"  # [B, T] exp(logp - old): the importance ratio to the sampling policy (on-policy: exp(logp - sg logp))
     TOKENS = "tokens"  # [B, T] int64 sampled token ids of the response; logprobs are gathered at them
     ZEROS = "zeros"  # [B, T] zeros: the task reward or advantage, zeroed so only the KL term remains
     COEF = "coef"  # a coefficient, set to 1.0

@@ -194,7 +194,7 @@ class _Tracing(Analyzer):
         called = (str(Path(module.path).resolve()), qualname)
         if outermost:
             for parameter, facts in env.items():
-                role = _vocabulary_role(facts) if isinstance(facts, tuple) else None
+                role = _input_role(facts) if isinstance(facts, tuple) else None
                 if role is not None:
                     self.inputs.setdefault(called, {})[parameter] = role
         passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
@@ -211,9 +211,20 @@ _VOCABULARY_INPUTS = {"vocab_logprobs": algebra.Atom(algebra.VOCAB_POLICY, True)
                       "ref_vocab_logprobs": algebra.Atom(algebra.VOCAB_REF)}
 
 
-def _vocabulary_role(facts: Value) -> str | None:
-    """The role (`_VOCABULARY_INPUTS`) of an input the lint reads as log-probs over the vocabulary, else None."""
+def _inputs_of(inputs: Mapping[str, str], fact: Fact) -> tuple[tuple[str, str], ...]:
+    """The helper's inputs (`_input_role`) as the site of `fact` reads them: an importance ratio only where its
+    term is weighted by one (a branch that passes None to the same parameter is not)."""
+    weighted = fact.poly is not None and any(term.weighted for place in ("loss", "reward")
+                                             for term in algebra.terms_of(fact.poly, place))
+    return tuple(sorted((name, role) for name, role in inputs.items() if role != "ratio" or weighted))
+
+
+def _input_role(facts: Value) -> str | None:
+    """check-grad's role for an input the lint reads as log-probs over the vocabulary (`_VOCABULARY_INPUTS`) or as
+    the importance ratio exp(logp - old) ("ratio"), else None."""
     kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
+    if kinds and kinds <= {algebra.IS_RATIO, algebra.SCORE}:  # exp(logp - old), where old may be sg(logp)
+        return "ratio"
     return next((role for role, atom in _VOCABULARY_INPUTS.items() if kinds == {atom.kind}), None)
 
 
@@ -292,7 +303,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
-                    tuple(sorted(analyzer.inputs.get(callee, {}).items())) if callee else (),
+                    _inputs_of(analyzer.inputs.get(callee, {}), fact) if callee else (),
                     registered_names(func), tuple(chain)[1:], tuple(chain.values()),
                     fact.clamped_calls if clamped else 0)] = None
     return _without_logged_copies(list(sites))

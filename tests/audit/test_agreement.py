@@ -170,3 +170,39 @@ def test_a_term_whose_helpers_take_no_log_probs_is_audited_in_the_function_that_
     assert [(verdict.target.rsplit("::", 1)[-1], verdict.modes, verdict.check_grad_rules, verdict.agree)
             for verdict in verdicts] == [("distillation_loss", ("reduction=batchmean",), ("KL003",), True),
                                          ("distillation_loss", ("reduction=sum",), ("KL003",), True)]
+
+
+def test_a_helper_handed_an_importance_ratio_is_audited_with_it_bound(tmp_path):
+    """slime's policy loss passes compute_approx_kl an importance ratio exp(logp - old) when use_unbiased_kl is
+    on, and None otherwise. The lint reads the first branch as ratio*k3 (KL003) and the second as k3 (KL002);
+    check-grad audits the helper once with the ratio bound (a loss: the weight is part of its value) and once
+    at its default, and each branch agrees with its own audit."""
+    path = tmp_path / "loss.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+
+
+        def approx_kl(log_probs, log_probs_base, importance_ratio=None):
+            log_ratio = log_probs_base - log_probs
+            kl = log_ratio.exp() - 1 - log_ratio
+            if importance_ratio is not None:
+                kl = importance_ratio * kl
+            return kl
+
+
+        def policy_loss(log_probs, old_log_probs, ref_log_probs, advantages, mask, use_unbiased_kl=False):
+            ratio = torch.exp(log_probs - old_log_probs)
+            loss = -(ratio * advantages * mask).sum() / mask.sum()
+            importance_ratio = None
+            if use_unbiased_kl:
+                importance_ratio = torch.exp(log_probs - old_log_probs)
+            kl = approx_kl(log_probs, ref_log_probs, importance_ratio=importance_ratio)
+            return loss + 0.1 * (kl * mask).sum() / mask.sum()
+    '''))
+    sites = site_verdicts(str(path))
+    assert {(site.config.loss.value, site.helper_inputs) for site in sites if site.function == "policy_loss"} == {
+        ("k3", ()), ("ratio*k3", (("importance_ratio", "ratio"),))}
+    verdicts = [verdict for verdict in compare(str(path), _audit(tmp_path)) if verdict.site.function == "policy_loss"]
+    assert {(verdict.target.rsplit("::", 1)[-1], verdict.audited_rules, verdict.check_grad_rules, verdict.agree)
+            for verdict in verdicts} == {("approx_kl", ("KL002",), ("KL002",), True),
+                                         ("approx_kl (importance_ratio=ratio)", ("KL003",), ("KL003",), True)}

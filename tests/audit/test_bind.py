@@ -436,6 +436,24 @@ def test_a_rollout_kl_of_the_sampling_policys_log_probs_is_audited_as_the_policy
     assert any("old_log_probs of" in note and "sampling policy" in note for note in report.notes)
 
 
+def test_an_importance_ratio_input_is_bound_as_the_ratio_to_the_sampling_policy():
+    """`--bind importance_ratio=ratio` hands a KL helper exp(logp - old) (slime's compute_approx_kl(...,
+    importance_ratio=...), DeepSeek-V3.2's unbiased KL): on-policy, exp(logp - sg logp), whose value is 1 and
+    whose gradient is the score. k3 times it as a loss is row 3c (PART, KL003); left at its default None the same
+    helper is k3 as a loss, row 3 (PFWD, KL002)."""
+    import klaudit.audit
+
+    def approx_kl(log_probs, ref_log_probs, importance_ratio=None):
+        log_ratio = ref_log_probs - log_probs
+        kl = log_ratio.exp() - 1 - log_ratio
+        return kl if importance_ratio is None else importance_ratio * kl
+
+    weighted = klaudit.audit.check(approx_kl, "loss", bind={"importance_ratio": "ratio"})
+    plain = klaudit.audit.check(approx_kl, "loss")
+    assert [(row.objective, row.rule) for row in weighted.results] == [("PART", "KL003")]
+    assert [(row.objective, row.rule) for row in plain.results] == [("PFWD", "KL002")]
+
+
 def _tiny_batch():
     from klaudit.audit.batch import Batch
 
