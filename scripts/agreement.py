@@ -8,7 +8,8 @@ placement the lint reads. A site agrees when check-grad's rows carry exactly the
 part check-grad runs (estimator, placement, sign, clamp); the rules the surrounding code decides
 (KL007 aggregation, KL008 stale samples) are listed apart. Every finding is accounted for: a finding
 no lint record of the file explains is printed as not audited;
-a finding on a framework's flags (JSON `framework`) judges the framework's KL code, and is counted apart.
+a finding on a framework's flags (JSON `framework`) judges the framework's KL code, and one in a notebook
+is not code check-grad imports: both are counted apart.
 
     python scripts/agreement.py [--trees DIR] [--only verl] [--json OUT]
     python scripts/agreement.py --tree PATH [--tree PATH ...]   # any checkout, e.g. a corpus repository
@@ -51,6 +52,12 @@ def lint(tree: Path) -> tuple[list[dict], list[dict]]:
             [finding for finding in findings if finding.get("framework")])
 
 
+def in_notebook(finding: dict) -> bool:
+    """A finding in a Jupyter notebook: check-grad imports Python files, not notebooks (whose cells train at the
+    top level), so it is counted apart."""
+    return finding["filename"].endswith(".ipynb")
+
+
 class Timed:
     """check-grad in a child process per target, as the CLI runs it, with the seconds each took."""
 
@@ -74,12 +81,14 @@ def audit_tree(name: str, tree: Path) -> dict:
     lint_seconds = time.monotonic() - started
     timed = Timed()
     verdicts: list[Verdict] = []
+    notebooks = [finding for finding in findings if in_notebook(finding)]
+    findings = [finding for finding in findings if not in_notebook(finding)]
     for file in sorted({finding["filename"] for finding in findings}):
         verdicts += compare(file, timed)
     unexplained = [f for f in findings if not any(
         Path(v.site.path) == Path(f["filename"]).resolve() and v.site.line == f["location"]["row"]
         and f["code"] in v.lint_rules for v in verdicts)]
-    return {"name": name, "tree": str(tree), "findings": findings, "flags": flags, "verdicts": verdicts,
+    return {"name": name, "tree": str(tree), "findings": findings, "flags": flags, "notebooks": notebooks, "verdicts": verdicts,
             "unexplained": unexplained, "lint_seconds": lint_seconds, "audit_seconds": timed.seconds}
 
 
@@ -141,6 +150,8 @@ def print_result(result: dict) -> None:
     print(f"sites reported: {len(reported)}, audited: {len(sites_audited & reported)}; table rows: {len(rows)}, "
           f"audited {len(audited)}: agree {agree}, disagree {len(audited) - agree}; not audited {len(rows) - len(audited)}; "
           f"findings no lint record explains: {len(result['unexplained'])}")
+    if result["notebooks"]:
+        print(f"findings in notebooks, which check-grad does not import: {len(result['notebooks'])}")
     if result["flags"]:
         frameworks = sorted({finding["framework"].split(" (")[0] for finding in result["flags"]})
         print(f"findings on framework flags, whose KL code is the framework's: {len(result['flags'])} "
