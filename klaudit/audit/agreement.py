@@ -35,7 +35,7 @@ from klaudit.audit.roles import Role
 from klaudit.audit.runner import Target
 from klaudit.catalog import Aggregation, Returns, Sampling, defects
 from klaudit.lint.facts import is_literal, takes
-from klaudit.lint.query import InlineSite, KLSite, numeric_comparison, site_verdicts
+from klaudit.lint.query import InlineSite, KLSite, instance_switches, numeric_comparison, site_verdicts
 
 # (target, placements, {parameter: role}) -> check-grad's report; the roles are --bind overrides
 Audit = Callable[[Target, Sequence[str], Mapping[str, str]], Report]
@@ -112,6 +112,7 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
     targets: dict[KLSite, Target] = {}
     missing: dict[KLSite, str] = {}
     whole: set[Target] = set()
+    switched: dict[tuple[str, str], set[str]] = {}  # helper -> the switches it reads from its instance
     for site in sites:
         if site.inline and site not in to_slice:
             targets[site] = Target(path=path, qualname=site.function)
@@ -128,7 +129,13 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
         elif site.helpers():  # the outermost helper check-grad can call alone, else the function holding the sink
             why = {helper: auditable.why_not(*helper) for helper in site.helpers()}
             chosen = next((helper for helper, reason in why.items() if reason is None), None)
-            if chosen is not None:
+            if chosen is not None and chosen not in switched:
+                switched[chosen] = instance_switches(*chosen)
+            fixed = switched[chosen] - {name for name, _ in site.labels} if chosen is not None else set()
+            if chosen is not None and fixed:  # KLEstimator("k1") built by the caller: values the site has no label of
+                missing[site] = (f"{chosen[1]} reads {', '.join(sorted('self.' + name for name in fixed))} from an "
+                                 f"instance its caller builds, with a value the lint's record of the site does not name")
+            elif chosen is not None:
                 targets[site] = _helper_target(site, chosen)
             elif auditable.why_not(path, site.function) is None:  # what the helpers take is made in `function`:
                 targets[site] = Target(path=path, qualname=site.function)  # audited whole, as it forms the sink

@@ -66,7 +66,8 @@ class Binding:
     `sequence_zeros`: ZEROS parameters receive per-sequence zeros [B] instead of [B, T].
     `bool_masks`: MASK parameters receive the mask as booleans (for `torch.where(mask, ...)`), not floats.
     `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
-    and the audit is on-policy.
+    and the audit is on-policy. `instance_switches`: the switches among `switches` that are no parameter but
+    instance state the method reads, set on its bare instance for each mode (`set_instance_switches`).
     """
 
     roles: Mapping[str, Role]
@@ -75,6 +76,7 @@ class Binding:
     sequence_zeros: bool = False
     bool_masks: bool = False
     current_old: bool = False
+    instance_switches: frozenset = frozenset()  # switches a method reads from its instance (self.config.kl_penalty)
 
     @property
     def off_policy(self) -> bool:
@@ -248,6 +250,9 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
             unbound.append(name)
             continue
         roles[name] = role
+    instance = {name: tuple(values) for name, values in (switch_values or {}).items()
+                if name not in parameters and values and _INSTANCE_VALUES in type(getattr(fn, "__self__", None)).__dict__}
+    switches.update(instance)
     if unbound:
         raise BindError(
             f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {_name(fn)}; "
@@ -258,7 +263,7 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
         raise BindError(f"no parameter of {_name(fn)} receives the policy log-probs or logits; "
                         f"name it with --bind PARAM=logprobs")
     positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)
-    return Binding(roles, switches, positional_only, current_old=current_old)
+    return Binding(roles, switches, positional_only, current_old=current_old, instance_switches=frozenset(instance))
 
 
 def _name(fn: Callable) -> str:
@@ -268,6 +273,7 @@ def _name(fn: Callable) -> str:
 # ----- methods called on an instance whose __init__ did not run -----
 
 _DEFAULTED = "_klaudit_defaulted_attributes"
+_INSTANCE_VALUES = "_klaudit_instance_switches"  # the switch values a bare instance serves, per mode
 
 
 class Coefficient(float):
@@ -279,36 +285,82 @@ class Coefficient(float):
         return float(self)
 
 
-def bare_instance(owner: type) -> Any:
-    """An instance of (a subclass of) `owner` whose __init__ did not run, for auditing a method.
+def _not_set(owner: type, chain: str) -> AttributeError:
+    return AttributeError(
+        f"self.{chain} is not set: check-grad called a method of {owner.__qualname__} on an instance whose "
+        f"__init__ did not run, so only KL coefficients (read as 1) and the switches it reads exist on self; audit "
+        f"a function that takes {chain.rsplit('.', 1)[-1]} as a parameter")
 
-    A missing attribute named like a KL coefficient reads as 1.0 and is recorded (see
-    `defaulted_attributes`); any other missing attribute raises an AttributeError that says why it
-    is missing. Underscore names raise a plain AttributeError, so that classes whose own
-    __getattr__ reads private state (torch.nn.Module) do not recurse.
-    """
-    defaulted: list[str] = []
+
+class _StateView:
+    """Instance state a bare instance does not have (`self.config`), read through to the switch values of the
+    mode audited (`self.config.kl_penalty`) and KL coefficients; anything else raises the AttributeError of
+    `_not_set`, when it is used."""
+
+    def __init__(self, owner: type, chain: str, values: Mapping[str, Any]) -> None:
+        self._owner, self._chain, self._values = owner, chain, values
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in self._values:
+            return self._values[name]
+        if is_coefficient_name(name):
+            return Coefficient(1.0)
+        return _StateView(self._owner, f"{self._chain}.{name}", self._values)
+
+    def _missing(self, *args, **kwargs):
+        raise _not_set(self._owner, self._chain)
+
+    __call__ = __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _missing
+    __iter__ = __len__ = __getitem__ = __float__ = __int__ = __index__ = __neg__ = _missing
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _missing
+    __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _missing
+    __hash__ = None  # type: ignore[assignment]
+
+
+def bare_instance(owner: type) -> Any:
+    """An instance of (a subclass of) `owner` whose __init__ did not run, for auditing a method.
+
+    A missing attribute named like a KL coefficient reads as 1.0 and is recorded (see
+    `defaulted_attributes`); a switch the method reads from the instance reads as the value of the mode
+    audited (`set_instance_switches`), directly or through the state it is in (`self.config.kl_penalty`);
+    any other missing attribute raises an AttributeError that says why it is missing. Underscore names
+    raise a plain AttributeError, so that classes whose own __getattr__ reads private state
+    (torch.nn.Module) do not recurse.
+    """
+    defaulted: list[str] = []
+    values: dict[str, Any] = {}
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in values:
+            return values[name]
         if is_coefficient_name(name):
             if name not in defaulted:
                 defaulted.append(name)
             return Coefficient(1.0)
-        raise AttributeError(
-            f"self.{name} is not set: check-grad called a method of {owner.__qualname__} on an instance whose "
-            f"__init__ did not run, so only KL coefficients (read as 1) exist on self; audit a function that "
-            f"takes {name} as a parameter")
+        if values:  # state the switches may be read through
+            return _StateView(owner, name, values)
+        raise _not_set(owner, name)
 
     namespace = {"__getattr__": __getattr__, "__module__": owner.__module__, "__qualname__": owner.__qualname__,
-                 _DEFAULTED: defaulted}
+                 _DEFAULTED: defaulted, _INSTANCE_VALUES: values}
     subclass: Any  # a class made at run time: its own __new__ is called below, which mypy reads as type.__new__
     try:
         subclass = type(owner)(owner.__name__, (owner,), namespace)
     except Exception:  # a class that refuses subclasses (final metaclass): plain missing attributes
         subclass = owner
     return subclass.__new__(subclass)
+
+
+def set_instance_switches(fn: Callable, binding: Binding, mode: Mapping[str, Any]) -> None:
+    """Set the instance switches of `binding` to their values in `mode` on the bare instance of method `fn`."""
+    values = getattr(type(getattr(fn, "__self__", None)), _INSTANCE_VALUES, None)
+    if values is not None and binding.instance_switches:
+        values.clear()
+        values.update((name, mode[name]) for name in binding.instance_switches if name in mode)
 
 
 def defaulted_attributes(fn: Callable) -> list[str]:

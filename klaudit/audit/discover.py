@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from klaudit.audit.bind import POLICY_ROLES, Role, read_over_vocabulary, role_from_name, takes_the_policy
-from klaudit.lint.signatures import Parameter
+from klaudit.lint.signatures import Parameter, Signature
 
 _REFERENCE_ROLES = (Role.REF_LOGPROBS, Role.REF_LOGITS, Role.REF_VOCAB_LOGPROBS)
 _SCALAR_ANNOTATIONS = ("str", "bool", "float", "int")
@@ -68,16 +68,28 @@ def discover_kl_functions(path: str) -> Discovery:
             unbound = [name for name in unbound if name not in switches]
         if unbound:
             lacks.append(f"{_listed(unbound)} {'does' if len(unbound) == 1 else 'do'} not bind by name")
-        if function.state:
-            lacks.append(f"it reads instance state {_listed('self.' + name for name in function.state)}")
+        state = _state_not_switched(path, function) if function.state else []
+        if state:
+            lacks.append(f"it reads instance state {_listed('self.' + name for name in state)}")
         if lacks:
-            advice = ("audit the KL helper it calls instead" if function.state else
+            advice = ("audit the KL helper it calls instead" if state else
                       f"name it with ::{function.qualname} and say what its parameters are with --bind PARAM=ROLE")
             discovery.skipped.append(f"{path}::{function.qualname} computes a KL term but cannot be called alone "
                                      f"({'; '.join(lacks)}): {advice}")
         else:
             discovery.auditable.append(function.qualname)
     return discovery
+
+
+def _state_not_switched(path: str, function: Signature) -> list[str]:
+    """The instance state a method reads other than the switches its KL terms are labelled with (`self.config`
+    read only as `self.config.kl_penalty`, compared with "kl", "abs" ...): a bare instance serves those."""
+    from klaudit.lint.query import switch_values
+
+    leaves = set(switch_values(path, function.qualname))
+    return [name for name in function.state
+            if not any(chain.split(".")[0] == name for chain in function.chains)
+            or any(chain.split(".")[0] == name and chain.rsplit(".", 1)[-1] not in leaves for chain in function.chains)]
 
 
 def _listed(names, shown: int = 4) -> str:

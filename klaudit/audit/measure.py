@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from klaudit.audit.batch import Batch, required
-from klaudit.audit.bind import Binding, Role, defaulted_attributes, only_sampling_policy
+from klaudit.audit.bind import Binding, Role, defaulted_attributes, only_sampling_policy, set_instance_switches
 from klaudit.audit.confine import memory_note
 from klaudit.audit.exact import MATCH_ORDER, ExactProblem, cosine, match_objective, positive_multiple, relerr
 from klaudit.audit.fingerprint import (
@@ -152,6 +152,7 @@ class Term:
     def __call__(self, batch: Batch) -> torch.Tensor:
         """The result as a tensor [B, T], [B] or [], checked for type, shape and finiteness."""
         args, kwargs = self.binding.arguments_for(batch, self.mode)
+        set_instance_switches(self.fn, self.binding, self.mode)
         try:
             result = self.fn(*args, **kwargs)
         except NotImplementedError as error:
@@ -216,6 +217,7 @@ def expand_entries(term: Term, batch: Batch) -> list[Term]:
     if ENTRY in term.binding.roles:
         return [term]
     args, kwargs = term.binding.arguments_for(batch, term.mode)
+    set_instance_switches(term.fn, term.binding, term.mode)
     try:
         result = term.fn(*args, **kwargs)
     except (Exception, SystemExit):  # the user's code: its failure is reported by the checked call

@@ -31,8 +31,10 @@ from klaudit.lint.facts import (
     SwitchValue,
     Value,
     bare_parameter_facts,
+    is_excluded,
     is_literal,
     param_facts,
+    takes,
     tensor,
 )
 from klaudit.lint.flow import registered_names
@@ -385,6 +387,7 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
         env[own] = (tensor(algebra.Poly.atom(vocabulary)),) if vocabulary is not None else param_facts(param, may_be_none=True) or \
             bare_parameter_facts(own, names) or (() if own in ("self", "cls") else (Fact(role="str", name=own),))
     switches = {own for own, facts in env.items() if any(f.role in ("str", "bool") for f in facts)}
+    switches |= _instance_switches(tree, func, cls)
     try:
         outcome = analyzer.call(module, func, cls, env)
     except RecursionError:
@@ -395,14 +398,20 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
     facts += [fact for sink in outcome.sinks for fact in _kl_facts(sink.facts) if config_of(fact, sink.kind)]
     values: dict[str, list[SwitchValue | float]] = {}
     others: dict[str, set[float]] = {}  # a switch -> the numbers it is compared with, where a term needs none of them
+    unnamed: dict[str, list[list[tuple[SwitchValue, ...]]]] = {}  # a switch -> the exclusions selecting a term
     for fact in facts:
         numbers: dict[str, list[tuple[float, SwitchValue]]] = {}
+        excluded: dict[str, list[tuple[SwitchValue, ...]]] = {}
         for label, chosen in fact.labels:
             compared = numeric_comparison(label)
             if compared is not None and compared[0] in switches:
                 numbers.setdefault(compared[0], []).append((compared[1], chosen[0]))
             elif label in switches:
                 values.setdefault(label, []).extend(v for v in chosen if is_literal(v))
+                if chosen and all(is_excluded(v) for v in chosen):
+                    excluded.setdefault(label, []).append(chosen)
+        for switch, exclusions in excluded.items():
+            unnamed.setdefault(switch, []).append(exclusions)
         for switch, tested in numbers.items():
             equal = [number for number, truth in tested if truth is True]
             values.setdefault(switch, []).extend(equal)
@@ -414,7 +423,41 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
     for switch, tested_numbers in others.items():  # a value that takes the branch where every comparison is false
         low = sorted(tested_numbers)
         ordered.setdefault(switch, []).append((low[0] + low[1]) / 2 if len(low) > 1 else low[0] + 1.0)
+    defaults = {param.name.value: str(param.default.evaluated_value) for param in params(func)
+                if isinstance(param.default, cst.SimpleString)}
+    for switch, branches in unnamed.items():  # a term selected by a value none of the literals is: one such value
+        for exclusions in branches:
+            known: list[SwitchValue | float] = ordered.get(switch, []) + ([defaults[switch]] if switch in defaults else [])
+            if not any(not isinstance(value, float) and all(takes(value, chosen) for chosen in exclusions)
+                       for value in known):
+                ordered.setdefault(switch, []).append(_other_value(known))
     return ordered
+
+
+def _other_value(taken: Sequence[SwitchValue | float]) -> str:
+    """A string switch value none of `taken` is: the branch a switch takes past every value the code names."""
+    return next(name for name in ("other", *(f"other{n}" for n in range(1, len(taken) + 2))) if name not in taken)
+
+
+def instance_switches(path: str, qualname: str) -> set[str]:
+    """The switches the method `qualname` of `path` reads from its instance (`self.config.kl_penalty`), with
+    values its KL terms are labelled with."""
+    file = Path(path).resolve()
+    tree = Project([package_root(file)]).parse(file)
+    func = _function(tree, qualname) if tree is not None else None
+    if tree is None or func is None or "." not in qualname:
+        return set()
+    return _instance_switches(tree, func, qualname.rpartition(".")[0]) & set(switch_values(path, qualname))
+
+
+def _instance_switches(tree: cst.Module, func: cst.FunctionDef, cls: str | None) -> set[str]:
+    """The names a method reads from instance state (`self.config.kl_penalty`: `kl_penalty`), followed as switches
+    under that name: check-grad sets them on the instance it calls the method on (klaudit.audit.bind)."""
+    if cls is None:
+        return set()
+    qualname = f"{cls}.{func.name.value}"
+    found = next((signature for signature in signatures(tree) if signature.qualname == qualname), None)
+    return {chain.rsplit(".", 1)[-1] for chain in found.chains} if found is not None else set()
 
 
 def _written_at(value: SwitchValue | float, source: str) -> tuple[int, float, int]:

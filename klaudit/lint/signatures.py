@@ -30,6 +30,8 @@ class Signature:
     qualname: str
     parameters: tuple[Parameter, ...]
     state: tuple[str, ...] = ()
+    # each read of that state as the attribute chain below `self` (`config.kl_penalty` for self.config.kl_penalty)
+    chains: tuple[str, ...] = ()
 
 
 def signatures(tree: cst.Module) -> Iterator[Signature]:
@@ -42,8 +44,9 @@ def signatures(tree: cst.Module) -> Iterator[Signature]:
             attributes = _class_attributes(stmt)
             for item in methods.values():
                 static = _is_static(item)
-                state = () if static else _state_read(item, methods, attributes)
-                yield Signature(f"{stmt.name.value}.{item.name.value}", _parameters(item, method=not static), state)
+                state, chains = ((), ()) if static else _state_read(item, methods, attributes)
+                yield Signature(f"{stmt.name.value}.{item.name.value}", _parameters(item, method=not static), state,
+                                chains)
 
 
 def _parameters(func: cst.FunctionDef, method: bool) -> tuple[Parameter, ...]:
@@ -69,11 +72,14 @@ def _class_attributes(classdef: cst.ClassDef) -> set[str]:
 
 
 class _SelfReads(cst.CSTVisitor):
-    """`self.name` read (not assigned) in a function body, and the `self` methods it calls."""
+    """`self.name` read (not assigned) in a function body, and the `self` methods it calls; with the longest
+    attribute chain each read belongs to (`config.kl_penalty`)."""
 
     def __init__(self) -> None:
         self.read: dict[str, None] = {}
+        self.chains: dict[str, None] = {}
         self.assigned: set[int] = set()
+        self._inner: set[int] = set()  # attributes inside a longer chain already recorded
 
     def visit_Assign(self, node: cst.Assign) -> None:
         self.assigned |= {id(target.target) for target in node.targets}
@@ -85,12 +91,23 @@ class _SelfReads(cst.CSTVisitor):
         self.assigned.add(id(node.target))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if isinstance(node.value, cst.Name) and node.value.value == "self" and id(node) not in self.assigned:
-            self.read[node.attr.value] = None
+        if id(node) in self._inner:
+            return
+        chain, inner = dotted(node), node
+        while isinstance(inner.value, cst.Attribute):
+            inner = inner.value
+            self._inner.add(id(inner))
+        if isinstance(inner.value, cst.Name) and inner.value.value == "self" and id(inner) not in self.assigned:
+            self.read[inner.attr.value] = None
+            if chain and id(node) not in self.assigned:
+                self.chains[chain.partition(".")[2]] = None
 
 
-def _state_read(method: cst.FunctionDef, methods: dict[str, cst.FunctionDef], attributes: set[str]) -> tuple[str, ...]:
+def _state_read(method: cst.FunctionDef, methods: dict[str, cst.FunctionDef],
+                attributes: set[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The instance attributes `method` and the `self` methods it calls read, and the chains they are read by."""
     read: dict[str, None] = {}
+    chains: dict[str, None] = {}
     pending, visited = [method], set()
     while pending:
         func = pending.pop()
@@ -104,4 +121,5 @@ def _state_read(method: cst.FunctionDef, methods: dict[str, cst.FunctionDef], at
                 pending.append(methods[name])
             elif name not in attributes and not is_coefficient_name(name):
                 read[name] = None
-    return tuple(read)
+        chains.update((chain, None) for chain in reads.chains if chain.split(".")[0] in read)
+    return tuple(read), tuple(chains)

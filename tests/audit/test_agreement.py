@@ -27,19 +27,12 @@ FILES = sorted(str(path.relative_to(ROOT)) for folder in ("fixtures/bad", "fixtu
                for path in (ROOT / folder).rglob("*.py"))
 
 # Known disagreements, file -> why (a new one fails, an old one that agrees again must leave).
-KNOWN: dict[str, str] = {
-    # k3 rebuilt in place under the k1's loss name (kl = -kl; kl = kl.exp() - 1 - kl): check-grad
-    # follows the term stored at line 18 into its k3 branch (PFWD); the lint reports that branch
-    # where the k3 is formed (line 22), so the site of line 18 has no lint verdict for it
-    "fixtures/bad/inplace_k3_flags.py": "k3 reported where it is formed, not at the k1 line it was rebuilt from",
-}
+KNOWN: dict[str, str] = {}
 
 # file -> number of (site, branch) records check-grad cannot run, and why (in words)
 NOT_AUDITED = {
-    "fixtures/bad/callable_kl_estimator.py": 12,  # KLEstimator.__call__ reads self.kl_estimator
     "fixtures/bad/grpo_kl_double_counted.py": 1,  # the k1 reward's step multiplies it by beta_loss, bound by no name
     "fixtures/bad/gspo_token_rollout_fill.py": 1,  # the rollout's KL, stored for the loss
-    "fixtures/bad/inplace_k3_flags.py": 3,  # the loss method reads its flags from instance state (self.args)
     "fixtures/bad/keyed_batch_kl.py": 4,  # a batch key written and read elsewhere
     "fixtures/bad/last_token_kl.py": 3,  # the reward method needs the models
     "fixtures/bad/length_normalized_kl.py": 1,  # the loss method needs the models
@@ -49,7 +42,7 @@ NOT_AUDITED = {
     "fixtures/bad/rloo_wrong_sign.py": 2,  # the rollout needs the models
     "fixtures/bad/sequence_level_kl.py": 3,  # the method's parameter seq_logps binds by no name
     "fixtures/bad/triton_grpo_kernel.py": 1,  # a Triton kernel: the term is formed from a loaded chunk of pointers
-    "fixtures/fixed/callable_kl_estimator.py": 4,
+    "fixtures/fixed/callable_kl_estimator.py": 4,  # KLEstimator("k1"): the caller fixes the switch self.kl_estimator
     "fixtures/fixed/keyed_batch_kl.py": 4,
     "fixtures/fixed/last_token_kl.py": 3,
     "fixtures/fixed/length_normalized_kl.py": 1,

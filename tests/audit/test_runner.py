@@ -295,3 +295,46 @@ def test_a_file_whose_helper_takes_configs_is_audited_through_the_estimator_insi
             if row.target == "tests/audit/data/clamped_distill_pkg/estimators.py::kl_term"}
     assert loss == {"k1": ("ZERO", "KL001"), "k2": ("PART", "KL003"), "k3": ("PFWD", "KL002")}
     assert not any(note.startswith("/") for note in report.notes)  # no absolute paths
+
+
+INSTANCE_SWITCHED = '''
+import torch
+
+
+class PPOTrainer:
+    def compute_rewards(self, scores, logprobs, ref_logprobs, masks):
+        rewards = -self.kl_ctl.value * self._kl_penalty(logprobs, ref_logprobs)
+        rewards[:, -1] += scores
+        return rewards
+
+    def _kl_penalty(self, logprob, ref_logprob):
+        if self.config.kl_penalty == "abs":
+            return (logprob - ref_logprob).abs()
+        if self.config.kl_penalty == "mse":
+            return 0.5 * (logprob - ref_logprob).square()
+        return logprob - ref_logprob
+
+    def tempered_penalty(self, logprob, ref_logprob):
+        if self.config.kl_penalty == "abs":
+            return (logprob - ref_logprob).abs() / self.config.temperature
+        return (logprob - ref_logprob) / self.config.temperature
+'''
+
+
+def test_a_method_reading_its_switch_from_instance_state_is_audited_at_each_value(tmp_path):
+    """TRL's PPOTrainer before 0.12: compute_rewards calls self._kl_penalty, which branches on
+    self.config.kl_penalty. The bare instance serves each value the lint labels the KL terms with, and the
+    value past every named one ("other": the k1 fall-through): k1 in the reward is row 6 (REV), |log-ratio|
+    and k2 are row 9 and 8 (KL004). State that is no switch (self.config.temperature) keeps the method from
+    being called alone, and names itself when read."""
+    path = tmp_path / "ppo_trainer.py"
+    path.write_text(INSTANCE_SWITCHED)
+    found = discover_kl_functions(str(path))
+    assert found.auditable == ["PPOTrainer.compute_rewards", "PPOTrainer._kl_penalty"]
+    assert any("::PPOTrainer.tempered_penalty " in line and "self.config" in line for line in found.skipped)
+    report = audit_target(Target(path=str(path), qualname="PPOTrainer.compute_rewards"))
+    assert report.errors == []
+    assert sorted((row.mode["kl_penalty"], row.placement, row.objective, row.rule) for row in report.results) == [
+        ("abs", "reward", "OTHER", "KL004"), ("mse", "reward", "OTHER", "KL004"), ("other", "reward", "REV", None)]
+    failed = audit_target(Target(path=str(path), qualname="PPOTrainer.tempered_penalty"), placements=("reward",))
+    assert failed.errors and "self.config.temperature is not set" in failed.errors[0]

@@ -188,3 +188,25 @@ def test_an_evaluation_loss_under_no_grad_has_no_record(tmp_path):
     """)
     assert {(site.function, site.rules) for site in site_verdicts(str(source))} == {
         ("Trainer._compute_loss", ("KL002",))}
+
+
+def test_a_term_past_every_named_value_gets_a_value_of_its_own(tmp_path):
+    """`if mode == "k3": ... else: k1`: the k1 term is selected by any value but "k3", so check-grad audits one
+    ("other"), unless the parameter's default already selects it."""
+    from klaudit.lint.query import switch_values
+
+    source = _write(tmp_path, "kl.py", """
+    def kl(log_probs, ref_log_probs, mode):
+        if mode == "k3":
+            log_ratio = ref_log_probs - log_probs
+            return log_ratio.exp() - 1 - log_ratio
+        return log_probs - ref_log_probs
+
+    def kl_with_default(log_probs, ref_log_probs, mode="k1"):
+        if mode == "k3":
+            log_ratio = ref_log_probs - log_probs
+            return log_ratio.exp() - 1 - log_ratio
+        return log_probs - ref_log_probs
+    """)
+    assert switch_values(str(source), "kl") == {"mode": ["k3", "other"]}
+    assert switch_values(str(source), "kl_with_default") == {"mode": ["k3"]}
