@@ -281,12 +281,10 @@ def _simple_statements(body: list) -> list[ast.stmt]:
     """Every non-compound statement of a body, nested ones too, in source order."""
     out = []
     for statement in body:
-        if isinstance(statement, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
-            for field in ("body", "orelse", "finalbody"):
-                out += _simple_statements(getattr(statement, field, []))
-            for handler in getattr(statement, "handlers", []):
-                out += _simple_statements(handler.body)
-        elif not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        blocks = _blocks(statement)
+        for block in blocks:
+            out += _simple_statements(block)
+        if not blocks and not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.append(statement)
     return sorted(out, key=lambda s: s.lineno)
 
@@ -308,24 +306,30 @@ def _names_read(nodes) -> set[str]:
 
 def _reads(statement: ast.stmt, function: _Function) -> set[str]:
     """Names a kept statement reads, with those of the `if` tests that enclose it in the function."""
-    return _names_read([statement, *_enclosing_tests(function.body, statement)]) - {"self"}
+    return _names_read([statement, *(_enclosing_tests(function.body, statement) or [])]) - {"self"}
 
 
-def _enclosing_tests(body: list, target: ast.stmt) -> list[ast.expr]:
+def _enclosing_tests(body: list, target: ast.stmt) -> list[ast.expr] | None:
+    """The tests of the `if` statements around `target` in `body`, outermost first; None when it is not there.
+    Every block a statement holds is searched: loops, `with`, `try` and its handlers, `match` cases."""
     for statement in body:
         if statement is target:
             return []
-        if isinstance(statement, ast.If):
-            for branch in (statement.body, statement.orelse):
-                inner = _enclosing_tests(branch, target)
-                if inner is not None:
-                    return [statement.test, *inner]
-        elif isinstance(statement, (ast.For, ast.While, ast.With, ast.Try)):
-            for field in ("body", "orelse", "finalbody"):
-                inner = _enclosing_tests(getattr(statement, field, []), target)
-                if inner is not None:
-                    return inner
-    return None  # type: ignore[return-value]
+        for block in _blocks(statement):
+            inner = _enclosing_tests(block, target)
+            if inner is not None:
+                return [statement.test, *inner] if isinstance(statement, ast.If) else inner
+    return None
+
+
+def _blocks(statement: ast.stmt) -> list[list[ast.stmt]]:
+    """The statement lists `statement` holds (not those of a nested function or class: another scope)."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return []
+    blocks = [getattr(statement, name) for name in ("body", "orelse", "finalbody") if getattr(statement, name, None)]
+    blocks += [handler.body for handler in getattr(statement, "handlers", [])]
+    blocks += [case.body for case in getattr(statement, "cases", [])]
+    return blocks
 
 
 def _computable(statement: ast.stmt, outside: set[str]) -> bool:

@@ -175,3 +175,43 @@ def test_check_grad_audits_a_kl_formed_through_a_helper():
     (row,) = report.results
     assert report.errors == [] and (row.objective, row.rule) == ("PART", "KL003")
     assert row.configuration.startswith("k2 differentiated as a loss, token-sum")
+
+
+def test_the_tests_around_a_statement_in_an_except_handler_are_found():
+    """`_enclosing_tests` searches every block a statement holds: a statement in an `except` handler inside an
+    `if` has that `if`'s test (PhilSaad333/RL_Practice's step logged a failure in a handler after its KL term; the
+    handler was not searched and the cut crashed)."""
+    from klaudit.audit.inline import _enclosing_tests
+
+    function = ast.parse(
+        "def step(self, probe):\n"
+        "    if probe:\n"
+        "        try:\n"
+        "            self.finalize()\n"
+        "        except Exception as error:\n"
+        "            print(error)\n").body[0]
+    handler_statement = function.body[0].body[0].handlers[0].body[0]
+    assert [ast.unparse(test) for test in _enclosing_tests(function.body, handler_statement)] == ["probe"]
+    assert _enclosing_tests(function.body[0].body, function.body[0]) is None
+
+
+def test_a_term_formed_in_a_match_case_is_cut_out(tmp_path):
+    """A step that picks its estimator in a `match` statement: its cases are searched like an `if`'s branches
+    (the `match` used to be kept whole, as if one statement that assigns no one variable)."""
+    (tmp_path / "step.py").write_text(
+        "import torch\n\n\n"
+        "class Trainer:\n"
+        "    def training_step(self, model, batch, logprobs, ref_logprobs, mask, estimator):\n"
+        "        ref = ref_logprobs.detach()\n"
+        "        match estimator:\n"
+        "            case 'k3':\n"
+        "                log_ratio = ref - logprobs\n"
+        "                kl = log_ratio.exp() - 1 - log_ratio\n"
+        "            case _:\n"
+        "                kl = logprobs - ref\n"
+        "        if self.kl_coef > 0:\n"
+        "            loss = (kl * mask).sum() / mask.sum()\n"
+        "            loss.backward()\n"
+        "        return model\n")
+    slices, failures = inline_slices(str(tmp_path / "step.py"))
+    assert failures == [] and slices and all(piece.qualname == "Trainer.training_step" for piece in slices)
