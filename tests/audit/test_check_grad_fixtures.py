@@ -21,6 +21,7 @@ from klaudit.audit.discover import discover_kl_functions  # noqa: E402
 from klaudit.audit.runner import Target, audit_target, used_placements  # noqa: E402
 from klaudit.catalog import Aggregation, Config, Returns, Sampling, defects  # noqa: E402
 from klaudit.describe import describe  # noqa: E402
+from klaudit.lint.facts import takes  # noqa: E402
 from klaudit.lint.query import kl_functions, uses_of  # noqa: E402
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -71,9 +72,13 @@ EXPECTED = {
                                                   (True, True): K3}},
     "reinforce_pp_clamped.py": {"compute_kl": {(): K1}},  # the fixed twin; the bad one clamps (BAD)
     "verl_ray_trainer.py": {"kl_penalty": {(name,): VERL_PENALTY[name] for name in VERL_PENALTY}},
+    # the estimator object reads its switch from self.kl_estimator: each value the code names, and k1 past them
+    "callable_kl_estimator.py": {"KLEstimator.__call__": {("k2",): K2, ("k3",): K3, ("other",): K1}},
 }
 BAD = {
     **EXPECTED,
+    # (use_kl_estimator_k3, use_kl_loss) read from self.args; without the KL loss the result is 0.0, no term
+    "inplace_k3_flags.py": {"Actor.kl_loss_of": {(False, True): {"loss": K1["loss"]}, (True, True): {"loss": K3["loss"]}}},
     "grpo_pkg/loss.py": {"grpo_loss": {(): {"loss": K3["loss"]}}},  # row 3; token-mean of a large batch, row 20
     "k3_loss_and_reward_clamped.py": {"low_var_kl": {(): LOW_VAR_KL}},
     "listwise_kl_rewards.py": {"approx_kl": {(): K3}},
@@ -132,6 +137,7 @@ USED = {
     "bad/openrlhf_kl_flags.py::compute_approx_kl": {"loss", "reward"},  # algo.kl.use_loss switches between them
     "fixed/openrlhf_kl_flags.py::compute_approx_kl": set(),  # only logged: the fix uses klaudit.estimators
     "fixed/ppo_gae_trainer.py::PPOTrainer.compute_rewards": {"reward"},
+    "bad/callable_kl_estimator.py::KLEstimator.__call__": {"reward"},
 }
 
 
@@ -230,11 +236,15 @@ def _split(target: str) -> tuple[str, str]:
 
 def _selects(use, row) -> bool:
     """Whether the switch values of a use select a row's mode. The lint names a switch as the caller
-    spells it (`kl_penalty=config.kl_loss_type`), so a mode value must be among the use's values of
-    the helper's parameter of that name, or of any of its switches when none has that name."""
-    named = dict(use.labels)
+    spells it (`kl_penalty=config.kl_loss_type`), so a mode value must be taken by the use's values of
+    the helper's parameter of that name (a literal, or none of the excluded ones: `!=k2`), or be among the
+    values of any of its switches when none has that name."""
     values = {value for _, choices in use.labels for value in choices}
-    return all(value in named.get(name, values) for name, value in row.mode.items())
+    for name, value in row.mode.items():
+        named = [choices for label, choices in use.labels if label == name]
+        if not (all(takes(value, choices) for choices in named) if named else value in values):
+            return False
+    return True
 
 
 @pytest.fixture(scope="module")
