@@ -245,6 +245,10 @@ CATALOG: tuple[Row, ...] = (
     _row("2", "exact per-step KL as loss", _loss(E.FULL), Objective.PART, "KL003", _PARTIAL, FIX_RB_LOSS),
     _row("2", "ratio * k3 as loss", _loss(E.RATIO_K3), Objective.PART, "KL003",
          "the score-weighted k3 has the local gradient of the reverse KL only: " + _PARTIAL, FIX_K3_LOSS),
+    _row("2", "ratio * k1 as loss: k1 as loss + k1 in reward, same token", Config(loss=E.K1, reward=E.K1,
+                                                                                 returns=Returns.LOCAL),
+         Objective.PART, "KL003", "the score-weighted k1 (k1 * exp(logp - sg(logp))) is a zero-mean score plus a k1 "
+         "reward on its own token: " + _PARTIAL, FIX_K1_LOSS),
     _row("3", "k3 as loss", _loss(E.K3), Objective.PFWD, "KL002",
          "k3 = r - 1 - log r differentiated gives E[(1 - r) score] = grad of the per-token forward KL "
          "KL(ref || pi) at the policy's prefixes, not grad KL(pi || ref)", FIX_K3_LOSS),
@@ -308,6 +312,11 @@ CATALOG: tuple[Row, ...] = (
          "a k3 weighted by exp of the mean log-ratio over the response (value 1, gradient score / L) gives "
          "k3's pathwise gradient (PFWD) plus the whole sequence's k3 times its score divided by its length: the "
          "score-function half of R-C is cut by 1/L, so the sum follows no KL objective", FIX_K3_LOSS),
+    _row("13c", "ratio * k2 as loss: k2 as loss + k2 in reward, same token", Config(loss=E.K2, reward=E.K2,
+                                                                                   returns=Returns.LOCAL),
+         Objective.OTHER, "KL009", "the score-weighted k2 (k2 * exp(logp - sg(logp))) differentiated gives k2's "
+         "pathwise gradient (PART) plus k2 values times their own token's score: the sum follows no KL objective",
+         FIX_K1_LOSS),
     _row("14", "k3 as loss + k1 in reward", Config(loss=E.K3, reward=E.K1), Objective.OTHER, "KL006",
          "k1 in the reward is already the whole gradient; the k3 loss adds the per-token forward-KL gradient "
          "on top (REV + PFWD)", FIX_DOUBLE, identity={Target.REV: 1.0, Target.PFWD: 1.0}),

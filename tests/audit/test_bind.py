@@ -454,6 +454,23 @@ def test_an_importance_ratio_input_is_bound_as_the_ratio_to_the_sampling_policy(
     assert [(row.objective, row.rule) for row in plain.results] == [("PFWD", "KL002")]
 
 
+def test_score_weighted_k1_and_k2_are_recognised_per_sample():
+    """k1 and k2 multiplied by exp(logp - sg(logp)) (NeMo-RL from 0.7; slime's compute_approx_kl with an
+    importance ratio, on-policy) are catalog rows: ratio*k1 is row 2 (PART, KL003), ratio*k2 row 13c (OTHER,
+    KL009); check-grad names them instead of reporting an unrecognised per-sample gradient."""
+    import klaudit.audit
+
+    def k1_scored(log_probs, ref_log_probs):
+        return (log_probs - ref_log_probs) * torch.exp(log_probs - log_probs.detach())
+
+    def k2_scored(log_probs, ref_log_probs):
+        return 0.5 * (log_probs - ref_log_probs) ** 2 * torch.exp(log_probs - log_probs.detach())
+
+    rows = {fn.__name__: [(row.objective, row.rule, "same-token" in row.configuration)
+                          for row in klaudit.audit.check(fn, "loss").results] for fn in (k1_scored, k2_scored)}
+    assert rows == {"k1_scored": [("PART", "KL003", True)], "k2_scored": [("OTHER", "KL009", True)]}
+
+
 def _tiny_batch():
     from klaudit.audit.batch import Batch
 
