@@ -132,7 +132,56 @@ def _import_file(path: str, origin: str | None = None) -> tuple[ModuleType, dict
             except Exception:
                 pass
             raise
-    return import_with_stubs(lambda: _import_alone(file), own=alone, audited=alone[0])
+    try:
+        return import_with_stubs(lambda: _import_alone(file), own=alone, audited=alone[0])
+    except ImportError as error:
+        if "relative import" not in str(error):
+            raise
+    parent = _parent_packages(file)[-1]
+    module, stubbed = import_with_stubs(lambda: _import_in_parents(file), own=(_PARENTS,), audited=f"{parent}.{file.stem}")
+    return module, {_as_relative(name, parent): why for name, why in stubbed.items()}
+
+
+def _as_relative(name: str, package: str) -> str:
+    """A stubbed module under `_PARENTS` as the file's relative import spells it (`..core`, `.BaseTrainer`)."""
+    if not name.startswith(_PARENTS + "."):
+        return name
+    parts, own = name.split("."), package.split(".")
+    common = next((n for n, (a, b) in enumerate(zip(parts, own)) if a != b), min(len(parts), len(own)))
+    return "." * (len(own) - common + 1) + ".".join(parts[common:])
+
+
+_PARENTS = "_klaudit_parents"  # the packages a module with relative imports but no __init__.py is imported in
+_PARENT_LEVELS = 3  # its directory and the two above it: `from ..core import x` reaches one level up
+
+
+def _parent_packages(file: Path) -> list[str]:
+    """The names of the packages `_import_in_parents` nests `file` in, outermost first."""
+    levels = min(_PARENT_LEVELS, len(file.parents))
+    return [".".join([_PARENTS, *(f"level{n}" for n in range(1, depth + 1))]) for depth in range(levels)]
+
+
+def _import_in_parents(file: Path) -> ModuleType:
+    """Import `file`, whose directory has no __init__.py but whose code imports relatively (a copy of a framework's
+    trainer kept in a scripts folder), inside packages whose paths are its directory and the ones above it: `from
+    .utils import x` reads the file beside it, `from ..core import y` the one above, and what is not there is
+    stubbed as any module of the user's that does not import."""
+    names = _parent_packages(file)
+    directories = [file.parent, *file.parent.parents][:len(names)][::-1]  # outermost first, as `names`
+    for name in [name for name in sys.modules if name == _PARENTS or name.startswith(_PARENTS + ".")]:
+        del sys.modules[name]  # another file's parents: never mixed
+    for name, folder in zip(names, directories):
+        package = ModuleType(name)
+        package.__path__ = [str(folder)]
+        package.__package__ = name
+        sys.modules[name] = package
+    spec = importlib.util.spec_from_file_location(f"{names[-1]}.{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{file}: not importable as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _forget_other_package(package: str, directory: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import inspect
+import re
 import sys
 import types
 from collections.abc import Callable, Collection
@@ -82,6 +83,11 @@ class StubModule(types.ModuleType):
         if attr.startswith("__"):
             raise AttributeError(attr)
         return Stub(f"{self.__name__}.{attr}", self.__finder)
+
+    def __mro_entries__(self, bases):
+        if not self.__finder.importing:
+            raise self.__finder.used(self.__name__)
+        return ()  # `class PPOTrainer(BaseTrainer)` with BaseTrainer stubbed as a name its package lacks
 
 
 class Stub:
@@ -188,11 +194,17 @@ def failing_dependency(error: BaseException, protected: Collection[str], audited
     top = name.split(".")[0] if name else None
     if name is not None and top in protected and audited and not _holds(name, audited):
         return name
+    missing = _MISSING_NAME.match(str(error)) if isinstance(error, ImportError) else None
+    if name is not None and top in protected and missing is not None:
+        return f"{name}.{missing.group(1)}"  # `from . import BaseTrainer`, which the package it holds lacks
     if top is None or top in protected or top in sys.stdlib_module_names:
         return None
     if top in NEVER_STUBBED:
         return name if name in OPTIONAL_TORCH_PARTS else None
     return name
+
+
+_MISSING_NAME = re.compile(r"cannot import name '(\w+)' from")
 
 
 def _holds(name: str, audited: str) -> bool:

@@ -160,3 +160,33 @@ def test_a_users_module_whose_call_into_an_installed_library_raises_at_import_is
     assert "stubbed: klaudit_fixture_hub_config.reward (" in note and "libcst" not in note.split(" (")[0]
     for name in [name for name in sys.modules if name.startswith("klaudit_fixture_hub_config")]:
         monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_copied_module_with_relative_imports_outside_any_package_is_audited(tmp_path, monkeypatch):
+    """A framework's trainer copied into a scripts folder with no __init__.py keeps its relative imports: it is
+    imported inside packages whose paths are its folder and the ones above it, so the file beside it is read
+    for real, and what is not on disk (`..core`, a name the package would export) is stubbed, named as the file
+    spells it."""
+    scripts = tmp_path / "project" / "scripts"
+    scripts.mkdir(parents=True)
+    (scripts / "utils.py").write_text("def masked_sum(values, mask):\n    return (values * mask).sum(-1)\n")
+    (scripts / "ppo_trainer.py").write_text(
+        "from ..core import logprobs_from_logits\n"
+        "from . import BaseTrainer\n"
+        "from .utils import masked_sum\n\n\n"
+        "class PPOTrainer(BaseTrainer):\n"
+        "    def kl_reward(self, logprobs, ref_logprobs, mask):\n"
+        "        return masked_sum((logprobs - ref_logprobs).detach(), mask)\n")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the stub finder leaves with the test
+    report = audit_target(Target(path=str(scripts / "ppo_trainer.py"), qualname="PPOTrainer.kl_reward"),
+                          placements=("reward",))
+    assert report.errors == [] and [(row.objective, row.unbiased) for row in report.results] == [("REV", True)]
+    (note,) = [note for note in report.notes if "stubbed:" in note]
+    assert "stubbed: ..core, .BaseTrainer (" in note
+    for name in [name for name in sys.modules if name.startswith("_klaudit_parents")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_name_the_audited_modules_own_package_lacks_is_stubbed_as_its_submodule():
+    error = ImportError("cannot import name 'BaseTrainer' from 'trl.trainer' (unknown location)", name="trl.trainer")
+    assert failing_dependency(error, {"trl"}, "trl.trainer.ppo_trainer") == "trl.trainer.BaseTrainer"
