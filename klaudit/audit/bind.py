@@ -67,7 +67,8 @@ class Binding:
     `bool_masks`: MASK parameters receive the mask as booleans (for `torch.where(mask, ...)`), not floats.
     `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
     and the audit is on-policy. `instance_switches`: the switches among `switches` that are no parameter but
-    instance state the method reads, set on its bare instance for each mode (`set_instance_switches`).
+    read from instance state (set on the bare instance for each mode, `set_instance_switches`) or from a
+    parameter bound as SWITCHES (`config.kl_penalty`).
     """
 
     roles: Mapping[str, Role]
@@ -76,7 +77,8 @@ class Binding:
     sequence_zeros: bool = False
     bool_masks: bool = False
     current_old: bool = False
-    instance_switches: frozenset = frozenset()  # switches a method reads from its instance (self.config.kl_penalty)
+    instance_switches: frozenset = frozenset()  # switches read from instance state or a config parameter
+    unset: list = field(default_factory=list, compare=False)  # a SWITCHES parameter's other attributes read (None)
 
     @property
     def off_policy(self) -> bool:
@@ -144,6 +146,9 @@ class Binding:
                 value = 0.0
             elif role is Role.SWITCH:
                 value = mode[name]
+            elif role is Role.SWITCHES:
+                value = _StateView(name, {key: mode[key] for key in self.instance_switches if key in mode}, "",
+                                   self.unset)
             else:
                 value = None
             if name in self.positional_only:
@@ -232,12 +237,15 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
     roles: dict[str, Role] = {}
     switches: dict[str, tuple[str, ...]] = {}
     unbound: list[str] = []
+    # switches that are no parameter: read from the instance (self.config.kl_penalty) or a config parameter
+    state = {name: tuple(values) for name, values in (switch_values or {}).items() if name not in parameters and values}
     for name, parameter in parameters.items():
         named = role_from_name(name, [*parameters, _name(fn)])
         if named is Role.COEF and any(not isinstance(v, (str, bool)) for v in (switch_values or {}).get(name, ())):
             named = Role.SWITCH  # a weight the code branches on (`if beta == 0:` forward KL, `== 1:` reverse): its values
         role = overrides.get(name) or named or (
-            Role.SWITCH if (switch_values or {}).get(name) else _role_from_signature(parameter))
+            Role.SWITCH if (switch_values or {}).get(name) else _role_from_signature(parameter)) or (
+            Role.SWITCHES if state else None)  # a config object its switches are read from (config.kl_penalty)
         if role is Role.SWITCH:
             values = list((switch_values or {}).get(name, ()))
             if isinstance(parameter.default, str) and parameter.default not in values:
@@ -250,8 +258,8 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
             unbound.append(name)
             continue
         roles[name] = role
-    instance = {name: tuple(values) for name, values in (switch_values or {}).items()
-                if name not in parameters and values and _INSTANCE_VALUES in type(getattr(fn, "__self__", None)).__dict__}
+    served = Role.SWITCHES in roles.values() or _INSTANCE_VALUES in type(getattr(fn, "__self__", None)).__dict__
+    instance = state if served else {}
     switches.update(instance)
     if unbound:
         raise BindError(
@@ -285,20 +293,13 @@ class Coefficient(float):
         return float(self)
 
 
-def _not_set(owner: type, chain: str) -> AttributeError:
-    return AttributeError(
-        f"self.{chain} is not set: check-grad called a method of {owner.__qualname__} on an instance whose "
-        f"__init__ did not run, so only KL coefficients (read as 1) and the switches it reads exist on self; audit "
-        f"a function that takes {chain.rsplit('.', 1)[-1]} as a parameter")
-
-
 class _StateView:
-    """Instance state a bare instance does not have (`self.config`), read through to the switch values of the
-    mode audited (`self.config.kl_penalty`) and KL coefficients; anything else raises the AttributeError of
-    `_not_set`, when it is used."""
+    """State check-grad does not have (`self.config` on a bare instance, a `config` parameter), read through to
+    the switch values of the mode audited (`config.kl_penalty`) and KL coefficients (1.0); anything else raises an
+    AttributeError naming its chain, and `why`, once it is used."""
 
-    def __init__(self, owner: type, chain: str, values: Mapping[str, Any]) -> None:
-        self._owner, self._chain, self._values = owner, chain, values
+    def __init__(self, chain: str, values: Mapping[str, Any], why: str, unset: list[str] | None = None) -> None:
+        self._chain, self._values, self._why, self._unset = chain, values, why, unset
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -307,16 +308,25 @@ class _StateView:
             return self._values[name]
         if is_coefficient_name(name):
             return Coefficient(1.0)
-        return _StateView(self._owner, f"{self._chain}.{name}", self._values)
+        if self._unset is not None:  # a config's setting no KL switch selects: off (is_clip, distillation_topk)
+            self._unset.append(f"{self._chain}.{name}")
+            return None
+        return _StateView(f"{self._chain}.{name}", self._values, self._why)
 
     def _missing(self, *args, **kwargs):
-        raise _not_set(self._owner, self._chain)
+        raise AttributeError(f"{self._chain} is not set: {self._why}")
 
     __call__ = __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _missing
     __iter__ = __len__ = __getitem__ = __float__ = __int__ = __index__ = __neg__ = _missing
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _missing
     __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _missing
     __hash__ = None  # type: ignore[assignment]
+
+
+def _bare_why(owner: type) -> str:
+    return (f"check-grad called a method of {owner.__qualname__} on an instance whose __init__ did not run, so only "
+            f"KL coefficients (read as 1) and the switches it reads exist on self; audit a function that takes it "
+            f"as a parameter")
 
 
 def bare_instance(owner: type) -> Any:
@@ -342,8 +352,8 @@ def bare_instance(owner: type) -> Any:
                 defaulted.append(name)
             return Coefficient(1.0)
         if values:  # state the switches may be read through
-            return _StateView(owner, name, values)
-        raise _not_set(owner, name)
+            return _StateView(f"self.{name}", values, _bare_why(owner))
+        raise AttributeError(f"self.{name} is not set: {_bare_why(owner)}")
 
     namespace = {"__getattr__": __getattr__, "__module__": owner.__module__, "__qualname__": owner.__qualname__,
                  _DEFAULTED: defaulted, _INSTANCE_VALUES: values}

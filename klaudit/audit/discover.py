@@ -65,7 +65,7 @@ def discover_kl_functions(path: str) -> Discovery:
             vocabulary = read_over_vocabulary([parameter.name for parameter in function.parameters], context)
             switches = switch_values(path, function.qualname) or switch_values(
                 path, function.qualname, {name: role.value for name, role in vocabulary.items()})
-            unbound = [name for name in unbound if name not in switches]
+            unbound = [name for name in unbound if name not in switches and not _read_as_switches(function, name, switches)]
         if unbound:
             lacks.append(f"{_listed(unbound)} {'does' if len(unbound) == 1 else 'do'} not bind by name")
         state = _state_not_switched(path, function) if function.state else []
@@ -79,6 +79,14 @@ def discover_kl_functions(path: str) -> Discovery:
         else:
             discovery.auditable.append(function.qualname)
     return discovery
+
+
+def _read_as_switches(function: Signature, name: str, switches) -> bool:
+    """Whether parameter `name` is a config object the function reads switches from (`config.kl_penalty`), and
+    never uses whole: check-grad binds it as `switches` (another attribute it reads raises, naming itself, and
+    the switch values that reach it are skipped)."""
+    chains = [chain.split(".")[1:] for chain in function.parameter_chains if chain.split(".")[0] == name]
+    return name not in function.bare and any(chain[-1] in switches for chain in chains)
 
 
 def _state_not_switched(path: str, function: Signature) -> list[str]:

@@ -62,6 +62,11 @@ class ModeNotImplemented(Exception):
     """The callable raised NotImplementedError for this switch value."""
 
 
+class ModeRefused(ModeNotImplemented):
+    """An assertion of the callable refused this combination of switch values ("only reverse KL without full
+    logits"): skipped like a value not implemented, unless it refuses every one (then it is the callable's error)."""
+
+
 @dataclass
 class Problem:
     """An enumerable policy/reference pair with its reference gradients."""
@@ -157,6 +162,10 @@ class Term:
             result = self.fn(*args, **kwargs)
         except NotImplementedError as error:
             raise ModeNotImplemented(f"{self.where()} raised NotImplementedError: {error}") from error
+        except AssertionError as error:
+            if self.mode:
+                raise ModeRefused(f"{self.where()} raised AssertionError: {error}") from error
+            raise TermError(self._failure(error)) from error
         except SystemExit as error:
             raise TermError(f"{self.where()} called sys.exit({error.code!r}) instead of returning its term") from error
         except Exception as error:  # the user's code: every failure becomes one clear line
@@ -434,6 +443,7 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also, devic
         notes.append(f"{name} is named like a reward function: its result is a reward to be maximised, so its "
                      f"negation is audited as the KL cost, in the reward")
     plans = []  # every mode is checked on the cheap batch before the expensive policies are built
+    refused: list[Exception] = []  # the switch values whose code refused or failed
     for mode in binding.modes():
         for entry in expand_entries(Term(fn, binding, mode, name, negated=reward_function), batch_factory()):
             term = entry.rebound(binding)  # with the binding the first call settled
@@ -451,8 +461,17 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also, devic
                     binding = term.binding
             except ModeNotImplemented as skipped:
                 notes.append(f"skipped: {skipped}")
+                refused += [skipped] if isinstance(skipped, ModeRefused) else []
+                continue
+            except TermError as failed:  # one switch value's code fails (needs an input only it reads): the rest run
+                if not binding.switches:
+                    raise
+                notes.append(f"skipped: {failed}")
+                refused.append(failed)
                 continue
             plans.append(plan_mode(term, kind, placements, reward_function, batch_factory, notes))
+    if refused and not plans:
+        raise TermError(str(refused[0]))  # it fails at every switch value: no configuration of it runs
     problems = problems or list(standard_problems(off_policy=binding.off_policy, device=device))
     fingerprinter = Fingerprinter(batch_factory, off_policy=binding.off_policy)
 
@@ -473,6 +492,9 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also, devic
         rows += audit_rows(term, kind, usable, scalar_weight)
     mode_order = {tuple(term.mode.items()): index for index, (term, *_) in enumerate(plans)}
     rows.sort(key=lambda row: mode_order[tuple(row.mode.items())])
+    if binding.unset:
+        notes.append(f"{', '.join(dict.fromkeys(binding.unset))} of {name}: read as None, a setting no KL switch "
+                     f"selects (off); bind the parameter with --bind to give it")
     defaulted = defaulted_attributes(fn)
     if defaulted:
         notes.append(f"{', '.join('self.' + attribute for attribute in defaulted)} of {name}: set to 1.0 (a KL "

@@ -29,6 +29,8 @@ class Role(str, Enum):
     COEF = "coef"  # a coefficient, set to 1.0
     OFF = "off"  # the coefficient of another regulariser (an entropy bonus), set to 0.0
     SWITCH = "switch"  # a string switch or a bool flag, audited once per value
+    # a config object: its attributes are the mode's switch values (config.kl_penalty), KL coefficients 1, others None
+    SWITCHES = "switches"
     DEFAULT = "default"  # keep the parameter's default
     NONE = "none"  # pass None
 

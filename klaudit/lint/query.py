@@ -42,7 +42,7 @@ from klaudit.lint.kinds import Placement, SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
 from klaudit.lint.registries import passes_rewards_through
-from klaudit.lint.signatures import Signature, signatures
+from klaudit.lint.signatures import Signature, parameter_reads, signatures
 from klaudit.lint.sources import read_source
 from klaudit.lint.syntax import params
 
@@ -387,7 +387,7 @@ def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.Fun
         env[own] = (tensor(algebra.Poly.atom(vocabulary)),) if vocabulary is not None else param_facts(param, may_be_none=True) or \
             bare_parameter_facts(own, names) or (() if own in ("self", "cls") else (Fact(role="str", name=own),))
     switches = {own for own, facts in env.items() if any(f.role in ("str", "bool") for f in facts)}
-    switches |= _instance_switches(tree, func, cls)
+    switches |= _instance_switches(tree, func, cls) | {chain.rsplit(".", 1)[-1] for chain in parameter_reads(func)[0]}
     try:
         outcome = analyzer.call(module, func, cls, env)
     except RecursionError:

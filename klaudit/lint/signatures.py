@@ -32,13 +32,16 @@ class Signature:
     state: tuple[str, ...] = ()
     # each read of that state as the attribute chain below `self` (`config.kl_penalty` for self.config.kl_penalty)
     chains: tuple[str, ...] = ()
+    # the attribute chains read below its parameters (`config.kl_penalty`), and the parameters also used bare
+    parameter_chains: tuple[str, ...] = ()
+    bare: tuple[str, ...] = ()
 
 
 def signatures(tree: cst.Module) -> Iterator[Signature]:
     """The signature of every top-level function and method of a top-level class, in source order."""
     for stmt in tree.body:
         if isinstance(stmt, cst.FunctionDef):
-            yield Signature(stmt.name.value, _parameters(stmt, method=False))
+            yield Signature(stmt.name.value, _parameters(stmt, method=False), (), (), *parameter_reads(stmt))
         elif isinstance(stmt, cst.ClassDef):
             methods = {item.name.value: item for item in stmt.body.body if isinstance(item, cst.FunctionDef)}
             attributes = _class_attributes(stmt)
@@ -46,7 +49,7 @@ def signatures(tree: cst.Module) -> Iterator[Signature]:
                 static = _is_static(item)
                 state, chains = ((), ()) if static else _state_read(item, methods, attributes)
                 yield Signature(f"{stmt.name.value}.{item.name.value}", _parameters(item, method=not static), state,
-                                chains)
+                                chains, *parameter_reads(item))
 
 
 def _parameters(func: cst.FunctionDef, method: bool) -> tuple[Parameter, ...]:
@@ -71,15 +74,16 @@ def _class_attributes(classdef: cst.ClassDef) -> set[str]:
     return names
 
 
-class _SelfReads(cst.CSTVisitor):
-    """`self.name` read (not assigned) in a function body, and the `self` methods it calls; with the longest
-    attribute chain each read belongs to (`config.kl_penalty`)."""
+class _Reads(cst.CSTVisitor):
+    """The attribute chains read (not assigned) below the names `bases` in a function body, each the longest it
+    belongs to (`self.config.kl_penalty`), and the names of `bases` used bare (passed on, rebound)."""
 
-    def __init__(self) -> None:
-        self.read: dict[str, None] = {}
+    def __init__(self, bases: set[str]) -> None:
+        self.bases = bases
         self.chains: dict[str, None] = {}
+        self.bare: dict[str, None] = {}
         self.assigned: set[int] = set()
-        self._inner: set[int] = set()  # attributes inside a longer chain already recorded
+        self._inner: set[int] = set()  # attributes and names inside a chain already recorded
 
     def visit_Assign(self, node: cst.Assign) -> None:
         self.assigned |= {id(target.target) for target in node.targets}
@@ -97,10 +101,16 @@ class _SelfReads(cst.CSTVisitor):
         while isinstance(inner.value, cst.Attribute):
             inner = inner.value
             self._inner.add(id(inner))
-        if isinstance(inner.value, cst.Name) and inner.value.value == "self" and id(inner) not in self.assigned:
-            self.read[inner.attr.value] = None
-            if chain and id(node) not in self.assigned:
-                self.chains[chain.partition(".")[2]] = None
+        if isinstance(inner.value, cst.Name) and inner.value.value in self.bases:
+            self._inner.add(id(inner.value))
+            if chain and id(node) in self.assigned:
+                chain = chain.rsplit(".", 1)[0]  # `self.stats.count = 1` reads self.stats
+            if chain and "." in chain and id(inner) not in self.assigned:
+                self.chains[chain] = None
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value in self.bases and id(node) not in self._inner:
+            self.bare[node.value] = None
 
 
 def _state_read(method: cst.FunctionDef, methods: dict[str, cst.FunctionDef],
@@ -114,12 +124,21 @@ def _state_read(method: cst.FunctionDef, methods: dict[str, cst.FunctionDef],
         if id(func) in visited:
             continue
         visited.add(id(func))
-        reads = _SelfReads()
+        reads = _Reads({"self"})
         func.body.visit(reads)
-        for name in reads.read:
+        below = [chain.partition(".")[2] for chain in reads.chains]  # `config.kl_penalty` of self.config.kl_penalty
+        for name in dict.fromkeys(chain.split(".")[0] for chain in below):
             if name in methods:
                 pending.append(methods[name])
             elif name not in attributes and not is_coefficient_name(name):
                 read[name] = None
-        chains.update((chain, None) for chain in reads.chains if chain.split(".")[0] in read)
+        chains.update((chain, None) for chain in below if chain.split(".")[0] in read)
     return tuple(read), tuple(chains)
+
+
+def parameter_reads(func: cst.FunctionDef) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The attribute chains `func` reads below its parameters (`config.kl_penalty`), and the parameters it also
+    uses bare (passed on whole, rebound)."""
+    reads = _Reads({param.name.value for param in params(func)} - {"self", "cls"})
+    func.body.visit(reads)
+    return tuple(reads.chains), tuple(reads.bare)

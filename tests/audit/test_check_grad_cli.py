@@ -172,16 +172,21 @@ def test_a_trainer_file_audits_the_helpers_of_other_files_its_kl_comes_from(tmp_
 def test_a_verl_shaped_package_is_audited_through_the_helper_its_loss_calls_without_installing_it():
     """verl 0.9's shape: the package's __init__ imports what is not installed (stubbed), the loss calls a
     helper that strips a '+' suffix and calls the plain estimator. check-grad audits the helper the loss
-    calls, so the straight-through values are audited too: k1+ and k3+ take k2's gradient (row 2)."""
+    calls, so the straight-through values are audited too: k1+ and k3+ take k2's gradient (row 2). The loss
+    itself reads the estimator from its `config` parameter: bound as the switches, it is audited at the same
+    values, with its own aggregation (a sum per sequence, averaged)."""
     package = Path(__file__).parent / "data" / "straight_through_pkg"
     result = _run(str(package / "losses.py"), "--output-format", "json")
     report = json.loads(result.stdout)
     assert not report["errors"], report["errors"]
     # the helper named as the user would name its file: relative to the working directory
-    assert {row["target"] for row in report["results"]} == {
-        f"{os.path.relpath((package / 'core_algos.py').resolve())}::kl_penalty"}
-    loss = {row["mode"]["kl_penalty"]: row["rule"] for row in report["results"] if row["placement"] == "loss"}
-    assert loss == {"k1": "KL001", "k2": "KL003", "k3": "KL002", "k1+": "KL003", "k2+": "KL003", "k3+": "KL003"}
+    helper = f"{os.path.relpath((package / 'core_algos.py').resolve())}::kl_penalty"
+    assert {row["target"] for row in report["results"]} == {helper, f"{package / 'losses.py'}::kl_loss"}
+    expected = {"k1": "KL001", "k2": "KL003", "k3": "KL002", "k1+": "KL003", "k2+": "KL003", "k3+": "KL003"}
+    loss = {row["mode"]["kl_penalty"]: row["rule"] for row in report["results"]
+            if row["placement"] == "loss" and row["target"] == helper}
+    assert loss == expected
+    assert {row["mode"]["kl_loss_type"]: row["rule"] for row in report["results"] if row["target"] != helper} == expected
     assert any("stubbed: klaudit_fixture_absent_runtime" in note for note in report["notes"])
 
 

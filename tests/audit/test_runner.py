@@ -338,3 +338,37 @@ def test_a_method_reading_its_switch_from_instance_state_is_audited_at_each_valu
         ("abs", "reward", "OTHER", "KL004"), ("mse", "reward", "OTHER", "KL004"), ("other", "reward", "REV", None)]
     failed = audit_target(Target(path=str(path), qualname="PPOTrainer.tempered_penalty"), placements=("reward",))
     assert failed.errors and "self.config.temperature is not set" in failed.errors[0]
+
+
+CONFIG_SWITCHED = '''
+def self_distillation_loss(student_log_probs, teacher_log_probs, response_mask, config):
+    log_ratio = student_log_probs - teacher_log_probs
+    if config.estimator == "k3":
+        per_token = (-log_ratio).exp() - 1 + log_ratio
+    else:
+        assert config.estimator == "k1", "only k1 and k3"
+        per_token = log_ratio.detach() * student_log_probs
+    if config.is_clip is not None:
+        per_token = per_token.clamp(max=config.is_clip)
+    return (per_token * response_mask).sum() / response_mask.sum()
+'''
+
+
+def test_a_config_parameter_is_bound_as_the_switches_it_is_read_for(tmp_path):
+    """verl's SDPO loss reads its switches from a config object (config.alpha, config.full_logit_distillation;
+    here an estimator): the parameter is bound as an object serving each mode's values, its other settings read
+    as None (off) and named in a note. A switch value the code refuses (an assertion: here any estimator but k1
+    and k3, audited as "other") is skipped with a note, and k3 as a loss, the value that runs, is row 3 (PFWD,
+    KL002). Where every value fails, the failure is the audit's error."""
+    path = tmp_path / "sdpo.py"
+    path.write_text(CONFIG_SWITCHED)
+    assert discover_kl_functions(str(path)).auditable == ["self_distillation_loss"]
+    report = audit_target(Target(path=str(path), qualname="self_distillation_loss"))
+    assert report.errors == []
+    assert [(row.mode, row.objective, row.rule) for row in report.results] == [({"estimator": "k3"}, "PFWD", "KL002")]
+    (skipped,) = [note for note in report.notes if note.startswith("skipped:")]
+    assert "estimator='other'" in skipped and "AssertionError: only k1 and k3" in skipped
+    assert any(note.startswith("config.is_clip of ") and "read as None" in note for note in report.notes)
+    path.write_text(CONFIG_SWITCHED.replace("per_token = (-log_ratio)", 'assert False, "never"\n        per_token = (-log_ratio)'))
+    failed = audit_target(Target(path=str(path), qualname="self_distillation_loss"))
+    assert not failed.results and "AssertionError" in failed.errors[0]
