@@ -190,10 +190,13 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
         modes = tuple(_mode(row) for row in rows)
         found = tuple(sorted({row.rule for row in rows if row.rule}))
         objectives = tuple(sorted({row.objective for row in rows}))
+        skipped = [note for note in report.notes if note.startswith("skipped: ")]
         if report.errors or not rows:
-            reason = "; ".join(report.errors) or f"check-grad has no {site.placement} row for these switch values"
+            reason = "; ".join(report.errors) or (  # values it cannot run here (an input only they read)
+                f"check-grad skipped switch values: {skipped[0][len('skipped: '):]}" if skipped else
+                f"check-grad has no {site.placement} row for these switch values")
             verdicts.append(Verdict(site, str(target), lint_rules, expected, modes, objectives, found, False, reason,
-                                    audited=not report.errors))
+                                    audited=not report.errors and not skipped))
             continue
         wrong = [row for row in rows if _rules(row) != set(expected[:1]) or row.unbiased != (not expected)]
         reason = "; ".join(f"{_mode(row)}: check-grad {row.rule or 'no rule'} ({row.configuration})" for row in wrong)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import itertools
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeAlias
@@ -115,18 +115,18 @@ def as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardTr
     return config
 
 
-def _trained_later(mod: Module, function: tuple[cst.FunctionDef, str | None], config: Config, kind: SinkKind,
-                   module: cst.Module, positions: _Positions) -> RewardTraining | None:
+def trained_later(mod: Module, function: tuple[cst.FunctionDef, str | None], config: Config, kind: SinkKind,
+                  line_of: Callable[[cst.CSTNode], int | None]) -> RewardTraining | None:
     """A KL reward computed where the samples are drawn and trained afterwards by a loop of several optimizer
     steps on them (klaudit.lint.update_loops.trained_by_a_later_loop): every step after the first trains it on
-    an older policy's samples (row 23)."""
+    an older policy's samples (row 23). `line_of`: the line of a statement of the module."""
     if kind == "loss" or config.reward is None or config.loss is not None:
         return None
     loop = mod.trained_by_a_later_loop(*function)
-    span = positions.of(module, loop) if loop is not None else None
-    if span is None:
+    line = line_of(loop) if loop is not None else None
+    if line is None:
         return None
-    return RewardTraining(SEVERAL_STEPS, None, f"each rollout is trained by the loop at line {span[0]}, several "
+    return RewardTraining(SEVERAL_STEPS, None, f"each rollout is trained by the loop at line {line}, several "
                                               "optimizer steps on the same samples")
 
 
@@ -454,8 +454,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                 and reducer.config.aggregation is not config.aggregation):
             config = replace(config, aggregation=reducer.config.aggregation)
             rows = defects(config, best.fact.clamped)
-        trainer = training or _trained_later(analyzer.module(path, module), functions[best.function], config,
-                                             best.sink.kind, module, positions)
+        trainer = training or trained_later(analyzer.module(path, module), functions[best.function], config,
+                                            best.sink.kind, lambda node: (positions.of(module, node) or (None,))[0])
         trained = as_trained(config, reduced, best.sink.kind, trainer)
         if trained != config:
             config, rows = trained, defects(trained, best.fact.clamped)

@@ -21,7 +21,7 @@ from klaudit.catalog import Config, Returns, without_gradient
 from klaudit.config import load_settings
 from klaudit.frameworks.drivers import reward_training
 from klaudit.lint import algebra
-from klaudit.lint.checks import as_trained, config_of
+from klaudit.lint.checks import as_trained, config_of, trained_later
 from klaudit.lint.engine import discover_files
 from klaudit.lint.facts import (
     Env,
@@ -286,7 +286,8 @@ def site_verdicts(path: str) -> list[KLSite]:
                 config = config_of(fact, sink.kind, sink.trained, rewards_stay)
                 if config is None or sink_line is None:
                     continue
-                config = as_trained(config, fact.aggregation is not None, sink.kind, training)
+                config = as_trained(config, fact.aggregation is not None, sink.kind, training or trained_later(
+                    module, (func, cls), config, sink.kind, lambda node: where(str(file), node)))
                 entry = positions[str(file)].get(id(fact.entry)) if fact.entry is not None else None
                 if fact.entry is not None and entry is None:
                     continue  # it entered the loss in another module: the lint reports it there

@@ -199,3 +199,27 @@ def test_a_helper_handed_an_importance_ratio_is_audited_with_it_bound(tmp_path):
     assert {(verdict.target.rsplit("::", 1)[-1], verdict.audited_rules, verdict.check_grad_rules, verdict.agree)
             for verdict in verdicts} == {("approx_kl", ("KL002",), ("KL002",), True),
                                          ("approx_kl (importance_ratio=ratio)", ("KL003",), ("KL003",), True)}
+
+
+def test_a_branch_whose_switch_value_check_grad_skips_is_listed_not_compared(tmp_path):
+    """A helper whose "sparse" value needs an input check-grad does not give (it raises without it): that value
+    is skipped with a note, and the lint's branch for it is listed as not audited, saying so, instead of
+    disagreeing for want of a row. The other value is compared as usual."""
+    path = tmp_path / "kl.py"
+    path.write_text(textwrap.dedent('''
+        def approx_kl(log_probs, ref_log_probs, mode, sparse_log_probs=None):
+            if mode == "sparse":
+                if sparse_log_probs is None:
+                    raise ValueError("the sparse KL needs sparse_log_probs")
+                return 0.5 * (log_probs - ref_log_probs) ** 2
+            return log_probs - ref_log_probs
+
+
+        def kl_loss(log_probs, ref_log_probs, mask, mode):
+            return (approx_kl(log_probs, ref_log_probs, mode) * mask).sum() / mask.sum()
+    '''))
+    verdicts = [verdict for verdict in compare(str(path), _audit(tmp_path)) if verdict.site.function == "kl_loss"]
+    skipped = [verdict for verdict in verdicts if not verdict.audited]
+    assert skipped and all("check-grad skipped switch values" in verdict.reason for verdict in skipped)
+    assert all(("sparse" in str(verdict.site.labels)) for verdict in skipped)
+    assert [verdict.agree for verdict in verdicts if verdict.audited] == [True]

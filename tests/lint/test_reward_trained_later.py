@@ -112,3 +112,13 @@ def train_step(buffer, batch, optimizer):
     assert "train_step(buffer, batch, optimizer)\n" in step
     assert module_codes(step.replace("EPOCHS", "4"), tmp_path) == [(13, "KL008")]
     assert module_codes(step.replace("EPOCHS", "1"), tmp_path) == []
+
+
+def test_the_records_check_grad_is_compared_with_carry_the_later_loop_too(tmp_path):
+    """klaudit.lint.query.site_verdicts judges the reward as the lint does: with the later loop of several steps
+    it carries KL008, so the agreement of the two wings has a record for the finding (it had none)."""
+    from klaudit.lint.query import site_verdicts
+
+    path = tmp_path / "trainer.py"
+    path.write_text(TRAINER.replace("EPOCHS", "4"))
+    assert {rule for site in site_verdicts(str(path)) if site.line == 13 for rule in site.rules} == {"KL008"}
