@@ -175,13 +175,7 @@ def _import_in_parents(file: Path) -> ModuleType:
         package.__path__ = [str(folder)]
         package.__package__ = name
         sys.modules[name] = package
-    spec = importlib.util.spec_from_file_location(f"{names[-1]}.{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{file}: not importable as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return _execute(file, f"{names[-1]}.{file.stem}")
 
 
 def _forget_other_package(package: str, directory: Path) -> None:
@@ -195,9 +189,14 @@ def _forget_other_package(package: str, directory: Path) -> None:
         del sys.modules[name]
 
 
-def _import_alone(file: Path):
+def _import_alone(file: Path) -> ModuleType:
     """Execute one .py file as a module of its own (absolute imports only)."""
-    spec = importlib.util.spec_from_file_location(f"_klaudit_target_{file.stem}", file)
+    return _execute(file, f"_klaudit_target_{file.stem}")
+
+
+def _execute(file: Path, name: str) -> ModuleType:
+    """Execute `file` as the module `name`, registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"{file}: not importable as a Python module")
     module = importlib.util.module_from_spec(spec)
