@@ -1,4 +1,4 @@
-"""Agreement of `klaudit lint` and `klaudit check-grad` on the released trainer packages.
+"""Agreement of `klaudit lint` and `klaudit check-grad` on the released trainer packages, or on any checkout.
 
 For each tree (verl, trl, openrlhf as released, unpacked by benchmarks/real_packages.py; the
 frameworks are never installed, check-grad stubs what they import), the lint's JSON findings are
