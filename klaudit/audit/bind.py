@@ -147,8 +147,9 @@ class Binding:
             elif role is Role.SWITCH:
                 value = mode[name]
             elif role is Role.SWITCHES:
-                value = _StateView(name, {key: mode[key] for key in self.instance_switches if key in mode}, "",
-                                   self.unset)
+                value = _StateView(name, {key: mode[key] for key in self.instance_switches if key in mode},
+                                   f"check-grad passes {name} as the switch values of the mode audited, its other "
+                                   f"settings None; say what it is with --bind {name}=ROLE", self.unset)
             else:
                 value = None
             if name in self.positional_only:

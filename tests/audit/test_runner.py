@@ -372,3 +372,19 @@ def test_a_config_parameter_is_bound_as_the_switches_it_is_read_for(tmp_path):
     path.write_text(CONFIG_SWITCHED.replace("per_token = (-log_ratio)", 'assert False, "never"\n        per_token = (-log_ratio)'))
     failed = audit_target(Target(path=str(path), qualname="self_distillation_loss"))
     assert not failed.results and "AssertionError" in failed.errors[0]
+
+
+def test_a_parameter_bound_as_switches_that_is_used_whole_names_itself(tmp_path):
+    """A parameter bound as `switches` that the code uses whole (calls it, as a scorer or a model) fails naming
+    itself and the --bind that would say what it is."""
+    path = tmp_path / "step.py"
+    path.write_text(
+        "def kl(log_probs, ref_log_probs, scorer, config):\n"
+        "    log_ratio = ref_log_probs - log_probs\n"
+        "    kl = log_ratio.exp() - 1 - log_ratio if config.estimator == 'k3' else -log_ratio\n"
+        "    scorer(kl)\n"
+        "    return kl\n")
+    from klaudit.audit.roles import Role
+
+    report = audit_target(Target(path=str(path), qualname="kl"), overrides={"scorer": Role.SWITCHES})
+    assert not report.results and "scorer is not set" in report.errors[0] and "--bind scorer=ROLE" in report.errors[0]
