@@ -459,6 +459,9 @@ def _normalized(config: Config) -> Config:
 
 _BY_CONFIG: Mapping[Config, Row] = {row.config: row for row in CATALOG if row.config is not None}
 NO_GRADIENT = _BY_CONFIG[Config(reward=E.K1, returns=Returns.NOWHERE)]  # every estimator's, detached into a loss
+# row 1, k1 as a loss: its claim, a zero expected gradient that adds noise and no regularisation, also names a term
+# no row matches per sample whose exact expected gradient is zero (the k1 loss with the log-probs swapped, ref - logp)
+ZERO_GRADIENT = _BY_CONFIG[Config(loss=E.K1)]
 
 
 def _with(config: Config, **changes: Any) -> Config:

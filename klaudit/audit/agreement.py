@@ -186,7 +186,7 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
                                 clamped=None if site.inline else site.clamped_in((target.path or "", target.qualname or "")))
         report = reports[target]
         rows = [row for row in report.results if (target in whole or row.placement == (target.placement or site.placement))
-                and selects(site.labels, row.mode, report.results)]
+                and selects(_labels(site, target), row.mode, report.results)]
         modes = tuple(_mode(row) for row in rows)
         found = tuple(sorted({row.rule for row in rows if row.rule}))
         objectives = tuple(sorted({row.objective for row in rows}))
@@ -213,16 +213,30 @@ def _unjudged(targets: dict[KLSite, Target], reports: dict[Target, Report], whol
         sites = [site for site, chosen in targets.items() if chosen == target]
         for row in report.results:
             placed = [site for site in sites if target in whole or (target.placement or site.placement) == row.placement]
-            if not placed or any(selects(site.labels, row.mode, report.results) for site in placed):
+            if not placed or any(selects(_labels(site, target), row.mode, report.results) for site in placed):
                 continue
             if all(site.admits and not site.admits.intersection(map(str, row.mode.values())) for site in placed):
                 continue  # a value no caller's registry runs it under (verl's distillation loss: no '+')
+            if all(_passes_other(site, target, row.mode) for site in placed):
+                continue  # a value no call passes (every caller fixes kl_penalty="k3")
             site = dataclasses.replace(placed[0], labels=(), rules=())
             verdicts.append(Verdict(site, str(target), (), (), (_mode(row),), (row.objective,),
                                     (row.rule,) if row.rule else (), row.unbiased,
                                     "" if row.unbiased else f"the lint gives no verdict for {_mode(row)}; check-grad: "
                                     f"{row.objective}, {row.rule or 'biased'} ({row.configuration})"))
     return verdicts
+
+
+def _labels(site: KLSite, target: Target) -> tuple:
+    """The switch values that select the branch of `site` in `target`'s rows: its labels, and where `target` is the
+    helper the site calls, the literals that call passes it (`KLSite.passed`)."""
+    return site.labels + site.passed if (target.path, target.qualname) == (site.helper_path, site.helper) else site.labels
+
+
+def _passes_other(site: KLSite, target: Target, mode: dict) -> bool:
+    """Whether the call of `site` fixes one of `mode`'s switches to literals other than the mode's value."""
+    fixed = dict(site.passed) if (target.path, target.qualname) == (site.helper_path, site.helper) else {}
+    return any(key in fixed and str(value) not in fixed[key] for key, value in mode.items())
 
 
 def _rules(row: ResultRow) -> set[str]:

@@ -147,9 +147,9 @@ class Binding:
             elif role is Role.SWITCH:
                 value = mode[name]
             elif role is Role.SWITCHES:
-                value = _StateView(name, {key: mode[key] for key in self.instance_switches if key in mode},
-                                   f"check-grad passes {name} as the switch values of the mode audited, its other "
-                                   f"settings None; say what it is with --bind {name}=ROLE", self.unset)
+                value = _ConfigView(name, {key: mode[key] for key in self.instance_switches if key in mode},
+                                    f"check-grad passes {name} as the switch values of the mode audited, its other "
+                                    f"settings None; say what it is with --bind {name}=ROLE", self.unset)
             else:
                 value = None
             if name in self.positional_only:
@@ -324,6 +324,26 @@ class _StateView:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _ConfigView(_StateView):
+    """A config parameter bound as SWITCHES: a _StateView that is also read as a dict (`config.get("kl_penalty",
+    "kl")`, `config["kl_penalty"]`, `"kl_penalty" in config`) and tested for truth (`if config`): it is there."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The mode's value of switch `key`, else a KL coefficient's 1.0, else the code's own `default`."""
+        if key in self._values:
+            return self._values[key]
+        return Coefficient(1.0) if is_coefficient_name(key) else default
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def __bool__(self) -> bool:
+        return True
+
+
 def _bare_why(owner: type) -> str:
     return (f"check-grad called a method of {owner.__qualname__} on an instance whose __init__ did not run, so only "
             f"KL coefficients (read as 1) and the switches it reads exist on self; audit a function that takes it "
@@ -399,8 +419,10 @@ def bind_with_switches(fn: Callable, overrides: Mapping[str, Role] | None = None
     inputs named as log-probs are read over the vocabulary (a divergence helper whose `alpha == 1` selects
     the KL of two log_softmax outputs), they are bound so."""
     overrides = dict(overrides or {})
+    values = switch_literals(fn, overrides)
+    overrides = {**_configs_of(fn, values), **overrides}
     try:
-        return bind(fn, overrides, switch_values=switch_literals(fn, overrides), current_old=current_old)
+        return bind(fn, overrides, switch_values=values, current_old=current_old)
     except BindError as error:
         names = list(inspect.signature(fn).parameters)
         widened = {**read_over_vocabulary(names, [*names, _name(fn)]), **overrides}
@@ -408,6 +430,37 @@ def bind_with_switches(fn: Callable, overrides: Mapping[str, Role] | None = None
         if not switches:
             raise error from None
         return bind(fn, widened, switch_values=switches, current_old=current_old)
+
+
+def _configs_of(fn: Callable, values: Mapping[str, Sequence]) -> dict[str, Role]:
+    """SWITCHES for each parameter `fn` reads switches of `values` through (`config.get("distillation_type")`)
+    that its name gives no role, whatever its default (`config: dict | None = None`): the mode's values reach
+    the code through it."""
+    from klaudit.lint.query import configs_read_at
+
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+    located = _located(fn)
+    if located is None or not set(values) - set(names):  # no switch is read through a parameter
+        return {}
+    try:
+        configs = configs_read_at(*located)
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return {}
+    return {name: Role.SWITCHES for name in names if name in configs and role_from_name(name, [*names, _name(fn)]) is None}
+
+
+def _located(fn: Callable) -> tuple[str, str, int] | None:
+    """The source file, the name and the first line of the code of `fn` (under a decorator's wrapper), or None."""
+    own = inspect.unwrap(fn)  # the user's function under a decorator's wrapper (`@torch.compile`)
+    code = getattr(own, "__code__", None)
+    try:
+        path = inspect.getsourcefile(own)
+    except TypeError:
+        path = None
+    return None if code is None or path is None else (path, code.co_name, code.co_firstlineno)
 
 
 def switch_literals(fn: Callable, overrides: Mapping[str, Role] | None = None) -> dict[str, list]:
@@ -418,17 +471,11 @@ def switch_literals(fn: Callable, overrides: Mapping[str, Role] | None = None) -
     and is audited even where the lint labels no KL term with it."""
     from klaudit.lint.query import switch_values_at
 
-    own = inspect.unwrap(fn)  # the user's function under a decorator's wrapper (`@torch.compile`)
-    code = getattr(own, "__code__", None)
-    try:
-        path = inspect.getsourcefile(own)
-    except TypeError:
-        path = None
-    if code is None or path is None:
+    located = _located(fn)
+    if located is None:
         return {}
     try:
-        found = switch_values_at(path, code.co_name, code.co_firstlineno,
-                                 {name: role.value for name, role in (overrides or {}).items()})
+        found = switch_values_at(*located, {name: role.value for name, role in (overrides or {}).items()})
     except (OSError, UnicodeDecodeError, SyntaxError):
         return {}
     try:

@@ -42,7 +42,7 @@ from klaudit.audit.fingerprint import (
     sample_rows,
 )
 from klaudit.audit.report import ResultRow
-from klaudit.catalog import CLAMPED, FIX_K1_LOSS, NO_GRADIENT, Aggregation, Objective, Target
+from klaudit.catalog import CLAMPED, FIX_K1_LOSS, NO_GRADIENT, ZERO_GRADIENT, Aggregation, Objective, Target
 from klaudit.describe import describe
 
 AUDIT_KL = 1.0  # nats between policy and reference: far enough that biased terms show (kl-math.md 12.2)
@@ -592,6 +592,8 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
 
     configuration, rule, fix, unbiased, fingerprint_objective, same_gradient = _named(
         user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation, unbiased=unbiased)
+    if rule is None and fingerprint_objective is None and objective is Objective.ZERO:
+        rule, fix = ZERO_GRADIENT.rule, ZERO_GRADIENT.fix  # no row's per-sample gradient, but none in expectation
     cos = cosine(gradient, problem.targets[Target.REV])
     return ResultRow(
         target=term.name, mode=dict(term.mode), placement=placement, configuration=configuration,

@@ -20,7 +20,7 @@ import libcst as cst
 from klaudit.catalog import Config, Returns, without_gradient
 from klaudit.config import load_settings
 from klaudit.frameworks.drivers import reward_training
-from klaudit.lint import algebra
+from klaudit.lint import algebra, roles
 from klaudit.lint.checks import as_trained, config_of, trained_later
 from klaudit.lint.engine import discover_files
 from klaudit.lint.facts import (
@@ -144,6 +144,9 @@ class KLSite:
     labels: Labels
     rules: tuple[str, ...]
     helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
+    # (parameter, values) the call fixes to string literals (`compute_approx_kl(..., kl_penalty="k3")`): the only
+    # values of those switches this branch takes
+    passed: tuple[tuple[str, tuple[str, ...]], ...] = ()
     admits: frozenset[str] = frozenset()  # the only names a registry runs `function` under (none: any)
     # the functions under `helper` whose results carry the term too, outermost first (path, qualname): where
     # `helper` takes what check-grad cannot make (configs, a model's output dict), the estimator it calls
@@ -175,6 +178,8 @@ class _Tracing(Analyzer):
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
         self.inner_callees: dict[int, dict[int, tuple[str, str]]] = {}
         self.inputs: dict[tuple[str, str], dict[str, str]] = {}  # (path, qualname) -> {parameter: role}
+        # id(origin) -> {parameter: the string literals the analysed functions' calls that formed it pass}
+        self.passed: dict[int, dict[str, set[str]]] = {}
 
     def callees_of(self, fact) -> list[tuple[int, tuple[str, str]]]:
         """The calls that returned `fact`'s term, outermost first, each with the function boundaries the term had
@@ -194,17 +199,28 @@ class _Tracing(Analyzer):
         outcome = super().call(module, func, cls, env, fresh)
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         called = (str(Path(module.path).resolve()), qualname)
+        literals: dict[str, str] = {}
         if outermost:
             for parameter, facts in env.items():
-                role = _input_role(facts) if isinstance(facts, tuple) else None
+                role = _input_role(facts, parameter) if isinstance(facts, tuple) else None
                 if role is not None:
                     self.inputs.setdefault(called, {})[parameter] = role
+                text = _literal_text(facts) if isinstance(facts, tuple) else None
+                if text is not None:
+                    literals[parameter] = text
         passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
         found = self.callees if outermost else self.inner_callees
         for fact in _kl_facts(outcome.returns):
             if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
                 found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
+                for parameter, text in literals.items():
+                    self.passed.setdefault(id(fact.origin), {}).setdefault(parameter, set()).add(text)
         return outcome
+
+    def passed_to(self, fact) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The string literals the calls that formed `fact`'s term pass, by parameter (`KLSite.passed`)."""
+        found = self.passed.get(id(fact.origin), {})
+        return tuple(sorted((parameter, tuple(sorted(texts))) for parameter, texts in found.items()))
 
 
 # check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a model's
@@ -221,13 +237,27 @@ def _inputs_of(inputs: Mapping[str, str], fact: Fact) -> tuple[tuple[str, str], 
     return tuple(sorted((name, role) for name, role in inputs.items() if role != "ratio" or weighted))
 
 
-def _input_role(facts: Value) -> str | None:
-    """check-grad's role for an input the lint reads as log-probs over the vocabulary (`_VOCABULARY_INPUTS`) or as
-    the importance ratio exp(logp - old) ("ratio"), else None."""
+# the roles of per-token log-probs handed to a parameter named for the other side (RLinf's `kl_penalty(ref_logprobs,
+# logprobs, ...)` into `(logprob, ref_logprob, ...)`): the lint reads the call's order, which names alone would not
+_SWAPPED_INPUTS: dict[tuple[str, str], str] = {(algebra.POLICY, algebra.REF): "logprobs",
+                                               (algebra.REF, algebra.POLICY): "ref_logprobs"}
+
+
+def _input_role(facts: Value, parameter: str) -> str | None:
+    """check-grad's role for an input the lint reads as log-probs over the vocabulary (`_VOCABULARY_INPUTS`), as
+    the importance ratio exp(logp - old) ("ratio"), or as the policy's or the reference's per-token log-probs where
+    the parameter's name says the other (`_SWAPPED_INPUTS`), else None."""
     kinds = {atom.kind for fact in facts if fact.poly is not None for atom in fact.poly.atoms()}
     if kinds and kinds <= {algebra.IS_RATIO, algebra.SCORE}:  # exp(logp - old), where old may be sg(logp)
         return "ratio"
-    return next((role for role, atom in _VOCABULARY_INPUTS.items() if kinds == {atom.kind}), None)
+    swapped = _SWAPPED_INPUTS.get((next(iter(kinds)), roles.tensor_role(parameter) or "")) if len(kinds) == 1 else None
+    return swapped or next((role for role, atom in _VOCABULARY_INPUTS.items() if kinds == {atom.kind}), None)
+
+
+def _literal_text(facts: Value) -> str | None:
+    """The string a call passes where `facts` are one string literal (`kl_penalty="k3"`), else None."""
+    texts = {fact.text for fact in facts if fact.role == "str"}
+    return next(iter(texts)) if len(facts) == 1 and len(texts) == 1 and None not in texts else None
 
 
 def inline_sites(path: str) -> list[InlineSite]:
@@ -307,6 +337,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
                     _inputs_of(analyzer.inputs.get(callee, {}), fact) if callee else (),
+                    analyzer.passed_to(fact) if callee else (),
                     registered_names(func), tuple(chain)[1:], tuple(chain.values()),
                     fact.clamped_calls if clamped else 0)] = None
     return _without_logged_copies(list(sites))
@@ -374,6 +405,19 @@ def switch_values_at(path: str, name: str, line: int,
         return {}
     func, owner = found
     return _switch_values(project, file, tree, func, owner, inputs)
+
+
+def configs_read_at(path: str, name: str, line: int) -> set[str]:
+    """The parameters of the function `name` whose definition starts at `line` of `path` that it reads settings
+    through (`config.kl_penalty`, `config.get("kl_penalty", "kl")`) and never uses whole."""
+    file = Path(path).resolve()
+    project = Project([package_root(file)])
+    tree = project.parse(file)
+    found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
+    if found is None:
+        return set()
+    chains, bare = parameter_reads(found[0])
+    return {chain.split(".")[0] for chain in chains} - set(bare)
 
 
 def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from klaudit.lint.roles import is_coefficient_name
-from klaudit.lint.syntax import dotted, params
+from klaudit.lint.syntax import dotted, params, string_key, string_value
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,9 @@ def _class_attributes(classdef: cst.ClassDef) -> set[str]:
 
 class _Reads(cst.CSTVisitor):
     """The attribute chains read (not assigned) below the names `bases` in a function body, each the longest it
-    belongs to (`self.config.kl_penalty`), and the names of `bases` used bare (passed on, rebound)."""
+    belongs to (`self.config.kl_penalty`; a dict's keys read as attributes: `config.get("kl_penalty", "kl")` and
+    `config["kl_penalty"]` read config.kl_penalty), and the names of `bases` used bare (passed on, rebound; a
+    truthiness test, `if config`, `config is None`, or a key's, `"kl_penalty" in config`, is no use of the value)."""
 
     def __init__(self, bases: set[str]) -> None:
         self.bases = bases
@@ -107,6 +109,61 @@ class _Reads(cst.CSTVisitor):
                 chain = chain.rsplit(".", 1)[0]  # `self.stats.count = 1` reads self.stats
             if chain and "." in chain and id(inner) not in self.assigned:
                 self.chains[chain] = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "get" and node.args \
+                and isinstance(node.args[0].value, cst.SimpleString) and self._read_key(func.value):
+            key = string_value(node.args[0].value)
+            if isinstance(key, str) and key.isidentifier():
+                self._inner.add(id(func))
+                self._record_key(func.value, key)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        key = string_key(node)
+        if key is not None and key.isidentifier() and self._read_key(node.value) and id(node) not in self.assigned:
+            self._record_key(node.value, key)
+
+    def _read_key(self, node: cst.BaseExpression) -> bool:
+        """Whether `node` is one of `bases` or an attribute chain below one (a dict whose keys are read)."""
+        chain = dotted(node)
+        return bool(chain) and chain.split(".")[0] in self.bases
+
+    def _record_key(self, node: cst.BaseExpression, key: str) -> None:
+        inner = node
+        while isinstance(inner, cst.Attribute):
+            self._inner.add(id(inner))
+            inner = inner.value
+        self._inner.add(id(inner))
+        self.chains[f"{dotted(node)}.{key}"] = None
+
+    def visit_If(self, node: cst.If) -> None:
+        self._tested(node.test)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self._tested(node.test)
+
+    def visit_BooleanOperation(self, node: cst.BooleanOperation) -> None:
+        self._tested(node.left)
+        self._tested(node.right)
+
+    def visit_UnaryOperation(self, node: cst.UnaryOperation) -> None:
+        if isinstance(node.operator, cst.Not):
+            self._tested(node.expression)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        if len(node.comparisons) != 1:
+            return
+        operator, right = node.comparisons[0].operator, node.comparisons[0].comparator
+        if isinstance(operator, (cst.Is, cst.IsNot)) and isinstance(right, cst.Name) and right.value == "None":
+            self._tested(node.left)
+        elif isinstance(operator, (cst.In, cst.NotIn)) and isinstance(node.left, cst.SimpleString):
+            self._tested(right)  # `"temperature" in config`: a key looked up, not the value used
+
+    def _tested(self, node: cst.BaseExpression) -> None:
+        """A base name tested for truth or None (`if config`, `config is not None`): not a use of its value."""
+        if isinstance(node, cst.Name) and node.value in self.bases:
+            self._inner.add(id(node))
 
     def visit_Name(self, node: cst.Name) -> None:
         if node.value in self.bases and id(node) not in self._inner:

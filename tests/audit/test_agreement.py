@@ -223,3 +223,59 @@ def test_a_branch_whose_switch_value_check_grad_skips_is_listed_not_compared(tmp
     assert skipped and all("check-grad skipped switch values" in verdict.reason for verdict in skipped)
     assert all(("sparse" in str(verdict.site.labels)) for verdict in skipped)
     assert [verdict.agree for verdict in verdicts if verdict.audited] == [True]
+
+
+def test_a_helper_whose_caller_fixes_its_switch_is_audited_at_that_value_only(tmp_path):
+    """ROLL's worker calls compute_approx_kl(..., kl_penalty="k3") for its KL loss: the branch is k3's (KL002),
+    whatever the helper's other values do as a loss, and no call reaches them in the loss placement. The reward
+    that leaves the switch to a parameter of its own is still compared at every value."""
+    path = tmp_path / "worker.py"
+    path.write_text(textwrap.dedent('''
+        def compute_approx_kl(log_probs, log_probs_base, kl_penalty="kl"):
+            if kl_penalty == "kl":
+                return log_probs - log_probs_base
+            if kl_penalty == "mse":
+                return 0.5 * (log_probs - log_probs_base).square()
+            if kl_penalty == "k3":
+                log_ratio = log_probs_base - log_probs
+                return log_ratio.exp() - 1 - log_ratio
+            raise NotImplementedError
+
+
+        def loss_func(log_probs, ref_log_probs, advantages, mask):
+            pg_loss = -(log_probs * advantages * mask).sum() / mask.sum()
+            kl_loss = compute_approx_kl(log_probs, ref_log_probs, kl_penalty="k3")
+            return pg_loss + 0.1 * (kl_loss * mask).sum() / mask.sum()
+    '''))
+    [site] = site_verdicts(str(path))
+    assert (site.helper, site.passed, site.rules) == ("compute_approx_kl", (("kl_penalty", ("k3",)),), ("KL002",))
+    verdicts = compare(str(path), _audit(tmp_path))
+    assert [(verdict.modes, verdict.check_grad_rules, verdict.agree) for verdict in verdicts] == [
+        (("kl_penalty=k3",), ("KL002",), True)]
+
+
+def test_log_probs_handed_to_a_helper_in_the_other_order_are_bound_as_the_call_passes_them(tmp_path):
+    """RLinf's actor calls kl_penalty(ref_logprobs, logprobs, kl_type) on a helper whose parameters are
+    (logprob, ref_logprob, ...): the lint reads the swap, k1 becomes ref - logp (zero expected gradient as a loss,
+    KL001) and k3 a clamped r - 1 - log r with r = pi / ref (OTHER). check-grad binds the helper as the call passes
+    its inputs, and agrees."""
+    path = tmp_path / "actor.py"
+    path.write_text(textwrap.dedent('''
+        def kl_penalty(logprob, ref_logprob, kl_type):
+            if kl_type == "kl":
+                return logprob - ref_logprob
+            if kl_type == "k3":
+                kl = ref_logprob - logprob
+                return kl.exp() - kl - 1
+            raise NotImplementedError
+
+
+        def actor_loss(logprobs, ref_logprobs, mask, kl_type="kl"):
+            kld = kl_penalty(ref_logprobs, logprobs, kl_type)
+            return (kld * mask).sum() / mask.sum()
+    '''))
+    sites = site_verdicts(str(path))
+    assert {site.helper_inputs for site in sites} == {(("logprob", "ref_logprobs"), ("ref_logprob", "logprobs"))}
+    verdicts = compare(str(path), _audit(tmp_path))
+    assert {(verdict.modes, verdict.check_grad_rules, verdict.agree) for verdict in verdicts} == {
+        (("kl_type=kl",), ("KL001",), True), (("kl_type=k3",), ("KL009",), True)}

@@ -374,6 +374,51 @@ def test_a_config_parameter_is_bound_as_the_switches_it_is_read_for(tmp_path):
     assert not failed.results and "AssertionError" in failed.errors[0]
 
 
+DICT_CONFIGURED = '''
+import torch.nn.functional as F
+
+
+def distillation_loss(response_mask, config=None, teacher_logits=None, student_logits=None):
+    kind = config.get("distillation_type", "reverse_kl") if config else "reverse_kl"
+    temperature = config["temperature"] if config is not None and "temperature" in config else 1.0
+    student = F.log_softmax(student_logits / temperature, dim=-1)
+    teacher = F.log_softmax(teacher_logits / temperature, dim=-1)
+    if kind == "reverse_kl":
+        per_token = (student.exp() * (student - teacher)).sum(-1)
+    elif kind == "forward_kl":
+        per_token = (teacher.exp() * (teacher - student)).sum(-1)
+    else:
+        raise ValueError(kind)
+    return (per_token * response_mask).sum() / response_mask.sum()
+'''
+
+
+def test_a_dict_config_defaulting_to_none_is_bound_as_the_switches_it_is_read_for(tmp_path):
+    """A verl fork's distillation loss reads its switch from an optional dict (`config.get("distillation_type",
+    "reverse_kl") if config else ...`, `config: Optional[dict] = None`): bound at its default None, only the
+    reverse KL would ever run. The parameter is bound as the switches, read as a dict and tested for truth, and
+    each value is audited: the exact per-step reverse KL as a loss is PART (KL003), the forward one PFWD (KL002).
+    A setting no switch selects keeps the code's own fallback (the temperature, 1.0)."""
+    path = tmp_path / "distill.py"
+    path.write_text(DICT_CONFIGURED)
+    report = audit_target(Target(path=str(path), qualname="distillation_loss"))
+    assert report.errors == []
+    assert [(row.mode, row.objective, row.rule) for row in report.results] == [
+        ({"distillation_type": "reverse_kl"}, "PART", "KL003"), ({"distillation_type": "forward_kl"}, "PFWD", "KL002")]
+
+
+def test_a_term_no_row_names_per_sample_whose_expected_gradient_is_zero_is_kl001(tmp_path):
+    """The k1 loss with the log-probs swapped (ref - logp, RLinf's kl_penalty(ref_logprobs, logprobs, "kl")) has
+    the negated score of row 1 per sample, which no catalog row has; its exact expected gradient is zero on every
+    enumerated policy, KL001's claim: no regularisation, only noise."""
+    path = tmp_path / "swapped.py"
+    path.write_text("def kl_loss(log_probs, ref_log_probs, mask):\n"
+                    "    return ((ref_log_probs - log_probs) * mask).sum() / mask.sum()\n")
+    [row] = audit_target(Target(path=str(path), qualname="kl_loss"), placements=["loss"]).results
+    assert (row.objective, row.unbiased, row.rule) == ("ZERO", False, "KL001")
+    assert row.configuration.startswith("unrecognised")
+
+
 def test_a_parameter_bound_as_switches_that_is_used_whole_names_itself(tmp_path):
     """A parameter bound as `switches` that the code uses whole (calls it, as a scorer or a model) fails naming
     itself and the --bind that would say what it is."""
