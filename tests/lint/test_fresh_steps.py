@@ -306,3 +306,13 @@ def test_a_collection_of_statistics_draws_nothing(tmp_path, call):
                            f'batch = trajs[start:start + self.cfg.micro_batch]\n                    {call}\n')
     assert call in stats
     assert codes(tmp_path, stats, epochs=4) == ["KL002", "KL008"]
+
+
+def test_a_mixed_precision_step_handed_the_optimizer_is_an_optimizer_step(tmp_path):
+    """`self.scaler.step(self.optimizer)` (torch.amp's GradScaler, in a copy of TRL's first PPOTrainer) steps the
+    optimizer it is handed: a loop of such steps after the rewards are computed trains the k1 reward of the
+    rollout four times, three on an older policy's samples (row 23)."""
+    body = REWARD.format(loss='loss = -(logp * advantages).sum()').replace("loss.backward()", "self.scaler.scale(loss).backward()").replace(
+        "self.opt.step()", "self.scaler.step(self.opt)\n                self.scaler.update()")
+    assert codes(tmp_path, body, epochs=4) == ["KL008"]
+    assert codes(tmp_path, body.replace("self.scaler.step(self.opt)", "self.scaler.step(self.batch)"), epochs=4) == []
