@@ -457,11 +457,16 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         trainer = training or trained_later(analyzer.module(path, module), functions[best.function], config,
                                             best.sink.kind, lambda node: (positions.of(module, node) or (None,))[0])
         trained = as_trained(config, reduced, best.sink.kind, trainer)
-        if trained != config:
+        trained_here = trained != config
+        if trained_here:
             config, rows = trained, defects(trained, best.fact.clamped)
         if best.fact.entry is not None:
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:
+            entry = positions.of(module, best.sink.node)
+        if entry is None and trained_here:
+            # a reward a helper of another module forms whole (OpenRLHF 0.4's compute_reward), which that module
+            # cannot know this module's actor trains over several steps: reported at the statement here
             entry = positions.of(module, best.sink.node)
         if entry is None:
             continue

@@ -316,10 +316,11 @@ def site_verdicts(path: str) -> list[KLSite]:
                 config = config_of(fact, sink.kind, sink.trained, rewards_stay)
                 if config is None or sink_line is None:
                     continue
-                config = as_trained(config, fact.aggregation is not None, sink.kind, training or trained_later(
+                trained = as_trained(config, fact.aggregation is not None, sink.kind, training or trained_later(
                     module, (func, cls), config, sink.kind, lambda node: where(str(file), node)))
+                trained_here, config = trained != config, trained
                 entry = positions[str(file)].get(id(fact.entry)) if fact.entry is not None else None
-                if fact.entry is not None and entry is None:
+                if fact.entry is not None and entry is None and not trained_here:
                     continue  # it entered the loss in another module: the lint reports it there
                 origin_path = str(Path(fact.origin_path).resolve()) if fact.origin_path else str(file)
                 origin_line = where(fact.origin_path, fact.origin) if fact.origin is not None else None

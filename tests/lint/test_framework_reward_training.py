@@ -10,6 +10,8 @@ sequence's reward by 1/L (row 21: KL007), ROLL's default.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from klaudit.config import Settings
 from klaudit.lint.engine import lint_paths
 
@@ -234,3 +236,31 @@ def test_the_records_check_grad_is_compared_with_carry_the_same_staleness(tmp_pa
     module = tmp_path / "verl" / "trainer" / "ppo" / "ray_trainer.py"
     [site] = [site for site in site_verdicts(str(module)) if site.line == 8]
     assert site.placement == "reward" and site.rules == ("KL008",)
+
+
+def test_a_reward_an_openrlhf_helper_forms_whole_is_reported_at_the_experience_makers_call(tmp_path):
+    """OpenRLHF 0.4's compute_reward (openrlhf/models/utils.py) forms the k1 reward from the log-probs itself, a
+    reward on fresh samples where it is written. The experience maker that calls it knows OpenRLHF's actor trains it
+    over eight steps per rollout (row 23) with each response's token mean (row 21): reported at its call."""
+    (tmp_path / "openrlhf" / "models").mkdir(parents=True)
+    (tmp_path / "openrlhf" / "models" / "utils.py").write_text(
+        "def compute_reward(r, kl_coef, log_probs, log_probs_base, action_mask):\n"
+        "    kl = (log_probs - log_probs_base) * action_mask\n"
+        "    reward = -kl_coef * kl\n"
+        "    reward[:, -1] += r\n"
+        "    return reward, kl\n")
+    module = tmp_path / "openrlhf" / "trainer" / "ppo_utils" / "experience_maker.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "from openrlhf.models.utils import compute_reward\n\n\n"
+        "class ExperienceMaker:\n"
+        "    def make_experience(self, samples):\n"
+        "        reward, kl = compute_reward(samples.score, self.kl_ctl.value, samples.action_log_probs,\n"
+        "                                    samples.base_action_log_probs, samples.action_mask)\n"
+        "        samples.advantages = self.get_advantages_and_returns(samples.values, reward)\n"
+        "        return samples\n")
+    (tmp_path / "version.txt").write_text("0.4.4\n")
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='openrlhf')\n")
+    findings = lint_paths([str(tmp_path / "openrlhf")], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(Path(f.path).name, f.code, f.line) for f in findings] == [("experience_maker.py", "KL007", 6),
+                                                                     ("experience_maker.py", "KL008", 6)]
