@@ -74,10 +74,10 @@ class Project:
             return _find(base, parts)
         if importer is not None:
             # a script's own folder comes first on Python's path (`from utils import f` beside train.py);
-            # a package's modules import by the package's path instead
-            folder = Path(importer).resolve().parent
-            if not (folder / "__init__.py").is_file():
-                found = _find(folder, parts)
+            # a package's modules import by the package's path instead, the copy they belong to first (a
+            # repository that vendors verl twice: each copy's `from verl.trainer.ppo import core_algos` is its own)
+            for base in self._importers_path(Path(importer).resolve().parent):
+                found = _find(base, parts)
                 if found is not None:
                     return found
         for base in self.bases + self.package_parents().get(parts[0], []):
@@ -91,6 +91,20 @@ class Project:
             if found is not None:
                 return found
         return installed_model(dotted)
+
+    def _importers_path(self, folder: Path) -> list[Path]:
+        """The folders an import in `folder` may be run from, nearest first: `folder` itself and each folder
+        above it that is no package (an __init__.py makes one), up to the linted root that holds it."""
+        root = next((root for root in self.roots if folder.is_relative_to(root)), None)
+        if root is None:
+            return [] if (folder / "__init__.py").is_file() else [folder]
+        found = []
+        for base in (folder, *folder.parents):
+            if not (base / "__init__.py").is_file():
+                found.append(base)
+            if base == root:
+                break
+        return found
 
     def package_parents(self) -> dict[str, list[Path]]:
         """Top-level package name -> the directories that hold it, anywhere under the roots

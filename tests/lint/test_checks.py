@@ -278,6 +278,35 @@ def test_imports_between_modules_of_the_linted_tree(tmp_path):
     assert "estimators.py:6" in findings[0].message
 
 
+def test_a_repository_with_two_copies_of_a_package_imports_each_copys_own(tmp_path):
+    """CriticCoT vendors verl three times (one_shot_rlvr/verl, sweswe-main/verl, ...): a module of one copy that
+    imports `verl.core_algos` runs with its own copy on Python's path, even from a recipe folder below it that is
+    a namespace package (no __init__.py). Here copy `a` computes k1 and copy `b` k3 under the same name."""
+    estimators = {"a": "    return logp - ref_logp\n",
+                  "b": "    return torch.exp(ref_logp - logp) - (ref_logp - logp) - 1\n"}
+    trainer = textwrap.dedent("""
+        from verl.core_algos import kl_penalty
+
+
+        def compute_loss(logp, ref_logp, mask):
+            loss = (kl_penalty(logp, ref_logp) * mask).sum(-1).mean()
+            return loss
+    """)
+    for copy, body in estimators.items():
+        (tmp_path / copy / "verl").mkdir(parents=True)
+        (tmp_path / copy / "verl" / "__init__.py").write_text("")
+        (tmp_path / copy / "verl" / "core_algos.py").write_text("import torch\n\n\ndef kl_penalty(logp, ref_logp):\n" + body)
+        (tmp_path / copy / "recipe" / "sppo").mkdir(parents=True)
+        (tmp_path / copy / "recipe" / "sppo" / "__init__.py").write_text("")
+        (tmp_path / copy / "recipe" / "sppo" / "actor.py").write_text(trainer)
+    project = Project([tmp_path])
+    found = {copy: check_module(str(tmp_path / copy / "recipe" / "sppo" / "actor.py"), cst.parse_module(trainer),
+                                project, trainer) for copy in estimators}
+    assert {copy: [(f.code, f.related[0][0]) for f in findings] for copy, findings in found.items()} == {
+        "a": [("KL001", str(tmp_path / "a" / "verl" / "core_algos.py"))],
+        "b": [("KL002", str(tmp_path / "b" / "verl" / "core_algos.py"))]}
+
+
 def test_unparsable_import_resolves_to_nothing(tmp_path):
     (tmp_path / "broken.py").write_text("def (:\n")
     source = "from broken import k3\n\ndef compute_loss(logp, ref_logp):\n    loss = k3(logp, ref_logp)\n    return loss\n"
