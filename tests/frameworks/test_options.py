@@ -56,6 +56,21 @@ def test_an_option_given_two_defaults_has_the_one_of_the_file_that_builds_the_co
     assert options.default("loss_type", "c.py").value == "grpo"  # the same everywhere
 
 
+def test_a_project_installed_on_its_own_sees_only_its_own_options(tmp_path):
+    """CriticCoT carries LLaMA-Factory beside ms-swift: LLaMA-Factory's PPO reads per_device_train_batch_size from
+    transformers' TrainingArguments, not from ms-swift's dataclass, which gives it 1. Each folder with a setup.py
+    or pyproject.toml is a project of its own; a file outside any sees every file's options."""
+    for project in ("ms-swift", "LLaMA-Factory"):
+        (tmp_path / project).mkdir()
+        (tmp_path / project / "setup.py").write_text("")
+    swift = str(tmp_path / "ms-swift" / "arguments.py")
+    options = option_defaults({swift: "from dataclasses import dataclass\n\n@dataclass\nclass A:\n"
+                                      "    per_device_train_batch_size: int = 1\n"})
+    assert options.default("per_device_train_batch_size", str(tmp_path / "LLaMA-Factory" / "ppo.py")) is None
+    assert options.default("per_device_train_batch_size", str(tmp_path / "ms-swift" / "train.py")).value == "1"
+    assert options.default("per_device_train_batch_size", str(tmp_path / "run.py")).value == "1"
+
+
 @pytest.mark.parametrize("written, expected", [
     ("beta", "0.5"),  # the enclosing function's parameter
     ("args.beta", "0.04"), ("self.args.beta", "0.04"),  # the option named like the last attribute
