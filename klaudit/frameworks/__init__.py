@@ -67,7 +67,9 @@ _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator"
                "distillation.enabled", "reference_policy_kl", *slime.KL_KEYS, *roll.KL_KEYS, swift.RLHF_TYPE,
                # a verl launch whose copy puts the KL in the reward by default (reward_follows_loss_flag), and an
                # EasyR1 launch, whose batch sizes alone change the verdict of the config it names
-               "main_ppo", "verl.trainer.main")
+               "main_ppo", "verl.trainer.main",
+               # a launch of a project's script that parses TRL's PPOConfig, passing its step keys
+               *trl_ppo.LEGACY_STEPS, *trl_ppo.STEPS)
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -75,6 +77,8 @@ _TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
 # A project's own script that parses TRL's GRPOConfig from its command line and trains with TRL's GRPOTrainer
 # (MedicalGPT's training/grpo_training.py run by its scripts/run_grpo.sh): the flags passed to it are TRL's.
 _PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
+# the same, or a path from a root (`/home/user/project/train_code/ppo_train.py`), looked up by its tail
+_LAUNCHED_SCRIPT = re.compile(r"(?<![\w.$-])(/?(?:[\w.-]+/)*[\w-]+\.py)\b")
 _PARSES_GRPO_CONFIG = re.compile(r"\b(?:TrlParser|HfArgumentParser)\s*\(\s*[(\[]?[^)\]]*\bGRPOConfig\b")
 _TRAINS_WITH_TRL = re.compile(r"^[ \t]*from[ \t]+trl(?:\.[\w.]+)?[ \t]+import[ \t]+(?:\([^)]*|[^\n]*)\bGRPOTrainer\b",
                               re.MULTILINE)
@@ -559,9 +563,35 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         settings = cli_flags(only_command(text, launch.start()), {key: key for key in trl.KEYS}, trl.SWITCHES)
         if command or settings:  # a GRPO script's own defaults are unknown unless it passes TRL's flags
             found += _trl(path, settings, context, _setting_at(text, launch))
+    ppo = _trl_ppo_script(path, text)
+    if ppo is not None:
+        found += _trl_ppo_launch(path, text, ppo, context)
     if tunix.LAUNCH.search(text):
         found += _tunix_cli(path, shell_overrides(text), context, text, "shell")
     return found + _swift_launches(path, text)
+
+
+def _trl_ppo_script(path: str, text: str) -> re.Match | None:
+    """The first Python script a command of `text` runs (not a comment) that is a script of the project which
+    parses TRL's PPOConfig from its command line and trains TRL's PPOTrainer (`python train_code/ppo_train.py
+    --ppo_epochs 3`; a path written from another machine's root is looked up by its tail)."""
+    for match, _ in _uncommented(_LAUNCHED_SCRIPT, text):
+        source = _project_file(path, match.group(1))
+        if source and _PARSES_PPO_CONFIG.search(source) and _imported_names(source).get(
+                "PPOTrainer", ("", ""))[0] == "trl":
+            return match
+    return None
+
+
+def _trl_ppo_launch(path: str, text: str, launch: re.Match, context: Context) -> list[Finding]:
+    """The PPOConfig keys the command of `launch` passes, judged as a PPOConfig call that sets them (the API they
+    name, else the one of the TRL release the project states); none passed leaves the script's own finding at
+    the defaults (`_trl_ppo_command_line`)."""
+    settings = cli_flags(only_command(text, launch.start()), {key: key for key in trl_ppo.KEYS})
+    if not settings:
+        return []
+    judged = trl_ppo.judge(settings, _setting_at(text, launch), release_api=trl_ppo.api_of(context.release("trl", path)))
+    return [] if judged is None else _findings(path, judged, trl_ppo.NAME, trl_ppo.fix)
 
 
 def _command_options(text: str, launch: re.Match) -> list[str]:
@@ -594,8 +624,11 @@ def _trl_grpo_script(path: str, text: str) -> re.Match | None:
 
 
 def _project_file(launcher: str, relative: str) -> str | None:
-    """The text of the file `relative` names (see `_project_path`); None if not found."""
-    found = _project_path(launcher, relative)
+    """The text of the file `relative` names (see `_project_path`; a path from a root, by the longest of its
+    tails that is a file of the project); None if not found."""
+    parts = relative.split("/")
+    tails = ["/".join(parts[index:]) for index in range(1, len(parts))] if relative.startswith("/") else [relative]
+    found = next((path for tail in tails if (path := _project_path(launcher, tail)) is not None), None)
     return read_text(found) if found is not None else None
 
 

@@ -7,6 +7,7 @@ Verdicts (kl-math.md section 8): k1 in the reward with returns to go is unbiased
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -129,6 +130,40 @@ def test_a_ppo_config_read_from_the_command_line_trains_at_its_defaults(tmp_path
     found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     assert [(f.code, f.line) for f in found] == expected
     assert all("PPOConfig from the command line" in f.message for f in found)
+
+
+LEGACY_SCRIPT = '''\
+from transformers import HfArgumentParser
+from trl import PPOConfig, PPOTrainer
+
+parser = HfArgumentParser((ScriptArguments, PPOConfig))
+args, ppo_config = parser.parse_args_into_dataclasses()
+ppo_trainer = PPOTrainer(ppo_config, model, ref_model, tokenizer, dataset=dataset)
+'''
+LEGACY_LAUNCH = '''\
+# python /home/someone/project/train_code/ppo_train.py --num_ppo_epochs 1
+python /home/someone/project/train_code/ppo_train.py \\
+    --batch_size 1 \\
+    --mini_batch_size 1 \\
+    --learning_rate 3e-6 \\
+    --ppo_epochs {epochs} \\
+    --log_with=wandb
+'''
+
+
+@pytest.mark.parametrize("epochs, expected", [(3, [("KL007", 4), ("KL008", 6)]), (1, [("KL007", 4)])])
+def test_a_shell_launch_of_a_script_that_reads_ppo_config_from_its_command_line_is_judged(tmp_path, epochs, expected):
+    """SsmallSong/TRL_FT (thirty-fifth set) runs its copy of TRL's first PPO example, which parses PPOConfig with
+    HfArgumentParser, as `python /home/.../train_code/ppo_train.py --batch_size 1 --mini_batch_size 1 --ppo_epochs
+    3`: three optimizer steps on each batch, the k1 reward stale on the later two (row 23, KL008 at the count), and
+    each backward pass one response, whose token mean weighs it by 1/L (row 21, KL007). The command passes the
+    first API's keys; the commented command above it runs nothing."""
+    (tmp_path / "train_code").mkdir()
+    (tmp_path / "train_code" / "ppo_train.py").write_text(LEGACY_SCRIPT)
+    (tmp_path / "train_ppo.sh").write_text(LEGACY_LAUNCH.format(epochs=epochs))
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(Path(f.path).name, f.code, f.line) for f in found] == [("train_ppo.sh", *item) for item in expected]
+    assert all(f.message.count("[TRL PPO: ") == 1 for f in found)
 
 
 @pytest.mark.parametrize("pin, imported, call, expected", [
