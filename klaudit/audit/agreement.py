@@ -148,15 +148,16 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
 
 
 def _helper_target(site: KLSite, helper: tuple[str, str]) -> Target:
-    """check-grad's target for `helper` of `site`. Where the site hands it an importance ratio (slime's
-    compute_approx_kl(..., importance_ratio=exp(logp - old))), the ratio is bound and its weighted result audited
-    as the loss it is: a target of its own, apart from the branches that pass none."""
-    ratio = [name for name, role in site.helper_inputs if role == Role.RATIO.value] if helper == (
-        site.helper_path, site.helper) else []
-    if not ratio:
+    """check-grad's target for `helper` of `site`, with the inputs the site's call hands it bound as the lint reads
+    them (KLSite.helper_inputs): a target of its own for each such binding, apart from the calls that hand it
+    what names alone say. Where that is an importance ratio (slime's compute_approx_kl(..., importance_ratio=exp(logp
+    - old))), the weighted result is audited as the loss it is."""
+    inputs = site.helper_inputs if helper == (site.helper_path, site.helper) else ()
+    if not inputs:
         return Target(path=helper[0], qualname=helper[1])
-    return Target(path=helper[0], qualname=helper[1], placement="loss",
-                  label=f"{helper[0]}::{helper[1]} ({', '.join(name + '=ratio' for name in ratio)})")
+    weighted = any(role == Role.RATIO.value for _, role in inputs)
+    return Target(path=helper[0], qualname=helper[1], placement="loss" if weighted else None,
+                  label=f"{helper[0]}::{helper[1]} ({', '.join(name + '=' + role for name, role in inputs)})")
 
 
 def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> list[Verdict]:

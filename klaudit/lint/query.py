@@ -177,7 +177,9 @@ class _Tracing(Analyzer):
         # analysed functions make, and of the calls inside those
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
         self.inner_callees: dict[int, dict[int, tuple[str, str]]] = {}
-        self.inputs: dict[tuple[str, str], dict[str, str]] = {}  # (path, qualname) -> {parameter: role}
+        # id(origin) -> {parameter: role} of the calls that formed it (a helper called on per-token log-probs in one
+        # branch and on log-probs over the vocabulary in another forms a different term in each)
+        self.inputs: dict[int, dict[str, str]] = {}
         # id(origin) -> {parameter: the string literals the analysed functions' calls that formed it pass}
         self.passed: dict[int, dict[str, set[str]]] = {}
 
@@ -199,20 +201,21 @@ class _Tracing(Analyzer):
         outcome = super().call(module, func, cls, env, fresh)
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         called = (str(Path(module.path).resolve()), qualname)
-        literals: dict[str, str] = {}
-        if outermost:
-            for parameter, facts in env.items():
-                role = _input_role(facts, parameter) if isinstance(facts, tuple) else None
-                if role is not None:
-                    self.inputs.setdefault(called, {})[parameter] = role
-                text = _literal_text(facts) if isinstance(facts, tuple) else None
-                if text is not None:
-                    literals[parameter] = text
+        roles: dict[str, str] = {}  # what an analysed function's call hands the helper: inputs read by role,
+        literals: dict[str, str] = {}  # and switches fixed to a literal
+        for parameter, facts in env.items() if outermost else ():
+            role = _input_role(facts, parameter) if isinstance(facts, tuple) else None
+            if role is not None:
+                roles[parameter] = role
+            text = _literal_text(facts) if isinstance(facts, tuple) else None
+            if text is not None:
+                literals[parameter] = text
         passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
         found = self.callees if outermost else self.inner_callees
         for fact in _kl_facts(outcome.returns):
             if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
                 found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
+                self.inputs.setdefault(id(fact.origin), {}).update(roles)
                 for parameter, text in literals.items():
                     self.passed.setdefault(id(fact.origin), {}).setdefault(parameter, set()).add(text)
         return outcome
@@ -337,7 +340,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
-                    _inputs_of(analyzer.inputs.get(callee, {}), fact) if callee else (),
+                    _inputs_of(analyzer.inputs.get(id(fact.origin), {}), fact) if callee else (),
                     analyzer.passed_to(fact) if callee else (),
                     registered_names(func), tuple(chain)[1:], tuple(chain.values()),
                     fact.clamped_calls if clamped else 0)] = None

@@ -279,3 +279,35 @@ def test_log_probs_handed_to_a_helper_in_the_other_order_are_bound_as_the_call_p
     verdicts = compare(str(path), _audit(tmp_path))
     assert {(verdict.modes, verdict.check_grad_rules, verdict.agree) for verdict in verdicts} == {
         (("kl_type=kl",), ("KL001",), True), (("kl_type=k3",), ("KL009",), True)}
+
+
+def test_a_helpers_inputs_are_read_per_call_not_merged_over_its_calls(tmp_path):
+    """Legacy TRL's PPOTrainer (and its copies: schinger/FullLLM) calls its KL helper on log-probs over the vocabulary
+    when kl_penalty is "full" and on per-token log-probs otherwise. Each branch's term is audited with the inputs
+    its own call hands the helper: the "abs" reward (KL004) with per-token log-probs, not the vocabulary's."""
+    path = tmp_path / "ppo.py"
+    path.write_text(textwrap.dedent('''
+        import torch.nn.functional as F
+
+
+        def penalty(logprob, ref_logprob, kl_type):
+            if kl_type == "abs":
+                return (logprob - ref_logprob).abs()
+            if kl_type == "full":
+                return F.kl_div(ref_logprob, logprob, log_target=True, reduction="none").sum(-1)
+            return logprob - ref_logprob
+
+
+        def compute_rewards(logprobs, ref_logprobs, logits, ref_logits, kl_type="kl"):
+            if kl_type == "full":
+                kl = penalty(F.log_softmax(logits, -1), F.log_softmax(ref_logits, -1), kl_type)
+            else:
+                kl = penalty(logprobs, ref_logprobs, kl_type)
+            rewards = -0.1 * kl
+            return rewards
+    '''))
+    sites = [site for site in site_verdicts(str(path)) if site.function == "compute_rewards"]
+    assert {site.helper_inputs for site in sites if ("kl_type", ("abs",)) in site.labels} == {()}
+    verdicts = [verdict for verdict in compare(str(path), _audit(tmp_path)) if verdict.modes == ("kl_type=abs",)]
+    assert verdicts and all(verdict.audited and verdict.agree and verdict.check_grad_rules == ("KL004",)
+                            for verdict in verdicts)
