@@ -578,11 +578,12 @@ def package_root(path: Path) -> Path:
 
 
 def package_of(path: str | Path) -> tuple[Path, list[str]]:
-    """The directory above the outermost package holding `path`, and the file's dotted name below it."""
+    """The directory above the outermost package holding `path`, and the file's dotted name below it. A folder
+    without an __init__.py inside a package is a namespace subpackage of it (SkyRL's workers/megatron/)."""
     file = Path(path).resolve()
     parts = [file.stem]
     directory = file.parent
-    while (directory / "__init__.py").is_file():
+    while (directory / "__init__.py").is_file() or (directory.parent / "__init__.py").is_file():
         parts.insert(0, directory.name)
         directory = directory.parent
     return directory, parts

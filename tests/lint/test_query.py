@@ -210,3 +210,30 @@ def test_a_term_past_every_named_value_gets_a_value_of_its_own(tmp_path):
     """)
     assert switch_values(str(source), "kl") == {"mode": ["k3", "other"]}
     assert switch_values(str(source), "kl_with_default") == {"mode": ["k3"]}
+
+
+def test_a_folder_without_init_inside_a_package_is_a_namespace_subpackage_of_it(tmp_path):
+    """SkyRL's workers/megatron/ has no __init__.py while workers/ has one: its modules import the package by its
+    full name (`from skyrl.utils.ppo import compute_approx_kl`), so the KL sites of its loss function are found only
+    with the package's root on the path, as Python imports them. A script folder outside any package is its own."""
+    from klaudit.lint.query import package_of, site_verdicts
+
+    _write(tmp_path, "skyrl/__init__.py", "")
+    _write(tmp_path, "skyrl/workers/__init__.py", "")
+    _write(tmp_path, "skyrl/ppo.py", """
+    def compute_approx_kl(log_probs, base_log_probs):
+        log_ratio = base_log_probs - log_probs
+        return log_ratio.exp() - 1 - log_ratio
+    """)
+    wrapper = _write(tmp_path, "skyrl/workers/megatron/wrapper.py", """
+    from skyrl.ppo import compute_approx_kl
+
+
+    def loss_func(log_probs, base_log_probs, mask):
+        kl_loss = (compute_approx_kl(log_probs, base_log_probs) * mask).sum() / mask.sum()
+        return kl_loss
+    """)
+    script = _write(tmp_path, "scripts/train.py", "")
+    assert package_of(wrapper) == (tmp_path, ["skyrl", "workers", "megatron", "wrapper"])
+    assert package_of(script) == (tmp_path / "scripts", ["train"])
+    assert [site.rules for site in site_verdicts(str(wrapper))] == [("KL002",)]
