@@ -143,6 +143,8 @@ _REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
 # a shape (`logp_BT`) or a per-token marker (dLLM-RL's `logp_old_tok`) after the name
 _SHAPE_SUFFIX = re.compile(r"_([BTVLSNGKHD]{1,4}|bt|btv|toks?|tokens?)$")
+# An optional value named so (legacy TRL's `ref_logits_or_none`, returned only when asked for): the same tensor.
+_OPTIONAL_SUFFIX = re.compile(r"_or_none$", re.IGNORECASE)
 # Which data the log-probs were taken on (`model_logprobs_ref_data`): the model is named before it.
 _DATA_SUFFIX = re.compile(r"_(model|ref|reference|policy|chosen|rejected|sampled|generated)_data(_\w+)?$", re.IGNORECASE)
 # A model whose outputs are the reference's: `self.ref_model(...)`, `ref_outputs`, `teacher(...)`, `sft_policy`.
@@ -192,7 +194,7 @@ def names_pair_logprobs(name: str) -> bool:
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def tensor_role(name: str) -> AtomKind | None:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
-    bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", name.lstrip("_")))
+    bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", _OPTIONAL_SUFFIX.sub("", name.lstrip("_"))))
     if names_pair_logprobs(bare):
         return None
     if _REF_PATTERN.match(bare) or _REF_LP.match(bare):

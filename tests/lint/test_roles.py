@@ -240,6 +240,8 @@ def test_switch_branches_stay_apart_and_are_labelled():
     ("logits_policy", alg.LOGITS), ("logits_a", alg.LOGITS), ("logits_p", alg.LOGITS), ("logits_chunk", alg.LOGITS),
     ("logits_r", alg.REF_LOGITS), ("logits_q", alg.REF_LOGITS), ("logits_ref", alg.REF_LOGITS),
     ("logits_processor", None), ("logits_to_keep", None), ("logits_soft_cap", None),
+    # an optional value named so (legacy TRL's logits_or_none / ref_logits_or_none, returned when asked for)
+    ("ref_logits_or_none", alg.REF_LOGITS), ("logits_or_none", alg.LOGITS), ("mask_or_none", None),
 ])
 def test_shape_suffixes_and_more_model_names(name, role):
     assert tensor_role(name) == role
