@@ -149,10 +149,10 @@ def targets_of(path: str, sites: Iterable[KLSite]) -> tuple[dict[KLSite, Target]
 
 def _helper_target(site: KLSite, helper: tuple[str, str]) -> Target:
     """check-grad's target for `helper` of `site`, with the inputs the site's call hands it bound as the lint reads
-    them (KLSite.helper_inputs): a target of its own for each such binding, apart from the calls that hand it
+    them (KLSite.inputs_of): a target of its own for each such binding, apart from the calls that hand it
     what names alone say. Where that is an importance ratio (slime's compute_approx_kl(..., importance_ratio=exp(logp
     - old))), the weighted result is audited as the loss it is."""
-    inputs = site.helper_inputs if helper == (site.helper_path, site.helper) else ()
+    inputs = site.inputs_of(helper)
     if not inputs:
         return Target(path=helper[0], qualname=helper[1])
     weighted = any(role == Role.RATIO.value for _, role in inputs)
@@ -171,8 +171,8 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
         placements = sorted({site.placement for site in chosen_by})
         own = [target.placement] if target.placement else []
         # a helper's inputs bound as the lint reads them at the call (log-probs over the vocabulary), not by name
-        roles = {name: role for site in chosen_by if not site.inline and (target.path, target.qualname) == (
-            site.helper_path, site.helper) for name, role in site.helper_inputs}
+        roles = {name: role for site in chosen_by if not site.inline
+                 for name, role in site.inputs_of((target.path or "", target.qualname or ""))}
         reports[target] = audit(target, own if target in whole or target.placement else placements, roles)
     verdicts = []
     for site in sites:
@@ -229,14 +229,14 @@ def _unjudged(targets: dict[KLSite, Target], reports: dict[Target, Report], whol
 
 
 def _labels(site: KLSite, target: Target) -> tuple:
-    """The switch values that select the branch of `site` in `target`'s rows: its labels, and where `target` is the
-    helper the site calls, the literals that call passes it (`KLSite.passed`)."""
-    return site.labels + site.passed if (target.path, target.qualname) == (site.helper_path, site.helper) else site.labels
+    """The switch values that select the branch of `site` in `target`'s rows: its labels, and where `target` is a
+    helper the term passes through, the literals its call passes it (`KLSite.passed_to`)."""
+    return site.labels + site.passed_to((target.path or "", target.qualname or ""))
 
 
 def _passes_other(site: KLSite, target: Target, mode: dict) -> bool:
-    """Whether the call of `site` fixes one of `mode`'s switches to literals other than the mode's value."""
-    fixed = dict(site.passed) if (target.path, target.qualname) == (site.helper_path, site.helper) else {}
+    """Whether the call of `site`'s helper `target` fixes one of `mode`'s switches to literals other than its value."""
+    fixed = dict(site.passed_to((target.path or "", target.qualname or "")))
     return any(key in fixed and str(value) not in fixed[key] for key, value in mode.items())
 
 

@@ -143,10 +143,11 @@ class KLSite:
     clamped: bool
     labels: Labels
     rules: tuple[str, ...]
-    helper_inputs: tuple[tuple[str, str], ...] = ()  # (parameter, role) the lint reads the helper's inputs as
-    # (parameter, values) the call fixes to string literals (`compute_approx_kl(..., kl_penalty="k3")`): the only
-    # values of those switches this branch takes
-    passed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # of each of `helpers()`, in that order: ((parameter, role), ...) the lint reads the inputs its call hands it as
+    # (`_input_role`), and ((parameter, values), ...) that call fixes to string literals
+    # (`compute_approx_kl(..., kl_penalty="k3")`: the only values of that switch this branch takes)
+    helper_inputs: tuple[tuple[tuple[str, str], ...], ...] = ()
+    passed: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = ()
     admits: frozenset[str] = frozenset()  # the only names a registry runs `function` under (none: any)
     # the functions under `helper` whose results carry the term too, outermost first (path, qualname): where
     # `helper` takes what check-grad cannot make (configs, a model's output dict), the estimator it calls
@@ -160,6 +161,14 @@ class KLSite:
         """`helper` and then `inner_helpers`: the functions check-grad may audit for this term, in that order."""
         outer = ((self.helper_path, self.helper),) if self.helper_path and self.helper else ()
         return outer + self.inner_helpers
+
+    def inputs_of(self, helper: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+        """The inputs the call of `helper` (one of `helpers()`) hands it, as the lint reads them (`helper_inputs`)."""
+        return dict(zip(self.helpers(), self.helper_inputs)).get(helper, ())
+
+    def passed_to(self, helper: tuple[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The switches the call of `helper` (one of `helpers()`) fixes to literals (`passed`)."""
+        return dict(zip(self.helpers(), self.passed)).get(helper, ())
 
     def clamped_in(self, helper: tuple[str, str]) -> bool:
         """Whether the term is clamped inside `helper` (one of `helpers()`), not by the code that calls it."""
@@ -177,11 +186,11 @@ class _Tracing(Analyzer):
         # analysed functions make, and of the calls inside those
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
         self.inner_callees: dict[int, dict[int, tuple[str, str]]] = {}
-        # id(origin) -> {parameter: role} of the calls that formed it (a helper called on per-token log-probs in one
-        # branch and on log-probs over the vocabulary in another forms a different term in each)
-        self.inputs: dict[int, dict[str, str]] = {}
-        # id(origin) -> {parameter: the string literals the analysed functions' calls that formed it pass}
-        self.passed: dict[int, dict[str, set[str]]] = {}
+        # (id(origin), the called function) -> {parameter: role} of the calls of it that formed the term (a helper
+        # called on per-token log-probs in one branch and on log-probs over the vocabulary in another forms a
+        # different term in each), and {parameter: string literals} they pass
+        self.inputs: dict[tuple[int, tuple[str, str]], dict[str, str]] = {}
+        self.passed: dict[tuple[int, tuple[str, str]], dict[str, set[str]]] = {}
 
     def callees_of(self, fact) -> list[tuple[int, tuple[str, str]]]:
         """The calls that returned `fact`'s term, outermost first, each with the function boundaries the term had
@@ -201,29 +210,32 @@ class _Tracing(Analyzer):
         outcome = super().call(module, func, cls, env, fresh)
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         called = (str(Path(module.path).resolve()), qualname)
-        roles: dict[str, str] = {}  # what an analysed function's call hands the helper: inputs read by role,
+        passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
+        formed = [fact for fact in _kl_facts(outcome.returns) if id(fact.origin) not in passed]
+        roles: dict[str, str] = {}  # what the call hands the function: inputs read by role,
         literals: dict[str, str] = {}  # and switches fixed to a literal
-        for parameter, facts in env.items() if outermost else ():
+        for parameter, facts in env.items() if formed else ():
             role = _input_role(facts, parameter) if isinstance(facts, tuple) else None
             if role is not None:
                 roles[parameter] = role
             text = _literal_text(facts) if isinstance(facts, tuple) else None
             if text is not None:
                 literals[parameter] = text
-        passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
         found = self.callees if outermost else self.inner_callees
-        for fact in _kl_facts(outcome.returns):
-            if id(fact.origin) not in passed:  # formed inside the call, not handed to it (reward_to_go(kl))
-                found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
-                self.inputs.setdefault(id(fact.origin), {}).update(roles)
-                for parameter, text in literals.items():
-                    self.passed.setdefault(id(fact.origin), {}).setdefault(parameter, set()).add(text)
+        for fact in formed:  # formed inside the call, not handed to it (reward_to_go(kl))
+            found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
+            self.inputs.setdefault((id(fact.origin), called), {}).update(roles)
+            for parameter, text in literals.items():
+                self.passed.setdefault((id(fact.origin), called), {}).setdefault(parameter, set()).add(text)
         return outcome
 
-    def passed_to(self, fact) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        """The string literals the calls that formed `fact`'s term pass, by parameter (`KLSite.passed`)."""
-        found = self.passed.get(id(fact.origin), {})
-        return tuple(sorted((parameter, tuple(sorted(texts))) for parameter, texts in found.items()))
+    def handed(self, fact, helpers: Sequence[tuple[str, str]]) -> tuple[tuple, tuple]:
+        """Of each of `helpers`, what the calls of it that formed `fact`'s term hand it: the inputs by role
+        (`_inputs_of`) and the literals by parameter (`KLSite.helper_inputs`, `KLSite.passed`)."""
+        inputs = tuple(_inputs_of(self.inputs.get((id(fact.origin), helper), {}), fact) for helper in helpers)
+        passed = tuple(tuple(sorted((parameter, tuple(sorted(texts))) for parameter, texts in
+                                    self.passed.get((id(fact.origin), helper), {}).items())) for helper in helpers)
+        return inputs, passed
 
 
 # check-grad's role for an input the lint reads as log-probs over the whole vocabulary (log_softmax of a model's
@@ -333,6 +345,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                 for depth, helper in [] if inline else analyzer.callees_of(fact):
                     chain.setdefault(helper, depth)  # a helper met twice keeps its outermost call
                 callee = next(iter(chain), None)
+                inputs, literals = analyzer.handed(fact, list(chain))
                 clamped = clamp_matters(config, fact.clamped)
                 sites[KLSite(
                     str(file), qualname, entry[0] if entry else sink_line, sink_line,
@@ -340,8 +353,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                     callee[0] if callee else None, callee[1] if callee else None,
                     placement_of(config, sink.kind), config, clamped, fact.labels,
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
-                    _inputs_of(analyzer.inputs.get(id(fact.origin), {}), fact) if callee else (),
-                    analyzer.passed_to(fact) if callee else (),
+                    inputs, literals,
                     registered_names(func), tuple(chain)[1:], tuple(chain.values()),
                     fact.clamped_calls if clamped else 0)] = None
     return _without_logged_copies(list(sites))
@@ -399,7 +411,7 @@ def switch_values_at(path: str, name: str, line: int,
     select a KL term, and for a numeric comparison (`alpha == 1`) each number compared with and one that is
     none of them. Every parameter the lint gives no role is followed as a switch under its own name, into the
     functions it is passed to. `inputs`: parameters that hold log-probs over the vocabulary (`vocab_logprobs`,
-    `ref_vocab_logprobs`, as the lint reads them at a call: `KLSite.helper_inputs`), which names alone would
+    `ref_vocab_logprobs`, as the lint reads them at a call: `KLSite.inputs_of`), which names alone would
     read as one log-prob per token."""
     file = Path(path).resolve()
     project = Project([package_root(file)])

@@ -193,7 +193,8 @@ def test_a_helper_handed_an_importance_ratio_is_audited_with_it_bound(tmp_path):
             return loss + 0.1 * (kl * mask).sum() / mask.sum()
     '''))
     sites = site_verdicts(str(path))
-    assert {(site.config.loss.value, site.helper_inputs) for site in sites if site.function == "policy_loss"} == {
+    assert {(site.config.loss.value, site.inputs_of((str(path.resolve()), "approx_kl"))) for site in sites
+            if site.function == "policy_loss"} == {
         ("k3", ()), ("ratio*k3", (("importance_ratio", "ratio"),))}
     verdicts = [verdict for verdict in compare(str(path), _audit(tmp_path)) if verdict.site.function == "policy_loss"]
     assert {(verdict.target.rsplit("::", 1)[-1], verdict.audited_rules, verdict.check_grad_rules, verdict.agree)
@@ -248,7 +249,8 @@ def test_a_helper_whose_caller_fixes_its_switch_is_audited_at_that_value_only(tm
             return pg_loss + 0.1 * (kl_loss * mask).sum() / mask.sum()
     '''))
     [site] = site_verdicts(str(path))
-    assert (site.helper, site.passed, site.rules) == ("compute_approx_kl", (("kl_penalty", ("k3",)),), ("KL002",))
+    assert (site.helper, site.passed_to((str(path.resolve()), "compute_approx_kl")), site.rules) == (
+        "compute_approx_kl", (("kl_penalty", ("k3",)),), ("KL002",))
     verdicts = compare(str(path), _audit(tmp_path))
     assert [(verdict.modes, verdict.check_grad_rules, verdict.agree) for verdict in verdicts] == [
         (("kl_penalty=k3",), ("KL002",), True)]
@@ -275,7 +277,8 @@ def test_log_probs_handed_to_a_helper_in_the_other_order_are_bound_as_the_call_p
             return (kld * mask).sum() / mask.sum()
     '''))
     sites = site_verdicts(str(path))
-    assert {site.helper_inputs for site in sites} == {(("logprob", "ref_logprobs"), ("ref_logprob", "logprobs"))}
+    assert {site.inputs_of((str(path.resolve()), "kl_penalty")) for site in sites} == {
+        (("logprob", "ref_logprobs"), ("ref_logprob", "logprobs"))}
     verdicts = compare(str(path), _audit(tmp_path))
     assert {(verdict.modes, verdict.check_grad_rules, verdict.agree) for verdict in verdicts} == {
         (("kl_type=kl",), ("KL001",), True), (("kl_type=k3",), ("KL009",), True)}
@@ -307,7 +310,7 @@ def test_a_helpers_inputs_are_read_per_call_not_merged_over_its_calls(tmp_path):
             return rewards
     '''))
     sites = [site for site in site_verdicts(str(path)) if site.function == "compute_rewards"]
-    assert {site.helper_inputs for site in sites if ("kl_type", ("abs",)) in site.labels} == {()}
+    assert {site.inputs_of((str(path.resolve()), "penalty")) for site in sites if ("kl_type", ("abs",)) in site.labels} == {()}
     verdicts = [verdict for verdict in compare(str(path), _audit(tmp_path)) if verdict.modes == ("kl_type=abs",)]
     assert verdicts and all(verdict.audited and verdict.agree and verdict.check_grad_rules == ("KL004",)
                             for verdict in verdicts)
