@@ -68,8 +68,9 @@ _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator"
                # a verl launch whose copy puts the KL in the reward by default (reward_follows_loss_flag), and an
                # EasyR1 launch, whose batch sizes alone change the verdict of the config it names
                "main_ppo", "verl.trainer.main",
-               # a launch of a project's script that parses TRL's PPOConfig, passing its step keys
-               *trl_ppo.LEGACY_STEPS, *trl_ppo.STEPS)
+               # a launch of a project's script that parses TRL's PPOConfig, passing its step keys (the epochs or
+               # mini-batches of either API; `batch_size` alone would admit every launch)
+               "ppo_epochs", "mini_batch_size", "num_mini_batches")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")

@@ -403,6 +403,10 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         # packed and unpacked rows of one term are two paths (OpenRLHF's `if packing:`): each keeps its reduction
         groups.setdefault((id(formed), values, cand.fact.packed), []).append(cand)
     findings: list[Finding] = []
+    # the terms some use of which enters a loss or reward in this module: only a term all of whose uses enter in
+    # another module is reported at its sink here, where this module alone knows how it is trained
+    entered_here = {id(c.fact.origin) for c in candidates
+                    if positions.of(module, c.fact.entry if c.fact.entry is not None else c.sink.node) is not None}
     # (statement, rule, row label) -> (labels, config, row, origin, how a reward is trained) of each verdict there
     merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None, RewardTraining | None]]] = {}
     sites: dict[Span, list[SiteUse]] = {}  # statement position -> the SiteUse of every verdict there, for its fix
@@ -464,7 +468,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:
             entry = positions.of(module, best.sink.node)
-        if entry is None and trained_here:
+        if entry is None and trained_here and id(best.fact.origin) not in entered_here:
             # a reward a helper of another module forms whole (OpenRLHF 0.4's compute_reward), which that module
             # cannot know this module's actor trains over several steps: reported at the statement here
             entry = positions.of(module, best.sink.node)

@@ -221,6 +221,11 @@ class _Tracing(Analyzer):
             text = _literal_text(facts) if isinstance(facts, tuple) else None
             if text is not None:
                 literals[parameter] = text
+        # log-probs swapped at this call: both sides, else one side read as the other's is a name the lint
+        # misreads (a teacher's log-probs in the phase that trains the teacher), no swap
+        swapped = {parameter for parameter, role in roles.items() if role in _SWAPPED_INPUTS.values()}
+        if {roles[parameter] for parameter in swapped} != set(_SWAPPED_INPUTS.values()):
+            roles = {parameter: role for parameter, role in roles.items() if parameter not in swapped}
         found = self.callees if outermost else self.inner_callees
         for fact in formed:  # formed inside the call, not handed to it (reward_to_go(kl))
             found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
@@ -252,8 +257,9 @@ def _inputs_of(inputs: Mapping[str, str], fact: Fact) -> tuple[tuple[str, str], 
     return tuple(sorted((name, role) for name, role in inputs.items() if role != "ratio" or weighted))
 
 
-# the roles of per-token log-probs handed to a parameter named for the other side (RLinf's `kl_penalty(ref_logprobs,
-# logprobs, ...)` into `(logprob, ref_logprob, ...)`): the lint reads the call's order, which names alone would not
+# the roles of per-token log-probs handed to parameters named for the other side (RLinf's `kl_penalty(ref_logprobs,
+# logprobs, ...)` into `(logprob, ref_logprob, ...)`): the lint reads the call's order, which names alone would not;
+# only both sides swapped at one call count (`_Tracing.call`)
 _SWAPPED_INPUTS: dict[tuple[str, str], str] = {(algebra.POLICY, algebra.REF): "logprobs",
                                                (algebra.REF, algebra.POLICY): "ref_logprobs"}
 
@@ -318,6 +324,8 @@ def site_verdicts(path: str) -> list[KLSite]:
         return None if at is None else at[0]
 
     sites: dict[KLSite, None] = {}
+    entered_here: set[int] = set()  # the terms some use of which enters a loss or reward in this module
+    elsewhere: list[tuple[int, KLSite]] = []  # a use entered in another module, reported here where none is
     for func, cls in module_functions(tree):
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         span = positions[str(file)].get(id(func))
@@ -337,6 +345,8 @@ def site_verdicts(path: str) -> list[KLSite]:
                 entry = positions[str(file)].get(id(fact.entry)) if fact.entry is not None else None
                 if fact.entry is not None and entry is None and not trained_here:
                     continue  # it entered the loss in another module: the lint reports it there
+                if fact.entry is None or entry is not None:
+                    entered_here.add(id(fact.origin))
                 origin_path = str(Path(fact.origin_path).resolve()) if fact.origin_path else str(file)
                 origin_line = where(fact.origin_path, fact.origin) if fact.origin is not None else None
                 inline = origin_path == str(file) and origin_line is not None and origin_line <= sink_line \
@@ -347,7 +357,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                 callee = next(iter(chain), None)
                 inputs, literals = analyzer.handed(fact, list(chain))
                 clamped = clamp_matters(config, fact.clamped)
-                sites[KLSite(
+                site = KLSite(
                     str(file), qualname, entry[0] if entry else sink_line, sink_line,
                     origin_path if fact.origin is not None else None, origin_line, inline,
                     callee[0] if callee else None, callee[1] if callee else None,
@@ -355,7 +365,16 @@ def site_verdicts(path: str) -> list[KLSite]:
                     tuple(row.rule for row in defects(config, clamped) if row.rule),
                     inputs, literals,
                     registered_names(func), tuple(chain)[1:], tuple(chain.values()),
-                    fact.clamped_calls if clamped else 0)] = None
+                    fact.clamped_calls if clamped else 0)
+                if fact.entry is not None and entry is None:
+                    elsewhere.append((id(fact.origin), site))
+                else:
+                    sites[site] = None
+    first: dict[tuple, KLSite] = {}  # of each term, branch and function, the first sink it reaches, as reported
+    for origin, site in sorted(elsewhere, key=lambda item: item[1].sink_line):
+        if origin not in entered_here:
+            first.setdefault((origin, site.function, site.labels, site.config), site)
+    sites.update((site, None) for site in first.values())
     return _without_logged_copies(list(sites))
 
 

@@ -452,14 +452,15 @@ def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
 def _is_step(node: cst.CSTNode) -> bool:
     """`optimizer.step()`, or MLX's and optax's `optimizer.update(model, grads)`: an update of the policy; or a
     helper named for one, on whatever object holds it (OpenRLHF's `self.strategy.optimizer_step(loss, model,
-    optim)`, `self.trainer.optim_step(loss)`); or a step handed the optimizer (mixed precision's
-    `self.scaler.step(self.optimizer)`)."""
+    optim)`, `self.trainer.optim_step(loss)`); or mixed precision's gradient scaler stepping the optimizer it is
+    handed (`self.scaler.step(self.optimizer)`, torch.amp.GradScaler)."""
     if type(node) is not cst.Call or type(node.func) is not cst.Attribute:
         return False
     method = node.func.attr.value
     if _STEP_HELPER.match(method):
         return True
-    if method == "step" and node.args and roles.names_optimizer(last_name(node.args[0].value) or ""):
+    if method == "step" and node.args and "scaler" in (last_name(node.func.value) or "").lower() \
+            and roles.names_optimizer(last_name(node.args[0].value) or ""):
         return True
     return (method == "step" or method == "update" and bool(node.args)) and roles.names_optimizer(last_name(node.func.value))
 

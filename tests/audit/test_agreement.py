@@ -282,6 +282,21 @@ def test_log_probs_handed_to_a_helper_in_the_other_order_are_bound_as_the_call_p
     verdicts = compare(str(path), _audit(tmp_path))
     assert {(verdict.modes, verdict.check_grad_rules, verdict.agree) for verdict in verdicts} == {
         (("kl_type=kl",), ("KL001",), True), (("kl_type=k3",), ("KL009",), True)}
+    # one side alone read as the other's is no swap: a teacher trained in its own phase (LzyFischer/icml_kd's
+    # compute_grpo_loss(teacher_lp, ref_lp, ...)) keeps the binding its parameters' names give
+    teacher = tmp_path / "teacher.py"
+    teacher.write_text(textwrap.dedent('''
+        def grpo_loss(logprobs, ref_logprobs, student_logprobs, mask):
+            kl_student = logprobs - student_logprobs
+            return (kl_student * mask).sum() / mask.sum()
+
+
+        def teacher_step(teacher_lp, ref_lp, student_lp, mask):
+            loss = grpo_loss(teacher_lp, ref_lp, student_lp, mask)
+            return loss
+    '''))
+    sites = [site for site in site_verdicts(str(teacher)) if site.function == "teacher_step"]
+    assert sites and {site.inputs_of((str(teacher.resolve()), "grpo_loss")) for site in sites} == {()}
 
 
 def test_a_helpers_inputs_are_read_per_call_not_merged_over_its_calls(tmp_path):
