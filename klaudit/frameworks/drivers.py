@@ -40,7 +40,7 @@ from pathlib import Path
 
 from klaudit.catalog import Aggregation
 from klaudit.frameworks import easyr1, openrlhf, roll, slime, verl
-from klaudit.frameworks.settings import Setting, listed, steps_per_rollout, truthy, yaml_settings
+from klaudit.frameworks.settings import Setting, listed, number, steps_per_rollout, truthy, yaml_settings
 from klaudit.frameworks.versions import UNSTATED, at_least, vendored
 from klaudit.text import read_text
 
@@ -59,13 +59,11 @@ _SKYRL_CONFIG = "skyrl/train/config/config.py"  # beside the trainer: the datacl
 # SkyRL's steps per rollout (its `trainer` section): epochs x train batch / mini-batch, in prompts
 _SKYRL_STEPS = {"trainer.update_epochs_per_batch": "1", "trainer.train_batch_size": "1024",
                 "trainer.policy_mini_batch_size": "256"}
-# OpenRLHF's steps per rollout at its defaults: epochs x (rollout batch x samples per prompt) / train batch
-_OPENRLHF_EPOCHS, _OPENRLHF_ROLLOUT, _OPENRLHF_SAMPLES, _OPENRLHF_TRAIN = (
-    openrlhf.DEFAULTS[key] for key in (openrlhf.EPOCHS, openrlhf.ROLLOUT_BATCH, openrlhf.SAMPLES, openrlhf.TRAIN_BATCH))
-_OPENRLHF_STEPS = (float(_OPENRLHF_EPOCHS) * float(_OPENRLHF_ROLLOUT) * float(_OPENRLHF_SAMPLES)
-                   / float(_OPENRLHF_TRAIN))
-_OPENRLHF_COUNTS = (f"max_epochs={_OPENRLHF_EPOCHS} x rollout_batch_size={_OPENRLHF_ROLLOUT} x "
-                    f"n_samples_per_prompt={_OPENRLHF_SAMPLES} / train_batch_size={_OPENRLHF_TRAIN}")
+# OpenRLHF's steps per rollout: epochs x (rollout batch x samples per prompt) / train batch, at the defaults of the
+# copy's own command line (`openrlhf/cli/train_ppo_ray.py`, ...) where it carries one
+_OPENRLHF_STEP_KEYS = (openrlhf.EPOCHS, openrlhf.ROLLOUT_BATCH, openrlhf.SAMPLES, openrlhf.TRAIN_BATCH)
+_OPENRLHF_CLIS = ("openrlhf/cli/train_ppo_ray.py", "openrlhf/cli/train_ppo.py", "examples/train_ppo_ray.py",
+                  "examples/train_ppo.py", "train_ppo_ray.py", "train_ppo.py")  # the layouts before openrlhf/cli
 
 
 SEVERAL_STEPS = 2.0  # more than one optimizer step per rollout, how many not known (a loop of several rounds)
@@ -147,14 +145,31 @@ def _roll(module: Path) -> RewardTraining:
 
 
 def _openrlhf(path: str) -> RewardTraining:
-    """OpenRLHF's trainer at its defaults; a copy that states a release before 0.7 takes each response's token
-    mean (row 21), a later or unstated one a reduction its launch decides (not decided here)."""
+    """OpenRLHF's trainer at the defaults of the copy's command line (OpenRLHF's own where it has none); a copy
+    that states a release before 0.7 takes each response's token mean (row 21), a later or unstated one a
+    reduction its launch decides (not decided here)."""
     copy = vendored(path, openrlhf.NAME, _OPENRLHF_MAKER)
     early = copy is not None and copy is not UNSTATED and not at_least(copy, "0.7")
-    counts = _OPENRLHF_COUNTS + (f", the policy loss each response's token mean ({copy.label(openrlhf.NAME)})"
-                                 if early and copy is not None else "")
-    return RewardTraining(_OPENRLHF_STEPS, Aggregation.SEQ_MEAN if early else None,
-                          _shown("OpenRLHF", counts, _OPENRLHF_STEPS))
+    defaults = _openrlhf_defaults(Path(path).resolve().parents[len(Path(_OPENRLHF_MAKER).parts) - 1])
+    epochs, rollout, samples, train = (float(defaults[key]) for key in _OPENRLHF_STEP_KEYS)
+    steps = epochs * rollout * samples / train
+    counts = (f"max_epochs={defaults[openrlhf.EPOCHS]} x rollout_batch_size={defaults[openrlhf.ROLLOUT_BATCH]} x "
+              f"n_samples_per_prompt={defaults[openrlhf.SAMPLES]} / train_batch_size={defaults[openrlhf.TRAIN_BATCH]}")
+    counts += (f", the policy loss each response's token mean ({copy.label(openrlhf.NAME)})"
+               if early and copy is not None else "")
+    return RewardTraining(steps, Aggregation.SEQ_MEAN if early else None, _shown("OpenRLHF", counts, steps))
+
+
+def _openrlhf_defaults(root: Path) -> dict[str, str]:
+    """The step counts' defaults of the command line of the OpenRLHF copy at `root`, OpenRLHF's own where it gives
+    none or none that is a positive number."""
+    for cli in _OPENRLHF_CLIS:
+        parser = openrlhf.copy_parser(root / cli)
+        if parser is not None:
+            given = parser.defaults_of()
+            if all((number(given.get(key) or "") or 0) > 0 for key in _OPENRLHF_STEP_KEYS):
+                return {key: given[key] for key in _OPENRLHF_STEP_KEYS}
+    return {key: openrlhf.DEFAULTS[key] for key in _OPENRLHF_STEP_KEYS}
 
 
 def _slime(name: str) -> RewardTraining:

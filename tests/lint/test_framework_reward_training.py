@@ -264,3 +264,19 @@ def test_a_reward_an_openrlhf_helper_forms_whole_is_reported_at_the_experience_m
     findings = lint_paths([str(tmp_path / "openrlhf")], settings=Settings(root=tmp_path), jobs=1).findings
     assert [(Path(f.path).name, f.code, f.line) for f in findings] == [("experience_maker.py", "KL007", 6),
                                                                      ("experience_maker.py", "KL008", 6)]
+
+
+def test_the_step_count_of_an_openrlhf_copy_is_read_from_its_own_command_line(tmp_path):
+    """TreeRL's OpenRLHF copy defaults --rollout_batch_size to 512 against --train_batch_size 128: its experience
+    maker's k1 reward feeds four optimizer steps per rollout, not OpenRLHF's eight."""
+    module = tmp_path / "openrlhf" / "trainer" / "ppo_utils" / "experience_maker.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(MAKER)
+    cli = tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py"
+    cli.parent.mkdir(parents=True)
+    cli.write_text('import argparse\nparser = argparse.ArgumentParser()\n'
+                   'parser.add_argument("--rollout_batch_size", type=int, default=512)\n'
+                   'parser.add_argument("--train_batch_size", type=int, default=128)\nargs = parser.parse_args()\n')
+    [finding] = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert finding.code == "KL008" and "rollout_batch_size=512" in finding.message
+    assert "4 optimizer steps per rollout" in finding.message
