@@ -172,7 +172,7 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
         own = [target.placement] if target.placement else []
         # a helper's inputs bound as the lint reads them at the call (log-probs over the vocabulary), not by name
         roles = {name: role for site in chosen_by if not site.inline
-                 for name, role in site.inputs_of((target.path or "", target.qualname or ""))}
+                 for name, role in site.inputs_of(_helper_of(target))}
         reports[target] = audit(target, own if target in whole or target.placement else placements, roles)
     verdicts = []
     for site in sites:
@@ -184,7 +184,7 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
         target = targets[site]
         scored = target.placement == "loss" and site.placement == "reward"  # the audited code weights it by the score
         expected = audited_part(site, whole=target in whole and target.source is None, scored=scored,
-                                clamped=None if site.inline else site.clamped_in((target.path or "", target.qualname or "")))
+                                clamped=None if site.inline else site.clamped_in(_helper_of(target)))
         report = reports[target]
         rows = [row for row in report.results if (target in whole or row.placement == (target.placement or site.placement))
                 and selects(_labels(site, target), row.mode, report.results)]
@@ -228,15 +228,20 @@ def _unjudged(targets: dict[KLSite, Target], reports: dict[Target, Report], whol
     return verdicts
 
 
+def _helper_of(target: Target) -> tuple[str, str]:
+    """The (path, qualified name) a target names, as KLSite keys its helpers."""
+    return target.path or "", target.qualname or ""
+
+
 def _labels(site: KLSite, target: Target) -> tuple:
     """The switch values that select the branch of `site` in `target`'s rows: its labels, and where `target` is a
     helper the term passes through, the literals its call passes it (`KLSite.passed_to`)."""
-    return site.labels + site.passed_to((target.path or "", target.qualname or ""))
+    return site.labels + site.passed_to(_helper_of(target))
 
 
 def _passes_other(site: KLSite, target: Target, mode: dict) -> bool:
     """Whether the call of `site`'s helper `target` fixes one of `mode`'s switches to literals other than its value."""
-    fixed = dict(site.passed_to((target.path or "", target.qualname or "")))
+    fixed = dict(site.passed_to(_helper_of(target)))
     return any(key in fixed and str(value) not in fixed[key] for key, value in mode.items())
 
 

@@ -576,10 +576,20 @@ def _trl_ppo_script(path: str, text: str) -> re.Match | None:
     """The first Python script a command of `text` runs (not a comment) that is a script of the project which
     parses TRL's PPOConfig from its command line and trains TRL's PPOTrainer (`python train_code/ppo_train.py
     --ppo_epochs 3`; a path written from another machine's root is looked up by its tail)."""
-    for match, _ in _uncommented(_LAUNCHED_SCRIPT, text):
+    return _first_script(path, (match for match, _ in _uncommented(_LAUNCHED_SCRIPT, text)), _reads_ppo_config)
+
+
+def _reads_ppo_config(source: str) -> bool:
+    """Whether a script parses TRL's PPOConfig from its command line and trains TRL's PPOTrainer with it."""
+    return bool(_PARSES_PPO_CONFIG.search(source)) and _imported_names(source).get("PPOTrainer", ("", ""))[0] == "trl"
+
+
+def _first_script(path: str, matches: Iterable[re.Match], accepts: Callable[[str], bool]) -> re.Match | None:
+    """The first of `matches` (a script's path written in the launcher at `path`) naming a file of the project
+    whose text `accepts`."""
+    for match in matches:
         source = _project_file(path, match.group(1))
-        if source and _PARSES_PPO_CONFIG.search(source) and _imported_names(source).get(
-                "PPOTrainer", ("", ""))[0] == "trl":
+        if source and accepts(source):
             return match
     return None
 
@@ -617,11 +627,8 @@ def _swift_launches(path: str, text: str) -> list[Finding]:
 def _trl_grpo_script(path: str, text: str) -> re.Match | None:
     """The first Python script `text` launches that is a TRL GRPO script of the project (found from the
     launcher's folder or a folder above it, up to the repository's root)."""
-    for match in _PYTHON_SCRIPT.finditer(text):
-        source = _project_file(path, match.group(1))
-        if source and _TRAINS_WITH_TRL.search(source) and _PARSES_GRPO_CONFIG.search(source):
-            return match
-    return None
+    return _first_script(path, _PYTHON_SCRIPT.finditer(text),
+                         lambda source: bool(_TRAINS_WITH_TRL.search(source) and _PARSES_GRPO_CONFIG.search(source)))
 
 
 def _project_file(launcher: str, relative: str) -> str | None:
@@ -884,8 +891,7 @@ def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Find
     PPOConfig's KL or batch keys: it trains at PPOConfig's defaults, reported at its `PPOTrainer(` call. A launch
     that sets one of them decides instead (left to that launch)."""
     call = _PPO_TRAINER_CALL.search(source)
-    if call is None or not _PARSES_PPO_CONFIG.search(source) or _imported_names(source).get(
-            "PPOTrainer", ("", ""))[0] != "trl" or _sets_ppo_keys(path, context):
+    if call is None or not _reads_ppo_config(source) or _sets_ppo_keys(path, context):
         return []
     line = source.count("\n", 0, call.start(1)) + 1
     column = call.start(1) - source.rfind("\n", 0, call.start(1))

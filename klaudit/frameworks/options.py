@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from klaudit.frameworks.settings import yaml_settings
+from klaudit.frameworks.versions import project_root
 from klaudit.text import file_text
 
 # A literal as klaudit.frameworks.calls reads it: a number, a one-line string, True/False/None.
@@ -64,30 +65,17 @@ class Options:
 
     def default(self, name: str, path: str) -> Default | None:
         """The default of option `name` for a configuration built in the file at `path`: the one that file
-        gives (a training script parses its own options), else the only one the project gives. A project that
-        is installed on its own (a folder with a setup.py or pyproject.toml: LLaMA-Factory beside ms-swift in one
-        repository) sees only its own files' options."""
+        gives (a training script parses its own options), else the only one the project gives. A project inside
+        another (a folder with a setup.py or pyproject.toml: LLaMA-Factory beside ms-swift in one repository) sees
+        only its own files' options."""
         by_path = self.given.get(name, {})
         here = by_path.get(path, ())
         if len({default.value for default in here}) == 1:
             return here[0]
-        home = _installed_project(str(Path(path).resolve().parent))
+        home = project_root(Path(path).resolve().parent)
         everywhere = [default for file, defaults in by_path.items()
                       if home is None or Path(file).resolve().is_relative_to(home) for default in defaults]
         return everywhere[0] if len({default.value for default in everywhere}) == 1 else None
-
-
-_PROJECT_FILES = ("setup.py", "pyproject.toml", "setup.cfg")
-
-
-@functools.lru_cache(maxsize=1024)  # asked for each computed keyword, of a few folders
-def _installed_project(folder: str) -> Path | None:
-    """The nearest folder at or above `folder` that is installed as a project of its own (it holds a setup.py,
-    pyproject.toml or setup.cfg), or None."""
-    for base in (Path(folder), *Path(folder).parents):
-        if any((base / name).is_file() for name in _PROJECT_FILES):
-            return base
-    return None
 
 
 def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> Options:

@@ -72,6 +72,17 @@ _MINOR_DEVELOPMENT = re.compile(r"^v?\d+\.\d+(?:\.0)?\.?dev", re.IGNORECASE)  # 
 _PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 
+def is_project_root(folder: Path) -> bool:
+    """Whether `folder` is the root of a project: a repository (.git) or something installed (a packaging file)."""
+    return any((folder / marker).exists() for marker in _PROJECT_MARKERS)
+
+
+@functools.lru_cache(maxsize=1024)  # asked for each computed keyword, of a few folders
+def project_root(folder: Path) -> Path | None:
+    """The nearest folder at or above `folder` that is a project's root (`is_project_root`), or None."""
+    return next((base for base in (folder, *folder.parents) if is_project_root(base)), None)
+
+
 class VersionError(ValueError):
     """A pin names a framework or a release klaudit does not know."""
 
@@ -349,7 +360,7 @@ def _search_path(roots: Iterable[Path]) -> list[Path]:
         for candidate in (directory, *directory.resolve().parents):
             if candidate not in seen:
                 seen.append(candidate)
-            if any((candidate / marker).exists() for marker in _PROJECT_MARKERS):
+            if is_project_root(candidate):
                 break
     return seen
 
@@ -430,7 +441,7 @@ def copy_holding(launcher: str, module: str, roots: tuple[str, ...] = ()) -> tup
 @functools.lru_cache(maxsize=256)  # asked for each launch script: the scripts of a folder share the answer
 def _copy_holding(folder: Path, module: str, roots: tuple[str, ...]) -> tuple[Path, Path] | None:
     levels = [folder, *folder.parents]
-    top = next((i for i, base in enumerate(levels) if any((base / marker).exists() for marker in _PROJECT_MARKERS)),
+    top = next((i for i, base in enumerate(levels) if is_project_root(base)),
                next((i for i, base in enumerate(levels) if str(base) in roots), None))
     if top is None:
         return None  # no project or linted root above the script: the folders beside its parents are not its own

@@ -212,24 +212,24 @@ class _Tracing(Analyzer):
         called = (str(Path(module.path).resolve()), qualname)
         passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
         formed = [fact for fact in _kl_facts(outcome.returns) if id(fact.origin) not in passed]
-        roles: dict[str, str] = {}  # what the call hands the function: inputs read by role,
+        inputs: dict[str, str] = {}  # what the call hands the function: inputs read by role,
         literals: dict[str, str] = {}  # and switches fixed to a literal
         for parameter, facts in env.items() if formed else ():
             role = _input_role(facts, parameter) if isinstance(facts, tuple) else None
             if role is not None:
-                roles[parameter] = role
+                inputs[parameter] = role
             text = _literal_text(facts) if isinstance(facts, tuple) else None
             if text is not None:
                 literals[parameter] = text
         # log-probs swapped at this call: both sides, else one side read as the other's is a name the lint
         # misreads (a teacher's log-probs in the phase that trains the teacher), no swap
-        swapped = {parameter for parameter, role in roles.items() if role in _SWAPPED_INPUTS.values()}
-        if {roles[parameter] for parameter in swapped} != set(_SWAPPED_INPUTS.values()):
-            roles = {parameter: role for parameter, role in roles.items() if parameter not in swapped}
+        swapped = {parameter for parameter, role in inputs.items() if role in _SWAPPED_INPUTS.values()}
+        if {inputs[parameter] for parameter in swapped} != set(_SWAPPED_INPUTS.values()):
+            inputs = {parameter: role for parameter, role in inputs.items() if parameter not in swapped}
         found = self.callees if outermost else self.inner_callees
         for fact in formed:  # formed inside the call, not handed to it (reward_to_go(kl))
             found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
-            self.inputs.setdefault((id(fact.origin), called), {}).update(roles)
+            self.inputs.setdefault((id(fact.origin), called), {}).update(inputs)
             for parameter, text in literals.items():
                 self.passed.setdefault((id(fact.origin), called), {}).setdefault(parameter, set()).add(text)
         return outcome
@@ -432,27 +432,30 @@ def switch_values_at(path: str, name: str, line: int,
     functions it is passed to. `inputs`: parameters that hold log-probs over the vocabulary (`vocab_logprobs`,
     `ref_vocab_logprobs`, as the lint reads them at a call: `KLSite.inputs_of`), which names alone would
     read as one log-prob per token."""
-    file = Path(path).resolve()
-    project = Project([package_root(file)])
-    tree = project.parse(file)
-    found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
-    if tree is None or found is None:
+    located = _located(path, name, line)
+    if located is None:
         return {}
-    func, owner = found
+    project, file, tree, func, owner = located
     return _switch_values(project, file, tree, func, owner, inputs)
 
 
 def configs_read_at(path: str, name: str, line: int) -> set[str]:
     """The parameters of the function `name` whose definition starts at `line` of `path` that it reads settings
     through (`config.kl_penalty`, `config.get("kl_penalty", "kl")`) and never uses whole."""
+    located = _located(path, name, line)
+    if located is None:
+        return set()
+    chains, bare = parameter_reads(located[3])
+    return {chain.split(".")[0] for chain in chains} - set(bare)
+
+
+def _located(path: str, name: str, line: int) -> tuple[Project, Path, cst.Module, cst.FunctionDef, str | None] | None:
+    """The project of `path`, the file, its tree, and the function `name` defined at `line` with its class, or None."""
     file = Path(path).resolve()
     project = Project([package_root(file)])
     tree = project.parse(file)
     found = _function_at(tree, project.source(tree), name, line) if tree is not None else None
-    if found is None:
-        return set()
-    chains, bare = parameter_reads(found[0])
-    return {chain.split(".")[0] for chain in chains} - set(bare)
+    return None if tree is None or found is None else (project, file, tree, *found)
 
 
 def _switch_values(project: Project, file: Path, tree: cst.Module, func: cst.FunctionDef,
