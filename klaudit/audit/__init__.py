@@ -43,7 +43,7 @@ def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | No
 
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    name = binding.callable_name(fn)
     try:
         overrides = binding.parse_overrides([f"{key}={value}" for key, value in (bind or {}).items()])
         bound = binding.bind_with_switches(fn, overrides)

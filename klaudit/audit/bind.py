@@ -15,7 +15,7 @@ import inspect
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from klaudit.audit.roles import Role  # noqa: F401 - defined beside PLACEMENTS, imported from here too
 from klaudit.lint import algebra
@@ -29,6 +29,9 @@ from klaudit.lint.roles import (
     sink_of_name,
     tensor_role,
 )
+
+if TYPE_CHECKING:
+    from klaudit.lint.signatures import InputReads
 
 MAX_MODES = 64  # switch combinations audited at most; more is a configuration explosion, not a KL term
 
@@ -65,6 +68,8 @@ class Binding:
 
     `sequence_zeros`: ZEROS parameters receive per-sequence zeros [B] instead of [B, T].
     `bool_masks`: MASK parameters receive the mask as booleans (for `torch.where(mask, ...)`), not floats.
+    `longer`: tensor parameters the code reads with one end of axis 1 cut off ("last": `logits[:, :-1]`, "first":
+    `input_ids[:, 1:]`) receive one more position at that end, a copy of the position beside it, which the cut drops.
     `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
     and the audit is on-policy. `instance_switches`: the switches among `switches` that are no parameter but
     read from instance state (set on the bare instance for each mode, `set_instance_switches`) or from a
@@ -78,6 +83,7 @@ class Binding:
     bool_masks: bool = False
     current_old: bool = False
     instance_switches: frozenset = frozenset()  # switches read from instance state or a config parameter
+    longer: Mapping[str, str] = field(default_factory=dict)  # a parameter's end of axis 1 the code cuts off
     unset: list = field(default_factory=list, compare=False)  # a SWITCHES parameter's other attributes read (None)
 
     @property
@@ -152,6 +158,8 @@ class Binding:
                                     f"settings None; say what it is with --bind {name}=ROLE", self.unset)
             else:
                 value = None
+            if name in self.longer and isinstance(value, torch.Tensor) and value.dim() >= 2:
+                value = torch.cat([value, value[:, -1:]] if self.longer[name] == "last" else [value[:, :1], value], dim=1)
             if name in self.positional_only:
                 args.append(value)
             else:
@@ -233,15 +241,18 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
     }
     unknown = sorted(set(overrides) - set(parameters))
     if unknown:
-        raise BindError(f"--bind names no parameter of {_name(fn)}: {', '.join(unknown)} "
+        raise BindError(f"--bind names no parameter of {callable_name(fn)}: {', '.join(unknown)} "
                         f"(parameters: {', '.join(parameters) or 'none'})")
     roles: dict[str, Role] = {}
     switches: dict[str, tuple[str, ...]] = {}
     unbound: list[str] = []
     # switches that are no parameter: read from the instance (self.config.kl_penalty) or a config parameter
     state = {name: tuple(values) for name, values in (switch_values or {}).items() if name not in parameters and values}
+    reads = _input_reads(fn)
     for name, parameter in parameters.items():
-        named = role_from_name(name, [*parameters, _name(fn)])
+        named = role_from_name(name, [*parameters, callable_name(fn)])
+        if name in reads.filled:
+            named = Role.DEFAULT  # `if probs is None: probs = softmax(logits)`: the code's own value, not an input
         if named is Role.COEF and any(not isinstance(v, (str, bool)) for v in (switch_values or {}).get(name, ())):
             named = Role.SWITCH  # a weight the code branches on (`if beta == 0:` forward KL, `== 1:` reverse): its values
         role = overrides.get(name) or named or (
@@ -264,19 +275,26 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
     switches.update(instance)
     if unbound:
         raise BindError(
-            f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {_name(fn)}; "
+            f"cannot bind parameter{'s' if len(unbound) > 1 else ''} {', '.join(unbound)} of {callable_name(fn)}; "
             f"say what {'they are' if len(unbound) > 1 else 'it is'} with {BIND_SYNTAX}"
         )
     current_old = current_old or only_sampling_policy(roles.values())
     if not takes_the_policy(roles.values()):
-        raise BindError(f"no parameter of {_name(fn)} receives the policy log-probs or logits; "
+        raise BindError(f"no parameter of {callable_name(fn)} receives the policy log-probs or logits; "
                         f"name it with --bind PARAM=logprobs")
     positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)
-    return Binding(roles, switches, positional_only, current_old=current_old, instance_switches=frozenset(instance))
+    return Binding(roles, switches, positional_only, current_old=current_old, instance_switches=frozenset(instance),
+                   longer={name: end for name, end in reads.shifted if name in roles})
 
 
-def _name(fn: Callable) -> str:
-    return getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+def callable_name(fn: Callable) -> str:
+    """The callable's qualified name; its repr only where it has no name (a method's repr shows its instance, whose
+    own repr may read state a bare instance lacks: torch.nn.Module's `_modules`)."""
+    for attribute in ("__qualname__", "__name__"):
+        name = getattr(fn, attribute, None)
+        if isinstance(name, str):
+            return name
+    return repr(fn)
 
 
 # ----- methods called on an instance whose __init__ did not run -----
@@ -425,7 +443,7 @@ def bind_with_switches(fn: Callable, overrides: Mapping[str, Role] | None = None
         return bind(fn, overrides, switch_values=values, current_old=current_old)
     except BindError as error:
         names = list(inspect.signature(fn).parameters)
-        widened = {**read_over_vocabulary(names, [*names, _name(fn)]), **overrides}
+        widened = {**read_over_vocabulary(names, [*names, callable_name(fn)]), **overrides}
         switches = switch_literals(fn, widened) if widened != overrides else {}
         if not switches:
             raise error from None
@@ -449,7 +467,21 @@ def _configs_of(fn: Callable, values: Mapping[str, Sequence]) -> dict[str, Role]
         configs = configs_read_at(*located)
     except (OSError, UnicodeDecodeError, SyntaxError):
         return {}
-    return {name: Role.SWITCHES for name in names if name in configs and role_from_name(name, [*names, _name(fn)]) is None}
+    return {name: Role.SWITCHES for name in names if name in configs and role_from_name(name, [*names, callable_name(fn)]) is None}
+
+
+def _input_reads(fn: Callable) -> InputReads:
+    """How the source of `fn` reads its parameters (klaudit.lint.query.input_reads_at); nothing where it has none."""
+    from klaudit.lint.query import input_reads_at
+    from klaudit.lint.signatures import InputReads
+
+    located = _located(fn)
+    if located is None:
+        return InputReads()
+    try:
+        return input_reads_at(*located)
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return InputReads()
 
 
 def _located(fn: Callable) -> tuple[str, str, int] | None:

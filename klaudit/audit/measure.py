@@ -179,6 +179,8 @@ class Term:
         if not isinstance(result, torch.Tensor):
             raise TermError(f"{self.where()} returned {type(result).__name__}, not a torch.Tensor")
         rows, horizon = batch.mask.shape
+        if tuple(result.shape) == (rows * horizon,) and horizon > 1:
+            result = result.reshape(rows, horizon)  # per token, flattened (`.view(-1)`) in row order
         if tuple(result.shape) not in ((rows, horizon), (rows,), (), (1,)):
             raise TermError(
                 f"{self.where()} returned shape {list(result.shape)}; expected per-token [{rows}, {horizon}], "

@@ -42,7 +42,7 @@ from klaudit.lint.kinds import Placement, SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project
 from klaudit.lint.registries import passes_rewards_through
-from klaudit.lint.signatures import Signature, parameter_reads, signatures
+from klaudit.lint.signatures import InputReads, Signature, input_reads, parameter_reads, signatures
 from klaudit.lint.sources import read_source
 from klaudit.lint.syntax import params
 
@@ -447,6 +447,13 @@ def configs_read_at(path: str, name: str, line: int) -> set[str]:
         return set()
     chains, bare = parameter_reads(located[3])
     return {chain.split(".")[0] for chain in chains} - set(bare)
+
+
+def input_reads_at(path: str, name: str, line: int) -> InputReads:
+    """How the function `name` whose definition starts at `line` of `path` reads its tensor parameters: the ones it
+    cuts a position off and the ones it fills in itself when not given (signatures.InputReads)."""
+    located = _located(path, name, line)
+    return input_reads(located[3]) if located is not None else InputReads()
 
 
 def _located(path: str, name: str, line: int) -> tuple[Project, Path, cst.Module, cst.FunctionDef, str | None] | None:

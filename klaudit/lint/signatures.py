@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from klaudit.lint.roles import is_coefficient_name
-from klaudit.lint.syntax import dotted, params, string_key, string_value
+from klaudit.lint.syntax import dotted, mentions, params, position_cut, string_key, string_value, walk
 
 
 @dataclass(frozen=True)
@@ -199,3 +199,55 @@ def parameter_reads(func: cst.FunctionDef) -> tuple[tuple[str, ...], tuple[str, 
     reads = _Reads({param.name.value for param in params(func)} - {"self", "cls"})
     func.body.visit(reads)
     return tuple(reads.chains), tuple(reads.bare)
+
+
+@dataclass(frozen=True)
+class InputReads:
+    """What a function's code says of its tensor parameters beyond their names. `shifted`: the parameters it reads
+    only with one end of axis 1 cut off (`syntax.position_cut`), so a caller passes them one position longer than
+    the tokens scored (causal-LM logits `[B, T + 1, V]`, ids `[B, T + 1]`). `filled`: the parameters defaulting to
+    None that it computes from its other parameters when not given (`if probs is None: probs = softmax(logits)`)."""
+
+    shifted: tuple[tuple[str, str], ...] = ()
+    filled: tuple[str, ...] = ()
+
+
+def input_reads(func: cst.FunctionDef) -> InputReads:
+    """How `func` reads its parameters (see InputReads)."""
+    names = [param.name.value for param in params(func)]
+    cuts: dict[str, set[str | None]] = {name: set() for name in names}
+    not_whole: set[int] = set()
+    for node in walk(func.body):
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in cuts:
+            cut = position_cut(node)
+            if cut is not None:
+                cuts[node.value.value].add(cut)
+                not_whole.add(id(node.value))
+        elif isinstance(node, cst.Attribute):
+            not_whole.add(id(node.attr))  # `outputs.logits` names no parameter
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            not_whole.add(id(node.keyword))
+    for node in walk(func.body):
+        if isinstance(node, cst.Name) and node.value in cuts and id(node) not in not_whole:
+            cuts[node.value].add(None)  # read whole, or rebound: its length is the tokens'
+    shifted = tuple((name, end) for name, ends in cuts.items() if len(ends) == 1 for end in ends if end is not None)
+    defaults_none = {param.name.value for param in params(func)
+                     if isinstance(param.default, cst.Name) and param.default.value == "None"}
+    filled = tuple(name for name in names if name in defaults_none and _fills(func, name, set(names) - {name}))
+    return InputReads(shifted, filled)
+
+
+def _fills(func: cst.FunctionDef, name: str, others: set[str]) -> bool:
+    """Whether `func` assigns `name` under `if name is None:` from a value reading another of its parameters."""
+    return any(isinstance(node, cst.If) and _tests_none(node.test, name) and any(
+        isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets)
+        and any(mentions(small.value, other) for other in others) for small in walk(node.body)) for node in walk(func.body))
+
+
+def _tests_none(test: cst.BaseExpression, name: str) -> bool:
+    """`name is None`."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    (comparison,) = test.comparisons
+    return (isinstance(test.left, cst.Name) and test.left.value == name and isinstance(comparison.operator, cst.Is)
+            and isinstance(comparison.comparator, cst.Name) and comparison.comparator.value == "None")

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from klaudit.audit.bind import Role
+from klaudit.audit.bind import Role, callable_name
 from klaudit.catalog import Aggregation
 from klaudit.watch.report import Reporter
 from klaudit.watch.verdict import DEFAULT_ROWS, PLACEMENTS, NotAuditable, Verdict, audit_call
@@ -148,7 +148,7 @@ def watch(fn: Callable | None = None, *, placement: str = "auto", args: Mapping[
         aggregation = Aggregation(aggregation)
     state = WatchState(fn, placement=placement, overrides=overrides, every=every,
                        reporter=reporter or Reporter(mode, log_file), aggregation=aggregation, rows=rows,
-                       name=name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))), site=site,
+                       name=name or callable_name(fn), site=site,
                        fixes=fixes or {})
 
     @functools.wraps(fn)

@@ -297,6 +297,22 @@ def test_a_method_that_needs_init_state_is_one_error_line(tmp_path):
     assert "raised AttributeError: self.config is not set" in error and "__init__ did not run" in error
 
 
+def test_a_torch_module_method_is_named_without_its_instance_repr(tmp_path):
+    """A bound method's repr shows its instance, and nn.Module's repr reads `_modules`, which a bare instance lacks:
+    the audit names the method by its qualified name and runs (exact per-token reverse KL as a loss: row 2)."""
+    from klaudit.audit.runner import Target, audit_target
+
+    source = tmp_path / "losses.py"
+    source.write_text("import torch\n\n\nclass ReverseKL(torch.nn.Module):\n"
+                      "    def forward(self, logits, teacher_logits, mask):\n"
+                      "        p = torch.log_softmax(logits, -1)\n"
+                      "        kl = (p.exp() * (p - torch.log_softmax(teacher_logits, -1))).sum(-1)\n"
+                      "        return (kl * mask).sum() / mask.sum()\n")
+    report = audit_target(Target(path=str(source), qualname="ReverseKL.forward"))
+    assert not report.errors
+    assert [(row.objective, row.rule) for row in report.results] == [("PART", "KL003")]
+
+
 def test_exact_batch_carries_the_sampled_tokens():
     """logprobs[n, t] = log_softmax(logits)[n, t, tokens[n, t]] on every real token."""
     from klaudit.audit.exact import ExactProblem
@@ -337,6 +353,66 @@ def test_token_ids_from_a_prompt_and_response_slice():
 
     (row,) = klaudit.audit.check(token_kl, placement="reward").results
     assert (row.objective, row.rule, row.unbiased) == ("REV", None, True)
+
+
+def test_causal_lm_inputs_one_position_longer_than_the_response():
+    """`logits[:, :-1]` scored against `input_ids[:, 1:]` (the causal-LM shift): each receives one more position,
+    which the code's own cut removes. The sequence log-ratio as a loss has zero expected gradient (kl-math.md
+    section 8, row 1)."""
+    import klaudit.audit
+
+    def sequence_kl(logits, ref_logits, input_ids, mask):
+        labels = input_ids[:, 1:].unsqueeze(-1)
+        logp = (torch.log_softmax(logits[:, :-1], -1).gather(-1, labels).squeeze(-1) * mask).sum(1)
+        ref = (torch.log_softmax(ref_logits[:, :-1, :], -1).gather(-1, labels).squeeze(-1) * mask).sum(1)
+        return (logp - ref).mean()
+
+    assert bind(sequence_kl).longer == {"logits": "last", "ref_logits": "last", "input_ids": "first"}
+    (row,) = klaudit.audit.check(sequence_kl, placement="loss").results
+    assert (row.objective, row.rule) == ("ZERO", "KL001")
+
+
+def test_a_parameter_also_read_whole_keeps_the_response_length():
+    def token_kl(logits, ref_logits, mask):
+        kept = logits[:, :-1] if logits.size(1) > mask.size(1) else logits
+        return (torch.log_softmax(kept, -1) - torch.log_softmax(ref_logits, -1)).sum(-1) * mask
+
+    assert bind(token_kl).longer == {}
+
+
+def test_a_parameter_the_code_fills_in_itself_keeps_its_default():
+    """`if student_logprobs is None: student_logprobs = log_softmax(logits)` (DistiLLM-style losses): the optional
+    parameter is the code's own value, not a second input. The exact per-token reverse KL over the vocabulary,
+    averaged over the batch's tokens, as a loss follows the local half (PART, KL003, kl-math.md section 8 row 2)."""
+    import klaudit.audit
+
+    def reverse_kl(logits, teacher_logits, mask, student_logprobs=None, teacher_logprobs=None):
+        if student_logprobs is None:
+            student_logprobs = torch.log_softmax(logits, -1)
+        if teacher_logprobs is None:
+            teacher_logprobs = torch.log_softmax(teacher_logits, -1)
+        per_token = (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1).view(-1)
+        return (per_token * mask.view(-1)).sum() / mask.sum()
+
+    roles = bind(reverse_kl).roles
+    assert roles["student_logprobs"] is roles["teacher_logprobs"] is Role.DEFAULT
+    (row,) = klaudit.audit.check(reverse_kl, placement="loss").results
+    assert (row.objective, row.rule) == ("PART", "KL003")
+
+
+def test_a_per_token_result_flattened_in_row_order_is_read_per_token():
+    """`.view(-1)` of a per-token [B, T] term: the same rows as the term itself (row 6 as a reward, row 1 as a loss)."""
+    import klaudit.audit
+
+    def flat(logprobs, ref_logprobs, mask):
+        return ((logprobs - ref_logprobs) * mask).view(-1)
+
+    def shaped(logprobs, ref_logprobs, mask):
+        return (logprobs - ref_logprobs) * mask
+
+    verdicts = [[(row.placement, row.objective, row.rule) for row in klaudit.audit.check(fn, placement="both").results]
+                for fn in (flat, shaped)]
+    assert verdicts[0] == verdicts[1] and {objective for _, objective, _ in verdicts[0]} == {"REV", "ZERO"}
 
 
 def test_per_sequence_scores_are_retried_as_b_zeros():
