@@ -17,6 +17,7 @@ from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.edits import line_starts
 from klaudit.lint.facts import (
     Env,
+    Fact,
     Outcome,
     Value,
     as_rollout_data,
@@ -29,6 +30,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl, names_reference_outputs
+from klaudit.lint.signatures import input_reads
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
@@ -350,8 +352,11 @@ class Analyzer(NameResolution):
         the sinks of all are the function's."""
         env = {}
         names = [param.name.value for param in params(func)] + [func.name.value]
+        filled = input_reads(func).filled  # `if probs is None: probs = softmax(logits)`: the function's own value
         for param in params(func):
-            env[param.name.value] = param_facts(param, may_be_none=True) or bare_parameter_facts(param.name.value, names)
+            own = param.name.value
+            env[own] = (Fact(role="none"),) if own in filled else \
+                param_facts(param, may_be_none=True) or bare_parameter_facts(own, names)
         if self.read_fields:
             budget.start_function(func)
         outcome = FunctionRun(self, module, func, cls, env, record=True).run()

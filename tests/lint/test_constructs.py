@@ -313,3 +313,26 @@ def test_bytes_literals_name_no_key_and_no_switch_value(line, tmp_path):
             return loss
         """
     assert codes(source, tmp_path) == [(7 + line.count("\n"), "KL002")]
+
+
+FILLED_WHEN_NOT_GIVEN = '''
+import torch.nn.functional as F
+
+
+def reverse_kl_loss(logits, ref_logits, mask, probs=None, ref_logprobs=None, logprobs=None):
+    if probs is None:
+        probs = F.softmax(logits, dim=-1)
+    if logprobs is None:
+        logprobs = F.log_softmax(logits, dim=-1)
+    if ref_logprobs is None:
+        ref_logprobs = F.log_softmax(ref_logits, dim=-1)
+    per_token = probs * ref_logprobs
+    per_token -= probs * logprobs
+    return -(per_token.sum(-1) * mask).sum() / mask.sum()
+'''
+
+
+def test_a_parameter_the_function_fills_in_when_not_given_is_its_own_value(tmp_path):
+    """`probs=None`, `logprobs=None`, filled from the logits when not given (DistiLLM's losses): distributions over the
+    vocabulary, not per-token inputs read by their names. One exact per-token KL as a loss (KL003, row 2), and no k1 beside it."""
+    assert module_codes(FILLED_WHEN_NOT_GIVEN, tmp_path) == [(14, "KL003")]
