@@ -30,7 +30,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl, names_reference_outputs
-from klaudit.lint.signatures import input_reads
+from klaudit.lint.signatures import filled_parameters
 from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
@@ -352,7 +352,7 @@ class Analyzer(NameResolution):
         the sinks of all are the function's."""
         env = {}
         names = [param.name.value for param in params(func)] + [func.name.value]
-        filled = input_reads(func).filled  # `if probs is None: probs = softmax(logits)`: the function's own value
+        filled = filled_parameters(func)  # `if probs is None: probs = softmax(logits)`: the function's own value
         for param in params(func):
             own = param.name.value
             env[own] = (Fact(role="none"),) if own in filled else \

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from klaudit.lint.roles import is_coefficient_name
-from klaudit.lint.syntax import dotted, mentions, params, position_cut, string_key, string_value, walk
+from klaudit.lint.syntax import dotted, mentions, params, position_cut, statement_nodes, string_key, string_value, walk
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,12 @@ class InputReads:
 
 def input_reads(func: cst.FunctionDef) -> InputReads:
     """How `func` reads its parameters (see InputReads)."""
-    names = [param.name.value for param in params(func)]
-    cuts: dict[str, set[str | None]] = {name: set() for name in names}
+    return InputReads(_shifted(func), filled_parameters(func))
+
+
+def _shifted(func: cst.FunctionDef) -> tuple[tuple[str, str], ...]:
+    """The parameters `func` reads only with one end of axis 1 cut off, and that end."""
+    cuts: dict[str, set[str | None]] = {param.name.value: set() for param in params(func)}
     not_whole: set[int] = set()
     for node in walk(func.body):
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in cuts:
@@ -230,24 +234,33 @@ def input_reads(func: cst.FunctionDef) -> InputReads:
     for node in walk(func.body):
         if isinstance(node, cst.Name) and node.value in cuts and id(node) not in not_whole:
             cuts[node.value].add(None)  # read whole, or rebound: its length is the tokens'
-    shifted = tuple((name, end) for name, ends in cuts.items() if len(ends) == 1 for end in ends if end is not None)
-    defaults_none = {param.name.value for param in params(func)
-                     if isinstance(param.default, cst.Name) and param.default.value == "None"}
-    filled = tuple(name for name in names if name in defaults_none and _fills(func, name, set(names) - {name}))
-    return InputReads(shifted, filled)
+    return tuple((name, end) for name, ends in cuts.items() if len(ends) == 1 for end in ends if end is not None)
 
 
-def _fills(func: cst.FunctionDef, name: str, others: set[str]) -> bool:
-    """Whether `func` assigns `name` under `if name is None:` from a value reading another of its parameters."""
-    return any(isinstance(node, cst.If) and _tests_none(node.test, name) and any(
-        isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets)
-        and any(mentions(small.value, other) for other in others) for small in walk(node.body)) for node in walk(func.body))
+def filled_parameters(func: cst.FunctionDef) -> tuple[str, ...]:
+    """The parameters defaulting to None that `func` assigns under `if name is None:` from a value reading another of
+    its parameters (`if probs is None: probs = softmax(logits)`)."""
+    names = [param.name.value for param in params(func)]
+    optional = {param.name.value for param in params(func)
+                if isinstance(param.default, cst.Name) and param.default.value == "None"}
+    filled: dict[str, None] = {}
+    for node in statement_nodes(func.body) if optional else ():
+        if not isinstance(node, cst.If):
+            continue
+        name = _tested_for_none(node.test)
+        if name in optional and name not in filled and any(
+                isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name
+                                                      for t in small.targets)
+                and any(mentions(small.value, other) for other in names if other != name) for small in walk(node.body)):
+            filled[name] = None
+    return tuple(filled)
 
 
-def _tests_none(test: cst.BaseExpression, name: str) -> bool:
-    """`name is None`."""
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
-        return False
+def _tested_for_none(test: cst.BaseExpression) -> str | None:
+    """`name` of a test `name is None`."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and isinstance(test.left, cst.Name)):
+        return None
     (comparison,) = test.comparisons
-    return (isinstance(test.left, cst.Name) and test.left.value == name and isinstance(comparison.operator, cst.Is)
-            and isinstance(comparison.comparator, cst.Name) and comparison.comparator.value == "None")
+    is_none = (isinstance(comparison.operator, cst.Is) and isinstance(comparison.comparator, cst.Name)
+               and comparison.comparator.value == "None")
+    return test.left.value if is_none else None
