@@ -68,8 +68,9 @@ class Binding:
 
     `sequence_zeros`: ZEROS parameters receive per-sequence zeros [B] instead of [B, T].
     `bool_masks`: MASK parameters receive the mask as booleans (for `torch.where(mask, ...)`), not floats.
-    `longer`: tensor parameters the code reads with one end of axis 1 cut off ("last": `logits[:, :-1]`, "first":
-    `input_ids[:, 1:]`) receive one more position at that end, a copy of the position beside it, which the cut drops.
+    `longer`: tensor parameters the code reads with one end of the positions' axis cut off ("last": `logits[:, :-1]`,
+    `logits[..., :-1, :]`; "first": `input_ids[:, 1:]`) receive one more position at that end, a copy of the position
+    beside it, which the cut drops.
     `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
     and the audit is on-policy. `instance_switches`: the switches among `switches` that are no parameter but
     read from instance state (set on the bare instance for each mode, `set_instance_switches`) or from a
@@ -83,7 +84,7 @@ class Binding:
     bool_masks: bool = False
     current_old: bool = False
     instance_switches: frozenset = frozenset()  # switches read from instance state or a config parameter
-    longer: Mapping[str, str] = field(default_factory=dict)  # a parameter's end of axis 1 the code cuts off
+    longer: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # a parameter's end and axis the code cuts
     unset: list = field(default_factory=list, compare=False)  # a SWITCHES parameter's other attributes read (None)
 
     @property
@@ -158,8 +159,8 @@ class Binding:
                                     f"settings None; say what it is with --bind {name}=ROLE", self.unset)
             else:
                 value = None
-            if name in self.longer and isinstance(value, torch.Tensor) and value.dim() >= 2:
-                value = torch.cat([value, value[:, -1:]] if self.longer[name] == "last" else [value[:, :1], value], dim=1)
+            if name in self.longer and isinstance(value, torch.Tensor):
+                value = _one_position_longer(value, *self.longer[name])
             if name in self.positional_only:
                 args.append(value)
             else:
@@ -284,7 +285,17 @@ def bind(fn: Callable, overrides: Mapping[str, Role] | None = None, *,
                         f"name it with --bind PARAM=logprobs")
     positional_only = frozenset(n for n, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY)
     return Binding(roles, switches, positional_only, current_old=current_old, instance_switches=frozenset(instance),
-                   longer={name: end for name, end in reads.shifted if name in roles})
+                   longer={name: (end, axis) for name, end, axis in reads.shifted if name in roles})
+
+
+def _one_position_longer(value, end: str, axis: int):
+    """`value` [B, T, ...] with one more position at `end` of axis 1, a copy of its neighbour, where `axis` (1, or
+    counted from the end after an ellipsis) is the positions' axis of this tensor; `value` itself otherwise."""
+    import torch
+
+    if value.dim() < 2 or axis % value.dim() != 1:
+        return value
+    return torch.cat([value, value[:, -1:]] if end == "last" else [value[:, :1], value], dim=1)
 
 
 def callable_name(fn: Callable) -> str:

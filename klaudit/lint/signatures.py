@@ -204,11 +204,11 @@ def parameter_reads(func: cst.FunctionDef) -> tuple[tuple[str, ...], tuple[str, 
 @dataclass(frozen=True)
 class InputReads:
     """What a function's code says of its tensor parameters beyond their names. `shifted`: the parameters it reads
-    only with one end of axis 1 cut off (`syntax.position_cut`), so a caller passes them one position longer than
-    the tokens scored (causal-LM logits `[B, T + 1, V]`, ids `[B, T + 1]`). `filled`: the parameters defaulting to
+    only with one end of one axis cut off, with that end and axis (`syntax.position_cut`), so a caller passes them one
+    position longer than the tokens scored (causal-LM logits `[B, T + 1, V]`, ids `[B, T + 1]`). `filled`: the parameters defaulting to
     None that it computes from its other parameters when not given (`if probs is None: probs = softmax(logits)`)."""
 
-    shifted: tuple[tuple[str, str], ...] = ()
+    shifted: tuple[tuple[str, str, int], ...] = ()
     filled: tuple[str, ...] = ()
 
 
@@ -217,9 +217,9 @@ def input_reads(func: cst.FunctionDef) -> InputReads:
     return InputReads(_shifted(func), filled_parameters(func))
 
 
-def _shifted(func: cst.FunctionDef) -> tuple[tuple[str, str], ...]:
-    """The parameters `func` reads only with one end of axis 1 cut off, and that end."""
-    cuts: dict[str, set[str | None]] = {param.name.value: set() for param in params(func)}
+def _shifted(func: cst.FunctionDef) -> tuple[tuple[str, str, int], ...]:
+    """The parameters `func` reads only with one end of one axis cut off, the end and the axis (syntax.position_cut)."""
+    cuts: dict[str, set[tuple[str, int] | None]] = {param.name.value: set() for param in params(func)}
     not_whole: set[int] = set()
     for node in walk(func.body):
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in cuts:
@@ -234,7 +234,7 @@ def _shifted(func: cst.FunctionDef) -> tuple[tuple[str, str], ...]:
     for node in walk(func.body):
         if isinstance(node, cst.Name) and node.value in cuts and id(node) not in not_whole:
             cuts[node.value].add(None)  # read whole, or rebound: its length is the tokens'
-    return tuple((name, end) for name, ends in cuts.items() if len(ends) == 1 for end in ends if end is not None)
+    return tuple((name, *cut) for name, ends in cuts.items() if len(ends) == 1 for cut in ends if cut is not None)
 
 
 def filled_parameters(func: cst.FunctionDef) -> tuple[str, ...]:

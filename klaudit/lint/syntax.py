@@ -390,22 +390,27 @@ def fills_padding(target: cst.Subscript, value: cst.BaseExpression) -> bool:
                for n in walk(index))
 
 
-def position_cut(node: cst.Subscript) -> str | None:
-    """Which end of axis 1 `x[:, :-1]` (or `x[:, :-1, :]`) cuts off, "last", and `x[:, 1:]`, "first": a causal
-    LM's logits drop the position after the last token, its input ids the first token, which nothing predicts."""
+def position_cut(node: cst.Subscript) -> tuple[str, int] | None:
+    """Which end of which axis a one-position cut removes: ("last", 1) for `x[:, :-1]` (or `x[:, :-1, :]`),
+    ("first", 1) for `x[:, 1:]`; after an ellipsis the axis counts from the end, ("last", -2) for `x[..., :-1, :]`,
+    ("first", -1) for `x[..., 1:]`. A causal LM's logits drop the position after the last token, its input ids the
+    first token, which nothing predicts."""
     def whole(element: cst.SubscriptElement) -> bool:
         s = element.slice
         return isinstance(s, cst.Slice) and s.lower is None and s.upper is None and s.step is None
 
-    if len(node.slice) < 2 or not whole(node.slice[0]) or not all(whole(e) for e in node.slice[2:]):
+    first = node.slice[0].slice if node.slice else None
+    ellipsis = isinstance(first, cst.Index) and isinstance(first.value, cst.Ellipsis)
+    if len(node.slice) < 2 or not (ellipsis or whole(node.slice[0])) or not all(whole(e) for e in node.slice[2:]):
         return None
     cut = node.slice[1].slice
     if not isinstance(cut, cst.Slice) or cut.step is not None:
         return None
+    axis = -(len(node.slice) - 1) if ellipsis else 1
     if cut.lower is None and int_literal(cut.upper) == -1:
-        return "last"
+        return "last", axis
     if cut.upper is None and int_literal(cut.lower) == 1:
-        return "first"
+        return "first", axis
     return None
 
 

@@ -356,20 +356,35 @@ def test_token_ids_from_a_prompt_and_response_slice():
 
 
 def test_causal_lm_inputs_one_position_longer_than_the_response():
-    """`logits[:, :-1]` scored against `input_ids[:, 1:]` (the causal-LM shift): each receives one more position,
+    """`logits[:, :-1]` scored against `input_ids[..., 1:]` (the causal-LM shift): each receives one more position,
     which the code's own cut removes. The sequence log-ratio as a loss has zero expected gradient (kl-math.md
     section 8, row 1)."""
     import klaudit.audit
 
     def sequence_kl(logits, ref_logits, input_ids, mask):
-        labels = input_ids[:, 1:].unsqueeze(-1)
+        labels = input_ids[..., 1:].unsqueeze(-1)
         logp = (torch.log_softmax(logits[:, :-1], -1).gather(-1, labels).squeeze(-1) * mask).sum(1)
-        ref = (torch.log_softmax(ref_logits[:, :-1, :], -1).gather(-1, labels).squeeze(-1) * mask).sum(1)
+        ref = (torch.log_softmax(ref_logits[..., :-1, :], -1).gather(-1, labels).squeeze(-1) * mask).sum(1)
         return (logp - ref).mean()
 
-    assert bind(sequence_kl).longer == {"logits": "last", "ref_logits": "last", "input_ids": "first"}
+    assert bind(sequence_kl).longer == {"logits": ("last", 1), "ref_logits": ("last", -2), "input_ids": ("first", -1)}
     (row,) = klaudit.audit.check(sequence_kl, placement="loss").results
     assert (row.objective, row.rule) == ("ZERO", "KL001")
+
+
+def test_a_cut_after_an_ellipsis_lengthens_only_the_positions_axis():
+    """`x[..., 1:]` cuts the last axis: the positions of ids [B, T], but the vocabulary of logits [B, T, V]."""
+    from klaudit.audit.measure import fingerprint_batch, standard_problems
+
+    batch = fingerprint_batch(standard_problems(count=1, transformer=False)[0], 4, seed=0)()
+
+    def term(logits, input_ids, mask):
+        return torch.log_softmax(logits[..., 1:], -1).max(-1).values * mask + 0 * input_ids[..., 1:]
+
+    _, kwargs = bind(term).arguments_for(batch, {})
+    assert kwargs["logits"].shape == batch.logits.shape
+    assert kwargs["input_ids"].shape == (batch.tokens.shape[0], batch.tokens.shape[1] + 1)
+    assert torch.equal(kwargs["input_ids"][:, 1:], batch.tokens)
 
 
 def test_a_parameter_also_read_whole_keeps_the_response_length():
