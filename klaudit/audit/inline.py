@@ -85,7 +85,7 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     where the term enters the sink's value (the sink's line by default)."""
     function = _function(tree, qualname)
     outside = _parameters(function)
-    function = _KeyedInputs(outside).visit(copy.deepcopy(function))
+    function = _StateAliases(function).visit(_KeyedInputs(outside).visit(copy.deepcopy(function)))
     statements = [s for s in _simple_statements(function.body) if not _renames_itself(s)]
     origin = next((s for s in statements if s.lineno == origin_line), None)
     if origin is None or len(_assigned(origin)) != 1:
@@ -239,6 +239,27 @@ def _renames_itself(statement: ast.stmt) -> bool:
     """`x = x`, what `x = inputs["x"]` becomes once the input is a parameter."""
     return (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.value, ast.Name)
             and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == statement.value.id)
+
+
+class _StateAliases(ast.NodeTransformer):
+    """`args = self.args`, then `args.kl_estimator`: an attribute of a local name bound once to instance state is
+    an attribute of that state, `self.args.kl_estimator` (a switch or a KL coefficient of the slice, as `_SelfReads`
+    makes every read of state), whatever else the step does with the name (`callbacks.on_step_end(args, ...)`)."""
+
+    def __init__(self, function: _Function) -> None:
+        stores: dict[str, int] = {}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                stores[node.id] = stores.get(node.id, 0) + 1
+        self.state = {target.id: statement.value for statement in ast.walk(function)
+                      if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                      and isinstance(target := statement.targets[0], ast.Name) and stores.get(target.id) == 1
+                      and _self_chain(statement.value) is not None}
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.value, ast.Name) and isinstance(node.value.ctx, ast.Load) and node.value.id in self.state:
+            return ast.copy_location(ast.Attribute(copy.deepcopy(self.state[node.value.id]), node.attr, node.ctx), node)
+        return self.generic_visit(node)
 
 
 class _KeyedInputs(ast.NodeTransformer):

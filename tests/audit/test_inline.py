@@ -215,3 +215,34 @@ def test_a_term_formed_in_a_match_case_is_cut_out(tmp_path):
         "        return model\n")
     slices, failures = inline_slices(str(tmp_path / "step.py"))
     assert failures == [] and slices and all(piece.qualname == "Trainer.training_step" for piece in slices)
+
+
+ALIASED_CONFIG = '''import torch
+
+
+class Trainer:
+    def train(self, batch):
+        args = self.args
+        self.callbacks.on_train_begin(args)
+        logprobs, ref_logprobs = batch["logprobs"], batch["ref_logprobs"]
+        logr = ref_logprobs - logprobs
+        kl = -logr if args.kl_estimator == "k1" else (logr.exp() - 1) - logr
+        rewards = batch["scores"] - args.kl_coef * kl
+        return rewards
+'''
+
+
+def test_a_setting_read_through_a_local_alias_of_instance_state_is_a_switch(tmp_path):
+    """TRL 0.12-0.29's PPOTrainer.train: `args = self.args`, handed whole to the callbacks, then
+    `args.kl_estimator`: the estimator is switched by the state's setting, k1 or k3 in the reward (rows 6 and 8),
+    not by a flag named `args`."""
+    (tmp_path / "trainer.py").write_text(ALIASED_CONFIG)
+    slices, failures = inline_slices(str(tmp_path / "trainer.py"))  # the k1 line, and the estimator it is one of
+    assert failures == [] and [_parameters(piece) for piece in slices] == [
+        {"logprobs": None, "ref_logprobs": None}, {"logprobs": None, "ref_logprobs": None, "kl_estimator": "k1"}]
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "trainer.py")])
+    rows = {row.mode["kl_estimator"]: (row.objective, row.rule) for row in report.results if row.mode}
+    assert report.errors == [] and rows == {"k1": ("REV", None), "other": ("OTHER", "KL004")}
