@@ -393,14 +393,15 @@ def _pruned(body: list, kept: set[int]) -> list[ast.stmt]:
 
 
 class _SelfReads(ast.NodeTransformer):
-    """`self.a.b` read as a value: 1.0 for a KL coefficient, else the switch parameter `b`, with its
-    default: the first string it is compared with, or True for a flag."""
+    """`self.a.b` read as a value, or a key of a dict in instance state (`self.cfg.get("b", 0.0)`, `self.cfg["b"]`):
+    1.0 for a KL coefficient, else the switch parameter `b`, with its default: the first string it is compared
+    with, or True for a flag."""
 
     def __init__(self, switches: dict) -> None:
         self.switches = switches
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
-        chain = _self_chain(node.left)
+        chain = _self_chain(node.left) or _state_key(node.left)
         literals = [c.value for c in node.comparators if isinstance(c, ast.Constant) and isinstance(c.value, str)]
         if chain is not None and literals and not is_coefficient_name(chain[-1]):
             self.switches.setdefault(chain[-1], literals[0])
@@ -408,12 +409,36 @@ class _SelfReads(ast.NodeTransformer):
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         chain = _self_chain(node)
-        if chain is None:
-            return self.generic_visit(node)
-        if is_coefficient_name(chain[-1]):
+        return self.generic_visit(node) if chain is None else self._read(chain[-1], node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        key = _state_key(node)
+        return self.generic_visit(node) if key is None else self._read(key[-1], node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        key = _state_key(node) if isinstance(node.ctx, ast.Load) else None
+        return self.generic_visit(node) if key is None else self._read(key[-1], node)
+
+    def _read(self, name: str, node: ast.AST) -> ast.AST:
+        if is_coefficient_name(name):
             return ast.copy_location(ast.Constant(1.0), node)
-        self.switches.setdefault(chain[-1], True)
-        return ast.copy_location(ast.Name(chain[-1], ast.Load()), node)
+        self.switches.setdefault(name, True)
+        return ast.copy_location(ast.Name(name, ast.Load()), node)
+
+
+def _state_key(node: ast.AST) -> list[str] | None:
+    """['cfg', 'kl_beta'] for `self.cfg.get("kl_beta", ...)` or `self.cfg["kl_beta"]`: a key of a dict in instance
+    state, read as the chain's last attribute would be; else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        owner, key = node.func.value, node.args[0]
+    elif isinstance(node, ast.Subscript):
+        owner, key = node.value, node.slice
+    else:
+        return None
+    chain = _self_chain(owner)
+    if chain is None or not (isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier()):
+        return None
+    return [*chain, key.value]
 
 
 def _imported_names(tree: ast.Module) -> set[str]:

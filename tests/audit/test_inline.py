@@ -246,3 +246,31 @@ def test_a_setting_read_through_a_local_alias_of_instance_state_is_a_switch(tmp_
     report = run([str(tmp_path / "trainer.py")])
     rows = {row.mode["kl_estimator"]: (row.objective, row.rule) for row in report.results if row.mode}
     assert report.errors == [] and rows == {"k1": ("REV", None), "other": ("OTHER", "KL004")}
+
+
+DICT_CONFIG = '''import torch
+
+
+class Trainer:
+    def step(self, batch):
+        new_logp, ref_logp, gen_mask = batch["new_logp"], batch["ref_logp"], batch["gen_mask"]
+        loss = batch["pg_loss"]
+        if self.cfg.get("kl_beta", 0.0) > 0.0:
+            kl_tok = (new_logp - ref_logp) * gen_mask
+            kl_mean = kl_tok.sum() / gen_mask.sum()
+            loss = loss + self.cfg["kl_beta"] * kl_mean
+        loss.backward()
+'''
+
+
+def test_a_dict_in_instance_state_gives_its_keys_as_coefficients_or_switches(tmp_path):
+    """`self.cfg.get("kl_beta", 0.0) > 0.0` (PhilSaad333/RL_Practice's Dr. GRPO step): the key is a KL coefficient,
+    1, not a switch parameter `get`; k1 as a loss, token-mean over the batch, has zero expected gradient (row 1)."""
+    (tmp_path / "trainer.py").write_text(DICT_CONFIG)
+    (piece,) = _slices_of(tmp_path / "trainer.py").values()
+    assert _parameters(piece) == {"gen_mask": None, "new_logp": None, "ref_logp": None}
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "trainer.py")])
+    assert report.errors == [] and [(row.objective, row.rule) for row in report.results] == [("ZERO", "KL001")]
