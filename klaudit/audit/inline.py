@@ -22,7 +22,7 @@ from pathlib import Path
 
 from klaudit.audit.bind import role_from_name
 from klaudit.lint.query import package_of, returned_sign
-from klaudit.lint.roles import is_coefficient_name, sink_of_name
+from klaudit.lint.roles import is_coefficient_name, names_settings, sink_of_name
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -244,17 +244,21 @@ def _renames_itself(statement: ast.stmt) -> bool:
 class _StateAliases(ast.NodeTransformer):
     """`args = self.args`, then `args.kl_estimator`: an attribute of a local name bound once to instance state is
     an attribute of that state, `self.args.kl_estimator` (a switch or a KL coefficient of the slice, as `_SelfReads`
-    makes every read of state), whatever else the step does with the name (`callbacks.on_step_end(args, ...)`)."""
+    makes every read of state), whatever else the step does with the name (`callbacks.on_step_end(args, ...)`). So is
+    an attribute of a parameter named as settings and never rebound (`def loss(..., config)`: `config.kl_coef`)."""
 
     def __init__(self, function: _Function) -> None:
         stores: dict[str, int] = {}
         for node in ast.walk(function):
             if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
                 stores[node.id] = stores.get(node.id, 0) + 1
-        self.state = {target.id: statement.value for statement in ast.walk(function)
-                      if isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                      and isinstance(target := statement.targets[0], ast.Name) and stores.get(target.id) == 1
-                      and _self_chain(statement.value) is not None}
+        self.state: dict[str, ast.expr] = {
+            target.id: statement.value for statement in ast.walk(function)
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(target := statement.targets[0], ast.Name) and stores.get(target.id) == 1
+            and _self_chain(statement.value) is not None}
+        self.state.update((name, ast.Attribute(ast.Name("self", ast.Load()), name, ast.Load()))
+                          for name in _parameters(function) if names_settings(name) and name not in stores)
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
         if isinstance(node.value, ast.Name) and isinstance(node.value.ctx, ast.Load) and node.value.id in self.state:

@@ -274,3 +274,37 @@ def test_a_dict_in_instance_state_gives_its_keys_as_coefficients_or_switches(tmp
 
     report = run([str(tmp_path / "trainer.py")])
     assert report.errors == [] and [(row.objective, row.rule) for row in report.results] == [("ZERO", "KL001")]
+
+
+CONFIG_PARAMETER = '''import torch
+
+
+def token_policy_loss(current_logprobs, completion_mask, credits, config, reference_logprobs=None):
+    surrogate = current_logprobs * credits
+    if config.kl_coefficient > 0:
+        reference_log_ratio = reference_logprobs - current_logprobs
+        kl = torch.exp(reference_log_ratio) - reference_log_ratio - 1.0
+    else:
+        kl = torch.zeros_like(current_logprobs)
+    mask = completion_mask.float()
+    token_loss = -(surrogate - config.kl_coefficient * kl) * mask
+    if config.token_normalization == "per_response":
+        loss = (token_loss.sum(dim=1) / mask.sum(dim=1)).mean()
+    else:
+        loss = token_loss.sum() / mask.sum()
+    return loss
+'''
+
+
+def test_a_parameter_named_as_settings_gives_its_attributes_as_coefficients(tmp_path):
+    """`def token_policy_loss(..., config)` reading `config.kl_coefficient` (meta-rlvr's token GRPO loss): the settings
+    object is read as instance state is, its KL coefficient 1, so the k3 term is cut out and audited: k3 as a loss
+    follows the forward KL (PFWD, KL002, kl-math.md section 8 row 3)."""
+    (tmp_path / "losses.py").write_text(CONFIG_PARAMETER)
+    (piece,) = _slices_of(tmp_path / "losses.py").values()
+    assert _parameters(piece) == {"current_logprobs": None, "reference_logprobs": None}
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "losses.py")])
+    assert [(row.objective, row.rule) for row in report.results if "inline KL" in row.target] == [("PFWD", "KL002")]
