@@ -267,8 +267,6 @@ def names_the_reference(name: str) -> bool:
     return _REFERENCE_WORD.search(name) is not None
 
 
-# the record of one sample, as a loop over a list of them names it (`for traj in trajectories:`); a batch's record
-# (`batch`, `experience`, `mb`) holds every sequence's rows
 _SETTINGS = re.compile(r"^_*(args|config|cfg|conf|hparams|hyperparams|settings|opts?|training_args|train_args)$"
                        r"|_(config|cfg|args)$", re.IGNORECASE)
 
@@ -278,6 +276,8 @@ def names_settings(name: str) -> bool:
     return bool(_SETTINGS.search(name))
 
 
+# the record of one sample, as a loop over a list of them names it (`for traj in trajectories:`); a batch's record
+# (`batch`, `experience`, `mb`) holds every sequence's rows
 _ONE_SAMPLE = re.compile(r"^_*(traj|trajectory|sample|example|ex|episode|record|rollout|response|completion|"
                          r"conversation|dialog|dialogue|instance|datum|item)(_?\d+)?$", re.IGNORECASE)
 

@@ -205,8 +205,9 @@ def parameter_reads(func: cst.FunctionDef) -> tuple[tuple[str, ...], tuple[str, 
 class InputReads:
     """What a function's code says of its tensor parameters beyond their names. `shifted`: the parameters it reads
     only with one end of one axis cut off, with that end and axis (`syntax.position_cut`), so a caller passes them one
-    position longer than the tokens scored (causal-LM logits `[B, T + 1, V]`, ids `[B, T + 1]`). `filled`: the parameters defaulting to
-    None that it computes from its other parameters when not given (`if probs is None: probs = softmax(logits)`)."""
+    position longer than the tokens scored (causal-LM logits `[B, T + 1, V]`, ids `[B, T + 1]`). `filled`: the
+    parameters defaulting to None that it computes from its other parameters when not given (`if probs is None: probs
+    = softmax(logits)`)."""
 
     shifted: tuple[tuple[str, str, int], ...] = ()
     filled: tuple[str, ...] = ()
