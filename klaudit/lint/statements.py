@@ -15,7 +15,7 @@ from klaudit.lint import roles
 from klaudit.lint.conditions import where_false
 from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
-from klaudit.lint.facts import Fact, compatible, join_envs, loss_part, merge_labels, operands, replace
+from klaudit.lint.facts import Fact, compatible, join_envs, loss_part, merge_labels, negated, operands, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import case_strings, dotted, int_literal, is_no_grad_block, last_name, walk
 
@@ -163,11 +163,14 @@ class StatementFlow(FlowState):
         before = dict(self.env)
         merged = dict(before)
         saved = self.labels
+        earlier: tuple[str, ...] = ()  # the strings of the cases above, which a catch-all case is none of
         for case in stmt.cases:
             values = case_strings(case.pattern)
             self.env = dict(before)
-            if values:
-                self.labels = merge_labels(saved, ((name, values),))
+            label = values or (negated(earlier) if _catches_all(case) and earlier else None)
+            if label:
+                self.labels = merge_labels(saved, ((name, label),))
+            earlier += values if case.guard is None else ()
             self.block(case.body)
             self.labels = saved
             merged = join_envs(merged, self.env)
@@ -307,3 +310,8 @@ def _counted_over_the_loop(value: tuple) -> tuple:
     """`total += mask.sum()` in a loop over the sequences, `mask` one sequence's row: their lengths added up, the
     batch's token count (a vector of every row's lengths, `m.sum(dim=1)` added over chunks, stays lengths)."""
     return tuple(Fact(role="ntokens", labels=f.labels) if f.role == "length" and f.row else f for f in value)
+
+
+def _catches_all(case: cst.MatchCase) -> bool:
+    """`case _:` or `case other:` with no guard: the values no case above takes."""
+    return isinstance(case.pattern, cst.MatchAs) and case.pattern.pattern is None and case.guard is None

@@ -162,3 +162,33 @@ def test_a_measure_of_the_data_is_no_switch(tmp_path):
     findings = lint_paths([str(path)]).findings
     assert {f.code for f in findings} >= {"KL002"}
     assert all("sequence_length" not in f.message and "total_tokens" not in f.message for f in findings)
+
+
+MATCHED_ESTIMATOR = '''
+import torch
+
+
+def kl_loss(logp, ref_logp, mask, estimator):
+    match estimator:
+        case "low_var_kl" | "k3":
+            d = ref_logp - logp
+            kl = torch.exp(d) - d - 1
+        case _:
+            kl = logp - ref_logp
+    return (kl * mask).sum() / mask.sum()
+'''
+
+
+def test_a_catch_all_case_holds_the_values_no_case_above_takes(tmp_path):
+    """`case _:` after `case "low_var_kl" | "k3":` runs for every other estimator: its k1 loss (row 1, KL001) is
+    labelled with the values excluded, as an `else:` is, and check-grad gets a value that selects it ('other');
+    before, the case was unlabelled and no switch value reached it."""
+    from klaudit.lint.query import switch_values
+
+    path = tmp_path / "loss.py"
+    path.write_text(MATCHED_ESTIMATOR)
+    messages = {f.code: f.message for f in lint_paths([str(path)]).findings}
+    assert set(messages) == {"KL001", "KL002"}
+    assert '[estimator!="low_var_kl"|"k3"]' in messages["KL001"]
+    assert '[estimator="low_var_kl"|"k3"]' in messages["KL002"]
+    assert switch_values(str(path), "kl_loss") == {"estimator": ["low_var_kl", "k3", "other"]}
