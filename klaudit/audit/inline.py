@@ -85,6 +85,8 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     where the term enters the sink's value (the sink's line by default)."""
     function = _function(tree, qualname)
     outside = _parameters(function)
+    step_switches = _switch_parameters(function)
+    outside -= set(step_switches)  # a switch of the step is one of the slice (`k2_mode == "theta_over_ref"`)
     function = _StateAliases(function).visit(_KeyedInputs(outside).visit(copy.deepcopy(function)))
     statements = [s for s in _simple_statements(function.body) if not _renames_itself(s)]
     origin = next((s for s in statements if s.lineno == origin_line), None)
@@ -113,20 +115,28 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     imported = _imported_names(tree)
     helpers = _module_functions(tree, imported)
     imported |= set(helpers)  # read by the slice as an import is: defined in its header
-    switches: dict[str, str | None] = {}
+    switches: dict[str, str | bool | None] = {}
     cut: set[str] = set()
     while True:
         traced, read_by = _traced(kept, resolved | cut, statements, defined_before, function, outside, imported)
         parameters = _free_names(sorted(traced, key=lambda s: s.lineno), function, imported)
-        unbound = [name for name in parameters if role_from_name(name) is None]
+        unbound = [name for name in parameters if role_from_name(name) is None and name not in step_switches]
         # a value from outside the step under a name that does not bind (`teacher = self.server(...)`), read
         # into one that does (`teacher_logps = teacher["logprobs"]`): as the lint reads it, the value the named
         # variable holds is an input, whose role its name gives; the slice takes that variable as a parameter
-        named = [holder for holder in _holders(unbound[0], read_by) if role_from_name(holder) is not None] \
-            if unbound else []
-        if not named:
+        if not unbound:
             break
-        cut.add(named[0])
+        named = [holder for holder in _holders(unbound[0], read_by) if role_from_name(holder) is not None]
+        if named:
+            cut.add(named[0])
+            continue
+        # a guard of the term's statements on a value of the step (`if len(batch.states) == 0: ... else:`) says
+        # whether the term is formed, not how: the slice takes the side that forms it
+        guards = _guards_reading(unbound[0], traced, function)
+        if not guards:
+            break
+        for guard, side in guards.items():
+            guard.test = ast.copy_location(ast.Constant(side == "body"), guard.test)
     if unbound:
         raise SliceError(f"{unbound[0]!r} comes from outside the step's arithmetic and does not bind by its name")
     kept = traced
@@ -135,7 +145,9 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     if placement == "reward" and sink_of_name(variable) == "loss":
         placement = "loss"  # the score-function product is inside the cut (`per_token_loss = sg(kl) * logp`)
     name = f"{function.name}__inline_kl_{returned_at}"
-    arguments = list(parameters) + [f"{switch}={default!r}" for switch, default in switches.items()]
+    switches.update((name, step_switches[name]) for name in parameters if name in step_switches)
+    arguments = [name for name in parameters if name not in switches] + [
+        f"{switch}={default!r}" for switch, default in switches.items()]
     called = _called_helpers(_names_read(body), helpers)
     header = _imports_for(tree, _names_read([*body, *called]), imported, _package(path))
     header += "".join(ast.unparse(helper) + "\n\n\n" for helper in called)
@@ -171,23 +183,22 @@ def _traced(kept: list[ast.stmt], resolved: set[str], statements: list[ast.stmt]
 
 
 def _branches(body: list, path: tuple = ()) -> dict[int, tuple]:
-    """id(statement) -> the (id(if), side) of every `if` branch that holds it."""
+    """id(statement) -> the (id(if or match), side) of every `if` branch and `match` case that holds it."""
     out: dict[int, tuple] = {}
     for statement in body:
         out[id(statement)] = path
-        if isinstance(statement, ast.If):
-            out.update(_branches(statement.body, path + ((id(statement), "body"),)))
-            out.update(_branches(statement.orelse, path + ((id(statement), "else"),)))
-        elif isinstance(statement, (ast.For, ast.While, ast.With, ast.Try)):
-            for field in ("body", "orelse", "finalbody"):
-                out.update(_branches(getattr(statement, field, []), path))
-            for handler in getattr(statement, "handlers", []):
-                out.update(_branches(handler.body, path))
+        for side, block in _blocks(statement):
+            out.update(_branches(block, path + ((id(statement), side),) if _chooses(statement) else path))
     return out
 
 
+def _chooses(statement: ast.stmt) -> bool:
+    """Whether the blocks of `statement` are alternatives, one of which runs."""
+    return isinstance(statement, (ast.If, ast.Match))
+
+
 def _exclusive(branches: dict[int, tuple], a: ast.stmt, b: ast.stmt) -> bool:
-    """Whether `a` and `b` lie on opposite sides of one `if` (never both run)."""
+    """Whether `a` and `b` lie on different sides of one `if` or `match` (never both run)."""
     sides = dict(branches.get(id(a), ()))
     return any(node in sides and sides[node] != side for node, side in branches.get(id(b), ()))
 
@@ -202,7 +213,16 @@ def _holders(name: str, read_by: dict[str, str]) -> list[str]:
 
 
 def _function_text(name: str, arguments: list[str], body: list[ast.stmt], returned: ast.expr) -> str:
-    code = ast.unparse(ast.Module(body=body + [ast.Return(returned)], type_ignores=[]))
+    """The slice as a function returning `returned`; where the variable it reads is assigned only in some
+    branches, the switch values that leave it unassigned raise NotImplementedError, which check-grad reports
+    as values skipped (the term is not formed there)."""
+    ending: ast.stmt = ast.Return(returned)
+    variables = _names_read([returned])
+    if not any(variables & _assigned(statement) for statement in body):
+        ending = ast.Try([ending], [ast.ExceptHandler(ast.Name("UnboundLocalError", ast.Load()), None, [ast.Raise(
+            ast.Call(ast.Name("NotImplementedError", ast.Load()), [ast.Constant(
+                "the KL term is not formed at these switch values")], []), ast.Constant(None))])], [], [])
+    code = ast.unparse(ast.fix_missing_locations(ast.Module(body=body + [ending], type_ignores=[])))
     return f"def {name}({', '.join(arguments)}):\n" + "".join(f"    {line}\n" for line in code.splitlines())
 
 
@@ -236,9 +256,67 @@ def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -
 
 
 def _renames_itself(statement: ast.stmt) -> bool:
-    """`x = x`, what `x = inputs["x"]` becomes once the input is a parameter."""
-    return (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.value, ast.Name)
-            and isinstance(statement.targets[0], ast.Name) and statement.targets[0].id == statement.value.id)
+    """`x = x`, what `x = inputs["x"]` becomes once the input is a parameter, or a switch's spelling made
+    canonical (`variant = variant.upper().strip()`: the slice is given the values the code compares with)."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)):
+        return False
+    value = statement.value
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _SPELLING \
+            and not value.args and not value.keywords:
+        value = value.func.value
+    return isinstance(value, ast.Name) and statement.targets[0].id == value.id
+
+
+_SPELLING = frozenset({"lower", "upper", "strip", "casefold"})  # str methods that change only a switch's spelling
+
+
+def _switch_parameters(function: _Function) -> dict[str, str | bool]:
+    """The step's parameters that are switches, each with the value a slice takes by default: a string or bool
+    default, else the first string the step compares the parameter with (`variant == "A"`, `case "k3":`), else
+    True for one annotated `bool`."""
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = dict(zip([a.arg for a in positional[len(positional) - len(arguments.defaults):]], arguments.defaults))
+    defaults.update((a.arg, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None)
+    compared: dict[str, str] = {}
+    for node in ast.walk(function):
+        name, strings = _strings_compared(node)
+        if name is not None and strings:
+            compared.setdefault(name, strings[0])
+    switches: dict[str, str | bool] = {}
+    for argument in [*positional, *arguments.kwonlyargs]:
+        default = defaults.get(argument.arg)
+        annotation = ast.unparse(argument.annotation) if argument.annotation is not None else ""
+        if isinstance(default, ast.Constant) and isinstance(default.value, (str, bool)):
+            switches[argument.arg] = default.value
+        elif argument.arg in compared:
+            switches[argument.arg] = compared[argument.arg]
+        elif annotation == "bool":
+            switches[argument.arg] = True
+    return switches
+
+
+def _strings_compared(node: ast.AST) -> tuple[str | None, list[str]]:
+    """(name, strings) for `name == "a"`, `name in ("a", "b")` or `match name:` with `case "a":`; else (None, [])."""
+    if isinstance(node, ast.Compare):
+        name = _spelled(node.left)
+        literals = [element for comparator in node.comparators for element in (
+            comparator.elts if isinstance(comparator, (ast.Tuple, ast.List, ast.Set)) else [comparator])]
+    elif isinstance(node, ast.Match):
+        name = _spelled(node.subject)
+        literals = [case.pattern.value for case in node.cases if isinstance(case.pattern, ast.MatchValue)]
+    else:
+        return None, []
+    return name, [literal.value for literal in literals
+                  if isinstance(literal, ast.Constant) and isinstance(literal.value, str)]
+
+
+def _spelled(node: ast.expr) -> str | None:
+    """The name under a switch's spelling calls (`variant.lower()` -> variant), or None."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SPELLING:
+        node = node.func.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 class _StateAliases(ast.NodeTransformer):
@@ -307,7 +385,7 @@ def _simple_statements(body: list) -> list[ast.stmt]:
     out = []
     for statement in body:
         blocks = _blocks(statement)
-        for block in blocks:
+        for _, block in blocks:
             out += _simple_statements(block)
         if not blocks and not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.append(statement)
@@ -330,30 +408,51 @@ def _names_read(nodes) -> set[str]:
 
 
 def _reads(statement: ast.stmt, function: _Function) -> set[str]:
-    """Names a kept statement reads, with those of the `if` tests that enclose it in the function."""
-    return _names_read([statement, *(_enclosing_tests(function.body, statement) or [])]) - {"self"}
+    """Names a kept statement reads, with those of the `if` tests and `match` subjects that enclose it."""
+    return _names_read([statement, *(_chosen_by(guard) for guard, _ in _guards(function.body, statement) or [])]) \
+        - {"self"}
 
 
-def _enclosing_tests(body: list, target: ast.stmt) -> list[ast.expr] | None:
-    """The tests of the `if` statements around `target` in `body`, outermost first; None when it is not there.
-    Every block a statement holds is searched: loops, `with`, `try` and its handlers, `match` cases."""
+def _chosen_by(guard: ast.If | ast.Match) -> ast.expr:
+    return guard.test if isinstance(guard, ast.If) else guard.subject
+
+
+def _guards(body: list, target: ast.stmt) -> list[tuple[ast.If | ast.Match, str]] | None:
+    """The `if` and `match` statements around `target` in `body`, outermost first, each with the side that holds
+    it ("body", "orelse", "case<n>"); None when it is not there. Every block a statement holds is searched: loops,
+    `with`, `try` and its handlers, `match` cases."""
     for statement in body:
         if statement is target:
             return []
-        for block in _blocks(statement):
-            inner = _enclosing_tests(block, target)
+        for side, block in _blocks(statement):
+            inner = _guards(block, target)
             if inner is not None:
-                return [statement.test, *inner] if isinstance(statement, ast.If) else inner
+                return [(statement, side), *inner] if _chooses(statement) else inner
     return None
 
 
-def _blocks(statement: ast.stmt) -> list[list[ast.stmt]]:
-    """The statement lists `statement` holds (not those of a nested function or class: another scope)."""
+def _guards_reading(name: str, statements: list[ast.stmt], function: _Function) -> dict[ast.If, str]:
+    """The `if` statements around `statements` whose test reads `name`, each with the one side that holds them;
+    {} when one holds statements on both sides, or a `match` on the name holds them (no one side to take)."""
+    sides: dict[ast.If | ast.Match, set[str]] = {}
+    for statement in statements:
+        for guard, side in _guards(function.body, statement) or []:
+            if name in _names_read([_chosen_by(guard)]):
+                sides.setdefault(guard, set()).add(side)
+    if any(len(held) > 1 or isinstance(guard, ast.Match) for guard, held in sides.items()):
+        return {}
+    return {guard: held.pop() for guard, held in sides.items() if isinstance(guard, ast.If)}
+
+
+def _blocks(statement: ast.stmt) -> list[tuple[str, list[ast.stmt]]]:
+    """The statement lists `statement` holds, each with its field's name (not those of a nested function or
+    class: another scope)."""
     if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return []
-    blocks = [getattr(statement, name) for name in ("body", "orelse", "finalbody") if getattr(statement, name, None)]
-    blocks += [handler.body for handler in getattr(statement, "handlers", [])]
-    blocks += [case.body for case in getattr(statement, "cases", [])]
+    blocks = [(name, getattr(statement, name)) for name in ("body", "orelse", "finalbody")
+              if getattr(statement, name, None)]
+    blocks += [("handler", handler.body) for handler in getattr(statement, "handlers", [])]
+    blocks += [(f"case{index}", case.body) for index, case in enumerate(getattr(statement, "cases", []))]
     return blocks
 
 
@@ -390,6 +489,11 @@ def _pruned(body: list, kept: set[int]) -> list[ast.stmt]:
             inner, orelse = _pruned(statement.body, kept), _pruned(statement.orelse, kept)
             if inner or orelse:
                 out.append(ast.If(statement.test, inner or [ast.Pass()], orelse))
+        elif isinstance(statement, ast.Match):
+            cases = [_pruned(case.body, kept) for case in statement.cases]
+            if any(cases):
+                out.append(ast.Match(statement.subject, [ast.match_case(case.pattern, case.guard, body or [ast.Pass()])
+                                                         for case, body in zip(statement.cases, cases)]))
         elif isinstance(statement, (ast.With, ast.For, ast.While, ast.Try)):
             for field in ("body", "orelse", "finalbody"):
                 out += _pruned(getattr(statement, field, []), kept)  # the block's statements, run once

@@ -178,10 +178,10 @@ def test_check_grad_audits_a_kl_formed_through_a_helper():
 
 
 def test_the_tests_around_a_statement_in_an_except_handler_are_found():
-    """`_enclosing_tests` searches every block a statement holds: a statement in an `except` handler inside an
+    """`_guards` searches every block a statement holds: a statement in an `except` handler inside an
     `if` has that `if`'s test (PhilSaad333/RL_Practice's step logged a failure in a handler after its KL term; the
     handler was not searched and the cut crashed)."""
-    from klaudit.audit.inline import _enclosing_tests
+    from klaudit.audit.inline import _guards
 
     function = ast.parse(
         "def step(self, probe):\n"
@@ -191,8 +191,9 @@ def test_the_tests_around_a_statement_in_an_except_handler_are_found():
         "        except Exception as error:\n"
         "            print(error)\n").body[0]
     handler_statement = function.body[0].body[0].handlers[0].body[0]
-    assert [ast.unparse(test) for test in _enclosing_tests(function.body, handler_statement)] == ["probe"]
-    assert _enclosing_tests(function.body[0].body, function.body[0]) is None
+    assert [(ast.unparse(guard.test), side) for guard, side in _guards(function.body, handler_statement)] == [
+        ("probe", "body")]
+    assert _guards(function.body[0].body, function.body[0]) is None
 
 
 def test_a_term_formed_in_a_match_case_is_cut_out(tmp_path):
@@ -214,7 +215,18 @@ def test_a_term_formed_in_a_match_case_is_cut_out(tmp_path):
         "            loss.backward()\n"
         "        return model\n")
     slices, failures = inline_slices(str(tmp_path / "step.py"))
-    assert failures == [] and slices and all(piece.qualname == "Trainer.training_step" for piece in slices)
+    assert failures == [] and [piece.qualname for piece in slices] == ["Trainer.training_step"] * 2
+    # the step's `estimator` is a switch of each slice, the first value it is matched with by default
+    assert [_parameters(piece) for piece in slices] == [{"ref_logprobs": None, "logprobs": None, "estimator": "k3"}] * 2
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "step.py")])
+    # k3 as a loss follows the forward KL (row 3, KL002); k1 as a loss has no expected gradient (row 1, KL001); each
+    # slice skips the value whose case does not form its term (the `match` used to be dropped from the slices)
+    assert report.errors == [] and [(row.mode, row.objective, row.rule) for row in report.results] == [
+        ({"estimator": "k3"}, "PFWD", "KL002"), ({"estimator": "other"}, "ZERO", "KL001")]
+    assert any("(estimator='k3') raised NotImplementedError: the KL term is not formed" in note for note in report.notes)
 
 
 ALIASED_CONFIG = '''import torch
@@ -308,3 +320,87 @@ def test_a_parameter_named_as_settings_gives_its_attributes_as_coefficients(tmp_
 
     report = run([str(tmp_path / "losses.py")])
     assert [(row.objective, row.rule) for row in report.results if "inline KL" in row.target] == [("PFWD", "KL002")]
+
+
+BUFFER_STEP = '''import torch
+
+
+class ReplayTrainer:
+    def compute_loss(self, model, inputs):
+        batch = self.buffer.drain()
+        if len(batch.episodes) == 0:
+            loss = next(model.parameters()).sum() * 0.0
+        else:
+            policy_logps, reference_logps = self.score(model, batch)
+            gap = reference_logps - policy_logps
+            kl = torch.exp(gap) - gap - 1
+            loss = (-policy_logps * batch.advantages + self.kl_beta * kl).mean()
+        return loss
+'''
+
+
+def test_a_guard_on_a_value_of_the_step_is_taken_on_the_side_that_forms_the_term(tmp_path):
+    """`if len(batch.episodes) == 0: ... else:` (vine-verifiers' steps) decides whether the term is formed, not how:
+    the slice takes the else side, where the test's `batch` used to stop the cut ("comes from outside the step's
+    arithmetic"). k3 as a loss follows the forward KL: PFWD, KL002 (kl-math.md section 8 row 3)."""
+    (tmp_path / "trainer.py").write_text(BUFFER_STEP)
+    (piece,) = _slices_of(tmp_path / "trainer.py").values()
+    assert _parameters(piece) == {"reference_logps": None, "policy_logps": None}
+    assert "if False:" in piece.source and "batch" not in piece.source
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "trainer.py")])
+    assert report.errors == [] and [(row.objective, row.rule) for row in report.results] == [("PFWD", "KL002")]
+
+
+def test_a_guard_holding_the_term_on_both_sides_is_not_taken(tmp_path):
+    """A test on a value of the step with a kept statement on each side picks how the term is formed: no side is
+    taken, and the cut fails with the name that does not bind."""
+    source = BUFFER_STEP.replace("            loss = next(model.parameters()).sum() * 0.0\n",
+                                 "            gap = batch.fallback_gap\n            loss = gap.sum() * 0.0\n")
+    source = source.replace("            gap = reference_logps - policy_logps\n", "")
+    source = source.replace("            policy_logps, reference_logps = self.score(model, batch)\n",
+                            "            policy_logps, reference_logps = self.score(model, batch)\n"
+                            "            gap = reference_logps - policy_logps\n")
+    (tmp_path / "trainer.py").write_text(source)
+    slices, failures = inline_slices(str(tmp_path / "trainer.py"))
+    assert (slices, len(failures)) == ([], 1) and "'batch' comes from outside the step's arithmetic" in failures[0]
+
+
+NORMALISED_SWITCH = '''import torch
+
+
+def ppo_epoch(policy, rollout, optimizer, kl_form, kl_beta):
+    kl_form = kl_form.strip().lower()
+    new_lp = policy.token_logprobs(rollout.tokens)
+    ref_lp = rollout.ref_lp
+    ratio = torch.exp(new_lp - rollout.old_lp)
+    pg = -(ratio * rollout.advantages)
+    if kl_form == "k2":
+        kl = 0.5 * (new_lp - ref_lp) ** 2
+    else:
+        kl = new_lp - ref_lp
+    loss = ((pg + kl_beta * kl) * rollout.mask).sum() / rollout.mask.sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_parameter_of_the_step_compared_with_strings_is_a_switch_of_the_slice(tmp_path):
+    """`kl_form` (prorl-on-noma's `variant`, `k2_mode`): a parameter the step compares with strings is a switch of
+    the slice, its spelling made canonical first (`.strip().lower()`) left out; it used to stop the cut. k2 as a
+    loss gives the local gradient only (PART, KL003, row 2); k1 as a loss has none in expectation (ZERO, KL001,
+    row 1); each slice skips the value that does not form its term."""
+    (tmp_path / "train.py").write_text(NORMALISED_SWITCH)
+    slices, failures = inline_slices(str(tmp_path / "train.py"))
+    assert failures == [] and [_parameters(piece) for piece in slices] == [
+        {"new_lp": None, "ref_lp": None, "kl_form": "k2"}] * 2
+    assert all("lower" not in piece.source for piece in slices)
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "train.py")])
+    assert report.errors == [] and [(row.mode, row.objective, row.rule) for row in report.results] == [
+        ({"kl_form": "k2"}, "PART", "KL003"), ({"kl_form": "other"}, "ZERO", "KL001")]
