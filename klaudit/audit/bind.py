@@ -71,6 +71,8 @@ class Binding:
     `longer`: tensor parameters the code reads with one end of the positions' axis cut off ("last": `logits[:, :-1]`,
     `logits[..., :-1, :]`; "first": `input_ids[:, 1:]`) receive one more position at that end, a copy of the position
     beside it, which the cut drops.
+    `flat_tokens`: every [B, T] tensor (and [B, T, V] one) is passed flattened to one token vector, [B*T] ([B*T, V]),
+    in row order, for code that takes the batch's tokens as one vector (a per-token result is read back per row).
     `current_old`: OLD_LOGPROBS parameters receive the policy's own log-probs, detached (pi_old = pi),
     and the audit is on-policy. `instance_switches`: the switches among `switches` that are no parameter but
     read from instance state (set on the bare instance for each mode, `set_instance_switches`) or from a
@@ -82,6 +84,7 @@ class Binding:
     positional_only: frozenset = frozenset()
     sequence_zeros: bool = False
     bool_masks: bool = False
+    flat_tokens: bool = False
     current_old: bool = False
     instance_switches: frozenset = frozenset()  # switches read from instance state or a config parameter
     longer: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # a parameter's end and axis the code cuts
@@ -161,6 +164,8 @@ class Binding:
                 value = None
             if name in self.longer and isinstance(value, torch.Tensor):
                 value = _one_position_longer(value, *self.longer[name])
+            if self.flat_tokens and isinstance(value, torch.Tensor) and value.shape[:2] == batch.mask.shape:
+                value = value.reshape(-1, *value.shape[2:])
             if name in self.positional_only:
                 args.append(value)
             else:

@@ -246,15 +246,16 @@ def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, str | None]:
     """The result kind of the term's first call, and the term that gave it, with a note when it changed.
 
     Zeros [B, T] stand for a task reward or advantage, and the mask is 1.0 on response tokens; code that
-    wants a per-sequence reward (a score added at the last token, `advantages.unsqueeze(-1)`) or a boolean
-    mask (`torch.where(mask, ...)`) fails on them with a RuntimeError or IndexError. Then the call is tried
-    again with per-sequence zeros [B], with a boolean mask, and with both; the first that works is kept.
-    Otherwise the first failure is the one reported.
+    wants a per-sequence reward (a score added at the last token, `advantages.unsqueeze(-1)`), a boolean
+    mask (`torch.where(mask, ...)`) or the batch's tokens as one vector (`if logps.dim() != 1: raise`) fails
+    on them with a RuntimeError, IndexError, ValueError or TypeError. Then the call is tried again with
+    per-sequence zeros [B], with a boolean mask, with both, and with every input flattened to [B*T] (with
+    float and then boolean masks); the first that works is kept. Otherwise the first failure is the one reported.
     """
     try:
         return term, result_kind(term, batch), None
     except TermError as error:
-        if not isinstance(error.__cause__, (RuntimeError, IndexError)):
+        if not isinstance(error.__cause__, (RuntimeError, IndexError, ValueError, TypeError)):
             raise
         raised = type(error.__cause__).__name__
         for binding, why in _rebindings(term.binding):
@@ -281,6 +282,11 @@ def _rebindings(binding: Binding) -> list[tuple[Binding, list[tuple[str, str, st
         tries.append((dataclasses.replace(binding, bool_masks=True), masks))
     if zeros and masks:
         tries.append((dataclasses.replace(binding, sequence_zeros=True, bool_masks=True), zeros + masks))
+    if not binding.flat_tokens:
+        flat = [("the per-token inputs", "one token vector [B*T]", "[B, T]")]
+        tries.append((dataclasses.replace(binding, flat_tokens=True), flat))
+        if masks:
+            tries.append((dataclasses.replace(binding, flat_tokens=True, bool_masks=True), flat + masks))
     return tries
 
 

@@ -430,6 +430,45 @@ def test_a_per_token_result_flattened_in_row_order_is_read_per_token():
     assert verdicts[0] == verdicts[1] and {objective for _, objective, _ in verdicts[0]} == {"REV", "ZERO"}
 
 
+def test_code_that_takes_the_batch_as_one_token_vector_is_fed_flattened_inputs():
+    """mini-verl's `verl_k1_estimator` raises ValueError unless its log-probs are one vector: the inputs are retried
+    flattened to [B*T] and the per-token result read back per row. k3 as a loss follows the forward KL (PFWD,
+    KL002, kl-math.md section 8 row 3), the verdict of the same code on [B, T]."""
+    import klaudit.audit
+
+    def k3_tokens(policy_logps, ref_logps):
+        if policy_logps.dim() != 1 or ref_logps.shape != policy_logps.shape:
+            raise ValueError("policy_logps must be a one-dimensional token vector")
+        gap = ref_logps - policy_logps
+        return torch.exp(gap) - gap - 1
+
+    def k3_rows(policy_logps, ref_logps):
+        gap = ref_logps - policy_logps
+        return torch.exp(gap) - gap - 1
+
+    report = klaudit.audit.check(k3_tokens, placement="loss")
+    assert not report.errors and [(row.objective, row.rule) for row in report.results] == [("PFWD", "KL002")]
+    assert [row.cos_rev for row in report.results] == [row.cos_rev for row in klaudit.audit.check(
+        k3_rows, placement="loss").results]
+    assert any("one token vector [B*T] ([B, T] raised ValueError)" in note for note in report.notes)
+    binding = dataclasses.replace(bind(k3_tokens), flat_tokens=True)
+    assert binding.arguments_for(_tiny_batch(), {})[1]["policy_logps"].shape == (6,)
+
+
+def test_a_type_check_of_the_mask_is_retried_with_a_boolean_mask():
+    """meta-rlvr's `grpo_policy_loss` raises TypeError on a float mask; a boolean one works: k1 as a loss,
+    token-mean, has zero expected gradient (ZERO, KL001, row 1)."""
+    import klaudit.audit
+
+    def k1_loss(logprobs, ref_logprobs, completion_mask):
+        if completion_mask.dtype != torch.bool:
+            raise TypeError("completion_mask must be torch.bool")
+        return (logprobs - ref_logprobs)[completion_mask].mean()
+
+    report = klaudit.audit.check(k1_loss, placement="loss")
+    assert not report.errors and [(row.objective, row.rule) for row in report.results] == [("ZERO", "KL001")]
+
+
 def test_per_sequence_scores_are_retried_as_b_zeros():
     """A score added at the last token fails on zeros [B, T]; zeros [B] work, and a note says so."""
     import klaudit.audit
