@@ -30,6 +30,7 @@ from klaudit.describe import describe
 from klaudit.frameworks import easyr1, hydra_keys, nemo_rl, openrlhf, roll, slime, swift, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
+from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, option_defaults
 from klaudit.frameworks.settings import (
     SHELL_WORD,
@@ -301,8 +302,8 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     `editable`, the flag fixes are edits of it."""
     assumed = context.release(verl.NAME, path)
     launch = verl.LAUNCH.search(text) if text is not None else None
-    if launch and text is not None and _refused_by_hydra(path, text, launch, context):
-        return []  # Hydra stops the launch before it trains
+    if launch and text is not None and _stops_before_training(path, text, launch, context):
+        return []
     if launch and assumed.source != "pinned":  # the project's copy of the module launched, if it carries one, runs
         copied = vendored(path, verl.NAME, launch.group(1).replace(".", "/") + ".py", context.roots)
         assumed = copied if copied is not None and copied is not UNSTATED else assumed
@@ -336,13 +337,16 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     return _agreed(assumed, judged_by)
 
 
-def _refused_by_hydra(path: str, text: str, launch: re.Match, context: Context) -> bool:
-    """Whether Hydra refuses an override of the verl launch `launch` in the script `path`: a key the config of the
-    project's copy of the module launched lacks (an upstream example kept in a fork that renamed the key)."""
+def _stops_before_training(path: str, text: str, launch: re.Match, context: Context) -> bool:
+    """Whether the verl launch `launch` in the script `path` stops before it trains: the project's copy of the module
+    launched cannot be imported (klaudit.frameworks.imports), or Hydra refuses an override, a key that copy's config
+    lacks (an upstream example kept in a fork that renamed the key)."""
     module = launch.group(1).replace(".", "/") + ".py"
     holder = copy_holding(path, module, context.roots) if path else None
     if holder is None:
         return False  # verl as installed: its configs are not read
+    if import_failure(holder[1], module) is not None:
+        return True
     after = _command_after(text, launch)
     return after is not None and hydra_keys.refused_launch(after, holder[1] / module) is not None
 
@@ -546,6 +550,7 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
         kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
         module = launch.group().replace(".", "/").removesuffix(".py") + ".py"
+        launched = copy_holding(path, module, context.roots)
         parser = openrlhf.copy_parser(copy[1] / module) if copy else None
         defaults = parser.defaults_of() if parser is not None else openrlhf.DEFAULTS
 
@@ -554,7 +559,9 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
             return [] if judged is None else _findings(path, judged[0], assumed.label(openrlhf.NAME),
                                                        lambda rule, row: fixes.get(rule, row), clamped=judged[1])
 
-        if parser is None or parser.refuses(_command_options(text, launch)) is None:  # else argparse stops it
+        # else the copy fails on import, or argparse stops the launch
+        if (launched is None or import_failure(launched[1], module) is None) and (
+                parser is None or parser.refuses(_command_options(text, launch)) is None):
             found += _agreed(assumed, judged_by)
     command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
     if command or script:
