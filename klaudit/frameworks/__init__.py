@@ -666,7 +666,7 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
     of the project passes it or a config beside it (`grpo.py --config recipes/exp_configs/qwen.yaml`: the
     folder's other variants are run the same way), and it sets GRPO's own keys (a generation-only config
     has num_generations too), reported at the first of them."""
-    if not any(key in values for key in _TRL_SCRIPT_KEYS):
+    if not any(key in values for key in _TRL_SCRIPT_KEYS) or _names_another_trainer(path):
         return []
     grpo_keys = [values[key] for key in _TRL_RECIPE_KEYS if key in values]
     says_grpo = "grpo" in _within_roots(path, context).lower() or _passed_to_grpo(path, context)
@@ -680,6 +680,18 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
         return []
     return _trl(path, {key: values[key] for key in trl.KEYS if key in values}, context, anchor,
                 text=text, style="yaml")
+
+
+# a TRL trainer other than GRPO, as a word of a file name (`rloo.yaml`, `qwen_ppo_gsm8k.yaml`; not `dapo.yaml`)
+_OTHER_TRAINER = re.compile(r"(?<![a-z])(?:rloo|ppo|dpo|online_dpo|kto|orpo|cpo|bco|gkd|sft|xpo|nash_md|prm|reward)"
+                            r"(?![a-z])")
+
+
+def _names_another_trainer(path: str) -> bool:
+    """Whether a config file's name names a TRL trainer other than GRPO: RLOOConfig shares GRPOConfig's keys
+    (`beta`, `num_generations`), but RLOO puts k1 in the reward, whatever a GRPO recipe beside it does."""
+    name = Path(path).stem.lower()
+    return "grpo" not in name and _OTHER_TRAINER.search(name) is not None
 
 
 # the YAML file a launch passes as its config (accelerate's own is `--config_file`)

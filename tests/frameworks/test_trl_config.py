@@ -345,3 +345,18 @@ def test_a_subclass_field_named_like_a_retired_keyword_bounds_no_release(tmp_pat
     assert _tree_findings(tmp_path, {"train_grpo.py": script}) == [("train_grpo.py", 8, "KL003")]
     alone = script.replace("    beta: float = 0.04\n", "")
     assert _tree_findings(tmp_path, {"train_grpo.py": alone}) == []  # no KL key of its own: nothing judged there
+
+
+def test_a_recipe_named_for_another_trainer_is_not_read_as_grpo(tmp_path):
+    """raghavc/LLM-RLHF-Tuning-with-PPO-and-DPO (thirty-seventh set) passes configs/grpo.yaml to its GRPO script and
+    configs/rloo.yaml to its RLOO one; RLOOConfig shares GRPOConfig's keys, but TRL's RLOO puts k1 in the sequence
+    reward, on-policy (row 6): only the GRPO recipe's k3 loss is KL002 (row 3)."""
+    (tmp_path / "configs").mkdir()
+    recipe = "model_name_or_path: m\nnum_generations: 4\nbeta: 0.02\nloss_type: dapo\n"
+    for name in ("grpo", "rloo", "qwen_rloo_gsm8k", "dapo"):
+        (tmp_path / "configs" / f"{name}.yaml").write_text(recipe)
+    (tmp_path / "run.sh").write_text("trl grpo --config configs/grpo.yaml\n")
+    (tmp_path / "requirements.txt").write_text("trl==1.9.0\n")  # as the project pins: no bias correction by default
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted((f.path.rsplit("/", 1)[-1], f.code) for f in result.findings) == [
+        ("dapo.yaml", "KL002"), ("grpo.yaml", "KL002")]
