@@ -53,7 +53,10 @@ _ROLL_REWARDS = ("def apply_kl_penalty", "def compute_token_reward")
 # `miles/backends/training_utils/loss.py`)
 _SLIME_LOSS = re.compile(rf"(?:^|/)({'|'.join(slime.FORKS)})/backends/\w+_utils/loss\.py$")
 _SLIME_REWARD, _SLIME_REDUCER = "def compute_advantages_and_returns", "sum_of_sample_mean"
-_OPENRLHF_MAKER, _OPENRLHF_REWARD = "openrlhf/trainer/ppo_utils/experience_maker.py", "compute_reward("
+# OpenRLHF's experience maker, or a fork's copy of it in another folder of its package
+# (`openrlhf/reasoning_utils/ppo_utils/experience_maker.py`), run by the same trainer loop
+_OPENRLHF_MAKER = re.compile(r"(?:^|/)(openrlhf/(?:(?!openrlhf/)\w+/)*ppo_utils/experience_maker\.py)$")
+_OPENRLHF_REWARD = "compute_reward("
 _SKYRL_TRAINER, _SKYRL_REWARD = "skyrl/train/trainer.py", "def apply_reward_kl_penalty"
 _SKYRL_CONFIG = "skyrl/train/config/config.py"  # beside the trainer: the dataclasses that hold SkyRL's defaults
 # SkyRL's steps per rollout (its `trainer` section): epochs x train batch / mini-batch, in prompts
@@ -84,8 +87,9 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
     posix = path.replace("\\", "/")
     if posix.endswith(roll.FUNCTIONALS) and any(name in source for name in _ROLL_REWARDS):
         return _roll(Path(path))
-    if posix.endswith(_OPENRLHF_MAKER) and _OPENRLHF_REWARD in source:
-        return _openrlhf(path)
+    maker = _OPENRLHF_MAKER.search(posix)
+    if maker is not None and _OPENRLHF_REWARD in source:
+        return _openrlhf(path, maker.group(1))
     slime_loss = _SLIME_LOSS.search(posix)
     if slime_loss is not None and _SLIME_REWARD in source and _SLIME_REDUCER in source:
         return _slime(slime_loss.group(1))
@@ -144,13 +148,13 @@ def _roll(module: Path) -> RewardTraining:
                           f"{roll.NAME}'s actor at this copy's defaults: {roll.AGGREGATION}={mode}")
 
 
-def _openrlhf(path: str) -> RewardTraining:
+def _openrlhf(path: str, module: str) -> RewardTraining:
     """OpenRLHF's trainer at the defaults of the copy's command line (OpenRLHF's own where it has none); a copy
     that states a release before 0.7 takes each response's token mean (row 21), a later or unstated one a
     reduction its launch decides (not decided here)."""
-    copy = vendored(path, openrlhf.NAME, _OPENRLHF_MAKER)
+    copy = vendored(path, openrlhf.NAME, module)
     early = copy is not None and copy is not UNSTATED and not at_least(copy, "0.7")
-    defaults = _openrlhf_defaults(Path(path).resolve().parents[len(Path(_OPENRLHF_MAKER).parts) - 1])
+    defaults = _openrlhf_defaults(Path(path).resolve().parents[len(Path(module).parts) - 1])
     epochs, rollout, samples, train = (float(defaults[key]) for key in _OPENRLHF_STEP_KEYS)
     steps = epochs * rollout * samples / train
     counts = (f"max_epochs={defaults[openrlhf.EPOCHS]} x rollout_batch_size={defaults[openrlhf.ROLLOUT_BATCH]} x "

@@ -136,6 +136,16 @@ def test_openrlhfs_experience_maker_feeds_eight_steps_per_rollout_by_default(tmp
     assert lint_paths([str(other)], settings=Settings(root=tmp_path), jobs=1).findings == []
 
 
+def test_a_forks_copy_of_the_experience_maker_in_another_folder_is_trained_alike(tmp_path):
+    """typoverflow/OpenRLHF (thirty-seventh set) copies the maker to openrlhf/reasoning_utils/ppo_utils/ for its
+    reasoning PPO, trained by the same loop: eight steps per rollout on the k1 reward (row 23), as the original."""
+    module = tmp_path / "openrlhf" / "reasoning_utils" / "ppo_utils" / "experience_maker.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(MAKER)
+    [finding] = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert (finding.code, finding.line) == ("KL008", 8) and "8 optimizer steps per rollout" in finding.message
+
+
 def test_an_openrlhf_copy_before_0_7_takes_each_responses_token_mean(tmp_path):
     """Up to 0.6 OpenRLHF's policy loss is each response's token mean: 1/L weights on the k1 reward (row 21)
     beside the eight steps per rollout (row 23)."""
