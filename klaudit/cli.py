@@ -278,8 +278,9 @@ class SampleCount(click.ParamType):
 @click.option("--bind", "bindings", multiple=True, metavar="PARAM=ROLE",
               help=f"Say what a parameter receives: {', '.join(role.value for role in Role)}.")
 @click.option("--placement", type=click.Choice(list(PLACEMENTS)), default="auto", show_default=True,
-              help="Audit the result as a differentiated loss, a detached reward (reward-to-go), both, or "
-                   "the two combined (loss+reward; loss+future: future-only returns).")
+              help="Audit the result as a differentiated loss, a detached reward (reward-to-go), both, "
+                   "the two combined (loss+reward; loss+future: future-only returns), or each token's own "
+                   "detached value as its advantage (advantage: no reward-to-go).")
 @click.option("--output-format", "--format", "output_format", type=click.Choice(["text", "json"]),
               default="text", show_default=True, help="How to print the report.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,

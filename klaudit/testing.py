@@ -25,7 +25,8 @@ def assert_kl_unbiased(fn: Callable, placement: str = "auto", *, bind: Mapping[s
     """Audit `fn` and return the report when its gradient is unbiased; raise KLGradientError, whose
     message is check-grad's table, when it is not.
 
-    placement: "auto", "loss", "reward", "both", "loss+reward" or "loss+future" (klaudit.audit.PLACEMENTS).
+    placement: "auto", "loss", "reward", "both", "loss+reward", "loss+future" or "advantage"
+        (klaudit.audit.PLACEMENTS).
     bind: {"parameter": "role"} for parameters the naming table cannot place (check-grad's --bind).
     used_only: only the rows of placements the surrounding code uses count (check-grad's --fail-on used).
     """

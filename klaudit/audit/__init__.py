@@ -33,7 +33,7 @@ def check(fn: Callable, placement: str = "auto", *, bind: Mapping[str, str] | No
     """Audit `fn` in this process; returns a klaudit.audit.report.Report (see `.unbiased`, `.to_text()`).
 
     placement: "auto" (a loss function or scalar result as a loss, any other result both ways),
-    "loss", "reward", "both", "loss+reward" or "loss+future" (see PLACEMENTS). Bad input (unbindable parameters, a failing or shapeless result)
+    "loss", "reward", "both", "loss+reward", "loss+future" or "advantage" (see PLACEMENTS). Bad input (unbindable parameters, a failing or shapeless result)
     is recorded in `report.errors`, so `report.unbiased` is then False. `device` ("cpu", "cuda", ...): where
     the audit's policies live, and so every tensor `fn` receives.
     """

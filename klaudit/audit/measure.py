@@ -7,7 +7,9 @@ For each switch value (mode) and placement the user's term becomes a per-sequenc
     reward: S = sum_t logp_t m_t sg(sum_{u>=t} f_u m_u)   (reward-to-go; a [B] result is the
             whole-sequence return on every token);
     loss+reward: the sum of both (the same values differentiated and, detached, as a reward-to-go:
-            kl-math.md R-C); loss+future: the loss plus the future-only return sum_{u>t} (R-B, R-D).
+            kl-math.md R-C); loss+future: the loss plus the future-only return sum_{u>t} (R-B, R-D);
+    advantage: S = sum_t logp_t m_t sg(f_t m_t)   (each token's own value as its advantage, no accumulation:
+            the same-token return of slime's on-policy distillation; per-token results only).
 
 The exact audit enumerates every response of tabular policies (3 seeds) and of a tiny causal
 transformer, each placed at KL_seq = 1 nat from its reference, and compares E[grad] with the targets of
@@ -174,11 +176,13 @@ class Term:
             result = result.get(self.mode[ENTRY])  # one estimate of a dict of them (see expand_entries)
         if not isinstance(result, torch.Tensor) and hasattr(result, "loss"):
             result = result.loss  # a KLTerm-like result: the differentiable part
-        if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
+        rows, horizon = batch.mask.shape
+        if _per_sample(result, rows, horizon):
+            result = torch.stack(result)  # one tensor per sequence (slime's lists): [B, T] or [B]
+        elif isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
             result = result[0]
         if not isinstance(result, torch.Tensor):
             raise TermError(f"{self.where()} returned {type(result).__name__}, not a torch.Tensor")
-        rows, horizon = batch.mask.shape
         if tuple(result.shape) == (rows * horizon,) and horizon > 1:
             result = result.reshape(rows, horizon)  # per token, flattened (`.view(-1)`) in row order
         if tuple(result.shape) not in ((rows, horizon), (rows,), (), (1,)):
@@ -209,6 +213,14 @@ class Term:
     @property
     def rtol(self) -> float:
         return MATCH_RTOL_FLOAT64 if self.dtype == torch.float64 else MATCH_RTOL_FLOAT32
+
+
+def _per_sample(result: object, rows: int, horizon: int) -> bool:
+    """Whether a result is a list of one tensor per sequence, each [T] or a scalar (not a tuple such as
+    `(loss, metrics)`, whose first item is the term)."""
+    return (isinstance(result, list) and len(result) == rows and rows > 0
+            and all(isinstance(item, torch.Tensor) and tuple(item.shape) in ((horizon,), ()) for item in result)
+            and len({tuple(item.shape) for item in result}) == 1)
 
 
 def result_kind(term: Term, batch: Batch) -> str:
@@ -307,10 +319,12 @@ def surrogate(term: Term, kind: str, placement: str, scalar_weight: str | None =
             return loss
         rewards = (values * batch.mask).detach() if kind == "token" else values.detach().unsqueeze(-1)
         coefficient = _reward_to_go(rewards) if kind == "token" else rewards.expand_as(batch.mask)
+        if placement == "advantage":
+            coefficient = rewards
         if placement == "loss+future":
             coefficient = coefficient - rewards
         reward = (batch.logprobs * batch.mask * coefficient).sum(-1)
-        return reward if placement == "reward" else loss + reward
+        return reward if placement in ("reward", "advantage") else loss + reward
 
     return per_sequence
 
@@ -431,8 +445,9 @@ def plan_mode(term: Term, kind: str, placements: Sequence[str] | None, reward_fu
 
 
 def _allowed(kind: str, placement: str) -> bool:
-    """A scalar is only a loss; per-sequence values have no future-only return."""
-    return placement == "loss" if kind == "scalar" else not (kind == "sequence" and placement == "loss+future")
+    """A scalar is only a loss; per-sequence values have no future-only return and no token of their own."""
+    return placement == "loss" if kind == "scalar" else not (
+        kind == "sequence" and placement in ("loss+future", "advantage"))
 
 
 def _audit(fn, binding, name, placements, problems, batch, progress, also, device):
@@ -496,7 +511,7 @@ def _audit(fn, binding, name, placements, problems, batch, progress, also, devic
     extra = [placement for placement in also() if placement not in {row.placement for row in rows}]
     for term, kind, _chosen, scalar_weight in plans:
         usable = [placement for placement in extra if _allowed(kind, placement)
-                  and (placement == "reward" or term(batch_factory()).requires_grad)]
+                  and (placement in ("reward", "advantage") or term(batch_factory()).requires_grad)]
         rows += audit_rows(term, kind, usable, scalar_weight)
     mode_order = {tuple(term.mode.items()): index for index, (term, *_) in enumerate(plans)}
     rows.sort(key=lambda row: mode_order[tuple(row.mode.items())])
@@ -526,7 +541,7 @@ def _placements_for(term: Term, kind: str, placements: Sequence[str] | None, rew
         chosen = ["loss"] if loss_only else ["loss", "reward"]
     if not all(_allowed(kind, placement) for placement in chosen):
         what = "a scalar: it cannot be audited as a per-token reward" if kind == "scalar" else (
-            "per-sequence values: they have no future-only return")
+            "per-sequence values: they have no future-only return and no token of their own")
         raise TermError(f"{term.where()} returns {what}")
     detached = not term(batch_factory()).requires_grad
     if detached and not placements and kind != "scalar" and chosen != ["reward"]:

@@ -39,4 +39,4 @@ class Role(str, Enum):
 # reward-to-go, both rows, or one combined row (the same values as a loss and, detached, as reward-to-go
 # or future-only returns); "auto" lets the function's name, result and uses decide.
 PLACEMENTS = {"auto": None, "loss": ("loss",), "reward": ("reward",), "both": ("loss", "reward"),
-              "loss+reward": ("loss+reward",), "loss+future": ("loss+future",)}
+              "loss+reward": ("loss+reward",), "loss+future": ("loss+future",), "advantage": ("advantage",)}

@@ -36,4 +36,4 @@ Weighting: TypeAlias = Literal["", "score", "score-seq", "score-seqmean", "is", 
 # check-grad's name for how the code uses a KL helper's result (klaudit.lint.query.placement_of):
 # differentiated, propagated detached, or both (the same values as reward-to-go or whole-sequence
 # return, or as future-only returns).
-Placement: TypeAlias = Literal["loss", "reward", "loss+reward", "loss+future"]
+Placement: TypeAlias = Literal["loss", "reward", "loss+reward", "loss+future", "advantage"]

@@ -117,7 +117,8 @@ def watch(fn: Callable | None = None, *, placement: str = "auto", args: Mapping[
     Use as `@watch`, `@watch(placement="loss", every=100)` or `watch(fn, ...)`.
 
     placement: how the training uses the result: "loss" (differentiated), "reward" (detached into the
-        rewards, reward-to-go), "loss+reward", "loss+future", or "auto" (by the function's name, then a
+        rewards, reward-to-go), "loss+reward", "loss+future", "advantage" (each token's own detached value as its
+        advantage), or "auto" (by the function's name, then a
         scalar or a result that carries a gradient is a loss, a detached one a reward).
     args: {parameter: role} for parameters klaudit's naming table does not read (roles as check-grad's
         --bind: logprobs, ref_logprobs, old_logprobs, mask, log_ratio, zeros, coef, ...).

@@ -31,7 +31,7 @@ from klaudit.describe import describe
 from klaudit.lint.roles import is_loss_function, is_reward_function
 
 DEFAULT_ROWS = 8  # sequences of the batch the audit copies: the per-sample identity holds on any of them
-PLACEMENTS = ("auto", "loss", "reward", "loss+reward", "loss+future")
+PLACEMENTS = ("auto", "loss", "reward", "loss+reward", "loss+future", "advantage")
 _FED = (Role.LOGPROBS, Role.REF_LOGPROBS, Role.OLD_LOGPROBS, Role.MASK, Role.LOG_RATIO)
 _UNSUPPORTED = {Role.LOGITS: "the policy logits", Role.REF_LOGITS: "the reference logits",
                 Role.TOKENS: "the sampled token ids"}

@@ -455,6 +455,36 @@ def test_code_that_takes_the_batch_as_one_token_vector_is_fed_flattened_inputs()
     assert binding.arguments_for(_tiny_batch(), {})[1]["policy_logps"].shape == (6,)
 
 
+def test_each_tokens_own_value_as_its_advantage_gives_the_local_gradient():
+    """The `advantage` placement: a detached k1 that multiplies only its own token's score (slime's on-policy
+    distillation advantages) follows the per-token local gradient, as k2 as a loss does (PART, KL003,
+    kl-math.md section 8); the same values as a reward-to-go are the reverse KL (REV, row 6)."""
+    import klaudit.audit
+
+    def token_k1(logprobs, ref_logprobs):
+        return logprobs - ref_logprobs
+
+    rows = {placement: [(row.objective, row.rule) for row in klaudit.audit.check(token_k1, placement).results]
+            for placement in ("advantage", "reward")}
+    assert rows == {"advantage": [("PART", "KL003")], "reward": [("REV", None)]}
+
+
+def test_a_list_of_one_tensor_per_sequence_is_read_as_the_batch():
+    """slime keeps per-sample lists: `[lp - ref for lp, ref in zip(logprobs, ref_logprobs)]` is the [B, T] values, not
+    its first sequence (a tuple's first item stays the term: `(loss, metrics)`)."""
+    import klaudit.audit
+
+    def per_sample(logprobs, ref_logprobs):
+        return [policy - reference for policy, reference in zip(logprobs, ref_logprobs)]
+
+    def with_metrics(logprobs, ref_logprobs):
+        return logprobs - ref_logprobs, {"kl": 0.0}
+
+    for fn in (per_sample, with_metrics):
+        report = klaudit.audit.check(fn, placement="reward")
+        assert not report.errors and [(row.objective, row.rule) for row in report.results] == [("REV", None)]
+
+
 def test_a_type_check_of_the_mask_is_retried_with_a_boolean_mask():
     """meta-rlvr's `grpo_policy_loss` raises TypeError on a float mask; a boolean one works: k1 as a loss,
     token-mean, has zero expected gradient (ZERO, KL001, row 1)."""

@@ -100,11 +100,21 @@ def test_batch_aggregation_is_passed_through(on_policy):
 
 
 def test_unknown_terms_match_nothing(on_policy):
+    def quartic(batch):
+        return (((batch.logprobs - batch.ref_logprobs) * batch.mask) ** 4).sum()
+
+    assert on_policy.identify(quartic) is None
+    assert on_policy.identify(lambda batch: batch.ref_logprobs.sum() * 0.0) is None
+
+
+def test_a_cubic_loss_has_the_per_sample_gradient_of_a_same_token_k2_reward(on_policy):
+    """d(delta^3)/d theta = 3 delta^2 grad logp_t: six times the per-sample gradient of k2 = delta^2 / 2 on its own token's
+    score, as k2 as a loss is k1 on its own token's score (the fingerprint names the per-sample twin)."""
     def cubic(batch):
         return (((batch.logprobs - batch.ref_logprobs) * batch.mask) ** 3).sum()
 
-    assert on_policy.identify(cubic) is None
-    assert on_policy.identify(lambda batch: batch.ref_logprobs.sum() * 0.0) is None
+    match = on_policy.identify(cubic)
+    assert match.config == Config(reward=Estimator.K2, returns=Returns.LOCAL) and abs(match.scale - 6.0) < 1e-9
 
 
 def test_off_policy_rows(off_policy):

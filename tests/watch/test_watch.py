@@ -200,7 +200,7 @@ def test_arguments_named_by_the_user_and_actual_values_kept():
 
 def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="placement"):
-        watch(k1_loss, placement="advantage")
+        watch(k1_loss, placement="bonus")
     with pytest.raises(ValueError, match="every"):
         watch(k1_loss, every=0)
     with pytest.raises(ValueError, match="mode"):
