@@ -182,7 +182,8 @@ def compare(path: str, audit: Audit, sites: Sequence[KLSite] | None = None) -> l
                                     audited=False))
             continue
         target = targets[site]
-        scored = target.placement == "loss" and site.placement == "reward"  # the audited code weights it by the score
+        # the audited code weights it by the score: as a loss, or as each token's own advantage
+        scored = target.placement == "loss" and site.placement == "reward" or target.placement == "advantage"
         expected = audited_part(site, whole=target in whole and target.source is None, scored=scored,
                                 clamped=None if site.inline else site.clamped_in(_helper_of(target)))
         report = reports[target]

@@ -142,8 +142,10 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     kept = traced
     body = [_SelfReads(switches).visit(statement) for statement in copy.deepcopy(_pruned(function.body,
                                                                                           {id(s) for s in kept}))]
-    if placement == "reward" and sink_of_name(variable) == "loss":
-        placement = "loss"  # the score-function product is inside the cut (`per_token_loss = sg(kl) * logp`)
+    if placement == "reward" and sink_of_name(variable) in ("loss", "advantage"):
+        # the score-function product is inside the cut (`per_token_loss = sg(kl) * logp`), or the term is the
+        # advantages themselves (`advantages = teacher - student`): each token's own value is its advantage
+        placement = sink_of_name(variable) or placement
     name = f"{function.name}__inline_kl_{returned_at}"
     switches.update((name, step_switches[name]) for name in parameters if name in step_switches)
     arguments = [name for name in parameters if name not in switches] + [
@@ -152,10 +154,10 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     header = _imports_for(tree, _names_read([*body, *called]), imported, _package(path))
     header += "".join(ast.unparse(helper) + "\n\n\n" for helper in called)
     text = _function_text(name, arguments, body, ast.Name(variable, ast.Load()))
-    if placement == "reward" and returned_sign(header + text, name, path) < 0:
+    if placement in ("reward", "advantage") and returned_sign(header + text, name, path) < 0:
         # the term is the negated estimate (`teacher - policy`), maximised as an advantage: check-grad audits a
         # reward placement as a penalty, so the cut-out function returns the estimate itself
-        text = _function_text(name, arguments, body, ast.UnaryOp(ast.USub(), ast.Name(variable, ast.Load())))
+        text = _function_text(name, arguments, body, _negated(variable))
     lines = [s.lineno for s in kept] + [getattr(s, "end_lineno", s.lineno) for s in kept]
     return InlineSlice(path, qualname, min(lines), max(lines), name, header + text, placement, origin_line)
 
@@ -210,6 +212,12 @@ def _holders(name: str, read_by: dict[str, str]) -> list[str]:
         name = read_by[name]
         holders.append(name)
     return holders
+
+
+def _negated(variable: str) -> ast.expr:
+    """`-variable`, item by item where it is a list (slime's per-sample advantages)."""
+    value = ast.parse(f"[-item for item in {variable}] if isinstance({variable}, list) else -{variable}", mode="eval")
+    return value.body
 
 
 def _function_text(name: str, arguments: list[str], body: list[ast.stmt], returned: ast.expr) -> str:
@@ -403,8 +411,17 @@ def _assigned(statement: ast.stmt) -> set[str]:
 
 
 def _names_read(nodes) -> set[str]:
-    return {node.id for tree in nodes for node in ast.walk(tree) if isinstance(node, ast.Name)
-            and isinstance(node.ctx, ast.Load)}
+    """The names `nodes` read, less the variables of their comprehensions and lambdas (bound there, not read)."""
+    read, bound = set(), set()
+    for tree in nodes:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                read.add(node.id)
+            elif isinstance(node, ast.comprehension):
+                bound |= {name.id for name in ast.walk(node.target) if isinstance(name, ast.Name)}
+            elif isinstance(node, ast.Lambda):
+                bound |= {argument.arg for argument in ast.walk(node.args) if isinstance(argument, ast.arg)}
+    return read - bound
 
 
 def _reads(statement: ast.stmt, function: _Function) -> set[str]:

@@ -46,7 +46,6 @@ NOT_AUDITED = {
     "fixtures/fixed/keyed_batch_kl.py": 4,
     "fixtures/fixed/last_token_kl.py": 3,
     "fixtures/fixed/length_normalized_kl.py": 1,
-    "fixtures/fixed/listwise_kl_rewards.py": 3,  # the loop index i cannot be cut out with the term
     "fixtures/fixed/rloo_wrong_sign.py": 2,
     "fixtures/fixed/sequence_level_kl.py": 1,
     "tests/audit/data/broken_import.py": 1,  # the term reaches the loss through an attribute
