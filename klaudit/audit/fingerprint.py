@@ -429,9 +429,11 @@ class Fingerprinter:
         return fits
 
     def identify(self, objective: Callable[[Batch], torch.Tensor], *, rtol: float = MATCH_RTOL_FLOAT64,
-                 aggregation: Aggregation = Aggregation.SUM) -> Match | None:
+                 aggregation: Aggregation = Aggregation.SUM, placement: str = "") -> Match | None:
         """The first catalog configuration whose per-sample gradient is a positive multiple of the term's,
-        with the others that have that gradient too (which one the code spells, the gradient cannot tell).
+        with the others that have that gradient too (which one the code spells, the gradient cannot tell):
+        for a detached placement ("reward", "advantage"), a configuration with the values in the reward alone
+        first, as the code puts them there (k1 on its own token's score, not the k2 loss of the same gradient).
 
         `aggregation` names the unit-weight class (SUM unless the caller knows the term divides by a
         constant or by the batch's token count).
@@ -444,6 +446,8 @@ class Fingerprinter:
             matches.append(Match(config, classify(config), scale, error))
         if not matches:
             return None
+        if placement in ("reward", "advantage"):
+            matches.sort(key=lambda match: match.config.loss is not None)  # stable: the catalog's order otherwise
         return dataclasses.replace(matches[0], twins=tuple(match.config for match in matches[1:]))
 
     def holds(self, objective: Callable[[Batch], torch.Tensor], config: Config, *, rtol: float) -> bool:

@@ -614,7 +614,7 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
         return values.sum()
 
     configuration, rule, fix, unbiased, fingerprint_objective, same_gradient = _named(
-        user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation, unbiased=unbiased)
+        user_objective, fingerprinter, rtol=term.rtol, aggregation=aggregation, unbiased=unbiased, placement=placement)
     if rule is None and fingerprint_objective is None and objective is Objective.ZERO:
         rule, fix = ZERO_GRADIENT.rule, ZERO_GRADIENT.fix  # no row's per-sample gradient, but none in expectation
     cos = cosine(gradient, problem.targets[Target.REV])
@@ -632,12 +632,13 @@ def _audit_row(term: Term, kind: str, placement: str, scalar_weight: str | None,
 
 
 def _named(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprinter, *, rtol: float,
-           aggregation: Aggregation, unbiased: bool) -> tuple[str, str | None, str, bool, str | None, list[str]]:
+           aggregation: Aggregation, unbiased: bool,
+           placement: str = "") -> tuple[str, str | None, str, bool, str | None, list[str]]:
     """The catalog's name for a term: configuration, rule, fix, verdict (a clamp that acts only far from the
     reference makes a right row wrong), the fingerprint's objective and the configurations with its gradient."""
     if not objective(fingerprinter.batch_factory()).requires_grad:  # nothing of it reaches the policy: row 1c
         return NO_GRADIENT.label, NO_GRADIENT.rule, NO_GRADIENT.fix, unbiased, NO_GRADIENT.objective.value, []
-    match, clamped = identify_clamped(objective, fingerprinter, rtol=rtol, aggregation=aggregation)
+    match, clamped = identify_clamped(objective, fingerprinter, rtol=rtol, aggregation=aggregation, placement=placement)
     if match is None:
         return ("unrecognised (no catalog configuration matches per sample)", None, "" if unbiased else FIX_K1_LOSS,
                 unbiased, None, [])
@@ -650,18 +651,18 @@ def _named(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprin
 
 
 def identify_clamped(objective: Callable[[Batch], torch.Tensor], fingerprinter: Fingerprinter, *, rtol: float,
-                     aggregation: Aggregation) -> tuple[Match | None, str | None]:
+                     aggregation: Aggregation, placement: str = "") -> tuple[Match | None, str | None]:
     """The catalog configuration of a term, and where a clamp changes it: "far" when the term has that
     configuration's per-sample gradient on the fingerprint batch but not far from the reference (the
     clamp acts beyond the audited policies), "near" when it has it only on the near batch (the clamp
     acts on the fingerprint batch), None when the term is that configuration everywhere probed."""
-    match = fingerprinter.identify(objective, rtol=rtol, aggregation=aggregation)
+    match = fingerprinter.identify(objective, rtol=rtol, aggregation=aggregation, placement=placement)
     if match is not None:
         far = match.row.rule is None and not holds_far_from_reference(objective, match, fingerprinter, rtol=rtol)
         return match, "far" if far else None
     if fingerprinter.off_policy:
         return None, None
-    match = fingerprinter.near().identify(objective, rtol=rtol, aggregation=aggregation)
+    match = fingerprinter.near().identify(objective, rtol=rtol, aggregation=aggregation, placement=placement)
     return match, "near" if match is not None else None
 
 

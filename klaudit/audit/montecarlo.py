@@ -630,7 +630,8 @@ def _result(row: _Row, name: str, halves: tuple[int, int], reference_means: tupl
         detectable = math.sqrt((Z_BIASED + Z_POWER) * spread / math.sqrt(count)) / rev if rev > 0 else math.inf
     biased = p < P_BIASED
     aggregation = Aggregation.BATCH_MEAN if row.plan.scalar_weight == "batch-token-mean" else Aggregation.SUM
-    match, _ = identify_clamped(row.summed(), fingerprinter, rtol=row.plan.term.rtol, aggregation=aggregation)
+    match, _ = identify_clamped(row.summed(), fingerprinter, rtol=row.plan.term.rtol, aggregation=aggregation,
+                                placement=row.placement)
     return ResultRow(
         target=name, mode=dict(row.plan.term.mode), placement=row.placement,
         configuration=match.description if match is not None else "unrecognised (no catalog configuration matches "

@@ -164,7 +164,7 @@ def audit_call(fn: Callable, args: tuple, kwargs: Mapping[str, Any], *, name: st
     else:
         told = aggregation if aggregation is not Aggregation.SEQ_MEAN else Aggregation.SUM
     match, clamped = identify_clamped(lambda b: per_sequence(b).sum(), fingerprinter, rtol=term.rtol,
-                                      aggregation=told)
+                                      aggregation=told, placement=chosen)
     if match is None:
         return Verdict(term.where(), chosen, None, ())
     config = match.config

@@ -464,9 +464,13 @@ def test_each_tokens_own_value_as_its_advantage_gives_the_local_gradient():
     def token_k1(logprobs, ref_logprobs):
         return logprobs - ref_logprobs
 
-    rows = {placement: [(row.objective, row.rule) for row in klaudit.audit.check(token_k1, placement).results]
-            for placement in ("advantage", "reward")}
+    reports = {placement: klaudit.audit.check(token_k1, placement) for placement in ("advantage", "reward")}
+    rows = {placement: [(row.objective, row.rule) for row in report.results] for placement, report in reports.items()}
     assert rows == {"advantage": [("PART", "KL003")], "reward": [("REV", None)]}
+    # named as the code places it, the k2 loss of the same per-sample gradient listed as its twin
+    (row,) = reports["advantage"].results
+    assert row.configuration.startswith("k1 in the reward (same-token)")
+    assert "k2 differentiated as a loss, token-sum, on-policy" in row.same_gradient_as
 
 
 def test_a_list_of_one_tensor_per_sequence_is_read_as_the_batch():
