@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import linecache
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -260,14 +261,18 @@ def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, str | None]:
     Zeros [B, T] stand for a task reward or advantage, and the mask is 1.0 on response tokens; code that
     wants a per-sequence reward (a score added at the last token, `advantages.unsqueeze(-1)`), a boolean
     mask (`torch.where(mask, ...)`) or the batch's tokens as one vector (`if logps.dim() != 1: raise`) fails
-    on them with a RuntimeError, IndexError, ValueError or TypeError. Then the call is tried again with
-    per-sequence zeros [B], with a boolean mask, with both, and with every input flattened to [B*T] (with
-    float and then boolean masks); the first that works is kept. Otherwise the first failure is the one reported.
+    on them with a RuntimeError or IndexError, or refuses them itself with a ValueError or TypeError (a `raise`
+    of its own: a failure of its arithmetic, such as unpacking a shape it did not expect, says nothing of what the
+    inputs mean). Then the call is tried again with per-sequence zeros [B], with a boolean mask, with both, and
+    with every input flattened to [B*T] (with float and then boolean masks); the first that works is kept.
+    Otherwise the first failure is the one reported.
     """
     try:
         return term, result_kind(term, batch), None
     except TermError as error:
-        if not isinstance(error.__cause__, (RuntimeError, IndexError, ValueError, TypeError)):
+        cause = error.__cause__
+        if not (isinstance(cause, (RuntimeError, IndexError))
+                or isinstance(cause, (ValueError, TypeError)) and _raised_by_the_code(cause)):
             raise
         raised = type(error.__cause__).__name__
         for binding, why in _rebindings(term.binding):
@@ -279,6 +284,16 @@ def first_result_kind(term: Term, batch: Batch) -> tuple[Term, str, str | None]:
             return retried, kind, "; ".join(f"{what} of {term.name}: {how} ({before} raised {raised})"
                                             for what, how, before in why)
         raise error from error.__cause__
+
+
+def _raised_by_the_code(error: BaseException) -> bool:
+    """Whether the line that raised `error` is a `raise` statement of the code (its check of its inputs)."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    if trace is None:
+        return False
+    return linecache.getline(trace.tb_frame.f_code.co_filename, trace.tb_lineno).lstrip().startswith("raise")
 
 
 def _rebindings(binding: Binding) -> list[tuple[Binding, list[tuple[str, str, str]]]]:

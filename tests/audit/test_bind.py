@@ -489,6 +489,20 @@ def test_a_list_of_one_tensor_per_sequence_is_read_as_the_batch():
         assert not report.errors and [(row.objective, row.rule) for row in report.results] == [("REV", None)]
 
 
+def test_a_shape_the_code_fails_to_unpack_is_not_retried_flattened():
+    """TRL's ULDLoss._compute_jsd_loss_for_matched_tokens unpacks `rows, width = student_logits.shape` of matched
+    probabilities: a [B, T, V] input fails there, and flattened to [B*T, V] it would run on logits read as
+    probabilities. Only a refusal the code raises itself is retried; this failure is reported."""
+    import klaudit.audit
+
+    def matched_rows(logits, ref_logits):
+        rows, width = logits.shape
+        return (logits.softmax(-1) * (logits.log_softmax(-1) - ref_logits.log_softmax(-1))).sum(-1)
+
+    report = klaudit.audit.check(matched_rows, placement="loss")
+    assert report.results == [] and "too many values to unpack" in report.errors[0]
+
+
 def test_a_type_check_of_the_mask_is_retried_with_a_boolean_mask():
     """meta-rlvr's `grpo_policy_loss` raises TypeError on a float mask; a boolean one works: k1 as a loss,
     token-mean, has zero expected gradient (ZERO, KL001, row 1)."""
