@@ -10,6 +10,7 @@ import pytest
 
 from klaudit.frameworks import Context, lint_config
 from klaudit.frameworks.imports import import_failure
+from tests.frameworks.launches import launch_codes
 
 _PACKAGE = {
     "openrlhf/__init__.py": "",
@@ -80,11 +81,7 @@ LAUNCH = ("ray job submit --address=http://127.0.0.1:8265 -- python3 -m openrlhf
 ])
 def test_the_launch_of_a_copy_that_cannot_import_gets_no_verdict(tmp_path, maker, expected):
     _copy(tmp_path, {_MAKER: maker})
-    script = tmp_path / "examples" / "train.sh"
-    script.parent.mkdir()
-    script.write_text(LAUNCH)
-    found = lint_config(str(script), LAUNCH, Context(roots=(str(tmp_path.resolve()),)))
-    assert sorted(f.code for f in found) == expected
+    assert launch_codes(tmp_path, LAUNCH) == expected
 
 
 @pytest.mark.parametrize("protocol, expected", [

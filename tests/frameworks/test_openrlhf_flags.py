@@ -18,6 +18,7 @@ from klaudit.config import Settings
 from klaudit.frameworks import Context, lint_config, openrlhf
 from klaudit.frameworks.versions import DEFAULT, Assumed
 from klaudit.lint.engine import lint_paths
+from tests.frameworks.launches import launch_codes
 
 # One update per rollout unless a case says otherwise: the KL loss is then on-policy.
 LAUNCH = "python3 -m openrlhf.cli.train_ppo_ray --rollout.batch_size 128 --train.batch_size 128 {flags}\n"
@@ -212,11 +213,7 @@ def test_a_copy_whose_compute_reward_drops_the_kl_has_no_kl_reward(tmp_path, bod
     (tmp_path / "openrlhf" / "cli").mkdir()
     (tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py").write_text("")
     launch = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --rollout_batch_size 1024 --train_batch_size 128\n"
-    script = tmp_path / "examples" / "train.sh"
-    script.parent.mkdir()
-    script.write_text(launch)
-    found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
-    assert sorted(f.code for f in found) == expected
+    assert launch_codes(tmp_path, launch) == expected
 
 
 @pytest.mark.parametrize("flags, version, expected", [
@@ -274,11 +271,7 @@ def test_a_copy_s_command_line_decides_defaults_and_refuses_options_it_lacks(tmp
     (tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py").write_text(_FORK_CLI.format(parse=parse))
     launch = ("ray job submit --address=http://127.0.0.1:8265 -- python3 -m openrlhf.cli.train_ppo_ray \\\n"
               f"    --init_kl_coef 0.01 --rollout_batch_size 1024 --train_batch_size 128 {flags}\n")
-    script = tmp_path / "examples" / "train.sh"
-    script.parent.mkdir()
-    script.write_text(launch)
-    found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
-    assert sorted(f.code for f in found) == expected
+    assert launch_codes(tmp_path, launch) == expected
 
 
 def test_a_command_line_that_computes_option_names_refuses_nothing(tmp_path):
