@@ -525,9 +525,11 @@ _KL_COEFFICIENT = re.compile(
 )
 # Sequence-level task scores of a reward model ([B]): zeroed like a reward, but not a lint sink.
 _TASK_SCORE = re.compile(r"^((rm|reward|task|sequence|seq)_)?scores?$", re.IGNORECASE)
-# The sampled token ids of the responses (what log-probs are gathered at), as a trainer's argument names them.
+# The sampled token ids of the responses (what log-probs are gathered at), as a trainer's argument names them
+# (`sampled_token_ids`, `generated_ids`: the tokens drawn, after the prompt).
 _SAMPLED_TOKEN_IDS = re.compile(
-    r"^(input_ids|response_ids|responses|response_tokens|token_ids|tokens|completion_ids|output_ids|labels)$",
+    r"^((sampled|generated)_)?(input_ids|response_ids|responses|response_tokens|token_ids|tokens|completion_ids|"
+    r"output_ids|labels)$|^(sampled|generated)_ids$",
     re.IGNORECASE,
 )
 # A function that returns a reward to be maximised (a KL penalty enters it with a minus sign).

@@ -437,3 +437,38 @@ def test_per_sample_advantages_of_a_teacher_are_cut_out_and_audited_on_their_own
     rows = [(row.mode, row.placement, row.objective, row.rule) for row in report.results]
     assert report.errors == [] and rows == [
         ({"advantage_estimator": "on_policy_distillation"}, "advantage", "PART", "KL003")]
+
+
+SAMPLED_TOKENS_STEP = '''import torch
+import torch.nn.functional as F
+
+
+class Distiller:
+    def compute_loss(self, model, inputs):
+        sampled_token_ids = self.rollout_tokens(inputs)
+        student_logits = model(inputs["input_ids"]).logits
+        teacher_logits = self.teacher(inputs["input_ids"]).logits
+        student_lp = torch.gather(F.log_softmax(student_logits, -1), -1, sampled_token_ids.unsqueeze(-1)).squeeze(-1)
+        teacher_lp = torch.gather(F.log_softmax(teacher_logits, -1), -1, sampled_token_ids.unsqueeze(-1)).squeeze(-1)
+        advantage = (teacher_lp - student_lp).detach()
+        return -(advantage * student_lp).mean()
+'''
+
+
+def test_the_sampled_token_ids_bind_by_their_name(tmp_path):
+    """OPSD's on-policy distillation gathers both models' log-probs at `sampled_token_ids` (the response's tokens):
+    the name binds as the sampled tokens, so the term is cut out; teacher - student as each token's own advantage is
+    k1 on its own token's score, the local gradient (PART, KL003, kl-math.md section 8 row 2)."""
+    from klaudit.audit.bind import Role, role_from_name
+
+    assert role_from_name("sampled_token_ids") is Role.TOKENS and role_from_name("generated_ids") is Role.TOKENS
+    assert role_from_name("student_input_ids") is not Role.TOKENS  # prompt and response: no binding by name
+    (tmp_path / "trainer.py").write_text(SAMPLED_TOKENS_STEP)
+    (piece,) = _slices_of(tmp_path / "trainer.py").values()
+    assert piece.placement == "advantage" and "sampled_token_ids" in _parameters(piece)
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "trainer.py")])
+    assert report.errors == [] and [(row.placement, row.objective, row.rule) for row in report.results] == [
+        ("advantage", "PART", "KL003")]
