@@ -142,10 +142,11 @@ def slice_site(tree: ast.Module, path: str, qualname: str, origin_line: int, sin
     kept = traced
     body = [_SelfReads(switches).visit(statement) for statement in copy.deepcopy(_pruned(function.body,
                                                                                           {id(s) for s in kept}))]
-    if placement == "reward" and sink_of_name(variable) in ("loss", "advantage"):
+    named_sink = sink_of_name(variable)
+    if placement == "reward" and named_sink in ("loss", "advantage"):
         # the score-function product is inside the cut (`per_token_loss = sg(kl) * logp`), or the term is the
         # advantages themselves (`advantages = teacher - student`): each token's own value is its advantage
-        placement = sink_of_name(variable) or placement
+        placement = named_sink
     name = f"{function.name}__inline_kl_{returned_at}"
     switches.update((name, step_switches[name]) for name in parameters if name in step_switches)
     arguments = [name for name in parameters if name not in switches] + [
@@ -266,14 +267,8 @@ def _free_names(kept: list[ast.stmt], function: _Function, imported: set[str]) -
 def _renames_itself(statement: ast.stmt) -> bool:
     """`x = x`, what `x = inputs["x"]` becomes once the input is a parameter, or a switch's spelling made
     canonical (`variant = variant.upper().strip()`: the slice is given the values the code compares with)."""
-    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name)):
-        return False
-    value = statement.value
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _SPELLING \
-            and not value.args and not value.keywords:
-        value = value.func.value
-    return isinstance(value, ast.Name) and statement.targets[0].id == value.id
+    return (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name) and _spelled(statement.value) == statement.targets[0].id)
 
 
 _SPELLING = frozenset({"lower", "upper", "strip", "casefold"})  # str methods that change only a switch's spelling
@@ -322,7 +317,8 @@ def _strings_compared(node: ast.AST) -> tuple[str | None, list[str]]:
 
 def _spelled(node: ast.expr) -> str | None:
     """The name under a switch's spelling calls (`variant.lower()` -> variant), or None."""
-    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SPELLING:
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SPELLING \
+            and not node.args and not node.keywords:
         node = node.func.value
     return node.id if isinstance(node, ast.Name) else None
 

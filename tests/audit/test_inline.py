@@ -472,3 +472,44 @@ def test_the_sampled_token_ids_bind_by_their_name(tmp_path):
     report = run([str(tmp_path / "trainer.py")])
     assert report.errors == [] and [(row.placement, row.objective, row.rule) for row in report.results] == [
         ("advantage", "PART", "KL003")]
+
+
+FLAG_AND_DEFAULT_STEP = '''import torch
+
+
+def train_step(policy, batch, optimizer, penalise: bool, estimator="k1"):
+    new_lp = policy.token_logprobs(batch.tokens)
+    ref_lp = batch.ref_lp
+    loss = -(torch.exp(new_lp - batch.old_lp) * batch.advantages).mean()
+    if penalise:
+        log_ratio = new_lp - ref_lp
+        kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+        loss = loss + 0.1 * kl.mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_flag_annotated_bool_and_a_string_default_of_the_step_are_switches_of_the_slice(tmp_path):
+    """`penalise: bool` (True by default in the slice) and `estimator="k1"` (its default): the cut term is audited at
+    each value the lint labels it with: k1 as a loss has no expected gradient (ZERO, KL001, row 1), k3 follows the
+    forward KL (PFWD, KL002, row 3)."""
+    (tmp_path / "train.py").write_text(FLAG_AND_DEFAULT_STEP)
+    slices, failures = inline_slices(str(tmp_path / "train.py"))
+    assert failures == [] and slices
+    assert all(_parameters(piece) == {"new_lp": None, "ref_lp": None, "penalise": True, "estimator": "k1"}
+               for piece in slices)
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    report = run([str(tmp_path / "train.py")])
+    assert report.errors == [] and {(row.mode["estimator"], row.objective, row.rule) for row in report.results} == {
+        ("k1", "ZERO", "KL001"), ("other", "PFWD", "KL002")}
+
+
+def test_the_variables_of_a_comprehension_or_a_lambda_are_bound_there_not_read():
+    from klaudit.audit.inline import _names_read
+
+    tree = ast.parse("y = (lambda d: d + x)(z) + sum(t * w for t in rows)")
+    assert _names_read([tree]) == {"x", "z", "w", "rows", "sum"}
