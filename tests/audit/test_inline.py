@@ -513,3 +513,34 @@ def test_the_variables_of_a_comprehension_or_a_lambda_are_bound_there_not_read()
 
     tree = ast.parse("y = (lambda d: d + x)(z) + sum(t * w for t in rows)")
     assert _names_read([tree]) == {"x", "z", "w", "rows", "sum"}
+
+
+TERNARY_STEP = """\
+import torch
+
+
+class Trainer:
+    def compute_loss(self, model, inputs):
+        per_token_logps = self._get_per_token_logps(model, inputs)
+        ref_per_token_logps = inputs["ref_per_token_logps"]
+        completion_mask = inputs["completion_mask"]
+        delta = ref_per_token_logps - per_token_logps
+        per_token_kl = (torch.exp(delta) - delta - 1) if self.args.use_k3 else -delta
+        loss = self.beta * ((per_token_kl * completion_mask).sum(-1) / completion_mask.sum(-1)).mean()
+        return loss
+"""
+
+
+def test_a_term_choosing_between_two_estimators_is_audited_once_per_switch_value(tmp_path):
+    """The lint reports an origin for each estimator of `k3 if use_k3 else k1`; both cut out the same function,
+    which check-grad runs once: k3 as a loss follows PFWD (KL002), k1 has zero expected gradient (KL001)."""
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    (tmp_path / "step.py").write_text(TERNARY_STEP)
+    slices, failures = inline_slices(str(tmp_path / "step.py"))
+    assert failures == [] and len(slices) == 2 and len({piece.source for piece in slices}) == 1
+    report = run([str(tmp_path / "step.py")])
+    assert report.errors == []
+    assert sorted((row.mode["use_k3"], row.objective, row.rule) for row in report.results) == [
+        (False, "ZERO", "KL001"), (True, "PFWD", "KL002")]
