@@ -3,7 +3,8 @@
 A test is read as a label, (switch name, values): `kind == "k3"` and `kind in ("k3", "low_var_kl")`
 label their literals, `kind != "k1"` the literal excluded (`!=k1`), `kind.endswith("+")` the pattern
 `*+`, a flag its value True, `weight == 0`, `weight != 0`, `pp_size > 1` and `loss_type ==
-LossType.TOKEN_LEVEL` a value of their own (True on one side, False on the other). `not test` and
+LossType.TOKEN_LEVEL` a value of their own (True on one side, False on the other); `a and b` holds
+the labels of both where it is true, and nothing where it is false. `not test` and
 the statements after `if test: return` hold the negation where labels can say it
 (klaudit.lint.facts.negated). A test
 on a value the analysis knows (a string passed by the caller, `x is None` for a None default) is
@@ -48,6 +49,13 @@ class ConditionFlow(FlowState):
             if left_decided is False or right_decided is False:
                 return (right_label, right_decided) if left_decided is False else (left_label, left_decided)
             return _either(left_label, right_label), None
+        if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+            sides = (self.condition(test.left), self.condition(test.right))
+            if any(decided is False for _, decided in sides):
+                return None, False
+            undecided = [side for side in sides if side[1] is None]
+            # one side known true: the other's test; both open: `holding` gives the labels of each
+            return undecided[0] if len(undecided) == 1 else (None, None if undecided else True)
         if type(test) is cst.Call and len(test.args) == 1 and (none_test := self.none_test(test.func)) is not None \
                 and (decided := self.is_none(test.args[0].value)) is not None:
             return None, decided is none_test  # `exists(labels)`: a helper that is `v is not None`
@@ -123,6 +131,18 @@ class ConditionFlow(FlowState):
                 return None, name == "True"
             return (self.switch_name(test), (True,)), None
         return None, None
+
+    def holding(self, test: cst.BaseExpression) -> tuple:
+        """The labels that hold where an undecided `test` is true, as far as labels can say: its own label,
+        or for `a and b` those of each side (`kl_estimator == "k2" and k2_mode == "theta_over_ref"`)."""
+        label, decided = self.condition(test)
+        if decided is not None:
+            return ()
+        if label is not None:
+            return (label,)
+        if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+            return self.holding(test.left) + self.holding(test.right)
+        return ()
 
     def negation(self, test: cst.BaseExpression) -> tuple:
         """Switch values that hold where `test` is false, as far as they can be written as labels:

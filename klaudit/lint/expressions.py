@@ -221,8 +221,9 @@ class ExpressionFlow(FlowState):
             return self.expr(node.orelse)
         body = operands(self.expr(node.body))
         orelse = operands(self.expr(node.orelse))
+        if holding := self.holding(node.test):
+            body = tuple(replace(f, labels=merge_labels(f.labels, holding)) for f in body)
         if label is not None:
-            body = tuple(replace(f, labels=merge_labels(f.labels, (label,))) for f in body)
             orelse = tuple(replace(f, labels=merge_labels(f.labels, where_false(label))) for f in orelse)
         return tuple(dict.fromkeys(body + orelse))
 

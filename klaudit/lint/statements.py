@@ -117,8 +117,7 @@ class StatementFlow(FlowState):
             return False
         before = dict(self.env)
         saved = self.labels
-        if label is not None:
-            self.labels = merge_labels(self.labels, (label,))
+        self.labels = merge_labels(self.labels, self.holding(stmt.test))
         self.block(stmt.body)
         self.labels = saved
         after_body = self.env

@@ -192,3 +192,52 @@ def test_a_catch_all_case_holds_the_values_no_case_above_takes(tmp_path):
     assert '[estimator!="low_var_kl"|"k3"]' in messages["KL001"]
     assert '[estimator="low_var_kl"|"k3"]' in messages["KL002"]
     assert switch_values(str(path), "kl_loss") == {"estimator": ["low_var_kl", "k3", "other"]}
+
+
+BOTH_SETTINGS = '''
+import torch
+
+
+def kl_loss(log_probs, ref_log_probs, mask, estimator, mode, beta):
+    delta = log_probs - ref_log_probs
+    penalty = delta.mean()
+    if estimator == "k2" and mode == "theta_over_ref":
+        penalty = (0.5 * delta ** 2).mean()
+    return beta * penalty
+'''
+
+
+def test_a_conjunction_of_two_settings_labels_both(tmp_path):
+    """`if estimator == "k2" and mode == "theta_over_ref":` (prorl's penalty) holds both values in its body: the
+    k2 loss (row 2, KL003) names them and check-grad is given the values that form it; before, the body had no
+    label and neither switch reached check-grad. Where the test is false nothing can be said of either switch,
+    so the k1 loss (row 1, KL001) beside it keeps no label of them."""
+    from klaudit.lint.query import switch_values
+
+    path = tmp_path / "loss.py"
+    path.write_text(BOTH_SETTINGS)
+    messages = {f.code: f.message for f in lint_paths([str(path)]).findings}
+    assert set(messages) == {"KL001", "KL003"}
+    assert '[estimator="k2", mode="theta_over_ref"]' in messages["KL003"]
+    assert "estimator=" not in messages["KL001"] and "mode=" not in messages["KL001"]
+    values = switch_values(str(path), "kl_loss")
+    assert "k2" in values["estimator"] and "theta_over_ref" in values["mode"]
+
+
+def test_a_conjunction_with_a_side_known_false_is_not_taken(tmp_path):
+    """`if use_k2 and estimator == "k2":` where the function has set `use_k2 = False` never runs its body: only
+    the k1 loss (row 1, KL001) is left, where both were reported; set True, the body is labelled by the other
+    side only. A conditional expression reads its test the
+    same way."""
+    source = BOTH_SETTINGS.replace('    if estimator == "k2" and mode == "theta_over_ref":\n',
+                                   '    use_k2 = False\n    if use_k2 and estimator == "k2":\n')
+    assert source != BOTH_SETTINGS and module_codes(source, tmp_path) == [(11, "KL001")]
+    path = tmp_path / "known_true.py"
+    path.write_text(source.replace("use_k2 = False", "use_k2 = True"))
+    messages = {f.code: f.message for f in lint_paths([str(path)]).findings}
+    assert set(messages) == {"KL001", "KL003"} and '[estimator="k2"]' in messages["KL003"]  # the side left open
+    ternary = BOTH_SETTINGS.replace(
+        '    penalty = delta.mean()\n    if estimator == "k2" and mode == "theta_over_ref":\n'
+        '        penalty = (0.5 * delta ** 2).mean()\n',
+        '    use_k2 = False\n    penalty = (0.5 * delta ** 2).mean() if use_k2 and estimator == "k2" else delta.mean()\n')
+    assert ternary != BOTH_SETTINGS and module_codes(ternary, tmp_path) == [(9, "KL001")]
