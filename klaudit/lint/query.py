@@ -192,6 +192,13 @@ class _Tracing(Analyzer):
         self.inputs: dict[tuple[int, tuple[str, str]], dict[str, str]] = {}
         self.passed: dict[tuple[int, tuple[str, str]], dict[str, set[str]]] = {}
 
+    def analyse(self, module: Module, func: cst.FunctionDef, cls: str | None) -> Outcome:
+        """As Analyzer.analyse, with the outermost calls recorded afresh: they are this function's (a caller
+        analysed before it had recorded this function itself as the call that returned the term). The calls
+        inside them are kept: a call met again is answered from the Analyzer's memo, without its body."""
+        self.callees = {}
+        return super().analyse(module, func, cls)
+
     def callees_of(self, fact) -> list[tuple[int, tuple[str, str]]]:
         """The calls that returned `fact`'s term, outermost first, each with the function boundaries the term had
         crossed when it returned: the call of the analysed function whose result had crossed as many as `fact`,

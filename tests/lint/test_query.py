@@ -237,3 +237,32 @@ def test_a_folder_without_init_inside_a_package_is_a_namespace_subpackage_of_it(
     assert package_of(wrapper) == (tmp_path, ["skyrl", "workers", "megatron", "wrapper"])
     assert package_of(script) == (tmp_path / "scripts", ["train"])
     assert [site.rules for site in site_verdicts(str(wrapper))] == [("KL002",)]
+
+
+def test_the_helper_of_a_step_is_the_one_it_calls_even_when_a_caller_was_read_first(tmp_path):
+    """SkyRL's worker: `forward_backward` (read first) calls `_micro`, which adds the k1 of `ppo_utils.approx_kl`
+    to its loss and returns the loss's value in a dict. The calls recorded while reading `forward_backward` named
+    `_micro` as the call that returned the term, and that record stood for `_micro`'s own site: check-grad was
+    pointed at `_micro` itself, which it cannot call alone. Each function is read with its own calls."""
+    from klaudit.lint.query import site_verdicts
+
+    _write(tmp_path, "pkg/__init__.py", "")
+    _write(tmp_path, "pkg/ppo_utils.py", HELPER)
+    worker = _write(tmp_path, "pkg/worker.py", """
+    from pkg.ppo_utils import approx_kl
+
+
+    class Worker:
+        def forward_backward(self, batches):
+            return [self._micro(batch) for batch in batches]
+
+        def _micro(self, experience):
+            log_probs = self.model(experience.sequences)
+            kl_loss = approx_kl(log_probs, experience.base_log_probs).mean()
+            loss = self.policy_loss(log_probs, experience) + self.cfg.kl_coef * kl_loss
+            loss.backward()
+            return {"loss": loss.item()}
+    """)
+    (site,) = site_verdicts(str(worker))
+    assert (site.function, site.rules) == ("Worker._micro", ("KL001",))
+    assert (Path(site.helper_path).name, site.helper) == ("ppo_utils.py", "approx_kl")
