@@ -549,13 +549,14 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat, assumed)
         copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
         kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
+        without_kl_reward = openrlhf.estimators_without_kl_reward(copy[1] if copy else None)
         module = launch.group().replace(".", "/").removesuffix(".py") + ".py"
         launched = copy_holding(path, module, context.roots)
         parser = openrlhf.copy_parser(copy[1] / module) if copy else None
         defaults = parser.defaults_of() if parser is not None else openrlhf.DEFAULTS
 
         def judged_by(assumed: Assumed) -> list[Finding]:
-            judged = openrlhf.judge(flags, assumed, flat, kl_reward_applied, defaults)
+            judged = openrlhf.judge(flags, assumed, flat, kl_reward_applied, defaults, without_kl_reward)
             return [] if judged is None else _findings(path, judged[0], assumed.label(openrlhf.NAME),
                                                        lambda rule, row: fixes.get(rule, row), clamped=judged[1])
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,12 +221,68 @@ def reward_reads_kl(copy: Path | None) -> bool:
     return True
 
 
+MAKER_MODULE = "openrlhf/trainer/ppo_utils/experience_maker.py"  # make_experience_list, which calls compute_reward
+
+
+@functools.lru_cache(maxsize=64)
+def estimators_without_kl_reward(copy: Path | None) -> frozenset[str]:
+    """The advantage estimators whose branch of an `if` in the copy's experience maker reads no KL where another
+    branch calls `compute_reward`: MCGEP's 0.5 fork normalises the task rewards of `group_norm` and only logs the
+    KL. Releases call it before choosing the estimator, so none is found there."""
+    if copy is None:
+        return frozenset()
+    try:
+        tree = ast.parse(file_text(copy / MAKER_MODULE))
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    skipped: set[str] = set()
+    chained: set[int] = set()  # the `elif`s of a chain already read from its head
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or id(node) in chained:
+            continue
+        branches: list[tuple[tuple[str, ...] | None, list[ast.stmt]]] = []  # (the estimators taking it, its body)
+        branch: ast.stmt | None = node
+        while isinstance(branch, ast.If):
+            chained.add(id(branch))
+            branches.append((_estimators_tested(branch.test), branch.body))
+            orelse = branch.orelse
+            branch = orelse[0] if len(orelse) == 1 and isinstance(orelse[0], ast.If) else None
+            if branch is None and orelse:
+                branches.append(((), orelse))  # `else:` the other estimators
+        if all(values is not None for values, _ in branches) and any(
+                isinstance(call, ast.Call) and last_name(call.func) == "compute_reward"
+                for _, body in branches for statement in body for call in ast.walk(statement)):
+            skipped.update(value for values, body in branches if not _reads_kl(body) for value in values or ())
+    return frozenset(skipped)
+
+
+def _estimators_tested(test: ast.expr) -> tuple[str, ...] | None:
+    """The strings `advantage_estimator == "x"` or `advantage_estimator in ("x", "y")` takes; None for another test."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.In))
+            and last_name(test.left) == "advantage_estimator"):
+        return None
+    right = test.comparators[0]
+    items = right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right]
+    values = tuple(item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str))
+    return values if len(values) == len(items) else None
+
+
+def _reads_kl(body: list[ast.stmt]) -> bool:
+    """Whether statements read a KL (`experience.kl`, `self.kl_ctl`, LMM-R1's `compute_uniform_reward(reward,
+    self.kl_ctl.value, experience.kl)`) or call `compute_reward`."""
+    return any(isinstance(node, ast.Call) and last_name(node.func) == "compute_reward"
+               or isinstance(node, ast.Attribute) and node.attr in ("kl", "kl_ctl")
+               for statement in body for node in ast.walk(statement))
+
+
 def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
-          kl_reward_applied: bool = True, defaults: Mapping[str, str] = DEFAULTS) -> tuple[Judged, bool] | None:
+          kl_reward_applied: bool = True, defaults: Mapping[str, str] = DEFAULTS,
+          without_kl_reward: Collection[str] = ()) -> tuple[Judged, bool] | None:
     """(the KL configuration of an OpenRLHF PPO launch with `settings`, whether its estimate is clamped);
     None when the launch sets no KL flag, the KL is off, or a deciding flag is not a literal.
     `kl_reward_applied`: whether the copy run puts the KL in the rewards (see `reward_reads_kl`); `defaults`:
-    the options' defaults in the command line of the copy run (`CopyParser.defaults_of`)."""
+    the options' defaults in the command line of the copy run (`CopyParser.defaults_of`); `without_kl_reward`:
+    the advantage estimators for which it does not (`estimators_without_kl_reward`)."""
     if not any(key in settings for key in KL_KEYS):
         return None
     given = {key: settings[key].value if key in settings else default for key, default in defaults.items()}
@@ -251,7 +307,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
         config = _loss_config(estimator, unbiased, stale, assumed, per_response)
         clamped = clamped and not unbiased  # unbiased_gradient detaches the clamped value; w * k2 is not clamped
     else:
-        if not kl_reward_applied:
+        if not kl_reward_applied or value.get(ADVANTAGE) in without_kl_reward:
             return None
         aggregation = POLICY_AGGREGATIONS.get(value.get(AGGREGATION, "")) if at_least(assumed, "0.7") else (
             Aggregation.BATCH_MEAN if truthy(value[PACKING]) else Aggregation.SEQ_MEAN)

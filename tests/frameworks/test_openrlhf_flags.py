@@ -216,6 +216,50 @@ def test_a_copy_whose_compute_reward_drops_the_kl_has_no_kl_reward(tmp_path, bod
     assert launch_codes(tmp_path, launch) == expected
 
 
+_FORK_MAKER = """\
+from openrlhf.models.utils import compute_reward
+
+
+class NaiveExperienceMaker:
+    def make_experience_list(self, experiences, args):
+        if self.advantage_estimator == "group_norm":
+            experiences = self.get_grpo_advantages(experiences, args.n_samples_per_prompt)
+        else:
+            for experience in experiences:
+                reward = compute_reward(experience.info["reward"], self.kl_ctl.value, experience.kl)
+                if self.advantage_estimator == "gae":
+                    experience.advantages = self.get_advantages_and_returns(experience.values, reward)
+                elif self.advantage_estimator == "reinforce":
+                    experience.advantages = self.get_cumulative_returns(reward)
+        return experiences
+"""
+
+
+@pytest.mark.parametrize("estimator, maker, expected", [
+    ("group_norm", _FORK_MAKER, []),  # the fork's group_norm branch: task rewards alone, the KL only logged
+    ("reinforce", _FORK_MAKER, ["KL008"]),  # its other branch puts the k1 in the rewards, over 8 updates
+    ("group_norm", _FORK_MAKER.replace(  # upstream's order: compute_reward first, for every estimator
+        '        if self.advantage_estimator == "group_norm":\n'
+        '            experiences = self.get_grpo_advantages(experiences, args.n_samples_per_prompt)\n'
+        '        else:\n', '        if True:\n'), ["KL008"]),
+])
+def test_an_estimator_whose_branch_of_the_copy_takes_no_kl_reward_has_none(tmp_path, estimator, maker, expected):
+    """wantbook-book/MCGEP (thirty-eighth set) carries OpenRLHF 0.5.1 whose make_experience_list gives
+    `group_norm` its group-normalised task rewards and calls compute_reward only in the other branch: its GRPO
+    launches' --init_kl_coef puts no KL in any reward, while its REINFORCE launches keep the k1 reward."""
+    (tmp_path / "version.txt").write_text("0.5.1\n")
+    (tmp_path / "openrlhf" / "models").mkdir(parents=True)
+    (tmp_path / "openrlhf" / "models" / "utils.py").write_text("def compute_reward(r, kl_coef, kl):\n"
+                                                              "    return r - kl_coef * kl\n")
+    (tmp_path / "openrlhf" / "trainer" / "ppo_utils").mkdir(parents=True)
+    (tmp_path / "openrlhf" / "trainer" / "ppo_utils" / "experience_maker.py").write_text(maker)
+    (tmp_path / "openrlhf" / "cli").mkdir()
+    (tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py").write_text("")
+    launch = ("python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --rollout_batch_size 1024 "
+              f"--train_batch_size 128 --advantage_estimator {estimator} --packing_samples\n")
+    assert launch_codes(tmp_path, launch) == expected
+
+
 @pytest.mark.parametrize("flags, version, expected", [
     ("--use_kl_loss --kl_estimator k2 --micro_train_batch_size 1", "0.8", ["KL003", "KL007"]),  # row 2 with 1/L
     ("--init_kl_coef 0.01 --micro_train_batch_size 1", "0.9", ["KL007", "KL010"]),  # the k1 reward's policy loss
