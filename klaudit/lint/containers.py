@@ -147,9 +147,10 @@ class ContainerFlow(FlowState):
 
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
         """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
-        term into that sink. A KL term appended to a local list (`all_kl.append(kl)`) is held by it (log-probs and
-        logits are not: what is made of them on each path, TRL's `selective_log_softmax` of its PPO rollout's logits,
-        is better read from the name they are given), and so are
+        term into that sink. A KL term appended to a local list (`all_kl.append(kl)`) is held by it, and so are
+        log-probs over the vocabulary, whose name does not tell them from per-token ones (per-token log-probs and
+        logits are not: what is made of them on each path, TRL's `selective_log_softmax` of its PPO rollout's
+        logits, is better read from the name they are given), and
         the KL terms a reversed loop appends (the running sums of a GAE or reward-to-go recursion,
         `advantages_reversed.append(lastgaelam)`): `torch.stack(all_kl).mean()` reads them back for the loss,
         where the PPO ratio that weighs them shows how old the samples are."""
@@ -166,7 +167,7 @@ class ContainerFlow(FlowState):
             sunk = self.sink(kind, value if method == "append" else elements(value), node)
             if method == "append" and not self.reverse_loop:
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
-        running = tuple(f for f in value if f.is_kl() and f.poly is not None)
+        running = tuple(f for f in value if f.poly is not None and (f.is_kl() or _over_vocabulary(f.poly)))
         if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
@@ -195,6 +196,13 @@ class ContainerFlow(FlowState):
         for name, facts in items:
             self.collect(name, facts)
         return (Fact(role="dict", items=tuple(items)),)
+
+
+def _over_vocabulary(poly: alg.Poly) -> bool:
+    """Log-probs or probabilities over the whole vocabulary (`log_softmax(logits, -1)`), which a name does not
+    tell from one log-prob per sampled token."""
+    kinds = {atom.kind for atom in poly.atoms()}
+    return bool(kinds) and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB}
 
 
 def _is_number(fact: Fact) -> bool:

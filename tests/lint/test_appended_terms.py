@@ -64,3 +64,35 @@ def test_a_tensor_made_of_a_list_of_per_token_floats_holds_their_terms(tmp_path)
     # the comprehension's terms and the appended last one, each where it is formed
     assert module_codes(PER_TOKEN_FLOATS, tmp_path) == [(5, "KL008"), (6, "KL008")]
 
+
+
+CHUNKED = """\
+import torch
+from torch.nn.functional import kl_div, log_softmax
+
+
+class Distiller:
+    def _logps(self, model, input_ids):
+        all_logps = []
+        for start in range(0, input_ids.size(0), 2):
+            logits = model(input_ids[start:start + 2]).logits
+            all_logps.append(log_softmax(logits, dim=-1))
+        return torch.cat(all_logps, dim=0)
+
+    def compute_loss(self, model, inputs):
+        all_logps = self._logps(model, inputs["input_ids"])
+        with torch.no_grad():
+            teacher_all_logps = self._logps(self.ref_model, inputs["teacher_input_ids"])
+        per_token_loss = kl_div(teacher_all_logps, all_logps, reduction="none", log_target=True).sum(-1)
+        mask = inputs["completion_mask"]
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1)).mean()
+"""
+
+
+def test_log_probs_over_the_vocabulary_are_held_by_the_list_they_are_appended_to(tmp_path):
+    """ayushnangia/Self-Distillation (thirty-eighth set) computes the student's and the teacher's log_softmax in
+    chunks, appends each to `all_logps` and returns `torch.cat(all_logps)`: the list holds log-probs over the
+    vocabulary, which its name does not tell from one log-prob per token. Read so, kl_div(teacher, student,
+    log_target=True) is the exact per-token reverse KL differentiated as a loss (row 2, KL003) with a per-sequence
+    token mean (row 21, KL007); read by the name, it was no KL at all."""
+    assert module_codes(CHUNKED, tmp_path) == [(17, "KL003"), (17, "KL007")]
