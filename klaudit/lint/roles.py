@@ -303,8 +303,12 @@ def is_old_policy_model(path: str) -> bool:
 
 
 def names_reference_model(name: str) -> bool:
-    """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`)."""
-    return is_reference_model(name) and tensor_role(name) is None
+    """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`) nor a KL or
+    loss measured against it (`kl_ref = kl_ref_penalty.detach()`, logged in minimind's PPO epochs)."""
+    return is_reference_model(name) and tensor_role(name) is None and _MEASURED_AGAINST.search(name) is None
+
+
+_MEASURED_AGAINST = re.compile(r"(^|_)(kl|kld|div|loss|penalty)(_|$)", re.IGNORECASE)
 
 
 # `new` / `old` / `current` alone are log-probs only in a function that speaks of ratios, log-probs or KL
