@@ -560,9 +560,10 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
             return [] if judged is None else _findings(path, judged[0], assumed.label(openrlhf.NAME),
                                                        lambda rule, row: fixes.get(rule, row), clamped=judged[1])
 
-        # else the copy fails on import, or argparse stops the launch
-        if (launched is None or import_failure(launched[1], module) is None) and (
-                parser is None or parser.refuses(_command_options(text, launch)) is None):
+        # else the copy fails on import (or, the package itself in a folder above the script, lacks the module
+        # launched: `python -m` stops there), or argparse stops the launch
+        importable = import_failure(launched[1], module) is None if launched else copy is None or copy[0] != copy[1]
+        if importable and (parser is None or parser.refuses(_command_options(text, launch)) is None):
             found += _agreed(assumed, judged_by)
     command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
     if command or script:

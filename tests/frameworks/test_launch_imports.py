@@ -101,3 +101,18 @@ def test_a_verl_launch_of_a_copy_that_cannot_import_gets_no_verdict(tmp_path, pr
     script.write_text(launch)
     found = lint_config(str(script), launch, Context(roots=(str(tmp_path.resolve()),)))
     assert ("KL002" in {f.code for f in found}) == expected and (expected or found == [])
+
+
+@pytest.mark.parametrize("module, beside, expected", [
+    ("train_ppo_ray", False, ["KL004", "KL007", "KL008"]),  # the module is there: judged as above
+    ("train_ppo", False, []),  # the project's package lacks it: ModuleNotFoundError, nothing trains
+    ("train_ppo", True, ["KL004", "KL008"]),  # a copy beside the scripts: an installed release may run
+])
+def test_a_launch_of_a_module_the_project_s_own_package_lacks_gets_no_verdict(tmp_path, module, beside, expected):
+    """JYudelson1/OpenRLHF-reward-hacking (twenty-first set) and saramal/RePO (thirty-eighth) keep upstream's
+    `deepspeed --module openrlhf.cli.train_ppo` example, but their `openrlhf` package, at the project's root, has
+    only train_ppo_ray: run from the project, the launch stops on import."""
+    root = tmp_path / "OpenRLHF" if beside else tmp_path
+    _copy(root, {"openrlhf/models/utils.py": "def compute_reward(r, kl_coef, kl):\n    return r - kl_coef * kl\n"})
+    (tmp_path / "setup.py").write_text("")
+    assert launch_codes(tmp_path, LAUNCH.replace("train_ppo_ray", module)) == expected
