@@ -219,23 +219,39 @@ def input_reads(func: cst.FunctionDef) -> InputReads:
 
 
 def _shifted(func: cst.FunctionDef) -> tuple[tuple[str, str, int], ...]:
-    """The parameters `func` reads only with one end of one axis cut off, the end and the axis (syntax.position_cut)."""
+    """The parameters `func` reads only with one end of one axis cut off, the end and the axis (syntax.position_cut).
+    A statement of the body that rebinds a parameter to its cut (`mask = mask[..., 1:].float()`) ends it: the later
+    reads of that name are of the cut value."""
     cuts: dict[str, set[tuple[str, int] | None]] = {param.name.value: set() for param in params(func)}
-    not_whole: set[int] = set()
-    for node in walk(func.body):
-        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in cuts:
-            cut = position_cut(node)
-            if cut is not None:
-                cuts[node.value.value].add(cut)
-                not_whole.add(id(node.value))
-        elif isinstance(node, cst.Attribute):
-            not_whole.add(id(node.attr))  # `outputs.logits` names no parameter
-        elif isinstance(node, cst.Arg) and node.keyword is not None:
-            not_whole.add(id(node.keyword))
-    for node in walk(func.body):
-        if isinstance(node, cst.Name) and node.value in cuts and id(node) not in not_whole:
-            cuts[node.value].add(None)  # read whole, or rebound: its length is the tokens'
+    open_names = set(cuts)  # the parameters not yet rebound by a statement of the body
+    for statement in func.body.body if isinstance(func.body, cst.IndentedBlock) else (func.body,):
+        rebound = _rebound(statement) & open_names
+        not_whole: set[int] = set()
+        for node in walk(statement):
+            if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in open_names:
+                cut = position_cut(node)
+                if cut is not None:
+                    cuts[node.value.value].add(cut)
+                    not_whole.add(id(node.value))
+            elif isinstance(node, cst.Attribute):
+                not_whole.add(id(node.attr))  # `outputs.logits` names no parameter
+            elif isinstance(node, cst.Arg) and node.keyword is not None:
+                not_whole.add(id(node.keyword))
+            elif isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name) and node.target.value in rebound:
+                not_whole.add(id(node.target))
+        for node in walk(statement):
+            if isinstance(node, cst.Name) and node.value in open_names and id(node) not in not_whole:
+                cuts[node.value].add(None)  # read whole, or rebound elsewhere: its length is the tokens'
+        open_names -= rebound
     return tuple((name, *cut) for name, ends in cuts.items() if len(ends) == 1 for cut in ends if cut is not None)
+
+
+def _rebound(statement: cst.BaseStatement | cst.BaseSuite) -> set[str]:
+    """The names a simple statement `name = ...` assigns (a compound statement's assignments may not run)."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return set()
+    return {target.target.value for small in statement.body if isinstance(small, cst.Assign)
+            for target in small.targets if isinstance(target.target, cst.Name)}
 
 
 def filled_parameters(func: cst.FunctionDef) -> tuple[str, ...]:

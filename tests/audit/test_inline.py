@@ -544,3 +544,33 @@ def test_a_term_choosing_between_two_estimators_is_audited_once_per_switch_value
     assert report.errors == []
     assert sorted((row.mode["use_k3"], row.objective, row.rule) for row in report.results) == [
         (False, "ZERO", "KL001"), (True, "PFWD", "KL002")]
+
+
+NANO_AHA_STEP = """\
+import torch
+
+
+def compute_pg_loss(policy_model, batch, total_response_len, KL_COEFFICIENT):
+    labels_mask = batch["labels_mask"]
+    ref_logps = batch["ref_log_probs"]
+    logps = compute_token_log_probs(policy_model, batch)
+    labels_mask = labels_mask[..., 1:].to(logps.dtype)
+    ref_logratio = ref_logps - logps
+    kl_penalty = torch.exp(ref_logratio) - 1 - ref_logratio
+    kl_penalty = kl_penalty * labels_mask
+    loss = KL_COEFFICIENT * kl_penalty.sum() / total_response_len
+    return loss
+"""
+
+
+def test_a_mask_rebound_to_its_shifted_self_is_fed_one_position_longer(tmp_path):
+    """nano-aha-moment and its forks (four repositories of the thirty-eighth set) read the mask only as
+    `labels_mask = labels_mask[..., 1:]`, the token positions after the first: the cut-out step is given a mask one
+    position longer than the log-probs, as a causal LM's are. The rebinding counted as a whole read, so the mask came
+    as long as the log-probs and the product failed on its size; the k3 loss is PFWD (row 3, KL002)."""
+    pytest.importorskip("torch")
+    from klaudit.audit.runner import run
+
+    (tmp_path / "grpo.py").write_text(NANO_AHA_STEP)
+    report = run([str(tmp_path / "grpo.py")])
+    assert report.errors == [] and [(row.objective, row.rule) for row in report.results] == [("PFWD", "KL002")]
