@@ -182,10 +182,13 @@ class _Tracing(Analyzer):
 
     def __init__(self, project: Project) -> None:
         super().__init__(project)
-        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)}, of the calls the
-        # analysed functions make, and of the calls inside those
+        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)} of the calls the
+        # analysed function makes; (function, id(origin)) -> the same of the calls made inside that function
         self.callees: dict[int, dict[int, tuple[str, str]]] = {}
-        self.inner_callees: dict[int, dict[int, tuple[str, str]]] = {}
+        self.inside: dict[tuple[tuple[str, str], int], dict[int, tuple[str, str]]] = {}
+        self.returned: dict[int, dict[int, tuple[str, str]]] = {}  # the same of every call met in any analysis
+        self._running: list[tuple[str, str]] = []  # the functions whose bodies are being interpreted, innermost last
+        self.analysed: tuple[str, str] | None = None
         # (id(origin), the called function) -> {parameter: role} of the calls of it that formed the term (a helper
         # called on per-token log-probs in one branch and on log-probs over the vocabulary in another forms a
         # different term in each), and {parameter: string literals} they pass
@@ -193,30 +196,52 @@ class _Tracing(Analyzer):
         self.passed: dict[tuple[int, tuple[str, str]], dict[str, set[str]]] = {}
 
     def analyse(self, module: Module, func: cst.FunctionDef, cls: str | None) -> Outcome:
-        """As Analyzer.analyse, with the outermost calls recorded afresh: they are this function's (a caller
-        analysed before it had recorded this function itself as the call that returned the term). The calls
-        inside them are kept: a call met again is answered from the Analyzer's memo, without its body."""
+        """As Analyzer.analyse, with the analysed function's own calls recorded afresh (a caller analysed before
+        it had recorded this function itself as the call that returned the term); the calls inside each function
+        are kept, as a call met again is answered from the Analyzer's memo, without its body."""
         self.callees = {}
-        return super().analyse(module, func, cls)
+        self.analysed = (str(Path(module.path).resolve()), f"{cls}.{func.name.value}" if cls else func.name.value)
+        self._running = [self.analysed]
+        try:
+            return super().analyse(module, func, cls)
+        finally:
+            self._running = []
 
     def callees_of(self, fact) -> list[tuple[int, tuple[str, str]]]:
         """The calls that returned `fact`'s term, outermost first, each with the function boundaries the term had
         crossed when it returned: the call of the analysed function whose result had crossed as many as `fact`,
         else the deepest one below that (the term passed through more helpers, such as a reward-to-go, after
-        the call that formed it); then the calls inside it."""
+        the call that formed it); then, inside each, the call that returned it. A term that came through stored
+        state (`experience.kl`, set by another method) starts from the calls that returned it in any analysis."""
         found = self.callees.get(id(fact.origin), {})
+        if not any(calls <= fact.calls for calls in found):
+            found = {calls: called for calls, called in self.returned.get(id(fact.origin), {}).items()
+                     if called != self.analysed}
         below = [calls for calls in found if calls <= fact.calls]
         if not below:
             return []
-        outer = max(below)
-        inner = self.inner_callees.get(id(fact.origin), {})
-        return [(outer, found[outer])] + [(calls, inner[calls]) for calls in sorted(inner, reverse=True) if calls < outer]
+        chain = [(max(below), found[max(below)])]
+        while True:
+            depth, helper = chain[-1]
+            inner = {calls: called for calls, called in self.inside.get((helper, id(fact.origin)), {}).items()
+                     if called not in {link for _, link in chain}}
+            if not inner:
+                return chain
+            # the call that returned it with the most crossings up to this one's (a straight-through estimate, whose
+            # detached half keeps its own count, can return it with as many as the helper around it)
+            nearest = max((calls for calls in inner if calls <= depth), default=max(inner))
+            chain.append((nearest, inner[nearest]))
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
         outermost = not self._stack
-        outcome = super().call(module, func, cls, env, fresh)
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         called = (str(Path(module.path).resolve()), qualname)
+        enclosing = self._running[-1] if self._running else None
+        self._running.append(called)
+        try:
+            outcome = super().call(module, func, cls, env, fresh)
+        finally:
+            self._running.pop()
         passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}
         formed = [fact for fact in _kl_facts(outcome.returns) if id(fact.origin) not in passed]
         inputs: dict[str, str] = {}  # what the call hands the function: inputs read by role,
@@ -233,9 +258,12 @@ class _Tracing(Analyzer):
         swapped = {parameter for parameter, role in inputs.items() if role in _SWAPPED_INPUTS.values()}
         if {inputs[parameter] for parameter in swapped} != set(_SWAPPED_INPUTS.values()):
             inputs = {parameter: role for parameter, role in inputs.items() if parameter not in swapped}
-        found = self.callees if outermost else self.inner_callees
         for fact in formed:  # formed inside the call, not handed to it (reward_to_go(kl))
-            found.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
+            if outermost:
+                self.callees.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
+            self.returned.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
+            if enclosing is not None:
+                self.inside.setdefault((enclosing, id(fact.origin)), {}).setdefault(fact.calls, called)
             self.inputs.setdefault((id(fact.origin), called), {}).update(inputs)
             for parameter, text in literals.items():
                 self.passed.setdefault((id(fact.origin), called), {}).setdefault(parameter, set()).add(text)
