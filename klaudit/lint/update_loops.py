@@ -17,6 +17,7 @@ And `trained_by_a_later_loop`: what a function that draws the samples computes (
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -82,10 +83,11 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
 
 
 def _field_default(module: cst.Module, name: str) -> int | None:
-    """The integer the classes of `module` default the setting `name` to, as a field (`num_ppo_epochs: int = 1`,
-    `= field(default=1, ...)`) or as a parameter of their methods (`def __init__(self, ppo_steps: int = 1)`), where
-    every such default agrees; None when none is written or they differ."""
-    found = set()
+    """The integer `module` defaults the setting `name` to, as a field of its classes (`num_ppo_epochs: int = 1`,
+    `= field(default=1, ...)`), a parameter of their methods (`def __init__(self, ppo_steps: int = 1)`) or an option
+    of its command line (`parser.add_argument("--num_ppo_epochs", type=int, default=1)`), where every such default
+    agrees; None when none is written or they differ."""
+    found = set(_option_defaults(module).get(name, ()))
     for stmt in module.body:
         if not isinstance(stmt, cst.ClassDef):
             continue
@@ -97,6 +99,25 @@ def _field_default(module: cst.Module, name: str) -> int | None:
                 found.update(_default_of(param.default) for param in params(line)
                              if param.name.value == name and param.default is not None)
     return found.pop() if len(found) == 1 else None
+
+
+@functools.lru_cache(maxsize=8)  # a module's loops are read one after another
+def _option_defaults(module: cst.Module) -> dict[str, tuple[int | None, ...]]:
+    """The integer defaults of the command-line options `module` declares, by the attribute each is stored under
+    (`add_argument("--num-ppo-epochs", type=int, default=1)`: num_ppo_epochs, 1; None for another default)."""
+    found: dict[str, tuple[int | None, ...]] = {}
+    for call in walk(module):
+        if type(call) is not cst.Call or last_name(call.func) != "add_argument":
+            continue
+        keywords = {arg.keyword.value: arg.value for arg in call.args if arg.keyword is not None}
+        flags = [arg.value.evaluated_value for arg in call.args if arg.keyword is None
+                 and type(arg.value) is cst.SimpleString and isinstance(arg.value.evaluated_value, str)]
+        dest = keywords.get("dest")
+        name = (dest.evaluated_value if type(dest) is cst.SimpleString else None) or next(
+            (flag.lstrip("-").replace("-", "_") for flag in flags if flag.startswith("--")), None)
+        if isinstance(name, str):
+            found[name] = found.get(name, ()) + (_default_of(keywords.get("default")),)
+    return found
 
 
 def _default_of(value: cst.BaseExpression | None) -> int | None:
