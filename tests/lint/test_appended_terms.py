@@ -96,3 +96,39 @@ def test_log_probs_over_the_vocabulary_are_held_by_the_list_they_are_appended_to
     log_target=True) is the exact per-token reverse KL differentiated as a loss (row 2, KL003) with a per-sequence
     token mean (row 21, KL007); read by the name, it was no KL at all."""
     assert module_codes(CHUNKED, tmp_path) == [(17, "KL003"), (17, "KL007")]
+
+
+STEPPED_ROLLOUT = """\
+import torch
+
+
+def rollout(model, prompt, steps):
+    logits = model(prompt)[:, -1, :]
+    tokens_steps, logprobs_steps = [], []
+    for _ in range(steps):
+        lp = torch.log_softmax(logits, dim=-1)
+        next_tok = torch.multinomial(lp.exp(), 1).squeeze(-1)
+        tokens_steps.append(next_tok)
+        logprobs_steps.append(lp[torch.arange(lp.shape[0]), next_tok])
+        logits = model(next_tok[:, None])[:, -1, :]
+    return torch.stack(tokens_steps, dim=-1), torch.stack(logprobs_steps, dim=-1)
+
+
+def train(policy, ref_logprobs, optimizer, prompt, advantage, mask, epochs):
+    tokens, old_logprobs = rollout(policy, prompt, 16)
+    for _ in range(epochs):
+        new_logprobs = policy.token_logprobs(prompt, tokens)
+        ratio = torch.exp(new_logprobs - old_logprobs)
+        kl = torch.exp(ref_logprobs - new_logprobs) - (ref_logprobs - new_logprobs) - 1
+        loss = (-(ratio * advantage - 0.02 * kl) * mask).sum() / mask.sum()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_token_picked_by_its_id_in_each_row_is_no_distribution_in_the_list(tmp_path):
+    """uygarkurt/post-training-lab (twenty-eighth set) samples token by token and appends `lp[arange(G), next_tok]`,
+    each row's sampled token picked from its log-probs over the vocabulary: one log-prob per row, which the list
+    holds as the rollout's log-probs, so the update loop's ratio to them shows older samples (row 22, KL008 beside
+    the k3 loss's KL002). Read as a distribution, the list's value hid the ratio."""
+    assert module_codes(STEPPED_ROLLOUT, tmp_path) == [(22, "KL002"), (22, "KL008")]
