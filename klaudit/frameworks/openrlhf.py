@@ -249,9 +249,7 @@ def estimators_without_kl_reward(copy: Path | None) -> frozenset[str]:
             branch = orelse[0] if len(orelse) == 1 and isinstance(orelse[0], ast.If) else None
             if branch is None and orelse:
                 branches.append(((), orelse))  # `else:` the other estimators
-        if all(values is not None for values, _ in branches) and any(
-                isinstance(call, ast.Call) and last_name(call.func) == "compute_reward"
-                for _, body in branches for statement in body for call in ast.walk(statement)):
+        if all(values is not None for values, _ in branches) and any(_calls_compute_reward(body) for _, body in branches):
             skipped.update(value for values, body in branches if not _reads_kl(body) for value in values or ())
     return frozenset(skipped)
 
@@ -267,12 +265,16 @@ def _estimators_tested(test: ast.expr) -> tuple[str, ...] | None:
     return values if len(values) == len(items) else None
 
 
-def _reads_kl(body: list[ast.stmt]) -> bool:
-    """Whether statements read a KL (`experience.kl`, `self.kl_ctl`, LMM-R1's `compute_uniform_reward(reward,
-    self.kl_ctl.value, experience.kl)`) or call `compute_reward`."""
+def _calls_compute_reward(body: list[ast.stmt]) -> bool:
     return any(isinstance(node, ast.Call) and last_name(node.func) == "compute_reward"
-               or isinstance(node, ast.Attribute) and node.attr in ("kl", "kl_ctl")
                for statement in body for node in ast.walk(statement))
+
+
+def _reads_kl(body: list[ast.stmt]) -> bool:
+    """Whether statements call `compute_reward` or read a KL for a reward of their own (`experience.kl`,
+    `self.kl_ctl`: LMM-R1's `compute_uniform_reward(reward, self.kl_ctl.value, experience.kl)`)."""
+    return _calls_compute_reward(body) or any(isinstance(node, ast.Attribute) and node.attr in ("kl", "kl_ctl")
+                                              for statement in body for node in ast.walk(statement))
 
 
 def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,

@@ -182,11 +182,9 @@ class _Tracing(Analyzer):
 
     def __init__(self, project: Project) -> None:
         super().__init__(project)
-        # id(origin) -> {function boundaries the returned term had crossed: (path, qualname)} of the calls the
-        # analysed function makes; (function, id(origin)) -> the same of the calls made inside that function
-        self.callees: dict[int, dict[int, tuple[str, str]]] = {}
+        # (function, id(origin)) -> {function boundaries the returned term had crossed: (path, qualname)} of the
+        # calls made inside that function, the analysed one's included
         self.inside: dict[tuple[tuple[str, str], int], dict[int, tuple[str, str]]] = {}
-        self.returned: dict[int, dict[int, tuple[str, str]]] = {}  # the same of every call met in any analysis
         self._running: list[tuple[str, str]] = []  # the functions whose bodies are being interpreted, innermost last
         self.analysed: tuple[str, str] | None = None
         # (id(origin), the called function) -> {parameter: role} of the calls of it that formed the term (a helper
@@ -196,10 +194,9 @@ class _Tracing(Analyzer):
         self.passed: dict[tuple[int, tuple[str, str]], dict[str, set[str]]] = {}
 
     def analyse(self, module: Module, func: cst.FunctionDef, cls: str | None) -> Outcome:
-        """As Analyzer.analyse, with the analysed function's own calls recorded afresh (a caller analysed before
-        it had recorded this function itself as the call that returned the term); the calls inside each function
-        are kept, as a call met again is answered from the Analyzer's memo, without its body."""
-        self.callees = {}
+        """As Analyzer.analyse, with the calls made inside each function recorded by that function (recorded by the
+        term alone, a caller analysed before had named this function itself as the call that returned the term);
+        they are kept from one analysis to the next, as a call met again is answered from the Analyzer's memo."""
         self.analysed = (str(Path(module.path).resolve()), f"{cls}.{func.name.value}" if cls else func.name.value)
         self._running = [self.analysed]
         try:
@@ -213,17 +210,21 @@ class _Tracing(Analyzer):
         else the deepest one below that (the term passed through more helpers, such as a reward-to-go, after
         the call that formed it); then, inside each, the call that returned it. A term that came through stored
         state (`experience.kl`, set by another method) starts from the calls that returned it in any analysis."""
-        found = self.callees.get(id(fact.origin), {})
+        origin = id(fact.origin)
+        found = self.inside.get((self.analysed, origin), {}) if self.analysed is not None else {}
         if not any(calls <= fact.calls for calls in found):
-            found = {calls: called for calls, called in self.returned.get(id(fact.origin), {}).items()
-                     if called != self.analysed}
+            found = {}
+            for (_, held), made in self.inside.items():
+                for calls, called in made.items() if held == origin else ():
+                    if called != self.analysed:
+                        found.setdefault(calls, called)
         below = [calls for calls in found if calls <= fact.calls]
         if not below:
             return []
         chain = [(max(below), found[max(below)])]
         while True:
             depth, helper = chain[-1]
-            inner = {calls: called for calls, called in self.inside.get((helper, id(fact.origin)), {}).items()
+            inner = {calls: called for calls, called in self.inside.get((helper, origin), {}).items()
                      if called not in {link for _, link in chain}}
             if not inner:
                 return chain
@@ -233,7 +234,6 @@ class _Tracing(Analyzer):
             chain.append((nearest, inner[nearest]))
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
-        outermost = not self._stack
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         called = (str(Path(module.path).resolve()), qualname)
         enclosing = self._running[-1] if self._running else None
@@ -259,9 +259,6 @@ class _Tracing(Analyzer):
         if {inputs[parameter] for parameter in swapped} != set(_SWAPPED_INPUTS.values()):
             inputs = {parameter: role for parameter, role in inputs.items() if parameter not in swapped}
         for fact in formed:  # formed inside the call, not handed to it (reward_to_go(kl))
-            if outermost:
-                self.callees.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
-            self.returned.setdefault(id(fact.origin), {}).setdefault(fact.calls, called)
             if enclosing is not None:
                 self.inside.setdefault((enclosing, id(fact.origin)), {}).setdefault(fact.calls, called)
             self.inputs.setdefault((id(fact.origin), called), {}).update(inputs)

@@ -335,8 +335,8 @@ def is_current_policy_name(name: str) -> bool:
     return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
 
 
-# The sampled tokens' ids (`input_ids`, `comp_ids`, `labels`, `actions`, one per row: `next_tok`): an index by them over the vocabulary
-# axis picks each token's entry, as a gather does.
+# The sampled tokens' ids (`input_ids`, `comp_ids`, `labels`, `actions`, or one per row: `next_tok`): an index by
+# them over the vocabulary axis picks each token's entry, as a gather does.
 _TOKEN_IDS = re.compile(r"^(.*_)?(ids|tokens|labels|actions|targets|tok|token|token_id|action)$", re.IGNORECASE)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import libcst as cst
 
+from klaudit.frameworks.options import option_defaults
 from klaudit.lint import roles
 from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, statement_nodes, walk
 
@@ -103,21 +104,11 @@ def _field_default(module: cst.Module, name: str) -> int | None:
 
 @functools.lru_cache(maxsize=8)  # a module's loops are read one after another
 def _option_defaults(module: cst.Module) -> dict[str, tuple[int | None, ...]]:
-    """The integer defaults of the command-line options `module` declares, by the attribute each is stored under
-    (`add_argument("--num-ppo-epochs", type=int, default=1)`: num_ppo_epochs, 1; None for another default)."""
-    found: dict[str, tuple[int | None, ...]] = {}
-    for call in walk(module):
-        if type(call) is not cst.Call or last_name(call.func) != "add_argument":
-            continue
-        keywords = {arg.keyword.value: arg.value for arg in call.args if arg.keyword is not None}
-        flags = [arg.value.evaluated_value for arg in call.args if arg.keyword is None
-                 and type(arg.value) is cst.SimpleString and isinstance(arg.value.evaluated_value, str)]
-        dest = keywords.get("dest")
-        name = (dest.evaluated_value if type(dest) is cst.SimpleString else None) or next(
-            (flag.lstrip("-").replace("-", "_") for flag in flags if flag.startswith("--")), None)
-        if isinstance(name, str):
-            found[name] = found.get(name, ()) + (_default_of(keywords.get("default")),)
-    return found
+    """The integer defaults `module` gives its command-line options (klaudit.frameworks.options), by the attribute
+    each is stored under (`add_argument("--num-ppo-epochs", type=int, default=1)`: num_ppo_epochs, 1)."""
+    given = option_defaults({"": module.code}).given
+    return {name: tuple(int(d.value) if d.value.isdigit() else None for d in by_path.get("", ()))
+            for name, by_path in given.items()}
 
 
 def _default_of(value: cst.BaseExpression | None) -> int | None:
