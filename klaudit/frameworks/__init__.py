@@ -19,7 +19,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from klaudit.describe import describe
 from klaudit.frameworks import easyr1, hydra_keys, nemo_rl, openrlhf, roll, slime, swift, trl, trl_ppo, tunix, verl
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
+from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
 from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, option_defaults
 from klaudit.frameworks.settings import (
@@ -590,7 +591,7 @@ def _trl_ppo_script(path: str, text: str) -> re.Match | None:
 
 def _reads_ppo_config(source: str) -> bool:
     """Whether a script parses TRL's PPOConfig from its command line and trains TRL's PPOTrainer with it."""
-    return bool(_PARSES_PPO_CONFIG.search(source)) and _imported_names(source).get("PPOTrainer", ("", ""))[0] == "trl"
+    return bool(_PARSES_PPO_CONFIG.search(source)) and imported_names(source).get("PPOTrainer", ("", ""))[0] == "trl"
 
 
 def _first_script(path: str, matches: Iterable[re.Match], accepts: Callable[[str], bool]) -> re.Match | None:
@@ -941,7 +942,7 @@ def _calls_of(package: str, classes: Collection[str], keys: Iterable[str], path:
     """(the class's own name, the call) of each call of one of `classes` that a module imports from `package`
     by name (`from tunix.rl.grpo.grpo_learner import GRPOConfig as G`) or calls through a module of it
     (`grpo_learner.GRPOConfig(...)`)."""
-    direct = {local: name for local, (top, name) in _imported_names(source).items() if top == package and name in classes}
+    direct = {local: name for local, (top, name) in imported_names(source).items() if top == package and name in classes}
     modules = {local for local, top in _import_roots(source).items() if top == package and local not in direct}
     if not direct and not modules:
         return []
@@ -963,38 +964,12 @@ def _written(source: str, where: Setting) -> str:
 
 
 # `from tunix.rl.grpo.grpo_learner import GRPOConfig`, `from src.config import (LoRAConfig, GRPOConfig)`
-_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
-
-
-def _from_imports(source: str) -> Iterator[tuple[str, list[str]]]:
-    """(module, the words of one imported name) for each name of each `from module import ...`:
-    `["GRPOConfig"]`, or `["GRPOConfig", "as", "TRLGRPOConfig"]`. Comments are no names (`import (  # type:
-    ignore[import-untyped]` before the names, as tunix's untyped modules are imported)."""
-    for module, imported in _FROM_IMPORT.findall(source):
-        for alias in _COMMENT.sub("", imported).strip().strip("()").replace("\\\n", " ").split(","):
-            yield module, alias.split()
-
-
-_COMMENT = re.compile(r"#[^\n]*")
-
-
-# `import tunix.rl.grpo.grpo_learner as grpo_learner`, `import trl, torch`
-_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w. \t,]+)", re.MULTILINE)
-
-
-def _imported_names(source: str) -> dict[str, tuple[str, str]]:
-    """{the name a module binds: (the top-level package it comes from, the name there)} of each
-    `from package... import name [as alias]`; relative imports are left out."""
-    return {(words[2] if len(words) == 3 and words[1] == "as" else words[0]): (module.split(".")[0], words[0])
-            for module, words in _from_imports(source) if words and not module.startswith(".")}
-
-
 def _import_roots(source: str) -> dict[str, str]:
     """{a name the module binds by an import: the top-level package it comes from}: `grpo_learner` of `from
     tunix.rl.grpo import grpo_learner`, `gl` of `import tunix.rl.grpo.grpo_learner as gl`, `tunix` of `import
     tunix.rl`."""
-    roots = {local: top for local, (top, _) in _imported_names(source).items()}
-    for match in _IMPORT.finditer(source):
+    roots = {local: top for local, (top, _) in imported_names(source).items()}
+    for match in IMPORT.finditer(source):
         for item in match.group(1).split(","):
             words = item.split()
             if len(words) == 3 and words[1] == "as":
@@ -1006,7 +981,7 @@ def _import_roots(source: str) -> dict[str, str]:
 
 def _trl_aliases(source: str) -> dict[str, str]:
     """{alias: TRL's class} of `from trl import GRPOConfig as TRLGRPOConfig` (from trl or a module of it)."""
-    return {local: name for local, (top, name) in _imported_names(source).items()
+    return {local: name for local, (top, name) in imported_names(source).items()
             if top == "trl" and local != name and name in trl.CONFIG_CLASSES}
 
 
@@ -1015,7 +990,7 @@ def _imported_from_elsewhere(source: str, names: Collection[str], context: Conte
     GRPOConfig): its calls of them build no TRL configuration. What a module imports from the linted code
     is left to the homonym rule (a project's copy of TRL's class, as SakanaAI/RLT's, is judged as TRL's
     where its module works with TRL)."""
-    return {local for local, (top, name) in _imported_names(source).items()
+    return {local for local, (top, name) in imported_names(source).items()
             if local == name and local in names and local not in context.classes and _elsewhere(top, context)}
 
 
@@ -1036,7 +1011,7 @@ def _binds_name(source: str, roots: Mapping[str, str], name: str) -> bool:
     """Whether a module binds `name` anywhere (an import, a star import, a class, function or assignment):
     a call of a name it never binds cannot run (AmazonReviews2023's `GRPOConfig(beta=1.0)` in a branch of a
     module that never imports it), so it configures nothing."""
-    imported = {words[-1] for _, words in _from_imports(source) if words}  # relative imports too
+    imported = {words[-1] for _, words in from_imports(source) if words}  # relative imports too
     return (name in roots or name in imported or bool(_STAR_IMPORT.search(source))
             or re.search(rf"^[ \t]*(?:class|def)[ \t]+{re.escape(name)}\b|\b{re.escape(name)}[ \t]*(?::[^=\n]*)?=(?!=)",
                          source, re.MULTILINE) is not None)

@@ -1,0 +1,27 @@
+"""What a module's import lines bind, read from its text alone (the framework readers parse no Python)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+_COMMENT = re.compile(r"#[^\n]*")
+# `import tunix.rl.grpo.grpo_learner as grpo_learner`, `import trl, torch`
+IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w. \t,]+)", re.MULTILINE)
+
+
+def from_imports(source: str) -> Iterator[tuple[str, list[str]]]:
+    """(module, the words of one imported name) for each name of each `from module import ...`:
+    `["GRPOConfig"]`, or `["GRPOConfig", "as", "TRLGRPOConfig"]`. Comments are no names (`import (  # type:
+    ignore[import-untyped]` before the names, as tunix's untyped modules are imported)."""
+    for module, imported in _FROM_IMPORT.findall(source):
+        for alias in _COMMENT.sub("", imported).strip().strip("()").replace("\\\n", " ").split(","):
+            yield module, alias.split()
+
+
+def imported_names(source: str) -> dict[str, tuple[str, str]]:
+    """{the name a module binds: (the top-level package it comes from, the name there)} of each
+    `from package... import name [as alias]`; relative imports are left out."""
+    return {(words[2] if len(words) == 3 and words[1] == "as" else words[0]): (module.split(".")[0], words[0])
+            for module, words in from_imports(source) if words and not module.startswith(".")}
