@@ -218,7 +218,7 @@ def exp(poly: Poly) -> Poly | None:
 
 
 def log(poly: Poly) -> Poly | None:
-    """log of a ratio: log r = -d, log R = d."""
+    """log of a ratio: log r = -d, log R = d; of a sampled token's probability: its log-prob."""
     if len(poly.terms) != 1:
         return None
     mono, coef = poly.terms[0]
@@ -226,7 +226,8 @@ def log(poly: Poly) -> Poly | None:
         return None
     atom = mono[0]
     inverse: dict[AtomKind, tuple[AtomKind, float]] = {
-        RATIO: (DELTA, -1.0), INV_RATIO: (DELTA, 1.0), SCORE: (SCORE_LOG, 1.0), IS_RATIO: (IS_LOG, 1.0)}
+        RATIO: (DELTA, -1.0), INV_RATIO: (DELTA, 1.0), SCORE: (SCORE_LOG, 1.0), IS_RATIO: (IS_LOG, 1.0),
+        PROB: (POLICY, 1.0), REF_PROB: (REF, 1.0), OLD_PROB: (OLD, 1.0)}
     if atom.kind not in inverse:
         return None
     kind, sign = inverse[atom.kind]

@@ -32,6 +32,7 @@ from klaudit.lint.facts import (
     param_facts,
     reference_kinds,
     replace,
+    returned_by,
     tensor,
 )
 from klaudit.lint.flowstate import FlowState
@@ -210,6 +211,7 @@ class CallFlow(FlowState):
             returns = logits_of_the_reference(returns)
         elif _runs_the_old_policy(func, models, keywords):
             returns = of_the_old_policy(returns)
+        returns = returned_by(func, returns)  # after those: log-probs of the reference it ran on are no rollout's
         if decorated_no_grad(func) and not self.no_grad:
             returns = computed_without_grad(returns)
         if module is self.module:

@@ -37,7 +37,7 @@ from klaudit.lint.syntax import (
     string_key,
     string_value,
 )
-from klaudit.lint.tensors import per_token_from_logits
+from klaudit.lint.tensors import picked_from_vocabulary
 
 
 class ExpressionFlow(FlowState):
@@ -240,7 +240,7 @@ class ExpressionFlow(FlowState):
 
 def picked_tokens(node: cst.Subscript, base: tuple) -> tuple | None:
     """`log_probs[rows, positions, token_ids]`: vocabulary-level log-probs or logits indexed on their last axis
-    by the sampled tokens' ids, a gather (tensors.per_token_from_logits); None for any other index. The ids are
+    by the sampled tokens' ids, a gather (tensors.picked_from_vocabulary); None for any other index. The ids are
     known by their name (`log_probs[:, :, actions]`), or by an index array on each of three axes (`logprobs[rows,
     cols, rollouts]`: numpy's advanced indexing, one entry per row and position, as a gather picks)."""
     last = node.slice[-1].slice if len(node.slice) > 1 else None
@@ -249,7 +249,7 @@ def picked_tokens(node: cst.Subscript, base: tuple) -> tuple | None:
     named = roles.names_token_ids(root_name(last.value))
     if not named and not _indexes_every_axis(node):
         return None
-    picked = per_token_from_logits({a.kind for f in base if f.poly is not None for a in f.poly.atoms()}, base)
+    picked = picked_from_vocabulary(base)
     # index arrays into per-token values (`sample_log_probs[rows, best]`) pick among them: no gather
     return picked if picked or named else None
 

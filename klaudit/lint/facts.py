@@ -19,7 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, AtomKind, Poly
 from klaudit.lint.kinds import Role, SinkKind
-from klaudit.lint.syntax import dotted, text_of, walk
+from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, text_of, walk
 
 if TYPE_CHECKING:  # callables holds facts
     from klaudit.lint.callables import Callee
@@ -395,6 +395,18 @@ def as_rollout_data(value: Value, detached_only: bool = False) -> Value:
                 f = replace(f, poly=Poly.atom(Atom(alg.OLD, False, atom.acc), f.poly.terms[0][1]))
         out.append(f)
     return tuple(out)
+
+def returned_by(func: cst.FunctionDef, value: Value) -> Value:
+    """What a function returns to a caller that did not run it on another model (the reference, an old copy):
+    policy log-probs it computes under no_grad (decorated, or in a `with torch.no_grad():` block, then only those
+    without gradient) are the behaviour policy's, as a rollout's; a function named for the reference's outputs
+    (`compute_ref_log_probs`) returns the reference's, which the caller reads from its name."""
+    if roles.names_reference_outputs(func.name.value):
+        return value
+    if decorated_no_grad(func):
+        return as_rollout_data(value)
+    return as_rollout_data(value, detached_only=True) if holds_no_grad_block(func) else value
+
 
 # A ratio of the current policy to the samples' behaviour policy (PPO's exp(logp - old_logp)):
 # computed only where the two can differ, i.e. the samples come from an older policy.

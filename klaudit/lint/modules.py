@@ -20,7 +20,6 @@ from klaudit.lint.facts import (
     Fact,
     Outcome,
     Value,
-    as_rollout_data,
     bare_parameter_facts,
     param_facts,
     replace,
@@ -29,9 +28,9 @@ from klaudit.lint.flow import FunctionRun
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
-from klaudit.lint.roles import might_contain_kl, names_reference_outputs
+from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import decorated_no_grad, dotted, holds_no_grad_block, params, python_ast
+from klaudit.lint.syntax import dotted, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
     reuses_samples,
@@ -402,12 +401,7 @@ class Analyzer(NameResolution):
             self._stack.pop()
         # handed in or not is the caller's to say (klaudit.lint.calls maps it back)
         returns = tuple(replace(f, calls=f.calls + 1, passed=False) for f in outcome.returns)
-        # `compute_ref_log_probs` under no_grad returns the reference's (calls.runs_the_reference), not the rollout's
-        for_the_rollout = not names_reference_outputs(func.name.value)
-        if for_the_rollout and decorated_no_grad(func):
-            returns = as_rollout_data(returns)
-        elif for_the_rollout and holds_no_grad_block(func):  # `with torch.no_grad(): logp = ...` then returned
-            returns = as_rollout_data(returns, detached_only=True)
+        # what a no_grad function returns is read by the caller (facts.returned_by), which knows the model it ran on
         # the caller's terms that reach a sink here; in klaudit's model of an installed framework, also the
         # terms it forms from the data it reads (verl's apply_kl_penalty): the caller's lint is their only report
         own = is_installed_model(module.path)

@@ -132,6 +132,9 @@ class ReductionFlow(FlowState):
         return tuple(out)
 
     def unary_math(self, fn: str, base: tuple, node) -> tuple:
+        if fn == "log" and any(f.role == "tuple" for f in base) and any(
+                f.role == "tensor" and (f.poly is None or apply_math(fn, f.poly) is None) for f in base):
+            return ()  # pieces stacked side by side (`[p, 1 - p]`): the log of some has no meaning, nor has the whole
         out = []
         for f in base:
             if f.role != "tensor" or f.poly is None:

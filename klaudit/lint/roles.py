@@ -109,8 +109,8 @@ def might_contain_kl(source_text: str) -> bool:
 
 _LOGP = r"(log_?probs?|logps?|logprobs?|log_?prob_?s?|per_token_logps|logp_?s?)"
 _REF_PATTERN = re.compile(
-    r"^(.*_)?(ref|reference|base|init|sft|teacher|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
-    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|sft|teacher)(_.*)?$"
+    r"^(.*_)?(ref|reference|base|init|sft|teacher|pretrained|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
+    r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|sft|teacher|pretrained)(_.*)?$"
     r"|^ref(erence)?$|^(mb_)?ref_logps$|^teacher_.*logp.*$",
     re.IGNORECASE,
 )
@@ -130,7 +130,7 @@ _POLICY_PATTERN = re.compile(
 # `curr_lp`, `lp_new`, and with a stage after that: rlhf_eval_lab's `lp_new_pre`) it is the common abbreviation.
 _LP = r"((token|tok|seq)_)?lps?"  # and with what it is of between (superGPT's old_token_lps)
 _STAGE = r"(_[a-z]+)?"
-_REF_LP = re.compile(r"^(.*_)?(ref|reference|base|init|sft|teacher)_" + _LP + r"$|^" + _LP + r"_ref" + _STAGE + "$",
+_REF_LP = re.compile(r"^(.*_)?(ref|reference|base|init|sft|teacher|pretrained)_" + _LP + r"$|^" + _LP + r"_ref" + _STAGE + "$",
                      re.IGNORECASE)
 _OLD_LP = re.compile(r"^(.*_)?(old|prev|previous|rollout|inference|inf|vllm|sampling|behaviou?r|prox)_" + _LP
                      + r"$|^" + _LP + r"_old" + _STAGE + "$", re.IGNORECASE)
@@ -138,7 +138,7 @@ _POLICY_LP = re.compile(r"^(.*_)?(new|curr|cur|current|policy|pi|trainer|student
                         + r"$|^" + _LP + r"_(new|curr|cur|policy|pi)" + _STAGE + "$", re.IGNORECASE)
 # `ref_logits`, `teacher_chunk_logits`, and with the model after (`logits_ref`, `logits_q`, `logits_r`: q is the
 # reference's distribution where p is the policy's)
-_REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|t)_(.*_)?logits$"
+_REF_LOGITS = re.compile(r"^(ref|reference|base|init|sft|teacher|pretrained|t)_(.*_)?logits$"
                          r"|^logits_(ref|reference|base|init|sft|teacher|r|q)$", re.IGNORECASE)
 # A shape suffix in capitals (`new_logprobs_BT`, `ref_logits_BTV`) or the common `_bt`: not part of the meaning.
 # a shape (`logp_BT`) or a per-token marker (dLLM-RL's `logp_old_tok`) after the name

@@ -122,7 +122,7 @@ def gather(base: Value, index: cst.CSTNode | None) -> Value:
     for f in base:
         if f.poly is None:
             continue
-        mapped = per_token_from_logits({a.kind for a in f.poly.atoms()}, (f,))
+        mapped = picked_from_vocabulary((f,))
         if mapped:
             out.extend(mapped)
         elif f.is_kl() or (index is not None and names_last_position(index)):
@@ -142,6 +142,24 @@ def _top_k_ids(index: cst.CSTNode) -> bool:
     if type(index) is cst.Call:
         index = index.func
     return type(index) in (cst.Name, cst.Attribute) and roles.names_top_k(last_name(index))
+
+
+def picked_from_vocabulary(facts: Value) -> Value | None:
+    """The sampled tokens' entries of vocabulary-level values, a gather: their log-probs from log-probs or logits
+    (per_token_from_logits), their probabilities from softmax probabilities (pi(y_t), whose log is log pi(y_t))."""
+    picked = per_token_from_logits({a.kind for f in facts if f.poly is not None for a in f.poly.atoms()}, facts)
+    if picked:
+        return picked
+    for f in facts:
+        kinds = {a.kind for a in f.poly.atoms()} if f.poly is not None else set()
+        if f.poly is not None and len(f.poly.terms) == 1 and f.poly.terms[0][1] == 1.0 and len(kinds) == 1 \
+                and kinds <= _PICKED_PROBABILITY.keys():
+            kind = _PICKED_PROBABILITY[kinds.pop()]
+            return (replace(f, poly=Poly.atom(Atom(kind, f.poly.has_grad() and kind == alg.PROB))),)
+    return None
+
+
+_PICKED_PROBABILITY: dict[AtomKind, AtomKind] = {alg.VOCAB_PROB: alg.PROB, alg.VOCAB_REF_PROB: alg.REF_PROB}
 
 
 def per_token_from_logits(kinds: set[AtomKind], facts: Value) -> Value | None:

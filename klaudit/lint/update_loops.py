@@ -25,13 +25,15 @@ import libcst as cst
 
 from klaudit.frameworks.options import option_defaults
 from klaudit.lint import roles
-from klaudit.lint.syntax import bound_names, child_nodes, dotted, int_literal, last_name, params, statement_nodes, walk
+from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name, params, statement_nodes, walk
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
                    methods: dict[str, cst.FunctionDef] | None = None) -> bool:
-    """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step, draws no samples and
-    computes no reference log-probs: each step after the first trains on the samples of an older policy. A count
+    """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step and draws no samples: each
+    step after the first trains on the samples of an older policy, whatever the body recomputes on them (the
+    reference's log-probs of the same completions, karinazad/nano-rlvr's `kl_penalty(logps, ref_model, ...)` in
+    each of its two epochs, are no new samples). A count
     read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round. The
     step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
     (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
@@ -46,18 +48,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
                 steps = True
             elif _named_as_draw(node) or name == "next" and type(node.func) is cst.Name:
                 return False  # a generation or a rollout, or the next batch of a data iterator
-        elif type(node) is cst.Name and roles.names_reference_model(node.value):
-            return False  # the reference model run anew: on samples drawn here
-        elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign) and any(
-                roles.names_reference_outputs(name) and not _converts(node, name) for name in bound_names(node)):
-            return False  # the reference's log-probs computed here: for samples drawn here
     return steps
-
-
-def _converts(assign: cst.Assign | cst.AnnAssign | cst.AugAssign, name: str) -> bool:
-    """`ref_logps = ref_logps.to(device)`: the value held already, moved or cast, not computed anew."""
-    value = assign.value
-    return value is not None and any(type(node) is cst.Name and node.value == name for node in walk(value))
 
 
 def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:

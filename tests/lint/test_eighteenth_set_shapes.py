@@ -115,17 +115,23 @@ def train_step(model, ref_model, optimizer, prompts, advantages, beta):
 """
 
 
-def test_several_optimizer_steps_on_one_batch_of_samples_are_off_policy(tmp_path):
+@pytest.mark.parametrize("change", [
+    ("", ""),
+    # the reference's log-probs recomputed in each round (karinazad/nano-rlvr's helper does so): of the same samples
+    ("        current_logprobs =", "        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)\n"
+                                 "        current_logprobs ="),
+])
+def test_several_optimizer_steps_on_one_batch_of_samples_are_off_policy(tmp_path, change):
     """Row 3 (KL002) and row 22 (KL008): the second step trains the k3 loss on the first policy's samples."""
-    assert module_codes(INNER_UPDATES, tmp_path) == [(19, "KL002"), (19, "KL008")]
+    line = 19 + change[1].count("\n")
+    assert module_codes(INNER_UPDATES.replace(*change) if change[0] else INNER_UPDATES, tmp_path) == [
+        (line, "KL002"), (line, "KL008")]
 
 
 @pytest.mark.parametrize("change", [
     ("range(K)", "range(1)"),  # one step per batch of samples
     ("        optimizer.step()\n", "        optimizer.zero_grad()\n"),  # no step inside the loop
     ("        current_logprobs =", "        completion_ids, mask = model.generate(prompts)\n        current_logprobs ="),
-    ("        current_logprobs =", "        ref_logprobs = compute_logprobs(ref_model, completion_ids, mask)\n"
-                                 "        current_logprobs ="),  # the reference recomputed: as for new samples
     ("        current_logprobs =", "        prompts = next(batches)\n        current_logprobs ="),  # the next batch
 ])
 def test_a_loop_that_may_draw_new_samples_is_not_called_off_policy(tmp_path, change):

@@ -35,7 +35,9 @@ def test_a_kl_measured_against_the_reference_is_no_reference_model_run_in_the_lo
     assert module_codes(PPO_EPOCHS.replace("NAME", name), tmp_path) == [(13, "KL002"), (13, "KL008")]
 
 
-def test_a_reference_model_run_in_the_loop_still_means_samples_drawn_there(tmp_path):
-    """The converse: `ref_out = ref_model(...)` inside the loop computes the reference for new samples."""
+def test_a_reference_model_run_again_in_the_loop_draws_no_samples(tmp_path):
+    """`ref_out = ref_model(gen_out)` inside the loop runs the reference again on the rollout drawn before it (as
+    karinazad/nano-rlvr's KL helper does in each epoch): no new samples, so still row 22 after the first step.
+    Until 2026-12-02 a reference run in the loop was taken for samples drawn there."""
     source = PPO_EPOCHS.replace("NAME = kl_ref_penalty.detach()", "ref_out = ref_model(gen_out)")
-    assert module_codes(source, tmp_path) == [(13, "KL002")]
+    assert module_codes(source, tmp_path) == [(13, "KL002"), (13, "KL008")]
