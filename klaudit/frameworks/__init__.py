@@ -44,6 +44,7 @@ from klaudit.frameworks.settings import (
     shell_overrides,
     yaml_settings,
 )
+from klaudit.frameworks.trainers import own_trainers, trains_with_own_trainers
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -106,6 +107,7 @@ class Context:
     local_names: frozenset[str] = frozenset()  # the folder and module names of the linted sources' paths
     options: Options = field(default_factory=Options)  # the project's own options
     trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
+    own_trainers: frozenset[str] = frozenset()  # trainer classes of the project's own, deriving from none of TRL's
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -153,7 +155,8 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     `configs`."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
     return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
-                   options=option_defaults({**(others or {}), **sources}, configs), trl_sections=splatted_sections(sources))
+                   options=option_defaults({**(others or {}), **sources}, configs), trl_sections=splatted_sections(sources),
+                   own_trainers=own_trainers(sources))
 
 
 # `GRPOConfig(..., **cfg["grpo"])`, `**dict(config.get("grpo"))`; or `kwargs = dict(cfg["grpo"])` then `**kwargs`
@@ -837,6 +840,8 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
     calls = [replace(call, name=aliases.get(call.name, call.name)) for call in calls
              if not _of_module_from_elsewhere(written := _written(source, call.where), roots, context)
              and ("." in written or _binds_name(source, roots, written))]
+    if calls and trains_with_own_trainers(source, context.own_trainers):
+        calls = []  # the project's trainer runs its own loss, reported where it is written (frameworks.trainers)
     found: list[Finding] = []
     patched = _UNSLOTH.search(source) is not None
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set

@@ -38,6 +38,7 @@ from klaudit.frameworks import (
 )
 from klaudit.lint import budget
 from klaudit.lint.collection import rare_collections
+from klaudit.lint.copies import NAMING_FILE_LIMIT, NAMING_SUFFIXES, backup_copies
 from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
@@ -364,6 +365,28 @@ def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks
     return notebook.code
 
 
+def _backup_copies(paths: Sequence[str], settings: Settings, respect_gitignore: bool, files: list[str],
+                   sources: dict[str, str], checked: dict[str, str]) -> frozenset[str]:
+    """The Python files of `sources` found by walking a folder that are backup copies of a live module; the
+    project's files and documentation are read for their names only where a module repeats a class."""
+    named = {os.path.normpath(given) for given in paths if os.path.isfile(given)}
+    walked = {path: source for path, source in sources.items() if os.path.normpath(path) not in named}
+    walked.update((path, source) for path, source in checked.items() if os.path.normpath(path) not in named)
+
+    def texts() -> Iterable[tuple[str, str]]:
+        yield from sources.items()
+        yield from checked.items()
+        others = [path for path in files if path not in sources and path not in checked]
+        for path in others + discover_files(paths, settings, respect_gitignore, NAMING_SUFFIXES):
+            try:
+                if os.path.getsize(path) <= NAMING_FILE_LIMIT:
+                    yield path, file_text(path)
+            except OSError:
+                continue
+
+    return backup_copies(walked, texts).intersection(sources)
+
+
 @rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)
 def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = None,
                jobs: int = DEFAULT_JOBS, respect_gitignore: bool = True,
@@ -409,6 +432,9 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             sources[path] = source
         else:
             checked[path] = source  # only its syntax is checked (in the workers)
+    if stdin is None:  # backup copies nothing runs: their syntax only (klaudit.lint.copies)
+        for path in _backup_copies(paths, settings, respect_gitignore, files, sources, checked):
+            checked[path] = sources.pop(path)
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
     progress.advance(len(files) - len(sources) - len(checked))  # read and pre-filtered, nothing else to do

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from snippets import module_codes
 
+from klaudit.lint.engine import lint_paths
+
 HELPERS = """\
 import torch
 
@@ -104,3 +106,100 @@ def test_the_log_of_probabilities_stacked_with_their_complement_is_no_log_prob(t
     as the student's log-probs alone, and the binary forward KL as a k1 bonus. The log of pieces of which one has
     no meaning has none as a whole."""
     assert module_codes(BINARY_KL, tmp_path) == []
+
+
+LIVE_ACTOR = """\
+import torch
+
+
+class Actor:
+    def update(self, logp, ref_logp, mask, pg_loss):
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+        loss = pg_loss + 0.1 * (kl * mask).sum() / mask.sum()
+        loss.backward()
+"""
+
+
+def _write_project(root, copy_name="dp_actor_old.py", trainer="from dp_actor import Actor\n"):
+    (root / "dp_actor.py").write_text(LIVE_ACTOR)
+    (root / copy_name).write_text(LIVE_ACTOR)
+    (root / "train.py").write_text(trainer + "\nif __name__ == '__main__':\n    Actor()\n")
+
+
+def _lines(result):
+    return sorted((finding.path.rsplit("/", 1)[-1], finding.code) for finding in result.findings)
+
+
+def test_a_backup_copy_nothing_names_is_not_analysed(tmp_path):
+    """Computer-use-agents/dart-gui keeps `dp_actor_merged.py` beside `dp_actor.py`, the same DataParallelPPOActor
+    again, and xiaomi-research/r1-aqa a `grpo_trainer_new.py` beside `grpo_trainer.py`: no file of either project
+    imports, launches or names them, so their KL code never runs. Only the live module is reported."""
+    _write_project(tmp_path)
+    assert _lines(lint_paths([str(tmp_path)], jobs=1)) == [("dp_actor.py", "KL002")]
+
+
+def test_a_copy_named_anywhere_or_on_the_command_line_is_analysed(tmp_path):
+    """A copy that a file names (a registry's string, a launch, the README) may run, and one the user names on the
+    command line is linted whatever the project says."""
+    _write_project(tmp_path)
+    (tmp_path / "README.md").write_text("Try `python -c 'import dp_actor_old'` for the previous version.\n")
+    assert _lines(lint_paths([str(tmp_path)], jobs=1)) == [("dp_actor.py", "KL002"), ("dp_actor_old.py", "KL002")]
+    (tmp_path / "README.md").unlink()
+    named = lint_paths([str(tmp_path), str(tmp_path / "dp_actor_old.py")], jobs=1)
+    assert _lines(named) == [("dp_actor.py", "KL002"), ("dp_actor_old.py", "KL002")]
+
+
+def test_two_modules_with_one_class_that_nothing_names_are_both_analysed(tmp_path):
+    """A library whose users import it from outside names neither module: neither is taken for the other's copy."""
+    _write_project(tmp_path, trainer="")
+    assert _lines(lint_paths([str(tmp_path)], jobs=1)) == [("dp_actor.py", "KL002"), ("dp_actor_old.py", "KL002")]
+
+
+OWN_TRAINER = """\
+import torch
+from transformers import Trainer
+
+
+class GRPOTrainer(Trainer):
+    def compute_loss(self, model, inputs):
+        logits = model(inputs["input_ids"]).logits
+        per_token_logps = logits.log_softmax(-1).gather(2, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        ref_per_token_logps = inputs["ref_per_token_logps"]
+        per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+        return (self.beta * per_token_kl).sum()
+"""
+
+TRAIN_SCRIPT = """\
+from trl import GRPOConfig
+from TRAINER_MODULE import GRPOTrainer
+
+training_args = GRPOConfig(output_dir="out", beta=0.1, num_generations=4)
+trainer = GRPOTrainer(model=None, args=training_args, train_dataset=None)
+trainer.train()
+"""
+
+
+@pytest.mark.parametrize("trainer_module, flagged", [("rl_trainer", False), ("trl", True)])
+def test_trls_config_handed_to_the_projects_own_trainer_is_not_judged_as_trls(tmp_path, trainer_module, flagged):
+    """yynil/RWKVInside's rl/train_rl.py builds TRL's `GRPOConfig(beta=0.1)` and hands it to `GRPOTrainer` from its
+    own rl_trainer.py, a transformers Trainer with a loss of its own (reported there, KL002): the flags were judged
+    as if TRL's GRPOTrainer ran. Handed to TRL's GRPOTrainer, they are."""
+    (tmp_path / "rl_trainer.py").write_text(OWN_TRAINER)
+    (tmp_path / "train_rl.py").write_text(TRAIN_SCRIPT.replace("TRAINER_MODULE", trainer_module))
+    found = {(finding.path.rsplit("/", 1)[-1], finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings}
+    assert ("rl_trainer.py", "KL002") in found
+    assert any(path == "train_rl.py" for path, _ in found) is flagged
+
+
+@pytest.mark.parametrize("live, other", [
+    ("trainer.py", "trainer_old.py"),  # a one-word name under eight letters: too common to tell a variant by
+    ("dp_actor.py", "ppo_loss.py"),  # one class name, but no name inside the other's: two modules, not a copy
+])
+def test_modules_that_only_share_a_class_or_a_common_word_are_both_analysed(tmp_path, live, other):
+    """An example folder's independent scripts define one `Actor` each, and `trainer_old.py` beside `trainer.py`
+    may be any module whose name holds a word as common as `trainer`: neither is read as a backup copy."""
+    (tmp_path / live).write_text(LIVE_ACTOR)
+    (tmp_path / other).write_text(LIVE_ACTOR)
+    stem = live.removesuffix(".py")
+    (tmp_path / "train.py").write_text(f"from {stem} import Actor\n\nif __name__ == '__main__':\n    Actor()\n")
+    assert _lines(lint_paths([str(tmp_path)], jobs=1)) == sorted([(live, "KL002"), (other, "KL002")])

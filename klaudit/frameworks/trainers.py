@@ -1,0 +1,68 @@
+"""Which trainer a TRL configuration is handed to: TRL's, or one the project wrote itself.
+
+TRL's flags (beta, loss_type, use_bias_correction_kl, ...) say what TRL's GRPOTrainer does with them. A project
+that builds TRL's `GRPOConfig` but trains with a trainer class of its own (yynil/RWKVInside's `GRPOTrainer(Trainer)`
+in rl_trainer.py, a MiniOneRec-style `ReReTrainer(Trainer)`) runs its own loss, which the lint reads where it is
+written: the configuration then says nothing about TRL's loss, and its flags are not judged as TRL's.
+
+A class is the project's own when the linted code defines it (outside a `trl` package) and none of its bases,
+followed through the project's classes, is TRL's: a base the defining module imports from `trl`, or writes as
+`trl.Name`. Read from the text alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+
+from klaudit.frameworks.import_lines import imported_names
+
+_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
+
+
+def own_trainers(sources: Mapping[str, str]) -> frozenset[str]:
+    """The names of the classes the linted code defines whose every definition derives from no TRL class."""
+    bases_of: dict[str, list[tuple[set[str], bool]]] = defaultdict(list)  # name -> (project bases, reaches TRL)
+    for path, text in sources.items():
+        if "class" not in text or "trl" in Path(path).parts[:-1]:
+            continue
+        from_trl = {local for local, (top, _) in imported_names(text).items() if top == "trl"}
+        for name, bases in _CLASS_HEADER.findall(text):
+            written = [base.split("=")[0].strip() for base in bases.split(",") if base.strip()]
+            trl = any(base.startswith("trl.") or base in from_trl for base in written)
+            bases_of[name].append(({base.rsplit(".", 1)[-1] for base in written}, trl))
+    own: set[str] = set()
+    changed = True
+    while changed:  # a class is own when each definition's bases are no TRL class and no project class that is not own
+        changed = False
+        for name, definitions in bases_of.items():
+            if name not in own and all(not trl and all(base in own or base not in bases_of for base in bases)
+                                       for bases, trl in definitions):
+                own.add(name)
+                changed = True
+    return frozenset(own)
+
+
+def trains_with_own_trainers(source: str, own: frozenset[str]) -> bool:
+    """Whether the module hands its training arguments (`args=`) only to the project's own trainer classes, and to
+    at least one: `GRPOTrainer(model=..., args=training_args)` with `from rl_trainer import GRPOTrainer`."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    from_trl = {local for local, (top, _) in imported_names(source).items() if top == "trl"}
+    trainers = {_called_name(node.func) for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and any(keyword.arg == "args" for keyword in node.keywords)}
+    return bool(trainers) and trainers <= own - from_trl
+
+
+def _called_name(node: ast.expr) -> str | None:
+    """`Trainer` of `Trainer(...)` and `rl_trainer.Trainer(...)`; None for `trl.GRPOTrainer(...)` and other callees."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "trl"):
+        return node.attr
+    return None
