@@ -639,9 +639,21 @@ def _swift_launches(path: str, text: str) -> list[Finding]:
 
 def _trl_grpo_script(path: str, text: str) -> re.Match | None:
     """The first Python script `text` launches that is a TRL GRPO script of the project (found from the
-    launcher's folder or a folder above it, up to the repository's root)."""
-    return _first_script(path, _PYTHON_SCRIPT.finditer(text),
-                         lambda source: bool(_TRAINS_WITH_TRL.search(source) and _PARSES_GRPO_CONFIG.search(source)))
+    launcher's folder or a folder above it, up to the repository's root); None where that script cannot be
+    imported (a package of the project it imports that Python rejects: it trains nothing)."""
+    found = _first_script(path, _PYTHON_SCRIPT.finditer(text),
+                          lambda source: bool(_TRAINS_WITH_TRL.search(source) and _PARSES_GRPO_CONFIG.search(source)))
+    return None if found is not None and _script_import_fails(path, found.group(1)) else found
+
+
+def _script_import_fails(launcher: str, relative: str) -> bool:
+    """Whether the project's script `relative` (as `_project_path` finds it) stops at an import of its own
+    packages (`from src.open_r1.trainer import ...` of a package whose `__init__.py` Python rejects)."""
+    script = _project_path(launcher, relative) if not relative.startswith("/") else None
+    if script is None:
+        return False
+    root = script.parents[relative.count("/")]
+    return import_failure(root, relative) is not None
 
 
 def _project_file(launcher: str, relative: str) -> str | None:

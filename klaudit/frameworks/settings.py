@@ -142,8 +142,9 @@ _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_]
 _VARIABLE = re.compile(r"^\s*(?:export\s+|ENV\s+|ARG\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\$\(\((?:[^()\n]|\([^()\n]*\))*\)\)"
                        r"|\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
-# `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default
-_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*):?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
+# `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default; so is
+# `ALGO=${1:-grpo}`, the script's first argument, else grpo: what it runs with when launched without arguments
+_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*|[1-9]):?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
 
 
 # `$(( a * 2 ))`: shell integer arithmetic over literals and variables assigned earlier

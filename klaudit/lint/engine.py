@@ -52,6 +52,7 @@ from klaudit.lint.suppressions import (
     suppression_table,
     without_suppressed_edits,
 )
+from klaudit.lint.unimportable import unimportable
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
 from klaudit.text import file_text
@@ -365,10 +366,11 @@ def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks
     return notebook.code
 
 
-def _backup_copies(paths: Sequence[str], settings: Settings, respect_gitignore: bool, files: list[str],
-                   sources: dict[str, str], checked: dict[str, str]) -> frozenset[str]:
-    """The Python files of `sources` found by walking a folder that are backup copies of a live module; the
-    project's files and documentation are read for their names only where a module repeats a class."""
+def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool, files: list[str],
+               sources: dict[str, str], checked: dict[str, str]) -> frozenset[str]:
+    """The Python files of `sources` found by walking a folder whose code never runs: backup copies of a live
+    module (the project's files and documentation are read for their names only where a module repeats a
+    class), and modules of a package whose `__init__.py` Python rejects."""
     named = {os.path.normpath(given) for given in paths if os.path.isfile(given)}
     walked = {path: source for path, source in sources.items() if os.path.normpath(path) not in named}
     walked.update((path, source) for path, source in checked.items() if os.path.normpath(path) not in named)
@@ -384,7 +386,14 @@ def _backup_copies(paths: Sequence[str], settings: Settings, respect_gitignore: 
             except OSError:
                 continue
 
-    return backup_copies(walked, texts).intersection(sources)
+    def rejected(init: str) -> bool:
+        source = walked.get(init)
+        try:
+            return syntax_finding(init, source if source is not None else file_text(init)) is not None
+        except OSError:
+            return False
+
+    return (backup_copies(walked, texts) | unimportable(walked, rejected)).intersection(sources)
 
 
 @rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)
@@ -432,8 +441,8 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             sources[path] = source
         else:
             checked[path] = source  # only its syntax is checked (in the workers)
-    if stdin is None:  # backup copies nothing runs: their syntax only (klaudit.lint.copies)
-        for path in _backup_copies(paths, settings, respect_gitignore, files, sources, checked):
+    if stdin is None:  # modules that never run: their syntax only (klaudit.lint.copies, klaudit.lint.unimportable)
+        for path in _never_run(paths, settings, respect_gitignore, files, sources, checked):
             checked[path] = sources.pop(path)
     result.files_analysed = len(sources)
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)

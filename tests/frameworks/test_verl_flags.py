@@ -151,6 +151,22 @@ def test_a_variable_defaulted_from_the_environment_takes_its_default():
     assert [f.code for f in lint_config("run.sh", text)] == ["KL006", "KL008"]  # verl's default batch sizes
 
 
+def test_a_variable_defaulted_from_a_positional_argument_takes_its_default():
+    """`ALGO=${1:-grpo}` (an agent project's verl-agent launch, fresh41): the script runs with grpo when launched
+    without arguments, so the advantage estimator is known and the low_var_kl loss is row 4 (KL002); the
+    positional parameter had been left unknown, and with it the whole verdict."""
+    text = textwrap.dedent("""\
+        ALGO=${1:-grpo}
+        python3 -m verl.trainer.main_ppo \\
+            algorithm.adv_estimator=${ALGO} \\
+            actor_rollout_ref.actor.use_kl_loss=True \\
+            actor_rollout_ref.actor.kl_loss_type=low_var_kl \\
+            data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=32
+        """)
+    assert (shell_overrides(text)["algorithm.adv_estimator"].value) == "grpo"
+    assert [f.code for f in lint_config("run.sh", text)] == ["KL002"]
+
+
 def test_an_override_defaulted_from_the_environment_takes_its_default():
     """`kl_loss_type="${POLAR_ACTOR_KL_LOSS_TYPE:-low_var_kl}"` (a search agent's verl launch): the run takes
     low_var_kl unless the environment sets the name, so the clamped k3 loss is row 4 (KL002); a name the script
