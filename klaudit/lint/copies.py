@@ -37,7 +37,8 @@ def backup_copies(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[
     """The paths among `walked` (Python files found by walking a folder: path -> source) that are backup
     copies. `texts` gives (path, text) of every file of the project the names are looked for in; it is read
     only where some module repeats a class of its folder."""
-    pairs = _repeated_classes(walked)
+    pairs = {(copy, live) for first, second in _repeated_classes(walked)
+             for copy, live in ((first, second), (second, first)) if _variant_of(_stem(copy), _stem(live))}
     if not pairs:
         return frozenset()
     stems = {_stem(path) for pair in pairs for path in pair}
@@ -46,9 +47,7 @@ def backup_copies(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[
     def named_by_another(path: str, besides: str) -> bool:
         return bool(named.get(_stem(path), set()) - {path, besides})
 
-    return frozenset(copy for pair in pairs for copy, live in (pair, pair[::-1])
-                     if _variant_of(_stem(copy), _stem(live)) and named_by_another(live, copy)
-                     and not named_by_another(copy, copy))
+    return frozenset(copy for copy, live in pairs if named_by_another(live, copy) and not named_by_another(copy, copy))
 
 
 def _variant_of(copy: str, live: str) -> bool:
@@ -84,6 +83,7 @@ def _named_elsewhere(stems: set[str], texts: Iterable[tuple[str, str]]) -> dict[
     pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(stems, key=len, reverse=True))) + r")(?![\w-])")
     named: dict[str, set[str]] = defaultdict(set)
     for path, text in texts:
-        for stem in set(pattern.findall(text)):
-            named[stem].add(path)
+        if any(stem in text for stem in stems):  # a plain search first: most files name none of them
+            for stem in set(pattern.findall(text)):
+                named[stem].add(path)
     return named
