@@ -44,7 +44,7 @@ from klaudit.frameworks.settings import (
     shell_overrides,
     yaml_settings,
 )
-from klaudit.frameworks.trainers import own_trainers, trains_with_own_trainers
+from klaudit.frameworks.trainers import CLASS_HEADER, own_trainers, trains_with_own_trainers
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -180,14 +180,13 @@ def splatted_sections(sources: Mapping[str, str]) -> frozenset[str]:
     return frozenset(found)
 
 
-_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
 _IMPORTS_TRL = re.compile(r"^[ \t]*(?:from[ \t]+trl\b|import[ \t]+trl\b)", re.MULTILINE)
 
 
 def _class_headers(sources: Mapping[str, str]) -> dict[str, list[tuple[str, str]]]:
     """(name, bases as written) of each class a source defines, by path; read from the text alone. A
     homonym of TRL's class (`_is_homonym`) is left out."""
-    return {path: [(name, bases) for name, bases in _CLASS_HEADER.findall(text)
+    return {path: [(name, bases) for name, bases in CLASS_HEADER.findall(text)
                    if not _is_homonym(path, text, name, bases)]
             for path, text in sources.items() if "class" in text}
 
@@ -204,7 +203,7 @@ def _is_homonym(path: str, text: str, name: str, bases: str) -> bool:
 def homonyms(sources: Mapping[str, str]) -> frozenset[str]:
     """TRL's configuration class names that the linted code defines for a trainer of its own."""
     return frozenset(name for path, text in sources.items() if "class" in text
-                     for name, bases in _CLASS_HEADER.findall(text) if _is_homonym(path, text, name, bases))
+                     for name, bases in CLASS_HEADER.findall(text) if _is_homonym(path, text, name, bases))
 
 
 def config_classes(sources: Mapping[str, str]) -> dict[str, tuple[ConfigClass, ...]]:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from klaudit.frameworks.import_lines import imported_names
 
-_CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
+# `class Name(Base, metaclass=M):`: the name and its bases as written, read from the text alone
+CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
 
 
 def own_trainers(sources: Mapping[str, str]) -> frozenset[str]:
@@ -30,7 +31,7 @@ def own_trainers(sources: Mapping[str, str]) -> frozenset[str]:
         if "class" not in text or "trl" in Path(path).parts[:-1]:
             continue
         from_trl = {local for local, (top, _) in imported_names(text).items() if top == "trl"}
-        for name, bases in _CLASS_HEADER.findall(text):
+        for name, bases in CLASS_HEADER.findall(text):
             written = [base.split("=")[0].strip() for base in bases.split(",") if base.strip()]
             trl = any(base.startswith("trl.") or base in from_trl for base in written)
             bases_of[name].append(({base.rsplit(".", 1)[-1] for base in written}, trl))

@@ -24,13 +24,14 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
+from klaudit.lint.syntax import is_script
+
 # the files besides code and launches a module's name is looked for in (documentation, package metadata), up to a
 # size past which a file is data (a dataset's JSON), not prose
 NAMING_SUFFIXES = (".md", ".rst", ".txt", ".toml", ".cfg", ".ini", ".json")
 NAMING_FILE_LIMIT = 1 << 20
 
 _CLASS = re.compile(r"^class[ \t]+(\w+)", re.MULTILINE)
-_MAIN_GUARD = re.compile(r"^if[ \t]+__name__[ \t]*==", re.MULTILINE)
 
 
 def backup_copies(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[str, str]]]) -> frozenset[str]:
@@ -64,7 +65,7 @@ def _repeated_classes(walked: Mapping[str, str]) -> set[tuple[str, str]]:
     """Pairs of modules, in one folder or a folder and the one above it, that define a class of one name."""
     by_folder: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # folder -> class -> paths
     for path, source in walked.items():
-        if os.path.basename(path) == "__init__.py" or _MAIN_GUARD.search(source):
+        if os.path.basename(path) == "__init__.py" or is_script(source):
             continue
         for name in set(_CLASS.findall(source)):
             by_folder[os.path.dirname(path)][name].add(path)

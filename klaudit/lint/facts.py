@@ -396,6 +396,7 @@ def as_rollout_data(value: Value, detached_only: bool = False) -> Value:
         out.append(f)
     return tuple(out)
 
+
 def returned_by(func: cst.FunctionDef, value: Value) -> Value:
     """What a function returns to a caller that did not run it on another model (the reference, an old copy):
     policy log-probs it computes under no_grad (decorated, or in a `with torch.no_grad():` block, then only those

@@ -435,6 +435,14 @@ def is_no_grad_block(stmt: cst.CSTNode) -> bool:
         _names_no_grad(item.item.func) for item in stmt.items if isinstance(item.item, cst.Call))
 
 
+_MAIN_GUARD = re.compile(r"^if[ \t]+__name__[ \t]*==", re.MULTILINE)
+
+
+def is_script(source: str) -> bool:
+    """Whether a module's text has an `if __name__ == "__main__":` at its top level: a file run by its path."""
+    return _MAIN_GUARD.search(source) is not None
+
+
 def holds_no_grad_block(func: cst.FunctionDef) -> bool:
     return any(is_no_grad_block(node) for node in statement_nodes(func.body))
 

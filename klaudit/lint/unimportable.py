@@ -11,10 +11,9 @@ file named on the command line.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 
-_MAIN_GUARD = re.compile(r"^if[ \t]+__name__[ \t]*==", re.MULTILINE)
+from klaudit.lint.syntax import is_script
 
 
 def unimportable(walked: Mapping[str, str], rejected: Callable[[str], bool]) -> frozenset[str]:
@@ -30,5 +29,5 @@ def unimportable(walked: Mapping[str, str], rejected: Callable[[str], bool]) -> 
         return broken[folder]
 
     return frozenset(path for path, source in walked.items()
-                     if os.path.basename(path) != "__init__.py" and not _MAIN_GUARD.search(source)
+                     if os.path.basename(path) != "__init__.py" and not is_script(source)
                      and fails(os.path.dirname(path)))
