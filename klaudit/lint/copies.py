@@ -13,8 +13,12 @@ false alarm. A module is taken for such a copy when
 - and its own name appears in no other file of the project: no import, no `-m` launch, no path, no string
   a registry could import it by, no word of the documentation.
 
-Where neither module is named, neither is a copy (a library whose users import it from outside). The check
-reads text only, like the rest of the lint.
+Where neither module is named, neither is a copy (a library whose users import it from outside).
+
+A whole folder of backups is one too: a folder named as one (`backup_before_wandb/`, `old/`, `deprecated_v1/`)
+that repeats a module of the folder above by its file name (`trainer/backup_before_wandb/train_grpo.py` beside
+`trainer/train_grpo.py`), and whose name appears in no file outside it. Its scripts are the superseded versions of
+the live ones, so they are left out too. The checks read text only, like the rest of the lint.
 """
 
 from __future__ import annotations
@@ -49,6 +53,34 @@ def backup_copies(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[
         return bool(named.get(_stem(path), set()) - {path, besides})
 
     return frozenset(copy for copy, live in pairs if named_by_another(live, copy) and not named_by_another(copy, copy))
+
+
+# a folder's name that says it keeps superseded code: the word alone or joined to others by `_` or `-`
+_BACKUP_FOLDER = re.compile(r"(?:^|[_-])(?:backups?|bak|old|archived?|deprecated|unused|trash)(?:$|[_-])",
+                            re.IGNORECASE)
+
+
+def backup_folders(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[str, str]]]) -> frozenset[str]:
+    """The paths among `walked` inside a folder of backups: named as one, repeating a module of the folder above by
+    its file name, and named by no file outside it. `texts` is read only where such a folder is found."""
+    names_by_folder: dict[str, set[str]] = defaultdict(set)
+    for path in walked:
+        names_by_folder[os.path.dirname(path)].add(os.path.basename(path))
+    folders = {folder for folder, names in names_by_folder.items()
+               if _BACKUP_FOLDER.search(os.path.basename(folder))
+               and (names - {"__init__.py"}) & names_by_folder.get(os.path.dirname(folder), set())}
+    if not folders:
+        return frozenset()
+    stems = {os.path.basename(folder) for folder in folders}
+    inside = {path: folder for path in walked for folder in folders if _within(path, folder)}
+    named = _named_elsewhere(stems, ((path, text) for path, text in texts()
+                                     if not any(_within(path, folder) for folder in folders)))
+    unnamed = {folder for folder in folders if not named.get(os.path.basename(folder))}
+    return frozenset(path for path, folder in inside.items() if folder in unnamed)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path.startswith(folder + os.sep)
 
 
 def _variant_of(copy: str, live: str) -> bool:

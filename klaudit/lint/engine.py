@@ -38,7 +38,7 @@ from klaudit.frameworks import (
 )
 from klaudit.lint import budget
 from klaudit.lint.collection import rare_collections
-from klaudit.lint.copies import NAMING_FILE_LIMIT, NAMING_SUFFIXES, backup_copies
+from klaudit.lint.copies import NAMING_FILE_LIMIT, NAMING_SUFFIXES, backup_copies, backup_folders
 from klaudit.lint.facts import pinned_values_hold
 from klaudit.lint.findings import Finding
 from klaudit.lint.gitignore import ignored_under
@@ -52,7 +52,7 @@ from klaudit.lint.suppressions import (
     suppression_table,
     without_suppressed_edits,
 )
-from klaudit.lint.unimportable import unimportable
+from klaudit.lint.unimportable import imports_a_missing_module, unimportable
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
 from klaudit.text import file_text
@@ -369,8 +369,9 @@ def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks
 def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool, files: list[str],
                sources: dict[str, str], checked: dict[str, str]) -> frozenset[str]:
     """The Python files of `sources` found by walking a folder whose code never runs: backup copies of a live
-    module (the project's files and documentation are read for their names only where a module repeats a
-    class), and modules of a package whose `__init__.py` Python rejects."""
+    module and folders of backups (the project's files and documentation are read for their names only where a
+    module repeats a class, or such a folder repeats a module), and modules of a package whose `__init__.py`
+    Python rejects or cannot run (it imports a module the package lacks)."""
     named = {os.path.normpath(given) for given in paths if os.path.isfile(given)}
     walked = {path: source for path, source in sources.items() if os.path.normpath(path) not in named}
     walked.update((path, source) for path, source in checked.items() if os.path.normpath(path) not in named)
@@ -386,14 +387,15 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
             except OSError:
                 continue
 
-    def rejected(init: str) -> bool:
+    def broken(init: str) -> bool:
         source = walked.get(init)
         try:
-            return syntax_finding(init, source if source is not None else file_text(init)) is not None
+            text = source if source is not None else file_text(init)
         except OSError:
             return False
+        return syntax_finding(init, text) is not None or imports_a_missing_module(init, text)
 
-    return (backup_copies(walked, texts) | unimportable(walked, rejected)).intersection(sources)
+    return (backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken)).intersection(sources)
 
 
 @rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)

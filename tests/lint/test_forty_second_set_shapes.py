@@ -1,0 +1,92 @@
+"""Shapes of the forty-second blind set that the lint misread."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+
+TRAINER = """\
+import torch
+
+
+class Trainer:
+    def loss(self, logp, ref_logp, mask, pg_loss):
+        kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+        return pg_loss + 0.04 * (kl * mask).sum() / mask.sum()
+"""
+
+
+def _found(root, *paths):
+    result = lint_paths([str(root / path) for path in paths] or [str(root)], jobs=1)
+    return sorted((finding.path.rsplit("/", 1)[-1], finding.code) for finding in result.findings)
+
+
+@pytest.mark.parametrize("init, siblings, importable", [
+    # xavierliu34/GUI-AiF: `Dbeta.py` was never committed; only its compiled copy sits in __pycache__
+    ("from .grpo_trainer import Trainer\nfrom .Dbeta import DynamicBetaManager\n", ["__pycache__/Dbeta.cpython-310.pyc"],
+     False),
+    ("from .grpo_trainer import Trainer\nfrom .Dbeta import DynamicBetaManager\n", ["Dbeta.py"], True),
+    ("from .grpo_trainer import Trainer\nfrom .beta import Manager\n", ["beta/__init__.py"], True),
+    ("from .grpo_trainer import Trainer\nfrom .fused import kernel\n", ["fused.cpython-311-x86_64-linux-gnu.so"], True),
+    # written by the build (setuptools-scm, protoc), absent from every checkout
+    ("from .grpo_trainer import Trainer\nfrom ._version import version\n", [], True),
+    ("from .grpo_trainer import Trainer\nfrom .messages_pb2 import Request\n", [], True),
+    # an import the package expects may fail
+    ("from .grpo_trainer import Trainer\ntry:\n    from .Dbeta import DynamicBetaManager\nexcept ImportError:\n    pass\n",
+     [], True),
+])
+def test_a_package_importing_a_module_it_lacks_trains_nothing(tmp_path, init, siblings, importable):
+    """`import package.module` runs the package's `__init__.py` first; one that imports a module of its own folder
+    the project lacks raises ImportError there, so no module of the package trains. A source, a package folder or a
+    compiled extension of that name is the module; a generated module or a guarded import is not taken as missing."""
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text(init)
+    (package / "grpo_trainer.py").write_text(TRAINER)
+    for sibling in siblings:
+        (package / sibling).parent.mkdir(exist_ok=True)
+        (package / sibling).write_text("")
+    expected = [("grpo_trainer.py", "KL002")] if importable else []
+    assert _found(tmp_path) == expected
+    assert _found(tmp_path, "trainer/grpo_trainer.py") == [("grpo_trainer.py", "KL002")]  # named: always linted
+
+
+SCRIPT = TRAINER + """
+
+if __name__ == "__main__":
+    Trainer()
+"""
+
+
+@pytest.mark.parametrize("folder, named_by, backup", [
+    # Spi1er/Clipping-Aware-Policy-Optimization-Comparison-Suite keeps its trainers from before a rewrite
+    ("backup_before_wandb", None, True),
+    ("old", None, True),
+    ("deprecated-v1", None, True),
+    ("backup_before_wandb", "README.md", False),  # the documentation tells users to run it
+    ("backup_before_wandb", "run.sh", False),
+    ("experiments", None, False),  # no name of a backup
+])
+def test_a_folder_of_backups_of_the_scripts_beside_it_is_not_analysed(tmp_path, folder, named_by, backup):
+    """`trainer/backup_before_wandb/train_grpo.py` repeats `trainer/train_grpo.py` by its file name, in a folder
+    named as a backup that no file outside it names: the superseded copies never run, scripts included."""
+    live = tmp_path / "trainer"
+    (live / folder).mkdir(parents=True)
+    (live / "train_grpo.py").write_text(SCRIPT)
+    (live / folder / "train_grpo.py").write_text(SCRIPT)
+    (live / folder / "helpers.py").write_text(TRAINER)
+    if named_by is not None:
+        (tmp_path / named_by).write_text(f"python trainer/{folder}/train_grpo.py\n")
+    found = _found(tmp_path)
+    assert found.count(("train_grpo.py", "KL002")) == (1 if backup else 2)
+    assert (("helpers.py", "KL002") in found) is not backup
+    assert _found(tmp_path, f"trainer/{folder}/train_grpo.py") == [("train_grpo.py", "KL002")]
+
+
+def test_a_backup_folder_repeating_no_module_above_it_is_analysed(tmp_path):
+    """`old/` holding modules of its own (no file name shared with the folder above) is code like any other."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "old" / "loss.py").write_text(TRAINER)
+    assert _found(tmp_path) == [("loss.py", "KL002"), ("train.py", "KL002")]
