@@ -108,6 +108,23 @@ def test_the_mean_log_ratio_cuts_the_k3_return_by_the_length(toy):
     assert relerr(_expected_gradient(problem, row.config), expected) < EXACT
 
 
+def test_the_log_prob_times_an_undetached_k1_adds_an_entropy_gradient(toy):
+    """Row 13d, exactly: logp_t * delta_t differentiates to delta_t * s_t + logp_t * s_t. The first is the k1 reward
+    on its own token (PART); the second, logp_t * s_t = grad(logp_t^2 / 2) with the sample held, has the expectation
+    -grad H_t at each prefix (sum_v pi log pi grad log pi = grad sum_v pi log pi), written here from the logits."""
+    (seed, eos, kl), problem, targets = toy
+    [row] = [row for row in catalog.CATALOG if row.number == "13d"]
+
+    def step_entropies(batch):
+        log_probs = torch.log_softmax(batch.logits, dim=-1)
+        return -((log_probs.exp() * log_probs).sum(-1) * batch.mask).sum(-1)
+
+    minus_entropy_gradient = -problem.expected_gradient(step_entropies)
+    assert relerr(problem.expected_gradient(lambda batch: 0.5 * (batch.logprobs.square() * batch.mask).sum(-1)),
+                  minus_entropy_gradient) < EXACT
+    assert relerr(_expected_gradient(problem, row.config), targets[Target.PART] + minus_entropy_gradient) < EXACT
+
+
 def test_low_var_kl_rows_are_checked_where_the_clamp_bites():
     """At least one toy reaches the clamp, so the low_var_kl rows are not vacuous."""
     assert any(_clamp_is_hit(_problem(*toy)) for toy in TOYS)

@@ -446,7 +446,7 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
         if key is None:
             term = _loss_term(factor) if differentiable else _detached_in_loss(factor)
         elif key[0] == POLICY:
-            term = None if differentiable else _reward_term(factor)
+            term = _reward_term(factor) if not differentiable else _log_prob_times_k1(key, factor)
         elif key[1] and not differentiable:
             # exp(logp - sg logp) or a differentiable ratio times a detached KL: a REINFORCE term
             term = _reward_term(factor, "score" if key[0] == SCORE else "is")
@@ -464,6 +464,16 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
         if term is not None:
             out.append(term)
     return out
+
+
+def _log_prob_times_k1(multiplier: tuple[AtomKind, bool, Accumulation], factor: Terms) -> Term | None:
+    """`logp * (A - beta * (logp - ref))` with the k1 left differentiable, both per token: logp * k1 as a loss
+    (kl-math.md row 13d). Another differentiable factor of the log-prob is no catalog form."""
+    found = match_estimator(factor)
+    if found is None or found[0] is not Estimator.K1 or multiplier[2] != TOKEN \
+            or any(a.acc != TOKEN for mono, _ in factor for a in mono):
+        return None
+    return Term("loss", Estimator.LOGP_K1, found[1], Returns.LOCAL)
 
 
 def _detached_in_loss(factor: Terms) -> Term | None:

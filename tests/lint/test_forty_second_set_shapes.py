@@ -90,3 +90,32 @@ def test_a_backup_folder_repeating_no_module_above_it_is_analysed(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "old" / "loss.py").write_text(TRAINER)
     assert _found(tmp_path) == [("loss.py", "KL002"), ("train.py", "KL002")]
+
+
+REINFORCE = """\
+import torch
+
+
+def update(policy, ref_policy, batch, kl_coeff, optimizer):
+    logprob = policy.log_probs(batch)
+    with torch.no_grad():
+        ref_logprob = ref_policy.log_probs(batch)
+    kl_return = batch.returns - kl_coeff * ({kl})
+    loss = ({multiplier} * kl_return).sum()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("kl, multiplier, codes", [
+    # navidmdn/LLM_RL: the k1 keeps its gradient in each token's return: logp * k1 as a loss (row 13d)
+    ("logprob - ref_logprob", "-logprob", ["KL009"]),
+    # detached, it is a k1 reward on its own token only (row 2)
+    ("(logprob - ref_logprob).detach()", "-logprob", ["KL003"]),
+    # a sequence's summed log-prob times its undetached log-ratio: no catalog form, nothing said
+    ("(logprob - ref_logprob).sum(-1)", "-logprob.sum(-1)", []),
+])
+def test_an_undetached_k1_in_a_return_that_multiplies_the_log_prob(tmp_path, kl, multiplier, codes):
+    (tmp_path / "reinforce.py").write_text(REINFORCE.format(kl=kl, multiplier=multiplier))
+    assert [code for _, code in _found(tmp_path)] == codes
+
