@@ -46,8 +46,9 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
             name = last_name(node.func) or ""
             if _is_step(node) or _steps_in_callee(node, methods, module):
                 steps = True
-            elif _named_as_draw(node) or name == "next" and type(node.func) is cst.Name:
-                return False  # a generation or a rollout, or the next batch of a data iterator
+            elif _draws(node) or name == "next" and type(node.func) is cst.Name:
+                return False  # a generation or a rollout, or the next batch of a data iterator; not a draw from
+                # a buffer of earlier rollouts (navidmdn/LLM_RL's `self.buffer.sample(batch_size)` in each step)
     return steps
 
 
@@ -63,9 +64,12 @@ def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None,
 
 
 def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
-    """`range(k)` with k not the literal 1, nor a setting the module's classes all default to 1. A mini-batch loop,
-    `range(start, stop, step)`, is left out: how many batches it makes is the batch sizes' (often one)."""
-    if type(iterated) is not cst.Call or dotted(iterated.func) != "range" or len(iterated.args) != 1:
+    """`range(k)` (or `trange(k)`, `tqdm(range(k))`) with k not the literal 1, nor a setting the module's classes all
+    default to 1. A mini-batch loop, `range(start, stop, step)`, is left out: how many batches it makes is the batch
+    sizes' (often one)."""
+    if type(iterated) is cst.Call and last_name(iterated.func) == "tqdm" and iterated.args:
+        iterated = iterated.args[0].value  # a progress bar over the rounds: `tqdm(range(n))`
+    if type(iterated) is not cst.Call or dotted(iterated.func) not in ("range", "trange") or len(iterated.args) != 1:
         return False
     count = iterated.args[0].value
     literal = int_literal(count)

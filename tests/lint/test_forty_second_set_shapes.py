@@ -119,3 +119,31 @@ def test_an_undetached_k1_in_a_return_that_multiplies_the_log_prob(tmp_path, kl,
     (tmp_path / "reinforce.py").write_text(REINFORCE.format(kl=kl, multiplier=multiplier))
     assert [code for _, code in _found(tmp_path)] == codes
 
+
+REPLAY = """\
+import torch
+from tqdm import tqdm
+
+
+class Trainer:
+    def update_policy(self, num_update_steps):
+        for i in tqdm(range(num_update_steps)):
+            batch = self.{source}
+            logp = self.policy.log_probs(batch)
+            ref_logp = self.ref_policy.log_probs(batch).detach()
+            kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+            loss = -(logp * batch.advantages).mean() + 0.04 * kl.mean()
+            loss.backward()
+            self.optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("source, stale", [
+    ("buffer.sample(32)", True),  # a replay buffer of earlier rollouts: every step after the first is off-policy
+    ("generate_rollouts(32)", False),  # a fresh rollout before each step
+])
+def test_steps_on_draws_from_a_replay_buffer_train_on_older_samples(tmp_path, source, stale):
+    """`for i in tqdm(range(n))` is n rounds; a draw from a buffer is no new rollout of the current policy."""
+    (tmp_path / "trainer.py").write_text(REPLAY.format(source=source))
+    codes = [code for _, code in _found(tmp_path)]
+    assert "KL002" in codes and ("KL008" in codes) is stale
