@@ -61,13 +61,20 @@ class ArithmeticFlow(FlowState):
         if name in ("Add", "Subtract"):
             return self.additive(left, right, -1.0 if name == "Subtract" else 1.0, node)
         if name == "Multiply":
+            if isinstance(node, cst.BinaryOperation):  # `d * d`, `0.5 * d * d`: one value times itself
+                if node.left.deep_equals(node.right):
+                    return self.square(left, node)
+                inner = node.left
+                if isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.Multiply) \
+                        and inner.right.deep_equals(node.right):
+                    return self.multiply(self.expr(inner.left), self.square(right, node), node)
             return self.multiply(left, right, node)
         if name == "Divide":
             return self.divide(left, right, node)
         if name == "Power":
             exponent = [f.poly.const_value() for f in right if f.poly is not None]
             if exponent and exponent[0] == 2.0:
-                return self.multiply(left, left, node)
+                return self.square(left, node)
             return ()
         if name in ("BitAnd", "BitOr"):
             return tuple(f for f in left + right if f.role == "mask")[:1]
@@ -145,6 +152,12 @@ class ArithmeticFlow(FlowState):
         if not out and negative_unknown:
             return NEG
         return bounded(tuple(dict.fromkeys(out)))
+
+    def square(self, value: tuple, node) -> tuple:
+        """`x ** 2`: each value of x times itself. x's values on different paths (a log-ratio from one branch, its
+        spelling from another) are never multiplied together: no path squares one value by another."""
+        return bounded(tuple(dict.fromkeys(f for alternative in operands(value)
+                                           for f in self.multiply((alternative,), (alternative,), node))))
 
     def divide(self, left: tuple, right: tuple, node) -> tuple:
         out = []

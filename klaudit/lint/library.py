@@ -134,7 +134,7 @@ class LibraryFlow(FlowState):
     def squared(self, op: Operation) -> tuple:
         """x ** 2 spelled as pow(x, 2); any other power is not followed."""
         if op.rest and int_literal(op.rest[0]) == 2:
-            return self.multiply(op.tensor, op.tensor, op.node)
+            return self.square(op.tensor, op.node)
         return ()
 
     def reduced(self, op: Operation) -> tuple:
