@@ -41,14 +41,16 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
     if not isinstance(loop, cst.For) or not _several_rounds(loop.iter, module):
         return False
     steps = False
+    draws = _drawing(methods, module, CallIndex())
     for node in _body_nodes(loop.body):
         if type(node) is cst.Call:
             name = last_name(node.func) or ""
             if _is_step(node) or _steps_in_callee(node, methods, module):
                 steps = True
-            elif _draws(node) or name == "next" and type(node.func) is cst.Name:
-                return False  # a generation or a rollout, or the next batch of a data iterator; not a draw from
-                # a buffer of earlier rollouts (navidmdn/LLM_RL's `self.buffer.sample(batch_size)` in each step)
+            elif draws(node) or name == "next" and type(node.func) is cst.Name:
+                return False  # a generation or a rollout, here or in a function it calls that takes no step
+                # (viralcode/superGPT's `grpo_step`, sampling with torch.multinomial), or the next batch of a data
+                # iterator; not a draw from a buffer of earlier rollouts (navidmdn/LLM_RL's `self.buffer.sample`)
     return steps
 
 

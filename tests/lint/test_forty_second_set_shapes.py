@@ -147,3 +147,62 @@ def test_steps_on_draws_from_a_replay_buffer_train_on_older_samples(tmp_path, so
     (tmp_path / "trainer.py").write_text(REPLAY.format(source=source))
     codes = [code for _, code in _found(tmp_path)]
     assert "KL002" in codes and ("KL008" in codes) is stale
+
+
+SQUARED = """\
+import torch
+
+
+def k2_loss(log_probs, batch, ref_model, mask):
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_log_probs = ref_model(batch)
+    else:
+        ref_log_probs = torch.zeros_like(log_probs)
+    log_ratio = log_probs - ref_log_probs
+    k2 = 0.5 * {square}
+    return (k2 * mask).sum() / mask.sum()
+"""
+
+
+@pytest.mark.parametrize("square", ["log_ratio**2", "log_ratio.pow(2)", "log_ratio * log_ratio", "(log_ratio * log_ratio)"])
+def test_a_square_multiplies_each_value_by_itself(tmp_path, square):
+    """The log-ratio is d with a reference and the log-prob alone without one (ellanorai/ThinkRL, one-covenant/grail):
+    its square is d^2 (k2, KL003) or logp^2 (no KL), never the cross product logp * d of two paths, which read as
+    row 13d (KL009)."""
+    (tmp_path / "loss.py").write_text(SQUARED.format(square=square))
+    assert [code for _, code in _found(tmp_path)] == ["KL003"]
+
+
+CALLEE_DRAWS = """\
+import torch
+
+
+def grpo_step(policy, ref_policy, prompts, samples):
+{draw}    logp = policy.log_probs(prompts, samples)
+    with torch.no_grad():
+        ref_logp = ref_policy.log_probs(prompts, samples)
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    return -(logp * samples.advantages).mean() + 0.04 * kl.mean()
+
+
+def train(policy, ref_policy, prompts, optimizer, samples):
+    for step in range(100):
+        loss = grpo_step(policy, ref_policy, prompts, samples)
+        loss.backward()
+        optimizer.step()
+"""
+DRAW = """\
+    probs = torch.softmax(policy(prompts)[:, -1], dim=-1)
+    samples = torch.multinomial(probs, 1)
+"""
+
+
+@pytest.mark.parametrize("draw, stale", [(DRAW, False), ("", True)])
+def test_a_step_function_that_samples_draws_new_samples(tmp_path, draw, stale):
+    """viralcode/superGPT: the loop steps once per `grpo_step(...)`, which samples its completions with
+    torch.multinomial itself: each step is on fresh samples. Reading a loop's draws into the functions it calls
+    ends that false KL008; a step function handed the same samples at every step trains on older ones."""
+    (tmp_path / "grpo.py").write_text(CALLEE_DRAWS.format(draw=draw))
+    codes = [code for _, code in _found(tmp_path)]
+    assert "KL002" in codes and ("KL008" in codes) is stale
