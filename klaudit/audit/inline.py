@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -513,6 +514,10 @@ def _pruned(body: list, kept: set[int]) -> list[ast.stmt]:
     return out
 
 
+# a special token's id in instance state (`self.tokenizer.pad_token_id`, `self.eos_id`): no switch
+_TOKEN_ID = re.compile(r"(?:^|_)(?:pad|eos|bos)(?:_token)?_ids?$")
+
+
 class _SelfReads(ast.NodeTransformer):
     """`self.a.b` read as a value, or a key of a dict in instance state (`self.cfg.get("b", 0.0)`, `self.cfg["b"]`):
     1.0 for a KL coefficient, else the switch parameter `b`, with its default: the first string it is compared
@@ -543,6 +548,11 @@ class _SelfReads(ast.NodeTransformer):
     def _read(self, name: str, node: ast.AST) -> ast.AST:
         if is_coefficient_name(name):
             return ast.copy_location(ast.Constant(1.0), node)
+        if _TOKEN_ID.search(name):
+            raise SliceError(f"it reads a special token's id from instance state, `{name}` (a mask built from the "
+                             f"ids, `completion_ids != pad_token_id`): the enumerated responses are padded with no id "
+                             f"of their own, so no value of it gives the response's mask; audit a function handed the "
+                             f"mask")
         self.switches.setdefault(name, True)
         return ast.copy_location(ast.Name(name, ast.Load()), node)
 

@@ -574,3 +574,29 @@ def test_a_mask_rebound_to_its_shifted_self_is_fed_one_position_longer(tmp_path)
     (tmp_path / "grpo.py").write_text(NANO_AHA_STEP)
     report = run([str(tmp_path / "grpo.py")])
     assert report.errors == [] and [(row.objective, row.rule) for row in report.results] == [("PFWD", "KL002")]
+
+
+def test_a_mask_built_from_a_padding_id_in_instance_state_is_not_audited(tmp_path):
+    """katiekang1998/SimpleGRPO: `mask = (output_ids != self.tokenizer.pad_token_id)`. The id had been read as a flag
+    (True, so token 1 was masked) and the audit judged another objective; no id reproduces the response's mask on
+    enumerated responses, so the slice says why it stops instead."""
+    (tmp_path / "policy.py").write_text('''\\
+import torch
+import torch.nn.functional as F
+
+
+class Policy:
+    def get_loss(self, batch):
+        output_ids = batch["output_ids"]
+        logits = self.model(batch["input_output_ids"]).logits
+        log_probs = torch.gather(F.log_softmax(logits, dim=-1), 2, output_ids.unsqueeze(-1)).squeeze(-1)
+        mask = (output_ids != self.tokenizer.pad_token_id).int()
+        log_probs = log_probs * mask
+        log_ratio = batch["pretrained_log_probs"].sum(axis=1) - log_probs.sum(axis=1)
+        kl_loss = torch.mean(torch.exp(log_ratio) - log_ratio - 1)
+        loss = batch["pg_loss"] + self.kl_coeff * kl_loss
+        loss.backward()
+        self.optimizer.step()
+''')
+    slices, (failure,) = inline_slices(str(tmp_path / "policy.py"))
+    assert slices == [] and "pad_token_id" in failure and "Policy.get_loss" in failure
