@@ -329,10 +329,10 @@ CATALOG: tuple[Row, ...] = (
          "pathwise gradient (PART) plus k2 values times their own token's score: the sum follows no KL objective",
          FIX_K1_LOSS),
     _row("13d", "logp * k1 as loss: k1 left undetached in a same-token return", _loss(E.LOGP_K1), Objective.OTHER,
-         "KL009", "the log-prob times a k1 that keeps its gradient (REINFORCE's logp * (A - beta * (logp - ref)) with the "
-         "KL not detached) differentiates to k1 times its own token's score (PART) plus the log-prob times the score, "
-         "whose expectation is minus the gradient of each step's entropy: the sum follows no KL objective and raises "
-         "the entropy even where pi = ref", FIX_REWARD),
+         "KL009", "the log-prob times a k1 that keeps its gradient (REINFORCE's logp * (A - beta * (logp - ref)) with "
+         "the KL not detached) differentiates to k1 times its own token's score (PART) plus the log-prob times the "
+         "score, whose expectation is minus the gradient of each step's entropy: the sum follows no KL objective and "
+         "raises the entropy even where pi = ref", FIX_REWARD),
     _row("14", "k3 as loss + k1 in reward", Config(loss=E.K3, reward=E.K1), Objective.OTHER, "KL006",
          "k1 in the reward is already the whole gradient; the k3 loss adds the per-token forward-KL gradient "
          "on top (REV + PFWD)", FIX_DOUBLE, identity={Target.REV: 1.0, Target.PFWD: 1.0}),

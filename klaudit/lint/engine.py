@@ -395,7 +395,8 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
             return False
         return syntax_finding(init, text) is not None or imports_a_missing_module(init, text)
 
-    return (backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken)).intersection(sources)
+    never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken)
+    return never_run.intersection(sources)
 
 
 @rare_collections()  # a decorator too (contextlib's context managers are ContextDecorators)

@@ -5,9 +5,9 @@ stops every `import package.module` before the module runs.
 jzhws/VisualQualityAssessment-RL-Trainer's `src/open_r1/trainer/__init__.py` imports `.grpo_trainer_refine-iqa`
 (a hyphen is no name): every trainer of that package, and every script importing it, fails at import, so their KL
 code never trains; so do xavierliu34/GUI-AiF's, whose `__init__.py` imports `.Dbeta`, of which the repository holds
-only a compiled copy under `__pycache__` (Python 3 imports no such copy without its source). Such a module is not analysed, only its syntax checked. A script (`if __name__ ==
-"__main__":`) can still be run by its path, which imports no package around it, and is analysed as usual; so is a
-file named on the command line.
+only a compiled copy under `__pycache__` (Python 3 imports no such copy without its source). Such a module is not
+analysed, only its syntax checked. A script (`if __name__ == "__main__":`) can still be run by its path, which
+imports no package around it, and is analysed as usual; so is a file named on the command line.
 """
 
 from __future__ import annotations
