@@ -33,6 +33,7 @@ from klaudit.lint.signatures import filled_parameters
 from klaudit.lint.syntax import dotted, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
+    drawn_before_the_call_elsewhere,
     reuses_samples,
     steps_on_fresh_samples,
     takes_a_step,
@@ -184,7 +185,10 @@ class Module:
         key = id(func)
         if key not in self._fresh:
             methods = self.classes[cls][1] if cls in self.classes else None
-            self._fresh[key] = steps_on_fresh_samples(func, methods, self.tree, self._calls_of)
+            self._fresh[key] = steps_on_fresh_samples(
+                func, methods, self.tree, self._calls_of,
+                called_elsewhere=lambda name, method: drawn_before_the_call_elsewhere(
+                    name, method, self.path, self.project, self._calls_of))
         return self._fresh[key]
 
     def trained_by_a_later_loop(self, func: cst.FunctionDef, cls: str | None) -> cst.For | None:

@@ -154,6 +154,10 @@ class Project:
             self._raw_texts[key] = text if isinstance(text, str) else None
         return self._raw_texts[key]
 
+    def raw_text(self, path: str | Path) -> str | None:
+        """The text of the module file at `path`, whatever its vocabulary (read once); None where it cannot be read."""
+        return self._admitted(self.key(path))
+
     def may_define(self, path: Path, name: str, any_text: bool = False) -> bool:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`
         or `class name`), so that resolving a call into it is worth parsing it; a module parsed

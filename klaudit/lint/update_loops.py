@@ -20,12 +20,17 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from klaudit.frameworks.options import option_defaults
 from klaudit.lint import roles
 from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name, params, statement_nodes, walk
+
+if TYPE_CHECKING:
+    from klaudit.lint.project import Project
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
@@ -135,7 +140,8 @@ OrderedCalls = list[tuple[cst.Call, tuple]]
 def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str, cst.FunctionDef] | None,
                            module: cst.Module,
                            calls_of: CallIndex | None = None,
-                           depth: int = 0) -> bool:
+                           depth: int = 0,
+                           called_elsewhere: Callable[[str, bool], bool] | None = None) -> bool:
     """Whether each optimizer step of `func` (a function, or the module's own code) is the only one since its
     samples were drawn: going out from the step, every loop around it runs once (`range(1)`, or a setting
     `module` defaults to 1) up to one whose body draws samples before the step, or to `func`, which draws them
@@ -143,7 +149,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     draws them before the call, outside loops of several rounds, and takes no step of its own. An optimizer
     stepped at two places is not. A function that takes no step (a loss helper) is on fresh samples where its
     single caller's steps are, the module's own training loop included. `calls_of`: the `ordered_calls` of a
-    function, cached by the caller."""
+    function, cached by the caller. `called_elsewhere(name, method)`: whether the one call of a function that
+    nothing in `module` calls, made by another module (`trainer.train_step(...)` in a training script), comes
+    just after that module draws the samples (`drawn_before_the_call_elsewhere`)."""
     if calls_of is None:
         calls_of = CallIndex()
     calls = calls_of(func)
@@ -169,7 +177,8 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not isinstance(func, cst.FunctionDef):
         return False
     if _uncalled(func.name.value, module):  # an entry point, trained on the samples handed to it
-        return all(drawn or _passes_counted_once(func, i, loops, calls) for drawn, (i, loops) in zip(fresh, steps))
+        return all(drawn or _passes_counted_once(func, i, loops, calls) for drawn, (i, loops) in zip(fresh, steps)) \
+            or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None)
     site = _single_caller(func, methods, module, calls_of)
     if site is None:
         return False
@@ -181,6 +190,54 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module):
         return _passes_counted_once(caller, index, loops, calls)
     return drawn is True
+
+
+def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
+                                    calls_of: CallIndex) -> bool:
+    """Whether the one call of the function `name` (a method where `method`: `x.name(...)`) that the modules near
+    `path` make, by the text of the folder of `path`, the folder above and the linted roots, each module but
+    `path` itself, comes right after its caller draws new samples, the caller taking no step of its own
+    (`generate_batch_responses(model, ...)` then `trainer.train_step(...)` in each round of a script's loop): each
+    call then trains on the policy that drew them. None of it where the name is called at more places or none."""
+    called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
+    here = project.key(path)
+    places = [other for other in _nearby_modules(Path(here), project)
+              if (text := project.raw_text(other)) is not None and called.search(text)]
+    if len(places) != 1 or len(called.findall(project.raw_text(places[0]) or "")) != 1:
+        return False
+    other = project.parse(Path(places[0]))
+    if other is None:
+        return False
+    for caller, methods in _callers(other):
+        calls = calls_of(caller)
+        found = [(i, loops) for i, (call, loops) in enumerate(calls) if last_name(call.func) == name
+                 and (type(call.func) is cst.Attribute) == method]
+        if found:
+            index, loops = found[0]
+            return not takes_a_step(calls) and _drawn_since(
+                index, loops, calls, other, _drawing(methods, other, calls_of)) is True
+    return False
+
+
+def _nearby_modules(path: Path, project: Project) -> list[str]:
+    """The Python files of the folder of `path`, of the folder above it and of the linted roots (not those
+    folders' subfolders), `path` itself left out; each once."""
+    folders = dict.fromkeys([path.parent, path.parent.parent, *project.roots])
+    found = [str(file) for folder in folders if folder.is_dir() for file in sorted(folder.glob("*.py"))]
+    return [file for file in dict.fromkeys(found) if project.key(file) != str(path)]
+
+
+def _callers(module: cst.Module) -> list[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None]]:
+    """Each function of `module` that may call another (its functions, its classes' methods, its own code),
+    with the methods of the class it belongs to."""
+    found: list[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None]] = []
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            found.append((stmt, None))
+        elif isinstance(stmt, cst.ClassDef):
+            methods = _class_methods(stmt)
+            found.extend((method, methods) for method in methods.values())
+    return found + [(module, None)]
 
 
 def _stepped_by_lightning(func: cst.FunctionDef | cst.Module, methods: dict[str, cst.FunctionDef] | None) -> bool:
