@@ -37,7 +37,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
-from klaudit.lint.syntax import bound_names, decorated_no_grad, dotted, last_name, params, string_value
+from klaudit.lint.syntax import bound_names, decorated_no_grad, dotted, int_literal, last_name, params, string_value
 
 _BUILTINS = frozenset(dir(builtins))  # len(v), sum(v), isinstance(...): Python's own, which use nothing
 
@@ -188,7 +188,9 @@ class CallFlow(FlowState):
                 elif isinstance(default, cst.Name) and default.value in ("True", "False"):
                     env[name] = (Fact(role="bool", text=None if spread else default.value, name=name),)
                 else:
-                    env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) else ()
+                    # a name or a number (`dim=-1` too): what the callee reads when the caller leaves it
+                    env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) \
+                        or int_literal(default) is not None else ()
             else:
                 env[name] = param_facts(param)
         outcome = self.analyzer.call(module, func, cls, env, self.on_fresh_samples())
