@@ -266,13 +266,15 @@ class LibraryFlow(FlowState):
             return with_clamp(kept)
         if {number_value(when_true), number_value(when_false)} == {0.0, 1.0}:
             return (Fact(role="mask"),)  # where(tokens != pad, 1, 0): the test as a 0/1 mask
+        filled = (sides[0] and _fill(when_false)) or (sides[1] and _fill(when_true))
+        if filled and (not name or any(f.role == "mask" for f in self.expr(condition))):
+            # where(tokens != pad, logp, 0), where(mask, x, zeros_like(x)): a padding fill by an elementwise test
+            # or a mask, which no switch names: the tensor on the tokens kept (else each use would pair the tensor
+            # with the fill, `logp - 0`, and a mask's name would read as a switch)
+            return sides[0] if _fill(when_false) else sides[1]
         if name:
             sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
                      for side, facts in zip((True, False), sides)]
-        elif sides[0] and number_value(when_false) is not None or sides[1] and number_value(when_true) is not None:
-            # where(tokens != pad, logp, 0): a padding fill by an elementwise test, which no switch names: the
-            # tensor on the tokens kept (else each use would pair the tensor with the fill, `logp - 0`)
-            return sides[0] if number_value(when_false) is not None else sides[1]
         return tuple(dict.fromkeys(sides[0] + sides[1]))
 
     def kl_div(self, positional, keywords, node) -> tuple:
@@ -321,6 +323,11 @@ def _clamps(condition: cst.BaseExpression, when_true: cst.BaseExpression, when_f
     same = value.deep_equals
     return (number_value(when_true) is not None and same(when_false)) or (number_value(when_false) is not None
                                                                           and same(when_true))
+
+
+def _fill(node: cst.BaseExpression) -> bool:
+    """A constant that fills the entries a test rejects: a number, or a fresh tensor of zeros (`zeros_like(x)`)."""
+    return number_value(node) is not None or is_zero_tensor(node)
 
 
 def _batch_of(fact: Fact, added: bool) -> Fact:
