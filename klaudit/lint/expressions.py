@@ -160,7 +160,8 @@ class ExpressionFlow(FlowState):
                 return tuple(replace(f, text=f.text[:-1]) if f.text else replace(f, cut=f.cut + 1)
                              for f in base if f.role == "str")
             return ()
-        if any(self.batch_indices) and picks_a_row(node, {k: v for loop in self.batch_indices for k, v in loop.items()}) \
+        if any(self.batch_indices) and picks_a_row(node, {k: v for loop in self.batch_indices for k, v in loop.items()},
+                                                   frozenset().union(*self.loop_variables)) \
                 or picks_the_first_row(node):
             return tuple(as_row(f) for f in base)
         return base

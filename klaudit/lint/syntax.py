@@ -337,11 +337,15 @@ def is_last_index(node: cst.Subscript) -> bool:
     return isinstance(last, cst.Index) and (int_literal(last.value) == -1 or _minus_one(last.value))
 
 
-def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool]) -> bool:
+def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: frozenset[str] = frozenset()) -> bool:
     """`x[i, start:end]`, `x[i:i + 1, :-1]` or, where `indices` says `i` picks one alone, `x[i]`, with `i` one of the
-    loop variables that count the sequences: the first axis picked by `i`, every other axis sliced."""
+    loop variables that count the sequences: the first axis picked by `i`, every other axis sliced, or the positions
+    axis picked by a vector of positions (`x[i, pos]`, `pos = torch.arange(start, end)`: a name no loop in progress
+    binds, of which `looping` holds those that are)."""
     first, rest = node.slice[0].slice, node.slice[1:]
-    if not all(isinstance(element.slice, cst.Slice) for element in rest):
+    if not all(isinstance(element.slice, cst.Slice) or index == 0 and isinstance(element.slice, cst.Index)
+               and type(element.slice.value) is cst.Name and element.slice.value.value not in looping
+               for index, element in enumerate(rest)):
         return False
     if isinstance(first, cst.Index):
         return type(first.value) is cst.Name and first.value.value in indices and bool(
