@@ -88,8 +88,12 @@ def trains_on_rewards(function: cst.FunctionDef) -> bool:
 def masks_by_labels(function: cst.FunctionDef) -> bool:
     """Whether `function` picks positions the supervised way: an (in)equality test of its labels or
     targets (`labels != pad`), or of anything against an ignore index (`target != self.ignore_index`,
-    `y == -100`)."""
+    `y == -100`); or fits the same positions to their labels by cross-entropy (`F.cross_entropy(logits,
+    hard_targets)` beside the KL: the sequences have ground-truth next tokens, a dataset's)."""
     for node in walk(function):
+        if type(node) is cst.Call and last_name(node.func) in _SUPERVISED_LOSSES and any(
+                type(inner) is cst.Name and _TARGETS.match(inner.value) for arg in node.args for inner in walk(arg)):
+            return True
         if type(node) is not cst.Comparison:
             continue
         for target in node.comparisons:
@@ -97,6 +101,9 @@ def masks_by_labels(function: cst.FunctionDef) -> bool:
                     _TARGETS.match(last_name(node.left) or "") or _is_ignore_index(target.comparator)):
                 return True
     return False
+
+
+_SUPERVISED_LOSSES = frozenset({"cross_entropy", "nll_loss"})
 
 
 def _is_ignore_index(node: cst.BaseExpression) -> bool:
