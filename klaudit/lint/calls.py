@@ -96,6 +96,8 @@ class CallFlow(FlowState):
             return self.library_call(name, node)
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
+        if _per_token_loss_of_a_model(node):
+            return self.token_losses_of_a_model(func)
         value = self.library_call(name, node)
         if not value and not logged and self.out_of_sight(func, name):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
@@ -105,6 +107,13 @@ class CallFlow(FlowState):
                 else:
                     self.hand_on(facts)
         return value
+
+    def token_losses_of_a_model(self, func: cst.BaseExpression) -> tuple:
+        """`model(inputs, targets, loss_reduction='none')` (nanochat's GPT): each target token's cross-entropy under
+        the model, -log pi(token); the reference's where the model is named so (`ref_model(...)`)."""
+        reference = roles.is_reference_model(dotted(func))
+        atom = Atom(alg.REF, False) if reference else Atom(alg.POLICY, not self.no_grad)
+        return (tensor(alg.scale(Poly.atom(atom), -1.0)),)
 
     def out_of_sight(self, func: cst.BaseExpression, name: str) -> bool:
         """A call of code the analysis does not see: not Python's builtins, not an array library's
@@ -347,3 +356,12 @@ def passed_loss_name(fact: Fact) -> bool:
     entry = fact.entry
     return entry is not None and entry in fact.pending and isinstance(entry, cst.Assign) and any(
         roles.sink_of_name(last_name(target.target)) == "loss" for target in entry.targets)
+
+
+def _per_token_loss_of_a_model(node: cst.Call) -> bool:
+    """`model(inputs, targets, loss_reduction='none')`: a language model's forward given the targets and asked for
+    each token's loss (nanochat's convention), not a mean."""
+    keyword = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "loss_reduction"),
+                   None)
+    positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
+    return isinstance(keyword, cst.SimpleString) and string_value(keyword) == "none" and len(positional) >= 2

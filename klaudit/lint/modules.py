@@ -489,8 +489,36 @@ def module_body(tree: cst.Module) -> cst.FunctionDef | None:
     when it runs none. Built anew at each call: nothing calls it, so no summary is kept under its id."""
     statements = [stmt for stmt in tree.body if not isinstance(stmt, (cst.FunctionDef, cst.ClassDef))
                   and not (isinstance(stmt, cst.SimpleStatementLine) and all(map(_runs_nothing, stmt.body)))]
+    statements = _settings_left_open(statements)
     return cst.FunctionDef(name=cst.Name(MODULE_BODY), params=cst.Parameters(),
                            body=cst.IndentedBlock(body=statements)) if statements else None
+
+
+def _settings_left_open(statements: list[cst.SimpleStatementLine | cst.BaseCompoundStatement],
+                        ) -> list[cst.SimpleStatementLine | cst.BaseCompoundStatement]:
+    """The statements without the literal defaults (`kl_coef = 0.0`) that a later `exec(...)` of a configurator may
+    rebind from the command line (nanochat's `exec(open('nanochat/configurator.py').read())`): those names are
+    settings whose value the run chooses, not constants that decide a branch."""
+    executes = next((i for i, stmt in enumerate(statements) if isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and dotted(small.value.func) == "exec"
+        for small in stmt.body)), None)
+    if executes is None:
+        return statements
+    return [stmt for i, stmt in enumerate(statements) if i > executes or not _literal_default(stmt)]
+
+
+def _literal_default(stmt: cst.BaseStatement) -> bool:
+    """`name = 0.0`, `name = "k3"`, `name = True`: a name given a literal."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign)) else None
+    targets = small.targets if isinstance(small, cst.Assign) else [small] if isinstance(small, cst.AnnAssign) else []
+    if value is None or len(targets) != 1 or type(targets[0].target) is not cst.Name:
+        return False
+    literal = value.expression if isinstance(value, cst.UnaryOperation) else value
+    return isinstance(literal, (cst.Integer, cst.Float, cst.SimpleString)) or (
+        isinstance(literal, cst.Name) and literal.value in ("True", "False", "None"))
 
 
 def _runs_nothing(small: cst.BaseSmallStatement) -> bool:
