@@ -549,7 +549,8 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         if flat and not assumed.stated:  # 0.11 rejects the flat names: the script is for an earlier release
             assumed = (Assumed("0.6", f"--{openrlhf.K3_SWITCH}, a switch of releases up to 0.6.0")
                        if re.search(rf"--{openrlhf.K3_SWITCH}\b", text) else Assumed("0.10", "flat flag names"))
-        flags, fixes = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES), openrlhf.fixes(flat, assumed)
+        flags = cli_flags(text, openrlhf.FLAGS, openrlhf.SWITCHES)
+        fixes = openrlhf.fixes(flat, assumed, k3_switch=openrlhf.K3_SWITCH in flags)
         copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
         kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
         without_kl_reward = openrlhf.estimators_without_kl_reward(copy[1] if copy else None)

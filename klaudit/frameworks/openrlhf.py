@@ -21,8 +21,7 @@ runs, releases 0.6 to 0.11.2).
   log-probs: PPO's token ratio reweighs each sampled token but not its prefix (row 23);
 - up to 0.6, `--packing_samples` with `--use_kl_loss` builds the KL loss from
   `torch.tensor([kl.mean() for kl in ...])`, which copies the values and not the graph: the loss
-  trains nothing (the KL is off in effect, whatever the logs say). No catalog row describes a term
-  without a gradient, so no verdict is given;
+  trains nothing (the KL is off in effect, whatever the logs say): row 1c, KL001;
 - `--actor.loss_agg_mode` (0.11.2) aggregates the policy loss, and with it the KL reward:
   seq-mean-token-mean weighs each sequence by 1/L (row 21); `--actor.policy_loss_type gspo` weighs
   the advantages by a per-sequence ratio, which no catalog row describes for a KL reward. Up to 0.6
@@ -42,7 +41,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from klaudit.catalog import Aggregation, Config, Estimator, Sampling
+from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.calls import last_name
 from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, truthy
 from klaudit.frameworks.versions import Assumed, at_least
@@ -84,11 +83,14 @@ def spelled(flat: bool) -> dict[str, str]:
     return {key: "--" + (FLAT.get(key, key) if flat else key) for key in KEYS}
 
 
-def fixes(flat: bool, assumed: Assumed) -> dict[str, str]:
-    """The flag change that fixes each rule (kl-math.md §8.5: k1 in the reward is R-A's reward form)."""
+def fixes(flat: bool, assumed: Assumed, k3_switch: bool = False) -> dict[str, str]:
+    """The flag change that fixes each rule (kl-math.md §8.5: k1 in the reward is R-A's reward form); `k3_switch`:
+    the script chooses k3 by the switch of releases up to 0.6.0, which have no estimator option (k1 without it)."""
     name = spelled(flat)
-    to_reward = (f"drop {name[USE_LOSS]} and set {name[ESTIMATOR]} k1: the KL as a k1 reward with reward-to-go "
-                 f"(unbiased, up to OpenRLHF's clamp at |k1| > 10, KL010); keep {name[COEF]} divided by about the "
+    k1 = f"leave out {name[K3_SWITCH]}" if k3_switch else f"set {name[ESTIMATOR]} k1"
+    unbiased = "unbiased, up to OpenRLHF's clamp at |k1| > 10, KL010" if at_least(assumed, CLAMPED_FROM) else "unbiased"
+    to_reward = (f"drop {name[USE_LOSS]} and {k1}: the KL as a k1 reward with reward-to-go "
+                 f"({unbiased}); keep {name[COEF]} divided by about the "
                  "mean response length: the reward sums the KL over the tokens where the token-mean loss averaged it")
     return {
         "KL001": to_reward, "KL002": to_reward, "KL003": to_reward, "KL009": to_reward,
@@ -298,11 +300,14 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed, flat: bool = False,
     if coef is None or coef <= 0 or use_loss is None or estimator is None:
         return None
     clamped = at_least(assumed, CLAMPED_FROM) and estimator is not Estimator.LOW_VAR_KL  # low_var_kl's rows name their clamps
-    if use_loss and not at_least(assumed, "0.7") and truthy(value[PACKING]):
-        return None  # up to 0.6 the packed KL loss is rebuilt by torch.tensor: no gradient, no catalog row
+    packed_loss = use_loss and not at_least(assumed, "0.7") and truthy(value[PACKING])
     stale = _stale(value)
     per_response = _one_response_per_micro_batch(value, assumed)
-    if use_loss:
+    if packed_loss:
+        # up to 0.6 the packed KL loss is rebuilt by torch.tensor: its values without their graph (row 1c)
+        config = Config(reward=estimator, returns=Returns.NOWHERE)
+        clamped = False
+    elif use_loss:
         unbiased = truthy(value[UNBIASED]) if at_least(assumed, "0.11") else False
         if unbiased is None or stale is None:
             return None

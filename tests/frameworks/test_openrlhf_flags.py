@@ -55,8 +55,9 @@ def test_releases_change_the_verdict():
     assert codes("--use_kl_loss --kl_estimator k3", "0.7") == ["KL002"]  # plain k3, no clamp before 0.8.6
     assert codes("--use_kl_loss --kl_estimator k1", "0.7") == ["KL001"]
     assert codes("--use_kl_loss --kl_estimator k1", "0.6") == ["KL001"]  # 1/L weights: the k1 loss is row 1b
-    # 0.6 rebuilds the packed KL loss with torch.tensor (no gradient): no row describes it, no verdict
-    assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.6") == []
+    # 0.6 rebuilds the packed KL loss with torch.tensor: its values without a gradient (row 1c), whatever the estimator
+    assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.6") == ["KL001"]
+    assert codes("--use_kl_loss --kl_estimator k2 --packing_samples --max_epochs 2", "0.6") == ["KL001"]
     assert codes("--use_kl_loss --kl_estimator k3 --packing_samples", "0.7") == ["KL002"]
     assert codes("--algo.kl.use_loss --algo.kl.unbiased_gradient --algo.kl.estimator k3", "0.10") == ["KL002"]
 
@@ -94,6 +95,20 @@ def test_the_k3_switch_of_0_6_0_puts_k3_in_the_reward():
     assert found["KL004"].line == 2  # the switch that chose k3
     assert found["KL007"].line == 1  # the reward's coefficient: no flag names the reduction up to 0.6
     assert "[openrlhf 0.6 (--use_kl_estimator_k3, a switch of releases up to 0.6.0): " in found["KL004"].message
+
+
+def test_a_packed_kl_loss_of_0_6_trains_nothing_and_its_fix_keeps_to_the_release():
+    """astOwOlfo/swe_bench_rl's launch of an OpenRLHF 0.6.0 fork: `--use_kl_loss --use_kl_estimator_k3
+    --packing_samples` rebuilds the KL loss with torch.tensor, so it has no gradient (row 1c, KL001). The fix names
+    the switch that release has (no `--kl_estimator` yet) and no clamp (0.8.6 brought it)."""
+    text = ("deepspeed --module openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --use_kl_loss\n"
+            "  --use_kl_estimator_k3 --packing_samples --rollout_batch_size 64 --train_batch_size 64\n")
+    found = {f.code: f for f in lint_config("run.sh", text)}
+    assert sorted(found) == ["KL001"]
+    assert "without its gradient" in found["KL001"].message
+    fix = found["KL001"].fix
+    assert fix.startswith("drop --use_kl_loss and leave out --use_kl_estimator_k3: the KL as a k1 reward")
+    assert "clamp" not in fix
 
 
 def test_flat_names_say_the_script_is_for_an_earlier_release(tmp_path):
