@@ -251,14 +251,24 @@ def shell_value(text: str, raw: str) -> str | None:
 
 def command_span(lines: list[str], index: int) -> tuple[int, int]:
     """(first, last) indices of the shell command that line `index` belongs to: the lines joined by
-    trailing backslashes."""
+    trailing backslashes, or the elements of the bash array the line is in (`cmd=(`, one word a line, `)`),
+    which the script then runs (`"${cmd[@]}"`)."""
     first = index
     while first > 0 and lines[first - 1].rstrip().endswith("\\"):
         first -= 1
     last = index
     while last + 1 < len(lines) and lines[last].rstrip().endswith("\\"):
         last += 1
+    opening = next((i for i in range(first, -1, -1) if _ARRAY_OPENS.match(lines[i])), None)
+    if opening is not None and not any(_ARRAY_CLOSES.match(line) for line in lines[opening + 1:first]):
+        closing = next((i for i in range(last, len(lines)) if _ARRAY_CLOSES.match(lines[i])), None)
+        if closing is not None:
+            return opening, closing
     return first, last
+
+
+_ARRAY_OPENS = re.compile(r"\s*(?:local\s+|declare\s+-a\s+)?\w+\+?=\(\s*(?:#.*)?$")  # `cmd=(` alone on its line
+_ARRAY_CLOSES = re.compile(r"\s*\)\s*(?:#.*)?$")
 
 
 def only_command(text: str, offset: int) -> str:

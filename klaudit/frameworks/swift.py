@@ -27,8 +27,10 @@ from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps, number, shown, truthy
 
 NAME = "ms-swift"
-# `swift rlhf ...`, `megatron rlhf ...`, or the module those commands run (`python swift/cli/rlhf.py ...`)
-LAUNCH = re.compile(r"(?<![\w./-])(?:swift|megatron)[ \t]+rlhf(?![\w-])|(?<![\w-])swift/cli/(?:_megatron/)?rlhf\.py\b")
+# `swift rlhf ...`, `megatron rlhf ...` (the command found by the shell: `"$(which swift)" rlhf`), or the module those
+# commands run (`python swift/cli/rlhf.py ...`)
+LAUNCH = re.compile(r"(?<![\w./-])(?:swift|megatron)(?:\)\"?)?[ \t]+rlhf(?![\w-])"
+                    r"|(?<![\w-])swift/cli/(?:_megatron/)?rlhf\.py\b")
 RLHF_TYPE, BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE = "rlhf_type", "beta", "kl_in_reward", "advantage_estimator", "loss_type"
 ITERATIONS, STEPS, ACCUMULATION, ASYNC = ("num_iterations", "steps_per_generation", "gradient_accumulation_steps",
                                           "async_generate")

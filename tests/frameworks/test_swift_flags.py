@@ -90,3 +90,18 @@ def test_the_finding_names_ms_swift_and_the_deciding_flags():
     finding = next(f for f in lint_config("run.sh", LAUNCH.format(kind="grpo", flags="")) if f.code == "KL002")
     assert "[ms-swift: beta=0.04 (default), advantage_estimator=grpo (default)" in finding.message
     assert "--kl_in_reward true" in finding.fix
+
+
+def test_a_command_built_as_a_bash_array_is_judged_with_its_elements():
+    """mervekarakas/grpo_bt_rm's launch: the command found by the shell (`"$(which swift)" rlhf`) and one argument a
+    line in a bash array the script then runs: every element is a flag of that command, and no flag of a command
+    after the array's closing parenthesis is (an SFT run's)."""
+    text = ('MODEL="${MODEL:-Qwen/Qwen2.5-1.5B}"\n'
+            "cmd=(\n"
+            '  "$(which swift)" rlhf\n'
+            "  --rlhf_type grpo\n"
+            '  --model "$MODEL"\n'
+            ")\n"
+            'torchrun --nproc_per_node 2 "${cmd[@]}"\n'
+            "swift sft --model m --beta 0 --num_iterations 4\n")
+    assert codes(text=text) == [(4, "KL002"), (4, "KL007")]
