@@ -341,11 +341,11 @@ def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: froze
     """`x[i, start:end]`, `x[i:i + 1, :-1]` or, where `indices` says `i` picks one alone, `x[i]`, with `i` one of the
     loop variables that count the sequences: the first axis picked by `i`, every other axis sliced, or the positions
     axis picked by a vector of positions (`x[i, pos]`, `pos = torch.arange(start, end)`: a name no loop in progress
-    binds, of which `looping` holds those that are)."""
+    binds, of which `looping` holds those that are, and not one spelled as the last position, `x[i, last]`)."""
     first, rest = node.slice[0].slice, node.slice[1:]
     if not all(isinstance(element.slice, cst.Slice) or index == 0 and isinstance(element.slice, cst.Index)
                and type(element.slice.value) is cst.Name and element.slice.value.value not in looping
-               for index, element in enumerate(rest)):
+               and not names_last_position(element.slice.value) for index, element in enumerate(rest)):
         return False
     if isinstance(first, cst.Index):
         return type(first.value) is cst.Name and first.value.value in indices and bool(
