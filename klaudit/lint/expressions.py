@@ -161,7 +161,7 @@ class ExpressionFlow(FlowState):
                              for f in base if f.role == "str")
             return ()
         if any(self.batch_indices) and picks_a_row(node, {k: v for loop in self.batch_indices for k, v in loop.items()},
-                                                   frozenset().union(*self.loop_variables)) \
+                                                   frozenset().union(*self.loop_variables), self.batch_indices[-1]) \
                 or picks_the_first_row(node):
             return tuple(as_row(f) for f in base)
         return base

@@ -153,12 +153,36 @@ def train(policy, ref, batch, groups, k, seqs, scores, opt, kl_coef):
 """
 
 
+# duterscmy/OPD's opd/trainer.py: the positions of each alignment group, a part of the sequence, in a loop inside it
+GROUP_SUMS = """\
+import torch
+
+
+def distillation_loss(student_lp, teacher_lp, inputs):
+    terms = []
+    for batch_index, groups in enumerate(inputs["alignment_groups"]):
+        for group in groups:
+            student_pos = [i - 1 for i in group["student"] if i > 0]
+            teacher_pos = [i - 1 for i in group["teacher"] if i > 0]
+            student_logp = student_lp[batch_index, student_pos].sum()
+            teacher_logp = teacher_lp[batch_index, teacher_pos].sum()
+            advantage = student_logp.detach() - teacher_logp.detach()
+            terms.append(advantage * student_logp)
+    return torch.stack(terms).mean()
+"""
+
+
 def test_positions_picked_by_a_vector_keep_the_row_of_their_sequence(tmp_path):
     """`logp_all[i, pos]` with `pos = torch.arange(start, end)` picks the response positions of sequence i: summed,
     one value per sequence. A whole-sequence k1 in the reward that multiplies the whole response's score is right
-    (row 6): no finding, where the sum had read as a per-token k1 reward of its own token only (KL003)."""
+    (row 6): no finding, where the sum had read as a per-token k1 reward of its own token only (KL003). In a loop
+    inside the loop over the sequences (over alignment groups), the positions are a part of the sequence: each
+    group's k1 multiplies that group's score only (KL003)."""
     (tmp_path / "rloo.py").write_text(SEQUENCE_SUMS.format(reduce=".sum()"))
     assert lint_paths([str(tmp_path)], jobs=1).findings == []
+    (tmp_path / "rloo.py").unlink()
+    (tmp_path / "opd.py").write_text(GROUP_SUMS)
+    assert [f.code for f in lint_paths([str(tmp_path)], jobs=1).findings] == ["KL003"]
 
 
 # ibusnowden/ghost's scripts/chat_grpo.py, nanochat's conventions: settings at module level that the configurator
