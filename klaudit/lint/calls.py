@@ -97,7 +97,7 @@ class CallFlow(FlowState):
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
         if _per_token_loss_of_a_model(node):
-            return self.token_losses_of_a_model(func)
+            return _token_losses_of_a_model(func, self.no_grad)
         value = self.library_call(name, node)
         if not value and not logged and self.out_of_sight(func, name):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
@@ -107,13 +107,6 @@ class CallFlow(FlowState):
                 else:
                     self.hand_on(facts)
         return value
-
-    def token_losses_of_a_model(self, func: cst.BaseExpression) -> tuple:
-        """`model(inputs, targets, loss_reduction='none')` (nanochat's GPT): each target token's cross-entropy under
-        the model, -log pi(token); the reference's where the model is named so (`ref_model(...)`)."""
-        reference = roles.is_reference_model(dotted(func))
-        atom = Atom(alg.REF, False) if reference else Atom(alg.POLICY, not self.no_grad)
-        return (tensor(alg.scale(Poly.atom(atom), -1.0)),)
 
     def out_of_sight(self, func: cst.BaseExpression, name: str) -> bool:
         """A call of code the analysis does not see: not Python's builtins, not an array library's
@@ -197,9 +190,8 @@ class CallFlow(FlowState):
                 elif isinstance(default, cst.Name) and default.value in ("True", "False"):
                     env[name] = (Fact(role="bool", text=None if spread else default.value, name=name),)
                 else:
-                    # a name or a number (`dim=-1` too): what the callee reads when the caller leaves it
                     env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) \
-                        or int_literal(default) is not None else ()
+                        or int_literal(default) is not None else ()  # a name or a number, `dim=-1` too
             else:
                 env[name] = param_facts(param)
         outcome = self.analyzer.call(module, func, cls, env, self.on_fresh_samples())
@@ -365,3 +357,11 @@ def _per_token_loss_of_a_model(node: cst.Call) -> bool:
                    None)
     positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
     return isinstance(keyword, cst.SimpleString) and string_value(keyword) == "none" and len(positional) >= 2
+
+
+def _token_losses_of_a_model(func: cst.BaseExpression, no_grad: bool) -> tuple:
+    """`model(inputs, targets, loss_reduction='none')` (nanochat's GPT): each target token's cross-entropy under the
+    model, -log pi(token); the reference's where the model is named so (`ref_model(...)`)."""
+    reference = roles.is_reference_model(dotted(func))
+    atom = Atom(alg.REF, False) if reference else Atom(alg.POLICY, not no_grad)
+    return (tensor(alg.scale(Poly.atom(atom), -1.0)),)

@@ -268,9 +268,8 @@ class LibraryFlow(FlowState):
             return (Fact(role="mask"),)  # where(tokens != pad, 1, 0): the test as a 0/1 mask
         filled = (sides[0] and _fill(when_false)) or (sides[1] and _fill(when_true))
         if filled and (not name or any(f.role == "mask" for f in self.expr(condition))):
-            # where(tokens != pad, logp, 0), where(mask, x, zeros_like(x)): a padding fill by an elementwise test
-            # or a mask, which no switch names: the tensor on the tokens kept (else each use would pair the tensor
-            # with the fill, `logp - 0`, and a mask's name would read as a switch)
+            # where(tokens != pad, logp, 0), where(mask, x, zeros_like(x)): a padding fill, which no switch names: the
+            # tensor on the tokens kept (else each use would pair it with the fill, `logp - 0`)
             return sides[0] if _fill(when_false) else sides[1]
         if name:
             sides = [tuple(replace(f, labels=merge_labels(f.labels, ((name, (side != negated,)),))) for f in facts)
