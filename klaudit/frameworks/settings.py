@@ -259,16 +259,20 @@ def command_span(lines: list[str], index: int) -> tuple[int, int]:
     last = index
     while last + 1 < len(lines) and lines[last].rstrip().endswith("\\"):
         last += 1
-    opening = next((i for i in range(first, -1, -1) if _ARRAY_OPENS.match(lines[i])), None)
-    if opening is not None and not any(_ARRAY_CLOSES.match(line) for line in lines[opening + 1:first]):
+    opening = first - 1
+    while opening >= 0 and not _ARRAY_OPENS.match(lines[opening]) and _ARRAY_ELEMENT.match(lines[opening]) \
+            and not _ARRAY_CLOSES.match(lines[opening]):
+        opening -= 1  # up over the indented elements before the line, to the line that opens the array, if any
+    if opening >= 0 and _ARRAY_OPENS.match(lines[opening]) and _ARRAY_ELEMENT.match(lines[first]):
         closing = next((i for i in range(last, len(lines)) if _ARRAY_CLOSES.match(lines[i])), None)
-        if closing is not None:
+        if closing is not None and all(_ARRAY_ELEMENT.match(line) for line in lines[last + 1:closing]):
             return opening, closing
     return first, last
 
 
 _ARRAY_OPENS = re.compile(r"\s*(?:local\s+|declare\s+-a\s+)?\w+\+?=\(\s*(?:#.*)?$")  # `cmd=(` alone on its line
-_ARRAY_CLOSES = re.compile(r"\s*\)\s*(?:#.*)?$")
+_ARRAY_CLOSES = re.compile(r"\s*\)\s*(?:#.*)?$")  # `)` alone on its line
+_ARRAY_ELEMENT = re.compile(r"(?:\s+\S.*|\s*|\s*#.*)$")  # an indented word (or a blank or comment line) of the array
 
 
 def only_command(text: str, offset: int) -> str:

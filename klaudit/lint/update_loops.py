@@ -198,7 +198,8 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
     `path` make, by the text of the folder of `path`, the folder above and the linted roots, each module but
     `path` itself, comes right after its caller draws new samples, the caller taking no step of its own
     (`generate_batch_responses(model, ...)` then `trainer.train_step(...)` in each round of a script's loop): each
-    call then trains on the policy that drew them. None of it where the name is called at more places or none."""
+    call then trains on the policy that drew them. False where those modules call the name at more places than
+    one, or at none."""
     called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
     here = project.key(path)
     places = [other for other in _nearby_modules(Path(here), project)

@@ -105,3 +105,22 @@ def test_a_command_built_as_a_bash_array_is_judged_with_its_elements():
             'torchrun --nproc_per_node 2 "${cmd[@]}"\n'
             "swift sft --model m --beta 0 --num_iterations 4\n")
     assert codes(text=text) == [(4, "KL002"), (4, "KL007")]
+
+
+def test_an_array_in_a_function_and_a_command_after_an_array_are_told_apart():
+    """An array built inside a function (its opening line indented too) holds the launch; a launch written after an
+    array that was closed is a command of its own, its flags its own."""
+    inside = ("run() {\n"
+              "  cmd=(\n"
+              "    swift rlhf\n"
+              "    --rlhf_type grpo\n"
+              "  )\n"
+              '  "${cmd[@]}"\n'
+              "}\n")
+    assert codes(text=inside) == [(4, "KL002"), (4, "KL007")]
+    after = ("extra=(\n"
+             "  --beta 0\n"
+             ")\n"
+             "swift rlhf --rlhf_type grpo --loss_type dapo\n")
+    assert codes(text=after) == [(4, "KL002")]
+
