@@ -83,7 +83,7 @@ def spelled(flat: bool) -> dict[str, str]:
     return {key: "--" + (FLAT.get(key, key) if flat else key) for key in KEYS}
 
 
-def fixes(flat: bool, assumed: Assumed, k3_switch: bool = False) -> dict[str, str]:
+def fixes(flat: bool, assumed: Assumed, k3_switch: bool) -> dict[str, str]:
     """The flag change that fixes each rule (kl-math.md §8.5: k1 in the reward is R-A's reward form); `k3_switch`:
     the script chooses k3 by the switch of releases up to 0.6.0, which have no estimator option (k1 without it)."""
     name = spelled(flat)

@@ -30,7 +30,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import dotted, params, python_ast
+from klaudit.lint.syntax import dotted, is_literal_choice, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
     drawn_before_the_call_elsewhere,
@@ -514,11 +514,8 @@ def _literal_default(stmt: cst.BaseStatement) -> bool:
     small = stmt.body[0]
     value = small.value if isinstance(small, (cst.Assign, cst.AnnAssign)) else None
     targets = small.targets if isinstance(small, cst.Assign) else [small] if isinstance(small, cst.AnnAssign) else []
-    if value is None or len(targets) != 1 or type(targets[0].target) is not cst.Name:
-        return False
-    literal = value.expression if isinstance(value, cst.UnaryOperation) else value
-    return isinstance(literal, (cst.Integer, cst.Float, cst.SimpleString)) or (
-        isinstance(literal, cst.Name) and literal.value in ("True", "False", "None"))
+    return value is not None and len(targets) == 1 and type(targets[0].target) is cst.Name and (
+        is_literal_choice(value) or type(value) is cst.SimpleString)
 
 
 def _runs_nothing(small: cst.BaseSmallStatement) -> bool:

@@ -337,8 +337,8 @@ def is_last_index(node: cst.Subscript) -> bool:
     return isinstance(last, cst.Index) and (int_literal(last.value) == -1 or _minus_one(last.value))
 
 
-def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: frozenset[str] = frozenset(),
-                innermost: Mapping[str, bool] | None = None) -> bool:
+def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: frozenset[str],
+                innermost: Mapping[str, bool]) -> bool:
     """`x[i, start:end]`, `x[i:i + 1, :-1]` or, where `indices` says `i` picks one alone, `x[i]`, with `i` one of the
     loop variables that count the sequences: the first axis picked by `i`, every other axis sliced; or, in the body of
     that loop itself (`innermost`, the index of the loop in progress), the positions axis picked by a vector of
@@ -346,8 +346,7 @@ def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: froze
     those that are, and not one spelled as the last position, `x[i, last]`); a loop inside it over parts of the
     sequence (an alignment group's positions) picks a part."""
     first, rest = node.slice[0].slice, node.slice[1:]
-    by_positions = innermost is not None and isinstance(first, cst.Index) and type(first.value) is cst.Name \
-        and first.value.value in innermost
+    by_positions = isinstance(first, cst.Index) and type(first.value) is cst.Name and first.value.value in innermost
     if not all(isinstance(element.slice, cst.Slice) or by_positions and index == 0 and isinstance(element.slice, cst.Index)
                and type(element.slice.value) is cst.Name and element.slice.value.value not in looping
                and not names_last_position(element.slice.value) for index, element in enumerate(rest)):

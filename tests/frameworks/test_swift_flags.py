@@ -123,4 +123,12 @@ def test_an_array_in_a_function_and_a_command_after_an_array_are_told_apart():
              ")\n"
              "swift rlhf --rlhf_type grpo --loss_type dapo\n")
     assert codes(text=after) == [(4, "KL002")]
+    # an array closed on its last element's line, a subshell's lone `)` later: the unindented launch is no element
+    closed_inline = ("extra=(\n"
+                     "  --num_iterations 4)\n"
+                     "swift rlhf --rlhf_type grpo --loss_type dapo\n"
+                     "(\n"
+                     "  echo done\n"
+                     ")\n")
+    assert codes(text=closed_inline) == [(3, "KL002")]
 
