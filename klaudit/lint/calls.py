@@ -24,6 +24,7 @@ from klaudit.lint.facts import (
     Fact,
     compatible,
     computed_without_grad,
+    detach_all,
     logits_of_the_reference,
     loss_part,
     merge_labels,
@@ -145,6 +146,7 @@ class CallFlow(FlowState):
         handed_on: set[int] = set()  # the origins of terms this function was handed and hands on here
         spread = any(a.star == "**" for a in node.args)  # f(x, **options): any parameter may come from it
         spread_entries: dict = {}  # the entries of a spread dict the analysis knows (`f(**{"mode": m})`)
+        explained_by_name: set[str] = set()  # parameters given an argument only their own name explains
         for a in node.args:
             if a.star == "**":
                 for key, facts in (item for f in self.expr(a.value) if f.role == "dict" for item in f.items):
@@ -171,6 +173,7 @@ class CallFlow(FlowState):
                         # an argument the analysis cannot explain: the parameter's name can (a tensor
                         # role), else it is taken for a switch value named after the argument
                         facts = tuple(f for f in param_facts(param) if f.role in ("tensor", "mask"))
+                        explained_by_name.add(name)
                     if not facts and label and not roles.tensor_role(label):
                         facts = (Fact(role="str", name=label),)
                 if roles.names_pair_logprobs(name) and reference_kinds(facts):
@@ -180,20 +183,10 @@ class CallFlow(FlowState):
                     facts = _handed_in(self.given_as_advantages(given, arg))
                 env[name] = facts
             elif param.default is not None:
-                default = param.default
-                if spread and isinstance(default, cst.Name) and default.value == "None":
-                    env[name] = ()  # maybe set by the spread dict: `if x is None:` decides nothing
-                elif isinstance(default, cst.SimpleString):
-                    # the caller leaves the default, unless a spread dict may set it
-                    text = string_value(default) if not spread else None
-                    env[name] = (Fact(role="str", text=text if isinstance(text, str) else None, name=name),)
-                elif isinstance(default, cst.Name) and default.value in ("True", "False"):
-                    env[name] = (Fact(role="bool", text=None if spread else default.value, name=name),)
-                else:
-                    env[name] = self.expr(default) if isinstance(default, (cst.Name, cst.Integer, cst.Float)) \
-                        or int_literal(default) is not None else ()  # a name or a number, `dim=-1` too
+                env[name] = _left_default(param, spread, self.expr)
             else:
                 env[name] = param_facts(param)
+        _bind_detached_copies(env, parameters, positional, keywords, explained_by_name)
         outcome = self.analyzer.call(module, func, cls, env, self.on_fresh_samples())
         for facts in env.values():
             self.settle(facts)  # handed to a function of the tree, whose analysis follows it
@@ -292,6 +285,41 @@ class CallFlow(FlowState):
         if not base:
             return None if method not in ("sum", "mean") else ()
         return self.tensor_method(method, base, positional, keywords, node)
+
+
+def _left_default(param: cst.Param, spread: bool, expr: Callable[[cst.BaseExpression], tuple]) -> tuple:
+    """What a parameter the caller leaves holds: its default (a string, a bool, a name or a number, `dim=-1`
+    too), unless a spread dict (`f(x, **options)`) may set it."""
+    default = param.default
+    if spread and isinstance(default, cst.Name) and default.value == "None":
+        return ()  # maybe set by the spread dict: `if x is None:` decides nothing
+    if isinstance(default, cst.SimpleString):
+        text = string_value(default) if not spread else None
+        return (Fact(role="str", text=text if isinstance(text, str) else None, name=param.name.value),)
+    if isinstance(default, cst.Name) and default.value in ("True", "False"):
+        return (Fact(role="bool", text=None if spread else default.value, name=param.name.value),)
+    if isinstance(default, (cst.Name, cst.Integer, cst.Float)) or default is not None and int_literal(default) is not None:
+        return expr(default)
+    return ()
+
+
+def _bind_detached_copies(env: dict, parameters: list[cst.Param], positional: list, keywords: dict,
+                          explained_by_name: set[str]) -> None:
+    """An argument that is another argument detached (`grpo_loss(lp, lp.detach(), ...)`, a unit test's ratio of 1),
+    where neither says what it is: the parameter holds the other's facts without gradient (exp(logp - sg logp)),
+    not what its own name would say (`old_logprobs`: an older policy's)."""
+    given = {param.name.value: positional[i] if i < len(positional) else keywords.get(param.name.value)
+             for i, param in enumerate(parameters)}
+    for name in explained_by_name:
+        arg = given[name]
+        if not (type(arg) is cst.Call and not arg.args and type(arg.func) is cst.Attribute
+                and arg.func.attr.value == "detach"):
+            continue
+        source = arg.func.value
+        twin = next((other for other, given_arg in given.items() if other != name and
+                     isinstance(given_arg, cst.BaseExpression) and given_arg.deep_equals(source)), None)
+        if twin is not None:
+            env[name] = detach_all(env[twin])
 
 
 def _handed_in(value: tuple) -> tuple:

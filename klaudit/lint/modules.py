@@ -33,6 +33,7 @@ from klaudit.lint.signatures import filled_parameters
 from klaudit.lint.syntax import dotted, is_literal_choice, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
+    called_on_fresh_samples,
     drawn_before_the_call_elsewhere,
     reuses_samples,
     steps_on_fresh_samples,
@@ -187,7 +188,8 @@ class Module:
             methods = self.classes[cls][1] if cls in self.classes else None
             self._fresh[key] = steps_on_fresh_samples(
                 func, methods, self.tree, self._calls_of,
-                called_elsewhere=lambda name, method: drawn_before_the_call_elsewhere(
+                called_elsewhere=lambda name, method, steps: (
+                    drawn_before_the_call_elsewhere if steps else called_on_fresh_samples)(
                     name, method, self.path, self.project, self._calls_of))
         return self._fresh[key]
 

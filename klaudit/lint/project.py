@@ -50,7 +50,10 @@ class Project:
         """The resolved path of `path` (symbolic links and `..` followed), looked up in the file system
         once per path as given: the key of a module in the project's tables."""
         if path not in self._keys:
-            self._keys[path] = str(Path(path).resolve())
+            try:
+                self._keys[path] = str(Path(path).resolve())
+            except (OSError, RuntimeError):  # a loop of symbolic links: the path as given names it
+                self._keys[path] = str(Path(path).absolute())
         return self._keys[path]
 
     def module_path(self, dotted: str, importer: str | None = None, level: int = 0) -> Path | None:

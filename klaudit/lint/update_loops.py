@@ -141,7 +141,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
                            module: cst.Module,
                            calls_of: CallIndex | None = None,
                            depth: int = 0,
-                           called_elsewhere: Callable[[str, bool], bool] | None = None) -> bool:
+                           called_elsewhere: Callable[[str, bool, bool], bool] | None = None) -> bool:
     """Whether each optimizer step of `func` (a function, or the module's own code) is the only one since its
     samples were drawn: going out from the step, every loop around it runs once (`range(1)`, or a setting
     `module` defaults to 1) up to one whose body draws samples before the step, or to `func`, which draws them
@@ -149,9 +149,11 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     draws them before the call, outside loops of several rounds, and takes no step of its own. An optimizer
     stepped at two places is not. A function that takes no step (a loss helper) is on fresh samples where its
     single caller's steps are, the module's own training loop included. `calls_of`: the `ordered_calls` of a
-    function, cached by the caller. `called_elsewhere(name, method)`: whether the one call of a function that
-    nothing in `module` calls, made by another module (`trainer.train_step(...)` in a training script), comes
-    just after that module draws the samples (`drawn_before_the_call_elsewhere`)."""
+    function, cached by the caller. `called_elsewhere(name, method, steps)`, for a function that nothing in
+    `module` calls: where it takes steps, whether its one call, made by another module (`trainer.train_step(...)`
+    in a training script), comes just after that module draws the samples (`drawn_before_the_call_elsewhere`);
+    where it takes none, whether the functions of other modules that call it step on fresh samples
+    (`called_on_fresh_samples`)."""
     if calls_of is None:
         calls_of = CallIndex()
     calls = calls_of(func)
@@ -162,6 +164,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not steps:
         site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
             else None
+        if site is None and isinstance(func, cst.FunctionDef) and called_elsewhere is not None \
+                and _uncalled(func.name.value, module):
+            return called_elsewhere(func.name.value, methods is not None, False)  # a loss helper other modules call
         if site is None or depth >= 3:
             return False
         return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1)
@@ -178,7 +183,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         return False
     if _uncalled(func.name.value, module):  # an entry point, trained on the samples handed to it
         return all(drawn or _passes_counted_once(func, i, loops, calls) for drawn, (i, loops) in zip(fresh, steps)) \
-            or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None)
+            or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None, True)
     site = _single_caller(func, methods, module, calls_of)
     if site is None:
         return False
@@ -220,10 +225,42 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
     return False
 
 
-def _nearby_modules(path: Path, project: Project) -> list[str]:
+def called_on_fresh_samples(name: str, method: bool, path: str, project: Project, calls_of: CallIndex) -> bool:
+    """Whether a function that takes no step and that nothing in its module calls (a loss helper, `grpo_loss`) is
+    called, in the modules of the folder of `path`, the folder above, that folder's other folders and the linted
+    roots, only by functions whose steps are each the first on samples just drawn (`steps_on_fresh_samples` in
+    their module: a script's loop that samples a group, computes the loss and steps once), or by tests that take
+    no step (`def test_...`, a loss computed on made-up tensors): no step then trains it on an older policy's
+    samples. False where none of those modules calls it."""
+    called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
+    places = [other for other in _nearby_modules(Path(project.key(path)), project, siblings=True)
+              if (text := project.raw_text(other)) is not None and called.search(text)]
+    found = False
+    for place in places:
+        other = project.parse(Path(place))
+        if other is None:
+            return False
+        for caller, methods in _callers(other):
+            calls = calls_of(caller)
+            if not any(last_name(call.func) == name and (type(call.func) is cst.Attribute) == method
+                       for call, _ in calls):
+                continue
+            found = True
+            if isinstance(caller, cst.FunctionDef) and caller.name.value.startswith("test") and not takes_a_step(calls):
+                continue
+            if not steps_on_fresh_samples(caller, methods, other, calls_of, depth=1):
+                return False
+    return found
+
+
+def _nearby_modules(path: Path, project: Project, siblings: bool = False) -> list[str]:
     """The Python files of the folder of `path`, of the folder above it and of the linted roots (not those
-    folders' subfolders), `path` itself left out; each once."""
-    folders = dict.fromkeys([path.parent, path.parent.parent, *project.roots])
+    folders' subfolders; with `siblings`, also of the other folders of the folder above where it lies in a linted
+    root), `path` itself left out; each once."""
+    above = path.parent.parent
+    inside = siblings and above.is_dir() and any(above == root or root in above.parents for root in project.roots)
+    others = sorted(folder for folder in above.iterdir() if folder.is_dir()) if inside else []
+    folders = dict.fromkeys([path.parent, above, *others, *project.roots])
     found = [str(file) for folder in folders if folder.is_dir() for file in sorted(folder.glob("*.py"))]
     return [file for file in dict.fromkeys(found) if project.key(file) != str(path)]
 

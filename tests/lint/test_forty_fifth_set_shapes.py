@@ -1,0 +1,131 @@
+"""Shapes of code met after the forty-fourth blind set that the lint misread: loss helpers whose callers live in
+other modules, and arguments that are another argument detached."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+from klaudit.lint.project import Project
+
+# A loss helper of a package (Wang-Zhongwei/RLHF_from_scatch's rlhf/grpo.py): a PPO ratio to `old_logprobs` and a k3
+# loss to the reference; nothing in its own module calls it.
+HELPER = """\
+import torch
+
+
+def grpo_loss(new_logprobs, old_logprobs, advantages, ref_logprobs=None, kl_coef=0.0):
+    ratio = torch.exp(new_logprobs - old_logprobs)
+    policy_loss = -(ratio * advantages).mean()
+    kl = torch.zeros(())
+    if ref_logprobs is not None and kl_coef != 0.0:
+        r = ref_logprobs - new_logprobs
+        kl = (r.exp() - r - 1).mean()
+    return {"policy_loss": policy_loss, "kl": kl, "loss": policy_loss + kl_coef * kl}
+"""
+
+# A script in a sibling folder: `{body}` is its loop's body, indented by eight spaces.
+SCRIPT = """\
+import torch
+from rlhf.grpo import grpo_loss
+
+
+def sample_group(model, prompt):
+    return model.generate(prompt, do_sample=True)
+
+
+def train(model, ref_model, prompts, opt):
+    for prompt in prompts:
+{body}
+"""
+
+ONE_STEP = """\
+        seqs = sample_group(model, prompt)
+        new_lp = model.logprobs(seqs)
+        with torch.no_grad():
+            ref_lp = ref_model.logprobs(seqs)
+        loss = grpo_loss(new_lp, new_lp.detach(), seqs.rewards, ref_lp, kl_coef=0.1)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()"""
+# four optimizer steps on one group: every step after the first trains on an older policy's samples
+FOUR_EPOCHS = """\
+        seqs = sample_group(model, prompt)
+        with torch.no_grad():
+            old_lp = model.logprobs(seqs)
+            ref_lp = ref_model.logprobs(seqs)
+        for epoch in range(4):
+            new_lp = model.logprobs(seqs)
+            loss = grpo_loss(new_lp, old_lp, seqs.rewards, ref_lp, kl_coef=0.1)["loss"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()"""
+
+# A unit test of the helper on made-up tensors, the old log-probs the new ones detached: a ratio of 1.
+UNIT_TEST = """\
+import torch
+from rlhf.grpo import grpo_loss
+
+
+def test_grpo_loss_runs():
+    lp = torch.randn(4, requires_grad=True)
+    out = grpo_loss(lp, lp.detach(), torch.randn(4), ref_logprobs=torch.randn(4), kl_coef=0.1)
+    out["loss"].backward()
+    assert lp.grad is not None
+"""
+
+
+def _found(root):
+    result = lint_paths([str(root)], jobs=1)
+    return sorted((finding.path.split(str(root) + "/", 1)[-1], finding.code) for finding in result.findings)
+
+
+def _package(root, **modules):
+    (root / "rlhf").mkdir()
+    (root / "rlhf" / "__init__.py").write_text("")
+    (root / "rlhf" / "grpo.py").write_text(HELPER)
+    for path, text in modules.items():
+        (root / path).mkdir(exist_ok=True)
+        (root / path / "run.py").write_text(text)
+
+
+@pytest.mark.parametrize("body, stale", [(ONE_STEP, False), (FOUR_EPOCHS, True)])
+def test_a_loss_helper_called_from_another_folder_follows_its_callers_steps(tmp_path, body, stale):
+    """A helper that nothing in its module calls, called by a script of a sibling folder that steps once per group
+    it samples, is trained on the policy that drew the group: its ratio to the old log-probs is 1 there and its
+    own report says on-policy (KL002, no KL008). A script that takes four steps per group is off-policy."""
+    _package(tmp_path, experiments=SCRIPT.format(body=body))
+    found = _found(tmp_path)
+    assert ("rlhf/grpo.py", "KL002") in found
+    assert (("rlhf/grpo.py", "KL008") in found) is stale
+
+
+def test_a_helper_no_module_calls_keeps_reading_its_ratio_as_older_samples(tmp_path):
+    """With no caller near it, the helper's parameters are all the lint knows: `old_logprobs` in a ratio is the
+    behaviour policy's, whose samples are older (KL008)."""
+    _package(tmp_path)
+    assert ("rlhf/grpo.py", "KL008") in _found(tmp_path)
+
+
+def test_a_unit_test_that_passes_the_log_probs_detached_is_on_policy(tmp_path):
+    """`grpo_loss(lp, lp.detach(), ...)` in a test whose `lp` names nothing the lint knows: the old log-probs are
+    the new ones without gradient (exp(logp - sg logp)), not an older policy's; and a test that takes no optimizer
+    step trains the helper on no older samples either."""
+    _package(tmp_path, tests=UNIT_TEST)
+    found = _found(tmp_path)
+    assert ("tests/run.py", "KL002") in found and ("rlhf/grpo.py", "KL002") in found
+    assert not [site for site in found if site[1] == "KL008"]
+
+
+def test_a_test_beside_a_script_that_reuses_its_samples_does_not_clear_the_helper(tmp_path):
+    """A test that takes no step is left out of the callers' verdict, not counted for it: the script's four epochs
+    still make the helper off-policy."""
+    _package(tmp_path, tests=UNIT_TEST, experiments=SCRIPT.format(body=FOUR_EPOCHS))
+    assert ("rlhf/grpo.py", "KL008") in _found(tmp_path)
+
+
+def test_a_loop_of_symbolic_links_has_a_key(tmp_path):
+    """A file that is a loop of symbolic links (`loop.py -> loop.py`) beside a linted module: its key is its path,
+    not a crash of the lint."""
+    (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
+    assert Project([tmp_path]).key(tmp_path / "loop.py") == str(tmp_path / "loop.py")
