@@ -227,8 +227,8 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
 
 def called_on_fresh_samples(name: str, method: bool, path: str, project: Project, calls_of: CallIndex) -> bool:
     """Whether a function that takes no step and that nothing in its module calls (a loss helper, `grpo_loss`) is
-    called, in the modules of the folder of `path`, the folder above, that folder's other folders and the linted
-    roots, only by functions whose steps are each the first on samples just drawn (`steps_on_fresh_samples` in
+    called, in the modules of the folder of `path`, the folder above, that folder's other folders, the linted roots
+    and their folders, only by functions whose steps are each the first on samples just drawn (`steps_on_fresh_samples` in
     their module: a script's loop that samples a group, computes the loss and steps once), or by tests that take
     no step (`def test_...`, a loss computed on made-up tensors): no step then trains it on an older policy's
     samples. False where none of those modules calls it."""
@@ -256,10 +256,12 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
 def _nearby_modules(path: Path, project: Project, siblings: bool = False) -> list[str]:
     """The Python files of the folder of `path`, of the folder above it and of the linted roots (not those
     folders' subfolders; with `siblings`, also of the other folders of the folder above where it lies in a linted
-    root), `path` itself left out; each once."""
+    root, and of the folders of the linted roots: `scripts/`, `experiments/`, `tests/`), `path` itself left out;
+    each once."""
     above = path.parent.parent
     inside = siblings and above.is_dir() and any(above == root or root in above.parents for root in project.roots)
-    others = sorted(folder for folder in above.iterdir() if folder.is_dir()) if inside else []
+    tops = [*([above] if inside else []), *(root for root in project.roots if siblings and root.is_dir())]
+    others = sorted(folder for top in tops for folder in top.iterdir() if folder.is_dir())
     folders = dict.fromkeys([path.parent, above, *others, *project.roots])
     found = [str(file) for folder in folders if folder.is_dir() for file in sorted(folder.glob("*.py"))]
     return [file for file in dict.fromkeys(found) if project.key(file) != str(path)]

@@ -100,6 +100,17 @@ def test_a_loss_helper_called_from_another_folder_follows_its_callers_steps(tmp_
     assert (("rlhf/grpo.py", "KL008") in found) is stale
 
 
+def test_a_helper_deeper_in_the_tree_follows_a_script_of_a_top_folder(tmp_path):
+    """The helper two folders down (`src/rlhf/grpo.py`), its one caller a script of the root's `scripts/` folder
+    (yuxuanliang1/IEMS_490_Assignment3): found there, and on-policy where that script steps once per draw."""
+    (tmp_path / "src" / "rlhf").mkdir(parents=True)
+    (tmp_path / "src" / "rlhf" / "grpo.py").write_text(HELPER)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "train.py").write_text(SCRIPT.format(body=ONE_STEP).replace("rlhf.grpo", "src.rlhf.grpo"))
+    found = _found(tmp_path)
+    assert ("src/rlhf/grpo.py", "KL002") in found and ("src/rlhf/grpo.py", "KL008") not in found
+
+
 def test_a_helper_no_module_calls_keeps_reading_its_ratio_as_older_samples(tmp_path):
     """With no caller near it, the helper's parameters are all the lint knows: `old_logprobs` in a ratio is the
     behaviour policy's, whose samples are older (KL008)."""
