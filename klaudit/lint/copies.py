@@ -43,14 +43,14 @@ def backup_copies(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[
     copies. `texts` gives (path, text) of every file of the project the names are looked for in; it is read
     only where some module repeats a class of its folder."""
     pairs = {(copy, live) for first, second in _repeated_classes(walked)
-             for copy, live in ((first, second), (second, first)) if _variant_of(_stem(copy), _stem(live))}
+             for copy, live in ((first, second), (second, first)) if _variant_of(stem(copy), stem(live))}
     if not pairs:
         return frozenset()
-    stems = {_stem(path) for pair in pairs for path in pair}
-    named = _named_elsewhere(stems, texts())
+    stems = {stem(path) for pair in pairs for path in pair}
+    named = named_elsewhere(stems, texts())
 
     def named_by_another(path: str, besides: str) -> bool:
-        return bool(named.get(_stem(path), set()) - {path, besides})
+        return bool(named.get(stem(path), set()) - {path, besides})
 
     return frozenset(copy for copy, live in pairs if named_by_another(live, copy) and not named_by_another(copy, copy))
 
@@ -73,7 +73,7 @@ def backup_folders(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple
         return frozenset()
     stems = {os.path.basename(folder) for folder in folders}
     inside = {path: folder for path in walked for folder in folders if _within(path, folder)}
-    named = _named_elsewhere(stems, ((path, text) for path, text in texts()
+    named = named_elsewhere(stems, ((path, text) for path, text in texts()
                                      if not any(_within(path, folder) for folder in folders)))
     unnamed = {folder for folder in folders if not named.get(os.path.basename(folder))}
     return frozenset(path for path, folder in inside.items() if folder in unnamed)
@@ -89,7 +89,7 @@ def _variant_of(copy: str, live: str) -> bool:
     return copy != live and live in copy and ("_" in live or len(live) >= 8)
 
 
-def _stem(path: str) -> str:
+def stem(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
@@ -111,12 +111,12 @@ def _repeated_classes(walked: Mapping[str, str]) -> set[tuple[str, str]]:
     return pairs
 
 
-def _named_elsewhere(stems: set[str], texts: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
+def named_elsewhere(stems: set[str], texts: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
     """stem -> the files whose text names it as a whole word (an import, a path, a launch, a string)."""
     pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(stems, key=len, reverse=True))) + r")(?![\w-])")
     named: dict[str, set[str]] = defaultdict(set)
     for path, text in texts:
-        if any(stem in text for stem in stems):  # a plain search first: most files name none of them
-            for stem in set(pattern.findall(text)):
-                named[stem].add(path)
+        if any(word in text for word in stems):  # a plain search first: most files name none of them
+            for word in set(pattern.findall(text)):
+                named[word].add(path)
     return named

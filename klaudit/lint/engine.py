@@ -52,7 +52,7 @@ from klaudit.lint.suppressions import (
     suppression_table,
     without_suppressed_edits,
 )
-from klaudit.lint.unimportable import imports_a_missing_module, unimportable
+from klaudit.lint.unimportable import imports_a_missing_module, stranded_copies, unimportable
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
 from klaudit.text import file_text
@@ -370,8 +370,9 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
                sources: dict[str, str], checked: dict[str, str]) -> frozenset[str]:
     """The Python files of `sources` found by walking a folder whose code never runs: backup copies of a live
     module and folders of backups (the project's files and documentation are read for their names only where a
-    module repeats a class, or such a folder repeats a module), and modules of a package whose `__init__.py`
-    Python rejects or cannot run (it imports a module the package lacks)."""
+    module repeats a class, or such a folder repeats a module), modules of a package whose `__init__.py`
+    Python rejects or cannot run (it imports a module the package lacks), and stranded copies of a framework's
+    modules (relative imports the project cannot satisfy, named by no other file)."""
     named = {os.path.normpath(given) for given in paths if os.path.isfile(given)}
     walked = {path: source for path, source in sources.items() if os.path.normpath(path) not in named}
     walked.update((path, source) for path, source in checked.items() if os.path.normpath(path) not in named)
@@ -395,7 +396,8 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
             return False
         return syntax_finding(init, text) is not None or imports_a_missing_module(init, text)
 
-    never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken)
+    never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken) \
+        | stranded_copies(walked, texts)
     return never_run.intersection(sources)
 
 

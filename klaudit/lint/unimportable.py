@@ -8,6 +8,12 @@ code never trains; so do xavierliu34/GUI-AiF's, whose `__init__.py` imports `.Db
 only a compiled copy under `__pycache__` (Python 3 imports no such copy without its source). Such a module is not
 analysed, only its syntax checked. A script (`if __name__ == "__main__":`) can still be run by its path, which
 imports no package around it, and is analysed as usual; so is a file named on the command line.
+
+A module whose own relative import names a module its package lacks fails however it is reached, a script too,
+unless it is copied into a framework's package first: where no other file names it (no import, launch, or
+instruction to copy it), it is a stranded copy and is not analysed either. juzizi44/GRPO4CodeGen_v2's
+`grpo/trl_grpo_trainer.py`, a copy of TRL's trainer, imports `..data_utils` and `.grpo_config`, which the project
+does not have, and nothing names it (the project trains a subclass of the installed TRL's trainer).
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from klaudit.lint.copies import named_elsewhere, stem
 from klaudit.lint.syntax import is_script, python_ast
 
 
@@ -38,27 +45,49 @@ def unimportable(walked: Mapping[str, str], broken: Callable[[str], bool]) -> fr
                      and fails(os.path.dirname(path)))
 
 
+def stranded_copies(walked: Mapping[str, str], texts: Callable[[], Iterable[tuple[str, str]]]) -> frozenset[str]:
+    """The paths among `walked` (not `__init__.py`) whose own relative imports name a module their package lacks
+    (`imports_a_missing_module`) and whose name no other file of the project holds (`texts`: (path, text) of each,
+    read only where such a module is found): a framework's module copied in and left, which no import, launch or
+    instruction uses. One a README tells the user to copy over the installed framework's (`cp grpo_trainer.py
+    .../trl/trainer/`) is named there, and linted as the code it replaces."""
+    stranded = {path for path, source in walked.items()
+                if os.path.basename(path) != "__init__.py" and imports_a_missing_module(path, source, above=True)}
+    if not stranded:
+        return frozenset()
+    named = named_elsewhere({stem(path) for path in stranded}, texts())
+    return frozenset(path for path in stranded if not named.get(stem(path), set()) - {path})
+
+
 # modules a build writes into a package (setuptools-scm's `_version.py`, protoc's `*_pb2.py`): absent from a
 # checkout, present once installed
 _GENERATED = re.compile(r"^_|version|_pb2(?:_grpc)?$", re.IGNORECASE)
 
 
-def imports_a_missing_module(init: str, source: str) -> bool:
-    """Whether the package `__init__.py` at `init` imports, unconditionally, a module of its own folder
-    (`from .name import ...`) of which the folder holds no source, package or extension under any suffix;
-    modules a build generates are left out."""
+def imports_a_missing_module(path: str, source: str, above: bool = False) -> bool:
+    """Whether the module at `path` imports, unconditionally, a module of its own folder (`from .name import ...`),
+    or with `above` also of a folder above it (`from ..name import ...`), of which that folder holds no source,
+    package or extension under any suffix; modules a build generates are left out. Such an import fails however
+    the module is reached (`import package.module`, `python -m`, or run by its path, which knows no package)."""
     try:
         module = python_ast(source)
     except (SyntaxError, ValueError):
         return False
-    folder = os.path.dirname(init)
-    try:
-        present = {entry.split(".", 1)[0] for entry in os.listdir(folder) if entry != "__pycache__"}
-    except OSError:
-        return False
+    present: dict[str, set[str] | None] = {}  # folder -> the names of its entries (None where it cannot be read)
     for statement in module.body:  # module level only: an import under `try:` or `if` may be meant to fail
-        if isinstance(statement, ast.ImportFrom) and statement.level == 1 and statement.module:
-            name = statement.module.split(".", 1)[0]
-            if name not in present and not _GENERATED.search(name):
-                return True
+        if not (isinstance(statement, ast.ImportFrom) and statement.module and (
+                statement.level == 1 or above and statement.level > 1)):
+            continue
+        folder = os.path.dirname(path)
+        for _ in range(statement.level - 1):
+            folder = os.path.dirname(folder)
+        if folder not in present:
+            try:
+                present[folder] = {entry.split(".", 1)[0] for entry in os.listdir(folder) if entry != "__pycache__"}
+            except OSError:
+                present[folder] = None
+        names = present[folder]
+        name = statement.module.split(".", 1)[0]
+        if names is not None and name not in names and not _GENERATED.search(name):
+            return True
     return False

@@ -140,3 +140,44 @@ def test_a_loop_of_symbolic_links_has_a_key(tmp_path):
     not a crash of the lint."""
     (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")
     assert Project([tmp_path]).key(tmp_path / "loop.py") == str(tmp_path / "loop.py")
+
+
+# A copy of a framework's trainer kept in a package of the project (juzizi44/GRPO4CodeGen_v2's
+# grpo/trl_grpo_trainer.py): TRL's own relative imports, which this tree cannot satisfy, and a k3 loss.
+TRAINER_COPY = """\
+import torch
+
+from ..data_utils import apply_chat_template
+from .grpo_config import GRPOConfig
+
+
+class GRPOTrainer:
+    def compute_loss(self, per_token_logps, ref_per_token_logps, advantages, mask):
+        per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+        per_token_loss = -(per_token_logps * advantages.unsqueeze(1)) + 0.04 * per_token_kl
+        return (per_token_loss * mask).sum() / mask.sum()
+"""
+# the project's own trainer: a subclass of the installed TRL's
+OWN_TRAINER = "from trl import GRPOTrainer\n\n\nclass CodeTrainer(GRPOTrainer):\n    pass\n"
+
+
+@pytest.mark.parametrize("readme, data_utils, reported", [
+    ("Train with train.py.\n", False, False),
+    # an instruction to copy it over the installed framework's module: the copy runs there
+    ("cp grpo/trl_grpo_trainer.py $TRL/trainer/grpo_trainer.py\n", False, True),
+    # its relative imports resolve in this tree: a module like any other
+    ("Train with train.py.\n", True, True),
+])
+def test_a_framework_copy_whose_imports_the_tree_lacks_is_stranded(tmp_path, readme, data_utils, reported):
+    """A module whose relative imports name modules its package lacks fails at import however it is reached; where
+    no other file names it, it is a stranded copy whose KL code never runs (no finding). Named by the README's
+    instruction to copy it into the installed framework, or with its imports satisfied, it is linted."""
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "__init__.py").write_text("")
+    (tmp_path / "grpo" / "trl_grpo_trainer.py").write_text(TRAINER_COPY)
+    (tmp_path / "grpo" / "train.py").write_text(OWN_TRAINER)
+    (tmp_path / "README.md").write_text(readme)
+    if data_utils:
+        (tmp_path / "data_utils.py").write_text("def apply_chat_template(x):\n    return x\n")
+        (tmp_path / "grpo" / "grpo_config.py").write_text("class GRPOConfig:\n    pass\n")
+    assert bool([site for site in _found(tmp_path) if site[0] == "grpo/trl_grpo_trainer.py"]) is reported
