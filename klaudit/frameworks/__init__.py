@@ -44,7 +44,7 @@ from klaudit.frameworks.settings import (
     shell_overrides,
     yaml_settings,
 )
-from klaudit.frameworks.trainers import CLASS_HEADER, own_trainers, trains_with_own_trainers
+from klaudit.frameworks.trainers import CLASS_HEADER, own_trainers, trains_with_own_trainers, trl_subclasses
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -83,7 +83,8 @@ _TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
 _PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
 # the same, or a path from a root (`/home/user/project/train_code/ppo_train.py`), looked up by its tail
 _LAUNCHED_SCRIPT = re.compile(r"(?<![\w.$-])(/?(?:[\w.-]+/)*[\w-]+\.py)\b")
-_PARSES_GRPO_CONFIG = re.compile(r"\b(?:TrlParser|HfArgumentParser)\s*\(\s*[(\[]?[^)\]]*\bGRPOConfig\b")
+# the classes a script parses its command line into: `HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))`
+_PARSED_CLASSES = re.compile(r"\b(?:TrlParser|HfArgumentParser)\s*\(\s*[(\[]?([^)\]]*)")
 _TRAINS_WITH_TRL = re.compile(r"^[ \t]*from[ \t]+trl(?:\.[\w.]+)?[ \t]+import[ \t]+(?:\([^)]*|[^\n]*)\bGRPOTrainer\b",
                               re.MULTILINE)
 # A `trl grpo --config` recipe: GRPOConfig's beta beside TRL's script keys (model_name_or_path of its
@@ -108,6 +109,7 @@ class Context:
     options: Options = field(default_factory=Options)  # the project's own options
     trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
     own_trainers: frozenset[str] = frozenset()  # trainer classes of the project's own, deriving from none of TRL's
+    grpo_trainers: frozenset[str] = frozenset()  # the project's classes deriving from TRL's GRPOTrainer
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -150,13 +152,14 @@ def for_roots(pins: Mapping[str, str], roots: Iterable[Path]) -> Context:
 def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str, str] | None = None,
               configs: Iterable[str] = ()) -> Context:
     """`context` with the configuration classes, and the homonyms of TRL's, that `sources` define, the
-    names an import of one of the linted modules may start with, and the defaults of the options that
+    names an import of one of the linted modules may start with, the defaults of the options that
     `sources` and `others` (the linted files without KL vocabulary) give and the values of the YAML files
-    `configs`."""
+    `configs`, and the subclasses of TRL's GRPOTrainer both define."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
     return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
                    options=option_defaults({**(others or {}), **sources}, configs), trl_sections=splatted_sections(sources),
-                   own_trainers=own_trainers(sources))
+                   own_trainers=own_trainers(sources),
+                   grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
 
 
 # `GRPOConfig(..., **cfg["grpo"])`, `**dict(config.get("grpo"))`; or `kwargs = dict(cfg["grpo"])` then `**kwargs`
@@ -569,7 +572,8 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         importable = import_failure(launched[1], module) is None if launched else copy is None or copy[0] != copy[1]
         if importable and (parser is None or parser.refuses(_command_options(text, launch)) is None):
             found += _agreed(assumed, judged_by)
-    command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(path, text)
+    command, script = _TRL_COMMAND.search(text), _TRL_SCRIPT.search(text) or _trl_grpo_script(
+        path, text, context.class_names, context.grpo_trainers)
     if command or script:
         launch = command or script
         assert launch is not None
@@ -637,13 +641,23 @@ def _swift_launches(path: str, text: str) -> list[Finding]:
     return list(found.values())
 
 
-def _trl_grpo_script(path: str, text: str) -> re.Match | None:
+def _trl_grpo_script(path: str, text: str, configs: frozenset[str], trainers: frozenset[str]) -> re.Match | None:
     """The first Python script `text` launches that is a TRL GRPO script of the project (found from the
     launcher's folder or a folder above it, up to the repository's root); None where that script cannot be
-    imported (a package of the project it imports that Python rejects: it trains nothing)."""
+    imported (a package of the project it imports that Python rejects: it trains nothing). `configs`: GRPOConfig
+    and the project's classes deriving from it; `trainers`: the project's classes deriving from TRL's GRPOTrainer."""
     found = _first_script(path, _PYTHON_SCRIPT.finditer(text),
-                          lambda source: bool(_TRAINS_WITH_TRL.search(source) and _PARSES_GRPO_CONFIG.search(source)))
+                          lambda source: _reads_grpo_config(source, configs, trainers))
     return None if found is not None and _script_import_fails(path, found.group(1)) else found
+
+
+def _reads_grpo_config(source: str, configs: frozenset[str], trainers: frozenset[str]) -> bool:
+    """Whether a script parses TRL's GRPOConfig, or a class of the project deriving from it, from its command
+    line and trains TRL's GRPOTrainer, or a class of the project deriving from it (juzizi44/GRPO4CodeGen_v2's
+    `HfArgumentParser((DataConfig, TrainingConfig, ...))` and `CustomGRPOTrainer(...)`)."""
+    parsed = {name for match in _PARSED_CLASSES.finditer(source) for name in re.findall(r"\w+", match.group(1))}
+    trains = _TRAINS_WITH_TRL.search(source) or any(re.search(rf"\b{name}\s*\(", source) for name in trainers)
+    return bool(trains and parsed & configs)
 
 
 def _script_import_fails(launcher: str, relative: str) -> bool:
@@ -721,20 +735,23 @@ def _passed_to_grpo(path: str, context: Context) -> bool:
     launch as its config."""
     resolved = Path(path).resolve()
     root = next((Path(root) for root in context.roots if resolved.is_relative_to(root)), resolved.parent)
-    return str(resolved.parent) in _grpo_config_folders(str(root if root.is_dir() else root.parent))
+    return str(resolved.parent) in _grpo_config_folders(str(root if root.is_dir() else root.parent),
+                                                         context.class_names, context.grpo_trainers)
 
 
 _SCRIPTS_READ = 500  # launch files read per linted root: for the configs of GRPO launches, for a PPO script's flags
 
 
 @functools.lru_cache(maxsize=16)
-def _grpo_config_folders(root: str) -> frozenset[str]:
+def _grpo_config_folders(root: str, configs: frozenset[str], trainers: frozenset[str]) -> frozenset[str]:
     """The folders of the YAML files the shell scripts below `root` pass as `--config` to TRL's GRPO (`trl
-    grpo`, or a project script that parses GRPOConfig and trains with TRL's GRPOTrainer), resolved."""
+    grpo`, or a project script that parses GRPOConfig and trains with TRL's GRPOTrainer, `_trl_grpo_script`),
+    resolved."""
     found: set[str] = set()
     for script in itertools.islice(Path(root).rglob("*.sh"), _SCRIPTS_READ):
         text = read_text(script)
-        if text is None or "--config" not in text or not (_TRL_COMMAND.search(text) or _trl_grpo_script(str(script), text)):
+        if text is None or "--config" not in text or not (
+                _TRL_COMMAND.search(text) or _trl_grpo_script(str(script), text, configs, trainers)):
             continue
         for match in _PASSED_CONFIG.finditer(text):
             config = _project_path(str(script), match.group(1))

@@ -47,6 +47,30 @@ def own_trainers(sources: Mapping[str, str]) -> frozenset[str]:
     return frozenset(own)
 
 
+def trl_subclasses(sources: Mapping[str, str], base: str) -> frozenset[str]:
+    """The names of the classes the linted code defines (outside a `trl` package) that derive from TRL's `base`
+    (`class CustomGRPOTrainer(GRPOTrainer)` in a module that imports it from `trl`), directly or through one
+    another."""
+    headers: list[tuple[str, set[str]]] = []  # (name, bases by their last name), TRL's base written as `trl.`
+    for path, text in sources.items():
+        if base not in text or "trl" in Path(path).parts[:-1]:
+            continue
+        from_trl = {local for local, (top, name) in imported_names(text).items() if top == "trl" and name == base}
+        for name, bases in CLASS_HEADER.findall(text):
+            written = [entry.split("=")[0].strip() for entry in bases.split(",") if entry.strip()]
+            headers.append((name, {"trl." if entry == f"trl.{base}" or entry in from_trl else entry.rsplit(".", 1)[-1]
+                                   for entry in written}))
+    found = {"trl."}
+    grown = True
+    while grown:
+        grown = False
+        for name, bases in headers:
+            if name not in found and bases & found:
+                found.add(name)
+                grown = True
+    return frozenset(found - {"trl."})
+
+
 def trains_with_own_trainers(source: str, own: frozenset[str]) -> bool:
     """Whether the module hands its training arguments (`args=`) only to the project's own trainer classes, and to
     at least one: `GRPOTrainer(model=..., args=training_args)` with `from rl_trainer import GRPOTrainer`."""

@@ -232,6 +232,33 @@ def test_a_projects_grpo_script_launched_with_trls_flags_gets_trls_verdict(tmp_p
     }) == expected
 
 
+# juzizi44/GRPO4CodeGen_v2's shape: the script parses a subclass of GRPOConfig of the project's and trains a subclass of
+# TRL's GRPOTrainer of the project's, each defined in another module (which names no KL word)
+SUBCLASSED_CONFIG = "from dataclasses import dataclass\nfrom trl import GRPOConfig\n\n\n@dataclass\n" \
+                    "class TrainingConfig(GRPOConfig):\n    reward_device: str = 'cuda'\n"
+SUBCLASSED_TRAINER = "from trl import GRPOTrainer\n\n\nclass CustomGRPOTrainer(GRPOTrainer):\n    pass\n"
+SUBCLASSES_SCRIPT = ("from transformers import HfArgumentParser\nfrom utils import TrainingConfig\n"
+                     "from trainer import CustomGRPOTrainer\n\n\ndef main():\n"
+                     "    parser = HfArgumentParser((TrainingConfig,))\n"
+                     "    (training_args,) = parser.parse_args_into_dataclasses()\n"
+                     "    CustomGRPOTrainer(model='m', args=training_args).train()\n")
+
+
+@pytest.mark.parametrize("trainer, expected", [
+    (SUBCLASSED_TRAINER, [("train.sh", 1, "KL003"), ("train.sh", 1, "KL008")]),
+    # the project's own trainer, deriving from no TRL class: TRL's flags say nothing of its loss
+    (SUBCLASSED_TRAINER.replace("from trl import GRPOTrainer", "from own import GRPOTrainer"), []),
+])
+def test_a_script_parsing_and_training_subclasses_of_trls_classes_is_a_trl_grpo_script(tmp_path, trainer, expected):
+    """A launch of a project script that parses a subclass of GRPOConfig and trains a subclass of TRL's GRPOTrainer
+    passes TRL's flags: `--num_iterations 2` at the default beta (0.04 then, ratio-weighted k3 in TRL 1.16) is row 2
+    on samples reused for a second step (KL008)."""
+    assert _tree_findings(tmp_path, {
+        "grpo/utils.py": SUBCLASSED_CONFIG, "grpo/trainer.py": trainer, "grpo/train.py": SUBCLASSES_SCRIPT,
+        "grpo/train.sh": "deepspeed train.py --beta 0.04 --num_iterations 2\n",
+    }) == expected
+
+
 def test_trls_class_imported_under_an_alias_is_read():
     """kartikmunjal/rlhf-and-reward-modelling-alt (eleventh set) imports `GRPOConfig as TRLGRPOConfig` inside
     the function that builds it: beta=0.05 adds the k3 term, ratio-weighted in TRL 1.16 (row 2: KL003)."""
