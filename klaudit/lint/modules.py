@@ -306,6 +306,7 @@ class Analyzer(NameResolution):
         self.field_writes: dict[str, Value] | None = None  # while collecting fields: field name -> facts
         # (id(module tree), class) -> {attribute: [right-hand sides]}
         self._self_values: dict[tuple[int, str], dict[str, list[cst.BaseExpression]]] = {}
+        self._alone: dict[int, frozenset[int]] = {}  # id(function) -> the origins of the KL terms it sinks on its own
 
     def fields_of(self, module: Module) -> dict[str, Value]:
         """{field name: the KL facts the module's functions store into it}, for `obj.field` reads.
@@ -355,13 +356,7 @@ class Analyzer(NameResolution):
         their default). A method is also interpreted as a method of each subclass in the module that
         inherits it and overrides another method (a trainer whose subclass swaps the KL estimator);
         the sinks of all are the function's."""
-        env = {}
-        names = [param.name.value for param in params(func)] + [func.name.value]
-        filled = filled_parameters(func)  # `if probs is None: probs = softmax(logits)`: the function's own value
-        for param in params(func):
-            own = param.name.value
-            env[own] = (Fact(role="none"),) if own in filled else \
-                param_facts(param, may_be_none=True) or bare_parameter_facts(own, names)
+        env = _named_env(func)
         if self.read_fields:
             budget.start_function(func)
         outcome = FunctionRun(self, module, func, cls, env, record=True).run()
@@ -411,7 +406,9 @@ class Analyzer(NameResolution):
         # the caller's terms that reach a sink here; in klaudit's model of an installed framework, also the
         # terms it forms from the data it reads (verl's apply_kl_penalty): the caller's lint is their only report
         own = is_installed_model(module.path)
-        sinks = [replace(s, facts=tuple(f for f in s.facts if f.passed or own), order=0) for s in outcome.sinks]
+        unseen = self._unseen_alone(module, func, cls, outcome) if not own else frozenset()
+        sinks = [replace(s, facts=tuple(f for f in s.facts if f.passed or own or id(f.origin) in unseen), order=0)
+                 for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])
         # a cut-off of a recursive call into a caller (not into `func` itself) makes the summary
         # depend on the call chain: it is not cached, and the caller depends on it too
@@ -425,6 +422,24 @@ class Analyzer(NameResolution):
             self._summaries[inputs, depth if frame.cut else None] = (
                 result, frozenset(frame.reached), budget.spent() - before, frame.height)
         return result
+
+    def _unseen_alone(self, module: Module, func: cst.FunctionDef, cls: str | None, outcome: Outcome) -> frozenset[int]:
+        """The origins of the KL terms `func` forms and sinks itself, given its caller's arguments, that it does not
+        sink when analysed on its own, where its parameters have only their names to say what they hold
+        (`get_grpo_loss(model, ..., prob_per_token_reference, ...)` given the reference's log-probs): the caller's
+        lint is their only report."""
+        formed = {id(f.origin) for s in outcome.sinks for f in s.facts if f.is_kl() and not f.passed}
+        if not formed:
+            return frozenset()
+        if id(func) not in self._alone:
+            self._alone[id(func)] = frozenset(formed)  # a recursive call: no second report
+            self._stack.append(_Frame(id(func)))
+            try:
+                alone = FunctionRun(self, module, func, cls, _named_env(func), record=True).run()
+            finally:
+                self._stack.pop()
+            self._alone[id(func)] = frozenset(id(f.origin) for s in alone.sinks for f in s.facts if f.is_kl())
+        return frozenset(formed - self._alone[id(func)])
 
     def self_values(self, module: Module, cls: str) -> dict[str, list[cst.BaseExpression]]:
         """{attribute: [right-hand sides]} of `self.attribute = value` in the methods of class `cls`."""
@@ -455,6 +470,16 @@ class Analyzer(NameResolution):
                 found += [resolved for rhs in assigned if isinstance(rhs, cst.Name)
                           and (resolved := self.resolve(base_module, rhs, None)) is not None]
         return found
+
+
+def _named_env(func: cst.FunctionDef) -> Env:
+    """A function's parameters as its own analysis binds them: the roles their names give (None where that is
+    their default), or the function's own value where it fills one in (`if probs is None: probs = ...`)."""
+    names = [param.name.value for param in params(func)] + [func.name.value]
+    filled = filled_parameters(func)
+    return {param.name.value: (Fact(role="none"),) if param.name.value in filled else
+            param_facts(param, may_be_none=True) or bare_parameter_facts(param.name.value, names)
+            for param in params(func)}
 
 
 def overriding_subclasses(module: Module, cls: str, method: str) -> list[str]:

@@ -181,3 +181,71 @@ def test_a_framework_copy_whose_imports_the_tree_lacks_is_stranded(tmp_path, rea
         (tmp_path / "data_utils.py").write_text("def apply_chat_template(x):\n    return x\n")
         (tmp_path / "grpo" / "grpo_config.py").write_text("class GRPOConfig:\n    pass\n")
     assert bool([site for site in _found(tmp_path) if site[0] == "grpo/trl_grpo_trainer.py"]) is reported
+
+
+# Zzzft/GRPO-from-scratch's shape: a loss helper whose parameters are named so that nothing says what they hold
+# (`prob_per_token_reference`), and a training script of another module that hands it the reference's log-probs.
+NAMELESS_HELPER = """\
+import torch
+
+
+def get_per_token_log_probs(model, input_ids):
+    logits = model(input_ids=input_ids).logits[:, :-1, :]
+    log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
+    return log_probs.gather(dim=-1, index=input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def get_grpo_loss(model, ids, mask, advantage, old_per_token_logps, prob_per_token_reference, beta):
+    prob_per_token_policy = get_per_token_log_probs(model, ids)
+    coef = (prob_per_token_policy - old_per_token_logps).exp()
+    kl = (prob_per_token_policy - prob_per_token_reference).exp() - (prob_per_token_policy - prob_per_token_reference) - 1
+    return ((-coef * advantage.unsqueeze(1) + beta * kl) * mask).sum() / mask.sum()
+"""
+# `{reference}` computes the reference's log-probs under no_grad, indented by twelve spaces
+NAMELESS_SCRIPT = """\
+import torch
+from grpo_utils import get_per_token_log_probs, get_grpo_loss
+
+
+def train(model_policy, model_reference, batches, optimizer):
+    for ids, mask, advantage in batches:
+        with torch.no_grad():
+{reference}
+        loss = get_grpo_loss(model_policy, ids, mask, advantage, prob_per_token_old, prob_per_token_reference, 0.04)
+        loss.backward()
+        optimizer.step()
+"""
+AT_ONCE = """\
+            prob_per_token_old = get_per_token_log_probs(model_policy, ids)
+            prob_ref = get_per_token_log_probs(model_reference, ids)
+            prob_per_token_reference = prob_ref"""
+IN_CHUNKS = """\
+            prob_per_token_old, prob_per_token_reference = [], []
+            for i in range(0, len(ids), 4):
+                prob_per_token_old.append(get_per_token_log_probs(model_policy, ids[i:i + 4]))
+                prob_ref_batch = get_per_token_log_probs(model_reference, ids[i:i + 4])
+                prob_per_token_reference.append(prob_ref_batch)
+            prob_per_token_old = torch.cat(prob_per_token_old, dim=0)
+            prob_per_token_reference = torch.cat(prob_per_token_reference, dim=0)"""
+
+
+@pytest.mark.parametrize("reference", [AT_ONCE, IN_CHUNKS])
+def test_a_term_a_helper_forms_from_arguments_its_names_do_not_explain_is_reported_at_the_call(tmp_path, reference):
+    """The helper alone cannot tell what `prob_per_token_reference` holds, so its own lint sinks no KL; given the
+    reference's log-probs and the rollout's by the script (at once, or each gathered chunk by chunk into a list
+    joined by torch.cat, which holds no positions to pick), it forms exp(logp - ref) - (logp - ref) - 1, k3 with
+    the ratio reversed (row 5b, KL009) beside a PPO ratio of 1: reported at the call, the caller's lint being its
+    only report."""
+    (tmp_path / "grpo_utils.py").write_text(NAMELESS_HELPER)
+    (tmp_path / "main.py").write_text(NAMELESS_SCRIPT.format(reference=reference))
+    assert ("main.py", "KL009") in _found(tmp_path)
+    assert not [site for site in _found(tmp_path) if site[0] == "grpo_utils.py"]
+
+
+def test_a_helper_its_own_lint_reads_is_not_reported_again_at_the_call(tmp_path):
+    """Where the helper's names do say what its parameters hold, its own lint reports the term and the call adds
+    no second report of it."""
+    (tmp_path / "grpo_utils.py").write_text(NAMELESS_HELPER.replace("prob_per_token_reference", "ref_per_token_logps"))
+    (tmp_path / "main.py").write_text(NAMELESS_SCRIPT.format(reference=AT_ONCE))
+    found = _found(tmp_path)
+    assert ("grpo_utils.py", "KL009") in found and ("main.py", "KL009") not in found
