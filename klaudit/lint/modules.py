@@ -188,9 +188,9 @@ class Module:
             methods = self.classes[cls][1] if cls in self.classes else None
             self._fresh[key] = steps_on_fresh_samples(
                 func, methods, self.tree, self._calls_of,
-                called_elsewhere=lambda name, method, steps: (
-                    drawn_before_the_call_elsewhere if steps else called_on_fresh_samples)(
-                    name, method, self.path, self.project, self._calls_of))
+                called_elsewhere=lambda name, method, steps: drawn_before_the_call_elsewhere(
+                    name, method, self.path, self.project, self._calls_of) if steps else called_on_fresh_samples(
+                    name, method, self.path, self.project, self._calls_of, owner=cls))
         return self._fresh[key]
 
     def trained_by_a_later_loop(self, func: cst.FunctionDef, cls: str | None) -> cst.For | None:

@@ -78,7 +78,7 @@ def imports_a_missing_module(path: str, source: str, above: bool = False) -> boo
         if not (isinstance(statement, ast.ImportFrom) and statement.module and (
                 statement.level == 1 or above and statement.level > 1)):
             continue
-        folder = os.path.dirname(path)
+        folder = os.path.dirname(os.path.abspath(path))  # `./trainer.py`'s `..` is the folder above the working one
         for _ in range(statement.level - 1):
             folder = os.path.dirname(folder)
         if folder not in present:

@@ -225,24 +225,31 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
     return False
 
 
-def called_on_fresh_samples(name: str, method: bool, path: str, project: Project, calls_of: CallIndex) -> bool:
+def called_on_fresh_samples(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,
+                            owner: str | None = None) -> bool:
     """Whether a function that takes no step and that nothing in its module calls (a loss helper, `grpo_loss`) is
     called, in the modules of the folder of `path`, the folder above, that folder's other folders, the linted roots
     and their folders, only by functions whose steps are each the first on samples just drawn (`steps_on_fresh_samples` in
     their module: a script's loop that samples a group, computes the loss and steps once), or by tests that take
     no step (`def test_...`, a loss computed on made-up tensors): no step then trains it on an older policy's
-    samples. False where none of those modules calls it."""
-    called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
-    places = [other for other in _nearby_modules(Path(project.key(path)), project, siblings=True)
+    samples. The `forward` of a loss module (`owner`, its class) is called through the object built from it
+    (`self.objective = GRPOLoss(...)`, then `self.objective(...)`). False where none of those modules calls it."""
+    by_instance = method and name in ("forward", "__call__") and owner is not None
+    called = re.compile(rf"(?<![\w.]){re.escape(owner or '')}\s*\(" if by_instance else
+                        rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
+    places = [(other, text) for other in _nearby_modules(Path(project.key(path)), project, siblings=True)
               if (text := project.raw_text(other)) is not None and called.search(text)]
     found = False
-    for place in places:
+    for place, text in places:
         other = project.parse(Path(place))
         if other is None:
             return False
+        objects = set(re.findall(rf"([\w.]+)\s*=\s*(?:[\w.]+\.)?{re.escape(owner or '')}\s*\(", text)) \
+            if by_instance else set()
         for caller, methods in _callers(other):
             calls = calls_of(caller)
-            if not any(last_name(call.func) == name and (type(call.func) is cst.Attribute) == method
+            if not any(dotted(call.func) in objects if by_instance else
+                       last_name(call.func) == name and (type(call.func) is cst.Attribute) == method
                        for call, _ in calls):
                 continue
             found = True

@@ -249,3 +249,80 @@ def test_a_helper_its_own_lint_reads_is_not_reported_again_at_the_call(tmp_path)
     (tmp_path / "main.py").write_text(NAMELESS_SCRIPT.format(reference=AT_ONCE))
     found = _found(tmp_path)
     assert ("grpo_utils.py", "KL009") in found and ("main.py", "KL009") not in found
+
+
+def test_a_stranded_copy_at_the_root_of_a_tree_linted_as_dot_is_found(tmp_path, monkeypatch):
+    """trotsky1997/self-refine-grpo keeps TRL's trainer at its root (`raw_grpo_trainer.py`, `from ..data_utils import
+    ...`): linted as `klaudit lint .`, the folder above `./raw_grpo_trainer.py` is the one above the working folder,
+    which holds no `data_utils` either."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "raw_grpo_trainer.py").write_text(TRAINER_COPY)
+    (root / "train.py").write_text(OWN_TRAINER)
+    monkeypatch.chdir(root)
+    assert [finding for finding in lint_paths(["."], jobs=1).findings if "raw_grpo_trainer" in finding.path] == []
+
+
+# JohanesSetiawan/arithmetic-rl's shape (forty-sixth set): the loss is a module's forward, called through the object a
+# trainer of another module builds from it.
+LOSS_MODULE = """\
+import torch
+from torch import nn
+
+
+class GRPOLoss(nn.Module):
+    def __init__(self, kl_weight=0.01):
+        super().__init__()
+        self.kl_weight = kl_weight
+
+    def forward(self, log_probs, old_log_probs, ref_log_probs, advantages, action_mask):
+        ratio = torch.exp(log_probs - old_log_probs)
+        log_ratio = ref_log_probs - log_probs
+        kl = log_ratio.exp() - log_ratio - 1
+        loss = -ratio * advantages.unsqueeze(1) + self.kl_weight * kl
+        return ((loss * action_mask).sum(1) / action_mask.sum(1)).mean()
+"""
+# `{body}` is the update after a rollout, indented by eight spaces
+LOSS_MODULE_TRAINER = """\
+import torch
+from .grpo_loss import GRPOLoss
+
+
+class Trainer:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.objective = GRPOLoss(kl_weight=0.04)
+
+    def train_step(self, prompts):
+        with torch.no_grad():
+            batch = self.rollout(prompts)
+{body}
+
+    def rollout(self, prompts):
+        return self.model.generate(prompts, do_sample=True)
+"""
+ONE_UPDATE = """\
+        loss = self.objective(self.model.logprobs(batch), batch.old_log_probs, batch.ref_log_probs, batch.advantages,
+                              batch.action_mask)
+        loss.backward()
+        self.optimizer.step()"""
+FOUR_UPDATES = """\
+        for epoch in range(4):
+            loss = self.objective(self.model.logprobs(batch), batch.old_log_probs, batch.ref_log_probs,
+                                  batch.advantages, batch.action_mask)
+            loss.backward()
+            self.optimizer.step()"""
+
+
+@pytest.mark.parametrize("body, stale", [(ONE_UPDATE, False), (FOUR_UPDATES, True)])
+def test_a_loss_modules_forward_follows_the_trainer_that_calls_its_object(tmp_path, body, stale):
+    """`GRPOLoss.forward` is never called by its name: the trainer calls the object it built (`self.objective(...)`).
+    One optimizer step per rollout makes the ratio to the rollout's log-probs 1, and the k3 loss on-policy (KL002, no
+    KL008); four steps per rollout do not."""
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "__init__.py").write_text("")
+    (tmp_path / "rl" / "grpo_loss.py").write_text(LOSS_MODULE)
+    (tmp_path / "rl" / "trainer.py").write_text(LOSS_MODULE_TRAINER.format(body=body))
+    found = _found(tmp_path)
+    assert ("rl/grpo_loss.py", "KL002") in found
+    assert (("rl/grpo_loss.py", "KL008") in found) is stale
