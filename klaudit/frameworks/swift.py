@@ -28,9 +28,11 @@ from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps,
 
 NAME = "ms-swift"
 # `swift rlhf ...`, `megatron rlhf ...` (the command found by the shell: `"$(which swift)" rlhf`), or the module those
-# commands run (`python swift/cli/rlhf.py ...`)
+# commands run (`python swift/cli/rlhf.py ...`, or by the installed package's path:
+# `torchrun $(python -c "import swift; print(swift.__path__[0])")/cli/rlhf.py ...`)
 LAUNCH = re.compile(r"(?<![\w./-])(?:swift|megatron)(?:\)\"?)?[ \t]+rlhf(?![\w-])"
-                    r"|(?<![\w-])swift/cli/(?:_megatron/)?rlhf\.py\b")
+                    r"|(?<![\w-])swift/cli/(?:_megatron/)?rlhf\.py\b"
+                    r"|\bswift\.__path__\[0\][)\"' ]*/cli/(?:_megatron/)?rlhf\.py\b")
 RLHF_TYPE, BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE = "rlhf_type", "beta", "kl_in_reward", "advantage_estimator", "loss_type"
 ITERATIONS, STEPS, ACCUMULATION, ASYNC = ("num_iterations", "steps_per_generation", "gradient_accumulation_steps",
                                           "async_generate")

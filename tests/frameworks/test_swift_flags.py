@@ -107,6 +107,19 @@ def test_a_command_built_as_a_bash_array_is_judged_with_its_elements():
     assert codes(text=text) == [(4, "KL002"), (4, "KL007")]
 
 
+def test_the_rlhf_module_run_by_the_installed_packages_path_is_a_launch():
+    """UEC-InabaLab/IncrementalRLForSpokenDST (forty-sixth set) runs ms-swift's module by the path of the installed
+    package, `torchrun $(uv run python -c "import swift; print(swift.__path__[0])")/cli/rlhf.py`: its flags are
+    ms-swift's (k3 as a loss at beta 0.02, each response's 1/L under loss_type grpo, two iterations per generation)."""
+    text = ('torchrun --nproc_per_node 1 \\\n'
+            '    $(uv run python -c "import swift; print(swift.__path__[0])")/cli/rlhf.py \\\n'
+            "    --rlhf_type grpo \\\n"
+            "    --beta 0.02 \\\n"
+            "    --num_iterations 2\n")
+    assert codes(text=text) == [(3, "KL007"), (4, "KL002"), (5, "KL008")]
+    assert codes(text=text.replace("swift.__path__[0]", "other.__path__[0]")) == []
+
+
 def test_an_array_in_a_function_and_a_command_after_an_array_are_told_apart():
     """An array built inside a function (its opening line indented too) holds the launch; a launch written after an
     array that was closed is a command of its own, its flags its own."""
