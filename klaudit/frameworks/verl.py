@@ -7,18 +7,19 @@
   estimators sum over the response (the whole-sequence return);
 - `kl_penalty`'s values: kl/k1 -> k1, mse/k2 -> k2, low_var_kl/k3 -> k3 clamped to [-10, 10],
   abs -> |log-ratio|; a "+" suffix keeps the value and takes k2's gradient (straight-through:
-  k1+, k3+), except for k2 itself. verl 0.8 rejects "+" values (no verdict); 0.9 strips the suffix.
+  k1+, k3+), except for k2 itself. verl 0.7 and earlier reject "+" values (no verdict); 0.8 strips the suffix.
 - the KL loss is trained on stale samples when one rollout feeds several optimizer steps:
   `actor.ppo_epochs` (default 1) x `data.train_batch_size` (1024) / `actor.ppo_mini_batch_size` (256),
   both counted in prompts, > 1 (row 22: verl's defaults take four steps per rollout); Search-R1's copies
   repeat each prompt `rollout.n_agent` times, which the mini-batch does not count. A batch size set
   to a value the script computes decides nothing. The KL reward, computed once per rollout from the old
   log-probs, is as stale there: the PPO ratio reweighs each sampled token, not its prefix (row 23);
-- before 0.9 the default workers (`trainer.use_legacy_worker_impl` auto) take `token-mean` over the
+- up to 0.7 the default workers (`trainer.use_legacy_worker_impl` auto) take `token-mean` over the
   tokens of each micro-batch: with `actor.ppo_micro_batch_size_per_gpu=1` and no `use_dynamic_bsz`, a
   micro-batch is one response, and its KL (or, in the reward, the policy loss that carries it) is divided
-  by that response's own length (row 21). 0.9's model engine divides by the mini-batch's token count, and
-  so do the workers of a copy whose `ppo_trainer.yaml` sets `use_legacy_worker_impl: disable`;
+  by that response's own length (row 21). The model engine, the only workers of 0.8.0 (its wheel has no
+  `fsdp_workers.py`) and 0.9, divides by the mini-batch's token count, and so do the workers of a copy whose
+  `ppo_trainer.yaml` sets `use_legacy_worker_impl: disable`;
 - the fully asynchronous trainer (`verl.experimental.fully_async_policy.fully_async_main`) updates the
   rollout's weights every `async_training.trigger_parameter_sync_step` steps (default 4) and keeps samples up
   to `async_training.staleness_threshold` (0.1) older: either makes its KL stale (rows 22-23);
@@ -178,8 +179,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
         return None  # a deciding flag set to a variable: its value is unknown here
-    if not at_least(assumed, "0.9") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
-        return None  # before 0.9 a straight-through value is rejected at start-up
+    if not at_least(assumed, "0.8") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
+        return None  # before 0.8 a straight-through value is rejected at start-up
     use_loss, use_reward = truthy(value[USE_KL_LOSS]), truthy(value[USE_KL_IN_REWARD])
     use_loss = use_loss and kl_loss_applied and not _zero(settings.get(COEFFICIENTS["loss"]))
     use_reward = use_reward and kl_reward_applied and not _zero(settings.get(COEFFICIENTS["reward"]))
@@ -212,7 +213,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if ahead:
         flags += listed(settings, ASYNC_DEFAULTS)
     if per_response:
-        flags += f", {MICRO_BATCH.rsplit('.', 1)[-1]}=1 (a token-mean over each micro-batch before verl 0.9)"
+        flags += f", {MICRO_BATCH.rsplit('.', 1)[-1]}=1 (a token-mean over each micro-batch before verl 0.8)"
     epochs = settings[EPOCHS].value if EPOCHS in settings else None
     stale_keys = (EPOCHS, MINI_BATCH, TRAIN_BATCH) if (number(epochs or "") or 1) > 1 else (MINI_BATCH, TRAIN_BATCH)
     stale_by = next((settings[key] for key in stale_keys if key in settings), None)  # epochs when they cause it
@@ -247,12 +248,12 @@ def _runs_ahead(settings: Mapping[str, Setting]) -> str | None:
 
 def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed, legacy_workers: str) -> bool:
     """Whether each micro-batch is one response on the workers that average over a micro-batch's tokens:
-    a release before 0.9 on its legacy workers, `ppo_micro_batch_size_per_gpu=1`, no dynamic batching."""
+    a release before 0.8 on its legacy workers, `ppo_micro_batch_size_per_gpu=1`, no dynamic batching."""
     def literal(key: str) -> str | None:
         return settings[key].value if key in settings else None
 
     workers = literal(LEGACY_WORKERS) if LEGACY_WORKERS in settings else legacy_workers
-    return (not at_least(assumed, "0.9") and number(literal(MICRO_BATCH) or "") == 1
+    return (not at_least(assumed, "0.8") and number(literal(MICRO_BATCH) or "") == 1
             and truthy(literal(DYNAMIC_BATCH) or "false") is False
             and (workers or "").lower() in ("auto", "enable"))
 
@@ -286,7 +287,7 @@ MEGATRON_DEFAULTS_FILE = "verl/trainer/config/ppo_megatron_trainer.yaml"
 @functools.lru_cache(maxsize=64)  # asked for each launch script of a project
 def legacy_workers_default(copy: Path | None) -> str:
     """`trainer.use_legacy_worker_impl` as the copy of verl a script runs sets it in its ppo_trainer.yaml
-    (0.8.0.dev snapshots say `disable`), else `auto` (the legacy workers, up to 0.8)."""
+    (0.8.0.dev snapshots say `disable`), else `auto` (the legacy workers, up to 0.7)."""
     if copy is None:
         return "auto"
     try:

@@ -54,7 +54,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 # The releases whose KL semantics klaudit has read, as major.minor, oldest first.
 KNOWN: Mapping[str, tuple[str, ...]] = {
-    "verl": ("0.8", "0.9"),
+    "verl": ("0.7", "0.8", "0.9"),
     "trl": (*(f"0.{minor}" for minor in range(14, 30)), *(f"1.{minor}" for minor in range(17))),
     # OpenRLHF clamped every KL estimate from 0.8.6 (0.8.0 to 0.8.5 do not)
     "openrlhf": ("0.6", "0.7", "0.8", "0.8.6", "0.9", "0.10", "0.11"),
@@ -104,8 +104,8 @@ class Assumed:
 
     def label(self, name: str, note: str = "") -> str:
         """`trl 1.10 (1.10.0.dev0 in VERSION; <note>)`: the release and why, as flag findings name it; a release
-        older than every known one says it is judged by the oldest (`verl 0.8 (0.1 in ...; older than 0.8, judged
-        by 0.8's flags)`)."""
+        older than every known one says it is judged by the oldest (`verl 0.7 (0.1 in ...; older than 0.7, judged
+        by 0.7's flags)`)."""
         older = f"older than {self.version}, judged by {self.version}'s flags" if self.older else ""
         why = "; ".join(part for part in (self.source, older, note) if part)
         return f"{name} {self.version}" + (f" ({why})" if why else "")

@@ -384,7 +384,7 @@ def test_distillation_flags_are_judged_with_the_teacher_as_the_reference(flags, 
     assert codes(*flags) == expected
 
 
-VERL_05 = Context(versions={**Context().versions, "verl": Assumed("0.8", "pinned")})  # a release before 0.9
+VERL_05 = Context(versions={**Context().versions, "verl": Assumed("0.7", "pinned")})  # a release before 0.8
 
 
 def codes_on(context: Context, *flags: str) -> list[str]:
@@ -415,13 +415,28 @@ def test_verl_09s_engine_averages_over_the_mini_batch_so_one_response_per_micro_
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1") == ["KL002"]
 
 
+VERL_08 = Context(versions={**Context().versions, "verl": Assumed("0.8", "pinned")})
+
+
+def test_verl_080_has_only_the_model_engine_and_takes_straight_through_values():
+    """The verl 0.8.0 wheel has no `fsdp_workers.py` (its only workers are the model engine's, whose token-mean
+    divides by the mini-batch's token count) and its kl_penalty strips a `+` suffix as 0.9's does; 0.7.1's
+    legacy workers are the default (`use_legacy_worker_impl: auto`) and it rejects `k3+`."""
+    one_response = ("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    assert codes_on(VERL_08, *one_response) == ["KL002"]
+    assert codes_on(VERL_05, *one_response) == ["KL002", "KL007"]
+    straight_through = ("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=k3+")
+    assert codes_on(VERL_08, *straight_through) == ["KL003"]
+    assert codes_on(VERL_05, *straight_through) == []
+
+
 def test_the_micro_batch_kl007_points_at_the_micro_batch_and_offers_no_flag_edit():
     text = LAUNCH.format(flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"
                                "    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 \\\n")
     found = {f.code: f for f in lint_config("run.sh", text, VERL_05)}
     length = found["KL007"]
     assert text.splitlines()[length.line - 1].strip().startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
-    assert "ppo_micro_batch_size_per_gpu=1 (a token-mean over each micro-batch before verl 0.9)" in length.message
+    assert "ppo_micro_batch_size_per_gpu=1 (a token-mean over each micro-batch before verl 0.8)" in length.message
     assert "seq-mean-token-sum-norm" in length.fix and length.autofix is None
     assert "a flag other than the one reported" in length.no_autofix
 
@@ -480,7 +495,7 @@ def test_the_copy_holding_the_launched_module_says_the_release(tmp_path):
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     found = {f.code: f for f in result.findings if f.path.endswith("run.sh")}
     assert sorted(found) == ["KL002", "KL007"]
-    assert ("verl 0.8 (0.2.0.post2 in AgentGym-RL/verl/version/version; older than 0.8, judged by 0.8's flags)"
+    assert ("verl 0.7 (0.2.0.post2 in AgentGym-RL/verl/version/version; older than 0.7, judged by 0.7's flags)"
             in found["KL007"].message)
 
 
