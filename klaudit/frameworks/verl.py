@@ -157,13 +157,13 @@ def _zero(setting: Setting | None) -> bool:
     return setting is not None and setting.value is not None and number(setting.value) == 0.0
 
 
-def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str = "auto",
+def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str | None = None,
           kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False,
           reward_unless_loss: bool = False, loss_default: str = "false",
           first_step_at_zero_lr: bool = False) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
-    a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the release's default
-    of `trainer.use_legacy_worker_impl`; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
+    a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the copy's default of
+    `trainer.use_legacy_worker_impl` (`legacy_workers_default`), None for verl as installed; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
     the actor launched apply the KL reward's and the KL loss's flags (PRIME's trainer, a fork's rewritten
     actor do not); `fully_async`: whether it is the fully asynchronous trainer; `reward_unless_loss`: whether
     the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`),
@@ -246,14 +246,18 @@ def _runs_ahead(settings: Mapping[str, Setting]) -> str | None:
     return STALENESS if staleness is not None and staleness > 0 else None
 
 
-def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed, legacy_workers: str) -> bool:
-    """Whether each micro-batch is one response on the workers that average over a micro-batch's tokens:
-    a release before 0.8 on its legacy workers, `ppo_micro_batch_size_per_gpu=1`, no dynamic batching."""
+def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assumed,
+                                  legacy_workers: str | None) -> bool:
+    """Whether each micro-batch is one response on the workers that average over a micro-batch's tokens: the
+    legacy workers (those of a release before 0.8, or of a copy that has them: `legacy_workers` is its default,
+    NO_LEGACY_WORKERS where it has none), run by default or by the flag; `ppo_micro_batch_size_per_gpu=1`, no
+    dynamic batching."""
     def literal(key: str) -> str | None:
         return settings[key].value if key in settings else None
 
-    workers = literal(LEGACY_WORKERS) if LEGACY_WORKERS in settings else legacy_workers
-    return (not at_least(assumed, "0.8") and number(literal(MICRO_BATCH) or "") == 1
+    present = legacy_workers != NO_LEGACY_WORKERS if legacy_workers is not None else not at_least(assumed, "0.8")
+    workers = literal(LEGACY_WORKERS) if LEGACY_WORKERS in settings else legacy_workers or "auto"
+    return (present and number(literal(MICRO_BATCH) or "") == 1
             and truthy(literal(DYNAMIC_BATCH) or "false") is False
             and (workers or "").lower() in ("auto", "enable"))
 
@@ -284,12 +288,19 @@ DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"
 MEGATRON_DEFAULTS_FILE = "verl/trainer/config/ppo_megatron_trainer.yaml"
 
 
+NO_LEGACY_WORKERS = "none"  # a copy without the legacy workers' module (the model engine's only, as 0.8.0's)
+
+
 @functools.lru_cache(maxsize=64)  # asked for each launch script of a project
-def legacy_workers_default(copy: Path | None) -> str:
+def legacy_workers_default(copy: Path | None) -> str | None:
     """`trainer.use_legacy_worker_impl` as the copy of verl a script runs sets it in its ppo_trainer.yaml
-    (0.8.0.dev snapshots say `disable`), else `auto` (the legacy workers, up to 0.7)."""
+    (0.8.0.dev snapshots say `disable` or `auto`), else `auto`; NO_LEGACY_WORKERS for a copy without the legacy
+    workers' modules (`verl/workers/fsdp_workers.py`, `megatron_workers.py`); None where verl is installed (its
+    release decides: legacy workers up to 0.7)."""
     if copy is None:
-        return "auto"
+        return None
+    if not any((copy / name).is_file() for name in (FSDP_WORKERS_FILE, MEGATRON_WORKERS_FILE)):
+        return NO_LEGACY_WORKERS
     try:
         text = file_text(copy / DEFAULTS_FILE)
     except OSError:
@@ -334,6 +345,7 @@ def reward_follows_loss_flag(copy: Path | None, megatron: bool = False) -> bool:
 
 
 SCHEDULE_FILE, FSDP_WORKERS_FILE = "verl/utils/torch_functional.py", "verl/workers/fsdp_workers.py"
+MEGATRON_WORKERS_FILE = "verl/workers/megatron_workers.py"
 # the constant schedule's factor as verl 0.1 to 0.3 wrote it: min(1, step / max(1, warmup)), 0 at step 0
 _RAMP_FROM_ZERO = re.compile(r"return\s+min\(\s*1(?:\.0)?\s*,\s*float\(current_step\)\s*/\s*float\(max\(")
 

@@ -441,12 +441,15 @@ def test_the_micro_batch_kl007_points_at_the_micro_batch_and_offers_no_flag_edit
     assert "a flag other than the one reported" in length.no_autofix
 
 
-def _project_with_verl(tmp_path: Path, version: str, legacy: str | None) -> Path:
-    """A project carrying a copy of verl (its version file and ppo_trainer.yaml) and a launch script in
-    examples/ that runs it with one response per micro-batch."""
+def _project_with_verl(tmp_path: Path, version: str, legacy: str | None, workers: bool = True) -> Path:
+    """A project carrying a copy of verl (its version file, ppo_trainer.yaml and, with `workers`, the legacy
+    workers' module) and a launch script in examples/ that runs it with one response per micro-batch."""
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "my-rl"\n')
     (tmp_path / "verl" / "version").mkdir(parents=True)
     (tmp_path / "verl" / "version" / "version").write_text(version + "\n")
+    if workers:
+        (tmp_path / "verl" / "workers").mkdir(parents=True)
+        (tmp_path / "verl" / "workers" / "fsdp_workers.py").write_text("class ActorRolloutRefWorker:\n    pass\n")
     config = tmp_path / "verl" / "trainer" / "config"
     config.mkdir(parents=True)
     (config / "ppo_trainer.yaml").write_text("trainer:\n  total_epochs: 30\n" + (
@@ -458,14 +461,17 @@ def _project_with_verl(tmp_path: Path, version: str, legacy: str | None) -> Path
     return script
 
 
-@pytest.mark.parametrize("version, legacy, expected", [
-    ("0.5.0", None, ["KL002", "KL007"]),  # legacy workers, the only ones then
-    ("0.7.1", "auto", ["KL002", "KL007"]),
-    ("0.8.0.dev", "disable", ["KL002"]),  # a snapshot whose default is the model engine
-    ("0.9.1", None, ["KL002"]),
+@pytest.mark.parametrize("version, legacy, workers, expected", [
+    ("0.5.0", None, True, ["KL002", "KL007"]),  # legacy workers, the only ones then
+    ("0.7.1", "auto", True, ["KL002", "KL007"]),
+    ("0.8.0.dev", "disable", True, ["KL002"]),  # a snapshot whose default is the model engine
+    ("0.8.0.dev", "auto", True, ["KL002", "KL007"]),  # one whose default is still the legacy workers
+    ("0.8.0", None, False, ["KL002"]),  # the release: the model engine's workers only
+    ("0.9.1", None, False, ["KL002"]),
 ])
-def test_the_copy_of_verl_a_script_runs_says_which_workers_are_the_default(tmp_path, version, legacy, expected):
-    script = _project_with_verl(tmp_path, version, legacy)
+def test_the_copy_of_verl_a_script_runs_says_which_workers_are_the_default(tmp_path, version, legacy, workers,
+                                                                          expected):
+    script = _project_with_verl(tmp_path, version, legacy, workers)
     for linted in (tmp_path, script):  # the whole project, or the script alone: the copy is found from it
         result = lint_paths([str(linted)], settings=Settings(root=tmp_path), jobs=1)
         assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
@@ -588,7 +594,7 @@ def test_a_copy_whose_actor_never_reads_use_kl_loss_ignores_the_flag(tmp_path, s
     upstream FSDP example inside them reported a KL loss that never runs."""
     script = _project_with_verl(tmp_path, "0.5.0", None)
     actor = tmp_path / "verl" / "workers" / "actor"
-    actor.mkdir(parents=True)
+    actor.mkdir(parents=True, exist_ok=True)
     (actor / "dp_actor.py").write_text("def update_policy(self, data):\n    return self.distill(data)\n")
     (actor / "megatron_actor.py").write_text("def update_policy(self, data):\n    if self.config.use_kl_loss:\n"
                                              "        pass\n")
@@ -638,7 +644,7 @@ def test_one_update_at_a_learning_rate_of_zero_trains_nothing(tmp_path, schedule
     (tmp_path / "verl" / "utils" / "torch_functional.py").write_text(
         "from torch.optim.lr_scheduler import LambdaLR\n\n\ndef get_constant_schedule_with_warmup(optimizer, "
         "num_warmup_steps, last_epoch=-1):\n" + schedule + "    return LambdaLR(optimizer, lr_lambda, last_epoch)\n")
-    (tmp_path / "verl" / "workers").mkdir()
+    (tmp_path / "verl" / "workers").mkdir(exist_ok=True)
     (tmp_path / "verl" / "workers" / "fsdp_workers.py").write_text(
         "from verl.utils.torch_functional import get_constant_schedule_with_warmup\n\n\ndef build(optimizer, steps):\n"
         "    actor_lr_scheduler = get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=steps)\n"
