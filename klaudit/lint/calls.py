@@ -187,7 +187,7 @@ class CallFlow(FlowState):
             else:
                 env[name] = param_facts(param)
         _bind_detached_copies(env, parameters, positional, keywords, explained_by_name)
-        outcome = self.analyzer.call(module, func, cls, env, self.on_fresh_samples())
+        outcome = self.analyzer.call(module, func, cls, env, self.on_fresh_samples(), across=module is not self.module)
         for facts in env.values():
             self.settle(facts)  # handed to a function of the tree, whose analysis follows it
         # where a term already entered a loss or reward here, it stays reported there; a term that enters

@@ -200,8 +200,8 @@ class LibraryFlow(FlowState):
         """The terms of a list, side by side or added up: each keeps its meaning (rows stacked are a batch
         again; each sequence's own value added up over them is a batch total, a statistic, and their lengths
         the batch's token count); a stacked literal list keeps its positions too, for an index that picks one
-        (kl_4BT[estimator]): pieces joined along an axis (`torch.cat(chunks)`) do not."""
-        stacked = tuple(f for f in op.tensor if f.role == "tuple") if "stack" in op.name else ()
+        (kl_4BT[estimator]): pieces joined along an axis (`torch.cat`) and a list built by appending do not."""
+        stacked = tuple(f for f in op.tensor if f.role == "tuple" and len(f.items) > 1) if "stack" in op.name else ()
         return stacked + tuple(dict.fromkeys(_batch_of(f, added=op.name == "sum") for f in elements(op.tensor)))
 
     def zipped(self, op: Operation) -> tuple:

@@ -296,9 +296,9 @@ class Analyzer(NameResolution):
         self.project = project
         self.read_fields = read_fields
         self._modules: dict[str, Module] = {}
-        # ((id(func), argument facts, whether the caller steps on fresh samples), remaining depth or None)
-        #   -> (Outcome, reached ids, cost, levels taken)
-        self._summaries: dict[tuple[tuple[int, tuple[tuple[str, Value], ...], bool], int | None],
+        # ((id(func), argument facts, whether the caller steps on fresh samples, whether it is in another module),
+        #   remaining depth or None) -> (Outcome, reached ids, cost, levels taken)
+        self._summaries: dict[tuple[tuple[int, tuple[tuple[str, Value], ...], bool, bool], int | None],
                               tuple[Outcome, frozenset[int], int, int]] = {}
         self._stack: list[_Frame] = []  # each call being interpreted, outermost first
         # module path -> ({field name: facts stored into it}, cost in work units)
@@ -365,9 +365,11 @@ class Analyzer(NameResolution):
             outcome.sinks.extend(replace(s, order=len(outcome.sinks)) for s in more.sinks)
         return outcome
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False,
+             across: bool = False) -> Outcome:
         """What `func` returns given the caller's argument facts, and where it sinks the arguments; `fresh`: the
-        caller's steps are each the first on samples just drawn (SinkFlow.on_fresh_samples).
+        caller's steps are each the first on samples just drawn (SinkFlow.on_fresh_samples); `across`: the caller
+        is in another module, whose lint alone reports the terms `func` sinks that its own analysis cannot see.
 
         A call MAX_DEPTH deep, or to a function already being interpreted, is cut off: it returns nothing."""
         depth = MAX_DEPTH - len(self._stack)
@@ -379,7 +381,7 @@ class Analyzer(NameResolution):
             if caller is not None and depth <= 0:
                 caller.cut = True
             return Outcome()
-        inputs = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])), fresh)
+        inputs = (id(func), tuple(sorted(env.items(), key=lambda item: item[0])), fresh, across)
         for at in (None, depth):
             cached = self._summaries.get((inputs, at))
             if cached is None or (at is None and cached[3] > depth) or \
@@ -406,7 +408,7 @@ class Analyzer(NameResolution):
         # the caller's terms that reach a sink here; in klaudit's model of an installed framework, also the
         # terms it forms from the data it reads (verl's apply_kl_penalty): the caller's lint is their only report
         own = is_installed_model(module.path)
-        unseen = self._unseen_alone(module, func, cls, outcome) if not own else frozenset()
+        unseen = self._unseen_alone(module, func, cls, outcome) if across and not own else frozenset()
         sinks = [replace(s, facts=tuple(f for f in s.facts if f.passed or own or id(f.origin) in unseen), order=0)
                  for s in outcome.sinks]
         result = Outcome(returns, [s for s in sinks if s.facts])

@@ -69,8 +69,9 @@ class _Watching(Analyzer):
         self.watched = watched
         self.returned_origins: set[int] = set()
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
-        outcome = super().call(module, func, cls, env, fresh)
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False,
+             across: bool = False) -> Outcome:
+        outcome = super().call(module, func, cls, env, fresh, across)
         if func is self.watched:
             self.returned_origins |= {id(fact.origin) for fact in _kl_facts(outcome.returns)}
         return outcome
@@ -233,13 +234,14 @@ class _Tracing(Analyzer):
             nearest = max((calls for calls in inner if calls <= depth), default=max(inner))
             chain.append((nearest, inner[nearest]))
 
-    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False) -> Outcome:
+    def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False,
+             across: bool = False) -> Outcome:
         qualname = f"{cls}.{func.name.value}" if cls else func.name.value
         called = (str(Path(module.path).resolve()), qualname)
         enclosing = self._running[-1] if self._running else None
         self._running.append(called)
         try:
-            outcome = super().call(module, func, cls, env, fresh)
+            outcome = super().call(module, func, cls, env, fresh, across)
         finally:
             self._running.pop()
         passed = {id(fact.origin) for facts in env.values() if isinstance(facts, tuple) for fact in _kl_facts(facts)}

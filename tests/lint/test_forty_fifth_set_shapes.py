@@ -326,3 +326,41 @@ def test_a_loss_modules_forward_follows_the_trainer_that_calls_its_object(tmp_pa
     found = _found(tmp_path)
     assert ("rl/grpo_loss.py", "KL002") in found
     assert (("rl/grpo_loss.py", "KL008") in found) is stale
+
+
+# TRL's GRPOTrainer shape: one helper gathers the log-probs of whichever model it is given, chunk by chunk into a
+# list, for the policy (with gradient), the rollout (under no_grad) and the reference (under no_grad).
+CHUNKED_HELPER_TRAINER = """\
+import torch
+
+
+class Trainer:
+    def _get_per_token_logps(self, model, input_ids, batch_size=4):
+        all_logps = []
+        for start in range(0, input_ids.size(0), batch_size):
+            outputs = model(input_ids=input_ids[start:start + batch_size])
+            all_logps.append(outputs.log_probs)
+        return torch.cat(all_logps, dim=0)
+
+    def _generate(self, inputs):
+        with torch.no_grad():
+            inputs["old_per_token_logps"] = self._get_per_token_logps(self.model, inputs["ids"])
+            inputs["ref_per_token_logps"] = self._get_per_token_logps(self.ref_model, inputs["ids"])
+        return inputs
+
+    def compute_loss(self, model, inputs):
+        per_token_logps = self._get_per_token_logps(model, inputs["ids"])
+        ref = inputs["ref_per_token_logps"]
+        per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+        ratio = torch.exp(per_token_logps - inputs["old_per_token_logps"])
+        loss = -(ratio * inputs["advantages"].unsqueeze(1)) + 0.04 * per_token_kl
+        return (loss * inputs["mask"]).sum() / inputs["mask"].sum()
+"""
+
+
+def test_a_helpers_list_of_the_policys_log_probs_is_read_by_the_caller_that_knows_the_model(tmp_path):
+    """The helper's list holds the policy's log-probs of whatever model it ran: which model (the reference, the
+    rollout's policy) is its caller's to say, so the list does not fix them as a rollout's; the k3 loss beside the
+    PPO ratio is read as before (KL002, KL008)."""
+    (tmp_path / "trainer.py").write_text(CHUNKED_HELPER_TRAINER)
+    assert {code for _, code in _found(tmp_path)} == {"KL002", "KL008"}
