@@ -114,10 +114,12 @@ FAR_LOG_RATIO = 25.0  # |log pi - log ref| of the far batch: beyond the clamps t
 
 
 def far_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
-    """The batch with the sampled tokens moved far from the reference: on alternate positions the
-    policy's logit of the sampled token, else the reference's, is lowered by FAR_LOG_RATIO, so that the
-    log-ratios reach about -25 and +25 nats. A term that equals a configuration on the fingerprint batch
-    and not here changes only where the policy strays far: it is clamped (KL010)."""
+    """The batch with the sampled tokens moved far from the reference: on alternate positions of each response
+    the policy's logit of the sampled token, else the reference's, is lowered by FAR_LOG_RATIO, so that the
+    log-ratios reach about -25 and +25 nats; padding keeps its values (a term that sums every position, mask or
+    not, `(logp - ref).sum(-1)`, adds nothing there on the fingerprint batch either). A term that equals a
+    configuration on the fingerprint batch and not here changes only where the policy strays far: it is clamped
+    (KL010)."""
     batch = batch_factory()
     logits = required(batch.logits, "logits").detach().clone()
     ref_logits = required(batch.ref_logits, "ref_logits").detach().clone()
@@ -126,11 +128,12 @@ def far_batch(batch_factory: Callable[[], Batch]) -> Callable[[], Batch]:
     count, horizon = token_ids.shape
     positions = torch.arange(horizon, device=tokens.device)
     alternate = (positions.unsqueeze(0) + torch.arange(count, device=tokens.device).unsqueeze(1)) % 2 == 0
-    lowered = torch.where(alternate.unsqueeze(-1), logits.gather(-1, tokens) - FAR_LOG_RATIO,
+    response = batch.mask.bool()
+    lowered = torch.where((alternate & response).unsqueeze(-1), logits.gather(-1, tokens) - FAR_LOG_RATIO,
                           logits.gather(-1, tokens))
     logits.scatter_(-1, tokens, lowered)
-    ref_lowered = torch.where(alternate.unsqueeze(-1), ref_logits.gather(-1, tokens),
-                              ref_logits.gather(-1, tokens) - FAR_LOG_RATIO)
+    ref_lowered = torch.where((~alternate & response).unsqueeze(-1), ref_logits.gather(-1, tokens) - FAR_LOG_RATIO,
+                              ref_logits.gather(-1, tokens))
     ref_logits.scatter_(-1, tokens, ref_lowered)
     return leaf_batches(token_ids, batch.mask, logits, ref_logits, batch.old_logprobs)
 

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from klaudit.audit.fingerprint import Fingerprinter, candidate_configs  # noqa: E402
-from klaudit.audit.measure import fingerprint_batch, standard_problems  # noqa: E402
+from klaudit.audit.measure import fingerprint_batch, identify_clamped, standard_problems  # noqa: E402
 from klaudit.audit.surrogates import build_surrogate  # noqa: E402
 from klaudit.catalog import CATALOG, Aggregation, Config, Estimator, Objective, Returns, Sampling  # noqa: E402
 
@@ -71,6 +71,23 @@ def test_clamped_k3_is_told_from_k3(on_policy):
     """The batch holds the most extreme log-ratios, so verl's clamps act and the rows differ."""
     assert on_policy.identify(_summed(Config(loss=Estimator.K3))).row.label == "k3 as loss"
     assert on_policy.identify(_summed(Config(loss=Estimator.LOW_VAR_KL))).row.label == "low_var_kl (clamped k3) as loss"
+
+
+def test_a_whole_sequence_reward_summed_over_every_position_is_not_read_as_clamped(on_policy):
+    """diegomrodrigues2/qwen3_from_scratch (forty-fifth set) sums the log-ratio over every position, padding too:
+    `(logp - ref).sum(-1)` as each response's k1 reward (row 6). Padding holds no log-ratio on the fingerprint batch,
+    nor on the far one, so the term is that row's there as well and no clamp is inferred (it was KL010)."""
+    def unmasked(batch):
+        value = (batch.logprobs - batch.ref_logprobs).sum(-1)
+        return (value.detach() * (batch.logprobs * batch.mask).sum(-1)).sum()
+
+    match, clamped = identify_clamped(unmasked, on_policy, rtol=1e-9, aggregation=Aggregation.SUM)
+    assert match.row.label == "k1 in reward, whole-sequence return" and clamped is None
+    clamp = lambda batch: (batch.logprobs - batch.ref_logprobs).clamp(-20, 20)  # noqa: E731
+    def clamped_sum(batch):
+        return (clamp(batch).sum(-1).detach() * (batch.logprobs * batch.mask).sum(-1)).sum()
+
+    assert identify_clamped(clamped_sum, on_policy, rtol=1e-9, aggregation=Aggregation.SUM)[1] == "far"
 
 
 def test_scale_is_recovered_and_only_positive(on_policy):
