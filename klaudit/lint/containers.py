@@ -13,7 +13,7 @@ import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
-from klaudit.lint.facts import Fact, as_rollout_data, merge_labels, replace, tensor
+from klaudit.lint.facts import Fact, merge_labels, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, is_data_read, last_name, params, walk
 
@@ -150,10 +150,9 @@ class ContainerFlow(FlowState):
         term into that sink. A KL term appended to a local list (`all_kl.append(kl)`) is held by it, and so are
         log-probs over the vocabulary, whose name does not tell them from per-token ones (per-token log-probs and
         logits are not: what is made of them on each path, TRL's `selective_log_softmax` of its PPO rollout's
-        logits, is better read from the name they are given; those without gradient are what they are whatever the
-        list is named: the reference's, an older policy's, and the policy's computed in a no_grad block of this
-        function, which are the rollout's (`prob_per_token_reference` and `prob_per_token_old` gathered chunk by
-        chunk); a helper's own list of the policy's is read by its caller, which knows the model it ran), and
+        logits, is better read from the name they are given (a helper's list of whichever model it ran is its
+        caller's to name, a rollout's list is a rollout's); the reference's and an older policy's are what they are
+        whatever the list is named (`prob_per_token_reference` gathered chunk by chunk), and
         the KL terms a reversed loop appends (the running sums of a GAE or reward-to-go recursion,
         `advantages_reversed.append(lastgaelam)`): `torch.stack(all_kl).mean()` reads them back for the loss,
         where the PPO ratio that weighs them shows how old the samples are."""
@@ -172,8 +171,6 @@ class ContainerFlow(FlowState):
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
         running = tuple(f for f in value if f.poly is not None and (
             f.is_kl() or _over_vocabulary(f.poly) or _log_probs_of(f.poly, (alg.REF, alg.OLD))))
-        if self.no_grad:  # the policy's, computed in this function's no_grad block: a rollout's
-            running += as_rollout_data(tuple(f for f in value if f.poly is not None and _log_probs_of(f.poly, (alg.POLICY,))))
         if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)

@@ -220,20 +220,19 @@ AT_ONCE = """\
             prob_ref = get_per_token_log_probs(model_reference, ids)
             prob_per_token_reference = prob_ref"""
 IN_CHUNKS = """\
-            prob_per_token_old, prob_per_token_reference = [], []
+            prob_per_token_old = get_per_token_log_probs(model_policy, ids)
+            prob_per_token_reference = []
             for i in range(0, len(ids), 4):
-                prob_per_token_old.append(get_per_token_log_probs(model_policy, ids[i:i + 4]))
                 prob_ref_batch = get_per_token_log_probs(model_reference, ids[i:i + 4])
                 prob_per_token_reference.append(prob_ref_batch)
-            prob_per_token_old = torch.cat(prob_per_token_old, dim=0)
             prob_per_token_reference = torch.cat(prob_per_token_reference, dim=0)"""
 
 
 @pytest.mark.parametrize("reference", [AT_ONCE, IN_CHUNKS])
 def test_a_term_a_helper_forms_from_arguments_its_names_do_not_explain_is_reported_at_the_call(tmp_path, reference):
     """The helper alone cannot tell what `prob_per_token_reference` holds, so its own lint sinks no KL; given the
-    reference's log-probs and the rollout's by the script (at once, or each gathered chunk by chunk into a list
-    joined by torch.cat, which holds no positions to pick), it forms exp(logp - ref) - (logp - ref) - 1, k3 with
+    reference's log-probs and the rollout's by the script (at once, or the reference's gathered chunk by chunk into
+    a list joined by torch.cat, which holds no positions to pick), it forms exp(logp - ref) - (logp - ref) - 1, k3 with
     the ratio reversed (row 5b, KL009) beside a PPO ratio of 1: reported at the call, the caller's lint being its
     only report."""
     (tmp_path / "grpo_utils.py").write_text(NAMELESS_HELPER)
