@@ -170,7 +170,7 @@ class ContainerFlow(FlowState):
             if method == "append" and not self.reverse_loop:
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
         running = tuple(f for f in value if f.poly is not None and (
-            f.is_kl() or _over_vocabulary(f.poly) or _log_probs_of(f.poly, (alg.REF, alg.OLD))))
+            f.is_kl() or _over_vocabulary(f.poly) or _stored_log_probs(f.poly)))
         if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
@@ -208,10 +208,11 @@ def _over_vocabulary(poly: alg.Poly) -> bool:
     return bool(kinds) and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB}
 
 
-def _log_probs_of(poly: alg.Poly, kinds: tuple[alg.AtomKind, ...]) -> bool:
-    """Per-token log-probs of one model of `kinds`, without gradient, nothing else."""
+def _stored_log_probs(poly: alg.Poly) -> bool:
+    """The reference's or an older policy's per-token log-probs, without gradient, nothing else."""
     atoms = poly.atoms()
-    return len({atom.kind for atom in atoms}) == 1 and all(atom.kind in kinds and not atom.grad for atom in atoms)
+    return len({atom.kind for atom in atoms}) == 1 and all(atom.kind in (alg.REF, alg.OLD) and not atom.grad
+                                                           for atom in atoms)
 
 
 def _is_number(fact: Fact) -> bool:
