@@ -27,7 +27,20 @@ import libcst as cst
 
 from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
-from klaudit.frameworks import easyr1, hydra_keys, nemo_rl, openrlhf, roll, slime, swift, trl, trl_ppo, tunix, verl
+from klaudit.frameworks import (
+    easyr1,
+    hydra_keys,
+    nemo_rl,
+    openrlhf,
+    roll,
+    slime,
+    swift,
+    trl,
+    trl_ppo,
+    trl_runs,
+    tunix,
+    verl,
+)
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
@@ -110,6 +123,8 @@ class Context:
     trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
     own_trainers: frozenset[str] = frozenset()  # trainer classes of the project's own, deriving from none of TRL's
     grpo_trainers: frozenset[str] = frozenset()  # the project's classes deriving from TRL's GRPOTrainer
+    # the values of the project's TRL GRPO configurations, by key (klaudit.frameworks.trl_runs); None: it builds none
+    grpo_runs: trl_runs.Runs | None = None
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -156,10 +171,59 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     `sources` and `others` (the linted files without KL vocabulary) give and the values of the YAML files
     `configs`, and the subclasses of TRL's GRPOTrainer both define."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
-    return replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
-                   options=option_defaults({**(others or {}), **sources}, configs), trl_sections=splatted_sections(sources),
-                   own_trainers=own_trainers(sources),
-                   grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
+    configs = list(configs)
+    context = replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
+                      options=option_defaults({**(others or {}), **sources}, configs),
+                      trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
+                      grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
+    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs))
+
+
+def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
+    """Every value of beta and loss_type the project's TRL GRPO configurations may run with (klaudit.frameworks.
+    trl_runs): those its `GRPOConfig(...)` calls and command-line parsers of GRPOConfig give (a class's default where
+    a key is left out), and those its scripts, configurations and code write; None where it builds or parses no
+    GRPOConfig."""
+    names = context.class_names
+    values: dict[str, list[str | None]] = {key: [] for key in trl_runs.KEYS}
+    left_out: list[tuple[str, str, str]] = []  # (key, class, path) of each configuration that leaves a key out
+    own: dict[str, Mapping[str, Setting]] = {}  # a homonym's fields (a project's own GRPOConfig, not TRL's)
+    built = False
+    for path, text in sources.items():
+        if "trl" in Path(path).parts[:-1]:
+            continue  # TRL's own modules: their configurations are TRL's examples and tests
+        for key in trl_runs.KEYS:
+            values[key] += trl_runs.written_values(text, key)
+        if not any(name in text for name in names):
+            continue
+        calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options)
+        own.update({definition.name: definition.fields for definition in definitions
+                    if definition.name in context.homonyms})
+        parsed = {name for match in _PARSED_CLASSES.finditer(text) for name in re.findall(r"\w+", match.group(1))}
+        for key in trl_runs.KEYS:
+            values[key] += [call.settings[key].value for call in calls if key in call.settings]
+            left_out += [(key, call.name, path) for call in calls if key not in call.settings]
+            left_out += [(key, name, path) for name in sorted(parsed & names)]
+        built = built or bool(calls or parsed & names)
+        if _UNSLOTH.search(text):
+            values[trl.BETA].append(trl.UNSLOTH_BETA)
+    for path in configs:
+        text = read_text(Path(path)) or ""
+        for key in trl_runs.KEYS:
+            values[key] += trl_runs.written_values(text, key, yaml=path.endswith(YAML_SUFFIXES))
+    for key, name, path in left_out:
+        values[key].append(own[name][key].value if name in own and key in own[name]
+                           else None if name in own else _default(key, name, path, context))
+    return {key: tuple(found) for key, found in values.items()} if built else None
+
+
+def _default(key: str, name: str, path: str, context: Context) -> str | None:
+    """The value of GRPOConfig's `key` that a `name(...)` configuration at `path` has when it leaves it out: its
+    class's default in the linted code, else the default of the TRL release assumed there."""
+    fallback, _ = _class_defaults((name,), path, context)
+    if fallback and key in fallback:
+        return fallback[key]
+    return trl.defaults(context.release(trl.NAME, path))[key]
 
 
 # `GRPOConfig(..., **cfg["grpo"])`, `**dict(config.get("grpo"))`; or `kwargs = dict(cfg["grpo"])` then `**kwargs`

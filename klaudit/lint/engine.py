@@ -34,6 +34,7 @@ from klaudit.frameworks import (
     lint_python,
     lint_shell,
     mentions_config_class,
+    trl_runs,
     with_code,
 )
 from klaudit.lint import budget
@@ -230,6 +231,7 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
         try:
             with budget.limited(spent):
                 findings = [] if module is None else check_module(path, module, project, source, worth)
+            findings = _run_by_project(findings, path, source, context)
             findings.extend(lint_python(path, module, source, context))  # GRPOConfig(beta=...) and its kin
         finally:
             sys.setrecursionlimit(saved_limit)
@@ -238,6 +240,16 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
         return _Analysis(path, tuple(findings), suppression_table(source) if findings else {}, spent=spent.spent)
     except Exception as error:  # noqa: BLE001 - one file's failure must not lose the others
         return _internal_error(path, error)
+
+
+def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
+    """`findings` less those of a TRL GRPO trainer's copy or subclass that hold only at switch values none of the
+    project's configurations runs with (klaudit.frameworks.trl_runs: `if self.beta != 0.0:` where all leave beta 0)."""
+    if context is None or context.grpo_runs is None or not findings \
+            or not trl_runs.is_grpo_trainer_module(path, source, context.grpo_trainers):
+        return findings
+    return [f for f in findings if not f.switches or any(trl_runs.holds(labels, context.grpo_runs)
+                                                           for labels in f.switches)]
 
 
 def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Finding:

@@ -1,0 +1,214 @@
+"""A TRL GRPO trainer's switch branches (`if self.beta != 0.0:`, `loss_type`) judged by the values the project runs.
+
+TRL's GRPOTrainer, and a project's copy or subclass of it, adds beta * k3 only when beta != 0. Where every
+configuration the project builds or launches leaves beta at 0, the branch never trains; where one sets it
+above 0 (or computes it), its verdicts stand (k3 differentiated as a loss: kl-math.md section 8, row 3).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import trl_runs
+from klaudit.lint.engine import lint_paths
+
+# a subclass of TRL's trainer whose own loss adds k3 under TRL's switch, in the shape TRL's _compute_loss has
+SUBCLASS = '''import torch
+from trl import GRPOTrainer
+
+
+class MyTrainer(GRPOTrainer):
+    def _compute_loss(self, model, inputs):
+        per_token_logps = self._get_per_token_logps(model, inputs["input_ids"])
+        mask = inputs["completion_mask"]
+        if self.beta != 0.0:
+            ref = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+        per_token_loss = -per_token_logps * inputs["advantages"].unsqueeze(1)
+        if self.beta != 0.0:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+        loss = (per_token_loss * mask).sum() / mask.sum()
+        return loss
+'''
+BUILT = '''from trl import GRPOConfig
+from trainer import MyTrainer
+
+args = GRPOConfig(output_dir="out"{keywords})
+MyTrainer(model="m", args=args, train_dataset=None).train()
+'''
+PARSED = '''from trl import GRPOConfig, ModelConfig, TrlParser
+from trainer import MyTrainer
+
+args, model_args = TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config()
+MyTrainer(model=model_args.model_name_or_path, args=args).train()
+'''
+
+
+def _codes(tmp_path, files: dict[str, str], **settings) -> list[tuple[str, str]]:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path, **settings), jobs=1)
+    assert result.errors == []
+    return sorted((f.path.rsplit("/", 1)[-1], f.code) for f in result.findings)
+
+
+@pytest.mark.parametrize("keywords, kept", [
+    ("", False),  # TRL's default from 0.19 on: 0.0
+    (", beta=0.0", False),
+    (", beta=0.04", True),
+    (", beta=BETA", True),  # computed: unknown
+    (", **overrides", True),  # may come from the mapping
+])
+def test_a_subclass_s_kl_branch_counts_only_where_a_configuration_turns_it_on(tmp_path, keywords, kept):
+    found = _codes(tmp_path, {"trainer.py": SUBCLASS, "train.py": BUILT.format(keywords=keywords)})
+    assert (("trainer.py", "KL002") in found) is kept
+
+
+REDUCED = SUBCLASS.replace(
+    "        loss = (per_token_loss * mask).sum() / mask.sum()\n",
+    "        if self.loss_type == \"grpo\":\n"
+    "            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1)).mean()\n"
+    "        else:\n"
+    "            loss = (per_token_loss * mask).sum() / mask.sum()\n")
+
+
+@pytest.mark.parametrize("keywords, kept", [
+    (', beta=0.04, loss_type="dapo"', False),  # TARS's shape: the grpo branch never runs
+    (', beta=0.04, loss_type="grpo"', True),  # each completion's token mean (row 21)
+    (", beta=0.04", False),  # TRL 1.16's default: dapo
+    (", beta=0.04, loss_type=LOSS", True),
+])
+def test_a_subclass_s_per_sequence_mean_counts_only_where_a_configuration_picks_it(tmp_path, keywords, kept):
+    found = _codes(tmp_path, {"trainer.py": REDUCED, "train.py": BUILT.format(keywords=keywords)})
+    assert ("trainer.py", "KL002") in found
+    assert (("trainer.py", "KL007") in found) is kept
+
+
+def test_a_library_that_builds_no_configuration_keeps_its_verdicts(tmp_path):
+    # nothing says what beta its users run with
+    assert ("trainer.py", "KL002") in _codes(tmp_path, {"trainer.py": SUBCLASS})
+
+
+@pytest.mark.parametrize("launch, kept", [
+    ("accelerate launch train.py --loss_type dapo\n", False),
+    ("accelerate launch train.py --beta 0.04\n", True),
+    ("accelerate launch train.py --beta=0.0\n", False),
+    ("accelerate launch train.py --beta $BETA\n", True),
+])
+def test_a_parsed_configuration_takes_the_values_its_launches_give(tmp_path, launch, kept):
+    found = _codes(tmp_path, {"trainer.py": SUBCLASS, "train.py": PARSED, "run.sh": launch})
+    assert (("trainer.py", "KL002") in found) is kept
+
+
+def test_a_recipe_s_beta_counts(tmp_path):
+    found = _codes(tmp_path, {"trainer.py": SUBCLASS, "train.py": PARSED, "recipe.yaml": "beta: 0.02\n"})
+    assert ("trainer.py", "KL002") in found
+
+
+def test_an_older_trl_s_default_turns_the_branch_on(tmp_path):
+    # TRL up to 0.18 defaults beta to 0.04
+    found = _codes(tmp_path, {"trainer.py": SUBCLASS, "train.py": BUILT.format(keywords="")},
+                   frameworks={"trl": "0.18"})
+    assert ("trainer.py", "KL002") in found
+
+
+# an edited copy of TRL's trainer and config, in the shape of MCDwyer/GR-PSPO's grpo_wrapper.py
+COPY = '''from dataclasses import dataclass, field
+import torch
+from transformers import Trainer, TrainingArguments
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    beta: float = field(default={default})
+
+
+class GRPOTrainer(Trainer):
+    def __init__(self, model, args=None):
+        self.beta = args.beta
+
+    def _compute_loss(self, model, inputs):
+        logps = self._get_per_token_logps(model, inputs["input_ids"])
+        mask = inputs["completion_mask"]
+        if self.beta != 0.0:
+            ref = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1
+        per_token_loss = -logps * inputs["advantages"].unsqueeze(1)
+        if self.beta != 0.0:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+        return (per_token_loss * mask).sum() / mask.sum()
+'''
+COPY_BUILT = '''from wrapper import GRPOConfig, GRPOTrainer
+
+GRPOTrainer("m", GRPOConfig(output_dir="out"{keywords})).train()
+'''
+
+
+@pytest.mark.parametrize("default, keywords, kept", [
+    ("0.0", "", False),  # the copy's own default
+    ("0.04", "", True),
+    ("0.04", ", beta=0.0", False),
+    ("0.0", ", beta=0.1", True),
+])
+def test_an_edited_copy_takes_its_own_config_s_default(tmp_path, default, keywords, kept):
+    found = _codes(tmp_path, {"wrapper.py": COPY.format(default=default),
+                              "main.py": COPY_BUILT.format(keywords=keywords)})
+    assert (("wrapper.py", "KL002") in found) is kept
+
+
+def test_trls_own_modules_keep_their_verdicts(tmp_path):
+    # TRL checked in: its trainer is what every user configures, whatever its own examples set
+    found = _codes(tmp_path, {"trl/trainer/custom.py": SUBCLASS, "train.py": BUILT.format(keywords="")})
+    assert ("custom.py", "KL002") in found
+
+
+@pytest.mark.parametrize("text, yaml, expected", [
+    ("python train.py --beta 0.04 --lr 1e-6", False, ["0.04"]),
+    ('cmd = ["python", "train.py", "--beta", "0.1"]', False, ["0.1"]),
+    ("trl grpo --beta=${BETA}", False, [None]),
+    ("training_args.beta = 0.2\nself.beta = args.beta\nctx.beta = beta\n", False, ["0.2"]),
+    ("beta: 0.0\nadam_beta1: 0.9\n", True, ["0.0"]),
+    ("beta: 0.0\n", False, []),  # a Python or shell text has no YAML keys
+    ("--beta1 0.9 --beta_schedule cosine", False, []),
+])
+def test_written_betas(text, yaml, expected):
+    assert list(trl_runs.written_values(text, "beta", yaml=yaml)) == expected
+
+
+@pytest.mark.parametrize("text, yaml, expected", [
+    ("accelerate launch grpo.py --loss_type dapo", False, ["dapo"]),
+    ('GRPOConfig(loss_type="grpo")\nargs.loss_type = "dr_grpo"\n', False, ["dr_grpo"]),  # the call is read apart
+    ("--loss_type $LOSS", False, [None]),
+    ("loss_type: bnpo\n", True, ["bnpo"]),
+    ("config.loss_type = mode\n", False, [None]),
+])
+def test_written_loss_types(text, yaml, expected):
+    assert list(trl_runs.written_values(text, "loss_type", yaml=yaml)) == expected
+
+
+@pytest.mark.parametrize("labels, betas, expected", [
+    ((("beta == 0", (False,)),), ("0.0",), False),  # `if beta != 0.0:` at beta 0
+    ((("beta == 0", (True,)),), ("0.0",), True),
+    ((("beta == 0", (False,)),), ("0.0", "0.04"), True),
+    ((("beta == 0", (False,)),), ("0.0", None), True),
+    ((("beta > 0", (True,)),), ("0",), False),
+    ((("beta", (True,)),), ("0.0",), False),  # `if self.beta:`
+    ((("beta", ("auto",)),), ("0.0",), True),  # a string switch of that name is no test of a number
+    ((("loss_type", ("grpo",)),), ("0.0",), True),
+])
+def test_holds_at_betas(labels, betas, expected):
+    assert trl_runs.holds(labels, {"beta": betas}) is expected
+
+
+@pytest.mark.parametrize("labels, loss_types, expected", [
+    ((("loss_type", ("grpo",)),), ("dapo",), False),
+    ((("loss_type", ("grpo",)),), ("dapo", "grpo"), True),
+    ((("loss_type", ("grpo",)),), ("dapo", None), True),
+    ((("loss_type", ("!=grpo",)),), ("grpo",), False),  # the branch after `if loss_type == "grpo": ... else:`
+    ((("loss_type", ("!=grpo",)),), ("dapo",), True),
+    ((("beta == 0", (False,)),), ("dapo",), True),  # a key the labels do not test
+])
+def test_holds_at_loss_types(labels, loss_types, expected):
+    assert trl_runs.holds(labels, {"loss_type": loss_types}) is expected
