@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import libcst as cst
 
@@ -14,6 +15,8 @@ from klaudit.lint.roles import NAMED_AGGREGATIONS, might_contain_kl, speaks_of_l
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 from klaudit.lint.syntax import libcst_module
 
+T = TypeVar("T")
+_CALLED = re.compile(r"(\w+)\s*\(")  # a name written before an opening parenthesis: a call, a definition, a class
 
 class Project:
     """Resolves `import` / `from ... import` of modules that live under the linted roots.
@@ -45,6 +48,8 @@ class Project:
         self._signatures: dict[str, dict[str, ast.arguments]] = {}  # resolved path -> its functions' parameters
         self._raw_texts: dict[str, str | None] = {}  # resolved path -> its text, for the loss helpers looked up in it
         self._keys: dict[str | Path, str] = {}  # a path as given -> the resolved path, its key in the tables above
+        self._called: dict[str, frozenset[str]] = {}  # resolved path -> the names its text writes a call of
+        self._derived: dict[tuple, Any] = {}  # `remembered`'s answers
 
     def key(self, path: str | Path) -> str:
         """The resolved path of `path` (symbolic links and `..` followed), looked up in the file system
@@ -160,6 +165,21 @@ class Project:
     def raw_text(self, path: str | Path) -> str | None:
         """The text of the module file at `path`, whatever its vocabulary (read once); None where it cannot be read."""
         return self._admitted(self.key(path))
+
+    def called_names(self, path: str | Path) -> frozenset[str]:
+        """The names the text of the module file at `path` writes a call of (`name(`, `.name(`; in comments and
+        strings too, which only add names), read once: whether a module may call a function, without a search."""
+        key = self.key(path)
+        if key not in self._called:
+            self._called[key] = frozenset(_CALLED.findall(self._admitted(key) or ""))
+        return self._called[key]
+
+    def remembered(self, key: tuple, compute: Callable[[], T]) -> T:
+        """`compute()`, once per `key` for this project: a fact derived from its files (the modules near one),
+        kept as long as the project is."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
     def may_define(self, path: Path, name: str, any_text: bool = False) -> bool:
         """Whether the module at `path` may define a function or class `name` (its text has `def name`

@@ -165,11 +165,12 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
             else None
         if site is None and isinstance(func, cst.FunctionDef) and called_elsewhere is not None \
-                and _uncalled(func.name.value, module):
+                and _uncalled(func.name.value, module, calls_of):
             return called_elsewhere(func.name.value, methods is not None, False)  # a loss helper other modules call
         if site is None or depth >= 3:
             return False
-        return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1)
+        return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1,
+                                      called_elsewhere)
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
@@ -181,7 +182,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         return True
     if not isinstance(func, cst.FunctionDef):
         return False
-    if _uncalled(func.name.value, module):  # an entry point, trained on the samples handed to it
+    if _uncalled(func.name.value, module, calls_of):  # an entry point, trained on the samples handed to it
         return all(drawn or _passes_counted_once(func, i, loops, calls) for drawn, (i, loops) in zip(fresh, steps)) \
             or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None, True)
     site = _single_caller(func, methods, module, calls_of)
@@ -192,37 +193,39 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if takes_a_step(calls):
         return False
     drawn = _drawn_since(index, loops, calls, module, draws)
-    if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module):
+    if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module, calls_of):
         return _passes_counted_once(caller, index, loops, calls)
     return drawn is True
 
 
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
                                     calls_of: CallIndex) -> bool:
-    """Whether the one call of the function `name` (a method where `method`: `x.name(...)`) that the modules near
-    `path` make, by the text of the folder of `path`, the folder above and the linted roots, each module but
-    `path` itself, comes right after its caller draws new samples, the caller taking no step of its own
-    (`generate_batch_responses(model, ...)` then `trainer.train_step(...)` in each round of a script's loop): each
-    call then trains on the policy that drew them. False where those modules call the name at more places than
-    one, or at none."""
+    """Whether each call of the function `name` (a method where `method`: `x.name(...)`) that the modules of the
+    folder of `path`, the folder above and the linted roots make (each module but `path` itself) comes right after
+    its caller draws new samples, the caller taking no step of its own (`generate_batch_responses(model, ...)` then
+    `trainer.train_step(...)` in each round of a script's loop, or of each of two scripts' loops): each call then
+    trains on the policy that drew them. False where those modules make no such call (a docstring's is none), or
+    where one function calls it twice."""
     called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
     here = project.key(path)
     places = [other for other in _nearby_modules(Path(here), project)
-              if (text := project.raw_text(other)) is not None and called.search(text)]
-    if len(places) != 1 or len(called.findall(project.raw_text(places[0]) or "")) != 1:
-        return False
-    other = project.parse(Path(places[0]))
-    if other is None:
-        return False
-    for caller, methods in _callers(other):
-        calls = calls_of(caller)
-        found = [(i, loops) for i, (call, loops) in enumerate(calls) if last_name(call.func) == name
-                 and (type(call.func) is cst.Attribute) == method]
-        if found:
-            index, loops = found[0]
-            return not takes_a_step(calls) and _drawn_since(
-                index, loops, calls, other, _drawing(methods, other, calls_of)) is True
-    return False
+              if name in project.called_names(other) and (text := project.raw_text(other)) is not None
+              and called.search(text)]
+    found = []  # (module, caller's methods, caller's calls, index of the call, its loops) of each call, not of text
+    for place in places:  # a docstring's or comment's `train_step(...)` is no call
+        other = project.parse(Path(place))
+        if other is None:
+            return False
+        for caller, methods in _callers(other):
+            calls = calls_of(caller)
+            made = [(other, methods, calls, i, loops) for i, (call, loops) in enumerate(calls)
+                    if last_name(call.func) == name and (type(call.func) is cst.Attribute) == method]
+            if len(made) > 1:
+                return False  # two steps in one caller: the second may train the first's samples again
+            found += made
+    return bool(found) and all(
+        not takes_a_step(calls) and _drawn_since(index, loops, calls, other, _drawing(methods, other, calls_of)) is True
+        for other, methods, calls, index, loops in found)
 
 
 def called_on_fresh_samples(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,
@@ -237,8 +240,10 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
     by_instance = method and name in ("forward", "__call__") and owner is not None
     called = re.compile(rf"(?<![\w.]){re.escape(owner or '')}\s*\(" if by_instance else
                         rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
+    word = owner if by_instance and owner else name
     places = [(other, text) for other in _nearby_modules(Path(project.key(path)), project, siblings=True)
-              if (text := project.raw_text(other)) is not None and called.search(text)]
+              if word in project.called_names(other) and (text := project.raw_text(other)) is not None
+              and called.search(text)]
     found = False
     for place, text in places:
         other = project.parse(Path(place))
@@ -248,9 +253,13 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
             if by_instance else set()
         for caller, methods in _callers(other):
             calls = calls_of(caller)
+            # a function's closures run within it (`def loss_fn(model): ...` handed to `value_and_grad` or an
+            # optimizer's `step`): their calls are its calls
+            made = [node for node in walk(caller.body) if type(node) is cst.Call] \
+                if isinstance(caller, cst.FunctionDef) else [call for call, _ in calls]
             if not any(dotted(call.func) in objects if by_instance else
                        last_name(call.func) == name and (type(call.func) is cst.Attribute) == method
-                       for call, _ in calls):
+                       for call in made):
                 continue
             found = True
             if isinstance(caller, cst.FunctionDef) and caller.name.value.startswith("test") and not takes_a_step(calls):
@@ -264,7 +273,11 @@ def _nearby_modules(path: Path, project: Project, siblings: bool = False) -> lis
     """The Python files of the folder of `path`, of the folder above it and of the linted roots (not those
     folders' subfolders; with `siblings`, also of the other folders of the folder above where it lies in a linted
     root, and of the folders of the linted roots: `scripts/`, `experiments/`, `tests/`), `path` itself left out;
-    each once."""
+    each once. Read once per project."""
+    return project.remembered(("nearby", str(path), siblings), lambda: _nearby(path, project, siblings))
+
+
+def _nearby(path: Path, project: Project, siblings: bool) -> list[str]:
     above = path.parent.parent
     inside = siblings and above.is_dir() and any(above == root or root in above.parents for root in project.roots)
     tops = [*([above] if inside else []), *(root for root in project.roots if siblings and root.is_dir())]
@@ -327,12 +340,20 @@ class CallIndex:
         self._calls: dict[int, OrderedCalls] = {}
         self._inner: dict[int, list[cst.FunctionDef]] = {}
         self._method_sites: dict[int, tuple[dict, dict[str, list[tuple]]]] = {}
+        self._called: dict[int, frozenset[str | None]] = {}
 
     def __call__(self, func: cst.FunctionDef | cst.Module) -> OrderedCalls:
         key = id(func)
         if key not in self._calls:
             self._calls[key] = ordered_calls(func)
         return self._calls[key]
+
+    def called_names(self, module: cst.Module) -> frozenset[str | None]:
+        """The last name of everything `module` calls (`f(...)`, `x.f(...)`), anywhere in it."""
+        key = id(module)
+        if key not in self._called:
+            self._called[key] = frozenset(last_name(node.func) for node in walk(module) if type(node) is cst.Call)
+        return self._called[key]
 
     def inner_functions(self, func: cst.FunctionDef) -> list[cst.FunctionDef]:
         """The functions `func`'s body defines, at any depth of its statements."""
@@ -549,9 +570,9 @@ def _takes_queued(call: cst.Call) -> bool:
                                                  or _BUFFER.search(dotted(call.func.value)) is not None)
 
 
-def _uncalled(name: str, module: cst.Module) -> bool:
+def _uncalled(name: str, module: cst.Module, calls_of: CallIndex) -> bool:
     """Whether nothing in `module` calls a function or method named `name`."""
-    return not any(type(node) is cst.Call and last_name(node.func) == name for node in walk(module))
+    return name not in calls_of.called_names(module)
 
 
 def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:

@@ -1,0 +1,126 @@
+"""Shapes of code met in the forty-seventh blind set that the lint misread: a loss helper called from a closure
+that a training step differentiates (MLX's `value_and_grad`), and an update function that two scripts' loops call,
+each right after drawing its rollout, with its name also written in docstrings."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+
+# A loss helper of its own module (feitreim/value-rl's model/gwen.py): a PPO ratio to the rollout's log-probs and a
+# k3 loss to the reference; nothing in its module calls it.
+HELPER = """\
+import mlx.core as mx
+
+
+def compute_grpo_loss(policy_lps, old_lps, advantages, beta=0.01, ref_lps=None, eps=0.2):
+    ratio = mx.exp(policy_lps - old_lps)
+    loss = -mx.minimum(ratio * advantages, mx.clip(ratio, 1.0 - eps, 1.0 + eps) * advantages).mean()
+    if ref_lps is not None and beta > 0:
+        delta = ref_lps - policy_lps
+        kl = mx.exp(delta) - delta - 1
+        loss = loss + beta * kl.mean()
+    return loss
+"""
+
+# The step of a script beside it: one rollout, a closure per group that calls the helper, its gradients summed and
+# one optimizer update; `{epochs}` updates on the same rollout.
+STEP = """\
+import mlx.core as mx
+import mlx.nn as nn
+from model.loss import compute_grpo_loss
+
+
+def grpo_step(policy, ref, optimizer, client, prompts, beta=0.1):
+    results = client.rollout(prompts, group_size=8)
+    old_lps = mx.stop_gradient(policy.logprobs(results))
+    ref_lps = ref.logprobs(results)
+    for epoch in range({epochs}):
+        def loss_fn(model):
+            return compute_grpo_loss(model.logprobs(results), old_lps, results.advantages, beta=beta, ref_lps=ref_lps)
+
+        loss, grads = nn.value_and_grad(policy, loss_fn)(policy)
+        optimizer.update(policy, grads)
+"""
+
+
+def _found(root):
+    result = lint_paths([str(root)], jobs=1)
+    assert result.errors == []
+    return sorted((finding.path.split(str(root) + "/", 1)[-1], finding.code) for finding in result.findings)
+
+
+@pytest.mark.parametrize("epochs, stale", [(1, False), (4, True)])
+def test_a_helper_called_from_a_differentiated_closure_follows_the_step_around_it(tmp_path, epochs, stale):
+    """The closure runs within the step that differentiates it: one update per rollout keeps the ratio at 1 (k3 as a
+    loss, row 3: KL002 alone); four updates on one rollout train the later ones on an older policy's samples."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "loss.py").write_text(HELPER)
+    (tmp_path / "grpo.py").write_text(STEP.format(epochs=epochs))
+    found = _found(tmp_path)
+    assert ("model/loss.py", "KL002") in found
+    assert (("model/loss.py", "KL008") in found) is stale
+
+
+# An update function of a package module (hafeez381/LLM-Alignment's alignment/grpo.py): k1 to the reference and a
+# ratio to the log-probs cached at the rollout, one optimizer step per call.
+UPDATE = '''\
+"""GRPO for one rollout: `grpo_update(policy, optimizer, rollout_buffer)` after `group_rollout(...)`."""
+import torch
+
+
+def grpo_loss(new_lp, old_lp, ref_lp, advantages, beta=0.04):
+    ratio = torch.exp(new_lp - old_lp)
+    return -(ratio * advantages).mean() + beta * (new_lp - ref_lp).mean()
+
+
+def grpo_update(policy, optimizer, buffer):
+    new_lp = policy.logprobs(buffer["ids"])
+    loss = grpo_loss(new_lp, buffer["old_lp"], buffer["ref_lp"], buffer["advantages"])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+# Its training script: two loops (GRPO and RLVR), each drawing a rollout then calling the update once; the module
+# docstring names the call too.
+TRAIN = '''\
+"""Each step: rollout = group_rollout(policy, ...), then grpo_update(policy, optimizer, rollout)."""
+from alignment.grpo import grpo_update
+
+
+def group_rollout(policy, prompts):
+    return policy.generate(prompts, do_sample=True)
+
+
+def train_grpo(policy, optimizer, prompts, steps):
+    for step in range(steps):
+        rollout = group_rollout(policy, prompts)
+        grpo_update(policy, optimizer, rollout)
+
+
+def train_rlvr(policy, optimizer, prompts, steps):
+    for step in range(steps):
+        rollout = group_rollout(policy, prompts)
+        {second}
+'''
+
+
+@pytest.mark.parametrize("second, stale", [
+    ("grpo_update(policy, optimizer, rollout)", False),
+    # the second loop trains the same rollout twice: its second step is on an older policy's samples
+    ("grpo_update(policy, optimizer, rollout)\n        grpo_update(policy, optimizer, rollout)", True),
+])
+def test_an_update_every_caller_hands_a_fresh_rollout_is_on_policy(tmp_path, second, stale):
+    """Each real call (not the docstrings' text) comes right after its loop draws a rollout, and the update steps
+    once: the k1 loss (row 1, KL001) is on the policy that drew the samples, with no KL008. Where one loop calls it
+    twice on the same rollout, the second step is not."""
+    (tmp_path / "alignment").mkdir()
+    (tmp_path / "alignment" / "__init__.py").write_text("")
+    (tmp_path / "alignment" / "grpo.py").write_text(UPDATE)
+    (tmp_path / "train_rl.py").write_text(TRAIN.format(second=second))
+    found = _found(tmp_path)
+    assert ("alignment/grpo.py", "KL001") in found
+    assert (("alignment/grpo.py", "KL008") in found) is stale
+
