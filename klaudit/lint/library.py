@@ -25,7 +25,7 @@ from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
 from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor, with_clamp
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value
+from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value, text_of
 from klaudit.lint.tensors import apply_math, gather, log_sum_exp, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
@@ -374,6 +374,32 @@ def _distributions_kl(flow: LibraryFlow, op: Operation) -> tuple | None:
     return detach_all(value) if flow.no_grad else value  # under no_grad: a gradient cut (row 1c)
 
 
+_LAST_AXIS = cst.parse_expression("-1")
+
+
+def _einsum(flow: LibraryFlow, op: Operation) -> tuple | None:
+    """torch.einsum("btk,btk->bt", p, log_p - log_q): the operands' elementwise product summed over the indices the
+    output drops, read where every operand has the same indices and the output keeps all but the last (a sum over
+    the last axis: here the vocabulary's, the exact per-step KL) or none (a sum over everything); else not ours."""
+    spec = text_of(op.positional[0]) if op.positional else None
+    if spec is None or spec.count("->") != 1 or "." in spec:
+        return None
+    inputs, output = spec.replace(" ", "").split("->")
+    indices = set(inputs.split(","))
+    if len(indices) != 1 or len(inputs.split(",")) != len(op.positional) - 1:
+        return None
+    (each,) = indices
+    if output not in ("", each, each[:-1]):
+        return None
+    product = flow.expr(op.positional[1])
+    for operand in op.positional[2:]:
+        product = flow.multiply(product, flow.expr(operand), op.node)
+    if output == each:
+        return product
+    return flow.along_each_axis(product, _LAST_AXIS if output else None,
+                                lambda part, per_row: flow.reduce(part, "sum", per_row, op.node))
+
+
 def _pieces(_: LibraryFlow, op: Operation) -> tuple | None:
     """x.split(sizes), x.chunk(n), x.unbind(), torch.split(x, ...) along the batch axis: a list of pieces.
     A piece is one sequence where the tensor is unbound or split by the sequences' lengths (a packed
@@ -435,6 +461,7 @@ FUNCTIONS: dict[str, Effect] = {
     **_each("scatter_add index_add", LibraryFlow.scattered_add),
     **_each("split tensor_split unbind chunk", _pieces),
     "logsumexp": _log_sum_exp,
+    "einsum": _einsum,
 }
 
 METHODS: dict[str, Effect] = {

@@ -124,3 +124,42 @@ def test_an_update_every_caller_hands_a_fresh_rollout_is_on_policy(tmp_path, sec
     assert ("alignment/grpo.py", "KL001") in found
     assert (("alignment/grpo.py", "KL008") in found) is stale
 
+
+# Athe-kunal/nano-opd's spelling of the exact per-step KL and its masked mean, as einsum contractions.
+EINSUM = """\
+import torch
+
+
+def rkl_loss(student_logprobs, teacher_logprobs, response_mask):
+    student_probs = student_logprobs.exp()
+    per_token_kl = {per_token}
+    return {total} / response_mask.sum()
+
+
+def train(student, teacher, prompts, opt):
+    for p in prompts:
+        ids = student.generate(p, do_sample=True)
+        s = student(ids).logits.log_softmax(-1)
+        with torch.no_grad():
+            t = teacher(ids).logits.log_softmax(-1)
+        loss = rkl_loss(s, t, ids.mask)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("per_token, total, codes", [
+    # sum_v p (log p - log q) over the vocabulary, then over the batch's tokens: the exact per-step KL as a loss,
+    # without the term that carries later tokens' KL back (row 2: KL003)
+    ('torch.einsum("btv,btv->bt", student_probs, student_logprobs - teacher_logprobs)',
+     'torch.einsum("bt,bt->", per_token_kl, response_mask)', ["KL003"]),
+    ("(student_probs * (student_logprobs - teacher_logprobs)).sum(-1)", "(per_token_kl * response_mask).sum()",
+     ["KL003"]),
+    # a contraction over another axis than the last is not read (no finding rather than a wrong one)
+    ('torch.einsum("btv,btv->bv", student_probs, student_logprobs - teacher_logprobs)',
+     "(per_token_kl * response_mask).sum()", []),
+])
+def test_einsum_contractions_read_as_the_sums_they_spell(tmp_path, per_token, total, codes):
+    (tmp_path / "opd.py").write_text(EINSUM.format(per_token=per_token, total=total))
+    assert [code for _, code in _found(tmp_path)] == codes
