@@ -34,6 +34,7 @@ from klaudit.lint.syntax import dotted, is_literal_choice, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
     called_on_fresh_samples,
+    calls_elsewhere,
     drawn_before_the_call_elsewhere,
     reuses_samples,
     steps_on_fresh_samples,
@@ -199,7 +200,9 @@ class Module:
         key = id(func)
         if key not in self._later_loop:
             methods = self.classes[cls][1] if cls in self.classes else None
-            self._later_loop[key] = trained_by_a_later_loop(func, methods, self.tree, self._calls_of)
+            self._later_loop[key] = trained_by_a_later_loop(
+                func, methods, self.tree, self._calls_of,
+                elsewhere=lambda name, method: calls_elsewhere(name, method, self.path, self.project, self._calls_of))
         return self._later_loop[key]
 
     def takes_a_step(self, func: cst.FunctionDef) -> bool:

@@ -198,31 +198,38 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     return drawn is True
 
 
-def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
-                                    calls_of: CallIndex) -> bool:
-    """Whether each call of the function `name` (a method where `method`: `x.name(...)`) that the modules of the
-    folder of `path`, the folder above and the linted roots make (each module but `path` itself) comes right after
-    its caller draws new samples, the caller taking no step of its own (`generate_batch_responses(model, ...)` then
-    `trainer.train_step(...)` in each round of a script's loop, or of each of two scripts' loops): each call then
-    trains on the policy that drew them. False where those modules make no such call (a docstring's is none), or
-    where one function calls it twice."""
+def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_of: CallIndex) -> list[tuple] | None:
+    """(module, its caller's methods, the caller's calls, the call's index among them, the loops around it) of each
+    call of the function `name` (a method where `method`: `x.name(...)`) that the modules of the folder of `path`,
+    the folder above and the linted roots make (each module but `path` itself); a docstring's or comment's
+    `name(...)` is none. None where one function calls it twice (the second call may train the first's samples
+    again) or a module holding such text cannot be parsed."""
     called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
-    here = project.key(path)
-    places = [other for other in _nearby_modules(Path(here), project)
+    places = [other for other in _nearby_modules(Path(project.key(path)), project)
               if name in project.called_names(other) and (text := project.raw_text(other)) is not None
               and called.search(text)]
-    found = []  # (module, caller's methods, caller's calls, index of the call, its loops) of each call, not of text
-    for place in places:  # a docstring's or comment's `train_step(...)` is no call
+    found = []
+    for place in places:
         other = project.parse(Path(place))
         if other is None:
-            return False
+            return None
         for caller, methods in _callers(other):
             calls = calls_of(caller)
             made = [(other, methods, calls, i, loops) for i, (call, loops) in enumerate(calls)
                     if last_name(call.func) == name and (type(call.func) is cst.Attribute) == method]
             if len(made) > 1:
-                return False  # two steps in one caller: the second may train the first's samples again
+                return None
             found += made
+    return found
+
+
+def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
+                                    calls_of: CallIndex) -> bool:
+    """Whether each call of the function `name` that other modules make (`calls_elsewhere`) comes right after its
+    caller draws new samples, the caller taking no step of its own (`generate_batch_responses(model, ...)` then
+    `trainer.train_step(...)` in each round of a script's loop, or of each of two scripts' loops): each call then
+    trains on the policy that drew them. False where they make none."""
+    found = calls_elsewhere(name, method, path, project, calls_of)
     return bool(found) and all(
         not takes_a_step(calls) and _drawn_since(index, loops, calls, other, _drawing(methods, other, calls_of)) is True
         for other, methods, calls, index, loops in found)
@@ -379,16 +386,22 @@ class CallIndex:
 
 def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
                             calls_of: CallIndex,
-                            depth: int = 0) -> cst.For | None:
+                            depth: int = 0,
+                            elsewhere: Callable[[str, bool], list[tuple] | None] | None = None) -> cst.For | None:
     """The loop of several optimizer steps that trains what `func` computes, where `func` takes no step: after
     its single call (by a method of its class, a function of `module`, or the module's own code; going up to
     that caller's single call where the caller takes no step either), the caller runs a loop that reuses its
     samples (`reuses_samples`) or calls a function of the module, or a method of the class, that holds one.
     A KL reward computed when the samples are drawn (`make_experience`) is then trained by every step of that
-    loop, each after the first on an older policy's samples (kl-math.md section 8, row 23)."""
+    loop, each after the first on an older policy's samples (kl-math.md section 8, row 23). `elsewhere(name,
+    method)`: `calls_elsewhere` of a function nothing in `module` calls, where each such call is followed, in its
+    caller, by a call of a function of `module` that holds the loop (a script's `collect_rollouts(...)` then
+    `ppo_update(...)`)."""
     if takes_a_step(calls_of(func)):
         return None
     site = _single_caller(func, methods, module, calls_of, anywhere=True, branches=True)
+    if site is None and elsewhere is not None and methods is None and _uncalled(func.name.value, module, calls_of):
+        return _later_loop_elsewhere(elsewhere(func.name.value, False), module)
     if site is None:
         return None
     caller, index, loops = site
@@ -401,8 +414,20 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
             return loop
     if depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
         own = methods if methods is not None and caller in methods.values() else None
-        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1)
+        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere)
     return None
+
+
+def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module) -> cst.For | None:
+    """The loop of `module` that trains the samples at each of the calls `found` in other modules: every caller goes
+    on to call a function of `module` (by its name) that holds a loop reusing its samples; None where one does not."""
+    loops = []
+    for _, _, calls, index, _ in found or ():
+        loop = next((held for call, _ in calls[index + 1:] if (held := _reusing_loop_of(call, None, module))), None)
+        if loop is None:
+            return None
+        loops.append(loop)
+    return loops[0] if loops else None
 
 
 def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,

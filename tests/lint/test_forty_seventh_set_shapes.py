@@ -163,3 +163,56 @@ def train(student, teacher, prompts, opt):
 def test_einsum_contractions_read_as_the_sums_they_spell(tmp_path, per_token, total, codes):
     (tmp_path / "opd.py").write_text(EINSUM.format(per_token=per_token, total=total))
     assert [code for _, code in _found(tmp_path)] == codes
+
+
+# A PPO module (hafeez381/LLM-Alignment's alignment/ppo.py): the k1 reward shaped when the rollouts are collected, and
+# an update that trains them `ppo_epochs` times; a script of the root calls the one, then the other.
+PPO = """\
+import torch
+
+
+def compute_shaped_rewards(scores, log_probs_old, log_probs_ref, response_mask, beta=0.05):
+    rewards = -beta * (log_probs_old - log_probs_ref) * response_mask
+    rewards[:, -1] += scores
+    return rewards
+
+
+def collect_rollouts(policy, ref, prompts):
+    with torch.no_grad():
+        seqs = policy.generate(prompts, do_sample=True)
+        old = policy.logprobs(seqs)
+        ref_lp = ref.logprobs(seqs)
+    return {"seqs": seqs, "old": old, "rewards": compute_shaped_rewards(seqs.scores, old, ref_lp, seqs.mask)}
+
+
+def ppo_update(policy, optimizer, buffer, ppo_epochs=4):
+    for epoch in range({epochs}):
+        new = policy.logprobs(buffer["seqs"])
+        ratio = torch.exp(new - buffer["old"])
+        returns = buffer["rewards"].flip(-1).cumsum(-1).flip(-1)
+        loss = -(ratio * returns).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+PPO_SCRIPT = """\
+from alignment.ppo import collect_rollouts, ppo_update
+
+
+def train_ppo(policy, ref, optimizer, loader):
+    for prompts in loader:
+        buffer = collect_rollouts(policy, ref, prompts)
+        ppo_update(policy, optimizer, buffer)
+"""
+
+
+@pytest.mark.parametrize("epochs, stale", [("ppo_epochs", True), ("1", False)])
+def test_a_reward_collected_for_an_update_another_module_calls_is_trained_by_its_epochs(tmp_path, epochs, stale):
+    """The reward helper's module calls it when collecting; a script calls the collection and then the update, whose
+    loop takes `ppo_epochs` (4) optimizer steps on the same rollout: every step after the first trains the k1 reward of
+    an older policy with only the token-level ratio (row 23, KL008). One epoch keeps it on the rollout's policy."""
+    (tmp_path / "alignment").mkdir()
+    (tmp_path / "alignment" / "__init__.py").write_text("")
+    (tmp_path / "alignment" / "ppo.py").write_text(PPO.replace("{epochs}", epochs))
+    (tmp_path / "train.py").write_text(PPO_SCRIPT)
+    assert (("alignment/ppo.py", "KL008") in _found(tmp_path)) is stale
