@@ -38,8 +38,8 @@ def _written(key: str) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
     yaml = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{key}[ \t]*:[ \t]*([^\s#]*)", re.MULTILINE)
     # `training_args.beta = 0.1`, `cfg.grpo.beta = 0.1`: written to an object named as a configuration (not the
     # trainer's own `self.beta = args.beta`, nor `ctx.beta` of an autograd function)
-    attribute = re.compile(rf"(?<![\w.])\w*(?:arg|conf|cfg|param|setting)\w*(?:\.\w+)*\.{key}[ \t]*=(?!=)[ \t]*([^\n#;]*)",
-                           re.IGNORECASE)
+    attribute = re.compile(rf"(?<![\w.])(?:self\.)?\w*(?:arg|conf|cfg|param|setting)\w*(?:\.\w+)*\.{key}[ \t]*=(?!=)"
+                           rf"[ \t]*([^\n#;]*)", re.IGNORECASE)
     return option, yaml, attribute
 
 
@@ -111,7 +111,8 @@ def _number(text: str | None) -> bool:
     return text is not None and re.fullmatch(r"-?[\d.]+(?:e-?\d+)?", text) is not None
 
 
-# `self.beta = args.beta` in a trainer's `__init__`: an edited copy of TRL's GRPOTrainer
+# `self.beta = args.beta` in a trainer's `__init__`: an edited copy of TRL's GRPOTrainer (in a module that names GRPO:
+# TRL's DPOTrainer reads its own beta, the preference loss's temperature, the same way)
 _FROM_CONFIG = re.compile(r"\bself\.beta[ \t]*=[ \t]*(?:self\.)?args\.beta\b")
 
 
@@ -121,5 +122,5 @@ def is_grpo_trainer_module(path: str, source: str, subclasses: Collection[str]) 
     configures."""
     if "trl" in Path(path).parts[:-1]:
         return False
-    return _FROM_CONFIG.search(source) is not None or any(
+    return _FROM_CONFIG.search(source) is not None and "GRPO" in source or any(
         name in subclasses for name, _ in CLASS_HEADER.findall(source))

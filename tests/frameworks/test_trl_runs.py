@@ -168,7 +168,7 @@ def test_trls_own_modules_keep_their_verdicts(tmp_path):
     ("python train.py --beta 0.04 --lr 1e-6", False, ["0.04"]),
     ('cmd = ["python", "train.py", "--beta", "0.1"]', False, ["0.1"]),
     ("trl grpo --beta=${BETA}", False, [None]),
-    ("training_args.beta = 0.2\nself.beta = args.beta\nctx.beta = beta\n", False, ["0.2"]),
+    ("training_args.beta = 0.2\nself.beta = args.beta\nctx.beta = beta\nself.args.beta = 0.3\n", False, ["0.2", "0.3"]),
     ("beta: 0.0\nadam_beta1: 0.9\n", True, ["0.0"]),
     ("beta: 0.0\n", False, []),  # a Python or shell text has no YAML keys
     ("--beta1 0.9 --beta_schedule cosine", False, []),
@@ -212,3 +212,14 @@ def test_holds_at_betas(labels, betas, expected):
 ])
 def test_holds_at_loss_types(labels, loss_types, expected):
     assert trl_runs.holds(labels, {"loss_type": loss_types}) is expected
+
+
+@pytest.mark.parametrize("path, source, expected", [
+    ("wrapper.py", "class GRPOTrainer(Trainer):\n    def __init__(self, args):\n        self.beta = args.beta\n", True),
+    # TRL's DPOTrainer reads its preference temperature the same way: not a GRPO trainer
+    ("dpo.py", "class DPOTrainer(Trainer):\n    def __init__(self, args):\n        self.beta = args.beta\n", False),
+    ("mine.py", "class MyTrainer(GRPOTrainer):\n    pass\n", True),
+    ("vendor/trl/trainer/grpo_trainer.py", "class X(GRPOTrainer):\n    self.beta = args.beta  # GRPO\n", False),
+])
+def test_which_modules_are_grpo_trainers(path, source, expected):
+    assert trl_runs.is_grpo_trainer_module(path, source, frozenset({"MyTrainer", "X"})) is expected
