@@ -229,7 +229,7 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
     caller draws new samples, the caller taking no step of its own (`generate_batch_responses(model, ...)` then
     `trainer.train_step(...)` in each round of a script's loop, or of each of two scripts' loops): each call then
     trains on the policy that drew them. False where they make none."""
-    found = calls_elsewhere(name, method, path, project, calls_of)
+    found = calls_elsewhere(name, method, path, project, calls_of) or []
     return bool(found) and all(
         not takes_a_step(calls) and _drawn_since(index, loops, calls, other, _drawing(methods, other, calls_of)) is True
         for other, methods, calls, index, loops in found)
