@@ -37,7 +37,16 @@ from klaudit.frameworks.drivers import SEVERAL_STEPS, RewardTraining, reward_tra
 from klaudit.lint import algebra as alg
 from klaudit.lint.autofix import Builder, SiteUse
 from klaudit.lint.budget import BudgetExceeded
-from klaudit.lint.facts import Fact, Labels, Sink, different_targets, is_excluded, is_measured_label, is_pattern
+from klaudit.lint.facts import (
+    Fact,
+    Labels,
+    Sink,
+    different_targets,
+    is_excluded,
+    is_measured_label,
+    is_pattern,
+    pinned_values_hold,
+)
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
@@ -82,6 +91,9 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
+        if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out
+            pins = mod.caller_pins(func, cls)
+            found = [(sink, fact, config) for sink, fact, config in found if pinned_values_hold(fact.labels, pins)]
         paired = _paired(found)
         for sink, fact, config in paired:
             if _exact_loss_on_dataset(config) and teacher_forced(func, fact.origin, owners, source):

@@ -25,6 +25,7 @@ from klaudit.lint.facts import (
     replace,
 )
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.pinned import caller_pins
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
@@ -36,6 +37,7 @@ from klaudit.lint.update_loops import (
     called_on_fresh_samples,
     calls_elsewhere,
     drawn_before_the_call_elsewhere,
+    handed_on_elsewhere,
     reuses_samples,
     steps_on_fresh_samples,
     takes_a_step,
@@ -154,6 +156,7 @@ class Module:
         self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, cst.For | None] = {}  # id(function) -> the loop that trains what it computes
+        self._pins: dict[int, Mapping[str, tuple]] = {}  # id(function) -> the switch values every caller gives it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
 
@@ -204,6 +207,21 @@ class Module:
                 func, methods, self.tree, self._calls_of,
                 elsewhere=lambda name, method: calls_elsewhere(name, method, self.path, self.project, self._calls_of))
         return self._later_loop[key]
+
+    def caller_pins(self, func: cst.FunctionDef, cls: str | None) -> Mapping[str, tuple]:
+        """klaudit.lint.pinned.caller_pins of a module function nothing in this module calls, from the calls the
+        modules near it make; {} for a method, a function this module calls, or one no other module calls."""
+        key = id(func)
+        if key not in self._pins:
+            name = func.name.value
+            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of) \
+                if cls is None and name not in self._calls_of.called_names(self.tree) else None
+            # called as `module.name(...)` too, or handed on as a value: callers the text does not show
+            hidden = not found or calls_elsewhere(name, True, self.path, self.project, self._calls_of) != [] \
+                or handed_on_elsewhere(name, self.path, self.project)
+            self._pins[key] = {} if hidden or found is None else caller_pins(
+                func, (calls[index][0] for _, _, calls, index, _ in found))
+        return self._pins[key]
 
     def takes_a_step(self, func: cst.FunctionDef) -> bool:
         """Whether one of this module's functions steps an optimizer itself."""

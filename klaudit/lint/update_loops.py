@@ -223,6 +223,24 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
     return found
 
 
+def handed_on_elsewhere(name: str, path: str, project: Project) -> bool:
+    """Whether the module at `path` or a module near it (as `calls_elsewhere` looks) names the function `name` other
+    than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`, `{"k": name}`): its
+    callers are then more than the calls the text shows."""
+    bare = re.compile(rf"(?<![\w]){re.escape(name)}(?!\w)(?!\s*\()")
+    for other in [project.key(path), *_nearby_modules(Path(project.key(path)), project)]:
+        text = project.raw_text(other) or ""
+        if name not in text:
+            continue
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] in (["import"], ["from"], ["def"], ["async"]) or (words[:1] == ["#"]) or name not in line:
+                continue
+            if bare.search(line):
+                return True
+    return False
+
+
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
                                     calls_of: CallIndex) -> bool:
     """Whether each call of the function `name` that other modules make (`calls_elsewhere`) comes right after its

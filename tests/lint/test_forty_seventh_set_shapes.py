@@ -216,3 +216,71 @@ def test_a_reward_collected_for_an_update_another_module_calls_is_trained_by_its
     (tmp_path / "alignment" / "ppo.py").write_text(PPO.replace("{epochs}", epochs))
     (tmp_path / "train.py").write_text(PPO_SCRIPT)
     assert (("alignment/ppo.py", "KL008") in _found(tmp_path)) is stale
+
+
+# An update with a flag its scripts pin (hafeez381/LLM-Alignment's `grpo_update(..., use_full_kl=False)`): the exact
+# per-step KL over the vocabulary under the flag, k1 of the sampled tokens otherwise, both as a loss.
+FLAGGED = """\
+import torch
+
+
+def grpo_update(policy, ref, optimizer, batch, use_full_kl=False, beta=0.04):
+    logits = policy(batch["ids"]).logits
+    with torch.no_grad():
+        ref_logits = ref(batch["ids"]).logits
+    logp_all = logits.log_softmax(-1)
+    ref_all = ref_logits.log_softmax(-1)
+    logp = logp_all.gather(-1, batch["ids"].unsqueeze(-1)).squeeze(-1)
+    if use_full_kl:
+        kl = (logp_all.exp() * (logp_all - ref_all)).sum(-1)
+    else:
+        kl = logp - ref_all.gather(-1, batch["ids"].unsqueeze(-1)).squeeze(-1)
+    loss = -(logp * batch["advantages"]).mean() + beta * kl.mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+CALLER = """\
+from functools import partial
+
+import alignment.grpo
+from alignment.grpo import grpo_update
+
+
+def train(policy, ref, optimizer, prompts):
+    for p in prompts:
+        batch = policy.generate(p, do_sample=True)
+        {call}
+"""
+
+
+@pytest.mark.parametrize("call, k1, full", [
+    ("grpo_update(policy, ref, optimizer, batch)", True, False),  # the default, False, at every call
+    ("grpo_update(policy, ref, optimizer, batch, False)", True, False),
+    ("grpo_update(policy, ref, optimizer, batch, use_full_kl=True)", False, True),
+    ("grpo_update(policy, ref, optimizer, batch, **{'use_full_kl': True})", True, True),  # not spelled: pins nothing
+    ("partial(grpo_update, use_full_kl=True)(policy, ref, optimizer, batch)", True, True),  # handed on: callers unseen
+    ("alignment.grpo.grpo_update(policy, ref, optimizer, batch, use_full_kl=True)", True, True),
+])
+def test_a_flag_every_call_of_a_helper_pins_keeps_the_other_branch_out(tmp_path, call, k1, full):
+    """k1 as a loss (row 1: KL001) where some call leaves the flag off, the exact per-step KL as a loss (row 2: KL003)
+    where some call may turn it on; a call the text does not spell, or callers it cannot see, keep both."""
+    (tmp_path / "alignment").mkdir()
+    (tmp_path / "alignment" / "__init__.py").write_text("")
+    (tmp_path / "alignment" / "grpo.py").write_text(FLAGGED)
+    (tmp_path / "train.py").write_text(CALLER.format(call=call))
+    found = _found(tmp_path)
+    assert (("alignment/grpo.py", "KL001") in found) is k1
+    assert (("alignment/grpo.py", "KL003") in found) is full
+
+
+def test_caller_pins_read_keywords_positions_and_defaults():
+    import libcst as cst
+
+    from klaudit.lint.pinned import caller_pins
+
+    func = cst.parse_module("def f(a, kind='k1', flag=False, *, mode='x'):\n    pass\n").body[0]
+    calls = [cst.parse_expression(text) for text in ("f(1)", "f(2, 'k3', mode='x')", "f(3, kind='k1', flag=True)")]
+    assert caller_pins(func, calls) == {"kind": ("k1", "k3"), "flag": (False, True), "mode": ("x",)}
+    assert caller_pins(func, [cst.parse_expression("f(*args)")]) == {}
+    assert "kind" not in caller_pins(func, [cst.parse_expression("f(1, KIND)")])

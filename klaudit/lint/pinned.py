@@ -1,0 +1,46 @@
+"""Switch values that every call of a function pins: a training step's `use_full_kl` that each script leaves False.
+
+A function analysed on its own takes each of its flag and string parameters as a switch and judges every branch
+(`if use_full_kl:` both ways). Where nothing in its module calls it and the other modules' calls of it
+(klaudit.lint.update_loops.calls_elsewhere) all give a parameter literal values, by keyword, by position or by
+leaving its literal default, a branch none of them selects never runs, and its verdicts are left out. A call that
+splats its arguments (`f(*args)`, `f(**cfg)`) or gives a value the text does not spell pins nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import libcst as cst
+
+from klaudit.lint.facts import SwitchValue
+from klaudit.lint.syntax import params, text_of
+
+
+def caller_pins(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> Mapping[str, tuple[SwitchValue, ...]]:
+    """{parameter: the values `calls` give it} for each flag or string parameter of `func` that every call gives a
+    literal; {} where a call splats its arguments."""
+    parameters = params(func)
+    positional = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
+    given: dict[str, list[SwitchValue | None]] = {p.name.value: [] for p in parameters}
+    for call in calls:
+        bound: dict[str, cst.BaseExpression] = {}
+        for index, arg in enumerate(call.args):
+            if arg.star:
+                return {}
+            if arg.keyword is not None:
+                bound[arg.keyword.value] = arg.value
+            elif index < len(positional):
+                bound[positional[index]] = arg.value
+        for p in parameters:
+            value = bound.get(p.name.value, p.default)
+            given[p.name.value].append(_literal(value) if value is not None else None)
+    return {name: tuple(dict.fromkeys(values)) for name, values in given.items()
+            if values and None not in values}
+
+
+def _literal(node: cst.BaseExpression) -> SwitchValue | None:
+    """True, False or a string's text, as a switch label spells it; None for anything else."""
+    if type(node) is cst.Name and node.value in ("True", "False"):
+        return node.value == "True"
+    return text_of(node)
