@@ -35,8 +35,8 @@ def caller_pins(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> Mapping[str
         for p in parameters:
             value = bound.get(p.name.value, p.default)
             given[p.name.value].append(_literal(value) if value is not None else None)
-    return {name: tuple(dict.fromkeys(values)) for name, values in given.items()
-            if values and None not in values}
+    return {name: tuple(dict.fromkeys(value for value in values if value is not None))
+            for name, values in given.items() if values and None not in values}
 
 
 def _literal(node: cst.BaseExpression) -> SwitchValue | None:
