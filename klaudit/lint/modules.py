@@ -25,6 +25,7 @@ from klaudit.lint.facts import (
     replace,
 )
 from klaudit.lint.flow import FunctionRun
+from klaudit.lint.overrides import overridden_everywhere
 from klaudit.lint.pinned import caller_pins
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
@@ -157,6 +158,7 @@ class Module:
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, cst.For | None] = {}  # id(function) -> the loop that trains what it computes
         self._pins: dict[int, Mapping[str, tuple]] = {}  # id(function) -> the switch values every caller gives it
+        self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
 
@@ -222,6 +224,13 @@ class Module:
             self._pins[key] = {} if hidden or found is None else caller_pins(
                 func, (calls[index][0] for _, _, calls, index, _ in found))
         return self._pins[key]
+
+    def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
+        """klaudit.lint.overrides.overridden_everywhere of a method of this module's class `cls`, read once."""
+        key = (cls, func.name.value)
+        if key not in self._overridden:
+            self._overridden[key] = overridden_everywhere(func.name.value, cls, self.path, self.project)
+        return self._overridden[key]
 
     def takes_a_step(self, func: cst.FunctionDef) -> bool:
         """Whether one of this module's functions steps an optimizer itself."""

@@ -205,7 +205,7 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
     `name(...)` is none. None where one function calls it twice (the second call may train the first's samples
     again) or a module holding such text cannot be parsed."""
     called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
-    places = [other for other in _nearby_modules(Path(project.key(path)), project)
+    places = [other for other in nearby_modules(Path(project.key(path)), project)
               if name in project.called_names(other) and (text := project.raw_text(other)) is not None
               and called.search(text)]
     found = []
@@ -228,7 +228,7 @@ def handed_on_elsewhere(name: str, path: str, project: Project) -> bool:
     than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`, `{"k": name}`): its
     callers are then more than the calls the text shows."""
     bare = re.compile(rf"(?<![\w]){re.escape(name)}(?!\w)(?!\s*\()")
-    for other in [project.key(path), *_nearby_modules(Path(project.key(path)), project)]:
+    for other in [project.key(path), *nearby_modules(Path(project.key(path)), project)]:
         text = project.raw_text(other) or ""
         if name not in text:
             continue
@@ -266,7 +266,7 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
     called = re.compile(rf"(?<![\w.]){re.escape(owner or '')}\s*\(" if by_instance else
                         rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
     word = owner if by_instance and owner else name
-    places = [(other, text) for other in _nearby_modules(Path(project.key(path)), project, siblings=True)
+    places = [(other, text) for other in nearby_modules(Path(project.key(path)), project, siblings=True)
               if word in project.called_names(other) and (text := project.raw_text(other)) is not None
               and called.search(text)]
     found = False
@@ -294,7 +294,7 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
     return found
 
 
-def _nearby_modules(path: Path, project: Project, siblings: bool = False) -> list[str]:
+def nearby_modules(path: Path, project: Project, siblings: bool = False) -> list[str]:
     """The Python files of the folder of `path`, of the folder above it and of the linted roots (not those
     folders' subfolders; with `siblings`, also of the other folders of the folder above where it lies in a linted
     root, and of the folders of the linted roots: `scripts/`, `experiments/`, `tests/`), `path` itself left out;

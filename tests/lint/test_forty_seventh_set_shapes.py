@@ -284,3 +284,47 @@ def test_caller_pins_read_keywords_positions_and_defaults():
     assert caller_pins(func, calls) == {"kind": ("k1", "k3"), "flag": (False, True), "mode": ("x",)}
     assert caller_pins(func, [cst.parse_expression("f(*args)")]) == {}
     assert "kind" not in caller_pins(func, [cst.parse_expression("f(1, KIND)")])
+
+
+# A base trainer and the subclass a project trains with (Amuguna/diffu-gspo: DiffuGSPOTrainer(DiffuGRPOTrainer)
+# replaces compute_loss), in two modules beside the training script.
+BASE = """\
+import torch
+
+
+class BaseTrainer:
+    def compute_loss(self, model, inputs):
+        logp = model.logprobs(inputs["ids"])
+        ref = inputs["ref_logps"]
+        k3 = torch.exp(ref - logp) - (ref - logp) - 1
+        return (-logp * inputs["advantages"] + 0.04 * k3).mean()
+"""
+SUB = """\
+from base import BaseTrainer
+
+
+class SeqTrainer(BaseTrainer):
+    def compute_loss(self, model, inputs):
+        logp = model.logprobs(inputs["ids"]).mean(-1)
+        {body}
+"""
+SCRIPT_BUILDS = """\
+from base import BaseTrainer
+from sub import SeqTrainer
+
+{build}
+"""
+
+
+@pytest.mark.parametrize("body, build, kept", [
+    ('return -(logp * inputs["advantages"]).mean()', "trainer = SeqTrainer()", False),
+    ('return -(logp * inputs["advantages"]).mean()', "trainer = BaseTrainer()", True),  # the base is built
+    ('return super().compute_loss(model, inputs) - logp.mean()', "trainer = SeqTrainer()", True),  # it runs the base's
+    ('return -(logp * inputs["advantages"]).mean()', 'TRAINERS = {"grpo": BaseTrainer, "gspo": SeqTrainer}', True),
+])
+def test_a_base_method_every_subclass_replaces_never_runs(tmp_path, body, build, kept):
+    """k3 as a loss (row 3: KL002) in the base's compute_loss, reported only where some run may execute it."""
+    (tmp_path / "base.py").write_text(BASE)
+    (tmp_path / "sub.py").write_text(SUB.format(body=body))
+    (tmp_path / "train.py").write_text(SCRIPT_BUILDS.format(build=build))
+    assert (("base.py", "KL002") in _found(tmp_path)) is kept

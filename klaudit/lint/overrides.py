@@ -1,0 +1,53 @@
+"""Methods that never run: a base class's method every subclass overrides, where nothing builds the base itself.
+
+A trainer module often keeps the class it started from (`DiffuGRPOTrainer`) beside the subclass the project trains
+with (`DiffuGSPOTrainer(DiffuGRPOTrainer)`, whose own `compute_loss` replaces the base's). Where every class of the
+project deriving from the base defines the method again without calling the base's (`super().compute_loss(...)`),
+and the base is named nowhere but as a base, in an import or at its definition (no `DiffuGRPOTrainer(...)`, no
+`trainer_cls = DiffuGRPOTrainer`, no `__all__` entry), the base's method is code no run executes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import libcst as cst
+
+from klaudit.frameworks.trainers import CLASS_HEADER
+from klaudit.lint.project import Project
+from klaudit.lint.update_loops import nearby_modules
+
+_DECLARATIONS = ("class", "def", "async", "import", "from", "#")  # the first word of a line that names without using
+
+
+def overridden_everywhere(name: str, cls: str, path: str, project: Project) -> bool:
+    """Whether method `name` of class `cls` (in the module at `path`) never runs: see the module's docstring."""
+    modules = [project.key(path), *nearby_modules(Path(project.key(path)), project, siblings=True)]
+    texts = {module: text for module in modules if (text := project.raw_text(module)) is not None and cls in text}
+    subclasses = [(module, sub) for module, text in texts.items() for sub, bases in CLASS_HEADER.findall(text)
+                  if cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}]
+    if not subclasses or any(_used(text, cls) for text in texts.values()):
+        return False
+    return all(_replaces(module, sub, name, cls, project) for module, sub in subclasses)
+
+
+def _used(text: str, cls: str) -> bool:
+    """Whether `text` names the class `cls` on a line that does more than declare, import or derive from it."""
+    word = re.compile(rf"(?<![\w.]){re.escape(cls)}(?!\w)")
+    return any(word.search(line) and (line.split() or [""])[0].split("(")[0] not in _DECLARATIONS
+               for line in text.splitlines() if cls in line)
+
+
+def _replaces(module: str, sub: str, name: str, cls: str, project: Project) -> bool:
+    """Whether class `sub` of `module` defines method `name` without calling the base's (`super().name(`,
+    `cls.name(self, ...)`)."""
+    tree = project.parse(Path(module))
+    classdef = next((stmt for stmt in tree.body if isinstance(stmt, cst.ClassDef) and stmt.name.value == sub),
+                    None) if tree is not None else None
+    method = next((item for item in classdef.body.body if isinstance(item, cst.FunctionDef)
+                   and item.name.value == name), None) if classdef is not None else None
+    if method is None:
+        return False
+    code = cst.Module(body=[]).code_for_node(method)
+    return re.search(rf"(?:super\([^)]*\)|\b{re.escape(cls)})\.{re.escape(name)}\s*\(", code) is None
