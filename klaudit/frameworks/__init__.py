@@ -180,50 +180,47 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
 
 
 def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
-    """Every value of beta and loss_type the project's TRL GRPO configurations may run with (klaudit.frameworks.
-    trl_runs): those its `GRPOConfig(...)` calls and command-line parsers of GRPOConfig give (a class's default where
-    a key is left out), and those its scripts, configurations and code write; None where it builds or parses no
-    GRPOConfig."""
+    """Every beta the project's TRL GRPO configurations may run with (klaudit.frameworks.trl_runs): those its
+    `GRPOConfig(...)` calls and command-line parsers of GRPOConfig give (a class's default where beta is left out),
+    and those its scripts, configurations and code write; None where it builds or parses no GRPOConfig."""
     names = context.class_names
-    values: dict[str, list[str | None]] = {key: [] for key in trl_runs.KEYS}
-    left_out: list[tuple[str, str, str]] = []  # (key, class, path) of each configuration that leaves a key out
+    betas: list[str | None] = []
+    left_out: list[tuple[str, str]] = []  # (class, path) of each configuration that leaves beta out
     own: dict[str, Mapping[str, Setting]] = {}  # a homonym's fields (a project's own GRPOConfig, not TRL's)
-    built = False
+    built = False  # a configuration built or parsed outside the trainers
     for path, text in sources.items():
-        if "trl" in Path(path).parts[:-1]:
+        if "trl" in Path(path).parts[:-1] or not any(name in text for name in names) and "beta" not in text:
             continue  # TRL's own modules: their configurations are TRL's examples and tests
-        for key in trl_runs.KEYS:
-            values[key] += trl_runs.written_values(text, key)
-        if not any(name in text for name in names):
-            continue
-        calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options)
+        # a trainer's own `GRPOConfig(f"{model_name}-GRPO")`, when it is handed none, is no run of the project
+        trainer = bool(trl_runs.trainer_methods(path, text, context.grpo_trainers))
+        calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options) \
+            if any(name in text for name in names) else ([], [])
         own.update({definition.name: definition.fields for definition in definitions
                     if definition.name in context.homonyms})
+        if trainer:
+            continue
+        betas += trl_runs.written_values(text, trl.BETA)
         parsed = {name for match in _PARSED_CLASSES.finditer(text) for name in re.findall(r"\w+", match.group(1))}
-        for key in trl_runs.KEYS:
-            values[key] += [call.settings[key].value for call in calls if key in call.settings]
-            left_out += [(key, call.name, path) for call in calls if key not in call.settings]
-            left_out += [(key, name, path) for name in sorted(parsed & names)]
+        betas += [call.settings[trl.BETA].value for call in calls if trl.BETA in call.settings]
+        left_out += [(call.name, path) for call in calls if trl.BETA not in call.settings]
+        left_out += [(name, path) for name in sorted(parsed & names)]
         built = built or bool(calls or parsed & names)
         if _UNSLOTH.search(text):
-            values[trl.BETA].append(trl.UNSLOTH_BETA)
+            betas.append(trl.UNSLOTH_BETA)
     for path in configs:
-        text = read_text(Path(path)) or ""
-        for key in trl_runs.KEYS:
-            values[key] += trl_runs.written_values(text, key, yaml=path.endswith(YAML_SUFFIXES))
-    for key, name, path in left_out:
-        values[key].append(own[name][key].value if name in own and key in own[name]
-                           else None if name in own else _default(key, name, path, context))
-    return {key: tuple(found) for key, found in values.items()} if built else None
+        betas += trl_runs.written_values(read_text(Path(path)) or "", trl.BETA, yaml=path.endswith(YAML_SUFFIXES))
+    betas += [(own[name][trl.BETA].value if trl.BETA in own[name] else None) if name in own
+              else _default_beta(name, path, context) for name, path in left_out]
+    return {trl.BETA: tuple(betas)} if built else None
 
 
-def _default(key: str, name: str, path: str, context: Context) -> str | None:
-    """The value of GRPOConfig's `key` that a `name(...)` configuration at `path` has when it leaves it out: its
-    class's default in the linted code, else the default of the TRL release assumed there."""
+def _default_beta(name: str, path: str, context: Context) -> str | None:
+    """The beta a `name(...)` configuration at `path` has when it leaves it out: its class's default in the linted
+    code, else the default of the TRL release assumed there."""
     fallback, _ = _class_defaults((name,), path, context)
-    if fallback and key in fallback:
-        return fallback[key]
-    return trl.defaults(context.release(trl.NAME, path))[key]
+    if fallback and trl.BETA in fallback:
+        return fallback[trl.BETA]
+    return trl.defaults(context.release(trl.NAME, path))[trl.BETA]
 
 
 # `GRPOConfig(..., **cfg["grpo"])`, `**dict(config.get("grpo"))`; or `kwargs = dict(cfg["grpo"])` then `**kwargs`

@@ -1,34 +1,36 @@
-"""Which of a TRL GRPO trainer's switch branches a project runs: the values its configurations give.
+"""Whether a project's TRL GRPO trainer ever takes its KL branch: the beta values its configurations give.
 
-TRL's GRPOTrainer, and a project's edited copy or subclass of it, reads its switches from the GRPOConfig it is
-handed: the KL term is added only under `if self.beta != 0.0` (at beta = 0 the reference model is not even
-loaded), and `self.loss_type` picks how the per-token loss is reduced. Where every configuration the project
-builds or launches leaves beta at 0 (TRL's default from 0.19 on, or a copy's own default), or sets loss_type
-to "dapo", the `beta != 0` or `loss_type == "grpo"` branch never trains, and a verdict that holds only under
-it says nothing about the project's runs.
+TRL's GRPOTrainer, and a project's edited copy or subclass of it, adds its KL term only under
+`if self.beta != 0.0`, with `self.beta = args.beta` read from the GRPOConfig it is handed; at beta = 0 the
+reference model is not even loaded. Where every configuration the project builds or launches leaves beta at 0
+(TRL's default from 0.19 on, or a copy's own default), that branch of the trainer's methods never trains, and a
+verdict that holds only under it says nothing about the project's runs.
 
-The values are read, conservatively, from everything that may set a key: each `GRPOConfig(...)` call (or a
-call of a class deriving from it), with its class's default where it leaves the key out and an unknown value
-after `**kwargs`; a script that parses GRPOConfig from its command line (its default, and the values below);
-every `--key` option and YAML `key:` in the project's launch scripts, configurations and Python text (a DPO
-launch's `--beta` counts too: it can only keep a verdict); and `config.key = ...` written to an object named
-as a configuration. A value that is not a literal keeps every verdict.
+The values are read, conservatively, from everything that may set beta: each `GRPOConfig(...)` call (or a call of
+a class deriving from it) outside the trainer modules themselves (TRL's own `GRPOConfig(f"{model_name}-GRPO")`
+fallback is no run of the project), with its class's default where it leaves beta out and an unknown value after
+`**kwargs`; a script that parses GRPOConfig from its command line (its default, and the values below); every
+`--beta` option and YAML `beta:` in the project's launch scripts, configurations and Python text (a DPO launch's
+beta counts too: it can only keep a verdict); and `config.beta = ...` written to an object named as a
+configuration. A value that is not a number keeps every verdict. Only the methods of the trainer classes are judged
+so (a helper's own `beta` parameter, a generalized JSD's interpolation, is another quantity), and only beta: which
+`loss_type` a library trainer's user picks is that user's choice.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.trainers import CLASS_HEADER
-from klaudit.frameworks.trl import BETA, LOSS_TYPE
+from klaudit.frameworks.trl import BETA
 
 if TYPE_CHECKING:
     from klaudit.lint.facts import Labels
 
-KEYS = (BETA, LOSS_TYPE)
+KEYS = (BETA,)
 Runs = Mapping[str, tuple["str | None", ...]]  # key -> every value the project's configurations give it
 
 
@@ -77,12 +79,8 @@ _COMPARE = {"==": lambda a, b: a == b, ">": lambda a, b: a > b, ">=": lambda a, 
 
 def holds(labels: Labels, runs: Runs) -> bool:
     """Whether a path taken under switch `labels` can run in one of the project's configurations: beta's tests of a
-    number are true at one of its betas, and loss_type's values take one of its loss types (each key apart). An
-    unknown value, or a label that is no such test, holds."""
-    return _beta_holds(labels, runs.get(BETA, (None,))) and _loss_type_holds(labels, runs.get(LOSS_TYPE, (None,)))
-
-
-def _beta_holds(labels: Labels, betas: tuple[str | None, ...]) -> bool:
+    number are true at one of its betas. An unknown value, or a label that is no such test, holds."""
+    betas = runs.get(BETA, (None,))
     tests = [(match, values) for name, values in labels if (match := _TEST.match(name)) is not None and _truths(values)]
     flags = [values for name, values in labels if name == BETA and _truths(values)]  # `if self.beta:`
     if not tests and not flags or None in betas:
@@ -94,15 +92,6 @@ def _beta_holds(labels: Labels, betas: tuple[str | None, ...]) -> bool:
                and all((value != 0) in values for values in flags) for value in numbers)
 
 
-def _loss_type_holds(labels: Labels, loss_types: tuple[str | None, ...]) -> bool:
-    from klaudit.lint.facts import takes  # the analysis's own reading of a label's values
-
-    chosen = [values for name, values in labels if name == LOSS_TYPE and not _truths(values)]
-    if not chosen or None in loss_types:
-        return True
-    return any(all(takes(value, values) for values in chosen) for value in loss_types if value is not None)
-
-
 def _truths(values: tuple) -> bool:
     return all(isinstance(value, bool) for value in values)
 
@@ -111,16 +100,29 @@ def _number(text: str | None) -> bool:
     return text is not None and re.fullmatch(r"-?[\d.]+(?:e-?\d+)?", text) is not None
 
 
-# `self.beta = args.beta` in a trainer's `__init__`: an edited copy of TRL's GRPOTrainer (in a module that names GRPO:
-# TRL's DPOTrainer reads its own beta, the preference loss's temperature, the same way)
+# `self.beta = args.beta` in a trainer's `__init__`: an edited copy of TRL's GRPOTrainer
 _FROM_CONFIG = re.compile(r"\bself\.beta[ \t]*=[ \t]*(?:self\.)?args\.beta\b")
 
 
-def is_grpo_trainer_module(path: str, source: str, subclasses: Collection[str]) -> bool:
-    """Whether the module at `path` defines a GRPO trainer that reads its switches from TRL's GRPOConfig: a copy of
-    TRL's GRPOTrainer, or a class deriving from it (`subclasses`); not TRL's own modules, which every user
-    configures."""
-    if "trl" in Path(path).parts[:-1]:
-        return False
-    return _FROM_CONFIG.search(source) is not None and "GRPO" in source or any(
-        name in subclasses for name, _ in CLASS_HEADER.findall(source))
+def trainer_methods(path: str, source: str, subclasses: Collection[str]) -> list[tuple[int, int]]:
+    """(first line, last line) of each method of the GRPO trainers the module at `path` defines that reads beta from
+    TRL's GRPOConfig: a class deriving from TRL's GRPOTrainer (`subclasses`), or a class named for GRPO whose own code
+    sets `self.beta = args.beta` (an edited copy; TRL's DPOTrainer reads its preference temperature the same way). A
+    method with a `beta` parameter of its own is left out, and so are TRL's own modules, which every user configures."""
+    if "trl" in Path(path).parts[:-1] or "beta" not in source:
+        return []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    spans = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        text = ast.get_source_segment(source, node) or ""
+        if node.name not in subclasses and not ("GRPO" in node.name and _FROM_CONFIG.search(text)):
+            continue
+        spans += [(item.lineno, item.end_lineno or item.lineno) for item in node.body
+                  if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and BETA not in {arg.arg for arg in (*item.args.posonlyargs, *item.args.args, *item.args.kwonlyargs)}]
+    return spans

@@ -1,4 +1,4 @@
-"""A TRL GRPO trainer's switch branches (`if self.beta != 0.0:`, `loss_type`) judged by the values the project runs.
+"""A TRL GRPO trainer's KL branch (`if self.beta != 0.0:`) judged by the beta values the project runs with.
 
 TRL's GRPOTrainer, and a project's copy or subclass of it, adds beta * k3 only when beta != 0. Where every
 configuration the project builds or launches leaves beta at 0, the branch never trains; where one sets it
@@ -74,16 +74,31 @@ REDUCED = SUBCLASS.replace(
     "            loss = (per_token_loss * mask).sum() / mask.sum()\n")
 
 
-@pytest.mark.parametrize("keywords, kept", [
-    (', beta=0.04, loss_type="dapo"', False),  # TARS's shape: the grpo branch never runs
-    (', beta=0.04, loss_type="grpo"', True),  # each completion's token mean (row 21)
-    (", beta=0.04", False),  # TRL 1.16's default: dapo
-    (", beta=0.04, loss_type=LOSS", True),
-])
-def test_a_subclass_s_per_sequence_mean_counts_only_where_a_configuration_picks_it(tmp_path, keywords, kept):
-    found = _codes(tmp_path, {"trainer.py": REDUCED, "train.py": BUILT.format(keywords=keywords)})
-    assert ("trainer.py", "KL002") in found
-    assert (("trainer.py", "KL007") in found) is kept
+def test_loss_type_stays_a_switch_of_the_trainer(tmp_path):
+    """Which loss_type a trainer's user picks is that user's choice (a library's trainer, verifiers'): the per-sequence
+    mean under `loss_type == "grpo"` (row 21) is reported whatever the project's own configurations pick."""
+    found = _codes(tmp_path, {"trainer.py": REDUCED, "train.py": BUILT.format(keywords=', beta=0.04, loss_type="dapo"')})
+    assert ("trainer.py", "KL007") in found
+
+
+# TRL's GKD-style helper in the same trainer: its own `beta` interpolates a generalized JSD, not GRPOConfig's beta
+JSD = SUBCLASS + '''
+    @staticmethod
+    def generalized_jsd_loss(student_logits, teacher_logits, beta=0.5):
+        student = torch.log_softmax(student_logits, -1)
+        teacher = torch.log_softmax(teacher_logits, -1)
+        if beta > 0:
+            jsd = (student.exp() * (student - teacher)).sum(-1)
+        else:
+            jsd = (teacher.exp() * (teacher - student)).sum(-1)
+        return jsd.mean()
+'''
+
+
+def test_a_helper_s_own_beta_is_not_grpoconfig_s(tmp_path):
+    found = _codes(tmp_path, {"trainer.py": JSD, "train.py": BUILT.format(keywords="")})
+    assert ("trainer.py", "KL002") not in found  # the beta != 0 branch of the GRPO loss: beta 0 in every run
+    assert ("trainer.py", "KL003") in found  # the exact per-step KL under the helper's own `beta > 0` (row 2)
 
 
 def test_a_library_that_builds_no_configuration_keeps_its_verdicts(tmp_path):
@@ -177,17 +192,6 @@ def test_written_betas(text, yaml, expected):
     assert list(trl_runs.written_values(text, "beta", yaml=yaml)) == expected
 
 
-@pytest.mark.parametrize("text, yaml, expected", [
-    ("accelerate launch grpo.py --loss_type dapo", False, ["dapo"]),
-    ('GRPOConfig(loss_type="grpo")\nargs.loss_type = "dr_grpo"\n', False, ["dr_grpo"]),  # the call is read apart
-    ("--loss_type $LOSS", False, [None]),
-    ("loss_type: bnpo\n", True, ["bnpo"]),
-    ("config.loss_type = mode\n", False, [None]),
-])
-def test_written_loss_types(text, yaml, expected):
-    assert list(trl_runs.written_values(text, "loss_type", yaml=yaml)) == expected
-
-
 @pytest.mark.parametrize("labels, betas, expected", [
     ((("beta == 0", (False,)),), ("0.0",), False),  # `if beta != 0.0:` at beta 0
     ((("beta == 0", (True,)),), ("0.0",), True),
@@ -202,24 +206,14 @@ def test_holds_at_betas(labels, betas, expected):
     assert trl_runs.holds(labels, {"beta": betas}) is expected
 
 
-@pytest.mark.parametrize("labels, loss_types, expected", [
-    ((("loss_type", ("grpo",)),), ("dapo",), False),
-    ((("loss_type", ("grpo",)),), ("dapo", "grpo"), True),
-    ((("loss_type", ("grpo",)),), ("dapo", None), True),
-    ((("loss_type", ("!=grpo",)),), ("grpo",), False),  # the branch after `if loss_type == "grpo": ... else:`
-    ((("loss_type", ("!=grpo",)),), ("dapo",), True),
-    ((("beta == 0", (False,)),), ("dapo",), True),  # a key the labels do not test
-])
-def test_holds_at_loss_types(labels, loss_types, expected):
-    assert trl_runs.holds(labels, {"loss_type": loss_types}) is expected
-
-
 @pytest.mark.parametrize("path, source, expected", [
-    ("wrapper.py", "class GRPOTrainer(Trainer):\n    def __init__(self, args):\n        self.beta = args.beta\n", True),
+    ("wrapper.py", "class GRPOTrainer(Trainer):\n    def __init__(self, args):\n        self.beta = args.beta\n", [(2, 3)]),
     # TRL's DPOTrainer reads its preference temperature the same way: not a GRPO trainer
-    ("dpo.py", "class DPOTrainer(Trainer):\n    def __init__(self, args):\n        self.beta = args.beta\n", False),
-    ("mine.py", "class MyTrainer(GRPOTrainer):\n    pass\n", True),
-    ("vendor/trl/trainer/grpo_trainer.py", "class X(GRPOTrainer):\n    self.beta = args.beta  # GRPO\n", False),
+    ("dpo.py", "class DPOTrainer(Trainer):\n    def __init__(self, args):\n        self.beta = args.beta\n", []),
+    # a method with a beta of its own is left out
+    ("mine.py", "class MyTrainer(GRPOTrainer):\n    def loss(self, beta):\n        pass\n\n    def step(self):\n"
+                "        return self.beta\n", [(5, 6)]),
+    ("vendor/trl/trainer/grpo_trainer.py", "class MyTrainer(GRPOTrainer):\n    def f(self):\n        self.beta\n", []),
 ])
-def test_which_modules_are_grpo_trainers(path, source, expected):
-    assert trl_runs.is_grpo_trainer_module(path, source, frozenset({"MyTrainer", "X"})) is expected
+def test_the_methods_judged_at_the_project_s_betas(path, source, expected):
+    assert trl_runs.trainer_methods(path, source, frozenset({"MyTrainer"})) == expected
