@@ -9,6 +9,7 @@ and the base is named nowhere but as a base, in an import or at its definition (
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -27,16 +28,38 @@ def overridden_everywhere(name: str, cls: str, path: str, project: Project) -> b
     texts = {module: text for module in modules if (text := project.raw_text(module)) is not None and cls in text}
     subclasses = [(module, sub) for module, text in texts.items() for sub, bases in CLASS_HEADER.findall(text)
                   if cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}]
-    if not subclasses or any(_used(text, cls) for text in texts.values()):
+    if not subclasses or any(_used(text, cls) for text in texts.values()) or cls in _configured_names(project):
         return False
     return all(_replaces(module, sub, name, cls, project) for module, sub in subclasses)
 
 
 def _used(text: str, cls: str) -> bool:
     """Whether `text` names the class `cls` on a line that does more than declare, import or derive from it."""
-    word = re.compile(rf"(?<![\w.]){re.escape(cls)}(?!\w)")
+    word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")  # `"roll.pipeline.rlvr.actor_worker.ActorWorker"` too
     return any(word.search(line) and (line.split() or [""])[0].split("(")[0] not in _DECLARATIONS
                for line in text.splitlines() if cls in line)
+
+
+_CONFIG_FILES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+_CONFIG_BYTES = 1 << 20  # larger files of these kinds are data (a dataset in JSON), not configuration
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def _configured_names(project: Project) -> frozenset[str]:
+    """The words of the configuration files under the linted roots (a worker class named by its dotted path in a
+    YAML file: `worker_cls: roll.pipeline.rlvr.actor_worker.ActorWorker`), read once per project."""
+    def read() -> frozenset[str]:
+        words: set[str] = set()
+        for root in project.roots:
+            for folder, subfolders, files in os.walk(root):
+                subfolders[:] = [sub for sub in subfolders if not sub.startswith(".")]
+                for file in files:
+                    path = os.path.join(folder, file)
+                    if file.endswith(_CONFIG_FILES) and os.path.getsize(path) <= _CONFIG_BYTES:
+                        words.update(_WORD.findall(project.raw_text(path) or ""))
+        return frozenset(words)
+
+    return project.remembered(("configured names",), read)
 
 
 def _replaces(module: str, sub: str, name: str, cls: str, project: Project) -> bool:

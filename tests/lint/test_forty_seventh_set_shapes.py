@@ -328,3 +328,14 @@ def test_a_base_method_every_subclass_replaces_never_runs(tmp_path, body, build,
     (tmp_path / "sub.py").write_text(SUB.format(body=body))
     (tmp_path / "train.py").write_text(SCRIPT_BUILDS.format(build=build))
     assert (("base.py", "KL002") in _found(tmp_path)) is kept
+
+
+@pytest.mark.parametrize("where, text", [
+    ("train.py", 'WORKER = "base.BaseTrainer"\n'),  # a dotted path a factory imports
+    ("config.yaml", "trainer_cls: base.BaseTrainer\n"),  # ROLL's `worker_cls` in a configuration
+])
+def test_a_base_named_by_its_dotted_path_may_be_built(tmp_path, where, text):
+    (tmp_path / "base.py").write_text(BASE)
+    (tmp_path / "sub.py").write_text(SUB.format(body='return -(logp * inputs["advantages"]).mean()'))
+    (tmp_path / where).write_text(text)
+    assert ("base.py", "KL002") in _found(tmp_path)
