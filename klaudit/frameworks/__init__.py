@@ -193,8 +193,11 @@ def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[s
             continue  # TRL's own modules: their configurations are TRL's examples and tests
         # a trainer's own `GRPOConfig(f"{model_name}-GRPO")`, when it is handed none, is no run of the project
         trainer = bool(trl_runs.trainer_methods(path, text, context.grpo_trainers))
-        calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options) \
-            if any(name in text for name in names) else ([], [])
+        try:
+            calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options) \
+                if any(name in text for name in names) else ([], [])
+        except cst.ParserSyntaxError:
+            continue  # a module Python rejects configures nothing (its KL000 is reported where it is linted)
         own.update({definition.name: definition.fields for definition in definitions
                     if definition.name in context.homonyms})
         if trainer:

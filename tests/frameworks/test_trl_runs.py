@@ -217,3 +217,11 @@ def test_holds_at_betas(labels, betas, expected):
 ])
 def test_the_methods_judged_at_the_project_s_betas(path, source, expected):
     assert trl_runs.trainer_methods(path, source, frozenset({"MyTrainer"})) == expected
+
+
+def test_a_module_python_rejects_configures_nothing_and_stops_nothing(tmp_path):
+    # ParkSoeon/Diverse_Guidance_Adapter: `Callable[]` in a module that builds a GRPOConfig; the run reports its
+    # KL000 and goes on (the reading of the project's betas must not stop the lint)
+    broken = "from trl import GRPOConfig\nRewardFunc = Callable[]\nargs = GRPOConfig(beta=0.1)\n"
+    found = _codes(tmp_path, {"broken.py": broken, "trainer.py": SUBCLASS})
+    assert ("broken.py", "KL000") in found and ("trainer.py", "KL002") in found
