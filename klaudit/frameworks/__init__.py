@@ -123,8 +123,8 @@ class Context:
     trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
     own_trainers: frozenset[str] = frozenset()  # trainer classes of the project's own, deriving from none of TRL's
     grpo_trainers: frozenset[str] = frozenset()  # the project's classes deriving from TRL's GRPOTrainer
-    # the values of the project's TRL GRPO configurations, by key (klaudit.frameworks.trl_runs); None: it builds none
-    grpo_runs: trl_runs.Runs | None = None
+    # every beta the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None: it builds none
+    grpo_betas: trl_runs.Betas | None = None
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -176,10 +176,10 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       options=option_defaults({**(others or {}), **sources}, configs),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
                       grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
-    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs))
+    return replace(context, grpo_betas=_grpo_betas(context, {**(others or {}), **sources}, configs))
 
 
-def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
+def _grpo_betas(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Betas | None:
     """Every beta the project's TRL GRPO configurations may run with (klaudit.frameworks.trl_runs): those its
     `GRPOConfig(...)` calls and command-line parsers of GRPOConfig give (a class's default where beta is left out),
     and those its scripts, configurations and code write; None where it builds or parses no GRPOConfig."""
@@ -194,7 +194,7 @@ def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[s
         # a trainer's own `GRPOConfig(f"{model_name}-GRPO")`, when it is handed none, is no run of the project
         trainer = bool(trl_runs.trainer_methods(path, text, context.grpo_trainers))
         try:
-            calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options) \
+            calls, definitions = read_configs(text, names, (trl.BETA,), path, None, context.options) \
                 if any(name in text for name in names) else ([], [])
         except cst.ParserSyntaxError:
             continue  # a module Python rejects configures nothing (its KL000 is reported where it is linted)
@@ -202,7 +202,7 @@ def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[s
                     if definition.name in context.homonyms})
         if trainer:
             continue
-        betas += trl_runs.written_values(text, trl.BETA)
+        betas += trl_runs.written_betas(text)
         parsed = {name for match in _PARSED_CLASSES.finditer(text) for name in re.findall(r"\w+", match.group(1))}
         betas += [call.settings[trl.BETA].value for call in calls if trl.BETA in call.settings]
         left_out += [(call.name, path) for call in calls if trl.BETA not in call.settings]
@@ -211,10 +211,10 @@ def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[s
         if _UNSLOTH.search(text):
             betas.append(trl.UNSLOTH_BETA)
     for path in configs:
-        betas += trl_runs.written_values(read_text(Path(path)) or "", trl.BETA, yaml=path.endswith(YAML_SUFFIXES))
+        betas += trl_runs.written_betas(read_text(Path(path)) or "", yaml=path.endswith(YAML_SUFFIXES))
     betas += [(own[name][trl.BETA].value if trl.BETA in own[name] else None) if name in own
               else _default_beta(name, path, context) for name, path in left_out]
-    return {trl.BETA: tuple(betas)} if built else None
+    return tuple(betas) if built else None
 
 
 def _default_beta(name: str, path: str, context: Context) -> str | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,35 +30,27 @@ from klaudit.frameworks.trl import BETA
 if TYPE_CHECKING:
     from klaudit.lint.facts import Labels
 
-KEYS = (BETA,)
-Runs = Mapping[str, tuple["str | None", ...]]  # key -> every value the project's configurations give it
+Betas = tuple["str | None", ...]  # every beta the project's configurations give: a number's text, None where computed
+
+# `--beta 0.04`, `--beta=0.04`, `"--beta", "0.04"` (an argv list), `--beta $BETA` (computed: unknown)
+_OPTION = re.compile(r"--beta(?![\w-])(?:[ \t]*=[ \t]*|[ \t]+|[\"'][ \t]*,[ \t]*)([^\s,)\]\\]*)")
+_YAML_KEY = re.compile(r"^[ \t]*(?:[\w.]+\.)?beta[ \t]*:[ \t]*([^\s#]*)", re.MULTILINE)
+# `training_args.beta = 0.1`, `cfg.grpo.beta = 0.1`: written to an object named as a configuration (not the trainer's
+# own `self.beta = args.beta`, nor `ctx.beta` of an autograd function)
+_ATTRIBUTE = re.compile(r"(?<![\w.])(?:self\.)?\w*(?:arg|conf|cfg|param|setting)\w*(?:\.\w+)*\.beta[ \t]*=(?!=)"
+                        r"[ \t]*([^\n#;]*)", re.IGNORECASE)
 
 
-def _written(key: str) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
-    # `--beta 0.04`, `--beta=0.04`, `"--beta", "0.04"` (an argv list), `--beta $BETA` (computed: unknown)
-    option = re.compile(rf"--{key}(?![\w-])(?:[ \t]*=[ \t]*|[ \t]+|[\"'][ \t]*,[ \t]*)([^\s,)\]\\]*)")
-    yaml = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{key}[ \t]*:[ \t]*([^\s#]*)", re.MULTILINE)
-    # `training_args.beta = 0.1`, `cfg.grpo.beta = 0.1`: written to an object named as a configuration (not the
-    # trainer's own `self.beta = args.beta`, nor `ctx.beta` of an autograd function)
-    attribute = re.compile(rf"(?<![\w.])(?:self\.)?\w*(?:arg|conf|cfg|param|setting)\w*(?:\.\w+)*\.{key}[ \t]*=(?!=)"
-                           rf"[ \t]*([^\n#;]*)", re.IGNORECASE)
-    return option, yaml, attribute
-
-
-_WRITTEN = {key: _written(key) for key in KEYS}
-
-
-def written_values(text: str, key: str, *, yaml: bool = False) -> Iterator[str | None]:
-    """The values of `key` that `text` writes as an option, a YAML key (`yaml`: the text is a YAML file) or an
-    attribute of a configuration object: the literal, or None where it is computed. An option or key with
-    nothing after it (`"--beta",` of an argparse definition) writes none."""
-    option, yaml_key, attribute = _WRITTEN[key]
-    for match in option.finditer(text):
+def written_betas(text: str, *, yaml: bool = False) -> Iterator[str | None]:
+    """The betas `text` writes as an option, a YAML key (`yaml`: the text is a YAML file) or an attribute of a
+    configuration object: the literal, or None where it is computed. An option or key with nothing after it
+    (`"--beta",` of an argparse definition) writes none."""
+    for match in _OPTION.finditer(text):
         if match.group(1):
             yield literal(match.group(1), bare=True)
-    for match in attribute.finditer(text):
+    for match in _ATTRIBUTE.finditer(text):
         yield literal(match.group(1).strip(), bare=False)
-    for match in yaml_key.finditer(text) if yaml else ():
+    for match in _YAML_KEY.finditer(text) if yaml else ():
         if match.group(1):
             yield literal(match.group(1), bare=True)
 
@@ -77,10 +69,9 @@ _COMPARE = {"==": lambda a, b: a == b, ">": lambda a, b: a > b, ">=": lambda a, 
             "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}
 
 
-def holds(labels: Labels, runs: Runs) -> bool:
-    """Whether a path taken under switch `labels` can run in one of the project's configurations: beta's tests of a
-    number are true at one of its betas. An unknown value, or a label that is no such test, holds."""
-    betas = runs.get(BETA, (None,))
+def holds(labels: Labels, betas: Betas) -> bool:
+    """Whether a path taken under switch `labels` can run at one of the project's `betas`: beta's tests of a number
+    are true at one of them. An unknown beta, or a label that is no such test, holds."""
     tests = [(match, values) for name, values in labels if (match := _TEST.match(name)) is not None and _truths(values)]
     flags = [values for name, values in labels if name == BETA and _truths(values)]  # `if self.beta:`
     if not tests and not flags or None in betas:

@@ -189,7 +189,7 @@ def test_trls_own_modules_keep_their_verdicts(tmp_path):
     ("--beta1 0.9 --beta_schedule cosine", False, []),
 ])
 def test_written_betas(text, yaml, expected):
-    assert list(trl_runs.written_values(text, "beta", yaml=yaml)) == expected
+    assert list(trl_runs.written_betas(text, yaml=yaml)) == expected
 
 
 @pytest.mark.parametrize("labels, betas, expected", [
@@ -203,7 +203,7 @@ def test_written_betas(text, yaml, expected):
     ((("loss_type", ("grpo",)),), ("0.0",), True),
 ])
 def test_holds_at_betas(labels, betas, expected):
-    assert trl_runs.holds(labels, {"beta": betas}) is expected
+    assert trl_runs.holds(labels, betas) is expected
 
 
 @pytest.mark.parametrize("path, source, expected", [
