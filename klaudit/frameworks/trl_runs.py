@@ -47,15 +47,15 @@ def written_betas(text: str, *, yaml: bool = False) -> Iterator[str | None]:
     (`"--beta",` of an argparse definition) writes none."""
     for match in _OPTION.finditer(text):
         if match.group(1):
-            yield literal(match.group(1), bare=True)
+            yield _literal(match.group(1), bare=True)
     for match in _ATTRIBUTE.finditer(text):
-        yield literal(match.group(1).strip(), bare=False)
+        yield _literal(match.group(1).strip(), bare=False)
     for match in _YAML_KEY.finditer(text) if yaml else ():
         if match.group(1):
-            yield literal(match.group(1), bare=True)
+            yield _literal(match.group(1), bare=True)
 
 
-def literal(written: str, bare: bool) -> str | None:
+def _literal(written: str, bare: bool) -> str | None:
     """A quoted string's text, a number, or (`bare`: a shell word or YAML scalar) a word; None for anything else,
     which is computed (`args.beta`, `$BETA`, `${oc.env:BETA}`, a Python name) or not understood."""
     if len(written) >= 2 and written[0] == written[-1] and written[0] in "\"'":

@@ -17,9 +17,7 @@ import libcst as cst
 
 from klaudit.frameworks.trainers import CLASS_HEADER
 from klaudit.lint.project import Project
-from klaudit.lint.update_loops import nearby_modules
-
-_DECLARATIONS = ("class", "def", "async", "import", "from", "#")  # the first word of a line that names without using
+from klaudit.lint.update_loops import named_beyond_declarations, nearby_modules
 
 
 def overridden_everywhere(name: str, cls: str, path: str, project: Project) -> bool:
@@ -28,16 +26,9 @@ def overridden_everywhere(name: str, cls: str, path: str, project: Project) -> b
     texts = {module: text for module in modules if (text := project.raw_text(module)) is not None and cls in text}
     subclasses = [(module, sub) for module, text in texts.items() for sub, bases in CLASS_HEADER.findall(text)
                   if cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}]
-    if not subclasses or any(_used(text, cls) for text in texts.values()) or cls in _configured_names(project):
+    if not subclasses or any(named_beyond_declarations(text, cls) for text in texts.values()) or cls in _configured_names(project):
         return False
     return all(_replaces(module, sub, name, cls, project) for module, sub in subclasses)
-
-
-def _used(text: str, cls: str) -> bool:
-    """Whether `text` names the class `cls` on a line that does more than declare, import or derive from it."""
-    word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")  # `"roll.pipeline.rlvr.actor_worker.ActorWorker"` too
-    return any(word.search(line) and (line.split() or [""])[0].split("(")[0] not in _DECLARATIONS
-               for line in text.splitlines() if cls in line)
 
 
 _CONFIG_FILES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")

@@ -227,18 +227,21 @@ def handed_on_elsewhere(name: str, path: str, project: Project) -> bool:
     """Whether the module at `path` or a module near it (as `calls_elsewhere` looks) names the function `name` other
     than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`, `{"k": name}`): its
     callers are then more than the calls the text shows."""
-    bare = re.compile(rf"(?<![\w]){re.escape(name)}(?!\w)(?!\s*\()")
-    for other in [project.key(path), *nearby_modules(Path(project.key(path)), project)]:
-        text = project.raw_text(other) or ""
-        if name not in text:
-            continue
-        for line in text.splitlines():
-            words = line.split()
-            if words[:1] in (["import"], ["from"], ["def"], ["async"]) or (words[:1] == ["#"]) or name not in line:
-                continue
-            if bare.search(line):
-                return True
-    return False
+    return any(named_beyond_declarations(project.raw_text(other) or "", name, calls=False)
+               for other in [project.key(path), *nearby_modules(Path(project.key(path)), project)])
+
+
+_DECLARATIONS = ("class", "def", "async", "import", "from", "#")  # the first word of a line that names without using
+
+
+def named_beyond_declarations(text: str, name: str, calls: bool = True) -> bool:
+    """Whether `text` names `name` (also as the last part of a dotted path: `"pkg.mod.Name"`) on a line that does more
+    than define it, derive from it, import it or comment on it; a call of it counts only where `calls`."""
+    if name not in text:
+        return False
+    word = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)" + ("" if calls else r"(?!\s*\()"))
+    return any(word.search(line) and (line.split() or [""])[0].split("(")[0] not in _DECLARATIONS
+               for line in text.splitlines() if name in line)
 
 
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
