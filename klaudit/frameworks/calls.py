@@ -12,6 +12,7 @@ import ast
 import io
 import re
 import tokenize
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from klaudit.frameworks.options import (
     Default,
     Options,
     bindings,
+    configuration_read,
     environment_default,
     module_constants,
     resolve,
@@ -166,9 +168,25 @@ def _function_parameters(tree: ast.Module,
                     **{argument.arg: _python_literal(default, text) for argument, default in
                        (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
-        assigned = {bound for statement in node.body for inner in ast.walk(statement) if (bound := _binds(inner))}
-        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, assigned)))
+        bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := _binds(inner)))
+        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text))))
     return found
+
+
+def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str],
+           text: Callable[[ast.expr], str]) -> dict[str, Default]:
+    """options.configuration_read of each name the function binds once, to `cfg.get("key", literal)`."""
+    reads = {}
+    for statement in function.body:
+        for inner in ast.walk(statement):
+            if not isinstance(inner, ast.stmt):
+                continue
+            target, value = _assigned(inner)
+            if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None:
+                read = configuration_read(target.id, _nested_calls(value, text), inner.lineno)
+                if read is not None:
+                    reads[target.id] = read
+    return reads
 
 
 def _binds(node: ast.AST) -> str | None:
@@ -224,12 +242,17 @@ def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str]) -> dict
 
 def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:
     """options.environment_default of a value: `os.environ.get("BETA", 0.04)`, bare or converted by `float(...)`."""
+    return environment_default(_nested_calls(node, text))
+
+
+def _nested_calls(node: ast.expr, text: Callable[[ast.expr], str]) -> list[tuple[str, list[str | None]]]:
+    """The calls a value nests, from the outside in (at most two), as options.environment_default takes them."""
     calls: list[tuple[str, list[str | None]]] = []
     current: ast.expr | None = node
     while isinstance(current, ast.Call) and not current.keywords and len(calls) < 2:
         calls.append((_dotted(current.func), [_python_literal(argument, text) for argument in current.args]))
         current = current.args[0] if len(current.args) == 1 else None
-    return environment_default(calls)
+    return calls
 
 
 def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:

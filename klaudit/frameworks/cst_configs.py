@@ -5,6 +5,7 @@ keys are unknown."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
@@ -46,15 +47,16 @@ _BINDERS = ((cst.AssignTarget, "target"), (cst.AnnAssign, "target"), (cst.AugAss
 
 
 class _Assigned(cst.CSTVisitor):
-    """The names a function body binds: assignment, loop, `with ... as`, walrus and `del` targets, `import ...
-    as` and `except ... as` names (an `import x` without `as` binds x: calls._binds of Python's tree)."""
+    """The names a function body binds, with how many times each: assignment, loop, `with ... as`, walrus and
+    `del` targets, `import ... as` and `except ... as` names (an `import x` without `as` binds x: calls._binds of
+    Python's tree)."""
 
     def __init__(self) -> None:
-        self.names: set[str] = set()
+        self.names: Counter[str] = Counter()
 
     def _targets(self, node: cst.CSTNode | None) -> None:
         if isinstance(node, cst.Name):
-            self.names.add(node.value)
+            self.names[node.value] += 1
         elif isinstance(node, (cst.Tuple, cst.List)):
             for element in node.elements:
                 self._targets(element.value)
@@ -66,7 +68,7 @@ class _Assigned(cst.CSTVisitor):
         if field is not None:
             self._targets(getattr(node, field))
         elif isinstance(node, cst.ImportAlias) and node.asname is None:
-            self.names.add(dotted(node.name).split(".")[0])
+            self.names[dotted(node.name).split(".")[0]] += 1
         return True
 
 
@@ -80,10 +82,30 @@ def _chain(node: cst.BaseExpression) -> str:
     return ""
 
 
-def _bindings(node: cst.FunctionDef) -> dict[str, Default | None]:
-    """The names a function binds (options.bindings): its parameters' literal defaults, its body's names."""
+class _Reads(cst.CSTVisitor):
+    """options.configuration_read of each name a function body binds once (`bound`), to `cfg.get("key", literal)`
+    (calls._reads of Python's tree)."""
+
+    def __init__(self, bound: Counter[str], line: Callable[[cst.CSTNode], int]) -> None:
+        self.bound, self.line = bound, line
+        self.reads: dict[str, Default] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        target, value = _single_assignment(node)
+        if isinstance(target, cst.Name) and self.bound[target.value] == 1 and value is not None:
+            read = options.configuration_read(target.value, _nested_calls(value), self.line(node))
+            if read is not None:
+                self.reads[target.value] = read
+        return True
+
+
+def _bindings(node: cst.FunctionDef, line: Callable[[cst.CSTNode], int]) -> dict[str, Default | None]:
+    """The names a function binds (options.bindings): its parameters' literal defaults, its body's names, and
+    the defaults of the configuration reads among them."""
     assigned = _Assigned()
     node.body.visit(assigned)
+    reads = _Reads(assigned.names, line)
+    node.body.visit(reads)
     parameters = (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
     defaults = {parameter.name.value: None if parameter.default is None else _literal(parameter.default)
                 for parameter in parameters}
@@ -91,7 +113,7 @@ def _bindings(node: cst.FunctionDef) -> dict[str, Default | None]:
         defaults[node.params.star_arg.name.value] = None
     if node.params.star_kwarg is not None:
         defaults[node.params.star_kwarg.name.value] = None
-    return bindings(defaults, assigned.names)
+    return bindings(defaults, assigned.names, reads.reads)
 
 
 class _ModuleBindings(_Assigned):
@@ -105,7 +127,7 @@ class _ModuleBindings(_Assigned):
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            self.names.add(node.name.value)
+            self.names[node.name.value] += 1
             return False
         if isinstance(node, cst.Lambda):
             return False
@@ -121,12 +143,17 @@ class _ModuleBindings(_Assigned):
 
 def _environment_default(node: cst.BaseExpression) -> tuple[str, str] | None:
     """calls._environment_default of LibCST's tree: `float(os.environ.get("BETA", 0.04))`."""
+    return options.environment_default(_nested_calls(node))
+
+
+def _nested_calls(node: cst.BaseExpression) -> list[tuple[str, list[str | None]]]:
+    """calls._nested_calls of LibCST's tree: the calls a value nests, from the outside in (at most two)."""
     calls: list[tuple[str, list[str | None]]] = []
     current: cst.BaseExpression | None = node
     while isinstance(current, cst.Call) and len(calls) < 2 and all(a.keyword is None and not a.star for a in current.args):
         calls.append((dotted(current.func), [_literal(argument.value) for argument in current.args]))
         current = current.args[0].value if len(current.args) == 1 else None
-    return options.environment_default(calls)
+    return calls
 
 
 def _single_assignment(node: cst.CSTNode) -> tuple[cst.BaseExpression | None, cst.BaseExpression | None]:
@@ -177,7 +204,7 @@ class _Reader(cst.CSTVisitor):
         self.module = node
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append(_bindings(node))
+        self.functions.append(_bindings(node, lambda inner: self.get_metadata(PositionProvider, inner).start.line))
         self.refused += _skipped(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:

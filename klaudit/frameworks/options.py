@@ -45,6 +45,7 @@ _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is look
 class Default:
     value: str  # as klaudit.frameworks.calls reads a literal: a string without its quotes
     origin: str  # where it is given, for the message
+    key: str = ""  # the configuration key whose absence the value assumes (`cfg.get("ppo_epochs", 4)`), if any
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,13 @@ class Options:
         leaf = key.rsplit(".", 1)[-1]
         found = [values[key] for path in self.configs if key in (values := _yaml_values(path, leaf))]
         return found[0] if len({default.value for default in found}) == 1 else None
+
+    def leave_alone(self, default: Default) -> bool:
+        """Whether the linted YAML files leave the configuration key a default assumes out, or give it that same
+        value, wherever they nest it: a read of the key with that default (`cfg.get("ppo_epochs", 4)`) gets it."""
+        if not default.key:
+            return True
+        return all(value == default.value for path in self.configs for value in _leaf_values(path, default.key))
 
     def default(self, name: str, path: str) -> Default | None:
         """The default of option `name` for a configuration built in the file at `path`: the one that file
@@ -113,16 +121,51 @@ def _nested_values(path: str, text: str) -> dict[str, Default]:
             for key, setting in yaml_settings(text).items() if setting.value is not None and "." in key}
 
 
+def _leaf_values(path: str, leaf: str) -> list[str]:
+    """The values the YAML file at `path` gives a key named `leaf` at any depth."""
+    try:
+        text = file_text(path)
+    except OSError:
+        return []
+    return [value for key, value in _every_value(path, text).items() if key.rsplit(".", 1)[-1] == leaf] \
+        if f"{leaf}:" in text else []
+
+
+@functools.lru_cache(maxsize=256)  # asked for each configuration read of each configuration call
+def _every_value(path: str, text: str) -> dict[str, str]:
+    return {key: setting.value for key, setting in yaml_settings(text).items() if setting.value is not None}
+
+
 def _value(literal: str) -> str:
     """The literal as klaudit.frameworks.calls gives it: a string's content, a number without underscores."""
     return literal[1:-1] if literal[0] in "\"'" else literal.replace("_", "")
 
 
-def bindings(parameters: Mapping[str, str | None], assigned: Collection[str]) -> dict[str, Default | None]:
+def bindings(parameters: Mapping[str, str | None], assigned: Collection[str],
+             reads: Mapping[str, Default] | None = None) -> dict[str, Default | None]:
     """The names a function binds: each parameter's literal default (None where it has none), and None for
-    every name its body assigns, which hides a parameter's default and an enclosing scope's name."""
+    every name its body assigns, which hides a parameter's default and an enclosing scope's name, except the
+    names `reads` gives: each bound once, to a read of a configuration key with a literal default."""
     return {**{name: None if value is None else Default(value, f"the default of parameter {name}")
-               for name, value in parameters.items()}, **dict.fromkeys(assigned)}
+               for name, value in parameters.items()}, **dict.fromkeys(assigned), **(reads or {})}
+
+
+def configuration_read(name: str, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
+    """The default of a local `name` bound once to a read of a configuration mapping with a literal default,
+    `ppo_epochs = cfg.get("ppo_epochs", 4)` (bare or converted by `int(...)`; `calls` as environment_default takes
+    them): the value a run whose configuration leaves the key out reads (Options.leave_alone decides whether the
+    linted YAML files do). None for any other value, an environment read among them."""
+    call = _unconverted(calls)
+    if call is None:
+        return None
+    called, arguments = call
+    if not called.endswith(".get") or called in _ENVIRONMENT_READS or len(arguments) != 2:
+        return None
+    key, default = arguments
+    if key is None or default is None or not key.isidentifier():
+        return None
+    return Default(default, f"{name} = {called}({key!r}, {default}) at line {line}, where the configuration leaves {key} out",
+                   key)
 
 
 def module_constants(assignments: Iterable[tuple[str, str | None, int, str]], rebound: Collection[str]) -> dict[str, Default]:
@@ -149,15 +192,21 @@ def environment_default(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tu
     the variable unset reads; `calls`: the value's nested calls from the outside in, each as (the name called, the
     literals of its positional arguments, None for anything else): `[("float", [None]), ("os.environ.get",
     ["BETA", "0.04"])]` of `float(os.environ.get("BETA", 0.04))`. None for any other value."""
-    if len(calls) == 2 and calls[0][0] in _CONVERSIONS and len(calls[0][1]) == 1:
-        calls = calls[1:]
-    if len(calls) != 1:
+    call = _unconverted(calls)
+    if call is None:
         return None
-    name, arguments = calls[0]
+    name, arguments = call
     if name not in _ENVIRONMENT_READS or len(arguments) != 2:
         return None
     variable, default = arguments
     return (variable, default) if variable is not None and default is not None else None
+
+
+def _unconverted(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tuple[str, Sequence[str | None]] | None:
+    """The one call a value makes, once a conversion around it (`float(...)`) is taken off; None if it makes more."""
+    if len(calls) == 2 and calls[0][0] in _CONVERSIONS and len(calls[0][1]) == 1:
+        calls = calls[1:]
+    return calls[0] if len(calls) == 1 else None
 
 
 def visible(scopes: Iterable[Mapping[str, Default | None]]) -> dict[str, Default]:
@@ -176,7 +225,8 @@ def resolve(written: str, names: Mapping[str, Default], options: Options, path: 
     value the project's YAML files give that key; else the default of the project's option named like the
     last attribute (`args.beta`, `self.args.beta`); None otherwise."""
     if written.isidentifier():
-        return names.get(written)
+        found = names.get(written)
+        return found if found is not None and options.leave_alone(found) else None
     head, _, attribute = written.rpartition(".")
     if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):
         return None

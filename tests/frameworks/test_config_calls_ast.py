@@ -160,3 +160,41 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
     assert reader.calls[3].settings["beta"].origin == "the default of kl_coef at run.py:1"
     assert reader.calls[5].settings["num_iterations"].origin == "STEPS = 3 at line 18"
     assert reader.calls[7].settings["beta"].origin == "ENV_BETA = 0.005 at line 28 while GRPO_BETA is unset"
+
+
+CONFIGURATION_READS = '''\
+from trl import PPOConfig
+
+def train(cfg, path):
+    epochs = cfg.get("ppo_epochs", 4)
+    batch = int(cfg.get("batch_size", 8))
+    mini = cfg.get("mini_batch_size", 4)
+    lr = cfg.get("learning_rate")
+    coef = cfg.get("kl_coef", 0.2)
+    coef = coef * 2
+    target = os.environ.get("TARGET_KL", 6.0)
+    return PPOConfig(ppo_epochs=epochs, batch_size=batch, mini_batch_size=mini, learning_rate=lr, init_kl_coef=coef,
+                     target_kl=target)
+'''
+
+
+def test_a_configuration_read_with_a_literal_default_gives_that_default_where_the_yaml_files_leave_the_key(tmp_path):
+    """`epochs = cfg.get("ppo_epochs", 4)` bound once: a run whose configuration leaves the key out trains with 4, so
+    the keyword is judged at 4 where no linted YAML file gives the key another value (the same value, at any depth,
+    agrees); a read without a default, a name bound twice, an environment read inside a function: no value."""
+    from klaudit.frameworks.options import option_defaults
+
+    config = tmp_path / "ppo.yaml"
+    config.write_text("training:\n  ppo_epochs: 4\n  mini_batch_size: 1\n")
+    options = option_defaults({}, [str(config)])
+    from_python = calls._python_configs(CONFIGURATION_READS, NAMES | {"PPOConfig"}, ("ppo_epochs",), "t.py", options)
+    assert from_python is not None
+    reader = cst_configs._Reader(NAMES | {"PPOConfig"}, ("ppo_epochs",), "t.py", options)
+    libcst.MetadataWrapper(libcst.parse_module(CONFIGURATION_READS), unsafe_skip_copy=True).visit(reader)
+    assert from_python[0] == reader.calls
+    [call] = reader.calls
+    assert {key: setting.value for key, setting in call.settings.items()} == {
+        "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": None, "learning_rate": None, "init_kl_coef": None,
+        "target_kl": None}
+    assert call.settings["ppo_epochs"].origin == (
+        "epochs = cfg.get('ppo_epochs', 4) at line 4, where the configuration leaves ppo_epochs out")
