@@ -121,6 +121,13 @@ class ArithmeticFlow(FlowState):
         for a in operands(left):
             for b in operands(right):
                 a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
+                if _weighted_by_advantage(a, b, node):
+                    # `logp * advantages`, `-advantages * ratio` or `-log_ratio * advantages` (the ratio taken to
+                    # the reference), the advantages a value of no KL: a policy-gradient term, whatever KL term is
+                    # added to it; a ratio to the behaviour policy stays, which says the samples are older. Another
+                    # unexplained factor stays too: a token weight on the ratio inside an estimator (TR-GRPO's
+                    # w * ref/pi - log(w * ref/pi) - 1) is read as that estimator
+                    continue
                 if a_poly is not None and b_poly is not None:
                     if (a.beside or b.beside) and a.is_kl() and b.is_kl():
                         # (x + d)^2 with x a value the analysis does not follow (FlowRL's log Z - beta R):
@@ -135,14 +142,6 @@ class ArithmeticFlow(FlowState):
                     assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
-                    if (other.role in (UNKNOWN.role, "neg") and _of_policy_and_reference(poly)
-                            and _names_advantage(_operand(node, tensor_side is b))):
-                        # `logp * advantages`, `-advantages * ratio` or `-log_ratio * advantages` (the ratio
-                        # taken to the reference): a policy-gradient term, whatever KL term is added to it;
-                        # a ratio to the behaviour policy stays, which says the samples are older. Another
-                        # unexplained factor stays too: a token weight on the ratio inside an estimator
-                        # (TR-GRPO's w * ref/pi - log(w * ref/pi) - 1) is read as that estimator
-                        continue
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     factor = -1.0 if other.role == "neg" else 1.0
@@ -217,6 +216,20 @@ def _operand(node: cst.CSTNode, left: bool) -> cst.CSTNode | None:
 def _names_advantage(expression: cst.CSTNode | None) -> bool:
     """An operand that names an advantage (`advantages`, `-mb_adv.unsqueeze(-1)`): a policy-gradient weight."""
     return any(isinstance(inner, cst.Name) and roles.names_advantage(inner.value) for inner in walk(expression))
+
+
+def _weighted_by_advantage(a: Fact, b: Fact, node: cst.CSTNode) -> bool:
+    """One operand a term of the policy's and the reference's log-probs, the other named an advantage and
+    holding no KL (a value the analysis does not explain, its negation, an argument it took for a switch
+    value, or numbers): the product is the policy-gradient part of a loss."""
+    for term, weight, weight_is_left in ((a, b, False), (b, a, True)):
+        poly = _tensor_poly(term)
+        if poly is None or poly.is_const() or not _of_policy_and_reference(poly):
+            continue
+        no_kl = weight.role in (UNKNOWN.role, "neg", "str") or _constant(weight)
+        if no_kl and _names_advantage(_operand(node, weight_is_left)):
+            return True
+    return False
 
 
 def _of_policy_and_reference(poly: Poly) -> bool:

@@ -16,9 +16,12 @@ from collections.abc import Iterable
 from klaudit.lint.algebra import (
     LOGITS,
     OLD,
+    OLD_PROB,
     POLICY,
+    PROB,
     REF,
     REF_LOGITS,
+    REF_PROB,
     SEQUENCE,
     VOCAB_POLICY,
     VOCAB_REF,
@@ -151,7 +154,7 @@ _DATA_SUFFIX = re.compile(r"_(model|ref|reference|policy|chosen|rejected|sampled
 _REFERENCE_MODEL = re.compile(r"^_*(ref|reference|init|initial|sft|teacher|frozen)(_\w*)?$|^\w*_(ref|reference|teacher)$",
                               re.IGNORECASE)
 # `logits`, `new_logits`, and with the model or a part after (`logits_policy`, `logits_p`, `logits_a`, `logits_chunk`)
-_POLICY_LOGITS = re.compile(r"^(.*_)?logits(_(policy|actor|student|model|new|cur|current|pi|theta|p|a|chunk|mb|all|full))?$",
+_POLICY_LOGITS = re.compile(r"^(.*_)?logits(_(policy|actor|student|model|new|cur|current|pi|theta|p|a|chunk|mb|all|full|next|shifted))?$",
                             re.IGNORECASE)
 _MASK = re.compile(r"mask", re.IGNORECASE)
 # per-token weights a loss is multiplied by (xtuner's `loss_weights`: the mask over a token count)
@@ -404,12 +407,30 @@ def _top_k_logprobs(name: str) -> AtomKind | None:
     return VOCAB_POLICY if _STUDENT.search(name) else None
 
 
+# The probability of the sampled token, not of the vocabulary (`taken_prob_ref`, `token_probs_old`,
+# `action_prob`): exp of that token's log-prob, by the side the name gives it.
+_TAKEN_PROBABILITY = re.compile(r"(?<![a-z0-9])(taken|token|action|selected|sampled)_probs?(?![a-z])"
+                                r"|(?<![a-z0-9])probs?_(taken|token|action|selected|sampled)(?![a-z])", re.IGNORECASE)
+_TAKEN_BY_REFERENCE = re.compile(r"(?<![a-z0-9])(ref|reference|init|sft|frozen)(?![a-z])", re.IGNORECASE)
+_TAKEN_BY_OLD = re.compile(r"(?<![a-z0-9])(old|prev|behaviou?r|rollout|sampling|vllm)(?![a-z])", re.IGNORECASE)
+
+
+def _taken_probability(name: str) -> AtomKind | None:
+    """The probability a name gives the sampled token: the reference's, the behaviour policy's, or the policy's."""
+    if _TAKEN_PROBABILITY.search(name) is None:
+        return None
+    return REF_PROB if _TAKEN_BY_REFERENCE.search(name) else OLD_PROB if _TAKEN_BY_OLD.search(name) else PROB
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments (a polynomial is an immutable value)
 def named_tensor(name: str, grad: bool) -> Poly | None:
-    """The symbolic tensor a name denotes; reference and old log-probs never carry gradient."""
+    """The symbolic tensor a name denotes; reference and old log-probs and probabilities never carry gradient."""
     vocabulary = _top_k_logprobs(name)
     if vocabulary is not None:
         return Poly.atom(Atom(vocabulary, grad and vocabulary == VOCAB_POLICY))
+    probability = _taken_probability(name)
+    if probability is not None:
+        return Poly.atom(Atom(probability, grad and probability == PROB))
     kind = tensor_role(name)
     if kind is None:
         return None
