@@ -57,7 +57,13 @@ from klaudit.frameworks.settings import (
     shell_overrides,
     yaml_settings,
 )
-from klaudit.frameworks.trainers import CLASS_HEADER, own_trainers, trains_with_own_trainers, trl_subclasses
+from klaudit.frameworks.trainers import (
+    CLASS_HEADER,
+    own_trainers,
+    trains_trls_grpo_trainer,
+    trains_with_own_trainers,
+    trl_subclasses,
+)
 from klaudit.frameworks.versions import (
     DEFAULT,
     UNSTATED,
@@ -98,8 +104,6 @@ _PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
 _LAUNCHED_SCRIPT = re.compile(r"(?<![\w.$-])(/?(?:[\w.-]+/)*[\w-]+\.py)\b")
 # the classes a script parses its command line into: `HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))`
 _PARSED_CLASSES = re.compile(r"\b(?:TrlParser|HfArgumentParser)\s*\(\s*[(\[]?([^)\]]*)")
-_TRAINS_WITH_TRL = re.compile(r"^[ \t]*from[ \t]+trl(?:\.[\w.]+)?[ \t]+import[ \t]+(?:\([^)]*|[^\n]*)\bGRPOTrainer\b",
-                              re.MULTILINE)
 # A `trl grpo --config` recipe: GRPOConfig's beta beside TRL's script keys (model_name_or_path of its
 # ModelConfig, dataset_name of its ScriptArguments), in a file whose path says grpo or that has GRPO's own
 # keys (beta alone is also DPO's; ms-swift's GRPO YAML names its model `model:`).
@@ -720,7 +724,7 @@ def _reads_grpo_config(source: str, configs: frozenset[str], trainers: frozenset
     line and trains TRL's GRPOTrainer, or a class of the project deriving from it (juzizi44/GRPO4CodeGen_v2's
     `HfArgumentParser((DataConfig, TrainingConfig, ...))` and `CustomGRPOTrainer(...)`)."""
     parsed = {name for match in _PARSED_CLASSES.finditer(source) for name in re.findall(r"\w+", match.group(1))}
-    trains = _TRAINS_WITH_TRL.search(source) or any(re.search(rf"\b{name}\s*\(", source) for name in trainers)
+    trains = trains_trls_grpo_trainer(source) or any(re.search(rf"\b{name}\s*\(", source) for name in trainers)
     return bool(trains and parsed & configs)
 
 

@@ -84,6 +84,21 @@ def trains_with_own_trainers(source: str, own: frozenset[str]) -> bool:
     return bool(trainers) and trainers <= own - from_trl
 
 
+def trains_trls_grpo_trainer(source: str) -> bool:
+    """Whether the module imports TRL's GRPOTrainer and names it beyond the import (calls it, binds it to a variable,
+    derives from it): a script that imports it but builds only a trainer of its own (`trainer_cls =
+    KimiAudioGRPOTrainer`) does not run TRL's loss. A module Python rejects is taken at its import."""
+    local = {name for name, (top, original) in imported_names(source).items()
+             if top == "trl" and original == "GRPOTrainer"}
+    if not local:
+        return False
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return True
+    return any(isinstance(node, ast.Name) and node.id in local for node in ast.walk(tree))
+
+
 def _called_name(node: ast.expr) -> str | None:
     """`Trainer` of `Trainer(...)` and `rl_trainer.Trainer(...)`; None for `trl.GRPOTrainer(...)` and other callees."""
     if isinstance(node, ast.Name):

@@ -232,6 +232,33 @@ def test_a_projects_grpo_script_launched_with_trls_flags_gets_trls_verdict(tmp_p
     }) == expected
 
 
+# oziet-chen/kimi-audio-GRPO's shape (forty-ninth set): the script imports TRL's GRPOTrainer, but the trainer it builds
+# is a class of the project's deriving from transformers' Trainer, picked into a variable and given its arguments
+# through a dict
+OWN_TRAINER_SCRIPT = ("from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser\n"
+                      "from grpo.trainer import AudioGRPOTrainer\n\n\n"
+                      "def main():\n    parser = TrlParser((ModelConfig, GRPOConfig))\n"
+                      "    model_args, training_args = parser.parse_args_and_config()\n"
+                      "    trainer_cls = {trainer}\n"
+                      "    trainer = trainer_cls(**{{'model': model_args.model_name_or_path, 'args': training_args}})\n"
+                      "    trainer.train()\n")
+
+
+@pytest.mark.parametrize("trainer, expected", [
+    ("AudioGRPOTrainer", []),  # TRL's GRPOTrainer imported, never used: the project's loss runs
+    ("GRPOTrainer", [("run_grpo.sh", 2, "KL003"), ("run_grpo.sh", 3, "KL008")]),
+])
+def test_a_script_that_imports_trls_trainer_but_builds_its_own_passes_no_trl_flags(tmp_path, trainer, expected):
+    """TRL's flags judge TRL's loss: a launch of a script that trains the project's own trainer class (its KL code is
+    read where it is written) gets no verdict from them."""
+    assert _tree_findings(tmp_path, {
+        "grpo/__init__.py": "",
+        "grpo/trainer.py": "from transformers import Trainer\n\n\nclass AudioGRPOTrainer(Trainer):\n    pass\n",
+        "training/grpo_training.py": OWN_TRAINER_SCRIPT.format(trainer=trainer),
+        "scripts/run_grpo.sh": "torchrun training/grpo_training.py \\\n    --beta 0.001 \\\n    --num_iterations 2\n",
+    }) == expected
+
+
 # juzizi44/GRPO4CodeGen_v2's shape: the script parses a subclass of GRPOConfig of the project's and trains a subclass of
 # TRL's GRPOTrainer of the project's, each defined in another module (which names no KL word)
 SUBCLASSED_CONFIG = "from dataclasses import dataclass\nfrom trl import GRPOConfig\n\n\n@dataclass\n" \

@@ -46,7 +46,9 @@ def test_the_clones_folder_name_does_not_make_a_recipe_grpo(tmp_path):
 
 
 GRPO_SCRIPT = ("from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser\n\n"
-               "parser = TrlParser((GRPOConfig, ModelConfig))\n")
+               "parser = TrlParser((GRPOConfig, ModelConfig))\n"
+               "training_args, model_args = parser.parse_args_and_config()\n"
+               "GRPOTrainer(model=model_args.model_name_or_path, args=training_args).train()\n")
 
 
 def test_a_config_a_grpo_launch_passes_is_a_recipe_and_so_are_its_neighbours(tmp_path):
