@@ -155,6 +155,11 @@ def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
     return [c for c in candidates if not (without_gradient(c.config) and (id(c.fact.origin), c.function) in used)]
 
 
+def _a_test(func: cst.FunctionDef) -> bool:
+    """`def test_...`: a unit test, whose made-up arguments say nothing of how training calls a helper."""
+    return func.name.value.startswith("test")
+
+
 def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
     """A sink inside a called function is seen again at each call of it (NeMo-Aligner's generate_rollouts
     calling generate_ppo_data, whose advantages hold the KL reward): the same term, switch values and
@@ -447,9 +452,15 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             downstream = max(flagged, key=lambda c: (c.fact.calls, c.function, c.sink.order))
             config, rows = downstream.config, downstream.rows
             reduced = reduced or downstream.fact.aggregation is not None
+        # what the helper's callers in this module hand it says more than its parameters' names (`old_logprobs`
+        # given `new_logprobs.detach()`: exp(new - old) is 1 in value, the score in gradient), unless a test calls it
+        informed = [c for c in group if c.function != best.function and not _a_test(functions[c.function][0])]
         older = next((sampling for sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS)
-                      if any(c.config.sampling is sampling for c in group)), None)
-        if config.sampling is Sampling.ON_POLICY and older is not None:
+                      if any(c.config.sampling is sampling for c in informed or group)), None)
+        if informed and older is None and config.sampling is not Sampling.ON_POLICY:
+            config = replace(config, sampling=Sampling.ON_POLICY)
+            rows = defects(config, best.fact.clamped)
+        elif config.sampling is Sampling.ON_POLICY and older is not None:
             # a loss helper that is handed the PPO ratio to the behaviour policy (`loss_fn(ratio=ratio, ...)`)
             # looks on-policy alone; its caller shows the samples are older. So does a k2 or k3 reward, whose
             # own row is found first, when a later use weighs it by the ratio (rows 7-8 and 23 both hold)

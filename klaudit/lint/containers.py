@@ -9,6 +9,8 @@ alone); iterating `zip(a, b)` yields pairs of the rows of a and b.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from klaudit.lint import algebra as alg
@@ -117,9 +119,10 @@ class ContainerFlow(FlowState):
         return self.stored(key_slot(key)) or None
 
     def named_entry(self, base_node: cst.BaseExpression, key: str, grad: bool) -> tuple:
-        """The tensor an unknown record holds under `key`, by the key's name (`batch["ref_logps"]`); one sequence's
-        row where the record is one sample's, the variable of a loop over such records (`for traj in trajs:`)."""
-        poly = roles.named_tensor(key, grad=grad)
+        """The tensor an unknown record holds under `key`, by the key's name (`batch["ref_logps"]`, and the last part of a
+        namespaced key: `batch.aux["opd.teacher_logp_sampled"]`, `"rollout/old_logprobs"`); one sequence's row where
+        the record is one sample's, the variable of a loop over such records (`for traj in trajs:`)."""
+        poly = roles.named_tensor(re.split(r"[./:]", key)[-1], grad=grad)
         if poly is None:
             return ()
         fact = tensor(poly)
