@@ -124,7 +124,7 @@ _OLD_PATTERN = re.compile(
     re.IGNORECASE,
 )
 _POLICY_PATTERN = re.compile(
-    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|token_|response_|resp_|completion_|actor_|model_|local_)*"
+    r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|token_|response_|resp_|completion_|actor_|model_|local_|batch_)*"
     r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
     r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
     re.IGNORECASE,

@@ -106,3 +106,27 @@ def test_the_last_part_of_a_namespaced_key_names_the_tensor(tmp_path, key, expec
     score (row 2, KL003); a key whose last part names no log-probs says nothing."""
     (tmp_path / "train.py").write_text(NAMESPACED.format(key=key))
     assert [code for code, _ in _found(tmp_path)] == expected
+
+
+# blazingbhavneek/rl's algo/grpo.py, reduced: a batch loss whose policy log-probs are named for the batch, the KL to the
+# reference added to each rollout's total detached.
+BATCH_NAMED = """\
+import torch
+
+
+def loss_fn_batch({name}, advantages, mask, ref_lp, kl_coeff):
+    lengths = mask.sum(dim=1).clamp(min=1.0)
+    total = -((advantages.view(-1, 1) * {name} * mask).sum(dim=1) / lengths)
+    kl = (({name}.detach() - ref_lp) * mask).sum(dim=1) / lengths
+    total = total + kl_coeff * kl
+    return total.mean()
+"""
+
+
+@pytest.mark.parametrize("name, expected", [("batch_log_probs", ["KL001"]), ("batch_logps", ["KL001"]),
+                                            ("batch_ref_log_probs", [])])
+def test_log_probs_named_for_a_batch_are_the_policys(tmp_path, name, expected):
+    """`batch_log_probs`: the policy's; k1 detached and added to the loss has no gradient at all (row 1c, KL001). A
+    batch of the reference's log-probs stays the reference's (no KL term is made of it and `ref_lp`)."""
+    (tmp_path / "grpo.py").write_text(BATCH_NAMED.format(name=name))
+    assert [code for code, _ in _found(tmp_path)] == expected
