@@ -21,7 +21,8 @@ the lint reads bound the steps from below when a batch count is computed (LLaMA-
 `batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it cannot read decide nothing.
 The policy loss is a token mean over each backward pass's responses; a pass of one response
 (`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12) divides it by that response's length
-(row 21, KL007). A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
+(row 21, KL007). A call that sets fields of both APIs (`output_dir` beside `init_kl_coef`) raises a TypeError under
+every release and trains nothing. A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
 the defaults: the finding is reported at its `PPOTrainer(...)` call.
 """
 
@@ -60,6 +61,12 @@ FIXES = {"KL004": "the k1 estimate in the rewards (kl_estimator=\"k1\", or kl_pe
                   "0.12 ppo_epochs=1 with mini_batch_size x gradient_accumulation_steps = batch_size), or the KL out "
                   "of the reward, into the loss with per-decision importance weights: "
                   "klaudit.estimators.kl_penalty(log_probs, ref_log_probs, mask, old_logprobs=...).loss (R-F)"}
+# fields of the first PPOConfig (up to TRL 0.11) that the rewritten one, a TrainingArguments from 0.12, lacks, and fields
+# of the rewritten one the first lacks: a call setting one of each raises a TypeError under every release (code written
+# against both APIs at once)
+_FIRST_ONLY = (LEGACY, COEFFICIENTS[LEGACY], "ppo_epochs", "target", "horizon", *LEGACY_ONLY)
+_REWRITTEN_ONLY = (ESTIMATOR, COEFFICIENTS[ESTIMATOR], *STEPS, "output_dir", "per_device_train_batch_size",
+                   "num_train_epochs")
 NO_FLAG_FIX = "the estimator keyword is not set to a literal here: set it to k1 by hand"
 # A script that parses PPOConfig from its command line (`HfArgumentParser((ScriptArguments, PPOConfig,
 # ModelConfig))`, TRL's examples/scripts/ppo/ppo.py and its copies) and that no launch of the project passes
@@ -73,7 +80,10 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
     the command line by a script written for the rewritten PPOTrainer); `release_api`: the API of the TRL release
     the project states (`api_of`), for a call that names no key of either; `defaults`: how the finding names the
-    configuration where it sets no key."""
+    configuration where it sets no key. A call no release accepts (`_FIRST_ONLY` and `_REWRITTEN_ONLY` keys together)
+    builds nothing."""
+    if any(key in settings for key in _FIRST_ONLY) and any(key in settings for key in _REWRITTEN_ONLY):
+        return None
     api = api or next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])),
                       release_api)
     if api is None:

@@ -57,6 +57,11 @@ def _findings(tmp_path, source):
      []),
     ("from trl import PPOConfig", 'PPOConfig(kl_penalty="kl", ppo_epochs=1, batch_size=1, mini_batch_size=1)',
      ["KL007"]),  # before TRL 0.12: the mini-batch is the backward pass
+    # both APIs at once (HyperKuvid-Labs' ppo.py, forty-ninth set): the first PPOConfig has no output_dir, the rewritten
+    # one no init_kl_coef, target or horizon; each release raises a TypeError, so nothing trains
+    ("from trl import PPOConfig", 'PPOConfig(output_dir="out", init_kl_coef=0.2, target=6, horizon=10000)', []),
+    ("from trl import PPOConfig", 'PPOConfig(kl_coef=0.05, ppo_epochs=4)', []),
+    ("from trl import PPOConfig", 'PPOConfig(output_dir="out", kl_coef=0.05)', ["KL008"]),  # the rewritten one alone
 ])
 def test_the_estimator_of_the_kl_reward(tmp_path, imported, call, expected):
     assert sorted(f.code for f in _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")) == expected
