@@ -141,6 +141,8 @@ class CallFlow(FlowState):
         positional = [*bound, *positional]
         parameters = params(func)
         if parameters and parameters[0].name.value in ("self", "cls") and (cls is not None):
+            if parameters[0].name.value == "self" and _through_the_class(node, cls) and positional:
+                positional = positional[1:]  # `GRPOTrainer._compute_grpo_loss(self, ...)`: the instance comes first
             parameters = parameters[1:]
         env = dict(closure or {})
         handed_on: set[int] = set()  # the origins of terms this function was handed and hands on here
@@ -320,6 +322,12 @@ def _bind_detached_copies(env: dict, parameters: list[cst.Param], positional: li
                      isinstance(given_arg, cst.BaseExpression) and given_arg.deep_equals(source)), None)
         if twin is not None:
             env[name] = detach_all(env[twin])
+
+
+def _through_the_class(node: cst.Call, cls: str) -> bool:
+    """`Cls.method(obj, ...)`: a method called through its class, handed the instance as its first argument."""
+    func = node.func
+    return type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value == cls
 
 
 def _handed_in(value: tuple) -> tuple:

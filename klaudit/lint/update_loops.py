@@ -43,7 +43,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
     step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
     (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
     `train_step(batch)`)."""
-    if not isinstance(loop, cst.For) or not _several_rounds(loop.iter, module):
+    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module) or _one_sample_at_a_time(loop)):
         return False
     steps = False
     draws = _drawing(methods, module, CallIndex())
@@ -57,6 +57,17 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
                 # (viralcode/superGPT's `grpo_step`, sampling with torch.multinomial), or the next batch of a data
                 # iterator; not a draw from a buffer of earlier rollouts (navidmdn/LLM_RL's `self.buffer.sample`)
     return steps
+
+
+def _one_sample_at_a_time(loop: cst.For) -> bool:
+    """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`: a loop over the drawn samples one by
+    one (its variable names one sample, it iterates no `range`), so a step in its body is one of several per draw."""
+    iterated = loop.iter
+    while type(iterated) is cst.Call and last_name(iterated.func) in ("enumerate", "tqdm", "zip") and iterated.args:
+        iterated = iterated.args[0].value
+    if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
+        return False
+    return any(type(node) is cst.Name and roles.names_one_sample(node.value) for node in walk(loop.target))
 
 
 def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:
@@ -632,16 +643,15 @@ def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
 def _is_step(node: cst.CSTNode) -> bool:
     """`optimizer.step()`, or MLX's and optax's `optimizer.update(model, grads)`: an update of the policy; or a
     helper named for one, on whatever object holds it (OpenRLHF's `self.strategy.optimizer_step(loss, model,
-    optim)`, `self.trainer.optim_step(loss)`); or mixed precision's gradient scaler stepping the optimizer it is
-    handed (`self.scaler.step(self.optimizer)`, torch.amp.GradScaler)."""
+    optim)`, `self.trainer.optim_step(loss)`); or an object stepping the optimizer it is handed (mixed precision's
+    `self.scaler.step(self.optimizer)`, torch.amp.GradScaler; `self.device_manager.step(optimizer, max_norm)`)."""
     if type(node) is not cst.Call or type(node.func) is not cst.Attribute:
         return False
     method = node.func.attr.value
     if _STEP_HELPER.match(method):
         return True
-    if method == "step" and node.args and "scaler" in (last_name(node.func.value) or "").lower() \
-            and roles.names_optimizer(last_name(node.args[0].value) or ""):
-        return True
+    if method == "step" and node.args and roles.names_optimizer(last_name(node.args[0].value) or ""):
+        return True  # a gradient scaler or a device manager stepping the optimizer it is handed
     return (method == "step" or method == "update" and bool(node.args)) and roles.names_optimizer(last_name(node.func.value))
 
 

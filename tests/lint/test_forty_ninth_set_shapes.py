@@ -130,3 +130,48 @@ def test_log_probs_named_for_a_batch_are_the_policys(tmp_path, name, expected):
     batch of the reference's log-probs stays the reference's (no KL term is made of it and `ref_lp`)."""
     (tmp_path / "grpo.py").write_text(BATCH_NAMED.format(name=name))
     assert [code for code, _ in _found(tmp_path)] == expected
+
+
+# calisweetleaf/Reinforcement-Learning-Full-Pipeline's rlhf.py (twenty-ninth set), reduced: a GRPO loss method whose
+# "old" log-probs are recomputed from the current policy before each step, called through its class by a tree search
+# trainer that takes one optimizer step per sample of the rollouts it collected, through a device manager.
+TREE = """\
+import torch
+
+
+class GRPOTrainer:
+    def _compute_grpo_loss(self, policy_logps, ref_logps, anchor_logps, advantages, completion_mask):
+        ratio = torch.exp(policy_logps - anchor_logps)
+        policy_loss = -ratio * advantages.unsqueeze(1)
+        kl_div = torch.exp(ref_logps - policy_logps) - (ref_logps - policy_logps) - 1
+        total_loss = policy_loss + self.config.kl_coeff * kl_div
+        return ((total_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()
+
+
+class TreeGRPOTrainer:
+    def train(self, optimizer, prompts):
+        {collect}
+        for {sample}, advantage in pairs:
+            with torch.no_grad():
+                policy_logps_init = self.policy_model.get_log_probs({sample})
+                ref_logps = self.reference_model.get_log_probs({sample})
+            old_logps = policy_logps_init.detach()
+            policy_logps = self.policy_model.get_log_probs({sample})
+            loss = GRPOTrainer._compute_grpo_loss(self, policy_logps, ref_logps, old_logps, advantage, {sample}.mask)
+            self.device_manager.backward(loss, optimizer)
+            self.device_manager.step(optimizer, self.config.max_grad_norm)
+            optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("collect, sample, stale", [
+    ("pairs = self.search_trees(prompts)", "sample", True),  # one step per sample of the collected rollouts
+    ("pairs = self.search_trees(prompts)", "batch", False),  # a loop over batches may make one step: undecided
+])
+def test_one_step_per_collected_sample_trains_older_samples(tmp_path, collect, sample, stale):
+    """The ratio to the log-probs recomputed before each step is 1, but each step after the first is taken on a sample
+    drawn before the earlier steps (row 22, KL008 on k3 as a loss): the helper is followed through `Cls.method(self,
+    ...)`, and a device manager's `step(optimizer, ...)` is the optimizer's step."""
+    (tmp_path / "rlhf.py").write_text(TREE.format(collect=collect, sample=sample))
+    codes = [code for code, _ in _found(tmp_path)]
+    assert codes == (["KL002", "KL007", "KL008"] if stale else ["KL002", "KL007"])
