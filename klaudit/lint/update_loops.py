@@ -61,13 +61,14 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
 
 def _one_sample_at_a_time(loop: cst.For) -> bool:
     """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`: a loop over the drawn samples one by
-    one (its variable names one sample, it iterates no `range`), so a step in its body is one of several per draw."""
+    one (its variable names one drawn sample, it iterates no `range`), so a step in its body is one of several per
+    draw."""
     iterated = loop.iter
     while type(iterated) is cst.Call and last_name(iterated.func) in ("enumerate", "tqdm", "zip") and iterated.args:
         iterated = iterated.args[0].value
     if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
         return False
-    return any(type(node) is cst.Name and roles.names_one_sample(node.value) for node in walk(loop.target))
+    return any(type(node) is cst.Name and _DRAWN_SAMPLE.match(node.value) for node in walk(loop.target))
 
 
 def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:
@@ -706,6 +707,9 @@ def _method_called(node: cst.Call) -> str | None:
     return None
 
 
+# one of the policy's drawn samples (not a dataset's `example` or `item`, which no policy drew)
+_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|rollout|response|completion|generation)(_?\d+)?$",
+                           re.IGNORECASE)
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
 _STEP_HELPER = re.compile(r"(optim|optimizer|opt)_step$|step_(optim|optimizer)$")  # a method that steps an optimizer
 _GENERATION = frozenset({"generate", "generate_sequences", "sample", "rollout"})  # a model's or engine's own generation

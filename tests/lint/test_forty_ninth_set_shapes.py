@@ -167,6 +167,7 @@ class TreeGRPOTrainer:
 @pytest.mark.parametrize("collect, sample, stale", [
     ("pairs = self.search_trees(prompts)", "sample", True),  # one step per sample of the collected rollouts
     ("pairs = self.search_trees(prompts)", "batch", False),  # a loop over batches may make one step: undecided
+    ("pairs = self.search_trees(prompts)", "example", False),  # a dataset's examples: no policy drew them
 ])
 def test_one_step_per_collected_sample_trains_older_samples(tmp_path, collect, sample, stale):
     """The ratio to the log-probs recomputed before each step is 1, but each step after the first is taken on a sample
