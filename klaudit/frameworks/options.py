@@ -69,7 +69,8 @@ class Options:
         value, wherever they nest it: a read of the key with that default (`cfg.get("ppo_epochs", 4)`) gets it."""
         if not default.key:
             return True
-        return all(value == default.value for path in self.configs for value in _leaf_values(path, default.key))
+        return all(value.value == default.value for path in self.configs
+                   for key, value in _yaml_values(path, default.key).items() if key.rsplit(".", 1)[-1] == default.key)
 
     def default(self, name: str, path: str) -> Default | None:
         """The default of option `name` for a configuration built in the file at `path`: the one that file
@@ -107,33 +108,18 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
 
 
 def _yaml_values(path: str, leaf: str) -> dict[str, Default]:
-    """{dotted key: its value} of the YAML file at `path`, if its text holds `leaf:` at all (else {})."""
+    """{key, dotted below the root: its value} of the YAML file at `path`, if its text holds `leaf:` at all (else {})."""
     try:
         text = file_text(path)
     except OSError:
         return {}
-    return _nested_values(path, text) if f"{leaf}:" in text else {}
+    return _values(path, text) if f"{leaf}:" in text else {}
 
 
-@functools.lru_cache(maxsize=256)  # asked for each computed keyword of each configuration call
-def _nested_values(path: str, text: str) -> dict[str, Default]:
+@functools.lru_cache(maxsize=256)  # asked for each computed keyword and configuration read of each configuration call
+def _values(path: str, text: str) -> dict[str, Default]:
     return {key: Default(setting.value, f"{path}:{setting.line}")
-            for key, setting in yaml_settings(text).items() if setting.value is not None and "." in key}
-
-
-def _leaf_values(path: str, leaf: str) -> list[str]:
-    """The values the YAML file at `path` gives a key named `leaf` at any depth."""
-    try:
-        text = file_text(path)
-    except OSError:
-        return []
-    return [value for key, value in _every_value(path, text).items() if key.rsplit(".", 1)[-1] == leaf] \
-        if f"{leaf}:" in text else []
-
-
-@functools.lru_cache(maxsize=256)  # asked for each configuration read of each configuration call
-def _every_value(path: str, text: str) -> dict[str, str]:
-    return {key: setting.value for key, setting in yaml_settings(text).items() if setting.value is not None}
+            for key, setting in yaml_settings(text).items() if setting.value is not None}
 
 
 def _value(literal: str) -> str:

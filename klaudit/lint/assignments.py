@@ -24,6 +24,7 @@ from klaudit.lint.syntax import (
     is_literal_array,
     is_packed_row,
     is_tensor_factory,
+    is_test,
     is_zero_tensor,
     last_name,
     mentions,
@@ -133,7 +134,7 @@ class AssignmentFlow(FlowState):
     def in_a_test(self) -> bool:
         """Whether the function analysed is a test (`def test_...`), whose inputs are numbers chosen to stand for what
         their names say."""
-        return isinstance(self.func, cst.FunctionDef) and self.func.name.value.startswith("test")
+        return is_test(self.func)
 
     def log_ratio_against_unknown(self, rhs: cst.CSTNode) -> tuple:
         """`kl = logprobs - base` stored under a KL name: the unexplained side of a difference with the

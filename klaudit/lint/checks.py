@@ -53,7 +53,7 @@ from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import python_ast, statement_nodes
+from klaudit.lint.syntax import is_test, python_ast, statement_nodes
 from klaudit.lint.teacher_forcing import FunctionIndex, speaks_of_a_teacher, teacher_forced, trains_on_rewards
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -153,11 +153,6 @@ def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
     used = {(id(c.fact.origin), c.function) for c in candidates
             if c.fact.origin is not None and not without_gradient(c.config)}
     return [c for c in candidates if not (without_gradient(c.config) and (id(c.fact.origin), c.function) in used)]
-
-
-def _a_test(func: cst.FunctionDef) -> bool:
-    """`def test_...`: a unit test, whose made-up arguments say nothing of how training calls a helper."""
-    return func.name.value.startswith("test")
 
 
 def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
@@ -454,7 +449,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             reduced = reduced or downstream.fact.aggregation is not None
         # what the helper's callers in this module hand it says more than its parameters' names (`old_logprobs`
         # given `new_logprobs.detach()`: exp(new - old) is 1 in value, the score in gradient), unless a test calls it
-        informed = [c for c in group if c.function != best.function and not _a_test(functions[c.function][0])]
+        informed = [c for c in group if c.function != best.function and not is_test(functions[c.function][0])]
         older = next((sampling for sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS)
                       if any(c.config.sampling is sampling for c in informed or group)), None)
         if informed and older is None and config.sampling is not Sampling.ON_POLICY:

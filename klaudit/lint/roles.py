@@ -290,6 +290,16 @@ def names_one_sample(name: str) -> bool:
     return _ONE_SAMPLE.match(name) is not None
 
 
+# one of the policy's drawn samples (not a dataset's `example` or `item`, which no policy drew)
+_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|rollout|response|completion|generation)(_?\d+)?$",
+                           re.IGNORECASE)
+
+
+def names_drawn_sample(name: str) -> bool:
+    """`sample`, `traj`, `completion`: a variable that holds one sample the policy drew."""
+    return _DRAWN_SAMPLE.match(name) is not None
+
+
 def names_reference_outputs(name: str) -> bool:
     """`ref_logps`, `teacher_log_probs`, `ref_logits`: the reference's (or a teacher's) log-probs or logits."""
     return tensor_role(name) in (REF, REF_LOGITS)
@@ -411,15 +421,13 @@ def _top_k_logprobs(name: str) -> AtomKind | None:
 # `action_prob`): exp of that token's log-prob, by the side the name gives it.
 _TAKEN_PROBABILITY = re.compile(r"(?<![a-z0-9])(taken|token|action|selected|sampled)_probs?(?![a-z])"
                                 r"|(?<![a-z0-9])probs?_(taken|token|action|selected|sampled)(?![a-z])", re.IGNORECASE)
-_TAKEN_BY_REFERENCE = re.compile(r"(?<![a-z0-9])(ref|reference|init|sft|frozen)(?![a-z])", re.IGNORECASE)
-_TAKEN_BY_OLD = re.compile(r"(?<![a-z0-9])(old|prev|behaviou?r|rollout|sampling|vllm)(?![a-z])", re.IGNORECASE)
 
 
 def _taken_probability(name: str) -> AtomKind | None:
     """The probability a name gives the sampled token: the reference's, the behaviour policy's, or the policy's."""
     if _TAKEN_PROBABILITY.search(name) is None:
         return None
-    return REF_PROB if _TAKEN_BY_REFERENCE.search(name) else OLD_PROB if _TAKEN_BY_OLD.search(name) else PROB
+    return REF_PROB if _REFERENCE_SIDE.search(name) else OLD_PROB if _LAGGING_SIDE.search(name) else PROB
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments (a polynomial is an immutable value)

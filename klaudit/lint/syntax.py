@@ -146,6 +146,12 @@ def case_strings(pattern: cst.MatchPattern) -> tuple[str, ...]:
         return tuple(out)
     return ()
 
+def is_test(func: cst.FunctionDef | cst.Module) -> bool:
+    """`def test_...`: a unit test, whose made-up inputs stand for what their names say and say nothing of how training
+    calls the code it tests."""
+    return isinstance(func, cst.FunctionDef) and func.name.value.startswith("test")
+
+
 def root_name(node: cst.CSTNode) -> str:
     while True:
         if type(node) is cst.Attribute or type(node) is cst.Subscript:

@@ -27,7 +27,7 @@ import libcst as cst
 
 from klaudit.frameworks.options import option_defaults
 from klaudit.lint import roles
-from klaudit.lint.syntax import child_nodes, dotted, int_literal, last_name, params, statement_nodes, walk
+from klaudit.lint.syntax import child_nodes, dotted, int_literal, is_test, last_name, params, statement_nodes, walk
 
 if TYPE_CHECKING:
     from klaudit.lint.project import Project
@@ -68,7 +68,7 @@ def _one_sample_at_a_time(loop: cst.For) -> bool:
         iterated = iterated.args[0].value
     if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
         return False
-    return any(type(node) is cst.Name and _DRAWN_SAMPLE.match(node.value) for node in walk(loop.target))
+    return any(type(node) is cst.Name and roles.names_drawn_sample(node.value) for node in walk(loop.target))
 
 
 def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:
@@ -302,7 +302,7 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
                        for call in made):
                 continue
             found = True
-            if isinstance(caller, cst.FunctionDef) and caller.name.value.startswith("test") and not takes_a_step(calls):
+            if is_test(caller) and not takes_a_step(calls):
                 continue
             if not steps_on_fresh_samples(caller, methods, other, calls_of, depth=1):
                 return False
@@ -707,9 +707,6 @@ def _method_called(node: cst.Call) -> str | None:
     return None
 
 
-# one of the policy's drawn samples (not a dataset's `example` or `item`, which no policy drew)
-_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|rollout|response|completion|generation)(_?\d+)?$",
-                           re.IGNORECASE)
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
 _STEP_HELPER = re.compile(r"(optim|optimizer|opt)_step$|step_(optim|optimizer)$")  # a method that steps an optimizer
 _GENERATION = frozenset({"generate", "generate_sequences", "sample", "rollout"})  # a model's or engine's own generation
