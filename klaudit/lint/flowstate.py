@@ -55,6 +55,7 @@ class FlowState:
         self.loop_variables: list[frozenset[str]] = []  # the names each `for` being run binds, innermost last
         # of each `for` being run, the variable counting the sequences -> whether it picks one by itself (`x[i]`)
         self.batch_indices: list[dict[str, bool]] = []
+        self.sample_loops = 0  # how many `for` being run go over drawn samples one by one (`for traj in trajs:`)
         self.returns: list = []
         self.sinks: list[Sink] = []
         self.waiting: dict[cst.CSTNode, Sink] = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward

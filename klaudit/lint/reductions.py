@@ -12,6 +12,7 @@ import libcst as cst
 
 from klaudit.catalog import Aggregation, Position
 from klaudit.lint import algebra as alg
+from klaudit.lint.containers import as_row
 from klaudit.lint.facts import Fact, compatible, kl_targets, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import int_literal, last_name
@@ -49,6 +50,8 @@ class ReductionFlow(FlowState):
     def reduce(self, base: tuple, method: str, along_tokens: bool | None, node) -> tuple:
         out = []
         for f in base:
+            if along_tokens is False and self.sample_loops:
+                f = as_row(f)  # all of one drawn sample's tensor, in a loop over the samples one by one: its sequence
             # one sequence's row reduced along any axis is reduced over that sequence's tokens, and stays that
             # sequence's value (the builtin sum of such values is a sum over the batch)
             per_row = True if f.row else along_tokens

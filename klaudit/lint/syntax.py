@@ -343,6 +343,18 @@ def is_last_index(node: cst.Subscript) -> bool:
     return isinstance(last, cst.Index) and (int_literal(last.value) == -1 or _minus_one(last.value))
 
 
+def one_sample_at_a_time(loop: cst.For) -> bool:
+    """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`: a loop over the drawn samples one by
+    one (its variable names one drawn sample, it iterates no `range`), so a step in its body is one of several per
+    draw, and each sample's tensors hold one sequence."""
+    iterated = loop.iter
+    while type(iterated) is cst.Call and last_name(iterated.func) in ("enumerate", "tqdm", "zip") and iterated.args:
+        iterated = iterated.args[0].value
+    if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
+        return False
+    return any(type(node) is cst.Name and roles.names_drawn_sample(node.value) for node in walk(loop.target))
+
+
 def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: frozenset[str],
                 innermost: Mapping[str, bool]) -> bool:
     """`x[i, start:end]`, `x[i:i + 1, :-1]` or, where `indices` says `i` picks one alone, `x[i]`, with `i` one of the

@@ -27,7 +27,8 @@ import libcst as cst
 
 from klaudit.frameworks.options import option_defaults
 from klaudit.lint import roles
-from klaudit.lint.syntax import child_nodes, dotted, int_literal, is_test, last_name, params, statement_nodes, walk
+from klaudit.lint.syntax import (child_nodes, dotted, int_literal, is_test, last_name, one_sample_at_a_time, params,
+                                 statement_nodes, walk)
 
 if TYPE_CHECKING:
     from klaudit.lint.project import Project
@@ -43,7 +44,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
     step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
     (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
     `train_step(batch)`)."""
-    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module) or _one_sample_at_a_time(loop)):
+    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module) or one_sample_at_a_time(loop)):
         return False
     steps = False
     draws = _drawing(methods, module, CallIndex())
@@ -57,18 +58,6 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
                 # (viralcode/superGPT's `grpo_step`, sampling with torch.multinomial), or the next batch of a data
                 # iterator; not a draw from a buffer of earlier rollouts (navidmdn/LLM_RL's `self.buffer.sample`)
     return steps
-
-
-def _one_sample_at_a_time(loop: cst.For) -> bool:
-    """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`: a loop over the drawn samples one by
-    one (its variable names one drawn sample, it iterates no `range`), so a step in its body is one of several per
-    draw."""
-    iterated = loop.iter
-    while type(iterated) is cst.Call and last_name(iterated.func) in ("enumerate", "tqdm", "zip") and iterated.args:
-        iterated = iterated.args[0].value
-    if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
-        return False
-    return any(type(node) is cst.Name and roles.names_drawn_sample(node.value) for node in walk(loop.target))
 
 
 def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:
