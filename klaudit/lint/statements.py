@@ -184,6 +184,8 @@ class StatementFlow(FlowState):
         self.stmt = small
         if type(small) is cst.Assign:
             value = self.loop_carried(small) or self.expr(small.value)
+            if self.loop_variables and _adds_to_itself(small):
+                value = _counted_over_the_loop(value)
             for target in small.targets:
                 self.assign_target(target.target, value, small, rhs=small.value)
         elif type(small) is cst.AnnAssign and small.value is not None:
@@ -306,6 +308,14 @@ def _leaves(body: cst.BaseSuite) -> bool:
     if type(last) is cst.SimpleStatementLine:
         last = last.body[-1] if last.body else None
     return type(last) is cst.Return or type(last) is cst.Raise
+
+
+def _adds_to_itself(assign: cst.Assign) -> bool:
+    """`total = total + x` (or `x + total`): the `total += x` of a running sum, spelt out."""
+    value = assign.value
+    return (len(assign.targets) == 1 and type(name := assign.targets[0].target) is cst.Name
+            and type(value) is cst.BinaryOperation and type(value.operator) is cst.Add
+            and any(type(side) is cst.Name and side.value == name.value for side in (value.left, value.right)))
 
 
 def _counted_over_the_loop(value: tuple) -> tuple:
