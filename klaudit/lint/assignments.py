@@ -15,6 +15,7 @@ import libcst as cst
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
+from klaudit.lint.containers import as_row
 from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, rename_logprobs, replace, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
@@ -91,6 +92,8 @@ class AssignmentFlow(FlowState):
             value = self.log_ratio_against_unknown(rhs) or value
         if self.no_grad:
             value = detach_all(value)
+        if type(target) is cst.Name and self.one_sequence_at_a_time():
+            value = tuple(as_row(f) for f in value)  # a tensor of the one sequence being run: its row, wherever it goes
         if self.labels:
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))

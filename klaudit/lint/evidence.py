@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from klaudit.lint import algebra as alg
-from klaudit.lint.syntax import child_nodes
+from klaudit.lint.syntax import SCOPES, child_nodes
 
 POLICY, DETACHED_POLICY, REFERENCE, BEHAVIOUR, MASK = "policy", "detached policy", "reference", "behaviour", "mask"
 OTHER = "other"  # an alternative that is none of the above
@@ -172,9 +172,6 @@ def note_assignment(run, statement: cst.CSTNode) -> None:
         evidence_of(run.analyzer).note(statement, run._memo, run.env, entry=False)
 
 
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # nodes whose expressions are not the statement's
-
-
 def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Every expression node under `node` (a statement), outermost first (siblings in any order: the
     evidence is kept by node)."""
@@ -183,6 +180,6 @@ def _expressions(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = stack.pop()
         if isinstance(current, cst.BaseExpression):
             yield current
-        if type(current) in _SCOPES and current is not node:
+        if type(current) in SCOPES and current is not node:  # its expressions are not the statement's
             continue
         stack.extend(child_nodes(current))

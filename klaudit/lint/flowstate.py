@@ -20,6 +20,7 @@ from klaudit.lint.kinds import SinkKind
 from klaudit.lint.syntax import (
     decorated_no_grad,
     detached_entries,
+    encodes_one_text,
     measured_names,
     overwritten_assignments,
     reads_a_measure,
@@ -55,7 +56,7 @@ class FlowState:
         self.loop_variables: list[frozenset[str]] = []  # the names each `for` being run binds, innermost last
         # of each `for` being run, the variable counting the sequences -> whether it picks one by itself (`x[i]`)
         self.batch_indices: list[dict[str, bool]] = []
-        self.sample_loops = 0  # how many `for` being run go over drawn samples one by one (`for traj in trajs:`)
+        self.one_sequence_loops = 0  # how many loops being run handle one sequence a pass (`for traj in trajs:`)
         self.returns: list = []
         self.sinks: list[Sink] = []
         self.waiting: dict[cst.CSTNode, Sink] = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
@@ -87,6 +88,13 @@ class FlowState:
         if self._overwritten is None:
             self._overwritten = overwritten_assignments(self.func)
         return self._overwritten
+
+    def one_sequence_at_a_time(self) -> bool:
+        """Whether the statement being run handles one sequence: in a loop over the drawn samples one by one, in a
+        function that encodes one text at a time (klaudit.lint.syntax.encodes_one_text: its tensors a batch of one), or
+        in a helper every caller in the module calls so."""
+        return (bool(self.one_sequence_loops) or encodes_one_text(self.func.body)
+                or self.module.called_on_one_sequence(self.func))
 
     def measured(self, node: cst.BaseExpression) -> bool:
         """Whether a compared value is computed from the data (`x.shape[0]`, a name bound by

@@ -36,6 +36,7 @@ from klaudit.lint.syntax import dotted, is_literal_choice, params, python_ast
 from klaudit.lint.update_loops import (
     CallIndex,
     called_on_fresh_samples,
+    called_on_one_sequence,
     calls_elsewhere,
     drawn_before_the_call_elsewhere,
     handed_on_elsewhere,
@@ -161,6 +162,7 @@ class Module:
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
+        self._one_sequence: dict[str, bool] = {}  # function name -> whether every call here hands it one sequence
 
     @functools.cached_property
     def method_owners(self) -> dict[str, list[str]]:
@@ -231,6 +233,13 @@ class Module:
         if key not in self._overridden:
             self._overridden[key] = overridden_everywhere(func.name.value, cls, self.path, self.project)
         return self._overridden[key]
+
+    def called_on_one_sequence(self, func: cst.FunctionDef) -> bool:
+        """klaudit.lint.update_loops.called_on_one_sequence of one of this module's functions, read once."""
+        name = func.name.value
+        if name not in self._one_sequence:
+            self._one_sequence[name] = called_on_one_sequence(name, self.tree, self._calls_of)
+        return self._one_sequence[name]
 
     def takes_a_step(self, func: cst.FunctionDef) -> bool:
         """Whether one of this module's functions steps an optimizer itself."""

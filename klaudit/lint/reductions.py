@@ -50,8 +50,8 @@ class ReductionFlow(FlowState):
     def reduce(self, base: tuple, method: str, along_tokens: bool | None, node) -> tuple:
         out = []
         for f in base:
-            if along_tokens is False and self.sample_loops:
-                f = as_row(f)  # all of one drawn sample's tensor, in a loop over the samples one by one: its sequence
+            if along_tokens is False and self.one_sequence_at_a_time():
+                f = as_row(f)  # all of a tensor of one sequence (one drawn sample, one text encoded): that sequence's
             # one sequence's row reduced along any axis is reduced over that sequence's tokens, and stays that
             # sequence's value (the builtin sum of such values is a sum over the batch)
             per_row = True if f.row else along_tokens

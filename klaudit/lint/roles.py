@@ -300,6 +300,16 @@ def names_drawn_sample(name: str) -> bool:
     return _DRAWN_SAMPLE.match(name) is not None
 
 
+# one text, not a list of them: `prompt`, `prompt_text`, `question`, `full_text` (not `prompts`, `texts`, `batch`)
+_ONE_TEXT = re.compile(r"^_*(\w+_)?(prompt|text|question|query|problem|instruction|conversation)(_(text|str|string))?$",
+                       re.IGNORECASE)
+
+
+def names_one_text(name: str) -> bool:
+    """`prompt`, `prompt_text`, `question`: a variable that holds one text (encoded alone, a batch of one)."""
+    return _ONE_TEXT.match(name) is not None
+
+
 def names_reference_outputs(name: str) -> bool:
     """`ref_logps`, `teacher_log_probs`, `ref_logits`: the reference's (or a teacher's) log-probs or logits."""
     return tensor_role(name) in (REF, REF_LOGITS)

@@ -17,7 +17,7 @@ from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import Fact, compatible, join_envs, loss_part, merge_labels, negated, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import case_strings, dotted, int_literal, is_no_grad_block, last_name, one_sample_at_a_time, walk
+from klaudit.lint.syntax import case_strings, dotted, handles_one_sequence, int_literal, is_no_grad_block, last_name, walk
 
 # the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
 _ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
@@ -53,8 +53,8 @@ class StatementFlow(FlowState):
             self.loop_variables.append(frozenset(node.value for node in walk(stmt.target) if type(node) is cst.Name)
                                        if isinstance(stmt, cst.For) else frozenset())
             self.batch_indices.append({} if reverse else _batch_index(stmt))
-            one_sample = isinstance(stmt, cst.For) and one_sample_at_a_time(stmt)
-            self.sample_loops += one_sample
+            one_sequence = handles_one_sequence(stmt)
+            self.one_sequence_loops += one_sequence
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else
@@ -67,7 +67,7 @@ class StatementFlow(FlowState):
             self.reused = reused
             self.loop_variables.pop()
             self.batch_indices.pop()
-            self.sample_loops -= one_sample
+            self.one_sequence_loops -= one_sequence
             # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)

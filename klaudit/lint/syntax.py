@@ -355,6 +355,27 @@ def one_sample_at_a_time(loop: cst.For) -> bool:
     return any(type(node) is cst.Name and roles.names_drawn_sample(node.value) for node in walk(loop.target))
 
 
+LOOPS = frozenset({cst.For, cst.While})
+
+
+@functools.lru_cache(maxsize=4096)
+def encodes_one_text(block: cst.CSTNode) -> bool:
+    """Whether a block (a function's or a loop's body, a module's own code) runs its model on one sequence: every
+    tensor it has a tokenizer make outside the loops in it is of one text (`tokenizer(prompt, return_tensors="pt")`,
+    `tok.encode(question, return_tensors="pt")`), a batch of one, and it makes at least one. What a loop in it encodes
+    is that loop's, at each pass; what its nested functions and classes encode, theirs."""
+    calls = [node for node in own_nodes(block, SCOPES | LOOPS) if type(node) is cst.Call
+             and any(arg.keyword is not None and arg.keyword.value == "return_tensors" for arg in node.args)]
+    texts = [next((arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "text"), None)
+             for call in calls]
+    return bool(texts) and all(text is not None and roles.names_one_text(last_name(text)) for text in texts)
+
+
+def handles_one_sequence(loop: cst.For | cst.While) -> bool:
+    """A loop each pass of which handles one sequence: it goes over the drawn samples one by one, or encodes one text."""
+    return type(loop) is cst.For and one_sample_at_a_time(loop) or encodes_one_text(loop.body)
+
+
 def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: frozenset[str],
                 innermost: Mapping[str, bool]) -> bool:
     """`x[i, start:end]`, `x[i:i + 1, :-1]` or, where `indices` says `i` picks one alone, `x[i]`, with `i` one of the
@@ -554,6 +575,21 @@ def statement_nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = stack.pop()
         yield current
         stack.extend(child for child in child_nodes(current) if isinstance(child, _STATEMENT_PARTS))
+
+
+SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})  # the code under them runs elsewhere
+
+
+def own_nodes(body: cst.CSTNode, apart: frozenset = SCOPES) -> Iterator[cst.CSTNode]:
+    """Every node of a body, except those under the nodes of the kinds `apart` (by default, the functions, classes and
+    lambdas it defines)."""
+    stack: list[cst.CSTNode] = [body]
+    while stack:
+        node = stack.pop()
+        if type(node) in apart and node is not body:
+            continue
+        yield node
+        stack.extend(child_nodes(node))
 
 
 def walk(node: cst.CSTNode | None) -> Iterator[cst.CSTNode]:

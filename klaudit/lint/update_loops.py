@@ -27,8 +27,21 @@ import libcst as cst
 
 from klaudit.frameworks.options import option_defaults
 from klaudit.lint import roles
-from klaudit.lint.syntax import (child_nodes, dotted, int_literal, is_test, last_name, one_sample_at_a_time, params,
-                                 statement_nodes, walk)
+from klaudit.lint.syntax import (
+    SCOPES,
+    child_nodes,
+    dotted,
+    encodes_one_text,
+    handles_one_sequence,
+    int_literal,
+    is_test,
+    last_name,
+    one_sample_at_a_time,
+    own_nodes,
+    params,
+    statement_nodes,
+    walk,
+)
 
 if TYPE_CHECKING:
     from klaudit.lint.project import Project
@@ -48,7 +61,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
         return False
     steps = False
     draws = _drawing(methods, module, CallIndex())
-    for node in _body_nodes(loop.body):
+    for node in own_nodes(loop.body):
         if type(node) is cst.Call:
             name = last_name(node.func) or ""
             if _is_step(node) or _steps_in_callee(node, methods, module):
@@ -118,20 +131,6 @@ def _default_of(value: cst.BaseExpression | None) -> int | None:
     if type(value) is cst.Call and last_name(value.func) == "field":
         value = next((arg.value for arg in value.args if arg.keyword is not None and arg.keyword.value == "default"), None)
     return int_literal(value) if value is not None else None
-
-
-_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})  # the code under them runs elsewhere
-
-
-def _body_nodes(body: cst.BaseSuite):
-    """Every node of a loop body, except those of the functions, classes and lambdas it defines."""
-    stack: list[cst.CSTNode] = [body]
-    while stack:
-        node = stack.pop()
-        if type(node) in _SCOPES:
-            continue
-        yield node
-        stack.extend(child_nodes(node))
 
 
 # The calls of a function in the code's order, each with the loops around it (within the function).
@@ -340,6 +339,17 @@ def _stepped_by_lightning(func: cst.FunctionDef | cst.Module, methods: dict[str,
                    for method in methods.values() for node in walk(method))
 
 
+def called_on_one_sequence(name: str, tree: cst.Module, calls_of: CallIndex) -> bool:
+    """Whether every call of `name` in the module (outside unit tests), and there is one, hands it one sequence: made by
+    a caller that encodes one text at a time (klaudit.lint.syntax.encodes_one_text), or in a loop over the drawn samples
+    one by one. Then the helper's tensors hold that one sequence, as its callers' do."""
+    callers = [node for node in statement_nodes(tree) if type(node) is cst.FunctionDef and not is_test(node)]
+    sites = [(caller, loops) for caller in (*callers, tree) for call, loops in calls_of(caller)
+             if last_name(call.func) == name]
+    return bool(sites) and all(encodes_one_text(caller.body if type(caller) is cst.FunctionDef else caller)
+                               or any(map(handles_one_sequence, loops)) for caller, loops in sites)
+
+
 def takes_a_step(calls: OrderedCalls) -> bool:
     """Whether a function with these `ordered_calls` steps an optimizer itself."""
     return any(_is_step(call) for call, _ in calls)
@@ -356,7 +366,7 @@ def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
             found.append((node, loops))
         inner = loops + (node,) if isinstance(node, (cst.For, cst.While)) else loops
         stack.extend((child, inner) for child in reversed(child_nodes(node))
-                     if type(child) not in _SCOPES)
+                     if type(child) not in SCOPES)
     return found
 
 
@@ -527,7 +537,7 @@ def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None,
     callee = _callee(call, methods, module)
     if callee is None:
         return None
-    return next((node for node in _body_nodes(callee.body)
+    return next((node for node in own_nodes(callee.body)
                  if isinstance(node, cst.For) and reuses_samples(node, module, methods)), None)
 
 
@@ -565,7 +575,7 @@ def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
 
 def _keeps_a_buffer(func: cst.FunctionDef) -> bool:
     """Whether `func` reads or fills a buffer of samples (`self._buffered_generation`, `self.replay_buffer`)."""
-    return any(type(node) is cst.Attribute and _BUFFER.search(node.attr.value) for node in _body_nodes(func.body))
+    return any(type(node) is cst.Attribute and _BUFFER.search(node.attr.value) for node in own_nodes(func.body))
 
 
 def _generates(call: cst.Call) -> bool:
@@ -674,7 +684,7 @@ def _samples_with_an_old_copy(func: cst.FunctionDef) -> bool:
     """Whether `func` generates with a copy of the policy kept for sampling (MLX-GRPO's `generate_responses`, run
     on `self.model_old`, which is synced every few updates): what it draws is an older policy's."""
     return any(type(node) is cst.Call and _given_an_old_copy(node) and (_named_as_draw(node) or _generates(node))
-               for node in _body_nodes(func.body))
+               for node in own_nodes(func.body))
 
 
 def _calls(node: cst.Call, name: str, method: bool) -> bool:
