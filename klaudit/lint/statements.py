@@ -17,7 +17,15 @@ from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import Fact, compatible, join_envs, loss_part, merge_labels, negated, operands, replace
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import case_strings, dotted, handles_one_sequence, int_literal, is_no_grad_block, last_name, walk
+from klaudit.lint.syntax import (
+    case_strings,
+    dotted,
+    handles_one_sequence,
+    int_literal,
+    is_no_grad_block,
+    last_name,
+    walk,
+)
 
 # the kinds of assignment statement, compared by type(): a failed isinstance on a LibCST class is costly
 _ASSIGNMENTS = frozenset((cst.Assign, cst.AnnAssign, cst.AugAssign))
