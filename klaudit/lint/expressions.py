@@ -99,6 +99,8 @@ class ExpressionFlow(FlowState):
         if attr in ("T", "mT"):
             return self.expr(node.value)
         if attr == "logits":  # a model's output: the reference's when the model is named so (ref_model(...).logits)
+            if roles.is_scoring_model(dotted(node.value)):
+                return ()  # a reward model's or a critic's score
             if roles.is_reference_model(dotted(node.value)):
                 return (tensor(Poly.atom(Atom(alg.REF_LOGITS, False))),)
             return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)

@@ -212,16 +212,20 @@ class LibraryFlow(FlowState):
 
     def extreme(self, op: Operation) -> tuple | None:
         """The elementwise larger or smaller of two tensors: either one; torch.max(x, dim) is the largest
-        entry along an axis, no per-token term; the larger of x and a tensor of zeros is relu(x), a hinge."""
+        entry along an axis, no per-token term; the larger of x and a tensor of zeros is relu(x), a hinge (of a
+        per-token KL, a weight; of any other KL estimate, that estimate clamped at 0)."""
         if len(op.positional) != 2:
             return None
         if op.name in ("max", "min") and int_literal(op.positional[1]) is not None:
             return ()
-        zero = [i for i, arg in enumerate(op.positional) if is_zero_tensor(arg)]
+        zero = [i for i, arg in enumerate(op.positional) if is_zero_tensor(arg) or number_value(arg) == 0]
         if len(zero) == 1:
-            hinge = self.squashed(replace(op, tensor=self.expr(op.positional[1 - zero[0]])))
+            other = self.expr(op.positional[1 - zero[0]])
+            hinge = self.squashed(replace(op, tensor=other))
             if hinge is not None:
                 return hinge
+            if op.name in ("max", "maximum") and any(f.is_kl() for f in other):
+                return with_clamp(other)  # `max(0.0, kl)`: the estimate clamped at 0 (a negative one loses its signal)
         return tuple(dict.fromkeys(operands(op.tensor) + operands(self.expr(op.positional[1]))))
 
     def selected(self, op: Operation) -> tuple | None:

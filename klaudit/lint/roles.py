@@ -227,6 +227,17 @@ def is_reference_model(path: str) -> bool:
     return any(_REFERENCE_MODEL.match(part) for part in path.replace("()", "").split("."))
 
 
+# a model that scores what the policy wrote (a reward model, a critic, a classifier), not one that wrote it
+_SCORING_MODEL = re.compile(r"^_*(\w+_)?(reward|rm|critic|value|judge|verifier|scorer|classifier|prm|orm|cost)"
+                            r"(_(model|net|network|head|lm))?(_?\d+)?$", re.IGNORECASE)
+
+
+def is_scoring_model(path: str) -> bool:
+    """`reward_model(...)`, `self.critic(...)`, `sentiment_classifier(...)`: a dotted path that names a model whose
+    outputs score samples (its `.logits` are a score, no policy's or reference's logits)."""
+    return any(_SCORING_MODEL.match(part) for part in path.replace("()", "").split("."))
+
+
 # A call that may draw new samples (model.generate, collect_rollouts, make_experience, env_step ...) and an
 # optimizer (`optimizer`, `self.optim`, `opt_actor`): what klaudit.lint.update_loops reads a loop by.
 _DRAWS_SAMPLES = re.compile(r"generat|rollout|collect|experience|^sample_|_sample$|^sample$|play|episode|env_step",

@@ -343,7 +343,8 @@ def called_on_one_sequence(name: str, tree: cst.Module, calls_of: CallIndex) -> 
     """Whether every call of `name` in the module (outside unit tests), and there is one, hands it one sequence: made by
     a caller that encodes one text at a time (klaudit.lint.syntax.encodes_one_text), or in a loop over the drawn samples
     one by one. Then the helper's tensors hold that one sequence, as its callers' do."""
-    callers = [node for node in statement_nodes(tree) if type(node) is cst.FunctionDef and not is_test(node)]
+    callers: list[cst.FunctionDef | cst.Module] = [node for node in statement_nodes(tree)
+                                                   if isinstance(node, cst.FunctionDef) and not is_test(node)]
     sites = [(caller, loops) for caller in (*callers, tree) for call, loops in calls_of(caller)
              if last_name(call.func) == name]
     return bool(sites) and all(encodes_one_text(caller.body if type(caller) is cst.FunctionDef else caller)

@@ -1,7 +1,8 @@
-"""A loop over the drawn samples one by one (`for trajectory in group.trajectories:`) runs a forward pass per sample:
-each tensor in its body holds one sequence, so reducing it whole is reducing over that sequence's tokens. A `.mean()`
-there is the sequence's own token mean (1/L weights, docs/kl-math.md row 21: KL007); a `.sum()` is its token sum;
-sums and token counts added up over the loop are the batch's (a constant multiple, row 20)."""
+"""Code that runs its model on one sequence at a time: a loop over the drawn samples one by one (`for trajectory in
+group.trajectories:`), or a loop or function that encodes one text (`tokenizer(prompt, return_tensors="pt")`, a batch of
+one), and the helpers every caller calls so. Each tensor there holds one sequence, so reducing it whole is reducing over
+that sequence's tokens: a `.mean()` is the sequence's own token mean (1/L weights, docs/kl-math.md row 21: KL007), a
+`.sum()` its token sum; sums and token counts added up over a loop are the batch's (a constant multiple, row 20)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,85 @@ def test_sums_and_token_counts_added_over_the_samples_are_the_batchs(tmp_path, s
 def test_what_a_loop_over_samples_reduces(tmp_path, variable, iterated, reduce, expected):
     source = K3_LOSS.format(variable=variable, iterated=iterated, reduce=reduce)
     assert _codes(tmp_path, source) == expected
+
+
+# arnav4561/Mini-InstructGPT's phase 4 (fresh22), reduced: a script that encodes one prompt per step, samples one
+# response, scores it with a reward model, and puts the k1 of that one sequence, averaged over its tokens and clamped
+# at 0, into a REINFORCE reward.
+ONE_PROMPT_A_STEP = """\
+import torch
+import torch.nn.functional as F
+
+
+def sequence_kl(actor_logits, ref_logits, response_ids):
+    actor_lp = F.log_softmax(actor_logits.float(), dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    ref_lp = F.log_softmax(ref_logits.float(), dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    return (actor_lp - ref_lp).{reduce}()
+
+
+def reward_of(prompt_text, response_text):
+    tokens = reward_tokenizer(prompt_text + response_text, return_tensors="pt")
+    with torch.no_grad():
+        return reward_model(input_ids=tokens["input_ids"]).logits.squeeze().item()
+
+
+for step in range(100):
+    {text} = prompts[step % len(prompts)]
+    enc = tokenizer({text}, return_tensors="pt")
+    prompt_len = enc["input_ids"].shape[1]
+    with torch.no_grad():
+        full_ids = actor.generate(input_ids=enc["input_ids"], do_sample=True)
+        ref_logits = reference(input_ids=full_ids[:, :-1]).logits[:, prompt_len - 1:, :]
+    response_ids = full_ids[:, prompt_len:]
+    actor_logits = actor(input_ids=full_ids[:, :-1]).logits[:, prompt_len - 1:, :]
+    kl = sequence_kl(actor_logits, ref_logits, response_ids)
+    total_reward = reward_of({text}, response_ids) - 0.1 * {penalty}
+    log_probs = F.log_softmax(actor_logits, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    loss = -total_reward * log_probs.sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("text, reduce, penalty, expected", [
+    # one prompt's response: its mean k1 is 1/L of its sum (row 21); clamped at 0 it loses the negative estimates
+    ("prompt_text", "mean", "kl.item()", ["KL007"]),
+    ("prompt_text", "mean", "max(0.0, kl.item())", ["KL007", "KL010"]),
+    # its token sum in the reward is the whole-sequence k1 reward (row 6)
+    ("prompt_text", "sum", "kl.item()", []),
+])
+def test_one_text_encoded_at_a_time(tmp_path, text, reduce, penalty, expected):
+    source = ONE_PROMPT_A_STEP.format(text=text, reduce=reduce, penalty=penalty)
+    assert _codes(tmp_path, source) == expected
+
+
+def test_texts_encoded_together_are_a_batch(tmp_path):
+    # a list of prompts encoded together: the whole mean is over every token of the batch, no sequence's own 1/L
+    source = ONE_PROMPT_A_STEP.format(text="prompts_batch", reduce="mean", penalty="kl.item()")
+    assert "KL007" not in _codes(tmp_path, source)
+
+
+# a reward model's logits are its score: no policy's log-probs are made of them
+SCORED = """\
+import torch
+import torch.nn.functional as F
+
+
+def train_step(policy, {scorer}, batch, kl_coef, optimizer):
+    with torch.no_grad():
+        score = {scorer}(input_ids=batch["ids"]).logits[:, -1]
+        ref_logps = batch["ref_logps"]
+    logps = F.log_softmax(policy(input_ids=batch["ids"]).logits, dim=-1).gather(-1, batch["ids"][..., None])[..., 0]
+    kl = (logps.detach() - ref_logps).mean(-1)
+    rewards = score - kl_coef * kl
+    loss = -(rewards * logps.sum(-1)).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("scorer", ["reward_model", "rm", "critic", "sentiment_classifier"])
+def test_a_reward_models_logits_are_a_score(tmp_path, scorer):
+    # beside the score, each response's k1 averaged over its own tokens: 1/L weights (row 21), seen through the score
+    assert _codes(tmp_path, SCORED.format(scorer=scorer)) == ["KL007"]
