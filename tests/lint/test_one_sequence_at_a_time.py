@@ -6,9 +6,11 @@ that sequence's tokens: a `.mean()` is the sequence's own token mean (1/L weight
 
 from __future__ import annotations
 
+import libcst as cst
 import pytest
 
 from klaudit.lint.engine import lint_paths
+from klaudit.lint.syntax import handles_one_sequence, walk
 
 # stateset-agents' GRPO loss (fresh47), reduced: each trajectory of a group is encoded and run alone, its exact
 # per-token KL to the frozen reference reduced over its own tokens, and the per-trajectory values averaged.
@@ -166,6 +168,14 @@ def test_texts_encoded_together_are_a_batch(tmp_path):
     assert "KL007" not in _codes(tmp_path, source)
 
 
+@pytest.mark.parametrize("drawn, one_sequence", [("num_return_sequences=4", False), ("num_return_sequences=1", True)])
+def test_several_responses_drawn_for_one_text_are_a_group(tmp_path, drawn, one_sequence):
+    # one prompt, four responses drawn for it: the whole mean is over the group's tokens, no sequence's own 1/L
+    source = ONE_PROMPT_A_STEP.format(text="prompt_text", reduce="mean", penalty="kl.item()")
+    source = source.replace("do_sample=True)", f"do_sample=True, {drawn})")
+    assert ("KL007" in _codes(tmp_path, source)) == one_sequence
+
+
 # a reward model's logits are its score: no policy's log-probs are made of them
 SCORED = """\
 import torch
@@ -189,3 +199,51 @@ def train_step(policy, {scorer}, batch, kl_coef, optimizer):
 def test_a_reward_models_logits_are_a_score(tmp_path, scorer):
     # beside the score, each response's k1 averaged over its own tokens: 1/L weights (row 21), seen through the score
     assert _codes(tmp_path, SCORED.format(scorer=scorer)) == ["KL007"]
+
+
+# stateset-agents' GSPO-token step (fresh47), reduced: each query's prompt is encoded once (its length), and the
+# group's responses are encoded and scored one by one in a loop inside; the query's loop holds the whole group.
+ONE_PROMPT_SEVERAL_RESPONSES = """\
+import torch
+
+
+def train_step(self, prompts, groups, optimizer):
+    total_loss = 0.0
+    for prompt, responses in zip(prompts, groups):
+        prompt_len = self.tokenizer(prompt, return_tensors="pt")["input_ids"].shape[1]
+        token_log_probs_list = []
+        for response in responses:
+            inputs = self.tokenizer(prompt + response, return_tensors="pt")
+            logp = self.model(**inputs).logits.log_softmax(-1)
+            token_log_probs_list.append(logp.gather(-1, inputs["input_ids"][..., None])[0, prompt_len:, 0])
+        current_log_probs = torch.stack([t.sum() for t in token_log_probs_list])
+        lengths = torch.tensor([float(len(t)) for t in token_log_probs_list])
+        loss = torch.tensor(0.0)
+        for token_log_probs, length in zip(token_log_probs_list, lengths):
+            loss += -token_log_probs.sum() / length
+        if self.beta > 0:
+            ref_log_prob_values = []
+            for response in responses:
+                ref_log_prob = self.compute_ref_log_prob(prompt, response)
+                ref_log_prob_values.append(ref_log_prob)
+            ref_log_probs = torch.tensor(ref_log_prob_values)
+            kl_div = (current_log_probs - ref_log_probs) / lengths
+            loss += self.beta * kl_div.mean()
+        total_loss += loss
+    optimizer.zero_grad()
+    total_loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_prompt_with_its_responses_scored_one_by_one_is_a_group(tmp_path):
+    # the prompt's loop encodes one text, but the loop inside it scores the responses one by one: that loop handles
+    # one sequence at each pass, the prompt's loop the group (stateset-agents' step read so had KL001 twice)
+    loops = [node for node in walk(cst.parse_module(ONE_PROMPT_SEVERAL_RESPONSES)) if type(node) is cst.For]
+    by_iterated = {cst.Module([]).code_for_node(loop.iter): loop for loop in loops}
+    assert handles_one_sequence(by_iterated["responses"])
+    assert not handles_one_sequence(by_iterated["zip(prompts, groups)"])
+    # each response's k1 sum over its own length, as a loss: KL001, reported once, at the loss it enters
+    (tmp_path / "train.py").write_text(ONE_PROMPT_SEVERAL_RESPONSES)
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert [(finding.code, finding.line) for finding in result.findings] == [("KL001", 25)]
