@@ -244,10 +244,6 @@ class LibraryFlow(FlowState):
     def kl_div_of(self, op: Operation) -> tuple:
         return self.kl_div(op.positional, op.keywords, op.node)
 
-    def kl_div_module(self, op: Operation) -> tuple:
-        """torch.nn.KLDivLoss(reduction=...): an object that computes F.kl_div when called."""
-        return (Fact(role="loss-module", name="kl_div", origin=op.node),)
-
     def loss_module_call(self, module: Fact, node: cst.Call) -> tuple:
         """A call of a library's loss object: its function, with the keywords it was built with."""
         positional, keywords = self.args(node)
@@ -352,6 +348,11 @@ def _known_receiver(node: cst.Call) -> bool:
 Effect = Callable[[LibraryFlow, Operation], "tuple | None"]
 
 
+def _kl_div_module(_: LibraryFlow, op: Operation) -> tuple:
+    """torch.nn.KLDivLoss(reduction=...): an object that computes F.kl_div when called."""
+    return (Fact(role="loss-module", name="kl_div", origin=op.node),)
+
+
 def _log_sum_exp(_: LibraryFlow, op: Operation) -> tuple:
     """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True): the log-softmax's normaliser."""
     keep = op.keywords.get("keepdim", op.rest[1] if len(op.rest) > 1 else None)
@@ -450,7 +451,7 @@ FUNCTIONS: dict[str, Effect] = {
     "kl_div": LibraryFlow.kl_div_of,
     "kl_divergence": _distributions_kl,
     **_each("cross_entropy nll_loss", LibraryFlow.token_cross_entropy),
-    "KLDivLoss": LibraryFlow.kl_div_module,
+    "KLDivLoss": _kl_div_module,
     **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
     "detach": LibraryFlow.detached,
     "float": LibraryFlow.unchanged,
