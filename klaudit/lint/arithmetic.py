@@ -96,6 +96,7 @@ class ArithmeticFlow(FlowState):
                     continue  # the two values of no one path (a value left where a branch did not run)
                 a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
                 if a_poly is not None and b_poly is not None:
+                    a_poly, b_poly = _at_one_level(a_poly, b_poly), _at_one_level(b_poly, a_poly)
                     if a.scalar != b.scalar and a.is_kl() and b.is_kl():
                         # a per-token term minus a batch statistic of it (a baseline): the term goes on
                         out.append(replace(b, poly=alg.scale(b_poly, sign)) if a.scalar else a)
@@ -199,6 +200,19 @@ def _names_mean(operand: cst.CSTNode | None) -> bool:
     """An operand named for a mean or a baseline (`mean`, `adv_mean`, `baseline`): what is subtracted to centre."""
     name = last_name(operand) if isinstance(operand, (cst.Name, cst.Attribute)) else None
     return name is not None and roles.names_baseline(name)
+
+
+def _at_one_level(stored: Poly, policy: Poly) -> Poly:
+    """The reference's or an older policy's log-probs, per token, taken from the policy's log-prob of a whole
+    sequence (`seq_logp - ref_logps`, the stored values cached one per sequence): one value per sequence too,
+    as the tensors' shapes must agree; any other operand as it is."""
+    if len(stored.terms) != 1 or len(policy.terms) != 1 or len(stored.terms[0][0]) != 1 or len(policy.terms[0][0]) != 1:
+        return stored
+    (kept,), (lead,) = stored.terms[0][0], policy.terms[0][0]
+    if kept.kind in (alg.REF, alg.OLD) and not kept.grad and kept.acc == alg.TOKEN \
+            and lead.kind == alg.POLICY and lead.acc in (alg.SEQUENCE, alg.SEQUENCE_MEAN):
+        return alg.accumulate(stored, lead.acc)
+    return stored
 
 
 def _tensor_poly(fact: Fact) -> Poly | None:

@@ -22,6 +22,7 @@ from klaudit.lint.syntax import (
     fills_padding,
     is_converted_data_read,
     is_data_read,
+    is_empty_container,
     is_literal_array,
     is_packed_row,
     is_tensor_factory,
@@ -45,12 +46,15 @@ class AssignmentFlow(FlowState):
     def loop_carried(self, small: cst.Assign | cst.AugAssign) -> tuple:
         """`running = r[:, t] + gamma * running` or `running += r[:, t]` in a reversed loop: the
         reward-to-go of this step's terms. The running sum may be carried in a second name the body
-        sets from the first (`a_t = delta[:, t] + gamma * lam * a_next` ... `a_next = a_t`); a product
+        sets from the first (`a_t = delta[:, t] + gamma * lam * a_next` ... `a_next = a_t`), or in a chained
+        assignment that also stores it (`adv[t] = last = delta + gamma * lam * last`); a product
         (`running = running * mask[:, t]`) is no step of the recursion."""
         if not self.reverse_loop:
             return ()
-        if type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name:
-            name = small.targets[0].target.value
+        names = [target.target.value for target in small.targets if type(target.target) is cst.Name] \
+            if type(small) is cst.Assign else []
+        if names:  # `advantages[t] = last_gae = delta + gamma * lam * last_gae`: the name is the running sum
+            name = next((name for name in names if _sums_with(small.value, name)), names[0])
             if not _sums_with(small.value, name):
                 name = next((carrier for loop in self.reverse_loop.values() for carrier in _set_from(loop.body, name)
                              if _sums_with(small.value, carrier)), "")
@@ -81,12 +85,14 @@ class AssignmentFlow(FlowState):
                 for part in parts:
                     if index < len(part.items):
                         sub += part.items[index]
-                self.assign_target(element.value, sub, node, rhs=rhs)
+                parallel = type(rhs) in (cst.Tuple, cst.List) and len(rhs.elements) == len(target.elements)
+                self.assign_target(element.value, sub, node, rhs=rhs.elements[index].value if parallel else rhs)
             return
         if type(target) is cst.Subscript and rhs is not None and not augmented and fills_padding(target, rhs):
             return  # `ratio[~mask] = 1`: a masked_fill, written as an assignment
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value) and not is_literal_array(rhs):
+        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value) and not is_literal_array(rhs) \
+                and not is_empty_container(rhs):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
             value = self.log_ratio_against_unknown(rhs) or value

@@ -151,6 +151,7 @@ class ContainerFlow(FlowState):
     def add_to_list(self, target: cst.BaseExpression, method: str, arg: cst.BaseExpression, node: cst.Call) -> None:
         """`xs.append(x)` / `xs.extend(ys)` on a list named like a reward, advantage or loss stores the
         term into that sink. A KL term appended to a local list (`all_kl.append(kl)`) is held by it, and so are
+        log-probs summed over one sequence (`seq_logps.append(token_logps.sum())`, one per sequence), and
         log-probs over the vocabulary, whose name does not tell them from per-token ones (per-token log-probs and
         logits are not: what is made of them on each path, TRL's `selective_log_softmax` of its PPO rollout's
         logits, is better read from the name they are given (a helper's list of whichever model it ran is its
@@ -173,7 +174,7 @@ class ContainerFlow(FlowState):
             if method == "append" and not self.reverse_loop:
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
         running = tuple(f for f in value if f.poly is not None and (
-            f.is_kl() or _over_vocabulary(f.poly) or _stored_log_probs(f.poly)))
+            f.is_kl() or _over_vocabulary(f.poly) or _stored_log_probs(f.poly) or _of_a_sequence(f.poly)))
         if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
@@ -216,6 +217,13 @@ def _stored_log_probs(poly: alg.Poly) -> bool:
     atoms = poly.atoms()
     return len({atom.kind for atom in atoms}) == 1 and all(atom.kind in (alg.REF, alg.OLD) and not atom.grad
                                                            for atom in atoms)
+
+
+def _of_a_sequence(poly: alg.Poly) -> bool:
+    """One value per sequence (`token_logps.sum()` of one response): a list of them stacked holds a value per
+    sequence, whatever its name says of log-probs per token."""
+    atoms = poly.atoms()
+    return bool(atoms) and all(atom.acc in _OF_A_SEQUENCE for atom in atoms)
 
 
 def _is_number(fact: Fact) -> bool:

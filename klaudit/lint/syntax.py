@@ -300,6 +300,13 @@ def is_literal_array(node: cst.CSTNode) -> bool:
     return _numbers(node.args[0].value) and not differentiated
 
 
+def is_empty_container(node: cst.CSTNode) -> bool:
+    """`[]`, `()`, `list()`: a list about to be filled, not a tensor, whatever its name says."""
+    if type(node) is cst.Call:
+        return type(node.func) is cst.Name and node.func.value in ("list", "tuple") and not node.args
+    return isinstance(node, (cst.List, cst.Tuple)) and not node.elements
+
+
 def _numbers(node: cst.CSTNode) -> bool:
     if isinstance(node, (cst.List, cst.Tuple)):
         return all(_numbers(element.value) for element in node.elements)
@@ -362,7 +369,7 @@ LOOPS = frozenset({cst.For, cst.While})
 def encodes_one_text(block: cst.CSTNode) -> bool:
     """Whether a block (a function's or a loop's body, a module's own code) runs its model on one sequence: every
     tensor it has a tokenizer make outside the loops in it is of one text (`tokenizer(prompt, return_tensors="pt")`,
-    `tok.encode(question, return_tensors="pt")`), a batch of one, and it makes at least one. What a loop in it encodes
+    `tok.encode(question, return_tensors="pt")`, `processor(text=[prompt_text], return_tensors="pt")`), a batch of one, and it makes at least one. What a loop in it encodes
     is that loop's, at each pass; what its nested functions and classes encode, theirs. A block that draws several
     responses to its one text (`generate(..., num_return_sequences=4)`), or has a loop in it that handles one sequence
     at each pass (one prompt's responses scored one by one), handles several."""
@@ -374,7 +381,15 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
              and any(arg.keyword is not None and arg.keyword.value == "return_tensors" for arg in node.args)]
     texts = [next((arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "text"), None)
              for call in calls]
-    return bool(texts) and all(text is not None and roles.names_one_text(last_name(text)) for text in texts)
+    return bool(texts) and all(text is not None and roles.names_one_text(last_name(_the_one_element(text)))
+                               for text in texts)
+
+
+def _the_one_element(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` of a list or tuple display of one element (`[prompt_text]`: a batch of that one text); else the node."""
+    if isinstance(node, (cst.List, cst.Tuple)) and len(node.elements) == 1 and type(node.elements[0]) is cst.Element:
+        return node.elements[0].value
+    return node
 
 
 def handles_one_sequence(loop: cst.For | cst.While) -> bool:

@@ -1,0 +1,177 @@
+"""Shapes of code met in the fiftieth blind set that the lint misread: log-probs summed over one sequence, collected
+in a list one response at a time and stacked (one value per sequence, whatever the list's name says), and a
+completion's mean log-prob set against the reference's values cached one per completion."""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+
+# vimarshsub/simple_rlhf's reinforce_trainer.py, reduced: REINFORCE with one prompt encoded at a time, each response's
+# log-probs summed into one value, the sequence-level k1 detached in the whole-sequence return (row 6: right).
+REINFORCE = """\
+import torch
+import torch.nn.functional as F
+
+
+def train(model, reference_model, tokenizer, prompts, compute_reward, optimizer, kl_coef):
+    {lists}
+    for prompt in prompts:
+        prompt_tokens = tokenizer(prompt, return_tensors="pt")
+        outputs = model.generate(input_ids=prompt_tokens.input_ids, do_sample=True)
+        response_text = tokenizer.decode(outputs[0])
+        reward = compute_reward(response_text)
+        full_text = prompt + response_text
+        full_tokens = tokenizer(full_text, return_tensors="pt")
+        logits = model(input_ids=full_tokens.input_ids).logits
+        with torch.no_grad():
+            ref_logits = reference_model(input_ids=full_tokens.input_ids).logits
+        n = prompt_tokens.input_ids.shape[1]
+        ids = full_tokens.input_ids[:, n:]
+        token_log_probs = F.log_softmax(logits[:, n - 1:-1], dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        token_ref_log_probs = F.log_softmax(ref_logits[:, n - 1:-1], dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        batch_log_probs.append(token_log_probs.{reduce}())
+        batch_ref_log_probs.append(token_ref_log_probs.{reduce}())
+        batch_rewards.append(reward)
+    batch_log_probs = torch.stack(batch_log_probs)
+    batch_ref_log_probs = torch.stack(batch_ref_log_probs)
+    kl_div = batch_log_probs - batch_ref_log_probs
+    advantages = torch.tensor(batch_rewards) - kl_coef * kl_div.detach()
+    policy_loss = -(batch_log_probs * advantages).mean()
+    optimizer.zero_grad()
+    policy_loss.backward()
+    optimizer.step()
+"""
+
+ONE_LINE = "batch_log_probs, batch_ref_log_probs, batch_rewards = [], [], []"
+LINE_EACH = "batch_log_probs = []\n    batch_ref_log_probs = list()\n    batch_rewards = []"
+
+
+def _found(tmp_path, source):
+    (tmp_path / "train.py").write_text(source)
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert result.errors == []
+    return sorted({(finding.code, finding.line) for finding in result.findings})
+
+
+@pytest.mark.parametrize("lists", [ONE_LINE, LINE_EACH])
+def test_sequence_sums_collected_one_response_at_a_time_are_a_whole_sequence_return(tmp_path, lists):
+    # sum_t logp_t of each response, stacked: the detached k1 of whole sequences times the sequence's score (row 6)
+    assert _found(tmp_path, REINFORCE.format(lists=lists, reduce="sum")) == []
+
+
+def test_sequence_means_collected_one_response_at_a_time_weigh_by_length(tmp_path):
+    # the same with each response's mean log-prob: the KL part is beta (1/L^2) D s(y), lengths vary (row 21)
+    assert _found(tmp_path, REINFORCE.format(lists=LINE_EACH, reduce="mean")) == [("KL007", 29)]
+
+
+# zekai00/EviTool-VL's train_browser_rl_onpolicy_grpo.py, reduced: each completion scored alone (the processor is
+# handed a list of its one text), its mean log-prob set against the reference's and the rollout's values cached one
+# per completion, the groups drawn once and trained for several epochs.
+GROUP_STEP = """\
+import torch
+import torch.nn.functional as F
+
+
+def completion_logprob(model, processor, prompt, completion):
+    full_text = prompt + completion
+    prompt_inputs = processor(text=[prompt], return_tensors="pt")
+    full_inputs = processor(text=[full_text], return_tensors="pt")
+    labels = full_inputs.input_ids.clone()
+    labels[:, :prompt_inputs.input_ids.shape[1]] = -100
+    logits = model(**full_inputs).logits
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != -100
+    safe_labels = shift_labels.masked_fill(~mask, 0)
+    token_logps = F.log_softmax(logits[:, :-1, :], dim=-1).gather(-1, safe_labels.unsqueeze(-1)).squeeze(-1)
+    total = (token_logps * mask).sum()
+    return {completion_value}
+
+
+def cached(group, key):
+    return torch.tensor([float(sample[key]) for sample in group["samples"]])
+
+
+def group_loss(model, processor, group, beta):
+    rewards = torch.tensor([sample["reward"] for sample in group["samples"]])
+    advantages = (rewards - rewards.mean()) / rewards.std().clamp_min(1e-8)
+    logps = []
+    for sample in group["samples"]:
+        logps.append(completion_logprob(model, processor, group["prompt"], sample["completion"]))
+    logp_tensor = torch.stack(logps)
+    old_logps = cached(group, "old_logprob")
+    ref_logps = cached(group, "ref_logprob")
+    ratio = torch.exp(logp_tensor - old_logps)
+    policy_loss = -torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).mean()
+    approx_kl = 0.5 * ((logp_tensor - ref_logps) ** 2).mean()
+    return policy_loss + beta * approx_kl
+
+
+def train(model, processor, groups, optimizer, epochs, beta):
+    for _ in range(epochs):
+        for group in groups:
+            loss = group_loss(model, processor, group, beta)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("completion_value, expected", [
+    # 0.5 (D / L)^2 of each completion: a sequence-level k2 on stale samples (row 22), weighted by 1/L^2 (row 21)
+    ("total / mask.sum()", [("KL007", 36), ("KL008", 36)]),
+    # 0.5 D^2: the sequence-level k2 with no length weight, still on stale samples
+    ("total", [("KL008", 36)]),
+])
+def test_a_completions_log_prob_against_values_cached_one_per_completion(tmp_path, completion_value, expected):
+    # not per-token k2 (KL003): the reference's cached values are one per completion, as the policy's are
+    assert _found(tmp_path, GROUP_STEP.format(completion_value=completion_value)) == expected
+
+
+# judgeyjj/RLHF's src/algorithms/ppo.py, reduced: a GAE whose running sum is stored in the same statement that
+# carries it (`advantages[t] = last_gae = ...`), over per-token rewards that hold the KL penalty.
+GAE = """\
+import torch
+
+
+def compute_advantages(values, rewards, gamma=0.99, lam=0.95):
+    advantages = torch.zeros_like(rewards)
+    last_gae = 0.0
+    for t in reversed(range(len(rewards))):
+        next_value = values[t + 1] if t + 1 < len(values) else 0.0
+        delta = rewards[t] + gamma * next_value - values[t]
+        {carry}
+    return advantages
+
+
+def step(policy, ref, batch, values, optimizer, beta):
+    logprobs = policy(batch)
+    with torch.no_grad():
+        ref_logprobs = ref(batch)
+    old_logprobs = logprobs.detach()
+    log_ratio = (logprobs - ref_logprobs).detach()
+    rewards = batch["scores"] - beta * {penalty}
+    advantages = compute_advantages(values, rewards)
+    ratio = torch.exp(logprobs - old_logprobs)
+    loss = -(ratio * advantages).sum() / 100
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+CHAINED = "advantages[t] = last_gae = delta + gamma * lam * last_gae"
+SPELT_OUT = "last_gae = delta + gamma * lam * last_gae\n        advantages[t] = last_gae"
+
+
+@pytest.mark.parametrize("carry", [CHAINED, SPELT_OUT])
+@pytest.mark.parametrize("penalty, expected", [
+    # a detached k1 summed into each earlier token's advantage: the reward-to-go, right (row 5), not KL003
+    ("log_ratio", []),
+    # k3 values in that reward-to-go: grad REV - PFWD (row 7), reported where the reward is made
+    ("(torch.exp(-log_ratio) - 1 + log_ratio)", ["KL004"]),
+])
+def test_a_gae_carried_in_a_chained_assignment_is_a_reward_to_go(tmp_path, carry, penalty, expected):
+    source = GAE.format(carry=carry, penalty=penalty)
+    reward_line = next(number for number, line in enumerate(source.splitlines(), 1) if "rewards = batch" in line)
+    assert _found(tmp_path, source) == [(code, reward_line) for code in expected]
