@@ -219,8 +219,20 @@ def _cut_in_trained_loss(fact: Fact, trained: bool) -> bool:
     """Row 1c's evidence: a gradient the term had was seen cut (a tensor read as data, a batch entry or a model
     output's field, may have one the analysis does not see), and the loss it is added to has a gradient: in its
     own polynomial (a PPO ratio, log-probs), or in a term beside it the analysis does not follow (an
-    advantage-weighted log-prob), where that loss is not formed under no_grad (an evaluation)."""
-    return fact.severed and fact.poly is not None and (fact.poly.has_grad() or fact.beside and trained)
+    advantage-weighted log-prob), where that loss is not formed under no_grad (an evaluation). Or the log-ratio
+    was formed of stored log-probs in a loss that holds the policy's live ones (`kl = batch.log_probs -
+    batch.ref_log_probs` beside `exp(new_log_probs - old_log_probs)`): the step has the log-probs with gradient,
+    and the KL is taken on the rollout's."""
+    if fact.poly is None:
+        return False
+    if fact.severed:
+        return fact.poly.has_grad() or fact.beside and trained
+    return trained and fact.origin is not None and any(
+        atom.grad and atom.kind in _LIVE_LOG_PROBS for atom in fact.poly.atoms())
+
+
+# the policy's own log-probs with gradient, alone or in a ratio to an older policy or to themselves detached
+_LIVE_LOG_PROBS = frozenset((alg.POLICY, alg.IS_LOG, alg.IS_RATIO, alg.SCORE_LOG, alg.SCORE))
 
 
 def config_of(fact: Fact, kind: SinkKind, trained: bool = True, rewards_stay: bool = False) -> Config | None:

@@ -369,8 +369,9 @@ LOOPS = frozenset({cst.For, cst.While})
 def encodes_one_text(block: cst.CSTNode) -> bool:
     """Whether a block (a function's or a loop's body, a module's own code) runs its model on one sequence: every
     tensor it has a tokenizer make outside the loops in it is of one text (`tokenizer(prompt, return_tensors="pt")`,
-    `tok.encode(question, return_tensors="pt")`, `processor(text=[prompt_text], return_tensors="pt")`), a batch of one, and it makes at least one. What a loop in it encodes
-    is that loop's, at each pass; what its nested functions and classes encode, theirs. A block that draws several
+    `tok.encode(question, return_tensors="pt")`, `processor(text=[prompt_text], return_tensors="pt")`), a batch of
+    one, and it makes at least one. What a loop in it encodes is that loop's, at each pass; what its nested functions
+    and classes encode, theirs. A block that draws several
     responses to its one text (`generate(..., num_return_sequences=4)`), or has a loop in it that handles one sequence
     at each pass (one prompt's responses scored one by one), handles several."""
     if any(isinstance(node, (cst.For, cst.While)) and node is not block and handles_one_sequence(node)

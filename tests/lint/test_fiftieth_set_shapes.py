@@ -175,3 +175,49 @@ def test_a_gae_carried_in_a_chained_assignment_is_a_reward_to_go(tmp_path, carry
     source = GAE.format(carry=carry, penalty=penalty)
     reward_line = next(number for number, line in enumerate(source.splitlines(), 1) if "rewards = batch" in line)
     assert _found(tmp_path, source) == [(code, reward_line) for code in expected]
+
+
+# CRhapsody/RL-posttrain-tutorial's src-2/algorithms/grpo.py, reduced: the step recomputes the policy's log-probs
+# for its PPO ratio, but forms the KL of the rollout's stored log-probs.
+STORED_KL = """\
+import torch
+
+
+class GRPO:
+    def compute_loss(self, batch, old_log_probs):
+        new_log_probs = self.policy.forward(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        adv = batch.advantages[:, 1:]
+        response_mask = batch.labels_mask[:, 1:].float()
+        ratio = torch.exp(new_log_probs - old_log_probs)
+        policy_loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+        policy_loss = (policy_loss * response_mask).sum() / response_mask.sum()
+        kl = {policy_side} - batch.ref_log_probs
+        kl_loss = (kl * response_mask).sum() / response_mask.sum()
+        total_loss = policy_loss + self.kl_coef * kl_loss
+        return total_loss
+
+    def update(self, batch, optimizer):
+        with torch.no_grad():
+            old = self.policy.forward(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        loss = self.compute_loss(batch, old)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("policy_side, expected", [
+    # the rollout's log-probs beside the live ones: a KL with no gradient at all (row 1c)
+    ("batch.log_probs", [("KL001", 13)]),
+    ("old_log_probs", [("KL001", 13)]),
+    # the live log-probs: k1 differentiated as a loss (row 1), on samples the ratio says are older (row 22)
+    ("new_log_probs", [("KL001", 13), ("KL008", 13)]),
+])
+def test_a_kl_of_the_stored_log_probs_beside_the_live_ones_has_no_gradient(tmp_path, policy_side, expected):
+    assert _found(tmp_path, STORED_KL.format(policy_side=policy_side)) == expected
+
+
+def test_a_kl_of_stored_log_probs_alone_in_the_loss_is_not_judged(tmp_path):
+    # no live log-probs in the step: the batch's log-probs may hold a gradient the analysis does not see
+    source = STORED_KL.replace("ratio = torch.exp(new_log_probs - old_log_probs)", "ratio = batch.weights")
+    assert _found(tmp_path, source.format(policy_side="batch.log_probs")) == []
