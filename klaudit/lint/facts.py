@@ -365,10 +365,18 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         passed=a.passed or b.passed,
         pending=tuple(dict.fromkeys(a.pending + b.pending)),
         beside=a.beside or b.beside,
-        # a log-ratio formed from a cut operand is cut; a sum of KL terms is cut only where all of them are
-        severed=(a.severed or b.severed) if formed else (a.severed and b.severed) if both else first.severed,
+        # a log-ratio formed from a cut operand, or from an older policy's log-probs (`old_logp - ref_logp`: the
+        # trained policy's are not in it), is cut; a sum of KL terms is cut only where all of them are
+        severed=(a.severed or b.severed or _of_an_older_policy(a, b)) if formed
+        else (a.severed and b.severed) if both else first.severed,
         packed=a.packed or b.packed,
     )
+
+def _of_an_older_policy(a: Fact, b: Fact) -> bool:
+    """Whether one of two operands is an older policy's log-probs alone (the behaviour policy's, no gradient)."""
+    return any(f.poly is not None and f.poly.atoms() and all(atom.kind == alg.OLD for atom in f.poly.atoms())
+               for f in (a, b))
+
 
 def contained(value: Value) -> Iterator[Fact]:
     """Every fact of `value` with what its tuples and dicts hold, each container after its items."""

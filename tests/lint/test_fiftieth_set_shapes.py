@@ -221,3 +221,55 @@ def test_a_kl_of_stored_log_probs_alone_in_the_loss_is_not_judged(tmp_path):
     # no live log-probs in the step: the batch's log-probs may hold a gradient the analysis does not see
     source = STORED_KL.replace("ratio = torch.exp(new_log_probs - old_log_probs)", "ratio = batch.weights")
     assert _found(tmp_path, source.format(policy_side="batch.log_probs")) == []
+
+
+# yuanyunchen/SLM-Math's models/train_rl_base.py, reduced: a helper scores each response under no_grad and returns
+# the stacked mean log-probs (to the policy's through a wrapper, which reads them as the rollout's); the policy's and
+# the reference's are subtracted and the KL added to a REINFORCE loss spelt as a reward-weighted cross-entropy (a
+# loss module the analysis does not follow).
+NO_GRAD_HELPER = """\
+import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def log_probs(self, inputs, model):
+        {guard}
+            outputs = model(**inputs)
+            logits = outputs.logits
+        values = []
+        for i in range(inputs["input_ids"].shape[0]):
+            response_logits = logits[i, :-1, :]
+            log_probs = F.log_softmax(response_logits, dim=-1)
+            selected = log_probs.gather(dim=-1, index=inputs["input_ids"][i, 1:].unsqueeze(-1)).squeeze(-1)
+            mean_log_prob = selected.mean()
+            values.append(mean_log_prob)
+        return torch.stack(values)
+
+    def policy_log_probs(self, inputs):
+        return self.log_probs(inputs, self.model)
+
+    def kl_penalty(self, inputs):
+        policy_log_probs = self.policy_log_probs(inputs)
+        ref_log_probs = self.log_probs(inputs, self.ref_model)
+        kl = policy_log_probs - ref_log_probs
+        return kl.mean()
+
+    def train_step(self, inputs, rewards):
+        kl_penalty = self.kl_penalty(inputs)
+        outputs = self.model(**inputs, labels=inputs["labels"])
+        loss_fct = torch.nn.CrossEntropyLoss(reduction="none")
+        per_token = loss_fct(outputs.logits.transpose(1, 2), inputs["labels"])
+        loss = (per_token.mean(dim=1) * rewards).mean() + self.beta * kl_penalty
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+
+def test_a_kl_of_log_probs_a_helper_took_under_no_grad_has_no_gradient(tmp_path):
+    # the policy's log-probs of the helper hold no gradient: the KL added to the loss is a constant (row 1c)
+    found = _found(tmp_path, NO_GRAD_HELPER.format(guard="with torch.no_grad():"))
+    assert [code for code, _ in found] == ["KL001"]
+    reported = NO_GRAD_HELPER.format(guard="with torch.no_grad():").splitlines()[found[0][1] - 1]
+    assert "kl_penalty" in reported
