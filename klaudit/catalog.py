@@ -34,6 +34,7 @@ class Estimator(str, Enum):
     RATIO_K3 = "ratio*k3"  # exp(logp - sg(logp)) * k3: value k3, gradient of the score-weighted k3
     K3_REVERSED = "k3-reversed"  # exp(delta) - 1 - delta: k3 with pi / ref where ref / pi belongs
     LOGP_K1 = "logp*k1"  # logp * delta, both differentiated: an undetached k1 in a return that multiplies logp
+    PROB_K1 = "p*k1"  # pi(y_t) * delta: the summand of the exact KL_t taken at the sampled token alone
 
 
 class Returns(str, Enum):
@@ -266,6 +267,10 @@ CATALOG: tuple[Row, ...] = (
          "exp(log pi - log ref) - 1 - (log pi - log ref) is k3 with pi / ref where ref / pi belongs: differentiated "
          "it gives half the gradient of the per-token chi-square divergence sum_v pi^2 / ref - 1, not of any KL",
          FIX_K3_LOSS, identity={Target.PCHI: 0.5}),
+    _row("5c", "p * k1 at the sampled token as loss", _loss(E.PROB_K1), Objective.OTHER, "KL009",
+         "pi(y) * (log pi(y) - log ref(y)) is one summand of the exact per-step KL taken at the sampled token, not an "
+         "estimate of it (its mean is sum_v pi(v)^2 delta(v)): differentiated it gives the gradient of "
+         "sum_v pi(v)^2 (delta(v) + 1/2) / 2 at each step, not of any KL", FIX_K1_LOSS),
     _row("6", "k1 in reward, reward-to-go", _reward(E.K1), Objective.REV, None,
          "k1 detached into the reward with reward-to-go is the score-function gradient of KL(pi || ref)"),
     _row("6", "k1 in reward, whole-sequence return", _reward(E.K1, Returns.SEQUENCE), Objective.REV, None,
@@ -299,6 +304,12 @@ CATALOG: tuple[Row, ...] = (
     _row("9b", "k3 with the ratio reversed in reward, reward-to-go", _reward(E.K3_REVERSED), Objective.OTHER,
          "KL004", "values of k3 with pi / ref where ref / pi belongs (in expectation the per-token chi-square "
          "minus the KL) in the reward: " + _REWARD_BIASED, FIX_REWARD),
+    _row("9c", "p * k1 at the sampled token in reward, reward-to-go", _reward(E.PROB_K1), Objective.OTHER, "KL004",
+         "values of pi(y) * (log pi(y) - log ref(y)) at the sampled token (in expectation sum_v pi(v)^2 delta(v), "
+         "no KL) in the reward: " + _REWARD_BIASED, FIX_REWARD),
+    _row("9c", "p * k1 at the sampled token in reward, same token only (no reward-to-go)",
+         _reward(E.PROB_K1, Returns.LOCAL), Objective.OTHER, "KL004",
+         "values of pi(y) * (log pi(y) - log ref(y)) on their own token's score: " + _REWARD_BIASED, FIX_REWARD),
     _row("10", "exact per-step KL in reward, reward-to-go", _reward(E.FULL), Objective.FUT, "KL004",
          "the detached per-step KL_t(h_t) does not depend on the sampled token, so in the reward it gives "
          "only the future term FUT; the local term (the KL_t as a loss) is missing", FIX_RB_LOSS),

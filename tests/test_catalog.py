@@ -125,6 +125,21 @@ def test_the_log_prob_times_an_undetached_k1_adds_an_entropy_gradient(toy):
     assert relerr(_expected_gradient(problem, row.config), targets[Target.PART] + minus_entropy_gradient) < EXACT
 
 
+def test_the_probability_weighted_k1_follows_a_half_collision_weighted_divergence(toy):
+    """Row 5c, exactly: pi(y) * delta(y) differentiated with the sample held has, at each prefix, the expectation
+    sum_v pi(v) (delta(v) + 1) grad pi(v), the gradient of sum_v pi(v)^2 (delta(v) + 1/2) / 2 (prefix held), written
+    here from the logits; no KL target is that."""
+    (seed, eos, kl), problem, targets = toy
+    [row] = [row for row in catalog.CATALOG if row.number == "5c"]
+
+    def step_divergences(batch):
+        log_probs = torch.log_softmax(batch.logits, dim=-1)
+        delta = log_probs - torch.log_softmax(batch.ref_logits, dim=-1)
+        return ((0.5 * log_probs.exp().square() * (delta + 0.5)).sum(-1) * batch.mask).sum(-1)
+
+    assert relerr(_expected_gradient(problem, row.config), problem.expected_gradient(step_divergences)) < EXACT
+
+
 def test_low_var_kl_rows_are_checked_where_the_clamp_bites():
     """At least one toy reaches the clamp, so the low_var_kl rows are not vacuous."""
     assert any(_clamp_is_hit(_problem(*toy)) for toy in TOYS)

@@ -34,7 +34,8 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
     """Per-token (or per-sequence) values of `estimator` at delta = log pi - log ref, differentiable.
 
     k1 = delta, k2 = delta^2 / 2, k3 = e^-delta - 1 + delta, k3-reversed = e^delta - 1 - delta, abs = |delta|,
-    logp*k1 = logp * delta (an undetached k1 times the log-prob it multiplies); straight-through k1+/k3+
+    logp*k1 = logp * delta (an undetached k1 times the log-prob it multiplies), p*k1 = pi(y) * delta (the summand
+    of KL_t at the sampled token); straight-through k1+/k3+
     carry the value of k1/k3 and the gradient of k2; ratio*k3 = exp(logp - sg(logp)) * k3; full is
     KL_t(h_t) = sum_v pi(v|h) log(pi(v|h) / ref(v|h)) from the logits (or the batch's token_kl), full-fwd
     FKL_t(h_t) = sum_v ref(v|h) log(ref(v|h) / pi(v|h)) (or the batch's token_fkl).
@@ -61,6 +62,8 @@ def estimator_values(estimator: Estimator, log_ratio: torch.Tensor, batch: Batch
         return score_weight * estimator_values(Estimator.K3, log_ratio, batch)
     if estimator is Estimator.LOGP_K1:
         return batch.logprobs * log_ratio
+    if estimator is Estimator.PROB_K1:
+        return batch.logprobs.exp() * log_ratio
     if estimator is Estimator.FULL and batch.token_kl is not None:
         return batch.token_kl
     if estimator is Estimator.FULL_FORWARD and batch.token_fkl is not None:

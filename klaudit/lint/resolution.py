@@ -93,6 +93,10 @@ class NameResolution:
                 own = self.method_of_a_local(module, attr)
                 if own is not None:
                     return own
+            if type(base) is cst.Attribute and imports:  # `self.policy.compute_kl(...)`: an object the instance holds
+                held = self.method_of_a_local(module, attr) or self.method_of_an_imported_class(module, attr)
+                if held is not None:
+                    return held
             base_name = dotted(base)
             head = base_name.split(".")[0]
             if head in module.imports and imports:
@@ -114,6 +118,22 @@ class NameResolution:
                                     or "loss" in attr.lower()):
             return None
         return module, module.classes[owners[0]][1][attr], owners[0]
+
+    def method_of_an_imported_class(self, module: Module, attr: str):
+        """(module, method, class) for `self.policy.compute_kl_divergence(...)`, where exactly one class that
+        `module` imports by name defines a method `attr` whose name speaks of log-probs, KL or a loss, and none of
+        `module`'s own classes does (a trainer calling its policy class's KL helper); else None."""
+        if module.method_owners.get(attr) or not (roles.speaks_of_logprobs(attr) or roles.might_contain_kl(attr)
+                                                  or "loss" in attr.lower()):
+            return None
+        found = []
+        for name, (source, imported, level) in module.imports.items():
+            if imported is None or not name[:1].isupper():
+                continue  # a class is imported by its (capitalised) name
+            hit = self._exported_class(self._import(module, source, level, imported), imported, False)
+            if hit is not None and attr in hit[0].classes[hit[1].name.value][1]:
+                found.append((hit[0], hit[0].classes[hit[1].name.value][1][attr], hit[1].name.value))
+        return found[0] if len(found) == 1 else None
 
     def _star_imported(self, module: Module, name: str):
         """(module, function, None) for `name` brought in by a `from x import *` of `module`, else None."""

@@ -273,3 +273,55 @@ def test_a_kl_of_log_probs_a_helper_took_under_no_grad_has_no_gradient(tmp_path)
     assert [code for code, _ in found] == ["KL001"]
     reported = NO_GRAD_HELPER.format(guard="with torch.no_grad():").splitlines()[found[0][1] - 1]
     assert "kl_penalty" in reported
+
+
+# NeuralPensieve/llm-textgame-rl's trainer/ppo_updater.py with models/llm_policy.py, reduced: the policy class's KL
+# helper writes Σ_v π log(π/ref) on the sampled token alone, and the updater calls it on the object it holds.
+POLICY_MODULE = """\
+import torch
+
+
+class LLMPolicy:
+    def compute_kl_divergence(self, current_logprobs, reference_logprobs):
+        kl_div = ({weight} * (current_logprobs - reference_logprobs)).sum()
+        return kl_div / len(current_logprobs)
+"""
+
+UPDATER_MODULE = """\
+import torch
+
+from models.llm_policy import LLMPolicy
+
+
+class PPOUpdater:
+    def __init__(self, policy: LLMPolicy, kl_coef):
+        self.policy = policy
+        self.kl_coef = kl_coef
+
+    def update(self, batch, optimizer):
+        current_logprobs = self.policy.evaluate_tokens(batch["states"], batch["tokens"])
+        with torch.no_grad():
+            reference_logprobs = self.policy.reference_logprobs(batch["states"], batch["tokens"])
+        kl_div = self.policy.compute_kl_divergence(current_logprobs, reference_logprobs)
+        loss = -(current_logprobs * batch["advantages"]).mean() + self.kl_coef * kl_div
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("weight, expected", [
+    # pi(y) * delta(y), both differentiated: one summand of KL_t at the sampled token, as a loss (row 5c)
+    ("torch.exp(current_logprobs)", ["KL009"]),
+    # the plain log-ratio: k1 as a loss (row 1), through the same call on the held object
+    ("1.0", ["KL001"]),
+])
+def test_a_kl_helper_of_the_policy_class_called_on_the_object_held(tmp_path, weight, expected):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "llm_policy.py").write_text(POLICY_MODULE.format(weight=weight))
+    (tmp_path / "updater.py").write_text(UPDATER_MODULE)
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert result.errors == []
+    assert sorted({(finding.code, finding.path.rsplit("/", 1)[-1], finding.line) for finding in result.findings}) \
+        == [(code, "updater.py", 16) for code in expected]
