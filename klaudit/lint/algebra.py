@@ -279,7 +279,6 @@ _FORMS: dict[Estimator, dict[tuple[AtomKind, ...], float]] = {
     Estimator.K3: {(RATIO,): 1.0, (DELTA,): 1.0},
     Estimator.K3_REVERSED: {(INV_RATIO,): 1.0, (DELTA,): -1.0},
     Estimator.ABS: {(ABS,): 1.0},
-    Estimator.PROB_K1: {(DELTA, PROB): 1.0},
     Estimator.FULL: {(FULL,): 1.0},
     Estimator.FULL_FORWARD: {(FULL_FWD,): 1.0},
 }
@@ -398,8 +397,6 @@ def _loss_term(factor: Terms, weighted: Weighting = "") -> Term | None:
         straight = _STRAIGHT_THROUGH.get(value[0])
         if straight is not None:
             return Term("loss", straight, value[1], Returns.LOCAL, weighted)
-    if value and value[0] is Estimator.PROB_K1 and any(not a.grad for m, _ in factor for a in m):
-        return Term("loss", None, 1, Returns.LOCAL, weighted)  # pi(y) or delta detached: no catalog form
     if value and (gradient is None or gradient[0] == value[0]):
         return Term("loss", value[0], value[1], Returns.LOCAL, weighted)
 

@@ -276,7 +276,7 @@ def test_a_kl_of_log_probs_a_helper_took_under_no_grad_has_no_gradient(tmp_path)
 
 
 # NeuralPensieve/llm-textgame-rl's trainer/ppo_updater.py with models/llm_policy.py, reduced: the policy class's KL
-# helper writes Σ_v π log(π/ref) on the sampled token alone, and the updater calls it on the object it holds.
+# helper, which the updater calls on the object it holds.
 POLICY_MODULE = """\
 import torch
 
@@ -310,18 +310,15 @@ class PPOUpdater:
 """
 
 
-@pytest.mark.parametrize("weight, expected", [
-    # pi(y) * delta(y), both differentiated: one summand of KL_t at the sampled token, as a loss (row 5c)
-    ("torch.exp(current_logprobs)", ["KL009"]),
-    # the plain log-ratio: k1 as a loss (row 1), through the same call on the held object
-    ("1.0", ["KL001"]),
-])
-def test_a_kl_helper_of_the_policy_class_called_on_the_object_held(tmp_path, weight, expected):
+def test_a_kl_helper_of_the_policy_class_called_on_the_object_held(tmp_path):
+    # the plain log-ratio of the helper, differentiated: k1 as a loss (row 1), found through the call on the held
+    # object. (pi(y) * delta(y), the helper as the repository writes it, is row 5c, but the lint does not report it:
+    # log-probs read by their names may be the vocabulary's, where the same product is the exact KL's summand.)
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "__init__.py").write_text("")
-    (tmp_path / "models" / "llm_policy.py").write_text(POLICY_MODULE.format(weight=weight))
+    (tmp_path / "models" / "llm_policy.py").write_text(POLICY_MODULE.format(weight="1.0"))
     (tmp_path / "updater.py").write_text(UPDATER_MODULE)
     result = lint_paths([str(tmp_path)], jobs=1)
     assert result.errors == []
     assert sorted({(finding.code, finding.path.rsplit("/", 1)[-1], finding.line) for finding in result.findings}) \
-        == [(code, "updater.py", 16) for code in expected]
+        == [("KL001", "updater.py", 16)]
