@@ -67,10 +67,7 @@ class Options:
     def leave_alone(self, default: Default) -> bool:
         """Whether the linted YAML files leave the configuration key a default assumes out, or give it that same
         value, wherever they nest it: a read of the key with that default (`cfg.get("ppo_epochs", 4)`) gets it."""
-        if not default.key:
-            return True
-        return all(value.value == default.value for path in self.configs
-                   for key, value in _yaml_values(path, default.key).items() if key.rsplit(".", 1)[-1] == default.key)
+        return not default.key or all(value == default.value for value in configured_values(self.configs, default.key))
 
     def default(self, name: str, path: str) -> Default | None:
         """The default of option `name` for a configuration built in the file at `path`: the one that file
@@ -105,6 +102,12 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
             given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()}
                     for name, by_path in given.items()}, tuple(sorted(path for path in configs if path.endswith(_YAML))))
+
+
+def configured_values(configs: Iterable[str], leaf: str) -> tuple[str, ...]:
+    """The values the YAML files `configs` give a key whose last part is `leaf`, at any depth, each once."""
+    return tuple(dict.fromkeys(value.value for path in configs
+                               for key, value in _yaml_values(path, leaf).items() if key.rsplit(".", 1)[-1] == leaf))
 
 
 def _yaml_values(path: str, leaf: str) -> dict[str, Default]:

@@ -180,12 +180,12 @@ def _walk(top: str, settings: Settings, ignored: frozenset[str], suffixes: tuple
 _worker_project: Project | None = None
 
 
-def _start_worker(roots: list[Path]) -> None:
-    """Pool initializer: one import-resolving Project per worker process."""
+def _start_worker(roots: list[Path], configs: tuple[str, ...] = ()) -> None:
+    """Pool initializer: one import-resolving Project per worker process, knowing the linted YAML files."""
     global _worker_project
     from klaudit.lint.project import Project
 
-    _worker_project = Project(roots)
+    _worker_project = Project(roots, configs)
 
 
 def _internal_error(path: str, error: Exception) -> _Analysis:
@@ -298,8 +298,9 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
     progress = progress or Progress(False)
     checked = checked or {}
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
+    configs = frameworks.options.configs if frameworks is not None else ()
     if workers < 2:
-        _start_worker(roots)
+        _start_worker(roots, configs)
         analysed = []
         for path, source in [*sources.items(), *checked.items()]:
             analysed.append(_task(path, source, limits, frameworks, path in sources))
@@ -319,7 +320,7 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
     analyses: list[_Analysis] = []
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                 initargs=(roots,)) as pool:
+                                 initargs=(roots, configs)) as pool:
             texts = [[sources[p] if p in sources else checked[p] for p in group] for group in tasks]
             chunksize = max(1, len(tasks) // 4096)  # a few tasks a worker at a time in a very large tree
             for done in pool.map(_group_task, tasks, texts, [limits] * len(tasks), [frameworks] * len(tasks),

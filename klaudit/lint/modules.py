@@ -185,7 +185,7 @@ class Module:
         key = id(loop)
         if key not in self._reused_by:
             methods = self.classes[cls][1] if cls in self.classes else None
-            self._reused_by[key] = reuses_samples(loop, self.tree, methods)
+            self._reused_by[key] = reuses_samples(loop, self.tree, methods, self.project.configs)
         return self._reused_by[key]
 
     def steps_on_fresh_samples(self, func: cst.FunctionDef, cls: str | None) -> bool:
@@ -195,7 +195,7 @@ class Module:
         if key not in self._fresh:
             methods = self.classes[cls][1] if cls in self.classes else None
             self._fresh[key] = steps_on_fresh_samples(
-                func, methods, self.tree, self._calls_of,
+                func, methods, self.tree, self._calls_of, configs=self.project.configs,
                 called_elsewhere=lambda name, method, steps: drawn_before_the_call_elsewhere(
                     name, method, self.path, self.project, self._calls_of) if steps else called_on_fresh_samples(
                     name, method, self.path, self.project, self._calls_of, owner=cls))

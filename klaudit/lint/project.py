@@ -29,7 +29,7 @@ class Project:
     linted). Parsed modules are cached; a file that does not parse resolves to nothing.
     """
 
-    def __init__(self, roots: Sequence[str | Path]) -> None:
+    def __init__(self, roots: Sequence[str | Path], configs: Sequence[str] = ()) -> None:
         bases: list[Path] = []
         for root in roots:
             path = Path(root).resolve()
@@ -39,6 +39,7 @@ class Project:
                     bases.append(base)
         self.bases = bases
         self.roots = [Path(root).resolve() for root in roots]
+        self.configs = tuple(configs)  # the linted YAML files (klaudit.frameworks.options.Options.configs)
         self._modules: dict[str, cst.Module | None] = {}  # resolved path -> its tree, None where it does not parse
         self._sources: dict[int, str] = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
         self._texts: dict[str, str | None] = {}  # resolved path -> its text when it has KL vocabulary, else None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from klaudit.frameworks.options import option_defaults
+from klaudit.frameworks.options import configured_values, option_defaults
 from klaudit.lint import roles
 from klaudit.lint.syntax import (
     SCOPES,
@@ -48,16 +48,17 @@ if TYPE_CHECKING:
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
-                   methods: dict[str, cst.FunctionDef] | None = None) -> bool:
+                   methods: dict[str, cst.FunctionDef] | None = None, configs: tuple[str, ...] = ()) -> bool:
     """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step and draws no samples: each
     step after the first trains on the samples of an older policy, whatever the body recomputes on them (the
     reference's log-probs of the same completions, karinazad/nano-rlvr's `kl_penalty(logps, ref_model, ...)` in
     each of its two epochs, are no new samples). A count
-    read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round. The
+    read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round, unless
+    one of the linted YAML files `configs` sets it to more (`grpo_epochs: 4` in the run's configuration). The
     step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
     (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
     `train_step(batch)`)."""
-    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module) or one_sample_at_a_time(loop)):
+    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module, configs) or one_sample_at_a_time(loop)):
         return False
     steps = False
     draws = _drawing(methods, module, CallIndex())
@@ -84,10 +85,10 @@ def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None,
     return takes_a_step(calls) and not any(_named_as_draw(inner) or _generates(inner) for inner, _ in calls)
 
 
-def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
+def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, configs: tuple[str, ...] = ()) -> bool:
     """`range(k)` (or `trange(k)`, `tqdm(range(k))`) with k not the literal 1, nor a setting the module's classes all
-    default to 1. A mini-batch loop, `range(start, stop, step)`, is left out: how many batches it makes is the batch
-    sizes' (often one)."""
+    default to 1 and no YAML file of `configs` sets to another number. A mini-batch loop, `range(start, stop, step)`,
+    is left out: how many batches it makes is the batch sizes' (often one)."""
     if type(iterated) is cst.Call and last_name(iterated.func) == "tqdm" and iterated.args:
         iterated = iterated.args[0].value  # a progress bar over the rounds: `tqdm(range(n))`
     if type(iterated) is not cst.Call or dotted(iterated.func) not in ("range", "trange") or len(iterated.args) != 1:
@@ -96,7 +97,15 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module) -> bool:
     literal = int_literal(count)
     if literal is None and type(count) is cst.Attribute:
         literal = _field_default(module, count.attr.value)
+        if literal in (0, 1) and _configured_above_one(count, configs):
+            return True
     return literal not in (0, 1)
+
+
+def _configured_above_one(count: cst.BaseExpression, configs: tuple[str, ...]) -> bool:
+    """Whether a YAML file of `configs` sets the setting a loop count reads (`cfg.grpo_epochs`) to more than 1."""
+    return type(count) is cst.Attribute and any(value.isdigit() and int(value) > 1
+                                                for value in configured_values(configs, count.attr.value))
 
 
 def _field_default(module: cst.Module, name: str) -> int | None:
@@ -141,7 +150,8 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
                            module: cst.Module,
                            calls_of: CallIndex | None = None,
                            depth: int = 0,
-                           called_elsewhere: Callable[[str, bool, bool], bool] | None = None) -> bool:
+                           called_elsewhere: Callable[[str, bool, bool], bool] | None = None,
+                           configs: tuple[str, ...] = ()) -> bool:
     """Whether each optimizer step of `func` (a function, or the module's own code) is the only one since its
     samples were drawn: going out from the step, every loop around it runs once (`range(1)`, or a setting
     `module` defaults to 1) up to one whose body draws samples before the step, or to `func`, which draws them
@@ -153,14 +163,15 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     `module` calls: where it takes steps, whether its one call, made by another module (`trainer.train_step(...)`
     in a training script), comes just after that module draws the samples (`drawn_before_the_call_elsewhere`);
     where it takes none, whether the functions of other modules that call it step on fresh samples
-    (`called_on_fresh_samples`)."""
+    (`called_on_fresh_samples`). `configs`: the linted YAML files, which may set a loop's count to more than the
+    module's default of 1."""
     if calls_of is None:
         calls_of = CallIndex()
     calls = calls_of(func)
     steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
     if not steps and _stepped_by_lightning(func, methods):
         # one step after the function returns, out of its loops (or after a window of such calls, none stepping)
-        return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of)) is True
+        return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of), configs) is True
     if not steps:
         site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
             else None
@@ -170,12 +181,12 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         if site is None or depth >= 3:
             return False
         return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1,
-                                      called_elsewhere)
+                                      called_elsewhere, configs)
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
     draws = _drawing(methods, module, calls_of)
-    fresh = [_drawn_since(i, loops, calls, module, draws) for i, loops in steps]
+    fresh = [_drawn_since(i, loops, calls, module, draws, configs) for i, loops in steps]
     if False in fresh:
         return False
     if None not in fresh:
@@ -183,7 +194,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not isinstance(func, cst.FunctionDef):
         return False
     if _uncalled(func.name.value, module, calls_of):  # an entry point, trained on the samples handed to it
-        return all(drawn or _passes_counted_once(func, i, loops, calls) for drawn, (i, loops) in zip(fresh, steps)) \
+        return all(drawn or _passes_counted_once(func, i, loops, calls, configs) for drawn, (i, loops) in zip(fresh, steps)) \
             or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None, True)
     site = _single_caller(func, methods, module, calls_of)
     if site is None:
@@ -192,9 +203,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     calls = calls_of(caller)
     if takes_a_step(calls):
         return False
-    drawn = _drawn_since(index, loops, calls, module, draws)
+    drawn = _drawn_since(index, loops, calls, module, draws, configs)
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module, calls_of):
-        return _passes_counted_once(caller, index, loops, calls)
+        return _passes_counted_once(caller, index, loops, calls, configs)
     return drawn is True
 
 
@@ -252,7 +263,8 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
     trains on the policy that drew them. False where they make none."""
     found = calls_elsewhere(name, method, path, project, calls_of) or []
     return bool(found) and all(
-        not takes_a_step(calls) and _drawn_since(index, loops, calls, other, _drawing(methods, other, calls_of)) is True
+        not takes_a_step(calls)
+        and _drawn_since(index, loops, calls, other, _drawing(methods, other, calls_of), project.configs) is True
         for other, methods, calls, index, loops in found)
 
 
@@ -292,7 +304,7 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
             found = True
             if is_test(caller) and not takes_a_step(calls):
                 continue
-            if not steps_on_fresh_samples(caller, methods, other, calls_of, depth=1):
+            if not steps_on_fresh_samples(caller, methods, other, calls_of, depth=1, configs=project.configs):
                 return False
     return found
 
@@ -598,7 +610,7 @@ _DISTRIBUTION = re.compile(r"prob|logit|softmax", re.IGNORECASE)  # how a model'
 
 
 def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,
-                 drawing: Callable[[cst.Call], bool]) -> bool | None:
+                 drawing: Callable[[cst.Call], bool], configs: tuple[str, ...] = ()) -> bool | None:
     """For the node at `index` among its function's `calls`, within `loops`: True where samples are drawn before
     it (a call `drawing` says draws) in the body of the innermost loop of several rounds around it (or, out of
     loops, in the function); False where a loop of several rounds around it draws none; None where it is in no
@@ -607,16 +619,19 @@ def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Modu
     for loop in reversed(loops):
         if any(i < index and any(around is loop for around in within) for i, within in draws):
             return True
-        if not _one_round(loop, module):
+        if not _one_round(loop, module, configs):
             return False
     return True if any(i < index for i, _ in draws) else None
 
 
-def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls: OrderedCalls) -> bool:
+def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls: OrderedCalls,
+                         configs: tuple[str, ...] = ()) -> bool:
     """Whether the step at `index` of `func`, within `loops` that each run once, is under one that counts the
-    passes over the samples by a setting defaulted to 1 (`for epoch in range(cfg.n_epochs)`), with no batch
-    taken from a queue or a buffer: each batch handed to `func` is trained once."""
-    counted = any(int_literal(loop.iter.args[0].value) is None for loop in loops)
+    passes over the samples by a setting defaulted to 1 (`for epoch in range(cfg.n_epochs)`) that no YAML file of
+    `configs` sets to more, with no batch taken from a queue or a buffer: each batch handed to `func` is trained
+    once."""
+    counted = any(int_literal(loop.iter.args[0].value) is None for loop in loops) \
+        and not any(_configured_above_one(loop.iter.args[0].value, configs) for loop in loops)
     return counted and not any(_takes_queued(call) for call, _ in calls[:index]) and not _keeps_a_buffer(func)
 
 
@@ -633,12 +648,13 @@ def _uncalled(name: str, module: cst.Module, calls_of: CallIndex) -> bool:
     return name not in calls_of.called_names(module)
 
 
-def _one_round(loop: cst.For | cst.While, module: cst.Module) -> bool:
-    """`for ... in range(n)` with n 1 (or 0), or a setting that the classes of `module` default to 1."""
+def _one_round(loop: cst.For | cst.While, module: cst.Module, configs: tuple[str, ...] = ()) -> bool:
+    """`for ... in range(n)` with n 1 (or 0), or a setting that the classes of `module` default to 1 (and no YAML
+    file of `configs` sets to more)."""
     if not isinstance(loop, cst.For) or type(loop.iter) is not cst.Call or dotted(loop.iter.func) != "range" \
             or len(loop.iter.args) != 1:
         return False
-    return not _several_rounds(loop.iter, module)
+    return not _several_rounds(loop.iter, module, configs)
 
 
 def _is_step(node: cst.CSTNode) -> bool:

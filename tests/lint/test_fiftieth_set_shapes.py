@@ -322,3 +322,63 @@ def test_a_kl_helper_of_the_policy_class_called_on_the_object_held(tmp_path):
     assert result.errors == []
     assert sorted({(finding.code, finding.path.rsplit("/", 1)[-1], finding.line) for finding in result.findings}) \
         == [("KL001", "updater.py", 16)]
+
+
+# sanketsans/rlvr's rl/trainer.py, reduced (fresh22): a GRPO loss helper in its own module, called in a loop of
+# `cfg.grpo_epochs` passes over one rollout; the trainer's dataclass defaults the count to 1, the run's YAML sets 4.
+GRPO_HELPER = """\
+import torch
+
+
+def compute_policy_loss(logp, old_logp, ref_logp, advantages, mask, kl_coef):
+    ratio = torch.exp(logp - old_logp)
+    pg = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
+    delta = ref_logp - logp
+    kl = torch.exp(delta) - delta - 1
+    return ((pg + kl_coef * kl) * mask).sum() / mask.numel()
+"""
+
+GRPO_TRAINER = """\
+from dataclasses import dataclass
+
+import torch
+
+from grpo import compute_policy_loss
+
+
+@dataclass
+class TrainerConfig:
+    grpo_epochs: int = 1
+    kl_coef: float = 0.04
+
+
+class GRPOTrainer:
+    def train(self, cfg: TrainerConfig):
+        for step in range(100):
+            batch = self.rollout()
+            with torch.no_grad():
+                old_logp = self.policy.logprobs(batch)
+                ref_logp = self.reference.logprobs(batch)
+            for epoch_idx in range(cfg.grpo_epochs):
+                logp = self.policy.logprobs(batch)
+                loss = compute_policy_loss(logp, old_logp, ref_logp, batch.advantages, batch.mask, cfg.kl_coef)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("epochs, expected", [
+    # four passes over each rollout: every pass after the first takes the k3 loss on older samples (row 22)
+    ("4", ["KL002", "KL008"]),
+    # the YAML agrees with the default: one pass, on-policy k3 as a loss (row 3)
+    ("1", ["KL002"]),
+])
+def test_a_loop_count_the_dataclass_defaults_to_one_and_the_yaml_sets(tmp_path, epochs, expected):
+    (tmp_path / "grpo.py").write_text(GRPO_HELPER)
+    (tmp_path / "trainer.py").write_text(GRPO_TRAINER)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "run.yaml").write_text(f"model: qwen\ntrainer:\n  grpo_epochs: {epochs}\n  kl_coef: 0.04\n")
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert result.errors == []
+    assert sorted({finding.code for finding in result.findings if finding.path.endswith("grpo.py")}) == expected
