@@ -372,6 +372,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         packed=a.packed or b.packed,
     )
 
+
 def _of_an_older_policy(a: Fact, b: Fact) -> bool:
     """Whether one of two operands is an older policy's log-probs alone (the behaviour policy's, no gradient)."""
     return any(f.poly is not None and f.poly.atoms() and all(atom.kind == alg.OLD for atom in f.poly.atoms())
