@@ -91,8 +91,8 @@ class AssignmentFlow(FlowState):
         if type(target) is cst.Subscript and rhs is not None and not augmented and fills_padding(target, rhs):
             return  # `ratio[~mask] = 1`: a masked_fill, written as an assignment
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value) and not is_literal_array(rhs) \
-                and not is_empty_container(rhs):
+        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value) \
+                and not is_literal_array(rhs) and not is_empty_container(rhs):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
             value = self.log_ratio_against_unknown(rhs) or value

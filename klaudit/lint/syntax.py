@@ -371,9 +371,9 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
     tensor it has a tokenizer make outside the loops in it is of one text (`tokenizer(prompt, return_tensors="pt")`,
     `tok.encode(question, return_tensors="pt")`, `processor(text=[prompt_text], return_tensors="pt")`), a batch of
     one, and it makes at least one. What a loop in it encodes is that loop's, at each pass; what its nested functions
-    and classes encode, theirs. A block that draws several
-    responses to its one text (`generate(..., num_return_sequences=4)`), or has a loop in it that handles one sequence
-    at each pass (one prompt's responses scored one by one), handles several."""
+    and classes encode, theirs. A block that draws several responses to its one text (`generate(...,
+    num_return_sequences=4)`), or has a loop in it that handles one sequence at each pass (one prompt's responses
+    scored one by one), handles several."""
     if any(isinstance(node, (cst.For, cst.While)) and node is not block and handles_one_sequence(node)
            or type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "num_return_sequences"
            and int_literal(node.value) != 1 for node in own_nodes(block)):

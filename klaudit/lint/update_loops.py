@@ -194,7 +194,8 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not isinstance(func, cst.FunctionDef):
         return False
     if _uncalled(func.name.value, module, calls_of):  # an entry point, trained on the samples handed to it
-        return all(drawn or _passes_counted_once(func, i, loops, calls, configs) for drawn, (i, loops) in zip(fresh, steps)) \
+        return all(drawn or _passes_counted_once(func, i, loops, calls, configs)
+                   for drawn, (i, loops) in zip(fresh, steps)) \
             or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None, True)
     site = _single_caller(func, methods, module, calls_of)
     if site is None:
