@@ -145,6 +145,10 @@ class ArithmeticFlow(FlowState):
                         continue  # `x * inv_temperature`: a number times an unexplained value is no known value
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
+                    if other.role == "critic" and tensor_side.is_kl():
+                        # sg(V - r + tau * log-ratio) * V: the gradient of a critic's squared error to the target
+                        # r - tau * log(pi/ref) (DRO-V's value loss); the KL is the critic's target, not a penalty
+                        continue
                     factor = -1.0 if other.role == "neg" else 1.0
                     out.append(replace(tensor_side, poly=alg.scale(poly, factor)))
                 elif (a.role == "neg") != (b.role == "neg"):

@@ -21,6 +21,7 @@ from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.assignments import records_metrics
 from klaudit.lint.callables import Callee, callees_among
 from klaudit.lint.facts import (
+    CRITIC,
     Fact,
     compatible,
     computed_without_grad,
@@ -97,6 +98,8 @@ class CallFlow(FlowState):
             return self.library_call(name, node)
         if name == "dict" or (name[:1].isupper() and node.args and all(a.keyword is not None for a in node.args)):
             return self.build_record([], [], self.args(node)[1])  # dict(kl=kl), Experience(kl=kl, ...)
+        if roles.calls_a_critic(dotted(func)) and not self.no_grad:
+            return (CRITIC,)  # a value network's estimate, with gradient: what a critic's loss trains
         if _per_token_loss_of_a_model(node):
             return _token_losses_of_a_model(func, self.no_grad)
         value = self.library_call(name, node)

@@ -135,6 +135,7 @@ def with_clamp(value: Value) -> Value:
 NEG = (Fact(role="neg"),)
 
 UNKNOWN = Fact(role="unknown")
+CRITIC = Fact(role="critic")  # a value network's output with gradient (klaudit.lint.calls)
 
 def operands(value: Value) -> Value:
     """The alternatives of an operand; an expression the analysis cannot explain is one unknown value."""
@@ -572,9 +573,10 @@ def computed_without_grad(value: Value) -> Value:
 
 
 def detach_all(value: Value) -> Value:
-    """Each fact without gradient; one that had a gradient is marked as cut (a tensor read as data is not)."""
+    """Each fact without gradient; one that had a gradient is marked as cut (a tensor read as data is not). A
+    critic's output detached is a number like any other (`value.detach()`, a baseline)."""
     return tuple(replace(f, poly=alg.detach(f.poly), severed=f.severed or f.poly.has_grad()) if f.poly is not None
-                 else f for f in value)
+                 else UNKNOWN if f.role == "critic" else f for f in value)
 
 def join_envs(a: Env, b: Env) -> Env:
     """Environments after two paths: each name holds the alternatives of both (unknown where one is).

@@ -18,7 +18,8 @@ from typing import Literal, TypeAlias
 #   a value the analysis cannot explain; lse, lse-vocab: the log-sum-exp of the logits its poly holds, one
 #   per position (subtracted from the sampled tokens' logits) or kept over the vocabulary axis.
 Role: TypeAlias = Literal["tensor", "mask", "length", "ntokens", "str", "bool", "none", "neg", "kl-weight",
-                          "tuple", "dict", "function", "loss-module", "unknown", "lse", "lse-vocab"]
+                          "tuple", "dict", "function", "loss-module", "unknown", "lse", "lse-vocab",
+                          "critic"]
 
 # Where a value ends up that the analysis follows (klaudit.lint.facts.Sink.kind).
 SinkKind: TypeAlias = Literal["loss", "reward", "advantage"]

@@ -238,6 +238,16 @@ def is_scoring_model(path: str) -> bool:
     return any(_SCORING_MODEL.match(part) for part in path.replace("()", "").split("."))
 
 
+# the network a critic's estimate comes from, called by its own name: `self.value(prompts)`, `critic(h)`, `v_head(x)`
+_CRITIC = re.compile(r"^_*(critic|value|v)(_(model|net|network|head|fn|function))?_?\d*$", re.IGNORECASE)
+
+
+def calls_a_critic(path: str) -> bool:
+    """`self.value(...)`, `self.critic_model(...)`: a call whose callee's own name is a value network's (not
+    `get_value`, `config.value_of`: a lookup)."""
+    return _CRITIC.match(path.rsplit(".", 1)[-1]) is not None
+
+
 # A call that may draw new samples (model.generate, collect_rollouts, make_experience, env_step ...) and an
 # optimizer (`optimizer`, `self.optim`, `opt_actor`): what klaudit.lint.update_loops reads a loop by.
 _DRAWS_SAMPLES = re.compile(r"generat|rollout|collect|experience|^sample_|_sample$|^sample$|play|episode|env_step",
