@@ -53,7 +53,7 @@ from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import is_test, python_ast, statement_nodes
+from klaudit.lint.syntax import dotted, is_test, python_ast, statement_nodes, walk
 from klaudit.lint.teacher_forcing import FunctionIndex, speaks_of_a_teacher, teacher_forced, trains_on_rewards
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -129,19 +129,44 @@ def as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardTr
     return config
 
 
-def trained_later(mod: Module, function: tuple[cst.FunctionDef, str | None], config: Config, kind: SinkKind,
-                  line_of: Callable[[cst.CSTNode], int | None]) -> RewardTraining | None:
+def trained_later(analyzer: Analyzer, mod: Module, function: tuple[cst.FunctionDef, str | None], config: Config,
+                  kind: SinkKind, line_of: Callable[[Module, cst.CSTNode], int | None]) -> RewardTraining | None:
     """A KL reward computed where the samples are drawn and trained afterwards by a loop of several optimizer
-    steps on them (klaudit.lint.update_loops.trained_by_a_later_loop): every step after the first trains it on
-    an older policy's samples (row 23). `line_of`: the line of a statement of the module."""
+    steps on them (klaudit.lint.update_loops.trained_by_a_later_loop), in the module or in a base class of another:
+    every step after the first trains it on an older policy's samples (row 23). `line_of`: the line of a statement
+    of a module."""
     if kind == "loss" or config.reward is None or config.loss is not None:
         return None
-    loop = mod.trained_by_a_later_loop(*function)
-    line = line_of(loop) if loop is not None else None
+    cls = function[1]
+    loop, home = mod.trained_by_a_later_loop(*function, inherited=None if cls is None else
+                                             lambda method: _loop_of_a_base(analyzer, mod, method, cls))
+    line = line_of(home, loop) if loop is not None else None
     if line is None:
         return None
-    return RewardTraining(SEVERAL_STEPS, None, f"each rollout is trained by the loop at line {line}, several "
+    where = f"line {line}" if home is mod else f"{_shown(home.path)}:{line}"
+    return RewardTraining(SEVERAL_STEPS, None, f"each rollout is trained by the loop at {where}, several "
                                               "optimizer steps on the same samples")
+
+
+def _loop_of_a_base(analyzer: Analyzer, mod: Module, func: cst.FunctionDef, cls: str) -> tuple[cst.For, Module] | None:
+    """(loop, its module) where a base class of `cls` in another module trains what the method `func` computes: the
+    base's own code calls `self.<func>(...)`, then runs a loop of several steps on its samples (easy-to-hard's
+    RLTrainer.step calls the `rollout` its subclass PPOTrainer defines, then `step_with_rollouts` takes its epochs),
+    and `cls` overrides none of the base's methods on that path."""
+    own = mod.classes[cls][1]
+    for home, base in analyzer.bases_elsewhere(mod, cls):
+        loop = home.trained_by_a_later_loop(func, base)[0]
+        if loop is not None and not own.keys() & _on_the_path(home.classes[base][1], func.name.value, loop):
+            return loop, home
+    return None
+
+
+def _on_the_path(methods: Mapping[str, cst.FunctionDef], name: str, loop: cst.For) -> set[str]:
+    """The methods of `methods` that call `self.<name>(...)` or hold `loop`."""
+    def on_it(method: cst.FunctionDef) -> bool:
+        return any(node is loop or type(node) is cst.Call and type(node.func) is cst.Attribute
+                   and node.func.attr.value == name and dotted(node.func.value) == "self" for node in walk(method))
+    return {method_name for method_name, method in methods.items() if method_name != name and on_it(method)}
 
 
 def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
@@ -490,8 +515,9 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                 and reducer.config.aggregation is not config.aggregation):
             config = replace(config, aggregation=reducer.config.aggregation)
             rows = defects(config, best.fact.clamped)
-        trainer = training or trained_later(analyzer.module(path, module), functions[best.function], config,
-                                            best.sink.kind, lambda node: (positions.of(module, node) or (None,))[0])
+        trainer = training or trained_later(analyzer, analyzer.module(path, module), functions[best.function], config,
+                                            best.sink.kind, lambda home, node: (positions.of(home.tree, node)
+                                                                                or (None,))[0])
         trained = as_trained(config, reduced, best.sink.kind, trainer)
         trained_here = trained != config
         if trained_here:

@@ -6,7 +6,7 @@ import ast
 import bisect
 import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import libcst as cst
@@ -157,7 +157,8 @@ class Module:
         self._registries: dict | None = None
         self._reused_by: dict[int, bool] = {}  # id(for statement) -> whether it reuses its samples (update_loops)
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
-        self._later_loop: dict[int, cst.For | None] = {}  # id(function) -> the loop that trains what it computes
+        self._later_loop: dict[int, tuple[cst.For | None, Module]] = {}  # id(function) -> the loop that trains what it
+        # computes, and its module
         self._pins: dict[int, Mapping[str, tuple]] = {}  # id(function) -> the switch values every caller gives it
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
@@ -201,15 +202,26 @@ class Module:
                     name, method, self.path, self.project, self._calls_of, owner=cls))
         return self._fresh[key]
 
-    def trained_by_a_later_loop(self, func: cst.FunctionDef, cls: str | None) -> cst.For | None:
+    def trained_by_a_later_loop(self, func: cst.FunctionDef, cls: str | None,
+                                inherited: Callable[[cst.FunctionDef], tuple[cst.For, Module] | None] | None = None
+                                ) -> tuple[cst.For | None, Module]:
         """klaudit.lint.update_loops.trained_by_a_later_loop of one of this module's functions (a method of `cls`),
-        read once."""
+        read once, with the module that holds the loop: this one, or that of a base class, `inherited(method)`."""
         key = id(func)
         if key not in self._later_loop:
             methods = self.classes[cls][1] if cls in self.classes else None
-            self._later_loop[key] = trained_by_a_later_loop(
+            home: list[Module] = []
+
+            def of_a_base(method: cst.FunctionDef) -> cst.For | None:
+                found = inherited(method) if inherited is not None else None
+                home[:] = [found[1]] if found is not None else []
+                return found[0] if found is not None else None
+
+            loop = trained_by_a_later_loop(
                 func, methods, self.tree, self._calls_of,
-                elsewhere=lambda name, method: calls_elsewhere(name, method, self.path, self.project, self._calls_of))
+                elsewhere=lambda name, method: calls_elsewhere(name, method, self.path, self.project, self._calls_of),
+                inherited=of_a_base)
+            self._later_loop[key] = (loop, home[0] if home and loop is not None else self)
         return self._later_loop[key]
 
     def caller_pins(self, func: cst.FunctionDef, cls: str | None) -> Mapping[str, tuple]:

@@ -374,7 +374,7 @@ def site_verdicts(path: str) -> list[KLSite]:
                 if config is None or sink_line is None:
                     continue
                 trained = as_trained(config, fact.aggregation is not None, sink.kind, training or trained_later(
-                    module, (func, cls), config, sink.kind, lambda node: where(str(file), node)))
+                    analyzer, module, (func, cls), config, sink.kind, lambda home, node: where(home.path, node)))
                 trained_here, config = trained != config, trained
                 entry = positions[str(file)].get(id(fact.entry)) if fact.entry is not None else None
                 if fact.entry is not None and entry is None and not trained_here:

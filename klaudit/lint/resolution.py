@@ -61,6 +61,19 @@ class NameResolution:
                     return hit
         return None
 
+    def bases_elsewhere(self, module: Module, cls: str, depth: int = 3) -> list[tuple[Module, str]]:
+        """(module, class name) of each base class of `cls`, and of theirs, that another module of the linted tree
+        defines, nearest first (`class PPOTrainer(RLTrainer)` with RLTrainer imported from rl_trainer.py)."""
+        classdef = module.classes.get(cls, (None, {}))[0]
+        found: list[tuple[Module, str]] = []
+        for base in classdef.bases if classdef is not None and depth > 0 else ():
+            hit = self.resolve_class(module, base.value, base=True)
+            if hit is not None and hit[0] is not module:
+                found.append((hit[0], hit[1].name.value))
+            if hit is not None:
+                found += self.bases_elsewhere(hit[0], hit[1].name.value, depth - 1)
+        return found
+
     def resolve(self, module: Module, func_node: cst.CSTNode, cls: str | None, imports: bool = True):
         """(module, function, class) for a call target inside the linted tree, or None.
 

@@ -433,7 +433,8 @@ class CallIndex:
 def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
                             calls_of: CallIndex,
                             depth: int = 0,
-                            elsewhere: Callable[[str, bool], list[tuple] | None] | None = None) -> cst.For | None:
+                            elsewhere: Callable[[str, bool], list[tuple] | None] | None = None,
+                            inherited: Callable[[cst.FunctionDef], cst.For | None] | None = None) -> cst.For | None:
     """The loop of several optimizer steps that trains what `func` computes, where `func` takes no step: after
     its single call (by a method of its class, a function of `module`, or the module's own code; going up to
     that caller's single call where the caller takes no step either), the caller runs a loop that reuses its
@@ -442,14 +443,15 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
     loop, each after the first on an older policy's samples (kl-math.md section 8, row 23). `elsewhere(name,
     method)`: `calls_elsewhere` of a function nothing in `module` calls, where each such call is followed, in its
     caller, by a call of a function of `module` that holds the loop (a script's `collect_rollouts(...)` then
-    `ppo_update(...)`)."""
+    `ppo_update(...)`). `inherited(method)`: the loop a base class of another module runs after its own call of
+    `self.<method>(...)`, for a method its class never calls."""
     if takes_a_step(calls_of(func)):
         return None
     site = _single_caller(func, methods, module, calls_of, anywhere=True, branches=True)
     if site is None and elsewhere is not None and methods is None and _uncalled(func.name.value, module, calls_of):
         return _later_loop_elsewhere(elsewhere(func.name.value, False), module)
     if site is None:
-        return None
+        return inherited(func) if inherited is not None and methods is not None else None
     caller, index, loops = site
     calls = calls_of(caller)
     for call, around in calls[index + 1:]:
@@ -460,7 +462,7 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
             return loop
     if depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
         own = methods if methods is not None and caller in methods.values() else None
-        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere)
+        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere, inherited)
     return None
 
 

@@ -54,3 +54,82 @@ def test_a_detached_log_ratio_in_a_critics_target_is_no_penalty_without_gradient
 ])
 def test_the_same_detached_log_ratio_times_anything_else_is_still_reported(tmp_path, value, factor):
     assert ("KL001", 18) in _found(tmp_path, DRO.format(value=value, factor=factor))
+
+
+# Edward-Sun/easy-to-hard, reduced: the subclass draws the rollout and puts a detached k1 in its token rewards; the base
+# class, in another module, calls `self.rollout(...)` and then takes several optimizer steps on that rollout (row 23).
+BASE_TRAINER = """\
+import torch
+
+
+class RLTrainer:
+    def rollout(self, queries):
+        raise NotImplementedError
+
+    def step(self, loader):
+        rollouts = self.rollout(next(loader))
+        return self.step_with_rollouts(rollouts)
+
+    def step_with_rollouts(self, rollouts):
+        for epoch in range(self.args.noptepochs):
+            logprobs = self.policy(rollouts["queries"], rollouts["responses"]).logprobs
+            ratio = torch.exp(logprobs - rollouts["logprobs"])
+            loss = -(ratio * rollouts["advantages"]).mean()
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+"""
+
+PPO_TRAINER = """\
+import torch
+
+from trainers.rl_trainer import RLTrainer
+
+
+class PPOTrainer(RLTrainer):
+    @torch.no_grad()
+    def rollout(self, queries):
+        responses = self.policy.generate(queries)
+        logprobs = self.policy(queries, responses).logprobs
+        ref_logprobs = self.ref_policy(queries, responses).logprobs
+        rewards = self._shape_reward(self.reward_model(queries, responses), logprobs, ref_logprobs)
+        advantages = torch.flip(torch.cumsum(torch.flip(rewards, [1]), 1), [1])
+        return dict(queries=queries, responses=responses, logprobs=logprobs, advantages=advantages)
+
+    def _shape_reward(self, scores, logprobs, ref_logprobs):
+        kl = logprobs - ref_logprobs
+        rewards = -self.kl_coef * kl
+        rewards[:, -1] += scores
+        return rewards
+{override}"""
+
+SINGLE_PASS = """
+    def step_with_rollouts(self, rollouts):
+        logprobs = self.policy(rollouts["queries"], rollouts["responses"]).logprobs
+        loss = -(logprobs * rollouts["advantages"]).mean()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+
+def _found_in(tmp_path, files):
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert result.errors == []
+    return [(finding.path.replace("\\\\", "/").rsplit("/", 2)[-2:], finding.code, finding.message)
+            for finding in result.findings]
+
+
+def test_a_kl_reward_trained_by_the_epochs_of_a_base_class_in_another_module_is_on_older_samples(tmp_path):
+    found = _found_in(tmp_path, {"trainers/__init__.py": "", "trainers/rl_trainer.py": BASE_TRAINER,
+                                 "trainers/ppo_trainer.py": PPO_TRAINER.format(override="")})
+    assert [(path, code) for path, code, _ in found] == [(["trainers", "ppo_trainer.py"], "KL008")]
+    assert "rl_trainer.py:13" in found[0][2]
+
+
+def test_the_base_class_loop_is_not_the_one_that_runs_where_the_subclass_replaces_it(tmp_path):
+    found = _found_in(tmp_path, {"trainers/__init__.py": "", "trainers/rl_trainer.py": BASE_TRAINER,
+                                 "trainers/ppo_trainer.py": PPO_TRAINER.format(override=SINGLE_PASS)})
+    assert [code for _, code, _ in found] == []
