@@ -22,12 +22,14 @@ semantics it applied. In order:
    reported. A commit the table lacks (a fork's, or a newer one) names no release;
 4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
    newest known release it allows, the one pip installs;
-5. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
+5. else an exact pin of the `pip install` commands of the Markdown files of those directories (a README's
+   `pip install transformers==4.57.3 trl==0.26.2`), where they agree: the install instructions;
+6. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
    Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), the release branch they clone (`git clone --branch
    v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`) or the commit they check out after cloning it (placed by
    the table of commits, which for NeMo-RL follows its release tags), else the one its Markdown install
    instructions name, when they name one;
-6. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
+7. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found (for TRL, a GRPOConfig that sets a keyword a later release removed is judged by the
    newest release that takes it: klaudit.frameworks.trl.runnable).
 
@@ -190,7 +192,22 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
             found.setdefault(name, _at_commit(name, commit, where))
         for name, (known, specifier, where) in _bounded(directory).items():
             found.setdefault(name, Assumed(known, f"{specifier} in {where}: the newest release it allows"))
+    for directory in _search_path(roots):  # no file of the code states one: the install instructions may
+        for name, (version, where) in _documented_pins(directory).items():
+            found.setdefault(name, _assumed_from(name, version, f"{version} in the pip install of {where}"))
     return found
+
+
+def _documented_pins(directory: Path) -> dict[str, tuple[str, str]]:
+    """{framework: (version, file)} that the `pip install` commands of a directory's Markdown files pin (a README's
+    `pip install transformers==4.57.3 trl==0.26.2`), where they agree."""
+    pinned: dict[str, dict[str, str]] = {}
+    for path in sorted(directory.glob("*.md")):
+        installed = _pip_installed(read_text(path)) or ""
+        for name in KNOWN:
+            for match in re.finditer(rf"(?im)^{_spelled(name)}(?:\[[^\]]*\])?==([\w.]+)$", installed):
+                pinned.setdefault(name, {}).setdefault(match.group(1), path.name)
+    return {name: next(iter(versions.items())) for name, versions in pinned.items() if len(versions) == 1}
 
 
 def _at_commit(name: str, commit: str, where: str) -> Assumed:

@@ -387,3 +387,20 @@ def test_a_conda_environment_file_states_a_pinned_release(tmp_path, listed, expe
     (tmp_path / "environment.yml").write_text("name: research\nchannels:\n  - conda-forge\ndependencies:\n"
                                               "  - python=3.11\n" + listed)
     assert detect([tmp_path]).get("trl") == expected
+
+
+def test_a_readme_s_pinned_pip_install_states_the_release_where_no_file_of_the_code_does(tmp_path):
+    """wangyu0627/MLLMRec-R1 (fifty-first set) has no requirements file; its README installs `trl==0.26.2`, whose
+    use_bias_correction_kl defaults to False: GRPOConfig(beta=0.1) is plain k3 as a loss (KL002), not TRL 1.10's
+    ratio * k3 (KL003). A dependency file's pin comes first, and Markdown files that disagree state nothing."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("# Setup\n\n```bash\npip install transformers==4.57.3 trl==0.26.2 peft\n```\n")
+    assert detect([project])["trl"] == Assumed("0.26", "0.26.2 in the pip install of README.md")
+    (project / "train.py").write_text("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.1)\n")
+    result = CliRunner().invoke(main, ["lint", "--output-format", "json", "--exit-zero", str(project)])
+    assert [finding["code"] for finding in json.loads(result.output)] == ["KL002"]
+    (project / "INSTALL.md").write_text("pip install trl==1.12.0\n")
+    assert "trl" not in detect([project])
+    (project / "requirements.txt").write_text("trl==0.19.0\n")
+    assert detect([project])["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
