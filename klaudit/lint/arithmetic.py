@@ -84,6 +84,12 @@ class ArithmeticFlow(FlowState):
         counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
         if counts:
             return counts  # a token count plus an epsilon is still the count
+        carrier, shown = _straight_through(node) if sign > 0 else (None, None)
+        if carrier is not None and (shown is None or not any(f.poly is not None and f.poly.has_grad()
+                                                               for f in self.expr(shown))):
+            # `x + (y - x.detach())`: y's value with x's gradient (a loss renormalised by an all-reduced count,
+            # a quantised value): the gradient is x's, each of x's alternatives with itself
+            return left if carrier == "left" else right
         if sign < 0 and (log_probs := normalised(left, right)):
             return log_probs
         if batch_statistic_of(right, left) or (sign < 0 and _names_mean(_operand(node, left=False))
@@ -256,6 +262,28 @@ def _of_policy_and_reference(poly: Poly) -> bool:
 
 
 _POLICY_AND_REFERENCE = frozenset({alg.POLICY, alg.REF, alg.DELTA, alg.RATIO, alg.INV_RATIO})
+
+
+def _straight_through(node: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]:
+    """Where a sum is the straight-through form `x + (y - x).detach()` or `x + (y - x.detach())`, either way round:
+    which operand carries its gradient, "left" or "right" (x's side), and, in the second form, y, whose gradient
+    the sum also carries unless it has none; (None, None) for any other sum."""
+    if type(node) is not cst.BinaryOperation or type(node.operator) is not cst.Add:
+        return None, None
+    for carrier, x, other in (("left", node.left, node.right), ("right", node.right, node.left)):
+        if type(other) is cst.BinaryOperation and type(other.operator) is cst.Subtract and _detached(other.right, x):
+            return carrier, other.left
+        inner = other.func.value if isinstance(other, cst.Call) and isinstance(other.func, cst.Attribute) else None
+        if _detached(other, None) and isinstance(inner, cst.BinaryOperation) \
+                and type(inner.operator) is cst.Subtract and inner.right.deep_equals(x):
+            return carrier, None
+    return None, None
+
+
+def _detached(node: cst.BaseExpression, of: cst.BaseExpression | None) -> bool:
+    """`v.detach()` (of `of` where given)."""
+    return (type(node) is cst.Call and not node.args and type(node.func) is cst.Attribute
+            and node.func.attr.value == "detach" and (of is None or node.func.value.deep_equals(of)))
 
 
 def _constant(fact: Fact) -> bool:

@@ -133,3 +133,105 @@ def test_the_base_class_loop_is_not_the_one_that_runs_where_the_subclass_replace
     found = _found_in(tmp_path, {"trainers/__init__.py": "", "trainers/rl_trainer.py": BASE_TRAINER,
                                  "trainers/ppo_trainer.py": PPO_TRAINER.format(override=SINGLE_PASS)})
     assert [code for _, code, _ in found] == []
+
+
+# shihaohou/multimodalOPD, reduced: a KL to a teacher (reverse by default, forward by a switch) over the top-k tokens
+# (the full vocabulary where k is not below it), summed chunk by chunk, then renormalised by the all-reduced token count in the
+# straight-through form g + (v - g.detach()): the value is the global mean, the gradient the local KL's (row 2's
+# per-token loss, KL003, with its clip, KL010); the KL keeps its gradient, so no KL001.
+DISTILLATION = """\
+import torch
+import torch.nn.functional as F
+
+
+def topk_kl(student_logits, teacher_logits, mask, top_k, chunk, clip, direction):
+    if not bool(mask.any()):
+        return (student_logits.sum() + teacher_logits.sum()) * 0.0  # both stay in the graph
+    positions = mask.nonzero()
+    total = student_logits.new_zeros((), dtype=torch.float32)
+    for start in range(0, positions.shape[0], chunk):
+        rows = positions[start:start + chunk]
+        log_p = F.log_softmax(student_logits[rows[:, 0], rows[:, 1]], dim=-1)
+        log_q = F.log_softmax(teacher_logits[rows[:, 0], rows[:, 1]], dim=-1)
+        if direction == "forward":
+            log_p, log_q = log_q, log_p
+        if top_k is not None and top_k < log_p.shape[-1]:
+            kept = torch.topk(log_p, k=top_k, dim=-1).indices
+            log_p = torch.gather(log_p, -1, kept)
+            log_q = torch.gather(log_q, -1, kept)
+        per_token = (log_p.exp() * (log_p - log_q)).sum(-1)
+        if clip is not None:
+            per_token = per_token.clamp(min=-clip, max=clip)
+        total = total + per_token.sum().float()
+    return total / mask.sum().clamp_min(1)
+
+
+class Distiller:
+    def global_mean(self, local_loss, mask):
+        local_count = mask.float().sum()
+        local_total = local_loss * local_count
+        global_total = local_total.detach()
+        global_count = local_count.clone()
+        torch.distributed.all_reduce(global_total)
+        torch.distributed.all_reduce(global_count)
+        gradient_loss = local_total * (torch.distributed.get_world_size() / global_count)
+        value_loss = global_total / global_count
+        return {form}
+
+    def compute_loss(self, model, inputs):
+        completions = model.generate(inputs["prompt_ids"])
+        student_logits = model(completions).logits
+        with torch.no_grad():
+            teacher_logits = self.teacher_model(completions).logits
+        kl = topk_kl(student_logits, teacher_logits, inputs["mask"], self.top_k, self.chunk, self.clip, self.direction)
+        return self.lambda_kl * self.global_mean(kl, inputs["mask"])
+"""
+
+
+@pytest.mark.parametrize("form", ["gradient_loss + (value_loss - gradient_loss.detach())",
+                                  "gradient_loss + (value_loss - gradient_loss).detach()",
+                                  "(value_loss - gradient_loss).detach() + gradient_loss"])
+def test_a_straight_through_renormalisation_keeps_the_gradient_of_the_kl_it_carries(tmp_path, form):
+    codes = {code for code, _ in _found(tmp_path, DISTILLATION.format(form=form))}
+    assert codes == {"KL003", "KL010"}  # the per-token loss, and its optional clip
+
+
+@pytest.mark.parametrize("expression, expected", [
+    ("g + (v - g.detach())", ("left", "v")),
+    ("(v - g.detach()) + g", ("right", "v")),
+    ("g + (v - g).detach()", ("left", None)),
+    ("(v - g).detach() + g", ("right", None)),
+    ("g + (v - h.detach())", (None, None)),  # another value detached: no straight-through sum
+    ("g - (v - g.detach())", (None, None)),
+    ("g + (v - g)", (None, None)),
+])
+def test_the_straight_through_sum_is_recognised_by_its_shape(expression, expected):
+    import libcst as cst
+
+    from klaudit.lint.arithmetic import _straight_through
+
+    carrier, shown = _straight_through(cst.parse_expression(expression))
+    assert (carrier, shown.value if shown is not None else None) == expected
+
+
+@pytest.mark.parametrize("shown, code_word", [
+    ("kl + (kl.clamp(max=10.0) - kl).detach()", "k3"),  # the clamped value, the unclamped gradient
+    ("kl + (kl.clamp(max=10.0) - kl.detach())", "low_var_kl"),  # the clamped term keeps its own gradient
+])
+def test_a_straight_through_clamp_is_judged_by_the_gradient_it_keeps(tmp_path, shown, code_word):
+    source = (
+        "import torch\n\n\n"
+        "def train_step(model, ref_model, optimizer, batch, beta):\n"
+        "    completions = model.generate(batch['prompt_ids'])\n"
+        "    logp = model(completions).logits.log_softmax(-1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)\n"
+        "    with torch.no_grad():\n"
+        "        ref_logp = ref_model(completions).logits.log_softmax(-1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)\n"
+        "    log_ratio = ref_logp - logp\n"
+        "    kl = torch.exp(log_ratio) - log_ratio - 1\n"
+        f"    shown = {shown}\n"
+        "    loss = beta * (shown * batch['mask']).sum() / batch['mask'].sum()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n")
+    (tmp_path / "train.py").write_text(source)
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert [(f.code, f.message.split(" differentiated")[0]) for f in result.findings] == [("KL002", code_word)]
