@@ -3,7 +3,8 @@ after `kwargs = {"beta": config.beta, ...}`, `kwargs.update({...})` and `kwargs[
 (the twelfth fresh set's KG_GRPO builds its GRPOConfig so, to drop what an older TRL rejects).
 
 Read from Python's tree, in the order of the source, up to the call: one assignment of a dict display
-with string keys (or `dict(key=value, ...)`), then updates and item stores. Anything else that could
+with string keys (or `dict(key=value, ...)`, or a conditional expression choosing between two of them), then
+updates and item stores. Anything else that could
 change the dict before the call (another assignment, `pop`, `del`, `|=`, passing it to a function)
 leaves it unknown; a key set twice (in two branches, say) is unknown, the others stay known. An update
 with another dict the scope builds (`kwargs.update(optional)`) takes that dict's entries. The code is
@@ -96,7 +97,11 @@ def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None]
 
 
 def _display(node: ast.expr) -> list[Entry] | None:
-    """The entries of `{"beta": 0.04, ...}` or `dict(beta=0.04, ...)`; None for anything else."""
+    """The entries of `{"beta": 0.04, ...}` or `dict(beta=0.04, ...)`, or of a choice between two of them
+    (`{} if args.no_vllm else {"use_vllm": True}`), where a key only one side sets, or that the sides set to
+    different values, is unknown; None for anything else."""
+    if isinstance(node, ast.IfExp):
+        return _either(_display(node.body), _display(node.orelse))
     if isinstance(node, ast.Dict):
         keys = [key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None for key in node.keys]
         if None in keys:
@@ -108,6 +113,21 @@ def _display(node: ast.expr) -> list[Entry] | None:
             return None
         return [Entry(keyword.arg, keyword.value, keyword) for keyword in node.keywords]  # type: ignore[arg-type]
     return None
+
+
+def _either(first: list[Entry] | None, second: list[Entry] | None) -> list[Entry] | None:
+    """The entries of a dict that is one of two: a key keeps its value where both give it the same one."""
+    if first is None or second is None:
+        return None
+    others = {entry.key: entry for entry in second}
+    merged: dict[str, Entry] = {}
+    for entry in first:
+        other = others.pop(entry.key, None)
+        same = other is not None and None not in (entry.value, other.value) and \
+            ast.dump(entry.value) == ast.dump(other.value)  # type: ignore[arg-type]
+        merged[entry.key] = entry if same else Entry(entry.key, None, entry.span)
+    merged.update({key: Entry(key, None, entry.span) for key, entry in others.items()})
+    return list(merged.values())
 
 
 class _Span(ast.AST):

@@ -93,3 +93,26 @@ def test_a_module_level_dict(tmp_path):
     source = 'from trl import GRPOConfig\n\nSETTINGS = {"beta": 0.04, "use_bias_correction_kl": False}\n' \
              "config = GRPOConfig(**SETTINGS)\n"
     assert _found(tmp_path, source) == [(3, "KL002")]
+
+
+def test_a_dict_chosen_between_two_displays_keeps_the_keys_neither_sets(tmp_path):
+    """posix4e/tmuxbench (fifty-first set) spreads `{} if args.no_vllm else {"use_vllm": True, ...}` into its
+    GRPOConfig: only the generation keys may come from it, so beta = 0.04 with TRL 1.16's defaults is
+    ratio*k3 as a loss (row 2, KL003) at the beta keyword, not a configuration of unknown keys."""
+    source = textwrap.dedent('''\
+        from trl import GRPOConfig
+
+
+        def build(no_vllm):
+            extra = ({} if no_vllm else
+                     {"use_vllm": True, "vllm_mode": "colocate"})
+            return GRPOConfig(output_dir="out", beta=0.04, **extra)
+        ''')
+    assert _found(tmp_path, source) == [(7, "KL003")]
+    # a KL key that one side sets and the other leaves out may be either: unknown, as a key set twice is
+    chosen = source.replace('{"use_vllm": True,', '{"loss_type": "grpo", "use_vllm": True,')
+    assert _found(tmp_path, chosen) == []
+    same = chosen.replace("({} if no_vllm", '({"loss_type": "grpo"} if no_vllm')
+    assert _found(tmp_path, same) == [(5, "KL007"), (7, "KL003")]  # both give grpo's 1/L (row 21), at the first
+    both = source.replace("({} if no_vllm", '({"beta": 0.0} if no_vllm').replace('{"use_vllm": True,', '{"beta": 0.0,')
+    assert _found(tmp_path, both.replace("beta=0.04, ", "")) == []  # both sides turn the KL off
