@@ -47,6 +47,7 @@ from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
 from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, option_defaults
 from klaudit.frameworks.settings import (
+    PYTHON_SCRIPT,
     SHELL_WORD,
     ConfigCall,
     Judged,
@@ -54,6 +55,7 @@ from klaudit.frameworks.settings import (
     cli_flags,
     command_span,
     only_command,
+    project_path,
     shell_overrides,
     yaml_settings,
 )
@@ -99,7 +101,6 @@ _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
 _TRL_SCRIPT = re.compile(r"\btrl/scripts/grpo\w*\.py\b")
 # A project's own script that parses TRL's GRPOConfig from its command line and trains with TRL's GRPOTrainer
 # (MedicalGPT's training/grpo_training.py run by its scripts/run_grpo.sh): the flags passed to it are TRL's.
-_PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
 # the same, or a path from a root (`/home/user/project/train_code/ppo_train.py`), looked up by its tail
 _LAUNCHED_SCRIPT = re.compile(r"(?<![\w.$-])(/?(?:[\w.-]+/)*[\w-]+\.py)\b")
 # the classes a script parses its command line into: `HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))`
@@ -489,7 +490,7 @@ def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
     for _, line in _uncommented(_EASYR1_LAUNCH, text):
         first, last = command_span(lines, line - 1)
         given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
-        config = _project_path(path, given.group(1)) if given else None
+        config = project_path(path, given.group(1)) if given else None
         config_text = read_text(config) if config is not None else None
         if config is None or config_text is None:
             continue
@@ -541,14 +542,14 @@ def _nemo_rl_launches(path: str, text: str, context: Context) -> list[Finding]:
     overrides; inherited keys are placed at the entry script's name."""
     lines = text.splitlines()
     for match, line in _uncommented(_NEMO_RL_SCRIPT, text):
-        script = _project_path(path, match.group(1))
+        script = project_path(path, match.group(1))
         source = read_text(script) if script is not None else None
         if script is None or source is None or "nemo_rl" not in source or "load_config" not in source:
             continue
         first, last = command_span(lines, line - 1)
         given = _NEMO_RL_CONFIG.search("\n".join(lines[first:last + 1]))
         default = _NEMO_RL_DEFAULT.search(source)
-        config = (_project_path(path, given.group(1)) if given else
+        config = (project_path(path, given.group(1)) if given else
                   script.parent / "configs" / default.group(1) if default else None)
         config_text = read_text(config) if config is not None else None
         if config is None or config_text is None:
@@ -714,7 +715,7 @@ def _trl_grpo_script(path: str, text: str, configs: frozenset[str], trainers: fr
     launcher's folder or a folder above it, up to the repository's root); None where that script cannot be
     imported (a package of the project it imports that Python rejects: it trains nothing). `configs`: GRPOConfig
     and the project's classes deriving from it; `trainers`: the project's classes deriving from TRL's GRPOTrainer."""
-    found = _first_script(path, _PYTHON_SCRIPT.finditer(text),
+    found = _first_script(path, PYTHON_SCRIPT.finditer(text),
                           lambda source: _reads_grpo_config(source, configs, trainers))
     return None if found is not None and _script_import_fails(path, found.group(1)) else found
 
@@ -729,9 +730,9 @@ def _reads_grpo_config(source: str, configs: frozenset[str], trainers: frozenset
 
 
 def _script_import_fails(launcher: str, relative: str) -> bool:
-    """Whether the project's script `relative` (as `_project_path` finds it) stops at an import of its own
+    """Whether the project's script `relative` (as `project_path` finds it) stops at an import of its own
     packages (`from src.open_r1.trainer import ...` of a package whose `__init__.py` Python rejects)."""
-    script = _project_path(launcher, relative) if not relative.startswith("/") else None
+    script = project_path(launcher, relative) if not relative.startswith("/") else None
     if script is None:
         return False
     root = script.parents[relative.count("/")]
@@ -739,25 +740,12 @@ def _script_import_fails(launcher: str, relative: str) -> bool:
 
 
 def _project_file(launcher: str, relative: str) -> str | None:
-    """The text of the file `relative` names (see `_project_path`; a path from a root, by the longest of its
+    """The text of the file `relative` names (see `project_path`; a path from a root, by the longest of its
     tails that is a file of the project); None if not found."""
     parts = relative.split("/")
     tails = ["/".join(parts[index:]) for index in range(1, len(parts))] if relative.startswith("/") else [relative]
-    found = next((path for tail in tails if (path := _project_path(launcher, tail)) is not None), None)
+    found = next((path for tail in tails if (path := project_path(launcher, tail)) is not None), None)
     return read_text(found) if found is not None else None
-
-
-def _project_path(launcher: str, relative: str) -> Path | None:
-    """The file `relative` names, beside `launcher` or in one of the folders above it up to the
-    repository's root (scripts are run from the root or from their own folder); None if not found."""
-    folder = Path(launcher).resolve().parent
-    for base in (folder, *folder.parents):
-        candidate = base / relative
-        if candidate.is_file():
-            return candidate
-        if (base / ".git").exists():
-            return None
-    return None
 
 
 def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:
@@ -822,7 +810,7 @@ def _grpo_config_folders(root: str, configs: frozenset[str], trainers: frozenset
                 _TRL_COMMAND.search(text) or _trl_grpo_script(str(script), text, configs, trainers)):
             continue
         for match in _PASSED_CONFIG.finditer(text):
-            config = _project_path(str(script), match.group(1))
+            config = project_path(str(script), match.group(1))
             if config is not None:
                 found.add(str(config.resolve().parent))
     return frozenset(found)

@@ -12,6 +12,10 @@ The options are read from the text of every linted Python file, without parsing 
 built in a file that declares the option itself takes that file's default; elsewhere an option given
 different defaults in different places (two scripts, two dataclasses) has none.
 
+A shell script of the project that runs the training script with the option set (`python rl/grpo.py
+--beta "$BETA"` after `BETA="${BETA:-0.04}"`) trains with that value instead: where the launches that set an
+option the script declares agree on its value, the keyword is judged at it.
+
 A key nested below a configuration object's root (`cfg.training.grpo.beta`, Hydra's and OmegaConf's
 spelling) is looked up in the linted YAML files instead, as the dotted key `training.grpo.beta`: the
 value they agree on, if any. A single attribute (`args.beta`) is an option's name, never a YAML key.
@@ -25,7 +29,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klaudit.frameworks.settings import yaml_settings
+from klaudit.frameworks.settings import PYTHON_SCRIPT, cli_flags, only_command, project_path, yaml_settings
 from klaudit.frameworks.versions import project_root
 from klaudit.text import file_text
 
@@ -39,6 +43,7 @@ _DEFAULT = re.compile(rf"\bdefault\s*=\s*{_LITERAL}\s*(?:[,)]|$)")
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)]*?\bdefault[ \t]*=[ \t]*)?{_LITERAL}[ \t]*[,)#\n]",
                     re.MULTILINE)
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
+_SHELL = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # the linted launch scripts (klaudit.frameworks.SHELL_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Default:
     value: str  # as klaudit.frameworks.calls reads a literal: a string without its quotes
     origin: str  # where it is given, for the message
     key: str = ""  # the configuration key whose absence the value assumes (`cfg.get("ppo_epochs", 4)`), if any
+    launch: bool = False  # a value a launch's flag gives, not a default (the origin says which launch)
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class Options:
 
     given: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)  # name -> path -> defaults
     configs: tuple[str, ...] = ()  # the linted YAML files, read only when a nested key is looked up
+    # name -> resolved path of a script -> the values the launches that set it give it
+    launched: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)
 
     def configured(self, key: str) -> Default | None:
         """The value the linted YAML files give the nested key `key` (`training.grpo.beta`, the path of
@@ -73,7 +81,10 @@ class Options:
         """The default of option `name` for a configuration built in the file at `path`: the one that file
         gives (a training script parses its own options), else the only one the project gives. A project inside
         another (a folder with a setup.py or pyproject.toml: LLaMA-Factory beside ms-swift in one repository) sees
-        only its own files' options."""
+        only its own files' options. The value every launch of the file that sets the option gives it comes first."""
+        launched = self.launched.get(name, {}).get(str(Path(path).resolve()), ())
+        if len({value.value for value in launched}) == 1:
+            return launched[0]
         by_path = self.given.get(name, {})
         here = by_path.get(path, ())
         if len({default.value for default in here}) == 1:
@@ -88,10 +99,12 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     """The options of the project's command lines (`add_argument`) and dataclasses (annotated fields)
     with a literal default, read from the text of `sources` (path -> text), and the YAML files `configs`."""
     given: dict[str, dict[str, list[Default]]] = {}
+    declared: dict[str, set[str]] = {}  # resolved path -> the options its command line declares, with a default or not
     for path, text in sorted(sources.items()):
         found: list[tuple[str, str, int]] = []
         if "add_argument" in text:
             for match in _ADD_ARGUMENT.finditer(text):
+                declared.setdefault(str(Path(path).resolve()), set()).add(match.group(1))
                 default = _DEFAULT.search(match.group(2))
                 if default is not None:
                     found.append((match.group(1).replace("-", "_"), default.group(1), match.start()))
@@ -100,8 +113,38 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
         for name, literal, offset in found:
             origin = f"{path}:{text.count(chr(10), 0, offset) + 1}"
             given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
-    return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()}
-                    for name, by_path in given.items()}, tuple(sorted(path for path in configs if path.endswith(_YAML))))
+    configs = tuple(configs)
+    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared)
+    return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
+                   tuple(sorted(path for path in configs if path.endswith(_YAML))),
+                   {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()})
+
+
+def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]]) -> dict[str, dict[str, list[Default]]]:
+    """The values the shell scripts `launchers` give, on each command line that runs a script of the project,
+    the options that script declares (`declared`: its resolved path -> the flags, `kl-coef` as written), by
+    option name (`kl_coef`) and the script's resolved path."""
+    found: dict[str, dict[str, list[Default]]] = {}
+    for launcher in launchers:
+        try:
+            text = file_text(launcher)
+        except OSError:
+            continue
+        for match in PYTHON_SCRIPT.finditer(text) if ".py" in text else ():
+            script = project_path(launcher, match.group(1))
+            target = str(script.resolve()) if script is not None else ""
+            flags = declared.get(target, ())
+            if not flags:
+                continue
+            line = text.count("\n", 0, match.start()) + 1
+            spellings = {spelled: spelled for flag in flags for spelled in (flag, flag.replace("-", "_"))}
+            for spelled, setting in cli_flags(only_command(text, match.start()), spellings).items():
+                if setting.value is None:
+                    continue
+                where = "" if setting.line == line else f", set at line {setting.line}"
+                value = Default(setting.value, f"--{spelled} of the launch at {launcher}:{line}{where}", launch=True)
+                found.setdefault(spelled.replace("-", "_"), {}).setdefault(target, []).append(value)
+    return found
 
 
 def configured_values(configs: Iterable[str], leaf: str) -> tuple[str, ...]:
@@ -226,4 +269,6 @@ def resolve(written: str, names: Mapping[str, Default], options: Options, path: 
         if configured is not None:
             return Default(configured.value, f"{nested} at {configured.origin}")
     option = options.default(attribute, path)
-    return None if option is None else Default(option.value, f"the default of {attribute} at {option.origin}")
+    if option is None or option.launch:
+        return option
+    return Default(option.value, f"the default of {attribute} at {option.origin}")

@@ -14,6 +14,7 @@ import re
 import shlex
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from klaudit.catalog import Config
 
@@ -367,3 +368,20 @@ def yaml_settings(text: str) -> dict[str, Setting]:
                 else:
                     stack.append((prefix, value))
     return found
+
+
+# a Python script a shell command runs, by a path relative to where it runs (`python rl/grpo.py`, `torchrun train.py`)
+PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
+
+
+def project_path(launcher: str, relative: str) -> Path | None:
+    """The file `relative` names, beside `launcher` or in one of the folders above it up to the
+    repository's root (scripts are run from the root or from their own folder); None if not found."""
+    folder = Path(launcher).resolve().parent
+    for base in (folder, *folder.parents):
+        candidate = base / relative
+        if candidate.is_file():
+            return candidate
+        if (base / ".git").exists():
+            return None
+    return None

@@ -125,3 +125,45 @@ def test_a_top_level_yaml_key_is_no_option(tmp_path):
     (tmp_path / "dpo.yaml").write_text("beta: 0.1\n")
     trainer = "from trl import GRPOConfig\n\n\ndef main(args):\n    return GRPOConfig(beta=args.beta)\n"
     assert _codes(tmp_path, {"train.py": trainer}) == []
+
+
+RUN_SCRIPT = '''\
+import argparse
+from trl import GRPOConfig
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kl-coef", type=float, default=0.0)
+    args = ap.parse_args()
+    return GRPOConfig(output_dir="out", beta=args.kl_coef)
+'''
+
+
+def _launched(tmp_path, launches):
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "train.py").write_text(RUN_SCRIPT)
+    for name, text in launches.items():
+        (tmp_path / name).write_text(text)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    return [(f.path.rsplit("/", 1)[-1], f.line, f.code, f.message) for f in result.findings]
+
+
+def test_a_launch_that_sets_an_option_decides_its_value(tmp_path):
+    """posix4e/tmuxbench (fifty-first set): the script's --beta defaults to 0 (no KL), but the launch script
+    runs it with `--beta "$BETA"` after `BETA="${BETA:-0.04}"`: that run trains TRL 1.16's ratio*k3 loss
+    (row 2, KL003), and the message says which launch gives the value."""
+    launch = 'BETA="${BETA:-0.04}"\ncd ~/project\npython rl/train.py --steps 10 \\\n  --kl-coef "$BETA" --out x\n'
+    [(path, line, code, message)] = _launched(tmp_path, {"run.sh": launch})
+    assert (path, line, code) == ("train.py", 9, "KL003")
+    assert "beta=0.04 (--kl-coef of the launch at" in message and "run.sh:3, set at line 1)" in message
+
+
+@pytest.mark.parametrize("launches", [
+    {"run.sh": "python rl/train.py --steps 10\n"},  # the launch leaves the option at its default: no KL
+    {"run.sh": "# python rl/train.py --kl-coef 0.04\npython rl/train.py\n"},  # a comment runs nothing
+    {"a.sh": "python rl/train.py --kl-coef 0.04\n", "b.sh": "python rl/train.py --kl-coef 0.1\n"},  # disagree
+    {"run.sh": "python other/train.py --kl-coef 0.04\n"},  # another script than the one that declares it
+])
+def test_launches_that_do_not_set_one_value_leave_the_default(tmp_path, launches):
+    assert _launched(tmp_path, launches) == []
