@@ -82,12 +82,13 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                else start + name_length)
         return Setting(value, node.lineno, start, end)
 
-    def value_setting(span: ast.AST, key: str, written: ast.expr | None, parameters: Mapping[str, Default]) -> Setting:
+    def value_setting(span: ast.AST, key: str, written: ast.expr | None, parameters: Mapping[str, Default],
+                      aliases: Mapping[str, tuple[str, bool]]) -> Setting:
         """The setting of `key` given the value `written` (None: unknown) at `span`."""
         value = None if written is None else _python_literal(written, text)
         default = None
-        if value is None and isinstance(written, (ast.Name, ast.Attribute)):
-            default = resolve(_dotted(written), parameters, options or Options(), path)
+        if value is None and isinstance(written, (ast.Name, ast.Attribute, ast.Subscript)):
+            default = resolve(_configuration_key(written, aliases), parameters, options or Options(), path)
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
         return found if default is None else replace(found, origin=default.origin)
 
@@ -112,11 +113,13 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             named = [(keyword, keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg is not None]
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
-            if any(isinstance(value, (ast.Name, ast.Attribute)) for _, _, value in given):
+            aliases: Mapping[str, tuple[str, bool]] = {}
+            if any(isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) for _, _, value in given):
                 if functions is None:
                     functions, constants = _function_parameters(tree, text), _module_constants(tree, text)
                 parameters = _enclosing(constants, functions, node.lineno)
-            settings = {key: value_setting(span, key, value, parameters) for span, key, value in given}
+                aliases = _aliases(scope_of(node))
+            settings = {key: value_setting(span, key, value, parameters, aliases) for span, key, value in given}
             where = setting(node.func, None, len(name))
             if splats and built is None:  # any key not named may come from the mapping
                 unknown = Setting(None, where.line, where.column, where.column)
@@ -272,6 +275,46 @@ def _dotted(node: ast.expr) -> str:
         base = _dotted(node.value)
         return f"{base}.{node.attr}" if base else ""
     return ""
+
+
+def _configuration_path(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> tuple[str, bool]:
+    """(`cfg.grpo.kl_coef`, whether a string key is part of it) of `cfg["grpo"]["kl_coef"]`, of `cfg.grpo.kl_coef`,
+    or of `g["kl_coef"]` where the scope binds `g = cfg["grpo"]` once (`aliases`): a chain of names, attributes and
+    string keys, dotted as klaudit.frameworks.options.resolve reads it; ("", False) for anything else."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, (node.id, False))
+    if isinstance(node, ast.Attribute):
+        key, keyed = node.attr, False
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+            and node.slice.value.isidentifier():
+        key, keyed = node.slice.value, True
+    else:
+        return "", False
+    base, keyed_below = _configuration_path(node.value, aliases)
+    return (f"{base}.{key}", keyed or keyed_below) if base else ("", False)
+
+
+def _configuration_key(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> str:
+    """The path `resolve` looks a keyword's value up by: a chain with a string key only where it is nested below
+    its root's first key (`cfg["grpo"]["kl_coef"]`, a YAML section's key), since `d["beta"]` of any dict is no
+    option of the project's."""
+    path, keyed = _configuration_path(node, aliases)
+    return "" if keyed and path.removeprefix("self.").count(".") < 2 else path
+
+
+def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
+    """The names `scope` binds once, each to a section of a configuration (`g = cfg["grpo"]`, `t = cfg.training`),
+    with its path (`_configuration_path`), in the order they are bound."""
+    statements = sorted((node for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign))),
+                        key=lambda node: (node.lineno, node.col_offset))
+    bound = Counter(name for node in ast.walk(scope) if (name := _binds(node)))
+    found: dict[str, tuple[str, bool]] = {}
+    for statement in statements:
+        target, value = _assigned(statement)
+        if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None \
+                and "." in (section := _configuration_path(value, found))[0]:
+            found[target.id] = section
+    return found
 
 
 def last_name(node: ast.expr) -> str:

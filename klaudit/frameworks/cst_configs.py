@@ -1,7 +1,8 @@
 """Framework configuration calls and classes read from LibCST's tree, with LibCST's positions: the
 fallback of klaudit.frameworks.calls for code Python's own parser cannot read (newer syntax). A dict
 built before a `**` call (klaudit.frameworks.kwargs_dicts) is followed in Python's tree only: here its
-keys are unknown."""
+keys are unknown; so is a keyword set to a configuration's section by its keys (`g["kl_coef"]` after
+`g = cfg["grpo"]`): here it is unknown too."""
 
 from __future__ import annotations
 

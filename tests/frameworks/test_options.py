@@ -167,3 +167,26 @@ def test_a_launch_that_sets_an_option_decides_its_value(tmp_path):
 ])
 def test_launches_that_do_not_set_one_value_leave_the_default(tmp_path, launches):
     assert _launched(tmp_path, launches) == []
+
+
+def test_a_yaml_section_read_by_its_keys_has_the_value_the_yaml_gives(tmp_path):
+    """lianghsun/peptide-dpt (fifty-first set): `cfg = yaml.safe_load(f)`, `g = cfg["grpo"]`,
+    `GRPOConfig(beta=g["kl_coef"])`, with `grpo: kl_coef: 0.05` in both of its YAML configs: TRL 1.16's
+    ratio*k3 loss (row 2, KL003), the message naming the YAML key."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "grpo.yaml").write_text("grpo:\n  kl_coef: 0.05\n  group_size: 8\n")
+    trainer = ("import yaml\nfrom trl import GRPOConfig\n\n\ndef main(path):\n    cfg = yaml.safe_load(open(path))\n"
+               "    g = cfg[\"grpo\"]\n    return GRPOConfig(num_generations=g[\"group_size\"],\n"
+               "                      beta=g[\"kl_coef\"])\n")
+    assert _codes(tmp_path, {"train.py": trainer}) == [("train.py", 9, "KL003")]
+    spelled = trainer.replace('    g = cfg["grpo"]\n', "").replace('g["kl_coef"]', 'cfg["grpo"]["kl_coef"]')
+    assert _codes(tmp_path, {"train.py": spelled}) == [("train.py", 8, "KL003")]
+    (tmp_path / "configs" / "small.yaml").write_text("grpo:\n  kl_coef: 0.0\n")  # two values: unknown
+    assert _codes(tmp_path, {"train.py": trainer}) == []
+
+
+def test_a_dicts_own_key_is_no_option_of_the_project(tmp_path):
+    """`d["beta"]` of some dict is not the project's --beta option (a single attribute, `args.beta`, is)."""
+    run = 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--beta", type=float, default=0.04)\n'
+    trainer = "from trl import GRPOConfig\n\n\ndef config(d):\n    return GRPOConfig(beta=d[\"beta\"])\n"
+    assert _codes(tmp_path, {"trainer.py": trainer, "run.py": run}) == []
