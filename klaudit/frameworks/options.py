@@ -14,7 +14,9 @@ different defaults in different places (two scripts, two dataclasses) has none.
 
 A shell script of the project that runs the training script with the option set (`python rl/grpo.py
 --beta "$BETA"` after `BETA="${BETA:-0.04}"`) trains with that value instead: where the launches that set an
-option the script declares agree on its value, the keyword is judged at it.
+option the script declares agree on its value, the keyword is judged at it; where they sweep a coefficient over
+values between 0 and 1 (a KL weight of 0.001 in one run and 0.01 in another), at the first of them, since the
+rules read such a value only against 0 and 1.
 
 A key nested below a configuration object's root (`cfg.training.grpo.beta`, Hydra's and OmegaConf's
 spelling) is looked up in the linted YAML files instead, as the dotted key `training.grpo.beta`: the
@@ -26,10 +28,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from klaudit.frameworks.settings import PYTHON_SCRIPT, cli_flags, only_command, project_path, yaml_settings
+from klaudit.frameworks.settings import PYTHON_SCRIPT, cli_flags, number, only_command, project_path, yaml_settings
 from klaudit.frameworks.versions import project_root
 from klaudit.text import file_text
 
@@ -85,6 +87,8 @@ class Options:
         launched = self.launched.get(name, {}).get(str(Path(path).resolve()), ())
         if len({value.value for value in launched}) == 1:
             return launched[0]
+        if launched and all(0 < (number(value.value) or 0) < 1 for value in launched):
+            return _coefficient(launched)
         by_path = self.given.get(name, {})
         here = by_path.get(path, ())
         if len({default.value for default in here}) == 1:
@@ -93,6 +97,15 @@ class Options:
         everywhere = [default for file, defaults in by_path.items()
                       if home is None or Path(file).resolve().is_relative_to(home) for default in defaults]
         return everywhere[0] if len({default.value for default in everywhere}) == 1 else None
+
+
+def _coefficient(launched: Sequence[Default]) -> Default:
+    """The launches' values of a coefficient they all set strictly between 0 and 1 (a KL weight swept over 0.001,
+    0.005, 0.01), where they differ: the rules read such a value only against 0 and 1, and a count or a batch size
+    is never such a fraction, so every launch gets the verdict of the first, named with the range."""
+    first = min(launched, key=lambda value: value.origin)
+    numbers = sorted(number(value.value) or 0 for value in launched)
+    return replace(first, origin=f"{first.origin}; the {len(launched)} launches set {numbers[0]:g} to {numbers[-1]:g}")
 
 
 def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> Options:

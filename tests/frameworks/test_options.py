@@ -159,10 +159,23 @@ def test_a_launch_that_sets_an_option_decides_its_value(tmp_path):
     assert "beta=0.04 (--kl-coef of the launch at" in message and "run.sh:3, set at line 1)" in message
 
 
+def test_launches_that_sweep_a_coefficient_between_0_and_1_give_one_verdict(tmp_path):
+    """venzino-han/rl4rec (fiftieth set): seventeen launches of src/grpo_train.py set
+    --reference_model_kld_coef to 0.001, 0.005 or 0.01 (argparse default 0.0), all of them a KL weight: each run
+    trains TRL 1.16's ratio*k3 loss (row 2, KL003), and the message gives the range."""
+    launches = {"a.sh": "python rl/train.py --kl-coef 0.01\n", "b.sh": "python rl/train.py --kl-coef 0.001\n",
+                "c.sh": "python rl/train.py --kl-coef 0.005\n"}
+    [(path, line, code, message)] = _launched(tmp_path, launches)
+    assert (path, line, code) == ("train.py", 9, "KL003")
+    assert "beta=0.01 (--kl-coef of the launch at" in message
+    assert "a.sh:1; the 3 launches set 0.001 to 0.01)" in message
+
+
 @pytest.mark.parametrize("launches", [
     {"run.sh": "python rl/train.py --steps 10\n"},  # the launch leaves the option at its default: no KL
     {"run.sh": "# python rl/train.py --kl-coef 0.04\npython rl/train.py\n"},  # a comment runs nothing
-    {"a.sh": "python rl/train.py --kl-coef 0.04\n", "b.sh": "python rl/train.py --kl-coef 0.1\n"},  # disagree
+    {"a.sh": "python rl/train.py --kl-coef 0.0\n", "b.sh": "python rl/train.py --kl-coef 0.1\n"},  # KL or none
+    {"a.sh": "python rl/train.py --kl-coef 0.5\n", "b.sh": "python rl/train.py --kl-coef 2\n"},  # not a fraction
     {"run.sh": "python other/train.py --kl-coef 0.04\n"},  # another script than the one that declares it
 ])
 def test_launches_that_do_not_set_one_value_leave_the_default(tmp_path, launches):
