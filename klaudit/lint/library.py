@@ -132,8 +132,8 @@ class LibraryFlow(FlowState):
         return None
 
     def squared(self, op: Operation) -> tuple:
-        """x ** 2 spelled as pow(x, 2); any other power is not followed."""
-        if op.rest and int_literal(op.rest[0]) == 2:
+        """x ** 2 spelled as square(x) or pow(x, 2); any other power is not followed."""
+        if op.name == "square" or op.rest and int_literal(op.rest[0]) == 2:
             return self.square(op.tensor, op.node)
         return ()
 
@@ -436,12 +436,12 @@ RESHAPING = ("masked_fill nan_to_num reshape squeeze unsqueeze expand_dims flatt
 LOSS_MODULES = frozenset(("KLDivLoss",))
 
 FUNCTIONS: dict[str, Effect] = {
-    **_each("exp log abs square expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
+    **_each("exp log abs expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
     **_each("clamp clip clamp_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sigmoid tanh softplus relu erf", LibraryFlow.squashed),
     "sum": LibraryFlow.summed,
     "mean": LibraryFlow.reduced,
-    "pow": LibraryFlow.squared,
+    **_each("pow square", LibraryFlow.squared),
     "gather": LibraryFlow.gathered,
     **_each("take_along_dim take_along_axis", LibraryFlow.taken_along),
     "stop_gradient": LibraryFlow.detached,  # JAX's and MLX's detach
@@ -475,8 +475,8 @@ METHODS: dict[str, Effect] = {
             " reshape_as masked_fill_ mul_ repeat astype", LibraryFlow.unchanged),
     **_each("clamp clamp_ clip clip_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sum mean nansum nanmean", LibraryFlow.reduced),
-    **_each("exp log abs square expm1 neg log_softmax softmax", LibraryFlow.elementwise),
-    "pow": LibraryFlow.squared,
+    **_each("exp log abs expm1 neg log_softmax softmax", LibraryFlow.elementwise),
+    **_each("pow square", LibraryFlow.squared),
     "gather": LibraryFlow.gathered,
     "take_along_dim": LibraryFlow.taken_along,
     "flip": LibraryFlow.flipped,

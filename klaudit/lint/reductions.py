@@ -155,7 +155,7 @@ class ReductionFlow(FlowState):
             position = f.position
             if mean and f.is_kl():
                 position = Position.SEQUENCE_MEAN  # exp(-D / L) of the reference: an estimator of the mean log-ratio
-            elif fn in ("exp", "abs", "square", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
+            elif fn in ("exp", "abs", "expm1") and f.is_kl() and any(a.acc == alg.SEQUENCE for a in f.poly.atoms()):
                 position = Position.SEQUENCE
             out.append(replace(f, poly=poly, origin=self.here(node), origin_path=self.module.path, position=position,
                                against=kl_targets(node, f)))

@@ -13,7 +13,7 @@ from klaudit.lint.syntax import last_name, names_last_position, string_value
 
 
 def apply_math(fn: str, poly: Poly) -> Poly | None:
-    """exp / expm1 / log / abs / square / log_softmax / softmax of a symbolic tensor, when it has a meaning."""
+    """exp / expm1 / log / abs / log_softmax / softmax of a symbolic tensor, when it has a meaning."""
     kinds = {a.kind for a in poly.atoms()}
     if fn == "exp":
         if kinds and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
@@ -31,8 +31,6 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
         return alg.log(poly)
     if fn == "abs":
         return alg.absolute(poly)
-    if fn == "square":
-        return alg.mul(poly, poly)
     if fn in ("neg", "negative"):
         return alg.scale(poly, -1.0)
     if fn in ("log_softmax", "softmax"):
