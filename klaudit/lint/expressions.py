@@ -20,7 +20,7 @@ from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.conditions import where_false
 from klaudit.lint.containers import as_row, entry_of, rows
-from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, tensor
+from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, reversed_in_time, tensor
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
     dotted,
@@ -33,6 +33,7 @@ from klaudit.lint.syntax import (
     number_value,
     picks_a_row,
     picks_the_first_row,
+    reverses_last_axis,
     root_name,
     string_key,
     string_value,
@@ -162,6 +163,9 @@ class ExpressionFlow(FlowState):
                 return tuple(replace(f, text=f.text[:-1]) if f.text else replace(f, cut=f.cut + 1)
                              for f in base if f.role == "str")
             return ()
+        if reverses_last_axis(node):
+            # NumPy's and JAX's reversal (a torch tensor takes no negative step), read as along the tokens as flip is
+            return reversed_in_time(base)
         if any(self.batch_indices) and picks_a_row(node, {k: v for loop in self.batch_indices for k, v in loop.items()},
                                                    frozenset().union(*self.loop_variables), self.batch_indices[-1]) \
                 or picks_the_first_row(node):

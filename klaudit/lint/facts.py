@@ -572,6 +572,11 @@ def computed_without_grad(value: Value) -> Value:
         a.kind not in _WITHOUT_GRADIENT for a in f.poly.atoms()) else f for f in value)
 
 
+def reversed_in_time(value: Value) -> Value:
+    """Reversed along the token axis (torch.flip(x, [1]), x[:, ::-1]): a running sum taken next is a reward-to-go."""
+    return tuple(replace(f, flipped=not f.flipped) for f in value)
+
+
 def detach_all(value: Value) -> Value:
     """Each fact without gradient; one that had a gradient is marked as cut (a tensor read as data is not). A
     critic's output detached is a number like any other (`value.detach()`, a baseline)."""

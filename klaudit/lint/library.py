@@ -23,7 +23,17 @@ from klaudit.lint import roles
 from klaudit.lint.arithmetic import KL_WEIGHT
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
-from klaudit.lint.facts import Fact, detach_all, kl_targets, merge_labels, operands, replace, tensor, with_clamp
+from klaudit.lint.facts import (
+    Fact,
+    detach_all,
+    kl_targets,
+    merge_labels,
+    operands,
+    replace,
+    reversed_in_time,
+    tensor,
+    with_clamp,
+)
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value, text_of
 from klaudit.lint.tensors import apply_math, gather, log_sum_exp, over_vocab, per_token_from_logits
@@ -164,14 +174,22 @@ class LibraryFlow(FlowState):
         return gather(op.tensor, index)
 
     def flipped(self, op: Operation) -> tuple:
-        """Reversed along the token axis: a later cumsum is a reward-to-go."""
-        return tuple(replace(f, flipped=not f.flipped) for f in op.tensor)
+        return reversed_in_time(op.tensor)
 
     def accumulated(self, op: Operation) -> tuple:
         """cumsum of a flipped tensor: a reward-to-go, whose summed values are rewards."""
         self.confirm(tuple(f for f in op.tensor if f.flipped))
         return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO), flipped=False) if f.flipped and f.poly is not None
                      else f for f in op.tensor)
+
+    def filtered(self, op: Operation) -> tuple | None:
+        """SciPy's lfilter([1], [1, -g], x): y_t = x_t + g * y_(t-1), a discounted running sum of x; of x reversed
+        in time and reversed back, the discounted reward-to-go (the `discount_cumsum` of many PPO codes)."""
+        b, a = (op.positional + [None, None])[:2]
+        signal = op.positional[2] if len(op.positional) > 2 else op.keywords.get("x")
+        if signal is None or not _running_sum_filter(b, a):
+            return None
+        return self.accumulated(replace(op, tensor=self.expr(signal)))
 
     def multiplied(self, op: Operation) -> tuple:
         return self.multiply(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
@@ -340,6 +358,15 @@ def _batch_of(fact: Fact, added: bool) -> Fact:
     return replace(fact, row=False, scalar=fact.scalar or bool(reduced))
 
 
+def _running_sum_filter(b: cst.BaseExpression | None, a: cst.BaseExpression | None) -> bool:
+    """The coefficients [1] and [1, -g] of a first-order recursive filter: a running sum, discounted by g."""
+    def entries(node) -> list:
+        return [e.value for e in node.elements] if isinstance(node, (cst.List, cst.Tuple)) else []
+    numerator, denominator = entries(b), entries(a)
+    return ([number_value(e) for e in numerator] == [1] and len(denominator) == 2
+            and number_value(denominator[0]) == 1)
+
+
 def _known_receiver(node: cst.Call) -> bool:
     """A function called by name, or of a module the analysis knows (torch, numpy, ray)."""
     return isinstance(node.func, cst.Name) or dotted(node.func).split(".")[0] in PASS_THROUGH_RECEIVERS
@@ -447,6 +474,7 @@ FUNCTIONS: dict[str, Effect] = {
     "stop_gradient": LibraryFlow.detached,  # JAX's and MLX's detach
     **_each("flip fliplr", LibraryFlow.flipped),
     "cumsum": LibraryFlow.accumulated,
+    "lfilter": LibraryFlow.filtered,
     **dict.fromkeys(sorted(roles.NAMED_AGGREGATIONS), LibraryFlow.aggregated),
     "kl_div": LibraryFlow.kl_div_of,
     "kl_divergence": _distributions_kl,

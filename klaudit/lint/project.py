@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import libcst as cst
 
-from klaudit.lint.roles import NAMED_AGGREGATIONS, might_contain_kl, speaks_of_logprobs
+from klaudit.lint.roles import NAMED_AGGREGATIONS, is_return_computation, might_contain_kl, speaks_of_logprobs
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 from klaudit.lint.syntax import libcst_module
 
@@ -148,10 +148,11 @@ class Project:
         """Whether the analysis follows a call of `name` (any name, where None) into the module at
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
         reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it) or
-        of log-probs (`forward_logprobs`: what a KL is made of, in a trainer module with no KL words). The
-        answer depends on the module and the name only, never on what was looked up before."""
-        return self._text(self.key(path)) is not None or (
-            name is not None and (names_loss_helper(name) or speaks_of_logprobs(name)))
+        of log-probs (`forward_logprobs`: what a KL is made of, in a trainer module with no KL words) or of
+        returns (`discount_cumsum`: a KL reward's reward-to-go, computed in a utilities module). The answer
+        depends on the module and the name only, never on what was looked up before."""
+        return self._text(self.key(path)) is not None or (name is not None and (
+            names_loss_helper(name) or speaks_of_logprobs(name) or is_return_computation(name)))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""

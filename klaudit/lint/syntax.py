@@ -483,6 +483,13 @@ def position_cut(node: cst.Subscript) -> tuple[str, int] | None:
     return None
 
 
+def reverses_last_axis(node: cst.Subscript) -> bool:
+    """x[::-1], x[:, ::-1]: the last axis indexed in reverse, whole."""
+    last = node.slice[-1].slice
+    return (isinstance(last, cst.Slice) and last.lower is None and last.upper is None and last.step is not None
+            and int_literal(last.step) == -1)
+
+
 def drops_last_char(node: cst.Subscript) -> bool:
     if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):
         s = node.slice[0].slice

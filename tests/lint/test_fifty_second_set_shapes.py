@@ -1,7 +1,8 @@
 """Shapes of code met in the fifty-second blind set that the lint misread: `torch.square(v - returns)`, a critic's
 squared error against returns that hold a detached KL reward, was read as a detached k2 added to the loss, while
 `(v - returns) ** 2` was not. Every spelling of a square now takes one path, which leaves the cross terms of a
-value the analysis does not follow (the critic's prediction) out of the product."""
+value the analysis does not follow (the critic's prediction) out of the product. And ReFT's rollout, whose GAE is SciPy's lfilter over a reversed NumPy row in a utilities module
+with no KL words: the call was not followed and the KL reward never reached the PPO loss."""
 
 from __future__ import annotations
 
@@ -75,3 +76,83 @@ def test_a_critics_squared_error_against_kl_shaped_returns_is_no_detached_k2(tmp
                                     "({0}) * ({0})"])
 def test_the_square_of_a_detached_log_ratio_added_to_a_loss_is_still_a_detached_k2(tmp_path, square):
     assert "KL001" in _codes(tmp_path, DETACHED.format(square=square.format("kl")))
+
+
+# ReFT's PPO rollout (lqtrung1998/mwp_ReFT, vendored by WNQzhu/CARFT in the fifty-second set), reduced: a detached k1
+# written into a NumPy reward array, GAE as the SpinningUp-style `discount_cumsum` (SciPy's lfilter over the reversed
+# row, reversed back) from a utilities module with no KL words, then two PPO epochs on the rollout (row 23: KL008).
+ROLLOUT = """\
+import numpy as np
+import torch
+from trl.core import logprobs_from_logits
+from {helpers} import discount_cumsum
+
+
+def rollout(model, ref_model, ids, scores, kl_coef, gamma, lam):
+    with torch.no_grad():
+        lm_logits, _, values = model(input_ids=ids)
+        old_logprob = logprobs_from_logits(lm_logits[:, :-1, :], labels=ids[:, 1:])
+        ref_logits, _, _ = ref_model(input_ids=ids)
+        ref_logprob = logprobs_from_logits(ref_logits[:, :-1, :], labels=ids[:, 1:])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    task_rew = np.zeros(mask.shape)
+    task_rew[:, -2] = np.array(scores)
+    kl = old_logprob - ref_logprob
+    kl = (kl.float() * mask[:, :-1]).cpu().numpy()
+    kl_rew = np.zeros(mask.shape)
+    kl_rew[:, :-1] = -kl
+    rew = task_rew + kl_coef * kl_rew
+    val = (values.float() * mask).cpu().numpy()
+    adv = np.zeros_like(rew)
+    for i in range(len(rew)):
+        delta = -val[i][:-1] + rew[i][:-1] + gamma * val[i][1:]
+        adv[i][:-1] = discount_cumsum(delta, gamma * lam)
+    return ids, mask, torch.tensor(adv, device=mask.device) * mask, old_logprob
+
+
+def train(model, ref_model, batches, optimizer, kl_coef, gamma, lam, mini_batch_size):
+    for batch in batches:
+        ids, mask, adv, old_logprob = rollout(model, ref_model, batch.ids, batch.scores, kl_coef, gamma, lam)
+        for _ in range(2):
+            perms = torch.randperm(len(ids))
+            for start in range(0, len(perms), mini_batch_size):
+                idx = perms[start:start + mini_batch_size]
+                lm_logits, _, _ = model(input_ids=ids[idx])
+                logprob = logprobs_from_logits(lm_logits[:, :-1, :], labels=ids[idx][:, 1:])
+                ratio = torch.exp(logprob - old_logprob[idx])
+                pg_losses = -adv[idx][:, :-1] * ratio
+                pg_losses2 = -adv[idx][:, :-1] * torch.clamp(ratio, 0.8, 1.2)
+                loss = (torch.max(pg_losses, pg_losses2) * mask[idx][:, :-1]).sum() / mask[idx][:, :-1].sum()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+"""
+
+HELPERS = """\
+import scipy.signal
+
+
+def discount_cumsum(rewards, discount):
+    return scipy.signal.lfilter([1], [1, -discount], x={signal})[::-1]
+"""
+
+
+def _messages(tmp_path, helpers, signal):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__init__.py").write_text("")
+    (tmp_path / "src" / "utils.py").write_text(HELPERS.format(signal=signal))
+    (tmp_path / "train.py").write_text(ROLLOUT.format(helpers=helpers))
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert result.errors == []
+    return sorted((finding.code, finding.message.split(":")[0]) for finding in result.findings)
+
+
+def test_a_discounted_cumsum_of_the_reversed_rewards_is_a_reward_to_go(tmp_path):
+    messages = _messages(tmp_path, "src.utils", "rewards[::-1]")
+    assert messages == [("KL008", "k1 in the reward (reward-to-go), token-sum, token-is")]
+
+
+def test_a_running_sum_of_the_rewards_in_their_own_order_is_no_reward_to_go(tmp_path):
+    # lfilter over the row as it is sums each token's past rewards: the same-token reading stays (KL003 beside KL008)
+    codes = {code for code, _ in _messages(tmp_path, "src.utils", "rewards")}
+    assert "KL003" in codes
