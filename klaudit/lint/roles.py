@@ -491,7 +491,7 @@ LOGPROB_PRODUCERS = re.compile(
 _COEF = re.compile(r"coef|beta|weight|ctl|ctrl|scale|clip|eps|_fn$|type|mode|^num_|metric|stat", re.IGNORECASE)
 _LOSS = re.compile(r"loss", re.IGNORECASE)
 _ESTIMATOR_NAME = re.compile(r"(?<![a-z0-9])k[123](?![0-9])", re.IGNORECASE)  # k1, k2, k3 in a name
-_REWARD = re.compile(r"^(.*_)?(rewards?|returns?)(_with_kl(_penalty|_penalties)?|_tensor)?$", re.IGNORECASE)
+_REWARD = re.compile(r"^(.*_)?(rewards?|rews?|returns?)(_with_kl(_penalty|_penalties)?|_tensor)?$", re.IGNORECASE)
 # the advantages the policy gradient is weighted by, also once a term is folded in (`adjusted_advantages`)
 _ADVANTAGE = re.compile(r"^((token_level|final|adjusted|shaped|penalized|penalised|modified|combined)_)?"
                         r"(advantages?|advs?)$", re.IGNORECASE)

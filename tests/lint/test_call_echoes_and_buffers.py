@@ -158,7 +158,7 @@ def test_a_reward_appended_to_two_lists_on_one_path_is_one_use(tmp_path):
 
             def _kl_penalty(self, logprob, ref_logprob):
                 return 0.5 * (logprob - ref_logprob) ** 2
-        """, tmp_path) == [(10, "KL004")]
+        """, tmp_path) == [(9, "KL004")]
 
 
 TRAINER = """\
