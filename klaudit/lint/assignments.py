@@ -126,8 +126,8 @@ class AssignmentFlow(FlowState):
             self.env[name] = value
         elif type(target) is cst.Subscript and key is not None:
             self.store_key(target, key, value)
-        elif type(target) is cst.Subscript and type(target.value) is cst.Name:
-            base = target.value.value
+        elif type(target) is cst.Subscript and (buffer := _buffer_written(target)) is not None:
+            base = buffer
             held = self.env.get(base, ())
             if any(f.poly is not None and f.poly.has_grad() for f in value):  # a buffer now holds a differentiable value
                 held = tuple(f for f in held if f.poly is None or not f.poly.atoms() or f.poly.has_grad())
@@ -195,6 +195,15 @@ class AssignmentFlow(FlowState):
         if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
             return
         self.confirm(value)
+
+
+def _buffer_written(target: cst.Subscript) -> str | None:
+    """The name of the array a subscript store writes into: `out[i, :n] = ...`, and `adv[i][:-1] = ...` (a row's
+    slice, NumPy's spelling of the same place)."""
+    node: cst.BaseExpression = target
+    while type(node) is cst.Subscript:
+        node = node.value
+    return node.value if type(node) is cst.Name else None
 
 
 _CHAIN_LINKS = (cst.Attribute, cst.Subscript, cst.Call)  # the nodes an access chain goes through

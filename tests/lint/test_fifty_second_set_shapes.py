@@ -1,8 +1,11 @@
-"""Shapes of code met in the fifty-second blind set that the lint misread: `torch.square(v - returns)`, a critic's
-squared error against returns that hold a detached KL reward, was read as a detached k2 added to the loss, while
-`(v - returns) ** 2` was not. Every spelling of a square now takes one path, which leaves the cross terms of a
-value the analysis does not follow (the critic's prediction) out of the product. And ReFT's rollout, whose GAE is SciPy's lfilter over a reversed NumPy row in a utilities module
-with no KL words: the call was not followed and the KL reward never reached the PPO loss."""
+"""Shapes of code met in the fifty-second blind set that the lint misread.
+
+- `torch.square(v - returns)`, a critic's squared error against returns that hold a detached KL reward, was read as
+  a detached k2 added to the loss, while `(v - returns) ** 2` was not. Every spelling of a square now takes one
+  path, which leaves the cross terms of a value the analysis does not follow (the critic's prediction) out.
+- ReFT's rollout takes GAE with SciPy's lfilter over a reversed NumPy row, in a utilities module with no KL words,
+  and writes it into the advantages row by row (`adv[i][:-1] = ...`): the call was not followed, the row store was
+  not read as a store into `adv`, and the KL reward never reached the PPO loss."""
 
 from __future__ import annotations
 
@@ -80,7 +83,8 @@ def test_the_square_of_a_detached_log_ratio_added_to_a_loss_is_still_a_detached_
 
 # ReFT's PPO rollout (lqtrung1998/mwp_ReFT, vendored by WNQzhu/CARFT in the fifty-second set), reduced: a detached k1
 # written into a NumPy reward array, GAE as the SpinningUp-style `discount_cumsum` (SciPy's lfilter over the reversed
-# row, reversed back) from a utilities module with no KL words, then two PPO epochs on the rollout (row 23: KL008).
+# row, reversed back) from a utilities module with no KL words, written row by row into an array (adv[i][:-1] = ...),
+# then two PPO epochs on the rollout (row 23: KL008), each response's surrogate divided by its length (row 21: KL007).
 ROLLOUT = """\
 import numpy as np
 import torch
@@ -122,7 +126,8 @@ def train(model, ref_model, batches, optimizer, kl_coef, gamma, lam, mini_batch_
                 ratio = torch.exp(logprob - old_logprob[idx])
                 pg_losses = -adv[idx][:, :-1] * ratio
                 pg_losses2 = -adv[idx][:, :-1] * torch.clamp(ratio, 0.8, 1.2)
-                loss = (torch.max(pg_losses, pg_losses2) * mask[idx][:, :-1]).sum() / mask[idx][:, :-1].sum()
+                lengths = torch.clamp(torch.sum(mask[idx], dim=1), min=1.0)
+                loss = ((torch.max(pg_losses, pg_losses2) * mask[idx][:, :-1]).sum(dim=-1) / lengths).mean()
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
@@ -148,8 +153,9 @@ def _messages(tmp_path, helpers, signal):
 
 
 def test_a_discounted_cumsum_of_the_reversed_rewards_is_a_reward_to_go(tmp_path):
-    messages = _messages(tmp_path, "src.utils", "rewards[::-1]")
-    assert messages == [("KL008", "k1 in the reward (reward-to-go), token-sum, token-is")]
+    # each response's surrogate divided by its own length (row 21), the rollout trained twice (row 23)
+    reading = "k1 in the reward (reward-to-go), seq-token-mean, token-is"
+    assert _messages(tmp_path, "src.utils", "rewards[::-1]") == [("KL007", reading), ("KL008", reading)]
 
 
 def test_a_running_sum_of_the_rewards_in_their_own_order_is_no_reward_to_go(tmp_path):
