@@ -53,7 +53,7 @@ from klaudit.lint.suppressions import (
     suppression_table,
     without_suppressed_edits,
 )
-from klaudit.lint.unimportable import imports_a_missing_module, stranded_copies, unimportable
+from klaudit.lint.unimportable import imports_a_missing_module, imports_a_missing_name, stranded_copies, unimportable
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
 from klaudit.text import file_text
@@ -384,8 +384,9 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
     """The Python files of `sources` found by walking a folder whose code never runs: backup copies of a live
     module and folders of backups (the project's files and documentation are read for their names only where a
     module repeats a class, or such a folder repeats a module), modules of a package whose `__init__.py`
-    Python rejects or cannot run (it imports a module the package lacks), and stranded copies of a framework's
-    modules (relative imports the project cannot satisfy, named by no other file)."""
+    Python rejects or cannot run (it imports a module the package lacks, or a name its module lacks), modules
+    that import such a name themselves, and stranded copies of a framework's modules (relative imports the
+    project cannot satisfy, named by no other file)."""
     named = {os.path.normpath(given) for given in paths if os.path.isfile(given)}
     walked = {path: source for path, source in sources.items() if os.path.normpath(path) not in named}
     walked.update((path, source) for path, source in checked.items() if os.path.normpath(path) not in named)
@@ -407,10 +408,12 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
             text = source if source is not None else file_text(init)
         except OSError:
             return False
-        return syntax_finding(init, text) is not None or imports_a_missing_module(init, text)
+        return syntax_finding(init, text) is not None or imports_a_missing_module(init, text) \
+            or imports_a_missing_name(init, text)
 
+    failing = frozenset(path for path, source in walked.items() if imports_a_missing_name(path, source))
     never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken) \
-        | stranded_copies(walked, texts)
+        | stranded_copies(walked, texts) | failing
     return never_run.intersection(sources)
 
 

@@ -14,6 +14,10 @@ unless it is copied into a framework's package first: where no other file names 
 instruction to copy it), it is a stranded copy and is not analysed either. juzizi44/GRPO4CodeGen_v2's
 `grpo/trl_grpo_trainer.py`, a copy of TRL's trainer, imports `..data_utils` and `.grpo_config`, which the project
 does not have, and nothing names it (the project trains a subclass of the installed TRL's trainer).
+
+A module that imports a name its project module does not have (`from reward import CoverageRewardModel` beside a
+rewritten `reward.py` that no longer mentions it) fails at that import too, a script as well: Brian-Konr/d2qplus's
+two PPO scripts never train. So does every module of a package whose `__init__.py` does so.
 """
 
 from __future__ import annotations
@@ -91,3 +95,50 @@ def imports_a_missing_module(path: str, source: str, above: bool = False) -> boo
         if names is not None and name not in names and not _GENERATED.search(name):
             return True
     return False
+
+
+def imports_a_missing_name(path: str, source: str) -> bool:
+    """Whether the module at `path` imports, unconditionally, a name that the module of the project it imports it
+    from does not have: `from reward import CombinedReward` beside a `reward.py` (in a folder that is no package, so
+    run as a script it imports its neighbour) or `from .reward import ...`, where that module's text never even
+    mentions the name, imports nothing with `*`, defines no module `__getattr__`, and its package holds no submodule
+    of that name. Such an import fails however the module is reached, a script too."""
+    try:
+        module = python_ast(source)
+    except (SyntaxError, ValueError):
+        return False
+    here = os.path.dirname(os.path.abspath(path))
+    for statement in module.body:  # module level only: an import under `try:` or `if` may be meant to fail
+        if not isinstance(statement, ast.ImportFrom) or not statement.module:
+            continue
+        if statement.level == 0 and os.path.isfile(os.path.join(here, "__init__.py")):
+            continue  # a package's module imports absolutely from the path, not from its folder
+        folder = here
+        for _ in range(max(statement.level - 1, 0)):
+            folder = os.path.dirname(folder)
+        target = os.path.join(folder, *statement.module.split("."))
+        text = _source_of(target)
+        if text is None or re.search(r"import\s+\*|def\s+__getattr__", text):
+            continue
+        for alias in statement.names:
+            name = alias.name
+            if name != "*" and re.search(rf"\b{re.escape(name)}\b", text) is None and not _source_exists(
+                    os.path.join(target, name)):
+                return True
+    return False
+
+
+def _source_of(target: str) -> str | None:
+    """The text of the module `target` names (`target.py`, or the package `target/__init__.py`), None if it has none."""
+    for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+        try:
+            with open(candidate, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            continue
+    return None
+
+
+def _source_exists(target: str) -> bool:
+    return os.path.isfile(target + ".py") or os.path.isdir(target)
+

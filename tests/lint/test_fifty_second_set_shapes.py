@@ -162,3 +162,60 @@ def test_a_running_sum_of_the_rewards_in_their_own_order_is_no_reward_to_go(tmp_
     # lfilter over the row as it is sums each token's past rewards: the same-token reading stays (KL003 beside KL008)
     codes = {code for code, _ in _messages(tmp_path, "src.utils", "rewards")}
     assert "KL003" in codes
+
+
+# Brian-Konr/d2qplus, reduced: two training scripts import reward classes that the reward module beside them does not
+# define (it was rewritten); Python stops at that import, so their KL code never trains.
+REWARDS = """\
+class BaseReward:
+    pass
+
+
+class FormatReward(BaseReward):
+    pass
+"""
+
+SCRIPT = """\
+import torch
+from {module} import {name}
+
+
+def step(policy, ref, batch, beta, optimizer):
+    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    with torch.no_grad():
+        ref_logp = ref(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    loss = -(logp * batch.advantages).mean() + beta * kl.mean()
+    loss.backward()
+    optimizer.step()
+
+
+if __name__ == "__main__":
+    step(*{name}.arguments())
+"""
+
+
+def _reported(tmp_path, module, name, package=False, named=False):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "reward.py").write_text(REWARDS)
+    (folder / "train.py").write_text(SCRIPT.format(module=module, name=name))
+    if package:
+        (folder / "__init__.py").write_text("")
+    result = lint_paths([str(folder / "train.py") if named else str(tmp_path)], jobs=1)
+    return sorted({finding.code for finding in result.findings})
+
+
+@pytest.mark.parametrize("module", ["reward", ".reward"])
+def test_a_script_importing_a_name_its_neighbour_lacks_never_trains(tmp_path, module):
+    assert _reported(tmp_path, module, "CoverageRewardModel") == []
+
+
+@pytest.mark.parametrize("module, name, package, named", [
+    ("reward", "FormatReward", False, False),  # the neighbour has it
+    ("reward", "CoverageRewardModel", True, False),  # a package's module imports `reward` from the path, not beside it
+    ("reward", "CoverageRewardModel", False, True),  # a file named on the command line is always linted
+    ("torch.nn", "CoverageRewardModel", False, False),  # a module outside the project
+])
+def test_an_import_the_project_may_satisfy_leaves_the_script_linted(tmp_path, module, name, package, named):
+    assert _reported(tmp_path, module, name, package, named) == ["KL002"]

@@ -28,6 +28,8 @@ def _found(root, *paths):
      False),
     ("from .grpo_trainer import Trainer\nfrom .Dbeta import DynamicBetaManager\n", ["Dbeta.py"], True),
     ("from .grpo_trainer import Trainer\nfrom .beta import Manager\n", ["beta/__init__.py"], True),
+    # a module the package has, without the name imported from it
+    ("from .grpo_trainer import Trainer\nfrom .Dbeta import BetaScheduler\n", ["Dbeta.py"], False),
     ("from .grpo_trainer import Trainer\nfrom .fused import kernel\n", ["fused.cpython-311-x86_64-linux-gnu.so"], True),
     # written by the build (setuptools-scm, protoc), absent from every checkout
     ("from .grpo_trainer import Trainer\nfrom ._version import version\n", [], True),
@@ -46,7 +48,7 @@ def test_a_package_importing_a_module_it_lacks_trains_nothing(tmp_path, init, si
     (package / "grpo_trainer.py").write_text(TRAINER)
     for sibling in siblings:
         (package / sibling).parent.mkdir(exist_ok=True)
-        (package / sibling).write_text("")
+        (package / sibling).write_text("DynamicBetaManager = Manager = None\n")
     expected = [("grpo_trainer.py", "KL002")] if importable else []
     assert _found(tmp_path) == expected
     assert _found(tmp_path, "trainer/grpo_trainer.py") == [("grpo_trainer.py", "KL002")]  # named: always linted
