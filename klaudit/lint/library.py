@@ -182,15 +182,6 @@ class LibraryFlow(FlowState):
         return tuple(replace(f, poly=alg.accumulate(f.poly, alg.TO_GO), flipped=False) if f.flipped and f.poly is not None
                      else f for f in op.tensor)
 
-    def filtered(self, op: Operation) -> tuple | None:
-        """SciPy's lfilter([1], [1, -g], x): y_t = x_t + g * y_(t-1), a discounted running sum of x; of x reversed
-        in time and reversed back, the discounted reward-to-go (the `discount_cumsum` of many PPO codes)."""
-        b, a = (op.positional + [None, None])[:2]
-        signal = op.positional[2] if len(op.positional) > 2 else op.keywords.get("x")
-        if signal is None or not _running_sum_filter(b, a):
-            return None
-        return self.accumulated(replace(op, tensor=self.expr(signal)))
-
     def multiplied(self, op: Operation) -> tuple:
         return self.multiply(op.tensor, self.expr(op.positional[0]), op.node) if op.positional else op.tensor
 
@@ -358,13 +349,17 @@ def _batch_of(fact: Fact, added: bool) -> Fact:
     return replace(fact, row=False, scalar=fact.scalar or bool(reduced))
 
 
-def _running_sum_filter(b: cst.BaseExpression | None, a: cst.BaseExpression | None) -> bool:
-    """The coefficients [1] and [1, -g] of a first-order recursive filter: a running sum, discounted by g."""
+def _filtered(flow: LibraryFlow, op: Operation) -> tuple | None:
+    """SciPy's lfilter([1], [1, -g], x): y_t = x_t + g * y_(t-1), a discounted running sum of x; of x reversed
+    in time and reversed back, the discounted reward-to-go (the `discount_cumsum` of many PPO codes)."""
     def entries(node) -> list:
         return [e.value for e in node.elements] if isinstance(node, (cst.List, cst.Tuple)) else []
-    numerator, denominator = entries(b), entries(a)
-    return ([number_value(e) for e in numerator] == [1] and len(denominator) == 2
-            and number_value(denominator[0]) == 1)
+    numerator, denominator = (entries(node) for node in (op.positional + [None, None])[:2])
+    signal = op.positional[2] if len(op.positional) > 2 else op.keywords.get("x")
+    if signal is None or [number_value(e) for e in numerator] != [1] or len(denominator) != 2 \
+            or number_value(denominator[0]) != 1:
+        return None
+    return flow.accumulated(replace(op, tensor=flow.expr(signal)))
 
 
 def _known_receiver(node: cst.Call) -> bool:
@@ -474,7 +469,7 @@ FUNCTIONS: dict[str, Effect] = {
     "stop_gradient": LibraryFlow.detached,  # JAX's and MLX's detach
     **_each("flip fliplr", LibraryFlow.flipped),
     "cumsum": LibraryFlow.accumulated,
-    "lfilter": LibraryFlow.filtered,
+    "lfilter": _filtered,
     **dict.fromkeys(sorted(roles.NAMED_AGGREGATIONS), LibraryFlow.aggregated),
     "kl_div": LibraryFlow.kl_div_of,
     "kl_divergence": _distributions_kl,
