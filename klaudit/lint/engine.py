@@ -411,7 +411,7 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
         return syntax_finding(init, text) is not None or imports_a_missing_module(init, text) \
             or imports_a_missing_name(init, text)
 
-    failing = frozenset(path for path, source in walked.items() if imports_a_missing_name(path, source))
+    failing = frozenset(path for path, source in walked.items() if imports_a_missing_name(path, source, walked))
     never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken) \
         | stranded_copies(walked, texts) | failing
     return never_run.intersection(sources)

@@ -97,12 +97,14 @@ def imports_a_missing_module(path: str, source: str, above: bool = False) -> boo
     return False
 
 
-def imports_a_missing_name(path: str, source: str) -> bool:
+def imports_a_missing_name(path: str, source: str, sources: Mapping[str, str] | None = None) -> bool:
     """Whether the module at `path` imports, unconditionally, a name that the module of the project it imports it
     from does not have: `from reward import CombinedReward` beside a `reward.py` (in a folder that is no package, so
     run as a script it imports its neighbour) or `from .reward import ...`, where that module's text never even
     mentions the name, imports nothing with `*`, defines no module `__getattr__`, and its package holds no submodule
-    of that name. Such an import fails however the module is reached, a script too."""
+    of that name. Such an import fails however the module is reached, a script too. An absolute import is left
+    alone where another module of `sources` (path -> text) of that name mentions it: a path set up at run time
+    (`sys.path.insert`) may reach that one first."""
     try:
         module = python_ast(source)
     except (SyntaxError, ValueError):
@@ -120,10 +122,14 @@ def imports_a_missing_name(path: str, source: str) -> bool:
         text = _source_of(target)
         if text is None or re.search(r"import\s+\*|def\s+__getattr__", text):
             continue
+        suffix = os.sep + os.path.join(*statement.module.split(".")) + ".py"
+        alike = [other for other_path, other in (sources or {}).items()
+                 if statement.level == 0 and other_path.endswith(suffix)]
         for alias in statement.names:
             name = alias.name
-            if name != "*" and re.search(rf"\b{re.escape(name)}\b", text) is None and not _source_exists(
-                    os.path.join(target, name)):
+            if name == "*" or _source_exists(os.path.join(target, name)):
+                continue
+            if not any(re.search(rf"\b{re.escape(name)}\b", other) for other in [text, *alike]):
                 return True
     return False
 

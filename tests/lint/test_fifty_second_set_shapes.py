@@ -195,10 +195,13 @@ if __name__ == "__main__":
 """
 
 
-def _reported(tmp_path, module, name, package=False, named=False):
+def _reported(tmp_path, module, name, package=False, named=False, elsewhere=False):
     folder = tmp_path / "src"
     folder.mkdir()
     (folder / "reward.py").write_text(REWARDS)
+    if elsewhere:  # another reward module of the project, which a path set up at run time may reach first
+        (tmp_path / "lib").mkdir()
+        (tmp_path / "lib" / "reward.py").write_text(REWARDS + "\n\nclass CoverageRewardModel(BaseReward):\n    pass\n")
     (folder / "train.py").write_text(SCRIPT.format(module=module, name=name))
     if package:
         (folder / "__init__.py").write_text("")
@@ -211,11 +214,12 @@ def test_a_script_importing_a_name_its_neighbour_lacks_never_trains(tmp_path, mo
     assert _reported(tmp_path, module, "CoverageRewardModel") == []
 
 
-@pytest.mark.parametrize("module, name, package, named", [
-    ("reward", "FormatReward", False, False),  # the neighbour has it
-    ("reward", "CoverageRewardModel", True, False),  # a package's module imports `reward` from the path, not beside it
-    ("reward", "CoverageRewardModel", False, True),  # a file named on the command line is always linted
-    ("torch.nn", "CoverageRewardModel", False, False),  # a module outside the project
+@pytest.mark.parametrize("module, name, package, named, elsewhere", [
+    ("reward", "FormatReward", False, False, False),  # the neighbour has it
+    ("reward", "CoverageRewardModel", True, False, False),  # a package's module imports `reward` from the path
+    ("reward", "CoverageRewardModel", False, True, False),  # a file named on the command line is always linted
+    ("torch.nn", "CoverageRewardModel", False, False, False),  # a module outside the project
+    ("reward", "CoverageRewardModel", False, False, True),  # another reward.py of the project has it
 ])
-def test_an_import_the_project_may_satisfy_leaves_the_script_linted(tmp_path, module, name, package, named):
-    assert _reported(tmp_path, module, name, package, named) == ["KL002"]
+def test_an_import_the_project_may_satisfy_leaves_the_script_linted(tmp_path, module, name, package, named, elsewhere):
+    assert _reported(tmp_path, module, name, package, named, elsewhere) == ["KL002"]
