@@ -321,6 +321,17 @@ def names_drawn_sample(name: str) -> bool:
     return _DRAWN_SAMPLE.match(name) is not None
 
 
+# a list of the policy's drawn samples, one per entry (`episodes`, `trajectories`, `sampled_completions`; not
+# `samples`, which is as often a dataset's)
+_DRAWN_SAMPLES = re.compile(r"^_*(\w+_)?(trajs|trajectories|episodes|rollouts|responses|completions|generations)$",
+                            re.IGNORECASE)
+
+
+def names_drawn_samples(name: str) -> bool:
+    """`episodes`, `trajectories`: a list whose entries are the samples the policy drew, one each."""
+    return _DRAWN_SAMPLES.match(name) is not None
+
+
 # one text, not a list of them: `prompt`, `prompt_text`, `question`, `full_text` (not `prompts`, `texts`, `batch`)
 _ONE_TEXT = re.compile(r"^_*(\w+_)?(prompt|text|question|query|problem|instruction|conversation)(_(text|str|string))?$",
                        re.IGNORECASE)

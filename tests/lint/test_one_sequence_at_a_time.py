@@ -103,6 +103,10 @@ def test_sums_and_token_counts_added_over_the_samples_are_the_batchs(tmp_path, s
     ("sample", "samples", "sum", ["KL002"]),
     # a loop over the rows of a dataset is no loop over drawn samples: nothing says one row is one sequence
     ("row", "samples", "mean", ["KL002"]),
+    # a loop over a list of drawn samples is, whatever its variable is called (semenishchev-ai/MiniGrid_NanoVLM's
+    # `for g, ep in enumerate(episodes)`, fifty-second set)
+    ("row", "episodes", "mean", ["KL002", "KL007"]),
+    ("row", "self.trajectories", "mean", ["KL002", "KL007"]),
     # nor is a loop over a range, whatever its variable is called
     ("sample", "range(4)", "mean", ["KL002"]),
 ])
