@@ -26,9 +26,11 @@ import ast
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from klaudit.lint.copies import named_elsewhere, stem
 from klaudit.lint.syntax import is_script, python_ast
+from klaudit.text import read_text
 
 
 def unimportable(walked: Mapping[str, str], broken: Callable[[str], bool]) -> frozenset[str]:
@@ -136,13 +138,8 @@ def imports_a_missing_name(path: str, source: str, sources: Mapping[str, str] | 
 
 def _source_of(target: str) -> str | None:
     """The text of the module `target` names (`target.py`, or the package `target/__init__.py`), None if it has none."""
-    for candidate in (target + ".py", os.path.join(target, "__init__.py")):
-        try:
-            with open(candidate, encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except OSError:
-            continue
-    return None
+    module = read_text(Path(target + ".py"))
+    return module if module is not None else read_text(Path(target, "__init__.py"))
 
 
 def _source_exists(target: str) -> bool:
