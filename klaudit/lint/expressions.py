@@ -19,6 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.conditions import where_false
+from klaudit.lint.constructed import constructed_number
 from klaudit.lint.containers import as_row, entry_of, rows
 from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, reversed_in_time, tensor
 from klaudit.lint.flowstate import FlowState
@@ -125,11 +126,19 @@ class ExpressionFlow(FlowState):
 
     def constant_setting(self, node: cst.Attribute) -> tuple:
         """`self.x` that the class sets once, to a literal or a switch between literals (`self.dim = None
-        if token_level else -1` in __init__): its values, each under its switch value."""
+        if token_level else -1` in __init__): its values, each under its switch value; or from an argument
+        every construction of the class gives the same number (klaudit.lint.constructed)."""
         if type(node.value) is not cst.Name or self.cls is None:
             return ()
         assigned = self.analyzer.self_values(self.module, self.cls).get(node.attr.value, ())
-        return self.expr(assigned[0]) if len(assigned) == 1 and is_literal_choice(assigned[0]) else ()
+        if len(assigned) != 1:
+            return ()
+        if is_literal_choice(assigned[0]):
+            return self.expr(assigned[0])
+        classdef = self.module.classes.get(self.cls, (None,))[0]
+        number = constructed_number(self.module.path, self.module.project, classdef, node.attr.value) \
+            if classdef is not None else None
+        return self.expr(number) if number is not None else ()
 
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)

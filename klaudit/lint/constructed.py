@@ -1,0 +1,191 @@
+"""The number every construction of a class gives an attribute its `__init__` copies from an argument.
+
+`self.beta = args.beta` (or `self.beta = beta`) in a trainer's `__init__` holds, in its methods, what the code
+that builds the trainer passed: `Trainer(args=Config(beta=0))`, or `args = Config(..., beta=0)` and then
+`Trainer(args=args)` in the same function, or `Trainer(beta=0)`. Where the project builds the class and every
+construction spells the same number, the attribute is that number: a KL term weighted by a coefficient every run
+sets to 0 never acts. Nothing is pinned where a construction splats its arguments, leaves the value to a
+framework's default or gives one the text does not spell, where the config is changed after it is built, where
+the class is handed on as a value, built as `x.Name(...)` or derived from, or where nothing builds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+
+from klaudit.lint.callables import self_assignments
+from klaudit.lint.project import Project
+from klaudit.lint.syntax import dotted, number_value, walk
+from klaudit.lint.update_loops import nearby_modules
+
+# a module that takes the name from an installed framework builds that framework's class, not the project's
+_FRAMEWORKS = frozenset(("trl", "verl", "openrlhf", "transformers", "nemo_rl", "areal", "roll"))
+
+
+def constructed_number(path: str, project: Project, classdef: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
+    """The numeric literal every construction of `classdef` (defined in the module at `path`) gives `self.attr`,
+    where `__init__` sets it once from a parameter or a field of one; None where that is not known."""
+    key = ("constructed", project.key(path), classdef.name.value, attr)
+    return project.remembered(key, lambda: _constructed_number(path, project, classdef, attr))
+
+
+def _constructed_number(path: str, project: Project, classdef: cst.ClassDef, attr: str) -> cst.BaseExpression | None:
+    init = next((item for item in classdef.body.body
+                 if isinstance(item, cst.FunctionDef) and item.name.value == "__init__"), None)
+    if init is None:
+        return None
+    assigned = self_assignments([init]).get(attr, [])
+    if len(assigned) != 1:
+        return None
+    source = assigned[0]
+    if type(source) is cst.Attribute and type(source.value) is cst.Name:
+        parameter, field = source.value.value, source.attr.value
+    elif type(source) is cst.Name:
+        parameter, field = source.value, None
+    else:
+        return None
+    if _rebinds(init, parameter):
+        return None
+    positional = [p.name.value for p in (*init.params.posonly_params, *init.params.params)][1:]
+    defaults = {p.name.value: p.default for p in (*init.params.posonly_params, *init.params.params,
+                                                  *init.params.kwonly_params)}
+    if parameter not in defaults:
+        return None
+    found = _constructions(path, project, classdef.name.value)
+    if not found:
+        return None
+    values = []
+    for caller, call in found:
+        argument = _bound(call, positional, parameter, defaults[parameter])
+        value = argument if field is None or argument is None else _config_field(caller, argument, field)
+        if value is None or number_value(value) is None:
+            return None
+        values.append(value)
+    return values[0] if len({number_value(value) for value in values}) == 1 else None
+
+
+def _constructions(path: str, project: Project, name: str) -> list[tuple[cst.CSTNode, cst.Call]] | None:
+    """(the function or module around it, the call) of each `name(...)` the module at `path` and the modules near
+    it write; None where one of them uses the name otherwise (derives from it, hands it on, builds `x.name(...)`)
+    or cannot be parsed. A module that imports the name from an installed framework builds that class instead."""
+    found: list[tuple[cst.CSTNode, cst.Call]] = []
+    for place in [project.key(path), *nearby_modules(Path(project.key(path)), project, siblings=True)]:
+        text = project.raw_text(place)
+        if text is None or name not in text:
+            continue
+        tree = project.parse(Path(place))
+        if tree is None:
+            return None
+        if _imports_from_a_framework(tree, name):
+            continue
+        calls = _calls_only(tree, name)
+        if calls is None:
+            return None
+        found += [(caller, node) for caller in _callers(tree) for node in _own(caller, (cst.Call,))
+                  if type(node.func) is cst.Name and node.func.value == name]
+        if len(found) < len(calls):
+            return None  # a call in a decorator, a default or a class body: not one the search above sees
+    return found
+
+
+def _imports_from_a_framework(tree: cst.Module, name: str) -> bool:
+    return any(type(node) is cst.ImportFrom and not node.relative and node.module is not None
+               and dotted(node.module).split(".")[0] in _FRAMEWORKS and not isinstance(node.names, cst.ImportStar)
+               and any(dotted(alias.name) == name for alias in node.names) for node in walk(tree))
+
+
+def _calls_only(tree: cst.Module, name: str) -> list[cst.Call] | None:
+    """The calls `name(...)` of the module; None where it names `name` otherwise than to call it, define it,
+    import it or annotate with it."""
+    calls = [node for node in walk(tree) if type(node) is cst.Call and type(node.func) is cst.Name
+             and node.func.value == name]
+    accounted = {id(call.func) for call in calls}
+    for node in walk(tree):
+        if type(node) is cst.ClassDef:
+            accounted.add(id(node.name))
+        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+            accounted.update(id(part) for alias in node.names for part in walk(alias))
+        elif type(node) is cst.Annotation:
+            accounted.update(id(part) for part in walk(node))
+    named = [node for node in walk(tree) if type(node) is cst.Name and node.value == name]
+    return calls if all(id(node) in accounted for node in named) else None
+
+
+def _callers(tree: cst.Module) -> list[cst.CSTNode]:
+    """The module's functions and methods at any depth, and the module itself for its own statements."""
+    return [node for node in walk(tree) if type(node) is cst.FunctionDef] + [tree]
+
+
+def _own(scope: cst.CSTNode, kinds: tuple[type, ...], unset: str = "") -> list:
+    """The nodes of `kinds` in `scope`'s own code (not in the functions and classes it defines, nor, given `unset`,
+    under `if unset is None:`)."""
+    found: list = []
+
+    def visit(node: cst.CSTNode) -> None:
+        for child in node.children:
+            if type(child) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+                continue
+            if unset and type(child) is cst.If and _is_none_test(child, unset):
+                if child.orelse is not None:
+                    visit(child.orelse)
+                continue
+            if isinstance(child, kinds):
+                found.append(child)
+            visit(child)
+
+    visit(scope.body if type(scope) is cst.FunctionDef else scope)
+    return found
+
+
+def _bound(call: cst.Call, positional: list[str], parameter: str,
+           default: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """What `call` gives `parameter`: by keyword, by position, or the default it leaves; None where it splats."""
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return arg.value
+        if arg.keyword is None and index < len(positional) and positional[index] == parameter:
+            return arg.value
+    return default
+
+
+def _config_field(scope: cst.CSTNode, argument: cst.BaseExpression, field: str) -> cst.BaseExpression | None:
+    """The keyword `field` of the config call `argument` is, or of the one call `scope` assigns to the name
+    `argument`, where nothing in `scope` sets `name.field` afterwards; None where the call leaves it out."""
+    if type(argument) is cst.Name:
+        name = argument.value
+        assigned = [stmt.value for stmt in _own(scope, (cst.BaseSmallStatement,)) if type(stmt) is cst.Assign
+                    and any(type(t.target) is cst.Name and t.target.value == name for t in stmt.targets)]
+        changed = any(type(stmt) in (cst.Assign, cst.AugAssign) and any(
+            type(t) is cst.Attribute and type(t.value) is cst.Name and t.value.value == name
+            and t.attr.value == field for t in _targets(stmt)) for stmt in _own(scope, (cst.BaseSmallStatement,)))
+        if len(assigned) != 1 or changed:
+            return None
+        argument = assigned[0]
+    if type(argument) is not cst.Call or any(arg.star for arg in argument.args):
+        return None
+    return next((arg.value for arg in argument.args if arg.keyword is not None and arg.keyword.value == field), None)
+
+
+def _targets(stmt: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
+    if type(stmt) is cst.Assign:
+        return [t.target for t in stmt.targets]
+    return [stmt.target] if type(stmt) is cst.AugAssign else []
+
+
+def _rebinds(init: cst.FunctionDef, name: str) -> bool:
+    """Whether `__init__` assigns the parameter `name` other than under `if name is None:` (which no construction
+    that passes a config takes)."""
+    return any(type(t) is cst.Name and t.value == name for stmt in _own(init, (cst.BaseSmallStatement,), name)
+               for t in _targets(stmt))
+
+
+def _is_none_test(node: cst.If, name: str) -> bool:
+    """Whether `node` is `if name is None:`."""
+    test = node.test
+    return type(test) is cst.Comparison and type(test.left) is cst.Name and test.left.value == name \
+        and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.Is \
+        and type(test.comparisons[0].comparator) is cst.Name and test.comparisons[0].comparator.value == "None"
