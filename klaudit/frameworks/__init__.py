@@ -982,9 +982,9 @@ def _trl_ppo_python(path: str, module: cst.Module | None, source: str, context: 
     if trl_ppo.import_fails(source, release):
         return []
     found: list[Finding] = []
-    release_api = trl_ppo.api_of(release)
+    release_api, trainer_api = trl_ppo.api_of(release), trl_ppo.trainer_api(source)
     for _, call in _calls_of("trl", trl_ppo.CLASSES, trl_ppo.KEYS, path, module, source, context):
-        judged = trl_ppo.judge(call.settings, call.where, release_api=release_api)
+        judged = trl_ppo.judge(call.settings, call.where, release_api=release_api, trainer_api=trainer_api)
         if judged is not None:
             fixer = _Fixer(source, "python", trl_ppo.flag_fixes(call.settings), trl_ppo.NO_FLAG_FIX)
             found += _findings(path, judged, trl_ppo.NAME, trl_ppo.fix, fixer)

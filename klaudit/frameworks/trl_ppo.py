@@ -22,7 +22,8 @@ the lint reads bound the steps from below when a batch count is computed (LLaMA-
 The policy loss is a token mean over each backward pass's responses; a pass of one response
 (`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12) divides it by that response's length
 (row 21, KL007). A call that sets fields of both APIs (`output_dir` beside `init_kl_coef`) raises a TypeError under
-every release and trains nothing. A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
+every release and trains nothing; so does a call setting the rewritten API's fields (`kl_coef`) in a module that
+drives the first PPOTrainer (`ppo_trainer.step(...)`), and the other way round. A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
 the defaults: the finding is reported at its `PPOTrainer(...)` call.
 """
 
@@ -67,6 +68,13 @@ FIXES = {"KL004": "the k1 estimate in the rewards (kl_estimator=\"k1\", or kl_pe
 _FIRST_ONLY = (LEGACY, COEFFICIENTS[LEGACY], "ppo_epochs", "target", "horizon", *LEGACY_ONLY)
 _REWRITTEN_ONLY = (ESTIMATOR, COEFFICIENTS[ESTIMATOR], *STEPS, "output_dir", "per_device_train_batch_size",
                    "num_train_epochs")
+_ONLY_IN = {LEGACY: _FIRST_ONLY, ESTIMATOR: _REWRITTEN_ONLY}
+# What a module does with its PPOTrainer names the trainer's API: the first one's `step` and `generate` methods, which
+# the rewritten one (a transformers Trainer) lacks, or the rewritten one's keywords, which the first one's
+# constructor lacks (`tokenizer` names neither: 0.13 and 0.14 take it for `processing_class`)
+_BUILT = re.compile(r"^[ \t]*(\w+)[ \t]*=[ \t]*(?:trl\.)?PPOTrainer\s*\(", re.MULTILINE)
+_REWRITTEN_KEYWORDS = re.compile(r"\bPPOTrainer\s*\((?:[^()]|\([^()]*\))*?\b(?:processing_class|train_dataset|reward_model"
+                                 r"|value_model)\s*=(?!=)")
 NO_FLAG_FIX = "the estimator keyword is not set to a literal here: set it to k1 by hand"
 # A script that parses PPOConfig from its command line (`HfArgumentParser((ScriptArguments, PPOConfig,
 # ModelConfig))`, TRL's examples/scripts/ppo/ppo.py and its copies) and that no launch of the project passes
@@ -75,14 +83,18 @@ COMMAND_LINE = "PPOConfig from the command line, at its defaults (num_ppo_epochs
 
 
 def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = None,
-          defaults: str = "the defaults", release_api: str | None = None) -> Judged | None:
+          defaults: str = "the defaults", release_api: str | None = None,
+          trainer_api: str | None = None) -> Judged | None:
     """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable;
     `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
     the command line by a script written for the rewritten PPOTrainer); `release_api`: the API of the TRL release
     the project states (`api_of`), for a call that names no key of either; `defaults`: how the finding names the
-    configuration where it sets no key. A call no release accepts (`_FIRST_ONLY` and `_REWRITTEN_ONLY` keys together)
-    builds nothing."""
+    configuration where it sets no key; `trainer_api`: the API of the PPOTrainer the module drives (`trainer_api`).
+    A call no release accepts (`_FIRST_ONLY` and `_REWRITTEN_ONLY` keys together), or none that also has the
+    module's PPOTrainer, builds nothing."""
     if any(key in settings for key in _FIRST_ONLY) and any(key in settings for key in _REWRITTEN_ONLY):
+        return None
+    if trainer_api is not None and any(key in settings for key in _ONLY_IN[ESTIMATOR if trainer_api == LEGACY else LEGACY]):
         return None
     api = api or next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])),
                       release_api)
@@ -135,6 +147,14 @@ def import_fails(source: str, release: Assumed) -> bool:
     """Whether a module imports PPOConfig from `trl` itself (or `trl.trainer`) under a release the project states
     that no longer has it there: the import raises before anything trains."""
     return release.stated and at_least(release, MOVED_TO_EXPERIMENTAL) and _FROM_TRL.search(source) is not None
+
+
+def trainer_api(source: str) -> str | None:
+    """The API of the PPOTrainer a module drives, where its text says: LEGACY where the object it builds takes
+    `.step(...)` or `.generate(...)`, ESTIMATOR where it is built with the rewritten trainer's keywords."""
+    first = any(re.search(rf"\b{re.escape(name)}\.(?:step|generate)\s*\(", source) for name in _BUILT.findall(source))
+    rewritten = _REWRITTEN_KEYWORDS.search(source) is not None
+    return LEGACY if first and not rewritten else ESTIMATOR if rewritten and not first else None
 
 
 def api_of(release: Assumed) -> str | None:

@@ -67,6 +67,37 @@ def test_the_estimator_of_the_kl_reward(tmp_path, imported, call, expected):
     assert sorted(f.code for f in _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")) == expected
 
 
+# a config of one API handed to the other API's trainer (abhinav30219/MedLogicTrace, fifty-second set: kl_coef, which
+# only the rewritten PPOConfig has, with the first PPOTrainer's step loop): no release runs both, so nothing trains
+DRIVEN = """\
+from trl import PPOConfig, PPOTrainer
+
+config = PPOConfig({keys})
+ppo_trainer = PPOTrainer({trainer_keys})
+{loop}
+"""
+FIRST_LOOP = "for batch in data:\n    stats = ppo_trainer.step(batch.queries, batch.responses, batch.rewards)"
+REWRITTEN_RUN = "ppo_trainer.train()"
+
+
+@pytest.mark.parametrize("keys, trainer_keys, loop, expected", [
+    ("kl_coef=0.05, batch_size=16", "config=config, model=model, tokenizer=tok", FIRST_LOOP, []),
+    ("kl_coef=0.05, batch_size=16", "args=config, processing_class=tok, model=model, ref_model=ref, "
+                                    "reward_model=rm, train_dataset=data", REWRITTEN_RUN, ["KL008"]),
+    ('kl_penalty="abs", init_kl_coef=0.2, ppo_epochs=1', "config, model, ref, tok, dataset=data", FIRST_LOOP, ["KL004"]),
+    ('kl_penalty="abs", init_kl_coef=0.2, ppo_epochs=1', "args=config, processing_class=tok, model=model, "
+                                                          "ref_model=ref, reward_model=rm, train_dataset=data",
+     REWRITTEN_RUN, []),
+    # `tokenizer` names neither API (0.13 and 0.14 take it for processing_class); a loop that calls both names neither
+    ("kl_coef=0.05, batch_size=16", "config=config, model=model, tokenizer=tok", REWRITTEN_RUN, ["KL008"]),
+    ("kl_coef=0.05, batch_size=16", "config=config, model=model, train_dataset=data", FIRST_LOOP, ["KL008"]),
+])
+def test_a_config_of_one_api_driven_by_the_other_apis_trainer_trains_nothing(tmp_path, keys, trainer_keys, loop,
+                                                                             expected):
+    source = DRIVEN.format(keys=keys, trainer_keys=trainer_keys, loop=loop)
+    assert sorted(f.code for f in _findings(tmp_path, source)) == expected
+
+
 def test_the_finding_is_at_the_estimator_and_its_fix_sets_k1(tmp_path):
     source = 'from trl import PPOConfig\n\nconfig = PPOConfig(kl_estimator="k3", kl_coef=0.1, num_ppo_epochs=1)\n'
     [finding] = _findings(tmp_path, source)
