@@ -321,10 +321,11 @@ def names_drawn_sample(name: str) -> bool:
     return _DRAWN_SAMPLE.match(name) is not None
 
 
-# a list of the policy's drawn samples, one per entry (`episodes`, `trajectories`, `sampled_completions`; not
-# `samples`, which is as often a dataset's)
-_DRAWN_SAMPLES = re.compile(r"^_*(\w+_)?(trajs|trajectories|episodes|rollouts|responses|completions|generations)$",
-                            re.IGNORECASE)
+# a list of the policy's drawn samples, one per entry (`episodes`, `trajectories`, `sampled_completions`,
+# `rollout_results`, `all_rollouts_flat`; not `samples`, which is as often a dataset's)
+_DRAWN_SAMPLES = re.compile(r"^_*(\w+_)?(trajs|trajectories|episodes|rollouts|responses|completions|generations"
+                            r"|(traj|trajectory|episode|rollout|completion|generation)_(results|outputs|list))"
+                            r"(_(flat|flattened|all))?$", re.IGNORECASE)
 
 
 def names_drawn_samples(name: str) -> bool:
@@ -390,9 +391,11 @@ def is_current_policy_name(name: str) -> bool:
     return _CURRENT_POLICY.match(name) is not None and tensor_role(name) == POLICY
 
 
-# The sampled tokens' ids (`input_ids`, `comp_ids`, `labels`, `actions`, or one per row: `next_tok`): an index by
-# them over the vocabulary axis picks each token's entry, as a gather does.
-_TOKEN_IDS = re.compile(r"^(.*_)?(ids|tokens|labels|actions|targets|tok|token|token_id|action)$", re.IGNORECASE)
+# The sampled tokens' ids (`input_ids`, `comp_ids`, `labels`, `actions`, or one per row: `next_tok`), also kept in
+# range or moved (`gen_ids_clamped`, `labels_safe`, `target_ids_long`): an index by them over the vocabulary axis
+# picks each token's entry, as a gather does.
+_TOKEN_IDS = re.compile(r"^(.*_)?(ids|tokens|labels|actions|targets|tok|token|token_id|action)"
+                        r"(_(clamped|clipped|safe|valid|long|device|dev|gpu|cuda))?$", re.IGNORECASE)
 
 
 def names_token_ids(name: str) -> bool:

@@ -351,17 +351,26 @@ def is_last_index(node: cst.Subscript) -> bool:
 
 
 def one_sample_at_a_time(loop: cst.For) -> bool:
-    """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`, `for g, ep in enumerate(episodes):`:
-    a loop over the drawn samples one by one (its variable names one drawn sample, or what it iterates names a list
-    of them; it iterates no `range`), so a step in its body is one of several per draw, and each sample's tensors
-    hold one sequence."""
+    """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`, `for g, ep in enumerate(episodes):`,
+    `for i in range(n): ids, mask = rollouts[i]`: a loop over the drawn samples one by one (its variable names one
+    drawn sample, or what it iterates names a list of them, or it counts and its body picks that entry of such a
+    list), so a step in its body is one of several per draw, and each sample's tensors hold one sequence."""
     iterated = loop.iter
     while type(iterated) is cst.Call and last_name(iterated.func) in ("enumerate", "tqdm", "zip") and iterated.args:
         iterated = iterated.args[0].value
     if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
-        return False
+        return type(loop.target) is cst.Name and _picks_a_drawn_sample(loop.body, loop.target.value)
     return any(type(node) is cst.Name and roles.names_drawn_sample(node.value) for node in walk(loop.target)) or (
         type(iterated) in (cst.Name, cst.Attribute) and roles.names_drawn_samples(last_name(iterated) or ""))
+
+
+def _picks_a_drawn_sample(body: cst.BaseSuite, index: str) -> bool:
+    """Whether a statement of `body` (not nested) assigns `samples[index]` of a list named for drawn samples."""
+    return any(type(small) is cst.Assign and type(small.value) is cst.Subscript
+               and roles.names_drawn_samples(last_name(small.value.value) or "") and len(small.value.slice) == 1
+               and type(small.value.slice[0].slice) is cst.Index
+               and type(key := small.value.slice[0].slice.value) is cst.Name and key.value == index
+               for stmt in getattr(body, "body", ()) if type(stmt) is cst.SimpleStatementLine for small in stmt.body)
 
 
 LOOPS = frozenset({cst.For, cst.While})
