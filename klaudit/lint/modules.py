@@ -40,6 +40,7 @@ from klaudit.lint.update_loops import (
     calls_elsewhere,
     drawn_before_the_call_elsewhere,
     handed_on_elsewhere,
+    importers_afar,
     reuses_samples,
     steps_on_fresh_samples,
     takes_a_step,
@@ -226,15 +227,18 @@ class Module:
 
     def caller_pins(self, func: cst.FunctionDef, cls: str | None) -> Mapping[str, tuple]:
         """klaudit.lint.pinned.caller_pins of a module function nothing in this module calls, from the calls the
-        modules near it make; {} for a method, a function this module calls, or one no other module calls."""
+        modules near it and the modules that import it from afar make; {} for a method, a function this module
+        calls, or one no other module calls."""
         key = id(func)
         if key not in self._pins:
             name = func.name.value
-            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of) \
-                if cls is None and name not in self._calls_of.called_names(self.tree) else None
+            uncalled_here = cls is None and name not in self._calls_of.called_names(self.tree)
+            afar = importers_afar(self.path, name, self.project) if uncalled_here else []
+            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar) \
+                if uncalled_here else None
             # called as `module.name(...)` too, or handed on as a value: callers the text does not show
-            hidden = not found or calls_elsewhere(name, True, self.path, self.project, self._calls_of) != [] \
-                or handed_on_elsewhere(name, self.path, self.project)
+            hidden = not found or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
+                or handed_on_elsewhere(name, self.path, self.project, afar)
             self._pins[key] = {} if hidden or found is None else caller_pins(
                 func, (calls[index][0] for _, _, calls, index, _ in found))
         return self._pins[key]

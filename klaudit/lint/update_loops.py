@@ -18,8 +18,9 @@ And `trained_by_a_later_loop`: what a function that draws the samples computes (
 from __future__ import annotations
 
 import functools
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -210,14 +211,15 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     return drawn is True
 
 
-def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_of: CallIndex) -> list[tuple] | None:
+def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,
+                    also: Sequence[str] = ()) -> list[tuple] | None:
     """(module, its caller's methods, the caller's calls, the call's index among them, the loops around it) of each
     call of the function `name` (a method where `method`: `x.name(...)`) that the modules of the folder of `path`,
-    the folder above and the linted roots make (each module but `path` itself); a docstring's or comment's
+    the folder above, the linted roots and `also` make (each module but `path` itself); a docstring's or comment's
     `name(...)` is none. None where one function calls it twice (the second call may train the first's samples
     again) or a module holding such text cannot be parsed."""
     called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
-    places = [other for other in nearby_modules(Path(project.key(path)), project)
+    places = [other for other in dict.fromkeys([*nearby_modules(Path(project.key(path)), project), *also])
               if name in project.called_names(other) and (text := project.raw_text(other)) is not None
               and called.search(text)]
     found = []
@@ -235,12 +237,12 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
     return found
 
 
-def handed_on_elsewhere(name: str, path: str, project: Project) -> bool:
-    """Whether the module at `path` or a module near it (as `calls_elsewhere` looks) names the function `name` other
-    than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`, `{"k": name}`): its
-    callers are then more than the calls the text shows."""
+def handed_on_elsewhere(name: str, path: str, project: Project, also: Sequence[str] = ()) -> bool:
+    """Whether the module at `path`, a module near it (as `calls_elsewhere` looks) or one of `also` names the function
+    `name` other than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`,
+    `{"k": name}`): its callers are then more than the calls the text shows."""
     return any(named_beyond_declarations(project.raw_text(other) or "", name, calls=False)
-               for other in [project.key(path), *nearby_modules(Path(project.key(path)), project)])
+               for other in [project.key(path), *nearby_modules(Path(project.key(path)), project), *also])
 
 
 _DECLARATIONS = ("class", "def", "async", "import", "from", "#")  # the first word of a line that names without using
@@ -316,6 +318,34 @@ def nearby_modules(path: Path, project: Project, siblings: bool = False) -> list
     root, and of the folders of the linted roots: `scripts/`, `experiments/`, `tests/`), `path` itself left out;
     each once. Read once per project."""
     return project.remembered(("nearby", str(path), siblings), lambda: _nearby(path, project, siblings))
+
+
+def importers_afar(path: str, name: str, project: Project) -> list[str]:
+    """The Python files under the linted roots, beyond the modules near `path`, whose import lines name the function
+    `name` or the module at `path` (`from pkg.grpo.utils import compute_kl`, `from pkg.grpo import utils`) and which
+    do not define a function `name` of their own: the callers a package's helper has in other folders."""
+    module = Path(project.key(path))
+    near = {project.key(other) for other in nearby_modules(module, project)} | {str(module)}
+    imports = re.compile(rf"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import[ \t]+(?:\([^)]*|[^\n]*)"
+                         rf"\b(?:{re.escape(name)}|{re.escape(module.stem)})\b", re.MULTILINE)
+    defines = re.compile(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}\b", re.MULTILINE)
+    return [other for other in _python_files(project) if project.key(other) not in near
+            and name in (text := project.raw_text(other) or "") and imports.search(text) and not defines.search(text)]
+
+
+def _python_files(project: Project) -> list[str]:
+    """Every Python file under the linted roots (hidden folders and caches left out), listed once per project."""
+    def listed() -> list[str]:
+        found = []
+        for root in project.roots:
+            if root.is_file():
+                found.append(str(root))
+                continue
+            for folder, folders, files in os.walk(root):
+                folders[:] = sorted(f for f in folders if not f.startswith(".") and f not in ("__pycache__", "node_modules"))
+                found += [os.path.join(folder, file) for file in sorted(files) if file.endswith(".py")]
+        return found
+    return project.remembered(("python files",), listed)
 
 
 def _nearby(path: Path, project: Project, siblings: bool) -> list[str]:
