@@ -198,3 +198,34 @@ def test_a_configuration_read_with_a_literal_default_gives_that_default_where_th
         "target_kl": None}
     assert call.settings["ppo_epochs"].origin == (
         "epochs = cfg.get('ppo_epochs', 4) at line 4, where the configuration leaves ppo_epochs out")
+
+
+INLINE_READS = '''\
+from trl import PPOConfig
+
+def build(rl):
+    return PPOConfig(ppo_epochs=rl.get("ppo_epochs", 4), batch_size=int(rl.get("batch_size", 8)),
+                     mini_batch_size=rl.get("mini_batch_size", 4), learning_rate=rl.get("learning_rate"),
+                     init_kl_coef=os.environ.get("KL", 0.2))
+'''
+
+
+def test_a_configuration_read_written_at_the_keyword_gives_its_default_as_one_bound_to_a_name_does(tmp_path):
+    """`PPOConfig(ppo_epochs=rl.get("ppo_epochs", 4))` (YukoiWang/Emo-Agent-RL-finetune's static-rl/run_ppo.py, fifty-third
+    set): the read is judged as `epochs = rl.get(...)` then `ppo_epochs=epochs` is, from either tree, the YAML files
+    deciding whether the default holds; a read without a default, or of the environment, gives no value."""
+    from klaudit.frameworks.options import option_defaults
+
+    config = tmp_path / "ppo.yaml"
+    config.write_text("rl:\n  ppo_epochs: 4\n  mini_batch_size: 1\n")
+    options = option_defaults({}, [str(config)])
+    from_python = calls._python_configs(INLINE_READS, NAMES | {"PPOConfig"}, ("ppo_epochs",), "t.py", options)
+    assert from_python is not None
+    reader = cst_configs._Reader(NAMES | {"PPOConfig"}, ("ppo_epochs",), "t.py", options)
+    libcst.MetadataWrapper(libcst.parse_module(INLINE_READS), unsafe_skip_copy=True).visit(reader)
+    assert from_python[0] == reader.calls
+    [call] = reader.calls
+    assert {key: setting.value for key, setting in call.settings.items()} == {
+        "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": None, "learning_rate": None, "init_kl_coef": None}
+    assert call.settings["ppo_epochs"].origin == (
+        "ppo_epochs = rl.get('ppo_epochs', 4) at line 4, where the configuration leaves ppo_epochs out")
