@@ -53,7 +53,13 @@ from klaudit.lint.suppressions import (
     suppression_table,
     without_suppressed_edits,
 )
-from klaudit.lint.unimportable import imports_a_missing_module, imports_a_missing_name, stranded_copies, unimportable
+from klaudit.lint.unimportable import (
+    imports_a_data_file,
+    imports_a_missing_module,
+    imports_a_missing_name,
+    stranded_copies,
+    unimportable,
+)
 from klaudit.lint.unused import might_have_directives, unused_suppressions
 from klaudit.progress import Progress
 from klaudit.text import file_text
@@ -411,7 +417,8 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
         return syntax_finding(init, text) is not None or imports_a_missing_module(init, text) \
             or imports_a_missing_name(init, text)
 
-    failing = frozenset(path for path, source in walked.items() if imports_a_missing_name(path, source, walked))
+    failing = frozenset(path for path, source in walked.items()
+                        if imports_a_missing_name(path, source, walked) or imports_a_data_file(path, source))
     never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken) \
         | stranded_copies(walked, texts) | failing
     return never_run.intersection(sources)

@@ -136,6 +136,36 @@ def imports_a_missing_name(path: str, source: str, sources: Mapping[str, str] | 
     return False
 
 
+# what a module of the path may be besides a source file: a package, bytecode or an extension
+_IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
+
+
+def imports_a_data_file(path: str, source: str) -> bool:
+    """Whether the module at `path`, in a folder that is no package, imports unconditionally by an absolute name a
+    module its folder holds only as a data file: `from rl_judge_prompts import PROMPT` beside `rl_judge_prompts.txt`
+    and no `rl_judge_prompts.py`. Run as a script (its folder first on the path), the import fails."""
+    here = os.path.dirname(os.path.abspath(path))
+    if os.path.isfile(os.path.join(here, "__init__.py")):
+        return False
+    try:
+        module = python_ast(source)
+        entries = os.listdir(here)
+    except (SyntaxError, ValueError, OSError):
+        return False
+    stems: dict[str, list[str]] = {}
+    for entry in entries:
+        stem, dot, suffix = entry.partition(".")
+        stems.setdefault(stem, []).append(dot + suffix)
+    for statement in module.body:  # module level only: an import under `try:` or `if` may be meant to fail
+        names = [statement.module] if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module \
+            else [alias.name for alias in statement.names] if isinstance(statement, ast.Import) else []
+        for name in names:
+            found = stems.get(name.split(".", 1)[0], [])
+            if found and not any(suffix == "" or suffix.endswith(_IMPORTABLE_SUFFIXES) for suffix in found):
+                return True
+    return False
+
+
 def _source_of(target: str) -> str | None:
     """The text of the module `target` names (`target.py`, or the package `target/__init__.py`), None if it has none."""
     module = read_text(Path(target + ".py"))

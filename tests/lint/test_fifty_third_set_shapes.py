@@ -151,3 +151,47 @@ def test_a_helpers_branch_its_one_caller_afar_never_takes_is_not_judged(tmp_path
 ])
 def test_a_caller_afar_that_takes_the_branch_or_hides_its_call_keeps_it_judged(tmp_path, imported, call):
     assert "KL001" in _helper_codes(tmp_path, imported, call)
+
+
+SCRIPT = """\
+import torch
+{imports}
+
+
+def step(policy, ref, batch, beta, optimizer):
+    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    with torch.no_grad():
+        ref_logp = ref(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    loss = -(logp * batch.advantages).mean() + beta * kl.mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _script_codes(tmp_path, imports, beside, package=False):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for name in beside:
+        (folder / name).mkdir() if name.endswith("/") else (folder / name).write_text("PROMPT = 'judge this'\n")
+    if package:
+        (folder / "__init__.py").write_text("")
+    (folder / "rl_trainer.py").write_text(SCRIPT.format(imports=imports))
+    result = lint_paths([str(tmp_path)], jobs=1)
+    return sorted({finding.code for finding in result.findings})
+
+
+@pytest.mark.parametrize("imports", ["from rl_judge_prompts import PROMPT", "import rl_judge_prompts"])
+def test_a_script_importing_a_module_its_folder_holds_only_as_a_data_file_never_trains(tmp_path, imports):
+    # chahal-navi/Secret_Loyalties (fifty-third set): src/rl_trainer.py imports its judge prompts from a .txt file
+    assert _script_codes(tmp_path, imports, ["rl_judge_prompts.txt"]) == []
+
+
+@pytest.mark.parametrize(("beside", "package"), [
+    (["rl_judge_prompts.txt", "rl_judge_prompts.py"], False),  # the module is there too
+    (["rl_judge_prompts/"], False),  # a package of that name
+    (["rl_judge_prompts.txt"], True),  # a package's module imports absolutely from the path, not from its folder
+    ([], False),  # nothing of that name: an installed module, perhaps
+])
+def test_a_module_the_folder_or_the_path_may_hold_leaves_the_script_linted(tmp_path, beside, package):
+    assert _script_codes(tmp_path, "from rl_judge_prompts import PROMPT", beside, package) == ["KL002"]
