@@ -159,7 +159,8 @@ class ContainerFlow(FlowState):
         whatever the list is named (`prob_per_token_reference` gathered chunk by chunk), and
         the KL terms a reversed loop appends (the running sums of a GAE or reward-to-go recursion,
         `advantages_reversed.append(lastgaelam)`): `torch.stack(all_kl).mean()` reads them back for the loss,
-        where the PPO ratio that weighs them shows how old the samples are."""
+        where the PPO ratio that weighs them shows how old the samples are. `kl_list.extend(kl_per_sequence)`
+        adds the rows of a tensor, which stacking gives back."""
         kind = roles.sink_of_name(last_name(target))
         value = self.expr(arg)
         name = dotted(target)
@@ -173,9 +174,10 @@ class ContainerFlow(FlowState):
             sunk = self.sink(kind, value if method == "append" else elements(value), node)
             if method == "append" and not self.reverse_loop:
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
-        running = tuple(f for f in value if f.poly is not None and (
+        added = value if method == "append" else elements(value)  # `extend` adds the rows of a tensor, the items of a list
+        running = tuple(f for f in added if f.poly is not None and (
             f.is_kl() or _over_vocabulary(f.poly) or _stored_log_probs(f.poly) or _of_a_sequence(f.poly)))
-        if method == "append" and name and running and (self.reverse_loop or type(target) is cst.Name):
+        if name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
 
