@@ -91,7 +91,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             default = resolve(_configuration_key(written, aliases), parameters, options or Options(), path)
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
             read = configuration_read(key, _nested_calls(written, text), written.lineno)
-            default = read if read is not None and (options or Options()).leave_alone(read) else None
+            default = (options or Options()).read(read) if read is not None else None
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
         return found if default is None else replace(found, origin=default.origin)
 

@@ -53,6 +53,7 @@ class Default:
     value: str  # as klaudit.frameworks.calls reads a literal: a string without its quotes
     origin: str  # where it is given, for the message
     key: str = ""  # the configuration key whose absence the value assumes (`cfg.get("ppo_epochs", 4)`), if any
+    holder: str = ""  # the name of the mapping the key is read from (`grpo_cfg` of `grpo_cfg.get("beta", 0.001)`)
     launch: bool = False  # a value a launch's flag gives, not a default (the origin says which launch)
 
 
@@ -73,6 +74,21 @@ class Options:
         leaf = key.rsplit(".", 1)[-1]
         found = [values[key] for path in self.configs if key in (values := _yaml_values(path, leaf))]
         return found[0] if len({default.value for default in found}) == 1 else None
+
+    def read(self, default: Default) -> Default | None:
+        """What a read of a configuration key with that default gets (`grpo_cfg.get("beta", 0.001)`): the default
+        where the linted YAML files leave the key alone (`leave_alone`), else the one value they give it in a section
+        the mapping is named for (`grpo.beta` for `grpo_cfg`); None where they give it several, or none there."""
+        if self.leave_alone(default):
+            return default
+        holder = default.holder.lower()
+        given = [(key, value) for path in self.configs for key, value in _yaml_values(path, default.key).items()
+                 if key.rsplit(".", 1)[-1] == default.key and "." in key and holder
+                 and key.rsplit(".", 2)[-2].lower() in holder]
+        if len({value.value for _, value in given}) != 1:
+            return None
+        key, value = given[0]
+        return Default(value.value, f"{key} at {value.origin}")
 
     def leave_alone(self, default: Default) -> bool:
         """Whether the linted YAML files leave the configuration key a default assumes out, or give it that same
@@ -210,7 +226,7 @@ def configuration_read(name: str, calls: Sequence[tuple[str, Sequence[str | None
     if key is None or default is None or not key.isidentifier():
         return None
     return Default(default, f"{name} = {called}({key!r}, {default}) at line {line}, where the configuration leaves {key} out",
-                   key)
+                   key, holder=called.removesuffix(".get").rsplit(".", 1)[-1])
 
 
 def module_constants(assignments: Iterable[tuple[str, str | None, int, str]], rebound: Collection[str]) -> dict[str, Default]:
@@ -271,7 +287,7 @@ def resolve(written: str, names: Mapping[str, Default], options: Options, path: 
     last attribute (`args.beta`, `self.args.beta`); None otherwise."""
     if written.isidentifier():
         found = names.get(written)
-        return found if found is not None and options.leave_alone(found) else None
+        return options.read(found) if found is not None else None
     head, _, attribute = written.rpartition(".")
     if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):
         return None

@@ -213,7 +213,9 @@ def build(rl):
 def test_a_configuration_read_written_at_the_keyword_gives_its_default_as_one_bound_to_a_name_does(tmp_path):
     """`PPOConfig(ppo_epochs=rl.get("ppo_epochs", 4))` (YukoiWang/Emo-Agent-RL-finetune's static-rl/run_ppo.py, fifty-third
     set): the read is judged as `epochs = rl.get(...)` then `ppo_epochs=epochs` is, from either tree, the YAML files
-    deciding whether the default holds; a read without a default, or of the environment, gives no value."""
+    deciding whether the default holds. Where they give the key another value, in a section the mapping is named for
+    (`rl.mini_batch_size` for `rl`; nvietanh1909/MedVLM-R1's `grpo.beta` for `grpo_cfg`, fifty-fourth set), the run
+    reads that value; a read without a default, or of the environment, gives no value."""
     from klaudit.frameworks.options import option_defaults
 
     config = tmp_path / "ppo.yaml"
@@ -226,6 +228,21 @@ def test_a_configuration_read_written_at_the_keyword_gives_its_default_as_one_bo
     assert from_python[0] == reader.calls
     [call] = reader.calls
     assert {key: setting.value for key, setting in call.settings.items()} == {
-        "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": None, "learning_rate": None, "init_kl_coef": None}
+        "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": "1", "learning_rate": None, "init_kl_coef": None}
     assert call.settings["ppo_epochs"].origin == (
         "ppo_epochs = rl.get('ppo_epochs', 4) at line 4, where the configuration leaves ppo_epochs out")
+    assert call.settings["mini_batch_size"].origin == f"rl.mini_batch_size at {config}:3"
+
+
+def test_a_value_the_yaml_files_give_in_another_section_or_disagree_on_is_unknown(tmp_path):
+    from klaudit.frameworks.options import option_defaults
+
+    (tmp_path / "sft.yaml").write_text("training:\n  mini_batch_size: 1\n")  # not the section `rl` names
+    (tmp_path / "a.yaml").write_text("rl:\n  batch_size: 16\n")
+    (tmp_path / "b.yaml").write_text("rl:\n  batch_size: 32\n")  # two values: which a run reads is unknown
+    options = option_defaults({}, [str(tmp_path / name) for name in ("sft.yaml", "a.yaml", "b.yaml")])
+    reader = cst_configs._Reader(NAMES | {"PPOConfig"}, ("ppo_epochs",), "t.py", options)
+    libcst.MetadataWrapper(libcst.parse_module(INLINE_READS), unsafe_skip_copy=True).visit(reader)
+    [call] = reader.calls
+    assert call.settings["mini_batch_size"].value is None and call.settings["batch_size"].value is None
+    assert call.settings["ppo_epochs"].value == "4"
