@@ -100,7 +100,29 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, configs: t
         literal = _field_default(module, count.attr.value)
         if literal in (0, 1) and _configured_above_one(count, configs):
             return True
+    elif literal is None and type(count) is cst.Name:  # `def train(..., ppo_epochs=1)`, its callers leaving it
+        literal = _parameter_default(module, count.value)
     return literal not in (0, 1)
+
+
+def _parameter_default(module: cst.Module, name: str) -> int | None:
+    """The integer default of the parameter `name` of the module's functions (`def train(..., ppo_epochs: int = 1)`),
+    where every one that has it agrees and no call of them in the module passes it (`train(ppo_epochs=4)`, by
+    position, or in splatted arguments); None otherwise."""
+    having = {node.name.value: [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+              for node in walk(module) if type(node) is cst.FunctionDef
+              and any(param.name.value == name for param in params(node))}
+    found = {_default_of(param.default) for node in walk(module) if type(node) is cst.FunctionDef
+             and node.name.value in having for param in params(node) if param.name.value == name}
+
+    def passes(call: cst.Call) -> bool:
+        positional = having[last_name(call.func) or ""]
+        at = positional.index(name) - (positional[:1] == ["self"]) if name in positional else len(call.args)
+        return any(arg.star or arg.keyword is not None and arg.keyword.value == name for arg in call.args) \
+            or sum(arg.keyword is None for arg in call.args) > at
+
+    passed = any(type(node) is cst.Call and last_name(node.func) in having and passes(node) for node in walk(module))
+    return found.pop() if len(found) == 1 and not passed else None
 
 
 def _configured_above_one(count: cst.BaseExpression, configs: tuple[str, ...]) -> bool:

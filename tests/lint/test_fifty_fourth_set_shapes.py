@@ -49,3 +49,41 @@ def _codes(tmp_path, source):
 def test_a_per_sequence_exact_kl_collected_into_a_list_reaches_the_loss(tmp_path, method, added):
     codes = _codes(tmp_path, EXACT.format(method=method, added=added))
     assert "KL003" in codes  # the exact per-step KL as a loss: the local gradient only (row 11)
+
+
+# Zeppelinpp/rl: the PPO inner loop's count is a parameter that defaults to 1, and the script's one call leaves it
+EPOCHS = """\
+import torch
+
+
+def grpo_loss(model, batch, kl_coef):
+    logp = torch.log_softmax(model(batch.ids).logits, -1).gather(-1, batch.ids[..., None]).squeeze(-1)
+    ratio = torch.exp(logp - batch.old_logp)
+    kl = torch.exp(batch.ref_logp - logp) - (batch.ref_logp - logp) - 1
+    return (-(ratio * batch.adv[:, None]) + kl_coef * kl).sum() / batch.mask.sum()
+
+
+def train(model, batches, optimizer, lr, ppo_epochs: int = 1):
+    for batch in batches:
+        batch = rollout(model, batch)
+        for step in range(ppo_epochs):
+            loss = grpo_loss(model, batch, 0.01)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    train({arguments})
+"""
+
+
+@pytest.mark.parametrize(("arguments", "reused"), [
+    ("model, batches, optimizer, 1e-5", False),
+    ("model, batches, optimizer, 1e-5, ppo_epochs=4", True),
+    ("model, batches, optimizer, 1e-5, 4", True),  # by position
+    ("*arguments", True),
+])
+def test_an_inner_loop_counted_by_a_parameter_its_callers_leave_at_one_takes_one_step_per_rollout(
+        tmp_path, arguments, reused):
+    assert ("KL008" in _codes(tmp_path, EPOCHS.format(arguments=arguments))) is reused
