@@ -15,6 +15,20 @@ def compute_loss(policy_log_probs, ref_log_probs, mask, pg_loss, beta):
     loss.backward()
 '''
 
+# A training step with a k3 estimate in its loss (KL002), for a module's imports to go before: `import torch` and
+# the imports are the caller's to write.
+K3_STEP = """
+
+def step(policy, ref, batch, beta, optimizer):
+    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    with torch.no_grad():
+        ref_logp = ref(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    loss = -(logp * batch.advantages).mean() + beta * kl.mean()
+    loss.backward()
+    optimizer.step()
+"""
+
 
 def module_codes(source: str, tmp_path, name: str = "snippet.py", **modules: str) -> list:
     """(line, code) of every finding `check_module` gives on `source` (dedented), written to tmp_path as `name`

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from klaudit.lint.engine import lint_paths
+from tests.lint.snippets import K3_STEP
 
 # DylanJoo/retrisound's PPO, reduced: a ranking policy's log-prob per step (a sum over the items it ranks), the
 # first step's log-prob as the reference, a k1 penalty in the rewards, and a critic's prediction the analysis does
@@ -175,20 +176,7 @@ class FormatReward(BaseReward):
     pass
 """
 
-SCRIPT = """\
-import torch
-from {module} import {name}
-
-
-def step(policy, ref, batch, beta, optimizer):
-    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
-    with torch.no_grad():
-        ref_logp = ref(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
-    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
-    loss = -(logp * batch.advantages).mean() + beta * kl.mean()
-    loss.backward()
-    optimizer.step()
-
+SCRIPT = "import torch\nfrom {module} import {name}\n" + K3_STEP + """
 
 if __name__ == "__main__":
     step(*{name}.arguments())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from klaudit.lint.engine import lint_paths
+from tests.lint.snippets import K3_STEP
 
 PICKED = """\
 import torch
@@ -153,20 +154,7 @@ def test_a_caller_afar_that_takes_the_branch_or_hides_its_call_keeps_it_judged(t
     assert "KL001" in _helper_codes(tmp_path, imported, call)
 
 
-SCRIPT = """\
-import torch
-{imports}
-
-
-def step(policy, ref, batch, beta, optimizer):
-    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
-    with torch.no_grad():
-        ref_logp = ref(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
-    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
-    loss = -(logp * batch.advantages).mean() + beta * kl.mean()
-    loss.backward()
-    optimizer.step()
-"""
+SCRIPT = "import torch\n{imports}\n" + K3_STEP
 
 
 def _script_codes(tmp_path, imports, beside, package=False):
