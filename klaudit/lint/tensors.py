@@ -34,9 +34,12 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
     if fn in ("neg", "negative"):
         return alg.scale(poly, -1.0)
     if fn in ("log_softmax", "softmax"):
-        if kinds == {alg.LOGITS} or kinds == {alg.REF_LOGITS}:
+        # of logits, or of entries picked from them: normalised over the last axis, the picked ids were a set of
+        # candidates at one position (`logits[pos, topk_ids]`), not one token per position
+        if kinds == {alg.LOGITS} or kinds == {alg.REF_LOGITS} or (kinds == {alg.POLICY} or kinds == {alg.REF}) \
+                and len(poly.terms) == 1 and poly.terms[0][1] == 1.0 and poly.terms[0][0][0].acc == alg.TOKEN:
             atom = next(iter(poly.atoms()))
-            policy = atom.kind == alg.LOGITS
+            policy = atom.kind in (alg.LOGITS, alg.POLICY)
             kind: AtomKind = (alg.VOCAB_POLICY if policy else alg.VOCAB_REF) if fn == "log_softmax" else (
                 alg.VOCAB_PROB if policy else alg.VOCAB_REF_PROB)
             return Poly.atom(Atom(kind, atom.grad, atom.acc))

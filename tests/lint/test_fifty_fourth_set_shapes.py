@@ -87,3 +87,30 @@ if __name__ == "__main__":
 def test_an_inner_loop_counted_by_a_parameter_its_callers_leave_at_one_takes_one_step_per_rollout(
         tmp_path, arguments, reused):
     assert ("KL008" in _codes(tmp_path, EPOCHS.format(arguments=arguments))) is reused
+
+
+# iamseungpil/metacognition-math's supervised distillation: at each labelled position, the student's logits over a
+# teacher's top-k candidate ids, normalised over those candidates, fitted to the teacher's probabilities on them (a
+# forward KL over the candidates, on dataset sequences): no k1 of the policy's samples
+TOP_K = """\
+import torch
+
+
+def distill_loss(model, batch, coef):
+    outputs = model(batch.input_ids)
+    logits = outputs.logits[:, :-1, :]
+    total = outputs.loss
+    for row in range(logits.shape[0]):
+        for pos in range(logits.shape[1]):
+            ids = batch.teacher_topk_ids[row, pos]
+            teacher_probs = torch.softmax(batch.teacher_topk_logprobs[row, pos], dim=-1)
+            student_log_probs = torch.log_softmax(logits[row, pos, ids], dim=-1)
+            teacher_log_probs = torch.log(teacher_probs.clamp_min(1e-12))
+            kl = torch.sum(teacher_probs * (teacher_log_probs - student_log_probs))
+            total = total + coef * kl
+    total.backward()
+"""
+
+
+def test_log_probs_normalised_over_a_positions_candidate_ids_are_a_distribution_not_a_pick(tmp_path):
+    assert "KL001" not in _codes(tmp_path, TOP_K)
