@@ -18,7 +18,7 @@ import libcst as cst
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.project import Project
 from klaudit.lint.syntax import dotted, number_value, walk
-from klaudit.lint.update_loops import nearby_modules
+from klaudit.lint.update_loops import importers_afar, nearby_modules
 
 # a module that takes the name from an installed framework builds that framework's class, not the project's
 _FRAMEWORKS = frozenset(("trl", "verl", "openrlhf", "transformers", "nemo_rl", "areal", "roll"))
@@ -67,11 +67,14 @@ def _constructed_number(path: str, project: Project, classdef: cst.ClassDef, att
 
 
 def _constructions(path: str, project: Project, name: str) -> list[tuple[cst.CSTNode, cst.Call]] | None:
-    """(the function or module around it, the call) of each `name(...)` the module at `path` and the modules near
-    it write; None where one of them uses the name otherwise (derives from it, hands it on, builds `x.name(...)`)
-    or cannot be parsed. A module that imports the name from an installed framework builds that class instead."""
+    """(the function or module around it, the call) of each `name(...)` the module at `path`, the modules near it
+    and the modules anywhere that import it or its module write; None where one of them uses the name otherwise
+    (derives from it, hands it on, builds `x.name(...)`) or cannot be parsed. A module that imports the name from
+    an installed framework builds that class instead."""
     found: list[tuple[cst.CSTNode, cst.Call]] = []
-    for place in [project.key(path), *nearby_modules(Path(project.key(path)), project, siblings=True)]:
+    places = [project.key(path), *nearby_modules(Path(project.key(path)), project, siblings=True),
+              *importers_afar(path, name, project)]
+    for place in dict.fromkeys(project.key(place) for place in places):
         text = project.raw_text(place)
         if text is None or name not in text:
             continue
@@ -83,10 +86,11 @@ def _constructions(path: str, project: Project, name: str) -> list[tuple[cst.CST
         calls = _calls_only(tree, name)
         if calls is None:
             return None
-        found += [(caller, node) for caller in _callers(tree) for node in _own(caller, (cst.Call,))
-                  if type(node.func) is cst.Name and node.func.value == name]
-        if len(found) < len(calls):
+        here = [(caller, node) for caller in _callers(tree) for node in _own(caller, (cst.Call,))
+                if type(node.func) is cst.Name and node.func.value == name]
+        if len(here) < len(calls):
             return None  # a call in a decorator, a default or a class body: not one the search above sees
+        found += here
     return found
 
 

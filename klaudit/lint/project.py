@@ -132,6 +132,21 @@ class Project:
             self._package_parents = found
         return self._package_parents
 
+    def python_files(self) -> list[str]:
+        """Every Python file under the roots (a root that is a file is itself one), hidden and build folders left
+        out as `package_parents` leaves them, listed once."""
+        def listed() -> list[str]:
+            found: list[str] = []
+            for root in self.roots:
+                if root.is_file():
+                    found.append(str(root))
+                    continue
+                for directory, subdirs, files in os.walk(root):
+                    subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d not in _SKIPPED)
+                    found += [os.path.join(directory, file) for file in sorted(files) if file.endswith(".py")]
+            return found
+        return self.remembered(("python files",), listed)
+
     def _text(self, key: str) -> str | None:
         """The text of the module file `key` (a resolved path) if it has KL or log-prob vocabulary, or is
         a package's __init__ (which may re-export a loss helper: `from .loss import agg`): another

@@ -18,7 +18,6 @@ And `trained_by_a_later_loop`: what a function that draws the samples computes (
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -351,23 +350,8 @@ def importers_afar(path: str, name: str, project: Project) -> list[str]:
     imports = re.compile(rf"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import[ \t]+(?:\([^)]*|[^\n]*)"
                          rf"\b(?:{re.escape(name)}|{re.escape(module.stem)})\b", re.MULTILINE)
     defines = re.compile(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}\b", re.MULTILINE)
-    return [other for other in _python_files(project) if project.key(other) not in near
+    return [other for other in project.python_files() if project.key(other) not in near
             and name in (text := project.raw_text(other) or "") and imports.search(text) and not defines.search(text)]
-
-
-def _python_files(project: Project) -> list[str]:
-    """Every Python file under the linted roots (hidden folders and caches left out), listed once per project."""
-    def listed() -> list[str]:
-        found = []
-        for root in project.roots:
-            if root.is_file():
-                found.append(str(root))
-                continue
-            for folder, folders, files in os.walk(root):
-                folders[:] = sorted(f for f in folders if not f.startswith(".") and f not in ("__pycache__", "node_modules"))
-                found += [os.path.join(folder, file) for file in sorted(files) if file.endswith(".py")]
-        return found
-    return project.remembered(("python files",), listed)
 
 
 def _nearby(path: Path, project: Project, siblings: bool) -> list[str]:

@@ -55,6 +55,7 @@ def _codes(tmp_path, source="args.beta", keyword="beta=0", passed="args=training
     (tmp_path / "trainer.py").write_text(TRAINER.format(source=source))
     (tmp_path / "train.py").write_text(LAUNCH.format(keyword=keyword, passed=passed, after=after))
     for name, text in (extra or {}).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     result = lint_paths([str(tmp_path)], jobs=1)
     assert result.errors == []
@@ -79,6 +80,9 @@ def test_a_coefficient_every_construction_sets_to_zero_switches_the_kl_term_off(
     ({"source": "beta"}, "the parameter's default, 0.04"),
     ({"extra": {"sweep.py": "from trainer import KLTrainer\n\n\ndef run(m, r, cfg):\n"
                             "    return KLTrainer(m, r, args=cfg)\n"}}, "a second construction with a config it does not spell"),
+    ({"extra": {"experiments/sweeps/large/run.py": "from trl import GRPOConfig\nfrom trainer import KLTrainer\n\n\n"
+                "def run(m, r):\n    return KLTrainer(m, r, args=GRPOConfig(output_dir='x', beta=0.1))\n"}},
+     "a construction in a folder far from the trainer's, with another coefficient"),
     ({"extra": {"sub.py": "from trainer import KLTrainer\n\n\nclass Sub(KLTrainer):\n    pass\n"}}, "a derived class"),
     ({"extra": {"reg.py": "from trainer import KLTrainer\n\nTRAINERS = {'kl': KLTrainer}\n"}}, "the class handed on"),
 ])
