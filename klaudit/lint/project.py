@@ -132,21 +132,6 @@ class Project:
             self._package_parents = found
         return self._package_parents
 
-    def python_files(self) -> list[str]:
-        """Every Python file under the roots (a root that is a file is itself one), hidden and build folders left
-        out as `package_parents` leaves them, listed once."""
-        def listed() -> list[str]:
-            found: list[str] = []
-            for root in self.roots:
-                if root.is_file():
-                    found.append(str(root))
-                    continue
-                for directory, subdirs, files in os.walk(root):
-                    subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d not in _SKIPPED)
-                    found += [os.path.join(directory, file) for file in sorted(files) if file.endswith(".py")]
-            return found
-        return self.remembered(("python files",), listed)
-
     def _text(self, key: str) -> str | None:
         """The text of the module file `key` (a resolved path) if it has KL or log-prob vocabulary, or is
         a package's __init__ (which may re-export a loss helper: `from .loss import agg`): another
@@ -285,6 +270,22 @@ class Project:
 # (`sum_sum`, `token_average`; those read by name, `masked_mean`, keep that reading): followed into any module
 _LOSS_HELPER = re.compile(r"loss", re.IGNORECASE)
 _REDUCTION_HELPER = re.compile(r"(?<![a-z])(?:sum|mean|avg|average|agg|aggregate|reduce)(?![a-z])", re.IGNORECASE)
+
+
+def python_files(project: Project) -> list[str]:
+    """Every Python file under the project's roots (a root that is a file is itself one), hidden and build folders
+    left out as `Project.package_parents` leaves them, listed once per project."""
+    def listed() -> list[str]:
+        found: list[str] = []
+        for root in project.roots:
+            if root.is_file():
+                found.append(str(root))
+                continue
+            for directory, subdirs, files in os.walk(root):
+                subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d not in _SKIPPED)
+                found += [os.path.join(directory, file) for file in sorted(files) if file.endswith(".py")]
+        return found
+    return project.remembered(("python files",), listed)
 
 
 def names_loss_helper(name: str) -> bool:

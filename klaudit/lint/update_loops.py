@@ -21,12 +21,12 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from klaudit.frameworks.options import configured_values, option_defaults
 from klaudit.lint import roles
+from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import (
     SCOPES,
     child_nodes,
@@ -42,9 +42,6 @@ from klaudit.lint.syntax import (
     statement_nodes,
     walk,
 )
-
-if TYPE_CHECKING:
-    from klaudit.lint.project import Project
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
@@ -350,7 +347,7 @@ def importers_afar(path: str, name: str, project: Project) -> list[str]:
     imports = re.compile(rf"^[ \t]*(?:from[ \t]+[\w.]+[ \t]+)?import[ \t]+(?:\([^)]*|[^\n]*)"
                          rf"\b(?:{re.escape(name)}|{re.escape(module.stem)})\b", re.MULTILINE)
     defines = re.compile(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}\b", re.MULTILINE)
-    return [other for other in project.python_files() if project.key(other) not in near
+    return [other for other in python_files(project) if project.key(other) not in near
             and name in (text := project.raw_text(other) or "") and imports.search(text) and not defines.search(text)]
 
 
