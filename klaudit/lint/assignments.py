@@ -110,6 +110,8 @@ class AssignmentFlow(FlowState):
         if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them
             value = tuple(f for f in value if f.role != "tensor" or f.poly is None or not f.poly.atoms())
         kind = roles.sink_of_name(name) if name else None
+        if kind == "loss" and type(target) is cst.Name and name in self.python_numbers():
+            kind = None  # `total_loss += loss.item()`: a number kept for the log is no loss, whatever it is named
         if kind is None and type(target) is cst.Subscript and roles.sink_of_name(last_name(target.value)) == "reward":
             kind = "reward"  # `rewards["total"] = rewards["total"] - beta * kl`: an entry of a dict of rewards
         if kind == "reward" and node is not None:

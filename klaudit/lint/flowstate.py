@@ -23,6 +23,7 @@ from klaudit.lint.syntax import (
     encodes_one_text,
     measured_names,
     overwritten_assignments,
+    python_number_names,
     reads_a_measure,
 )
 
@@ -76,6 +77,7 @@ class FlowState:
         self._detached_entries: frozenset[tuple[str, str]] | None = None
         self._overwritten: frozenset[cst.Assign] | None = None
         self._measured: frozenset[str] | None = None
+        self._numbers: frozenset[str] | None = None
 
     def detached_entries(self) -> frozenset[tuple[str, str]]:
         """(container, key) of the entries the function detaches somewhere (klaudit.lint.syntax.detached_entries)."""
@@ -88,6 +90,12 @@ class FlowState:
         if self._overwritten is None:
             self._overwritten = overwritten_assignments(self.func)
         return self._overwritten
+
+    def python_numbers(self) -> frozenset[str]:
+        """The function's names bound only to Python numbers (klaudit.lint.syntax.python_number_names)."""
+        if self._numbers is None:
+            self._numbers = python_number_names(self.func)
+        return self._numbers
 
     def one_sequence_at_a_time(self) -> bool:
         """Whether the statement being run handles one sequence: in a loop over the drawn samples one by one, in a

@@ -214,6 +214,66 @@ def overwritten_assignments(function: cst.CSTNode) -> frozenset[cst.Assign]:
     return frozenset(found)
 
 
+# Calls whose result is a Python number, never a tensor: `loss.item()`, `float(kl)`, `round(x, 4)`, `len(rows)`
+_TO_NUMBER = frozenset({"float", "int", "round", "len"})
+
+
+def python_number_names(function: cst.CSTNode) -> frozenset[str]:
+    """The names `function` binds only to Python numbers: literals, `x.item()`, `float(x)`, and sums of these and
+    of such names (`total_loss = 0.0` then `total_loss += loss.item()`). A number holds no gradient and no tensor
+    graph: accumulating a detached loss there is logging, however the name reads. A name bound in any other way
+    (a parameter, a loop target, an unpacking, a tensor) is not one."""
+    bound: dict[str, list[cst.BaseExpression | None]] = {}
+
+    def bind(target: cst.CSTNode, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            bound.setdefault(target.value, []).append(value)
+        else:  # an unpacking, a loop target: its names are bound some other way than to `value`
+            for name in walk(target):
+                if isinstance(name, cst.Name):
+                    bound.setdefault(name.value, []).append(None)
+
+    params = {param.name.value for param in walk(function) if isinstance(param, cst.Param)}
+    for node in walk(function):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                bind(target.target, node.value if len(node.targets) == 1 else None)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            bind(node.target, node.value)
+        elif isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
+            bind(node.target, None)
+        elif isinstance(node, cst.AsName):
+            bind(node.name, None)
+    numbers = {name for name, values in bound.items() if name not in params}
+    changed = True
+    while changed:  # drop names bound to anything but a number, until what is left is closed
+        changed = False
+        for name in list(numbers):
+            if not all(value is not None and _is_number(value, numbers) for value in bound[name]):
+                numbers.discard(name)
+                changed = True
+    return frozenset(numbers)
+
+
+def _is_number(node: cst.BaseExpression, numbers: set[str]) -> bool:
+    """Whether `node` is a Python number given that `numbers` are."""
+    if type(node) in (cst.Integer, cst.Float):
+        return True
+    if type(node) is cst.Name:
+        return node.value in numbers
+    if type(node) is cst.UnaryOperation:
+        return _is_number(node.expression, numbers)
+    if type(node) is cst.BinaryOperation:
+        return _is_number(node.left, numbers) and _is_number(node.right, numbers)
+    if type(node) is cst.IfExp:
+        return _is_number(node.body, numbers) and _is_number(node.orelse, numbers)
+    if type(node) is cst.Call:
+        if type(node.func) is cst.Attribute:
+            return node.func.attr.value == "item" and not node.args
+        return type(node.func) is cst.Name and node.func.value in _TO_NUMBER
+    return False
+
+
 _MEASURES = frozenset({"shape", "size", "numel", "nelement", "ndim", "dim", "len", "count_nonzero"})
 
 

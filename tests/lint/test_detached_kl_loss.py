@@ -235,3 +235,49 @@ def test_a_cut_copy_of_a_trained_kl_term_logged_into_metrics_is_not_row_1c(tmp_p
     """verl's actors log `metrics["actor/kl_loss"] += kl_loss.detach().item()` after adding the same term, with its
     gradient, to the loss (AgentCombo/DEEP-GRPO): the copy is for the log; the trained term keeps its verdict."""
     assert module_codes(LOGGED_INTO_METRICS, tmp_path) == [(12, "KL001"), (12, "KL003")]  # rows 1 and 2
+
+
+NUMBER_TOTALS = POLICY + """\
+    def group_loss(policy, ref_model, batch, kl_coef):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+        pg = -(batch["advantages"] * logp).sum()
+        return pg + kl_coef * (logp - ref_logp).sum()
+
+
+    def train(policy, ref_model, groups, optimizer, kl_coef=0.05):
+        total_loss_val = 0.0
+        q_loss_val: float = 0.0
+        for batch in groups:
+            if batch["solve"]:
+                loss = group_loss(policy, ref_model, batch, kl_coef)
+                loss.backward()
+                total_loss_val += loss.item()
+                q_loss_val += loss.item()
+            else:
+                group = group_loss(policy, ref_model, batch, kl_coef)
+                group.backward()
+                total_loss_val += group.item()
+            optimizer.step()
+        return total_loss_val / len(groups), q_loss_val
+"""
+
+
+def test_a_loss_summed_into_a_python_number_for_the_log_is_not_row_1c(tmp_path):
+    """Prem01-cyber/finetune_qwen backpropagates each group's loss, then sums `loss.item()` into `total_loss_val =
+    0.0` from two branches: a Python number, which holds no gradient, kept for the log (six false KL001 before).
+    The trained term keeps its verdict (k1 as a loss, row 1); a number added to a trained loss is still row 1c."""
+    assert module_codes(NUMBER_TOTALS, tmp_path) == [(14, "KL001")]
+    number_in_a_loss = POLICY + """\
+    def train_step(policy, ref_model, batch, optimizer, beta=0.05):
+        logp = token_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model, batch)
+        kl_loss_val = 0.0
+        kl_loss_val += (logp - ref_logp).mean().item()
+        loss = -(batch["advantages"] * logp).mean() + beta * kl_loss_val
+        loss.backward()
+        optimizer.step()
+"""
+    assert module_codes(number_in_a_loss, tmp_path) == [(15, "KL001")]  # at the loss it is added to
