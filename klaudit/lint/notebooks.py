@@ -105,8 +105,10 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
         starts.append((number, len(code) + 1))
         text.extend(written)
         lines = _without_leading_indent(written)
-        whole_shell = lines[0].strip() in _SHELL_CELLS
-        whole_magic = lines[0].lstrip().startswith("%%")
+        # IPython drops a cell's leading blank lines before it looks for a cell magic (`\n%%chatglm` is one)
+        first = next((index for index, line in enumerate(lines) if line.strip()), 0)
+        whole_shell = lines[first].strip() in _SHELL_CELLS
+        whole_magic = lines[first].lstrip().startswith("%%")
         continued = None  # while a magic or shell line goes on over a trailing backslash: whether it is shell
         for index, line in enumerate(lines):
             if not python:
@@ -121,8 +123,8 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
             magic = _MAGIC.match(line) or _automagic(line)
             command = _SHELL.match(line)
             if whole_magic:
-                code.append("" if index else "pass")
-                shell.append(line if whole_shell and index else "")
+                code.append("pass" if index == first else "")
+                shell.append(line if whole_shell and index > first else "")
             elif magic is not None:
                 code.append(f"{magic.group('indent')}pass")
                 shell.append(" " * command.start("command") + command.group("command") if command else "")

@@ -40,6 +40,15 @@ def test_code_cells_are_joined_and_magics_set_aside():
     assert book.text.splitlines()[3] == "files = !ls"
 
 
+def test_a_cell_magic_after_blank_lines_takes_the_whole_cell():
+    # HuichuanLI/play-with-instruct-model: IPython drops a cell's leading blank lines, so `%%chatglm` on the second
+    # line is still a cell magic and the prompt under it is no Python (a false KL000 before)
+    text = notebook(("code", "\n%%chatglm\n\n\u4f60\u662f\u8c01\uff1f"), ("code", "\n%%bash\necho hi\n"))
+    book = read_notebook("n.ipynb", text.encode())
+    assert book.code.splitlines() == ["", "pass", "", "", "", "pass", ""]
+    assert book.shell.splitlines()[6] == "echo hi"
+
+
 def test_a_cell_pasted_with_an_indent_runs_as_ipython_runs_it(tmp_path):
     # huggingface/cookbook: a cell whose first line starts with a space; IPython takes that indent off
     # every line that has it, so the cell runs, and its KL code is linted like any other
