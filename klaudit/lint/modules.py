@@ -199,7 +199,7 @@ class Module:
             self._fresh[key] = steps_on_fresh_samples(
                 func, methods, self.tree, self._calls_of, configs=self.project.configs,
                 called_elsewhere=lambda name, method, steps: drawn_before_the_call_elsewhere(
-                    name, method, self.path, self.project, self._calls_of) if steps else called_on_fresh_samples(
+                    name, method, self.path, self.project, self._calls_of, cls) if steps else called_on_fresh_samples(
                     name, method, self.path, self.project, self._calls_of, owner=cls))
         return self._fresh[key]
 

@@ -230,12 +230,13 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
 
 
 def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,
-                    also: Sequence[str] = ()) -> list[tuple] | None:
+                    also: Sequence[str] = (), twice: bool = False) -> list[tuple] | None:
     """(module, its caller's methods, the caller's calls, the call's index among them, the loops around it) of each
     call of the function `name` (a method where `method`: `x.name(...)`) that the modules of the folder of `path`,
     the folder above, the linted roots and `also` make (each module but `path` itself); a docstring's or comment's
     `name(...)` is none. None where one function calls it twice (the second call may train the first's samples
-    again) or a module holding such text cannot be parsed."""
+    again), unless `twice` (the caller then looks at what comes between), or a module holding such text cannot be
+    parsed."""
     called = re.compile(rf"\.{re.escape(name)}\s*\(" if method else rf"(?<![\w.]){re.escape(name)}\s*\(")
     places = [other for other in dict.fromkeys([*nearby_modules(Path(project.key(path)), project), *also])
               if name in project.called_names(other) and (text := project.raw_text(other)) is not None
@@ -249,7 +250,7 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
             calls = calls_of(caller)
             made = [(other, methods, calls, i, loops) for i, (call, loops) in enumerate(calls)
                     if last_name(call.func) == name and (type(call.func) is cst.Attribute) == method]
-            if len(made) > 1:
+            if len(made) > 1 and not twice:
                 return None
             found += made
     return found
@@ -277,16 +278,28 @@ def named_beyond_declarations(text: str, name: str, calls: bool = True) -> bool:
 
 
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
-                                    calls_of: CallIndex) -> bool:
-    """Whether each call of the function `name` that other modules make (`calls_elsewhere`) comes right after its
-    caller draws new samples, the caller taking no step of its own (`generate_batch_responses(model, ...)` then
-    `trainer.train_step(...)` in each round of a script's loop, or of each of two scripts' loops): each call then
-    trains on the policy that drew them. False where they make none."""
-    found = calls_elsewhere(name, method, path, project, calls_of) or []
+                                    calls_of: CallIndex, owner: str | None = None) -> bool:
+    """Whether each call of the function `name` that other modules make (`calls_elsewhere`, and the modules anywhere
+    that import it, its class `owner` or its module, `importers_afar`) comes right after its caller draws new samples, the caller taking
+    no step of its own (`generate_batch_responses(model, ...)` then `trainer.train_step(...)` in each round of a
+    script's loop, or of each of two scripts' loops; a warm-up step on a batch drawn for it, then the loop): each call
+    then trains on the policy that drew them. A call the same function made before with no draw in between trains
+    those samples again. False where they make none."""
+    afar = importers_afar(path, owner if method and owner else name, project)
+    found = calls_elsewhere(name, method, path, project, calls_of, afar, twice=True) or []
     return bool(found) and all(
         not takes_a_step(calls)
-        and _drawn_since(index, loops, calls, other, _drawing(methods, other, calls_of), project.configs) is True
+        and _drawn_since(index, loops, calls, other, drawing := _drawing(methods, other, calls_of), project.configs)
+        is True and _drawn_after_each_earlier_call(index, calls, found, drawing)
         for other, methods, calls, index, loops in found)
+
+
+def _drawn_after_each_earlier_call(index: int, calls: OrderedCalls, found: list[tuple],
+                                   drawing: Callable[[cst.Call], bool]) -> bool:
+    """Whether, between each earlier call of `found` in the same function (the same `calls`) and the one at
+    `index`, samples are drawn anew."""
+    earlier = [at for _, _, others, at, _ in found if others is calls and at < index]
+    return all(any(drawing(call) for call, _ in calls[at + 1:index]) for at in earlier)
 
 
 def called_on_fresh_samples(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,

@@ -1,0 +1,75 @@
+"""Shapes of code met in the fifty-fifth blind set that the lint misread.
+
+- ParkerWilliams/dtype-rlhf: the trainer's `ppo_step` (src/algorithms/ppo.py) takes one optimizer step per call and
+  nothing in its package calls it; the script that does (scripts/run_ppo_sweep.py) imports the class from afar and
+  calls the step twice, once on a warm-up batch drawn for it and once in each round of its loop, each right after it
+  generates: both are on the policy that drew them, so the ratio to the rollout's log-probs is 1 (a false KL008).
+- Prem01-cyber/finetune_qwen: `total_loss_val += loss.item()` after `loss.backward()`, a Python number kept for the
+  log, read as a loss the KL reached without its gradient (six false KL001: tests/lint/test_detached_kl_loss.py).
+- HuichuanLI/play-with-instruct-model: a notebook cell that opens with a blank line before `%%chatglm` is a cell
+  magic, as IPython reads it (a false KL000: tests/lint/test_notebooks.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+
+TRAINER = """\
+import torch
+
+
+class PPOTrainer:
+    def ppo_step(self, raw_batch):
+        logprobs = self.policy(raw_batch["ids"])
+        ratio = torch.exp(logprobs - raw_batch["old_log_probs"])
+        policy_loss = -(ratio * raw_batch["advantages"]).mean()
+        kl = torch.exp(raw_batch["ref"] - logprobs) - (raw_batch["ref"] - logprobs) - 1
+        loss = policy_loss + 0.1 * kl.mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+SCRIPT = """\
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from src.algorithms.ppo import PPOTrainer
+
+
+def create_batch(policy, prompts):
+    return {{"ids": policy.model.generate(prompts)}}
+
+
+def main(policy, prompts, steps):
+    trainer = PPOTrainer()
+    warmup = create_batch(policy, prompts)
+    trainer.ppo_step(warmup)
+{between}    for step in range(steps):
+        raw_batch = create_batch(policy, prompts)
+        trainer.ppo_step(raw_batch)
+"""
+
+
+def _codes(tmp_path, between):
+    algorithms = tmp_path / "src" / "algorithms"
+    algorithms.mkdir(parents=True)
+    (algorithms / "ppo.py").write_text(TRAINER)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "run_sweep.py").write_text(SCRIPT.format(between=between))
+    result = lint_paths([str(tmp_path)], jobs=1)
+    return {finding.code for finding in result.findings if finding.path.endswith("ppo.py")}
+
+
+@pytest.mark.parametrize("between, stale", [
+    ("", False),  # a warm-up step on its own batch, then one step per fresh batch: on-policy
+    ("    trainer.ppo_step(warmup)\n", True),  # the warm-up batch trained twice: the second step is on older samples
+])
+def test_a_step_a_far_script_calls_right_after_each_draw_is_on_policy(tmp_path, between, stale):
+    codes = _codes(tmp_path, between)
+    assert "KL002" in codes  # k3 as a loss (row 3) either way
+    assert ("KL008" in codes) is stale
