@@ -90,6 +90,11 @@ SYNC_STEP, STALENESS = "async_training.trigger_parameter_sync_step", "async_trai
 ASYNC_DEFAULTS = {SYNC_STEP: "4", STALENESS: "0.1"}
 ASYNC_LAUNCH = re.compile(r"fully_async_policy[./]fully_async_main\b")
 MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+# The older key (the per-GPU one came in 0.2; the legacy workers read both up to 0.8): the micro-batch of all the
+# GPUs, which each worker divides by the number of GPUs over the sequence-parallel size
+LEGACY_MICRO_BATCH = "actor_rollout_ref.actor.ppo_micro_batch_size"
+WORLD_DEFAULTS = {"trainer.n_gpus_per_node": "8", "trainer.nnodes": "1",
+                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "1"}
 DYNAMIC_BATCH = "actor_rollout_ref.actor.use_dynamic_bsz"
 TOTAL_EPOCHS, VAL_ONLY = "trainer.total_epochs", "trainer.val_only"  # a launch that sets 0 / true trains nothing
 # one update, at the learning rate of the schedule's first step (0 in copies whose schedule ramps from 0)
@@ -121,10 +126,13 @@ FIXES = {
               "ref_log_prob, response_mask, old_logprobs=old_log_prob).loss (R-F)"),
 }
 
+
 # KL007 when the token-mean is over micro-batches of one response (no flag fix: the help changes the mode)
-MICRO_BATCH_FIX = (f"{LOSS_AGG_MODE}=seq-mean-token-sum-norm (each response's sum over a constant, the padded "
-                   "response length: multiply the coefficient by about that length over the mean response length "
-                   f"to keep the strength), or {more_responses_per_micro_batch(MICRO_BATCH)}")
+def _micro_batch_fix(key: str) -> str:
+    return (f"{LOSS_AGG_MODE}=seq-mean-token-sum-norm (each response's sum over a constant, the padded response "
+            "length: multiply the coefficient by about that length over the mean response length to keep the "
+            f"strength), or {more_responses_per_micro_batch(key)}")
+
 
 # The fixes that are one flag's value, at the flag where the file sets it (the others change the
 # KL's placement, whose coefficient conversion depends on the response length: no mechanical fix).
@@ -212,18 +220,23 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
         flags += listed(settings, {**STEP_DEFAULTS, **({AGENTS: "1"} if AGENTS in settings else {})})
     if ahead:
         flags += listed(settings, ASYNC_DEFAULTS)
-    if per_response:
+    micro_batch = MICRO_BATCH if MICRO_BATCH in settings else LEGACY_MICRO_BATCH
+    if per_response and micro_batch == MICRO_BATCH:
         flags += f", {MICRO_BATCH.rsplit('.', 1)[-1]}=1 (a token-mean over each micro-batch before verl 0.8)"
+    elif per_response:
+        flags += (f", {micro_batch.rsplit('.', 1)[-1]}={settings[micro_batch].value}"
+                  f"{listed(settings, WORLD_DEFAULTS)}: one response per GPU's micro-batch, whose tokens verl averages "
+                  "before 0.8")
     epochs = settings[EPOCHS].value if EPOCHS in settings else None
     stale_keys = (EPOCHS, MINI_BATCH, TRAIN_BATCH) if (number(epochs or "") or 1) > 1 else (MINI_BATCH, TRAIN_BATCH)
     stale_by = next((settings[key] for key in stale_keys if key in settings), None)  # epochs when they cause it
     if ahead and steps <= 1:
         stale_by = settings.get(ahead)
-    aggregated_by = settings.get(MICRO_BATCH) if per_response else settings.get(LOSS_AGG_MODE)
+    aggregated_by = settings.get(micro_batch) if per_response else settings.get(LOSS_AGG_MODE)
     anchors = {rule: setting for rule, setting in (("KL007", aggregated_by),
                                                    ("KL004", settings.get(KL_PENALTY)), ("KL008", stale_by))
                if setting is not None}
-    helps = {"KL007": MICRO_BATCH_FIX} if per_response else {}
+    helps = {"KL007": _micro_batch_fix(micro_batch)} if per_response else {}
     return Judged(config, anchor, flags, anchors, helps)
 
 
@@ -257,9 +270,24 @@ def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assu
 
     present = legacy_workers != NO_LEGACY_WORKERS if legacy_workers is not None else not at_least(assumed, "0.8")
     workers = literal(LEGACY_WORKERS) if LEGACY_WORKERS in settings else legacy_workers or "auto"
-    return (present and number(literal(MICRO_BATCH) or "") == 1
+    return (present and _responses_per_gpu_micro_batch(settings) == 1
             and truthy(literal(DYNAMIC_BATCH) or "false") is False
             and (workers or "").lower() in ("auto", "enable"))
+
+
+def _responses_per_gpu_micro_batch(settings: Mapping[str, Setting]) -> float | None:
+    """The responses of each GPU's micro-batch: `ppo_micro_batch_size_per_gpu`, or the older `ppo_micro_batch_size`
+    floor-divided by the GPUs (n_gpus_per_node x nnodes) over the sequence-parallel size, as the legacy workers do
+    (`trainer.n_gpus_per_node` defaults to 8). None where a value is not a number written in the file."""
+    if MICRO_BATCH in settings:
+        return number(settings[MICRO_BATCH].value or "")
+    if LEGACY_MICRO_BATCH not in settings:
+        return None
+    total, gpus, nodes, parallel = (number((settings[key].value if key in settings else default) or "")
+                                    for key, default in {LEGACY_MICRO_BATCH: "", **WORLD_DEFAULTS}.items())
+    if total is None or gpus is None or nodes is None or not parallel or gpus * nodes // parallel < 1:
+        return None
+    return total // (gpus * nodes // parallel)
 
 
 # A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`).

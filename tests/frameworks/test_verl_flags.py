@@ -416,6 +416,16 @@ def codes_on(context: Context, *flags: str) -> list[str]:
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
       "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"], ["KL002"]),  # a constant divisor
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$MICRO"], ["KL002"]),  # computed: decides nothing
+    # the older key counts the micro-batch of all the GPUs, which each worker divides by their number (Manto/chess-
+    # reasoning-zero: 2 over trainer.n_gpus_per_node=2 is one response per GPU)
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=2", "trainer.n_gpus_per_node=2"], ["KL002", "KL007"]),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=8"], ["KL002", "KL007"]),  # over the default of 8 GPUs
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=8", "trainer.n_gpus_per_node=4"], ["KL002"]),  # two per GPU
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=4", "trainer.n_gpus_per_node=2", "trainer.nnodes=2"],
+     ["KL002", "KL007"]),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=2", "trainer.n_gpus_per_node=4",
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], ["KL002", "KL007"]),  # a pair of GPUs per sequence
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=2", "trainer.n_gpus_per_node=$GPUS"], ["KL002"]),
 ])
 def test_a_token_mean_over_micro_batches_of_one_response_is_a_per_sequence_mean(flags, expected):
     assert codes_on(VERL_05, "actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
