@@ -482,8 +482,9 @@ def _pyproject(directory: Path) -> dict:
 def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py,
     the packages a Dockerfile's or a setup script's `pip install` (or `uv add`) commands name and those a conda
-    environment file lists (one per line, as a requirements file)."""
-    sources = [(path.name, read_text(path)) for path in sorted(directory.glob("requirements*.txt"))]
+    environment file lists (one per line, as a requirements file); a requirements file written by `conda list
+    --export` is read as pip would spell it."""
+    sources = [(path.name, _as_requirements(read_text(path))) for path in sorted(directory.glob("requirements*.txt"))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
                     *(item for group in project.get("optional-dependencies", {}).values() for item in group)]
@@ -495,6 +496,19 @@ def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
     sources += [(path.name, _conda_listed(read_text(path))) for path in sorted(directory.glob("*.y*ml"))
                 if _CONDA_FILE.match(path.name)]
     return sources
+
+
+# `conda list --export`, saved as requirements.txt for `conda create --file`: a `# platform:` line, then one
+# `name=version=build` a line (`trl=0.15.1=pypi_0`)
+_CONDA_EXPORT = re.compile(r"^# platform: ", re.MULTILINE)
+_EXPORTED = re.compile(r"^([\w.-]+)=([\w.]+)(?:=\S*)?$", re.MULTILINE)
+
+
+def _as_requirements(text: str | None) -> str | None:
+    """A requirements file's text, a conda export's `name=version=build` lines turned into `name==version`."""
+    if text is None or not _CONDA_EXPORT.search(text):
+        return text
+    return _EXPORTED.sub(r"\1==\2", text)
 
 
 # A conda environment file (`conda env create -f environment.yml`): its `dependencies`, the `pip:` list among them

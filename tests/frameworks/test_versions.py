@@ -389,6 +389,20 @@ def test_a_conda_environment_file_states_a_pinned_release(tmp_path, listed, expe
     assert detect([tmp_path]).get("trl") == expected
 
 
+@pytest.mark.parametrize("header, expected", [
+    ("# platform: linux-64\n", Assumed("0.15", "0.15.1 in requirements.txt")),
+    ("", None),  # without conda's header, `name=version` is no requirement pip reads
+])
+def test_a_conda_export_saved_as_requirements_states_the_release(tmp_path, header, expected):
+    """bbirdxr/GRPO-Qwen2.5-7B-Medicine (fifty-fifth set) saves `conda list --export` as requirements.txt:
+    `trl=0.15.1=pypi_0` is TRL 0.15.1, whose GRPO loss averages each completion over its own tokens (KL007 beside
+    KL002), not the default release's."""
+    (tmp_path / "requirements.txt").write_text(
+        "# This file may be used to create an environment using:\n# $ conda create --name <env> --file <this file>\n"
+        + header + "_libgcc_mutex=0.1=main\ntransformers=4.48.3=pypi_0\ntrl=0.15.1=pypi_0\n")
+    assert detect([tmp_path]).get("trl") == expected
+
+
 def test_a_readme_s_pinned_pip_install_states_the_release_where_no_file_of_the_code_does(tmp_path):
     """wangyu0627/MLLMRec-R1 (fifty-first set) has no requirements file; its README installs `trl==0.26.2`, whose
     use_bias_correction_kl defaults to False: GRPOConfig(beta=0.1) is plain k3 as a loss (KL002), not TRL 1.10's
