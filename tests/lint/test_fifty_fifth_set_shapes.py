@@ -4,6 +4,9 @@
   nothing in its package calls it; the script that does (scripts/run_ppo_sweep.py) imports the class from afar and
   calls the step twice, once on a warm-up batch drawn for it and once in each round of its loop, each right after it
   generates: both are on the policy that drew them, so the ratio to the rollout's log-probs is 1 (a false KL008).
+- alvareztran/llm-alignment-demo computes its k1 reward at the rollout, then trains it in `for _ in
+  range(config.ppo_epochs)`, whose body calls `ppo_loss_for_rollout(...)` and steps: a call named for a loss over a
+  rollout was read as drawing one, so the loop looked like fresh samples each round (KL008 missed).
 - Prem01-cyber/finetune_qwen: `total_loss_val += loss.item()` after `loss.backward()`, a Python number kept for the
   log, read as a loss the KL reached without its gradient (six false KL001: tests/lint/test_detached_kl_loss.py).
 - HuichuanLI/play-with-instruct-model: a notebook cell that opens with a blank line before `%%chatglm` is a cell
@@ -73,3 +76,47 @@ def test_a_step_a_far_script_calls_right_after_each_draw_is_on_policy(tmp_path, 
     codes = _codes(tmp_path, between)
     assert "KL002" in codes  # k3 as a loss (row 3) either way
     assert ("KL008" in codes) is stale
+
+
+PPO_SCRIPT = """\
+import torch
+
+
+def build_rollout(policy, ref, prompt, config):
+    ids = policy.generate(prompt)
+    with torch.no_grad():
+        old_logprobs = policy.logprobs(ids)
+        ref_logprobs = ref.logprobs(ids)
+    kl = old_logprobs - ref_logprobs
+    rewards = -config.kl_coef * kl
+    return {{"ids": ids, "old_logprobs": old_logprobs, "advantages": rewards.flip(0).cumsum(0).flip(0)}}
+
+
+def {loss_name}(policy, rollout):
+    logprobs = policy.logprobs(rollout["ids"])
+    ratio = torch.exp(logprobs - rollout["old_logprobs"])
+    return -(ratio * rollout["advantages"]).mean()
+
+
+def ppo_update(policy, optimizer, rollouts, config):
+    for _ in range(config.ppo_epochs):
+        optimizer.zero_grad()
+        for rollout in rollouts:
+            {loss_name}(policy, rollout).backward()
+        optimizer.step()
+
+
+def main(policy, ref, optimizer, prompts, config):
+    for prompt in prompts:
+        rollouts = [build_rollout(policy, ref, prompt, config)]
+        ppo_update(policy, optimizer, rollouts, config)
+"""
+
+
+@pytest.mark.parametrize("loss_name", ["ppo_loss_for_rollout", "rollout_loss", "compute_loss"])
+def test_a_loss_named_for_its_rollout_draws_nothing(tmp_path, loss_name):
+    """Every epoch after the first trains the k1 reward of the rollout on an older policy (row 23: KL008), whatever
+    the loss helper in the epoch loop is called."""
+    (tmp_path / "ppo.py").write_text(PPO_SCRIPT.format(loss_name=loss_name))
+    result = lint_paths([str(tmp_path)], jobs=1)
+    assert sorted({finding.code for finding in result.findings}) == ["KL008"]
