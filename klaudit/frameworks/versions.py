@@ -21,7 +21,9 @@ semantics it applied. In order:
    version (`0.18.0.dev0`) lies between two releases (0.17 and 0.18): only what both agree on is
    reported. A commit the table lacks (a fork's, or a newer one) names no release;
 4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
-   newest known release it allows, the one pip installs;
+   newest known release it allows, the one pip installs; or, where one dependency list pins transformers exactly
+   beside TRL (`transformers==4.46.0` and `trl`), the newest TRL whose transformers floor that pin meets, as pip
+   resolves the two together (below every known floor, an older release than klaudit knows);
 5. else an exact pin of the `pip install` commands of the Markdown files of those directories (a README's
    `pip install transformers==4.57.3 trl==0.26.2`), where they agree: the install instructions;
 6. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
@@ -192,6 +194,11 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
             found.setdefault(name, _at_commit(name, commit, where))
         for name, (known, specifier, where) in _bounded(directory).items():
             found.setdefault(name, Assumed(known, f"{specifier} in {where}: the newest release it allows"))
+        for name, (newest, pin, where) in _capped_by_a_pinned_dependency(directory).items():
+            older = newest is None  # below every known line's floor: an older release, judged by the oldest
+            found.setdefault(name, Assumed(newest or KNOWN[name][0], f"{pin} beside {distribution(name)} in {where}: "
+                                           + ("a release older than every known one installs with it" if older
+                                              else "the newest release that installs with it"), older=older))
     for directory in _search_path(roots):  # no file of the code states one: the install instructions may
         for name, (version, where) in _documented_pins(directory).items():
             found.setdefault(name, _assumed_from(name, version, f"{version} in the pip install of {where}"))
@@ -592,6 +599,46 @@ def _bounded(directory: Path) -> dict[str, tuple[str, str, str]]:
             if allowed:
                 bounded.setdefault(name, (allowed[-1], f"{distribution(name)}{match.group('specifier')}", where))
     return bounded
+
+
+# The lowest transformers each TRL line requires (Requires-Dist of its first release, read from the wheels of 0.14.0
+# to 1.16.0; later lines keep 4.56.2): a project that pins transformers below a line's floor cannot install it
+TRANSFORMERS_FLOORS = {"trl": {"0.14": "4.46.0", "0.18": "4.50.0", "0.19": "4.51.0", "0.20": "4.53.2",
+                               "0.21": "4.55.0", "0.23": "4.56.1", "0.27": "4.56.2"}}
+
+
+def _capped_by_a_pinned_dependency(directory: Path) -> dict[str, tuple[str | None, str, str]]:
+    """{framework: (the newest known release that installs with it, the pin, file)} where one dependency list
+    pins transformers exactly (`transformers==4.46.0`) and also names the framework with no upper bound (`trl`,
+    `trl>=0.14`): pip resolves them together, so it takes the newest release whose transformers floor
+    (TRANSFORMERS_FLOORS) the pin meets; None for the release where the pin is below every known line's floor (an
+    older one installs). Nothing where the pin allows the newest, or the framework's own bounds exclude it."""
+    capped: dict[str, tuple[str | None, str, str]] = {}
+    for where, text in _dependency_texts(directory):
+        pin = re.search(rf"(?im){_REQUIREMENT_START}transformers(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])", text or "")
+        if pin is None or _RELEASE.match(pin.group(1)) is None:
+            continue
+        for name, floors in TRANSFORMERS_FLOORS.items():
+            listed = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*"
+                               rf"(?P<specifier>(?:{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)?)\s*(?:[;#\"',\])]|$)", text or "")
+            if listed is None:
+                continue
+            clauses = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip())
+                       for part in listed.group("specifier").split(",") if part.strip()]
+            parsed = [(clause.group(1), clause.group(2)) for clause in clauses if clause is not None]
+            allowed = [known for index, known in enumerate(KNOWN[name])
+                       if release(_floor(floors, known)) <= release(pin.group(1))
+                       and all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+            oldest = release(min(floors.values(), key=release))
+            if allowed and allowed[-1] != KNOWN[name][-1] or release(pin.group(1)) < oldest:
+                capped.setdefault(name, (allowed[-1] if allowed else None, f"transformers=={pin.group(1)}", where))
+    return capped
+
+
+def _floor(floors: Mapping[str, str], known: str) -> str:
+    """The transformers floor of the release line `known`: that of the latest line of `floors` at or before it."""
+    return max(((line, floor) for line, floor in floors.items() if release(line) <= release(known)),
+               key=lambda item: release(item[0]), default=("", "0.0.0"))[1]
 
 
 def _allows(operator: str, version: str, known: str, later: tuple[str, ...]) -> bool:

@@ -403,6 +403,27 @@ def test_a_conda_export_saved_as_requirements_states_the_release(tmp_path, heade
     assert detect([tmp_path]).get("trl") == expected
 
 
+@pytest.mark.parametrize("listed, expected", [
+    # TRL 0.18 needs transformers 4.50, so 4.46.0 installs TRL 0.17 at the newest (Requires-Dist of the wheels)
+    ("transformers==4.46.0\ntrl\n", Assumed("0.17", "transformers==4.46.0 beside trl in requirements.txt: the "
+                                                 "newest release that installs with it")),
+    ("transformers==4.51.3\ntrl>=0.14.0\n", Assumed("0.19", "transformers==4.51.3 beside trl in requirements.txt: "
+                                                         "the newest release that installs with it")),
+    # below TRL 0.14's floor: a release older than GRPOTrainer, judged as the oldest known (it trains no GRPO)
+    ("transformers==4.45.0\ntrl>=0.9.0\n", Assumed("0.14", "transformers==4.45.0 beside trl in requirements.txt: a "
+                                                        "release older than every known one installs with it",
+                                                        older=True)),
+    ("transformers==4.57.0\ntrl\n", None),  # every release installs with it: the default's
+    ("transformers==4.50.0\ntrl>=0.19\n", None),  # no release allows both: nothing is said
+    ("transformers==4.46.0\n", None),  # TRL installed apart: pip upgrades transformers to what TRL needs
+])
+def test_a_transformers_pin_beside_trl_caps_the_release_pip_resolves(tmp_path, listed, expected):
+    """saikiranrallabandi/inframind (fifty-fifth set) lists `transformers==4.45.0` and `trl>=0.9.0` together: pip
+    resolves them at once and cannot install a TRL that needs a newer transformers."""
+    (tmp_path / "requirements.txt").write_text(listed)
+    assert detect([tmp_path]).get("trl") == expected
+
+
 def test_a_readme_s_pinned_pip_install_states_the_release_where_no_file_of_the_code_does(tmp_path):
     """wangyu0627/MLLMRec-R1 (fifty-first set) has no requirements file; its README installs `trl==0.26.2`, whose
     use_bias_correction_kl defaults to False: GRPOConfig(beta=0.1) is plain k3 as a loss (KL002), not TRL 1.10's
