@@ -73,7 +73,7 @@ from klaudit.frameworks.versions import (
     assumed_versions,
     copy_holding,
     detected_near,
-    installed_by_notebook,
+    installed_by_the_file,
     installed_release,
     vendored,
 )
@@ -138,8 +138,8 @@ class Context:
         return here[0] if here else found[0] if len(found) == 1 else None
 
     def release(self, name: str, path: str) -> Assumed:
-        """The release of `name` assumed in the file at `path`: a pin; else the one a notebook installs itself
-        (`%pip install trl==0.14.0`); else the one the code nearest to the file states (OpenRLHF 0.5
+        """The release of `name` assumed in the file at `path`: a pin; else the one the file installs itself (a
+        notebook's `%pip install trl==0.14.0`, a script's Modal image); else the one the code nearest to the file states (OpenRLHF 0.5
         vendored beside the scripts that launch it); else the one its linted root states; else the run's."""
         assumed = self.versions[name]
         if assumed.source == "pinned" or not path:
@@ -148,7 +148,7 @@ class Context:
         own_root = next((versions for root, versions in self.root_versions.items()
                          if file == Path(root) or Path(root) in file.parents), None)
         assumed = own_root.get(name, assumed) if own_root is not None else assumed
-        installed = installed_by_notebook(str(file)) if file.suffix in (".ipynb", ".py") else {}
+        installed = installed_by_the_file(str(file)) if file.suffix in (".ipynb", ".py") else {}
         return installed.get(name) or detected_near(str(file.parent)).get(name, assumed)
 
     @property

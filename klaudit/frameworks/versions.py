@@ -335,9 +335,11 @@ _PIP_INSTALL = re.compile(r"(?:^|[\s!%])(?:pip3?\s+install|uv\s+add)\b(?P<argume
 
 
 @functools.lru_cache(maxsize=64)  # asked for each framework of each notebook
-def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
-    """The releases a notebook installs itself with a pinned `pip install` in its code cells, or in the
-    `get_ipython()` calls of the notebook exported as a script (`jupyter nbconvert --to script`)."""
+def installed_by_the_file(path: str) -> Mapping[str, Assumed]:
+    """The releases a file installs itself: a notebook with a pinned `pip install` in its code cells, or in the
+    `get_ipython()` calls of the notebook exported as a script (`jupyter nbconvert --to script`); a script with the
+    image it runs in (Modal's `Image.debian_slim().pip_install("transformers==4.46.0", "trl>=0.12.0")`), pinned or
+    capped by the transformers it pins (`capped_in`)."""
     lines = _notebook_code(path) if path.endswith(".ipynb") else _exported_shell_lines(path)
     commands = re.sub(r"\\\s*\n", " ", "\n".join(lines))  # a command goes on over a trailing backslash
     found: dict[str, Assumed] = {}
@@ -346,7 +348,34 @@ def installed_by_notebook(path: str) -> Mapping[str, Assumed]:
             pinned = re.search(rf"(?<![\w-]){_spelled(name)}(?:\[[^\]]*\])?==([\w.]+)", command.group("arguments"))
             if pinned is not None and _RELEASE.match(pinned.group(1)) and name not in found:
                 found[name] = _assumed_from(name, pinned.group(1), f"{pinned.group(1)} in the notebook's pip install")
+    image = _image_requirements(path) if path.endswith(".py") else ""
+    for name in KNOWN:
+        pinned = re.search(rf"(?im)^{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)$", image)
+        if pinned is not None and _RELEASE.match(pinned.group(1)):
+            found.setdefault(name, _assumed_from(name, pinned.group(1), f"{pinned.group(1)} in the image's pip_install"))
+    for name, (newest, pin) in capped_in(image).items():
+        found.setdefault(name, Assumed(newest or KNOWN[name][0], f"{pin} beside {distribution(name)} in the image's "
+                                       "pip_install: " + ("a release older than every known one installs with it"
+                                                          if newest is None else "the newest release that installs "
+                                                          "with it"), older=newest is None))
     return found
+
+
+# A container image a script builds and runs its functions in (Modal's `image.pip_install(...)`, `uv_pip_install`)
+_IMAGE_INSTALL = re.compile(r"\.(?:uv_)?pip_install\(\s*(?P<arguments>(?:[^()]|\([^()]*\))*)\)")
+
+
+def _image_requirements(path: str) -> str:
+    """The requirements the images of a script install, one per line (the string arguments of its
+    `.pip_install(...)` calls)."""
+    try:
+        text = file_text(path)
+    except OSError:
+        return ""
+    if ".pip_install(" not in text and ".uv_pip_install(" not in text:
+        return ""
+    return "\n".join(requirement.strip() for call in _IMAGE_INSTALL.finditer(text)
+                     for requirement in re.findall(r"[\"']([^\"'\n]+)[\"']", call.group("arguments")))
 
 
 def _notebook_code(path: str) -> list[str]:
@@ -608,30 +637,39 @@ TRANSFORMERS_FLOORS = {"trl": {"0.14": "4.46.0", "0.18": "4.50.0", "0.19": "4.51
 
 
 def _capped_by_a_pinned_dependency(directory: Path) -> dict[str, tuple[str | None, str, str]]:
-    """{framework: (the newest known release that installs with it, the pin, file)} where one dependency list
-    pins transformers exactly (`transformers==4.46.0`) and also names the framework with no upper bound (`trl`,
+    """{framework: (the newest known release that installs with it, the pin, file)} of the first dependency list
+    of `directory` that caps it (`capped_in`)."""
+    capped: dict[str, tuple[str | None, str, str]] = {}
+    for where, text in _dependency_texts(directory):
+        for name, (newest, pin) in capped_in(text).items():
+            capped.setdefault(name, (newest, pin, where))
+    return capped
+
+
+def capped_in(text: str | None) -> dict[str, tuple[str | None, str]]:
+    """{framework: (the newest known release that installs with it, the pin)} where one dependency list pins
+    transformers exactly (`transformers==4.46.0`) and also names the framework with no upper bound (`trl`,
     `trl>=0.14`): pip resolves them together, so it takes the newest release whose transformers floor
     (TRANSFORMERS_FLOORS) the pin meets; None for the release where the pin is below every known line's floor (an
     older one installs). Nothing where the pin allows the newest, or the framework's own bounds exclude it."""
-    capped: dict[str, tuple[str | None, str, str]] = {}
-    for where, text in _dependency_texts(directory):
-        pin = re.search(rf"(?im){_REQUIREMENT_START}transformers(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])", text or "")
-        if pin is None or _RELEASE.match(pin.group(1)) is None:
+    capped: dict[str, tuple[str | None, str]] = {}
+    pin = re.search(rf"(?im){_REQUIREMENT_START}transformers(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])", text or "")
+    if pin is None or _RELEASE.match(pin.group(1)) is None:
+        return capped
+    for name, floors in TRANSFORMERS_FLOORS.items():
+        listed = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*"
+                           rf"(?P<specifier>(?:{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)?)\s*(?:[;#\"',\])]|$)", text or "")
+        if listed is None:
             continue
-        for name, floors in TRANSFORMERS_FLOORS.items():
-            listed = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*"
-                               rf"(?P<specifier>(?:{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)?)\s*(?:[;#\"',\])]|$)", text or "")
-            if listed is None:
-                continue
-            clauses = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip())
-                       for part in listed.group("specifier").split(",") if part.strip()]
-            parsed = [(clause.group(1), clause.group(2)) for clause in clauses if clause is not None]
-            allowed = [known for index, known in enumerate(KNOWN[name])
-                       if release(_floor(floors, known)) <= release(pin.group(1))
-                       and all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
-            oldest = release(min(floors.values(), key=release))
-            if allowed and allowed[-1] != KNOWN[name][-1] or release(pin.group(1)) < oldest:
-                capped.setdefault(name, (allowed[-1] if allowed else None, f"transformers=={pin.group(1)}", where))
+        clauses = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip())
+                   for part in listed.group("specifier").split(",") if part.strip()]
+        parsed = [(clause.group(1), clause.group(2)) for clause in clauses if clause is not None]
+        allowed = [known for index, known in enumerate(KNOWN[name])
+                   if release(_floor(floors, known)) <= release(pin.group(1))
+                   and all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+        oldest = release(min(floors.values(), key=release))
+        if allowed and allowed[-1] != KNOWN[name][-1] or release(pin.group(1)) < oldest:
+            capped[name] = (allowed[-1] if allowed else None, f"transformers=={pin.group(1)}")
     return capped
 
 

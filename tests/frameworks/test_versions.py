@@ -16,7 +16,14 @@ from click.testing import CliRunner
 from klaudit.cli import main
 from klaudit.config import ConfigError, load_settings
 from klaudit.frameworks import Context, lint_python, prepare
-from klaudit.frameworks.versions import DEFAULT, Assumed, assumed_versions, commit_version, detect
+from klaudit.frameworks.versions import (
+    DEFAULT,
+    Assumed,
+    assumed_versions,
+    commit_version,
+    detect,
+    installed_by_the_file,
+)
 
 
 def trl_codes(call: str, version: str) -> list[str]:
@@ -422,6 +429,22 @@ def test_a_transformers_pin_beside_trl_caps_the_release_pip_resolves(tmp_path, l
     resolves them at once and cannot install a TRL that needs a newer transformers."""
     (tmp_path / "requirements.txt").write_text(listed)
     assert detect([tmp_path]).get("trl") == expected
+
+
+@pytest.mark.parametrize("installs, expected", [
+    ('"torch", "transformers==4.46.0", "trl>=0.12.0"', Assumed(
+        "0.17", "transformers==4.46.0 beside trl in the image's pip_install: the newest release that installs with it")),
+    ('"transformers==4.57.3",\n        "trl==0.26.2",', Assumed("0.26", "0.26.2 in the image's pip_install")),
+    ('"transformers", "trl"', None),  # nothing pinned: the project's files decide
+])
+def test_a_script_s_modal_image_states_the_release_it_runs(tmp_path, installs, expected):
+    """saikiranrallabandi/inframind (fifty-fifth set) runs grpo_training.py on Modal in an image the script builds
+    itself (`pip_install("transformers==4.46.0", ..., "trl>=0.12.0")`): TRL 0.17 there, whose GRPO loss is plain k3
+    (KL002), not TRL 1.16's ratio * k3 (KL003), whatever the project's requirements.txt says."""
+    script = tmp_path / "grpo_training.py"
+    script.write_text("import modal\n\nimage = (\n    modal.Image.debian_slim()\n    .pip_install(\n        "
+                      + installs + "\n    )\n)\n")
+    assert installed_by_the_file(str(script)).get("trl") == expected
 
 
 def test_a_readme_s_pinned_pip_install_states_the_release_where_no_file_of_the_code_does(tmp_path):
