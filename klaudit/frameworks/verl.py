@@ -270,7 +270,10 @@ def _one_response_per_micro_batch(settings: Mapping[str, Setting], assumed: Assu
 
     present = legacy_workers != NO_LEGACY_WORKERS if legacy_workers is not None else not at_least(assumed, "0.8")
     workers = literal(LEGACY_WORKERS) if LEGACY_WORKERS in settings else legacy_workers or "auto"
-    return (present and _responses_per_gpu_micro_batch(settings) == 1
+    # verl 0.1 multiplied the older key's share by rollout.n (0.2 stopped): for a release older than the oldest
+    # known, only rollout.n=1 leaves both readings the same
+    samples_agree = MICRO_BATCH in settings or not assumed.older or number(literal(SAMPLES) or "1") == 1
+    return (present and samples_agree and _responses_per_gpu_micro_batch(settings) == 1
             and truthy(literal(DYNAMIC_BATCH) or "false") is False
             and (workers or "").lower() in ("auto", "enable"))
 

@@ -431,6 +431,18 @@ def test_a_token_mean_over_micro_batches_of_one_response_is_a_per_sequence_mean(
     assert codes_on(VERL_05, "actor_rollout_ref.actor.use_kl_loss=True", *flags) == expected
 
 
+VERL_01 = Context(versions={**Context().versions, "verl": Assumed("0.7", "0.1 in verl/version/version", older=True)})
+
+
+@pytest.mark.parametrize("samples, expected", [("1", ["KL002", "KL007"]), ("5", ["KL002"])])
+def test_before_0_2_the_older_micro_batch_key_counted_prompts(samples, expected):
+    """verl 0.1 (TinyZero's copies) multiplied each GPU's share of ppo_micro_batch_size by rollout.n: 8 over 8 GPUs
+    with rollout.n=5 is five responses a micro-batch there, one in 0.2 and later. A release older than the oldest
+    known is judged only where both readings agree (guanning03/TinyZero-PRM's train_1.sh: no KL007)."""
+    assert codes_on(VERL_01, "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+                    "trainer.n_gpus_per_node=8", f"actor_rollout_ref.rollout.n={samples}") == expected
+
+
 def test_verl_09s_engine_averages_over_the_mini_batch_so_one_response_per_micro_batch_is_fine():
     assert codes("actor_rollout_ref.actor.use_kl_loss=True",
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1") == ["KL002"]
