@@ -100,6 +100,8 @@ class ArithmeticFlow(FlowState):
             for b in operands(right):
                 if not compatible(a.labels, b.labels):
                     continue  # the two values of no one path (a value left where a branch did not run)
+                if "none" in (a.role, b.role):
+                    continue  # `None - x` raises: a helper's `return None` path reaches no sum
                 a_poly, b_poly = _tensor_poly(a), _tensor_poly(b)
                 if a_poly is not None and b_poly is not None:
                     a_poly, b_poly = _at_one_level(a_poly, b_poly), _at_one_level(b_poly, a_poly)

@@ -62,12 +62,13 @@ class FunctionRun(StatementFlow, AssignmentFlow, ConditionFlow, ExpressionFlow, 
         unexplained = [fact for origin, fact in self.formed.items() if origin not in self.settled]
         sinks = self.sinks + [part for node, part in self.loss_parts.items() if not only_recorded(self.func, node)]
         names = registered_names(self.func)
+        returned = _without_zero_fallbacks(tuple(dict.fromkeys(self.returns)))
         if names:  # a function a registry runs under these names: its dispatch switch takes only them
-            values = [tuple(dict.fromkeys(self.returns))] + [sink.facts for sink in sinks]
+            values = [returned] + [sink.facts for sink in sinks]
             keys = registry_switches(values, names)
             sinks = [replace(sink, facts=within_registry(sink.facts, names, keys)) for sink in sinks]
             return Outcome(within_registry(values[0], names, keys), sinks, unexplained)
-        return Outcome(tuple(dict.fromkeys(self.returns)), sinks, unexplained)
+        return Outcome(returned, sinks, unexplained)
 
     def define(self, func: cst.FunctionDef) -> None:
         """A function defined inside this one (a loss closure, a callback): analysed where it is
@@ -102,3 +103,15 @@ def registered_names(func: cst.FunctionDef) -> frozenset:
             if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
                 names |= set(string_literals(node) or ())
     return frozenset(names)
+
+
+def _without_zero_fallbacks(returned: tuple) -> tuple:
+    """The values a function returns, less an exact zero returned on the same switch values as a value that holds
+    log-probs (`return torch.tensor(0.0, requires_grad=True)` when the response selects no token): the degenerate
+    case of that value, with nothing to learn from, not another value. Kept apart, the zero pairs with the other
+    side of a later difference (`new_lp - ref_lp` then holds a lone `new_lp` and a lone `-ref_lp`), and a sum over
+    a loop joins those into a log-ratio of its own, a second finding on the same term."""
+    held = {f.labels for f in returned if f.role == "tensor" and f.poly is not None and f.poly.atoms()}
+    return tuple(f for f in returned if not (f.role == "tensor" and f.poly is not None and not f.poly.terms
+                                             and f.labels in held))
+

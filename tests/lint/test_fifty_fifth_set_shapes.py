@@ -9,6 +9,10 @@
   rollout was read as drawing one, so the loop looked like fresh samples each round (KL008 missed).
 - Prem01-cyber/finetune_qwen: `total_loss_val += loss.item()` after `loss.backward()`, a Python number kept for the
   log, read as a loss the KL reached without its gradient (six false KL001: tests/lint/test_detached_kl_loss.py).
+- Prem01-cyber/finetune_qwen's sequence log-prob helper returns `torch.tensor(0.0, requires_grad=True)` when the
+  response selects no token; that zero, kept beside the log-probs, left a lone policy term and a lone reference term
+  in `new_lp - ref_lp`, which the loop's `group_loss = group_loss + loss_i` joined into a second k1 finding on the
+  same term.
 - HuichuanLI/play-with-instruct-model: a notebook cell that opens with a blank line before `%%chatglm` is a cell
   magic, as IPython reads it (a false KL000: tests/lint/test_notebooks.py).
 """
@@ -120,3 +124,38 @@ def test_a_loss_named_for_its_rollout_draws_nothing(tmp_path, loss_name):
     (tmp_path / "ppo.py").write_text(PPO_SCRIPT.format(loss_name=loss_name))
     result = lint_paths([str(tmp_path)], jobs=1)
     assert sorted({finding.code for finding in result.findings}) == ["KL008"]
+
+
+GROUP_LOSS = """\
+import torch
+
+
+def seq_logp(model, ids, mask):
+    logits = model(ids).logits[0]
+    token_logps = torch.log_softmax(logits[:-1], dim=-1)[torch.arange(ids.size(0) - 1), ids[1:]]
+    selected = token_logps[mask[1:]]
+    if selected.numel() == 0:
+        return {fallback}
+    return selected.sum()
+
+
+def group_loss_fn(model, ref_model, samples, kl_coef):
+    group_loss = torch.tensor(0.0)
+    for ids, mask, adv in samples:
+        new_lp = seq_logp(model, ids, mask)
+        loss_i = -(adv * new_lp)
+        with torch.no_grad():
+            ref_lp = seq_logp(ref_model, ids, mask)
+        loss_i = loss_i + kl_coef * (new_lp - ref_lp)
+        group_loss = group_loss + loss_i
+    return group_loss / len(samples)
+"""
+
+
+@pytest.mark.parametrize("fallback", ["torch.tensor(0.0, requires_grad=True)", "0.0", "None"])
+def test_a_zero_returned_for_an_empty_selection_makes_no_second_finding(tmp_path, fallback):
+    """k1 as a loss (row 1) is reported once, where the KL term enters the loss, whatever the helper returns when
+    the response selects no token."""
+    (tmp_path / "group.py").write_text(GROUP_LOSS.format(fallback=fallback))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
+    assert found == [(20, "KL001")]
