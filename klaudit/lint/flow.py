@@ -114,4 +114,3 @@ def _without_zero_fallbacks(returned: tuple) -> tuple:
     held = {f.labels for f in returned if f.role == "tensor" and f.poly is not None and f.poly.atoms()}
     return tuple(f for f in returned if not (f.role == "tensor" and f.poly is not None and not f.poly.terms
                                              and f.labels in held))
-

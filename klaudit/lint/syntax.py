@@ -218,38 +218,50 @@ def overwritten_assignments(function: cst.CSTNode) -> frozenset[cst.Assign]:
 _TO_NUMBER = frozenset({"float", "int", "round", "len"})
 
 
+def name_bindings(tree: cst.CSTNode) -> dict[str, list[tuple[cst.CSTNode, cst.BaseExpression | None]]]:
+    """Each binding of a plain name anywhere in `tree`, as (the node that binds it, the value it binds the name to):
+    `x = v` and `x: T = v` give v, `x += v` gives v (added to x); a parameter, a loop target, an unpacking, an
+    import or `with` alias, a walrus, a `global` and a name inside a stored attribute or subscript give None."""
+    bound: dict[str, list[tuple[cst.CSTNode, cst.BaseExpression | None]]] = {}
+
+    def bind(node: cst.CSTNode, target: cst.CSTNode, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            bound.setdefault(target.value, []).append((node, value))
+            return
+        for name in walk(target):  # bound some other way than to `value`
+            if isinstance(name, cst.Name):
+                bound.setdefault(name.value, []).append((node, None))
+
+    for node in walk(tree):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                bind(node, target.target, node.value if len(node.targets) == 1 else None)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            bind(node, node.target, node.value)
+        elif isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
+            bind(node, node.target, None)
+        elif isinstance(node, cst.AsName):
+            bind(node, node.name, None)
+        elif isinstance(node, cst.Param):
+            bind(node, node.name, None)
+        elif isinstance(node, cst.Global):
+            for item in node.names:
+                bind(node, item.name, None)
+    return bound
+
+
 def python_number_names(function: cst.CSTNode) -> frozenset[str]:
     """The names `function` binds only to Python numbers: literals, `x.item()`, `float(x)`, and sums of these and
     of such names (`total_loss = 0.0` then `total_loss += loss.item()`). A number holds no gradient and no tensor
     graph: accumulating a detached loss there is logging, however the name reads. A name bound in any other way
     (a parameter, a loop target, an unpacking, a tensor) is not one."""
-    bound: dict[str, list[cst.BaseExpression | None]] = {}
-
-    def bind(target: cst.CSTNode, value: cst.BaseExpression | None) -> None:
-        if isinstance(target, cst.Name):
-            bound.setdefault(target.value, []).append(value)
-        else:  # an unpacking, a loop target: its names are bound some other way than to `value`
-            for name in walk(target):
-                if isinstance(name, cst.Name):
-                    bound.setdefault(name.value, []).append(None)
-
-    params = {param.name.value for param in walk(function) if isinstance(param, cst.Param)}
-    for node in walk(function):
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                bind(target.target, node.value if len(node.targets) == 1 else None)
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
-            bind(node.target, node.value)
-        elif isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
-            bind(node.target, None)
-        elif isinstance(node, cst.AsName):
-            bind(node.name, None)
-    numbers = {name for name, values in bound.items() if name not in params}
+    bound = name_bindings(function)
+    numbers = set(bound)
     changed = True
     while changed:  # drop names bound to anything but a number, until what is left is closed
         changed = False
         for name in list(numbers):
-            if not all(value is not None and _is_number(value, numbers) for value in bound[name]):
+            if not all(value is not None and _is_number(value, numbers) for _, value in bound[name]):
                 numbers.discard(name)
                 changed = True
     return frozenset(numbers)

@@ -36,6 +36,7 @@ from klaudit.lint.syntax import (
     int_literal,
     is_test,
     last_name,
+    name_bindings,
     one_sample_at_a_time,
     own_nodes,
     params,
@@ -106,30 +107,17 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, configs: t
 def _module_constant(module: cst.Module, name: str) -> int | None:
     """The integer a script binds `name` to once, at module level (`mu_iterations = 1`), where nothing else in the
     module binds that name (no parameter, loop target, other assignment or `global` of it); None otherwise."""
-    bindings = [node for node in walk(module) if type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Param,
-                                                                 cst.For, cst.CompFor, cst.AsName, cst.NamedExpr,
-                                                                 cst.Global)
-                and any(type(part) is cst.Name and part.value == name for part in _bound_names(node))]
-    assign = bindings[0] if len(bindings) == 1 else None
-    if not isinstance(assign, cst.Assign):
+    found = _bindings(module).get(name, [])
+    assign = found[0][0] if len(found) == 1 else None
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
         return None
     at_top = any(isinstance(stmt, cst.SimpleStatementLine) and assign in stmt.body for stmt in module.body)
-    return int_literal(assign.value) if at_top and len(assign.targets) == 1 else None
+    return int_literal(assign.value) if at_top else None
 
 
-def _bound_names(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The nodes naming what a binding statement binds (its targets, a parameter's name, a `global`'s names)."""
-    if isinstance(node, cst.Assign):
-        return [part for target in node.targets for part in walk(target.target)]
-    if isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):
-        return list(walk(node.target))
-    if isinstance(node, cst.Param):
-        return [node.name]
-    if isinstance(node, cst.AsName):
-        return list(walk(node.name))
-    if isinstance(node, cst.Global):
-        return [item.name for item in node.names]
-    return []
+@functools.lru_cache(maxsize=8)  # a module's loops are read one after another
+def _bindings(module: cst.Module) -> dict[str, list[tuple[cst.CSTNode, cst.BaseExpression | None]]]:
+    return name_bindings(module)
 
 
 def _parameter_default(module: cst.Module, name: str) -> int | None:
