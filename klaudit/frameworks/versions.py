@@ -195,10 +195,7 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
         for name, (known, specifier, where) in _bounded(directory).items():
             found.setdefault(name, Assumed(known, f"{specifier} in {where}: the newest release it allows"))
         for name, (newest, pin, where) in _capped_by_a_pinned_dependency(directory).items():
-            older = newest is None  # below every known line's floor: an older release, judged by the oldest
-            found.setdefault(name, Assumed(newest or KNOWN[name][0], f"{pin} beside {distribution(name)} in {where}: "
-                                           + ("a release older than every known one installs with it" if older
-                                              else "the newest release that installs with it"), older=older))
+            found.setdefault(name, _capped_release(name, newest, pin, where))
     for directory in _search_path(roots):  # no file of the code states one: the install instructions may
         for name, (version, where) in _documented_pins(directory).items():
             found.setdefault(name, _assumed_from(name, version, f"{version} in the pip install of {where}"))
@@ -354,11 +351,16 @@ def installed_by_the_file(path: str) -> Mapping[str, Assumed]:
         if pinned is not None and _RELEASE.match(pinned.group(1)):
             found.setdefault(name, _assumed_from(name, pinned.group(1), f"{pinned.group(1)} in the image's pip_install"))
     for name, (newest, pin) in capped_in(image).items():
-        found.setdefault(name, Assumed(newest or KNOWN[name][0], f"{pin} beside {distribution(name)} in the image's "
-                                       "pip_install: " + ("a release older than every known one installs with it"
-                                                          if newest is None else "the newest release that installs "
-                                                          "with it"), older=newest is None))
+        found.setdefault(name, _capped_release(name, newest, pin, "the image's pip_install"))
     return found
+
+
+def _capped_release(name: str, newest: str | None, pin: str, where: str) -> Assumed:
+    """The release `capped_in` gives `name` beside `pin` in `where`: the newest that installs with it, or, below
+    every known line's floor (`newest` None), an older release than klaudit knows, judged by the oldest."""
+    return Assumed(newest or KNOWN[name][0], f"{pin} beside {distribution(name)} in {where}: " + (
+        "a release older than every known one installs with it" if newest is None
+        else "the newest release that installs with it"), older=newest is None)
 
 
 # A container image a script builds and runs its functions in (Modal's `image.pip_install(...)`, `uv_pip_install`)
@@ -619,8 +621,7 @@ def _bounded(directory: Path) -> dict[str, tuple[str, str, str]]:
                               rf"(?P<specifier>{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)", text or "")
             if match is None:
                 continue
-            clauses = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip()) for part in match.group("specifier").split(",")]
-            parsed = [(clause.group(1), clause.group(2)) for clause in clauses if clause is not None]
+            parsed = _clauses(match.group("specifier"))
             if not any(operator in ("<", "<=", "~=") or version.endswith("*") for operator, version in parsed):
                 continue
             allowed = [known for index, known in enumerate(KNOWN[name])
@@ -661,9 +662,7 @@ def capped_in(text: str | None) -> dict[str, tuple[str | None, str]]:
                            rf"(?P<specifier>(?:{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)?)\s*(?:[;#\"',\])]|$)", text or "")
         if listed is None:
             continue
-        clauses = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip())
-                   for part in listed.group("specifier").split(",") if part.strip()]
-        parsed = [(clause.group(1), clause.group(2)) for clause in clauses if clause is not None]
+        parsed = _clauses(listed.group("specifier"))
         allowed = [known for index, known in enumerate(KNOWN[name])
                    if release(_floor(floors, known)) <= release(pin.group(1))
                    and all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
@@ -677,6 +676,12 @@ def _floor(floors: Mapping[str, str], known: str) -> str:
     """The transformers floor of the release line `known`: that of the latest line of `floors` at or before it."""
     return max(((line, floor) for line, floor in floors.items() if release(line) <= release(known)),
                key=lambda item: release(item[0]), default=("", "0.0.0"))[1]
+
+
+def _clauses(specifier: str) -> list[tuple[str, str]]:
+    """(operator, version) of each clause of a requirement's specifier (`>=0.15.0,<0.16.0`)."""
+    found = [re.match(r"(===?|~=|!=|<=?|>=?)\s*(\S+)", part.strip()) for part in specifier.split(",")]
+    return [(clause.group(1), clause.group(2)) for clause in found if clause is not None]
 
 
 def _allows(operator: str, version: str, known: str, later: tuple[str, ...]) -> bool:
