@@ -128,9 +128,17 @@ def tensor(poly: Poly, **kw: Any) -> Fact:
     return Fact(poly=poly, **kw)
 
 def with_clamp(value: Value) -> Value:
-    """`value` with its tensors clamped (the first clamp's depth kept: `Fact.clamped_calls`)."""
-    return tuple(replace(f, clamped=True, clamped_calls=f.calls) if f.role == "tensor" and not f.clamped else f
-                 for f in value)
+    """`value` with its tensors clamped (the first clamp's depth kept: `Fact.clamped_calls`).
+    An advantage clipped is not a KL estimate clamped: a KL reward-to-go beside a score or a critic's values
+    is cut where the whole advantage is large, which they decide, not where pi and ref differ."""
+    return tuple(replace(f, clamped=True, clamped_calls=f.calls)
+                 if f.role == "tensor" and not f.clamped and not _an_advantage(f) else f for f in value)
+
+
+def _an_advantage(fact: Fact) -> bool:
+    """A KL reward-to-go beside a value the analysis does not follow (a score, a critic's values): a return or
+    an advantage."""
+    return fact.beside and fact.poly is not None and fact.is_kl() and all(a.acc == alg.TO_GO for a in alg.kl_part(fact.poly).atoms())
 
 NEG = (Fact(role="neg"),)
 

@@ -13,6 +13,8 @@
   response selects no token; that zero, kept beside the log-probs, left a lone policy term and a lone reference term
   in `new_lp - ref_lp`, which the loop's `group_loss = group_loss + loss_i` joined into a second k1 finding on the
   same term.
+- alvareztran/llm-alignment-demo clips the whole GAE advantage (`torch.clamp(advantages, -5, 5)`), whose return
+  holds the k1 reward beside the reward model's score: a clipped advantage, not the clamped KL estimate KL010 names.
 - HuichuanLI/play-with-instruct-model: a notebook cell that opens with a blank line before `%%chatglm` is a cell
   magic, as IPython reads it (a false KL000: tests/lint/test_notebooks.py).
 """
@@ -159,3 +161,50 @@ def test_a_zero_returned_for_an_empty_selection_makes_no_second_finding(tmp_path
     (tmp_path / "group.py").write_text(GROUP_LOSS.format(fallback=fallback))
     found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
     assert found == [(20, "KL001")]
+
+
+GAE_ROLLOUT = """\
+import torch
+
+
+def compute_gae(rewards, values, gamma, lam):
+    advantages = torch.zeros_like(rewards)
+    last = 0.0
+    for t in reversed(range(rewards.size(0))):
+        next_value = values[t + 1] if t + 1 < rewards.size(0) else 0.0
+        delta = rewards[t] + gamma * next_value - values[t]
+        last = delta + gamma * lam * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def train(policy, ref, critic, reward_model, optimizer, prompts, kl_coef, clip):
+    for prompt in prompts:
+        ids = policy.generate(prompt)
+        with torch.no_grad():
+            old_logprobs = policy.logprobs(ids)
+            ref_logprobs = ref.logprobs(ids)
+            values = critic(ids)
+        kl = {kl}
+        rewards = -kl_coef * kl
+        rewards[-1] = rewards[-1] + reward_model(ids)
+        advantages, returns = compute_gae(rewards, values, 1.0, 0.95)
+        advantages = torch.clamp(advantages, -clip, clip)
+        logprobs = policy.logprobs(ids)
+        loss = -(torch.exp(logprobs - old_logprobs) * advantages.detach()).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(("kl", "expected"), [
+    ("old_logprobs - ref_logprobs", []),  # only the advantage is clipped: k1 reward-to-go, row 6, right
+    ("torch.clamp(old_logprobs - ref_logprobs, -5, 5)", [(23, "KL010")]),  # the estimate itself clamped
+])
+def test_a_clipped_advantage_is_no_clamped_kl(tmp_path, kl, expected):
+    """A k1 reward with the score at the last token, through GAE with a critic, then the advantage clipped: the clip
+    bounds the whole advantage, where the score and the values make it large; only a clamp of the estimate is KL010."""
+    (tmp_path / "ppo.py").write_text(GAE_ROLLOUT.format(kl=kl))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
+    assert found == expected
