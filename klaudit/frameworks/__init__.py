@@ -94,7 +94,9 @@ _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator"
                "main_ppo", "verl.trainer.main",
                # a launch of a project's script that parses TRL's PPOConfig, passing its step keys (the epochs or
                # mini-batches of either API; `batch_size` alone would admit every launch)
-               "ppo_epochs", "mini_batch_size", "num_mini_batches")
+               "ppo_epochs", "mini_batch_size", "num_mini_batches",
+               # a Hydra config that instantiates TRL's GRPOConfig, whose beta is the release's default
+               "GRPOConfig")
 # `trl grpo ...`, or TRL's own GRPO script (`trl/scripts/grpo.py`) run by python/accelerate/torchrun with
 # TRL's flags. Another `grpo*.py` is not assumed to be TRL's: open-instruct's grpo_fast.py has a --beta too.
 _TRL_COMMAND = re.compile(r"\btrl\s+grpo\b")
@@ -842,19 +844,32 @@ def _tunix(path: str, learner: str, settings: Mapping[str, Setting], context: Co
 
 def _trl_sections(path: str, values: Mapping[str, Setting], context: Context, text: str) -> list[Finding]:
     """The sections of a YAML file that the linted code builds TRL's GRPOConfig from (`Context.trl_sections`),
-    when one sets a key that decides the KL: each judged as a GRPOConfig of those keywords."""
+    when one sets a key that decides the KL, and those Hydra instantiates as one (`_target_: trl.GRPOConfig`,
+    whatever they set): each judged as a GRPOConfig of those keywords."""
     found: list[Finding] = []
-    for section in sorted(context.trl_sections):
+    instantiated = _hydra_grpo_configs(values)
+    for section in sorted(context.trl_sections | instantiated.keys()):
         settings = _section(values, section, trl.KEYS)
-        if set(settings) & set(trl.DECIDING):
-            anchor = settings.get(trl.BETA) or min(settings.values(), key=lambda setting: (setting.line, setting.column))
+        if set(settings) & set(trl.DECIDING) or section in instantiated:
+            anchor = settings.get(trl.BETA) or min((*settings.values(), *instantiated.get(section, ())),
+                                                   key=lambda setting: (setting.line, setting.column))
             found += _trl(path, settings, context, anchor, text=text, style="yaml")
     return found
 
 
+_HYDRA_GRPO_CONFIG = re.compile(r"trl(?:\.trainer(?:\.grpo_config)?)?\.GRPOConfig")
+
+
+def _hydra_grpo_configs(values: Mapping[str, Setting]) -> dict[str, tuple[Setting, ...]]:
+    """The sections Hydra's `instantiate` builds TRL's GRPOConfig from (`args: {_target_: trl.GRPOConfig, beta:
+    0.001}`), each with its `_target_` setting; "" for the file's top level."""
+    return {key.removesuffix("_target_").removesuffix("."): (setting,) for key, setting in values.items()
+            if key.rpartition(".")[2] == "_target_" and _HYDRA_GRPO_CONFIG.fullmatch(setting.value or "")}
+
+
 def _section(values: Mapping[str, Setting], section: str, keys: Collection[str]) -> dict[str, Setting]:
-    """The settings of `keys` below `section` (`grpo_config.beta` as `beta`)."""
-    prefix = f"{section}."
+    """The settings of `keys` below `section` (`grpo_config.beta` as `beta`; the top level's for "")."""
+    prefix = f"{section}." if section else ""
     return {key.removeprefix(prefix): setting for key, setting in values.items()
             if key.startswith(prefix) and key.removeprefix(prefix) in keys}
 

@@ -24,7 +24,8 @@ A module that imports Unsloth (or calls its `PatchFastRL`) trains Unsloth's patc
 `beta * k3` to each token's loss whatever `use_bias_correction_kl` says: a plain k3.
 
 The same keys are read from `GRPOConfig(...)` calls and from classes deriving from it (their field
-defaults), from `trl grpo --beta ...` command lines, and from the YAML recipes `trl grpo --config` reads.
+defaults), from `trl grpo --beta ...` command lines, from the YAML recipes `trl grpo --config` reads, and from the
+YAML sections Hydra instantiates as GRPOConfig (`_target_: trl.GRPOConfig`).
 """
 
 from __future__ import annotations

@@ -322,6 +322,32 @@ def test_a_yaml_section_the_code_builds_grpoconfig_from_is_judged_where_it_sets_
     assert _tree_findings(tmp_path, files) == []  # a section no code builds GRPOConfig from
 
 
+HYDRA_TRAINER = """\
+_target_: trl.GRPOTrainer
+
+args:
+  _target_: {target}
+  per_device_train_batch_size: 8
+  learning_rate: 5.0e-7
+{beta}"""
+
+
+@pytest.mark.parametrize("target, beta, expected", [
+    ("trl.GRPOConfig", "  beta: 0.001\n", [("GRPO.yaml", 7, "KL002")]),  # plain k3 as a loss in TRL 0.16 (row 3)
+    ("trl.trainer.grpo_config.GRPOConfig", "  beta: 0.001\n", [("GRPO.yaml", 7, "KL002")]),
+    ("trl.GRPOConfig", "", [("GRPO.yaml", 4, "KL002")]),  # beta left at 0.16's default, 0.04, and no other KL key
+    ("trl.GRPOConfig", "  beta: 0.0\n", []),  # the KL off
+    ("src.configs.MyGRPOConfig", "  beta: 0.001\n", []),  # a class of the project's own: its keys are not TRL's
+])
+def test_a_section_hydra_instantiates_as_grpoconfig_is_one(tmp_path, target, beta, expected):
+    """aryol/LLM-RL (twenty-second set): a Hydra trainer config whose `args:` section has `_target_: trl.GRPOConfig`
+    is a GRPOConfig of that section's keys, whatever the code calls; with trl==0.16.0 pinned, beta 0.001 trains k3
+    as a loss over the micro-batch's tokens (row 3, KL002)."""
+    files = {"install_script.sh": "pip install trl==0.16.0\n",
+             "config/trainer/GRPO.yaml": HYDRA_TRAINER.format(target=target, beta=beta)}
+    assert _tree_findings(tmp_path, files) == expected
+
+
 @pytest.mark.parametrize("patch, expected", [
     ("", "KL003"),  # TRL 1.16's default bias correction: ratio*k3, the local gradient (row 2)
     ("from unsloth import FastLanguageModel, PatchFastRL\nPatchFastRL('GRPO', FastLanguageModel)\n", "KL002"),
