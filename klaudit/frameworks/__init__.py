@@ -731,6 +731,12 @@ def _reads_grpo_config(source: str, configs: frozenset[str], trainers: frozenset
     return bool(trains and parsed & configs)
 
 
+def _names_trls_grpo(source: str, configs: frozenset[str]) -> bool:
+    """Whether a script names TRL's GRPOConfig, or a class of the project deriving from it, or trains TRL's
+    GRPOTrainer: one that may build TRL's configuration from a YAML file it reads."""
+    return trains_trls_grpo_trainer(source) or any(re.search(rf"\b{name}\b", source) for name in configs)
+
+
 def _script_import_fails(launcher: str, relative: str) -> bool:
     """Whether the project's script `relative` (as `project_path` finds it) stops at an import of its own
     packages (`from src.open_r1.trainer import ...` of a package whose `__init__.py` Python rejects)."""
@@ -759,7 +765,10 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
     if not any(key in values for key in _TRL_SCRIPT_KEYS) or _names_another_trainer(path):
         return []
     grpo_keys = [values[key] for key in _TRL_RECIPE_KEYS if key in values]
-    says_grpo = "grpo" in _within_roots(path, context).lower() or _passed_to_grpo(path, context)
+    to_grpo, elsewhere = _passed(path, context)
+    if elsewhere and not to_grpo:
+        return []  # the project's own script reads it (simpleR1's grpo_config.yaml for its own trainer)
+    says_grpo = "grpo" in _within_roots(path, context).lower() or to_grpo
     if trl.BETA in values:
         if not (says_grpo or grpo_keys):
             return []
@@ -788,34 +797,43 @@ def _names_another_trainer(path: str) -> bool:
 _PASSED_CONFIG = re.compile(r"--config[ =]+[\"']?([\w./-]+\.ya?ml)\b")
 
 
-def _passed_to_grpo(path: str, context: Context) -> bool:
+def _passed(path: str, context: Context) -> tuple[bool, bool]:
     """Whether a shell script of the project passes the YAML file at `path`, or one beside it, to a GRPO
-    launch as its config."""
+    launch as its config; and whether one passes the file itself to a script of the project that is not TRL's
+    GRPO (a trainer of its own, whose arguments the keys are)."""
     resolved = Path(path).resolve()
     root = next((Path(root) for root in context.roots if resolved.is_relative_to(root)), resolved.parent)
-    return str(resolved.parent) in _grpo_config_folders(str(root if root.is_dir() else root.parent),
-                                                         context.class_names, context.grpo_trainers)
+    to_grpo, elsewhere = _passed_configs(str(root if root.is_dir() else root.parent), context.class_names,
+                                         context.grpo_trainers)
+    return str(resolved.parent) in to_grpo, str(resolved) in elsewhere
 
 
 _SCRIPTS_READ = 500  # launch files read per linted root: for the configs of GRPO launches, for a PPO script's flags
 
 
 @functools.lru_cache(maxsize=16)
-def _grpo_config_folders(root: str, configs: frozenset[str], trainers: frozenset[str]) -> frozenset[str]:
-    """The folders of the YAML files the shell scripts below `root` pass as `--config` to TRL's GRPO (`trl
-    grpo`, or a project script that parses GRPOConfig and trains with TRL's GRPOTrainer, `_trl_grpo_script`),
-    resolved."""
-    found: set[str] = set()
+def _passed_configs(root: str, configs: frozenset[str], trainers: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """The YAML files the shell scripts below `root` pass as `--config`, resolved: the folders of those passed to
+    TRL's GRPO (`trl grpo`, or a project script that parses GRPOConfig and trains with TRL's GRPOTrainer,
+    `_trl_grpo_script`), and the files passed to any other script of the project."""
+    to_grpo: set[str] = set()
+    elsewhere: set[str] = set()
     for script in itertools.islice(Path(root).rglob("*.sh"), _SCRIPTS_READ):
         text = read_text(script)
-        if text is None or "--config" not in text or not (
-                _TRL_COMMAND.search(text) or _trl_grpo_script(str(script), text, configs, trainers)):
+        if text is None or "--config" not in text:
+            continue
+        if _TRL_COMMAND.search(text) or _trl_grpo_script(str(script), text, configs, trainers):
+            found, parent = to_grpo, True
+        elif _first_script(str(script), PYTHON_SCRIPT.finditer(text),
+                           lambda source: not _names_trls_grpo(source, configs)):
+            found, parent = elsewhere, False
+        else:
             continue
         for match in _PASSED_CONFIG.finditer(text):
             config = project_path(str(script), match.group(1))
             if config is not None:
-                found.add(str(config.resolve().parent))
-    return frozenset(found)
+                found.add(str(config.resolve().parent if parent else config.resolve()))
+    return frozenset(to_grpo), frozenset(elsewhere)
 
 
 def _tunix_cli(path: str, values: Mapping[str, Setting], context: Context, text: str, style: str) -> list[Finding]:

@@ -64,3 +64,27 @@ def test_a_config_passed_to_a_script_that_is_not_trls_grpo_is_no_recipe(tmp_path
     launch = "python src/generate.py --config recipes/exp/qwen.yaml\n"
     files = {"src/generate.py": "import vllm\n", "run.sh": launch, "recipes/exp/qwen.yaml": RECIPE}
     assert findings(tmp_path, "0.18.0", files) == []
+
+
+OWN_TRAINER_SCRIPT = ("from trl import ModelConfig, TrlParser\n"
+                      "from arguments import GRPOTrainingArguments\n"
+                      "from grpo_trainer import GRPOTrainer\n\n"
+                      "parser = TrlParser((GRPOTrainingArguments, ModelConfig))\n"
+                      "training_args, model_args = parser.parse_args_and_config()\n"
+                      "GRPOTrainer(model=model_args.model_name_or_path, args=training_args).train()\n")
+
+
+@pytest.mark.parametrize("script, expected", [
+    (OWN_TRAINER_SCRIPT, []),  # the project's own arguments and trainer read the keys: its loss is linted as code
+    (GRPO_SCRIPT, [("configs/grpo_config.yaml", 4, "KL002")]),  # TRL's GRPOConfig and trainer: a recipe
+    # a script that builds TRL's GRPOConfig from the YAML it loads: still TRL's configuration
+    ("import yaml\nfrom trl import GRPOConfig\n\nargs = GRPOConfig(**yaml.safe_load(open('c.yaml')))\n",
+     [("configs/grpo_config.yaml", 4, "KL002")]),
+])
+def test_a_grpo_named_config_a_launch_hands_to_the_projects_own_trainer_is_no_recipe(tmp_path, script, expected):
+    """yflyzhang/simpleR1 (fifty-eighth set): configs/grpo_config.yaml, whose path says grpo, is passed by every
+    launch to src/run_grpo.py, which parses it into the project's own GRPOTrainingArguments (a TrainingArguments)
+    for its own GRPOTrainer; its beta is not TRL's, and the loss it sets is reported where the trainer computes it."""
+    files = {"src/run_grpo.py": script, "scripts/train.sh": "accelerate launch src/run_grpo.py \\\n"
+             "    --config configs/grpo_config.yaml\n", "configs/grpo_config.yaml": RECIPE}
+    assert findings(tmp_path, "0.18.0", files) == expected
