@@ -25,7 +25,7 @@ from klaudit.lint.facts import (
     replace,
 )
 from klaudit.lint.flow import FunctionRun
-from klaudit.lint.overrides import overridden_everywhere
+from klaudit.lint.overrides import never_named, overridden_everywhere
 from klaudit.lint.pinned import caller_pins
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
@@ -249,6 +249,10 @@ class Module:
         if key not in self._overridden:
             self._overridden[key] = overridden_everywhere(func.name.value, cls, self.path, self.project)
         return self._overridden[key]
+
+    def never_runs(self, func: cst.FunctionDef) -> bool:
+        """klaudit.lint.overrides.never_named of one of this module's functions: a private one nothing names."""
+        return never_named(func.name.value, self.project)
 
     def called_on_one_sequence(self, func: cst.FunctionDef) -> bool:
         """klaudit.lint.update_loops.called_on_one_sequence of one of this module's functions, read once."""

@@ -5,18 +5,24 @@ with (`DiffuGSPOTrainer(DiffuGRPOTrainer)`, whose own `compute_loss` replaces th
 project deriving from the base defines the method again without calling the base's (`super().compute_loss(...)`),
 and the base is named nowhere but as a base, in an import or at its definition (no `DiffuGRPOTrainer(...)`, no
 `trainer_cls = DiffuGRPOTrainer`, no `__all__` entry), the base's method is code no run executes.
+
+So is a private function or method (`_grpo_step`, one leading underscore) whose name no code of the project
+writes but at its own `def`: a trainer keeps its first, per-prompt step beside the batched one it now calls.
+Comments do not count (MonetVLM's comment names the old step); notebooks and configuration files do.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import tokenize
 from pathlib import Path
 
 import libcst as cst
 
 from klaudit.frameworks.trainers import CLASS_HEADER
-from klaudit.lint.project import Project
+from klaudit.lint.project import Project, python_files
 from klaudit.lint.update_loops import named_beyond_declarations, nearby_modules
 
 
@@ -65,3 +71,54 @@ def _replaces(module: str, sub: str, name: str, cls: str, project: Project) -> b
         return False
     code = cst.Module(body=[]).code_for_node(method)
     return re.search(rf"(?:super\([^)]*\)|\b{re.escape(cls)})\.{re.escape(name)}\s*\(", code) is None
+
+
+def never_named(name: str, project: Project) -> bool:
+    """Whether `name`, private (`_step`, not `__call__`), is written nowhere in the project's code but at its
+    definitions: see the module's docstring."""
+    if not name.startswith("_") or name.startswith("__"):
+        return False
+    return project.remembered(("named private", name), lambda: not _named_anywhere(name, project))
+
+
+def _named_anywhere(name: str, project: Project) -> bool:
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    definition = re.compile(rf"\bdef\s+{re.escape(name)}\b")
+    if name in _configured_names(project):
+        return True
+    for path in python_files(project):
+        text = project.raw_text(path)
+        if text is None or name not in text:
+            continue
+        code = _without_comments(text)
+        if len(word.findall(code)) > len(definition.findall(code)):
+            return True
+    return any(name in (project.raw_text(path) or "") for path in _notebooks(project))
+
+
+def _without_comments(text: str) -> str:
+    """`text` with its comments blanked (the text as it is where Python's tokenizer cannot read it)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text
+    lines = text.splitlines(keepends=True)
+    for token in tokens:
+        if token.type == tokenize.COMMENT:
+            row, start = token.start
+            line = lines[row - 1]
+            lines[row - 1] = line[:start] + " " * (token.end[1] - start) + line[token.end[1]:]
+    return "".join(lines)
+
+
+def _notebooks(project: Project) -> list[str]:
+    """The notebooks under the linted roots, listed once per project."""
+    def listed() -> list[str]:
+        found: list[str] = []
+        for root in project.roots:
+            for folder, subfolders, files in os.walk(root) if root.is_dir() else ():
+                subfolders[:] = [sub for sub in subfolders if not sub.startswith(".")]
+                found += [os.path.join(folder, file) for file in files if file.endswith(".ipynb")]
+        return found
+
+    return project.remembered(("notebooks",), listed)
