@@ -91,7 +91,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
-        if found and (cls is not None and mod.overridden_everywhere(func, cls) or mod.never_runs(func)):
+        if found and (cls is not None and mod.overridden_everywhere(func, cls) or mod.never_runs(func, cls)):
             continue  # a base class's method that each subclass replaces, the base never built, or a private
             # function nothing names: it never runs
         if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out

@@ -250,8 +250,17 @@ class Module:
             self._overridden[key] = overridden_everywhere(func.name.value, cls, self.path, self.project)
         return self._overridden[key]
 
-    def never_runs(self, func: cst.FunctionDef) -> bool:
-        """klaudit.lint.overrides.never_named of one of this module's functions: a private one nothing names."""
+    def never_runs(self, func: cst.FunctionDef, cls: str | None) -> bool:
+        """klaudit.lint.overrides.never_named of one of this module's functions: a private one nothing names. Not
+        a decorated one (a registry may call it), nor a method of a class with a base, whose code outside the
+        project may call it (a trainer's `_compute_loss` override that TRL's `compute_loss` calls)."""
+        if func.decorators or func.name.value == MODULE_BODY:
+            return False
+        if cls is not None:
+            classdef = next((stmt for stmt in self.tree.body if isinstance(stmt, cst.ClassDef) and stmt.name.value == cls),
+                            None)
+            if classdef is None or any(dotted(base.value) != "object" for base in classdef.bases):
+                return False
         return never_named(func.name.value, self.project)
 
     def called_on_one_sequence(self, func: cst.FunctionDef) -> bool:
