@@ -234,6 +234,19 @@ def log(poly: Poly) -> Poly | None:
     return Poly.atom(Atom(kind, atom.grad, atom.acc), sign)
 
 
+def probability_ratio(numerator: Poly, denominator: Poly) -> Poly | None:
+    """The ratio of two sampled tokens' probabilities as the exp of their log-ratio: ref(y) / pi(y) = exp(Q - P)
+    = r, pi(y) / pi_old(y) = W; None unless both are one probability atom."""
+    if not all(len(p.terms) == 1 and len(p.terms[0][0]) == 1 and p.terms[0][0][0].kind in _PROBABILITIES
+               for p in (numerator, denominator)):
+        return None
+    upper, lower = log(numerator), log(denominator)
+    return None if upper is None or lower is None else exp(add(upper, lower, -1.0))
+
+
+_PROBABILITIES = frozenset({PROB, REF_PROB, OLD_PROB})
+
+
 def absolute(poly: Poly) -> Poly | None:
     if len(poly.terms) == 1 and len(poly.terms[0][0]) == 1 and poly.terms[0][0][0].kind == DELTA:
         atom = poly.terms[0][0][0]

@@ -177,6 +177,14 @@ class ArithmeticFlow(FlowState):
             if f.role != "tensor":
                 continue
             divisors = [g for g in right if compatible(g.labels, f.labels)]  # on the paths both hold on
+            # `p_ref / p_pi` of the sampled tokens' probabilities: exp(Q - P); a probability floored to keep the
+            # division finite (`exp(logp).clamp(min=1e-8)`) clamps no KL, as a safe log of one does not
+            ratios = [replace(f, poly=ratio, clamped=False) for g in divisors
+                      if f.poly is not None and g.role == "tensor" and g.poly is not None
+                      and (ratio := alg.probability_ratio(f.poly, g.poly)) is not None]
+            if ratios:
+                out.extend(ratios)
+                continue
             if any(g.role == "length" for g in divisors):  # a packed row's length is the batch's token count
                 f = replace(f, aggregation=Aggregation.BATCH_MEAN if f.packed else Aggregation.SEQ_MEAN)
             elif any(g.role == "ntokens" for g in divisors):
