@@ -83,7 +83,13 @@ class ReductionFlow(FlowState):
                 continue
             if per_row:
                 poly = alg.accumulate(f.poly, alg.SEQUENCE)
-                aggregation = Aggregation.SEQ_MEAN if method == "mean" else (f.aggregation or Aggregation.SUM)
+                if method != "mean":
+                    aggregation = f.aggregation or Aggregation.SUM
+                elif f.row:
+                    aggregation = Aggregation.SEQ_MEAN  # one sequence's own tokens: 1 / its length
+                else:
+                    # each row of a padded batch over the batch's width: every sequence divided by the same number
+                    aggregation = f.aggregation or Aggregation.CONSTANT
                 out.append(replace(f, poly=poly, aggregation=aggregation))
             else:
                 aggregation = f.aggregation or (Aggregation.SUM if method == "sum" else Aggregation.CONSTANT)

@@ -191,7 +191,8 @@ def train_step(policy, {scorer}, batch, kl_coef, optimizer):
         score = {scorer}(input_ids=batch["ids"]).logits[:, -1]
         ref_logps = batch["ref_logps"]
     logps = F.log_softmax(policy(input_ids=batch["ids"]).logits, dim=-1).gather(-1, batch["ids"][..., None])[..., 0]
-    kl = (logps.detach() - ref_logps).mean(-1)
+    mask = batch["mask"]
+    kl = ((logps.detach() - ref_logps) * mask).sum(-1) / mask.sum(-1)
     rewards = score - kl_coef * kl
     loss = -(rewards * logps.sum(-1)).mean()
     loss.backward()
@@ -203,6 +204,15 @@ def train_step(policy, {scorer}, batch, kl_coef, optimizer):
 def test_a_reward_models_logits_are_a_score(tmp_path, scorer):
     # beside the score, each response's k1 averaged over its own tokens: 1/L weights (row 21), seen through the score
     assert _codes(tmp_path, SCORED.format(scorer=scorer)) == ["KL007"]
+
+
+def test_a_mean_over_a_padded_batchs_width_divides_every_response_by_the_same_number(tmp_path):
+    """PT0X0E/LLM-training-demo (fifty-eighth set), ethanyanjiali/minChatGPT (ninth): `kl.mean(-1)` of a [batch,
+    positions] tensor divides each row by the batch's width, the same for every response: a constant divisor (row
+    20), not the response's own length. Only one sequence's own tokens averaged give 1/L (row 21)."""
+    source = SCORED.format(scorer="reward_model").replace(
+        "((logps.detach() - ref_logps) * mask).sum(-1) / mask.sum(-1)", "(logps.detach() - ref_logps).mean(-1)")
+    assert _codes(tmp_path, source) == []
 
 
 # stateset-agents' GSPO-token step (fresh47), reduced: each query's prompt is encoded once (its length), and the
