@@ -12,6 +12,7 @@ from typing import cast
 
 import libcst as cst
 
+from klaudit.catalog import Position
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
@@ -135,6 +136,14 @@ class AssignmentFlow(FlowState):
                 held = tuple(f for f in held if f.poly is None or not f.poly.atoms() or f.poly.has_grad())
             # one sequence's row written at its place (`out[i, :n] = x[i, s:e]`): the buffer holds every sequence's
             value = tuple(replace(f, row=False) if f.row else f for f in value)
+            if any(f.position is Position.LAST for f in value) and _indexed_by(target, self.position_indices):
+                # `token_logp[:, pos] = logits[:, -1]...` in a loop over the positions: each position written in
+                # turn, the last of each context being that position
+                value = tuple(replace(f, position=Position.ALL) if f.position is Position.LAST else f for f in value)
+            if rhs is not None and _reads_its_own_place(target, rhs):
+                # `rewards[:, -1] = rewards[:, -1] + score`: a score added where the KL already is, as `+=` adds it;
+                # the KL at every position stays what the buffer holds, not the one place read back
+                value = tuple(f for f in value if not f.is_kl())
             self.env[base] = tuple(dict.fromkeys(held + value))
         elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
             self.env["self." + name] = value
@@ -197,6 +206,18 @@ class AssignmentFlow(FlowState):
         if isinstance(holder, cst.Name) and any(f.role == "dict" for f in self.env.get(holder.value, ())):
             return
         self.confirm(value)
+
+
+def _indexed_by(target: cst.Subscript, indices: list[frozenset[str]]) -> bool:
+    """Whether a subscript store's index names one of the loop variables `indices` (`out[active, pos]`)."""
+    names = frozenset().union(*indices)
+    return any(isinstance(element.slice, cst.Index) and type(element.slice.value) is cst.Name
+               and element.slice.value.value in names for element in target.slice)
+
+
+def _reads_its_own_place(target: cst.Subscript, rhs: cst.CSTNode) -> bool:
+    """Whether `rhs` reads the very place the subscript store writes (`x[i, j] = x[i, j] + y`)."""
+    return any(type(node) is cst.Subscript and node.deep_equals(target) for node in walk(rhs))
 
 
 def _buffer_written(target: cst.Subscript) -> str | None:

@@ -57,6 +57,7 @@ class FlowState:
         self.loop_variables: list[frozenset[str]] = []  # the names each `for` being run binds, innermost last
         # of each `for` being run, the variable counting the sequences -> whether it picks one by itself (`x[i]`)
         self.batch_indices: list[dict[str, bool]] = []
+        self.position_indices: list[frozenset[str]] = []  # of each `for` being run, the variable counting positions
         self.one_sequence_loops = 0  # how many loops being run handle one sequence a pass (`for traj in trajs:`)
         self.returns: list = []
         self.sinks: list[Sink] = []

@@ -61,6 +61,7 @@ class StatementFlow(FlowState):
             self.loop_variables.append(frozenset(node.value for node in walk(stmt.target) if type(node) is cst.Name)
                                        if isinstance(stmt, cst.For) else frozenset())
             self.batch_indices.append({} if reverse else _batch_index(stmt))
+            self.position_indices.append(_position_index(stmt))
             one_sequence = handles_one_sequence(stmt)
             self.one_sequence_loops += one_sequence
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
@@ -75,6 +76,7 @@ class StatementFlow(FlowState):
             self.reused = reused
             self.loop_variables.pop()
             self.batch_indices.pop()
+            self.position_indices.pop()
             self.one_sequence_loops -= one_sequence
             # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
@@ -287,6 +289,17 @@ def _batch_index(loop: cst.For | cst.While) -> dict[str, bool]:
     if roles.counts_positions(index) or _bound_counts_positions(loop.iter.args[0].value):
         return {}
     return {index: alone}
+
+
+def _position_index(loop: cst.For | cst.While) -> frozenset[str]:
+    """The variable of `for pos in range(x.size(1))` (or of a loop counting to a name spelled as positions, or of a
+    variable spelled so) that counts a sequence's positions; empty for any other loop."""
+    if not isinstance(loop, cst.For) or type(loop.target) is not cst.Name or type(loop.iter) is not cst.Call \
+            or dotted(loop.iter.func) != "range" or not loop.iter.args:
+        return frozenset()
+    index = loop.target.value
+    counts = roles.counts_positions(index) or any(_bound_counts_positions(arg.value) for arg in loop.iter.args[:2])
+    return frozenset({index}) if counts else frozenset()
 
 
 def _bound_counts_positions(bound: cst.BaseExpression) -> bool:
