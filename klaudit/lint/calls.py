@@ -39,7 +39,16 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
-from klaudit.lint.syntax import bound_names, decorated_no_grad, dotted, int_literal, last_name, params, string_value
+from klaudit.lint.syntax import (
+    bound_names,
+    decorated_no_grad,
+    dotted,
+    int_literal,
+    last_name,
+    marks_counted_tokens,
+    params,
+    string_value,
+)
 
 _BUILTINS = frozenset(dir(builtins))  # len(v), sum(v), isinstance(...): Python's own, which use nothing
 
@@ -284,6 +293,8 @@ class CallFlow(FlowState):
             return ()
         if _receiver(node) and self.analyzer.method_of_a_local(self.module, method) is not None:
             return None  # `ref.seq_logprob(x)`: a model class's own method, whatever the object's name reads as
+        if method == "ne" and len(positional) == 1 and marks_counted_tokens(positional[0]):
+            return (Fact(role="mask"),)  # `labels.ne(-100)`: the tokens that count, as `labels != -100` marks them
         base = self.expr(base_node)
         if method in ("endswith", "startswith", "lower", "upper", "strip"):
             return base if method in ("lower", "upper", "strip") else ()

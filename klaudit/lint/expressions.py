@@ -31,6 +31,7 @@ from klaudit.lint.syntax import (
     is_last_index,
     is_literal_choice,
     looks_like_option,
+    marks_counted_tokens,
     number_value,
     picks_a_row,
     picks_the_first_row,
@@ -244,10 +245,14 @@ class ExpressionFlow(FlowState):
         return tuple(dict.fromkeys(body + orelse))
 
     def e_Comparison(self, node: cst.Comparison) -> tuple:
-        """A comparison (`approx_kl > target_kl`) uses a KL value as a statistic."""
+        """A comparison (`approx_kl > target_kl`) uses a KL value as a statistic; `labels != -100` (or with the
+        padding token's id) marks the tokens that count, a 0/1 mask whatever it is named."""
         self.settle(self.expr(node.left))
         for comparison in node.comparisons:
             self.settle(self.expr(comparison.comparator))
+        if len(node.comparisons) == 1 and isinstance(node.comparisons[0].operator, cst.NotEqual) \
+                and marks_counted_tokens(node.comparisons[0].comparator):
+            return (Fact(role="mask"),)
         return ()
 
     def e_BooleanOperation(self, node: cst.BooleanOperation) -> tuple:

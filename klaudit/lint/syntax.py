@@ -117,6 +117,19 @@ def number_value(node: cst.CSTNode) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# what token ids are compared with to find the ones that count: the loss's ignore index, the padding or end token
+_NOT_COUNTED = re.compile(r"^(?:pad|eos|ignore)(?:_token)?(?:_ids?|_index)?$|^ignore_index$", re.IGNORECASE)
+
+
+def marks_counted_tokens(comparator: cst.BaseExpression) -> bool:
+    """Whether `ids != comparator` (or `ids.ne(comparator)`) marks the tokens that count: a comparison with -100,
+    the ignore index, or the padding or end token's id (`labels != -100`, `ids.ne(tokenizer.pad_token_id)`)."""
+    if int_literal(comparator) == -100:
+        return True
+    name = last_name(comparator) if isinstance(comparator, (cst.Name, cst.Attribute)) else ""
+    return bool(name) and _NOT_COUNTED.match(name) is not None
+
+
 def int_literal(node: cst.CSTNode | None) -> int | None:
     """An integer literal, or a negated one (-1), as an int; None for anything else."""
     if type(node) is cst.Integer:

@@ -6,6 +6,8 @@
   false KL005); the loop writes every position in turn.
 - The same trainer adds the task score at the last token with `shaped[b, last] = shaped[b, last] + rewards[b]`; the
   place read back on the right was taken for a second, last-token KL term (`+=` was already read right).
+- igreck/GPT's GRPO agent averages the exact KL over `shift_labels.ne(-100)` tokens, a name no mask spelling
+  matches: the divisor was unknown and the 1/L of each response missed (KL007).
 """
 
 from __future__ import annotations
@@ -57,3 +59,39 @@ def test_a_log_prob_written_position_by_position_is_every_tokens(tmp_path, index
     (tmp_path / "ppo.py").write_text(PPO_ROLLOUT.format(index=index, score=score))
     found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
     assert found == expected
+
+
+SEQUENCE_MEAN = """\
+import torch
+import torch.nn.functional as F
+
+
+def token_kl(logits, ref_logits, labels):
+    logp = F.log_softmax(logits[:, :-1], dim=-1)
+    logq = F.log_softmax(ref_logits[:, :-1], dim=-1)
+    kl_tok = (logp.exp() * (logp - logq)).sum(dim=-1)
+    active = {counted}.float()
+    return (kl_tok * active).sum(dim=1) / active.sum(dim=1).clamp_min(1.0)
+
+
+def train_step(model, ref_model, prompts, optimizer, kl_coef):
+    ids = model.generate(prompts, do_sample=True)
+    labels = ids.masked_fill(ids == tokenizer.pad_token_id, -100)
+    logits = model(ids).logits
+    with torch.no_grad():
+        ref_logits = ref_model(ids).logits
+    loss = kl_coef * token_kl(logits, ref_logits, labels).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("counted", ["labels[:, 1:].ne(-100)", "(labels[:, 1:] != -100)",
+                                     "labels[:, 1:].ne(tokenizer.pad_token_id)"])
+def test_the_tokens_compared_with_the_ignore_index_are_a_mask(tmp_path, counted):
+    """igreck/GPT's GRPO agent averages the exact KL over each sequence's `shift_labels.ne(-100)` tokens: a mask by
+    how it is made, whatever it is named, so each response is divided by its own length (row 21, KL007, beside the
+    exact per-step KL differentiated as a loss, row 5c's KL003)."""
+    (tmp_path / "grpo.py").write_text(SEQUENCE_MEAN.format(counted=counted))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
+    assert found == [(19, "KL003"), (19, "KL007")]
