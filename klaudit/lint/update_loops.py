@@ -206,7 +206,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if calls_of is None:
         calls_of = CallIndex()
     calls = calls_of(func)
-    steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call)]
+    steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call) and not _steps_another_model(call)]
     if not steps and _stepped_by_lightning(func, methods):
         # one step after the function returns, out of its loops (or after a window of such calls, none stepping)
         return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of), configs) is True
@@ -738,6 +738,20 @@ def _is_step(node: cst.CSTNode) -> bool:
     if method == "step" and node.args and roles.names_optimizer(last_name(node.args[0].value) or ""):
         return True  # a gradient scaler or a device manager stepping the optimizer it is handed
     return (method == "step" or method == "update" and bool(node.args)) and roles.names_optimizer(last_name(node.func.value))
+
+
+# an optimizer named for a model other than the policy: a critic's, a value head's, a discriminator's, a reward model's
+_ANOTHER_MODELS_OPTIMIZER = re.compile(r"(^|_)(critic|value|vf|disc|discriminator|reward|rm|d)(_|$)", re.IGNORECASE)
+
+
+def _steps_another_model(node: cst.Call) -> bool:
+    """`critic_opt.step()`, `disc_optimizer.step()`: an update of another model, which says nothing of how old the
+    policy's samples are (DhawalV1's discriminator, stepped in a loop of its own after the policy's)."""
+    if type(node.func) is not cst.Attribute:
+        return False
+    handed = node.args[0].value if node.args and node.func.attr.value == "step" else None
+    held = handed if handed is not None and roles.names_optimizer(last_name(handed) or "") else node.func.value
+    return _ANOTHER_MODELS_OPTIMIZER.search(last_name(held) or "") is not None
 
 
 def _named_as_draw(node: cst.Call) -> bool:

@@ -6,6 +6,8 @@
   false KL005); the loop writes every position in turn.
 - The same trainer adds the task score at the last token with `shaped[b, last] = shaped[b, last] + rewards[b]`; the
   place read back on the right was taken for a second, last-token KL term (`+=` was already read right).
+- DhawalV1/Negative_Code_Generation steps its discriminator's optimizer in a loop after the actor's: read as a
+  second policy step on the same samples (a false KL008).
 - igreck/GPT's GRPO agent averages the exact KL over `shift_labels.ne(-100)` tokens, a name no mask spelling
   matches: the divisor was unknown and the 1/L of each response missed (KL007).
 """
@@ -95,3 +97,39 @@ def test_the_tokens_compared_with_the_ignore_index_are_a_mask(tmp_path, counted)
     (tmp_path / "grpo.py").write_text(SEQUENCE_MEAN.format(counted=counted))
     found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
     assert found == [(19, "KL003"), (19, "KL007")]
+
+
+DISCRIMINATOR_AFTER = """\
+import torch
+
+for step in range(100):
+    for prompt in prompts:
+        ids = actor.generate(prompt)
+        logp_old = actor.logprobs(ids).detach()
+        logp_ref = ref_actor.logprobs(ids).detach()
+        logp_new = actor.logprobs(ids)
+        ratio = torch.exp(logp_new - logp_old)
+        kl = torch.exp(logp_ref - logp_new) - (logp_ref - logp_new) - 1
+        loss = -(ratio * advantage(ids)).sum() + 0.05 * kl.sum()
+        actor_opt.zero_grad()
+        loss.backward()
+        actor_opt.step()
+    for prompt in prompts:
+        disc_loss = discriminator_loss(prompt)
+        disc_loss.backward()
+        {optimizer}.step()
+"""
+
+
+@pytest.mark.parametrize("optimizer, expected", [
+    ("disc_opt", []),  # the discriminator's optimizer: the policy still steps once per fresh draw
+    ("critic_optimizer", []),
+    ("actor_opt", [(11, "KL008")]),  # the policy stepped again after its samples were drawn: they grow old
+])
+def test_a_step_of_another_models_optimizer_leaves_the_samples_fresh(tmp_path, optimizer, expected):
+    """DhawalV1/Negative_Code_Generation steps its actor once per generated sample, then its discriminator in a loop
+    of its own: that step trains no policy, and the KL loss is on fresh samples (a false KL008)."""
+    (tmp_path / "train.py").write_text(DISCRIMINATOR_AFTER.format(optimizer=optimizer))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings
+             if finding.code == "KL008"]
+    assert found == expected
