@@ -9,6 +9,8 @@ seen; a `with torch.no_grad()` block makes its new tensors carry no gradient.
 
 from __future__ import annotations
 
+from typing import cast
+
 import libcst as cst
 
 from klaudit.lint import roles
@@ -188,6 +190,18 @@ class StatementFlow(FlowState):
             merged = join_envs(merged, self.env)
         self.env = merged
 
+    def summed_over_the_loop(self, small: cst.Assign, value: tuple) -> tuple:
+        """`total = total + x` run again by the loop, `total` holding only what `x` made before: the sum over the
+        iterations of the same term, not twice it (a trajectory's log-prob summed over its denoising steps stays
+        log pi of the trajectory, which exp of a log-ratio needs at coefficient 1)."""
+        name = cast("cst.Name", small.targets[0].target).value
+        added = self.expr(_added_term(small))
+        polys = {f.poly for f in added if f.role == "tensor"}
+        held = [f for f in self.env.get(name, ()) if f.role == "tensor"]
+        if held and polys and all(f.poly in polys for f in held):
+            return added
+        return value
+
     def small(self, small: cst.CSTNode) -> None:
         self._memo = {}
         self.read = set()
@@ -195,7 +209,7 @@ class StatementFlow(FlowState):
         if type(small) is cst.Assign:
             value = self.loop_carried(small) or self.expr(small.value)
             if self.loop_variables and _adds_to_itself(small):
-                value = _counted_over_the_loop(value)
+                value = self.summed_over_the_loop(small, _counted_over_the_loop(value))
             for target in small.targets:
                 self.assign_target(target.target, value, small, rhs=small.value)
         elif type(small) is cst.AnnAssign and small.value is not None:
@@ -329,6 +343,13 @@ def _leaves(body: cst.BaseSuite) -> bool:
     if type(last) is cst.SimpleStatementLine:
         last = last.body[-1] if last.body else None
     return type(last) is cst.Return or type(last) is cst.Raise
+
+
+def _added_term(assign: cst.Assign) -> cst.BaseExpression:
+    """The term `total = total + x` (or `x + total`) adds to the running sum."""
+    value = cast("cst.BinaryOperation", assign.value)
+    name = cast("cst.Name", assign.targets[0].target).value
+    return value.right if type(value.left) is cst.Name and value.left.value == name else value.left
 
 
 def _adds_to_itself(assign: cst.Assign) -> bool:

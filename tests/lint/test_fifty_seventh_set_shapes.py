@@ -8,6 +8,8 @@
   place read back on the right was taken for a second, last-token KL term (`+=` was already read right).
 - DhawalV1/Negative_Code_Generation steps its discriminator's optimizer in a loop after the actor's: read as a
   second policy step on the same samples (a false KL008).
+- The same project's diffusion GRPO sums each denoising step's log-prob into the trajectory's in a loop; the loop's
+  second pass doubled the sum, and the k3 of the trajectory's log-ratio was read as k1 (a false KL001).
 - igreck/GPT's GRPO agent averages the exact KL over `shift_labels.ne(-100)` tokens, a name no mask spelling
   matches: the divisor was unknown and the 1/L of each response missed (KL007).
 """
@@ -133,3 +135,40 @@ def test_a_step_of_another_models_optimizer_leaves_the_samples_fresh(tmp_path, o
     found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings
              if finding.code == "KL008"]
     assert found == expected
+
+
+TRAJECTORY = """\
+import torch
+
+
+def trajectory_logp(model, trace):
+    total_logp = torch.zeros(trace[0].size(0))
+    for step in trace:
+        log_probs = torch.log_softmax(model(step), dim=-1)
+        total_logp = {running}
+    return total_logp
+
+
+def train_step(model, ref_model, trace, optimizer, kl_coef):
+    logp = trajectory_logp(model, trace)
+    with torch.no_grad():
+        ref_logp = trajectory_logp(ref_model, trace)
+    delta = ref_logp - logp
+    kl = (delta.exp() - delta - 1).mean()
+    loss = kl_coef * kl
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("running", [
+    "total_logp + log_probs.gather(-1, step.actions[..., None]).squeeze(-1).sum(-1)",
+    "log_probs.gather(-1, step.actions[..., None]).squeeze(-1).sum(-1) + total_logp",
+])
+def test_a_log_prob_summed_over_a_loop_is_one_log_prob_of_the_whole(tmp_path, running):
+    """deepakvijaykee/minilab's diffusion GRPO sums each denoising step's log-prob into the trajectory's, `total =
+    total + step_logp`; read twice over by the loop's second pass it was 2 log pi, whose exp is no ratio, and the k3
+    of the trajectory's log-ratio (row 18's estimator, a loss: KL002) was read as k1 (a false KL001)."""
+    (tmp_path / "diffusion.py").write_text(TRAJECTORY.format(running=running))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
+    assert found == [(18, "KL002")]
