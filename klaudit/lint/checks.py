@@ -131,16 +131,20 @@ def as_trained(config: Config, reduced: bool, kind: SinkKind, training: RewardTr
 
 
 def trained_later(analyzer: Analyzer, mod: Module, function: tuple[cst.FunctionDef, str | None], config: Config,
-                  kind: SinkKind, line_of: Callable[[Module, cst.CSTNode], int | None]) -> RewardTraining | None:
+                  kind: SinkKind, line_of: Callable[[Module, cst.CSTNode], int | None],
+                  site: cst.CSTNode | None = None) -> RewardTraining | None:
     """A KL reward computed where the samples are drawn and trained afterwards by a loop of several optimizer
-    steps on them (klaudit.lint.update_loops.trained_by_a_later_loop), in the module or in a base class of another:
-    every step after the first trains it on an older policy's samples (row 23). `line_of`: the line of a statement
-    of a module."""
+    steps on them (klaudit.lint.update_loops.trained_by_a_later_loop), in the module or in a base class of another,
+    or by a loop after its `site` in the same function (update_loops.reusing_loop_after): every step after the first
+    trains it on an older policy's samples (row 23). `line_of`: the line of a statement of a module."""
     if kind == "loss" or config.reward is None or config.loss is not None:
         return None
     cls = function[1]
     loop, home = mod.trained_by_a_later_loop(*function, inherited=None if cls is None else
                                              lambda method: _loop_of_a_base(analyzer, mod, method, cls))
+    if loop is None and site is not None and config.sampling is Sampling.ON_POLICY and mod.takes_a_step(function[0]):
+        # the reward lost before any loss the analysis follows (`site`: where it was last seen, None where it reached one)
+        loop, home = mod.reusing_loop_after(function[0], cls, site), mod
     line = line_of(home, loop) if loop is not None else None
     if line is None:
         return None
@@ -448,6 +452,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
     if not candidates:
         return []
     positions = _Positions(analyzer.project)
+    in_a_loss = {id(c.fact.origin) for c in candidates if c.sink.kind == "loss"}  # terms some loss here is seen to hold
     groups: dict[tuple[int, tuple[tuple[str | int, ...], ...], bool], list[_Candidate]] = {}
     for cand in candidates:
         values = tuple(v for _, v in cand.fact.labels)
@@ -518,7 +523,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             rows = defects(config, best.fact.clamped)
         trainer = training or trained_later(analyzer, analyzer.module(path, module), functions[best.function], config,
                                             best.sink.kind, lambda home, node: (positions.of(home.tree, node)
-                                                                                or (None,))[0])
+                                                                                or (None,))[0],
+                                            None if id(best.fact.origin) in in_a_loss else best.sink.node)
         trained = as_trained(config, reduced, best.sink.kind, trainer)
         trained_here = trained != config
         if trained_here:

@@ -42,6 +42,7 @@ from klaudit.lint.update_loops import (
     handed_on_elsewhere,
     importers_afar,
     reuses_samples,
+    reusing_loop_after,
     steps_on_fresh_samples,
     takes_a_step,
     trained_by_a_later_loop,
@@ -224,6 +225,11 @@ class Module:
                 inherited=of_a_base)
             self._later_loop[key] = (loop, home[0] if home and loop is not None else self)
         return self._later_loop[key]
+
+    def reusing_loop_after(self, func: cst.FunctionDef, cls: str | None, site: cst.CSTNode) -> cst.For | None:
+        """klaudit.lint.update_loops.reusing_loop_after of one of this module's functions (a method of `cls`)."""
+        methods = self.classes[cls][1] if cls in self.classes else None
+        return reusing_loop_after(func, site, self.tree, methods, self.project.configs)
 
     def caller_pins(self, func: cst.FunctionDef, cls: str | None) -> Mapping[str, tuple]:
         """klaudit.lint.pinned.caller_pins of a module function nothing in this module calls, from the calls the

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import libcst as cst
@@ -531,6 +531,30 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
     return None
 
 
+def reusing_loop_after(func: cst.FunctionDef, site: cst.CSTNode, module: cst.Module,
+                       methods: dict[str, cst.FunctionDef] | None = None,
+                       configs: tuple[str, ...] = ()) -> cst.For | None:
+    """A loop of `func` that begins after `site` (and does not hold it) and trains several optimizer steps on the
+    same samples (`reuses_samples`): a script that stores each rollout's KL reward in a buffer of dicts, then runs
+    `for ppo_epoch in range(PPO_EPOCHS)` over it, trains the reward on an older policy's samples after the first
+    step, though the analysis loses the reward in the buffer."""
+    nodes = list(_in_source_order(func))
+    start = next((index for index, node in enumerate(nodes) if node is site), None)
+    if start is None:
+        return None
+    return next((node for node in nodes[start + 1:] if type(node) is cst.For
+                 and reuses_samples(node, module, methods, configs)), None)
+
+
+def _in_source_order(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`node` and every node under it, each before what it holds and after what precedes it in the source."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(child_nodes(current)))
+
+
 def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module) -> cst.For | None:
     """The loop of `module` that trains the samples at each of the calls `found` in other modules: every caller goes
     on to call a function of `module` (by its name) that holds a loop reusing its samples; None where one does not."""
@@ -768,9 +792,16 @@ def _draws(node: cst.CSTNode) -> bool:
     nor from an older copy of the policy (`sample_response(model=old_model, ...)`)."""
     if type(node) is not cst.Call or not _named_as_draw(node):
         return False
-    if _given_an_old_copy(node):
+    if _given_an_old_copy(node) or _greedy(node):
         return False
     return type(node.func) is not cst.Attribute or not _BUFFER.search(dotted(node.func.value))
+
+
+def _greedy(call: cst.Call) -> bool:
+    """`model.generate(..., do_sample=False)`: greedy decoding, an evaluation's output, not samples of the policy
+    to train on (JunyiJ/PostTraining-LLM-Small's periodic eval inside its PPO epochs)."""
+    return any(arg.keyword is not None and arg.keyword.value == "do_sample" and type(arg.value) is cst.Name
+               and arg.value.value == "False" for arg in call.args)
 
 
 def _given_an_old_copy(call: cst.Call) -> bool:

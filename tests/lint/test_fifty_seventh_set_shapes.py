@@ -10,6 +10,9 @@
   second policy step on the same samples (a false KL008).
 - The same project's diffusion GRPO sums each denoising step's log-prob into the trajectory's in a loop; the loop's
   second pass doubled the sum, and the k3 of the trajectory's log-ratio was read as k1 (a false KL001).
+- JunyiJ/PostTraining-LLM-Small's PPO script keeps each rollout's k1 reward in a list of dicts and trains it over
+  PPO_EPOCHS = 2 steps after the rollout loop; the greedy evaluation generation inside the epochs was read as a new
+  draw, and the loop after the reward was not looked for in the same function (a missed KL008).
 - igreck/GPT's GRPO agent averages the exact KL over `shift_labels.ne(-100)` tokens, a name no mask spelling
   matches: the divisor was unknown and the 1/L of each response missed (KL007).
 """
@@ -172,3 +175,47 @@ def test_a_log_prob_summed_over_a_loop_is_one_log_prob_of_the_whole(tmp_path, ru
     (tmp_path / "diffusion.py").write_text(TRAJECTORY.format(running=running))
     found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
     assert found == [(18, "KL002")]
+
+
+BUFFERED_SCRIPT = """\
+import torch
+
+PPO_EPOCHS = {epochs}
+
+for epoch in range(10):
+    buffer_memory = []
+    for batch in batches:
+        tokens = model.generate(batch, do_sample=True)
+        with torch.no_grad():
+            log_probs_old = model.logprobs(tokens)
+            log_probs_ref = ref_model.logprobs(tokens)
+        rewards = (-0.05 * (log_probs_old - log_probs_ref)).detach().clone()
+        rewards[:, -1] += score(tokens)
+        advantages = advantage_gae(rewards, values(tokens)).detach()
+        buffer_memory.append({{"tokens": tokens, "old_log_probs": log_probs_old, "advantages": advantages}})
+    for ppo_epoch in range(PPO_EPOCHS):
+        for mini_batch in buffer_memory:
+            new = model.logprobs(mini_batch["tokens"])
+            ratio = torch.exp(new - mini_batch["old_log_probs"])
+            loss = -(ratio * mini_batch["advantages"]).mean()
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 50 == 0:
+            print(model.generate(eval_prompt, {eval_sampling}))
+"""
+
+
+@pytest.mark.parametrize("epochs, eval_sampling, expected", [
+    (2, "do_sample=False", [(12, "KL008")]),  # two steps on each rollout's k1 reward: row 23 after the first
+    (1, "do_sample=False", []),  # one step per rollout: on-policy, row 6
+    (2, "do_sample=True", []),  # a sampled generation inside the epochs: read as fresh samples, nothing claimed
+])
+def test_a_reward_kept_in_a_buffer_is_trained_by_the_epochs_after_it(tmp_path, epochs, eval_sampling, expected):
+    """JunyiJ/PostTraining-LLM-Small's run_train_ppo.py puts each rollout's k1 reward, through GAE, into a list of
+    dicts, then runs PPO_EPOCHS = 2 optimizer steps over the list; its greedy evaluation generation inside the epochs
+    draws nothing to train on. The reward never reaches the loss the analysis sees, but the loop after it trains it
+    on an older policy's samples from the second step (a missed KL008)."""
+    (tmp_path / "run_train_ppo.py").write_text(BUFFERED_SCRIPT.format(epochs=epochs, eval_sampling=eval_sampling))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
+    assert found == expected
