@@ -142,8 +142,10 @@ class AssignmentFlow(FlowState):
                 value = tuple(replace(f, position=Position.ALL) if f.position is Position.LAST else f for f in value)
             if rhs is not None and _reads_its_own_place(target, rhs):
                 # `rewards[:, -1] = rewards[:, -1] + score`: a score added where the KL already is, as `+=` adds it;
-                # the KL at every position stays what the buffer holds, not the one place read back
-                value = tuple(f for f in value if not f.is_kl())
+                # the KL at every position stays what the buffer holds, not the one place read back (a new term
+                # added there is kept)
+                kept = {f.poly for f in held}
+                value = tuple(f for f in value if not (f.is_kl() and f.poly in kept))
             self.env[base] = tuple(dict.fromkeys(held + value))
         elif type(target) is cst.Attribute and type(target.value) is cst.Name and target.value.value == "self":
             self.env["self." + name] = value

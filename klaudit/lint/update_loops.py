@@ -546,13 +546,14 @@ def reusing_loop_after(func: cst.FunctionDef, site: cst.CSTNode, module: cst.Mod
                  and reuses_samples(node, module, methods, configs)), None)
 
 
-def _in_source_order(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`node` and every node under it, each before what it holds and after what precedes it in the source."""
-    stack = [node]
+def _in_source_order(func: cst.FunctionDef) -> Iterator[cst.CSTNode]:
+    """The nodes of `func`'s body, each before what it holds and after what precedes it in the source, except those
+    of the functions, classes and lambdas it defines (as `ordered_calls` walks it)."""
+    stack: list[cst.CSTNode] = [func.body]
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(reversed(child_nodes(current)))
+        stack.extend(child for child in reversed(child_nodes(current)) if type(child) not in SCOPES)
 
 
 def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module) -> cst.For | None:

@@ -58,6 +58,8 @@ SCORE_ADDED = "    shaped[:, -1] = shaped[:, -1] + scores"
     ("pos", "    shaped[:, -1] += scores", []),
     ("pos", "    for b in range(ids.size(0)):\n        shaped[b, -1] = shaped[b, -1] + scores[b]", []),
     ("t", SCORE_ADDED, []),  # a loop variable spelled as a position
+    # a KL term of its own added where the buffer is read back: kept, a KL at the final token (KL005)
+    ("pos", "    shaped[:, -1] = shaped[:, -1] - kl_coef * (old_logp - ref_logp)[:, -1]", [(19, "KL005")]),
     # the KL kept at the last token alone: a KL reward at the final token (KL005)
     ("pos", "    shaped = torch.zeros_like(shaped)\n    shaped[:, -1] = -kl_coef * (old_logp - ref_logp)[:, -1] + scores",
      [(20, "KL005")]),
