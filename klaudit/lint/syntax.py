@@ -118,7 +118,7 @@ def number_value(node: cst.CSTNode) -> float | None:
 
 
 # what token ids are compared with to find the ones that count: the loss's ignore index, the padding or end token
-_NOT_COUNTED = re.compile(r"^(?:pad|eos|ignore)(?:_token)?(?:_ids?|_index)?$|^ignore_index$", re.IGNORECASE)
+_NOT_COUNTED = re.compile(r"^(?:pad|eos|ignore)(?:_token)?(?:_ids?|_index)?$", re.IGNORECASE)
 
 
 def marks_counted_tokens(comparator: cst.BaseExpression) -> bool:
