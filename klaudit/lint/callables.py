@@ -9,6 +9,7 @@ of a callee like a call of the function by name, with the bound arguments first.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from klaudit.lint.containers import record_fields
 from klaudit.lint.facts import Fact, replace
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.project import names_loss_helper
-from klaudit.lint.syntax import dotted
+from klaudit.lint.syntax import dotted, int_literal, params, string_value
 
 # Every Callee, by its fields: a Callee equal to one that exists is that one (see Callee).
 _CALLEES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -154,8 +155,13 @@ class CallableFlow(FlowState):
         method = methods.get("__call__") or methods.get("forward")
         if method is None:
             return value
-        # `self.x = x` in __init__: the method reads the constructor's argument as self.x
+        # `self.x = x` in __init__: the method reads the constructor's argument (or the default it leaves) as self.x
         arguments = dict(value[0].items)
+        init = methods.get("__init__")
+        spread = any(a.star == "**" for a in node.args)
+        for param in params(init)[1:] if init is not None else ():
+            if param.name.value not in arguments and param.default is not None:
+                arguments[param.name.value] = left_default(param, spread, self.expr)
         state = tuple(sorted((f"self.{attr}", arguments[rhs[0].value])
                              for attr, rhs in self_assignments([methods["__init__"]] if "__init__" in methods else []).items()
                              if len(rhs) == 1 and isinstance(rhs[0], cst.Name) and rhs[0].value in arguments))
@@ -207,3 +213,19 @@ def _annotated(assign: cst.AnnAssign) -> list:
     built_by_factory = (isinstance(cls, cst.Name) and cls.value[:1].isupper() and isinstance(assign.value, cst.Call)
                         and not (isinstance(assign.value.func, cst.Name) and assign.value.func.value == cls.value))
     return [assign.value, cst.Call(func=cls)] if built_by_factory else [assign.value]
+
+
+def left_default(param: cst.Param, spread: bool, expr: Callable[[cst.BaseExpression], tuple]) -> tuple:
+    """What a parameter the caller leaves holds: its default (a string, a bool, a name or a number, `dim=-1`
+    too), unless a spread dict (`f(x, **options)`) may set it."""
+    default = param.default
+    if spread and isinstance(default, cst.Name) and default.value == "None":
+        return ()  # maybe set by the spread dict: `if x is None:` decides nothing
+    if isinstance(default, cst.SimpleString):
+        text = string_value(default) if not spread else None
+        return (Fact(role="str", text=text if isinstance(text, str) else None, name=param.name.value),)
+    if isinstance(default, cst.Name) and default.value in ("True", "False"):
+        return (Fact(role="bool", text=None if spread else default.value, name=param.name.value),)
+    if isinstance(default, (cst.Name, cst.Integer, cst.Float)) or default is not None and int_literal(default) is not None:
+        return expr(default)
+    return ()

@@ -19,7 +19,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.assignments import records_metrics
-from klaudit.lint.callables import Callee, callees_among
+from klaudit.lint.callables import Callee, callees_among, left_default
 from klaudit.lint.facts import (
     CRITIC,
     Fact,
@@ -39,11 +39,11 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.library import LOSS_MODULES
+from klaudit.lint.project import is_installed_model
 from klaudit.lint.syntax import (
     bound_names,
     decorated_no_grad,
     dotted,
-    int_literal,
     last_name,
     marks_counted_tokens,
     params,
@@ -197,7 +197,7 @@ class CallFlow(FlowState):
                     facts = _handed_in(self.given_as_advantages(given, arg))
                 env[name] = facts
             elif param.default is not None:
-                env[name] = _left_default(param, spread, self.expr)
+                env[name] = left_default(param, spread, self.expr)
             else:
                 env[name] = param_facts(param)
         _bind_detached_copies(env, parameters, positional, keywords, explained_by_name)
@@ -226,7 +226,7 @@ class CallFlow(FlowState):
             returns = computed_without_grad(returns)
         if module is self.module:
             return returns
-        return self.entering_here(returns, entered)
+        return _entering_here(returns, entered, node, self.module.path)
 
     def runs_the_reference(self, func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
         """A helper named for the reference's log-probs (`ref_logps(policy, ...)`), or named for log-probs and given
@@ -258,18 +258,6 @@ class CallFlow(FlowState):
         advantages weighs each token's policy gradient, so the terms enter the advantages here, also those
         that only passed a loss-named value on their way (`distillation_losses = kl_penalty(...)`, returned)."""
         return self.sink("advantage", tuple(replace(f, entry=None) if passed_loss_name(f) else f for f in facts), node)
-
-    def entering_here(self, value: tuple, entered: set) -> tuple:
-        """A term formed here that entered a loss inside another module's function (`self.loss_fn =
-        PolicyLoss(...)`) is reported where that loss comes back: the other module's lint never sees it."""
-        out = []
-        for f in value:
-            if f.role == "tuple":
-                f = replace(f, items=tuple(self.entering_here(item, entered) for item in f.items))
-            elif f.entry is not None and f.entry not in entered and f.origin_path == self.module.path:
-                f = replace(f, entry=None)
-            out.append(f)
-        return tuple(out)
 
     def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> tuple | None:
         positional, keywords = self.args(node)
@@ -303,20 +291,21 @@ class CallFlow(FlowState):
         return self.tensor_method(method, base, positional, keywords, node)
 
 
-def _left_default(param: cst.Param, spread: bool, expr: Callable[[cst.BaseExpression], tuple]) -> tuple:
-    """What a parameter the caller leaves holds: its default (a string, a bool, a name or a number, `dim=-1`
-    too), unless a spread dict (`f(x, **options)`) may set it."""
-    default = param.default
-    if spread and isinstance(default, cst.Name) and default.value == "None":
-        return ()  # maybe set by the spread dict: `if x is None:` decides nothing
-    if isinstance(default, cst.SimpleString):
-        text = string_value(default) if not spread else None
-        return (Fact(role="str", text=text if isinstance(text, str) else None, name=param.name.value),)
-    if isinstance(default, cst.Name) and default.value in ("True", "False"):
-        return (Fact(role="bool", text=None if spread else default.value, name=param.name.value),)
-    if isinstance(default, (cst.Name, cst.Integer, cst.Float)) or default is not None and int_literal(default) is not None:
-        return expr(default)
-    return ()
+def _entering_here(value: tuple, entered: set, call: cst.Call, path: str) -> tuple:
+    """A term formed in the module at `path` that entered a loss inside another module's function (`self.loss_fn =
+    PolicyLoss(...)`) is reported where that loss comes back: the other module's lint never sees it. One formed and
+    entered inside klaudit's model of an installed framework (Liger's fused GRPO loss) enters the loss at this call,
+    where the project chose it."""
+    out = []
+    for f in value:
+        if f.role == "tuple":
+            f = replace(f, items=tuple(_entering_here(item, entered, call, path) for item in f.items))
+        elif f.entry is not None and f.entry not in entered and f.origin_path == path:
+            f = replace(f, entry=None)
+        elif f.entry is not None and is_installed_model(f.origin_path):
+            f = replace(f, entry=call)
+        out.append(f)
+    return tuple(out)
 
 
 def _bind_detached_copies(env: dict, parameters: list[cst.Param], positional: list, keywords: dict,

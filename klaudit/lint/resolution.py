@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from klaudit.lint import roles
+from klaudit.lint.project import installed_model
 from klaudit.lint.syntax import dotted
 
 if TYPE_CHECKING:
@@ -29,14 +30,15 @@ class NameResolution:
     def resolve_class(self, module: Module, func_node: cst.CSTNode, imports: bool = True, base: bool = False):
         """(module, class definition) for a class of the linted tree called by name, or None.
 
-        With `imports` False only classes of `module` itself are considered; `base`: the class is a base of one
-        of `module`'s, looked up in any module (parsing one that has no KL words)."""
+        With `imports` False only classes of `module` itself are considered, and those klaudit has a model of
+        (Liger's fused GRPO loss); `base`: the class is a base of one of `module`'s, looked up in any module
+        (parsing one that has no KL words)."""
         if not isinstance(func_node, cst.Name):
             return None
         name = func_node.value
         if name in module.classes:
             return module, module.classes[name][0]
-        if name in module.imports and imports:
+        if name in module.imports and (imports or installed_model(module.imports[name][0]) is not None):
             source, attr, level = module.imports[name]
             return self._exported_class(self._import(module, source, level, attr, base), attr, base) if attr else None
         elif imports:

@@ -89,3 +89,30 @@ def test_a_verdict_reached_under_several_values_of_one_switch_names_them_all(tmp
     switches = sorted(f.message[f.message.index("["):f.message.index("]") + 1] for f in found)
     assert switches == ['[kl_penalty="abs"|"abs+"]', '[kl_penalty="low_var_kl"|"k3"|"low_var_kl+"|"k3+"]',
                         '[kl_penalty="mse"|"k2"|"mse+"|"k2+"]']
+
+
+LIGER = """\
+    from liger_kernel.chunked_loss.grpo_loss import LigerFusedLinearGRPOLoss
+
+
+    def grpo_step(model, hidden, ref_hidden, ids, mask, advantages, optimizer):
+        fused = LigerFusedLinearGRPOLoss({options})
+        loss, _ = fused(hidden, model.lm_head.weight, ids, mask, advantages,
+                        ref_input=ref_hidden, ref_weight=model.ref_head.weight)
+        loss.backward()
+        optimizer.step()
+    """
+
+
+@pytest.mark.parametrize("options, codes", [
+    ("beta=0.04", ["KL002"]),  # k3 in the loss (row 3), the batch's tokens summed over their count (the default)
+    ("beta=0.04, loss_type='bnpo'", ["KL002"]),
+    ("beta=0.04, loss_type='grpo'", ["KL002", "KL007"]),  # each sequence over its own length: 1/L weights
+    ("beta=0.0, loss_type='grpo'", []),  # no KL term at all
+    ("loss_type='grpo'", ["KL002", "KL007"]),  # Liger's own beta is 0.04
+])
+def test_the_fused_grpo_loss_of_an_installed_liger_kernel_adds_k3_to_the_loss(tmp_path, options, codes):
+    found = findings(tmp_path, LIGER.format(options=options))
+    assert sorted({f.code for f in found}) == codes
+    assert {f.line for f in found} <= {6}  # the call that computes the loss: the KL term enters it there
+    assert all("computed by the installed liger_kernel.chunked_loss.grpo_loss" in f.message for f in found)
