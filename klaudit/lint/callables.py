@@ -41,17 +41,18 @@ class Callee:
     closure: tuple = ()  # ((enclosing variable, facts), ...), sorted by name
     bound: tuple = ()  # facts of the positional arguments bound by functools.partial
     bound_keywords: tuple = ()  # ((parameter, facts), ...) bound by functools.partial
+    built: Any = None  # (module path, the call that built it) of a callable object: where its settings are chosen
 
     def __new__(cls_, module: Any, func: cst.FunctionDef, cls: str | None = None, closure: tuple = (),
-                bound: tuple = (), bound_keywords: tuple = ()) -> Callee:
-        key = (module, func, cls, closure, bound, bound_keywords)
+                bound: tuple = (), bound_keywords: tuple = (), built: Any = None) -> Callee:
+        key = (module, func, cls, closure, bound, bound_keywords, built)
         found = _CALLEES.get(key)
         if found is None:
             found = _CALLEES[key] = super().__new__(cls_)
         return found
 
     def _fields(self) -> tuple:
-        return (self.module, self.func, self.cls, self.closure, self.bound, self.bound_keywords)
+        return (self.module, self.func, self.cls, self.closure, self.bound, self.bound_keywords, self.built)
 
     def __hash__(self) -> int:
         cached = self.__dict__.get("_hash")
@@ -165,7 +166,8 @@ class CallableFlow(FlowState):
         state = tuple(sorted((f"self.{attr}", arguments[rhs[0].value])
                              for attr, rhs in self_assignments([methods["__init__"]] if "__init__" in methods else []).items()
                              if len(rhs) == 1 and isinstance(rhs[0], cst.Name) and rhs[0].value in arguments))
-        return tuple(replace(f, callee=Callee(module, method, classdef.name.value, closure=state)) for f in value)
+        return tuple(replace(f, callee=Callee(module, method, classdef.name.value, closure=state,
+                                              built=(self.module.path, self.here(node)))) for f in value)
 
 
 def self_assignments(methods: list) -> dict:

@@ -145,9 +145,10 @@ class CallFlow(FlowState):
     def call_callee(self, callee: Callee, node: cst.Call) -> tuple:
         """A call of a function held as a value: its closure and the partial's bound arguments come first."""
         bound = {name: _handed_in(facts) for name, facts in callee.bound_keywords}
-        return self.call_summary((callee.module, callee.func, callee.cls), node, dict(callee.closure), callee.bound, bound)
+        return self.call_summary((callee.module, callee.func, callee.cls), node, dict(callee.closure), callee.bound, bound,
+                                 built=callee.built)
 
-    def call_summary(self, resolved, node: cst.Call, closure=None, bound=(), bound_keywords=None) -> tuple:
+    def call_summary(self, resolved, node: cst.Call, closure=None, bound=(), bound_keywords=None, built=None) -> tuple:
         module, func, cls = resolved
         positional, keywords = self.args(node)
         positional = [*bound, *positional]
@@ -205,12 +206,15 @@ class CallFlow(FlowState):
         for facts in env.values():
             self.settle(facts)  # handed to a function of the tree, whose analysis follows it
         # where a term already entered a loss or reward here, it stays reported there; a term that enters
-        # one inside the callee is reported at this call
+        # one inside the callee is reported at this call, or, formed by an installed framework's object this module
+        # built, where it was built (its settings: Liger's `LigerFusedLinearGRPOLoss(beta=..., loss_type=...)`)
         entered = {f.entry for facts in env.values() for f in facts if f.entry is not None}
+        site = built[1] if built is not None and built[0] == self.module.path else node
         # a term this function was itself handed stays its caller's through the callee's sinks and returns
         for sink in outcome.sinks:
-            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else None,
-                                               passed=id(f.origin) in handed_on) for f in sink.facts), node, via=sink)
+            self.sink(sink.kind, tuple(replace(f, entry=f.entry if f.entry in entered else site if is_installed_model(
+                f.origin_path) and site is not node else None, passed=id(f.origin) in handed_on)
+                for f in sink.facts), node, via=sink)
         if roles.names_implicit_reward(func.name.value):
             return ()  # PRIME's compute_implicit_reward: the reward model's score, whatever its caller names it
         returns = _as_the_callers(outcome.returns, handed_on)
@@ -226,7 +230,7 @@ class CallFlow(FlowState):
             returns = computed_without_grad(returns)
         if module is self.module:
             return returns
-        return _entering_here(returns, entered, node, self.module.path)
+        return _entering_here(returns, entered, site, self.module.path)
 
     def runs_the_reference(self, func: cst.FunctionDef, positional: list, keywords: dict) -> bool:
         """A helper named for the reference's log-probs (`ref_logps(policy, ...)`), or named for log-probs and given
@@ -294,8 +298,8 @@ class CallFlow(FlowState):
 def _entering_here(value: tuple, entered: set, call: cst.Call, path: str) -> tuple:
     """A term formed in the module at `path` that entered a loss inside another module's function (`self.loss_fn =
     PolicyLoss(...)`) is reported where that loss comes back: the other module's lint never sees it. One formed and
-    entered inside klaudit's model of an installed framework (Liger's fused GRPO loss) enters the loss at this call,
-    where the project chose it."""
+    entered inside klaudit's model of an installed framework (Liger's fused GRPO loss) enters the loss at `call`,
+    where the project chose it (the object's construction, when this module built it)."""
     out = []
     for f in value:
         if f.role == "tuple":

@@ -114,5 +114,26 @@ LIGER = """\
 def test_the_fused_grpo_loss_of_an_installed_liger_kernel_adds_k3_to_the_loss(tmp_path, options, codes):
     found = findings(tmp_path, LIGER.format(options=options))
     assert sorted({f.code for f in found}) == codes
-    assert {f.line for f in found} <= {6}  # the call that computes the loss: the KL term enters it there
+    assert {f.line for f in found} <= {5}  # where the loss object is built: its beta and loss_type decide
     assert all("computed by the installed liger_kernel.chunked_loss.grpo_loss" in f.message for f in found)
+
+
+LIGER_HELD = """\
+    from liger_kernel.chunked_loss.grpo_loss import LigerFusedLinearGRPOLoss
+
+
+    class Trainer:
+        def __init__(self):
+            self.fused = LigerFusedLinearGRPOLoss(beta=0.04, loss_type="grpo")
+
+        def step(self, model, hidden, ref_hidden, ids, mask, advantages):
+            loss, _ = self.fused(hidden, model.lm_head.weight, ids, mask, advantages,
+                                 ref_input=ref_hidden, ref_weight=model.ref_head.weight)
+            loss.backward()
+    """
+
+
+def test_a_fused_grpo_loss_held_by_a_trainer_is_followed_into_its_method(tmp_path):
+    found = findings(tmp_path, LIGER_HELD)
+    assert sorted({f.code for f in found}) == ["KL002", "KL007"]
+    assert {f.line for f in found} == {9}  # built in another method: reported at the call
