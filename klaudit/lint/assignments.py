@@ -97,7 +97,7 @@ class AssignmentFlow(FlowState):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):
             value = self.log_ratio_against_unknown(rhs) or value
-        if self.no_grad:
+        if self.no_grad and not augmented:  # an in-place update keeps the gradient its target had (statements.added)
             value = detach_all(value)
         if type(target) is cst.Name and self.one_sequence_at_a_time():
             value = tuple(as_row(f) for f in value)  # a tensor of the one sequence being run: its row, wherever it goes
