@@ -54,9 +54,11 @@ from klaudit.frameworks.settings import (
     Setting,
     cli_flags,
     command_span,
+    computed_file_folder,
     only_command,
     project_path,
     shell_overrides,
+    shell_value,
     yaml_settings,
 )
 from klaudit.frameworks.trainers import (
@@ -130,8 +132,9 @@ class Context:
     trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
     own_trainers: frozenset[str] = frozenset()  # trainer classes of the project's own, deriving from none of TRL's
     grpo_trainers: frozenset[str] = frozenset()  # the project's classes deriving from TRL's GRPOTrainer
-    # every beta the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None: it builds none
-    grpo_betas: trl_runs.Betas | None = None
+    # every beta and num_iterations the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None:
+    # it builds none
+    grpo_runs: trl_runs.Runs | None = None
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -183,25 +186,27 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       options=option_defaults({**(others or {}), **sources}, configs),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
                       grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
-    return replace(context, grpo_betas=_grpo_betas(context, {**(others or {}), **sources}, configs))
+    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs))
 
 
-def _grpo_betas(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Betas | None:
-    """Every beta the project's TRL GRPO configurations may run with (klaudit.frameworks.trl_runs): those its
-    `GRPOConfig(...)` calls and command-line parsers of GRPOConfig give (a class's default where beta is left out),
-    and those its scripts, configurations and code write; None where it builds or parses no GRPOConfig."""
+def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
+    """Every value of beta and num_iterations the project's TRL GRPO configurations may run with
+    (klaudit.frameworks.trl_runs): those its `GRPOConfig(...)` calls and command-line parsers of GRPOConfig give (a
+    class's default where a key is left out), and those its scripts, configurations and code write; None where it
+    builds or parses no GRPOConfig."""
     names = context.class_names
-    betas: list[str | None] = []
-    left_out: list[tuple[str, str]] = []  # (class, path) of each configuration that leaves beta out
+    runs: dict[str, list[str | None]] = {key: [] for key in trl_runs.KEYS}
+    left_out: list[tuple[str, str, str]] = []  # (key, class, path) of each configuration that leaves a key out
     own: dict[str, Mapping[str, Setting]] = {}  # a homonym's fields (a project's own GRPOConfig, not TRL's)
     built = False  # a configuration built or parsed outside the trainers
     for path, text in sources.items():
-        if "trl" in Path(path).parts[:-1] or not any(name in text for name in names) and "beta" not in text:
+        if "trl" in Path(path).parts[:-1] or not any(name in text for name in names) and \
+                not any(key in text for key in trl_runs.KEYS):
             continue  # TRL's own modules: their configurations are TRL's examples and tests
         # a trainer's own `GRPOConfig(f"{model_name}-GRPO")`, when it is handed none, is no run of the project
         trainer = bool(trl_runs.trainer_methods(path, text, context.grpo_trainers))
         try:
-            calls, definitions = read_configs(text, names, (trl.BETA,), path, None, context.options) \
+            calls, definitions = read_configs(text, names, trl_runs.KEYS, path, None, context.options) \
                 if any(name in text for name in names) else ([], [])
         except cst.ParserSyntaxError:
             continue  # a module Python rejects configures nothing (its KL000 is reported where it is linted)
@@ -209,28 +214,32 @@ def _grpo_betas(context: Context, sources: Mapping[str, str], configs: Iterable[
                     if definition.name in context.homonyms})
         if trainer:
             continue
-        betas += trl_runs.written_betas(text)
         parsed = {name for match in _PARSED_CLASSES.finditer(text) for name in re.findall(r"\w+", match.group(1))}
-        betas += [call.settings[trl.BETA].value for call in calls if trl.BETA in call.settings]
-        left_out += [(call.name, path) for call in calls if trl.BETA not in call.settings]
-        left_out += [(name, path) for name in sorted(parsed & names)]
+        for key in trl_runs.KEYS:
+            runs[key] += trl_runs.written_values(text, key)
+            runs[key] += [call.settings[key].value for call in calls if key in call.settings]
+            left_out += [(key, call.name, path) for call in calls if key not in call.settings]
+            left_out += [(key, name, path) for name in sorted(parsed & names)]
         built = built or bool(calls or parsed & names)
         if _UNSLOTH.search(text):
-            betas.append(trl.UNSLOTH_BETA)
+            runs[trl.BETA].append(trl.UNSLOTH_BETA)
     for path in configs:
-        betas += trl_runs.written_betas(read_text(Path(path)) or "", yaml=path.endswith(YAML_SUFFIXES))
-    betas += [(own[name][trl.BETA].value if trl.BETA in own[name] else None) if name in own
-              else _default_beta(name, path, context) for name, path in left_out]
-    return tuple(betas) if built else None
+        text = read_text(Path(path)) or ""
+        for key in trl_runs.KEYS:
+            runs[key] += trl_runs.written_values(text, key, yaml=path.endswith(YAML_SUFFIXES))
+    for key, name, path in left_out:
+        runs[key].append((own[name][key].value if key in own[name] else None) if name in own
+                         else _default_value(key, name, path, context))
+    return {key: tuple(values) for key, values in runs.items()} if built else None
 
 
-def _default_beta(name: str, path: str, context: Context) -> str | None:
-    """The beta a `name(...)` configuration at `path` has when it leaves it out: its class's default in the linted
-    code, else the default of the TRL release assumed there."""
+def _default_value(key: str, name: str, path: str, context: Context) -> str | None:
+    """The value of `key` a `name(...)` configuration at `path` has when it leaves it out: its class's default in
+    the linted code, else the default of the TRL release assumed there."""
     fallback, _ = _class_defaults((name,), path, context)
-    if fallback and trl.BETA in fallback:
-        return fallback[trl.BETA]
-    return trl.defaults(context.release(trl.NAME, path))[trl.BETA]
+    if fallback and key in fallback:
+        return fallback[key]
+    return trl.defaults(context.release(trl.NAME, path))[key]
 
 
 # `GRPOConfig(..., **cfg["grpo"])`, `**dict(config.get("grpo"))`; or `kwargs = dict(cfg["grpo"])` then `**kwargs`
@@ -762,12 +771,14 @@ def _trl_recipe(path: str, values: Mapping[str, Setting], context: Context, text
     of the project passes it or a config beside it (`grpo.py --config recipes/exp_configs/qwen.yaml`: the
     folder's other variants are run the same way), and it sets GRPO's own keys (a generation-only config
     has num_generations too), reported at the first of them."""
-    if not any(key in values for key in _TRL_SCRIPT_KEYS) or _names_another_trainer(path):
+    if _names_another_trainer(path):
         return []
     grpo_keys = [values[key] for key in _TRL_RECIPE_KEYS if key in values]
     to_grpo, elsewhere = _passed(path, context)
     if elsewhere and not to_grpo:
         return []  # the project's own script reads it (simpleR1's grpo_config.yaml for its own trainer)
+    if not to_grpo and not any(key in values for key in _TRL_SCRIPT_KEYS):
+        return []  # a launch that passes it gives the model on its command line (mist's `--model_name_or_path=$MODEL`)
     says_grpo = "grpo" in _within_roots(path, context).lower() or to_grpo
     if trl.BETA in values:
         if not (says_grpo or grpo_keys):
@@ -793,8 +804,8 @@ def _names_another_trainer(path: str) -> bool:
     return "grpo" not in name and _OTHER_TRAINER.search(name) is not None
 
 
-# the YAML file a launch passes as its config (accelerate's own is `--config_file`)
-_PASSED_CONFIG = re.compile(r"--config[ =]+[\"']?([\w./-]+\.ya?ml)\b")
+# the YAML file a launch passes as its config (accelerate's own is `--config_file`), or the variable that holds it
+_PASSED_CONFIG = re.compile(r"--config[ =]+[\"']?([\w./-]+\.ya?ml\b|\$\{?\w+\}?)")
 
 
 def _passed(path: str, context: Context) -> tuple[bool, bool]:
@@ -818,7 +829,8 @@ def _passed_configs(root: str, configs: frozenset[str], trainers: frozenset[str]
     `_trl_grpo_script`), and the files passed to any other script of the project."""
     to_grpo: set[str] = set()
     elsewhere: set[str] = set()
-    for script in itertools.islice(Path(root).rglob("*.sh"), _SCRIPTS_READ):
+    scripts = (path for path in Path(root).rglob("*") if path.suffix in SHELL_SUFFIXES)  # batch jobs too
+    for script in itertools.islice(scripts, _SCRIPTS_READ):
         text = read_text(script)
         if text is None or "--config" not in text:
             continue
@@ -830,9 +842,14 @@ def _passed_configs(root: str, configs: frozenset[str], trainers: frozenset[str]
         else:
             continue
         for match in _PASSED_CONFIG.finditer(text):
-            config = project_path(str(script), match.group(1))
+            written = shell_value(text, match.group(1))
+            config = project_path(str(script), written) if written is not None else None
             if config is not None:
                 found.add(str(config.resolve().parent if parent else config.resolve()))
+            elif parent and (folder := computed_file_folder(text, match.group(1))) is not None:
+                # `--config $CONFIG_FILE` after `CONFIG_FILE=recipes/$TASK.yaml`: one of that folder's files
+                passed = project_path(str(script), folder, folder=True)
+                found.update([str(passed.resolve())] if passed is not None else [])
     return frozenset(to_grpo), frozenset(elsewhere)
 
 

@@ -250,6 +250,20 @@ def shell_value(text: str, raw: str) -> str | None:
     return _value(raw, variables, 0, 0, 0).value
 
 
+def computed_file_folder(text: str, raw: str) -> str | None:
+    """The folder of a file a shell script `text` names by `raw` where only the file's own name is computed
+    (`--config $CONFIG_FILE` after `CONFIG_FILE=recipes/$TASK.yaml`: recipes): the folder as the last assignment
+    of the variable writes it; None where `raw` is no variable, or the folder is computed too."""
+    reference = _REFERENCE.match(raw.strip('"'))
+    if reference is None:
+        return None
+    name = reference.group("braced") or reference.group("plain")
+    written = [assigned.group("value").strip("\"'") for line in text.splitlines()
+               if (assigned := _VARIABLE.match(_code_of(line))) is not None and assigned.group("name") == name]
+    folder = str(Path(written[-1]).parent) if written else "."
+    return folder if written and "$" not in folder and folder != "." else None
+
+
 def command_span(lines: list[str], index: int) -> tuple[int, int]:
     """(first, last) indices of the shell command that line `index` belongs to: the lines joined by
     trailing backslashes, or the elements of the bash array the line is in (`cmd=(`, one word a line, `)`),
@@ -374,13 +388,13 @@ def yaml_settings(text: str) -> dict[str, Setting]:
 PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
 
 
-def project_path(launcher: str, relative: str) -> Path | None:
-    """The file `relative` names, beside `launcher` or in one of the folders above it up to the
+def project_path(launcher: str, relative: str, folder: bool = False) -> Path | None:
+    """The file (or `folder`) `relative` names, beside `launcher` or in one of the folders above it up to the
     repository's root (scripts are run from the root or from their own folder); None if not found."""
-    folder = Path(launcher).resolve().parent
-    for base in (folder, *folder.parents):
+    here = Path(launcher).resolve().parent
+    for base in (here, *here.parents):
         candidate = base / relative
-        if candidate.is_file():
+        if candidate.is_dir() if folder else candidate.is_file():
             return candidate
         if (base / ".git").exists():
             return None

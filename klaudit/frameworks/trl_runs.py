@@ -1,56 +1,67 @@
-"""Whether a project's TRL GRPO trainer ever takes its KL branch: the beta values its configurations give.
+"""Whether a project's TRL GRPO trainer ever takes a branch: the values its configurations give beta and num_iterations.
 
 TRL's GRPOTrainer, and a project's edited copy or subclass of it, adds its KL term only under
 `if self.beta != 0.0`, with `self.beta = args.beta` read from the GRPOConfig it is handed; at beta = 0 the
 reference model is not even loaded. Where every configuration the project builds or launches leaves beta at 0
 (TRL's default from 0.19 on, or a copy's own default), that branch of the trainer's methods never trains, and a
-verdict that holds only under it says nothing about the project's runs.
+verdict that holds only under it says nothing about the project's runs. So with `num_iterations` (default 1): its
+loss compares the policy with stored log-probs only `if self.num_iterations > 1`, and a verdict of older samples
+that holds only there says nothing about a project that never sets it above 1.
 
-The values are read, conservatively, from everything that may set beta: each `GRPOConfig(...)` call (or a call of
+The values are read, conservatively, from everything that may set a key: each `GRPOConfig(...)` call (or a call of
 a class deriving from it) outside the trainer modules themselves (TRL's own `GRPOConfig(f"{model_name}-GRPO")`
-fallback is no run of the project), with its class's default where it leaves beta out and an unknown value after
+fallback is no run of the project), with its class's default where it leaves the key out and an unknown value after
 `**kwargs`; a script that parses GRPOConfig from its command line (its default, and the values below); every
 `--beta` option and YAML `beta:` in the project's launch scripts, configurations and Python text (a DPO launch's
 beta counts too: it can only keep a verdict); and `config.beta = ...` written to an object named as a
 configuration. A value that is not a number keeps every verdict. Only the methods of the trainer classes are judged
-so (a helper's own `beta` parameter, a generalized JSD's interpolation, is another quantity), and only beta: which
-`loss_type` a library trainer's user picks is that user's choice.
+so (a helper's own `beta` parameter, a generalized JSD's interpolation, is another quantity), and only these keys:
+which `loss_type` a library trainer's user picks is that user's choice.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.trl import BETA
+from klaudit.frameworks.trl import BETA, ITERATIONS
 
 if TYPE_CHECKING:
     from klaudit.lint.facts import Labels
 
-Betas = tuple["str | None", ...]  # every beta the project's configurations give: a number's text, None where computed
+Values = tuple["str | None", ...]  # every value the project's configurations give a key: a number's text, None where computed
+Runs = Mapping[str, Values]  # by key (beta, num_iterations)
 
-# `--beta 0.04`, `--beta=0.04`, `"--beta", "0.04"` (an argv list), `--beta $BETA` (computed: unknown)
-_OPTION = re.compile(r"--beta(?![\w-])(?:[ \t]*=[ \t]*|[ \t]+|[\"'][ \t]*,[ \t]*)([^\s,)\]\\]*)")
-_YAML_KEY = re.compile(r"^[ \t]*(?:[\w.]+\.)?beta[ \t]*:[ \t]*([^\s#]*)", re.MULTILINE)
-# `training_args.beta = 0.1`, `cfg.grpo.beta = 0.1`: written to an object named as a configuration (not the trainer's
-# own `self.beta = args.beta`, nor `ctx.beta` of an autograd function)
-_ATTRIBUTE = re.compile(r"(?<![\w.])(?:self\.)?\w*(?:arg|conf|cfg|param|setting)\w*(?:\.\w+)*\.beta[ \t]*=(?!=)"
-                        r"[ \t]*([^\n#;]*)", re.IGNORECASE)
+KEYS = (BETA, ITERATIONS)
 
 
-def written_betas(text: str, *, yaml: bool = False) -> Iterator[str | None]:
-    """The betas `text` writes as an option, a YAML key (`yaml`: the text is a YAML file) or an attribute of a
-    configuration object: the literal, or None where it is computed. An option or key with nothing after it
-    (`"--beta",` of an argparse definition) writes none."""
-    for match in _OPTION.finditer(text):
+@functools.cache
+def _spellings(key: str) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    """How a text writes `key`: `--beta 0.04`, `--beta=0.04`, `"--beta", "0.04"` (an argv list), `--beta $BETA`
+    (computed: unknown); a YAML key; `training_args.beta = 0.1`, `cfg.grpo.beta = 0.1`, written to an object named as
+    a configuration (not the trainer's own `self.beta = args.beta`, nor `ctx.beta` of an autograd function)."""
+    option = re.compile(rf"--{key}(?![\w-])(?:[ \t]*=[ \t]*|[ \t]+|[\"'][ \t]*,[ \t]*)([^\s,)\]\\]*)")
+    yaml_key = re.compile(rf"^[ \t]*(?:[\w.]+\.)?{key}[ \t]*:[ \t]*([^\s#]*)", re.MULTILINE)
+    attribute = re.compile(rf"(?<![\w.])(?:self\.)?\w*(?:arg|conf|cfg|param|setting)\w*(?:\.\w+)*\.{key}[ \t]*=(?!=)"
+                           r"[ \t]*([^\n#;]*)", re.IGNORECASE)
+    return option, yaml_key, attribute
+
+
+def written_values(text: str, key: str = BETA, *, yaml: bool = False) -> Iterator[str | None]:
+    """The values of `key` that `text` writes as an option, a YAML key (`yaml`: the text is a YAML file) or an
+    attribute of a configuration object: the literal, or None where it is computed. An option or key with nothing
+    after it (`"--beta",` of an argparse definition) writes none."""
+    option, yaml_key, attribute = _spellings(key)
+    for match in option.finditer(text):
         if match.group(1):
             yield _literal(match.group(1), bare=True)
-    for match in _ATTRIBUTE.finditer(text):
+    for match in attribute.finditer(text):
         yield _literal(match.group(1).strip(), bare=False)
-    for match in _YAML_KEY.finditer(text) if yaml else ():
+    for match in yaml_key.finditer(text) if yaml else ():
         if match.group(1):
             yield _literal(match.group(1), bare=True)
 
@@ -63,24 +74,29 @@ def _literal(written: str, bare: bool) -> str | None:
     return written if _number(written) or bare and re.fullmatch(r"[A-Za-z_][\w.-]*", written) else None
 
 
-# a label of beta tested against a number: `beta == 0` (its values (True,) or (False,)), `beta > 0`
-_TEST = re.compile(r"^beta (==|>=|<=|>|<) (-?[\d.]+(?:e-?\d+)?)$")
+# a label of a key tested against a number: `beta == 0` (its values (True,) or (False,)), `num_iterations > 1`
+_TEST = re.compile(r"^(\w+) (==|>=|<=|>|<) (-?[\d.]+(?:e-?\d+)?)$")
 _COMPARE = {"==": lambda a, b: a == b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
             "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}
 
 
-def holds(labels: Labels, betas: Betas) -> bool:
-    """Whether a path taken under switch `labels` can run at one of the project's `betas`: beta's tests of a number
-    are true at one of them. An unknown beta, or a label that is no such test, holds."""
-    tests = [(match, values) for name, values in labels if (match := _TEST.match(name)) is not None and _truths(values)]
-    flags = [values for name, values in labels if name == BETA and _truths(values)]  # `if self.beta:`
-    if not tests and not flags or None in betas:
+def holds(labels: Labels, runs: Runs) -> bool:
+    """Whether a path taken under switch `labels` can run at the project's values: each key's tests of a number
+    are true at one of its values. An unknown value, or a label that is no such test, holds."""
+    return all(_holds_at(labels, key, values) for key, values in runs.items())
+
+
+def _holds_at(labels: Labels, key: str, values: Values) -> bool:
+    tests = [(match, truths) for name, truths in labels
+             if (match := _TEST.match(name)) is not None and match.group(1) == key and _truths(truths)]
+    flags = [truths for name, truths in labels if name == key and _truths(truths)]  # `if self.beta:`
+    if not tests and not flags or None in values:
         return True
-    numbers = [float(beta) for beta in betas if beta is not None and _number(beta)]
-    if len(numbers) < len(betas):
+    numbers = [float(value) for value in values if value is not None and _number(value)]
+    if len(numbers) < len(values):
         return True  # a word where a number belongs: not understood
-    return any(all(_COMPARE[match.group(1)](value, float(match.group(2))) in values for match, values in tests)
-               and all((value != 0) in values for values in flags) for value in numbers)
+    return any(all(_COMPARE[match.group(2)](value, float(match.group(3))) in truths for match, truths in tests)
+               and all((value != 0) in truths for truths in flags) for value in numbers)
 
 
 def _truths(values: tuple) -> bool:

@@ -559,7 +559,9 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         shared = _shared_switches([labels for labels, *_ in variants], seen.get(entry, {}))
         # a verdict the code's own flow decided is worded as it found it; one that rests on a loop it saw elsewhere
         # (a reward trained by a later loop) names that loop
-        _, config, row, origin, trainer = min(variants, key=lambda variant: variant[4] is not None)
+        # (the variant under the fewest switches describes it: a k3 loss on older samples only where num_iterations
+        # > 1 is worded as the loss it is on every path)
+        _, config, row, origin, trainer = min(variants, key=lambda variant: (variant[4] is not None, len(variant[0])))
         message = _message(config, row, shared, origin, entry[0])
         if trainer is not None and code in ("KL007", "KL008") and config.loss is None:
             message += f" [{trainer.flags}]"

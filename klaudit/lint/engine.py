@@ -249,13 +249,14 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 
 
 def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
-    """`findings` less those in a method of a TRL GRPO trainer's copy or subclass that hold only at a beta none of the
-    project's configurations runs with (klaudit.frameworks.trl_runs: `if self.beta != 0.0:` where all leave it 0)."""
-    if context is None or context.grpo_betas is None or not any(f.switches for f in findings):
+    """`findings` less those in a method of a TRL GRPO trainer's copy or subclass that hold only at a beta or
+    num_iterations none of the project's configurations runs with (klaudit.frameworks.trl_runs: `if self.beta != 0.0:`
+    where all leave it 0, `if self.num_iterations > 1:` where all leave it 1)."""
+    if context is None or context.grpo_runs is None or not any(f.switches for f in findings):
         return findings
     methods = trl_runs.trainer_methods(path, source, context.grpo_trainers)
     return [f for f in findings if not f.switches or not any(first <= f.line <= last for first, last in methods)
-            or any(trl_runs.holds(labels, context.grpo_betas) for labels in f.switches)]
+            or any(trl_runs.holds(labels, context.grpo_runs) for labels in f.switches)]
 
 
 def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Finding:

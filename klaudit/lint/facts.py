@@ -354,7 +354,10 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
     else:
         # logp - ref forms a log-ratio; two KL terms of different origin form a combination
         formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
-    labels = merge_labels(a.labels, b.labels) if product or both else first.labels
+    other = b if first is a else a
+    # a KL term added to a policy loss keeps its own switches, except those that say whether the loss's ratio is
+    # to an older policy (`old = stored if num_iterations > 1 else logp.detach()`): on older samples only there
+    labels = merge_labels(a.labels, b.labels) if product or both or holds_behaviour_ratio((other,)) else first.labels
     position = a.position if a.position != Position.ALL else b.position
     if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
         position = Position.SEQUENCE  # an estimator of the summed log-ratio
@@ -364,7 +367,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
         clamped_calls=a.clamped_calls if a.clamped and a.is_kl() else b.clamped_calls if b.clamped and b.is_kl() else 0,
         position=position,
-        aggregation=first.aggregation or (b if first is a else a).aggregation,  # the KL operand's reduction first
+        aggregation=first.aggregation or other.aggregation,  # the KL operand's reduction first
         labels=labels,
         origin=node if formed else first.origin,
         against=kl_targets(node, a, b) if formed else first.against,

@@ -13,7 +13,17 @@ import libcst as cst
 
 from klaudit.lint import algebra as alg
 from klaudit.lint.evidence import note_entry
-from klaudit.lint.facts import Fact, Sink, compatible, contained, holds_behaviour_ratio, logprob_kinds, replace
+from klaudit.lint.facts import (
+    Fact,
+    Labels,
+    Sink,
+    compatible,
+    contained,
+    holds_behaviour_ratio,
+    logprob_kinds,
+    merge_labels,
+    replace,
+)
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.kinds import SinkKind
 
@@ -99,10 +109,15 @@ class SinkFlow(FlowState):
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
         compared = any(compatible(labels, self.labels) for labels in self.compared)
-        return tuple(replace(f, stale=True) if f.is_kl() and (
-            compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,))
-            or any(compatible(g.labels, f.labels) for g in ratios))
-            else f for f in value)
+        out: list = []
+        for f in value:
+            if not f.is_kl():
+                out.append(f)
+            elif compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,)):
+                out.append(replace(f, stale=True))
+            else:
+                out += _under_the_ratios(f, [g.labels for g in ratios if compatible(g.labels, f.labels)])
+        return tuple(out)
 
     def on_fresh_samples(self) -> bool:
         """Each optimizer step of this function is the first on samples just drawn (klaudit.lint.update_loops):
@@ -215,3 +230,15 @@ def _on_fresh_samples(fact: Fact, reused: bool) -> Fact:
     (alg.on_fresh_samples); only a loop of several steps on them (`reused`) makes them older."""
     poly = alg.on_fresh_samples(fact.poly) if fact.poly is not None else None
     return replace(fact, poly=poly, stale=fact.stale or (reused and not _sequence_weighted(fact)))
+
+
+def _under_the_ratios(f: Fact, paths: list[Labels]) -> list[Fact]:
+    """A KL term beside ratios to the behaviour policy formed on the switch paths `paths` (compatible with its own):
+    on older samples on those paths. Where each such ratio holds on a narrower path than the term (TRL's `old =
+    inputs["old_per_token_logps"] if self.num_iterations > 1 else logps.detach()`), the term is on older samples
+    under that path's switches only, and as it was on the others."""
+    if not paths:
+        return [f]
+    if any(merge_labels(f.labels, labels) == f.labels for labels in paths):
+        return [replace(f, stale=True)]
+    return [f, *dict.fromkeys(replace(f, stale=True, labels=merge_labels(f.labels, labels)) for labels in paths)]

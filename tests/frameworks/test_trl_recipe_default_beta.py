@@ -88,3 +88,22 @@ def test_a_grpo_named_config_a_launch_hands_to_the_projects_own_trainer_is_no_re
     files = {"src/run_grpo.py": script, "scripts/train.sh": "accelerate launch src/run_grpo.py \\\n"
              "    --config configs/grpo_config.yaml\n", "configs/grpo_config.yaml": RECIPE}
     assert findings(tmp_path, "0.18.0", files) == expected
+
+
+# schwallergroup/mist (sixtieth set): a batch job launches the GRPO script with the recipe its arguments name, and
+# the recipes give no model (the job passes `--model_name_or_path=$MODEL`)
+JOB = ("#!/bin/bash\n#SBATCH --nodes=1\nTASK=$1\nCONFIG_FILE=recipes/$TASK.yaml\n"
+       "accelerate launch src/open_r1/grpo.py --config $CONFIG_FILE \\\n    --model_name_or_path=$MODEL\n")
+BARE_RECIPE = "learning_rate: 1.0e-06\nbeta: 0.001\nnum_generations: 8\n"
+
+
+@pytest.mark.parametrize("job, expected", [
+    ("launch.slurm", [("recipes/rxn.yaml", 2, "KL002"), ("recipes/smiles.yaml", 2, "KL002")]),
+    ("launch.sh", [("recipes/rxn.yaml", 2, "KL002"), ("recipes/smiles.yaml", 2, "KL002")]),
+    (None, []),  # nothing says these keys are GRPOConfig's: no model, no dataset, no launch
+])
+def test_recipes_a_batch_job_picks_by_its_argument_are_grpo_recipes(tmp_path, job, expected):
+    files = {"src/open_r1/grpo.py": GRPO_SCRIPT, "recipes/rxn.yaml": BARE_RECIPE, "recipes/smiles.yaml": BARE_RECIPE}
+    if job is not None:
+        files[job] = JOB
+    assert findings(tmp_path, "0.18.0", files) == expected

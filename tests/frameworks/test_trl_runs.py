@@ -1,8 +1,11 @@
-"""A TRL GRPO trainer's KL branch (`if self.beta != 0.0:`) judged by the beta values the project runs with.
+"""A TRL GRPO trainer's KL branch (`if self.beta != 0.0:`) judged by the beta values the project runs with, and its
+older-samples branch (`if self.num_iterations > 1`) by the num_iterations values.
 
 TRL's GRPOTrainer, and a project's copy or subclass of it, adds beta * k3 only when beta != 0. Where every
 configuration the project builds or launches leaves beta at 0, the branch never trains; where one sets it
-above 0 (or computes it), its verdicts stand (k3 differentiated as a loss: kl-math.md section 8, row 3).
+above 0 (or computes it), its verdicts stand (k3 differentiated as a loss: kl-math.md section 8, row 3). Its loss
+takes the ratio to stored log-probs only when num_iterations > 1; at 1 the samples are the current policy's, and the
+k3 loss is row 3 alone, not also row 22 (KL008).
 """
 
 from __future__ import annotations
@@ -189,7 +192,17 @@ def test_trls_own_modules_keep_their_verdicts(tmp_path):
     ("--beta1 0.9 --beta_schedule cosine", False, []),
 ])
 def test_written_betas(text, yaml, expected):
-    assert list(trl_runs.written_betas(text, yaml=yaml)) == expected
+    assert list(trl_runs.written_values(text, "beta", yaml=yaml)) == expected
+
+
+@pytest.mark.parametrize("text, yaml, expected", [
+    ("accelerate launch grpo.py --num_iterations 4", False, ["4"]),
+    ("num_iterations: 2\nbeta: 0.04\n", True, ["2"]),
+    ("training_args.num_iterations = 3\n", False, ["3"]),
+    ("--num_iterations_per_step 2", False, []),
+])
+def test_written_iterations(text, yaml, expected):
+    assert list(trl_runs.written_values(text, "num_iterations", yaml=yaml)) == expected
 
 
 @pytest.mark.parametrize("labels, betas, expected", [
@@ -203,7 +216,18 @@ def test_written_betas(text, yaml, expected):
     ((("loss_type", ("grpo",)),), ("0.0",), True),
 ])
 def test_holds_at_betas(labels, betas, expected):
-    assert trl_runs.holds(labels, betas) is expected
+    assert trl_runs.holds(labels, {"beta": betas, "num_iterations": ("1",)}) is expected
+
+
+@pytest.mark.parametrize("labels, iterations, expected", [
+    ((("num_iterations > 1", (True,)),), ("1",), False),  # `old = stored if num_iterations > 1 else ...` never taken
+    ((("num_iterations > 1", (True,)),), ("1", "4"), True),
+    ((("num_iterations > 1", (True,)),), (None,), True),  # `--num_iterations $ITERS`: unknown
+    ((("num_iterations > 1", (False,)),), ("1",), True),
+    ((("beta == 0", (False,)), ("num_iterations > 1", (True,))), ("2",), True),
+])
+def test_holds_at_iterations(labels, iterations, expected):
+    assert trl_runs.holds(labels, {"beta": ("0.04",), "num_iterations": iterations}) is expected
 
 
 @pytest.mark.parametrize("path, source, expected", [
@@ -225,3 +249,29 @@ def test_a_module_python_rejects_configures_nothing_and_stops_nothing(tmp_path):
     broken = "from trl import GRPOConfig\nRewardFunc = Callable[]\nargs = GRPOConfig(beta=0.1)\n"
     found = _codes(tmp_path, {"broken.py": broken, "trainer.py": SUBCLASS})
     assert ("broken.py", "KL000") in found and ("trainer.py", "KL002") in found
+
+
+# the ratio of TRL 0.16-0.18's _compute_loss: to the stored log-probs only when each generation is reused
+REUSED = SUBCLASS.replace(
+    '        per_token_loss = -per_token_logps * inputs["advantages"].unsqueeze(1)\n',
+    '        old = inputs["old_per_token_logps"] if self.num_iterations > 1 else per_token_logps.detach()\n'
+    '        ratio = torch.exp(per_token_logps - old)\n'
+    '        per_token_loss = -ratio * inputs["advantages"].unsqueeze(1)\n')
+
+
+@pytest.mark.parametrize("keywords, older", [
+    (", beta=0.04", False),  # TRL's default num_iterations: 1
+    (", beta=0.04, num_iterations=1", False),
+    (", beta=0.04, num_iterations=4", True),
+    (", beta=0.04, num_iterations=ITERATIONS", True),  # computed: unknown
+])
+def test_older_samples_count_only_where_a_configuration_reuses_them(tmp_path, keywords, older):
+    found = _codes(tmp_path, {"trainer.py": REUSED, "train.py": BUILT.format(keywords=keywords)})
+    assert ("trainer.py", "KL002") in found
+    assert (("trainer.py", "KL008") in found) is older
+
+
+def test_a_launch_s_num_iterations_counts(tmp_path):
+    found = _codes(tmp_path, {"trainer.py": REUSED, "train.py": PARSED,
+                              "run.sh": "accelerate launch train.py --beta 0.04 --num_iterations 2\n"})
+    assert ("trainer.py", "KL008") in found

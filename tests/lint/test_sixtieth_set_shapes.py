@@ -1,0 +1,65 @@
+"""Shapes of code met in the sixtieth blind set that the lint misread.
+
+- tianbingsz/LLM adds its k3 penalty to the loss inside the `with torch.no_grad():` block that computes it,
+  `loss += self.config.kl_penalty * kl_penalty`. The in-place update is not recorded by autograd: the loss keeps the
+  policy-gradient term's gradient, and the KL term adds none (kl-math.md section 8, row 1c, KL001). The whole loss
+  was read as detached, and the KL term was lost.
+- rqzhangberkeley/efficient-reasoning's copy of TRL's GRPO trainer takes the ratio to stored log-probs only
+  `if self.num_iterations > 1` (tests/frameworks/test_trl_runs.py): the k3 loss is on older samples only on that
+  path, and a KL008 holds only there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+
+STEP = """\
+import torch
+
+
+def train_step(policy, ref_policy, optimizer, ids, advantages, beta):
+    log_probs = policy(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    loss = -(log_probs.sum(-1) * advantages).mean()
+    with torch.no_grad():
+        ref_log_probs = ref_policy(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        kl = (torch.exp(ref_log_probs - log_probs) - (ref_log_probs - log_probs) - 1).sum(-1).mean()
+{added}
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("added, expected", [
+    ("        loss += beta * kl", [(10, "KL001")]),  # in place under no_grad: the loss keeps its gradient, k3 none
+    ("    loss = loss + beta * kl", [(10, "KL001")]),  # after the block: the same constant
+])
+def test_a_kl_term_added_under_no_grad_has_no_gradient(tmp_path, added, expected):
+    (tmp_path / "train.py").write_text(STEP.format(added=added))
+    found = [(finding.line, finding.code) for finding in lint_paths([str(tmp_path)], jobs=1).findings]
+    assert found == expected
+
+
+REUSED = """\
+import torch
+
+
+def grpo_loss(logps, inputs, beta, num_iterations):
+    ref = inputs["ref_per_token_logps"]
+    per_token_kl = torch.exp(ref - logps) - (ref - logps) - 1
+    old = inputs["old_per_token_logps"] if num_iterations > 1 else logps.detach()
+    ratio = torch.exp(logps - old)
+    per_token_loss = -ratio * inputs["advantages"].unsqueeze(1) + beta * per_token_kl
+    mask = inputs["completion_mask"]
+    return (per_token_loss * mask).sum() / mask.sum()
+"""
+
+
+def test_older_samples_hold_only_on_the_path_that_reads_stored_log_probs(tmp_path):
+    (tmp_path / "loss.py").write_text(REUSED)
+    found = {finding.code: finding for finding in lint_paths([str(tmp_path)], jobs=1).findings}
+    assert sorted(found) == ["KL002", "KL008"]
+    assert "num_iterations > 1" in found["KL008"].message  # older samples on that path only
+    assert "num_iterations" not in found["KL002"].message and "on-policy" in found["KL002"].message
