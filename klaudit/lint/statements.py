@@ -227,7 +227,7 @@ class StatementFlow(FlowState):
         elif type(small) is cst.AugAssign and type(small.target) is cst.Subscript:
             self.add_into_positions(small)
         elif type(small) is cst.AugAssign:
-            value = self.loop_carried(small) or self.binary(self.expr(small.target), self.added(small), small.operator, small)
+            value = self.loop_carried(small) or self.binary(self.expr(small.target), self.added_in_place(small), small.operator, small)
             if self.loop_variables and type(small.operator) is cst.AddAssign:
                 value = _counted_over_the_loop(value)
             self.assign_target(small.target, value, small, rhs=small.value, augmented=True)
@@ -247,7 +247,7 @@ class StatementFlow(FlowState):
             self.settle(value)
             self.returns.extend(value)
 
-    def added(self, small: cst.AugAssign) -> tuple:
+    def added_in_place(self, small: cst.AugAssign) -> tuple:
         """What `x += y` adds to x. Under no_grad the in-place update keeps x's own gradient (autograd does not
         record it, and does not undo what x had): only y is without one, cut where it had one (row 1c: `loss +=
         beta * kl` in a `with torch.no_grad():` block adds a KL term that has no gradient)."""
@@ -258,7 +258,7 @@ class StatementFlow(FlowState):
         """`x[idx] += y` changes some positions of x, which keeps its meaning (a score added at the last
         token of a k1 reward); when y carries a KL term, x now holds it too (`returns[j, t] += kl[j, t]`
         filling a zero buffer)."""
-        added = self.added(small)
+        added = self.added_in_place(small)
         if any(f.poly is not None and f.poly.atoms() for f in added):
             if self.fills_by_loop(small.target):
                 value = added  # each pass writes its own positions: the buffer holds what is written
