@@ -840,8 +840,9 @@ def _method_called(node: cst.Call) -> str | None:
 _BUFFER = re.compile(r"buffer|replay|memory|queue|pool", re.IGNORECASE)
 _STEP_HELPER = re.compile(r"(optim|optimizer|opt)_step$|step_(optim|optimizer)$")  # a method that steps an optimizer
 _GENERATION = frozenset({"generate", "generate_sequences", "sample", "rollout"})  # a model's or engine's own generation
-# a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`), a
-# collection of statistics (`collect_weight_entropy_stats`, `collect_metrics`), or a loss computed on them
-# (`ppo_loss_for_rollout`), draws none
-_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report)_"
+# a predicate or a record of the samples named with them (`_has_rollout_log_probs`, `_log_rollout_data`), a part
+# taken of them (`slice_rollout_batch(rollout, indices)`, a mini-batch), a collection of statistics
+# (`collect_weight_entropy_stats`, `collect_metrics`), or a loss computed on them (`ppo_loss_for_rollout`), draws none
+_NOT_A_DRAW = re.compile(r"^gc\.collect$|display|replay|(^|[._])(has|is|log|save|dump|print|plot|record|report"
+                         r"|slice|select|split|shard|chunk|subset|index|collate|pad)_"
                          r"|(^|_)(stats?|statistics|metrics?|loss|losses)(_|$)", re.IGNORECASE)

@@ -63,3 +63,45 @@ def test_older_samples_hold_only_on_the_path_that_reads_stored_log_probs(tmp_pat
     assert sorted(found) == ["KL002", "KL008"]
     assert "num_iterations > 1" in found["KL008"].message  # older samples on that path only
     assert "num_iterations" not in found["KL002"].message and "on-policy" in found["KL002"].message
+
+
+# HaiderDawoodKhan/LLM-Alignment (fifty-ninth set): one optimizer step a call, and the training script's loop of
+# epochs and mini-batches around the call, each mini-batch a slice of one rollout
+UPDATE = """\
+import torch
+
+
+def ppo_update(policy, optimizer, batch, kl_coef):
+    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.ids).squeeze(-1)
+    ratio = torch.exp(logp - batch.old_logprobs)
+    kl = (logp - batch.ref_logprobs).mean()
+    loss = -(ratio * batch.advantages).mean() + kl_coef * kl
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+SCRIPT = """\
+from ppo import ppo_update
+
+
+def main(policy, optimizer, prompts, epochs, size):
+    for step in range(100):
+        rollout = collect_rollouts(policy, prompts)
+{inner}
+"""
+
+
+@pytest.mark.parametrize("inner, expected", [
+    # four passes over slices of one rollout: from the second step on, the samples are an older policy's (row 22)
+    ("        for _ in range(4):\n            for start in range(0, size, 8):\n"
+     "                minibatch = slice_rollout_batch(rollout, start)\n"
+     "                ppo_update(policy, optimizer, minibatch, 0.1)",
+     ["KL001", "KL008"]),
+    ("        ppo_update(policy, optimizer, rollout, 0.1)", ["KL001"]),  # one step a rollout: on-policy (row 1)
+])
+def test_a_step_another_module_repeats_on_one_rollout_is_on_older_samples(tmp_path, inner, expected):
+    (tmp_path / "ppo.py").write_text(UPDATE)
+    (tmp_path / "train.py").write_text(SCRIPT.format(inner=inner))
+    found = sorted({finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings
+                    if finding.path.endswith("ppo.py")})
+    assert found == expected
