@@ -324,7 +324,7 @@ def names_drawn_sample(name: str) -> bool:
 # a list of the policy's drawn samples, one per entry (`episodes`, `trajectories`, `sampled_completions`,
 # `rollout_results`, `all_rollouts_flat`; not `samples`, which is as often a dataset's)
 _DRAWN_SAMPLES = re.compile(r"^_*(\w+_)?(trajs|trajectories|episodes|rollouts|responses|completions|generations"
-                            r"|(traj|trajectory|episode|rollout|completion|generation)_(results|outputs|list))"
+                            r"|(traj|trajectory|episode|rollout|completion|generation)_(results|outputs|list|records))"
                             r"(_(flat|flattened|all))?$", re.IGNORECASE)
 
 

@@ -437,14 +437,17 @@ def is_last_index(node: cst.Subscript) -> bool:
 
 def one_sample_at_a_time(loop: cst.For) -> bool:
     """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`, `for g, ep in enumerate(episodes):`,
-    `for i in range(n): ids, mask = rollouts[i]`: a loop over the drawn samples one by one (its variable names one
-    drawn sample, or what it iterates names a list of them, or it counts and its body picks that entry of such a
-    list), so a step in its body is one of several per draw, and each sample's tensors hold one sequence."""
+    `for i in range(n): ids, mask = rollouts[i]`, `for idx in minibatch_indices: rollout = rollout_records[idx]`: a
+    loop over the drawn samples one by one (its variable names one drawn sample, or what it iterates names a list of
+    them, or it goes over indices and its body picks that entry of such a list), so a step in its body is one of
+    several per draw, and each sample's tensors hold one sequence."""
+    if type(loop.target) is cst.Name and _picks_a_drawn_sample(loop.body, loop.target.value):
+        return True
     iterated = loop.iter
     while type(iterated) is cst.Call and last_name(iterated.func) in ("enumerate", "tqdm", "zip") and iterated.args:
         iterated = iterated.args[0].value
     if type(iterated) is cst.Call and dotted(iterated.func) in ("range", "trange"):
-        return type(loop.target) is cst.Name and _picks_a_drawn_sample(loop.body, loop.target.value)
+        return False
     return any(type(node) is cst.Name and roles.names_drawn_sample(node.value) for node in walk(loop.target)) or (
         type(iterated) in (cst.Name, cst.Attribute) and roles.names_drawn_samples(last_name(iterated) or ""))
 
