@@ -55,6 +55,7 @@ from klaudit.frameworks.settings import (
     cli_flags,
     command_span,
     computed_file_folder,
+    listed_overrides,
     only_command,
     project_path,
     shell_overrides,
@@ -953,9 +954,21 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     its LibCST tree where it was parsed)."""
     context = context or Context()
     found = (_trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
-             + _trl_ppo_python(path, module, source, context))
+             + _trl_ppo_python(path, module, source, context) + _verl_python(path, source, context))
     unique = {(f.line, f.column, f.code): f for f in reversed(found)}  # two calls of one dict: one report
     return [f for f in found if unique[(f.line, f.column, f.code)] is f]
+
+
+def _verl_python(path: str, source: str, context: Context) -> list[Finding]:
+    """verl launched from Python with the Hydra overrides in an argument list (a launcher script's `cmd = [...]`
+    run by subprocess): each launch judged as the same flags in a shell script, without flag fixes."""
+    if "verl" not in source or "=" not in source:
+        return []
+    found: list[Finding] = []
+    for settings in listed_overrides(source):
+        if settings:
+            found += _verl(path, settings, context)
+    return found
 
 
 def _trl_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:

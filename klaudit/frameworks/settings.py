@@ -311,6 +311,38 @@ def shell_overrides(text: str) -> dict[str, Setting]:
     return found
 
 
+# A verl trainer module run from Python, an element of an argument list: `"-m", "verl.trainer.main_ppo"`
+PYTHON_LAUNCH = re.compile(r"[\"'](verl(?:\.\w+)+)[\"']")
+# a Hydra override as a string element: `"algorithm.use_kl_in_reward=False"`, or an f-string whose value is computed
+# (`f"data.train_batch_size={args.train_batch_size}"`, value unknown)
+_QUOTED_OVERRIDE = re.compile(r"(?P<f>\bf)?(?P<quote>[\"'])\+{0,2}(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)=(?P<value>[^\"'\n]*)"
+                              r"(?P=quote)")
+
+
+def listed_overrides(text: str) -> list[dict[str, Setting]]:
+    """The Hydra overrides of each verl launch a Python module builds as an argument list (`cmd = [sys.executable,
+    "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo", ...]`, then run by subprocess): the string
+    elements from the module's name to the list's end (a line that closes it), one dict a launch. A literal value is
+    kept; one with a placeholder (`{args.lr}`) is set to a value unknown."""
+    lines, launches, index = text.splitlines(), [], 0
+    while index < len(lines):
+        if lines[index].lstrip().startswith("#") or not PYTHON_LAUNCH.search(lines[index]):
+            index += 1
+            continue
+        found: dict[str, Setting] = {}
+        end = index
+        while end < len(lines) and not (end > index and lines[end].strip()[:1] in ("]", ")")):
+            code = lines[end] if not lines[end].lstrip().startswith("#") else ""
+            for match in _QUOTED_OVERRIDE.finditer(code):
+                computed = match.group("f") is not None and "{" in match.group("value")
+                found[match.group("key")] = Setting(None if computed else _literal(match.group("value")), end + 1,
+                                                    match.start("key") + 1, match.end("value") + 1)
+            end += 1
+        launches.append(found)
+        index = end + 1
+    return launches
+
+
 # a shell command line's words: quoted parts kept together
 SHELL_WORD = re.compile(r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'])+")
 _BOOLEAN_WORDS = ("true", "false", "True", "False", "1", "0")

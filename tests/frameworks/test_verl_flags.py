@@ -686,3 +686,38 @@ def test_one_update_at_a_learning_rate_of_zero_trains_nothing(tmp_path, schedule
         flags="    actor_rollout_ref.actor.use_kl_loss=True \\\n"))
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
+
+
+# HuuBar/edge_model (fifty-ninth set): a Python launcher builds verl's command line as a list and runs it
+PYTHON_LAUNCHER = '''\
+import subprocess
+import sys
+
+
+def main(args):
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_batch_size={args.train_batch_size}",
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+{flags}
+    ]
+    subprocess.run(cmd, check=True)
+'''
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (['"actor_rollout_ref.actor.use_kl_loss=True"', '"algorithm.use_kl_in_reward=False"'],
+     [(14, "KL002")]),  # verl's default low_var_kl as a loss: k3 clamped (rows 3-4)
+    (['"actor_rollout_ref.actor.use_kl_loss=True"', '"actor_rollout_ref.actor.kl_loss_type=mse"'],
+     [(15, "KL003")]),  # k2 as a loss (row 2)
+    (['"actor_rollout_ref.actor.use_kl_loss=False"', '"algorithm.use_kl_in_reward=False"'], []),  # no KL term
+    (['# "actor_rollout_ref.actor.use_kl_loss=True"', '"algorithm.use_kl_in_reward=False"'], []),  # commented out
+])
+def test_a_launch_built_as_a_python_argument_list_is_judged_as_its_flags(tmp_path, flags, expected):
+    (tmp_path / "launch.py").write_text(PYTHON_LAUNCHER.replace("{flags}", "".join(f"        {flag},\n" for flag in flags)))
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path, frameworks={"verl": "0.6"}), jobs=1)
+    assert sorted((f.line, f.code) for f in result.findings) == expected

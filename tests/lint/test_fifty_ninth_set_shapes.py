@@ -15,7 +15,6 @@ import pytest
 
 from klaudit.lint.engine import lint_paths
 
-
 # HaiderDawoodKhan/LLM-Alignment: one optimizer step a call, and the training script's loop of
 # epochs and mini-batches around the call, each mini-batch a slice of one rollout
 UPDATE = """\
