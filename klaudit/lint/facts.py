@@ -355,9 +355,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         # logp - ref forms a log-ratio; two KL terms of different origin form a combination
         formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
     other = b if first is a else a
-    # a KL term added to a policy loss keeps its own switches, except those that say whether the loss's ratio is
-    # to an older policy (`old = stored if num_iterations > 1 else logp.detach()`): on older samples only there
-    labels = merge_labels(a.labels, b.labels) if product or both or holds_behaviour_ratio((other,)) else first.labels
+    labels = merge_labels(a.labels, b.labels) if product or both else first.labels
     position = a.position if a.position != Position.ALL else b.position
     if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
         position = Position.SEQUENCE  # an estimator of the summed log-ratio

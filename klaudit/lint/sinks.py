@@ -105,18 +105,20 @@ class SinkFlow(FlowState):
             return tuple(_on_fresh_samples(f, self.reused) if f.is_kl() else f for f in value)
         if not any(f.is_kl() and not f.stale for f in value):
             return value
-        ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,))]
+        # the ratios formed here, apart from the KL terms already added to them (whose switches they lost)
+        ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,)) and not g.is_kl()]
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
         compared = any(compatible(labels, self.labels) for labels in self.compared)
         out: list = []
         for f in value:
+            paths = [g.labels for g in ratios if compatible(g.labels, f.labels)]
             if not f.is_kl():
                 out.append(f)
-            elif compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,)):
+            elif compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,)) and not paths:
                 out.append(replace(f, stale=True))
-            else:
-                out += _under_the_ratios(f, [g.labels for g in ratios if compatible(g.labels, f.labels)])
+            else:  # beside ratios formed here (the term added to a loss that holds one: under their switches)
+                out += _under_the_ratios(f, paths)
         return tuple(out)
 
     def on_fresh_samples(self) -> bool:

@@ -64,3 +64,29 @@ def test_older_samples_hold_only_on_the_path_that_reads_stored_log_probs(tmp_pat
     assert "num_iterations > 1" in found["KL008"].message  # older samples on that path only
     assert "num_iterations" not in found["KL002"].message and "on-policy" in found["KL002"].message
 
+
+
+# the shape of yuxuandexter/tunix's grpo_loss_fn (twenty-first set): the ratio of the "gspo-token" path is one the
+# analysis does not follow; the KL term still reaches that path's per-sequence token mean (row 21, KL007)
+TWO_PATHS = """\
+import torch
+
+
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, beta, loss_algo):
+    log_ratio = logps - old_logps
+    if loss_algo == "gspo-token":
+        log_ratio = sequence_level(log_ratio, mask)
+    ratio = torch.exp(log_ratio)
+    per_token_loss = -ratio * advantages.unsqueeze(1)
+    kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+    per_token_loss = per_token_loss + beta * kl
+    if loss_algo == "gspo-token":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1)).mean()
+    return (per_token_loss * mask).sum() / mask.sum()
+"""
+
+
+def test_a_ratio_the_analysis_follows_on_one_path_only_keeps_the_kl_term_on_the_others(tmp_path):
+    (tmp_path / "loss.py").write_text(TWO_PATHS)
+    found = sorted({finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings})
+    assert found == ["KL002", "KL007", "KL008"]  # k3 as a loss (row 3), 1/L on the gspo path (21), older samples (22)
