@@ -53,7 +53,7 @@ from klaudit.lint.modules import Analyzer, Module, module_functions
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import dotted, is_test, python_ast, statement_nodes, walk
+from klaudit.lint.syntax import dotted, is_test, last_name, python_ast, statement_nodes, walk
 from klaudit.lint.teacher_forcing import FunctionIndex, speaks_of_a_teacher, teacher_forced, trains_on_rewards
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -492,7 +492,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
             reduced = reduced or downstream.fact.aggregation is not None
         # what the helper's callers in this module hand it says more than its parameters' names (`old_logprobs`
         # given `new_logprobs.detach()`: exp(new - old) is 1 in value, the score in gradient), unless a test calls it
-        informed = [c for c in group if c.function != best.function and not is_test(functions[c.function][0])]
+        informed = _outermost([c for c in group if c.function != best.function and not is_test(functions[c.function][0])],
+                              functions)
         older = next((sampling for sampling in (Sampling.OFF_POLICY, Sampling.TOKEN_IS)
                       if any(c.config.sampling is sampling for c in informed or group)), None)
         if informed and older is None and config.sampling is not Sampling.ON_POLICY:
@@ -573,6 +574,19 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
+
+
+def _outermost(informed: list[_Candidate], functions: list[tuple[cst.FunctionDef, str | None]]) -> list[_Candidate]:
+    """The callers' views of a helper's term, less those of a caller that another of them calls in turn: what a hook
+    hands on from its parameters (`_compute_loss(policy_logp, old_logp, ...)` to `grpo_loss`) its own caller says
+    (`old_logp = policy_logp.detach()`: a ratio of 1, on-policy)."""
+    called = {function for c in informed for function in {o.function for o in informed}
+              if function != c.function and _calls_by_name(functions[c.function][0], functions[function][0].name.value)}
+    return [c for c in informed if c.function not in called] or informed
+
+
+def _calls_by_name(caller: cst.FunctionDef, name: str) -> bool:
+    return any(type(node) is cst.Call and last_name(node.func) == name for node in walk(caller.body))
 
 
 def _handed_on(by_function: dict[int, list[_Candidate]], functions: list[tuple[cst.FunctionDef, str | None]],

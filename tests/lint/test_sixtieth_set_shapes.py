@@ -90,3 +90,42 @@ def test_a_ratio_the_analysis_follows_on_one_path_only_keeps_the_kl_term_on_the_
     (tmp_path / "loss.py").write_text(TWO_PATHS)
     found = sorted({finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings})
     assert found == ["KL002", "KL007", "KL008"]  # k3 as a loss (row 3), 1/L on the gspo path (21), older samples (22)
+
+
+# zjworacle/LLM: a hook between the step and the loss helper hands on the log-probs it is given; the step that calls
+# the hook hands it `old_logp = policy_logp.detach()`, a ratio of 1: one step on fresh samples (row 3, not 22)
+HOOKED = """\
+import torch
+
+
+def grpo_loss(policy_logp, old_logp, ref_logp, advantages, mask, beta=0.04):
+    ratio = torch.exp(policy_logp - old_logp)
+    kl = torch.exp(ref_logp - policy_logp) - (ref_logp - policy_logp) - 1.0
+    per_token = -ratio * advantages.unsqueeze(1) + beta * kl
+    return (per_token * mask).sum() / mask.sum()
+
+
+class Trainer:
+    def _group_loss(self, sequences, mask, advantages):
+        policy_logp = self._logprobs(self.model, sequences)
+        ref_logp = self._logprobs(self.ref, sequences).detach()
+        old_logp = {old}
+        return self._compute_loss(policy_logp, old_logp, ref_logp, advantages, mask)
+
+    def _compute_loss(self, policy_logp, old_logp, ref_logp, advantages, mask):
+        return grpo_loss(policy_logp, old_logp, ref_logp, advantages, mask)
+
+    def train_step(self, sequences, mask, advantages):
+        loss = self._group_loss(sequences, mask, advantages)
+        loss.backward()
+        self.optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("old, expected", [
+    ("policy_logp.detach()", ["KL002"]),
+    ("self._logprobs(self.old_model, sequences).detach()", ["KL002", "KL008"]),  # an older copy's: older samples
+])
+def test_the_outermost_caller_says_which_samples_a_hooked_helper_gets(tmp_path, old, expected):
+    (tmp_path / "grpo.py").write_text(HOOKED.format(old=old))
+    assert sorted({finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings}) == expected
