@@ -110,15 +110,20 @@ class SinkFlow(FlowState):
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
         compared = any(compatible(labels, self.labels) for labels in self.compared)
+        # a ratio of 1 formed on another path (`exp(logp - logp.detach())` where num_iterations is 1): the samples'
+        # age is a switch of its own there
+        ones = [g.labels for v in self.env.values() for g in v if _a_ratio_of_one(g)]
         out: list = []
         for f in value:
             paths = [g.labels for g in ratios if compatible(g.labels, f.labels)]
             if not f.is_kl():
                 out.append(f)
-            elif compared or self.reused and not _sequence_weighted(f) or holds_behaviour_ratio((f,)) and not paths:
+            elif compared or self.reused and not _sequence_weighted(f):
                 out.append(replace(f, stale=True))
-            else:  # beside ratios formed here (the term added to a loss that holds one: under their switches)
-                out += _under_the_ratios(f, paths)
+            elif paths and any(not compatible(one, path) for one in ones for path in paths):
+                out += _under_the_ratios(f, paths)  # older samples under the ratios' switches only
+            else:
+                out.append(replace(f, stale=True) if paths or holds_behaviour_ratio((f,)) else f)
         return tuple(out)
 
     def on_fresh_samples(self) -> bool:
@@ -234,13 +239,16 @@ def _on_fresh_samples(fact: Fact, reused: bool) -> Fact:
     return replace(fact, poly=poly, stale=fact.stale or (reused and not _sequence_weighted(fact)))
 
 
+def _a_ratio_of_one(f: Fact) -> bool:
+    """exp(logp - sg logp), no KL term: value 1, gradient the score (a ratio to the samples' policy, itself)."""
+    return f.poly is not None and not f.is_kl() and any(atom.kind == alg.SCORE for atom in f.poly.atoms())
+
+
 def _under_the_ratios(f: Fact, paths: list[Labels]) -> list[Fact]:
-    """A KL term beside ratios to the behaviour policy formed on the switch paths `paths` (compatible with its own):
-    on older samples on those paths. Where each such ratio holds on a narrower path than the term (TRL's `old =
-    inputs["old_per_token_logps"] if self.num_iterations > 1 else logps.detach()`), the term is on older samples
-    under that path's switches only, and as it was on the others."""
-    if not paths:
-        return [f]
+    """A KL term beside ratios to the behaviour policy formed on the switch paths `paths` (compatible with its own),
+    where another path forms a ratio of 1: on older samples on those paths. Where each such ratio holds on a narrower
+    path than the term (TRL's `old = inputs["old_per_token_logps"] if self.num_iterations > 1 else logps.detach()`),
+    the term is on older samples under that path's switches only, and as it was on the others."""
     if any(merge_labels(f.labels, labels) == f.labels for labels in paths):
         return [replace(f, stale=True)]
     return [f, *dict.fromkeys(replace(f, stale=True, labels=merge_labels(f.labels, labels)) for labels in paths)]

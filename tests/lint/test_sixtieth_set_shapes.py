@@ -129,3 +129,41 @@ class Trainer:
 def test_the_outermost_caller_says_which_samples_a_hooked_helper_gets(tmp_path, old, expected):
     (tmp_path / "grpo.py").write_text(HOOKED.format(old=old))
     assert sorted({finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings}) == expected
+
+
+# Prem01-cyber/finetune_qwen (fifty-fifth set): a switch between a clipped ratio to the rollout's log-probs and plain
+# REINFORCE is no switch of the samples' age: the loop that calls the helper draws before each single step, so the
+# k1 loss is on-policy on both paths (row 1, KL001 alone)
+CLIPPED_OR_NOT = """\
+import torch
+
+
+def group_loss(model, ref_model, sequences, advantages, old_lps, clip_eps, kl_coef):
+    total = 0.0
+    for ids, adv, old_lp in zip(sequences, advantages, old_lps):
+        new_lp = sequence_log_prob(model, ids)
+        if clip_eps > 0:
+            ratio = torch.exp(new_lp - old_lp.detach())
+            loss_i = -torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+        else:
+            loss_i = -(adv * new_lp)
+        with torch.no_grad():
+            ref_lp = sequence_log_prob(ref_model, ids)
+        loss_i = loss_i + kl_coef * (new_lp - ref_lp)
+        total = total + loss_i
+    return total
+
+
+def train(model, ref_model, optimizer, prompts, steps, args):
+    for step in range(steps):
+        sequences, old_lps = generate_rollouts(model, prompts)
+        loss = group_loss(model, ref_model, sequences, score(sequences), old_lps, args.clip_eps, args.kl_coef)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_a_clip_switch_is_no_switch_of_the_samples_age(tmp_path):
+    (tmp_path / "train.py").write_text(CLIPPED_OR_NOT)
+    assert sorted({finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings}) == ["KL001"]
