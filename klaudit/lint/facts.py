@@ -354,7 +354,6 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
     else:
         # logp - ref forms a log-ratio; two KL terms of different origin form a combination
         formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
-    other = b if first is a else a
     labels = merge_labels(a.labels, b.labels) if product or both else first.labels
     position = a.position if a.position != Position.ALL else b.position
     if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
@@ -365,7 +364,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
         clamped_calls=a.clamped_calls if a.clamped and a.is_kl() else b.clamped_calls if b.clamped and b.is_kl() else 0,
         position=position,
-        aggregation=first.aggregation or other.aggregation,  # the KL operand's reduction first
+        aggregation=first.aggregation or (b if first is a else a).aggregation,  # the KL operand's reduction first
         labels=labels,
         origin=node if formed else first.origin,
         against=kl_targets(node, a, b) if formed else first.against,
