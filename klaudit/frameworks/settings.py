@@ -260,8 +260,10 @@ def computed_file_folder(text: str, raw: str) -> str | None:
     name = reference.group("braced") or reference.group("plain")
     written = [assigned.group("value").strip("\"'") for line in text.splitlines()
                if (assigned := _VARIABLE.match(_code_of(line))) is not None and assigned.group("name") == name]
-    folder = str(Path(written[-1]).parent) if written else "."
-    return folder if written and "$" not in folder and folder != "." else None
+    if not written:
+        return None
+    folder = str(Path(written[-1]).parent)
+    return None if "$" in folder or folder == "." else folder
 
 
 def command_span(lines: list[str], index: int) -> tuple[int, int]:
@@ -312,7 +314,7 @@ def shell_overrides(text: str) -> dict[str, Setting]:
 
 
 # A verl trainer module run from Python, an element of an argument list: `"-m", "verl.trainer.main_ppo"`
-PYTHON_LAUNCH = re.compile(r"[\"'](verl(?:\.\w+)+)[\"']")
+_PYTHON_LAUNCH = re.compile(r"[\"'](verl(?:\.\w+)+)[\"']")
 # a Hydra override as a string element: `"algorithm.use_kl_in_reward=False"`, or an f-string whose value is computed
 # (`f"data.train_batch_size={args.train_batch_size}"`, value unknown)
 _QUOTED_OVERRIDE = re.compile(r"(?P<f>\bf)?(?P<quote>[\"'])\+{0,2}(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)=(?P<value>[^\"'\n]*)"
@@ -326,7 +328,7 @@ def listed_overrides(text: str) -> list[dict[str, Setting]]:
     kept; one with a placeholder (`{args.lr}`) is set to a value unknown."""
     lines, launches, index = text.splitlines(), [], 0
     while index < len(lines):
-        if lines[index].lstrip().startswith("#") or not PYTHON_LAUNCH.search(lines[index]):
+        if lines[index].lstrip().startswith("#") or not _PYTHON_LAUNCH.search(lines[index]):
             index += 1
             continue
         found: dict[str, Setting] = {}

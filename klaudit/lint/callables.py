@@ -41,7 +41,7 @@ class Callee:
     closure: tuple = ()  # ((enclosing variable, facts), ...), sorted by name
     bound: tuple = ()  # facts of the positional arguments bound by functools.partial
     bound_keywords: tuple = ()  # ((parameter, facts), ...) bound by functools.partial
-    built: Any = None  # (module path, the call that built it) of a callable object: where its settings are chosen
+    built: Any = None  # (module path, the statement that built it) of a callable object: where its settings are chosen
 
     def __new__(cls_, module: Any, func: cst.FunctionDef, cls: str | None = None, closure: tuple = (),
                 bound: tuple = (), bound_keywords: tuple = (), built: Any = None) -> Callee:

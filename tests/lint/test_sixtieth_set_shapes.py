@@ -19,9 +19,9 @@ STEP = """\
 import torch
 
 
-def train_step(policy, ref_policy, optimizer, ids, advantages, beta):
+def train_step(policy, ref_policy, optimizer, ids, old_log_probs, advantages, beta):
     log_probs = policy(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    loss = -(log_probs.sum(-1) * advantages).mean()
+    loss = -(torch.exp(log_probs - old_log_probs) * advantages.unsqueeze(-1)).mean()
     with torch.no_grad():
         ref_log_probs = ref_policy(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         kl = (torch.exp(ref_log_probs - log_probs) - (ref_log_probs - log_probs) - 1).sum(-1).mean()
