@@ -40,7 +40,6 @@ from klaudit.frameworks import (
     trl_runs,
     tunix,
     verl,
-    verl_runs,
 )
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
@@ -137,9 +136,6 @@ class Context:
     # every beta and num_iterations the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None:
     # it builds none
     grpo_runs: trl_runs.Runs | None = None
-    # the KL estimators the project's verl runs may select, as pinned switches (klaudit.frameworks.verl_runs); None:
-    # it runs no verl
-    verl_runs: Mapping[str, tuple[str, ...]] | None = None
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -191,12 +187,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       options=option_defaults({**(others or {}), **sources}, configs),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
                       grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
-    code = {**(others or {}), **sources}
-    context = replace(context, grpo_runs=_grpo_runs(context, code, configs))
-    if any(verl.NAME in Path(path).parts[:-1] for path in code):
-        return context  # a copy of verl, configured by every user of it: its runs are not the project's alone
-    texts = [(read_text(Path(path)) or "", path.endswith(YAML_SUFFIXES)) for path in configs]
-    return replace(context, verl_runs=verl_runs.selected(code.values(), texts))
+    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs))
 
 
 def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:

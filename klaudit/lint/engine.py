@@ -35,7 +35,6 @@ from klaudit.frameworks import (
     lint_shell,
     mentions_config_class,
     trl_runs,
-    verl_runs,
     with_code,
 )
 from klaudit.lint import budget
@@ -250,17 +249,10 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 
 
 def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
-    """`findings` less those that hold only where no run of the project goes: in a method of a TRL GRPO trainer's
-    copy or subclass, at a beta or num_iterations none of the project's configurations runs with
-    (klaudit.frameworks.trl_runs: `if self.beta != 0.0:` where all leave it 0, `if self.num_iterations > 1:` where
-    all leave it 1); in code built on the installed verl, at a `kl_penalty` or `kl_loss_type` none of the project's
-    verl runs selects (klaudit.frameworks.verl_runs)."""
-    if context is None or not any(f.switches for f in findings):
-        return findings
-    if context.verl_runs is not None and verl_runs.IMPORTS_VERL.search(source):
-        runs = context.verl_runs
-        findings = [f for f in findings if not f.switches or any(pinned_values_hold(labels, runs) for labels in f.switches)]
-    if context.grpo_runs is None:
+    """`findings` less those in a method of a TRL GRPO trainer's copy or subclass that hold only at a beta or
+    num_iterations none of the project's configurations runs with (klaudit.frameworks.trl_runs: `if self.beta != 0.0:`
+    where all leave it 0, `if self.num_iterations > 1:` where all leave it 1)."""
+    if context is None or context.grpo_runs is None or not any(f.switches for f in findings):
         return findings
     methods = trl_runs.trainer_methods(path, source, context.grpo_trainers)
     return [f for f in findings if not f.switches or not any(first <= f.line <= last for first, last in methods)
