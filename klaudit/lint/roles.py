@@ -170,14 +170,15 @@ DATA_CONTAINERS = re.compile(
 
 
 # The log-probs of one side of a preference pair (`policy_chosen_logps`, `ref_rejected_logps`,
-# `teacher_reject_logps`, `chosen_logits`): taken on responses a dataset or a judge picked, not on samples
-# of the policy, so no KL estimate is made of them (what is computed from them, `chosen_rewards`, follows
-# from its inputs).
-_PREFERENCE_SIDE = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)(?![a-z0-9])", re.IGNORECASE)
+# `teacher_reject_logps`, `chosen_logits`, safe-rlhf's `better_log_probs` / `worse_log_probs`, `win_logps`):
+# taken on responses a dataset or a judge picked, not on samples of the policy, so no KL estimate is made of
+# them (what is computed from them, `chosen_rewards`, follows from its inputs).
+_SIDES = r"chosen|rejected|reject|better|worse|win|lose|winner|loser|preferred|dispreferred"
+_PREFERENCE_SIDE = re.compile(rf"(?<![a-z0-9])({_SIDES})(?![a-z0-9])", re.IGNORECASE)
 _LOGPROBS = r"log_?probs?|logps?|(?<![a-z])lps?(?![a-z])"  # `ref_logps`, `sequence_log_probs`, `chosen_lp`
 _LOGPROBS_WORD = re.compile(_LOGPROBS, re.IGNORECASE)
 _LONG_LOGPROB_WORD = re.compile(r"log_?probs?|logps?|logits|log_?ratios?", re.IGNORECASE)
-_SIDE_THEN_LP = re.compile(r"(?<![a-z0-9])(chosen|rejected|reject)_(\w*_)?lps?(?![a-z0-9])", re.IGNORECASE)
+_SIDE_THEN_LP = re.compile(rf"(?<![a-z0-9])({_SIDES})_(\w*_)?lps?(?![a-z0-9])", re.IGNORECASE)
 
 
 def speaks_of_logprobs(name: str) -> bool:

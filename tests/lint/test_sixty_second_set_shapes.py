@@ -1,0 +1,81 @@
+"""Shapes of code met in the sixty-second blind set that the lint misread.
+
+- safe-rlhf's DPO trainer (UMass-SCALAR-Lab/HC-RLHF, YuxiXie/MCTS-DPO) names the sides of its preference pair
+  `better` and `worse`: `better_log_ratio = better_log_prob - ref_better_log_prob` is DPO's implicit reward, returned
+  for logging beside the logsigmoid loss, not a KL estimate of samples, and no reward with a bonus's sign (KL011).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint import roles
+from klaudit.lint.engine import lint_paths
+
+# safe-rlhf's DPOTrainer.loss, reduced: the log-probs come from a helper of another module, as in the project
+GATHER = """\
+import torch
+
+
+def gather_log_probabilities(logits, labels):
+    return torch.gather(logits.log_softmax(-1), -1, labels.unsqueeze(-1)).squeeze(-1)
+"""
+DPO = """\
+import torch
+import torch.nn.functional as F
+
+from utils import gather_log_probabilities
+
+
+class DPOTrainer:
+    def compute_log_probs(self, model, input_ids, attention_mask):
+        logits = model(input_ids, attention_mask=attention_mask).logits
+        return gather_log_probabilities(logits[:, :-1], input_ids[:, 1:])
+
+    def loss(self, better_input_ids, better_attention_mask, worse_input_ids, worse_attention_mask):
+        better_sequence_log_probs = self.compute_log_probs(self.model, better_input_ids, better_attention_mask)
+        worse_sequence_log_probs = self.compute_log_probs(self.model, worse_input_ids, worse_attention_mask)
+        with torch.no_grad():
+            ref_better_sequence_log_probs = self.compute_log_probs(self.reference_model, better_input_ids,
+                                                                   better_attention_mask)
+            ref_worse_sequence_log_probs = self.compute_log_probs(self.reference_model, worse_input_ids,
+                                                                  worse_attention_mask)
+        losses, better_sample_rewards, worse_sample_rewards = [], [], []
+        for i in range(better_input_ids.size(0)):
+            better_log_prob = better_sequence_log_probs[i].sum(dim=-1)
+            worse_log_prob = worse_sequence_log_probs[i].sum(dim=-1)
+            ref_better_log_prob = ref_better_sequence_log_probs[i].sum(dim=-1)
+            ref_worse_log_prob = ref_worse_sequence_log_probs[i].sum(dim=-1)
+            better_log_ratio = better_log_prob - ref_better_log_prob
+            worse_log_ratio = worse_log_prob - ref_worse_log_prob
+            losses.append(-F.logsigmoid(self.scale_coeff * (better_log_ratio - worse_log_ratio)))
+            better_sample_rewards.append(self.scale_coeff * better_log_ratio.detach())
+            worse_sample_rewards.append(self.scale_coeff * worse_log_ratio.detach())
+        loss = torch.stack(losses).mean()
+        better_sample_reward = torch.stack(better_sample_rewards)
+        worse_sample_reward = torch.stack(worse_sample_rewards)
+        return {"loss": loss, "reward": better_sample_reward + worse_sample_reward,
+                "reward_margin": better_sample_reward - worse_sample_reward}
+
+    def train_step(self, **batch):
+        loss_dict = self.loss(**batch)
+        self.model.backward(loss_dict["loss"])
+        self.model.step()
+        with torch.no_grad():
+            reward = loss_dict["reward"].mean()
+        return {"train/loss": loss_dict["loss"].item(), "train/reward": reward.item()}
+"""
+
+
+def test_safe_rlhfs_dpo_implicit_reward_is_no_kl_bonus(tmp_path):
+    (tmp_path / "utils.py").write_text(GATHER)
+    (tmp_path / "dpo.py").write_text(DPO)
+    assert [(f.line, f.code) for f in lint_paths([str(tmp_path)], jobs=1).findings] == []
+
+
+@pytest.mark.parametrize("name, pair", [
+    ("better_log_prob", True), ("ref_worse_sequence_log_probs", True), ("win_logps", True), ("loser_lps", True),
+    ("window_logps", False), ("better_ids", False), ("worse", False),
+])
+def test_better_and_worse_name_a_preference_pairs_sides(name, pair):
+    assert roles.names_pair_logprobs(name) is pair
