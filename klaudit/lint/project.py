@@ -46,7 +46,7 @@ class Project:
         self._defines: dict[tuple[str, str], bool] = {}  # (resolved path, name) -> whether its text may define the name
         self._package_parents: dict[str, list[Path]] | None = None
         self._paths: dict[tuple[str, str | None, int], Path | None] = {}  # module_path's answers
-        self._signatures: dict[str, dict[str, ast.arguments]] = {}  # resolved path -> its functions' parameters
+        self._functions: dict[str, dict[str, ast.FunctionDef]] = {}  # resolved path -> its module-level functions
         self._raw_texts: dict[str, str | None] = {}  # resolved path -> its text, for the loss helpers looked up in it
         self._keys: dict[str | Path, str] = {}  # a path as given -> the resolved path, its key in the tables above
         self._called: dict[str, frozenset[str]] = {}  # resolved path -> the names its text writes a call of
@@ -200,12 +200,11 @@ class Project:
             self._defines[key, name] = text is not None and re.search(written, text) is not None
         return self._defines[key, name]
 
-    def integer_default(self, path: Path, function: str, parameters: tuple[str, ...]) -> int | None:
-        """The integer default of the first of `parameters` that the module-level function `function` of
-        the module at `path` has (`def masked_mean(x, mask, dim=1)` -> 1), else None. Read from Python's
-        own tree of a module the analysis does not follow (it has no KL words): nothing is interpreted."""
+    def _function(self, path: Path, function: str) -> ast.FunctionDef | None:
+        """The module-level function `function` of the module at `path`, read from Python's own tree (a module the
+        analysis does not follow has no KL words: nothing is interpreted)."""
         key = self.key(path)
-        if key not in self._signatures:
+        if key not in self._functions:
             tree = ast.Module(body=[], type_ignores=[])
             try:
                 text = read_source(key)
@@ -213,10 +212,16 @@ class Project:
                     tree = ast.parse(text)
             except (OSError, SyntaxError, ValueError, RecursionError):
                 pass
-            self._signatures[key] = {node.name: node.args for node in tree.body if isinstance(node, ast.FunctionDef)}
-        signature = self._signatures[key].get(function)
-        if signature is None:
+            self._functions[key] = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+        return self._functions[key].get(function)
+
+    def integer_default(self, path: Path, function: str, parameters: tuple[str, ...]) -> int | None:
+        """The integer default of the first of `parameters` that the module-level function `function` of
+        the module at `path` has (`def masked_mean(x, mask, dim=1)` -> 1), else None."""
+        definition = self._function(path, function)
+        if definition is None:
             return None
+        signature = definition.args
         positional = signature.posonlyargs + signature.args
         defaults = dict(zip([a.arg for a in positional][len(positional) - len(signature.defaults):], signature.defaults))
         defaults.update((a.arg, d) for a, d in zip(signature.kwonlyargs, signature.kw_defaults) if d is not None)
@@ -228,6 +233,18 @@ class Project:
                     return None
                 return value if isinstance(value, int) and not isinstance(value, bool) else None
         return None
+
+    def sums_each_row(self, path: Path, function: str, parameters: tuple[str, ...]) -> bool:
+        """Whether the module-level function `function` of the module at `path`, with none of `parameters` (no axis
+        to choose), divides by a count summed along a fixed non-first axis: safe-rlhf's `masked_mean(x, mask)`,
+        `((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()`, averages each row by its own length."""
+        definition = self._function(path, function)
+        if definition is None or {a.arg for a in (*definition.args.args, *definition.args.kwonlyargs)} & set(parameters):
+            return False
+        return any(isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and any(
+            isinstance(part, ast.Call) and isinstance(part.func, ast.Attribute) and part.func.attr == "sum"
+            and _fixed_axis(part, parameters) not in (None, 0) for part in ast.walk(node.right))
+            for node in ast.walk(definition))
 
     def parse(self, path: Path) -> cst.Module | None:
         key = self.key(path)
@@ -326,3 +343,13 @@ def _find(base: Path, parts: list[str]) -> Path | None:
         return as_file
     init = candidate / "__init__.py"
     return init if init.is_file() else None
+
+
+def _fixed_axis(call: ast.Call, names: tuple[str, ...]) -> int | None:
+    """The literal integer axis of a reduction call (`x.sum(-1)`, `x.sum(dim=1)`), else None."""
+    given = [keyword.value for keyword in call.keywords if keyword.arg in names] or call.args[:1]
+    try:
+        value = ast.literal_eval(given[0]) if given else None
+    except ValueError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -116,7 +116,8 @@ class ReductionFlow(FlowState):
 
     def imported_default_axis(self, name: str) -> bool:
         """Whether `name(x, mask)` called without an axis, imported from a module of the tree that is not
-        followed (it has no KL words), averages each row by its own default (`dim=1`; verl's is `axis=None`)."""
+        followed (it has no KL words), averages each row: by its own default (`dim=1`; verl's is `axis=None`), or,
+        with no axis to choose, by summing along a fixed one (safe-rlhf's `.sum(dim=-1)`)."""
         if name not in self.module.imports:
             return False
         source, attr, level = self.module.imports[name]
@@ -124,7 +125,7 @@ class ReductionFlow(FlowState):
         if attr is None or path is None:
             return False
         default = self.analyzer.project.integer_default(path, attr, ("dim", "axis"))
-        return default is not None and default != 0
+        return default != 0 if default is not None else self.analyzer.project.sums_each_row(path, attr, ("dim", "axis"))
 
     def each_agg_mode(self, first: tuple, mode: cst.BaseExpression) -> tuple:
         """A `loss_agg_mode` the code reads from its configuration: every mode the aggregator knows,

@@ -3,6 +3,10 @@
 - safe-rlhf's DPO trainer (UMass-SCALAR-Lab/HC-RLHF, YuxiXie/MCTS-DPO) names the sides of its preference pair
   `better` and `worse`: `better_log_ratio = better_log_prob - ref_better_log_prob` is DPO's implicit reward, returned
   for logging beside the logsigmoid loss, not a KL estimate of samples, and no reward with a bonus's sign (KL011).
+- safe-rlhf's `masked_mean(x, mask)` (in a utilities module with no KL words, which the analysis reads by name) has
+  no axis parameter: `((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()` divides each response by its own length,
+  so the PPO loss weights the k1 reward's return by 1/L (kl-math.md section 8, row 21, KL007). It was read as verl's
+  batch token mean (fresh9, fresh28 and fresh62 each recorded the miss).
 """
 
 from __future__ import annotations
@@ -79,3 +83,52 @@ def test_safe_rlhfs_dpo_implicit_reward_is_no_kl_bonus(tmp_path):
 ])
 def test_better_and_worse_name_a_preference_pairs_sides(name, pair):
     assert roles.names_pair_logprobs(name) is pair
+
+
+MASKED_MEAN = """\
+import torch
+
+
+def masked_mean(x, mask=None):
+    if mask is None:
+        return x.mean()
+    return {reduction}
+"""
+PPO_STEP = """\
+import torch
+
+from utils import masked_mean
+
+
+def rl_step(policy, ids, mask, old_log_probs, ref_log_probs, scores, optimizer, kl_coeff):
+    with torch.no_grad():
+        rewards = -kl_coeff * (old_log_probs - ref_log_probs)
+        rewards[:, -1] += scores
+        returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    log_probs = policy(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    loss = -masked_mean(torch.exp(log_probs - old_log_probs) * returns, mask)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("reduction, per_response", [
+    ("((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()", True),  # safe-rlhf's
+    ("((x * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()", True),
+    ("(x * mask).sum() / mask.sum()", False),  # every token of the batch
+    ("(x * mask).sum(-1).sum() / mask.sum()", False),  # rows summed, then over the batch's tokens
+])
+def test_an_imported_masked_mean_without_an_axis_is_read_from_its_body(tmp_path, reduction, per_response):
+    (tmp_path / "utils.py").write_text(MASKED_MEAN.format(reduction=reduction))
+    (tmp_path / "trainer.py").write_text(PPO_STEP)
+    codes = {f.code for f in lint_paths([str(tmp_path)], jobs=1).findings}
+    assert ("KL007" in codes) is per_response
+
+
+def test_a_masked_mean_with_an_axis_parameter_keeps_its_default(tmp_path):
+    """verl's `masked_mean(values, mask, axis=None)`: the whole batch's tokens, whatever its body sums."""
+    helper = "def masked_mean(values, mask, axis=None):\n    return (values * mask).sum(axis=axis) / mask.sum(axis=axis)\n"
+    (tmp_path / "utils.py").write_text(helper)
+    (tmp_path / "trainer.py").write_text(PPO_STEP)
+    assert "KL007" not in {f.code for f in lint_paths([str(tmp_path)], jobs=1).findings}
