@@ -28,8 +28,10 @@ import libcst as cst
 from klaudit.lint import roles
 from klaudit.lint.syntax import int_literal, last_name, python_ast, text_of, walk
 
-# Words of code that samples from the policy it trains, or that works on such samples.
+# Words of code that samples from the policy it trains, or that works on such samples; a model's generation
+# config (`set_generation_config(model)`, fixed before saving an SFT model) samples nothing: `generate` would.
 _SAMPLING = re.compile(r"generat|sampl|rollout|completion|response|reward|advantage|policy|vllm", re.IGNORECASE)
+_GENERATION_CONFIG = re.compile(r"generation_?config", re.IGNORECASE)
 _TARGETS = re.compile(r"^(\w*_)?(labels?|targets?)$", re.IGNORECASE)
 
 
@@ -119,7 +121,7 @@ def samples_nowhere(source: str) -> bool:
         tree = python_ast(source)  # shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
         return False
-    return not any(_SAMPLING.search(name) for name in _identifiers(tree))
+    return not any(_SAMPLING.search(_GENERATION_CONFIG.sub("", name)) for name in _identifiers(tree))
 
 
 def _identifiers(tree: ast.Module) -> set[str]:

@@ -7,6 +7,9 @@
   no axis parameter: `((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()` divides each response by its own length,
   so the PPO loss weights the k1 reward's return by 1/L (kl-math.md section 8, row 21, KL007). It was read as verl's
   batch token mean (fresh9, fresh28 and fresh62 each recorded the miss).
+- yosa97/AgulText's SFT trainer adds the exact KL(fine-tuned || base) over the vocabulary at the dataset's labelled
+  positions: on teacher-forced sequences no later-token term is missing (KL003's "when this is fine"). Its module
+  fixes the model's generation config before saving it, and that word was read as sampling.
 """
 
 from __future__ import annotations
@@ -132,3 +135,41 @@ def test_a_masked_mean_with_an_axis_parameter_keeps_its_default(tmp_path):
     (tmp_path / "utils.py").write_text(helper)
     (tmp_path / "trainer.py").write_text(PPO_STEP)
     assert "KL007" not in {f.code for f in lint_paths([str(tmp_path)], jobs=1).findings}
+
+
+SFT = """\
+import torch
+import torch.nn.functional as F
+from transformers import Trainer
+
+from helpers import set_generation_config
+
+
+class KLTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        input_ids, labels = inputs["input_ids"], inputs["labels"]
+        logits = model(input_ids=input_ids, attention_mask=inputs["attention_mask"]).logits
+        ce_loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
+        mask = labels != -100
+        with torch.no_grad():
+            base_logits = self.base_model(input_ids=input_ids).logits
+        log_ft = F.log_softmax(logits[mask].float(), dim=-1)
+        log_base = F.log_softmax(base_logits[mask].float(), dim=-1)
+        kl_loss = F.kl_div(log_base, log_ft, reduction="none", log_target=True).sum(dim=-1).mean()
+        return ce_loss + self.kl_coef * kl_loss
+
+
+def main(model, dataset, args):
+    {configure}
+    KLTrainer(model=model, args=args, train_dataset=dataset).train()
+"""
+
+
+@pytest.mark.parametrize("configure, expected", [
+    ("set_generation_config(model)", []),  # a saved model's config: no sampling, the sequences are the dataset's
+    ("model.generation_config.pad_token_id = model.config.eos_token_id", []),
+    ("dataset = dataset.map(lambda row: {'input_ids': model.generate(row['prompt'])})", ["KL003"]),  # samples
+])
+def test_an_sft_kl_to_the_base_model_on_labelled_positions(tmp_path, configure, expected):
+    (tmp_path / "sft.py").write_text(SFT.format(configure=configure))
+    assert [f.code for f in lint_paths([str(tmp_path)], jobs=1).findings] == expected
