@@ -148,11 +148,13 @@ class Project:
         """Whether the analysis follows a call of `name` (any name, where None) into the module at
         `path`: its text has KL vocabulary, or it is a package's __init__, or `name` speaks of a loss or a
         reduction (a loss helper: an aggregation has no KL words of its own, yet the KL flows through it) or
-        of log-probs (`forward_logprobs`: what a KL is made of, in a trainer module with no KL words) or of
-        returns (`discount_cumsum`: a KL reward's reward-to-go, computed in a utilities module). The answer
-        depends on the module and the name only, never on what was looked up before."""
+        of log-probs (`forward_logprobs`: what a KL is made of, in a trainer module with no KL words; a
+        project's own `log_softmax(logits, ids)`, which gathers the sampled tokens' log-probs where torch's takes
+        a dim) or of returns (`discount_cumsum`: a KL reward's reward-to-go, computed in a utilities module). The
+        answer depends on the module and the name only, never on what was looked up before."""
         return self._text(self.key(path)) is not None or (name is not None and (
-            names_loss_helper(name) or speaks_of_logprobs(name) or is_return_computation(name)))
+            names_loss_helper(name) or speaks_of_logprobs(name) or _LOG_SOFTMAX.search(name) is not None
+            or is_return_computation(name)))
 
     def _admitted(self, key: str) -> str | None:
         """The text of the module file `key` whatever its vocabulary: a loss helper is looked up in it."""
@@ -287,6 +289,8 @@ class Project:
 # (`sum_sum`, `token_average`; those read by name, `masked_mean`, keep that reading): followed into any module
 _LOSS_HELPER = re.compile(r"loss", re.IGNORECASE)
 _REDUCTION_HELPER = re.compile(r"(?<![a-z])(?:sum|mean|avg|average|agg|aggregate|reduce)(?![a-z])", re.IGNORECASE)
+# a project's log-softmax helper (`log_softmax(logits, ids)`, `selective_log_softmax`): followed into any module
+_LOG_SOFTMAX = re.compile(r"log_?softmax", re.IGNORECASE)
 
 
 def python_files(project: Project) -> list[str]:
