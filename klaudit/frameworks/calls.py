@@ -24,6 +24,7 @@ from klaudit.frameworks.options import (
     bindings,
     configuration_read,
     environment_default,
+    environment_read,
     module_constants,
     resolve,
     visible,
@@ -90,8 +91,9 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         if value is None and isinstance(written, (ast.Name, ast.Attribute, ast.Subscript)):
             default = resolve(_configuration_key(written, aliases), parameters, options or Options(), path)
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
-            read = configuration_read(key, _nested_calls(written, text), written.lineno)
-            default = (options or Options()).read(read) if read is not None else None
+            nested = _nested_calls(written, text)
+            read = configuration_read(key, nested, written.lineno)
+            default = (options or Options()).read(read) if read is not None else environment_read(nested, written.lineno)
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
         return found if default is None else replace(found, origin=default.origin)
 

@@ -226,8 +226,9 @@ class _Reader(cst.CSTVisitor):
                               self.path)
         elif value is None and isinstance(arg.value, cst.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
             line = self.get_metadata(PositionProvider, arg).start.line
-            read = options.configuration_read(arg.keyword.value, _nested_calls(arg.value), line)
-            default = self.options.read(read) if read is not None else None
+            nested = _nested_calls(arg.value)
+            read = options.configuration_read(arg.keyword.value, nested, line)
+            default = self.options.read(read) if read is not None else options.environment_read(nested, line)
         found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
         return found if default is None else replace(found, origin=default.origin)
 

@@ -263,6 +263,14 @@ def environment_default(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tu
     return (variable, default) if variable is not None and default is not None else None
 
 
+def environment_read(calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
+    """The value a keyword set to an environment read with a literal default has in a run that leaves the variable
+    unset (`beta=float(os.environ.get("GRPO_BETA", "0.04"))`), as a module constant bound to one has
+    (`module_constants`); `calls` as environment_default takes them."""
+    found = environment_default(calls)
+    return None if found is None else Default(found[1], f"{found[1]} at line {line} while {found[0]} is unset")
+
+
 def _unconverted(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tuple[str, Sequence[str | None]] | None:
     """The one call a value makes, once a conversion around it (`float(...)`) is taken off; None if it makes more."""
     if len(calls) == 2 and calls[0][0] in _CONVERSIONS and len(calls[0][1]) == 1:

@@ -130,6 +130,7 @@ ENV_STEPS = int(os.getenv("STEPS", "2"))
 ENV_LOSS = os.environ.get("LOSS")
 ENV_LEVEL = float(os.environ.get("LEVEL", 0.1) or 0.2)
 f = GRPOConfig(beta=ENV_BETA, num_iterations=ENV_STEPS, loss_type=ENV_LOSS, importance_sampling_level=ENV_LEVEL)
+g = GRPOConfig(beta=float(os.environ.get("GRPO_BETA", "0.04")), num_iterations=int(os.getenv("ITERS")), loss_type=os.environ.get("LOSS", "x").lower())
 '''
 
 
@@ -156,10 +157,13 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
         # a module constant read from the environment takes the default a run without the variable reads;
         # no default, or one an expression computes further: none
         {"beta": "0.005", "num_iterations": "2", "loss_type": None, "importance_sampling_level": None},
+        # a keyword set to such a read itself (humor-r1's `beta=float(os.environ.get("GRPO_BETA", "0.04"))`)
+        {"beta": "0.04", "num_iterations": None, "loss_type": None},
     ]
     assert reader.calls[3].settings["beta"].origin == "the default of kl_coef at run.py:1"
     assert reader.calls[5].settings["num_iterations"].origin == "STEPS = 3 at line 18"
     assert reader.calls[7].settings["beta"].origin == "ENV_BETA = 0.005 at line 28 while GRPO_BETA is unset"
+    assert reader.calls[8].settings["beta"].origin == "0.04 at line 33 while GRPO_BETA is unset"
 
 
 CONFIGURATION_READS = '''\
@@ -215,7 +219,9 @@ def test_a_configuration_read_written_at_the_keyword_gives_its_default_as_one_bo
     set): the read is judged as `epochs = rl.get(...)` then `ppo_epochs=epochs` is, from either tree, the YAML files
     deciding whether the default holds. Where they give the key another value, in a section the mapping is named for
     (`rl.mini_batch_size` for `rl`; nvietanh1909/MedVLM-R1's `grpo.beta` for `grpo_cfg`, fifty-fourth set), the run
-    reads that value; a read without a default, or of the environment, gives no value."""
+    reads that value; a read without a default gives no value, and one of the environment its default, the value a
+    run that leaves the variable unset reads (Broyojo/humor-r1's `beta=float(os.environ.get("GRPO_BETA", "0.04"))`,
+    sixty-first set), as a module constant bound to it has."""
     from klaudit.frameworks.options import option_defaults
 
     config = tmp_path / "ppo.yaml"
@@ -228,10 +234,11 @@ def test_a_configuration_read_written_at_the_keyword_gives_its_default_as_one_bo
     assert from_python[0] == reader.calls
     [call] = reader.calls
     assert {key: setting.value for key, setting in call.settings.items()} == {
-        "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": "1", "learning_rate": None, "init_kl_coef": None}
+        "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": "1", "learning_rate": None, "init_kl_coef": "0.2"}
     assert call.settings["ppo_epochs"].origin == (
         "ppo_epochs = rl.get('ppo_epochs', 4) at line 4, where the configuration leaves ppo_epochs out")
     assert call.settings["mini_batch_size"].origin == f"rl.mini_batch_size at {config}:3"
+    assert call.settings["init_kl_coef"].origin == "0.2 at line 6 while KL is unset"
 
 
 def test_a_value_the_yaml_files_give_in_another_section_or_disagree_on_is_unknown(tmp_path):
