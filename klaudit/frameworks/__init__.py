@@ -998,11 +998,13 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
             fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched)
             found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
                           runs_retired=False, unsloth=patched)
+    trainers = trl_runs.trainer_methods(path, source, context.grpo_trainers) if calls else []
     for call in calls:
         if not set(call.settings) & set(trl.DECIDING) and _judged_where_defined(call.name, context):
             continue  # its defaults are judged at its definition
-        if _inside_trl(path, call.name, context):
-            continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args: its loss is reported
+        if _inside_trl(path, call.name, context) or any(first <= call.where.line <= last for first, last in trainers):
+            continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args, in TRL or a copy of
+            # its trainer: no configuration of a run, and the copy's loss is reported where it is written
         fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source, unsloth=patched)
     return found

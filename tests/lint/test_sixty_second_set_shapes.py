@@ -10,6 +10,9 @@
 - yosa97/AgulText's SFT trainer adds the exact KL(fine-tuned || base) over the vocabulary at the dataset's labelled
   positions: on teacher-forced sequences no later-token term is missing (KL003's "when this is fine"). Its module
   fixes the model's generation config before saving it, and that word was read as sampling.
+- PolarisLiu1/LAT's edited copy of TRL's GRPO trainer keeps TRL's fallback, `if args is None: args =
+  GRPOConfig(f"{model_name}-GRPO")`: no configuration of a run (its launch passes the arguments), and the copy's own
+  k3 loss is reported where it is written. The fallback was judged as a configuration at the release's defaults.
 """
 
 from __future__ import annotations
@@ -173,3 +176,36 @@ def main(model, dataset, args):
 def test_an_sft_kl_to_the_base_model_on_labelled_positions(tmp_path, configure, expected):
     (tmp_path / "sft.py").write_text(SFT.format(configure=configure))
     assert [f.code for f in lint_paths([str(tmp_path)], jobs=1).findings] == expected
+
+
+TRAINER_COPY = """\
+import torch
+from trl import GRPOConfig
+
+
+class Qwen2VLGRPOTrainer:
+    def __init__(self, model, args=None):
+        if args is None:
+            model_name = model.split("/")[-1]
+            args = GRPOConfig(f"{model_name}-GRPO")
+        self.args = args
+        self.beta = args.beta
+
+    def compute_loss(self, model, inputs):
+        per_token_logps = model(inputs["input_ids"]).logits.log_softmax(-1).gather(
+            -1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        ref = inputs["ref_per_token_logps"]
+        per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+        advantages = inputs["advantages"]
+        per_token_loss = -(torch.exp(per_token_logps - per_token_logps.detach()) * advantages.unsqueeze(1))
+        per_token_loss = per_token_loss + self.beta * per_token_kl
+        mask = inputs["completion_mask"]
+        return ((per_token_loss * mask).sum(dim=1) / mask.sum(dim=1)).mean()
+"""
+
+
+def test_a_trainer_copys_fallback_configuration_is_no_run(tmp_path):
+    (tmp_path / "requirements.txt").write_text("trl==0.14.0\n")
+    (tmp_path / "grpo_trainer.py").write_text(TRAINER_COPY)
+    found = sorted((f.line, f.code) for f in lint_paths([str(tmp_path)], jobs=1).findings)
+    assert found == [(20, "KL002"), (20, "KL007")]
