@@ -170,10 +170,11 @@ DATA_CONTAINERS = re.compile(
 
 
 # The log-probs of one side of a preference pair (`policy_chosen_logps`, `ref_rejected_logps`,
-# `teacher_reject_logps`, `chosen_logits`, safe-rlhf's `better_log_probs` / `worse_log_probs`, `win_logps`):
-# taken on responses a dataset or a judge picked, not on samples of the policy, so no KL estimate is made of
-# them (what is computed from them, `chosen_rewards`, follows from its inputs).
-_SIDES = r"chosen|rejected|reject|better|worse|win|lose|winner|loser|preferred|dispreferred"
+# `teacher_reject_logps`, `chosen_logits`, safe-rlhf's `better_log_probs` / `worse_log_probs`): taken on
+# responses a dataset or a judge picked, not on samples of the policy, so no KL estimate is made of them (what is
+# computed from them, `chosen_rewards`, follows from its inputs). Not `winner`: the best of the policy's own
+# samples (wordle-GRPO-modal's KL penalty on `log_probs_policy_winner`, fifty-second set) is a sample still.
+_SIDES = r"chosen|rejected|reject|better|worse|preferred|dispreferred"
 _PREFERENCE_SIDE = re.compile(rf"(?<![a-z0-9])({_SIDES})(?![a-z0-9])", re.IGNORECASE)
 _LOGPROBS = r"log_?probs?|logps?|(?<![a-z])lps?(?![a-z])"  # `ref_logps`, `sequence_log_probs`, `chosen_lp`
 _LOGPROBS_WORD = re.compile(_LOGPROBS, re.IGNORECASE)

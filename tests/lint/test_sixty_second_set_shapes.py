@@ -84,8 +84,9 @@ def test_safe_rlhfs_dpo_implicit_reward_is_no_kl_bonus(tmp_path):
 
 
 @pytest.mark.parametrize("name, pair", [
-    ("better_log_prob", True), ("ref_worse_sequence_log_probs", True), ("win_logps", True), ("loser_lps", True),
-    ("window_logps", False), ("better_ids", False), ("worse", False),
+    ("better_log_prob", True), ("ref_worse_sequence_log_probs", True), ("preferred_logps", True),
+    ("better_ids", False), ("worse", False),
+    ("log_probs_policy_winner", False),  # the best of the policy's samples (fresh52's wordle-GRPO-modal): a sample
 ])
 def test_better_and_worse_name_a_preference_pairs_sides(name, pair):
     assert roles.names_pair_logprobs(name) is pair
