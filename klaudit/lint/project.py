@@ -202,7 +202,7 @@ class Project:
             self._defines[key, name] = text is not None and re.search(written, text) is not None
         return self._defines[key, name]
 
-    def _function(self, path: Path, function: str) -> ast.FunctionDef | None:
+    def module_function(self, path: Path, function: str) -> ast.FunctionDef | None:
         """The module-level function `function` of the module at `path`, read from Python's own tree (a module the
         analysis does not follow has no KL words: nothing is interpreted)."""
         key = self.key(path)
@@ -216,37 +216,6 @@ class Project:
                 pass
             self._functions[key] = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
         return self._functions[key].get(function)
-
-    def integer_default(self, path: Path, function: str, parameters: tuple[str, ...]) -> int | None:
-        """The integer default of the first of `parameters` that the module-level function `function` of
-        the module at `path` has (`def masked_mean(x, mask, dim=1)` -> 1), else None."""
-        definition = self._function(path, function)
-        if definition is None:
-            return None
-        signature = definition.args
-        positional = signature.posonlyargs + signature.args
-        defaults = dict(zip([a.arg for a in positional][len(positional) - len(signature.defaults):], signature.defaults))
-        defaults.update((a.arg, d) for a, d in zip(signature.kwonlyargs, signature.kw_defaults) if d is not None)
-        for name in parameters:
-            if name in defaults:
-                try:
-                    value = ast.literal_eval(defaults[name])
-                except ValueError:
-                    return None
-                return value if isinstance(value, int) and not isinstance(value, bool) else None
-        return None
-
-    def sums_each_row(self, path: Path, function: str, parameters: tuple[str, ...]) -> bool:
-        """Whether the module-level function `function` of the module at `path`, with none of `parameters` (no axis
-        to choose), divides by a count summed along a fixed non-first axis: safe-rlhf's `masked_mean(x, mask)`,
-        `((x * mask).sum(dim=-1) / mask.sum(dim=-1)).mean()`, averages each row by its own length."""
-        definition = self._function(path, function)
-        if definition is None or {a.arg for a in (*definition.args.args, *definition.args.kwonlyargs)} & set(parameters):
-            return False
-        return any(isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and any(
-            isinstance(part, ast.Call) and isinstance(part.func, ast.Attribute) and part.func.attr == "sum"
-            and _fixed_axis(part, parameters) not in (None, 0) for part in ast.walk(node.right))
-            for node in ast.walk(definition))
 
     def parse(self, path: Path) -> cst.Module | None:
         key = self.key(path)
@@ -347,6 +316,35 @@ def _find(base: Path, parts: list[str]) -> Path | None:
         return as_file
     init = candidate / "__init__.py"
     return init if init.is_file() else None
+
+
+def integer_default(definition: ast.FunctionDef, parameters: tuple[str, ...]) -> int | None:
+    """The integer default of the first of `parameters` that the function `definition` has
+    (`def masked_mean(x, mask, dim=1)` -> 1), else None."""
+    signature = definition.args
+    positional = signature.posonlyargs + signature.args
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(signature.defaults):], signature.defaults))
+    defaults.update((a.arg, d) for a, d in zip(signature.kwonlyargs, signature.kw_defaults) if d is not None)
+    for name in parameters:
+        if name in defaults:
+            try:
+                value = ast.literal_eval(defaults[name])
+            except ValueError:
+                return None
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def sums_each_row(definition: ast.FunctionDef, parameters: tuple[str, ...]) -> bool:
+    """Whether the function `definition`, with none of `parameters` (no axis to choose), divides by a count summed
+    along a fixed non-first axis: safe-rlhf's `masked_mean(x, mask)`, `((x * mask).sum(dim=-1) /
+    mask.sum(dim=-1)).mean()`, averages each row by its own length."""
+    if {a.arg for a in (*definition.args.args, *definition.args.kwonlyargs)} & set(parameters):
+        return False
+    return any(isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and any(
+        isinstance(part, ast.Call) and isinstance(part.func, ast.Attribute) and part.func.attr == "sum"
+        and _fixed_axis(part, parameters) not in (None, 0) for part in ast.walk(node.right))
+        for node in ast.walk(definition))
 
 
 def _fixed_axis(call: ast.Call, names: tuple[str, ...]) -> int | None:

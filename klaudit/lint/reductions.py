@@ -15,6 +15,7 @@ from klaudit.lint import algebra as alg
 from klaudit.lint.containers import as_row
 from klaudit.lint.facts import Fact, compatible, kl_targets, merge_labels, replace
 from klaudit.lint.flowstate import FlowState
+from klaudit.lint.project import integer_default, sums_each_row
 from klaudit.lint.syntax import int_literal, last_name
 from klaudit.lint.tensors import AGG_MODES, agg_mode, apply_math, over_vocab
 
@@ -124,8 +125,11 @@ class ReductionFlow(FlowState):
         path = self.analyzer.project.module_path(source, self.module.path, level) if attr is not None else None
         if attr is None or path is None:
             return False
-        default = self.analyzer.project.integer_default(path, attr, ("dim", "axis"))
-        return default != 0 if default is not None else self.analyzer.project.sums_each_row(path, attr, ("dim", "axis"))
+        definition = self.analyzer.project.module_function(path, attr)
+        if definition is None:
+            return False
+        default = integer_default(definition, _AXES)
+        return default != 0 if default is not None else sums_each_row(definition, _AXES)
 
     def each_agg_mode(self, first: tuple, mode: cst.BaseExpression) -> tuple:
         """A `loss_agg_mode` the code reads from its configuration: every mode the aggregator knows,
@@ -183,6 +187,7 @@ def _aggregated(value: tuple, aggregation: Aggregation) -> tuple:
 
 
 _UNKNOWN = object()
+_AXES = ("dim", "axis")  # the parameters an aggregation helper takes its axis by
 
 
 def _literal_axis(fact: Fact):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from snippets import module_codes
 
-from klaudit.lint.project import Project
+from klaudit.lint.project import Project, integer_default
 from klaudit.lint.roles import sink_of_name, tensor_role
 
 LEARNER = """\
@@ -94,10 +94,15 @@ def test_integer_default_reads_a_signature_without_interpreting_it(tmp_path):
                     "def masked_sum(x, mask, *, axis=None):\n    pass\n\n"
                     "def total(x, mask, dim='tokens'):\n    pass\n")
     project = Project([tmp_path])
-    assert project.integer_default(path, "masked_mean", ("dim", "axis")) == -1
-    assert project.integer_default(path, "masked_sum", ("dim", "axis")) is None
-    assert project.integer_default(path, "total", ("dim",)) is None
-    assert project.integer_default(path, "absent", ("dim",)) is None
+
+    def default(name: str, parameters: tuple[str, ...]) -> int | None:
+        definition = project.module_function(path, name)
+        return None if definition is None else integer_default(definition, parameters)
+
+    assert default("masked_mean", ("dim", "axis")) == -1
+    assert default("masked_sum", ("dim", "axis")) is None
+    assert default("total", ("dim",)) is None
+    assert default("absent", ("dim",)) is None
 
 
 @pytest.mark.parametrize("name", ["policy_chosen_logps", "ref_rejected_logps", "reference_chosen_logps",
