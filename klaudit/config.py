@@ -43,10 +43,13 @@ DEFAULT_SELECT: tuple[str, ...] = ("KL0",)
 # autosaved copies, never the file that runs), and `.hydra` (the record of a finished run that Hydra writes
 # beside its outputs: the configuration it ran, not one anybody launches);
 # `exclude` replaces this list and `extend-exclude` adds to it. A directory holding pyvenv.cfg is always skipped.
+# ruff's, and the caches of the tools RL code runs with: Unsloth writes its generated copies of TRL's trainers to
+# `unsloth_compiled_cache/` beside the script that ran it (framework code: the project's GRPOConfig carries the verdict)
 DEFAULT_EXCLUDE: tuple[str, ...] = (
     ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".hydra", ".ipynb_checkpoints", ".mypy_cache",
     ".nox", ".pants.d", ".pyenv", ".pytest_cache", ".pytype", ".ruff_cache", ".svn", ".tox", ".venv", ".vscode",
-    "__pycache__", "__pypackages__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages", "venv",
+    "__pycache__", "__pypackages__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages",
+    "unsloth_compiled_cache", "venv",
 )
 
 _LIST_KEYS = ("select", "extend-select", "ignore", "exclude", "extend-exclude")

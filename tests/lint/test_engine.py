@@ -50,6 +50,16 @@ def test_discovery_skips_excluded_directories_and_virtualenvs(tmp_path):
     assert [os.path.relpath(f, tmp_path) for f in files] == ["top.py", "pkg/a.py", "pkg/stubs.pyi"]
 
 
+def test_discovery_skips_the_trainers_unsloth_generates(tmp_path):
+    """lebiraja/meta_hack (sixty-first set) commits the `unsloth_compiled_cache/` a run of Unsloth wrote: generated
+    copies of TRL's GKD, GRPO, Nash-MD, PPO and RLOO trainers, none of which the project builds. They were reported
+    13 times; the project's own GRPOConfig is where a run's verdict belongs."""
+    write(tmp_path / "unsloth_compiled_cache" / "UnslothGRPOTrainer.py", "")
+    write(tmp_path / "train.py", "")
+    files = discover_files([str(tmp_path)], Settings(root=tmp_path))
+    assert [os.path.relpath(f, tmp_path) for f in files] == ["train.py"]
+
+
 def test_discovery_skips_the_run_records_hydra_writes(tmp_path):
     """Tool-Star commits a Hydra output folder: its .hydra/config.yaml is the configuration a finished run
     used, not one anybody launches, and was reported three times over (config, hydra and overrides)."""
