@@ -104,7 +104,7 @@ def _use_color() -> bool:
               help="Rule codes or prefixes to enable (comma-separated; ALL for every rule).")
 @click.option("--extend-select", multiple=True, metavar="CODES", help="Enable these on top of the selection.")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Rule codes or prefixes to disable.")
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Replace the excluded paths (default: .git, venvs, build ...).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Replace the excluded paths (default: .git, venvs, build, unsloth_compiled_cache ...).")
 @click.option("--extend-exclude", multiple=True, metavar="GLOB", help="Exclude these paths too.")
 @click.option("--output-format", "--format", "output_format", default="text", show_default=True,
               type=click.Choice(list(FORMATTERS)),
