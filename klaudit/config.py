@@ -41,10 +41,10 @@ DEFAULT_SELECT: tuple[str, ...] = ("KL0",)
 
 # Directory and file names never walked into, as ruff's defaults (`.ipynb_checkpoints` among them: Jupyter's
 # autosaved copies, never the file that runs), and `.hydra` (the record of a finished run that Hydra writes
-# beside its outputs: the configuration it ran, not one anybody launches);
-# `exclude` replaces this list and `extend-exclude` adds to it. A directory holding pyvenv.cfg is always skipped.
-# ruff's, and the caches of the tools RL code runs with: Unsloth writes its generated copies of TRL's trainers to
-# `unsloth_compiled_cache/` beside the script that ran it (framework code: the project's GRPOConfig carries the verdict)
+# beside its outputs: the configuration it ran, not one anybody launches), and `unsloth_compiled_cache` (the copies
+# of TRL's trainers Unsloth generates beside the script that ran it: framework code, whose run the project's own
+# GRPOConfig configures and is judged at); `exclude` replaces this list and `extend-exclude` adds to it. A directory
+# holding pyvenv.cfg is always skipped.
 DEFAULT_EXCLUDE: tuple[str, ...] = (
     ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".hydra", ".ipynb_checkpoints", ".mypy_cache",
     ".nox", ".pants.d", ".pyenv", ".pytest_cache", ".pytype", ".ruff_cache", ".svn", ".tox", ".venv", ".vscode",
