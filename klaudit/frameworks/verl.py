@@ -454,7 +454,9 @@ def judge_distillation(settings: Mapping[str, Setting]) -> tuple[Judged, bool] |
                   if key in settings)
     flags = ", ".join(f"{_short(key)}={given[key]}" + ("" if key in settings else " (default)")
                       for key in (*DISTILLATION_KEYS, LOSS_AGG_MODE) if key in settings or key != DISTILLATION_CLAMP)
-    anchors = {"KL007": settings[LOSS_AGG_MODE]} if LOSS_AGG_MODE in settings else {}
+    # a length-weighting is the aggregation's doing, a clamp the clamp's: each reported where it is set
+    anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AGG_MODE), ("KL010", DISTILLATION_CLAMP))
+               if key in settings}
     return Judged(config, anchor, flags, anchors), clamped
 
 

@@ -395,6 +395,17 @@ def test_distillation_flags_are_judged_with_the_teacher_as_the_reference(flags, 
     assert codes(*flags) == expected
 
 
+def test_a_clamped_distillation_reward_is_reported_at_the_clamp():
+    """KL010 is the clamp's doing: it points at `loss_max_clamp`, the line a user edits, and the k1 same-token
+    reward (row 2, KL003) at the loss mode."""
+    flags = ["distillation.enabled=True", "distillation.distillation_loss.loss_mode=k1",
+             "distillation.distillation_loss.use_policy_gradient=True", "distillation.distillation_loss.loss_max_clamp=10"]
+    text = LAUNCH.format(flags="".join(f"    {flag} \\\n" for flag in flags))
+    lines = text.splitlines()
+    found = {f.code: lines[f.line - 1].strip() for f in lint_config("run.sh", text)}
+    assert found == {"KL003": flags[1] + " \\", "KL010": flags[3] + " \\"}
+
+
 VERL_05 = Context(versions={**Context().versions, "verl": Assumed("0.7", "pinned")})  # a release before 0.8
 
 
