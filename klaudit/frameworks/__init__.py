@@ -52,6 +52,7 @@ from klaudit.frameworks.settings import (
     ConfigCall,
     Judged,
     Setting,
+    Sourced,
     cli_flags,
     command_span,
     computed_file_folder,
@@ -62,6 +63,7 @@ from klaudit.frameworks.settings import (
     shell_value,
     yaml_settings,
 )
+from klaudit.frameworks.sourcing import sourced_files
 from klaudit.frameworks.trainers import (
     CLASS_HEADER,
     own_trainers,
@@ -332,11 +334,13 @@ def mentions_config_class(source: str, context: Context | None = None) -> bool:
             or "trl" in source and any(name in source for name in trl_ppo.CLASSES))
 
 
-def lint_config(path: str, text: str, context: Context | None = None) -> list[Finding]:
-    """The findings of one launch script or YAML file (one configuration per framework and file)."""
+def lint_config(path: str, text: str, context: Context | None = None, follow_sources: bool = True) -> list[Finding]:
+    """The findings of one launch script or YAML file (one configuration per framework and file). A shell
+    script's `source`d files lend it their variables and arrays (`follow_sources`; klaudit.frameworks.sourcing)."""
     context = context or Context()
     composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
-    if not (mentions_flags(text) or composes):
+    sourced = sourced_files(path, text) if follow_sources and not path.endswith(YAML_SUFFIXES) else {}
+    if not (mentions_flags(text) or composes or any(mentions_flags(file.text) for file in sourced.values())):
         return []
     if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
         values = composed_settings(path, text)
@@ -351,24 +355,41 @@ def lint_config(path: str, text: str, context: Context | None = None) -> list[Fi
         if "tunix" in text or "tunix" in _within_roots(path, context):  # a config of tunix's command line
             found += _tunix_cli(path, values, context, text, "yaml")
         return found + _launch_flags(path, text, context)
-    return (_verl_launches(path, text, context) + _launch_flags(path, text, context)
-            + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text, context) + _slime_launch(path, text, context))
+    found = (_verl_launches(path, text, context, sourced=sourced) + _launch_flags(path, text, context)
+             + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text, context)
+             + _slime_launch(path, text, context))
+    return [finding for finding in found if not _reported_where_sourced(finding, sourced, context)]
 
 
-def _verl_launches(path: str, text: str, context: Context, editable: bool = True) -> list[Finding]:
+def _reported_where_sourced(finding: Finding, sourced: Mapping[int, Sourced], context: Context) -> bool:
+    """Whether a finding at a `source` line is one the sourced file reports itself, at the line that sets it: one
+    report for a configuration that every launcher sourcing the file shares."""
+    included = sourced.get(finding.line)
+    return included is not None and _verdict(finding) in {
+        _verdict(own) for own in lint_config(included.path, included.text, context, follow_sources=False)}
+
+
+def _verdict(finding: Finding) -> tuple[str, str]:
+    """A flag finding's rule and configuration, without the flags that gave it: `describe(config): explanation`."""
+    return finding.code, finding.message.rsplit(" [", 1)[0]
+
+
+def _verl_launches(path: str, text: str, context: Context, editable: bool = True,
+                   sourced: Mapping[int, Sourced] | None = None) -> list[Finding]:
     """verl's flags of a launch script, judged launch by launch where it runs verl more than once (SCOPE's
     challenger, then solver): each launch with the other launches' lines left out (blank, so that every
     position stays), one finding for a flag shared by several. `editable`: whether `text` is the file's own
-    text, which a flag fix edits (a notebook's shell lines are not)."""
+    text, which a flag fix edits (a notebook's shell lines are not). `sourced`: the files it reads in, by line."""
     spans = verl.launch_spans(text)
     if len(spans) < 2:
-        return _verl(path, {**launched_settings(path, text), **shell_overrides(text)}, context, text, editable)
+        return _verl(path, {**launched_settings(path, text), **shell_overrides(text, sourced)}, context, text, editable)
     lines = text.splitlines()
     found: dict[tuple[int, int, str], Finding] = {}
     for span in spans:
         others = {index for other in spans if other != span for index in other}
         own = "\n".join("" if index in others else line for index, line in enumerate(lines)) + "\n"
-        for finding in _verl(path, {**launched_settings(path, own), **shell_overrides(own)}, context, own, editable):
+        settings = {**launched_settings(path, own), **shell_overrides(own, sourced)}
+        for finding in _verl(path, settings, context, own, editable):
             found.setdefault((finding.line, finding.column, finding.code), finding)
     return list(found.values())
 
@@ -1238,7 +1259,7 @@ class _Fixer:
         if setting is None:
             return None, f"{key} is not set in this file: add {key.rsplit('.', 1)[-1]}={value} where the run is configured"
         if setting.origin:
-            return None, f"{key} is set to an option here, with {setting.origin}: set it to {value} there"
+            return None, f"{key} takes its value from {setting.origin}: set it to {value} there"
         style = "yaml" if self.style != "python" and _is_yaml_line(self.text, setting) else self.style
         fixed = flag_fix(self.text, setting, value, style, f"Set {key.rsplit('.', 1)[-1]} to {value}")
         return (fixed, "") if fixed is not None else (None, f"the value of {key} is not a literal klaudit can replace")

@@ -12,6 +12,7 @@ import functools
 import operator
 import re
 import shlex
+from collections import deque
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,19 @@ class ConfigCall:
     name: str
     where: Setting  # the called name's position (value unused)
     settings: Mapping[str, Setting]
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A file a shell script reads in (`source common.sh`, `. ./env.sh`): where the command is, the file as a
+    report names it, and its text."""
+
+    line: int
+    column: int  # where `source` (or `.`) starts
+    end_column: int  # just after it: a span without a value, which no flag fix edits
+    name: str  # relative to the script's folder
+    path: str
+    text: str
 
 
 # `with pytest.raises(ValueError):`, `with self.assertRaisesRegex(...)`: a test that a configuration is refused; a
@@ -100,8 +114,8 @@ def more_responses_per_micro_batch(option: str) -> str:
 
 def listed(settings: Mapping[str, Setting], defaults: Mapping[str, str]) -> str:
     """`, ppo_epochs=1 (default), train_batch_size=512`: keys by their last name, as set or defaulted."""
-    return "".join(f", {key.rsplit('.', 1)[-1]}=" + (f"{settings[key].value}" if key in settings else f"{default} (default)")
-                   for key, default in defaults.items())
+    return "".join(", " + shown(key.rsplit(".", 1)[-1], str(settings[key].value) if key in settings else default,
+                                settings.get(key)) for key, default in defaults.items())
 
 
 @functools.cache
@@ -145,7 +159,11 @@ _VARIABLE = re.compile(r"^\s*(?:export\s+|ENV\s+|ARG\s+)?(?P<name>[A-Za-z_]\w*)=
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
 # `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default; so is
 # `ALGO=${1:-grpo}`, the script's first argument, else grpo: what it runs with when launched without arguments
-_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*|[1-9]):?-(?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
+_DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*|[1-9]):?[-=](?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
+# `: "${KL_TYPE:=low_var_kl}"`: the no-op command `:` whose words assign each name its default unless the environment
+# (or an earlier line) set it; one or more `${name:=default}` (or `${name=default}`) words after the colon
+_COLON_DEFAULTS = re.compile(r"^\s*:(?:\s+\"?\$\{[A-Za-z_]\w*:?=[^}]*\}\"?)+\s*$")
+_COLON_DEFAULT = re.compile(r"\$\{(?P<name>[A-Za-z_]\w*):?=(?P<default>[^}]*)\}")
 
 
 # `$(( a * 2 ))`: shell integer arithmetic over literals and variables assigned earlier
@@ -201,18 +219,31 @@ def _code_of(line: str) -> str:
     return line if comment is None else line[:comment.start()]
 
 
-def _shell_lines(text: str) -> Iterator[tuple[int, str, dict[str, Setting]]]:
+def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
+                 variables: Mapping[str, Setting] | None = None,
+                 named: set[str] | None = None) -> Iterator[tuple[int, str, dict[str, Setting]]]:
     """(line number, code without comments, the shell variables assigned a literal so far) per line.
 
     `name=value` assignments (also `export`) are remembered with the position of the assignment,
     the line a user edits, so that a flag set to `$name` or `${name}` resolves to it; `name=${name:-v}`
-    is read as its default v, what the script runs with unless the environment sets the name, and
-    `name=$((a * 2))` as the value of the arithmetic when every name in it is known."""
-    variables: dict[str, Setting] = {}
+    is read as its default v, what the script runs with unless the environment sets the name, so is
+    `: "${name:=v}"` unless a line before assigned the name, and `name=$((a * 2))` as the value of the
+    arithmetic when every name in it is known. A file the script sources (`sourced`, by line) assigns its
+    names at the `source` line, each pointing there. `variables` and `named` (every name assigned, a literal
+    or not; updated in place) are those of the lines before `text`, when it is itself sourced."""
+    variables = dict(variables or {})
+    named = set(variables) if named is None else named
     for number, line in enumerate(text.splitlines(), start=1):
         code = _code_of(line)
+        if _COLON_DEFAULTS.match(code):
+            for default in _COLON_DEFAULT.finditer(code):
+                name, value = default.group("name"), _literal(default.group("default"))
+                if name not in named and value is not None:
+                    variables[name] = Setting(value, number, default.start("name") + 1, default.end("default") + 1)
+                named.add(name)
         assigned = _VARIABLE.match(code)
         if assigned is not None:
+            named.add(assigned.group("name"))
             raw = assigned.group("value")
             defaulted, computed = _DEFAULTED.match(raw), _ARITHMETIC.match(raw)
             value = (defaulted.group("default") if defaulted is not None
@@ -221,7 +252,19 @@ def _shell_lines(text: str) -> Iterator[tuple[int, str, dict[str, Setting]]]:
             if value is not None:
                 variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
                                                             assigned.end() + 1)
+        included = (sourced or {}).get(number)
+        if included is not None:
+            read = deque(_shell_lines(included.text, variables=variables, named=named), maxlen=1)
+            after = read[0][2] if read else variables
+            variables.update({name: _at_source(included, setting) for name, setting in after.items()
+                              if variables.get(name) != setting})
         yield number, code, variables
+
+
+def _at_source(included: Sourced, setting: Setting) -> Setting:
+    """A setting read in a sourced file, placed at the script's `source` line, saying where in the file it is."""
+    return Setting(setting.value, included.line, included.column, included.end_column,
+                   setting.origin or f"{included.name}:{setting.line}")
 
 
 def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, end_column: int) -> Setting:
@@ -287,9 +330,14 @@ def command_span(lines: list[str], index: int) -> tuple[int, int]:
     return first, last
 
 
-_ARRAY_OPENS = re.compile(r"\s*(?:local\s+|declare\s+-a\s+)?\w+\+?=\(\s*(?:#.*)?$")  # `cmd=(` alone on its line
+_ARRAY_OPENS = re.compile(r"\s*(?:local\s+|declare\s+-a\s+)?(?P<name>\w+)\+?=\(\s*(?:#.*)?$")  # `cmd=(` alone on its line
 _ARRAY_CLOSES = re.compile(r"\s*\)\s*(?:#.*)?$")  # `)` alone on its line
 _ARRAY_ELEMENT = re.compile(r"(?:\s+\S.*|\s*|\s*#.*)$")  # an indented word (or a blank or comment line) of the array
+
+
+def _assigns(code: str) -> bool:
+    """Whether a shell line assigns a variable (`name=value`, `: "${name:=value}"`)."""
+    return bool(_VARIABLE.match(code) or _COLON_DEFAULTS.match(code))
 
 
 def only_command(text: str, offset: int) -> str:
@@ -297,19 +345,50 @@ def only_command(text: str, offset: int) -> str:
     every other line blank (positions stay): the flags of one launch of a script that runs several."""
     lines = text.splitlines()
     first, last = command_span(lines, text.count("\n", 0, offset))
-    return "\n".join(line if first <= index <= last or _VARIABLE.match(_code_of(line)) else ""
+    return "\n".join(line if first <= index <= last or _assigns(_code_of(line)) else ""
                      for index, line in enumerate(lines)) + "\n"
 
 
-def shell_overrides(text: str) -> dict[str, Setting]:
+def shell_overrides(text: str, sourced: Mapping[int, Sourced] | None = None) -> dict[str, Setting]:
     """Dotted `key=value` overrides anywhere in a script; the last one of a key wins, as in Hydra.
     A value that is a shell variable assigned a literal earlier (`kl_loss_type=k3` ... `...=${kl_loss_type}`)
-    takes that literal, and the setting points at the assignment, the line a user edits."""
+    takes that literal, and the setting points at the assignment, the line a user edits. A file the script
+    sources (`sourced`, by line) gives the overrides of its bash arrays the script expands (`"${ARGS[@]}"`),
+    at the `source` line."""
     found: dict[str, Setting] = {}
-    for number, code, variables in _shell_lines(text):
+    expanded = set(_EXPANSION.findall(text))
+    before: Mapping[str, Setting] = {}
+    for number, code, variables in _shell_lines(text, sourced):
+        included = (sourced or {}).get(number)
+        if included is not None:
+            found.update({key: _at_source(included, setting)
+                          for key, setting in _array_overrides(included.text, expanded, before).items()})
         for match in _OVERRIDE.finditer(code):
             found[match.group("key")] = _value(match.group("value"), variables, number, match.start("key") + 1,
                                                match.end() + 1)
+        before = dict(variables)
+    return found
+
+
+_EXPANSION = re.compile(r"\$\{(\w+)\[[@*]\]\}")  # `${ARGS[@]}`: the words of a bash array
+
+
+def _array_overrides(text: str, arrays: Collection[str], variables: Mapping[str, Setting]) -> dict[str, Setting]:
+    """The overrides of a sourced `text` that lie in the bash arrays named `arrays` (`ARGS=(`, a word a line,
+    `)`), read with the variables of the lines before the `source` line."""
+    lines = text.splitlines()
+    inside: set[int] = set()  # line numbers within the arrays
+    for index, line in enumerate(lines):
+        opened = _ARRAY_OPENS.match(line)
+        if opened is not None and opened.group("name") in arrays:
+            closing = next((i for i in range(index + 1, len(lines)) if _ARRAY_CLOSES.match(lines[i])), index)
+            inside.update(range(index + 2, closing + 1))
+    found: dict[str, Setting] = {}
+    for number, code, known in _shell_lines(text, variables=variables):
+        if number in inside:
+            for match in _OVERRIDE.finditer(code):
+                found[match.group("key")] = _value(match.group("value"), known, number, match.start("key") + 1,
+                                                   match.end() + 1)
     return found
 
 

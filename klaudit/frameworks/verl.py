@@ -56,6 +56,7 @@ from klaudit.frameworks.settings import (
     listed,
     more_responses_per_micro_batch,
     number,
+    shown,
     steps_per_rollout,
     truthy,
 )
@@ -211,7 +212,7 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
                     sampling=older if steps > 1 or ahead else Sampling.ON_POLICY)
     order = (KL_LOSS_TYPE, USE_KL_LOSS) if loss is not None else (KL_PENALTY, USE_KL_IN_REWARD)
     anchor = next(settings[key] for key in (*order, *named) if key in settings)
-    flags = ", ".join(f"{key.rsplit('.', 1)[-1]}={value[key]}" + ("" if key in settings else " (default)")
+    flags = ", ".join(shown(key.rsplit(".", 1)[-1], value[key], settings.get(key))
                       for key in KEYS if (key in settings or _relevant(key, loss, reward))
                       and not (reward_unless_loss and key == USE_KL_IN_REWARD))
     if reward_unless_loss and reward is not None:
@@ -452,7 +453,7 @@ def judge_distillation(settings: Mapping[str, Setting]) -> tuple[Judged, bool] |
     clamped = number(given[DISTILLATION_CLAMP]) not in (None, 0.0)  # `null` (the default) is no number
     anchor = next(settings[key] for key in (DISTILLATION_MODE, DISTILLATION_PG, DISTILLATION, DISTILLATION_CLAMP)
                   if key in settings)
-    flags = ", ".join(f"{_short(key)}={given[key]}" + ("" if key in settings else " (default)")
+    flags = ", ".join(shown(_short(key), given[key], settings.get(key))
                       for key in (*DISTILLATION_KEYS, LOSS_AGG_MODE) if key in settings or key != DISTILLATION_CLAMP)
     # a length-weighting is the aggregation's doing, a clamp the clamp's: each reported where it is set
     anchors = {rule: settings[key] for rule, key in (("KL007", LOSS_AGG_MODE), ("KL010", DISTILLATION_CLAMP))

@@ -186,6 +186,30 @@ def test_an_override_defaulted_from_the_environment_takes_its_default():
     assert [f.code for f in lint_config("run.sh", assigned)] == ["KL003"]  # k2 as a loss, at the assignment
 
 
+def test_a_colon_default_assigns_a_name_the_script_left_unset():
+    """`: "${KL_LOSS_TYPE:=low_var_kl}"` (StreamOPD's launchers, fresh64): the no-op `:` assigns the default unless
+    the name is set already, so the run takes the clamped k3 loss (row 4, KL002), reported at the default; a name
+    assigned on a line before keeps that value, and a default that is not a literal leaves the value unknown."""
+    launch = textwrap.dedent("""\
+        {before}: "${{KL_LOSS_TYPE:=low_var_kl}}" ${{BSZ:=32}}
+        : "${{ROOT:=$HOME/ckpt}}"
+        python3 -m verl.trainer.main_ppo \\
+            actor_rollout_ref.actor.use_kl_loss=True \\
+            actor_rollout_ref.actor.kl_loss_type="${{KL_LOSS_TYPE}}" \\
+            trainer.default_local_dir=$ROOT \\
+            data.train_batch_size=$BSZ actor_rollout_ref.actor.ppo_mini_batch_size=32
+        """)
+    text = launch.format(before="")
+    settings = shell_overrides(text)
+    loss_type = settings["actor_rollout_ref.actor.kl_loss_type"]
+    assert (loss_type.value, loss_type.line, loss_type.column) == ("low_var_kl", 1, 6)
+    assert settings["data.train_batch_size"].value == "32" and settings["trainer.default_local_dir"].value is None
+    assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL002", 1)]  # 32 / 32: one step
+    assigned = launch.format(before="KL_LOSS_TYPE=mse\n")
+    assert shell_overrides(assigned)["actor_rollout_ref.actor.kl_loss_type"].value == "mse"
+    assert [f.code for f in lint_config("run.sh", assigned)] == ["KL003"]  # k2 as a loss
+
+
 def test_shell_arithmetic_over_known_variables_gives_the_batch_sizes():
     """verl's own e2e script: `train_prompt_bsz=$((train_prompt_mini_bsz * 2))`: two optimizer steps per
     rollout of the k3 loss (row 22), KL008 at the mini-batch's assignment. An unknown name, or an operator
