@@ -107,8 +107,8 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     if estimator is None or (coefficient is not None and number(coefficient.value or "") == 0.0):
         return None
     steps, at_least = _steps(settings, api)
-    micro = settings.get(MICRO_BATCH[api])  # only a 1 written at the call: a default elsewhere is a placeholder
-    per_response = micro is not None and not micro.origin and number(micro.value or "") == 1
+    micro = settings.get(MICRO_BATCH[api])  # a 1 at the call, or the default of the option it is set to
+    per_response = micro is not None and number(micro.value or "") == 1
     config = Config(reward=estimator, returns=Returns.TO_GO, sampling=Sampling.TOKEN_IS if steps > 1 else
                     Sampling.ON_POLICY, aggregation=Aggregation.SEQ_MEAN if per_response else Aggregation.SUM)
     if estimator is Estimator.K1 and steps <= 1 and not per_response:

@@ -224,3 +224,32 @@ def test_the_release_a_project_states_decides_the_ppo_config_api(tmp_path, pin, 
         (tmp_path / "requirements.txt").write_text(pin + "\n")
     found = _findings(tmp_path, f"{imported}\n\nconfig = {call}\n")
     assert sorted(f.code for f in found) == expected
+
+
+ONE_RESPONSE_BY_DEFAULT = '''\
+import argparse
+from trl import PPOConfig, PPOTrainer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mini_batch_size", type=int, default=1)
+args = parser.parse_args()
+config = PPOConfig(model_name="gpt2", batch_size=4, mini_batch_size=args.mini_batch_size, ppo_epochs=1)
+trainer = PPOTrainer(config=config, model=None, ref_model=None, tokenizer=None)
+trainer.step([], [], [])
+'''
+
+
+@pytest.mark.parametrize("launch, expected", [
+    (None, ["KL007", "KL008"]),  # run as written: one response a backward pass, four steps a batch of four
+    ("python train.py --mini_batch_size 4\n", []),  # the launch's value: one step, four responses a pass
+])
+def test_a_mini_batch_of_one_from_an_option_default_is_a_per_response_mean(tmp_path, launch, expected):
+    """Tankiit/PPO_Learning_to_rank (fresh64): `PPOConfig(mini_batch_size=args.mini_batch_size)` with the option's
+    default 1 trains the first PPOTrainer on one response per backward pass, its token mean a 1/L weight on the k1
+    reward its advantages carry (row 21, KL007, at the keyword), and batch_size 4 over mini-batches of 1 takes four
+    steps per batch (row 23, KL008). A launch that passes 4 trains what it passes."""
+    if launch is not None:
+        (tmp_path / "run.sh").write_text(launch)
+    found = _findings(tmp_path, ONE_RESPONSE_BY_DEFAULT)
+    assert sorted(f.code for f in found) == expected
+    assert all(f.line == 7 for f in found)
