@@ -6,9 +6,11 @@
   coef_1 = exp(logp - old_logp), which on fresh samples is exp(logp - sg logp): the score-weighted k3
   (`ratio*k3`); without it (or before 0.26) the loss is a plain k3;
 - `num_iterations` > 1 (from 0.16) reuses each generation for several updates: the samples come from an
-  older policy, with at most the token-level ratio. So does `steps_per_generation` (from 0.20) when
+  older policy, with at most the token-level ratio. So does `steps_per_generation` (from 0.18) when
   `gradient_accumulation_steps` is not a multiple of it: the trainer generates once every
-  steps_per_generation micro-steps, and a generation then feeds more than one optimizer step;
+  steps_per_generation micro-steps, and a generation then feeds more than one optimizer step. Given
+  `generation_batch_size` instead, steps_per_generation is it over `per_device_train_batch_size` (default 8)
+  and the processes, read as one (a `python train.py` launch; the launch's process count is not read);
 - `loss_type` (from 0.17; default "bnpo", "dapo" from 0.22) aggregates the per-token loss: grpo/sapo
   per-sequence token-mean, bnpo and dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant,
   luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's.
@@ -40,7 +42,7 @@ NAME = "trl"
 CONFIG_CLASSES = ("GRPOConfig",)
 BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")
-STEPS, ACCUMULATION = "steps_per_generation", "gradient_accumulation_steps"
+STEPS, ACCUMULATION, GENERATION = "steps_per_generation", "gradient_accumulation_steps", "generation_batch_size"
 PER_DEVICE = "per_device_train_batch_size"  # completions per micro-batch
 DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed for a verdict
 # GRPOConfig fields TRL removed (neither it nor TrainingArguments has them after), with the last release that
@@ -49,7 +51,7 @@ DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed 
 RETIRED = {"vllm_device": "0.17", "vllm_dtype": "0.17", "vllm_enable_prefix_caching": "0.17",
            "vllm_max_model_len": "0.17", "wandb_log_unique_prompts": "0.26", "max_prompt_length": "0.27",
            "use_liger_loss": "0.27", "vllm_guided_decoding_regex": "0.27"}
-KEYS = (*DECIDING, STEPS, ACCUMULATION, PER_DEVICE, *RETIRED)
+KEYS = (*DECIDING, STEPS, ACCUMULATION, GENERATION, PER_DEVICE, *RETIRED)
 SWITCHES = (CORRECTION,)
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
                 "dapo": Aggregation.BATCH_MEAN, "cispo": Aggregation.BATCH_MEAN, "vespo": Aggregation.BATCH_MEAN,
@@ -125,7 +127,8 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
                       and _number(batch.value or "") == 1)
     if per_completion:
         aggregation = Aggregation.SEQ_MEAN
-    stale = iterations > 1 or _spans_optimizer_steps(settings, fallback)
+    every = _micro_steps_per_generation(settings)
+    stale = iterations > 1 or generation_spans_steps(every, _value_or(settings, ACCUMULATION, "1"))
     if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh
         sampling = Sampling.OFF_POLICY if stale else Sampling.ON_POLICY
         config = Config(loss=Estimator.K3, reward=Estimator.K3, returns=Returns.SEQUENCE_MEAN,
@@ -139,21 +142,30 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
                         sampling=sampling)
     flags = ", ".join([*(shown(key, value[key], settings.get(key)) for key in DECIDING),
                        *(f"{key}={settings[key].value}" for key in (STEPS, ACCUMULATION) if key in settings),
+                       *([f"{GENERATION}={settings[GENERATION].value} ({every} micro-steps a generation on one "
+                          f"process)"] if STEPS not in settings and GENERATION in settings and every else []),
                        *([f"{PER_DEVICE}=1 (bnpo's token-mean over one completion)"] if per_completion else [])])
-    reuse = ITERATIONS if iterations > 1 or STEPS not in settings else STEPS
+    reuse = ITERATIONS if iterations > 1 else STEPS if STEPS in settings else GENERATION
     aggregated_by = PER_DEVICE if per_completion else LOSS_TYPE
     anchors = {rule: settings[key] for rule, key in (("KL007", aggregated_by), ("KL008", reuse)) if key in settings}
     helps = {"KL007": ONE_PER_MICRO_BATCH_FIX} if per_completion else {}
     return Judged(config, settings.get(BETA, anchor), flags, anchors, helps)
 
 
-def _spans_optimizer_steps(settings: Mapping[str, Setting], fallback: Mapping[str, str]) -> bool:
-    """Whether one generation feeds more than one optimizer step (settings.generation_spans_steps); unset,
-    steps_per_generation is gradient_accumulation_steps (default 1)."""
-    def value(key: str, default: str) -> str | None:
-        return settings[key].value if key in settings else fallback.get(key, default)
+def _value_or(settings: Mapping[str, Setting], key: str, default: str) -> str | None:
+    return settings[key].value if key in settings else default
 
-    return generation_spans_steps(value(STEPS, "None"), value(ACCUMULATION, "1"))
+
+def _micro_steps_per_generation(settings: Mapping[str, Setting]) -> str | None:
+    """steps_per_generation as GRPOConfig settles it: as set; else generation_batch_size over
+    per_device_train_batch_size on one process (None where that does not divide, which TRL refuses); else
+    gradient_accumulation_steps, one generation a step."""
+    if STEPS in settings or GENERATION not in settings:
+        return _value_or(settings, STEPS, _value_or(settings, ACCUMULATION, "1") or "None")
+    batch, per_device = _number(settings[GENERATION].value or ""), _number(_value_or(settings, PER_DEVICE, "8") or "")
+    if batch is None or not per_device or batch % per_device:
+        return None
+    return str(int(batch // per_device))
 
 
 def flag_fixes(assumed: Assumed) -> dict[str, tuple[str, str]]:

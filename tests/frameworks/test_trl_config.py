@@ -44,6 +44,18 @@ def codes(call: str) -> list[tuple[int, str]]:
     ("GRPOConfig(beta=0.04, steps_per_generation=4, gradient_accumulation_steps=8)", ["KL003"]),  # 2 per step
     ("GRPOConfig(beta=0.04, steps_per_generation=3, gradient_accumulation_steps=4)", ["KL003", "KL008"]),
     ("GRPOConfig(beta=0.04, steps_per_generation=2, gradient_accumulation_steps=GA)", ["KL003"]),  # unknown
+    # generation_batch_size over per_device_train_batch_size (default 8) on one process gives steps_per_generation:
+    # 6 completions a micro-step of 1, an optimizer step every 4 micro-steps (clobber, fresh65): row 22
+    ("GRPOConfig(beta=0.04, per_device_train_batch_size=1, gradient_accumulation_steps=4, generation_batch_size=6)",
+     ["KL003", "KL008"]),
+    ("GRPOConfig(beta=0.04, per_device_train_batch_size=2, gradient_accumulation_steps=8, generation_batch_size=16)",
+     ["KL003"]),  # 8 micro-steps a generation, 8 a step: on-policy
+    ("GRPOConfig(beta=0.04, gradient_accumulation_steps=2, generation_batch_size=32)", ["KL003", "KL008"]),  # 32/8
+    ("GRPOConfig(beta=0.04, per_device_train_batch_size=4, generation_batch_size=6)", ["KL003"]),  # TRL refuses it
+    ("GRPOConfig(beta=0.04, per_device_train_batch_size=1, generation_batch_size=G)", ["KL003"]),  # unknown
+    # steps_per_generation, where given, is what TRL keeps (it refuses the two together)
+    ("GRPOConfig(beta=0.04, steps_per_generation=1, per_device_train_batch_size=1, generation_batch_size=6)",
+     ["KL003"]),
     # bnpo's token-mean is over one micro-batch: of one completion, that completion's own length (row 21)
     ('GRPOConfig(beta=0.04, loss_type="bnpo", per_device_train_batch_size=1)', ["KL003", "KL007"]),
     ('GRPOConfig(beta=0.04, loss_type="bnpo", per_device_train_batch_size=2)', ["KL003"]),
@@ -65,6 +77,16 @@ def test_findings_point_at_the_keyword_to_change():
     assert found["KL007"].line == 5 and 'loss_type="dapo"' in found["KL007"].fix
     assert "_compute_loss" in found["KL003"].fix and "klaudit.estimators.kl_penalty" in found["KL003"].fix
     assert "use_bias_correction_kl=True (default)" in found["KL003"].message
+
+
+def test_a_generation_spanning_optimizer_steps_is_reported_at_its_batch_size():
+    """The off-policy k3 (row 22, KL008) is the generation batch's doing: reported at generation_batch_size, whose
+    micro-steps the message states (one process assumed)."""
+    source = ("from trl import GRPOConfig\n\nargs = GRPOConfig(\n    beta=0.04,\n    per_device_train_batch_size=1,\n"
+              "    gradient_accumulation_steps=4,\n    generation_batch_size=6,\n)\n")
+    found = {f.code: f for f in lint_python("train.py", cst.parse_module(source), source)}
+    assert found["KL008"].line == 7
+    assert "generation_batch_size=6 (6 micro-steps a generation on one process)" in found["KL008"].message
 
 
 def test_one_completion_per_micro_batch_is_reported_at_its_batch_size_without_an_automatic_fix():
