@@ -4,7 +4,8 @@ The code cells are joined in order, each starting on a new line, so a finding's 
 that joined code (what `location.row` of the JSON output and SARIF's `startLine` give); its message
 begins with the cell and the line within the cell (`cell 3, line 2: ...`): the cell's position in the
 notebook, markdown cells counted, and the line in that cell, both from 1. IPython's own syntax is not Python: a line magic
-(`%time`, or `cd ..` and `pip install x` written without the %), a shell line (`!pip install`, `files = !ls`) and a cell magic's whole cell (`%%bash`)
+(`%time`, or `cd ..` and `pip install x` written without the %), a help request (`ds.shuffle?`, `??np.load`), a shell line
+(`!pip install`, `files = !ls`) and a cell magic's whole cell (`%%bash`)
 become `pass` at their indentation in the joined code (a line a magic or shell line carries on to
 with a trailing backslash, an empty line), so every other line keeps its number; the
 shell lines and `%%bash`/`%%sh` cells are kept apart, at the same line numbers, for the launch
@@ -28,6 +29,8 @@ from klaudit.lint.parsing import file_finding
 NOTEBOOK_SUFFIX = ".ipynb"
 _MAGIC = re.compile(r"^(?P<indent>[ \t]*)(?:%|!|\w+\s*=\s*[!%])")
 _SHELL = re.compile(r"^[ \t]*(?:\w+\s*=\s*)?!(?P<command>.*)$")
+# IPython's help on an object, `name?` / `name??` after it or `?name` before it (wildcards allowed: `np.*load*?`)
+_HELP = re.compile(r"^(?P<indent>[ \t]*)(?:\?{1,2}[\w.*]+|[\w.*]+\?{1,2})[ \t]*$")
 _SHELL_CELLS = ("%%bash", "%%sh", "%%script bash", "%%script sh")
 # IPython runs a line magic without its % (automagic) and a few shell commands without ! (aliases):
 # `cd ..`, `pip install trl`. Such a line is set aside where it is not Python by itself.
@@ -120,7 +123,7 @@ def read_notebook(path: str, data: bytes) -> Notebook | Finding:
                 shell.append(line if continued else "")
                 continued = continued if line.rstrip().endswith("\\") else None
                 continue
-            magic = _MAGIC.match(line) or _automagic(line)
+            magic = _MAGIC.match(line) or _automagic(line) or _HELP.match(line)
             command = _SHELL.match(line)
             if whole_magic:
                 code.append("pass" if index == first else "")

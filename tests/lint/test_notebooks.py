@@ -65,6 +65,12 @@ def test_magics_written_without_their_percent_sign_are_set_aside_where_they_are_
         "pass", "pass", "time = 3", "ls -la", "  pass", "env"]
 
 
+def test_a_help_request_is_set_aside():
+    """bdsaglam/rlvr (fresh65): `ds.shuffle?` asks IPython for help, which runs in Jupyter; it was a false KL000."""
+    text = notebook(("code", "ds.shuffle?\n  ??np.load\nnp.*load*?\nx = a if b else c\n"))
+    assert read_notebook("n.ipynb", text.encode()).code.splitlines() == ["pass", "  pass", "pass", "x = a if b else c"]
+
+
 def test_a_statement_that_starts_with_a_magic_s_name_is_python():
     """LMRL-Gym's notebook: `env = TextNavEnv(` opens a call over two lines, so the line alone does not
     compile; it starts an assignment, never the `env` magic (a false KL000 before)."""
