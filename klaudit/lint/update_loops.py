@@ -512,20 +512,26 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
     `self.<method>(...)`, for a method its class never calls."""
     if takes_a_step(calls_of(func)):
         return None
-    site = _single_caller(func, methods, module, calls_of, anywhere=True, branches=True)
-    if site is None and elsewhere is not None and methods is None and _uncalled(func.name.value, module, calls_of):
+    sites = _call_sites(func, methods, module, calls_of, anywhere=True, branches=True)
+    if not sites and elsewhere is not None and methods is None and _uncalled(func.name.value, module, calls_of):
         return _later_loop_elsewhere(elsewhere(func.name.value, False), module)
-    if site is None:
+    if not sites:
         return inherited(func) if inherited is not None and methods is not None else None
-    caller, index, loops = site
+    # any call whose caller goes on to train its samples over several steps (a notebook's trial call of
+    # `compute_rewards(...)` before the training loop calls it again); a loop that calls `func` again trains what
+    # that call computes, not the samples of the one before it
+    for caller, index, loops in sites:
+        redrawn = [loop for other, at, around in sites if other is caller and at != index for loop in around]
+        for call, around in calls_of(caller)[index + 1:]:
+            loop = next((loop for loop in around if loop not in loops and not any(loop is held for held in redrawn)
+                         and reuses_samples(loop, module, methods)), None)
+            if loop is None:
+                loop = _reusing_loop_of(call, methods, module)
+            if loop is not None:
+                return loop
+    caller = sites[0][0]
     calls = calls_of(caller)
-    for call, around in calls[index + 1:]:
-        loop = next((loop for loop in around if loop not in loops and reuses_samples(loop, module, methods)), None)
-        if loop is None:
-            loop = _reusing_loop_of(call, methods, module)
-        if loop is not None:
-            return loop
-    if depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
+    if len(sites) == 1 and depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
         own = methods if methods is not None and caller in methods.values() else None
         return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere, inherited)
     return None
@@ -571,11 +577,19 @@ def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module) -> cst.
 def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
                    calls_of: CallIndex,
                    anywhere: bool = False, branches: bool = False) -> tuple | None:
-    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place only:
-    by another method of its class (`self.name(...)`) or function of `module` (`name(...)`); else None.
-    `anywhere`: also by the module's own code, and a method its class never calls by whatever calls it on an
-    object (`maker.make_experience(...)`). `branches`: also at several places of one caller (the branches of
-    an `if`), the first of them."""
+    """(caller, the call's index among its calls, the loops around it) where `func` is called at one place only
+    (`_call_sites`); else None."""
+    found = _call_sites(func, methods, module, calls_of, anywhere, branches)
+    return found[0] if len(found) == 1 else None
+
+
+def _call_sites(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+                calls_of: CallIndex, anywhere: bool = False, branches: bool = False) -> list[tuple]:
+    """(caller, the call's index among its calls, the loops around it) of each place that calls `func`: another
+    method of its class (`self.name(...)`) or function of `module` (`name(...)`), never `func` itself.
+    `anywhere`: also the module's own code, and a method its class never calls by whatever calls it on an
+    object (`maker.make_experience(...)`). `branches`: two calls in the two branches of one `if` are one place,
+    the first of them."""
     name = func.name.value
     found: list[tuple[cst.FunctionDef | cst.Module, int, tuple]] = []
     if methods is not None:
@@ -596,7 +610,7 @@ def _single_caller(func: cst.FunctionDef, methods: dict[str, cst.FunctionDef] | 
     if branches and len(found) == 2 and found[0][0] is found[1][0] and _exclusive_calls(
             found[0][0], *(calls_of(found[0][0])[i][0] for _, i, _ in found)):
         found = found[:1]
-    return found[0] if len(found) == 1 and found[0][0] is not func else None
+    return [] if any(caller is func for caller, _, _ in found) else found
 
 
 def _calls_in_closures(caller: cst.FunctionDef, name: str,

@@ -77,7 +77,8 @@ def test_the_loop_may_sit_in_a_method_the_caller_runs_after_the_draw(tmp_path):
     assert module_codes(source, tmp_path) == [(10, "KL008")]
     two_draws = source.replace("        self._optimize()\n",
                                "        self._rollout(prompts)\n        self._optimize()\n")
-    assert module_codes(two_draws, tmp_path) == []  # drawn at two places: which rollout the loop trains is unknown
+    # drawn twice before the loop: it trains both rollouts' rewards over several steps, whichever it reads
+    assert module_codes(two_draws, tmp_path) == [(10, "KL008")]
     before = source.replace("        self._rollout(prompts)\n        self._optimize()\n",
                             "        self._optimize()\n        self._rollout(prompts)\n")
     assert module_codes(before, tmp_path) == []  # the loop runs before the draw: it trains earlier samples
@@ -122,3 +123,42 @@ def test_the_records_check_grad_is_compared_with_carry_the_later_loop_too(tmp_pa
     path = tmp_path / "trainer.py"
     path.write_text(TRAINER.replace("EPOCHS", "4"))
     assert {rule for site in site_verdicts(str(path)) if site.line == 13 for rule in site.rules} == {"KL008"}
+
+
+NOTEBOOK_PPO = """\
+import torch
+
+
+def compute_rewards(logp, ref_logp, score):
+    with torch.no_grad():
+        rewards = -0.2 * (logp - ref_logp)
+        rewards[:, -1] += score
+    return rewards
+
+
+def mini_batch_train():
+    for ep in range(EPOCHS):
+        ratio = torch.exp(model(inputs) - old_logprobs)
+        loss = -(ratio * advantages).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+old_logprobs = model(inputs).detach()
+rewards = compute_rewards(old_logprobs, ref(inputs), score)
+print(rewards[0])
+for step in range(10):
+    old_logprobs = model(inputs).detach()
+    rewards = compute_rewards(old_logprobs, ref(inputs), score)
+    advantages = rewards.flip(-1).cumsum(-1).flip(-1)
+    mini_batch_train()
+"""
+
+
+@pytest.mark.parametrize("epochs, expected", [("4", [(6, "KL008")]), ("1", [])])
+def test_a_trial_call_before_the_training_loop_does_not_hide_it(tmp_path, epochs, expected):
+    """williamfowler/CS138_RLAIF_PPO_vs_DPO (fresh66): a notebook calls compute_rewards once to look at the rewards,
+    then again in the training loop, which goes on to mini_batch_train(): four optimizer steps on each rollout's k1
+    reward (row 23). The reward had been followed only from a function called at a single place."""
+    assert module_codes(NOTEBOOK_PPO.replace("EPOCHS", epochs), tmp_path) == expected
