@@ -46,6 +46,7 @@ from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
 from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, option_defaults
+from klaudit.frameworks.processes import parallel_launched, runs_in_one_process
 from klaudit.frameworks.settings import (
     PYTHON_SCRIPT,
     SHELL_WORD,
@@ -138,6 +139,8 @@ class Context:
     # every beta and num_iterations the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None:
     # it builds none
     grpo_runs: trl_runs.Runs | None = None
+    # the files the project runs (or configures a run of) with a distributed launcher (klaudit.frameworks.processes)
+    parallel: frozenset[str] = frozenset()
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -189,7 +192,10 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       options=option_defaults({**(others or {}), **sources}, configs),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
                       grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
-    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs))
+    scripts = {path: text for path in configs
+               if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
+    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs),
+                   parallel=parallel_launched({**(others or {}), **sources, **scripts}))
 
 
 def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
@@ -953,7 +959,8 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
             return []  # a TRL older than GRPOTrainer (0.14): the configuration cannot be built
         if runs_retired:
             assumed = trl.runnable(assumed, settings)
-        judged = trl.judge(settings, {**trl.defaults(assumed, unsloth), **(class_defaults or {})}, anchor)
+        judged = trl.judge(settings, {**trl.defaults(assumed, unsloth), **(class_defaults or {})}, anchor,
+                           one_process=runs_in_one_process(path, context.parallel))
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
         return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 

@@ -10,7 +10,8 @@
   `gradient_accumulation_steps` is not a multiple of it: the trainer generates once every
   steps_per_generation micro-steps, and a generation then feeds more than one optimizer step. Given
   `generation_batch_size` instead, steps_per_generation is it over `per_device_train_batch_size` (default 8)
-  and the processes, read as one (a `python train.py` launch; the launch's process count is not read);
+  and the processes, read as one (a `python train.py` launch) unless a launch of the project runs the file with a
+  distributed launcher (klaudit.frameworks.processes), where the count is unknown;
 - `loss_type` (from 0.17; default "bnpo", "dapo" from 0.22) aggregates the per-token loss: grpo/sapo
   per-sequence token-mean, bnpo and dapo/cispo/vespo over the batch's tokens, dr_grpo by a constant,
   luspo a per-sequence sum. Before it, 0.14-0.15 took the per-sequence token-mean and 0.16 the batch's.
@@ -106,9 +107,12 @@ def _number(value: str) -> float | None:
         return None
 
 
-def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: Setting) -> Judged | None:
+def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: Setting,
+          one_process: bool = True) -> Judged | None:
     """The KL configuration a GRPO configuration selects with `settings` over the defaults `fallback`;
-    None when the KL is off or undecidable. `anchor` is where to report when `beta` is not set here."""
+    None when the KL is off or undecidable. `anchor` is where to report when `beta` is not set here.
+    `one_process`: whether the run is known to use one process (klaudit.frameworks.processes), which
+    `generation_batch_size` is divided by."""
     given = {key: settings[key].value if key in settings else fallback[key] for key in DECIDING}
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
@@ -127,7 +131,7 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
                       and _number(batch.value or "") == 1)
     if per_completion:
         aggregation = Aggregation.SEQ_MEAN
-    every = _micro_steps_per_generation(settings)
+    every = _micro_steps_per_generation(settings, one_process)
     stale = iterations > 1 or generation_spans_steps(every, _value_or(settings, ACCUMULATION, "1"))
     if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh
         sampling = Sampling.OFF_POLICY if stale else Sampling.ON_POLICY
@@ -156,12 +160,14 @@ def _value_or(settings: Mapping[str, Setting], key: str, default: str) -> str | 
     return settings[key].value if key in settings else default
 
 
-def _micro_steps_per_generation(settings: Mapping[str, Setting]) -> str | None:
+def _micro_steps_per_generation(settings: Mapping[str, Setting], one_process: bool = True) -> str | None:
     """steps_per_generation as GRPOConfig settles it: as set; else generation_batch_size over
-    per_device_train_batch_size on one process (None where that does not divide, which TRL refuses); else
-    gradient_accumulation_steps, one generation a step."""
+    per_device_train_batch_size on one process (None where that does not divide, which TRL refuses, or the
+    processes are not known to be one); else gradient_accumulation_steps, one generation a step."""
     if STEPS in settings or GENERATION not in settings:
         return _value_or(settings, STEPS, _value_or(settings, ACCUMULATION, "1") or "None")
+    if not one_process:
+        return None
     batch, per_device = _number(settings[GENERATION].value or ""), _number(_value_or(settings, PER_DEVICE, "8") or "")
     if batch is None or not per_device or batch % per_device:
         return None

@@ -16,6 +16,7 @@ import pytest
 
 from klaudit.config import Settings
 from klaudit.frameworks import lint_python
+from klaudit.frameworks.processes import parallel_launched
 from klaudit.lint.engine import lint_paths
 
 
@@ -462,3 +463,39 @@ def test_a_recipe_named_for_another_trainer_is_not_read_as_grpo(tmp_path):
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert sorted((f.path.rsplit("/", 1)[-1], f.code) for f in result.findings) == [
         ("dapo.yaml", "KL002"), ("grpo.yaml", "KL002")]
+
+
+SPANNING = ("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.04, per_device_train_batch_size=1,\n"
+            "                  gradient_accumulation_steps=4, generation_batch_size=6)\n")
+
+
+@pytest.mark.parametrize("launch, expected", [
+    (None, ["KL003", "KL008"]),  # `python train.py`: one process, 6 micro-steps a generation, 4 a step
+    ("torchrun --nproc_per_node 2 train.py\n", ["KL003"]),  # 6 / (1 x 2) = 3 micro-steps: the count decides
+    ("accelerate launch \\\n    --config_file acc.yaml \\\n    train.py --seed 1\n", ["KL003"]),  # a count unknown
+    ("torchrun --nproc_per_node=1 train.py\n", ["KL003", "KL008"]),  # pinned to one process
+    ("deepspeed other.py\n", ["KL003", "KL008"]),  # another file runs distributed
+])
+def test_generation_batch_size_is_divided_by_one_process_unless_a_launch_runs_several(tmp_path, launch, expected):
+    """ChenyuZhang1123 (fresh49) runs its GRPO recipe with `deepspeed --include localhost:1,...,7`: seven processes
+    make its generation batch one optimizer step, where one process would make it seven; a launch that runs the file
+    distributed, with no count of one, leaves steps_per_generation unknown."""
+    (tmp_path / "train.py").write_text(SPANNING)
+    if launch is not None:
+        (tmp_path / "run.sh").write_text(launch)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert sorted(f.code for f in found if f.path.endswith("train.py")) == expected
+
+
+def test_a_documented_distributed_launch_names_the_script_and_its_recipe(tmp_path):
+    """The launch a module's docstring documents counts, over its continued lines: the script and the recipe it
+    passes both run in several processes; a file the text names that the project lacks is left out."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "grpo.yaml").write_text("beta: 0.01\n")
+    script = tmp_path / "src" / "grpo.py"
+    text = ('"""Run:\n    deepspeed --include localhost:1,2,3 \\\n      src/grpo.py \\\n'
+            '      --config configs/grpo.yaml --extra missing.yaml\n"""\n')
+    script.write_text(text)
+    assert parallel_launched({str(script): text}) == {str(script.resolve()),
+                                                       str((tmp_path / "configs" / "grpo.yaml").resolve())}
