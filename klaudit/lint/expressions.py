@@ -9,6 +9,7 @@ klaudit.lint.arithmetic and calls in klaudit.lint.calls.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -37,6 +38,7 @@ from klaudit.lint.syntax import (
     picks_the_first_row,
     reverses_last_axis,
     root_name,
+    slice_names,
     string_key,
     string_value,
 )
@@ -178,9 +180,17 @@ class ExpressionFlow(FlowState):
             return reversed_in_time(base)
         if any(self.batch_indices) and picks_a_row(node, {k: v for loop in self.batch_indices for k, v in loop.items()},
                                                    frozenset().union(*self.loop_variables), self.batch_indices[-1]) \
-                or picks_the_first_row(node):
+                or picks_the_first_row(node, self.position_ranges()):
             return tuple(as_row(f) for f in base)
         return base
+
+    @functools.cached_property
+    def _position_ranges(self) -> frozenset[str]:
+        return slice_names(self.func)
+
+    def position_ranges(self) -> frozenset[str]:
+        """The names the function binds once to a bounded `slice(...)` (syntax.slice_names)."""
+        return self._position_ranges
 
     def index_tuple(self, node: cst.Subscript) -> tuple | None:
         base = self.expr(node.value)

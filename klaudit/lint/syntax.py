@@ -521,18 +521,32 @@ def picks_a_row(node: cst.Subscript, indices: Mapping[str, bool], looping: froze
             and first.upper.left.deep_equals(first.lower) and int_literal(first.upper.right) == 1)
 
 
-def picks_the_first_row(node: cst.Subscript) -> bool:
+def picks_the_first_row(node: cst.Subscript, ranges: frozenset[str] = frozenset()) -> bool:
     """`logits[0, prompt_len - 1:-1]`, `x[0, start:end, :]`: the one sequence of a batch of one (a single example
-    encoded alone), its positions cut to the response by a bounded slice, every other axis sliced; and
-    `model(ids).logits[0]`, whose first axis a model's output keeps for the batch."""
+    encoded alone), its positions cut to the response by a bounded slice, every other axis sliced; the positions
+    may be a name of `ranges` (`slice_names`: `x[0, response_slice]`); and `model(ids).logits[0]`, whose first
+    axis a model's output keeps for the batch."""
     first, rest = node.slice[0].slice, node.slice[1:]
     if not isinstance(first, cst.Index) or int_literal(first.value) != 0:
         return False
     if not rest:
         return isinstance(node.value, cst.Attribute) and node.value.attr.value == "logits"
     positions = rest[0].slice
+    if isinstance(positions, cst.Index) and type(positions.value) is cst.Name and positions.value.value in ranges:
+        return all(isinstance(element.slice, cst.Slice) for element in rest[1:])
     return (all(isinstance(element.slice, cst.Slice) for element in rest) and isinstance(positions, cst.Slice)
             and (positions.lower is not None or positions.upper is not None))
+
+
+def slice_names(tree: cst.CSTNode) -> frozenset[str]:
+    """The names `tree` binds once, to `slice(start, stop)` with a bound that is not None: a range of positions
+    kept in a name (`response_slice = slice(prompt_length - 1, None)`)."""
+    def bounded(value: cst.BaseExpression | None) -> bool:
+        return (isinstance(value, cst.Call) and type(value.func) is cst.Name and value.func.value == "slice"
+                and 1 <= len(value.args) <= 3 and not any(arg.keyword or arg.star for arg in value.args)
+                and any(not (type(arg.value) is cst.Name and arg.value.value == "None") for arg in value.args[:2]))
+    return frozenset(name for name, bindings in name_bindings(tree).items()
+                     if len(bindings) == 1 and bounded(bindings[0][1]))
 
 
 def names_last_position(index: cst.CSTNode) -> bool:

@@ -261,3 +261,42 @@ def test_a_prompt_with_its_responses_scored_one_by_one_is_a_group(tmp_path):
     (tmp_path / "train.py").write_text(ONE_PROMPT_SEVERAL_RESPONSES)
     result = lint_paths([str(tmp_path)], jobs=1)
     assert [(finding.code, finding.line) for finding in result.findings] == [("KL001", 25)]
+
+
+# Dochikhoa2006's PPO (fresh63), reduced: one prompt a step, its response's positions kept in a `slice(...)` name;
+# the policy loss's `.mean()` over that one response is its own token mean, 1/L on the k1 reward it carries (row 21)
+ONE_RESPONSE_BY_A_SLICE_NAME = """\
+import torch
+
+
+def token_log_probs(model, input_ids):
+    logits = model(input_ids)
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    return torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, targets).squeeze(-1)
+
+
+def train(policy, reference, prompts, optimizer, beta):
+    for prompt in prompts:
+        full_ids, prompt_length = policy.generate(prompt)
+        with torch.no_grad():
+            old = token_log_probs(policy, full_ids)
+            ref = token_log_probs(reference, full_ids)
+            response = RANGE
+            old_response = old[0, response]
+            rewards = -beta * (old_response - ref[0, response])
+            returns = rewards.flip(-1).cumsum(-1).flip(-1)
+        current = token_log_probs(policy, full_ids)[0, response]
+        loss = -(torch.exp(current - old_response) * returns).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("positions, expected", [
+    ("slice(prompt_length - 1, None)", ["KL007"]),
+    ("slice(None)", []),  # every position: the row's own length is the batch's width, no response cut out
+    ("prompt_length - 1", []),  # one position, not a row
+])
+def test_a_slice_kept_in_a_name_cuts_one_response(tmp_path, positions, expected):
+    assert _codes(tmp_path, ONE_RESPONSE_BY_A_SLICE_NAME.replace("RANGE", positions)) == expected
