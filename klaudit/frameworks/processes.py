@@ -17,7 +17,7 @@ from pathlib import Path
 from klaudit.frameworks.settings import command_span, project_path
 
 _LAUNCHER = re.compile(r"\b(?:torchrun|deepspeed|accelerate\s+launch|torch\.distributed\.(?:launch|run)|mpirun)\b")
-_ONE_PROCESS = re.compile(r"--(?:nproc[_-]per[_-]node|num[_-]processes|num[_-]gpus|np)[= ]+1\b")
+_ONE_PROCESS = re.compile(r"(?:--(?:nproc[_-]per[_-]node|num[_-]processes|num[_-]gpus)|\s-np?)[= ]+1\b")
 _NAMED = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w.-]+\.(?:py|ya?ml))\b")
 
 

@@ -363,9 +363,7 @@ def shell_overrides(text: str, sourced: Mapping[int, Sourced] | None = None) -> 
         if included is not None:
             found.update({key: _at_source(included, setting)
                           for key, setting in _array_overrides(included.text, expanded, before).items()})
-        for match in _OVERRIDE.finditer(code):
-            found[match.group("key")] = _value(match.group("value"), variables, number, match.start("key") + 1,
-                                               match.end() + 1)
+        found.update(_line_overrides(number, code, variables))
         before = dict(variables)
     return found
 
@@ -386,10 +384,14 @@ def _array_overrides(text: str, arrays: Collection[str], variables: Mapping[str,
     found: dict[str, Setting] = {}
     for number, code, known in _shell_lines(text, variables=variables):
         if number in inside:
-            for match in _OVERRIDE.finditer(code):
-                found[match.group("key")] = _value(match.group("value"), known, number, match.start("key") + 1,
-                                                   match.end() + 1)
+            found.update(_line_overrides(number, code, known))
     return found
+
+
+def _line_overrides(number: int, code: str, variables: Mapping[str, Setting]) -> dict[str, Setting]:
+    """The `key=value` overrides of one shell line, each value read with the variables assigned before it."""
+    return {match.group("key"): _value(match.group("value"), variables, number, match.start("key") + 1, match.end() + 1)
+            for match in _OVERRIDE.finditer(code)}
 
 
 # A verl trainer module run from Python, an element of an argument list: `"-m", "verl.trainer.main_ppo"`

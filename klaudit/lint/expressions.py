@@ -180,17 +180,14 @@ class ExpressionFlow(FlowState):
             return reversed_in_time(base)
         if any(self.batch_indices) and picks_a_row(node, {k: v for loop in self.batch_indices for k, v in loop.items()},
                                                    frozenset().union(*self.loop_variables), self.batch_indices[-1]) \
-                or picks_the_first_row(node, self.position_ranges()):
+                or picks_the_first_row(node, self.position_ranges):
             return tuple(as_row(f) for f in base)
         return base
 
     @functools.cached_property
-    def _position_ranges(self) -> frozenset[str]:
-        return slice_names(self.func)
-
     def position_ranges(self) -> frozenset[str]:
         """The names the function binds once to a bounded `slice(...)` (syntax.slice_names)."""
-        return self._position_ranges
+        return slice_names(self.func)
 
     def index_tuple(self, node: cst.Subscript) -> tuple | None:
         base = self.expr(node.value)

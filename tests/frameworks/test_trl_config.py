@@ -474,6 +474,8 @@ SPANNING = ("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.04, per_devi
     ("torchrun --nproc_per_node 2 train.py\n", ["KL003"]),  # 6 / (1 x 2) = 3 micro-steps: the count decides
     ("accelerate launch \\\n    --config_file acc.yaml \\\n    train.py --seed 1\n", ["KL003"]),  # a count unknown
     ("torchrun --nproc_per_node=1 train.py\n", ["KL003", "KL008"]),  # pinned to one process
+    ("mpirun -np 1 python train.py\n", ["KL003", "KL008"]),
+    ("mpirun -np 4 python train.py\n", ["KL003"]),
     ("deepspeed other.py\n", ["KL003", "KL008"]),  # another file runs distributed
 ])
 def test_generation_batch_size_is_divided_by_one_process_unless_a_launch_runs_several(tmp_path, launch, expected):
