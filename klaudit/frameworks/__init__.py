@@ -959,12 +959,31 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
             return []  # a TRL older than GRPOTrainer (0.14): the configuration cannot be built
         if runs_retired:
             assumed = trl.runnable(assumed, settings)
-        judged = trl.judge(settings, {**trl.defaults(assumed, unsloth), **(class_defaults or {})}, anchor,
-                           one_process=runs_in_one_process(path, context.parallel))
+        fallback = {**trl.defaults(assumed, unsloth), **(class_defaults or {})}
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
-        return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
+
+        def under(values: Mapping[str, Setting]) -> list[Finding]:
+            judged = trl.judge(values, fallback, anchor, one_process=runs_in_one_process(path, context.parallel))
+            return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
+
+        return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)
 
     return _agreed(context.release(trl.NAME, path), judged_by)
+
+
+def _whatever_loss_type(settings: Mapping[str, Setting], default: str,
+                        findings: Callable[[Mapping[str, Setting]], list[Finding]]) -> list[Finding]:
+    """The `findings` of `settings`; where loss_type is set to a value the lint cannot read (a config file's
+    key it does not find), those every loss type gives at the same place, worded for the release's default."""
+    unread = settings.get(trl.LOSS_TYPE)
+    if unread is None or unread.value is not None:
+        return findings(settings)
+    shown = replace(unread, value=default, origin="set to a value the lint does not read: the default shown; every loss type gives this finding")
+    found = findings({**settings, trl.LOSS_TYPE: shown})
+    for other in trl.AGGREGATIONS.keys() - {default}:
+        also = {(f.line, f.column, f.code) for f in findings({**settings, trl.LOSS_TYPE: replace(unread, value=other)})}
+        found = [f for f in found if (f.line, f.column, f.code) in also]
+    return found
 
 
 def _agreed(assumed: Assumed, findings: Callable[[Assumed], list[Finding]]) -> list[Finding]:

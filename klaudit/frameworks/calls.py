@@ -15,9 +15,10 @@ import tokenize
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.kwargs_dicts import built_dict
+from klaudit.frameworks.kwargs_dicts import Entry, built_dict
 from klaudit.frameworks.options import (
     Default,
     Options,
@@ -106,6 +107,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     functions: list[tuple[int, int, dict[str, Default | None]]] | None = None  # read at the first keyword set to a name
     constants: dict[str, Default] = {}
     calls, definitions = [], []  # definitions: ((line, column), class)
+    helpers = {statement.name: statement for statement in tree.body if isinstance(statement, ast.FunctionDef)}
     refused = _expected_to_raise(tree) + _skipped_tests(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -113,8 +115,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             if name is None or any(first <= node.lineno <= last for first, last in refused):
                 continue
             splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
-            built = (built_dict(scope_of(node), splats[0].id, node)
-                     if len(splats) == 1 and isinstance(splats[0], ast.Name) else None)
+            built = _splatted(splats, partial(built_dict, scope_of(node), call=node, functions=helpers))
             named = [(keyword, keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg is not None]
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
@@ -143,6 +144,19 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     # in the order of the source, as LibCST visits them
     return (sorted(calls, key=lambda call: (call.where.line, call.where.column)),
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
+
+
+def _splatted(splats: list[ast.expr], built: Callable[[str], list[Entry] | None]) -> list[Entry] | None:
+    """The entries `GRPOConfig(**shared, **extra)` takes from the dicts it unpacks (`built` gives a named
+    dict's); a key two of them may set is unknown; None when any of them is not known."""
+    entries: dict[str, Entry] = {}
+    for splat in splats:
+        given = built(splat.id) if isinstance(splat, ast.Name) else None
+        if given is None:
+            return None
+        for entry in given:
+            entries[entry.key] = Entry(entry.key, None, entry.span) if entry.key in entries else entry
+    return list(entries.values())
 
 
 def _expected_to_raise(tree: ast.Module) -> list[tuple[int, int]]:

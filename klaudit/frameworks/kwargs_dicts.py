@@ -2,19 +2,21 @@
 after `kwargs = {"beta": config.beta, ...}`, `kwargs.update({...})` and `kwargs["loss_type"] = ...`
 (the twelfth fresh set's KG_GRPO builds its GRPOConfig so, to drop what an older TRL rejects).
 
-Read from Python's tree, in the order of the source, up to the call: one assignment of a dict display
-with string keys (or `dict(key=value, ...)`, or a conditional expression choosing between two of them), then
-updates and item stores. Anything else that could
-change the dict before the call (another assignment, `pop`, `del`, `|=`, passing it to a function)
-leaves it unknown; a key set twice (in two branches, say) is unknown, the others stay known. An update
-with another dict the scope builds (`kwargs.update(optional)`) takes that dict's entries. The code is
-never run.
+Read from Python's tree, in the order of the source, up to the call: assignments of a dict display with
+string keys (or `dict(key=value, ...)`, or a conditional expression choosing between two of them), then
+updates and item stores. A key set twice (in two branches, say) is unknown, the others stay known; a dict
+bound to displays more than once (`extra = {}`, then `extra = {"loss_type": ...}` in a branch) has each key
+any of them sets, with an unknown value, and no other. A dict a function of the module returns (`dtype,
+kwargs = precision()`, each return a display there) has the keys its returns set. An update with another
+dict the scope builds (`kwargs.update(optional)`) takes that dict's entries. Anything else that could change
+the dict before the call (an assignment of what is not a display, `pop`, `del`, `|=`, passing it to a
+function) leaves it unknown. The code is never run.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -32,17 +34,20 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _READS = frozenset({"get", "items", "keys", "values", "copy"})  # methods that leave the dict as it is
 
 
-def built_dict(scope: ast.AST, name: str, call: ast.AST) -> list[Entry] | None:
+def built_dict(scope: ast.AST, name: str, call: ast.AST,
+               functions: Mapping[str, ast.FunctionDef] | None = None) -> list[Entry] | None:
     """The entries of the dict `scope` (a function, or the module) binds to `name` when `call` runs; None
-    when the dict is not known there."""
+    when the dict is not known there. `functions`: the module's functions by name, whose returned dicts
+    a binding `kwargs = helper()` (or `dtype, kwargs = helper()`) takes."""
     entries: dict[str, Entry] = {}
+    ever: dict[str, Entry] = {}  # every key any assignment or update sets
     assigned = 0
     for node in sorted(_before(scope, call), key=_start):
 
         def other(dict_name: str, at: ast.AST = node) -> list[Entry] | None:
-            return built_dict(scope, dict_name, at) if dict_name != name else None
+            return built_dict(scope, dict_name, at, functions) if dict_name != name else None
 
-        found = _change(node, name, other)
+        found = _change(node, name, other, functions or {})
         if found is None:
             continue
         if found is _UNKNOWN:
@@ -54,20 +59,30 @@ def built_dict(scope: ast.AST, name: str, call: ast.AST) -> list[Entry] | None:
         for entry in added:
             twice = entry.key in entries and not initial
             entries[entry.key] = Entry(entry.key, None, entry.span) if twice else entry
+            ever.setdefault(entry.key, entry)
+    if assigned > 1:  # bound in branches, say: each key some binding sets may be there, with any of its values
+        return [Entry(entry.key, None, entry.span) for entry in ever.values()]
     return list(entries.values()) if assigned == 1 else None
 
 
 _UNKNOWN = object()
 
 
-def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None]):
+def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None],
+            functions: Mapping[str, ast.FunctionDef]):
     """How `node` changes the dict `name`: None (it does not), _UNKNOWN, or (whether it is the dict's
     assignment, the entries it sets); `other` gives the entries of another dict of the scope."""
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
             if isinstance(target, ast.Name) and target.id == name:
-                entries = _display(node.value) if node.value is not None and len(targets) == 1 else None
+                entries = (_returned(node.value, None, functions) if _display(node.value) is None
+                           else _display(node.value)) if node.value is not None and len(targets) == 1 else None
+                return _UNKNOWN if entries is None else (True, entries)
+            if isinstance(target, (ast.Tuple, ast.List)) and any(_is(element, name) for element in target.elts):
+                index = next(i for i, element in enumerate(target.elts) if _is(element, name))
+                entries = (_returned(node.value, index, functions)
+                           if node.value is not None and len(targets) == 1 else None)
                 return _UNKNOWN if entries is None else (True, entries)
             if _item_of(target, name) and len(targets) == 1 and node.value is not None:
                 key = target.slice  # type: ignore[attr-defined]
@@ -128,6 +143,41 @@ def _either(first: list[Entry] | None, second: list[Entry] | None) -> list[Entry
         merged[entry.key] = entry if same else Entry(entry.key, None, entry.span)
     merged.update({key: Entry(key, None, entry.span) for key, entry in others.items()})
     return list(merged.values())
+
+
+def _returned(value: ast.expr, index: int | None, functions: Mapping[str, ast.FunctionDef]) -> list[Entry] | None:
+    """The entries of the dict `helper()` returns (`index`: the item of the tuple it returns), where `value`
+    calls a function of the module whose every return gives a dict display there: each key any return sets,
+    with its value where all returns give it the same constant; None otherwise."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in functions):
+        return None
+    merged: list[Entry] | None = None
+    for returned in _returns(functions[value.func.id]):
+        if index is not None:
+            items = returned.elts if isinstance(returned, ast.Tuple) else []
+            returned = items[index] if index < len(items) and not any(isinstance(i, ast.Starred) for i in items) \
+                else None
+        entries = None if returned is None else _display(returned)
+        if entries is None:
+            return None
+        constants = [entry if isinstance(entry.value, ast.Constant) else Entry(entry.key, None, entry.span)
+                     for entry in entries]  # a name there is the function's own, not the caller's
+        merged = constants if merged is None else _either(merged, constants)
+    return merged
+
+
+def _returns(function: ast.FunctionDef) -> list[ast.expr | None]:
+    """What each `return` of `function` (not of the functions it defines) gives, in the order of the source;
+    None for a bare one."""
+    found: list[ast.Return] = []
+    stack: list[ast.AST] = list(function.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            found.append(node)
+        elif not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+    return [node.value for node in sorted(found, key=_start)]
 
 
 class _Span(ast.AST):

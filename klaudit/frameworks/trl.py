@@ -145,7 +145,7 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         config = Config(loss=Estimator.RATIO_K3 if correction else Estimator.K3, aggregation=aggregation,
                         sampling=sampling)
     flags = ", ".join([*(shown(key, value[key], settings.get(key)) for key in DECIDING),
-                       *(f"{key}={settings[key].value}" for key in (STEPS, ACCUMULATION) if key in settings),
+                       *(f"{key}={settings[key].value or '(not known)'}" for key in (STEPS, ACCUMULATION) if key in settings),
                        *([f"{GENERATION}={settings[GENERATION].value} ({every} micro-steps a generation on one "
                           f"process)"] if STEPS not in settings and GENERATION in settings and every else []),
                        *([f"{PER_DEVICE}=1 (bnpo's token-mean over one completion)"] if per_completion else [])])

@@ -109,10 +109,72 @@ def test_a_dict_chosen_between_two_displays_keeps_the_keys_neither_sets(tmp_path
             return GRPOConfig(output_dir="out", beta=0.04, **extra)
         ''')
     assert _found(tmp_path, source) == [(7, "KL003")]
-    # a KL key that one side sets and the other leaves out may be either: unknown, as a key set twice is
+    # a KL key that one side sets and the other leaves out may be either: unknown, as a key set twice is;
+    # an unknown loss_type keeps what every loss type gives (row 2), not grpo's 1/L (KL007)
     chosen = source.replace('{"use_vllm": True,', '{"loss_type": "grpo", "use_vllm": True,')
-    assert _found(tmp_path, chosen) == []
+    assert _found(tmp_path, chosen) == [(7, "KL003")]
     same = chosen.replace("({} if no_vllm", '({"loss_type": "grpo"} if no_vllm')
     assert _found(tmp_path, same) == [(5, "KL007"), (7, "KL003")]  # both give grpo's 1/L (row 21), at the first
     both = source.replace("({} if no_vllm", '({"beta": 0.0} if no_vllm').replace('{"use_vllm": True,', '{"beta": 0.0,')
     assert _found(tmp_path, both.replace("beta=0.04, ", "")) == []  # both sides turn the KL off
+
+
+TWO_DICTS = textwrap.dedent('''\
+    from trl import GRPOConfig
+
+
+    def build(algo, beta):
+        shared = dict(output_dir="out", beta=0.04, num_iterations=1)
+        extra = {}
+        if algo == "dr_grpo":
+            extra = {"scale_rewards": False, "loss_type": "dr_grpo"}
+        return GRPOConfig(**shared, **extra)
+    ''')
+
+
+def test_two_dicts_unpacked_one_bound_in_a_branch(tmp_path):
+    """levi-hsu/text-to-sql (sixty-fifth set) builds `GRPOConfig(**shared_kwargs, **extra_kwargs)`, extra_kwargs
+    empty or, for Dr. GRPO, setting loss_type: beta 0.04 over TRL 1.16's defaults is ratio*k3 as a loss (row 2,
+    KL003) at beta whichever loss type runs; KL007 (row 21) would need grpo's 1/L, which neither gives."""
+    assert _found(tmp_path, TWO_DICTS) == [(5, "KL003")]
+    # grpo's 1/L in the branch: the key is either grpo or absent (dapo), so still no KL007
+    assert _found(tmp_path, TWO_DICTS.replace('"dr_grpo"}', '"grpo"}')) == [(5, "KL003")]
+    # a key both dicts may set is unknown: num_iterations, which decides whether samples are reused
+    assert _found(tmp_path, TWO_DICTS.replace('"scale_rewards": False', '"num_iterations": 4')) == []
+    # beta 0.0 in the branch: the KL may be off, so nothing is reported
+    assert _found(tmp_path, TWO_DICTS.replace('"scale_rewards": False', '"beta": 0.0')) == []
+    # a dict bound to what is not a display, or unpacked from an expression, leaves every key unknown
+    assert _found(tmp_path, TWO_DICTS.replace("extra = {}", "extra = dict(other)")) == []
+    assert _found(tmp_path, TWO_DICTS.replace("**extra)", "**load(extra))")) == []
+
+
+def test_a_dict_a_helper_of_the_module_returns(tmp_path):
+    """tripathysagar/rlhf-gsm8k (sixty-sixth set) spreads `**precision_args` into its GRPOConfig, bound by
+    `dtype, precision_args, use_compile = get_dtype_config()`, whose every return gives a dict of bf16 and fp16
+    only: beta 0.04 over TRL 1.16's defaults is then ratio*k3 as a loss (row 2, KL003) at beta."""
+    source = textwrap.dedent('''\
+        from trl import GRPOConfig
+
+
+        def get_dtype_config(major):
+            if major >= 8:
+                return "bf16", {"bf16": True, "fp16": False}, True
+            return "fp32", {"bf16": False, "fp16": False}, False
+
+
+        dtype, precision_args, use_compile = get_dtype_config(8)
+        config = GRPOConfig(output_dir="out", beta=0.04, **precision_args)
+        ''')
+    assert _found(tmp_path, source) == [(11, "KL003")]
+    # a KL key one return sets to a constant and another to a name of the helper's own: unknown
+    keyed = source.replace('{"bf16": True,', '{"beta": 0.0, "bf16": True,').replace(
+        '{"bf16": False, "fp16": False}, False', '{"beta": major, "bf16": False}, False')
+    assert _found(tmp_path, keyed.replace("beta=0.04, ", "")) == []
+    # every return setting the same constant gives it
+    same = source.replace('{"bf16": True,', '{"loss_type": "grpo", "bf16": True,').replace(
+        '{"bf16": False, "fp16": False}, False', '{"loss_type": "grpo"}, False')
+    assert sorted(_found(tmp_path, same)) == [(6, "KL007"), (11, "KL003")]
+    # a return that is not a display there (a dict built elsewhere) leaves the mapping unknown
+    assert _found(tmp_path, source.replace('return "fp32", {"bf16": False, "fp16": False}, False',
+                                           'return "fp32", FALLBACK, False')) == []
+    assert _found(tmp_path, source.replace("= get_dtype_config(8)", "= other(8)")) == []
