@@ -18,7 +18,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.kwargs_dicts import Entry, built_dict
+from klaudit.frameworks.kwargs_dicts import Entry, unpacked
 from klaudit.frameworks.options import (
     Default,
     Options,
@@ -115,7 +115,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             if name is None or any(first <= node.lineno <= last for first, last in refused):
                 continue
             splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
-            built = _splatted(splats, partial(built_dict, scope_of(node), call=node, functions=helpers))
+            built = _splatted(splats, partial(unpacked, scope_of(node), call=node, config=name, functions=helpers))
             named = [(keyword, keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg is not None]
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
@@ -146,12 +146,12 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
 
 
-def _splatted(splats: list[ast.expr], built: Callable[[str], list[Entry] | None]) -> list[Entry] | None:
-    """The entries `GRPOConfig(**shared, **extra)` takes from the dicts it unpacks (`built` gives a named
-    dict's); a key two of them may set is unknown; None when any of them is not known."""
+def _splatted(splats: list[ast.expr], unpacked: Callable[[ast.expr], list[Entry] | None]) -> list[Entry] | None:
+    """The entries `GRPOConfig(**shared, **extra)` takes from the mappings it unpacks (`unpacked` gives one's);
+    a key two of them may set is unknown; None when any of them is not known."""
     entries: dict[str, Entry] = {}
     for splat in splats:
-        given = built(splat.id) if isinstance(splat, ast.Name) else None
+        given = unpacked(splat)
         if given is None:
             return None
         for entry in given:

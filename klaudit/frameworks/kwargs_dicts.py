@@ -10,7 +10,9 @@ any of them sets, with an unknown value, and no other. A dict a function of the 
 kwargs = precision()`, each return a display there) has the keys its returns set. An update with another
 dict the scope builds (`kwargs.update(optional)`) takes that dict's entries. Anything else that could change
 the dict before the call (an assignment of what is not a display, `pop`, `del`, `|=`, passing it to a
-function) leaves it unknown. The code is never run.
+function other than a reader such as `set` or `print`) leaves it unknown. Unpacked filtered to the fields the
+configuration class takes (`**{k: v for k, v in kwargs.items() if k in accepted}`), the dict keeps its
+entries. The code is never run.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Entry:
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _READS = frozenset({"get", "items", "keys", "values", "copy"})  # methods that leave the dict as it is
+# functions that read a dict passed to them and leave it as it is: `set(kwargs) - accepted`, `json.dumps(kwargs)`
+_READERS = frozenset({"len", "set", "frozenset", "list", "tuple", "sorted", "dict", "str", "repr", "print", "dumps",
+                      "pformat", "pprint"})
 
 
 def built_dict(scope: ast.AST, name: str, call: ast.AST,
@@ -66,6 +71,48 @@ def built_dict(scope: ast.AST, name: str, call: ast.AST,
 
 
 _UNKNOWN = object()
+
+
+def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
+             functions: Mapping[str, ast.FunctionDef] | None = None) -> list[Entry] | None:
+    """The entries `**mapping` gives the call of the configuration class `config`: a dict the scope builds,
+    or one filtered to the keys the class accepts, `{k: v for k, v in kwargs.items() if k in accepted}`
+    with `accepted` its fields (`dataclasses.fields(GRPOConfig)`, `inspect.signature(GRPOConfig)`), which
+    keeps every key the release running it takes; None when not known."""
+    if isinstance(mapping, ast.Name):
+        return built_dict(scope, mapping.id, call, functions)
+    if not isinstance(mapping, ast.DictComp) or len(mapping.generators) != 1:
+        return None
+    loop = mapping.generators[0]
+    key, value = (loop.target.elts if isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2
+                  else (None, None))
+    source = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
+        and loop.iter.func.attr == "items" and not loop.iter.args else None
+    if not (_is(mapping.key, getattr(key, "id", "")) and _is(mapping.value, getattr(value, "id", ""))
+            and isinstance(source, ast.Name) and len(loop.ifs) == 1 and not loop.is_async):
+        return None
+    test = loop.ifs[0]
+    if not (isinstance(test, ast.Compare) and _is(test.left, key.id) and len(test.ops) == 1  # type: ignore[union-attr]
+            and isinstance(test.ops[0], ast.In) and isinstance(test.comparators[0], ast.Name)
+            and _fields_of(scope, test.comparators[0].id, call, config)):
+        return None
+    return built_dict(scope, source.id, call, functions)
+
+
+def _fields_of(scope: ast.AST, name: str, call: ast.AST, config: str) -> bool:
+    """Whether `scope` binds `name`, once before `call`, to the names of `config`'s fields or parameters:
+    an expression calling `fields(...)` or `signature(...)` of the class."""
+    bindings = [node.value for node in _before(scope, call) if isinstance(node, ast.Assign)
+                and any(_is(target, name) for target in node.targets)]
+    if len(bindings) != 1:
+        return False
+    return any(isinstance(node, ast.Call) and _last_name(node.func) in ("fields", "signature")
+               and any(_is(inner, config) for argument in node.args for inner in ast.walk(argument))
+               for node in ast.walk(bindings[0]))
+
+
+def _last_name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None],
@@ -105,7 +152,7 @@ def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None]
     if isinstance(node, (ast.AugAssign, ast.Delete)):
         targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
         return _UNKNOWN if any(_is(t, name) or _item_of(t, name) for t in targets) else None
-    if isinstance(node, ast.Call):  # the dict passed to another function may be changed there
+    if isinstance(node, ast.Call) and _last_name(node.func) not in _READERS:  # another function may change it
         arguments = [*node.args, *(keyword.value for keyword in node.keywords if keyword.arg is not None)]
         return _UNKNOWN if any(_is(argument, name) for argument in arguments) else None
     return None

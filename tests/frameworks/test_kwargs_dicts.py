@@ -178,3 +178,34 @@ def test_a_dict_a_helper_of_the_module_returns(tmp_path):
     assert _found(tmp_path, source.replace('return "fp32", {"bf16": False, "fp16": False}, False',
                                            'return "fp32", FALLBACK, False')) == []
     assert _found(tmp_path, source.replace("= get_dtype_config(8)", "= other(8)")) == []
+
+
+FILTERED = textwrap.dedent('''\
+    import dataclasses
+    from trl import GRPOConfig
+
+
+    def build(args):
+        desired = dict(output_dir="out", beta=0.04, use_bias_correction_kl=False, dynamic_sampling=True)
+        accepted = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(desired) - accepted)
+        print(f"dropping {unknown}", desired)
+        return GRPOConfig(**{k: v for k, v in desired.items() if k in accepted})
+    ''')
+
+
+def test_a_dict_filtered_to_the_fields_the_configuration_takes(tmp_path):
+    """CanadaApollo6/gridiron-grpo (sixty-seventh set) drops what the installed GRPOConfig does not take:
+    `GRPOConfig(**{k: v for k, v in desired.items() if k in accepted})`, accepted its dataclass fields. A
+    release that runs the call takes beta, so beta 0.04 without the bias correction is k3 as a loss (row 3,
+    KL002) at the dict's entry; reading the dict with set() and print() leaves it as it is."""
+    assert _found(tmp_path, FILTERED) == [(6, "KL002")]
+    signature = FILTERED.replace("{f.name for f in dataclasses.fields(GRPOConfig)}",
+                                 "set(inspect.signature(GRPOConfig.__init__).parameters)")
+    assert _found(tmp_path, signature) == [(6, "KL002")]
+    # a filter by any other set may drop beta: not known
+    assert _found(tmp_path, FILTERED.replace("dataclasses.fields(GRPOConfig)", "dataclasses.fields(Other)")) == []
+    assert _found(tmp_path, FILTERED.replace("if k in accepted})", "if k in accepted and v})")) == []
+    assert _found(tmp_path, FILTERED.replace("{k: v for k, v in", "{k: 0 for k, v in")) == []
+    # a function that is not known to only read the dict may change it
+    assert _found(tmp_path, FILTERED.replace("print(f", "log(f")) == []
