@@ -477,7 +477,7 @@ FUNCTIONS: dict[str, Effect] = {
     "KLDivLoss": _kl_div_module,
     **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
     "detach": LibraryFlow.detached,
-    "float": LibraryFlow.unchanged,
+    "float": LibraryFlow.detached,  # the builtin: a Python number holds no gradient
     **_each(RESHAPING, LibraryFlow.reshaped),
     "tensor": LibraryFlow.copied,
     **_each("stack cat vstack hstack concat concatenate", LibraryFlow.stacked),
