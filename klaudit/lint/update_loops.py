@@ -674,16 +674,17 @@ def _callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: 
 def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
              calls_of: CallIndex) -> Callable[[cst.Call], bool]:
     """Whether a call draws new samples: a call named so (`_draws`), or one of a method or module function that
-    takes no step and runs a model's generation (`self.model.generate(...)`, up to three calls deep): a
-    `train_step` that generates, scores and backpropagates, its caller stepping once every few calls. Inside
-    such a function a name alone is no evidence (`generate_loss_mask(...)` builds a mask)."""
+    takes no step and runs a model's generation (`self.model.generate(...)`, or a function of another module
+    handed the policy model, up to three calls deep): a `train_step` that generates, scores and backpropagates,
+    its caller stepping once every few calls. Inside such a function a name alone is no evidence
+    (`generate_loss_mask(...)` builds a mask)."""
     def draws(call: cst.Call, depth: int = 0) -> bool:
         callee = _callee(call, methods, module)
         if depth and callee is not None and _keeps_a_buffer(callee):
             return False  # `self.generate(...)` that hands out a buffered generation for several steps
         if callee is not None and _samples_with_an_old_copy(callee):
             return False  # samples of the lagging copy, not of the policy the step updates
-        if _draws(call) if depth == 0 else _generates(call):
+        if _draws(call) if depth == 0 else _generates(call) or callee is None and _draws_with_the_policy(call):
             return True
         if callee is None or depth >= 3:
             return False
@@ -704,6 +705,16 @@ def _generates(call: cst.Call) -> bool:
     loop (`torch.multinomial(probs, 1)`, `jax.random.categorical(key, logits)`)."""
     return (type(call.func) is cst.Attribute and call.func.attr.value in _GENERATION and _draws(call)
             or _samples_a_token(call))
+
+
+def _draws_with_the_policy(call: cst.Call) -> bool:
+    """`generate_group(model, tokenizer, prompt, ...)`: a function of another module, named as a draw and handed
+    the policy model itself, generates with it (a mask builder named `generate_...` is not handed the model)."""
+    return _draws(call) and any(type(arg.value) in (cst.Name, cst.Attribute)
+                                and _POLICY_MODEL.match(last_name(arg.value) or "") for arg in call.args)
+
+
+_POLICY_MODEL = re.compile(r"^(model|policy|actor|policy_model|actor_model|llm)$")
 
 
 def _samples_a_token(call: cst.Call) -> bool:
