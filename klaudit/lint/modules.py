@@ -12,6 +12,7 @@ from pathlib import Path
 import libcst as cst
 
 from klaudit.lint import budget
+from klaudit.lint.algebra import Poly
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.edits import line_starts
@@ -23,17 +24,19 @@ from klaudit.lint.facts import (
     bare_parameter_facts,
     param_facts,
     replace,
+    tensor,
 )
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.overrides import never_named, overridden_everywhere
-from klaudit.lint.pinned import caller_pins
+from klaudit.lint.pinned import caller_pins, zero_parameters
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import dotted, is_literal_choice, params, python_ast
+from klaudit.lint.syntax import dotted, is_literal_choice, number_value, params, python_ast
 from klaudit.lint.update_loops import (
+    Beyond,
     CallIndex,
     called_on_fresh_samples,
     called_on_one_sequence,
@@ -161,7 +164,7 @@ class Module:
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, tuple[cst.For | None, Module]] = {}  # id(function) -> the loop that trains what it
         # computes, and its module
-        self._pins: dict[int, Mapping[str, tuple]] = {}  # id(function) -> the switch values every caller gives it
+        self._pins: dict[int, tuple[cst.Call, ...] | None] = {}  # id(function) -> the calls other modules make
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
@@ -188,8 +191,23 @@ class Module:
         key = id(loop)
         if key not in self._reused_by:
             methods = self.classes[cls][1] if cls in self.classes else None
-            self._reused_by[key] = reuses_samples(loop, self.tree, methods, self.project.configs)
+            self._reused_by[key] = reuses_samples(loop, self.tree, methods, self.beyond)
         return self._reused_by[key]
+
+    @functools.cached_property
+    def beyond(self) -> Beyond:
+        """What may set this module's loop counts beyond its code: the project's YAML files, and the linted modules
+        it imports a class from (`from train_grpo import GRPOConfig`), whose fields' defaults a count may read
+        (`range(cfg.num_inner_updates)`)."""
+        found: list[cst.Module] = []
+        for source, attribute, level in self.imports.values():
+            if attribute is None or not attribute[:1].isupper():
+                continue
+            path = self.project.module_path(source, self.path, level)
+            tree = self.project.parse(path) if path is not None else None
+            if tree is not None and tree is not self.tree and all(tree is not other for other in found):
+                found.append(tree)
+        return Beyond(self.project.configs, tuple(found))
 
     def steps_on_fresh_samples(self, func: cst.FunctionDef, cls: str | None) -> bool:
         """klaudit.lint.update_loops.steps_on_fresh_samples of one of this module's functions (a method of
@@ -198,7 +216,7 @@ class Module:
         if key not in self._fresh:
             methods = self.classes[cls][1] if cls in self.classes else None
             self._fresh[key] = steps_on_fresh_samples(
-                func, methods, self.tree, self._calls_of, configs=self.project.configs,
+                func, methods, self.tree, self._calls_of, beyond=self.beyond,
                 called_elsewhere=lambda name, method, steps: drawn_before_the_call_elsewhere(
                     name, method, self.path, self.project, self._calls_of, cls) if steps else called_on_fresh_samples(
                     name, method, self.path, self.project, self._calls_of, owner=cls))
@@ -229,12 +247,26 @@ class Module:
     def reusing_loop_after(self, func: cst.FunctionDef, cls: str | None, site: cst.CSTNode) -> cst.For | None:
         """klaudit.lint.update_loops.reusing_loop_after of one of this module's functions (a method of `cls`)."""
         methods = self.classes[cls][1] if cls in self.classes else None
-        return reusing_loop_after(func, site, self.tree, methods, self.project.configs)
+        return reusing_loop_after(func, site, self.tree, methods, self.beyond)
 
     def caller_pins(self, func: cst.FunctionDef, cls: str | None) -> Mapping[str, tuple]:
         """klaudit.lint.pinned.caller_pins of a module function nothing in this module calls, from the calls the
         modules near it and the modules that import it from afar make; {} for a method, a function this module
         calls, or one no other module calls."""
+        calls = self._calls_elsewhere(func, cls)
+        return {} if calls is None else caller_pins(func, calls)
+
+    def zero_parameters(self, func: cst.FunctionDef, cls: str | None) -> frozenset[str]:
+        """klaudit.lint.pinned.zero_parameters of such a function (read only where a parameter defaults to 0)."""
+        if not any(param.default is not None and number_value(param.default) == 0 for param in params(func)):
+            return frozenset()
+        calls = self._calls_elsewhere(func, cls)
+        return frozenset() if calls is None else zero_parameters(func, calls)
+
+    def _calls_elsewhere(self, func: cst.FunctionDef, cls: str | None) -> tuple[cst.Call, ...] | None:
+        """The calls other modules make of a module function nothing in this module calls (those near it and those
+        that import it from afar), read once; None for a method, a function this module calls, one no other module
+        calls, or one they also call in ways the text does not show."""
         key = id(func)
         if key not in self._pins:
             name = func.name.value
@@ -245,8 +277,8 @@ class Module:
             # called as `module.name(...)` too, or handed on as a value: callers the text does not show
             hidden = not found or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
                 or handed_on_elsewhere(name, self.path, self.project, afar)
-            self._pins[key] = {} if hidden or found is None else caller_pins(
-                func, (calls[index][0] for _, _, calls, index, _ in found))
+            self._pins[key] = None if hidden or found is None else tuple(
+                calls[index][0] for _, _, calls, index, _ in found)
         return self._pins[key]
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
@@ -431,6 +463,8 @@ class Analyzer(NameResolution):
         inherits it and overrides another method (a trainer whose subclass swaps the KL estimator);
         the sinks of all are the function's."""
         env = _named_env(func)
+        for name in module.zero_parameters(func, cls):  # a coefficient no call sets: 0 in every run
+            env[name] = (tensor(Poly.const(0.0)),)
         if self.read_fields:
             budget.start_function(func)
         outcome = FunctionRun(self, module, func, cls, env, record=True).run()

@@ -3,8 +3,9 @@
 A function analysed on its own takes each of its flag and string parameters as a switch and judges every branch
 (`if use_full_kl:` both ways). Where nothing in its module calls it and the other modules' calls of it
 (klaudit.lint.update_loops.calls_elsewhere) all give a parameter literal values, by keyword, by position or by
-leaving its literal default, a branch none of them selects never runs, and its verdicts are left out. A call that
-splats its arguments (`f(*args)`, `f(**cfg)`) or gives a value the text does not spell pins nothing.
+leaving its literal default, a branch none of them selects never runs, and its verdicts are left out. So with a
+coefficient every call leaves at its default of 0 (`kl_loss_coef: float = 0.0`): the term it scales is 0. A call
+that splats its arguments (`f(*args)`, `f(**cfg)`) or gives a value the text does not spell pins nothing.
 """
 
 from __future__ import annotations
@@ -14,29 +15,45 @@ from collections.abc import Iterable, Mapping
 import libcst as cst
 
 from klaudit.lint.facts import SwitchValue
-from klaudit.lint.syntax import params, text_of
+from klaudit.lint.syntax import number_value, params, text_of
 
 
 def caller_pins(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> Mapping[str, tuple[SwitchValue, ...]]:
     """{parameter: the values `calls` give it} for each flag or string parameter of `func` that every call gives a
     literal; {} where a call splats its arguments."""
+    given = _given(func, calls)
+    literals = {name: [_literal(value) if value is not None else None for value in values]
+                for name, values in (given or {}).items()}
+    return {name: tuple(dict.fromkeys(value for value in values if value is not None))
+            for name, values in literals.items() if values and None not in values}
+
+
+def zero_parameters(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> frozenset[str]:
+    """The parameters of `func` that every call of `calls` gives the number 0, by leaving a default of 0 or passing
+    it (`kl_loss_coef: float = 0.0`, which no caller sets): a KL term they scale is 0 in every run."""
+    given = _given(func, calls)
+    return frozenset(name for name, values in (given or {}).items()
+                     if values and all(value is not None and number_value(value) == 0 for value in values))
+
+
+def _given(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> dict[str, list[cst.BaseExpression | None]] | None:
+    """{parameter: what each call gives it (its default where the call leaves it; None: neither)}; None where a
+    call splats its arguments."""
     parameters = params(func)
     positional = [p.name.value for p in (*func.params.posonly_params, *func.params.params)]
-    given: dict[str, list[SwitchValue | None]] = {p.name.value: [] for p in parameters}
+    given: dict[str, list[cst.BaseExpression | None]] = {p.name.value: [] for p in parameters}
     for call in calls:
         bound: dict[str, cst.BaseExpression] = {}
         for index, arg in enumerate(call.args):
             if arg.star:
-                return {}
+                return None
             if arg.keyword is not None:
                 bound[arg.keyword.value] = arg.value
             elif index < len(positional):
                 bound[positional[index]] = arg.value
         for p in parameters:
-            value = bound.get(p.name.value, p.default)
-            given[p.name.value].append(_literal(value) if value is not None else None)
-    return {name: tuple(dict.fromkeys(value for value in values if value is not None))
-            for name, values in given.items() if values and None not in values}
+            given[p.name.value].append(bound.get(p.name.value, p.default))
+    return given
 
 
 def _literal(node: cst.BaseExpression) -> SwitchValue | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -45,18 +46,30 @@ from klaudit.lint.syntax import (
 )
 
 
+@dataclass(frozen=True)
+class Beyond:
+    """What may set a loop's count outside the module's code: the linted YAML files (`configs`), and the linted
+    modules the module imports a class from (`class_sources`), whose fields' defaults a count may read."""
+
+    configs: tuple[str, ...] = ()
+    class_sources: tuple[cst.Module, ...] = ()
+
+
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
-                   methods: dict[str, cst.FunctionDef] | None = None, configs: tuple[str, ...] = ()) -> bool:
+                   methods: dict[str, cst.FunctionDef] | None = None, beyond: Beyond | None = None) -> bool:
     """Whether `loop` is `for ... in range(n)` (n not 1) whose body takes an optimizer step and draws no samples: each
     step after the first trains on the samples of an older policy, whatever the body recomputes on them (the
     reference's log-probs of the same completions, karinazad/nano-rlvr's `kl_penalty(logps, ref_model, ...)` in
     each of its two epochs, are no new samples). A count
     read from a setting (`range(args.num_ppo_epochs)`) that the classes of `module` default to 1 is one round, unless
-    one of the linted YAML files `configs` sets it to more (`grpo_epochs: 4` in the run's configuration). The
+    one of the linted YAML files of `beyond` sets it to more (`grpo_epochs: 4` in the run's configuration); the
+    classes of the modules `module` imports a class from (`beyond.class_sources`) count where its own give no
+    default. The
     step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
     (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
     `train_step(batch)`)."""
-    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module, configs) or one_sample_at_a_time(loop)):
+    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module, beyond)
+                                             or one_sample_at_a_time(loop)):
         return False
     steps = False
     draws = _drawing(methods, module, CallIndex())
@@ -83,10 +96,11 @@ def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None,
     return takes_a_step(calls) and not any(_named_as_draw(inner) or _generates(inner) for inner, _ in calls)
 
 
-def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, configs: tuple[str, ...] = ()) -> bool:
+def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, beyond: Beyond | None = None) -> bool:
     """`range(k)` (or `trange(k)`, `tqdm(range(k))`) with k not the literal 1, nor a setting the module's classes all
-    default to 1 and no YAML file of `configs` sets to another number. A mini-batch loop, `range(start, stop, step)`,
-    is left out: how many batches it makes is the batch sizes' (often one)."""
+    default to 1 (else those of the modules `beyond.class_sources` all do) and no YAML file of `beyond` sets to
+    another number. A mini-batch loop, `range(start, stop, step)`, is left out: how many batches it makes is the batch
+    sizes' (often one)."""
     if type(iterated) is cst.Call and last_name(iterated.func) == "tqdm" and iterated.args:
         iterated = iterated.args[0].value  # a progress bar over the rounds: `tqdm(range(n))`
     if type(iterated) is not cst.Call or dotted(iterated.func) not in ("range", "trange") or len(iterated.args) != 1:
@@ -95,7 +109,10 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, configs: t
     literal = int_literal(count)
     if literal is None and type(count) is cst.Attribute:
         literal = _field_default(module, count.attr.value)
-        if literal in (0, 1) and _configured_above_one(count, configs):
+        if literal is None and beyond is not None:
+            imported = {_field_default(source, count.attr.value) for source in beyond.class_sources} - {None}
+            literal = imported.pop() if len(imported) == 1 else None
+        if literal in (0, 1) and _configured_above_one(count, beyond):
             return True
     elif literal is None and type(count) is cst.Name:  # `def train(..., ppo_epochs=1)`, its callers leaving it
         literal = _parameter_default(module, count.value)
@@ -140,8 +157,9 @@ def _parameter_default(module: cst.Module, name: str) -> int | None:
     return found.pop() if len(found) == 1 and not passed else None
 
 
-def _configured_above_one(count: cst.BaseExpression, configs: tuple[str, ...]) -> bool:
-    """Whether a YAML file of `configs` sets the setting a loop count reads (`cfg.grpo_epochs`) to more than 1."""
+def _configured_above_one(count: cst.BaseExpression, beyond: Beyond | None) -> bool:
+    """Whether a YAML file of `beyond` sets the setting a loop count reads (`cfg.grpo_epochs`) to more than 1."""
+    configs = beyond.configs if beyond is not None else ()
     return type(count) is cst.Attribute and any(value.isdigit() and int(value) > 1
                                                 for value in configured_values(configs, count.attr.value))
 
@@ -189,7 +207,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
                            calls_of: CallIndex | None = None,
                            depth: int = 0,
                            called_elsewhere: Callable[[str, bool, bool], bool] | None = None,
-                           configs: tuple[str, ...] = ()) -> bool:
+                           beyond: Beyond | None = None) -> bool:
     """Whether each optimizer step of `func` (a function, or the module's own code) is the only one since its
     samples were drawn: going out from the step, every loop around it runs once (`range(1)`, or a setting
     `module` defaults to 1) up to one whose body draws samples before the step, or to `func`, which draws them
@@ -201,7 +219,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     `module` calls: where it takes steps, whether its one call, made by another module (`trainer.train_step(...)`
     in a training script), comes just after that module draws the samples (`drawn_before_the_call_elsewhere`);
     where it takes none, whether the functions of other modules that call it step on fresh samples
-    (`called_on_fresh_samples`). `configs`: the linted YAML files, which may set a loop's count to more than the
+    (`called_on_fresh_samples`). `beyond`: the linted YAML files, which may set a loop's count to more than the
     module's default of 1."""
     if calls_of is None:
         calls_of = CallIndex()
@@ -209,7 +227,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call) and not _steps_another_model(call)]
     if not steps and _stepped_by_lightning(func, methods):
         # one step after the function returns, out of its loops (or after a window of such calls, none stepping)
-        return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of), configs) is True
+        return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of), beyond) is True
     if not steps:
         site = _single_caller(func, methods, module, calls_of, anywhere=True) if isinstance(func, cst.FunctionDef) \
             else None
@@ -219,12 +237,12 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
         if site is None or depth >= 3:
             return False
         return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1,
-                                      called_elsewhere, configs)
+                                      called_elsewhere, beyond)
     stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
     if len(set(stepped)) < len(stepped):
         return False
     draws = _drawing(methods, module, calls_of)
-    fresh = [_drawn_since(i, loops, calls, module, draws, configs) for i, loops in steps]
+    fresh = [_drawn_since(i, loops, calls, module, draws, beyond) for i, loops in steps]
     if False in fresh:
         return False
     if None not in fresh:
@@ -232,7 +250,7 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if not isinstance(func, cst.FunctionDef):
         return False
     if _uncalled(func.name.value, module, calls_of):  # an entry point, trained on the samples handed to it
-        return all(drawn or _passes_counted_once(func, i, loops, calls, configs)
+        return all(drawn or _passes_counted_once(func, i, loops, calls, beyond)
                    for drawn, (i, loops) in zip(fresh, steps)) \
             or called_elsewhere is not None and called_elsewhere(func.name.value, methods is not None, True)
     site = _single_caller(func, methods, module, calls_of)
@@ -242,9 +260,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     calls = calls_of(caller)
     if takes_a_step(calls):
         return False
-    drawn = _drawn_since(index, loops, calls, module, draws, configs)
+    drawn = _drawn_since(index, loops, calls, module, draws, beyond)
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module, calls_of):
-        return _passes_counted_once(caller, index, loops, calls, configs)
+        return _passes_counted_once(caller, index, loops, calls, beyond)
     return drawn is True
 
 
@@ -284,16 +302,29 @@ def handed_on_elsewhere(name: str, path: str, project: Project, also: Sequence[s
 
 
 _DECLARATIONS = ("class", "def", "async", "import", "from", "#")  # the first word of a line that names without using
+# a line of `__all__ = ["train", "grpo_loss"]` or of its items alone, one per line: names exported, not used
+_EXPORTS = re.compile(r"""^\s*(__all__\s*\+?=\s*[\[(]?)?\s*(["']\w+["']\s*,?\s*)+[\])]?\s*$""")
 
 
 def named_beyond_declarations(text: str, name: str, calls: bool = True) -> bool:
     """Whether `text` names `name` (also as the last part of a dotted path: `"pkg.mod.Name"`) on a line that does more
-    than define it, derive from it, import it or comment on it; a call of it counts only where `calls`."""
+    than define it, derive from it, import it (also on the lines of a parenthesised import), export it (`__all__`)
+    or comment on it; a call of it counts only where `calls`."""
     if name not in text:
         return False
     word = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)" + ("" if calls else r"(?!\s*\()"))
-    return any(word.search(line) and (line.split() or [""])[0].split("(")[0] not in _DECLARATIONS
-               for line in text.splitlines() if name in line)
+    quoted = re.compile(rf"""["']{re.escape(name)}["']""")
+    importing = False
+    for line in text.splitlines():
+        first = (line.split() or [""])[0].split("(")[0]
+        declared = importing or first in _DECLARATIONS or _EXPORTS.match(line) is not None and quoted.search(line)
+        if first in ("from", "import") and "(" in line and ")" not in line:
+            importing = True
+        elif importing and ")" in line:
+            importing = False
+        if name in line and word.search(line) and not declared:
+            return True
+    return False
 
 
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
@@ -308,7 +339,8 @@ def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project:
     found = calls_elsewhere(name, method, path, project, calls_of, afar, twice=True) or []
     return bool(found) and all(
         not takes_a_step(calls)
-        and _drawn_since(index, loops, calls, other, drawing := _drawing(methods, other, calls_of), project.configs)
+        and _drawn_since(index, loops, calls, other, drawing := _drawing(methods, other, calls_of),
+                         Beyond(project.configs))
         is True and _drawn_after_each_earlier_call(index, calls, found, drawing)
         for other, methods, calls, index, loops in found)
 
@@ -357,7 +389,7 @@ def called_on_fresh_samples(name: str, method: bool, path: str, project: Project
             found = True
             if is_test(caller) and not takes_a_step(calls):
                 continue
-            if not steps_on_fresh_samples(caller, methods, other, calls_of, depth=1, configs=project.configs):
+            if not steps_on_fresh_samples(caller, methods, other, calls_of, depth=1, beyond=Beyond(project.configs)):
                 return False
     return found
 
@@ -539,7 +571,7 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
 
 def reusing_loop_after(func: cst.FunctionDef, site: cst.CSTNode, module: cst.Module,
                        methods: dict[str, cst.FunctionDef] | None = None,
-                       configs: tuple[str, ...] = ()) -> cst.For | None:
+                       beyond: Beyond | None = None) -> cst.For | None:
     """A loop of `func` that begins after `site` (and does not hold it) and trains several optimizer steps on the
     same samples (`reuses_samples`): a script that stores each rollout's KL reward in a buffer of dicts, then runs
     `for ppo_epoch in range(PPO_EPOCHS)` over it, trains the reward on an older policy's samples after the first
@@ -549,7 +581,7 @@ def reusing_loop_after(func: cst.FunctionDef, site: cst.CSTNode, module: cst.Mod
     if start is None:
         return None
     return next((node for node in nodes[start + 1:] if type(node) is cst.For
-                 and reuses_samples(node, module, methods, configs)), None)
+                 and reuses_samples(node, module, methods, beyond)), None)
 
 
 def _in_source_order(func: cst.FunctionDef) -> Iterator[cst.CSTNode]:
@@ -728,7 +760,7 @@ _DISTRIBUTION = re.compile(r"prob|logit|softmax", re.IGNORECASE)  # how a model'
 
 
 def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Module,
-                 drawing: Callable[[cst.Call], bool], configs: tuple[str, ...] = ()) -> bool | None:
+                 drawing: Callable[[cst.Call], bool], beyond: Beyond | None = None) -> bool | None:
     """For the node at `index` among its function's `calls`, within `loops`: True where samples are drawn before
     it (a call `drawing` says draws) in the body of the innermost loop of several rounds around it (or, out of
     loops, in the function); False where a loop of several rounds around it draws none; None where it is in no
@@ -737,19 +769,19 @@ def _drawn_since(index: int, loops: tuple, calls: OrderedCalls, module: cst.Modu
     for loop in reversed(loops):
         if any(i < index and any(around is loop for around in within) for i, within in draws):
             return True
-        if not _one_round(loop, module, configs):
+        if not _one_round(loop, module, beyond):
             return False
     return True if any(i < index for i, _ in draws) else None
 
 
 def _passes_counted_once(func: cst.FunctionDef, index: int, loops: tuple, calls: OrderedCalls,
-                         configs: tuple[str, ...] = ()) -> bool:
+                         beyond: Beyond | None = None) -> bool:
     """Whether the step at `index` of `func`, within `loops` that each run once, is under one that counts the
     passes over the samples by a setting defaulted to 1 (`for epoch in range(cfg.n_epochs)`) that no YAML file of
-    `configs` sets to more, with no batch taken from a queue or a buffer: each batch handed to `func` is trained
+    `beyond` sets to more, with no batch taken from a queue or a buffer: each batch handed to `func` is trained
     once."""
     counted = any(int_literal(loop.iter.args[0].value) is None for loop in loops) \
-        and not any(_configured_above_one(loop.iter.args[0].value, configs) for loop in loops)
+        and not any(_configured_above_one(loop.iter.args[0].value, beyond) for loop in loops)
     return counted and not any(_takes_queued(call) for call, _ in calls[:index]) and not _keeps_a_buffer(func)
 
 
@@ -766,13 +798,13 @@ def _uncalled(name: str, module: cst.Module, calls_of: CallIndex) -> bool:
     return name not in calls_of.called_names(module)
 
 
-def _one_round(loop: cst.For | cst.While, module: cst.Module, configs: tuple[str, ...] = ()) -> bool:
+def _one_round(loop: cst.For | cst.While, module: cst.Module, beyond: Beyond | None = None) -> bool:
     """`for ... in range(n)` with n 1 (or 0), or a setting that the classes of `module` default to 1 (and no YAML
-    file of `configs` sets to more)."""
+    file of `beyond` sets to more)."""
     if not isinstance(loop, cst.For) or type(loop.iter) is not cst.Call or dotted(loop.iter.func) != "range" \
             or len(loop.iter.args) != 1:
         return False
-    return not _several_rounds(loop.iter, module, configs)
+    return not _several_rounds(loop.iter, module, beyond)
 
 
 def _is_step(node: cst.CSTNode) -> bool:

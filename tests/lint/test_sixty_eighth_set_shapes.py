@@ -89,3 +89,102 @@ def test_a_group_generated_by_another_modules_function_given_the_policy_is_fresh
     # handed no model, a function named `generate_...` is no evidence of a draw: the ratio says older samples
     unfed = ACCUMULATED.replace("generate_group(model, prompt,", "generate_group(prompt,")
     assert module_codes(unfed, tmp_path, sampling_utils=SAMPLING) == [(9, "KL001"), (9, "KL008")]
+
+
+# yuxuanwang2009/RL_GRPO's run_p3.py: `for _ in range(cfg.num_inner_updates)` around the step, with `cfg =
+# GRPOConfig()` of a class another module of the project defines, num_inner_updates defaulting to 1: one step
+# per rollout, the ratio 1, a k3 loss on fresh samples (row 3, KL002); with a default of 4, row 22 (KL008) too.
+INNER_UPDATES = """\
+import torch
+
+from settings import GRPOConfig
+
+
+def train(model, ref_model, optimizer, prompts):
+    cfg = GRPOConfig()
+    for prompt in prompts:
+        completions = model.generate(prompt, do_sample=True)
+        with torch.no_grad():
+            old_logprobs = token_logprobs(model, completions)
+            ref_logprobs = token_logprobs(ref_model, completions)
+        advantages = score(completions)
+        for _ in range(cfg.num_inner_updates):
+            logprobs = token_logprobs(model, completions)
+            ratio = torch.exp(logprobs - old_logprobs)
+            kl = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
+            loss = (-ratio * advantages + cfg.beta * kl).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+SETTINGS = """\
+from dataclasses import dataclass
+
+
+@dataclass
+class GRPOConfig:
+    beta: float = 0.04
+    num_inner_updates: int = 1
+"""
+
+
+def test_a_loop_count_defaulted_by_a_class_of_another_module(tmp_path):
+    assert {code for _, code in module_codes(INNER_UPDATES, tmp_path, settings=SETTINGS)} == {"KL002"}
+    several = SETTINGS.replace("num_inner_updates: int = 1", "num_inner_updates: int = 4")
+    assert {code for _, code in module_codes(INNER_UPDATES, tmp_path, settings=several)} == {"KL002", "KL008"}
+
+
+# alooboii/LLMAlignment (sixty-seventh set): alignment/grpo.py's loss helper adds `kl_loss_coef * approx_kl_ref`
+# with `kl_loss_coef: float = 0.0`; its one caller, train_rl.py, imports it in a parenthesised import (the package
+# re-exports it in `__all__`) and never sets the coefficient: the term is 0 in every run, so nothing is reported
+# there. A caller that sets it to 0.1 trains k1 as a loss (row 16, KL001).
+HELPER = """\
+import torch
+
+
+def grpo_policy_loss(*, new_log_probs, old_log_probs, ref_log_probs, advantages, mask, kl_loss_coef: float = 0.0):
+    ratio = torch.exp(new_log_probs - old_log_probs)
+    policy_loss = -((ratio * advantages * mask).sum(-1) / mask.sum(-1)).mean()
+    approx_kl_ref = (((new_log_probs - ref_log_probs) * mask).sum(-1) / mask.sum(-1)).mean()
+    return policy_loss + kl_loss_coef * approx_kl_ref
+"""
+
+PACKAGE = """\
+from .grpo import grpo_policy_loss
+
+__all__ = [
+    "grpo_policy_loss",
+]
+"""
+
+SCRIPT = """\
+from alignment.grpo import (
+    grpo_policy_loss,
+)
+
+
+def train(policy, batch, optimizer):
+    loss = grpo_policy_loss(new_log_probs=policy(batch), old_log_probs=batch.old, ref_log_probs=batch.ref,
+                            advantages=batch.adv, mask=batch.mask)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _project_findings(tmp_path, script):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    (tmp_path / "alignment").mkdir(exist_ok=True)
+    (tmp_path / "alignment" / "grpo.py").write_text(HELPER)
+    (tmp_path / "alignment" / "__init__.py").write_text(PACKAGE)
+    (tmp_path / "train_rl.py").write_text(script)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    return sorted((f.path.replace(str(tmp_path) + "/", ""), f.line, f.code) for f in found)
+
+
+def test_a_kl_coefficient_every_caller_leaves_at_zero_scales_nothing(tmp_path):
+    assert _project_findings(tmp_path, SCRIPT) == []
+    given = SCRIPT.replace("mask=batch.mask)", "mask=batch.mask, kl_loss_coef=0.1)")
+    assert ("alignment/grpo.py", 8, "KL001") in _project_findings(tmp_path, given)
