@@ -34,7 +34,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import dotted, is_literal_choice, number_value, params, python_ast
+from klaudit.lint.syntax import dotted, is_literal_choice, number_value, params, python_ast, walk
 from klaudit.lint.update_loops import (
     Beyond,
     CallIndex,
@@ -237,10 +237,19 @@ class Module:
                 home[:] = [found[1]] if found is not None else []
                 return found[0] if found is not None else None
 
-            loop = trained_by_a_later_loop(
-                func, methods, self.tree, self._calls_of,
-                elsewhere=lambda name, method: calls_elsewhere(name, method, self.path, self.project, self._calls_of),
-                inherited=of_a_base)
+            callers: list[tuple] = []
+
+            def elsewhere(name: str, method: bool) -> list[tuple] | None:
+                found = calls_elsewhere(name, method, self.path, self.project, self._calls_of)
+                callers[:] = found or []
+                return found
+
+            loop = trained_by_a_later_loop(func, methods, self.tree, self._calls_of, elsewhere=elsewhere,
+                                           inherited=of_a_base)
+            if loop is not None and not home:  # a loop of a caller in another module: reported with its path
+                other = next((tree for tree, _, _, _, _ in callers if any(node is loop for node in walk(tree))), None)
+                path = self.project.path_of(other) if other is not None else None
+                home = [Module(path, other, self.project)] if path is not None and other is not None else []
             self._later_loop[key] = (loop, home[0] if home and loop is not None else self)
         return self._later_loop[key]
 

@@ -248,6 +248,10 @@ class Project:
             self._sources[id(module)] = source
         return tree
 
+    def path_of(self, tree: cst.Module) -> str | None:
+        """The file `tree` was parsed from, as a key of the project."""
+        return next((key for key, parsed in self._modules.items() if parsed is tree), None)
+
     def source(self, tree: cst.Module) -> str:
         """The text `tree` was parsed from (libcst round-trips it exactly)."""
         text = self._sources.get(id(tree))

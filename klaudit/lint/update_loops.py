@@ -595,11 +595,14 @@ def _in_source_order(func: cst.FunctionDef) -> Iterator[cst.CSTNode]:
 
 
 def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module) -> cst.For | None:
-    """The loop of `module` that trains the samples at each of the calls `found` in other modules: every caller goes
-    on to call a function of `module` (by its name) that holds a loop reusing its samples; None where one does not."""
+    """The loop that trains the samples at each of the calls `found` in other modules: every caller goes on to run a
+    loop of its own that reuses them (`token_rewards = build_token_rewards(...)`, then `for _ in range(epochs)`), or
+    to call a function of `module` (by its name) that holds such a loop; None where one does not."""
     loops = []
-    for _, _, calls, index, _ in found or ():
-        loop = next((held for call, _ in calls[index + 1:] if (held := _reusing_loop_of(call, None, module))), None)
+    for other, methods, calls, index, around in found or ():
+        loop = next((held for _, later in calls[index + 1:] for held in later
+                     if held not in around and reuses_samples(held, other, methods)), None) or next(
+            (held for call, _ in calls[index + 1:] if (held := _reusing_loop_of(call, None, module))), None)
         if loop is None:
             return None
         loops.append(loop)

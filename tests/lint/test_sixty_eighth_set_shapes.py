@@ -188,3 +188,71 @@ def test_a_kl_coefficient_every_caller_leaves_at_zero_scales_nothing(tmp_path):
     assert _project_findings(tmp_path, SCRIPT) == []
     given = SCRIPT.replace("mask=batch.mask)", "mask=batch.mask, kl_loss_coef=0.1)")
     assert ("alignment/grpo.py", 8, "KL001") in _project_findings(tmp_path, given)
+
+
+# alooboii/LLMAlignment's PPO: alignment/ppo.py's build_token_rewards puts -kl_coef * (old - ref) in each token's
+# reward; train_rl.py calls it once per rollout, then runs `for _ in range(args.mini_epochs)` (4 by default) on the
+# same samples with a per-token clipped ratio: every step after the first trains the k1 reward on an older
+# policy's samples, the token corrected and not its prefix (row 23, KL008), reported at the helper with the loop's
+# file and line.
+REWARDS = """\
+import torch
+
+
+def build_token_rewards(*, task_rewards, old_log_probs, ref_log_probs, mask, kl_coef):
+    rewards = -kl_coef * (old_log_probs - ref_log_probs)
+    rewards = rewards * mask
+    rewards[:, -1] += task_rewards
+    return rewards
+
+
+def ppo_loss(*, new_log_probs, old_log_probs, advantages, mask):
+    ratio = torch.exp(new_log_probs - old_log_probs)
+    clipped = torch.clamp(ratio, 0.8, 1.2)
+    return -(torch.min(ratio * advantages, clipped * advantages) * mask).sum() / mask.sum()
+"""
+
+EPOCHS = """\
+import argparse
+
+import torch
+
+from alignment.ppo import build_token_rewards, ppo_loss
+
+
+def main(policy, reference, optimizer, prompts, mask):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mini-epochs", type=int, default=4)
+    args = parser.parse_args()
+    for prompt in prompts:
+        rollout = policy.generate(prompt, do_sample=True)
+        with torch.no_grad():
+            old_log_probs = token_log_probs(policy, rollout)
+            ref_log_probs = token_log_probs(reference, rollout)
+        rewards = build_token_rewards(task_rewards=score(rollout), old_log_probs=old_log_probs,
+                                      ref_log_probs=ref_log_probs, mask=mask, kl_coef=0.05)
+        advantages = rewards.flip(-1).cumsum(-1).flip(-1)
+        for _ in range(args.mini_epochs):
+            loss = ppo_loss(new_log_probs=token_log_probs(policy, rollout), old_log_probs=old_log_probs,
+                            advantages=advantages, mask=mask)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_reward_helper_whose_caller_in_another_module_reuses_the_rollout(tmp_path):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    (tmp_path / "alignment").mkdir()
+    (tmp_path / "alignment" / "__init__.py").write_text("")
+    (tmp_path / "alignment" / "ppo.py").write_text(REWARDS)
+
+    def found(script):
+        (tmp_path / "train_rl.py").write_text(script)
+        return [(f.path.replace(str(tmp_path) + "/", ""), f.line, f.code, "train_rl.py:20" in f.message)
+                for f in lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings]
+
+    assert found(EPOCHS) == [("alignment/ppo.py", 5, "KL008", True)]
+    assert found(EPOCHS.replace("default=4", "default=1")) == []  # one step per rollout: on-policy, row 6
