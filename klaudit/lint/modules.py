@@ -34,7 +34,7 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import dotted, is_literal_choice, number_value, params, python_ast, walk
+from klaudit.lint.syntax import dotted, is_literal_choice, last_name, number_value, params, python_ast, walk
 from klaudit.lint.update_loops import (
     Beyond,
     CallIndex,
@@ -164,7 +164,7 @@ class Module:
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, tuple[cst.For | None, Module]] = {}  # id(function) -> the loop that trains what it
         # computes, and its module
-        self._pins: dict[int, tuple[cst.Call, ...] | None] = {}  # id(function) -> the calls other modules make
+        self._pins: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
@@ -262,33 +262,36 @@ class Module:
         """klaudit.lint.pinned.caller_pins of a module function nothing in this module calls, from the calls the
         modules near it and the modules that import it from afar make; {} for a method, a function this module
         calls, or one no other module calls."""
-        calls = self._calls_elsewhere(func, cls)
-        return {} if calls is None else caller_pins(func, calls)
+        uncalled_here = cls is None and func.name.value not in self._calls_of.called_names(self.tree)
+        calls = self._outside_calls(func.name.value) if uncalled_here else None
+        return caller_pins(func, calls) if calls else {}
 
     def zero_parameters(self, func: cst.FunctionDef, cls: str | None) -> frozenset[str]:
-        """klaudit.lint.pinned.zero_parameters of such a function (read only where a parameter defaults to 0)."""
-        if not any(param.default is not None and number_value(param.default) == 0 for param in params(func)):
+        """klaudit.lint.pinned.zero_parameters of a module function, from its calls in this module and the calls
+        other modules make (read only where a parameter defaults to 0); none for a method, or a function also
+        called or named in ways the text does not show."""
+        if cls is not None or not any(param.default is not None and number_value(param.default) == 0
+                                      for param in params(func)):
             return frozenset()
-        calls = self._calls_elsewhere(func, cls)
-        return frozenset() if calls is None else zero_parameters(func, calls)
+        name = func.name.value
+        here = tuple(node for node in walk(self.tree) if type(node) is cst.Call and last_name(node.func) == name)
+        outside = self._outside_calls(name)
+        if outside is None or any(type(call.func) is not cst.Name for call in here) or not here + outside:
+            return frozenset()
+        return zero_parameters(func, here + outside)
 
-    def _calls_elsewhere(self, func: cst.FunctionDef, cls: str | None) -> tuple[cst.Call, ...] | None:
-        """The calls other modules make of a module function nothing in this module calls (those near it and those
-        that import it from afar), read once; None for a method, a function this module calls, one no other module
-        calls, or one they also call in ways the text does not show."""
-        key = id(func)
-        if key not in self._pins:
-            name = func.name.value
-            uncalled_here = cls is None and name not in self._calls_of.called_names(self.tree)
-            afar = importers_afar(self.path, name, self.project) if uncalled_here else []
-            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar) \
-                if uncalled_here else None
-            # called as `module.name(...)` too, or handed on as a value: callers the text does not show
-            hidden = not found or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
+    def _outside_calls(self, name: str) -> tuple[cst.Call, ...] | None:
+        """The calls of this module's function `name` that the modules near it and those that import it from afar
+        make, read once; None where they, or this module, also call it as `module.name(...)` or hand it on as a
+        value (its callers are then more than the text shows), or a module that may call it cannot be parsed."""
+        if name not in self._pins:
+            afar = importers_afar(self.path, name, self.project)
+            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar)
+            hidden = found is None or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
                 or handed_on_elsewhere(name, self.path, self.project, afar)
-            self._pins[key] = None if hidden or found is None else tuple(
+            self._pins[name] = None if hidden or found is None else tuple(
                 calls[index][0] for _, _, calls, index, _ in found)
-        return self._pins[key]
+        return self._pins[name]
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
         """klaudit.lint.overrides.overridden_everywhere of a method of this module's class `cls`, read once."""

@@ -256,3 +256,34 @@ def test_a_reward_helper_whose_caller_in_another_module_reuses_the_rollout(tmp_p
 
     assert found(EPOCHS) == [("alignment/ppo.py", 5, "KL008", True)]
     assert found(EPOCHS.replace("default=4", "default=1")) == []  # one step per rollout: on-policy, row 6
+
+
+# huangweiding/demo's multi_rollout/main.py: grpo_loss(..., beta: float = 0.0) adds beta * k3 under `if beta != 0.0`,
+# and its one call, in the same script, leaves beta at 0: no KL is ever trained there.
+SAME_MODULE = """\
+import torch
+
+
+def grpo_loss(logps, old_logps, advantages, ref_logps=None, beta: float = 0.0):
+    ratio = torch.exp(logps - old_logps)
+    per_token_loss = -ratio * advantages
+    if beta != 0.0 and ref_logps is not None:
+        delta = ref_logps - logps
+        per_token_loss = per_token_loss + beta * (torch.exp(delta) - delta - 1)
+    return per_token_loss.mean()
+
+
+def main(policy, batch, optimizer):
+    loss = grpo_loss(policy(batch), batch.old_logps, batch.advantages, ref_logps=batch.ref_logps)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_kl_coefficient_the_only_call_in_the_module_leaves_at_zero(tmp_path):
+    assert module_codes(SAME_MODULE, tmp_path) == []
+    set_here = SAME_MODULE.replace("ref_logps=batch.ref_logps)", "ref_logps=batch.ref_logps, beta=0.04)")
+    assert "KL002" in {code for _, code in module_codes(set_here, tmp_path)}
+    # handed on as a value, its callers are more than the text shows
+    handed = SAME_MODULE + "\n\nLOSSES = {'grpo': grpo_loss}\n"
+    assert "KL002" in {code for _, code in module_codes(handed, tmp_path)}
