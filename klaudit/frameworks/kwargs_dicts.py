@@ -123,8 +123,11 @@ def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None]
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
             if isinstance(target, ast.Name) and target.id == name:
-                entries = (_returned(node.value, None, functions) if _display(node.value) is None
-                           else _display(node.value)) if node.value is not None and len(targets) == 1 else None
+                if node.value is None or len(targets) != 1:
+                    return _UNKNOWN
+                entries = _display(node.value)
+                if entries is None:
+                    entries = _returned(node.value, None, functions)
                 return _UNKNOWN if entries is None else (True, entries)
             if isinstance(target, (ast.Tuple, ast.List)) and any(_is(element, name) for element in target.elts):
                 index = next(i for i, element in enumerate(target.elts) if _is(element, name))

@@ -164,7 +164,7 @@ class Module:
         self._fresh: dict[int, bool] = {}  # id(function) -> whether its steps are on fresh samples (update_loops)
         self._later_loop: dict[int, tuple[cst.For | None, Module]] = {}  # id(function) -> the loop that trains what it
         # computes, and its module
-        self._pins: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
+        self._outside: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
@@ -284,14 +284,14 @@ class Module:
         """The calls of this module's function `name` that the modules near it and those that import it from afar
         make, read once; None where they, or this module, also call it as `module.name(...)` or hand it on as a
         value (its callers are then more than the text shows), or a module that may call it cannot be parsed."""
-        if name not in self._pins:
+        if name not in self._outside:
             afar = importers_afar(self.path, name, self.project)
             found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar)
             hidden = found is None or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
                 or handed_on_elsewhere(name, self.path, self.project, afar)
-            self._pins[name] = None if hidden or found is None else tuple(
+            self._outside[name] = None if hidden or found is None else tuple(
                 calls[index][0] for _, _, calls, index, _ in found)
-        return self._pins[name]
+        return self._outside[name]
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
         """klaudit.lint.overrides.overridden_everywhere of a method of this module's class `cls`, read once."""
