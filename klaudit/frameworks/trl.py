@@ -94,8 +94,7 @@ def defaults(assumed: Assumed, unsloth: bool = False) -> dict[str, str]:
         BETA: UNSLOTH_BETA if unsloth and beta == "0.0" else beta,
         CORRECTION: "True" if at_least(assumed, "1.10") else "False",
         ITERATIONS: "1",
-        LOSS_TYPE: "dapo" if at_least(assumed, "0.22") else "bnpo" if at_least(assumed, "0.17")
-        else "bnpo" if at_least(assumed, "0.16") else "grpo",
+        LOSS_TYPE: "dapo" if at_least(assumed, "0.22") else "bnpo" if at_least(assumed, "0.16") else "grpo",
         LEVEL: "token",
     }
 
