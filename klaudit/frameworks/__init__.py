@@ -963,7 +963,8 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
 
         def under(values: Mapping[str, Setting]) -> list[Finding]:
-            judged = trl.judge(values, fallback, anchor, one_process=runs_in_one_process(path, context.parallel))
+            judged = trl.judge(values, fallback, anchor, one_process=runs_in_one_process(path, context.parallel),
+                               unsloth=unsloth)
             return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
         return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)

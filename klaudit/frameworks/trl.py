@@ -45,6 +45,7 @@ BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")
 STEPS, ACCUMULATION, GENERATION = "steps_per_generation", "gradient_accumulation_steps", "generation_batch_size"
 PER_DEVICE = "per_device_train_batch_size"  # completions per micro-batch
+GENERATIONS = "num_generations"  # completions per prompt
 DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed for a verdict
 # GRPOConfig fields TRL removed (neither it nor TrainingArguments has them after), with the last release that
 # takes each: a newer GRPOConfig refuses the keyword (TypeError), so a configuration that sets one runs on that
@@ -52,7 +53,7 @@ DECIDING = (BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL)  # every one needed 
 RETIRED = {"vllm_device": "0.17", "vllm_dtype": "0.17", "vllm_enable_prefix_caching": "0.17",
            "vllm_max_model_len": "0.17", "wandb_log_unique_prompts": "0.26", "max_prompt_length": "0.27",
            "use_liger_loss": "0.27", "vllm_guided_decoding_regex": "0.27"}
-KEYS = (*DECIDING, STEPS, ACCUMULATION, GENERATION, PER_DEVICE, *RETIRED)
+KEYS = (*DECIDING, STEPS, ACCUMULATION, GENERATION, PER_DEVICE, *RETIRED, GENERATIONS)
 SWITCHES = (CORRECTION,)
 AGGREGATIONS = {"grpo": Aggregation.SEQ_MEAN, "sapo": Aggregation.SEQ_MEAN, "bnpo": Aggregation.BATCH_MEAN,
                 "dapo": Aggregation.BATCH_MEAN, "cispo": Aggregation.BATCH_MEAN, "vespo": Aggregation.BATCH_MEAN,
@@ -82,8 +83,11 @@ def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
 
 
 # Unsloth's own GRPOConfig, which `import unsloth` puts in TRL's place (UnslothGRPOConfig, seen in 2026.1.4 over
-# TRL 0.24), defaults beta to 0.001 where TRL's default is 0
+# TRL 0.24), defaults beta to 0.001 where TRL's default is 0, and loss_type to "bnpo"; it also raises a
+# per_device_train_batch_size whose product with gradient_accumulation_steps (on one process) is no multiple of
+# num_generations to num_generations (unsloth/models/rl.py)
 UNSLOTH_BETA = "0.001"
+UNSLOTH_LOSS_TYPE = "bnpo"
 
 
 def defaults(assumed: Assumed, unsloth: bool = False) -> dict[str, str]:
@@ -94,7 +98,8 @@ def defaults(assumed: Assumed, unsloth: bool = False) -> dict[str, str]:
         BETA: UNSLOTH_BETA if unsloth and beta == "0.0" else beta,
         CORRECTION: "True" if at_least(assumed, "1.10") else "False",
         ITERATIONS: "1",
-        LOSS_TYPE: "dapo" if at_least(assumed, "0.22") else "bnpo" if at_least(assumed, "0.16") else "grpo",
+        LOSS_TYPE: "grpo" if not at_least(assumed, "0.16") else UNSLOTH_LOSS_TYPE if unsloth
+        else "dapo" if at_least(assumed, "0.22") else "bnpo",
         LEVEL: "token",
     }
 
@@ -107,11 +112,11 @@ def _number(value: str) -> float | None:
 
 
 def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: Setting,
-          one_process: bool = True) -> Judged | None:
+          one_process: bool = True, unsloth: bool = False) -> Judged | None:
     """The KL configuration a GRPO configuration selects with `settings` over the defaults `fallback`;
     None when the KL is off or undecidable. `anchor` is where to report when `beta` is not set here.
     `one_process`: whether the run is known to use one process (klaudit.frameworks.processes), which
-    `generation_batch_size` is divided by."""
+    `generation_batch_size` is divided by. `unsloth`: Unsloth's config, which may raise the micro-batch."""
     given = {key: settings[key].value if key in settings else fallback[key] for key in DECIDING}
     value = {key: v for key, v in given.items() if v is not None}
     if len(value) < len(given):
@@ -127,7 +132,7 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
     # configured counts: an argparse default of a batch size is a placeholder that launches override
     batch = settings.get(PER_DEVICE)
     per_completion = (value[LOSS_TYPE] == "bnpo" and batch is not None and not batch.origin
-                      and _number(batch.value or "") == 1)
+                      and _number(batch.value or "") == 1 and (not unsloth or _kept_by_unsloth(settings, one_process)))
     if per_completion:
         aggregation = Aggregation.SEQ_MEAN
     every = _micro_steps_per_generation(settings, one_process)
@@ -153,6 +158,16 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
     anchors = {rule: settings[key] for rule, key in (("KL007", aggregated_by), ("KL008", reuse)) if key in settings}
     helps = {"KL007": ONE_PER_MICRO_BATCH_FIX} if per_completion else {}
     return Judged(config, settings.get(BETA, anchor), flags, anchors, helps)
+
+
+def _kept_by_unsloth(settings: Mapping[str, Setting], one_process: bool) -> bool:
+    """Whether Unsloth keeps a micro-batch of one completion: on one process, gradient_accumulation_steps (1 by
+    default) a multiple of num_generations (8 by default); else it raises the micro-batch to num_generations."""
+    accumulation = _number(_value_or(settings, ACCUMULATION, "1") or "")
+    generations = _number(_value_or(settings, GENERATIONS, "8") or "")
+    if not one_process or accumulation is None or not generations:
+        return False
+    return accumulation % generations == 0
 
 
 def _value_or(settings: Mapping[str, Setting], key: str, default: str) -> str | None:

@@ -501,3 +501,20 @@ def test_a_documented_distributed_launch_names_the_script_and_its_recipe(tmp_pat
     script.write_text(text)
     assert parallel_launched({str(script): text}) == {str(script.resolve()),
                                                        str((tmp_path / "configs" / "grpo.yaml").resolve())}
+
+
+@pytest.mark.parametrize("accumulation, expected", [
+    (4, ["KL002", "KL007"]),  # 1 x 4 completions a multiple of 4: one completion a micro-batch, its own token-mean
+    (1, ["KL002"]),  # 1 x 1 is not: Unsloth raises the micro-batch to num_generations, 4 completions
+])
+def test_unsloths_config_defaults_loss_type_to_bnpo(accumulation, expected):
+    """Pratham-26/grpo_loss_trainer (sixty-eighth set): Unsloth's GRPOConfig (2026.1.4) defaults loss_type to "bnpo",
+    a token-mean over the micro-batch, where TRL 0.22+ defaults to "dapo"; with one completion a micro-batch that is
+    each completion's own 1/L weight (row 21, KL007) beside the plain k3 loss (row 3, KL002). Unsloth replaces a
+    per_device_train_batch_size whose product with gradient_accumulation_steps is no multiple of num_generations by
+    num_generations, as the Qwen3 notebook it ships (1 x 1 for 4 generations) shows."""
+    source = ("import unsloth\nfrom trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.04, per_device_train_batch_size=1, "
+              f"gradient_accumulation_steps={accumulation}, num_generations=4)\n")
+    found = lint_python("train.py", cst.parse_module(source), source)
+    assert sorted(f.code for f in found) == expected
+    assert all("loss_type=bnpo (default)" in f.message for f in found)
