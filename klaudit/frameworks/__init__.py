@@ -979,7 +979,8 @@ def _whatever_loss_type(settings: Mapping[str, Setting], default: str,
     unread = settings.get(trl.LOSS_TYPE)
     if unread is None or unread.value is not None:
         return findings(settings)
-    shown = replace(unread, value=default, origin="set to a value the lint does not read: the default shown; every loss type gives this finding")
+    shown = replace(unread, value=default,
+                    origin="set to a value the lint does not read: the default shown; every loss type gives this finding")
     found = findings({**settings, trl.LOSS_TYPE: shown})
     for other in trl.AGGREGATIONS.keys() - {default}:
         also = {(f.line, f.column, f.code) for f in findings({**settings, trl.LOSS_TYPE: replace(unread, value=other)})}

@@ -18,7 +18,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from klaudit.frameworks.kwargs_dicts import Entry, unpacked
+from klaudit.frameworks.kwargs_dicts import Entry, last_name, unpacked
 from klaudit.frameworks.options import (
     Default,
     Options,
@@ -334,11 +334,6 @@ def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
                 and "." in (section := _configuration_path(value, found))[0]:
             found[target.id] = section
     return found
-
-
-def last_name(node: ast.expr) -> str:
-    """`GRPOConfig` of `trl.GRPOConfig`; "" for anything else."""
-    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:

@@ -106,12 +106,13 @@ def _fields_of(scope: ast.AST, name: str, call: ast.AST, config: str) -> bool:
                 and any(_is(target, name) for target in node.targets)]
     if len(bindings) != 1:
         return False
-    return any(isinstance(node, ast.Call) and _last_name(node.func) in ("fields", "signature")
+    return any(isinstance(node, ast.Call) and last_name(node.func) in ("fields", "signature")
                and any(_is(inner, config) for argument in node.args for inner in ast.walk(argument))
                for node in ast.walk(bindings[0]))
 
 
-def _last_name(node: ast.expr) -> str:
+def last_name(node: ast.expr) -> str:
+    """`GRPOConfig` of `trl.GRPOConfig`; "" for anything else."""
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
@@ -155,7 +156,7 @@ def _change(node: ast.AST, name: str, other: Callable[[str], list[Entry] | None]
     if isinstance(node, (ast.AugAssign, ast.Delete)):
         targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
         return _UNKNOWN if any(_is(t, name) or _item_of(t, name) for t in targets) else None
-    if isinstance(node, ast.Call) and _last_name(node.func) not in _READERS:  # another function may change it
+    if isinstance(node, ast.Call) and last_name(node.func) not in _READERS:  # another function may change it
         arguments = [*node.args, *(keyword.value for keyword in node.keywords if keyword.arg is not None)]
         return _UNKNOWN if any(_is(argument, name) for argument in arguments) else None
     return None

@@ -360,6 +360,14 @@ def is_old_policy_model(path: str) -> bool:
     return _OLD_MODEL.match(path.replace("()", "").split(".")[-1]) is not None
 
 
+def names_policy_model(name: str) -> bool:
+    """`model`, `policy`, `actor_model`: a name for the policy model itself (not a copy of it, nor its log-probs)."""
+    return _POLICY_MODEL.match(name) is not None
+
+
+_POLICY_MODEL = re.compile(r"^(model|policy|actor|policy_model|actor_model|llm)$")
+
+
 def names_reference_model(name: str) -> bool:
     """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`) nor a KL or
     loss measured against it (`kl_ref = kl_ref_penalty.detach()`, logged in minimind's PPO epochs)."""

@@ -719,7 +719,7 @@ def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
             return False  # `self.generate(...)` that hands out a buffered generation for several steps
         if callee is not None and _samples_with_an_old_copy(callee):
             return False  # samples of the lagging copy, not of the policy the step updates
-        if _draws(call) if depth == 0 else _generates(call) or callee is None and _draws_with_the_policy(call):
+        if _draws(call) if depth == 0 else (_generates(call) or callee is None and _draws_with_the_policy(call)):
             return True
         if callee is None or depth >= 3:
             return False
@@ -746,10 +746,7 @@ def _draws_with_the_policy(call: cst.Call) -> bool:
     """`generate_group(model, tokenizer, prompt, ...)`: a function of another module, named as a draw and handed
     the policy model itself, generates with it (a mask builder named `generate_...` is not handed the model)."""
     return _draws(call) and any(type(arg.value) in (cst.Name, cst.Attribute)
-                                and _POLICY_MODEL.match(last_name(arg.value) or "") for arg in call.args)
-
-
-_POLICY_MODEL = re.compile(r"^(model|policy|actor|policy_model|actor_model|llm)$")
+                                and roles.names_policy_model(last_name(arg.value) or "") for arg in call.args)
 
 
 def _samples_a_token(call: cst.Call) -> bool:
