@@ -39,6 +39,7 @@ from klaudit.frameworks import (
     trl_ppo,
     trl_runs,
     tunix,
+    unsloth,
     verl,
 )
 from klaudit.frameworks.calls import ConfigClass, read_configs
@@ -141,6 +142,13 @@ class Context:
     grpo_runs: trl_runs.Runs | None = None
     # the files the project runs (or configures a run of) with a distributed launcher (klaudit.frameworks.processes)
     parallel: frozenset[str] = frozenset()
+    # the resolved paths of the modules the project imports only after Unsloth (klaudit.frameworks.unsloth)
+    after_unsloth: frozenset[str] = frozenset()
+
+    def patched_by_unsloth(self, path: str, source: str) -> bool:
+        """Whether the TRL classes the module at `path` binds are Unsloth's: it imports Unsloth, or is imported
+        after it."""
+        return unsloth.IMPORTS_UNSLOTH.search(source) is not None or str(Path(path).resolve()) in self.after_unsloth
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
         """The class `name` as a module at `path` sees it: its own definition, else the only one."""
@@ -188,14 +196,16 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     `configs`, and the subclasses of TRL's GRPOTrainer both define."""
     local = frozenset(part for path in sources for part in (*Path(path).parent.parts, Path(path).stem))
     configs = list(configs)
+    everything = {**(others or {}), **sources}
     context = replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
-                      options=option_defaults({**(others or {}), **sources}, configs),
+                      options=option_defaults(everything, configs),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
-                      grpo_trainers=trl_subclasses({**(others or {}), **sources}, "GRPOTrainer"))
+                      grpo_trainers=trl_subclasses(everything, "GRPOTrainer"),
+                      after_unsloth=unsloth.imported_after_unsloth(everything))
     scripts = {path: text for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
-    return replace(context, grpo_runs=_grpo_runs(context, {**(others or {}), **sources}, configs),
-                   parallel=parallel_launched({**(others or {}), **sources, **scripts}))
+    return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
+                   parallel=parallel_launched({**everything, **scripts}))
 
 
 def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
@@ -230,7 +240,7 @@ def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[s
             left_out += [(key, call.name, path) for call in calls if key not in call.settings]
             left_out += [(key, name, path) for name in sorted(parsed & names)]
         built = built or bool(calls or parsed & names)
-        if _UNSLOTH.search(text):
+        if context.patched_by_unsloth(path, text):
             runs[trl.BETA].append(trl.UNSLOTH_BETA)
     for path in configs:
         text = read_text(Path(path)) or ""
@@ -949,8 +959,8 @@ def _within_roots(path: str, context: Context) -> str:
 
 def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
          class_defaults: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
-         style: str = "python", runs_retired: bool = True, unsloth: bool = False) -> list[Finding]:
-    """TRL's GRPOConfig keys, over the release's defaults (Unsloth's, where `unsloth` patches it) and the
+         style: str = "python", runs_retired: bool = True, by_unsloth: bool = False) -> list[Finding]:
+    """TRL's GRPOConfig keys, over the release's defaults (Unsloth's, where `by_unsloth` it is patched) and the
     `class_defaults` of a class deriving from GRPOConfig; with `text` (the file they were read from) the flag
     fixes are edits of it. `runs_retired`: the keys are given to GRPOConfig, so a keyword TRL removed bounds
     the release that runs them (not the fields of a class deriving from it, which defines them anew)."""
@@ -959,12 +969,12 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
             return []  # a TRL older than GRPOTrainer (0.14): the configuration cannot be built
         if runs_retired:
             assumed = trl.runnable(assumed, settings)
-        fallback = {**trl.defaults(assumed, unsloth), **(class_defaults or {})}
+        fallback = {**trl.defaults(assumed, by_unsloth), **(class_defaults or {})}
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
 
         def under(values: Mapping[str, Setting]) -> list[Finding]:
             judged = trl.judge(values, fallback, anchor, one_process=runs_in_one_process(path, context.parallel),
-                               unsloth=unsloth)
+                               unsloth=by_unsloth)
             return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
         return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)
@@ -1023,7 +1033,7 @@ def _verl_python(path: str, source: str, context: Context) -> list[Finding]:
 def _trl_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
     """TRL's GRPOConfig built or derived from in a Python module; not in Unsloth's generated copy of TRL's trainers
     (`unsloth_compiled_cache/`, written beside a project that ran Unsloth), whose defaults are the framework's."""
-    if _UNSLOTH_CACHE in Path(path).parts:
+    if unsloth.CACHE in Path(path).parts:
         return []
     names = context.class_names
     if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
@@ -1040,13 +1050,13 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
     if calls and trains_with_own_trainers(source, context.own_trainers):
         calls = []  # the project's trainer runs its own loss, reported where it is written (frameworks.trainers)
     found: list[Finding] = []
-    patched = _UNSLOTH.search(source) is not None
+    patched = context.patched_by_unsloth(path, source)
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         fields = {key: field for key, field in definition.fields.items() if key not in trl.RETIRED}
         if fields and not _is_framework_source(definition, context):
             fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched)
             found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
-                          runs_retired=False, unsloth=patched)
+                          runs_retired=False, by_unsloth=patched)
     trainers = trl_runs.trainer_methods(path, source, context.grpo_trainers) if calls else []
     for call in calls:
         if not set(call.settings) & set(trl.DECIDING) and _judged_where_defined(call.name, context):
@@ -1055,17 +1065,8 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
             continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args, in TRL or a copy of
             # its trainer: no configuration of a run, and the copy's loss is reported where it is written
         fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
-        found += _trl(path, call.settings, context, call.where, fallback, note, text=source, unsloth=patched)
+        found += _trl(path, call.settings, context, call.where, fallback, note, text=source, by_unsloth=patched)
     return found
-
-
-# Unsloth (`from unsloth import FastLanguageModel`, `PatchFastRL("GRPO", ...)`) replaces GRPOTrainer's loss with
-# unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says: a plain k3;
-# and GRPOConfig with its own, whose beta defaults to 0.001 (trl.UNSLOTH_BETA).
-_UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(", re.MULTILINE)
-
-
-_UNSLOTH_CACHE = "unsloth_compiled_cache"  # where Unsloth writes the trainers and configs it generates
 
 
 def _unsloth(fallback: Mapping[str, str] | None, note: str, patched: bool) -> tuple[Mapping[str, str] | None, str]:

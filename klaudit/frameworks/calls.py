@@ -14,7 +14,6 @@ import re
 import tokenize
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from klaudit.frameworks.options import (
     Options,
     bindings,
     configuration_read,
+    defaulted,
     environment_default,
     environment_read,
     module_constants,
@@ -96,7 +96,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             read = configuration_read(key, nested, written.lineno)
             default = (options or Options()).read(read) if read is not None else environment_read(nested, written.lineno)
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
-        return found if default is None else replace(found, origin=default.origin)
+        return defaulted(found, default)
 
     def scope_of(call: ast.Call) -> ast.AST:
         """The innermost function holding `call`, else the module."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection
-from dataclasses import replace
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -230,7 +229,7 @@ class _Reader(cst.CSTVisitor):
             read = options.configuration_read(arg.keyword.value, nested, line)
             default = self.options.read(read) if read is not None else options.environment_read(nested, line)
         found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
-        return found if default is None else replace(found, origin=default.origin)
+        return options.defaulted(found, default)
 
     def _constants(self) -> dict[str, Default]:
         if self.constants is None:

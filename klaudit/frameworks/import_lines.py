@@ -15,9 +15,16 @@ def from_imports(source: str) -> Iterator[tuple[str, list[str]]]:
     """(module, the words of one imported name) for each name of each `from module import ...`:
     `["GRPOConfig"]`, or `["GRPOConfig", "as", "TRLGRPOConfig"]`. Comments are no names (`import (  # type:
     ignore[import-untyped]` before the names, as tunix's untyped modules are imported)."""
-    for module, imported in _FROM_IMPORT.findall(source):
+    for _, module, words in from_imports_at(source):
+        yield module, words
+
+
+def from_imports_at(source: str) -> Iterator[tuple[int, str, list[str]]]:
+    """`from_imports`, each with the offset of its `from` line in `source`."""
+    for match in _FROM_IMPORT.finditer(source):
+        module, imported = match.groups()
         for alias in _COMMENT.sub("", imported).strip().strip("()").replace("\\\n", " ").split(","):
-            yield module, alias.split()
+            yield match.start(), module, alias.split()
 
 
 def imported_names(source: str) -> dict[str, tuple[str, str]]:

@@ -31,7 +31,15 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from klaudit.frameworks.settings import PYTHON_SCRIPT, cli_flags, number, only_command, project_path, yaml_settings
+from klaudit.frameworks.settings import (
+    PYTHON_SCRIPT,
+    Setting,
+    cli_flags,
+    number,
+    only_command,
+    project_path,
+    yaml_settings,
+)
 from klaudit.frameworks.versions import project_root
 from klaudit.text import file_text
 
@@ -57,6 +65,7 @@ class Default:
     key: str = ""  # the configuration key whose absence the value assumes (`cfg.get("ppo_epochs", 4)`), if any
     holder: str = ""  # the name of the mapping the key is read from (`grpo_cfg` of `grpo_cfg.get("beta", 0.001)`)
     launch: bool = False  # a value a launch's flag gives, not a default (the origin says which launch)
+    yaml: bool = False  # a value the project's YAML files give the run (the origin says where)
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ class Options:
         if len({value.value for _, value in given}) != 1:
             return None
         key, value = given[0]
-        return Default(value.value, f"{key} at {value.origin}")
+        return Default(value.value, f"{key} at {value.origin}", yaml=True)
 
     def leave_alone(self, default: Default) -> bool:
         """Whether the linted YAML files leave the configuration key a default assumes out, or give it that same
@@ -115,6 +124,13 @@ class Options:
         everywhere = [default for file, defaults in by_path.items()
                       if home is None or Path(file).resolve().is_relative_to(home) for default in defaults]
         return everywhere[0] if len({default.value for default in everywhere}) == 1 else None
+
+
+def defaulted(setting: Setting, default: Default | None) -> Setting:
+    """`setting`, whose value `default` gave where it does, marked with where that is."""
+    if default is None:
+        return setting
+    return replace(setting, origin=default.origin, run_given=default.launch or default.yaml)
 
 
 def _coefficient(launched: Sequence[Default]) -> Default:
@@ -320,7 +336,7 @@ def resolve(written: str, names: Mapping[str, Default], options: Options, path: 
     if "." in nested:  # a key nested in a configuration file (Hydra, OmegaConf), not an option's name
         configured = options.configured(nested)
         if configured is not None:
-            return Default(configured.value, f"{nested} at {configured.origin}")
+            return Default(configured.value, f"{nested} at {configured.origin}", yaml=True)
     option = options.default(attribute, path)
     if option is None or option.launch:
         return option

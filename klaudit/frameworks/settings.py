@@ -27,6 +27,8 @@ class Setting:
     column: int  # where the key starts
     end_column: int  # just after the value
     origin: str = ""  # where a computed value's default comes from (klaudit.frameworks.options), if it does
+    # whether that is a value given to the run (a launch's flag, the project's YAML), not a default a launch may replace
+    run_given: bool = False
 
 
 @dataclass(frozen=True)

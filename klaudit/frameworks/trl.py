@@ -128,10 +128,10 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
         return None
     if value[LEVEL] not in ("token", "sequence"):
         return None
-    # bnpo over a micro-batch of one completion: its own token-mean. Only a 1 written where the run is
-    # configured counts: an argparse default of a batch size is a placeholder that launches override
+    # bnpo over a micro-batch of one completion: its own token-mean. Only a 1 given to the run counts (written in the
+    # call, a launch's flag, the project's YAML): an argparse default of a batch size is a placeholder launches replace
     batch = settings.get(PER_DEVICE)
-    per_completion = (value[LOSS_TYPE] == "bnpo" and batch is not None and not batch.origin
+    per_completion = (value[LOSS_TYPE] == "bnpo" and batch is not None and (not batch.origin or batch.run_given)
                       and _number(batch.value or "") == 1 and (not unsloth or _kept_by_unsloth(settings, one_process)))
     if per_completion:
         aggregation = Aggregation.SEQ_MEAN

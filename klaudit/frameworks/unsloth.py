@@ -1,0 +1,93 @@
+"""Unsloth's patches of TRL: which of the project's modules get Unsloth's GRPOConfig and GRPOTrainer.
+
+Importing Unsloth (`from unsloth import FastLanguageModel`, `PatchFastRL("GRPO", ...)`) replaces GRPOTrainer's
+loss with unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says (a plain
+k3), and GRPOConfig with Unsloth's own, whose defaults differ from TRL's (`klaudit.frameworks.trl.defaults`). The
+classes a module binds from `trl` are the patched ones when Unsloth was imported before it in the same process: by
+the module itself, or by the module that imports it, before that import (`scripts/train.py` importing `src.model`,
+which imports unsloth, and then `src.trainer`, which imports trl). The import lines are read from the text alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from klaudit.frameworks.import_lines import IMPORT, from_imports_at
+
+IMPORTS_UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(",
+                             re.MULTILINE)
+CACHE = "unsloth_compiled_cache"  # the folder where Unsloth writes the trainers and configs it generates
+
+
+def imported_after_unsloth(sources: Mapping[str, str]) -> frozenset[str]:
+    """The resolved paths of the modules of `sources` that every module of `sources` importing them imports after
+    Unsloth was: after an import of unsloth in the importer, or of a module that imports it (at any depth), or
+    because the importer is itself such a module. A module nothing in `sources` imports (a script) is in none."""
+    paths = {str(Path(path).resolve()): text for path, text in sources.items()}
+    index = _ModuleIndex(paths)
+    edges = {path: [(offset, target) for offset, dotted, level in _imports(text)
+                    if (target := index.find(dotted, path, level)) is not None and target != path]
+             for path, text in paths.items()}
+    loads = {path for path, text in paths.items() if IMPORTS_UNSLOTH.search(text)}
+    while grown := {path for path, targets in edges.items() if path not in loads
+                    and any(target in loads for _, target in targets)}:
+        loads |= grown
+    # where each module has Unsloth imported: its own import of it, or its import of a module that loads it
+    loaded_at = {path: min([offset for offset, target in edges[path] if target in loads]
+                           + [match.start() for match in IMPORTS_UNSLOTH.finditer(text)], default=None)
+                 for path, text in paths.items()}
+    patched: set[str] = set()
+    while True:
+        late: dict[str, bool] = {}  # a module -> whether every import of it comes after Unsloth's
+        for path, targets in edges.items():
+            start = loaded_at[path]
+            for offset, target in targets:
+                in_time = path in patched or (start is not None and offset > start)
+                late[target] = late.get(target, True) and in_time
+        grown = {target for target, always in late.items() if always} - patched
+        if not grown:
+            return frozenset(patched)
+        patched |= grown
+
+
+def _imports(text: str) -> Iterator[tuple[int, str, int]]:
+    """(offset, dotted module, relative level) of each module an import line of `text` may load: `from a.b import
+    c` may load a.b and a.b.c; `import a.b as x, d` loads a.b and d."""
+    for offset, module, words in from_imports_at(text):
+        level = len(module) - len(module.lstrip("."))
+        base = module[level:]
+        yield offset, base, level
+        if words and words[0] != "*":
+            yield offset, f"{base}.{words[0]}" if base else words[0], level
+    for match in IMPORT.finditer(text):
+        for name in match.group(1).split(","):
+            if words := name.split():
+                yield match.start(), words[0], 0
+
+
+class _ModuleIndex:
+    """The modules of `paths` by the dotted names they may be imported under."""
+
+    def __init__(self, paths: Mapping[str, str]) -> None:
+        self._by_tail: dict[tuple[str, ...], list[str]] = {}
+        for path in paths:
+            parts = Path(path).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            for start in range(1, len(parts)):
+                self._by_tail.setdefault(parts[start:], []).append(path)
+
+    def find(self, dotted: str, importer: str, level: int) -> str | None:
+        """The module `dotted` that `importer` imports (`level` dots above its folder): among those named so, the
+        one nearest the importer in the tree."""
+        parts = tuple(part for part in dotted.split(".") if part)
+        if level:
+            folder = Path(importer).parents[level - 1]
+            wanted = (*folder.parts, *parts)
+            return next((path for path in self._by_tail.get(parts, [])
+                         if Path(path).with_suffix("").parts in (wanted, (*wanted, "__init__"))), None)
+        found = self._by_tail.get(parts, []) if parts else []
+        return max(found, key=lambda path: len(os.path.commonpath((path, importer))), default=None)
