@@ -20,6 +20,7 @@ import libcst as cst
 from klaudit.catalog import Aggregation
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
+from klaudit.lint.algebra import Atom, Poly
 from klaudit.lint.arithmetic import KL_WEIGHT
 from klaudit.lint.callables import PASS_THROUGH, PASS_THROUGH_RECEIVERS
 from klaudit.lint.containers import elements, enumerated, zipped
@@ -63,6 +64,25 @@ class Operation:
     def rest(self) -> list:
         """The positional arguments after the tensor operated on."""
         return self.positional if self.method else self.positional[1:]
+
+
+def _model_logits(op: Operation, no_grad: bool) -> tuple:
+    """The logits of the policy (`model(ids)`, `self.policy(ids)`) or of the reference (`ref_model(ids)`) where `op`
+    is a (log-)softmax of such a call: a model whose forward returns its logits (a nanoGPT's), as the softmax of any
+    other output would fail; () otherwise, and for a reward model's or a critic's output."""
+    if op.name not in ("log_softmax", "softmax"):
+        return ()
+    operand = op.node.func.value if op.method and isinstance(op.node.func, cst.Attribute) else \
+        op.positional[0] if op.positional else None
+    if type(operand) is not cst.Call or type(operand.func) not in (cst.Name, cst.Attribute):
+        return ()
+    path = dotted(operand.func)
+    name = path.rsplit(".", 1)[-1]
+    if roles.is_scoring_model(path):
+        return ()
+    if roles.names_reference_model(name):
+        return (tensor(Poly.atom(Atom(alg.REF_LOGITS, False))),)
+    return (tensor(Poly.atom(Atom(alg.LOGITS, not no_grad))),) if roles.names_policy_model(name) else ()
 
 
 class LibraryFlow(FlowState):
@@ -132,8 +152,8 @@ class LibraryFlow(FlowState):
         return with_clamp(op.tensor)
 
     def elementwise(self, op: Operation) -> tuple:
-        """exp, log, abs, ... of each element (klaudit.lint.reductions.unary_math)."""
-        return self.unary_math(op.name, op.tensor, op.node)
+        """exp, log, abs, ... of each element (klaudit.lint.reductions.unary_math), of a model's logits too."""
+        return self.unary_math(op.name, op.tensor or _model_logits(op, self.no_grad), op.node)
 
     def squashed(self, op: Operation) -> tuple | None:
         """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio."""

@@ -28,7 +28,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.overrides import never_named, overridden_everywhere
-from klaudit.lint.pinned import caller_pins, zero_parameters
+from klaudit.lint.pinned import caller_pins, written_out, zero_parameters
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
@@ -207,7 +207,7 @@ class Module:
             tree = self.project.parse(path) if path is not None else None
             if tree is not None and tree is not self.tree and all(tree is not other for other in found):
                 found.append(tree)
-        return Beyond(self.project.configs, tuple(found))
+        return Beyond(self.project.configs, tuple(found), self._outside_calls)
 
     def steps_on_fresh_samples(self, func: cst.FunctionDef, cls: str | None) -> bool:
         """klaudit.lint.update_loops.steps_on_fresh_samples of one of this module's functions (a method of
@@ -245,7 +245,7 @@ class Module:
                 return found
 
             loop = trained_by_a_later_loop(func, methods, self.tree, self._calls_of, elsewhere=elsewhere,
-                                           inherited=of_a_base)
+                                           inherited=of_a_base, beyond=self.beyond)
             if loop is not None and not home:  # a loop of a caller in another module: reported with its path
                 other = next((tree for tree, _, _, _, _ in callers if any(node is loop for node in walk(tree))), None)
                 path = self.project.path_of(other) if other is not None else None
@@ -290,7 +290,7 @@ class Module:
             hidden = found is None or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
                 or handed_on_elsewhere(name, self.path, self.project, afar)
             self._outside[name] = None if hidden or found is None else tuple(
-                calls[index][0] for _, _, calls, index, _ in found)
+                written_out(calls[index][0], other) for other, _, calls, index, _ in found)
         return self._outside[name]
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 import libcst as cst
 
 from klaudit.lint.facts import SwitchValue
-from klaudit.lint.syntax import number_value, params, text_of
+from klaudit.lint.syntax import int_literal, name_bindings, number_value, params, text_of, walk
 
 
 def caller_pins(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> Mapping[str, tuple[SwitchValue, ...]]:
@@ -34,6 +34,48 @@ def zero_parameters(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> frozens
     given = _given(func, calls)
     return frozenset(name for name, values in (given or {}).items()
                      if values and all(value is not None and number_value(value) == 0 for value in values))
+
+
+def given_literal_ints(func: cst.FunctionDef, calls: Iterable[cst.Call], name: str) -> set[int] | None:
+    """The integers `calls` give the parameter `name` of `func` (its default where a call leaves it); None where one
+    gives anything else, or splats its arguments."""
+    given = _given(func, calls)
+    values = [int_literal(value) if value is not None else None for value in (given or {}).get(name, [None])]
+    return None if None in values else {value for value in values if value is not None}
+
+
+def written_out(call: cst.Call, module: cst.Module) -> cst.Call:
+    """`call` with each `**name` that `module` binds once, to a dict literal of string keys that nothing updates
+    (`training_config = {"mu": 1, ...}`, then `train(model, **training_config)`), as keyword arguments."""
+    if not any(arg.star == "**" and type(arg.value) is cst.Name for arg in call.args):
+        return call
+    bindings = name_bindings(module)
+    args: list[cst.Arg] = []
+    for arg in call.args:
+        spread = arg.value.value if arg.star == "**" and isinstance(arg.value, cst.Name) else None
+        found = bindings.get(spread, []) if spread is not None else []
+        entries = _entries(found[0][1]) if spread is not None and len(found) == 1 and not _updated(spread, module) \
+            else None
+        args += [arg] if entries is None else [cst.Arg(value, keyword=cst.Name(key)) for key, value in entries]
+    return call.with_changes(args=args)
+
+
+def _entries(value: cst.BaseExpression | None) -> list[tuple[str, cst.BaseExpression]] | None:
+    """(key, value) of each entry of a dict literal whose keys are all strings naming parameters; None otherwise."""
+    if type(value) is not cst.Dict:
+        return None
+    found = [(key, entry.value) for entry in value.elements
+             if type(entry) is cst.DictElement and (key := text_of(entry.key)) is not None and key.isidentifier()]
+    return found if len(found) == len(value.elements) else None
+
+
+def _updated(name: str, module: cst.Module) -> bool:
+    """Whether `module` changes the dict `name` in place (`name.update(...)`, `name.pop("k")`)."""
+    return any(type(node) is cst.Call and type(node.func) is cst.Attribute and type(node.func.value) is cst.Name
+               and node.func.value.value == name and node.func.attr.value in _IN_PLACE for node in walk(module))
+
+
+_IN_PLACE = frozenset({"update", "setdefault", "pop", "popitem", "clear"})
 
 
 def _given(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> dict[str, list[cst.BaseExpression | None]] | None:

@@ -18,7 +18,9 @@ And `trained_by_a_later_loop`: what a function that draws the samples computes (
 from __future__ import annotations
 
 import functools
+import io
 import re
+import tokenize
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ import libcst as cst
 
 from klaudit.frameworks.options import configured_values, option_defaults
 from klaudit.lint import roles
+from klaudit.lint.pinned import given_literal_ints
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import (
     SCOPES,
@@ -48,11 +51,14 @@ from klaudit.lint.syntax import (
 
 @dataclass(frozen=True)
 class Beyond:
-    """What may set a loop's count outside the module's code: the linted YAML files (`configs`), and the linted
-    modules the module imports a class from (`class_sources`), whose fields' defaults a count may read."""
+    """What may set a loop's count outside the module's code: the linted YAML files (`configs`), the linted
+    modules the module imports a class from (`class_sources`), whose fields' defaults a count may read, and the calls
+    other modules make of one of the module's functions, by its name (`callers`: None where they are more than the
+    text shows), which may pass a count its parameter defaults otherwise."""
 
     configs: tuple[str, ...] = ()
     class_sources: tuple[cst.Module, ...] = ()
+    callers: Callable[[str], tuple[cst.Call, ...] | None] | None = None
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
@@ -115,7 +121,7 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, beyond: Be
         if literal in (0, 1) and _configured_above_one(count, beyond):
             return True
     elif literal is None and type(count) is cst.Name:  # `def train(..., ppo_epochs=1)`, its callers leaving it
-        literal = _parameter_default(module, count.value)
+        literal = _parameter_default(module, count.value, beyond)
         if literal is None:  # `mu_iterations = 1` at the top of a script
             literal = _module_constant(module, count.value)
     return literal not in (0, 1)
@@ -137,10 +143,12 @@ def _bindings(module: cst.Module) -> dict[str, list[tuple[cst.CSTNode, cst.BaseE
     return name_bindings(module)
 
 
-def _parameter_default(module: cst.Module, name: str) -> int | None:
+def _parameter_default(module: cst.Module, name: str, beyond: Beyond | None = None) -> int | None:
     """The integer default of the parameter `name` of the module's functions (`def train(..., ppo_epochs: int = 1)`),
     where every one that has it agrees and no call of them in the module passes it (`train(ppo_epochs=4)`, by
-    position, or in splatted arguments); None otherwise."""
+    position, or in splatted arguments); None otherwise. Where one module function has it and other modules call it
+    (`beyond.callers`), the one integer those calls and the module's own give it, where they agree (Shajiu's
+    `train_with_grpo(..., mu=3)`, which its only caller hands `**training_config` with `"mu": 1`)."""
     having = {node.name.value: [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
               for node in walk(module) if type(node) is cst.FunctionDef
               and any(param.name.value == name for param in params(node))}
@@ -154,7 +162,20 @@ def _parameter_default(module: cst.Module, name: str) -> int | None:
             or sum(arg.keyword is None for arg in call.args) > at
 
     passed = any(type(node) is cst.Call and last_name(node.func) in having and passes(node) for node in walk(module))
-    return found.pop() if len(found) == 1 and not passed else None
+    default = found.pop() if len(found) == 1 and not passed else None
+    if default is None:
+        return None
+    outside = beyond.callers(*having) if beyond is not None and beyond.callers is not None and len(having) == 1 \
+        else None
+    if not outside:
+        return default
+    func = next(node for node in walk(module) if type(node) is cst.FunctionDef and node.name.value in having)
+    values = given_literal_ints(func, outside, name)
+    if values is None:
+        return None
+    if any(type(node) is cst.Call and last_name(node.func) in having for node in walk(module)):
+        values.add(default)  # the module's own calls leave it
+    return values.pop() if len(values) == 1 else None
 
 
 def _configured_above_one(count: cst.BaseExpression, beyond: Beyond | None) -> bool:
@@ -315,7 +336,7 @@ def named_beyond_declarations(text: str, name: str, calls: bool = True) -> bool:
     word = re.compile(rf"(?<!\w){re.escape(name)}(?!\w)" + ("" if calls else r"(?!\s*\()"))
     quoted = re.compile(rf"""["']{re.escape(name)}["']""")
     importing = False
-    for line in text.splitlines():
+    for line in _without_prose(text, name).splitlines():
         first = (line.split() or [""])[0].split("(")[0]
         declared = importing or first in _DECLARATIONS or _EXPORTS.match(line) is not None and quoted.search(line)
         if first in ("from", "import") and "(" in line and ")" not in line:
@@ -325,6 +346,29 @@ def named_beyond_declarations(text: str, name: str, calls: bool = True) -> bool:
         if name in line and word.search(line) and not declared:
             return True
     return False
+
+
+@functools.lru_cache(maxsize=32)  # the modules near a function are read for each of its names
+def _without_prose(text: str, name: str) -> str:
+    """`text` with its comments and its strings blanked out, but for a string that names `name` (a registry's
+    `"train"`, `getattr(module, "train")`, a dotted path a factory imports, `"pkg.mod.train"`): a docstring that speaks
+    of a function hands it to nothing. `text` as it is where Python's tokenizer rejects it."""
+    lines = text.splitlines(keepends=True)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text
+    naming = re.compile(rf"(?:[\w.]*[.:])?{re.escape(name)}")
+    for token in tokens:
+        if token.type == tokenize.COMMENT or token.type == tokenize.STRING \
+                and not naming.fullmatch(token.string.lstrip("rbfuRBFU").strip("\"'")):
+            (first, start), (last, end) = token.start, token.end
+            for row in range(first - 1, last):
+                line = lines[row]
+                left = start if row == first - 1 else 0
+                right = end if row == last - 1 else len(line.rstrip("\r\n"))
+                lines[row] = line[:left] + " " * (right - left) + line[right:]
+    return "".join(lines)
 
 
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
@@ -531,7 +575,8 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
                             calls_of: CallIndex,
                             depth: int = 0,
                             elsewhere: Callable[[str, bool], list[tuple] | None] | None = None,
-                            inherited: Callable[[cst.FunctionDef], cst.For | None] | None = None) -> cst.For | None:
+                            inherited: Callable[[cst.FunctionDef], cst.For | None] | None = None,
+                            beyond: Beyond | None = None) -> cst.For | None:
     """The loop of several optimizer steps that trains what `func` computes, where `func` takes no step: after
     its single call (by a method of its class, a function of `module`, or the module's own code; going up to
     that caller's single call where the caller takes no step either), the caller runs a loop that reuses its
@@ -541,12 +586,13 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
     method)`: `calls_elsewhere` of a function nothing in `module` calls, where each such call is followed, in its
     caller, by a call of a function of `module` that holds the loop (a script's `collect_rollouts(...)` then
     `ppo_update(...)`). `inherited(method)`: the loop a base class of another module runs after its own call of
-    `self.<method>(...)`, for a method its class never calls."""
+    `self.<method>(...)`, for a method its class never calls. `beyond`: what may set the counts of `module`'s loops
+    beyond its code; the YAML files it names, of the loops of the other modules."""
     if takes_a_step(calls_of(func)):
         return None
     sites = _call_sites(func, methods, module, calls_of, anywhere=True, branches=True)
     if not sites and elsewhere is not None and methods is None and _uncalled(func.name.value, module, calls_of):
-        return _later_loop_elsewhere(elsewhere(func.name.value, False), module)
+        return _later_loop_elsewhere(elsewhere(func.name.value, False), module, beyond)
     if not sites:
         return inherited(func) if inherited is not None and methods is not None else None
     # any call whose caller goes on to train its samples over several steps (a notebook's trial call of
@@ -556,16 +602,16 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
         redrawn = [loop for other, at, around in sites if other is caller and at != index for loop in around]
         for call, around in calls_of(caller)[index + 1:]:
             loop = next((loop for loop in around if loop not in loops and not any(loop is held for held in redrawn)
-                         and reuses_samples(loop, module, methods)), None)
+                         and reuses_samples(loop, module, methods, beyond)), None)
             if loop is None:
-                loop = _reusing_loop_of(call, methods, module)
+                loop = _reusing_loop_of(call, methods, module, beyond)
             if loop is not None:
                 return loop
     caller = sites[0][0]
     calls = calls_of(caller)
     if len(sites) == 1 and depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
         own = methods if methods is not None and caller in methods.values() else None
-        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere, inherited)
+        return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere, inherited, beyond)
     return None
 
 
@@ -594,15 +640,17 @@ def _in_source_order(func: cst.FunctionDef) -> Iterator[cst.CSTNode]:
         stack.extend(child for child in reversed(child_nodes(current)) if type(child) not in SCOPES)
 
 
-def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module) -> cst.For | None:
+def _later_loop_elsewhere(found: list[tuple] | None, module: cst.Module, beyond: Beyond | None = None) -> cst.For | None:
     """The loop that trains the samples at each of the calls `found` in other modules: every caller goes on to run a
     loop of its own that reuses them (`token_rewards = build_token_rewards(...)`, then `for _ in range(epochs)`), or
-    to call a function of `module` (by its name) that holds such a loop; None where one does not."""
+    to call a function of `module` (by its name) that holds such a loop; None where one does not. `beyond`: what may
+    set the counts of `module`'s loops; of a caller's own loops, the YAML files it names."""
+    elsewhere = Beyond(beyond.configs) if beyond is not None else None
     loops = []
     for other, methods, calls, index, around in found or ():
         loop = next((held for _, later in calls[index + 1:] for held in later
-                     if held not in around and reuses_samples(held, other, methods)), None) or next(
-            (held for call, _ in calls[index + 1:] if (held := _reusing_loop_of(call, None, module))), None)
+                     if held not in around and reuses_samples(held, other, methods, elsewhere)), None) or next(
+            (held for call, _ in calls[index + 1:] if (held := _reusing_loop_of(call, None, module, beyond))), None)
         if loop is None:
             return None
         loops.append(loop)
@@ -686,14 +734,15 @@ def _methods_around(func: cst.FunctionDef | cst.Module, module: cst.Module) -> d
     return None
 
 
-def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.For | None:
+def _reusing_loop_of(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
+                     beyond: Beyond | None = None) -> cst.For | None:
     """The loop that reuses samples in the body of the method (`self.name(...)`) or module function (`name(...)`)
-    that `call` runs."""
+    that `call` runs (`beyond`: what may set its count beyond `module`'s code)."""
     callee = _callee(call, methods, module)
     if callee is None:
         return None
     return next((node for node in own_nodes(callee.body)
-                 if isinstance(node, cst.For) and reuses_samples(node, module, methods)), None)
+                 if isinstance(node, cst.For) and reuses_samples(node, module, methods, beyond)), None)
 
 
 def _callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> cst.FunctionDef | None:

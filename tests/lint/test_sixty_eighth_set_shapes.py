@@ -256,6 +256,14 @@ def test_a_reward_helper_whose_caller_in_another_module_reuses_the_rollout(tmp_p
 
     assert found(EPOCHS) == [("alignment/ppo.py", 5, "KL008", True)]
     assert found(EPOCHS.replace("default=4", "default=1")) == []  # one step per rollout: on-policy, row 6
+    # the count from a configuration class that defaults it to 1, which the run's YAML sets to 4
+    configured = EPOCHS.replace("import torch\n", "from dataclasses import dataclass\n\nimport torch\n\n\n"
+                                "@dataclass\nclass Config:\n    mini_epochs: int = 1\n").replace(
+        "range(args.mini_epochs)", "range(cfg.mini_epochs)").replace(
+        'parser.add_argument("--mini-epochs", type=int, default=4)', "").replace("args = parser.parse_args()", "cfg = Config()")
+    assert found(configured) == []
+    (tmp_path / "ppo.yaml").write_text("mini_epochs: 4\n")
+    assert [code for _, _, code, _ in found(configured)] == ["KL008"]
 
 
 # huangweiding/demo's multi_rollout/main.py: grpo_loss(..., beta: float = 0.0) adds beta * k3 under `if beta != 0.0`,
@@ -287,3 +295,89 @@ def test_a_kl_coefficient_the_only_call_in_the_module_leaves_at_zero(tmp_path):
     # handed on as a value, its callers are more than the text shows
     handed = SAME_MODULE + "\n\nLOSSES = {'grpo': grpo_loss}\n"
     assert "KL002" in {code for _, code in module_codes(handed, tmp_path)}
+
+
+# Shajiu/DeepSeek_RL_Grpo_Text: models/grpo.py's train_with_grpo runs `for _ in range(mu)` steps on each rollout, mu
+# defaulting to 3; its only caller, scripts/train.py, hands it `**training_config`, a dict literal with "mu": 1. One
+# step per rollout: the k3 loss is on-policy (row 3, KL002, and the sequence mean's 1/L, row 21, KL007), not on an
+# older policy's samples (rows 22-23, KL008). The module's docstring names the function: no use of it.
+GRPO_MODULE = '''\
+"""GRPO from scratch: train_with_grpo is called by the training script."""
+import torch
+
+
+def grpo_loss(model, ref_model, rollout, beta=0.04, epsilon=0.2):
+    old_log_probs = rollout["old_log_probs"]
+    ref_log_probs = rollout["ref_log_probs"]
+    completion_mask = rollout["completion_mask"]
+    token_log_probs = torch.log_softmax(model(rollout["ids"]), dim=-1).gather(-1, rollout["ids"][..., None]).squeeze(-1)
+    ratio = torch.exp(token_log_probs - old_log_probs)
+    advantages = rollout["advantages"]
+    surrogate_loss = torch.min(ratio * advantages, torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * advantages)
+    kl = torch.exp(ref_log_probs - token_log_probs) - (ref_log_probs - token_log_probs) - 1
+    per_token_loss = surrogate_loss - beta * kl
+    return -((per_token_loss * completion_mask).sum(dim=1) / completion_mask.sum(dim=1)).mean()
+
+
+def train_with_grpo(model, ref_model, prompts, optimizer, beta=0.04, mu=3):
+    for batch in prompts:
+        with torch.no_grad():
+            ids = model.generate(batch, do_sample=True)
+        rollout = {"ids": ids, "old_log_probs": model.logps(ids), "ref_log_probs": ref_model.logps(ids),
+                   "advantages": batch.adv, "completion_mask": batch.mask}
+        for _ in range(mu):
+            loss = grpo_loss(model, ref_model, rollout, beta=beta)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model
+'''
+
+TRAIN_SCRIPT = '''\
+from models.grpo import train_with_grpo
+
+
+def main(model, ref_model, prompts, optimizer):
+    training_config = {
+        "beta": 0.04,
+        "mu": 1,
+    }
+    return train_with_grpo(model, ref_model, prompts, optimizer, **training_config)
+'''
+
+
+def _grpo_project_findings(tmp_path, script):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    for name, text in (("models/grpo.py", GRPO_MODULE), ("scripts/train.py", script)):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    return sorted({code for f in found if f.path.endswith("grpo.py") for code in [f.code]})
+
+
+def test_a_loop_count_every_caller_elsewhere_sets_to_one_through_a_dict_literal(tmp_path):
+    assert _grpo_project_findings(tmp_path, TRAIN_SCRIPT) == ["KL002", "KL007"]
+    assert _grpo_project_findings(tmp_path, TRAIN_SCRIPT.replace('"mu": 1', '"mu": 2')) == ["KL002", "KL007", "KL008"]
+    # a dict changed in place, or a call leaving mu at its default of 3: several steps a rollout
+    updated = TRAIN_SCRIPT.replace("    return train_with", '    training_config.update(mu=4)\n    return train_with')
+    assert _grpo_project_findings(tmp_path, updated) == ["KL002", "KL007", "KL008"]
+    left = TRAIN_SCRIPT.replace("**training_config)", "beta=0.04)")
+    assert _grpo_project_findings(tmp_path, left) == ["KL002", "KL007", "KL008"]
+
+
+def test_a_registry_that_names_the_function_in_a_string_hands_it_on(tmp_path):
+    """`LOOPS = {"grpo": "train_with_grpo"}` beside a `getattr` may call it with any count: mu's default stands."""
+    registry = TRAIN_SCRIPT + '\n\nLOOPS = {"grpo": "train_with_grpo"}\n'
+    assert _grpo_project_findings(tmp_path, registry) == ["KL002", "KL007", "KL008"]
+
+
+def test_the_log_softmax_of_a_model_that_returns_its_logits_is_the_policys(tmp_path):
+    """`torch.log_softmax(model(ids), dim=-1).gather(...)`: a model whose forward returns the logits (a nanoGPT's);
+    of an output object the call would fail. The k3 loss on it is row 3 (KL002). A reward model's or a critic's
+    output is no policy's logits."""
+    inline = GRPO_MODULE.split("def train_with_grpo")[0]
+    assert {code for _, code in module_codes(inline, tmp_path)} >= {"KL002"}
+    scored = inline.replace("torch.log_softmax(model(", "torch.log_softmax(reward_model(")
+    assert module_codes(scored, tmp_path) == []
