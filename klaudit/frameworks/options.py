@@ -117,7 +117,8 @@ class Options:
         if launched and all(0 < (number(value.value) or 0) < 1 for value in launched):
             return _coefficient(launched)
         by_path = self.given.get(name, {})
-        here = by_path.get(path, ())
+        here = by_path.get(path) or next((defaults for file, defaults in by_path.items()
+                                          if Path(file).resolve() == Path(path).resolve()), ())
         if len({default.value for default in here}) == 1:
             return here[0]
         home = project_root(Path(path).resolve().parent)

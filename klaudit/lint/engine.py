@@ -67,6 +67,7 @@ from klaudit.text import file_text
 if TYPE_CHECKING:  # imported in the workers only (see _start_worker)
     import libcst as cst
 
+    from klaudit.frameworks.options import Options
     from klaudit.lint.project import Project
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -186,12 +187,13 @@ def _walk(top: str, settings: Settings, ignored: frozenset[str], suffixes: tuple
 _worker_project: Project | None = None
 
 
-def _start_worker(roots: list[Path], configs: tuple[str, ...] = ()) -> None:
-    """Pool initializer: one import-resolving Project per worker process, knowing the linted YAML files."""
+def _start_worker(roots: list[Path], options: Options | None = None) -> None:
+    """Pool initializer: one import-resolving Project per worker process, knowing the project's options and the
+    linted YAML files."""
     global _worker_project
     from klaudit.lint.project import Project
 
-    _worker_project = Project(roots, configs)
+    _worker_project = Project(roots, options)
 
 
 def _internal_error(path: str, error: Exception) -> _Analysis:
@@ -305,9 +307,9 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
     progress = progress or Progress(False)
     checked = checked or {}
     workers = min(jobs, len(sources) // MIN_FILES_PER_WORKER)
-    configs = frameworks.options.configs if frameworks is not None else ()
+    options = frameworks.options if frameworks is not None else None
     if workers < 2:
-        _start_worker(roots, configs)
+        _start_worker(roots, options)
         analysed = []
         for path, source in [*sources.items(), *checked.items()]:
             analysed.append(_task(path, source, limits, frameworks, path in sources))
@@ -327,7 +329,7 @@ def _analyse_all(sources: dict[str, str], roots: list[Path], jobs: int, limits: 
     analyses: list[_Analysis] = []
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                 initargs=(roots, configs)) as pool:
+                                 initargs=(roots, options)) as pool:
             texts = [[sources[p] if p in sources else checked[p] for p in group] for group in tasks]
             chunksize = max(1, len(tasks) // 4096)  # a few tasks a worker at a time in a very large tree
             for done in pool.map(_group_task, tasks, texts, [limits] * len(tasks), [frameworks] * len(tasks),

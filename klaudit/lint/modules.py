@@ -290,8 +290,16 @@ class Module:
             hidden = found is None or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
                 or handed_on_elsewhere(name, self.path, self.project, afar)
             self._outside[name] = None if hidden or found is None else tuple(
-                written_out(calls[index][0], other) for other, _, calls, index, _ in found)
+                written_out(calls[index][0], other, self._option_reader(other)) for other, _, calls, index, _ in found)
         return self._outside[name]
+
+    def _option_reader(self, module: cst.Module) -> Callable[[str], str | None] | None:
+        """The value of a command-line option as the calls of `module` read it: the one every launch of it passes,
+        else its default (klaudit.frameworks.options.Options.default)."""
+        path = self.project.path_of(module)
+        if path is None:
+            return None
+        return lambda name: found.value if (found := self.project.options.default(name, path)) is not None else None
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
         """klaudit.lint.overrides.overridden_everywhere of a method of this module's class `cls`, read once."""

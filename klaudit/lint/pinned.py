@@ -10,12 +10,13 @@ that splats its arguments (`f(*args)`, `f(**cfg)`) or gives a value the text doe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 
 import libcst as cst
 
 from klaudit.lint.facts import SwitchValue
-from klaudit.lint.syntax import int_literal, name_bindings, number_value, params, text_of, walk
+from klaudit.lint.syntax import int_literal, last_name, name_bindings, number_value, params, text_of, walk
 
 
 def caller_pins(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> Mapping[str, tuple[SwitchValue, ...]]:
@@ -44,11 +45,11 @@ def given_literal_ints(func: cst.FunctionDef, calls: Iterable[cst.Call], name: s
     return None if None in values else {value for value in values if value is not None}
 
 
-def written_out(call: cst.Call, module: cst.Module) -> cst.Call:
-    """`call` with each `**name` that `module` binds once, to a dict literal of string keys that nothing updates
-    (`training_config = {"mu": 1, ...}`, then `train(model, **training_config)`), as keyword arguments."""
-    if not any(arg.star == "**" and type(arg.value) is cst.Name for arg in call.args):
-        return call
+def written_out(call: cst.Call, module: cst.Module, option: Callable[[str], str | None] | None = None) -> cst.Call:
+    """`call` as `module` fixes its arguments: each `**name` that `module` binds once, to a dict literal of string keys
+    that nothing updates (`training_config = {"mu": 1, ...}`, then `train(model, **training_config)`), as keyword
+    arguments; and each argument that reads a command-line option (`args.loss_aggregation`, or a name `module` binds
+    once to that), where `option` gives its value (the one every launch passes, else its default), as that literal."""
     bindings = name_bindings(module)
     args: list[cst.Arg] = []
     for arg in call.args:
@@ -56,8 +57,39 @@ def written_out(call: cst.Call, module: cst.Module) -> cst.Call:
         found = bindings.get(spread, []) if spread is not None else []
         entries = _entries(found[0][1]) if spread is not None and len(found) == 1 and not _updated(spread, module) \
             else None
-        args += [arg] if entries is None else [cst.Arg(value, keyword=cst.Name(key)) for key, value in entries]
+        if entries is not None:
+            args += [cst.Arg(value, keyword=cst.Name(key)) for key, value in entries]
+            continue
+        literal = _option_literal(arg.value, bindings, option) if option is not None and not arg.star else None
+        args.append(arg if literal is None else arg.with_changes(value=literal))
     return call.with_changes(args=args)
+
+
+def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], option: Callable[[str], str | None]
+                    ) -> cst.BaseExpression | None:
+    """The literal an option read gives: `args.name` (`self.args.name`), or a name bound once to such a read."""
+    if type(value) is cst.Name and len(found := bindings.get(value.value, [])) == 1 and found[0][1] is not None:
+        value = found[0][1]
+    if type(value) is not cst.Attribute or not _OPTIONS.match(last_name(value.value) or ""):
+        return None
+    given = option(value.attr.value)
+    if given is None:
+        return None
+    if given in ("True", "False", "None"):
+        return cst.Name(given)
+    number = _NUMBER.fullmatch(given)
+    if number is None:
+        return cst.SimpleString(repr(given))
+    digits = number.group(2)
+    literal = cst.Integer(digits) if digits.isdigit() else cst.Float(digits)
+    return cst.UnaryOperation(cst.Minus(), literal) if number.group(1) else literal
+
+
+_NUMBER = re.compile(r"(-?)(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)")
+
+
+# what a script names its parsed command line: `args`, `opts`, `cli_args`, `FLAGS`, `hparams`
+_OPTIONS = re.compile(r"^(\w+_)?(args|opts?|options|flags|hparams)$", re.IGNORECASE)
 
 
 def _entries(value: cst.BaseExpression | None) -> list[tuple[str, cst.BaseExpression]] | None:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import libcst as cst
 
+from klaudit.frameworks.options import Options
 from klaudit.lint.roles import NAMED_AGGREGATIONS, is_return_computation, might_contain_kl, speaks_of_logprobs
 from klaudit.lint.sources import read_source  # decoded as the engine decodes the files it lints
 from klaudit.lint.syntax import libcst_module
@@ -29,7 +30,7 @@ class Project:
     linted). Parsed modules are cached; a file that does not parse resolves to nothing.
     """
 
-    def __init__(self, roots: Sequence[str | Path], configs: Sequence[str] = ()) -> None:
+    def __init__(self, roots: Sequence[str | Path], options: Options | None = None) -> None:
         bases: list[Path] = []
         for root in roots:
             path = Path(root).resolve()
@@ -39,7 +40,9 @@ class Project:
                     bases.append(base)
         self.bases = bases
         self.roots = [Path(root).resolve() for root in roots]
-        self.configs = tuple(configs)  # the linted YAML files (klaudit.frameworks.options.Options.configs)
+        # the defaults of the project's command-line options and the linted YAML files (klaudit.frameworks.options)
+        self.options = options or Options()
+        self.configs = self.options.configs
         self._modules: dict[str, cst.Module | None] = {}  # resolved path -> its tree, None where it does not parse
         self._sources: dict[int, str] = {}  # id(parsed tree) -> the text it was parsed from (tree.code, without regenerating it)
         self._texts: dict[str, str | None] = {}  # resolved path -> its text when it has KL vocabulary, else None

@@ -304,7 +304,7 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
         other = project.parse(Path(place))
         if other is None:
             return None
-        for caller, methods in _callers(other):
+        for caller, methods in _callers(other, nested=True):
             calls = calls_of(caller)
             made = [(other, methods, calls, i, loops) for i, (call, loops) in enumerate(calls)
                     if last_name(call.func) == name and (type(call.func) is cst.Attribute) == method]
@@ -469,9 +469,11 @@ def _nearby(path: Path, project: Project, siblings: bool) -> list[str]:
     return [file for file in dict.fromkeys(found) if project.key(file) != str(path)]
 
 
-def _callers(module: cst.Module) -> list[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None]]:
+def _callers(module: cst.Module, nested: bool = False
+             ) -> list[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None]]:
     """Each function of `module` that may call another (its functions, its classes' methods, its own code),
-    with the methods of the class it belongs to."""
+    with the methods of the class it belongs to; with `nested`, the functions those define too (a worker
+    `def _do_update(job): ...` handed to a thread pool), each on its own."""
     found: list[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None]] = []
     for stmt in module.body:
         if isinstance(stmt, cst.FunctionDef):
@@ -479,6 +481,9 @@ def _callers(module: cst.Module) -> list[tuple[cst.FunctionDef | cst.Module, dic
         elif isinstance(stmt, cst.ClassDef):
             methods = _class_methods(stmt)
             found.extend((method, methods) for method in methods.values())
+    if nested:
+        found += [(inner, None) for outer, _ in list(found) for inner in walk(outer)
+                  if type(inner) is cst.FunctionDef and inner is not outer]
     return found + [(module, None)]
 
 

@@ -19,9 +19,9 @@ _MULTILINE = re.compile(r"BAD_(KL\d{3})\(\n\s*\w*\)")
 
 
 class Project:
-    def __init__(self, roots, configs=()):
+    def __init__(self, roots, options=None):
         self.roots = list(roots)
-        self.configs = tuple(configs)
+        self.configs = options.configs if options is not None else ()
 
     def parsed(self, path, source):
         return None  # no file is followed as an import: each is parsed by the engine

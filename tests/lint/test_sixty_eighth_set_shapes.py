@@ -381,3 +381,63 @@ def test_the_log_softmax_of_a_model_that_returns_its_logits_is_the_policys(tmp_p
     assert {code for _, code in module_codes(inline, tmp_path)} >= {"KL002"}
     scored = inline.replace("torch.log_softmax(model(", "torch.log_softmax(reward_model(")
     assert module_codes(scored, tmp_path) == []
+
+
+# yyifan-Onyen/grpo_s1: grpo.py's update_policy(..., loss_aggregation="token-mean") averages each episode's tokens on
+# its "episode-mean" branch (1/L weights, row 21: KL007) and the batch's on "token-mean" (row 20, only a rescale).
+# train_new.py binds `loss_aggregation = args.loss_aggregation` (an option defaulting to "token-mean") and calls
+# update_policy from a worker defined inside main: the episode-mean branch never runs.
+AGGREGATING = '''\
+import torch
+
+
+def update_policy(policy, batch, optimizer, beta=0.04, loss_aggregation: str = "token-mean"):
+    logps = policy.logps(batch.ids)
+    per_token_loss = -torch.exp(logps - logps.detach()) * batch.advantages
+    delta = batch.ref_logps - logps
+    per_token_loss = per_token_loss + beta * (torch.exp(delta) - delta - 1)
+    if loss_aggregation == "token-mean":
+        loss = (per_token_loss * batch.mask).sum() / batch.mask.sum()
+    else:
+        loss = ((per_token_loss * batch.mask).sum(-1) / batch.mask.sum(-1)).mean()
+    loss.backward()
+    optimizer.step()
+'''
+
+OPTIONS_SCRIPT = '''\
+import argparse
+from concurrent.futures import ThreadPoolExecutor
+
+from grpo import update_policy
+
+
+def main(policy, batches, optimizer):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--loss-aggregation", choices=["token-mean", "episode-mean"], default="token-mean")
+    args = parser.parse_args()
+    loss_aggregation = args.loss_aggregation
+
+    def _do_update(batch):
+        return update_policy(policy, batch, optimizer, loss_aggregation=loss_aggregation)
+
+    with ThreadPoolExecutor() as pool:
+        list(pool.map(_do_update, batches))
+'''
+
+
+def test_a_switch_every_caller_reads_from_an_option_takes_the_options_value(tmp_path):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    def codes(script):
+        (tmp_path / "grpo.py").write_text(AGGREGATING)
+        (tmp_path / "train_new.py").write_text(script)
+        found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+        return sorted({f.code for f in found if f.path.endswith("grpo.py")})
+
+    assert codes(OPTIONS_SCRIPT) == ["KL002"]
+    assert codes(OPTIONS_SCRIPT.replace('default="token-mean"', 'default="episode-mean"')) == ["KL002", "KL007"]
+    # an attribute of no command line (a config object the run may load from elsewhere) pins nothing
+    configured = OPTIONS_SCRIPT.replace("loss_aggregation = args.loss_aggregation",
+                                        "loss_aggregation = trainer_state.loss_aggregation")
+    assert codes(configured) == ["KL002", "KL007"]
