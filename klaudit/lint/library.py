@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from klaudit.catalog import Aggregation
+from klaudit.catalog import Aggregation, Estimator
 from klaudit.lint import algebra as alg
 from klaudit.lint import roles
 from klaudit.lint.algebra import Atom, Poly
@@ -83,6 +83,18 @@ def _model_logits(op: Operation, no_grad: bool) -> tuple:
     if roles.names_reference_model(name):
         return (tensor(Poly.atom(Atom(alg.REF_LOGITS, False))),)
     return (tensor(Poly.atom(Atom(alg.LOGITS, not no_grad))),) if roles.names_policy_model(name) else ()
+
+
+# the estimators never negative in exact arithmetic: the larger of one and 0 is the estimate itself
+_NON_NEGATIVE = frozenset({Estimator.K2, Estimator.K3, Estimator.LOW_VAR_KL, Estimator.ABS, Estimator.K3_REVERSED,
+                           Estimator.FULL, Estimator.FULL_FORWARD})
+
+
+def _never_negative(value: tuple) -> bool:
+    """Whether `value` holds KL estimates and each is a positive multiple of one of `_NON_NEGATIVE`."""
+    estimates = [alg.match_estimator(f.poly.terms) for f in value if f.is_kl()]
+    return bool(estimates) and all(found is not None and found[0] in _NON_NEGATIVE and found[1] > 0
+                                   for found in estimates)
 
 
 class LibraryFlow(FlowState):
@@ -250,8 +262,9 @@ class LibraryFlow(FlowState):
         zero = [i for i, arg in enumerate(op.positional) if is_zero_tensor(arg) or number_value(arg) == 0]
         if len(zero) == 1:
             other = self.expr(op.positional[1 - zero[0]])
-            hinge = self.squashed(replace(op, tensor=other))
-            if hinge is not None:
+            if op.name in ("max", "maximum") and _never_negative(other):
+                return other  # `torch.maximum(k3, zeros)`: k3 itself, whatever rounding made negative aside
+            if (hinge := self.squashed(replace(op, tensor=other))) is not None:
                 return hinge
             if op.name in ("max", "maximum") and any(f.is_kl() for f in other):
                 return with_clamp(other)  # `max(0.0, kl)`: the estimate clamped at 0 (a negative one loses its signal)
