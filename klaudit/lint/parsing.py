@@ -43,12 +43,19 @@ def python_tree(path: str, source: str) -> ast.Module | Finding | None:
     except SyntaxError as error:
         if _libcst_reads(source):
             return None
+        if (other := _OTHER_INTERPRETER.match(source)) is not None:
+            return incomplete(path, f"not analysed: its first line runs it with {other.group(1)}, not Python")
         return file_finding(path, SYNTAX_ERROR_CODE, f"syntax error: {error.msg}", error.lineno or 1,
                             max(error.offset or 1, 1))
     except (RecursionError, MemoryError):
         return incomplete(path, "not analysed: the code nests too deeply for Python's own parser")
     except ValueError as error:  # e.g. "source code string cannot contain null bytes"
         return file_finding(path, SYNTAX_ERROR_CODE, f"syntax error: {error}")
+
+
+# a first line that runs the file with another program (`#!/usr/bin/env bash` atop a wrapper named run.py)
+_OTHER_INTERPRETER = re.compile(r"#![ \t]*(?:/usr/bin/env[ \t]+(?:-S[ \t]+)?)?(?:\S*/)?"
+                                r"(bash|sh|zsh|dash|ksh|fish|node|perl|ruby)\b")
 
 
 def _libcst_reads(source: str) -> bool:
