@@ -46,7 +46,7 @@ from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
 from klaudit.frameworks.imports import import_failure
-from klaudit.frameworks.options import Options, option_defaults
+from klaudit.frameworks.options import Options, environment_files, option_defaults
 from klaudit.frameworks.processes import parallel_launched, runs_in_one_process
 from klaudit.frameworks.settings import (
     PYTHON_SCRIPT,
@@ -198,7 +198,8 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     configs = list(configs)
     everything = {**(others or {}), **sources}
     context = replace(context, classes=config_classes(sources), homonyms=homonyms(sources), local_names=local,
-                      options=option_defaults(everything, configs),
+                      options=replace(option_defaults(everything, configs),
+                                      environment=environment_files(context.roots)),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
                       grpo_trainers=trl_subclasses(everything, "GRPOTrainer"),
                       after_unsloth=unsloth.imported_after_unsloth(everything))

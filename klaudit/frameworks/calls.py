@@ -25,7 +25,7 @@ from klaudit.frameworks.options import (
     configuration_read,
     defaulted,
     environment_default,
-    environment_read,
+    local_read,
     module_constants,
     resolve,
     visible,
@@ -94,7 +94,8 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
             nested = _nested_calls(written, text)
             read = configuration_read(key, nested, written.lineno)
-            default = (options or Options()).read(read) if read is not None else environment_read(nested, written.lineno)
+            default = (options or Options()).read(read) if read is not None else \
+                (options or Options()).environment_read(nested, written.lineno)
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
         return defaulted(found, default)
 
@@ -122,7 +123,8 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             aliases: Mapping[str, tuple[str, bool]] = {}
             if any(isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) for _, _, value in given):
                 if functions is None:
-                    functions, constants = _function_parameters(tree, text), _module_constants(tree, text)
+                    functions = _function_parameters(tree, text, options or Options())
+                    constants = _module_constants(tree, text, options or Options())
                 parameters = _enclosing(constants, functions, node.lineno)
                 aliases = _aliases(scope_of(node))
             settings = {key: value_setting(span, key, value, parameters, aliases) for span, key, value in given}
@@ -175,8 +177,8 @@ def _skipped_tests(tree: ast.Module) -> list[tuple[int, int]]:
                 for decorator in node.decorator_list)]
 
 
-def _function_parameters(tree: ast.Module,
-                         text: Callable[[ast.expr], str]) -> list[tuple[int, int, dict[str, Default | None]]]:
+def _function_parameters(tree: ast.Module, text: Callable[[ast.expr], str],
+                         options: Options) -> list[tuple[int, int, dict[str, Default | None]]]:
     """(first line, last line, the names it binds) of each function: a parameter's literal default, None
     for a name its body assigns or a parameter without one (options.bindings)."""
     found = []
@@ -191,13 +193,13 @@ def _function_parameters(tree: ast.Module,
                        (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
         bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := _binds(inner)))
-        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text))))
+        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text, options))))
     return found
 
 
 def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str],
-           text: Callable[[ast.expr], str]) -> dict[str, Default]:
-    """options.configuration_read of each name the function binds once, to `cfg.get("key", literal)`."""
+           text: Callable[[ast.expr], str], options: Options) -> dict[str, Default]:
+    """options.local_read of each name the function binds once, to `cfg.get("key", literal)` or an environment read."""
     reads = {}
     for statement in function.body:
         for inner in ast.walk(statement):
@@ -205,7 +207,7 @@ def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str]
                 continue
             target, value = _assigned(inner)
             if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None:
-                read = configuration_read(target.id, _nested_calls(value, text), inner.lineno)
+                read = local_read(target.id, _nested_calls(value, text), inner.lineno, options)
                 if read is not None:
                     reads[target.id] = read
     return reads
@@ -233,7 +235,7 @@ def _enclosing(constants: Mapping[str, Default], functions: list[tuple[int, int,
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
-def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str]) -> dict[str, Default]:
+def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str], options: Options) -> dict[str, Default]:
     """options.module_constants of the module: every binding outside functions and classes (the scopes of
     their own), with the literal of each `NAME = literal`."""
     assignments: list[tuple[str, str | None, int, str]] = []
@@ -259,7 +261,7 @@ def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str]) -> dict
 
     walk(tree)
     rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
-    return module_constants(assignments, rebound)
+    return module_constants(assignments, rebound, options.environment)
 
 
 def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:

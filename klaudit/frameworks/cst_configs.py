@@ -83,28 +83,28 @@ def _chain(node: cst.BaseExpression) -> str:
 
 
 class _Reads(cst.CSTVisitor):
-    """options.configuration_read of each name a function body binds once (`bound`), to `cfg.get("key", literal)`
-    (calls._reads of Python's tree)."""
+    """options.local_read of each name a function body binds once (`bound`), to `cfg.get("key", literal)` or an
+    environment read (calls._reads of Python's tree)."""
 
-    def __init__(self, bound: Counter[str], line: Callable[[cst.CSTNode], int]) -> None:
-        self.bound, self.line = bound, line
+    def __init__(self, bound: Counter[str], line: Callable[[cst.CSTNode], int], options: Options) -> None:
+        self.bound, self.line, self.options = bound, line, options
         self.reads: dict[str, Default] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         target, value = _single_assignment(node)
         if isinstance(target, cst.Name) and self.bound[target.value] == 1 and value is not None:
-            read = options.configuration_read(target.value, _nested_calls(value), self.line(node))
+            read = options.local_read(target.value, _nested_calls(value), self.line(node), self.options)
             if read is not None:
                 self.reads[target.value] = read
         return True
 
 
-def _bindings(node: cst.FunctionDef, line: Callable[[cst.CSTNode], int]) -> dict[str, Default | None]:
+def _bindings(node: cst.FunctionDef, line: Callable[[cst.CSTNode], int], options: Options) -> dict[str, Default | None]:
     """The names a function binds (options.bindings): its parameters' literal defaults, its body's names, and
     the defaults of the configuration reads among them."""
     assigned = _Assigned()
     node.body.visit(assigned)
-    reads = _Reads(assigned.names, line)
+    reads = _Reads(assigned.names, line, options)
     node.body.visit(reads)
     parameters = (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
     defaults = {parameter.name.value: None if parameter.default is None else _literal(parameter.default)
@@ -204,7 +204,8 @@ class _Reader(cst.CSTVisitor):
         self.module = node
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.functions.append(_bindings(node, lambda inner: self.get_metadata(PositionProvider, inner).start.line))
+        self.functions.append(_bindings(node, lambda inner: self.get_metadata(PositionProvider, inner).start.line,
+                                        self.options or Options()))
         self.refused += _skipped(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -227,7 +228,7 @@ class _Reader(cst.CSTVisitor):
             line = self.get_metadata(PositionProvider, arg).start.line
             nested = _nested_calls(arg.value)
             read = options.configuration_read(arg.keyword.value, nested, line)
-            default = self.options.read(read) if read is not None else options.environment_read(nested, line)
+            default = self.options.read(read) if read is not None else self.options.environment_read(nested, line)
         found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
         return options.defaulted(found, default)
 
@@ -239,7 +240,8 @@ class _Reader(cst.CSTVisitor):
                 self.module.visit(bound)
                 self.module.visit(declared)
                 other = [(name, None, 0, "") for name in bound.names]  # any other binding: no constant
-                self.constants = module_constants([*bound.assignments, *other], declared.names)
+                self.constants = module_constants([*bound.assignments, *other], declared.names,
+                                                  (self.options or Options()).environment)
         return self.constants
 
     def _setting(self, node: cst.CSTNode, value: str | None, name_length: int) -> Setting:

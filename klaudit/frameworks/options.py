@@ -41,7 +41,7 @@ from klaudit.frameworks.settings import (
     yaml_settings,
 )
 from klaudit.frameworks.versions import project_root
-from klaudit.text import file_text
+from klaudit.text import file_text, read_text
 
 # A literal as klaudit.frameworks.calls reads it: a number, a one-line string, True/False/None.
 _LITERAL = r"""(-?(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][-+]?\d+)?|"[^"\\\n]*"|'[^'\\\n]*'|True|False|None)"""
@@ -78,6 +78,14 @@ class Options:
     configs: tuple[str, ...] = ()  # the linted YAML files, read only when a nested key is looked up
     # name -> resolved path of a script -> the values the launches that set it give it
     launched: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)
+    # the variables the project's environment files set (`environment_files`), by name
+    environment: Mapping[str, Default] = field(default_factory=dict)
+
+    def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
+        """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):
+        the one the project's environment files set, else the read's literal default (`environment_read`)."""
+        variable = _environment_variable(calls)
+        return self.environment.get(variable or "") or environment_read(calls, line)
 
     def configured(self, key: str) -> Default | None:
         """The value the linted YAML files give the nested key `key` (`training.grpo.beta`, the path of
@@ -262,23 +270,58 @@ def configuration_read(name: str, calls: Sequence[tuple[str, Sequence[str | None
                    key, holder=called.removesuffix(".get").rsplit(".", 1)[-1])
 
 
-def module_constants(assignments: Iterable[tuple[str, str | None, int, str]], rebound: Collection[str]) -> dict[str, Default]:
+def module_constants(assignments: Iterable[tuple[str, str | None, int, str]], rebound: Collection[str],
+                     environment: Mapping[str, Default] | None = None) -> dict[str, Default]:
     """The module's constants: each name bound once at module level (`assignments`: name, its literal value or
     None, line, and the environment variable the value is the default of, or "", for every module-level binding)
     to a literal, and never declared `global` in a function (`rebound`). `BETA = 0.04` then
     `GRPOConfig(beta=BETA)`, as notebooks and scripts write it; `BETA = float(os.environ.get("BETA", 0.04))`
-    reads 0.04 in a run that leaves the variable unset, as a shell script's `${BETA:-0.04}` does."""
+    reads 0.04 in a run that leaves the variable unset, as a shell script's `${BETA:-0.04}` does, and the value the
+    project's `environment` files give the variable where they set it."""
     seen: dict[str, list[tuple[str | None, int, str]]] = {}
     for name, value, line, variable in assignments:
         seen.setdefault(name, []).append((value, line, variable))
-    return {name: Default(value, f"{name} = {value} at line {line}" + (f" while {variable} is unset" if variable else ""))
+    environment = environment or {}
+    return {name: environment.get(variable) or Default(
+                value, f"{name} = {value} at line {line}" + (f" while {variable} is unset" if variable else ""))
             for name, [(value, line, variable)] in ((name, found) for name, found in seen.items() if len(found) == 1)
             if value is not None and name not in rebound}
+
+
+def local_read(name: str, calls: Sequence[tuple[str, Sequence[str | None]]], line: int, options: Options) -> Default | None:
+    """The value a function's local `name`, bound once to `calls` (as environment_default takes them), reads: a
+    configuration read's default (`configuration_read`), or an environment read's (`Options.environment_read`)."""
+    return configuration_read(name, calls, line) or options.environment_read(calls, line)
 
 
 # `os.environ.get("BETA", 0.04)`, `os.getenv(...)` and the bare names an import gives them
 _ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})
 _CONVERSIONS = frozenset({"float", "int", "str"})  # what wraps such a read without changing its default
+
+
+def _environment_variable(calls: Sequence[tuple[str, Sequence[str | None]]]) -> str | None:
+    """The variable a value reads from the environment (`calls` as environment_default takes them), if it does."""
+    call = _unconverted(calls)
+    return call[1][0] if call is not None and call[0] in _ENVIRONMENT_READS and call[1] else None
+
+
+# `export GRPO_BETA=0.01`, `BETA="0.04"  # comment` (a dotenv file, direnv's .envrc)
+_EXPORT = re.compile(r"""^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)=(["']?)([^"'\s#]*)\2[ \t]*(?:#[^\n]*)?$""", re.MULTILINE)
+ENVIRONMENT_FILES = (".env", ".envrc")  # read from a linted folder and from the project's folder above it
+
+
+def environment_files(roots: Iterable[str | Path]) -> dict[str, Default]:
+    """The variables that the environment files (`ENVIRONMENT_FILES`) of the linted folders, or of the projects that
+    hold them, set to one value each (a run loads them: python-dotenv, direnv)."""
+    folders = [Path(root) if Path(root).is_dir() else Path(root).parent for root in roots]
+    folders += [home for folder in folders if (home := project_root(folder.resolve())) is not None]
+    seen: dict[str, list[Default]] = {}
+    for file in dict.fromkeys(folder.resolve() / name for folder in folders for name in ENVIRONMENT_FILES):
+        text = read_text(file) or ""
+        for match in _EXPORT.finditer(text):
+            origin = f"{file.name}:{text.count(chr(10), 0, match.start()) + 1}"
+            seen.setdefault(match.group(1), []).append(Default(match.group(3), f"{match.group(1)}={match.group(3)} at {origin}"))
+    return {name: values[0] for name, values in seen.items() if len({value.value for value in values}) == 1}
 
 
 def environment_default(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tuple[str, str] | None:

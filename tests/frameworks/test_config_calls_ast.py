@@ -185,7 +185,8 @@ def train(cfg, path):
 def test_a_configuration_read_with_a_literal_default_gives_that_default_where_the_yaml_files_leave_the_key(tmp_path):
     """`epochs = cfg.get("ppo_epochs", 4)` bound once: a run whose configuration leaves the key out trains with 4, so
     the keyword is judged at 4 where no linted YAML file gives the key another value (the same value, at any depth,
-    agrees); a read without a default, a name bound twice, an environment read inside a function: no value."""
+    agrees); a read without a default, a name bound twice: no value. An environment read bound to a name gives its
+    default, the value a run that leaves the variable unset reads, as it does written at the keyword."""
     from klaudit.frameworks.options import option_defaults
 
     config = tmp_path / "ppo.yaml"
@@ -199,9 +200,10 @@ def test_a_configuration_read_with_a_literal_default_gives_that_default_where_th
     [call] = reader.calls
     assert {key: setting.value for key, setting in call.settings.items()} == {
         "ppo_epochs": "4", "batch_size": "8", "mini_batch_size": None, "learning_rate": None, "init_kl_coef": None,
-        "target_kl": None}
+        "target_kl": "6.0"}
     assert call.settings["ppo_epochs"].origin == (
         "epochs = cfg.get('ppo_epochs', 4) at line 4, where the configuration leaves ppo_epochs out")
+    assert call.settings["target_kl"].origin == "6.0 at line 10 while TARGET_KL is unset"
 
 
 INLINE_READS = '''\

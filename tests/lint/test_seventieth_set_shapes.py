@@ -38,3 +38,60 @@ class GRPO:
 def test_the_larger_of_a_never_negative_estimate_and_zero_is_the_estimate(tmp_path, estimate, codes):
     source = CLAMPED_AT_ZERO.replace("torch.exp(logp_ref - logp) - (logp_ref - logp) - 1", estimate)
     assert module_codes(source, tmp_path) == codes
+
+
+@pytest.mark.parametrize("first_line, codes", [
+    ("#!/usr/bin/env bash", []),  # kirang89/ocamler-grpo's scripts/run-rlvr-training.py: a bash wrapper
+    ("#!/bin/sh", []),
+    ("#!/usr/bin/env python3", ["KL000"]),  # a Python script that does not parse is still broken
+    ("", ["KL000"]),
+])
+def test_a_file_whose_first_line_runs_another_program_is_no_broken_python(tmp_path, first_line, codes):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    script = tmp_path / "run-training.py"
+    script.write_text(f"{first_line}\nnohup uv run python -m rlvr.train >training.log 2>&1 &\n")
+    found = lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [f.code for f in found] == codes
+    # with KL vocabulary it would be analysed: it is not, and an informational KL099 says why
+    script.write_text(script.read_text() + "# kl_coef=0.1\n")
+    found = lint_paths([str(script)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.code, "not Python" in f.message) for f in found] == [("KL099", True)] if not codes else \
+        [f.code for f in found] == codes
+
+
+# kirang89/ocamler-grpo: rlvr/config.py builds TRL's GRPOConfig inside a function from
+# `beta = float(os.environ.get("GRPO_BETA", str(DEFAULT_BETA)))` (DEFAULT_BETA = 0.0); the .envrc that direnv loads,
+# as the README says, exports GRPO_BETA=0.01. TRL 1.16 without the bias correction: a plain k3 loss (row 3, KL002).
+ENV_CONFIG = """\
+import os
+
+from trl import GRPOConfig
+
+DEFAULT_BETA = 0.0
+
+
+def build():
+    beta = float(os.environ.get("GRPO_BETA", str(DEFAULT_BETA)))
+    return GRPOConfig(output_dir="out", beta=beta, use_bias_correction_kl=False)
+"""
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({".envrc": "export GRPO_BETA=0.01\n"}, [("KL002", "GRPO_BETA=0.01 at .envrc:1")]),
+    ({".env": "GRPO_BETA='0.01'  # the run's\n"}, [("KL002", "GRPO_BETA=0.01 at .env:1")]),
+    ({}, []),  # the variable unset: the default, beta 0, no KL (nor a finding)
+    ({".env": "GRPO_BETA=0.01\n", ".envrc": "export GRPO_BETA=0.0\n"}, []),  # two values: none is assumed
+])
+def test_an_environment_read_takes_the_value_the_projects_environment_files_set(tmp_path, files, expected):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    (tmp_path / "config.py").write_text(ENV_CONFIG)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["trl==1.16.0"]\n')
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.code, next(iter(expected))[1] in f.message if expected else "") for f in found] == \
+        [(code, True) for code, _ in expected]
