@@ -85,6 +85,8 @@ class _ModuleIndex:
         one nearest the importer in the tree."""
         parts = tuple(part for part in dotted.split(".") if part)
         if level:
+            if level > len(Path(importer).parents):
+                return None  # more dots than folders above: no module of the tree
             folder = Path(importer).parents[level - 1]
             wanted = (*folder.parts, *parts)
             return next((path for path in self._by_tail.get(parts, [])

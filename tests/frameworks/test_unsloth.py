@@ -75,6 +75,7 @@ def test_imports_after_unsloth_reach_through_relative_imports_and_the_modules_im
         "pkg/helpers.py": "y = 2\n",
         "pkg/trainer.py": "from pkg.helpers import y\n",
         "pkg/run.py": "from .early import x\nfrom . import model\nfrom .trainer import make\n",
+        "pkg/odd.py": "from " + "." * 60 + " import nothing\n",  # more dots than folders: no module, no error
     }
     sources = {str(tmp_path / name): text for name, text in files.items()}
     for path, text in sources.items():
