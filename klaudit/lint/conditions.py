@@ -13,6 +13,9 @@ decided, and only its branch runs.
 
 from __future__ import annotations
 
+import operator
+import re
+
 import libcst as cst
 
 from klaudit.lint.facts import (
@@ -183,6 +186,26 @@ class ConditionFlow(FlowState):
             return None
         nones = [f.role == "none" for f in facts]
         return True if all(nones) else (False if not any(nones) else None)
+
+
+_THRESHOLD = re.compile(r"^(\w+) (==|>|>=|<|<=) (-?\d+(?:\.\d+)?)$")
+_COMPARE = {"==": operator.eq, ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+def threshold_setting(name: str) -> str | None:
+    """The setting a label of a numeric test names (`num_iterations` of `num_iterations > 1`); None for another
+    kind of label."""
+    found = _THRESHOLD.match(name)
+    return found.group(1) if found else None
+
+
+def threshold_holds(label: Label, value: float) -> bool | None:
+    """Whether the path labelled `label`, a numeric test of a setting (`("num_iterations > 1", (True,))`), runs
+    where that setting is `value`; None for a label of another kind."""
+    found = _THRESHOLD.match(label[0])
+    if found is None:
+        return None
+    return _COMPARE[found.group(2)](value, float(found.group(3))) in label[1]
 
 
 def where_false(label: Label | None) -> tuple:

@@ -26,6 +26,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.kinds import SinkKind
+from klaudit.lint.update_loops import never_runs_on
 
 
 class SinkFlow(FlowState):
@@ -106,10 +107,15 @@ class SinkFlow(FlowState):
         if not any(f.is_kl() and not f.stale for f in value):
             return value
         # the ratios formed here, apart from the KL terms already added to them (whose switches they lost)
-        ratios = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,)) and not g.is_kl()]
+        formed = [g for v in self.env.values() for g in v if holds_behaviour_ratio((g,)) and not g.is_kl()]
+        # not those on a path the module's settings never take (`if self.args.num_iterations > 1:` left at 1)
+        ratios = [g for g in formed if not never_runs_on(g.labels, self.module.tree, self.module.beyond)]
         # an alternative on an exclusive path (another switch value or branch) is no evidence for this one
         # a call that compares them counts on the paths where it ran, not in the other branch of its `if`
         compared = any(compatible(labels, self.labels) for labels in self.compared)
+        if formed and not ratios and not compared and not self.reused:
+            # every ratio to a behaviour policy is formed where it never runs: the samples are the policy's own
+            return tuple(_on_fresh_samples(f, False) if f.is_kl() else f for f in value)
         # a ratio of 1 formed on another path (`exp(logp - logp.detach())` where num_iterations is 1): the samples'
         # age is a switch of its own there
         ones = [g.labels for v in self.env.values() for g in v if _a_ratio_of_one(g)]

@@ -29,6 +29,8 @@ import libcst as cst
 
 from klaudit.frameworks.options import configured_values, option_defaults
 from klaudit.lint import roles
+from klaudit.lint.conditions import threshold_holds, threshold_setting
+from klaudit.lint.facts import Labels
 from klaudit.lint.pinned import given_literal_ints
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import (
@@ -114,17 +116,39 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, beyond: Be
     count = iterated.args[0].value
     literal = int_literal(count)
     if literal is None and type(count) is cst.Attribute:
-        literal = _field_default(module, count.attr.value)
-        if literal is None and beyond is not None:
-            imported = {_field_default(source, count.attr.value) for source in beyond.class_sources} - {None}
-            literal = imported.pop() if len(imported) == 1 else None
-        if literal in (0, 1) and _configured_above_one(count, beyond):
-            return True
+        return settled_setting(count.attr.value, module, beyond) not in (0, 1)
     elif literal is None and type(count) is cst.Name:  # `def train(..., ppo_epochs=1)`, its callers leaving it
         literal = _parameter_default(module, count.value, beyond)
         if literal is None:  # `mu_iterations = 1` at the top of a script
             literal = _module_constant(module, count.value)
     return literal not in (0, 1)
+
+
+def settled_setting(name: str, module: cst.Module, beyond: Beyond | None = None) -> int | None:
+    """The integer a count read as a setting (`self.args.num_iterations`) is left at: the default the classes of
+    `module` all give it (else those of the modules `beyond.class_sources` all do), where no YAML file of `beyond`
+    sets it to more than 1; None where that is not known. A loop `range` of it and a test of it (`if
+    self.args.num_iterations > 1:`) read the same value."""
+    literal = _field_default(module, name)
+    if literal is None and beyond is not None:
+        imported = {_field_default(source, name) for source in beyond.class_sources} - {None}
+        literal = imported.pop() if len(imported) == 1 else None
+    configs = beyond.configs if beyond is not None else ()
+    if literal is not None and any(value.isdigit() and int(value) > 1 for value in configured_values(configs, name)):
+        return None
+    return literal
+
+
+def never_runs_on(labels: Labels, module: cst.Module, beyond: Beyond | None = None) -> bool:
+    """Whether a path labelled `labels` tests a count that the settings of `module` leave at a value that rules it
+    out (`num_iterations > 1` where its classes default num_iterations to 1 and no YAML file sets more:
+    `settled_setting`), as a loop `range(num_iterations)` is then read as one round."""
+    for label in labels:
+        setting = threshold_setting(label[0])
+        value = settled_setting(setting, module, beyond) if setting is not None else None
+        if value is not None and threshold_holds(label, value) is False:
+            return True
+    return False
 
 
 def _module_constant(module: cst.Module, name: str) -> int | None:
@@ -187,7 +211,7 @@ def _configured_above_one(count: cst.BaseExpression, beyond: Beyond | None) -> b
 
 def _field_default(module: cst.Module, name: str) -> int | None:
     """The integer `module` defaults the setting `name` to, as a field of its classes (`num_ppo_epochs: int = 1`,
-    `= field(default=1, ...)`), a parameter of their methods (`def __init__(self, ppo_steps: int = 1)`) or an option
+    `= field(default=1, ...)`, a plain class attribute `num_iterations = 1`), a parameter of their methods (`def __init__(self, ppo_steps: int = 1)`) or an option
     of its command line (`parser.add_argument("--num_ppo_epochs", type=int, default=1)`), where every such default
     agrees; None when none is written or they differ."""
     found = set(_option_defaults(module).get(name, ()))
@@ -198,6 +222,9 @@ def _field_default(module: cst.Module, name: str) -> int | None:
             small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and line.body else None
             if isinstance(small, cst.AnnAssign) and type(small.target) is cst.Name and small.target.value == name:
                 found.add(_default_of(small.value))
+            elif isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                    and type(target := small.targets[0].target) is cst.Name and target.value == name:
+                found.add(_default_of(small.value))  # a plain class attribute: `num_iterations = 1`
             elif isinstance(line, cst.FunctionDef):
                 found.update(_default_of(param.default) for param in params(line)
                              if param.name.value == name and param.default is not None)
