@@ -468,9 +468,10 @@ LOOPS = frozenset({cst.For, cst.While})
 def encodes_one_text(block: cst.CSTNode) -> bool:
     """Whether a block (a function's or a loop's body, a module's own code) runs its model on one sequence: every
     tensor it has a tokenizer make outside the loops in it is of one text (`tokenizer(prompt, return_tensors="pt")`,
-    `tok.encode(question, return_tensors="pt")`, `processor(text=[prompt_text], return_tensors="pt")`), a batch of
-    one, and it makes at least one. What a loop in it encodes is that loop's, at each pass; what its nested functions
-    and classes encode, theirs. A block that draws several responses to its one text (`generate(...,
+    `tok.encode(question, return_tensors="pt")`, `processor(text=[prompt_text], return_tensors="pt")`, or the token
+    ids put in one row, `torch.tensor([prompt_ids + completion_ids])`), a batch of one, and it makes at least one.
+    What a loop in it encodes is that loop's, at each pass; what its nested functions and classes encode, theirs
+    (and a comprehension's rows are many). A block that draws several responses to its one text (`generate(...,
     num_return_sequences=4)`), or has a loop in it that handles one sequence at each pass (one prompt's responses
     scored one by one), handles several."""
     if any(isinstance(node, (cst.For, cst.While)) and node is not block and handles_one_sequence(node)
@@ -481,8 +482,31 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
              and any(arg.keyword is not None and arg.keyword.value == "return_tensors" for arg in node.args)]
     texts = [next((arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "text"), None)
              for call in calls]
-    return bool(texts) and all(text is not None and roles.names_one_text(last_name(_the_one_element(text)))
-                               for text in texts)
+    rows = [node for node in own_nodes(block, SCOPES | LOOPS | _COMPREHENSIONS)
+            if type(node) is cst.Call and _one_row_of_ids(node)]
+    return bool(texts or rows) and all(text is not None and roles.names_one_text(last_name(_the_one_element(text)))
+                                       for text in texts)
+
+
+def _one_row_of_ids(call: cst.Call) -> bool:
+    """`torch.tensor([span.prefix_ids + span.completion_ids])`: a batch of one sequence of token ids."""
+    if last_name(call.func) not in ("tensor", "LongTensor") or not call.args or call.args[0].keyword is not None:
+        return False
+    first = call.args[0].value
+    if type(first) is not cst.List or len(first.elements) != 1 or type(first.elements[0]) is not cst.Element:
+        return False
+    operands, parts = [first.elements[0].value], []
+    while operands:
+        node = operands.pop()
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Add:
+            operands += [node.left, node.right]
+        else:
+            parts.append(last_name(node) or "")
+    return all(_TOKEN_IDS.search(part) for part in parts)
+
+
+_TOKEN_IDS = re.compile(r"(^|_)(ids|tokens|token_ids)$")
+_COMPREHENSIONS = frozenset({cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp})  # one row for each of many
 
 
 def _the_one_element(node: cst.BaseExpression) -> cst.BaseExpression:

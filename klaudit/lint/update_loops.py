@@ -802,12 +802,28 @@ def _drawing(methods: dict[str, cst.FunctionDef] | None, module: cst.Module,
             return False  # samples of the lagging copy, not of the policy the step updates
         if _draws(call) if depth == 0 else (_generates(call) or callee is None and _draws_with_the_policy(call)):
             return True
+        if depth == 0 and _builds_a_sampler(call, module):
+            return True
         if callee is None or depth >= 3:
             return False
         inner = calls_of(callee)
         return any(draws(found, depth + 1) for found, _ in inner) and not takes_a_step(inner)
 
     return draws
+
+
+def _builds_a_sampler(call: cst.Call, module: cst.Module) -> bool:
+    """`LocalPolicyClient(model, tokenizer, ...)`: a class of `module` whose methods generate with the model it is
+    handed, made with the policy model. Made where the samples are wanted (an agent's client for one episode,
+    handed to the environment's loop), it stands for the draw its episode makes."""
+    if type(call.func) is not cst.Name or not any(
+            type(arg.value) in (cst.Name, cst.Attribute) and roles.names_policy_model(last_name(arg.value) or "")
+            for arg in call.args):
+        return False
+    classdef = next((stmt for stmt in module.body if isinstance(stmt, cst.ClassDef)
+                     and stmt.name.value == call.func.value), None)
+    return classdef is not None and any(type(node) is cst.Call and _generates(node)
+                                        for method in _class_methods(classdef).values() for node in walk(method))
 
 
 def _keeps_a_buffer(func: cst.FunctionDef) -> bool:
