@@ -472,11 +472,11 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
     ids put in one row, `torch.tensor([prompt_ids + completion_ids])`), a batch of one, and it makes at least one.
     What a loop in it encodes is that loop's, at each pass; what its nested functions and classes encode, theirs
     (and a comprehension's rows are many). A block that draws several responses to its one text (`generate(...,
-    num_return_sequences=4)`), or has a loop in it that handles one sequence at each pass (one prompt's responses
-    scored one by one), handles several."""
+    num_return_sequences=4)`) or copies its row (`prompt.repeat(group_size, 1)`), or has a loop in it that handles
+    one sequence at each pass (one prompt's responses scored one by one), handles several."""
     if any(isinstance(node, (cst.For, cst.While)) and node is not block and handles_one_sequence(node)
            or type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "num_return_sequences"
-           and int_literal(node.value) != 1 for node in own_nodes(block)):
+           and int_literal(node.value) != 1 or _copies_rows(node) for node in own_nodes(block)):
         return False
     calls = [node for node in own_nodes(block, SCOPES | LOOPS) if type(node) is cst.Call
              and any(arg.keyword is not None and arg.keyword.value == "return_tensors" for arg in node.args)]
@@ -486,6 +486,13 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
             if type(node) is cst.Call and _one_row_of_ids(node)]
     return bool(texts or rows) and all(text is not None and roles.names_one_text(last_name(_the_one_element(text)))
                                        for text in texts)
+
+
+def _copies_rows(node: cst.CSTNode) -> bool:
+    """`prompt.repeat(group_size, 1)`, `ids.expand(n, -1)`, `ids.repeat_interleave(k, 0)`: one row made several."""
+    return type(node) is cst.Call and type(node.func) is cst.Attribute \
+        and node.func.attr.value in ("repeat", "expand", "repeat_interleave") and bool(node.args) \
+        and int_literal(node.args[0].value) != 1
 
 
 def _one_row_of_ids(call: cst.Call) -> bool:

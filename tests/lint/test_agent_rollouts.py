@@ -90,5 +90,8 @@ def test_ids_put_in_one_row_are_one_sequence(tmp_path):
     # a row built for each of many sequences, in a comprehension, is a batch: the mean is over all its tokens
     many = AGENT.replace("torch.tensor([prefix_ids + completion_ids])",
                          "torch.tensor([[t for t in prefix_ids + completion_ids] for _ in range(2)])")
-    for source in (batch, many):
+    # zjworacle/LLM's GRPO: one prompt's row copied for the group, `torch.tensor([prompt_ids]).repeat(8, 1)`
+    group = AGENT.replace("torch.tensor([prefix_ids + completion_ids])",
+                          "torch.tensor([prefix_ids + completion_ids]).repeat(8, 1)")
+    for source in (batch, many, group):
         assert (35, "KL007") not in module_codes(source, tmp_path, envs="def run_task(task, llm_client):\n    ...\n")
