@@ -489,10 +489,11 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
 
 
 def _copies_rows(node: cst.CSTNode) -> bool:
-    """`prompt.repeat(group_size, 1)`, `ids.expand(n, -1)`, `ids.repeat_interleave(k, 0)`: one row made several."""
+    """`prompt.repeat(group_size, 1)`, `ids.expand(n, -1)`, `ids.repeat_interleave(k, 0)`: one row made several
+    (not `mask.expand(-1, -1, vocab)` or `x.repeat(1, k)`, which keep the rows as they are)."""
     return type(node) is cst.Call and type(node.func) is cst.Attribute \
         and node.func.attr.value in ("repeat", "expand", "repeat_interleave") and bool(node.args) \
-        and int_literal(node.args[0].value) != 1
+        and int_literal(node.args[0].value) not in (1, -1)
 
 
 def _one_row_of_ids(call: cst.Call) -> bool:

@@ -95,3 +95,7 @@ def test_ids_put_in_one_row_are_one_sequence(tmp_path):
                           "torch.tensor([prefix_ids + completion_ids]).repeat(8, 1)")
     for source in (batch, many, group):
         assert (35, "KL007") not in module_codes(source, tmp_path, envs="def run_task(task, llm_client):\n    ...\n")
+    # an expand that keeps the rows (-1) leaves the one sequence: its token mean is still that sequence's own
+    kept = AGENT.replace("torch.tensor([prefix_ids + completion_ids])",
+                         "torch.tensor([prefix_ids + completion_ids]).expand(-1, -1)")
+    assert (35, "KL007") in module_codes(kept, tmp_path, envs="def run_task(task, llm_client):\n    ...\n")
