@@ -97,7 +97,9 @@ class Options:
     def read(self, default: Default) -> Default | None:
         """What a read of a configuration key with that default gets (`grpo_cfg.get("beta", 0.001)`): the default
         where the linted YAML files leave the key alone (`leave_alone`), else the one value they give it in a section
-        the mapping is named for (`grpo.beta` for `grpo_cfg`); None where they give it several, or none there."""
+        the mapping is named for (`grpo.beta` for `grpo_cfg`); where they sweep a coefficient there (0, 0.01 and 0.1
+        in three configs), the first value strictly between 0 and 1 (`_swept`); None for other differing values, or
+        where they give none there."""
         if self.leave_alone(default):
             return default
         holder = default.holder.lower()
@@ -105,7 +107,7 @@ class Options:
                  if key.rsplit(".", 1)[-1] == default.key and "." in key and holder
                  and key.rsplit(".", 2)[-2].lower() in holder]
         if len({value.value for _, value in given}) != 1:
-            return None
+            return _swept(given)
         key, value = given[0]
         return Default(value.value, f"{key} at {value.origin}", yaml=True)
 
@@ -140,6 +142,21 @@ def defaulted(setting: Setting, default: Default | None) -> Setting:
     if default is None:
         return setting
     return replace(setting, origin=default.origin, run_given=default.launch or default.yaml)
+
+
+def _swept(given: Sequence[tuple[str, Default]]) -> Default | None:
+    """The value of a coefficient the YAML files sweep over [0, 1) (a KL weight of 0 in one config, 0.01 in another)
+    for the verdict: the first strictly between 0 and 1, since the rules read such a value only against 0 and 1 and
+    the configs that set it train with the term. None when a value lies outside [0, 1) or none lies inside (0, 1)."""
+    numbers = [number(value.value) for _, value in given]
+    if not given or any(found is None or not 0 <= found < 1 for found in numbers):
+        return None
+    inside = [(key, value) for (key, value), found in zip(given, numbers) if found and 0 < found < 1]
+    if not inside:
+        return None
+    key, value = min(inside, key=lambda entry: entry[1].origin)
+    return Default(value.value, f"{key} at {value.origin}; the {len(given)} configs that set it give "
+                                f"{min(numbers):g} to {max(numbers):g}", yaml=True)  # type: ignore[type-var]
 
 
 def _coefficient(launched: Sequence[Default]) -> Default:

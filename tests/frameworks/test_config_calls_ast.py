@@ -4,6 +4,8 @@ the same names, keyword values, field defaults and positions, whatever the spell
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst
 import pytest
 
@@ -255,3 +257,37 @@ def test_a_value_the_yaml_files_give_in_another_section_or_disagree_on_is_unknow
     [call] = reader.calls
     assert call.settings["mini_batch_size"].value is None and call.settings["batch_size"].value is None
     assert call.settings["ppo_epochs"].value == "4"
+
+
+SWEPT_BETA = '''\
+from trl import GRPOConfig
+
+def build(training_conf):
+    return GRPOConfig(output_dir="out", beta=training_conf.get("beta", 0.04))
+'''
+
+
+def test_a_coefficient_the_yaml_files_sweep_is_judged_where_it_is_on(tmp_path):
+    """sol0invictus/rlvr_experiments (seventy-second set) reads `beta=training_conf.get('beta', 0.04)` while its
+    sweep's configs set `training.beta` to 0.0, 0.01 and 0.1: the runs of 0.01 and 0.1 train with the k3 term, so
+    the keyword is judged at the first value strictly between 0 and 1, with the range named. Configs that agree give
+    their one value, as before; a sweep with a value outside [0, 1), where 0 and 1 are not the only thresholds that
+    matter, leaves it unknown."""
+    from klaudit.frameworks.options import option_defaults
+
+    def beta(*values: str) -> tuple[str | None, str]:
+        paths = []
+        for index, value in enumerate(values):
+            (tmp_path / f"c{index}.yaml").write_text(f"training:\n  lr: 1e-6\n  beta: {value}\n")
+            paths.append(str(tmp_path / f"c{index}.yaml"))
+        reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, paths))
+        libcst.MetadataWrapper(libcst.parse_module(SWEPT_BETA), unsafe_skip_copy=True).visit(reader)
+        [call] = reader.calls
+        for path in paths:
+            Path(path).unlink()
+        return call.settings["beta"].value, call.settings["beta"].origin
+
+    assert beta("0.0", "0.01", "0.1") == (
+        "0.01", f"training.beta at {tmp_path / 'c1.yaml'}:3; the 3 configs that set it give 0 to 0.1")
+    assert beta("0.0", "0.0")[0] == "0.0"
+    assert beta("0.0", "0.5", "2.0")[0] is None
