@@ -344,6 +344,13 @@ CATALOG: tuple[Row, ...] = (
          "the KL not detached) differentiates to k1 times its own token's score (PART) plus the log-prob times the "
          "score, whose expectation is minus the gradient of each step's entropy: the sum follows no KL objective and "
          "raises the entropy even where pi = ref", FIX_REWARD),
+    _row("13e", "logp * k1 as loss, whole sequence: k1 left undetached in a sequence return",
+         _loss(E.LOGP_K1, position=Position.SEQUENCE), Objective.OTHER, "KL009",
+         "the response's summed log-prob times its summed k1 left with its gradient (REINFORCE's "
+         "sum(logp) * (R - beta * sum(logp - ref)) with the KL not detached) differentiates to the sequence's k1 "
+         "times its score, unbiased for grad KL(pi || ref), plus the summed log-prob times the score, whose "
+         "expectation is minus the gradient of the response's entropy: the sum follows no KL objective and raises "
+         "the entropy even where pi = ref", FIX_REWARD),
     _row("14", "k3 as loss + k1 in reward", Config(loss=E.K3, reward=E.K1), Objective.OTHER, "KL006",
          "k1 in the reward is already the whole gradient; the k3 loss adds the per-token forward-KL gradient "
          "on top (REV + PFWD)", FIX_DOUBLE, identity={Target.REV: 1.0, Target.PFWD: 1.0}),

@@ -125,6 +125,20 @@ def test_the_log_prob_times_an_undetached_k1_adds_an_entropy_gradient(toy):
     assert relerr(_expected_gradient(problem, row.config), targets[Target.PART] + minus_entropy_gradient) < EXACT
 
 
+def test_the_sequence_log_prob_times_an_undetached_k1_adds_the_response_entropy_gradient(toy):
+    """Row 13e, exactly: S * D (S = sum_t logp_t, D = sum_t delta_t) differentiates to D * grad S + S * grad S. The
+    first is k1 with the whole-sequence return (REV); the second has the expectation sum_y pi(y) log pi(y) grad log
+    pi(y) = grad sum_y pi(y) log pi(y), minus the gradient of the response's entropy, here by autograd through the
+    enumerated sum (prefixes not held: not row 13d's per-step entropies)."""
+    (seed, eos, kl), problem, targets = toy
+    [row] = [row for row in catalog.CATALOG if row.number == "13e"]
+    batch = problem.batch()
+    sequence_logprob = (batch.logprobs * batch.mask).sum(-1)
+    minus_entropy_gradient = problem._flat_gradient((sequence_logprob.exp() * sequence_logprob).sum())
+    assert relerr(_expected_gradient(problem, row.config), targets[Target.REV] + minus_entropy_gradient) < EXACT
+    assert relerr(minus_entropy_gradient, targets[Target.REV]) > 0.05  # the extra term is no rescaled REV
+
+
 def test_the_probability_weighted_k1_follows_a_half_collision_weighted_divergence(toy):
     """Row 5c, exactly: pi(y) * delta(y) differentiated with the sample held has, at each prefix, the expectation
     sum_v pi(v) (delta(v) + 1) grad pi(v), the gradient of sum_v pi(v)^2 (delta(v) + 1/2) / 2 (prefix held), written

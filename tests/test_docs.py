@@ -235,7 +235,7 @@ def _rules(cell: str) -> set:
 def test_the_table_lists_rows_1_to_25_in_order():
     numbers = _table_numbers()
     assert numbers == (["1", "1b", "1c", "2", "3", "3b", "4", "5", "5b", "5c", "6", "7", "8", "9", "9b", "9c"] + ["10", "10b", "10c", "11", "12", "13"]
-                       + ["13b", "13c", "13d"] + [str(n) for n in range(14, 19)] + ["18b"] + [str(n) for n in range(19, 26)])
+                       + ["13b", "13c", "13d", "13e"] + [str(n) for n in range(14, 19)] + ["18b"] + [str(n) for n in range(19, 26)])
 
 
 def test_each_table_row_has_the_catalog_objective_rule_and_proof():
@@ -254,7 +254,7 @@ def test_each_table_row_has_the_catalog_objective_rule_and_proof():
         assert _rules(cells[columns["rule"]]) == {row.rule for row in rows}, number
         named = {kind for kind in PROOF_KINDS if re.search(rf"\b{kind}\b", cells[columns["proof"]])}
         assert named == {proof_kind(row) for row in rows}, number
-    numbered = {number for number in by_number if re.fullmatch(r"\d+[bc]?", number)}
+    numbered = {number for number in by_number if re.fullmatch(r"\d+[bcde]?", number)}
     assert numbered <= set(table), f"catalog rows missing from §8.2: {numbered - set(table)}"
 
 

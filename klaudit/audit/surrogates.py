@@ -132,6 +132,8 @@ def build_surrogate(config: Config) -> Surrogate:
             summed = log_ratio.sum(-1)
             if config.position is Position.SEQUENCE_MEAN:
                 summed = summed / mask.sum(-1).clamp(min=1.0)
+            if config.loss is Estimator.LOGP_K1:  # the response's log-prob times its k1
+                return config.sign * (batch.logprobs * mask).sum(-1) * summed
             return config.sign * estimator_values(config.loss, summed, batch)
         positions = _last_token_mask(mask) if config.position is Position.LAST else mask
         weight_through, weight_before = _importance_weights(batch, config.sampling)

@@ -481,12 +481,14 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
 
 def _log_prob_times_k1(multiplier: tuple[AtomKind, bool, Accumulation], factor: Terms) -> Term | None:
     """`logp * (A - beta * (logp - ref))` with the k1 left differentiable, both per token: logp * k1 as a loss
-    (kl-math.md row 13d). Another differentiable factor of the log-prob is no catalog form."""
+    (kl-math.md row 13d); both summed over the response, `logp.sum(-1) * (R - beta * (logp - ref).sum(-1))`, the
+    sequence form (row 13e, its returns SEQUENCE). Another differentiable factor of the log-prob is no catalog form."""
     found = match_estimator(factor)
-    if found is None or found[0] is not Estimator.K1 or multiplier[2] != TOKEN \
-            or any(a.acc != TOKEN for mono, _ in factor for a in mono):
+    span = multiplier[2]
+    if found is None or found[0] is not Estimator.K1 or span not in (TOKEN, SEQUENCE) \
+            or any(a.acc != span for mono, _ in factor for a in mono):
         return None
-    return Term("loss", Estimator.LOGP_K1, found[1], Returns.LOCAL)
+    return Term("loss", Estimator.LOGP_K1, found[1], Returns.LOCAL if span == TOKEN else Returns.SEQUENCE)
 
 
 def _detached_in_loss(factor: Terms) -> Term | None:

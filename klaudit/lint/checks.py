@@ -24,6 +24,7 @@ from klaudit.catalog import (
     Aggregation,
     Config,
     Estimator,
+    Position,
     Returns,
     Row,
     Sampling,
@@ -319,7 +320,8 @@ def config_of(fact: Fact, kind: SinkKind, trained: bool = True, rewards_stay: bo
         reward=reward_est,
         returns=returns,
         aggregation=fact.aggregation or Aggregation.SUM,
-        position=fact.position,
+        position=Position.SEQUENCE if loss is not None and loss.estimator is Estimator.LOGP_K1
+        and loss.returns is Returns.SEQUENCE else fact.position,  # row 13e: the response's log-prob times its k1
         sampling=sampling,
         sign=1 if sign > 0 else -1,
     )

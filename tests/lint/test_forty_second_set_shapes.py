@@ -114,8 +114,13 @@ def update(policy, ref_policy, batch, kl_coeff, optimizer):
     ("logprob - ref_logprob", "-logprob", ["KL009"]),
     # detached, it is a k1 reward on its own token only (row 2)
     ("(logprob - ref_logprob).detach()", "-logprob", ["KL003"]),
-    # a sequence's summed log-prob times its undetached log-ratio: no catalog form, nothing said
-    ("(logprob - ref_logprob).sum(-1)", "-logprob.sum(-1)", []),
+    # a sequence's summed log-prob times its undetached summed log-ratio: the sequence form, row 13e (gargrohin/
+    # reinforce, seventy-first set, whose penalty is the log-ratio's mean over a fixed number of new tokens)
+    ("(logprob - ref_logprob).sum(-1)", "-logprob.sum(-1)", ["KL009"]),
+    # detached, the sequence's k1 with its whole-sequence return: unbiased (row 6), nothing to say
+    ("(logprob - ref_logprob).sum(-1).detach()", "-logprob.sum(-1)", []),
+    # a token's log-prob times the sequence's summed log-ratio: neither form, no catalog row, nothing said
+    ("(logprob - ref_logprob).sum(-1, keepdim=True)", "-logprob", []),
 ])
 def test_an_undetached_k1_in_a_return_that_multiplies_the_log_prob(tmp_path, kl, multiplier, codes):
     (tmp_path / "reinforce.py").write_text(REINFORCE.format(kl=kl, multiplier=multiplier))
