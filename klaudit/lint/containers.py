@@ -215,10 +215,13 @@ def _over_vocabulary(poly: alg.Poly) -> bool:
 
 
 def _stored_log_probs(poly: alg.Poly) -> bool:
-    """The reference's or an older policy's per-token log-probs, without gradient, nothing else."""
+    """One policy's per-token log-probs, nothing else: the reference's or an older policy's without gradient, or
+    the trained policy's with it (`all_new_lp.append(new_lps[k])` turn by turn, concatenated for the loss). The
+    policy's without gradient stay unread: a helper's forward of whichever model it is given under `no_grad`, whose
+    caller names what it holds (the rollout's, the reference's)."""
     atoms = poly.atoms()
-    return len({atom.kind for atom in atoms}) == 1 and all(atom.kind in (alg.REF, alg.OLD) and not atom.grad
-                                                           for atom in atoms)
+    return len({atom.kind for atom in atoms}) == 1 and all(
+        atom.kind in (alg.REF, alg.OLD) and not atom.grad or atom.kind == alg.POLICY and atom.grad for atom in atoms)
 
 
 def _of_a_sequence(poly: alg.Poly) -> bool:

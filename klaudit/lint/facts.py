@@ -591,6 +591,19 @@ def detach_all(value: Value) -> Value:
     return tuple(replace(f, poly=alg.detach(f.poly), severed=f.severed or f.poly.has_grad()) if f.poly is not None
                  else UNKNOWN if f.role == "critic" else f for f in value)
 
+# the policy's tensors and the reference's twin of each: what a forward of the base model (the adapter disabled) gives
+_AS_REFERENCE: dict[AtomKind, AtomKind] = {alg.POLICY: alg.REF, alg.LOGITS: alg.REF_LOGITS, alg.VOCAB_POLICY: alg.VOCAB_REF,
+                 alg.VOCAB_PROB: alg.VOCAB_REF_PROB, alg.PROB: alg.REF_PROB}
+
+
+def as_reference(value: Value) -> Value:
+    """Each fact made of the policy's tensors alone as the reference's (no gradient): a value computed inside
+    `with model.disable_adapter():`. A fact that already mixes in other tensors is kept as it is."""
+    return tuple(replace(f, poly=f.poly.map_atoms(lambda a: Atom(_AS_REFERENCE[a.kind], False, a.acc)))
+                 if f.poly is not None and f.poly.atoms() and all(a.kind in _AS_REFERENCE for a in f.poly.atoms())
+                 else f for f in value)
+
+
 def join_envs(a: Env, b: Env) -> Env:
     """Environments after two paths: each name holds the alternatives of both (unknown where one is).
     An entry or attribute (`inputs["advantages"]`, `self.kl`) set on one path only still holds, on the

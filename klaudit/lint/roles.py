@@ -196,9 +196,15 @@ def names_pair_logprobs(name: str) -> bool:
     return _LONG_LOGPROB_WORD.search(name) is not None or _SIDE_THEN_LP.search(name) is not None
 
 
+# A tensor's `_t` after a name with its side word (JosephLi2023/CS224R's new_lp_t, old_lp_t, ref_lp_t, concatenated
+# from per-turn lists); alone (`logp_t` beside `logp_s`) it may name the teacher, and no role is read from it
+_SIDED_TENSOR_SUFFIX = re.compile(r"^((\w+_)?(new|cur|curr|current|old|ref|reference|prev|policy)_\w+)_t$", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def tensor_role(name: str) -> AtomKind | None:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
+    name = _SIDED_TENSOR_SUFFIX.sub(r"\1", name)
     bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", _OPTIONAL_SUFFIX.sub("", name.lstrip("_"))))
     if names_pair_logprobs(bare):
         return None

@@ -19,6 +19,7 @@ from klaudit.lint.containers import rows
 from klaudit.lint.evidence import note_assignment
 from klaudit.lint.facts import (
     Fact,
+    as_reference,
     compatible,
     detach_all,
     join_envs,
@@ -35,6 +36,7 @@ from klaudit.lint.syntax import (
     handles_one_sequence,
     int_literal,
     is_no_grad_block,
+    is_reference_block,
     last_name,
     walk,
 )
@@ -100,8 +102,12 @@ class StatementFlow(FlowState):
             for item in stmt.items:
                 if item.asname is not None:
                     self.assign_target(item.asname.name, ())
+            before = dict(self.env) if is_reference_block(stmt) else None
             self.block(stmt.body)
             self.no_grad = saved
+            if before is not None:
+                self.env.update({name: as_reference(value) for name, value in self.env.items()
+                                 if before.get(name) is not value})
         elif isinstance(stmt, cst.Try):
             before = dict(self.env)
             self.block(stmt.body)

@@ -650,6 +650,18 @@ def decorated_no_grad(func: cst.FunctionDef) -> bool:
     return any(_names_no_grad(decorator.decorator) for decorator in func.decorators)
 
 
+# PEFT's `model.disable_adapter()` (`disable_adapters()`) runs the base model, and TRL's `null_ref_context()` wraps it:
+# inside, the policy's forward is the frozen reference's
+_REFERENCE_CONTEXTS = frozenset({"disable_adapter", "disable_adapters", "null_ref_context"})
+
+
+def is_reference_block(stmt: cst.With) -> bool:
+    """`with model.disable_adapter():` (or TRL's `self.null_ref_context()`): the policy's forward inside is the
+    reference's, the base model without the trained adapter."""
+    return any(isinstance(item.item, cst.Call) and dotted(item.item.func).rsplit(".", 1)[-1] in _REFERENCE_CONTEXTS
+               for item in stmt.items)
+
+
 def is_no_grad_block(stmt: cst.CSTNode) -> bool:
     """`with torch.no_grad():` (or inference_mode): new tensors inside carry no gradient."""
     return isinstance(stmt, cst.With) and any(

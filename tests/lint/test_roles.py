@@ -228,7 +228,9 @@ def test_switch_branches_stay_apart_and_are_labelled():
     ("model_logprobs_ref_data", alg.POLICY), ("model_logprobs_ref_data_sum", alg.POLICY), ("ref_logprobs_model_data_sum", alg.REF),
     ("sampled_logprobs", alg.OLD), ("sft_logprobs", alg.REF), ("base_logprobs", alg.REF),
     ("init_logprobs", alg.REF), ("teacher_logprobs", alg.REF), ("sft_logits", alg.REF_LOGITS),
-    ("logp_t", None),
+    ("logp_t", None), ("logp_s", None),
+    # `_t` after a name with its side word: the tensor concatenated from per-turn lists (JosephLi2023/CS224R)
+    ("new_lp_t", alg.POLICY), ("old_lp_t", alg.OLD), ("ref_lp_t", alg.REF), ("teacher_t", None),
     # `lp` with a side word before or after it: the common abbreviation (Agentic-RAG-R1's curr_lp, old_lp, ref_lp)
     ("curr_lp", alg.POLICY), ("lp_new", alg.POLICY), ("old_lp", alg.OLD), ("b_old_lp", alg.OLD),
     ("prox_lp", alg.OLD), ("ref_lp", alg.REF), ("shift_ref_lp", alg.REF), ("teacher_lps", alg.REF),
