@@ -122,10 +122,21 @@ class Options:
         another (a folder with a setup.py or pyproject.toml: LLaMA-Factory beside ms-swift in one repository) sees
         only its own files' options. The value every launch of the file that sets the option gives it comes first."""
         launched = self.launched.get(name, {}).get(str(Path(path).resolve()), ())
+        if any(value.value == UNREAD for value in launched):
+            return None
         if len({value.value for value in launched}) == 1:
             return launched[0]
         if launched and all(0 < (number(value.value) or 0) < 1 for value in launched):
             return _coefficient(launched)
+        found = self._declared_default(name, path)
+        anywhere = {value.value for values in self.launched.get(name, {}).values() for value in values}
+        if found is not None and anywhere - {found.value}:
+            return None  # a launch of some script sets it otherwise, or to a value not read: not the default
+        return found
+
+    def _declared_default(self, name: str, path: str) -> Default | None:
+        """The default of option `name` a file declares: the file of `path`'s own, else the only one the project's
+        files (within `path`'s project) give."""
         by_path = self.given.get(name, {})
         here = by_path.get(path) or next((defaults for file, defaults in by_path.items()
                                           if Path(file).resolve() == Path(path).resolve()), ())
@@ -173,6 +184,7 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     with a literal default, read from the text of `sources` (path -> text), and the YAML files `configs`."""
     given: dict[str, dict[str, list[Default]]] = {}
     declared: dict[str, set[str]] = {}  # resolved path -> the options its command line declares, with a default or not
+    fields: set[str] = set()  # the dataclass fields, which an HfArgumentParser of any script may take as flags
     for path, text in sorted(sources.items()):
         found: list[tuple[str, str, int]] = []
         if "add_argument" in text:
@@ -183,11 +195,12 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
                     found.append((match.group(1).replace("-", "_"), literal, match.start()))
         if "dataclass" in text:
             found += [(match.group(1), match.group(2), match.start(1)) for match in _FIELD.finditer(text)]
+            fields.update(match.group(1) for match in _FIELD.finditer(text))
         for name, literal, offset in found:
             origin = f"{path}:{text.count(chr(10), 0, offset) + 1}"
             given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
     configs = tuple(configs)
-    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared)
+    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields)
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()})
@@ -207,10 +220,13 @@ def _argument_default(arguments: str, text: str) -> str | None:
     return constant.group(1) if constant is not None else None
 
 
-def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]]) -> dict[str, dict[str, list[Default]]]:
+def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
+              fields: Collection[str] = ()) -> dict[str, dict[str, list[Default]]]:
     """The values the shell scripts `launchers` give, on each command line that runs a script of the project,
-    the options that script declares (`declared`: its resolved path -> the flags, `kl-coef` as written), by
-    option name (`kl_coef`) and the script's resolved path."""
+    the options that script declares (`declared`: its resolved path -> the flags, `kl-coef` as written) or the
+    project's dataclasses do (`fields`, parsed by whichever script), by option name (`kl_coef`) and the script's
+    resolved path. A value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set elsewhere) is kept
+    as UNREAD: the option's default is then not what the launch trains with."""
     found: dict[str, dict[str, list[Default]]] = {}
     for launcher in launchers:
         try:
@@ -220,16 +236,15 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]])
         for match in PYTHON_SCRIPT.finditer(text) if ".py" in text else ():
             script = project_path(launcher, match.group(1))
             target = str(script.resolve()) if script is not None else ""
-            flags = declared.get(target, ())
+            flags = {*declared.get(target, ()), *(fields if script is not None else ())}
             if not flags:
                 continue
             line = text.count("\n", 0, match.start()) + 1
             spellings = {spelled: spelled for flag in flags for spelled in (flag, flag.replace("-", "_"))}
             for spelled, setting in cli_flags(only_command(text, match.start()), spellings).items():
-                if setting.value is None:
-                    continue
                 where = "" if setting.line == line else f", set at line {setting.line}"
-                value = Default(setting.value, f"--{spelled} of the launch at {launcher}:{line}{where}", launch=True)
+                value = Default(UNREAD if setting.value is None else setting.value,
+                                f"--{spelled} of the launch at {launcher}:{line}{where}", launch=True)
                 found.setdefault(spelled.replace("-", "_"), {}).setdefault(target, []).append(value)
     return found
 
@@ -310,6 +325,8 @@ def local_read(name: str, calls: Sequence[tuple[str, Sequence[str | None]]], lin
     configuration read's default (`configuration_read`), or an environment read's (`Options.environment_read`)."""
     return configuration_read(name, calls, line) or options.environment_read(calls, line)
 
+
+UNREAD = "\0unread"  # a launch's value the lint cannot read (`--batch_size=$BS` of a variable set elsewhere)
 
 # `os.environ.get("BETA", 0.04)`, `os.getenv(...)` and the bare names an import gives them
 _ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})

@@ -234,3 +234,43 @@ def test_a_dicts_own_key_is_no_option_of_the_project(tmp_path):
     run = 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--beta", type=float, default=0.04)\n'
     trainer = "from trl import GRPOConfig\n\n\ndef config(d):\n    return GRPOConfig(beta=d[\"beta\"])\n"
     assert _codes(tmp_path, {"trainer.py": trainer, "run.py": run}) == []
+
+
+DATACLASS_ARGUMENTS = '''\
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ScriptArguments:
+    beta: Optional[float] = field(default=0.04)
+'''
+PARSED_SCRIPT = '''\
+from transformers import HfArgumentParser
+from trl import GRPOConfig
+
+from args import ScriptArguments
+
+
+def main():
+    script_args = HfArgumentParser(ScriptArguments).parse_args_into_dataclasses()[0]
+    return GRPOConfig(output_dir="out", beta=script_args.beta)
+'''
+
+
+@pytest.mark.parametrize("launch, found", [
+    ("python train.py --beta=0.0\n", False),  # a dataclass flag the launch sets: judged at its value, no KL
+    ('BETA=0.0\npython train.py --beta="$BETA"\n', False),  # a variable the launch script sets: read
+    ("python train.py --beta=$BETA\n", False),  # a variable set elsewhere: not the dataclass's 0.04, unknown
+    ("python train.py --steps 10\n", True),  # left at the dataclass's 0.04: the k3 term trains
+])
+def test_a_dataclass_option_a_launch_sets_is_not_its_default(tmp_path, launch, found):
+    """PrasannS/d2po (seventy-second set) parses a dataclass of another module with HfArgumentParser and launches
+    `src/train_ppo.py --mini_batch_size=$MBSIZE`: its flags are the dataclass's fields, so the launch's value is the
+    run's, and one the lint cannot read leaves the option unknown, never the field's default (which gave a false
+    KL007 for one response per mini-batch)."""
+    (tmp_path / "args.py").write_text(DATACLASS_ARGUMENTS)
+    (tmp_path / "train.py").write_text(PARSED_SCRIPT)
+    (tmp_path / "run.sh").write_text(launch)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert bool(result.findings) is found, [f.message for f in result.findings]
