@@ -1119,7 +1119,7 @@ def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Find
     PPOConfig's KL or batch keys: it trains at PPOConfig's defaults, reported at its `PPOTrainer(` call. A launch
     that sets one of them decides instead (left to that launch)."""
     call = _PPO_TRAINER_CALL.search(source)
-    if call is None or not _reads_ppo_config(source) or _sets_ppo_keys(path, context):
+    if call is None or not _reads_ppo_config(source) or _sets_ppo_keys(path, context, _READS_A_CONFIG_FILE.search(source)):
         return []
     line = source.count("\n", 0, call.start(1)) + 1
     column = call.start(1) - source.rfind("\n", 0, call.start(1))
@@ -1128,19 +1128,30 @@ def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Find
     return _findings(path, judged, trl_ppo.NAME, trl_ppo.fix) if judged is not None else []
 
 
-def _sets_ppo_keys(script: str, context: Context) -> bool:
+def _sets_ppo_keys(script: str, context: Context, reads_config_files: object = None) -> bool:
     """Whether a file under the linted folder that holds `script` (its own folder where none does) names the
     script's file and passes one of PPOConfig's KL or step keys as a command-line option (`--num_ppo_epochs`; the
-    script's own usage text counts). The first `_SCRIPTS_READ` launch files are read, as for GRPO's configs."""
+    script's own usage text counts), or, for a script that reads a config file (`TrlParser(...)
+    .parse_args_and_config()`, `--config`; `reads_config_files`), is a YAML file that sets one of them as a top-level
+    key (HollyRiver/SurvLLM's `num_ppo_epochs: 1` in each PPO_config_*.yaml). The first `_SCRIPTS_READ` launch
+    files are read, as for GRPO's configs."""
     name = Path(script).name
     root = Path(_linted_root(script, context.roots) or Path(script).resolve().parent)
-    options = re.compile(r"--(?:" + "|".join(map(re.escape, trl_ppo.API_KEYS[trl_ppo.ESTIMATOR])) + r")\b")
+    keys = "|".join(map(re.escape, trl_ppo.API_KEYS[trl_ppo.ESTIMATOR]))
+    options = re.compile(r"--(?:" + keys + r")\b")
+    yaml_keys = re.compile(r"^(?:" + keys + r")[ \t]*:", re.MULTILINE)
     launches = (path for path in root.rglob("*") if path.suffix in _LAUNCH_SUFFIXES and path.is_file())
     for launch in itertools.islice(launches, _SCRIPTS_READ):
         text = read_text(launch) or ""
         if name in text and options.search(text):
             return True
+        if reads_config_files and launch.suffix in (".yaml", ".yml") and yaml_keys.search(text):
+            return True
     return False
+
+
+# TRL's parsers read a YAML file of the run's settings given as `--config` (TrlParser.parse_args_and_config)
+_READS_A_CONFIG_FILE = re.compile(r"\bparse_args_and_config\s*\(|[\"']--config[\"']")
 
 
 def _calls_of(package: str, classes: Collection[str], keys: Iterable[str], path: str, module: cst.Module | None,

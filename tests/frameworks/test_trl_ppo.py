@@ -168,6 +168,22 @@ def test_a_ppo_config_read_from_the_command_line_trains_at_its_defaults(tmp_path
     assert all("PPOConfig from the command line" in f.message for f in found)
 
 
+@pytest.mark.parametrize("config, expected", [
+    ("num_ppo_epochs: 1\nnum_mini_batches: 1\nkl_coef: 0.02\n", []),  # the config file decides, not the defaults
+    ("learning_rate: 1.0e-5\n", [("KL008", 7)]),  # a config file that leaves the keys: still the defaults
+])
+def test_a_ppo_config_read_from_a_config_file_is_left_to_it(tmp_path, config, expected):
+    """HollyRiver/SurvLLM (seventy-first set) parses PPOConfig with TrlParser and runs `python PPO.py --config
+    config/PPO_config_v1.1.2.12H.yaml`; each of its PPO configs sets `num_ppo_epochs: 1`: the YAML decides, and
+    the defaults' 4 epochs (a false KL008) are not the run's."""
+    (tmp_path / "ppo.py").write_text(COMMAND_LINE_SCRIPT.replace("HfArgumentParser", "TrlParser").replace(
+        "parse_args_into_dataclasses()", "parse_args_and_config()"))
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "ppo.yaml").write_text(config)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.code, f.line) for f in found] == expected
+
+
 LEGACY_SCRIPT = '''\
 from transformers import HfArgumentParser
 from trl import PPOConfig, PPOTrainer
