@@ -274,3 +274,16 @@ def test_a_dataclass_option_a_launch_sets_is_not_its_default(tmp_path, launch, f
     (tmp_path / "run.sh").write_text(launch)
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert bool(result.findings) is found, [f.message for f in result.findings]
+
+
+def test_a_functions_parameter_is_no_dataclass_field(tmp_path):
+    """minstar/BIOAgents (seventy-first set): `beta: float = 0.01` in its config dataclass, and `beta: float = 0.04,`
+    on a line of a function's signature elsewhere. The parameter is no option of the command line: the dataclass's
+    0.01 is the only default, so `GRPOConfig(beta=config.beta)` trains TRL's k3 term (before, two defaults left the
+    value unknown and nothing was reported)."""
+    fields = ("from dataclasses import dataclass\n\n\n@dataclass\nclass TrainConfig:\n    beta: float = {}\n\n\n"
+              "def rollout(\n    model,\n    beta: float = 0.04,\n):\n    return model\n")
+    trainer = ("from trl import GRPOConfig\n\nfrom fields import TrainConfig\n\n\n"
+               "def build(config: TrainConfig):\n    return GRPOConfig(output_dir='out', beta=config.beta)\n")
+    assert _codes(tmp_path, {"fields.py": fields.format("0.01"), "trainer.py": trainer}) == [("trainer.py", 7, "KL003")]
+    assert _codes(tmp_path, {"fields.py": fields.format("0.0"), "trainer.py": trainer}) == []
