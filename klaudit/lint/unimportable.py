@@ -121,18 +121,49 @@ def imports_a_missing_name(path: str, source: str, sources: Mapping[str, str] | 
         for _ in range(max(statement.level - 1, 0)):
             folder = os.path.dirname(folder)
         target = os.path.join(folder, *statement.module.split("."))
-        text = _source_of(target)
-        if text is None or re.search(r"import\s+\*|def\s+__getattr__", text):
-            continue
         suffix = os.sep + os.path.join(*statement.module.split(".")) + ".py"
         alike = [other for other_path, other in (sources or {}).items()
-                 if statement.level == 0 and other_path.endswith(suffix)]
+                 if statement.level == 0 and os.path.abspath(other_path).endswith(suffix)]
+        text = _source_of(target)
+        if text is None and alike:  # `from trainer.gen_worker import ...` run from the project's root
+            text, alike = alike[0], alike[1:]
+        if text is None or re.search(r"import\s+\*|def\s+__getattr__", text):
+            continue
         for alias in statement.names:
             name = alias.name
             if name == "*" or _source_exists(os.path.join(target, name)):
                 continue
-            if not any(re.search(rf"\b{re.escape(name)}\b", other) for other in [text, *alike]):
+            if not any(_binds(other, name) for other in [text, *alike]):
                 return True
+    return False
+
+
+def _binds(text: str, name: str) -> bool:
+    """Whether a module's text binds `name` at module level (a def, class, assignment or import, also under a
+    top-level `if`/`try`/`for`/`with`), or, where it does not parse, mentions it at all. A mention in a string or a
+    comment (`print("[gen_worker] ...")`) binds nothing."""
+    if re.search(rf"\b{re.escape(name)}\b", text) is None:
+        return False
+    try:
+        module = python_ast(text)
+    except (SyntaxError, ValueError):
+        return True
+    pending: list[ast.stmt] = list(module.body)
+    while pending:
+        statement = pending.pop()
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if statement.name == name:
+                return True
+            continue
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            if any((alias.asname or alias.name.split(".")[0]) == name for alias in statement.names):
+                return True
+            continue
+        if any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store)
+               for node in ast.walk(statement) if not isinstance(statement, (ast.If, ast.Try, ast.For, ast.While,
+                                                                             ast.With))):
+            return True
+        pending.extend(child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.stmt))
     return False
 
 

@@ -211,3 +211,22 @@ def test_a_script_importing_a_name_its_neighbour_lacks_never_trains(tmp_path, mo
 ])
 def test_an_import_the_project_may_satisfy_leaves_the_script_linted(tmp_path, module, name, package, named, elsewhere):
     assert _reported(tmp_path, module, name, package, named, elsewhere) == ["KL002"]
+
+
+@pytest.mark.parametrize("mention", [
+    'print("[CoverageRewardModel] rewritten")\n',  # in a string: mentioned, not bound
+    "# CoverageRewardModel was here\n",  # in a comment
+])
+@pytest.mark.parametrize("module", ["reward", "src.reward"])
+def test_a_name_only_mentioned_by_its_module_is_still_missing(tmp_path, mention, module):
+    """martinjingyu/Multi-Turn-Jailbreaker (seventy-second set): `trainer/grpo_vllm_one.py`, the project's old entry
+    point, imports `from trainer.gen_worker import gen_worker`, a dotted path from the project's root (the script's
+    folder is no package), and `trainer/gen_worker.py` no longer defines it: it only prints `[gen_worker]` in its
+    messages. The import fails, so the script's KL code never trains."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "reward.py").write_text(REWARDS + mention)
+    (folder / "train.py").write_text(SCRIPT.format(module=module, name="CoverageRewardModel"))
+    assert lint_paths([str(tmp_path)], jobs=1).findings == []
+    (folder / "reward.py").write_text(REWARDS + mention + "CoverageRewardModel = FormatReward\n")  # bound: it trains
+    assert {finding.code for finding in lint_paths([str(tmp_path)], jobs=1).findings} == {"KL002"}
