@@ -639,6 +639,23 @@ def loss_part(value: Value) -> Value:
             out.append(f)
     return tuple(out)
 
+def with_loss_part(value: Value, marked: Value) -> Value:
+    """`value` with its loss part (`loss_part`, in the same order) replaced by `marked`, inside a returned tuple or
+    dict too: `return total, stats` hands the caller the term as it entered the loss, so the caller's `loss, stats =
+    ...` is the same term, not a second one."""
+    by_fact = dict(zip(loss_part(value), marked))
+    out: list[Fact] = []
+    for f in value:
+        if f.role == "tuple" and f.items:
+            out.append(replace(f, items=(tuple(by_fact.get(x, x) for x in f.items[0]), *f.items[1:])))
+        elif f.role == "dict":
+            out.append(replace(f, items=tuple((key, tuple(by_fact.get(x, x) for x in facts) if "loss" in key.lower()
+                                               else facts) for key, facts in f.items)))
+        else:
+            out.append(by_fact.get(f, f))
+    return tuple(out)
+
+
 def param_facts(param: cst.Param, may_be_none: bool = False) -> Value:
     """The facts of a parameter the caller does not supply: its role from its name, annotation, default.
     With `may_be_none`, a parameter whose default is None may also hold None (no caller decides it)."""

@@ -28,6 +28,7 @@ from klaudit.lint.facts import (
     negated,
     operands,
     replace,
+    with_loss_part,
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
@@ -246,8 +247,7 @@ class StatementFlow(FlowState):
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))
             if self.loss_function:
-                marked = self.sink("loss", loss_part(value), small)
-                value = tuple(marked) + tuple(f for f in value if f.role in ("tuple", "dict"))
+                value = with_loss_part(value, self.sink("loss", loss_part(value), small))
             else:
                 self.returned(small.value)
             self.settle(value)

@@ -90,3 +90,12 @@ def test_a_list_of_the_trained_policys_log_probs_keeps_them(tmp_path):
     lists there is no reference, whatever the second list's name (`ref_lp_t`) says, and nothing to say."""
     assert module_codes(TRAINER.replace("against.append(seconds[k])", "against.append(firsts[k])"),
                         tmp_path) == []
+
+
+def test_a_loss_returned_with_its_statistics_is_reported_once(tmp_path):
+    """JosephLi2023's `compute_loss` returns `total, stats` and its caller unpacks `loss, stats = ...` before
+    `loss.backward()`: one term, reported where it leaves the loss function, not again at the call."""
+    source = TRAINER.replace("        return total\n", "        return total, {\"kl\": kl_per_tok.mean().item()}\n") \
+        .replace("        loss = self.compute_loss(batches, advantages)\n",
+                 "        loss, stats = self.compute_loss(batches, advantages)\n")
+    assert module_codes(source, tmp_path) == [(30, "KL002")]
