@@ -67,6 +67,7 @@ class Default:
     holder: str = ""  # the name of the mapping the key is read from (`grpo_cfg` of `grpo_cfg.get("beta", 0.001)`)
     launch: bool = False  # a value a launch's flag gives, not a default (the origin says which launch)
     yaml: bool = False  # a value the project's YAML files give the run (the origin says where)
+    parsed: bool = False  # a launch's value of a dataclass field's flag (HfArgumentParser), not of an add_argument
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Options:
         if launched and all(0 < (number(value.value) or 0) < 1 for value in launched):
             return _coefficient(launched)
         found = self._declared_default(name, path)
-        anywhere = {value.value for values in self.launched.get(name, {}).values() for value in values}
+        anywhere = {value.value for values in self.launched.get(name, {}).values() for value in values if value.parsed}
         if found is not None and anywhere - {found.value}:
             return None  # a launch of some script sets it otherwise, or to a value not read: not the default
         return found
@@ -226,8 +227,9 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
     """The values the shell scripts `launchers` give, on each command line that runs a script of the project,
     the options that script declares (`declared`: its resolved path -> the flags, `kl-coef` as written) or the
     project's dataclasses do (`fields`, parsed by whichever script), by option name (`kl_coef`) and the script's
-    resolved path. A value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set elsewhere) is kept
-    as UNREAD: the option's default is then not what the launch trains with."""
+    resolved path. A dataclass field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set
+    elsewhere) is kept as UNREAD: the field's default is then not what the launch trains with. A script's own
+    option set so is left out, as before: its default stands for the runs of a sweep (`--beta "$b"`)."""
     found: dict[str, dict[str, list[Default]]] = {}
     for launcher in launchers:
         try:
@@ -237,15 +239,19 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
         for match in PYTHON_SCRIPT.finditer(text) if ".py" in text else ():
             script = project_path(launcher, match.group(1))
             target = str(script.resolve()) if script is not None else ""
-            flags = {*declared.get(target, ()), *(fields if script is not None else ())}
+            own = declared.get(target, ())
+            flags = {*own, *(fields if script is not None else ())}
             if not flags:
                 continue
             line = text.count("\n", 0, match.start()) + 1
             spellings = {spelled: spelled for flag in flags for spelled in (flag, flag.replace("-", "_"))}
             for spelled, setting in cli_flags(only_command(text, match.start()), spellings).items():
+                parsed = spelled not in own and spelled.replace("_", "-") not in own
+                if setting.value is None and not parsed:
+                    continue  # a script's own option swept by a variable: its default stands for the runs
                 where = "" if setting.line == line else f", set at line {setting.line}"
                 value = Default(UNREAD if setting.value is None else setting.value,
-                                f"--{spelled} of the launch at {launcher}:{line}{where}", launch=True)
+                                f"--{spelled} of the launch at {launcher}:{line}{where}", launch=True, parsed=parsed)
                 found.setdefault(spelled.replace("-", "_"), {}).setdefault(target, []).append(value)
     return found
 

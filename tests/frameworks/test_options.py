@@ -287,3 +287,14 @@ def test_a_functions_parameter_is_no_dataclass_field(tmp_path):
                "def build(config: TrainConfig):\n    return GRPOConfig(output_dir='out', beta=config.beta)\n")
     assert _codes(tmp_path, {"fields.py": fields.format("0.01"), "trainer.py": trainer}) == [("trainer.py", 7, "KL003")]
     assert _codes(tmp_path, {"fields.py": fields.format("0.0"), "trainer.py": trainer}) == []
+
+
+def test_a_scripts_own_option_swept_by_a_variable_keeps_its_default(tmp_path):
+    """CanadaApollo6/gridiron-grpo (sixty-seventh set) runs `src/train_grpo.py --beta "$b"` for each b of a sweep
+    (0, 0.04, 0.1, 0.2 by default); the script's own --beta defaults to 0.04: that default stands for the runs, as
+    before dataclass fields were read as flags (their unread values leave a field unknown, not an argument)."""
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "train.py").write_text(RUN_SCRIPT.replace("default=0.0", "default=0.04"))
+    (tmp_path / "sweep.sh").write_text('for b in $BETAS; do\n  python rl/train.py --kl-coef "$b"\ndone\n')
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert [(f.line, f.code) for f in result.findings] == [(9, "KL003")]
