@@ -36,7 +36,16 @@ from klaudit.lint.facts import (
     with_clamp,
 )
 from klaudit.lint.flowstate import FlowState
-from klaudit.lint.syntax import dotted, int_literal, is_zero_tensor, last_name, number_value, string_value, text_of
+from klaudit.lint.syntax import (
+    dotted,
+    int_literal,
+    is_zero_tensor,
+    last_name,
+    number_value,
+    string_value,
+    text_of,
+    walk,
+)
 from klaudit.lint.tensors import apply_math, gather, log_sum_exp, over_vocab, per_token_from_logits
 
 # a loss reduction held as a value the analysis cannot see into (`loss_agg_func`, `reduce_loss`, `loss_reducer`)
@@ -160,8 +169,8 @@ class LibraryFlow(FlowState):
         return detach_all(op.tensor)
 
     def clamped(self, op: Operation) -> tuple:
-        """A clamped tensor (a clamped token count is still the count)."""
-        return with_clamp(op.tensor)
+        """A clamped tensor (a clamped token count is still the count); one a guard keeps inside, as it is."""
+        return op.tensor if _never_cuts(op, self.func) else with_clamp(op.tensor)
 
     def elementwise(self, op: Operation) -> tuple:
         """exp, log, abs, ... of each element (klaudit.lint.reductions.unary_math), of a model's logits too."""
@@ -347,6 +356,45 @@ class LibraryFlow(FlowState):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path, against=kl_targets(node, t, s))
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _never_cuts(op: Operation, func: cst.FunctionDef | None) -> bool:
+    """`x.clamp(-c, c)` in a function that skips every value outside it first, `if abs(x...) > c: continue`
+    (minstar/BIOAgents drops a sample whose log-ratio passes 5 before clamping it to [-5, 5]): the clamp never
+    cuts, and the estimate keeps its gradient everywhere."""
+    bounds = [_signed(arg) for arg in op.rest[:2]]
+    if func is None or len(bounds) != 2 or bounds[0] is None or bounds[1] is None or bounds[0] != -bounds[1]:
+        return False
+    clamped = op.node.func.value if op.method and isinstance(op.node.func, cst.Attribute) else \
+        op.positional[0] if op.positional else None
+    name = dotted(clamped).split(".")[0] if clamped is not None else ""
+    return bool(name) and any(_skips_beyond(node, name, bounds[1]) for node in walk(func.body) if type(node) is cst.If)
+
+
+def _skips_beyond(branch: cst.If, name: str, bound: float) -> bool:
+    """`if abs(name...) > bound: continue` (or `>=`, `return`, `break`): the code after it sees |name| <= bound."""
+    lines = branch.body.body if type(branch.body) is cst.IndentedBlock else [branch.body]
+    smalls = [small for line in lines if isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite))
+              for small in line.body]
+    exits = len(lines) == len(smalls) == 1 and type(smalls[0]) in (cst.Continue, cst.Return, cst.Break)
+    test = branch.test
+    if not exits or branch.orelse is not None or type(test) is not cst.Comparison or len(test.comparisons) != 1:
+        return False
+    target = test.comparisons[0]
+    inside = test.left
+    return type(target.operator) in (cst.GreaterThan, cst.GreaterThanEqual) and _signed(target.comparator) == bound \
+        and type(inside) is cst.Call and dotted(inside.func) in ("abs", "torch.abs") and len(inside.args) == 1 \
+        and dotted(inside.args[0].value).split(".")[0] == name
+
+
+def _signed(node: cst.CSTNode) -> float | None:
+    """A numeric literal's value, negated ones (-5.0) too."""
+    if type(node) is cst.Arg:
+        node = node.value
+    if type(node) is cst.UnaryOperation and type(node.operator) is cst.Minus:
+        value = number_value(node.expression)
+        return None if value is None else -value
+    return number_value(node)
 
 
 def _clamps(condition: cst.BaseExpression, when_true: cst.BaseExpression, when_false: cst.BaseExpression) -> bool:

@@ -99,3 +99,4 @@ def test_a_loss_returned_with_its_statistics_is_reported_once(tmp_path):
         .replace("        loss = self.compute_loss(batches, advantages)\n",
                  "        loss, stats = self.compute_loss(batches, advantages)\n")
     assert module_codes(source, tmp_path) == [(30, "KL002")]
+
