@@ -1119,7 +1119,8 @@ def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Find
     PPOConfig's KL or batch keys: it trains at PPOConfig's defaults, reported at its `PPOTrainer(` call. A launch
     that sets one of them decides instead (left to that launch)."""
     call = _PPO_TRAINER_CALL.search(source)
-    if call is None or not _reads_ppo_config(source) or _sets_ppo_keys(path, context, _READS_A_CONFIG_FILE.search(source)):
+    if call is None or not _reads_ppo_config(source) or _sets_ppo_keys(
+            path, context, _READS_A_CONFIG_FILE.search(source) is not None):
         return []
     line = source.count("\n", 0, call.start(1)) + 1
     column = call.start(1) - source.rfind("\n", 0, call.start(1))
@@ -1128,7 +1129,7 @@ def _trl_ppo_command_line(path: str, source: str, context: Context) -> list[Find
     return _findings(path, judged, trl_ppo.NAME, trl_ppo.fix) if judged is not None else []
 
 
-def _sets_ppo_keys(script: str, context: Context, reads_config_files: object = None) -> bool:
+def _sets_ppo_keys(script: str, context: Context, reads_config_files: bool = False) -> bool:
     """Whether a file under the linted folder that holds `script` (its own folder where none does) names the
     script's file and passes one of PPOConfig's KL or step keys as a command-line option (`--num_ppo_epochs`; the
     script's own usage text counts), or, for a script that reads a config file (`TrlParser(...)

@@ -176,7 +176,7 @@ class ContainerFlow(FlowState):
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
         added = value if method == "append" else elements(value)  # `extend` adds the rows of a tensor, the items of a list
         running = tuple(f for f in added if f.poly is not None and (
-            f.is_kl() or _over_vocabulary(f.poly) or _stored_log_probs(f.poly) or _of_a_sequence(f.poly)))
+            f.is_kl() or _over_vocabulary(f.poly) or _one_policys_log_probs(f.poly) or _of_a_sequence(f.poly)))
         if name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
@@ -214,7 +214,7 @@ def _over_vocabulary(poly: alg.Poly) -> bool:
     return bool(kinds) and kinds <= {alg.VOCAB_POLICY, alg.VOCAB_REF, alg.VOCAB_PROB, alg.VOCAB_REF_PROB}
 
 
-def _stored_log_probs(poly: alg.Poly) -> bool:
+def _one_policys_log_probs(poly: alg.Poly) -> bool:
     """One policy's per-token log-probs, nothing else: the reference's or an older policy's without gradient, or
     the trained policy's with it (`all_new_lp.append(new_lps[k])` turn by turn, concatenated for the loss). The
     policy's without gradient stay unread: a helper's forward of whichever model it is given under `no_grad`, whose

@@ -591,9 +591,11 @@ def detach_all(value: Value) -> Value:
     return tuple(replace(f, poly=alg.detach(f.poly), severed=f.severed or f.poly.has_grad()) if f.poly is not None
                  else UNKNOWN if f.role == "critic" else f for f in value)
 
+
 # the policy's tensors and the reference's twin of each: what a forward of the base model (the adapter disabled) gives
-_AS_REFERENCE: dict[AtomKind, AtomKind] = {alg.POLICY: alg.REF, alg.LOGITS: alg.REF_LOGITS, alg.VOCAB_POLICY: alg.VOCAB_REF,
-                 alg.VOCAB_PROB: alg.VOCAB_REF_PROB, alg.PROB: alg.REF_PROB}
+_AS_REFERENCE: dict[AtomKind, AtomKind] = {alg.POLICY: alg.REF, alg.LOGITS: alg.REF_LOGITS,
+                                           alg.VOCAB_POLICY: alg.VOCAB_REF, alg.VOCAB_PROB: alg.VOCAB_REF_PROB,
+                                           alg.PROB: alg.REF_PROB}
 
 
 def as_reference(value: Value) -> Value:
@@ -638,6 +640,7 @@ def loss_part(value: Value) -> Value:
         else:
             out.append(f)
     return tuple(out)
+
 
 def with_loss_part(value: Value, marked: Value) -> Value:
     """`value` with its loss part (`loss_part`, in the same order) replaced by `marked`, inside a returned tuple or

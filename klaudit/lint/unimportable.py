@@ -138,6 +138,10 @@ def imports_a_missing_name(path: str, source: str, sources: Mapping[str, str] | 
     return False
 
 
+# the top-level statements whose bodies hold module-level bindings (`if TYPE_CHECKING:`, `try: import x`)
+_BLOCKS = (ast.If, ast.Try, ast.For, ast.While, ast.With)
+
+
 def _binds(text: str, name: str) -> bool:
     """Whether a module's text binds `name` at module level (a def, class, assignment or import, also under a
     top-level `if`/`try`/`for`/`with`), or, where it does not parse, mentions it at all. A mention in a string or a
@@ -159,11 +163,11 @@ def _binds(text: str, name: str) -> bool:
             if any((alias.asname or alias.name.split(".")[0]) == name for alias in statement.names):
                 return True
             continue
-        if any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store)
-               for node in ast.walk(statement) if not isinstance(statement, (ast.If, ast.Try, ast.For, ast.While,
-                                                                             ast.With))):
+        if isinstance(statement, _BLOCKS):  # a block's own statements bind, each looked at in turn
+            pending.extend(child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.stmt))
+        elif any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store)
+                 for node in ast.walk(statement)):
             return True
-        pending.extend(child for child in ast.iter_child_nodes(statement) if isinstance(child, ast.stmt))
     return False
 
 
