@@ -9,9 +9,6 @@ of TRL's grpo_trainer.py). LibCST's tree is read only where Python cannot read t
 from __future__ import annotations
 
 import ast
-import io
-import re
-import tokenize
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from functools import partial
@@ -24,11 +21,20 @@ from klaudit.frameworks.options import (
     bindings,
     configuration_read,
     defaulted,
-    environment_default,
     local_read,
-    module_constants,
     resolve,
     visible,
+)
+from klaudit.frameworks.python_values import (
+    assigned,
+    binds,
+    dotted_chain,
+    encoded_lines,
+    integer_arithmetic,
+    module_constants_of,
+    nested_calls,
+    python_literal,
+    text_as_written,
 )
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import python_ast
@@ -54,9 +60,6 @@ def read_configs(source: str, class_names: Iterable[str], keys: Iterable[str], p
     return libcst_configs(source, names, keys, path, module, options)
 
 
-_NEWLINE = re.compile(r"\r\n?|\n")  # line ends as Python's tokenizer and LibCST count them
-
-
 def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], path: str,
                     options: Options | None = None) -> tuple[list[ConfigCall], list[ConfigClass]] | None:
     """What `cst_configs.libcst_configs` finds, read from Python's tree of `source`; None when Python cannot read it.
@@ -66,17 +69,11 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         tree = python_ast(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    lines = [line.encode("utf-8") for line in _NEWLINE.split(source)]
+    lines = encoded_lines(source)
+    text = partial(text_as_written, lines)
 
     def column(line: int, offset: int) -> int:  # 1-based, in characters
         return len(lines[line - 1][:offset].decode("utf-8", errors="replace")) + 1
-
-    def text(node: ast.expr) -> str:  # as written
-        first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
-        if first == last:
-            return lines[first][node.col_offset:node.end_col_offset].decode("utf-8", errors="replace")
-        parts = [lines[first][node.col_offset:], *lines[first + 1:last], lines[last][:node.end_col_offset]]
-        return "\n".join(part.decode("utf-8", errors="replace") for part in parts)
 
     def setting(node: ast.expr | ast.stmt | ast.keyword, value: str | None, name_length: int) -> Setting:
         start = column(node.lineno, node.col_offset)
@@ -87,15 +84,18 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     def value_setting(span: ast.AST, key: str, written: ast.expr | None, parameters: Mapping[str, Default],
                       aliases: Mapping[str, tuple[str, bool]]) -> Setting:
         """The setting of `key` given the value `written` (None: unknown) at `span`."""
-        value = None if written is None else _python_literal(written, text)
+        value = None if written is None else python_literal(written, text)
         default = None
         if value is None and isinstance(written, (ast.Name, ast.Attribute, ast.Subscript)):
             default = resolve(_configuration_key(written, aliases), parameters, options or Options(), path)
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
-            nested = _nested_calls(written, text)
+            nested = nested_calls(written, text)
             read = configuration_read(key, nested, written.lineno)
             default = (options or Options()).read(read) if read is not None else \
                 (options or Options()).environment_read(nested, written.lineno)
+        elif value is None and isinstance(written, ast.BinOp):  # `num_mini_batches=PPO_BATCH_SIZE // PPO_MINI_BATCH`
+            default = integer_arithmetic(written, lambda name: resolve(name, parameters, options or Options(), path),
+                                          text)
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
         return defaulted(found, default)
 
@@ -124,7 +124,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             if any(isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) for _, _, value in given):
                 if functions is None:
                     functions = _function_parameters(tree, text, options or Options())
-                    constants = _module_constants(tree, text, options or Options())
+                    constants = module_constants_of(tree, text, options or Options(), path)
                 parameters = _enclosing(constants, functions, node.lineno)
                 aliases = _aliases(scope_of(node))
             settings = {key: value_setting(span, key, value, parameters, aliases) for span, key, value in given}
@@ -139,7 +139,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                 continue
             fields: dict[str, Setting] = {}
             for statement in node.body:
-                target, value = _assigned(statement)
+                target, value = assigned(statement)
                 if isinstance(target, ast.Name) and target.id in keys and value is not None:
                     fields[target.id] = setting(statement, _python_default(value, text), len(target.id))
             definitions.append(((node.lineno, node.col_offset), ConfigClass(node.name, bases, fields, path)))
@@ -173,7 +173,7 @@ def _skipped_tests(tree: ast.Module) -> list[tuple[int, int]]:
     """(first line, last line) of each function decorated to be skipped always (settings.skips_always)."""
     return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                skips_always(_dotted(decorator.func if isinstance(decorator, ast.Call) else decorator))
+                skips_always(dotted_chain(decorator.func if isinstance(decorator, ast.Call) else decorator))
                 for decorator in node.decorator_list)]
 
 
@@ -189,10 +189,10 @@ def _function_parameters(tree: ast.Module, text: Callable[[ast.expr], str],
         positional = [*arguments.posonlyargs, *arguments.args]
         every = (*positional, *arguments.kwonlyargs, *(a for a in (arguments.vararg, arguments.kwarg) if a is not None))
         defaults = {**dict.fromkeys(argument.arg for argument in every),
-                    **{argument.arg: _python_literal(default, text) for argument, default in
+                    **{argument.arg: python_literal(default, text) for argument, default in
                        (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
-        bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := _binds(inner)))
+        bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := binds(inner)))
         found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text, options))))
     return found
 
@@ -205,22 +205,12 @@ def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str]
         for inner in ast.walk(statement):
             if not isinstance(inner, ast.stmt):
                 continue
-            target, value = _assigned(inner)
+            target, value = assigned(inner)
             if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None:
-                read = local_read(target.id, _nested_calls(value, text), inner.lineno, options)
+                read = local_read(target.id, nested_calls(value, text), inner.lineno, options)
                 if read is not None:
                     reads[target.id] = read
     return reads
-
-
-def _binds(node: ast.AST) -> str | None:
-    """The name `node` binds: an assignment, loop, `with ... as`, walrus or `del` target, an `import ... as`
-    or `except ... as` name (cst_configs._Assigned of LibCST's tree); None for anything else."""
-    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-        return node.id
-    if isinstance(node, ast.alias):
-        return node.asname or node.name.split(".")[0]
-    return node.name if isinstance(node, ast.ExceptHandler) else None
 
 
 def _enclosing(constants: Mapping[str, Default], functions: list[tuple[int, int, dict[str, Default | None]]],
@@ -230,72 +220,6 @@ def _enclosing(constants: Mapping[str, Default], functions: list[tuple[int, int,
     holding = sorted((function for function in functions if function[0] <= line <= function[1]),
                      key=lambda function: function[0])
     return visible([constants, *(function[2] for function in holding)])
-
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
-def _module_constants(tree: ast.Module, text: Callable[[ast.expr], str], options: Options) -> dict[str, Default]:
-    """options.module_constants of the module: every binding outside functions and classes (the scopes of
-    their own), with the literal of each `NAME = literal`."""
-    assignments: list[tuple[str, str | None, int, str]] = []
-
-    def walk(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, _SCOPES):
-                if not isinstance(child, ast.Lambda):
-                    assignments.append((child.name, None, child.lineno, ""))
-                continue
-            if isinstance(child, ast.stmt):
-                target, value = _assigned(child)
-                if isinstance(target, ast.Name):
-                    if value is not None:  # `BETA: float` alone binds nothing
-                        variable, default = _environment_default(value, text) or ("", _python_literal(value, text))
-                        assignments.append((target.id, default, child.lineno, variable))
-                        walk(value)
-                    continue
-            bound = _binds(child)
-            if bound:
-                assignments.append((bound, None, getattr(child, "lineno", 0), ""))
-            walk(child)
-
-    walk(tree)
-    rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
-    return module_constants(assignments, rebound, options.environment)
-
-
-def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:
-    """options.environment_default of a value: `os.environ.get("BETA", 0.04)`, bare or converted by `float(...)`."""
-    return environment_default(_nested_calls(node, text))
-
-
-def _nested_calls(node: ast.expr, text: Callable[[ast.expr], str]) -> list[tuple[str, list[str | None]]]:
-    """The calls a value nests, from the outside in (at most two), as options.environment_default takes them."""
-    calls: list[tuple[str, list[str | None]]] = []
-    current: ast.expr | None = node
-    while isinstance(current, ast.Call) and not current.keywords and len(calls) < 2:
-        calls.append((_dotted(current.func), [_python_literal(argument, text) for argument in current.args]))
-        current = current.args[0] if len(current.args) == 1 else None
-    return calls
-
-
-def _assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:
-    """(target, value) of `name: T = value` or of a one-target `name = value`; (None, None) otherwise."""
-    if isinstance(statement, ast.AnnAssign):
-        return statement.target, statement.value
-    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
-        return statement.targets[0], statement.value
-    return None, None
-
-
-def _dotted(node: ast.expr) -> str:
-    """`self.args.beta` of that chain of names (cst_configs._chain of LibCST's tree); "" for anything else."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else ""
-    return ""
 
 
 def _configuration_path(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> tuple[str, bool]:
@@ -328,10 +252,10 @@ def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
     with its path (`_configuration_path`), in the order they are bound."""
     statements = sorted((node for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign))),
                         key=lambda node: (node.lineno, node.col_offset))
-    bound = Counter(name for node in ast.walk(scope) if (name := _binds(node)))
+    bound = Counter(name for node in ast.walk(scope) if (name := binds(node)))
     found: dict[str, tuple[str, bool]] = {}
     for statement in statements:
-        target, value = _assigned(statement)
+        target, value = assigned(statement)
         if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None \
                 and "." in (section := _configuration_path(value, found))[0]:
             found[target.id] = section
@@ -342,8 +266,8 @@ def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | No
     """`cst_configs._field_default` of the same text: `0.04` or `field(default=0.04, ...)`; None when computed."""
     if isinstance(node, ast.Call) and last_name(node.func) == "field":
         default = next((keyword.value for keyword in node.keywords if keyword.arg == "default"), None)
-        return None if default is None else _python_literal(default, text)
-    return _python_literal(node, text)
+        return None if default is None else python_literal(default, text)
+    return python_literal(node, text)
 
 
 def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.expr], str]) -> str | None:
@@ -353,20 +277,3 @@ def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.exp
         return None
     return name if text(func).endswith(name) else None  # an identifier Python normalised: not this name
 
-
-def _python_literal(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:
-    """`cst_configs._literal` of the LibCST node for the same text: a string of one literal (implicitly joined
-    strings and f-strings are computed), a number as written without underscores, True/False/None,
-    or a negated literal."""
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _python_literal(node.operand, text)
-        return None if inner is None else "-" + inner
-    if not isinstance(node, ast.Constant) or node.value is Ellipsis or isinstance(node.value, complex):
-        return None
-    written = text(node)
-    if isinstance(node.value, (str, bytes)):
-        strings = [t for t in tokenize.generate_tokens(io.StringIO(f"({written})").readline) if t.type == tokenize.STRING]
-        return str(node.value) if len(strings) == 1 else None
-    if isinstance(node.value, bool) or node.value is None:
-        return str(node.value)
-    return written.replace("_", "")

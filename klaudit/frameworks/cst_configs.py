@@ -14,6 +14,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.frameworks import options
 from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
+from klaudit.frameworks.python_values import imported_constants, integer_arithmetic_of_text
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import dotted, string_value
 
@@ -48,7 +49,7 @@ _BINDERS = ((cst.AssignTarget, "target"), (cst.AnnAssign, "target"), (cst.AugAss
 
 class _Assigned(cst.CSTVisitor):
     """The names a function body binds, with how many times each: assignment, loop, `with ... as`, walrus and
-    `del` targets, `import ... as` and `except ... as` names (an `import x` without `as` binds x: calls._binds of
+    `del` targets, `import ... as` and `except ... as` names (an `import x` without `as` binds x: python_values.binds of
     Python's tree)."""
 
     def __init__(self) -> None:
@@ -118,14 +119,20 @@ def _bindings(node: cst.FunctionDef, line: Callable[[cst.CSTNode], int], options
 
 class _ModuleBindings(_Assigned):
     """The names bound outside functions and classes (the scopes of their own), and apart from them each
-    `NAME = value` with the value's literal and line (calls._module_constants of Python's tree)."""
+    `NAME = value` with the value's literal and line (python_values.module_constants_of of Python's tree)."""
 
     def __init__(self, line: Callable[[cst.CSTNode], int]) -> None:
         super().__init__()
         self.line = line
         self.assignments: list[tuple[str, str | None, int, str]] = []
+        # (module, level, {name bound: name imported}, line) of each `from module import ...` of named names
+        self.imports: list[tuple[str, int, dict[str, str], int]] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.ImportFrom) and node.module is not None and not isinstance(node.names, cst.ImportStar):
+            names = {dotted(alias.asname.name if alias.asname is not None else alias.name): dotted(alias.name)
+                     for alias in node.names if alias.asname is None or isinstance(alias.asname.name, cst.Name)}
+            self.imports.append((dotted(node.module), len(node.relative), names, self.line(node)))
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self.names[node.name.value] += 1
             return False
@@ -142,12 +149,12 @@ class _ModuleBindings(_Assigned):
 
 
 def _environment_default(node: cst.BaseExpression) -> tuple[str, str] | None:
-    """calls._environment_default of LibCST's tree: `float(os.environ.get("BETA", 0.04))`."""
+    """python_values._environment_default of LibCST's tree: `float(os.environ.get("BETA", 0.04))`."""
     return options.environment_default(_nested_calls(node))
 
 
 def _nested_calls(node: cst.BaseExpression) -> list[tuple[str, list[str | None]]]:
-    """calls._nested_calls of LibCST's tree: the calls a value nests, from the outside in (at most two)."""
+    """python_values.nested_calls of LibCST's tree: the calls a value nests, from the outside in (at most two)."""
     calls: list[tuple[str, list[str | None]]] = []
     current: cst.BaseExpression | None = node
     while isinstance(current, cst.Call) and len(calls) < 2 and all(a.keyword is None and not a.star for a in current.args):
@@ -224,6 +231,10 @@ class _Reader(cst.CSTVisitor):
         if value is None and isinstance(arg.value, (cst.Name, cst.Attribute)):
             default = resolve(_chain(arg.value), visible([self._constants(), *self.functions]), self.options,
                               self.path)
+        elif value is None and isinstance(arg.value, cst.BinaryOperation) and self.module is not None:
+            names = visible([self._constants(), *self.functions])
+            default = integer_arithmetic_of_text(self.module.code_for_node(arg.value),
+                                         lambda name: resolve(name, names, self.options, self.path))
         elif value is None and isinstance(arg.value, cst.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
             line = self.get_metadata(PositionProvider, arg).start.line
             nested = _nested_calls(arg.value)
@@ -239,10 +250,22 @@ class _Reader(cst.CSTVisitor):
                 bound, declared = _ModuleBindings(lambda node: self.get_metadata(PositionProvider, node).start.line), _Globals()
                 self.module.visit(bound)
                 self.module.visit(declared)
-                other = [(name, None, 0, "") for name in bound.names]  # any other binding: no constant
-                self.constants = module_constants([*bound.assignments, *other], declared.names,
-                                                  (self.options or Options()).environment)
+                imported = self._imported(bound.imports)
+                other = [(name, None, 0, "") for name, count in bound.names.items()  # any other binding: no constant
+                         for _ in range(count - (name in imported))]
+                given = [(name, value.value, 0, "") for name, value in imported.items()]
+                constants = module_constants([*bound.assignments, *given, *other], declared.names,
+                                             (self.options or Options()).environment)
+                self.constants = {name: imported.get(name, value) for name, value in constants.items()}
         return self.constants
+
+    def _imported(self, imports: list[tuple[str, int, dict[str, str], int]]) -> dict[str, Default]:
+        """calls.imported_constants of each `from module import ...`, by the name each binds."""
+        found: dict[str, Default] = {}
+        for module, level, names, _ in imports:
+            given = imported_constants(module, level, self.path, self.options or Options())
+            found.update({bound: given[name] for bound, name in names.items() if name in given})
+        return found
 
     def _setting(self, node: cst.CSTNode, value: str | None, name_length: int) -> Setting:
         span = self.get_metadata(PositionProvider, node)

@@ -291,3 +291,46 @@ def test_a_coefficient_the_yaml_files_sweep_is_judged_where_it_is_on(tmp_path):
         "0.01", f"training.beta at {tmp_path / 'c1.yaml'}:3; the 3 configs that set it give 0 to 0.1")
     assert beta("0.0", "0.0")[0] == "0.0"
     assert beta("0.0", "0.5", "2.0")[0] is None
+
+
+IMPORTED_CONSTANTS = '''\
+from trl import PPOConfig
+from config import PPO_EPOCHS, BATCH as PER_DEVICE, LR, REBOUND, MISSING
+from settings.defaults import KL_COEF
+
+REBOUND = 7
+PPOConfig(num_ppo_epochs=PPO_EPOCHS, per_device_train_batch_size=PER_DEVICE, learning_rate=LR,
+          num_mini_batches=PER_DEVICE // MINI, gradient_accumulation_steps=REBOUND, kl_coef=KL_COEF,
+          total_episodes=(PPO_EPOCHS + 1) * PER_DEVICE - 2, response_length=MISSING, local_rollout_forward_batch_size=PER_DEVICE // 0)
+MINI = 4
+'''
+
+
+def test_constants_imported_from_a_project_module_and_integer_arithmetic_resolve_alike_in_both_trees(tmp_path):
+    from klaudit.frameworks.options import Options
+
+    """i257608-cmd/rlhf-gpt2 (seventy-second set) imports `PPO_EPOCHS = 4`, `PPO_BATCH_SIZE = 16` and
+    `PPO_MINI_BATCH = 4` from its config.py and sets `num_mini_batches=PPO_BATCH_SIZE // PPO_MINI_BATCH`: the
+    constants are read from the module that binds them, and integer arithmetic on known values is computed."""
+    (tmp_path / "config.py").write_text("PPO_EPOCHS = 4\nBATCH = 16\nLR = 1e-5\nREBOUND = 2\n")
+    (tmp_path / "settings").mkdir()
+    (tmp_path / "settings" / "defaults.py").write_text("KL_COEF = 0.2\nKL_COEF = 0.3\n")  # bound twice: no constant
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "train.py"  # run from the project's root: `from config import` one folder up
+    script.write_text(IMPORTED_CONSTANTS)
+    names = ["PPOConfig"]
+    from_python = calls._python_configs(IMPORTED_CONSTANTS, names, tuple(trl.KEYS), str(script), Options())
+    assert from_python is not None
+    reader = cst_configs._Reader(names, tuple(trl.KEYS), str(script), Options())
+    libcst.MetadataWrapper(libcst.parse_module(IMPORTED_CONSTANTS), unsafe_skip_copy=True).visit(reader)
+    assert from_python[0] == reader.calls
+    settings = reader.calls[0].settings
+    assert {key: setting.value for key, setting in settings.items()} == {
+        "num_ppo_epochs": "4", "per_device_train_batch_size": "16", "learning_rate": "1e-5",
+        "num_mini_batches": "4",  # MINI is bound after the call, but once, at module level: a constant all the same
+        "gradient_accumulation_steps": None,  # imported, then bound again: no constant
+        "kl_coef": None, "total_episodes": "78", "response_length": None,
+        "local_rollout_forward_batch_size": None,  # a division by zero computes nothing
+    }
+    assert settings["num_ppo_epochs"].origin == "PPO_EPOCHS = 4 at config.py:1"
+    assert settings["num_mini_batches"].origin == "PER_DEVICE // MINI with BATCH = 16 at config.py:2, MINI = 4 at line 9"

@@ -1,0 +1,218 @@
+"""Values read from Python's own tree of a module (`ast`): literals as klaudit.frameworks.calls reports them, the
+module's constants (`BETA = 0.04`, and those it imports from a module of the project: `from config import
+PPO_EPOCHS`), and integer arithmetic on them (`PPO_BATCH_SIZE // PPO_MINI_BATCH`). klaudit.frameworks.cst_configs
+reads the same from LibCST's tree where Python cannot parse a module, through these functions where it can."""
+
+from __future__ import annotations
+
+import ast
+import io
+import operator
+import re
+import tokenize
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from klaudit.frameworks.options import Default, Options, environment_default, module_constants
+from klaudit.lint.syntax import python_ast
+from klaudit.text import read_text
+
+_NEWLINE = re.compile(r"\r\n?|\n")  # line ends as Python's tokenizer and LibCST count them
+
+
+_INTEGER_OPERATIONS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+                       ast.FloorDiv: operator.floordiv}
+
+
+def integer_arithmetic_of_text(written: str, named: Callable[[str], Default | None]) -> Default | None:
+    """`integer_arithmetic` of the expression text `written` (a keyword's value as LibCST's tree gives it)."""
+    source = f"({written})"
+    try:
+        node = python_ast(source).body[0]
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    value = node.value if isinstance(node, ast.Expr) else None
+    if not isinstance(value, ast.BinOp):
+        return None
+    return integer_arithmetic(value, named, partial(text_as_written, encoded_lines(source)))
+
+
+def integer_arithmetic(node: ast.BinOp, named: Callable[[str], Default | None],
+                        text: Callable[[ast.expr], str]) -> Default | None:
+    """The value of integer arithmetic on literals and names whose values `named` gives (`PPO_BATCH_SIZE //
+    PPO_MINI_BATCH` of two module constants), with where those come from; None for anything else."""
+    origins: list[str] = []
+
+    def value(part: ast.expr) -> int | None:
+        if isinstance(part, ast.BinOp):
+            operation = _INTEGER_OPERATIONS.get(type(part.op))
+            left, right = value(part.left), value(part.right)
+            if operation is None or left is None or right is None or (operation is operator.floordiv and right == 0):
+                return None
+            return int(operation(left, right))
+        found = named(part.id) if isinstance(part, ast.Name) else None
+        if found is not None:
+            origins.append(found.origin)
+        written = found.value if found is not None else python_literal(part, text)
+        return int(written) if written is not None and re.fullmatch(r"-?\d+", written) else None
+
+    result = value(node)
+    if result is None:
+        return None
+    return Default(str(result), text(node) + (f" with {', '.join(origins)}" if origins else ""))
+
+
+def encoded_lines(source: str) -> list[bytes]:
+    """The lines of `source` in UTF-8, in which Python's tree gives its columns."""
+    return [line.encode("utf-8") for line in _NEWLINE.split(source)]
+
+
+def text_as_written(lines: list[bytes], node: ast.expr) -> str:
+    """The text of `node` as written, from the module's `encoded_lines`."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    if first == last:
+        return lines[first][node.col_offset:node.end_col_offset].decode("utf-8", errors="replace")
+    parts = [lines[first][node.col_offset:], *lines[first + 1:last], lines[last][:node.end_col_offset]]
+    return "\n".join(part.decode("utf-8", errors="replace") for part in parts)
+
+
+def binds(node: ast.AST) -> str | None:
+    """The name `node` binds: an assignment, loop, `with ... as`, walrus or `del` target, an `import ... as`
+    or `except ... as` name (cst_configs._Assigned of LibCST's tree); None for anything else."""
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+        return node.id
+    if isinstance(node, ast.alias):
+        return node.asname or node.name.split(".")[0]
+    return node.name if isinstance(node, ast.ExceptHandler) else None
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], options: Options, path: str,
+                      seen: frozenset[str] = frozenset()) -> dict[str, Default]:
+    """options.module_constants of the module at `path`: every binding outside functions and classes (the scopes of
+    their own), with the literal of each `NAME = literal`, and of each name imported from a module of the project
+    that binds it so (`from config import PPO_EPOCHS` beside a config.py of constants; `seen`: the modules already
+    on that chain of imports)."""
+    assignments: list[tuple[str, str | None, int, str]] = []
+    imported: dict[str, Default] = {}
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _SCOPES):
+                if not isinstance(child, ast.Lambda):
+                    assignments.append((child.name, None, child.lineno, ""))
+                continue
+            if isinstance(child, ast.ImportFrom):
+                given = imported_constants(child.module, child.level, path, options, seen) \
+                    if child.module is not None and all(alias.name != "*" for alias in child.names) else {}
+                for alias in child.names:
+                    name, found = alias.asname or alias.name, given.get(alias.name)
+                    if found is not None:
+                        imported[name] = found
+                    assignments.append((name, found.value if found is not None else None, child.lineno, ""))
+                continue
+            if isinstance(child, ast.stmt):
+                target, value = assigned(child)
+                if isinstance(target, ast.Name):
+                    if value is not None:  # `BETA: float` alone binds nothing
+                        variable, default = _environment_default(value, text) or ("", python_literal(value, text))
+                        assignments.append((target.id, default, child.lineno, variable))
+                        walk(value)
+                    continue
+            bound = binds(child)
+            if bound:
+                assignments.append((bound, None, getattr(child, "lineno", 0), ""))
+            walk(child)
+
+    walk(tree)
+    rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    constants = module_constants(assignments, rebound, options.environment)
+    return {name: imported.get(name, value) for name, value in constants.items()}
+
+
+_IMPORT_ROOTS = 3  # how many folders above a script an absolute import of a project module is looked up in
+
+
+def imported_constants(module: str, level: int, path: str, options: Options,
+                       seen: frozenset[str] = frozenset()) -> dict[str, Default]:
+    """The constants (`module_constants_of`) of the project's module that an import from `module` at relative `level`
+    (`from config import ...` beside the module at `path`, or `from .config import ...`) reads, by name, each with
+    the file and line that binds it; {} for a module outside the project, one not found, or one already on the
+    chain `seen`."""
+    if not path:
+        return {}
+    folder = Path(path).resolve().parent
+    for _ in range(max(level - 1, 0)):
+        folder = folder.parent
+    parts = module.split(".")
+    # a script's neighbour, else (an absolute import run from a folder above) the nearest folder above that has it
+    above = (folder, *folder.parents[:_IMPORT_ROOTS]) if level == 0 else (folder,)
+    target = next((place.joinpath(*parts).with_suffix(".py") for place in above
+                   if place.joinpath(*parts).with_suffix(".py").is_file()), folder / "-")
+    source = read_text(target) if str(target) not in seen else None
+    if source is None:
+        return {}
+    try:
+        tree = python_ast(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    constants = module_constants_of(tree, partial(text_as_written, encoded_lines(source)), options, str(target),
+                                  seen | {str(Path(path).resolve()), str(target)})
+    return {name: replace(value, origin=value.origin.replace(" at line ", f" at {target.name}:"))
+            for name, value in constants.items()}
+
+
+def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:
+    """options.environment_default of a value: `os.environ.get("BETA", 0.04)`, bare or converted by `float(...)`."""
+    return environment_default(nested_calls(node, text))
+
+
+def nested_calls(node: ast.expr, text: Callable[[ast.expr], str]) -> list[tuple[str, list[str | None]]]:
+    """The calls a value nests, from the outside in (at most two), as options.environment_default takes them."""
+    calls: list[tuple[str, list[str | None]]] = []
+    current: ast.expr | None = node
+    while isinstance(current, ast.Call) and not current.keywords and len(calls) < 2:
+        calls.append((dotted_chain(current.func), [python_literal(argument, text) for argument in current.args]))
+        current = current.args[0] if len(current.args) == 1 else None
+    return calls
+
+
+def assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:
+    """(target, value) of `name: T = value` or of a one-target `name = value`; (None, None) otherwise."""
+    if isinstance(statement, ast.AnnAssign):
+        return statement.target, statement.value
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        return statement.targets[0], statement.value
+    return None, None
+
+
+def dotted_chain(node: ast.expr) -> str:
+    """`self.args.beta` of that chain of names (cst_configs._chain of LibCST's tree); "" for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_chain(node.value)
+        return f"{base}.{node.attr}" if base else ""
+    return ""
+
+
+def python_literal(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:
+    """`cst_configs._literal` of the LibCST node for the same text: a string of one literal (implicitly joined
+    strings and f-strings are computed), a number as written without underscores, True/False/None,
+    or a negated literal."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = python_literal(node.operand, text)
+        return None if inner is None else "-" + inner
+    if not isinstance(node, ast.Constant) or node.value is Ellipsis or isinstance(node.value, complex):
+        return None
+    written = text(node)
+    if isinstance(node.value, (str, bytes)):
+        strings = [t for t in tokenize.generate_tokens(io.StringIO(f"({written})").readline) if t.type == tokenize.STRING]
+        return str(node.value) if len(strings) == 1 else None
+    if isinstance(node.value, bool) or node.value is None:
+        return str(node.value)
+    return written.replace("_", "")
