@@ -55,6 +55,8 @@ _DEFAULT_NAME = re.compile(r"\bdefault\s*=\s*([A-Za-z_]\w*)\s*(?:[,)]|$)")
 # own (`    beta: float = 0.04,` in a signature, minstar/BIOAgents), whose default the function's own scope gives
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)]*?\bdefault[ \t]*=[ \t]*{_LITERAL}[ \t]*[,)]"
                     rf"|{_LITERAL}[ \t]*[#\n])", re.MULTILINE)
+# `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
+_SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,)\]}#]*)")
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 _SHELL = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # the linted launch scripts (klaudit.frameworks.SHELL_SUFFIXES)
 
@@ -82,6 +84,9 @@ class Options:
     launched: Mapping[str, Mapping[str, tuple[Default, ...]]] = field(default_factory=dict)
     # the variables the project's environment files set (`environment_files`), by name
     environment: Mapping[str, Default] = field(default_factory=dict)
+    # the names some Python code of the project sets, by keyword or assignment, to anything but a literal 0
+    # (`Config(beta=1e-3)` in a preset beside the field's `beta: float = 0.0`)
+    set_in_code: frozenset[str] = frozenset()
 
     def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
         """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):
@@ -95,6 +100,23 @@ class Options:
         leaf = key.rsplit(".", 1)[-1]
         found = [values[key] for path in self.configs if key in (values := _yaml_values(path, leaf))]
         return found[0] if len({default.value for default in found}) == 1 else None
+
+    def zero_in_every_run(self, key: str, path: str) -> bool:
+        """Whether a hand-written trainer's read of the option `key` (`config.kl_coefficient`, or the dotted
+        `training.kl_coef` of `cfg.training.kl_coef`) gives 0 in every run of the file at `path`: its default there
+        (`default`) and every launch of any script that sets it say 0; or, for a key no Python option declares, every
+        linted YAML file that sets it gives 0; and no Python code sets it otherwise (`set_in_code`). A KL term it scales
+        is then 0, and the code that forms it trains nothing."""
+        if key.rsplit(".", 1)[-1] in self.set_in_code:
+            return False
+        if "." not in key and (key in self.given or key in self.launched):
+            found = self.default(key, path)
+            launches = [value for values in self.launched.get(key, {}).values() for value in values]
+            given = [found, *launches] if found is not None else []
+        else:
+            leaf = key.rsplit(".", 1)[-1]
+            given = [values[key] for config in self.configs if key in (values := _yaml_values(config, leaf))]
+        return bool(given) and all(number(value.value) == 0 for value in given)
 
     def read(self, default: Default) -> Default | None:
         """What a read of a configuration key with that default gets (`grpo_cfg.get("beta", 0.001)`): the default
@@ -205,7 +227,9 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields)
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
-                   {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()})
+                   {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
+                   set_in_code=frozenset(match.group(1) for text in sources.values() for match in _SET.finditer(text)
+                                         if number(match.group(2)) != 0))
 
 
 def _argument_default(arguments: str, text: str) -> str | None:

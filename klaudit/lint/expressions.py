@@ -123,6 +123,8 @@ class ExpressionFlow(FlowState):
             return (tensor(poly),)
         if roles.is_mask_name(attr):
             return (Fact(role="mask"),)
+        if path is not None and "." in path and self.module.project.options.zero_in_every_run(path.split(".", 1)[1], self.module.path):
+            return (tensor(Poly.const(0.0)),)  # a coefficient every run sets to 0 (`config.kl_coefficient`)
         if not isinstance(node.value, cst.Name) or base not in self.env:
             return (Fact(role="str", name=attr),) if looks_like_option(attr) else ()
         return ()
