@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,9 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
             nested = nested_calls(written, text)
             read = configuration_read(key, nested, written.lineno)
-            default = (options or Options()).read(read) if read is not None else \
+            if read is not None and read.holder in aliases:  # `t = self.cfg.training`, then `t.get("beta", 0.04)`
+                read = replace(read, holder=aliases[read.holder][0])
+            default = (options or Options()).read(read, path) if read is not None else \
                 (options or Options()).environment_read(nested, written.lineno)
         elif value is None and isinstance(written, ast.BinOp):  # `num_mini_batches=PPO_BATCH_SIZE // PPO_MINI_BATCH`
             default = integer_arithmetic(written, lambda name: resolve(name, parameters, options or Options(), path),
@@ -121,7 +124,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
             aliases: Mapping[str, tuple[str, bool]] = {}
-            if any(isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) for _, _, value in given):
+            if any(isinstance(value, (ast.Name, ast.Attribute, ast.Subscript, ast.Call, ast.BinOp)) for _, _, value in given):
                 if functions is None:
                     functions = _function_parameters(tree, text, options or Options())
                     constants = module_constants_of(tree, text, options or Options(), path)

@@ -239,7 +239,8 @@ class _Reader(cst.CSTVisitor):
             line = self.get_metadata(PositionProvider, arg).start.line
             nested = _nested_calls(arg.value)
             read = options.configuration_read(arg.keyword.value, nested, line)
-            default = self.options.read(read) if read is not None else self.options.environment_read(nested, line)
+            default = self.options.read(read, self.path) if read is not None else \
+                self.options.environment_read(nested, line)
         found = self._setting(arg, value if default is None else default.value, len(arg.keyword.value))
         return options.defaulted(found, default)
 

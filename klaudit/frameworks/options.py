@@ -118,18 +118,23 @@ class Options:
             given = [values[key] for config in self.configs if key in (values := _yaml_values(config, leaf))]
         return bool(given) and all(number(value.value) == 0 for value in given)
 
-    def read(self, default: Default) -> Default | None:
+    def read(self, default: Default, path: str = "") -> Default | None:
         """What a read of a configuration key with that default gets (`grpo_cfg.get("beta", 0.001)`): the default
         where the linted YAML files leave the key alone (`leave_alone`), else the one value they give it in a section
-        the mapping is named for (`grpo.beta` for `grpo_cfg`); where they sweep a coefficient there (0, 0.01 and 0.1
-        in three configs), the first value strictly between 0 and 1 (`_swept`); None for other differing values, or
-        where they give none there."""
+        the mapping is named for (`grpo.beta` for `grpo_cfg`), from the files named like the reading module at `path`
+        where they differ (configs/grpo.yaml for grpo_trainer.py, beside a dpo.yaml with its own `training.beta`);
+        where they sweep a coefficient there (0, 0.01 and 0.1 in three configs), the first value strictly between 0
+        and 1 (`_swept`); None for other differing values, or where they give none there."""
         if self.leave_alone(default):
             return default
         holder = default.holder.lower()
-        given = [(key, value) for path in self.configs for key, value in _yaml_values(path, default.key).items()
+        given = [(key, value) for config in self.configs for key, value in _yaml_values(config, default.key).items()
                  if key.rsplit(".", 1)[-1] == default.key and "." in key and holder
                  and key.rsplit(".", 2)[-2].lower() in holder]
+        words = set(re.split(r"[\W_]+", Path(path).stem.lower()))
+        named = [(key, value) for key, value in given if Path(value.origin.rsplit(":", 1)[0]).stem.lower() in words]
+        if len({value.value for _, value in given}) > 1 and named:
+            given = named
         if len({value.value for _, value in given}) != 1:
             return _swept(given)
         key, value = given[0]

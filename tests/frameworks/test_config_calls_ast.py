@@ -293,6 +293,40 @@ def test_a_coefficient_the_yaml_files_sweep_is_judged_where_it_is_on(tmp_path):
     assert beta("0.0", "0.5", "2.0")[0] is None
 
 
+ALIASED_SECTION = '''\
+from trl import GRPOConfig
+
+class Trainer:
+    def train(self):
+        train_cfg = self.cfg.training
+        return GRPOConfig(output_dir="out", beta=train_cfg.get("beta", 0.5))
+'''
+
+
+@pytest.mark.parametrize("module, expected", [
+    ("pipeline/grpo_trainer.py", ("0.04", "training.beta at {root}/configs/grpo.yaml:2")),  # the config named so
+    ("pipeline/trainer.py", ("0.1", "training.beta at {root}/configs/dpo.yaml:2; the 2 configs that set it give "
+                                    "0.04 to 0.1")),  # no config named for it: the sweep's first file's value
+])
+def test_a_read_of_a_section_bound_to_a_name_looks_in_that_section_of_the_file_named_for_the_module(
+        tmp_path, module, expected):
+    """break-through-19/slm-agentic-post-training-pipeline (seventy-third set) binds `train_cfg = self.cfg.training`
+    and reads `beta=train_cfg.get("beta", 0.04)` in grpo_trainer.py, while configs/grpo.yaml sets `training.beta:
+    0.04` and configs/dpo.yaml, DPO's, `training.beta: 0.1`: the name stands for the section `training`, and of the
+    configs that disagree the one named like the module decides."""
+    from klaudit.frameworks.options import option_defaults
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "dpo.yaml").write_text("training:\n  beta: 0.1\n")
+    (tmp_path / "configs" / "grpo.yaml").write_text("training:\n  beta: 0.04\n")
+    options = option_defaults({}, [str(tmp_path / "configs" / name) for name in ("dpo.yaml", "grpo.yaml")])
+    found = calls._python_configs(ALIASED_SECTION, NAMES | {"GRPOConfig"}, ("beta",), str(tmp_path / module), options)
+    assert found is not None
+    [call] = found[0]
+    assert (call.settings["beta"].value, call.settings["beta"].origin) == \
+        (expected[0], expected[1].format(root=tmp_path))
+
+
 IMPORTED_CONSTANTS = '''\
 from trl import PPOConfig
 from config import PPO_EPOCHS, BATCH as PER_DEVICE, LR, REBOUND, MISSING
