@@ -31,6 +31,7 @@ from klaudit.frameworks.python_values import (
     binds,
     dotted_chain,
     encoded_lines,
+    environment_readers,
     integer_arithmetic,
     module_constants_of,
     nested_calls,
@@ -72,6 +73,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         return None
     lines = encoded_lines(source)
     text = partial(text_as_written, lines)
+    readers = environment_readers(tree)
 
     def column(line: int, offset: int) -> int:  # 1-based, in characters
         return len(lines[line - 1][:offset].decode("utf-8", errors="replace")) + 1
@@ -90,7 +92,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         if value is None and isinstance(written, (ast.Name, ast.Attribute, ast.Subscript)):
             default = resolve(_configuration_key(written, aliases), parameters, options or Options(), path)
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
-            nested = nested_calls(written, text)
+            nested = nested_calls(written, text, readers)
             read = configuration_read(key, nested, written.lineno)
             if read is not None and read.holder in aliases:  # `t = self.cfg.training`, then `t.get("beta", 0.04)`
                 read = replace(read, holder=aliases[read.holder][0])
@@ -184,7 +186,7 @@ def _function_parameters(tree: ast.Module, text: Callable[[ast.expr], str],
                          options: Options) -> list[tuple[int, int, dict[str, Default | None]]]:
     """(first line, last line, the names it binds) of each function: a parameter's literal default, None
     for a name its body assigns or a parameter without one (options.bindings)."""
-    found = []
+    found, readers = [], environment_readers(tree)
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -196,12 +198,12 @@ def _function_parameters(tree: ast.Module, text: Callable[[ast.expr], str],
                        (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
         bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := binds(inner)))
-        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text, options))))
+        found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text, options, readers))))
     return found
 
 
-def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str],
-           text: Callable[[ast.expr], str], options: Options) -> dict[str, Default]:
+def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str], text: Callable[[ast.expr], str],
+           options: Options, readers: frozenset[str]) -> dict[str, Default]:
     """options.local_read of each name the function binds once, to `cfg.get("key", literal)` or an environment read."""
     reads = {}
     for statement in function.body:
@@ -210,7 +212,7 @@ def _reads(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: Counter[str]
                 continue
             target, value = assigned(inner)
             if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None:
-                read = local_read(target.id, nested_calls(value, text), inner.lineno, options)
+                read = local_read(target.id, nested_calls(value, text, readers), inner.lineno, options)
                 if read is not None:
                     reads[target.id] = read
     return reads

@@ -329,7 +329,7 @@ def configuration_read(name: str, calls: Sequence[tuple[str, Sequence[str | None
     if call is None:
         return None
     called, arguments = call
-    if not called.endswith(".get") or called in _ENVIRONMENT_READS or len(arguments) != 2:
+    if not called.endswith(".get") or called in ENVIRONMENT_READS or len(arguments) != 2:
         return None
     key, default = arguments
     if key is None or default is None or not key.isidentifier():
@@ -365,14 +365,14 @@ def local_read(name: str, calls: Sequence[tuple[str, Sequence[str | None]]], lin
 UNREAD = "\0unread"  # a launch's value the lint cannot read (`--batch_size=$BS` of a variable set elsewhere)
 
 # `os.environ.get("BETA", 0.04)`, `os.getenv(...)` and the bare names an import gives them
-_ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})
+ENVIRONMENT_READS = frozenset({"os.environ.get", "os.getenv", "environ.get", "getenv"})
 _CONVERSIONS = frozenset({"float", "int", "str"})  # what wraps such a read without changing its default
 
 
 def _environment_variable(calls: Sequence[tuple[str, Sequence[str | None]]]) -> str | None:
     """The variable a value reads from the environment (`calls` as environment_default takes them), if it does."""
     call = _unconverted(calls)
-    return call[1][0] if call is not None and call[0] in _ENVIRONMENT_READS and call[1] else None
+    return call[1][0] if call is not None and call[0] in ENVIRONMENT_READS and call[1] else None
 
 
 # `export GRPO_BETA=0.01`, `BETA="0.04"  # comment` (a dotenv file, direnv's .envrc)
@@ -403,7 +403,7 @@ def environment_default(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tu
     if call is None:
         return None
     name, arguments = call
-    if name not in _ENVIRONMENT_READS or len(arguments) != 2:
+    if name not in ENVIRONMENT_READS or len(arguments) != 2:
         return None
     variable, default = arguments
     return (variable, default) if variable is not None and default is not None else None

@@ -10,12 +10,12 @@ import io
 import operator
 import re
 import tokenize
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from klaudit.frameworks.options import Default, Options, environment_default, module_constants
+from klaudit.frameworks.options import ENVIRONMENT_READS, Default, Options, environment_default, module_constants
 from klaudit.lint.syntax import python_ast
 from klaudit.text import read_text
 
@@ -99,6 +99,7 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
     on that chain of imports)."""
     assignments: list[tuple[str, str | None, int, str]] = []
     imported: dict[str, Default] = {}
+    readers = environment_readers(tree)
 
     def walk(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
@@ -119,7 +120,8 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
                 target, value = assigned(child)
                 if isinstance(target, ast.Name):
                     if value is not None:  # `BETA: float` alone binds nothing
-                        variable, default = _environment_default(value, text) or ("", python_literal(value, text))
+                        variable, default = _environment_default(value, text, readers) \
+                            or ("", python_literal(value, text))
                         assignments.append((target.id, default, child.lineno, variable))
                         walk(value)
                     continue
@@ -166,19 +168,44 @@ def imported_constants(module: str, level: int, path: str, options: Options,
             for name, value in constants.items()}
 
 
-def _environment_default(node: ast.expr, text: Callable[[ast.expr], str]) -> tuple[str, str] | None:
+def _environment_default(node: ast.expr, text: Callable[[ast.expr], str],
+                         readers: Collection[str] = ()) -> tuple[str, str] | None:
     """options.environment_default of a value: `os.environ.get("BETA", 0.04)`, bare or converted by `float(...)`."""
-    return environment_default(nested_calls(node, text))
+    return environment_default(nested_calls(node, text, readers))
 
 
-def nested_calls(node: ast.expr, text: Callable[[ast.expr], str]) -> list[tuple[str, list[str | None]]]:
-    """The calls a value nests, from the outside in (at most two), as options.environment_default takes them."""
+def nested_calls(node: ast.expr, text: Callable[[ast.expr], str],
+                 readers: Collection[str] = ()) -> list[tuple[str, list[str | None]]]:
+    """The calls a value nests, from the outside in (at most two), as options.environment_default takes them; a call
+    of one of the module's `environment_readers` as the `os.getenv` it makes."""
     calls: list[tuple[str, list[str | None]]] = []
     current: ast.expr | None = node
     while isinstance(current, ast.Call) and not current.keywords and len(calls) < 2:
-        calls.append((dotted_chain(current.func), [python_literal(argument, text) for argument in current.args]))
+        called = dotted_chain(current.func)
+        calls.append(("os.getenv" if called in readers else called,
+                      [python_literal(argument, text) for argument in current.args]))
         current = current.args[0] if len(current.args) == 1 else None
     return calls
+
+
+def environment_readers(tree: ast.Module) -> frozenset[str]:
+    """The module's functions that read an environment variable with a fallback, `def env_float(name, default):`
+    whose body reads `os.getenv(name)` (or `os.environ.get(name)`, `os.environ[name]`) and may return `default`: a
+    call `env_float("GRPO_BETA", 0.05)` reads as `os.getenv("GRPO_BETA", 0.05)` does."""
+    found = set()
+    for function in tree.body:
+        if not isinstance(function, ast.FunctionDef) or len(function.args.args) < 2:
+            continue
+        variable, fallback = (argument.arg for argument in function.args.args[:2])
+        reads = any(isinstance(node, ast.Call) and dotted_chain(node.func) in ENVIRONMENT_READS and node.args
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id == variable
+                    or isinstance(node, ast.Subscript) and dotted_chain(node.value) in ("os.environ", "environ")
+                    and isinstance(node.slice, ast.Name) and node.slice.id == variable for node in ast.walk(function))
+        falls_back = any(isinstance(node, ast.Return) and node.value is not None and any(
+            isinstance(part, ast.Name) and part.id == fallback for part in ast.walk(node.value)) for node in ast.walk(function))
+        if reads and falls_back:
+            found.add(function.name)
+    return frozenset(found)
 
 
 def assigned(statement: ast.stmt) -> tuple[ast.expr | None, ast.expr | None]:

@@ -368,3 +368,42 @@ def test_constants_imported_from_a_project_module_and_integer_arithmetic_resolve
     }
     assert settings["num_ppo_epochs"].origin == "PPO_EPOCHS = 4 at config.py:1"
     assert settings["num_mini_batches"].origin == "PER_DEVICE // MINI with BATCH = 16 at config.py:2, MINI = 4 at line 9"
+
+
+ENVIRONMENT_HELPER = '''\
+import os
+from trl import GRPOConfig
+
+
+def _get_env_float(name, default):
+    raw = os.getenv(name)
+    if raw is None:
+        return default
+    return float(raw)
+
+
+def env_or(key, fallback):
+    return os.environ[key] if key in os.environ else fallback
+
+
+def not_a_reader(name, default):
+    return default * 2
+
+
+STEPS = int(env_or("STEPS", 2))
+a = GRPOConfig(beta=_get_env_float("GRPO_BETA", 0.05), num_iterations=STEPS, temperature=not_a_reader("T", 0.7))
+'''
+
+
+def test_a_helper_that_reads_an_environment_variable_with_a_fallback_reads_as_os_getenv():
+    """antoninrottman/simple-grpo (seventy-third set) sets `beta=_get_env_float("GRPO_BETA", 0.05)` through a helper
+    of its own around `os.getenv(name)`: a run that leaves the variable unset trains with 0.05. A function that
+    reads no variable named by its first parameter is no such reader."""
+    from klaudit.frameworks.options import Options
+
+    found = calls._python_configs(ENVIRONMENT_HELPER, NAMES, tuple(trl.KEYS), "t.py", Options())
+    assert found is not None
+    [call] = found[0]
+    assert {key: setting.value for key, setting in call.settings.items()} == {
+        "beta": "0.05", "num_iterations": "2", "temperature": None}
+    assert call.settings["beta"].origin == "0.05 at line 21 while GRPO_BETA is unset"
