@@ -51,9 +51,10 @@ _DEFAULT = re.compile(rf"\bdefault\s*=\s*{_LITERAL}\s*(?:[,)]|$)")
 # `default=BETA`, a name the script binds to a literal at module level (`BETA = 0.02` among its constants)
 _DEFAULT_NAME = re.compile(r"\bdefault\s*=\s*([A-Za-z_]\w*)\s*(?:[,)]|$)")
 # a class-level annotated field: `beta: float = 0.04` or `beta: float = field(default=0.04, ...)`, the call on
-# one line or several (`field(\n        default=4, metadata=...)`); not a function's parameter on a line of its
+# one line or several (`field(\n        default=4, metadata=...)`), or pydantic's `Field(default=0.04, ge=0.0)` and
+# `Field(0.04, ...)`; not a function's parameter on a line of its
 # own (`    beta: float = 0.04,` in a signature, minstar/BIOAgents), whose default the function's own scope gives
-_FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:field\([^)]*?\bdefault[ \t]*=[ \t]*{_LITERAL}[ \t]*[,)]"
+_FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:[Ff]ield\((?:[^)]*?\bdefault[ \t]*=)?[ \t]*{_LITERAL}[ \t]*[,)]"
                     rf"|{_LITERAL}[ \t]*[#\n])", re.MULTILINE)
 # `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
 _SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,)\]}#]*)")
@@ -222,7 +223,7 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
                 literal = _argument_default(match.group(2), text)
                 if literal is not None:
                     found.append((match.group(1).replace("-", "_"), literal, match.start()))
-        if "dataclass" in text:
+        if "dataclass" in text or "Field(" in text:
             found += [(match.group(1), match.group(2) or match.group(3), match.start(1)) for match in _FIELD.finditer(text)]
             fields.update(match.group(1) for match in _FIELD.finditer(text))
         for name, literal, offset in found:

@@ -48,6 +48,27 @@ def test_option_defaults_are_read_from_argparse_and_dataclasses():
 
 
 
+PYDANTIC = '''\
+from pydantic import BaseModel, Field
+
+class GRPOCfg(BaseModel):
+    beta_kl: float = Field(default=0.04, ge=0.0, le=1.0)  # KL penalty coefficient
+    num_generations: int = Field(8, ge=2)
+    max_prompts: int = Field(default=30_000, ge=100)
+    tags: list = Field(default_factory=list)
+'''
+
+
+def test_option_defaults_are_read_from_pydantic_fields():
+    """jiaqianjing/cpt-sft-grpo-med-zh (seventy-third set) declares `beta_kl: float = Field(default=0.04, ge=0.0,
+    le=1.0)` in a pydantic schema and trains `GRPOConfig(beta=cfg.grpo.beta_kl)`: the field's default, given by
+    keyword or first by position, is the option's, as a dataclass field's is."""
+    options = option_defaults({"schema.py": PYDANTIC})
+    found = {name: options.default(name, "train.py") for name in ("beta_kl", "num_generations", "max_prompts", "tags")}
+    assert {name: default and default.value for name, default in found.items()} == {
+        "beta_kl": "0.04", "num_generations": "8", "max_prompts": "30000", "tags": None}
+
+
 def test_an_option_defaulting_to_a_module_constant_takes_the_constant():
     """RAFE_NLP_assest_management (fresh63) gathers its settings at the top of train_grpo.py (`BETA = 0.02`) and
     gives them to its parser (`default=BETA`): a run that leaves --beta alone trains at 0.02. A name bound twice,
