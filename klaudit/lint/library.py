@@ -451,6 +451,11 @@ def _known_receiver(node: cst.Call) -> bool:
 Effect = Callable[[LibraryFlow, Operation], "tuple | None"]
 
 
+def _mean(flow: LibraryFlow, op: Operation) -> tuple:
+    """torch.mean(x, dim), np.mean(x): a reduction; of a list (`np.mean(kl_values)`), over its stacked entries."""
+    return flow.reduced(replace(op, tensor=flow.stacked(op)) if any(f.role == "tuple" for f in op.tensor) else op)
+
+
 def _kl_div_module(_: LibraryFlow, op: Operation) -> tuple:
     """torch.nn.KLDivLoss(reduction=...): an object that computes F.kl_div when called."""
     return (Fact(role="loss-module", name="kl_div", origin=op.node),)
@@ -543,7 +548,7 @@ FUNCTIONS: dict[str, Effect] = {
     **_each("clamp clip clamp_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sigmoid tanh softplus relu erf", LibraryFlow.squashed),
     "sum": LibraryFlow.summed,
-    "mean": LibraryFlow.reduced,
+    "mean": _mean,
     **_each("pow square", LibraryFlow.squared),
     "gather": LibraryFlow.gathered,
     **_each("take_along_dim take_along_axis", LibraryFlow.taken_along),
