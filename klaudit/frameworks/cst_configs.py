@@ -125,14 +125,14 @@ class _ModuleBindings(_Assigned):
         super().__init__()
         self.line = line
         self.assignments: list[tuple[str, str | None, int, str]] = []
-        # (module, level, {name bound: name imported}, line) of each `from module import ...` of named names
-        self.imports: list[tuple[str, int, dict[str, str], int]] = []
+        # (module, level, {name bound: name imported}) of each `from module import ...` of named names
+        self.imports: list[tuple[str, int, dict[str, str]]] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.ImportFrom) and node.module is not None and not isinstance(node.names, cst.ImportStar):
             names = {dotted(alias.asname.name if alias.asname is not None else alias.name): dotted(alias.name)
                      for alias in node.names if alias.asname is None or isinstance(alias.asname.name, cst.Name)}
-            self.imports.append((dotted(node.module), len(node.relative), names, self.line(node)))
+            self.imports.append((dotted(node.module), len(node.relative), names))
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self.names[node.name.value] += 1
             return False
@@ -260,10 +260,10 @@ class _Reader(cst.CSTVisitor):
                 self.constants = {name: imported.get(name, value) for name, value in constants.items()}
         return self.constants
 
-    def _imported(self, imports: list[tuple[str, int, dict[str, str], int]]) -> dict[str, Default]:
-        """calls.imported_constants of each `from module import ...`, by the name each binds."""
+    def _imported(self, imports: list[tuple[str, int, dict[str, str]]]) -> dict[str, Default]:
+        """python_values.imported_constants of each `from module import ...`, by the name each binds."""
         found: dict[str, Default] = {}
-        for module, level, names, _ in imports:
+        for module, level, names in imports:
             given = imported_constants(module, level, self.path, self.options or Options())
             found.update({bound: given[name] for bound, name in names.items() if name in given})
         return found

@@ -115,9 +115,22 @@ class Options:
             launches = [value for values in self.launched.get(key, {}).values() for value in values]
             given = [found, *launches] if found is not None else []
         else:
-            leaf = key.rsplit(".", 1)[-1]
-            given = [values[key] for config in self.configs if key in (values := _yaml_values(config, leaf))]
+            given = list(self._configured_keys.get(key, ()))
         return bool(given) and all(number(value.value) == 0 for value in given)
+
+    @functools.cached_property
+    def _configured_keys(self) -> dict[str, tuple[Default, ...]]:
+        """Every key the linted YAML files set, dotted below the root, with the value each of them gives it: read
+        once, since `zero_in_every_run` asks for each attribute a trainer reads."""
+        found: dict[str, list[Default]] = {}
+        for config in self.configs:
+            try:
+                text = file_text(config)
+            except OSError:
+                continue
+            for key, value in _values(config, text).items():
+                found.setdefault(key, []).append(value)
+        return {key: tuple(values) for key, values in found.items()}
 
     def read(self, default: Default, path: str = "") -> Default | None:
         """What a read of a configuration key with that default gets (`grpo_cfg.get("beta", 0.001)`): the default
