@@ -156,8 +156,11 @@ class Options:
 
     def leave_alone(self, default: Default) -> bool:
         """Whether the linted YAML files leave the configuration key a default assumes out, or give it that same
-        value, wherever they nest it: a read of the key with that default (`cfg.get("ppo_epochs", 4)`) gets it."""
-        return not default.key or all(value == default.value for value in configured_values(self.configs, default.key))
+        value (0 and 0.0 alike), wherever they nest it: a read of the key with that default (`cfg.get("ppo_epochs", 4)`)
+        gets it."""
+        given = number(default.value)
+        return not default.key or all(value == default.value or given is not None and number(value) == given
+                                      for value in configured_values(self.configs, default.key))
 
     def default(self, name: str, path: str) -> Default | None:
         """The default of option `name` for a configuration built in the file at `path`: the one that file

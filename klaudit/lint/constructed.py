@@ -2,7 +2,8 @@
 
 `self.beta = args.beta` (or `self.beta = beta`) in a trainer's `__init__` holds, in its methods, what the code
 that builds the trainer passed: `Trainer(args=Config(beta=0))`, or `args = Config(..., beta=0)` and then
-`Trainer(args=args)` in the same function, or `Trainer(beta=0)`. Where the project builds the class and every
+`Trainer(args=args)` in the same function, or `Trainer(beta=0)`, or `Trainer(beta=args.beta)` where every launch
+leaves `--beta` at its default of 0.0. Where the project builds the class and every
 construction spells the same number, the attribute is that number: a KL term weighted by a coefficient every run
 sets to 0 never acts. Nothing is pinned where a construction splats its arguments, leaves the value to a
 framework's default or gives one the text does not spell, where the config is changed after it is built, where
@@ -16,6 +17,7 @@ from pathlib import Path
 import libcst as cst
 
 from klaudit.lint.callables import self_assignments
+from klaudit.lint.pinned import written_out
 from klaudit.lint.project import Project
 from klaudit.lint.syntax import dotted, number_value, walk
 from klaudit.lint.update_loops import importers_afar, nearby_modules
@@ -68,7 +70,9 @@ def _constructed_number(path: str, project: Project, classdef: cst.ClassDef, att
 
 def _constructions(path: str, project: Project, name: str) -> list[tuple[cst.CSTNode, cst.Call]] | None:
     """(the function or module around it, the call) of each `name(...)` the module at `path`, the modules near it
-    and the modules anywhere that import it or its module write; None where one of them uses the name otherwise
+    and the modules anywhere that import it or its module write, with the command-line options and configuration
+    reads it passes as the values a run gets (klaudit.lint.pinned.written_out: `beta=args.beta` with `--beta`
+    defaulting to 0.0 passes 0.0); None where one of them uses the name otherwise
     (derives from it, hands it on, builds `x.name(...)`) or cannot be parsed. A module that imports the name from
     an installed framework builds that class instead."""
     found: list[tuple[cst.CSTNode, cst.Call]] = []
@@ -86,8 +90,8 @@ def _constructions(path: str, project: Project, name: str) -> list[tuple[cst.CST
         calls = _calls_only(tree, name)
         if calls is None:
             return None
-        here = [(caller, node) for caller in _callers(tree) for node in _own(caller, (cst.Call,))
-                if type(node.func) is cst.Name and node.func.value == name]
+        here = [(caller, written_out(node, tree, project.options, place)) for caller in _callers(tree)
+                for node in _own(caller, (cst.Call,)) if type(node.func) is cst.Name and node.func.value == name]
         if len(here) < len(calls):
             return None  # a call in a decorator, a default or a class body: not one the search above sees
         found += here

@@ -28,22 +28,24 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.overrides import never_named, overridden_everywhere
-from klaudit.lint.pinned import caller_pins, written_out, zero_parameters
+from klaudit.lint.pinned import caller_pins, handing_on_zeros, written_out, zero_parameters
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import dotted, is_literal_choice, last_name, number_value, params, python_ast, walk
+from klaudit.lint.syntax import dotted, is_literal_choice, number_value, params, python_ast, walk
 from klaudit.lint.update_loops import (
     Beyond,
     CallIndex,
     called_on_fresh_samples,
     called_on_one_sequence,
     calls_elsewhere,
+    calls_through_module,
     drawn_before_the_call_elsewhere,
     handed_on_elsewhere,
     importers_afar,
+    made_outside_tests,
     reuses_samples,
     reusing_loop_after,
     steps_on_fresh_samples,
@@ -165,6 +167,7 @@ class Module:
         self._later_loop: dict[int, tuple[cst.For | None, Module]] = {}  # id(function) -> the loop that trains what it
         # computes, and its module
         self._outside: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
+        self._zeros: dict[str, frozenset[str]] = {}  # function name -> its parameters every call gives 0
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
@@ -274,32 +277,28 @@ class Module:
                                       for param in params(func)):
             return frozenset()
         name = func.name.value
-        here = tuple(node for node in walk(self.tree) if type(node) is cst.Call and last_name(node.func) == name)
-        outside = self._outside_calls(name)
-        if outside is None or any(type(call.func) is not cst.Name for call in here) or not here + outside:
-            return frozenset()
-        return zero_parameters(func, here + outside)
+        if name not in self._zeros:
+            self._zeros[name] = frozenset()  # a function that calls itself hands its parameters on as they are
+            here = handing_on_zeros(self.tree, name, lambda caller: self.zero_parameters(caller, None))
+            outside = self._outside_calls(name)
+            if outside is not None and all(type(call.func) is cst.Name for call in here) and here + outside:
+                self._zeros[name] = zero_parameters(func, here + outside)
+        return self._zeros[name]
 
     def _outside_calls(self, name: str) -> tuple[cst.Call, ...] | None:
         """The calls of this module's function `name` that the modules near it and those that import it from afar
-        make, read once; None where they, or this module, also call it as `module.name(...)` or hand it on as a
-        value (its callers are then more than the text shows), or a module that may call it cannot be parsed."""
+        make (also as `alias.name(...)` of the module imported as `alias`), but not in unit tests, read once; None
+        where they, or this module, also call it as `obj.name(...)` or hand it on as a value (its callers are then
+        more than the text shows), or a module that may call it cannot be parsed."""
         if name not in self._outside:
             afar = importers_afar(self.path, name, self.project)
-            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar)
-            hidden = found is None or calls_elsewhere(name, True, self.path, self.project, self._calls_of, afar) != [] \
-                or handed_on_elsewhere(name, self.path, self.project, afar)
-            self._outside[name] = None if hidden or found is None else tuple(
-                written_out(calls[index][0], other, self._option_reader(other)) for other, _, calls, index, _ in found)
+            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar, twice=True)
+            through = calls_through_module(name, self.path, self.project, self._calls_of, afar)
+            hidden = handed_on_elsewhere(name, self.path, self.project, afar)
+            self._outside[name] = None if hidden or found is None or through is None else tuple(
+                written_out(calls[index][0], other, self.project.options, self.project.path_of(other) or "")
+                for other, _, calls, index, _ in made_outside_tests(found + through))
         return self._outside[name]
-
-    def _option_reader(self, module: cst.Module) -> Callable[[str], str | None] | None:
-        """The value of a command-line option as the calls of `module` read it: the one every launch of it passes,
-        else its default (klaudit.frameworks.options.Options.default)."""
-        path = self.project.path_of(module)
-        if path is None:
-            return None
-        return lambda name: found.value if (found := self.project.options.default(name, path)) is not None else None
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
         """klaudit.lint.overrides.overridden_everywhere of a method of this module's class `cls`, read once."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import libcst as cst
 
+from klaudit.frameworks.options import Default, Options
 from klaudit.lint.facts import SwitchValue
 from klaudit.lint.syntax import int_literal, last_name, name_bindings, number_value, params, text_of, walk
 
@@ -37,6 +38,27 @@ def zero_parameters(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> frozens
                      if values and all(value is not None and number_value(value) == 0 for value in values))
 
 
+def handing_on_zeros(tree: cst.Module, name: str, zeros: Callable[[cst.FunctionDef], frozenset[str]]
+                     ) -> tuple[cst.Call, ...]:
+    """The calls of `name` in `tree`, where one made in a module function hands on a parameter of it that `zeros` says
+    every call of that function gives 0, and its body never binds again, with 0.0 for that argument: `train_step(...,
+    kl_beta=0.0)` calls `token_loss(..., kl_beta=kl_beta)`, so the loss's coefficient is 0 as well."""
+    owners = {id(node): stmt for stmt in tree.body if type(stmt) is cst.FunctionDef
+              for node in walk(stmt) if type(node) is cst.Call and last_name(node.func) == name}
+    calls = [node for node in walk(tree) if type(node) is cst.Call and last_name(node.func) == name]
+    return tuple(_zeros_written(call, owners[id(call)], zeros) if id(call) in owners else call for call in calls)
+
+
+def _zeros_written(call: cst.Call, func: cst.FunctionDef, zeros: Callable[[cst.FunctionDef], frozenset[str]]
+                   ) -> cst.Call:
+    zero = zeros(func) - name_bindings(func.body).keys()
+    if not zero:
+        return call
+    return call.with_changes(args=[arg.with_changes(value=cst.Float("0.0"))
+                                   if type(arg.value) is cst.Name and arg.value.value in zero and not arg.star else arg
+                                   for arg in call.args])
+
+
 def given_literal_ints(func: cst.FunctionDef, calls: Iterable[cst.Call], name: str) -> set[int] | None:
     """The integers `calls` give the parameter `name` of `func` (its default where a call leaves it); None where one
     gives anything else, or splats its arguments."""
@@ -45,11 +67,13 @@ def given_literal_ints(func: cst.FunctionDef, calls: Iterable[cst.Call], name: s
     return None if None in values else {value for value in values if value is not None}
 
 
-def written_out(call: cst.Call, module: cst.Module, option: Callable[[str], str | None] | None = None) -> cst.Call:
-    """`call` as `module` fixes its arguments: each `**name` that `module` binds once, to a dict literal of string keys
-    that nothing updates (`training_config = {"mu": 1, ...}`, then `train(model, **training_config)`), as keyword
-    arguments; and each argument that reads a command-line option (`args.loss_aggregation`, or a name `module` binds
-    once to that), where `option` gives its value (the one every launch passes, else its default), as that literal."""
+def written_out(call: cst.Call, module: cst.Module, options: Options | None = None, path: str = "") -> cst.Call:
+    """`call` as `module` (at `path`) fixes its arguments: each `**name` that `module` binds once, to a dict literal of
+    string keys that nothing updates (`training_config = {"mu": 1, ...}`, then `train(model, **training_config)`), as
+    keyword arguments; and, given the project's `options`, each argument that reads a command-line option
+    (`args.loss_aggregation`, or a name `module` binds once to that) as the literal every launch passes, else its
+    default, and each read of a configuration key with a numeric default (`train_cfg.get("kl_beta", 0.0)`) as the
+    value the linted YAML files leave it (Options.read)."""
     bindings = name_bindings(module)
     args: list[cst.Arg] = []
     for arg in call.args:
@@ -60,19 +84,23 @@ def written_out(call: cst.Call, module: cst.Module, option: Callable[[str], str 
         if entries is not None:
             args += [cst.Arg(value, keyword=cst.Name(key)) for key, value in entries]
             continue
-        literal = _option_literal(arg.value, bindings, option) if option is not None and not arg.star else None
+        literal = _option_literal(arg.value, bindings, options, path) if options is not None and path and not arg.star \
+            else None
         args.append(arg if literal is None else arg.with_changes(value=literal))
     return call.with_changes(args=args)
 
 
-def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], option: Callable[[str], str | None]
+def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], options: Options, path: str
                     ) -> cst.BaseExpression | None:
-    """The literal an option read gives: `args.name` (`self.args.name`), or a name bound once to such a read."""
+    """The literal an option read gives: `args.name` (`self.args.name`), `cfg.get("key", 0.0)`, or a name bound once
+    to such a read."""
     if type(value) is cst.Name and len(found := bindings.get(value.value, [])) == 1 and found[0][1] is not None:
         value = found[0][1]
-    if type(value) is not cst.Attribute or not _OPTIONS.match(last_name(value.value) or ""):
-        return None
-    given = option(value.attr.value)
+    if type(value) is cst.Attribute and _OPTIONS.match(last_name(value.value) or ""):
+        read = options.default(value.attr.value, path)
+    else:
+        read = _configuration_read(value, options, path)
+    given = read.value if read is not None else None
     if given is None:
         return None
     if given in ("True", "False", "None"):
@@ -83,6 +111,19 @@ def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], opt
     digits = number.group(2)
     literal = cst.Integer(digits) if digits.isdigit() else cst.Float(digits)
     return cst.UnaryOperation(cst.Minus(), literal) if number.group(1) else literal
+
+
+def _configuration_read(value: cst.BaseExpression, options: Options, path: str) -> Default | None:
+    """What a run of the module at `path` gets from `mapping.get("key", <number>)`; None for any other expression."""
+    if type(value) is not cst.Call or type(value.func) is not cst.Attribute or value.func.attr.value != "get" \
+            or len(value.args) != 2 or any(arg.keyword is not None or arg.star for arg in value.args):
+        return None
+    key, default = (arg.value for arg in value.args)
+    number = number_value(default)
+    name = text_of(key)
+    if number is None or name is None or not name.isidentifier():
+        return None
+    return options.read(Default(repr(number), "", name, holder=last_name(value.func.value) or ""), path)
 
 
 _NUMBER = re.compile(r"(-?)(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)")

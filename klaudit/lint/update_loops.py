@@ -341,6 +341,45 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
     return found
 
 
+def made_outside_tests(found: list[tuple]) -> list[tuple]:
+    """The calls of `found` (as `calls_elsewhere` gives them) that no unit test makes: a test's made-up arguments
+    (`kl_beta=0.5` on a dummy model) are not a run of the code it tests."""
+    tested: dict[int, set[int]] = {}
+    for module, *_ in found:
+        if id(module) not in tested:
+            tested[id(module)] = {id(node) for func in walk(module) if type(func) is cst.FunctionDef and is_test(func)
+                                  for node in walk(func) if type(node) is cst.Call}
+    return [made for made in found if id(made[2][made[3]][0]) not in tested[id(made[0])]]
+
+
+def calls_through_module(name: str, path: str, project: Project, calls_of: CallIndex, also: Sequence[str] = ()
+                         ) -> list[tuple] | None:
+    """`calls_elsewhere` of `name` written as an attribute call (`x.name(...)`), where each names the module at `path`
+    as its caller imports it (`import grpo_core as gc`, then `gc.grpo_step(...)`): a plain call of the function.
+    None where one is called on anything else (an object's method of the same name) or `calls_elsewhere` is None."""
+    found = calls_elsewhere(name, True, path, project, calls_of, also, twice=True)
+    if found is None:
+        return None
+    stem = Path(path).stem
+    through = [made for made in found
+               if dotted(made[2][made[3]][0].func.value) in _module_names(made[0], stem)]
+    return through if len(through) == len(found) else None
+
+
+def _module_names(module: cst.Module, stem: str) -> frozenset[str]:
+    """The names `module` imports the module `stem` under: `gc` of `import grpo_core as gc` or of `from pkg import
+    grpo_core as gc`, `pkg.grpo_core` of `import pkg.grpo_core`."""
+    names = set()
+    for node in walk(module):
+        if type(node) is cst.Import:
+            names |= {dotted(alias.asname.name) if alias.asname else dotted(alias.name) for alias in node.names
+                      if dotted(alias.name).rsplit(".", 1)[-1] == stem}
+        elif type(node) is cst.ImportFrom and not isinstance(node.names, cst.ImportStar):
+            names |= {dotted(alias.asname.name) if alias.asname else stem for alias in node.names
+                      if dotted(alias.name) == stem}
+    return frozenset(names)
+
+
 def handed_on_elsewhere(name: str, path: str, project: Project, also: Sequence[str] = ()) -> bool:
     """Whether the module at `path`, a module near it (as `calls_elsewhere` looks) or one of `also` names the function
     `name` other than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`,

@@ -94,3 +94,37 @@ def test_a_framework_trainer_of_the_same_name_is_not_a_construction_of_the_proje
     other = "from trl import GRPOConfig, KLTrainer\n\n\ndef run(m, r):\n" \
             "    return KLTrainer(m, r, args=GRPOConfig(output_dir='x', beta=0.1))\n"
     assert "KL002" not in _codes(tmp_path, extra={"other.py": other})  # TRL's own trainer is judged at its flags
+
+
+# ViviqwerAsd/HINT (seventy-fourth fresh set): the trainer's class default is beta=0.04, but its one construction,
+# in the entry script, passes `beta=args.beta` from a sub-parser whose `--beta` defaults to 0.0, and no launch sets
+# it: every run trains with the KL weight 0. A `--beta` default of 0.04, or a launch that passes `--beta 0.04`,
+# brings the k3-as-a-loss finding back.
+OPTION_LAUNCH = """\
+import argparse
+
+from trainer import KLTrainer
+
+
+def run(args, data):
+    trainer = KLTrainer(data.model, data.ref_model, beta=args.beta)
+    trainer.train()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    train = sub.add_parser("train")
+    train.add_argument("--beta", type=float, default={default})
+    run(parser.parse_args(), None)
+"""
+
+
+@pytest.mark.parametrize(("default", "launch", "expected"), [
+    ("0.0", None, []),
+    ("0.04", None, ["KL002", "KL007"]),
+    ("0.0", "python train.py train --beta 0.04\n", ["KL002", "KL007"]),
+])
+def test_a_constructor_argument_read_from_an_option_holds_the_options_value(tmp_path, default, launch, expected):
+    extra = {"train.py": OPTION_LAUNCH.format(default=default), **({"run.sh": launch} if launch else {})}
+    assert _codes(tmp_path, source="beta", extra=extra) == expected

@@ -148,10 +148,17 @@ def test_a_helpers_branch_its_one_caller_afar_never_takes_is_not_judged(tmp_path
 
 @pytest.mark.parametrize(("imported", "call"), [
     ("pkg.rl.kl import compute_kl_loss", 'compute_kl_loss(logp, ref_logp, estimator="k1")'),
-    ("pkg.rl import kl", "kl.compute_kl_loss(logp, ref_logp)"),  # called through the module: callers the text hides
+    # called as a method of some object: callers the text hides
+    ("pkg.rl import kl", "batch.losses.compute_kl_loss(logp, ref_logp)"),
 ])
 def test_a_caller_afar_that_takes_the_branch_or_hides_its_call_keeps_it_judged(tmp_path, imported, call):
     assert "KL001" in _helper_codes(tmp_path, imported, call)
+
+
+@pytest.mark.parametrize("imported", ["pkg.rl import kl", "pkg.rl import kl as kl_helpers"])
+def test_a_call_through_the_imported_module_is_a_call_of_the_helper(tmp_path, imported):
+    call = f"{imported.rsplit(' ', 1)[-1]}.compute_kl_loss(logp, ref_logp)"
+    assert _helper_codes(tmp_path, imported, call) == ["KL002"]
 
 
 SCRIPT = "import torch\n{imports}\n" + K3_STEP

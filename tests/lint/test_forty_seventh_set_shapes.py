@@ -260,7 +260,9 @@ def train(policy, ref, optimizer, prompts):
     ("grpo_update(policy, ref, optimizer, batch, use_full_kl=True)", False, True),
     ("grpo_update(policy, ref, optimizer, batch, **{'use_full_kl': True})", True, True),  # not spelled: pins nothing
     ("partial(grpo_update, use_full_kl=True)(policy, ref, optimizer, batch)", True, True),  # handed on: callers unseen
-    ("alignment.grpo.grpo_update(policy, ref, optimizer, batch, use_full_kl=True)", True, True),
+    # through the imported module: a call of the helper like any other
+    ("alignment.grpo.grpo_update(policy, ref, optimizer, batch, use_full_kl=True)", False, True),
+    ("policy.grpo_update(policy, ref, optimizer, batch, use_full_kl=True)", True, True),  # some object's method
 ])
 def test_a_flag_every_call_of_a_helper_pins_keeps_the_other_branch_out(tmp_path, call, k1, full):
     """k1 as a loss (row 1: KL001) where some call leaves the flag off, the exact per-step KL as a loss (row 2: KL003)
