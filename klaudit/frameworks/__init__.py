@@ -28,6 +28,7 @@ import libcst as cst
 from klaudit.catalog import defects, scaled_fix
 from klaudit.describe import describe
 from klaudit.frameworks import (
+    easydel,
     easyr1,
     hydra_keys,
     nemo_rl,
@@ -99,6 +100,8 @@ _VOCABULARY = (*(key.rsplit(".", 1)[-1] for key in verl.KL_KEYS), "kl_estimator"
                # a verl launch whose copy puts the KL in the reward by default (reward_follows_loss_flag), and an
                # EasyR1 launch, whose batch sizes alone change the verdict of the config it names
                "main_ppo", "verl.trainer.main",
+               # a launch of EasyDeL's GRPO script, whose beta defaults to 0.04
+               "easydel",
                # a launch of a project's script that parses TRL's PPOConfig, passing its step keys (the epochs or
                # mini-batches of either API; `batch_size` alone would admit every launch)
                "ppo_epochs", "mini_batch_size", "num_mini_batches",
@@ -705,6 +708,8 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         found += _trl_ppo_launch(path, text, ppo, context)
     if tunix.LAUNCH.search(text):
         found += _tunix_cli(path, shell_overrides(text), context, text, "shell")
+    if easydel.LAUNCH.search(text):
+        found += _easydel_launch(path, text, context)
     return found + _swift_launches(path, text)
 
 
@@ -1014,6 +1019,7 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     its LibCST tree where it was parsed)."""
     context = context or Context()
     found = (_trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
+             + _easydel_python(path, module, source, context)
              + _trl_ppo_python(path, module, source, context) + _verl_python(path, source, context))
     unique = {(f.line, f.column, f.code): f for f in reversed(found)}  # two calls of one dict: one report
     return [f for f in found if unique[(f.line, f.column, f.code)] is f]
@@ -1087,6 +1093,37 @@ def _tunix_python(path: str, module: cst.Module | None, source: str, context: Co
         found += _tunix(path, tunix.CLASSES[name], call.settings, context, call.where,
                         _Fixer(source, "python", tunix.FLAG_FIXES, tunix.NO_FLAG_FIX))
     return found
+
+
+def _easydel_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
+    """EasyDeL's GRPOConfig built in a Python module (`ed.GRPOConfig(...)`, or imported from easydel by name)."""
+    if "easydel" not in source:
+        return []
+    found: list[Finding] = []
+    for _, call in _calls_of(easydel.NAME, easydel.CLASSES, easydel.KEYS, path, module, source, context):
+        found += _easydel(path, call.settings, context.release(easydel.NAME, path), call.where,
+                          _Fixer(source, "python", easydel.FLAG_FIXES, easydel.NO_FLAG_FIX))
+    return found
+
+
+def _easydel_launch(path: str, text: str, context: Context) -> list[Finding]:
+    """A launch of one of EasyDeL 0.1's GRPO scripts (`python -m easydel.scripts.finetune.gsm8k_grpo --beta 0.04`),
+    whose flags are GRPOConfig's fields: judged by the 0.1 release, the last that ships the scripts."""
+    launch = easydel.LAUNCH.search(text)
+    assert launch is not None
+    settings = cli_flags(text, {key: key for key in easydel.KEYS})
+    return _easydel(path, settings, easydel.launched_release(context.release(easydel.NAME, path)),
+                    _setting_at(text, launch), _Fixer(text, "shell", {}, easydel.NO_FLAG_FIX))
+
+
+def _easydel(path: str, settings: Mapping[str, Setting], assumed: Assumed, anchor: Setting,
+             fixer: _Fixer) -> list[Finding]:
+    """An EasyDeL GRPOConfig set by `settings`, over the defaults of the release `assumed`."""
+    def judged_by(version: Assumed) -> list[Finding]:
+        judged = easydel.judge(settings, version, anchor)
+        return [] if judged is None else _findings(path, judged, version.label(easydel.NAME), easydel.fix, fixer)
+
+    return _agreed(assumed, judged_by)
 
 
 def _trl_ppo_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:

@@ -430,16 +430,20 @@ def listed_overrides(text: str) -> list[dict[str, Setting]]:
 
 # a shell command line's words: quoted parts kept together
 SHELL_WORD = re.compile(r"(?:\"[^\"]*\"|'[^']*'|[^\s\"'])+")
+# a command kept in a string variable, flag by flag: `CMD+=" --beta 0.04"`, `ARGS="--beta 0.04 --lr 1e-6"`
+_APPENDED = re.compile(r"""^\s*\w+\+?=(["'])(?P<words>[^"'$`]*)\1\s*$""")
 _BOOLEAN_WORDS = ("true", "false", "True", "False", "1", "0")
 
 
 def cli_flags(text: str, names: Mapping[str, str], switches: Collection[str] = ()) -> dict[str, Setting]:
     """The `--name value`, `--name=value` and bare `--switch` options of `names` (a flag's spelling
-    -> its key) anywhere in a script, bash arrays of arguments included; the last one wins, as in
+    -> its key) anywhere in a script, bash arrays of arguments and strings a command is built in included
+    (`CMD+=" --beta 0.04"`); the last one wins, as in
     argparse. A switch given alone is "True"; `--no_switch` (HfArgumentParser's form) is "False"."""
     found: dict[str, Setting] = {}
     for number, code, variables in _shell_lines(text):
-        words = list(SHELL_WORD.finditer(code))
+        appended = _APPENDED.match(code)  # CMD+=" --beta 0.04": the flags a command string is built from
+        words = list(SHELL_WORD.finditer(code, *appended.span("words")) if appended else SHELL_WORD.finditer(code))
         for index, word in enumerate(words):
             flag, equals, raw = word.group().partition("=")
             if not flag.startswith("--"):

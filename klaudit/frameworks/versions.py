@@ -67,6 +67,8 @@ KNOWN: Mapping[str, tuple[str, ...]] = {
     # NeMo-RL: k3 clamped from 0.4, reference_policy_kl_type from 0.5, use_kl_in_reward from 0.6, the
     # score-weighted KL term from 0.7 (klaudit.frameworks.nemo_rl)
     "nemo_rl": ("0.3", "0.4", "0.5", "0.6", "0.7"),
+    # EasyDeL: loss_type (default "dapo") from 0.2; before it each completion's token mean (klaudit.frameworks.easydel)
+    "easydel": ("0.1", "0.2", "0.3"),
 }
 # The name a framework is installed by, where it differs from its package's (`pip install google-tunix`).
 DISTRIBUTIONS: Mapping[str, str] = {"tunix": "google-tunix", "nemo_rl": "nemo-rl"}
