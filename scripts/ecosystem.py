@@ -46,7 +46,7 @@ FILE_LEVEL_CODES = ("KL000", "KL099")
 # apart, and TRL's PPOConfig, whose keyword names its API: the name alone);
 # flag sites are scored apart from KL code sites ("kind": "flag" in the review).
 # The parenthesis after the version says where it was read, and may hold one more (a git pin's advice).
-FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf|tunix|NeMo-RL) [\d.]+(?: \((?:[^()]|\([^()]*\))*\))?"
+FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf|tunix|NeMo-RL|easydel) [\d.]+(?: \((?:[^()]|\([^()]*\))*\))?"
                           r"|NeMo-RL \((?:[^()]|\([^()]*\))*\)|EasyR1|TRL PPO|slime|miles|ROLL|ms-swift): ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {

@@ -227,3 +227,12 @@ def test_slime_and_roll_findings_are_scored_as_flags(path, text, name):
 
     (finding, *_) = lint_config(path, text)
     assert f"[{name}: " in finding.message and ecosystem.FLAG_MESSAGE.search(finding.message)
+
+
+def test_easydel_findings_are_scored_as_flags(tmp_path):
+    """An EasyDeL finding names `easydel` and its release, from klaudit's own lint of a GRPOConfig call."""
+    from klaudit.lint.engine import lint_paths
+
+    (tmp_path / "train.py").write_text("import easydel as ed\n\nconfig = ed.GRPOConfig(beta=0.04)\n")
+    messages = [f.message for f in lint_paths([str(tmp_path)]).findings]
+    assert messages and all("[easydel 0.3: " in m and ecosystem.FLAG_MESSAGE.search(m) for m in messages)
