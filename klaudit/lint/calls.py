@@ -80,7 +80,7 @@ class CallFlow(FlowState):
             return self.loss_module_call(modules[0], node)
         resolved = self.analyzer.resolve(self.module, func, self.cls, imports=self.worth_following(node))
         if resolved is not None:
-            return self.call_summary(resolved, node)
+            return self.call_summary(resolved, node) or _logprobs_of_a_model(func, self.no_grad, self.stmt)
         name = dotted(func).split(".")[-1]
         logged = records_metrics(func)
         if roles.is_return_computation(name):
@@ -111,6 +111,8 @@ class CallFlow(FlowState):
             return (CRITIC,)  # a value network's estimate, with gradient: what a critic's loss trains
         if _per_token_loss_of_a_model(node):
             return _token_losses_of_a_model(func, self.no_grad)
+        if logprobs := _logprobs_of_a_model(func, self.no_grad, self.stmt):
+            return logprobs
         value = self.library_call(name, node)
         if not value and not logged and self.out_of_sight(func, name):
             for arg in node.args:  # what code out of sight makes of a reward (`truncate_rows(rewards)`,
@@ -400,6 +402,17 @@ def _per_token_loss_of_a_model(node: cst.Call) -> bool:
                    None)
     positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
     return isinstance(keyword, cst.SimpleString) and string_value(keyword) == "none" and len(positional) >= 2
+
+
+def _logprobs_of_a_model(func: cst.BaseExpression, no_grad: bool, stmt: cst.CSTNode | None) -> tuple:
+    """`model.log_probs(ids, targets)`, `ref_model.get_logprobs(batch)`: the per-token log-probs of the model the
+    receiver names (klaudit.lint.roles.logprobs_method_role), with the policy's gradient outside `no_grad`; nothing
+    where `stmt` stores them under a name that says whose they are (`ref_logps = model.log_probs(...)` under a
+    disabled adapter is the reference's: the name decides)."""
+    if type(func) is not cst.Attribute or any(roles.tensor_role(name) for name in bound_names(stmt)):
+        return ()
+    kind = roles.logprobs_method_role(func.attr.value, last_name(func.value))
+    return () if kind is None else (tensor(Poly.atom(Atom(kind, kind == alg.POLICY and not no_grad))),)
 
 
 def _token_losses_of_a_model(func: cst.BaseExpression, no_grad: bool) -> tuple:

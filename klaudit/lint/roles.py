@@ -374,6 +374,20 @@ def names_policy_model(name: str) -> bool:
 _POLICY_MODEL = re.compile(r"^(model|policy|actor|policy_model|actor_model|llm)$")
 
 
+def logprobs_method_role(method: str, model: str) -> AtomKind | None:
+    """What a model's method named for log-probs gives (`model.log_probs(ids, targets)`, minGPT's; `self.ref_model
+    .get_logprobs(batch)`): each sampled token's log-prob under the reference, the policy's lagging copy or the policy,
+    as `model` (the last name of the receiver) is named; None for a method of a sequence's total (`seq_log_probs`)
+    or a receiver named otherwise (a distribution's `dist.log_prob(action)`)."""
+    if not speaks_of_logprobs(method) or _SUMMED.search(method.replace("_", " ")):
+        return None
+    if names_reference_model(model):
+        return REF
+    if is_old_policy_model(model):
+        return OLD
+    return POLICY if names_policy_model(model) else None
+
+
 def names_reference_model(name: str) -> bool:
     """`ref_model`, `reference_policy`, `teacher`: a reference model, not its log-probs (`ref_logprobs`) nor a KL or
     loss measured against it (`kl_ref = kl_ref_penalty.detach()`, logged in minimind's PPO epochs)."""
