@@ -167,8 +167,16 @@ class ExpressionFlow(FlowState):
         if last:
             return tuple(replace(f, position=Position.LAST) if f.role == "tensor" else f for f in base)
         index = self.index_tuple(node)
-        if index is not None:
-            return index
+        if index is not None:  # a literal list or tuple's items; the value's other alternatives are indexed as below
+            items = {replace(f, labels=()) for part in base if part.role == "tuple" for item in part.items for f in item}
+            # beside `[]`, the per-row list a branch computes; not a stack of those items (`torch.stack([k1, k3])`)
+            others = tuple(f for f in base if f.role != "tuple" and replace(f, labels=()) not in items)
+            return index + (self.indexed(node, others) if others else ())
+        return self.indexed(node, base)
+
+    def indexed(self, node: cst.Subscript, base: tuple) -> tuple:
+        """`base` indexed by `node`'s subscript that is no string key, gather, last position or literal tuple's item:
+        a dispatch table's entry, a cut string, a reversal, a row of a batch, else the same facts."""
         chosen = self.dispatch(node)
         if chosen is not None:
             return chosen
