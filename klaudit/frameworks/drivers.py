@@ -57,6 +57,12 @@ _SLIME_REWARD, _SLIME_REDUCER = "def compute_advantages_and_returns", "sum_of_sa
 # (`openrlhf/reasoning_utils/ppo_utils/experience_maker.py`), run by the same trainer loop
 _OPENRLHF_MAKER = re.compile(r"(?:^|/)(openrlhf/(?:(?!openrlhf/)\w+/)*ppo_utils/experience_maker\.py)$")
 _OPENRLHF_REWARD = "compute_reward("
+# a package of OpenRLHF's layout under another name (nanorl's `nanorl/trainer/ppo_utils/experience_maker.py`),
+# judged as OpenRLHF where its own command line `<package>/cli/train_ppo*.py` is one
+_RENAMED_MAKER = "/ppo_utils/experience_maker.py"
+# the policy loss of a copy that takes each response's token mean (OpenRLHF's before 0.7)
+_PER_RESPONSE_MEAN = re.compile(r"^\s*loss\s*=\s*masked_mean\(\s*loss\s*,\s*\w+\s*,\s*dim\s*=\s*-1\s*\)\.mean\(\)",
+                                re.MULTILINE)
 _SKYRL_TRAINER, _SKYRL_REWARD = "skyrl/train/trainer.py", "def apply_reward_kl_penalty"
 _SKYRL_CONFIG = "skyrl/train/config/config.py"  # beside the trainer: the dataclasses that hold SkyRL's defaults
 # SkyRL's steps per rollout (its `trainer` section): epochs x train batch / mini-batch, in prompts
@@ -90,6 +96,8 @@ def reward_training(path: str, source: str) -> RewardTraining | None:
     maker = _OPENRLHF_MAKER.search(posix)
     if maker is not None and _OPENRLHF_REWARD in source:
         return _openrlhf(path, maker.group(1))
+    if posix.endswith(_RENAMED_MAKER) and _OPENRLHF_REWARD in source:
+        return _renamed_openrlhf(Path(path))
     slime_loss = _SLIME_LOSS.search(posix)
     if slime_loss is not None and _SLIME_REWARD in source and _SLIME_REDUCER in source:
         return _slime(slime_loss.group(1))
@@ -164,16 +172,36 @@ def _openrlhf(path: str, module: str) -> RewardTraining:
     return RewardTraining(steps, Aggregation.SEQ_MEAN if early else None, _shown("OpenRLHF", counts, steps))
 
 
-def _openrlhf_defaults(root: Path) -> dict[str, str]:
-    """The step counts' defaults of the command line of the OpenRLHF copy at `root`, OpenRLHF's own where it gives
-    none or none that is a positive number."""
+def _renamed_openrlhf(maker: Path) -> RewardTraining | None:
+    """A package of OpenRLHF's layout under another name, the nearest folder above `maker` (its
+    `ppo_utils/experience_maker.py`) with a command line of OpenRLHF's (`<package>/cli/train_ppo.py`): its trainer at
+    that command line's defaults, and each response's token mean where its PolicyLoss takes one
+    (`<package>/models/loss.py`); None where no folder up to three above has one (a module of that name elsewhere)."""
+    package = next((folder for folder in maker.resolve().parents[1:5]
+                    if _openrlhf_defaults(folder.parent, folder.name, fallback=False)), None)
+    if package is None:
+        return None
+    defaults = _openrlhf_defaults(package.parent, package.name)
+    epochs, rollout, samples, train = (float(defaults[key]) for key in _OPENRLHF_STEP_KEYS)
+    steps = epochs * rollout * samples / train
+    per_response = _PER_RESPONSE_MEAN.search(read_text(package / "models" / "loss.py") or "") is not None
+    counts = (f"max_epochs={defaults[openrlhf.EPOCHS]} x rollout_batch_size={defaults[openrlhf.ROLLOUT_BATCH]} x "
+              f"n_samples_per_prompt={defaults[openrlhf.SAMPLES]} / train_batch_size={defaults[openrlhf.TRAIN_BATCH]}")
+    counts += f", the policy loss each response's token mean ({package.name}/models/loss.py)" if per_response else ""
+    return RewardTraining(steps, Aggregation.SEQ_MEAN if per_response else None,
+                          _shown(f"{package.name} (OpenRLHF's layout)", counts, steps))
+
+
+def _openrlhf_defaults(root: Path, package: str = "openrlhf", fallback: bool = True) -> dict[str, str]:
+    """The step counts' defaults of the command line of the OpenRLHF copy at `root` (its package named `package`),
+    OpenRLHF's own where it gives none or none that is a positive number, if `fallback`; else none."""
     for cli in _OPENRLHF_CLIS:
-        parser = openrlhf.copy_parser(root / cli)
+        parser = openrlhf.copy_parser(root / cli.replace("openrlhf/", f"{package}/", 1))
         if parser is not None:
             given = parser.defaults_of()
             if all((number(given.get(key) or "") or 0) > 0 for key in _OPENRLHF_STEP_KEYS):
                 return {key: given[key] for key in _OPENRLHF_STEP_KEYS}
-    return {key: openrlhf.DEFAULTS[key] for key in _OPENRLHF_STEP_KEYS}
+    return {key: openrlhf.DEFAULTS[key] for key in _OPENRLHF_STEP_KEYS} if fallback else {}
 
 
 def _slime(name: str) -> RewardTraining:

@@ -290,3 +290,51 @@ def test_the_step_count_of_an_openrlhf_copy_is_read_from_its_own_command_line(tm
     [finding] = lint_paths([str(module)], settings=Settings(root=tmp_path), jobs=1).findings
     assert finding.code == "KL008" and "rollout_batch_size=512" in finding.message
     assert "4 optimizer steps per rollout" in finding.message
+
+
+PER_RESPONSE_LOSS = '''\
+import torch
+
+
+class PolicyLoss(torch.nn.Module):
+    def forward(self, log_probs, old_log_probs, advantages, action_mask):
+        ratio = (log_probs - old_log_probs).exp()
+        loss = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
+        loss = masked_mean(loss, action_mask, dim=-1).mean()
+        return loss
+'''
+
+
+def _renamed_copy(tmp_path, cli=True, loss=PER_RESPONSE_LOSS):
+    """jihuazhongg/nanorl (seventy-third fresh set), 'a nano version of OpenRLHF': OpenRLHF's layout under the package
+    name nanorl, its own command line defaulting to 512 rollouts against train batches of 128, and the policy loss
+    of OpenRLHF before 0.7, each response's token mean."""
+    package = tmp_path / "nanorl"
+    (package / "trainer" / "ppo_utils").mkdir(parents=True)
+    (package / "trainer" / "ppo_utils" / "experience_maker.py").write_text(MAKER)
+    if cli:
+        (package / "cli").mkdir()
+        (package / "cli" / "train_ppo.py").write_text(
+            'import argparse\nparser = argparse.ArgumentParser()\n'
+            'parser.add_argument("--rollout_batch_size", type=int, default=512)\n'
+            'parser.add_argument("--train_batch_size", type=int, default=128)\nargs = parser.parse_args()\n')
+    (package / "models").mkdir()
+    (package / "models" / "loss.py").write_text(loss)
+    found = lint_paths([str(package / "trainer")], settings=Settings(root=tmp_path), jobs=1).findings
+    return [(f.code, f.line) for f in found], [f.message for f in found]
+
+
+def test_a_package_of_openrlhfs_layout_under_another_name_is_trained_as_its_command_line_says(tmp_path):
+    codes, messages = _renamed_copy(tmp_path)
+    assert codes == [("KL007", 8), ("KL008", 8)]  # rows 21 and 23
+    assert "nanorl (OpenRLHF's layout)'s actor" in messages[0] and "4 optimizer steps per rollout" in messages[0]
+
+
+def test_a_renamed_copy_whose_loss_takes_the_batchs_tokens_is_not_weighted_by_length(tmp_path):
+    codes, _ = _renamed_copy(tmp_path, loss=PER_RESPONSE_LOSS.replace("dim=-1).mean()", "dim=None)"))
+    assert codes == [("KL008", 8)]
+
+
+def test_an_experience_maker_of_a_package_without_openrlhfs_command_line_is_not_openrlhfs(tmp_path):
+    codes, _ = _renamed_copy(tmp_path, cli=False)
+    assert codes == []
