@@ -351,6 +351,7 @@ def mentions_config_class(source: str, context: Context | None = None) -> bool:
     """The pre-filter for Python files: a framework configuration class is named."""
     return (any(name in source for name in (context or Context()).class_names)
             or "tunix" in source and any(name in source for name in tunix.CLASSES)
+            or "easydel" in source and any(name in source for name in easydel.CLASSES)
             or "trl" in source and any(name in source for name in trl_ppo.CLASSES))
 
 
@@ -1100,9 +1101,9 @@ def _easydel_python(path: str, module: cst.Module | None, source: str, context: 
     if "easydel" not in source:
         return []
     found: list[Finding] = []
-    for _, call in _calls_of(easydel.NAME, easydel.CLASSES, easydel.KEYS, path, module, source, context):
+    for name, call in _calls_of(easydel.NAME, easydel.CLASSES, easydel.KEYS, path, module, source, context):
         found += _easydel(path, call.settings, context.release(easydel.NAME, path), call.where,
-                          _Fixer(source, "python", easydel.FLAG_FIXES, easydel.NO_FLAG_FIX))
+                          _Fixer(source, "python", easydel.FLAG_FIXES, easydel.NO_FLAG_FIX), name)
     return found
 
 
@@ -1117,10 +1118,10 @@ def _easydel_launch(path: str, text: str, context: Context) -> list[Finding]:
 
 
 def _easydel(path: str, settings: Mapping[str, Setting], assumed: Assumed, anchor: Setting,
-             fixer: _Fixer) -> list[Finding]:
-    """An EasyDeL GRPOConfig set by `settings`, over the defaults of the release `assumed`."""
+             fixer: _Fixer, name: str = "GRPOConfig") -> list[Finding]:
+    """An EasyDeL configuration class `name` set by `settings`, over the defaults of the release `assumed`."""
     def judged_by(version: Assumed) -> list[Finding]:
-        judged = easydel.judge(settings, version, anchor)
+        judged = easydel.judge(settings, version, anchor, name)
         return [] if judged is None else _findings(path, judged, version.label(easydel.NAME), easydel.fix, fixer)
 
     return _agreed(assumed, judged_by)

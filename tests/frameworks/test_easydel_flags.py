@@ -88,3 +88,12 @@ def test_flags_appended_to_a_command_string_are_read():
     assert cli_flags(text, {"beta": "beta", "lr": "lr"})["beta"].value == "0.2"  # the last one wins
     assert cli_flags(text, {"beta": "beta", "lr": "lr"})["lr"].value == "1e-6"
     assert cli_flags('CMD+=" --beta $B"\n', {"beta": "beta"}) == {}  # a value the text does not spell
+
+
+@pytest.mark.parametrize("call, expected", [
+    ("ed.GFPOConfig(beta=0.04)", ["KL002"]),  # GRPO's loss and defaults
+    ("ed.GSPOConfig()", []),  # beta 0.0 by default
+    ("ed.GSPOConfig(beta=0.04)", ["KL002", "KL007"]),  # and each completion's token mean
+])
+def test_the_configurations_of_the_grpo_trainers_subclasses(tmp_path, call, expected):
+    assert [code for _, _, code in _codes(tmp_path, {"train.py": MODULE.replace("{}", call)})] == expected
