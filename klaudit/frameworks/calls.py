@@ -229,7 +229,7 @@ def _enclosing(constants: Mapping[str, Default], functions: list[tuple[int, int,
 
 def _configuration_path(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> tuple[str, bool]:
     """(`cfg.grpo.kl_coef`, whether a string key is part of it) of `cfg["grpo"]["kl_coef"]`, of `cfg.grpo.kl_coef`,
-    or of `g["kl_coef"]` where the scope binds `g = cfg["grpo"]` once (`aliases`): a chain of names, attributes and
+    of `cfg.get("grpo", {})["kl_coef"]`, or of `g["kl_coef"]` where the scope binds `g = cfg["grpo"]` once (`aliases`): a chain of names, attributes and
     string keys, dotted as klaudit.frameworks.options.resolve reads it; ("", False) for anything else."""
     if isinstance(node, ast.Name):
         return aliases.get(node.id, (node.id, False))
@@ -238,10 +238,26 @@ def _configuration_path(node: ast.expr, aliases: Mapping[str, tuple[str, bool]])
     elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
             and node.slice.value.isidentifier():
         key, keyed = node.slice.value, True
+    elif (section := _section_read(node)) is not None:
+        key, keyed, node = section[0], True, section[1]
     else:
         return "", False
     base, keyed_below = _configuration_path(node.value, aliases)
     return (f"{base}.{key}", keyed or keyed_below) if base else ("", False)
+
+
+def _section_read(node: ast.expr) -> tuple[str, ast.Attribute] | None:
+    """(`training`, the `cfg.get` attribute) of `cfg.get("training", {})`, a section read as `cfg["training"]` is,
+    where its default is an empty mapping or none."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) or node.func.attr != "get" \
+            or node.keywords or not 1 <= len(node.args) <= 2:
+        return None
+    key, *default = node.args
+    empty = not default or isinstance(default[0], ast.Dict) and not default[0].keys \
+        or isinstance(default[0], ast.Constant) and default[0].value is None
+    if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier() and empty):
+        return None
+    return key.value, node.func
 
 
 def _configuration_key(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> str:

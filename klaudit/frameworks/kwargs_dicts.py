@@ -78,9 +78,12 @@ def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
     """The entries `**mapping` gives the call of the configuration class `config`: a dict the scope builds,
     or one filtered to the keys the class accepts, `{k: v for k, v in kwargs.items() if k in accepted}`
     with `accepted` its fields (`dataclasses.fields(GRPOConfig)`, `inspect.signature(GRPOConfig)`), which
-    keeps every key the release running it takes; None when not known."""
+    keeps every key the release running it takes; or a display written in the call (`**({"vllm_mode": m} if
+    use_vllm else {})`); None when not known."""
     if isinstance(mapping, ast.Name):
         return built_dict(scope, mapping.id, call, functions)
+    if isinstance(mapping, (ast.Dict, ast.IfExp, ast.Call)):
+        return _display(mapping)
     if not isinstance(mapping, ast.DictComp) or len(mapping.generators) != 1:
         return None
     loop = mapping.generators[0]

@@ -327,6 +327,25 @@ def test_a_read_of_a_section_bound_to_a_name_looks_in_that_section_of_the_file_n
         (expected[0], expected[1].format(root=tmp_path))
 
 
+@pytest.mark.parametrize("section", ['self.cfg.get("training", {})', 'self.cfg.get("training")',
+                                     'self.cfg["training"]'])
+def test_a_section_read_with_get_is_the_section(tmp_path, section):
+    """shatianming5/goodhart-cascade (seventy-sixth set) binds `train_cfg = cfg.get("training", {})` and reads
+    `beta=train_cfg.get("kl_coeff", 0.03)`: the name stands for the section `training` as `cfg["training"]` would.
+    A `.get` with another default than an empty mapping (a value, not a section) stands for no section."""
+    from klaudit.frameworks.options import option_defaults
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "grpo.yaml").write_text("training:\n  beta: 0.01\n")
+    options = option_defaults({}, [str(tmp_path / "configs" / "grpo.yaml")])
+    source = ALIASED_SECTION.replace("self.cfg.training", section)
+    found = calls._python_configs(source, NAMES | {"GRPOConfig"}, ("beta",), str(tmp_path / "trainer.py"), options)
+    assert found is not None and found[0][0].settings["beta"].value == "0.01"
+    valued = ALIASED_SECTION.replace("self.cfg.training", 'self.cfg.get("training", 3)')
+    found = calls._python_configs(valued, NAMES | {"GRPOConfig"}, ("beta",), str(tmp_path / "trainer.py"), options)
+    assert found is not None and found[0][0].settings["beta"].value is None  # not known to be the section's 0.01
+
+
 IMPORTED_CONSTANTS = '''\
 from trl import PPOConfig
 from config import PPO_EPOCHS, BATCH as PER_DEVICE, LR, REBOUND, MISSING

@@ -119,6 +119,27 @@ def test_a_dict_chosen_between_two_displays_keeps_the_keys_neither_sets(tmp_path
     assert _found(tmp_path, both.replace("beta=0.04, ", "")) == []  # both sides turn the KL off
 
 
+@pytest.mark.parametrize("spread", [
+    '**({"vllm_mode": mode} if use_vllm else {})',
+    '**{"vllm_mode": mode}',
+    '**dict(vllm_mode=mode)',
+])
+def test_a_display_spread_in_the_call_gives_only_its_keys(tmp_path, spread):
+    """shatianming5/goodhart-cascade (seventy-sixth set) writes `**({"vllm_mode": args.vllm_mode} if args.use_vllm
+    else {})` and five more such spreads into its GRPOConfig beside `beta=args.beta`: no KL key comes from them, so
+    beta 0.04 with TRL 1.16's defaults is ratio*k3 as a loss (row 2, KL003); a spread that may set beta is unknown."""
+    source = textwrap.dedent(f'''\
+        from trl import GRPOConfig
+
+
+        def build(use_vllm, mode):
+            return GRPOConfig(output_dir="out", beta=0.04, {spread})
+        ''')
+    assert _found(tmp_path, source) == [(5, "KL003")]
+    assert _found(tmp_path, source.replace("beta=0.04, ", "").replace('"vllm_mode": mode', '"beta": mode')
+                  .replace("vllm_mode=mode", "beta=mode")) == []
+
+
 TWO_DICTS = textwrap.dedent('''\
     from trl import GRPOConfig
 
