@@ -83,6 +83,7 @@ from klaudit.frameworks.versions import (
     detected_near,
     installed_by_the_file,
     installed_release,
+    named_requirements_pin,
     vendored,
 )
 from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
@@ -161,7 +162,8 @@ class Context:
 
     def release(self, name: str, path: str) -> Assumed:
         """The release of `name` assumed in the file at `path`: a pin; else the one the file installs itself (a
-        notebook's `%pip install trl==0.14.0`, a script's Modal image); else the one the code nearest to the file states (OpenRLHF 0.5
+        notebook's `%pip install trl==0.14.0`, a script's Modal image); else the one the requirements file named for
+        it pins where the project's disagree (`requirements_grpo.txt` for qwen_grpo.py); else the one the code nearest to the file states (OpenRLHF 0.5
         vendored beside the scripts that launch it); else the one its linted root states; else the run's."""
         assumed = self.versions[name]
         if assumed.source == "pinned" or not path:
@@ -171,7 +173,8 @@ class Context:
                          if file == Path(root) or Path(root) in file.parents), None)
         assumed = own_root.get(name, assumed) if own_root is not None else assumed
         installed = installed_by_the_file(str(file)) if file.suffix in (".ipynb", ".py") else {}
-        return installed.get(name) or detected_near(str(file.parent)).get(name, assumed)
+        named = named_requirements_pin(name, file) if file.suffix in (".ipynb", ".py") else None
+        return installed.get(name) or named or detected_near(str(file.parent)).get(name, assumed)
 
     @property
     def class_names(self) -> frozenset[str]:

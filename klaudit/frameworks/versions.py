@@ -204,6 +204,35 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
     return found
 
 
+def named_requirements_pin(name: str, script: Path) -> Assumed | None:
+    """The release of `name` that the requirements file named for `script` pins, where the nearest folder above it
+    holding requirements files has several that disagree (`requirements_grpo.txt` with trl==0.15.2 for qwen_grpo.py,
+    beside a requirements.txt with trl==0.11.4 for the project's PPO scripts): the one file whose name shares a word
+    with the script's; None where no folder up to the project's root has such a file."""
+    words = set(re.split(r"[\W_]+", script.stem.lower())) - {""}
+    for directory in script.resolve().parents:
+        files = sorted(directory.glob("requirements*.txt"))
+        pins = {path.name: version for path in files
+                if (version := _pinned_in(name, _as_requirements(read_text(path)))) is not None}
+        if files:
+            named = {file: version for file, version in pins.items()
+                     if (set(re.split(r"[\W_]+", Path(file).stem.lower())) - {"requirements", ""}) & words}
+            if len(named) == 1 and len(set(pins.values())) > 1:
+                [(file, version)] = named.items()
+                return _assumed_from(name, version, f"{version} in {file}, named for {script.name}")
+            return None
+        if is_project_root(directory):
+            return None
+    return None
+
+
+def _pinned_in(name: str, text: str | None) -> str | None:
+    """The version a requirements text pins `name` to exactly (`trl==0.15.2`), if it does."""
+    match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])",
+                      text or "")
+    return match.group(1) if match is not None else None
+
+
 def _documented_pins(directory: Path) -> dict[str, tuple[str, str]]:
     """{framework: (version, file)} that the `pip install` commands of a directory's Markdown files pin (a README's
     `pip install transformers==4.57.3 trl==0.26.2`), where they agree."""
@@ -593,10 +622,9 @@ def _pins(directory: Path) -> dict[str, tuple[str, str]]:
     pinned: dict[str, tuple[str, str]] = {}
     for where, text in _dependency_texts(directory):
         for name in KNOWN:
-            match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])",
-                              text or "")  # not a prefix (`==0.18.*`: a bound)
-            if match is not None:
-                pinned.setdefault(name, (match.group(1), where))
+            version = _pinned_in(name, text)  # not a prefix (`==0.18.*`: a bound)
+            if version is not None:
+                pinned.setdefault(name, (version, where))
             tag = _git_ref(name, text)
             if tag is not None and _RELEASE.match(tag.removeprefix("v")):
                 pinned.setdefault(name, (tag.removeprefix("v"), f"{where} (git tag {tag})"))

@@ -125,7 +125,10 @@ def imports_a_missing_name(path: str, source: str, sources: Mapping[str, str] | 
         alike = [other for other_path, other in (sources or {}).items()
                  if statement.level == 0 and os.path.abspath(other_path).endswith(suffix)]
         text = _source_of(target)
-        if text is None and alike:  # `from trainer.gen_worker import ...` run from the project's root
+        # `from trainer.gen_worker import ...` run from the project's root; not a module of one name that no file
+        # beside the script holds, the installed package of that name (`from datasets import load_dataset`, beside
+        # a utils/datasets.py of the project's own)
+        if text is None and alike and "." in statement.module:
             text, alike = alike[0], alike[1:]
         if text is None or re.search(r"import\s+\*|def\s+__getattr__", text):
             continue

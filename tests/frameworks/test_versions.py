@@ -462,3 +462,22 @@ def test_a_readme_s_pinned_pip_install_states_the_release_where_no_file_of_the_c
     assert "trl" not in detect([project])
     (project / "requirements.txt").write_text("trl==0.19.0\n")
     assert detect([project])["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
+
+
+def test_a_requirements_file_named_for_the_script_decides_where_the_projects_disagree(tmp_path):
+    """zyhnosleep/qwen-project (seventy-sixth set) pins trl==0.11.4 in requirements.txt for its PPO scripts and
+    trl==0.15.2 in requirements_grpo.txt for qwen_grpo.py: that script runs 0.15 (GRPOConfig exists; a plain k3 with
+    each completion's token mean), not 0.11, where it would not even import."""
+    from klaudit.frameworks.versions import named_requirements_pin
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "requirements.txt").write_text("torch\ntrl==0.11.4\n")
+    (tmp_path / "requirements_grpo.txt").write_text("trl==0.15.2\nvllm\n")
+    assert named_requirements_pin("trl", tmp_path / "qwen_grpo.py").version == "0.15"
+    assert named_requirements_pin("trl", tmp_path / "qwen_ppo.py") is None  # no file named for it: the usual order
+    (tmp_path / "requirements_grpo.txt").write_text("trl==0.11.4\n")
+    assert named_requirements_pin("trl", tmp_path / "qwen_grpo.py") is None  # the files agree: nothing to decide
+    nested = tmp_path / "scripts" / "qwen_grpo.py"
+    nested.parent.mkdir()
+    (tmp_path / "requirements_grpo.txt").write_text("trl==0.15.2\n")
+    assert named_requirements_pin("trl", nested).version == "0.15"  # the nearest folder that holds some
