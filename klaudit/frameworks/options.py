@@ -453,11 +453,12 @@ def visible(scopes: Iterable[Mapping[str, Default | None]]) -> dict[str, Default
 def resolve(written: str, names: Mapping[str, Default], options: Options, path: str) -> Default | None:
     """The default a keyword set to `written` (a name, or a dotted attribute) in the file at `path` has:
     for a name, the value `names` (`visible`) gives it: the literal default of the enclosing function's
-    parameter of that name (one the function never reassigns), else the module's constant; for an attribute nested two deep below its root (`cfg.training.beta`), the
+    parameter of that name (one the function never reassigns), else the module's constant (also `config.BETA` of
+    an imported project module); for an attribute nested two deep below its root (`cfg.training.beta`), the
     value the project's YAML files give that key; else the default of the project's option named like the
     last attribute (`args.beta`, `self.args.beta`); None otherwise."""
-    if written.isidentifier():
-        found = names.get(written)
+    found = names.get(written)  # a name, or `config.BETA` of an imported project module
+    if found is not None or written.isidentifier():
         return options.read(found) if found is not None else None
     head, _, attribute = written.rpartition(".")
     if not (head and attribute.isidentifier() and all(part.isidentifier() for part in head.split("."))):

@@ -95,10 +95,11 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
                       seen: frozenset[str] = frozenset()) -> dict[str, Default]:
     """options.module_constants of the module at `path`: every binding outside functions and classes (the scopes of
     their own), with the literal of each `NAME = literal`, and of each name imported from a module of the project
-    that binds it so (`from config import PPO_EPOCHS` beside a config.py of constants; `seen`: the modules already
-    on that chain of imports)."""
+    that binds it so (`from config import PPO_EPOCHS` beside a config.py of constants, or `config.PPO_EPOCHS` of
+    `import config`; `seen`: the modules already on that chain of imports)."""
     assignments: list[tuple[str, str | None, int, str]] = []
     imported: dict[str, Default] = {}
+    modules: dict[str, Default] = {}  # `config.BETA` of `import config`: the project module's constant
     readers = environment_readers(tree)
 
     def walk(node: ast.AST) -> None:
@@ -107,6 +108,11 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
                 if not isinstance(child, ast.Lambda):
                     assignments.append((child.name, None, child.lineno, ""))
                 continue
+            if isinstance(child, ast.Import):  # `import config`, then `config.BETA`: the module's constants, dotted
+                for alias in child.names:
+                    if alias.asname is not None or "." not in alias.name:
+                        given = imported_constants(alias.name, 0, path, options, seen)
+                        modules.update({f"{alias.asname or alias.name}.{name}": found for name, found in given.items()})
             if isinstance(child, ast.ImportFrom):
                 given = imported_constants(child.module, child.level, path, options, seen) \
                     if child.module is not None and all(alias.name != "*" for alias in child.names) else {}
@@ -133,7 +139,7 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
     walk(tree)
     rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     constants = module_constants(assignments, rebound, options.environment)
-    return {name: imported.get(name, value) for name, value in constants.items()}
+    return {**modules, **{name: imported.get(name, value) for name, value in constants.items()}}
 
 
 _IMPORT_ROOTS = 3  # how many folders above a script an absolute import of a project module is looked up in

@@ -346,6 +346,23 @@ def test_a_section_read_with_get_is_the_section(tmp_path, section):
     assert found is not None and found[0][0].settings["beta"].value is None  # not known to be the section's 0.01
 
 
+@pytest.mark.parametrize("imported, read", [("import config", "config.BETA"), ("import config as c", "c.BETA"),
+                                           ("import settings.config as c", "c.BETA")])
+def test_a_constant_of_an_imported_project_module_read_as_its_attribute(tmp_path, imported, read):
+    """dasanindya/wordle-grpo (seventy-fifth set): src/train_grpo.py does `import config` and builds
+    `GRPOConfig(beta=config.BETA)`, where src/config.py binds `BETA = float(os.environ.get("WORDLE_BETA", "0.04"))`:
+    0.04 where the variable is unset."""
+    folder = tmp_path / "settings" if "settings" in imported else tmp_path
+    folder.mkdir(exist_ok=True)
+    (folder / "config.py").write_text('import os\n\nBETA = float(os.environ.get("WORDLE_BETA", "0.04"))\n')
+    source = f"{imported}\nfrom trl import GRPOConfig\n\nargs = GRPOConfig(output_dir='out', beta={read})\n"
+    found = calls._python_configs(source, NAMES | {"GRPOConfig"}, ("beta",), str(tmp_path / "train.py"))
+    assert found is not None and found[0][0].settings["beta"].value == "0.04"
+    other = source.replace(read, read.replace("BETA", "GAMMA"))  # a name the module does not bind: unknown
+    found = calls._python_configs(other, NAMES | {"GRPOConfig"}, ("beta",), str(tmp_path / "train.py"))
+    assert found is not None and found[0][0].settings["beta"].value is None
+
+
 IMPORTED_CONSTANTS = '''\
 from trl import PPOConfig
 from config import PPO_EPOCHS, BATCH as PER_DEVICE, LR, REBOUND, MISSING
