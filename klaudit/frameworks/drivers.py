@@ -163,13 +163,19 @@ def _openrlhf(path: str, module: str) -> RewardTraining:
     copy = vendored(path, openrlhf.NAME, module)
     early = copy is not None and copy is not UNSTATED and not at_least(copy, "0.7")
     defaults = _openrlhf_defaults(Path(path).resolve().parents[len(Path(module).parts) - 1])
+    return _openrlhf_trained("OpenRLHF", defaults, copy.label(openrlhf.NAME) if early and copy is not None else "")
+
+
+def _openrlhf_trained(name: str, defaults: dict[str, str], per_response: str) -> RewardTraining:
+    """OpenRLHF's trainer (or a copy's, `name`) at the step counts `defaults` give: epochs x rollout batch x samples
+    per prompt / train batch optimizer steps per rollout, and each response's token mean where `per_response` says
+    what makes it one (row 21)."""
     epochs, rollout, samples, train = (float(defaults[key]) for key in _OPENRLHF_STEP_KEYS)
     steps = epochs * rollout * samples / train
     counts = (f"max_epochs={defaults[openrlhf.EPOCHS]} x rollout_batch_size={defaults[openrlhf.ROLLOUT_BATCH]} x "
               f"n_samples_per_prompt={defaults[openrlhf.SAMPLES]} / train_batch_size={defaults[openrlhf.TRAIN_BATCH]}")
-    counts += (f", the policy loss each response's token mean ({copy.label(openrlhf.NAME)})"
-               if early and copy is not None else "")
-    return RewardTraining(steps, Aggregation.SEQ_MEAN if early else None, _shown("OpenRLHF", counts, steps))
+    counts += f", the policy loss each response's token mean ({per_response})" if per_response else ""
+    return RewardTraining(steps, Aggregation.SEQ_MEAN if per_response else None, _shown(name, counts, steps))
 
 
 def _renamed_openrlhf(maker: Path) -> RewardTraining | None:
@@ -177,19 +183,14 @@ def _renamed_openrlhf(maker: Path) -> RewardTraining | None:
     `ppo_utils/experience_maker.py`) with a command line of OpenRLHF's (`<package>/cli/train_ppo.py`): its trainer at
     that command line's defaults, and each response's token mean where its PolicyLoss takes one
     (`<package>/models/loss.py`); None where no folder up to three above has one (a module of that name elsewhere)."""
-    package = next((folder for folder in maker.resolve().parents[1:5]
-                    if _openrlhf_defaults(folder.parent, folder.name, fallback=False)), None)
+    found = ((folder, defaults) for folder in maker.resolve().parents[1:5]
+             if (defaults := _openrlhf_defaults(folder.parent, folder.name, fallback=False)))
+    package, defaults = next(found, (None, {}))
     if package is None:
         return None
-    defaults = _openrlhf_defaults(package.parent, package.name)
-    epochs, rollout, samples, train = (float(defaults[key]) for key in _OPENRLHF_STEP_KEYS)
-    steps = epochs * rollout * samples / train
     per_response = _PER_RESPONSE_MEAN.search(read_text(package / "models" / "loss.py") or "") is not None
-    counts = (f"max_epochs={defaults[openrlhf.EPOCHS]} x rollout_batch_size={defaults[openrlhf.ROLLOUT_BATCH]} x "
-              f"n_samples_per_prompt={defaults[openrlhf.SAMPLES]} / train_batch_size={defaults[openrlhf.TRAIN_BATCH]}")
-    counts += f", the policy loss each response's token mean ({package.name}/models/loss.py)" if per_response else ""
-    return RewardTraining(steps, Aggregation.SEQ_MEAN if per_response else None,
-                          _shown(f"{package.name} (OpenRLHF's layout)", counts, steps))
+    return _openrlhf_trained(f"{package.name} (OpenRLHF's layout)", defaults,
+                             f"{package.name}/models/loss.py" if per_response else "")
 
 
 def _openrlhf_defaults(root: Path, package: str = "openrlhf", fallback: bool = True) -> dict[str, str]:
