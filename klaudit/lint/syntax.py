@@ -497,7 +497,10 @@ def _copies_rows(node: cst.CSTNode) -> bool:
 
 
 def _one_row_of_ids(call: cst.Call) -> bool:
-    """`torch.tensor([span.prefix_ids + span.completion_ids])`: a batch of one sequence of token ids."""
+    """`torch.tensor([span.prefix_ids + span.completion_ids])`, `gen_ids.unsqueeze(0)`: a batch of one sequence of
+    token ids."""
+    if type(call.func) is cst.Attribute and call.func.attr.value == "unsqueeze" and len(call.args) == 1:
+        return int_literal(call.args[0].value) == 0 and bool(_TOKEN_IDS.search(last_name(call.func.value) or ""))
     if last_name(call.func) not in ("tensor", "LongTensor") or not call.args or call.args[0].keyword is not None:
         return False
     first = call.args[0].value
