@@ -19,7 +19,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -42,12 +42,13 @@ from klaudit.frameworks import (
     tunix,
     unsloth,
     verl,
+    verl_runs,
 )
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
 from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
 from klaudit.frameworks.imports import import_failure
-from klaudit.frameworks.options import Options, environment_files, option_defaults
+from klaudit.frameworks.options import Options, environment_files, option_defaults, placeholder_setting
 from klaudit.frameworks.processes import parallel_launched, runs_in_one_process
 from klaudit.frameworks.settings import (
     PYTHON_SCRIPT,
@@ -148,6 +149,9 @@ class Context:
     parallel: frozenset[str] = frozenset()
     # the resolved paths of the modules the project imports only after Unsloth (klaudit.frameworks.unsloth)
     after_unsloth: frozenset[str] = frozenset()
+    # the functions the project calls only under verl's `use_kl_in_reward`, which every run of it leaves off
+    # (klaudit.frameworks.verl_runs)
+    kl_reward_never_on: frozenset[str] = frozenset()
 
     def patched_by_unsloth(self, path: str, source: str) -> bool:
         """Whether the TRL classes the module at `path` binds are Unsloth's: it imports Unsloth, or is imported
@@ -212,7 +216,27 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     scripts = {path: text for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
-                   parallel=parallel_launched({**everything, **scripts}))
+                   parallel=parallel_launched({**everything, **scripts}),
+                   kl_reward_never_on=_kl_reward_never_on(context, everything, configs, scripts))
+
+
+def _kl_reward_never_on(context: Context, sources: Mapping[str, str], configs: Iterable[str],
+                        scripts: Mapping[str, str]) -> frozenset[str]:
+    """The functions the project's Python `sources` call only under verl's `use_kl_in_reward`, where each verl launch
+    of its `scripts` and argument lists leaves that flag false and so do its YAML `configs` and code
+    (klaudit.frameworks.verl_runs); none otherwise."""
+    if not any(verl_runs.FLAG in text for text in sources.values()):
+        return frozenset()
+    launches = [settings for path, text in scripts.items() if verl.LAUNCH.search(text)
+                for _, settings in verl_launches(path, text, sourced_files(path, text))]
+    launches += [settings for path, text in sources.items() if "verl" in text
+                 for settings in _listed_launches(path, text, context.options)]
+    values = [setting.value if (setting := settings.get(verl.USE_KL_IN_REWARD)) is not None
+              else verl.DEFAULTS[verl.USE_KL_IN_REWARD] for settings in launches]
+    yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
+    if not verl_runs.reward_always_off(values, yaml, sources.values()):
+        return frozenset()
+    return verl_runs.gated_functions(sources)
 
 
 def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:
@@ -404,18 +428,26 @@ def _verl_launches(path: str, text: str, context: Context, editable: bool = True
     challenger, then solver): each launch with the other launches' lines left out (blank, so that every
     position stays), one finding for a flag shared by several. `editable`: whether `text` is the file's own
     text, which a flag fix edits (a notebook's shell lines are not). `sourced`: the files it reads in, by line."""
-    spans = verl.launch_spans(text)
-    if len(spans) < 2:
-        return _verl(path, {**launched_settings(path, text), **shell_overrides(text, sourced)}, context, text, editable)
-    lines = text.splitlines()
     found: dict[tuple[int, int, str], Finding] = {}
-    for span in spans:
-        others = {index for other in spans if other != span for index in other}
-        own = "\n".join("" if index in others else line for index, line in enumerate(lines)) + "\n"
-        settings = {**launched_settings(path, own), **shell_overrides(own, sourced)}
+    for own, settings in verl_launches(path, text, sourced):
         for finding in _verl(path, settings, context, own, editable):
             found.setdefault((finding.line, finding.column, finding.code), finding)
     return list(found.values())
+
+
+def verl_launches(path: str, text: str, sourced: Mapping[int, Sourced] | None = None
+                  ) -> Iterator[tuple[str, dict[str, Setting]]]:
+    """(text, settings) of each verl launch of a script: where it runs verl more than once, each launch's text is
+    the script's with the other launches' lines left out (blank, so that every position stays)."""
+    spans = verl.launch_spans(text)
+    if len(spans) < 2:
+        yield text, {**launched_settings(path, text), **shell_overrides(text, sourced)}
+        return
+    lines = text.splitlines()
+    for span in spans:
+        others = {index for other in spans if other != span for index in other}
+        own = "\n".join("" if index in others else line for index, line in enumerate(lines)) + "\n"
+        yield own, {**launched_settings(path, own), **shell_overrides(own, sourced)}
 
 
 def lint_shell(path: str, text: str, context: Context | None = None) -> list[Finding]:
@@ -1034,11 +1066,15 @@ def _verl_python(path: str, source: str, context: Context) -> list[Finding]:
     run by subprocess): each launch judged as the same flags in a shell script, without flag fixes."""
     if "verl" not in source or "=" not in source:
         return []
-    found: list[Finding] = []
-    for settings in listed_overrides(source):
-        if settings:
-            found += _verl(path, settings, context)
-    return found
+    return [finding for settings in _listed_launches(path, source, context.options)
+            for finding in _verl(path, settings, context)]
+
+
+def _listed_launches(path: str, source: str, options: Options) -> list[dict[str, Setting]]:
+    """The settings of each verl launch the Python module at `path` builds as an argument list, a placeholder
+    alone taking the value the project's options or YAML files give it (klaudit.frameworks.options)."""
+    return [settings for settings in listed_overrides(source, functools.partial(
+        placeholder_setting, options=options, path=path)) if settings]
 
 
 def _trl_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:

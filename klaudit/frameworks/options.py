@@ -201,6 +201,30 @@ def defaulted(setting: Setting, default: Default | None) -> Setting:
     return replace(setting, origin=default.origin, run_given=default.launch or default.yaml)
 
 
+def placeholder_setting(setting: Setting, expression: str, options: Options, path: str) -> Setting:
+    """An unknown setting whose value is one read written in an f-string's braces (`f"...use_kl_loss={cfg['use_kl']}"`
+    in the file at `path`), given the value that read has: of a key of a mapping or configuration object
+    (`cfg['use_kl']`, `cfg.use_kl`), the one the linted YAML files give that key; of an option (`args.lr`), its
+    default or the value its launches give (`resolve`)."""
+    read = _READ.fullmatch(expression.strip())
+    if read is None:
+        return setting
+    key = read.group("key") or read.group("attribute")
+    if read.group("attribute") and OPTION_HOLDER.match(read.group("holder").rpartition(".")[2]):
+        option = resolve(expression.strip(), {}, options, path)
+        return setting if option is None else defaulted(replace(setting, value=option.value), option)
+    configured = options.configured(key)
+    if configured is None:
+        return setting
+    return replace(setting, value=configured.value, origin=f"{key} at {configured.origin}", run_given=True)
+
+
+# one read of a mapping's key or an object's attribute: `cfg['use_kl']`, `self.config.beta`, `args.lr`
+_READ = re.compile(r"(?P<holder>[A-Za-z_][\w.]*?)(?:\[(?P<q>[\"'])(?P<key>\w+)(?P=q)\]|\.(?P<attribute>[A-Za-z_]\w*))")
+# what a script names its parsed command line (`args`, `opts`, `cli_args`, `FLAGS`, `hparams`): its attributes are options
+OPTION_HOLDER = re.compile(r"^(\w+_)?(args|opts?|options|flags|hparams)$", re.IGNORECASE)
+
+
 def _swept(given: Sequence[tuple[str, Default]]) -> Default | None:
     """The value of a coefficient the YAML files sweep over [0, 1) (a KL weight of 0 in one config, 0.01 in another)
     for the verdict: the first strictly between 0 and 1, since the rules read such a value only against 0 and 1 and

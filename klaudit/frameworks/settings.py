@@ -13,7 +13,7 @@ import operator
 import re
 import shlex
 from collections import deque
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -399,16 +399,20 @@ def _line_overrides(number: int, code: str, variables: Mapping[str, Setting]) ->
 # A verl trainer module run from Python, an element of an argument list: `"-m", "verl.trainer.main_ppo"`
 _PYTHON_LAUNCH = re.compile(r"[\"'](verl(?:\.\w+)+)[\"']")
 # a Hydra override as a string element: `"algorithm.use_kl_in_reward=False"`, or an f-string whose value is computed
-# (`f"data.train_batch_size={args.train_batch_size}"`, value unknown)
-_QUOTED_OVERRIDE = re.compile(r"(?P<f>\bf)?(?P<quote>[\"'])\+{0,2}(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)=(?P<value>[^\"'\n]*)"
-                              r"(?P=quote)")
+# (`f"data.train_batch_size={args.train_batch_size}"`, value unknown; a placeholder may quote, `{cfg['use_kl']}`)
+_QUOTED_OVERRIDE = re.compile(r"(?P<f>\bf)?(?P<quote>[\"'])\+{0,2}(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)="
+                              r"(?P<value>(?:[^\"'\n{]|\{[^}\n]*\})*)(?P=quote)")
+# a value that is one placeholder alone: `{args.lr}`, `{cfg['use_kl']}`
+_ONE_PLACEHOLDER = re.compile(r"\{(?P<expression>[^{}]+)\}")
 
 
-def listed_overrides(text: str) -> list[dict[str, Setting]]:
+def listed_overrides(text: str, placeholder: Callable[[Setting, str], Setting] = lambda setting, expression: setting
+                     ) -> list[dict[str, Setting]]:
     """The Hydra overrides of each verl launch a Python module builds as an argument list (`cmd = [sys.executable,
     "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo", ...]`, then run by subprocess): the string
     elements from the module's name to the list's end (a line that closes it), one dict a launch. A literal value is
-    kept; one with a placeholder (`{args.lr}`) is set to a value unknown."""
+    kept; any other is unknown, and one that is a placeholder alone (`{cfg['use_kl']}`) is as `placeholder` makes
+    that unknown setting, given the placeholder's expression."""
     lines, launches, index = text.splitlines(), [], 0
     while index < len(lines):
         if lines[index].lstrip().startswith("#") or not _PYTHON_LAUNCH.search(lines[index]):
@@ -419,9 +423,12 @@ def listed_overrides(text: str) -> list[dict[str, Setting]]:
         while end < len(lines) and not (end > index and lines[end].strip()[:1] in ("]", ")")):
             code = lines[end] if not lines[end].lstrip().startswith("#") else ""
             for match in _QUOTED_OVERRIDE.finditer(code):
-                computed = match.group("f") is not None and "{" in match.group("value")
-                found[match.group("key")] = Setting(None if computed else _literal(match.group("value")), end + 1,
-                                                    match.start("key") + 1, match.end("value") + 1)
+                value = match.group("value")
+                computed = match.group("f") is not None and "{" in value
+                setting = Setting(None if computed else _literal(value), end + 1, match.start("key") + 1,
+                                  match.end("value") + 1)
+                alone = _ONE_PLACEHOLDER.fullmatch(value) if computed else None
+                found[match.group("key")] = placeholder(setting, alone.group("expression")) if alone else setting
             end += 1
         launches.append(found)
         index = end + 1

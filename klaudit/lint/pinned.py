@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import libcst as cst
 
-from klaudit.frameworks.options import Default, Options
+from klaudit.frameworks.options import OPTION_HOLDER, Default, Options
 from klaudit.lint.facts import SwitchValue
 from klaudit.lint.syntax import int_literal, last_name, name_bindings, number_value, params, text_of, walk
 
@@ -96,7 +96,7 @@ def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], opt
     to such a read."""
     if type(value) is cst.Name and len(found := bindings.get(value.value, [])) == 1 and found[0][1] is not None:
         value = found[0][1]
-    if type(value) is cst.Attribute and _OPTIONS.match(last_name(value.value) or ""):
+    if type(value) is cst.Attribute and OPTION_HOLDER.match(last_name(value.value) or ""):
         read = options.default(value.attr.value, path)
     else:
         read = _configuration_read(value, options, path)
@@ -127,10 +127,6 @@ def _configuration_read(value: cst.BaseExpression, options: Options, path: str) 
 
 
 _NUMBER = re.compile(r"(-?)(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)")
-
-
-# what a script names its parsed command line: `args`, `opts`, `cli_args`, `FLAGS`, `hparams`
-_OPTIONS = re.compile(r"^(\w+_)?(args|opts?|options|flags|hparams)$", re.IGNORECASE)
 
 
 def _entries(value: cst.BaseExpression | None) -> list[tuple[str, cst.BaseExpression]] | None:

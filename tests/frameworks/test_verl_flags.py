@@ -756,3 +756,19 @@ def test_a_launch_built_as_a_python_argument_list_is_judged_as_its_flags(tmp_pat
     (tmp_path / "launch.py").write_text(PYTHON_LAUNCHER.replace("{flags}", "".join(f"        {flag},\n" for flag in flags)))
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path, frameworks={"verl": "0.6"}), jobs=1)
     assert sorted((f.line, f.code) for f in result.findings) == expected
+
+
+# ChanTinPing/LLM_RL_basic (seventy-fifth set): the list's values are read from the YAML file the launcher loads,
+# `f"actor_rollout_ref.actor.use_kl_loss={cfg['use_kl']}"`
+@pytest.mark.parametrize("configured, expected", [
+    ("use_kl: true\nkl_type: mse\n", [(15, "KL003")]),  # k2 as a loss, its type read from the YAML file too
+    ("use_kl: false\nkl_type: mse\n", []),  # the YAML file turns the loss off
+    ("use_kl: true\nkl_type: mse\n---\nuse_kl: false\n", []),  # two values for one key: none is known
+])
+def test_a_listed_placeholder_takes_the_value_the_yaml_files_give_its_key(tmp_path, configured, expected):
+    flags = ['f"actor_rollout_ref.actor.use_kl_loss={cfg[\'use_kl\']}"',
+             'f"actor_rollout_ref.actor.kl_loss_type={cfg[\'kl_type\']}"']
+    (tmp_path / "launch.py").write_text(PYTHON_LAUNCHER.replace("{flags}", "".join(f"        {flag},\n" for flag in flags)))
+    (tmp_path / "grpo.yaml").write_text(configured)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path, frameworks={"verl": "0.6"}), jobs=1)
+    assert sorted((f.line, f.code) for f in result.findings) == expected
