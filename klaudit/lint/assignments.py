@@ -41,6 +41,14 @@ from klaudit.lint.tensors import log_sum_exp
 EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens", "lse", "lse-vocab")
 
 
+def _explained(fact: Fact) -> bool:
+    """Whether the analysis knows what a value is, so that the name it is stored under cannot say otherwise: one of
+    EXPLAINED_ROLES, or a list of tensors it computed (a helper's per-sequence log-probs of the reference model,
+    `old_logprobs_list, _ = get_token_logprobs(self.reference, ...)`)."""
+    return fact.role in EXPLAINED_ROLES or fact.role == "tuple" and any(
+        item.role == "tensor" and item.poly is not None and bool(item.poly.atoms()) for part in fact.items for item in part)
+
+
 class AssignmentFlow(FlowState):
     """Assignments to names, tuples, attributes and keys, for klaudit.lint.flow.FunctionRun."""
 
@@ -92,7 +100,7 @@ class AssignmentFlow(FlowState):
         if type(target) is cst.Subscript and rhs is not None and not augmented and fills_padding(target, rhs):
             return  # `ratio[~mask] = 1`: a masked_fill, written as an assignment
         name = last_name(target)
-        if rhs is not None and name and not any(f.role in EXPLAINED_ROLES for f in value) \
+        if rhs is not None and name and not any(_explained(f) for f in value) \
                 and not is_literal_array(rhs) and not is_empty_container(rhs):
             value = self.from_name(name, rhs) or value  # the analysis could not explain it: the name can
         if rhs is not None and name and roles.names_kl(name) and not any(f.is_kl() for f in value):

@@ -177,7 +177,10 @@ class LibraryFlow(FlowState):
         return self.unary_math(op.name, op.tensor or _model_logits(op, self.no_grad), op.node)
 
     def squashed(self, op: Operation) -> tuple | None:
-        """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio."""
+        """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio; relu of an estimate
+        that is never negative (`torch.relu(r - 1 - log r)`, against rounding) is that estimate."""
+        if op.name == "relu" and _never_negative(op.tensor):
+            return op.tensor
         if any(f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in op.tensor):
             return KL_WEIGHT
         return None
