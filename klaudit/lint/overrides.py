@@ -96,6 +96,17 @@ def _named_anywhere(name: str, project: Project) -> bool:
     return any(name in (project.raw_text(path) or "") for path in _notebooks(project))
 
 
+def used_elsewhere(name: str, path: str, project: Project) -> bool:
+    """Whether a file of the project other than the one at `path` (a Python file or a notebook) writes `name` and
+    does not define a function of that name itself (a copy of its own, as a notebook beside the script keeps)."""
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    definition = re.compile(rf"\bdef\s+{re.escape(name)}\b")
+    here = os.path.realpath(path)
+    return any(text is not None and word.search(text) and not definition.search(text)
+               for other in (*python_files(project), *_notebooks(project)) if os.path.realpath(other) != here
+               and name in (text := project.raw_text(other) or ""))
+
+
 def _without_comments(text: str) -> str:
     """`text` with its comments blanked (the text as it is where Python's tokenizer cannot read it)."""
     try:

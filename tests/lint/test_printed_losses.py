@@ -1,0 +1,48 @@
+"""A KL-penalised loss that a demonstration only prints (klaudit.lint.printed).
+
+dasanindya/wordle-grpo (seventy-fifth set) teaches the GRPO loss with a script and a notebook cell that evaluate it
+for three coefficients on one fixed completion and print `loss.item()`: no gradient of it is ever taken, so its k3
+term (row 3 of kl-math.md section 8 in a trainer) trains nothing there.
+"""
+
+from __future__ import annotations
+
+import pytest
+from snippets import module_codes
+
+DEMO = """\
+import torch
+
+
+def penalised_loss(logp, ref_logp, advantage, beta):
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    return (-(torch.exp(logp - logp.detach()) * advantage) + beta * kl).mean()
+
+
+def main(logp, ref_logp):
+    for beta in (0.0, 0.1, 0.5):
+        loss = penalised_loss(logp, ref_logp, 2.0, beta)
+        print(f"beta={beta} loss={loss.item():.3f}")
+
+
+if __name__ == "__main__":
+    main(torch.randn(5, requires_grad=True), torch.randn(5))
+"""
+
+
+def test_a_loss_only_printed_trains_nothing(tmp_path):
+    assert module_codes(DEMO, tmp_path) == []
+
+
+@pytest.mark.parametrize("change", [
+    ('        print(f"beta={beta} loss={loss.item():.3f}")', "        loss.backward()"),  # differentiated
+    ("        loss = penalised_loss(", "        loss = 2 * penalised_loss("),  # its value goes on into a sum
+    ('        print(f"beta={beta} loss={loss.item():.3f}")', "        history.append(loss)"),  # kept for later
+])
+def test_a_loss_whose_value_goes_on_is_judged(tmp_path, change):
+    assert module_codes(DEMO.replace(*change), tmp_path) == [(6, "KL002")]
+
+
+def test_a_loss_another_module_uses_is_judged(tmp_path):
+    (tmp_path / "train.py").write_text("from snippet import penalised_loss\n")
+    assert module_codes(DEMO, tmp_path) == [(6, "KL002")]
