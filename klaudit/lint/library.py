@@ -176,15 +176,6 @@ class LibraryFlow(FlowState):
         """exp, log, abs, ... of each element (klaudit.lint.reductions.unary_math), of a model's logits too."""
         return self.unary_math(op.name, op.tensor or _model_logits(op, self.no_grad), op.node)
 
-    def squashed(self, op: Operation) -> tuple | None:
-        """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio; relu of an estimate
-        that is never negative (`torch.relu(r - 1 - log r)`, against rounding) is that estimate."""
-        if op.name == "relu" and _never_negative(op.tensor):
-            return op.tensor
-        if any(f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in op.tensor):
-            return KL_WEIGHT
-        return None
-
     def squared(self, op: Operation) -> tuple:
         """x ** 2 spelled as square(x) or pow(x, 2); any other power is not followed."""
         if op.name == "square" or op.rest and int_literal(op.rest[0]) == 2:
@@ -276,7 +267,7 @@ class LibraryFlow(FlowState):
             other = self.expr(op.positional[1 - zero[0]])
             if op.name in ("max", "maximum") and _never_negative(other):
                 return other  # `torch.maximum(k3, zeros)`: k3 itself, whatever rounding made negative aside
-            if (hinge := self.squashed(replace(op, tensor=other))) is not None:
+            if (hinge := _squashed(self, replace(op, tensor=other))) is not None:
                 return hinge
             if op.name in ("max", "maximum") and any(f.is_kl() for f in other):
                 return with_clamp(other)  # `max(0.0, kl)`: the estimate clamped at 0 (a negative one loses its signal)
@@ -359,6 +350,16 @@ class LibraryFlow(FlowState):
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path, against=kl_targets(node, t, s))
                 out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
         return tuple(out)
+
+
+def _squashed(_flow: LibraryFlow | None, op: Operation) -> tuple | None:
+    """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio; relu of an estimate that is
+    never negative (`torch.relu(r - 1 - log r)`, against rounding) is that estimate."""
+    if op.name == "relu" and _never_negative(op.tensor):
+        return op.tensor
+    if any(f.is_kl() and not f.scalar and all(a.acc == alg.TOKEN for a in f.poly.atoms()) for f in op.tensor):
+        return KL_WEIGHT
+    return None
 
 
 def _never_cuts(op: Operation, func: cst.FunctionDef | None) -> bool:
@@ -549,7 +550,7 @@ LOSS_MODULES = frozenset(("KLDivLoss",))
 FUNCTIONS: dict[str, Effect] = {
     **_each("exp log abs expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
     **_each("clamp clip clamp_ clamp_min clamp_max", LibraryFlow.clamped),
-    **_each("sigmoid tanh softplus relu erf", LibraryFlow.squashed),
+    **_each("sigmoid tanh softplus relu erf", _squashed),
     "sum": LibraryFlow.summed,
     "mean": _mean,
     **_each("pow square", LibraryFlow.squared),
