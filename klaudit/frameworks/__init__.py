@@ -145,6 +145,8 @@ class Context:
     # every beta and num_iterations the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None:
     # it builds none
     grpo_runs: trl_runs.Runs | None = None
+    # every kl_penalty the project's PPOConfig calls and texts give the first PPOTrainer; None: it builds no PPOConfig
+    ppo_penalties: trl_runs.Values | None = None
     # the files the project runs (or configures a run of) with a distributed launcher (klaudit.frameworks.processes)
     parallel: frozenset[str] = frozenset()
     # the resolved paths of the modules the project imports only after Unsloth (klaudit.frameworks.unsloth)
@@ -216,8 +218,33 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     scripts = {path: text for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
+                   ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
                    kl_reward_never_on=_kl_reward_never_on(context, everything, configs, scripts))
+
+
+def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:
+    """Every `kl_penalty` the project's runs of the first PPOTrainer may pick (klaudit.frameworks.trl_runs): those
+    its `PPOConfig(...)` calls outside TRL's own modules give ("kl" where left out, None where computed), and those
+    its scripts, configurations and code write; None where it builds no PPOConfig."""
+    values: list[str | None] = []
+    built = False
+    for path, text in sources.items():
+        if "trl" in Path(path).parts[:-1] or "PPOConfig" not in text and trl_runs.PPO_PENALTY not in text:
+            continue
+        try:
+            calls, _ = read_configs(text, frozenset(trl_ppo.CLASSES), (trl_runs.PPO_PENALTY,), path, None,
+                                    context.options) if "PPOConfig" in text else ([], [])
+        except cst.ParserSyntaxError:
+            continue
+        built = built or bool(calls)
+        values += [call.settings[trl_runs.PPO_PENALTY].value if trl_runs.PPO_PENALTY in call.settings
+                   else trl_runs.PPO_DEFAULT_PENALTY for call in calls]
+        values += trl_runs.written_values(text, trl_runs.PPO_PENALTY)
+    for path in configs:
+        values += trl_runs.written_values(read_text(Path(path)) or "", trl_runs.PPO_PENALTY,
+                                          yaml=path.endswith(YAML_SUFFIXES))
+    return tuple(values) if built else None
 
 
 def _kl_reward_never_on(context: Context, sources: Mapping[str, str], configs: Iterable[str],
@@ -1015,8 +1042,10 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
 
         def under(values: Mapping[str, Setting]) -> list[Finding]:
-            judged = trl.judge(values, fallback, anchor, one_process=runs_in_one_process(path, context.parallel),
-                               unsloth=by_unsloth)
+            one_process = runs_in_one_process(path, context.parallel)
+            if style == "python" and trl.refuses_batches(values, assumed, one_process, by_unsloth):
+                return []  # GRPOConfig raises before the first step (a YAML file's values a script may override)
+            judged = trl.judge(values, fallback, anchor, one_process=one_process, unsloth=by_unsloth)
             return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
         return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)
@@ -1111,6 +1140,10 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
         if _inside_trl(path, call.name, context) or any(first <= call.where.line <= last for first, last in trainers):
             continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args, in TRL or a copy of
             # its trainer: no configuration of a run, and the copy's loss is reported where it is written
+        if call.name in trl.CONFIG_CLASSES and call.name not in context.classes and call.name not in context.homonyms \
+                and not patched and trl.refused_keywords(call.written):
+            continue  # a keyword no GRPOConfig takes: a TypeError, nothing trains (where the project defines no
+            # GRPOConfig of its own to copy over TRL's, as guoku995/SEG-GRPO does, and Unsloth adds none of its own)
         fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source, by_unsloth=patched)
     return found

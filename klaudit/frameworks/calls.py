@@ -121,7 +121,8 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             if name is None or any(first <= node.lineno <= last for first, last in refused):
                 continue
             splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
-            built = _splatted(splats, partial(unpacked, scope_of(node), call=node, config=name, functions=helpers))
+            built = _splatted(splats, partial(unpacked, scope_of(node), call=node, config=name, functions=helpers,
+                                                       module=tree))
             named = [(keyword, keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg is not None]
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
@@ -137,7 +138,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             if splats and built is None:  # any key not named may come from the mapping
                 unknown = Setting(None, where.line, where.column, where.column)
                 settings = {**{key: unknown for key in keys}, **settings}
-            calls.append(ConfigCall(name, where, settings))
+            calls.append(ConfigCall(name, where, settings, frozenset(key for _, key, _ in named)))
         elif isinstance(node, ast.ClassDef):
             bases = tuple(last_name(base) for base in node.bases)
             if node.name not in names and not set(bases) & set(names):

@@ -278,11 +278,12 @@ class _Reader(cst.CSTVisitor):
         if name not in self.classes or self.refused:
             return
         settings = {arg.keyword.value: self._keyword(arg) for arg in node.args if arg.keyword is not None}
+        written = frozenset(settings)
         where = self._setting(node.func, None, len(name))
         if any(arg.star == "**" for arg in node.args):  # any key not named may come from the mapping
             unknown = Setting(None, where.line, where.column, where.column)
             settings = {**{key: unknown for key in self.keys}, **settings}
-        self.calls.append(ConfigCall(name, where, settings))
+        self.calls.append(ConfigCall(name, where, settings, written))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         bases = tuple(dotted(arg.value).rsplit(".", 1)[-1] for arg in node.bases if arg.keyword is None)

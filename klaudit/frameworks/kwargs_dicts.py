@@ -74,14 +74,18 @@ _UNKNOWN = object()
 
 
 def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
-             functions: Mapping[str, ast.FunctionDef] | None = None) -> list[Entry] | None:
-    """The entries `**mapping` gives the call of the configuration class `config`: a dict the scope builds,
-    or one filtered to the keys the class accepts, `{k: v for k, v in kwargs.items() if k in accepted}`
-    with `accepted` its fields (`dataclasses.fields(GRPOConfig)`, `inspect.signature(GRPOConfig)`), which
-    keeps every key the release running it takes; or a display written in the call (`**({"vllm_mode": m} if
-    use_vllm else {})`); None when not known."""
+             functions: Mapping[str, ast.FunctionDef] | None = None, module: ast.Module | None = None
+             ) -> list[Entry] | None:
+    """The entries `**mapping` gives the call of the configuration class `config`: a dict the scope builds (or,
+    in a function that binds no such name, one the `module` builds: module_dict), or one filtered to the keys the
+    class accepts, `{k: v for k, v in kwargs.items() if k in accepted}` with `accepted` its fields
+    (`dataclasses.fields(GRPOConfig)`, `inspect.signature(GRPOConfig)`), which keeps every key the release running
+    it takes; or a display written in the call (`**({"vllm_mode": m} if use_vllm else {})`); None when not known."""
     if isinstance(mapping, ast.Name):
-        return built_dict(scope, mapping.id, call, functions)
+        found = built_dict(scope, mapping.id, call, functions)
+        if found is None and module is not None and scope is not module and not _binds(scope, mapping.id):
+            return module_dict(module, mapping.id, functions)
+        return found
     if isinstance(mapping, (ast.Dict, ast.IfExp, ast.Call)):
         return _display(mapping)
     if not isinstance(mapping, ast.DictComp) or len(mapping.generators) != 1:
@@ -100,6 +104,28 @@ def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
             and _fields_of(scope, test.comparators[0].id, call, config)):
         return None
     return built_dict(scope, source.id, call, functions)
+
+
+def module_dict(module: ast.Module, name: str, functions: Mapping[str, ast.FunctionDef] | None = None
+                ) -> list[Entry] | None:
+    """The entries of the dict the module's own code binds to `name` (`GRPO_CONFIG = {"beta": 0.01, ...}` at the top
+    of a script), as a function reads it when it runs, after that code; None where a function or class of the
+    module may change it (an item store, an update, a call it is handed to) or binds the name itself."""
+    for scope in ast.walk(module):
+        if isinstance(scope, _SCOPES) and any(_change(node, name, lambda other: None, functions or {}) is not None
+                                              for node in ast.walk(scope)):
+            return None
+    return built_dict(module, name, _END_OF_MODULE, functions)
+
+
+_END_OF_MODULE = ast.Pass(lineno=1 << 30, col_offset=0)  # a position after every statement
+
+
+def _binds(scope: ast.AST, name: str) -> bool:
+    """Whether a function binds `name` itself: a parameter, an assignment or loop target, a `global` statement."""
+    return any(isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load)
+               or isinstance(node, ast.arg) and node.arg == name
+               or isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names for node in ast.walk(scope))
 
 
 def _fields_of(scope: ast.AST, name: str, call: ast.AST, config: str) -> bool:

@@ -38,6 +38,7 @@ class ConfigCall:
     name: str
     where: Setting  # the called name's position (value unused)
     settings: Mapping[str, Setting]
+    written: frozenset[str] = frozenset()  # the keywords the call itself writes (not those of a mapping it unpacks)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@
   reused samples it is no importance weight the catalog knows (off-policy). Without the correction the
   level does not touch the KL term.
 
+A configuration GRPOConfig refuses trains nothing, and has no verdict: a keyword no release takes (read from the
+wheels of TRL 0.14 to 1.16 and transformers 4.46 to 5.25 into fields/grpo_config.txt: `max_new_tokens=` is no
+field), or, on one process, batch sizes `__post_init__` rejects from 0.18 on (`refuses_batches`).
+
 A module that imports Unsloth (or calls its `PatchFastRL`) trains Unsloth's patched GRPOTrainer, whose loss adds
 `beta * k3` to each token's loss whatever `use_bias_correction_kl` says: a plain k3.
 
@@ -33,7 +37,9 @@ YAML sections Hydra instantiates as GRPOConfig (`_target_: trl.GRPOConfig`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps, shown
@@ -158,6 +164,47 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
     anchors = {rule: settings[key] for rule, key in (("KL007", aggregated_by), ("KL008", reuse)) if key in settings}
     helps = {"KL007": ONE_PER_MICRO_BATCH_FIX} if per_completion else {}
     return Judged(config, settings.get(BETA, anchor), flags, anchors, helps)
+
+
+def refuses_batches(settings: Mapping[str, Setting], assumed: Assumed, one_process: bool, unsloth: bool) -> bool:
+    """Whether GRPOConfig (0.18 to 1.16) raises on the batch sizes a one-process run is given, so that nothing
+    trains: generation_batch_size and steps_per_generation both set, a generation batch that is no multiple of
+    per_device_train_batch_size or of num_generations, or fewer than 2 generations. Only literals written in a
+    `GRPOConfig(...)` call decide (its caller asks for no other), and both of those two must be written: a value
+    read from options or YAML files may be replaced on its way (an argparse default by a launch, a YAML file's by
+    the script's own local overrides: Shine1i/gec-grpo-training), and a configuration may be changed after it is
+    built (`args.num_generations = 4`); Unsloth's config raises the micro-batch instead of refusing it."""
+    if unsloth or not one_process or not at_least(assumed, "0.18") or PER_DEVICE not in settings \
+            or GENERATIONS not in settings:
+        return False
+    if STEPS in settings and GENERATION in settings:
+        return True
+    given: dict[str, float | None] = {}
+    for key, default in ((PER_DEVICE, "8"), (ACCUMULATION, "1"), (GENERATIONS, "8"), (STEPS, None), (GENERATION, None)):
+        setting = settings.get(key)
+        if setting is not None and (setting.value is None or setting.origin):
+            return False  # computed, or read from elsewhere
+        value = setting.value if setting is not None else default
+        given[key] = _number(value) if value is not None else None
+    per_device, generations, generation = given[PER_DEVICE], given[GENERATIONS], given[GENERATION]
+    steps = given[STEPS] if given[STEPS] is not None else given[ACCUMULATION]
+    batch = generation if generation is not None else per_device * steps if per_device and steps else None
+    if not per_device or generations is None or batch is None:
+        return False
+    return batch % per_device != 0 or generations < 2 or batch % generations != 0
+
+
+@functools.cache
+def accepted_keywords() -> frozenset[str]:
+    """Every keyword some release of GRPOConfig (0.14 to 1.16, over the TrainingArguments of transformers 4.46 to 5.25)
+    takes: klaudit/frameworks/fields/grpo_config.txt, written by scripts/config_fields.py from their wheels."""
+    text = (Path(__file__).parent / "fields" / "grpo_config.txt").read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def refused_keywords(keys: Iterable[str]) -> list[str]:
+    """The keywords of a GRPOConfig call that no release takes: the call raises a TypeError and nothing trains."""
+    return sorted(key for key in keys if key not in accepted_keywords())
 
 
 def _kept_by_unsloth(settings: Mapping[str, Setting], one_process: bool) -> bool:

@@ -17,6 +17,11 @@ beta counts too: it can only keep a verdict); and `config.beta = ...` written to
 configuration. A value that is not a number keeps every verdict. Only the methods of the trainer classes are judged
 so (a helper's own `beta` parameter, a generalized JSD's interpolation, is another quantity), and only these keys:
 which `loss_type` a library trainer's user picks is that user's choice.
+
+So with the first PPOTrainer's `kl_penalty` (TRL up to 0.11), which an edited copy of that trainer reads as
+`self.config.kl_penalty` to pick its estimator: where every `PPOConfig(...)` call of the project outside TRL's own
+modules gives it a literal (or leaves it at "kl") and no launch, YAML file or assignment writes another, a branch
+for an estimator none of them names (`abs`, `mse`) never runs.
 """
 
 from __future__ import annotations
@@ -133,3 +138,25 @@ def trainer_methods(path: str, source: str, subclasses: Collection[str]) -> list
                   if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                   and BETA not in {arg.arg for arg in (*item.args.posonlyargs, *item.args.args, *item.args.kwonlyargs)}]
     return spans
+
+
+PPO_PENALTY = "kl_penalty"  # the first PPOTrainer's estimator (klaudit.frameworks.trl_ppo)
+PPO_DEFAULT_PENALTY = "kl"
+# an edited copy of the first PPOTrainer: it picks its estimator from its configuration
+_READS_PENALTY = re.compile(r"\bself\.config\.kl_penalty\b")
+
+
+def reads_ppo_penalty(source: str) -> bool:
+    """Whether a module is (or edits) the first PPOTrainer, picking its KL estimator by `self.config.kl_penalty`."""
+    return _READS_PENALTY.search(source) is not None
+
+
+def penalty_holds(labels: Labels, penalties: Values) -> bool:
+    """Whether a path taken under switch `labels` runs at one of the project's `kl_penalty` values; an unknown
+    value, or labels that do not test it, hold."""
+    from klaudit.lint.facts import takes
+
+    tests = [values for name, values in labels if name == PPO_PENALTY]
+    known = [value for value in penalties if value is not None]
+    return not tests or len(known) < len(penalties) or any(all(takes(value, values) for values in tests)
+                                                           for value in known)

@@ -253,13 +253,18 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 
 def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
     """`findings` less those in a function the project calls only under verl's `use_kl_in_reward`, which all its
-    runs leave off (klaudit.frameworks.verl_runs), and those in a method of a TRL GRPO trainer's copy or subclass
+    runs leave off (klaudit.frameworks.verl_runs), those of a copy of the first TRL PPOTrainer that hold only at a
+    `kl_penalty` no PPOConfig of the project picks, and those in a method of a TRL GRPO trainer's copy or subclass
     that hold only at a beta or num_iterations none of the project's configurations runs with
     (klaudit.frameworks.trl_runs: `if self.beta != 0.0:` where all leave it 0, `if self.num_iterations > 1:` where all
     leave it 1)."""
     if context is not None and findings and context.kl_reward_never_on:
         never = verl_runs.function_spans(source, context.kl_reward_never_on)
         findings = [f for f in findings if not any(first <= f.line <= last for first, last in never)]
+    if context is not None and context.ppo_penalties is not None and any(f.switches for f in findings) \
+            and trl_runs.reads_ppo_penalty(source):
+        findings = [f for f in findings if not f.switches
+                    or any(trl_runs.penalty_holds(labels, context.ppo_penalties) for labels in f.switches)]
     if context is None or context.grpo_runs is None or not any(f.switches for f in findings):
         return findings
     methods = trl_runs.trainer_methods(path, source, context.grpo_trainers)

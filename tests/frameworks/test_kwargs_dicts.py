@@ -230,3 +230,39 @@ def test_a_dict_filtered_to_the_fields_the_configuration_takes(tmp_path):
     assert _found(tmp_path, FILTERED.replace("{k: v for k, v in", "{k: 0 for k, v in")) == []
     # a function that is not known to only read the dict may change it
     assert _found(tmp_path, FILTERED.replace("print(f", "log(f")) == []
+
+
+# chenkuanchung/ai-rlhf-labs (seventy-seventh set): `GRPO_CONFIG = {..., "beta": 0.01}` at the top of the script,
+# spread into GRPOConfig inside main()
+SCRIPT_CONSTANT = '''\
+from trl import GRPOConfig
+
+GRPO_CONFIG = {
+    "output_dir": "out",
+    "beta": 0.01,
+}
+
+
+def main():
+    {change}
+    return GRPOConfig(**GRPO_CONFIG, remove_unused_columns=False)
+
+
+def log():
+    print(GRPO_CONFIG["output_dir"])
+'''
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("pass", [(5, "KL003")]),  # the module's dict, as main reads it when it runs
+    ('GRPO_CONFIG = {"output_dir": "o"}', []),  # main's own dict, which sets no beta
+    ('GRPO_CONFIG["beta"] = 0.0', []),  # changed where main runs: the beta is main's to read, not the display's
+    ("global GRPO_CONFIG", []),  # main may rebind it
+])
+def test_a_module_dict_spread_in_a_function(tmp_path, change, expected):
+    assert _found(tmp_path, SCRIPT_CONSTANT.replace("{change}", change)) == expected
+
+
+def test_a_module_dict_a_function_changes_is_unknown(tmp_path):
+    source = SCRIPT_CONSTANT.replace("{change}", "pass") + "\n\ndef tune():\n    GRPO_CONFIG.update(beta=0.1)\n"
+    assert _found(tmp_path, source) == []

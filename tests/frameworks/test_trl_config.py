@@ -53,6 +53,15 @@ def codes(call: str) -> list[tuple[int, str]]:
      ["KL003"]),  # 8 micro-steps a generation, 8 a step: on-policy
     ("GRPOConfig(beta=0.04, gradient_accumulation_steps=2, generation_batch_size=32)", ["KL003", "KL008"]),  # 32/8
     ("GRPOConfig(beta=0.04, per_device_train_batch_size=4, generation_batch_size=6)", ["KL003"]),  # TRL refuses it
+    # a batch GRPOConfig refuses (0.18 on, one process) trains nothing, where both sizes are given: ArielKatzir's
+    # generation batch of 2 under a micro-batch of 4 (fresh77), ookkiou's 4 completions for 8 generations (fresh76)
+    ("GRPOConfig(beta=0.05, per_device_train_batch_size=4, num_generations=2, generation_batch_size=2)", []),
+    ("GRPOConfig(beta=0.01, per_device_train_batch_size=1, num_generations=8, gradient_accumulation_steps=4)", []),
+    ("GRPOConfig(beta=0.01, per_device_train_batch_size=1, num_generations=8, gradient_accumulation_steps=8)",
+     ["KL003"]),  # 8 completions a generation: one group
+    ("GRPOConfig(beta=0.01, per_device_train_batch_size=2, num_generations=1)", []),  # fewer than 2 generations
+    ("GRPOConfig(beta=0.01, per_device_train_batch_size=2, num_generations=2, steps_per_generation=1, "
+     "generation_batch_size=2)", []),  # the two together
     ("GRPOConfig(beta=0.04, per_device_train_batch_size=1, generation_batch_size=G)", ["KL003"]),  # unknown
     # steps_per_generation, where given, is what TRL keeps (it refuses the two together)
     ("GRPOConfig(beta=0.04, steps_per_generation=1, per_device_train_batch_size=1, generation_batch_size=6)",
@@ -66,6 +75,11 @@ def codes(call: str) -> list[tuple[int, str]]:
     ("GRPOConfig(beta=BETA)", []),  # computed: unknown
     ("GRPOConfig(beta=0.04, **overrides)", []),  # any other key may come from the mapping
     ("trl.GRPOConfig(beta=1e-3)", ["KL003"]),
+    # a keyword no GRPOConfig release takes is a TypeError (Sathvikar01/cyber-duel's max_length, fresh78); one some
+    # release took (evaluation_strategy, max_prompt_length) is not
+    ("GRPOConfig(beta=0.04, max_length=512)", []),
+    ("GRPOConfig(beta=0.04, max_new_tokens=256, num_generation_per_prompt=4)", []),
+    ('GRPOConfig(beta=0.04, evaluation_strategy="no", max_prompt_length=256)', ["KL002"]),  # 0.27, the last
 ])
 def test_config_keywords_get_the_catalog_s_verdict(call, expected):
     assert [code for _, code in codes(call)] == expected
@@ -518,3 +532,28 @@ def test_unsloths_config_defaults_loss_type_to_bnpo(accumulation, expected):
     found = lint_python("train.py", cst.parse_module(source), source)
     assert sorted(f.code for f in found) == expected
     assert all("loss_type=bnpo (default)" in f.message for f in found)
+
+
+def test_the_keywords_read_from_the_wheels_are_shipped():
+    """klaudit/frameworks/fields/grpo_config.txt (scripts/config_fields.py): TRL's own fields of every release, the
+    TrainingArguments fields of every transformers it ran on, and no keyword that none of them has."""
+    from klaudit.frameworks import trl
+
+    accepted = trl.accepted_keywords()
+    assert {"beta", "num_generations", "use_bias_correction_kl", "vllm_device", "max_prompt_length",
+            "per_device_train_batch_size", "evaluation_strategy", "eval_strategy", "output_dir"} <= accepted
+    assert trl.refused_keywords(["beta", "max_length", "max_new_tokens"]) == ["max_length", "max_new_tokens"]
+
+
+def test_a_keyword_of_the_projects_own_grpoconfig_copy_is_taken(tmp_path):
+    """guoku995/SEG-GRPO (sixty-seventh set) ships a grpo_config.py of its own, with more fields, that its README
+    copies over TRL's: a keyword only that copy has is no TypeError."""
+    (tmp_path / "grpo_config.py").write_text("from dataclasses import dataclass\nfrom transformers import "
+                                             "TrainingArguments\n\n\n@dataclass\nclass GRPOConfig(TrainingArguments):\n"
+                                             "    beta: float = 0.04\n    max_reprompt_rounds: int = 1\n")
+    (tmp_path / "train.py").write_text("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.001, "
+                                       "max_reprompt_rounds=2, use_bias_correction_kl=False)\n")
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.path.rsplit("/", 1)[-1], f.code) for f in found] == [("train.py", "KL002")]
+    (tmp_path / "grpo_config.py").unlink()
+    assert lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings == []

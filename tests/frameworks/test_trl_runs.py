@@ -275,3 +275,50 @@ def test_a_launch_s_num_iterations_counts(tmp_path):
     found = _codes(tmp_path, {"trainer.py": REUSED, "train.py": PARSED,
                               "run.sh": "accelerate launch train.py --beta 0.04 --num_iterations 2\n"})
     assert ("trainer.py", "KL008") in found
+
+
+# an edited copy of the first PPOTrainer (TRL up to 0.11) that picks its estimator by self.config.kl_penalty, as
+# CN-Eyetk/VLESA-ORL's (seventy-seventh set) and wangxg666/llama-recipes' (seventy-sixth) do
+PPO_COPY = '''import torch
+
+
+class EditedPPOTrainer:
+    def __init__(self, config, model, ref_model, kl_ctl):
+        self.config = config
+        self.model, self.ref_model, self.kl_ctl = model, ref_model, kl_ctl
+
+    def _kl_penalty(self, logprob, ref_logprob):
+        if self.config.kl_penalty == "kl":
+            return logprob - ref_logprob
+        if self.config.kl_penalty == "abs":
+            return (logprob - ref_logprob).abs()
+        if self.config.kl_penalty == "mse":
+            return 0.5 * (logprob - ref_logprob).square()
+        raise NotImplementedError(self.config.kl_penalty)
+
+    def compute_rewards(self, scores, logprobs, ref_logprobs):
+        rewards = []
+        for score, logprob, ref_logprob in zip(scores, logprobs, ref_logprobs):
+            kl = self._kl_penalty(logprob, ref_logprob)
+            reward = -self.kl_ctl.value * kl
+            reward[-1] += score
+            rewards.append(reward)
+        return rewards
+'''
+
+
+@pytest.mark.parametrize("files, kept", [
+    ({"train.py": 'from trl import PPOConfig\n\nc = PPOConfig(kl_penalty="kl", ppo_epochs=1)\n'}, []),
+    ({"train.py": "from trl import PPOConfig\n\nc = PPOConfig(ppo_epochs=1)\n"}, []),  # TRL's default, "kl"
+    ({"train.py": 'from trl import PPOConfig\n\nc = PPOConfig(kl_penalty="abs", ppo_epochs=1)\n'}, ["abs"]),
+    ({"train.py": "from trl import PPOConfig\n\nc = PPOConfig(kl_penalty=args.kl, ppo_epochs=1)\n"}, ["abs", "k2"]),
+    ({"train.py": "from trl import PPOConfig\n\nc = PPOConfig(ppo_epochs=1)\n", "ppo.yaml": "kl_penalty: mse\n"},
+     ["k2"]),
+    ({}, ["abs", "k2"]),  # no PPOConfig in the project: a library, whose users pick
+])
+def test_an_edited_ppo_trainer_s_estimators_count_where_a_configuration_picks_them(tmp_path, files, kept):
+    (tmp_path / "ppo_copy.py").write_text(PPO_COPY)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert sorted(f.message.split(" in the reward")[0] for f in found if f.path.endswith("ppo_copy.py")) == kept
