@@ -41,6 +41,16 @@ from klaudit.lint.tensors import log_sum_exp
 EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens", "lse", "lse-vocab")
 
 
+def _a_call(node: cst.CSTNode) -> bool:
+    """A call's value, also detached or moved (`helper(...).detach()`, `f(x).to(device)`)."""
+    while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _KEEPING:
+        node = node.func.value
+    return type(node) is cst.Call
+
+
+_KEEPING = frozenset({"detach", "to", "float", "cpu", "cuda", "clone", "contiguous"})  # methods that keep what it is
+
+
 def _explained(fact: Fact) -> bool:
     """Whether the analysis knows what a value is, so that the name it is stored under cannot say otherwise: one of
     EXPLAINED_ROLES, or a list of tensors it computed (a helper's per-sequence log-probs of the reference model,
@@ -113,7 +123,7 @@ class AssignmentFlow(FlowState):
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))
         if type(target) is cst.Name and rhs is not None:
-            value = rename_logprobs(value, name, is_converted_data_read(rhs))
+            value = rename_logprobs(value, name, is_converted_data_read(rhs), called=_a_call(rhs))
             if is_packed_row(rhs):
                 value = tuple(replace(f, packed=True) if f.role == "tensor" else f for f in value)
         if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them

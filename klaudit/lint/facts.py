@@ -490,13 +490,16 @@ def logprob_kinds(value: Value) -> frozenset[AtomKind]:
                      for m, _ in f.poly.terms for a in m if a.kind in (alg.POLICY, alg.OLD))
 
 
-def rename_logprobs(value: Value, name: str, data: bool) -> Value:
-    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model));
-    log-probs read from rollout data into an `old_*` name are the behaviour policy's."""
+def rename_logprobs(value: Value, name: str, data: bool, called: bool = False) -> Value:
+    """Log-probs computed by a shared helper take the role the target's name gives (ref_logps = f(ref_model)), also
+    those it computed without gradient and so returned as the behaviour policy's (`called`: the value is a call's,
+    `ref_lp = log_probs(base_prover.model, ...)` under no_grad); log-probs read from rollout data into an `old_*`
+    name are the behaviour policy's."""
     kind = roles.tensor_role(name)
-    renames: dict[AtomKind, AtomKind] = {alg.REF: alg.POLICY, alg.REF_LOGITS: alg.LOGITS}
+    renames: dict[AtomKind, tuple[AtomKind, ...]] = {alg.REF: (alg.POLICY, alg.OLD) if called else (alg.POLICY,),
+                                                     alg.REF_LOGITS: (alg.LOGITS,)}
     if data:
-        renames[alg.OLD] = alg.POLICY
+        renames[alg.OLD] = (alg.POLICY,)
     if kind not in renames:
         return value
     out = []
@@ -504,7 +507,7 @@ def rename_logprobs(value: Value, name: str, data: bool) -> Value:
         atoms = f.poly.atoms() if f.poly is not None else set()
         if f.role == "tensor" and f.poly is not None and len(f.poly.terms) == 1 and len(atoms) == 1:
             atom = next(iter(atoms))
-            if atom.kind == renames[kind]:
+            if atom.kind in renames[kind]:
                 f = replace(f, poly=Poly.atom(Atom(kind, False, atom.acc), f.poly.terms[0][1]))
         out.append(f)
     return tuple(out)
