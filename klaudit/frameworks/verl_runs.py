@@ -19,10 +19,10 @@ import ast
 import re
 from collections.abc import Iterable, Mapping
 
+from klaudit.frameworks.trl_runs import written_values
+
 FLAG = "use_kl_in_reward"
 _OFF = frozenset({"false", "False", "0", "no", "off"})
-# a YAML key set: `use_kl_in_reward: False`
-_YAML_KEY = re.compile(rf"^[ \t]*{FLAG}[ \t]*:[ \t]*(?P<value>[^\s#]*)", re.MULTILINE)
 # Python that sets it: `cfg.algorithm.use_kl_in_reward = False`, `use_kl_in_reward: bool = False`, a keyword argument
 _ASSIGNED = re.compile(rf"(?<!\w){FLAG}[ \t]*(?::[ \t]*\w+[ \t]*)?=(?!=)[ \t]*(?P<value>[^\s#,;)]*)")
 
@@ -34,10 +34,10 @@ def reward_always_off(launched: Iterable[str | None], configs: Iterable[str], co
     values = list(launched)
     if not values or any(value is None or value not in _OFF for value in values):
         return False
-    written = [match for text in configs if FLAG in text for match in _YAML_KEY.finditer(text)]
-    written += [match for text in code if FLAG in text for match in _ASSIGNED.finditer(text)
+    written = [value for text in configs if FLAG in text for value in written_values(text, FLAG, yaml=True)]
+    written += [match.group("value").strip("\"'") for text in code if FLAG in text for match in _ASSIGNED.finditer(text)
                 if "#" not in text[text.rfind("\n", 0, match.start()) + 1:match.start()]]  # not in a comment
-    return all(match.group("value").strip("\"'") in _OFF for match in written)
+    return all(value is not None and value in _OFF for value in written)
 
 
 def gated_functions(sources: Mapping[str, str]) -> frozenset[str]:

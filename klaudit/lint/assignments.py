@@ -21,6 +21,7 @@ from klaudit.lint.facts import Fact, compatible, detach_all, merge_labels, renam
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
     fills_padding,
+    is_a_call,
     is_converted_data_read,
     is_data_read,
     is_empty_container,
@@ -39,16 +40,6 @@ from klaudit.lint.tensors import log_sum_exp
 # Values whose meaning the analysis knows, which a target's name does not override (`seq_mask =
 # mask.sum(-1)` holds each sequence's length, whatever its name says).
 EXPLAINED_ROLES = ("tensor", "mask", "function", "length", "ntokens", "lse", "lse-vocab")
-
-
-def _a_call(node: cst.CSTNode) -> bool:
-    """A call's value, also detached or moved (`helper(...).detach()`, `f(x).to(device)`)."""
-    while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _KEEPING:
-        node = node.func.value
-    return type(node) is cst.Call
-
-
-_KEEPING = frozenset({"detach", "to", "float", "cpu", "cuda", "clone", "contiguous"})  # methods that keep what it is
 
 
 def _explained(fact: Fact) -> bool:
@@ -123,7 +114,7 @@ class AssignmentFlow(FlowState):
             value = tuple(replace(f, labels=merge_labels(f.labels, self.labels)) for f in value
                           if compatible(f.labels, self.labels))
         if type(target) is cst.Name and rhs is not None:
-            value = rename_logprobs(value, name, is_converted_data_read(rhs), called=_a_call(rhs))
+            value = rename_logprobs(value, name, is_converted_data_read(rhs), called=is_a_call(rhs))
             if is_packed_row(rhs):
                 value = tuple(replace(f, packed=True) if f.role == "tensor" else f for f in value)
         if name and roles.names_pair_logprobs(name):  # a preference pair's log-probs: no KL is made of them

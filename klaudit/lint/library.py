@@ -267,7 +267,7 @@ class LibraryFlow(FlowState):
             other = self.expr(op.positional[1 - zero[0]])
             if op.name in ("max", "maximum") and _never_negative(other):
                 return other  # `torch.maximum(k3, zeros)`: k3 itself, whatever rounding made negative aside
-            if (hinge := _squashed(self, replace(op, tensor=other))) is not None:
+            if (hinge := _squashed(replace(op, tensor=other))) is not None:
                 return hinge
             if op.name in ("max", "maximum") and any(f.is_kl() for f in other):
                 return with_clamp(other)  # `max(0.0, kl)`: the estimate clamped at 0 (a negative one loses its signal)
@@ -352,7 +352,7 @@ class LibraryFlow(FlowState):
         return tuple(out)
 
 
-def _squashed(_flow: LibraryFlow | None, op: Operation) -> tuple | None:
+def _squashed(op: Operation) -> tuple | None:
     """sigmoid, tanh, ... of a per-token KL term: a weight that varies with the log-ratio; relu of an estimate that is
     never negative (`torch.relu(r - 1 - log r)`, against rounding) is that estimate."""
     if op.name == "relu" and _never_negative(op.tensor):
@@ -550,7 +550,7 @@ LOSS_MODULES = frozenset(("KLDivLoss",))
 FUNCTIONS: dict[str, Effect] = {
     **_each("exp log abs expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
     **_each("clamp clip clamp_ clamp_min clamp_max", LibraryFlow.clamped),
-    **_each("sigmoid tanh softplus relu erf", _squashed),
+    **_each("sigmoid tanh softplus relu erf", lambda _flow, op: _squashed(op)),
     "sum": LibraryFlow.summed,
     "mean": _mean,
     **_each("pow square", LibraryFlow.squared),

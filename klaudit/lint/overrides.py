@@ -102,7 +102,7 @@ def used_elsewhere(name: str, path: str, project: Project) -> bool:
     word = re.compile(rf"\b{re.escape(name)}\b")
     definition = re.compile(rf"\bdef\s+{re.escape(name)}\b")
     here = os.path.realpath(path)
-    return any(text is not None and word.search(text) and not definition.search(text)
+    return any(word.search(text) and not definition.search(text)
                for other in (*python_files(project), *_notebooks(project)) if os.path.realpath(other) != here
                and name in (text := project.raw_text(other) or ""))
 

@@ -362,6 +362,13 @@ _CASTS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "bool"
                     "type_as", "contiguous", "detach"})
 
 
+def is_a_call(node: cst.CSTNode) -> bool:
+    """A call's value, also cast, moved or detached (`helper(...).detach()`, `f(x).to(device)`)."""
+    while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _CASTS:
+        node = node.func.value
+    return type(node) is cst.Call
+
+
 def is_tensor_factory(node: cst.CSTNode) -> bool:
     """A fresh tensor of constants (`torch.zeros(n, t)`, `x.new_zeros(...)`, `torch.zeros_like(m).float()`): a
     buffer with no gradient, whatever it is named, until a differentiable value is written into it."""
