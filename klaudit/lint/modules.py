@@ -28,6 +28,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.overrides import never_named, overridden_everywhere
+from klaudit.lint.passed_settings import passed_in_project
 from klaudit.lint.pinned import caller_pins, handing_on_zeros, written_out, zero_parameters
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
@@ -210,7 +211,8 @@ class Module:
             tree = self.project.parse(path) if path is not None else None
             if tree is not None and tree is not self.tree and all(tree is not other for other in found):
                 found.append(tree)
-        return Beyond(self.project.configs, tuple(found), self._outside_calls)
+        return Beyond(self.project.configs, tuple(found), self._outside_calls,
+                      functools.partial(passed_in_project, self.project))
 
     def steps_on_fresh_samples(self, func: cst.FunctionDef, cls: str | None) -> bool:
         """klaudit.lint.update_loops.steps_on_fresh_samples of one of this module's functions (a method of

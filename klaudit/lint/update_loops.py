@@ -56,11 +56,14 @@ class Beyond:
     """What may set a loop's count outside the module's code: the linted YAML files (`configs`), the linted
     modules the module imports a class from (`class_sources`), whose fields' defaults a count may read, and the calls
     other modules make of one of the module's functions, by its name (`callers`: None where they are more than the
-    text shows), which may pass a count its parameter defaults otherwise."""
+    text shows), which may pass a count its parameter defaults otherwise; and whether some module of the project
+    passes a field of its classes by keyword (`passed(name, classes)`: `Config(num_iterations=cfg.train.mu)` of a
+    field `Config` defaults to 1)."""
 
     configs: tuple[str, ...] = ()
     class_sources: tuple[cst.Module, ...] = ()
     callers: Callable[[str], tuple[cst.Call, ...] | None] | None = None
+    passed: Callable[[str, frozenset[str]], bool] | None = None
 
 
 def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
@@ -127,16 +130,29 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, beyond: Be
 def settled_setting(name: str, module: cst.Module, beyond: Beyond | None = None) -> int | None:
     """The integer a count read as a setting (`self.args.num_iterations`) is left at: the default the classes of
     `module` all give it (else those of the modules `beyond.class_sources` all do), where no YAML file of `beyond`
-    sets it to more than 1; None where that is not known. A loop `range` of it and a test of it (`if
-    self.args.num_iterations > 1:`) read the same value."""
-    literal = _field_default(module, name)
+    sets it to more than 1 and no call of the project passes it by keyword (`beyond.passed`); None where that is not
+    known. A loop `range` of it and a test of it (`if self.args.num_iterations > 1:`) read the same value."""
+    literal, owners = _field_default(module, name), _field_classes(module, name)
     if literal is None and beyond is not None:
         imported = {_field_default(source, name) for source in beyond.class_sources} - {None}
         literal = imported.pop() if len(imported) == 1 else None
+        owners = frozenset(owner for source in beyond.class_sources for owner in _field_classes(source, name))
     configs = beyond.configs if beyond is not None else ()
     if literal is not None and any(value.isdigit() and int(value) > 1 for value in configured_values(configs, name)):
         return None
+    if literal is not None and beyond is not None and beyond.passed is not None and beyond.passed(name, owners):
+        return None  # a call of the class gives the field more (eth-lre's `num_iterations=cfg.train.mu`, 2 in its YAML)
     return literal
+
+
+def _field_classes(module: cst.Module, name: str) -> frozenset[str]:
+    """The classes of `module` that declare the setting `name` as a field or class attribute."""
+    return frozenset(stmt.name.value for stmt in module.body if isinstance(stmt, cst.ClassDef) and any(
+        isinstance(line, cst.SimpleStatementLine) and line.body and (
+            isinstance(small := line.body[0], cst.AnnAssign) and type(small.target) is cst.Name
+            and small.target.value == name or isinstance(small, cst.Assign) and len(small.targets) == 1
+            and type(small.targets[0].target) is cst.Name and small.targets[0].target.value == name)
+        for line in stmt.body.body))
 
 
 def never_runs_on(labels: Labels, module: cst.Module, beyond: Beyond | None = None) -> bool:

@@ -90,3 +90,51 @@ def test_a_threshold_label_holds_or_not_at_a_value():
     assert threshold_holds(("beta == 0", (False,)), 0.04) is True
     assert threshold_holds(("ppo_epochs <= 2", (True,)), 2) is True
     assert threshold_holds(("kl_type", ("k3",)), 1) is None
+
+
+@pytest.mark.parametrize("given, codes", [
+    ("cfg.train.mu", ["KL002", "KL008"]),  # computed (eth-lre/PedagogicalRL: `mu: 2` in its YAML): may be more
+    ("1", ["KL002"]),  # the default again: still one round
+])
+def test_a_launch_that_passes_the_count_by_keyword_unsettles_it(tmp_path, given, codes):
+    from klaudit.config import Settings
+    from klaudit.lint.engine import lint_paths
+
+    fields = "@dataclass\nclass Settings:\n    beta: float = 0.04\n    num_iterations: int = 1\n    lr: float = 1e-6\n"
+    trainer = "from dataclasses import dataclass\n" + TRAINER.replace(
+        "class Settings:\n    beta = 0.04\n    num_iterations = 1\n    lr = 1e-6\n", fields)
+    (tmp_path / "grpo.py").write_text(trainer)
+    (tmp_path / "train.py").write_text(
+        "from grpo import Settings, Trainer\n\n\ndef main(cfg, model, ref, loader):\n"
+        f"    Trainer(model, ref, Settings(num_iterations={given})).train(loader)\n")
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.path.rsplit("/", 1)[-1], f.line, f.code) for f in found] == [("grpo.py", 27, code) for code in codes]
+
+
+@pytest.mark.parametrize("text, passed", [
+    ("Config(beta=0.04, num_iterations=cfg.train.mu)", True),  # computed, and no option or YAML key to read it from
+    ("settings.Config(\n    num_iterations = 2,\n)", True),
+    ("Config(num_iterations=1)", False),
+    ("Other(num_iterations=3)", False),  # another class's field of the same name
+    ("self.num_iterations = args.num_iterations", False),  # an assignment, not a keyword
+    ("def f(n=4):\n    return Config(num_iterations=n)", True),  # a parameter handed on, with its default
+    ("def f(n=1):\n    return Config(num_iterations=n)", False),
+    ("def f(n):\n    return Config(num_iterations=n)", True),  # no default: its callers' value, unknown here
+    ("Config(num_iterations=", False),  # a module Python rejects passes nothing
+])
+def test_a_field_passed_by_keyword(text, passed):
+    from klaudit.lint.passed_settings import passes_field
+
+    assert passes_field(text, "num_iterations", {"Config"}) is passed
+
+
+def test_an_option_read_with_a_default_of_one_leaves_the_count_settled():
+    # pmukeshreddy/distributed-reasoning-loop: `num_epochs=args.epochs` of `--epochs` (default 1)
+    from klaudit.frameworks.options import option_defaults
+    from klaudit.lint.passed_settings import passes_field
+
+    script = ('import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument("--epochs", type=int, '
+              'default={default})\nargs = parser.parse_args()\nConfig(num_epochs=args.epochs)\n')
+    for default, passed in (("1", False), ("3", True)):
+        text = script.format(default=default)
+        assert passes_field(text, "num_epochs", {"Config"}, option_defaults({"train.py": text}), "train.py") is passed
