@@ -134,6 +134,8 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                 parameters = _enclosing(constants, functions, node.lineno)
                 aliases = _aliases(scope_of(node))
             settings = {key: value_setting(span, key, value, parameters, aliases) for span, key, value in given}
+            settings.update({entry.key: replace(settings[entry.key], if_taken=True) for entry in built or ()
+                             if entry.if_taken and entry.key not in {key for _, key, _ in named}})
             where = setting(node.func, None, len(name))
             if splats and built is None:  # any key not named may come from the mapping
                 unknown = Setting(None, where.line, where.column, where.column)

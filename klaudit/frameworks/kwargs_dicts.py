@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Entry:
     key: str
     value: ast.expr | None
     span: ast.AST
+    if_taken: bool = False  # filtered to the keys the configuration class takes: kept where the running release does
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -80,12 +81,16 @@ def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
     in a function that binds no such name, one the `module` builds: module_dict), or one filtered to the keys the
     class accepts, `{k: v for k, v in kwargs.items() if k in accepted}` with `accepted` its fields
     (`dataclasses.fields(GRPOConfig)`, `inspect.signature(GRPOConfig)`), which keeps every key the release running
-    it takes; or a display written in the call (`**({"vllm_mode": m} if use_vllm else {})`); None when not known."""
+    it takes, also by a helper that takes only keywords and returns them so filtered (`**_cfg(beta=args.beta, ...)`:
+    `_keyword_filter`); or a display written in the call (`**({"vllm_mode": m} if use_vllm else {})`); None when
+    not known."""
     if isinstance(mapping, ast.Name):
         found = built_dict(scope, mapping.id, call, functions)
         if found is None and module is not None and scope is not module and not _binds(scope, mapping.id):
             return module_dict(module, mapping.id, functions)
         return found
+    if isinstance(mapping, ast.Call) and (helper := _keyword_filter(mapping, scope, functions or {})) is not None:
+        return helper
     if isinstance(mapping, (ast.Dict, ast.IfExp, ast.Call)):
         return _display(mapping)
     if not isinstance(mapping, ast.DictComp) or len(mapping.generators) != 1:
@@ -103,7 +108,47 @@ def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
             and isinstance(test.ops[0], ast.In) and isinstance(test.comparators[0], ast.Name)
             and _fields_of(scope, test.comparators[0].id, call, config)):
         return None
-    return built_dict(scope, source.id, call, functions)
+    built = built_dict(scope, source.id, call, functions)
+    return None if built is None else [replace(entry, if_taken=True) for entry in built]
+
+
+def _keyword_filter(call: ast.Call, scope: ast.AST, functions: Mapping[str, ast.FunctionDef]) -> list[Entry] | None:
+    """The keywords of `call` (`_cfg(beta=args.beta, kl_coef=args.beta)`) where it calls a function, defined in
+    `scope` or among the module's `functions`, that takes only `**kwargs` and returns them, as they are or filtered by
+    key (`{k: v for k, v in kwargs.items() if k in supported}`, boradorish/text-to-json's guard against keywords an
+    older TRL rejects): each keyword the call writes, which the release that runs it takes; None otherwise."""
+    if not isinstance(call.func, ast.Name) or any(keyword.arg is None for keyword in call.keywords) or call.args:
+        return None
+    local = [node for node in ast.walk(scope) if isinstance(node, ast.FunctionDef) and node.name == call.func.id]
+    function = local[0] if len(local) == 1 else functions.get(call.func.id) if not local else None
+    if function is None or function.args.kwarg is None or function.args.vararg is not None \
+            or function.args.posonlyargs or function.args.args or function.args.kwonlyargs:
+        return None
+    kwargs = function.args.kwarg.arg
+    assigned = [(target.id, node.value) for node in ast.walk(function) if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)]
+    once = {name: value for name, value in assigned if [n for n, _ in assigned].count(name) == 1}
+    returns = _returns(function)
+    if not returns or not all(_filtered_by_key(once.get(value.id) if isinstance(value, ast.Name) and value.id != kwargs
+                                               else value, kwargs) for value in returns):
+        return None
+    return [Entry(str(keyword.arg), keyword.value, keyword, if_taken=True) for keyword in call.keywords]
+
+
+def _filtered_by_key(value: ast.expr | None, kwargs: str) -> bool:
+    """Whether `value` is the dict `kwargs` itself, or `{k: v for k, v in kwargs.items() if k in ...}`."""
+    if isinstance(value, ast.Name):
+        return value.id == kwargs
+    if not isinstance(value, ast.DictComp) or len(value.generators) != 1 or len(value.generators[0].ifs) != 1:
+        return False
+    loop, test = value.generators[0], value.generators[0].ifs[0]
+    key, item = loop.target.elts if isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2 else (None, None)
+    source = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
+        and loop.iter.func.attr == "items" and not loop.iter.args else None
+    return isinstance(key, ast.Name) and isinstance(item, ast.Name) and isinstance(source, ast.Name) \
+        and source.id == kwargs and _is(value.key, key.id) and _is(value.value, item.id) \
+        and isinstance(test, ast.Compare) and _is(test.left, key.id) and len(test.ops) == 1 \
+        and isinstance(test.ops[0], ast.In)
 
 
 def module_dict(module: ast.Module, name: str, functions: Mapping[str, ast.FunctionDef] | None = None

@@ -29,6 +29,9 @@ class Setting:
     origin: str = ""  # where a computed value's default comes from (klaudit.frameworks.options), if it does
     # whether that is a value given to the run (a launch's flag, the project's YAML), not a default a launch may replace
     run_given: bool = False
+    # given through a mapping filtered to the keys the running release takes (`{k: v ... if k in accepted}`):
+    # kept where that release takes it, so it bounds no release
+    if_taken: bool = False
 
 
 @dataclass(frozen=True)

@@ -78,13 +78,15 @@ NO_FLAG_FIX = "TRL has no flag for an unbiased KL gradient: the fix is code of y
 
 def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
     """The release a configuration runs on where the project names none: the latest assumed, unless the
-    configuration sets a keyword a newer GRPOConfig refuses; then the newest release that takes them all."""
+    configuration sets a keyword a newer GRPOConfig refuses (not through a mapping filtered to the keys the release
+    takes: `Setting.if_taken`); then the newest release that takes them all."""
     if assumed.stated:
         return assumed
-    last = min((RETIRED[key] for key in settings if key in RETIRED), key=release, default=None)
+    bounding = [key for key, setting in settings.items() if key in RETIRED and not setting.if_taken]
+    last = min((RETIRED[key] for key in bounding), key=release, default=None)
     if last is None or release(assumed.version) <= release(last):
         return assumed
-    keys = ", ".join(sorted(key for key in settings if key in RETIRED and RETIRED[key] == last))
+    keys = ", ".join(sorted(key for key in bounding if RETIRED[key] == last))
     return Assumed(last, f"the newest release whose GRPOConfig takes {keys}")
 
 

@@ -266,3 +266,45 @@ def test_a_module_dict_spread_in_a_function(tmp_path, change, expected):
 def test_a_module_dict_a_function_changes_is_unknown(tmp_path):
     source = SCRIPT_CONSTANT.replace("{change}", "pass") + "\n\ndef tune():\n    GRPO_CONFIG.update(beta=0.1)\n"
     assert _found(tmp_path, source) == []
+
+
+# boradorish/text-to-json (seventy-ninth set): the keywords go through a helper that keeps those the installed
+# GRPOConfig's signature takes, and `max_prompt_length` (refused from TRL 0.28) is among them
+FILTERING_HELPER = textwrap.dedent('''\
+    import inspect
+    from trl import GRPOConfig
+
+
+    def build(args):
+        supported = set(inspect.signature(GRPOConfig.__init__).parameters)
+
+        def _cfg(**kwargs):
+            kept = {k: v for k, v in kwargs.items() if k in supported}
+            print(set(kwargs) - set(kept))
+            return kept
+
+        return GRPOConfig(**_cfg(output_dir="out", beta=0.01, max_prompt_length=512, use_bias_correction_kl=False))
+    ''')
+
+
+def test_a_helper_that_keeps_the_keywords_the_configuration_takes(tmp_path):
+    """What reaches GRPOConfig is each keyword the running release takes: beta 0.01 without the bias correction is
+    k3 as a loss (row 3, KL002) at the keyword. A keyword the helper may drop bounds no release: the verdict is the
+    newest TRL's (dapo, a batch token-mean), not that of 0.27, the last to take max_prompt_length."""
+    found = lint_paths([str(_written(tmp_path, FILTERING_HELPER))], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.line, f.code) for f in found] == [(13, "KL002")]
+    assert "trl 0.27" not in found[0].message
+    # the same keywords written in the call do bound the release
+    direct = FILTERING_HELPER.replace("**_cfg(", "**dict(")
+    assert "trl 0.27" in lint_paths([str(_written(tmp_path, direct))], settings=Settings(root=tmp_path),
+                                    jobs=1).findings[0].message
+    # a helper that changes a value, or takes another parameter, may give anything
+    assert _found(tmp_path, FILTERING_HELPER.replace("{k: v for", "{k: str(v) for")) == []
+    assert _found(tmp_path, FILTERING_HELPER.replace("def _cfg(**kwargs)", "def _cfg(scale, **kwargs)")
+                  .replace("_cfg(output_dir", "_cfg(1, output_dir")) == []
+    assert _found(tmp_path, FILTERING_HELPER.replace("return kept", "return {**kept, 'beta': 0.0}")) == []
+
+
+def _written(tmp_path, source):
+    (tmp_path / "train.py").write_text(source)
+    return tmp_path
