@@ -57,7 +57,7 @@ _DEFAULT_NAME = re.compile(r"\bdefault\s*=\s*([A-Za-z_]\w*)\s*(?:[,)]|$)")
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:[Ff]ield\((?:[^)]*?\bdefault[ \t]*=)?[ \t]*{_LITERAL}[ \t]*[,)]"
                     rf"|{_LITERAL}[ \t]*[#\n])", re.MULTILINE)
 # `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
-_SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,)\]}#]*)")
+_SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,()\]}#]*)")
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 _SHELL = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # the linted launch scripts (klaudit.frameworks.SHELL_SUFFIXES)
 
@@ -274,8 +274,15 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
-                   set_in_code=frozenset(match.group(1) for text in sources.values() for match in _SET.finditer(text)
-                                         if number(match.group(2)) != 0))
+                   set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
+                                         for match in _SET.finditer(text) if number(match.group(2)) != 0))
+
+
+def _unit_tests(path: str, text: str) -> bool:
+    """Whether the file is a pytest module (`test_*.py` or `*_test.py` defining a `test_` function): the values
+    its tests give a configuration (`GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1)`) are no run of the project."""
+    name = Path(path).name
+    return (name.startswith("test_") or name.endswith("_test.py")) and re.search(r"^\s*def test_", text, re.M) is not None
 
 
 def _argument_default(arguments: str, text: str) -> str | None:

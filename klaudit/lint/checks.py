@@ -56,7 +56,7 @@ from klaudit.lint.printed import only_printed
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import dotted, is_test, last_name, python_ast, statement_nodes, walk
+from klaudit.lint.syntax import dotted, is_test, last_name, only_evaluated, python_ast, statement_nodes, walk
 from klaudit.lint.teacher_forcing import FunctionIndex, speaks_of_a_teacher, teacher_forced, trains_on_rewards
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
@@ -536,6 +536,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         trained_here = trained != config
         if trained_here:
             config, rows = trained, defects(trained, best.fact.clamped)
+        if only_evaluated(functions[best.function][0]):
+            continue
         if best.fact.entry is not None:
             entry = positions.of(module, best.fact.entry)  # None: it entered in another module, reported there
         else:

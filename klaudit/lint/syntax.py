@@ -165,6 +165,17 @@ def is_test(func: cst.FunctionDef | cst.Module) -> bool:
     return isinstance(func, cst.FunctionDef) and func.name.value.startswith("test")
 
 
+# what a unit test calls to take a gradient or train (`loss.backward()`, `torch.autograd.grad`, `trainer.train()`)
+_TRAINING_CALLS = frozenset({"backward", "grad", "step", "train", "fit", "value_and_grad", "vjp"})
+
+
+def only_evaluated(func: cst.FunctionDef | cst.Module) -> bool:
+    """A unit test (`is_test`) that takes no gradient and trains nothing: it computes a loss to check its value, so
+    no gradient of the KL it holds is ever followed."""
+    return is_test(func) and not any(type(node) is cst.Call and last_name(node.func) in _TRAINING_CALLS
+                                     for node in walk(func))
+
+
 def root_name(node: cst.CSTNode) -> str:
     while True:
         if type(node) is cst.Attribute or type(node) is cst.Subscript:

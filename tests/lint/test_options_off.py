@@ -101,3 +101,85 @@ def test_a_dataclass_field_of_zero_is_off_unless_code_sets_it(tmp_path, presets,
     `Config(..., beta=1e-3)`: the k3 loss that preset trains is still reported."""
     codes = _codes(tmp_path, "config.kl_coefficient", {"train.py": DATACLASS.format(presets=presets)})
     assert ("KL004" not in codes) is off
+
+
+# MingxuanZhangPurdue/miniRL (seventy-ninth set): the only code that sets the coefficient is a unit test of the loss
+UNIT_TEST = """\
+from train import Config
+from trainer import train
+
+
+def test_the_kl_term_moves_the_loss():
+    config = Config(kl_coefficient=0.1)
+    {body}
+"""
+
+
+@pytest.mark.parametrize("name, body, off", [
+    ("tests/test_trainer.py", "assert config.kl_coefficient > 0", True),  # a test's value is no run
+    ("tests/check_trainer.py", "assert config.kl_coefficient > 0", False),  # not a pytest module: a script may run
+])
+def test_a_unit_test_that_sets_the_coefficient_is_no_run(tmp_path, name, body, off):
+    files = {"train.py": DATACLASS.format(presets=""), name: UNIT_TEST.format(body=body)}
+    assert ("KL004" not in _codes(tmp_path, "config.kl_coefficient", files)) is off
+
+
+KL_LOSS = """\
+from dataclasses import dataclass
+
+
+@dataclass
+class LossConfig:
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+
+
+def policy_loss(logprobs, old_logprobs, ref_logprobs, advantages, cfg):
+    ratio = (logprobs - old_logprobs).exp()
+    loss = -ratio * advantages
+    if cfg.use_kl_loss:
+        d = ref_logprobs - logprobs
+        loss = loss + cfg.kl_loss_coef * (d.exp() - d - 1)
+    return loss.mean()
+"""
+
+KL_TEST = """\
+import torch
+from kl_loss import LossConfig, policy_loss
+
+
+def test_kl_penalty_raises_loss():
+    lp = torch.zeros(1, 2, requires_grad=True)
+    adv, ref = torch.ones(1, 2), torch.full((1, 2), -1.0)
+    loss = policy_loss(lp, torch.zeros(1, 2), ref, adv, LossConfig(use_kl_loss=True, kl_loss_coef=0.1))
+    {check}
+"""
+
+
+@pytest.mark.parametrize("check, codes", [
+    ("assert loss > 0", []),  # the value checked: no gradient is taken, nothing is trained
+    ("loss.backward()", [("test_kl_loss.py", 8, "KL002")]),
+])
+def test_a_unit_test_reports_only_what_it_differentiates(tmp_path, check, codes):
+    """miniRL's test of its loss turns the switched-off k3 term on (`kl_loss_coef=0.1`): checking the loss's value
+    follows no gradient of it, so nothing is reported there; a test that backpropagates it is judged as training."""
+    (tmp_path / "kl_loss.py").write_text(KL_LOSS)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_kl_loss.py").write_text(KL_TEST.format(check=check))
+    found = lint_paths([str(tmp_path)], jobs=1).findings
+    assert [(f.path.rsplit("/", 1)[-1], f.line, f.code) for f in found] == codes
+
+
+@pytest.mark.parametrize("source, evaluated", [
+    ("def test_value():\n    assert loss(x) > 0\n", True),
+    ("def test_gradient():\n    loss(x).backward()\n", False),
+    ("def test_grad():\n    torch.autograd.grad(loss(x), x)\n", False),
+    ("def test_training():\n    trainer.train()\n", False),
+    ("def check_value():\n    assert loss(x) > 0\n", False),  # not a unit test
+])
+def test_only_evaluated(source, evaluated):
+    import libcst as cst
+
+    from klaudit.lint.syntax import only_evaluated
+
+    assert only_evaluated(cst.parse_module(source).body[0]) is evaluated

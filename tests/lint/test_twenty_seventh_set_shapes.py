@@ -119,7 +119,8 @@ def test_a_static_method_of_a_class_imported_from_the_tree_is_followed(tmp_path)
 def test_in_a_test_a_zero_reference_stands_for_the_reference(tmp_path):
     """NeMo RL's tests of calculate_kl differentiate a loss against `torch.zeros_like(logprobs)` as the reference:
     numbers a test chose for what the name says."""
-    in_a_test = SFT_AS_KL.replace("def sft_loss(logits, labels):", "def test_sft_loss(logits, labels):")
+    in_a_test = SFT_AS_KL.replace("def sft_loss(logits, labels):", "def test_sft_loss(logits, labels):").replace(
+        "    return loss.mean()", "    loss.mean().backward()")
     assert module_codes(in_a_test, tmp_path) == [(11, "KL001")]
 
 
