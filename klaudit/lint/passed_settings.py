@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterator
 
 from klaudit.frameworks.options import Options, resolve
 from klaudit.lint.project import Project, python_files
+from klaudit.lint.syntax import python_ast
 
 _AT_MOST_ONE = ("0", "1")
 
@@ -29,7 +30,8 @@ def passed_in_project(project: Project, name: str, classes: Collection[str]) -> 
     key = ("field passed", name, frozenset(classes))
     return bool(classes) and project.remembered(key, lambda: any(
         passes_field(text, name, classes, project.options, path)
-        for path in python_files(project) if (text := project.raw_text(path)) and any(c in text for c in classes)))
+        for path in python_files(project)
+        if (text := project.raw_text(path)) and name in text and any(c in text for c in classes)))
 
 
 def passes_field(text: str, name: str, classes: Collection[str], options: Options | None = None,
@@ -37,8 +39,8 @@ def passes_field(text: str, name: str, classes: Collection[str], options: Option
     """Whether the module `text` (the file at `path`) calls one of `classes` (`Config(...)`, `settings.Config(...)`)
     with `name=` given a value that may be more than 1. A module Python rejects passes nothing."""
     try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+        tree = python_ast(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     for value in _given(tree, text, name, set(classes)):
         if value is None:
