@@ -125,6 +125,9 @@ class ArithmeticFlow(FlowState):
         return bounded(tuple(dict.fromkeys(out)))
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
+        counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
+        if counts and not any(f.role == "tensor" and f.poly is not None and not f.poly.is_const() for f in left + right):
+            return counts  # a token count times a number (`len(tokens) * G`) still counts each sequence's tokens
         out = []
         negative_unknown = False
         for a in operands(left):

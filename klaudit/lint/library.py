@@ -41,6 +41,7 @@ from klaudit.lint.syntax import (
     int_literal,
     is_zero_tensor,
     last_name,
+    name_bindings,
     number_value,
     string_value,
     text_of,
@@ -533,6 +534,25 @@ def _pieces(_: LibraryFlow, op: Operation) -> tuple | None:
     return (Fact(role="tuple", items=(piece,)),) if piece else ()
 
 
+def _counted(flow: LibraryFlow, op: Operation) -> tuple | None:
+    """The builtin len(x) of tokens picked by an index (`active = logps[mask]`, then `len(active)`), the entries along
+    their first axis: of one sequence's tokens (a row) that sequence's length; of the batch's tokens picked into one
+    row (a packed selection) their count. Another length (a Python list's, a batch's number of sequences) is none."""
+    if not isinstance(op.node.func, cst.Name) or len(op.positional) != 1 or not _picked(op.positional[0], flow.func):
+        return None
+    return tuple(Fact(role="length", labels=f.labels, row=True) if f.row
+                 else Fact(role="ntokens", labels=f.labels) for f in op.tensor
+                 if f.role in ("tensor", "mask") and (f.row or f.packed))
+
+
+def _picked(node: cst.BaseExpression, func: cst.FunctionDef | cst.Module) -> bool:
+    """Whether `node` is a subscript of a tensor (`logps[mask]`), or a name `func` binds only to such."""
+    if type(node) is cst.Subscript:
+        return True
+    bound = name_bindings(func).get(node.value, []) if type(node) is cst.Name else []
+    return bool(bound) and all(type(value) is cst.Subscript for _, value in bound)
+
+
 def _each(names: str, effect: Effect) -> dict[str, Effect]:
     return dict.fromkeys(names.split(), effect)
 
@@ -568,6 +588,7 @@ FUNCTIONS: dict[str, Effect] = {
     **dict.fromkeys(PASS_THROUGH, LibraryFlow.passed_through),
     "detach": LibraryFlow.detached,
     "float": LibraryFlow.detached,  # the builtin: a Python number holds no gradient
+    "len": _counted,
     **_each(RESHAPING, LibraryFlow.reshaped),
     "tensor": LibraryFlow.copied,
     **_each("stack cat vstack hstack concat concatenate", LibraryFlow.stacked),
