@@ -31,7 +31,7 @@ from klaudit.frameworks.options import configured_values, option_defaults
 from klaudit.lint import roles
 from klaudit.lint.conditions import threshold_holds, threshold_setting
 from klaudit.lint.facts import Labels
-from klaudit.lint.pinned import given_literal_ints
+from klaudit.lint.pinned import given_literal_ints, written_out
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import (
     SCOPES,
@@ -184,11 +184,11 @@ def _bindings(module: cst.Module) -> dict[str, list[tuple[cst.CSTNode, cst.BaseE
 
 
 def _parameter_default(module: cst.Module, name: str, beyond: Beyond | None = None) -> int | None:
-    """The integer default of the parameter `name` of the module's functions (`def train(..., ppo_epochs: int = 1)`),
-    where every one that has it agrees and no call of them in the module passes it (`train(ppo_epochs=4)`, by
-    position, or in splatted arguments); None otherwise. Where one module function has it and other modules call it
-    (`beyond.callers`), the one integer those calls and the module's own give it, where they agree (Shajiu's
-    `train_with_grpo(..., mu=3)`, which its only caller hands `**training_config` with `"mu": 1`)."""
+    """The integer the parameter `name` of the module's functions (`def train(..., ppo_epochs: int = 1)`) takes in
+    every call: its default, where every function that has it agrees, unless a call passes it. Where one module
+    function has it, the calls the module makes (a dict literal it splats written out: `**training_config` with
+    `"mu": 1`) and those other modules make (`beyond.callers`) count with the integers they give it, where they all
+    agree (Shajiu's and alienpenguin10's `train_with_grpo(..., mu=3)`, called only with `"mu": 1`); None otherwise."""
     having = {node.name.value: [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
               for node in walk(module) if type(node) is cst.FunctionDef
               and any(param.name.value == name for param in params(node))}
@@ -201,20 +201,23 @@ def _parameter_default(module: cst.Module, name: str, beyond: Beyond | None = No
         return any(arg.star or arg.keyword is not None and arg.keyword.value == name for arg in call.args) \
             or sum(arg.keyword is None for arg in call.args) > at
 
-    passed = any(type(node) is cst.Call and last_name(node.func) in having and passes(node) for node in walk(module))
-    default = found.pop() if len(found) == 1 and not passed else None
+    own = [written_out(node, module) for node in walk(module) if type(node) is cst.Call and last_name(node.func) in having]
+    default = found.pop() if len(found) == 1 else None
     if default is None:
         return None
     outside = beyond.callers(*having) if beyond is not None and beyond.callers is not None and len(having) == 1 \
         else None
-    if not outside:
+    passing = [call for call in own if passes(call)]
+    if not outside and not passing:
         return default
+    if len(having) != 1:
+        return None
     func = next(node for node in walk(module) if type(node) is cst.FunctionDef and node.name.value in having)
-    values = given_literal_ints(func, outside, name)
+    values = given_literal_ints(func, [*passing, *(outside or ())], name)
     if values is None:
         return None
-    if any(type(node) is cst.Call and last_name(node.func) in having for node in walk(module)):
-        values.add(default)  # the module's own calls leave it
+    if len(passing) < len(own):
+        values.add(default)  # a call of the module's own leaves it
     return values.pop() if len(values) == 1 else None
 
 

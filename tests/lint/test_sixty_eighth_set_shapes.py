@@ -367,6 +367,18 @@ def test_a_loop_count_every_caller_elsewhere_sets_to_one_through_a_dict_literal(
     assert _grpo_project_findings(tmp_path, left) == ["KL002", "KL007", "KL008"]
 
 
+def test_a_loop_count_the_module_s_own_call_sets_to_one_through_a_dict_literal(tmp_path):
+    """alienpenguin10/Multi-Path-Collaborative-Reasoning (eighty-first set) calls the same train_with_grpo from its
+    own `__main__` block with `**training_config` holding "mu": 1: one step a rollout there too."""
+    from snippets import module_codes
+
+    own = GRPO_MODULE + "\n\n" + TRAIN_SCRIPT.split("\n", 1)[1].replace("def main(", "def _main(") + \
+        "\n\nif __name__ == '__main__':\n    _main(None, None, [], None)\n"
+    assert {code for _, code in module_codes(own, tmp_path)} == {"KL002", "KL007"}
+    assert {code for _, code in module_codes(own.replace('"mu": 1', '"mu": 2'), tmp_path)} == \
+        {"KL002", "KL007", "KL008"}
+
+
 def test_a_registry_that_names_the_function_in_a_string_hands_it_on(tmp_path):
     """`LOOPS = {"grpo": "train_with_grpo"}` beside a `getattr` may call it with any count: mu's default stands."""
     registry = TRAIN_SCRIPT + '\n\nLOOPS = {"grpo": "train_with_grpo"}\n'
