@@ -93,22 +93,10 @@ def unpacked(scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
         return helper
     if isinstance(mapping, (ast.Dict, ast.IfExp, ast.Call)):
         return _display(mapping)
-    if not isinstance(mapping, ast.DictComp) or len(mapping.generators) != 1:
+    filtered = _key_filtered(mapping)
+    if filtered is None or not isinstance(filtered[1], ast.Name) or not _fields_of(scope, filtered[1].id, call, config):
         return None
-    loop = mapping.generators[0]
-    key, value = (loop.target.elts if isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2
-                  else (None, None))
-    source = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
-        and loop.iter.func.attr == "items" and not loop.iter.args else None
-    if not (_is(mapping.key, getattr(key, "id", "")) and _is(mapping.value, getattr(value, "id", ""))
-            and isinstance(source, ast.Name) and len(loop.ifs) == 1 and not loop.is_async):
-        return None
-    test = loop.ifs[0]
-    if not (isinstance(test, ast.Compare) and _is(test.left, key.id) and len(test.ops) == 1  # type: ignore[union-attr]
-            and isinstance(test.ops[0], ast.In) and isinstance(test.comparators[0], ast.Name)
-            and _fields_of(scope, test.comparators[0].id, call, config)):
-        return None
-    built = built_dict(scope, source.id, call, functions)
+    built = built_dict(scope, filtered[0], call, functions)
     return None if built is None else [replace(entry, if_taken=True) for entry in built]
 
 
@@ -139,16 +127,25 @@ def _filtered_by_key(value: ast.expr | None, kwargs: str) -> bool:
     """Whether `value` is the dict `kwargs` itself, or `{k: v for k, v in kwargs.items() if k in ...}`."""
     if isinstance(value, ast.Name):
         return value.id == kwargs
-    if not isinstance(value, ast.DictComp) or len(value.generators) != 1 or len(value.generators[0].ifs) != 1:
-        return False
-    loop, test = value.generators[0], value.generators[0].ifs[0]
+    filtered = _key_filtered(value)
+    return filtered is not None and filtered[0] == kwargs
+
+
+def _key_filtered(value: ast.expr | None) -> tuple[str, ast.expr] | None:
+    """(the dict's name, the keys it is filtered to) of `{k: v for k, v in source.items() if k in keys}`; None for
+    any other expression."""
+    if not isinstance(value, ast.DictComp) or len(value.generators) != 1:
+        return None
+    loop = value.generators[0]
     key, item = loop.target.elts if isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2 else (None, None)
     source = loop.iter.func.value if isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute) \
         and loop.iter.func.attr == "items" and not loop.iter.args else None
-    return isinstance(key, ast.Name) and isinstance(item, ast.Name) and isinstance(source, ast.Name) \
-        and source.id == kwargs and _is(value.key, key.id) and _is(value.value, item.id) \
-        and isinstance(test, ast.Compare) and _is(test.left, key.id) and len(test.ops) == 1 \
-        and isinstance(test.ops[0], ast.In)
+    test = loop.ifs[0] if len(loop.ifs) == 1 and not loop.is_async else None
+    if not (isinstance(key, ast.Name) and isinstance(item, ast.Name) and isinstance(source, ast.Name)
+            and _is(value.key, key.id) and _is(value.value, item.id) and isinstance(test, ast.Compare)
+            and _is(test.left, key.id) and len(test.ops) == 1 and isinstance(test.ops[0], ast.In)):
+        return None
+    return source.id, test.comparators[0]
 
 
 def module_dict(module: ast.Module, name: str, functions: Mapping[str, ast.FunctionDef] | None = None

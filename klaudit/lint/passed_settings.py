@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Collection, Iterator
 
+from klaudit.frameworks.kwargs_dicts import last_name
 from klaudit.frameworks.options import Options, resolve
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import python_ast
@@ -59,7 +60,7 @@ def _given(tree: ast.Module, text: str, name: str, classes: set[str]) -> Iterato
     def visit(node: ast.AST, defaults: dict[str, str | None]) -> Iterator[str | None]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defaults = {**defaults, **_parameter_defaults(node, text)}
-        if isinstance(node, ast.Call) and _callee(node.func) in classes:
+        if isinstance(node, ast.Call) and last_name(node.func) in classes:
             for keyword in node.keywords:
                 if keyword.arg == name:
                     value = keyword.value
@@ -80,6 +81,3 @@ def _parameter_defaults(func: ast.FunctionDef | ast.AsyncFunctionDef, text: str)
     pairs = [*zip(positional, defaults), *zip(func.args.kwonlyargs, func.args.kw_defaults)]
     return {arg.arg: ast.get_source_segment(text, default) if default is not None else None for arg, default in pairs}
 
-
-def _callee(func: ast.expr) -> str | None:
-    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None

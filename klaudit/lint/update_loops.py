@@ -147,12 +147,20 @@ def settled_setting(name: str, module: cst.Module, beyond: Beyond | None = None)
 
 def _field_classes(module: cst.Module, name: str) -> frozenset[str]:
     """The classes of `module` that declare the setting `name` as a field or class attribute."""
-    return frozenset(stmt.name.value for stmt in module.body if isinstance(stmt, cst.ClassDef) and any(
-        isinstance(line, cst.SimpleStatementLine) and line.body and (
-            isinstance(small := line.body[0], cst.AnnAssign) and type(small.target) is cst.Name
-            and small.target.value == name or isinstance(small, cst.Assign) and len(small.targets) == 1
-            and type(small.targets[0].target) is cst.Name and small.targets[0].target.value == name)
-        for line in stmt.body.body))
+    return frozenset(owner for owner, _ in _class_fields(module, name))
+
+
+def _class_fields(module: cst.Module, name: str) -> Iterator[tuple[str, cst.BaseExpression | None]]:
+    """(the class, the value written) of each field (`num_ppo_epochs: int = 1`, `= field(default=1)`) or plain class
+    attribute (`num_iterations = 1`) named `name` of the classes of `module`."""
+    for stmt in (stmt for stmt in module.body if isinstance(stmt, cst.ClassDef)):
+        for line in stmt.body.body:
+            small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and line.body else None
+            if isinstance(small, cst.AnnAssign) and type(small.target) is cst.Name and small.target.value == name:
+                yield stmt.name.value, small.value
+            elif isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                    and type(target := small.targets[0].target) is cst.Name and target.value == name:
+                yield stmt.name.value, small.value
 
 
 def never_runs_on(labels: Labels, module: cst.Module, beyond: Beyond | None = None) -> bool:
@@ -234,17 +242,10 @@ def _field_default(module: cst.Module, name: str) -> int | None:
     of its command line (`parser.add_argument("--num_ppo_epochs", type=int, default=1)`), where every such default
     agrees; None when none is written or they differ."""
     found = set(_option_defaults(module).get(name, ()))
-    for stmt in module.body:
-        if not isinstance(stmt, cst.ClassDef):
-            continue
+    found.update(_default_of(value) for _, value in _class_fields(module, name))
+    for stmt in (stmt for stmt in module.body if isinstance(stmt, cst.ClassDef)):
         for line in stmt.body.body:
-            small = line.body[0] if isinstance(line, cst.SimpleStatementLine) and line.body else None
-            if isinstance(small, cst.AnnAssign) and type(small.target) is cst.Name and small.target.value == name:
-                found.add(_default_of(small.value))
-            elif isinstance(small, cst.Assign) and len(small.targets) == 1 \
-                    and type(target := small.targets[0].target) is cst.Name and target.value == name:
-                found.add(_default_of(small.value))  # a plain class attribute: `num_iterations = 1`
-            elif isinstance(line, cst.FunctionDef):
+            if isinstance(line, cst.FunctionDef):
                 found.update(_default_of(param.default) for param in params(line)
                              if param.name.value == name and param.default is not None)
     return found.pop() if len(found) == 1 else None
