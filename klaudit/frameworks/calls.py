@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 
 from klaudit.frameworks.kwargs_dicts import Entry, last_name, unpacked
 from klaudit.frameworks.options import (
+    OPTION_DECLARATIONS,
     Default,
     Options,
     bindings,
+    click_parameter,
     configuration_read,
     defaulted,
     local_read,
@@ -197,9 +199,11 @@ def _function_parameters(tree: ast.Module, text: Callable[[ast.expr], str],
         positional = [*arguments.posonlyargs, *arguments.args]
         every = (*positional, *arguments.kwonlyargs, *(a for a in (arguments.vararg, arguments.kwarg) if a is not None))
         defaults = {**dict.fromkeys(argument.arg for argument in every),
-                    **{argument.arg: python_literal(default, text) for argument, default in
+                    **{argument.arg: _parameter_default(default, text) for argument, default in
                        (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
+        defaults.update((name, value) for name, value in _click_defaults(node, text).items()
+                        if name in defaults and defaults[name] is None)
         bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := binds(inner)))
         found.append((node.lineno, node.end_lineno or node.lineno, bindings(defaults, bound, _reads(node, bound, text, options, readers))))
     return found
@@ -292,6 +296,31 @@ def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | No
         default = next((keyword.value for keyword in node.keywords if keyword.arg == "default"), None)
         return None if default is None else python_literal(default, text)
     return python_literal(node, text)
+
+
+def _parameter_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:
+    """`cst_configs._parameter_default` of the same text: `0.04`, or the default a typer option declares in its place
+    (`beta: float = typer.Option(0.04, help=...)`); None when computed or required (`typer.Option(...)`)."""
+    if isinstance(node, ast.Call) and last_name(node.func) in OPTION_DECLARATIONS:
+        default = node.args[0] if node.args else next(
+            (keyword.value for keyword in node.keywords if keyword.arg == "default"), None)
+        return None if default is None else python_literal(default, text)
+    return python_literal(node, text)
+
+
+def _click_defaults(function: ast.FunctionDef | ast.AsyncFunctionDef, text: Callable[[ast.expr], str]) -> dict[str, str | None]:
+    """{parameter: its literal default, or None} of the options a function's click decorators declare
+    (`@click.option("-k", "--kl-coef", default=0.04)` gives kl_coef 0.04: options.click_parameter)."""
+    found: dict[str, str | None] = {}
+    for decorator in function.decorator_list:
+        if not isinstance(decorator, ast.Call) or last_name(decorator.func) != "option":
+            continue
+        name = click_parameter([argument.value for argument in decorator.args
+                                if isinstance(argument, ast.Constant) and isinstance(argument.value, str)])
+        default = next((keyword.value for keyword in decorator.keywords if keyword.arg == "default"), None)
+        if name is not None:
+            found[name] = None if default is None else python_literal(default, text)
+    return found
 
 
 def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.expr], str]) -> str | None:

@@ -13,7 +13,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.frameworks import options
-from klaudit.frameworks.options import Default, Options, bindings, module_constants, resolve, visible
+from klaudit.frameworks.options import Default, Options, bindings, click_parameter, module_constants, resolve, visible
 from klaudit.frameworks.python_values import imported_constants, integer_arithmetic_of_text
 from klaudit.frameworks.settings import RAISE_EXPECTATIONS, ConfigCall, ConfigClass, Setting, skips_always
 from klaudit.lint.syntax import dotted, string_value
@@ -38,6 +38,16 @@ def _field_default(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] == "field":
         default = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "default"),
                        None)
+        return None if default is None else _literal(default)
+    return _literal(node)
+
+
+def _parameter_default(node: cst.BaseExpression) -> str | None:
+    """A function parameter's default: `0.04`, or the default a typer option declares in its place (`beta: float =
+    typer.Option(0.04, help=...)`); None when computed or required (`typer.Option(...)`)."""
+    if isinstance(node, cst.Call) and dotted(node.func).rsplit(".", 1)[-1] in options.OPTION_DECLARATIONS:
+        default = node.args[0].value if node.args and node.args[0].keyword is None else next(
+            (arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "default"), None)
         return None if default is None else _literal(default)
     return _literal(node)
 
@@ -108,8 +118,17 @@ def _bindings(node: cst.FunctionDef, line: Callable[[cst.CSTNode], int], options
     reads = _Reads(assigned.names, line, options)
     node.body.visit(reads)
     parameters = (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
-    defaults = {parameter.name.value: None if parameter.default is None else _literal(parameter.default)
+    defaults = {parameter.name.value: None if parameter.default is None else _parameter_default(parameter.default)
                 for parameter in parameters}
+    for decorator in node.decorators:
+        call = decorator.decorator
+        if isinstance(call, cst.Call) and dotted(call.func).rsplit(".", 1)[-1] == "option":
+            name = click_parameter([str(string_value(arg.value)) for arg in call.args if arg.keyword is None
+                                            and isinstance(arg.value, cst.SimpleString)])
+            default = next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "default"),
+                           None)
+            if name is not None and name in defaults and defaults[name] is None:
+                defaults[name] = None if default is None else _literal(default)
     if isinstance(node.params.star_arg, cst.Param):
         defaults[node.params.star_arg.name.value] = None
     if node.params.star_kwarg is not None:

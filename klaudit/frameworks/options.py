@@ -4,7 +4,8 @@
 own: `parser.add_argument("--beta", type=float, default=0.04)`, or `beta: float = 0.04` in a
 dataclass that a parser fills. A run that leaves the option alone trains with its default, so the
 keyword is judged at that value, as a key left out is judged at the framework's default. The same
-holds for a keyword set to a parameter of the enclosing function (`def train(beta=0.04)`), unless
+holds for a keyword set to a parameter of the enclosing function (`def train(beta=0.04)`, or typer's
+`beta: float = typer.Option(0.04)`), unless
 the function assigns the name itself, and for one set to a module's constant (`BETA = 0.04` bound once at
 module level, as notebooks write it), unless a function binds the name.
 
@@ -57,6 +58,11 @@ _DEFAULT_NAME = re.compile(r"\bdefault\s*=\s*([A-Za-z_]\w*)\s*(?:[,)]|$)")
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:[Ff]ield\((?:[^)]*?\bdefault[ \t]*=)?[ \t]*{_LITERAL}[ \t]*[,)]"
                     rf"|{_LITERAL}[ \t]*[#\n])", re.MULTILINE)
 # `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
+# A function parameter whose default declares a command-line option (typer's `beta: float = typer.Option(0.04)`):
+# the run that leaves the option alone reads the option's default, as argparse's does
+OPTION_DECLARATIONS = frozenset({"Option", "Argument"})
+# The flag and parameter names of a click option (`@click.option("-k", "--kl-coef", ...)`) as written
+_CLICK_NAME = re.compile(r"^(?:--?([\w-]+)|(\w+))$")
 _SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,()\]}#]*)")
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 _SHELL = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # the linted launch scripts (klaudit.frameworks.SHELL_SUFFIXES)
@@ -357,6 +363,17 @@ def _values(path: str, text: str) -> dict[str, Default]:
 def _value(literal: str) -> str:
     """The literal as klaudit.frameworks.calls gives it: a string's content, a number without underscores."""
     return literal[1:-1] if literal[0] in "\"'" else literal.replace("_", "")
+
+
+def click_parameter(declarations: Sequence[str]) -> str | None:
+    """The parameter a click option passes (`@click.option("-k", "--kl-coef", ...)` gives kl_coef): the name written
+    without dashes, else the first flag with two, else the first with one, dashes made underscores."""
+    names = [match for declaration in declarations if (match := _CLICK_NAME.match(declaration))]
+    bare = [match.group(2) for match in names if match.group(2)]
+    flags = sorted((match.group(0) for match in names if match.group(1)), key=lambda flag: not flag.startswith("--"))
+    if bare:
+        return bare[0]
+    return flags[0].lstrip("-").replace("-", "_") if flags else None
 
 
 def bindings(parameters: Mapping[str, str | None], assigned: Collection[str],

@@ -133,6 +133,14 @@ ENV_LOSS = os.environ.get("LOSS")
 ENV_LEVEL = float(os.environ.get("LEVEL", 0.1) or 0.2)
 f = GRPOConfig(beta=ENV_BETA, num_iterations=ENV_STEPS, loss_type=ENV_LOSS, importance_sampling_level=ENV_LEVEL)
 g = GRPOConfig(beta=float(os.environ.get("GRPO_BETA", "0.04")), num_iterations=int(os.getenv("ITERS")), loss_type=os.environ.get("LOSS", "x").lower())
+def typed(kl: float = typer.Option(0.02, help="x"), steps: int = typer.Option(..., "--steps"), loss: str = Option(default="bnpo")):
+    return GRPOConfig(beta=kl, num_iterations=steps, loss_type=loss)
+@click.command()
+@click.option("-k", "--kl-coef", "kl", default=0.03)
+@click.option("--num-steps", type=int, default=5)
+@click.option("--not-a-parameter", default=7)
+def clicked(kl, num_steps, not_a_parameter_either):
+    return GRPOConfig(beta=kl, num_iterations=num_steps, loss_type=not_a_parameter)
 '''
 
 
@@ -161,6 +169,10 @@ def test_options_and_parameters_resolve_alike_in_both_trees():
         {"beta": "0.005", "num_iterations": "2", "loss_type": None, "importance_sampling_level": None},
         # a keyword set to such a read itself (humor-r1's `beta=float(os.environ.get("GRPO_BETA", "0.04"))`)
         {"beta": "0.04", "num_iterations": None, "loss_type": None},
+        # a typer option's default stands in the parameter's place; `...` makes it required
+        {"beta": "0.02", "num_iterations": None, "loss_type": "bnpo"},
+        # a click option's default is its parameter's (the name written bare, else the long flag's)
+        {"beta": "0.03", "num_iterations": "5", "loss_type": None},
     ]
     assert reader.calls[3].settings["beta"].origin == "the default of kl_coef at run.py:1"
     assert reader.calls[5].settings["num_iterations"].origin == "STEPS = 3 at line 18"

@@ -157,6 +157,26 @@ def test_a_parameter_default_decides_unless_the_body_reassigns_it(tmp_path):
     assert _codes(tmp_path, {"train.py": reassigned}) == []
 
 
+@pytest.mark.parametrize("declared, expected", [
+    ("typer.Option(0.04, help='KL penalty')", [("train.py", 7, "KL003")]),
+    ("typer.Option(default=0.04)", [("train.py", 7, "KL003")]),
+    ("typer.Option(0.0, '--kl-coef')", []),  # off unless the run asks for it
+    ("typer.Option(..., help='required')", []),  # every run passes its own: no default to judge
+])
+def test_a_typer_options_default_is_the_parameters(tmp_path, declared, expected):
+    source = ("import typer\nfrom trl import GRPOConfig\n\n\n"
+              f"def main(kl_coef: float = {declared}):\n    config = GRPOConfig(\n        beta=kl_coef)\n")
+    assert _codes(tmp_path, {"train.py": source}) == expected
+
+
+def test_a_click_options_default_is_read_as_argparses(tmp_path):
+    source = ("import click\nfrom trl import GRPOConfig\n\n\n@click.command()\n"
+              "@click.option('-k', '--kl-coef', type=float, default={})\ndef main(kl_coef):\n"
+              "    config = GRPOConfig(beta=kl_coef)\n")
+    assert _codes(tmp_path, {"train.py": source.format("0.04")}) == [("train.py", 8, "KL003")]
+    assert _codes(tmp_path, {"train.py": source.format("0.0")}) == []
+
+
 def test_a_key_nested_in_the_projects_yaml_has_the_value_given_there(tmp_path):
     """grpo-llm-unlearning (eleventh set): GRPOConfig(beta=cfg.training.grpo.beta, num_iterations=...) with
     config/train.yaml's training.grpo.beta 0.04 and num_iterations 2, TRL 1.5: the k3 loss (row 3, KL002),
