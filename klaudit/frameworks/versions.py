@@ -26,12 +26,15 @@ semantics it applied. In order:
    resolves the two together (below every known floor, an older release than klaudit knows);
 5. else an exact pin of the `pip install` commands of the Markdown files of those directories (a README's
    `pip install transformers==4.57.3 trl==0.26.2`), where they agree: the install instructions;
-6. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
+6. else a dependency with no upper bound (`trl`, `trl>=0.12.0`) is the newest known release it allows that was out on
+   the day git says the file declaring it was last committed: the environment it set up got that one
+   (klaudit.frameworks.dated; a file changed since, or outside git, says nothing);
+7. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
    Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), the release branch they clone (`git clone --branch
    v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`) or the commit they check out after cloning it (placed by
    the table of commits, which for NeMo-RL follows its release tags), else the one its Markdown install
    instructions name, when they name one;
-7. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
+8. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found (for TRL, a GRPOConfig that sets a keyword a later release removed is judged by the
    newest release that takes it: klaudit.frameworks.trl.runnable).
 
@@ -48,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from klaudit.frameworks.dated import last_committed, newest_published
 from klaudit.frameworks.settings import shell_value
 from klaudit.text import file_text, read_text
 
@@ -142,10 +146,10 @@ def at_least(assumed: Assumed, version: str) -> bool:
 
 def _assumed_from(name: str, version: str, source: str) -> Assumed:
     """The release a version stated in `source` is judged as, marked when it is older than every known one."""
-    return Assumed(_known(name, version), source, older=release(version) < release(KNOWN[name][0]))
+    return Assumed(release_line(name, version), source, older=release(version) < release(KNOWN[name][0]))
 
 
-def _known(name: str, version: str) -> str:
+def release_line(name: str, version: str) -> str:
     """The known release `version` is judged as: itself, else the latest known before it, else the oldest."""
     wanted = release(version)
     earlier = [known for known in KNOWN[name] if release(known) <= wanted]
@@ -175,7 +179,7 @@ def _pinned_release(name: str, version: str) -> str | None:
     if _RELEASE.match(version) is None:
         return None
     wanted = release(version)
-    return _known(name, version) if any(release(known)[:2] == wanted[:2] for known in KNOWN[name]) else None
+    return release_line(name, version) if any(release(known)[:2] == wanted[:2] for known in KNOWN[name]) else None
 
 
 def assumed_versions(pins: Mapping[str, str], roots: Iterable[Path]) -> dict[str, Assumed]:
@@ -201,7 +205,29 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
     for directory in _search_path(roots):  # no file of the code states one: the install instructions may
         for name, (version, where) in _documented_pins(directory).items():
             found.setdefault(name, _assumed_from(name, version, f"{version} in the pip install of {where}"))
+    for directory in _search_path(roots):  # nor do they: an unpinned dependency installed the release of its day
+        for name, (specifier, where) in _unpinned(directory).items():
+            if name not in found and (dated := _dated_release(name, specifier, directory / where)) is not None:
+                found[name] = dated
     return found
+
+
+def _dated_release(name: str, specifier: str, declared: Path) -> Assumed | None:
+    """The release an unpinned dependency on `name` (`specifier` in the file `declared`) installed: the newest known
+    release line it allows that was out on the day git says the file was last committed (klaudit.frameworks.dated).
+    A guess, like the default: code that only a later release runs still bounds it (klaudit.frameworks.trl.runnable)."""
+    day = last_committed(declared)
+    parsed = _clauses(specifier)
+    allowed = [known for index, known in enumerate(KNOWN[name])
+               if all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+    found = newest_published(name, day, allowed) if day is not None and allowed else None
+    if found is None:
+        return None
+    line, before_every_one = found
+    older = before_every_one and allowed[0] == KNOWN[name][0]
+    why = "a release older than every known one" if older else "the newest release then"
+    return Assumed(line, f"{distribution(name)}{specifier} in {declared.name}, last committed on {day}: {why}",
+                   guessed=True, older=older)
 
 
 def named_requirements_pin(name: str, script: Path) -> Assumed | None:
@@ -252,7 +278,7 @@ def _at_commit(name: str, commit: str, where: str) -> Assumed:
         return Assumed(DEFAULT[name], f"{where} pins {name} at a git commit klaudit cannot place: the latest known "
                                       f"is assumed (say which with [tool.klaudit] frameworks = {{{name} = \"...\"}})",
                        guessed=True)
-    known = _known(name, version)
+    known = release_line(name, version)
     stated = f"{version} at commit {commit[:10]} in {where}"
     before = [earlier for earlier in KNOWN[name] if release(earlier) < release(version)]
     if _MINOR_DEVELOPMENT.match(version) and before and release(known) == release(version):
@@ -688,11 +714,10 @@ def capped_in(text: str | None) -> dict[str, tuple[str | None, str]]:
     if pin is None or _RELEASE.match(pin.group(1)) is None:
         return capped
     for name, floors in TRANSFORMERS_FLOORS.items():
-        listed = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*"
-                           rf"(?P<specifier>(?:{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)?)\s*(?:[;#\"',\])]|$)", text or "")
-        if listed is None:
+        specifier = _listed(name, text)
+        if specifier is None:
             continue
-        parsed = _clauses(listed.group("specifier"))
+        parsed = _clauses(specifier)
         allowed = [known for index, known in enumerate(KNOWN[name])
                    if release(_floor(floors, known)) <= release(pin.group(1))
                    and all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
@@ -700,6 +725,27 @@ def capped_in(text: str | None) -> dict[str, tuple[str | None, str]]:
         if allowed and allowed[-1] != KNOWN[name][-1] or release(pin.group(1)) < oldest:
             capped[name] = (allowed[-1] if allowed else None, f"transformers=={pin.group(1)}")
     return capped
+
+
+def _listed(name: str, text: str | None) -> str | None:
+    """The specifier a dependency list gives `name` (`>=0.14`, or "" where it names it bare); None where it does not
+    name it, or names it at a git URL."""
+    listed = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*"
+                       rf"(?P<specifier>(?:{_CLAUSE}(?:\s*,\s*{_CLAUSE})*)?)\s*(?:[;#\"',\])]|$)", text or "")
+    return listed.group("specifier") if listed is not None else None
+
+
+def _unpinned(directory: Path) -> dict[str, tuple[str, str]]:
+    """{framework: (specifier, file)} of the first dependency list of `directory` that names it with no upper bound
+    (`trl`, `trl>=0.12.0`): pip installs the newest release there is."""
+    unpinned: dict[str, tuple[str, str]] = {}
+    for where, text in _dependency_texts(directory):
+        for name in KNOWN:
+            specifier = _listed(name, text)
+            if specifier is not None and name not in unpinned and not any(
+                    operator in ("<", "<=", "~=", "==", "===") for operator, _ in _clauses(specifier)):
+                unpinned[name] = (specifier, where)
+    return unpinned
 
 
 def _floor(floors: Mapping[str, str], known: str) -> str:
