@@ -1071,12 +1071,23 @@ def _whatever_loss_type(settings: Mapping[str, Setting], default: str,
 
 def _agreed(assumed: Assumed, findings: Callable[[Assumed], list[Finding]]) -> list[Finding]:
     """The `findings` under the release `assumed`; for a development state after an earlier release (a git
-    commit between the two), only those the earlier release gives as well, at the same place."""
+    commit between the two), only those the earlier release gives as well, at the same place. Where an unpinned
+    dependency got an older release when the project set up its environment (`assumed.then`), a finding that release
+    does not give says what it gives there instead."""
     found = findings(assumed)
-    if assumed.earlier is None or not found:
+    if assumed.earlier is not None and found:
+        also = {(f.line, f.column, f.code) for f in findings(replace(assumed, version=assumed.earlier, earlier=None))}
+        found = [f for f in found if (f.line, f.column, f.code) in also]
+    if assumed.then is None or not found:
         return found
-    also = {(f.line, f.column, f.code) for f in findings(replace(assumed, version=assumed.earlier, earlier=None))}
-    return [f for f in found if (f.line, f.column, f.code) in also]
+    then: dict[tuple[int, int], list[str]] = {}
+    for finding in findings(assumed.then):
+        then.setdefault((finding.line, finding.column), []).append(finding.code)
+    return [finding if finding.code in then.get((finding.line, finding.column), ())
+            else replace(finding, message=f"{finding.message}; under {assumed.then.source}: "
+                         + (" and ".join(sorted(then[finding.line, finding.column])) + " instead"
+                            if (finding.line, finding.column) in then else "no finding here"))
+            for finding in found]
 
 
 def lint_python(path: str, module: cst.Module | None, source: str, context: Context | None = None) -> list[Finding]:

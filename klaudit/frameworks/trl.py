@@ -87,7 +87,8 @@ def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
     if last is None or release(assumed.version) <= release(last):
         return assumed
     keys = ", ".join(sorted(key for key in bounding if RETIRED[key] == last))
-    return Assumed(last, f"the newest release whose GRPOConfig takes {keys}")
+    then = assumed.then if assumed.then is not None and release(assumed.then.version) < release(last) else None
+    return Assumed(last, f"the newest release whose GRPOConfig takes {keys}", then=then)
 
 
 # Unsloth's own GRPOConfig, which `import unsloth` puts in TRL's place (UnslothGRPOConfig, seen in 2026.1.4 over

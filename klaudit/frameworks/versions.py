@@ -26,17 +26,17 @@ semantics it applied. In order:
    resolves the two together (below every known floor, an older release than klaudit knows);
 5. else an exact pin of the `pip install` commands of the Markdown files of those directories (a README's
    `pip install transformers==4.57.3 trl==0.26.2`), where they agree: the install instructions;
-6. else a dependency with no upper bound (`trl`, `trl>=0.12.0`) is the newest known release it allows that was out on
-   the day git says the file declaring it was last committed: the environment it set up got that one
-   (klaudit.frameworks.dated; a file changed since, or outside git, says nothing);
-7. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
+6. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
    Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), the release branch they clone (`git clone --branch
    v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`) or the commit they check out after cloning it (placed by
    the table of commits, which for NeMo-RL follows its release tags), else the one its Markdown install
    instructions name, when they name one;
-8. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
+7. else the latest release klaudit knows, which each flag finding says where a git commit it cannot
    place was found (for TRL, a GRPOConfig that sets a keyword a later release removed is judged by the
-   newest release that takes it: klaudit.frameworks.trl.runnable).
+   newest release that takes it: klaudit.frameworks.trl.runnable). A dependency with no upper bound (`trl`,
+   `trl>=0.12.0`) installs that one today; but the environment the project set up when it last committed the
+   file declaring it got the release of that day (klaudit.frameworks.dated), and where that one is older its
+   verdicts are judged too: a finding it does not share names what that release gives in its place (`then`).
 
 A version found that klaudit does not know is read as the latest known release before it.
 """
@@ -106,6 +106,9 @@ class Assumed:
     guessed: bool = False  # the default, assumed where the code names no release (a git commit)
     earlier: str | None = None  # a development state after this release of KNOWN: both are judged
     older: bool = False  # the code names a release older than every one of KNOWN (judged as the oldest)
+    # an unpinned dependency's release of the day its file was last committed, where it is not this one: judged
+    # too, and named in the findings it changes (its source says which release and why)
+    then: Assumed | None = None
 
     @property
     def stated(self) -> bool:
@@ -205,29 +208,28 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
     for directory in _search_path(roots):  # no file of the code states one: the install instructions may
         for name, (version, where) in _documented_pins(directory).items():
             found.setdefault(name, _assumed_from(name, version, f"{version} in the pip install of {where}"))
-    for directory in _search_path(roots):  # nor do they: an unpinned dependency installed the release of its day
+    for directory in _search_path(roots):  # nor do they: the latest, and the release an unpinned dependency got
         for name, (specifier, where) in _unpinned(directory).items():
-            if name not in found and (dated := _dated_release(name, specifier, directory / where)) is not None:
-                found[name] = dated
+            if name not in found and (then := _dated_release(name, specifier, directory / where)) is not None:
+                found[name] = Assumed(DEFAULT[name], then=then)
     return found
 
 
 def _dated_release(name: str, specifier: str, declared: Path) -> Assumed | None:
-    """The release an unpinned dependency on `name` (`specifier` in the file `declared`) installed: the newest known
-    release line it allows that was out on the day git says the file was last committed (klaudit.frameworks.dated).
-    A guess, like the default: code that only a later release runs still bounds it (klaudit.frameworks.trl.runnable)."""
+    """The release an unpinned dependency on `name` (`specifier` in the file `declared`) installed, where it is not the
+    latest known: the newest known release line it allows that was out on the day git says the file was last
+    committed (klaudit.frameworks.dated)."""
     day = last_committed(declared)
     parsed = _clauses(specifier)
     allowed = [known for index, known in enumerate(KNOWN[name])
                if all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
     found = newest_published(name, day, allowed) if day is not None and allowed else None
-    if found is None:
+    if found is None or found[0] == DEFAULT[name]:
         return None
     line, before_every_one = found
     older = before_every_one and allowed[0] == KNOWN[name][0]
-    why = "a release older than every known one" if older else "the newest release then"
-    return Assumed(line, f"{distribution(name)}{specifier} in {declared.name}, last committed on {day}: {why}",
-                   guessed=True, older=older)
+    return Assumed(line, f"{name} {line}, " + ("a release older than every known one, " if older else "")
+                   + f"the newest when {declared.name} was last committed ({day})", guessed=True, older=older)
 
 
 def named_requirements_pin(name: str, script: Path) -> Assumed | None:
