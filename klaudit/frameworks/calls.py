@@ -92,7 +92,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
         value = None if written is None else python_literal(written, text)
         default = None
         if value is None and isinstance(written, (ast.Name, ast.Attribute, ast.Subscript)):
-            default = resolve(_configuration_key(written, aliases), parameters, options or Options(), path)
+            default = resolve(_configuration_key(written, aliases, parameters), parameters, options or Options(), path)
         elif value is None and isinstance(written, ast.Call):  # `PPOConfig(ppo_epochs=cfg.get("ppo_epochs", 4))`
             nested = nested_calls(written, text, readers)
             read = configuration_read(key, nested, written.lineno)
@@ -237,7 +237,8 @@ def _enclosing(constants: Mapping[str, Default], functions: list[tuple[int, int,
 def _configuration_path(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> tuple[str, bool]:
     """(`cfg.grpo.kl_coef`, whether a string key is part of it) of `cfg["grpo"]["kl_coef"]`, of `cfg.grpo.kl_coef`,
     of `cfg.get("grpo", {})["kl_coef"]`, or of `g["kl_coef"]` where the scope binds `g = cfg["grpo"]` once (`aliases`): a chain of names, attributes and
-    string keys, dotted as klaudit.frameworks.options.resolve reads it; ("", False) for anything else."""
+    string keys, dotted as klaudit.frameworks.options.resolve reads it, any other key as `*` (`STAGES.*.beta` of
+    `STAGES[stage]["beta"]`); ("", False) for anything else."""
     if isinstance(node, ast.Name):
         return aliases.get(node.id, (node.id, False))
     if isinstance(node, ast.Attribute):
@@ -247,6 +248,8 @@ def _configuration_path(node: ast.expr, aliases: Mapping[str, tuple[str, bool]])
         key, keyed = node.slice.value, True
     elif (section := _section_read(node)) is not None:
         key, keyed, node = section[0], True, section[1]
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, (ast.Name, ast.Attribute, ast.Constant)):
+        key, keyed = "*", True  # `STAGES[stage]`: any entry, read where every entry agrees (python_values.dict_entries)
     else:
         return "", False
     base, keyed_below = _configuration_path(node.value, aliases)
@@ -267,27 +270,43 @@ def _section_read(node: ast.expr) -> tuple[str, ast.Attribute] | None:
     return key.value, node.func
 
 
-def _configuration_key(node: ast.expr, aliases: Mapping[str, tuple[str, bool]]) -> str:
+def _configuration_key(node: ast.expr, aliases: Mapping[str, tuple[str, bool]], names: Mapping[str, Default]) -> str:
     """The path `resolve` looks a keyword's value up by: a chain with a string key only where it is nested below
     its root's first key (`cfg["grpo"]["kl_coef"]`, a YAML section's key), since `d["beta"]` of any dict is no
-    option of the project's."""
+    option of the project's, or where it names an entry of a dict literal the module binds (`GRPO["beta"]`, in
+    `names`)."""
     path, keyed = _configuration_path(node, aliases)
-    return "" if keyed and path.removeprefix("self.").count(".") < 2 else path
+    return "" if keyed and path.removeprefix("self.").count(".") < 2 and path not in names else path
 
 
 def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
-    """The names `scope` binds once, each to a section of a configuration (`g = cfg["grpo"]`, `t = cfg.training`),
-    with its path (`_configuration_path`), in the order they are bound."""
+    """The names `scope` binds once, each to a section of a configuration (`g = cfg["grpo"]`, `t = cfg.training`,
+    or `beta = beta or GRPO["beta"]` of a parameter that defaults to None), with its path (`_configuration_path`),
+    in the order they are bound."""
     statements = sorted((node for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign))),
                         key=lambda node: (node.lineno, node.col_offset))
     bound = Counter(name for node in ast.walk(scope) if (name := binds(node)))
     found: dict[str, tuple[str, bool]] = {}
     for statement in statements:
         target, value = assigned(statement)
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or) and len(value.values) == 2 \
+                and isinstance(value.values[0], ast.Name) and _none_by_default(scope, value.values[0].id):
+            value = value.values[1]  # `beta = beta or GRPO["beta"]`: the section where the parameter is left alone
         if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None \
                 and "." in (section := _configuration_path(value, found))[0]:
             found[target.id] = section
     return found
+
+
+def _none_by_default(scope: ast.AST, name: str) -> bool:
+    """Whether `name` is a parameter of the function `scope` whose default is None."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    arguments = scope.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    return any(argument.arg == name and isinstance(default, ast.Constant) and default.value is None
+               for argument, default in (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
+                                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None)
 
 
 def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:

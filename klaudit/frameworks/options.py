@@ -491,9 +491,12 @@ def _unconverted(calls: Sequence[tuple[str, Sequence[str | None]]]) -> tuple[str
 
 def visible(scopes: Iterable[Mapping[str, Default | None]]) -> dict[str, Default]:
     """The values seen inside the last of nested `scopes` (outermost first: the module's constants, then each
-    enclosing function's names as `bindings` gives them): a name bound by an inner scope hides the outer one's."""
+    enclosing function's names as `bindings` gives them): a name bound by an inner scope hides the outer one's,
+    and the entries read through it (`GRPO.beta` of a dict `GRPO`, `config.BETA` of a module `config`)."""
     seen: dict[str, Default | None] = {}
     for bound in scopes:
+        hidden = {name for name in bound if "." not in name}
+        seen = {name: value for name, value in seen.items() if name.partition(".")[0] not in hidden}
         seen.update(bound)
     return {name: value for name, value in seen.items() if value is not None}
 

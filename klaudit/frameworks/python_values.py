@@ -1,6 +1,7 @@
 """Values read from Python's own tree of a module (`ast`): literals as klaudit.frameworks.calls reports them, the
 module's constants (`BETA = 0.04`, and those it imports from a module of the project: `from config import
-PPO_EPOCHS`), and integer arithmetic on them (`PPO_BATCH_SIZE // PPO_MINI_BATCH`). klaudit.frameworks.cst_configs
+PPO_EPOCHS`), the literal entries of its dict constants (`GRPO["beta"]` of `GRPO = {"beta": 0.04}`), and integer
+arithmetic on them (`PPO_BATCH_SIZE // PPO_MINI_BATCH`). klaudit.frameworks.cst_configs
 reads the same from LibCST's tree where Python cannot parse a module, through these functions where it can."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import io
 import operator
 import re
 import tokenize
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from functools import partial
@@ -100,6 +102,7 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
     assignments: list[tuple[str, str | None, int, str]] = []
     imported: dict[str, Default] = {}
     modules: dict[str, Default] = {}  # `config.BETA` of `import config`: the project module's constant
+    entries: dict[str, dict[str, Default]] = {}  # `GRPO.beta` of `GRPO = {"beta": 0.04}`, by the dict's name
     readers = environment_readers(tree)
 
     def walk(node: ast.AST) -> None:
@@ -120,6 +123,8 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
                     name, found = alias.asname or alias.name, given.get(alias.name)
                     if found is not None:
                         imported[name] = found
+                    entries[name] = {name + key[len(alias.name):]: value for key, value in given.items()
+                                     if key.startswith(alias.name + ".")}
                     assignments.append((name, found.value if found is not None else None, child.lineno, ""))
                 continue
             if isinstance(child, ast.stmt):
@@ -129,6 +134,7 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
                         variable, default = _environment_default(value, text, readers) \
                             or ("", python_literal(value, text))
                         assignments.append((target.id, default, child.lineno, variable))
+                        entries[target.id] = dict_entries(target.id, value, text)
                         walk(value)
                     continue
             bound = binds(child)
@@ -139,7 +145,60 @@ def module_constants_of(tree: ast.Module, text: Callable[[ast.expr], str], optio
     walk(tree)
     rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     constants = module_constants(assignments, rebound, options.environment)
-    return {**modules, **{name: imported.get(name, value) for name, value in constants.items()}}
+    bound = Counter(name for name, *_ in assignments)
+    changed = rebound | _changed_in_place(tree)
+    kept = {key: value for name, found in entries.items() if bound[name] == 1 and name not in changed
+            for key, value in found.items()}
+    return {**modules, **kept, **{name: imported.get(name, value) for name, value in constants.items()}}
+
+
+def dict_entries(name: str, value: ast.expr, text: Callable[[ast.expr], str]) -> dict[str, Default]:
+    """The literal entries of a dict literal bound to `name`, dotted as resolve reads a configuration's keys: `GRPO.beta`
+    and `GRPO.lora.r` of `GRPO = {"beta": 0.04, "lora": {"r": 8}}`; none where a `**` spread may set any key."""
+    if not isinstance(value, ast.Dict) or any(key is None for key in value.keys):
+        return {}
+    found = _alike_in_every_entry(name, value, text)
+    for key, item in zip(value.keys, value.values):
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value.isidentifier()):
+            continue
+        dotted = f"{name}.{key.value}"
+        found = {entry: default for entry, default in found.items()  # a repeated key: the last one counts
+                 if entry != dotted and not entry.startswith(dotted + ".")}
+        literal = python_literal(item, text)
+        if literal is not None:
+            found[dotted] = Default(literal, f"{name}[{key.value!r}] = {text(item)} at line {item.lineno}")
+        else:
+            found.update(dict_entries(dotted, item, text))
+    return found
+
+
+def _alike_in_every_entry(name: str, value: ast.Dict, text: Callable[[ast.expr], str]) -> dict[str, Default]:
+    """`STAGES.*.beta` of a dict of dict literals that all give `beta` the same literal (`STAGES = {1: {"beta": 0.001,
+    ...}, 2: {"beta": 0.001, ...}}`): what `STAGES[stage]["beta"]` reads whichever entry a run picks."""
+    if len(value.values) < 2 or not all(isinstance(item, ast.Dict) for item in value.values):
+        return {}
+    first, *others = [dict_entries(f"{name}.*", item, text) for item in value.values]
+    return {entry: replace(default, origin=default.origin.replace(".*[", "[...][") + ", alike in every entry")
+            for entry, default in first.items()
+            if all(entry in other and other[entry].value == default.value for other in others)}
+
+
+_MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"})
+
+
+def _changed_in_place(tree: ast.Module) -> set[str]:
+    """The names of the module whose mapping some statement changes in place (`GRPO["beta"] = 0.1`,
+    `GRPO.update(...)`, `del GRPO["beta"]`), anywhere in the module: their literal entries are no constants."""
+    changed = set()
+    for node in ast.walk(tree):
+        base = node.value if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load) else \
+            node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in _MUTATORS else None
+        while isinstance(base, ast.Subscript):  # `GRPO["lora"]["r"] = 16`
+            base = base.value
+        if isinstance(base, ast.Name):
+            changed.add(base.id)
+    return changed
 
 
 _IMPORT_ROOTS = 3  # how many folders above a script an absolute import of a project module is looked up in

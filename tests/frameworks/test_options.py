@@ -177,6 +177,48 @@ def test_a_click_options_default_is_read_as_argparses(tmp_path):
     assert _codes(tmp_path, {"train.py": source.format("0.0")}) == []
 
 
+CONFIG_DICTS = """\
+GRPO = {
+    "group_size": 4,
+    "beta": 0.04,  # KL penalty
+    "kl": {"beta": 0.04, "off": 0.0},
+}
+CHANGED = {"beta": 0.04}
+SPREAD = {**GRPO, "beta": 0.04}
+STAGES = {1: {"beta": 0.04, "steps": 10}, 2: {"beta": 0.04, "steps": 20}}
+SWEEP = {"low": {"beta": 0.0}, "high": {"beta": 0.04}}
+
+
+def later():
+    CHANGED["beta"] = 0.0
+"""
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("from config import GRPO\nconfig = GRPOConfig(beta=GRPO['beta'])\n", [("train.py", 3, "KL003")]),
+    ("import config\nconfig = GRPOConfig(beta=config.GRPO['kl']['beta'])\n", [("train.py", 3, "KL003")]),
+    ("from config import GRPO as G\nkl = G['kl']\nconfig = GRPOConfig(beta=kl['off'])\n", []),  # 0.0: no KL term
+    # `beta or GRPO["beta"]` of a parameter that defaults to None: the dict's value where the caller leaves it alone
+    ("from config import GRPO\ndef run(beta=None):\n    beta = beta or GRPO['beta']\n"
+     "    return GRPOConfig(beta=beta)\n", [("train.py", 5, "KL003")]),
+    # an entry picked at run time (`STAGES[stage]`) reads what every entry gives alike
+    ("from config import STAGES\ndef run(stage):\n    config = STAGES[stage]\n"
+     "    return GRPOConfig(beta=config['beta'])\n", [("train.py", 5, "KL003")]),
+    ("from config import SWEEP\ndef run(arm):\n    return GRPOConfig(beta=SWEEP[arm]['beta'])\n", []),
+    # not read: an entry some statement changes, a dict that spreads another, a parameter that hides the dict
+    ("from config import CHANGED\nconfig = GRPOConfig(beta=CHANGED['beta'])\n", []),
+    ("from config import SPREAD\nconfig = GRPOConfig(beta=SPREAD['beta'])\n", []),
+    ("from config import GRPO\ndef run(GRPO):\n    return GRPOConfig(beta=GRPO['beta'])\n", []),
+    ("from config import GRPO\ndef run(beta=0.1):\n    beta = beta or GRPO['beta']\n"
+     "    return GRPOConfig(beta=beta)\n", []),  # a caller's value may decide
+])
+def test_an_entry_of_a_modules_dict_literal_is_its_value(tmp_path, script, expected):
+    """`GRPOConfig(beta=GRPO["beta"])` with `GRPO = {"beta": 0.04, ...}` bound once in the project's config.py and
+    changed nowhere trains with 0.04: TRL 1.16's ratio*k3 (kl-math.md row 2, KL003); 0.0 adds no KL term."""
+    files = {"config.py": CONFIG_DICTS, "train.py": "from trl import GRPOConfig\n" + script}
+    assert _codes(tmp_path, files) == expected
+
+
 def test_a_key_nested_in_the_projects_yaml_has_the_value_given_there(tmp_path):
     """grpo-llm-unlearning (eleventh set): GRPOConfig(beta=cfg.training.grpo.beta, num_iterations=...) with
     config/train.yaml's training.grpo.beta 0.04 and num_iterations 2, TRL 1.5: the k3 loss (row 3, KL002),
