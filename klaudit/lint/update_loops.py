@@ -308,7 +308,8 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
             return False
         return steps_on_fresh_samples(site[0], _methods_around(site[0], module) or methods, module, calls_of, depth + 1,
                                       called_elsewhere, beyond)
-    stepped = [dotted(calls[i][0].func) for i, _ in steps]  # `self.opt.step`: the optimizer stepped
+    stepped = [dotted(calls[i][0].func) for i, _ in steps  # `self.opt.step`: the optimizer stepped
+               if not _flushes_an_accumulation(func, calls[i][0], calls[i][1], steps, calls)]
     if len(set(stepped)) < len(stepped):
         return False
     draws = _drawing(methods, module, calls_of)
@@ -334,6 +335,19 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if drawn is None and isinstance(caller, cst.FunctionDef) and _uncalled(caller.name.value, module, calls_of):
         return _passes_counted_once(caller, index, loops, calls, beyond)
     return drawn is True
+
+
+def _flushes_an_accumulation(func: cst.FunctionDef | cst.Module, step: cst.Call, loops: tuple, steps: list,
+                             calls: Sequence) -> bool:
+    """A step after the training loop that flushes gradients a last, partial accumulation window left
+    (`if step % accumulation_steps != 0: scaler.step(optimizer)`): outside every loop, under a test of a remainder,
+    stepping the optimizer a loop of the function steps too. It steps on samples no step has used, so it is no
+    second step on one batch."""
+    if loops or not any(calls[i][1] and dotted(calls[i][0].func) == dotted(step.func) for i, _ in steps):
+        return False
+    return any(type(node) is cst.If and any(type(part) is cst.BinaryOperation and type(part.operator) is cst.Modulo
+                                            for part in walk(node.test))
+               and any(inner is step for inner in walk(node.body)) for node in walk(func))
 
 
 def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,

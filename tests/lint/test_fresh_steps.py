@@ -316,3 +316,47 @@ def test_a_mixed_precision_step_handed_the_optimizer_is_an_optimizer_step(tmp_pa
         "self.opt.step()", "self.scaler.step(self.opt)\n                self.scaler.update()")
     assert codes(tmp_path, body, epochs=4) == ["KL008"]
     assert codes(tmp_path, body.replace("self.scaler.step(self.opt)", "self.scaler.step(self.batch)"), epochs=4) == []
+
+
+ACCUMULATED = """\
+import torch
+
+
+def k3(ref_logp, logp):
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def train_epoch(loader, model, ref_model, engine, optimizer, scaler, args):
+    last_step = 0
+    for step, prompts in enumerate(loader, start=1):
+        rollout = engine.rollout(prompts)
+        logp = model(rollout.ids)
+        with torch.no_grad():
+            ref_logp = ref_model(rollout.ids)
+        old_logp = rollout.per_token_logps
+        ratio = torch.exp(logp - old_logp)
+        loss = (-(ratio * rollout.adv) + args.beta * k3(ref_logp, logp)).mean() / args.accumulation_steps
+        scaler.scale(loss).backward()
+        if step % args.accumulation_steps == 0:
+            scaler.step(optimizer)
+            optimizer.zero_grad()
+        last_step = step
+    if {flush}:
+        scaler.step(optimizer)
+        optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("flush, expected", [
+    ("last_step % args.accumulation_steps != 0", ["KL002"]),
+    ("args.finish", ["KL002", "KL008"]),  # a second step of no partial window: it may step one batch twice
+])
+def test_a_step_that_flushes_the_last_accumulation_window_is_no_second_step(tmp_path, flush, expected):
+    """minimind's GRPO trainer (five of its derivatives in the eighty-fourth set) samples each micro-batch from
+    the live policy, steps every `accumulation_steps` micro-batches, and after the loop steps once more on the
+    gradients a last, partial window left (`if last_step % accumulation_steps != 0:`): that step is on samples no
+    step has used, so the PPO ratio of each micro-batch is 1 and its k3 loss is on-policy, kl-math.md row 3
+    (KL002), not row 22 (KL008)."""
+    found = module_codes(ACCUMULATED.format(flush=flush), tmp_path)
+    assert sorted({code for _, code in found}) == expected
