@@ -71,6 +71,7 @@ from klaudit.frameworks.sourcing import sourced_files
 from klaudit.frameworks.trainers import (
     CLASS_HEADER,
     own_trainers,
+    trains_only_refused_grpo_trainers,
     trains_trls_grpo_trainer,
     trains_with_own_trainers,
     trl_subclasses,
@@ -1138,6 +1139,8 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
         calls = []  # the project's trainer runs its own loss, reported where it is written (frameworks.trainers)
     found: list[Finding] = []
     patched = context.patched_by_unsloth(path, source)
+    if calls and not patched and trains_only_refused_grpo_trainers(source):
+        calls = []  # TRL's GRPOTrainer refuses a keyword it is given: nothing trains
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         fields = {key: field for key, field in definition.fields.items() if key not in trl.RETIRED}
         if fields and not _is_framework_source(definition, context):

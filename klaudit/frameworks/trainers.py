@@ -84,6 +84,32 @@ def trains_with_own_trainers(source: str, own: frozenset[str]) -> bool:
     return bool(trainers) and trainers <= own - from_trl
 
 
+# The keywords TRL's GRPOTrainer takes in some release (0.14 to 1.16, read from the wheels; it takes no **kwargs)
+GRPO_TRAINER_KEYWORDS = frozenset({
+    "model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class", "reward_processing_classes",
+    "callbacks", "optimizers", "peft_config", "quantization_config", "tools", "rollout_func", "environment_factory"})
+
+
+def trains_only_refused_grpo_trainers(source: str) -> bool:
+    """Whether every call the module hands its training arguments (`args=`) to is TRL's GRPOTrainer given a keyword
+    no release takes (`GRPOTrainer(tokenizer=...)`, which Hcoder10/gamepulse writes), and there is one: each raises
+    a TypeError and nothing trains. (Unsloth's patched GRPOTrainer takes `tokenizer`: the caller asks first.)"""
+    local = {name for name, (top, original) in imported_names(source).items()
+             if top == "trl" and original == "GRPOTrainer"}
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    handed = [node for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and any(keyword.arg == "args" for keyword in node.keywords)]
+    return bool(handed) and all(
+        (isinstance(call.func, ast.Name) and call.func.id in local
+         or isinstance(call.func, ast.Attribute) and call.func.attr == "GRPOTrainer"
+         and isinstance(call.func.value, ast.Name) and call.func.value.id == "trl")
+        and any(keyword.arg is not None and keyword.arg not in GRPO_TRAINER_KEYWORDS for keyword in call.keywords)
+        for call in handed)
+
+
 def trains_trls_grpo_trainer(source: str) -> bool:
     """Whether the module imports TRL's GRPOTrainer and names it beyond the import (calls it, binds it to a variable,
     derives from it): a script that imports it but builds only a trainer of its own (`trainer_cls =

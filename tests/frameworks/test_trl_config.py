@@ -557,3 +557,22 @@ def test_a_keyword_of_the_projects_own_grpoconfig_copy_is_taken(tmp_path):
     assert [(f.path.rsplit("/", 1)[-1], f.code) for f in found] == [("train.py", "KL002")]
     (tmp_path / "grpo_config.py").unlink()
     assert lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings == []
+
+
+@pytest.mark.parametrize("keyword, unsloth, expected", [
+    ("processing_class", False, [("train_grpo.py", 6, "KL003")]),
+    ("tokenizer", False, []),  # no TRL GRPOTrainer (0.14 to 1.16) takes it: a TypeError before any step
+    ("tokenizer", True, [("train_grpo.py", 6, "KL002")]),  # Unsloth's patched trainer takes it and trains a k3 loss
+])
+def test_a_grpo_trainer_given_a_keyword_no_release_takes_trains_nothing(tmp_path, keyword, unsloth, expected):
+    """Hcoder10/gamepulse (fresh83) builds GRPOConfig(beta=0.1) and hands it to TRL's GRPOTrainer(tokenizer=...),
+    which raises a TypeError in every release: its configuration is never trained, so it has no verdict. The same
+    call with processing_class trains ratio*k3 at TRL 1.16 (kl-math.md row 2, KL003); Unsloth's trainer, imported
+    first, renames tokenizer and trains a plain k3 (row 3, KL002)."""
+    script = ("import unsloth\n" if unsloth else "") + (
+        "from trl import GRPOConfig, GRPOTrainer\n\n\ndef main(model, tok, data):\n"
+        "    config = GRPOConfig(\n        beta=0.1)\n"
+        f"    trainer = GRPOTrainer(model=model, reward_funcs=[len], args=config, {keyword}=tok, train_dataset=data)\n"
+        "    trainer.train()\n")
+    found = _tree_findings(tmp_path, {"train_grpo.py": script})
+    assert found == [(name, line + unsloth, code) for name, line, code in expected]
