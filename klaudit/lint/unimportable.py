@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -176,12 +177,17 @@ def _binds(text: str, name: str) -> bool:
 
 # what a module of the path may be besides a source file: a package, bytecode or an extension
 _IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
+# a configuration file named after the tool it configures (accelerate.yaml, deepspeed.json, openenv.yaml,
+# logging.conf): the import reaches the installed package of that name, not the file
+_CONFIGURATION_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf")
 
 
 def imports_a_data_file(path: str, source: str) -> bool:
     """Whether the module at `path`, in a folder that is no package, imports unconditionally by an absolute name a
     module its folder holds only as a data file: `from rl_judge_prompts import PROMPT` beside `rl_judge_prompts.txt`
-    and no `rl_judge_prompts.py`. Run as a script (its folder first on the path), the import fails."""
+    and no `rl_judge_prompts.py`. Run as a script (its folder first on the path), the import fails. Not a module of
+    Python's own library, nor one the folder holds only as a configuration file (`from accelerate.utils import
+    gather` beside accelerate.yaml): the import finds the installed package."""
     here = os.path.dirname(os.path.abspath(path))
     if os.path.isfile(os.path.join(here, "__init__.py")):
         return False
@@ -198,8 +204,10 @@ def imports_a_data_file(path: str, source: str) -> bool:
         names = [statement.module] if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module \
             else [alias.name for alias in statement.names] if isinstance(statement, ast.Import) else []
         for name in names:
-            found = stems.get(name.split(".", 1)[0], [])
-            if found and not any(suffix == "" or suffix.endswith(_IMPORTABLE_SUFFIXES) for suffix in found):
+            top = name.split(".", 1)[0]
+            found = stems.get(top, [])
+            if found and top not in sys.stdlib_module_names and not any(
+                    suffix == "" or suffix.endswith(_IMPORTABLE_SUFFIXES + _CONFIGURATION_SUFFIXES) for suffix in found):
                 return True
     return False
 

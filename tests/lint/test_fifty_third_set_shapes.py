@@ -190,3 +190,16 @@ def test_a_script_importing_a_module_its_folder_holds_only_as_a_data_file_never_
 ])
 def test_a_module_the_folder_or_the_path_may_hold_leaves_the_script_linted(tmp_path, beside, package):
     assert _script_codes(tmp_path, "from rl_judge_prompts import PROMPT", beside, package) == ["KL002"]
+
+
+@pytest.mark.parametrize(("imports", "beside"), [
+    ("from accelerate.utils import gather", ["accelerate.yaml"]),  # KimGyunYeop (fresh85), xjr1051 (fresh80)
+    ("from openenv import Env", ["openenv.yaml"]),  # an OpenEnv environment's manifest
+    ("import logging", ["logging.conf"]),  # Python's own module
+    ("import deepspeed", ["deepspeed.json"]),
+])
+def test_a_configuration_file_named_after_an_installed_package_leaves_the_script_linted(tmp_path, imports, beside):
+    """A configuration file named after the tool it configures stands in for no module: the import finds the
+    installed package, the script runs, and its k3 loss is row 3 (KL002). KimGyunYeop/TA-GRPO-d's d1 trainer beside
+    accelerate.yaml was dropped whole (two recorded misses)."""
+    assert _script_codes(tmp_path, imports, beside) == ["KL002"]
