@@ -1139,7 +1139,7 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
         calls = []  # the project's trainer runs its own loss, reported where it is written (frameworks.trainers)
     found: list[Finding] = []
     patched = context.patched_by_unsloth(path, source)
-    if calls and not patched and trains_only_refused_grpo_trainers(source):
+    if calls and trains_only_refused_grpo_trainers(source, unsloth=patched):
         calls = []  # TRL's GRPOTrainer refuses a keyword it is given: nothing trains
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         fields = {key: field for key, field in definition.fields.items() if key not in trl.RETIRED}

@@ -90,10 +90,17 @@ GRPO_TRAINER_KEYWORDS = frozenset({
     "callbacks", "optimizers", "peft_config", "quantization_config", "tools", "rollout_func", "environment_factory"})
 
 
-def trains_only_refused_grpo_trainers(source: str) -> bool:
+# What Unsloth's patched trainers take besides: `tokenizer`, which they rename `processing_class` (any other keyword
+# they hand on to TRL's constructor, which refuses it)
+UNSLOTH_RENAMED = frozenset({"tokenizer"})
+
+
+def trains_only_refused_grpo_trainers(source: str, unsloth: bool = False) -> bool:
     """Whether every call the module hands its training arguments (`args=`) to is TRL's GRPOTrainer given a keyword
-    no release takes (`GRPOTrainer(tokenizer=...)`, which Hcoder10/gamepulse writes), and there is one: each raises
-    a TypeError and nothing trains. (Unsloth's patched GRPOTrainer takes `tokenizer`: the caller asks first.)"""
+    no release takes (`GRPOTrainer(tokenizer=...)`, which Hcoder10/gamepulse writes; under Unsloth, which renames
+    that one, `GRPOTrainer(beta=...)` as DonPex writes), and there is one: each raises a TypeError and nothing
+    trains."""
+    taken = GRPO_TRAINER_KEYWORDS | (UNSLOTH_RENAMED if unsloth else frozenset())
     local = {name for name, (top, original) in imported_names(source).items()
              if top == "trl" and original == "GRPOTrainer"}
     try:
@@ -106,7 +113,7 @@ def trains_only_refused_grpo_trainers(source: str) -> bool:
         (isinstance(call.func, ast.Name) and call.func.id in local
          or isinstance(call.func, ast.Attribute) and call.func.attr == "GRPOTrainer"
          and isinstance(call.func.value, ast.Name) and call.func.value.id == "trl")
-        and any(keyword.arg is not None and keyword.arg not in GRPO_TRAINER_KEYWORDS for keyword in call.keywords)
+        and any(keyword.arg is not None and keyword.arg not in taken for keyword in call.keywords)
         for call in handed)
 
 

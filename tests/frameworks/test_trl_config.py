@@ -563,12 +563,14 @@ def test_a_keyword_of_the_projects_own_grpoconfig_copy_is_taken(tmp_path):
     ("processing_class", False, [("train_grpo.py", 6, "KL003")]),
     ("tokenizer", False, []),  # no TRL GRPOTrainer (0.14 to 1.16) takes it: a TypeError before any step
     ("tokenizer", True, [("train_grpo.py", 6, "KL002")]),  # Unsloth's patched trainer takes it and trains a k3 loss
+    ("beta", True, []),  # Unsloth hands it on to TRL's constructor, which refuses it (DonPex, fresh85)
 ])
 def test_a_grpo_trainer_given_a_keyword_no_release_takes_trains_nothing(tmp_path, keyword, unsloth, expected):
     """Hcoder10/gamepulse (fresh83) builds GRPOConfig(beta=0.1) and hands it to TRL's GRPOTrainer(tokenizer=...),
     which raises a TypeError in every release: its configuration is never trained, so it has no verdict. The same
     call with processing_class trains ratio*k3 at TRL 1.16 (kl-math.md row 2, KL003); Unsloth's trainer, imported
-    first, renames tokenizer and trains a plain k3 (row 3, KL002)."""
+    first, renames tokenizer and trains a plain k3 (row 3, KL002), but hands DonPex's `beta=` (fresh85) on to TRL's
+    constructor, which refuses it."""
     script = ("import unsloth\n" if unsloth else "") + (
         "from trl import GRPOConfig, GRPOTrainer\n\n\ndef main(model, tok, data):\n"
         "    config = GRPOConfig(\n        beta=0.1)\n"
