@@ -196,12 +196,10 @@ def _function_parameters(tree: ast.Module, text: Callable[[ast.expr], str],
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         arguments = node.args
-        positional = [*arguments.posonlyargs, *arguments.args]
-        every = (*positional, *arguments.kwonlyargs, *(a for a in (arguments.vararg, arguments.kwarg) if a is not None))
+        every = (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                 *(a for a in (arguments.vararg, arguments.kwarg) if a is not None))
         defaults = {**dict.fromkeys(argument.arg for argument in every),
-                    **{argument.arg: _parameter_default(default, text) for argument, default in
-                       (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
-                        *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None}}
+                    **{argument.arg: _parameter_default(default, text) for argument, default in _defaulted(node)}}
         defaults.update((name, value) for name, value in _click_defaults(node, text).items()
                         if name in defaults and defaults[name] is None)
         bound = Counter(name for statement in node.body for inner in ast.walk(statement) if (name := binds(inner)))
@@ -300,13 +298,18 @@ def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
 
 def _none_by_default(scope: ast.AST, name: str) -> bool:
     """Whether `name` is a parameter of the function `scope` whose default is None."""
-    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return False
-    arguments = scope.args
+    return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+        argument.arg == name and isinstance(default, ast.Constant) and default.value is None
+        for argument, default in _defaulted(scope))
+
+
+def _defaulted(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[ast.arg, ast.expr]]:
+    """(parameter, its default) of each parameter of `function` that has one, positional and keyword-only."""
+    arguments = function.args
     positional = [*arguments.posonlyargs, *arguments.args]
-    return any(argument.arg == name and isinstance(default, ast.Constant) and default.value is None
-               for argument, default in (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
-                                         *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None)
+    return [(argument, default) for argument, default in
+            (*zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults),
+             *zip(arguments.kwonlyargs, arguments.kw_defaults)) if default is not None]
 
 
 def _python_default(node: ast.expr, text: Callable[[ast.expr], str]) -> str | None:

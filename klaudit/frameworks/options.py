@@ -57,12 +57,12 @@ _DEFAULT_NAME = re.compile(r"\bdefault\s*=\s*([A-Za-z_]\w*)\s*(?:[,)]|$)")
 # own (`    beta: float = 0.04,` in a signature, minstar/BIOAgents), whose default the function's own scope gives
 _FIELD = re.compile(rf"^[ \t]+(\w+)[ \t]*:[^=\n]+=[ \t]*(?:[Ff]ield\((?:[^)]*?\bdefault[ \t]*=)?[ \t]*{_LITERAL}[ \t]*[,)]"
                     rf"|{_LITERAL}[ \t]*[#\n])", re.MULTILINE)
-# `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
 # A function parameter whose default declares a command-line option (typer's `beta: float = typer.Option(0.04)`):
 # the run that leaves the option alone reads the option's default, as argparse's does
 OPTION_DECLARATIONS = frozenset({"Option", "Argument"})
 # The flag and parameter names of a click option (`@click.option("-k", "--kl-coef", ...)`) as written
 _CLICK_NAME = re.compile(r"^(?:--?([\w-]+)|(\w+))$")
+# `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
 _SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,()\]}#]*)")
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 _SHELL = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # the linted launch scripts (klaudit.frameworks.SHELL_SUFFIXES)

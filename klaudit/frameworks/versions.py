@@ -220,9 +220,7 @@ def _dated_release(name: str, specifier: str, declared: Path) -> Assumed | None:
     latest known: the newest known release line it allows that was out on the day git says the file was last
     committed (klaudit.frameworks.dated)."""
     day = last_committed(declared)
-    parsed = _clauses(specifier)
-    allowed = [known for index, known in enumerate(KNOWN[name])
-               if all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+    allowed = _allowed_lines(name, _clauses(specifier))
     found = newest_published(name, day, allowed) if day is not None and allowed else None
     if found is None or found[0] == DEFAULT[name]:
         return None
@@ -682,8 +680,7 @@ def _bounded(directory: Path) -> dict[str, tuple[str, str, str]]:
             parsed = _clauses(match.group("specifier"))
             if not any(operator in ("<", "<=", "~=") or version.endswith("*") for operator, version in parsed):
                 continue
-            allowed = [known for index, known in enumerate(KNOWN[name])
-                       if all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+            allowed = _allowed_lines(name, parsed)
             if allowed:
                 bounded.setdefault(name, (allowed[-1], f"{distribution(name)}{match.group('specifier')}", where))
     return bounded
@@ -720,9 +717,7 @@ def capped_in(text: str | None) -> dict[str, tuple[str | None, str]]:
         if specifier is None:
             continue
         parsed = _clauses(specifier)
-        allowed = [known for index, known in enumerate(KNOWN[name])
-                   if release(_floor(floors, known)) <= release(pin.group(1))
-                   and all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
+        allowed = [known for known in _allowed_lines(name, parsed) if release(_floor(floors, known)) <= release(pin.group(1))]
         oldest = release(min(floors.values(), key=release))
         if allowed and allowed[-1] != KNOWN[name][-1] or release(pin.group(1)) < oldest:
             capped[name] = (allowed[-1] if allowed else None, f"transformers=={pin.group(1)}")
@@ -748,6 +743,12 @@ def _unpinned(directory: Path) -> dict[str, tuple[str, str]]:
                     operator in ("<", "<=", "~=", "==", "===") for operator, _ in _clauses(specifier)):
                 unpinned[name] = (specifier, where)
     return unpinned
+
+
+def _allowed_lines(name: str, parsed: list[tuple[str, str]]) -> list[str]:
+    """The known release lines of `name`, oldest first, holding a release that satisfies every clause of `parsed`."""
+    return [known for index, known in enumerate(KNOWN[name])
+            if all(_allows(operator, version, known, KNOWN[name][index + 1:]) for operator, version in parsed)]
 
 
 def _floor(floors: Mapping[str, str], known: str) -> str:
