@@ -160,7 +160,7 @@ class ExpressionFlow(FlowState):
                 return (Fact(role="mask"),)
             return ()
         base = self.expr(node.value)
-        picked = picked_tokens(node, base)
+        picked = picked_tokens(node, base, self.token_ids())
         if picked is not None:
             return picked
         last = is_last_index(node)
@@ -276,15 +276,17 @@ class ExpressionFlow(FlowState):
         return ()
 
 
-def picked_tokens(node: cst.Subscript, base: tuple) -> tuple | None:
+def picked_tokens(node: cst.Subscript, base: tuple, token_ids: frozenset[str]) -> tuple | None:
     """`log_probs[rows, positions, token_ids]`: vocabulary-level log-probs or logits indexed on their last axis
     by the sampled tokens' ids, a gather (tensors.picked_from_vocabulary); None for any other index. The ids are
-    known by their name (`log_probs[:, :, actions]`), or by an index array on each of three axes (`logprobs[rows,
+    known by their name (`log_probs[:, :, actions]`) or as a name the function binds to such ids kept as they are
+    (`token_ids`: `labels_s = labels.clamp(0, V - 1)`), or by an index array on each of three axes (`logprobs[rows,
     cols, rollouts]`: numpy's advanced indexing, one entry per row and position, as a gather picks)."""
     last = node.slice[-1].slice if len(node.slice) > 1 else None
     if type(last) is not cst.Index:
         return None
-    named = roles.names_token_ids(root_name(last.value))
+    index = root_name(last.value)
+    named = roles.names_token_ids(index) or index in token_ids
     if not named and not _indexes_every_axis(node):
         return None
     picked = picked_from_vocabulary(base)

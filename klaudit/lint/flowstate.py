@@ -25,6 +25,7 @@ from klaudit.lint.syntax import (
     overwritten_assignments,
     python_number_names,
     reads_a_measure,
+    token_id_names,
 )
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class FlowState:
         self._overwritten: frozenset[cst.Assign] | None = None
         self._measured: frozenset[str] | None = None
         self._numbers: frozenset[str] | None = None
+        self._token_ids: frozenset[str] | None = None
 
     def detached_entries(self) -> frozenset[tuple[str, str]]:
         """(container, key) of the entries the function detaches somewhere (klaudit.lint.syntax.detached_entries)."""
@@ -97,6 +99,12 @@ class FlowState:
         if self._numbers is None:
             self._numbers = python_number_names(self.func)
         return self._numbers
+
+    def token_ids(self) -> frozenset[str]:
+        """The function's names bound only to token ids kept as they are (klaudit.lint.syntax.token_id_names)."""
+        if self._token_ids is None:
+            self._token_ids = token_id_names(self.func)
+        return self._token_ids
 
     def one_sequence_at_a_time(self) -> bool:
         """Whether the statement being run handles one sequence: in a loop over the drawn samples one by one, in a

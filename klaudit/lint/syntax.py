@@ -332,6 +332,42 @@ def measured_names(function: cst.CSTNode) -> frozenset[str]:
     return frozenset(found)
 
 
+# What keeps a tensor of token ids the same ids: bounded to the vocabulary, cast, moved, reshaped.
+_KEEPS_IDS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "long", "int", "to", "cuda", "contiguous",
+                        "view", "reshape", "unsqueeze", "squeeze", "flatten", "detach", "clone"})
+
+
+def token_id_names(function: cst.CSTNode) -> frozenset[str]:
+    """The names `function` binds only to token ids kept as they are (`labels_s = shift_labels.clamp(0, V - 1)`,
+    `ids = torch.clamp(tokens, max=V - 1).long()`), from a name spelled as token ids (roles.names_token_ids) or
+    from another such name: an index by them over the vocabulary picks each token's entry, as a gather does."""
+    bound = name_bindings(function)
+    found: set[str] = set()
+    changed = True
+    while changed:  # add names whose every binding keeps ids known (or the name's own), until none is added
+        changed = False
+        for name, bindings in bound.items():
+            if name not in found and not roles.names_token_ids(name) and all(
+                    value is not None and _kept_ids(value, found | {name}) for _, value in bindings):
+                found.add(name)
+                changed = True
+    return frozenset(found)
+
+
+def _kept_ids(node: cst.BaseExpression, known: set[str]) -> bool:
+    """Whether `node` is token ids (by name, or one of `known`) through calls that keep them (`_KEEPS_IDS`)."""
+    while type(node) is cst.Call:
+        func = node.func
+        if type(func) is cst.Attribute and func.attr.value in _KEEPS_IDS:
+            if type(func.value) is cst.Name and func.value.value == "torch" and node.args:
+                node = node.args[0].value  # torch.clamp(ids, ...)
+            else:
+                node = func.value
+        else:
+            return False
+    return type(node) is cst.Name and (roles.names_token_ids(node.value) or node.value in known)
+
+
 def is_literal_choice(node: cst.CSTNode) -> bool:
     """A number, None, True or False, or a conditional choosing between such (`None if flag else -1`)."""
     if type(node) is cst.IfExp:

@@ -2,7 +2,9 @@
 
 - Sathvik-ai's notebook PPO keeps the sampled ids in range before it picks their log-probs
   (`gen_ids_clamped = torch.clamp(gen_ids, ...)`, then `lp[torch.arange(n), gen_ids_clamped]`): the index's name was
-  not read as token ids, so neither log-prob was one, and its k1 loss went unreported (row 1, KL001).
+  not read as token ids, so neither log-prob was one, and its k1 loss went unreported (row 1, KL001). The
+  eighty-third set's intellicredit names them `shift_labels_s` (`= shift_labels.clamp(0, V - 1)`): ids by what they
+  are bound to, not by their spelling.
 - YukoiWang/Emo-Agent-RL-finetune trains one multi-turn dialogue per pass, over `enumerate(rollout_results)` or
   `range(total_count)` picking `all_rollouts_flat[idx]`, and divides each KL sum by that dialogue's own token count:
   per-sequence 1/L weights (row 21, KL007), read as a batch token mean.
@@ -59,8 +61,29 @@ def test_token_ids_kept_in_range_still_pick_the_sampled_tokens_log_probs(tmp_pat
     assert "KL001" in _codes(tmp_path, {"ppo.py": PICKED.format(ids=ids, ref_ids=ids)})
 
 
+@pytest.mark.parametrize("bound", ["shift_labels.clamp(0, lp_all.shape[-1] - 1)",
+                                   "torch.clamp(gen_ids, max=lp_all.shape[-1] - 1).long()",
+                                   "picked_s.to(lp_all.device)"])
+def test_a_name_bound_to_token_ids_kept_in_range_picks_the_sampled_tokens(tmp_path, bound):
+    text = PICKED.format(ids="picked_s", ref_ids="gen_ids_clamped").replace(
+        "        picked_s = torch.clamp(gen_ids, 0, lp_all.shape[-1] - 1)\n",
+        "        shift_labels = gen_ids\n        picked_s = torch.clamp(shift_labels, 0, lp_all.shape[-1] - 1)\n"
+        f"        picked_s = {bound}\n")
+    assert "picked_s = " + bound in text
+    assert "KL001" in _codes(tmp_path, {"ppo.py": text})
+
+
 def test_an_index_not_named_for_token_ids_picks_nothing(tmp_path):
-    assert _codes(tmp_path, {"ppo.py": PICKED.format(ids="gen_ids_clamped", ref_ids="clamped_rows")}) == []
+    text = PICKED.format(ids="gen_ids_clamped", ref_ids="clamped_rows")
+    assert _codes(tmp_path, {"ppo.py": text.replace("torch.clamp(gen_ids, 0, lp.shape", "torch.clamp(row_index, 0, lp.shape")}) == []
+
+
+def test_a_name_bound_to_ids_in_one_branch_and_to_rows_in_another_picks_nothing(tmp_path):
+    text = PICKED.format(ids="gen_ids_clamped", ref_ids="clamped_rows").replace(
+        "        return lp[torch.arange(len(gen_ids)), clamped_rows]",
+        "        if prompt_len > 1:\n            clamped_rows = row_index\n"
+        "        return lp[torch.arange(len(gen_ids)), clamped_rows]")
+    assert _codes(tmp_path, {"ppo.py": text}) == []
 
 
 DIALOGUES = """\
