@@ -94,6 +94,7 @@ class Options:
     # the names some Python code of the project sets, by keyword or assignment, to anything but a literal 0
     # (`Config(beta=1e-3)` in a preset beside the field's `beta: float = 0.0`)
     set_in_code: frozenset[str] = frozenset()
+    run: frozenset[str] = frozenset()  # the resolved paths of the project's scripts some launch script runs
 
     def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
         """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):
@@ -114,15 +115,33 @@ class Options:
         (`default`) and every launch of any script that sets it say 0; or, for a key no Python option declares, every
         linted YAML file that sets it gives 0; and no Python code sets it otherwise (`set_in_code`). A KL term it scales
         is then 0, and the code that forms it trains nothing."""
+        given = self._in_every_run(key, path)
+        return bool(given) and all(number(value.value) == 0 for value in given)
+
+    def run_values(self, key: str, path: str) -> frozenset[str] | None:
+        """The values the option `key` (a single attribute, `args.kl_approximator`) can have in a run of the file at
+        `path`, where a launch script of the project runs a file that declares it: its default and what every launch
+        and linted YAML file sets it to, when all are literals and no Python code sets it otherwise; None where some
+        run may give it another value, or where no launch shows how the project runs (a library's option, a
+        choice its README leaves to the user). A trainer's branch on a value none of them gives is never taken."""
+        if "." in key or not any(str(Path(file).resolve()) in self.run for file in self.given.get(key, {})):
+            return None
+        given = self._in_every_run(key, path)
+        yamls = [value for dotted, values in self._configured_keys.items()
+                 if dotted.rsplit(".", 1)[-1] == key for value in values]
+        values = {value.value for value in given + yamls}
+        return frozenset(values) if given and UNREAD not in values else None
+
+    def _in_every_run(self, key: str, path: str) -> list[Default]:
+        """The values that runs of the file at `path` give the option `key`: the default there and every launch's
+        (the YAML files' values of a key nested below a configuration's root); none where Python code sets it."""
         if key.rsplit(".", 1)[-1] in self.set_in_code:
-            return False
+            return []
         if "." not in key and (key in self.given or key in self.launched):
             found = self.default(key, path)
             launches = [value for values in self.launched.get(key, {}).values() for value in values]
-            given = [found, *launches] if found is not None else []
-        else:
-            given = list(self._configured_keys.get(key, ()))
-        return bool(given) and all(number(value.value) == 0 for value in given)
+            return [found, *launches] if found is not None else []
+        return list(self._configured_keys.get(key, ()))
 
     @functools.cached_property
     def _configured_keys(self) -> dict[str, tuple[Default, ...]]:
@@ -276,10 +295,12 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
             origin = f"{path}:{text.count(chr(10), 0, offset) + 1}"
             given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
     configs = tuple(configs)
-    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields)
+    run: set[str] = set()
+    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields, run)
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
+                   run=frozenset(run),
                    set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
                                          for match in _SET.finditer(text) if number(match.group(2)) != 0))
 
@@ -306,13 +327,14 @@ def _argument_default(arguments: str, text: str) -> str | None:
 
 
 def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
-              fields: Collection[str] = ()) -> dict[str, dict[str, list[Default]]]:
+              fields: Collection[str], run: set[str]) -> dict[str, dict[str, list[Default]]]:
     """The values the shell scripts `launchers` give, on each command line that runs a script of the project,
     the options that script declares (`declared`: its resolved path -> the flags, `kl-coef` as written) or the
     project's dataclasses do (`fields`, parsed by whichever script), by option name (`kl_coef`) and the script's
     resolved path. A dataclass field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set
     elsewhere) is kept as UNREAD: the field's default is then not what the launch trains with. A script's own
-    option set so is left out, as before: its default stands for the runs of a sweep (`--beta "$b"`)."""
+    option set so is left out, as before: its default stands for the runs of a sweep (`--beta "$b"`). The scripts
+    launched, with options or not, are added to `run`."""
     found: dict[str, dict[str, list[Default]]] = {}
     for launcher in launchers:
         try:
@@ -326,6 +348,7 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
             flags = {*own, *(fields if script is not None else ())}
             if not flags:
                 continue
+            run.add(target)
             line = text.count("\n", 0, match.start()) + 1
             spellings = {spelled: spelled for flag in flags for spelled in (flag, flag.replace("-", "_"))}
             for spelled, setting in cli_flags(only_command(text, match.start()), spellings).items():

@@ -87,6 +87,10 @@ class ConditionFlow(FlowState):
                 if known and not any(f.role == "str" and f.text is None for f in facts):
                     hit = any(k in strings for k in known)
                     return None, (not hit if negate else hit)
+                ran = self.run_values(subject)
+                if ran is not None and (ran <= set(strings) or not ran & set(strings)):
+                    hit = ran <= set(strings)  # every run takes the branch, or none does
+                    return None, (not hit if negate else hit)
                 values = spelled(facts, tuple(strings))
                 if negate and values:
                     values = negated(values) or ()
@@ -134,6 +138,13 @@ class ConditionFlow(FlowState):
                 return None, name == "True"
             return (self.switch_name(test), (True,)), None
         return None, None
+
+    def run_values(self, subject: cst.BaseExpression) -> frozenset[str] | None:
+        """The values a read of a project's option (`args.kl_approximator`, `self.args.kl_approximator`; not an
+        instance's own `self.kl_type`) has in the runs the project shows (klaudit.frameworks.options.Options.run_values)."""
+        if type(subject) is not cst.Attribute or type(subject.value) is cst.Name and subject.value.value == "self":
+            return None
+        return self.module.project.options.run_values(subject.attr.value, self.module.path)
 
     def holding(self, test: cst.BaseExpression) -> tuple:
         """The labels that hold where an undecided `test` is true, as far as labels can say: its own label,

@@ -183,3 +183,53 @@ def test_only_evaluated(source, evaluated):
     from klaudit.lint.syntax import only_evaluated
 
     assert only_evaluated(cst.parse_module(source).body[0]) is evaluated
+
+
+# yonseivnl/vlm-rlaif (eighty-sixth set): `kl_approximator: str = field(default="k1")`, and the one launch script runs
+# the trainer without setting it: the trainer's `elif self.args.kl_approximator == "k3":` branch (k3 in the reward,
+# KL004) never runs. Without a launch (a library's option, TRL's `kl_estimator`; minimind's README choice of
+# `--loss_type`) the value is the user's to choose, and each branch is judged.
+SWITCHED = """\
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Arguments:
+    kl_approximator: str = field(default="k1")
+    kl_coef: float = 0.1
+
+
+class Trainer:
+    def shape_rewards(self, scores, logprobs, ref_logprobs):
+        if {read} == "k1":
+            kl = logprobs - ref_logprobs
+        elif {read} == "k3":
+            log_r = ref_logprobs - logprobs
+            kl = torch.exp(log_r) - 1.0 - log_r
+        else:
+            raise ValueError("unknown estimator")
+        rewards = -self.args.kl_coef * kl
+        rewards[:, -1] += scores
+        return rewards
+"""
+LAUNCH = {"run.sh": "torchrun --nproc-per-node 8 trainer.py --kl_coef 0.1\n"}
+
+
+@pytest.mark.parametrize("read, files, k3", [
+    ("self.args.kl_approximator", LAUNCH, False),  # the default's branch only
+    ("args.kl_approximator", LAUNCH, False),
+    ("self.args.kl_approximator", {}, True),  # no launch: the user's choice
+    ("self.args.kl_approximator", {"run.sh": "python trainer.py --kl_approximator k3\n"}, True),  # a launch selects it
+    ("self.args.kl_approximator", LAUNCH | {"configs/a.yaml": "kl_approximator: k3\n"}, True),  # a config may set it
+    ("self.args.kl_approximator", LAUNCH | {"sweep.py": "from trainer import Arguments\nArguments(kl_approximator='k3')\n"},
+     True),
+    ("self.kl_approximator", LAUNCH, True),  # the instance's own attribute, not the option
+])
+def test_a_branch_on_an_option_value_no_run_gives_never_runs(tmp_path, read, files, k3):
+    text = SWITCHED.format(read=read)
+    if read == "args.kl_approximator":
+        text = text.replace("    def shape_rewards(self, ", "    def shape_rewards(self, args, ")
+    codes = _codes(tmp_path, "0", files | {"trainer.py": text})
+    assert ("KL004" in codes) is k3
