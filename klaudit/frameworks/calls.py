@@ -125,7 +125,8 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
             built = _splatted(splats, partial(unpacked, scope_of(node), call=node, config=name, functions=helpers,
                                                        module=tree))
-            named = [(keyword, keyword.arg, keyword.value) for keyword in node.keywords if keyword.arg is not None]
+            named = [(keyword, keyword.arg, _left_alone(keyword.value, scope_of(node)))
+                     for keyword in node.keywords if keyword.arg is not None]
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
             parameters: Mapping[str, Default] = {}
             aliases: Mapping[str, tuple[str, bool]] = {}
@@ -279,7 +280,7 @@ def _configuration_key(node: ast.expr, aliases: Mapping[str, tuple[str, bool]], 
 
 def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
     """The names `scope` binds once, each to a section of a configuration (`g = cfg["grpo"]`, `t = cfg.training`,
-    or `beta = beta or GRPO["beta"]` of a parameter that defaults to None), with its path (`_configuration_path`),
+    or `beta = beta or GRPO["beta"]` of a parameter that defaults to None: `_left_alone`), with its path (`_configuration_path`),
     in the order they are bound."""
     statements = sorted((node for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign))),
                         key=lambda node: (node.lineno, node.col_offset))
@@ -287,13 +288,28 @@ def _aliases(scope: ast.AST) -> dict[str, tuple[str, bool]]:
     found: dict[str, tuple[str, bool]] = {}
     for statement in statements:
         target, value = assigned(statement)
-        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or) and len(value.values) == 2 \
-                and isinstance(value.values[0], ast.Name) and _none_by_default(scope, value.values[0].id):
-            value = value.values[1]  # `beta = beta or GRPO["beta"]`: the section where the parameter is left alone
+        value = _left_alone(value, scope) if value is not None else None
         if isinstance(target, ast.Name) and bound[target.id] == 1 and value is not None \
                 and "." in (section := _configuration_path(value, found))[0]:
             found[target.id] = section
     return found
+
+
+def _left_alone(value: ast.expr, scope: ast.AST) -> ast.expr:
+    """What `value` reads where the parameter of `scope` it falls back from defaults to None and is left so:
+    `beta or GRPO["beta"]`, `beta if beta is not None else cfg.beta` and `cfg.beta if beta is None else beta` read
+    the fallback; any other value, itself."""
+    if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or) and len(value.values) == 2 \
+            and isinstance(value.values[0], ast.Name) and _none_by_default(scope, value.values[0].id):
+        return value.values[1]
+    if isinstance(value, ast.IfExp) and isinstance(test := value.test, ast.Compare) and len(test.ops) == 1 \
+            and isinstance(test.left, ast.Name) and _none_by_default(scope, test.left.id) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        fallback = {ast.IsNot: value.orelse, ast.Is: value.body}.get(type(test.ops[0]))
+        tested = {ast.IsNot: value.body, ast.Is: value.orelse}.get(type(test.ops[0]))
+        if fallback is not None and isinstance(tested, ast.Name) and tested.id == test.left.id:
+            return fallback
+    return value
 
 
 def _none_by_default(scope: ast.AST, name: str) -> bool:

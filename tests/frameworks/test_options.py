@@ -211,6 +211,15 @@ def later():
     ("from config import GRPO\ndef run(GRPO):\n    return GRPOConfig(beta=GRPO['beta'])\n", []),
     ("from config import GRPO\ndef run(beta=0.1):\n    beta = beta or GRPO['beta']\n"
      "    return GRPOConfig(beta=beta)\n", []),  # a caller's value may decide
+    # Brennen-Hill (eighty-seventh set): the same fallback written as a conditional, in the keyword itself
+    ("from config import GRPO\ndef run(specific_beta=None):\n"
+     "    return GRPOConfig(beta=specific_beta if specific_beta is not None else GRPO['beta'])\n", [("train.py", 4, "KL003")]),
+    ("from config import GRPO\ndef run(b=None):\n    return GRPOConfig(beta=GRPO['beta'] if b is None else b)\n",
+     [("train.py", 4, "KL003")]),
+    ("from config import GRPO\ndef run(b=None):\n    return GRPOConfig(beta=GRPO['kl']['off'] if b is None else b)\n",
+     []),  # the fallback is 0.0
+    ("from config import GRPO\ndef run(b=None, c=None):\n    return GRPOConfig(beta=GRPO['beta'] if b is None else c)\n",
+     []),  # not a fallback from the parameter tested
 ])
 def test_an_entry_of_a_modules_dict_literal_is_its_value(tmp_path, script, expected):
     """`GRPOConfig(beta=GRPO["beta"])` with `GRPO = {"beta": 0.04, ...}` bound once in the project's config.py and
