@@ -494,7 +494,8 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     `editable`, the flag fixes are edits of it."""
     assumed = context.release(verl.NAME, path)
     launch = verl.LAUNCH.search(text) if text is not None else None
-    if launch and text is not None and _stops_before_training(path, text, launch, context):
+    trained = launch or (_project_trainer_launch(path, text, context) if text is not None else None)
+    if trained and text is not None and _stops_before_training(path, text, trained, context):
         return []
     if launch and assumed.source != "pinned":  # the project's copy of the module launched, if it carries one, runs
         copied = vendored(path, verl.NAME, launch.group(1).replace(".", "/") + ".py", context.roots)
@@ -529,10 +530,22 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
     return _agreed(assumed, judged_by)
 
 
+def _project_trainer_launch(path: str, text: str, context: Context) -> re.Match | None:
+    """The first launch in `text` of a module of the project whose `@hydra.main` composes a config of its own
+    (verl-tool's `python3 -m verl_tool.trainer.main_ppo`): the trainer that takes the script's overrides."""
+    for launch in verl.MODULE_LAUNCH.finditer(text):
+        module = launch.group(1).replace(".", "/") + ".py"
+        holder = copy_holding(path, module, context.roots) if path else None
+        if holder is not None and hydra_keys.launched_config(holder[1] / module) is not None:
+            return launch
+    return None
+
+
 def _stops_before_training(path: str, text: str, launch: re.Match, context: Context) -> bool:
     """Whether the verl launch `launch` in the script `path` stops before it trains: the project's copy of the module
-    launched cannot be imported (klaudit.frameworks.imports), or Hydra refuses an override, a key that copy's config
-    lacks (an upstream example kept in a fork that renamed the key)."""
+    launched (or its own trainer module) cannot be imported (klaudit.frameworks.imports), or Hydra refuses an
+    override, a key that copy's config lacks (an upstream example kept in a fork that renamed the key; verl-tool's
+    `actor_rollout_ref.agent.num_gpus=` without the `+` its own config needs)."""
     module = launch.group(1).replace(".", "/") + ".py"
     holder = copy_holding(path, module, context.roots) if path else None
     if holder is None:

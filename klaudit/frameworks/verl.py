@@ -296,6 +296,9 @@ def _responses_per_gpu_micro_batch(settings: Mapping[str, Setting]) -> float | N
 
 # A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`).
 LAUNCH = re.compile(r"-m\s+(verl(?:\.\w+)+)")
+# A launch of any module (`python3 -m verl_tool.trainer.main_ppo`, `-m recipe.dapo.main_dapo`): a project's own trainer
+# over verl, which composes the project's Hydra config
+MODULE_LAUNCH = re.compile(r"-m\s+([A-Za-z_]\w*(?:\.\w+)+)")
 
 
 def launch_spans(text: str) -> list[range]:

@@ -595,6 +595,29 @@ def test_a_launch_hydra_refuses_has_no_verdict(tmp_path):
     assert result.errors == []
 
 
+
+def test_a_launch_of_the_projects_own_trainer_that_hydra_refuses_has_no_verdict(tmp_path):
+    """rlorigro/verl-tool (eighty-eighth set): `python3 -m verl_tool.trainer.main_ppo`, the project's own trainer
+    over an installed verl, composes verl_tool/trainer/config/ppo_trainer.yaml, which has no
+    actor_rollout_ref.agent.num_gpus: Hydra stops at that override. A server module launched before it (no
+    `@hydra.main`) is not the trainer."""
+    trainer = tmp_path / "my_tool" / "trainer"
+    (trainer / "config").mkdir(parents=True)
+    (tmp_path / "my_tool" / "servers").mkdir()
+    (tmp_path / "my_tool" / "servers" / "serve.py").write_text("def main():\n    pass\n")
+    (trainer / "main_ppo.py").write_text(
+        '@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)\ndef main(config):\n    pass\n')
+    (trainer / "config" / "ppo_trainer.yaml").write_text(
+        "actor_rollout_ref:\n  agent:\n    max_turns: 1\n  actor:\n    use_kl_loss: false\n")
+    launch = ("python -m my_tool.servers.serve --port 5000 &\n"
+              "python3 -m my_tool.trainer.main_ppo \\\n    {key}=8 \\\n    actor_rollout_ref.actor.use_kl_loss=True\n")
+    for key, expected in (("actor_rollout_ref.agent.num_gpus", []), ("+actor_rollout_ref.agent.num_gpus", ["KL002", "KL008"]),
+                          ("actor_rollout_ref.agent.max_turns", ["KL002", "KL008"])):
+        (tmp_path / "run.sh").write_text(launch.format(key=key))
+        result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+        assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected, key
+
+
 TWO_RUNS = """\
 #!/bin/bash
 MICRO=1
