@@ -94,10 +94,11 @@ def stem(path: str) -> str:
 
 
 def _repeated_classes(walked: Mapping[str, str]) -> set[tuple[str, str]]:
-    """Pairs of modules, in one folder or a folder and the one above it, that define a class of one name."""
+    """Pairs of modules, in one folder or a folder and the one above it, that define a class of one name. A script
+    (a main guard) or a notebook is run by itself, never imported by name: no module of a pair."""
     by_folder: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # folder -> class -> paths
     for path, source in walked.items():
-        if os.path.basename(path) == "__init__.py" or is_script(source):
+        if os.path.basename(path) == "__init__.py" or path.endswith(".ipynb") or is_script(source):
             continue
         for name in set(_CLASS.findall(source)):
             by_folder[os.path.dirname(path)][name].add(path)

@@ -155,6 +155,24 @@ def test_two_modules_with_one_class_that_nothing_names_are_both_analysed(tmp_pat
     assert _lines(lint_paths([str(tmp_path)], jobs=1)) == [("dp_actor.py", "KL002"), ("dp_actor_old.py", "KL002")]
 
 
+
+def test_a_notebook_beside_a_variant_of_it_is_run_by_itself(tmp_path):
+    """Grinta-Protocol/qwen-rl-shanghai (eighty-seventh set) keeps `train_grpo_continue.ipynb`, a later 200-step run,
+    beside `train_grpo.ipynb`, the two defining one class; a config names only the first. A notebook is opened and run
+    by itself, never imported by name: the second is no backup copy of the first."""
+    import json
+
+    def notebook(source):
+        cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
+        return json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+    (tmp_path / "train_grpo.ipynb").write_text(notebook(LIVE_ACTOR))
+    (tmp_path / "train_grpo_continue.ipynb").write_text(notebook(LIVE_ACTOR))
+    (tmp_path / "config.py").write_text("# Training hyperparameters (for train_grpo.ipynb)\nBETA = 0.1\n")
+    assert _lines(lint_paths([str(tmp_path)], jobs=1)) == [("train_grpo.ipynb", "KL002"),
+                                                           ("train_grpo_continue.ipynb", "KL002")]
+
+
 OWN_TRAINER = """\
 import torch
 from transformers import Trainer
