@@ -1157,7 +1157,8 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         fields = {key: field for key, field in definition.fields.items() if key not in trl.RETIRED}
         if fields and not _is_framework_source(definition, context):
-            fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched)
+            fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched,
+                                     context.release(unsloth.NAME, path))
             found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
                           runs_retired=False, by_unsloth=patched)
     trainers = trl_runs.trainer_methods(path, source, context.grpo_trainers) if calls else []
@@ -1171,16 +1172,22 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
                 and not patched and trl.refused_keywords(call.written):
             continue  # a keyword no GRPOConfig takes: a TypeError, nothing trains (where the project defines no
             # GRPOConfig of its own to copy over TRL's, as guoku995/SEG-GRPO does, and Unsloth adds none of its own)
-        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched)
+        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched,
+                                 context.release(unsloth.NAME, path))
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source, by_unsloth=patched)
     return found
 
 
-def _unsloth(fallback: Mapping[str, str] | None, note: str, patched: bool) -> tuple[Mapping[str, str] | None, str]:
-    """The defaults and note of a GRPOConfig whose trainer Unsloth patches (`patched`): no bias correction."""
+def _unsloth(fallback: Mapping[str, str] | None, note: str, patched: bool,
+             release: Assumed) -> tuple[Mapping[str, str] | None, str]:
+    """The defaults and note of a GRPOConfig whose trainer Unsloth patches (`patched`), in the Unsloth `release`
+    assumed: before 2026.9.3 no bias correction whatever TRL's flag says; from it on, TRL's flag as it is."""
     if not patched:
         return fallback, note
-    return {**(fallback or {}), trl.CORRECTION: "False"}, "; ".join(filter(None, (note, "Unsloth's GRPO loss: a plain k3")))
+    if unsloth.follows_bias_correction(release):
+        return fallback, "; ".join(filter(None, (note, f"{release.label('Unsloth')}'s GRPO loss: TRL's bias correction")))
+    return ({**(fallback or {}), trl.CORRECTION: "False"},
+            "; ".join(filter(None, (note, f"{release.label('Unsloth')}'s GRPO loss: a plain k3"))))
 
 
 def _tunix_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:

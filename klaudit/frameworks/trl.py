@@ -28,7 +28,8 @@ wheels of TRL 0.14 to 1.16 and transformers 4.46 to 5.25 into fields/grpo_config
 field), or, on one process, batch sizes `__post_init__` rejects from 0.18 on (`refuses_batches`).
 
 A module that imports Unsloth (or calls its `PatchFastRL`) trains Unsloth's patched GRPOTrainer, whose loss adds
-`beta * k3` to each token's loss whatever `use_bias_correction_kl` says: a plain k3.
+`beta * k3` to each token's loss, up to Unsloth 2026.9.2 whatever `use_bias_correction_kl` says (a plain k3), from
+2026.9.3 on as that flag says (klaudit.frameworks.unsloth).
 
 The same keys are read from `GRPOConfig(...)` calls and from classes deriving from it (their field
 defaults), from `trl grpo --beta ...` command lines, from the YAML recipes `trl grpo --config` reads, and from the

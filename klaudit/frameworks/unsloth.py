@@ -1,8 +1,11 @@
 """Unsloth's patches of TRL: which of the project's modules get Unsloth's GRPOConfig and GRPOTrainer.
 
 Importing Unsloth (`from unsloth import FastLanguageModel`, `PatchFastRL("GRPO", ...)`) replaces GRPOTrainer's
-loss with unsloth_zoo's, which adds beta * k3 to each token's loss whatever `use_bias_correction_kl` says (a plain
-k3), and GRPOConfig with Unsloth's own, whose defaults differ from TRL's (`klaudit.frameworks.trl.defaults`). The
+loss with unsloth_zoo's, which adds beta * k3 to each token's loss, up to 2026.9.2 whatever `use_bias_correction_kl`
+says (a plain k3) and from 2026.9.3 on multiplied by the ratio where that flag is on, as TRL does (read from the
+unsloth_zoo wheels: `grpo_compute_loss` and the trainer's `kwargs["use_bias_correction_kl"]`); Unsloth 2026.10 lets
+TRL up to 1.13, whose flag is on by default. GRPOConfig becomes Unsloth's own, whose defaults differ from TRL's
+(`klaudit.frameworks.trl.defaults`). The
 classes a module binds from `trl` are the patched ones when Unsloth was imported before it in the same process: by
 the module itself, or by the module that imports it, before that import (`scripts/train.py` importing `src.model`,
 which imports unsloth, and then `src.trainer`, which imports trl). The import lines are read from the text alone.
@@ -16,10 +19,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from klaudit.frameworks.import_lines import IMPORT, from_imports_at
+from klaudit.frameworks.versions import Assumed, at_least
 
 IMPORTS_UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(",
                              re.MULTILINE)
 CACHE = "unsloth_compiled_cache"  # the folder where Unsloth writes the trainers and configs it generates
+NAME = "unsloth"
+_FOLLOWS_TRL = "2026.9.3"  # the first release whose GRPO loss reads TRL's use_bias_correction_kl
+
+
+def follows_bias_correction(assumed: Assumed) -> bool:
+    """Whether Unsloth's GRPO loss in the release `assumed` multiplies the k3 by the ratio where TRL's flag says so."""
+    return at_least(assumed, _FOLLOWS_TRL)
 
 
 def imported_after_unsloth(sources: Mapping[str, str]) -> frozenset[str]:

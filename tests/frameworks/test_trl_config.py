@@ -385,27 +385,43 @@ def test_a_section_hydra_instantiates_as_grpoconfig_is_one(tmp_path, target, bet
     assert _tree_findings(tmp_path, files) == expected
 
 
-@pytest.mark.parametrize("patch, expected", [
-    ("", "KL003"),  # TRL 1.16's default bias correction: ratio*k3, the local gradient (row 2)
-    ("from unsloth import FastLanguageModel, PatchFastRL\nPatchFastRL('GRPO', FastLanguageModel)\n", "KL002"),
-    ("import unsloth\n", "KL002"),
+PATCH_FAST_RL = "from unsloth import FastLanguageModel, PatchFastRL\nPatchFastRL('GRPO', FastLanguageModel)\n"
+
+
+@pytest.mark.parametrize("patch, requirements, expected, note", [
+    ("", "", "KL003", None),  # TRL 1.16's default bias correction: ratio*k3, the local gradient (row 2)
+    (PATCH_FAST_RL, "unsloth==2026.9.2\n", "KL002", "a plain k3"),  # the loss ignores the flag: plain k3 (row 3)
+    ("import unsloth\n", "unsloth==2025.3.14\ntrl==0.17.0\n", "KL002", "a plain k3"),
+    (PATCH_FAST_RL, "", "KL003", "TRL's bias correction"),  # a fresh install: TRL 1.16's flag, on by default
+    ("import unsloth\n", "unsloth==2026.10.9\n", "KL003", "TRL's bias correction"),
+    # TRL's flag is off by default before 1.10
+    ("import unsloth\n", "unsloth==2026.10.9\ntrl==1.9.0\n", "KL002", "TRL's bias correction"),
 ])
-def test_unsloths_patched_trainer_trains_a_plain_k3(patch, expected):
-    """nano-zero (fifteenth set) and self-llm's Phi-4 notebook: Unsloth replaces GRPOTrainer's loss with one that
-    adds beta * k3 to each token's loss, ignoring use_bias_correction_kl: k3 as a loss (row 3, KL002)."""
+def test_unsloths_patched_trainer_follows_the_bias_correction_from_2026_9_3(tmp_path, patch, requirements, expected,
+                                                                           note):
+    """nano-zero (fifteenth set) and self-llm's Phi-4 notebook: Unsloth replaces GRPOTrainer's loss with
+    unsloth_zoo's, which up to 2026.9.2 adds beta * k3 to each token's loss ignoring use_bias_correction_kl (k3 as a
+    loss, row 3, KL002). From 2026.9.3 it multiplies the k3 by the ratio where TRL's flag says so (read from the
+    unsloth_zoo wheels; Grinta-Protocol, eighty-seventh set), as TRL's own loss does."""
     source = patch + "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(beta=2.0)\n"
-    found = lint_python("train.py", cst.parse_module(source), source)
+    files = {"train.py": source} | ({"requirements.txt": requirements} if requirements else {})
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     assert [f.code for f in found] == [expected]
-    assert ("Unsloth's GRPO loss" in found[0].message) == bool(patch)
+    assert ("GRPO loss: " in found[0].message) == (note is not None)
+    assert note is None or f"GRPO loss: {note}" in found[0].message
 
 
 @pytest.mark.parametrize("patch, expected", [("", []), ("import unsloth\n", ["KL002"])])
-def test_unsloths_config_defaults_beta_to_a_thousandth(patch, expected):
+def test_unsloths_config_defaults_beta_to_a_thousandth(tmp_path, patch, expected):
     """LzyFischer/icml_kd (thirty-third set) builds `GRPOConfig(...)` with no beta after `from unsloth import
     FastLanguageModel`: Unsloth's own GRPOConfig takes TRL's place and defaults beta to 0.001 (UnslothGRPOConfig
     of 2026.1.4, over TRL 0.24, whose own default is 0), so its patched loss adds 0.001 * k3: row 3, KL002."""
     source = patch + "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(learning_rate=1e-6)\n"
-    found = lint_python("train.py", cst.parse_module(source), source)
+    (tmp_path / "requirements.txt").write_text("unsloth==2026.1.4\ntrl==0.24.0\n")
+    (tmp_path / "train.py").write_text(source)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     assert [f.code for f in found] == expected
     assert all("beta=0.001 (default)" in f.message for f in found)
 
@@ -521,7 +537,7 @@ def test_a_documented_distributed_launch_names_the_script_and_its_recipe(tmp_pat
     (4, ["KL002", "KL007"]),  # 1 x 4 completions a multiple of 4: one completion a micro-batch, its own token-mean
     (1, ["KL002"]),  # 1 x 1 is not: Unsloth raises the micro-batch to num_generations, 4 completions
 ])
-def test_unsloths_config_defaults_loss_type_to_bnpo(accumulation, expected):
+def test_unsloths_config_defaults_loss_type_to_bnpo(tmp_path, accumulation, expected):
     """Pratham-26/grpo_loss_trainer (sixty-eighth set): Unsloth's GRPOConfig (2026.1.4) defaults loss_type to "bnpo",
     a token-mean over the micro-batch, where TRL 0.22+ defaults to "dapo"; with one completion a micro-batch that is
     each completion's own 1/L weight (row 21, KL007) beside the plain k3 loss (row 3, KL002). Unsloth replaces a
@@ -529,7 +545,9 @@ def test_unsloths_config_defaults_loss_type_to_bnpo(accumulation, expected):
     num_generations, as the Qwen3 notebook it ships (1 x 1 for 4 generations) shows."""
     source = ("import unsloth\nfrom trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.04, per_device_train_batch_size=1, "
               f"gradient_accumulation_steps={accumulation}, num_generations=4)\n")
-    found = lint_python("train.py", cst.parse_module(source), source)
+    (tmp_path / "requirements.txt").write_text("unsloth==2026.1.4\n")
+    (tmp_path / "train.py").write_text(source)
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     assert sorted(f.code for f in found) == expected
     assert all("loss_type=bnpo (default)" in f.message for f in found)
 
@@ -562,15 +580,15 @@ def test_a_keyword_of_the_projects_own_grpoconfig_copy_is_taken(tmp_path):
 @pytest.mark.parametrize("keyword, unsloth, expected", [
     ("processing_class", False, [("train_grpo.py", 6, "KL003")]),
     ("tokenizer", False, []),  # no TRL GRPOTrainer (0.14 to 1.16) takes it: a TypeError before any step
-    ("tokenizer", True, [("train_grpo.py", 6, "KL002")]),  # Unsloth's patched trainer takes it and trains a k3 loss
+    ("tokenizer", True, [("train_grpo.py", 6, "KL003")]),  # Unsloth's patched trainer takes it and trains
     ("beta", True, []),  # Unsloth hands it on to TRL's constructor, which refuses it (DonPex, fresh85)
 ])
 def test_a_grpo_trainer_given_a_keyword_no_release_takes_trains_nothing(tmp_path, keyword, unsloth, expected):
     """Hcoder10/gamepulse (fresh83) builds GRPOConfig(beta=0.1) and hands it to TRL's GRPOTrainer(tokenizer=...),
     which raises a TypeError in every release: its configuration is never trained, so it has no verdict. The same
     call with processing_class trains ratio*k3 at TRL 1.16 (kl-math.md row 2, KL003); Unsloth's trainer, imported
-    first, renames tokenizer and trains a plain k3 (row 3, KL002), but hands DonPex's `beta=` (fresh85) on to TRL's
-    constructor, which refuses it."""
+    first, renames tokenizer and trains the same loss (its own follows TRL's bias correction from 2026.9.3), but
+    hands DonPex's `beta=` (fresh85) on to TRL's constructor, which refuses it."""
     script = ("import unsloth\n" if unsloth else "") + (
         "from trl import GRPOConfig, GRPOTrainer\n\n\ndef main(model, tok, data):\n"
         "    config = GRPOConfig(\n        beta=0.1)\n"

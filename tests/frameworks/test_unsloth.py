@@ -1,7 +1,8 @@
 """Which modules get Unsloth's TRL classes (klaudit.frameworks.unsloth): the process imports Unsloth before them.
 
-Unsloth's GRPOConfig defaults loss_type to "bnpo" (TRL 1.16's is "dapo") and its loss adds a plain k3 whatever
-`use_bias_correction_kl` says, so whether a module's `GRPOConfig(...)` is Unsloth's decides its verdict: with
+Unsloth's GRPOConfig defaults loss_type to "bnpo" (TRL 1.16's is "dapo") and its loss (up to 2026.9.2, the release
+these projects pin) adds a plain k3 whatever `use_bias_correction_kl` says, so whether a module's `GRPOConfig(...)`
+is Unsloth's decides its verdict: with
 beta 0.04 and one completion a micro-batch, Unsloth's is a plain k3 loss (kl-math.md §8 row 3, KL002) averaged over
 each completion's own tokens (row 21, KL007); TRL 1.16's is the bias-corrected k3 (row 2, KL003) over the batch's.
 """
@@ -28,6 +29,7 @@ def _project(tmp_path: Path, entry: str) -> Path:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "__init__.py").write_text("")
     (tmp_path / "src" / "model.py").write_text("from unsloth import FastLanguageModel\n")
+    (tmp_path / "requirements.txt").write_text("unsloth==2026.9.2\n")
     (tmp_path / "src" / "trainer.py").write_text(_TRAINER)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "default.yaml").write_text(_YAML)
@@ -39,7 +41,7 @@ def _project(tmp_path: Path, entry: str) -> Path:
 def _trainer_findings(root: Path) -> list[tuple[int, str, bool]]:
     """(line, code, whether the message names Unsloth's loss) of the findings in src/trainer.py."""
     result = lint_paths([str(root)], settings=Settings(root=root), jobs=1)
-    return sorted((f.line, f.code, "Unsloth's GRPO loss" in f.message) for f in result.findings
+    return sorted((f.line, f.code, "GRPO loss: a plain k3" in f.message) for f in result.findings
                   if f.path.endswith("trainer.py"))
 
 
