@@ -1042,8 +1042,9 @@ def _within_roots(path: str, context: Context) -> str:
 
 def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: Setting,
          class_defaults: Mapping[str, str] | None = None, note: str = "", text: str | None = None,
-         style: str = "python", runs_retired: bool = True, by_unsloth: bool = False) -> list[Finding]:
-    """TRL's GRPOConfig keys, over the release's defaults (Unsloth's, where `by_unsloth` it is patched) and the
+         style: str = "python", runs_retired: bool = True, by_unsloth: Assumed | None = None) -> list[Finding]:
+    """TRL's GRPOConfig keys, over the release's defaults (Unsloth's, where `by_unsloth`, the Unsloth release
+    assumed, patches it) and the
     `class_defaults` of a class deriving from GRPOConfig; with `text` (the file they were read from) the flag
     fixes are edits of it. `runs_retired`: the keys are given to GRPOConfig, so a keyword TRL removed bounds
     the release that runs them (not the fields of a class deriving from it, which defines them anew)."""
@@ -1053,18 +1054,25 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
         if runs_retired:
             assumed = trl.runnable(assumed, settings)
         fallback = {**trl.defaults(assumed, by_unsloth), **(class_defaults or {})}
+        if by_unsloth is not None and unsloth.takes_trls_defaults(by_unsloth) and trl.BETA not in (class_defaults or {}):
+            fallback[trl.BETA] = unsloth.default_beta(_given(settings, trl.LOSS_TYPE, fallback))
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
 
         def under(values: Mapping[str, Setting]) -> list[Finding]:
             one_process = runs_in_one_process(path, context.parallel)
-            if style == "python" and trl.refuses_batches(values, assumed, one_process, by_unsloth):
+            if style == "python" and trl.refuses_batches(values, assumed, one_process, by_unsloth is not None):
                 return []  # GRPOConfig raises before the first step (a YAML file's values a script may override)
-            judged = trl.judge(values, fallback, anchor, one_process=one_process, unsloth=by_unsloth)
+            judged = trl.judge(values, fallback, anchor, one_process=one_process, unsloth=by_unsloth is not None)
             return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
         return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)
 
     return _agreed(context.release(trl.NAME, path), judged_by)
+
+
+def _given(settings: Mapping[str, Setting], key: str, fallback: Mapping[str, str]) -> str | None:
+    """The value of `key` a configuration runs with: the one it sets (None where it cannot be read), else the default."""
+    return settings[key].value if key in settings else fallback[key]
 
 
 def _whatever_loss_type(settings: Mapping[str, Setting], default: str,
@@ -1152,15 +1160,15 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
         calls = []  # the project's trainer runs its own loss, reported where it is written (frameworks.trainers)
     found: list[Finding] = []
     patched = context.patched_by_unsloth(path, source)
+    release = context.release(unsloth.NAME, path) if patched else None
     if calls and trains_only_refused_grpo_trainers(source, unsloth=patched):
         calls = []  # TRL's GRPOTrainer refuses a keyword it is given: nothing trains
     for definition in definitions:  # a class whose own fields set a KL key is judged where they are set
         fields = {key: field for key, field in definition.fields.items() if key not in trl.RETIRED}
         if fields and not _is_framework_source(definition, context):
-            fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), patched,
-                                     context.release(unsloth.NAME, path))
+            fallback, note = _unsloth(*_class_defaults(definition.bases, path, context), release)
             found += _trl(path, fields, context, next(iter(fields.values())), fallback, note, text=source,
-                          runs_retired=False, by_unsloth=patched)
+                          runs_retired=False, by_unsloth=release)
     trainers = trl_runs.trainer_methods(path, source, context.grpo_trainers) if calls else []
     for call in calls:
         if not set(call.settings) & set(trl.DECIDING) and _judged_where_defined(call.name, context):
@@ -1172,17 +1180,16 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
                 and not patched and trl.refused_keywords(call.written):
             continue  # a keyword no GRPOConfig takes: a TypeError, nothing trains (where the project defines no
             # GRPOConfig of its own to copy over TRL's, as guoku995/SEG-GRPO does, and Unsloth adds none of its own)
-        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), patched,
-                                 context.release(unsloth.NAME, path))
-        found += _trl(path, call.settings, context, call.where, fallback, note, text=source, by_unsloth=patched)
+        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), release)
+        found += _trl(path, call.settings, context, call.where, fallback, note, text=source, by_unsloth=release)
     return found
 
 
-def _unsloth(fallback: Mapping[str, str] | None, note: str, patched: bool,
-             release: Assumed) -> tuple[Mapping[str, str] | None, str]:
-    """The defaults and note of a GRPOConfig whose trainer Unsloth patches (`patched`), in the Unsloth `release`
-    assumed: before 2026.9.3 no bias correction whatever TRL's flag says; from it on, TRL's flag as it is."""
-    if not patched:
+def _unsloth(fallback: Mapping[str, str] | None, note: str,
+             release: Assumed | None) -> tuple[Mapping[str, str] | None, str]:
+    """The defaults and note of a GRPOConfig whose trainer Unsloth patches, in the Unsloth `release` assumed (None:
+    not patched): before 2026.9.3 no bias correction whatever TRL's flag says; from it on, TRL's flag as it is."""
+    if release is None:
         return fallback, note
     if unsloth.follows_bias_correction(release):
         return fallback, "; ".join(filter(None, (note, f"{release.label('Unsloth')}'s GRPO loss: TRL's bias correction")))

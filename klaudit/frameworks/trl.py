@@ -93,22 +93,27 @@ def runnable(assumed: Assumed, settings: Mapping[str, Setting]) -> Assumed:
 
 
 # Unsloth's own GRPOConfig, which `import unsloth` puts in TRL's place (UnslothGRPOConfig, seen in 2026.1.4 over
-# TRL 0.24), defaults beta to 0.001 where TRL's default is 0, and loss_type to "bnpo"; it also raises a
+# TRL 0.24), defaults beta to 0.001 where TRL's default is 0, and loss_type to "bnpo" (up to 2026.9); it also raises a
 # per_device_train_batch_size whose product with gradient_accumulation_steps (on one process) is no multiple of
 # num_generations to num_generations (unsloth/models/rl.py)
 UNSLOTH_BETA = "0.001"
 UNSLOTH_LOSS_TYPE = "bnpo"
+# From Unsloth 2026.10.1 its GRPOConfig leaves loss_type to TRL's default ("dapo" from 0.22) and beta, where unset, to
+# 0.0 under "dapo" and "dr_grpo", 0.001 otherwise (unsloth/models/rl.py, read from the wheel)
+UNSLOTH_TAKES_TRLS_DEFAULTS = "2026.10"
 
 
-def defaults(assumed: Assumed, unsloth: bool = False) -> dict[str, str]:
-    """GRPOConfig's defaults in the release `assumed` (`unsloth`: as Unsloth's config replaces it); a key the
-    release lacks has its fixed behaviour."""
+def defaults(assumed: Assumed, unsloth: Assumed | None = None) -> dict[str, str]:
+    """GRPOConfig's defaults in the release `assumed` (`unsloth`: as the config of that Unsloth release replaces it;
+    from 2026.10 on Unsloth's takes TRL's loss_type, and its beta follows the loss type: `klaudit.frameworks.unsloth`);
+    a key the release lacks has its fixed behaviour."""
     beta = "0.0" if at_least(assumed, "0.19") else "0.04"
+    own = unsloth is not None and not at_least(unsloth, UNSLOTH_TAKES_TRLS_DEFAULTS)
     return {
-        BETA: UNSLOTH_BETA if unsloth and beta == "0.0" else beta,
+        BETA: UNSLOTH_BETA if unsloth is not None and beta == "0.0" else beta,
         CORRECTION: "True" if at_least(assumed, "1.10") else "False",
         ITERATIONS: "1",
-        LOSS_TYPE: "grpo" if not at_least(assumed, "0.16") else UNSLOTH_LOSS_TYPE if unsloth
+        LOSS_TYPE: "grpo" if not at_least(assumed, "0.16") else UNSLOTH_LOSS_TYPE if own
         else "dapo" if at_least(assumed, "0.22") else "bnpo",
         LEVEL: "token",
     }

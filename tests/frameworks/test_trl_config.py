@@ -413,16 +413,29 @@ def test_unsloths_patched_trainer_follows_the_bias_correction_from_2026_9_3(tmp_
     assert note is None or f"GRPO loss: {note}" in found[0].message
 
 
-@pytest.mark.parametrize("patch, expected", [("", []), ("import unsloth\n", ["KL002"])])
-def test_unsloths_config_defaults_beta_to_a_thousandth(tmp_path, patch, expected):
+@pytest.mark.parametrize("patch, requirements, keywords, expected", [
+    ("", "unsloth==2026.1.4\ntrl==0.24.0\n", "", []),
+    ("import unsloth\n", "unsloth==2026.1.4\ntrl==0.24.0\n", "", ["KL002"]),
+    # from 2026.10: TRL's loss_type ("dapo"), under which an unset beta is 0.0; under any other loss type, 0.001
+    ("import unsloth\n", "unsloth==2026.10.9\ntrl==1.13.0\n", "", []),
+    ("import unsloth\n", "", "", []),
+    ("import unsloth\n", "", ", loss_type='dr_grpo'", []),
+    ("import unsloth\n", "", ", loss_type='bnpo'", ["KL003"]),
+    ("import unsloth\n", "unsloth==2026.10.9\ntrl==0.24.0\n", ", loss_type='grpo'", ["KL002", "KL007"]),
+])
+def test_unsloths_config_defaults_beta_to_a_thousandth(tmp_path, patch, requirements, keywords, expected):
     """LzyFischer/icml_kd (thirty-third set) builds `GRPOConfig(...)` with no beta after `from unsloth import
     FastLanguageModel`: Unsloth's own GRPOConfig takes TRL's place and defaults beta to 0.001 (UnslothGRPOConfig
-    of 2026.1.4, over TRL 0.24, whose own default is 0), so its patched loss adds 0.001 * k3: row 3, KL002."""
-    source = patch + "from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(learning_rate=1e-6)\n"
-    (tmp_path / "requirements.txt").write_text("unsloth==2026.1.4\ntrl==0.24.0\n")
+    of 2026.1.4, over TRL 0.24, whose own default is 0), so its patched loss adds 0.001 * k3: row 3, KL002. From
+    Unsloth 2026.10.1 (read from the wheel) the config keeps TRL's loss_type and gives an unset beta 0.0 under
+    "dapo" and "dr_grpo", 0.001 under the others."""
+    source = patch + f"from trl import GRPOConfig, GRPOTrainer\n\nargs = GRPOConfig(learning_rate=1e-6{keywords})\n"
+    if requirements:
+        (tmp_path / "requirements.txt").write_text(requirements)
     (tmp_path / "train.py").write_text(source)
     found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
-    assert [f.code for f in found] == expected
+    assert sorted(f.code for f in found) == expected
+    assert all("beta=0.001 (default)" in f.message for f in found)
     assert all("beta=0.001 (default)" in f.message for f in found)
 
 
