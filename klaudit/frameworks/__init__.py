@@ -1054,8 +1054,8 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
         if runs_retired:
             assumed = trl.runnable(assumed, settings)
         fallback = {**trl.defaults(assumed, by_unsloth), **(class_defaults or {})}
-        if by_unsloth is not None and unsloth.takes_trls_defaults(by_unsloth) and trl.BETA not in (class_defaults or {}):
-            fallback[trl.BETA] = unsloth.default_beta(_given(settings, trl.LOSS_TYPE, fallback))
+        if by_unsloth is not None and trl.keeps_trls_defaults(by_unsloth) and trl.BETA not in (class_defaults or {}):
+            fallback[trl.BETA] = trl.unsloth_beta(_given(settings, trl.LOSS_TYPE, fallback))
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
 
         def under(values: Mapping[str, Setting]) -> list[Finding]:

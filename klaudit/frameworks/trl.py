@@ -103,12 +103,23 @@ UNSLOTH_LOSS_TYPE = "bnpo"
 UNSLOTH_TAKES_TRLS_DEFAULTS = "2026.10"
 
 
+def keeps_trls_defaults(unsloth: Assumed) -> bool:
+    """Whether the GRPOConfig of the Unsloth release `unsloth` keeps TRL's default loss_type (from 2026.10)."""
+    return at_least(unsloth, UNSLOTH_TAKES_TRLS_DEFAULTS)
+
+
+def unsloth_beta(loss_type: str | None) -> str:
+    """The beta Unsloth's GRPOConfig (2026.10 on) gives a configuration that sets none: 0.0 under TRL's "dapo" and
+    "dr_grpo", 0.001 under any other loss type (its earlier default)."""
+    return "0.0" if (loss_type or "").lower() in ("dapo", "dr_grpo") else UNSLOTH_BETA
+
+
 def defaults(assumed: Assumed, unsloth: Assumed | None = None) -> dict[str, str]:
     """GRPOConfig's defaults in the release `assumed` (`unsloth`: as the config of that Unsloth release replaces it;
-    from 2026.10 on Unsloth's takes TRL's loss_type, and its beta follows the loss type: `klaudit.frameworks.unsloth`);
-    a key the release lacks has its fixed behaviour."""
+    from 2026.10 it keeps TRL's loss_type, and its beta follows the loss type: `unsloth_beta`); a key the release
+    lacks has its fixed behaviour."""
     beta = "0.0" if at_least(assumed, "0.19") else "0.04"
-    own = unsloth is not None and not at_least(unsloth, UNSLOTH_TAKES_TRLS_DEFAULTS)
+    own = unsloth is not None and not keeps_trls_defaults(unsloth)
     return {
         BETA: UNSLOTH_BETA if unsloth is not None and beta == "0.0" else beta,
         CORRECTION: "True" if at_least(assumed, "1.10") else "False",

@@ -5,8 +5,8 @@ loss with unsloth_zoo's, which adds beta * k3 to each token's loss, up to 2026.9
 says (a plain k3) and from 2026.9.3 on multiplied by the ratio where that flag is on, as TRL does (read from the
 unsloth_zoo wheels: `grpo_compute_loss` and the trainer's `kwargs["use_bias_correction_kl"]`); Unsloth 2026.10 lets
 TRL up to 1.13, whose flag is on by default. GRPOConfig becomes Unsloth's own, whose defaults differ from TRL's
-(`klaudit.frameworks.trl.defaults`) up to 2026.9: beta 0.001 and loss_type "bnpo"; from 2026.10 TRL's loss_type, and
-beta 0.0 under "dapo" and "dr_grpo" (0.001 under the others) where the configuration sets none. The
+up to 2026.9 (beta 0.001, loss_type "bnpo"), and from 2026.10 keeps TRL's loss_type with a beta that follows it
+(`klaudit.frameworks.trl.defaults`, `klaudit.frameworks.trl.unsloth_beta`). The
 classes a module binds from `trl` are the patched ones when Unsloth was imported before it in the same process: by
 the module itself, or by the module that imports it, before that import (`scripts/train.py` importing `src.model`,
 which imports unsloth, and then `src.trainer`, which imports trl). The import lines are read from the text alone.
@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from klaudit.frameworks.import_lines import IMPORT, from_imports_at
-from klaudit.frameworks.trl import UNSLOTH_BETA, UNSLOTH_TAKES_TRLS_DEFAULTS
 from klaudit.frameworks.versions import Assumed, at_least
 
 IMPORTS_UNSLOTH = re.compile(r"^[ \t]*(?:from[ \t]+unsloth(?:_zoo)?[ \t.]|import[ \t]+unsloth\b)|\bPatchFastRL\s*\(",
@@ -34,16 +33,6 @@ def follows_bias_correction(assumed: Assumed) -> bool:
     """Whether Unsloth's GRPO loss in the release `assumed` multiplies the k3 by the ratio where TRL's flag says so."""
     return at_least(assumed, _FOLLOWS_TRL)
 
-
-def takes_trls_defaults(assumed: Assumed) -> bool:
-    """Whether Unsloth's GRPOConfig in the release `assumed` keeps TRL's default loss_type (from 2026.10)."""
-    return at_least(assumed, UNSLOTH_TAKES_TRLS_DEFAULTS)
-
-
-def default_beta(loss_type: str | None) -> str:
-    """The beta Unsloth's GRPOConfig (2026.10 on) gives a configuration that sets none: 0.0 under TRL's "dapo" and
-    "dr_grpo", 0.001 under any other loss type (its earlier default)."""
-    return "0.0" if (loss_type or "").lower() in ("dapo", "dr_grpo") else UNSLOTH_BETA
 
 
 def imported_after_unsloth(sources: Mapping[str, str]) -> frozenset[str]:

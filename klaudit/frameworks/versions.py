@@ -74,7 +74,8 @@ KNOWN: Mapping[str, tuple[str, ...]] = {
     # EasyDeL: loss_type (default "dapo") from 0.2; before it each completion's token mean (klaudit.frameworks.easydel)
     "easydel": ("0.1", "0.2", "0.3"),
     # Unsloth's GRPO loss (unsloth_zoo's) adds a plain k3 up to 2026.9.2, and from 2026.9.3 on multiplies it by the
-    # ratio where TRL's use_bias_correction_kl says so (klaudit.frameworks.unsloth); 2026.10 lets TRL up to 1.13 in
+    # ratio where TRL's use_bias_correction_kl says so (klaudit.frameworks.unsloth); from 2026.10 its GRPOConfig keeps
+    # TRL's loss_type (klaudit.frameworks.trl.defaults)
     "unsloth": ("2025.2", "2026.9.3", "2026.10"),
 }
 # The name a framework is installed by, where it differs from its package's (`pip install google-tunix`).
