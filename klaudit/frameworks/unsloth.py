@@ -3,8 +3,8 @@
 Importing Unsloth (`from unsloth import FastLanguageModel`, `PatchFastRL("GRPO", ...)`) replaces GRPOTrainer's
 loss with unsloth_zoo's, which adds beta * k3 to each token's loss, up to 2026.9.2 whatever `use_bias_correction_kl`
 says (a plain k3) and from 2026.9.3 on multiplied by the ratio where that flag is on, as TRL does (read from the
-unsloth_zoo wheels: `grpo_compute_loss` and the trainer's `kwargs["use_bias_correction_kl"]`); Unsloth 2026.10 lets
-TRL up to 1.13, whose flag is on by default. GRPOConfig becomes Unsloth's own, whose defaults differ from TRL's
+unsloth_zoo wheels: `grpo_compute_loss` and the trainer's `kwargs["use_bias_correction_kl"]`); Unsloth 2026.10 accepts
+TRL up to 1.13 (1.15 by 2026.10.9), whose flag is on by default. GRPOConfig becomes Unsloth's own, whose defaults differ from TRL's
 up to 2026.9 (beta 0.001, loss_type "bnpo"), and from 2026.10 keeps TRL's loss_type with a beta that follows it
 (`klaudit.frameworks.trl.defaults`, `klaudit.frameworks.trl.unsloth_beta`). The
 classes a module binds from `trl` are the patched ones when Unsloth was imported before it in the same process: by
