@@ -1055,7 +1055,7 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
             assumed = trl.runnable(assumed, settings)
         fallback = {**trl.defaults(assumed, by_unsloth), **(class_defaults or {})}
         if by_unsloth is not None and trl.keeps_trls_defaults(by_unsloth) and trl.BETA not in (class_defaults or {}):
-            fallback[trl.BETA] = trl.unsloth_beta(_given(settings, trl.LOSS_TYPE, fallback))
+            fallback[trl.BETA] = trl.unsloth_beta(trl.value_or(settings, trl.LOSS_TYPE, fallback[trl.LOSS_TYPE]))
         fixer = _Fixer(text, style, trl.flag_fixes(assumed), trl.NO_FLAG_FIX) if text is not None else None
 
         def under(values: Mapping[str, Setting]) -> list[Finding]:
@@ -1068,11 +1068,6 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
         return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)
 
     return _agreed(context.release(trl.NAME, path), judged_by)
-
-
-def _given(settings: Mapping[str, Setting], key: str, fallback: Mapping[str, str]) -> str | None:
-    """The value of `key` a configuration runs with: the one it sets (None where it cannot be read), else the default."""
-    return settings[key].value if key in settings else fallback[key]
 
 
 def _whatever_loss_type(settings: Mapping[str, Setting], default: str,

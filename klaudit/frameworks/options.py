@@ -127,9 +127,7 @@ class Options:
         if "." in key or not any(str(Path(file).resolve()) in self.run for file in self.given.get(key, {})):
             return None
         given = self._in_every_run(key, path)
-        yamls = [value for dotted, values in self._configured_keys.items()
-                 if dotted.rsplit(".", 1)[-1] == key for value in values]
-        values = {value.value for value in given + yamls}
+        values = {value.value for value in given} | set(configured_values(self.configs, key))
         return frozenset(values) if given and UNREAD not in values else None
 
     def _in_every_run(self, key: str, path: str) -> list[Default]:

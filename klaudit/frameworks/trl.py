@@ -162,7 +162,7 @@ def judge(settings: Mapping[str, Setting], fallback: Mapping[str, str], anchor: 
     if per_completion:
         aggregation = Aggregation.SEQ_MEAN
     every = _micro_steps_per_generation(settings, one_process)
-    stale = iterations > 1 or generation_spans_steps(every, _value_or(settings, ACCUMULATION, "1"))
+    stale = iterations > 1 or generation_spans_steps(every, value_or(settings, ACCUMULATION, "1"))
     if correction and value[LEVEL] == "sequence":  # k3 * exp(mean_t(logp - old_logp)), row 13b when fresh
         sampling = Sampling.OFF_POLICY if stale else Sampling.ON_POLICY
         config = Config(loss=Estimator.K3, reward=Estimator.K3, returns=Returns.SEQUENCE_MEAN,
@@ -230,14 +230,15 @@ def refused_keywords(keys: Iterable[str]) -> list[str]:
 def _kept_by_unsloth(settings: Mapping[str, Setting], one_process: bool) -> bool:
     """Whether Unsloth keeps a micro-batch of one completion: on one process, gradient_accumulation_steps (1 by
     default) a multiple of num_generations (8 by default); else it raises the micro-batch to num_generations."""
-    accumulation = _number(_value_or(settings, ACCUMULATION, "1") or "")
-    generations = _number(_value_or(settings, GENERATIONS, "8") or "")
+    accumulation = _number(value_or(settings, ACCUMULATION, "1") or "")
+    generations = _number(value_or(settings, GENERATIONS, "8") or "")
     if not one_process or accumulation is None or not generations:
         return False
     return accumulation % generations == 0
 
 
-def _value_or(settings: Mapping[str, Setting], key: str, default: str) -> str | None:
+def value_or(settings: Mapping[str, Setting], key: str, default: str) -> str | None:
+    """The value of `key` a configuration runs with: the one it sets (None where it cannot be read), else `default`."""
     return settings[key].value if key in settings else default
 
 
@@ -246,10 +247,10 @@ def _micro_steps_per_generation(settings: Mapping[str, Setting], one_process: bo
     per_device_train_batch_size on one process (None where that does not divide, which TRL refuses, or the
     processes are not known to be one); else gradient_accumulation_steps, one generation a step."""
     if STEPS in settings or GENERATION not in settings:
-        return _value_or(settings, STEPS, _value_or(settings, ACCUMULATION, "1") or "None")
+        return value_or(settings, STEPS, value_or(settings, ACCUMULATION, "1") or "None")
     if not one_process:
         return None
-    batch, per_device = _number(settings[GENERATION].value or ""), _number(_value_or(settings, PER_DEVICE, "8") or "")
+    batch, per_device = _number(settings[GENERATION].value or ""), _number(value_or(settings, PER_DEVICE, "8") or "")
     if batch is None or not per_device or batch % per_device:
         return None
     return str(int(batch // per_device))

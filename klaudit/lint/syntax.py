@@ -332,11 +332,6 @@ def measured_names(function: cst.CSTNode) -> frozenset[str]:
     return frozenset(found)
 
 
-# What keeps a tensor of token ids the same ids: bounded to the vocabulary, cast, moved, reshaped.
-_KEEPS_IDS = frozenset({"clamp", "clip", "clamp_min", "clamp_max", "long", "int", "to", "cuda", "contiguous",
-                        "view", "reshape", "unsqueeze", "squeeze", "flatten", "detach", "clone"})
-
-
 def token_id_names(function: cst.CSTNode) -> frozenset[str]:
     """The names `function` binds only to token ids kept as they are (`labels_s = shift_labels.clamp(0, V - 1)`,
     `ids = torch.clamp(tokens, max=V - 1).long()`), from a name spelled as token ids (roles.names_token_ids) or
@@ -407,6 +402,10 @@ _RESHAPES = frozenset({"unsqueeze", "squeeze", "view", "reshape", "flatten"})
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack"})  # torch.cat(pieces, dim=0)
 _CASTS = frozenset({"float", "double", "half", "bfloat16", "long", "int", "bool", "to", "cuda", "cpu", "type",
                     "type_as", "contiguous", "detach"})
+# What keeps a tensor of token ids the same ids: bounded to the vocabulary, cast to an integer, moved, reshaped
+# (not a cast to float or bool: a bool tensor indexes as a mask)
+_KEEPS_IDS = _RESHAPES | {"clamp", "clip", "clamp_min", "clamp_max", "long", "int", "to", "cuda", "cpu", "contiguous",
+                          "detach", "clone"}
 
 
 def is_a_call(node: cst.CSTNode) -> bool:

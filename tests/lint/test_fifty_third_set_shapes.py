@@ -83,6 +83,7 @@ def test_a_name_bound_to_ids_in_one_branch_and_to_rows_in_another_picks_nothing(
         "        return lp[torch.arange(len(gen_ids)), clamped_rows]",
         "        if prompt_len > 1:\n            clamped_rows = row_index\n"
         "        return lp[torch.arange(len(gen_ids)), clamped_rows]")
+    assert "clamped_rows = row_index" in text
     assert _codes(tmp_path, {"ppo.py": text}) == []
 
 
