@@ -460,7 +460,7 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
     positions = _Positions(analyzer.project)
     in_a_loss = {id(c.fact.origin) for c in candidates if c.sink.kind == "loss"}  # terms some loss here is seen to hold
     groups: dict[tuple[int, tuple[tuple[str | int, ...], ...], bool], list[_Candidate]] = {}
-    for cand in candidates:
+    for cand in _without_guesses(candidates, functions, analyzer.module(path, module)):
         values = tuple(v for _, v in cand.fact.labels)
         formed = cand.fact.origin if cand.fact.origin is not None else cand.sink.node
         # packed and unpacked rows of one term are two paths (OpenRLHF's `if packing:`): each keeps its reduction
@@ -582,6 +582,24 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
                                 related, tuple(labels for labels, *_ in variants),
                                 autofix=fixes[entry].fix, no_autofix=fixes[entry].reason))
     return sorted(findings)
+
+
+def _without_guesses(candidates: list[_Candidate], functions: list[tuple[cst.FunctionDef, str | None]],
+                     mod: Module) -> list[_Candidate]:
+    """Less a loss helper's reading of the shape of its own parameters (`policy_lp` read as per-token log-probs by
+    its name) where the term also reached a loss through its callers in this module read otherwise (each
+    response's summed log-probs handed to taziksh's `grpo_loss`), and no other module calls the helper: those
+    callers show what it is given. A reward helper keeps its own reading, which the loop that trains it decides."""
+    def shape(c: _Candidate) -> tuple:
+        return c.config.position, c.config.aggregation
+
+    handed: dict[int, set[tuple]] = {}  # id of a term's origin -> the shapes its callers' losses read
+    for c in candidates:
+        if c.fact.calls > 0 and c.sink.kind == "loss" and not is_test(functions[c.function][0]):
+            handed.setdefault(id(c.fact.origin), set()).add(shape(c))
+    return [c for c in candidates
+            if not (c.fact.calls == 0 and c.sink.kind == "loss" and shape(c) not in handed.get(id(c.fact.origin), {shape(c)})
+                    and mod.called_only_here(*functions[c.function]))]
 
 
 def _outermost(informed: list[_Candidate], functions: list[tuple[cst.FunctionDef, str | None]]) -> list[_Candidate]:

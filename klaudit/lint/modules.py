@@ -271,6 +271,11 @@ class Module:
         calls = self._outside_calls(func.name.value) if uncalled_here else None
         return caller_pins(func, calls) if calls else {}
 
+    def called_only_here(self, func: cst.FunctionDef, cls: str | None) -> bool:
+        """Whether no other module calls this module function (nor sees it handed on as a value): what its
+        callers here hand it is all it is ever given. False for a method."""
+        return cls is None and self._outside_calls(func.name.value) == ()
+
     def zero_parameters(self, func: cst.FunctionDef, cls: str | None) -> frozenset[str]:
         """klaudit.lint.pinned.zero_parameters of a module function, from its calls in this module and the calls
         other modules make (read only where a parameter defaults to 0); none for a method, or a function also
