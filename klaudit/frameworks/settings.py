@@ -154,8 +154,10 @@ def yaml_loader() -> type:
 
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-# `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys)
-_OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}|[^\s\\;|&)\"']+)")
+# `key=value` as a Hydra override in a shell command (`+key=value` and `++key=value` add keys); the value may be a
+# reference escaped for an `eval` of the command (`key=\$NAME`)
+_OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+)=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|\$\{\w+\}"
+                       r"|\\\$(?:\{\w+\}|\w+)|[^\s\\;|&)\"']+)")
 
 
 # `name=value` shell variable assignments, whose `$name` / `${name}` an override may use (also a Dockerfile's
@@ -364,12 +366,14 @@ def shell_overrides(text: str, sourced: Mapping[int, Sourced] | None = None) -> 
     found: dict[str, Setting] = {}
     expanded = set(_EXPANSION.findall(text))
     before: Mapping[str, Setting] = {}
-    for number, code, variables in _shell_lines(text, sourced):
+    lines = list(_shell_lines(text, sourced))
+    last = lines[-1][2] if lines else {}
+    for number, code, variables in lines:
         included = (sourced or {}).get(number)
         if included is not None:
             found.update({key: _at_source(included, setting)
                           for key, setting in _array_overrides(included.text, expanded, before).items()})
-        found.update(_line_overrides(number, code, variables))
+        found.update(_line_overrides(number, code, variables, last))
         before = dict(variables)
     return found
 
@@ -394,10 +398,18 @@ def _array_overrides(text: str, arrays: Collection[str], variables: Mapping[str,
     return found
 
 
-def _line_overrides(number: int, code: str, variables: Mapping[str, Setting]) -> dict[str, Setting]:
-    """The `key=value` overrides of one shell line, each value read with the variables assigned before it."""
-    return {match.group("key"): _value(match.group("value"), variables, number, match.start("key") + 1, match.end() + 1)
-            for match in _OVERRIDE.finditer(code)}
+def _line_overrides(number: int, code: str, variables: Mapping[str, Setting],
+                    last: Mapping[str, Setting] | None = None) -> dict[str, Setting]:
+    """The `key=value` overrides of one shell line, each value read with the variables assigned before it; a
+    reference escaped for an `eval` of the command (`key=\\$NAME` in the words of an array the script later runs as
+    `eval "${CMD[@]}"`), with those of the whole script (`last`), which the eval sees."""
+    found = {}
+    for match in _OVERRIDE.finditer(code):
+        raw = match.group("value")
+        escaped = raw.startswith("\\$")
+        found[match.group("key")] = _value(raw[1:] if escaped else raw, last if escaped and last is not None else variables,
+                                           number, match.start("key") + 1, match.end() + 1)
+    return found
 
 
 # A verl trainer module run from Python, an element of an argument list: `"-m", "verl.trainer.main_ppo"`

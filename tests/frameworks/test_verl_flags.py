@@ -235,6 +235,34 @@ def test_shell_arithmetic_over_known_variables_gives_the_batch_sizes():
     assert [f.code for f in lint_config("run.sh", text.replace("bsz=$((mini * 2))", "bsz=$((mini))"))] == ["KL002"]
 
 
+def test_a_reference_escaped_for_an_eval_takes_the_value_the_eval_sees():
+    """siiRL (fresh89) writes its command as a bash array of words like `use_kl_loss=\\$USE_KL_LOSS` and runs it
+    later, in a function, as `eval "${CMD[@]}"`: the escaped `$` expands when eval runs, with the variables the
+    whole script has assigned by then (here the mini-batch computed only after the array). Before, such a value
+    ended the override: the KL loss was read as off (no KL002) and the batch sizes as verl's defaults."""
+    text = textwrap.dedent("""\
+        export USE_KL_LOSS=True
+        export MINI_PER_NODE=64
+        TRAIN_BATCH_SIZE=128
+        CMD=(
+            python3 -m verl.trainer.main_ppo
+            data.train_batch_size=\\$TRAIN_BATCH_SIZE
+            actor_rollout_ref.actor.use_kl_loss=\\$USE_KL_LOSS
+            actor_rollout_ref.actor.ppo_mini_batch_size=\\${PPO_MINI_BATCH_SIZE}
+        )
+        main() {
+            export PPO_MINI_BATCH_SIZE=$(($MINI_PER_NODE * 1))
+            eval "${CMD[@]}"
+        }
+        main
+        """)
+    settings = shell_overrides(text)
+    assert settings["actor_rollout_ref.actor.use_kl_loss"].value == "True"
+    assert settings["data.train_batch_size"].value == "128"
+    assert settings["actor_rollout_ref.actor.ppo_mini_batch_size"].value == "64"
+    assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL002", 1), ("KL008", 11)]
+
+
 def test_comments_and_unknown_values_decide_nothing():
     text = "# actor_rollout_ref.actor.use_kl_loss=True\npython3 x.py actor_rollout_ref.actor.kl_loss_type=${oc.env:T}\n"
     settings = shell_overrides(text)
