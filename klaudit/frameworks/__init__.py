@@ -545,7 +545,9 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
     """Whether the verl launch `launch` in the script `path` stops before it trains: the project's copy of the module
     launched (or its own trainer module) cannot be imported (klaudit.frameworks.imports), or Hydra refuses an
     override, a key that copy's config lacks (an upstream example kept in a fork that renamed the key; verl-tool's
-    `actor_rollout_ref.agent.num_gpus=` without the `+` its own config needs)."""
+    `actor_rollout_ref.agent.num_gpus=` without the `+` its own config needs), or the module reads, before it
+    trains, a key the config composed lacks and the launch does not add (RL-Factory's `config.actor_rollout_ref.env`,
+    which only its own YAML has, read by a launch of the stock `ppo_trainer`)."""
     module = launch.group(1).replace(".", "/") + ".py"
     holder = copy_holding(path, module, context.roots) if path else None
     if holder is None:
@@ -553,7 +555,8 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
     if import_failure(holder[1], module) is not None:
         return True
     after = _command_after(text, launch)
-    return after is not None and hydra_keys.refused_launch(after, holder[1] / module) is not None
+    return after is not None and (hydra_keys.refused_launch(after, holder[1] / module) is not None
+                                  or hydra_keys.missing_read(after, holder[1] / module) is not None)
 
 
 def _command_after(text: str, launch: re.Match) -> str | None:

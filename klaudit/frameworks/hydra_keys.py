@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from klaudit.frameworks.config_reads import reads_before_training
 from klaudit.frameworks.settings import SHELL_WORD, yaml_loader
 from klaudit.text import file_text
 
@@ -28,6 +29,8 @@ _MAX_DEPTH = 8  # includes deeper than this (or cyclic) give no answer
 _SELF = "_self_"
 # `python -m module ... key=value`: a dotted key, optionally with Hydra's `+`, `++` or `~` prefix
 _OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)+)=")
+# `+key=value` or `++key=value`: a key the command line adds, dotted or not
+_ADDED = re.compile(r"^\+{1,2}(?P<key>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*)=")
 # `@hydra.main(config_path="config", config_name="ppo_trainer", ...)`
 _MAIN = re.compile(r"@hydra\.main\((?P<arguments>[^)]*)\)")
 
@@ -185,6 +188,33 @@ def refused_launch(command: str, main: Path) -> str | None:
     """The first override Hydra refuses in `command`, the words of a command line after the module it runs,
     whose `@hydra.main` is in the file `main`: None when Hydra takes them all or the config composed is not
     known here (a `--config-path` outside the module's folder, an override that adds a config group)."""
+    launched = _launch_keys(command, main)
+    return None if launched is None else refused_override(*launched)
+
+
+def missing_read(command: str, main: Path) -> str | None:
+    """The first key the module `main` reads on every run before it trains (klaudit.frameworks.config_reads) that
+    neither the config the launch `command` composes has nor the command adds (`+output_context_dir=...`): OmegaConf
+    raises on it, so the run stops there. None where all are present or the composed config is not known here."""
+    launched = _launch_keys(command, main)
+    if launched is None:
+        return None
+    words, keys = launched
+    added = [found.group("key") for word in words if (found := _ADDED.match(word)) is not None]
+    for key, _ in reads_before_training(main):
+        if key in keys or key + "." in keys or any(key == given or given.startswith(key + ".") or key.startswith(given + ".")
+                                                   for given in added):
+            continue
+        section = key.rsplit(".", 1)[0] if "." in key else ""
+        while section and section + "." not in keys and section not in keys:
+            section = section.rsplit(".", 1)[0] if "." in section else ""
+        if not section or section + "." in keys:  # the nearest key above it is a section, not a value
+            return key
+    return None
+
+
+def _launch_keys(command: str, main: Path) -> tuple[list[str], frozenset[str]] | None:
+    """The words of the launch `command` and the keys of the config it composes for the module `main`."""
     launched = launched_config(main)
     if launched is None:
         return None
@@ -203,13 +233,15 @@ def refused_launch(command: str, main: Path) -> str | None:
             else:
                 folder = (main.parent / value).resolve()
         elif "=" in word and "." not in option and not option.startswith("-"):
+            if option.startswith("+") and not (folder / option.lstrip("+")).is_dir() and "@" not in option and value:
+                continue  # `+generator_llm=x` of no config group: a key added, as `+a.b=x` adds one
             if option.startswith(("+", "~")) or "/" in option or "@" in option or not value:
                 return None  # a config group added or removed: its keys are not known here
             chosen[option] = value
     if not name or "$" in name:
         return None
     keys = composed_keys(folder, name, tuple(sorted(chosen.items())))
-    return None if keys is None else refused_override(words, keys)
+    return None if keys is None else (words, keys)
 
 
 def refused_override(words: Iterable[str], keys: frozenset[str]) -> str | None:

@@ -645,6 +645,63 @@ def test_a_launch_of_the_projects_own_trainer_that_hydra_refuses_has_no_verdict(
         result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
         assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected, key
 
+FORK_MAIN = '''\
+import hydra
+import ray
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(config):
+    run_ppo(config)
+
+
+def run_ppo(config):
+    if not ray.is_initialized():
+        ray.init(num_cpus=config.ray_init.num_cpus)
+    runner = TaskRunner.remote()
+    ray.get(runner.run.remote(config))
+
+
+class TaskRunner:
+    def run(self, config):
+        {write}
+        path = config.actor_rollout_ref.model.path
+        tools = config.actor_rollout_ref.env.get("tool_manager", "qwen3")
+        flag = config.trainer.get("use_tools") and config.trainer.tool_budget
+        reward = RewardManager(output_dir=config.output_context_dir)
+        trainer = RayPPOTrainer(config, reward)
+        trainer.fit()
+        print(config.after_training)
+'''
+
+
+@pytest.mark.parametrize("write, words, expected", [
+    # the stock config has no actor_rollout_ref.env: the module's first read of it stops the run
+    ("pass", "", []),
+    # the launch adds the keys the fork's module reads
+    ("pass", "+actor_rollout_ref.env.tool_manager=qwen3 +output_context_dir=out", ["KL002", "KL008"]),
+    # only one of them: the run still stops at the other
+    ("pass", "+actor_rollout_ref.env.tool_manager=qwen3", []),
+    # the module writes into its config first: the reads after that are not counted
+    ("config.actor_rollout_ref.env = {{}}", "", ["KL002", "KL008"]),
+])
+def test_a_launch_whose_trainer_module_reads_a_key_its_config_lacks_has_no_verdict(tmp_path, write, words, expected):
+    """RL-Factory and s3 (fresh89), forks of verl whose main_ppo reads `config.actor_rollout_ref.env` or
+    `config.output_context_dir` before `trainer.fit()`, keys only their own YAML (or a `+key=` of their own
+    launches) gives: the upstream examples they keep, launched on the stock ppo_trainer config, stop with
+    OmegaConf's ConfigAttributeError before the first step. Reads in a branch (`ray_init` under `if`), after
+    `and`, through `.get` on the read key's section, or after training are not needed to start."""
+    trainer = tmp_path / "verl" / "trainer"
+    (trainer / "config").mkdir(parents=True)
+    (trainer / "main_ppo.py").write_text(FORK_MAIN.format(write=write))
+    (trainer / "config" / "ppo_trainer.yaml").write_text(
+        "actor_rollout_ref:\n  model:\n    path: null\n  actor:\n    use_kl_loss: false\ntrainer:\n  nnodes: 1\n")
+    (tmp_path / "run.sh").write_text(
+        f"python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.use_kl_loss=True {words}\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
+
+
 
 TWO_RUNS = """\
 #!/bin/bash
@@ -823,3 +880,12 @@ def test_a_listed_placeholder_takes_the_value_the_yaml_files_give_its_key(tmp_pa
     (tmp_path / "grpo.yaml").write_text(configured)
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path, frameworks={"verl": "0.6"}), jobs=1)
     assert sorted((f.line, f.code) for f in result.findings) == expected
+
+
+def test_the_reads_counted_are_those_every_run_makes_before_it_trains(tmp_path):
+    from klaudit.frameworks.config_reads import reads_before_training
+
+    main = tmp_path / "main_ppo.py"
+    main.write_text(FORK_MAIN.format(write="pass"))
+    assert [key for key, _ in reads_before_training(main)] == [
+        "actor_rollout_ref.model.path", "actor_rollout_ref.env", "trainer", "output_context_dir"]
