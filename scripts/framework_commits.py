@@ -9,7 +9,10 @@ by this script from a clone of the framework's repository (every commit reachabl
 
 Each line of the table is a version followed by the first 10 hex digits of the commits that state it.
 Only the commits of the releases klaudit knows (`klaudit.frameworks.versions.KNOWN`) and of their
-development versions are kept.
+development versions are kept, except for a framework of `OLDER_KEPT`, whose older commits are kept too, each
+with the version it states (verl's `0.1` or `0.2.0.dev`: the lint judges those by the oldest known release,
+saying they are older). verl's main branch is short (about 2,000 commits, from October 2024), so its whole
+history fits in a small table; TRL's before 0.14 is not kept.
 
 A framework whose version file is not bumped on its main branch (NeMo-RL's package_info.py still says 0.6.0
 on commits that carry 0.7's KL term) is placed by its release tags instead (`TAGGED`): a tag's own commit is
@@ -35,6 +38,9 @@ VERSION_FILES = {
     "openrlhf": (("version.txt", r"^\s*(\S+)"),),
 }
 TAGGED = {"nemo_rl": "v{}.0"}  # the tag of each known release, by its major.minor
+# Frameworks whose commits older than every known release are kept too (with the version each states), so that a
+# pin at one is judged as older than the oldest known release rather than as a commit klaudit cannot place.
+OLDER_KEPT = frozenset({"verl"})
 PREFIX = 10  # hex digits kept per commit: no two of a framework's commits share them
 
 
@@ -76,7 +82,7 @@ def _by_version_files(git_dir: str, name: str, commits: list[str]) -> dict[str, 
     by_version: dict[str, list[str]] = defaultdict(list)
     for commit in commits:
         version = _version(git_dir, commit, VERSION_FILES[name])
-        if version is not None and release(version) >= release(KNOWN[name][0]):
+        if version is not None and (name in OLDER_KEPT or release(version) >= release(KNOWN[name][0])):
             by_version[version].append(commit[:PREFIX])
     return by_version
 

@@ -15,11 +15,13 @@ semantics it applied. In order:
    under `pip:`, `trl==0.17.0`), or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
    `uv.lock`, `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project
    root;
-3. else a dependency on a git commit (`trl @ git+https://...@1bca495`) is the version that commit
-   states, looked up in the table of the framework's commits that klaudit ships
+3. else a dependency on a git commit (`trl @ git+https://...@1bca495`, or a bare
+   `git+https://github.com/volcengine/verl.git@483fa8a` whose repository is named as the framework) is the
+   version that commit states, looked up in the table of the framework's commits that klaudit ships
    (`klaudit/frameworks/commits/<name>.txt`, written by scripts/framework_commits.py). A development
    version (`0.18.0.dev0`) lies between two releases (0.17 and 0.18): only what both agree on is
-   reported. A commit the table lacks (a fork's, or a newer one) names no release;
+   reported. A commit older than every known release (verl's table keeps those: `0.1`, `0.2.0.dev`) is judged
+   by the oldest known one, and says so. A commit the table lacks (a fork's, or a newer one) names no release;
 4. else a dependency bounded from above (`trl>=0.15.0,<0.16.0`, `trl~=0.15.0`, `trl==0.15.*`) is the
    newest known release it allows, the one pip installs; or, where one dependency list pins transformers exactly
    beside TRL (`transformers==4.46.0` and `trl`), the newest TRL whose transformers floor that pin meets, as pip
@@ -287,7 +289,8 @@ def _at_commit(name: str, commit: str, where: str) -> Assumed:
     before = [earlier for earlier in KNOWN[name] if release(earlier) < release(version)]
     if _MINOR_DEVELOPMENT.match(version) and before and release(known) == release(version):
         return Assumed(known, f"{stated}, between {before[-1]} and {known}: what both agree on", earlier=before[-1])
-    return Assumed(known, stated)  # a release's own commit, a patch release's development, or after the latest known
+    # a release's own commit, a patch release's development, after the latest known, or before the oldest known
+    return Assumed(known, stated, older=release(version) < release(KNOWN[name][0]))
 
 
 @functools.cache
@@ -803,7 +806,8 @@ def _git_commit_pins(directory: Path) -> dict[str, tuple[str, str]]:
 
 
 def _git_ref(name: str, text: str | None) -> str | None:
-    """The ref after `@` of a `name @ git+URL@ref` dependency (also quoted, with extras or `#egg=`)."""
-    match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+@(?P<ref>[\w.\-]+)",
-                      text or "")
+    """The ref after `@` of a `name @ git+URL@ref` dependency (also quoted, with extras or `#egg=`), or of a bare
+    `git+URL@ref` whose repository is named as the framework (`git+https://github.com/volcengine/verl.git@483fa8a`)."""
+    match = re.search(rf"(?im){_REQUIREMENT_START}(?:{_spelled(name)}(?:\[[^\]]*\])?\s*@\s*git\+[^\s\"'#@]+"
+                      rf"|git\+[^\s\"'#@]*/{_spelled(name)}(?:\.git)?)@(?P<ref>[\w.\-]+)", text or "")
     return match.group("ref") if match is not None else None

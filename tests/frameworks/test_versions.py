@@ -199,6 +199,37 @@ def test_the_commit_table_gives_the_version_each_commit_states(commit, expected)
     assert commit_version("trl", commit) == expected
 
 
+@pytest.mark.parametrize("commit, expected", [
+    # older than 0.7, the oldest known: verl's table keeps these too, each with the version it states
+    ("483fa8ac76fc4d149feeff4368d380a93e4246be", "0.1"),  # 2025-02-04, HKUNLP/critic-rl's pin
+    ("0a1b16f800c2", "0.2.0.dev"),  # 2025-02-20: "bump up version to v0.2.0.dev"
+    # the development of known releases
+    ("55f651c94de75a1efcde8e14d079a0e70841a516", "0.7.0.dev"),  # 2025-10-15: "bump version to 0.7.0.dev"
+    ("0a34822", "0.8.0.dev"),  # 2026-01-21: "update version in the main branch", after 0.7.0
+])
+def test_the_verl_commit_table_gives_the_version_each_commit_states(commit, expected):
+    """Read by hand from verl's repository (git show COMMIT:verl/version/version, on its main branch)."""
+    assert commit_version("verl", commit) == expected
+
+
+def test_a_bare_git_url_of_verl_at_an_older_commit_is_judged_by_the_oldest_known_release(tmp_path):
+    """HKUNLP/critic-rl's requirements.txt names verl by its URL alone, at 483fa8a, whose verl/version/version
+    says 0.1: older than every known release, so judged by 0.7 and said to be older."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    (project / "requirements.txt").write_text(
+        "deepspeed==0.15.0\ngit+https://github.com/volcengine/verl.git@483fa8ac76fc4d149feeff4368d380a93e4246be\n")
+    assumed = detect([project])["verl"]
+    assert (assumed.version, assumed.older, assumed.stated) == ("0.7", True, True)
+    assert assumed.label("verl") == ("verl 0.7 (0.1 at commit 483fa8ac76 in requirements.txt; older than 0.7, "
+                                     "judged by 0.7's flags)")
+    (project / "requirements.txt").write_text("git+https://github.com/volcengine/verl.git@55f651c94de7\n")
+    assert detect([project])["verl"] == Assumed("0.7", "0.7.0.dev at commit 55f651c94d in requirements.txt")
+    (project / "requirements.txt").write_text("git+https://github.com/someone/verl-fork.git@483fa8ac76fc\n")
+    assert "verl" not in detect([project])  # another repository's commit
+
+
 @pytest.mark.parametrize("commit, between, expected", [
     # 0.16.0.dev0, between 0.15 and 0.16: beta=0.04 adds the k3 loss in both (KL002, kl-math.md §8 row 3); 0.15
     # averages each sequence's tokens (KL007, row 21) where 0.16 takes the batch's token-mean: not reported
