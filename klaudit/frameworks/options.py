@@ -26,6 +26,7 @@ value they agree on, if any. A single attribute (`args.beta`) is an option's nam
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -95,6 +96,8 @@ class Options:
     # (`Config(beta=1e-3)` in a preset beside the field's `beta: float = 0.0`)
     set_in_code: frozenset[str] = frozenset()
     run: frozenset[str] = frozenset()  # the resolved paths of the project's scripts some launch script runs
+    # the resolved paths of the project's modules those scripts import (`from open_r1.arguments import ...`)
+    imported: frozenset[str] = frozenset()
 
     def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
         """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):
@@ -120,11 +123,12 @@ class Options:
 
     def run_values(self, key: str, path: str) -> frozenset[str] | None:
         """The values the option `key` (a single attribute, `args.kl_approximator`) can have in a run of the file at
-        `path`, where a launch script of the project runs a file that declares it: its default and what every launch
+        `path`, where a launch script of the project runs a file that declares it (or imports it, a dataclass of
+        options its parser reads): its default and what every launch
         and linted YAML file sets it to, when all are literals and no Python code sets it otherwise; None where some
         run may give it another value, or where no launch shows how the project runs (a library's option, a
         choice its README leaves to the user). A trainer's branch on a value none of them gives is never taken."""
-        if "." in key or not any(str(Path(file).resolve()) in self.run for file in self.given.get(key, {})):
+        if "." in key or not any(str(Path(file).resolve()) in self.run | self.imported for file in self.given.get(key, {})):
             return None
         given = self._in_every_run(key, path)
         values = {value.value for value in given} | set(configured_values(self.configs, key))
@@ -298,9 +302,30 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
-                   run=frozenset(run),
+                   run=frozenset(run), imported=_imported(run, sources),
                    set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
                                          for match in _SET.finditer(text) if number(match.group(2)) != 0))
+
+
+def _imported(run: Collection[str], sources: Mapping[str, str]) -> frozenset[str]:
+    """The resolved paths of the modules of `sources` that the scripts `run` (resolved paths) import by name:
+    `from open_r1.arguments import X` or `import open_r1.arguments`, and `from .arguments import X` beside it."""
+    texts = {str(Path(path).resolve()): text for path, text in sources.items()}
+    endings: set[str] = set()  # what the path of an imported module ends with, without `.py` or `/__init__.py`
+    for script in run:
+        try:
+            tree = ast.parse(texts.get(script, ""))
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                endings.update("/" + alias.name.replace(".", "/") for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                module = (node.module or "").replace(".", "/")
+                base = "/" + module if node.level == 0 else str(Path(script).parents[node.level - 1] / module)
+                endings.update([base, *(f"{base}/{alias.name}" for alias in node.names)])
+    return frozenset(path for path in texts if path.removesuffix(".py").removesuffix("/__init__").endswith(
+        tuple(endings)) and path.endswith(".py")) if endings else frozenset()
 
 
 def _unit_tests(path: str, text: str) -> bool:

@@ -529,7 +529,8 @@ def yaml_settings(text: str) -> dict[str, Setting]:
 
 
 # a Python script a shell command runs, by a path relative to where it runs (`python rl/grpo.py`, `torchrun train.py`)
-PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])((?:[\w.-]+/)*[\w-]+\.py)\b")
+# or below a variable naming the project's folder (`torchrun ${PR1_PATH}/src/open_r1/grpo_vllm.py`)
+PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])(?:\$\{?[A-Za-z_]\w*\}?/)?((?:[\w.-]+/)*[\w-]+\.py)\b")
 
 
 def project_path(launcher: str, relative: str, folder: bool = False) -> Path | None:

@@ -233,3 +233,21 @@ def test_a_branch_on_an_option_value_no_run_gives_never_runs(tmp_path, read, fil
         text = text.replace("    def shape_rewards(self, ", "    def shape_rewards(self, args, ")
     codes = _codes(tmp_path, "0", files | {"trainer.py": text})
     assert ("KL004" in codes) is k3
+
+
+@pytest.mark.parametrize("launch, k3", [
+    # PR1 (fresh89): the launch runs the training script below a variable naming the project's folder, and the
+    # options are a dataclass of another module the script imports: the default's branch only
+    ("torchrun ${PR1_PATH}/src/train.py --kl_coef 0.1\n", False),
+    ("torchrun $ROOT/src/train.py --kl_coef 0.1\n", False),
+    # a script that does not import the options' module: its parser may not read them, so both branches stay
+    ("torchrun ${PR1_PATH}/src/other.py --kl_coef 0.1\n", True),
+])
+def test_an_option_declared_in_a_module_the_launched_script_imports(tmp_path, launch, k3):
+    arguments, trainer = SWITCHED.split("\n\nclass Trainer:")
+    files = {"src/arguments.py": arguments, "src/trainer.py": "import torch\n\n\nclass Trainer:" + trainer.format(
+        read="self.args.kl_approximator"),
+        "src/train.py": "from arguments import Arguments\nfrom trainer import Trainer\n",
+        "src/other.py": "from trainer import Trainer\n", "run.sh": launch}
+    codes = _codes(tmp_path, "0", files)
+    assert ("KL004" in codes) is k3
