@@ -555,8 +555,11 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
     if import_failure(holder[1], module) is not None:
         return True
     after = _command_after(text, launch)
-    return after is not None and (hydra_keys.refused_launch(after, holder[1] / module) is not None
-                                  or hydra_keys.missing_read(after, holder[1] / module) is not None)
+    if after is None:
+        return False
+    main, cwd = holder[1] / module, holder[1]  # `python -m` imports the copy from the folder the run starts in
+    return (hydra_keys.refused_launch(after, main, text, cwd) is not None
+            or hydra_keys.missing_read(after, main, text, cwd) is not None)
 
 
 def _command_after(text: str, launch: re.Match) -> str | None:

@@ -7,6 +7,8 @@ run before it starts ("Could not override 'a.b'"), where `+a.b=v` adds the key a
 sets it. So a launch that overrides a key its framework copy's config lacks (an upstream example kept
 in a fork that renamed or removed the key) trains nothing.
 
+A config is looked up in the primary config's folder, then in the `file://` folders of its `hydra.searchpath`
+(a relative one below the folder the run starts in, as verl's multi-turn examples' `file://verl/trainer/config`).
 Where in doubt the keys are over-approximated (an `override group: option` entry adds its option's keys
 to those of the option it replaces): a key may be taken for present, never for absent. A defaults list
 this reading does not follow (a missing file, an interpolation it cannot resolve, a command line that
@@ -25,12 +27,14 @@ from klaudit.frameworks.config_reads import reads_before_training
 from klaudit.frameworks.settings import SHELL_WORD, yaml_loader
 from klaudit.text import file_text
 
-_MAX_DEPTH = 8  # includes deeper than this (or cyclic) give no answer
+_MAX_DEPTH = 8  # includes deeper than this (or cyclic) give no answer; so do variables nested deeper
 _SELF = "_self_"
 # `python -m module ... key=value`: a dotted key, optionally with Hydra's `+`, `++` or `~` prefix
 _OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)+)=")
 # `+key=value` or `++key=value`: a key the command line adds, dotted or not
 _ADDED = re.compile(r"^\+{1,2}(?P<key>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*)=")
+# `$NAME`, `${NAME}` or `$(pwd)` in a shell word
+_SHELL_REFERENCE = re.compile(r"\$\(pwd\)|\$\{(?P<braced>[A-Za-z_]\w*)\}|\$(?P<name>[A-Za-z_]\w*)")
 # `@hydra.main(config_path="config", config_name="ppo_trainer", ...)`
 _MAIN = re.compile(r"@hydra\.main\((?P<arguments>[^)]*)\)")
 
@@ -55,12 +59,15 @@ def launched_config(main: Path) -> tuple[Path, str] | None:
 
 
 @functools.lru_cache(maxsize=32)  # asked for each launch of a project: its scripts share the copy's config
-def composed_keys(folder: Path, name: str, chosen: tuple[tuple[str, str], ...] = ()) -> frozenset[str] | None:
+def composed_keys(folder: Path, name: str, chosen: tuple[tuple[str, str], ...] = (),
+                  cwd: Path | None = None) -> frozenset[str] | None:
     """Every dotted key of the config `name` of the config folder `folder` composed with its defaults lists,
     each section's also with a trailing dot; `chosen`: the options a command line picks for groups of the primary
-    config's defaults list (`model_engine=megatron`). None where a defaults list is not followed."""
+    config's defaults list (`model_engine=megatron`); `cwd`: the folder the run starts in, which a relative
+    `hydra.searchpath` entry of the primary config (`file://verl/trainer/config`) is below. None where a defaults
+    list is not followed."""
     try:
-        return frozenset(_Composition(folder, dict(chosen)).keys(name.removesuffix(".yaml"), "", 0))
+        return frozenset(_Composition(folder, dict(chosen), cwd).keys(name.removesuffix(".yaml"), "", 0))
     except _Unreadable:
         return None
 
@@ -69,8 +76,27 @@ class _Composition:
     """The keys of one composition: the config folder, and the option chosen for each group of the primary
     config's defaults list (which `${group}` in a defaults entry stands for)."""
 
-    def __init__(self, folder: Path, chosen: dict[str, str]) -> None:
-        self.folder, self.chosen = folder, chosen
+    def __init__(self, folder: Path, chosen: dict[str, str], cwd: Path | None = None) -> None:
+        self.chosen, self.cwd = chosen, cwd
+        self.folders = [folder]  # the config folder, then those of the primary config's `hydra.searchpath`
+
+    def file(self, config: str) -> Path:
+        """The file of `config` in the first folder of the search path that has it."""
+        found = next((path for folder in self.folders if (path := folder / f"{config}.yaml").is_file()), None)
+        if found is None:
+            raise _Unreadable(config)
+        return found
+
+    def search(self, document: dict) -> None:
+        """Add the `file://` folders of the primary config's `hydra.searchpath` (relative ones below `cwd`)."""
+        hydra = document.get("hydra")
+        entries = hydra.get("searchpath") if isinstance(hydra, dict) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if not str(entry).startswith("file://"):
+                continue  # `pkg://`: a package's configs, not read here (a config only there is not found)
+            where = Path(str(entry).removeprefix("file://"))
+            if where.is_absolute() or self.cwd is not None:
+                self.folders.append(where if where.is_absolute() or self.cwd is None else self.cwd / where)
 
     def keys(self, config: str, package: str, depth: int) -> set[str]:
         """The keys of the config at `config` (a path under the folder without `.yaml`) placed at `package`."""
@@ -79,7 +105,7 @@ class _Composition:
         if depth > _MAX_DEPTH:
             raise _Unreadable(config)
         try:
-            document = yaml.load(file_text(self.folder / f"{config}.yaml"), Loader=yaml_loader())
+            document = yaml.load(file_text(self.file(config)), Loader=yaml_loader())
         except (OSError, yaml.YAMLError, RecursionError) as error:
             raise _Unreadable(config) from error
         if document is None:
@@ -87,7 +113,8 @@ class _Composition:
         if not isinstance(document, dict) or not isinstance(document.get("defaults") or [], list):
             raise _Unreadable(config)
         entries = document.get("defaults") or []
-        if depth == 0:  # the primary config's choices, unless the command line picks others
+        if depth == 0:  # the primary config's choices, unless the command line picks others; its search path
+            self.search(document)
             self.chosen = {**dict(choice for entry in entries if (choice := _choice(entry))), **self.chosen}
         keys = set(_paths(document, package))
         group = config.rsplit("/", 1)[0] if "/" in config else ""
@@ -121,7 +148,7 @@ class _Composition:
         keys: set[str] = set()
         for option in options if isinstance(options, list) else [options]:
             path = f"{target}/{self.resolved(str(option))}"
-            if words[0] == "optional" and not (self.folder / f"{path}.yaml").is_file():
+            if words[0] == "optional" and not any((folder / f"{path}.yaml").is_file() for folder in self.folders):
                 continue
             keys |= self.keys(path, _join(package, where), depth + 1)
         return keys
@@ -184,19 +211,19 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix and key else prefix or key
 
 
-def refused_launch(command: str, main: Path) -> str | None:
+def refused_launch(command: str, main: Path, script: str = "", cwd: Path | None = None) -> str | None:
     """The first override Hydra refuses in `command`, the words of a command line after the module it runs,
     whose `@hydra.main` is in the file `main`: None when Hydra takes them all or the config composed is not
     known here (a `--config-path` outside the module's folder, an override that adds a config group)."""
-    launched = _launch_keys(command, main)
+    launched = _launch_keys(command, main, script, cwd)
     return None if launched is None else refused_override(*launched)
 
 
-def missing_read(command: str, main: Path) -> str | None:
+def missing_read(command: str, main: Path, script: str = "", cwd: Path | None = None) -> str | None:
     """The first key the module `main` reads on every run before it trains (klaudit.frameworks.config_reads) that
     neither the config the launch `command` composes has nor the command adds (`+output_context_dir=...`): OmegaConf
     raises on it, so the run stops there. None where all are present or the composed config is not known here."""
-    launched = _launch_keys(command, main)
+    launched = _launch_keys(command, main, script, cwd)
     if launched is None:
         return None
     words, keys = launched
@@ -213,8 +240,9 @@ def missing_read(command: str, main: Path) -> str | None:
     return None
 
 
-def _launch_keys(command: str, main: Path) -> tuple[list[str], frozenset[str]] | None:
-    """The words of the launch `command` and the keys of the config it composes for the module `main`."""
+def _launch_keys(command: str, main: Path, script: str, cwd: Path | None) -> tuple[list[str], frozenset[str]] | None:
+    """The words of the launch `command` and the keys of the config it composes for the module `main`, run in the
+    folder `cwd` (where known) by the shell script `script`, whose variables may name the `--config-path`."""
     launched = launched_config(main)
     if launched is None:
         return None
@@ -228,6 +256,8 @@ def _launch_keys(command: str, main: Path) -> tuple[list[str], frozenset[str]] |
             value = value or (words[index + 1].strip("\"'") if index + 1 < len(words) else "")
             if option in ("--config-name", "-cn"):
                 name = value
+            elif value.startswith("$") and cwd is not None and (expanded := expanded_folder(script, value, cwd)):
+                folder = expanded
             elif value.startswith(("/", "$", "~")) or not value:
                 return None  # a folder this reading does not place
             else:
@@ -240,8 +270,32 @@ def _launch_keys(command: str, main: Path) -> tuple[list[str], frozenset[str]] |
             chosen[option] = value
     if not name or "$" in name:
         return None
-    keys = composed_keys(folder, name, tuple(sorted(chosen.items())))
+    keys = composed_keys(folder, name, tuple(sorted(chosen.items())), cwd)
     return None if keys is None else (words, keys)
+
+
+def expanded_folder(script: str, raw: str, cwd: Path) -> Path | None:
+    """The folder a `--config-path` value written with the launch script's variables names: each `$NAME` or
+    `${NAME}` replaced by the script's last assignment of it, `$(pwd)` and `$PWD` by `cwd`, the folder the launch
+    runs in (`python -m verl...` imports the project's copy from there): verl's own multi-turn examples write
+    `PROJECT_DIR="$(pwd)"` and `--config-path="$PROJECT_DIR/examples/sglang_multiturn/config"`. None where a
+    name is not assigned a value of this kind or the result is not an existing folder."""
+    value = raw.strip("\"'")
+    for _ in range(_MAX_DEPTH):
+        found = _SHELL_REFERENCE.search(value)
+        if found is None:
+            break
+        name = found.group("name") or found.group("braced") or ""
+        if found.group(0) == "$(pwd)" or name == "PWD":
+            replacement = str(cwd)
+        else:
+            assigned = re.findall(rf"^[ \t]*(?:export[ \t]+)?{name}=(\S+)[ \t]*(?:#.*)?$", script, re.MULTILINE)
+            if not assigned:
+                return None
+            replacement = assigned[-1].strip("\"'")
+        value = value[:found.start()] + replacement + value[found.end():]
+    folder = Path(value)
+    return folder.resolve() if "$" not in value and folder.is_absolute() and folder.is_dir() else None
 
 
 def refused_override(words: Iterable[str], keys: frozenset[str]) -> str | None:

@@ -889,3 +889,29 @@ def test_the_reads_counted_are_those_every_run_makes_before_it_trains(tmp_path):
     main.write_text(FORK_MAIN.format(write="pass"))
     assert [key for key, _ in reads_before_training(main)] == [
         "actor_rollout_ref.model.path", "actor_rollout_ref.env", "trainer", "output_context_dir"]
+
+
+@pytest.mark.parametrize("words, expected", [
+    ("", []),
+    ("+actor_rollout_ref.env.tool_manager=qwen3 +output_context_dir=out", ["KL002", "KL008"]),
+])
+def test_a_config_path_named_by_shell_variables_and_its_search_path_are_composed(tmp_path, words, expected):
+    """RL-Factory (fresh89) keeps verl's multi-turn examples: `PROJECT_DIR="$(pwd)"`,
+    `--config-path="$PROJECT_DIR/examples/multiturn/config"`, whose config finds ppo_trainer through
+    `hydra.searchpath: [file://verl/trainer/config]`, below the folder the run starts in. Before, a `--config-path`
+    starting with `$` (and a defaults entry found only on the search path) left the composition unknown, so the
+    keys the fork's main_ppo reads were never checked."""
+    trainer = tmp_path / "verl" / "trainer"
+    (trainer / "config").mkdir(parents=True)
+    (trainer / "main_ppo.py").write_text(FORK_MAIN.format(write="pass"))
+    (trainer / "config" / "ppo_trainer.yaml").write_text(
+        "actor_rollout_ref:\n  model:\n    path: null\n  actor:\n    use_kl_loss: false\ntrainer:\n  nnodes: 1\n")
+    (tmp_path / "examples" / "multiturn" / "config").mkdir(parents=True)
+    (tmp_path / "examples" / "multiturn" / "config" / "multiturn.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n")
+    (tmp_path / "run.sh").write_text(
+        'PROJECT_DIR="$(pwd)"\nCONFIG_PATH="$PROJECT_DIR/examples/multiturn/config"\n'
+        f'python3 -m verl.trainer.main_ppo --config-path="$CONFIG_PATH" --config-name=multiturn \\\n'
+        f"    actor_rollout_ref.actor.use_kl_loss=True {words}\n")
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
