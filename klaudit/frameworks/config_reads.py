@@ -21,6 +21,7 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
+from klaudit.frameworks.python_values import dotted_chain
 from klaudit.text import file_text
 
 Read = tuple[str, int]  # a dotted key below the config's root, and the line that reads it
@@ -46,14 +47,8 @@ def reads_before_training(main: Path) -> tuple[Read, ...]:
 
 
 def _hydra_main(func: ast.FunctionDef) -> bool:
-    return any(isinstance(decorator, ast.Call) and _dotted(decorator.func) in ("hydra.main", "main")
+    return any(isinstance(decorator, ast.Call) and dotted_chain(decorator.func) in ("hydra.main", "main")
                for decorator in func.decorator_list)
-
-
-def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    return node.id if isinstance(node, ast.Name) else ""
 
 
 class _Walk:
@@ -94,9 +89,10 @@ class _Walk:
                 continue
             if _rebinds(stmt, config) or any(_writes(node) for node in ast.walk(stmt)):
                 return False
+            parents = {id(child): parent for parent in ast.walk(stmt) for child in ast.iter_child_nodes(parent)}
             for node in _unconditional_nodes(stmt):
                 if isinstance(node, ast.Attribute) and _root(node) == config:
-                    key = _key(node, stmt)
+                    key = _key(node, parents.get(id(node)))
                     if key:
                         self.reads.append((key, node.lineno))
             for callee, parameter in self._handed(stmt, config):
@@ -152,26 +148,17 @@ def _unconditional_nodes(stmt: ast.stmt) -> Iterator[ast.AST]:
             stack.extend(ast.iter_child_nodes(node))
 
 
-def _root(node: ast.Attribute) -> str:
-    value: ast.expr = node
-    while isinstance(value, ast.Attribute):
-        value = value.value
-    return value.id if isinstance(value, ast.Name) else ""
+def _root(node: ast.expr) -> str:
+    """`config` of `config.trainer.nnodes`; "" for a chain not rooted at a name."""
+    return dotted_chain(node).split(".")[0]
 
 
-def _key(node: ast.Attribute, stmt: ast.stmt) -> str:
-    """The dotted key an attribute chain reads, only for the outermost attribute of a chain: `a.b` of
-    `config.a.b.get(...)`, whose last attribute is a method called on the value."""
-    parents = {id(child): parent for parent in ast.walk(stmt) for child in ast.iter_child_nodes(parent)}
-    parent = parents.get(id(node))
+def _key(node: ast.Attribute, parent: ast.AST | None) -> str:
+    """The dotted key an attribute chain reads, only for the outermost attribute of a chain (`parent` is the node
+    holding it): `a.b` of `config.a.b.get(...)`, whose last attribute is a method called on the value."""
     if isinstance(parent, ast.Attribute) or isinstance(node.ctx, (ast.Store, ast.Del)):
         return ""
-    names: list[str] = []
-    value: ast.expr = node
-    while isinstance(value, ast.Attribute):
-        names.append(value.attr)
-        value = value.value
-    names.reverse()
+    names = dotted_chain(node).split(".")[1:]
     if isinstance(parent, ast.Call) and parent.func is node:
         names = names[:-1]
     return ".".join(names)
@@ -186,7 +173,7 @@ def _rebinds(stmt: ast.stmt, config: str) -> bool:
             if isinstance(node, ast.Name) and node.id == config and isinstance(node.ctx, ast.Store):
                 return True
             if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Store) \
-                    and (_root(node) if isinstance(node, ast.Attribute) else _dotted(node.value).split(".")[0]) == config:
+                    and _root(node if isinstance(node, ast.Attribute) else node.value) == config:
                 return True
     return False
 
@@ -195,7 +182,7 @@ def _writes(node: ast.AST) -> bool:
     """A call that opens the config for writing or merges into it (`open_dict(config)`, `OmegaConf.update(...)`)."""
     if not isinstance(node, ast.Call):
         return False
-    called = _dotted(node.func)
+    called = dotted_chain(node.func)
     return called.rsplit(".", 1)[-1] in _OPENS or called in _MERGES
 
 

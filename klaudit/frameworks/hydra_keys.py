@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from klaudit.frameworks.config_reads import reads_before_training
-from klaudit.frameworks.settings import SHELL_WORD, yaml_loader
+from klaudit.frameworks.settings import SHELL_WORD, shell_assignment, yaml_loader
 from klaudit.text import file_text
 
 _MAX_DEPTH = 8  # includes deeper than this (or cyclic) give no answer; so do variables nested deeper
@@ -286,13 +286,9 @@ def expanded_folder(script: str, raw: str, cwd: Path) -> Path | None:
         if found is None:
             break
         name = found.group("name") or found.group("braced") or ""
-        if found.group(0) == "$(pwd)" or name == "PWD":
-            replacement = str(cwd)
-        else:
-            assigned = re.findall(rf"^[ \t]*(?:export[ \t]+)?{name}=(\S+)[ \t]*(?:#.*)?$", script, re.MULTILINE)
-            if not assigned:
-                return None
-            replacement = assigned[-1].strip("\"'")
+        replacement = str(cwd) if found.group(0) == "$(pwd)" or name == "PWD" else shell_assignment(script, name)
+        if replacement is None:
+            return None
         value = value[:found.start()] + replacement + value[found.end():]
     folder = Path(value)
     return folder.resolve() if "$" not in value and folder.is_absolute() and folder.is_dir() else None

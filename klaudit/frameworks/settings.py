@@ -292,6 +292,18 @@ def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, e
     return Setting(_literal(raw), line, column, end_column)
 
 
+def shell_assignment(text: str, name: str) -> str | None:
+    """The value the shell script `text` last assigns `name` (`name=value`, `export name="value"`), unquoted and as
+    written, its own variables unexpanded (`$(pwd)` stays); None where it assigns none."""
+    found = None
+    for line in text.splitlines():
+        assigned = _VARIABLE.match(_code_of(line))
+        if assigned is not None and assigned.group("name") == name:
+            value = assigned.group("value")
+            found = value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "\"'" else value
+    return found
+
+
 def shell_value(text: str, raw: str) -> str | None:
     """The literal `raw` stands for in a shell script or Dockerfile `text`: itself, or the value its
     variable (`$name`, `${name}`) is assigned there (of `name=${name:-v}`, the default v); None if unknown."""
