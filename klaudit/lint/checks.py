@@ -51,7 +51,7 @@ from klaudit.lint.facts import (
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
 from klaudit.lint.modules import Analyzer, Module, module_functions
-from klaudit.lint.overrides import used_elsewhere
+from klaudit.lint.overrides import never_built, used_elsewhere
 from klaudit.lint.printed import only_printed
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
@@ -94,11 +94,12 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
-        if found and (cls is not None and mod.overridden_everywhere(func, cls) or mod.never_runs(func, cls)
+        if found and (cls is not None and (mod.overridden_everywhere(func, cls) or never_built(cls, path, project))
+                      or mod.never_runs(func, cls)
                       or cls is None and only_printed(func.name.value, source)
                       and not used_elsewhere(func.name.value, path, project)):
-            continue  # a base class's method that each subclass replaces, the base never built, or a private
-            # function nothing names: it never runs; a loss only ever printed trains nothing
+            continue  # a base class's method that each subclass replaces, the base never built, a class nothing
+            # builds, or a private function nothing names: it never runs; a loss only ever printed trains nothing
         if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out
             pins = mod.caller_pins(func, cls)
             found = [(sink, fact, config) for sink, fact, config in found if pinned_values_hold(fact.labels, pins)]

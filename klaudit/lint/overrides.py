@@ -9,10 +9,21 @@ and the base is named nowhere but as a base, in an import or at its definition (
 So is a private function or method (`_grpo_step`, one leading underscore) whose name no code of the project
 writes but at its own `def`: a trainer keeps its first, per-prompt step beside the batched one it now calls.
 Comments do not count (MonetVLM's comment names the old step); notebooks and configuration files do.
+
+So, last, are the methods of a class whose one use is commented out, where the whole project is linted: forks of a
+multimodal GRPO project keep the upstream trainers (`Qwen2VLGRPOTrainer`, `Qwen2VLGRPOVLLMTrainer`) exported from
+their package beside the one their entry script now builds, the line that chose between them commented out
+(`# trainer_cls = Qwen2VLGRPOTrainer if ... else Qwen2VLGRPOVLLMTrainer`). A class no code names but at its
+definition, in imports or in `__all__`, that no class derives from, that carries no decorator (a registry may build
+it) and that no notebook, configuration, launch script or document names, yet that a comment written as code builds,
+is built by no run. A class nothing names at all stays a library's (a user builds it), and is judged. Only where a
+linted folder is the project's root (a repository, something installed, or a tree with no project above it) is any
+of this known: a trainer linted alone, or one folder of a repository, may be built elsewhere.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import re
@@ -22,6 +33,7 @@ from pathlib import Path
 import libcst as cst
 
 from klaudit.frameworks.trainers import CLASS_HEADER
+from klaudit.frameworks.versions import is_project_root, project_root
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.update_loops import named_beyond_declarations, nearby_modules
 
@@ -46,15 +58,7 @@ def _configured_names(project: Project) -> frozenset[str]:
     """The words of the configuration files under the linted roots (a worker class named by its dotted path in a
     YAML file: `worker_cls: roll.pipeline.rlvr.actor_worker.ActorWorker`), read once per project."""
     def read() -> frozenset[str]:
-        words: set[str] = set()
-        for root in project.roots:
-            for folder, subfolders, files in os.walk(root):
-                subfolders[:] = [sub for sub in subfolders if not sub.startswith(".")]
-                for file in files:
-                    path = os.path.join(folder, file)
-                    if file.endswith(_CONFIG_FILES) and os.path.getsize(path) <= _CONFIG_BYTES:
-                        words.update(_WORD.findall(project.raw_text(path) or ""))
-        return frozenset(words)
+        return frozenset(word for path in _files(project, _CONFIG_FILES) for word in _WORD.findall(project.raw_text(path) or ""))
 
     return project.remembered(("configured names",), read)
 
@@ -107,6 +111,64 @@ def used_elsewhere(name: str, path: str, project: Project) -> bool:
                and name in (text := project.raw_text(other) or ""))
 
 
+def never_built(cls: str, path: str, project: Project) -> bool:
+    """Whether class `cls` of the module at `path` is built by no run of the project, its use commented out: see the
+    module's docstring."""
+    if not _whole_project_holds(Path(project.key(path)), project):
+        return False
+    return project.remembered(("never built", cls), lambda: not _built_anywhere(cls, project) and any(
+        _built_in_a_comment(project.raw_text(path) or "", cls) for path in python_files(project)
+        if cls in (project.raw_text(path) or "")))
+
+
+def _whole_project_holds(module: Path, project: Project) -> bool:
+    """Whether a linted folder holding `module` is the project's root, or has no project's root above it."""
+    return any(root.is_dir() and module.is_relative_to(root)
+               and (is_project_root(root) or project_root(root.parent) is None) for root in project.roots)
+
+
+# the files besides code and notebooks that may name a class to build: configurations, launches, documentation
+_NAMING_FILES = _CONFIG_FILES + (".sh", ".bash", ".slurm", ".md", ".rst", ".txt")
+
+
+def _built_anywhere(cls: str, project: Project) -> bool:
+    word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
+    derived = any(cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}
+                  for path in python_files(project) if cls in (text := project.raw_text(path) or "")
+                  for _, bases in CLASS_HEADER.findall(text))
+    return derived or any(named_beyond_declarations(text, cls) or _decorated(text, cls)
+                          for path in python_files(project) if cls in (text := project.raw_text(path) or "")) \
+        or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",)))
+
+
+def _built_in_a_comment(text: str, cls: str) -> bool:
+    """Whether a comment of `text` is a line of code that uses class `cls` (`# trainer = GRPOTrainer(` or
+    `# trainer_cls = GRPOTrainer if vllm else VLLMTrainer`), not prose about it, an import or an export."""
+    for line in text.splitlines():
+        comment = line.lstrip()
+        if not comment.startswith("#") or cls not in comment:
+            continue
+        code = comment.lstrip("#").strip()
+        if re.search(rf"(?<!\w){re.escape(cls)}\s*\(", code) or _parses(code):
+            if named_beyond_declarations(code, cls):
+                return True
+    return False
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _decorated(text: str, cls: str) -> bool:
+    """Whether `text` defines class `cls` under a decorator (`@register("grpo")` above `class GRPOTrainer`)."""
+    return re.search(rf"^[ \t]*@[^\n]*\n(?:[ \t]*(?:@|#)[^\n]*\n)*[ \t]*class[ \t]+{re.escape(cls)}\b", text,
+                     re.MULTILINE) is not None
+
+
 def _without_comments(text: str) -> str:
     """`text` with its comments blanked (the text as it is where Python's tokenizer cannot read it)."""
     try:
@@ -124,12 +186,21 @@ def _without_comments(text: str) -> str:
 
 def _notebooks(project: Project) -> list[str]:
     """The notebooks under the linted roots, listed once per project."""
+    return _files(project, (".ipynb",))
+
+
+def _files(project: Project, suffixes: tuple[str, ...]) -> list[str]:
+    """The files under the linted roots whose names end with one of `suffixes`, hidden folders left out, listed once
+    per project; none but a notebook larger than `_CONFIG_BYTES` (a dataset in JSON, a log: not text that names code)."""
     def listed() -> list[str]:
         found: list[str] = []
         for root in project.roots:
             for folder, subfolders, files in os.walk(root) if root.is_dir() else ():
                 subfolders[:] = [sub for sub in subfolders if not sub.startswith(".")]
-                found += [os.path.join(folder, file) for file in files if file.endswith(".ipynb")]
+                for file in files:
+                    path = os.path.join(folder, file)
+                    if file.endswith(suffixes) and (file.endswith(".ipynb") or os.path.getsize(path) <= _CONFIG_BYTES):
+                        found.append(path)
         return found
 
-    return project.remembered(("notebooks",), listed)
+    return project.remembered(("files", suffixes), listed)

@@ -1,0 +1,101 @@
+"""A trainer class whose one use is commented out is built by no run (klaudit.lint.overrides.never_built).
+
+Forks of a multimodal GRPO project (HumanMLLM/R1-Omni, HarryHsing/EchoInk, fresh89) keep the upstream trainers
+exported from their package beside the one their entry script builds; the line that chose between them is a comment.
+Their k3 KL terms (row 3, KL002) never train anything. A class nothing names at all is a library's and stays judged
+(farming1604/GRPO_custom, fresh65: a trainer with no launcher, built by whoever imports the package).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.lint.engine import lint_paths
+from klaudit.lint.update_loops import named_beyond_declarations
+
+TRAINER = """\
+import torch
+
+
+class {name}:
+    def compute_loss(self, model, inputs):
+        logp = model.logprobs(inputs["ids"])
+        ref = inputs["ref_logps"]
+        k3 = torch.exp(ref - logp) - (ref - logp) - 1
+        return (-logp * inputs["advantages"] + 0.04 * k3).mean()
+"""
+PACKAGE_INIT = """\
+from .grpo_trainer import Qwen2VLGRPOTrainer
+from .omni_trainer import OmniGRPOTrainer
+
+__all__ = ["Qwen2VLGRPOTrainer", "OmniGRPOTrainer"]
+"""
+ENTRY = """\
+from trainer import Qwen2VLGRPOTrainer, OmniGRPOTrainer
+
+
+def main(args):
+{choice}
+    trainer = trainer_cls(args)
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main(None)
+"""
+COMMENTED_OUT = "    # trainer_cls = Qwen2VLGRPOTrainer if not args.use_vllm else None\n    trainer_cls = OmniGRPOTrainer"
+
+
+def _project(root, choice=COMMENTED_OUT, extra=None):
+    (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='fork')\n")
+    package = root / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text(PACKAGE_INIT)
+    (package / "grpo_trainer.py").write_text(TRAINER.format(name="Qwen2VLGRPOTrainer"))
+    (package / "omni_trainer.py").write_text(TRAINER.format(name="OmniGRPOTrainer"))
+    (root / "grpo.py").write_text(ENTRY.format(choice=choice))
+    for path, text in (extra or {}).items():
+        (root / path).write_text(text)
+
+
+def _found(*paths):
+    result = lint_paths([str(path) for path in paths], jobs=1)
+    assert result.errors == []
+    return sorted((finding.path.rsplit("/", 1)[-1], finding.code) for finding in result.findings)
+
+
+def test_a_trainer_whose_choice_is_commented_out_is_left_out(tmp_path):
+    _project(tmp_path)
+    assert _found(tmp_path) == [("omni_trainer.py", "KL002")]
+
+
+@pytest.mark.parametrize("choice, extra", [
+    # nothing names it: a library's class, which a user builds
+    ("    trainer_cls = OmniGRPOTrainer", None),
+    # prose about it is no use of it
+    ("    # the loss is the same as in Qwen2VLGRPOTrainer\n    trainer_cls = OmniGRPOTrainer", None),
+    # the choice is live
+    ("    trainer_cls = Qwen2VLGRPOTrainer if not args.use_vllm else OmniGRPOTrainer", None),
+    # the README shows how to build it
+    (COMMENTED_OUT, {"README.md": "trainer = Qwen2VLGRPOTrainer(model, args)\n"}),
+    # a subclass inherits its loss
+    (COMMENTED_OUT, {"sub.py": "from trainer.grpo_trainer import Qwen2VLGRPOTrainer\n\n\n"
+                               "class Sub(Qwen2VLGRPOTrainer):\n    pass\n"}),
+])
+def test_a_trainer_some_run_may_build_is_judged(tmp_path, choice, extra):
+    _project(tmp_path, choice, extra)
+    assert ("grpo_trainer.py", "KL002") in _found(tmp_path)
+
+
+def test_a_folder_below_the_projects_root_cannot_tell(tmp_path):
+    """`klaudit lint trainer/` in the repository: the code that builds the class may lie outside what is linted."""
+    _project(tmp_path)
+    assert ("grpo_trainer.py", "KL002") in _found(tmp_path / "trainer")
+
+
+def test_an_export_list_of_several_names_is_a_declaration_of_each():
+    """`__all__ = ["A", "B", "C"]` names A only to export it, whatever the other strings on the line (the blanked
+    strings between two commas once read as something else)."""
+    exports = 'from .a import A\nfrom .b import B\nfrom .c import C\n\n__all__ = ["A", "B", "C"]\n'
+    assert not named_beyond_declarations(exports, "A")
+    assert named_beyond_declarations(exports + "TRAINERS = [A]\n", "A")
