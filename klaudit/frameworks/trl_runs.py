@@ -118,8 +118,9 @@ _FROM_CONFIG = re.compile(r"\bself\.beta[ \t]*=[ \t]*(?:self\.)?args\.beta\b")
 
 def trainer_methods(path: str, source: str, subclasses: Collection[str]) -> list[tuple[int, int]]:
     """(first line, last line) of each method of the GRPO trainers the module at `path` defines that reads beta from
-    TRL's GRPOConfig: a class deriving from TRL's GRPOTrainer (`subclasses`), or a class named for GRPO whose own code
-    sets `self.beta = args.beta` (an edited copy; TRL's DPOTrainer reads its preference temperature the same way). A
+    TRL's GRPOConfig: a class deriving from TRL's GRPOTrainer (`subclasses`), or a class named for GRPO, or naming
+    GRPOConfig (SpaceR's `SGRLVRTrainer`, whose `args: GRPOConfig = None`), whose own code sets `self.beta = args.beta`
+    (an edited copy; TRL's DPOTrainer reads its preference temperature the same way, from a DPOConfig). A
     method with a `beta` parameter of its own is left out, and so are TRL's own modules, which every user configures."""
     if "trl" in Path(path).parts[:-1] or "beta" not in source:
         return []
@@ -132,7 +133,7 @@ def trainer_methods(path: str, source: str, subclasses: Collection[str]) -> list
         if not isinstance(node, ast.ClassDef):
             continue
         text = ast.get_source_segment(source, node) or ""
-        if node.name not in subclasses and not ("GRPO" in node.name and _FROM_CONFIG.search(text)):
+        if node.name not in subclasses and not (("GRPO" in node.name or "GRPOConfig" in text) and _FROM_CONFIG.search(text)):
             continue
         spans += [(item.lineno, item.end_lineno or item.lineno) for item in node.body
                   if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))

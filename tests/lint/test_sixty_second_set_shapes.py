@@ -205,8 +205,12 @@ class Qwen2VLGRPOTrainer:
 """
 
 
-def test_a_trainer_copys_fallback_configuration_is_no_run(tmp_path):
+@pytest.mark.parametrize("name", [
+    "Qwen2VLGRPOTrainer",
+    "SGRLVRTrainer",  # OuyangKun10/SpaceR (fresh90): a copy named for its method, its `args` still a GRPOConfig
+])
+def test_a_trainer_copys_fallback_configuration_is_no_run(tmp_path, name):
     (tmp_path / "requirements.txt").write_text("trl==0.14.0\n")
-    (tmp_path / "grpo_trainer.py").write_text(TRAINER_COPY)
+    (tmp_path / "grpo_trainer.py").write_text(TRAINER_COPY.replace("Qwen2VLGRPOTrainer", name))
     found = sorted((f.line, f.code) for f in lint_paths([str(tmp_path)], jobs=1).findings)
     assert found == [(20, "KL002"), (20, "KL007")]
