@@ -19,7 +19,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -155,6 +155,15 @@ class Context:
     # the functions the project calls only under verl's `use_kl_in_reward`, which every run of it leaves off
     # (klaudit.frameworks.verl_runs)
     kl_reward_never_on: frozenset[str] = frozenset()
+    # the values the project's own runs of verl (or of EasyR1) give its KL switches, by the name a branch on one
+    # carries; empty where it launches the framework only as the framework's repository does (klaudit.frameworks.verl_runs)
+    verl_choices: verl_runs.Choices = field(default_factory=dict)
+    chosen_copies: tuple[str, ...] = ()  # the folders of the copies those runs run: the code the choices judge
+
+    def runs_chosen(self, path: str) -> bool:
+        """Whether the module at `path` is code of a framework copy the project's own runs choose the switches of."""
+        file = Path(path).resolve()
+        return bool(self.verl_choices) and any(file.is_relative_to(copy) for copy in self.chosen_copies)
 
     def patched_by_unsloth(self, path: str, source: str) -> bool:
         """Whether the TRL classes the module at `path` binds are Unsloth's: it imports Unsloth, or is imported
@@ -218,10 +227,15 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       after_unsloth=unsloth.imported_after_unsloth(everything))
     scripts = {path: text for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
+    launches = _project_launches_of_verl(context, everything, scripts) if any(
+        verl_runs.FLAG in text or any(name in text for name in verl_runs.SWITCHES) for text in everything.values()) else []
+    choices, copies = _verl_choices(launches, everything, configs, scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
-                   kl_reward_never_on=_kl_reward_never_on(context, everything, configs, scripts))
+                   kl_reward_never_on=_kl_reward_never_on(launches, everything, configs) | _kl_reward_skipped(
+                       choices, copies, everything),
+                   verl_choices=choices, chosen_copies=copies)
 
 
 def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:
@@ -248,23 +262,90 @@ def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterab
     return tuple(values) if built else None
 
 
-def _kl_reward_never_on(context: Context, sources: Mapping[str, str], configs: Iterable[str],
-                        scripts: Mapping[str, str]) -> frozenset[str]:
-    """The functions the project's Python `sources` call only under verl's `use_kl_in_reward`, where each verl launch
-    of its `scripts` and argument lists leaves that flag false and so do its YAML `configs` and code
-    (klaudit.frameworks.verl_runs); none otherwise."""
+def _kl_reward_never_on(launches: Sequence[tuple[str, Mapping[str, Setting]]], sources: Mapping[str, str],
+                        configs: Iterable[str]) -> frozenset[str]:
+    """The functions the project's Python `sources` call only under verl's `use_kl_in_reward`, where each of its verl
+    `launches` leaves that flag false and so do its YAML `configs` and code (klaudit.frameworks.verl_runs); none
+    otherwise."""
     if not any(verl_runs.FLAG in text for text in sources.values()):
         return frozenset()
-    launches = [settings for path, text in scripts.items() if verl.LAUNCH.search(text)
-                for _, settings in verl_launches(path, text, sourced_files(path, text))]
-    launches += [settings for path, text in sources.items() if "verl" in text
-                 for settings in _listed_launches(path, text, context.options)]
     values = [setting.value if (setting := settings.get(verl.USE_KL_IN_REWARD)) is not None
-              else verl.DEFAULTS[verl.USE_KL_IN_REWARD] for settings in launches]
+              else verl.DEFAULTS[verl.USE_KL_IN_REWARD] for _, settings in launches]
     yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
     if not verl_runs.reward_always_off(values, yaml, sources.values()):
         return frozenset()
     return verl_runs.gated_functions(sources)
+
+
+def _kl_reward_skipped(choices: verl_runs.Choices, copies: Iterable[str], sources: Mapping[str, str]) -> frozenset[str]:
+    """The functions the code of the framework `copies` among the project's Python `sources` calls only under `if not
+    ...use_kl_loss:` (an early verl's or EasyR1's trainer, which puts the KL in the reward only where the actor has no
+    KL loss), where every one of the project's own runs turns the KL loss on (`choices`, klaudit.frameworks.verl_runs)."""
+    if not verl_runs.always_on(choices, "use_kl_loss"):
+        return frozenset()
+    return verl_runs.gated_functions({path: text for path, text in sources.items()
+                                      if any(Path(path).resolve().is_relative_to(copy) for copy in copies)},
+                                     "use_kl_loss", on=False)
+
+
+def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]], sources: Mapping[str, str],
+                  configs: Iterable[str], scripts: Mapping[str, str], context: Context
+                  ) -> tuple[verl_runs.Choices, tuple[str, ...]]:
+    """The values the project's runs of verl, or of EasyR1, give the framework's KL switches
+    (klaudit.frameworks.verl_runs.run_choices), and the folders of the copies those runs run, whose code they
+    judge; none where it launches the framework only as the framework's own repository does, from the folders
+    upstream keeps its launches in, or launches both. A script running `verl.trainer.main` runs EasyR1 (verl's
+    module is `verl.trainer.main_ppo`)."""
+    easyr1_launches = _project_launches_of_easyr1(scripts)
+    launches = [(path, settings) for path, settings in launches if path not in {path for path, _ in easyr1_launches}]
+    copies = [{str(copy[1]) for path, _ in found if (copy := copy_holding(path, module, context.roots)) is not None}
+              for found, module in ((launches, verl.DEFAULTS_FILE), (easyr1_launches, easyr1.ACTOR))]
+    own = [any(not _upstream_launch(path, module, context) for path, _ in found)
+           for found, module in ((launches, verl.DEFAULTS_FILE), (easyr1_launches, easyr1.ACTOR))]
+    if own[0] == own[1]:
+        return {}, ()
+    yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
+    if own[0]:
+        return verl_runs.run_choices((settings for _, settings in launches), yaml, sources.values()), tuple(copies[0])
+    return verl_runs.run_choices((settings for _, settings in easyr1_launches), yaml, sources.values(),
+                                 verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS), tuple(copies[1])
+
+
+def _upstream_launch(path: str, module: str, context: Context) -> bool:
+    """Whether the launch at `path` lies where the framework's own repository keeps upstream's launches
+    (`examples/`, `tests/`, `recipe/`, `docs/`, the package itself): beside a copy holding `module` that is itself a
+    linted root."""
+    copy = copy_holding(path, module, context.roots)
+    if copy is None or str(copy[1]) not in context.roots:
+        return False
+    parts = Path(path).resolve().relative_to(copy[1]).parts if Path(path).resolve().is_relative_to(copy[1]) else ()
+    return len(parts) > 1 and parts[0] in verl_runs.UPSTREAM_FOLDERS
+
+
+def _project_launches_of_easyr1(scripts: Mapping[str, str]) -> list[tuple[str, dict[str, Setting]]]:
+    """(path, settings) of each EasyR1 launch of the project's `scripts`: the YAML config it names, composed, with
+    its overrides over it; a config that cannot be read gives the overrides alone."""
+    found = []
+    for path, text in scripts.items():
+        lines = text.splitlines()
+        for _, line in _uncommented(_EASYR1_LAUNCH, text):
+            first, last = command_span(lines, line - 1)
+            given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+            config = project_path(path, given.group(1)) if given else None
+            config_text = read_text(config) if config is not None else None
+            base = composed_settings(str(config), config_text) if config is not None and config_text is not None else {}
+            found.append((path, {**base, **shell_overrides(text)}))
+    return found
+
+
+def _project_launches_of_verl(context: Context, sources: Mapping[str, str], scripts: Mapping[str, str]
+                   ) -> list[tuple[str, dict[str, Setting]]]:
+    """(path, settings) of each verl launch of the project's `scripts` and of the argument lists its Python
+    `sources` build."""
+    launches = [(path, settings) for path, text in scripts.items() if verl.LAUNCH.search(text)
+                for _, settings in verl_launches(path, text, sourced_files(path, text))]
+    return launches + [(path, settings) for path, text in sources.items() if "verl" in text
+                       for settings in _listed_launches(path, text, context.options)]
 
 
 def _grpo_runs(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Runs | None:

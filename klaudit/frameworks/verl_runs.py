@@ -1,4 +1,4 @@
-"""Whether a project's runs of verl ever put the KL in the reward: the values its launches give `use_kl_in_reward`.
+"""What a project's runs of verl select: the values its launches give verl's KL switches.
 
 verl's trainer subtracts the KL penalty from the token-level rewards (`apply_kl_penalty`) only under `if
 self.config.algorithm.use_kl_in_reward:`, whose default is false. A project that launches verl, and whose every
@@ -6,11 +6,20 @@ launch, YAML file and configuration assignment leaves that flag false, never run
 that test (its own edited copy of the trainer's `apply_kl_penalty` included), so the verdicts on the KL reward
 computed there say nothing about the project's runs.
 
+The same holds for a branch of verl's code on one of its KL switches (`kl_loss_type`, `kl_penalty`, `use_kl_loss`,
+`loss_agg_mode`: the actor's `kl_penalty(logprob, ref_logprob, self.config.kl_loss_type)`) that no run of a project
+selects. A project that carries verl and trains with its own launches (`scripts/train.sh` running
+`verl.trainer.main_ppo` with `kl_loss_type=low_var_kl`) never runs the copy's k1, k2 or abs branch; the verdicts there
+are on options nobody picks (`run_choices`, `choice_holds`). verl's own repository, or a fork whose only launches are
+the upstream ones (under `examples/`, `tests/`, `recipe/`, `docs/` or the package itself), is a library: its users
+pick, and every branch is judged.
+
 Read conservatively: a launch whose value is computed (`algorithm.use_kl_in_reward=$USE_KL`, unresolved), a YAML
 key or assignment that is not plainly false, or a project with no launch of verl at all (a library, or a fork used
 by others) keeps every verdict. A function counts as gated when each call of it the project's Python code makes,
 by its name (`apply_kl_penalty(...)`, `self.apply_kl_penalty(...)`), lies in the body of an `if` whose test reads
-the flag, and it is called at least once.
+the flag, and it is called at least once. A switch's values are every launch's (verl's default where a launch
+leaves it) and every value any YAML file or Python code of the project writes for it, whatever it configures.
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ import ast
 import re
 from collections.abc import Iterable, Mapping
 
+from klaudit.frameworks import easyr1
+from klaudit.frameworks.settings import Setting
 from klaudit.frameworks.trl_runs import written_values
+from klaudit.frameworks.verl import DEFAULTS, KL_LOSS_TYPE, KL_PENALTY, LOSS_AGG_MODE, USE_KL_LOSS
 
 FLAG = "use_kl_in_reward"
 _OFF = frozenset({"false", "False", "0", "no", "off"})
@@ -40,23 +52,24 @@ def reward_always_off(launched: Iterable[str | None], configs: Iterable[str], co
     return all(value is not None and value in _OFF for value in written)
 
 
-def gated_functions(sources: Mapping[str, str]) -> frozenset[str]:
+def gated_functions(sources: Mapping[str, str], flag: str = FLAG, on: bool = True) -> frozenset[str]:
     """The names of the functions every call of which, in `sources` (path -> Python text), lies in the body of an
-    `if` whose test reads `use_kl_in_reward`; each is called at least once."""
+    `if` whose test needs `flag` on (`on`; off: `if not ...use_kl_loss:`); each is called at least once."""
     gated: set[str] = set()
     for text in sources.values():
-        if FLAG in text:
-            gated |= {name for call, under in _calls(text) if under for name in [_called_name(call)] if name}
+        if flag in text:
+            gated |= {name for call, under in _calls(text, flag, on) if under for name in [_called_name(call)] if name}
     if not gated:
         return frozenset()
     for text in sources.values():
         if any(f"{name}(" in text for name in gated):
-            gated -= {_called_name(call) for call, under in _calls(text) if not under}
+            gated -= {_called_name(call) for call, under in _calls(text, flag, on) if not under}
     return frozenset(gated)
 
 
-def _calls(text: str) -> list[tuple[ast.Call, bool]]:
-    """Each call of a module's code, with whether it lies in the body (not the `else`) of an `if` that needs the flag on."""
+def _calls(text: str, flag: str, on: bool) -> list[tuple[ast.Call, bool]]:
+    """Each call of a module's code, with whether it lies in the body (not the `else`) of an `if` that needs the flag
+    on (`on`) or off."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError):
@@ -68,19 +81,22 @@ def _calls(text: str) -> list[tuple[ast.Call, bool]]:
         if isinstance(node, ast.Call):
             found.append((node, under))
         if isinstance(node, ast.If):
-            stack += [(node.test, under)] + [(child, under or _requires_flag(node.test)) for child in node.body] + [
+            needs = under or _requires(node.test, flag, on)
+            stack += [(node.test, under)] + [(child, needs) for child in node.body] + [
                 (child, under) for child in node.orelse]
             continue
         stack += [(child, under) for child in ast.iter_child_nodes(node)]
     return found
 
 
-def _requires_flag(test: ast.expr) -> bool:
-    """Whether a test is true only with the flag on: the flag itself (`config.algorithm.use_kl_in_reward`), or an
-    `and` of which it is a part."""
+def _requires(test: ast.expr, flag: str, on: bool) -> bool:
+    """Whether a test is true only with the flag on (`config.algorithm.use_kl_in_reward`), or off (`not
+    config.algorithm.use_kl_loss`): the test itself, or an `and` of which it is a part."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return any(_requires_flag(part) for part in test.values)
-    return isinstance(test, ast.Attribute) and test.attr == FLAG or isinstance(test, ast.Name) and test.id == FLAG
+        return any(_requires(part, flag, on) for part in test.values)
+    if not on:
+        return isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _requires(test.operand, flag, True)
+    return isinstance(test, ast.Attribute) and test.attr == flag or isinstance(test, ast.Name) and test.id == flag
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -96,3 +112,63 @@ def function_spans(source: str, names: frozenset[str]) -> list[tuple[int, int]]:
         return []
     return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names]
+
+
+# verl's KL switches by the name a branch on one carries (the attribute its code reads: `self.config.kl_loss_type`),
+# with the keys a launch sets each by
+SWITCHES = {"kl_loss_type": (KL_LOSS_TYPE,), "kl_penalty": (KL_PENALTY,), "use_kl_loss": (USE_KL_LOSS,),
+            "loss_agg_mode": (LOSS_AGG_MODE,)}
+# EasyR1's, in its current layout and its first releases' (`worker.actor.kl_loss_type`)
+EASYR1_SWITCHES = {"kl_penalty": (easyr1.KL_PENALTY,), "use_kl_loss": (easyr1.USE_KL_LOSS, easyr1.EARLY_USE_KL_LOSS),
+                   "kl_loss_type": (easyr1.EARLY_KL_LOSS_TYPE,), "loss_avg_mode": (easyr1.LOSS_AVG_MODE,)}
+EASYR1_DEFAULTS = {**easyr1.EARLY_DEFAULTS, **easyr1.DEFAULTS}
+# the folders of a copy of verl (or EasyR1) that hold upstream's launches, beside its package
+UPSTREAM_FOLDERS = frozenset({"examples", "tests", "recipe", "docs", "verl"})
+Choices = Mapping[str, frozenset[str]]
+
+
+def run_choices(launched: Iterable[Mapping[str, Setting]], configs: Iterable[str], code: Iterable[str],
+                switches: Mapping[str, tuple[str, ...]] = SWITCHES, defaults: Mapping[str, str] = DEFAULTS) -> Choices:
+    """For each KL switch of `switches`, the values the project's runs may give it: each launch's (its first key the
+    launch sets, else the framework's default) and every value its YAML texts (`configs`) and Python texts (`code`)
+    write for it. A switch some launch or text computes is left out; with no launch, every switch is."""
+    launches = list(launched)
+    if not launches:
+        return {}
+    configs, code = list(configs), list(code)
+    choices: dict[str, frozenset[str]] = {}
+    for name, keys in switches.items():
+        values = [_launch_value(settings, keys, defaults) for settings in launches]
+        values += [value for text in configs if name in text for value in written_values(text, name, yaml=True)]
+        values += [value for text in code if name in text for value in written_values(text, name)]
+        if None not in values:
+            choices[name] = frozenset(value for value in values if value is not None)
+    return choices
+
+
+def _launch_value(settings: Mapping[str, Setting], keys: tuple[str, ...], defaults: Mapping[str, str]) -> str | None:
+    """The value a launch gives a switch: the first of its `keys` it sets, else the first default of one; None where
+    that is computed, or where no default is known."""
+    given = next((settings[key] for key in keys if key in settings), None)
+    if given is not None:
+        return given.value
+    return next((defaults[key] for key in keys if key in defaults), None)
+
+
+def choice_holds(labels: Iterable[tuple[str, tuple]], choices: Choices) -> bool:
+    """Whether a path taken under switch `labels` runs at some value the project's runs give each switch they name
+    (a flag's `true` as the label's True); a label of another switch holds."""
+    from klaudit.lint.facts import takes
+
+    return all(name not in choices or any(takes(_switch_value(value, values), values) for value in choices[name])
+               for name, values in labels)
+
+
+def _switch_value(text: str, values: tuple) -> str | bool:
+    """A launch's word as a label of `values` spells it: a flag's True or False, else the word itself."""
+    return text.lower() in ("true", "1", "yes", "on") if any(isinstance(value, bool) for value in values) else text
+
+
+def always_on(choices: Choices, name: str) -> bool:
+    """Whether every run the project shows turns the flag `name` on (`use_kl_loss`: true in each launch and text)."""
+    return bool(choices.get(name)) and all(_switch_value(value, (True,)) for value in choices[name])

@@ -1,0 +1,158 @@
+"""A branch of a verl copy's KL switch that none of the project's own runs selects (klaudit.frameworks.verl_runs).
+
+ulab-uiuc/Time-R1 (eighty-ninth set) carries verl and trains with its own scripts, each passing
+`kl_loss_type=low_var_kl`: the copy's k1 branch of the actor's KL loss (row 1, KL001) never runs there. verl itself,
+or a fork whose only launches are upstream's (`examples/`, `tests/`, ...), is a library whose users pick: every
+branch is judged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.frameworks import verl_runs
+from klaudit.frameworks.settings import Setting
+from klaudit.lint.engine import lint_paths
+
+ACTOR = """\
+import torch
+
+
+def kl_penalty(logprob, ref_logprob, kl_penalty):
+    if kl_penalty == "kl":
+        return logprob - ref_logprob
+    if kl_penalty == "low_var_kl":
+        kl = ref_logprob - logprob
+        return torch.exp(kl) - kl - 1
+    raise NotImplementedError
+
+
+class Actor:
+    def __init__(self, config):
+        self.config = config
+
+    def update_policy(self, model, batch, optimizer):
+        log_prob = model(batch["input_ids"])
+        pg_loss = -(log_prob * batch["advantages"]).mean()
+        kld = kl_penalty(log_prob, batch["ref_log_prob"], self.config.kl_loss_type)
+        loss = pg_loss + 0.001 * kld.mean()
+        loss.backward()
+        optimizer.step()
+"""
+DEFAULTS = "actor_rollout_ref:\n  actor:\n    use_kl_loss: false\n    kl_loss_type: low_var_kl\n"
+LAUNCH = ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.actor.use_kl_loss=True "
+          "actor_rollout_ref.actor.kl_loss_type={kind} trainer.total_epochs=1\n")
+
+
+def _actor_codes(root, launches, extra=None):
+    (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    config = root / "verl" / "trainer" / "config"
+    config.mkdir(parents=True)
+    (config / "ppo_trainer.yaml").write_text(DEFAULTS)
+    actor = root / "verl" / "workers"
+    actor.mkdir(parents=True)
+    (actor / "dp_actor.py").write_text(ACTOR)
+    for path, text in {**launches, **(extra or {})}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    found = lint_paths([str(root)], settings=Settings(root=root), jobs=1).findings
+    return sorted({f.code for f in found if f.path.endswith("dp_actor.py")})
+
+
+def test_a_branch_no_own_run_selects_is_left_out(tmp_path):
+    assert _actor_codes(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}) == ["KL002"]
+
+
+@pytest.mark.parametrize("launches, extra", [
+    ({}, None),  # no launch: a library
+    ({"examples/grpo/run.sh": LAUNCH.format(kind="low_var_kl")}, None),  # upstream's launches only: verl itself
+    ({"scripts/train.sh": LAUNCH.format(kind="$KL_TYPE")}, None),  # a value the reader cannot resolve
+    ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/ablate.sh": LAUNCH.format(kind="kl")}, None),
+    ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}, {"configs/k1.yaml": "kl_loss_type: kl\n"}),
+])
+def test_a_branch_some_run_may_select_is_judged(tmp_path, launches, extra):
+    assert _actor_codes(tmp_path, launches, extra) == ["KL001", "KL002"]
+
+
+def _launch(**values):
+    return {verl_runs.SWITCHES[name][0]: Setting(value, 1, 0, 1) for name, value in values.items()}
+
+
+def test_the_values_of_every_run_and_text():
+    choices = verl_runs.run_choices([_launch(kl_loss_type="low_var_kl"), _launch()], ["kl_penalty: abs\n"],
+                                    ["cfg.actor.loss_agg_mode = mode\n"])
+    assert choices["kl_loss_type"] == {"low_var_kl"}  # the second launch leaves verl's default, low_var_kl
+    assert choices["kl_penalty"] == {"kl", "abs"}  # verl's default, and what a YAML file writes
+    assert "loss_agg_mode" not in choices  # computed in code: any value
+    assert verl_runs.run_choices([], [], []) == {}
+
+
+@pytest.mark.parametrize("labels, holds", [
+    ((("kl_loss_type", ("kl",)),), False),
+    ((("kl_loss_type", ("low_var_kl", "k3")),), True),
+    ((("kl_loss_type", ("!=kl",)),), True),
+    ((("use_kl_loss", (True,)), ("kl_loss_type", ("low_var_kl",))), False),  # every run leaves the KL loss off
+    ((("adv_estimator", ("grpo",)),), True),  # not one of verl's KL switches
+])
+def test_a_label_holds_at_some_run_value(labels, holds):
+    choices = {"kl_loss_type": frozenset({"low_var_kl"}), "use_kl_loss": frozenset({"false", "False"})}
+    assert verl_runs.choice_holds(labels, choices) is holds
+
+
+# EasyR1 (R-Zero, fresh89; grounded-rl, fresh90): `python3 -m verl.trainer.main config=examples/config.yaml`, the
+# switches read from the `algorithm` section, and the KL reward of its trainer computed only without the KL loss.
+EASYR1_ACTOR = ACTOR.replace("self.config.kl_loss_type", "self.config.kl_penalty")
+EASYR1_TRAINER = """\
+import torch
+
+
+def compute_kl(log_probs, ref_log_probs):
+    log_ratio = ref_log_probs - log_probs
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def apply_kl_penalty(data, kl_coef):
+    kld = compute_kl(data.batch["old_log_probs"], data.batch["ref_log_probs"])
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - kl_coef * kld
+    return data
+
+
+class Trainer:
+    def __init__(self, config):
+        self.config = config
+
+    def fit(self, batch, actor):
+        if not self.config.algorithm.use_kl_loss and self.use_reference_policy:
+            batch = apply_kl_penalty(batch, 0.001)
+        actor.update(batch)
+"""
+EASYR1_CONFIG = "algorithm:\n  use_kl_loss: true\n  kl_penalty: low_var_kl\n  kl_coef: 1.0e-2\n"
+EASYR1_LAUNCH = "python3 -m verl.trainer.main config=examples/config.yaml trainer.total_epochs=1\n"
+
+
+def _easyr1_codes(root, launch_at):
+    (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    for path, text in {"verl/workers/actor/dp_actor.py": EASYR1_ACTOR, "verl/trainer/ray_trainer.py": EASYR1_TRAINER,
+                       "examples/config.yaml": EASYR1_CONFIG, launch_at: EASYR1_LAUNCH}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    found = lint_paths([str(root)], settings=Settings(root=root), jobs=1).findings
+    return sorted({(f.path.rsplit("/", 1)[-1], f.code) for f in found if f.path.endswith(".py")})
+
+
+def test_an_easyr1_copy_run_with_its_kl_loss_on_keeps_only_what_runs(tmp_path):
+    assert _easyr1_codes(tmp_path, "scripts/train.sh") == [("dp_actor.py", "KL002")]
+
+
+def test_easyr1_itself_keeps_every_option(tmp_path):
+    found = _easyr1_codes(tmp_path, "examples/run.sh")
+    assert {("dp_actor.py", "KL001"), ("dp_actor.py", "KL002"), ("ray_trainer.py", "KL004")} <= set(found)
+
+
+def test_a_function_called_only_without_the_kl_loss():
+    sources = {"t.py": EASYR1_TRAINER, "u.py": "def g(c):\n    if c.use_kl_loss:\n        other(c)\n"}
+    assert verl_runs.gated_functions(sources, "use_kl_loss", on=False) == frozenset({"apply_kl_penalty"})
+    assert verl_runs.always_on({"use_kl_loss": frozenset({"true", "True"})}, "use_kl_loss")
+    assert not verl_runs.always_on({"use_kl_loss": frozenset({"true", "false"})}, "use_kl_loss")
+    assert not verl_runs.always_on({}, "use_kl_loss")
