@@ -325,17 +325,20 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
 def _project_launches_of_easyr1(scripts: Mapping[str, str]) -> list[tuple[str, dict[str, Setting]]]:
     """(path, settings) of each EasyR1 launch of the project's `scripts`: the YAML config it names, composed, with
     its overrides over it; a config that cannot be read gives the overrides alone."""
-    found = []
-    for path, text in scripts.items():
-        lines = text.splitlines()
-        for _, line in _uncommented(_EASYR1_LAUNCH, text):
-            first, last = command_span(lines, line - 1)
-            given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
-            config = project_path(path, given.group(1)) if given else None
-            config_text = read_text(config) if config is not None else None
-            base = composed_settings(str(config), config_text) if config is not None and config_text is not None else {}
-            found.append((path, {**base, **shell_overrides(text)}))
-    return found
+    return [(path, {**(base or {}), **shell_overrides(text)}) for path, text in scripts.items()
+            for base in _easyr1_configs(path, text)]
+
+
+def _easyr1_configs(path: str, text: str) -> Iterator[dict[str, Setting] | None]:
+    """The settings of the YAML config each EasyR1 launch of the script `path` names, composed; None for a launch
+    whose config cannot be read."""
+    lines = text.splitlines()
+    for _, line in _uncommented(_EASYR1_LAUNCH, text):
+        first, last = command_span(lines, line - 1)
+        given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+        config = project_path(path, given.group(1)) if given else None
+        config_text = read_text(config) if config is not None else None
+        yield composed_settings(str(config), config_text) if config is not None and config_text is not None else None
 
 
 def _project_launches_of_verl(context: Context, sources: Mapping[str, str], scripts: Mapping[str, str]
@@ -703,15 +706,9 @@ def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:
     configuration other than the config's own (which the config's findings already report), with the rules the
     config reports too only where a key the launch sets decides them; keys it inherits are placed at the first
     of those the launch sets."""
-    lines = text.splitlines()
-    for _, line in _uncommented(_EASYR1_LAUNCH, text):
-        first, last = command_span(lines, line - 1)
-        given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
-        config = project_path(path, given.group(1)) if given else None
-        config_text = read_text(config) if config is not None else None
-        if config is None or config_text is None:
+    for base in _easyr1_configs(path, text):
+        if base is None:
             continue
-        base = composed_settings(str(config), config_text)
         own = {key: setting for key, setting in shell_overrides(text).items() if key in easyr1.KEYS_READ}
         if not own:
             return []  # the launch changes no key a verdict reads: the config's findings are its findings

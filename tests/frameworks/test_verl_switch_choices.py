@@ -9,6 +9,7 @@ branch is judged.
 from __future__ import annotations
 
 import pytest
+from test_verl_kl_reward_runs import TRAINER as REWARD_TRAINER
 
 from klaudit.config import Settings
 from klaudit.frameworks import verl_runs
@@ -103,30 +104,7 @@ def test_a_label_holds_at_some_run_value(labels, holds):
 # EasyR1 (R-Zero, fresh89; grounded-rl, fresh90): `python3 -m verl.trainer.main config=examples/config.yaml`, the
 # switches read from the `algorithm` section, and the KL reward of its trainer computed only without the KL loss.
 EASYR1_ACTOR = ACTOR.replace("self.config.kl_loss_type", "self.config.kl_penalty")
-EASYR1_TRAINER = """\
-import torch
-
-
-def compute_kl(log_probs, ref_log_probs):
-    log_ratio = ref_log_probs - log_probs
-    return torch.exp(log_ratio) - log_ratio - 1
-
-
-def apply_kl_penalty(data, kl_coef):
-    kld = compute_kl(data.batch["old_log_probs"], data.batch["ref_log_probs"])
-    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - kl_coef * kld
-    return data
-
-
-class Trainer:
-    def __init__(self, config):
-        self.config = config
-
-    def fit(self, batch, actor):
-        if not self.config.algorithm.use_kl_loss and self.use_reference_policy:
-            batch = apply_kl_penalty(batch, 0.001)
-        actor.update(batch)
-"""
+EASYR1_TRAINER = REWARD_TRAINER.replace("{test}", "not self.config.algorithm.use_kl_loss and self.use_reference_policy")
 EASYR1_CONFIG = "algorithm:\n  use_kl_loss: true\n  kl_penalty: low_var_kl\n  kl_coef: 1.0e-2\n"
 EASYR1_LAUNCH = "python3 -m verl.trainer.main config=examples/config.yaml trainer.total_epochs=1\n"
 

@@ -9,21 +9,12 @@ Their k3 KL terms (row 3, KL002) never train anything. A class nothing names at 
 from __future__ import annotations
 
 import pytest
+from test_forty_seventh_set_shapes import BASE
 
 from klaudit.lint.engine import lint_paths
 from klaudit.lint.update_loops import named_beyond_declarations
 
-TRAINER = """\
-import torch
-
-
-class {name}:
-    def compute_loss(self, model, inputs):
-        logp = model.logprobs(inputs["ids"])
-        ref = inputs["ref_logps"]
-        k3 = torch.exp(ref - logp) - (ref - logp) - 1
-        return (-logp * inputs["advantages"] + 0.04 * k3).mean()
-"""
+TRAINER = BASE.replace("BaseTrainer", "{name}")  # k3 as a loss in compute_loss (row 3, KL002)
 PACKAGE_INIT = """\
 from .grpo_trainer import Qwen2VLGRPOTrainer
 from .omni_trainer import OmniGRPOTrainer
