@@ -229,11 +229,13 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
     launches = _project_launches_of_verl(context, everything, scripts) if any(
         verl_runs.FLAG in text or any(name in text for name in verl_runs.SWITCHES) for text in everything.values()) else []
-    choices, copies = _verl_choices(launches, everything, configs, scripts, context)
+    starting = [(path, settings) for path, settings, starts in launches if starts]
+    choices, copies = _verl_choices([(path, settings) for path, settings, _ in launches], starting, everything,
+                                    configs, scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
-                   kl_reward_never_on=_kl_reward_never_on(launches, everything, configs) | _kl_reward_skipped(
+                   kl_reward_never_on=_kl_reward_never_on(starting, everything, configs) | _kl_reward_skipped(
                        choices, copies, everything),
                    verl_choices=choices, chosen_copies=copies)
 
@@ -288,16 +290,19 @@ def _kl_reward_skipped(choices: verl_runs.Choices, copies: Iterable[str], source
                                      "use_kl_loss", on=False)
 
 
-def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]], sources: Mapping[str, str],
+def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
+                  starting: Sequence[tuple[str, Mapping[str, Setting]]], sources: Mapping[str, str],
                   configs: Iterable[str], scripts: Mapping[str, str], context: Context
                   ) -> tuple[verl_runs.Choices, tuple[str, ...]]:
-    """The values the project's runs of verl, or of EasyR1, give the framework's KL switches
-    (klaudit.frameworks.verl_runs.run_choices), and the folders of the copies those runs run, whose code they
-    judge; none where it launches the framework only as the framework's own repository does, from the folders
-    upstream keeps its launches in, or launches both. A script running `verl.trainer.main` runs EasyR1 (verl's
-    module is `verl.trainer.main_ppo`)."""
+    """The values the project's runs of verl (those of its `launches` that are `starting`), or of EasyR1, give the
+    framework's KL switches (klaudit.frameworks.verl_runs.run_choices), and the folders of the copies those runs
+    run, whose code they judge; none where it launches the framework only as the framework's own repository does,
+    from the folders upstream keeps its launches in, or launches both. A script running `verl.trainer.main` runs
+    EasyR1 (verl's module is `verl.trainer.main_ppo`)."""
     easyr1_launches = _project_launches_of_easyr1(scripts)
-    launches = [(path, settings) for path, settings in launches if path not in {path for path, _ in easyr1_launches}]
+    easyr1_paths = {path for path, _ in easyr1_launches}
+    launches = [(path, settings) for path, settings in launches if path not in easyr1_paths]
+    starting = [(path, settings) for path, settings in starting if path not in easyr1_paths]
     copies = [{str(copy[1]) for path, _ in found if (copy := copy_holding(path, module, context.roots)) is not None}
               for found, module in ((launches, verl.DEFAULTS_FILE), (easyr1_launches, easyr1.ACTOR))]
     own = [any(not _upstream_launch(path, module, context) for path, _ in found)
@@ -306,7 +311,7 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]], sources
         return {}, ()
     yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
     if own[0]:
-        return verl_runs.run_choices((settings for _, settings in launches), yaml, sources.values()), tuple(copies[0])
+        return verl_runs.run_choices((settings for _, settings in starting), yaml, sources.values()), tuple(copies[0])
     return verl_runs.run_choices((settings for _, settings in easyr1_launches), yaml, sources.values(),
                                  verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS), tuple(copies[1])
 
@@ -342,12 +347,12 @@ def _easyr1_configs(path: str, text: str) -> Iterator[dict[str, Setting] | None]
 
 
 def _project_launches_of_verl(context: Context, sources: Mapping[str, str], scripts: Mapping[str, str]
-                   ) -> list[tuple[str, dict[str, Setting]]]:
-    """(path, settings) of each verl launch of the project's `scripts` and of the argument lists its Python
-    `sources` build."""
-    launches = [(path, settings) for path, text in scripts.items() if verl.LAUNCH.search(text)
-                for _, settings in verl_launches(path, text, sourced_files(path, text))]
-    return launches + [(path, settings) for path, text in sources.items() if "verl" in text
+                              ) -> list[tuple[str, dict[str, Setting], bool]]:
+    """(path, settings, whether it can start: `_stops_before_training`) of each verl launch of the project's
+    `scripts`, and of the argument lists its Python `sources` build."""
+    launches = [(path, settings, not _launch_stops(path, own, context)) for path, text in scripts.items()
+                if verl.LAUNCH.search(text) for own, settings in verl_launches(path, text, sourced_files(path, text))]
+    return launches + [(path, settings, True) for path, text in sources.items() if "verl" in text
                        for settings in _listed_launches(path, text, context.options)]
 
 
@@ -625,7 +630,16 @@ def _project_trainer_launch(path: str, text: str, context: Context) -> re.Match 
     return None
 
 
-def _stops_before_training(path: str, text: str, launch: re.Match, context: Context) -> bool:
+def _launch_stops(path: str, text: str, context: Context) -> bool:
+    """Whether the verl launch the script text `text` holds stops before it trains because Hydra refuses it or the
+    module reads a key its config lacks (`_stops_before_training`): a stale upstream example of a fork. A module that
+    cannot be imported here may be one the author's checkout has (a file left out of the commit), so it counts
+    as a run."""
+    launch = verl.LAUNCH.search(text)
+    return launch is not None and _stops_before_training(path, text, launch, context, imports=False)
+
+
+def _stops_before_training(path: str, text: str, launch: re.Match, context: Context, imports: bool = True) -> bool:
     """Whether the verl launch `launch` in the script `path` stops before it trains: the project's copy of the module
     launched (or its own trainer module) cannot be imported (klaudit.frameworks.imports), or Hydra refuses an
     override, a key that copy's config lacks (an upstream example kept in a fork that renamed the key; verl-tool's
@@ -636,7 +650,7 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
     holder = copy_holding(path, module, context.roots) if path else None
     if holder is None:
         return False  # verl as installed: its configs are not read
-    if import_failure(holder[1], module) is not None:
+    if imports and import_failure(holder[1], module) is not None:
         return True
     after = _command_after(text, launch)
     if after is None:

@@ -19,7 +19,10 @@ key or assignment that is not plainly false, or a project with no launch of verl
 by others) keeps every verdict. A function counts as gated when each call of it the project's Python code makes,
 by its name (`apply_kl_penalty(...)`, `self.apply_kl_penalty(...)`), lies in the body of an `if` whose test reads
 the flag, and it is called at least once. A switch's values are every launch's (verl's default where a launch
-leaves it) and every value any YAML file or Python code of the project writes for it, whatever it configures.
+leaves it) and every value any YAML file or Python code of the project writes for it, whatever it configures. A
+launch that cannot start (Hydra refuses one of its overrides, or the module reads a key its config lacks: a stale
+upstream example of a fork) is no run and gives none; one whose module cannot be imported here still counts, since
+the author's checkout may hold the file the commit left out.
 """
 
 from __future__ import annotations

@@ -46,11 +46,22 @@ LAUNCH = ("python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_r
           "actor_rollout_ref.actor.kl_loss_type={kind} trainer.total_epochs=1\n")
 
 
+MAIN = """\
+import hydra
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(config):
+    run_ppo(config)
+"""
+
+
 def _actor_codes(root, launches, extra=None):
     (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
     config = root / "verl" / "trainer" / "config"
     config.mkdir(parents=True)
     (config / "ppo_trainer.yaml").write_text(DEFAULTS)
+    (root / "verl" / "trainer" / "main_ppo.py").write_text(MAIN)
     actor = root / "verl" / "workers"
     actor.mkdir(parents=True)
     (actor / "dp_actor.py").write_text(ACTOR)
@@ -63,6 +74,14 @@ def _actor_codes(root, launches, extra=None):
 
 def test_a_branch_no_own_run_selects_is_left_out(tmp_path):
     assert _actor_codes(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}) == ["KL002"]
+
+
+def test_a_launch_that_cannot_start_selects_nothing(tmp_path):
+    """Hydra refuses an override of a key the copy's config lacks (an upstream example kept in a fork that renamed
+    it): that launch never trains, so its k1 selects no branch."""
+    stale = LAUNCH.format(kind="kl").replace("trainer.total_epochs=1", "actor_rollout_ref.actor.renamed_key=1")
+    launches = {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/stale.sh": stale}
+    assert _actor_codes(tmp_path, launches) == ["KL002"]
 
 
 @pytest.mark.parametrize("launches, extra", [
