@@ -13,6 +13,10 @@ radixark/miles, a fork of slime that keeps these flags and their defaults (`mile
 - `--kl-coef` (default 0) subtracts the same estimate, detached, from the token rewards of
   `--advantage-estimator` ppo (GAE) and reinforce_plus_plus (returns to go, gamma = lambda = 1 by default);
   grpo (the default), gspo and cispo compute it and leave it out of their returns: the KL is only logged;
+- `--use-opd` (on-policy distillation, later releases) subtracts `--opd-kl-coef` (default 1) x (logp - teacher
+  logp) from each token's advantage, whatever `--advantage-estimator` computed: a k1 to the teacher that reaches
+  its own token's score only (row 2's same-token reward: the later tokens' KL is missing), reduced as the policy
+  loss is. Where the launch also trains a KL loss, that term is the one judged;
 - one rollout feeds several optimizer steps when `--rollout-batch-size` x `--n-samples-per-prompt` exceeds
   `--global-batch-size` (or `--num-steps-per-rollout` > 1), and `train_async.py` generates the next rollout
   while it trains on the last: the later steps train on an older policy's samples (rows 22-23).
@@ -34,14 +38,15 @@ ARGUMENTS_MODULES = {package: f"{package}/utils/arguments.py" for package in FOR
 LAUNCH = re.compile(r"(?<![\w.-])(train|train_async)\.py(?![\w.])")
 USE_LOSS, LOSS_COEF, LOSS_TYPE, UNBIASED = "use-kl-loss", "kl-loss-coef", "kl-loss-type", "use-unbiased-kl"
 REWARD_COEF, ADVANTAGE, PER_TOKEN = "kl-coef", "advantage-estimator", "calculate-per-token-loss"
+USE_OPD, OPD_COEF = "use-opd", "opd-kl-coef"
 ROLLOUT_BATCH, SAMPLES, GLOBAL_BATCH, STEPS = ("rollout-batch-size", "n-samples-per-prompt", "global-batch-size",
                                                "num-steps-per-rollout")
-KL_KEYS = (USE_LOSS, LOSS_COEF, LOSS_TYPE, UNBIASED, REWARD_COEF)
+KL_KEYS = (USE_LOSS, LOSS_COEF, LOSS_TYPE, UNBIASED, REWARD_COEF, USE_OPD, OPD_COEF)
 KEYS = (*KL_KEYS, ADVANTAGE, PER_TOKEN, ROLLOUT_BATCH, SAMPLES, GLOBAL_BATCH, STEPS)
 FLAGS = {key: key for key in KEYS}  # spelled as on the command line, without the dashes
-SWITCHES = (USE_LOSS, UNBIASED, PER_TOKEN)
+SWITCHES = (USE_LOSS, UNBIASED, PER_TOKEN, USE_OPD)
 DEFAULTS = {USE_LOSS: "False", LOSS_COEF: "0.0", LOSS_TYPE: "k1", UNBIASED: "False", REWARD_COEF: "0.0",
-            ADVANTAGE: "grpo", PER_TOKEN: "False", SAMPLES: "1"}
+            ADVANTAGE: "grpo", PER_TOKEN: "False", SAMPLES: "1", USE_OPD: "False", OPD_COEF: "1.0"}
 ESTIMATORS = {"k1": Estimator.K1, "kl": Estimator.K1, "k2": Estimator.K2, "k3": Estimator.K3,
               "low_var_kl": Estimator.LOW_VAR_KL}
 REWARD_RETURNS = ("ppo", "reinforce_plus_plus")  # token rewards, then returns to go
@@ -57,6 +62,10 @@ FIXES = {"KL001": _TO_REWARD, "KL002": _TO_REWARD, "KL003": _TO_REWARD, "KL009":
          "KL004": f"--{LOSS_TYPE} k1 (the reward's estimator too: k1 values in the reward are unbiased)",
          "KL007": f"--{PER_TOKEN} (the batch's token mean: about the same scale for a KL as long as the responses)",
          "KL008": f"{_TO_REWARD}; or {ONE_STEP}"}
+OPD_FIX = ("slime has no flag for an unbiased on-policy distillation gradient: in a custom advantage function "
+           "(--custom-advantage-function-path), give each token the sum of -(logp - teacher logp) over it and the "
+           "tokens after it (a reward to go: klaudit.estimators.kl_reward with the teacher's log-probs in place of "
+           "the reference's), and drop --use-opd")
 STALE_REWARD_FIX = (f"{ONE_STEP}; or the KL out of the reward, into a loss of your own with per-decision importance "
                     "weights: klaudit.estimators.kl_penalty(log_probs, ref_log_probs, mask, old_logprobs=...).loss (R-F)")
 
@@ -69,8 +78,9 @@ def judge(settings: Mapping[str, Setting], asynchronous: Setting | None = None) 
     given = {key: settings[key].value if key in settings else DEFAULTS.get(key) for key in KEYS}
     loss_coef, reward_coef = number(given[LOSS_COEF] or ""), number(given[REWARD_COEF] or "")
     use_loss, unbiased = truthy(given[USE_LOSS] or ""), truthy(given[UNBIASED] or "")
+    use_opd, opd_coef = truthy(given[USE_OPD] or ""), number(given[OPD_COEF] or "")
     estimator = ESTIMATORS.get(given[LOSS_TYPE] or "")
-    if None in (loss_coef, reward_coef, use_loss, unbiased) or estimator is None:
+    if None in (loss_coef, reward_coef, use_loss, unbiased, use_opd, opd_coef) or estimator is None:
         return None
     steps, per_token = _steps_per_rollout(given), truthy(given[PER_TOKEN] or "")
     stale = asynchronous is not None or (steps or 1) > 1
@@ -91,6 +101,12 @@ def judge(settings: Mapping[str, Setting], asynchronous: Setting | None = None) 
                         sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
         anchor = next(settings[key] for key in (LOSS_TYPE, REWARD_COEF, ADVANTAGE) if key in settings)
         shown, helps = (REWARD_COEF, LOSS_TYPE, ADVANTAGE, PER_TOKEN), {"KL008": STALE_REWARD_FIX}
+    elif use_opd and opd_coef:
+        config = Config(reward=Estimator.K1, returns=Returns.LOCAL, aggregation=aggregation,
+                        sampling=Sampling.TOKEN_IS if stale else Sampling.ON_POLICY)
+        anchor = next(settings[key] for key in (USE_OPD, OPD_COEF) if key in settings)
+        shown = (USE_OPD, OPD_COEF, PER_TOKEN)
+        helps = {"KL003": OPD_FIX, "KL008": f"{ONE_STEP}; or {OPD_FIX}"}
     else:
         return None  # no KL term, or a KL reward grpo, gspo or cispo leaves out of the returns
     flags = ", ".join(f"{key}={given[key]}" + ("" if key in settings else " (default)") for key in shown)
@@ -98,7 +114,8 @@ def judge(settings: Mapping[str, Setting], asynchronous: Setting | None = None) 
         flags += ", " + ("train_async.py" if asynchronous is not None else
                          ", ".join(f"{key}={given[key]}" for key in (ROLLOUT_BATCH, SAMPLES, GLOBAL_BATCH, STEPS)
                                    if key in settings))
-    anchors = {"KL007": settings.get(USE_LOSS, anchor)}
+    # the loss's reduction is set beside --use-kl-loss; OPD's, which rides on the policy loss, at --use-opd
+    anchors = {"KL007": anchor if config.returns is Returns.LOCAL else settings.get(USE_LOSS, anchor)}
     stale_at = asynchronous or next((settings[key] for key in (STEPS, GLOBAL_BATCH, ROLLOUT_BATCH) if key in settings),
                                     None)
     if stale_at is not None:

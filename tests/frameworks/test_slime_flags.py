@@ -5,6 +5,7 @@ score-weighted k3 (`--use-unbiased-kl` with k3) row 2 (KL003), low_var_kl as a l
 reward with returns to go row 6 (right), low_var_kl in the reward row 7 (KL004), each sample's token mean
 (slime's sum_of_sample_mean) row 21 (KL007), a KL loss on an older policy's samples row 22 and a KL reward
 reweighed by the token ratio only row 23 (KL008). grpo leaves a KL reward out of its returns: nothing to judge.
+On-policy distillation (`--use-opd`) puts the k1 to the teacher on each token's own advantage: row 2 (KL003).
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ def codes(grpo: str, batch: str = "256", entry: str = "train.py", text: str | No
     ("--advantage-estimator ppo\n--kl-coef 0.01\n--kl-loss-type low_var_kl\n--calculate-per-token-loss",
      [(11, "KL004")]),
     ("--advantage-estimator reinforce_plus_plus\n--kl-coef 0.01", [(10, "KL007")]),  # 1/L on the KL reward
+    # on-policy distillation: -(logp - teacher logp) on each token's own advantage, the same-token k1 of row 2
+    # (KL003), each sample's token mean (KL007); slime's own example keeps a KL loss at coefficient 0 beside it
+    ("--use-opd\n--opd-type sglang\n--opd-kl-coef 1.0", [(9, "KL003"), (9, "KL007")]),
+    ("--use-opd\n--opd-type sglang\n--calculate-per-token-loss", [(9, "KL003")]),  # the default coefficient, 1
+    ("--use-opd\n--opd-kl-coef 1.0\n--use-kl-loss\n--kl-loss-coef 0.00\n--kl-loss-type low_var_kl",
+     [(9, "KL003"), (9, "KL007")]),
+    ("--use-opd\n--opd-kl-coef 0.0", []),  # the term times 0
 ])
 def test_slime_flags_get_the_catalog_s_verdict(grpo, expected):
     assert codes(grpo) == expected
@@ -62,6 +70,8 @@ def test_several_steps_per_rollout_or_async_training_make_the_kl_stale():
     assert codes(loss, entry="train_async.py") == [(11, "KL002"), (14, "KL008")]
     reward = "--advantage-estimator ppo\n--kl-coef 0.01\n--calculate-per-token-loss"
     assert codes(reward, batch="64") == [(6, "KL008")]  # k1 reward, PPO's token ratio only (row 23)
+    opd = "--use-opd\n--opd-kl-coef 1.0\n--calculate-per-token-loss"
+    assert codes(opd, batch="64") == [(6, "KL008"), (9, "KL003")]
 
 
 def test_only_a_launch_of_slime_is_read():
