@@ -162,8 +162,7 @@ class Context:
 
     def runs_chosen(self, path: str) -> bool:
         """Whether the module at `path` is code of a framework copy the project's own runs choose the switches of."""
-        file = Path(path).resolve()
-        return bool(self.verl_choices) and any(file.is_relative_to(copy) for copy in self.chosen_copies)
+        return bool(self.verl_choices) and _within(path, self.chosen_copies)
 
     def patched_by_unsloth(self, path: str, source: str) -> bool:
         """Whether the TRL classes the module at `path` binds are Unsloth's: it imports Unsloth, or is imported
@@ -285,9 +284,14 @@ def _kl_reward_skipped(choices: verl_runs.Choices, copies: Iterable[str], source
     KL loss), where every one of the project's own runs turns the KL loss on (`choices`, klaudit.frameworks.verl_runs)."""
     if not verl_runs.always_on(choices, "use_kl_loss"):
         return frozenset()
-    return verl_runs.gated_functions({path: text for path, text in sources.items()
-                                      if any(Path(path).resolve().is_relative_to(copy) for copy in copies)},
+    return verl_runs.gated_functions({path: text for path, text in sources.items() if _within(path, copies)},
                                      "use_kl_loss", on=False)
+
+
+def _within(path: str, folders: Iterable[str]) -> bool:
+    """Whether the file at `path` lies in one of `folders` (resolved paths)."""
+    file = Path(path).resolve()
+    return any(file.is_relative_to(folder) for folder in folders)
 
 
 def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
@@ -321,9 +325,10 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
     (`examples/`, `tests/`, `recipe/`, `docs/`, the package itself): beside a copy holding `module` that is itself a
     linted root."""
     copy = copy_holding(path, module, context.roots)
-    if copy is None or str(copy[1]) not in context.roots:
+    file = Path(path).resolve()
+    if copy is None or str(copy[1]) not in context.roots or not file.is_relative_to(copy[1]):
         return False
-    parts = Path(path).resolve().relative_to(copy[1]).parts if Path(path).resolve().is_relative_to(copy[1]) else ()
+    parts = file.relative_to(copy[1]).parts
     return len(parts) > 1 and parts[0] in verl_runs.UPSTREAM_FOLDERS
 
 

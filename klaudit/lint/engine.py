@@ -253,9 +253,9 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 
 def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
     """`findings` less those in a function the project calls only under verl's `use_kl_in_reward`, which all its
-    runs leave off (klaudit.frameworks.verl_runs), those that hold only at a value of one of verl's KL switches
-    (`kl_loss_type`, `kl_penalty`, ...) that none of the project's own runs of verl gives it, those of a copy of the first TRL PPOTrainer that hold only at a
-    `kl_penalty` no PPOConfig of the project picks, and those in a method of a TRL GRPO trainer's copy or subclass
+    runs leave off (klaudit.frameworks.verl_runs), those in a verl or EasyR1 copy that hold only at a value of one of
+    its KL switches (`kl_loss_type`, `kl_penalty`, ...) that none of the project's own runs gives it, those of a copy
+    of the first TRL PPOTrainer that hold only at a `kl_penalty` no PPOConfig of the project picks, and those in a method of a TRL GRPO trainer's copy or subclass
     that hold only at a beta or num_iterations none of the project's configurations runs with
     (klaudit.frameworks.trl_runs: `if self.beta != 0.0:` where all leave it 0, `if self.num_iterations > 1:` where all
     leave it 1)."""

@@ -23,7 +23,6 @@ of this known: a trainer linted alone, or one folder of a repository, may be bui
 
 from __future__ import annotations
 
-import ast
 import io
 import os
 import re
@@ -35,6 +34,7 @@ import libcst as cst
 from klaudit.frameworks.trainers import CLASS_HEADER
 from klaudit.frameworks.versions import is_project_root, project_root
 from klaudit.lint.project import Project, python_files
+from klaudit.lint.syntax import python_ast
 from klaudit.lint.update_loops import named_beyond_declarations, nearby_modules
 
 
@@ -42,11 +42,16 @@ def overridden_everywhere(name: str, cls: str, path: str, project: Project) -> b
     """Whether method `name` of class `cls` (in the module at `path`) never runs: see the module's docstring."""
     modules = [project.key(path), *nearby_modules(Path(project.key(path)), project, siblings=True)]
     texts = {module: text for module in modules if (text := project.raw_text(module)) is not None and cls in text}
-    subclasses = [(module, sub) for module, text in texts.items() for sub, bases in CLASS_HEADER.findall(text)
-                  if cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}]
+    subclasses = [(module, sub) for module, text in texts.items() for sub in _subclasses(text, cls)]
     if not subclasses or any(named_beyond_declarations(text, cls) for text in texts.values()) or cls in _configured_names(project):
         return False
     return all(_replaces(module, sub, name, cls, project) for module, sub in subclasses)
+
+
+def _subclasses(text: str, cls: str) -> list[str]:
+    """The classes `text` defines that derive from `cls` (`class Sub(Base)`, `class Sub(pkg.Base, Mixin)`)."""
+    return [sub for sub, bases in CLASS_HEADER.findall(text)
+            if cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}]
 
 
 _CONFIG_FILES = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
@@ -116,9 +121,11 @@ def never_built(cls: str, path: str, project: Project) -> bool:
     module's docstring."""
     if not _whole_project_holds(Path(project.key(path)), project):
         return False
-    return project.remembered(("never built", cls), lambda: not _built_anywhere(cls, project) and any(
-        _built_in_a_comment(project.raw_text(path) or "", cls) for path in python_files(project)
-        if cls in (project.raw_text(path) or "")))
+    def decided() -> bool:
+        texts = [text for module in python_files(project) if cls in (text := project.raw_text(module) or "")]
+        return not _built_anywhere(cls, texts, project) and any(_built_in_a_comment(text, cls) for text in texts)
+
+    return project.remembered(("never built", cls), decided)
 
 
 def _whole_project_holds(module: Path, project: Project) -> bool:
@@ -131,13 +138,11 @@ def _whole_project_holds(module: Path, project: Project) -> bool:
 _NAMING_FILES = _CONFIG_FILES + (".sh", ".bash", ".slurm", ".md", ".rst", ".txt")
 
 
-def _built_anywhere(cls: str, project: Project) -> bool:
+def _built_anywhere(cls: str, texts: list[str], project: Project) -> bool:
+    """Whether a Python text of the project that names `cls` (`texts`) uses it, derives from it or decorates it, or a
+    notebook, configuration, launch script or document names it."""
     word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
-    derived = any(cls in {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}
-                  for path in python_files(project) if cls in (text := project.raw_text(path) or "")
-                  for _, bases in CLASS_HEADER.findall(text))
-    return derived or any(named_beyond_declarations(text, cls) or _decorated(text, cls)
-                          for path in python_files(project) if cls in (text := project.raw_text(path) or "")) \
+    return any(named_beyond_declarations(text, cls) or _subclasses(text, cls) or _decorated(text, cls) for text in texts) \
         or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",)))
 
 
@@ -157,8 +162,8 @@ def _built_in_a_comment(text: str, cls: str) -> bool:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
+        python_ast(code)  # quietly: a comment's invalid escape is not klaudit's to warn about
+    except (SyntaxError, ValueError, RecursionError):
         return False
     return True
 
