@@ -16,13 +16,18 @@ their package beside the one their entry script now builds, the line that chose 
 (`# trainer_cls = Qwen2VLGRPOTrainer if ... else Qwen2VLGRPOVLLMTrainer`). A class no code names but at its
 definition, in imports or in `__all__`, that no class derives from, that carries no decorator (a registry may build
 it) and that no notebook, configuration, launch script or document names, yet that a comment written as code builds,
-is built by no run. A class nothing names at all stays a library's (a user builds it), and is judged. Only where a
-linted folder is the project's root (a repository, something installed, or a tree with no project above it) is any
-of this known: a trainer linted alone, or one folder of a repository, may be built elsewhere.
+is built by no run. So is such a trainer class (`...Trainer...`) that a package's `__init__.py` exports beside
+another trainer that code outside the package builds (or derives from): the fork's entry script picks its trainer
+from the package and leaves the upstream ones (Seg-R1's `SegR1Trainer(Qwen2VLGRPOVLLMTrainerModified)` beside
+`Qwen2VLGRPOTrainer`, imported and never used). A class nothing names at all, or one whose package the project never
+builds a trainer from, stays a library's (a user builds it), and is judged. Only where a linted folder is the project's root (a repository, something installed, or a tree
+with no project above it) is any of this known: a trainer linted alone, or one folder of a repository, may be built
+elsewhere.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import re
@@ -117,13 +122,16 @@ def used_elsewhere(name: str, path: str, project: Project) -> bool:
 
 
 def never_built(cls: str, path: str, project: Project) -> bool:
-    """Whether class `cls` of the module at `path` is built by no run of the project, its use commented out: see the
-    module's docstring."""
+    """Whether class `cls` of the module at `path` is built by no run of the project, its use commented out or its
+    package's other exports the ones the project builds: see the module's docstring."""
     if not _whole_project_holds(Path(project.key(path)), project):
         return False
     def decided() -> bool:
-        texts = [text for module in python_files(project) if cls in (text := project.raw_text(module) or "")]
-        return not _built_anywhere(cls, texts, project) and any(_built_in_a_comment(text, cls) for text in texts)
+        naming = {module: text for module in python_files(project) if cls in (text := project.raw_text(module) or "")}
+        if _built_anywhere(cls, list(naming.values()), project):
+            return False
+        return any(_built_in_a_comment(text, cls) for text in naming.values()) \
+            or any(_built_by_code(sibling, package, project) for sibling, package in _exported_beside(cls, naming))
 
     return project.remembered(("never built", cls), decided)
 
@@ -139,11 +147,51 @@ _NAMING_FILES = _CONFIG_FILES + (".sh", ".bash", ".slurm", ".md", ".rst", ".txt"
 
 
 def _built_anywhere(cls: str, texts: list[str], project: Project) -> bool:
-    """Whether a Python text of the project that names `cls` (`texts`) uses it, derives from it or decorates it, or a
-    notebook, configuration, launch script or document names it."""
+    """Whether a Python text of the project that names `cls` (`texts`) uses it (also under a name it imports it as),
+    derives from it or decorates it, or a notebook, configuration, launch script or document names it."""
     word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
-    return any(named_beyond_declarations(text, cls) or _subclasses(text, cls) or _decorated(text, cls) for text in texts) \
+    return any(named_beyond_declarations(text, cls) or _subclasses(text, cls) or _decorated(text, cls)
+               or any(named_beyond_declarations(text, alias) for alias in _aliases(text, cls)) for text in texts) \
         or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",)))
+
+
+def _exported_beside(cls: str, naming: dict[str, str]) -> set[tuple[str, str]]:
+    """(trainer, package folder) of each other trainer class (`...Trainer...`) that a package's `__init__.py` among
+    `naming` (module: text) imports along with the trainer `cls`: `from .grpo_trainer import Qwen2VLGRPOTrainer`
+    beside `from .vllm import VLLMTrainer`."""
+    siblings: set[tuple[str, str]] = set()
+    for module, text in naming.items() if _TRAINER in cls else ():
+        if os.path.basename(module) != "__init__.py":
+            continue
+        try:
+            tree = python_ast(text)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                    for alias in node.names}
+        if cls in imported:
+            siblings |= {(name, os.path.dirname(module)) for name in imported - {cls} if _TRAINER in name}
+    return siblings
+
+
+_TRAINER = "Trainer"  # the word of a trainer class's name (`Qwen2VLGRPOTrainer`, `SegR1Trainer`)
+
+
+def _aliases(text: str, cls: str) -> list[str]:
+    """The names `text` imports class `cls` under (`from .trainer import VideoTrainer as GRPOTrainer`)."""
+    return re.findall(rf"(?<!\w){re.escape(cls)}\s+as\s+(\w+)", text)
+
+
+def _built_by_code(cls: str, package: str, project: Project) -> bool:
+    """Whether Python code of the project outside the folder `package` uses class `cls` (also under a name it imports
+    it as) or derives a class from it: the entry that builds a trainer the package exports."""
+    def decided() -> bool:
+        return any(named_beyond_declarations(text, cls) or _subclasses(text, cls)
+                   or any(named_beyond_declarations(text, alias) for alias in _aliases(text, cls))
+                   for module in python_files(project) if cls in (text := project.raw_text(module) or "")
+                   and os.path.dirname(module) != package)
+
+    return project.remembered(("built by code", cls, package), decided)
 
 
 def _built_in_a_comment(text: str, cls: str) -> bool:

@@ -1,9 +1,12 @@
-"""A trainer class whose one use is commented out is built by no run (klaudit.lint.overrides.never_built).
+"""A trainer class whose one use is commented out, or that its package exports beside the class the project builds,
+is built by no run (klaudit.lint.overrides.never_built).
 
 Forks of a multimodal GRPO project (HumanMLLM/R1-Omni, HarryHsing/EchoInk, fresh89) keep the upstream trainers
 exported from their package beside the one their entry script builds; the line that chose between them is a comment.
-Their k3 KL terms (row 3, KL002) never train anything. A class nothing names at all is a library's and stays judged
-(farming1604/GRPO_custom, fresh65: a trainer with no launcher, built by whoever imports the package).
+Others drop the line (chenqiu1024/Seg-R1, zzzhhzzz/Ground-R1, fresh91): the entry imports the upstream trainer and
+builds its own. Their k3 KL terms (row 3, KL002) never train anything. A class nothing names at all, in a package
+the project builds nothing from, is a library's and stays judged (farming1604/GRPO_custom, fresh65: a trainer with
+no launcher, built by whoever imports the package).
 """
 
 from __future__ import annotations
@@ -55,20 +58,35 @@ def _found(*paths):
     return sorted((finding.path.rsplit("/", 1)[-1], finding.code) for finding in result.findings)
 
 
-def test_a_trainer_whose_choice_is_commented_out_is_left_out(tmp_path):
-    _project(tmp_path)
+@pytest.mark.parametrize("choice", [
+    COMMENTED_OUT,
+    # the entry builds the package's other export; nothing builds this one
+    "    trainer_cls = OmniGRPOTrainer",
+    # ... or a class of its own derived from it (Seg-R1's SegR1Trainer)
+    "    class Own(OmniGRPOTrainer):\n        pass\n    trainer_cls = Own",
+])
+def test_a_trainer_no_run_builds_is_left_out(tmp_path, choice):
+    _project(tmp_path, choice)
     assert _found(tmp_path) == [("omni_trainer.py", "KL002")]
 
 
+def test_a_library_package_nothing_builds_from_is_judged(tmp_path):
+    """No code of the project builds either export (a trainer package with no launcher): a user builds them."""
+    _project(tmp_path, "    trainer_cls = None")
+    assert _found(tmp_path) == [("grpo_trainer.py", "KL002"), ("omni_trainer.py", "KL002")]
+
+
 @pytest.mark.parametrize("choice, extra", [
-    # nothing names it: a library's class, which a user builds
-    ("    trainer_cls = OmniGRPOTrainer", None),
-    # prose about it is no use of it
-    ("    # the loss is the same as in Qwen2VLGRPOTrainer\n    trainer_cls = OmniGRPOTrainer", None),
+    # prose about it is no use of it, and the project builds nothing from the package
+    ("    # the loss is the same as in Qwen2VLGRPOTrainer\n    trainer_cls = None", None),
     # the choice is live
     ("    trainer_cls = Qwen2VLGRPOTrainer if not args.use_vllm else OmniGRPOTrainer", None),
     # the README shows how to build it
     (COMMENTED_OUT, {"README.md": "trainer = Qwen2VLGRPOTrainer(model, args)\n"}),
+    # the entry builds it under another name (TimeZero, fresh90: `import Qwen2VLGRPOTrainer_Video as Qwen2VLGRPOTrainer`)
+    ("", {"grpo.py": "from trainer import OmniGRPOTrainer, Qwen2VLGRPOTrainer as Video\n\n\n"
+                     "def main(args):\n    trainer_cls = Video if args.video else OmniGRPOTrainer\n"
+                     "    trainer_cls(args).train()\n"}),
     # a subclass inherits its loss
     (COMMENTED_OUT, {"sub.py": "from trainer.grpo_trainer import Qwen2VLGRPOTrainer\n\n\n"
                                "class Sub(Qwen2VLGRPOTrainer):\n    pass\n"}),
