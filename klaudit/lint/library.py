@@ -325,13 +325,15 @@ class LibraryFlow(FlowState):
     def kl_div(self, positional, keywords, node) -> tuple:
         """F.kl_div(input, target) is target * (log(target) - input), and with log_target=True
         target.exp() * (target - input): KL(target || input) either way (a target of softmax probabilities
-        is read as probabilities, one of log-probs as log-probs)."""
+        is read as probabilities, one of log-probs as log-probs). Reduced, it sums over the vocabulary; over the
+        positions its `mean` or `batchmean` of one sequence's rows divides by that sequence's length."""
         if len(positional) < 2 and "target" not in keywords:
             return ()
         source = self.expr(positional[0] if positional else keywords["input"])
         target = self.expr(positional[1] if len(positional) > 1 else keywords["target"])
         reduction = keywords.get("reduction")
-        elementwise = isinstance(reduction, cst.SimpleString) and string_value(reduction) == "none"
+        how = string_value(reduction) if isinstance(reduction, cst.SimpleString) else "mean" if reduction is None else ""
+        elementwise = how == "none"
         out = []
         for t in target:
             for s in source:
@@ -349,7 +351,10 @@ class LibraryFlow(FlowState):
                         continue
                     poly = summed
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path, against=kl_targets(node, t, s))
-                out.append(fact if elementwise else replace(fact, aggregation=Aggregation.SUM))
+                # a mean over one sequence's [L, V] rows (`batchmean` divides by L) is its token mean; else a sum
+                per_sequence = s.row and how in ("mean", "batchmean")
+                out.append(fact if elementwise else replace(
+                    fact, aggregation=Aggregation.SEQ_MEAN if per_sequence else Aggregation.SUM))
         return tuple(out)
 
 
