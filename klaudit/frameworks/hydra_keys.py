@@ -247,7 +247,7 @@ def _launch_keys(command: str, main: Path, script: str, cwd: Path | None) -> tup
     if launched is None:
         return None
     folder, name = launched
-    words = [word.strip("\"'") for word in SHELL_WORD.findall(command)]
+    words = _with_variables(SHELL_WORD.findall(command), script)
     chosen: dict[str, str] = {}
     for index, word in enumerate(words):
         option, _, value = word.partition("=")
@@ -272,6 +272,25 @@ def _launch_keys(command: str, main: Path, script: str, cwd: Path | None) -> tup
         return None
     keys = composed_keys(folder, name, tuple(sorted(chosen.items())), cwd)
     return None if keys is None else (words, keys)
+
+
+def _with_variables(written: Iterable[str], script: str) -> list[str]:
+    """The words of a command line, unquoted, a word that is one variable of the script holding overrides
+    (`${BASE_CONFIG}`, assigned `"algorithm.adv_estimator=grpo actor_rollout_ref.actor.use_kl_loss=True ..."`)
+    replaced by the words of its value."""
+    words: list[str] = []
+    for word in written:
+        word = word.strip("\"'")
+        named = _WHOLE_REFERENCE.fullmatch(word)
+        value = shell_assignment(script, named.group(1) or named.group(2)) if named is not None and script else None
+        if value is not None and "=" in value:
+            words.extend(inner.strip("\"'") for inner in SHELL_WORD.findall(value))
+        else:
+            words.append(word)
+    return words
+
+
+_WHOLE_REFERENCE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
 def expanded_folder(script: str, raw: str, cwd: Path) -> Path | None:

@@ -294,14 +294,33 @@ def _value(raw: str, variables: Mapping[str, Setting], line: int, column: int, e
 
 def shell_assignment(text: str, name: str) -> str | None:
     """The value the shell script `text` last assigns `name` (`name=value`, `export name="value"`), unquoted and as
-    written, its own variables unexpanded (`$(pwd)` stays); None where it assigns none."""
+    written, its own variables unexpanded (`$(pwd)` stays); None where it assigns none. A quoted value may run over
+    several lines (`ARGS="` and a word a line, each line ending in a backslash, up to the closing quote): its
+    lines joined, without the backslashes."""
     found = None
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
         assigned = _VARIABLE.match(_code_of(line))
         if assigned is not None and assigned.group("name") == name:
             value = assigned.group("value")
-            found = value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "\"'" else value
+            if value[:1] in ("\"", "'") and (len(value) == 1 or value[-1] != value[0]):
+                found = _quoted_lines(line[assigned.start("value") + 1:], lines[number + 1:], value[0])
+            else:
+                found = value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "\"'" else value
     return found
+
+
+def _quoted_lines(first: str, rest: list[str], quote: str) -> str | None:
+    """The text of a quoted shell value that opens on a line whose remainder is `first` and closes on one of the
+    lines `rest`, continuation backslashes dropped; None where it never closes."""
+    held = [first]
+    for line in rest:
+        end = line.find(quote)
+        if end >= 0:
+            held.append(line[:end])
+            return " ".join(part.rstrip().removesuffix("\\").strip() for part in held).strip()
+        held.append(line)
+    return None
 
 
 def shell_value(text: str, raw: str) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from klaudit.frameworks import hydra_keys
+from klaudit.frameworks.settings import shell_assignment
 
 MAIN = '''\
 import hydra
@@ -100,6 +101,32 @@ def test_a_defaults_list_that_cannot_be_followed_gives_no_keys(copy):
 ])
 def test_an_override_of_a_key_the_config_lacks_is_refused(copy, command, refused):
     assert hydra_keys.refused_launch(command, copy / "main_ppo.py") == refused
+
+
+# SoundMind's curriculum.sh (fresh91): the overrides held in a variable, a word a line, the command `eval`ed
+OVERRIDES_IN_A_VARIABLE = """\
+BASE_CONFIG="\\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    {key}=False \\
+    trainer.total_epochs=1"
+COMMAND="python3 -m verl.trainer.main_ppo ${{BASE_CONFIG}} data.val_files=x"
+eval $COMMAND
+"""
+
+
+@pytest.mark.parametrize("key, refused", [
+    ("data.val_files_test", "data.val_files_test"),
+    ("data.val_files", None),
+])
+def test_the_overrides_a_variable_holds_are_read(copy, key, refused):
+    script = OVERRIDES_IN_A_VARIABLE.format(key=key)
+    assert hydra_keys.refused_launch("${BASE_CONFIG} data.val_files=x", copy / "main_ppo.py", script) == refused
+
+
+def test_a_quoted_shell_value_over_several_lines():
+    script = OVERRIDES_IN_A_VARIABLE.format(key="a.b")
+    assert shell_assignment(script, "BASE_CONFIG") == "actor_rollout_ref.actor.use_kl_loss=True a.b=False trainer.total_epochs=1"
+    assert shell_assignment('A="x y"\nB=\'never closed\n', "B") is None
 
 
 def test_no_hydra_main_no_answer(copy):
