@@ -85,6 +85,7 @@ from klaudit.frameworks.versions import (
     detected_near,
     installed_by_the_file,
     installed_release,
+    is_project_root,
     named_requirements_pin,
     vendored,
 )
@@ -229,12 +230,16 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     launches = _project_launches_of_verl(context, everything, scripts) if any(
         verl_runs.FLAG in text or any(name in text for name in verl_runs.SWITCHES) for text in everything.values()) else []
     starting = [(path, settings) for path, settings, starts in launches if starts]
+    own = [(path, settings) for path, settings in starting if not _upstream_launch(path, verl.DEFAULTS_FILE, context)]
+    # where the project runs a copy of verl with launches of its own, those are its runs, not upstream's examples
+    reward_runs = (own, *_project_texts(everything, configs, verl.DEFAULTS_FILE, context)) if own else (
+        starting, everything, configs)
     choices, copies = _verl_choices([(path, settings) for path, settings, _ in launches], starting, everything,
                                     configs, scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
-                   kl_reward_never_on=_kl_reward_never_on(starting, everything, configs) | _kl_reward_skipped(
+                   kl_reward_never_on=_kl_reward_never_on(*reward_runs) | _kl_reward_skipped(
                        choices, copies, everything),
                    verl_choices=choices, chosen_copies=copies)
 
@@ -313,22 +318,53 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
            for found, module in ((launches, verl.DEFAULTS_FILE), (easyr1_launches, easyr1.ACTOR))]
     if own[0] == own[1]:
         return {}, ()
-    yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
+    # the project's runs are its own launches, with its own YAML files and code and the copy's configs (its
+    # defaults), not the examples, tests and recipes upstream keeps in the copy
+    module = verl.DEFAULTS_FILE if own[0] else easyr1.ACTOR
+    own_sources, own_configs = _project_texts(sources, configs, module, context)
+    yaml = [read_text(Path(path)) or "" for path in own_configs if path.endswith(YAML_SUFFIXES)]
+    code = list(own_sources.values())
     if own[0]:
-        return verl_runs.run_choices((settings for _, settings in starting), yaml, sources.values()), tuple(copies[0])
-    return verl_runs.run_choices((settings for _, settings in easyr1_launches), yaml, sources.values(),
-                                 verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS), tuple(copies[1])
+        runs = (settings for path, settings in starting if not _upstream_launch(path, module, context))
+        return verl_runs.run_choices(runs, yaml, code), tuple(copies[0])
+    runs = (settings for path, settings in easyr1_launches if not _upstream_launch(path, module, context))
+    return verl_runs.run_choices(runs, yaml, code, verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS), \
+        tuple(copies[1])
+
+
+def _project_texts(sources: Mapping[str, str], configs: Iterable[str], module: str, context: Context
+                   ) -> tuple[dict[str, str], list[str]]:
+    """The project's Python `sources` and `configs` beside its copy of the framework holding `module`: those of the
+    examples, tests and recipes upstream keeps in the copy left out, the copy's package (its code and defaults)
+    kept."""
+    def own(path: str) -> bool:
+        return not _upstream_launch(path, module, context) or _in_package(path, module, context)
+
+    return {path: text for path, text in sources.items() if own(path)}, [path for path in configs if own(path)]
+
+
+def _in_package(path: str, module: str, context: Context) -> bool:
+    """Whether the file at `path` lies in the package of the framework copy holding `module` (`verl/` of the copy)."""
+    copy = copy_holding(path, module, context.roots)
+    return copy is not None and Path(path).resolve().is_relative_to(copy[1] / Path(module).parts[0])
 
 
 def _upstream_launch(path: str, module: str, context: Context) -> bool:
     """Whether the launch at `path` lies where the framework's own repository keeps upstream's launches
     (`examples/`, `tests/`, `recipe/`, `docs/`, the package itself): beside a copy holding `module` that is itself a
-    linted root."""
+    linted root, or a checkout of the framework's repository inside the project (its own `setup.py` or
+    `pyproject.toml`: ToolAgent-GRPO's `verl/`). An EasyR1 copy's `examples/` launch is upstream's only under one of the names upstream gave its
+    launches (Temporal-R1 keeps its own `run_qwen2_5_vl_3b_tvg.sh` there)."""
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
-    if copy is None or str(copy[1]) not in context.roots or not file.is_relative_to(copy[1]):
+    if copy is None or not file.is_relative_to(copy[1]) or str(copy[1]) not in context.roots \
+            and not is_project_root(copy[1]):
         return False
     parts = file.relative_to(copy[1]).parts
+    if module == easyr1.ACTOR and parts[0] == "examples":
+        return parts[-1] in easyr1.UPSTREAM_LAUNCHES
+    if parts[0] in verl_runs.UPSTREAM_SUBFOLDERS:
+        return len(parts) > 2 and parts[1] in verl_runs.UPSTREAM_SUBFOLDERS[parts[0]]
     return len(parts) > 1 and parts[0] in verl_runs.UPSTREAM_FOLDERS
 
 
@@ -506,8 +542,12 @@ def mentions_config_class(source: str, context: Context | None = None) -> bool:
 
 def lint_config(path: str, text: str, context: Context | None = None, follow_sources: bool = True) -> list[Finding]:
     """The findings of one launch script or YAML file (one configuration per framework and file). A shell
-    script's `source`d files lend it their variables and arrays (`follow_sources`; klaudit.frameworks.sourcing)."""
+    script's `source`d files lend it their variables and arrays (`follow_sources`; klaudit.frameworks.sourcing).
+    None for upstream's launches a framework copy carries where the project runs that copy with launches of its own:
+    those are its runs."""
     context = context or Context()
+    if _carried_upstream_launch(path, context):
+        return []
     composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
     sourced = sourced_files(path, text) if follow_sources and not path.endswith(YAML_SUFFIXES) else {}
     if not (mentions_flags(text) or composes or any(mentions_flags(file.text) for file in sourced.values())):
@@ -529,6 +569,13 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
              + _nemo_rl_launches(path, text, context) + _easyr1_launches(path, text, context)
              + _slime_launch(path, text, context))
     return [finding for finding in found if not _reported_where_sourced(finding, sourced, context)]
+
+
+def _carried_upstream_launch(path: str, context: Context) -> bool:
+    """Whether the file at `path` is one of upstream's launches (or configs) in a copy of verl or EasyR1 that the
+    project runs with launches of its own (`Context.chosen_copies`)."""
+    return bool(context.verl_choices) and _within(path, context.chosen_copies) and any(
+        _upstream_launch(path, module, context) for module in (verl.DEFAULTS_FILE, easyr1.ACTOR))
 
 
 def _reported_where_sourced(finding: Finding, sourced: Mapping[int, Sourced], context: Context) -> bool:

@@ -70,6 +70,20 @@ STEP_DEFAULTS = {EPOCHS: "1", ROLLOUT_BATCH: "512", UPDATE_BATCH: "256"}
 MICRO_BATCH = "worker.actor.micro_batch_size_per_device_for_update"
 KEYS_READ = (*KEYS, *EARLY_ACTOR_KEYS, *STEP_DEFAULTS, MICRO_BATCH)  # every key a verdict reads, in either layout
 ACTOR = "verl/workers/actor/dp_actor.py"
+# the launch scripts EasyR1's own repository has kept in examples/ (its history to 2026-12): a copy's examples/
+# launch of another name is the fork's own run
+UPSTREAM_LAUNCHES = frozenset({
+    "qwen2_5_7b_math.sh", "qwen2_5_7b_math_grpo.sh", "qwen2_5_vl_32b_geo3k_grpo.sh", "qwen2_5_vl_3b_android_gui_grpo.sh",
+    "qwen2_5_vl_3b_clevr.sh", "qwen2_5_vl_3b_geo3k.sh", "qwen2_5_vl_3b_geo3k_grpo.sh", "qwen2_5_vl_3b_geoqa8k.sh",
+    "qwen2_5_vl_7b_geo3k_cispo.sh", "qwen2_5_vl_7b_geo3k_dapo.sh", "qwen2_5_vl_7b_geo3k_grpo.sh",
+    "qwen2_5_vl_7b_geo3k_gspo.sh", "qwen2_5_vl_7b_geo3k_reinforce.sh", "qwen2_5_vl_7b_geo3k_sapo.sh",
+    "qwen2_5_vl_7b_geo3k_swanlab.sh", "qwen2_5_vl_7b_multi_image.sh", "qwen3_14b_dapo17k_dapo.sh",
+    "qwen3_4b_math_grpo.sh", "qwen3_4b_math_grpo_lora.sh", "qwen3_vl_30b_geo3k_grpo.sh", "qwen3_vl_4b_geo3k_grpo.sh",
+    "qwen3_vl_4b_geo3k_grpo_lora.sh", "run_qwen2_5_7b_math.sh", "run_qwen2_5_7b_math_swanlab.sh",
+    "run_qwen2_5_7b_remax_math.sh", "run_qwen2_5_7b_remax_math_swanlab.sh", "run_qwen2_5_vl_2b_clevr.sh",
+    "run_qwen2_5_vl_3b_clevr.sh", "run_qwen2_5_vl_3b_geo.sh", "run_qwen2_5_vl_3b_geoqa8k.sh",
+    "run_qwen2_5_vl_3b_remax_geo.sh", "run_qwen2_5_vl_7b_geo.sh", "run_qwen2_5_vl_7b_geo_swanlab.sh",
+    "run_qwen2_5_vl_7b_remax_geo.sh", "run_qwen2_5_vl_7b_remax_geo_swanlab.sh"})
 _PER_MICRO_BATCH = re.compile(r"^[ \t]*loss = \w+ / gradient_accumulation\b", re.MULTILINE)
 MICRO_BATCH_FIX = (f"{more_responses_per_micro_batch(MICRO_BATCH)}, or an EasyR1 whose actor scales each micro-batch "
                    "by the step's token count")

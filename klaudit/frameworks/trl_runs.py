@@ -59,7 +59,8 @@ def _spellings(key: str) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
 def written_values(text: str, key: str = BETA, *, yaml: bool = False) -> Iterator[str | None]:
     """The values of `key` that `text` writes as an option, a YAML key (`yaml`: the text is a YAML file) or an
     attribute of a configuration object: the literal, or None where it is computed. An option or key with nothing
-    after it (`"--beta",` of an argparse definition) writes none."""
+    after it (`"--beta",` of an argparse definition), or a YAML key that copies the same key of another section,
+    writes none."""
     option, yaml_key, attribute = _spellings(key)
     for match in option.finditer(text):
         if match.group(1):
@@ -68,7 +69,20 @@ def written_values(text: str, key: str = BETA, *, yaml: bool = False) -> Iterato
         yield _literal(match.group(1).strip(), bare=False)
     for match in yaml_key.finditer(text) if yaml else ():
         if match.group(1):
-            yield _literal(match.group(1), bare=True)
+            copied = _same_key_copied(match.group(1), key)
+            if copied is None:
+                yield _literal(match.group(1), bare=True)
+            elif copied:
+                yield _literal(copied, bare=True)
+
+
+def _same_key_copied(written: str, key: str) -> str | None:
+    """Where a YAML value interpolates the same key of another section (verl's generated `loss_agg_mode:
+    ${actor_rollout_ref.actor.loss_agg_mode}`, or `${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}`),
+    the default it falls back on ("" where none): it writes no other value of its own. None for another value."""
+    copied = re.fullmatch(rf"\$\{{(?:oc\.select:)?(?:[\w.]+\.)?{re.escape(key.rsplit('.', 1)[-1])}(?:,([^{{}}]*))?\}}",
+                          written.strip("\"'"))
+    return None if copied is None else (copied.group(1) or "").strip()
 
 
 def _literal(written: str, bare: bool) -> str | None:

@@ -127,6 +127,20 @@ EASYR1_SWITCHES = {"kl_penalty": (easyr1.KL_PENALTY,), "use_kl_loss": (easyr1.US
 EASYR1_DEFAULTS = {**easyr1.EARLY_DEFAULTS, **easyr1.DEFAULTS}
 # the folders of a copy of verl (or EasyR1) that hold upstream's launches, beside its package
 UPSTREAM_FOLDERS = frozenset({"examples", "tests", "recipe", "docs", "verl"})
+# the folders of verl's `examples/` and `recipe/` (its history to 2026-12): a fork's launch in another
+# (`examples/rl_factory/`, `recipe/travelplanner/`) is its own run
+UPSTREAM_SUBFOLDERS = {
+    "examples": frozenset({
+        "checkpoint", "cispo_trainer", "data_preprocess", "generation", "gmpo_trainer", "gpg_trainer", "grpo_trainer",
+        "gspo_trainer", "mtp_trainer", "otb_trainer", "ppo_trainer", "prefix_grouper", "ray",
+        "reinforce_plus_plus_trainer", "remax_trainer", "rloo_trainer", "rollout_correction",
+        "rollout_importance_sampling", "router_replay", "sapo_trainer", "sft", "sglang_multiturn", "skypilot", "slurm",
+        "split_placement", "tuning", "tutorial"}),
+    "recipe": frozenset({
+        "char_count", "collabllm", "dapo", "deepeyes", "drgrpo", "entropy", "fapo", "flowrl", "fully_async_policy",
+        "genrm_remote", "gkd", "gspo", "infigui-g1", "langgraph_agent", "minicpmo", "one_step_off_policy",
+        "open_math_reasoning", "prime", "r1", "r1_ascend", "retool", "specRL", "spin", "sppo", "transfer_queue", "vla"}),
+}
 Choices = Mapping[str, frozenset[str]]
 
 

@@ -205,6 +205,17 @@ def test_written_iterations(text, yaml, expected):
     assert list(trl_runs.written_values(text, "num_iterations", yaml=yaml)) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    # verl's generated configs copy the actor's key into other sections: no value of their own
+    ("loss_agg_mode: ${actor_rollout_ref.actor.loss_agg_mode}\n", []),
+    ("loss_agg_mode: ${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}\n", ["token-mean"]),
+    ("loss_agg_mode: ${oc.env:AGG}\n", [None]),  # computed
+    ("loss_agg_mode: ${other.mode}\n", [None]),
+])
+def test_a_yaml_key_copied_from_another_section_writes_no_value(text, expected):
+    assert list(trl_runs.written_values(text, "loss_agg_mode", yaml=True)) == expected
+
+
 @pytest.mark.parametrize("labels, betas, expected", [
     ((("beta == 0", (False,)),), ("0.0",), False),  # `if beta != 0.0:` at beta 0
     ((("beta == 0", (True,)),), ("0.0",), True),

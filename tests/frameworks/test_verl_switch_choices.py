@@ -56,24 +56,56 @@ def main(config):
 """
 
 
-def _actor_codes(root, launches, extra=None):
+def _actor_codes(root, launches, extra=None, copy=""):
+    """The rules reported in the copy's actor, the copy a checkout at `copy` (a folder of the project) or the
+    project itself."""
+    return sorted({f.code for f in _findings(root, launches, extra, copy) if f.path.endswith("dp_actor.py")})
+
+
+def _findings(root, launches, extra=None, copy=""):
     (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
-    config = root / "verl" / "trainer" / "config"
+    checkout = root / copy
+    checkout.mkdir(exist_ok=True)
+    (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup(name='verl')\n")
+    config = checkout / "verl" / "trainer" / "config"
     config.mkdir(parents=True)
     (config / "ppo_trainer.yaml").write_text(DEFAULTS)
-    (root / "verl" / "trainer" / "main_ppo.py").write_text(MAIN)
-    actor = root / "verl" / "workers"
+    (checkout / "verl" / "trainer" / "main_ppo.py").write_text(MAIN)
+    actor = checkout / "verl" / "workers"
     actor.mkdir(parents=True)
     (actor / "dp_actor.py").write_text(ACTOR)
     for path, text in {**launches, **(extra or {})}.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
-    found = lint_paths([str(root)], settings=Settings(root=root), jobs=1).findings
-    return sorted({f.code for f in found if f.path.endswith("dp_actor.py")})
+    return lint_paths([str(root)], settings=Settings(root=root), jobs=1).findings
 
 
 def test_a_branch_no_own_run_selects_is_left_out(tmp_path):
     assert _actor_codes(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}) == ["KL002"]
+
+
+@pytest.mark.parametrize("copy", ["", "verl_repo"])
+def test_the_upstream_examples_a_copy_carries_are_no_run_of_a_project_with_its_own(tmp_path, copy):
+    """A fork (or a checkout of verl's repository in a folder of the project: ToolAgent-GRPO, fresh92) keeps
+    upstream's examples beside its own launch: its runs are its own launch, so the k1 an example selects runs in none
+    of them, and the examples' flags are no run of the project either."""
+    example = f"{copy}/examples/grpo_trainer/run_k1.sh".lstrip("/")
+    launches = {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), example: LAUNCH.format(kind="kl")}
+    found = _findings(tmp_path, launches, copy=copy)
+    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL002"]
+    assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == {"train.sh"}
+
+
+def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
+    """RL-Factory (fresh89) keeps its own launches in `examples/rl_factory/` and `recipe/travelplanner/`, folders
+    verl's repository never had: they are the project's runs, flagged as such, and their k1 selects the k1 branch
+    (the copy's config, its defaults, keeps low_var_kl's)."""
+    launches = {"examples/rl_factory/run_k1.sh": LAUNCH.format(kind="kl"),
+                "recipe/travelplanner/run.sh": LAUNCH.format(kind="kl"),
+                "examples/grpo_trainer/run.sh": LAUNCH.format(kind="kl")}
+    found = _findings(tmp_path, launches)
+    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL001", "KL002"]
+    assert {f.path.split("/")[-2] for f in found if f.path.endswith(".sh")} == {"rl_factory", "travelplanner"}
 
 
 def test_a_launch_that_cannot_start_selects_nothing(tmp_path):
@@ -86,7 +118,7 @@ def test_a_launch_that_cannot_start_selects_nothing(tmp_path):
 
 @pytest.mark.parametrize("launches, extra", [
     ({}, None),  # no launch: a library
-    ({"examples/grpo/run.sh": LAUNCH.format(kind="low_var_kl")}, None),  # upstream's launches only: verl itself
+    ({"examples/grpo_trainer/run.sh": LAUNCH.format(kind="low_var_kl")}, None),  # upstream's launches only: verl itself
     ({"scripts/train.sh": LAUNCH.format(kind="$KL_TYPE")}, None),  # a value the reader cannot resolve
     ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/ablate.sh": LAUNCH.format(kind="kl")}, None),
     ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}, {"configs/k1.yaml": "kl_loss_type: kl\n"}),
@@ -138,12 +170,17 @@ def _easyr1_codes(root, launch_at):
     return sorted({(f.path.rsplit("/", 1)[-1], f.code) for f in found if f.path.endswith(".py")})
 
 
-def test_an_easyr1_copy_run_with_its_kl_loss_on_keeps_only_what_runs(tmp_path):
-    assert _easyr1_codes(tmp_path, "scripts/train.sh") == [("dp_actor.py", "KL002")]
+@pytest.mark.parametrize("launch_at", [
+    "scripts/train.sh",
+    # a fork's own launch kept beside upstream's in examples/ (Temporal-R1, fresh91): no name upstream gave one
+    "examples/run_qwen2_5_vl_3b_tvg.sh",
+])
+def test_an_easyr1_copy_run_with_its_kl_loss_on_keeps_only_what_runs(tmp_path, launch_at):
+    assert _easyr1_codes(tmp_path, launch_at) == [("dp_actor.py", "KL002")]
 
 
 def test_easyr1_itself_keeps_every_option(tmp_path):
-    found = _easyr1_codes(tmp_path, "examples/run.sh")
+    found = _easyr1_codes(tmp_path, "examples/qwen2_5_vl_7b_geo3k_grpo.sh")
     assert {("dp_actor.py", "KL001"), ("dp_actor.py", "KL002"), ("ray_trainer.py", "KL004")} <= set(found)
 
 
