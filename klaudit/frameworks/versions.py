@@ -26,8 +26,10 @@ semantics it applied. In order:
    newest known release it allows, the one pip installs; or, where one dependency list pins transformers exactly
    beside TRL (`transformers==4.46.0` and `trl`), the newest TRL whose transformers floor that pin meets, as pip
    resolves the two together (below every known floor, an older release than klaudit knows);
-5. else an exact pin of the `pip install` commands of the Markdown files of those directories (a README's
-   `pip install transformers==4.57.3 trl==0.26.2`), where they agree: the install instructions;
+5. else the packages of the newest run that Weights & Biases logged in a `wandb/` folder of those directories
+   (`wandb/run-.../files/requirements.txt`, the environment's `pip freeze`): what the training ran with; else an
+   exact pin of the `pip install` commands of their Markdown files (a README's `pip install transformers==4.57.3
+   trl==0.26.2`), where they agree: the install instructions;
 6. else, for NeMo-RL, the release the project installs: the container image its scripts, manifests and
    Dockerfiles run (`nvcr.io/nvidia/nemo-rl:v0.5.0`), the release branch they clone (`git clone --branch
    v0.6.0 https://github.com/NVIDIA-NeMo/RL.git`) or the commit they check out after cloning it (placed by
@@ -211,7 +213,10 @@ def detect(roots: Iterable[Path]) -> dict[str, Assumed]:
             found.setdefault(name, Assumed(known, f"{specifier} in {where}: the newest release it allows"))
         for name, (newest, pin, where) in _capped_by_a_pinned_dependency(directory).items():
             found.setdefault(name, _capped_release(name, newest, pin, where))
-    for directory in _search_path(roots):  # no file of the code states one: the install instructions may
+    for directory in _search_path(roots):  # no file of the code states one: the environment a run recorded may
+        for name, (version, where) in _recorded_pins(directory).items():
+            found.setdefault(name, _assumed_from(name, version, f"{version} in {where}, the packages of a logged run"))
+    for directory in _search_path(roots):  # nor does a run: the install instructions may
         for name, (version, where) in _documented_pins(directory).items():
             found.setdefault(name, _assumed_from(name, version, f"{version} in the pip install of {where}"))
     for directory in _search_path(roots):  # nor do they: the latest, and the release an unpinned dependency got
@@ -263,6 +268,24 @@ def _pinned_in(name: str, text: str | None) -> str | None:
     match = re.search(rf"(?im){_REQUIREMENT_START}{_spelled(name)}(?:\[[^\]]*\])?\s*==\s*([\w.]+)(?![\w.*])",
                       text or "")
     return match.group(1) if match is not None else None
+
+
+# Weights & Biases saves the packages of each run's environment (a `pip freeze`) as
+# `wandb/run-20250613_212206-i2iy2r9c/files/requirements.txt` (`offline-run-...` without a server)
+_RUN_FOLDER = re.compile(r"^(?:offline-)?run-(\d{8}_\d{6})-\w+$")
+
+
+def _recorded_pins(directory: Path) -> dict[str, tuple[str, str]]:
+    """{framework: (version, file)} of the environment of the newest run a directory's `wandb/` folder logged: what
+    the project's training ran with, where nothing it declares pins it."""
+    runs = sorted((found.group(1), run) for run in (directory / "wandb").glob("*run-*")
+                  if (found := _RUN_FOLDER.match(run.name)) is not None and (run / "files" / "requirements.txt").is_file())
+    if not runs:
+        return {}
+    recorded = runs[-1][1] / "files" / "requirements.txt"
+    text = read_text(recorded)
+    where = recorded.relative_to(directory).as_posix()
+    return {name: (version, where) for name in KNOWN if (version := _pinned_in(name, text)) is not None}
 
 
 def _documented_pins(directory: Path) -> dict[str, tuple[str, str]]:

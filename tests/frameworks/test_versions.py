@@ -495,6 +495,25 @@ def test_a_readme_s_pinned_pip_install_states_the_release_where_no_file_of_the_c
     assert detect([project])["trl"] == Assumed("0.19", "0.19.0 in requirements.txt")
 
 
+def test_the_packages_of_a_logged_run_state_the_release_where_no_file_of_the_code_does(tmp_path):
+    """innocentbai/Reason4Rec-GRPO (ninety-second set) asks an unpinned trl, but commits the Weights & Biases folder of
+    its training run, whose `files/requirements.txt` is that environment's `pip freeze` with trl==0.19.0: plain k3
+    as a loss there (KL002), not the newest TRL's ratio * k3 (KL003). The newest run decides; a pin the project
+    declares comes first."""
+    project = tmp_path / "project"
+    for run, version in (("offline-run-20250613_212206-i2iy2r9c", "0.19.0"), ("run-20250401_090000-abc123", "0.16.0")):
+        (project / "wandb" / run / "files").mkdir(parents=True)
+        (project / "wandb" / run / "files" / "requirements.txt").write_text(f"torch==2.6.0\ntrl=={version}\n")
+    (project / "requirements.txt").write_text("trl\ntorch\n")
+    where = "wandb/offline-run-20250613_212206-i2iy2r9c/files/requirements.txt"
+    assert detect([project])["trl"] == Assumed("0.19", f"0.19.0 in {where}, the packages of a logged run")
+    (project / "train.py").write_text("from trl import GRPOConfig\n\nargs = GRPOConfig(beta=0.1)\n")
+    result = CliRunner().invoke(main, ["lint", "--output-format", "json", "--exit-zero", str(project)])
+    assert [finding["code"] for finding in json.loads(result.output)] == ["KL002"]
+    (project / "requirements.txt").write_text("trl==0.26.2\n")
+    assert detect([project])["trl"].version == "0.26"
+
+
 def test_a_requirements_file_named_for_the_script_decides_where_the_projects_disagree(tmp_path):
     """zyhnosleep/qwen-project (seventy-sixth set) pins trl==0.11.4 in requirements.txt for its PPO scripts and
     trl==0.15.2 in requirements_grpo.txt for qwen_grpo.py: that script runs 0.15 (GRPOConfig exists; a plain k3 with
