@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from klaudit.frameworks.versions import project_root
 from klaudit.lint.copies import named_elsewhere, stem
 from klaudit.lint.syntax import is_script, python_ast
 from klaudit.text import read_text
@@ -207,9 +208,28 @@ def imports_a_data_file(path: str, source: str) -> bool:
             top = name.split(".", 1)[0]
             found = stems.get(top, [])
             if found and top not in sys.stdlib_module_names and not any(
-                    suffix == "" or suffix.endswith(_IMPORTABLE_SUFFIXES + _CONFIGURATION_SUFFIXES) for suffix in found):
+                    suffix == "" or suffix.endswith(_IMPORTABLE_SUFFIXES + _CONFIGURATION_SUFFIXES) for suffix in found) \
+                    and not _a_module_above(here, top):
                 return True
     return False
+
+
+def _a_module_above(folder: str, name: str) -> bool:
+    """Whether a folder above `folder` holds a module or package `name` (`grpo/` of the project's root, for
+    `from grpo.kk import score` in grpo/train.py beside grpo.sh): the project's own, which a launch from that root or
+    a `sys.path` entry finds; the data file beside the script is not what the import meant. Up to the project's
+    root."""
+    here = Path(folder)
+    root = project_root(here)
+    for above in list(here.parents)[:_LEVELS_UP] if root != here else []:
+        if (above / name).is_dir() or (above / f"{name}.py").is_file():
+            return True
+        if above == root:
+            break
+    return False
+
+
+_LEVELS_UP = 4  # how far above a script its launch may run from, where no project's root comes first
 
 
 def _source_of(target: str) -> str | None:

@@ -227,3 +227,10 @@ def test_a_configuration_file_named_after_an_installed_package_leaves_the_script
     installed package, the script runs, and its k3 loss is row 3 (KL002). KimGyunYeop/TA-GRPO-d's d1 trainer beside
     accelerate.yaml was dropped whole (two recorded misses)."""
     assert _script_codes(tmp_path, imports, beside) == ["KL002"]
+
+
+def test_a_package_of_the_project_above_the_script_is_what_its_import_finds(tmp_path):
+    """qwertyuiop41/RLHF (ninety-second set): grpo/train.py, launched from the root by grpo/grpo.sh as `python
+    grpo/train.py` after `sys.path.append('./')`, imports `from grpo.kk import compute_score`: the project's grpo/
+    folder, not the shell script beside it. The script trains, and its k3 loss is row 3 (KL002)."""
+    assert _script_codes(tmp_path, "from src.kk import score", ["src.sh"]) == ["KL002"]
