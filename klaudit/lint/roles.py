@@ -422,10 +422,10 @@ def is_current_policy_name(name: str) -> bool:
 
 
 # The sampled tokens' ids (`input_ids`, `comp_ids`, `labels`, `actions`, or one per row: `next_tok`), also kept in
-# range or moved (`gen_ids_clamped`, `labels_safe`, `target_ids_long`): an index by them over the vocabulary axis
-# picks each token's entry, as a gather does.
+# range or moved (`gen_ids_clamped`, `labels_safe`, `target_ids_long`), or a list of each sample's
+# (`motion_vocab_ids_list`): an index by them over the vocabulary axis picks each token's entry, as a gather does.
 _TOKEN_IDS = re.compile(r"^(.*_)?(ids|tokens|labels|actions|targets|tok|token|token_id|action)"
-                        r"(_(clamped|clipped|safe|valid|long|device|dev|gpu|cuda))?$", re.IGNORECASE)
+                        r"(_(clamped|clipped|safe|valid|long|device|dev|gpu|cuda|list|lst))?$", re.IGNORECASE)
 
 
 def names_token_ids(name: str) -> bool:

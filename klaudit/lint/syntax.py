@@ -350,8 +350,12 @@ def token_id_names(function: cst.CSTNode) -> frozenset[str]:
 
 
 def _kept_ids(node: cst.BaseExpression, known: set[str]) -> bool:
-    """Whether `node` is token ids (by name, or one of `known`) through calls that keep them (`_KEEPS_IDS`)."""
-    while type(node) is cst.Call:
+    """Whether `node` is token ids (by name, or one of `known`) through calls that keep them (`_KEEPS_IDS`) and
+    indexes (`ids_list[idx]`, one sample's; `labels[:, 1:]`)."""
+    while isinstance(node, (cst.Call, cst.Subscript)):
+        if isinstance(node, cst.Subscript):
+            node = node.value
+            continue
         func = node.func
         if type(func) is cst.Attribute and func.attr.value in _KEEPS_IDS:
             if type(func.value) is cst.Name and func.value.value == "torch" and node.args:
