@@ -10,8 +10,8 @@ semantics it applied. In order:
 2. the linted project says it: a checked-out framework tree (`trl/__init__.py`'s `__version__`,
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
-   (`trl==0.19.0` in `requirements*.txt`, `pyproject.toml`, `setup.py`, or a `pip install` or `uv add` of a
-   Dockerfile or of a setup script such as `setup_env.sh`, a conda `environment.yml`'s list (`trl=0.17.0` or,
+   (`trl==0.19.0` in `requirements*.txt` or a `requirements.lock`, `pyproject.toml`, `setup.py`, or a `pip
+   install` or `uv add` of a Dockerfile or of a setup script such as `setup_env.sh`, a conda `environment.yml`'s list (`trl=0.17.0` or,
    under `pip:`, `trl==0.17.0`), or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
    `uv.lock`, `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project
    root;
@@ -605,11 +605,13 @@ def _pyproject(directory: Path) -> dict:
 
 
 def _dependency_texts(directory: Path) -> list[tuple[str, str | None]]:
-    """(file, text) of the dependency lists of a directory: requirements files, pyproject.toml, setup.py,
+    """(file, text) of the dependency lists of a directory: requirements files (also a `requirements.lock` that
+    rye or pip-compile wrote, in the same format), pyproject.toml, setup.py,
     the packages a Dockerfile's or a setup script's `pip install` (or `uv add`) commands name and those a conda
     environment file lists (one per line, as a requirements file); a requirements file written by `conda list
     --export` is read as pip would spell it."""
-    sources = [(path.name, _as_requirements(read_text(path))) for path in sorted(directory.glob("requirements*.txt"))]
+    sources = [(path.name, _as_requirements(read_text(path)))
+               for pattern in ("requirements*.txt", "requirements*.lock") for path in sorted(directory.glob(pattern))]
     project = _pyproject(directory)
     dependencies = [*project.get("dependencies", []),
                     *(item for group in project.get("optional-dependencies", {}).values() for item in group)]
