@@ -315,12 +315,17 @@ def expanded_folder(script: str, raw: str, cwd: Path) -> Path | None:
 
 def refused_override(words: Iterable[str], keys: frozenset[str]) -> str | None:
     """The first override among the command line's `words` that Hydra refuses against the composed `keys`:
-    a key without `+` or `++` that the config lacks, under a section it has."""
+    a key without `+` or `++` that the config lacks, under a section it has, or one `+` appends where the config
+    already has it ("Could not append to config. An item is already at ...")."""
     for word in words:
         found = _OVERRIDE.match(word.strip("\"'"))
-        if found is None or found.group("prefix") or found.group("key").startswith("hydra."):
+        if found is None or found.group("prefix") in ("++", "~") or found.group("key").startswith("hydra."):
             continue
         key = found.group("key")
+        if found.group("prefix") == "+":
+            if key in keys:
+                return key
+            continue
         if key in keys:
             continue
         section = key.rsplit(".", 1)[0]

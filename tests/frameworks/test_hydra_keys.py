@@ -88,6 +88,9 @@ def test_a_defaults_list_that_cannot_be_followed_gives_no_keys(copy):
     ("data.val_files_test=x", "data.val_files_test"),  # a key the copy renamed
     ("actor_rollout_ref.model.override_config.attn=eager", "actor_rollout_ref.model.override_config.attn"),
     ("+actor_rollout_ref.model.override_config.attn=eager ++data.new=1 ~trainer.total_epochs", None),
+    # `+` appends: a key the config has already is refused (SoundMind's `+trainer.val_before_train`, fresh91)
+    ("+trainer.total_epochs=3", "trainer.total_epochs"),
+    ("++trainer.total_epochs=3", None),
     ("custom.section.key=1", None),  # no section of it is known: not decided here
     ("data.train_files.part=1", None),  # under a value, not a section
     ("hydra.run.dir=/tmp", None),
