@@ -160,6 +160,7 @@ class Context:
     # carries; empty where it launches the framework only as the framework's repository does (klaudit.frameworks.verl_runs)
     verl_choices: verl_runs.Choices = field(default_factory=dict)
     chosen_copies: tuple[str, ...] = ()  # the folders of the copies those runs run: the code the choices judge
+    own_run_copies: tuple[str, ...] = ()  # those of them the project runs with launches of its own that can start
 
     def runs_chosen(self, path: str) -> bool:
         """Whether the module at `path` is code of a framework copy the project's own runs choose the switches of."""
@@ -234,14 +235,14 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     # where the project runs a copy of verl with launches of its own, those are its runs, not upstream's examples
     reward_runs = (own, *_project_texts(everything, configs, verl.DEFAULTS_FILE, context)) if own else (
         starting, everything, configs)
-    choices, copies = _verl_choices([(path, settings) for path, settings, _ in launches], starting, everything,
-                                    configs, scripts, context)
+    choices, copies, own_runs = _verl_choices([(path, settings) for path, settings, _ in launches], starting,
+                                              everything, configs, scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
                    kl_reward_never_on=_kl_reward_never_on(*reward_runs) | _kl_reward_skipped(
                        choices, copies, everything),
-                   verl_choices=choices, chosen_copies=copies)
+                   verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else ())
 
 
 def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:
@@ -302,12 +303,12 @@ def _within(path: str, folders: Iterable[str]) -> bool:
 def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
                   starting: Sequence[tuple[str, Mapping[str, Setting]]], sources: Mapping[str, str],
                   configs: Iterable[str], scripts: Mapping[str, str], context: Context
-                  ) -> tuple[verl_runs.Choices, tuple[str, ...]]:
+                  ) -> tuple[verl_runs.Choices, tuple[str, ...], bool]:
     """The values the project's runs of verl (those of its `launches` that are `starting`), or of EasyR1, give the
-    framework's KL switches (klaudit.frameworks.verl_runs.run_choices), and the folders of the copies those runs
-    run, whose code they judge; none where it launches the framework only as the framework's own repository does,
-    from the folders upstream keeps its launches in, or launches both. A script running `verl.trainer.main` runs
-    EasyR1 (verl's module is `verl.trainer.main_ppo`)."""
+    framework's KL switches (klaudit.frameworks.verl_runs.run_choices), the folders of the copies those runs run,
+    whose code they judge, and whether the runs are the project's own launches; none where it launches the
+    framework only as the framework's own repository does, from the folders upstream keeps its launches in, or
+    launches both. A script running `verl.trainer.main` runs EasyR1 (verl's module is `verl.trainer.main_ppo`)."""
     easyr1_launches = _project_launches_of_easyr1(scripts)
     easyr1_paths = {path for path, _ in easyr1_launches}
     launches = [(path, settings) for path, settings in launches if path not in easyr1_paths]
@@ -317,19 +318,20 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
     own = [any(not _upstream_launch(path, module, context) for path, _ in found)
            for found, module in ((launches, verl.DEFAULTS_FILE), (easyr1_launches, easyr1.ACTOR))]
     if own[0] == own[1]:
-        return {}, ()
-    # the project's runs are its own launches, with its own YAML files and code and the copy's configs (its
-    # defaults), not the examples, tests and recipes upstream keeps in the copy
+        return {}, (), False
     module = verl.DEFAULTS_FILE if own[0] else easyr1.ACTOR
-    own_sources, own_configs = _project_texts(sources, configs, module, context)
-    yaml = [read_text(Path(path)) or "" for path in own_configs if path.endswith(YAML_SUFFIXES)]
-    code = list(own_sources.values())
-    if own[0]:
-        runs = (settings for path, settings in starting if not _upstream_launch(path, module, context))
-        return verl_runs.run_choices(runs, yaml, code), tuple(copies[0])
-    runs = (settings for path, settings in easyr1_launches if not _upstream_launch(path, module, context))
-    return verl_runs.run_choices(runs, yaml, code, verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS), \
-        tuple(copies[1])
+    found = starting if own[0] else easyr1_launches
+    runs = [settings for path, settings in found if not _upstream_launch(path, module, context)]
+    if runs:  # its own launches, with its own YAML files and code and the copy's configs (its defaults), not the
+        # examples, tests and recipes upstream keeps in the copy
+        sources, configs = _project_texts(sources, configs, module, context)
+    else:  # its own launches all fail (SoundMind's, refused by Hydra): upstream's examples in the copy are its runs
+        runs = [settings for _, settings in found]
+    yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
+    chosen = verl_runs.run_choices(runs, yaml, sources.values()) if own[0] else verl_runs.run_choices(
+        runs, yaml, sources.values(), verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS)
+    own_runs = any(not _upstream_launch(path, module, context) for path, _ in found)
+    return chosen, tuple(copies[0 if own[0] else 1]), own_runs
 
 
 def _project_texts(sources: Mapping[str, str], configs: Iterable[str], module: str, context: Context
@@ -573,8 +575,8 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
 
 def _carried_upstream_launch(path: str, context: Context) -> bool:
     """Whether the file at `path` is one of upstream's launches (or configs) in a copy of verl or EasyR1 that the
-    project runs with launches of its own (`Context.chosen_copies`)."""
-    return bool(context.verl_choices) and _within(path, context.chosen_copies) and any(
+    project runs with launches of its own that can start (`Context.own_run_copies`)."""
+    return _within(path, context.own_run_copies) and any(
         _upstream_launch(path, module, context) for module in (verl.DEFAULTS_FILE, easyr1.ACTOR))
 
 

@@ -108,6 +108,16 @@ def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
     assert {f.path.split("/")[-2] for f in found if f.path.endswith(".sh")} == {"rl_factory", "travelplanner"}
 
 
+def test_a_fork_whose_own_launches_all_fail_is_run_by_upstreams_examples(tmp_path):
+    """SoundMind (fresh91): every launch of its own passes a key Hydra refuses, so the examples upstream keeps in the
+    fork are the runs: their flags are reported and their values select the copy's branches."""
+    stale = LAUNCH.format(kind="kl").replace("trainer.total_epochs=1", "actor_rollout_ref.actor.renamed_key=1")
+    launches = {"scripts/train.sh": stale, "examples/grpo_trainer/run.sh": LAUNCH.format(kind="low_var_kl")}
+    found = _findings(tmp_path, launches)
+    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL002"]
+    assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == {"run.sh"}
+
+
 def test_a_launch_that_cannot_start_selects_nothing(tmp_path):
     """Hydra refuses an override of a key the copy's config lacks (an upstream example kept in a fork that renamed
     it): that launch never trains, so its k1 selects no branch."""
