@@ -355,8 +355,10 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
     """Whether the launch at `path` lies where the framework's own repository keeps upstream's launches
     (`examples/`, `tests/`, `recipe/`, `docs/`, the package itself): beside a copy holding `module` that is itself a
     linted root, or a checkout of the framework's repository inside the project (its own `setup.py` or
-    `pyproject.toml`: ToolAgent-GRPO's `verl/`). An EasyR1 copy's `examples/` launch is upstream's only under one of the names upstream gave its
-    launches (Temporal-R1 keeps its own `run_qwen2_5_vl_3b_tvg.sh` there)."""
+    `pyproject.toml`: ToolAgent-GRPO's `verl/`). An EasyR1 copy's `examples/` launch is upstream's only under one of
+    the names upstream gave its launches (Temporal-R1 keeps its own `run_qwen2_5_vl_3b_tvg.sh` there), a verl copy's
+    `examples/` or `recipe/` launch only in one of upstream's folders there (RL-Factory keeps its own in
+    `examples/rl_factory/`)."""
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
     if copy is None or not file.is_relative_to(copy[1]) or str(copy[1]) not in context.roots \
@@ -545,8 +547,8 @@ def mentions_config_class(source: str, context: Context | None = None) -> bool:
 def lint_config(path: str, text: str, context: Context | None = None, follow_sources: bool = True) -> list[Finding]:
     """The findings of one launch script or YAML file (one configuration per framework and file). A shell
     script's `source`d files lend it their variables and arrays (`follow_sources`; klaudit.frameworks.sourcing).
-    None for upstream's launches a framework copy carries where the project runs that copy with launches of its own:
-    those are its runs."""
+    None for upstream's launches a framework copy carries where the project runs that copy with launches of its own,
+    which are its runs."""
     context = context or Context()
     if _carried_upstream_launch(path, context):
         return []
