@@ -62,7 +62,7 @@ def launched_config(main: Path) -> tuple[Path, str] | None:
 def composed_keys(folder: Path, name: str, chosen: tuple[tuple[str, str], ...] = (),
                   cwd: Path | None = None) -> frozenset[str] | None:
     """Every dotted key of the config `name` of the config folder `folder` composed with its defaults lists,
-    each section's also with a trailing dot; `chosen`: the options a command line picks for groups of the primary
+    each section's also with a trailing dot, each null value's also with a trailing `?`; `chosen`: the options a command line picks for groups of the primary
     config's defaults list (`model_engine=megatron`); `cwd`: the folder the run starts in, which a relative
     `hydra.searchpath` entry of the primary config (`file://verl/trainer/config`) is below. None where a defaults
     list is not followed."""
@@ -198,13 +198,19 @@ def _relative(group: str, name: str) -> str:
 
 
 def _paths(node: dict, prefix: str) -> Iterable[str]:
-    """The dotted key of every entry of `node`, and of every section also with a trailing dot."""
+    """The dotted key of every entry of `node`, of every section also with a trailing dot, and of every value
+    left null also with a trailing `?` (a `+` may append there)."""
     for key, value in node.items():
         path = _join(prefix, str(key))
         yield path
         if isinstance(value, dict):
             yield path + "."
             yield from _paths(value, path)
+        elif value is None:
+            yield path + _NULL
+
+
+_NULL = "?"  # the mark of a key whose value the config leaves null
 
 
 def _join(prefix: str, key: str) -> str:
@@ -323,8 +329,8 @@ def refused_override(words: Iterable[str], keys: frozenset[str]) -> str | None:
             continue
         key = found.group("key")
         if found.group("prefix") == "+":
-            if key in keys:
-                return key
+            if key in keys and key + "." not in keys and key + _NULL not in keys:
+                return key  # a value already there: Hydra appends only where there is none (or merges a section)
             continue
         if key in keys:
             continue

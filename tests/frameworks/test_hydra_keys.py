@@ -69,7 +69,7 @@ def test_the_keys_of_a_composition_with_groups_packages_and_a_chosen_option(copy
                    "actor_rollout_ref.model", "actor_rollout_ref.model.override_config", "data", "trainer"),
         "engine.name", "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_type",
         "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.model.path",
-        "data.train_files", "data.val_files", "trainer.total_epochs",
+        "data.train_files", "data.val_files", "data.val_files?", "trainer.total_epochs",
     }
     chosen = hydra_keys.composed_keys(copy / "config", "ppo_trainer.yaml", (("engine", "megatron"),))
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in chosen
@@ -91,6 +91,8 @@ def test_a_defaults_list_that_cannot_be_followed_gives_no_keys(copy):
     # `+` appends: a key the config has already is refused (SoundMind's `+trainer.val_before_train`, fresh91)
     ("+trainer.total_epochs=3", "trainer.total_epochs"),
     ("++trainer.total_epochs=3", None),
+    ("+data.val_files=x", None),  # left null: Hydra appends there (verl's megatron examples' override_transformer_config)
+    ("+actor_rollout_ref.model.override_config={}", None),  # a section: merged
     ("custom.section.key=1", None),  # no section of it is known: not decided here
     ("data.train_files.part=1", None),  # under a value, not a section
     ("hydra.run.dir=/tmp", None),
