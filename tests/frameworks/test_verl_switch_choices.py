@@ -89,7 +89,8 @@ def test_the_upstream_examples_a_copy_carries_are_no_run_of_a_project_with_its_o
     """A fork (or a checkout of verl's repository in a folder of the project: ToolAgent-GRPO, fresh92) keeps
     upstream's examples beside its own launch: its runs are its own launch, so the k1 an example selects runs in none
     of them, and the examples' flags are no run of the project either."""
-    example = f"{copy}/examples/grpo_trainer/run_k1.sh".lstrip("/")
+    # a checkout's examples are all upstream's, in folders klaudit's list of verl's may lack (`ascend_extras/`)
+    example = f"{copy}/examples/{'ascend_extras' if copy else 'grpo_trainer'}/run_k1.sh".lstrip("/")
     launches = {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), example: LAUNCH.format(kind="kl")}
     found = _findings(tmp_path, launches, copy=copy)
     assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL002"]
