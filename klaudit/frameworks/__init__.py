@@ -355,17 +355,18 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
     """Whether the launch at `path` lies where the framework's own repository keeps upstream's launches
     (`examples/`, `tests/`, `recipe/`, `docs/`, the package itself): beside a copy holding `module` that is itself a
     linted root, or a checkout of the framework's repository inside the project (its own `setup.py` or
-    `pyproject.toml`: ToolAgent-GRPO's `verl/`, all of whose launches there are upstream's). In a fork, which keeps
-    its own launches beside upstream's, an EasyR1 `examples/` launch is upstream's only under one of the names
-    upstream gave its launches (Temporal-R1 keeps its own `run_qwen2_5_vl_3b_tvg.sh` there), a verl `examples/` or
-    `recipe/` launch only in one of upstream's folders there (RL-Factory keeps its own in `examples/rl_factory/`)."""
+    `pyproject.toml`: ToolAgent-GRPO's `verl/`). An EasyR1 `examples/` launch is upstream's only under one of the
+    names upstream gave its launches (Temporal-R1 and grounded-rl keep their own there); in a fork of verl, which is
+    the linted project itself, a verl `examples/` or `recipe/` launch only in one of upstream's folders there
+    (RL-Factory keeps its own in `examples/rl_factory/`), while a checkout nested in a project, often newer than the
+    folders klaudit knows (ToolAgent's `examples/ascend_extras/`), keeps only upstream's there."""
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
     forked = copy is not None and str(copy[1]) in context.roots  # the linted project is the fork itself
     if copy is None or not file.is_relative_to(copy[1]) or not forked and not is_project_root(copy[1]):
         return False
     parts = file.relative_to(copy[1]).parts
-    if forked and module == easyr1.ACTOR and parts[0] == "examples":
+    if module == easyr1.ACTOR and parts[0] == "examples":
         return parts[-1] in easyr1.UPSTREAM_LAUNCHES
     if forked and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS:
         return len(parts) > 2 and parts[1] in verl_runs.UPSTREAM_SUBFOLDERS[parts[0]]
