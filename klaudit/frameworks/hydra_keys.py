@@ -62,10 +62,10 @@ def launched_config(main: Path) -> tuple[Path, str] | None:
 def composed_keys(folder: Path, name: str, chosen: tuple[tuple[str, str], ...] = (),
                   cwd: Path | None = None) -> frozenset[str] | None:
     """Every dotted key of the config `name` of the config folder `folder` composed with its defaults lists,
-    each section's also with a trailing dot, each null value's also with a trailing `?`; `chosen`: the options a command line picks for groups of the primary
-    config's defaults list (`model_engine=megatron`); `cwd`: the folder the run starts in, which a relative
-    `hydra.searchpath` entry of the primary config (`file://verl/trainer/config`) is below. None where a defaults
-    list is not followed."""
+    each section's also with a trailing dot, each null value's also with a trailing `?`; `chosen`: the options a
+    command line picks for groups of the primary config's defaults list (`model_engine=megatron`); `cwd`: the
+    folder the run starts in, which a relative `hydra.searchpath` entry of the primary config
+    (`file://verl/trainer/config`) is below. None where a defaults list is not followed."""
     try:
         return frozenset(_Composition(folder, dict(chosen), cwd).keys(name.removesuffix(".yaml"), "", 0))
     except _Unreadable:
@@ -287,16 +287,14 @@ def _with_variables(written: Iterable[str], script: str) -> list[str]:
     words: list[str] = []
     for word in written:
         word = word.strip("\"'")
-        named = _WHOLE_REFERENCE.fullmatch(word)
-        value = shell_assignment(script, named.group(1) or named.group(2)) if named is not None and script else None
+        named = _SHELL_REFERENCE.fullmatch(word)
+        variable = named and (named.group("braced") or named.group("name"))
+        value = shell_assignment(script, variable) if variable and script else None
         if value is not None and "=" in value:
             words.extend(inner.strip("\"'") for inner in SHELL_WORD.findall(value))
         else:
             words.append(word)
     return words
-
-
-_WHOLE_REFERENCE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
 def expanded_folder(script: str, raw: str, cwd: Path) -> Path | None:

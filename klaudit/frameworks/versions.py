@@ -11,8 +11,8 @@ semantics it applied. In order:
    verl's `verl/version/version`, OpenRLHF's `version.txt`, a `VERSION` file, a `pyproject.toml`
    or `setup.py` version, an unpacked wheel's METADATA), else an exact dependency pin
    (`trl==0.19.0` in `requirements*.txt` or a `requirements.lock`, `pyproject.toml`, `setup.py`, or a `pip
-   install` or `uv add` of a Dockerfile or of a setup script such as `setup_env.sh`, a conda `environment.yml`'s list (`trl=0.17.0` or,
-   under `pip:`, `trl==0.17.0`), or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
+   install` or `uv add` of a Dockerfile or of a setup script such as `setup_env.sh`, a conda `environment.yml`'s
+   list (`trl=0.17.0` or, under `pip:`, `trl==0.17.0`), or a git tag such as `trl @ git+https://github.com/huggingface/trl.git@v0.19.0`), else the version a
    `uv.lock`, `poetry.lock` or `pdm.lock` resolved, searched from each linted directory up to its project
    root;
 3. else a dependency on a git commit (`trl @ git+https://...@1bca495`, or a bare

@@ -20,9 +20,9 @@ is built by no run. So is such a trainer class (`...Trainer...`) that a package'
 another trainer that code outside the package builds (or derives from): the fork's entry script picks its trainer
 from the package and leaves the upstream ones (Seg-R1's `SegR1Trainer(Qwen2VLGRPOVLLMTrainerModified)` beside
 `Qwen2VLGRPOTrainer`, imported and never used). A class nothing names at all, or one whose package the project never
-builds a trainer from, stays a library's (a user builds it), and is judged. Only where a linted folder is the project's root (a repository, something installed, or a tree
-with no project above it) is any of this known: a trainer linted alone, or one folder of a repository, may be built
-elsewhere.
+builds a trainer from, stays a library's (a user builds it), and is judged. Only where a linted folder is the
+project's root (a repository, something installed, or a tree with no project above it) is any of this known: a
+trainer linted alone, or one folder of a repository, may be built elsewhere.
 """
 
 from __future__ import annotations
@@ -150,8 +150,7 @@ def _built_anywhere(cls: str, texts: list[str], project: Project) -> bool:
     """Whether a Python text of the project that names `cls` (`texts`) uses it (also under a name it imports it as),
     derives from it or decorates it, or a notebook, configuration, launch script or document names it."""
     word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
-    return any(named_beyond_declarations(text, cls) or _subclasses(text, cls) or _decorated(text, cls)
-               or any(named_beyond_declarations(text, alias) for alias in _aliases(text, cls)) for text in texts) \
+    return any(_built_in(text, cls) or _decorated(text, cls) for text in texts) \
         or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",)))
 
 
@@ -177,19 +176,20 @@ def _exported_beside(cls: str, naming: dict[str, str]) -> set[tuple[str, str]]:
 _TRAINER = "Trainer"  # the word of a trainer class's name (`Qwen2VLGRPOTrainer`, `SegR1Trainer`)
 
 
-def _aliases(text: str, cls: str) -> list[str]:
-    """The names `text` imports class `cls` under (`from .trainer import VideoTrainer as GRPOTrainer`)."""
-    return re.findall(rf"(?<!\w){re.escape(cls)}\s+as\s+(\w+)", text)
+def _built_in(text: str, cls: str) -> bool:
+    """Whether the Python `text` uses class `cls`, also under a name it imports it as (`from .trainer import
+    VideoTrainer as GRPOTrainer`), or derives a class from it."""
+    aliases = re.findall(rf"(?<!\w){re.escape(cls)}\s+as\s+(\w+)", text)
+    return named_beyond_declarations(text, cls) or bool(_subclasses(text, cls)) \
+        or any(named_beyond_declarations(text, alias) for alias in aliases)
 
 
 def _built_by_code(cls: str, package: str, project: Project) -> bool:
     """Whether Python code of the project outside the folder `package` uses class `cls` (also under a name it imports
     it as) or derives a class from it: the entry that builds a trainer the package exports."""
     def decided() -> bool:
-        return any(named_beyond_declarations(text, cls) or _subclasses(text, cls)
-                   or any(named_beyond_declarations(text, alias) for alias in _aliases(text, cls))
-                   for module in python_files(project) if cls in (text := project.raw_text(module) or "")
-                   and os.path.dirname(module) != package)
+        return any(_built_in(text, cls) for module in python_files(project)
+                   if cls in (text := project.raw_text(module) or "") and os.path.dirname(module) != package)
 
     return project.remembered(("built by code", cls, package), decided)
 
