@@ -461,6 +461,7 @@ _GENERIC_LAST = _row("19", "KL at the last token only", None, Objective.OTHER, "
 _GENERIC_OFF_POLICY = _row("22", "off-policy KL without per-decision importance weights", None, Objective.OTHER,
                            "KL008", "samples from an older policy need prefix importance weights; a per-token "
                            "ratio or none leaves the gradient biased", FIX_OFF_POLICY)
+OFF_POLICY_RULE = _GENERIC_OFF_POLICY.rule  # the one rule whose only cause is samples of an older policy
 _GENERIC_LENGTH = _row("21", "KL term divided by each sequence's length", None, Objective.OTHER, "KL007",
                        "1/L weights change the expected direction whenever lengths vary", FIX_AGGREGATION)
 _GENERIC_DOUBLE = _row("14", "KL loss on top of an unbiased k1 reward", None, Objective.OTHER, "KL006",

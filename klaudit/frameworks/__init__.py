@@ -161,10 +161,22 @@ class Context:
     verl_choices: verl_runs.Choices = field(default_factory=dict)
     chosen_copies: tuple[str, ...] = ()  # the folders of the copies those runs run: the code the choices judge
     own_run_copies: tuple[str, ...] = ()  # those of them the project runs with launches of its own that can start
+    # the folders of those copies no run of the project reaches (verl's distillation losses, distillation never on),
+    # and the copies whose runs each take one optimizer step per rollout (klaudit.frameworks.verl_runs)
+    dormant_folders: tuple[str, ...] = ()
+    one_step_copies: tuple[str, ...] = ()
 
     def runs_chosen(self, path: str) -> bool:
         """Whether the module at `path` is code of a framework copy the project's own runs choose the switches of."""
         return bool(self.verl_choices) and _within(path, self.chosen_copies)
+
+    def never_reached(self, path: str) -> bool:
+        """Whether the module at `path` is framework code no run of the project reaches (`dormant_folders`)."""
+        return _within(path, self.dormant_folders)
+
+    def steps_once_per_rollout(self, path: str) -> bool:
+        """Whether the module at `path` is code of a copy whose every run takes one optimizer step per rollout."""
+        return _within(path, self.one_step_copies)
 
     def patched_by_unsloth(self, path: str, source: str) -> bool:
         """Whether the TRL classes the module at `path` binds are Unsloth's: it imports Unsloth, or is imported
@@ -237,12 +249,31 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
         starting, everything, configs)
     choices, copies, own_runs = _verl_choices([(path, settings) for path, settings, _ in launches], starting,
                                               everything, configs, scripts, context)
+    dormant, one_step = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
                    kl_reward_never_on=_kl_reward_never_on(*reward_runs) | _kl_reward_skipped(
                        choices, copies, everything),
-                   verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else ())
+                   verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else (),
+                   dormant_folders=dormant, one_step_copies=one_step)
+
+
+def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copies: Sequence[str],
+                         configs: Iterable[str], scripts: Mapping[str, str], context: Context
+                         ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What the project's `own` launches of its verl `copies` show of them (klaudit.frameworks.verl_runs): the
+    copies' distillation folders, whose losses never run where no launch or YAML file of the project turns
+    distillation on, and the copies again where every launch takes one optimizer step per rollout, whose KL terms are
+    then on fresh samples."""
+    if not own or not copies:
+        return (), ()
+    _, own_configs = _project_texts({}, configs, verl.DEFAULTS_FILE, context)
+    yaml = {path: read_text(Path(path)) or "" for path in own_configs if path.endswith(YAML_SUFFIXES)}
+    never_distilled = verl_runs.distillation_never_on([settings for _, settings in own], yaml)
+    one_step = verl_runs.one_step_per_rollout([(scripts.get(path), settings) for path, settings in own])
+    return (tuple(str(Path(copy) / verl_runs.DISTILLATION_PACKAGE) for copy in copies) if never_distilled else (),
+            tuple(copies) if one_step else ())
 
 
 def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:

@@ -14,6 +14,13 @@ are on options nobody picks (`run_choices`, `choice_holds`). verl's own reposito
 the upstream ones (under `examples/`, `tests/`, `recipe/`, `docs/` or the package itself), is a library: its users
 pick, and every branch is judged.
 
+Two more things a project's own launches show of its copy. Its distillation losses (`verl/trainer/distillation/`)
+run only with `distillation.enabled=true`: where every launch leaves it off and no YAML file of the project turns it
+on, their verdicts are on code no run reaches. And where every launch runs the synchronous trainer
+(`verl.trainer.main_ppo`) with one optimizer step per rollout (ppo_epochs x train_batch_size / ppo_mini_batch_size
+at most 1), the PPO ratio to the rollout's log-probs is 1 at that step: the copy's KL terms are on fresh samples,
+whose verdicts are those on older samples less KL008.
+
 Read conservatively: a launch whose value is computed (`algorithm.use_kl_in_reward=$USE_KL`, unresolved), a YAML
 key or assignment that is not plainly false, or a project with no launch of verl at all (a library, or a fork used
 by others) keeps every verdict. A function counts as gated when each call of it the project's Python code makes,
@@ -32,9 +39,20 @@ import re
 from collections.abc import Iterable, Mapping
 
 from klaudit.frameworks import easyr1
-from klaudit.frameworks.settings import Setting
+from klaudit.frameworks.settings import Setting, number, steps_per_rollout, truthy, yaml_settings
 from klaudit.frameworks.trl_runs import written_values
-from klaudit.frameworks.verl import DEFAULTS, KL_LOSS_TYPE, KL_PENALTY, LOSS_AGG_MODE, USE_KL_LOSS
+from klaudit.frameworks.verl import (
+    AGENTS,
+    DEFAULTS,
+    DISTILLATION,
+    DISTILLATION_DEFAULTS,
+    KL_LOSS_TYPE,
+    KL_PENALTY,
+    LAUNCH,
+    LOSS_AGG_MODE,
+    STEP_DEFAULTS,
+    USE_KL_LOSS,
+)
 
 FLAG = "use_kl_in_reward"
 _OFF = frozenset({"false", "False", "0", "no", "off"})
@@ -189,3 +207,36 @@ def _switch_value(text: str, values: tuple) -> str | bool:
 def always_on(choices: Choices, name: str) -> bool:
     """Whether every run the project shows turns the flag `name` on (`use_kl_loss`: true in each launch and text)."""
     return bool(choices.get(name)) and all(_switch_value(value, (True,)) for value in choices[name])
+
+
+# verl's on-policy distillation: its losses run only where `distillation.enabled` is true (default false)
+DISTILLATION_PACKAGE = "verl/trainer/distillation"
+# the module of verl's synchronous trainer: each step's samples are drawn by the weights it updates
+SYNCHRONOUS_TRAINER = "verl.trainer.main_ppo"
+
+
+def distillation_never_on(launched: Iterable[Mapping[str, Setting]], configs: Mapping[str, str]) -> bool:
+    """Whether no run turns verl's distillation on: at least one launch, each leaving `distillation.enabled` a
+    literal false (verl's default where left), and no YAML text of `configs` (path -> text) that speaks of
+    distillation giving a key `enabled` any value but a literal false."""
+    values = [settings[DISTILLATION].value if DISTILLATION in settings else DISTILLATION_DEFAULTS[DISTILLATION]
+              for settings in launched]
+    values += [setting.value for path, text in configs.items() if "distill" in path.lower() + text.lower()
+               for key, setting in yaml_settings(text).items() if key.rsplit(".", 1)[-1] == "enabled"]
+    return bool(values) and all(value is not None and truthy(value) is False for value in values)
+
+
+def one_step_per_rollout(launched: Iterable[tuple[str | None, Mapping[str, Setting]]]) -> bool:
+    """Whether every run takes a single optimizer step on each rollout, with the weights that drew it: at least one
+    launch (its script's text, its settings), each of verl's synchronous trainer alone, whose ppo_epochs x
+    train_batch_size / ppo_mini_batch_size, from literal values or verl's defaults (1 x 1024 / 256: four steps),
+    is at most 1. The PPO ratio to the rollout's log-probs is then 1 at that step: no KL term is on older samples."""
+    runs = list(launched)
+
+    def one_step(text: str | None, settings: Mapping[str, Setting]) -> bool:
+        modules = {match.group(1) for match in LAUNCH.finditer(text or "")}
+        literal = all(number(settings[key].value or "") is not None for key in STEP_DEFAULTS if key in settings)
+        return (modules == {SYNCHRONOUS_TRAINER} and literal and AGENTS not in settings
+                and steps_per_rollout(settings, STEP_DEFAULTS) <= 1)
+
+    return bool(runs) and all(one_step(text, settings) for text, settings in runs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import re
 import sys
 import traceback
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from klaudit.catalog import OFF_POLICY_RULE, Sampling
 from klaudit.config import INCOMPLETE_CODE, SYNTAX_ERROR_CODE, UNUSED_SUPPRESSION_CODE, Settings
 from klaudit.frameworks import (
     CONFIG_SUFFIXES,
@@ -252,13 +254,19 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 
 
 def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
-    """`findings` less those in a function the project calls only under verl's `use_kl_in_reward`, which all its
-    runs leave off (klaudit.frameworks.verl_runs), those in a verl or EasyR1 copy that hold only at a value of one of
+    """`findings` less those in framework code no run of the project reaches (a verl copy's distillation losses
+    where none turns distillation on), those of samples from an older policy (KL008) in a copy whose every run takes
+    one optimizer step per rollout, those in a function the project calls only under verl's `use_kl_in_reward`,
+    which all its runs leave off (klaudit.frameworks.verl_runs), those in a verl or EasyR1 copy that hold only at a value of one of
     its KL switches (`kl_loss_type`, `kl_penalty`, ...) that none of the project's own runs gives it, those of a copy
     of the first TRL PPOTrainer that hold only at a `kl_penalty` no PPOConfig of the project picks, and those in a method of a TRL GRPO trainer's copy or subclass
     that hold only at a beta or num_iterations none of the project's configurations runs with
     (klaudit.frameworks.trl_runs: `if self.beta != 0.0:` where all leave it 0, `if self.num_iterations > 1:` where all
     leave it 1)."""
+    if context is not None and findings and context.never_reached(path):
+        return []
+    if context is not None and findings and context.steps_once_per_rollout(path):
+        findings = list(dict.fromkeys(_on_fresh_samples(f) for f in findings if f.code != OFF_POLICY_RULE))
     if context is not None and findings and context.kl_reward_never_on:
         never = verl_runs.function_spans(source, context.kl_reward_never_on)
         findings = [f for f in findings if not any(first <= f.line <= last for first, last in never)]
@@ -274,6 +282,19 @@ def _run_by_project(findings: list[Finding], path: str, source: str, context: Co
     methods = trl_runs.trainer_methods(path, source, context.grpo_trainers)
     return [f for f in findings if not f.switches or not any(first <= f.line <= last for first, last in methods)
             or any(trl_runs.holds(labels, context.grpo_runs) for labels in f.switches)]
+
+
+def _on_fresh_samples(finding: Finding) -> Finding:
+    """A finding on a KL term judged on samples of an older policy, in code whose runs take one optimizer step per
+    rollout: on fresh samples its verdicts are the same less KL008 (every row of the catalog agrees), so only the
+    sampling its description names changes."""
+    described, colon, why = finding.message.partition(": ")
+    described = _OLDER_SAMPLES.sub(f", {Sampling.ON_POLICY.value}", described, count=1)
+    return replace(finding, message=described + colon + why)
+
+
+# the sampling a description names for samples of an older policy (klaudit.describe): last, or before ", added as a bonus"
+_OLDER_SAMPLES = re.compile(rf", (?:{Sampling.OFF_POLICY.value}|{Sampling.TOKEN_IS.value})(?=$|, )")
 
 
 def _budget_note(path: str, module, source: str, spent: budget.Budget) -> Finding:

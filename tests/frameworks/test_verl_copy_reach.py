@@ -1,0 +1,113 @@
+"""What a project's own runs of its verl copy never reach (klaudit.frameworks.verl_runs).
+
+turboweii/ToolAgent-GRPO (ninety-second set) carries verl 0.9 and trains with one launch of its own: distillation
+off (verl's default), one optimizer step per rollout (train_batch_size = ppo_mini_batch_size, ppo_epochs 1). The
+copy's distillation losses never run there, and its actor's KL loss is on samples of the weights being updated: the
+PPO ratio is 1 at the only step, so samples of an older policy (KL008) are no verdict of that run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from test_verl_switch_choices import ACTOR, LAUNCH, _findings
+
+from klaudit.catalog import OFF_POLICY_RULE, Aggregation, Config, Estimator, Returns, Sampling, defects
+
+# an actor whose KL loss meets a PPO ratio to the rollout's log-probs: older samples unless one step per rollout
+PPO_ACTOR = """\
+import torch
+
+from verl.trainer.ppo.core_algos import kl_penalty
+
+
+class Actor:
+    def __init__(self, config):
+        self.config = config
+
+    def update_policy(self, model, batch, optimizer):
+        log_prob = model(batch["input_ids"])
+        ratio = torch.exp(log_prob - batch["old_log_probs"])
+        pg_loss = -(ratio * batch["advantages"]).mean()
+        kld = kl_penalty(log_prob, batch["ref_log_prob"], self.config.kl_loss_type)
+        loss = pg_loss + 0.001 * kld.mean()
+        loss.backward()
+        optimizer.step()
+"""
+CORE_ALGOS = ACTOR[:ACTOR.index("class Actor")]  # verl's kl_penalty, k1 and low_var_kl
+# verl 0.9's distillation loss: k1 of student and teacher differentiated (KL001), run only with distillation on
+DISTILLATION = """\
+def distillation_loss(student_log_probs, teacher_log_probs, mask):
+    k1 = student_log_probs - teacher_log_probs
+    loss = (k1 * mask).sum() / mask.sum()
+    return loss
+"""
+ONE_STEP = " data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=64"
+
+
+def _copy_findings(root, launch, extra=None):
+    """The findings in the copy's code (not its launches), by file name and rule."""
+    extra = {"verl/trainer/ppo/core_algos.py": CORE_ALGOS, "verl/trainer/distillation/losses.py": DISTILLATION,
+             **(extra or {})}
+    found = _findings(root, {"scripts/train.sh": launch} if launch else {}, extra)
+    return sorted({(f.path.rsplit("/", 1)[-1], f.code) for f in found if "/verl/" in f.path and f.path.endswith(".py")})
+
+
+@pytest.mark.parametrize(("overrides", "judged"), [
+    ("", False),  # verl's default: off
+    (" distillation.enabled=False", False),
+    (" distillation.enabled=True", True),
+    (" distillation.enabled=$DISTILL", True),  # computed: it may be on
+])
+def test_distillation_losses_are_judged_only_where_a_run_may_turn_distillation_on(tmp_path, overrides, judged):
+    found = _copy_findings(tmp_path, LAUNCH.format(kind="low_var_kl") + overrides)
+    assert [item for item in found if item[0] == "losses.py"] == ([("losses.py", "KL001")] if judged else [])
+
+
+def test_a_yaml_file_of_the_project_that_turns_distillation_on_keeps_its_losses(tmp_path):
+    yaml = {"configs/distill.yaml": "distillation:\n  enabled: true\n  teacher: Qwen/Qwen3-8B\n"}
+    found = _copy_findings(tmp_path, LAUNCH.format(kind="low_var_kl"), yaml)
+    assert ("losses.py", "KL001") in found
+
+
+def test_verl_itself_judges_its_distillation_losses(tmp_path):
+    assert ("losses.py", "KL001") in _copy_findings(tmp_path, "")
+
+
+@pytest.mark.parametrize(("overrides", "older"), [
+    ("", True),  # verl's defaults: 1024 prompts a rollout, 256 a step: four steps
+    (ONE_STEP, False),
+    (ONE_STEP + " actor_rollout_ref.actor.ppo_epochs=2", True),
+    (" data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=$MINI", True),  # computed
+])
+def test_kl_on_older_samples_only_where_a_run_takes_several_steps_per_rollout(tmp_path, overrides, older):
+    found = _findings(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl") + overrides},
+                      {"verl/workers/dp_actor.py": PPO_ACTOR, "verl/trainer/ppo/core_algos.py": CORE_ALGOS})
+    actor = [f for f in found if f.path.endswith("dp_actor.py")]
+    assert sorted({f.code for f in actor}) == (["KL002", OFF_POLICY_RULE] if older else ["KL002"])
+    sampling = (Sampling.OFF_POLICY if older else Sampling.ON_POLICY).value
+    assert all(f", {sampling}: " in f.message for f in actor if f.code == "KL002")
+
+
+def test_the_fully_asynchronous_trainer_trains_older_samples_at_one_step(tmp_path):
+    launch = LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo",
+                                                      "verl.experimental.fully_async_policy.fully_async_main")
+    found = _findings(tmp_path, {"scripts/train.sh": launch + ONE_STEP},
+                      {"verl/workers/dp_actor.py": PPO_ACTOR, "verl/trainer/ppo/core_algos.py": CORE_ALGOS})
+    assert OFF_POLICY_RULE in {f.code for f in found if f.path.endswith("dp_actor.py")}
+
+
+@pytest.mark.parametrize("older", [Sampling.OFF_POLICY, Sampling.TOKEN_IS])
+def test_on_fresh_samples_a_verdict_loses_only_the_older_samples_rule(older):
+    """Why a finding on older samples is read on fresh ones by dropping KL008 and renaming its sampling: for every
+    configuration the catalog judges, the rows on older samples are those on fresh samples and KL008."""
+    rows = lambda config: {(row.rule, row.explanation) for row in defects(config)}  # noqa: E731
+    estimators = (None, *Estimator)
+    for loss, reward, returns, aggregation in itertools.product(estimators, estimators, Returns, Aggregation):
+        if loss is None and reward is None:
+            continue
+        fresh = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
+        on_older = rows(replace(fresh, sampling=older))
+        assert {row for row in on_older if row[0] != OFF_POLICY_RULE} == rows(fresh), fresh
