@@ -42,11 +42,8 @@ from klaudit.lint.update_loops import (
     called_on_fresh_samples,
     called_on_one_sequence,
     calls_elsewhere,
-    calls_through_module,
     drawn_before_the_call_elsewhere,
-    handed_on_elsewhere,
-    importers_afar,
-    made_outside_tests,
+    outside_call_sites,
     reuses_samples,
     reusing_loop_after,
     steps_on_fresh_samples,
@@ -168,6 +165,7 @@ class Module:
         self._later_loop: dict[int, tuple[cst.For | None, Module]] = {}  # id(function) -> the loop that trains what it
         # computes, and its module
         self._outside: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
+        self._outside_sites: dict[str, list[tuple] | None] = {}  # those calls with the loops around each
         self._zeros: dict[str, frozenset[str]] = {}  # function name -> its parameters every call gives 0
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
@@ -293,19 +291,18 @@ class Module:
         return self._zeros[name]
 
     def _outside_calls(self, name: str) -> tuple[cst.Call, ...] | None:
-        """The calls of this module's function `name` that the modules near it and those that import it from afar
-        make (also as `alias.name(...)` of the module imported as `alias`), but not in unit tests, read once; None
-        where they, or this module, also call it as `obj.name(...)` or hand it on as a value (its callers are then
-        more than the text shows), or a module that may call it cannot be parsed."""
+        """The calls of this module's function `name` that other modules make (`outside_call_sites`), written out."""
         if name not in self._outside:
-            afar = importers_afar(self.path, name, self.project)
-            found = calls_elsewhere(name, False, self.path, self.project, self._calls_of, afar, twice=True)
-            through = calls_through_module(name, self.path, self.project, self._calls_of, afar)
-            hidden = handed_on_elsewhere(name, self.path, self.project, afar)
-            self._outside[name] = None if hidden or found is None or through is None else tuple(
+            self._outside[name] = None if (sites := self._outside_call_sites(name)) is None else tuple(
                 written_out(calls[index][0], other, self.project.options, self.project.path_of(other) or "")
-                for other, _, calls, index, _ in made_outside_tests(found + through))
+                for other, _, calls, index, _ in sites)
         return self._outside[name]
+
+    def _outside_call_sites(self, name: str) -> list[tuple] | None:
+        """klaudit.lint.update_loops.outside_call_sites of this module's function `name`, read once."""
+        if name not in self._outside_sites:
+            self._outside_sites[name] = outside_call_sites(name, self.path, self.project, self._calls_of)
+        return self._outside_sites[name]
 
     def overridden_everywhere(self, func: cst.FunctionDef, cls: str) -> bool:
         """klaudit.lint.overrides.overridden_everywhere of a method of this module's class `cls`, read once."""
@@ -328,10 +325,13 @@ class Module:
         return never_named(func.name.value, self.project)
 
     def called_on_one_sequence(self, func: cst.FunctionDef) -> bool:
-        """klaudit.lint.update_loops.called_on_one_sequence of one of this module's functions, read once."""
+        """klaudit.lint.update_loops.called_on_one_sequence of one of this module's functions, read once; for one
+        nothing here calls, by the loops around other modules' calls (`for ep in eps: grpo.episode_loss(ep)`)."""
         name = func.name.value
         if name not in self._one_sequence:
-            self._one_sequence[name] = called_on_one_sequence(name, self.tree, self._calls_of)
+            sites = self._outside_call_sites(name) if name not in self._calls_of.called_names(self.tree) else None
+            self._one_sequence[name] = called_on_one_sequence(
+                name, self.tree, self._calls_of, [loops for *_, loops in sites] if sites else None)
         return self._one_sequence[name]
 
     def takes_a_step(self, func: cst.FunctionDef) -> bool:

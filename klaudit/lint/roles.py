@@ -320,12 +320,12 @@ def names_one_sample(name: str) -> bool:
 
 
 # one of the policy's drawn samples (not a dataset's `example` or `item`, which no policy drew)
-_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|rollout|response|completion|generation)(_?\d+)?$",
+_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|ep|rollout|response|completion|generation)(_?\d+)?$",
                            re.IGNORECASE)
 
 
 def names_drawn_sample(name: str) -> bool:
-    """`sample`, `traj`, `completion`: a variable that holds one sample the policy drew."""
+    """`sample`, `traj`, `ep`, `completion`: a variable that holds one sample the policy drew."""
     return _DRAWN_SAMPLE.match(name) is not None
 
 
@@ -339,6 +339,16 @@ _DRAWN_SAMPLES = re.compile(r"^_*(\w+_)?(trajs|trajectories|episodes|rollouts|re
 def names_drawn_samples(name: str) -> bool:
     """`episodes`, `trajectories`: a list whose entries are the samples the policy drew, one each."""
     return _DRAWN_SAMPLES.match(name) is not None
+
+
+# a Python list of each sequence's own log-probs (`new_log_probs_list`, `ref_logps_list`): sequences of different
+# lengths are kept apart, not stacked into one padded tensor, so each entry holds one sequence's tokens
+_SEQUENCE_LOGPROBS_LIST = re.compile(r"^_*(\w+_)?(log_?probs?|logps?|lps)_(list|lst)$", re.IGNORECASE)
+
+
+def names_sequence_logprobs_list(name: str) -> bool:
+    """`new_log_probs_list`, `ref_logps_list`: a list of log-prob tensors, one per sequence."""
+    return _SEQUENCE_LOGPROBS_LIST.match(name) is not None
 
 
 # one text, not a list of them: `prompt`, `prompt_text`, `question`, `full_text` (not `prompts`, `texts`, `batch`)

@@ -494,7 +494,8 @@ def is_last_index(node: cst.Subscript) -> bool:
 
 def one_sample_at_a_time(loop: cst.For) -> bool:
     """`for sample, advantage in sample_adv_pairs:`, `for traj in trajectories:`, `for g, ep in enumerate(episodes):`,
-    `for i in range(n): ids, mask = rollouts[i]`, `for idx in minibatch_indices: rollout = rollout_records[idx]`: a
+    `for i in range(n): ids, mask = rollouts[i]`, `for idx in minibatch_indices: rollout = rollout_records[idx]`,
+    `for i in range(n): new_lp = new_log_probs_list[i]`: a
     loop over the drawn samples one by one (its variable names one drawn sample, or what it iterates names a list of
     them, or it goes over indices and its body picks that entry of such a list), so a step in its body is one of
     several per draw, and each sample's tensors hold one sequence."""
@@ -510,12 +511,23 @@ def one_sample_at_a_time(loop: cst.For) -> bool:
 
 
 def _picks_a_drawn_sample(body: cst.BaseSuite, index: str) -> bool:
-    """Whether a statement of `body` (not nested) assigns `samples[index]` of a list named for drawn samples."""
-    return any(type(small) is cst.Assign and type(small.value) is cst.Subscript
-               and roles.names_drawn_samples(last_name(small.value.value) or "") and len(small.value.slice) == 1
-               and type(small.value.slice[0].slice) is cst.Index
-               and type(key := small.value.slice[0].slice.value) is cst.Name and key.value == index
-               for stmt in getattr(body, "body", ()) if type(stmt) is cst.SimpleStatementLine for small in stmt.body)
+    """Whether a statement of `body` (not nested) assigns `samples[index]` of a list named for drawn samples, or for
+    the log-probs of each sequence (`new_lp = new_log_probs_list[i]`, also one of a tuple's values)."""
+    return any(type(small) is cst.Assign and any(_entry_at(value, index) for value in (
+        [element.value for element in small.value.elements] if type(small.value) is cst.Tuple else [small.value]))
+        for stmt in getattr(body, "body", ()) if type(stmt) is cst.SimpleStatementLine for small in stmt.body)
+
+
+def _entry_at(value: cst.BaseExpression, index: str) -> bool:
+    """`samples[index]` of a list with one entry for each drawn sample."""
+    return type(value) is cst.Subscript and _one_entry_per_sample(last_name(value.value) or "") \
+        and len(value.slice) == 1 and type(value.slice[0].slice) is cst.Index \
+        and type(key := value.slice[0].slice.value) is cst.Name and key.value == index
+
+
+def _one_entry_per_sample(name: str) -> bool:
+    """`episodes`, `ref_log_probs_list`: a list with one entry for each drawn sample."""
+    return roles.names_drawn_samples(name) or roles.names_sequence_logprobs_list(name)
 
 
 LOOPS = frozenset({cst.For, cst.While})

@@ -416,6 +416,19 @@ def _module_names(module: cst.Module, stem: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def outside_call_sites(name: str, path: str, project: Project, calls_of: CallIndex) -> list[tuple] | None:
+    """The calls of the module function `name` (of the module at `path`) that the modules near it and those that
+    import it from afar make (also as `alias.name(...)` of the module imported as `alias`), but not in unit tests, as
+    `calls_elsewhere` gives them; None where they, or its own module, also call it as `obj.name(...)` or hand it on
+    as a value (its callers are then more than the text shows), or a module that may call it cannot be parsed."""
+    afar = importers_afar(path, name, project)
+    found = calls_elsewhere(name, False, path, project, calls_of, afar, twice=True)
+    through = calls_through_module(name, path, project, calls_of, afar)
+    if handed_on_elsewhere(name, path, project, afar) or found is None or through is None:
+        return None
+    return made_outside_tests(found + through)
+
+
 def handed_on_elsewhere(name: str, path: str, project: Project, also: Sequence[str] = ()) -> bool:
     """Whether the module at `path`, a module near it (as `calls_elsewhere` looks) or one of `also` names the function
     `name` other than to call it, import it or define it (`partial(name, flag=True)`, `fn = module.name`,
@@ -601,14 +614,18 @@ def _stepped_by_lightning(func: cst.FunctionDef | cst.Module, methods: dict[str,
                    for method in methods.values() for node in walk(method))
 
 
-def called_on_one_sequence(name: str, tree: cst.Module, calls_of: CallIndex) -> bool:
+def called_on_one_sequence(name: str, tree: cst.Module, calls_of: CallIndex,
+                           elsewhere: Sequence[tuple] | None = None) -> bool:
     """Whether every call of `name` in the module (outside unit tests), and there is one, hands it one sequence: made by
     a caller that encodes one text at a time (klaudit.lint.syntax.encodes_one_text), or in a loop over the drawn samples
-    one by one. Then the helper's tensors hold that one sequence, as its callers' do."""
+    one by one. Then the helper's tensors hold that one sequence, as its callers' do. Where the module makes none,
+    `elsewhere` holds the loops around each call other modules make (None: none known), each in such a loop."""
     callers: list[cst.FunctionDef | cst.Module] = [node for node in statement_nodes(tree)
                                                    if isinstance(node, cst.FunctionDef) and not is_test(node)]
     sites = [(caller, loops) for caller in (*callers, tree) for call, loops in calls_of(caller)
              if last_name(call.func) == name]
+    if not sites and elsewhere:
+        return all(any(map(handles_one_sequence, loops)) for loops in elsewhere)
     return bool(sites) and all(encodes_one_text(caller.body if type(caller) is cst.FunctionDef else caller)
                                or any(map(handles_one_sequence, loops)) for caller, loops in sites)
 
