@@ -119,7 +119,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
     candidates = _without_logged_copies(candidates)
-    return (_report(path, module, analyzer, _without_echoes(candidates), functions, training)
+    return (_report(path, module, analyzer, _without_echoes(_without_parts_carried_on(candidates)), functions, training)
             + _undetermined(path, module, analyzer, undecided, decided))
 
 
@@ -205,6 +205,17 @@ def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
             nearest[key] = min(nearest.get(key, cand.sink.depth), cand.sink.depth)
     return [cand for cand in candidates if cand.sink.via is None or cand.fact.origin is not None
             and cand.sink.depth == nearest[_echo_key(cand)]]
+
+
+def _without_parts_carried_on(candidates: list[_Candidate]) -> list[_Candidate]:
+    """A KL term stored under a loss name in one function (`per_token_loss = advantage - beta * kl`, returned as
+    an objective) that a caller carries on into a loss of its own (`loss = -objective`): the caller's loss is the
+    one whose sign and form count, as a later loss in the same function would be (SinkFlow.loss_candidate)."""
+    def carried_on(part: _Candidate) -> bool:
+        return any(other.fact.origin is part.fact.origin and other.function != part.function and not other.sink.named
+                   and other.sink.via is None for other in candidates)
+
+    return [cand for cand in candidates if not (cand.sink.named and cand.sink.via is None and carried_on(cand))]
 
 
 def _echo_key(cand: _Candidate) -> tuple:

@@ -116,6 +116,7 @@ class Sink:
     via: cst.CSTNode | None = None
     depth: int = 0
     trained: bool = True  # formed where tensors get a gradient (not under no_grad): a loss back-propagation can train
+    named: bool = False  # a value stored under a loss name (`per_token_loss = ...`), which a caller may carry on
 
 @dataclass
 class Outcome:

@@ -91,7 +91,7 @@ class SinkFlow(FlowState):
             earlier = self.loss_parts.get(node)
             facts = tuple(dict.fromkeys(earlier.facts + facts)) if earlier is not None else facts
             self.loss_parts[node] = Sink("loss", facts, node, earlier.order if earlier else self.next_order(),
-                                         trained=not self.no_grad)
+                                         trained=not self.no_grad, named=True)
         self.confirm(value)
         self.settle(value)
         return marked
