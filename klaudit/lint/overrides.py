@@ -38,6 +38,7 @@ import libcst as cst
 
 from klaudit.frameworks.trainers import CLASS_HEADER
 from klaudit.frameworks.versions import is_project_root, project_root
+from klaudit.lint import flag_choices
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import python_ast
 from klaudit.lint.update_loops import named_beyond_declarations, nearby_modules
@@ -128,7 +129,7 @@ def never_built(cls: str, path: str, project: Project) -> bool:
         return False
     def decided() -> bool:
         naming = {module: text for module in python_files(project) if cls in (text := project.raw_text(module) or "")}
-        if _built_anywhere(cls, list(naming.values()), project):
+        if _built_anywhere(cls, naming, project):
             return False
         return any(_built_in_a_comment(text, cls) for text in naming.values()) \
             or any(_built_by_code(sibling, package, project) for sibling, package in _exported_beside(cls, naming))
@@ -146,12 +147,27 @@ def _whole_project_holds(module: Path, project: Project) -> bool:
 _NAMING_FILES = _CONFIG_FILES + (".sh", ".bash", ".slurm", ".md", ".rst", ".txt")
 
 
-def _built_anywhere(cls: str, texts: list[str], project: Project) -> bool:
-    """Whether a Python text of the project that names `cls` (`texts`) uses it (also under a name it imports it as),
-    derives from it or decorates it, or a notebook, configuration, launch script or document names it."""
+def _built_anywhere(cls: str, naming: dict[str, str], project: Project) -> bool:
+    """Whether a Python text of the project that names `cls` (`naming`: module -> text) uses it (also under a name it
+    imports it as), but for an entry script that picks it by a flag none of its launches selects
+    (klaudit.lint.flag_choices), derives from it or decorates it, or a notebook, configuration, launch script or
+    document names it."""
     word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
-    return any(_built_in(text, cls) or _decorated(text, cls) for text in texts) \
+    return any(_built_in(text, cls) and not _picked_by_no_launch(cls, module, text, project) or _decorated(text, cls)
+               for module, text in naming.items()) \
         or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",)))
+
+
+def _picked_by_no_launch(cls: str, module: str, text: str, project: Project) -> bool:
+    """klaudit.lint.flag_choices.picks_only_unlaunched of the entry script `module` and the project's launches."""
+    if flag_choices.FLAG not in text:
+        return False
+    launchers = {path: project.raw_text(path) or "" for path in _files(project, _LAUNCHERS)}
+    code = (project.raw_text(path) or "" for path in python_files(project))
+    return flag_choices.picks_only_unlaunched(cls, module, text, launchers, code)
+
+
+_LAUNCHERS = (".sh", ".bash", ".slurm")
 
 
 def _exported_beside(cls: str, naming: dict[str, str]) -> set[tuple[str, str]]:

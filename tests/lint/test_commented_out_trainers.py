@@ -6,7 +6,9 @@ exported from their package beside the one their entry script builds; the line t
 Others drop the line (chenqiu1024/Seg-R1, zzzhhzzz/Ground-R1, fresh91): the entry imports the upstream trainer and
 builds its own. Their k3 KL terms (row 3, KL002) never train anything. A class nothing names at all, in a package
 the project builds nothing from, is a library's and stays judged (farming1604/GRPO_custom, fresh65: a trainer with
-no launcher, built by whoever imports the package).
+no launcher, built by whoever imports the package). So is the class an entry picks by TRL's `use_vllm` where none
+of the entry's launches selects it (klaudit.lint.flag_choices): kokolerk/TON (fresh92) launches with `--use_vllm
+true`, so the entry's `Qwen2VLGRPOTrainer if not training_args.use_vllm else ...` never builds that trainer.
 """
 
 from __future__ import annotations
@@ -108,3 +110,30 @@ def test_an_export_list_of_several_names_is_a_declaration_of_each():
     exports = 'from .a import A\nfrom .b import B\nfrom .c import C\n\n__all__ = ["A", "B", "C"]\n'
     assert not named_beyond_declarations(exports, "A")
     assert named_beyond_declarations(exports + "TRAINERS = [A]\n", "A")
+
+
+CHOSEN_BY_FLAG = "    trainer_cls = Qwen2VLGRPOTrainer if not args.use_vllm else OmniGRPOTrainer"
+LAUNCH = "torchrun --nproc_per_node=8 \\\n    ./grpo.py \\\n    --output_dir out \\\n{flag}    --beta 0.04\n"
+
+
+@pytest.mark.parametrize("flag, found", [
+    ("    --use_vllm true \\\n", [("omni_trainer.py", "KL002")]),  # every launch picks the other trainer
+    ("    --use_vllm \\\n", [("omni_trainer.py", "KL002")]),  # a bare flag turns it on
+    ("", [("grpo_trainer.py", "KL002")]),  # TRL's default, false: the vLLM-side trainer is never built
+    ("    --use_vllm $VLLM \\\n", [("grpo_trainer.py", "KL002"), ("omni_trainer.py", "KL002")]),  # computed
+])
+def test_a_trainer_picked_by_a_flag_no_launch_gives_is_left_out(tmp_path, flag, found):
+    _project(tmp_path, CHOSEN_BY_FLAG, {"run.sh": LAUNCH.format(flag=flag)})
+    assert _found(tmp_path) == found
+
+
+@pytest.mark.parametrize("extra", [
+    {},  # no launch of the entry: a user may run it either way
+    {"run.sh": LAUNCH.format(flag="    --use_vllm true \\\n"),  # another launch may give the other value
+     "run_hf.sh": LAUNCH.format(flag="")},
+    {"run.sh": LAUNCH.format(flag=""),  # the project's own configuration turns the flag on by default
+     "config.py": "from dataclasses import dataclass\n\n\n@dataclass\nclass Config:\n    use_vllm: bool = True\n"},
+])
+def test_a_trainer_some_launch_may_pick_by_the_flag_is_judged(tmp_path, extra):
+    _project(tmp_path, CHOSEN_BY_FLAG, extra)
+    assert _found(tmp_path) == [("grpo_trainer.py", "KL002"), ("omni_trainer.py", "KL002")]
