@@ -166,9 +166,16 @@ class Context:
     dormant_folders: tuple[str, ...] = ()
     one_step_copies: tuple[str, ...] = ()
 
-    def runs_chosen(self, path: str) -> bool:
-        """Whether the module at `path` is code of a framework copy the project's own runs choose the switches of."""
-        return bool(self.verl_choices) and _within(path, self.chosen_copies)
+    # the values the project's launches of its copy of OpenRLHF give that copy's KL switches, and the copies
+    openrlhf_choices: verl_runs.Choices = field(default_factory=dict)
+    openrlhf_copies: tuple[str, ...] = ()
+
+    def choices_at(self, path: str) -> verl_runs.Choices:
+        """The switch values the project's runs give the framework copy holding the module at `path` (verl's or
+        EasyR1's, else OpenRLHF's); empty where no run chooses them."""
+        if self.verl_choices and _within(path, self.chosen_copies):
+            return self.verl_choices
+        return self.openrlhf_choices if _within(path, self.openrlhf_copies) else {}
 
     def never_reached(self, path: str) -> bool:
         """Whether the module at `path` is framework code no run of the project reaches (`dormant_folders`)."""
@@ -250,13 +257,31 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     choices, copies, own_runs = _verl_choices([(path, settings) for path, settings, _ in launches], starting,
                                               everything, configs, scripts, context)
     dormant, one_step = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts, context)
+    openrlhf_choices, openrlhf_copies = _openrlhf_runs(scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
                    kl_reward_never_on=_kl_reward_never_on(*reward_runs) | _kl_reward_skipped(
                        choices, copies, everything),
                    verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else (),
-                   dormant_folders=dormant, one_step_copies=one_step)
+                   dormant_folders=dormant, one_step_copies=one_step,
+                   openrlhf_choices=openrlhf_choices, openrlhf_copies=openrlhf_copies)
+
+
+def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_runs.Choices, tuple[str, ...]]:
+    """The values every launch of OpenRLHF among the project's `scripts` gives its KL switches
+    (openrlhf.run_choices), and the copies of OpenRLHF those launches run, carried inside the project (RetroDFM-R's
+    `train/`); none where it launches none. OpenRLHF's own repository, or a fork of it (the copy is a linted root),
+    is a library whose examples select nothing: its users pick."""
+    launched: list[dict[str, Setting]] = []
+    copies: set[str] = set()
+    for path, text in scripts.items():
+        for launch, _ in _uncommented(openrlhf.LAUNCH, text):
+            copy = copy_holding(path, launch.group().replace(".", "/") + ".py", context.roots)
+            if copy is not None and str(copy[1]) not in context.roots:
+                copies.add(str(copy[1]))
+                launched.append(cli_flags(only_command(text, launch.start()), openrlhf.FLAGS, openrlhf.SWITCHES))
+    return openrlhf.run_choices(launched), tuple(sorted(copies))
 
 
 def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copies: Sequence[str],

@@ -369,3 +369,21 @@ def _loss_config(estimator: Estimator, unbiased: bool, stale: bool, assumed: Ass
                   sampling=Sampling.OFF_POLICY if stale else Sampling.ON_POLICY)
 
 
+
+
+# The names a branch of OpenRLHF's code on one of its KL switches carries (`self.args.kl_estimator`, 0.11's
+# `args.algo.kl.estimator`), with the key a launch sets each by: a copy's branches no launch of the project selects
+# never run (klaudit.frameworks.verl_runs.choice_holds reads them)
+RUN_SWITCHES = {"kl_estimator": ESTIMATOR, "estimator": ESTIMATOR, "use_kl_loss": USE_LOSS, "use_loss": USE_LOSS}
+
+
+def run_choices(launched: Iterable[Mapping[str, Setting]]) -> dict[str, frozenset[str]]:
+    """For each KL switch of RUN_SWITCHES, the values the `launched` settings give it (OpenRLHF's default where a
+    launch leaves it); a switch some launch computes is left out, and with no launch every switch is."""
+    launches = list(launched)
+    choices: dict[str, frozenset[str]] = {}
+    for name, key in RUN_SWITCHES.items() if launches else ():
+        values = [settings[key].value if key in settings else DEFAULTS[key] for settings in launches]
+        if None not in values:
+            choices[name] = frozenset(value for value in values if value is not None)
+    return choices

@@ -20,7 +20,9 @@ is built by no run. So is such a trainer class (`...Trainer...`) that a package'
 another trainer that code outside the package builds (or derives from): the fork's entry script picks its trainer
 from the package and leaves the upstream ones (Seg-R1's `SegR1Trainer(Qwen2VLGRPOVLLMTrainerModified)` beside
 `Qwen2VLGRPOTrainer`, imported and never used). A class nothing names at all, or one whose package the project never
-builds a trainer from, stays a library's (a user builds it), and is judged. Only where a linted folder is the
+builds a trainer from, stays a library's (a user builds it), and is judged. An entry script's use of a trainer that
+it picks by TRL's `use_vllm` where none of the script's launches gives the flag that value (kokolerk/TON launches
+with `--use_vllm true`: klaudit.lint.flag_choices) is no use either. Only where a linted folder is the
 project's root (a repository, something installed, or a tree with no project above it) is any of this known: a
 trainer linted alone, or one folder of a repository, may be built elsewhere.
 """
