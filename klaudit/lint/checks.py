@@ -209,11 +209,12 @@ def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:
 
 def _without_parts_carried_on(candidates: list[_Candidate]) -> list[_Candidate]:
     """A KL term stored under a loss name in one function (`per_token_loss = advantage - beta * kl`, returned as
-    an objective) that a caller carries on into a loss of its own (`loss = -objective`): the caller's loss is the
-    one whose sign and form count, as a later loss in the same function would be (SinkFlow.loss_candidate)."""
+    an objective) that a caller carries on, with the other sign, into a loss of its own (`loss = -objective`): the
+    caller's loss is the one whose sign counts, as a later loss in the same function would be
+    (SinkFlow.loss_candidate)."""
     def carried_on(part: _Candidate) -> bool:
         return any(other.fact.origin is part.fact.origin and other.function != part.function and not other.sink.named
-                   and other.sink.via is None for other in candidates)
+                   and other.sink.via is None and other.config.sign != part.config.sign for other in candidates)
 
     return [cand for cand in candidates if not (cand.sink.named and cand.sink.via is None and carried_on(cand))]
 
