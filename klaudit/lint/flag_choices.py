@@ -1,14 +1,14 @@
 """A trainer class an entry script picks by a flag that every launch of the script sets the other way.
 
 R1-V and its forks choose the trainer in the entry script, `trainer_cls = Qwen2VLGRPOTrainer if not
-training_args.use_vllm else Qwen2VLGRPOVLLMTrainer`, from TRL's `use_vllm` (false unless a launch passes it).
-kokolerk/TON's launches all pass `--use_vllm true` and Corleno/KEPO's none does: the class the other value picks is
-built by no run of that script.
+training_args.use_vllm else Qwen2VLGRPOVLLMTrainer`, from TRL's `use_vllm`. kokolerk/TON's launches all pass
+`--use_vllm true`: the class the other value picks is built by no run of that script.
 
 Read conservatively: the script has at least one launch among the project's shell scripts (a command naming it, by
-its path or the path's tail), and each launch gives the flag a literal (`--use_vllm true`) or leaves it out (TRL's
-default, false); a value held in a variable, or a default of the flag written anywhere in the project's Python code
-(a configuration class of its own, `use_vllm: bool = True`), decides nothing.
+its path or the path's tail), and each launch writes the flag with a literal (`--use_vllm true`, a bare
+`--use_vllm`). A launch that leaves it out decides nothing: the README of such a fork often has its users add it
+(OuyangKun10/SpaceR's vLLM trainer, reviewed as live), and so does a value held in a variable, or a default of the
+flag written in the project's Python code (a configuration class of its own, `use_vllm: bool = True`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Iterable, Mapping
 from klaudit.frameworks.settings import PYTHON_SCRIPT, only_command, truthy
 
 FLAG = "use_vllm"
-_DEFAULT = False  # TRL's GRPOConfig, from the release that brought the flag (0.14)
 _GIVEN = re.compile(rf"--{FLAG}(?:[ \t]*=[ \t]*|[ \t]+)([^\s\\]+)|--{FLAG}(?=\s*(?:\\\s*)?$)", re.MULTILINE)
 # a default a configuration class of the project gives: `use_vllm: bool = True`, `use_vllm: bool = field(default=True)`
 _WRITTEN = re.compile(rf"\b{FLAG}\s*:[^=\n]*=\s*(?:field\(\s*default\s*=\s*)?(\w+)")
@@ -70,15 +69,15 @@ def _tests_flag(test: ast.expr) -> bool | None:
 
 
 def _launch_values(script: str, launchers: Mapping[str, str]) -> Iterable[bool | None]:
-    """The flag's value in each command of `launchers` that runs the script at `script` (found by the longest tail
-    of its path the command writes): the literal given, the default where left out, None where it is computed."""
+    """The flag's value in each command of `launchers` that runs the script at `script` (found by the tail of its
+    path the command writes): the literal given; None where it is computed or left out."""
     for launcher, text in launchers.items():
         for match in PYTHON_SCRIPT.finditer(text):
             if not _names(match.group(1), launcher, script):
                 continue
             found = list(_GIVEN.finditer(only_command(text, match.start())))
             if not found:
-                yield _DEFAULT
+                yield None
                 continue
             word = found[-1].group(1)
             yield True if word is None or word.startswith("--") else truthy(word.strip("\"'"))

@@ -119,8 +119,7 @@ LAUNCH = "torchrun --nproc_per_node=8 \\\n    ./grpo.py \\\n    --output_dir out
 @pytest.mark.parametrize("flag, found", [
     ("    --use_vllm true \\\n", [("omni_trainer.py", "KL002")]),  # every launch picks the other trainer
     ("    --use_vllm \\\n", [("omni_trainer.py", "KL002")]),  # a bare flag turns it on
-    ("", [("grpo_trainer.py", "KL002")]),  # TRL's default, false: the vLLM-side trainer is never built
-    ("    --use_vllm $VLLM \\\n", [("grpo_trainer.py", "KL002"), ("omni_trainer.py", "KL002")]),  # computed
+    ("    --use_vllm false \\\n", [("grpo_trainer.py", "KL002")]),  # the vLLM-side trainer is never built
 ])
 def test_a_trainer_picked_by_a_flag_no_launch_gives_is_left_out(tmp_path, flag, found):
     _project(tmp_path, CHOSEN_BY_FLAG, {"run.sh": LAUNCH.format(flag=flag)})
@@ -129,6 +128,8 @@ def test_a_trainer_picked_by_a_flag_no_launch_gives_is_left_out(tmp_path, flag, 
 
 @pytest.mark.parametrize("extra", [
     {},  # no launch of the entry: a user may run it either way
+    {"run.sh": LAUNCH.format(flag="")},  # a launch that leaves the flag out: its users may add it (SpaceR, fresh90)
+    {"run.sh": LAUNCH.format(flag="    --use_vllm $VLLM \\\n")},  # computed
     {"run.sh": LAUNCH.format(flag="    --use_vllm true \\\n"),  # another launch may give the other value
      "run_hf.sh": LAUNCH.format(flag="")},
     {"run.sh": LAUNCH.format(flag=""),  # the project's own configuration turns the flag on by default
