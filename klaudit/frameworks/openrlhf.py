@@ -371,10 +371,11 @@ def _loss_config(estimator: Estimator, unbiased: bool, stale: bool, assumed: Ass
 
 
 
-# The names a branch of OpenRLHF's code on one of its KL switches carries (`self.args.kl_estimator`, 0.11's
-# `args.algo.kl.estimator`), with the key a launch sets each by: a copy's branches no launch of the project selects
-# never run (klaudit.frameworks.verl_runs.choice_holds reads them)
-RUN_SWITCHES = {"kl_estimator": ESTIMATOR, "estimator": ESTIMATOR, "use_kl_loss": USE_LOSS, "use_loss": USE_LOSS}
+# The names a branch of OpenRLHF's code on one of its KL switches carries (`self.args.kl_estimator`), with the key a
+# launch sets each by: a copy's branches no launch of the project selects never run (klaudit.frameworks.verl_runs.
+# choice_holds reads them). Not 0.11's `args.algo.kl.estimator`: a branch named `estimator` may as well be on
+# `args.algo.advantage.estimator`, another switch
+RUN_SWITCHES = {"kl_estimator": ESTIMATOR, "use_kl_loss": USE_LOSS}
 
 
 def run_choices(launched: Iterable[Mapping[str, Setting]]) -> dict[str, frozenset[str]]:

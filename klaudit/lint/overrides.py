@@ -21,7 +21,7 @@ another trainer that code outside the package builds (or derives from): the fork
 from the package and leaves the upstream ones (Seg-R1's `SegR1Trainer(Qwen2VLGRPOVLLMTrainerModified)` beside
 `Qwen2VLGRPOTrainer`, imported and never used). A class nothing names at all, or one whose package the project never
 builds a trainer from, stays a library's (a user builds it), and is judged. An entry script's use of a trainer that
-it picks by TRL's `use_vllm` where none of the script's launches gives the flag that value (kokolerk/TON launches
+it picks by TRL's `use_vllm` where every launch of the script writes the flag the other way (kokolerk/TON launches
 with `--use_vllm true`: klaudit.lint.flag_choices) is no use either. Only where a linted folder is the
 project's root (a repository, something installed, or a tree with no project above it) is any of this known: a
 trainer linted alone, or one folder of a repository, may be built elsewhere.
@@ -151,7 +151,7 @@ _NAMING_FILES = _CONFIG_FILES + (".sh", ".bash", ".slurm", ".md", ".rst", ".txt"
 
 def _built_anywhere(cls: str, naming: dict[str, str], project: Project) -> bool:
     """Whether a Python text of the project that names `cls` (`naming`: module -> text) uses it (also under a name it
-    imports it as), but for an entry script that picks it by a flag none of its launches selects
+    imports it as), but for an entry script that picks it by a flag every launch of it writes the other way
     (klaudit.lint.flag_choices), derives from it or decorates it, or a notebook, configuration, launch script or
     document names it."""
     word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
