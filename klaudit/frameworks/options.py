@@ -34,12 +34,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from klaudit.frameworks.settings import (
-    PYTHON_SCRIPT,
     Setting,
     cli_flags,
+    launched_scripts,
     number,
     only_command,
-    project_path,
     yaml_settings,
 )
 from klaudit.frameworks.versions import project_root
@@ -64,6 +63,8 @@ OPTION_DECLARATIONS = frozenset({"Option", "Argument"})
 # The flag and parameter names of a click option (`@click.option("-k", "--kl-coef", ...)`) as written
 _CLICK_NAME = re.compile(r"^(?:--?([\w-]+)|(\w+))$")
 # `beta=1e-3` as a keyword, `args.beta = 0.1` or `beta = schedule(step)`: a name and the first word of its value
+# a script whose command line sets `key=value` overrides of a Hydra configuration, not flags
+_HYDRA_ENTRY = re.compile(r"@hydra\.main\b")
 _SET = re.compile(r"\b(\w+)[ \t]*=(?!=)[ \t]*([^\s,()\]}#]*)")
 _YAML = (".yaml", ".yml")  # the linted configuration files a nested key is looked up in
 _SHELL = (".sh", ".bash", ".slurm", ".sbatch", ".job")  # the linted launch scripts (klaudit.frameworks.SHELL_SUFFIXES)
@@ -120,6 +121,13 @@ class Options:
         is then 0, and the code that forms it trains nothing."""
         given = self._in_every_run(key, path)
         return bool(given) and all(number(value.value) == 0 for value in given)
+
+    def zero_in_launched_runs(self, key: str, path: str) -> bool:
+        """Whether the option `key` (a single attribute, `args.beta_rl`) is 0 in every run the project's launches
+        show of the file at `path` (`run_values`): a trainer's coefficient copied from it (`self.beta_rl =
+        args.beta_rl`) scales nothing. A library, whose launches are its users', is never read so."""
+        values = self.run_values(key, path)
+        return bool(values) and all(number(value) == 0 for value in values or ())
 
     def run_values(self, key: str, path: str) -> frozenset[str] | None:
         """The values the option `key` (a single attribute, `args.kl_approximator`) can have in a run of the file at
@@ -298,13 +306,24 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
             given.setdefault(name, {}).setdefault(path, []).append(Default(_value(literal), origin))
     configs = tuple(configs)
     run: set[str] = set()
-    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields, run)
+    overridden = {str(Path(path).resolve()) for path, text in sources.items() if _HYDRA_ENTRY.search(text)}
+    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields, overridden, run)
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
                    run=frozenset(run), imported=_imported(run, sources),
                    set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
-                                         for match in _SET.finditer(text) if number(match.group(2)) != 0))
+                                         for match in _SET.finditer(text) if _sets_otherwise(match, text)))
+
+
+def _sets_otherwise(binding: re.Match, text: str) -> bool:
+    """Whether code that binds a name (`_SET`'s match in `text`) may give the option of that name another value
+    than its default and the launches': anything but a literal 0 or the option copied to an instance attribute of
+    its own name (`self.beta_rl = args.beta_rl` in a trainer's __init__). A keyword that hands it on
+    (`kl_coef=args.kl_coef`) still counts, conservatively: the parameter it lands in is not traced."""
+    name, value = binding.groups()
+    copied = value.endswith(f".{name}") and text.endswith("self.", 0, binding.start())
+    return number(value) != 0 and not copied
 
 
 def _imported(run: Collection[str], sources: Mapping[str, str]) -> frozenset[str]:
@@ -349,12 +368,13 @@ def _argument_default(arguments: str, text: str) -> str | None:
     return constant.group(1) if constant is not None else None
 
 
-def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
-              fields: Collection[str], run: set[str]) -> dict[str, dict[str, list[Default]]]:
-    """The values the shell scripts `launchers` give, on each command line that runs a script of the project,
-    the options that script declares (`declared`: its resolved path -> the flags, `kl-coef` as written) or the
-    project's dataclasses do (`fields`, parsed by whichever script), by option name (`kl_coef`) and the script's
-    resolved path. A dataclass field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set
+def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]], fields: Collection[str],
+              overridden: Collection[str], run: set[str]) -> dict[str, dict[str, list[Default]]]:
+    """The values the shell scripts `launchers` give, on each command line that runs a script of the project
+    (by its path or its module's name, klaudit.frameworks.settings.launched_scripts) other than a Hydra entry
+    (`overridden`: resolved paths; its runs set `key=value` overrides, read elsewhere), the options that script declares
+    (`declared`: its resolved path -> the flags, `kl-coef` as written) or the project's dataclasses do (`fields`,
+    parsed by whichever script), by option name (`kl_coef`) and the script's resolved path. A dataclass field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set
     elsewhere) is kept as UNREAD: the field's default is then not what the launch trains with. A script's own
     option set so is left out, as before: its default stands for the runs of a sweep (`--beta "$b"`). The scripts
     launched, with options or not, are added to `run`."""
@@ -364,17 +384,16 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
             text = file_text(launcher)
         except OSError:
             continue
-        for match in PYTHON_SCRIPT.finditer(text) if ".py" in text else ():
-            script = project_path(launcher, match.group(1))
-            target = str(script.resolve()) if script is not None else ""
+        for offset, script in launched_scripts(launcher, text):
+            target = str(script.resolve())
             own = declared.get(target, ())
-            flags = {*own, *(fields if script is not None else ())}
-            if not flags:
+            flags = {*own, *fields}
+            if not flags or target in overridden:
                 continue
             run.add(target)
-            line = text.count("\n", 0, match.start()) + 1
+            line = text.count("\n", 0, offset) + 1
             spellings = {spelled: spelled for flag in flags for spelled in (flag, flag.replace("-", "_"))}
-            for spelled, setting in cli_flags(only_command(text, match.start()), spellings).items():
+            for spelled, setting in cli_flags(only_command(text, offset), spellings).items():
                 parsed = spelled not in own and spelled.replace("_", "-") not in own
                 if setting.value is None and not parsed:
                     continue  # a script's own option swept by a variable: its default stands for the runs

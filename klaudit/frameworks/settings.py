@@ -564,6 +564,26 @@ def yaml_settings(text: str) -> dict[str, Setting]:
 PYTHON_SCRIPT = re.compile(r"(?<![\w/.$-])(?:\$\{?[A-Za-z_]\w*\}?/)?((?:[\w.-]+/)*[\w-]+\.py)\b")
 
 
+# a module a shell command runs by its dotted name (`python -m src.rl.train`, `torchrun --nproc_per_node=4 -m rl.grpo`)
+PYTHON_MODULE = re.compile(r"(?<![\w.-])-m[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?![\w.-])")
+
+
+def launched_scripts(launcher: str, text: str) -> Iterator[tuple[int, Path]]:
+    """(offset of the command, the file) for each Python script of the project the shell script `text` at
+    `launcher` runs: by its path (PYTHON_SCRIPT), or by its module's dotted name (`-m pkg.train` as pkg/train.py or
+    pkg/train/__main__.py, also below the src/ folder of a src layout). A module found nowhere in the project
+    (`-m torch.distributed.run`, `-m pip`) is none of its scripts."""
+    for match in PYTHON_SCRIPT.finditer(text) if ".py" in text else ():
+        if (script := project_path(launcher, match.group(1))) is not None:
+            yield match.start(), script
+    for match in PYTHON_MODULE.finditer(text) if "-m" in text else ():
+        relative = match.group(1).replace(".", "/")
+        found = (project_path(launcher, f"{folder}{relative}{tail}") for folder in ("", "src/")
+                 for tail in (".py", "/__main__.py"))
+        if (script := next((path for path in found if path is not None), None)) is not None:
+            yield match.start(), script
+
+
 def project_path(launcher: str, relative: str, folder: bool = False) -> Path | None:
     """The file (or `folder`) `relative` names, beside `launcher` or in one of the folders above it up to the
     repository's root (scripts are run from the root or from their own folder); None if not found."""

@@ -140,10 +140,19 @@ class ExpressionFlow(FlowState):
             return ()
         if is_literal_choice(assigned[0]):
             return self.expr(assigned[0])
+        if self.zero_option(assigned[0]):
+            return (tensor(Poly.const(0.0)),)  # `self.beta_rl = args.beta_rl`, which every run leaves at 0
         classdef = self.module.classes.get(self.cls, (None,))[0]
         number = constructed_number(self.module.path, self.module.project, classdef, node.attr.value) \
             if classdef is not None else None
         return self.expr(number) if number is not None else ()
+
+    def zero_option(self, value: cst.BaseExpression) -> bool:
+        """Whether `value` reads an option of the project (`args.beta_rl`) that every run the project's launches
+        show gives 0: a coefficient copied from it scales nothing."""
+        if type(value) is not cst.Attribute or type(value.value) is not cst.Name or value.value.value == "self":
+            return False
+        return self.module.project.options.zero_in_launched_runs(value.attr.value, self.module.path)
 
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)

@@ -5,6 +5,8 @@ defaulting to 0.04 trains with the k3 loss unless the run passes another value."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from klaudit.config import Settings
@@ -303,6 +305,51 @@ def test_launches_that_sweep_a_coefficient_between_0_and_1_give_one_verdict(tmp_
 ])
 def test_launches_that_do_not_set_one_value_leave_the_default(tmp_path, launches):
     assert _launched(tmp_path, launches) == []
+
+
+@pytest.mark.parametrize("launch, found", [
+    ("torchrun --nproc_per_node=4 -m rl.train --kl-coef 0.04\n", True),  # the module by its dotted name
+    ("python -m rl.train\n", False),  # left at the default of 0
+    ("cd src && python -m torch.distributed.run rl/train.py --kl-coef 0.04\n", True),  # torch's module, a path
+    ("python -m other.train --kl-coef 0.04\n", False),  # a module the project does not hold: none of its runs
+])
+def test_a_launch_may_run_the_script_by_its_module_name(tmp_path, launch, found):
+    """Corleno/KEPO (fresh93) runs `torchrun ... -m src.gold_multimodal.gold_multimodal --alpha 1.0 ...`: the
+    module's options are set as a path's are."""
+    assert bool(_launched(tmp_path, {"run.sh": launch})) is found
+
+
+@pytest.mark.parametrize("layout, module", [
+    ("pkg/train.py", "pkg.train"), ("pkg/train/__main__.py", "pkg.train"), ("src/pkg/train.py", "pkg.train"),
+    ("src/pkg/train.py", "src.pkg.train"),
+])
+def test_a_module_launch_is_found_as_a_file_a_package_main_or_below_src(tmp_path, layout, module):
+    from klaudit.frameworks.settings import launched_scripts
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / layout).parent.mkdir(parents=True)
+    (tmp_path / layout).write_text("")
+    launcher = tmp_path / "scripts" / "run.sh"
+    launched = list(launched_scripts(str(launcher), f"accelerate launch -m {module} --x 1\n"))
+    assert launched == [(len("accelerate launch "), tmp_path / layout)]
+
+
+def test_a_hydra_entry_takes_no_flags_from_its_launch(tmp_path):
+    """`python -m pkg.main trainer.kl_coef=0.1` sets a Hydra override, not the dataclass field's flag: the entry is
+    no run whose options are its fields' defaults (a coefficient left at 0 there could be set by the override)."""
+    (tmp_path / "pkg").mkdir()
+    entry = "import hydra\nfrom pkg.config import Config\n\n\n@hydra.main(config_path='.')\ndef main(cfg):\n    pass\n"
+    sources = {str(tmp_path / "pkg" / "main.py"): entry,
+               str(tmp_path / "pkg" / "config.py"): "@dataclass\nclass Config:\n    kl_coef: float = 0.0\n"}
+    for path, text in sources.items():
+        Path(path).write_text(text)
+    (tmp_path / "run.sh").write_text("python -m pkg.main trainer.kl_coef=0.1\n")
+    options = option_defaults(sources, [str(tmp_path / "run.sh")])
+    assert options.run_values("kl_coef", str(tmp_path / "pkg" / "config.py")) is None
+    (tmp_path / "pkg" / "main.py").write_text(entry.replace("@hydra.main(config_path='.')\n", ""))
+    sources[str(tmp_path / "pkg" / "main.py")] = entry.replace("@hydra.main(config_path='.')\n", "")
+    options = option_defaults(sources, [str(tmp_path / "run.sh")])
+    assert options.run_values("kl_coef", str(tmp_path / "pkg" / "config.py")) == {"0.0"}
 
 
 def test_a_yaml_section_read_by_its_keys_has_the_value_the_yaml_gives(tmp_path):

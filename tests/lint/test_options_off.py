@@ -251,3 +251,40 @@ def test_an_option_declared_in_a_module_the_launched_script_imports(tmp_path, la
         "src/other.py": "from trainer import Trainer\n", "run.sh": launch}
     codes = _codes(tmp_path, "0", files)
     assert ("KL004" in codes) is k3
+
+
+# Corleno/KEPO (fresh93): the trainer copies the option in __init__ (`self.beta_rl = args.beta_rl`), the project's
+# configuration class gives it 0.0, and no launch of the module that parses it (`torchrun -m src.rl.train`) sets it:
+# the k3 term it scales is 0 in every run. With no launch the option is its users' to set, as a library's is.
+COPIED = """\
+import torch
+
+
+class Trainer:
+    def __init__(self, model, args):
+        self.model = model
+        self.beta_rl = args.beta_rl
+
+    def loss(self, logps, ref_logps, advantages, mask):
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        per_token = -(torch.exp(logps - logps.detach()) * advantages.unsqueeze(1) - self.beta_rl * kl)
+        return ((per_token * mask).sum(dim=1) / mask.sum(dim=1)).mean()
+"""
+COPIED_CONFIG = "from dataclasses import dataclass\n\n\n@dataclass\nclass Arguments:\n    beta_rl: float = 0.0 \n"
+COPIED_ENTRY = ("from transformers import HfArgumentParser\n\nfrom .config import Arguments\nfrom .trainer import Trainer\n\n"
+                "args = HfArgumentParser(Arguments).parse_args_into_dataclasses()[0]\nTrainer(None, args)\n")
+
+
+@pytest.mark.parametrize("launch, off", [
+    ("torchrun --nproc_per_node=4 -m src.rl.train --lr 1e-6\n", True),
+    ("torchrun --nproc_per_node=4 -m src.rl.train --beta_rl 0.01\n", False),  # a run that trains the term
+    (None, False),  # no launch: the users' choice
+])
+def test_a_coefficient_copied_from_an_option_no_launch_sets_trains_nothing(tmp_path, launch, off):
+    files = {"src/rl/trainer.py": COPIED, "src/rl/config.py": COPIED_CONFIG, "src/rl/train.py": COPIED_ENTRY,
+             "src/rl/__init__.py": ""} | ({"scripts/run.sh": launch} if launch else {})
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    codes = {f.code for f in lint_paths([str(tmp_path)], jobs=1).findings}
+    assert ("KL002" not in codes) is off, codes
