@@ -276,6 +276,8 @@ class CallFlow(FlowState):
         receiver_name = dotted(base_node)
         if receiver_name in roles.ARRAY_MODULES:
             return None
+        if method == "generate" and _GENERATION_OUTPUTS & keywords.keys():
+            return _generation_output()
         if method == "remote":  # a Ray task or actor method: the function, called with these arguments
             return self.call_target(base_node, node)
         if method in ("get", "pop") and positional and isinstance(positional[0], cst.SimpleString) \
@@ -402,6 +404,18 @@ def _per_token_loss_of_a_model(node: cst.Call) -> bool:
                    None)
     positional = [arg for arg in node.args if arg.keyword is None and not arg.star]
     return isinstance(keyword, cst.SimpleString) and string_value(keyword) == "none" and len(positional) >= 2
+
+
+# keywords only Hugging Face's `generate` takes: its output then holds the sampling step's logits
+_GENERATION_OUTPUTS = frozenset({"return_dict_in_generate", "output_scores", "output_logits"})
+
+
+def _generation_output() -> tuple:
+    """`model.generate(..., return_dict_in_generate=True, output_scores=True)`: a record whose `scores` and `logits`
+    are the logits each step sampled from, without gradient (Hugging Face's generate runs under no_grad), so
+    log-probs read from them train nothing; its `sequences` are token ids."""
+    logits = tensor(Poly.atom(Atom(alg.LOGITS, False)))
+    return (Fact(role="dict", items=(("scores", (logits,)), ("logits", (logits,)), ("sequences", ()))),)
 
 
 def _logprobs_of_a_model(func: cst.BaseExpression, no_grad: bool, stmt: cst.CSTNode | None) -> tuple:

@@ -104,6 +104,8 @@ class ExpressionFlow(FlowState):
         if attr in ("T", "mT"):
             return self.expr(node.value)
         if attr == "logits":  # a model's output: the reference's when the model is named so (ref_model(...).logits)
+            if type(node.value) is cst.Name and (entries := entry_of(self.expr(node.value), attr)):
+                return entries  # a record's field: generate's output (klaudit.lint.calls)
             if roles.is_scoring_model(dotted(node.value)):
                 return ()  # a reward model's or a critic's score
             if roles.is_reference_model(dotted(node.value)):
