@@ -43,11 +43,11 @@ VERDICTS = ("tp", "fp", "miss", "ok")
 FILE_LEVEL_CODES = ("KL000", "KL099")
 # A finding on a framework flag (klaudit.frameworks) names the framework and its version in brackets
 # (EasyR1's config, slime's or its fork miles's command line and ROLL's config, whose releases klaudit does not tell
-# apart, and TRL's PPOConfig, whose keyword names its API: the name alone);
+# apart, and TRL's and trlx's PPOConfig, whose keywords name the API: the name alone);
 # flag sites are scored apart from KL code sites ("kind": "flag" in the review).
 # The parenthesis after the version says where it was read, and may hold one more (a git pin's advice).
 FLAG_MESSAGE = re.compile(r"\[(?:(?:verl|trl|openrlhf|tunix|NeMo-RL|easydel) [\d.]+(?: \((?:[^()]|\([^()]*\))*\))?"
-                          r"|NeMo-RL \((?:[^()]|\([^()]*\))*\)|EasyR1|TRL PPO|slime|miles|ROLL|ms-swift): ")
+                          r"|NeMo-RL \((?:[^()]|\([^()]*\))*\)|EasyR1|TRL PPO|trlx PPO|slime|miles|ROLL|ms-swift): ")
 # Outcome of a compared item -> (counter it adds to, whether it fails the check).
 OUTCOMES = {
     "tp": ("tp", False),

@@ -39,6 +39,7 @@ from klaudit.frameworks import (
     trl,
     trl_ppo,
     trl_runs,
+    trlx,
     tunix,
     unsloth,
     verl,
@@ -405,6 +406,15 @@ def _in_package(path: str, module: str, context: Context) -> bool:
     """Whether the file at `path` lies in the package of the framework copy holding `module` (`verl/` of the copy)."""
     copy = copy_holding(path, module, context.roots)
     return copy is not None and Path(path).resolve().is_relative_to(copy[1] / Path(module).parts[0])
+
+
+def _in_carried_copy(path: str, module: str, folders: Collection[str], context: Context) -> bool:
+    """Whether the file at `path` lies in one of `folders` (`examples/`) of a framework's copy that holds `module`
+    inside the linted project, not the linted root itself: upstream's launches, which the project does not run."""
+    copy = copy_holding(path, module, context.roots)
+    file = Path(path).resolve()
+    return (copy is not None and str(copy[1]) not in context.roots and file.is_relative_to(copy[1])
+            and file.relative_to(copy[1]).parts[0] in folders)
 
 
 def _upstream_launch(path: str, module: str, context: Context) -> bool:
@@ -1030,7 +1040,9 @@ def _trl_ppo_launch(path: str, text: str, launch: re.Match, context: Context) ->
     settings = cli_flags(only_command(text, launch.start()), {key: key for key in trl_ppo.KEYS})
     if not settings:
         return []
-    judged = trl_ppo.judge(settings, _setting_at(text, launch), release_api=trl_ppo.api_of(context.release("trl", path)))
+    release = context.release("trl", path)
+    judged = trl_ppo.judge(settings, _setting_at(text, launch), release_api=trl_ppo.api_of(release),
+                           first_defaults=trl_ppo.first_defaults(release))
     return [] if judged is None else _findings(path, judged, trl_ppo.NAME, trl_ppo.fix)
 
 
@@ -1324,7 +1336,8 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     context = context or Context()
     found = (_trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
              + _easydel_python(path, module, source, context)
-             + _trl_ppo_python(path, module, source, context) + _verl_python(path, source, context))
+             + _trl_ppo_python(path, module, source, context) + _trlx_python(path, module, source, context)
+             + _verl_python(path, source, context))
     unique = {(f.line, f.column, f.code): f for f in reversed(found)}  # two calls of one dict: one report
     return [f for f in found if unique[(f.line, f.column, f.code)] is f]
 
@@ -1457,11 +1470,27 @@ def _trl_ppo_python(path: str, module: cst.Module | None, source: str, context: 
     found: list[Finding] = []
     release_api, trainer_api = trl_ppo.api_of(release), trl_ppo.trainer_api(source)
     for _, call in _calls_of("trl", trl_ppo.CLASSES, trl_ppo.KEYS, path, module, source, context):
-        judged = trl_ppo.judge(call.settings, call.where, release_api=release_api, trainer_api=trainer_api)
+        judged = trl_ppo.judge(call.settings, call.where, release_api=release_api, trainer_api=trainer_api,
+                               first_defaults=trl_ppo.first_defaults(release))
         if judged is not None:
             fixer = _Fixer(source, "python", trl_ppo.flag_fixes(call.settings), trl_ppo.NO_FLAG_FIX)
             found += _findings(path, judged, trl_ppo.NAME, trl_ppo.fix, fixer)
     return found or _trl_ppo_command_line(path, source, context)
+
+
+def _trlx_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
+    """trlx's PPOConfig built in a Python module, with the module's one TrainConfig: the KL reward reused over
+    several optimizer steps, or a loss averaged over one response at a time (klaudit.frameworks.trlx)."""
+    if "trlx" not in source or trlx.METHOD not in source or _in_carried_copy(path, trlx.TRAINER, trlx.UPSTREAM_FOLDERS,
+                                                                              context):
+        return []
+    trains = _calls_of("trlx", (trlx.TRAIN,), trlx.TRAIN_KEYS, path, module, source, context)
+    train = trains[0][1].settings if len(trains) == 1 else {}
+    found: list[Finding] = []
+    for _, call in _calls_of("trlx", (trlx.METHOD,), trlx.METHOD_KEYS, path, module, source, context):
+        judged = trlx.judge(call.settings, train, call.where)
+        found += [] if judged is None else _findings(path, judged, trlx.NAME, trlx.fix)
+    return found
 
 
 # TRL's PPO example and its copies: PPOConfig parsed from the command line, a PPOTrainer built from it

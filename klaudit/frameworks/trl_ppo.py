@@ -14,14 +14,15 @@ The keywords a configuration sets name the API it targets (the first PPOConfig's
 
 A configuration that sets neither keeps k1, which is right on fresh samples. Both APIs train one batch of
 rollouts over several optimizer steps: `ppo_epochs` (default 4) x `batch_size` (128) over `mini_batch_size`
-(128) x `gradient_accumulation_steps` (1) before 0.12, `num_ppo_epochs` (default 4) x `num_mini_batches` (1)
-since. The KL reward, computed once per batch, then meets only the PPO token ratio on the later steps (row 23,
-KL008), whatever the estimator; one step per batch is on-policy. Every epoch takes a step at least, so epochs
+(128) x `gradient_accumulation_steps` (1) before 0.12 (256 over 1 up to 0.7.10, where the project names such a
+release), `num_ppo_epochs` (default 4) x `num_mini_batches` (1) since. The KL reward, computed once per batch,
+then meets only the PPO token ratio on the later steps (row 23, KL008), whatever the estimator; one step per batch
+is on-policy. Every epoch takes a step at least, so epochs
 the lint reads bound the steps from below when a batch count is computed (LLaMA-Factory's
 `batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it cannot read decide nothing.
 The policy loss is a token mean over each backward pass's responses; a pass of one response
-(`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12) divides it by that response's length
-(row 21, KL007). A call that sets fields of both APIs (`output_dir` beside `init_kl_coef`) raises a TypeError under
+(`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12, its default up to 0.7.10) divides it by that
+response's length (row 21, KL007). A call that sets fields of both APIs (`output_dir` beside `init_kl_coef`) raises a TypeError under
 every release and trains nothing; so does a call setting the rewritten API's fields (`kl_coef`) in a module that
 drives the first PPOTrainer (`ppo_trainer.step(...)`), and the other way round. A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
 the defaults: the finding is reported at its `PPOTrainer(...)` call.
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, shown
-from klaudit.frameworks.versions import Assumed, at_least
+from klaudit.frameworks.versions import Assumed, at_least, names_at_least
 
 NAME = "TRL PPO"
 CLASSES = ("PPOConfig",)
@@ -42,6 +43,8 @@ LEGACY, ESTIMATOR = "kl_penalty", "kl_estimator"
 COEFFICIENTS = {LEGACY: "init_kl_coef", ESTIMATOR: "kl_coef"}
 # how many optimizer steps one batch of rollouts feeds, by API (`_steps`), with the defaults of each
 LEGACY_STEPS = {"ppo_epochs": "4", "batch_size": "128", "mini_batch_size": "128"}
+# the first PPOTrainer's defaults up to 0.7.10: 256 rollouts a batch, optimized one response at a time
+EARLY_STEPS, EARLY_UNTIL = {"ppo_epochs": "4", "batch_size": "256", "mini_batch_size": "1"}, "0.7.11"
 ACCUMULATION = "gradient_accumulation_steps"  # the legacy update batch is mini_batch_size x this
 STEPS = {"num_ppo_epochs": "4", "num_mini_batches": "1"}
 # the responses of one backward pass, whose tokens the policy loss averages (`masked_mean` over the micro-batch):
@@ -84,12 +87,13 @@ COMMAND_LINE = "PPOConfig from the command line, at its defaults (num_ppo_epochs
 
 def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = None,
           defaults: str = "the defaults", release_api: str | None = None,
-          trainer_api: str | None = None) -> Judged | None:
+          trainer_api: str | None = None, first_defaults: Mapping[str, str] = LEGACY_STEPS) -> Judged | None:
     """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable;
     `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
     the command line by a script written for the rewritten PPOTrainer); `release_api`: the API of the TRL release
     the project states (`api_of`), for a call that names no key of either; `defaults`: how the finding names the
-    configuration where it sets no key; `trainer_api`: the API of the PPOTrainer the module drives (`trainer_api`).
+    configuration where it sets no key; `trainer_api`: the API of the PPOTrainer the module drives (`trainer_api`);
+    `first_defaults`: the first API's step counts in the release the project states (`first_defaults`).
     A call no release accepts (`_FIRST_ONLY` and `_REWRITTEN_ONLY` keys together), or none that also has the
     module's PPOTrainer, builds nothing."""
     if any(key in settings for key in _FIRST_ONLY) and any(key in settings for key in _REWRITTEN_ONLY):
@@ -106,9 +110,10 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     estimator = ESTIMATORS[api].get(value or "")
     if estimator is None or (coefficient is not None and number(coefficient.value or "") == 0.0):
         return None
-    steps, at_least = _steps(settings, api)
+    steps, at_least = _steps(settings, api, first_defaults)
     micro = settings.get(MICRO_BATCH[api])  # a 1 at the call, or the default of the option it is set to
-    per_response = micro is not None and number(micro.value or "") == 1
+    per_response = number(micro.value or "") == 1 if micro is not None else (
+        api == LEGACY and first_defaults["mini_batch_size"] == "1")  # the release's default of one response
     config = Config(reward=estimator, returns=Returns.TO_GO, sampling=Sampling.TOKEN_IS if steps > 1 else
                     Sampling.ON_POLICY, aggregation=Aggregation.SEQ_MEAN if per_response else Aggregation.SUM)
     if estimator is Estimator.K1 and steps <= 1 and not per_response:
@@ -122,7 +127,8 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     if steps > 1:
         flags += f", {'at least ' if at_least else ''}{steps:g} optimizer steps per batch"
     if per_response:
-        flags += f", {MICRO_BATCH[api]}=1 (the policy loss's token mean over one response)"
+        default = "" if micro is not None else f" by default before TRL {EARLY_UNTIL}"
+        flags += f", {MICRO_BATCH[api]}=1{default} (the policy loss's token mean over one response)"
     epoch_keys = ("ppo_epochs", "num_ppo_epochs")
     one_epoch = {name for name in epoch_keys if name in settings
                  and number(settings[name].value or "") == 1}
@@ -131,8 +137,8 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     anchor = settings[key] if key is not None else where
     anchors = {"KL004": anchor, "KL008": stale_by}  # the fixer edits the anchors named
     helps = {}
-    if micro is not None and per_response:
-        anchors["KL007"] = micro
+    if per_response:
+        anchors["KL007"] = micro or where
         helps["KL007"] = more_responses_per_micro_batch(MICRO_BATCH[api])
     return Judged(config, anchor, flags, anchors, helps)
 
@@ -163,10 +169,16 @@ def api_of(release: Assumed) -> str | None:
     the code's age."""
     if not release.stated:
         return None
-    return ESTIMATOR if at_least(release, "0.12") else LEGACY
+    return ESTIMATOR if names_at_least(release, "0.12") else LEGACY
 
 
-def _steps(settings: Mapping[str, Setting], api: str) -> tuple[float, bool]:
+def first_defaults(release: Assumed) -> Mapping[str, str]:
+    """The first PPOTrainer's step counts by default in `release`: 4 epochs of 256 rollouts one response at a time
+    up to 0.7.10 (where the project states such a release), 4 epochs of one mini-batch of 128 after."""
+    return EARLY_STEPS if release.stated and not names_at_least(release, EARLY_UNTIL) else LEGACY_STEPS
+
+
+def _steps(settings: Mapping[str, Setting], api: str, defaults: Mapping[str, str]) -> tuple[float, bool]:
     """Optimizer steps per batch of rollouts, and whether that is a lower bound: epochs x mini-batches from
     TRL 0.12, epochs x batch_size over mini_batch_size x gradient_accumulation_steps before (4 epochs of one
     mini-batch by default in both). Each epoch takes at least one step, so where the epochs are read but a
@@ -178,7 +190,7 @@ def _steps(settings: Mapping[str, Setting], api: str) -> tuple[float, bool]:
             return 1.0, False
         return (epochs * batches, False) if batches is not None else (epochs, True)
     epochs, batch, mini, accumulation = (_count(settings, key, default)
-                                         for key, default in {**LEGACY_STEPS, ACCUMULATION: "1"}.items())
+                                         for key, default in {**defaults, ACCUMULATION: "1"}.items())
     if epochs is None:
         return 1.0, False
     if batch is None or not mini or not accumulation:

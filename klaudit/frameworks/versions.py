@@ -52,7 +52,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from klaudit.frameworks.dated import last_committed, newest_published
@@ -114,6 +114,9 @@ class Assumed:
     guessed: bool = False  # the default, assumed where the code names no release (a git commit)
     earlier: str | None = None  # a development state after this release of KNOWN: both are judged
     older: bool = False  # the code names a release older than every one of KNOWN (judged as the oldest)
+    # the release as the code names it (`0.7.4` for trl==0.7.4, judged as 0.14), where read: not part of which
+    # release the flags are judged by, so not compared
+    named: str = field(default="", compare=False)
     # an unpinned dependency's release of the day its file was last committed, where it is not this one: judged
     # too, and named in the findings it changes (its source says which release and why)
     then: Assumed | None = None
@@ -155,9 +158,15 @@ def at_least(assumed: Assumed, version: str) -> bool:
     return release(assumed.version) >= release(version)
 
 
+def names_at_least(assumed: Assumed, version: str) -> bool:
+    """Whether the release the code names is `version` or later, for a threshold below the oldest known release
+    (a pin older than every known one is judged by the oldest's flags, but its own defaults may be older still)."""
+    return release(assumed.named or assumed.version) >= release(version)
+
+
 def _assumed_from(name: str, version: str, source: str) -> Assumed:
     """The release a version stated in `source` is judged as, marked when it is older than every known one."""
-    return Assumed(release_line(name, version), source, older=release(version) < release(KNOWN[name][0]))
+    return Assumed(release_line(name, version), source, older=release(version) < release(KNOWN[name][0]), named=version)
 
 
 def release_line(name: str, version: str) -> str:
@@ -313,7 +322,7 @@ def _at_commit(name: str, commit: str, where: str) -> Assumed:
     if _MINOR_DEVELOPMENT.match(version) and before and release(known) == release(version):
         return Assumed(known, f"{stated}, between {before[-1]} and {known}: what both agree on", earlier=before[-1])
     # a release's own commit, a patch release's development, after the latest known, or before the oldest known
-    return Assumed(known, stated, older=release(version) < release(KNOWN[name][0]))
+    return Assumed(known, stated, older=release(version) < release(KNOWN[name][0]), named=version)
 
 
 @functools.cache

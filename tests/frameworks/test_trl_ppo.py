@@ -269,3 +269,28 @@ def test_a_mini_batch_of_one_from_an_option_default_is_a_per_response_mean(tmp_p
     found = _findings(tmp_path, ONE_RESPONSE_BY_DEFAULT)
     assert sorted(f.code for f in found) == expected
     assert all(f.line == 7 for f in found)
+
+
+@pytest.mark.parametrize("pin, call, expected", [
+    # XanderJC/attention-based-credit (fresh94) pins trl==0.7.4, whose PPOConfig optimizes one response at a time
+    # (mini_batch_size=1) by default: the loss is each response's token mean (row 21) over 4 x 16 steps (row 23)
+    ("trl==0.7.4", "PPOConfig(ppo_epochs=4, batch_size=16)", [("KL007", "64 optimizer steps"), ("KL008", "64")]),
+    ("trl==0.7.11", "PPOConfig(ppo_epochs=4, batch_size=16)", [("KL008", "4 optimizer steps")]),  # 128 a mini-batch
+    ("trl==0.7.4", "PPOConfig(ppo_epochs=4, batch_size=16, mini_batch_size=16)", [("KL008", "4 optimizer steps")]),
+    ("", "PPOConfig(ppo_epochs=4, batch_size=16)", [("KL008", "4 optimizer steps")]),  # no release named
+])
+def test_the_first_ppo_configs_defaults_follow_the_release_the_project_names(tmp_path, pin, call, expected):
+    (tmp_path / "requirements.txt").write_text(f"torch\n{pin}\n")
+    found = _findings(tmp_path, f"from trl import PPOConfig\n\nconfig = {call}\n")
+    assert [(f.code, words) for f in found for code, words in expected
+            if f.code == code and words in f.message] == expected, [f.message for f in found]
+    assert len(found) == len(expected)
+
+
+def test_a_pin_older_than_every_known_trl_release_targets_the_first_api():
+    """trl==0.7.4 is judged by the oldest release klaudit knows, but a PPOConfig that names no key of either API is
+    the first PPOTrainer's there: the rewritten one came in 0.12."""
+    from klaudit.frameworks.trl_ppo import LEGACY, api_of
+    from klaudit.frameworks.versions import Assumed
+
+    assert api_of(Assumed("0.14", "0.7.4 in requirements.txt", older=True, named="0.7.4")) == LEGACY
