@@ -372,12 +372,13 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
               overridden: Collection[str], run: set[str]) -> dict[str, dict[str, list[Default]]]:
     """The values the shell scripts `launchers` give, on each command line that runs a script of the project
     (by its path or its module's name, klaudit.frameworks.settings.launched_scripts) other than a Hydra entry
-    (`overridden`: resolved paths; its runs set `key=value` overrides, read elsewhere), the options that script declares
-    (`declared`: its resolved path -> the flags, `kl-coef` as written) or the project's dataclasses do (`fields`,
-    parsed by whichever script), by option name (`kl_coef`) and the script's resolved path. A dataclass field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set
-    elsewhere) is kept as UNREAD: the field's default is then not what the launch trains with. A script's own
-    option set so is left out, as before: its default stands for the runs of a sweep (`--beta "$b"`). The scripts
-    launched, with options or not, are added to `run`."""
+    (`overridden`: resolved paths; its runs set `key=value` overrides, read elsewhere), the options that script
+    declares (`declared`: its resolved path -> the flags, `kl-coef` as written) or the project's dataclasses do
+    (`fields`, parsed by whichever script), by option name (`kl_coef`) and the script's resolved path. A dataclass
+    field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set elsewhere) is kept as UNREAD:
+    the field's default is then not what the launch trains with. A script's own option set so is left out, as
+    before: its default stands for the runs of a sweep (`--beta "$b"`). The scripts launched, with options or not,
+    are added to `run`."""
     found: dict[str, dict[str, list[Default]]] = {}
     for launcher in launchers:
         try:

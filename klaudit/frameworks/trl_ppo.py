@@ -17,13 +17,12 @@ rollouts over several optimizer steps: `ppo_epochs` (default 4) x `batch_size` (
 (128) x `gradient_accumulation_steps` (1) before 0.12 (256 over 1 up to 0.7.10, where the project names such a
 release), `num_ppo_epochs` (default 4) x `num_mini_batches` (1) since. The KL reward, computed once per batch,
 then meets only the PPO token ratio on the later steps (row 23, KL008), whatever the estimator; one step per batch
-is on-policy. Every epoch takes a step at least, so epochs
-the lint reads bound the steps from below when a batch count is computed (LLaMA-Factory's
-`batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it cannot read decide nothing.
-The policy loss is a token mean over each backward pass's responses; a pass of one response
-(`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12, its default up to 0.7.10) divides it by that
-response's length (row 21, KL007). A call that sets fields of both APIs (`output_dir` beside `init_kl_coef`) raises a TypeError under
-every release and trains nothing; so does a call setting the rewritten API's fields (`kl_coef`) in a module that
+is on-policy. Every epoch takes a step at least, so epochs the lint reads bound the steps from below when a batch
+count is computed (LLaMA-Factory's `batch_size=backward_batch_size * finetuning_args.ppo_buffer_size`); epochs it
+cannot read decide nothing. The policy loss is a token mean over each backward pass's responses; a pass of one
+response (`per_device_train_batch_size=1`, `mini_batch_size=1` before 0.12, its default up to 0.7.10) divides it
+by that response's length (row 21, KL007). A call that sets fields of both APIs (`output_dir` beside
+`init_kl_coef`) raises a TypeError under every release and trains nothing; so does a call setting the rewritten API's fields (`kl_coef`) in a module that
 drives the first PPOTrainer (`ppo_trainer.step(...)`), and the other way round. A script that reads PPOConfig from its command line, run with no flags by any launch of the project, trains at
 the defaults: the finding is reported at its `PPOTrainer(...)` call.
 """

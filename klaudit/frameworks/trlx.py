@@ -4,9 +4,9 @@ each step's loss averages.
 trlx's AcceleratePPOTrainer subtracts `kl_ctl.value * (logprobs - ref_logprobs)` from each token's reward, k1
 before GAE (row 6: right on fresh samples), with `method.init_kl_coef` its coefficient (0 adds none). Its `learn`
 loop walks the store of `method.num_rollouts` rollouts `method.ppo_epochs` times in batches of `train.batch_size`,
-one optimizer step a batch, before `post_epoch_callback` collects new ones: ppo_epochs x num_rollouts / batch_size
-steps per collection, all but the first on samples of an older policy, which only PPO's token ratio corrects
-(row 23, KL008). Each backward pass averages the loss over the tokens of a micro-batch of `train.minibatch_size`
+one optimizer step a batch (the last one short), before `post_epoch_callback` collects new ones: ppo_epochs x
+ceil(num_rollouts / batch_size) steps per collection, all but the first on samples of an older policy, which only
+PPO's token ratio corrects (row 23, KL008). Each backward pass averages the loss over the tokens of a micro-batch of `train.minibatch_size`
 responses (the batch where unset): a micro-batch of one response divides it by that response's length (row 21,
 KL007).
 
