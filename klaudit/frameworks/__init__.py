@@ -145,6 +145,7 @@ class Context:
     trl_sections: frozenset[str] = frozenset()  # YAML sections the linted code builds TRL's GRPOConfig from
     own_trainers: frozenset[str] = frozenset()  # trainer classes of the project's own, deriving from none of TRL's
     grpo_trainers: frozenset[str] = frozenset()  # the project's classes deriving from TRL's GRPOTrainer
+    trlx_methods: frozenset[str] = frozenset()  # the project's classes deriving from trlx's PPOConfig
     # every beta and num_iterations the project's TRL GRPO configurations give (klaudit.frameworks.trl_runs); None:
     # it builds none
     grpo_runs: trl_runs.Runs | None = None
@@ -245,6 +246,8 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                                       environment=environment_files(context.roots)),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
                       grpo_trainers=trl_subclasses(everything, "GRPOTrainer"),
+                      trlx_methods=trl_subclasses(everything, trlx.METHOD, "trlx") if any(
+                          "trlx" in text for text in everything.values()) else frozenset(),
                       after_unsloth=unsloth.imported_after_unsloth(everything))
     scripts = {path: text for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
@@ -1487,7 +1490,10 @@ def _trlx_python(path: str, module: cst.Module | None, source: str, context: Con
     trains = _calls_of("trlx", (trlx.TRAIN,), trlx.TRAIN_KEYS, path, module, source, context)
     train = trains[0][1].settings if len(trains) == 1 else {}
     found: list[Finding] = []
-    for _, call in _calls_of("trlx", (trlx.METHOD,), trlx.METHOD_KEYS, path, module, source, context):
+    calls = [call for _, call in _calls_of("trlx", (trlx.METHOD,), trlx.METHOD_KEYS, path, module, source, context)]
+    subclasses = {name for name in context.trlx_methods if name in source}  # `RedteamPPOConfig(...)`, the project's
+    calls += read_configs(source, subclasses, trlx.METHOD_KEYS, path, module, context.options)[0] if subclasses else []
+    for call in calls:
         judged = trlx.judge(call.settings, train, call.where)
         found += [] if judged is None else _findings(path, judged, trlx.NAME, trlx.fix)
     return found

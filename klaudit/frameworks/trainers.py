@@ -47,20 +47,21 @@ def own_trainers(sources: Mapping[str, str]) -> frozenset[str]:
     return frozenset(own)
 
 
-def trl_subclasses(sources: Mapping[str, str], base: str) -> frozenset[str]:
-    """The names of the classes the linted code defines (outside a `trl` package) that derive from TRL's `base`
-    (`class CustomGRPOTrainer(GRPOTrainer)` in a module that imports it from `trl`), directly or through one
-    another."""
-    headers: list[tuple[str, set[str]]] = []  # (name, bases by their last name), TRL's base written as `trl.`
+def trl_subclasses(sources: Mapping[str, str], base: str, package: str = "trl") -> frozenset[str]:
+    """The names of the classes the linted code defines (outside a `package` folder, TRL's by default) that derive
+    from the package's `base` (`class CustomGRPOTrainer(GRPOTrainer)` in a module that imports it from `trl`;
+    `class RedteamPPOConfig(PPOConfig)` of trlx's), directly or through one another."""
+    headers: list[tuple[str, set[str]]] = []  # (name, bases by their last name), the package's base as `<package>.`
+    own = f"{package}."
     for path, text in sources.items():
-        if base not in text or "trl" in Path(path).parts[:-1]:
+        if base not in text or package in Path(path).parts[:-1]:
             continue
-        from_trl = {local for local, (top, name) in imported_names(text).items() if top == "trl" and name == base}
+        imported = {local for local, (top, name) in imported_names(text).items() if top == package and name == base}
         for name, bases in CLASS_HEADER.findall(text):
             written = [entry.split("=")[0].strip() for entry in bases.split(",") if entry.strip()]
-            headers.append((name, {"trl." if entry == f"trl.{base}" or entry in from_trl else entry.rsplit(".", 1)[-1]
+            headers.append((name, {own if entry == f"{own}{base}" or entry in imported else entry.rsplit(".", 1)[-1]
                                    for entry in written}))
-    found = {"trl."}
+    found = {own}
     grown = True
     while grown:
         grown = False
@@ -68,7 +69,7 @@ def trl_subclasses(sources: Mapping[str, str], base: str) -> frozenset[str]:
             if name not in found and bases & found:
                 found.add(name)
                 grown = True
-    return frozenset(found - {"trl."})
+    return frozenset(found - {own})
 
 
 def trains_with_own_trainers(source: str, own: frozenset[str]) -> bool:

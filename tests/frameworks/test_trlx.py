@@ -76,3 +76,18 @@ def test_a_copy_of_trlx_carried_in_a_project_keeps_its_examples_to_itself(tmp_pa
     assert _found(tmp_path, "batch_size=4", method, name="custom_trlx/examples/ppo_hh.py") == []
     assert [f[:3] for f in _found(tmp_path, "batch_size=4", method, name="ppo_redteam.py")] == [
         ("ppo_redteam.py", 9, "KL008")]
+
+
+def test_a_projects_subclass_of_trlxs_ppo_config_is_read_as_it(tmp_path):
+    """curiosity_redteam's scripts build `RedteamPPOConfig(...)`, a class of its trainer module deriving from trlx's
+    PPOConfig: 4 epochs over 128 rollouts in batches of 64 are 8 steps per collection (KL008). The same class name
+    deriving from nothing of trlx's is no trlx configuration."""
+    trainer = "from trlx.models.modeling_ppo import PPOConfig\n\n\nclass RedteamPPOConfig(PPOConfig):\n    bonus: float = 1.0\n"
+    script = SCRIPT.replace("from trlx.models.modeling_ppo import PPOConfig", "from redteam import RedteamPPOConfig")
+    script = script.replace("method=PPOConfig(", "method=RedteamPPOConfig(")
+    (tmp_path / "redteam.py").write_text(trainer)
+    (tmp_path / "train.py").write_text(script.format(train="batch_size=64", method="num_rollouts=128, ppo_epochs=4,"))
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.line, f.code) for f in found] == [(9, "KL008")] and "8 optimizer steps" in found[0].message
+    (tmp_path / "redteam.py").write_text(trainer.replace("from trlx.models.modeling_ppo import PPOConfig", "PPOConfig = object"))
+    assert lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings == []
