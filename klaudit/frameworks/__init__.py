@@ -72,10 +72,10 @@ from klaudit.frameworks.sourcing import sourced_files
 from klaudit.frameworks.trainers import (
     CLASS_HEADER,
     own_trainers,
+    package_subclasses,
     trains_only_refused_grpo_trainers,
     trains_trls_grpo_trainer,
     trains_with_own_trainers,
-    trl_subclasses,
 )
 from klaudit.frameworks.versions import (
     DEFAULT,
@@ -245,9 +245,8 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       options=replace(option_defaults(everything, configs),
                                       environment=environment_files(context.roots)),
                       trl_sections=splatted_sections(sources), own_trainers=own_trainers(sources),
-                      grpo_trainers=trl_subclasses(everything, "GRPOTrainer"),
-                      trlx_methods=trl_subclasses(everything, trlx.METHOD, "trlx") if any(
-                          "trlx" in text for text in everything.values()) else frozenset(),
+                      grpo_trainers=package_subclasses(everything, "trl", "GRPOTrainer"),
+                      trlx_methods=package_subclasses(everything, "trlx", trlx.METHOD),
                       after_unsloth=unsloth.imported_after_unsloth(everything))
     scripts = {path: text for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}

@@ -47,10 +47,10 @@ def own_trainers(sources: Mapping[str, str]) -> frozenset[str]:
     return frozenset(own)
 
 
-def trl_subclasses(sources: Mapping[str, str], base: str, package: str = "trl") -> frozenset[str]:
-    """The names of the classes the linted code defines (outside a `package` folder, TRL's by default) that derive
-    from the package's `base` (`class CustomGRPOTrainer(GRPOTrainer)` in a module that imports it from `trl`;
-    `class RedteamPPOConfig(PPOConfig)` of trlx's), directly or through one another."""
+def package_subclasses(sources: Mapping[str, str], package: str, base: str) -> frozenset[str]:
+    """The names of the classes the linted code defines (outside a `package` folder) that derive from the package's
+    `base` (`class CustomGRPOTrainer(GRPOTrainer)` in a module that imports it from `trl`; `class
+    RedteamPPOConfig(PPOConfig)` of trlx's), directly or through one another."""
     headers: list[tuple[str, set[str]]] = []  # (name, bases by their last name), the package's base as `<package>.`
     own = f"{package}."
     for path, text in sources.items():
