@@ -571,17 +571,44 @@ PYTHON_MODULE = re.compile(r"(?<![\w.-])-m[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*
 def launched_scripts(launcher: str, text: str) -> Iterator[tuple[int, Path]]:
     """(offset of the command, the file) for each Python script of the project the shell script `text` at
     `launcher` runs: by its path (PYTHON_SCRIPT), or by its module's dotted name (`-m pkg.train` as pkg/train.py or
-    pkg/train/__main__.py, also below the src/ folder of a src layout). A module found nowhere in the project
-    (`-m torch.distributed.run`, `-m pip`) is none of its scripts."""
+    pkg/train/__main__.py, also below the src/ folder of a src layout), from the launcher's folder or one above
+    it, or from a folder the script changes to (`cd src/r1-v`), or below a variable naming a folder of the
+    project (`_below_variable`). A module found nowhere in the project (`-m torch.distributed.run`, `-m pip`) is
+    none of its scripts."""
+    entered = [f"{folder}/" for folder in _ENTERED.findall(text)] if "cd" in text else []
     for match in PYTHON_SCRIPT.finditer(text) if ".py" in text else ():
-        if (script := project_path(launcher, match.group(1))) is not None:
+        found = (project_path(launcher, f"{folder}{match.group(1)}") for folder in ("", *entered))
+        if (script := next((path for path in found if path is not None), None)
+                or _below_variable(launcher, text, match)) is not None:
             yield match.start(), script
     for match in PYTHON_MODULE.finditer(text) if "-m" in text else ():
         relative = match.group(1).replace(".", "/")
-        found = (project_path(launcher, f"{folder}{relative}{tail}") for folder in ("", "src/")
+        found = (project_path(launcher, f"{folder}{relative}{tail}") for folder in ("", "src/", *entered)
                  for tail in (".py", "/__main__.py"))
         if (script := next((path for path in found if path is not None), None)) is not None:
             yield match.start(), script
+
+
+# a folder of the project a shell script changes to, written as a relative literal (`cd src/r1-v`, `&& cd verl`)
+_ENTERED = re.compile(r"(?:^|[;&|(])[ \t]*cd[ \t]+[\"']?((?:[\w-][\w.-]*)(?:/[\w-][\w.-]*)*)/?[\"']?[ \t]*(?=$|[;&|)#])",
+                      re.MULTILINE)
+
+
+def _below_variable(launcher: str, text: str, match: re.Match) -> Path | None:
+    """The script of a PYTHON_SCRIPT `match` written below a variable the launcher assigns a path ending in folders
+    of the project (`$code_dir/openrlhf/cli/train.py` after `code_dir=$work_dir/OpenRLHF`, or after
+    `code_dir=/path/to/Project/OpenRLHF`): the script below the longest tail of that path's written folders, after
+    its last variable, that holds it; None where no variable is written or no tail does."""
+    written = re.search(r"\$\{?(\w+)\}?/$", text[match.start():match.start(1)])
+    value = shell_assignment(text, written.group(1)) if written is not None else None
+    if not value:
+        return None
+    parts = value.strip("/").split("/")
+    folders = parts[next((index + 1 for index in range(len(parts) - 1, -1, -1) if "$" in parts[index]), 0):]
+    if any(part in ("", ".", "..") or not re.fullmatch(r"[\w.-]+", part) for part in folders):
+        return None
+    tails = ("/".join([*folders[start:], match.group(1)]) for start in range(len(folders)))
+    return next((script for tail in tails if (script := project_path(launcher, tail)) is not None), None)
 
 
 def project_path(launcher: str, relative: str, folder: bool = False) -> Path | None:

@@ -17,8 +17,9 @@ import ast
 import os
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
-from klaudit.frameworks.settings import PYTHON_SCRIPT, only_command, truthy
+from klaudit.frameworks.settings import PYTHON_SCRIPT, launched_scripts, only_command, truthy
 
 FLAG = "use_vllm"
 _GIVEN = re.compile(rf"--{FLAG}(?:[ \t]*=[ \t]*|[ \t]+)([^\s\\]+)|--{FLAG}(?=\s*(?:\\\s*)?$)", re.MULTILINE)
@@ -69,18 +70,23 @@ def _tests_flag(test: ast.expr) -> bool | None:
 
 
 def _launch_values(script: str, launchers: Mapping[str, str]) -> Iterable[bool | None]:
-    """The flag's value in each command of `launchers` that runs the script at `script` (found by the tail of its
-    path the command writes): the literal given; None where it is computed or left out."""
+    """The flag's value in each command of `launchers` that runs the script at `script` (the file a command runs, as
+    `launched_scripts` finds it, or a tail of its path the command writes): the literal given; None where it is
+    computed or left out."""
     for launcher, text in launchers.items():
-        for match in PYTHON_SCRIPT.finditer(text):
-            if not _names(match.group(1), launcher, script):
-                continue
-            found = list(_GIVEN.finditer(only_command(text, match.start())))
-            if not found:
+        found = {offset for offset, path in launched_scripts(launcher, text) if _same_file(path, script)}
+        found.update(match.start() for match in PYTHON_SCRIPT.finditer(text) if _names(match.group(1), launcher, script))
+        for offset in sorted(found):
+            given = list(_GIVEN.finditer(only_command(text, offset)))
+            if not given:
                 yield None
                 continue
-            word = found[-1].group(1)
+            word = given[-1].group(1)
             yield True if word is None or word.startswith("--") else truthy(word.strip("\"'"))
+
+
+def _same_file(path: Path, script: str) -> bool:
+    return os.path.normpath(path.resolve()) == os.path.normpath(os.path.abspath(script))
 
 
 def _names(written: str, launcher: str, script: str) -> bool:

@@ -334,6 +334,28 @@ def test_a_module_launch_is_found_as_a_file_a_package_main_or_below_src(tmp_path
     assert launched == [(len("accelerate launch "), tmp_path / layout)]
 
 
+@pytest.mark.parametrize("assigned, found", [
+    ("code_dir=$work_dir/OpenRLHF", True),  # the folder below a variable set elsewhere
+    ("code_dir=/path/to/AlignDistil/OpenRLHF", True),  # a placeholder root: its last folders
+    ("code_dir=/opt/elsewhere", False),  # a folder that is not the project's
+    ("code_dir=$(pwd)/..", False),  # computed: nothing written to follow
+    ("", False),  # never assigned
+])
+def test_a_script_below_a_variable_is_found_in_the_folder_it_names(tmp_path, assigned, found):
+    """songmzhang/AlignDistil (fresh90) runs `deepspeed $code_dir/openrlhf/cli/train.py` after
+    `code_dir=$work_dir/OpenRLHF`: the script is OpenRLHF/openrlhf/cli/train.py, whose flags the launch sets."""
+    from klaudit.frameworks.settings import launched_scripts
+
+    (tmp_path / ".git").mkdir()
+    script = tmp_path / "OpenRLHF" / "openrlhf" / "cli" / "train.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    text = f"{assigned}\ndeepspeed --num_gpus 8 $code_dir/openrlhf/cli/train.py --beta 0.1\n"
+    launched = list(launched_scripts(str(tmp_path / "scripts" / "run.sh"), text))
+    assert launched == ([(text.index("deepspeed --num_gpus 8 ") + len("deepspeed --num_gpus 8 "), script)]
+                        if found else [])
+
+
 def test_a_hydra_entry_takes_no_flags_from_its_launch(tmp_path):
     """`python -m pkg.main trainer.kl_coef=0.1` sets a Hydra override, not the dataclass field's flag: the entry is
     no run whose options are its fields' defaults (a coefficient left at 0 there could be set by the override)."""

@@ -138,3 +138,18 @@ def test_a_trainer_picked_by_a_flag_no_launch_gives_is_left_out(tmp_path, flag, 
 def test_a_trainer_some_launch_may_pick_by_the_flag_is_judged(tmp_path, extra):
     _project(tmp_path, CHOSEN_BY_FLAG, extra)
     assert _found(tmp_path) == [("grpo_trainer.py", "KL002"), ("omni_trainer.py", "KL002")]
+
+
+@pytest.mark.parametrize("launch", [
+    "torchrun --nproc_per_node=8 -m grpo --use_vllm true\n",  # the entry run as a module
+    "cd code && torchrun --nproc_per_node=8 grpo.py --use_vllm true\n",  # from the folder the launch changes to
+    "cd code\ntorchrun --nproc_per_node=8 -m grpo --use_vllm true\n",
+])
+def test_a_launch_by_module_or_from_another_folder_picks_by_the_flag_too(tmp_path, launch):
+    """Corleno/KEPO (fresh93) runs `cd src/r1-v` and then `torchrun ... -m src.open_r1.grpo_vqa_nothink`: the
+    launches of the entry are found as `klaudit.frameworks.settings.launched_scripts` finds them."""
+    (tmp_path / "code").mkdir()
+    _project(tmp_path / "code", CHOSEN_BY_FLAG)
+    folder = tmp_path if launch.startswith("cd") else tmp_path / "code"
+    (folder / "run.sh").write_text(launch)
+    assert _found(tmp_path) == [("omni_trainer.py", "KL002")]
