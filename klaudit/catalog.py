@@ -474,6 +474,11 @@ CLAMPED = _row("KL010", "clamped KL estimate", None, Objective.OTHER,
                "of one sign for a clamp at 0), so the expected gradient is no longer grad KL(pi || ref) there",
                FIX_UNCLAMPED)
 
+# The rules whose defect holds on any sequences, the policy's samples or a dataset's fixed ones: a clamp flattens
+# the term's gradient where it cuts, and a bonus pushes away from the reference whatever the tokens.
+SAMPLE_FREE_RULES = frozenset({CLAMPED.rule, _GENERIC_SIGN.rule})
+
+
 def without_gradient(config: Config) -> bool:
     """A detached estimate added to the loss as it is, and nothing differentiated beside it (row 1c)."""
     return config.loss is None and config.reward is not None and config.returns is Returns.NOWHERE

@@ -21,6 +21,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from klaudit.catalog import (
+    SAMPLE_FREE_RULES,
     Aggregation,
     Config,
     Estimator,
@@ -57,7 +58,13 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import dotted, is_test, last_name, only_evaluated, python_ast, statement_nodes, walk
-from klaudit.lint.teacher_forcing import FunctionIndex, speaks_of_a_teacher, teacher_forced, trains_on_rewards
+from klaudit.lint.teacher_forcing import (
+    FunctionIndex,
+    on_preference_pairs,
+    speaks_of_a_teacher,
+    teacher_forced,
+    trains_on_rewards,
+)
 
 _ANALYZERS: weakref.WeakKeyDictionary[Project, Analyzer] = weakref.WeakKeyDictionary()
 
@@ -111,8 +118,14 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
                 undecided.append((fact, sink, FORWARD_DISTILLATION))
             elif Estimator.FULL_FORWARD in (config.loss, config.reward) and not trains_on_rewards(func):
                 undecided.append((fact, sink, SUPERVISED_FORWARD))
+            elif ((rows := defects(config, fact.clamped)) and config.reward is None
+                  and on_preference_pairs(func, fact.origin, owners, source)):
+                if kept := tuple(row for row in rows if row.rule in SAMPLE_FREE_RULES):
+                    candidates.append(_Candidate(config, kept, fact, sink, index))
+                else:
+                    undecided.append((fact, sink, PREFERENCE_PAIRS))
             else:
-                candidates.append(_Candidate(config, defects(config, fact.clamped), fact, sink, index))
+                candidates.append(_Candidate(config, rows, fact, sink, index))
         undecided.extend((fact, None, UNFOLLOWED) for fact in outcome.unexplained)
         if not found:  # a function with a decided term may combine it with others: that sum is no new term
             undecided.extend((fact, sink, f"it reaches {_a(sink.kind)} in a form that no catalog estimator matches")
@@ -778,6 +791,11 @@ UNFOLLOWED = "it reaches no loss, reward, advantage, return or metric that the a
 TEACHER_FORCED = ("an exact KL over the vocabulary as a loss at the positions of the labels, in a module that "
                   "samples nothing: on a dataset's sequences (teacher forcing) its per-position gradient is the "
                   "whole gradient; on the policy's own samples it lacks the later tokens' term (KL003)")
+
+
+PREFERENCE_PAIRS = ("a KL loss over the chosen and rejected responses of a preference dataset, in a module that "
+                    "generates nothing: on fixed sequences it regularizes the data's log-ratios, and the verdicts "
+                    "about the policy's own samples (placement, later tokens, length weights) do not apply")
 
 
 FORWARD_DISTILLATION = ("the exact forward KL(teacher || student) to a distillation teacher: a distillation objective of "

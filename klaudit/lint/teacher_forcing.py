@@ -87,6 +87,32 @@ def trains_on_rewards(function: cst.FunctionDef) -> bool:
     return False
 
 
+# Words of code that generates sequences itself (`model.generate`, a vLLM engine, rollouts, `torch.multinomial`); a
+# data sampler (`DistributedSampler`) or a count of consumed samples generates nothing.
+_GENERATING = re.compile(r"generat|rollout|vllm|multinomial|^sample$", re.IGNORECASE)
+_CHOSEN = re.compile(r"chosen", re.IGNORECASE)
+_REJECTED = re.compile(r"reject", re.IGNORECASE)
+
+
+def on_preference_pairs(function: cst.FunctionDef, origin: cst.CSTNode | None, index: FunctionIndex,
+                        source: str) -> bool:
+    """Whether a KL term `function` puts into a loss is on a preference dataset's fixed sequences: `function`, or
+    the function that formed the term, reads chosen and rejected responses (`inputs["chosen_input_ids"]`,
+    `chosen_ids, c_mask, reject_ids, ... = data`), and nothing in the module generates. The sampled estimators'
+    verdicts are about the policy's own samples; on fixed data the term is a regularizer of the data's
+    log-ratios, whose gradient no row of the table describes (a clamp or a wrong sign is still wrong: catalog's
+    SAMPLE_FREE_RULES)."""
+    formed = index.of(origin)
+    readers = [function] if formed is None or formed is function else [function, formed]
+    return any(_reads_chosen_and_rejected(reader) for reader in readers) and not any(
+        _GENERATING.search(name) for name in _identifiers(python_ast(source)))
+
+
+def _reads_chosen_and_rejected(function: cst.FunctionDef) -> bool:
+    words = [node.value for node in walk(function) if isinstance(node, (cst.Name, cst.SimpleString))]
+    return any(_CHOSEN.search(word) for word in words) and any(_REJECTED.search(word) for word in words)
+
+
 def masks_by_labels(function: cst.FunctionDef) -> bool:
     """Whether `function` picks positions the supervised way: an (in)equality test of its labels or
     targets (`labels != pad`), or of anything against an ignore index (`target != self.ignore_index`,

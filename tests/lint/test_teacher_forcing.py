@@ -1,7 +1,9 @@
 """An exact KL over the vocabulary as a loss at the labelled positions of a module that samples nothing is a
-distillation objective on teacher-forced data, whose use the lint cannot decide (KL100), not a KL003."""
+distillation objective on teacher-forced data, whose use the lint cannot decide (KL100), not a KL003; so is any KL
+estimate over a preference dataset's chosen and rejected responses, save a clamp (KL010)."""
 
 import libcst as cst
+import pytest
 
 from klaudit.lint.teacher_forcing import masks_by_labels, samples_nowhere
 from tests.lint.snippets import module_codes
@@ -118,3 +120,37 @@ def test_the_forward_kl_to_a_teacher_is_distillation_and_to_the_reference_is_kl0
     assert [code for _, code in module_codes(teacher, tmp_path)] == ["KL100"]
     assert module_codes(FORWARD_ON_SAMPLES.format(other="ref", rewards=", advantages"), tmp_path) == [(13, "KL002")]
     assert [code for _, code in module_codes(FORWARD_ON_SAMPLES.format(other="ref", rewards=""), tmp_path)] == ["KL100"]
+
+
+PREFERENCE_LOSS = '''
+import torch
+
+
+def pair_loss(model, ref_model, inputs, beta):
+    ids, rejected_ids, mask = inputs["chosen_input_ids"], inputs["rejected_input_ids"], inputs["mask"]
+    logp = model(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    rejected = model(rejected_ids).logits.log_softmax(-1).gather(-1, rejected_ids.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        ref_logp = ref_model(ids).logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    log_ratio = LOG_RATIO
+    kl = (0.5 * log_ratio ** 2 * mask).sum(-1) / mask.sum(-1)
+    loss = -(logp.sum(-1) - rejected.sum(-1)).mean() + beta * kl.mean()
+    loss.backward()
+'''
+
+
+@pytest.mark.parametrize("log_ratio, codes", [
+    ("logp - ref_logp", [(12, "KL100")]),  # no verdict about samples holds on the data's fixed sequences
+    ("torch.clamp(logp - ref_logp, -3.0, 3.0)", [(13, "KL010")]),  # a clamp flattens the data's term too
+])
+def test_a_kl_on_a_preference_datasets_pairs_keeps_only_the_clamp(tmp_path, log_ratio, codes):
+    """zmisource/RLHF_code (fresh70) fits a k2 of the chosen and rejected responses of a preference set, per
+    sequence token-mean: its KL003/KL007 spoke of samples it never draws; its clamp was rightly KL010."""
+    assert module_codes(PREFERENCE_LOSS.replace("LOG_RATIO", log_ratio), tmp_path) == codes
+
+
+def test_the_same_pairs_generated_by_the_module_keep_their_verdicts(tmp_path):
+    """Online preference training samples its pairs: `model.generate` in the module makes them the policy's own."""
+    source = PREFERENCE_LOSS.replace("LOG_RATIO", "logp - ref_logp") + (
+        "\n\ndef make_pairs(model, prompts):\n    return model.generate(prompts)\n")
+    assert {code for _, code in module_codes(source, tmp_path)} == {"KL003", "KL007"}
