@@ -357,6 +357,8 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
     labels = merge_labels(a.labels, b.labels) if product or both else first.labels
     position = a.position if a.position != Position.ALL else b.position
+    if both and not product and {a.position, b.position} == {Position.ALL, Position.LAST}:
+        position = Position.ALL  # a KL over every token plus one at the last: the sum covers every token
     if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
         position = Position.SEQUENCE  # an estimator of the summed log-ratio
     return replace(

@@ -5,6 +5,10 @@ facebookresearch/advgame (its game-GRPO unit over fairseq2) builds each token's 
 negative, `grpo_loss = -_grpo_objective + ...`. The loss-named value was taken as the loss itself, with the KL added
 as a bonus (KL011); the caller carries it on into its own loss, where the KL is a penalty: k3 differentiated as a
 loss, row 3 (KL002) alone.
+
+hongruhou89/ProRL adds a k1 loss over its item tokens to one at the first EOS token, `kl_loss = (item_kl_loss +
+eos_kl_loss) / total_count`: the sum was read as a KL at the last token only (KL005); it covers every token, k1
+differentiated as a loss (KL001).
 """
 
 from __future__ import annotations
@@ -47,3 +51,28 @@ def test_a_loss_named_value_no_caller_carries_on_is_judged_where_it_is(tmp_path)
                                                 "batch.adv, beta)\n        return -objective\n", "        return 0\n")
     source = source.replace("def _objective", "def objective")
     assert module_codes(source, tmp_path) == [(11, "KL002"), (11, "KL011")]
+
+
+ITEMS_AND_EOS = """\
+import torch
+
+
+def step(policy, ref, batch, beta, optimizer):
+    logp = policy(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    with torch.no_grad():
+        ref_logp = ref(batch.input_ids).logits.log_softmax(-1).gather(-1, batch.actions).squeeze(-1)
+    pg_loss = -(logp * batch.advantages).mean()
+    item_kl = (beta * (logp - ref_logp) * batch.mask).sum()
+    eos_kl = beta * (logp[:, -1] - ref_logp[:, -1]).sum()
+    loss = pg_loss + {kl}
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("kl, codes", [
+    ("item_kl + eos_kl", [(11, "KL001")]),  # every token's k1 and the last one's again: a k1 loss over all
+    ("eos_kl", [(9, "KL100"), (11, "KL005")]),  # the last token's alone (the other term unused)
+])
+def test_a_kl_over_every_token_plus_one_at_the_last_covers_every_token(tmp_path, kl, codes):
+    assert module_codes(ITEMS_AND_EOS.format(kl=kl), tmp_path) == codes
