@@ -386,11 +386,52 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
         sources, configs = _project_texts(sources, configs, module, context)
     else:  # its own launches all fail (SoundMind's, refused by Hydra): upstream's examples in the copy are its runs
         runs = [settings for _, settings in found]
+    if own[0]:  # a key a launch leaves has the value of the config it composes, not a value of the runs' own
+        composed = {path: _launch_config(path, scripts.get(path), context) for path, _ in found}
+        runs = [_with_config_defaults(settings, composed[path]) for path, settings in found
+                if any(settings is run for run in runs)]
+        configs = [path for path in configs if not _composed_or_shipped(path, composed.values(), context)]
     yaml = [read_text(Path(path)) or "" for path in configs if path.endswith(YAML_SUFFIXES)]
     chosen = verl_runs.run_choices(runs, yaml, sources.values()) if own[0] else verl_runs.run_choices(
         runs, yaml, sources.values(), verl_runs.EASYR1_SWITCHES, verl_runs.EASYR1_DEFAULTS)
     own_runs = any(not _upstream_launch(path, module, context) for path, _ in found)
     return chosen, tuple(copies[0 if own[0] else 1]), own_runs
+
+
+def _launch_config(path: str, text: str | None, context: Context) -> Path | None:
+    """The config file a verl launch (the script at `path`, its `text`) composes from its copy of verl: the one its
+    `--config-name` names, else the one the launched module's `@hydra.main` names (Laser's `lengthy_ppo_trainer`), in
+    that module's config folder; None where the project carries no copy, or the file is not there."""
+    copy = copy_holding(path, verl.DEFAULTS_FILE, context.roots)
+    launch = verl.LAUNCH.search(text or "")
+    main = copy[1] / (launch.group(1).replace(".", "/") + ".py" if launch else verl.MAIN_FILE) if copy else None
+    launched = hydra_keys.launched_config(main) if main is not None else None
+    if launched is None:
+        return None
+    folder, name = launched
+    named = re.search(r"--config-name(?:=|[ \t]+)[\"']?([\w.-]+)", text or "")
+    config = folder / f"{(named.group(1) if named else name).removesuffix('.yaml')}.yaml"
+    return config if config.is_file() else None
+
+
+def _with_config_defaults(settings: Mapping[str, Setting], config: Path | None) -> Mapping[str, Setting]:
+    """A launch's `settings`, with the KL switches it leaves at the values of the `config` it composes
+    (`use_kl_loss: False` in a copy's `ppo_trainer.yaml` unless the launch sets it)."""
+    text = read_text(config) if config is not None else None
+    if text is None:
+        return settings
+    written = yaml_settings(text)
+    switches = {key for keys in verl_runs.SWITCHES.values() for key in keys}
+    return {**{key: written[key] for key in switches if key in written}, **settings}
+
+
+def _composed_or_shipped(path: str, composed: Collection[Path | None], context: Context) -> bool:
+    """Whether the YAML file at `path` is a config the project's launches compose (their values are those launches')
+    or one a copy of verl ships for its other entry points (generation, evaluation, SFT), which train no policy."""
+    file = Path(path).resolve()
+    copy = copy_holding(path, verl.DEFAULTS_FILE, context.roots)
+    return any(config is not None and file == config.resolve() for config in composed) or (
+        copy is not None and any(file == (copy[1] / name).resolve() for name in verl.SHIPPED_CONFIGS))
 
 
 def _project_texts(sources: Mapping[str, str], configs: Iterable[str], module: str, context: Context
@@ -695,9 +736,10 @@ def verl_launches(path: str, text: str, sourced: Mapping[int, Sourced] | None = 
 def lint_shell(path: str, text: str, context: Context | None = None) -> list[Finding]:
     """The findings of shell commands (a notebook's `!` lines): verl, OpenRLHF and TRL launches. A verl launch is
     read as a script's is (the copy of verl it runs decides its defaults), without flag fixes: `text` is not
-    the notebook's own."""
+    the notebook's own. None for a notebook of upstream's a framework copy carries (its getting-started tutorial)
+    where the project runs that copy with launches of its own."""
     context = context or Context()
-    if not mentions_flags(text):
+    if not mentions_flags(text) or _carried_upstream_launch(path, context):
         return []
     return _verl_launches(path, text, context, editable=False) + _launch_flags(path, text, context)
 

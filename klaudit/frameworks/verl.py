@@ -294,8 +294,10 @@ def _responses_per_gpu_micro_batch(settings: Mapping[str, Setting]) -> float | N
     return total // (gpus * nodes // parallel)
 
 
-# A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`).
-LAUNCH = re.compile(r"-m\s+(verl(?:\.\w+)+)")
+# A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`),
+# not of one of its entries that trains no policy (generation, evaluation, SFT, merging checkpoints).
+LAUNCH = re.compile(r"-m\s+(?!verl\.trainer\.(?:main_generation|main_eval|fsdp_sft_trainer|sft_trainer)\b"
+                    r"|verl\.model_merger\b)(verl(?:\.\w+)+)")
 # A launch of any module (`python3 -m verl_tool.trainer.main_ppo`, `-m recipe.dapo.main_dapo`): a project's own trainer
 # over verl, which composes the project's Hydra config
 MODULE_LAUNCH = re.compile(r"-m\s+([A-Za-z_]\w*(?:\.\w+)+)")
@@ -321,6 +323,9 @@ def launch_spans(text: str) -> list[range]:
 PRIME_LAUNCH = re.compile(r"recipe[./]prime[./]main_prime\b")
 DEFAULTS_FILE = "verl/trainer/config/ppo_trainer.yaml"
 MEGATRON_DEFAULTS_FILE = "verl/trainer/config/ppo_megatron_trainer.yaml"
+# the configs verl ships for its entry points: the trainers' defaults, and generation, evaluation and SFT
+SHIPPED_CONFIGS = (DEFAULTS_FILE, MEGATRON_DEFAULTS_FILE, *(f"verl/trainer/config/{name}.yaml"
+                                                             for name in ("generation", "evaluation", "sft_trainer")))
 
 
 NO_LEGACY_WORKERS = "none"  # a copy without the legacy workers' module (the model engine's only, as 0.8.0's)

@@ -25,9 +25,11 @@ Read conservatively: a launch whose value is computed (`algorithm.use_kl_in_rewa
 key or assignment that is not plainly false, or a project with no launch of verl at all (a library, or a fork used
 by others) keeps every verdict. A function counts as gated when each call of it the project's Python code makes,
 by its name (`apply_kl_penalty(...)`, `self.apply_kl_penalty(...)`), lies in the body of an `if` whose test reads
-the flag, and it is called at least once. A switch's values are every launch's (verl's default where a launch
-leaves it) and every value any YAML file or Python code of the project writes for it, whatever it configures. A
-launch that cannot start (Hydra refuses one of its overrides, or the module reads a key its config lacks: a stale
+the flag, and it is called at least once. A switch's values are every launch's (where a launch leaves it, the
+value of the config the copy composes for it, else verl's default) and every value any other YAML file or Python
+code of the project writes for it, whatever it configures: the configs launches compose, and those the copy ships
+for its generation, evaluation and SFT entries, count only through the launches. A launch of one of those entries
+trains nothing and is no run. A launch that cannot start (Hydra refuses one of its overrides, or the module reads a key its config lacks: a stale
 upstream example of a fork) is no run and gives none; one whose module cannot be imported here still counts, since
 the author's checkout may hold the file the commit left out.
 """
@@ -111,13 +113,20 @@ def _calls(text: str, flag: str, on: bool) -> list[tuple[ast.Call, bool]]:
 
 
 def _requires(test: ast.expr, flag: str, on: bool) -> bool:
-    """Whether a test is true only with the flag on (`config.algorithm.use_kl_in_reward`), or off (`not
-    config.algorithm.use_kl_loss`): the test itself, or an `and` of which it is a part."""
+    """Whether a test is true only with the flag on (`config.algorithm.use_kl_in_reward`, `config.get(flag, ...)`),
+    or off (`not config.algorithm.use_kl_loss`): the test itself, or an `and` of which it is a part."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(_requires(part, flag, on) for part in test.values)
     if not on:
         return isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _requires(test.operand, flag, True)
-    return isinstance(test, ast.Attribute) and test.attr == flag or isinstance(test, ast.Name) and test.id == flag
+    return (isinstance(test, ast.Attribute) and test.attr == flag or isinstance(test, ast.Name) and test.id == flag
+            or _gets(test, flag))
+
+
+def _gets(test: ast.expr, flag: str) -> bool:
+    """`config.get('use_kl_loss', False)`: the flag read with a default."""
+    return (isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr == "get"
+            and bool(test.args) and isinstance(test.args[0], ast.Constant) and test.args[0].value == flag)
 
 
 def _called_name(call: ast.Call) -> str | None:

@@ -410,10 +410,9 @@ def _config_analysis(path: str, context: Context) -> _Analysis:
         return _internal_error(path, error)
 
 
-def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks: dict[str, Notebook],
-                     raw: list[_Analysis]) -> str | Finding:
-    """A notebook's joined code cells to analyse as Python (klaudit.lint.notebooks), after the launch
-    commands of its shell lines are linted; or its KL000 finding."""
+def _notebook_source(path: str, stdin: bytes | None, notebooks: dict[str, Notebook]) -> str | Finding:
+    """A notebook's joined code cells to analyse as Python (klaudit.lint.notebooks), kept in `notebooks` for the
+    launch commands of its shell lines (`_notebook_launches`); or its KL000 finding."""
     if stdin is None:
         with open(path, "rb") as handle:
             stdin = handle.read()
@@ -421,8 +420,14 @@ def _notebook_source(path: str, stdin: bytes | None, context: Context, notebooks
     if isinstance(notebook, Finding):
         return notebook
     notebooks[path] = notebook
-    raw.append(_Analysis(path, tuple(lint_shell(path, notebook.shell, context)), comment_table(notebook.shell)))
     return notebook.code
+
+
+def _notebook_launches(notebooks: dict[str, Notebook], context: Context) -> list[_Analysis]:
+    """The launch commands of the notebooks' shell lines, linted once the project's code is known (`context`
+    after `with_code`): a notebook upstream ships in a framework copy the project runs its own way is no run."""
+    return [_Analysis(path, tuple(lint_shell(path, notebook.shell, context)), comment_table(notebook.shell))
+            for path, notebook in notebooks.items()]
 
 
 def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool, files: list[str],
@@ -494,7 +499,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
             continue
         try:
             if path.endswith(NOTEBOOK_SUFFIX):
-                source = _notebook_source(path, stdin, context, notebooks, raw)
+                source = _notebook_source(path, stdin, notebooks)
             else:
                 source = read_source(path) if stdin is None else decode_source(path, stdin)
         except OSError as error:
@@ -516,6 +521,7 @@ def lint_paths(paths: Sequence[str] = (".",), *, settings: Settings | None = Non
     limits = Limits(settings.analysis_budget, settings.analysis_timeout)
     progress.advance(len(files) - len(sources) - len(checked))  # read and pre-filtered, nothing else to do
     context = with_code(context, sources, checked, (path for path in files if path.endswith(CONFIG_SUFFIXES)))
+    raw.extend(_notebook_launches(notebooks, context))
     for path in configs:
         try:
             raw.append(_config_analysis(path, context))

@@ -63,6 +63,7 @@ def _actor_codes(root, launches, extra=None, copy=""):
 
 
 def _findings(root, launches, extra=None, copy=""):
+    root.mkdir(exist_ok=True)
     (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
     checkout = root / copy
     checkout.mkdir(exist_ok=True)
@@ -100,12 +101,12 @@ def test_the_upstream_examples_a_copy_carries_are_no_run_of_a_project_with_its_o
 def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
     """RL-Factory (fresh89) keeps its own launches in `examples/rl_factory/` and `recipe/travelplanner/`, folders
     verl's repository never had: they are the project's runs, flagged as such, and their k1 selects the k1 branch
-    (the copy's config, its defaults, keeps low_var_kl's)."""
+    alone (the copy's config, its defaults, is what a launch that leaves the key composes: none does here)."""
     launches = {"examples/rl_factory/run_k1.sh": LAUNCH.format(kind="kl"),
                 "recipe/travelplanner/run.sh": LAUNCH.format(kind="kl"),
                 "examples/grpo_trainer/run.sh": LAUNCH.format(kind="kl")}
     found = _findings(tmp_path, launches)
-    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL001", "KL002"]
+    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL001"]
     assert {f.path.split("/")[-2] for f in found if f.path.endswith(".sh")} == {"rl_factory", "travelplanner"}
 
 
@@ -201,3 +202,65 @@ def test_a_function_called_only_without_the_kl_loss():
     assert verl_runs.always_on({"use_kl_loss": frozenset({"true", "True"})}, "use_kl_loss")
     assert not verl_runs.always_on({"use_kl_loss": frozenset({"true", "false"})}, "use_kl_loss")
     assert not verl_runs.always_on({}, "use_kl_loss")
+
+
+# An early verl (0.1, Laser and Short-RL's copies, fresh95) puts the KL in the reward only `if not
+# ...actor.get('use_kl_loss', False):`, and its ppo_trainer.yaml says `use_kl_loss: False`: the default a launch that
+# leaves the key composes, not a run of its own. Where every launch turns the KL loss on, the reward never runs.
+EARLY_TRAINER = REWARD_TRAINER.replace("{test}", "not self.config.actor_rollout_ref.actor.get('use_kl_loss', False)")
+GENERATION = "python3 -m verl.trainer.main_generation trainer.n_gpus_per_node=8 data.n_samples=1\n"
+
+
+def _early_codes(root, launches, main=MAIN):
+    (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    config = root / "verl" / "trainer" / "config"
+    config.mkdir(parents=True)
+    for name in ("ppo_trainer", "lengthy_ppo_trainer" if "lengthy" in main else None):
+        if name is not None:
+            (config / f"{name}.yaml").write_text(DEFAULTS)
+    (root / "verl" / "trainer" / "main_ppo.py").write_text(main)
+    (root / "verl" / "trainer" / "ray_trainer.py").write_text(EARLY_TRAINER)
+    for path, text in launches.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    found = lint_paths([str(root)], settings=Settings(root=root), jobs=1).findings
+    return sorted({f.code for f in found if f.path.endswith("ray_trainer.py")})
+
+
+@pytest.mark.parametrize("launches, main", [
+    ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}, MAIN),
+    # an evaluation launch of the copy's generation entry trains nothing: no run that leaves the KL loss off
+    ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/eval.sh": GENERATION}, MAIN),
+    # the copy's main composes a config of its own (Laser's lengthy_ppo_trainer), whose false is its default too
+    ({"scripts/train.sh": LAUNCH.format(kind="low_var_kl")}, MAIN.replace('"ppo_trainer"', '"lengthy_ppo_trainer"')),
+])
+def test_an_early_copys_kl_reward_never_runs_where_every_launch_turns_the_kl_loss_on(tmp_path, launches, main):
+    assert _early_codes(tmp_path, launches, main) == []
+
+
+def test_an_early_copys_kl_reward_runs_where_a_launch_leaves_the_kl_loss_at_its_default(tmp_path):
+    left = LAUNCH.format(kind="low_var_kl").replace("actor_rollout_ref.actor.use_kl_loss=True ", "")
+    assert _early_codes(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/ppo.sh": left}) != []
+
+
+def test_a_flag_read_with_a_default_gates_the_calls_under_it():
+    sources = {"t.py": EARLY_TRAINER}
+    assert verl_runs.gated_functions(sources, "use_kl_loss", on=False) == frozenset({"apply_kl_penalty"})
+
+
+@pytest.mark.parametrize("copy", ["", "verl_repo"])
+def test_the_tutorial_notebook_a_copy_carries_is_no_run_of_a_project_with_its_own(tmp_path, copy):
+    """Short-RL (fresh95) carries two copies of verl, each with upstream's `examples/ppo_trainer/
+    verl_getting_started.ipynb`, whose `!python3 -m verl.trainer.main_ppo` cell was flagged; the project trains with
+    its own scripts. Without them the notebook's launch is a run like an example script's."""
+    import json
+
+    cell = "!" + LAUNCH.format(kind="kl")
+    book = json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": [cell], "outputs": [],
+                                  "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    tutorial = f"{copy}/examples/ppo_trainer/verl_getting_started.ipynb".lstrip("/")
+    own = _findings(tmp_path / "own", {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), tutorial: book},
+                    copy=copy)
+    assert not [f for f in own if f.path.endswith(".ipynb")]
+    alone = _findings(tmp_path / "alone", {tutorial: book}, copy=copy)
+    assert [f for f in alone if f.path.endswith(".ipynb")]
