@@ -113,7 +113,7 @@ class ExpressionFlow(FlowState):
             return (tensor(Poly.atom(Atom(alg.LOGITS, not self.no_grad))),)
         base = root_name(node)
         if base == "self":
-            return self.constant_setting(node)
+            return self.constant_setting(node) or self.held_log_probs(node)
         entries = entry_of(self.expr(node.value), attr)
         if entries:
             return entries  # a record built with this field
@@ -130,6 +130,15 @@ class ExpressionFlow(FlowState):
         if not isinstance(node.value, cst.Name) or base not in self.env:
             return (Fact(role="str", name=attr),) if looks_like_option(attr) else ()
         return ()
+
+    def held_log_probs(self, node: cst.Attribute) -> tuple:
+        """`self.action_logprobs`, `self.ref_action_logprobs`: log-probs an object holds (a rollout buffer's), read by
+        their names as a batch's fields are; only the object's own (`self.x`), not a nested one (`self.cfg.x`)."""
+        if type(node.value) is not cst.Name:
+            return ()
+        attr = node.attr.value
+        poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
+        return (tensor(poly),) if poly is not None else ()
 
     def constant_setting(self, node: cst.Attribute) -> tuple:
         """`self.x` that the class sets once, to a literal or a switch between literals (`self.dim = None
