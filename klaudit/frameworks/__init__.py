@@ -1102,11 +1102,26 @@ def _swift_launches(path: str, text: str) -> list[Finding]:
     flags of that command alone: a script may also run `swift sft` with some of the same names."""
     found: dict[tuple[int, str], Finding] = {}
     for launch, _ in _uncommented(swift.LAUNCH, text):
+        if _missing_plugin(path, only_command(text, launch.start())):
+            continue  # ms-swift imports each plugin file before training: this command stops there
         settings = cli_flags(only_command(text, launch.start()), swift.FLAGS, swift.SWITCHES)
         judged = swift.judge(settings, _setting_at(text, launch))
         for finding in [] if judged is None else _findings(path, judged, swift.NAME, swift.FIXES.get):
             found.setdefault((finding.line, finding.code), finding)
     return list(found.values())
+
+
+# `--external_plugins a.py b.py`: the files of reward functions ms-swift imports before it trains
+_PLUGINS = re.compile(r"--external_plugins(?:=|[ \t]+)((?:[\"']?[\w./-]+\.py[\"']?(?:[ \t]+|\\\n[ \t]*|$))+)")
+
+
+def _missing_plugin(path: str, command: str) -> bool:
+    """Whether a `swift rlhf` command of the launch script at `path` names a plugin file (written plainly, no
+    variable) that is no file of the project, from the script's folder or one above it (Embodied-R's
+    `train/consistency_reward_API.py`, kept in `train/reward/`): the command fails before it trains."""
+    given = _PLUGINS.search(command)
+    files = re.findall(r"[\w./-]+\.py", given.group(1)) if given else []
+    return any(not file.startswith("/") and project_path(path, file) is None for file in files)
 
 
 def _trl_grpo_script(path: str, text: str, configs: frozenset[str], trainers: frozenset[str]) -> re.Match | None:

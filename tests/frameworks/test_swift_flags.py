@@ -145,3 +145,20 @@ def test_an_array_in_a_function_and_a_command_after_an_array_are_told_apart():
                      ")\n")
     assert codes(text=closed_inline) == [(3, "KL002")]
 
+
+
+@pytest.mark.parametrize("plugins, found", [
+    ("train/reward/accuracy.py", True),  # the plugin is a file of the project: the command trains
+    ("train/accuracy.py train/reward/accuracy.py", False),  # one is no file: ms-swift's import fails first
+    ("$PLUGIN_DIR/accuracy.py", True),  # computed: not known here
+])
+def test_a_launch_whose_plugin_file_is_missing_trains_nothing(tmp_path, plugins, found):
+    """EmbodiedCity/Embodied-R.code (fresh95) passes `--external_plugins train/consistency_reward_API.py ...` in its
+    8-GPU launch, but the files sit in train/reward/: that command stops at the import."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "train" / "reward").mkdir(parents=True)
+    (tmp_path / "train" / "reward" / "accuracy.py").write_text("")
+    body = f"    --external_plugins {plugins} \\\n    --beta 0.001 \\\n"
+    launcher = tmp_path / "train" / "train.sh"
+    findings = lint_config(str(launcher), LAUNCH.format(kind="grpo", flags=body))
+    assert bool(findings) is found
