@@ -399,13 +399,14 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
 
 
 def _launch_config(path: str, text: str | None, context: Context) -> Path | None:
-    """The config file a verl launch (the script at `path`, its `text`) composes from its copy of verl: the one its
-    `--config-name` names, else the one the launched module's `@hydra.main` names (Laser's `lengthy_ppo_trainer`), in
-    that module's config folder; None where the project carries no copy, or the file is not there."""
-    copy = copy_holding(path, verl.DEFAULTS_FILE, context.roots)
-    launch = verl.LAUNCH.search(text or "")
-    main = copy[1] / (launch.group(1).replace(".", "/") + ".py" if launch else verl.MAIN_FILE) if copy else None
-    launched = hydra_keys.launched_config(main) if main is not None else None
+    """The config file a verl launch (the script at `path`, its `text`) composes: the one its `--config-name` names,
+    else the one the launched module's `@hydra.main` names (Laser's `lengthy_ppo_trainer`, a recipe's own trainer
+    over verl: ArcherCodeR's `dapo.main_dapo`), in that module's config folder; None where the project carries no
+    copy of the module, or the file is not there."""
+    launch = verl.LAUNCH.search(text or "") or (_project_trainer_launch(path, text, context) if text else None)
+    module = launch.group(1).replace(".", "/") + ".py" if launch else verl.MAIN_FILE
+    holder = copy_holding(path, module, context.roots)
+    launched = hydra_keys.launched_config(holder[1] / module) if holder is not None else None
     if launched is None:
         return None
     folder, name = launched
@@ -506,7 +507,8 @@ def _project_launches_of_verl(context: Context, sources: Mapping[str, str], scri
     """(path, settings, whether it can start: `_stops_before_training`) of each verl launch of the project's
     `scripts`, and of the argument lists its Python `sources` build."""
     launches = [(path, settings, not _launch_stops(path, own, context)) for path, text in scripts.items()
-                if verl.LAUNCH.search(text) for own, settings in verl_launches(path, text, sourced_files(path, text))]
+                if verl.LAUNCH.search(text) or _project_trainer_launch(path, text, context)
+                for own, settings in verl_launches(path, text, sourced_files(path, text))]
     return launches + [(path, settings, True) for path, text in sources.items() if "verl" in text
                        for settings in _listed_launches(path, text, context.options)]
 

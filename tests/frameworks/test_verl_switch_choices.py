@@ -264,3 +264,14 @@ def test_the_tutorial_notebook_a_copy_carries_is_no_run_of_a_project_with_its_ow
     assert not [f for f in own if f.path.endswith(".ipynb")]
     alone = _findings(tmp_path / "alone", {tutorial: book}, copy=copy)
     assert [f for f in alone if f.path.endswith(".ipynb")]
+
+
+def test_a_recipes_own_trainer_over_the_copy_is_a_run_and_a_generation_launch_is_not(tmp_path):
+    """wizard-III/ArcherCodeR (fresh93) trains with `python -m dapo.main_dapo ... kl_loss_type=low_var_kl`, its own
+    trainer over its copy of verl, and evaluates with `verl.trainer.main_generation`: the trainer's launch is the
+    run (only the low_var_kl branch), the generation launch none (it once left the KL loss off in every run)."""
+    recipe = {"dapo/main_dapo.py": MAIN.replace('"ppo_trainer"', '"dapo_trainer"'),
+              "dapo/config/dapo_trainer.yaml": DEFAULTS}
+    launch = LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo", "dapo.main_dapo")
+    launches = {"scripts/train.sh": launch, "scripts/eval.sh": GENERATION}
+    assert _actor_codes(tmp_path, launches, recipe) == ["KL002"]
