@@ -1119,11 +1119,15 @@ _PLUGINS = re.compile(r"--external_plugins(?:=|[ \t]+)((?:[\"']?[\w./-]+\.py[\"'
 
 def _missing_plugin(path: str, command: str) -> bool:
     """Whether a `swift rlhf` command of the launch script at `path` names a plugin file (written plainly, no
-    variable) that is no file of the project, from the script's folder or one above it (Embodied-R's
-    `train/consistency_reward_API.py`, kept in `train/reward/`): the command fails before it trains."""
+    variable) of which no tail is a file of the project, from the script's folder or one above it (Embodied-R's
+    `train/consistency_reward_API.py`, kept in `train/reward/`): the command fails before it trains. A path under a
+    folder the snapshot names otherwise (`mm_math_reason/scripts/plugin.py` for the project's `scripts/plugin.py`)
+    is the authors' layout, and found."""
     given = _PLUGINS.search(command)
     files = re.findall(r"[\w./-]+\.py", given.group(1)) if given else []
-    return any(not file.startswith("/") and project_path(path, file) is None for file in files)
+    return any(not file.startswith("/") and all(project_path(path, "/".join(parts[start:])) is None
+                                                for parts in [file.split("/")] for start in range(len(parts)))
+               for file in files)
 
 
 def _trl_grpo_script(path: str, text: str, configs: frozenset[str], trainers: frozenset[str]) -> re.Match | None:

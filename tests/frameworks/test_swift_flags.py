@@ -150,6 +150,7 @@ def test_an_array_in_a_function_and_a_command_after_an_array_are_told_apart():
 @pytest.mark.parametrize("plugins, found", [
     ("train/reward/accuracy.py", True),  # the plugin is a file of the project: the command trains
     ("train/accuracy.py train/reward/accuracy.py", False),  # one is no file: ms-swift's import fails first
+    ("project/train/reward/accuracy.py", True),  # below the authors' name for the repository's folder: found
     ("$PLUGIN_DIR/accuracy.py", True),  # computed: not known here
 ])
 def test_a_launch_whose_plugin_file_is_missing_trains_nothing(tmp_path, plugins, found):
