@@ -296,11 +296,11 @@ def _responses_per_gpu_micro_batch(settings: Mapping[str, Setting]) -> float | N
 
 # A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`),
 # not of one of its entries that trains no policy (generation, evaluation, SFT, merging checkpoints).
-LAUNCH = re.compile(r"-m\s+(?!verl\.trainer\.(?:main_generation|main_eval|fsdp_sft_trainer|sft_trainer)\b"
-                    r"|verl\.model_merger\b)(verl(?:\.\w+)+)")
+_NOT_TRAINING = r"verl\.trainer\.(?:main_generation|main_eval|fsdp_sft_trainer|sft_trainer)\b|verl\.model_merger\b"
+LAUNCH = re.compile(rf"-m\s+(?!{_NOT_TRAINING})(verl(?:\.\w+)+)")
 # A launch of any module (`python3 -m verl_tool.trainer.main_ppo`, `-m recipe.dapo.main_dapo`): a project's own trainer
-# over verl, which composes the project's Hydra config
-MODULE_LAUNCH = re.compile(r"-m\s+([A-Za-z_]\w*(?:\.\w+)+)")
+# over verl, which composes the project's Hydra config; verl's own entries that train no policy are none
+MODULE_LAUNCH = re.compile(rf"-m\s+(?!{_NOT_TRAINING})([A-Za-z_]\w*(?:\.\w+)+)")
 
 
 def launch_spans(text: str) -> list[range]:

@@ -271,7 +271,10 @@ def test_a_recipes_own_trainer_over_the_copy_is_a_run_and_a_generation_launch_is
     trainer over its copy of verl, and evaluates with `verl.trainer.main_generation`: the trainer's launch is the
     run (only the low_var_kl branch), the generation launch none (it once left the KL loss off in every run)."""
     recipe = {"dapo/main_dapo.py": MAIN.replace('"ppo_trainer"', '"dapo_trainer"'),
-              "dapo/config/dapo_trainer.yaml": DEFAULTS}
+              "dapo/config/dapo_trainer.yaml": DEFAULTS,
+              # verl's generation entry composes a config of its own too: still no trainer
+              "verl/trainer/main_generation.py": MAIN.replace('"ppo_trainer"', '"generation"'),
+              "verl/trainer/config/generation.yaml": DEFAULTS.replace("low_var_kl", "kl")}
     launch = LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo", "dapo.main_dapo")
     launches = {"scripts/train.sh": launch, "scripts/eval.sh": GENERATION}
     assert _actor_codes(tmp_path, launches, recipe) == ["KL002"]
