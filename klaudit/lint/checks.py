@@ -121,7 +121,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             elif ((rows := defects(config, fact.clamped)) and config.reward is None
                   and on_preference_pairs(func, fact.origin, owners, source)):
                 if kept := tuple(row for row in rows if row.rule in SAMPLE_FREE_RULES):
-                    candidates.append(_Candidate(config, kept, fact, sink, index))
+                    candidates.append(_Candidate(config, kept, fact, sink, index, on_data=True))
                 else:
                     undecided.append((fact, sink, PREFERENCE_PAIRS))
             else:
@@ -273,6 +273,7 @@ class _Candidate:
     fact: Fact
     sink: Sink
     function: int
+    on_data: bool = False  # on a preference dataset's fixed sequences, not the policy's samples
 
 
 _CLAMPABLE: dict[Estimator | None, Estimator] = {Estimator.K3: Estimator.LOW_VAR_KL}
@@ -496,8 +497,9 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
     # another module is reported at its sink here, where this module alone knows how it is trained
     entered_here = {id(c.fact.origin) for c in candidates
                     if positions.of(module, c.fact.entry if c.fact.entry is not None else c.sink.node) is not None}
-    # (statement, rule, row label) -> (labels, config, row, origin, how a reward is trained) of each verdict there
-    merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None, RewardTraining | None]]] = {}
+    # (statement, rule, row label) -> (labels, config, row, origin, how a reward is trained, whether on a preference
+    # dataset's sequences) of each verdict there
+    merged: dict[tuple[Span, str, str], list[tuple[Labels, Config, Row, Origin | None, RewardTraining | None, bool]]] = {}
     sites: dict[Span, list[SiteUse]] = {}  # statement position -> the SiteUse of every verdict there, for its fix
     uses = []
     for group in groups.values():
@@ -579,7 +581,8 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         for row in rows:
             if row.rule is None:
                 continue  # not reached: catalog.defects returns rows with a rule only
-            merged.setdefault((entry, row.rule, row.label), []).append((best.fact.labels, config, row, origin, trainer))
+            merged.setdefault((entry, row.rule, row.label), []).append(
+                (best.fact.labels, config, row, origin, trainer, best.on_data))
             sites.setdefault(entry, []).append(SiteUse(best.fact, statement, best.sink.kind, config, row))
     builder = Builder(path, module, analyzer.project.source(module), analyzer, lambda node: positions.of(module, node))
     fixes = {entry: builder.site_fix(uses) for entry, uses in sites.items()}
@@ -596,8 +599,9 @@ def _report(path: str, module: cst.Module, analyzer: Analyzer, candidates: list[
         # (a reward trained by a later loop) names that loop
         # (the variant under the fewest switches describes it: a k3 loss on older samples only where num_iterations
         # > 1 is worded as the loss it is on every path)
-        _, config, row, origin, trainer = min(variants, key=lambda variant: (variant[4] is not None, len(variant[0])))
-        message = _message(config, row, shared, origin, entry[0])
+        _, config, row, origin, trainer, on_data = min(variants, key=lambda variant: (variant[4] is not None,
+                                                                                      len(variant[0])))
+        message = _message(config, row, shared, origin, entry[0], on_data)
         if trainer is not None and code in ("KL007", "KL008") and config.loss is None:
             message += f" [{trainer.flags}]"
         origin_line = origin[1] if origin is not None and origin[0] is None and origin[1] != entry[0] else None
@@ -764,9 +768,13 @@ def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, posit
     return (None if origin_module is module else fact.origin_path), where[0], where[1]
 
 
-def _message(config: Config, row: Row, labels: Labels, origin: Origin | None, line: int) -> str:
-    """The finding's text: the configuration, the catalog's explanation, the switch values, the estimator's place."""
-    message = f"{describe(config)}: {row.explanation}"
+def _message(config: Config, row: Row, labels: Labels, origin: Origin | None, line: int, on_data: bool = False) -> str:
+    """The finding's text: the configuration (on a preference dataset's sequences where `on_data`, not on the
+    policy's samples), the catalog's explanation, the switch values, the estimator's place."""
+    described = describe(config)
+    if on_data:
+        described = described.replace(f", {config.sampling.value}", ", on a preference dataset's sequences")
+    message = f"{described}: {row.explanation}"
     switches = _switch(labels)
     if switches:
         message += f" [{switches}]"

@@ -154,3 +154,13 @@ def test_the_same_pairs_generated_by_the_module_keep_their_verdicts(tmp_path):
     source = PREFERENCE_LOSS.replace("LOG_RATIO", "logp - ref_logp") + (
         "\n\ndef make_pairs(model, prompts):\n    return model.generate(prompts)\n")
     assert {code for _, code in module_codes(source, tmp_path)} == {"KL003", "KL007"}
+
+
+def test_the_clamp_on_a_preference_datasets_pairs_says_where_it_is(tmp_path):
+    """The configuration a finding names is the data's, not the policy's samples (no "on-policy")."""
+    from klaudit.lint.engine import lint_paths
+
+    (tmp_path / "pairs.py").write_text(PREFERENCE_LOSS.replace("LOG_RATIO", "torch.clamp(logp - ref_logp, -3.0, 3.0)"))
+    [finding] = lint_paths([str(tmp_path / "pairs.py")], jobs=1).findings
+    assert finding.code == "KL010"
+    assert "on a preference dataset's sequences" in finding.message and "on-policy" not in finding.message
