@@ -29,8 +29,9 @@ LEGEND: dict[str, str] = {
 OBJECTIVES = ("REV", "FWD", "PART", "PFWD", "FUT", "ZERO", "LEN", "OTHER")
 
 
-def describe(config: Config) -> str:
-    """The configuration in words: 'k3 differentiated as a loss, batch-token-mean, on-policy'."""
+def describe(config: Config, sequences: str | None = None) -> str:
+    """The configuration in words: 'k3 differentiated as a loss, batch-token-mean, on-policy'; `sequences` words
+    what the term is taken on where that is no sampling of the policy ("on a preference dataset's sequences")."""
     if config.reward is not None and without_gradient(config):
         return f"{config.reward.value} added to the loss without its gradient"  # no gradient: nothing else matters
     parts = []
@@ -41,7 +42,7 @@ def describe(config: Config) -> str:
     text = " + ".join(parts)
     if config.position is not Position.ALL:
         text += f", {config.position.value}"
-    text += f", {config.aggregation.value}, {config.sampling.value}"
+    text += f", {config.aggregation.value}, {sequences or config.sampling.value}"
     if config.sign < 0:
         text += ", added as a bonus"
     return text

@@ -90,7 +90,7 @@ from klaudit.frameworks.versions import (
     named_requirements_pin,
     vendored,
 )
-from klaudit.frameworks.yaml_defaults import composed_settings, launched_settings
+from klaudit.frameworks.yaml_defaults import CONFIG_NAME, composed_settings, launched_settings
 from klaudit.lint.findings import Finding
 from klaudit.text import read_text
 
@@ -410,8 +410,8 @@ def _launch_config(path: str, text: str | None, context: Context) -> Path | None
     if launched is None:
         return None
     folder, name = launched
-    named = re.search(r"--config-name(?:=|[ \t]+)[\"']?([\w.-]+)", text or "")
-    config = folder / f"{(named.group(1) if named else name).removesuffix('.yaml')}.yaml"
+    named = CONFIG_NAME.search(text or "")
+    config = folder / f"{(named.group('name') if named else name).removesuffix('.yaml')}.yaml"
     return config if config.is_file() else None
 
 

@@ -29,9 +29,9 @@ the flag, and it is called at least once. A switch's values are every launch's (
 value of the config the copy composes for it, else verl's default) and every value any other YAML file or Python
 code of the project writes for it, whatever it configures: the configs launches compose, and those the copy ships
 for its generation, evaluation and SFT entries, count only through the launches. A launch of one of those entries
-trains nothing and is no run. A launch that cannot start (Hydra refuses one of its overrides, or the module reads a key its config lacks: a stale
-upstream example of a fork) is no run and gives none; one whose module cannot be imported here still counts, since
-the author's checkout may hold the file the commit left out.
+trains nothing and is no run. A launch that cannot start (Hydra refuses one of its overrides, or the module reads a
+key its config lacks: a stale upstream example of a fork) is no run and gives none; one whose module cannot be
+imported here still counts, since the author's checkout may hold the file the commit left out.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def _included_settings(path: str, modified: int, depth: int) -> Mapping[str, Set
 # `--config-name NAME` (and `--config-path DIR`) on a Hydra command line: the config the run composes.
 # A directory spelled from the working directory (`"$PWD/configs"`, `$(pwd)/conf`) is read relative to
 # the folders searched, as a plain relative one is.
-_CONFIG_NAME = re.compile(r"--config-name(?:=|[ \t]+)[\"']?(?P<name>[\w./-]+)")
+CONFIG_NAME = re.compile(r"--config-name(?:=|[ \t]+)[\"']?(?P<name>[\w./-]+)")
 _CONFIG_PATH = re.compile(r"--config-(?:path|dir)(?:=|[ \t]+)[\"']?(?:\$(?:\{?PWD\}?|\(pwd\))/)?(?P<dir>[\w./-]+)")
 _CONFIG_DIRS = ("config", "configs", "conf", ".")  # where a launched script's Hydra configs usually live
 _UP = 3  # directories above the script searched for them (scripts/ is often one level below the repository)
@@ -96,7 +96,7 @@ def launched_settings(path: str, text: str) -> dict[str, Setting]:
     launches: list[dict[str, Setting]] = []
     lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
-        named = _CONFIG_NAME.search(line)
+        named = CONFIG_NAME.search(line)
         if named is None or line.lstrip().startswith("#"):
             continue
         first, last = command_span(lines, number - 1)

@@ -771,10 +771,7 @@ def _origin(analyzer: Analyzer, fact: Fact, module: cst.Module, path: str, posit
 def _message(config: Config, row: Row, labels: Labels, origin: Origin | None, line: int, on_data: bool = False) -> str:
     """The finding's text: the configuration (on a preference dataset's sequences where `on_data`, not on the
     policy's samples), the catalog's explanation, the switch values, the estimator's place."""
-    described = describe(config)
-    if on_data:
-        described = described.replace(f", {config.sampling.value}", ", on a preference dataset's sequences")
-    message = f"{described}: {row.explanation}"
+    message = f"{describe(config, ON_PREFERENCE_DATA if on_data else None)}: {row.explanation}"
     switches = _switch(labels)
     if switches:
         message += f" [{switches}]"
@@ -801,6 +798,7 @@ TEACHER_FORCED = ("an exact KL over the vocabulary as a loss at the positions of
                   "whole gradient; on the policy's own samples it lacks the later tokens' term (KL003)")
 
 
+ON_PREFERENCE_DATA = "on a preference dataset's sequences"
 PREFERENCE_PAIRS = ("a KL loss over the chosen and rejected responses of a preference dataset, in a module that "
                     "generates nothing: on fixed sequences it regularizes the data's log-ratios, and the verdicts "
                     "about the policy's own samples (placement, later tokens, length weights) do not apply")

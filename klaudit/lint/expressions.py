@@ -120,9 +120,9 @@ class ExpressionFlow(FlowState):
         stored = self.stored(attr) if isinstance(node.value, cst.Name) else ()
         if stored:
             return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
-        poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
-        if poly is not None:
-            return (tensor(poly),)
+        named = _named_tensor(attr, self.no_grad)
+        if named:
+            return named
         if roles.is_mask_name(attr):
             return (Fact(role="mask"),)
         if path is not None and "." in path and self.module.project.options.zero_in_every_run(path.split(".", 1)[1], self.module.path):
@@ -134,11 +134,7 @@ class ExpressionFlow(FlowState):
     def held_log_probs(self, node: cst.Attribute) -> tuple:
         """`self.action_logprobs`, `self.ref_action_logprobs`: log-probs an object holds (a rollout buffer's), read by
         their names as a batch's fields are; only the object's own (`self.x`), not a nested one (`self.cfg.x`)."""
-        if type(node.value) is not cst.Name:
-            return ()
-        attr = node.attr.value
-        poly = roles.named_tensor(attr, grad=not self.no_grad and roles.is_current_policy_name(attr))
-        return (tensor(poly),) if poly is not None else ()
+        return _named_tensor(node.attr.value, self.no_grad) if type(node.value) is cst.Name else ()
 
     def constant_setting(self, node: cst.Attribute) -> tuple:
         """`self.x` that the class sets once, to a literal or a switch between literals (`self.dim = None
@@ -321,3 +317,10 @@ def _indexes_every_axis(node: cst.Subscript) -> bool:
     return len(node.slice) == 3 and all(
         type(element.slice) is cst.Index and type(element.slice.value) in (cst.Name, cst.Attribute, cst.Call)
         for element in node.slice)
+
+
+def _named_tensor(attr: str, no_grad: bool) -> tuple:
+    """A field whose name says what it holds (`ref_logprobs`, `old_log_probs`): that tensor, with the policy's
+    gradient outside no_grad where the name is the current policy's; () for any other name."""
+    poly = roles.named_tensor(attr, grad=not no_grad and roles.is_current_policy_name(attr))
+    return (tensor(poly),) if poly is not None else ()

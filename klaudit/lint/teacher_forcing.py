@@ -104,8 +104,7 @@ def on_preference_pairs(function: cst.FunctionDef, origin: cst.CSTNode | None, i
     SAMPLE_FREE_RULES)."""
     formed = index.of(origin)
     readers = [function] if formed is None or formed is function else [function, formed]
-    return any(_reads_chosen_and_rejected(reader) for reader in readers) and not any(
-        _GENERATING.search(name) for name in _identifiers(python_ast(source)))
+    return any(_reads_chosen_and_rejected(reader) for reader in readers) and generates_nowhere(source)
 
 
 def _reads_chosen_and_rejected(function: cst.FunctionDef) -> bool:
@@ -139,15 +138,26 @@ def _is_ignore_index(node: cst.BaseExpression) -> bool:
     return int_literal(node) == -100 or "ignore_index" in (last_name(node) or "").lower()
 
 
-@functools.lru_cache(maxsize=8)
 def samples_nowhere(source: str) -> bool:
     """Whether no name the module's code uses or defines is a word of sampling (generation, rollouts,
     completions, rewards); its docstrings and comments may say anything."""
+    names = _module_identifiers(source)
+    return names is not None and not any(_SAMPLING.search(_GENERATION_CONFIG.sub("", name)) for name in names)
+
+
+def generates_nowhere(source: str) -> bool:
+    """Whether no name the module's code uses or defines is a word of generating sequences (`_GENERATING`)."""
+    names = _module_identifiers(source)
+    return names is not None and not any(_GENERATING.search(name) for name in names)
+
+
+@functools.lru_cache(maxsize=8)
+def _module_identifiers(source: str) -> frozenset[str] | None:
+    """The names a module's code uses or defines; None for a module Python cannot parse."""
     try:
-        tree = python_ast(source)  # shared with the syntax check
+        return frozenset(_identifiers(python_ast(source)))  # the tree is shared with the syntax check
     except (SyntaxError, ValueError, RecursionError):
-        return False
-    return not any(_SAMPLING.search(_GENERATION_CONFIG.sub("", name)) for name in _identifiers(tree))
+        return None
 
 
 def _identifiers(tree: ast.Module) -> set[str]:
