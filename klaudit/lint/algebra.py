@@ -453,6 +453,7 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
         groups.setdefault(key, []).append((rest, coef))
     out = []
     for key, factor in groups.items():
+        factor = _without_reference_weights(factor, key is not None)
         if not kl_atoms(Poly.of(dict(factor))):
             continue
         differentiable = any(a.grad for m, _ in factor for a in m)
@@ -477,6 +478,33 @@ def terms_of(poly: Poly, sink: Place) -> list[Term]:
         if term is not None:
             out.append(term)
     return out
+
+
+def _without_reference_weights(factor: Terms, weighted: bool) -> Terms:
+    """The factor less its monomials of pi / ref alone (exp(log pi - log ref) times nothing else of the KL's), where
+    the whole factor matches no estimator and they weight a policy term: under a score or importance multiplier
+    (`weighted`: GCPO's `A * exp(logp - sg logp) * exp(clamp(logp - ref))`, the advantage dropped as a scale), or
+    beside what is an estimator without them (zmisource's `-f * exp(logp - ref) + beta * k2`). No catalog form has
+    pi / ref without the log-ratio beside it (k3-reversed is R - 1 - d): a factor that matches one as a whole is kept,
+    and so is one whose rest matches none either (`r - log(r + 1) - 1`, a KL term of a form the lint does not read)."""
+    if match_estimator(factor) is not None:
+        return factor
+    rest = [(mono, coef) for mono, coef in factor if not _reference_weight(mono)]
+    if len(rest) < len(factor) and (weighted or match_estimator(rest) is not None):
+        return rest
+    return factor
+
+
+def reference_weighted_only(poly: Poly) -> bool:
+    """Every KL monomial of the polynomial is pi / ref weighting a policy term (see _without_reference_weights)."""
+    part = kl_part(poly)
+    return bool(part.terms) and all(_reference_weight(mono) for mono, _ in part.terms)
+
+
+def _reference_weight(mono: Monomial) -> bool:
+    """pi / ref, once, beside only the policy's and the behaviour policy's own tensors."""
+    kl = [a for a in mono if a.kind in _KL_KINDS]
+    return len(kl) == 1 and kl[0].kind == INV_RATIO and all(a.kind in _POLICY_ONLY for a in mono if a is not kl[0])
 
 
 def _log_prob_times_k1(multiplier: tuple[AtomKind, bool, Accumulation], factor: Terms) -> Term | None:

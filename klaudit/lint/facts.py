@@ -361,11 +361,14 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         position = Position.ALL  # a KL over every token plus one at the last: the sum covers every token
     if product and formed and any(atom.acc == alg.SEQUENCE for atom in poly.atoms()):
         position = Position.SEQUENCE  # an estimator of the summed log-ratio
+    # a clamp counts where it reaches the KL: not one inside a policy term's weight pi / ref added beside it
+    a_clamp = a.clamped and a.is_kl() and (product or not alg.reference_weighted_only(a.poly))  # type: ignore[arg-type]
+    b_clamp = b.clamped and b.is_kl() and (product or not alg.reference_weighted_only(b.poly))  # type: ignore[arg-type]
     return replace(
         first,
         poly=poly,
-        clamped=(a.clamped and a.is_kl()) or (b.clamped and b.is_kl()),
-        clamped_calls=a.clamped_calls if a.clamped and a.is_kl() else b.clamped_calls if b.clamped and b.is_kl() else 0,
+        clamped=a_clamp or b_clamp,
+        clamped_calls=a.clamped_calls if a_clamp else b.clamped_calls if b_clamp else 0,
         position=position,
         aggregation=first.aggregation or (b if first is a else a).aggregation,  # the KL operand's reduction first
         labels=labels,

@@ -6,6 +6,7 @@ in question; its correct twin (k1 reward-to-go, row 6; k3 loss + k3 reward-to-go
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from snippets import module_codes
@@ -151,3 +152,60 @@ def test_terms_of_keeps_reference_atoms_that_spoil_the_form():
     d = Atom(alg.DELTA, True)
     terms = alg.terms_of(alg.add(Poly.atom(d), Poly.atom(Atom(alg.REF, False))), "loss")
     assert [(t.place, t.estimator) for t in terms] == [("loss", None)]
+
+
+def test_terms_of_sets_aside_a_policy_term_weighted_by_pi_over_ref():
+    # GCPO: -A * exp(logp - sg logp) * exp(clamp(logp - ref)) beside beta * k3 (the advantage a dropped scale);
+    # a preference loss -f * exp(logp - ref) summed over the response beside k2: pi / ref weights the policy's term
+    d, r, inv = Atom(alg.DELTA, True), Atom(alg.RATIO, True), Atom(alg.INV_RATIO, True)
+    k3 = alg.add(alg.add(Poly.atom(r), Poly.atom(d)), Poly.const(-1.0))
+    weighted_pg = alg.mul(Poly.atom(Atom(alg.SCORE, True)), Poly.atom(inv, -1.0))
+    assert [(t.place, t.estimator) for t in alg.terms_of(alg.add(k3, weighted_pg), "loss")] == [
+        ("loss", Estimator.K3)]
+    k2 = alg.mul(Poly.atom(d), Poly.atom(d))
+    sequence_weight = Poly.atom(Atom(alg.INV_RATIO, True, alg.SEQUENCE), 9.0)
+    assert [(t.place, t.estimator) for t in alg.terms_of(alg.add(k2, sequence_weight), "loss")] == [
+        ("loss", Estimator.K2)]
+
+
+def test_terms_of_keeps_pi_over_ref_where_it_is_the_estimator():
+    # exp(d) - 1 - d is k3 with the ratio upside down: pi / ref is the estimator's own monomial, not a weight
+    d, inv = Atom(alg.DELTA, True), Atom(alg.INV_RATIO, True)
+    reversed_k3 = alg.add(alg.add(Poly.atom(inv), Poly.atom(d, -1.0)), Poly.const(-1.0))
+    assert [(t.place, t.estimator) for t in alg.terms_of(reversed_k3, "loss")] == [("loss", Estimator.K3_REVERSED)]
+
+
+# GCPO's loss (gcpo_llama_trainer.py): the clipped surrogate reweighted by the running mean of
+# exp(clamp(logp - ref)), plus beta * k3: row 4's k3 loss (KL002), read as k3 itself, unclamped (the clamp is
+# inside the policy term's weight, not on the KL).
+REWEIGHTED = """\
+    import torch
+
+
+    def compute_loss(per_token_logps, ref_per_token_logps, advantages, mask, beta):
+        coef_1 = torch.exp(per_token_logps - per_token_logps.detach())
+        coef_2 = torch.clamp(coef_1, 0.8, 1.2)
+        per_token_loss = -torch.min(coef_1 * advantages.unsqueeze(1), coef_2 * advantages.unsqueeze(1))
+        weight = torch.exp(torch.clamp(per_token_logps - ref_per_token_logps, -0.5, 0.5))
+        weight = weight.cumsum(dim=-1) / torch.arange(1, weight.size(1) + 1, device=weight.device)
+        per_token_loss = per_token_loss * weight
+{kl}
+        return (per_token_loss * mask).sum() / mask.sum()
+"""
+K3_LOSS = """\
+        per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+        per_token_loss = per_token_loss + beta * per_token_kl"""
+
+
+def test_a_k3_loss_beside_a_policy_term_weighted_by_pi_over_ref(tmp_path):
+    import libcst as cst
+
+    from klaudit.lint.checks import check_module
+    from klaudit.lint.project import Project
+
+    path = tmp_path / "gcpo.py"
+    text = textwrap.dedent(REWEIGHTED.format(kl=K3_LOSS))
+    path.write_text(text)
+    findings = check_module(str(path), cst.parse_module(text), Project([tmp_path]), text)
+    assert [(f.line, f.code) for f in findings] == [(12, "KL002")]
+    assert findings[0].message.startswith("k3 differentiated as a loss")
