@@ -201,11 +201,17 @@ def names_pair_logprobs(name: str) -> bool:
 _SIDED_TENSOR_SUFFIX = re.compile(r"^((\w+_)?(new|cur|curr|current|old|ref|reference|prev|policy)_\w+)_t$", re.IGNORECASE)
 
 
+# The side word inside the log-probs' name (nanoR1Zero's log_ref_probs, log_cur_probs, log_gen_probs): read as the
+# side first (ref_logprobs)
+_SIDE_INSIDE = re.compile(r"^log_([a-z]+)_probs?$", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=4096)  # a pure function of the name, asked for the same names again and again
 def tensor_role(name: str) -> AtomKind | None:
     """The atom kind a name denotes (policy / reference / old log-probs, logits), or None."""
     name = _SIDED_TENSOR_SUFFIX.sub(r"\1", name)
     bare = _DATA_SUFFIX.sub("", _SHAPE_SUFFIX.sub("", _OPTIONAL_SUFFIX.sub("", name.lstrip("_"))))
+    bare = _SIDE_INSIDE.sub(r"\1_logprobs", bare)
     if names_pair_logprobs(bare):
         return None
     if _REF_PATTERN.match(bare) or _REF_LP.match(bare):

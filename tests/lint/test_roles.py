@@ -67,6 +67,8 @@ def test_prefilter_sees_the_vocabulary_of_kl_code(text, expected):
     ("log_probs_base", alg.REF), ("reference_policy_logprobs", alg.REF), ("teacher_log_probs", alg.REF),
     ("old_log_probs", alg.OLD), ("rollout_log_probs", alg.OLD), ("prev_logprobs", alg.OLD),
     ("generation_logprobs", alg.OLD), ("vllm_logprobs", alg.OLD),
+    ("log_ref_probs", alg.REF), ("log_cur_probs", alg.POLICY), ("log_gen_probs", alg.OLD), ("log_probs", alg.POLICY),
+    ("log_all_probs", None),
     ("logits", alg.LOGITS), ("ref_logits", alg.REF_LOGITS), ("t_logits", alg.REF_LOGITS),
     ("advantages", None), ("kl_coef", None), ("response_mask", None),
 ])
