@@ -259,7 +259,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
         starting, everything, configs)
     choices, copies, own_runs = _verl_choices([(path, settings) for path, settings, _ in launches], starting,
                                               everything, configs, scripts, context)
-    dormant, one_step = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts, context)
+    dormant, one_step = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts, everything, context)
     openrlhf_choices, openrlhf_copies = _openrlhf_runs(scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
@@ -288,20 +288,27 @@ def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_r
 
 
 def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copies: Sequence[str],
-                         configs: Iterable[str], scripts: Mapping[str, str], context: Context
-                         ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What the project's `own` launches of its verl `copies` show of them (klaudit.frameworks.verl_runs): the
-    copies' distillation folders, whose losses never run where no launch or YAML file of the project turns
-    distillation on, and the copies again where every launch takes one optimizer step per rollout, whose KL terms are
-    then on fresh samples."""
+                         configs: Iterable[str], scripts: Mapping[str, str], sources: Mapping[str, str],
+                         context: Context) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What the project's `own` launches of its verl `copies` show of them (klaudit.frameworks.verl_runs): the code of
+    the copies no run reaches (the distillation folders, where no launch or YAML file of the project turns
+    distillation on; the Megatron actor, where no launch trains with Megatron; the recipes no launch runs and no
+    module of the project outside them imports), and the copies again where every launch takes one optimizer step per
+    rollout, whose KL terms are then on fresh samples."""
     if not own or not copies:
         return (), ()
     _, own_configs = _project_texts({}, configs, verl.DEFAULTS_FILE, context)
     yaml = {path: read_text(Path(path)) or "" for path in own_configs if path.endswith(YAML_SUFFIXES)}
-    never_distilled = verl_runs.distillation_never_on([settings for _, settings in own], yaml)
-    one_step = verl_runs.one_step_per_rollout([(scripts.get(path), settings) for path, settings in own])
-    return (tuple(str(Path(copy) / verl_runs.DISTILLATION_PACKAGE) for copy in copies) if never_distilled else (),
-            tuple(copies) if one_step else ())
+    launched = [(scripts.get(path), settings) for path, settings in own]
+    dormant: list[str] = []
+    if verl_runs.distillation_never_on([settings for _, settings in own], yaml):
+        dormant += [str(Path(copy) / verl_runs.DISTILLATION_PACKAGE) for copy in copies]
+    if verl_runs.megatron_never_run(launched):
+        dormant += [str(Path(copy) / verl.MEGATRON_ACTOR) for copy in copies]
+    for copy in copies:
+        dormant += verl_runs.unlaunched_recipes(Path(copy), [text or "" for text, _ in launched], sources)
+    one_step = verl_runs.one_step_per_rollout(launched)
+    return tuple(dormant), tuple(copies) if one_step else ()
 
 
 def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:

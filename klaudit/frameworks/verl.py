@@ -402,7 +402,8 @@ def first_update_at_zero_lr(copy: Path | None) -> bool:
 
 
 STRATEGY = "actor_rollout_ref.actor.strategy"
-_ACTORS = {False: "verl/workers/actor/dp_actor.py", True: "verl/workers/actor/megatron_actor.py"}
+MEGATRON_ACTOR = "verl/workers/actor/megatron_actor.py"
+_ACTORS = {False: "verl/workers/actor/dp_actor.py", True: MEGATRON_ACTOR}
 
 
 def runs_megatron(settings: Mapping[str, Setting], text: str | None) -> bool:

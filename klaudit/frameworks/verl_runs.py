@@ -39,6 +39,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from klaudit.frameworks import easyr1
 from klaudit.frameworks.settings import Setting, number, steps_per_rollout, truthy, yaml_settings
@@ -53,7 +54,9 @@ from klaudit.frameworks.verl import (
     LAUNCH,
     LOSS_AGG_MODE,
     STEP_DEFAULTS,
+    STRATEGY,
     USE_KL_LOSS,
+    runs_megatron,
 )
 
 FLAG = "use_kl_in_reward"
@@ -249,3 +252,30 @@ def one_step_per_rollout(launched: Iterable[tuple[str | None, Mapping[str, Setti
                 and steps_per_rollout(settings, STEP_DEFAULTS) <= 1)
 
     return bool(runs) and all(one_step(text, settings) for text, settings in runs)
+
+
+def megatron_never_run(launched: Iterable[tuple[str | None, Mapping[str, Setting]]]) -> bool:
+    """Whether no run builds verl's Megatron actor (main_ppo builds it only for `actor.strategy=megatron`; FSDP is the
+    default): at least one launch, none whose strategy is Megatron or computed, whose script names Megatron's trainer
+    config, or whose script speaks of Megatron at all (a variable that may pick it)."""
+    runs = list(launched)
+    return bool(runs) and not any(
+        runs_megatron(settings, text) or "megatron" in (text or "").lower()
+        or STRATEGY in settings and settings[STRATEGY].value is None for text, settings in runs)
+
+
+def unlaunched_recipes(copy: Path, launches: Iterable[str], sources: Mapping[str, str]) -> list[str]:
+    """The folders of the copy's `recipe/` that no launch runs (`python -m recipe.dapo.main_dapo`, `recipe/dapo/run.sh`)
+    and no Python module names (`from recipe.dapo.dapo_ray_trainer import ...`) among the project's outside the copy
+    and those of the recipes that are run. The copy's own tests and sanity lists name every recipe: they run none."""
+    try:
+        folders = {entry.name: entry.resolve() for entry in (copy / "recipe").iterdir() if entry.is_dir()}
+    except OSError:
+        return []
+    resolved = {path: Path(path).resolve() for path in sources}
+    outside = [text for path, text in sources.items() if not resolved[path].is_relative_to(copy.resolve())]
+    named = {name: re.compile(rf"(?<![\w.])recipe[./]{re.escape(name)}(?![\w-])") for name in folders}
+    run = {name for name, pattern in named.items() if any(pattern.search(text) for text in [*launches, *outside])}
+    inside = [text for path, text in sources.items() if any(resolved[path].is_relative_to(folders[name]) for name in run)]
+    run |= {name for name, pattern in named.items() if any(pattern.search(text) for text in inside)}
+    return [str(folder) for name, folder in sorted(folders.items()) if name not in run]

@@ -111,3 +111,38 @@ def test_on_fresh_samples_a_verdict_loses_only_the_older_samples_rule(older):
         fresh = Config(loss=loss, reward=reward, returns=returns, aggregation=aggregation)
         on_older = rows(replace(fresh, sampling=older))
         assert {row for row in on_older if row[0] != OFF_POLICY_RULE} == rows(fresh), fresh
+
+
+# qin-star/Query_RL and ZJU-REAL/cooper (ninety-sixth set) carry verl and train with FSDP launches of their own: the
+# copy's Megatron actor, built by main_ppo only for actor.strategy=megatron, and its upstream recipes never run there.
+@pytest.mark.parametrize(("overrides", "judged"), [
+    ("", False),  # verl's default strategy: FSDP
+    (" actor_rollout_ref.actor.strategy=fsdp2", False),
+    (" actor_rollout_ref.actor.strategy=megatron", True),
+    (" actor_rollout_ref.actor.strategy=$STRATEGY", True),  # computed: it may be Megatron
+    (" --config-name=ppo_megatron_trainer", True),
+])
+def test_the_megatron_actor_is_judged_only_where_a_run_may_build_it(tmp_path, overrides, judged):
+    found = _copy_findings(tmp_path, LAUNCH.format(kind="low_var_kl") + overrides,
+                           {"verl/workers/actor/megatron_actor.py": ACTOR})
+    assert any(name == "megatron_actor.py" for name, _ in found) is judged
+
+
+def test_verl_itself_judges_its_megatron_actor(tmp_path):
+    assert any(name == "megatron_actor.py" for name, _ in
+               _copy_findings(tmp_path, "", {"verl/workers/actor/megatron_actor.py": ACTOR}))
+
+
+@pytest.mark.parametrize(("launch_module", "importer", "judged"), [
+    ("verl.trainer.main_ppo", "", False),  # no run of the recipe
+    ("recipe.sppo.main_sppo", "", True),  # the launch runs it
+    ("verl.trainer.main_ppo", "from recipe.sppo.sppo_worker import SPPOActor\n", True),  # the project imports it
+])
+def test_a_recipe_is_judged_only_where_a_run_reaches_it(tmp_path, launch_module, importer, judged):
+    launch = "cd verl_code\n" + LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo", launch_module)
+    copied = {"verl/trainer/ppo/core_algos.py": CORE_ALGOS, "recipe/sppo/dp_actor.py": ACTOR,
+              "recipe/sppo/main_sppo.py": "import hydra\n",
+              "tests/special_sanity/check_device_api_usage.py": 'ALLOWED = ["recipe/sppo/dp_actor.py"]\n'}
+    project = {"scripts/train.sh": launch, **({"train_project.py": importer} if importer else {})}
+    found = _findings(tmp_path, project, {f"verl_code/{path}": text for path, text in copied.items()}, copy="verl_code")
+    assert any(f.path.endswith("recipe/sppo/dp_actor.py") for f in found) is judged
