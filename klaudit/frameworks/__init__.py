@@ -1471,15 +1471,29 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
                 and not patched and trl.refused_keywords(call.written):
             continue  # a keyword no GRPOConfig takes: a TypeError, nothing trains (where the project defines no
             # GRPOConfig of its own to copy over TRL's, as guoku995/SEG-GRPO does, and Unsloth adds none of its own)
-        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), release)
+        fallback, note = _unsloth(*_class_defaults((call.name,), path, context), release,
+                                  _unsloth_copy(call.name, path, context))
         found += _trl(path, call.settings, context, call.where, fallback, note, text=source, by_unsloth=release)
     return found
 
 
-def _unsloth(fallback: Mapping[str, str] | None, note: str,
-             release: Assumed | None) -> tuple[Mapping[str, str] | None, str]:
+def _unsloth_copy(name: str, path: str, context: Context) -> str | None:
+    """The module defining the configuration class `name`, where it is a copy of Unsloth's generated trainer that
+    carries its own plain-k3 GRPO loss (unsloth.carries_plain_loss); None otherwise."""
+    definition = context.definition(name, path)
+    if definition is None or not unsloth.carries_plain_loss(read_text(Path(definition.path)) or ""):
+        return None
+    return os.path.normpath(definition.path)
+
+
+def _unsloth(fallback: Mapping[str, str] | None, note: str, release: Assumed | None,
+             copy: str | None = None) -> tuple[Mapping[str, str] | None, str]:
     """The defaults and note of a GRPOConfig whose trainer Unsloth patches, in the Unsloth `release` assumed (None:
-    not patched): before 2026.9.3 no bias correction whatever TRL's flag says; from it on, TRL's flag as it is."""
+    not patched): before 2026.9.3 no bias correction whatever TRL's flag says; from it on, TRL's flag as it is. A
+    trainer copied into the project (`copy`, the module) runs the loss written there, whatever the release."""
+    if copy is not None:
+        return ({**(fallback or {}), trl.CORRECTION: "False"},
+                "; ".join(filter(None, (note, f"the GRPO loss copied in {copy}: a plain k3"))))
     if release is None:
         return fallback, note
     if unsloth.follows_bias_correction(release):
@@ -1739,6 +1753,7 @@ def _class_defaults(names: Collection[str], path: str, context: Context) -> tupl
         if chain:
             values: dict[str, str] = {}
             for definition in reversed(chain):
+                values.update({key: s.value for key, s in definition.passed.items() if s.value is not None})
                 values.update({key: s.value for key, s in definition.fields.items() if s.value is not None})
             origin = chain[-1] if chain[-1].name in trl.CONFIG_CLASSES else chain[0]
             return values, f"defaults of {origin.name} in {os.path.normpath(origin.path)}"

@@ -80,7 +80,7 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     def column(line: int, offset: int) -> int:  # 1-based, in characters
         return len(lines[line - 1][:offset].decode("utf-8", errors="replace")) + 1
 
-    def setting(node: ast.expr | ast.stmt | ast.keyword, value: str | None, name_length: int) -> Setting:
+    def setting(node: ast.expr | ast.stmt | ast.keyword | ast.arg, value: str | None, name_length: int) -> Setting:
         start = column(node.lineno, node.col_offset)
         end = (column(node.lineno, node.end_col_offset or 0) if node.end_lineno == node.lineno
                else start + name_length)
@@ -153,7 +153,9 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
                 target, value = assigned(statement)
                 if isinstance(target, ast.Name) and target.id in keys and value is not None:
                     fields[target.id] = setting(statement, _python_default(value, text), len(target.id))
-            definitions.append(((node.lineno, node.col_offset), ConfigClass(node.name, bases, fields, path)))
+            passed = {parameter.arg: setting(parameter, _python_default(value, text), len(parameter.arg))
+                      for parameter, value in _init_defaults(node) if parameter.arg in keys}
+            definitions.append(((node.lineno, node.col_offset), ConfigClass(node.name, bases, fields, path, passed)))
     # in the order of the source, as LibCST visits them
     return (sorted(calls, key=lambda call: (call.where.line, call.where.column)),
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
@@ -368,3 +370,15 @@ def _called_name(func: ast.expr, names: Collection[str], text: Callable[[ast.exp
         return None
     return name if text(func).endswith(name) else None  # an identifier Python normalised: not this name
 
+
+
+def _init_defaults(node: ast.ClassDef) -> list[tuple[ast.arg, ast.expr]]:
+    """The keyword parameters of a configuration class's own `__init__` with their defaults (Unsloth's generated
+    UnslothGRPOConfig takes every field so, `beta = 0.04`, and hands it to GRPOConfig's)."""
+    init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
+    if init is None:
+        return []
+    positional = init.args.posonlyargs + init.args.args
+    pairs = list(zip(positional[len(positional) - len(init.args.defaults):], init.args.defaults))
+    pairs += [(arg, default) for arg, default in zip(init.args.kwonlyargs, init.args.kw_defaults) if default is not None]
+    return pairs

@@ -314,7 +314,19 @@ class _Reader(cst.CSTVisitor):
                 target, value = _single_assignment(statement)
                 if isinstance(target, cst.Name) and target.value in self.keys and value is not None:
                     fields[target.value] = self._setting(statement, _field_default(value), len(target.value))
-        self.definitions.append(ConfigClass(node.name.value, bases, fields, self.path))
+        passed = {parameter.name.value: self._setting(parameter, _field_default(parameter.default),
+                                                      len(parameter.name.value))
+                  for parameter in _init_parameters(node)
+                  if parameter.name.value in self.keys and parameter.default is not None}
+        self.definitions.append(ConfigClass(node.name.value, bases, fields, self.path, passed))
+
+
+def _init_parameters(node: cst.ClassDef) -> list[cst.Param]:
+    """The parameters of a configuration class's own `__init__` (Unsloth's generated UnslothGRPOConfig takes every
+    field with its default, `beta = 0.04`, and hands it to GRPOConfig's)."""
+    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+    init = next((item for item in body if isinstance(item, cst.FunctionDef) and item.name.value == "__init__"), None)
+    return [] if init is None else [*init.params.params, *init.params.kwonly_params]
 
 
 def libcst_configs(source: str, names: frozenset[str], keys: tuple[str, ...], path: str,

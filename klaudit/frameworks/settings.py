@@ -77,6 +77,9 @@ class ConfigClass:
     bases: tuple[str, ...]
     fields: Mapping[str, Setting]  # the keys given a default in the class body
     path: str
+    # the keys its own `__init__` takes with a default and hands on (Unsloth's generated UnslothGRPOConfig): defaults
+    # of a run that leaves them, not a setting of the class's own to judge where it is written
+    passed: Mapping[str, Setting] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ def trainer_methods(path: str, source: str, subclasses: Collection[str]) -> list
     """(first line, last line) of each method of the GRPO trainers the module at `path` defines that reads beta from
     TRL's GRPOConfig: a class deriving from TRL's GRPOTrainer (`subclasses`), or a class named for GRPO, or naming
     GRPOConfig (SpaceR's `SGRLVRTrainer`, whose `args: GRPOConfig = None`), whose own code sets `self.beta = args.beta`
-    (an edited copy; TRL's DPOTrainer reads its preference temperature the same way, from a DPOConfig). A
+    (an edited copy; TRL's DPOTrainer reads its preference temperature the same way, from a DPOConfig), or a class
+    deriving from one such class of the module (Unsloth's generated `UnslothGRPOTrainer(_UnslothGRPOTrainer)`). A
     method with a `beta` parameter of its own is left out, and so are TRL's own modules, which every user configures."""
     if "trl" in Path(path).parts[:-1] or "beta" not in source:
         return []
@@ -143,12 +144,15 @@ def trainer_methods(path: str, source: str, subclasses: Collection[str]) -> list
     except (SyntaxError, ValueError, RecursionError):
         return []
     spans = []
+    trainers: set[str] = set()
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
         text = ast.get_source_segment(source, node) or ""
-        if node.name not in subclasses and not (("GRPO" in node.name or "GRPOConfig" in text) and _FROM_CONFIG.search(text)):
+        if node.name not in subclasses and not (("GRPO" in node.name or "GRPOConfig" in text) and _FROM_CONFIG.search(text)) \
+                and not any(isinstance(base, ast.Name) and base.id in trainers for base in node.bases):
             continue
+        trainers.add(node.name)
         spans += [(item.lineno, item.end_lineno or item.lineno) for item in node.body
                   if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                   and BETA not in {arg.arg for arg in (*item.args.posonlyargs, *item.args.args, *item.args.kwonlyargs)}]

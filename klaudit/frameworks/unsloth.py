@@ -29,6 +29,17 @@ NAME = "unsloth"
 _FOLLOWS_TRL = "2026.9.3"  # the first release whose GRPO loss reads TRL's use_bias_correction_kl
 
 
+# A copy of Unsloth's generated trainer in the project (unsloth_compiled_cache/UnslothGRPOTrainer.py, edited), with the
+# GRPO loss written in the module rather than imported from the installed unsloth_zoo
+_OWN_LOSS = re.compile(r"^def grpo_compute_loss\(", re.MULTILINE)
+
+
+def carries_plain_loss(text: str) -> bool:
+    """Whether a module carries its own copy of Unsloth's GRPO loss that never reads TRL's bias correction: its
+    trainer adds a plain k3, whatever Unsloth release is installed."""
+    return _OWN_LOSS.search(text) is not None and "use_bias_correction_kl" not in text
+
+
 def follows_bias_correction(assumed: Assumed) -> bool:
     """Whether Unsloth's GRPO loss in the release `assumed` multiplies the k3 by the ratio where TRL's flag says so."""
     return at_least(assumed, _FOLLOWS_TRL)

@@ -85,3 +85,44 @@ def test_imports_after_unsloth_reach_through_relative_imports_and_the_modules_im
         Path(path).write_text(text)
     patched = {Path(path).relative_to(tmp_path.resolve()).as_posix() for path in imported_after_unsloth(sources)}
     assert patched == {"pkg/trainer.py", "pkg/helpers.py"}
+
+
+# menloresearch/ReZero and dCaples/AutoDidact (ninety-sixth set) carry Unsloth's generated trainer as a module of their
+# own: its `grpo_compute_loss` adds beta * k3, and its UnslothGRPOConfig takes beta = 0.04 in its `__init__`.
+_COPIED_TRAINER = """\
+from trl.trainer.grpo_trainer import GRPOConfig, Trainer
+
+
+def grpo_compute_loss(old_logits, new_logits, input_ids, mask, beta, advantages):
+    return beta
+
+
+class UnslothGRPOConfig(GRPOConfig):
+    def __init__(self, output_dir=None, beta=0.04, **kwargs):
+        super().__init__(output_dir=output_dir, beta=beta, **kwargs)
+
+
+class _UnslothGRPOTrainer(Trainer):
+    def __init__(self, model, args=None):
+        self.beta = args.beta
+
+
+class UnslothGRPOTrainer(_UnslothGRPOTrainer):
+    def __init__(self, model, args=None):
+        if args is None: args = UnslothGRPOConfig()
+        super().__init__(model, args)
+"""
+
+
+def test_a_copy_of_unsloths_trainer_runs_its_own_plain_k3_whatever_the_release(tmp_path):
+    # no pin: the newest Unsloth, whose own loss follows TRL's bias correction, is not what this project runs
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "app"\ndependencies = ["unsloth", "trl"]\n')
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "UnslothGRPOTrainerTemp.py").write_text(_COPIED_TRAINER)
+    (tmp_path / "train.py").write_text("from unsloth import FastLanguageModel\n"
+                                       "import src.UnslothGRPOTrainerTemp as Temp\n\n"
+                                       'args = Temp.UnslothGRPOConfig(output_dir="out")\n')
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert [(f.path.rsplit("/", 1)[-1], f.line, f.code) for f in found] == [("train.py", 4, "KL002")]
+    assert "src/UnslothGRPOTrainerTemp.py: a plain k3" in found[0].message
+    assert "beta=0.04 (default)" in found[0].message
