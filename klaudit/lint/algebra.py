@@ -502,9 +502,11 @@ def reference_weighted_only(poly: Poly) -> bool:
 
 
 def _reference_weight(mono: Monomial) -> bool:
-    """pi / ref, once, beside only the policy's and the behaviour policy's own tensors."""
+    """pi / ref with its gradient, once, beside only the policy's and the behaviour policy's own tensors (a detached
+    one, OREO's clipped sequence weight of other losses, is left to the factor: what it multiplies is not seen)."""
     kl = [a for a in mono if a.kind in _KL_KINDS]
-    return len(kl) == 1 and kl[0].kind == INV_RATIO and all(a.kind in _POLICY_ONLY for a in mono if a is not kl[0])
+    return len(kl) == 1 and kl[0].kind == INV_RATIO and kl[0].grad \
+        and all(a.kind in _POLICY_ONLY for a in mono if a is not kl[0])
 
 
 def _log_prob_times_k1(multiplier: tuple[AtomKind, bool, Accumulation], factor: Terms) -> Term | None:

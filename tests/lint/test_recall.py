@@ -168,6 +168,13 @@ def test_terms_of_sets_aside_a_policy_term_weighted_by_pi_over_ref():
         ("loss", Estimator.K2)]
 
 
+def test_terms_of_keeps_a_detached_pi_over_ref_whose_product_it_does_not_see():
+    # OREO's clipped sequence weight of its Bellman losses, detached, beside the exact KL: no reading of the sum
+    full, weight = Atom(alg.FULL, True, alg.SEQUENCE), Atom(alg.INV_RATIO, False, alg.SEQUENCE)
+    assert [(t.place, t.estimator) for t in alg.terms_of(alg.add(Poly.atom(full), Poly.atom(weight)), "loss")] == [
+        ("loss", None)]
+
+
 def test_terms_of_keeps_pi_over_ref_where_it_is_the_estimator():
     # exp(d) - 1 - d is k3 with the ratio upside down: pi / ref is the estimator's own monomial, not a weight
     d, inv = Atom(alg.DELTA, True), Atom(alg.INV_RATIO, True)
