@@ -34,6 +34,7 @@ from klaudit.frameworks.python_values import (
     dotted_chain,
     encoded_lines,
     environment_readers,
+    imported_dict_keys,
     integer_arithmetic,
     module_constants_of,
     nested_calls,
@@ -123,8 +124,8 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             if name is None or any(first <= node.lineno <= last for first, last in refused):
                 continue
             splats = [keyword.value for keyword in node.keywords if keyword.arg is None]
-            built = _splatted(splats, partial(unpacked, scope_of(node), call=node, config=name, functions=helpers,
-                                                       module=tree))
+            built = _splatted(splats, partial(_unpacked, tree, path, scope_of(node), call=node, config=name,
+                                              functions=helpers))
             named = [(keyword, keyword.arg, _left_alone(keyword.value, scope_of(node)))
                      for keyword in node.keywords if keyword.arg is not None]
             given = [*((entry.span, entry.key, entry.value) for entry in built or ()), *named]
@@ -159,6 +160,21 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
     # in the order of the source, as LibCST visits them
     return (sorted(calls, key=lambda call: (call.where.line, call.where.column)),
             [definition for _, definition in sorted(definitions, key=lambda pair: pair[0])])
+
+
+def _unpacked(tree: ast.Module, path: str, scope: ast.AST, mapping: ast.expr, call: ast.Call, config: str,
+              functions: Mapping[str, ast.FunctionDef]) -> list[Entry] | None:
+    """kwargs_dicts.unpacked, and a dict literal another module of the project binds and this one imports
+    (`from config import TRAINING_CONFIG`, then `GRPOConfig(**TRAINING_CONFIG)`): each of its keys read as
+    `TRAINING_CONFIG["key"]`, the module's imported constant (a literal, else unknown), at the unpacking."""
+    found = unpacked(scope, mapping, call, config, functions, tree)
+    if found is not None or not isinstance(mapping, ast.Name):
+        return found
+    keys = imported_dict_keys(tree, mapping.id, path)
+    if keys is None:
+        return None
+    return [Entry(key, ast.copy_location(ast.Subscript(ast.Name(mapping.id, ast.Load()), ast.Constant(key), ast.Load()),
+                                          mapping), mapping) for key in keys]
 
 
 def _splatted(splats: list[ast.expr], unpacked: Callable[[ast.expr], list[Entry] | None]) -> list[Entry] | None:

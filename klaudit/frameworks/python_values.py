@@ -210,18 +210,9 @@ def imported_constants(module: str, level: int, path: str, options: Options,
     (`from config import ...` beside the module at `path`, or `from .config import ...`) reads, by name, each with
     the file and line that binds it; {} for a module outside the project, one not found, or one already on the
     chain `seen`."""
-    if not path:
-        return {}
-    folder = Path(path).resolve().parent
-    for _ in range(max(level - 1, 0)):
-        folder = folder.parent
-    parts = module.split(".")
-    # a script's neighbour, else (an absolute import run from a folder above) the nearest folder above that has it
-    above = (folder, *folder.parents[:_IMPORT_ROOTS]) if level == 0 else (folder,)
-    target = next((place.joinpath(*parts).with_suffix(".py") for place in above
-                   if place.joinpath(*parts).with_suffix(".py").is_file()), folder / "-")
-    source = read_text(target) if str(target) not in seen else None
-    if source is None:
+    target = project_module(module, level, path)
+    source = read_text(target) if target is not None and str(target) not in seen else None
+    if target is None or source is None:
         return {}
     try:
         tree = python_ast(source)
@@ -231,6 +222,51 @@ def imported_constants(module: str, level: int, path: str, options: Options,
                                   seen | {str(Path(path).resolve()), str(target)})
     return {name: replace(value, origin=value.origin.replace(" at line ", f" at {target.name}:"))
             for name, value in constants.items()}
+
+
+def project_module(module: str, level: int, path: str) -> Path | None:
+    """The file of the project's module that an import from `module` at relative `level` reads, beside the module at
+    `path` (`from config import ...`, `from .config import ...`); None where it is not found there."""
+    if not path:
+        return None
+    folder = Path(path).resolve().parent
+    for _ in range(max(level - 1, 0)):
+        folder = folder.parent
+    parts = module.split(".")
+    # a script's neighbour, else (an absolute import run from a folder above) the nearest folder above that has it
+    above = (folder, *folder.parents[:_IMPORT_ROOTS]) if level == 0 else (folder,)
+    return next((place.joinpath(*parts).with_suffix(".py") for place in above
+                 if place.joinpath(*parts).with_suffix(".py").is_file()), None)
+
+
+def imported_dict_keys(tree: ast.Module, name: str, path: str) -> list[str] | None:
+    """The keys of the dict literal a project module binds to `name` at its top level, where the module at `path`
+    (`tree`) imports it (`from config import TRAINING_CONFIG`, then `GRPOConfig(**TRAINING_CONFIG)`): string keys
+    only, no `**` spread, bound once and changed in place by neither module; None otherwise."""
+    source_module = next((node for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+                          and any((alias.asname or alias.name) == name and alias.name == name for alias in node.names)),
+                         None)
+    if source_module is None or name in _changed_in_place(tree) or _bindings(tree, name) != 1:
+        return None
+    target = project_module(source_module.module or "", source_module.level, path)
+    text = read_text(target) if target is not None else None
+    try:
+        other = python_ast(text) if text is not None else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if other is None or name in _changed_in_place(other) or _bindings(other, name) != 1:
+        return None
+    values = [value for target, value in map(assigned, other.body) if isinstance(target, ast.Name) and target.id == name]
+    value = values[0] if len(values) == 1 else None
+    if not isinstance(value, ast.Dict):
+        return None
+    keys = [key.value for key in value.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+    return keys if len(keys) == len(value.keys) else None
+
+
+def _bindings(tree: ast.Module, name: str) -> int:
+    """How many times the module binds `name`, anywhere (its functions' own bindings of it included)."""
+    return sum(binds(node) == name for node in ast.walk(tree))
 
 
 def _environment_default(node: ast.expr, text: Callable[[ast.expr], str],

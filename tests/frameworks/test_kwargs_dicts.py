@@ -95,6 +95,19 @@ def test_a_module_level_dict(tmp_path):
     assert _found(tmp_path, source) == [(3, "KL002")]
 
 
+# menloresearch/ReZero (ninety-sixth set): `UnslothGRPOConfig(**TRAINING_CONFIG, ...)` with the dict in config.py
+@pytest.mark.parametrize(("settings", "change", "expected"), [
+    ('{"beta": 0.04, "use_bias_correction_kl": False}', "", [(5, "KL002")]),
+    ('{"beta": float(os.environ["BETA"]), "use_bias_correction_kl": False}', "", []),  # a key not literal: unknown
+    ('{"beta": 0.04, "use_bias_correction_kl": False}', 'SETTINGS["beta"] = 0.0\n', []),  # changed where imported
+    ('dict(beta=0.04, use_bias_correction_kl=False)', "", []),  # not a dict literal
+])
+def test_a_dict_literal_imported_from_another_module(tmp_path, settings, change, expected):
+    (tmp_path / "config.py").write_text(f"import os\n\nSETTINGS = {settings}\n")
+    source = f"from trl import GRPOConfig\n\nfrom config import SETTINGS\n{change}\nconfig = GRPOConfig(**SETTINGS)\n"
+    assert _found(tmp_path, source) == [(line + bool(change), code) for line, code in expected]
+
+
 def test_a_dict_chosen_between_two_displays_keeps_the_keys_neither_sets(tmp_path):
     """posix4e/tmuxbench (fifty-first set) spreads `{} if args.no_vllm else {"use_vllm": True, ...}` into its
     GRPOConfig: only the generation keys may come from it, so beta = 0.04 with TRL 1.16's defaults is
