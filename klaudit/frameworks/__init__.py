@@ -1492,14 +1492,14 @@ def _unsloth(fallback: Mapping[str, str] | None, note: str, release: Assumed | N
     not patched): before 2026.9.3 no bias correction whatever TRL's flag says; from it on, TRL's flag as it is. A
     trainer copied into the project (`copy`, the module) runs the loss written there, whatever the release."""
     if copy is not None:
-        return ({**(fallback or {}), trl.CORRECTION: "False"},
-                "; ".join(filter(None, (note, f"the GRPO loss copied in {copy}: a plain k3"))))
-    if release is None:
+        loss = f"the GRPO loss copied in {copy}"
+    elif release is None:
         return fallback, note
-    if unsloth.follows_bias_correction(release):
+    elif unsloth.follows_bias_correction(release):
         return fallback, "; ".join(filter(None, (note, f"{release.label('Unsloth')}'s GRPO loss: TRL's bias correction")))
-    return ({**(fallback or {}), trl.CORRECTION: "False"},
-            "; ".join(filter(None, (note, f"{release.label('Unsloth')}'s GRPO loss: a plain k3"))))
+    else:
+        loss = f"{release.label('Unsloth')}'s GRPO loss"
+    return {**(fallback or {}), trl.CORRECTION: "False"}, "; ".join(filter(None, (note, f"{loss}: a plain k3")))
 
 
 def _tunix_python(path: str, module: cst.Module | None, source: str, context: Context) -> list[Finding]:
