@@ -14,14 +14,14 @@ are on options nobody picks (`run_choices`, `choice_holds`). verl's own reposito
 the upstream ones (under `examples/`, `tests/`, `recipe/`, `docs/` or the package itself), is a library: its users
 pick, and every branch is judged.
 
-More things a project's own launches show of its copy. Its distillation losses (`verl/trainer/distillation/`)
-run only with `distillation.enabled=true`: where every launch leaves it off and no YAML file of the project turns it
-on, their verdicts are on code no run reaches. So are those of its Megatron actor, which `main_ppo` builds only for
+More things a project's own launches show of its copy. Its distillation losses (`verl/trainer/distillation/`) run
+only with `distillation.enabled=true`: where every launch leaves it off and no YAML file of the project turns it on,
+their verdicts are on code no run reaches. So are those of its Megatron actor, which `main_ppo` builds only for
 `actor_rollout_ref.actor.strategy=megatron`, where no launch trains with Megatron (FSDP is verl's default), and of
-each of its `recipe/` folders that no launch runs and no module of the project outside the copy imports. And where every launch runs the synchronous trainer
-(`verl.trainer.main_ppo`) with one optimizer step per rollout (ppo_epochs x train_batch_size / ppo_mini_batch_size
-at most 1), the PPO ratio to the rollout's log-probs is 1 at that step: the copy's KL terms are on fresh samples,
-whose verdicts are those on older samples less KL008.
+each of its `recipe/` folders that no launch runs and no module of the project outside the copy imports. And where
+every launch runs the synchronous trainer (`verl.trainer.main_ppo`) with one optimizer step per rollout (ppo_epochs
+x train_batch_size / ppo_mini_batch_size at most 1), the PPO ratio to the rollout's log-probs is 1 at that step: the
+copy's KL terms are on fresh samples, whose verdicts are those on older samples less KL008.
 
 Read conservatively: a launch whose value is computed (`algorithm.use_kl_in_reward=$USE_KL`, unresolved), a YAML
 key or assignment that is not plainly false, or a project with no launch of verl at all (a library, or a fork used
