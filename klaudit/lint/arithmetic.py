@@ -126,7 +126,8 @@ class ArithmeticFlow(FlowState):
 
     def multiply(self, left: tuple, right: tuple, node) -> tuple:
         counts = tuple(f for f in left + right if f.role in ("length", "ntokens"))
-        if counts and not any(f.role == "tensor" and f.poly is not None and not f.poly.is_const() for f in left + right):
+        if counts and not any(f.role == "tensor" and f.poly is not None and not f.poly.is_const() for f in left + right) \
+                and not _names_a_loss(node):
             return counts  # a token count times a number (`len(tokens) * G`) still counts each sequence's tokens
         out = []
         negative_unknown = False
@@ -248,6 +249,18 @@ def _operand(node: cst.CSTNode, left: bool) -> cst.CSTNode | None:
     if not isinstance(node, cst.BinaryOperation):
         return None
     return node.left if left else node.right
+
+
+def _names_a_loss(node: cst.CSTNode) -> bool:
+    """An operand named for a loss (`-out.loss * n_tokens`, `nll * lengths`): a mean over the tokens times their
+    count is a sum over them (a sequence's log-prob from a model's built-in cross-entropy), not a count."""
+    return any(isinstance(operand, (cst.Name, cst.Attribute)) and roles.sink_of_name(last_name(operand) or "") == "loss"
+               for side in (True, False) if (operand := _unsigned(_operand(node, left=side))) is not None)
+
+
+def _unsigned(node: cst.CSTNode | None) -> cst.CSTNode | None:
+    """`x` for `-x`; any other node as it is."""
+    return node.expression if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) else node
 
 
 def _names_advantage(expression: cst.CSTNode | None) -> bool:
