@@ -294,7 +294,9 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     if calls_of is None:
         calls_of = CallIndex()
     calls = calls_of(func)
-    steps = [(i, loops) for i, (call, loops) in enumerate(calls) if _is_step(call) and not _steps_another_model(call)]
+    stepping = _stepping_inner_functions(func, calls_of)
+    steps = [(i, loops) for i, (call, loops) in enumerate(calls)
+             if _is_step(call) and not _steps_another_model(call) or dotted(call.func) in stepping]
     if not steps and _stepped_by_lightning(func, methods):
         # one step after the function returns, out of its loops (or after a window of such calls, none stepping)
         return _drawn_since(len(calls), (), calls, module, _drawing(methods, module, calls_of), beyond) is True
@@ -337,17 +339,32 @@ def steps_on_fresh_samples(func: cst.FunctionDef | cst.Module, methods: dict[str
     return drawn is True
 
 
+def _stepping_inner_functions(func: cst.FunctionDef | cst.Module, calls_of: CallIndex) -> frozenset[str]:
+    """The names of the functions `func` defines that step the policy's optimizer and draw nothing (a `flush_optimizer`
+    closure over a window of accumulated gradients): a call of one is a step where it is made."""
+    if not isinstance(func, cst.FunctionDef):
+        return frozenset()
+    return frozenset(inner.name.value for inner in calls_of.inner_functions(func)
+                     if any(_is_step(call) and not _steps_another_model(call) for call, _ in calls_of(inner))
+                     and not any(_named_as_draw(call) or _generates(call) for call, _ in calls_of(inner)))
+
+
 def _flushes_an_accumulation(func: cst.FunctionDef | cst.Module, step: cst.Call, loops: tuple, steps: list,
                              calls: Sequence) -> bool:
     """A step after the training loop that flushes gradients a last, partial accumulation window left
-    (`if step % accumulation_steps != 0: scaler.step(optimizer)`): outside every loop, under a test of a remainder,
-    stepping the optimizer a loop of the function steps too. It steps on samples no step has used, so it is no
-    second step on one batch."""
+    (`if step % accumulation_steps != 0: scaler.step(optimizer)`, or `flush_optimizer(force=True)` with no gradient
+    taken after the loop): outside every loop, stepping the optimizer a loop of the function steps too, under a test
+    of a remainder or with no `backward()` between the loop and it. It steps on samples no step has used, so it is
+    no second step on one batch."""
     if loops or not any(calls[i][1] and dotted(calls[i][0].func) == dotted(step.func) for i, _ in steps):
         return False
-    return any(type(node) is cst.If and any(type(part) is cst.BinaryOperation and type(part.operator) is cst.Modulo
-                                            for part in walk(node.test))
-               and any(inner is step for inner in walk(node.body)) for node in walk(func))
+    if any(type(node) is cst.If and any(type(part) is cst.BinaryOperation and type(part.operator) is cst.Modulo
+                                        for part in walk(node.test))
+           and any(inner is step for inner in walk(node.body)) for node in walk(func)):
+        return True
+    index = next(i for i, (call, _) in enumerate(calls) if call is step)
+    in_loops = [i for i, (_, around) in enumerate(calls[:index]) if around]
+    return bool(in_loops) and not any(last_name(call.func) == "backward" for call, _ in calls[in_loops[-1] + 1:index])
 
 
 def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_of: CallIndex,
@@ -1002,7 +1019,11 @@ def _is_step(node: cst.CSTNode) -> bool:
     helper named for one, on whatever object holds it (OpenRLHF's `self.strategy.optimizer_step(loss, model,
     optim)`, `self.trainer.optim_step(loss)`); or an object stepping the optimizer it is handed (mixed precision's
     `self.scaler.step(self.optimizer)`, torch.amp.GradScaler; `self.device_manager.step(optimizer, max_norm)`)."""
-    if type(node) is not cst.Call or type(node.func) is not cst.Attribute:
+    if type(node) is not cst.Call:
+        return False
+    if type(node.func) is cst.Name:
+        return _STEP_HELPER.match(node.func.value.lstrip("_")) is not None  # a script's `_optimizer_step(model, opt)`
+    if type(node.func) is not cst.Attribute:
         return False
     method = node.func.attr.value
     if _STEP_HELPER.match(method):
