@@ -27,7 +27,7 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import last_name, walk
-from klaudit.lint.tensors import normalised
+from klaudit.lint.tensors import normalised, without_stabilizer
 
 # A squashing function of a per-token log-ratio (`gate = sigmoid(beta * delta)`): a weight that varies
 # with the log-ratio, so a KL term multiplied by it is no catalog estimator.
@@ -181,11 +181,11 @@ class ArithmeticFlow(FlowState):
             if f.role != "tensor":
                 continue
             divisors = [g for g in right if compatible(g.labels, f.labels)]  # on the paths both hold on
-            # `p_ref / p_pi` of the sampled tokens' probabilities: exp(Q - P); a probability floored to keep the
-            # division finite (`exp(logp).clamp(min=1e-8)`) clamps no KL, as a safe log of one does not
+            # `p_ref / p_pi` of the sampled tokens' probabilities: exp(Q - P); a probability floored or offset to keep
+            # the division finite (`exp(logp).clamp(min=1e-8)`, `p + 1e-10`) clamps no KL, as a safe log of one does not
             ratios = [replace(f, poly=ratio, clamped=False) for g in divisors
                       if f.poly is not None and g.role == "tensor" and g.poly is not None
-                      and (ratio := alg.probability_ratio(f.poly, g.poly)) is not None]
+                      and (ratio := alg.probability_ratio(f.poly, without_stabilizer(g.poly))) is not None]
             if ratios:
                 out.extend(ratios)
                 continue

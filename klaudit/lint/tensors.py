@@ -24,7 +24,7 @@ def apply_math(fn: str, poly: Poly) -> Poly | None:
         e = alg.exp(poly)
         return None if e is None else alg.add(e, Poly.const(1.0), -1.0)
     if fn == "log":
-        poly = _without_stabilizer(poly)
+        poly = without_stabilizer(poly)
         if kinds and kinds <= {alg.VOCAB_PROB, alg.VOCAB_REF_PROB} and len(poly.terms) == 1 and poly.terms[0][1] == 1.0:
             atom = poly.terms[0][0][0]  # log of softmax probabilities: the log_softmax they came from
             return Poly.atom(Atom(alg.VOCAB_POLICY if atom.kind == alg.VOCAB_PROB else alg.VOCAB_REF, atom.grad, atom.acc))
@@ -87,9 +87,9 @@ def _raw_logits_kind(poly: Poly) -> AtomKind | None:
 STABILIZER = 1e-4  # the largest constant added inside a log to keep it finite that is read as nothing
 
 
-def _without_stabilizer(poly: Poly) -> Poly:
-    """`x` of `x + 1e-10` inside a log: a small positive constant added to keep log(0) finite changes
-    neither the value nor the gradient where x is a probability or a ratio of any size that matters."""
+def without_stabilizer(poly: Poly) -> Poly:
+    """`x` of `x + 1e-10` inside a log or in a divisor: a small positive constant added to keep log(0) or x / 0
+    finite changes neither the value nor the gradient where x is a probability or a ratio of any size that matters."""
     constant = dict(poly.terms).get(())
     if constant is None or not 0 < constant <= STABILIZER or len(poly.terms) == 1:
         return poly
