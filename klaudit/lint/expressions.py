@@ -41,6 +41,7 @@ from klaudit.lint.syntax import (
     slice_names,
     string_key,
     string_value,
+    walk,
 )
 from klaudit.lint.tensors import picked_from_vocabulary
 
@@ -120,7 +121,7 @@ class ExpressionFlow(FlowState):
         stored = self.stored(attr) if isinstance(node.value, cst.Name) else ()
         if stored:
             return stored  # `experience.kl`: what the module's code stored into `.kl` of some object
-        named = _named_tensor(attr, self.no_grad)
+        named = _named_tensor(attr, self.no_grad, (dotted(node.value), attr) in fields_beside_their_old_copy(self.module.tree))
         if named:
             return named
         if roles.is_mask_name(attr):
@@ -319,8 +320,22 @@ def _indexes_every_axis(node: cst.Subscript) -> bool:
         for element in node.slice)
 
 
-def _named_tensor(attr: str, no_grad: bool) -> tuple:
+def _named_tensor(attr: str, no_grad: bool, current: bool = False) -> tuple:
     """A field whose name says what it holds (`ref_logprobs`, `old_log_probs`): that tensor, with the policy's
-    gradient outside no_grad where the name is the current policy's; () for any other name."""
-    poly = roles.named_tensor(attr, grad=not no_grad and roles.is_current_policy_name(attr))
+    gradient outside no_grad where the name is the current policy's, or the module takes the field's importance
+    log-ratio to its behaviour-policy copy (`current`); () for any other name."""
+    poly = roles.named_tensor(attr, grad=not no_grad and (current or roles.is_current_policy_name(attr)))
     return (tensor(poly),) if poly is not None else ()
+
+
+@functools.lru_cache(maxsize=64)  # asked at each field read of the module's functions
+def fields_beside_their_old_copy(module: cst.Module) -> frozenset[tuple[str, str]]:
+    """(object, field) of each `batch.logprobs - batch.old_logprobs` `module` writes: a field whose behaviour-policy
+    copy is subtracted from it, an importance log-ratio, holds the current policy's log-probs with their gradient
+    (a stored field is otherwise read as detached)."""
+    return frozenset(
+        (dotted(node.left.value), node.left.attr.value) for node in walk(module)
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Subtract
+        and type(node.left) is cst.Attribute and type(node.right) is cst.Attribute
+        and node.left.value.deep_equals(node.right.value)
+        and roles.tensor_role(node.left.attr.value) == alg.POLICY and roles.tensor_role(node.right.attr.value) == alg.OLD)

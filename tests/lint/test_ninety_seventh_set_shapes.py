@@ -3,6 +3,11 @@
 ewijaya/gflownet-peptide writes k3 from the sampled tokens' probabilities with guards against zero:
 `ratio = ref_p / (p + 1e-10)`, `ratio - log(ratio + 1e-10) - 1`. The guard in the log was read as nothing, the one in
 the divisor was not, so the ratio was no ratio and its k3 loss (row 3, KL002) was silent.
+
+Linxinrong8023/grpo-gspo-dapo_reproduce passes its losses a record, `batch.logprobs`, `batch.old_logprobs`,
+`batch.ref_logprobs`. A field is read as a stored, detached value (a rollout's log-probs), so `batch.logprobs` had no
+gradient and the k3 loss on it was a constant. The module takes `batch.logprobs - batch.old_logprobs`, the importance
+log-ratio of a PPO loss: the field beside its behaviour-policy copy is the current policy's, with its gradient.
 """
 
 from __future__ import annotations
@@ -40,3 +45,29 @@ def compute_loss(model, ref_model, states, actions, adv):
 def test_a_probability_guarded_against_zero_in_a_divisor_still_makes_a_ratio(tmp_path, divisor, codes):
     assert module_codes(PROBABILITIES.format(divisor=divisor), tmp_path) == codes
 
+
+RECORD_LOSS = """\
+import torch
+
+
+def compute_reference_kl(batch):
+    log_ratio = batch.ref_logprobs - batch.logprobs
+    return (torch.exp(log_ratio) - log_ratio - 1.0).mean()
+
+
+def compute_loss(batch, beta=0.04):
+    ratio = torch.exp({ratio})
+    loss = -(ratio * batch.advantages).mean()
+    return loss + beta * compute_reference_kl(batch)
+"""
+
+
+@pytest.mark.parametrize("ratio, codes", [
+    ("batch.logprobs - batch.old_logprobs", [(12, "KL002"), (12, "KL008")]),  # k3 as a loss, off-policy (row 22)
+    ("batch.logprobs - batch.old_log_probs", [(12, "KL002"), (12, "KL008")]),
+    # no importance ratio to the field: a stored field, detached, as a rollout's log-probs are
+    ("batch.logprobs", []),
+    ("other.logprobs - batch.old_logprobs", []),  # another object's field says nothing of this one
+])
+def test_a_field_beside_its_behaviour_policy_copy_is_the_current_policys(tmp_path, ratio, codes):
+    assert module_codes(RECORD_LOSS.format(ratio=ratio), tmp_path) == codes
