@@ -51,6 +51,7 @@ from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
 from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, environment_files, option_defaults, placeholder_setting
 from klaudit.frameworks.processes import parallel_launched, runs_in_one_process
+from klaudit.frameworks.run_records import copied_configs
 from klaudit.frameworks.settings import (
     PYTHON_SCRIPT,
     SHELL_WORD,
@@ -171,6 +172,8 @@ class Context:
     # the values the project's launches of its copy of OpenRLHF give that copy's KL switches, and the copies
     openrlhf_choices: verl_runs.Choices = field(default_factory=dict)
     openrlhf_copies: tuple[str, ...] = ()
+    # the YAML files the project's launches copy a configuration to, beside a run's outputs (klaudit.frameworks.run_records)
+    run_records: frozenset[str] = frozenset()
 
     def choices_at(self, path: str) -> verl_runs.Choices:
         """The switch values the project's runs give the framework copy holding the module at `path` (verl's or
@@ -268,7 +271,8 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                        choices, copies, everything),
                    verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else (),
                    dormant_folders=dormant, one_step_copies=one_step,
-                   openrlhf_choices=openrlhf_choices, openrlhf_copies=openrlhf_copies)
+                   openrlhf_choices=openrlhf_choices, openrlhf_copies=openrlhf_copies,
+                   run_records=copied_configs(scripts, configs))
 
 
 def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_runs.Choices, tuple[str, ...]]:
@@ -667,9 +671,9 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
     """The findings of one launch script or YAML file (one configuration per framework and file). A shell
     script's `source`d files lend it their variables and arrays (`follow_sources`; klaudit.frameworks.sourcing).
     None for upstream's launches a framework copy carries where the project runs that copy with launches of its own,
-    which are its runs."""
+    which are its runs, and for the copies of a configuration a launch keeps as the record of a run."""
     context = context or Context()
-    if _carried_upstream_launch(path, context):
+    if _carried_upstream_launch(path, context) or str(Path(path).resolve().as_posix()) in context.run_records:
         return []
     composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
     sourced = sourced_files(path, text) if follow_sources and not path.endswith(YAML_SUFFIXES) else {}
