@@ -171,6 +171,9 @@ _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]
 # `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default; so is
 # `ALGO=${1:-grpo}`, the script's first argument, else grpo: what it runs with when launched without arguments
 _DEFAULTED = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*|[1-9]):?[-=](?P<default>[^}$`\"'\s]+)\}(?P=quote)$")
+# `PPO_MINI=${PPO_MINI:-$TRAIN_BATCH}`: a default that is another variable, assigned earlier in the script
+_DEFAULTED_TO_VARIABLE = re.compile(r"^(?P<quote>\"?)\$\{(?P<name>[A-Za-z_]\w*|[1-9]):?[-=]\$(?:\{(?P<braced>[A-Za-z_]\w*)\}"
+                                    r"|(?P<plain>[A-Za-z_]\w*))\}(?P=quote)$")
 # `: "${KL_TYPE:=low_var_kl}"`: the no-op command `:` whose words assign each name its default unless the environment
 # (or an earlier line) set it; one or more `${name:=default}` (or `${name=default}`) words after the colon
 _COLON_DEFAULTS = re.compile(r"^\s*:(?:\s+\"?\$\{[A-Za-z_]\w*:?=[^}]*\}\"?)+\s*$")
@@ -237,8 +240,8 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
 
     `name=value` assignments (also `export`) are remembered with the position of the assignment,
     the line a user edits, so that a flag set to `$name` or `${name}` resolves to it; `name=${name:-v}`
-    is read as its default v, what the script runs with unless the environment sets the name, so is
-    `: "${name:=v}"` unless a line before assigned the name, and `name=$((a * 2))` as the value of the
+    is read as its default v, what the script runs with unless the environment sets the name (`v` may be
+    `$other`, a variable assigned before), so is `: "${name:=v}"` unless a line before assigned the name, and `name=$((a * 2))` as the value of the
     arithmetic when every name in it is known. A file the script sources (`sourced`, by line) assigns its
     names at the `source` line, each pointing there. `variables` and `named` (every name assigned, a literal
     or not; updated in place) are those of the lines before `text`, when it is itself sourced."""
@@ -256,9 +259,10 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
         if assigned is not None:
             named.add(assigned.group("name"))
             raw = assigned.group("value")
-            defaulted, computed = _DEFAULTED.match(raw), _ARITHMETIC.match(raw)
+            defaulted, computed, to_variable = _DEFAULTED.match(raw), _ARITHMETIC.match(raw), _DEFAULTED_TO_VARIABLE.match(raw)
             value = (defaulted.group("default") if defaulted is not None
                      else _arithmetic(computed.group("expression"), variables) if computed is not None
+                     else _default_variable(to_variable, variables) if to_variable is not None
                      else _literal(raw))
             if value is not None:
                 variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
@@ -270,6 +274,12 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
             variables.update({name: _at_source(included, setting) for name, setting in after.items()
                               if variables.get(name) != setting})
         yield number, code, variables
+
+
+def _default_variable(defaulted: re.Match[str], variables: Mapping[str, Setting]) -> str | None:
+    """The value of the variable a `${name:-$other}` default names, where the script assigned it a literal before."""
+    known = variables.get(defaulted.group("braced") or defaulted.group("plain"))
+    return known.value if known is not None else None
 
 
 def _at_source(included: Sourced, setting: Setting) -> Setting:

@@ -167,6 +167,24 @@ def test_a_variable_defaulted_from_a_positional_argument_takes_its_default():
     assert [f.code for f in lint_config("run.sh", text)] == ["KL002"]
 
 
+@pytest.mark.parametrize("mini, value", [
+    ("${PPO_MINI:-$TRAIN_BATCH}", "4"),
+    ('"${PPO_MINI:-${TRAIN_BATCH}}"', "4"),
+    ("${PPO_MINI:-$UNSET}", None),  # a variable the script never assigns: unknown
+])
+def test_a_variable_defaulted_to_another_variable_takes_that_variables_value(mini, value):
+    """`PPO_MINI_BATCH="${PPO_MINI_BATCH:-$TRAIN_BATCH}"` (shopagent-rl, fresh97): unless the environment says
+    otherwise the mini-batch is the whole batch. Left unknown, the project's runs were not known to take one
+    optimizer step per rollout, and its verl copy's KL loss was judged on older samples (a KL008 false positive)."""
+    text = textwrap.dedent(f"""\
+        TRAIN_BATCH="${{TRAIN_BATCH:-4}}"
+        PPO_MINI={mini}
+        python3 -m verl.trainer.main_ppo data.train_batch_size="$TRAIN_BATCH" \\
+            actor_rollout_ref.actor.ppo_mini_batch_size="$PPO_MINI"
+        """)
+    assert shell_overrides(text)["actor_rollout_ref.actor.ppo_mini_batch_size"].value == value
+
+
 def test_an_override_defaulted_from_the_environment_takes_its_default():
     """`kl_loss_type="${POLAR_ACTOR_KL_LOSS_TYPE:-low_var_kl}"` (a search agent's verl launch): the run takes
     low_var_kl unless the environment sets the name, so the clamped k3 loss is row 4 (KL002); a name the script
