@@ -168,6 +168,9 @@ class Context:
     # and the copies whose runs each take one optimizer step per rollout (klaudit.frameworks.verl_runs)
     dormant_folders: tuple[str, ...] = ()
     one_step_copies: tuple[str, ...] = ()
+    # the values the runs of those copies that may take several optimizer steps per rollout give the KL switches: a
+    # term only the other runs reach is on fresh samples (every GRPO launch one step, a k1-reward launch two)
+    several_step_choices: verl_runs.Choices = field(default_factory=dict)
 
     # the values the project's launches of its copy of OpenRLHF give that copy's KL switches, and the copies
     openrlhf_choices: verl_runs.Choices = field(default_factory=dict)
@@ -186,9 +189,15 @@ class Context:
         """Whether the module at `path` is framework code no run of the project reaches (`dormant_folders`)."""
         return _within(path, self.dormant_folders)
 
-    def steps_once_per_rollout(self, path: str) -> bool:
-        """Whether the module at `path` is code of a copy whose every run takes one optimizer step per rollout."""
-        return _within(path, self.one_step_copies)
+    def steps_once_per_rollout(self, path: str, switches: Iterable[Iterable[tuple[str, tuple]]] = ()) -> bool:
+        """Whether the module at `path` is code of a copy whose every run takes one optimizer step per rollout, or, for
+        a term taken under switch labels (`switches`, one label set a path), whose runs that take several steps give
+        none of those paths' values."""
+        if _within(path, self.one_step_copies):
+            return True
+        paths = list(switches)
+        return bool(paths) and bool(self.several_step_choices) and _within(path, self.own_run_copies) and not any(
+            verl_runs.choice_holds(labels, self.several_step_choices) for labels in paths)
 
     def patched_by_unsloth(self, path: str, source: str) -> bool:
         """Whether the TRL classes the module at `path` binds are Unsloth's: it imports Unsloth, or is imported
@@ -262,7 +271,8 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
         starting, everything, configs)
     choices, copies, own_runs = _verl_choices([(path, settings) for path, settings, _ in launches], starting,
                                               everything, configs, scripts, context)
-    dormant, one_step = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts, everything, context)
+    dormant, one_step, several_step_choices = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts,
+                                                                   everything, context)
     openrlhf_choices, openrlhf_copies = _openrlhf_runs(scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
@@ -270,7 +280,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                    kl_reward_never_on=_kl_reward_never_on(*reward_runs) | _kl_reward_skipped(
                        choices, copies, everything),
                    verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else (),
-                   dormant_folders=dormant, one_step_copies=one_step,
+                   dormant_folders=dormant, one_step_copies=one_step, several_step_choices=several_step_choices,
                    openrlhf_choices=openrlhf_choices, openrlhf_copies=openrlhf_copies,
                    run_records=copied_configs(scripts, configs))
 
@@ -293,14 +303,15 @@ def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_r
 
 def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copies: Sequence[str],
                          configs: Iterable[str], scripts: Mapping[str, str], sources: Mapping[str, str],
-                         context: Context) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                         context: Context) -> tuple[tuple[str, ...], tuple[str, ...], verl_runs.Choices]:
     """What the project's `own` launches of its verl `copies` show of them (klaudit.frameworks.verl_runs): the code of
     the copies no run reaches (the distillation folders, where no launch or YAML file of the project turns
     distillation on; the Megatron actor, where no launch trains with Megatron; the recipes no launch runs and no
-    module of the project outside them imports), and the copies again where every launch takes one optimizer step per
-    rollout, whose KL terms are then on fresh samples."""
+    module of the project outside them imports), the copies again where every launch takes one optimizer step per
+    rollout, whose KL terms are then on fresh samples, and the values the launches that may take several give the
+    KL switches."""
     if not own or not copies:
-        return (), ()
+        return (), (), {}
     _, own_configs = _project_texts({}, configs, verl.DEFAULTS_FILE, context)
     yaml = {path: read_text(Path(path)) or "" for path in own_configs if path.endswith(YAML_SUFFIXES)}
     launched = [(scripts.get(path), settings) for path, settings in own]
@@ -312,7 +323,8 @@ def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copie
     for copy in copies:
         dormant += verl_runs.unlaunched_recipes(Path(copy), [text or "" for text, _ in launched], sources)
     one_step = verl_runs.one_step_per_rollout(launched)
-    return tuple(dormant), tuple(copies) if one_step else ()
+    several = [settings for text, settings in launched if not verl_runs.takes_one_step(text, settings)]
+    return tuple(dormant), tuple(copies) if one_step else (), verl_runs.run_choices(several, (), ())
 
 
 def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:

@@ -242,18 +242,20 @@ def distillation_never_on(launched: Iterable[Mapping[str, Setting]], configs: Ma
 
 def one_step_per_rollout(launched: Iterable[tuple[str | None, Mapping[str, Setting]]]) -> bool:
     """Whether every run takes a single optimizer step on each rollout, with the weights that drew it: at least one
-    launch (its script's text, its settings), each of verl's synchronous trainer alone, whose ppo_epochs x
-    train_batch_size / ppo_mini_batch_size, from literal values or verl's defaults (1 x 1024 / 256: four steps),
-    is at most 1. The PPO ratio to the rollout's log-probs is then 1 at that step: no KL term is on older samples."""
+    launch (its script's text, its settings), each `takes_one_step`. The PPO ratio to the rollout's log-probs is then 1
+    at that step: no KL term is on older samples."""
     runs = list(launched)
+    return bool(runs) and all(takes_one_step(text, settings) for text, settings in runs)
 
-    def one_step(text: str | None, settings: Mapping[str, Setting]) -> bool:
-        modules = {match.group(1) for match in LAUNCH.finditer(text or "")}
-        literal = all(number(settings[key].value or "") is not None for key in STEP_DEFAULTS if key in settings)
-        return (modules == {SYNCHRONOUS_TRAINER} and literal and AGENTS not in settings
-                and steps_per_rollout(settings, STEP_DEFAULTS) <= 1)
 
-    return bool(runs) and all(one_step(text, settings) for text, settings in runs)
+def takes_one_step(text: str | None, settings: Mapping[str, Setting]) -> bool:
+    """Whether a launch (its script's text, its settings) runs verl's synchronous trainer alone, with ppo_epochs x
+    train_batch_size / ppo_mini_batch_size, from literal values or verl's defaults (1 x 1024 / 256: four steps), at
+    most 1."""
+    modules = {match.group(1) for match in LAUNCH.finditer(text or "")}
+    literal = all(number(settings[key].value or "") is not None for key in STEP_DEFAULTS if key in settings)
+    return (modules == {SYNCHRONOUS_TRAINER} and literal and AGENTS not in settings
+            and steps_per_rollout(settings, STEP_DEFAULTS) <= 1)
 
 
 def megatron_never_run(launched: Iterable[tuple[str | None, Mapping[str, Setting]]]) -> bool:

@@ -256,7 +256,7 @@ def _analyse(path: str, source: str, limits: Limits = Limits(), context: Context
 def _run_by_project(findings: list[Finding], path: str, source: str, context: Context | None) -> list[Finding]:
     """`findings` less those in framework code no run of the project reaches (a verl copy's distillation losses
     where none turns distillation on), those of samples from an older policy (KL008) in a copy whose every run takes
-    one optimizer step per rollout, those in a function the project calls only under verl's `use_kl_in_reward`,
+    one optimizer step per rollout (or every run that reaches the term's switch values), those in a function the project calls only under verl's `use_kl_in_reward`,
     which all its runs leave off (klaudit.frameworks.verl_runs), those in a verl or EasyR1 copy that hold only at a value of one of
     its KL switches (`kl_loss_type`, `kl_penalty`, ...) that none of the project's own runs gives it, those of a copy
     of the first TRL PPOTrainer that hold only at a `kl_penalty` no PPOConfig of the project picks, and those in a method of a TRL GRPO trainer's copy or subclass
@@ -265,8 +265,10 @@ def _run_by_project(findings: list[Finding], path: str, source: str, context: Co
     leave it 1)."""
     if context is not None and findings and context.never_reached(path):
         return []
-    if context is not None and findings and context.steps_once_per_rollout(path):
-        findings = list(dict.fromkeys(_on_fresh_samples(f) for f in findings if f.code != OFF_POLICY_RULE))
+    if context is not None and findings:
+        fresh = [context.steps_once_per_rollout(path, f.switches) for f in findings]
+        findings = list(dict.fromkeys(_on_fresh_samples(f) if on_fresh else f for f, on_fresh in zip(findings, fresh)
+                                      if not (on_fresh and f.code == OFF_POLICY_RULE)))
     if context is not None and findings and context.kl_reward_never_on:
         never = verl_runs.function_spans(source, context.kl_reward_never_on)
         findings = [f for f in findings if not any(first <= f.line <= last for first, last in never)]

@@ -91,6 +91,28 @@ def test_kl_on_older_samples_only_where_a_run_takes_several_steps_per_rollout(tm
     assert all(f", {sampling}: " in f.message for f in actor if f.code == "KL002")
 
 
+GATED_ACTOR = PPO_ACTOR.replace("        kld = kl_penalty(", "        loss = pg_loss\n        if self.config.use_kl_loss:\n"
+                                 "            kld = kl_penalty(").replace(
+    "        loss = pg_loss + 0.001 * kld.mean()", "            loss = pg_loss + 0.001 * kld.mean()")
+
+
+@pytest.mark.parametrize(("other", "older"), [
+    ("", False),  # the launch of several steps leaves the KL loss off: only one-step runs reach it
+    (" actor_rollout_ref.actor.use_kl_loss=True", True),
+    (" actor_rollout_ref.actor.use_kl_loss=$USE_KL", True),  # computed: it may be on
+])
+def test_kl_on_older_samples_only_where_a_run_that_reaches_it_takes_several_steps(tmp_path, other, older):
+    """Rec-R1 (fresh97) runs its verl copy with GRPO launches that turn the KL loss on and take one step per rollout,
+    and with TinyZero launches that leave it off and take two: the loss is on fresh samples in every run that
+    computes it (row 4, KL002), not row 22 (KL008)."""
+    several = "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo trainer.total_epochs=1" + other + "\n"
+    found = _findings(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl") + ONE_STEP,
+                                 "scripts/other.sh": several},
+                      {"verl/workers/dp_actor.py": GATED_ACTOR, "verl/trainer/ppo/core_algos.py": CORE_ALGOS})
+    actor = [f for f in found if f.path.endswith("dp_actor.py")]
+    assert sorted({f.code for f in actor}) == (["KL002", OFF_POLICY_RULE] if older else ["KL002"])
+
+
 def test_the_fully_asynchronous_trainer_trains_older_samples_at_one_step(tmp_path):
     launch = LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo",
                                                       "verl.experimental.fully_async_policy.fully_async_main")
