@@ -323,8 +323,7 @@ def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copie
     for copy in copies:
         dormant += verl_runs.unlaunched_recipes(Path(copy), [text or "" for text, _ in launched], sources)
     one_step = verl_runs.one_step_per_rollout(launched)
-    several = [settings for text, settings in launched if not verl_runs.takes_one_step(text, settings)]
-    return tuple(dormant), tuple(copies) if one_step else (), verl_runs.run_choices(several, (), ())
+    return tuple(dormant), tuple(copies) if one_step else (), verl_runs.several_step_choices(launched)
 
 
 def _ppo_penalties(context: Context, sources: Mapping[str, str], configs: Iterable[str]) -> trl_runs.Values | None:

@@ -227,6 +227,7 @@ def always_on(choices: Choices, name: str) -> bool:
 DISTILLATION_PACKAGE = "verl/trainer/distillation"
 # the module of verl's synchronous trainer: each step's samples are drawn by the weights it updates
 SYNCHRONOUS_TRAINER = "verl.trainer.main_ppo"
+EASYR1_TRAINER = "verl.trainer.main"  # EasyR1's entry point, in its copies of verl
 
 
 def distillation_never_on(launched: Iterable[Mapping[str, Setting]], configs: Mapping[str, str]) -> bool:
@@ -246,6 +247,16 @@ def one_step_per_rollout(launched: Iterable[tuple[str | None, Mapping[str, Setti
     at that step: no KL term is on older samples."""
     runs = list(launched)
     return bool(runs) and all(takes_one_step(text, settings) for text, settings in runs)
+
+
+def several_step_choices(launched: Iterable[tuple[str | None, Mapping[str, Setting]]]) -> Choices:
+    """The values the launches (script text, settings) that may take several optimizer steps per rollout give verl's
+    KL switches (`run_choices` of those launches alone); none where a launch runs EasyR1's trainer, whose switches
+    are named otherwise."""
+    runs = list(launched)
+    if any(EASYR1_TRAINER in {match.group(1) for match in LAUNCH.finditer(text or "")} for text, _ in runs):
+        return {}
+    return run_choices([settings for text, settings in runs if not takes_one_step(text, settings)], (), ())
 
 
 def takes_one_step(text: str | None, settings: Mapping[str, Setting]) -> bool:

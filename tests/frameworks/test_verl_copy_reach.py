@@ -168,3 +168,14 @@ def test_a_recipe_is_judged_only_where_a_run_reaches_it(tmp_path, launch_module,
     project = {"scripts/train.sh": launch, **({"train_project.py": importer} if importer else {})}
     found = _findings(tmp_path, project, {f"verl_code/{path}": text for path, text in copied.items()}, copy="verl_code")
     assert any(f.path.endswith("recipe/sppo/dp_actor.py") for f in found) is judged
+
+
+def test_no_several_step_values_are_kept_where_a_launch_runs_easyr1():
+    """EasyR1's switches are named otherwise than verl's (Just-Enough-Think, fresh95): values read under verl's names
+    and defaults would say its KL loss is off in a run that turns it on."""
+    from klaudit.frameworks import verl_runs
+    from klaudit.frameworks.settings import Setting
+
+    on = {"actor_rollout_ref.actor.use_kl_loss": Setting("True", 1, 1, 1)}
+    assert verl_runs.several_step_choices([("python3 -m verl.trainer.main_ppo", on)])["use_kl_loss"] == {"True"}
+    assert verl_runs.several_step_choices([("python3 -m verl.trainer.main config=examples/config.yaml", on)]) == {}
