@@ -684,7 +684,7 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
     None for upstream's launches a framework copy carries where the project runs that copy with launches of its own,
     which are its runs, and for the copies of a configuration a launch keeps as the record of a run."""
     context = context or Context()
-    if _carried_upstream_launch(path, context) or str(Path(path).resolve().as_posix()) in context.run_records:
+    if _carried_upstream_launch(path, context) or Path(path).resolve().as_posix() in context.run_records:
         return []
     composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
     sourced = sourced_files(path, text) if follow_sources and not path.endswith(YAML_SUFFIXES) else {}
