@@ -12,6 +12,8 @@ the class is handed on as a value, built as `x.Name(...)` or derived from, or wh
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -19,7 +21,7 @@ import libcst as cst
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.pinned import written_out
 from klaudit.lint.project import Project
-from klaudit.lint.syntax import dotted, number_value, walk
+from klaudit.lint.syntax import SCOPES, child_nodes, dotted, number_value, walk
 from klaudit.lint.update_loops import importers_afar, nearby_modules
 
 # a module that takes the name from an installed framework builds that framework's class, not the project's
@@ -85,65 +87,82 @@ def _constructions(path: str, project: Project, name: str) -> list[tuple[cst.CST
         tree = project.parse(Path(place))
         if tree is None:
             return None
-        if _imports_from_a_framework(tree, name):
+        index = _call_index(project, place, tree)
+        if name in index.from_frameworks:
             continue
-        calls = _calls_only(tree, name)
-        if calls is None:
+        if name in index.used_otherwise:
             return None
-        here = [(caller, written_out(node, tree, project.options, place)) for caller in _callers(tree)
-                for node in _own(caller, (cst.Call,)) if type(node.func) is cst.Name and node.func.value == name]
-        if len(here) < len(calls):
+        here = [(caller, written_out(call, tree, project.options, place)) for caller, call in index.own.get(name, [])]
+        if len(here) < index.calls[name]:
             return None  # a call in a decorator, a default or a class body: not one the search above sees
         found += here
     return found
 
 
-def _imports_from_a_framework(tree: cst.Module, name: str) -> bool:
-    return any(type(node) is cst.ImportFrom and not node.relative and node.module is not None
-               and dotted(node.module).split(".")[0] in _FRAMEWORKS and not isinstance(node.names, cst.ImportStar)
-               and any(dotted(alias.name) == name for alias in node.names) for node in walk(tree))
+@dataclass(frozen=True)
+class _CallIndex:
+    """What a module does with each name, gathered in one pass over it (a project asks for many names)."""
+
+    own: dict[str, list[tuple[cst.CSTNode, cst.Call]]]  # name -> (function or module, call) of its own `name(...)`
+    calls: Counter[str]  # name -> how many calls `name(...)` the module makes, wherever they are
+    used_otherwise: frozenset[str]  # names used other than to call, define, import or annotate with
+    from_frameworks: frozenset[str]  # names imported from an installed framework
+
+    @classmethod
+    def of(cls, tree: cst.Module) -> _CallIndex:
+        calls: Counter[str] = Counter()
+        accounted: set[int] = set()
+        names: list[cst.Name] = []
+        from_frameworks: set[str] = set()
+        for node in walk(tree):
+            if type(node) is cst.Call and type(node.func) is cst.Name:
+                calls[node.func.value] += 1
+                accounted.add(id(node.func))
+            elif type(node) is cst.ClassDef:
+                accounted.add(id(node.name))
+            elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+                accounted.update(id(part) for alias in node.names for part in walk(alias))
+                if _from_a_framework(node):
+                    from_frameworks.update(dotted(alias.name) for alias in node.names)
+            elif type(node) is cst.Annotation:
+                accounted.update(id(part) for part in walk(node))
+            elif type(node) is cst.Name:
+                names.append(node)
+        own: dict[str, list[tuple[cst.CSTNode, cst.Call]]] = {}
+        for caller in [node for node in walk(tree) if type(node) is cst.FunctionDef] + [tree]:
+            for call in _own(caller, (cst.Call,)):
+                if type(call.func) is cst.Name:
+                    own.setdefault(call.func.value, []).append((caller, call))
+        return cls(own, calls, frozenset(node.value for node in names if id(node) not in accounted),
+                   frozenset(from_frameworks))
 
 
-def _calls_only(tree: cst.Module, name: str) -> list[cst.Call] | None:
-    """The calls `name(...)` of the module; None where it names `name` otherwise than to call it, define it,
-    import it or annotate with it."""
-    calls = [node for node in walk(tree) if type(node) is cst.Call and type(node.func) is cst.Name
-             and node.func.value == name]
-    accounted = {id(call.func) for call in calls}
-    for node in walk(tree):
-        if type(node) is cst.ClassDef:
-            accounted.add(id(node.name))
-        elif isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
-            accounted.update(id(part) for alias in node.names for part in walk(alias))
-        elif type(node) is cst.Annotation:
-            accounted.update(id(part) for part in walk(node))
-    named = [node for node in walk(tree) if type(node) is cst.Name and node.value == name]
-    return calls if all(id(node) in accounted for node in named) else None
+def _call_index(project: Project, place: str, tree: cst.Module) -> _CallIndex:
+    return project.remembered(("construction calls", place), lambda: _CallIndex.of(tree))
 
 
-def _callers(tree: cst.Module) -> list[cst.CSTNode]:
-    """The module's functions and methods at any depth, and the module itself for its own statements."""
-    return [node for node in walk(tree) if type(node) is cst.FunctionDef] + [tree]
+def _from_a_framework(node: cst.Import | cst.ImportFrom) -> bool:
+    """Whether `node` is `from <installed framework>... import ...`."""
+    return type(node) is cst.ImportFrom and not node.relative and node.module is not None \
+        and dotted(node.module).split(".")[0] in _FRAMEWORKS
 
 
 def _own(scope: cst.CSTNode, kinds: tuple[type, ...], unset: str = "") -> list:
     """The nodes of `kinds` in `scope`'s own code (not in the functions and classes it defines, nor, given `unset`,
     under `if unset is None:`)."""
     found: list = []
-
-    def visit(node: cst.CSTNode) -> None:
-        for child in node.children:
-            if type(child) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+    stack = [scope.body if type(scope) is cst.FunctionDef else scope]
+    while stack:
+        for child in child_nodes(stack.pop()):
+            if type(child) in SCOPES:
                 continue
             if unset and type(child) is cst.If and _is_none_test(child, unset):
                 if child.orelse is not None:
-                    visit(child.orelse)
+                    stack.append(child.orelse)
                 continue
             if isinstance(child, kinds):
                 found.append(child)
-            visit(child)
-
-    visit(scope.body if type(scope) is cst.FunctionDef else scope)
+            stack.append(child)
     return found
 
 

@@ -242,6 +242,7 @@ def overwritten_assignments(function: cst.CSTNode) -> frozenset[cst.Assign]:
 _TO_NUMBER = frozenset({"float", "int", "round", "len"})
 
 
+@functools.lru_cache(maxsize=256)  # asked of one function by each question about its names; callers only read it
 def name_bindings(tree: cst.CSTNode) -> dict[str, list[tuple[cst.CSTNode, cst.BaseExpression | None]]]:
     """Each binding of a plain name anywhere in `tree`, as (the node that binds it, the value it binds the name to):
     `x = v` and `x: T = v` give v, `x += v` gives v (added to x); a parameter, a loop target, an unpacking, an

@@ -397,12 +397,14 @@ def calls_elsewhere(name: str, method: bool, path: str, project: Project, calls_
 def made_outside_tests(found: list[tuple]) -> list[tuple]:
     """The calls of `found` (as `calls_elsewhere` gives them) that no unit test makes: a test's made-up arguments
     (`kl_beta=0.5` on a dummy model) are not a run of the code it tests."""
-    tested: dict[int, set[int]] = {}
-    for module, *_ in found:
-        if id(module) not in tested:
-            tested[id(module)] = {id(node) for func in walk(module) if type(func) is cst.FunctionDef and is_test(func)
-                                  for node in walk(func) if type(node) is cst.Call}
-    return [made for made in found if id(made[2][made[3]][0]) not in tested[id(made[0])]]
+    return [made for made in found if id(made[2][made[3]][0]) not in _test_calls(made[0])]
+
+
+@functools.lru_cache(maxsize=64)  # a module near a function is asked of for each of its names
+def _test_calls(module: cst.Module) -> frozenset[int]:
+    """The ids of the calls the unit tests of `module` make."""
+    return frozenset(id(node) for func in walk(module) if type(func) is cst.FunctionDef and is_test(func)
+                     for node in walk(func) if type(node) is cst.Call)
 
 
 def calls_through_module(name: str, path: str, project: Project, calls_of: CallIndex, also: Sequence[str] = ()
@@ -486,22 +488,31 @@ def _without_prose(text: str, name: str) -> str:
     """`text` with its comments and its strings blanked out, but for a string that names `name` (a registry's
     `"train"`, `getattr(module, "train")`, a dotted path a factory imports, `"pkg.mod.train"`): a docstring that speaks
     of a function hands it to nothing. `text` as it is where Python's tokenizer rejects it."""
-    lines = text.splitlines(keepends=True)
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    except (tokenize.TokenError, SyntaxError):
+    prose = _prose(text)
+    if prose is None:
         return text
+    lines = text.splitlines(keepends=True)
     naming = re.compile(rf"(?:[\w.]*[.:])?{re.escape(name)}")
-    for token in tokens:
-        if token.type == tokenize.COMMENT or token.type == tokenize.STRING \
-                and not naming.fullmatch(token.string.lstrip("rbfuRBFU").strip("\"'")):
-            (first, start), (last, end) = token.start, token.end
+    for string, (first, start), (last, end) in prose:
+        if string is None or not naming.fullmatch(string.lstrip("rbfuRBFU").strip("\"'")):
             for row in range(first - 1, last):
                 line = lines[row]
                 left = start if row == first - 1 else 0
                 right = end if row == last - 1 else len(line.rstrip("\r\n"))
                 lines[row] = line[:left] + " " * (right - left) + line[right:]
     return "".join(lines)
+
+
+@functools.lru_cache(maxsize=512)  # each module near a function, read for each of its names: tokenized once
+def _prose(text: str) -> tuple[tuple[str | None, tuple[int, int], tuple[int, int]], ...] | None:
+    """The comments (None) and strings (their text) of `text`, each with where it starts and ends (row, column);
+    None where Python's tokenizer rejects it."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    return tuple((None if token.type == tokenize.COMMENT else token.string, token.start, token.end)
+                 for token in tokens if token.type in (tokenize.COMMENT, tokenize.STRING))
 
 
 def drawn_before_the_call_elsewhere(name: str, method: bool, path: str, project: Project,
@@ -602,8 +613,9 @@ def _nearby(path: Path, project: Project, siblings: bool) -> list[str]:
     return [file for file in dict.fromkeys(found) if project.key(file) != str(path)]
 
 
+@functools.lru_cache(maxsize=64)  # a module near a function is asked of for each of its names
 def _callers(module: cst.Module, nested: bool = False
-             ) -> list[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None]]:
+             ) -> tuple[tuple[cst.FunctionDef | cst.Module, dict[str, cst.FunctionDef] | None], ...]:
     """Each function of `module` that may call another (its functions, its classes' methods, its own code),
     with the methods of the class it belongs to; with `nested`, the functions those define too (a worker
     `def _do_update(job): ...` handed to a thread pool), each on its own."""
@@ -617,7 +629,7 @@ def _callers(module: cst.Module, nested: bool = False
     if nested:
         found += [(inner, None) for outer, _ in list(found) for inner in walk(outer)
                   if type(inner) is cst.FunctionDef and inner is not outer]
-    return found + [(module, None)]
+    return (*found, (module, None))
 
 
 def _stepped_by_lightning(func: cst.FunctionDef | cst.Module, methods: dict[str, cst.FunctionDef] | None) -> bool:
