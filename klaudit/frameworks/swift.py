@@ -11,6 +11,10 @@ the 3.x releases build the same loss on TRL's GRPOTrainer).
   reference is taken from its scalar reward, the whole-sequence return (row 6);
 - `--loss_type` grpo (the default) and sapo take each response's token mean (row 21); bnpo, dapo, cispo and
   real the batch's tokens; dr_grpo divides by a constant;
+- `--rlhf_type ppo` trains with TRL's rewritten PPOTrainer (klaudit.frameworks.trl_ppo): k1 times `--kl_coef`
+  (default 0.05) in the token rewards, `--num_ppo_epochs` (4) x `--num_mini_batches` (1) optimizer steps per
+  batch of rollouts (row 23 beyond one), and a policy loss averaged over each backward pass's responses, ms-swift's
+  `--per_device_train_batch_size` of 1 by default: one response's token mean (row 21);
 - a generation feeds several optimizer steps where `--num_iterations` > 1 or `--steps_per_generation` (the
   micro-steps one generation serves; by default `--gradient_accumulation_steps`, whose GRPO default is 1)
   spans more than one step, and `--async_generate true` samples with the weights of the step before: the
@@ -20,10 +24,12 @@ the 3.x releases build the same loss on TRL's GRPOTrainer).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
+from klaudit.frameworks import trl_ppo
 from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps, number, shown, truthy
 
 NAME = "ms-swift"
@@ -36,7 +42,10 @@ LAUNCH = re.compile(r"(?<![\w./-])(?:swift|megatron)(?:\)\"?)?[ \t]+rlhf(?![\w-]
 RLHF_TYPE, BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE = "rlhf_type", "beta", "kl_in_reward", "advantage_estimator", "loss_type"
 ITERATIONS, STEPS, ACCUMULATION, ASYNC = ("num_iterations", "steps_per_generation", "gradient_accumulation_steps",
                                           "async_generate")
-KEYS = (RLHF_TYPE, BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE, ITERATIONS, STEPS, ACCUMULATION, ASYNC)
+# PPO's: TRL's rewritten PPOConfig fields, which ms-swift's command line takes as they are
+PPO_KEYS = (trl_ppo.COEFFICIENTS[trl_ppo.ESTIMATOR], *trl_ppo.STEPS, trl_ppo.MICRO_BATCH[trl_ppo.ESTIMATOR])
+PPO_MICRO_BATCH = "1"  # ms-swift's per_device_train_batch_size by default (TRL's is 8)
+KEYS = (RLHF_TYPE, BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE, ITERATIONS, STEPS, ACCUMULATION, ASYNC, *PPO_KEYS)
 FLAGS = {key: key for key in KEYS}  # spelled as on the command line, without the dashes
 SWITCHES = (IN_REWARD, ASYNC)  # booleans, given alone (`--async_generate`) or with a value
 DECIDING = (BETA, IN_REWARD, ESTIMATOR, LOSS_TYPE, ITERATIONS, ASYNC)  # a computed value of one leaves no verdict
@@ -62,6 +71,8 @@ def judge(settings: Mapping[str, Setting], launch: Setting) -> Judged | None:
     unless it trains GRPO with a KL, or when a deciding flag is not a literal (a computed batch size decides
     nothing)."""
     kind = settings.get(RLHF_TYPE)
+    if kind is not None and kind.value == "ppo":
+        return _ppo(settings, kind)
     if kind is None or kind.value != "grpo":
         return None  # DPO, the default, and the other preference losses: their beta is no KL penalty
     if any(settings[key].value is None for key in DECIDING if key in settings):
@@ -93,3 +104,15 @@ def judge(settings: Mapping[str, Setting], launch: Setting) -> Judged | None:
     if stale_at is not None:
         anchors["KL008"] = stale_at
     return Judged(config, settings.get(BETA, kind), flags, anchors, helps)
+
+
+def _ppo(settings: Mapping[str, Setting], kind: Setting) -> Judged | None:
+    """The KL configuration of a `swift rlhf --rlhf_type ppo` launch: TRL's PPOTrainer with ms-swift's defaults."""
+    ppo = {key: settings[key] for key in PPO_KEYS if key in settings}
+    if any(setting.value is None for setting in ppo.values()):
+        return None
+    judged = trl_ppo.judge(ppo, kind, api=trl_ppo.ESTIMATOR, micro_default=PPO_MICRO_BATCH,
+                           defaults="ms-swift's PPO defaults (kl_coef=0.05, num_ppo_epochs=4, num_mini_batches=1)")
+    if judged is None:
+        return None
+    return dataclasses.replace(judged, helps={"KL008": trl_ppo.FIXES["KL008"], **judged.helps})

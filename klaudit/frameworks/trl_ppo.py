@@ -86,13 +86,16 @@ COMMAND_LINE = "PPOConfig from the command line, at its defaults (num_ppo_epochs
 
 def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = None,
           defaults: str = "the defaults", release_api: str | None = None,
-          trainer_api: str | None = None, first_defaults: Mapping[str, str] = LEGACY_STEPS) -> Judged | None:
+          trainer_api: str | None = None, first_defaults: Mapping[str, str] = LEGACY_STEPS,
+          micro_default: str | None = None) -> Judged | None:
     """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable;
     `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
     the command line by a script written for the rewritten PPOTrainer); `release_api`: the API of the TRL release
     the project states (`api_of`), for a call that names no key of either; `defaults`: how the finding names the
     configuration where it sets no key; `trainer_api`: the API of the PPOTrainer the module drives (`trainer_api`);
-    `first_defaults`: the first API's step counts in the release the project states (`first_defaults`).
+    `first_defaults`: the first API's step counts in the release the project states (`first_defaults`);
+    `micro_default`: the rewritten API's responses per backward pass where a wrapper changes TRL's default
+    (ms-swift's 1).
     A call no release accepts (`_FIRST_ONLY` and `_REWRITTEN_ONLY` keys together), or none that also has the
     module's PPOTrainer, builds nothing."""
     if any(key in settings for key in _FIRST_ONLY) and any(key in settings for key in _REWRITTEN_ONLY):
@@ -111,8 +114,8 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
         return None
     steps, at_least = _steps(settings, api, first_defaults)
     micro = settings.get(MICRO_BATCH[api])  # a 1 at the call, or the default of the option it is set to
-    per_response = number(micro.value or "") == 1 if micro is not None else (
-        api == LEGACY and first_defaults["mini_batch_size"] == "1")  # the release's default of one response
+    default_micro = first_defaults["mini_batch_size"] if api == LEGACY else micro_default
+    per_response = number((micro.value if micro is not None else default_micro) or "") == 1
     config = Config(reward=estimator, returns=Returns.TO_GO, sampling=Sampling.TOKEN_IS if steps > 1 else
                     Sampling.ON_POLICY, aggregation=Aggregation.SEQ_MEAN if per_response else Aggregation.SUM)
     if estimator is Estimator.K1 and steps <= 1 and not per_response:
@@ -126,7 +129,8 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     if steps > 1:
         flags += f", {'at least ' if at_least else ''}{steps:g} optimizer steps per batch"
     if per_response:
-        default = "" if micro is not None else f" by default before TRL {EARLY_UNTIL}"
+        default = "" if micro is not None else f" by default before TRL {EARLY_UNTIL}" if api == LEGACY \
+            else " by default"
         flags += f", {MICRO_BATCH[api]}=1{default} (the policy loss's token mean over one response)"
     epoch_keys = ("ppo_epochs", "num_ppo_epochs")
     one_epoch = {name for name in epoch_keys if name in settings

@@ -1,9 +1,11 @@
-"""ms-swift's GRPO flags on the command line of `swift rlhf` (and `megatron rlhf`).
+"""ms-swift's GRPO and PPO flags on the command line of `swift rlhf` (and `megatron rlhf`).
 
 Expected codes come from kl-math.md §8: k3 as a loss row 3 (KL002), each response's token mean (loss_type grpo,
 ms-swift's default) row 21 (KL007), a KL loss on an older policy's samples row 22 and a KL reward reweighed by
 the token ratio only row 23 (KL008); the summed k1 of the response taken from its reward (`--kl_in_reward`) is
-the whole-sequence return of row 6, right on fresh samples.
+the whole-sequence return of row 6, right on fresh samples. PPO (TRL's PPOTrainer under ms-swift's defaults) puts
+k1 in the token rewards: right on fresh samples (row 6), reweighed by the token ratio only over its 4 epochs a
+batch (row 23, KL008), and averaged over each backward pass's one response (row 21, KL007).
 """
 
 from __future__ import annotations
@@ -63,6 +65,25 @@ def test_swift_grpo_flags_get_the_catalog_s_verdict(flags, expected):
 ])
 def test_several_steps_per_generation_make_the_kl_stale(flags, expected):
     assert codes(flags) == expected
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("", [(4, "KL007"), (4, "KL008")]),  # 4 epochs of one mini-batch, one response per pass: ms-swift's defaults
+    ("--per_device_train_batch_size 1", [(4, "KL008"), (6, "KL007")]),
+    ("--per_device_train_batch_size 4", [(4, "KL008")]),  # the token mean of four responses: no 1/L weights
+    ("--per_device_train_batch_size 4\n--num_ppo_epochs 1", []),  # k1 in the reward on fresh samples: right
+    ("--per_device_train_batch_size 4\n--num_ppo_epochs 1\n--num_mini_batches 2", [(8, "KL008")]),
+    ("--kl_coef 0", []),  # no KL
+    ("--num_ppo_epochs $EPOCHS", []),  # not a literal: no verdict
+])
+def test_swift_ppo_flags_are_trl_s_ppo_trainer_with_ms_swift_s_defaults(flags, expected):
+    assert codes(flags, kind="ppo") == expected
+
+
+def test_the_ppo_finding_names_ms_swift_s_defaults_and_the_ppo_fix():
+    finding = next(f for f in lint_config("run.sh", LAUNCH.format(kind="ppo", flags="")) if f.code == "KL008")
+    assert "[ms-swift: ms-swift's PPO defaults (kl_coef=0.05, num_ppo_epochs=4" in finding.message
+    assert "num_ppo_epochs=1" in finding.fix
 
 
 def test_preference_losses_are_not_read():
