@@ -553,7 +553,7 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
     texts = [next((arg.value for arg in call.args if arg.keyword is None or arg.keyword.value == "text"), None)
              for call in calls]
     rows = [node for node in own_nodes(block, SCOPES | LOOPS | _COMPREHENSIONS)
-            if type(node) is cst.Call and _one_row_of_ids(node)]
+            if type(node) is cst.Call and _one_row_of_ids(node, block)]
     return bool(texts or rows) and all(text is not None and roles.names_one_text(last_name(_the_one_element(text)))
                                        for text in texts)
 
@@ -566,11 +566,15 @@ def _copies_rows(node: cst.CSTNode) -> bool:
         and int_literal(node.args[0].value) not in (1, -1)
 
 
-def _one_row_of_ids(call: cst.Call) -> bool:
+def _one_row_of_ids(call: cst.Call, block: cst.CSTNode) -> bool:
     """`torch.tensor([span.prefix_ids + span.completion_ids])`, `gen_ids.unsqueeze(0)`: a batch of one sequence of
-    token ids."""
+    token ids. Not the ids `block` joins along a later axis (`ids = torch.cat([prompt_ids, completion_ids], dim=1)`):
+    a batch already, given one more axis in front."""
     if type(call.func) is cst.Attribute and call.func.attr.value == "unsqueeze" and len(call.args) == 1:
-        return int_literal(call.args[0].value) == 0 and bool(_TOKEN_IDS.search(last_name(call.func.value) or ""))
+        ids = call.func.value
+        return int_literal(call.args[0].value) == 0 and bool(_TOKEN_IDS.search(last_name(ids) or "")) \
+            and not (type(ids) is cst.Name and any(_joined_along_a_later_axis(value) for _, value
+                                                   in name_bindings(block).get(ids.value, [])))
     if last_name(call.func) not in ("tensor", "LongTensor") or not call.args or call.args[0].keyword is not None:
         return False
     first = call.args[0].value
@@ -584,6 +588,15 @@ def _one_row_of_ids(call: cst.Call) -> bool:
         else:
             parts.append(last_name(node) or "")
     return all(_TOKEN_IDS.search(part) for part in parts)
+
+
+def _joined_along_a_later_axis(value: cst.BaseExpression | None) -> bool:
+    """`torch.cat([a, b], dim=1)` (or `cat(pieces, 1)`): tensors of two axes at least."""
+    if type(value) is not cst.Call or last_name(value.func) not in ("cat", "concat", "concatenate"):
+        return False
+    axis = next((arg.value for arg in value.args if arg.keyword is not None and arg.keyword.value in ("dim", "axis")),
+                value.args[1].value if len(value.args) > 1 and value.args[1].keyword is None else None)
+    return axis is not None and (int_literal(axis) or 0) >= 1
 
 
 _TOKEN_IDS = re.compile(r"(^|_)(ids|tokens|token_ids)$")
