@@ -454,8 +454,10 @@ def _filtered(flow: LibraryFlow, op: Operation) -> tuple | None:
 
 
 def _known_receiver(node: cst.Call) -> bool:
-    """A function called by name, or of a module the analysis knows (torch, numpy, ray)."""
-    return isinstance(node.func, cst.Name) or dotted(node.func).split(".")[0] in PASS_THROUGH_RECEIVERS
+    """A function called by name, or of a module the analysis knows (torch, numpy, ray); not a method of what such a
+    function returns (`torch.tensor(q).reshape(-1)` is no `torch.reshape(-1)`: its first argument is a shape)."""
+    path = dotted(node.func)
+    return isinstance(node.func, cst.Name) or path.split(".")[0] in PASS_THROUGH_RECEIVERS and "(" not in path
 
 
 Effect = Callable[[LibraryFlow, Operation], "tuple | None"]
@@ -471,9 +473,40 @@ def _kl_div_module(_: LibraryFlow, op: Operation) -> tuple:
     return (Fact(role="loss-module", name="kl_div", origin=op.node),)
 
 
+def _log(flow: LibraryFlow, op: Operation) -> tuple:
+    """The log of each element; of the exponentials summed over the last axis (`mx.log(mx.exp(logits).sum(axis=-1,
+    keepdims=True))`), the log-sum-exp written out."""
+    if (summed := _summed_exponentials(op)) is not None:
+        return log_sum_exp(flow.expr(summed[0]), keepdim=summed[1])
+    return flow.elementwise(op)
+
+
+def _summed_exponentials(op: Operation) -> tuple[cst.BaseExpression, bool] | None:
+    """(x, keepdim) where `op` is the log of exp(x) summed over the last axis: of `exp(x).sum(-1)`,
+    `x.exp().sum(dim=-1, keepdim=True)` or `torch.sum(torch.exp(x), axis=-1, keepdims=True)`; None otherwise."""
+    node = op.node.func.value if op.method and type(op.node.func) is cst.Attribute else \
+        op.positional[0] if op.positional else None
+    if op.name != "log" or type(node) is not cst.Call or last_name(node.func) != "sum":
+        return None
+    method = type(node.func) is cst.Attribute and not _known_receiver(node)
+    args = [arg for arg in node.args if arg.keyword is None]
+    summed = node.func.value if method and type(node.func) is cst.Attribute else args.pop(0).value if args else None
+    keywords = {arg.keyword.value: arg.value for arg in node.args if arg.keyword is not None}
+    axis = args[0].value if args else keywords.get("dim", keywords.get("axis"))
+    keep = keywords.get("keepdim", keywords.get("keepdims", args[1].value if len(args) > 1 else None))
+    if type(summed) is not cst.Call or last_name(summed.func) != "exp" or axis is None or int_literal(axis) != -1:
+        return None
+    exponent = summed.args[0].value if summed.args else summed.func.value if type(summed.func) is cst.Attribute \
+        else None
+    if exponent is None:
+        return None
+    return exponent, type(keep) is cst.Name and keep.value == "True"
+
+
 def _log_sum_exp(_: LibraryFlow, op: Operation) -> tuple:
-    """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True): the log-softmax's normaliser."""
-    keep = op.keywords.get("keepdim", op.rest[1] if len(op.rest) > 1 else None)
+    """torch.logsumexp(logits, -1), logits.logsumexp(-1, keepdim=True), MLX's `keepdims=True`: the log-softmax's
+    normaliser."""
+    keep = op.keywords.get("keepdim", op.keywords.get("keepdims", op.rest[1] if len(op.rest) > 1 else None))
     return log_sum_exp(op.tensor, keepdim=isinstance(keep, cst.Name) and keep.value == "True")
 
 
@@ -573,7 +606,8 @@ RESHAPING = ("masked_fill nan_to_num reshape squeeze unsqueeze expand_dims flatt
 LOSS_MODULES = frozenset(("KLDivLoss",))
 
 FUNCTIONS: dict[str, Effect] = {
-    **_each("exp log abs expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
+    **_each("exp abs expm1 log_softmax softmax neg negative", LibraryFlow.elementwise),
+    "log": _log,
     **_each("clamp clip clamp_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sigmoid tanh softplus relu erf", lambda _flow, op: _squashed(op)),
     "sum": LibraryFlow.summed,
@@ -614,7 +648,8 @@ METHODS: dict[str, Effect] = {
             " reshape_as masked_fill_ mul_ repeat astype", LibraryFlow.unchanged),
     **_each("clamp clamp_ clip clip_ clamp_min clamp_max", LibraryFlow.clamped),
     **_each("sum mean nansum nanmean", LibraryFlow.reduced),
-    **_each("exp log abs expm1 neg log_softmax softmax", LibraryFlow.elementwise),
+    **_each("exp abs expm1 neg log_softmax softmax", LibraryFlow.elementwise),
+    "log": _log,
     **_each("pow square", LibraryFlow.squared),
     "gather": LibraryFlow.gathered,
     "take_along_dim": LibraryFlow.taken_along,
