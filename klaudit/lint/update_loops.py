@@ -178,17 +178,12 @@ def never_runs_on(labels: Labels, module: cst.Module, beyond: Beyond | None = No
 def _module_constant(module: cst.Module, name: str) -> int | None:
     """The integer a script binds `name` to once, at module level (`mu_iterations = 1`), where nothing else in the
     module binds that name (no parameter, loop target, other assignment or `global` of it); None otherwise."""
-    found = _bindings(module).get(name, [])
+    found = name_bindings(module).get(name, [])
     assign = found[0][0] if len(found) == 1 else None
     if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
         return None
     at_top = any(isinstance(stmt, cst.SimpleStatementLine) and assign in stmt.body for stmt in module.body)
     return int_literal(assign.value) if at_top else None
-
-
-@functools.lru_cache(maxsize=8)  # a module's loops are read one after another
-def _bindings(module: cst.Module) -> dict[str, list[tuple[cst.CSTNode, cst.BaseExpression | None]]]:
-    return name_bindings(module)
 
 
 def _parameter_default(module: cst.Module, name: str, beyond: Beyond | None = None) -> int | None:
