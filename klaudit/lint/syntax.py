@@ -812,13 +812,15 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
                                             if field.name not in _LAYOUT_FIELDS
                                             and not field.name.startswith("whitespace"))
     found = []
-    for name in names:
+    for name in names:  # the hottest loop of the lint: the class lookups inlined
         value = getattr(node, name)
-        held = _holds(value)
+        held = _HOLDS.get(type(value)) or _holds(value)
         if held is _NODE:
             found.append(value)
         elif held is _SEQUENCE:
-            found.extend(item for item in value if _holds(item) is _NODE)
+            for item in value:
+                if (_HOLDS.get(type(item)) or _holds(item)) is _NODE:
+                    found.append(item)
     return found
 
 

@@ -659,6 +659,9 @@ def takes_a_step(calls: OrderedCalls) -> bool:
     return any(_is_step(call) for call, _ in calls)
 
 
+_LOOPS = frozenset({cst.For, cst.While})
+
+
 def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
     """The calls of `func`'s body (or of a module's own code) in the order of the code's fields, each with the
     loops around it, except those of the functions, classes and lambdas it defines."""
@@ -668,9 +671,10 @@ def ordered_calls(func: cst.FunctionDef | cst.Module) -> OrderedCalls:
         node, loops = stack.pop()
         if type(node) is cst.Call:
             found.append((node, loops))
-        inner = loops + (node,) if isinstance(node, (cst.For, cst.While)) else loops
-        stack.extend((child, inner) for child in reversed(child_nodes(node))
-                     if type(child) not in SCOPES)
+        inner = loops + (node,) if type(node) in _LOOPS else loops
+        for child in reversed(child_nodes(node)):
+            if type(child) not in SCOPES:
+                stack.append((child, inner))
     return found
 
 
