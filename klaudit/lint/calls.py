@@ -46,6 +46,7 @@ from klaudit.lint.syntax import (
     dotted,
     last_name,
     marks_counted_tokens,
+    maximises,
     params,
     string_value,
 )
@@ -268,8 +269,10 @@ class CallFlow(FlowState):
     def method_call(self, method: str, base_node: cst.BaseExpression, node: cst.Call) -> tuple | None:
         positional, keywords = self.args(node)
         if roles.BACKWARD_CALLS.match(method):
-            target = self.expr(base_node) if not positional else self.expr(positional[0])
-            self.sink("loss", loss_part(target), node)
+            target = loss_part(self.expr(base_node) if not positional else self.expr(positional[0]))
+            if maximises(self.module.tree):  # an objective its optimizers ascend: minimised, it is negated
+                target = tuple(replace(f, poly=alg.scale(f.poly, -1.0)) if f.poly is not None else f for f in target)
+            self.sink("loss", target, node)
             return ()
         if method in ("log_prob",) and dotted(base_node).split(".")[-1].rstrip("()") in ("Categorical", "Normal"):
             return self.from_name("log_prob", node) or (tensor(Poly.atom(Atom(alg.POLICY, not self.no_grad))),)

@@ -51,13 +51,22 @@ from klaudit.lint.facts import (
 )
 from klaudit.lint.findings import Finding
 from klaudit.lint.kinds import SinkKind
-from klaudit.lint.modules import Analyzer, Module, module_functions
+from klaudit.lint.modules import MODULE_BODY, Analyzer, Module, module_functions
 from klaudit.lint.overrides import never_built, used_elsewhere
 from klaudit.lint.printed import only_printed
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
-from klaudit.lint.syntax import dotted, is_test, last_name, only_evaluated, python_ast, statement_nodes, walk
+from klaudit.lint.syntax import (
+    dotted,
+    is_test,
+    last_name,
+    only_evaluated,
+    python_ast,
+    statement_nodes,
+    trains_nothing,
+    walk,
+)
 from klaudit.lint.teacher_forcing import (
     FunctionIndex,
     on_preference_pairs,
@@ -84,6 +93,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     mod = analyzer.module(path, module)
     candidates = []
     undecided: list[tuple[Fact, Sink | None, str]] = []  # KL terms whose use or form the analysis could not decide, and why
+    trained_at_home: set[int] = set()  # the KL terms a function forms and trains with their gradient, by origin
     functions = list(module_functions(module, with_body=True))
     owners = FunctionIndex(functions)  # the function that formed a KL term, asked of few terms
     training = reward_training(path, source)  # framework code whose KL reward an actor elsewhere trains
@@ -102,15 +112,18 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
         if found and (cls is not None and (mod.overridden_everywhere(func, cls) or never_built(cls, path, project))
-                      or mod.never_runs(func, cls)
+                      or mod.never_runs(func, cls) or func.name.value == MODULE_BODY and trains_nothing(module)
                       or cls is None and only_printed(func.name.value, source)
                       and not used_elsewhere(func.name.value, path, project)):
             continue  # a base class's method that each subclass replaces, the base never built, a class nothing
-            # builds, or a private function nothing names: it never runs; a loss only ever printed trains nothing
+            # builds, or a private function nothing names: it never runs; a loss only ever printed trains nothing,
+            # nor one a module's own statements compute where nothing in it takes a gradient
         if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out
             pins = mod.caller_pins(func, cls)
             found = [(sink, fact, config) for sink, fact, config in found if pinned_values_hold(fact.labels, pins)]
         paired = _paired(found)
+        trained_at_home.update(id(fact.origin) for _, fact, config in paired if fact.origin is not None
+                               and not without_gradient(config) and owners.of(fact.origin) is func)
         for sink, fact, config in paired:
             if _exact_loss_on_dataset(config) and teacher_forced(func, fact.origin, owners, source):
                 undecided.append((fact, sink, TEACHER_FORCED))
@@ -131,7 +144,7 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             undecided.extend((fact, sink, f"it reaches {_a(sink.kind)} in a form that no catalog estimator matches")
                              for sink in outcome.sinks for fact in sink.facts if _unknown_form(fact, sink.kind))
     decided = {id(c.fact.origin) for c in candidates}
-    candidates = _without_logged_copies(candidates)
+    candidates = _without_logged_copies(candidates, trained_at_home)
     return (_report(path, module, analyzer, _without_echoes(_without_parts_carried_on(candidates)), functions, training)
             + _undetermined(path, module, analyzer, undecided, decided))
 
@@ -193,15 +206,18 @@ def _on_the_path(methods: Mapping[str, cst.FunctionDef], name: str, loop: cst.Fo
     return {method_name for method_name, method in methods.items() if method_name != name and on_it(method)}
 
 
-def _without_logged_copies(candidates: list[_Candidate]) -> list[_Candidate]:
+def _without_logged_copies(candidates: list[_Candidate], trained_at_home: set[int]) -> list[_Candidate]:
     """A KL term added without its gradient (row 1c) whose estimate also reaches a loss or a reward that uses it
     (the same origin) in the same function is a copy kept for the log (`metrics["actor/kl_loss"] +=
     kl_loss.detach().item()`), not the KL term of the training. A helper's estimate that one function puts in the
     reward and another adds to its loss detached (a KL helper decorated no_grad, called at the rollout and again
-    in the update) is two values."""
+    in the update) is two values; but the function that forms a term and trains it there (`trained_at_home`: the
+    origins of such terms, decided or not), then returns its value (`{"loss": total_loss.item()}`) to a caller that
+    sums it for the log, hands on a copy (AGentCL's train_stage)."""
     used = {(id(c.fact.origin), c.function) for c in candidates
             if c.fact.origin is not None and not without_gradient(c.config)}
-    return [c for c in candidates if not (without_gradient(c.config) and (id(c.fact.origin), c.function) in used)]
+    return [c for c in candidates if not (without_gradient(c.config) and (
+        (id(c.fact.origin), c.function) in used or id(c.fact.origin) in trained_at_home))]
 
 
 def _without_echoes(candidates: list[_Candidate]) -> list[_Candidate]:

@@ -175,8 +175,10 @@ class ContainerFlow(FlowState):
             if method == "append" and not self.reverse_loop:
                 value = sunk  # the list holds terms that entered the sink here: a caller's later use is no new entry
         added = value if method == "append" else elements(value)  # `extend` adds the rows of a tensor, the items of a list
-        running = tuple(f for f in added if f.poly is not None and (
-            f.is_kl() or _over_vocabulary(f.poly) or _one_policys_log_probs(f.poly) or _of_a_sequence(f.poly)))
+        # such terms, or a tuple holding one in a place (`trajectories.append((response, logprobs, rewards))`, which
+        # `for response, old_logprobs, rewards in trajectories:` unpacks place by place)
+        running = tuple(f for f in added if _running(f) or f.role == "tuple" and method == "append"
+                        and any(_running(item) for place in f.items for item in place))
         if name and running and (self.reverse_loop or type(target) is cst.Name):
             held = elements(self.env.get(name, ()))
             self.env[name] = (Fact(role="tuple", items=(tuple(dict.fromkeys(held + running)),)),)
@@ -205,6 +207,12 @@ class ContainerFlow(FlowState):
         for name, facts in items:
             self.collect(name, facts)
         return (Fact(role="dict", items=tuple(items)),)
+
+
+def _running(fact: Fact) -> bool:
+    """Whether a list keeps `fact` appended to it: a KL term, or log-probs it may be made of later."""
+    return fact.poly is not None and (fact.is_kl() or _over_vocabulary(fact.poly) or _one_policys_log_probs(fact.poly)
+                                      or _of_a_sequence(fact.poly))
 
 
 def _over_vocabulary(poly: alg.Poly) -> bool:

@@ -110,7 +110,7 @@ def might_contain_kl(source_text: str) -> bool:
 
 # ---- names of log-probability tensors (patterns.md section 1) ------------------------------
 
-_LOGP = r"(log_?probs?|logps?|logprobs?|log_?prob_?s?|per_token_logps|logp_?s?)"
+_LOGP = r"(log_?probs?|logps?|logprobs?|log_?prob_?s?|per_token_logps|logp_?s?|lnp|lnprobs?)"  # ln: natural log
 _REF_PATTERN = re.compile(
     r"^(.*_)?(ref|reference|base|init|sft|teacher|pretrained|t)(_.*)?_?" + _LOGP + r"(_.*)?$"
     r"|^(.*_)?" + _LOGP + r"_(ref|reference|base|init|sft|teacher|pretrained)(_.*)?$"
@@ -125,7 +125,7 @@ _OLD_PATTERN = re.compile(
 )
 _POLICY_PATTERN = re.compile(
     r"^(new_|curr_|cur_|current_|policy_|pi_|trainer_|action_|student_|per_token_|token_|response_|resp_|completion_|actor_|model_|local_|batch_)*"
-    r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob)"
+    r"(log_?probs?|logps?|logprobs?|log_prob|logp|per_token_logps|new_logps|logprob|lnp|lnprobs?)"
     r"(_unfiltered|_on_labels|_curr|_new|_policy|_pi)?$",
     re.IGNORECASE,
 )
@@ -326,7 +326,7 @@ def names_one_sample(name: str) -> bool:
 
 
 # one of the policy's drawn samples (not a dataset's `example` or `item`, which no policy drew)
-_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|ep|rollout|response|completion|generation)(_?\d+)?$",
+_DRAWN_SAMPLE = re.compile(r"^_*(sample|traj|trajectory|episode|ep|rollout|response|resp|completion|generation)(_?\d+)?$",
                            re.IGNORECASE)
 
 

@@ -169,6 +169,33 @@ def is_test(func: cst.FunctionDef | cst.Module) -> bool:
 _TRAINING_CALLS = frozenset({"backward", "grad", "step", "train", "fit", "value_and_grad", "vjp"})
 
 
+@functools.lru_cache(maxsize=64)
+def maximises(tree: cst.Module) -> bool:
+    """Whether the module builds its optimizers to ascend: `AdamW(params, maximize=True)`, and none without it. What
+    it calls `.backward()` on is then an objective to maximise, its KL penalty subtracted (ARENA's RLHF exercise)."""
+    flags = [dotted(arg.value) for node in walk(tree) if type(node) is cst.Call
+             for arg in node.args if arg.keyword is not None and arg.keyword.value == "maximize"]
+    return bool(flags) and all(flag == "True" for flag in flags)
+
+
+@functools.lru_cache(maxsize=64)
+def trains_nothing(tree: cst.Module) -> bool:
+    """Whether no code of the module takes a gradient or trains (`_TRAINING_CALLS`, but not `policy.train()`, which
+    only puts a model in training mode): a loss its own statements compute (a notebook that shows one PPO loss and
+    prints it) is then only looked at."""
+    return not any(type(node) is cst.Call and last_name(node.func) in _TRAINING_CALLS and not _mode_switch(node)
+                   for node in walk(tree))
+
+
+_MODELS = re.compile(r"(^|_)(model|policy|actor|critic|net|lm|ref)$", re.IGNORECASE)
+
+
+def _mode_switch(call: cst.Call) -> bool:
+    """`model.train()`, `policy.train()`: a model put in training mode, no training."""
+    return type(call.func) is cst.Attribute and call.func.attr.value == "train" and not call.args \
+        and _MODELS.search(last_name(call.func.value) or "") is not None
+
+
 def only_evaluated(func: cst.FunctionDef | cst.Module) -> bool:
     """A unit test (`is_test`) that takes no gradient and trains nothing: it computes a loss to check its value, so
     no gradient of the KL it holds is ever followed."""
