@@ -86,6 +86,7 @@ from klaudit.frameworks.versions import (
     copy_holding,
     detected_near,
     installed_by_the_file,
+    installed_from_a_folder,
     installed_release,
     is_project_root,
     named_requirements_pin,
@@ -1375,7 +1376,7 @@ def _trl(path: str, settings: Mapping[str, Setting], context: Context, anchor: S
             judged = trl.judge(values, fallback, anchor, one_process=one_process, unsloth=by_unsloth is not None)
             return [] if judged is None else _findings(path, judged, assumed.label(trl.NAME, note), trl.fix, fixer)
 
-        return _whatever_loss_type(settings, fallback[trl.LOSS_TYPE], under)
+        return _whatever_branch(settings, lambda taken: _whatever_loss_type(taken, fallback[trl.LOSS_TYPE], under))
 
     return _agreed(context.release(trl.NAME, path), judged_by)
 
@@ -1394,6 +1395,27 @@ def _whatever_loss_type(settings: Mapping[str, Setting], default: str,
         also = {(f.line, f.column, f.code) for f in findings({**settings, trl.LOSS_TYPE: replace(unread, value=other)})}
         found = [f for f in found if (f.line, f.column, f.code) in also]
     return found
+
+
+def _whatever_branch(settings: Mapping[str, Setting], findings: Callable[[Mapping[str, Setting]], list[Finding]],
+                     ) -> list[Finding]:
+    """The `findings` of `settings` where each key set to a conditional of literals (`Setting.branches`) takes
+    each of its branches: those every branch gives at the same place, worded for the first branch."""
+    branched = [(key, setting) for key, setting in settings.items() if setting.branches][:3]
+    if not branched:
+        return findings(settings)
+    found: list[Finding] | None = None
+    for taken in itertools.product(*(setting.branches for _, setting in branched)):
+        chosen = {key: replace(setting, value=value, origin=f"one branch of {' or '.join(setting.branches)}, "
+                               "each gives this finding")
+                  for (key, setting), value in zip(branched, taken)}
+        given = findings({**settings, **chosen})
+        if found is None:
+            found = given
+        else:
+            also = {(f.line, f.column, f.code) for f in given}
+            found = [f for f in found if (f.line, f.column, f.code) in also]
+    return found or []
 
 
 def _agreed(assumed: Assumed, findings: Callable[[Assumed], list[Finding]]) -> list[Finding]:
@@ -1483,7 +1505,8 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
             continue  # GRPOTrainer's own `GRPOConfig(f"{model_name}-GRPO")` when given no args, in TRL or a copy of
             # its trainer: no configuration of a run, and the copy's loss is reported where it is written
         if call.name in trl.CONFIG_CLASSES and call.name not in context.classes and call.name not in context.homonyms \
-                and not patched and trl.refused_keywords(call.written):
+                and not patched and trl.refused_keywords(call.written) \
+                and not installed_from_a_folder(trl.NAME, str(Path(path).parent)):
             continue  # a keyword no GRPOConfig takes: a TypeError, nothing trains (where the project defines no
             # GRPOConfig of its own to copy over TRL's, as guoku995/SEG-GRPO does, and Unsloth adds none of its own)
         fallback, note = _unsloth(*_class_defaults((call.name,), path, context), release,

@@ -105,6 +105,10 @@ def _python_configs(source: str, names: Collection[str], keys: tuple[str, ...], 
             default = integer_arithmetic(written, lambda name: resolve(name, parameters, options or Options(), path),
                                           text)
         found = setting(span, value if default is None else default.value, len(key))  # type: ignore[arg-type]
+        branches = [python_literal(branch, text) for branch in (written.body, written.orelse)] \
+            if isinstance(written, ast.IfExp) else []
+        if branches and all(branch is not None for branch in branches):  # `beta=1e-5 if peft_config else 0.001`
+            found = replace(found, branches=tuple(branch for branch in branches if branch is not None))
         return defaulted(found, default)
 
     def scope_of(call: ast.Call) -> ast.AST:

@@ -32,6 +32,8 @@ class Setting:
     # given through a mapping filtered to the keys the running release takes (`{k: v ... if k in accepted}`):
     # kept where that release takes it, so it bounds no release
     if_taken: bool = False
+    # the literals of the branches of a conditional it is set to (`1e-5 if peft_config else 0.001`), value None
+    branches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

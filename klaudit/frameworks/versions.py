@@ -348,6 +348,25 @@ def commit_version(name: str, commit: str) -> str | None:
     return versions.pop() if len(versions) == 1 else None
 
 
+# A dependency installed from a folder of the machine, as a fork is: uv's lock entry with an editable, path or
+# directory source, a `[tool.uv.sources]` or Poetry table `trl = { path = "../trl" }`, a requirement `-e ../trl`
+_LOCAL_SOURCES = (r'(?m)^name = "{name}"\s*\nversion = "[^"]+"\s*\nsource = \{{ ?(?:editable|path|directory) = ',
+                  r'(?m)^\s*{name}\s*=\s*\{{[^}}\n]*\bpath\s*=', r'(?m)^\s*-e\s+\S*\b{name}\b')
+
+
+@functools.lru_cache(maxsize=64)
+def installed_from_a_folder(name: str, directory: str) -> bool:
+    """Whether the project holding `directory` installs `name` from a folder of its own machine (`_LOCAL_SOURCES`):
+    a fork, whose classes may take keywords no release takes (groundlight/r1_vlm's TRL, `epsilon_low`)."""
+    patterns = [re.compile(pattern.format(name=_spelled(name))) for pattern in _LOCAL_SOURCES]
+    for folder in _search_path([Path(directory)]):
+        texts = [read_text(folder / file) for file in ("uv.lock", "pyproject.toml", "poetry.lock")]
+        texts += [read_text(path) for path in sorted(folder.glob("requirements*.txt"))]
+        if any(pattern.search(text or "") for pattern in patterns for text in texts):
+            return True
+    return False
+
+
 @functools.lru_cache(maxsize=256)  # asked for each launch script and config file of a directory
 def detected_near(directory: str) -> Mapping[str, Assumed]:
     """The releases the code around `directory` states, nearest first (see `detect`): a framework
