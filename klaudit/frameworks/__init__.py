@@ -47,7 +47,7 @@ from klaudit.frameworks import (
 )
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
-from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names
+from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names, names_module_of, source_modules
 from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, environment_files, option_defaults, placeholder_setting
 from klaudit.frameworks.processes import parallel_launched, runs_in_one_process
@@ -67,6 +67,7 @@ from klaudit.frameworks.settings import (
     project_path,
     shell_overrides,
     shell_value,
+    steps_per_rollout,
     yaml_settings,
 )
 from klaudit.frameworks.sourcing import sourced_files
@@ -178,6 +179,8 @@ class Context:
     openrlhf_copies: tuple[str, ...] = ()
     # the YAML files the project's launches copy a configuration to, beside a run's outputs (klaudit.frameworks.run_records)
     run_records: frozenset[str] = frozenset()
+    # the overrides of each of the project's EasyR1 launches, by the resolved path of the YAML config it names
+    easyr1_launched: Mapping[str, tuple[dict[str, Setting], ...]] = field(default_factory=dict)
 
     def choices_at(self, path: str) -> verl_runs.Choices:
         """The switch values the project's runs give the framework copy holding the module at `path` (verl's or
@@ -206,10 +209,15 @@ class Context:
         return unsloth.IMPORTS_UNSLOTH.search(source) is not None or str(Path(path).resolve()) in self.after_unsloth
 
     def definition(self, name: str, path: str) -> ConfigClass | None:
-        """The class `name` as a module at `path` sees it: its own definition, else the only one."""
+        """The class `name` as a module at `path` sees it: its own definition, else the only one, unless the module
+        imports `name` from a module that file cannot be (RAIDEN-R1's `from open_r1.configs import GRPOConfig`, a
+        subclass of TRL's installed with open-r1, beside a dataclass of its own of that name)."""
         found = self.classes.get(name, ())
         here = [definition for definition in found if definition.path == path]
-        return here[0] if here else found[0] if len(found) == 1 else None
+        if here or len(found) != 1:
+            return here[0] if here else None
+        modules = source_modules(read_text(Path(path)) or "", name) if path.endswith(".py") else set()
+        return found[0] if not modules or any(names_module_of(found[0].path, module) for module in modules) else None
 
     def release(self, name: str, path: str) -> Assumed:
         """The release of `name` assumed in the file at `path`: a pin; else the one the file installs itself (a
@@ -274,6 +282,9 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                                               everything, configs, scripts, context)
     dormant, one_step, several_step_choices = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts,
                                                                    everything, context)
+    if own_runs and all(_EASYR1_LAUNCH.search(scripts.get(path) or "") for path, _ in own) \
+            and _easyr1_steps_once(scripts, context):
+        one_step = copies  # EasyR1's entry point, each launch of the project's stepping once a rollout
     openrlhf_choices, openrlhf_copies = _openrlhf_runs(scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
@@ -283,7 +294,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                    verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else (),
                    dormant_folders=dormant, one_step_copies=one_step, several_step_choices=several_step_choices,
                    openrlhf_choices=openrlhf_choices, openrlhf_copies=openrlhf_copies,
-                   run_records=copied_configs(scripts, configs))
+                   run_records=copied_configs(scripts, configs), easyr1_launched=_easyr1_launched_configs(scripts))
 
 
 def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_runs.Choices, tuple[str, ...]]:
@@ -694,7 +705,7 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
     if path.endswith(YAML_SUFFIXES):  # a YAML config, or one whose `run:` block holds a launch command
         values = composed_settings(path, text)
         found = _verl(path, {**values, **shell_overrides(text)}, context, text)
-        found += _easyr1(path, values, context)
+        found += _easyr1_as_launched(path, values, context)
         if roll.is_config(values):
             found += _roll(path, values, context)
         if nemo_rl.algorithm(values) is not None:
@@ -867,6 +878,47 @@ def _easyr1(path: str, settings: Mapping[str, Setting], context: Context) -> lis
     project's copy of EasyR1 averages its micro-batches."""
     judged = easyr1.judge(settings, _easyr1_per_micro_batch(path, context))
     return [] if judged is None else _findings(path, judged, easyr1.NAME, easyr1.fixes(settings).get)
+
+
+def _easyr1_as_launched(path: str, values: Mapping[str, Setting], context: Context) -> list[Finding]:
+    """The findings of an EasyR1 YAML config, but where the project's launches name it (`Context.easyr1_launched`),
+    only those rules one of them keeps with its overrides: RULE-Unlearn's launches all set rollout_batch_size=32 and
+    global_batch_size=32 over configs of 512 and 128, one optimizer step a rollout, not the configs' four."""
+    found = _easyr1(path, values, context)
+    launched = context.easyr1_launched.get(Path(path).resolve().as_posix())
+    if not found or not launched:
+        return found
+    per_micro_batch = _easyr1_per_micro_batch(path, context)
+    kept: set[str] = set()
+    for overrides in launched:
+        judged = easyr1.judge({**values, **overrides}, per_micro_batch)
+        kept |= {row.rule for row in defects(judged.config) if row.rule} if judged is not None else set()
+    return [finding for finding in found if finding.code in kept]
+
+
+def _easyr1_steps_once(scripts: Mapping[str, str], context: Context) -> bool:
+    """Whether the project launches EasyR1 (not in upstream's examples) and every such launch, its config composed
+    with its overrides, takes one optimizer step per rollout (RULE-Unlearn's rollout_batch_size=32 and
+    global_batch_size=32): the KL terms of the copy's actor are then on fresh samples."""
+    runs = [settings for path, settings in _project_launches_of_easyr1(scripts)
+            if not _upstream_launch(path, easyr1.ACTOR, context)]
+    return bool(runs) and all(steps_per_rollout(settings, easyr1.STEP_DEFAULTS) <= 1 for settings in runs)
+
+
+def _easyr1_launched_configs(scripts: Mapping[str, str]) -> dict[str, tuple[dict[str, Setting], ...]]:
+    """{the resolved path of a YAML config: the overrides of the keys a verdict reads, of each of the `scripts`'
+    EasyR1 launches that names it}."""
+    launched: dict[str, list[dict[str, Setting]]] = {}
+    for path, text in scripts.items():
+        overrides = {key: setting for key, setting in shell_overrides(text).items() if key in easyr1.KEYS_READ}
+        lines = text.splitlines()
+        for _, line in _uncommented(_EASYR1_LAUNCH, text):
+            first, last = command_span(lines, line - 1)
+            given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+            config = project_path(path, given.group(1)) if given else None
+            if config is not None:
+                launched.setdefault(config.resolve().as_posix(), []).append(overrides)
+    return {config: tuple(overrides) for config, overrides in launched.items()}
 
 
 def _easyr1_per_micro_batch(path: str, context: Context) -> bool:

@@ -70,9 +70,10 @@ STEP_DEFAULTS = {EPOCHS: "1", ROLLOUT_BATCH: "512", UPDATE_BATCH: "256"}
 MICRO_BATCH = "worker.actor.micro_batch_size_per_device_for_update"
 KEYS_READ = (*KEYS, *EARLY_ACTOR_KEYS, *STEP_DEFAULTS, MICRO_BATCH)  # every key a verdict reads, in either layout
 ACTOR = "verl/workers/actor/dp_actor.py"
-# the launch scripts EasyR1's own repository has kept in examples/ (its history to 2026-12): a copy's examples/
-# launch of another name is the fork's own run
+# the launch scripts EasyR1's own repository has kept in examples/ (its history to 2026-12), and the config they
+# name (`config=examples/config.yaml`): a copy's examples/ launch of another name is the fork's own run
 UPSTREAM_LAUNCHES = frozenset({
+    "config.yaml",
     "qwen2_5_7b_math.sh", "qwen2_5_7b_math_grpo.sh", "qwen2_5_vl_32b_geo3k_grpo.sh", "qwen2_5_vl_3b_android_gui_grpo.sh",
     "qwen2_5_vl_3b_clevr.sh", "qwen2_5_vl_3b_geo3k.sh", "qwen2_5_vl_3b_geo3k_grpo.sh", "qwen2_5_vl_3b_geoqa8k.sh",
     "qwen2_5_vl_7b_geo3k_cispo.sh", "qwen2_5_vl_7b_geo3k_dapo.sh", "qwen2_5_vl_7b_geo3k_grpo.sh",

@@ -32,3 +32,18 @@ def imported_names(source: str) -> dict[str, tuple[str, str]]:
     `from package... import name [as alias]`; relative imports are left out."""
     return {(words[2] if len(words) == 3 and words[1] == "as" else words[0]): (module.split(".")[0], words[0])
             for module, words in from_imports(source) if words and not module.startswith(".")}
+
+
+def source_modules(source: str, name: str) -> set[str]:
+    """The modules an absolute `from module import name` (not under another name) binds `name` from."""
+    return {module for module, words in from_imports(source) if words == [name] and not module.startswith(".")}
+
+
+def names_module_of(file: str, module: str) -> bool:
+    """Whether the file at `file` can be the module `module` (`pkg/configs.py` or `pkg/configs/__init__.py` for
+    `pkg.configs`), as its path's last folders spell it."""
+    parts = file.replace("\\", "/").removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    wanted = module.split(".")
+    return parts[-len(wanted):] == wanted

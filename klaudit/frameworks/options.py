@@ -99,6 +99,20 @@ class Options:
     run: frozenset[str] = frozenset()  # the resolved paths of the project's scripts some launch script runs
     # the resolved paths of the project's modules those scripts import (`from open_r1.arguments import ...`)
     imported: frozenset[str] = frozenset()
+    scripts: tuple[str, ...] = ()  # the linted launch scripts
+    # the names some Python code of the project sets to anything but False, None or the same option handed on
+    # (`use_kl_estimator_k3=self.args.use_kl_estimator_k3`)
+    switched_in_code: frozenset[str] = frozenset()
+
+    def off_in_every_run(self, name: str) -> bool:
+        """Whether the project switches the boolean option `name` off wherever it sets it, and sets it somewhere:
+        every linted YAML file's key and every launch's override or flag of that last name says false
+        (`default_agent.use_kl_loss=False`, `use_kl_loss: false`), and no Python code sets it otherwise. A branch
+        taken only when it is on never runs."""
+        if name in self.switched_in_code:
+            return False
+        given = [*configured_values(self.configs, name), *launched_switches(self.scripts, name)]
+        return bool(given) and all(value.lower() == "false" for value in given)
 
     def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
         """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):
@@ -312,6 +326,10 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
                    run=frozenset(run), imported=_imported(run, sources),
+                   scripts=tuple(sorted(path for path in configs if path.endswith(_SHELL))),
+                   switched_in_code=frozenset(match.group(1) for path, text in sources.items()
+                                              if not _unit_tests(path, text) for match in _SET.finditer(text)
+                                              if _switches_otherwise(match)),
                    set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
                                          for match in _SET.finditer(text) if _sets_otherwise(match, text)))
 
@@ -324,6 +342,13 @@ def _sets_otherwise(binding: re.Match, text: str) -> bool:
     name, value = binding.groups()
     copied = value.endswith(f".{name}") and text.endswith("self.", 0, binding.start())
     return number(value) != 0 and not copied
+
+
+def _switches_otherwise(binding: re.Match) -> bool:
+    """Whether code that binds a name (`_SET`'s match) may switch the boolean option of that name on: anything but
+    False, None or the option of that name handed on (`x=args.x`)."""
+    name, value = binding.groups()
+    return value not in ("False", "None") and not value.endswith(f".{name}")
 
 
 def _imported(run: Collection[str], sources: Mapping[str, str]) -> frozenset[str]:
@@ -402,6 +427,18 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
                 value = Default(UNREAD if setting.value is None else setting.value,
                                 f"--{spelled} of the launch at {launcher}:{line}{where}", launch=True, parsed=parsed)
                 found.setdefault(spelled.replace("-", "_"), {}).setdefault(target, []).append(value)
+    return found
+
+
+def launched_switches(scripts: Iterable[str], name: str) -> list[str]:
+    """The values the launch scripts `scripts` give the boolean option `name`: `key.name=False` or `name=false` (a
+    Hydra or OmegaConf override), `--name false`; a bare `--name` (argparse's store_true) is "true"."""
+    given = re.compile(rf"(?<![\w-])(?:[\w.]+\.)?{re.escape(name)}=[\"']?(\w+)|--{re.escape(name)}\b(?:[ =]+(\w+))?")
+    found: list[str] = []
+    for path in scripts:
+        for match in given.finditer(read_text(Path(path)) or ""):
+            value = match.group(1) or match.group(2) or "true"
+            found.append(value if value.lower() in ("true", "false") else "true")
     return found
 
 

@@ -73,3 +73,41 @@ def test_the_ways_a_project_installs_a_dependency_from_a_folder(tmp_path, file, 
     (tmp_path / file).write_text(text)
     (tmp_path / "src").mkdir()
     assert installed_from_a_folder("trl", str(tmp_path / "src")) is found
+
+
+SUBCLASS = '''\
+from dataclasses import dataclass
+
+from trl import GRPOConfig as TRLGRPOConfig
+
+
+@dataclass
+class GRPOConfig(TRLGRPOConfig):
+    loss_type: str = "grpo"
+'''
+
+OPEN_R1_SCRIPT = '''\
+from {module} import GRPOConfig
+from trl import GRPOTrainer
+
+args = GRPOConfig(
+    output_dir="out",
+    beta=0.04,
+)
+GRPOTrainer(model="Qwen/Qwen2.5-0.5B", reward_funcs=[], args=args).train()
+'''
+
+
+@pytest.mark.parametrize("module, codes", [
+    # open-r1's GRPOConfig, TRL's defaults: 1.16's ratio * k3 (row 2), a token mean over the batch
+    ("open_r1.configs", [("train.py", 6, "KL003")]),
+    # the project's subclass, with loss_type "grpo": each completion's token mean besides (row 21)
+    ("src.training.config", [("train.py", 6, "KL003"), ("train.py", 6, "KL007")]),
+])
+def test_a_class_imported_from_another_module_is_not_the_projects_own(tmp_path, module, codes):
+    """whn09/RAIDEN-R1 (the hundredth fresh set) imports GRPOConfig from open-r1 beside a class of its own of that
+    name: the script's configuration was read with the project's class's fields as its defaults."""
+    (tmp_path / "requirements.txt").write_text("trl==1.16.0\n")
+    (tmp_path / "src" / "training").mkdir(parents=True)
+    (tmp_path / "src" / "training" / "config.py").write_text(SUBCLASS)
+    assert _codes(tmp_path, {"train.py": OPEN_R1_SCRIPT.format(module=module)}) == codes
