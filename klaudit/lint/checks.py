@@ -118,9 +118,12 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
             continue  # a base class's method that each subclass replaces, the base never built, a class nothing
             # builds, or a private function nothing names: it never runs; a loss only ever printed trains nothing,
             # nor one a module's own statements compute where nothing in it takes a gradient
-        if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out
+        if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out,
+            # and those taken only where a boolean option is on that the project switches off in every run
             pins = mod.caller_pins(func, cls)
-            found = [(sink, fact, config) for sink, fact, config in found if pinned_values_hold(fact.labels, pins)]
+            found = [(sink, fact, config) for sink, fact, config in found if pinned_values_hold(fact.labels, pins)
+                     and not any(values == (True,) and project.options.off_in_every_run(name)
+                                 for name, values in fact.labels)]
         paired = _paired(found)
         trained_at_home.update(id(fact.origin) for _, fact, config in paired if fact.origin is not None
                                and not without_gradient(config) and owners.of(fact.origin) is func)

@@ -1,0 +1,71 @@
+"""Shapes of KL code met in the hundredth fresh set.
+
+ltjed/multiagent-coaching (a MARTI fork, OpenRLHF's trainer) adds a KL loss under `if self.args.use_kl_loss:` and
+picks k3 under `if self.args.use_kl_estimator_k3:`; its YAML configs say `use_kl_loss: false` and both launches pass
+`default_agent.use_kl_loss=False`, and no Python code switches either on (a keyword that hands the option on,
+`use_kl_estimator_k3=self.strategy.args.use_kl_estimator_k3`, is the same option). The branches never run: the
+five findings under them (KL001, KL002, KL007, KL008 twice) and the k3 reward's KL004 were false alarms.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klaudit.config import Settings
+from klaudit.lint.engine import lint_paths
+
+TRAINER = """\
+import torch
+
+
+class PPOTrainer:
+    def __init__(self, args, actor, optimizer):
+        self.args = args
+        self.actor = actor
+        self.optimizer = optimizer
+
+    def training_step(self, batch):
+        logprobs = self.actor(batch.sequences)
+        ratio = torch.exp(logprobs - batch.old_logprobs)
+        loss = -(batch.advantages * ratio).mean()
+        if self.args.use_kl_loss:
+            log_ratio = batch.ref_logprobs - logprobs
+            kl = torch.exp(log_ratio) - log_ratio - 1
+            loss = loss + self.args.kl_coef * kl.mean()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+LAUNCH = """\
+#!/bin/bash
+python -m train --config-name default \\
+    agent.use_kl_loss={launched} \\
+    agent.kl_coef=0.01
+"""
+
+
+def _codes(tmp_path, launched: str, configured: str, code: str = "") -> list[tuple[str, int, str]]:
+    (tmp_path / "trainer.py").write_text(TRAINER + code)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "default.yaml").write_text(f"agent:\n  use_kl_loss: {configured}\n  kl_coef: 0.01\n")
+    (tmp_path / "run.sh").write_text(LAUNCH.format(launched=launched))
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    return sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings)
+
+
+ON = [("trainer.py", 17, "KL002"), ("trainer.py", 17, "KL008")]  # k3 as a loss (row 3), on older samples (row 22)
+
+
+@pytest.mark.parametrize("launched, configured, code, expected", [
+    ("False", "false", "", []),  # off wherever the project sets it: the branch never runs
+    ("True", "false", "", ON),  # a launch switches it on
+    ("False", "true", "", ON),  # so does a config
+    # code that may switch it on: the branch may run
+    ("False", "false", "\n\ndef build(args):\n    return PPOTrainer(use_kl_loss=True, args=args, actor=None, optimizer=None)\n",
+     ON),
+    # the option handed on under its own name is the same option
+    ("False", "false", "\n\ndef build(args):\n    return dict(use_kl_loss=args.use_kl_loss)\n", []),
+])
+def test_a_branch_on_a_switch_the_project_turns_off_everywhere_never_runs(tmp_path, launched, configured, code,
+                                                                            expected):
+    assert _codes(tmp_path, launched, configured, code) == expected
