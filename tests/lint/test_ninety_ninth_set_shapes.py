@@ -26,6 +26,15 @@ from __future__ import annotations
 import pytest
 from snippets import module_codes
 
+# one clipped step on a response's k1 reward-to-go, each response of the rollout in turn
+PPO_STEP = """\
+        advantages = rewards.flip(0).cumsum(0).flip(0)
+        loss = -(advantages * torch.clamp(ratio, 0.8, 1.2)).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
 NOTEBOOK_PPO = """\
 import torch
 
@@ -56,12 +65,7 @@ for step in range(100):
     for _resp, old_lnp, rewards in trajectories:
         lnp = model.log_probs(_resp)
         ratio = torch.exp(lnp - old_lnp)
-        advantages = rewards.flip(0).cumsum(0).flip(0)
-        loss = -(advantages * torch.clamp(ratio, 0.8, 1.2)).sum()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-"""
+""" + PPO_STEP
 
 
 @pytest.mark.parametrize("loop, codes", [
@@ -90,12 +94,7 @@ for step in range(100):
     for response, old_logprobs, rewards in trajectories:
         logprobs = model.log_probs(response)
         ratio = torch.exp(logprobs - old_logprobs)
-        advantages = rewards.flip(0).cumsum(0).flip(0)
-        loss = -(advantages * torch.clamp(ratio, 0.8, 1.2)).sum()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-"""
+""" + PPO_STEP
 
 
 def test_a_rollout_kept_as_tuples_carries_its_kl_reward(tmp_path):
