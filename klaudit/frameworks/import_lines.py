@@ -40,10 +40,8 @@ def source_modules(source: str, name: str) -> set[str]:
 
 
 def names_module_of(file: str, module: str) -> bool:
-    """Whether the file at `file` can be the module `module` (`pkg/configs.py` or `pkg/configs/__init__.py` for
-    `pkg.configs`), as its path's last folders spell it."""
+    """Whether the file at `file` can be the module `module` or lie in that package (`pkg/configs.py` for
+    `pkg.configs`; `trl/trainer/grpo_config.py` for `trl`, which re-exports it), as the folders of its path spell it."""
     parts = file.replace("\\", "/").removesuffix(".py").split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
     wanted = module.split(".")
-    return parts[-len(wanted):] == wanted
+    return any(parts[start:start + len(wanted)] == wanted for start in range(len(parts) - len(wanted) + 1))

@@ -105,14 +105,15 @@ class Options:
     switched_in_code: frozenset[str] = frozenset()
 
     def off_in_every_run(self, name: str) -> bool:
-        """Whether the project switches the boolean option `name` off wherever it sets it, and sets it somewhere:
-        every linted YAML file's key and every launch's override or flag of that last name says false
-        (`default_agent.use_kl_loss=False`, `use_kl_loss: false`), and no Python code sets it otherwise. A branch
-        taken only when it is on never runs."""
-        if name in self.switched_in_code:
+        """Whether the project's own launches switch the boolean option `name` off, and nothing turns it on: some
+        launch script sets it (`default_agent.use_kl_loss=False`), every launch and every linted YAML file that sets a
+        key or flag of that last name says false, and no Python code, unit tests included, sets it otherwise. A branch
+        taken only when it is on never runs. A library whose configs leave it off but whose tests turn it on
+        (NeMo-RL's `use_kl_in_reward`) offers it to its users."""
+        launched = launched_switches(self.scripts, name)
+        if not launched or name in self.switched_in_code:
             return False
-        given = [*configured_values(self.configs, name), *launched_switches(self.scripts, name)]
-        return bool(given) and all(value.lower() == "false" for value in given)
+        return all(value.lower() == "false" for value in (*configured_values(self.configs, name), *launched))
 
     def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
         """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):
@@ -327,9 +328,8 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
                    run=frozenset(run), imported=_imported(run, sources),
                    scripts=tuple(sorted(path for path in configs if path.endswith(_SHELL))),
-                   switched_in_code=frozenset(match.group(1) for path, text in sources.items()
-                                              if not _unit_tests(path, text) for match in _SET.finditer(text)
-                                              if _switches_otherwise(match)),
+                   switched_in_code=frozenset(match.group(1) for text in sources.values()
+                                              for match in _SET.finditer(text) if _switches_otherwise(match)),
                    set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
                                          for match in _SET.finditer(text) if _sets_otherwise(match, text)))
 
@@ -432,8 +432,10 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
 
 def launched_switches(scripts: Iterable[str], name: str) -> list[str]:
     """The values the launch scripts `scripts` give the boolean option `name`: `key.name=False` or `name=false` (a
-    Hydra or OmegaConf override), `--name false`; a bare `--name` (argparse's store_true) is "true"."""
-    given = re.compile(rf"(?<![\w-])(?:[\w.]+\.)?{re.escape(name)}=[\"']?(\w+)|--{re.escape(name)}\b(?:[ =]+(\w+))?")
+    Hydra or OmegaConf override), `--name false`; a bare `--name` (argparse's store_true), or a value that is no
+    literal (`use_kl_loss=$USE_KL_LOSS`), is "true": it may switch the option on."""
+    given = re.compile(rf"(?<![\w-])(?:[\w.]+\.)?{re.escape(name)}=[\"']?([^\s\"'\\]*)"
+                       rf"|--{re.escape(name)}\b(?:[ =]+(\w+))?")
     found: list[str] = []
     for path in scripts:
         for match in given.finditer(read_text(Path(path)) or ""):

@@ -91,20 +91,17 @@ def judge(settings: Mapping[str, Setting], where: Setting, api: str | None = Non
     """The KL configuration a PPOConfig call at `where` sets, None when it turns the KL off or is undecidable;
     `api`: the API the configuration is known to target where its keys do not say (ESTIMATOR for one read from
     the command line by a script written for the rewritten PPOTrainer); `release_api`: the API of the TRL release
-    the project states (`api_of`), for a call that names no key of either, and whose PPOConfig refuses the other's
-    fields; `defaults`: how the finding names the
+    the project states (`api_of`), for a call that names no key of either; `defaults`: how the finding names the
     configuration where it sets no key; `trainer_api`: the API of the PPOTrainer the module drives (`trainer_api`);
     `first_defaults`: the first API's step counts in the release the project states (`first_defaults`);
     `micro_default`: the rewritten API's responses per backward pass where a wrapper changes TRL's default
     (ms-swift's 1).
     A call no release accepts (`_FIRST_ONLY` and `_REWRITTEN_ONLY` keys together), or none that also has the
-    module's PPOTrainer, or the stated release does not, builds nothing."""
+    module's PPOTrainer, builds nothing."""
     if any(key in settings for key in _FIRST_ONLY) and any(key in settings for key in _REWRITTEN_ONLY):
         return None
     if trainer_api is not None and any(key in settings for key in _ONLY_IN[ESTIMATOR if trainer_api == LEGACY else LEGACY]):
         return None
-    if release_api is not None and any(key in settings for key in _ONLY_IN[ESTIMATOR if release_api == LEGACY else LEGACY]):
-        return None  # a field the stated release's PPOConfig lacks (`init_kl_coef` under TRL 0.26): a TypeError
     api = api or next((api for api in (ESTIMATOR, LEGACY) if any(key in settings for key in API_KEYS[api])),
                       release_api)
     if api is None:

@@ -230,11 +230,6 @@ def test_a_shell_launch_of_a_script_that_reads_ppo_config_from_its_command_line_
     ("trl==0.29.0", "from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', []),
     ("trl==0.29.0", "from trl.experimental.ppo import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),
     ("trl==0.28.0", "from trl import PPOConfig", 'PPOConfig(kl_estimator="k3")', ["KL004", "KL008"]),  # deprecated
-    # the first PPOConfig's fields under a release that has only the rewritten one (snat-s/roomroom, the hundredth
-    # set: TRL 0.26.2 in uv.lock) raise a TypeError; the rewritten one's under 0.11 likewise
-    ("trl==0.26.2", "from trl import PPOConfig", 'PPOConfig(kl_penalty="kl", init_kl_coef=0.2, log_with=None)', []),
-    ("trl==0.11.4", "from trl import PPOConfig", 'PPOConfig(model_name="gpt2", log_with=None)', ["KL008"]),
-    ("trl==0.11.4", "from trl import PPOConfig", 'PPOConfig(kl_estimator="k3", num_ppo_epochs=4)', []),
 ])
 def test_the_release_a_project_states_decides_the_ppo_config_api(tmp_path, pin, imported, call, expected):
     """TRL's own test_ppo_trainer.py (in the 0.16 and 0.17 checkouts of the thirty-second and thirty-fourth sets)

@@ -44,11 +44,15 @@ python -m train --config-name default \\
 """
 
 
-def _codes(tmp_path, launched: str, configured: str, code: str = "") -> list[tuple[str, int, str]]:
+def _codes(tmp_path, launched: str | None, configured: str, code: str = "",
+           test: str = "") -> list[tuple[str, int, str]]:
     (tmp_path / "trainer.py").write_text(TRAINER + code)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "default.yaml").write_text(f"agent:\n  use_kl_loss: {configured}\n  kl_coef: 0.01\n")
-    (tmp_path / "run.sh").write_text(LAUNCH.format(launched=launched))
+    if launched is not None:
+        (tmp_path / "run.sh").write_text(LAUNCH.format(launched=launched))
+    if test:
+        (tmp_path / "test_trainer.py").write_text(test)
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     return sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings)
 
@@ -65,7 +69,17 @@ ON = [("trainer.py", 17, "KL002"), ("trainer.py", 17, "KL008")]  # k3 as a loss 
      ON),
     # the option handed on under its own name is the same option
     ("False", "false", "\n\ndef build(args):\n    return dict(use_kl_loss=args.use_kl_loss)\n", []),
+    # no launch of the project's own sets it: a library's configs leave the choice to its users
+    (None, "false", "", ON),
+    ("$USE_KL_LOSS", "false", "", ON),  # a launch's variable may switch it on (rlvr-weak-supervision's train.sh)
 ])
 def test_a_branch_on_a_switch_the_project_turns_off_everywhere_never_runs(tmp_path, launched, configured, code,
                                                                             expected):
     assert _codes(tmp_path, launched, configured, code) == expected
+
+
+def test_a_switch_a_unit_test_turns_on_is_an_option_the_branch_may_take(tmp_path):
+    """NeMo-RL (dev corpus) leaves `use_kl_in_reward: false` in its example configs and tests the branch with
+    `use_kl_in_reward=kl_reward`, True in one case: its users may take it."""
+    test = "def test_kl_loss():\n    run(use_kl_loss=True)\n"
+    assert _codes(tmp_path, "False", "false", test=test) == ON
