@@ -723,9 +723,10 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
 
 def _carried_upstream_launch(path: str, context: Context) -> bool:
     """Whether the file at `path` is one of upstream's launches (or configs) in a copy of verl or EasyR1 that the
-    project runs with launches of its own that can start (`Context.own_run_copies`)."""
-    return _within(path, context.own_run_copies) and any(
-        _upstream_launch(path, module, context) for module in (verl.DEFAULTS_FILE, easyr1.ACTOR))
+    project runs with launches of its own that can start (`Context.own_run_copies`), and none of those names it
+    (R-Zero's launches run `config=examples/config.yaml`, upstream EasyR1's config name)."""
+    return _within(path, context.own_run_copies) and Path(path).resolve().as_posix() not in context.easyr1_launched \
+        and any(_upstream_launch(path, module, context) for module in (verl.DEFAULTS_FILE, easyr1.ACTOR))
 
 
 def _reported_where_sourced(finding: Finding, sourced: Mapping[int, Sourced], context: Context) -> bool:

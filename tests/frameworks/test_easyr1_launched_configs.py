@@ -63,14 +63,14 @@ class DataParallelPPOActor:
 """
 
 
-def _project(tmp_path, overrides: str) -> list[tuple[str, int, str]]:
+def _project(tmp_path, overrides: str, config: str = "grpo.yaml") -> list[tuple[str, int, str]]:
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "grpo.yaml").write_text(CONFIG)
     (tmp_path / "examples" / "config.yaml").write_text(CONFIG)
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "run.sh").write_text(LAUNCH.format(overrides="".join(
-        f"    {override} \\\n" for override in overrides.split())))
+    (tmp_path / "scripts" / "run.sh").write_text(LAUNCH.replace("examples/grpo.yaml", f"examples/{config}").format(
+        overrides="".join(f"    {override} \\\n" for override in overrides.split())))
     actor = tmp_path / "verl" / "workers" / "actor"
     actor.mkdir(parents=True)
     (actor / "dp_actor.py").write_text(ACTOR)
@@ -88,3 +88,11 @@ def _project(tmp_path, overrides: str) -> list[tuple[str, int, str]]:
 ])
 def test_a_config_and_the_copy_are_judged_as_the_projects_launches_run_them(tmp_path, overrides, expected):
     assert _project(tmp_path, overrides) == expected
+
+
+def test_upstreams_config_name_named_by_the_projects_own_launch_is_its_run(tmp_path):
+    """Chengsong-Huang/R-Zero (the eighty-ninth set) launches its EasyR1 copy with `config=examples/config.yaml`,
+    upstream's config name: that config is the project's run, judged as the launch keeps it."""
+    assert _project(tmp_path, "algorithm.kl_coef=1.0e-2", config="config.yaml") == [
+        ("config.yaml", 8, "KL002"), ("config.yaml", 13, "KL008"), ("dp_actor.py", 6, "KL002"), ("dp_actor.py", 6, "KL008"),
+        ("grpo.yaml", 8, "KL002"), ("grpo.yaml", 13, "KL008")]  # a config of the project's own no launch names
