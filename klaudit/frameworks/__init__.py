@@ -1445,8 +1445,7 @@ def _whatever_loss_type(settings: Mapping[str, Setting], default: str,
                     origin="set to a value the lint does not read: the default shown; every loss type gives this finding")
     found = findings({**settings, trl.LOSS_TYPE: shown})
     for other in trl.AGGREGATIONS.keys() - {default}:
-        also = {(f.line, f.column, f.code) for f in findings({**settings, trl.LOSS_TYPE: replace(unread, value=other)})}
-        found = [f for f in found if (f.line, f.column, f.code) in also]
+        found = _also_in(found, findings({**settings, trl.LOSS_TYPE: replace(unread, value=other)}))
     return found
 
 
@@ -1455,20 +1454,20 @@ def _whatever_branch(settings: Mapping[str, Setting], findings: Callable[[Mappin
     """The `findings` of `settings` where each key set to a conditional of literals (`Setting.branches`) takes
     each of its branches: those every branch gives at the same place, worded for the first branch."""
     branched = [(key, setting) for key, setting in settings.items() if setting.branches][:3]
-    if not branched:
-        return findings(settings)
-    found: list[Finding] | None = None
-    for taken in itertools.product(*(setting.branches for _, setting in branched)):
-        chosen = {key: replace(setting, value=value, origin=f"one branch of {' or '.join(setting.branches)}, "
-                               "each gives this finding")
-                  for (key, setting), value in zip(branched, taken)}
-        given = findings({**settings, **chosen})
-        if found is None:
-            found = given
-        else:
-            also = {(f.line, f.column, f.code) for f in given}
-            found = [f for f in found if (f.line, f.column, f.code) in also]
-    return found or []
+
+    def taking(values: tuple[str, ...]) -> dict[str, Setting]:
+        return {**settings, **{key: replace(setting, value=value, origin=f"one branch of {' or '.join(setting.branches)}"
+                                            ", each gives this finding")
+                               for (key, setting), value in zip(branched, values)}}
+
+    return functools.reduce(_also_in, (findings(taking(values))
+                                       for values in itertools.product(*(setting.branches for _, setting in branched))))
+
+
+def _also_in(found: list[Finding], other: list[Finding]) -> list[Finding]:
+    """The findings of `found` that `other` gives too, at the same place."""
+    also = {(f.line, f.column, f.code) for f in other}
+    return [f for f in found if (f.line, f.column, f.code) in also]
 
 
 def _agreed(assumed: Assumed, findings: Callable[[Assumed], list[Finding]]) -> list[Finding]:
@@ -1478,8 +1477,7 @@ def _agreed(assumed: Assumed, findings: Callable[[Assumed], list[Finding]]) -> l
     does not give says what it gives there instead."""
     found = findings(assumed)
     if assumed.earlier is not None and found:
-        also = {(f.line, f.column, f.code) for f in findings(replace(assumed, version=assumed.earlier, earlier=None))}
-        found = [f for f in found if (f.line, f.column, f.code) in also]
+        found = _also_in(found, findings(replace(assumed, version=assumed.earlier, earlier=None)))
     if assumed.then is None or not found:
         return found
     then: dict[tuple[int, int], list[str]] = {}

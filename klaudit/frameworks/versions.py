@@ -350,8 +350,9 @@ def commit_version(name: str, commit: str) -> str | None:
 
 # A dependency installed from a folder of the machine, as a fork is: uv's lock entry with an editable, path or
 # directory source, a `[tool.uv.sources]` or Poetry table `trl = { path = "../trl" }`, a requirement `-e ../trl`
+# (not `-e git+https://...`, a checkout of a repository)
 _LOCAL_SOURCES = (r'(?m)^name = "{name}"\s*\nversion = "[^"]+"\s*\nsource = \{{ ?(?:editable|path|directory) = ',
-                  r'(?m)^\s*{name}\s*=\s*\{{[^}}\n]*\bpath\s*=', r'(?m)^\s*-e\s+\S*\b{name}\b')
+                  r'(?m)^\s*{name}\s*=\s*\{{[^}}\n]*\bpath\s*=', r'(?m)^\s*-e\s+(?!git\+)\S*\b{name}\b')
 
 
 @functools.lru_cache(maxsize=64)

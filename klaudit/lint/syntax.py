@@ -187,13 +187,13 @@ def trains_nothing(tree: cst.Module) -> bool:
                    for node in walk(tree))
 
 
-_MODELS = re.compile(r"(^|_)(model|policy|actor|critic|net|lm|ref)$", re.IGNORECASE)
-
-
 def _mode_switch(call: cst.Call) -> bool:
-    """`model.train()`, `policy.train()`: a model put in training mode, no training."""
-    return type(call.func) is cst.Attribute and call.func.attr.value == "train" and not call.args \
-        and _MODELS.search(last_name(call.func.value) or "") is not None
+    """`model.train()`, `policy.train()`, `critic.train()`: a model put in training mode, no training."""
+    if type(call.func) is not cst.Attribute or call.func.attr.value != "train" or call.args:
+        return False
+    receiver = dotted(call.func.value)
+    return roles.names_policy_model(last_name(call.func.value) or "") or roles.is_reference_model(receiver) \
+        or roles.is_scoring_model(receiver)
 
 
 def only_evaluated(func: cst.FunctionDef | cst.Module) -> bool:

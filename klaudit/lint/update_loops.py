@@ -760,12 +760,11 @@ def trained_by_a_later_loop(func: cst.FunctionDef, methods: dict[str, cst.Functi
                 loop = _reusing_loop_of(call, methods, module, beyond)
             if loop is not None:
                 return loop
-    # up to the one function that calls it, where the module's own code calls it besides only once, in no loop: a
-    # notebook's trial call (`play_game(model, data[:2])` shown before the training loop calls it again)
-    upward = [site for site in sites if site[0] is not module or site[2]]
-    caller = upward[0][0] if upward else sites[0][0]
-    calls = calls_of(caller)
-    if len(upward) == 1 and depth < 2 and isinstance(caller, cst.FunctionDef) and not takes_a_step(calls):
+    # up to its single caller, not counting the module's own calls outside any loop: a notebook's trial calls
+    # (`play_game(model, data[:2])` shown before the training loop calls it again)
+    upward = [caller for caller, _, loops in sites if caller is not module or loops]
+    if len(upward) == 1 and depth < 2 and isinstance(caller := upward[0], cst.FunctionDef) \
+            and not takes_a_step(calls_of(caller)):
         own = methods if methods is not None and caller in methods.values() else None
         return trained_by_a_later_loop(caller, own, module, calls_of, depth + 1, elsewhere, inherited, beyond)
     return None

@@ -66,6 +66,7 @@ def test_a_keyword_no_release_takes_trains_with_a_fork_installed_from_a_folder(t
 @pytest.mark.parametrize("file, text, found", [
     ("pyproject.toml", '[tool.uv.sources]\ntrl = { path = "../trl", editable = true }\n', True),
     ("requirements.txt", "-e ../trl\n", True),
+    ("requirements.txt", "-e git+https://github.com/huggingface/trl.git#egg=trl\n", False),  # a checkout, no folder
     ("requirements.txt", "trl==0.15.2\n", False),
     ("pyproject.toml", '[project]\ndependencies = ["trl>=0.15"]\n', False),
 ])
