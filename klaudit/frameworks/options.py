@@ -188,13 +188,21 @@ class Options:
         the mapping is named for (`grpo.beta` for `grpo_cfg`), from the files named like the reading module at `path`
         where they differ (configs/grpo.yaml for grpo_trainer.py, beside a dpo.yaml with its own `training.beta`);
         where they sweep a coefficient there (0, 0.01 and 0.1 in three configs), the first value strictly between 0
-        and 1 (`_swept`); None for other differing values, or where they give none there."""
+        and 1 (`_swept`); None for other differing values, or where they give none there. A mapping with a generic
+        name (`cfg = training_cfg or {}`, then `cfg.get("kl_coef", 0.01)`) may be any section of them: where every
+        file that sets the key gives it a value strictly between 0 and 1 (0.01 and 0.02), every run has the term on,
+        and the first such value stands for them."""
         if self.leave_alone(default):
             return default
         holder = default.holder.lower()
-        given = [(key, value) for config in self.configs for key, value in _yaml_values(config, default.key).items()
-                 if key.rsplit(".", 1)[-1] == default.key and "." in key and holder
-                 and key.rsplit(".", 2)[-2].lower() in holder]
+        leaves = [(key, value) for config in self.configs for key, value in _yaml_values(config, default.key).items()
+                  if key.rsplit(".", 1)[-1] == default.key]
+        given = [(key, value) for key, value in leaves
+                 if "." in key and holder and key.rsplit(".", 2)[-2].lower() in holder]
+        if not given and _GENERIC_MAPPING.match(holder):
+            if not all(0 < (number(value.value) or 0) < 1 for _, value in leaves):
+                return None
+            given = leaves
         words = set(re.split(r"[\W_]+", Path(path).stem.lower()))
         named = [(key, value) for key, value in given if Path(value.origin.rsplit(":", 1)[0]).stem.lower() in words]
         if len({value.value for _, value in given}) > 1 and named:
@@ -272,6 +280,7 @@ def placeholder_setting(setting: Setting, expression: str, options: Options, pat
 # one read of a mapping's key or an object's attribute: `cfg['use_kl']`, `self.config.beta`, `args.lr`
 _READ = re.compile(r"(?P<holder>[A-Za-z_][\w.]*?)(?:\[(?P<q>[\"'])(?P<key>\w+)(?P=q)\]|\.(?P<attribute>[A-Za-z_]\w*))")
 # what a script names its parsed command line (`args`, `opts`, `cli_args`, `FLAGS`, `hparams`): its attributes are options
+_GENERIC_MAPPING = re.compile(r"^(cfg|conf|config|configs?|configuration|settings|params|hparams|kwargs)$")
 OPTION_HOLDER = re.compile(r"^(\w+_)?(args|opts?|options|flags|hparams)$", re.IGNORECASE)
 
 

@@ -305,6 +305,51 @@ def test_a_coefficient_the_yaml_files_sweep_is_judged_where_it_is_on(tmp_path):
     assert beta("0.0", "0.5", "2.0")[0] is None
 
 
+GENERIC_HOLDER = '''\
+from trl import GRPOConfig
+
+class Trainer:
+    def __init__(self, training_cfg=None):
+        cfg = training_cfg or {}
+        self.args = GRPOConfig(output_dir="out", beta=cfg.get("kl_coef", 0.01))
+'''
+
+
+@pytest.mark.parametrize("values, expected", [
+    (("0.01", "0.02"), "0.01"),  # every config trains with the term: the first file's value stands for them
+    (("0.02", "0.02"), "0.02"),
+    (("0.0", "0.02"), None),  # a run without the term: which one a run reads is unknown
+    (("0.02", "1.5"), None),
+])
+def test_a_mapping_named_for_no_section_reads_the_key_wherever_the_files_set_it(tmp_path, values, expected):
+    """GuyNachshon/GRP-Obliteration (hundred-and-first set) hands `training_cfg` on as `cfg` and reads
+    `beta=cfg.get("kl_coef", 0.01)`, while its model configs set `training.kl_coef` to 0.01 or 0.02: `cfg` names no
+    section (a generic name), so it may be any `training` of them, and each has the k3 term on."""
+    from klaudit.frameworks.options import option_defaults
+
+    paths = []
+    for index, value in enumerate(values):
+        (tmp_path / f"m{index}.yaml").write_text(f"model:\n  name: q\ntraining:\n  kl_coef: {value}\n")
+        paths.append(str(tmp_path / f"m{index}.yaml"))
+    reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, paths))
+    libcst.MetadataWrapper(libcst.parse_module(GENERIC_HOLDER), unsafe_skip_copy=True).visit(reader)
+    [call] = reader.calls
+    assert call.settings["beta"].value == expected
+
+
+def test_a_mapping_named_for_another_section_still_reads_nothing_there(tmp_path):
+    """The fallback is for a generic holder only: `rl.get("kl_coef", 0.01)` where the files set only
+    `training.kl_coef` stays unknown, as a value in another section was before."""
+    from klaudit.frameworks.options import option_defaults
+
+    (tmp_path / "a.yaml").write_text("rl:\n  lr: 1e-6\ntraining:\n  kl_coef: 0.02\n")
+    reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, [str(tmp_path / "a.yaml")]))
+    source = GENERIC_HOLDER.replace("cfg = training_cfg or {}", "rl = training_cfg or {}").replace("cfg.get", "rl.get")
+    libcst.MetadataWrapper(libcst.parse_module(source), unsafe_skip_copy=True).visit(reader)
+    [call] = reader.calls
+    assert call.settings["beta"].value is None
+
+
 ALIASED_SECTION = '''\
 from trl import GRPOConfig
 
