@@ -79,8 +79,10 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
     step may be taken by a method of the loop's class, `methods`, or a function of `module` that the body calls
     (legacy TRL's `self.train_minibatch(...)` in `for _ in range(self.config.ppo_epochs)`, a script's
     `train_step(batch)`)."""
-    if not isinstance(loop, cst.For) or not (_several_rounds(loop.iter, module, beyond)
-                                             or one_sample_at_a_time(loop)):
+    if not isinstance(loop, cst.For):
+        return False
+    rounds = _several_rounds(loop.iter, module, beyond) or one_sample_at_a_time(loop)
+    if not rounds and type(loop.iter) not in (cst.Call, cst.Name):
         return False
     steps = False
     draws = _drawing(methods, module, CallIndex())
@@ -93,7 +95,7 @@ def reuses_samples(loop: cst.For | cst.While, module: cst.Module,
                 return False  # a generation or a rollout, here or in a function it calls that takes no step
                 # (viralcode/superGPT's `grpo_step`, sampling with torch.multinomial), or the next batch of a data
                 # iterator; not a draw from a buffer of earlier rollouts (navidmdn/LLM_RL's `self.buffer.sample`)
-    return steps
+    return steps and (rounds or _rounds_listed(loop.iter, module, beyond))
 
 
 def _steps_in_callee(call: cst.Call, methods: dict[str, cst.FunctionDef] | None, module: cst.Module) -> bool:
@@ -125,6 +127,45 @@ def _several_rounds(iterated: cst.BaseExpression, module: cst.Module, beyond: Be
         if literal is None:  # `mu_iterations = 1` at the top of a script
             literal = _module_constant(module, count.value)
     return literal not in (0, 1)
+
+
+def _rounds_listed(iterated: cst.BaseExpression, module: cst.Module, beyond: Beyond | None = None) -> bool:
+    """`memory.get_minibatches()` of a method of the module's classes that returns a list it fills in a loop of
+    several rounds (`for _ in range(self.args.batches_per_learning_phase): ... minibatches.append(...)`, ARENA's
+    replay memory): every sample of the memory comes up once per round, so the loop over the list visits each
+    more than once, whatever the mini-batch size. The list may be bound to a name first (`mbs =
+    memory.get_minibatches()`, then `for mb in mbs:`), where every binding of the name in the function is that call."""
+    if type(iterated) is cst.Name:
+        scope = next((func for func in _functions(module) if any(node is iterated for node in walk(func.body))), module)
+        bound = name_bindings(scope).get(iterated.value, [])
+        values = {cst.Module([]).code_for_node(value) if type(value) is cst.Call else None for _, value in bound}
+        if len(values) != 1 or None in values:
+            return False
+        iterated = bound[0][1]  # type: ignore[assignment]
+    if type(iterated) is not cst.Call or type(iterated.func) is not cst.Attribute:
+        return False
+    name = iterated.func.attr.value
+    methods = [func for func in _functions(module) if func.name.value == name]
+    return len(methods) == 1 and any(
+        type(node) is cst.For and _several_rounds(node.iter, module, beyond) and _appends_to_returned(node, methods[0])
+        for node in walk(methods[0].body))
+
+
+def _functions(module: cst.Module) -> Iterator[cst.FunctionDef]:
+    """The module's functions and the methods of its classes."""
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            yield stmt
+        elif isinstance(stmt, cst.ClassDef):
+            yield from (line for line in stmt.body.body if isinstance(line, cst.FunctionDef))
+
+
+def _appends_to_returned(loop: cst.For, method: cst.FunctionDef) -> bool:
+    """Whether `loop` appends to a list the method returns by name (`minibatches.append(...)`, `return minibatches`)."""
+    returned = {node.value.value for node in walk(method.body) if type(node) is cst.Return
+                and node.value is not None and type(node.value) is cst.Name}
+    return any(type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "append"
+               and type(node.func.value) is cst.Name and node.func.value.value in returned for node in walk(loop.body))
 
 
 def settled_setting(name: str, module: cst.Module, beyond: Beyond | None = None) -> int | None:

@@ -10,7 +10,9 @@ A rollout kept as a list of tuples, `trajectories.append((response, logprobs, re
 in `for response, old_logprobs, rewards in trajectories:` lost the KL reward it carried.
 
 jamesyc23/arena_3_0_solutions (the ARENA RLHF exercise) calls `.backward()` on an objective that subtracts the KL
-penalty and steps `AdamW(..., maximize=True)`: the optimizer ascends it, so the penalty is a penalty (no KL011).
+penalty and steps `AdamW(..., maximize=True)`: the optimizer ascends it, so the penalty is a penalty (no KL011). Its
+learning phase steps once per mini-batch of `memory.get_minibatches()`, a list that holds every sample once per round
+of `range(batches_per_learning_phase)`: from the second step on the exact-KL loss is on an older policy's samples.
 
 YolanyYwy/AGentCL takes `F.kl_div(..., reduction="batchmean")` of the [1, L, V] logits of one encoded text: divided by
 the batch of one, a token sum, not the 1/L mean (row 21) it was read as; and returns the trained loss as
@@ -232,3 +234,60 @@ print(f"loss {ppo_loss.item():.4f}")
 ])
 def test_a_loss_a_module_computes_and_never_differentiates_trains_nothing(tmp_path, after, codes):
     assert module_codes(SHOWN_ONLY + after, tmp_path) == codes
+
+
+LISTED_ROUNDS = """\
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Args:
+    batches_per_learning_phase: int = 2
+    num_minibatches: int = 4
+
+
+class Memory:
+    def __init__(self, args, samples):
+        self.args = args
+        self.samples = samples
+
+    def get_minibatches(self):
+        minibatches = []
+        for _ in range(self.args.batches_per_learning_phase):
+            for idx in torch.randperm(len(self.samples)).chunk(self.args.num_minibatches):
+                minibatches.append(self.samples[idx])
+        return minibatches
+
+
+def kl_penalty(logits, ref_logits, coef):
+    logprobs = logits.log_softmax(-1)
+    return coef * (logprobs.exp() * (logprobs - ref_logits.log_softmax(-1))).sum(-1).mean()
+
+
+class Trainer:
+    def learning_phase(self, memory):
+        {loop}
+            self.optimizer.zero_grad()
+            logits = self.model(minibatch.ids).logits
+            loss = minibatch.pg_loss(logits) + kl_penalty(logits, minibatch.ref_logits, self.args.kl_coef)
+            loss.backward()
+            self.optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("loop, rounds, codes", [
+    ("for minibatch in memory.get_minibatches():", 2, [(35, "KL003"), (35, "KL008")]),
+    ("minibatches = memory.get_minibatches()\n        for minibatch in minibatches:", 2,
+     [(36, "KL003"), (36, "KL008")]),  # the list bound to a name first
+    ("for minibatch in memory.get_minibatches():", 1, [(35, "KL003")]),  # one round: each sample once
+])
+def test_a_list_of_minibatches_filled_over_several_rounds_reuses_the_samples(tmp_path, loop, rounds, codes):
+    """jamesyc23/arena_3_0_solutions's ReplayMemory.get_minibatches lists every sample once per round, `for _ in
+    range(self.args.batches_per_learning_phase)` (2 by default): the learning phase's steps over that list train
+    the exact-KL loss on an older policy's prefixes from its second step on (rows 22-23, KL008), whatever the
+    mini-batch size."""
+    source = LISTED_ROUNDS.format(loop=loop).replace("batches_per_learning_phase: int = 2",
+                                                     f"batches_per_learning_phase: int = {rounds}")
+    assert module_codes(source, tmp_path) == codes
