@@ -58,6 +58,7 @@ from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import (
+    always_fails,
     dotted,
     is_test,
     last_name,
@@ -112,11 +113,13 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
                  if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
         if found and (cls is not None and (mod.overridden_everywhere(func, cls) or never_built(cls, path, project))
-                      or mod.never_runs(func, cls) or func.name.value == MODULE_BODY and trains_nothing(module)
+                      or mod.never_runs(func, cls) or always_fails(func)
+                      or func.name.value == MODULE_BODY and trains_nothing(module)
                       or cls is None and only_printed(func.name.value, source)
                       and not used_elsewhere(func.name.value, path, project)):
             continue  # a base class's method that each subclass replaces, the base never built, a class nothing
-            # builds, or a private function nothing names: it never runs; a loss only ever printed trains nothing,
+            # builds, or a private function nothing names: it never runs; one that always raises never returns its
+            # loss to a step; a loss only ever printed trains nothing,
             # nor one a module's own statements compute where nothing in it takes a gradient
         if any(fact.labels for _, fact, _ in found):  # the branches no call other modules make selects are left out,
             # and those taken only where a boolean option is on that the project switches off in every run

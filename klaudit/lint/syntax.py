@@ -187,6 +187,34 @@ def trains_nothing(tree: cst.Module) -> bool:
                    for node in walk(tree))
 
 
+def always_fails(func: cst.FunctionDef) -> bool:
+    """Whether a statement of the function's own body, outside any branch, loop, `try` or `with`, is `assert False`
+    (or `assert 0`, `assert None`) or a `raise`, and no statement before it can return: every call stops there, so a
+    loss it computes is never returned to a training step, and one it backpropagates crashes the run at its first
+    step (a debugging `assert False` left before `return loss`). Not the `raise ValueError(...)` that ends a chain of
+    branches which each return (verl's `kl_penalty` for an unknown estimator)."""
+    body = func.body.body if isinstance(func.body, cst.IndentedBlock) else ()
+    for index, line in enumerate(body):
+        for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+            if type(small) is cst.Raise or type(small) is cst.Assert and _false_literal(small.test):
+                return not any(type(node) is cst.Return for earlier in body[:index] for node in _own_walk(earlier))
+    return False
+
+
+def _own_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """`walk` that does not enter nested functions, lambdas or classes (their returns are their own)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is node or not isinstance(current, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            stack.extend(child_nodes(current))
+
+
+def _false_literal(test: cst.BaseExpression) -> bool:
+    return type(test) is cst.Name and test.value in ("False", "None") or type(test) is cst.Integer and test.value == "0"
+
+
 def _mode_switch(call: cst.Call) -> bool:
     """`model.train()`, `policy.train()`, `critic.train()`: a model put in training mode, no training."""
     if type(call.func) is not cst.Attribute or call.func.attr.value != "train" or call.args:
