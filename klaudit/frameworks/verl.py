@@ -39,7 +39,9 @@
   `trainer.total_training_steps=1` on the FSDP actor of a copy whose constant learning-rate schedule is
   min(1, step / max(1, warmup)) (TinyZero's verl 0.1 and copies of that age): the schedule's factor is 0 at
   step 0 even with no warmup, so the one update of a CI smoke test runs at learning rate 0. Later releases
-  return 1 once the warmup is over, and their one-step launches do train.
+  return 1 once the warmup is over, and their one-step launches do train. Nor does a launch of an installed
+  verl 0.6 or later with `actor_rollout_ref.rollout.name=hf`: those releases have no HF rollout, and the
+  workers stop at start-up.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ TOTAL_EPOCHS, VAL_ONLY = "trainer.total_epochs", "trainer.val_only"  # a launch 
 # one update, at the learning rate of the schedule's first step (0 in copies whose schedule ramps from 0)
 TOTAL_STEPS, WARMUP_STYLE = "trainer.total_training_steps", "actor_rollout_ref.actor.optim.warmup_style"
 LEGACY_WORKERS = "trainer.use_legacy_worker_impl"
+ROLLOUT_NAME = "actor_rollout_ref.rollout.name"  # `hf`: no rollout in a release from 0.6 on
 
 ESTIMATORS = {"kl": Estimator.K1, "k1": Estimator.K1, "mse": Estimator.K2, "k2": Estimator.K2,
               "low_var_kl": Estimator.LOW_VAR_KL, "k3": Estimator.LOW_VAR_KL, "abs": Estimator.ABS}
@@ -161,6 +164,13 @@ def _trains_nothing(settings: Mapping[str, Setting], first_step_at_zero_lr: bool
             and number(settings[TOTAL_STEPS].value or "") == 1)
 
 
+def _no_rollout(settings: Mapping[str, Setting], assumed: Assumed) -> bool:
+    """`actor_rollout_ref.rollout.name=hf` on an installed verl of 0.6 or later: its workers build the rollout from a
+    registry of vLLM and SGLang engines (TensorRT-LLM from 0.8) and stop at start-up on any other name, 0.5's HF
+    rollout among them. (A copy of verl may keep a registry of its own: it is not read so.)"""
+    return at_least(assumed, "0.6") and ROLLOUT_NAME in settings and settings[ROLLOUT_NAME].value == "hf"
+
+
 def _zero(setting: Setting | None) -> bool:
     """A coefficient (or `trainer.total_epochs`) set to the literal 0."""
     return setting is not None and setting.value is not None and number(setting.value) == 0.0
@@ -179,7 +189,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     `loss_default` that copy's default of `use_kl_loss` (`kl_loss_default`), and `first_step_at_zero_lr`
     whether the actor launched takes its first update at learning rate 0 (`first_update_at_zero_lr`)."""
     named = (*KEYS, COEFFICIENTS["reward"], *STEP_DEFAULTS) if reward_unless_loss else KEYS
-    if not any(key in settings for key in named) or _trains_nothing(settings, first_step_at_zero_lr):
+    if not any(key in settings for key in named) or _trains_nothing(settings, first_step_at_zero_lr) \
+            or legacy_workers is None and _no_rollout(settings, assumed):
         return None
     defaults = {**DEFAULTS, USE_KL_LOSS: loss_default} if reward_unless_loss else DEFAULTS
     given = {key: settings[key].value if key in settings else default for key, default in defaults.items()}

@@ -813,6 +813,21 @@ def test_a_launch_that_trains_nothing_has_no_kl_verdict(ending, expected):
     assert sorted(f.code for f in lint_config("run.sh", text)) == expected
 
 
+VERL_WITH_HF_ROLLOUT = Context(versions={**Context().versions, "verl": Assumed("0.5", "pinned")})
+
+
+@pytest.mark.parametrize("context, rollout, expected", [
+    (Context(), "hf", []),  # TinyZero_QWen3.5's HF launches on verl 0.7.1: the workers stop at start-up
+    (Context(), "vllm", ["KL002"]),
+    (VERL_WITH_HF_ROLLOUT, "hf", ["KL002"]),  # 0.5 still builds its HFRollout
+])
+def test_a_launch_of_the_hf_rollout_on_a_release_without_one_trains_nothing(context, rollout, expected):
+    """From 0.6 verl's workers take the rollout class from a registry of vLLM and SGLang engines (TensorRT-LLM from
+    0.8) and assert on any other name: `actor_rollout_ref.rollout.name=hf` stops the run before its first update."""
+    assert codes_on(context, "actor_rollout_ref.actor.use_kl_loss=True",
+                    f"actor_rollout_ref.rollout.name={rollout}") == expected
+
+
 # verl's constant schedule before and after it was rewritten: min(1, step / max(1, warmup)) is 0 at step 0
 # even with no warmup; the later form is 1 once the warmup (0 steps here) is over
 _RAMP_FROM_ZERO = "    def lr_lambda(current_step):\n        return min(1, float(current_step) / float(max(1, num_warmup_steps)))\n"
