@@ -271,6 +271,23 @@ def test_a_value_the_yaml_files_give_in_another_section_or_disagree_on_is_unknow
     assert call.settings["ppo_epochs"].value == "4"
 
 
+def _beta_read(tmp_path, source: str, configs: list[str]):
+    """The `beta` setting the config reader finds in `source` beside YAML files of the texts `configs` (c0.yaml,
+    c1.yaml, ...), which are removed again."""
+    from klaudit.frameworks.options import option_defaults
+
+    paths = []
+    for index, text in enumerate(configs):
+        (tmp_path / f"c{index}.yaml").write_text(text)
+        paths.append(str(tmp_path / f"c{index}.yaml"))
+    reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, paths))
+    libcst.MetadataWrapper(libcst.parse_module(source), unsafe_skip_copy=True).visit(reader)
+    [call] = reader.calls
+    for path in paths:
+        Path(path).unlink()
+    return call.settings["beta"]
+
+
 SWEPT_BETA = '''\
 from trl import GRPOConfig
 
@@ -285,19 +302,9 @@ def test_a_coefficient_the_yaml_files_sweep_is_judged_where_it_is_on(tmp_path):
     the keyword is judged at the first value strictly between 0 and 1, with the range named. Configs that agree give
     their one value, as before; a sweep with a value outside [0, 1), where 0 and 1 are not the only thresholds that
     matter, leaves it unknown."""
-    from klaudit.frameworks.options import option_defaults
-
     def beta(*values: str) -> tuple[str | None, str]:
-        paths = []
-        for index, value in enumerate(values):
-            (tmp_path / f"c{index}.yaml").write_text(f"training:\n  lr: 1e-6\n  beta: {value}\n")
-            paths.append(str(tmp_path / f"c{index}.yaml"))
-        reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, paths))
-        libcst.MetadataWrapper(libcst.parse_module(SWEPT_BETA), unsafe_skip_copy=True).visit(reader)
-        [call] = reader.calls
-        for path in paths:
-            Path(path).unlink()
-        return call.settings["beta"].value, call.settings["beta"].origin
+        found = _beta_read(tmp_path, SWEPT_BETA, [f"training:\n  lr: 1e-6\n  beta: {value}\n" for value in values])
+        return found.value, found.origin
 
     assert beta("0.0", "0.01", "0.1") == (
         "0.01", f"training.beta at {tmp_path / 'c1.yaml'}:3; the 3 configs that set it give 0 to 0.1")
@@ -325,29 +332,15 @@ def test_a_mapping_named_for_no_section_reads_the_key_wherever_the_files_set_it(
     """GuyNachshon/GRP-Obliteration (hundred-and-first set) hands `training_cfg` on as `cfg` and reads
     `beta=cfg.get("kl_coef", 0.01)`, while its model configs set `training.kl_coef` to 0.01 or 0.02: `cfg` names no
     section (a generic name), so it may be any `training` of them, and each has the k3 term on."""
-    from klaudit.frameworks.options import option_defaults
-
-    paths = []
-    for index, value in enumerate(values):
-        (tmp_path / f"m{index}.yaml").write_text(f"model:\n  name: q\ntraining:\n  kl_coef: {value}\n")
-        paths.append(str(tmp_path / f"m{index}.yaml"))
-    reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, paths))
-    libcst.MetadataWrapper(libcst.parse_module(GENERIC_HOLDER), unsafe_skip_copy=True).visit(reader)
-    [call] = reader.calls
-    assert call.settings["beta"].value == expected
+    configs = [f"model:\n  name: q\ntraining:\n  kl_coef: {value}\n" for value in values]
+    assert _beta_read(tmp_path, GENERIC_HOLDER, configs).value == expected
 
 
 def test_a_mapping_named_for_another_section_still_reads_nothing_there(tmp_path):
     """The fallback is for a generic holder only: `rl.get("kl_coef", 0.01)` where the files set only
     `training.kl_coef` stays unknown, as a value in another section was before."""
-    from klaudit.frameworks.options import option_defaults
-
-    (tmp_path / "a.yaml").write_text("rl:\n  lr: 1e-6\ntraining:\n  kl_coef: 0.02\n")
-    reader = cst_configs._Reader(NAMES | {"GRPOConfig"}, ("beta",), "t.py", option_defaults({}, [str(tmp_path / "a.yaml")]))
     source = GENERIC_HOLDER.replace("cfg = training_cfg or {}", "rl = training_cfg or {}").replace("cfg.get", "rl.get")
-    libcst.MetadataWrapper(libcst.parse_module(source), unsafe_skip_copy=True).visit(reader)
-    [call] = reader.calls
-    assert call.settings["beta"].value is None
+    assert _beta_read(tmp_path, source, ["rl:\n  lr: 1e-6\ntraining:\n  kl_coef: 0.02\n"]).value is None
 
 
 ALIASED_SECTION = '''\
