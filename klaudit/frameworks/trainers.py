@@ -13,6 +13,7 @@ followed through the project's classes, is TRL's: a base the defining module imp
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from collections import defaultdict
 from collections.abc import Mapping
@@ -97,10 +98,11 @@ UNSLOTH_RENAMED = frozenset({"tokenizer"})
 
 
 def trains_only_refused_grpo_trainers(source: str, unsloth: bool = False) -> bool:
-    """Whether every call the module hands its training arguments (`args=`) to is TRL's GRPOTrainer given a keyword
-    no release takes (`GRPOTrainer(tokenizer=...)`, which Hcoder10/gamepulse writes; under Unsloth, which renames
-    that one, `GRPOTrainer(beta=...)` as DonPex writes), and there is one: each raises a TypeError and nothing
-    trains."""
+    """Whether every call the module hands its training arguments to (`args=`, or `**kwargs` of a mapping that holds
+    them) is TRL's GRPOTrainer given a keyword no release takes (`GRPOTrainer(tokenizer=...)`, which Hcoder10/gamepulse
+    writes; under Unsloth, which renames that one, `GRPOTrainer(beta=...)` as DonPex writes) or unpacking a name the
+    module never binds (Efficient-Reasoner's `GRPOTrainer(**train_kwargs)` beside its `trainer_kwargs`), and there is
+    one: each raises a TypeError or a NameError and nothing trains."""
     taken = GRPO_TRAINER_KEYWORDS | (UNSLOTH_RENAMED if unsloth else frozenset())
     local = {name for name, (top, original) in imported_names(source).items()
              if top == "trl" and original == "GRPOTrainer"}
@@ -108,14 +110,44 @@ def trains_only_refused_grpo_trainers(source: str, unsloth: bool = False) -> boo
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError):
         return False
-    handed = [node for node in ast.walk(tree)
-              if isinstance(node, ast.Call) and any(keyword.arg == "args" for keyword in node.keywords)]
-    return bool(handed) and all(
-        (isinstance(call.func, ast.Name) and call.func.id in local
-         or isinstance(call.func, ast.Attribute) and call.func.attr == "GRPOTrainer"
-         and isinstance(call.func.value, ast.Name) and call.func.value.id == "trl")
-        and any(keyword.arg is not None and keyword.arg not in taken for keyword in call.keywords)
-        for call in handed)
+    bound = _bound_names(tree)
+
+    def grpo_trainer(call: ast.Call) -> bool:
+        return (isinstance(call.func, ast.Name) and call.func.id in local
+                or isinstance(call.func, ast.Attribute) and call.func.attr == "GRPOTrainer"
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == "trl")
+
+    def refused(call: ast.Call) -> bool:
+        return any(keyword.arg is not None and keyword.arg not in taken
+                   or keyword.arg is None and isinstance(keyword.value, ast.Name) and bound is not None
+                   and keyword.value.id not in bound
+                   for keyword in call.keywords)
+
+    handed = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and (any(keyword.arg == "args" for keyword in node.keywords) or grpo_trainer(node))]
+    return bool(handed) and all(grpo_trainer(call) and refused(call) for call in handed)
+
+
+def _bound_names(tree: ast.Module) -> frozenset[str] | None:
+    """Every name the module binds anywhere (assignments, parameters, imports, loop and `with` targets, handlers,
+    globals), with Python's builtins; None where it imports `*` (any name may be bound)."""
+    names = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+            return None
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
+    return frozenset(names)
 
 
 def trains_trls_grpo_trainer(source: str) -> bool:

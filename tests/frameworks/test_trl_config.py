@@ -609,3 +609,20 @@ def test_a_grpo_trainer_given_a_keyword_no_release_takes_trains_nothing(tmp_path
         "    trainer.train()\n")
     found = _tree_findings(tmp_path, {"train_grpo.py": script})
     assert found == [(name, line + unsloth, code) for name, line, code in expected]
+
+
+@pytest.mark.parametrize("splat, expected", [
+    ("trainer_kwargs", [("train.py", 6, "KL003")]),
+    ("train_kwargs", []),  # bound nowhere: a NameError before any step
+])
+def test_a_grpo_trainer_given_a_mapping_the_module_never_binds_trains_nothing(tmp_path, splat, expected):
+    """taivu1998/Efficient-Reasoner (hundred-and-first set) fills `trainer_kwargs` with the model, the reward and
+    `args=training_args`, then calls `GRPOTrainer(**train_kwargs)`: the name is bound nowhere, the script stops with
+    a NameError, and the k3 configuration of its GRPOConfig is never trained."""
+    script = (
+        "from trl import GRPOConfig, GRPOTrainer\n\n\ndef main(model, tok, data):\n"
+        "    config = GRPOConfig(\n        beta=0.1)\n"
+        "    trainer_kwargs = {'model': model, 'reward_funcs': [len], 'args': config, 'train_dataset': data}\n"
+        f"    trainer = GRPOTrainer(**{splat})\n"
+        "    trainer.train()\n")
+    assert _tree_findings(tmp_path, {"train.py": script}) == expected
