@@ -279,8 +279,9 @@ def placeholder_setting(setting: Setting, expression: str, options: Options, pat
 
 # one read of a mapping's key or an object's attribute: `cfg['use_kl']`, `self.config.beta`, `args.lr`
 _READ = re.compile(r"(?P<holder>[A-Za-z_][\w.]*?)(?:\[(?P<q>[\"'])(?P<key>\w+)(?P=q)\]|\.(?P<attribute>[A-Za-z_]\w*))")
+# a configuration mapping named for no section of it (`cfg.get("kl_coef", 0.01)`): any section may be the one read
+_GENERIC_MAPPING = re.compile(r"^(cfg|conf|configs?|configuration|settings|params|hparams|kwargs)$")
 # what a script names its parsed command line (`args`, `opts`, `cli_args`, `FLAGS`, `hparams`): its attributes are options
-_GENERIC_MAPPING = re.compile(r"^(cfg|conf|config|configs?|configuration|settings|params|hparams|kwargs)$")
 OPTION_HOLDER = re.compile(r"^(\w+_)?(args|opts?|options|flags|hparams)$", re.IGNORECASE)
 
 

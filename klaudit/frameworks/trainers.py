@@ -98,11 +98,11 @@ UNSLOTH_RENAMED = frozenset({"tokenizer"})
 
 
 def trains_only_refused_grpo_trainers(source: str, unsloth: bool = False) -> bool:
-    """Whether every call the module hands its training arguments to (`args=`, or `**kwargs` of a mapping that holds
-    them) is TRL's GRPOTrainer given a keyword no release takes (`GRPOTrainer(tokenizer=...)`, which Hcoder10/gamepulse
-    writes; under Unsloth, which renames that one, `GRPOTrainer(beta=...)` as DonPex writes) or unpacking a name the
-    module never binds (Efficient-Reasoner's `GRPOTrainer(**train_kwargs)` beside its `trainer_kwargs`), and there is
-    one: each raises a TypeError or a NameError and nothing trains."""
+    """Whether every call of TRL's GRPOTrainer in the module, and every other call it hands training arguments to
+    (`args=`), is TRL's GRPOTrainer given a keyword no release takes (`GRPOTrainer(tokenizer=...)`, which
+    Hcoder10/gamepulse writes; under Unsloth, which renames that one, `GRPOTrainer(beta=...)` as DonPex writes) or
+    unpacking a name the module never binds (Efficient-Reasoner's `GRPOTrainer(**train_kwargs)` beside its
+    `trainer_kwargs`), and there is one: each raises a TypeError or a NameError and nothing trains."""
     taken = GRPO_TRAINER_KEYWORDS | (UNSLOTH_RENAMED if unsloth else frozenset())
     local = {name for name, (top, original) in imported_names(source).items()
              if top == "trl" and original == "GRPOTrainer"}

@@ -35,7 +35,15 @@ from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
 from klaudit.lint.roles import might_contain_kl
 from klaudit.lint.signatures import filled_parameters
-from klaudit.lint.syntax import dotted, is_literal_choice, number_value, params, python_ast, walk
+from klaudit.lint.syntax import (
+    dotted,
+    functions_and_methods,
+    is_literal_choice,
+    number_value,
+    params,
+    python_ast,
+    walk,
+)
 from klaudit.lint.update_loops import (
     Beyond,
     CallIndex,
@@ -630,15 +638,9 @@ def overriding_subclasses(module: Module, cls: str, method: str) -> list[str]:
 
 
 def module_functions(tree: cst.Module, with_body: bool = False):
-    """(function, class name or None) for the top-level functions and the methods of top-level classes;
-    `with_body`: then the module's own statements as one more function (module_body), if it has any."""
-    for stmt in tree.body:
-        if isinstance(stmt, cst.FunctionDef):
-            yield stmt, None
-        elif isinstance(stmt, cst.ClassDef):
-            for item in stmt.body.body:
-                if isinstance(item, cst.FunctionDef):
-                    yield item, stmt.name.value
+    """syntax.functions_and_methods of the module; `with_body`: then the module's own statements as one more
+    function (module_body), if it has any."""
+    yield from functions_and_methods(tree)
     if with_body and (body := module_body(tree)) is not None:
         yield body, None
 

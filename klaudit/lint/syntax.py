@@ -187,6 +187,17 @@ def trains_nothing(tree: cst.Module) -> bool:
                    for node in walk(tree))
 
 
+def functions_and_methods(tree: cst.Module) -> Iterator[tuple[cst.FunctionDef, str | None]]:
+    """(function, class name or None) for the top-level functions and the methods of top-level classes."""
+    for stmt in tree.body:
+        if isinstance(stmt, cst.FunctionDef):
+            yield stmt, None
+        elif isinstance(stmt, cst.ClassDef):
+            for item in stmt.body.body:
+                if isinstance(item, cst.FunctionDef):
+                    yield item, stmt.name.value
+
+
 def always_fails(func: cst.FunctionDef) -> bool:
     """Whether a statement of the function's own body, outside any branch, loop, `try` or `with`, is `assert False`
     (or `assert 0`, `assert None`) or a `raise`, and no statement before it can return: every call stops there, so a
@@ -212,6 +223,7 @@ def _own_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 
 
 def _false_literal(test: cst.BaseExpression) -> bool:
+    """`False`, `None` or `0`: an assertion of it always fails."""
     return type(test) is cst.Name and test.value in ("False", "None") or type(test) is cst.Integer and test.value == "0"
 
 

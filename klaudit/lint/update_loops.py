@@ -38,6 +38,7 @@ from klaudit.lint.syntax import (
     child_nodes,
     dotted,
     encodes_one_text,
+    functions_and_methods,
     handles_one_sequence,
     int_literal,
     is_test,
@@ -135,8 +136,9 @@ def _rounds_listed(iterated: cst.BaseExpression, module: cst.Module, beyond: Bey
     replay memory): every sample of the memory comes up once per round, so the loop over the list visits each
     more than once, whatever the mini-batch size. The list may be bound to a name first (`mbs =
     memory.get_minibatches()`, then `for mb in mbs:`), where every binding of the name in the function is that call."""
+    functions = [func for func, _ in functions_and_methods(module)]
     if type(iterated) is cst.Name:
-        scope = next((func for func in _functions(module) if any(node is iterated for node in walk(func.body))), module)
+        scope = next((func for func in functions if any(node is iterated for node in walk(func.body))), module)
         bound = name_bindings(scope).get(iterated.value, [])
         values = {cst.Module([]).code_for_node(value) if type(value) is cst.Call else None for _, value in bound}
         if len(values) != 1 or None in values:
@@ -145,19 +147,10 @@ def _rounds_listed(iterated: cst.BaseExpression, module: cst.Module, beyond: Bey
     if type(iterated) is not cst.Call or type(iterated.func) is not cst.Attribute:
         return False
     name = iterated.func.attr.value
-    methods = [func for func in _functions(module) if func.name.value == name]
+    methods = [func for func in functions if func.name.value == name]
     return len(methods) == 1 and any(
         type(node) is cst.For and _several_rounds(node.iter, module, beyond) and _appends_to_returned(node, methods[0])
         for node in walk(methods[0].body))
-
-
-def _functions(module: cst.Module) -> Iterator[cst.FunctionDef]:
-    """The module's functions and the methods of its classes."""
-    for stmt in module.body:
-        if isinstance(stmt, cst.FunctionDef):
-            yield stmt
-        elif isinstance(stmt, cst.ClassDef):
-            yield from (line for line in stmt.body.body if isinstance(line, cst.FunctionDef))
 
 
 def _appends_to_returned(loop: cst.For, method: cst.FunctionDef) -> bool:
