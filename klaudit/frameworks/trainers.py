@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from klaudit.frameworks.import_lines import imported_names
+from klaudit.frameworks.python_values import binds
 
 # `class Name(Base, metaclass=M):`: the name and its bases as written, read from the text alone
 CLASS_HEADER = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
@@ -129,21 +130,17 @@ def trains_only_refused_grpo_trainers(source: str, unsloth: bool = False) -> boo
 
 
 def _bound_names(tree: ast.Module) -> frozenset[str] | None:
-    """Every name the module binds anywhere (assignments, parameters, imports, loop and `with` targets, handlers,
-    globals), with Python's builtins; None where it imports `*` (any name may be bound)."""
+    """Every name the module binds anywhere (`python_values.binds`, parameters, `def` and `class` names, `global`
+    and `nonlocal` ones), with Python's builtins; None where it imports `*` (any name may be bound)."""
     names = set(dir(builtins))
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names):
+        if isinstance(node, ast.alias) and node.name == "*":
             return None
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
+        if (bound := binds(node)) is not None:
+            names.add(bound)
         elif isinstance(node, ast.arg):
             names.add(node.arg)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
             names.add(node.name)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             names.update(node.names)

@@ -208,18 +208,8 @@ def always_fails(func: cst.FunctionDef) -> bool:
     for index, line in enumerate(body):
         for small in line.body if isinstance(line, cst.SimpleStatementLine) else ():
             if type(small) is cst.Raise or type(small) is cst.Assert and _false_literal(small.test):
-                return not any(type(node) is cst.Return for earlier in body[:index] for node in _own_walk(earlier))
+                return not any(type(node) is cst.Return for earlier in body[:index] for node in own_nodes(earlier))
     return False
-
-
-def _own_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`walk` that does not enter nested functions, lambdas or classes (their returns are their own)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if current is node or not isinstance(current, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            stack.extend(child_nodes(current))
 
 
 def _false_literal(test: cst.BaseExpression) -> bool:
