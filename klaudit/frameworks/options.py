@@ -51,6 +51,8 @@ _ADD_ARGUMENT = re.compile(r"""\badd_argument\(\s*(?:["']-\w["']\s*,\s*)?["']--(
 _DEFAULT = re.compile(rf"\bdefault\s*=\s*{_LITERAL}\s*(?:[,)]|$)")
 # `default=BETA`, a name the script binds to a literal at module level (`BETA = 0.02` among its constants)
 _DEFAULT_NAME = re.compile(r"\bdefault\s*=\s*([A-Za-z_]\w*)\s*(?:[,)]|$)")
+# `default=DEFAULTS["beta"]`, an entry of a dict literal the script binds at module level (`DEFAULTS = {"beta": 0.05}`)
+_DEFAULT_ENTRY = re.compile(r"""\bdefault\s*=\s*([A-Za-z_]\w*)\[\s*["'](\w+)["']\s*\]\s*(?:[,)]|$)""")
 # a class-level annotated field: `beta: float = 0.04` or `beta: float = field(default=0.04, ...)`, the call on
 # one line or several (`field(\n        default=4, metadata=...)`), or pydantic's `Field(default=0.04, ge=0.0)` and
 # `Field(0.04, ...)`; not a function's parameter on a line of its
@@ -391,16 +393,36 @@ def _unit_tests(path: str, text: str) -> bool:
 
 def _argument_default(arguments: str, text: str) -> str | None:
     """The literal default of an `add_argument`'s keywords: `default=0.02`, or `default=BETA` where the file
-    binds BETA once, at module level, to a literal (`BETA = 0.02`) and never declares it `global`."""
+    binds BETA once, at module level, to a literal (`BETA = 0.02`) and never declares it `global`, or
+    `default=DEFAULTS["beta"]` where it so binds DEFAULTS to a dict literal that gives "beta" one literal
+    (`_dict_literal_entry`)."""
     literal = _DEFAULT.search(arguments)
     if literal is not None:
         return literal.group(1)
-    named = _DEFAULT_NAME.search(arguments)
+    named = _DEFAULT_NAME.search(arguments) or _DEFAULT_ENTRY.search(arguments)
     if named is None or re.search(rf"^[ \t]*global\b[^\n]*\b{named.group(1)}\b", text, re.MULTILINE):
         return None
-    assigned = re.findall(rf"^{named.group(1)}[ \t]*(?::[^=\n]+)?=(?!=)[ \t]*(.*)$", text, re.MULTILINE)
-    constant = re.fullmatch(rf"{_LITERAL}[ \t]*(?:#.*)?", assigned[0].rstrip()) if len(assigned) == 1 else None
+    assigned = list(re.finditer(rf"^{named.group(1)}[ \t]*(?::[^=\n]+)?=(?!=)[ \t]*(.*)$", text, re.MULTILINE))
+    if len(assigned) != 1:
+        return None
+    if named.re is _DEFAULT_ENTRY:
+        return _dict_literal_entry(named.group(1), named.group(2), assigned[0], text)
+    constant = re.fullmatch(rf"{_LITERAL}[ \t]*(?:#.*)?", assigned[0].group(1).rstrip())
     return constant.group(1) if constant is not None else None
+
+
+def _dict_literal_entry(name: str, key: str, binding: re.Match, text: str) -> str | None:
+    """The literal that the dict literal of the module-level `binding` of `name` (`DEFAULTS = {` up to the `}` that
+    starts a line, or on one line) gives `key`: None where no entry or several give it (a nested section's key
+    too), a `**` spread may, or the module changes the mapping in place (`DEFAULTS["beta"] = 0.1`,
+    `DEFAULTS.update(...)`)."""
+    if not binding.group(1).startswith("{") or re.search(
+            rf"\b{name}[ \t]*(?:\[[^\]\n]*\][ \t]*=(?!=)|\.(?:update|setdefault|pop|clear)\()", text):
+        return None
+    end = text.find("}", binding.start(1)) if binding.group(1).rstrip().endswith("}") else text.find("\n}", binding.end())
+    block = text[binding.start(1):end if end >= 0 else len(text)]
+    entries = re.findall(rf"""["']{key}["'][ \t]*:[ \t]*{_LITERAL}[ \t]*(?=[,}}#\n])""", block)
+    return entries[0] if len(entries) == 1 and "**" not in block else None
 
 
 def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]], fields: Collection[str],

@@ -101,6 +101,44 @@ def test_an_option_defaulting_to_a_module_constant_takes_the_constant():
     assert options.default("beta", "train_grpo.py").origin == "train_grpo.py:12"
 
 
+def test_an_option_defaulting_to_an_entry_of_a_module_dict_takes_the_entry():
+    """cs234-project (fresh102) keeps its settings in a dict at the top of the script (`DEFAULTS = {"beta": 0.05,
+    ...}`) and hands each to its parser (`default=DEFAULTS["beta"]`): a run that leaves --beta alone trains at 0.05.
+    A dict changed in place, with a `**` spread, with the key in a nested section too, bound twice or declared
+    `global` has no known entry."""
+    script = (
+        "DEFAULTS = {\n"
+        "    'model': 'Qwen/Qwen2.5-7B-Instruct',\n"
+        "    \"beta\": 0.05,  # KL weight\n"
+        "    'epochs': 3,\n"
+        "}\n"
+        "ONE_LINE = {'lr': 1e-6, 'warmup': 10}\n"
+        "CHANGED = {'clip': 0.2}\n"
+        "CHANGED['clip'] = 0.3\n"
+        "SPREAD = {**BASE, 'gamma': 1.0}\n"
+        "NESTED = {\n"
+        "    'tau': 0.1,\n"
+        "    'ppo': {'tau': 0.2},\n"
+        "}\n"
+        "def parser():\n"
+        "    p.add_argument('--beta', type=float, default=DEFAULTS[\"beta\"])\n"
+        "    p.add_argument('--epochs', type=int, default=DEFAULTS['epochs'], help='passes')\n"
+        "    p.add_argument('--lr', default=ONE_LINE['lr'])\n"
+        "    p.add_argument('--missing', default=DEFAULTS['missing'])\n"
+        "    p.add_argument('--clip', default=CHANGED['clip'])\n"
+        "    p.add_argument('--gamma', default=SPREAD['gamma'])\n"
+        "    p.add_argument('--tau', default=NESTED['tau'])\n"
+    )
+    options = option_defaults({"train_grpo.py": script})
+    found = {name: (default := options.default(name, "train_grpo.py")) and default.value
+             for name in ("beta", "epochs", "lr", "missing", "clip", "gamma", "tau")}
+    assert found == {"beta": "0.05", "epochs": "3", "lr": "1e-6", "missing": None, "clip": None, "gamma": None,
+                     "tau": None}
+    assert options.default("beta", "train_grpo.py").origin == "train_grpo.py:15"
+    twice = script.replace("ONE_LINE = {", "DEFAULTS = {'beta': 0.1}\nONE_LINE = {")
+    assert option_defaults({"train_grpo.py": twice}).default("beta", "train_grpo.py") is None
+
+
 def test_an_option_given_two_defaults_has_the_one_of_the_file_that_builds_the_config():
     """text2sql-grpo (eleventh set): --beta defaults to 0.04 in train_reasoning_grpo.py and 0.01 in
     train_grpo_finer_full.py; each script builds its GRPOConfig from its own options."""
