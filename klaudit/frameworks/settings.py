@@ -168,7 +168,7 @@ _OVERRIDE = re.compile(r"(?<![\w.$-])\+{0,2}(?P<key>[A-Za-z_][\w]*(?:\.[A-Za-z_]
 # `name=value` shell variable assignments, whose `$name` / `${name}` an override may use (also a Dockerfile's
 # `ENV name=value` and `ARG name=value`)
 _VARIABLE = re.compile(r"^\s*(?:export\s+|ENV\s+|ARG\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\$\(\((?:[^()\n]|\([^()\n]*\))*\)\)"
-                       r"|\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
+                       r"|\$\[[^\]\n]*\]|\"[^\"\n]*\"|'[^'\n]*'|[^\s;|&#]*)")
 _REFERENCE = re.compile(r"^\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))$")
 # `ADV=${ADV:-gae}`: the environment's value, else the literal after `:-` (or `-`), the script's default; so is
 # `ALGO=${1:-grpo}`, the script's first argument, else grpo: what it runs with when launched without arguments
@@ -182,8 +182,9 @@ _COLON_DEFAULTS = re.compile(r"^\s*:(?:\s+\"?\$\{[A-Za-z_]\w*:?=[^}]*\}\"?)+\s*$
 _COLON_DEFAULT = re.compile(r"\$\{(?P<name>[A-Za-z_]\w*):?=(?P<default>[^}]*)\}")
 
 
-# `$(( a * 2 ))`: shell integer arithmetic over literals and variables assigned earlier
-_ARITHMETIC = re.compile(r"^\"?\$\(\((?P<expression>[^()]*(?:\([^()]*\)[^()]*)*)\)\)\"?$")
+# `$(( a * 2 ))`: shell integer arithmetic over literals and variables assigned earlier; also bash's older
+# spelling of it, `$[ a * 2 ]` (Search-R1's launches and their forks: `train_batch_size=$[$n_gpus_per_node * 64]`)
+_ARITHMETIC = re.compile(r"^\"?\$(?:\(\((?P<expression>[^()]*(?:\([^()]*\)[^()]*)*)\)\)|\[(?P<bracketed>[^\]]*)\])\"?$")
 _NAME = re.compile(r"\$\{?([A-Za-z_]\w*)\}?|\b([A-Za-z_]\w*)\b")
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -263,7 +264,8 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
             raw = assigned.group("value")
             defaulted, computed, to_variable = _DEFAULTED.match(raw), _ARITHMETIC.match(raw), _DEFAULTED_TO_VARIABLE.match(raw)
             value = (defaulted.group("default") if defaulted is not None
-                     else _arithmetic(computed.group("expression"), variables) if computed is not None
+                     else _arithmetic(computed.group("expression") or computed.group("bracketed"), variables)
+                     if computed is not None
                      else _default_variable(to_variable, variables) if to_variable is not None
                      else _literal(raw))
             if value is not None:

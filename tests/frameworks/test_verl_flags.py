@@ -253,6 +253,29 @@ def test_shell_arithmetic_over_known_variables_gives_the_batch_sizes():
     assert [f.code for f in lint_config("run.sh", text.replace("bsz=$((mini * 2))", "bsz=$((mini))"))] == ["KL002"]
 
 
+def test_bash_bracket_arithmetic_gives_the_batch_sizes():
+    """Tree-GRPO (fresh102), like Search-R1's launches, computes its batch sizes with bash's older arithmetic,
+    `train_batch_size=$[$n_gpus_per_node * 64]`: 512 prompts a rollout over mini-batches of 64 are eight optimizer
+    steps (row 22), KL008 at the mini-batch's assignment. Before, the value ended at its first space and was unknown,
+    and the launch was read as one step a rollout."""
+    text = textwrap.dedent("""\
+        n_gpus_per_node=8
+        train_batch_size=$[$n_gpus_per_node * 64]
+        actor_ppo_mini_batch_size=$[$n_gpus_per_node * 8]
+        unknown=$[$n_gpus_per_node * $UNSET]
+        python3 -m verl.trainer.main_ppo \\
+            data.train_batch_size=$train_batch_size \\
+            actor_rollout_ref.actor.ppo_mini_batch_size=$actor_ppo_mini_batch_size \\
+            actor_rollout_ref.actor.use_kl_loss=true \\
+            critic.a.b=$unknown
+        """)
+    settings = shell_overrides(text)
+    assert settings["data.train_batch_size"].value == "512" and settings["data.train_batch_size"].line == 2
+    assert settings["actor_rollout_ref.actor.ppo_mini_batch_size"].value == "64"
+    assert settings["critic.a.b"].value is None
+    assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL002", 8), ("KL008", 3)]
+
+
 def test_a_reference_escaped_for_an_eval_takes_the_value_the_eval_sees():
     """siiRL (fresh89) writes its command as a bash array of words like `use_kl_loss=\\$USE_KL_LOSS` and runs it
     later, in a function, as `eval "${CMD[@]}"`: the escaped `$` expands when eval runs, with the variables the
