@@ -77,7 +77,13 @@ def reward_always_off(launched: Iterable[str | None], configs: Iterable[str], co
     written = [value for text in configs if FLAG in text for value in written_values(text, FLAG, yaml=True)]
     written += [match.group("value").strip("\"'") for text in code if FLAG in text for match in _ASSIGNED.finditer(text)
                 if "#" not in text[text.rfind("\n", 0, match.start()) + 1:match.start()]]  # not in a comment
-    return all(value is not None and value in _OFF for value in written)
+    return all(value is not None and (value in _OFF or _handed_on(value)) for value in written)
+
+
+def _handed_on(value: str) -> bool:
+    """A value that is the flag's own setting read again (`use_kl_in_reward=config.algorithm.use_kl_in_reward`, or
+    `{self.config.algorithm.use_kl_in_reward}` in a logged f-string): it gives the flag nothing new."""
+    return value.strip("{}'\"").endswith(f".{FLAG}")
 
 
 def gated_functions(sources: Mapping[str, str], flag: str = FLAG, on: bool = True) -> frozenset[str]:

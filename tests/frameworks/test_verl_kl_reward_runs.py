@@ -84,6 +84,15 @@ def test_every_value_must_be_a_literal_false():
     assert not verl_runs.reward_always_off(["false"], [], ["cfg.algorithm.use_kl_in_reward = True\n"])
 
 
+def test_the_flag_read_again_sets_nothing():
+    """Tree-GRPO (fresh102) logs the flag in an f-string (`use_kl_in_reward={self.config.algorithm.use_kl_in_reward}`)
+    and a trainer may hand it on as a keyword: neither turns the KL reward on."""
+    logged = "pprint(f'kl_fix={x}, use_kl_in_reward={self.config.algorithm.use_kl_in_reward}')\n"
+    handed = "build(use_kl_in_reward=config.algorithm.use_kl_in_reward)\n"
+    assert verl_runs.reward_always_off(["false"], [], [logged, handed])
+    assert not verl_runs.reward_always_off(["false"], [], [logged, "build(use_kl_in_reward=args.kl_reward)\n"])
+
+
 def test_a_launch_built_as_a_python_list_counts_as_a_run(tmp_path):
     launcher = ('import subprocess, sys\n\ncmd = [sys.executable, "-m", "verl.trainer.main_ppo",\n'
                 '       "algorithm.adv_estimator=grpo",\n{flag}]\nsubprocess.run(cmd)\n')
