@@ -401,7 +401,8 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
     framework's KL switches (klaudit.frameworks.verl_runs.run_choices), the folders of the copies those runs run,
     whose code they judge, and whether the runs are the project's own launches; none where it launches the
     framework only as the framework's own repository does, from the folders upstream keeps its launches in, or
-    launches both. A script running `verl.trainer.main` runs EasyR1 (verl's module is `verl.trainer.main_ppo`)."""
+    launches both. A script running `verl.trainer.main` runs EasyR1 (verl's module is `verl.trainer.main_ppo`), as does
+    one running a fork's copy of that entry point in its own package (`_EASYR1_LAUNCH`)."""
     easyr1_launches = _project_launches_of_easyr1(scripts)
     easyr1_paths = {path for path, _ in easyr1_launches}
     launches = [(path, settings) for path, settings in launches if path not in easyr1_paths]
@@ -955,8 +956,9 @@ def _setting_at(text: str, match: re.Match, value: str | None = None) -> Setting
 
 
 # `python3 -m verl.trainer.main config=examples/config.yaml algorithm.kl_coef=...`: EasyR1's entry point (verl's
-# is `verl.trainer.main_ppo`) and the YAML config its overrides apply to
-_EASYR1_LAUNCH = re.compile(r"-m[ \t]+verl\.trainer\.main(?![\w.])")
+# is `verl.trainer.main_ppo`), or a fork's copy of it in a package of its own (shuffle-r1's `-m shuffle_r1.main`),
+# and the YAML config its overrides apply to
+_EASYR1_LAUNCH = re.compile(r"-m[ \t]+(?:verl\.trainer|[A-Za-z_]\w*)\.main(?![\w.])")
 _EASYR1_CONFIG = re.compile(r"(?<![\w.])config=[\"']?(?:\$\{?\w+\}?/)?([\w./-]+\.ya?ml)\b")
 
 

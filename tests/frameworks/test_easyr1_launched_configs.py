@@ -63,13 +63,16 @@ class DataParallelPPOActor:
 """
 
 
-def _project(tmp_path, overrides: str, config: str = "grpo.yaml") -> list[tuple[str, int, str]]:
+def _project(tmp_path, overrides: str, config: str = "grpo.yaml", entry: str = "verl.trainer.main"
+             ) -> list[tuple[str, int, str]]:
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "setup.py").write_text("")
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "grpo.yaml").write_text(CONFIG)
     (tmp_path / "examples" / "config.yaml").write_text(CONFIG)
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "run.sh").write_text(LAUNCH.replace("examples/grpo.yaml", f"examples/{config}").format(
+    launch = LAUNCH.replace("examples/grpo.yaml", f"examples/{config}").replace("verl.trainer.main", entry)
+    (tmp_path / "scripts" / "run.sh").write_text(launch.format(
         overrides="".join(f"    {override} \\\n" for override in overrides.split())))
     actor = tmp_path / "verl" / "workers" / "actor"
     actor.mkdir(parents=True)
@@ -96,3 +99,14 @@ def test_upstreams_config_name_named_by_the_projects_own_launch_is_its_run(tmp_p
     assert _project(tmp_path, "algorithm.kl_coef=1.0e-2", config="config.yaml") == [
         ("config.yaml", 8, "KL002"), ("config.yaml", 13, "KL008"), ("dp_actor.py", 6, "KL002"), ("dp_actor.py", 6, "KL008"),
         ("grpo.yaml", 8, "KL002"), ("grpo.yaml", 13, "KL008")]  # a config of the project's own no launch names
+
+
+def test_a_forks_own_entry_point_is_an_easyr1_launch(tmp_path):
+    """ridwanctg10/shuffle-r1 (fresh102) runs its EasyR1 fork as `python3 -m shuffle_r1.main config=examples/...`,
+    a copy of EasyR1's entry point in a package of its own, and every launch sets `algorithm.kl_coef=0.0`: the
+    config's KL loss never trains, so the config reports nothing; the same launch with the config's own coefficient
+    keeps the config's findings."""
+    off = _project(tmp_path, "algorithm.kl_coef=0.0", entry="shuffle_r1.main")
+    assert [finding for finding in off if finding[0] == "grpo.yaml"] == []
+    on = _project(tmp_path / "on", "algorithm.kl_coef=1.0e-2", entry="shuffle_r1.main")
+    assert [finding for finding in on if finding[0] == "grpo.yaml"] == [("grpo.yaml", 8, "KL002"), ("grpo.yaml", 13, "KL008")]
