@@ -38,7 +38,6 @@ from klaudit.lint.facts import (
 from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
     dotted,
-    encodes_one_text,
     int_literal,
     is_zero_tensor,
     last_name,
@@ -353,8 +352,8 @@ class LibraryFlow(FlowState):
                     poly = summed
                 fact = replace(t, poly=poly, origin=self.here(node), origin_path=self.module.path, against=kl_targets(node, t, s))
                 # a mean over one sequence's [L, V] rows (`batchmean` divides by L) is its token mean; else a sum,
-                # as `batchmean` of the [1, L, V] logits of a function that encodes one text (divided by 1)
-                per_sequence = s.row and (how == "mean" or how == "batchmean" and not encodes_one_text(self.func.body))
+                # as `batchmean` of the [1, L, V] logits of a function or loop that encodes one text (divided by 1)
+                per_sequence = s.row and (how == "mean" or how == "batchmean" and not self.one_text_at_a_time())
                 out.append(fact if elementwise else replace(
                     fact, aggregation=Aggregation.SEQ_MEAN if per_sequence else Aggregation.SUM))
         return tuple(out)
