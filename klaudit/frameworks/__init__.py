@@ -504,7 +504,8 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
     names upstream gave its launches (Temporal-R1 and grounded-rl keep their own there); in a fork of verl, which is
     the linted project itself, a verl `examples/` or `recipe/` launch only in one of upstream's folders there
     (RL-Factory keeps its own in `examples/rl_factory/`), while a checkout nested in a project, often newer than the
-    folders klaudit knows (ToolAgent's `examples/ascend_extras/`), keeps only upstream's there."""
+    folders klaudit knows (ToolAgent's `examples/ascend_extras/`), keeps only upstream's there, but for a folder named
+    for the project (Light-IF's `recipe/Light-IF/`)."""
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
     forked = copy is not None and str(copy[1]) in context.roots  # the linted project is the fork itself
@@ -515,7 +516,16 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
         return parts[-1] in easyr1.UPSTREAM_LAUNCHES
     if forked and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS:
         return len(parts) > 2 and parts[1] in verl_runs.UPSTREAM_SUBFOLDERS[parts[0]]
+    if len(parts) > 2 and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS and _named_for_the_project(parts[1], context.roots):
+        return False  # Light-IF's own launches in its nested checkout's `recipe/Light-IF/`
     return len(parts) > 1 and parts[0] in verl_runs.UPSTREAM_FOLDERS
+
+
+def _named_for_the_project(folder: str, roots: Iterable[str]) -> bool:
+    """Whether a folder's name is the linted project's (`Light-IF` in a checkout of the repository Light-IF), letters
+    and digits compared without case: a folder no upstream keeps, whatever folders upstream adds later."""
+    name = re.sub(r"[^a-z0-9]", "", folder.lower())
+    return len(name) >= 4 and any(name in re.sub(r"[^a-z0-9]", "", Path(root).name.lower()) for root in roots)
 
 
 def _project_launches_of_easyr1(scripts: Mapping[str, str]) -> list[tuple[str, dict[str, Setting]]]:

@@ -66,7 +66,7 @@ def _findings(root, launches, extra=None, copy=""):
     root.mkdir(exist_ok=True)
     (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
     checkout = root / copy
-    checkout.mkdir(exist_ok=True)
+    checkout.mkdir(parents=True, exist_ok=True)
     (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup(name='verl')\n")
     config = checkout / "verl" / "trainer" / "config"
     config.mkdir(parents=True)
@@ -108,6 +108,20 @@ def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
     found = _findings(tmp_path, launches)
     assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL001"]
     assert {f.path.split("/")[-2] for f in found if f.path.endswith(".sh")} == {"rl_factory", "travelplanner"}
+
+
+@pytest.mark.parametrize("project, runs", [("Light-IF", {"run_k1.sh"}), ("Other-App", {"run.sh", "run_k1.sh"})])
+def test_a_checkouts_recipe_named_for_the_project_is_its_run(tmp_path, project, runs):
+    """Qihoo360/Light-IF (fresh102) keeps its own launches in its checkout of verl, in `rl/verl/recipe/Light-IF/`:
+    folders of a checkout are all read as upstream's, so its runs were taken for upstream's examples, every branch
+    of the copy judged and every carried example reported. A recipe folder named for the project is its own; one of
+    another name stays upstream's, and with no launch of its own the examples are the runs."""
+    launches = {"rl/verl/recipe/Light-IF/run_k1.sh": LAUNCH.format(kind="kl"),
+                "rl/verl/examples/grpo_trainer/run.sh": LAUNCH.format(kind="low_var_kl")}
+    found = _findings(tmp_path / project, launches, copy="rl/verl")
+    assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == runs
+    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == (
+        ["KL001"] if project == "Light-IF" else ["KL001", "KL002"])
 
 
 def test_a_fork_whose_own_launches_all_fail_is_run_by_upstreams_examples(tmp_path):
