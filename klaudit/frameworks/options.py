@@ -96,8 +96,10 @@ class Options:
     # the variables the project's environment files set (`environment_files`), by name
     environment: Mapping[str, Default] = field(default_factory=dict)
     # the names some Python code of the project sets, by keyword or assignment, to anything but a literal 0
-    # (`Config(beta=1e-3)` in a preset beside the field's `beta: float = 0.0`)
-    set_in_code: frozenset[str] = frozenset()
+    # (`Config(beta=1e-3)` in a preset beside the field's `beta: float = 0.0`), with the resolved paths that set them
+    set_in_code: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # the options some launch of a script that declares or parses them leaves unset: that run takes the default
+    left_at_default: frozenset[str] = frozenset()
     run: frozenset[str] = frozenset()  # the resolved paths of the project's scripts some launch script runs
     # the resolved paths of the project's modules those scripts import (`from open_r1.arguments import ...`)
     imported: frozenset[str] = frozenset()
@@ -161,14 +163,26 @@ class Options:
 
     def _in_every_run(self, key: str, path: str) -> list[Default]:
         """The values that runs of the file at `path` give the option `key`: the default there and every launch's
-        (the YAML files' values of a key nested below a configuration's root); none where Python code sets it."""
-        if key.rsplit(".", 1)[-1] in self.set_in_code:
+        (the YAML files' values of a key nested below a configuration's root); none where Python code of the same
+        project sets it. Where the launches set it otherwise than its default and none leaves it unset (RS-GRPO's only
+        launch passes `--beta "$BETA"` with `BETA=${BETA:-0.00}` over a field default of 0.04), theirs are the runs'."""
+        if self._set_in_code_near(key.rsplit(".", 1)[-1], path):
             return []
         if "." not in key and (key in self.given or key in self.launched):
             found = self.default(key, path)
             launches = [value for values in self.launched.get(key, {}).values() for value in values]
+            if found is None and launches and key not in self.left_at_default \
+                    and all(value.value != UNREAD for value in launches):
+                return launches
             return [found, *launches] if found is not None else []
         return list(self._configured_keys.get(key, ()))
+
+    def _set_in_code_near(self, name: str, path: str) -> bool:
+        """Whether Python code of the project that holds the file at `path` sets the option `name` otherwise (a project
+        inside another, a folder with its own packaging file, is the other's: qwen-vl-utils' `beta = math.sqrt(...)`
+        in a video-RL repository says nothing of its trainer's `beta`)."""
+        home = project_root(Path(path).resolve().parent)
+        return any(home is None or project_root(Path(file).parent) == home for file in self.set_in_code.get(name, ()))
 
     @functools.cached_property
     def _configured_keys(self) -> dict[str, tuple[Default, ...]]:
@@ -334,7 +348,14 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     configs = tuple(configs)
     run: set[str] = set()
     overridden = {str(Path(path).resolve()) for path, text in sources.items() if _HYDRA_ENTRY.search(text)}
-    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields, overridden, run)
+    left: set[str] = set()
+    launched = _launched([path for path in configs if path.endswith(_SHELL)], declared, fields, overridden, run, left)
+    set_in_code: dict[str, set[str]] = {}
+    for path, text in sources.items():
+        if not _unit_tests(path, text):
+            for match in _SET.finditer(text):
+                if _sets_otherwise(match, text):
+                    set_in_code.setdefault(match.group(1), set()).add(str(Path(path).resolve()))
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
@@ -342,8 +363,8 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
                    scripts=tuple(sorted(path for path in configs if path.endswith(_SHELL))),
                    switched_in_code=frozenset(match.group(1) for text in sources.values()
                                               for match in _SET.finditer(text) if _switches_otherwise(match)),
-                   set_in_code=frozenset(match.group(1) for path, text in sources.items() if not _unit_tests(path, text)
-                                         for match in _SET.finditer(text) if _sets_otherwise(match, text)))
+                   set_in_code={name: frozenset(paths) for name, paths in set_in_code.items()},
+                   left_at_default=frozenset(left))
 
 
 def _sets_otherwise(binding: re.Match, text: str) -> bool:
@@ -365,10 +386,19 @@ def _switches_otherwise(binding: re.Match) -> bool:
 
 def _imported(run: Collection[str], sources: Mapping[str, str]) -> frozenset[str]:
     """The resolved paths of the modules of `sources` that the scripts `run` (resolved paths) import by name:
-    `from open_r1.arguments import X` or `import open_r1.arguments`, and `from .arguments import X` beside it."""
+    `from open_r1.arguments import X` or `import open_r1.arguments`, and `from .arguments import X` beside it; and
+    the modules a package they import re-exports (`from open_r1.trainer import GRPOConfig`, whose `__init__.py` has
+    `from .grpo_config import GRPOConfig`)."""
     texts = {str(Path(path).resolve()): text for path, text in sources.items()}
+    imported = _imported_by(run, texts)
+    packages = [path for path in imported if path.endswith("/__init__.py") and path not in run]
+    return imported | _imported_by(packages, texts)
+
+
+def _imported_by(importers: Collection[str], texts: Mapping[str, str]) -> frozenset[str]:
+    """The resolved paths among `texts` of the modules the files `importers` (resolved paths) import by name."""
     endings: set[str] = set()  # what the path of an imported module ends with, without `.py` or `/__init__.py`
-    for script in run:
+    for script in importers:
         try:
             tree = ast.parse(texts.get(script, ""))
         except (SyntaxError, ValueError, RecursionError):
@@ -426,7 +456,7 @@ def _dict_literal_entry(name: str, key: str, binding: re.Match, text: str) -> st
 
 
 def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]], fields: Collection[str],
-              overridden: Collection[str], run: set[str]) -> dict[str, dict[str, list[Default]]]:
+              overridden: Collection[str], run: set[str], left: set[str]) -> dict[str, dict[str, list[Default]]]:
     """The values the shell scripts `launchers` give, on each command line that runs a script of the project
     (by its path or its module's name, klaudit.frameworks.settings.launched_scripts) other than a Hydra entry
     (`overridden`: resolved paths; its runs set `key=value` overrides, read elsewhere), the options that script
@@ -435,7 +465,7 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
     field's value the lint cannot read (`--mini_batch_size=$MBSIZE` of a variable set elsewhere) is kept as UNREAD:
     the field's default is then not what the launch trains with. A script's own option set so is left out, as
     before: its default stands for the runs of a sweep (`--beta "$b"`). The scripts launched, with options or not,
-    are added to `run`."""
+    are added to `run`, and the options a launch leaves unset (by option name), to `left`."""
     found: dict[str, dict[str, list[Default]]] = {}
     for launcher in launchers:
         try:
@@ -451,9 +481,15 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
             run.add(target)
             line = text.count("\n", 0, offset) + 1
             spellings = {spelled: spelled for flag in flags for spelled in (flag, flag.replace("-", "_"))}
-            for spelled, setting in cli_flags(only_command(text, offset), spellings).items():
+            given = cli_flags(only_command(text, offset), spellings)
+            named = {spelled.replace("-", "_") for spelled in given}
+            left.update(name for flag in own if (name := flag.replace("-", "_")) not in named)
+            if named & set(fields):  # a launch that sets none of the fields runs a script that parses none
+                left.update(name for name in fields if name not in named)
+            for spelled, setting in given.items():
                 parsed = spelled not in own and spelled.replace("_", "-") not in own
                 if setting.value is None and not parsed:
+                    left.add(spelled.replace("-", "_"))
                     continue  # a script's own option swept by a variable: its default stands for the runs
                 where = "" if setting.line == line else f", set at line {setting.line}"
                 value = Default(UNREAD if setting.value is None else setting.value,

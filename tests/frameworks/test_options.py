@@ -412,6 +412,43 @@ def test_a_hydra_entry_takes_no_flags_from_its_launch(tmp_path):
     assert options.run_values("kl_coef", str(tmp_path / "pkg" / "config.py")) == {"0.0"}
 
 
+def _rs_grpo(tmp_path, launch: str, local: str = "", nested_local: str = ""):
+    """just-a-go/RS-GRPO (fresh102): a launch runs src/open_r1/grpo.py, which imports GRPOConfig from its trainer
+    package, whose `__init__.py` re-exports it from grpo_config.py (field `beta`, default 0.04); the trainer copies
+    `self.beta = args.beta`. `local` is more code of the project, `nested_local` code of a project inside it."""
+    (tmp_path / "setup.py").write_text("")
+    files = {"src/open_r1/grpo.py": "from open_r1.trainer import GRPOConfig, Trainer\n",
+             "src/open_r1/trainer/__init__.py": "from .grpo_config import GRPOConfig\nfrom .trainer import Trainer\n",
+             "src/open_r1/trainer/grpo_config.py": "@dataclass\nclass GRPOConfig:\n    beta: float = 0.04\n"
+                                                   "    lr: float = 1e-6\n",
+             "src/open_r1/trainer/trainer.py": "class Trainer:\n    def __init__(self, args):\n"
+                                               "        self.beta = args.beta\n",
+             "src/open_r1/utils.py": local,
+             "vision-utils/pyproject.toml": "",
+             "vision-utils/src/resize.py": nested_local}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "run.sh").write_text(launch)
+    sources = {str(tmp_path / name): text for name, text in files.items() if name.endswith(".py")}
+    return option_defaults(sources, [str(tmp_path / "run.sh")]).zero_in_launched_runs(
+        "beta", str(tmp_path / "src/open_r1/trainer/trainer.py"))
+
+
+ZERO_BETA = "BETA=${BETA:-0.00}\ntorchrun src/open_r1/grpo.py --beta \"$BETA\" --lr 1e-6\n"
+
+
+@pytest.mark.parametrize("launch, local, nested_local, zero", [
+    (ZERO_BETA, "", "", True),  # the only launch sets 0 over the field's 0.04: no run has a KL term
+    (ZERO_BETA, "", "def resize(h, w):\n    beta = math.sqrt(h * w)\n", True),  # another project's own `beta`
+    (ZERO_BETA, "def preset():\n    return GRPOConfig(beta=0.1)\n", "", False),  # the project's code sets it
+    (ZERO_BETA + "torchrun src/open_r1/grpo.py --lr 1e-6\n", "", "", False),  # a launch leaves the 0.04
+    (ZERO_BETA.replace("0.00", "0.04"), "", "", False),
+])
+def test_a_coefficient_every_launch_sets_to_zero_scales_nothing(tmp_path, launch, local, nested_local, zero):
+    assert _rs_grpo(tmp_path, launch, local, nested_local) is zero
+
+
 def test_a_yaml_section_read_by_its_keys_has_the_value_the_yaml_gives(tmp_path):
     """lianghsun/peptide-dpt (fifty-first set): `cfg = yaml.safe_load(f)`, `g = cfg["grpo"]`,
     `GRPOConfig(beta=g["kl_coef"])`, with `grpo: kl_coef: 0.05` in both of its YAML configs: TRL 1.16's
