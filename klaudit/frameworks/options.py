@@ -11,13 +11,15 @@ module level, as notebooks write it), unless a function binds the name.
 
 The options are read from the text of every linted Python file, without parsing it. A configuration
 built in a file that declares the option itself takes that file's default; elsewhere an option given
-different defaults in different places (two scripts, two dataclasses) has none.
+different defaults in different places (two scripts, two dataclasses) has none. An argparse default may
+also name an entry of a dict literal the script binds once at module level (`default=DEFAULTS["beta"]`).
 
 A shell script of the project that runs the training script with the option set (`python rl/grpo.py
 --beta "$BETA"` after `BETA="${BETA:-0.04}"`) trains with that value instead: where the launches that set an
 option the script declares agree on its value, the keyword is judged at it; where they sweep a coefficient over
 values between 0 and 1 (a KL weight of 0.001 in one run and 0.01 in another), at the first of them, since the
-rules read such a value only against 0 and 1.
+rules read such a value only against 0 and 1. A trainer's coefficient copied from an option (`self.beta =
+args.beta`) scales nothing where every launch sets the option to 0 and none leaves it at its default.
 
 A key nested below a configuration object's root (`cfg.training.grpo.beta`, Hydra's and OmegaConf's
 spelling) is looked up in the linted YAML files instead, as the dotted key `training.grpo.beta`: the
