@@ -282,7 +282,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                                               everything, configs, scripts, context)
     dormant, one_step, several_step_choices = _copies_seen_by_runs(own, copies if own_runs else (), configs, scripts,
                                                                    everything, context)
-    if own_runs and all(_EASYR1_LAUNCH.search(scripts.get(path) or "") for path, _ in own) \
+    if own_runs and all(any(True for _ in _easyr1_entries(scripts.get(path) or "")) for path, _ in own) \
             and _easyr1_steps_once(scripts, context):
         one_step = copies  # EasyR1's entry point, each launch of the project's stepping once a rollout
     openrlhf_choices, openrlhf_copies = _openrlhf_runs(scripts, context)
@@ -538,10 +538,7 @@ def _project_launches_of_easyr1(scripts: Mapping[str, str]) -> list[tuple[str, d
 def _easyr1_configs(path: str, text: str) -> Iterator[dict[str, Setting] | None]:
     """The settings of the YAML config each EasyR1 launch of the script `path` names, composed; None for a launch
     whose config cannot be read."""
-    lines = text.splitlines()
-    for _, line in _uncommented(_EASYR1_LAUNCH, text):
-        first, last = command_span(lines, line - 1)
-        given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+    for given in _easyr1_entries(text):
         config = project_path(path, given.group(1)) if given else None
         config_text = read_text(config) if config is not None else None
         yield composed_settings(str(config), config_text) if config is not None and config_text is not None else None
@@ -923,10 +920,7 @@ def _easyr1_launched_configs(scripts: Mapping[str, str]) -> dict[str, tuple[dict
     launched: dict[str, list[dict[str, Setting]]] = {}
     for path, text in scripts.items():
         overrides = {key: setting for key, setting in shell_overrides(text).items() if key in easyr1.KEYS_READ}
-        lines = text.splitlines()
-        for _, line in _uncommented(_EASYR1_LAUNCH, text):
-            first, last = command_span(lines, line - 1)
-            given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+        for given in _easyr1_entries(text):
             config = project_path(path, given.group(1)) if given else None
             if config is not None:
                 launched.setdefault(config.resolve().as_posix(), []).append(overrides)
@@ -968,8 +962,20 @@ def _setting_at(text: str, match: re.Match, value: str | None = None) -> Setting
 # `python3 -m verl.trainer.main config=examples/config.yaml algorithm.kl_coef=...`: EasyR1's entry point (verl's
 # is `verl.trainer.main_ppo`), or a fork's copy of it in a package of its own (shuffle-r1's `-m shuffle_r1.main`),
 # and the YAML config its overrides apply to
-_EASYR1_LAUNCH = re.compile(r"-m[ \t]+(?:verl\.trainer|[A-Za-z_]\w*)\.main(?![\w.])")
+_EASYR1_LAUNCH = re.compile(r"-m[ \t]+(verl\.trainer|[A-Za-z_]\w*)\.main(?![\w.])")
 _EASYR1_CONFIG = re.compile(r"(?<![\w.])config=[\"']?(?:\$\{?\w+\}?/)?([\w./-]+\.ya?ml)\b")
+
+
+def _easyr1_entries(text: str) -> Iterator[re.Match | None]:
+    """For each EasyR1 launch of a script's `text`, the `config=` argument naming its YAML config, or None where it
+    names none: a launch of `verl.trainer.main`, or of a fork's own `pkg.main` that names a config (a package's
+    `main` module run without one, `python -m src.main --lr 1e-6`, is no EasyR1 launch)."""
+    lines = text.splitlines()
+    for match, line in _uncommented(_EASYR1_LAUNCH, text):
+        first, last = command_span(lines, line - 1)
+        given = _EASYR1_CONFIG.search("\n".join(lines[first:last + 1]))
+        if given is not None or match.group(1) == "verl.trainer":
+            yield given
 
 
 def _easyr1_launches(path: str, text: str, context: Context) -> list[Finding]:

@@ -124,6 +124,15 @@ def test_a_checkouts_recipe_named_for_the_project_is_its_run(tmp_path, project, 
         ["KL001"] if project == "Light-IF" else ["KL001", "KL002"])
 
 
+def test_a_package_main_run_without_a_config_is_no_easyr1_launch(tmp_path):
+    """A fork's own copy of EasyR1's entry point is known by the config it names (`python3 -m shuffle_r1.main
+    config=...`); a package's `main` run with flags alone (`python -m src.main --split test`, an evaluation) is no
+    EasyR1 launch, so it does not stand beside the verl launch as a second framework's runs that leave every branch
+    of the copy to be judged."""
+    launches = {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/eval.sh": "python -m src.main --split test\n"}
+    assert _actor_codes(tmp_path, launches) == ["KL002"]
+
+
 def test_a_fork_whose_own_launches_all_fail_is_run_by_upstreams_examples(tmp_path):
     """SoundMind (fresh91): every launch of its own passes a key Hydra refuses, so the examples upstream keeps in the
     fork are the runs: their flags are reported and their values select the copy's branches."""
