@@ -355,9 +355,10 @@ def option_defaults(sources: Mapping[str, str], configs: Iterable[str] = ()) -> 
     set_in_code: dict[str, set[str]] = {}
     for path, text in sources.items():
         if not _unit_tests(path, text):
-            for match in _SET.finditer(text):
-                if _sets_otherwise(match, text):
-                    set_in_code.setdefault(match.group(1), set()).add(str(Path(path).resolve()))
+            names = {match.group(1) for match in _SET.finditer(text) if _sets_otherwise(match, text)}
+            resolved = str(Path(path).resolve()) if names else ""
+            for name in names:
+                set_in_code.setdefault(name, set()).add(resolved)
     return Options({name: {path: tuple(defaults) for path, defaults in by_path.items()} for name, by_path in given.items()},
                    tuple(sorted(path for path in configs if path.endswith(_YAML))),
                    {name: {path: tuple(values) for path, values in by_path.items()} for name, by_path in launched.items()},
@@ -486,7 +487,7 @@ def _launched(launchers: Iterable[str], declared: Mapping[str, Collection[str]],
             given = cli_flags(only_command(text, offset), spellings)
             named = {spelled.replace("-", "_") for spelled in given}
             left.update(name for flag in own if (name := flag.replace("-", "_")) not in named)
-            if named & set(fields):  # a launch that sets none of the fields runs a script that parses none
+            if not named.isdisjoint(fields):  # a launch that sets none of the fields runs a script that parses none
                 left.update(name for name in fields if name not in named)
             for spelled, setting in given.items():
                 parsed = spelled not in own and spelled.replace("_", "-") not in own

@@ -60,7 +60,7 @@ class FlowState:
         self.batch_indices: list[dict[str, bool]] = []
         self.position_indices: list[frozenset[str]] = []  # of each `for` being run, the variable counting positions
         self.one_sequence_loops = 0  # how many loops being run handle one sequence a pass (`for traj in trajs:`)
-        self.one_text_loops = 0  # how many of them encode one text a pass, a batch of one (`tokenizer(text, ...)`)
+        self.running_loops: list[cst.For | cst.While] = []  # the loops being run, innermost last
         self.returns: list = []
         self.sinks: list[Sink] = []
         self.waiting: dict[cst.CSTNode, Sink] = {}  # reward-named assignment -> its Sink, until the value is seen to reach a reward
@@ -117,7 +117,7 @@ class FlowState:
     def one_text_at_a_time(self) -> bool:
         """Whether the statement being run has its tensors from one text, a batch of one (`[1, L, V]`): in a loop, or a
         function, that encodes one text at a time (klaudit.lint.syntax.encodes_one_text)."""
-        return bool(self.one_text_loops) or encodes_one_text(self.func.body)
+        return any(encodes_one_text(loop.body) for loop in self.running_loops) or encodes_one_text(self.func.body)
 
     def measured(self, node: cst.BaseExpression) -> bool:
         """Whether a compared value is computed from the data (`x.shape[0]`, a name bound by

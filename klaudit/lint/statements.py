@@ -34,7 +34,6 @@ from klaudit.lint.flowstate import FlowState
 from klaudit.lint.syntax import (
     case_strings,
     dotted,
-    encodes_one_text,
     handles_one_sequence,
     int_literal,
     is_no_grad_block,
@@ -79,9 +78,8 @@ class StatementFlow(FlowState):
             self.batch_indices.append({} if reverse else _batch_index(stmt))
             self.position_indices.append(_position_index(stmt))
             one_sequence = handles_one_sequence(stmt)
-            one_text = encodes_one_text(stmt.body)
             self.one_sequence_loops += one_sequence
-            self.one_text_loops += one_text
+            self.running_loops.append(stmt)
             for _ in range(2):  # twice, so that values carried from one iteration to the next are seen
                 if isinstance(stmt, cst.For):
                     # loop variables, bound again at each iteration: the elements of what is iterated, else
@@ -96,7 +94,7 @@ class StatementFlow(FlowState):
             self.batch_indices.pop()
             self.position_indices.pop()
             self.one_sequence_loops -= one_sequence
-            self.one_text_loops -= one_text
+            self.running_loops.pop()
             # training loops run: the state after the body, not a join with the state before it
             if stmt.orelse is not None:
                 self.block(stmt.orelse.body)
