@@ -516,8 +516,9 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
         return parts[-1] in easyr1.UPSTREAM_LAUNCHES
     if forked and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS:
         return len(parts) > 2 and parts[1] in verl_runs.UPSTREAM_SUBFOLDERS[parts[0]]
-    if len(parts) > 2 and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS and _named_for_the_project(parts[1], context.roots):
-        return False  # Light-IF's own launches in its nested checkout's `recipe/Light-IF/`
+    if len(parts) > 2 and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS \
+            and parts[1] not in verl_runs.UPSTREAM_SUBFOLDERS[parts[0]] and _named_for_the_project(parts[1], context.roots):
+        return False  # Light-IF's own launches in its nested checkout's `recipe/Light-IF/` (not upstream's `recipe/dapo/`)
     return len(parts) > 1 and parts[0] in verl_runs.UPSTREAM_FOLDERS
 
 

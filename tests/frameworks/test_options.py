@@ -71,6 +71,12 @@ def test_option_defaults_are_read_from_pydantic_fields():
         "beta_kl": "0.04", "num_generations": "8", "max_prompts": "30000", "tags": None}
 
 
+def _default_values(script: str, names) -> dict[str, str | None]:
+    """The default of each option `names` for a configuration built in the script `script` (train_grpo.py)."""
+    options = option_defaults({"train_grpo.py": script})
+    return {name: (default := options.default(name, "train_grpo.py")) and default.value for name in names}
+
+
 def test_an_option_defaulting_to_a_module_constant_takes_the_constant():
     """RAFE_NLP_assest_management (fresh63) gathers its settings at the top of train_grpo.py (`BETA = 0.02`) and
     gives them to its parser (`default=BETA`): a run that leaves --beta alone trains at 0.02. A name bound twice,
@@ -94,11 +100,9 @@ def test_an_option_defaulting_to_a_module_constant_takes_the_constant():
         "    p.add_argument('--shifted', default=SHIFTED)\n"
         "    p.add_argument('--local', default=LOCAL)\n"
     )
-    options = option_defaults({"train_grpo.py": script})
-    found = {name: (default := options.default(name, "train_grpo.py")) and default.value
-             for name in ("beta", "epochs", "lr", "twice", "shifted", "local")}
+    found = _default_values(script, ("beta", "epochs", "lr", "twice", "shifted", "local"))
     assert found == {"beta": "0.02", "epochs": "3", "lr": None, "twice": None, "shifted": None, "local": None}
-    assert options.default("beta", "train_grpo.py").origin == "train_grpo.py:12"
+    assert option_defaults({"train_grpo.py": script}).default("beta", "train_grpo.py").origin == "train_grpo.py:12"
 
 
 def test_an_option_defaulting_to_an_entry_of_a_module_dict_takes_the_entry():
@@ -129,12 +133,10 @@ def test_an_option_defaulting_to_an_entry_of_a_module_dict_takes_the_entry():
         "    p.add_argument('--gamma', default=SPREAD['gamma'])\n"
         "    p.add_argument('--tau', default=NESTED['tau'])\n"
     )
-    options = option_defaults({"train_grpo.py": script})
-    found = {name: (default := options.default(name, "train_grpo.py")) and default.value
-             for name in ("beta", "epochs", "lr", "missing", "clip", "gamma", "tau")}
+    found = _default_values(script, ("beta", "epochs", "lr", "missing", "clip", "gamma", "tau"))
     assert found == {"beta": "0.05", "epochs": "3", "lr": "1e-6", "missing": None, "clip": None, "gamma": None,
                      "tau": None}
-    assert options.default("beta", "train_grpo.py").origin == "train_grpo.py:15"
+    assert option_defaults({"train_grpo.py": script}).default("beta", "train_grpo.py").origin == "train_grpo.py:15"
     twice = script.replace("ONE_LINE = {", "DEFAULTS = {'beta': 0.1}\nONE_LINE = {")
     assert option_defaults({"train_grpo.py": twice}).default("beta", "train_grpo.py") is None
 

@@ -110,18 +110,22 @@ def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
     assert {f.path.split("/")[-2] for f in found if f.path.endswith(".sh")} == {"rl_factory", "travelplanner"}
 
 
-@pytest.mark.parametrize("project, runs", [("Light-IF", {"run_k1.sh"}), ("Other-App", {"run.sh", "run_k1.sh"})])
-def test_a_checkouts_recipe_named_for_the_project_is_its_run(tmp_path, project, runs):
+@pytest.mark.parametrize("project, recipe, runs", [
+    ("Light-IF", "Light-IF", {"run_k1.sh"}),
+    ("Other-App", "Light-IF", {"run.sh", "run_k1.sh"}),
+    ("dapo-study", "dapo", {"run.sh", "run_k1.sh"}),  # upstream's own recipe folder, whatever the project's name
+])
+def test_a_checkouts_recipe_named_for_the_project_is_its_run(tmp_path, project, recipe, runs):
     """Qihoo360/Light-IF (fresh102) keeps its own launches in its checkout of verl, in `rl/verl/recipe/Light-IF/`:
     folders of a checkout are all read as upstream's, so its runs were taken for upstream's examples, every branch
     of the copy judged and every carried example reported. A recipe folder named for the project is its own; one of
-    another name stays upstream's, and with no launch of its own the examples are the runs."""
-    launches = {"rl/verl/recipe/Light-IF/run_k1.sh": LAUNCH.format(kind="kl"),
+    another name, or one upstream has, stays upstream's, and with no launch of its own the examples are the runs."""
+    launches = {f"rl/verl/recipe/{recipe}/run_k1.sh": LAUNCH.format(kind="kl"),
                 "rl/verl/examples/grpo_trainer/run.sh": LAUNCH.format(kind="low_var_kl")}
     found = _findings(tmp_path / project, launches, copy="rl/verl")
     assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == runs
     assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == (
-        ["KL001"] if project == "Light-IF" else ["KL001", "KL002"])
+        ["KL001"] if runs == {"run_k1.sh"} else ["KL001", "KL002"])
 
 
 def test_a_package_main_run_without_a_config_is_no_easyr1_launch(tmp_path):
