@@ -52,6 +52,7 @@ SEQUENCE: Final = "seq"  # summed over the response
 SEQUENCE_MEAN: Final = "seqmean"  # averaged over the response (the sum over its length), inside an exp: a mean log-ratio
 
 _MULTIPLIERS: frozenset[AtomKind] = frozenset({SCORE, IS_RATIO})
+SURROGATES: frozenset[AtomKind] = frozenset({SCORE, SCORE_LOG, IS_LOG, IS_RATIO})  # a policy-gradient term's atoms
 _POLICY_SIDE: frozenset[AtomKind] = frozenset({POLICY, SCORE, IS_RATIO})  # the policy and the multipliers
 # the policy, the multipliers and the policy's full-vocabulary tensors (an entropy bonus is made of them), and
 # the behaviour policy's log-probs (a PPO or SPPO surrogate, a trust region to the old policy): no reference
@@ -355,6 +356,11 @@ def kl_part(poly: Poly) -> Poly:
     """The monomials that involve a KL atom: what a verdict reads (the policy-gradient terms added to
     the same loss change no KL gradient, by linearity)."""
     return Poly(tuple((m, c) for m, c in poly.terms if any(a.kind in _KL_KINDS for a in m)))
+
+
+def without_kl(poly: Poly) -> Poly:
+    """The monomials that involve no KL atom."""
+    return Poly(tuple((m, c) for m, c in poly.terms if not any(a.kind in _KL_KINDS for a in m)))
 
 
 def _returns_of(terms: Terms) -> Returns:

@@ -352,6 +352,10 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
             first, both = a, False
     if product:
         formed = both
+    elif not a.is_kl() and not b.is_kl() and _a_surrogate(a) and _a_surrogate(b) and alg.kl_atoms(poly):
+        # two losses that each carry a surrogate of their own (`batch_loss + sample_loss`, their log-probs from
+        # different branches of a helper): one sample's log pi less another's log ref is no estimator
+        poly, formed = alg.without_kl(poly), False
     else:
         # logp - ref forms a log-ratio; two KL terms of different origin form a combination
         formed = (alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl()) or (both and a.origin is not b.origin)
@@ -386,6 +390,12 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
         else (a.severed and b.severed) if both else first.severed,
         packed=a.packed or b.packed,
     )
+
+
+def _a_surrogate(fact: Fact) -> bool:
+    """Whether a term carries a policy-gradient surrogate with a gradient: the score or a ratio to the behaviour policy
+    (a policy loss's `-ratio * advantage`), which no log-probability an estimator is made of holds."""
+    return fact.poly is not None and any(atom.grad and atom.kind in alg.SURROGATES for atom in fact.poly.atoms())
 
 
 def _of_an_older_policy(a: Fact, b: Fact) -> bool:
