@@ -285,6 +285,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
     if own_runs and all(any(True for _ in _easyr1_entries(scripts.get(path) or "")) for path, _ in own) \
             and _easyr1_steps_once(scripts, context):
         one_step = copies  # EasyR1's entry point, each launch of the project's stepping once a rollout
+    dormant += _easyr1_weighing_no_kl(scripts, context)
     openrlhf_choices, openrlhf_copies = _openrlhf_runs(scripts, context)
     return replace(context, grpo_runs=_grpo_runs(context, everything, configs),
                    ppo_penalties=_ppo_penalties(context, everything, configs),
@@ -910,9 +911,24 @@ def _easyr1_steps_once(scripts: Mapping[str, str], context: Context) -> bool:
     """Whether the project launches EasyR1 (not in upstream's examples) and every such launch, its config composed
     with its overrides, takes one optimizer step per rollout (RULE-Unlearn's rollout_batch_size=32 and
     global_batch_size=32): the KL terms of the copy's actor are then on fresh samples."""
-    runs = [settings for path, settings in _project_launches_of_easyr1(scripts)
-            if not _upstream_launch(path, easyr1.ACTOR, context)]
+    runs = [settings for _, settings in _own_easyr1_runs(scripts, context)]
     return bool(runs) and all(steps_per_rollout(settings, easyr1.STEP_DEFAULTS) <= 1 for settings in runs)
+
+
+def _easyr1_weighing_no_kl(scripts: Mapping[str, str], context: Context) -> tuple[str, ...]:
+    """The package (`verl/`) of each copy of EasyR1 the project launches, where every one of its own launches weighs
+    the KL by 0 or disables it (easyr1.weighs_no_kl): the KL code there trains nothing in any run."""
+    runs = _own_easyr1_runs(scripts, context)
+    if not runs or not all(easyr1.weighs_no_kl(settings) for _, settings in runs):
+        return ()
+    copies = {copy[1] for path, _ in runs if (copy := copy_holding(path, easyr1.ACTOR, context.roots)) is not None}
+    return tuple(str(copy / Path(easyr1.ACTOR).parts[0]) for copy in sorted(copies))
+
+
+def _own_easyr1_runs(scripts: Mapping[str, str], context: Context) -> list[tuple[str, dict[str, Setting]]]:
+    """(path, settings) of each of the project's EasyR1 launches outside the folders upstream keeps its own in."""
+    return [(path, settings) for path, settings in _project_launches_of_easyr1(scripts)
+            if not _upstream_launch(path, easyr1.ACTOR, context)]
 
 
 def _easyr1_launched_configs(scripts: Mapping[str, str]) -> dict[str, tuple[dict[str, Setting], ...]]:

@@ -160,6 +160,19 @@ def judge(settings: Mapping[str, Setting], per_micro_batch: bool = False) -> Jud
                    settings, one_response)
 
 
+def weighs_no_kl(settings: Mapping[str, Setting]) -> bool:
+    """Whether a run of these settings trains no KL term: `disable_kl`, or the coefficient of the place its KL goes (the
+    loss or the reward) a literal 0 (shuffle-r1's launches, `algorithm.kl_coef=0.0` over a config with a KL loss)."""
+    early = DISABLE_KL not in settings and any(key in settings for key in EARLY_ACTOR_KEYS)
+    value = _values(settings, EARLY_DEFAULTS if early else DEFAULTS)
+    if value is None:
+        return False
+    if early:
+        use_loss = truthy(str(value[EARLY_USE_KL_LOSS]))
+        return use_loss is not None and number(str(value[EARLY_KL_LOSS_COEF] if use_loss else value[KL_COEF])) == 0.0
+    return truthy(str(value[DISABLE_KL])) is True or number(str(value[KL_COEF])) == 0.0
+
+
 def _judged(config: Config, anchor: Setting, flags: str, anchors: dict, settings: Mapping[str, Setting],
             one_response: bool) -> Judged:
     """The verdict, where one response per micro-batch makes the mean per sequence: said, placed and helped."""

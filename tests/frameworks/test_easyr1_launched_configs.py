@@ -104,9 +104,35 @@ def test_upstreams_config_name_named_by_the_projects_own_launch_is_its_run(tmp_p
 def test_a_forks_own_entry_point_is_an_easyr1_launch(tmp_path):
     """ridwanctg10/shuffle-r1 (fresh102) runs its EasyR1 fork as `python3 -m shuffle_r1.main config=examples/...`,
     a copy of EasyR1's entry point in a package of its own, and every launch sets `algorithm.kl_coef=0.0`: the
-    config's KL loss never trains, so the config reports nothing; the same launch with the config's own coefficient
-    keeps the config's findings."""
-    off = _project(tmp_path, "algorithm.kl_coef=0.0", entry="shuffle_r1.main")
-    assert [finding for finding in off if finding[0] == "grpo.yaml"] == []
+    config's KL loss never trains, so neither the config nor the copy's actor reports anything; the same launch with
+    the config's own coefficient keeps the findings of both."""
+    assert _project(tmp_path, "algorithm.kl_coef=0.0", entry="shuffle_r1.main") == []
     on = _project(tmp_path / "on", "algorithm.kl_coef=1.0e-2", entry="shuffle_r1.main")
-    assert [finding for finding in on if finding[0] == "grpo.yaml"] == [("grpo.yaml", 8, "KL002"), ("grpo.yaml", 13, "KL008")]
+    assert on == [("dp_actor.py", 6, "KL002"), ("dp_actor.py", 6, "KL008"), ("grpo.yaml", 8, "KL002"),
+                  ("grpo.yaml", 13, "KL008")]
+
+
+@pytest.mark.parametrize("overrides", ["algorithm.kl_coef=0", "algorithm.disable_kl=true"])
+def test_launches_that_all_weigh_the_kl_by_zero_leave_the_copys_kl_code_untrained(tmp_path, overrides):
+    """Every launch of the project weighs the KL by 0 (loss and reward share `algorithm.kl_coef`) or disables it: the
+    copy's actor differentiates its k3 times 0 in every run, so nothing there is reported."""
+    assert _project(tmp_path, overrides) == []
+
+
+@pytest.mark.parametrize("values, weightless", [
+    ({"algorithm.disable_kl": "false", "algorithm.kl_coef": "0.0"}, True),
+    ({"algorithm.disable_kl": "false", "algorithm.kl_coef": "1e-2"}, False),
+    ({"algorithm.disable_kl": "false"}, False),  # the default coefficient, 1e-3
+    ({"algorithm.disable_kl": "true", "algorithm.kl_coef": "1e-2"}, True),
+    ({"algorithm.kl_coef": "${KL}"}, False),  # computed at run time: not known to be 0
+    # the first releases: the actor's own coefficient weighs the loss, `algorithm.kl_coef` the reward
+    ({"worker.actor.use_kl_loss": "true", "worker.actor.kl_loss_coef": "0", "algorithm.kl_coef": "1e-2"}, True),
+    ({"worker.actor.use_kl_loss": "true", "algorithm.kl_coef": "0"}, False),
+    ({"worker.actor.use_kl_loss": "false", "algorithm.kl_coef": "0"}, True),
+])
+def test_weighs_no_kl_reads_the_coefficient_of_the_place_the_kl_goes(values, weightless):
+    from klaudit.frameworks import easyr1
+    from klaudit.frameworks.settings import Setting
+
+    settings = {key: Setting(None if value.startswith("$") else value, 1, 1, 2) for key, value in values.items()}
+    assert easyr1.weighs_no_kl(settings) is weightless
