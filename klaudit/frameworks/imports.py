@@ -5,7 +5,8 @@ Only what can be decided from the copy's own files is read: the module-level imp
 of every module of the copy they reach, in the copy's own package (`openrlhf.trainer.ppo_utils`, relative
 imports), not those inside a function, an `if` or a `try` (optional, or guarded). A module of that chain that
 Python rejects (the KL000 of `klaudit lint`), or a name imported from a module of the copy that neither defines
-it nor holds a submodule of that name, stops the import.
+it nor holds a submodule of that name, stops the import; but not a name imported beside two or more of the
+package's modules and nothing else, a module left out of the commit (`_left_out_module`).
 """
 
 from __future__ import annotations
@@ -69,11 +70,21 @@ def _imported(copy: Path, file: Path, statement: ast.stmt, package: str) -> list
         submodule = _module_file(copy, target / alias.name)
         if submodule is not None:
             modules += [submodule]
-        elif tree is not None and not _defines(tree, alias.name):
+        elif tree is not None and not _defines(tree, alias.name) and not _left_out_module(copy, target, tree, statement):
             where = file.relative_to(copy).as_posix()
             return (f"{where}:{statement.lineno} imports {alias.name} from {'.'.join(target.parts)}, which does not "
                     f"define it")
     return modules
+
+
+def _left_out_module(copy: Path, target: Path, tree: ast.Module, statement: ast.ImportFrom) -> bool:
+    """Whether a name the package `target` does not define is one of its modules left out of the commit: the statement
+    imports at least two of its modules and, besides, only names it does not define (Reasoning-Table's `from
+    verl.utils.reward_score import wikisql, wikitq, ..., gsm8k`, without gsm8k.py). The author's checkout holds
+    it, so a launch of the project's own runs there."""
+    modules = [_module_file(copy, target / alias.name) is not None for alias in statement.names]
+    return (copy / target / "__init__.py").is_file() and sum(modules) >= 2 and not any(
+        _defines(tree, alias.name) for alias, module in zip(statement.names, modules) if not module)
 
 
 def _chain(copy: Path, target: Path) -> list[Path]:

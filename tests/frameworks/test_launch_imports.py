@@ -116,3 +116,20 @@ def test_a_launch_of_a_module_the_project_s_own_package_lacks_gets_no_verdict(tm
     _copy(root, {"openrlhf/models/utils.py": "def compute_reward(r, kl_coef, kl):\n    return r - kl_coef * kl\n"})
     (tmp_path / "setup.py").write_text("")
     assert launch_codes(tmp_path, LAUNCH.replace("train_ppo_ray", module)) == expected
+
+
+_REWARDS = {"openrlhf/rewards/__init__.py": "", "openrlhf/rewards/wikisql.py": "def score(x):\n    return x\n",
+            "openrlhf/rewards/wikitq.py": "def score(x):\n    return x\n"}
+
+
+@pytest.mark.parametrize("imported, failure", [
+    # MJinXiang/Reasoning-Table (fresh103): gsm8k imported beside the package's modules, its file left out of the
+    # commit; the author's checkout has it, and the project's launches ran
+    ("wikisql, wikitq, gsm8k", None),
+    # one module beside it is too little to read the statement as a list of the package's modules
+    ("wikisql, gsm8k", "openrlhf/cli/train_ppo_ray.py:4 imports gsm8k from openrlhf.rewards, which does not define it"),
+])
+def test_a_module_of_a_package_left_out_of_the_commit_does_not_stop_the_import(tmp_path, imported, failure):
+    launched = _PACKAGE[_MODULE] + f"from openrlhf.rewards import {imported}\n"
+    copy = _copy(tmp_path, {**_REWARDS, _MODULE: launched})
+    assert import_failure(copy, _MODULE) == failure
