@@ -405,7 +405,8 @@ def _verl_choices(launches: Sequence[tuple[str, Mapping[str, Setting]]],
     launches both. A script running `verl.trainer.main` runs EasyR1 (verl's module is `verl.trainer.main_ppo`), as does
     one running a fork's copy of that entry point in its own package (`_EASYR1_LAUNCH`)."""
     easyr1_launches = _project_launches_of_easyr1(scripts)
-    easyr1_paths = {path for path, _ in easyr1_launches}
+    # a launch of EasyR1's entry point is none of verl's, also where it cannot start
+    easyr1_paths = {path for path, text in scripts.items() if any(True for _ in _easyr1_entries(text))}
     launches = [(path, settings) for path, settings in launches if path not in easyr1_paths]
     starting = [(path, settings) for path, settings in starting if path not in easyr1_paths]
     copies = [{str(copy[1]) for path, _ in found if (copy := copy_holding(path, module, context.roots)) is not None}
@@ -539,9 +540,12 @@ def _project_launches_of_easyr1(scripts: Mapping[str, str]) -> list[tuple[str, d
 
 def _easyr1_configs(path: str, text: str) -> Iterator[dict[str, Setting] | None]:
     """The settings of the YAML config each EasyR1 launch of the script `path` names, composed; None for a launch
-    whose config cannot be read."""
+    whose config cannot be read. A launch naming a config the project does not have (bbwen/easyr1_cr's upstream
+    launches, `config=examples/config.yaml`, in a fork that renamed it) stops before it trains: it gives nothing."""
     for given in _easyr1_entries(text):
         config = project_path(path, given.group(1)) if given else None
+        if given is not None and config is None and "$" not in given.group():
+            continue
         config_text = read_text(config) if config is not None else None
         yield composed_settings(str(config), config_text) if config is not None and config_text is not None else None
 

@@ -136,3 +136,13 @@ def test_weighs_no_kl_reads_the_coefficient_of_the_place_the_kl_goes(values, wei
 
     settings = {key: Setting(None if value.startswith("$") else value, 1, 1, 2) for key, value in values.items()}
     assert easyr1.weighs_no_kl(settings) is weightless
+
+
+def test_a_launch_naming_a_config_the_project_lacks_is_no_run(tmp_path):
+    """bbwen/easyr1_cr (fresh103) renamed EasyR1's examples/config.yaml and kept upstream's launches that name it:
+    they stop before they train. Its own launch takes one step a rollout, so the copy's KL loss is on fresh samples
+    (no KL008), though a launch of the missing config, at EasyR1's defaults, would take two."""
+    (tmp_path / "launches").mkdir(parents=True)
+    (tmp_path / "launches" / "upstream.sh").write_text(LAUNCH.replace("grpo.yaml", "missing.yaml").format(overrides=""))
+    assert _project(tmp_path, "data.rollout_batch_size=32 worker.actor.global_batch_size=32") == [
+        ("dp_actor.py", 6, "KL002"), ("grpo.yaml", 8, "KL002")]
