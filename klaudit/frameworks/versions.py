@@ -604,8 +604,8 @@ def vendored(launcher: str, name: str, module: str, roots: tuple[str, ...] = ())
 def copy_holding(launcher: str, module: str, roots: tuple[str, ...] = ()) -> tuple[Path, Path] | None:
     """(the folder searched, the folder of the copy) of the project's copy of a framework holding `module`:
     the launcher's folder, a folder above it up to the project root (else the linted root, `roots`, resolved:
-    one file or folder linted inside a project still sees the project), or a folder beside one of those;
-    None when the project carries no copy."""
+    one file or folder linted inside a project still sees the project), or a folder beside one of those, else the
+    only copy two folders below the project's root; None when the project carries no copy."""
     return _copy_holding(Path(launcher).resolve().parent, module, roots)
 
 
@@ -621,7 +621,11 @@ def _copy_holding(folder: Path, module: str, roots: tuple[str, ...]) -> tuple[Pa
         for candidate in (base, *beside):
             if (candidate / module).is_file():
                 return base, candidate
-    return None
+    root = levels[top]
+    nested = [child for child in root.glob(f"*/*/{module}")] if root.is_dir() else []
+    # the one copy two folders down from the project's root (TruthRL's training/verl/, which its README installs with
+    # `pip install -e .`): where the project carries no other, its launches run that one
+    return (root, nested[0].parents[len(Path(module).parts) - 1]) if len(nested) == 1 else None
 
 
 def _pyproject(directory: Path) -> dict:

@@ -539,3 +539,28 @@ def test_a_requirements_file_named_for_the_script_decides_where_the_projects_dis
     nested.parent.mkdir()
     (tmp_path / "requirements_grpo.txt").write_text("trl==0.15.2\n")
     assert named_requirements_pin("trl", nested).version == "0.15"  # the nearest folder that holds some
+
+
+def _openrlhf_copy(folder: Path) -> None:
+    (folder / "openrlhf" / "cli").mkdir(parents=True)
+    (folder / "openrlhf" / "__init__.py").write_text("")
+    (folder / "openrlhf" / "cli" / "train_ppo_ray.py").write_text("")
+    (folder / "version.txt").write_text("0.5.5.post2\n")
+    (folder / "setup.py").write_text("from setuptools import setup\nsetup(name='openrlhf')\n")
+
+
+@pytest.mark.parametrize("copies, codes", [
+    (["training/OpenRLHF"], ["KL007", "KL008"]),  # the project's one copy, installed from two folders down: 0.5
+    (["training/OpenRLHF", "baselines/OpenRLHF"], ["KL008", "KL010"]),  # two: which one runs is not known
+])
+def test_the_one_copy_two_folders_below_the_root_is_the_one_a_root_launch_runs(tmp_path, copies, codes):
+    """peer0/TruthRL-personalized- (fresh103) keeps verl in training/verl/, installs it with `pip install -e .` there,
+    and launches `python3 -m verl.trainer.main_ppo` from the root: the launch runs that copy's release."""
+    from klaudit.frameworks import lint_config
+
+    for copy in copies:
+        _openrlhf_copy(tmp_path / copy)
+    launch = "python3 -m openrlhf.cli.train_ppo_ray --init_kl_coef 0.01 --advantage_estimator gae\n"
+    (tmp_path / "run.sh").write_text(launch)
+    context = prepare({}, [tmp_path], {})
+    assert sorted(f.code for f in lint_config(str(tmp_path / "run.sh"), launch, context)) == codes
