@@ -59,6 +59,7 @@ from klaudit.lint.registries import passes_rewards_through
 from klaudit.lint.relevance import functions_worth_interpreting
 from klaudit.lint.syntax import (
     always_fails,
+    computes_without_gradients,
     dotted,
     is_test,
     last_name,
@@ -99,6 +100,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
     owners = FunctionIndex(functions)  # the function that formed a KL term, asked of few terms
     training = reward_training(path, source)  # framework code whose KL reward an actor elsewhere trains
     rewards_stay = passes_rewards_through(module)
+    arrays_only = computes_without_gradients(module)  # NumPy alone: a loss is differentiated by nothing (a reward is
+    # a reward still, which a trainer elsewhere may take)
     if worth is None:
         worth = functions_worth_interpreting(path, source, project)
     if worth is None or len(worth) != len(functions):  # Python's parser does not read it as LibCST's does
@@ -111,7 +114,8 @@ def check_module(path: str, module: cst.Module, project: Project, source: str,
         except (RecursionError, BudgetExceeded):
             continue  # nested too deeply for Python's stack, or the file's budget is spent: skip this function
         found = [(sink, fact, config) for sink in outcome.sinks for fact in sink.facts
-                 if (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
+                 if not (arrays_only and sink.kind == "loss")
+                 and (config := config_of(fact, sink.kind, sink.trained, rewards_stay)) is not None]
         if found and (cls is not None and (mod.overridden_everywhere(func, cls) or never_built(cls, path, project))
                       or mod.never_runs(func, cls) or always_fails(func)
                       or func.name.value == MODULE_BODY and trains_nothing(module)

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import math
 import re
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import cast
@@ -185,6 +186,18 @@ def trains_nothing(tree: cst.Module) -> bool:
     prints it) is then only looked at."""
     return not any(type(node) is cst.Call and last_name(node.func) in _TRAINING_CALLS and not _mode_switch(node)
                    for node in walk(tree))
+
+
+def computes_without_gradients(tree: cst.Module) -> bool:
+    """Whether the module imports NumPy and, besides it, only the standard library: its arrays carry no gradient and
+    no framework trains a loss it computes (a lesson's NumPy GRPO step, whose loss is only returned to be printed)."""
+    imported: list[str] = []
+    for node in walk(tree):
+        if isinstance(node, cst.Import):
+            imported += [dotted(alias.name).split(".")[0] for alias in node.names]
+        elif isinstance(node, cst.ImportFrom):  # a relative import: the project's own module, which may hand tensors
+            imported.append("" if node.relative or node.module is None else dotted(node.module).split(".")[0])
+    return "numpy" in imported and all(name == "numpy" or name in sys.stdlib_module_names for name in imported)
 
 
 def functions_and_methods(tree: cst.Module) -> Iterator[tuple[cst.FunctionDef, str | None]]:

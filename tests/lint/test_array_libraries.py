@@ -3,6 +3,10 @@
 
 Verdicts (kl-math.md section 8): k1 differentiated as a loss is row 2 (KL001, zero expected gradient),
 k3 differentiated as a loss row 3 (KL002); a token-mean over the batch adds no 1/L weights (no KL007).
+
+NumPy has no gradient: a module that computes with it and the standard library alone (rohitg00's lessons, fresh103,
+whose GRPO step returns its loss to be printed) differentiates no loss; a KL it puts in a reward is still one (a
+rollout buffer's, the ninety-fifth set's Q-RM).
 """
 
 from __future__ import annotations
@@ -58,3 +62,26 @@ MLX_GRPO = """\
 
 def test_mlx_arrays_are_read_like_torch_tensors(tmp_path):
     assert module_codes(MLX_GRPO, tmp_path) == [(8, "KL002")]
+
+
+NUMPY_GRPO = """\
+    {imports}
+
+
+    def grpo_step(policy_logprobs, ref_logprobs, advantages, beta=0.01, clip_eps=0.2):
+        ratios = np.exp(policy_logprobs - ref_logprobs)
+        clipped = np.clip(ratios, 1 - clip_eps, 1 + clip_eps) * advantages
+        policy_loss = -np.minimum(ratios * advantages, clipped).mean()
+        kl = (policy_logprobs - ref_logprobs).mean()
+        total_loss = policy_loss + beta * kl
+        return {{"kl": float(kl), "total_loss": float(total_loss)}}
+    """
+
+
+@pytest.mark.parametrize("imports, codes", [
+    ("import random\n    import numpy as np", []),  # NumPy and the standard library: no gradient anywhere
+    ("import numpy as np\n    import torch", [(10, "KL001")]),  # torch tensors may be handed in: k1 as a loss (row 2)
+    ("import numpy as np\n    from .model import policy", [(10, "KL001")]),  # so may the project's own modules
+])
+def test_numpy_and_the_standard_library_alone_differentiate_nothing(tmp_path, imports, codes):
+    assert module_codes(NUMPY_GRPO.format(imports=imports), tmp_path) == codes
