@@ -159,9 +159,34 @@ def _trains_nothing(settings: Mapping[str, Setting], first_step_at_zero_lr: bool
     (`first_step_at_zero_lr`): its steps change no weight."""
     if _zero(settings.get(TOTAL_EPOCHS)) or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True):
         return True
+    if _micro_batch_above_mini_batch(settings):
+        return True
     style = settings[WARMUP_STYLE].value if WARMUP_STYLE in settings else "constant"
     return (first_step_at_zero_lr and style == "constant" and TOTAL_STEPS in settings
             and number(settings[TOTAL_STEPS].value or "") == 1)
+
+
+def _micro_batch_above_mini_batch(settings: Mapping[str, Setting]) -> bool:
+    """Whether each GPU's share of a mini-batch (`ppo_mini_batch_size` x `rollout.n`, floor-divided by the GPUs over
+    the sequence-parallel size, as the FSDP workers normalise it) is smaller than `ppo_micro_batch_size_per_gpu`:
+    verl asserts that it divides it, and copies that do not divide each micro-batch's loss by a gradient accumulation
+    of 0 (Reasoning-Table's 7b launch, 2 x 5 responses over 8 GPUs, micro-batches of 2). A node count the launch
+    computes is taken as 1, the fewest: more nodes only shrink the share."""
+    def value(key: str, default: str | None = None) -> float | None:
+        return number((settings[key].value if key in settings else default) or "")
+
+    strategy = settings.get("actor_rollout_ref.actor.strategy")
+    if strategy is not None and strategy.value != "fsdp" or truthy(
+            (settings[DYNAMIC_BATCH].value if DYNAMIC_BATCH in settings else "false") or "") is not False:
+        return False
+    sizes = [value(MINI_BATCH), value(SAMPLES, "1"), value(MICRO_BATCH), *(value(key, WORLD_DEFAULTS[key]) for key in (
+        "trainer.n_gpus_per_node", "actor_rollout_ref.actor.ulysses_sequence_parallel_size"))]
+    nodes = value("trainer.nnodes", WORLD_DEFAULTS["trainer.nnodes"]) or 1
+    if any(size is None for size in sizes):
+        return False
+    mini, samples, micro, gpus, parallel = (float(size or 0) for size in sizes)
+    shared = gpus * nodes // parallel if parallel else 0
+    return shared >= 1 and mini * samples // shared < micro
 
 
 def _no_rollout(settings: Mapping[str, Setting], assumed: Assumed) -> bool:

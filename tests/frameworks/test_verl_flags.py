@@ -836,6 +836,30 @@ def test_a_launch_that_trains_nothing_has_no_kl_verdict(ending, expected):
     assert sorted(f.code for f in lint_config("run.sh", text)) == expected
 
 
+@pytest.mark.parametrize("sizes, expected", [
+    # 2 prompts x 5 responses over 8 GPUs: 1 response a GPU, less than a micro-batch of 2 (Reasoning-Table's 7b
+    # launch): the workers assert, or an old copy divides each micro-batch's loss by a gradient accumulation of 0
+    ("ppo_mini_batch_size=2 rollout.n=5 ppo_micro_batch_size_per_gpu=2 trainer.n_gpus_per_node=8", []),
+    # the node count computed (`trainer.nnodes=$NNODES`): at least one node, so at most 1 response a GPU still
+    ("ppo_mini_batch_size=2 rollout.n=5 ppo_micro_batch_size_per_gpu=2 trainer.n_gpus_per_node=8 "
+     "trainer.nnodes=$NNODES", []),
+    ("ppo_mini_batch_size=2 rollout.n=5 ppo_micro_batch_size_per_gpu=2 trainer.n_gpus_per_node=1", ["KL002"]),
+    ("ppo_mini_batch_size=2 rollout.n=8 ppo_micro_batch_size_per_gpu=2 trainer.n_gpus_per_node=8", ["KL002"]),
+    # dynamic batching packs micro-batches by tokens, whatever their size in responses
+    ("ppo_mini_batch_size=2 rollout.n=5 ppo_micro_batch_size_per_gpu=2 trainer.n_gpus_per_node=8 "
+     "actor.use_dynamic_bsz=True", ["KL002"]),
+])
+def test_a_gpus_share_of_a_mini_batch_below_its_micro_batch_trains_nothing(sizes, expected):
+    prefixes = {"ppo_": "actor_rollout_ref.actor.", "rollout.": "actor_rollout_ref.", "actor.": "actor_rollout_ref."}
+    flags = ["actor_rollout_ref.actor.use_kl_loss=True"] + [
+        next((prefix + flag for start, prefix in prefixes.items() if flag.startswith(start)), flag)
+        for flag in sizes.split()]
+    text = LAUNCH.replace("    actor_rollout_ref.actor.ppo_mini_batch_size=1024 \\\n", "").replace(
+        "train_batch_size=1024", "train_batch_size=2").format(
+        flags="".join(f"    {flag} \\\n" for flag in flags))
+    assert sorted(f.code for f in lint_config("run.sh", text)) == expected
+
+
 VERL_WITH_HF_ROLLOUT = Context(versions={**Context().versions, "verl": Assumed("0.5", "pinned")})
 
 
