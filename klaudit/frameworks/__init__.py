@@ -826,7 +826,7 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
         judged = verl.judge(settings, assumed, legacy_workers=legacy_workers, kl_reward_applied=kl_reward_applied,
                             kl_loss_applied=kl_loss_applied, fully_async=fully_async,
                             reward_unless_loss=reward_unless_loss, loss_default=loss_default,
-                            first_step_at_zero_lr=zero_lr_start)
+                            first_step_at_zero_lr=zero_lr_start, megatron=megatron)
         found = [] if judged is None else _findings(path, judged, assumed.label(verl.NAME), verl.FIXES.get, fixer)
         distillation = verl.judge_distillation(settings)
         if distillation is not None:

@@ -153,13 +153,15 @@ def runs_with_kl(text: str) -> frozenset[str]:
                      if number(value) not in (None, 0.0))
 
 
-def _trains_nothing(settings: Mapping[str, Setting], first_step_at_zero_lr: bool = False) -> bool:
-    """`trainer.total_epochs=0` or `trainer.val_only=True`: no optimizer step is taken; or one rollout's update
-    alone (`trainer.total_training_steps=1`) on an actor whose constant schedule starts at learning rate 0
+def _trains_nothing(settings: Mapping[str, Setting], first_step_at_zero_lr: bool = False,
+                    megatron: bool = False) -> bool:
+    """`trainer.total_epochs=0` or `trainer.val_only=True`: no optimizer step is taken; or, on the FSDP workers (not
+    `megatron`), micro-batches larger than a GPU's share of a mini-batch; or one rollout's update alone
+    (`trainer.total_training_steps=1`) on an actor whose constant schedule starts at learning rate 0
     (`first_step_at_zero_lr`): its steps change no weight."""
     if _zero(settings.get(TOTAL_EPOCHS)) or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True):
         return True
-    if _micro_batch_above_mini_batch(settings):
+    if not megatron and _micro_batch_above_mini_batch(settings):
         return True
     style = settings[WARMUP_STYLE].value if WARMUP_STYLE in settings else "constant"
     return (first_step_at_zero_lr and style == "constant" and TOTAL_STEPS in settings
@@ -204,7 +206,7 @@ def _zero(setting: Setting | None) -> bool:
 def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_workers: str | None = None,
           kl_reward_applied: bool = True, kl_loss_applied: bool = True, fully_async: bool = False,
           reward_unless_loss: bool = False, loss_default: str = "false",
-          first_step_at_zero_lr: bool = False) -> Judged | None:
+          first_step_at_zero_lr: bool = False, megatron: bool = False) -> Judged | None:
     """The KL configuration of a verl run whose overrides are `settings`, None when the KL is off or
     a deciding flag is not a literal the release `assumed` knows. `legacy_workers`: the copy's default of
     `trainer.use_legacy_worker_impl` (`legacy_workers_default`), None for verl as installed; `kl_reward_applied` and `kl_loss_applied`: whether the trainer and
@@ -212,9 +214,10 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     actor do not); `fully_async`: whether it is the fully asynchronous trainer; `reward_unless_loss`: whether
     the copy run puts the KL in the reward whenever `use_kl_loss` is false (`reward_follows_loss_flag`),
     `loss_default` that copy's default of `use_kl_loss` (`kl_loss_default`), and `first_step_at_zero_lr`
-    whether the actor launched takes its first update at learning rate 0 (`first_update_at_zero_lr`)."""
+    whether the actor launched takes its first update at learning rate 0 (`first_update_at_zero_lr`); `megatron`:
+    whether it trains with Megatron's actor, whose mini-batches are split over data-parallel ranks instead."""
     named = (*KEYS, COEFFICIENTS["reward"], *STEP_DEFAULTS) if reward_unless_loss else KEYS
-    if not any(key in settings for key in named) or _trains_nothing(settings, first_step_at_zero_lr) \
+    if not any(key in settings for key in named) or _trains_nothing(settings, first_step_at_zero_lr, megatron) \
             or legacy_workers is None and _no_rollout(settings, assumed):
         return None
     defaults = {**DEFAULTS, USE_KL_LOSS: loss_default} if reward_unless_loss else DEFAULTS

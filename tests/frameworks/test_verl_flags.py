@@ -858,6 +858,9 @@ def test_a_gpus_share_of_a_mini_batch_below_its_micro_batch_trains_nothing(sizes
         "train_batch_size=1024", "train_batch_size=2").format(
         flags="".join(f"    {flag} \\\n" for flag in flags))
     assert sorted(f.code for f in lint_config("run.sh", text)) == expected
+    # Megatron's workers split a mini-batch over the data-parallel ranks, not over every GPU (verl's Moonlight example)
+    megatron = text.replace("main_ppo \\\n", "main_ppo --config-name=ppo_megatron_trainer \\\n")
+    assert sorted(f.code for f in lint_config("run.sh", megatron)) == ["KL002"]
 
 
 VERL_WITH_HF_ROLLOUT = Context(versions={**Context().versions, "verl": Assumed("0.5", "pinned")})
