@@ -352,7 +352,7 @@ def combine(a: Fact, b: Fact, poly: Poly, node: cst.CSTNode, path: str, product:
             first, both = a, False
     if product:
         formed = both
-    elif not a.is_kl() and not b.is_kl() and _a_surrogate(a) and _a_surrogate(b) and alg.kl_atoms(poly):
+    elif alg.kl_atoms(poly) and not a.is_kl() and not b.is_kl() and _a_surrogate(a) and _a_surrogate(b):
         # two losses that each carry a surrogate of their own (`batch_loss + sample_loss`, their log-probs from
         # different branches of a helper): one sample's log pi less another's log ref is no estimator
         poly, formed = alg.without_kl(poly), False
