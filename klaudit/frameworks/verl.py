@@ -178,7 +178,7 @@ def _micro_batch_above_mini_batch(settings: Mapping[str, Setting]) -> bool:
         return number((settings[key].value if key in settings else default) or "")
 
     strategy = settings.get("actor_rollout_ref.actor.strategy")
-    if strategy is not None and strategy.value != "fsdp" or truthy(
+    if strategy is not None and strategy.value not in ("fsdp", "fsdp2") or truthy(
             (settings[DYNAMIC_BATCH].value if DYNAMIC_BATCH in settings else "false") or "") is not False:
         return False
     sizes = [value(MINI_BATCH), value(SAMPLES, "1"), value(MICRO_BATCH), *(value(key, WORLD_DEFAULTS[key]) for key in (

@@ -622,7 +622,7 @@ def _copy_holding(folder: Path, module: str, roots: tuple[str, ...]) -> tuple[Pa
             if (candidate / module).is_file():
                 return base, candidate
     root = levels[top]
-    nested = [child for child in root.glob(f"*/*/{module}")] if root.is_dir() else []
+    nested = list(root.glob(f"*/*/{module}")) if root.is_dir() else []
     # the one copy two folders down from the project's root (TruthRL's training/verl/, which its README installs with
     # `pip install -e .`): where the project carries no other, its launches run that one
     return (root, nested[0].parents[len(Path(module).parts) - 1]) if len(nested) == 1 else None
