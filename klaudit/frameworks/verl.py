@@ -177,7 +177,7 @@ def _micro_batch_above_mini_batch(settings: Mapping[str, Setting]) -> bool:
     def value(key: str, default: str | None = None) -> float | None:
         return number((settings[key].value if key in settings else default) or "")
 
-    strategy = settings.get("actor_rollout_ref.actor.strategy")
+    strategy = settings.get(STRATEGY)
     if strategy is not None and strategy.value not in ("fsdp", "fsdp2") or truthy(
             (settings[DYNAMIC_BATCH].value if DYNAMIC_BATCH in settings else "false") or "") is not False:
         return False
