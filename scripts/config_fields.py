@@ -1,4 +1,5 @@
-"""Write the keywords some release of TRL's GRPOConfig accepts, for the lint.
+"""Write the keywords some release of TRL's GRPOConfig accepts, and the options some release of OpenRLHF's
+trainers accepts, for the lint.
 
 A `GRPOConfig(...)` call with a keyword no release takes (`max_new_tokens=`, `num_generation_per_prompt=`) raises
 a TypeError before anything trains, so its KL flags train nothing. klaudit reads the accepted keywords from
@@ -9,6 +10,13 @@ a TypeError before anything trains, so its KL flags train nothing. klaudit reads
     python scripts/config_fields.py trl-*.whl transformers-*.whl > klaudit/frameworks/fields/grpo_config.txt
 
 The union over the releases is kept: a keyword that some release took may be what the project's pinned one takes.
+
+With `--openrlhf`, the wheels are OpenRLHF's, and what is written is each of its trainer modules (`cli/train_*.py`)
+with every option some release's argparse adds (a `*` where a release's parser leaves its options open):
+
+    python scripts/config_fields.py --openrlhf openrlhf-*.whl > klaudit/frameworks/fields/openrlhf_options.txt
+
+A launch that passes an option no release has (`--max_turn 5`) stops at argparse whatever is installed.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import ast
 import re
 import sys
 import zipfile
+
+from klaudit.frameworks import openrlhf
 
 # the modules of each wheel whose classes' fields are GRPOConfig's keywords
 MODULES = ("trl/trainer/grpo_config.py", "trl/trainer/base_config.py", "transformers/training_args.py")
@@ -31,6 +41,31 @@ def fields(source: str, classes: tuple[str, ...] | None) -> set[str]:
             found |= {item.target.id for item in node.body
                       if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
     return found
+
+
+def openrlhf_options(wheels: list[str]) -> None:
+    """Print `module option` for each option some wheel's trainer module adds (the OPEN option where one wheel's
+    parser may take more than it adds)."""
+    accepted: dict[str, set[str]] = {}
+    versions: list[str] = []
+    for wheel in wheels:
+        match = re.search(r"openrlhf-([^-]+)-", wheel)
+        versions.append(match.group(1) if match else wheel)
+        with zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                module = re.search(r"openrlhf/cli/train_\w+\.py$", name)
+                if module and openrlhf.LAUNCH.search(module.group()):
+                    parser = openrlhf.parser_of(archive.read(name).decode("utf-8"))
+                    options = accepted.setdefault(module.group(), set())
+                    options |= parser.options | (set() if parser.closed else {openrlhf.OPEN})
+    print(f"# options some OpenRLHF trainer accepts, read by scripts/config_fields.py --openrlhf from: "
+          f"{', '.join(sorted(versions, key=_release))}")
+    print("\n".join(f"{module} {option}" for module in sorted(accepted) for option in sorted(accepted[module])))
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A version's numbers, for sorting (0.10 after 0.9)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
 def main(wheels: list[str]) -> None:
@@ -48,4 +83,7 @@ def main(wheels: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--openrlhf"]:
+        openrlhf_options(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

@@ -1140,7 +1140,7 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         without_kl_reward = openrlhf.estimators_without_kl_reward(copy[1] if copy else None)
         module = launch.group().replace(".", "/").removesuffix(".py") + ".py"
         launched = copy_holding(path, module, context.roots)
-        parser = openrlhf.copy_parser(copy[1] / module) if copy else None
+        parser = openrlhf.copy_parser(copy[1] / module) if copy else openrlhf.released_parser(module)
         defaults = parser.defaults_of() if parser is not None else openrlhf.DEFAULTS
 
         def judged_by(assumed: Assumed) -> list[Finding]:
@@ -1149,7 +1149,7 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
                                                        lambda rule, row: fixes.get(rule, row), clamped=judged[1])
 
         # else the copy fails on import (or, the package itself in a folder above the script, lacks the module
-        # launched: `python -m` stops there), or argparse stops the launch
+        # launched: `python -m` stops there), or argparse stops the launch: the copy's, or every release's
         importable = import_failure(launched[1], module) is None if launched else copy is None or copy[0] != copy[1]
         if importable and (parser is None or parser.refuses(_command_options(text, launch)) is None):
             found += _agreed(assumed, judged_by)

@@ -75,6 +75,7 @@ DEFAULTS = {USE_LOSS: "False", ESTIMATOR: "k1", COEF: "0.01", UNBIASED: "False",
 ADVANTAGES = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
 POLICY_AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-mean": Aggregation.SEQ_MEAN}
 
+OPEN = "*"  # in fields/openrlhf_options.txt, the option of a module that some release's parser leaves open
 FLAT = {key: flat for flat, key in FLAGS.items() if flat != key}  # the 0.6-0.10 spelling of a key
 
 
@@ -137,19 +138,23 @@ def _stale(value: Mapping[str, str]) -> bool | None:
 
 @dataclass(frozen=True)
 class CopyParser:
-    """The command line of the launched module of a project's copy of OpenRLHF, read from its `add_argument`s."""
+    """The command line of a launched OpenRLHF module, read from its `add_argument`s: a project's copy's, or the
+    options some published release accepts (`released`)."""
 
     options: frozenset[str]  # every option string it adds, without the dashes (`kl_estimator`, `algo.kl.estimator`)
     defaults: Mapping[str, str]  # an option's literal default, as klaudit.frameworks.calls reads a literal
     closed: bool  # `parse_args` on options all added in this file: an option it lacks stops the launch
+    merged: bool = False  # the options of several releases: which abbreviations one release accepts is unknown
 
     def refuses(self, flags: Iterable[str]) -> str | None:
         """The first of `flags` (spelled without dashes) that argparse rejects: no option of that name, nor one
-        alone that it abbreviates. None where all are accepted or the parser is not `closed`."""
+        alone that it abbreviates (for `merged` options: none that it abbreviates). None where all are accepted
+        or the parser is not `closed`."""
         if not self.closed:
             return None
         for flag in flags:
-            if flag not in self.options and len([o for o in self.options if o.startswith(flag)]) != 1:
+            abbreviated = len([option for option in self.options if option.startswith(flag)])
+            if flag not in self.options and (abbreviated == 0 if self.merged else abbreviated != 1):
                 return flag
         return None
 
@@ -164,22 +169,28 @@ def copy_parser(module: Path) -> CopyParser | None:
     """The command line of the module file `module` (a copy's `openrlhf/cli/train_ppo_ray.py`); None where it
     cannot be read."""
     try:
-        tree = ast.parse(file_text(module))
+        return parser_of(file_text(module))
     except (OSError, SyntaxError, ValueError):
         return None
+
+
+def parser_of(source: str) -> CopyParser:
+    """The command line a module's source builds with argparse (SyntaxError where it does not parse)."""
+    tree = ast.parse(source)
     options: set[str] = set()
     defaults: dict[str, str] = {}
     parsers = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
                and isinstance(node.value, ast.Call) and last_name(node.value.func) == "ArgumentParser"
                for target in node.targets if isinstance(target, ast.Name)}
     handed_on = False  # the parser given to a function that may add options of its own, or names computed
+    loops = _literal_loops(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         if last_name(node.func) == "add_argument":
-            names = [arg.value[2:] for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-                     and arg.value.startswith("--")]
-            handed_on = handed_on or any(not isinstance(arg, ast.Constant) for arg in node.args)  # f"--{prefix}.lr"
+            spelled = [_spelled(arg, loops.get(node, {})) for arg in node.args]
+            names = [name[2:] for spellings in spelled for name in spellings or () if name.startswith("--")]
+            handed_on = handed_on or None in spelled  # f"--{prefix}.lr" with a prefix from elsewhere
             options.update(names)
             default = _default(node)
             defaults.update({name.replace("-", "_"): default for name in names if default is not None})
@@ -188,6 +199,50 @@ def copy_parser(module: Path) -> CopyParser | None:
     calls = {last_name(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     closed = bool(parsers) and "parse_args" in calls and "parse_known_args" not in calls and not handed_on
     return CopyParser(frozenset(options), defaults, closed)
+
+
+def _literal_loops(tree: ast.AST) -> dict[ast.AST, dict[str, tuple[str, ...]]]:
+    """For each node inside `for name in ("actor", "critic"):` loops, the strings each such loop variable takes."""
+    loops: dict[ast.AST, dict[str, tuple[str, ...]]] = {}
+    for loop in ast.walk(tree):
+        if (isinstance(loop, ast.For) and isinstance(loop.target, ast.Name) and isinstance(loop.iter, (ast.Tuple, ast.List))
+                and all(isinstance(item, ast.Constant) and isinstance(item.value, str) for item in loop.iter.elts)):
+            values = tuple(item.value for item in loop.iter.elts)  # type: ignore[attr-defined]
+            for statement in loop.body:
+                for node in ast.walk(statement):
+                    loops.setdefault(node, {})[loop.target.id] = values
+    return loops
+
+
+def _spelled(arg: ast.expr, loops: Mapping[str, tuple[str, ...]]) -> list[str] | None:
+    """The strings an argument spells: a literal's, or an f-string's over the loop variables `loops` gives, one for
+    each of their values; None where it is computed otherwise."""
+    if isinstance(arg, ast.Constant):
+        return [arg.value] if isinstance(arg.value, str) else []
+    if not isinstance(arg, ast.JoinedStr):
+        return None
+    spellings = [""]
+    for part in arg.values:
+        if isinstance(part, ast.Constant):
+            spellings = [spelling + str(part.value) for spelling in spellings]
+        elif (isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and part.value.id in loops
+              and part.conversion == -1 and part.format_spec is None):
+            spellings = [spelling + value for spelling in spellings for value in loops[part.value.id]]
+        else:
+            return None
+    return spellings
+
+
+@functools.cache
+def released_parser(module: str) -> CopyParser | None:
+    """The options that some published release's `module` (`openrlhf/cli/train_ppo_ray.py`) accepts, closed where
+    every release's parser is: klaudit/frameworks/fields/openrlhf_options.txt, written by scripts/config_fields.py
+    from the wheels. An option in none of them stops the launch under any release. None: no release has `module`."""
+    lines = (Path(__file__).parent / "fields" / "openrlhf_options.txt").read_text(encoding="utf-8").splitlines()
+    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    options = frozenset(option for name, option in rows if name == module and option != OPEN)
+    closed = [module, OPEN] not in rows
+    return CopyParser(options, {}, closed, merged=True) if options else None
 
 
 def _default(call: ast.Call) -> str | None:

@@ -334,13 +334,50 @@ def test_a_copy_s_command_line_decides_defaults_and_refuses_options_it_lacks(tmp
 
 
 def test_a_command_line_that_computes_option_names_refuses_nothing(tmp_path):
-    """OpenRLHF 0.11 adds `--actor.adam.lr` and its kin with `add_argument(f"--{prefix}.adam.lr")`: names this reading
-    cannot list, so no option counts as one the copy lacks (its upstream examples pass them); the defaults it does
-    list still count."""
+    """Option names computed from what this reading cannot list (`f"--{prefix}.adam.lr"` over a tuple held
+    elsewhere): no option counts as one the copy lacks; the defaults it does list still count."""
     module = tmp_path / "train_ppo_ray.py"
     module.write_text(_FORK_CLI.format(parse="parse_args").replace(
-        "    args =", '    for prefix in ("actor", "critic"):\n        parser.add_argument(f"--{prefix}.adam.lr")\n    args ='))
+        "    args =", '    for prefix in PREFIXES:\n        parser.add_argument(f"--{prefix}.adam.lr")\n    args ='))
     parser = openrlhf.copy_parser(module)
     assert parser is not None and not parser.closed
     assert parser.refuses(["actor.adam.lr", "bf16"]) is None
     assert parser.defaults_of()[openrlhf.ESTIMATOR] == "k3"
+
+
+def test_option_names_spelled_over_a_literal_tuple_are_listed(tmp_path):
+    """OpenRLHF 0.10.2 to 0.11 add `--actor.adam.lr` and its kin in `for prefix in ("actor", "critic"):` with
+    `add_argument(f"--{prefix}.adam.lr")`: each spelling is an option, and the command line stays closed."""
+    module = tmp_path / "train_ppo_ray.py"
+    module.write_text(_FORK_CLI.format(parse="parse_args").replace(
+        "    args =", '    for prefix in ("actor", "critic"):\n        parser.add_argument(f"--{prefix}.adam.lr")\n    args ='))
+    parser = openrlhf.copy_parser(module)
+    assert parser is not None and parser.closed
+    assert {"actor.adam.lr", "critic.adam.lr"} <= parser.options
+    assert parser.refuses(["actor.adam.lr", "critic.adam.lr"]) is None
+    assert parser.refuses(["actor.adam.lr", "bf16"]) == "bf16"
+
+
+def test_every_release_s_options_are_listed_and_closed():
+    """fields/openrlhf_options.txt (scripts/config_fields.py --openrlhf, from the wheels of 0.3.6 to 0.11.2): each
+    KL, batch and estimator option this module reads, in its 0.11 and its flat spelling, is one some release takes,
+    and every release's train_ppo_ray parses a closed command line."""
+    parser = openrlhf.released_parser("openrlhf/cli/train_ppo_ray.py")
+    assert parser is not None and parser.closed and parser.merged
+    assert parser.refuses(list(openrlhf.FLAGS)) is None
+    assert parser.refuses(["init_kl", "max_turn"]) == "max_turn"  # an abbreviation some release may take; none has
+    assert openrlhf.released_parser("openrlhf/cli/train_kto.py") is None
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("", ["KL002"]),  # OpenRLHF's clamped k3 as a loss (row 3)
+    ("--max_turn 5", []),  # argparse: unrecognized arguments, under every release
+    ("--enable_agent_trajectory", []),
+    ("--actor.adam.lr 1e-6", ["KL002"]),  # added in a loop over ("actor", "critic")
+])
+def test_an_installed_release_refuses_an_option_no_release_has(tmp_path, option, expected):
+    """tarunbeerelli/RLEF-code (hundred-and-third set) archives OpenRLHF launches that pass `--max_turn 5` or
+    `--enable_agent_trajectory`, options of no published release: argparse stops them before anything trains."""
+    launch = ("python3 -m openrlhf.cli.train_ppo_ray --rollout.batch_size 128 --train.batch_size 128 --algo.kl.use_loss "
+              f"--algo.kl.estimator k3 {option}\n")
+    assert launch_codes(tmp_path, launch) == expected
