@@ -12,7 +12,7 @@ from pathlib import Path
 import libcst as cst
 
 from klaudit.lint import budget
-from klaudit.lint.algebra import Poly
+from klaudit.lint.algebra import OLD, REF, Atom, Poly
 from klaudit.lint.callables import self_assignments
 from klaudit.lint.containers import key_slot, record_fields
 from klaudit.lint.edits import line_starts
@@ -29,16 +29,18 @@ from klaudit.lint.facts import (
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.overrides import never_named, overridden_everywhere
 from klaudit.lint.passed_settings import passed_in_project
-from klaudit.lint.pinned import caller_pins, handing_on_zeros, written_out, zero_parameters
+from klaudit.lint.pinned import caller_pins, handing_on_zeros, rollout_references, written_out, zero_parameters
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
-from klaudit.lint.roles import might_contain_kl
+from klaudit.lint.roles import might_contain_kl, tensor_role
 from klaudit.lint.signatures import filled_parameters
 from klaudit.lint.syntax import (
     dotted,
     functions_and_methods,
     is_literal_choice,
+    last_name,
+    name_bindings,
     number_value,
     params,
     python_ast,
@@ -175,6 +177,7 @@ class Module:
         self._outside: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
         self._outside_sites: dict[str, list[tuple] | None] = {}  # those calls with the loops around each
         self._zeros: dict[str, frozenset[str]] = {}  # function name -> its parameters every call gives 0
+        self._rollout: dict[str, frozenset[str]] = {}  # function name -> its reference parameters given pi_old's
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
@@ -276,6 +279,40 @@ class Module:
         uncalled_here = cls is None and func.name.value not in self._calls_of.called_names(self.tree)
         calls = self._outside_calls(func.name.value) if uncalled_here else None
         return caller_pins(func, calls) if calls else {}
+
+    def rollout_references(self, func: cst.FunctionDef, cls: str | None) -> frozenset[str]:
+        """klaudit.lint.pinned.rollout_references of a module function, from the calls other modules make of one
+        nothing here calls, else from the calls this module's functions make of one only they call (handing on
+        their own such parameters); none for a method, or a function also called in other ways."""
+        name = func.name.value
+        if cls is not None or not any(tensor_role(param.name.value) == REF for param in params(func)):
+            return frozenset()
+        if name not in self._rollout:
+            self._rollout[name] = frozenset()  # a function that calls itself hands its parameters on as they are
+            if name not in self._calls_of.called_names(self.tree):
+                sites = self._outside_call_sites(name) or []
+                calls: list[tuple[cst.Call, cst.CSTNode, frozenset[str]]] = [
+                    (written_out(call, other), _enclosing(other, call), frozenset())
+                         for other, _, made, index, _ in sites for call in [made[index][0]]]
+            elif self.called_only_here(func, cls):
+                calls = self._calls_in_functions(name)
+            else:
+                calls = []
+            self._rollout[name] = rollout_references(func, calls) if calls else frozenset()
+        return self._rollout[name]
+
+    def _calls_in_functions(self, name: str) -> list[tuple[cst.Call, cst.CSTNode, frozenset[str]]]:
+        """This module's calls of its function `name`, each with the module function that makes it and that
+        function's rollout references (those it never binds again); [] where one is made elsewhere (at module level,
+        in a method)."""
+        owners = {id(node): stmt for stmt in self.tree.body if type(stmt) is cst.FunctionDef
+                  for node in walk(stmt) if type(node) is cst.Call and last_name(node.func) == name}
+        calls = [node for node in walk(self.tree) if type(node) is cst.Call and last_name(node.func) == name]
+        if any(id(call) not in owners for call in calls):
+            return []
+        return [(written_out(call, self.tree), owners[id(call)],
+                 self.rollout_references(owners[id(call)], None) - name_bindings(owners[id(call)].body).keys())
+                for call in calls]
 
     def called_only_here(self, func: cst.FunctionDef, cls: str | None) -> bool:
         """Whether no other module calls this module function (nor sees it handed on as a value): what its
@@ -499,6 +536,8 @@ class Analyzer(NameResolution):
         env = _named_env(func)
         for name in module.zero_parameters(func, cls):  # a coefficient no call sets: 0 in every run
             env[name] = (tensor(Poly.const(0.0)),)
+        for name in module.rollout_references(func, cls):  # `ref_log_probs=old_log_probs` in every call
+            env[name] = (tensor(Poly.atom(Atom(OLD, False))),)
         if self.read_fields:
             budget.start_function(func)
         outcome = FunctionRun(self, module, func, cls, env, record=True).run()
@@ -614,6 +653,18 @@ class Analyzer(NameResolution):
                 found += [resolved for rhs in assigned if isinstance(rhs, cst.Name)
                           and (resolved := self.resolve(base_module, rhs, None)) is not None]
         return found
+
+
+def _enclosing(tree: cst.Module, node: cst.CSTNode) -> cst.CSTNode:
+    """The outermost function of `tree` that holds `node` (a method's class holds it as a function too), else `tree`."""
+    for stmt in tree.body:
+        scopes = [stmt] if type(stmt) is cst.FunctionDef else [item for item in stmt.body.body
+                                                                 if type(item) is cst.FunctionDef] \
+            if type(stmt) is cst.ClassDef else []
+        for scope in scopes:
+            if any(inner is node for inner in walk(scope)):
+                return scope
+    return tree
 
 
 def _named_env(func: cst.FunctionDef) -> Env:

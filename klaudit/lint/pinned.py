@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 import libcst as cst
 
 from klaudit.frameworks.options import OPTION_HOLDER, Default, Options
+from klaudit.lint.algebra import OLD, REF
 from klaudit.lint.facts import SwitchValue
+from klaudit.lint.roles import tensor_role
 from klaudit.lint.syntax import int_literal, last_name, name_bindings, number_value, params, text_of, walk
 
 
@@ -36,6 +38,41 @@ def zero_parameters(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> frozens
     given = _given(func, calls)
     return frozenset(name for name, values in (given or {}).items()
                      if values and all(value is not None and number_value(value) == 0 for value in values))
+
+
+def rollout_references(func: cst.FunctionDef, calls: Iterable[tuple[cst.Call, cst.CSTNode, frozenset[str]]]
+                       ) -> frozenset[str]:
+    """The parameters named as the reference's log-probs that every one of `calls` hands the rollout policy's log-probs.
+    Each call comes with the function (or module) it is made in and the names that hold such log-probs there (that
+    function's own parameters of this kind): a name it binds, through names it binds once to names, to one named so
+    (`ref_log_probs = old_log_probs`, then `loss_step(..., ref_log_probs=ref_log_probs)`), or one of those names.
+    The term formed with it is then a trust region to the policy that drew the samples, not a KL to a reference."""
+    written = list(calls)
+    given = _given(func, [call for call, _, _ in written])
+    if not given or not written:
+        return frozenset()
+    bindings = {id(scope): name_bindings(scope) for _, scope, _ in written}
+
+    def rollout(value: cst.BaseExpression | None, scope: cst.CSTNode, held: frozenset[str]) -> bool:
+        if value is None:
+            return False
+        return type(value) is cst.Name and value.value in held or tensor_role(_aliased(value, bindings[id(scope)])) == OLD
+
+    return frozenset(name for name, values in given.items() if tensor_role(name) == REF and all(
+        rollout(value, scope, held) for value, (_, scope, held) in zip(values, written)))
+
+
+def _aliased(value: cst.BaseExpression, bindings: Mapping[str, list]) -> str:
+    """The last name of the chain a scope binds once from name to name (`ref = old_logps`: `old_logps`), from
+    `value`; "" where `value` is no name."""
+    seen: list[str] = []
+    while type(value) is cst.Name and value.value not in seen:
+        seen.append(value.value)
+        found = bindings.get(value.value, [])
+        if len(found) != 1 or found[0][1] is None:
+            break
+        value = found[0][1]
+    return seen[-1] if seen else ""
 
 
 def handing_on_zeros(tree: cst.Module, name: str, zeros: Callable[[cst.FunctionDef], frozenset[str]]

@@ -9,6 +9,12 @@ SuryanshSS1011/basic-rl-feedback-workflow's helper returns a dummy pair on a fai
 reference's log-probs otherwise; the PPO update adds each sample's loss to `batch_loss` in a loop. Joining the
 branches paired one sample's policy log-probs with another's reference log-probs in `batch_loss + sample_loss`, a
 "log-ratio" of two losses, and the one KL term was reported a second time there.
+
+xcrhzbk/any_po's loss helpers take `ref_log_probs` and call `backward()` themselves; its trainer, in another module,
+hands them `ref_log_probs = old_log_probs`, the rollout policy's log-probs taken before the PPO epochs (a splatted
+dict of keyword arguments beside): a trust region to the policy that drew the samples, outside the table of a KL
+to a reference. Each helper was judged by its parameters' names alone, as a reversed k3 (and k1, k2) to the
+reference.
 """
 
 from __future__ import annotations
@@ -119,3 +125,64 @@ def test_losses_accumulated_over_samples_form_no_second_kl_term(tmp_path):
     # the k1 loss (row 1), on samples of the rollout before several epochs (row 22), clamped (KL010): at the
     # statement that adds it to the sample's loss only, not again where the samples' losses are summed (line 60)
     assert module_codes(ACCUMULATED_SAMPLE_LOSSES, tmp_path) == [(57, "KL001"), (57, "KL008"), (57, "KL010")]
+
+
+STEP_HELPERS = """\
+import torch
+
+
+def token_kl(policy_log_probs, ref_log_probs):
+    log_ratio = policy_log_probs - ref_log_probs
+    return torch.exp(log_ratio) - 1.0 - log_ratio
+
+
+def add_kl(pg_loss, policy_log_probs, ref_log_probs, beta):
+    return pg_loss + beta * token_kl(policy_log_probs, ref_log_probs)
+
+
+def train_step_with_kl(policy_log_probs, mask, ref_log_probs, beta, advantages=None, old_log_probs=None):
+    ratio = torch.exp(policy_log_probs - old_log_probs)
+    total = add_kl(-ratio * advantages, policy_log_probs, ref_log_probs, beta)
+    loss = (total * mask).sum() / mask.sum()
+    loss.backward()
+    return loss
+"""
+
+TRAINER = """\
+import torch
+from steps import train_step_with_kl
+
+
+def train(model, ref_model, batches, beta, epochs, optimizer):
+    for ids, mask, advantages in batches:
+        with torch.no_grad():
+            old_log_probs = model(ids).logits.log_softmax(-1)
+        for _ in range(epochs):
+            policy_log_probs = model(ids).logits.log_softmax(-1)
+            extra = {{"advantages": advantages, "old_log_probs": old_log_probs}}
+            ref_log_probs = {reference}
+            train_step_with_kl(policy_log_probs=policy_log_probs, mask=mask, ref_log_probs=ref_log_probs,
+                               beta=beta, **extra)
+            optimizer.step()
+"""
+
+
+# the reference's log-probs: a reversed k3 as a loss (KL009), on samples of an older policy after the first epoch
+# (KL008)
+THE_REFERENCE_S = ["KL008", "KL009"]
+
+
+@pytest.mark.parametrize("reference, codes", [
+    ("old_log_probs", []),  # a trust region to the rollout policy: no KL to a reference
+    ("ref_model(ids).logits.log_softmax(-1)", THE_REFERENCE_S),
+])
+def test_a_reference_parameter_every_caller_gives_the_rollout_policy_is_no_reference(tmp_path, reference, codes):
+    (tmp_path / "trainer.py").write_text(TRAINER.format(reference=reference))
+    assert [code for _, code in module_codes(STEP_HELPERS, tmp_path, name="steps.py")] == codes
+
+
+def test_one_caller_that_gives_the_reference_keeps_the_finding(tmp_path):
+    """The helper is judged as the reference's KL where any caller hands it the reference's log-probs."""
+    (tmp_path / "trainer.py").write_text(TRAINER.format(reference="old_log_probs"))
+    (tmp_path / "other.py").write_text(TRAINER.format(reference="ref_model(ids).logits.log_softmax(-1)"))
+    assert [code for _, code in module_codes(STEP_HELPERS, tmp_path, name="steps.py")] == THE_REFERENCE_S
