@@ -511,7 +511,8 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
     forked = copy is not None and str(copy[1]) in context.roots  # the linted project is the fork itself
-    if copy is None or not file.is_relative_to(copy[1]) or not forked and not is_project_root(copy[1]):
+    if copy is None or not file.is_relative_to(copy[1]) or not forked and not is_project_root(copy[1]) \
+            or _run_by_readme(file, context.roots):
         return False
     parts = file.relative_to(copy[1]).parts
     if module == easyr1.ACTOR and parts[0] == "examples":
@@ -522,6 +523,25 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
             and parts[1] not in verl_runs.UPSTREAM_SUBFOLDERS[parts[0]] and _named_for_the_project(parts[1], context.roots):
         return False  # Light-IF's own launches in its nested checkout's `recipe/Light-IF/` (not upstream's `recipe/dapo/`)
     return len(parts) > 1 and parts[0] in verl_runs.UPSTREAM_FOLDERS
+
+
+def _run_by_readme(file: Path, roots: Iterable[str]) -> bool:
+    """Whether a Markdown file at the linted root that holds `file` runs it in a shell command (`bash
+    examples/grpo_trainer/run_qwen3-8b_multiobjective_baseline.sh`, dynamic-reward-weighting's own launches in a
+    folder of upstream's): the project's run, wherever it lies. A link to it, as upstream's README has, runs nothing."""
+    for root in roots:
+        if file.is_relative_to(root):
+            named = re.escape(file.relative_to(root).as_posix())
+            if re.search(rf"(?:^|[\s;&(])(?:(?:bash|sh|zsh|source)\s+(?:\./)?|\./){named}\b", _root_markdown(root),
+                         re.MULTILINE):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=16)
+def _root_markdown(root: str) -> str:
+    """The text of the Markdown files at a linted root (its README and kin), which may say how it is run."""
+    return "\n".join(read_text(path) or "" for path in sorted(Path(root).glob("*.md")))
 
 
 def _named_for_the_project(folder: str, roots: Iterable[str]) -> bool:

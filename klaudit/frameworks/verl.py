@@ -334,9 +334,11 @@ def _responses_per_gpu_micro_batch(settings: Mapping[str, Setting]) -> float | N
 
 
 # A launch of a verl trainer module (`python3 -m verl.trainer.main_ppo`, AgentGym-RL's `verl.agent_trainer.main_ppo`),
-# not of one of its entries that trains no policy (generation, evaluation, SFT, merging checkpoints).
-_NOT_TRAINING = r"verl\.trainer\.(?:main_generation|main_eval|fsdp_sft_trainer|sft_trainer)\b|verl\.model_merger\b"
-LAUNCH = re.compile(rf"-m\s+(?!{_NOT_TRAINING})(verl(?:\.\w+)+)")
+# or of its file run by path (`python $PWD/verl/verl/trainer/main_ppo.py`), not of one of its entries that trains no
+# policy (generation, evaluation, SFT, merging checkpoints). Group 1 is the module, dotted or as a path without `.py`.
+_NOT_TRAINING = r"verl[./]trainer[./](?:main_generation|main_eval|fsdp_sft_trainer|sft_trainer)\b|verl[./]model_merger\b"
+LAUNCH = re.compile(rf"(?:-m\s+|\bpython[\d.]*(?:\s+-\w+)*\s+(?:[^\s'\"]*/)?)(?!{_NOT_TRAINING})"
+                    rf"(verl(?:\.\w+)+|verl(?:/\w+)+(?=\.py\b))")
 # A launch of any module (`python3 -m verl_tool.trainer.main_ppo`, `-m recipe.dapo.main_dapo`): a project's own trainer
 # over verl, which composes the project's Hydra config; verl's own entries that train no policy are none
 MODULE_LAUNCH = re.compile(rf"-m\s+(?!{_NOT_TRAINING})([A-Za-z_]\w*(?:\.\w+)+)")

@@ -260,7 +260,8 @@ def several_step_choices(launched: Iterable[tuple[str | None, Mapping[str, Setti
     KL switches (`run_choices` of those launches alone); none where a launch runs EasyR1's trainer, whose switches
     are named otherwise."""
     runs = list(launched)
-    if any(EASYR1_TRAINER in {match.group(1) for match in LAUNCH.finditer(text or "")} for text, _ in runs):
+    if any(EASYR1_TRAINER in {match.group(1).replace("/", ".") for match in LAUNCH.finditer(text or "")}
+           for text, _ in runs):
         return {}
     return run_choices([settings for text, settings in runs if not takes_one_step(text, settings)], (), ())
 
@@ -269,7 +270,7 @@ def takes_one_step(text: str | None, settings: Mapping[str, Setting]) -> bool:
     """Whether a launch (its script's text, its settings) runs verl's synchronous trainer alone, with ppo_epochs x
     train_batch_size / ppo_mini_batch_size, from literal values or verl's defaults (1 x 1024 / 256: four steps), at
     most 1."""
-    modules = {match.group(1) for match in LAUNCH.finditer(text or "")}
+    modules = {match.group(1).replace("/", ".") for match in LAUNCH.finditer(text or "")}
     literal = all(number(settings[key].value or "") is not None for key in STEP_DEFAULTS if key in settings)
     return (modules == {SYNCHRONOUS_TRAINER} and literal and AGENTS not in settings
             and steps_per_rollout(settings, STEP_DEFAULTS) <= 1)

@@ -12,7 +12,7 @@ import pytest
 from test_verl_kl_reward_runs import TRAINER as REWARD_TRAINER
 
 from klaudit.config import Settings
-from klaudit.frameworks import verl_runs
+from klaudit.frameworks import verl, verl_runs
 from klaudit.frameworks.settings import Setting
 from klaudit.lint.engine import lint_paths
 
@@ -98,6 +98,31 @@ def test_the_upstream_examples_a_copy_carries_are_no_run_of_a_project_with_its_o
     assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == {"train.sh"}
 
 
+def test_a_launch_that_runs_the_checkouts_trainer_file_by_path_is_the_projects_run(tmp_path):
+    """giyushino/verl-thinking-budget (hundred-and-fourth set) keeps a checkout of verl in `verl/` and runs it with
+    `python $PWD/verl/verl/trainer/main_ppo.py ...` from its own script: that launch is its run, so the checkout's
+    upstream examples are none, and the k1 branch only they select never runs."""
+    own = LAUNCH.format(kind="low_var_kl").replace("python3 -m verl.trainer.main_ppo",
+                                                   "python $PWD/verl_repo/verl/trainer/main_ppo.py")
+    launches = {"scripts/train.sh": own, "verl_repo/examples/grpo_trainer/run_k1.sh": LAUNCH.format(kind="kl")}
+    found = _findings(tmp_path, launches, copy="verl_repo")
+    assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL002"]
+    assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == {"train.sh"}
+
+
+@pytest.mark.parametrize("line, module", [
+    ("python3 -m verl.trainer.main_ppo a=1", "verl.trainer.main_ppo"),
+    ("CUDA_VISIBLE_DEVICES=0 python $PWD/verl/verl/trainer/main_ppo.py \\", "verl/trainer/main_ppo"),
+    ("python -u verl/trainer/main_ppo.py a=1", "verl/trainer/main_ppo"),
+    ("python3 -m verl.trainer.main_generation a=1", None),  # generates, trains nothing
+    ("python verl/trainer/main_eval.py", None),
+    ("python3 scripts/prepare.py", None),
+])
+def test_a_verl_trainer_launch_is_read_by_module_or_by_file(line, module):
+    found = verl.LAUNCH.search(line)
+    assert (found.group(1) if found else None) == module
+
+
 def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
     """RL-Factory (fresh89) keeps its own launches in `examples/rl_factory/` and `recipe/travelplanner/`, folders
     verl's repository never had: they are the project's runs, flagged as such, and their k1 selects the k1 branch
@@ -108,6 +133,21 @@ def test_a_forks_own_launch_in_a_folder_upstream_never_had_is_its_run(tmp_path):
     found = _findings(tmp_path, launches)
     assert sorted({f.code for f in found if f.path.endswith("dp_actor.py")}) == ["KL001"]
     assert {f.path.split("/")[-2] for f in found if f.path.endswith(".sh")} == {"rl_factory", "travelplanner"}
+
+
+@pytest.mark.parametrize("readme, runs", [
+    ("Train with\n\n    bash examples/grpo_trainer/run_mine.sh\n", {"run_mine.sh"}),
+    ("See [our launch](examples/grpo_trainer/run_mine.sh).\n", set()),  # a link runs nothing: upstream's README has them
+])
+def test_a_launch_the_readme_runs_is_the_projects_run_in_a_folder_of_upstreams(tmp_path, readme, runs):
+    """yining610/dynamic-reward-weighting (hundred-and-fourth set), a fork of verl, keeps its own launches in
+    upstream's `examples/grpo_trainer/`, and its README runs them (`bash examples/grpo_trainer/run_qwen3-8b_
+    multiobjective_vanilla.sh`): they are its runs, reported, not upstream's examples."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "README.md").write_text(readme)
+    found = _findings(tmp_path, {"examples/grpo_trainer/run_mine.sh": LAUNCH.format(kind="kl"),
+                                 "scripts/train.sh": LAUNCH.format(kind="low_var_kl")})
+    assert {f.path.rsplit("/", 1)[-1] for f in found if f.path.endswith(".sh")} == {"train.sh"} | runs
 
 
 @pytest.mark.parametrize("project, recipe, runs", [
