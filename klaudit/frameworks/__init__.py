@@ -1553,10 +1553,12 @@ def lint_python(path: str, module: cst.Module | None, source: str, context: Cont
     """The findings of the framework configuration objects a Python module builds or defines (`module`:
     its LibCST tree where it was parsed)."""
     context = context or Context()
-    found = (_trl_python(path, module, source, context) + _tunix_python(path, module, source, context)
-             + _easydel_python(path, module, source, context)
-             + _trl_ppo_python(path, module, source, context) + _trlx_python(path, module, source, context)
-             + _verl_python(path, source, context))
+    # a copy of TRL's repository carried in the project keeps upstream's tests and examples, no runs of the project
+    upstream_trl = _in_carried_copy(path, trl.COPY_MODULE, trl.UPSTREAM_FOLDERS, context)
+    found = (([] if upstream_trl else _trl_python(path, module, source, context)
+              + _trl_ppo_python(path, module, source, context))
+             + _tunix_python(path, module, source, context) + _easydel_python(path, module, source, context)
+             + _trlx_python(path, module, source, context) + _verl_python(path, source, context))
     unique = {(f.line, f.column, f.code): f for f in reversed(found)}  # two calls of one dict: one report
     return [f for f in found if unique[(f.line, f.column, f.code)] is f]
 

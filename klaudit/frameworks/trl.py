@@ -47,6 +47,8 @@ from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps,
 from klaudit.frameworks.versions import Assumed, at_least, release
 
 NAME = "trl"
+COPY_MODULE = "trl/trainer/__init__.py"  # what a copy of TRL's repository carried in a project holds
+UPSTREAM_FOLDERS = ("examples", "tests", "docs")  # that copy's examples and tests, not the project's runs
 CONFIG_CLASSES = ("GRPOConfig",)
 BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")

@@ -132,7 +132,7 @@ def never_built(cls: str, path: str, project: Project) -> bool:
     def decided() -> bool:
         naming = {module: text for module in python_files(project) if cls in (text := project.raw_text(module) or "")}
         if _built_anywhere(cls, naming, project):
-            return False
+            return _built_only_upstream(cls, path, naming, project)
         return any(_built_in_a_comment(text, cls) for text in naming.values()) \
             or any(_built_by_code(sibling, package, project) for sibling, package in _exported_beside(cls, naming))
 
@@ -149,15 +149,42 @@ def _whole_project_holds(module: Path, project: Project) -> bool:
 _NAMING_FILES = _CONFIG_FILES + (".sh", ".bash", ".slurm", ".md", ".rst", ".txt")
 
 
-def _built_anywhere(cls: str, naming: dict[str, str], project: Project) -> bool:
+def _built_anywhere(cls: str, naming: dict[str, str], project: Project, left_out: Path | None = None) -> bool:
     """Whether a Python text of the project that names `cls` (`naming`: module -> text) uses it (also under a name it
     imports it as), but for an entry script that picks it by a flag every launch of it writes the other way
     (klaudit.lint.flag_choices), derives from it or decorates it, or a notebook, configuration, launch script or
-    document names it."""
+    document names it; with `left_out`, a carried checkout, not one in that checkout's upstream folders."""
     word = re.compile(rf"(?<!\w){re.escape(cls)}(?!\w)")
     return any(_built_in(text, cls) and not _picked_by_no_launch(cls, module, text, project) or _decorated(text, cls)
-               for module, text in naming.items()) \
-        or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",)))
+               for module, text in naming.items() if not _upstream_of(module, left_out)) \
+        or any(word.search(project.raw_text(path) or "") for path in _files(project, _NAMING_FILES + (".ipynb",))
+               if not _upstream_of(path, left_out))
+
+
+def _built_only_upstream(cls: str, path: str, naming: dict[str, str], project: Project) -> bool:
+    """Whether `cls` belongs to a checkout of another project carried in the linted one (a folder with its own
+    packaging below a linted root: NVlabs/GDPO's `trl-GDPO/trl-0.18.0-gdpo/`, a copy of TRL's repository) and only
+    that checkout's own tests, examples and documentation build it (TRL's GKDTrainer): upstream's uses, no run."""
+    checkout = _carried_checkout(Path(project.key(path)), project)
+    return checkout is not None and not _built_anywhere(cls, naming, project, left_out=checkout)
+
+
+_UPSTREAM_FOLDERS = ("tests", "examples", "docs")  # a carried checkout's own uses, not the project's
+
+
+def _carried_checkout(module: Path, project: Project) -> Path | None:
+    """The nearest project root above `module` that lies below a linted root, not that root itself."""
+    checkout = project_root(module.parent)
+    return checkout if checkout is not None and any(
+        checkout != root and checkout.is_relative_to(root) for root in project.roots) else None
+
+
+def _upstream_of(path: str, checkout: Path | None) -> bool:
+    """Whether `path` lies in one of the upstream folders of the carried `checkout`."""
+    if checkout is None or not Path(path).is_relative_to(checkout):
+        return False
+    parts = Path(path).relative_to(checkout).parts
+    return len(parts) > 1 and parts[0] in _UPSTREAM_FOLDERS
 
 
 def _picked_by_no_launch(cls: str, module: str, text: str, project: Project) -> bool:

@@ -486,8 +486,9 @@ def handed_on_elsewhere(name: str, path: str, project: Project, also: Sequence[s
 
 
 _DECLARATIONS = ("class", "def", "async", "import", "from", "#")  # the first word of a line that names without using
-# a line of `__all__ = ["train", "grpo_loss"]` or of its items alone, one per line: names exported, not used
-_EXPORTS = re.compile(r"""^\s*(__all__\s*\+?=\s*[\[(]?)?\s*(["']\w+["']\s*,?\s*)+[\])]?\s*$""")
+# a line of `__all__ = ["train", "grpo_loss"]` or of its items alone, one per line, or of a lazy package's
+# `_import_structure` (`"gkd_trainer": ["GKDTrainer"],`, as TRL and transformers write it): names exported, not used
+_EXPORTS = re.compile(r"""^\s*(__all__\s*\+?=\s*[\[(]?|["'][\w.]+["']\s*:\s*\[)?\s*(["']\w+["']\s*,?\s*)+[\])]?\s*,?\s*$""")
 
 
 def named_beyond_declarations(text: str, name: str, calls: bool = True) -> bool:

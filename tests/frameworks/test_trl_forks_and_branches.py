@@ -112,3 +112,22 @@ def test_a_class_imported_from_another_module_is_not_the_projects_own(tmp_path, 
     (tmp_path / "src" / "training").mkdir(parents=True)
     (tmp_path / "src" / "training" / "config.py").write_text(SUBCLASS)
     assert _codes(tmp_path, {"train.py": OPEN_R1_SCRIPT.format(module=module)}) == codes
+
+
+@pytest.mark.parametrize("where, reported", [
+    ("trl-copy/tests/test_grpo_trainer.py", False),  # upstream's tests in a checkout of TRL's repository
+    ("trl-copy/examples/scripts/grpo.py", False),
+    ("scripts/train.py", True),  # the project's own run
+])
+def test_a_checkout_of_trls_repository_keeps_upstreams_tests_and_examples(tmp_path, where, reported):
+    """NVlabs/GDPO (fresh104) carries TRL's repository in `trl-GDPO/trl-0.18.0-gdpo/`: its tests and examples build
+    GRPOConfig and PPOConfig by the dozen, none a run of the project."""
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    (tmp_path / "trl-copy" / "trl" / "trainer").mkdir(parents=True)
+    (tmp_path / "trl-copy" / "setup.py").write_text("from setuptools import setup\n\nsetup(name='trl')\n")
+    (tmp_path / "trl-copy" / "trl" / "trainer" / "__init__.py").write_text("")
+    script = tmp_path / where
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(SCRIPT.format(beta="0.04", extra=""))
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert any(f.path.endswith(where.rsplit("/", 1)[-1]) for f in found) is reported

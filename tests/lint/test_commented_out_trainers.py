@@ -9,6 +9,9 @@ the project builds nothing from, is a library's and stays judged (farming1604/GR
 no launcher, built by whoever imports the package). So is the class an entry picks by TRL's `use_vllm` where none
 of the entry's launches selects it (klaudit.lint.flag_choices): kokolerk/TON (fresh92) launches with `--use_vllm
 true`, so the entry's `Qwen2VLGRPOTrainer if not training_args.use_vllm else ...` never builds that trainer.
+NVlabs/GDPO (fresh104) carries a checkout of TRL's repository (`trl-GDPO/trl-0.18.0-gdpo/`, its own setup.py) and
+trains its GRPO trainer: the checkout's GKD, Nash-MD and PPO trainers are built only by upstream's tests, examples
+and documentation there, no run of the project.
 """
 
 from __future__ import annotations
@@ -110,6 +113,32 @@ def test_an_export_list_of_several_names_is_a_declaration_of_each():
     exports = 'from .a import A\nfrom .b import B\nfrom .c import C\n\n__all__ = ["A", "B", "C"]\n'
     assert not named_beyond_declarations(exports, "A")
     assert named_beyond_declarations(exports + "TRAINERS = [A]\n", "A")
+
+
+def test_a_lazy_packages_import_structure_is_a_declaration():
+    """TRL's and transformers' `_import_structure = {"gkd_trainer": ["GKDTrainer"], ...}` exports, it uses nothing."""
+    structure = '_import_structure = {\n    "gkd_trainer": ["GKDTrainer"],\n    "ppo_trainer": ["PPOTrainer", "PPOConfig"],\n}\n'
+    assert not named_beyond_declarations(structure, "GKDTrainer")
+    assert not named_beyond_declarations(structure, "PPOConfig")
+    assert named_beyond_declarations(structure + "TRAINERS = {'gkd': GKDTrainer}\n", "GKDTrainer")
+
+
+@pytest.mark.parametrize("user, found", [
+    ("tests/test_trainer.py", []),  # upstream's test of it, in the checkout: no run of the project
+    ("examples/train.py", []),
+    ("../train.py", [("grpo_trainer.py", "KL002")]),  # the project's own script builds it
+])
+def test_a_carried_checkouts_class_only_its_own_tests_build_is_built_by_no_run(tmp_path, user, found):
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    checkout = tmp_path / "lib-copy"
+    (checkout / "trainer").mkdir(parents=True)
+    (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup(name='lib')\n")
+    (checkout / "trainer" / "__init__.py").write_text("from .grpo_trainer import Qwen2VLGRPOTrainer\n")
+    (checkout / "trainer" / "grpo_trainer.py").write_text(TRAINER.format(name="Qwen2VLGRPOTrainer"))
+    script = checkout / user
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("from trainer import Qwen2VLGRPOTrainer\n\nQwen2VLGRPOTrainer(None).train()\n")
+    assert _found(tmp_path) == found
 
 
 CHOSEN_BY_FLAG = "    trainer_cls = Qwen2VLGRPOTrainer if not args.use_vllm else OmniGRPOTrainer"
