@@ -29,7 +29,15 @@ from klaudit.lint.facts import (
 from klaudit.lint.flow import FunctionRun
 from klaudit.lint.overrides import never_named, overridden_everywhere
 from klaudit.lint.passed_settings import passed_in_project
-from klaudit.lint.pinned import caller_pins, handing_on_zeros, rollout_references, written_out, zero_parameters
+from klaudit.lint.pinned import (
+    caller_pins,
+    calls_in_functions,
+    handing_on_zeros,
+    outside_calls_written,
+    rollout_references,
+    written_out,
+    zero_parameters,
+)
 from klaudit.lint.project import Project, is_installed_model
 from klaudit.lint.registries import registries
 from klaudit.lint.resolution import NameResolution
@@ -39,8 +47,6 @@ from klaudit.lint.syntax import (
     dotted,
     functions_and_methods,
     is_literal_choice,
-    last_name,
-    name_bindings,
     number_value,
     params,
     python_ast,
@@ -177,7 +183,6 @@ class Module:
         self._outside: dict[str, tuple[cst.Call, ...] | None] = {}  # function name -> the calls other modules make
         self._outside_sites: dict[str, list[tuple] | None] = {}  # those calls with the loops around each
         self._zeros: dict[str, frozenset[str]] = {}  # function name -> its parameters every call gives 0
-        self._rollout: dict[str, frozenset[str]] = {}  # function name -> its reference parameters given pi_old's
         self._overridden: dict[tuple[str, str], bool] = {}  # (class, method) -> whether every subclass replaces it
         self._calls_of = CallIndex()  # each function's calls in order, with their loops, and more: read once
         self._first_arguments: dict[str, frozenset[str]] = {}  # function name -> what its calls here are first given
@@ -279,40 +284,6 @@ class Module:
         uncalled_here = cls is None and func.name.value not in self._calls_of.called_names(self.tree)
         calls = self._outside_calls(func.name.value) if uncalled_here else None
         return caller_pins(func, calls) if calls else {}
-
-    def rollout_references(self, func: cst.FunctionDef, cls: str | None) -> frozenset[str]:
-        """klaudit.lint.pinned.rollout_references of a module function, from the calls other modules make of one
-        nothing here calls, else from the calls this module's functions make of one only they call (handing on
-        their own such parameters); none for a method, or a function also called in other ways."""
-        name = func.name.value
-        if cls is not None or not any(tensor_role(param.name.value) == REF for param in params(func)):
-            return frozenset()
-        if name not in self._rollout:
-            self._rollout[name] = frozenset()  # a function that calls itself hands its parameters on as they are
-            if name not in self._calls_of.called_names(self.tree):
-                sites = self._outside_call_sites(name) or []
-                calls: list[tuple[cst.Call, cst.CSTNode, frozenset[str]]] = [
-                    (written_out(call, other), _enclosing(other, call), frozenset())
-                         for other, _, made, index, _ in sites for call in [made[index][0]]]
-            elif self.called_only_here(func, cls):
-                calls = self._calls_in_functions(name)
-            else:
-                calls = []
-            self._rollout[name] = rollout_references(func, calls) if calls else frozenset()
-        return self._rollout[name]
-
-    def _calls_in_functions(self, name: str) -> list[tuple[cst.Call, cst.CSTNode, frozenset[str]]]:
-        """This module's calls of its function `name`, each with the module function that makes it and that
-        function's rollout references (those it never binds again); [] where one is made elsewhere (at module level,
-        in a method)."""
-        owners = {id(node): stmt for stmt in self.tree.body if type(stmt) is cst.FunctionDef
-                  for node in walk(stmt) if type(node) is cst.Call and last_name(node.func) == name}
-        calls = [node for node in walk(self.tree) if type(node) is cst.Call and last_name(node.func) == name]
-        if any(id(call) not in owners for call in calls):
-            return []
-        return [(written_out(call, self.tree), owners[id(call)],
-                 self.rollout_references(owners[id(call)], None) - name_bindings(owners[id(call)].body).keys())
-                for call in calls]
 
     def called_only_here(self, func: cst.FunctionDef, cls: str | None) -> bool:
         """Whether no other module calls this module function (nor sees it handed on as a value): what its
@@ -484,6 +455,7 @@ class Analyzer(NameResolution):
         # (id(module tree), class) -> {attribute: [right-hand sides]}
         self._self_values: dict[tuple[int, str], dict[str, list[cst.BaseExpression]]] = {}
         self._alone: dict[int, frozenset[int]] = {}  # id(function) -> the origins of the KL terms it sinks on its own
+        self._rollout: dict[tuple[int, str], frozenset[str]] = {}  # (id(module), function) -> rollout references
 
     def fields_of(self, module: Module) -> dict[str, Value]:
         """{field name: the KL facts the module's functions store into it}, for `obj.field` reads.
@@ -536,7 +508,7 @@ class Analyzer(NameResolution):
         env = _named_env(func)
         for name in module.zero_parameters(func, cls):  # a coefficient no call sets: 0 in every run
             env[name] = (tensor(Poly.const(0.0)),)
-        for name in module.rollout_references(func, cls):  # `ref_log_probs=old_log_probs` in every call
+        for name in self.rollout_references(module, func, cls):  # `ref_log_probs=old_log_probs` in every call
             env[name] = (tensor(Poly.atom(Atom(OLD, False))),)
         if self.read_fields:
             budget.start_function(func)
@@ -545,6 +517,24 @@ class Analyzer(NameResolution):
             more = FunctionRun(self, module, func, subclass, env, record=True).run()
             outcome.sinks.extend(replace(s, order=len(outcome.sinks)) for s in more.sinks)
         return outcome
+
+    def rollout_references(self, module: Module, func: cst.FunctionDef, cls: str | None) -> frozenset[str]:
+        """klaudit.lint.pinned.rollout_references of a module function, from the calls other modules make of one
+        nothing in its module calls, else from the calls its module's functions make of one only they call (handing
+        on their own such parameters); none for a method, or a function also called in other ways."""
+        name, key = func.name.value, (id(module), func.name.value)
+        if cls is not None or not any(tensor_role(param.name.value) == REF for param in params(func)):
+            return frozenset()
+        if key not in self._rollout:
+            self._rollout[key] = frozenset()  # a function that calls itself hands its parameters on as they are
+            if name not in module._calls_of.called_names(module.tree):
+                calls = outside_calls_written(module._outside_call_sites(name) or [])
+            elif module.called_only_here(func, cls):
+                calls = calls_in_functions(module.tree, name, lambda owner: self.rollout_references(module, owner, None))
+            else:
+                calls = []
+            self._rollout[key] = rollout_references(func, calls)
+        return self._rollout[key]
 
     def call(self, module: Module, func: cst.FunctionDef, cls: str | None, env: Env, fresh: bool = False,
              across: bool = False) -> Outcome:
@@ -653,18 +643,6 @@ class Analyzer(NameResolution):
                 found += [resolved for rhs in assigned if isinstance(rhs, cst.Name)
                           and (resolved := self.resolve(base_module, rhs, None)) is not None]
         return found
-
-
-def _enclosing(tree: cst.Module, node: cst.CSTNode) -> cst.CSTNode:
-    """The outermost function of `tree` that holds `node` (a method's class holds it as a function too), else `tree`."""
-    for stmt in tree.body:
-        scopes = [stmt] if type(stmt) is cst.FunctionDef else [item for item in stmt.body.body
-                                                                 if type(item) is cst.FunctionDef] \
-            if type(stmt) is cst.ClassDef else []
-        for scope in scopes:
-            if any(inner is node for inner in walk(scope)):
-                return scope
-    return tree
 
 
 def _named_env(func: cst.FunctionDef) -> Env:

@@ -62,6 +62,39 @@ def rollout_references(func: cst.FunctionDef, calls: Iterable[tuple[cst.Call, cs
         rollout(value, scope, held) for value, (_, scope, held) in zip(values, written)))
 
 
+def outside_calls_written(sites: Iterable[tuple]) -> list[tuple[cst.Call, cst.CSTNode, frozenset[str]]]:
+    """The calls of klaudit.lint.update_loops.outside_call_sites, written out (`written_out`), each with the function
+    (or module) it is made in and no names held, as `rollout_references` takes them."""
+    return [(written_out(call, other), _enclosing(other, call), frozenset())
+            for other, _, made, index, _ in sites for call in [made[index][0]]]
+
+
+def calls_in_functions(tree: cst.Module, name: str, held: Callable[[cst.FunctionDef], frozenset[str]]
+                       ) -> list[tuple[cst.Call, cst.CSTNode, frozenset[str]]]:
+    """The calls of `tree`'s function `name`, written out, each with the module function that makes it and the
+    parameters `held` says hold the rollout policy's log-probs there (those it never binds again), as
+    `rollout_references` takes them; [] where one is made elsewhere (at module level, in a method)."""
+    owners = {id(node): stmt for stmt in tree.body if type(stmt) is cst.FunctionDef
+              for node in walk(stmt) if type(node) is cst.Call and last_name(node.func) == name}
+    calls = [node for node in walk(tree) if type(node) is cst.Call and last_name(node.func) == name]
+    if any(id(call) not in owners for call in calls):
+        return []
+    return [(written_out(call, tree), owners[id(call)], held(owners[id(call)]) - name_bindings(owners[id(call)].body).keys())
+            for call in calls]
+
+
+def _enclosing(tree: cst.Module, node: cst.CSTNode) -> cst.CSTNode:
+    """The outermost function of `tree` that holds `node` (a method's class holds it as a function too), else `tree`."""
+    for stmt in tree.body:
+        scopes = [stmt] if type(stmt) is cst.FunctionDef else [item for item in stmt.body.body
+                                                                 if type(item) is cst.FunctionDef] \
+            if type(stmt) is cst.ClassDef else []
+        for scope in scopes:
+            if any(inner is node for inner in walk(scope)):
+                return scope
+    return tree
+
+
 def _aliased(value: cst.BaseExpression, bindings: Mapping[str, list]) -> str:
     """The last name of the chain a scope binds once from name to name (`ref = old_logps`: `old_logps`), from
     `value`; "" where `value` is no name."""
