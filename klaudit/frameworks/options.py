@@ -117,9 +117,20 @@ class Options:
         taken only when it is on never runs. A library whose configs leave it off but whose tests turn it on
         (NeMo-RL's `use_kl_in_reward`) offers it to its users."""
         launched = launched_switches(self.scripts, name)
-        if not launched or name in self.switched_in_code:
+        if name in self.switched_in_code:
             return False
+        if not launched:
+            return self._declared_off_and_left(name)
         return all(value.lower() == "false" for value in (*configured_values(self.configs, name), *launched))
+
+    def _declared_off_and_left(self, name: str) -> bool:
+        """Whether every declaration of the option `name` leaves it False (argparse's `action="store_true"`), a
+        script that declares it is one the project's launches run, and no launch, no linted YAML file and no code
+        turns it on: OpenRLHF's `--use_kl_estimator_k3` in a copy whose launches never pass it."""
+        declared = self.given.get(name, {})
+        return bool(declared) and all(value.value == "False" for values in declared.values() for value in values) \
+            and any(str(Path(path).resolve()) in self.run for path in declared) \
+            and not configured_values(self.configs, name)
 
     def environment_read(self, calls: Sequence[tuple[str, Sequence[str | None]]], line: int) -> Default | None:
         """The value a keyword set to an environment read has (`beta=float(os.environ.get("GRPO_BETA", "0.0"))`):

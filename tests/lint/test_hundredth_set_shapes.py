@@ -83,3 +83,33 @@ def test_a_switch_a_unit_test_turns_on_is_an_option_the_branch_may_take(tmp_path
     `use_kl_in_reward=kl_reward`, True in one case: its users may take it."""
     test = "def test_kl_loss():\n    run(use_kl_loss=True)\n"
     assert _codes(tmp_path, "False", "false", test=test) == ON
+
+
+ENTRY = """\
+import argparse
+
+from trainer import PPOTrainer
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--use_kl_loss", action="store_true", default=False)
+    parser.add_argument("--kl_coef", type=float, default=0.01)
+    args = parser.parse_args()
+    PPOTrainer(args, None, None).training_step(None)
+"""
+
+
+@pytest.mark.parametrize("launch, expected", [
+    ("python train_ppo.py --kl_coef 0.05\n", []),  # the script's store-true flag, which no launch passes: off
+    ("python train_ppo.py --kl_coef 0.05 --use_kl_loss\n", ON),  # a launch passes it
+    ("python other.py --kl_coef 0.05\n", ON),  # no launch runs the script that declares it: a library's choice
+])
+def test_a_store_true_flag_no_launch_of_its_script_passes_is_off(tmp_path, launch, expected):
+    """ai-wand/concise-reasoning (fresh104) carries OpenRLHF whose `train_ppo_ray_box.py` declares
+    `--use_kl_estimator_k3` (store-true, default False) and whose every launch leaves it out: the k3 branch of the
+    copy's KL reward never runs (KL004, a false alarm)."""
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "train_ppo.py").write_text(ENTRY)
+    (tmp_path / "run.sh").write_text(launch)
+    result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
+    assert sorted((f.path.rsplit("/", 1)[-1], f.line, f.code) for f in result.findings) == expected
