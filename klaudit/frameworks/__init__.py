@@ -319,7 +319,8 @@ def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copie
                          context: Context) -> tuple[tuple[str, ...], tuple[str, ...], verl_runs.Choices]:
     """What the project's `own` launches of its verl `copies` show of them (klaudit.frameworks.verl_runs): the code of
     the copies no run reaches (the distillation folders, where no launch or YAML file of the project turns
-    distillation on; the Megatron actor, where no launch trains with Megatron; the recipes no launch runs and no
+    distillation on; the Megatron actor, where no launch trains with Megatron; the model engine's losses, where the
+    copy's legacy workers train every launch; the recipes no launch runs and no
     module of the project outside them imports), the copies again where every launch takes one optimizer step per
     rollout, whose KL terms are then on fresh samples, and the values the launches that may take several give the
     KL switches."""
@@ -333,6 +334,8 @@ def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copie
         dormant += [str(Path(copy) / verl_runs.DISTILLATION_PACKAGE) for copy in copies]
     if verl_runs.megatron_never_run(launched):
         dormant += [str(Path(copy) / verl.MEGATRON_ACTOR) for copy in copies]
+    dormant += [str(Path(copy) / verl.ENGINE_LOSSES) for copy in copies
+                if verl_runs.model_engine_never_run(launched, verl.legacy_workers_default(Path(copy)))]
     for copy in copies:
         dormant += verl_runs.unlaunched_recipes(Path(copy), [text or "" for text, _ in launched], sources)
     one_step = verl_runs.one_step_per_rollout(launched)

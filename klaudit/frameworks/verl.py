@@ -444,6 +444,7 @@ def first_update_at_zero_lr(copy: Path | None) -> bool:
 
 STRATEGY = "actor_rollout_ref.actor.strategy"
 MEGATRON_ACTOR = "verl/workers/actor/megatron_actor.py"
+ENGINE_LOSSES = "verl/workers/utils/losses.py"  # the model-engine workers' policy and KL losses
 _ACTORS = {False: "verl/workers/actor/dp_actor.py", True: MEGATRON_ACTOR}
 
 

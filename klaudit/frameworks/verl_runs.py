@@ -54,6 +54,7 @@ from klaudit.frameworks.verl import (
     KL_LOSS_TYPE,
     KL_PENALTY,
     LAUNCH,
+    LEGACY_WORKERS,
     LOSS_AGG_MODE,
     STEP_DEFAULTS,
     STRATEGY,
@@ -284,6 +285,15 @@ def megatron_never_run(launched: Iterable[tuple[str | None, Mapping[str, Setting
     return bool(runs) and not any(
         runs_megatron(settings, text) or "megatron" in (text or "").lower()
         or STRATEGY in settings and settings[STRATEGY].value is None for text, settings in runs)
+
+
+def model_engine_never_run(launched: Iterable[tuple[str | None, Mapping[str, Setting]]], default: str | None) -> bool:
+    """Whether no run builds verl's model-engine workers, whose loss module (`verl/workers/utils/losses.py`) holds
+    their KL loss: the copy keeps the legacy workers by default (`trainer.use_legacy_worker_impl` `auto` or
+    `enable`, `default`), and of at least one launch none sets it otherwise or to a value the lint cannot read."""
+    runs = list(launched)
+    return default in ("auto", "enable") and bool(runs) and all(
+        LEGACY_WORKERS not in settings or settings[LEGACY_WORKERS].value in ("auto", "enable") for _, settings in runs)
 
 
 def unlaunched_recipes(copy: Path, launches: Iterable[str], sources: Mapping[str, str]) -> list[str]:

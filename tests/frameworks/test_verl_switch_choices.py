@@ -345,3 +345,19 @@ def test_a_recipes_own_trainer_over_the_copy_is_a_run_and_a_generation_launch_is
     launch = LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo", "dapo.main_dapo")
     launches = {"scripts/train.sh": launch, "scripts/eval.sh": GENERATION}
     assert _actor_codes(tmp_path, launches, recipe) == ["KL002"]
+
+
+ENGINE_LOSSES = ACTOR.replace("class Actor:", "class EngineLoss:")
+
+
+@pytest.mark.parametrize("workers, reported", [
+    ("", False),  # the copy's default `auto`: the legacy workers train, and the engine's losses never run
+    (" trainer.use_legacy_worker_impl=disable", True),  # the launch picks the model engine
+])
+def test_the_model_engines_losses_run_only_where_a_launch_picks_the_engine(tmp_path, workers, reported):
+    """giyushino/verl-thinking-budget (fresh104) carries verl 0.7.0.dev, whose default workers are the legacy ones
+    (`use_legacy_worker_impl: auto`): the KL loss of `verl/workers/utils/losses.py`, the model engine's, is no run's."""
+    extra = {"verl_repo/verl/workers/utils/losses.py": ENGINE_LOSSES, "verl_repo/verl/workers/fsdp_workers.py": ""}
+    launch = LAUNCH.format(kind="low_var_kl").replace(" trainer.total_epochs=1", f" trainer.total_epochs=1{workers}")
+    found = _findings(tmp_path, {"scripts/train.sh": launch}, extra, copy="verl_repo")
+    assert any(f.path.endswith("losses.py") for f in found) is reported
