@@ -397,12 +397,27 @@ def _assigns(code: str) -> bool:
 
 
 def only_command(text: str, offset: int) -> str:
-    """`text` with the lines of the command at character `offset` and the shell variable assignments kept,
-    every other line blank (positions stay): the flags of one launch of a script that runs several."""
+    """`text` with the lines of the command at character `offset`, the shell variable assignments and the
+    elements of the bash arrays the command expands (`swift rlhf "${COMMON_ARGS[@]}"` after `COMMON_ARGS=(`, a
+    word a line, `)`, and its `COMMON_ARGS+=(` additions) kept, every other line blank (positions stay): the flags
+    of one launch of a script that runs several."""
     lines = text.splitlines()
     first, last = command_span(lines, text.count("\n", 0, offset))
-    return "\n".join(line if first <= index <= last or _assigns(_code_of(line)) else ""
+    arrays = _array_lines(lines, set(_EXPANSION.findall("\n".join(lines[first:last + 1]))))
+    return "\n".join(line if first <= index <= last or index in arrays or _assigns(_code_of(line)) else ""
                      for index, line in enumerate(lines)) + "\n"
+
+
+def _array_lines(lines: list[str], names: Collection[str]) -> set[int]:
+    """The indices of the lines of every assignment (`NAME=(` or `NAME+=(`, a word a line, `)`) of the bash arrays
+    `names`."""
+    inside: set[int] = set()
+    for index, line in enumerate(lines):
+        opened = _ARRAY_OPENS.match(line) if names else None
+        if opened is not None and opened.group("name") in names:
+            closing = next((i for i in range(index + 1, len(lines)) if _ARRAY_CLOSES.match(lines[i])), index)
+            inside.update(range(index, closing + 1))
+    return inside
 
 
 def shell_overrides(text: str, sourced: Mapping[int, Sourced] | None = None) -> dict[str, Setting]:

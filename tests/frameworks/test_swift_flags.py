@@ -168,6 +168,27 @@ def test_an_array_in_a_function_and_a_command_after_an_array_are_told_apart():
 
 
 
+
+def test_the_arrays_a_command_expands_give_its_flags():
+    """oneal2000/Judge-R1 (fresh105) keeps the flags of its main run in a bash array, `COMMON_ARGS=(` a flag a line
+    `)`, which `swift rlhf "${COMMON_ARGS[@]}"` expands after other commands: they are that launch's flags, and so
+    are those an append (`COMMON_ARGS+=(`) adds. An array the command does not expand gives it none."""
+    text = ("COMMON_ARGS=(\n"
+            "  --rlhf_type grpo\n"
+            "  --beta 0.05\n"
+            ")\n"
+            "COMMON_ARGS+=(\n"
+            "  --num_iterations 2\n"
+            ")\n"
+            "OTHER=(\n"
+            "  --loss_type dapo\n"
+            ")\n"
+            'echo "training"\n'
+            'swift rlhf \\\n  "${COMMON_ARGS[@]}"\n')
+    assert codes(text=text) == [(2, "KL007"), (3, "KL002"), (6, "KL008")]
+    assert codes(text=text.replace("${COMMON_ARGS[@]}", "${OTHER[@]}")) == []
+
+
 @pytest.mark.parametrize("plugins, found", [
     ("train/reward/accuracy.py", True),  # the plugin is a file of the project: the command trains
     ("train/accuracy.py train/reward/accuracy.py", False),  # one is no file: ms-swift's import fails first
