@@ -493,12 +493,13 @@ def _in_package(path: str, module: str, context: Context) -> bool:
 
 
 def _in_carried_copy(path: str, module: str, folders: Collection[str], context: Context) -> bool:
-    """Whether the file at `path` lies in one of `folders` (`examples/`) of a framework's copy that holds `module`
-    inside the linted project, not the linted root itself: upstream's launches, which the project does not run."""
+    """Whether the file at `path` lies in one of `folders` (`examples`, `examples/scripts`) of a framework's copy that
+    holds `module` inside the linted project, not the linted root itself: upstream's launches, which the project does
+    not run."""
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
     return (copy is not None and str(copy[1]) not in context.roots and file.is_relative_to(copy[1])
-            and file.relative_to(copy[1]).parts[0] in folders)
+            and any(file.relative_to(copy[1]).as_posix().startswith(f"{folder}/") for folder in folders))
 
 
 def _upstream_launch(path: str, module: str, context: Context) -> bool:
@@ -1148,6 +1149,8 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     """OpenRLHF's and TRL's command-line options in a script that launches their trainer."""
     found: list[Finding] = []
     launch = openrlhf.LAUNCH.search(text)
+    if launch and _in_carried_copy(path, openrlhf.REWARD_MODULE, openrlhf.UPSTREAM_FOLDERS, context):
+        launch = None  # upstream's example launches, kept in a checkout of OpenRLHF the project carries
     assumed = context.release(openrlhf.NAME, path)
     if launch and assumed.source != "pinned":  # the project's own copy of OpenRLHF, if it carries one, is run
         assumed = vendored(path, openrlhf.NAME, launch.group().replace(".", "/") + ".py", context.roots) or assumed

@@ -75,6 +75,9 @@ DEFAULTS = {USE_LOSS: "False", ESTIMATOR: "k1", COEF: "0.01", UNBIASED: "False",
 ADVANTAGES = ("gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
 POLICY_AGGREGATIONS = {"token-mean": Aggregation.BATCH_MEAN, "seq-mean-token-mean": Aggregation.SEQ_MEAN}
 
+# where OpenRLHF's repository keeps its own launches (`train_ppo_llama_ray.sh`): in a checkout a project carries,
+# upstream's examples, not the project's runs (concise-reasoning keeps its own in `examples/script/`)
+UPSTREAM_FOLDERS = ("examples/scripts", "tests")
 OPEN = "*"  # in fields/openrlhf_options.txt, the option of a module that some release's parser leaves open
 FLAT = {key: flat for flat, key in FLAGS.items() if flat != key}  # the 0.6-0.10 spelling of a key
 

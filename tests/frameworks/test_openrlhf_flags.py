@@ -381,3 +381,27 @@ def test_an_installed_release_refuses_an_option_no_release_has(tmp_path, option,
     launch = ("python3 -m openrlhf.cli.train_ppo_ray --rollout.batch_size 128 --train.batch_size 128 --algo.kl.use_loss "
               f"--algo.kl.estimator k3 {option}\n")
     assert launch_codes(tmp_path, launch) == expected
+
+
+@pytest.mark.parametrize("where, reported", [
+    ("RL/examples/scripts/train_ppo_llama_ray.sh", False),  # upstream's launch in the checkout the project carries
+    ("RL/examples/script/R1_on_math.sh", True),  # a folder of the project's own in the checkout (concise-reasoning)
+    ("examples/step2.sh", True),  # the project's own launch outside the checkout
+])
+def test_a_carried_checkouts_example_launches_are_upstreams(tmp_path, where, reported):
+    """WooooDyy/Critique-RL (fresh105) carries OpenRLHF's repository in `RL/` (its own setup.py) with upstream's
+    `examples/scripts/train_ppo_llama*.sh`, which the project never runs: their flags are no run of it."""
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    checkout = tmp_path / "RL"
+    (checkout / "openrlhf" / "models").mkdir(parents=True)
+    (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup(name='openrlhf')\n")
+    (checkout / "version.txt").write_text("0.11.2\n")
+    (checkout / "openrlhf" / "models" / "utils.py").write_text("def compute_reward(r, kl_coef, kl):\n"
+                                                               "    return r - kl_coef * kl\n")
+    (checkout / "openrlhf" / "cli").mkdir()
+    (checkout / "openrlhf" / "cli" / "train_ppo_ray.py").write_text("import sys\n")
+    launch = tmp_path / where
+    launch.parent.mkdir(parents=True, exist_ok=True)
+    launch.write_text(LAUNCH.format(flags="--algo.kl.use_loss --algo.kl.estimator k3"))
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert any(f.path.endswith(where.rsplit("/", 1)[-1]) for f in found) is reported
