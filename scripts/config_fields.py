@@ -1,5 +1,5 @@
-"""Write the keywords some release of TRL's GRPOConfig accepts, and the options some release of OpenRLHF's
-trainers accepts, for the lint.
+"""Write the keywords some release of TRL's GRPOConfig accepts, the options some release of OpenRLHF's trainers
+accepts and the Hydra configs some release of verl ships, for the lint.
 
 A `GRPOConfig(...)` call with a keyword no release takes (`max_new_tokens=`, `num_generation_per_prompt=`) raises
 a TypeError before anything trains, so its KL flags train nothing. klaudit reads the accepted keywords from
@@ -17,6 +17,12 @@ with every option some release's argparse adds (a `*` where a release's parser l
     python scripts/config_fields.py --openrlhf openrlhf-*.whl > klaudit/frameworks/fields/openrlhf_options.txt
 
 A launch that passes an option no release has (`--max_turn 5`) stops at argparse whatever is installed.
+
+With `--verl`, the wheels are verl's, and what is written is the name of each Hydra config some release ships in
+`verl/trainer/config/`; a launch of verl as installed that names another (and the project has no such file) stops
+before anything trains:
+
+    python scripts/config_fields.py --verl verl-*.whl > klaudit/frameworks/fields/verl_configs.txt
 """
 
 from __future__ import annotations
@@ -63,6 +69,21 @@ def openrlhf_options(wheels: list[str]) -> None:
     print("\n".join(f"{module} {option}" for module in sorted(accepted) for option in sorted(accepted[module])))
 
 
+def verl_configs(wheels: list[str]) -> None:
+    """Print the name of each config some wheel ships at `verl/trainer/config/<name>.yaml`."""
+    names: set[str] = set()
+    versions: list[str] = []
+    for wheel in wheels:
+        match = re.search(r"verl-([^-]+)-", wheel)
+        versions.append(match.group(1) if match else wheel)
+        with zipfile.ZipFile(wheel) as archive:
+            names |= {found.group(1) for name in archive.namelist()
+                      if (found := re.search(r"(?:^|/)verl/trainer/config/([\w.-]+)\.yaml$", name))}
+    print(f"# Hydra configs some verl release ships, read by scripts/config_fields.py --verl from: "
+          f"{', '.join(sorted(versions, key=_release))}")
+    print("\n".join(sorted(names)))
+
+
 def _release(version: str) -> tuple[int, ...]:
     """A version's numbers, for sorting (0.10 after 0.9)."""
     return tuple(int(part) for part in re.findall(r"\d+", version))
@@ -85,5 +106,7 @@ def main(wheels: list[str]) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--openrlhf"]:
         openrlhf_options(sys.argv[2:])
+    elif sys.argv[1:2] == ["--verl"]:
+        verl_configs(sys.argv[2:])
     else:
         main(sys.argv[1:])

@@ -890,8 +890,8 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
     which only its own YAML has, read by a launch of the stock `ppo_trainer`)."""
     module = launch.group(1).replace(".", "/") + ".py"
     holder = copy_holding(path, module, context.roots) if path else None
-    if holder is None:
-        return False  # verl as installed: its configs are not read
+    if holder is None:  # verl as installed: its configs are not read, but the one a launch names must exist
+        return _names_a_config_none_has(text, launch, context)
     if imports and import_failure(holder[1], module) is not None:
         return True
     after = _command_after(text, launch)
@@ -900,6 +900,18 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
     main, cwd = holder[1] / module, holder[1]  # `python -m` imports the copy from the folder the run starts in
     return (hydra_keys.refused_launch(after, main, text, cwd) is not None
             or hydra_keys.missing_read(after, main, text, cwd) is not None)
+
+
+def _names_a_config_none_has(text: str, launch: re.Match, context: Context) -> bool:
+    """Whether a launch of verl as installed names a `--config-name` that no published release ships
+    (`verl.released_configs`) and no YAML file of the linted project has (LLM4Decompile's
+    `ppo_trainer-lm4dc.yaml`): Hydra stops before anything trains."""
+    named = CONFIG_NAME.search(_command_after(text, launch) or "")
+    if named is None or not context.roots:
+        return False  # no config named, or the project's files are not known here
+    name = Path(named.group("name")).name.removesuffix(".yaml")
+    return name not in verl.released_configs() and not any(
+        True for root in context.roots if Path(root).is_dir() for _ in Path(root).rglob(f"{name}.yaml"))
 
 
 def _command_after(text: str, launch: re.Match) -> str | None:

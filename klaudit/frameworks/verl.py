@@ -390,6 +390,14 @@ def legacy_workers_default(copy: Path | None) -> str | None:
     return found.group(1) if found else "auto"
 
 
+@functools.cache
+def released_configs() -> frozenset[str]:
+    """The names of the Hydra configs some published release ships in `verl/trainer/config/` (`ppo_trainer`):
+    klaudit/frameworks/fields/verl_configs.txt, written by scripts/config_fields.py --verl from the wheels."""
+    text = (Path(__file__).parent / "fields" / "verl_configs.txt").read_text(encoding="utf-8")
+    return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
 TRAINER_FILE, MAIN_FILE = "verl/trainer/ppo/ray_trainer.py", "verl/trainer/main_ppo.py"
 # `if not self.config.actor_rollout_ref.actor.use_kl_loss:` (or `.get('use_kl_loss', False)`), then, past any
 # comment lines, the penalty

@@ -1000,3 +1000,23 @@ def test_a_config_path_named_by_shell_variables_and_its_search_path_are_composed
         f"    actor_rollout_ref.actor.use_kl_loss=True {words}\n")
     result = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1)
     assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
+
+
+@pytest.mark.parametrize("name, own, reported", [
+    ("ppo_trainer", False, True),  # a config every release ships
+    ("'ppo_trainer-lm4dc.yaml'", False, False),  # no release ships it, nor the project: Hydra stops at the start
+    ("ppo_trainer-lm4dc", True, True),  # the project has it (a config folder of its own)
+])
+def test_a_config_name_no_release_nor_the_project_has_stops_the_launch(tmp_path, name, own, reported):
+    """codingwatching/LLM4Decompile (fresh105) runs verl as installed with `--config-name='ppo_trainer-lm4dc.yaml'`,
+    a config no release of verl ships (klaudit/frameworks/fields/verl_configs.txt) and the project lacks."""
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    if own:
+        (tmp_path / "config").mkdir()
+        (tmp_path / "config" / "ppo_trainer-lm4dc.yaml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n")
+    (tmp_path / "run.sh").write_text("python3 -m verl.trainer.main_ppo --config-path=config \\\n"
+                                     f"    --config-name={name} \\\n"
+                                     "    actor_rollout_ref.actor.use_kl_loss=True \\\n"
+                                     "    actor_rollout_ref.actor.kl_loss_type=low_var_kl\n")
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert any(f.code == "KL002" for f in found) is reported
