@@ -33,6 +33,7 @@ from klaudit.lint.pinned import (
     caller_pins,
     calls_in_functions,
     handing_on_zeros,
+    may_hand_rollout_as_reference,
     outside_calls_written,
     rollout_references,
     written_out,
@@ -523,7 +524,8 @@ class Analyzer(NameResolution):
         nothing in its module calls, else from the calls its module's functions make of one only they call (handing
         on their own such parameters); none for a method, or a function also called in other ways."""
         name, key = func.name.value, (id(module), func.name.value)
-        if cls is not None or not any(tensor_role(param.name.value) == REF for param in params(func)):
+        if cls is not None or not any(tensor_role(param.name.value) == REF for param in params(func)) \
+                or not may_hand_rollout_as_reference(module.project):
             return frozenset()
         if key not in self._rollout:
             self._rollout[key] = frozenset()  # a function that calls itself hands its parameters on as they are

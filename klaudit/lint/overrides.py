@@ -173,10 +173,18 @@ _UPSTREAM_FOLDERS = ("tests", "examples", "docs")  # a carried checkout's own us
 
 
 def _carried_checkout(module: Path, project: Project) -> Path | None:
-    """The nearest project root above `module` that lies below a linted root, not that root itself."""
+    """The nearest project root above `module` that lies below a linted root, not that root itself, where that root
+    is a repository of its own (a packaging or version-control marker, or a README at its top) and not a folder that
+    merely holds several projects side by side."""
     checkout = project_root(module.parent)
     return checkout if checkout is not None and any(
-        checkout != root and checkout.is_relative_to(root) for root in project.roots) else None
+        checkout != root and checkout.is_relative_to(root) and _a_repository(root) for root in project.roots) else None
+
+
+def _a_repository(folder: Path) -> bool:
+    """Whether `folder` is a project of its own: a project root, or a README at its top (an archive of a repository
+    has no .git)."""
+    return is_project_root(folder) or any(folder.glob("README*"))
 
 
 def _upstream_of(path: str, checkout: Path | None) -> bool:

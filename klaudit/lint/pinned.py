@@ -18,6 +18,7 @@ import libcst as cst
 from klaudit.frameworks.options import OPTION_HOLDER, Default, Options
 from klaudit.lint.algebra import OLD, REF
 from klaudit.lint.facts import SwitchValue
+from klaudit.lint.project import Project, python_files
 from klaudit.lint.roles import tensor_role
 from klaudit.lint.syntax import int_literal, last_name, name_bindings, number_value, params, text_of, walk
 
@@ -38,6 +39,18 @@ def zero_parameters(func: cst.FunctionDef, calls: Iterable[cst.Call]) -> frozens
     given = _given(func, calls)
     return frozenset(name for name, values in (given or {}).items()
                      if values and all(value is not None and number_value(value) == 0 for value in values))
+
+
+# a reference-named name bound, or handed as a keyword, to an old-named one (`ref_log_probs = old_log_probs`,
+# `ref_logps=old_logps`): the text that `rollout_references` can find, looked for first so that projects without it
+# pay nothing
+_ROLLOUT_AS_REFERENCE = re.compile(r"(?im)(?:^\s*\w*ref\w*\s*=\s*\w*old\w*\s*(?:#.*)?$|[(,]\s*\w*ref\w*\s*=\s*\w*old\w*\s*[,)])")
+
+
+def may_hand_rollout_as_reference(project: Project) -> bool:
+    """Whether some Python text of the project binds or hands a reference-named name an old-named one."""
+    return project.remembered(("rollout as reference",), lambda: any(
+        _ROLLOUT_AS_REFERENCE.search(project.raw_text(path) or "") for path in python_files(project)))
 
 
 def rollout_references(func: cst.FunctionDef, calls: Iterable[tuple[cst.Call, cst.CSTNode, frozenset[str]]]

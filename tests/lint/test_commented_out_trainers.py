@@ -182,3 +182,17 @@ def test_a_launch_by_module_or_from_another_folder_picks_by_the_flag_too(tmp_pat
     folder = tmp_path if launch.startswith("cd") else tmp_path / "code"
     (folder / "run.sh").write_text(launch)
     assert _found(tmp_path) == [("omni_trainer.py", "KL002")]
+
+
+def test_a_folder_of_projects_side_by_side_carries_none_of_them(tmp_path):
+    """A folder that only holds several checkouts (no packaging, no README of its own: `klaudit lint ~/src`) is no
+    project carrying them: each is a library whose tests build its trainer, and stays judged."""
+    checkout = tmp_path / "lib-copy"
+    (checkout / "trainer").mkdir(parents=True)
+    (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup(name='lib')\n")
+    (checkout / "trainer" / "__init__.py").write_text("from .grpo_trainer import Qwen2VLGRPOTrainer\n")
+    (checkout / "trainer" / "grpo_trainer.py").write_text(TRAINER.format(name="Qwen2VLGRPOTrainer"))
+    (checkout / "tests").mkdir()
+    (checkout / "tests" / "test_trainer.py").write_text(
+        "from trainer import Qwen2VLGRPOTrainer\n\nQwen2VLGRPOTrainer(None).train()\n")
+    assert _found(tmp_path) == [("grpo_trainer.py", "KL002")]
