@@ -44,7 +44,7 @@ from pathlib import Path
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.calls import last_name
 from klaudit.frameworks.settings import Judged, Setting, more_responses_per_micro_batch, number, truthy
-from klaudit.frameworks.versions import Assumed, at_least
+from klaudit.frameworks.versions import Assumed, at_least, release_fields
 from klaudit.text import file_text
 
 NAME = "openrlhf"
@@ -241,8 +241,7 @@ def released_parser(module: str) -> CopyParser | None:
     """The options that some published release's `module` (`openrlhf/cli/train_ppo_ray.py`) accepts, closed where
     every release's parser is: klaudit/frameworks/fields/openrlhf_options.txt, written by scripts/config_fields.py
     from the wheels. An option in none of them stops the launch under any release. None: no release has `module`."""
-    lines = (Path(__file__).parent / "fields" / "openrlhf_options.txt").read_text(encoding="utf-8").splitlines()
-    rows = [line.split() for line in lines if line and not line.startswith("#")]
+    rows = [line.split() for line in release_fields("openrlhf_options.txt")]
     options = frozenset(option for name, option in rows if name == module and option != OPEN)
     closed = [module, OPEN] not in rows
     return CopyParser(options, {}, closed, merged=True) if options else None

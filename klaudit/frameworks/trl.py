@@ -40,15 +40,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from klaudit.catalog import Aggregation, Config, Estimator, Returns, Sampling
 from klaudit.frameworks.settings import Judged, Setting, generation_spans_steps, shown
-from klaudit.frameworks.versions import Assumed, at_least, release
+from klaudit.frameworks.versions import CHECKOUT_UPSTREAM_FOLDERS, Assumed, at_least, release, release_fields
 
 NAME = "trl"
 COPY_MODULE = "trl/trainer/__init__.py"  # what a copy of TRL's repository carried in a project holds
-UPSTREAM_FOLDERS = ("examples", "tests", "docs")  # that copy's examples and tests, not the project's runs
+UPSTREAM_FOLDERS = CHECKOUT_UPSTREAM_FOLDERS  # that copy's examples and tests, not the project's runs
 CONFIG_CLASSES = ("GRPOConfig",)
 BETA, CORRECTION, ITERATIONS, LOSS_TYPE, LEVEL = (
     "beta", "use_bias_correction_kl", "num_iterations", "loss_type", "importance_sampling_level")
@@ -220,8 +219,7 @@ def refuses_batches(settings: Mapping[str, Setting], assumed: Assumed, one_proce
 def accepted_keywords() -> frozenset[str]:
     """Every keyword some release of GRPOConfig (0.14 to 1.16, over the TrainingArguments of transformers 4.46 to 5.25)
     takes: klaudit/frameworks/fields/grpo_config.txt, written by scripts/config_fields.py from their wheels."""
-    text = (Path(__file__).parent / "fields" / "grpo_config.txt").read_text(encoding="utf-8")
-    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return frozenset(release_fields("grpo_config.txt"))
 
 
 def refused_keywords(keys: Iterable[str]) -> list[str]:

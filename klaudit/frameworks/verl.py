@@ -62,7 +62,7 @@ from klaudit.frameworks.settings import (
     steps_per_rollout,
     truthy,
 )
-from klaudit.frameworks.versions import DEFAULT, Assumed, at_least
+from klaudit.frameworks.versions import DEFAULT, Assumed, at_least, release_fields
 from klaudit.text import file_text, read_text
 
 NAME = "verl"
@@ -394,8 +394,7 @@ def legacy_workers_default(copy: Path | None) -> str | None:
 def released_configs() -> frozenset[str]:
     """The names of the Hydra configs some published release ships in `verl/trainer/config/` (`ppo_trainer`):
     klaudit/frameworks/fields/verl_configs.txt, written by scripts/config_fields.py --verl from the wheels."""
-    text = (Path(__file__).parent / "fields" / "verl_configs.txt").read_text(encoding="utf-8")
-    return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+    return frozenset(release_fields("verl_configs.txt"))
 
 
 TRAINER_FILE, MAIN_FILE = "verl/trainer/ppo/ray_trainer.py", "verl/trainer/main_ppo.py"

@@ -90,6 +90,19 @@ _MINOR_DEVELOPMENT = re.compile(r"^v?\d+\.\d+(?:\.0)?\.?dev", re.IGNORECASE)  # 
 _PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 
+# the folders where a checkout of a framework's repository keeps its own uses (TRL's, or any library's): upstream's,
+# not the runs of a project that carries the checkout
+CHECKOUT_UPSTREAM_FOLDERS = ("examples", "tests", "docs")
+
+
+@functools.cache
+def release_fields(name: str) -> tuple[str, ...]:
+    """The lines of klaudit/frameworks/fields/`name`, comments and blanks left out: what scripts/config_fields.py read
+    from the frameworks' published wheels (GRPOConfig's keywords, OpenRLHF's options, verl's configs)."""
+    text = (Path(__file__).parent / "fields" / name).read_text(encoding="utf-8")
+    return tuple(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
 def is_project_root(folder: Path) -> bool:
     """Whether `folder` is the root of a project: a repository (.git) or something installed (a packaging file)."""
     return any((folder / marker).exists() for marker in _PROJECT_MARKERS)

@@ -39,7 +39,7 @@ from pathlib import Path
 import libcst as cst
 
 from klaudit.frameworks.trainers import CLASS_HEADER
-from klaudit.frameworks.versions import is_project_root, project_root
+from klaudit.frameworks.versions import CHECKOUT_UPSTREAM_FOLDERS, is_project_root, project_root
 from klaudit.lint import flag_choices
 from klaudit.lint.project import Project, python_files
 from klaudit.lint.syntax import python_ast
@@ -169,9 +169,6 @@ def _built_only_upstream(cls: str, path: str, naming: dict[str, str], project: P
     return checkout is not None and not _built_anywhere(cls, naming, project, left_out=checkout)
 
 
-_UPSTREAM_FOLDERS = ("tests", "examples", "docs")  # a carried checkout's own uses, not the project's
-
-
 def _carried_checkout(module: Path, project: Project) -> Path | None:
     """The nearest project root above `module` that lies below a linted root, not that root itself, where that root
     is a repository of its own (a packaging or version-control marker, or a README at its top) and not a folder that
@@ -192,7 +189,7 @@ def _upstream_of(path: str, checkout: Path | None) -> bool:
     if checkout is None or not Path(path).is_relative_to(checkout):
         return False
     parts = Path(path).relative_to(checkout).parts
-    return len(parts) > 1 and parts[0] in _UPSTREAM_FOLDERS
+    return len(parts) > 1 and parts[0] in CHECKOUT_UPSTREAM_FOLDERS
 
 
 def _picked_by_no_launch(cls: str, module: str, text: str, project: Project) -> bool:
