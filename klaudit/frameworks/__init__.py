@@ -182,12 +182,25 @@ class Context:
     # the overrides of each of the project's EasyR1 launches, by the resolved path of the YAML config it names
     easyr1_launched: Mapping[str, tuple[dict[str, Setting], ...]] = field(default_factory=dict)
 
-    def choices_at(self, path: str) -> verl_runs.Choices:
+    def choices_at(self, path: str, source: str = "") -> verl_runs.Choices:
         """The switch values the project's runs give the framework copy holding the module at `path` (verl's or
-        EasyR1's, else OpenRLHF's); empty where no run chooses them."""
+        EasyR1's, else OpenRLHF's), or give the project's own module built on that copy (its `source` imports verl:
+        Prompt-R1's own actor reading `self.config.kl_loss_type` from the launch's overrides); empty where no run
+        chooses them."""
         if self.verl_choices and _within(path, self.chosen_copies):
             return self.verl_choices
-        return self.openrlhf_choices if _within(path, self.openrlhf_copies) else {}
+        if _within(path, self.openrlhf_copies):
+            return self.openrlhf_choices
+        return self.verl_choices if self.verl_choices and self._builds_on_run_copy(path, source) else {}
+
+    def _builds_on_run_copy(self, path: str, source: str) -> bool:
+        """Whether the module at `path`, its text `source`, imports verl and lies in the linted folder of a copy the
+        project runs with launches of its own."""
+        if not self.own_run_copies or verl_runs.IMPORTS_VERL.search(source) is None:
+            return False
+        file = Path(path).resolve()
+        return any(file.is_relative_to(root) and any(Path(copy).is_relative_to(root) for copy in self.own_run_copies)
+                   for root in self.roots)
 
     def never_reached(self, path: str) -> bool:
         """Whether the module at `path` is framework code no run of the project reaches (`dormant_folders`)."""

@@ -65,6 +65,8 @@ from klaudit.frameworks.verl import (
 FLAG = "use_kl_in_reward"
 _OFF = frozenset({"false", "False", "0", "no", "off"})
 # Python that sets it: `cfg.algorithm.use_kl_in_reward = False`, `use_kl_in_reward: bool = False`, a keyword argument
+# a module of the project built on verl (or EasyR1, whose package is also `verl`)
+IMPORTS_VERL = re.compile(r"^[ \t]*(?:from[ \t]+verl[. \t]|import[ \t]+verl\b)", re.MULTILINE)
 _ASSIGNED = re.compile(rf"(?<!\w){FLAG}[ \t]*(?::[ \t]*\w+[ \t]*)?=(?!=)[ \t]*(?P<value>[^\s#,;)]*)")
 
 

@@ -272,7 +272,7 @@ def _run_by_project(findings: list[Finding], path: str, source: str, context: Co
     if context is not None and findings and context.kl_reward_never_on:
         never = verl_runs.function_spans(source, context.kl_reward_never_on)
         findings = [f for f in findings if not any(first <= f.line <= last for first, last in never)]
-    choices = context.choices_at(path) if context is not None else {}
+    choices = context.choices_at(path, source) if context is not None else {}
     if choices and any(f.switches for f in findings):
         findings = [f for f in findings if not f.switches
                     or any(verl_runs.choice_holds(labels, choices) for labels in f.switches)]

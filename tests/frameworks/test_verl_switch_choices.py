@@ -361,3 +361,18 @@ def test_the_model_engines_losses_run_only_where_a_launch_picks_the_engine(tmp_p
     launch = LAUNCH.format(kind="low_var_kl").replace(" trainer.total_epochs=1", f" trainer.total_epochs=1{workers}")
     found = _findings(tmp_path, {"scripts/train.sh": launch}, extra, copy="verl_repo")
     assert any(f.path.endswith("losses.py") for f in found) is reported
+
+
+@pytest.mark.parametrize("imports, reported", [
+    ("from verl import DataProto\n", ["KL002"]),
+    ("", ["KL001", "KL002"]),
+])
+def test_the_projects_own_actor_built_on_the_copy_takes_the_runs_choices(tmp_path, imports, reported):
+    """QwenQKing/Prompt-R1 (hundred-and-fifth set) keeps verl in `verl/` and its own actor in `promptr1_agent/`, which
+    imports verl and reads `self.config.kl_loss_type` from the overrides of the project's launch (`low_var_kl`): its
+    k1 branch runs in no run either. A module that does not build on verl reads a switch of its own that happens to
+    share the name, and keeps every branch."""
+    launches = {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"),
+                "agent/own_dp_actor.py": imports + ACTOR}
+    found = _findings(tmp_path, launches, copy="verl_repo")
+    assert sorted({f.code for f in found if f.path.endswith("own_dp_actor.py")}) == reported
