@@ -14,7 +14,7 @@ import re
 import shlex
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from klaudit.catalog import Config
@@ -250,7 +250,10 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
     or not; updated in place) are those of the lines before `text`, when it is itself sourced."""
     variables = dict(variables or {})
     named = set(variables) if named is None else named
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    loops = _loops(lines)
+    in_loops = {number for body in loops.values() for number in body}
+    for number, line in enumerate(lines, start=1):
         code = _code_of(line)
         if _COLON_DEFAULTS.match(code):
             for default in _COLON_DEFAULT.finditer(code):
@@ -268,9 +271,13 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
                      if computed is not None
                      else _default_variable(to_variable, variables) if to_variable is not None
                      else _literal(raw))
+            if number in in_loops and _reads_itself(assigned):
+                value = None  # counted up in a loop: the loop's end gives it its value (`_after_loop`)
             if value is not None:
                 variables[assigned.group("name")] = Setting(value, number, assigned.start("name") + 1,
                                                             assigned.end() + 1)
+        if number in loops:
+            variables = _after_loop(lines, loops[number], variables)
         included = (sourced or {}).get(number)
         if included is not None:
             read = deque(_shell_lines(included.text, variables=variables, named=named), maxlen=1)
@@ -278,6 +285,63 @@ def _shell_lines(text: str, sourced: Mapping[int, Sourced] | None = None,
             variables.update({name: _at_source(included, setting) for name, setting in after.items()
                               if variables.get(name) != setting})
         yield number, code, variables
+
+
+# a loop's first line and its last (`while ...; do`, `for x in a b; do` ... `done`), a loop on shell arithmetic
+# (`while [[ $(( (BATCH * N) % GPUS )) != 0 ]]; do`, `while (( BATCH < 8 )); do`), and an assignment of arithmetic
+_LOOP = re.compile(r"^\s*(?:while|until|for)\b.*(?:;\s*do|\bdo)\s*$")
+_DONE = re.compile(r"^\s*done\b")
+_ARITHMETIC_WHILE = re.compile(r"^\s*while\s+(?:\[\[?\s*\$\(\((?P<tested>.+)\)\)\s*(?:!=|-ne)\s*0\s*\]\]?"
+                               r"|\(\((?P<bare>.+)\)\))\s*;\s*do\s*$")
+_MAX_ITERATIONS = 1024
+
+
+def _loops(lines: list[str]) -> dict[int, range]:
+    """{the line (1-based) of each outermost loop's `done`: the lines of its body}."""
+    loops, depth, start = {}, 0, 0
+    for number, line in enumerate(lines, start=1):
+        code = _code_of(line)
+        if _LOOP.match(code):
+            depth, start = depth + 1, start if depth else number
+        elif _DONE.match(code) and depth:
+            depth -= 1
+            if not depth:
+                loops[number] = range(start + 1, number)
+    return loops
+
+
+def _reads_itself(assigned: re.Match[str]) -> bool:
+    """`N=$((N + 1))`, `X="$X more"`: an assignment whose value reads the name it assigns."""
+    name = re.escape(assigned.group("name"))
+    return re.search(rf"\$\{{?{name}\b|\(\([^)]*\b{name}\b|\$\[[^\]]*\b{name}\b", assigned.group("value")) is not None
+
+
+def _after_loop(lines: list[str], body: range, variables: Mapping[str, Setting]) -> dict[str, Setting]:
+    """The shell variables after a loop (its `body`, the lines between its first line and its `done`): a `while`
+    on arithmetic whose body only assigns arithmetic is run here (run_sw.sh raises TRAIN_BATCH_SIZE until the
+    rollout splits evenly over the GPUs), for at most _MAX_ITERATIONS turns; else each name the body counts up
+    (`_reads_itself`) is unknown after it, since the turns it takes are."""
+    header = _ARITHMETIC_WHILE.match(_code_of(lines[body.start - 2]))
+    codes = [code for number in body if (code := _code_of(lines[number - 1]).strip())]
+    steps = [(found.group("name"), computed.group("expression") or computed.group("bracketed"))
+             for code in codes if (found := _VARIABLE.match(code)) is not None and found.end() == len(code)
+             and (computed := _ARITHMETIC.match(found.group("value"))) is not None]
+    state = dict(variables)
+    if header is not None and steps and len(steps) == len(codes):
+        for _ in range(_MAX_ITERATIONS):
+            tested = _arithmetic(header.group("tested") or header.group("bare"), state)
+            if tested is None or tested == "0":
+                break
+            for name, expression in steps:
+                value = _arithmetic(expression, state)
+                state[name] = replace(state[name], value=value) if name in state else Setting(value, 0, 0, 0)
+        else:
+            tested = None
+        if tested == "0":
+            return state
+    counted = {found.group("name") for code in codes if (found := _VARIABLE.match(code)) is not None
+               and _reads_itself(found)}
+    return {name: setting for name, setting in variables.items() if name not in counted}
 
 
 def _default_variable(defaulted: re.Match[str], variables: Mapping[str, Setting]) -> str | None:

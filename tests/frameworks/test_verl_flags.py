@@ -276,6 +276,43 @@ def test_bash_bracket_arithmetic_gives_the_batch_sizes():
     assert [(f.code, f.line) for f in lint_config("run.sh", text)] == [("KL002", 8), ("KL008", 3)]
 
 
+@pytest.mark.parametrize("defaults, batch", [
+    ("TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-2}\nROLLOUT_N=4\n", "2"),  # 8 rows already split over 8 GPUs
+    ("TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-3}\nROLLOUT_N=4\n", "4"),  # raised once, to 16 rows
+    ("TRAIN_BATCH_SIZE=${TRAIN_BATCH_SIZE:-3}\nROLLOUT_N=$1\n", None),  # the test reads an unknown: unknown
+])
+def test_a_while_loop_on_arithmetic_is_run_to_the_value_it_leaves(defaults, batch):
+    """Luzhenyan/verl_memagent (hundred-and-sixth set) raises its batch until the rollout splits evenly over the
+    GPUs, `while [[ $(( (TRAIN_BATCH_SIZE * ROLLOUT_N) % N_GPUS )) != 0 ]]; do TRAIN_BATCH_SIZE=$((TRAIN_BATCH_SIZE +
+    1)); done`. Before, the body's assignment was read as run once (3 where the loop never turns): a mini-batch of 2
+    against a batch of 3 was two optimizer steps a rollout, a KL008 the launch's one step does not have."""
+    text = defaults + textwrap.dedent("""\
+        N_GPUS=8
+        while [[ $(( (TRAIN_BATCH_SIZE * ROLLOUT_N) % N_GPUS )) != 0 ]]; do
+          TRAIN_BATCH_SIZE=$((TRAIN_BATCH_SIZE + 1))
+        done
+        python3 -m verl.trainer.main_ppo data.train_batch_size=$TRAIN_BATCH_SIZE
+        """)
+    assert shell_overrides(text)["data.train_batch_size"].value == batch
+
+
+def test_a_name_counted_up_in_another_loop_is_unknown_after_it():
+    """A loop the reader does not run (its test is no arithmetic) leaves each name its body counts up unknown, and
+    a name it assigns a literal keeps that literal."""
+    text = textwrap.dedent("""\
+        STEPS=1
+        MODEL=a
+        for seed in 1 2 3; do
+          STEPS=$((STEPS * 2))
+          MODEL=b
+        done
+        python3 -m verl.trainer.main_ppo trainer.total_training_steps=$STEPS actor_rollout_ref.model.path=$MODEL
+        """)
+    settings = shell_overrides(text)
+    assert settings["trainer.total_training_steps"].value is None
+    assert settings["actor_rollout_ref.model.path"].value == "b"
+
+
 def test_a_reference_escaped_for_an_eval_takes_the_value_the_eval_sees():
     """siiRL (fresh89) writes its command as a bash array of words like `use_kl_loss=\\$USE_KL_LOSS` and runs it
     later, in a function, as `eval "${CMD[@]}"`: the escaped `$` expands when eval runs, with the variables the
