@@ -532,6 +532,8 @@ def _upstream_launch(path: str, module: str, context: Context) -> bool:
             or _run_by_readme(file, context.roots):
         return False
     parts = file.relative_to(copy[1]).parts
+    if parts[:2] == verl_runs.RECIPES_IN_EXAMPLES:
+        parts = parts[1:]  # a fork that keeps verl's `recipe/` in `examples/` (Luzhenyan/verl_memagent)
     if module == easyr1.ACTOR and parts[0] == "examples":
         return parts[-1] in easyr1.UPSTREAM_LAUNCHES
     if forked and parts[0] in verl_runs.UPSTREAM_SUBFOLDERS:
@@ -876,11 +878,16 @@ def _verl(path: str, settings: Mapping[str, Setting], context: Context, text: st
 
 def _project_trainer_launch(path: str, text: str, context: Context) -> re.Match | None:
     """The first launch in `text` of a module of the project whose `@hydra.main` composes a config of its own
-    (verl-tool's `python3 -m verl_tool.trainer.main_ppo`): the trainer that takes the script's overrides."""
+    (verl-tool's `python3 -m verl_tool.trainer.main_ppo`): the trainer that takes the script's overrides. So is a
+    launch of one of verl's recipes (`-m recipe.dapo.dapo` with verl's overrides) that the project's tree lacks:
+    zjunlp/ReCode copies its own `dapo.py` into a checkout of verl's repository its tree does not hold, beside the
+    bare package it vendors, and runs it there."""
     for launch in verl.MODULE_LAUNCH.finditer(text):
         module = launch.group(1).replace(".", "/") + ".py"
         holder = copy_holding(path, module, context.roots) if path else None
         if holder is not None and hydra_keys.launched_config(holder[1] / module) is not None:
+            return launch
+        if holder is None and verl.RECIPE_MODULE.match(launch.group(1)) and verl.OVERRIDES.search(text):
             return launch
     return None
 

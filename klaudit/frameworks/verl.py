@@ -342,6 +342,10 @@ LAUNCH = re.compile(rf"(?:-m\s+|\bpython[\d.]*(?:\s+-\w+)*\s+(?:[^\s'\"]*/)?)(?!
 # A launch of any module (`python3 -m verl_tool.trainer.main_ppo`, `-m recipe.dapo.main_dapo`): a project's own trainer
 # over verl, which composes the project's Hydra config; verl's own entries that train no policy are none
 MODULE_LAUNCH = re.compile(rf"-m\s+(?!{_NOT_TRAINING})([A-Za-z_]\w*(?:\.\w+)+)")
+# a module of verl's recipes, in the `recipe/` package at the top of verl's repository, and an override of verl's
+# own configuration that a launch of one passes
+RECIPE_MODULE = re.compile(r"recipe\.\w+\.\w+$")
+OVERRIDES = re.compile(r"(?<![\w.])actor_rollout_ref\.actor\.\w+=")
 
 
 def launch_spans(text: str) -> list[range]:

@@ -182,6 +182,8 @@ UPSTREAM_SUBFOLDERS = {
         "genrm_remote", "gkd", "gspo", "infigui-g1", "langgraph_agent", "minicpmo", "one_step_off_policy",
         "open_math_reasoning", "prime", "r1", "r1_ascend", "retool", "specRL", "spin", "sppo", "transfer_queue", "vla"}),
 }
+# where a fork may keep verl's `recipe/` folder instead: inside its `examples/`
+RECIPES_IN_EXAMPLES = ("examples", "recipe")
 Choices = Mapping[str, frozenset[str]]
 
 
@@ -299,12 +301,12 @@ def model_engine_never_run(launched: Iterable[tuple[str | None, Mapping[str, Set
 
 
 def unlaunched_recipes(copy: Path, launches: Iterable[str], sources: Mapping[str, str]) -> list[str]:
-    """The folders of the copy's `recipe/` that no launch runs (`python -m recipe.dapo.main_dapo`, `recipe/dapo/run.sh`)
+    """The folders of the copy's `recipe/` (or `examples/recipe/`) that no launch runs (`python -m recipe.dapo.main_dapo`, `recipe/dapo/run.sh`)
     and no Python module names (`from recipe.dapo.dapo_ray_trainer import ...`) among the project's outside the copy
     and those of the recipes that are run. The copy's own tests and sanity lists name every recipe: they run none."""
-    try:
-        folders = {entry.name: entry.resolve() for entry in (copy / "recipe").iterdir() if entry.is_dir()}
-    except OSError:
+    folders = {entry.name: entry.resolve() for holder in (copy / "recipe", copy.joinpath(*RECIPES_IN_EXAMPLES))
+               if holder.is_dir() for entry in holder.iterdir() if entry.is_dir()}
+    if not folders:
         return []
     resolved = {path: Path(path).resolve() for path in sources}
     outside = [text for path, text in sources.items() if not resolved[path].is_relative_to(copy.resolve())]

@@ -376,3 +376,34 @@ def test_the_projects_own_actor_built_on_the_copy_takes_the_runs_choices(tmp_pat
                 "agent/own_dp_actor.py": imports + ACTOR}
     found = _findings(tmp_path, launches, copy="verl_repo")
     assert sorted({f.code for f in found if f.path.endswith("own_dp_actor.py")}) == reported
+
+
+def test_a_launch_of_a_verl_recipe_the_tree_lacks_is_the_projects_run(tmp_path):
+    """zjunlp/ReCode (hundred-and-sixth set) vendors verl's bare package and runs `python3 -m recipe.dapo.dapo` with
+    verl's overrides from a checkout of verl's repository it copies its own trainer into: the launch is its run
+    though no `recipe/` folder is in the tree, so the copy's k1 branch, which it does not select, never runs."""
+    recipe = LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo", "recipe.dapo.dapo")
+    assert _actor_codes(tmp_path, {"scripts/dapo.sh": recipe}) == ["KL002"]
+
+
+@pytest.mark.parametrize("line, recipe", [
+    ("python3 -m recipe.dapo.main_dapo actor_rollout_ref.actor.use_kl_loss=True", True),
+    ("python3 -m recipe.dapo.main_dapo data.train_files=x", False),  # no override of verl's: not shown to be verl's
+    ("python3 -m mypkg.train actor_rollout_ref.actor.use_kl_loss=True", False),
+])
+def test_a_recipe_launch_is_read_by_its_module_and_its_overrides(tmp_path, line, recipe):
+    from klaudit.frameworks import Context, _project_trainer_launch
+    found = _project_trainer_launch(str(tmp_path / "run.sh"), line + "\n", Context(roots=(str(tmp_path),)))
+    assert (found is not None) == recipe
+
+
+def test_a_fork_that_keeps_verls_recipes_in_its_examples_runs_none_of_them(tmp_path):
+    """Luzhenyan/verl_memagent (hundred-and-sixth set) is a fork of verl that moved upstream's `recipe/` into
+    `examples/recipe/`: a launch there (one step off-policy, here selecting k1) is upstream's, no run of the
+    project's, and so is the code of a recipe no launch of the project runs (`examples/recipe/sppo/`)."""
+    launches = {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"),
+                "examples/recipe/one_step_off_policy/run_k1.sh": LAUNCH.format(kind="kl"),
+                "examples/recipe/sppo/dp_actor.py": ACTOR}
+    found = _findings(tmp_path, launches)
+    assert sorted({f.code for f in found if f.path.endswith("workers/dp_actor.py")}) == ["KL002"]
+    assert not [f for f in found if "examples/recipe" in f.path]
