@@ -925,13 +925,20 @@ def _stops_before_training(path: str, text: str, launch: re.Match, context: Cont
 def _names_a_config_none_has(text: str, launch: re.Match, context: Context) -> bool:
     """Whether a launch of verl as installed names a `--config-name` that no published release ships
     (`verl.released_configs`) and no YAML file of the linted project has (LLM4Decompile's
-    `ppo_trainer-lm4dc.yaml`): Hydra stops before anything trains."""
-    named = CONFIG_NAME.search(_command_after(text, launch) or "")
-    if named is None or not context.roots:
-        return False  # no config named, or the project's files are not known here
+    `ppo_trainer-lm4dc.yaml`): Hydra stops before anything trains. A `--config-path` this reading does not place
+    (memupdate's `$PROJECT_DIR/examples/sglang_multiturn/config`, a checkout of verl's repository outside the
+    project) may hold the config: no conclusion."""
+    after = _command_after(text, launch) or ""
+    named = CONFIG_NAME.search(after)
+    if named is None or not context.roots or _UNPLACED_CONFIG_PATH.search(after):
+        return False  # no config named, the project's files are not known here, or the folder named is not
     name = Path(named.group("name")).name.removesuffix(".yaml")
     return name not in verl.released_configs() and not any(
         True for root in context.roots if Path(root).is_dir() for _ in Path(root).rglob(f"{name}.yaml"))
+
+
+# a Hydra `--config-path` (or `-cp`) that is absolute, in the home folder or computed from a shell variable
+_UNPLACED_CONFIG_PATH = re.compile(r"(?:--config-path|-cp)(?:=|[ \t]+)[\"']?[/$~]")
 
 
 def _command_after(text: str, launch: re.Match) -> str | None:

@@ -1039,19 +1039,22 @@ def test_a_config_path_named_by_shell_variables_and_its_search_path_are_composed
     assert sorted(f.code for f in result.findings if f.path.endswith("run.sh")) == expected
 
 
-@pytest.mark.parametrize("name, own, reported", [
-    ("ppo_trainer", False, True),  # a config every release ships
-    ("'ppo_trainer-lm4dc.yaml'", False, False),  # no release ships it, nor the project: Hydra stops at the start
-    ("ppo_trainer-lm4dc", True, True),  # the project has it (a config folder of its own)
+@pytest.mark.parametrize("name, own, reported, folder", [
+    ("ppo_trainer", False, True, "config"),  # a config every release ships
+    ("'ppo_trainer-lm4dc.yaml'", False, False, "config"),  # no release ships it, nor the project: Hydra stops
+    ("ppo_trainer-lm4dc", True, True, "config"),  # the project has it (a config folder of its own)
+    ("gsm8k_multiturn_grpo", False, True, '"$PROJECT_DIR/examples/sglang_multiturn/config"'),  # a folder elsewhere
 ])
-def test_a_config_name_no_release_nor_the_project_has_stops_the_launch(tmp_path, name, own, reported):
+def test_a_config_name_no_release_nor_the_project_has_stops_the_launch(tmp_path, name, own, reported, folder):
     """codingwatching/LLM4Decompile (fresh105) runs verl as installed with `--config-name='ppo_trainer-lm4dc.yaml'`,
-    a config no release of verl ships (klaudit/frameworks/fields/verl_configs.txt) and the project lacks."""
+    a config no release of verl ships (klaudit/frameworks/fields/verl_configs.txt) and the project lacks. Astera-org/
+    memupdate (fresh106) names one of verl's example configs in a `--config-path` of a checkout outside the project
+    (`$PROJECT_DIR/...`): that folder may hold it, so the launch is its run."""
     (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
     if own:
         (tmp_path / "config").mkdir()
         (tmp_path / "config" / "ppo_trainer-lm4dc.yaml").write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n")
-    (tmp_path / "run.sh").write_text("python3 -m verl.trainer.main_ppo --config-path=config \\\n"
+    (tmp_path / "run.sh").write_text(f"python3 -m verl.trainer.main_ppo --config-path={folder} \\\n"
                                      f"    --config-name={name} \\\n"
                                      "    actor_rollout_ref.actor.use_kl_loss=True \\\n"
                                      "    actor_rollout_ref.actor.kl_loss_type=low_var_kl\n")
