@@ -315,16 +315,33 @@ def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_r
     """The values every launch of OpenRLHF among the project's `scripts` gives its KL switches
     (openrlhf.run_choices), and the copies of OpenRLHF those launches run, carried inside the project (RetroDFM-R's
     `train/`); none where it launches none. OpenRLHF's own repository, or a fork of it (the copy is a linted root),
-    is a library whose examples select nothing: its users pick."""
-    launched: list[dict[str, Setting]] = []
-    copies: set[str] = set()
+    is a library whose examples select nothing: its users pick. So are the copy's own examples and tests
+    (`openrlhf.UPSTREAM_FOLDERS`) where the project launches it from elsewhere: Alex-Gurung/ReasoningNCP runs its own
+    `python3 -m train_ncp` with `--use_kl_loss --kl_estimator k3`, not upstream's k1 examples."""
+    launched: dict[bool, list[dict[str, Setting]]] = {True: [], False: []}  # by whether upstream's
+    copies: dict[bool, set[str]] = {True: set(), False: set()}
     for path, text in scripts.items():
-        for launch, _ in _uncommented(openrlhf.LAUNCH, text):
-            copy = copy_holding(path, launch.group().replace(".", "/") + ".py", context.roots)
+        entries = [(launch, launch.group().replace(".", "/") + ".py") for launch, _ in _uncommented(openrlhf.LAUNCH, text)]
+        entries += [(launch, openrlhf.PPO_ENTRY) for launch, _ in _uncommented(openrlhf.MODULE_LAUNCH, text)
+                    if _builds_on_openrlhf(path, launch.group(1), context)]
+        for launch, module in entries:
+            copy = copy_holding(path, module, context.roots)
             if copy is not None and str(copy[1]) not in context.roots:
-                copies.add(str(copy[1]))
-                launched.append(cli_flags(only_command(text, launch.start()), openrlhf.FLAGS, openrlhf.SWITCHES))
-    return openrlhf.run_choices(launched), tuple(sorted(copies))
+                upstream = _in_carried_copy(path, module, openrlhf.UPSTREAM_FOLDERS, context)
+                copies[upstream].add(str(copy[1]))
+                launched[upstream].append(cli_flags(only_command(text, launch.start()), openrlhf.FLAGS,
+                                                    openrlhf.SWITCHES))
+    runs = not launched[False]
+    return openrlhf.run_choices(launched[runs]), tuple(sorted(copies[runs]))
+
+
+def _builds_on_openrlhf(script: str, module: str, context: Context) -> bool:
+    """Whether `module`, launched by the shell script at `script` (`python3 -m train_ncp`), is a module of the
+    project's that imports OpenRLHF: its own entry point over the copy it carries (Alex-Gurung/ReasoningNCP), which
+    takes OpenRLHF's flags."""
+    holder = copy_holding(script, module.replace(".", "/") + ".py", context.roots)
+    text = read_text(holder[1] / (module.replace(".", "/") + ".py")) if holder is not None else None
+    return text is not None and openrlhf.IMPORTS_OPENRLHF.search(text) is not None
 
 
 def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copies: Sequence[str],

@@ -76,3 +76,17 @@ def test_openrlhf_itself_keeps_every_branch(tmp_path):
     (tmp_path / "setup.py").write_text("")
     launch = LAUNCH.format(flags="   --use_kl_loss \\\n   --kl_estimator k3 \\\n")
     assert _codes(tmp_path, "", launch) == ["KL001", "KL002", "KL003"]
+
+
+@pytest.mark.parametrize("entry, codes", [
+    ("from openrlhf.trainer.ray import PPORayActorGroup\n", ["KL002"]),  # its own entry over the copy: its run
+    ("import torch\n", ["KL001"]),  # a module that does not build on OpenRLHF: no launch of it
+])
+def test_the_projects_own_entry_over_the_copy_is_its_run_and_upstreams_examples_are_not(tmp_path, entry, codes):
+    """Alex-Gurung/ReasoningNCP (hundred-and-sixth set) carries OpenRLHF in `rl_training/openrlhf/` and launches its
+    own `python3 -m train_ncp` (a module importing OpenRLHF) with `--use_kl_loss --kl_estimator k3`: that is the
+    project's run, and the k1 of upstream's examples, kept in the copy, selects nothing."""
+    (tmp_path / "train_ncp.py").write_text(entry)
+    (tmp_path / "train.sh").write_text("ray job submit -- python3 -m train_ncp \\\n   --use_kl_loss \\\n"
+                                       "   --kl_estimator k3\n")
+    assert _codes(tmp_path, "openrlhf_repo", LAUNCH.format(flags="   --use_kl_loss \\\n")) == codes
