@@ -68,6 +68,7 @@ from klaudit.frameworks.settings import (
     shell_overrides,
     shell_value,
     steps_per_rollout,
+    with_entry_modules,
     yaml_settings,
 )
 from klaudit.frameworks.sourcing import sourced_files
@@ -282,7 +283,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                       grpo_trainers=package_subclasses(everything, "trl", "GRPOTrainer"),
                       trlx_methods=package_subclasses(everything, "trlx", trlx.METHOD),
                       after_unsloth=unsloth.imported_after_unsloth(everything))
-    scripts = {path: text for path in configs
+    scripts = {path: with_entry_modules(text) for path in configs
                if path.endswith(SHELL_SUFFIXES) and (text := read_text(Path(path))) is not None}
     launches = _project_launches_of_verl(context, everything, scripts) if any(
         verl_runs.FLAG in text or any(name in text for name in verl_runs.SWITCHES) for text in everything.values()) else []
@@ -768,6 +769,7 @@ def lint_config(path: str, text: str, context: Context | None = None, follow_sou
     context = context or Context()
     if _carried_upstream_launch(path, context) or Path(path).resolve().as_posix() in context.run_records:
         return []
+    text = text if path.endswith(YAML_SUFFIXES) else with_entry_modules(text)
     composes = path.endswith(YAML_SUFFIXES) and "defaults:" in text  # its flags may come from the files it names
     sourced = sourced_files(path, text) if follow_sources and not path.endswith(YAML_SUFFIXES) else {}
     if not (mentions_flags(text) or composes or any(mentions_flags(file.text) for file in sourced.values())):

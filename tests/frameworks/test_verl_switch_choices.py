@@ -407,3 +407,16 @@ def test_a_fork_that_keeps_verls_recipes_in_its_examples_runs_none_of_them(tmp_p
     found = _findings(tmp_path, launches)
     assert sorted({f.code for f in found if f.path.endswith("workers/dp_actor.py")}) == ["KL002"]
     assert not [f for f in found if "examples/recipe" in f.path]
+
+
+@pytest.mark.parametrize("entry, reported", [
+    ("export PROGRAM_ENTRY=verl.trainer.main_ppo", ["KL002"]),
+    ("PROGRAM_ENTRY=${1}", ["KL001", "KL002"]),  # the argument: which module runs is not written here, no run
+])
+def test_a_launch_whose_module_a_variable_names_is_the_projects_run(tmp_path, entry, reported):
+    """MIT-MI/MEM1 (hundred-and-sixth set) runs `python3 -m $PROGRAM_ENTRY \\` after `export
+    PROGRAM_ENTRY=verl.trainer.main_ppo`: a launch of the checkout's trainer, the project's run, so the k1 of
+    upstream's example selects nothing, as when the module is written out."""
+    own = entry + "\n" + LAUNCH.format(kind="low_var_kl").replace("verl.trainer.main_ppo", "$PROGRAM_ENTRY \\\n   ")
+    launches = {"scripts/train.sh": own, "verl_repo/examples/grpo_trainer/run_k1.sh": LAUNCH.format(kind="kl")}
+    assert _actor_codes(tmp_path, launches, copy="verl_repo") == reported
