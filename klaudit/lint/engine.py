@@ -60,6 +60,7 @@ from klaudit.lint.unimportable import (
     imports_a_data_file,
     imports_a_missing_module,
     imports_a_missing_name,
+    imports_a_missing_submodule,
     stranded_copies,
     unimportable,
 )
@@ -465,7 +466,8 @@ def _never_run(paths: Sequence[str], settings: Settings, respect_gitignore: bool
             or imports_a_missing_name(init, text)
 
     failing = frozenset(path for path, source in walked.items()
-                        if imports_a_missing_name(path, source, walked) or imports_a_data_file(path, source))
+                        if imports_a_missing_name(path, source, walked) or imports_a_data_file(path, source)
+                        or imports_a_missing_submodule(path, source))
     never_run = backup_copies(walked, texts) | backup_folders(walked, texts) | unimportable(walked, broken) \
         | stranded_copies(walked, texts) | failing
     return never_run.intersection(sources)

@@ -241,3 +241,45 @@ def _source_of(target: str) -> str | None:
 def _source_exists(target: str) -> bool:
     return os.path.isfile(target + ".py") or os.path.isdir(target)
 
+
+
+# a module's files besides those Python imports: a Cython source or a stub, whose extension an install builds
+_BUILT_OR_IMPORTABLE = (*_IMPORTABLE_SUFFIXES, ".pyx", ".pyi")
+# code that sets up the path at run time: another folder of the same package name may come first
+_PATH_SETUP = re.compile(r"\bsys\.path\s*(?:\.\s*(?:insert|append|extend)\b|\[|\+?=)|\bPYTHONPATH\b")
+
+
+def imports_a_missing_submodule(path: str, source: str) -> bool:
+    """Whether the module at `path` imports, unconditionally and by an absolute name, a module of a package at its
+    project's root that the package lacks: xclovehsy/passformer's `from src.rl.llvm_wrapper import llvm_wrapper`,
+    `src/` a package of the project (it has an `__init__.py`) with no `rl` in it. Run from the root, the project's
+    own `src` is the one found, and the import fails; a module that sets up the path itself may find another. The
+    root is the folder above the outermost package holding the module (the folder of a module in none)."""
+    root = Path(path).resolve().parent
+    while (root / "__init__.py").is_file():
+        root = root.parent
+    if _PATH_SETUP.search(source):
+        return False
+    try:
+        module = python_ast(source)
+    except (SyntaxError, ValueError):
+        return False
+    names = [statement.module for statement in module.body  # module level only, as `imports_a_missing_module`
+             if isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module]
+    names += [alias.name for statement in module.body if isinstance(statement, ast.Import) for alias in statement.names]
+    return any(_lacks_submodule(root, name.split(".")) for name in names)
+
+
+def _lacks_submodule(root: Path, parts: list[str]) -> bool:
+    """Whether `parts[0]` is a package at `root` (an `__init__.py`) and one of the modules below it that `parts`
+    name is missing: no package folder, source, bytecode or extension of that name, nor one a build generates."""
+    folder = root / parts[0]
+    if len(parts) < 2 or not (folder / "__init__.py").is_file():
+        return False
+    for part in parts[1:]:
+        if _GENERATED.search(part) or any((folder / f"{part}{suffix}").is_file() for suffix in _BUILT_OR_IMPORTABLE):
+            return False
+        if not (folder / part).is_dir():
+            return True
+        folder = folder / part
+    return False
