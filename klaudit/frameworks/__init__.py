@@ -63,11 +63,13 @@ from klaudit.frameworks.settings import (
     command_span,
     computed_file_folder,
     listed_overrides,
+    number,
     only_command,
     project_path,
     shell_overrides,
     shell_value,
     steps_per_rollout,
+    truthy,
     with_entry_modules,
     yaml_settings,
 )
@@ -305,7 +307,7 @@ def with_code(context: Context, sources: Mapping[str, str], others: Mapping[str,
                    ppo_penalties=_ppo_penalties(context, everything, configs),
                    parallel=parallel_launched({**everything, **scripts}),
                    kl_reward_never_on=_kl_reward_never_on(*reward_runs) | _kl_reward_skipped(
-                       choices, copies, everything),
+                       choices, copies, everything, own if own_runs else ()),
                    verl_choices=choices, chosen_copies=copies, own_run_copies=copies if own_runs else (),
                    dormant_folders=dormant, one_step_copies=one_step, several_step_choices=several_step_choices,
                    openrlhf_choices=openrlhf_choices, openrlhf_copies=openrlhf_copies,
@@ -412,14 +414,27 @@ def _kl_reward_never_on(launches: Sequence[tuple[str, Mapping[str, Setting]]], s
     return verl_runs.gated_functions(sources)
 
 
-def _kl_reward_skipped(choices: verl_runs.Choices, copies: Iterable[str], sources: Mapping[str, str]) -> frozenset[str]:
+def _kl_reward_skipped(choices: verl_runs.Choices, copies: Iterable[str], sources: Mapping[str, str],
+                       launches: Sequence[tuple[str, Mapping[str, Setting]]] = ()) -> frozenset[str]:
     """The functions the code of the framework `copies` among the project's Python `sources` calls only under `if not
     ...use_kl_loss:` (an early verl's or EasyR1's trainer, which puts the KL in the reward only where the actor has no
-    KL loss), where every one of the project's own runs turns the KL loss on (`choices`, klaudit.frameworks.verl_runs)."""
-    if not verl_runs.always_on(choices, "use_kl_loss"):
+    KL loss), where every one of the project's own runs turns the KL loss on (`choices`, klaudit.frameworks.verl_runs),
+    or each of its own `launches` turns it on or sets the reward's coefficient to 0 (linjc16/EHRMind's one launch
+    without the KL loss, `algorithm.kl_ctrl.kl_coef=0`): the KL reward is then 0 wherever it is computed."""
+    rewarded = [settings for _, settings in launches if not _given_true(settings.get(verl.USE_KL_LOSS))
+                and not _given_zero(settings.get(verl.COEFFICIENTS["reward"]))]
+    if not verl_runs.always_on(choices, "use_kl_loss") and (not launches or rewarded):
         return frozenset()
     return verl_runs.gated_functions({path: text for path, text in sources.items() if _within(path, copies)},
                                      "use_kl_loss", on=False)
+
+
+def _given_true(setting: Setting | None) -> bool:
+    return setting is not None and setting.value is not None and truthy(setting.value) is True
+
+
+def _given_zero(setting: Setting | None) -> bool:
+    return setting is not None and setting.value is not None and number(setting.value) == 0
 
 
 def _within(path: str, folders: Iterable[str]) -> bool:

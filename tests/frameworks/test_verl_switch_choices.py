@@ -305,9 +305,15 @@ def test_an_early_copys_kl_reward_never_runs_where_every_launch_turns_the_kl_los
     assert _early_codes(tmp_path, launches, main) == []
 
 
-def test_an_early_copys_kl_reward_runs_where_a_launch_leaves_the_kl_loss_at_its_default(tmp_path):
-    left = LAUNCH.format(kind="low_var_kl").replace("actor_rollout_ref.actor.use_kl_loss=True ", "")
-    assert _early_codes(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/ppo.sh": left}) != []
+@pytest.mark.parametrize("coefficient, reported", [
+    ("", True),  # the reward's coefficient at the copy's default: the KL reward trains
+    ("algorithm.kl_ctrl.kl_coef=0 ", False),  # linjc16/EHRMind (fresh106): 0, so no KL reward trains either
+])
+def test_an_early_copys_kl_reward_runs_where_a_launch_leaves_the_kl_loss_at_its_default(tmp_path, coefficient,
+                                                                                      reported):
+    left = LAUNCH.format(kind="low_var_kl").replace("actor_rollout_ref.actor.use_kl_loss=True ", coefficient)
+    found = _early_codes(tmp_path, {"scripts/train.sh": LAUNCH.format(kind="low_var_kl"), "scripts/ppo.sh": left})
+    assert bool(found) is reported
 
 
 def test_a_flag_read_with_a_default_gates_the_calls_under_it():
