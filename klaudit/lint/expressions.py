@@ -16,6 +16,7 @@ from typing import ClassVar
 import libcst as cst
 
 from klaudit.catalog import Position
+from klaudit.frameworks.settings import number as parsed_number
 from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
 from klaudit.lint.algebra import Atom, Poly
@@ -24,6 +25,7 @@ from klaudit.lint.constructed import constructed_number
 from klaudit.lint.containers import as_row, entry_of, rows
 from klaudit.lint.facts import Fact, detach_all, merge_labels, operands, replace, reversed_in_time, tensor
 from klaudit.lint.flowstate import FlowState
+from klaudit.lint.pinned import configuration_read
 from klaudit.lint.syntax import (
     dotted,
     drops_last_char,
@@ -157,7 +159,13 @@ class ExpressionFlow(FlowState):
 
     def zero_option(self, value: cst.BaseExpression) -> bool:
         """Whether `value` reads an option of the project (`args.beta_rl`) that every run the project's launches
-        show gives 0: a coefficient copied from it scales nothing."""
+        show gives 0: a coefficient copied from it scales nothing. So does a key a run reads from a configuration
+        section as 0 (passformer's `float(rl.get("kl_coeff", 0.0))`, 0 in every YAML file: klaudit.lint.pinned)."""
+        if type(value) is cst.Call and dotted(value.func) in ("float", "int") and len(value.args) == 1:
+            value = value.args[0].value
+        read = configuration_read(value, self.module.project.options, self.module.path)
+        if read is not None:
+            return read.value is not None and parsed_number(read.value) == 0
         if type(value) is not cst.Attribute or type(value.value) is not cst.Name or value.value.value == "self":
             return False
         return self.module.project.options.zero_in_launched_runs(value.attr.value, self.module.path)

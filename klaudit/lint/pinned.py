@@ -182,7 +182,7 @@ def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], opt
     if type(value) is cst.Attribute and OPTION_HOLDER.match(last_name(value.value) or ""):
         read = options.default(value.attr.value, path)
     else:
-        read = _configuration_read(value, options, path)
+        read = configuration_read(value, options, path)
     given = read.value if read is not None else None
     if given is None:
         return None
@@ -196,7 +196,7 @@ def _option_literal(value: cst.BaseExpression, bindings: Mapping[str, list], opt
     return cst.UnaryOperation(cst.Minus(), literal) if number.group(1) else literal
 
 
-def _configuration_read(value: cst.BaseExpression, options: Options, path: str) -> Default | None:
+def configuration_read(value: cst.BaseExpression, options: Options, path: str) -> Default | None:
     """What a run of the module at `path` gets from `mapping.get("key", <number>)`; None for any other expression."""
     if type(value) is not cst.Call or type(value.func) is not cst.Attribute or value.func.attr.value != "get" \
             or len(value.args) != 2 or any(arg.keyword is not None or arg.star for arg in value.args):
