@@ -66,6 +66,7 @@ from klaudit.frameworks.settings import (
     number,
     only_command,
     project_path,
+    shell_assignment,
     shell_overrides,
     shell_value,
     steps_per_rollout,
@@ -1221,12 +1222,13 @@ def _linted_root(path: str, roots: Collection[str]) -> str | None:
 def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     """OpenRLHF's and TRL's command-line options in a script that launches their trainer."""
     found: list[Finding] = []
-    launch = openrlhf.LAUNCH.search(text)
+    launch, module = _openrlhf_entry(path, text, context)
     if launch and _in_carried_copy(path, openrlhf.REWARD_MODULE, openrlhf.UPSTREAM_FOLDERS, context):
         launch = None  # upstream's example launches, kept in a checkout of OpenRLHF the project carries
     assumed = context.release(openrlhf.NAME, path)
     if launch and assumed.source != "pinned":  # the project's own copy of OpenRLHF, if it carries one, is run
-        assumed = vendored(path, openrlhf.NAME, launch.group().replace(".", "/") + ".py", context.roots) or assumed
+        own_entry = launch.re is not openrlhf.LAUNCH  # the copy's version is read beside its own entry
+        assumed = vendored(path, openrlhf.NAME, openrlhf.PPO_ENTRY if own_entry else module, context.roots) or assumed
     if launch and assumed is not UNSTATED:
         flat = bool(re.search(rf"--(?:{'|'.join(openrlhf.FLAT.values())})\b", text))
         if flat and not assumed.stated:  # 0.11 rejects the flat names: the script is for an earlier release
@@ -1237,9 +1239,9 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
         copy = copy_holding(path, openrlhf.REWARD_MODULE, context.roots)
         kl_reward_applied = openrlhf.reward_reads_kl(copy[1] if copy else None)
         without_kl_reward = openrlhf.estimators_without_kl_reward(copy[1] if copy else None)
-        module = launch.group().replace(".", "/").removesuffix(".py") + ".py"
         launched = copy_holding(path, module, context.roots)
-        parser = openrlhf.copy_parser(copy[1] / module) if copy else openrlhf.released_parser(module)
+        holder = launched or copy
+        parser = openrlhf.copy_parser(holder[1] / module) if holder else openrlhf.released_parser(module)
         defaults = parser.defaults_of() if parser is not None else openrlhf.DEFAULTS
 
         def judged_by(assumed: Assumed) -> list[Finding]:
@@ -1269,6 +1271,26 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
     if easydel.LAUNCH.search(text):
         found += _easydel_launch(path, text, context)
     return found + _swift_launches(path, text)
+
+
+def _openrlhf_entry(path: str, text: str, context: Context) -> tuple[re.Match | None, str]:
+    """The first launch in the script `text` (at `path`) of OpenRLHF's trainer (`python -m openrlhf.cli.train_ppo_ray`)
+    with the module file it runs, else of a module of the project's that builds on OpenRLHF (`deepspeed --module
+    train_ppo` in Critique-RL, its own copy of OpenRLHF's entry over the copy it carries), which takes the same
+    flags; (None, "") where it has neither."""
+    launch = openrlhf.LAUNCH.search(text)
+    if launch is not None:
+        return launch, launch.group().replace(".", "/").removesuffix(".py") + ".py"
+    for own, _ in _uncommented(openrlhf.MODULE_LAUNCH, text):
+        if _builds_on_openrlhf(path, own.group(1), context):
+            return own, own.group(1).replace(".", "/") + ".py"
+    for held, _ in _uncommented(openrlhf.MODULE_VARIABLE, text):  # `--module $training_commands`, its first word
+        heredoc = re.search(rf"read[ \t]+(?:-\w+[ \t]+)*(?:''[ \t]+)?{held.group(1)}[ \t]*<<-?[ \t]*['\"]?\w+['\"]?[ \t]*\n"
+                            r"\s*([\w.]+)", text)  # `read -r -d '' training_commands <<EOF`, the command below
+        words = (heredoc.group(1) if heredoc else shell_assignment(text, held.group(1)) or "").split()
+        if words and re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)*", words[0]) and _builds_on_openrlhf(path, words[0], context):
+            return held, words[0].replace(".", "/") + ".py"
+    return None, ""
 
 
 def _trl_ppo_script(path: str, text: str) -> re.Match | None:

@@ -630,6 +630,8 @@ def cli_flags(text: str, names: Mapping[str, str], switches: Collection[str] = (
             elif not equals:
                 found[key] = Setting("True" if key in switches else None, number, start, end)
                 continue
+            if raw.endswith("\\") and not code[end - 1:].strip():
+                raw = raw[:-1]  # `--init_kl_coef ${init_kl_coef}\`: the line continues, the backslash is no part of it
             found[key] = _value(raw, variables, number, start, end)
     return found
 

@@ -405,3 +405,25 @@ def test_a_carried_checkouts_example_launches_are_upstreams(tmp_path, where, rep
     launch.write_text(LAUNCH.format(flags="--algo.kl.use_loss --algo.kl.estimator k3"))
     found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
     assert any(f.path.endswith(where.rsplit("/", 1)[-1]) for f in found) is reported
+
+
+@pytest.mark.parametrize("entry, reported", [
+    ("from openrlhf.models import Actor\n", True),  # the project's own entry over OpenRLHF: its flags are judged
+    ("import torch\n", False),  # a module that does not build on OpenRLHF: its flags are its own
+])
+def test_the_projects_own_entry_held_in_a_heredoc_takes_openrlhfs_flags(tmp_path, entry, reported):
+    """WooooDyy/Critique-RL (hundred-and-fifth set) writes its command in a heredoc, `read -r -d ''
+    training_commands <<EOF` then `train_ppo --max_epochs ${ppo_inner_epochs} ... --init_kl_coef ${init_kl_coef}\\`
+    (no space before the continuation), and runs `deepspeed --module $training_commands`: its own `train_ppo.py`, an
+    edited copy of OpenRLHF's entry, with OpenRLHF's flags. Two epochs over each rollout train the k1 reward on
+    older samples (row 23, KL008), placed where the script sets the epochs; before, neither the launch nor the
+    coefficient (read with the backslash) was seen."""
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "train_ppo.py").write_text(entry)
+    script = tmp_path / "run.sh"
+    script.write_text("init_kl_coef=0.01\nppo_inner_epochs=2\n\nread -r -d '' training_commands <<EOF\ntrain_ppo \\\n"
+                      "   --rollout_batch_size 64 --train_batch_size 64 --n_samples_per_prompt 1 \\\n"
+                      "   --max_epochs ${ppo_inner_epochs} \\\n   --init_kl_coef ${init_kl_coef}\\\n"
+                      "   --save_path out\nEOF\n\ndeepspeed --master_port 39699 --module $training_commands\n")
+    found = lint_paths([str(tmp_path)], settings=Settings(root=tmp_path), jobs=1).findings
+    assert (("KL008", 2) in {(f.code, f.line) for f in found if f.path.endswith("run.sh")}) is reported
