@@ -546,7 +546,27 @@ def _in_carried_copy(path: str, module: str, folders: Collection[str], context: 
     copy = copy_holding(path, module, context.roots)
     file = Path(path).resolve()
     return (copy is not None and str(copy[1]) not in context.roots and file.is_relative_to(copy[1])
-            and any(file.relative_to(copy[1]).as_posix().startswith(f"{folder}/") for folder in folders))
+            and any(file.relative_to(copy[1]).as_posix().startswith(f"{folder}/") for folder in folders)
+            and not _run_by_docs_around(file, copy[1], context.roots))
+
+
+def _run_by_docs_around(file: Path, copy: Path, roots: Iterable[str]) -> bool:
+    """Whether a Markdown file of the project outside the framework's `copy` (beside it, or in a folder above it up to
+    the linted root) runs the script `file` in a shell command, by its path or, after a `cd` to its folder, its name
+    (wangkevin02/USP's src/rlcc/Reame.md: `cd ./examples/scripts` then `./train_ppo_llama.sh`): the project's run,
+    though it lies among upstream's examples."""
+    top = next((Path(root) for root in roots if copy.is_relative_to(root)), None)
+    if top is None:
+        return False
+    run = rf"(?:^|[\s;&(])(?:(?:bash|sh|zsh|source)\s+(?:\./)?|\./)(?:[\w./-]*/)?{re.escape(file.name)}\b"
+    folder = copy.parent
+    while folder.is_relative_to(top):
+        if re.search(run, _root_markdown(str(folder)), re.MULTILINE):
+            return True
+        if folder == top:
+            break
+        folder = folder.parent
+    return False
 
 
 def _upstream_launch(path: str, module: str, context: Context) -> bool:

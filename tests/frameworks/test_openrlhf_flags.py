@@ -383,15 +383,21 @@ def test_an_installed_release_refuses_an_option_no_release_has(tmp_path, option,
     assert launch_codes(tmp_path, launch) == expected
 
 
-@pytest.mark.parametrize("where, reported", [
-    ("RL/examples/scripts/train_ppo_llama_ray.sh", False),  # upstream's launch in the checkout the project carries
-    ("RL/examples/script/R1_on_math.sh", True),  # a folder of the project's own in the checkout (concise-reasoning)
-    ("examples/step2.sh", True),  # the project's own launch outside the checkout
+@pytest.mark.parametrize("where, reported, docs", [
+    ("RL/examples/scripts/train_ppo_llama_ray.sh", False, ""),  # upstream's launch in the checkout the project carries
+    ("RL/examples/script/R1_on_math.sh", True, ""),  # a folder of the project's own in the checkout (concise-reasoning)
+    ("examples/step2.sh", True, ""),  # the project's own launch outside the checkout
+    # the project's own instructions beside the checkout run it (wangkevin02/USP, fresh100): its run
+    ("RL/examples/scripts/train_ppo_llama_ray.sh", True, "cd ./examples/scripts\n./train_ppo_llama_ray.sh\n"),
+    # a link names it and runs nothing
+    ("RL/examples/scripts/train_ppo_llama_ray.sh", False, "[script](RL/examples/scripts/train_ppo_llama_ray.sh)\n"),
 ])
-def test_a_carried_checkouts_example_launches_are_upstreams(tmp_path, where, reported):
+def test_a_carried_checkouts_example_launches_are_upstreams(tmp_path, where, reported, docs):
     """WooooDyy/Critique-RL (fresh105) carries OpenRLHF's repository in `RL/` (its own setup.py) with upstream's
-    `examples/scripts/train_ppo_llama*.sh`, which the project never runs: their flags are no run of it."""
+    `examples/scripts/train_ppo_llama*.sh`, which the project never runs: their flags are no run of it. USP edited
+    one of them and its own notes beside the checkout run it: that one is its run."""
     (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(name='app')\n")
+    (tmp_path / "Readme.md").write_text(docs)
     checkout = tmp_path / "RL"
     (checkout / "openrlhf" / "models").mkdir(parents=True)
     (checkout / "setup.py").write_text("from setuptools import setup\n\nsetup(name='openrlhf')\n")
