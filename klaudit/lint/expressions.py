@@ -303,16 +303,18 @@ class ExpressionFlow(FlowState):
 
 def picked_tokens(node: cst.Subscript, base: tuple, token_ids: frozenset[str]) -> tuple | None:
     """`log_probs[rows, positions, token_ids]`: vocabulary-level log-probs or logits indexed on their last axis
-    by the sampled tokens' ids, a gather (tensors.picked_from_vocabulary); None for any other index. The ids are
+    by the sampled tokens' ids, a gather (tensors.picked_from_vocabulary); so is one position's distribution indexed
+    by the token sampled from it (`torch.log(probs_1d[next_token_id])`, a token-by-token sampler's); None for any
+    other index. The ids are
     known by their name (`log_probs[:, :, actions]`) or as a name the function binds to such ids kept as they are
     (`token_ids`: `labels_s = labels.clamp(0, V - 1)`), or by an index array on each of three axes (`logprobs[rows,
     cols, rollouts]`: numpy's advanced indexing, one entry per row and position, as a gather picks)."""
-    last = node.slice[-1].slice if len(node.slice) > 1 else None
+    last = node.slice[-1].slice
     if type(last) is not cst.Index:
         return None
     index = root_name(last.value)
     named = roles.names_token_ids(index) or index in token_ids
-    if not named and not _indexes_every_axis(node):
+    if not named and not _indexes_every_axis(node) or len(node.slice) == 1 and not named:
         return None
     picked = picked_from_vocabulary(base)
     # index arrays into per-token values (`sample_log_probs[rows, best]`) pick among them: no gather
