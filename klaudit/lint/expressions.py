@@ -16,6 +16,7 @@ from typing import ClassVar
 import libcst as cst
 
 from klaudit.catalog import Position
+from klaudit.frameworks.options import Options
 from klaudit.frameworks.settings import number as parsed_number
 from klaudit.lint import algebra as alg
 from klaudit.lint import budget, roles
@@ -150,25 +151,12 @@ class ExpressionFlow(FlowState):
             return ()
         if is_literal_choice(assigned[0]):
             return self.expr(assigned[0])
-        if self.zero_option(assigned[0]):
+        if zero_option(assigned[0], self.module.project.options, self.module.path):
             return (tensor(Poly.const(0.0)),)  # `self.beta_rl = args.beta_rl`, which every run leaves at 0
         classdef = self.module.classes.get(self.cls, (None,))[0]
         number = constructed_number(self.module.path, self.module.project, classdef, node.attr.value) \
             if classdef is not None else None
         return self.expr(number) if number is not None else ()
-
-    def zero_option(self, value: cst.BaseExpression) -> bool:
-        """Whether `value` reads an option of the project (`args.beta_rl`) that every run the project's launches
-        show gives 0: a coefficient copied from it scales nothing. So does a key a run reads from a configuration
-        section as 0 (passformer's `float(rl.get("kl_coeff", 0.0))`, 0 in every YAML file: klaudit.lint.pinned)."""
-        if type(value) is cst.Call and dotted(value.func) in ("float", "int") and len(value.args) == 1:
-            value = value.args[0].value
-        read = configuration_read(value, self.module.project.options, self.module.path)
-        if read is not None:
-            return read.value is not None and parsed_number(read.value) == 0
-        if type(value) is not cst.Attribute or type(value.value) is not cst.Name or value.value.value == "self":
-            return False
-        return self.module.project.options.zero_in_launched_runs(value.attr.value, self.module.path)
 
     def e_Subscript(self, node: cst.Subscript) -> tuple:
         key = string_key(node)
@@ -349,3 +337,17 @@ def fields_beside_their_old_copy(module: cst.Module) -> frozenset[tuple[str, str
         and type(node.left) is cst.Attribute and type(node.right) is cst.Attribute
         and node.left.value.deep_equals(node.right.value)
         and roles.tensor_role(node.left.attr.value) == alg.POLICY and roles.tensor_role(node.right.attr.value) == alg.OLD)
+
+
+def zero_option(value: cst.BaseExpression, options: Options, path: str) -> bool:
+    """Whether `value` reads an option of the project (`args.beta_rl`) that every run the project's launches show
+    gives 0: a coefficient copied from it scales nothing. So does a key a run reads from a configuration section as
+    0 (passformer's `float(rl.get("kl_coeff", 0.0))`, 0 in every YAML file: klaudit.lint.pinned)."""
+    if type(value) is cst.Call and dotted(value.func) in ("float", "int") and len(value.args) == 1:
+        value = value.args[0].value
+    read = configuration_read(value, options, path)
+    if read is not None:
+        return read.value is not None and parsed_number(read.value) == 0
+    if type(value) is not cst.Attribute or type(value.value) is not cst.Name or value.value.value == "self":
+        return False
+    return options.zero_in_launched_runs(value.attr.value, path)
