@@ -154,7 +154,10 @@ class ArithmeticFlow(FlowState):
                     tensor_side, other, poly = (a, b, a_poly) if a_poly is not None else (b, a, b_poly)
                     assert poly is not None
                     if _constant(tensor_side) and other.role == UNKNOWN.role:
-                        continue  # `x * inv_temperature`: a number times an unexplained value is no known value
+                        # `x * inv_temperature`: a number times an unexplained value is no known value, but for its
+                        # sign: `-1 * self.kl_coeff` (tril's KL reward) is minus a coefficient, as `-self.kl_coeff` is
+                        negative_unknown = negative_unknown or (poly.const_value() or 0.0) < 0
+                        continue
                     if other.role == KL_WEIGHT[0].role and tensor_side.is_kl():
                         continue  # a KL term weighted per token by a function of a log-ratio: no estimator
                     if other.role == "critic" and tensor_side.is_kl():

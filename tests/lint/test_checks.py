@@ -500,6 +500,26 @@ def test_a_reward_named_value_is_a_sink_only_where_it_is_used_as_one(tmp_path, u
     assert codes(PREFERENCE.replace("USE", use), tmp_path) == expected
 
 
+@pytest.mark.parametrize("penalty, found", [
+    ("-1 * coef * kl", []),  # tril's `-1 * self.kl_controller.kl_coeff * kl_div`: a penalty
+    ("-coef * kl", []),
+    ("1 * coef * kl", [(9, "KL011")]),  # a bonus
+    ("-1 * -coef * kl", [(9, "KL011")]),  # minus minus: a bonus
+])
+def test_a_literal_minus_one_times_an_unexplained_coefficient_is_a_negative_coefficient(tmp_path, penalty, found):
+    """Cornell-RL/tril (hundred-and-seventh set) writes its KL reward `kl_rewards = -1 * kl_coeff * kl_div` and
+    adds it to the rewards. A number times a value the analysis does not follow was dropped, sign and all, so the
+    penalty was read as `+kl` and reported as a bonus (KL011, 3 fp)."""
+    source = HEADER + f"""
+@torch.no_grad()
+def shaped(logprobs, ref_logprobs, scores, coef):
+    kl = logprobs - ref_logprobs
+    rewards = scores + {penalty}
+    return rewards
+"""
+    assert codes(source, tmp_path) == found
+
+
 def test_the_sign_of_a_reward_counts_where_the_reward_is_final(tmp_path):
     """`kl_reward = beta * kl` is a penalty's size; `rewards = scores - kl_reward` is the reward (row 6)."""
     source = HEADER + textwrap.dedent("""
