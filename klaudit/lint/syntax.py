@@ -612,11 +612,12 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
     ids put in one row, `torch.tensor([prompt_ids + completion_ids])`), a batch of one, and it makes at least one.
     What a loop in it encodes is that loop's, at each pass; what its nested functions and classes encode, theirs
     (and a comprehension's rows are many). A block that draws several responses to its one text (`generate(...,
-    num_return_sequences=4)`) or copies its row (`prompt.repeat(group_size, 1)`), or has a loop in it that handles
+    num_return_sequences=4)`) or copies its row (`prompt.repeat(group_size, 1)`, or into a tensor of a batch's rows,
+    `torch.full((BATCH_SIZE, L), eos_id)`), or has a loop in it that handles
     one sequence at each pass (one prompt's responses scored one by one), handles several."""
     if any(isinstance(node, (cst.For, cst.While)) and node is not block and handles_one_sequence(node)
            or type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "num_return_sequences"
-           and int_literal(node.value) != 1 or _copies_rows(node) for node in own_nodes(block)):
+           and int_literal(node.value) != 1 or _copies_rows(node) or _makes_a_batch(node) for node in own_nodes(block)):
         return False
     calls = [node for node in own_nodes(block, SCOPES | LOOPS) if type(node) is cst.Call
              and any(arg.keyword is not None and arg.keyword.value == "return_tensors" for arg in node.args)]
@@ -626,6 +627,21 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
             if type(node) is cst.Call and _one_row_of_ids(node, block)]
     return bool(texts or rows) and all(text is not None and roles.names_one_text(last_name(_the_one_element(text)))
                                        for text in texts)
+
+
+# a batch size by its name (`BATCH_SIZE`, `bsz`, `num_samples`): the rows of a tensor made with that many
+_BATCH_SIZE = re.compile(r"^(?:\w*_)?(?:batch_size|bsz|num_samples|n_samples|num_generations|group_size)$", re.IGNORECASE)
+
+
+def _makes_a_batch(node: cst.CSTNode) -> bool:
+    """`torch.full((BATCH_SIZE, NUM_TOKENS), eos_id)`, `torch.zeros(bsz, L)`: a tensor of a batch of rows, into which
+    one encoded prompt is copied (pHaeusler/tinycatstories samples a thousand stories from one prompt)."""
+    if type(node) is not cst.Call or dotted(node.func) not in ("torch.full", "torch.zeros", "torch.ones", "torch.empty") \
+            or not node.args:
+        return False
+    shape = node.args[0].value
+    first = shape.elements[0].value if isinstance(shape, (cst.Tuple, cst.List)) and shape.elements else shape
+    return isinstance(first, (cst.Name, cst.Attribute)) and _BATCH_SIZE.match(last_name(first) or "") is not None
 
 
 def _copies_rows(node: cst.CSTNode) -> bool:
