@@ -47,7 +47,14 @@ from klaudit.frameworks import (
 )
 from klaudit.frameworks.calls import ConfigClass, read_configs
 from klaudit.frameworks.fixes import flag_fix
-from klaudit.frameworks.import_lines import IMPORT, from_imports, imported_names, names_module_of, source_modules
+from klaudit.frameworks.import_lines import (
+    IMPORT,
+    from_imports,
+    imported_names,
+    imports_package,
+    names_module_of,
+    source_modules,
+)
 from klaudit.frameworks.imports import import_failure
 from klaudit.frameworks.options import Options, environment_files, option_defaults, placeholder_setting
 from klaudit.frameworks.processes import parallel_launched, runs_in_one_process
@@ -63,7 +70,6 @@ from klaudit.frameworks.settings import (
     command_span,
     computed_file_folder,
     listed_overrides,
-    number,
     only_command,
     project_path,
     shell_assignment,
@@ -200,7 +206,7 @@ class Context:
     def _builds_on_run_copy(self, path: str, source: str) -> bool:
         """Whether the module at `path`, its text `source`, imports verl and lies in the linted folder of a copy the
         project runs with launches of its own."""
-        if not self.own_run_copies or verl_runs.IMPORTS_VERL.search(source) is None:
+        if not self.own_run_copies or not imports_package(source, verl.NAME):
             return False
         file = Path(path).resolve()
         return any(file.is_relative_to(root) and any(Path(copy).is_relative_to(root) for copy in self.own_run_copies)
@@ -325,16 +331,15 @@ def _openrlhf_runs(scripts: Mapping[str, str], context: Context) -> tuple[verl_r
     launched: dict[bool, list[dict[str, Setting]]] = {True: [], False: []}  # by whether upstream's
     copies: dict[bool, set[str]] = {True: set(), False: set()}
     for path, text in scripts.items():
-        entries = [(launch, launch.group().replace(".", "/") + ".py") for launch, _ in _uncommented(openrlhf.LAUNCH, text)]
-        entries += [(launch, openrlhf.PPO_ENTRY) for launch, _ in _uncommented(openrlhf.MODULE_LAUNCH, text)
-                    if _builds_on_openrlhf(path, launch.group(1), context)]
-        for launch, module in entries:
+        entries = [(launch.group().replace(".", "/") + ".py", only_command(text, launch.start()))
+                   for launch, _ in _uncommented(openrlhf.LAUNCH, text)]
+        entries += [(openrlhf.PPO_ENTRY, command) for _, _, command in _own_openrlhf_entries(path, text, context)]
+        for module, command in entries:
             copy = copy_holding(path, module, context.roots)
             if copy is not None and str(copy[1]) not in context.roots:
                 upstream = _in_carried_copy(path, module, openrlhf.UPSTREAM_FOLDERS, context)
                 copies[upstream].add(str(copy[1]))
-                launched[upstream].append(cli_flags(only_command(text, launch.start()), openrlhf.FLAGS,
-                                                    openrlhf.SWITCHES))
+                launched[upstream].append(cli_flags(command, openrlhf.FLAGS, openrlhf.SWITCHES))
     runs = not launched[False]
     return openrlhf.run_choices(launched[runs]), tuple(sorted(copies[runs]))
 
@@ -345,7 +350,7 @@ def _builds_on_openrlhf(script: str, module: str, context: Context) -> bool:
     takes OpenRLHF's flags."""
     holder = copy_holding(script, module.replace(".", "/") + ".py", context.roots)
     text = read_text(holder[1] / (module.replace(".", "/") + ".py")) if holder is not None else None
-    return text is not None and openrlhf.IMPORTS_OPENRLHF.search(text) is not None
+    return text is not None and imports_package(text, openrlhf.NAME)
 
 
 def _copies_seen_by_runs(own: Sequence[tuple[str, Mapping[str, Setting]]], copies: Sequence[str],
@@ -422,20 +427,13 @@ def _kl_reward_skipped(choices: verl_runs.Choices, copies: Iterable[str], source
     KL loss), where every one of the project's own runs turns the KL loss on (`choices`, klaudit.frameworks.verl_runs),
     or each of its own `launches` turns it on or sets the reward's coefficient to 0 (linjc16/EHRMind's one launch
     without the KL loss, `algorithm.kl_ctrl.kl_coef=0`): the KL reward is then 0 wherever it is computed."""
-    rewarded = [settings for _, settings in launches if not _given_true(settings.get(verl.USE_KL_LOSS))
-                and not _given_zero(settings.get(verl.COEFFICIENTS["reward"]))]
+    rewarded = [settings for _, settings in launches
+                if truthy(getattr(settings.get(verl.USE_KL_LOSS), "value", None) or "") is not True
+                and not verl.set_to_zero(settings.get(verl.COEFFICIENTS["reward"]))]
     if not verl_runs.always_on(choices, "use_kl_loss") and (not launches or rewarded):
         return frozenset()
     return verl_runs.gated_functions({path: text for path, text in sources.items() if _within(path, copies)},
                                      "use_kl_loss", on=False)
-
-
-def _given_true(setting: Setting | None) -> bool:
-    return setting is not None and setting.value is not None and truthy(setting.value) is True
-
-
-def _given_zero(setting: Setting | None) -> bool:
-    return setting is not None and setting.value is not None and number(setting.value) == 0
 
 
 def _within(path: str, folders: Iterable[str]) -> bool:
@@ -550,6 +548,10 @@ def _in_carried_copy(path: str, module: str, folders: Collection[str], context: 
             and not _run_by_docs_around(file, copy[1], context.roots))
 
 
+# a shell command of a Markdown file that runs a script: `bash path.sh`, `sh path.sh`, `source path.sh`, `./path.sh`
+_SHELL_RUN = r"(?:^|[\s;&(])(?:(?:bash|sh|zsh|source)\s+(?:\./)?|\./)"
+
+
 def _run_by_docs_around(file: Path, copy: Path, roots: Iterable[str]) -> bool:
     """Whether a Markdown file of the project outside the framework's `copy` (beside it, or in a folder above it up to
     the linted root) runs the script `file` in a shell command, by its path or, after a `cd` to its folder, its name
@@ -558,7 +560,7 @@ def _run_by_docs_around(file: Path, copy: Path, roots: Iterable[str]) -> bool:
     top = next((Path(root) for root in roots if copy.is_relative_to(root)), None)
     if top is None:
         return False
-    run = rf"(?:^|[\s;&(])(?:(?:bash|sh|zsh|source)\s+(?:\./)?|\./)(?:[\w./-]*/)?{re.escape(file.name)}\b"
+    run = rf"{_SHELL_RUN}(?:[\w./-]*/)?{re.escape(file.name)}\b"
     folder = copy.parent
     while folder.is_relative_to(top):
         if re.search(run, _root_markdown(str(folder)), re.MULTILINE):
@@ -605,8 +607,7 @@ def _run_by_readme(file: Path, roots: Iterable[str]) -> bool:
     for root in roots:
         if file.is_relative_to(root):
             named = re.escape(file.relative_to(root).as_posix())
-            if re.search(rf"(?:^|[\s;&(])(?:(?:bash|sh|zsh|source)\s+(?:\./)?|\./){named}\b", _root_markdown(root),
-                         re.MULTILINE):
+            if re.search(rf"{_SHELL_RUN}{named}\b", _root_markdown(root), re.MULTILINE):
                 return True
     return False
 
@@ -728,7 +729,6 @@ def splatted_sections(sources: Mapping[str, str]) -> frozenset[str]:
     return frozenset(found)
 
 
-_IMPORTS_TRL = re.compile(r"^[ \t]*(?:from[ \t]+trl\b|import[ \t]+trl\b)", re.MULTILINE)
 
 
 def _class_headers(sources: Mapping[str, str]) -> dict[str, list[tuple[str, str]]]:
@@ -745,7 +745,7 @@ def _is_homonym(path: str, text: str, name: str, bases: str) -> bool:
     GRPOConfig(TrainingArguments)), not TRL's (ms-swift's GRPOConfig(..., HfGRPOConfig) imports TRL's)."""
     base_names = {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")}
     return (name in trl.CONFIG_CLASSES and not base_names & set(trl.CONFIG_CLASSES)
-            and "trl" not in Path(path).parts[:-1] and not _IMPORTS_TRL.search(text))
+            and "trl" not in Path(path).parts[:-1] and not imports_package(text, trl.NAME))
 
 
 def homonyms(sources: Mapping[str, str]) -> frozenset[str]:
@@ -767,7 +767,7 @@ def config_classes(sources: Mapping[str, str]) -> dict[str, tuple[ConfigClass, .
         for path, found in headers.items():
             for name, bases in found:
                 derived = {base.strip().rsplit(".", 1)[-1] for base in bases.split(",")} & names
-                if derived <= own and not _IMPORTS_TRL.search(sources[path]):
+                if derived <= own and not imports_package(sources[path], trl.NAME):
                     derived = set()  # tunix's DrGRPOConfig(grpo_learner.GRPOConfig): the project's own base
                 if name in names or derived:
                     paths.add(path)
@@ -1295,22 +1295,29 @@ def _launch_flags(path: str, text: str, context: Context) -> list[Finding]:
 
 def _openrlhf_entry(path: str, text: str, context: Context) -> tuple[re.Match | None, str]:
     """The first launch in the script `text` (at `path`) of OpenRLHF's trainer (`python -m openrlhf.cli.train_ppo_ray`)
-    with the module file it runs, else of a module of the project's that builds on OpenRLHF (`deepspeed --module
-    train_ppo` in Critique-RL, its own copy of OpenRLHF's entry over the copy it carries), which takes the same
-    flags; (None, "") where it has neither."""
+    with the module file it runs, else of the project's own entry over OpenRLHF (`_own_openrlhf_entries`), which takes
+    the same flags; (None, "") where it has neither."""
     launch = openrlhf.LAUNCH.search(text)
     if launch is not None:
         return launch, launch.group().replace(".", "/").removesuffix(".py") + ".py"
+    own, module, _ = next(_own_openrlhf_entries(path, text, context), (None, "", ""))
+    return own, module
+
+
+def _own_openrlhf_entries(path: str, text: str, context: Context) -> Iterator[tuple[re.Match, str, str]]:
+    """(launch, module file, the command text its flags are read from) of each launch in the script `text` (at `path`)
+    of a module of the project's that imports OpenRLHF (`_builds_on_openrlhf`): ReasoningNCP's `python3 -m
+    train_ncp`, and Critique-RL's `deepspeed --module $training_commands`, whose variable holds the command (assigned,
+    or read from a heredoc, `read -r -d '' training_commands <<EOF`): its first word is the module."""
     for own, _ in _uncommented(openrlhf.MODULE_LAUNCH, text):
         if _builds_on_openrlhf(path, own.group(1), context):
-            return own, own.group(1).replace(".", "/") + ".py"
-    for held, _ in _uncommented(openrlhf.MODULE_VARIABLE, text):  # `--module $training_commands`, its first word
-        heredoc = re.search(rf"read[ \t]+(?:-\w+[ \t]+)*(?:''[ \t]+)?{held.group(1)}[ \t]*<<-?[ \t]*['\"]?\w+['\"]?[ \t]*\n"
-                            r"\s*([\w.]+)", text)  # `read -r -d '' training_commands <<EOF`, the command below
+            yield own, own.group(1).replace(".", "/") + ".py", only_command(text, own.start())
+    for held, _ in _uncommented(openrlhf.MODULE_VARIABLE, text):
+        heredoc = re.search(rf"read[ \t]+(?:-\w+[ \t]+)*(?:''[ \t]+)?{held.group(1)}"
+                            r"[ \t]*<<-?[ \t]*['\"]?\w+['\"]?[ \t]*\n\s*([\w.]+)", text)
         words = (heredoc.group(1) if heredoc else shell_assignment(text, held.group(1)) or "").split()
         if words and re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)*", words[0]) and _builds_on_openrlhf(path, words[0], context):
-            return held, words[0].replace(".", "/") + ".py"
-    return None, ""
+            yield held, words[0].replace(".", "/") + ".py", text  # the command is held elsewhere in the script
 
 
 def _trl_ppo_script(path: str, text: str) -> re.Match | None:
@@ -1706,7 +1713,7 @@ def _trl_python(path: str, module: cst.Module | None, source: str, context: Cont
     if unsloth.CACHE in Path(path).parts:
         return []
     names = context.class_names
-    if context.homonyms and not _IMPORTS_TRL.search(source):  # the project's own class of that name
+    if context.homonyms and not imports_package(source, trl.NAME):  # the project's own class of that name
         names -= context.homonyms
     names -= _imported_from_elsewhere(source, names, context)
     if not any(name in source for name in names):

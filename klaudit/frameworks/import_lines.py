@@ -45,3 +45,12 @@ def names_module_of(file: str, module: str) -> bool:
     parts = file.replace("\\", "/").removesuffix(".py").split("/")
     wanted = module.split(".")
     return any(parts[start:start + len(wanted)] == wanted for start in range(len(parts) - len(wanted) + 1))
+
+
+def imports_package(source: str, package: str) -> bool:
+    """Whether a module's text imports from the top-level `package` (`from verl.utils import x`, `import trl`,
+    `import openrlhf.models as m`): a module built on that framework."""
+    return any(module.split(".")[0] == package for module, _ in from_imports(source)) or any(
+        name.split()[0].split(".")[0] == package for found in IMPORT.finditer(source)
+        for name in _COMMENT.sub("", found.group(1)).split(",") if name.split())
+

@@ -51,13 +51,12 @@ NAME = "openrlhf"
 CLAMPED_FROM = "0.8.6"  # compute_approx_kl clamps every estimate to [-10, 10] (read in the 0.8.0-0.8.9 wheels)
 # A launch of OpenRLHF's PPO-family trainer (the module or its file), which the flags configure.
 LAUNCH = re.compile(r"openrlhf[./]cli[./]train_(?:ppo|grpo|reinforce)\w*")
-# the entry point of OpenRLHF's PPO trainer in a copy, and a module of a project that builds on OpenRLHF
+# the entry point of OpenRLHF's PPO trainer in a copy
 PPO_ENTRY = "openrlhf/cli/train_ppo_ray.py"
 # `python3 -m train_ncp`, `deepspeed --module train_ppo`: a launch of any module (the project's own, where it imports
 # OpenRLHF)
 MODULE_LAUNCH = re.compile(r"(?:-m|--module)\s+([A-Za-z_]\w*(?:\.\w+)*)")
 MODULE_VARIABLE = re.compile(r"(?:-m|--module)\s+\$\{?([A-Za-z_]\w*)\}?")  # the command held in a variable
-IMPORTS_OPENRLHF = re.compile(r"^[ \t]*(?:from[ \t]+openrlhf[. \t]|import[ \t]+openrlhf\b)", re.MULTILINE)
 USE_LOSS, ESTIMATOR, COEF, UNBIASED = "algo.kl.use_loss", "algo.kl.estimator", "algo.kl.init_coef", "algo.kl.unbiased_gradient"
 ADVANTAGE, AGGREGATION, POLICY_LOSS = "algo.advantage.estimator", "actor.loss_agg_mode", "actor.policy_loss_type"
 EPOCHS, ROLLOUT_BATCH, SAMPLES, TRAIN_BATCH, ASYNC = (

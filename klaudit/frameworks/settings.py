@@ -392,15 +392,16 @@ def shell_assignment(text: str, name: str) -> str | None:
 
 
 # `python3 -m $PROGRAM_ENTRY \`: the module a launch runs, named by a variable, the rest of the line a continuation
-_MODULE_VARIABLE = re.compile(r"(?<=-m[ \t])[ \t]*\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))(?=[ \t]*\\?$)",
-                              re.MULTILINE)
+_MODULE_VARIABLE = re.compile(r"(?<=-m[ \t])[ \t]*\$(?:\{(?P<braced>[A-Za-z_]\w*)\}|(?P<plain>[A-Za-z_]\w*))"
+                              r"(?=[ \t]*\\?$)", re.MULTILINE)
 
 
 def with_entry_modules(text: str) -> str:
     """A shell script `text` with the module a launch runs written out where a variable names it and the script
     assigns that variable a literal module (MIT-MI/MEM1: `export PROGRAM_ENTRY=verl.trainer.main_ppo` ... `python3
-    -m $PROGRAM_ENTRY`, continued on the next line), so that the launch is read as one. Only a line that holds nothing after the module but
-    its continuation changes: every position the rest of the script's settings are read at stays."""
+    -m $PROGRAM_ENTRY`, continued on the next line), so that the launch is read as one. Only a line that holds
+    nothing after the module but its continuation changes: every position the rest of the script's settings are read
+    at stays."""
     def module(found: re.Match[str]) -> str:
         value = shell_assignment(text, found.group("braced") or found.group("plain"))
         return f" {value}" if value is not None and re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)+", value) else found.group()

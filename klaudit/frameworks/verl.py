@@ -159,7 +159,8 @@ def _trains_nothing(settings: Mapping[str, Setting], first_step_at_zero_lr: bool
     `megatron`), micro-batches larger than a GPU's share of a mini-batch; or one rollout's update alone
     (`trainer.total_training_steps=1`) on an actor whose constant schedule starts at learning rate 0
     (`first_step_at_zero_lr`): its steps change no weight."""
-    if _zero(settings.get(TOTAL_EPOCHS)) or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True):
+    if set_to_zero(settings.get(TOTAL_EPOCHS)) \
+            or (VAL_ONLY in settings and truthy(settings[VAL_ONLY].value or "") is True):
         return True
     if not megatron and _micro_batch_above_mini_batch(settings):
         return True
@@ -198,7 +199,7 @@ def _no_rollout(settings: Mapping[str, Setting], assumed: Assumed) -> bool:
     return at_least(assumed, "0.6") and ROLLOUT_NAME in settings and settings[ROLLOUT_NAME].value == "hf"
 
 
-def _zero(setting: Setting | None) -> bool:
+def set_to_zero(setting: Setting | None) -> bool:
     """A coefficient (or `trainer.total_epochs`) set to the literal 0."""
     return setting is not None and setting.value is not None and number(setting.value) == 0.0
 
@@ -230,8 +231,8 @@ def judge(settings: Mapping[str, Setting], assumed: Assumed = LATEST, *, legacy_
     if not at_least(assumed, "0.8") and any(value[key].endswith("+") for key in (KL_LOSS_TYPE, KL_PENALTY)):
         return None  # before 0.8 a straight-through value is rejected at start-up
     use_loss, use_reward = truthy(value[USE_KL_LOSS]), truthy(value[USE_KL_IN_REWARD])
-    use_loss = use_loss and kl_loss_applied and not _zero(settings.get(COEFFICIENTS["loss"]))
-    use_reward = use_reward and kl_reward_applied and not _zero(settings.get(COEFFICIENTS["reward"]))
+    use_loss = use_loss and kl_loss_applied and not set_to_zero(settings.get(COEFFICIENTS["loss"]))
+    use_reward = use_reward and kl_reward_applied and not set_to_zero(settings.get(COEFFICIENTS["reward"]))
     loss = LOSS_ESTIMATORS.get(value[KL_LOSS_TYPE]) if use_loss else None
     reward = REWARD_ESTIMATORS.get(value[KL_PENALTY]) if use_reward else None
     aggregation = AGGREGATIONS.get(value[LOSS_AGG_MODE])

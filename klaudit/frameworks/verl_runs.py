@@ -65,8 +65,6 @@ from klaudit.frameworks.verl import (
 FLAG = "use_kl_in_reward"
 _OFF = frozenset({"false", "False", "0", "no", "off"})
 # Python that sets it: `cfg.algorithm.use_kl_in_reward = False`, `use_kl_in_reward: bool = False`, a keyword argument
-# a module of the project built on verl (or EasyR1, whose package is also `verl`)
-IMPORTS_VERL = re.compile(r"^[ \t]*(?:from[ \t]+verl[. \t]|import[ \t]+verl\b)", re.MULTILINE)
 _ASSIGNED = re.compile(rf"(?<!\w){FLAG}[ \t]*(?::[ \t]*\w+[ \t]*)?=(?!=)[ \t]*(?P<value>[^\s#,;)]*)")
 
 
@@ -301,7 +299,8 @@ def model_engine_never_run(launched: Iterable[tuple[str | None, Mapping[str, Set
 
 
 def unlaunched_recipes(copy: Path, launches: Iterable[str], sources: Mapping[str, str]) -> list[str]:
-    """The folders of the copy's `recipe/` (or `examples/recipe/`) that no launch runs (`python -m recipe.dapo.main_dapo`, `recipe/dapo/run.sh`)
+    """The folders of the copy's `recipe/` (or `examples/recipe/`) that no launch runs (`python -m
+    recipe.dapo.main_dapo`, `recipe/dapo/run.sh`)
     and no Python module names (`from recipe.dapo.dapo_ray_trainer import ...`) among the project's outside the copy
     and those of the recipes that are run. The copy's own tests and sanity lists name every recipe: they run none."""
     folders = {entry.name: entry.resolve() for holder in (copy / "recipe", copy.joinpath(*RECIPES_IN_EXAMPLES))

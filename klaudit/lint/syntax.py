@@ -630,14 +630,17 @@ def encodes_one_text(block: cst.CSTNode) -> bool:
 
 
 # a batch size by its name (`BATCH_SIZE`, `bsz`, `num_samples`): the rows of a tensor made with that many
-_BATCH_SIZE = re.compile(r"^(?:\w*_)?(?:batch_size|bsz|num_samples|n_samples|num_generations|group_size)$", re.IGNORECASE)
+_BATCH_SIZE = re.compile(r"^(?:\w*_)?(?:batch_size|bsz|num_samples|n_samples|num_generations|group_size)$",
+                         re.IGNORECASE)
+
+
+_MADE_WITH_A_SHAPE = ("torch.full", "torch.zeros", "torch.ones", "torch.empty")
 
 
 def _makes_a_batch(node: cst.CSTNode) -> bool:
     """`torch.full((BATCH_SIZE, NUM_TOKENS), eos_id)`, `torch.zeros(bsz, L)`: a tensor of a batch of rows, into which
     one encoded prompt is copied (pHaeusler/tinycatstories samples a thousand stories from one prompt)."""
-    if type(node) is not cst.Call or dotted(node.func) not in ("torch.full", "torch.zeros", "torch.ones", "torch.empty") \
-            or not node.args:
+    if type(node) is not cst.Call or not node.args or dotted(node.func) not in _MADE_WITH_A_SHAPE:
         return False
     shape = node.args[0].value
     first = shape.elements[0].value if isinstance(shape, (cst.Tuple, cst.List)) and shape.elements else shape
