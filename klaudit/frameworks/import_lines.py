@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 
@@ -50,7 +51,10 @@ def names_module_of(file: str, module: str) -> bool:
 def imports_package(source: str, package: str) -> bool:
     """Whether a module's text imports from the top-level `package` (`from verl.utils import x`, `import trl`,
     `import openrlhf.models as m`): a module built on that framework."""
-    return any(module.split(".")[0] == package for module, _ in from_imports(source)) or any(
-        name.split()[0].split(".")[0] == package for found in IMPORT.finditer(source)
-        for name in _COMMENT.sub("", found.group(1)).split(",") if name.split())
+    return _package_import(package).search(source) is not None
 
+
+@functools.cache
+def _package_import(package: str) -> re.Pattern[str]:
+    return re.compile(rf"^[ \t]*(?:from[ \t]+{re.escape(package)}[. \t]|import[ \t]+{re.escape(package)}\b)",
+                      re.MULTILINE)
